@@ -1,0 +1,3 @@
+"""localspec: local GGUF inference with lossless speculative decoding."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,104 @@
+"""All tunable settings and their defaults, in one place.
+
+Defaults follow llama.cpp's where one exists, so results are comparable.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+import psutil
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is chosen from the target's logits. temperature 0 means greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1.0 disables
+    min_p: float = 0.05  # 0.0 disables
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How many tokens a drafter may propose per step.
+
+    p_min stops a model draft early once the draft model is unsure of its next
+    token; ngram_min..ngram_max is the range of suffix lengths looked up by the
+    n-gram drafter, longest first.
+    """
+
+    draft_max: int = 4
+    draft_min: int = 0
+    p_min: float = 0.6
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self):
+        if self.draft_max < 0:
+            raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise UsageError(
+                f"draft-min must be between 0 and draft-max ({self.draft_max}), got {self.draft_min}"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"p-min must be in [0, 1], got {self.p_min}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise UsageError(
+                f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}"
+            )
+
+
+def default_threads() -> int:
+    # Hyper-threads slow llama.cpp's matmuls down: one thread per physical core.
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer."""
+
+    ctx_size: int = 4096
+    threads: int = field(default_factory=default_threads)
+    gpu_layers: int = -1
+    draft_gpu_layers: int = -1
+    prompt_batch: int = 512
+
+    def __post_init__(self):
+        if self.ctx_size < 8:
+            raise UsageError(f"ctx-size must be at least 8, got {self.ctx_size}")
+        if self.threads < 1:
+            raise UsageError(f"threads must be >= 1, got {self.threads}")
+        if self.gpu_layers < -1 or self.draft_gpu_layers < -1:
+            raise UsageError("gpu layers must be >= 0, or -1 for all layers")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a generation ends, besides the context filling up."""
+
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise UsageError(f"max-tokens must be >= 1, got {self.max_tokens}")
+        if any(s == "" for s in self.stop):
+            raise UsageError("a stop string cannot be empty")

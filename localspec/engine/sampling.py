@@ -1,0 +1,81 @@
+"""Turning logits into token choices, and the rejection rule that keeps speculation lossless.
+
+A distribution is kept sparse (the candidates that survive top-k/top-p/min-p with
+their probabilities) so that, after one pass over the logits, work does not grow
+with the vocabulary. Target and draft go through the same transform, which is
+what makes min(1, p/q) acceptance reproduce the target's distribution exactly.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import Sampling
+
+
+@dataclass(frozen=True)
+class Dist:
+    ids: np.ndarray  # candidate token ids
+    probs: np.ndarray  # their probabilities, summing to 1
+
+    def prob(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def probs_of(self, tokens: np.ndarray) -> np.ndarray:
+        order = np.argsort(self.ids)
+        sorted_ids = self.ids[order]
+        at = np.minimum(np.searchsorted(sorted_ids, tokens), len(sorted_ids) - 1)
+        return np.where(sorted_ids[at] == tokens, self.probs[order][at], 0.0)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        cumulative = np.cumsum(self.probs)
+        at = np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")
+        return int(self.ids[min(at, len(self.ids) - 1)])
+
+
+def one_hot(token: int) -> Dist:
+    return Dist(np.array([token]), np.array([1.0]))
+
+
+def transform(logits: np.ndarray, s: Sampling) -> Dist:
+    """llama.cpp's chain: top-k, top-p, min-p on the raw logits, then temperature."""
+    if 0 < s.top_k < logits.shape[0]:
+        ids = np.argpartition(logits, -s.top_k)[-s.top_k :]
+    else:
+        ids = np.arange(logits.shape[0])
+    kept = logits[ids].astype(np.float64)
+    peak = kept.max()
+    # top-p measures mass against every top-k survivor, so take the normaliser before min-p prunes.
+    normaliser = np.exp(kept - peak).sum()
+    if s.min_p > 0:
+        survives = kept >= peak + np.log(s.min_p)
+        ids, kept = ids[survives], kept[survives]
+    order = np.argsort(-kept, kind="stable")
+    ids, kept = ids[order], kept[order]
+    if s.top_p < 1:
+        mass = np.cumsum(np.exp(kept - peak)) / normaliser
+        smallest_enough = np.searchsorted(mass, s.top_p) + 1
+        ids, kept = ids[:smallest_enough], kept[:smallest_enough]
+    weights = np.exp((kept - peak) / s.temperature)
+    return Dist(ids, weights / weights.sum())
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """Softmax probability of the argmax: how sure a greedy drafter is."""
+    shifted = logits.astype(np.float64) - logits.max()
+    return float(1.0 / np.exp(shifted).sum())
+
+
+def accept(token: int, p: Dist, q: Dist, rng: np.random.Generator) -> bool:
+    """Keep a draft token x ~ q with probability min(1, p(x) / q(x))."""
+    q_x = q.prob(token)
+    return q_x > 0 and rng.random() * q_x < p.prob(token)
+
+
+def residual(p: Dist, q: Dist) -> Dist:
+    """norm(max(0, p - q)): what to sample from after a rejection."""
+    excess = np.maximum(p.probs - q.probs_of(p.ids), 0.0)
+    total = excess.sum()
+    # A rejection implies p(x) < q(x) somewhere, so mass is left; rounding can still empty it.
+    return Dist(p.ids, excess / total) if total > 0 else p

@@ -1,0 +1,114 @@
+"""The speculative decoding loop (Leviathan et al. 2023; Chen et al. 2023).
+
+Each step the drafter proposes up to k tokens, the target decodes
+[last] + draft in one batch with logits on every row, and we keep the longest
+prefix the target agrees with plus one token of the target's own. Greedy: a
+draft token is kept while it is the target's argmax. Sampling: draft token x is
+kept with probability min(1, p(x)/q(x)); on rejection the target's token is
+drawn from norm(max(0, p - q)); if all are kept a bonus token is drawn from p
+on the last row. Either way every emitted token follows the target's own
+distribution: the output is the target's, only faster.
+"""
+
+from collections.abc import Iterator
+from time import perf_counter
+
+import numpy as np
+
+from ..config import Limits, Sampling, Speculation
+from ..errors import InputError
+from ..events import Done, Event, Prefill, Step, Token
+from ..stats import Tally
+from .backend import Context
+from .drafters import Draft, Drafter
+from .sampling import accept, one_hot, residual, transform
+from .text import TextStream
+
+
+def generate(
+    target: Context,
+    drafter: Drafter,
+    prompt: list[int],
+    sampling: Sampling,
+    speculation: Speculation,
+    limits: Limits,
+) -> Iterator[Event]:
+    if not prompt:
+        raise InputError("the prompt is empty")
+    if len(prompt) >= target.n_ctx:
+        raise InputError(
+            f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
+            " raise --ctx-size or shorten the prompt"
+        )
+    rng = np.random.default_rng(sampling.seed)
+    tally = Tally()
+    started = perf_counter()
+    target.truncate(0)
+    target.decode(prompt[:-1], 0, logits="none")
+    drafter.begin(prompt, sampling, rng)
+    prefill = Prefill(len(prompt), perf_counter() - started)
+    tally.add(prefill)
+    yield prefill
+
+    model = target.model
+    text = TextStream(limits.stop)
+    history = list(prompt)  # committed tokens; the target has decoded all but the last
+    produced = 0
+    finish = None
+    decode_started = perf_counter()
+    while finish is None:
+        n_past = len(history) - 1
+        k = min(speculation.draft_max, target.n_ctx - len(history), limits.max_tokens - produced - 1)
+        step_started = perf_counter()
+        draft = drafter.propose(history, k) if k > 0 else Draft()
+        if len(draft.tokens) < speculation.draft_min:
+            draft = Draft()
+        drafted = perf_counter()
+        target.decode([history[-1], *draft.tokens], n_past, logits="all")
+        if sampling.greedy:
+            accepted, own = verify_greedy(target, draft)
+        else:
+            accepted, own = verify_sampled(target, draft, sampling, rng)
+        target.truncate(n_past + 1 + accepted)
+        step = Step(drafter.name, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted)
+        tally.add(step)
+        yield step
+
+        for i, token in enumerate([*draft.tokens[:accepted], own]):
+            history.append(token)
+            if model.is_eog(token):
+                finish = "stop"
+                break
+            produced += 1
+            event = Token(token, text.push(model.piece(token)), from_draft=i < accepted)
+            tally.add(event)
+            yield event
+            if text.stopped:
+                finish = "stop"
+            elif produced == limits.max_tokens:
+                finish = "length"
+            if finish:
+                break
+        if finish is None and len(history) > target.n_ctx:
+            finish = "context"
+
+    tail = text.flush()
+    yield Done(finish, text.text, tail, tally.summary(perf_counter() - decode_started))
+
+
+def verify_greedy(target: Context, draft: Draft) -> tuple[int, int]:
+    """(number of draft tokens kept, the target's own next token)."""
+    for i, token in enumerate(draft.tokens):
+        choice = int(np.argmax(target.logits(i)))
+        if choice != token:
+            return i, choice
+    return len(draft.tokens), int(np.argmax(target.logits(len(draft.tokens))))
+
+
+def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator) -> tuple[int, int]:
+    for i, token in enumerate(draft.tokens):
+        p = transform(target.logits(i), sampling)
+        q = draft.dists[i] if draft.dists is not None else one_hot(token)
+        if not accept(token, p, q, rng):
+            return i, residual(p, q).sample(rng)
+    return len(draft.tokens), transform(target.logits(len(draft.tokens)), sampling).sample(rng)

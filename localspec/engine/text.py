@@ -1,0 +1,52 @@
+"""Token bytes to text, holding back what a stop string might still claim."""
+
+import codecs
+
+
+class TextStream:
+    """Feed token pieces in order; get back the text that is safe to show.
+
+    Text is held back while it could be the start of a stop string, and while a
+    multi-byte UTF-8 character is incomplete. Once a stop string appears,
+    `stopped` is set and nothing from the stop string on is ever released.
+    """
+
+    def __init__(self, stop: tuple[str, ...] = ()):
+        self._stop = stop
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self.text = ""
+        self.stopped = False
+
+    def push(self, piece: bytes) -> str:
+        if self.stopped:
+            return ""
+        self._pending += self._decoder.decode(piece)
+        hits = [at for at in (self._pending.find(s) for s in self._stop) if at >= 0]
+        if hits:
+            self.stopped = True
+            return self._release(min(hits))
+        return self._release(len(self._pending) - self._longest_stop_prefix_at_end())
+
+    def flush(self) -> str:
+        """Release everything held back once generation has ended for another reason."""
+        if self.stopped:
+            return ""
+        self._pending += self._decoder.decode(b"", final=True)
+        return self._release(len(self._pending))
+
+    def _release(self, upto: int) -> str:
+        out, self._pending = self._pending[:upto], self._pending[upto:]
+        if self.stopped:
+            self._pending = ""
+        self.text += out
+        return out
+
+    def _longest_stop_prefix_at_end(self) -> int:
+        longest = 0
+        for stop in self._stop:
+            for size in range(min(len(stop) - 1, len(self._pending)), longest, -1):
+                if self._pending.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest

@@ -1,0 +1,35 @@
+"""Errors meant for the user: the message is what the CLI prints, the code is its exit status."""
+
+
+class LocalspecError(Exception):
+    exit_code = 1
+
+
+class UsageError(LocalspecError):
+    """The user asked for something that cannot work (bad value, bad combination)."""
+
+    exit_code = 2
+
+
+class InputError(LocalspecError):
+    """A file or prompt given by the user cannot be used."""
+
+    exit_code = 2
+
+
+class ModelLoadError(LocalspecError):
+    """llama.cpp refused a model file."""
+
+    exit_code = 2
+
+
+class FetchError(LocalspecError):
+    """A model could not be fetched or failed verification."""
+
+    exit_code = 3
+
+
+class EngineError(LocalspecError):
+    """llama.cpp failed while generating."""
+
+    exit_code = 4

@@ -1,0 +1,18 @@
+"""Where localspec keeps its files. LOCALSPEC_HOME puts everything under one directory."""
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def home() -> Path | None:
+    override = os.environ.get("LOCALSPEC_HOME")
+    return Path(override).expanduser() if override else None
+
+
+def models_dir() -> Path:
+    root = home()
+    if root is not None:
+        return root / "models"
+    return Path(platformdirs.user_cache_dir("localspec")) / "models"

@@ -1,0 +1,93 @@
+"""Wires a target and a drafter together and hands out generations.
+
+A Session owns the llama.cpp objects for one target (and draft) and can run
+many generations on them; the caller iterates events and never touches the engine.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from .chat_template import render
+from .config import Limits, Runtime, Sampling, Speculation
+from .errors import UsageError
+from .events import Event
+from .engine.backend import Context, Model
+from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .engine.speculative import generate
+
+NGRAM = "ngram"
+
+# llama.cpp's own tolerance for vocabularies that differ only by padding or added tokens.
+MAX_VOCAB_SIZE_DIFFERENCE = 128
+FIRST_COMPARED_TOKEN = 5
+
+
+class Session:
+    def __init__(self, target: Path, draft: str | None, runtime: Runtime, speculation: Speculation):
+        """draft: None for plain decoding, "ngram" for prompt lookup, or a GGUF path."""
+        self.speculation = speculation
+        self._owned: list = []
+        try:
+            self.target_model = self._own(Model(target, runtime.gpu_layers))
+            # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
+            n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
+            self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads))
+            self.drafter = self._make_drafter(draft, runtime, n_batch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_drafter(self, draft: str | None, runtime: Runtime, n_batch: int) -> Drafter:
+        if draft is None:
+            return NoDrafter()
+        if draft == NGRAM:
+            return NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max)
+        draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
+        check_same_vocabulary(self.target_model, draft_model)
+        context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
+        return ModelDrafter(context, self.speculation.p_min, self.target_model.n_vocab)
+
+    def _own(self, resource):
+        self._owned.append(resource)
+        return resource
+
+    def tokenize(self, prompt: str, raw: bool) -> list[int]:
+        """Prompt text to tokens, wrapped in the model's chat template unless raw."""
+        model = self.target_model
+        template = None if raw else model.chat_template()
+        if template is None:
+            return model.tokenize(prompt, add_special=True, parse_special=True)
+        bos = model.special_text("bos")
+        text = render(template, [{"role": "user", "content": prompt}], bos, model.special_text("eos"))
+        # Some templates write the BOS token themselves; adding another would change the prompt.
+        add_bos = not (bos and text.startswith(bos))
+        return model.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
+        return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)
+
+    def close(self) -> None:
+        for resource in reversed(self._owned):
+            resource.close()
+        self._owned.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_same_vocabulary(target: Model, draft: Model) -> None:
+    """Refuse a draft whose token ids mean something else than the target's (llama.cpp's rules)."""
+    name = f"draft {draft.path.name} and target {target.path.name}"
+    if draft.vocab_type != target.vocab_type:
+        raise UsageError(f"{name} use different tokenizer types")
+    if abs(draft.n_vocab - target.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
+        raise UsageError(f"{name} have vocabularies of {draft.n_vocab} and {target.n_vocab} tokens")
+    for token in range(FIRST_COMPARED_TOKEN, min(draft.n_vocab, target.n_vocab)):
+        if draft.token_text(token) != target.token_text(token):
+            raise UsageError(
+                f"{name} have different tokenizers: token {token} is"
+                f" {draft.token_text(token)!r} in the draft, {target.token_text(token)!r} in the target"
+            )

@@ -1,0 +1,78 @@
+"""Speculation statistics as a fold over a generation's events."""
+
+from dataclasses import dataclass, field
+
+from .events import Prefill, Step, Token
+
+
+@dataclass(frozen=True)
+class Summary:
+    tokens: int
+    steps: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    mean_accepted_length: float  # tau: tokens per target verification
+    per_position_acceptance: list[float]
+    tokens_per_second: float
+    prompt_tokens: int
+    prefill_seconds: float
+    draft_seconds: float
+    verify_seconds: float
+    decode_seconds: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Tally:
+    """Accumulates Prefill and Step events; summary() can be taken at any point."""
+
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    # reached[i]: steps that drafted a token at position i; kept[i]: of those, accepted ones
+    reached: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+
+    def add(self, event) -> None:
+        if isinstance(event, Prefill):
+            self.prompt_tokens += event.prompt_tokens
+            self.prefill_seconds += event.seconds
+        elif isinstance(event, Token):
+            self.tokens += 1
+        elif isinstance(event, Step):
+            self.steps += 1
+            self.drafted += event.drafted
+            self.accepted += event.accepted
+            self.draft_seconds += event.draft_seconds
+            self.verify_seconds += event.verify_seconds
+            while len(self.reached) < event.drafted:
+                self.reached.append(0)
+                self.kept.append(0)
+            for i in range(event.drafted):
+                self.reached[i] += 1
+                self.kept[i] += i < event.accepted
+
+    def summary(self, decode_seconds: float) -> Summary:
+        return Summary(
+            tokens=self.tokens,
+            steps=self.steps,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
+            mean_accepted_length=self.tokens / self.steps if self.steps else 0.0,
+            per_position_acceptance=[k / r for k, r in zip(self.kept, self.reached)],
+            tokens_per_second=self.tokens / decode_seconds if decode_seconds > 0 else 0.0,
+            prompt_tokens=self.prompt_tokens,
+            prefill_seconds=self.prefill_seconds,
+            draft_seconds=self.draft_seconds,
+            verify_seconds=self.verify_seconds,
+            decode_seconds=decode_seconds,
+        )

@@ -1,0 +1,99 @@
+"""Tiny llama-architecture GGUFs written with the gguf package, for tests on real llama.cpp.
+
+Weights are random but seeded, stored as F32 so batched and single-token logits
+agree closely. `sharpness` scales the output layer: larger makes the next-token
+distribution peakier, which gives statistical tests their power.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+N_EMBD = 64
+N_HEAD = 4
+N_LAYER = 2
+N_FF = 128
+CONTEXT = 512
+
+WORDS = [
+    "the", "a", "cat", "dog", "sat", "on", "mat", "and", "ran", "to", "house", "big", "red", "blue",
+    "is", "was", "it", "in", "of", "he", "she", "they", "saw", "with", "bird", "tree", "sun", "day",
+]
+OTHER_WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+
+
+def spm_vocab(words: list[str]) -> list[str]:
+    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"\u2581{w}" for w in words]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    seed: int
+    words: tuple[str, ...] = tuple(WORDS)
+    sharpness: float = 1.0
+    # Mix in a second random model: 0 keeps `seed`'s weights, 1 replaces them entirely.
+    blend_seed: int | None = None
+    blend: float = 0.0
+
+
+def _weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    tensors = {"token_embd.weight": normal(n_vocab, N_EMBD, scale=np.sqrt(N_EMBD))}
+    for layer in range(N_LAYER):
+        block = f"blk.{layer}"
+        tensors[f"{block}.attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            tensors[f"{block}.{name}.weight"] = normal(N_EMBD, N_EMBD)
+        tensors[f"{block}.ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        tensors[f"{block}.ffn_gate.weight"] = normal(N_FF, N_EMBD)
+        tensors[f"{block}.ffn_up.weight"] = normal(N_FF, N_EMBD)
+        tensors[f"{block}.ffn_down.weight"] = normal(N_EMBD, N_FF)
+    tensors["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    tensors["output.weight"] = normal(n_vocab, N_EMBD)
+    return tensors
+
+
+def write_tiny_model(path: Path, spec: TinySpec) -> Path:
+    tokens = spm_vocab(list(spec.words))
+    tensors = _weights(spec.seed, len(tokens))
+    if spec.blend_seed is not None:
+        other = _weights(spec.blend_seed, len(tokens))
+        tensors = {name: ((1 - spec.blend) * w + spec.blend * other[name]).astype(np.float32) for name, w in tensors.items()}
+    tensors["output.weight"] = tensors["output.weight"] * np.float32(spec.sharpness)
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(path.stem)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(spec.words))])
+    writer.add_token_types(
+        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL] * len(spec.words)
+    )
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    for name, weights in tensors.items():
+        writer.add_tensor(name, weights)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
