@@ -17,21 +17,20 @@ N_LAYER = 2
 N_FF = 128
 CONTEXT = 512
 
-WORDS = [
-    "the", "a", "cat", "dog", "sat", "on", "mat", "and", "ran", "to", "house", "big", "red", "blue",
-    "is", "was", "it", "in", "of", "he", "she", "they", "saw", "with", "bird", "tree", "sun", "day",
-]
-OTHER_WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+# llama.cpp's SPM tokenizer only merges into pieces whose prefixes are pieces too,
+# so single characters keep tokenization simple: one token per character.
+LOWERCASE = tuple("\u2581abcdefghijklmnopqrstuvwxyz.,")
+UPPERCASE = tuple("\u2581ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!?")
 
 
-def spm_vocab(words: list[str]) -> list[str]:
-    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"\u2581{w}" for w in words]
+def spm_vocab(pieces: tuple[str, ...]) -> list[str]:
+    return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(pieces)
 
 
 @dataclass(frozen=True)
 class TinySpec:
     seed: int
-    words: tuple[str, ...] = tuple(WORDS)
+    pieces: tuple[str, ...] = LOWERCASE
     sharpness: float = 1.0
     # Mix in a second random model: 0 keeps `seed`'s weights, 1 replaces them entirely.
     blend_seed: int | None = None
@@ -60,12 +59,15 @@ def _weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
 
 
 def write_tiny_model(path: Path, spec: TinySpec) -> Path:
-    tokens = spm_vocab(list(spec.words))
+    tokens = spm_vocab(spec.pieces)
     tensors = _weights(spec.seed, len(tokens))
     if spec.blend_seed is not None:
         other = _weights(spec.blend_seed, len(tokens))
         tensors = {name: ((1 - spec.blend) * w + spec.blend * other[name]).astype(np.float32) for name, w in tensors.items()}
     tensors["output.weight"] = tensors["output.weight"] * np.float32(spec.sharpness)
+    # A zero row pins the logit of <unk>/<s>/</s> at 0: end of text stays possible when
+    # sampling but greedy runs rarely stop after a handful of tokens.
+    tensors["output.weight"][:3] = 0.0
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(path.stem)
@@ -80,11 +82,11 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(spec.words))])
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(spec.pieces))])
     writer.add_token_types(
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         + [gguf.TokenType.BYTE] * 256
-        + [gguf.TokenType.NORMAL] * len(spec.words)
+        + [gguf.TokenType.NORMAL] * len(spec.pieces)
     )
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)

@@ -1,0 +1,56 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from localspec import mirror, paths, registry
+from localspec.engine.backend import Context, Model
+
+from tinymodels import UPPERCASE, TinySpec, write_tiny_model
+
+TARGET = TinySpec(seed=1, sharpness=2.0)
+TINY_MODELS = {
+    "target": TARGET,
+    "same": TARGET,  # a separate file with identical weights
+    "partial": TinySpec(seed=1, sharpness=2.0, blend_seed=2, blend=0.1),
+    "unrelated": TinySpec(seed=2, sharpness=2.0),
+    "other_tokenizer": TinySpec(seed=3, sharpness=2.0, pieces=UPPERCASE),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """Paths of tiny GGUFs: a target, drafts that agree fully/partly/not at all, another tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-models")
+    return {name: write_tiny_model(folder / f"{name}.gguf", spec) for name, spec in TINY_MODELS.items()}
+
+
+@pytest.fixture(scope="session")
+def load(tiny):
+    """load(name, n_ctx=256) -> a Context on a tiny model, closed at the end of the session."""
+    opened = []
+
+    def open_context(name: str, n_ctx: int = 256, n_batch: int = 64) -> Context:
+        model = Model(tiny[name])
+        context = Context(model, n_ctx, n_batch, threads=2)
+        opened.append((context, model))
+        return context
+
+    yield open_context
+    for context, model in opened:
+        context.close()
+        model.close()
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """real_model(name) -> path of a real GGUF from the registry, fetched once and cached.
+
+    The cache is the user's localspec models directory, or LOCALSPEC_TEST_MODELS.
+    """
+    cache = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or paths.models_dir())
+
+    def fetch(name: str) -> Path:
+        return mirror.fetch(registry.entry(name), cache)
+
+    return fetch

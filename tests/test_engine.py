@@ -1,0 +1,181 @@
+"""The speculative loop on tiny real GGUFs through llama.cpp: greedy correctness, stops, KV rollback."""
+
+import numpy as np
+import pytest
+
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.engine.speculative import generate
+from localspec.errors import InputError
+from localspec.events import Done, Prefill, Step, Token
+
+GREEDY = Sampling(temperature=0.0)
+PROMPT_TEXT = "the cat sat on the mat"
+
+
+class RecordingContext:
+    """The target context, remembering the argmax of every verified row by its position."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.argmax_at: dict[int, int] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode(self, tokens, start, logits):
+        self.inner.decode(tokens, start, logits)
+        if logits == "all":
+            for row in range(len(tokens)):
+                self.argmax_at[start + row] = int(np.argmax(self.inner.logits(row)))
+
+
+def run(target, drafter, prompt, sampling=GREEDY, speculation=Speculation(draft_max=4, p_min=0.0), limits=Limits(max_tokens=60)):
+    events = list(generate(target, drafter, prompt, sampling, speculation, limits))
+    tokens = [e.id for e in events if isinstance(e, Token)]
+    return tokens, events
+
+
+@pytest.fixture(scope="module")
+def target(load):
+    return load("target")
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)
+
+
+def model_drafter(load, name, p_min=0.0):
+    draft = load(name)
+    return ModelDrafter(draft, p_min, draft.model.n_vocab)
+
+
+@pytest.mark.parametrize("draft_name", ["same", "partial", "unrelated", "ngram", "none"])
+def test_every_greedy_token_is_the_targets_argmax_in_its_verification_batch(load, target, prompt, draft_name):
+    drafter = {"ngram": NgramDrafter(1, 3), "none": NoDrafter()}.get(draft_name) or model_drafter(load, draft_name)
+    recorder = RecordingContext(target)
+    tokens, events = run(recorder, drafter, prompt)
+    assert len(tokens) == 60
+    for offset, token in enumerate(tokens):
+        position_of_previous = len(prompt) + offset - 1
+        assert token == recorder.argmax_at[position_of_previous], f"token {offset}"
+
+
+def test_identical_draft_is_always_accepted(load, target, prompt):
+    tokens, events = run(target, model_drafter(load, "same"), prompt)
+    summary = events[-1].summary
+    assert summary.drafted > 0
+    assert summary.acceptance_rate == 1.0
+    assert summary.mean_accepted_length == pytest.approx(5.0, abs=0.5)
+
+
+def test_unrelated_draft_is_mostly_rejected_but_output_is_the_targets(load, target, prompt):
+    plain, _ = run(target, NoDrafter(), prompt)
+    tokens, events = run(target, model_drafter(load, "unrelated"), prompt)
+    summary = events[-1].summary
+    assert summary.acceptance_rate < 0.2
+    assert tokens == plain
+
+
+def test_partial_draft_accepts_some_and_matches_plain(load, target, prompt):
+    plain, _ = run(target, NoDrafter(), prompt)
+    tokens, events = run(target, model_drafter(load, "partial"), prompt)
+    summary = events[-1].summary
+    assert 0.2 < summary.acceptance_rate < 1.0
+    assert tokens == plain
+
+
+def test_events_come_in_order_and_add_up(load, target, prompt):
+    tokens, events = run(target, model_drafter(load, "partial"), prompt)
+    assert isinstance(events[0], Prefill) and events[0].prompt_tokens == len(prompt)
+    assert isinstance(events[-1], Done)
+    steps = [e for e in events if isinstance(e, Step)]
+    from_draft = [e.from_draft for e in events if isinstance(e, Token)]
+    summary = events[-1].summary
+    assert summary.steps == len(steps)
+    assert summary.accepted == sum(s.accepted for s in steps) == sum(from_draft)
+    assert summary.tokens == len(tokens) == len(from_draft)
+    # each step emits its accepted draft tokens, then one of the target's own
+    emitted = iter(from_draft)
+    for step in steps:
+        flags = [next(emitted, None) for _ in range(step.accepted + 1)]
+        assert flags[: step.accepted] == [True] * step.accepted
+        assert flags[-1] in (False, None)  # None: the generation ended inside this step
+    assert len(summary.per_position_acceptance) == max(s.drafted for s in steps)
+
+
+def test_draft_max_and_min_bound_each_step(load, target, prompt):
+    _, events = run(target, model_drafter(load, "same"), prompt, speculation=Speculation(draft_max=2, p_min=0.0))
+    assert {e.drafted for e in events if isinstance(e, Step)} <= {0, 1, 2}
+    _, events = run(target, NgramDrafter(1, 3), prompt, speculation=Speculation(draft_max=4, draft_min=3))
+    assert {e.drafted for e in events if isinstance(e, Step)} <= {0, 3, 4}
+
+
+def test_p_min_stops_unsure_drafts(load, target, prompt):
+    _, sure = run(target, model_drafter(load, "partial", p_min=0.0), prompt)
+    _, unsure = run(target, model_drafter(load, "partial", p_min=0.99), prompt)
+    assert unsure[-1].summary.drafted < sure[-1].summary.drafted
+
+
+def test_max_tokens_stops_with_length(target, prompt):
+    tokens, events = run(target, NgramDrafter(1, 3), prompt, limits=Limits(max_tokens=7))
+    assert len(tokens) == 7
+    assert events[-1].finish_reason == "length"
+
+
+def test_full_context_stops_cleanly(load, prompt):
+    small = load("target", n_ctx=32, n_batch=8)
+    drafter = ModelDrafter(load("same", n_ctx=32, n_batch=8), 0.0, small.model.n_vocab)
+    limits = Limits(max_tokens=small.n_ctx * 2)  # llama.cpp may round the context size up
+    tokens, events = run(small, drafter, prompt, speculation=Speculation(draft_max=7, p_min=0.0), limits=limits)
+    assert events[-1].finish_reason == "context"
+    assert len(prompt) + len(tokens) == small.n_ctx + 1  # the last token needs no KV slot
+
+
+def test_stop_string_ends_generation_before_it(target, prompt):
+    plain, events = run(target, NoDrafter(), prompt)
+    text = events[-1].text
+    stop = text[10:13]
+    tokens, events = run(target, NgramDrafter(1, 3), prompt, limits=Limits(max_tokens=60, stop=(stop,)))
+    done = events[-1]
+    assert done.finish_reason == "stop"
+    assert done.text == text[: text.index(stop)]
+    streamed = "".join(e.text for e in events if isinstance(e, Token)) + done.tail
+    assert streamed == done.text
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted(target, prompt):
+    # Sampling at a high temperature reaches </s> (whose logit is pinned at 0) within a few seeds.
+    eos_seen = False
+    for seed in range(40):
+        sampling = Sampling(temperature=3.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+        tokens, events = run(target, NgramDrafter(1, 3), prompt, sampling=sampling, limits=Limits(max_tokens=200))
+        if events[-1].finish_reason == "stop":
+            eos_seen = True
+            assert not any(target.model.is_eog(t) for t in tokens)
+            break
+    assert eos_seen
+
+
+def test_draft_context_is_rolled_back_to_match_history(load, target, prompt):
+    draft = load("partial")
+    drafter = ModelDrafter(draft, 0.0, draft.model.n_vocab)
+    tokens, _ = run(target, drafter, prompt)
+    # the draft's KV holds exactly the committed tokens it has seen, in order
+    committed = prompt + tokens
+    assert drafter.seen == committed[: len(drafter.seen)]
+
+
+def test_seeded_sampling_is_reproducible(load, target, prompt):
+    sampling = Sampling(temperature=1.0, seed=7)
+    first, _ = run(target, model_drafter(load, "partial"), prompt, sampling=sampling)
+    second, _ = run(target, model_drafter(load, "partial"), prompt, sampling=sampling)
+    assert first == second
+
+
+def test_empty_and_oversized_prompts_are_user_errors(target, prompt):
+    with pytest.raises(InputError, match="empty"):
+        run(target, NoDrafter(), [])
+    with pytest.raises(InputError, match="ctx-size"):
+        run(target, NoDrafter(), prompt * 100)

@@ -1,0 +1,143 @@
+"""Speculative sampling reproduces the target's distribution (statistically, on real llama.cpp).
+
+For each setting we draw N seeded generations of the first LENGTH tokens and
+compare the counts of each token sequence with the exact probabilities,
+computed by walking the target's own transformed distributions over every
+prefix. Sequences that end early (end-of-generation) are outcomes of their own.
+Pearson's chi-square test at ALPHA = 0.001: each test raises a false alarm
+once in a thousand runs. The last test shows the check has power: a verifier
+that accepts every draft token fails it.
+"""
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from scipy.stats import chisquare
+
+import localspec.engine.speculative as speculative
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.engine.sampling import transform
+from localspec.events import Token
+
+ALPHA = 1e-3
+SAMPLES = 1500
+LENGTH = 3
+FLOOR = 2e-4  # sequences rarer than this are pooled into one "other" outcome
+MIN_EXPECTED = 5.0  # Pearson's rule of thumb; cells expected less often join "other"
+OTHER = ("other",)
+
+SETTINGS = {
+    "temperature 0.7": Sampling(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0),
+    "top-k 5": Sampling(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0),
+    "top-p 0.8": Sampling(temperature=0.9, top_k=0, top_p=0.8, min_p=0.0),
+    "min-p 0.1": Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
+    "llama.cpp defaults": Sampling(),
+}
+
+
+def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
+    probabilities: dict[tuple, float] = {}
+
+    def walk(prefix: list[int], mass: float) -> None:
+        target.truncate(0)
+        target.decode(prompt + prefix, 0, logits="last")
+        p = transform(target.logits(-1), sampling)
+        for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
+            reach = mass * p_token
+            if reach < FLOOR:
+                continue
+            if target.model.is_eog(token):
+                probabilities[tuple(prefix)] = reach
+            elif len(prefix) + 1 == LENGTH:
+                probabilities[tuple(prefix + [token])] = reach
+            else:
+                walk(prefix + [token], reach)
+
+    walk([], 1.0)
+    return probabilities
+
+
+def sample_counts(target, drafter, prompt, sampling) -> Counter:
+    counts = Counter()
+    speculation = Speculation(draft_max=3, p_min=0.0)
+    for seed in range(SAMPLES):
+        events = speculative.generate(
+            target, drafter, prompt, replace(sampling, seed=seed), speculation, Limits(max_tokens=LENGTH)
+        )
+        counts[tuple(e.id for e in events if isinstance(e, Token))] += 1
+    return counts
+
+
+def chi_square_p_value(counts: Counter, exact: dict[tuple, float]) -> float:
+    expected = {outcome: p * SAMPLES for outcome, p in exact.items() if p * SAMPLES >= MIN_EXPECTED}
+    expected[OTHER] = SAMPLES - sum(expected.values())
+    observed = {outcome: counts.get(outcome, 0) for outcome in expected}
+    observed[OTHER] = SAMPLES - sum(n for outcome, n in observed.items() if outcome != OTHER)
+    cells = list(expected)
+    assert len(cells) >= 5, "too few outcomes for the test to mean anything"
+    return chisquare([observed[c] for c in cells], [expected[c] for c in cells]).pvalue
+
+
+@pytest.fixture(scope="module")
+def target(load):
+    return load("target")
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    return target.model.tokenize("the cat sat on the mat", add_special=True, parse_special=False)
+
+
+@pytest.fixture(scope="module")
+def repetitive_prompt(target):
+    # the n-gram drafter needs earlier occurrences to draft from
+    return target.model.tokenize("abcabcabcabc", add_special=True, parse_special=False)
+
+
+def drafter_for(kind, load, target):
+    if kind == "draft model":
+        draft = load("partial")
+        return ModelDrafter(draft, 0.0, target.model.n_vocab)
+    return NgramDrafter(1, 3) if kind == "ngram" else NoDrafter()
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "plain"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_output_follows_the_target_distribution(load, target, prompt, repetitive_prompt, setting, kind):
+    sampling = SETTINGS[setting]
+    tokens = repetitive_prompt if kind == "ngram" else prompt
+    drafter = drafter_for(kind, load, target)
+    counts = sample_counts(target, drafter, tokens, sampling)
+    exact = exact_distribution(target, tokens, sampling)
+    assert chi_square_p_value(counts, exact) > ALPHA
+
+
+def test_speculation_actually_drafted_in_these_settings(load, target, prompt, repetitive_prompt):
+    # Without accepted drafts the tests above would only exercise plain sampling.
+    for kind, tokens in [("draft model", prompt), ("ngram", repetitive_prompt)]:
+        events = list(
+            speculative.generate(
+                target, drafter_for(kind, load, target), tokens, replace(SETTINGS["temperature 0.7"], seed=1),
+                Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=60),
+            )
+        )
+        summary = events[-1].summary
+        assert summary.accepted > 0 and summary.accepted < summary.drafted, kind
+
+
+def test_a_verifier_that_accepts_every_draft_token_fails_the_check(load, target, prompt, monkeypatch):
+    monkeypatch.setattr(speculative, "accept", lambda token, p, q, rng: True)
+    sampling = SETTINGS["temperature 0.7"]
+    counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
+
+
+def test_a_verifier_that_rejects_every_draft_token_fails_the_check(load, target, prompt, monkeypatch):
+    # Every token then comes from norm(max(0, p - q)), which is not p.
+    monkeypatch.setattr(speculative, "accept", lambda token, p, q, rng: False)
+    sampling = SETTINGS["temperature 0.7"]
+    counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
+    p_value = chi_square_p_value(counts, exact_distribution(target, prompt, sampling))
+    assert p_value < ALPHA

@@ -1,0 +1,41 @@
+from localspec.config import Sampling
+from localspec.engine.drafters import NgramDrafter
+
+
+def started(n_min=1, n_max=3, prompt=()):
+    drafter = NgramDrafter(n_min, n_max)
+    drafter.begin(list(prompt), Sampling(), None)
+    return drafter
+
+
+def test_copies_what_followed_the_latest_earlier_match():
+    history = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert started().propose(history, 3).tokens == [7, 8, 5]
+
+
+def test_prefers_the_longest_matching_suffix():
+    # "3" alone last occurred before 6; "2 3" last occurred before 4
+    history = [2, 3, 4, 5, 3, 6, 2, 3]
+    assert started(1, 2).propose(history, 1).tokens == [4]
+    assert started(1, 1).propose(history, 1).tokens == [6]
+
+
+def test_never_matches_the_suffix_itself_and_stops_at_the_end_of_history():
+    assert started().propose([1, 2, 3], 4).tokens == []
+    assert started().propose([5, 6, 5], 4).tokens == [6, 5]
+
+
+def test_no_match_proposes_nothing_and_draft_is_capped_at_k():
+    assert started(2, 3).propose([1, 2, 3, 4], 4).tokens == []
+    assert started().propose([1, 2, 3, 4, 5, 1, 2], 2).tokens == [3, 4]
+
+
+def test_index_grows_with_new_tokens_only():
+    drafter = started(2, 2)
+    history = list(range(1000)) + [10, 11]
+    assert drafter.propose(history, 2).tokens == [12, 13]
+    assert drafter.indexed == len(history)
+    history += [12, 13]  # the accepted continuation
+    before = len(drafter.index[2])
+    assert drafter.propose(history, 2).tokens == [14, 15]
+    assert len(drafter.index[2]) - before <= 2  # only the two new n-grams were added

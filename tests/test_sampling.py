@@ -1,0 +1,114 @@
+"""The logits transform and the rejection rule, on small arrays."""
+
+import numpy as np
+import pytest
+
+from localspec.config import Sampling
+from localspec.engine.sampling import Dist, accept, one_hot, residual, top_probability, transform
+from localspec.errors import UsageError
+
+
+def reference(logits, s: Sampling) -> np.ndarray:
+    """Dense, obvious version of llama.cpp's chain: top-k, top-p, min-p, then temperature."""
+    order = np.argsort(-logits, kind="stable")
+    keep = len(logits) if s.top_k == 0 else s.top_k
+    kept = order[:keep]
+    probs = np.exp(logits[kept] - logits[kept].max())
+    probs /= probs.sum()
+    if s.top_p < 1:
+        cut = next(i for i, c in enumerate(np.cumsum(probs)) if c >= s.top_p) + 1
+        kept, probs = kept[:cut], probs[:cut]
+    if s.min_p > 0:
+        survive = probs >= s.min_p * probs[0]
+        kept = kept[survive]
+    dense = np.zeros(len(logits))
+    weights = np.exp((logits[kept] - logits[kept].max()) / s.temperature)
+    dense[kept] = weights / weights.sum()
+    return dense
+
+
+def dense(dist: Dist, n: int) -> np.ndarray:
+    out = np.zeros(n)
+    out[dist.ids] = dist.probs
+    return out
+
+
+SETTINGS = [
+    Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    Sampling(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0),
+    Sampling(temperature=1.3, top_k=3, top_p=1.0, min_p=0.0),
+    Sampling(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0),
+    Sampling(temperature=0.8, top_k=0, top_p=1.0, min_p=0.2),
+    Sampling(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05),
+]
+
+
+@pytest.mark.parametrize("s", SETTINGS)
+def test_transform_matches_the_dense_reference(s):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = (rng.standard_normal(50) * 2).astype(np.float32)
+        np.testing.assert_allclose(dense(transform(logits, s), 50), reference(logits.astype(np.float64), s), atol=1e-12)
+
+
+def test_top_p_keeps_the_token_that_crosses_the_threshold():
+    logits = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float32))
+    dist = transform(logits, Sampling(temperature=1.0, top_k=0, top_p=0.6, min_p=0.0))
+    assert sorted(dist.ids.tolist()) == [0, 1]
+
+
+def test_sampling_from_a_distribution_hits_its_probabilities():
+    dist = Dist(np.array([4, 9, 2]), np.array([0.2, 0.5, 0.3]))
+    rng = np.random.default_rng(1)
+    draws = np.array([dist.sample(rng) for _ in range(20000)])
+    for token, p in zip([4, 9, 2], [0.2, 0.5, 0.3]):
+        assert abs((draws == token).mean() - p) < 0.015
+
+
+def test_probability_lookups():
+    dist = Dist(np.array([7, 3, 5]), np.array([0.5, 0.3, 0.2]))
+    assert dist.prob(3) == 0.3 and dist.prob(4) == 0.0
+    np.testing.assert_allclose(dist.probs_of(np.array([5, 8, 7, 0])), [0.2, 0.0, 0.5, 0.0])
+
+
+def test_residual_is_the_normalised_positive_part_of_p_minus_q():
+    p = Dist(np.array([0, 1, 2]), np.array([0.5, 0.3, 0.2]))
+    q = Dist(np.array([0, 2, 3]), np.array([0.7, 0.1, 0.2]))
+    r = residual(p, q)
+    np.testing.assert_allclose(dense(r, 4), np.array([0.0, 0.3, 0.1, 0.0]) / 0.4)
+
+
+def test_residual_of_a_one_hot_draft_removes_that_token():
+    p = Dist(np.array([0, 1, 2]), np.array([0.5, 0.3, 0.2]))
+    np.testing.assert_allclose(dense(residual(p, one_hot(1)), 3), [0.5 / 0.7, 0.0, 0.2 / 0.7])
+
+
+def test_accept_probability_is_min_one_p_over_q():
+    rng = np.random.default_rng(2)
+    p = Dist(np.array([0, 1]), np.array([0.2, 0.8]))
+    q = Dist(np.array([0, 1]), np.array([0.8, 0.2]))
+    assert np.mean([accept(0, p, q, rng) for _ in range(20000)]) == pytest.approx(0.25, abs=0.015)
+    assert all(accept(1, p, q, rng) for _ in range(1000))
+    assert not any(accept(5, p, q, rng) for _ in range(100))
+
+
+def test_accept_then_residual_reproduces_p_exactly():
+    # One draft position, exact arithmetic: P(out = x) = q(x) min(1, p/q) + P(reject) r(x) = p(x).
+    p = np.array([0.1, 0.4, 0.3, 0.2])
+    q = np.array([0.4, 0.1, 0.3, 0.2])
+    accepted = q * np.minimum(1, p / q)
+    rejected = 1 - accepted.sum()
+    r = np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
+    np.testing.assert_allclose(accepted + rejected * r, p)
+
+
+def test_top_probability():
+    assert top_probability(np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32))) == pytest.approx(0.6, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=1.0)]
+)
+def test_invalid_sampling_values_are_refused(kwargs):
+    with pytest.raises(UsageError):
+        Sampling(**kwargs)

@@ -1,0 +1,29 @@
+import pytest
+
+from localspec.events import Prefill, Step, Token
+from localspec.stats import Tally
+
+
+def test_summary_is_a_fold_over_events():
+    tally = Tally()
+    events = [
+        Prefill(12, 0.5),
+        Step("draft", 3, 2, 0.01, 0.02), Token(1, "a", True), Token(2, "b", True), Token(3, "c", False),
+        Step("draft", 2, 0, 0.01, 0.02), Token(4, "d", False),
+        Step("draft", 0, 0, 0.0, 0.02), Token(5, "e", False),
+    ]
+    for event in events:
+        tally.add(event)
+    s = tally.summary(decode_seconds=2.5)
+    assert (s.tokens, s.steps, s.drafted, s.accepted) == (5, 3, 5, 2)
+    assert s.acceptance_rate == pytest.approx(0.4)
+    assert s.mean_accepted_length == pytest.approx(5 / 3)
+    assert s.per_position_acceptance == [0.5, 0.5, 0.0]
+    assert s.tokens_per_second == pytest.approx(2.0)
+    assert (s.prompt_tokens, s.prefill_seconds) == (12, 0.5)
+    assert s.draft_seconds == pytest.approx(0.02) and s.verify_seconds == pytest.approx(0.06)
+
+
+def test_empty_summary_has_no_division_by_zero():
+    s = Tally().summary(decode_seconds=0.0)
+    assert s.acceptance_rate == 0.0 and s.mean_accepted_length == 0.0 and s.tokens_per_second == 0.0

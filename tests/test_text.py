@@ -1,0 +1,49 @@
+from localspec.engine.text import TextStream
+
+
+def feed(stream, pieces):
+    return [stream.push(p) for p in pieces]
+
+
+def test_text_passes_through_without_stop_strings():
+    stream = TextStream()
+    assert feed(stream, [b"Hello", b", ", b"world"]) == ["Hello", ", ", "world"]
+    assert stream.flush() == "" and stream.text == "Hello, world"
+
+
+def test_multibyte_characters_split_across_tokens_come_out_whole():
+    stream = TextStream()
+    euro = "€".encode()
+    assert feed(stream, [b"5 ", euro[:1], euro[1:2], euro[2:]]) == ["5 ", "", "", "€"]
+
+
+def test_stop_string_spanning_tokens_is_held_back_and_cut():
+    stream = TextStream(stop=("\n\nUser:",))
+    out = feed(stream, [b"Answer.", b"\n", b"\nUs", b"er:", b" more"])
+    assert out == ["Answer.", "", "", "", ""]
+    assert stream.stopped and stream.text == "Answer."
+
+
+def test_held_back_text_is_released_when_it_stops_looking_like_a_stop():
+    stream = TextStream(stop=("END",))
+    assert feed(stream, [b"the E", b"Nx"]) == ["the ", "ENx"]
+    assert not stream.stopped
+
+
+def test_nothing_is_released_after_a_stop():
+    stream = TextStream(stop=("END",))
+    assert feed(stream, [b"the E", b"N", b"D-less", b"x"]) == ["the ", "", "", ""]
+    assert stream.stopped and stream.text == "the " and stream.flush() == ""
+
+
+def test_flush_releases_a_dangling_stop_prefix():
+    stream = TextStream(stop=("###",))
+    assert feed(stream, [b"done #"]) == ["done "]
+    assert stream.flush() == "#"
+    assert stream.text == "done #"
+
+
+def test_earliest_of_several_stop_strings_wins():
+    stream = TextStream(stop=("b", "a"))
+    stream.push(b"xxabyy")
+    assert stream.text == "xx"
