@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 
 from . import __version__
@@ -193,15 +192,16 @@ def version():
 def main() -> None:
     try:
         app(standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError:
-        pass
-    except click.ClickException as error:
-        print(f"error: {error.format_message()}", file=sys.stderr)
-        if isinstance(error, click.UsageError) and error.ctx is not None:
-            print(f"Try '{error.ctx.command_path} --help'.", file=sys.stderr)
-        sys.exit(error.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         sys.exit(130)
+    except typer.TyperException as error:  # typer's command-line parsing errors
+        message = error.format_message()
+        context = getattr(error, "ctx", None)
+        if message:  # empty when typer has just shown the help instead
+            print(f"error: {message}", file=sys.stderr)
+            if context is not None:
+                print(f"Try '{context.command_path} --help'.", file=sys.stderr)
+        sys.exit(getattr(error, "exit_code", 2))
     except LocalspecError as error:
         if os.environ.get("LOCALSPEC_DEBUG"):
             raise

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .chat_template import render
 from .config import Limits, Runtime, Sampling, Speculation
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .events import Event
 from .engine.backend import Context, Model
 from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -53,6 +53,8 @@ class Session:
 
     def tokenize(self, prompt: str, raw: bool) -> list[int]:
         """Prompt text to tokens, wrapped in the model's chat template unless raw."""
+        if not prompt:
+            raise InputError("the prompt is empty")
         model = self.target_model
         template = None if raw else model.chat_template()
         if template is None:

@@ -1,0 +1,161 @@
+"""`localspec run` end to end, as a user runs it: a subprocess with a temporary LOCALSPEC_HOME."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+STATS_KEYS = {
+    "tokens", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+    "per_position_acceptance", "tokens_per_second", "prompt_tokens", "prefill_seconds",
+    "draft_seconds", "verify_seconds",
+}
+
+
+@pytest.fixture
+def localspec(tmp_path):
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env.pop("LOCALSPEC_DEBUG", None)
+
+    def invoke(*args, stdin: bytes | None = None, timeout=600):
+        return subprocess.run(
+            [sys.executable, "-m", "localspec", *map(str, args)],
+            input=stdin, capture_output=True, env=env, timeout=timeout,
+        )
+
+    return invoke
+
+
+def run_json(localspec, *args, stdin=None):
+    done = localspec("run", *args, "--json", stdin=stdin)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def check_stats(result):
+    stats = result["stats"]
+    assert STATS_KEYS <= set(stats)
+    assert stats["tokens"] > 0 and stats["steps"] > 0
+    assert 0 <= stats["accepted"] <= stats["drafted"]
+    assert stats["mean_accepted_length"] == pytest.approx(stats["tokens"] / stats["steps"])
+    assert all(0 <= a <= 1 for a in stats["per_position_acceptance"])
+    assert result["finish_reason"] in {"stop", "length", "context"}
+    return stats
+
+
+def test_json_summary_with_a_draft_model(localspec, tiny):
+    result = run_json(localspec, tiny["target"], "--draft", tiny["partial"], "--p-min", "0", "--prompt", "the cat",
+                      "--temp", "0", "--max-tokens", "40")
+    stats = check_stats(result)
+    assert stats["tokens"] == 40 and result["finish_reason"] == "length"
+    assert stats["drafted"] > 0 and stats["accepted"] > 0
+    plain = run_json(localspec, tiny["target"], "--no-draft", "--prompt", "the cat", "--temp", "0", "--max-tokens", "40")
+    assert plain["text"] == result["text"] and plain["stats"]["drafted"] == 0
+
+
+def test_prompt_from_stdin_and_file_and_ngram_default(localspec, tiny, tmp_path):
+    from_stdin = run_json(localspec, tiny["target"], "--temp", "0", "-n", "20", stdin=b"abcabcabc")
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("abcabcabc")
+    from_file = run_json(localspec, tiny["target"], "--draft", "ngram", "--temp", "0", "-n", "20", "--file", prompt_file)
+    assert from_stdin["text"] == from_file["text"]
+    assert check_stats(from_file)["prompt_tokens"] == from_stdin["stats"]["prompt_tokens"] > 9
+
+
+def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
+    done = localspec("run", tiny["target"], "--draft", tiny["same"], "--p-min", "0", "-p", "the cat", "--temp", "0", "-n", "30")
+    assert done.returncode == 0
+    assert "30 tokens" in done.stderr.decode() and "accepted (100%)" in done.stderr.decode()
+    assert len(done.stdout) > 0 and b"tokens" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.gguf", "-p", "x"], "cannot read model file"),
+        (["{notgguf}", "-p", "x"], "is not a GGUF model file"),
+        (["{dir}", "-p", "x"], "is a directory"),
+        (["{target}", "--draft", "nope.gguf", "-p", "x"], "does not exist"),
+        (["{target}", "--draft", "ngram", "--no-draft", "-p", "x"], "exclude each other"),
+        (["{target}", "-p", "x", "--temp", "-1"], "temperature must be >= 0"),
+        (["{target}", "-p", "x", "--top-p", "2"], "top-p must be in (0, 1]"),
+        (["{target}", "-p", "x", "--draft-min", "9"], "draft-min must be between"),
+        (["{target}", "-p", "x", "--max-tokens", "0"], "max-tokens must be >= 1"),
+        (["{target}", "-p", "x", "--temp", "warm"], "Invalid value for '--temp'"),
+        (["{target}", "-p", "x", "--file", "{notgguf}"], "not both"),
+        (["{target}", "--file", "{binary}"], "is not UTF-8 text"),
+        (["{target}", "--draft", "{other_tokenizer}", "-p", "x"], "different tokenizers: token"),
+        (["{target}", "-p", ""], "the prompt is empty"),
+        (["{target}", "-p", "abc " * 100, "--ctx-size", "64", "--raw"], "raise --ctx-size"),
+    ],
+)
+def test_user_mistakes_get_one_line_errors_and_exit_code_2(localspec, tiny, tmp_path, args, message):
+    (tmp_path / "not.gguf").write_text("hello")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00bad")
+    (tmp_path / "adir").mkdir()
+    names = {"notgguf": tmp_path / "not.gguf", "dir": tmp_path / "adir", "binary": tmp_path / "binary.txt",
+             **{name: path for name, path in tiny.items()}}
+    done = localspec("run", *[a.format(**names) for a in args])
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert stderr.startswith("error: ")
+
+
+def test_debug_mode_shows_the_traceback(localspec, tiny, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_DEBUG", "1")
+    done = subprocess.run([sys.executable, "-m", "localspec", "run", str(tiny["target"]), "-p", "x", "--temp", "-1"],
+                          capture_output=True, env={**os.environ, "LOCALSPEC_DEBUG": "1"})
+    assert done.returncode != 0 and b"Traceback" in done.stderr
+
+
+def test_help_teaches_the_options(localspec):
+    done = localspec("run", "--help")
+    out = done.stdout.decode()
+    assert done.returncode == 0
+    for option in ("--draft", "--no-draft", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--draft-max",
+                   "--draft-min", "--p-min", "--ctx-size", "--threads", "--gpu-layers", "--draft-gpu-layers", "--json"):
+        assert option in out
+    assert "Examples" in out
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_speculates_greedily_with_high_acceptance(localspec, real_model):
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    prompt = "Write a Python function that checks whether a number is prime."
+    result = run_json(localspec, target, "--draft", draft, "--prompt", prompt, "--temp", "0", "--max-tokens", "64")
+    stats = check_stats(result)
+    assert stats["tokens"] == 64
+    assert stats["acceptance_rate"] > 0.5
+    assert stats["mean_accepted_length"] > 1.5
+    assert "def " in result["text"]
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_samples_with_the_rejection_rule(localspec, real_model):
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    result = run_json(localspec, target, "--draft", draft, "--prompt", "Tell me about sorting algorithms.",
+                      "--temp", "0.7", "--seed", "3", "--max-tokens", "48")
+    stats = check_stats(result)
+    assert stats["accepted"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", [["--draft", "ngram"], ["--no-draft"]])
+def test_real_smollm2_runs_with_its_chat_template(localspec, real_model, draft):
+    result = run_json(localspec, real_model("smollm2-135m"), *draft, "--prompt",
+                      "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog.",
+                      "--temp", "0", "--max-tokens", "40")
+    stats = check_stats(result)
+    assert stats["prompt_tokens"] > 20  # system prompt and turn markers from the template
+    assert result["text"].strip()
+
+
+@pytest.mark.slow
+def test_real_pair_with_different_tokenizers_is_refused(localspec, real_model):
+    done = localspec("run", real_model("smollm2-135m"), "--draft", real_model("gemma3-270m"), "-p", "hi")
+    assert done.returncode == 2
+    assert b"error: " in done.stderr and b"Traceback" not in done.stderr
