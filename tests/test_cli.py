@@ -19,7 +19,7 @@ def localspec(tmp_path):
     env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
     env.pop("LOCALSPEC_DEBUG", None)
 
-    def invoke(*args, stdin: bytes | None = None, timeout=600):
+    def invoke(*args, stdin: bytes = b"", timeout=600):
         return subprocess.run(
             [sys.executable, "-m", "localspec", *map(str, args)],
             input=stdin, capture_output=True, env=env, timeout=timeout,
@@ -28,7 +28,7 @@ def localspec(tmp_path):
     return invoke
 
 
-def run_json(localspec, *args, stdin=None):
+def run_json(localspec, *args, stdin=b""):
     done = localspec("run", *args, "--json", stdin=stdin)
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)

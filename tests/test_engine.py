@@ -179,3 +179,18 @@ def test_empty_and_oversized_prompts_are_user_errors(target, prompt):
         run(target, NoDrafter(), [])
     with pytest.raises(InputError, match="ctx-size"):
         run(target, NoDrafter(), prompt * 100)
+
+
+def test_logits_are_views_on_llama_cpp_memory(target, prompt):
+    target.truncate(0)
+    target.decode(prompt, 0, logits="all")
+    row = target.logits(2)
+    assert not row.flags.owndata and row.shape == (target.model.n_vocab,)
+    assert np.shares_memory(row, target.logits(2))
+
+
+def test_prompts_longer_than_a_batch_are_prefilled_in_chunks(load, prompt):
+    chunked = load("target", n_ctx=256, n_batch=4)
+    reference, _ = run(load("target"), NoDrafter(), prompt, limits=Limits(max_tokens=10))
+    tokens, _ = run(chunked, NoDrafter(), prompt, limits=Limits(max_tokens=10))
+    assert tokens == reference
