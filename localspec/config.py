@@ -45,7 +45,7 @@ class Speculation:
     n-gram drafter, longest first.
     """
 
-    draft_max: int = 4
+    draft_max: int = 3
     draft_min: int = 0
     p_min: float = 0.6
     ngram_min: int = 2
