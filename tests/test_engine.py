@@ -194,3 +194,18 @@ def test_prompts_longer_than_a_batch_are_prefilled_in_chunks(load, prompt):
     reference, _ = run(load("target"), NoDrafter(), prompt, limits=Limits(max_tokens=10))
     tokens, _ = run(chunked, NoDrafter(), prompt, limits=Limits(max_tokens=10))
     assert tokens == reference
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
+    from localspec.config import Runtime
+    from localspec.session import Session
+
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    with Session(target, str(draft), Runtime(ctx_size=1024), Speculation(draft_max=3, p_min=0.0)) as session:
+        prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
+        recorder = RecordingContext(session.target)
+        tokens, events = run(recorder, session.drafter, prompt, limits=Limits(max_tokens=64))
+    assert events[-1].summary.acceptance_rate > 0.5
+    for offset, token in enumerate(tokens):
+        assert token == recorder.argmax_at[len(prompt) + offset - 1], f"token {offset}"
