@@ -8,11 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__
+from . import __version__, compat, download, gguf_meta, registry, tui
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
-from .errors import InputError, LocalspecError, UsageError
+from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Token
-from .session import NGRAM, Session
+from .registry import NGRAM
+from .session import open_session
 
 app = typer.Typer(
     help="Local GGUF inference with lossless speculative decoding.",
@@ -29,6 +30,7 @@ DEFAULT_LIMITS = Limits()
 SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
+OFFLINE_OPTION = typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")
 
 
 @app.command(
@@ -40,14 +42,22 @@ RESOURCES = "Resources"
     )
 )
 def run(
-    target: Annotated[Path, typer.Argument(help="Target model: a GGUF file.", show_default=False)],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="Target model: a registry name (see `localspec models`), a GGUF file,"
+            " hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.",
+            show_default=False,
+        ),
+    ],
     draft: Annotated[
         Optional[str],
         typer.Option(
             "--draft",
             "-d",
-            help="A draft GGUF sharing the target's tokenizer, or 'ngram' to look up drafts in the prompt"
-            " and output. Default: ngram.",
+            help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b),"
+            " 'auto' for the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the"
+            " prompt and output. Default: ngram.",
             show_default=False,
         ),
     ] = None,
@@ -114,13 +124,12 @@ def run(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
+    offline: Annotated[bool, OFFLINE_OPTION] = False,
 ):
     """Generate from a prompt with speculative decoding; text streams to stdout, statistics go to stderr."""
     if no_draft and draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
     draft_choice = None if no_draft else (draft or NGRAM)
-    if draft_choice not in (None, NGRAM) and not Path(draft_choice).exists():
-        raise InputError(f"draft model {draft_choice} does not exist (give a GGUF file or 'ngram')")
     sampling = Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     speculation = Speculation(draft_max=draft_max, draft_min=draft_min, p_min=p_min)
     runtime = Runtime(
@@ -132,7 +141,7 @@ def run(
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
 
-    with Session(target, draft_choice, runtime, speculation) as session:
+    with open_session(target, draft_choice, runtime, speculation, offline, tui.download_progress()) as session:
         events = session.generate(session.tokenize(text, raw), sampling, limits)
         done = _consume(events, stream=not as_json)
     if as_json:
@@ -183,6 +192,65 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         raise InputError(f"the prompt in {source} is not UTF-8 text (byte {error.start})") from None
 
 
+@app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
+def pull(
+    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
+    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one).", show_default=False)] = None,
+):
+    """Download a model (and a draft) into the models directory, resuming partial downloads."""
+    target = registry.resolve(name)
+    wanted = [target] + ([registry.resolve_draft(draft, target)] if draft else [])
+    for item in wanted:
+        if item == NGRAM:
+            continue
+        path = download.locate(item, progress=tui.download_progress())
+        print(path)
+
+
+@app.command(name="models")
+def list_models():
+    """List the models localspec knows by name, their size and whether they are downloaded."""
+    rows = [
+        dict(name=e.name, family=e.family, params=e.params, size=e.size, installed=download.installed(e) is not None,
+             draft=e.draft, license=e.license + (" (gated)" if e.gated else ""))
+        for e in registry.load().values()
+    ]
+    tui.models_table(rows)
+
+
+@app.command(name="rm")
+def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
+    """Delete a downloaded model (partial downloads too)."""
+    entry = registry.resolve(name)
+    if not isinstance(entry, registry.ModelEntry):
+        raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")
+    freed = download.remove(entry)
+    if not freed:
+        raise UsageError(f"{entry.name} is not downloaded")
+    print(f"removed {entry.name} ({tui.size_text(freed)})")
+
+
+@app.command()
+def check(
+    target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
+    draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...).", show_default=False)],
+    offline: Annotated[bool, OFFLINE_OPTION] = False,
+):
+    """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
+    resolved = registry.resolve(target)
+    resolved_draft = registry.resolve_draft(draft, resolved)
+    if resolved_draft == NGRAM:
+        raise UsageError("n-gram drafting works with every target; name a draft model to check")
+    progress = tui.download_progress()
+    report = compat.check(
+        gguf_meta.read(download.locate(resolved, offline, progress)),
+        gguf_meta.read(download.locate(resolved_draft, offline, progress)),
+    )
+    tui.compat_report(report)
+    if not report.compatible:
+        raise typer.Exit(1)
+
+
 @app.command()
 def version():
     """Print the localspec version."""
@@ -191,7 +259,7 @@ def version():
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)
     except typer.Abort:
         sys.exit(130)
     except typer.TyperException as error:  # typer's command-line parsing errors
@@ -205,7 +273,10 @@ def main() -> None:
     except LocalspecError as error:
         if os.environ.get("LOCALSPEC_DEBUG"):
             raise
+        if isinstance(error, IncompatibleDraft):
+            tui.compat_report(error.report, tui.err)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)

@@ -33,3 +33,11 @@ class EngineError(LocalspecError):
     """llama.cpp failed while generating."""
 
     exit_code = 4
+
+
+class IncompatibleDraft(UsageError):
+    """The draft's tokenizer differs from the target's; carries the compatibility report."""
+
+    def __init__(self, message: str, report):
+        super().__init__(message)
+        self.report = report

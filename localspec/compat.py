@@ -1,0 +1,89 @@
+"""Can a draft speculate for a target? llama.cpp's rules plus pre-tokenizer and merges identity.
+
+A draft's token ids are fed to the target as they are, so both must mean the
+same text by every id the draft can produce. The rules mirror
+common_speculative_are_compatible in llama.cpp; each result says what was
+compared, so a failing report tells the user exactly why.
+"""
+
+from dataclasses import dataclass
+
+from .gguf_meta import GGUFInfo
+
+MAX_VOCAB_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+FIRST_COMPARED_TOKEN = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class CompatReport:
+    target: GGUFInfo
+    draft: GGUFInfo
+    rules: list[Rule]
+
+    @property
+    def compatible(self) -> bool:
+        return all(rule.passed for rule in self.rules)
+
+    @property
+    def failed(self) -> list[Rule]:
+        return [rule for rule in self.rules if not rule.passed]
+
+    def summary(self) -> str:
+        """One line per failed rule, for error messages."""
+        return "; ".join(f"{rule.name}: {rule.detail}" for rule in self.failed)
+
+
+def _same(name: str, target_value, draft_value) -> Rule:
+    return Rule(name, target_value == draft_value, f"target {target_value!r}, draft {draft_value!r}")
+
+
+def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
+    rules = [
+        _same("vocabulary type", target.vocab_type, draft.vocab_type),
+        _same("pre-tokenizer", target.pre_tokenizer, draft.pre_tokenizer),
+        _same("adds BOS", bool(target.add_bos), bool(draft.add_bos)),
+        _same("adds EOS", bool(target.add_eos), bool(draft.add_eos)),
+    ]
+    if target.add_bos or draft.add_bos:
+        rules.append(_same("BOS token id", target.bos_id, draft.bos_id))
+    if target.add_eos or draft.add_eos:
+        rules.append(_same("EOS token id", target.eos_id, draft.eos_id))
+    difference = abs(target.vocab_size - draft.vocab_size)
+    rules.append(
+        Rule(
+            "vocabulary size",
+            difference <= MAX_VOCAB_SIZE_DIFFERENCE,
+            f"target {target.vocab_size}, draft {draft.vocab_size} tokens"
+            f" (at most {MAX_VOCAB_SIZE_DIFFERENCE} apart)",
+        )
+    )
+    rules.append(_token_texts(target, draft))
+    same_merges = target.merges_digest == draft.merges_digest
+    rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ"))
+    return CompatReport(target, draft, rules)
+
+
+def _token_texts(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    name = "token texts"
+    if target.token_digest == draft.token_digest:
+        return Rule(name, True, "identical vocabularies")
+    target_tokens, draft_tokens = target.tokens(), draft.tokens()
+    for token in range(FIRST_COMPARED_TOKEN, min(len(target_tokens), len(draft_tokens))):
+        if target_tokens[token] != draft_tokens[token]:
+            return Rule(
+                name, False,
+                f"first difference at token {token}: target {_show(target_tokens[token])},"
+                f" draft {_show(draft_tokens[token])}",
+            )
+    return Rule(name, True, f"ids {FIRST_COMPARED_TOKEN}..{min(len(target_tokens), len(draft_tokens)) - 1} agree")
+
+
+def _show(token: bytes) -> str:
+    return repr(token.decode("utf-8", errors="replace"))

