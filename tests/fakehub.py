@@ -25,6 +25,7 @@ class FakeHub:
     files: dict[tuple[str, str], Path] = field(default_factory=dict)  # (repo, name) -> file
     gated: set[str] = field(default_factory=set)
     drop_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before dropping once
+    refuse_resume: set[str] = field(default_factory=set)  # file names whose ranged GETs fail
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
     url: str = ""
 
@@ -79,6 +80,8 @@ def serve(hub: FakeHub):
             digest = digests.setdefault(path, _sha256(path))
             start = 0
             wanted = self.headers.get("Range")
+            if wanted and self.command == "GET" and name in hub.refuse_resume:
+                return self.error(404, "EntryNotFound", "temporarily unavailable")
             if wanted:
                 start = int(re.match(r"bytes=(\d+)-", wanted)[1])
             self.send_response(206 if wanted else 200)
@@ -110,7 +113,7 @@ def serve(hub: FakeHub):
         def listing(self, repo: str):
             entries = [
                 {"type": "file", "path": name, "size": path.stat().st_size, "oid": COMMIT[:40],
-                 "lfs": {"oid": digests.setdefault(path, _sha256(path)), "size": path.stat().st_size}}
+                 "lfs": {"oid": digests.setdefault(path, _sha256(path)), "size": path.stat().st_size, "pointerSize": 134}}
                 for (r, name), path in hub.files.items() if r == repo
             ]
             if not entries:

@@ -1,0 +1,205 @@
+"""Downloads through huggingface_hub against a loopback server that behaves like the Hub."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakehub import FakeHub, serve
+
+TOKEN = "hf_test_secret_token_123"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+DROP_AT = 3_000_000
+
+
+@pytest.fixture(scope="module")
+def big_file(tmp_path_factory) -> Path:
+    """Not a model, just bytes: downloads do not parse what they fetch."""
+    path = tmp_path_factory.mktemp("big") / "big.gguf"
+    path.write_bytes(os.urandom(8_000_000))
+    return path
+
+
+@pytest.fixture
+def hub(tiny, big_file):
+    hub = FakeHub()
+    hub.add("test/big-GGUF", big_file)
+    hub.gated.add("test/gated-GGUF")
+    hub.add("test/tiny-GGUF", tiny["target"])
+    hub.add("test/tiny-GGUF", tiny["partial"])
+    hub.add("test/gated-GGUF", tiny["target"])
+    hub.add("test/split-GGUF", tiny["target"], "tiny-q4_k_m.gguf")
+    hub.add("test/split-GGUF", tiny["partial"], "tiny-q8_0.gguf")
+    server = serve(hub)
+    yield hub
+    server.shutdown()
+
+
+@pytest.fixture
+def home(tmp_path, tiny, big_file):
+    home = tmp_path / "home"
+    home.mkdir()
+    target, partial = tiny["target"], tiny["partial"]
+    (home / "models.toml").write_text(f"""
+[families.tiny]
+license = "test-licence"
+
+[models.tiny]
+family = "tiny"
+params = "1M"
+repo = "test/tiny-GGUF"
+file = "target.gguf"
+size = {target.stat().st_size}
+sha256 = "{sha256(target)}"
+draft = "tiny-draft"
+aliases = ["tiny-chat"]
+
+[models.big]
+repo = "test/big-GGUF"
+file = "big.gguf"
+sha256 = "{sha256(big_file)}"
+
+[models.tiny-draft]
+family = "tiny"
+params = "0.5M"
+repo = "test/tiny-GGUF"
+file = "partial.gguf"
+
+[models.gated-tiny]
+family = "tiny"
+repo = "test/gated-GGUF"
+file = "target.gguf"
+gated = true
+
+[models.corrupt]
+repo = "test/tiny-GGUF"
+file = "target.gguf"
+sha256 = "{'0' * 64}"
+
+[models.huge]
+repo = "test/tiny-GGUF"
+file = "target.gguf"
+size = {10**18}
+""")
+    return home
+
+
+@pytest.fixture
+def localspec(home, hub, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALSPEC_"))}
+    env.update(LOCALSPEC_HOME=str(home), HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
+               HF_HUB_DISABLE_TELEMETRY="1")
+
+    def invoke(*args, **extra_env):
+        return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True,
+                              env={**env, **extra_env}, stdin=subprocess.DEVNULL, timeout=300, text=True)
+
+    return invoke
+
+
+def test_pull_downloads_verifies_and_lists_as_installed(localspec, home, tiny):
+    done = localspec("pull", "tiny", "--draft", "auto")
+    assert done.returncode == 0, done.stderr
+    target, draft = map(Path, done.stdout.split())
+    assert target == home / "models" / "tiny" / "target.gguf"
+    assert sha256(target) == sha256(tiny["target"]) and sha256(draft) == sha256(tiny["partial"])
+    listing = [json.loads(line) for line in localspec("models", "--json").stdout.splitlines()]
+    installed = {row["name"]: row["installed"] for row in listing}
+    assert installed["tiny"] and installed["tiny-draft"] and not installed["gated-tiny"]
+    assert "qwen2.5-coder-1.5b" in installed  # the bundled registry is extended, not replaced
+
+
+def test_a_dropped_connection_resumes_where_it_stopped(localspec, hub, big_file):
+    hub.drop_after["big.gguf"] = DROP_AT
+    done = localspec("pull", "big")
+    assert done.returncode == 0, done.stderr
+    assert sha256(Path(done.stdout.strip())) == sha256(big_file)
+    assert hub.gets("big.gguf") == [None, f"bytes={DROP_AT}-"]
+
+
+def test_an_interrupted_pull_is_resumed_by_the_next_one(localspec, hub, home, big_file):
+    hub.drop_after["big.gguf"] = DROP_AT
+    hub.refuse_resume.add("big.gguf")  # the first process gives up after the drop
+    first = localspec("pull", "big")
+    assert first.returncode != 0
+    assert not (home / "models" / "big" / "big.gguf").exists()  # nothing that looks complete
+    hub.refuse_resume.clear()
+    second = localspec("pull", "big")
+    assert second.returncode == 0, second.stderr
+    assert hub.gets("big.gguf")[-1] == f"bytes={DROP_AT}-"
+    assert sha256(Path(second.stdout.strip())) == sha256(big_file)
+
+
+def test_gated_repo_explains_hf_token_and_never_prints_it(localspec):
+    refused = localspec("pull", "gated-tiny")
+    assert refused.returncode != 0
+    assert "HF_TOKEN" in refused.stderr and "gated" in refused.stderr
+    allowed = localspec("pull", "gated-tiny", HF_TOKEN=TOKEN)
+    assert allowed.returncode == 0, allowed.stderr
+    assert TOKEN not in allowed.stdout + allowed.stderr + refused.stdout + refused.stderr
+
+
+def test_sha256_mismatch_removes_the_file(localspec, home):
+    done = localspec("pull", "corrupt")
+    assert done.returncode != 0
+    assert "sha256" in done.stderr and "removed" in done.stderr
+    assert not (home / "models" / "corrupt" / "target.gguf").exists()
+
+
+def test_not_enough_disk_space_is_refused_before_downloading(localspec, hub):
+    done = localspec("pull", "huge")
+    assert done.returncode != 0 and "GB are free" in done.stderr
+    assert hub.gets("target.gguf") == []
+
+
+def test_offline_mode_uses_only_what_is_downloaded(localspec, hub, tiny):
+    missing = localspec("run", "tiny", "--offline", "-p", "the cat", "-n", "5")
+    assert missing.returncode != 0 and "offline" in missing.stderr
+    assert localspec("pull", "tiny").returncode == 0
+    requests_before = len(hub.requests)
+    ran = localspec("run", "tiny", "-p", "the cat", "-n", "5", "--json", HF_HUB_OFFLINE="1")
+    assert ran.returncode == 0, ran.stderr
+    assert len(hub.requests) == requests_before
+
+
+def test_hf_file_and_repo_quant_names(localspec, home, tiny):
+    by_file = localspec("pull", "hf:test/tiny-GGUF/partial.gguf")
+    assert by_file.returncode == 0, by_file.stderr
+    assert sha256(Path(by_file.stdout.strip())) == sha256(tiny["partial"])
+    by_quant = localspec("pull", "test/split-GGUF:Q8_0")
+    assert by_quant.returncode == 0, by_quant.stderr
+    assert Path(by_quant.stdout.strip()).name == "tiny-q8_0.gguf"
+    unknown_quant = localspec("pull", "test/split-GGUF:Q2_K")
+    assert unknown_quant.returncode != 0 and "tiny-q4_k_m.gguf" in unknown_quant.stderr
+
+
+def test_run_by_name_with_a_draft_size_from_the_family(localspec):
+    done = localspec("run", "tiny-chat", "--draft", "0.5m", "--p-min", "0", "-p", "the cat", "-n", "12", "--temp", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"drafted"' in done.stdout
+
+
+def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, home):
+    assert localspec("pull", "tiny").returncode == 0
+    removed = localspec("rm", "tiny")
+    assert removed.returncode == 0 and "removed tiny" in removed.stdout
+    assert not (home / "models" / "tiny").exists()
+    again = localspec("rm", "tiny")
+    assert again.returncode == 2 and "not downloaded" in again.stderr
+    typo = localspec("run", "tinny", "-p", "x")
+    assert typo.returncode == 2 and "did you mean tiny" in typo.stderr
+
+
+def test_malformed_user_registry_is_reported(localspec, home):
+    (home / "models.toml").write_text('[models.bad]\nfile = "../../etc/passwd.gguf"\n')
+    done = localspec("models")
+    assert done.returncode == 2 and "plain .gguf name" in done.stderr
