@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, compat, download, gguf_meta, registry, tui
+from . import __version__, compat, download, gguf_meta, hardware, registry, tui
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Token
@@ -253,6 +253,29 @@ def check(
     tui.compat_report(report)
     if not report.compatible:
         raise typer.Exit(1)
+
+
+@app.command()
+def doctor(ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")] = DEFAULT_RUNTIME.ctx_size):
+    """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
+    found = hardware.machine()
+    rows = []
+    models = registry.load()
+    for entry in models.values():
+        if not entry.draft or entry.draft not in models:
+            continue
+        pair = [entry, models[entry.draft]]
+        needed = sum(_estimate(e, ctx_size) for e in pair)
+        rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
+                         fits=needed <= found.ram_available + found.accelerator_free))
+    tui.doctor_report(found, rows, ctx_size, None if found.gpu_offload else hardware.REBUILD_HINT)
+
+
+def _estimate(entry: registry.ModelEntry, ctx_size: int) -> int:
+    present = download.installed(entry)
+    if present:
+        return hardware.estimate_bytes(gguf_meta.read(present), ctx_size)
+    return int((entry.size or 0) * (1 + hardware.COMPUTE_MARGIN)) + hardware.COMPUTE_FIXED
 
 
 @app.command()

@@ -7,7 +7,7 @@ many generations on them; the caller iterates events and never touches the engin
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import compat, download, gguf_meta, registry
+from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render
 from .config import Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model
@@ -30,16 +30,20 @@ def open_session(
     target_path = download.locate(resolved_target, offline, progress)
     target_info = gguf_meta.read(target_path)
     draft_arg = None
+    infos = [target_info]
     if draft is not None:
         resolved_draft = registry.resolve_draft(draft, resolved_target)
         if resolved_draft == NGRAM:
             draft_arg = NGRAM
         else:
             draft_path = download.locate(resolved_draft, offline, progress)
-            report = compat.check(target_info, gguf_meta.read(draft_path))
+            draft_info = gguf_meta.read(draft_path)
+            report = compat.check(target_info, draft_info)
             if not report.compatible:
                 raise IncompatibleDraft(_refusal(report, resolved_target), report)
+            infos.append(draft_info)
             draft_arg = str(draft_path)
+    hardware.check_fit(infos, runtime.ctx_size)
     return Session(target_path, draft_arg, runtime, speculation)
 
 

@@ -73,3 +73,23 @@ def models_table(rows: list[dict], console: Console = out) -> None:
             "[green]yes[/]" if row["installed"] else "no", row["draft"] or "", row["license"],
         )
     console.print(table)
+
+
+def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str | None, console: Console = out) -> None:
+    console.print(f"[bold]llama.cpp backend[/]: {'GPU offload available' if machine.gpu_offload else 'CPU only'}")
+    console.print(f"[bold]CPU[/]: {machine.cpu}; {machine.features}")
+    console.print(f"[bold]RAM[/]: {size_text(machine.ram_available)} free of {size_text(machine.ram_total)}")
+    devices = Table(title="Devices")
+    for column in ("name", "kind", "description", "free", "total"):
+        devices.add_column(column)
+    for d in machine.devices:
+        devices.add_row(d["name"], d["kind"], d["description"], size_text(d["free"]), size_text(d["total"]))
+    console.print(devices)
+    if rebuild_hint:
+        console.print(rebuild_hint)
+    fits = Table(title=f"Registry pairs at a context of {ctx_size} tokens (estimates; downloaded models measured)")
+    for column in ("target", "draft", "needs", "fits"):
+        fits.add_column(column)
+    for row in pairs:
+        fits.add_row(row["target"], row["draft"], size_text(row["needed"]), "[green]yes[/]" if row["fits"] else "[red]no[/]")
+    console.print(fits)

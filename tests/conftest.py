@@ -51,6 +51,6 @@ def real_model():
     cache = Path(os.environ.get("LOCALSPEC_TEST_MODELS") or paths.models_dir())
 
     def fetch(name: str) -> Path:
-        return mirror.fetch(registry.entry(name), cache)
+        return mirror.fetch(registry.load()[name], cache / name)
 
     return fetch

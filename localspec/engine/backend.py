@@ -175,3 +175,36 @@ def _check_is_gguf(path: Path) -> None:
         raise InputError(f"cannot read model file {path}: {error.strerror}") from None
     if magic != GGUF_MAGIC:
         raise InputError(f"{path} is not a GGUF model file")
+
+
+def system_info() -> str:
+    """llama.cpp's summary of the CPU features and backends it was built with."""
+    return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def devices() -> list[dict]:
+    """The compute devices ggml sees: name, description, kind, free and total memory in bytes."""
+    library = Path(llama.__file__).parent / "lib"
+    ggml = ctypes.CDLL(str(next(library / name for name in ("libggml.so", "libggml.dylib", "ggml.dll") if (library / name).exists())))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for function in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(ggml, function).restype = ctypes.c_char_p
+        getattr(ggml, function).argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    kinds = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator"}  # enum ggml_backend_dev_type
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        found.append(dict(
+            name=ggml.ggml_backend_dev_name(device).decode(),
+            description=ggml.ggml_backend_dev_description(device).decode(),
+            kind=kinds.get(ggml.ggml_backend_dev_type(device), "other"),
+            free=free.value, total=total.value,
+        ))
+    return found

@@ -1,0 +1,85 @@
+"""What this machine can run: backend, devices, memory, and whether a pair fits.
+
+The estimate is deliberately simple and errs large: weights as stored in the
+file, an f16 KV cache for the requested context, and a compute-buffer margin.
+Refusing up front beats the OS killing the process halfway through loading.
+"""
+
+import platform
+from dataclasses import dataclass
+
+import psutil
+
+from .engine import backend
+from .errors import UsageError
+from .gguf_meta import GGUFInfo
+
+KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
+COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
+COMPUTE_FIXED = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpu_offload: bool
+    devices: list[dict]
+    ram_total: int
+    ram_available: int
+    cpu: str
+    features: str
+
+    @property
+    def accelerator_free(self) -> int:
+        return sum(d["free"] for d in self.devices if d["kind"] != "CPU")
+
+
+def machine() -> Machine:
+    memory = psutil.virtual_memory()
+    return Machine(
+        gpu_offload=backend.supports_gpu_offload(),
+        devices=backend.devices(),
+        ram_total=memory.total,
+        ram_available=memory.available,
+        cpu=platform.processor() or platform.machine(),
+        features=backend.system_info(),
+    )
+
+
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int) -> int:
+    layers = info.arch("block_count", 0)
+    heads = info.arch("attention.head_count", 1)
+    kv_heads = info.arch("attention.head_count_kv", heads)
+    embedding = info.arch("embedding_length", 0)
+    key_length = info.arch("attention.key_length", embedding // heads if heads else 0)
+    value_length = info.arch("attention.value_length", key_length)
+    if not isinstance(kv_heads, int):  # per-layer counts are stored as an array; take the worst case
+        kv_heads = heads
+    return layers * n_ctx * kv_heads * (key_length + value_length) * KV_BYTES_PER_VALUE
+
+
+def estimate_bytes(info: GGUFInfo, n_ctx: int) -> int:
+    # llama.cpp allocates the context asked for, even beyond what the model was trained on.
+    return int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx) + COMPUTE_FIXED
+
+
+def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
+    """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
+    found = found or machine()
+    needed = sum(estimate_bytes(info, n_ctx) for info in models)
+    available = found.ram_available + found.accelerator_free
+    if needed > available:
+        names = " + ".join(info.path.name for info in models)
+        raise UsageError(
+            f"{names} need about {needed / 2**30:.1f} GiB at a context of {n_ctx} tokens but only"
+            f" {available / 2**30:.1f} GiB are free; try a smaller --ctx-size, a smaller quantization"
+            " or model, or a GPU build with --gpu-layers"
+        )
+    return needed
+
+
+REBUILD_HINT = (
+    "llama-cpp-python is built for the CPU only. For a GPU, reinstall it with CMAKE_ARGS set:\n"
+    "  NVIDIA:  CMAKE_ARGS='-DGGML_CUDA=on' scripts/setup-venv   (needs the CUDA toolkit)\n"
+    "  Apple:   CMAKE_ARGS='-DGGML_METAL=on' scripts/setup-venv\n"
+    "after `pip cache remove llama_cpp_python`, so pip does not reuse the CPU wheel."
+)

@@ -1,0 +1,77 @@
+"""The GGUF header reader on tiny and real files, and on broken ones."""
+
+import time
+
+import pytest
+
+from localspec import compat, gguf_meta
+from localspec.gguf_meta import GGUFError
+
+
+def test_reads_what_the_tiny_model_was_written_with(tiny):
+    info = gguf_meta.read(tiny["target"])
+    assert info.architecture == "llama" and info.quantization == "F32"
+    assert info.vocab_type == "llama" and info.vocab_size == 288
+    assert (info.bos_id, info.eos_id, info.add_bos) == (1, 2, True)
+    assert info.context_length == 512 and info.parameters > 0
+    assert info.tokens()[260] == b"a"
+
+
+def test_token_digest_tells_tokenizers_apart(tiny):
+    same = gguf_meta.read(tiny["target"]).token_digest == gguf_meta.read(tiny["unrelated"]).token_digest
+    other = gguf_meta.read(tiny["target"]).token_digest == gguf_meta.read(tiny["other_tokenizer"]).token_digest
+    assert same and not other
+
+
+@pytest.mark.parametrize("cut", [3, 10, 30, 200, 2000, -1000])
+def test_truncated_files_are_refused_with_our_error(tiny, tmp_path, cut):
+    data = tiny["target"].read_bytes()
+    broken = tmp_path / "cut.gguf"
+    broken.write_bytes(data[:cut])
+    with pytest.raises(GGUFError, match="cut.gguf"):
+        gguf_meta.read(broken)
+
+
+def test_non_gguf_and_directories_are_refused(tmp_path):
+    (tmp_path / "text.gguf").write_text("hello, this is not a model at all" * 3)
+    with pytest.raises(GGUFError, match="not a GGUF"):
+        gguf_meta.read(tmp_path / "text.gguf")
+    with pytest.raises(GGUFError, match="directory"):
+        gguf_meta.read(tmp_path)
+    with pytest.raises(GGUFError, match="cannot read"):
+        gguf_meta.read(tmp_path / "missing.gguf")
+
+
+def test_absurd_counts_are_refused(tiny, tmp_path):
+    data = bytearray(tiny["target"].read_bytes())
+    data[16:24] = (2**40).to_bytes(8, "little")  # metadata entry count
+    (tmp_path / "absurd.gguf").write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="claims"):
+        gguf_meta.read(tmp_path / "absurd.gguf")
+
+
+def test_compatibility_of_tiny_models(tiny):
+    target = gguf_meta.read(tiny["target"])
+    assert compat.check(target, gguf_meta.read(tiny["partial"])).compatible
+    report = compat.check(target, gguf_meta.read(tiny["other_tokenizer"]))
+    assert [r.name for r in report.failed] == ["token texts"]
+    assert "first difference at token 260: target 'a', draft 'A'" in report.failed[0].detail
+
+
+@pytest.mark.slow
+def test_a_262k_token_vocabulary_is_read_in_well_under_a_second(real_model):
+    path = real_model("gemma3-270m")
+    started = time.perf_counter()
+    info = gguf_meta.read(path)
+    elapsed = time.perf_counter() - started
+    assert info.vocab_size == 262144 and info.architecture == "gemma3"
+    assert elapsed < 0.5, f"{elapsed:.2f} s"
+
+
+@pytest.mark.slow
+def test_real_pairs(real_model):
+    qwen = compat.check(gguf_meta.read(real_model("qwen2.5-coder-1.5b")), gguf_meta.read(real_model("qwen2.5-coder-0.5b")))
+    assert qwen.compatible
+    mixed = compat.check(gguf_meta.read(real_model("smollm2-135m")), gguf_meta.read(real_model("gemma3-270m")))
+    failed = {r.name for r in mixed.failed}
+    assert {"vocabulary type", "vocabulary size", "token texts", "pre-tokenizer"} <= failed

@@ -1,0 +1,35 @@
+import pytest
+
+from localspec import gguf_meta, hardware
+from localspec.errors import UsageError
+
+
+def small_machine(free: int) -> hardware.Machine:
+    return hardware.Machine(gpu_offload=False, devices=[], ram_total=free, ram_available=free, cpu="test", features="")
+
+
+def test_kv_cache_follows_the_models_shape(tiny):
+    info = gguf_meta.read(tiny["target"])
+    # 2 layers x 4 KV heads x (16 + 16) values per head x 2 bytes, per token
+    assert hardware.kv_cache_bytes(info, 100) == 100 * 2 * 4 * 32 * 2
+
+
+def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):
+    info = gguf_meta.read(tiny["target"])
+    needed = hardware.check_fit([info, info], 512, small_machine(10**12))
+    assert needed > 2 * info.file_size
+    with pytest.raises(UsageError, match="--ctx-size"):
+        hardware.check_fit([info, info], 512, small_machine(needed - 1))
+
+
+def test_machine_reports_at_least_the_cpu():
+    found = hardware.machine()
+    assert any(d["kind"] == "CPU" for d in found.devices)
+    assert found.ram_total > 0 and "CPU" in found.features
+
+
+@pytest.mark.slow
+def test_qwen_kv_cache_matches_its_architecture(real_model):
+    info = gguf_meta.read(real_model("qwen2.5-coder-1.5b"))
+    # Qwen2.5-1.5B: 28 layers, 2 KV heads of 128 dimensions; f16 keys and values
+    assert hardware.kv_cache_bytes(info, 4096) == 28 * 4096 * 2 * (128 + 128) * 2
