@@ -48,7 +48,7 @@ def hub(tiny, big_file):
 def home(tmp_path, tiny, big_file):
     home = tmp_path / "home"
     home.mkdir()
-    target, partial = tiny["target"], tiny["partial"]
+    target = tiny["target"]
     (home / "models.toml").write_text(f"""
 [families.tiny]
 license = "test-licence"
