@@ -63,7 +63,8 @@ def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None =
         raise FetchError(f"{entry.name} is not downloaded and offline mode is on; run `localspec pull {entry.name}` when online")
     directory = folder(entry)
     directory.mkdir(parents=True, exist_ok=True)
-    _check_free_space(entry, directory)
+    if entry.size:
+        _check_free_space(directory, entry.size, entry.name)
     problems = []
     for repo in filter(None, (entry.repo, *entry.alternatives)):
         try:
@@ -116,6 +117,8 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     partial = destination.with_name(destination.name + ".partial")
     if partial.exists() and metadata.size is not None and partial.stat().st_size > metadata.size:
         partial.unlink()  # a different, larger file was here before
+    if metadata.size:
+        _check_free_space(destination.parent, metadata.size, f"{repo}/{name}")
     bar = progress(total=metadata.size, initial=_size(partial), desc=name) if progress else None
     try:
         for attempt in range(ATTEMPTS):
@@ -159,15 +162,14 @@ def _status(error: Exception) -> str:
     return f"HTTP {response.status_code}" if response is not None else str(error)
 
 
-def _check_free_space(entry: ModelEntry, directory: Path) -> None:
-    if not entry.size:
-        return
-    partial = sum(p.stat().st_size for p in directory.glob("*.partial"))
-    needed = entry.size - partial
+def _check_free_space(directory: Path, size: int, what: str) -> None:
+    """Refuse before downloading rather than fail with a full disk halfway."""
+    already = sum(p.stat().st_size for p in directory.glob("*.partial"))
+    needed = size - already
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise FetchError(
-            f"{entry.name} needs {needed / 1e9:.1f} GB but only {free / 1e9:.1f} GB are free in {directory}"
+            f"{what} needs {needed / 1e9:.1f} GB but only {free / 1e9:.1f} GB are free in {directory}"
             " (set LOCALSPEC_HOME to download elsewhere)"
         )
 
