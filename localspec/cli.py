@@ -36,9 +36,10 @@ OFFLINE_OPTION = typer.Option("--offline", help="Use only downloaded models; nev
 @app.command(
     epilog=(
         "Examples:\n\n"
-        "  localspec run qwen-1.5b.gguf --draft qwen-0.5b.gguf --prompt 'Write a quicksort in Python'\n\n"
-        "  localspec run model.gguf --draft ngram --file edit-request.txt --temp 0\n\n"
-        "  echo 'Hello' | localspec run model.gguf --no-draft --json"
+        "  localspec run qwen2.5-coder-1.5b --draft 0.5b --prompt 'Write a quicksort in Python'\n\n"
+        "  localspec run llama3-70b --draft 1b --file request.txt --temp 0\n\n"
+        "  localspec run ./model.gguf --draft ngram --file edit-request.txt\n\n"
+        "  echo 'Hello' | localspec run smollm2-135m --no-draft --json"
     )
 )
 def run(
