@@ -9,7 +9,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Prefill:
+    """The prompt is in the target's KV cache; `reused_tokens` of it were there already."""
+
     prompt_tokens: int
+    reused_tokens: int
     seconds: float
 
 

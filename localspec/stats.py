@@ -16,6 +16,7 @@ class Summary:
     per_position_acceptance: list[float]
     tokens_per_second: float
     prompt_tokens: int
+    reused_prompt_tokens: int  # already in the KV cache from an earlier turn
     prefill_seconds: float
     draft_seconds: float
     verify_seconds: float
@@ -30,6 +31,7 @@ class Tally:
     """Accumulates Prefill and Step events; summary() can be taken at any point."""
 
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
     prefill_seconds: float = 0.0
     tokens: int = 0
     steps: int = 0
@@ -44,6 +46,7 @@ class Tally:
     def add(self, event) -> None:
         if isinstance(event, Prefill):
             self.prompt_tokens += event.prompt_tokens
+            self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
         elif isinstance(event, Token):
             self.tokens += 1
@@ -71,6 +74,7 @@ class Tally:
             per_position_acceptance=[k / r for k, r in zip(self.kept, self.reached)],
             tokens_per_second=self.tokens / decode_seconds if decode_seconds > 0 else 0.0,
             prompt_tokens=self.prompt_tokens,
+            reused_prompt_tokens=self.reused_prompt_tokens,
             prefill_seconds=self.prefill_seconds,
             draft_seconds=self.draft_seconds,
             verify_seconds=self.verify_seconds,

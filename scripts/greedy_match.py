@@ -39,7 +39,7 @@ def tokens_of(session: Session, prompt: list[int], max_tokens: int) -> list[int]
 def logit_gap(session: Session, context: list[int]) -> float:
     target = session.target
     target.truncate(0)
-    target.decode(context, 0, logits="last")
+    target.decode(context, logits="last")
     top2 = np.sort(target.logits(-1))[-2:]
     return float(top2[1] - top2[0])
 

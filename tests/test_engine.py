@@ -23,8 +23,9 @@ class RecordingContext:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def decode(self, tokens, start, logits):
-        self.inner.decode(tokens, start, logits)
+    def decode(self, tokens, logits):
+        start = len(self.inner.tokens)
+        self.inner.decode(tokens, logits)
         if logits == "all":
             for row in range(len(tokens)):
                 self.argmax_at[start + row] = int(np.argmax(self.inner.logits(row)))
@@ -164,7 +165,7 @@ def test_draft_context_is_rolled_back_to_match_history(load, target, prompt):
     tokens, _ = run(target, drafter, prompt)
     # the draft's KV holds exactly the committed tokens it has seen, in order
     committed = prompt + tokens
-    assert drafter.seen == committed[: len(drafter.seen)]
+    assert draft.tokens == committed[: len(draft.tokens)]
 
 
 def test_seeded_sampling_is_reproducible(load, target, prompt):
@@ -183,7 +184,7 @@ def test_empty_and_oversized_prompts_are_user_errors(target, prompt):
 
 def test_logits_are_views_on_llama_cpp_memory(target, prompt):
     target.truncate(0)
-    target.decode(prompt, 0, logits="all")
+    target.decode(prompt, logits="all")
     row = target.logits(2)
     assert not row.flags.owndata and row.shape == (target.model.n_vocab,)
     assert np.shares_memory(row, target.logits(2))
@@ -209,3 +210,17 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     assert events[-1].summary.acceptance_rate > 0.5
     for offset, token in enumerate(tokens):
         assert token == recorder.argmax_at[len(prompt) + offset - 1], f"token {offset}"
+
+
+def test_a_prompt_that_extends_the_last_one_reuses_both_kv_caches(load, prompt):
+    target, draft = load("target"), load("partial")
+    drafter = ModelDrafter(draft, 0.0, target.model.n_vocab)
+    first, _ = run(target, drafter, prompt, limits=Limits(max_tokens=20))
+    follow_up = prompt + first + target.model.tokenize(" and then", add_special=False, parse_special=False)
+    warm, events = run(target, drafter, follow_up, limits=Limits(max_tokens=20))
+    assert events[0].reused_tokens >= len(prompt) + len(first) - 1
+    cold_target = load("target")
+    cold, _ = run(cold_target, ModelDrafter(load("partial"), 0.0, cold_target.model.n_vocab), follow_up,
+                  limits=Limits(max_tokens=20))
+    assert warm == cold
+    assert draft.tokens == (follow_up + warm)[: len(draft.tokens)]

@@ -42,7 +42,7 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
 
     def walk(prefix: list[int], mass: float) -> None:
         target.truncate(0)
-        target.decode(prompt + prefix, 0, logits="last")
+        target.decode(prompt + prefix, logits="last")
         p = transform(target.logits(-1), sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token

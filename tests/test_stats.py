@@ -7,7 +7,7 @@ from localspec.stats import Tally
 def test_summary_is_a_fold_over_events():
     tally = Tally()
     events = [
-        Prefill(12, 0.5),
+        Prefill(12, 4, 0.5),
         Step("draft", 3, 2, 0.01, 0.02), Token(1, "a", True), Token(2, "b", True), Token(3, "c", False),
         Step("draft", 2, 0, 0.01, 0.02), Token(4, "d", False),
         Step("draft", 0, 0, 0.0, 0.02), Token(5, "e", False),
@@ -20,7 +20,7 @@ def test_summary_is_a_fold_over_events():
     assert s.mean_accepted_length == pytest.approx(5 / 3)
     assert s.per_position_acceptance == [0.5, 0.5, 0.0]
     assert s.tokens_per_second == pytest.approx(2.0)
-    assert (s.prompt_tokens, s.prefill_seconds) == (12, 0.5)
+    assert (s.prompt_tokens, s.reused_prompt_tokens, s.prefill_seconds) == (12, 4, 0.5)
     assert s.draft_seconds == pytest.approx(0.02) and s.verify_seconds == pytest.approx(0.06)
 
 

@@ -102,7 +102,7 @@ class Model:
 
 
 class Context:
-    """One KV cache holding one sequence, positions 0..n-1."""
+    """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds."""
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int):
         self.model = model
@@ -121,12 +121,14 @@ class Context:
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self._n_vocab = model.n_vocab
+        self.tokens: list[int] = []
 
-    def decode(self, tokens: Sequence[int], start: int, logits: str) -> None:
-        """Append tokens at positions start.. . logits: "all" rows, the "last" row, or "none".
+    def decode(self, tokens: Sequence[int], logits: str) -> None:
+        """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
+        start = len(self.tokens)
         if logits == "all" and len(tokens) > self.n_batch:
             raise EngineError(f"cannot verify {len(tokens)} tokens in a batch of {self.n_batch}")
         if start + len(tokens) > self.n_ctx:
@@ -144,7 +146,9 @@ class Context:
             batch.n_tokens = len(chunk)
             status = llama.llama_decode(self._ctx, batch)
             if status != 0:
+                self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
+            self.tokens.extend(chunk)
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
@@ -157,6 +161,19 @@ class Context:
         """Forget every position from n_keep on."""
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens")
+        del self.tokens[n_keep:]
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly `tokens`, keeping the prefix it already has in common
+        (a chat's earlier turns). Returns how many cached tokens were reused."""
+        keep = 0
+        limit = min(len(self.tokens), len(tokens))
+        while keep < limit and self.tokens[keep] == tokens[keep]:
+            keep += 1
+        self.truncate(keep)
+        if keep < len(tokens):
+            self.decode(tokens[keep:], logits="none")
+        return keep
 
     def close(self) -> None:
         if self._ctx:

@@ -93,10 +93,8 @@ class ModelDrafter:
     def begin(self, prompt, sampling, rng) -> None:
         self.sampling = sampling
         self.rng = rng
-        self.context.truncate(0)
-        self.context.decode(prompt[:-1], 0, logits="none")
-        self.seen = list(prompt[:-1])  # tokens in this context's KV cache, in order
-        self.agreed = len(self.seen)  # seen[:agreed] is known to match history
+        self.context.prefill(prompt[:-1])
+        self.agreed = len(prompt) - 1  # the cache's first `agreed` tokens are known to match history
 
     def propose(self, history, k) -> Draft:
         if k == 0:
@@ -122,8 +120,7 @@ class ModelDrafter:
                 dists.append(q)
             if len(tokens) == k:
                 break
-            self.context.decode([token], len(self.seen), logits="last")
-            self.seen.append(token)
+            self.context.decode([token], logits="last")
             logits = self.context.logits(-1)
         return Draft(tokens, None if self.sampling.greedy else dists)
 
@@ -134,12 +131,11 @@ class ModelDrafter:
         after it need comparing. At least the last history token is always fed,
         since its logits start the next draft.
         """
+        cached = self.context.tokens
         keep = self.agreed
-        limit = min(len(self.seen), len(history) - 1)
-        while keep < limit and self.seen[keep] == history[keep]:
+        limit = min(len(cached), len(history) - 1)
+        while keep < limit and cached[keep] == history[keep]:
             keep += 1
         self.context.truncate(keep)
-        del self.seen[keep:]
-        self.context.decode(history[keep:], keep, logits="last")
-        self.seen.extend(history[keep:])
+        self.context.decode(history[keep:], logits="last")
         self.agreed = len(history)

@@ -43,10 +43,9 @@ def generate(
     rng = np.random.default_rng(sampling.seed)
     tally = Tally()
     started = perf_counter()
-    target.truncate(0)
-    target.decode(prompt[:-1], 0, logits="none")
+    reused = target.prefill(prompt[:-1])
     drafter.begin(prompt, sampling, rng)
-    prefill = Prefill(len(prompt), perf_counter() - started)
+    prefill = Prefill(len(prompt), reused, perf_counter() - started)
     tally.add(prefill)
     yield prefill
 
@@ -64,7 +63,7 @@ def generate(
         if len(draft.tokens) < speculation.draft_min:
             draft = Draft()
         drafted = perf_counter()
-        target.decode([history[-1], *draft.tokens], n_past, logits="all")
+        target.decode([history[-1], *draft.tokens], logits="all")
         if sampling.greedy:
             accepted, own = verify_greedy(target, draft)
         else:
