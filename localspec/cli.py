@@ -126,8 +126,16 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
     offline: Annotated[bool, OFFLINE_OPTION] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
+    no_color: Annotated[
+        bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
+    ] = False,
 ):
-    """Generate from a prompt with speculative decoding; text streams to stdout, statistics go to stderr."""
+    """Generate from a prompt with speculative decoding.
+
+    On a terminal the text streams with accepted draft tokens highlighted above a live panel of
+    speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
+    """
     if no_draft and draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
     draft_choice = None if no_draft else (draft or NGRAM)
@@ -144,31 +152,46 @@ def run(
 
     with open_session(target, draft_choice, runtime, speculation, offline, tui.download_progress()) as session:
         events = session.generate(session.tokenize(text, raw), sampling, limits)
-        done = _consume(events, stream=not as_json)
-    if as_json:
-        print(json.dumps({"text": done.text, "finish_reason": done.finish_reason, "stats": done.summary.as_dict()}))
-    else:
-        s = done.summary
-        print(
-            f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
-            f" {s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%}),"
-            f" {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
-            f" {s.prefill_seconds:.2f} s; finish: {done.finish_reason}",
-            file=sys.stderr,
-        )
+        if as_json:
+            done = _last(events)
+            print(json.dumps({"text": done.text, "finish_reason": done.finish_reason, "stats": done.summary.as_dict()}))
+        elif sys.stdout.isatty():
+            with tui.LiveView(tui.out, color=not no_color, summary=not quiet) as view:
+                for event in events:
+                    view.add(event)
+        else:
+            done = _stream_plain(events)
+            if not quiet:
+                print(summary_line(done), file=sys.stderr)
 
 
-def _consume(events, stream: bool) -> Done:
+def _last(events) -> Done:
     for event in events:
-        if stream and isinstance(event, Token) and event.text:
+        if isinstance(event, Done):
+            return event
+    raise AssertionError("generation ended without a Done event")
+
+
+def _stream_plain(events) -> Done:
+    for event in events:
+        if isinstance(event, Token) and event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
         if isinstance(event, Done):
-            if stream:
-                sys.stdout.write(event.tail if event.text.endswith("\n") else event.tail + "\n")
-                sys.stdout.flush()
+            sys.stdout.write(event.tail if event.text.endswith("\n") else event.tail + "\n")
+            sys.stdout.flush()
             return event
     raise AssertionError("generation ended without a Done event")
+
+
+def summary_line(done: Done) -> str:
+    s = done.summary
+    return (
+        f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
+        f" {s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%}),"
+        f" {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
+        f" {s.prefill_seconds:.2f} s; finish: {done.finish_reason}"
+    )
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:

@@ -21,6 +21,9 @@ class Summary:
     draft_seconds: float
     verify_seconds: float
     decode_seconds: float
+    # Plain decoding's cost per token is the target's time in steps that drafted nothing
+    # (their draft time was speculation's overhead, not plain decoding's).
+    estimated_speedup: float | None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -39,6 +42,9 @@ class Tally:
     accepted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    plain_steps: int = 0
+    plain_step_seconds: float = 0.0
+    last_drafted: int = 0
     # reached[i]: steps that drafted a token at position i; kept[i]: of those, accepted ones
     reached: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
@@ -56,6 +62,10 @@ class Tally:
             self.accepted += event.accepted
             self.draft_seconds += event.draft_seconds
             self.verify_seconds += event.verify_seconds
+            self.last_drafted = event.drafted
+            if event.drafted == 0:
+                self.plain_steps += 1
+                self.plain_step_seconds += event.verify_seconds
             while len(self.reached) < event.drafted:
                 self.reached.append(0)
                 self.kept.append(0)
@@ -79,4 +89,11 @@ class Tally:
             draft_seconds=self.draft_seconds,
             verify_seconds=self.verify_seconds,
             decode_seconds=decode_seconds,
+            estimated_speedup=self.estimated_speedup(),
         )
+
+    def estimated_speedup(self) -> float | None:
+        spent = self.draft_seconds + self.verify_seconds
+        if not self.plain_steps or not spent:
+            return None
+        return self.plain_step_seconds / self.plain_steps * self.tokens / spent

@@ -1,12 +1,18 @@
 """Everything drawn with Rich: download progress, tables, reports."""
 
 import sys
+import time
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .compat import CompatReport
+from .events import Done, Prefill, Step, Token
+from .stats import Summary, Tally
 
 err = Console(stderr=True)
 out = Console()
@@ -93,3 +99,79 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
     for row in pairs:
         fits.add_row(row["target"], row["draft"], size_text(row["needed"]), "[green]yes[/]" if row["fits"] else "[red]no[/]")
     console.print(fits)
+
+
+DRAFT_STYLE = "green"
+BAR_WIDTH = 20
+
+
+class LiveView:
+    """Shows a generation as it happens: the text, with tokens that came from accepted
+    drafts highlighted, and a panel of speculation statistics. Feed it every event.
+
+    While running, the screen shows the tail of the text that fits above the panel; when
+    the generation ends the live region is replaced by the whole text and a summary.
+    """
+
+    def __init__(self, console: Console, color: bool = True, summary: bool = True):
+        self.console = console
+        self.color = color
+        self.summary = summary
+        self.text = Text()
+        self.tally = Tally()
+        self.started = time.perf_counter()
+        self.done: Done | None = None
+        self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
+
+    def __enter__(self):
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.live.stop()
+        self.console.print(self.text, end="" if self.text.plain.endswith("\n") else "\n")
+        if self.summary:
+            summary = self.done.summary if self.done else self.tally.summary(time.perf_counter() - self.started)
+            self.console.print(stats_panel(summary, self.done.finish_reason if self.done else "interrupted"))
+
+    def add(self, event) -> None:
+        self.tally.add(event)
+        if isinstance(event, Prefill):
+            self.started = time.perf_counter()
+        elif isinstance(event, Token) and event.text:
+            self.text.append(event.text, style=DRAFT_STYLE if self.color and event.from_draft else None)
+        elif isinstance(event, Done):
+            self.done = event
+            if event.tail:
+                self.text.append(event.tail)
+        if isinstance(event, (Step, Done)):
+            self.live.update(self._render(), refresh=True)
+
+    def _render(self):
+        panel = stats_panel(self.tally.summary(time.perf_counter() - self.started), "generating", self.tally.last_drafted)
+        panel_height = len(self.console.render_lines(panel, self.console.options))
+        room = max(self.console.height - panel_height - 1, 3)
+        lines = self.text.wrap(self.console, self.console.width)
+        return Group(*lines[-room:], panel)
+
+
+def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Panel:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_column(style="bold")
+    table.add_column()
+    spent = s.draft_seconds + s.verify_seconds
+    split = f"draft {s.draft_seconds / spent:.0%} / verify {s.verify_seconds / spent:.0%}" if spent else "–"
+    speedup = f"{s.estimated_speedup:.2f}x (est.)" if s.estimated_speedup else "– (no plain step yet)"
+    table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", "tokens", f"{s.tokens} in {s.steps} steps")
+    table.add_row("accepted", f"{s.acceptance_rate:.0%} of {s.drafted}", "tokens/step", f"{s.mean_accepted_length:.2f}")
+    table.add_row("time", split, "vs plain", speedup)
+    if draft_length is not None:
+        table.add_row("draft length", str(draft_length), "prompt", f"{s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached)")
+    else:
+        table.add_row("prompt", f"{s.prompt_tokens} tokens", "prefill", f"{s.prefill_seconds:.2f} s ({s.reused_prompt_tokens} cached)")
+    bars = Table.grid(padding=(0, 1))
+    for position, rate in enumerate(s.per_position_acceptance, start=1):
+        bars.add_row(f"draft #{position}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
+    return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim")

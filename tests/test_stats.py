@@ -22,8 +22,11 @@ def test_summary_is_a_fold_over_events():
     assert s.tokens_per_second == pytest.approx(2.0)
     assert (s.prompt_tokens, s.reused_prompt_tokens, s.prefill_seconds) == (12, 4, 0.5)
     assert s.draft_seconds == pytest.approx(0.02) and s.verify_seconds == pytest.approx(0.06)
+    # the plain step's target pass took 0.02 s, so 5 plain tokens: 0.10 s instead of the 0.08 s spent
+    assert s.estimated_speedup == pytest.approx(0.10 / 0.08)
 
 
 def test_empty_summary_has_no_division_by_zero():
     s = Tally().summary(decode_seconds=0.0)
     assert s.acceptance_rate == 0.0 and s.mean_accepted_length == 0.0 and s.tokens_per_second == 0.0
+    assert s.estimated_speedup is None
