@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, compat, download, gguf_meta, hardware, registry, tui
+from . import __version__, compat, download, gguf_meta, hardware, paths, registry, tui
+from . import chat as chat_loop
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Token
@@ -30,7 +31,94 @@ DEFAULT_LIMITS = Limits()
 SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
-OFFLINE_OPTION = typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")
+
+
+TargetArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Target model: a registry name (see `localspec models`), a GGUF file,"
+        " hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.",
+        show_default=False,
+    ),
+]
+DraftOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft",
+        "-d",
+        help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b),"
+        " 'auto' for the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the"
+        " prompt and output. Default: ngram.",
+        show_default=False,
+    ),
+]
+NoDraftOption = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")]
+MaxTokensOption = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
+StopOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False),
+]
+TempOption = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+TopKOption = Annotated[
+    int, typer.Option("--top-k", help="Keep the k likeliest tokens; 0 keeps all.", rich_help_panel=SAMPLING)
+]
+TopPOption = Annotated[
+    float, typer.Option("--top-p", help="Keep the smallest set with this much probability.", rich_help_panel=SAMPLING)
+]
+MinPOption = Annotated[
+    float, typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.", rich_help_panel=SAMPLING)
+]
+SeedOption = Annotated[
+    Optional[int],
+    typer.Option("--seed", help="Seed for reproducible sampling. Default: random.", rich_help_panel=SAMPLING),
+]
+DraftMaxOption = Annotated[
+    int, typer.Option("--draft-max", help="Most tokens drafted per step.", rich_help_panel=SPECULATION)
+]
+DraftMinOption = Annotated[
+    int, typer.Option("--draft-min", help="Skip drafts shorter than this.", rich_help_panel=SPECULATION)
+]
+PMinOption = Annotated[
+    float,
+    typer.Option(
+        "--p-min",
+        help="Stop a model draft when its likeliest next token is less probable than this.",
+        rich_help_panel=SPECULATION,
+    ),
+]
+CtxSizeOption = Annotated[
+    int, typer.Option("--ctx-size", "-c", help="Context length in tokens.", rich_help_panel=RESOURCES)
+]
+ThreadsOption = Annotated[
+    int,
+    typer.Option("--threads", "-t", help="CPU threads. Default: physical cores.", show_default=False, rich_help_panel=RESOURCES),
+]
+GpuLayersOption = Annotated[
+    int, typer.Option("--gpu-layers", help="Target layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
+]
+DraftGpuLayersOption = Annotated[
+    int, typer.Option("--draft-gpu-layers", help="Draft layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
+]
+OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
+NoColorOption = Annotated[
+    bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
+]
+
+
+def build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
+                 draft_gpu_layers) -> tuple[Sampling, Speculation, Runtime]:
+    return (
+        Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        Speculation(draft_max=draft_max, draft_min=draft_min, p_min=p_min),
+        Runtime(ctx_size=ctx_size, threads=threads or default_threads(), gpu_layers=gpu_layers,
+                draft_gpu_layers=draft_gpu_layers),
+    )
+
+
+def draft_choice(draft: str | None, no_draft: bool) -> str | None:
+    if no_draft and draft is not None:
+        raise UsageError("--draft and --no-draft exclude each other")
+    return None if no_draft else (draft or NGRAM)
 
 
 @app.command(
@@ -43,26 +131,9 @@ OFFLINE_OPTION = typer.Option("--offline", help="Use only downloaded models; nev
     )
 )
 def run(
-    target: Annotated[
-        str,
-        typer.Argument(
-            help="Target model: a registry name (see `localspec models`), a GGUF file,"
-            " hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.",
-            show_default=False,
-        ),
-    ],
-    draft: Annotated[
-        Optional[str],
-        typer.Option(
-            "--draft",
-            "-d",
-            help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b),"
-            " 'auto' for the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the"
-            " prompt and output. Default: ngram.",
-            show_default=False,
-        ),
-    ] = None,
-    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")] = False,
+    target: TargetArgument,
+    draft: DraftOption = None,
+    no_draft: NoDraftOption = False,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
     file: Annotated[
         Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
@@ -70,87 +141,39 @@ def run(
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")
     ] = False,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")
-    ] = DEFAULT_LIMITS.max_tokens,
-    stop: Annotated[
-        Optional[list[str]],
-        typer.Option("--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False),
-    ] = None,
-    temp: Annotated[
-        float, typer.Option("--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)
-    ] = DEFAULT_SAMPLING.temperature,
-    top_k: Annotated[
-        int, typer.Option("--top-k", help="Keep the k likeliest tokens; 0 keeps all.", rich_help_panel=SAMPLING)
-    ] = DEFAULT_SAMPLING.top_k,
-    top_p: Annotated[
-        float, typer.Option("--top-p", help="Keep the smallest set with this much probability.", rich_help_panel=SAMPLING)
-    ] = DEFAULT_SAMPLING.top_p,
-    min_p: Annotated[
-        float,
-        typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.", rich_help_panel=SAMPLING),
-    ] = DEFAULT_SAMPLING.min_p,
-    seed: Annotated[
-        Optional[int],
-        typer.Option("--seed", help="Seed for reproducible sampling. Default: random.", rich_help_panel=SAMPLING),
-    ] = None,
-    draft_max: Annotated[
-        int, typer.Option("--draft-max", help="Most tokens drafted per step.", rich_help_panel=SPECULATION)
-    ] = DEFAULT_SPECULATION.draft_max,
-    draft_min: Annotated[
-        int,
-        typer.Option("--draft-min", help="Skip drafts shorter than this.", rich_help_panel=SPECULATION),
-    ] = DEFAULT_SPECULATION.draft_min,
-    p_min: Annotated[
-        float,
-        typer.Option(
-            "--p-min",
-            help="Stop a model draft when its likeliest next token is less probable than this.",
-            rich_help_panel=SPECULATION,
-        ),
-    ] = DEFAULT_SPECULATION.p_min,
-    ctx_size: Annotated[
-        int, typer.Option("--ctx-size", "-c", help="Context length in tokens.", rich_help_panel=RESOURCES)
-    ] = DEFAULT_RUNTIME.ctx_size,
-    threads: Annotated[
-        int,
-        typer.Option("--threads", "-t", help="CPU threads. Default: physical cores.", show_default=False, rich_help_panel=RESOURCES),
-    ] = 0,
-    gpu_layers: Annotated[
-        int, typer.Option("--gpu-layers", help="Target layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
-    ] = DEFAULT_RUNTIME.gpu_layers,
-    draft_gpu_layers: Annotated[
-        int, typer.Option("--draft-gpu-layers", help="Draft layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
-    ] = DEFAULT_RUNTIME.draft_gpu_layers,
+    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
+    stop: StopOption = None,
+    temp: TempOption = DEFAULT_SAMPLING.temperature,
+    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
+    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
+    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
+    seed: SeedOption = None,
+    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
+    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
+    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
+    threads: ThreadsOption = 0,
+    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
+    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
-    offline: Annotated[bool, OFFLINE_OPTION] = False,
+    offline: OfflineOption = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
-    no_color: Annotated[
-        bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
-    ] = False,
+    no_color: NoColorOption = False,
 ):
     """Generate from a prompt with speculative decoding.
 
     On a terminal the text streams with accepted draft tokens highlighted above a live panel of
     speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
     """
-    if no_draft and draft is not None:
-        raise UsageError("--draft and --no-draft exclude each other")
-    draft_choice = None if no_draft else (draft or NGRAM)
-    sampling = Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    speculation = Speculation(draft_max=draft_max, draft_min=draft_min, p_min=p_min)
-    runtime = Runtime(
-        ctx_size=ctx_size,
-        threads=threads or default_threads(),
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-    )
+    drafting = draft_choice(draft, no_draft)
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
 
-    with open_session(target, draft_choice, runtime, speculation, offline, tui.download_progress()) as session:
+    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
         events = session.generate(session.tokenize(text, raw), sampling, limits)
         if as_json:
             done = _last(events)
@@ -163,6 +186,51 @@ def run(
             done = _stream_plain(events)
             if not quiet:
                 print(summary_line(done), file=sys.stderr)
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec chat qwen2.5-coder-1.5b --draft 0.5b\n\n"
+        "  localspec chat llama3.1-8b --draft auto --system 'You are terse.' --temp 0.7\n\n"
+        "  printf 'Hi\\nAnd in French?\\n' | localspec chat smollm2-135m   (one message a line)"
+    )
+)
+def chat(
+    target: TargetArgument,
+    draft: DraftOption = None,
+    no_draft: NoDraftOption = False,
+    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.", show_default=False)] = None,
+    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
+    stop: StopOption = None,
+    temp: TempOption = DEFAULT_SAMPLING.temperature,
+    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
+    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
+    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
+    seed: SeedOption = None,
+    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
+    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
+    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
+    threads: ThreadsOption = 0,
+    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
+    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    offline: OfflineOption = False,
+    no_color: NoColorOption = False,
+):
+    """Chat in the terminal with the model's own chat template; replies stream with live statistics.
+
+    Slash commands: /help, /stats, /clear, /draft off|on|N, /save FILE, /exit. Ctrl-C stops a reply,
+    Ctrl-D leaves. Later turns reuse both models' KV caches for the shared conversation prefix.
+    """
+    drafting = draft_choice(draft, no_draft)
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+    limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
+    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
+        conversation = chat_loop.Chat(session, sampling, limits, system)
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 
 
 def _last(events) -> Done:
@@ -262,7 +330,7 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner
 def check(
     target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
     draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...).", show_default=False)],
-    offline: Annotated[bool, OFFLINE_OPTION] = False,
+    offline: OfflineOption = False,
 ):
     """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
     resolved = registry.resolve(target)

@@ -16,3 +16,9 @@ def models_dir() -> Path:
     if root is not None:
         return root / "models"
     return Path(platformdirs.user_cache_dir("localspec")) / "models"
+
+
+def state_dir() -> Path:
+    """Small files localspec keeps between runs (chat history)."""
+    root = home()
+    return root if root is not None else Path(platformdirs.user_state_dir("localspec"))

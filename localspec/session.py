@@ -5,6 +5,7 @@ many generations on them; the caller iterates events and never touches the engin
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from . import compat, download, gguf_meta, hardware, registry
@@ -13,10 +14,15 @@ from .config import Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model
 from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .engine.speculative import generate
-from .errors import IncompatibleDraft, InputError
+from .errors import IncompatibleDraft, InputError, UsageError
 from .events import Event
 from .registry import NGRAM
 
+# For models without a chat template in their GGUF: a plain transcript the model can continue.
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
 
 
 def open_session(
@@ -66,7 +72,8 @@ class Session:
             # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
             n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads))
-            self.drafter = self._make_drafter(draft, runtime, n_batch)
+            self.speculating_drafter = self._make_drafter(draft, runtime, n_batch)
+            self.drafter = self.speculating_drafter
         except BaseException:
             self.close()
             raise
@@ -88,15 +95,32 @@ class Session:
         """Prompt text to tokens, wrapped in the model's chat template unless raw."""
         if not prompt:
             raise InputError("the prompt is empty")
+        if raw:
+            return self.target_model.tokenize(prompt, add_special=True, parse_special=True)
+        return self.chat_tokens([{"role": "user", "content": prompt}])
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """A conversation, rendered with the model's chat template, ready for the assistant's turn."""
         model = self.target_model
-        template = None if raw else model.chat_template()
-        if template is None:
-            return model.tokenize(prompt, add_special=True, parse_special=True)
+        template = model.chat_template() or FALLBACK_TEMPLATE
         bos = model.special_text("bos")
-        text = render(template, [{"role": "user", "content": prompt}], bos, model.special_text("eos"))
+        text = render(template, messages, bos, model.special_text("eos"))
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and text.startswith(bos))
         return model.tokenize(text, add_special=add_bos, parse_special=True)
+
+    @property
+    def can_speculate(self) -> bool:
+        return not isinstance(self.speculating_drafter, NoDrafter)
+
+    def speculate(self, on: bool, draft_max: int | None = None) -> None:
+        """Turn drafting off or back on, optionally with a new draft length (chat's /draft)."""
+        self.drafter = self.speculating_drafter if on else NoDrafter()
+        if draft_max is not None:
+            if draft_max + 1 > self.target.n_batch:
+                raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.n_batch - 1}")
+            self.speculation = replace(self.speculation, draft_max=draft_max,
+                                       draft_min=min(self.speculation.draft_min, draft_max))
 
     def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
         return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)

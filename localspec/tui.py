@@ -14,8 +14,8 @@ from .compat import CompatReport
 from .events import Done, Prefill, Step, Token
 from .stats import Summary, Tally
 
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
 
 
 def download_progress():
@@ -175,3 +175,14 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Pane
     for position, rate in enumerate(s.per_position_acceptance, start=1):
         bars.add_row(f"draft #{position}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
     return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim")
+
+
+def reply_line(done: Done | None) -> str:
+    """One dim line under a chat reply."""
+    if done is None:
+        return "(stopped)"
+    s = done.summary
+    return (
+        f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.acceptance_rate:.0%} of {s.drafted} drafted accepted;"
+        f" prompt {s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached) in {s.prefill_seconds:.2f} s"
+    )

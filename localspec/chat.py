@@ -1,0 +1,151 @@
+"""Interactive multi-turn chat: the conversation, its slash commands, and Ctrl-C/Ctrl-D handling.
+
+Every turn renders the whole conversation with the model's chat template; the
+engine keeps both KV caches and only prefills what is new, so a reply starts as
+fast in turn 20 as in turn 2.
+"""
+
+import atexit
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import tui
+from .config import Limits, Sampling
+from .errors import LocalspecError
+from .events import Done, Token
+from .session import Session
+from .stats import Tally
+
+HELP = """\
+/help            this list
+/stats           speculation statistics of this chat so far
+/clear           forget the conversation (the system prompt stays)
+/draft off|on|N  stop speculating, resume, or draft up to N tokens a step
+/save FILE       write the conversation to FILE as JSON
+/exit            leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat"""
+
+
+@dataclass
+class Chat:
+    session: Session
+    sampling: Sampling
+    limits: Limits
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
+
+    def __post_init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def reply(self, text: str, show: Callable) -> Done | None:
+        """Answer one user message; `show` consumes the events. None if interrupted."""
+        self.messages.append({"role": "user", "content": text})
+        done = None
+        answer = ""
+        try:
+            for event in self.session.generate(self.session.chat_tokens(self.messages), self.sampling, self.limits):
+                self.tally.add(event)
+                show(event)
+                if isinstance(event, Token):
+                    answer += event.text
+                elif isinstance(event, Done):
+                    done = event
+                    answer = event.text
+        except KeyboardInterrupt:
+            pass
+        finally:
+            # An interrupted answer stays in the conversation as far as it got.
+            self.messages.append({"role": "assistant", "content": answer})
+        return done
+
+    def command(self, line: str, console) -> bool:
+        """Run a slash command; False means leave the chat."""
+        name, _, argument = line[1:].partition(" ")
+        argument = argument.strip()
+        if name in ("exit", "quit"):
+            return False
+        if name == "help":
+            console.print(HELP, highlight=False)
+        elif name == "stats":
+            console.print(tui.stats_panel(self.tally.summary(self.tally.draft_seconds + self.tally.verify_seconds), "this chat"))
+        elif name == "clear":
+            self.clear()
+            console.print("[dim]conversation cleared[/]")
+        elif name == "draft":
+            self._draft(argument, console)
+        elif name == "save":
+            if not argument:
+                console.print("[red]usage: /save FILE[/]")
+            else:
+                Path(argument).expanduser().write_text(json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
+                console.print(f"[dim]saved {len(self.messages)} messages to {argument}[/]")
+        else:
+            console.print(f"[red]unknown command /{name}[/]; /help lists them")
+        return True
+
+    def _draft(self, argument: str, console) -> None:
+        if argument == "off":
+            self.session.speculate(False)
+            console.print("[dim]speculation off: plain decoding[/]")
+        elif argument == "on" or argument.isdigit():
+            if not self.session.can_speculate:
+                console.print("[red]this chat was started without a drafter (--no-draft)[/]")
+                return
+            self.session.speculate(True, int(argument) if argument.isdigit() else None)
+            console.print(f"[dim]speculation on, up to {self.session.speculation.draft_max} draft tokens a step[/]")
+        else:
+            console.print("[red]usage: /draft off|on|N[/]")
+
+
+def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -> None:
+    """The read-reply loop. Not interactive (stdin is a pipe): one message a line, plain output."""
+    console = tui.out
+    if interactive:
+        _enable_line_editing(history_file)
+        console.print(f"[dim]Chatting with {chat.session.target_model.path.name}. /help for commands, Ctrl-D to leave.[/]")
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            if interactive:
+                console.print()
+            return
+        except KeyboardInterrupt:
+            console.print("\n[dim](Ctrl-D or /exit to leave)[/]")
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            if not chat.command(line, console):
+                return
+            continue
+        try:
+            if interactive:
+                with tui.LiveView(console, color=color, summary=False) as view:
+                    done = chat.reply(line, view.add)
+                console.print(f"[dim]{tui.reply_line(done)}[/]", highlight=False)
+            else:
+                done = chat.reply(line, lambda event: None)
+                print(chat.messages[-1]["content"], flush=True)
+        except LocalspecError as error:
+            chat.messages.pop()  # the failed user turn
+            console.print(f"[red]error: {error}[/]")
+
+
+def _enable_line_editing(history_file: Path | None) -> None:
+    try:
+        import readline
+    except ImportError:  # no readline on this platform: plain input() still works
+        return
+    if history_file is None:
+        return
+    history_file.parent.mkdir(parents=True, exist_ok=True)
+    if history_file.exists():
+        readline.read_history_file(history_file)
+    atexit.register(readline.write_history_file, history_file)

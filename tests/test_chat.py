@@ -1,0 +1,92 @@
+"""`localspec chat` in a real pseudo-terminal, and scripted through a pipe."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+PROMPT = "you> "
+
+
+@pytest.fixture
+def home(tmp_path, real_model):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(real_model("smollm2-135m").parent.parent)
+    return home
+
+
+def spawn(home, *args):
+    env = {**os.environ, "LOCALSPEC_HOME": str(home), "COLUMNS": "100", "LINES": "40", "TERM": "xterm"}
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", *args], env=env, encoding="utf-8",
+                          timeout=120, dimensions=(40, 100))
+    child.expect("/help for commands")
+    child.expect_exact(PROMPT)
+    return child
+
+
+@pytest.mark.slow
+def test_two_turns_stats_interrupt_and_exit_in_a_terminal(home, tmp_path):
+    child = spawn(home, "smollm2-135m", "--draft", "ngram", "--temp", "0", "-n", "40", "--offline")
+    child.sendline("Name three colours.")
+    child.expect(r"prompt (\d+) tokens \((\d+) cached\)")
+    first_prompt = int(child.match.group(1))
+    child.expect_exact(PROMPT)
+
+    child.sendline("And three animals?")
+    child.expect(r"prompt (\d+) tokens \((\d+) cached\)")
+    second_prompt, cached = int(child.match.group(1)), int(child.match.group(2))
+    assert second_prompt > first_prompt and cached >= first_prompt - 1  # turn 1 stays in the KV cache
+    child.expect_exact(PROMPT)
+
+    child.sendline("/stats")
+    child.expect("speculation · this chat")
+    child.expect_exact(PROMPT)
+
+    child.sendline("/draft off")
+    child.expect("speculation off")
+    child.expect_exact(PROMPT)
+
+    child.sendline("Write a very long story about a dragon.")
+    child.expect("speculation · generating")  # the reply has started
+    child.sendintr()
+    child.expect_exact("(stopped)")
+    child.expect_exact(PROMPT)
+
+    saved = tmp_path / "chat.json"
+    child.sendline(f"/save {saved}")
+    child.expect("saved 6 messages")
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    roles = [m["role"] for m in json.loads(saved.read_text())]
+    assert roles == ["user", "assistant"] * 3
+
+
+@pytest.mark.slow
+def test_ctrl_d_leaves_and_unknown_commands_are_explained(home):
+    child = spawn(home, "smollm2-135m", "--offline")
+    child.sendline("/frobnicate")
+    child.expect("unknown command /frobnicate")
+    child.expect_exact(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.slow
+def test_piped_chat_answers_one_message_a_line(home):
+    done = subprocess.run(
+        [sys.executable, "-m", "localspec", "chat", "smollm2-135m", "--temp", "0", "-n", "20", "--offline",
+         "--system", "Answer briefly."],
+        input="Hello!\nWhat did I just say?\n", capture_output=True, text=True, timeout=300,
+        env={**os.environ, "LOCALSPEC_HOME": str(home)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert len([line for line in done.stdout.splitlines() if line.strip()]) >= 2
