@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from . import __version__, compat, download, gguf_meta, hardware, paths, registry, tui
+from . import batch as batch_runner
 from . import chat as chat_loop
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
@@ -282,6 +283,86 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise InputError(f"the prompt in {source} is not UTF-8 text (byte {error.start})") from None
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec batch qwen2.5-coder-1.5b prompts.jsonl --draft 0.5b -o answers.jsonl\n\n"
+        "  localspec batch qwen2.5-coder-1.5b prompts.jsonl -o answers.jsonl --resume   (after an interruption)\n\n"
+        "  cat questions.txt | localspec batch smollm2-135m - > answers.jsonl"
+    )
+)
+def batch(
+    target: TargetArgument,
+    input_file: Annotated[
+        str, typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields) or"
+                            " text with one prompt a line; '-' reads standard input.", show_default=False)
+    ],
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Write JSONL here instead of standard output.",
+                                     show_default=False)
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
+    draft: DraftOption = None,
+    no_draft: NoDraftOption = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
+    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
+    stop: StopOption = None,
+    temp: TempOption = DEFAULT_SAMPLING.temperature,
+    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
+    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
+    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
+    seed: SeedOption = None,
+    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
+    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
+    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
+    threads: ThreadsOption = 0,
+    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
+    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    offline: OfflineOption = False,
+):
+    """Run a file of prompts; one JSON line per item (text, finish reason, speculation stats) as each finishes.
+
+    A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
+    """
+    drafting = draft_choice(draft, no_draft)
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+    limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
+    if resume and output is None:
+        raise UsageError("--resume needs --output: the file whose finished items to skip")
+    items = list(batch_runner.read_items(_read_lines(input_file)))
+    skip = batch_runner.done_ids(output) if resume else set()
+    todo = [item for item in items if item.id not in skip]
+    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
+        out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
+        try:
+            with tui.BatchProgress(len(todo)) as progress:
+                records = batch_runner.run(session, todo, out, sampling, limits, raw, progress, durable=output is not None)
+        finally:
+            if output:
+                out.close()
+    tui.batch_summary(records, skipped=len(items) - len(todo))
+    if any("error" in r for r in records):
+        raise typer.Exit(1)
+
+
+def _read_lines(source: str) -> list[str]:
+    if source == "-":
+        data = sys.stdin.buffer.read()
+        where = "standard input"
+    else:
+        try:
+            data = Path(source).read_bytes()
+        except OSError as error:
+            raise InputError(f"cannot read {source}: {error.strerror}") from None
+        where = source
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise InputError(f"{where} is not UTF-8 text (byte {error.start})") from None
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")

@@ -6,7 +6,15 @@ import time
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -186,3 +194,53 @@ def reply_line(done: Done | None) -> str:
         f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.acceptance_rate:.0%} of {s.drafted} drafted accepted;"
         f" prompt {s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached) in {s.prefill_seconds:.2f} s"
     )
+
+
+class BatchProgress:
+    """A progress bar on stderr with ETA and the running acceptance rate; silent off a terminal."""
+
+    def __init__(self, total: int):
+        self.drafted = self.accepted = self.failed = 0
+        self.progress = None
+        if err.is_terminal:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=err)
+            self.task = self.progress.add_task("batch", total=total, status="")
+
+    def __enter__(self):
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, record: dict) -> None:
+        stats = record.get("stats")
+        if stats:
+            self.drafted += stats["drafted"]
+            self.accepted += stats["accepted"]
+        else:
+            self.failed += 1
+        if self.progress:
+            rate = f"{self.accepted / self.drafted:.0%} accepted" if self.drafted else ""
+            failed = f", {self.failed} failed" if self.failed else ""
+            self.progress.update(self.task, advance=1, status=rate + failed)
+
+
+def batch_summary(records: list[dict], skipped: int, console: Console = err) -> None:
+    done = [r for r in records if "stats" in r]
+    failed = [r for r in records if "error" in r]
+    tokens = sum(r["stats"]["tokens"] for r in done)
+    seconds = sum(r["stats"]["decode_seconds"] for r in done)
+    drafted = sum(r["stats"]["drafted"] for r in done)
+    accepted = sum(r["stats"]["accepted"] for r in done)
+    table = Table(title="batch")
+    for column in ("items", "done", "failed", "skipped (resume)", "tokens", "tok/s", "accepted"):
+        table.add_column(column)
+    table.add_row(str(len(records)), str(len(done)), str(len(failed)), str(skipped), str(tokens),
+                  f"{tokens / seconds:.1f}" if seconds else "–", f"{accepted / drafted:.0%}" if drafted else "–")
+    console.print(table)
+    for record in failed:
+        console.print(f"[red]failed[/] {record['id']}: {record['error']}")
