@@ -57,10 +57,11 @@ class Chat:
                     done = event
                     answer = event.text
         except KeyboardInterrupt:
-            pass
-        finally:
-            # An interrupted answer stays in the conversation as far as it got.
-            self.messages.append({"role": "assistant", "content": answer})
+            pass  # an interrupted answer stays in the conversation as far as it got
+        except LocalspecError:
+            self.messages.pop()  # the turn failed before the model answered
+            raise
+        self.messages.append({"role": "assistant", "content": answer})
         return done
 
     def command(self, line: str, console) -> bool:
@@ -134,8 +135,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                 done = chat.reply(line, lambda event: None)
                 print(chat.messages[-1]["content"], flush=True)
         except LocalspecError as error:
-            chat.messages.pop()  # the failed user turn
-            console.print(f"[red]error: {error}[/]")
+            console.print(f"[red]error: {error}[/] (/clear starts over)")
 
 
 def _enable_line_editing(history_file: Path | None) -> None:

@@ -224,3 +224,14 @@ def test_a_prompt_that_extends_the_last_one_reuses_both_kv_caches(load, prompt):
                   limits=Limits(max_tokens=20))
     assert warm == cold
     assert draft.tokens == (follow_up + warm)[: len(draft.tokens)]
+
+
+def test_a_small_context_lowers_the_batch_and_drafts_stay_within_it(load, prompt):
+    # llama.cpp lowers n_batch to a small requested context; exceeding it would abort the process.
+    small = load("target", n_ctx=16, n_batch=64)
+    assert small.n_batch == 16
+    drafter = ModelDrafter(load("same", n_ctx=16, n_batch=64), 0.0, small.model.n_vocab)
+    long_prompt = prompt * 3  # longer than one batch: prefilled in chunks
+    tokens, events = run(small, drafter, long_prompt, speculation=Speculation(draft_max=30, p_min=0.0))
+    assert max(e.drafted for e in events if isinstance(e, Step)) <= 15
+    assert len(tokens) == 60

@@ -117,7 +117,8 @@ class Context:
                 " (out of memory? try a smaller --ctx-size)"
             )
         self.n_ctx = llama.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
+        self.n_batch = llama.llama_n_batch(self._ctx)
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self._n_vocab = model.n_vocab

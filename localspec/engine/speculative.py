@@ -57,7 +57,12 @@ def generate(
     decode_started = perf_counter()
     while finish is None:
         n_past = len(history) - 1
-        k = min(speculation.draft_max, target.n_ctx - len(history), limits.max_tokens - produced - 1)
+        k = min(
+            speculation.draft_max,
+            target.n_batch - 1,  # [last] + draft must fit one batch
+            target.n_ctx - len(history),
+            limits.max_tokens - produced - 1,
+        )
         step_started = perf_counter()
         draft = drafter.propose(history, k) if k > 0 else Draft()
         if len(draft.tokens) < speculation.draft_min:
