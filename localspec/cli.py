@@ -179,8 +179,8 @@ def run(
         if as_json:
             done = _last(events)
             print(json.dumps({"text": done.text, "finish_reason": done.finish_reason, "stats": done.summary.as_dict()}))
-        elif sys.stdout.isatty():
-            with tui.LiveView(tui.out, color=not no_color, summary=not quiet) as view:
+        elif sys.stdout.isatty() and not quiet:
+            with tui.LiveView(tui.out, color=not no_color) as view:
                 for event in events:
                     view.add(event)
         else:
