@@ -73,8 +73,19 @@ SeedOption = Annotated[
     Optional[int],
     typer.Option("--seed", help="Seed for reproducible sampling. Default: random.", rich_help_panel=SAMPLING),
 ]
+SpecOption = Annotated[
+    str,
+    typer.Option(
+        "--spec",
+        help="auto: choose each step between plain, n-gram and draft model by measured cost and acceptance;"
+        " fixed: always draft up to --draft-max; off: plain decoding.",
+        rich_help_panel=SPECULATION,
+    ),
+]
 DraftMaxOption = Annotated[
-    int, typer.Option("--draft-max", help="Most tokens drafted per step.", rich_help_panel=SPECULATION)
+    Optional[int],
+    typer.Option("--draft-max", help="Most tokens drafted per step. Default: 8 with auto, 3 with fixed.",
+                 show_default=False, rich_help_panel=SPECULATION),
 ]
 DraftMinOption = Annotated[
     int, typer.Option("--draft-min", help="Skip drafts shorter than this.", rich_help_panel=SPECULATION)
@@ -106,11 +117,11 @@ NoColorOption = Annotated[
 ]
 
 
-def build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
+def build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
                  draft_gpu_layers) -> tuple[Sampling, Speculation, Runtime]:
     return (
         Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        Speculation(draft_max=draft_max, draft_min=draft_min, p_min=p_min),
+        Speculation(policy=spec, draft_max=draft_max, draft_min=draft_min, p_min=p_min),
         Runtime(ctx_size=ctx_size, threads=threads or default_threads(), gpu_layers=gpu_layers,
                 draft_gpu_layers=draft_gpu_layers),
     )
@@ -149,7 +160,8 @@ def run(
     top_p: TopPOption = DEFAULT_SAMPLING.top_p,
     min_p: MinPOption = DEFAULT_SAMPLING.min_p,
     seed: SeedOption = None,
-    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    spec: SpecOption = DEFAULT_SPECULATION.policy,
+    draft_max: DraftMaxOption = None,
     draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
@@ -169,7 +181,7 @@ def run(
     speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
     """
     drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
@@ -209,7 +221,8 @@ def chat(
     top_p: TopPOption = DEFAULT_SAMPLING.top_p,
     min_p: MinPOption = DEFAULT_SAMPLING.min_p,
     seed: SeedOption = None,
-    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    spec: SpecOption = DEFAULT_SPECULATION.policy,
+    draft_max: DraftMaxOption = None,
     draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
@@ -225,7 +238,7 @@ def chat(
     Ctrl-D leaves. Later turns reuse both models' KV caches for the shared conversation prefix.
     """
     drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
@@ -314,7 +327,8 @@ def batch(
     top_p: TopPOption = DEFAULT_SAMPLING.top_p,
     min_p: MinPOption = DEFAULT_SAMPLING.min_p,
     seed: SeedOption = None,
-    draft_max: DraftMaxOption = DEFAULT_SPECULATION.draft_max,
+    spec: SpecOption = DEFAULT_SPECULATION.policy,
+    draft_max: DraftMaxOption = None,
     draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
@@ -328,7 +342,7 @@ def batch(
     A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
     """
     drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, draft_max, draft_min, p_min,
+    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     if resume and output is None:

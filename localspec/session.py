@@ -13,6 +13,7 @@ from .chat_template import render
 from .config import Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model
 from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import IncompatibleDraft, InputError, UsageError
 from .events import Event
@@ -79,13 +80,19 @@ class Session:
             raise
 
     def _make_drafter(self, draft: str | None, runtime: Runtime, n_batch: int) -> Drafter:
-        if draft is None:
+        spec = self.speculation
+        if draft is None or spec.policy == "off":
             return NoDrafter()
-        if draft == NGRAM:
-            return NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max)
-        draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
-        context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
-        return ModelDrafter(context, self.speculation.p_min, self.target_model.n_vocab)
+        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+        model = None
+        if draft != NGRAM:
+            draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
+            context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
+            model = ModelDrafter(context, spec.p_min, self.target_model.n_vocab)
+        if spec.policy == "fixed":
+            return model or ngram
+        costs = calibrate(self.target, model.context if model else None, min(spec.draft_max + 1, self.target.n_batch))
+        return AutoDrafter(ngram, model, costs)
 
     def _own(self, resource):
         self._owned.append(resource)

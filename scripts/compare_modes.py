@@ -1,4 +1,4 @@
-"""Plain vs draft-model vs n-gram speculation on the same prompts, side by side in one process.
+"""Plain vs fixed draft-model vs fixed n-gram vs auto speculation, side by side in one process.
 
     python scripts/compare_modes.py TARGET.gguf DRAFT.gguf [--max-tokens 128] [--temp 0] [--rounds 2]
 
@@ -35,14 +35,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--draft-max", type=int, default=Speculation().draft_max)
+    parser.add_argument("--draft-max", type=int, default=Speculation("fixed").draft_max, help="for the fixed modes")
     parser.add_argument("--p-min", type=float, default=Speculation().p_min)
     args = parser.parse_args()
 
-    speculation = Speculation(draft_max=args.draft_max, p_min=args.p_min)
+    fixed = Speculation("fixed", draft_max=args.draft_max, p_min=args.p_min)
     sampling = Sampling(temperature=args.temp, seed=0)
-    modes = {"plain": None, "draft": str(args.draft), "ngram": "ngram"}
-    sessions = {mode: Session(args.target, draft, Runtime(), speculation) for mode, draft in modes.items()}
+    modes = {
+        "plain": (None, fixed),
+        "draft": (str(args.draft), fixed),
+        "ngram": ("ngram", fixed),
+        "auto": (str(args.draft), Speculation("auto", p_min=args.p_min)),
+    }
+    sessions = {mode: Session(args.target, draft, Runtime(), spec) for mode, (draft, spec) in modes.items()}
     totals = {mode: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "steps": 0} for mode in modes}
     try:
         for _ in range(args.rounds):

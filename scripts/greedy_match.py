@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    speculation = Speculation(draft_max=4, p_min=0.0)
+    speculation = Speculation("fixed", draft_max=4, p_min=0.0)
     runtime = Runtime(ctx_size=2048)
     drafts = {"ngram": "ngram"} | ({"draft": str(args.draft)} if args.draft else {})
     matches = {name: 0 for name in drafts}

@@ -47,7 +47,7 @@ def check_stats(result):
 
 
 def test_json_summary_with_a_draft_model(localspec, tiny):
-    result = run_json(localspec, tiny["target"], "--draft", tiny["partial"], "--p-min", "0", "--prompt", "the cat",
+    result = run_json(localspec, tiny["target"], "--draft", tiny["partial"], "--spec", "fixed", "--p-min", "0", "--prompt", "the cat",
                       "--temp", "0", "--max-tokens", "40")
     stats = check_stats(result)
     assert stats["tokens"] == 40 and result["finish_reason"] == "length"
@@ -66,7 +66,8 @@ def test_prompt_from_stdin_and_file_and_ngram_default(localspec, tiny, tmp_path)
 
 
 def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
-    done = localspec("run", tiny["target"], "--draft", tiny["same"], "--p-min", "0", "-p", "the cat", "--temp", "0", "-n", "30")
+    done = localspec("run", tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "-p", "the cat", "--temp", "0",
+                      "-n", "30")
     assert done.returncode == 0
     assert "30 tokens" in done.stderr.decode() and "accepted (100%)" in done.stderr.decode()
     assert len(done.stdout) > 0 and b"tokens" not in done.stdout
@@ -127,7 +128,8 @@ def test_help_teaches_the_options(localspec):
 def test_real_qwen_pair_speculates_greedily_with_high_acceptance(localspec, real_model):
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
     prompt = "Write a Python function that checks whether a number is prime."
-    result = run_json(localspec, target, "--draft", draft, "--prompt", prompt, "--temp", "0", "--max-tokens", "64")
+    result = run_json(localspec, target, "--draft", draft, "--spec", "fixed", "--prompt", prompt, "--temp", "0",
+                      "--max-tokens", "64")
     stats = check_stats(result)
     assert stats["tokens"] == 64
     assert stats["acceptance_rate"] > 0.5
@@ -138,7 +140,7 @@ def test_real_qwen_pair_speculates_greedily_with_high_acceptance(localspec, real
 @pytest.mark.slow
 def test_real_qwen_pair_samples_with_the_rejection_rule(localspec, real_model):
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
-    result = run_json(localspec, target, "--draft", draft, "--prompt", "Tell me about sorting algorithms.",
+    result = run_json(localspec, target, "--draft", draft, "--spec", "fixed", "--prompt", "Tell me about sorting algorithms.",
                       "--temp", "0.7", "--seed", "3", "--max-tokens", "48")
     stats = check_stats(result)
     assert stats["accepted"] > 0
@@ -174,7 +176,7 @@ def with_real_models(tmp_path, real_model):
 
 @pytest.mark.slow
 def test_real_pair_by_registry_names(localspec, with_real_models):
-    result = run_json(localspec, "qwen2.5-coder-1.5b", "--draft", "0.5b", "--prompt", "Write hello world in C.",
+    result = run_json(localspec, "qwen2.5-coder-1.5b", "--draft", "0.5b", "--spec", "fixed", "--prompt", "Write hello world in C.",
                       "--temp", "0", "--max-tokens", "32", "--offline")
     assert check_stats(result)["accepted"] > 0
 

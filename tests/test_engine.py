@@ -203,7 +203,7 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     from localspec.session import Session
 
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
-    with Session(target, str(draft), Runtime(ctx_size=1024), Speculation(draft_max=3, p_min=0.0)) as session:
+    with Session(target, str(draft), Runtime(ctx_size=1024), Speculation("fixed", draft_max=3, p_min=0.0)) as session:
         prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
         recorder = RecordingContext(session.target)
         tokens, events = run(recorder, session.drafter, prompt, limits=Limits(max_tokens=64))

@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from ..config import Sampling
+from ..events import Step
 from .backend import Context
 from .sampling import Dist, top_probability, transform
 
@@ -20,6 +21,7 @@ from .sampling import Dist, top_probability, transform
 class Draft:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] | None = None
+    source: str = "none"  # the drafter that made it
 
 
 class Drafter(Protocol):
@@ -30,6 +32,9 @@ class Drafter(Protocol):
 
     def propose(self, history: list[int], k: int) -> Draft:
         """Up to k tokens that may follow history."""
+
+    def observe(self, step: Step) -> None:
+        """How the last proposal fared: drafters that learn use it."""
 
 
 class NoDrafter:
@@ -42,6 +47,9 @@ class NoDrafter:
 
     def propose(self, history, k) -> Draft:
         return Draft()
+
+    def observe(self, step) -> None:
+        pass
 
 
 class NgramDrafter:
@@ -70,8 +78,11 @@ class NgramDrafter:
         for n in self.sizes:
             follows = self.index[n].get(tuple(history[-n:]))
             if follows is not None:
-                return Draft(list(history[follows : follows + k]))
-        return Draft()
+                return Draft(list(history[follows : follows + k]), source=self.name)
+        return Draft(source=self.name)
+
+    def observe(self, step) -> None:
+        pass
 
 
 class ModelDrafter:
@@ -98,7 +109,7 @@ class ModelDrafter:
 
     def propose(self, history, k) -> Draft:
         if k == 0:
-            return Draft()
+            return Draft(source=self.name)
         self._catch_up(history)
         tokens: list[int] = []
         dists: list[Dist] = []
@@ -122,7 +133,10 @@ class ModelDrafter:
                 break
             self.context.decode([token], logits="last")
             logits = self.context.logits(-1)
-        return Draft(tokens, None if self.sampling.greedy else dists)
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.name)
+
+    def observe(self, step) -> None:
+        pass
 
     def _catch_up(self, history: list[int]) -> None:
         """Drop drafted tokens the target rejected and feed what the draft has not seen.

@@ -66,7 +66,7 @@ def generate(
         step_started = perf_counter()
         draft = drafter.propose(history, k) if k > 0 else Draft()
         if len(draft.tokens) < speculation.draft_min:
-            draft = Draft()
+            draft = Draft(source=draft.source)
         drafted = perf_counter()
         target.decode([history[-1], *draft.tokens], logits="all")
         if sampling.greedy:
@@ -74,7 +74,8 @@ def generate(
         else:
             accepted, own = verify_sampled(target, draft, sampling, rng)
         target.truncate(n_past + 1 + accepted)
-        step = Step(drafter.name, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted)
+        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted)
+        drafter.observe(step)
         tally.add(step)
         yield step
 

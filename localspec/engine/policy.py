@@ -1,0 +1,157 @@
+"""How much to draft, and with what: chosen each step to maximise expected tokens per second.
+
+Speculation pays only when the tokens it wins are worth more than the time it
+costs. A step that drafts k tokens with drafter d is expected to emit
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
+
+tokens, where a_i is d's acceptance rate at draft position i given that the
+positions before were accepted, and to take T(k) = draft_d(k) + verify(k + 1).
+The policy picks the drafter and k (k = 0 is a plain step) with the highest
+E(k) / T(k). Acceptance rates and costs start from a short calibration at load
+and follow what the steps actually measure, so the choice adapts to the
+machine, the pair and the text: n-gram drafts cost almost nothing and are used
+whenever they have a match; a draft model is used only where it wins.
+"""
+
+from dataclasses import dataclass, field
+from time import perf_counter
+
+from ..events import Step
+from .backend import Context
+from .drafters import Draft, ModelDrafter, NgramDrafter
+
+LEARNING_RATE = 0.2  # weight of each new observation in the running estimates
+PRIOR_ACCEPTANCE = {"ngram": 0.5, "draft": 0.8}
+# Plain steps in a row before trying the draft model again, to keep its estimates fresh. Each try
+# first feeds the draft model every token since its last use, so tries are kept rare.
+EXPLORE_AFTER = 256
+EXPLORE_LENGTH = 3
+CALIBRATION_TOKEN = 1
+
+
+@dataclass
+class Estimate:
+    """A running mean that starts from a prior and follows new observations."""
+
+    value: float
+
+    def update(self, observed: float) -> None:
+        self.value += LEARNING_RATE * (observed - self.value)
+
+
+@dataclass
+class Costs:
+    """Seconds for the target to verify n tokens in one batch, and for the draft model to draft k."""
+
+    verify: dict[int, Estimate] = field(default_factory=dict)
+    draft: dict[int, Estimate] = field(default_factory=dict)
+
+    def verify_seconds(self, n: int) -> float:
+        return _interpolate(self.verify, n)
+
+    def draft_seconds(self, k: int) -> float:
+        return _interpolate(self.draft, k) if k else 0.0
+
+
+def _interpolate(table: dict[int, Estimate], n: int) -> float:
+    if n in table:
+        return table[n].value
+    below = max((m for m in table if m < n), default=None)
+    above = min((m for m in table if m > n), default=None)
+    if below is None:
+        return table[above].value * n / above
+    if above is None:
+        return table[below].value * n / below
+    share = (n - below) / (above - below)
+    return table[below].value + share * (table[above].value - table[below].value)
+
+
+def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
+    """Time a few target batches and draft-model tokens on throwaway positions; leaves both caches empty."""
+    costs = Costs()
+    sizes = sorted({1, 2, max(2, max_batch // 2), max_batch})
+    for n in sizes:
+        costs.verify[n] = Estimate(_time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target))
+    if draft is not None:
+        per_token = _time(lambda: draft.decode([CALIBRATION_TOKEN], logits="last"), draft)
+        costs.draft[1] = Estimate(per_token)
+    return costs
+
+
+def _time(decode, context: Context, repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        context.truncate(0)
+        started = perf_counter()
+        decode()
+        best = min(best, perf_counter() - started)
+    context.truncate(0)
+    return best
+
+
+class AutoDrafter:
+    """Chooses each step between plain decoding, n-gram lookup and the draft model (if any)."""
+
+    name = "auto"
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, costs: Costs):
+        self.ngram = ngram
+        self.model = model
+        self.costs = costs
+        # per drafter, per draft position: P(accepted | the positions before were accepted)
+        self.acceptance: dict[str, list[Estimate]] = {"ngram": [], "draft": []}
+        self.plain_streak = 0
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.ngram.begin(prompt, sampling, rng)
+        if self.model:
+            self.model.begin(prompt, sampling, rng)
+
+    def propose(self, history, k) -> Draft:
+        best_rate, choice = 1 / self.costs.verify_seconds(1), (None, 0)
+        lookup = self.ngram.propose(history, k)
+        for length in range(1, len(lookup.tokens) + 1):
+            rate = self.expected_tokens("ngram", length) / self.costs.verify_seconds(length + 1)
+            if rate > best_rate:
+                best_rate, choice = rate, ("ngram", length)
+        if self.model:
+            for length in range(1, k + 1):
+                seconds = self.costs.draft_seconds(length) + self.costs.verify_seconds(length + 1)
+                rate = self.expected_tokens("draft", length) / seconds
+                if rate > best_rate:
+                    best_rate, choice = rate, ("draft", length)
+            if choice[0] is None and self.plain_streak >= EXPLORE_AFTER and k:
+                choice = ("draft", min(k, EXPLORE_LENGTH))  # several positions, to learn more than the first
+        source, length = choice
+        self.plain_streak = self.plain_streak + 1 if source is None else 0
+        if source == "ngram":
+            return Draft(lookup.tokens[:length], source="ngram")
+        if source == "draft":
+            return self.model.propose(history, length)
+        return Draft()
+
+    def expected_tokens(self, source: str, k: int) -> float:
+        expected, reach = 1.0, 1.0
+        for position in range(k):
+            reach *= self._acceptance(source, position).value
+            expected += reach
+        return expected
+
+    def _acceptance(self, source: str, position: int) -> Estimate:
+        rates = self.acceptance[source]
+        while len(rates) <= position:
+            rates.append(Estimate(PRIOR_ACCEPTANCE[source]))
+        return rates[position]
+
+    def observe(self, step: Step) -> None:
+        n = step.drafted + 1
+        self.costs.verify.setdefault(n, Estimate(self.costs.verify_seconds(n))).update(step.verify_seconds)
+        if step.drafter not in self.acceptance or not step.drafted:
+            return
+        # Position i was tried only if all before it were accepted.
+        for position in range(min(step.accepted + 1, step.drafted)):
+            self._acceptance(step.drafter, position).update(1.0 if position < step.accepted else 0.0)
+        if step.drafter == "draft":
+            k = step.drafted
+            self.costs.draft.setdefault(k, Estimate(self.costs.draft_seconds(k))).update(step.draft_seconds)

@@ -1,0 +1,82 @@
+"""The auto policy's choices on synthetic costs: pure logic, no model."""
+
+import pytest
+
+from localspec.config import Sampling
+from localspec.engine.drafters import Draft, NgramDrafter
+from localspec.engine.policy import AutoDrafter, Costs, Estimate
+from localspec.events import Step
+
+
+class FakeModel:
+    name = "draft"
+
+    def __init__(self):
+        self.asked = []
+
+    def begin(self, prompt, sampling, rng):
+        pass
+
+    def propose(self, history, k):
+        self.asked.append(k)
+        return Draft([7] * k, source="draft")
+
+
+def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
+    return Costs(verify={n: Estimate(s) for n, s in verify.items()}, draft={1: Estimate(draft_per_token)})
+
+
+GPU_LIKE = {1: 0.020, 9: 0.022}  # verifying 8 more tokens costs almost nothing
+CPU_LIKE = {1: 0.065, 2: 0.110, 4: 0.125, 9: 0.240}  # measured on the 2-core dev box, Qwen 1.5B
+
+
+def policy(verify, draft_per_token, model=True):
+    auto = AutoDrafter(NgramDrafter(2, 4), FakeModel() if model else None, costs(verify, draft_per_token))
+    auto.begin([1, 2, 3], Sampling(), None)
+    return auto
+
+
+def test_expected_tokens_is_one_plus_the_chain_of_acceptances():
+    auto = policy(CPU_LIKE, 0.04)
+    auto.acceptance["draft"] = [Estimate(0.9), Estimate(0.5)]
+    assert auto.expected_tokens("draft", 2) == pytest.approx(1 + 0.9 + 0.45)
+
+
+def test_cheap_verification_drafts_several_tokens_with_the_draft_model():
+    auto = policy(GPU_LIKE, 0.002)
+    draft = auto.propose([1, 2, 3, 4], 8)
+    # prior acceptance 0.8: the expected gain per extra token shrinks geometrically, the cost does not
+    assert draft.source == "draft" and 4 <= len(draft.tokens) <= 8
+    auto.acceptance["draft"] = [Estimate(0.99) for _ in range(8)]
+    assert len(auto.propose([1, 2, 3, 4], 8).tokens) == 8
+
+
+def test_expensive_verification_and_drafting_fall_back_to_plain_decoding():
+    auto = policy(CPU_LIKE, 0.040)
+    assert auto.propose([1, 2, 3, 4], 8).tokens == []
+    assert auto.model.asked == []
+
+
+def test_an_ngram_match_is_used_when_verifying_it_pays():
+    auto = policy(CPU_LIKE, 0.040)
+    auto.acceptance["ngram"] = [Estimate(0.95) for _ in range(8)]
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    draft = auto.propose(history, 8)
+    assert draft.source == "ngram" and draft.tokens == [8, 9, 10, 11, 12, 13, 5, 6][: len(draft.tokens)]
+    assert len(draft.tokens) >= 3
+
+
+def test_observations_move_acceptance_and_costs_for_positions_actually_tried():
+    auto = policy(CPU_LIKE, 0.040)
+    auto.observe(Step("draft", drafted=4, accepted=1, draft_seconds=0.2, verify_seconds=0.13))
+    rates = [e.value for e in auto.acceptance["draft"]]
+    assert rates[0] > 0.8 and rates[1] < 0.8  # position 1 accepted, position 2 rejected
+    assert rates[2:] == [] or all(r == 0.8 for r in rates[2:])  # positions 3 and 4 were never reached
+    assert auto.costs.verify_seconds(5) != pytest.approx(0.125 + 0.115 / 5)  # n=5 was observed
+    assert auto.costs.draft_seconds(4) < 0.2
+
+
+def test_a_long_plain_streak_triggers_a_short_exploration_of_the_draft_model():
+    auto = policy(CPU_LIKE, 0.040)
+    choices = [auto.propose([1, 2, 3, 4], 8).source for _ in range(300)]
+    assert choices.count("draft") == 1 and auto.model.asked == [3]
