@@ -10,6 +10,7 @@ import typer
 
 from . import __version__, compat, download, gguf_meta, hardware, paths, registry, tui
 from . import batch as batch_runner
+from . import bench as bench_runner
 from . import chat as chat_loop
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
@@ -377,6 +378,65 @@ def _read_lines(source: str) -> list[str]:
         return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as error:
         raise InputError(f"{where} is not UTF-8 text (byte {error.start})") from None
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval --limit 10\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval,mtbench --modes plain,auto"
+        " --json bench.json --plot bench.png"
+    )
+)
+def bench(
+    target: TargetArgument,
+    draft: DraftOption = None,
+    prompts: Annotated[
+        str, typer.Option("--prompts", help="Comma-separated prompt sets: humaneval, mtbench, or files (JSONL"
+                          " with 'prompt', or one prompt a line).")
+    ] = "humaneval",
+    modes: Annotated[
+        str, typer.Option("--modes", help="Comma-separated: plain, ngram, draft (needs --draft MODEL), auto.")
+    ] = "plain,ngram,draft,auto",
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
+                                                 show_default=False)] = 10,
+    draft_max: Annotated[Optional[int], typer.Option("--draft-max", help="Most tokens drafted per step, in every"
+                                                     " mode. Default: 3 for ngram and draft, 8 for auto.",
+                                                     show_default=False)] = None,
+    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
+    max_tokens: MaxTokensOption = 128,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 (greedy) makes runs comparable.")] = 0.0,
+    seed: SeedOption = 0,
+    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
+    threads: ThreadsOption = 0,
+    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
+    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here as JSON.",
+                                                      show_default=False)] = None,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Also draw tokens/s per mode to this PNG.",
+                                                      show_default=False)] = None,
+    offline: OfflineOption = False,
+):
+    """Compare plain decoding, n-gram and draft-model speculation and the auto policy on the same prompts.
+
+    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV caches.
+    """
+    sampling, speculation, runtime = build_config(temp, DEFAULT_SAMPLING.top_k, DEFAULT_SAMPLING.top_p,
+                                                  DEFAULT_SAMPLING.min_p, seed, "auto", None,
+                                                  DEFAULT_SPECULATION.draft_min, p_min,
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+    chosen_modes = [m.strip() for m in modes.split(",") if m.strip()]
+    sets = {name.strip(): bench_runner.load_prompts(name.strip(), limit) for name in prompts.split(",") if name.strip()}
+    with open_session(target, draft or NGRAM, runtime, speculation, offline, tui.download_progress()) as session:
+        with tui.err.status("benchmarking") as status:
+            rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),
+                                    lambda text: status.update(f"benchmarking: {text}"), draft_max)
+    tui.bench_table(rows)
+    if json_file:
+        json_file.write_text(json.dumps({"target": target, "draft": draft, "max_tokens": max_tokens,
+                                         "temperature": temp, "results": rows}, indent=2) + "\n")
+    if plot_file:
+        bench_runner.plot(rows, plot_file)
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")

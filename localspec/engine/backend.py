@@ -8,6 +8,7 @@ until the next decode on that context, never copied.
 import ctypes
 import os
 import sys
+from time import perf_counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -123,6 +124,7 @@ class Context:
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self._n_vocab = model.n_vocab
         self.tokens: list[int] = []
+        self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
 
     def decode(self, tokens: Sequence[int], logits: str) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
@@ -145,7 +147,9 @@ class Context:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
+            started = perf_counter()
             status = llama.llama_decode(self._ctx, batch)
+            self.busy_seconds += perf_counter() - started
             if status != 0:
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
