@@ -42,6 +42,7 @@ class Tally:
     accepted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    decided: int = 0  # tokens the target settled, the end-of-generation token included
     plain_steps: int = 0
     plain_step_seconds: float = 0.0
     last_drafted: int = 0
@@ -63,6 +64,7 @@ class Tally:
             self.draft_seconds += event.draft_seconds
             self.verify_seconds += event.verify_seconds
             self.last_drafted = event.drafted
+            self.decided += event.accepted + 1
             if event.drafted == 0:
                 self.plain_steps += 1
                 self.plain_step_seconds += event.verify_seconds
@@ -96,4 +98,5 @@ class Tally:
         spent = self.draft_seconds + self.verify_seconds
         if not self.plain_steps or not spent:
             return None
-        return self.plain_step_seconds / self.plain_steps * self.tokens / spent
+        # plain decoding would have spent one plain step on every token the target settled
+        return self.plain_step_seconds / self.plain_steps * self.decided / spent

@@ -26,6 +26,13 @@ def test_summary_is_a_fold_over_events():
     assert s.estimated_speedup == pytest.approx(0.10 / 0.08)
 
 
+def test_a_plain_run_is_estimated_at_exactly_one():
+    tally = Tally()
+    for event in [Step("none", 0, 0, 0.0, 0.05), Token(1, "a", False), Step("none", 0, 0, 0.0, 0.05)]:
+        tally.add(event)  # the second step settled the end-of-generation token: no Token event
+    assert tally.summary(0.1).estimated_speedup == pytest.approx(1.0)
+
+
 def test_empty_summary_has_no_division_by_zero():
     s = Tally().summary(decode_seconds=0.0)
     assert s.acceptance_rate == 0.0 and s.mean_accepted_length == 0.0 and s.tokens_per_second == 0.0
