@@ -1,0 +1,125 @@
+"""localspec beside llama.cpp's own llama-speculative-simple, on the same prompts, in one run.
+
+    python scripts/anchor.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
+                             [--prompts humaneval,mtbench] [--limit 5] [--max-tokens 128]
+
+llama-speculative-simple is built from the llama.cpp sources vendored in the
+llama-cpp-python sdist we pin (the same llama.cpp commit as our binding), once,
+into the localspec cache; nothing built is committed. Each prompt is rendered
+with the target's chat template and given to both, greedy, same draft length,
+p-min and thread count. Runs are interleaved prompt by prompt. Prints one table
+of tokens/s and ratios.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from localspec import bench, download, paths, registry
+from localspec.chat_template import render
+from localspec.config import Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.events import Done
+from localspec.session import Session
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # see README: ggml's AMX kernels crash on this CPU
+DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+DRAFTED = re.compile(r"n_drafted = (\d+)")
+ACCEPTED = re.compile(r"n_accept\s+= (\d+)")
+
+
+def build_anchor() -> Path:
+    root = paths.models_dir().parent / "anchor"
+    binary = root / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "build" / "bin" / "llama-speculative-simple"
+    if binary.exists():
+        return binary
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+                        "-d", scratch, LLAMA_CPP_PYTHON], check=True)
+        with tarfile.open(next(Path(scratch).glob("*.tar.gz"))) as sdist:
+            sdist.extractall(root, filter="data")
+    source = binary.parents[2]
+    flags = NO_AMX if os.uname().machine == "x86_64" else ""
+    print(f"building llama-speculative-simple in {source} (a few minutes)...", file=sys.stderr)
+    subprocess.run(["cmake", "-S", source, "-B", source / "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", f"-DCMAKE_C_FLAGS={flags}",
+                    f"-DCMAKE_CXX_FLAGS={flags}"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", source / "build", "--target", "llama-speculative-simple", "-j",
+                    str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
+    return binary
+
+
+def run_anchor(binary: Path, target: Path, draft: Path, prompt: str, args) -> tuple[int, float, int, int]:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt)
+    try:
+        done = subprocess.run(
+            [binary, "-m", target, "-md", draft, "-f", f.name, "-n", str(args.max_tokens), "--spec-draft-n-max",
+             str(args.draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min), "--temp", "0",
+             "--spec-type", "draft-simple", "-t", str(args.threads), "-c", "4096"],
+            capture_output=True, text=True, check=True,
+        )
+    finally:
+        os.unlink(f.name)
+    log = done.stdout + done.stderr
+    tokens, seconds = DECODED.search(log).groups()
+    return int(tokens), float(seconds), int(DRAFTED.search(log)[1]), int(ACCEPTED.search(log)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--prompts", default="humaneval,mtbench")
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-max", type=int, default=3)
+    parser.add_argument("--p-min", type=float, default=0.6)
+    parser.add_argument("--threads", type=int, default=default_threads())
+    args = parser.parse_args()
+
+    binary = build_anchor()
+    target = download.locate(registry.resolve(args.target))
+    draft = download.locate(registry.resolve(args.draft))
+    fixed = Speculation("fixed", draft_max=args.draft_max, p_min=args.p_min)
+    modes = {"plain": ("plain", fixed), "fixed": ("draft", fixed), "auto": ("auto", Speculation("auto", p_min=args.p_min))}
+    totals: dict[tuple[str, str], list[float]] = {}
+    with Session(target, str(draft), Runtime(threads=args.threads), fixed) as session:
+        template = session.target_model.chat_template()
+        bos, eos = session.target_model.special_text("bos"), session.target_model.special_text("eos")
+        for name in args.prompts.split(","):
+            for number, prompt in enumerate(bench.load_prompts(name, args.limit), start=1):
+                text = render(template, [{"role": "user", "content": prompt}], bos, eos)
+                print(f"{name} {number}/{args.limit}", file=sys.stderr)
+                tokens, seconds, _, _ = run_anchor(binary, target, draft, text, args)
+                totals.setdefault((name, "llama.cpp"), [0, 0.0])
+                totals[(name, "llama.cpp")][0] += tokens
+                totals[(name, "llama.cpp")][1] += seconds
+                prompt_tokens = session.chat_tokens([{"role": "user", "content": prompt}])
+                for label, (mode, speculation) in modes.items():
+                    session.use(mode, speculation)
+                    session.reset()
+                    events = session.generate(prompt_tokens, Sampling(temperature=0), Limits(max_tokens=args.max_tokens))
+                    done = next(e for e in events if isinstance(e, Done))
+                    entry = totals.setdefault((name, label), [0, 0.0])
+                    entry[0] += done.summary.tokens
+                    entry[1] += done.summary.decode_seconds
+
+    print("| prompt set | llama.cpp draft-simple tok/s | plain tok/s | fixed tok/s | auto tok/s |"
+          " fixed / llama.cpp | auto / llama.cpp | auto / plain |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.prompts.split(","):
+        speed = {label: t / s for (n, label), (t, s) in totals.items() if n == name}
+        print(f"| {name} | {speed['llama.cpp']:.2f} | {speed['plain']:.2f} | {speed['fixed']:.2f} | {speed['auto']:.2f}"
+              f" | {speed['fixed'] / speed['llama.cpp']:.2f}x | {speed['auto'] / speed['llama.cpp']:.2f}x"
+              f" | {speed['auto'] / speed['plain']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
