@@ -80,3 +80,11 @@ def test_a_long_plain_streak_triggers_a_short_exploration_of_the_draft_model():
     auto = policy(CPU_LIKE, 0.040)
     choices = [auto.propose([1, 2, 3, 4], 8).source for _ in range(300)]
     assert choices.count("draft") == 1 and auto.model.asked == [3]
+
+
+def test_an_ngram_match_passed_over_repeatedly_is_tried_again():
+    auto = policy(CPU_LIKE, 0.040, model=False)
+    auto.acceptance["ngram"] = [Estimate(0.1) for _ in range(8)]  # after a bad patch
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    sources = [auto.propose(history, 8).source for _ in range(8)]
+    assert sources == ["none"] * 7 + ["ngram"]

@@ -27,6 +27,9 @@ PRIOR_ACCEPTANCE = {"ngram": 0.5, "draft": 0.8}
 # first feeds the draft model every token since its last use, so tries are kept rare.
 EXPLORE_AFTER = 256
 EXPLORE_LENGTH = 3
+# An n-gram match passed over this many times in a row is tried anyway: its estimate can only
+# recover by being tried, and a miss costs one slightly larger verification batch.
+NGRAM_RETRY_AFTER = 8
 CALIBRATION_TOKEN = 1
 
 
@@ -102,6 +105,7 @@ class AutoDrafter:
         # per drafter, per draft position: P(accepted | the positions before were accepted)
         self.acceptance: dict[str, list[Estimate]] = {"ngram": [], "draft": []}
         self.plain_streak = 0
+        self.ngram_passed_over = 0
 
     def begin(self, prompt, sampling, rng) -> None:
         self.ngram.begin(prompt, sampling, rng)
@@ -115,6 +119,10 @@ class AutoDrafter:
             rate = self.expected_tokens("ngram", length) / self.costs.verify_seconds(length + 1)
             if rate > best_rate:
                 best_rate, choice = rate, ("ngram", length)
+        if lookup.tokens and choice[0] is None:
+            self.ngram_passed_over += 1
+            if self.ngram_passed_over >= NGRAM_RETRY_AFTER:
+                choice = ("ngram", min(len(lookup.tokens), EXPLORE_LENGTH))
         if self.model:
             for length in range(1, k + 1):
                 seconds = self.costs.draft_seconds(length) + self.costs.verify_seconds(length + 1)
@@ -125,6 +133,8 @@ class AutoDrafter:
                 choice = ("draft", min(k, EXPLORE_LENGTH))  # several positions, to learn more than the first
         source, length = choice
         self.plain_streak = self.plain_streak + 1 if source is None else 0
+        if source == "ngram":
+            self.ngram_passed_over = 0
         if source == "ngram":
             return Draft(lookup.tokens[:length], source="ngram")
         if source == "draft":
