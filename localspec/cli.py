@@ -392,7 +392,8 @@ def bench(
     target: TargetArgument,
     draft: DraftOption = None,
     prompts: Annotated[
-        str, typer.Option("--prompts", help="Comma-separated prompt sets: humaneval, mtbench, or files (JSONL"
+        str, typer.Option("--prompts", help="Comma-separated prompt sets: humaneval, humaneval-edit (edit given"
+                          " code: input-grounded), mtbench, or files (JSONL"
                           " with 'prompt', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[

@@ -71,3 +71,5 @@ def test_named_prompt_sets_come_from_their_packages():
     assert len(humaneval) == 3 and "def has_close_elements" in humaneval[0]
     mtbench = bench.load_prompts("mtbench", 2)
     assert "travel blog post" in mtbench[0]
+    edit = bench.load_prompts("humaneval-edit", 1)[0]
+    assert "def has_close_elements" in edit and "for idx, elem in enumerate(numbers)" in edit
