@@ -446,8 +446,9 @@ def pull(
     draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one).", show_default=False)] = None,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
-    target = registry.resolve(name)
-    wanted = [target] + ([registry.resolve_draft(draft, target)] if draft else [])
+    models = registry.load()
+    target = registry.resolve(name, models)
+    wanted = [target] + ([registry.resolve_draft(draft, target, models)] if draft else [])
     for item in wanted:
         if item == NGRAM:
             continue
@@ -489,8 +490,9 @@ def check(
     offline: OfflineOption = False,
 ):
     """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
-    resolved = registry.resolve(target)
-    resolved_draft = registry.resolve_draft(draft, resolved)
+    models = registry.load()
+    resolved = registry.resolve(target, models)
+    resolved_draft = registry.resolve_draft(draft, resolved, models)
     if resolved_draft == NGRAM:
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
     progress = tui.download_progress()

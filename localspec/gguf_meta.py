@@ -172,12 +172,16 @@ class _Reader:
             self.fail(f"a string at byte {self.at - len(raw)} is not UTF-8")
 
     def string_bytes(self) -> bytes:
+        start = self.skip_string()
+        return self.data[start : self.at]
+
+    def skip_string(self) -> int:
+        """Move past a length-prefixed string without copying it; returns where its bytes start."""
         length = self.take("<Q")
         if self.at + length > self.size:
             self.fail(f"file is truncated (a string of {length} bytes runs past the end)")
-        raw = self.data[self.at : self.at + length]
         self.at += length
-        return raw
+        return self.at - length
 
     def value(self, value_type: int):
         if value_type in _SCALAR_FORMATS:
@@ -200,7 +204,7 @@ class _Reader:
             if count > (self.size - start) // 8:
                 self.fail(f"an array claims {count} strings, more than the file holds")
             for _ in range(count):
-                self.at += 8 + self._string_length()
+                self.skip_string()
         elif item_type == gguf.GGUFValueType.ARRAY:
             if count > (self.size - start) // 12:
                 self.fail(f"an array claims {count} arrays, more than the file holds")
@@ -209,14 +213,6 @@ class _Reader:
         else:
             self.fail(f"unknown array item type {item_type}")
         return RawArray(item_type, count, start, self.at)
-
-    def _string_length(self) -> int:
-        if self.at + 8 > self.size:
-            self.fail("file is truncated inside a string array")
-        (length,) = struct.unpack_from("<Q", self.data, self.at)
-        if self.at + 8 + length > self.size:
-            self.fail(f"file is truncated (a string of {length} bytes runs past the end)")
-        return length
 
     def info(self) -> GGUFInfo:
         if self.data[:4] != MAGIC:

@@ -33,13 +33,14 @@ def open_session(
 
     draft: None for plain decoding, "ngram", or anything registry.resolve_draft accepts.
     """
-    resolved_target = registry.resolve(target)
+    models = registry.load()
+    resolved_target = registry.resolve(target, models)
     target_path = download.locate(resolved_target, offline, progress)
     target_info = gguf_meta.read(target_path)
     draft_arg = None
     infos = [target_info]
     if draft is not None:
-        resolved_draft = registry.resolve_draft(draft, resolved_target)
+        resolved_draft = registry.resolve_draft(draft, resolved_target, models)
         if resolved_draft == NGRAM:
             draft_arg = NGRAM
         else:
@@ -47,17 +48,17 @@ def open_session(
             draft_info = gguf_meta.read(draft_path)
             report = compat.check(target_info, draft_info)
             if not report.compatible:
-                raise IncompatibleDraft(_refusal(report, resolved_target), report)
+                raise IncompatibleDraft(_refusal(report, resolved_target, models), report)
             infos.append(draft_info)
             draft_arg = str(draft_path)
     hardware.check_fit(infos, runtime.ctx_size)
     return Session(target_path, draft_arg, runtime, speculation)
 
 
-def _refusal(report: compat.CompatReport, target) -> str:
+def _refusal(report: compat.CompatReport, target, models: dict) -> str:
     message = f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()}"
     if isinstance(target, registry.ModelEntry):
-        drafts = registry.compatible_drafts(target)
+        drafts = registry.compatible_drafts(target, models)
         if drafts:
             message += f". Drafts that share its tokenizer: {', '.join(d.name for d in drafts)}"
     return message

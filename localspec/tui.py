@@ -159,7 +159,11 @@ class LiveView:
         panel = stats_panel(self.tally.summary(time.perf_counter() - self.started), "generating", self.tally.last_drafted)
         panel_height = len(self.console.render_lines(panel, self.console.options))
         room = max(self.console.height - panel_height - 1, 3)
-        lines = self.text.wrap(self.console, self.console.width)
+        # Wrap only the tail that can show, from the start of its first logical line so it wraps as
+        # the whole text would: the cost per step must not grow with the length of the output.
+        plain = self.text.plain
+        start = plain.rfind("\n", 0, max(len(plain) - room * self.console.width, 0)) + 1
+        lines = self.text[start:].wrap(self.console, self.console.width)
         return Group(*lines[-room:], panel)
 
 

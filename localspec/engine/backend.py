@@ -168,16 +168,18 @@ class Context:
             raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens")
         del self.tokens[n_keep:]
 
-    def prefill(self, tokens: Sequence[int]) -> int:
+    def prefill(self, tokens: Sequence[int], logits: str = "none", agreed: int = 0) -> int:
         """Make the cache hold exactly `tokens`, keeping the prefix it already has in common
-        (a chat's earlier turns). Returns how many cached tokens were reused."""
-        keep = 0
-        limit = min(len(self.tokens), len(tokens))
+        (a chat's earlier turns, a draft's accepted tokens). Returns how many cached tokens
+        were reused. `agreed`: tokens known to match already, so comparing starts there.
+        With logits="last" the final token is always decoded, since its logits are wanted."""
+        keep = agreed
+        limit = min(len(self.tokens), len(tokens) - (logits == "last"))
         while keep < limit and self.tokens[keep] == tokens[keep]:
             keep += 1
         self.truncate(keep)
         if keep < len(tokens):
-            self.decode(tokens[keep:], logits="none")
+            self.decode(tokens[keep:], logits=logits)
         return keep
 
     def close(self) -> None:

@@ -142,14 +142,7 @@ class ModelDrafter:
         """Drop drafted tokens the target rejected and feed what the draft has not seen.
 
         Everything before `agreed` was committed earlier, so only the few tokens
-        after it need comparing. At least the last history token is always fed,
-        since its logits start the next draft.
+        after it need comparing; the last history token's logits start the next draft.
         """
-        cached = self.context.tokens
-        keep = self.agreed
-        limit = min(len(cached), len(history) - 1)
-        while keep < limit and cached[keep] == history[keep]:
-            keep += 1
-        self.context.truncate(keep)
-        self.context.decode(history[keep:], logits="last")
+        self.context.prefill(history, logits="last", agreed=self.agreed)
         self.agreed = len(history)
