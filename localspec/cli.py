@@ -3,6 +3,8 @@
 import json
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,9 +16,10 @@ from . import bench as bench_runner
 from . import chat as chat_loop
 from .config import Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
-from .events import Done, Token
+from .events import Done, Prefill, Token
 from .registry import NGRAM
 from .session import open_session
+from .stats import Summary, Tally
 
 app = typer.Typer(
     help="Local GGUF inference with lossless speculative decoding.",
@@ -189,17 +192,19 @@ def run(
 
     with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
         events = session.generate(session.tokenize(text, raw), sampling, limits)
-        if as_json:
-            done = _last(events)
-            print(json.dumps({"text": done.text, "finish_reason": done.finish_reason, "stats": done.summary.as_dict()}))
-        elif sys.stdout.isatty() and not quiet:
+        if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color) as view:
-                for event in events:
+                for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
-        else:
-            done = _stream_plain(events)
-            if not quiet:
-                print(summary_line(done), file=sys.stderr)
+            return
+        outcome = _consume(events, show=not as_json)
+        if as_json:
+            print(json.dumps({"text": outcome.text, "finish_reason": outcome.finish_reason,
+                              "stats": outcome.summary.as_dict()}))
+        elif not quiet:
+            print(summary_line(outcome), file=sys.stderr)
+        if outcome.finish_reason == INTERRUPTED:
+            raise typer.Exit(130)
 
 
 @app.command(
@@ -248,32 +253,54 @@ def chat(
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 
 
-def _last(events) -> Done:
-    for event in events:
-        if isinstance(event, Done):
-            return event
+INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    text: str
+    finish_reason: str
+    summary: Summary
+
+
+def _consume(events, show: bool) -> Outcome:
+    """Run a generation to its end, writing its text to stdout if `show`.
+
+    Ctrl-C ends it early with what was produced so far, so the caller can still report it.
+    """
+    tally = Tally()
+    text = ""
+    decode_started = time.perf_counter()
+    try:
+        for event in events:
+            tally.add(event)
+            if isinstance(event, Prefill):
+                decode_started = time.perf_counter()
+            elif isinstance(event, Token):
+                text += event.text
+                _write(event.text, show)
+            elif isinstance(event, Done):
+                _write(event.tail if event.text.endswith("\n") else event.tail + "\n", show)
+                return Outcome(event.text, event.finish_reason, event.summary)
+    except KeyboardInterrupt:
+        _write("\n", show)
+        return Outcome(text, INTERRUPTED, tally.summary(time.perf_counter() - decode_started))
     raise AssertionError("generation ended without a Done event")
 
 
-def _stream_plain(events) -> Done:
-    for event in events:
-        if isinstance(event, Token) and event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        if isinstance(event, Done):
-            sys.stdout.write(event.tail if event.text.endswith("\n") else event.tail + "\n")
-            sys.stdout.flush()
-            return event
-    raise AssertionError("generation ended without a Done event")
+def _write(text: str, show: bool) -> None:
+    if show and text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
-def summary_line(done: Done) -> str:
-    s = done.summary
+def summary_line(outcome: Outcome) -> str:
+    s = outcome.summary
     return (
         f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
         f" {s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%}),"
         f" {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
-        f" {s.prefill_seconds:.2f} s; finish: {done.finish_reason}"
+        f" {s.prefill_seconds:.2f} s; finish: {outcome.finish_reason}"
     )
 
 

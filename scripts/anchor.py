@@ -1,14 +1,16 @@
 """localspec beside llama.cpp's own llama-speculative-simple, on the same prompts, in one run.
 
     python scripts/anchor.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
-                             [--prompts humaneval,mtbench] [--limit 5] [--max-tokens 128]
+                             [--prompts humaneval,mtbench,humaneval-edit] [--limit 5] [--max-tokens 128]
 
 llama-speculative-simple is built from the llama.cpp sources vendored in the
 llama-cpp-python sdist we pin (the same llama.cpp commit as our binding), once,
 into the localspec cache; nothing built is committed. Each prompt is rendered
-with the target's chat template and given to both, greedy, same draft length,
-p-min and thread count. Runs are interleaved prompt by prompt. Prints one table
-of tokens/s and ratios.
+with the target's chat template and given to both, greedy, same thread count:
+llama.cpp with a draft model (draft-simple, same draft length and p-min as our
+fixed policy) and with n-gram lookup (ngram-simple, its own defaults); localspec
+plain, fixed draft model, fixed n-gram and auto. Runs are interleaved prompt by
+prompt. Prints one table of tokens/s and ratios.
 """
 
 import argparse
@@ -29,8 +31,6 @@ from localspec.session import Session
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # see README: ggml's AMX kernels crash on this CPU
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-DRAFTED = re.compile(r"n_drafted = (\d+)")
-ACCEPTED = re.compile(r"n_accept\s+= (\d+)")
 
 
 def build_anchor() -> Path:
@@ -55,28 +55,33 @@ def build_anchor() -> Path:
     return binary
 
 
-def run_anchor(binary: Path, target: Path, draft: Path, prompt: str, args) -> tuple[int, float, int, int]:
+def run_anchor(binary: Path, target: Path, draft: Path | None, prompt: str, args) -> tuple[int, float]:
+    """Tokens decoded and seconds taken by llama-speculative-simple: draft-simple with a draft
+    model, ngram-simple without."""
+    if draft is None:
+        speculation = ["--spec-type", "ngram-simple"]
+    else:
+        speculation = ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(args.draft_max),
+                       "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     try:
         done = subprocess.run(
-            [binary, "-m", target, "-md", draft, "-f", f.name, "-n", str(args.max_tokens), "--spec-draft-n-max",
-             str(args.draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min), "--temp", "0",
-             "--spec-type", "draft-simple", "-t", str(args.threads), "-c", "4096"],
+            [binary, "-m", target, "-f", f.name, "-n", str(args.max_tokens), "--temp", "0", "-t", str(args.threads),
+             "-c", "4096", *speculation],
             capture_output=True, text=True, check=True,
         )
     finally:
         os.unlink(f.name)
-    log = done.stdout + done.stderr
-    tokens, seconds = DECODED.search(log).groups()
-    return int(tokens), float(seconds), int(DRAFTED.search(log)[1]), int(ACCEPTED.search(log)[1])
+    tokens, seconds = DECODED.search(done.stdout + done.stderr).groups()
+    return int(tokens), float(seconds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--prompts", default="humaneval,mtbench")
+    parser.add_argument("--prompts", default="humaneval,mtbench,humaneval-edit")
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-max", type=int, default=3)
@@ -88,37 +93,43 @@ def main() -> None:
     target = download.locate(registry.resolve(args.target))
     draft = download.locate(registry.resolve(args.draft))
     fixed = Speculation("fixed", draft_max=args.draft_max, p_min=args.p_min)
-    modes = {"plain": ("plain", fixed), "fixed": ("draft", fixed), "auto": ("auto", Speculation("auto", p_min=args.p_min))}
+    modes = {"plain": ("plain", fixed), "fixed": ("draft", fixed), "ngram": ("ngram", fixed),
+             "auto": ("auto", Speculation("auto", p_min=args.p_min))}
     totals: dict[tuple[str, str], list[float]] = {}
+
+    def add(name: str, label: str, tokens: int, seconds: float) -> None:
+        entry = totals.setdefault((name, label), [0, 0.0])
+        entry[0] += tokens
+        entry[1] += seconds
+
     with Session(target, str(draft), Runtime(threads=args.threads), fixed) as session:
         template = session.target_model.chat_template()
         bos, eos = session.target_model.special_text("bos"), session.target_model.special_text("eos")
         for name in args.prompts.split(","):
-            for number, prompt in enumerate(bench.load_prompts(name, args.limit), start=1):
+            prompts = bench.load_prompts(name, args.limit)
+            for number, prompt in enumerate(prompts, start=1):
                 text = render(template, [{"role": "user", "content": prompt}], bos, eos)
-                print(f"{name} {number}/{args.limit}", file=sys.stderr)
-                tokens, seconds, _, _ = run_anchor(binary, target, draft, text, args)
-                totals.setdefault((name, "llama.cpp"), [0, 0.0])
-                totals[(name, "llama.cpp")][0] += tokens
-                totals[(name, "llama.cpp")][1] += seconds
+                print(f"{name} {number}/{len(prompts)}", file=sys.stderr)
+                add(name, "draft-simple", *run_anchor(binary, target, draft, text, args))
+                add(name, "ngram-simple", *run_anchor(binary, target, None, text, args))
                 prompt_tokens = session.chat_tokens([{"role": "user", "content": prompt}])
                 for label, (mode, speculation) in modes.items():
                     session.use(mode, speculation)
                     session.reset()
                     events = session.generate(prompt_tokens, Sampling(temperature=0), Limits(max_tokens=args.max_tokens))
                     done = next(e for e in events if isinstance(e, Done))
-                    entry = totals.setdefault((name, label), [0, 0.0])
-                    entry[0] += done.summary.tokens
-                    entry[1] += done.summary.decode_seconds
+                    add(name, label, done.summary.tokens, done.summary.decode_seconds)
 
-    print("| prompt set | llama.cpp draft-simple tok/s | plain tok/s | fixed tok/s | auto tok/s |"
-          " fixed / llama.cpp | auto / llama.cpp | auto / plain |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| prompt set | llama.cpp draft-simple | llama.cpp ngram-simple | localspec plain | localspec fixed draft"
+          " | localspec fixed ngram | localspec auto | fixed / draft-simple | auto / draft-simple | auto / plain"
+          " | ngram-simple / plain |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.prompts.split(","):
         speed = {label: t / s for (n, label), (t, s) in totals.items() if n == name}
-        print(f"| {name} | {speed['llama.cpp']:.2f} | {speed['plain']:.2f} | {speed['fixed']:.2f} | {speed['auto']:.2f}"
-              f" | {speed['fixed'] / speed['llama.cpp']:.2f}x | {speed['auto'] / speed['llama.cpp']:.2f}x"
-              f" | {speed['auto'] / speed['plain']:.2f}x |")
+        print(f"| {name} | {speed['draft-simple']:.2f} | {speed['ngram-simple']:.2f} | {speed['plain']:.2f}"
+              f" | {speed['fixed']:.2f} | {speed['ngram']:.2f} | {speed['auto']:.2f}"
+              f" | {speed['fixed'] / speed['draft-simple']:.2f}x | {speed['auto'] / speed['draft-simple']:.2f}x"
+              f" | {speed['auto'] / speed['plain']:.2f}x | {speed['ngram-simple'] / speed['plain']:.2f}x |")
 
 
 if __name__ == "__main__":

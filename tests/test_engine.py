@@ -235,3 +235,22 @@ def test_a_small_context_lowers_the_batch_and_drafts_stay_within_it(load, prompt
     tokens, events = run(small, drafter, long_prompt, speculation=Speculation(draft_max=30, p_min=0.0))
     assert max(e.drafted for e in events if isinstance(e, Step)) <= 15
     assert len(tokens) == 60
+
+
+def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(load, prompt):
+    from localspec.engine.policy import AutoDrafter, Costs, Estimate
+
+    target, draft = load("target"), load("same")
+    draft.truncate(0)
+
+    def auto(verify_seconds: dict[int, float]) -> AutoDrafter:
+        costs = Costs({n: Estimate(s) for n, s in verify_seconds.items()}, {1: Estimate(0.001)})
+        return AutoDrafter(NgramDrafter(2, 4), ModelDrafter(draft, 0.0, target.model.n_vocab), costs)
+
+    # verification as costly as the tokens it could save: plain steps only, the draft model untouched
+    _, events = run(target, auto({1: 0.05, 9: 0.45}), prompt, limits=Limits(max_tokens=20))
+    assert {e.drafter for e in events if isinstance(e, Step)} == {"none"} and draft.tokens == []
+    # nearly free verification: it drafts, and the draft cache follows the committed tokens
+    tokens, events = run(target, auto({1: 0.05, 9: 0.051}), prompt, limits=Limits(max_tokens=20))
+    assert "draft" in {e.drafter for e in events if isinstance(e, Step)}
+    assert draft.tokens and draft.tokens == (prompt + tokens)[: len(draft.tokens)]

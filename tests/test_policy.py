@@ -1,10 +1,10 @@
-"""The auto policy's choices on synthetic costs: pure logic, no model."""
+"""The auto policy: its choices on synthetic costs (pure logic), and calibration on a tiny model."""
 
 import pytest
 
 from localspec.config import Sampling
 from localspec.engine.drafters import Draft, NgramDrafter
-from localspec.engine.policy import AutoDrafter, Costs, Estimate
+from localspec.engine.policy import AutoDrafter, Costs, Estimate, calibrate
 from localspec.events import Step
 
 
@@ -15,6 +15,9 @@ class FakeModel:
         self.asked = []
 
     def begin(self, prompt, sampling, rng):
+        pass
+
+    def catch_up(self, history):
         pass
 
     def propose(self, history, k):
@@ -89,3 +92,13 @@ def test_an_ngram_match_passed_over_repeatedly_is_tried_again():
     history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
     sources = [auto.propose(history, 8).source for _ in range(8)]
     assert sources == ["none"] * 7 + ["ngram"]
+
+
+def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
+    target, draft = load("target"), load("same")
+    target.prefill([1, 2, 3])
+    costs = calibrate(target, draft, max_batch=9)
+    assert sorted(costs.verify) == [1, 2, 4, 8] and list(costs.draft) == [1]
+    assert all(e.value > 0 for e in costs.verify.values())
+    assert target.tokens == [] and draft.tokens == []
+    assert costs.verify_seconds(9) == pytest.approx(costs.verify[8].value * 9 / 8)

@@ -110,7 +110,7 @@ class ModelDrafter:
     def propose(self, history, k) -> Draft:
         if k == 0:
             return Draft(source=self.name)
-        self._catch_up(history)
+        self.catch_up(history)
         tokens: list[int] = []
         dists: list[Dist] = []
         logits = self.context.logits(-1)
@@ -138,7 +138,7 @@ class ModelDrafter:
     def observe(self, step) -> None:
         pass
 
-    def _catch_up(self, history: list[int]) -> None:
+    def catch_up(self, history: list[int]) -> None:
         """Drop drafted tokens the target rejected and feed what the draft has not seen.
 
         Everything before `agreed` was committed earlier, so only the few tokens
