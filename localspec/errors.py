@@ -29,6 +29,12 @@ class FetchError(LocalspecError):
     exit_code = 3
 
 
+class DownloadInterrupted(FetchError):
+    """Ctrl-C during a download: what arrived is kept for the next attempt to resume."""
+
+    exit_code = 130
+
+
 class EngineError(LocalspecError):
     """llama.cpp failed while generating."""
 

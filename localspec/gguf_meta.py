@@ -22,6 +22,7 @@ SUPPORTED_VERSIONS = (2, 3)
 MAX_KEY_VALUES = 1 << 16
 MAX_TENSORS = 1 << 20
 MAX_DIMS = 4
+MAX_ARRAY_NESTING = 8  # real files nest at most once; deeper is an attack on the reader's stack
 DEFAULT_ALIGNMENT = 32
 
 _SCALAR_FORMATS = {
@@ -192,7 +193,9 @@ class _Reader:
             return self.array()
         self.fail(f"unknown value type {value_type}")
 
-    def array(self) -> RawArray:
+    def array(self, depth: int = 1) -> RawArray:
+        if depth > MAX_ARRAY_NESTING:
+            self.fail(f"arrays nested more than {MAX_ARRAY_NESTING} deep")
         item_type, count = self.take("<I"), self.take("<Q")
         start = self.at
         if item_type in _SCALAR_FORMATS:
@@ -209,7 +212,7 @@ class _Reader:
             if count > (self.size - start) // 12:
                 self.fail(f"an array claims {count} arrays, more than the file holds")
             for _ in range(count):
-                self.array()
+                self.array(depth + 1)
         else:
             self.fail(f"unknown array item type {item_type}")
         return RawArray(item_type, count, start, self.at)

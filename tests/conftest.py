@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from localspec import mirror, paths, registry
+from localspec.engine import backend
 from localspec.engine.backend import Context, Model
 
 from tinymodels import UPPERCASE, TinySpec, write_tiny_model
@@ -16,6 +17,12 @@ TINY_MODELS = {
     "unrelated": TinySpec(seed=2, sharpness=2.0),
     "other_tokenizer": TinySpec(seed=3, sharpness=2.0, pieces=UPPERCASE),
 }
+
+
+@pytest.fixture(autouse=True)
+def check_caches_after_every_step(monkeypatch):
+    """In-process generations check every KV cache after each step, as LOCALSPEC_DEBUG=1 does."""
+    monkeypatch.setattr(backend, "CHECK_CACHES", True)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 Enough of the Hub for huggingface_hub's hf_hub_download and list_repo_files:
 HEAD and GET on /{owner}/{repo}/resolve/{revision}/{file} with ETag,
 X-Repo-Commit, X-Linked-Size and Range support, and the tree listing API.
-It can drop the connection part-way through a file, refuse gated repos, and
+It can drop the connection part-way through a file, serve slowly, refuse gated repos, and
 records every request so tests can see whether a download resumed.
 """
 
@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +27,7 @@ class FakeHub:
     gated: set[str] = field(default_factory=set)
     drop_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before dropping once
     refuse_resume: set[str] = field(default_factory=set)  # file names whose ranged GETs fail
+    slow: dict[str, float] = field(default_factory=dict)  # file name -> seconds to wait between 64 KiB blocks
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
     url: str = ""
 
@@ -109,6 +111,8 @@ def serve(hub: FakeHub):
                         return
                     self.wfile.write(block)
                     sent += len(block)
+                    if name in hub.slow:
+                        time.sleep(hub.slow[name])
 
         def listing(self, repo: str):
             entries = [

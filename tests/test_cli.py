@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from pathlib import Path
@@ -223,3 +225,31 @@ def test_doctor_describes_the_machine(localspec):
 def test_run_refuses_a_context_that_does_not_fit(localspec, tiny):
     done = localspec("run", tiny["target"], "-p", "x", "--ctx-size", str(2**31))
     assert done.returncode == 2 and b"--ctx-size" in done.stderr and b"Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, tmp_path, as_json):
+    model = real_model("smollm2-135m")
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env.pop("LOCALSPEC_DEBUG", None)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "run", model, "--draft", "ngram", "--temp", "0.8", "--seed", "3",
+         "--max-tokens", "3000", "-p", "Write a very long story about a lighthouse keeper.", *(["--json"] if as_json else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+    )
+    if as_json:
+        time.sleep(4)  # nothing is printed before the end: interrupt while it generates
+    else:
+        assert len(run.stdout.read(40)) == 40  # it is streaming text
+    run.send_signal(signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr.decode()
+    assert b"Traceback" not in stderr
+    if as_json:
+        result = json.loads(stdout)
+        assert result["finish_reason"] == "interrupted" and result["stats"]["tokens"] > 0 and result["text"]
+    else:
+        summary = stderr.decode().strip().splitlines()[-1]
+        assert summary.endswith("finish: interrupted") and "tok/s" in summary
+        assert 0 < int(summary.split()[0]) < 3000

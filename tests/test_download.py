@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -94,10 +95,17 @@ size = {10**18}
 
 
 @pytest.fixture
-def localspec(home, hub, tmp_path):
+def hub_env(home, hub, tmp_path) -> dict[str, str]:
+    """The environment of a localspec process that sees only the fake Hub and the test's home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALSPEC_"))}
     env.update(LOCALSPEC_HOME=str(home), HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
                HF_HUB_DISABLE_TELEMETRY="1")
+    return env
+
+
+@pytest.fixture
+def localspec(hub_env):
+    env = hub_env
 
     def invoke(*args, **extra_env):
         return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True,
@@ -203,3 +211,58 @@ def test_malformed_user_registry_is_reported(localspec, home):
     (home / "models.toml").write_text('[models.bad]\nfile = "../../etc/passwd.gguf"\n')
     done = localspec("models")
     assert done.returncode == 2 and "plain .gguf name" in done.stderr
+
+
+def test_a_full_disk_fails_cleanly_and_the_next_pull_resumes(localspec, hub_env, hub, home, big_file):
+    # The file size limit stands in for a full disk: writes past it fail as they would with ENOSPC.
+    limit = 2_000_000
+    code = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({0}, {0}));"
+            " sys.argv = ['localspec', 'pull', 'big']; runpy.run_module('localspec', run_name='__main__')").format(limit)
+    full = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=hub_env, timeout=120)
+    folder = home / "models" / "big"
+    assert full.returncode == 3, full.stderr
+    assert "no room to write big" in full.stderr and "resume" in full.stderr and "Traceback" not in full.stderr
+    assert not (folder / "big.gguf").exists()  # nothing that looks complete
+    assert (folder / "big.gguf.partial").stat().st_size == limit
+    done = localspec("pull", "big")
+    assert done.returncode == 0, done.stderr
+    assert hub.gets("big.gguf")[-1] == f"bytes={limit}-" and sha256(folder / "big.gguf") == sha256(big_file)
+
+
+def _pull_in_background(env, *args):
+    return subprocess.Popen([sys.executable, "-m", "localspec", "pull", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def test_two_concurrent_pulls_of_one_file_make_one_correct_file(hub_env, hub, home, big_file):
+    hub.slow["big.gguf"] = 0.01  # ~1.3 s for the whole file: long enough to overlap
+    first = _pull_in_background(hub_env, "big")
+    partial = home / "models" / "big" / "big.gguf.partial"
+    while not partial.exists():
+        assert first.poll() is None, first.communicate()
+    second = _pull_in_background(hub_env, "big")
+    outputs = [p.communicate(timeout=120) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outputs
+    assert "waiting for another localspec process" in outputs[1][1]
+    assert hub.gets("big.gguf") == [None]  # one download; the second process found the file in place
+    assert sha256(home / "models" / "big" / "big.gguf") == sha256(big_file)
+    assert sorted(p.name for p in (home / "models" / "big").iterdir()) == [".download.lock", "big.gguf"]
+
+
+def test_ctrl_c_during_a_download_keeps_a_partial_that_the_next_pull_resumes(hub_env, localspec, hub, home, big_file):
+    hub.slow["big.gguf"] = 0.01
+    pull = _pull_in_background(hub_env, "big")
+    partial = home / "models" / "big" / "big.gguf.partial"
+    while not partial.exists() or partial.stat().st_size < 500_000:
+        assert pull.poll() is None, pull.communicate()
+    pull.send_signal(signal.SIGINT)
+    _, stderr = pull.communicate(timeout=60)
+    assert pull.returncode == 130, stderr
+    assert "download interrupted" in stderr and "run the same command to resume" in stderr
+    assert not (home / "models" / "big" / "big.gguf").exists()
+    kept = partial.stat().st_size
+    assert 0 < kept < big_file.stat().st_size
+    del hub.slow["big.gguf"]
+    done = localspec("pull", "big")
+    assert done.returncode == 0, done.stderr
+    assert hub.gets("big.gguf")[-1] == f"bytes={kept}-" and sha256(Path(done.stdout.strip())) == sha256(big_file)

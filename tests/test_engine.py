@@ -254,3 +254,21 @@ def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(
     tokens, events = run(target, auto({1: 0.05, 9: 0.051}), prompt, limits=Limits(max_tokens=20))
     assert "draft" in {e.drafter for e in events if isinstance(e, Step)}
     assert draft.tokens and draft.tokens == (prompt + tokens)[: len(draft.tokens)]
+
+
+def test_a_cache_that_drifted_from_the_history_is_caught_in_debug_mode(load, prompt):
+    from localspec.errors import EngineError
+
+    target = load("target")
+
+    class Saboteur(NoDrafter):
+        def propose(self, history, k):
+            target.truncate(len(history) - 2)  # loses a cached token behind the loop's back
+            return super().propose(history, k)
+
+    with pytest.raises(EngineError, match="KV cache drifted"):
+        run(target, Saboteur(), prompt, limits=Limits(max_tokens=5))
+    target.prefill([1, 5, 6])
+    target.check_holds([1, 5, 6])
+    with pytest.raises(EngineError, match="drifted"):
+        target.check_holds([1, 5, 7])

@@ -71,8 +71,11 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
     [
         ('[models.x]\nrepo = "a/b"\nfile = "../evil.gguf"\n', "plain .gguf name"),
         ('[models.x]\nrepo = "https://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
+        ('[models.x]\nrepo = "http://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
+        ('[models.x]\nrepo = "a/b"\nfile = "sub/x.gguf"\n', "plain .gguf name"),
+        ('[models.x]\nrepo = "a/b"\nfile = "/etc/x.gguf"\n', "plain .gguf name"),
         ('[models.x]\nrepo = "a/b"\n', "incomplete"),
-        ("[models.x\n", "not valid TOML"),
+        ('[models.x]\nrepo = "a/b"\nfile = x.gguf\n', r"not valid TOML.*line 3"),
     ],
 )
 def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):

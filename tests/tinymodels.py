@@ -35,6 +35,7 @@ class TinySpec:
     # Mix in a second random model: 0 keeps `seed`'s weights, 1 replaces them entirely.
     blend_seed: int | None = None
     blend: float = 0.0
+    architecture: str = "llama"  # anything else is unknown to llama.cpp
 
 
 def _weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
@@ -69,7 +70,7 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     # sampling but greedy runs rarely stop after a handful of tokens.
     tensors["output.weight"][:3] = 0.0
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), spec.architecture)
     writer.add_name(path.stem)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(N_EMBD)

@@ -8,6 +8,7 @@ until the next decode on that context, never copied.
 import ctypes
 import os
 import sys
+from collections import deque
 from time import perf_counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,14 +22,24 @@ from ..errors import EngineError, InputError, ModelLoadError
 GGUF_MAGIC = b"GGUF"
 
 
+# LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
+# think it does (a rollback that drifted would silently corrupt every later token).
+CHECK_CACHES = bool(os.environ.get("LOCALSPEC_DEBUG"))
+LOG_LEVEL_ERROR = 4  # enum ggml_log_level
+_recent_errors: deque[str] = deque(maxlen=4)  # llama.cpp's own words, for our error messages
+
+
 @llama.llama_log_callback
-def _log_to_stderr_when_debugging(level, text, user_data):
+def _log(level, text, user_data):
     # llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1.
+    line = text.decode("utf-8", errors="replace")
+    if level == LOG_LEVEL_ERROR and line.strip():
+        _recent_errors.append(line.strip())
     if os.environ.get("LOCALSPEC_DEBUG"):
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.write(line)
 
 
-llama.llama_log_set(_log_to_stderr_when_debugging, ctypes.c_void_p(0))
+llama.llama_log_set(_log, ctypes.c_void_p(0))
 llama.llama_backend_init()
 
 
@@ -42,12 +53,11 @@ class Model:
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        _recent_errors.clear()
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
-            raise ModelLoadError(
-                f"llama.cpp could not load {self.path} (unsupported architecture or damaged file;"
-                " LOCALSPEC_DEBUG=1 shows its log)"
-            )
+            reason = _recent_errors[0].split("error loading model: ")[-1] if _recent_errors else "damaged file?"
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {reason} (LOCALSPEC_DEBUG=1 shows its log)")
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.vocab_type = llama.llama_vocab_type(self._vocab)
@@ -181,6 +191,17 @@ class Context:
         if keep < len(tokens):
             self.decode(tokens[keep:], logits=logits)
         return keep
+
+    def check_holds(self, tokens: Sequence[int]) -> None:
+        """Raise EngineError unless the cache holds exactly `tokens` at positions 0..n-1 (debug mode)."""
+        first = llama.llama_memory_seq_pos_min(self._memory, 0)
+        last = llama.llama_memory_seq_pos_max(self._memory, 0)
+        expected = (0, len(tokens) - 1) if tokens else (-1, -1)
+        if (first, last) != expected or self.tokens != list(tokens):
+            raise EngineError(
+                f"KV cache drifted: llama.cpp holds positions {first}..{last} ({len(self.tokens)} tokens recorded),"
+                f" the generation expects 0..{len(tokens) - 1}"
+            )
 
     def close(self) -> None:
         if self._ctx:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..config import Sampling
 from ..events import Step
+from . import backend
 from .backend import Context
 from .sampling import Dist, top_probability, transform
 
@@ -146,3 +147,5 @@ class ModelDrafter:
         """
         self.context.prefill(history, logits="last", agreed=self.agreed)
         self.agreed = len(history)
+        if backend.CHECK_CACHES:
+            self.context.check_holds(history)

@@ -19,6 +19,7 @@ from ..config import Limits, Sampling, Speculation
 from ..errors import InputError
 from ..events import Done, Event, Prefill, Step, Token
 from ..stats import Tally
+from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter
 from .sampling import accept, one_hot, residual, transform
@@ -57,6 +58,8 @@ def generate(
     decode_started = perf_counter()
     while finish is None:
         n_past = len(history) - 1
+        if backend.CHECK_CACHES:
+            target.check_holds(history[:-1])
         k = min(
             speculation.draft_max,
             target.n_batch - 1,  # [last] + draft must fit one batch
