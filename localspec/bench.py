@@ -100,6 +100,7 @@ class Result:
             "acceptance_rate": s.acceptance_rate,
             "mean_accepted_length": s.mean_accepted_length,
             "per_position_acceptance": s.per_position_acceptance,
+            "acceptance_by_positions": dict(s.acceptance_by_position_range()),
             "python_overhead": 1 - self.llama_seconds / self.decode_seconds if self.decode_seconds else 0.0,
         }
 

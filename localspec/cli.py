@@ -14,7 +14,7 @@ from . import __version__, compat, download, gguf_meta, hardware, paths, registr
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
-from .config import Limits, Runtime, Sampling, Speculation, default_threads
+from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Prefill, Token
 from .registry import NGRAM
@@ -88,8 +88,8 @@ SpecOption = Annotated[
 ]
 DraftMaxOption = Annotated[
     Optional[int],
-    typer.Option("--draft-max", help="Most tokens drafted per step. Default: 8 with auto, 3 with fixed.",
-                 show_default=False, rich_help_panel=SPECULATION),
+    typer.Option("--draft-max", show_default=False, rich_help_panel=SPECULATION,
+                 help=f"Most tokens drafted per step. Default: {DRAFT_MAX['auto']} with auto, {DRAFT_MAX['fixed']} with fixed."),
 ]
 DraftMinOption = Annotated[
     int, typer.Option("--draft-min", help="Skip drafts shorter than this.", rich_help_panel=SPECULATION)

@@ -14,6 +14,7 @@ class Summary:
     acceptance_rate: float
     mean_accepted_length: float  # tau: tokens per target verification
     per_position_acceptance: list[float]
+    per_position_drafted: list[int]  # steps whose draft reached each position
     tokens_per_second: float
     prompt_tokens: int
     reused_prompt_tokens: int  # already in the KV cache from an earlier turn
@@ -27,6 +28,18 @@ class Summary:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+    def acceptance_by_position_range(self) -> list[tuple[str, float]]:
+        """(positions, acceptance) with positions past 4 grouped in doubling ranges (5-8, 9-16, ...),
+        so drafts of 32 tokens still fit a few lines."""
+        rows, start = [], 1
+        while start <= len(self.per_position_acceptance):
+            end = min(start if start <= 4 else 2 * (start - 1), len(self.per_position_acceptance))
+            drafted = self.per_position_drafted[start - 1 : end]
+            kept = sum(rate * n for rate, n in zip(self.per_position_acceptance[start - 1 : end], drafted))
+            rows.append((str(start) if start == end else f"{start}-{end}", kept / sum(drafted)))
+            start = end + 1
+        return rows
 
 
 @dataclass
@@ -84,6 +97,7 @@ class Tally:
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
             mean_accepted_length=self.tokens / self.steps if self.steps else 0.0,
             per_position_acceptance=[k / r for k, r in zip(self.kept, self.reached)],
+            per_position_drafted=list(self.reached),
             tokens_per_second=self.tokens / decode_seconds if decode_seconds > 0 else 0.0,
             prompt_tokens=self.prompt_tokens,
             reused_prompt_tokens=self.reused_prompt_tokens,

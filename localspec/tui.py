@@ -184,8 +184,8 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Pane
     else:
         table.add_row("prompt", f"{s.prompt_tokens} tokens", "prefill", f"{s.prefill_seconds:.2f} s ({s.reused_prompt_tokens} cached)")
     bars = Table.grid(padding=(0, 1))
-    for position, rate in enumerate(s.per_position_acceptance, start=1):
-        bars.add_row(f"draft #{position}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
+    for positions, rate in s.acceptance_by_position_range():
+        bars.add_row(f"draft #{positions}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
     return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim")
 
 
@@ -253,13 +253,15 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
 def bench_table(rows: list[dict], console: Console = out) -> None:
     table = Table(title="localspec bench")
     for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
-                   "per position", "python"):
+                   "accepted by draft position", "python"):
         table.add_column(column)
     for r in rows:
         table.add_row(
             r["prompt_set"], r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
-            f"{r['mean_accepted_length']:.2f}", " ".join(f"{p:.0%}" for p in r["per_position_acceptance"]) or "–",
+            f"{r['mean_accepted_length']:.2f}",
+            " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
             f"{r['python_overhead']:.1%}",
         )
-    console.print(table)
+    # Written to a file or pipe, the table keeps its rows whole instead of wrapping at 80 columns.
+    console.print(table, width=None if console.is_terminal else 200)

@@ -98,3 +98,11 @@ def test_resume_needs_an_output_file(localspec, tiny):
     invoke, _ = localspec
     done = invoke(tiny["target"], "-", "--resume", stdin=b"x\n")
     assert done.returncode == 2 and b"--resume needs --output" in done.stderr
+
+
+def test_a_non_utf8_input_file_is_refused_in_one_line(localspec, tiny, tmp_path):
+    invoke, _ = localspec
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    done = invoke(tiny["target"], tmp_path / "latin1.txt")
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode().strip().splitlines() == [f"error: {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 3)"]

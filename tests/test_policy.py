@@ -4,7 +4,7 @@ import pytest
 
 from localspec.config import Sampling
 from localspec.engine.drafters import Draft, NgramDrafter
-from localspec.engine.policy import AutoDrafter, Costs, Estimate, calibrate
+from localspec.engine.policy import LONGER_AFTER, AutoDrafter, Costs, Estimate, calibrate
 from localspec.events import Step
 
 
@@ -30,7 +30,7 @@ def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
 
 
 GPU_LIKE = {1: 0.020, 9: 0.022}  # verifying 8 more tokens costs almost nothing
-CPU_LIKE = {1: 0.065, 2: 0.110, 4: 0.125, 9: 0.240}  # measured on the 2-core dev box, Qwen 1.5B
+CPU_LIKE = {1: 0.066, 2: 0.097, 4: 0.113, 8: 0.201, 16: 0.252, 32: 0.436}  # the 2-core dev box, Qwen 1.5B
 
 
 def policy(verify, draft_per_token, model=True):
@@ -75,8 +75,8 @@ def test_observations_move_acceptance_and_costs_for_positions_actually_tried():
     rates = [e.value for e in auto.acceptance["draft"]]
     assert rates[0] > 0.8 and rates[1] < 0.8  # position 1 accepted, position 2 rejected
     assert rates[2:] == [] or all(r == 0.8 for r in rates[2:])  # positions 3 and 4 were never reached
-    # n=5 was observed: its estimate now exists and moved from the interpolated 0.148 s toward 0.13 s
-    assert 5 in auto.costs.verify and 0.13 < auto.costs.verify_seconds(5) < 0.125 + 0.115 / 5
+    # n=5 was observed: its estimate now exists and moved from the interpolated 0.135 s toward 0.13 s
+    assert 5 in auto.costs.verify and 0.13 < auto.costs.verify_seconds(5) < 0.135
     assert auto.costs.draft_seconds(4) < 0.2
 
 
@@ -97,8 +97,34 @@ def test_an_ngram_match_passed_over_repeatedly_is_tried_again():
 def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
     target, draft = load("target"), load("same")
     target.prefill([1, 2, 3])
-    costs = calibrate(target, draft, max_batch=9)
-    assert sorted(costs.verify) == [1, 2, 4, 8] and list(costs.draft) == [1]
+    costs = calibrate(target, draft, max_batch=33)
+    assert sorted(costs.verify) == [1, 2, 4, 8, 16, 32] and list(costs.draft) == [1]
     assert all(e.value > 0 for e in costs.verify.values())
     assert target.tokens == [] and draft.tokens == []
-    assert costs.verify_seconds(9) == pytest.approx(costs.verify[8].value * 9 / 8)
+    assert costs.verify_seconds(33) == pytest.approx(costs.verify[32].value * 33 / 32)
+
+
+def test_copied_text_earns_long_ngram_drafts_once_the_first_positions_hold():
+    auto = policy(CPU_LIKE, 0.040, model=False)
+    text = list(range(100, 140))
+    history = text + text[:4]  # the answer starts to repeat the input: 36 tokens could follow
+    assert len(auto.propose(history, 32).tokens) <= 8  # prior 0.5 per position: short drafts only
+    for _ in range(6):  # a few fully accepted short drafts
+        auto.observe(Step("ngram", drafted=3, accepted=3, draft_seconds=0.0, verify_seconds=0.113))
+    # positions never tried are taken to be as good as the deepest tried one
+    assert len(auto.propose(history, 32).tokens) == 15  # a batch of 16 costs no more than one of 12 here
+    auto.observe(Step("ngram", drafted=15, accepted=2, draft_seconds=0.0, verify_seconds=0.252))
+    assert len(auto.propose(history, 32).tokens) <= 7  # the miss at position 3 counts
+
+
+def test_a_long_match_cut_short_repeatedly_is_tried_longer_to_recheck_big_batch_costs():
+    misjudged = {**CPU_LIKE, 16: 1.0, 32: 2.0}  # as if big batches were timed on a busy machine
+    auto = policy(misjudged, 0.040, model=False)
+    auto.acceptance["ngram"] = [Estimate(0.97) for _ in range(8)]
+    text = list(range(100, 140))
+    history = text + text[:4]
+    lengths = [len(auto.propose(history, 32).tokens) for _ in range(LONGER_AFTER)]
+    assert lengths[:-1] == [lengths[0]] * (LONGER_AFTER - 1) and 4 <= lengths[0] <= 8
+    assert lengths[-1] == 2 * lengths[0]
+    auto.acceptance["ngram"] = [Estimate(0.5) for _ in range(8)]  # not copying: no such tries
+    assert all(len(auto.propose(history, 32).tokens) <= 8 for _ in range(2 * LONGER_AFTER))

@@ -37,3 +37,13 @@ def test_empty_summary_has_no_division_by_zero():
     s = Tally().summary(decode_seconds=0.0)
     assert s.acceptance_rate == 0.0 and s.mean_accepted_length == 0.0 and s.tokens_per_second == 0.0
     assert s.estimated_speedup is None
+
+
+def test_acceptance_by_position_range_groups_long_drafts_by_doubling_ranges():
+    tally = Tally()
+    tally.add(Step("ngram", drafted=20, accepted=10, draft_seconds=0.0, verify_seconds=0.1))
+    tally.add(Step("ngram", drafted=6, accepted=6, draft_seconds=0.0, verify_seconds=0.1))
+    rows = tally.summary(1.0).acceptance_by_position_range()
+    assert [positions for positions, _ in rows] == ["1", "2", "3", "4", "5-8", "9-16", "17-20"]
+    assert rows[4][1] == pytest.approx((4 + 2) / (4 + 2))  # positions 5-8: 4 of the long draft, 2 of the short
+    assert rows[5][1] == pytest.approx(2 / 8) and rows[6][1] == 0.0

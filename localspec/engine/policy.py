@@ -30,6 +30,11 @@ EXPLORE_LENGTH = 3
 # An n-gram match passed over this many times in a row is tried anyway: its estimate can only
 # recover by being tried, and a miss costs one slightly larger verification batch.
 NGRAM_RETRY_AFTER = 8
+# n-gram drafts cut short of a longer match this many times in a row while acceptance is high: the
+# next one is twice as long, so a big batch's cost estimate (timed once, perhaps on a busy machine)
+# is measured again instead of ruling long drafts out for good.
+LONGER_AFTER = 4
+HIGH_ACCEPTANCE = 0.9
 CALIBRATION_TOKEN = 1
 
 
@@ -74,11 +79,13 @@ def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
     """Time a few target batches and draft-model tokens on throwaway positions; leaves both caches empty."""
     costs = Costs()
     # Powers of two: CPU and GPU matmul kernels work in tiles, so batch cost rises in steps that
-    # end there (measured on a 2-core CPU: 4 tokens cost less than 3; 9 barely more than 8), and
-    # interpolating across a step hides its cheap end.
+    # end there (measured on a 2-core CPU: 4 tokens cost less than 3, 16 no more than 12), and
+    # interpolating across a step hides its cheap end. Big batches are timed once: they are slow
+    # to time and the steps that use them refine the estimate.
     sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
     for n in sizes:
-        costs.verify[n] = Estimate(_time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target))
+        costs.verify[n] = Estimate(_time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target,
+                                         repeats=2 if n <= 8 else 1))
     if draft is not None:
         per_token = _time(lambda: draft.decode([CALIBRATION_TOKEN], logits="last"), draft)
         costs.draft[1] = Estimate(per_token)
@@ -109,6 +116,7 @@ class AutoDrafter:
         self.acceptance: dict[str, list[Estimate]] = {"ngram": [], "draft": []}
         self.plain_streak = 0
         self.ngram_passed_over = 0
+        self.ngram_cut_short = 0
         self.catch_up_seconds = 0.0
 
     def begin(self, prompt, sampling, rng) -> None:
@@ -121,8 +129,8 @@ class AutoDrafter:
     def propose(self, history, k) -> Draft:
         best_rate, choice = 1 / self.costs.verify_seconds(1), (None, 0)
         lookup = self.ngram.propose(history, k)
-        for length in range(1, len(lookup.tokens) + 1):
-            rate = self.expected_tokens("ngram", length) / self.costs.verify_seconds(length + 1)
+        for length, expected in enumerate(self._expected_tokens("ngram", len(lookup.tokens)), start=1):
+            rate = expected / self.costs.verify_seconds(length + 1)
             if rate > best_rate:
                 best_rate, choice = rate, ("ngram", length)
         if lookup.tokens and choice[0] is None:
@@ -130,9 +138,8 @@ class AutoDrafter:
             if self.ngram_passed_over >= NGRAM_RETRY_AFTER:
                 choice = ("ngram", min(len(lookup.tokens), EXPLORE_LENGTH))
         if self.model:
-            for length in range(1, k + 1):
-                seconds = self.costs.draft_seconds(length) + self.costs.verify_seconds(length + 1)
-                rate = self.expected_tokens("draft", length) / seconds
+            for length, expected in enumerate(self._expected_tokens("draft", k), start=1):
+                rate = expected / (self.costs.draft_seconds(length) + self.costs.verify_seconds(length + 1))
                 if rate > best_rate:
                     best_rate, choice = rate, ("draft", length)
             if choice[0] is None and self.plain_streak >= EXPLORE_AFTER and k:
@@ -141,12 +148,21 @@ class AutoDrafter:
         self.plain_streak = self.plain_streak + 1 if source is None else 0
         if source == "ngram":
             self.ngram_passed_over = 0
-        if source == "ngram":
-            return Draft(lookup.tokens[:length], source="ngram")
+            return Draft(lookup.tokens[: self._maybe_longer(length, len(lookup.tokens))], source="ngram")
         if source == "draft":
             self._catch_up(history)
             return self.model.propose(history, length)
         return Draft()
+
+    def _maybe_longer(self, length: int, available: int) -> int:
+        if length == available or self._acceptance("ngram", length) < HIGH_ACCEPTANCE:
+            self.ngram_cut_short = 0
+            return length
+        self.ngram_cut_short += 1
+        if self.ngram_cut_short < LONGER_AFTER:
+            return length
+        self.ngram_cut_short = 0
+        return min(2 * length, available)
 
     def _catch_up(self, history) -> None:
         """Bring the draft model up to history, timed apart: its cost per drafted token must not
@@ -159,17 +175,24 @@ class AutoDrafter:
         self.catch_up_seconds = perf_counter() - started
 
     def expected_tokens(self, source: str, k: int) -> float:
-        expected, reach = 1.0, 1.0
-        for position in range(k):
-            reach *= self._acceptance(source, position).value
-            expected += reach
-        return expected
+        return self._expected_tokens(source, k)[-1] if k else 1.0
 
-    def _acceptance(self, source: str, position: int) -> Estimate:
+    def _expected_tokens(self, source: str, k_max: int) -> list[float]:
+        """E(1) .. E(k_max), in one pass."""
+        expected, reach, out = 1.0, 1.0, []
+        for position in range(k_max):
+            reach *= self._acceptance(source, position)
+            expected += reach
+            out.append(expected)
+        return out
+
+    def _acceptance(self, source: str, position: int) -> float:
+        # A position never tried is taken to be as likely as the deepest one tried: in a run of copied
+        # text the first positions fill in at nearly 1, and long drafts become worth trying.
         rates = self.acceptance[source]
-        while len(rates) <= position:
-            rates.append(Estimate(PRIOR_ACCEPTANCE[source]))
-        return rates[position]
+        if position < len(rates):
+            return rates[position].value
+        return rates[-1].value if rates else PRIOR_ACCEPTANCE[source]
 
     def observe(self, step: Step) -> None:
         n = step.drafted + 1
@@ -177,8 +200,11 @@ class AutoDrafter:
         if step.drafter not in self.acceptance or not step.drafted:
             return
         # Position i was tried only if all before it were accepted.
+        rates = self.acceptance[step.drafter]
         for position in range(min(step.accepted + 1, step.drafted)):
-            self._acceptance(step.drafter, position).update(1.0 if position < step.accepted else 0.0)
+            if position == len(rates):
+                rates.append(Estimate(self._acceptance(step.drafter, position)))
+            rates[position].update(1.0 if position < step.accepted else 0.0)
         if step.drafter == "draft":
             k = step.drafted
             drafting = step.draft_seconds - self.catch_up_seconds
