@@ -263,5 +263,6 @@ def bench_table(rows: list[dict], console: Console = out) -> None:
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
             f"{r['python_overhead']:.1%}",
         )
-    # Written to a file or pipe, the table keeps its rows whole instead of wrapping at 80 columns.
-    console.print(table, width=None if console.is_terminal else 200)
+    if not console.is_terminal:  # written to a file or pipe: rows kept whole, not wrapped at 80 columns
+        console = Console(file=console.file, width=200, highlight=False)
+    console.print(table)

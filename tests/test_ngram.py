@@ -1,5 +1,5 @@
 from localspec.config import Sampling
-from localspec.engine.drafters import NgramDrafter
+from localspec.engine.drafters import MIN_OFFER, NgramDrafter
 
 
 def started(n_min=1, n_max=3, prompt=()):
@@ -39,3 +39,14 @@ def test_index_grows_with_new_tokens_only():
     before = len(drafter.index[2])
     assert drafter.propose(history, 2).tokens == [14, 15]
     assert len(drafter.index[2]) - before <= 2  # only the two new n-grams were added
+
+
+def test_a_match_offers_as_many_tokens_as_it_already_runs_back():
+    drafter = NgramDrafter(2, 4)
+    drafter.begin([], None, None)
+    chance = [9, 1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 3, 1, 2]  # "1 2" matched by chance
+    assert drafter.propose(chance, 8).tokens == [10, 11, 12, 13][:MIN_OFFER]
+    drafter.begin([], None, None)
+    copied = list(range(20, 40)) + list(range(20, 30))  # ten tokens of a run repeated so far
+    assert drafter.propose(copied, 8).tokens == list(range(30, 38))
+    assert drafter.propose(copied, 32).tokens == list(range(30, 40))  # capped by the run length: 10

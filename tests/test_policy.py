@@ -107,7 +107,7 @@ def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
 def test_copied_text_earns_long_ngram_drafts_once_the_first_positions_hold():
     auto = policy(CPU_LIKE, 0.040, model=False)
     text = list(range(100, 140))
-    history = text + text[:4]  # the answer starts to repeat the input: 36 tokens could follow
+    history = text + text[:16]  # the answer has repeated 16 tokens of its input so far
     assert len(auto.propose(history, 32).tokens) <= 8  # prior 0.5 per position: short drafts only
     for _ in range(6):  # a few fully accepted short drafts
         auto.observe(Step("ngram", drafted=3, accepted=3, draft_seconds=0.0, verify_seconds=0.113))
@@ -122,9 +122,12 @@ def test_a_long_match_cut_short_repeatedly_is_tried_longer_to_recheck_big_batch_
     auto = policy(misjudged, 0.040, model=False)
     auto.acceptance["ngram"] = [Estimate(0.97) for _ in range(8)]
     text = list(range(100, 140))
-    history = text + text[:4]
+    history = text + text[:16]
     lengths = [len(auto.propose(history, 32).tokens) for _ in range(LONGER_AFTER)]
     assert lengths[:-1] == [lengths[0]] * (LONGER_AFTER - 1) and 4 <= lengths[0] <= 8
     assert lengths[-1] == 2 * lengths[0]
+    auto.acceptance["ngram"] = [Estimate(0.97)] * 4 + [Estimate(0.05)] * 28  # deep positions learned elsewhere
+    lengths = [len(auto.propose(history, 32).tokens) for _ in range(LONGER_AFTER)]
+    assert lengths[-1] == 2 * lengths[0] and lengths[0] <= 4
     auto.acceptance["ngram"] = [Estimate(0.5) for _ in range(8)]  # not copying: no such tries
     assert all(len(auto.propose(history, 32).tokens) <= 8 for _ in range(2 * LONGER_AFTER))

@@ -53,6 +53,9 @@ class NoDrafter:
         pass
 
 
+MIN_OFFER = 4  # tokens any n-gram match may offer (best of 3, 4 and 8 in a replay of recorded generations)
+
+
 class NgramDrafter:
     """Prompt lookup: if the last n tokens occurred before, propose what followed them.
 
@@ -79,8 +82,19 @@ class NgramDrafter:
         for n in self.sizes:
             follows = self.index[n].get(tuple(history[-n:]))
             if follows is not None:
-                return Draft(list(history[follows : follows + k]), source=self.name)
+                return Draft(list(history[follows : follows + min(k, self._trust(history, follows, n, k))]),
+                             source=self.name)
         return Draft(source=self.name)
+
+    def _trust(self, history, follows: int, n: int, k: int) -> int:
+        """How many tokens to offer: as many as the match already runs back (at least MIN_OFFER).
+
+        A long run of repeated text tends to go on repeating; a short match is often chance, and a
+        long draft after it mostly wastes a big verification batch."""
+        matched = n
+        while matched < k and matched < follows and history[follows - 1 - matched] == history[-1 - matched]:
+            matched += 1
+        return max(matched, MIN_OFFER)
 
     def observe(self, step) -> None:
         pass

@@ -30,9 +30,9 @@ EXPLORE_LENGTH = 3
 # An n-gram match passed over this many times in a row is tried anyway: its estimate can only
 # recover by being tried, and a miss costs one slightly larger verification batch.
 NGRAM_RETRY_AFTER = 8
-# n-gram drafts cut short of a longer match this many times in a row while acceptance is high: the
-# next one is twice as long, so a big batch's cost estimate (timed once, perhaps on a busy machine)
-# is measured again instead of ruling long drafts out for good.
+# n-gram drafts cut short of a longer match this many times in a row while they are being accepted:
+# the next one is twice as long, so the estimates that rule long drafts out (a big batch's cost timed
+# on a busy machine, deep positions learned on other text) are measured again.
 LONGER_AFTER = 4
 HIGH_ACCEPTANCE = 0.9
 CALIBRATION_TOKEN = 1
@@ -155,7 +155,9 @@ class AutoDrafter:
         return Draft()
 
     def _maybe_longer(self, length: int, available: int) -> int:
-        if length == available or self._acceptance("ngram", length) < HIGH_ACCEPTANCE:
+        # Gated on the chosen draft's own last position, which every step observes: the positions
+        # past it may hold stale estimates from other text that only a longer try can refresh.
+        if length == available or self._acceptance("ngram", length - 1) < HIGH_ACCEPTANCE:
             self.ngram_cut_short = 0
             return length
         self.ngram_cut_short += 1
