@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,21 @@ TINY_MODELS = {
     "unrelated": TinySpec(seed=2, sharpness=2.0),
     "other_tokenizer": TinySpec(seed=3, sharpness=2.0, pieces=UPPERCASE),
 }
+
+
+@pytest.fixture
+def localspec(tmp_path):
+    """localspec(*args, stdin=b"") -> the finished CLI subprocess, with a temporary LOCALSPEC_HOME."""
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env.pop("LOCALSPEC_DEBUG", None)
+
+    def invoke(*args, stdin: bytes = b"", timeout=600):
+        return subprocess.run(
+            [sys.executable, "-m", "localspec", *map(str, args)],
+            input=stdin, capture_output=True, env=env, timeout=timeout,
+        )
+
+    return invoke
 
 
 @pytest.fixture(autouse=True)

@@ -17,20 +17,6 @@ STATS_KEYS = {
 }
 
 
-@pytest.fixture
-def localspec(tmp_path):
-    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
-    env.pop("LOCALSPEC_DEBUG", None)
-
-    def invoke(*args, stdin: bytes = b"", timeout=600):
-        return subprocess.run(
-            [sys.executable, "-m", "localspec", *map(str, args)],
-            input=stdin, capture_output=True, env=env, timeout=timeout,
-        )
-
-    return invoke
-
-
 def run_json(localspec, *args, stdin=b""):
     done = localspec("run", *args, "--json", stdin=stdin)
     assert done.returncode == 0, done.stderr.decode()

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from localspec import gguf_meta
 from localspec.gguf_meta import GGUFError
 
-from test_cli import localspec  # noqa: F401  (fixture)
 from tinymodels import TinySpec, write_tiny_model
 
 

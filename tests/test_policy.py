@@ -42,7 +42,7 @@ def policy(verify, draft_per_token, model=True):
 def test_expected_tokens_is_one_plus_the_chain_of_acceptances():
     auto = policy(CPU_LIKE, 0.04)
     auto.acceptance["draft"] = [Estimate(0.9), Estimate(0.5)]
-    assert auto.expected_tokens("draft", 2) == pytest.approx(1 + 0.9 + 0.45)
+    assert auto.expected_tokens("draft", 2) == pytest.approx([1 + 0.9, 1 + 0.9 + 0.45])
 
 
 def test_cheap_verification_drafts_several_tokens_with_the_draft_model():

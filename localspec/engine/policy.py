@@ -129,7 +129,7 @@ class AutoDrafter:
     def propose(self, history, k) -> Draft:
         best_rate, choice = 1 / self.costs.verify_seconds(1), (None, 0)
         lookup = self.ngram.propose(history, k)
-        for length, expected in enumerate(self._expected_tokens("ngram", len(lookup.tokens)), start=1):
+        for length, expected in enumerate(self.expected_tokens("ngram", len(lookup.tokens)), start=1):
             rate = expected / self.costs.verify_seconds(length + 1)
             if rate > best_rate:
                 best_rate, choice = rate, ("ngram", length)
@@ -138,7 +138,7 @@ class AutoDrafter:
             if self.ngram_passed_over >= NGRAM_RETRY_AFTER:
                 choice = ("ngram", min(len(lookup.tokens), EXPLORE_LENGTH))
         if self.model:
-            for length, expected in enumerate(self._expected_tokens("draft", k), start=1):
+            for length, expected in enumerate(self.expected_tokens("draft", k), start=1):
                 rate = expected / (self.costs.draft_seconds(length) + self.costs.verify_seconds(length + 1))
                 if rate > best_rate:
                     best_rate, choice = rate, ("draft", length)
@@ -176,10 +176,7 @@ class AutoDrafter:
         self.model.catch_up(history)
         self.catch_up_seconds = perf_counter() - started
 
-    def expected_tokens(self, source: str, k: int) -> float:
-        return self._expected_tokens(source, k)[-1] if k else 1.0
-
-    def _expected_tokens(self, source: str, k_max: int) -> list[float]:
+    def expected_tokens(self, source: str, k_max: int) -> list[float]:
         """E(1) .. E(k_max), in one pass."""
         expected, reach, out = 1.0, 1.0, []
         for position in range(k_max):
