@@ -235,7 +235,7 @@ def _pull_in_background(env, *args):
 
 
 def test_two_concurrent_pulls_of_one_file_make_one_correct_file(hub_env, hub, home, big_file):
-    hub.slow["big.gguf"] = 0.01  # ~1.3 s for the whole file: long enough to overlap
+    hub.slow["big.gguf"] = 0.03  # ~4 s for the whole file: the second process starts well before it ends
     first = _pull_in_background(hub_env, "big")
     partial = home / "models" / "big" / "big.gguf.partial"
     while not partial.exists():
