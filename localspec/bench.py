@@ -102,6 +102,9 @@ class Result:
             "per_position_acceptance": s.per_position_acceptance,
             "acceptance_by_positions": dict(s.acceptance_by_position_range()),
             "python_overhead": 1 - self.llama_seconds / self.decode_seconds if self.decode_seconds else 0.0,
+            # what auto's probes that did not pay cost, against plain decoding, as a share of decode time
+            "probe_loss": s.probe_lost_seconds / self.decode_seconds if self.decode_seconds else 0.0,
+            "drafters": s.as_dict()["drafters"],
         }
 
 
@@ -109,14 +112,21 @@ POLICY_OF_MODE = {"plain": "off", "ngram": "fixed", "draft": "fixed", "auto": "a
 
 
 def run(session: Session, prompt_sets: dict[str, list[str]], modes: list[str], sampling: Sampling,
-        limits: Limits, progress: Callable[[str], None], draft_max: int | None = None) -> list[dict]:
-    """draft_max: for every mode; by default each policy's own (fixed 3, auto 8)."""
+        limits: Limits, progress: Callable[[str], None], draft_max: int | None = None,
+        mixed: bool = False) -> list[dict]:
+    """draft_max: for every mode; by default each policy's own (fixed 3, auto 32).
+
+    Each prompt set starts with an auto policy that has learned nothing about acceptance (a fresh
+    session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
+    batch or a server that sees one kind of text after another."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise UsageError(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
     contexts = [session.target] + ([session.model_drafter.context] if session.model_drafter else [])
     for name, prompts in prompt_sets.items():
+        if not mixed:
+            session.forget()
         for number, prompt in enumerate(prompts, start=1):
             tokens = session.tokenize(prompt, raw=False)
             for mode in modes:

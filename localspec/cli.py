@@ -301,6 +301,9 @@ def summary_line(outcome: Outcome) -> str:
         f" {s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%}),"
         f" {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
         f" {s.prefill_seconds:.2f} s; finish: {outcome.finish_reason}"
+        + "".join(f"; {name}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
+                  + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
+                  for name, d in s.drafters.items())
     )
 
 
@@ -429,8 +432,11 @@ def bench(
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
                                                  show_default=False)] = 10,
     draft_max: Annotated[Optional[int], typer.Option("--draft-max", help="Most tokens drafted per step, in every"
-                                                     " mode. Default: 3 for ngram and draft, 8 for auto.",
+                                                     " mode. Default: 3 for ngram and draft, 32 for auto.",
                                                      show_default=False)] = None,
+    mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
+                                        " the next, as a chat, batch or server does with mixed requests. By default"
+                                        " each set starts afresh.")] = False,
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     max_tokens: MaxTokensOption = 128,
     temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 (greedy) makes runs comparable.")] = 0.0,
@@ -458,11 +464,11 @@ def bench(
     with open_session(target, draft or NGRAM, runtime, speculation, offline, tui.download_progress()) as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),
-                                    lambda text: status.update(f"benchmarking: {text}"), draft_max)
+                                    lambda text: status.update(f"benchmarking: {text}"), draft_max, mixed)
     tui.bench_table(rows)
     if json_file:
         json_file.write_text(json.dumps({"target": target, "draft": draft, "max_tokens": max_tokens,
-                                         "temperature": temp, "results": rows}, indent=2) + "\n")
+                                         "temperature": temp, "mixed": mixed, "results": rows}, indent=2) + "\n")
     if plot_file:
         bench_runner.plot(rows, plot_file)
 

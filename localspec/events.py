@@ -29,13 +29,24 @@ class Token:
 @dataclass(frozen=True)
 class Step:
     """One draft-and-verify round: `drafted` proposed, `accepted` of them kept,
-    plus the one token the target adds itself."""
+    plus the one token the target adds itself. draft_seconds includes catch_up_seconds
+    (the drafter reading what was decided since it last ran). A probe was drafted only
+    to learn whether drafting pays; plain_seconds is what a plain step was expected to
+    cost at the time, so a probe's loss against plain decoding can be told."""
 
     drafter: str
     drafted: int
     accepted: int
     draft_seconds: float
     verify_seconds: float
+    catch_up_seconds: float = 0.0
+    probe: bool = False
+    plain_seconds: float = 0.0
+
+    @property
+    def lost_seconds(self) -> float:
+        """Time beyond what plain decoding would have taken for the tokens this step made."""
+        return max(0.0, self.draft_seconds + self.verify_seconds - (self.accepted + 1) * self.plain_seconds)
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,12 @@ class Session:
             self._auto = AutoDrafter(self.ngram, self.model_drafter, calibrate(self.target, draft_context, batch))
         return self._auto
 
+    def forget(self) -> None:
+        """Start the auto policy's learning about acceptance afresh (a benchmark's fresh session);
+        the costs it measured stay, being the machine's."""
+        if self._auto is not None:
+            self._auto.forget()
+
     def reset(self) -> None:
         """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""
         self.target.truncate(0)

@@ -1,8 +1,35 @@
 """Speculation statistics as a fold over a generation's events."""
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .events import Prefill, Step, Token
+
+
+@dataclass
+class DrafterTally:
+    """One drafter's share of a generation: its steps, their tokens and time, and its probes
+    (drafts the auto policy made only to learn whether drafting pays) and what the lost ones cost."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # drafting (catch-up included) and verifying its steps
+    catch_up_seconds: float = 0.0
+    probes: int = 0
+    probes_lost: int = 0
+    probe_lost_seconds: float = 0.0
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.seconds += step.draft_seconds + step.verify_seconds
+        self.catch_up_seconds += step.catch_up_seconds
+        if step.probe:
+            self.probes += 1
+            lost = step.lost_seconds
+            self.probes_lost += lost > 0
+            self.probe_lost_seconds += lost
 
 
 @dataclass(frozen=True)
@@ -25,9 +52,17 @@ class Summary:
     # Plain decoding's cost per token is the target's time in steps that drafted nothing
     # (their draft time was speculation's overhead, not plain decoding's).
     estimated_speedup: float | None
+    drafters: dict[str, DrafterTally] = field(default_factory=dict)  # per drafter that drafted
+
+    @property
+    def probe_lost_seconds(self) -> float:
+        return sum(d.probe_lost_seconds for d in self.drafters.values())
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["drafters"] = {name: asdict(d) for name, d in self.drafters.items()}
+        out["probe_lost_seconds"] = self.probe_lost_seconds
+        return out
 
     def acceptance_by_position_range(self) -> list[tuple[str, float]]:
         """(positions, acceptance) with positions past 4 grouped in doubling ranges (5-8, 9-16, ...),
@@ -62,6 +97,7 @@ class Tally:
     # reached[i]: steps that drafted a token at position i; kept[i]: of those, accepted ones
     reached: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
+    drafters: dict[str, DrafterTally] = field(default_factory=dict)
 
     def add(self, event) -> None:
         if isinstance(event, Prefill):
@@ -87,6 +123,8 @@ class Tally:
             for i in range(event.drafted):
                 self.reached[i] += 1
                 self.kept[i] += i < event.accepted
+            if event.drafted or event.probe:
+                self.drafters.setdefault(event.drafter, DrafterTally()).add(event)
 
     def summary(self, decode_seconds: float) -> Summary:
         return Summary(
@@ -106,6 +144,7 @@ class Tally:
             verify_seconds=self.verify_seconds,
             decode_seconds=decode_seconds,
             estimated_speedup=self.estimated_speedup(),
+            drafters={name: DrafterTally(**asdict(d)) for name, d in self.drafters.items()},
         )
 
     def estimated_speedup(self) -> float | None:

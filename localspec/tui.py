@@ -183,6 +183,9 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Pane
         table.add_row("draft length", str(draft_length), "prompt", f"{s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached)")
     else:
         table.add_row("prompt", f"{s.prompt_tokens} tokens", "prefill", f"{s.prefill_seconds:.2f} s ({s.reused_prompt_tokens} cached)")
+    for name, d in s.drafters.items():
+        probes = f"; {d.probes} probes, {d.probes_lost} lost ({d.probe_lost_seconds:.2f} s)" if d.probes else ""
+        table.add_row(name, f"{d.steps} steps", "accepted", f"{d.accepted} of {d.drafted}{probes}")
     bars = Table.grid(padding=(0, 1))
     for positions, rate in s.acceptance_by_position_range():
         bars.add_row(f"draft #{positions}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
@@ -253,16 +256,20 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
 def bench_table(rows: list[dict], console: Console = out) -> None:
     table = Table(title="localspec bench")
     for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
-                   "accepted by draft position", "python"):
+                   "accepted by draft position", "drafting steps", "probes lost", "python"):
         table.add_column(column)
     for r in rows:
+        drafters = r["drafters"].values()
+        probes = sum(d["probes"] for d in drafters)
         table.add_row(
             r["prompt_set"], r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
             f"{r['mean_accepted_length']:.2f}",
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
+            " ".join(f"{name} {d['steps']}" for name, d in r["drafters"].items()) or "–",
+            f"{sum(d['probes_lost'] for d in drafters)}/{probes} {r['probe_loss']:.1%}" if probes else "–",
             f"{r['python_overhead']:.1%}",
         )
     if not console.is_terminal:  # written to a file or pipe: rows kept whole, not wrapped at 80 columns
-        console = Console(file=console.file, width=200, highlight=False)
+        console = Console(file=console.file, width=240, highlight=False)
     console.print(table)

@@ -238,13 +238,14 @@ def test_a_small_context_lowers_the_batch_and_drafts_stay_within_it(load, prompt
 
 
 def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(load, prompt):
-    from localspec.engine.policy import AutoDrafter, Costs, Estimate
+    from localspec.engine.policy import AutoDrafter, Costs
 
     target, draft = load("target"), load("same")
     draft.truncate(0)
 
     def auto(verify_seconds: dict[int, float]) -> AutoDrafter:
-        costs = Costs({n: Estimate(s) for n, s in verify_seconds.items()}, {1: Estimate(0.001)})
+        level = verify_seconds[1]
+        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()}, 0.001 / level, 0.0002 / level)
         return AutoDrafter(NgramDrafter(2, 4), ModelDrafter(draft, 0.0, target.model.n_vocab), costs)
 
     # verification as costly as the tokens it could save: plain steps only, the draft model untouched

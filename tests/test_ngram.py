@@ -36,9 +36,9 @@ def test_index_grows_with_new_tokens_only():
     assert drafter.propose(history, 2).tokens == [12, 13]
     assert drafter.indexed == len(history)
     history += [12, 13]  # the accepted continuation
-    before = len(drafter.index[2])
+    before = len(drafter.latest[2])
     assert drafter.propose(history, 2).tokens == [14, 15]
-    assert len(drafter.index[2]) - before <= 2  # only the two new n-grams were added
+    assert len(drafter.latest[2]) - before <= 2  # only the two new n-grams were added
 
 
 def test_a_match_offers_as_many_tokens_as_it_already_runs_back():

@@ -4,7 +4,16 @@ import pytest
 
 from localspec.config import Sampling
 from localspec.engine.drafters import Draft, NgramDrafter
-from localspec.engine.policy import LONGER_AFTER, AutoDrafter, Costs, Estimate, calibrate
+from localspec.engine.policy import (
+    LONGER_AFTER,
+    PROBE_SHARE,
+    AutoDrafter,
+    Belief,
+    Choice,
+    Costs,
+    Option,
+    calibrate,
+)
 from localspec.events import Step
 
 
@@ -17,8 +26,8 @@ class FakeModel:
     def begin(self, prompt, sampling, rng):
         pass
 
-    def catch_up(self, history):
-        pass
+    def behind(self, history):
+        return 1
 
     def propose(self, history, k):
         self.asked.append(k)
@@ -26,11 +35,13 @@ class FakeModel:
 
 
 def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
-    return Costs(verify={n: Estimate(s) for n, s in verify.items()}, draft={1: Estimate(draft_per_token)})
+    level = verify[1]
+    return Costs(level, {n: s / level for n, s in verify.items()}, draft_per_token / level, draft_per_token / 4 / level)
 
 
 GPU_LIKE = {1: 0.020, 9: 0.022}  # verifying 8 more tokens costs almost nothing
 CPU_LIKE = {1: 0.066, 2: 0.097, 4: 0.113, 8: 0.201, 16: 0.252, 32: 0.436}  # the 2-core dev box, Qwen 1.5B
+COPIED = list(range(100, 140)) + list(range(100, 116))  # the answer has repeated 16 tokens of its input so far
 
 
 def policy(verify, draft_per_token, model=True):
@@ -39,95 +50,172 @@ def policy(verify, draft_per_token, model=True):
     return auto
 
 
+def evidence_of(history) -> str:
+    ngram = NgramDrafter(2, 4)
+    ngram.begin(history, Sampling(), None)
+    return ngram.propose(history, 32).evidence
+
+
+def believe(auto, drafter, evidence, rates, weight=10.0):
+    auto.beliefs[(drafter, evidence)] = [Belief(r * weight, (1 - r) * weight) for r in rates]
+
+
+def play(auto, history, k, accepted, verify):
+    """One step as the engine runs it: propose, then report how the draft fared."""
+    draft = auto.propose(history, k)
+    n = len(draft.tokens)
+    kept = min(accepted, n)
+    step = Step(draft.source, n, kept, 0.0, verify[n + 1] if n + 1 in verify else auto.costs.verify_seconds(n + 1),
+                probe=draft.probe, plain_seconds=draft.plain_seconds)
+    auto.observe(step)
+    return step
+
+
 def test_expected_tokens_is_one_plus_the_chain_of_acceptances():
     auto = policy(CPU_LIKE, 0.04)
-    auto.acceptance["draft"] = [Estimate(0.9), Estimate(0.5)]
-    assert auto.expected_tokens("draft", 2) == pytest.approx([1 + 0.9, 1 + 0.9 + 0.45])
+    believe(auto, "draft", "", [0.9, 0.5])
+    assert auto.expected_tokens(Option("draft", "", 2)) == pytest.approx([1 + 0.9, 1 + 0.9 + 0.45])
 
 
-def test_cheap_verification_drafts_several_tokens_with_the_draft_model():
+def test_beliefs_start_doubtful_and_an_optimistic_view_is_above_the_mean():
+    prior = Belief(1.0, 2.0)
+    assert prior.mean == pytest.approx(1 / 3) and prior.optimistic > 0.5
+    sure = Belief(95.0, 5.0)
+    assert sure.optimistic - sure.mean < 0.03  # many observations: little room for hope
+    sure.observe(False)
+    assert sure.mean < 0.95  # each observation moves it; old ones fade
+    assert Belief(95.0, 5.0).held_to(4.0).weight == pytest.approx(4.0)
+
+
+def test_cheap_verification_drafts_with_the_draft_model_from_the_start():
     auto = policy(GPU_LIKE, 0.002)
     draft = auto.propose([1, 2, 3, 4], 8)
-    # prior acceptance 0.8: the expected gain per extra token shrinks geometrically, the cost does not
-    assert draft.source == "draft" and 4 <= len(draft.tokens) <= 8
-    auto.acceptance["draft"] = [Estimate(0.99) for _ in range(8)]
+    # even a doubtful prior pays when 8 more tokens cost almost nothing to verify
+    assert draft.source == "draft" and len(draft.tokens) >= 1 and not draft.probe
+    believe(auto, "draft", "", [0.99] * 8)
     assert len(auto.propose([1, 2, 3, 4], 8).tokens) == 8
 
 
-def test_expensive_verification_and_drafting_fall_back_to_plain_decoding():
+def test_expensive_verification_and_drafting_fall_back_to_plain_decoding_and_never_probe_the_model():
     auto = policy(CPU_LIKE, 0.040)
-    assert auto.propose([1, 2, 3, 4], 8).tokens == []
-    assert auto.model.asked == []
+    choices = [auto.propose([1, 2, 3, 4], 8) for _ in range(300)]
+    assert all(c.tokens == [] for c in choices)
+    assert auto.model.asked == []  # even perfect acceptance would barely pay: not worth a probe
 
 
 def test_an_ngram_match_is_used_when_verifying_it_pays():
     auto = policy(CPU_LIKE, 0.040)
-    auto.acceptance["ngram"] = [Estimate(0.95) for _ in range(8)]
     history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    believe(auto, "ngram", evidence_of(history), [0.95] * 8)
     draft = auto.propose(history, 8)
     assert draft.source == "ngram" and draft.tokens == [8, 9, 10, 11, 12, 13, 5, 6][: len(draft.tokens)]
-    assert len(draft.tokens) >= 3
+    assert len(draft.tokens) >= 3 and not draft.probe
+
+
+def test_ngram_evidence_names_how_far_the_match_runs_and_whether_earlier_occurrences_agree():
+    assert evidence_of(COPIED) == "run 16+, seen once"
+    assert evidence_of([1, 2, 3, 9, 9, 1, 2]) == "run 2-3, seen once"
+    assert evidence_of([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]) == "run 2-3, earlier differ"
+    assert evidence_of([1, 2, 3, 9, 1, 2, 3, 9, 7, 1, 2, 3]) == "run 2-3, earlier agree"
+    assert evidence_of([4, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]) == "run 4-7, seen once"
 
 
 def test_observations_move_acceptance_and_costs_for_positions_actually_tried():
     auto = policy(CPU_LIKE, 0.040)
+    auto.chosen = Choice(0.0, Option("draft", "", 8), 4)
     auto.observe(Step("draft", drafted=4, accepted=1, draft_seconds=0.2, verify_seconds=0.13))
-    rates = [e.value for e in auto.acceptance["draft"]]
-    assert rates[0] > 0.8 and rates[1] < 0.8  # position 1 accepted, position 2 rejected
-    assert rates[2:] == [] or all(r == 0.8 for r in rates[2:])  # positions 3 and 4 were never reached
-    # n=5 was observed: its estimate now exists and moved from the interpolated 0.135 s toward 0.13 s
+    rates = [b.mean for b in auto.beliefs[("draft", "")]]
+    assert len(rates) == 2  # positions 3 and 4 were never reached
+    assert rates[0] > 1 / 3 > rates[1]  # position 1 accepted, position 2 rejected
+    # a batch of 5 was observed: its estimate now exists and moved from the interpolated 0.135 s toward 0.13 s
     assert 5 in auto.costs.verify and 0.13 < auto.costs.verify_seconds(5) < 0.135
     assert auto.costs.draft_seconds(4) < 0.2
 
 
-def test_a_long_plain_streak_triggers_a_short_exploration_of_the_draft_model():
-    auto = policy(CPU_LIKE, 0.040)
-    choices = [auto.propose([1, 2, 3, 4], 8).source for _ in range(300)]
-    assert choices.count("draft") == 1 and auto.model.asked == [3]
+def test_a_probe_is_made_when_only_hope_says_drafting_pays_and_stops_once_it_fails():
+    middling = {1: 0.066, 2: 0.070, 4: 0.075}  # verification cheap, the draft model not
+    auto = policy(middling, 0.030)
+    first = auto.propose([1, 2, 3, 4], 8)
+    assert first.source == "draft" and first.probe and first.plain_seconds == pytest.approx(0.066)
+    auto.observe(Step("draft", len(first.tokens), 0, 0.03 * len(first.tokens), 0.070, probe=True,
+                      plain_seconds=first.plain_seconds))
+    later = [auto.propose([1, 2, 3, 4], 8) for _ in range(100)]
+    assert all(d.tokens == [] for d in later)  # the failed probe moved the belief below hope
 
 
-def test_an_ngram_match_passed_over_repeatedly_is_tried_again():
+def test_probes_that_keep_failing_lose_at_most_the_budget():
+    # A long document full of chance matches: every n-gram draft is rejected at once.
     auto = policy(CPU_LIKE, 0.040, model=False)
-    auto.acceptance["ngram"] = [Estimate(0.1) for _ in range(8)]  # after a bad patch
+    history = [1, 2, 3, 4] * 50
+    spent = lost = 0.0
+    for _ in range(500):
+        step = play(auto, history, 8, accepted=0, verify=CPU_LIKE)
+        spent += step.verify_seconds
+        lost += step.lost_seconds if step.probe else 0.0
+        assert not step.drafted or step.probe  # never drafted as a sure thing
+    assert lost <= CPU_LIKE[1] + PROBE_SHARE * spent
+    assert 500 * CPU_LIKE[1] / spent >= 0.97  # against plain decoding
+
+
+def test_what_other_texts_taught_yields_to_this_generations_evidence_within_a_few_steps():
+    auto = policy(CPU_LIKE, 0.040, model=False)
     history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
-    sources = [auto.propose(history, 8).source for _ in range(8)]
-    assert sources == ["none"] * 7 + ["ngram"]
+    believe(auto, "ngram", evidence_of(history), [0.9] * 8, weight=100.0)  # learned on copied text
+    auto.begin(history, Sampling(), None)
+    steps = [play(auto, history, 8, accepted=0, verify=CPU_LIKE) for _ in range(20)]
+    sure = [s.drafted > 0 for s in steps if not s.probe]
+    # A miss at the first position weighs against deep positions still believed: a few misses convince it.
+    assert sure[:4] == [True] * sure.index(False) + [False] * (4 - sure.index(False)) and not any(sure[4:])
+    assert sum(s.drafted > 0 for s in steps) <= 6  # and probes are rare
+
+
+def test_costs_follow_a_machine_that_gets_busier():
+    auto = policy(CPU_LIKE, 0.040)
+    before = auto.costs.verify_seconds(16)
+    for _ in range(60):
+        auto.observe(Step("none", 0, 0, 0.0, 2 * CPU_LIKE[1]))  # plain steps now take twice as long
+    assert auto.costs.verify_seconds(1) == pytest.approx(2 * CPU_LIKE[1], rel=0.05)
+    assert auto.costs.verify_seconds(16) == pytest.approx(2 * before, rel=0.05)
+    auto.observe(Step("none", 0, 0, 0.0, 100.0))  # one stall moves the level by a bounded amount
+    assert auto.costs.verify_seconds(1) < 2.2 * CPU_LIKE[1]
 
 
 def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
     target, draft = load("target"), load("same")
     target.prefill([1, 2, 3])
     costs = calibrate(target, draft, max_batch=33)
-    assert sorted(costs.verify) == [1, 2, 4, 8, 16, 32] and list(costs.draft) == [1]
-    assert all(e.value > 0 for e in costs.verify.values())
+    assert sorted(costs.verify) == [1, 2, 4, 8, 16, 32] and costs.verify[1] == 1.0
+    assert costs.level > 0 and costs.draft_token > 0 and costs.draft_prefill_token > 0
     assert target.tokens == [] and draft.tokens == []
-    assert costs.verify_seconds(33) == pytest.approx(costs.verify[32].value * 33 / 32)
+    assert costs.verify_seconds(33) == pytest.approx(costs.verify_seconds(32) * 33 / 32)
 
 
 def test_copied_text_earns_long_ngram_drafts_once_the_first_positions_hold():
     auto = policy(CPU_LIKE, 0.040, model=False)
-    text = list(range(100, 140))
-    history = text + text[:16]  # the answer has repeated 16 tokens of its input so far
-    assert len(auto.propose(history, 32).tokens) <= 8  # prior 0.5 per position: short drafts only
+    first = auto.propose(COPIED, 32)
+    assert first.probe and len(first.tokens) <= 8  # nothing known yet: a short probe
     for _ in range(6):  # a few fully accepted short drafts
         auto.observe(Step("ngram", drafted=3, accepted=3, draft_seconds=0.0, verify_seconds=0.113))
     # positions never tried are taken to be as good as the deepest tried one
-    assert len(auto.propose(history, 32).tokens) == 15  # a batch of 16 costs no more than one of 12 here
+    assert len(auto.propose(COPIED, 32).tokens) == 15  # a batch of 16 costs no more than one of 12 here
     auto.observe(Step("ngram", drafted=15, accepted=2, draft_seconds=0.0, verify_seconds=0.252))
-    assert len(auto.propose(history, 32).tokens) <= 7  # the miss at position 3 counts
+    assert len(auto.propose(COPIED, 32).tokens) <= 7  # the miss at position 3 counts
 
 
-def test_a_long_match_cut_short_repeatedly_is_tried_longer_to_recheck_big_batch_costs():
+def test_a_long_match_cut_short_repeatedly_is_tried_longer_when_the_budget_allows():
     misjudged = {**CPU_LIKE, 16: 1.0, 32: 2.0}  # as if big batches were timed on a busy machine
-    auto = policy(misjudged, 0.040, model=False)
-    auto.acceptance["ngram"] = [Estimate(0.97) for _ in range(8)]
-    text = list(range(100, 140))
-    history = text + text[:16]
-    lengths = [len(auto.propose(history, 32).tokens) for _ in range(LONGER_AFTER)]
-    assert lengths[:-1] == [lengths[0]] * (LONGER_AFTER - 1) and 4 <= lengths[0] <= 8
-    assert lengths[-1] == 2 * lengths[0]
-    auto.acceptance["ngram"] = [Estimate(0.97)] * 4 + [Estimate(0.05)] * 28  # deep positions learned elsewhere
-    lengths = [len(auto.propose(history, 32).tokens) for _ in range(LONGER_AFTER)]
+
+    def copying(rates, earned=0.0):
+        auto = policy(misjudged, 0.040, model=False)
+        believe(auto, "ngram", evidence_of(COPIED), rates)
+        auto.budget.decode_seconds = earned
+        return [len(auto.propose(COPIED, 32).tokens) for _ in range(LONGER_AFTER)]
+
+    lengths = copying([0.97] * 8)
+    assert lengths == [lengths[0]] * LONGER_AFTER and 4 <= lengths[0] <= 8  # the try would risk too much
+    lengths = copying([0.97] * 8, earned=60.0)  # a minute of decoding has earned it
+    assert lengths == [lengths[0]] * (LONGER_AFTER - 1) + [2 * lengths[0]]
+    lengths = copying([0.97] * 4 + [0.05] * 28, earned=60.0)  # deep positions learned elsewhere
     assert lengths[-1] == 2 * lengths[0] and lengths[0] <= 4
-    auto.acceptance["ngram"] = [Estimate(0.5) for _ in range(8)]  # not copying: no such tries
-    assert all(len(auto.propose(history, 32).tokens) <= 8 for _ in range(2 * LONGER_AFTER))
+    lengths = copying([0.5] * 8, earned=60.0)  # not copying: no such tries
+    assert max(lengths) <= 8 and len(set(lengths)) == 1

@@ -7,6 +7,7 @@ without it the proposal was deterministic and q is one-hot.
 """
 
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +24,16 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] | None = None
     source: str = "none"  # the drafter that made it
+    # What the proposal rests on, in the drafter's own terms (n-gram: how far the match runs back
+    # and whether earlier occurrences agree); the auto policy keeps acceptance per kind of evidence.
+    evidence: str = ""
+    # Seconds spent bringing the drafter up to date before drafting (a draft model reading the
+    # tokens decided since it last ran): part of the step's draft time, not of its per-token cost.
+    catch_up_seconds: float = 0.0
+    # Chosen by the auto policy only to learn whether drafting pays here, and what a plain step
+    # was expected to cost then: together they say what the probe lost.
+    probe: bool = False
+    plain_seconds: float = 0.0
 
 
 class Drafter(Protocol):
@@ -54,13 +65,19 @@ class NoDrafter:
 
 
 MIN_OFFER = 4  # tokens any n-gram match may offer (best of 3, 4 and 8 in a replay of recorded generations)
+RUN_LIMIT = 32  # how far back a match is followed when judging the evidence behind it
+RUN_CLASSES = ((16, "run 16+"), (8, "run 8-15"), (4, "run 4-7"), (0, "run 2-3"))
 
 
 class NgramDrafter:
     """Prompt lookup: if the last n tokens occurred before, propose what followed them.
 
-    An index from each n-gram to the position after its latest occurrence is
-    updated as tokens arrive, so a proposal costs the same at any context length.
+    An index from each n-gram to the position after its latest occurrence, and to
+    how often each token followed it, is updated as tokens arrive, so a proposal
+    costs the same at any context length. Each proposal names its evidence: how far
+    the match runs back (a long copied passage tends to go on being copied; a
+    2-token match in a long document is mostly chance) and whether the n-gram's
+    earlier occurrences agree on what follows it (the counts SuffixDecoding scores by).
     """
 
     name = "ngram"
@@ -69,7 +86,8 @@ class NgramDrafter:
         self.sizes = range(n_max, n_min - 1, -1)  # longest match first
 
     def begin(self, prompt, sampling, rng) -> None:
-        self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.followers: dict[int, dict[tuple[int, ...], dict[int, int]]] = {n: {} for n in self.sizes}
         self.indexed = 0  # n-grams ending before this position are in the index
 
     def propose(self, history, k) -> Draft:
@@ -77,27 +95,44 @@ class NgramDrafter:
         for end in range(max(self.indexed, 1), len(history)):
             for n in self.sizes:
                 if end >= n:
-                    self.index[n][tuple(history[end - n : end])] = end
+                    gram = tuple(history[end - n : end])
+                    self.latest[n][gram] = end
+                    counts = self.followers[n].setdefault(gram, {})
+                    counts[history[end]] = counts.get(history[end], 0) + 1
         self.indexed = len(history)
         for n in self.sizes:
-            follows = self.index[n].get(tuple(history[-n:]))
+            gram = tuple(history[-n:])
+            follows = self.latest[n].get(gram)
             if follows is not None:
-                return Draft(list(history[follows : follows + min(k, self._trust(history, follows, n, k))]),
-                             source=self.name)
+                run = self._run(history, follows, n)
+                # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
+                # draft after a short, chance match mostly wastes a big verification batch.
+                offer = min(k, max(run, MIN_OFFER))
+                evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
+                return Draft(list(history[follows : follows + offer]), source=self.name, evidence=evidence)
         return Draft(source=self.name)
 
-    def _trust(self, history, follows: int, n: int, k: int) -> int:
-        """How many tokens to offer: as many as the match already runs back (at least MIN_OFFER).
-
-        A long run of repeated text tends to go on repeating; a short match is often chance, and a
-        long draft after it mostly wastes a big verification batch."""
+    @staticmethod
+    def _run(history, follows: int, n: int) -> int:
+        """How many tokens before `follows` equal the last ones of history (at least n, at most RUN_LIMIT)."""
         matched = n
-        while matched < k and matched < follows and history[follows - 1 - matched] == history[-1 - matched]:
+        while matched < RUN_LIMIT and matched < follows and history[follows - 1 - matched] == history[-1 - matched]:
             matched += 1
-        return max(matched, MIN_OFFER)
+        return matched
 
     def observe(self, step) -> None:
         pass
+
+
+def _run_class(run: int) -> str:
+    return next(name for least, name in RUN_CLASSES if run >= least)
+
+
+def _agreement(followers: dict[int, int], proposed: int) -> str:
+    seen = sum(followers.values())
+    if seen == 1:
+        return "seen once"
+    return "earlier agree" if followers.get(proposed, 0) == seen else "earlier differ"
 
 
 class ModelDrafter:
@@ -125,7 +160,9 @@ class ModelDrafter:
     def propose(self, history, k) -> Draft:
         if k == 0:
             return Draft(source=self.name)
+        started = perf_counter()
         self.catch_up(history)
+        caught_up = perf_counter() - started
         tokens: list[int] = []
         dists: list[Dist] = []
         logits = self.context.logits(-1)
@@ -148,10 +185,14 @@ class ModelDrafter:
                 break
             self.context.decode([token], logits="last")
             logits = self.context.logits(-1)
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.name)
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.name, catch_up_seconds=caught_up)
 
     def observe(self, step) -> None:
         pass
+
+    def behind(self, history: list[int]) -> int:
+        """Tokens the next draft would first have to read (at most; some may still match the cache)."""
+        return len(history) - self.agreed
 
     def catch_up(self, history: list[int]) -> None:
         """Drop drafted tokens the target rejected and feed what the draft has not seen.

@@ -69,7 +69,7 @@ def generate(
         step_started = perf_counter()
         draft = drafter.propose(history, k) if k > 0 else Draft()
         if len(draft.tokens) < speculation.draft_min:
-            draft = Draft(source=draft.source)
+            draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
         drafted = perf_counter()
         target.decode([history[-1], *draft.tokens], logits="all")
         if sampling.greedy:
@@ -77,7 +77,8 @@ def generate(
         else:
             accepted, own = verify_sampled(target, draft, sampling, rng)
         target.truncate(n_past + 1 + accepted)
-        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted)
+        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
+                    draft.catch_up_seconds, draft.probe, draft.plain_seconds)
         drafter.observe(step)
         tally.add(step)
         yield step
