@@ -6,18 +6,20 @@ A step that drafts k tokens with drafter d is expected to emit
 
 tokens, where a_i is the acceptance at draft position i given that the positions
 before were accepted, and to take T(k) = draft_d(k) + verify(k + 1). The policy
-picks the drafter and k (k = 0 is a plain step) with the highest E(k) / T(k).
+compares E(k) / T(k) across drafters and k (k = 0 is a plain step).
 
 Acceptance is a belief, not a number: a Beta distribution per drafter, per kind
 of evidence behind the proposal (n-gram lookup: how far the match runs back and
-whether earlier occurrences agree on what follows) and per position. Choices use
-the belief's mean, and an unknown drafter or kind of evidence starts out doubtful
-(PRIOR). What is known only vaguely may be worth a *probe*: a draft that pays only
-if acceptance sits at the optimistic end of its belief. A probe that loses costs
-up to verify(k + 1) - verify(1) (plus the draft model's catch-up, if it must first
-read what it missed), so probes are paid from a budget: the time probes lost
-against plain decoding stays under PROBE_SHARE of the generation's decode time,
-plus one plain token's time to begin with.
+whether earlier occurrences agree on what follows) and per position. A draft is
+*sure* when it pays even at the doubtful side of its beliefs (half a standard
+deviation below the mean); the best sure draft, or a plain step, is the default. Anything
+else is a *probe*: a draft that pays only if acceptance sits at the hopeful end.
+A probe that fails costs up to T(k) - verify(1) (the draft model's catch-up
+included, if it must first read what it missed), so probes are paid from a bucket
+of time that fills at PROBE_SHARE of decode time and empties by what probes lose
+against plain decoding: the time lost to drafts that were not sure stays under
+about 2% of decode time. An unknown drafter or kind of evidence starts doubtful
+(PRIOR), so it is drafted with only once a probe has shown it pays.
 
 What earlier generations taught carries over only as a prior worth SESSION_WEIGHT
 observations, so a new text's own evidence outweighs it within a few steps; within
@@ -39,6 +41,10 @@ from .backend import Context
 from .drafters import Draft, ModelDrafter, NgramDrafter
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
+# The probe bucket starts with one plain step's time (so the first probe can happen at once) and
+# holds at most a few, so a long sure stretch does not save up for a burst of probes.
+BUCKET_START = 1.0
+BUCKET_LIMIT = 4.0
 SESSION_WEIGHT = 2.0  # observations' worth of what earlier generations taught
 FORGET = 0.9  # per observation: within a generation the last ~10 observations dominate
 INHERITED_WEIGHT = 2.0  # a position never tried is taken to be like the deepest one tried, held loosely
@@ -50,10 +56,6 @@ HORIZON = 64
 CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
-# n-gram drafts cut short of a longer match this many times in a row while they are accepted: one
-# twice as long is tried (as a probe), so a big batch's cost timed on a busy moment is measured again.
-LONGER_AFTER = 4
-HIGH_ACCEPTANCE = 0.9
 CALIBRATION_TOKEN = 1
 
 
@@ -73,10 +75,14 @@ class Belief:
         return self.accepted / self.weight
 
     @property
-    def optimistic(self) -> float:
-        """One standard deviation above the mean."""
+    def spread(self) -> float:
+        """One standard deviation."""
         m = self.mean
-        return min(1.0, m + sqrt(m * (1 - m) / (self.weight + 1)))
+        return sqrt(m * (1 - m) / (self.weight + 1))
+
+    def view(self, hope: float) -> float:
+        """Acceptance read `hope` standard deviations from the mean."""
+        return min(1.0, max(0.0, self.mean + hope * self.spread))
 
     def observe(self, accepted: bool) -> None:
         self.accepted = FORGET * self.accepted + accepted
@@ -184,16 +190,19 @@ class Choice:
 
 
 @dataclass
-class Budget:
-    """Time that probes may still lose in this generation."""
+class Bucket:
+    """Seconds that probes may still lose: filled by decoding, emptied by probes that lost."""
 
-    decode_seconds: float = 0.0
-    lost_seconds: float = 0.0
-    allowance: float = 0.0
+    seconds: float
+    limit: float
 
-    @property
-    def left(self) -> float:
-        return self.allowance + PROBE_SHARE * self.decode_seconds - self.lost_seconds
+    def fill(self, decoded_seconds: float) -> None:
+        self.seconds = min(self.limit, self.seconds + PROBE_SHARE * decoded_seconds)
+
+
+# Where in a belief acceptance is read, in standard deviations from the mean: a sure draft pays even
+# half a deviation below it; a probe pays only a deviation above.
+SURE, MEAN, HOPEFUL = -0.5, 0.0, 1.0
 
 
 class AutoDrafter:
@@ -207,7 +216,7 @@ class AutoDrafter:
         self.costs = costs
         # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted)
         self.beliefs: dict[tuple[str, str], list[Belief]] = {}
-        self.ngram_cut_short = 0
+        self.bucket: Bucket | None = None  # made at the first generation, when costs are known
 
     def begin(self, prompt, sampling, rng) -> None:
         self.ngram.begin(prompt, sampling, rng)
@@ -217,13 +226,15 @@ class AutoDrafter:
         self.sampling, self.rng = sampling, rng
         for key, positions in self.beliefs.items():
             self.beliefs[key] = [belief.held_to(SESSION_WEIGHT) for belief in positions]
-        self.budget = Budget(allowance=self.costs.verify_seconds(1))
+        if self.bucket is None:
+            plain = self.costs.verify_seconds(1)
+            self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
         self.chosen: Choice = Choice(0.0)
 
     def forget(self) -> None:
-        """Drop what earlier generations taught about acceptance (a benchmark's fresh session)."""
+        """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
-        self.ngram_cut_short = 0
+        self.bucket = None
 
     def propose(self, history, k) -> Draft:
         plain_seconds = self.costs.verify_seconds(1)
@@ -234,15 +245,23 @@ class AutoDrafter:
         if self.model and k:
             behind = self.model.behind(history) if self.model_started else len(history)
             options.append(Option("draft", "", k, self.costs.catch_up_seconds(behind)))
-        choice = self._best(options, plain_seconds, optimistic=False, best=Choice(1 / plain_seconds))
-        # Probes try what is not being drafted with: longer drafts of the chosen option are the
-        # business of inheritance (untried positions are like the deepest tried) and of _maybe_longer.
-        untried = [option for option in options if option != choice.option]
-        probe = self._best(untried, plain_seconds, optimistic=True, best=Choice(choice.rate))
-        if probe.option is not None:
-            choice = replace(probe, probe=True)
-        if choice.option is not None and choice.option.drafter == "ngram":
-            choice = self._maybe_longer(choice, plain_seconds)
+        # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
+        seconds = {option: [self.costs.draft_seconds(n) * (option.drafter == "draft") + self.costs.verify_seconds(n + 1)
+                            for n in range(1, option.most + 1)] for option in options}
+        sure = self._best(options, seconds, SURE, Choice(1 / plain_seconds))
+        if sure.option is not None:  # what it is expected to make, not its doubtful worst
+            sure = replace(sure, rate=self._rates(sure.option, seconds[sure.option], MEAN)[sure.length - 1])
+        sure_seconds = seconds[sure.option][sure.length - 1] if sure.option else plain_seconds
+
+        def risk(option: Option, length: int) -> float:
+            """What a probe may lose: all of it against a plain step, or, for a longer draft with
+            the sure option, the positions beyond the sure ones."""
+            if option == sure.option:
+                return seconds[option][length - 1] - sure_seconds if length > sure.length else float("inf")
+            return seconds[option][length - 1] + option.once_seconds - plain_seconds
+
+        choice = self._best(options, seconds, HOPEFUL, sure, risk)
+        choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
             return Draft()
@@ -252,27 +271,27 @@ class AutoDrafter:
             draft = self._draft_with_model(history, choice.length)
         return replace(draft, probe=choice.probe, plain_seconds=plain_seconds)
 
-    def _best(self, options: list[Option], plain_seconds: float, optimistic: bool, best: Choice) -> Choice:
-        """The option and length with the highest expected rate above best's. Optimistic: rates at
-        the hopeful end of each belief, only for probes the budget can pay if they lose everything."""
+    def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk=None) -> Choice:
+        """The option and length with the highest expected rate above best's, acceptance seen at
+        `hope`. risk(option, length): what the draft may lose; only what the probe bucket can pay
+        is considered."""
         for option in options:
-            per_token = self.costs.draft_token * self.costs.level if option.drafter == "draft" else 0.0
-            for length, expected in enumerate(self.expected_tokens(option, optimistic), start=1):
-                seconds = per_token * length + self.costs.verify_seconds(length + 1)
-                # A one-off cost counts in proportion to the tokens this step makes of the horizon.
-                rate = expected / (seconds + option.once_seconds * expected / HORIZON)
-                if optimistic and seconds + option.once_seconds - plain_seconds > self.budget.left:
-                    break  # longer drafts of this option would risk even more
-                if rate > best.rate:
+            for length, rate in enumerate(self._rates(option, seconds[option], hope), start=1):
+                if rate > best.rate and (risk is None or risk(option, length) <= self.bucket.seconds):
                     best = Choice(rate, option, length)
         return best
 
-    def expected_tokens(self, option: Option, optimistic: bool = False) -> list[float]:
+    def _rates(self, option: Option, seconds: list[float], hope: float) -> list[float]:
+        """Expected tokens per second of drafting 1 .. option.most tokens. A one-off cost counts in
+        proportion to the tokens the step makes of the horizon."""
+        return [expected / (s + option.once_seconds * expected / HORIZON)
+                for expected, s in zip(self.expected_tokens(option, hope), seconds)]
+
+    def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
         """E(1) .. E(option.most), in one pass."""
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
-            belief = self._belief(option.drafter, option.evidence, position)
-            reach *= belief.optimistic if optimistic else belief.mean
+            reach *= self._belief(option.drafter, option.evidence, position).view(hope)
             expected += reach
             out.append(expected)
         return out
@@ -287,22 +306,6 @@ class AutoDrafter:
         # worth trying; held loosely, so a probe may find out otherwise.
         return positions[-1].held_to(INHERITED_WEIGHT)
 
-    def _maybe_longer(self, choice: Choice, plain_seconds: float) -> Choice:
-        # Gated on the chosen draft's own last position, which every step observes: the positions
-        # past it may hold stale estimates from other text, or a big batch may have been timed on
-        # a busy moment, and only a longer try can tell.
-        option, length = choice.option, choice.length
-        if length == option.most or self._belief(option.drafter, option.evidence, length - 1).mean < HIGH_ACCEPTANCE:
-            self.ngram_cut_short = 0
-            return choice
-        self.ngram_cut_short += 1
-        longer = min(2 * length, option.most)
-        risk = self.costs.verify_seconds(longer + 1) - self.costs.verify_seconds(length + 1)
-        if self.ngram_cut_short < LONGER_AFTER or risk > self.budget.left:
-            return choice  # tried as soon as the budget can pay for it
-        self.ngram_cut_short = 0
-        return replace(choice, length=longer, probe=True)
-
     def _draft_with_model(self, history, length: int) -> Draft:
         started = perf_counter()
         if not self.model_started:
@@ -314,9 +317,9 @@ class AutoDrafter:
 
     def observe(self, step: Step) -> None:
         self.costs.observe_verify(step.drafted + 1, step.verify_seconds)
-        self.budget.decode_seconds += step.draft_seconds + step.verify_seconds
+        self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
-            self.budget.lost_seconds += step.lost_seconds
+            self.bucket.seconds -= step.lost_seconds
         option = self.chosen.option
         if not step.drafted or option is None or option.drafter != step.drafter:
             return
