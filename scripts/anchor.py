@@ -1,7 +1,7 @@
 """localspec beside llama.cpp's own llama-speculative-simple, on the same prompts, in one run.
 
     python scripts/anchor.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
-                             [--prompts humaneval,mtbench,humaneval-edit] [--limit 5] [--max-tokens 128]
+                             [--prompts all] [--limit 5] [--max-tokens 128] [--mixed] [--no-draft-simple]
 
 llama-speculative-simple is built from the llama.cpp sources vendored in the
 llama-cpp-python sdist we pin (the same llama.cpp commit as our binding), once,
@@ -81,7 +81,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--prompts", default="humaneval,mtbench,humaneval-edit")
+    parser.add_argument("--prompts", default="all", help="prompt sets as for localspec bench (default: all)")
+    parser.add_argument("--mixed", action="store_true", help="auto keeps what it learned from set to set")
+    parser.add_argument("--no-draft-simple", dest="draft_simple", action="store_false",
+                        help="skip llama.cpp and localspec with a draft model (they do not pay on a small CPU)")
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-max", type=int, default=3)
@@ -95,6 +98,9 @@ def main() -> None:
     fixed = Speculation("fixed", draft_max=args.draft_max, p_min=args.p_min)
     modes = {"plain": ("plain", fixed), "fixed": ("draft", fixed), "ngram": ("ngram", fixed),
              "auto": ("auto", Speculation("auto", p_min=args.p_min))}
+    if not args.draft_simple:
+        del modes["fixed"]
+    sets = bench.expand(args.prompts)
     totals: dict[tuple[str, str], list[float]] = {}
 
     def add(name: str, label: str, tokens: int, seconds: float) -> None:
@@ -105,14 +111,18 @@ def main() -> None:
     with Session(target, str(draft), Runtime(threads=args.threads), fixed) as session:
         template = session.target_model.chat_template()
         bos, eos = session.target_model.special_text("bos"), session.target_model.special_text("eos")
-        for name in args.prompts.split(","):
+        for name in sets:
             prompts = bench.load_prompts(name, args.limit)
+            if not args.mixed:
+                session.forget()
             for number, prompt in enumerate(prompts, start=1):
-                text = render(template, [{"role": "user", "content": prompt}], bos, eos)
+                conversation = bench.own_replies(session, prompt, Limits(max_tokens=args.max_tokens))
+                text = render(template, conversation, bos, eos)
                 print(f"{name} {number}/{len(prompts)}", file=sys.stderr)
-                add(name, "draft-simple", *run_anchor(binary, target, draft, text, args))
+                if args.draft_simple:
+                    add(name, "draft-simple", *run_anchor(binary, target, draft, text, args))
                 add(name, "ngram-simple", *run_anchor(binary, target, None, text, args))
-                prompt_tokens = session.chat_tokens([{"role": "user", "content": prompt}])
+                prompt_tokens = session.chat_tokens(conversation)
                 for label, (mode, speculation) in modes.items():
                     session.use(mode, speculation)
                     session.reset()
@@ -120,16 +130,21 @@ def main() -> None:
                     done = next(e for e in events if isinstance(e, Done))
                     add(name, label, done.summary.tokens, done.summary.decode_seconds)
 
-    print("| prompt set | llama.cpp draft-simple | llama.cpp ngram-simple | localspec plain | localspec fixed draft"
-          " | localspec fixed ngram | localspec auto | fixed / draft-simple | auto / draft-simple | auto / plain"
-          " | ngram-simple / plain |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name in args.prompts.split(","):
+    columns = {"draft-simple": "llama.cpp draft-simple", "ngram-simple": "llama.cpp ngram-simple",
+               "plain": "localspec plain", "fixed": "localspec fixed draft", "ngram": "localspec fixed ngram",
+               "auto": "localspec auto"}
+    shown = [label for label in columns if any(lab == label for _, lab in totals)]
+    ratios = [("auto", "plain"), ("ngram-simple", "plain"), ("auto", "best of plain and ngram-simple")]
+    if args.draft_simple:
+        ratios = [("fixed", "draft-simple"), ("auto", "draft-simple")] + ratios
+    print("| prompt set | " + " | ".join(columns[label] for label in shown) + " | "
+          + " | ".join(f"{a} / {b}" for a, b in ratios) + " |")
+    print("|---|" + "---:|" * (len(shown) + len(ratios)))
+    for name in sets:
         speed = {label: t / s for (n, label), (t, s) in totals.items() if n == name}
-        print(f"| {name} | {speed['draft-simple']:.2f} | {speed['ngram-simple']:.2f} | {speed['plain']:.2f}"
-              f" | {speed['fixed']:.2f} | {speed['ngram']:.2f} | {speed['auto']:.2f}"
-              f" | {speed['fixed'] / speed['draft-simple']:.2f}x | {speed['auto'] / speed['draft-simple']:.2f}x"
-              f" | {speed['auto'] / speed['plain']:.2f}x | {speed['ngram-simple'] / speed['plain']:.2f}x |")
+        speed["best of plain and ngram-simple"] = max(speed["plain"], speed["ngram-simple"])
+        print(f"| {name} | " + " | ".join(f"{speed[label]:.2f}" for label in shown) + " | "
+              + " | ".join(f"{speed[a] / speed[b]:.2f}x" for a, b in ratios) + " |")
 
 
 if __name__ == "__main__":

@@ -10,16 +10,29 @@ import pytest
 from localspec import bench
 from localspec.config import Limits, Runtime, Sampling, Speculation
 from localspec.errors import InputError, UsageError
+from localspec.events import Done
 from localspec.session import Session
 
 
+def ask(text):
+    return [{"role": "user", "content": text}]
+
+
 def test_prompt_files_in_jsonl_or_text(tmp_path):
-    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n' + json.dumps({"messages": chat}) + "\n")
     (tmp_path / "p.txt").write_text("one\n\ntwo\nthree\n")
-    assert bench.load_prompts(str(tmp_path / "p.jsonl"), None) == ["a", "b"]
-    assert bench.load_prompts(str(tmp_path / "p.txt"), 2) == ["one", "two"]
+    assert bench.load_prompts(str(tmp_path / "p.jsonl"), None) == [ask("a"), ask("b"), chat]
+    assert bench.load_prompts(str(tmp_path / "p.txt"), 2) == [ask("one"), ask("two")]
     with pytest.raises(InputError, match="neither a prompt set"):
         bench.load_prompts(str(tmp_path / "missing.txt"), None)
+
+
+def test_all_names_the_suite_once_and_sets_start_with_every_kind():
+    assert bench.expand("humaneval, all,") == list(dict.fromkeys(["humaneval", *bench.ALL]))
+    assert len(bench.ALL) >= 8 and all(name in bench.PROMPT_SETS for name in bench.ALL)
+    records = [{"kind": k, "n": n} for k in "aab" for n in range(2)]
+    assert [r["kind"] for r in bench._interleave(records, "kind")[:2]] == ["a", "b"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +43,7 @@ def session(tiny):
 
 
 def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(session):
-    prompts = {"mine": ["the cat sat", "abcabcabc"]}
+    prompts = {"mine": [ask("the cat sat"), ask("abcabcabc")]}
     rows = bench.run(session, prompts, ["plain", "ngram", "draft", "auto"], Sampling(temperature=0),
                      Limits(max_tokens=30), lambda text: None)
     by_mode = {r["mode"]: r for r in rows}
@@ -43,7 +56,21 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
 
 def test_unknown_modes_are_refused(session):
     with pytest.raises(UsageError, match="unknown mode"):
-        bench.run(session, {"x": ["a"]}, ["turbo"], Sampling(), Limits(max_tokens=2), lambda text: None)
+        bench.run(session, {"x": [ask("a")]}, ["turbo"], Sampling(), Limits(max_tokens=2), lambda text: None)
+
+
+def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(session):
+    conversation = [*ask("the cat"), {"role": "assistant", "content": None}, *ask("and then?")]
+    filled = bench.own_replies(session, conversation, Limits(max_tokens=8))
+    session.use("plain")
+    session.reset()
+    first = next(e for e in session.generate(session.chat_tokens(ask("the cat")), Sampling(temperature=0),
+                                                Limits(max_tokens=8)) if isinstance(e, Done))
+    assert filled[1] == {"role": "assistant", "content": first.text} and first.text
+    assert filled[0] == conversation[0] and filled[2] == conversation[2] and conversation[1]["content"] is None
+    rows = bench.run(session, {"chat": [conversation]}, ["plain", "auto"], Sampling(temperature=0),
+                     Limits(max_tokens=8), lambda text: None)
+    assert all(r["tokens"] == 8 for r in rows)
 
 
 def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
@@ -66,10 +93,27 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_named_prompt_sets_come_from_their_packages():
-    humaneval = bench.load_prompts("humaneval", 3)
-    assert len(humaneval) == 3 and "def has_close_elements" in humaneval[0]
-    mtbench = bench.load_prompts("mtbench", 2)
-    assert "travel blog post" in mtbench[0]
-    edit = bench.load_prompts("humaneval-edit", 1)[0]
+def test_named_prompt_sets_come_from_their_packages(real_model):
+    def last(name, n):
+        return [prompt[-1]["content"] for prompt in bench.load_prompts(name, n)]
+
+    assert "def has_close_elements" in last("humaneval", 3)[0]
+    assert "travel blog post" in last("mtbench", 2)[0]
+    edit = last("humaneval-edit", 1)[0]
     assert "def has_close_elements" in edit and "for idx, elem in enumerate(numbers)" in edit
+    two_turns = bench.load_prompts("mtbench-2turn", 8)
+    assert [m["role"] for m in two_turns[0]] == ["user", "assistant", "user"] and two_turns[0][1]["content"] is None
+    assert len({prompt[0]["content"] for prompt in two_turns}) == 8  # one question from each category first
+    assert "into French" in last("translation", 1)[0] and "into German" in last("translation", 2)[1]
+    assert "Janet" in last("gsm8k", 1)[0]
+    assert last("nq-open", 1)[0].endswith("?")
+    assert all(len(text.split()) >= 200 for text in last("xsum", 5))
+    from localspec.engine.backend import Model
+    model = Model(real_model("qwen2.5-coder-0.5b"))  # the Qwen tokenizer
+    try:
+        rag = last("narrativeqa-rag", 10)
+        lengths = [len(model.tokenize(text, add_special=False, parse_special=False)) for text in rag]
+        assert min(lengths) >= 2000 and max(lengths) < 3500, lengths
+        assert len({text.rsplit("Question:", 1)[1] for text in rag}) == 10
+    finally:
+        model.close()

@@ -40,6 +40,8 @@ def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
 
 GPU_LIKE = {1: 0.020, 9: 0.022}  # verifying 8 more tokens costs almost nothing
 CPU_LIKE = {1: 0.066, 2: 0.097, 4: 0.113, 8: 0.201, 16: 0.252, 32: 0.436}  # the 2-core dev box, Qwen 1.5B
+# another 2-core box (AMD EPYC): a batch of 2 costs 1.7 single tokens, so a draft pays only at high acceptance
+EPYC_LIKE = {1: 0.037, 2: 0.064, 4: 0.110, 8: 0.268, 16: 0.311, 32: 0.459}
 COPIED = list(range(100, 140)) + list(range(100, 116))  # the answer has repeated 16 tokens of its input so far
 
 
@@ -188,6 +190,17 @@ def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
     assert costs.level > 0 and costs.draft_token > 0 and costs.draft_prefill_token > 0
     assert target.tokens == [] and draft.tokens == []
     assert costs.verify_seconds(33) == pytest.approx(costs.verify_seconds(32) * 33 / 32)
+
+
+def test_what_was_never_seen_is_probed_even_where_only_high_acceptance_would_pay():
+    auto = policy(EPYC_LIKE, 0.021, model=False)
+    first = play(auto, COPIED, 32, accepted=32, verify=EPYC_LIKE)
+    assert first.probe and first.drafted >= 1
+    lengths = [play(auto, COPIED, 32, accepted=32, verify=EPYC_LIKE).drafted for _ in range(12)]
+    assert lengths[-1] >= 15  # the copy was found and earns long drafts
+    auto = policy(EPYC_LIKE, 0.021, model=False)
+    missed = [play(auto, COPIED, 32, accepted=0, verify=EPYC_LIKE) for _ in range(100)]
+    assert 1 <= sum(s.drafted > 0 for s in missed) <= 3  # a miss or two rule this kind of match out
 
 
 def test_copied_text_earns_long_ngram_drafts_once_the_first_positions_hold():

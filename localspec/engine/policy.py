@@ -110,6 +110,10 @@ class Costs:
     def verify_seconds(self, n: int) -> float:
         return self.level * _interpolate(self.verify, n)
 
+    def verify_table(self, most: int) -> list[float]:
+        """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step)."""
+        return [self.level * relative for relative in _interpolate_all(self.verify, most)]
+
     def draft_seconds(self, k: int) -> float:
         return self.level * self.draft_token * k
 
@@ -130,16 +134,23 @@ class Costs:
 
 
 def _interpolate(table: dict[int, float], n: int) -> float:
-    if n in table:
-        return table[n]
-    below = max((m for m in table if m < n), default=None)
-    above = min((m for m in table if m > n), default=None)
-    if below is None:
-        return table[above] * n / above
-    if above is None:
-        return table[below] * n / below
-    share = (n - below) / (above - below)
-    return table[below] + share * (table[above] - table[below])
+    return _interpolate_all(table, n)[-1]
+
+
+def _interpolate_all(table: dict[int, float], most: int) -> list[float]:
+    """table's value at n = 1 .. most: linear between its sizes, proportional to n beyond them."""
+    sizes = sorted(table)
+    out, below = [], 0
+    for n in range(1, most + 1):
+        while below + 1 < len(sizes) and sizes[below + 1] <= n:
+            below += 1
+        low = sizes[below]
+        if n <= low or below + 1 == len(sizes):
+            out.append(table[low] * n / low)
+        else:
+            high = sizes[below + 1]
+            out.append(table[low] + (n - low) / (high - low) * (table[high] - table[low]))
+    return out
 
 
 def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
@@ -201,8 +212,11 @@ class Bucket:
 
 
 # Where in a belief acceptance is read, in standard deviations from the mean: a sure draft pays even
-# half a deviation below it; a probe pays only a deviation above.
-SURE, MEAN, HOPEFUL = -0.5, 0.0, 1.0
+# half a deviation below it. A probe is worth its chance if it would pay three deviations above:
+# for what has never been seen (PRIOR) that is acceptance 1, so any drafter or kind of evidence is
+# tried wherever verifying a few more tokens costs less than decoding them one by one, and one or two
+# misses rule it out for the rest of the generation. How often probes happen is the bucket's business.
+SURE, MEAN, HOPEFUL = -0.5, 0.0, 3.0
 
 
 class AutoDrafter:
@@ -246,8 +260,10 @@ class AutoDrafter:
             behind = self.model.behind(history) if self.model_started else len(history)
             options.append(Option("draft", "", k, self.costs.catch_up_seconds(behind)))
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
-        seconds = {option: [self.costs.draft_seconds(n) * (option.drafter == "draft") + self.costs.verify_seconds(n + 1)
-                            for n in range(1, option.most + 1)] for option in options}
+        verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
+        per_token = self.costs.draft_seconds(1)
+        seconds = {option: [per_token * n * (option.drafter == "draft") + verify[n] for n in range(1, option.most + 1)]
+                   for option in options}
         sure = self._best(options, seconds, SURE, Choice(1 / plain_seconds))
         if sure.option is not None:  # what it is expected to make, not its doubtful worst
             sure = replace(sure, rate=self._rates(sure.option, seconds[sure.option], MEAN)[sure.length - 1])
@@ -289,9 +305,12 @@ class AutoDrafter:
 
     def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
         """E(1) .. E(option.most), in one pass."""
+        positions = self.beliefs.get((option.drafter, option.evidence)) or []
+        views = [belief.view(hope) for belief in positions[: option.most]]
+        untried = (positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR).view(hope)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
-            reach *= self._belief(option.drafter, option.evidence, position).view(hope)
+            reach *= views[position] if position < len(views) else untried
             expected += reach
             out.append(expected)
         return out
@@ -303,7 +322,7 @@ class AutoDrafter:
         if position < len(positions):
             return positions[position]
         # In a run of copied text the first positions fill in at nearly 1, and long drafts become
-        # worth trying; held loosely, so a probe may find out otherwise.
+        # worth trying; a position never tried is held loosely, so a probe may find out otherwise.
         return positions[-1].held_to(INHERITED_WEIGHT)
 
     def _draft_with_model(self, history, length: int) -> Draft:
