@@ -51,6 +51,10 @@ def test_prompt_from_stdin_and_file_and_ngram_default(localspec, tiny, tmp_path)
     from_file = run_json(localspec, tiny["target"], "--draft", "ngram", "--temp", "0", "-n", "20", "--file", prompt_file)
     assert from_stdin["text"] == from_file["text"]
     assert check_stats(from_file)["prompt_tokens"] == from_stdin["stats"]["prompt_tokens"] > 9
+    # under auto, what each drafter did and what its probes cost (tests/test_stats.py checks the fold)
+    assert set(from_file["stats"]["drafters"]) <= {"ngram"} and "probe_lost_seconds" in from_file["stats"]
+    for drafter in from_file["stats"]["drafters"].values():
+        assert {"steps", "drafted", "accepted", "probes", "probes_lost", "probe_lost_seconds"} <= set(drafter)
 
 
 def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):

@@ -47,3 +47,25 @@ def test_acceptance_by_position_range_groups_long_drafts_by_doubling_ranges():
     assert [positions for positions, _ in rows] == ["1", "2", "3", "4", "5-8", "9-16", "17-20"]
     assert rows[4][1] == pytest.approx((4 + 2) / (4 + 2))  # positions 5-8: 4 of the long draft, 2 of the short
     assert rows[5][1] == pytest.approx(2 / 8) and rows[6][1] == 0.0
+
+
+def test_each_drafter_has_its_own_steps_and_probes_and_what_lost_probes_cost():
+    tally = Tally()
+    plain = 0.05  # what a plain step was expected to cost when each probe was made
+    for event in [
+        Step("ngram", 4, 4, 0.0, 0.10, probe=True, plain_seconds=plain),  # 5 tokens for 0.10 s: paid
+        Step("ngram", 3, 0, 0.0, 0.09, probe=True, plain_seconds=plain),  # 1 token for 0.09 s: lost 0.04 s
+        Step("ngram", 8, 8, 0.0, 0.20),  # a sure draft
+        Step("draft", 2, 1, 0.03, 0.07, catch_up_seconds=0.01, probe=True, plain_seconds=plain),  # lost 0.0 s
+        Step("none", 0, 0, 0.0, 0.05),
+    ]:
+        tally.add(event)
+    s = tally.summary(1.0)
+    ngram, draft = s.drafters["ngram"], s.drafters["draft"]
+    assert set(s.drafters) == {"ngram", "draft"}  # plain steps are no drafter's
+    assert (ngram.steps, ngram.drafted, ngram.accepted, ngram.probes, ngram.probes_lost) == (3, 15, 12, 2, 1)
+    assert ngram.probe_lost_seconds == pytest.approx(0.04) and ngram.seconds == pytest.approx(0.39)
+    assert (draft.steps, draft.probes, draft.probes_lost, draft.catch_up_seconds) == (1, 1, 0, 0.01)
+    assert s.probe_lost_seconds == pytest.approx(0.04)
+    as_json = s.as_dict()
+    assert as_json["drafters"]["ngram"]["probes_lost"] == 1 and as_json["probe_lost_seconds"] == pytest.approx(0.04)
