@@ -219,6 +219,13 @@ class Bucket:
 SURE, MEAN, HOPEFUL = -0.5, 0.0, 3.0
 
 
+def _untried(positions: list[Belief]) -> Belief:
+    """A draft position never tried. In a run of copied text the first positions fill in at nearly 1,
+    and long drafts become worth trying: it is taken to be like the deepest position tried, held
+    loosely, so a probe may find out otherwise; with nothing tried, the PRIOR."""
+    return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
+
+
 class AutoDrafter:
     """Chooses each step between plain decoding, n-gram lookup and the draft model (if any)."""
 
@@ -307,7 +314,7 @@ class AutoDrafter:
         """E(1) .. E(option.most), in one pass."""
         positions = self.beliefs.get((option.drafter, option.evidence)) or []
         views = [belief.view(hope) for belief in positions[: option.most]]
-        untried = (positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR).view(hope)
+        untried = _untried(positions).view(hope)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
             reach *= views[position] if position < len(views) else untried
@@ -316,14 +323,8 @@ class AutoDrafter:
         return out
 
     def _belief(self, drafter: str, evidence: str, position: int) -> Belief:
-        positions = self.beliefs.get((drafter, evidence))
-        if not positions:
-            return PRIOR
-        if position < len(positions):
-            return positions[position]
-        # In a run of copied text the first positions fill in at nearly 1, and long drafts become
-        # worth trying; a position never tried is held loosely, so a probe may find out otherwise.
-        return positions[-1].held_to(INHERITED_WEIGHT)
+        positions = self.beliefs.get((drafter, evidence)) or []
+        return positions[position] if position < len(positions) else _untried(positions)
 
     def _draft_with_model(self, history, length: int) -> Draft:
         started = perf_counter()
