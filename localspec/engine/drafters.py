@@ -128,6 +128,15 @@ def _run_class(run: int) -> str:
     return next(name for least, name in RUN_CLASSES if run >= least)
 
 
+def weaker_evidence(evidence: str) -> str | None:
+    """The same n-gram evidence with a match one class shorter, if there is one (else None)."""
+    run, _, agreement = evidence.partition(", ")
+    names = [name for _, name in RUN_CLASSES]
+    if run not in names or names.index(run) + 1 == len(names):
+        return None
+    return f"{names[names.index(run) + 1]}, {agreement}"
+
+
 def _agreement(followers: dict[int, int], proposed: int) -> str:
     seen = sum(followers.values())
     if seen == 1:

@@ -11,15 +11,27 @@ compares E(k) / T(k) across drafters and k (k = 0 is a plain step).
 Acceptance is a belief, not a number: a Beta distribution per drafter, per kind
 of evidence behind the proposal (n-gram lookup: how far the match runs back and
 whether earlier occurrences agree on what follows) and per position. A draft is
-*sure* when it pays even at the doubtful side of its beliefs (half a standard
-deviation below the mean); the best sure draft, or a plain step, is the default. Anything
-else is a *probe*: a draft that pays only if acceptance sits at the hopeful end.
-A probe that fails costs up to T(k) - verify(1) (the draft model's catch-up
-included, if it must first read what it missed), so probes are paid from a bucket
-of time that fills at PROBE_SHARE of decode time and empties by what probes lose
-against plain decoding: the time lost to drafts that were not sure stays under
-about 2% of decode time. An unknown drafter or kind of evidence starts doubtful
-(PRIOR), so it is drafted with only once a probe has shown it pays.
+*sure* when it pays even at the doubtful side of its beliefs (one standard
+deviation below the mean); the best sure draft, or a plain step, is the default.
+
+An n-gram proposal is deterministic and costs nothing to make, so its beliefs are
+learned from the text itself: every step's lookup, drafted or not, is scored
+against the tokens the target goes on to commit. (Greedy: a draft token is
+accepted exactly when the target commits it. Sampling: a deterministic draft
+token x is accepted with probability p(x), the chance the target commits x.) A
+copied passage earns n-gram drafts within a few plain steps, and chance matches in a
+long document are found out without verifying a single one of them. A kind of
+evidence seen for the first time starts from what the next weaker kind (a shorter
+match) has shown, else from a doubtful PRIOR.
+
+The draft model's proposals cost a forward pass each, so what it would have
+proposed is known only where it drafted. A draft with it that is not sure is a
+*probe*: a draft that pays only if acceptance sits at the hopeful end. A probe
+that fails costs up to T(k) - verify(1) (the draft model's catch-up included, if
+it must first read what it missed), so probes are paid from a bucket of time that
+fills at PROBE_SHARE of decode time and empties by what probes lose against plain
+decoding: the time lost to drafts that were not sure stays under about 2% of decode
+time.
 
 What earlier generations taught carries over only as a prior worth SESSION_WEIGHT
 observations, so a new text's own evidence outweighs it within a few steps; within
@@ -38,7 +50,7 @@ from time import perf_counter
 
 from ..events import Step
 from .backend import Context
-from .drafters import Draft, ModelDrafter, NgramDrafter
+from .drafters import Draft, ModelDrafter, NgramDrafter, weaker_evidence
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 # The probe bucket starts with one plain step's time (so the first probe can happen at once) and
@@ -201,6 +213,16 @@ class Choice:
 
 
 @dataclass
+class Shadow:
+    """An n-gram proposal, drafted or not, waiting for the text to show how much of it was right."""
+
+    start: int  # where in history its first token would go
+    tokens: list[int]
+    evidence: str
+    scored: int = 0  # positions already learned from
+
+
+@dataclass
 class Bucket:
     """Seconds that probes may still lose: filled by decoding, emptied by probes that lost."""
 
@@ -212,17 +234,18 @@ class Bucket:
 
 
 # Where in a belief acceptance is read, in standard deviations from the mean: a sure draft pays even
-# half a deviation below it. A probe is worth its chance if it would pay three deviations above:
-# for what has never been seen (PRIOR) that is acceptance 1, so any drafter or kind of evidence is
-# tried wherever verifying a few more tokens costs less than decoding them one by one, and one or two
-# misses rule it out for the rest of the generation. How often probes happen is the bucket's business.
-SURE, MEAN, HOPEFUL = -0.5, 0.0, 3.0
+# one deviation below it (on a text of chance matches, half a deviation let one step in thirty draft
+# on beliefs that happened to run high). A probe is worth its chance if it would pay three deviations above:
+# for a draft model never seen (PRIOR) that is acceptance 1, so it is tried wherever verifying a few
+# more tokens costs less than decoding them one by one, and one or two misses rule it out for the
+# rest of the generation. How often probes happen is the bucket's business.
+SURE, MEAN, HOPEFUL = -1.0, 0.0, 3.0
 
 
 def _untried(positions: list[Belief]) -> Belief:
     """A draft position never tried. In a run of copied text the first positions fill in at nearly 1,
     and long drafts become worth trying: it is taken to be like the deepest position tried, held
-    loosely, so a probe may find out otherwise; with nothing tried, the PRIOR."""
+    loosely, so a draft (or the text, for n-gram lookups) may show otherwise; with nothing tried, the PRIOR."""
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
 
 
@@ -245,6 +268,7 @@ class AutoDrafter:
         # pay, it never costs prompt time.
         self.model_started = False
         self.sampling, self.rng = sampling, rng
+        self.shadows: list[Shadow] = []
         for key, positions in self.beliefs.items():
             self.beliefs[key] = [belief.held_to(SESSION_WEIGHT) for belief in positions]
         if self.bucket is None:
@@ -258,11 +282,13 @@ class AutoDrafter:
         self.bucket = None
 
     def propose(self, history, k) -> Draft:
+        self._learn_from_text(history)
         plain_seconds = self.costs.verify_seconds(1)
         lookup = self.ngram.propose(history, k)
         options = []
         if lookup.tokens:
             options.append(Option("ngram", lookup.evidence, len(lookup.tokens)))
+            self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         if self.model and k:
             behind = self.model.behind(history) if self.model_started else len(history)
             options.append(Option("draft", "", k, self.costs.catch_up_seconds(behind)))
@@ -283,7 +309,8 @@ class AutoDrafter:
                 return seconds[option][length - 1] - sure_seconds if length > sure.length else float("inf")
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
-        choice = self._best(options, seconds, HOPEFUL, sure, risk)
+        # Only the draft model is probed: n-gram beliefs learn from the text at no cost.
+        choice = self._best([o for o in options if o.drafter == "draft"], seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
@@ -312,7 +339,7 @@ class AutoDrafter:
 
     def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
         """E(1) .. E(option.most), in one pass."""
-        positions = self.beliefs.get((option.drafter, option.evidence)) or []
+        positions = self._positions((option.drafter, option.evidence))
         views = [belief.view(hope) for belief in positions[: option.most]]
         untried = _untried(positions).view(hope)
         expected, reach, out = 1.0, 1.0, []
@@ -322,9 +349,18 @@ class AutoDrafter:
             out.append(expected)
         return out
 
-    def _belief(self, drafter: str, evidence: str, position: int) -> Belief:
-        positions = self.beliefs.get((drafter, evidence)) or []
-        return positions[position] if position < len(positions) else _untried(positions)
+    def _positions(self, key: tuple[str, str]) -> list[Belief]:
+        """The beliefs about a kind of evidence. One seen for the first time in this session starts
+        as a copy of the nearest weaker kind's: a match that runs further back is no worse a sign, so
+        that is a cautious estimate, and a copy that grows past a length class need not be learned
+        again from nothing."""
+        if key not in self.beliefs:
+            drafter, weaker = key
+            inherited: list[Belief] = []
+            while not inherited and (weaker := weaker_evidence(weaker)):
+                inherited = self.beliefs.get((drafter, weaker), [])
+            self.beliefs[key] = [replace(belief) for belief in inherited]
+        return self.beliefs[key]
 
     def _draft_with_model(self, history, length: int) -> Draft:
         started = perf_counter()
@@ -341,13 +377,27 @@ class AutoDrafter:
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
         option = self.chosen.option
-        if not step.drafted or option is None or option.drafter != step.drafter:
-            return
-        # Position i was tried only if all before it were accepted.
-        positions = self.beliefs.setdefault((option.drafter, option.evidence), [])
-        for position in range(min(step.accepted + 1, step.drafted)):
-            if position == len(positions):
-                positions.append(replace(self._belief(option.drafter, option.evidence, position)))
-            positions[position].observe(position < step.accepted)
-        if step.drafter == "draft":
+        if step.drafter == "draft" and option is not None and option.drafter == "draft" and step.drafted:
+            # Position i was tried only if all before it were accepted.
+            self._learn(("draft", ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
             self.costs.observe_draft(step.drafted, step.draft_seconds - step.catch_up_seconds)
+
+    def _learn_from_text(self, history: list[int]) -> None:
+        """Learn from each n-gram proposal as far as the committed tokens now tell its fate."""
+        waiting = []
+        for shadow in self.shadows:
+            written = history[shadow.start : shadow.start + len(shadow.tokens)]
+            agreed = next((i for i, (a, b) in enumerate(zip(written, shadow.tokens)) if a != b), len(written))
+            self._learn(("ngram", shadow.evidence), shadow.scored, min(agreed + 1, len(written)), agreed)
+            shadow.scored = agreed
+            if agreed == len(written) < len(shadow.tokens):
+                waiting.append(shadow)  # right so far; the rest is not written yet
+        self.shadows = waiting
+
+    def _learn(self, key: tuple[str, str], first: int, tried: int, accepted: int) -> None:
+        """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""
+        positions = self._positions(key)
+        for position in range(first, tried):
+            if position == len(positions):
+                positions.append(replace(_untried(positions)))
+            positions[position].observe(position < accepted)
