@@ -298,8 +298,15 @@ class AutoDrafter:
         seconds = {option: [per_token * n * (option.drafter == "draft") + verify[n] for n in range(1, option.most + 1)]
                    for option in options}
         sure = self._best(options, seconds, SURE, Choice(1 / plain_seconds))
-        if sure.option is not None:  # what it is expected to make, not its doubtful worst
-            sure = replace(sure, rate=self._rates(sure.option, seconds[sure.option], MEAN)[sure.length - 1])
+        if sure.option is not None:
+            # The sure option drafts the length it is expected to do best at, of those that beat a
+            # plain step even on the doubtful side: reading every position's noisy belief at its
+            # doubtful side would stop it short wherever one deep position happened to read low.
+            doubtful = self._rates(sure.option, seconds[sure.option], SURE)
+            expected = self._rates(sure.option, seconds[sure.option], MEAN)
+            length = max((n for n in range(1, sure.option.most + 1) if doubtful[n - 1] > 1 / plain_seconds),
+                         key=lambda n: expected[n - 1])
+            sure = Choice(expected[length - 1], sure.option, length)
         sure_seconds = seconds[sure.option][sure.length - 1] if sure.option else plain_seconds
 
         def risk(option: Option, length: int) -> float:
