@@ -200,6 +200,9 @@ def test_what_other_texts_taught_yields_to_this_generations_evidence_within_a_fe
     auto = policy(CPU_LIKE, 0.040, model=False)
     believe(auto, "ngram", evidence_of(CHANCE[:60]), [0.9] * 8, weight=100.0)  # learned on copied text
     auto.begin(CHANCE[:60], Sampling(), None)
+    carried = auto.beliefs[("ngram", evidence_of(CHANCE[:60]))]
+    # only the first position carries over, as a prior worth a couple of observations
+    assert len(carried) == 1 and carried[0].weight == pytest.approx(2.0) and carried[0].mean == pytest.approx(0.9)
     drafted = [step.drafted > 0 for step in write(auto, CHANCE, 60, 8, CPU_LIKE, steps=40)]
     assert drafted[0] and sum(drafted) <= 5  # acted on once, then every plain step's lookup teaches
 

@@ -34,7 +34,11 @@ decoding: the time lost to drafts that were not sure stays under about 2% of dec
 time.
 
 What earlier generations taught carries over only as a prior worth SESSION_WEIGHT
-observations, so a new text's own evidence outweighs it within a few steps; within
+observations, so a new text's own evidence outweighs it within a few steps, and only
+for a kind's first position: how far a run of accepted tokens goes on is a property
+of the text at hand, so deeper positions start from the first one's belief and are
+learned again (a text with only chance matches rarely reaches them and would keep
+another text's long copies in view); within
 a generation old observations fade (FORGET), so a text that stops copying its
 input soon stops being drafted for.
 
@@ -270,7 +274,7 @@ class AutoDrafter:
         self.sampling, self.rng = sampling, rng
         self.shadows: list[Shadow] = []
         for key, positions in self.beliefs.items():
-            self.beliefs[key] = [belief.held_to(SESSION_WEIGHT) for belief in positions]
+            self.beliefs[key] = [positions[0].held_to(SESSION_WEIGHT)] if positions else []
         if self.bucket is None:
             plain = self.costs.verify_seconds(1)
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
