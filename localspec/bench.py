@@ -10,11 +10,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from time import perf_counter
 
 from . import mirror, paths
 from .config import Limits, Sampling
 from .errors import InputError, UsageError
-from .events import Done, Prefill
+from .events import Done, Prefill, Step
 from .session import MODES, Session
 from .stats import Tally
 
@@ -211,6 +212,38 @@ def own_replies(session: Session, conversation: Conversation, limits: Limits) ->
 
 
 @dataclass
+class HostTime:
+    """Host time of each step (wall time since the previous step less the time inside llama_decode:
+    batch set-up, sampling, drafting logic, text, events) against the rows it verified, fitted by
+    least squares as a step's base cost plus a cost per further verified row."""
+
+    steps: int = 0
+    rows: float = 0.0  # sums over steps of x = further rows, y = seconds
+    seconds: float = 0.0
+    rows_squared: float = 0.0
+    rows_seconds: float = 0.0
+
+    def add(self, further_rows: int, seconds: float) -> None:
+        self.steps += 1
+        self.rows += further_rows
+        self.seconds += seconds
+        self.rows_squared += further_rows * further_rows
+        self.rows_seconds += further_rows * seconds
+
+    def per_row(self) -> float | None:
+        """Seconds per further verified row; None when every step verified as many rows."""
+        spread = self.steps * self.rows_squared - self.rows * self.rows
+        return (self.steps * self.rows_seconds - self.rows * self.seconds) / spread if spread > 0 else None
+
+    def per_step(self) -> float | None:
+        """Seconds of a step that verified one row."""
+        if not self.steps:
+            return None
+        slope = self.per_row() or 0.0
+        return (self.seconds - slope * self.rows) / self.steps
+
+
+@dataclass
 class Result:
     """Every generation of one mode on one prompt set, folded together."""
 
@@ -220,6 +253,7 @@ class Result:
     tally: Tally = field(default_factory=Tally)
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0  # inside llama_decode (both models) while decoding
+    host: HostTime = field(default_factory=HostTime)
 
     def as_dict(self, plain_speed: float | None) -> dict:
         s = self.tally.summary(self.decode_seconds)
@@ -235,10 +269,16 @@ class Result:
             "per_position_acceptance": s.per_position_acceptance,
             "acceptance_by_positions": dict(s.acceptance_by_position_range()),
             "python_overhead": 1 - self.llama_seconds / self.decode_seconds if self.decode_seconds else 0.0,
+            "host_us_per_step": _micro(self.host.per_step()),
+            "host_us_per_row": _micro(self.host.per_row()),
             # what auto's probes that did not pay cost, against plain decoding, as a share of decode time
             "probe_loss": s.probe_lost_seconds / self.decode_seconds if self.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
         }
+
+
+def _micro(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6
 
 
 POLICY_OF_MODE = {"plain": "off", "ngram": "fixed", "draft": "fixed", "auto": "auto"}
@@ -270,8 +310,13 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
                 result.prompts += 1
                 for event in session.generate(tokens, sampling, limits):
                     result.tally.add(event)
-                    if isinstance(event, Prefill):
-                        busy_at_start = sum(c.busy_seconds for c in contexts)
+                    if isinstance(event, Prefill | Step):
+                        now, busy = perf_counter(), sum(c.busy_seconds for c in contexts)
+                        if isinstance(event, Prefill):
+                            busy_at_start = busy
+                        else:
+                            result.host.add(event.drafted, (now - last_now) - (busy - last_busy))
+                        last_now, last_busy = now, busy
                     elif isinstance(event, Done):
                         result.llama_seconds += sum(c.busy_seconds for c in contexts) - busy_at_start
                         result.decode_seconds += event.summary.decode_seconds

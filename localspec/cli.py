@@ -110,10 +110,25 @@ ThreadsOption = Annotated[
     typer.Option("--threads", "-t", help="CPU threads. Default: physical cores.", show_default=False, rich_help_panel=RESOURCES),
 ]
 GpuLayersOption = Annotated[
-    int, typer.Option("--gpu-layers", help="Target layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
+    Optional[int],
+    typer.Option("--gpu-layers", "-ngl", "--n-gpu-layers", help="Target layers on the GPU; -1 (the default) for all.",
+                 show_default=False, rich_help_panel=RESOURCES),
 ]
 DraftGpuLayersOption = Annotated[
-    int, typer.Option("--draft-gpu-layers", help="Draft layers on the GPU; -1 for all.", rich_help_panel=RESOURCES)
+    Optional[int],
+    typer.Option("--draft-gpu-layers", "-ngld", "--gpu-layers-draft",
+                 help="Draft layers on the GPU; -1 (the default) for all.", show_default=False, rich_help_panel=RESOURCES),
+]
+BackendSamplingOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--backend-sampling/--no-backend-sampling",
+        help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates"
+        " come back (fast on a GPU, slow on a CPU), or in C on the host."
+        " Default: on the backend where the target runs on a GPU.",
+        show_default=False,
+        rich_help_panel=RESOURCES,
+    ),
 ]
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 NoColorOption = Annotated[
@@ -122,12 +137,18 @@ NoColorOption = Annotated[
 
 
 def build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
-                 draft_gpu_layers) -> tuple[Sampling, Speculation, Runtime]:
+                 draft_gpu_layers, backend_sampling) -> tuple[Sampling, Speculation, Runtime]:
+    if (gpu_layers is not None or draft_gpu_layers is not None) and not hardware.gpu_offload():
+        print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
+              " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
+    all_layers = DEFAULT_RUNTIME.gpu_layers
     return (
         Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         Speculation(policy=spec, draft_max=draft_max, draft_min=draft_min, p_min=p_min),
-        Runtime(ctx_size=ctx_size, threads=threads or default_threads(), gpu_layers=gpu_layers,
-                draft_gpu_layers=draft_gpu_layers),
+        Runtime(ctx_size=ctx_size, threads=threads or default_threads(),
+                gpu_layers=all_layers if gpu_layers is None else gpu_layers,
+                draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
+                backend_sampling=backend_sampling),
     )
 
 
@@ -170,8 +191,9 @@ def run(
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
     threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
-    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    gpu_layers: GpuLayersOption = None,
+    draft_gpu_layers: DraftGpuLayersOption = None,
+    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
@@ -186,7 +208,8 @@ def run(
     """
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
+                                                  backend_sampling)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
 
@@ -200,7 +223,7 @@ def run(
         outcome = _consume(events, show=not as_json)
         if as_json:
             print(json.dumps({"text": outcome.text, "finish_reason": outcome.finish_reason,
-                              "stats": outcome.summary.as_dict()}))
+                              "stats": outcome.summary.as_dict(), "placement": session.placement()}))
         elif not quiet:
             print(summary_line(outcome), file=sys.stderr)
         if outcome.finish_reason == INTERRUPTED:
@@ -233,8 +256,9 @@ def chat(
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
     threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
-    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    gpu_layers: GpuLayersOption = None,
+    draft_gpu_layers: DraftGpuLayersOption = None,
+    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     offline: OfflineOption = False,
     no_color: NoColorOption = False,
 ):
@@ -245,7 +269,8 @@ def chat(
     """
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
+                                                  backend_sampling)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
         conversation = chat_loop.Chat(session, sampling, limits, system)
@@ -364,8 +389,9 @@ def batch(
     p_min: PMinOption = DEFAULT_SPECULATION.p_min,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
     threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
-    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    gpu_layers: GpuLayersOption = None,
+    draft_gpu_layers: DraftGpuLayersOption = None,
+    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     offline: OfflineOption = False,
 ):
     """Run a file of prompts; one JSON line per item (text, finish reason, speculation stats) as each finishes.
@@ -374,7 +400,8 @@ def batch(
     """
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
+                                                  backend_sampling)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     if resume and output is None:
         raise UsageError("--resume needs --output: the file whose finished items to skip")
@@ -446,8 +473,9 @@ def bench(
     seed: SeedOption = 0,
     ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
     threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = DEFAULT_RUNTIME.gpu_layers,
-    draft_gpu_layers: DraftGpuLayersOption = DEFAULT_RUNTIME.draft_gpu_layers,
+    gpu_layers: GpuLayersOption = None,
+    draft_gpu_layers: DraftGpuLayersOption = None,
+    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here as JSON.",
                                                       show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Also draw tokens/s per mode to this PNG.",
@@ -461,7 +489,8 @@ def bench(
     sampling, speculation, runtime = build_config(temp, DEFAULT_SAMPLING.top_k, DEFAULT_SAMPLING.top_p,
                                                   DEFAULT_SAMPLING.min_p, seed, "auto", None,
                                                   DEFAULT_SPECULATION.draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers)
+                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
+                                                  backend_sampling)
     chosen_modes = [m.strip() for m in modes.split(",") if m.strip()]
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
     with open_session(target, draft or NGRAM, runtime, speculation, offline, tui.download_progress()) as session:

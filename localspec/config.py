@@ -95,6 +95,9 @@ class Runtime:
     gpu_layers: int = -1
     draft_gpu_layers: int = -1
     prompt_batch: int = 512
+    # Run the sampler chain inside the decode graph (None: where the target runs on a GPU). Target
+    # and draft always sample the same way, so p and q come from the same chain.
+    backend_sampling: bool | None = None
 
     def __post_init__(self):
         if self.ctx_size < 8:

@@ -33,10 +33,15 @@ class Machine:
         return sum(d["free"] for d in self.devices if d["kind"] != "CPU")
 
 
+def gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU."""
+    return backend.supports_gpu_offload()
+
+
 def machine() -> Machine:
     memory = psutil.virtual_memory()
     return Machine(
-        gpu_offload=backend.supports_gpu_offload(),
+        gpu_offload=gpu_offload(),
         devices=backend.devices(),
         ram_total=memory.total,
         ram_available=memory.available,
@@ -78,8 +83,8 @@ def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) 
 
 
 REBUILD_HINT = (
-    "llama-cpp-python is built for the CPU only. For a GPU, reinstall it with CMAKE_ARGS set:\n"
-    "  NVIDIA:  CMAKE_ARGS='-DGGML_CUDA=on' scripts/setup-venv   (needs the CUDA toolkit)\n"
-    "  Apple:   CMAKE_ARGS='-DGGML_METAL=on' scripts/setup-venv\n"
-    "after `pip cache remove llama_cpp_python`, so pip does not reuse the CPU wheel."
+    "llama-cpp-python is built for the CPU only. For a GPU, rebuild it:\n"
+    "  NVIDIA:  scripts/setup-venv --accelerator cuda     (needs the CUDA toolkit)\n"
+    "  Apple:   scripts/setup-venv --accelerator metal\n"
+    "  Vulkan:  scripts/setup-venv --accelerator vulkan   (needs the Vulkan SDK)"
 )

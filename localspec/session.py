@@ -11,7 +11,7 @@ from pathlib import Path
 from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render
 from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation
-from .engine.backend import Context, Model
+from .engine.backend import Context, Model, supports_gpu_offload
 from .engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
@@ -83,12 +83,18 @@ class Session:
             self.target_model = self._own(Model(target, runtime.gpu_layers))
             # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
             n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
-            self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads))
+            on_backend = runtime.backend_sampling
+            if on_backend is None:
+                on_backend = runtime.gpu_layers != 0 and supports_gpu_offload()
+            # rows sampled in one batch: a verification of the longest draft any policy makes
+            rows = max(DRAFT_MAX["auto"], speculation.draft_max) + 1
+            self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
+                                            on_backend, rows))
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
             if draft not in (None, NGRAM):
                 draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
-                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads))
+                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             if draft is None or speculation.policy == "off":
                 self.default_mode = "plain"
@@ -115,7 +121,7 @@ class Session:
     def _auto_drafter(self) -> AutoDrafter:
         if self._auto is None:
             draft_context = self.model_drafter.context if self.model_drafter else None
-            batch = min(DRAFT_MAX["auto"] + 1, self.target.n_batch)
+            batch = min(DRAFT_MAX["auto"] + 1, self.target.max_rows)
             self._auto = AutoDrafter(self.ngram, self.model_drafter, calibrate(self.target, draft_context, batch))
         return self._auto
 
@@ -161,13 +167,21 @@ class Session:
         """Turn drafting off or back on, optionally with a new draft length (chat's /draft)."""
         self.use(self.default_mode if on else "plain")
         if draft_max is not None:
-            if draft_max + 1 > self.target.n_batch:
-                raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.n_batch - 1}")
+            if draft_max + 1 > self.target.max_rows:
+                raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.max_rows - 1}")
             self.speculation = replace(self.speculation, draft_max=draft_max,
                                        draft_min=min(self.speculation.draft_min, draft_max))
 
     def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
         return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)
+
+    def placement(self) -> dict:
+        """Where each model runs and where its rows are sampled, for reports."""
+        out = {"target": self.target_model.placement()}
+        if self.model_drafter:
+            out["draft"] = self.model_drafter.context.model.placement()
+        out["sampling"] = "backend" if self.target.backend_sampling else "host"
+        return out
 
     def close(self) -> None:
         for resource in reversed(self._owned):

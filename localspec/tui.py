@@ -99,6 +99,12 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
     for d in machine.devices:
         devices.add_row(d["name"], d["kind"], d["description"], size_text(d["free"]), size_text(d["total"]))
     console.print(devices)
+    gpus = [d["name"] for d in machine.devices if d["kind"] != "CPU"] if machine.gpu_offload else []
+    if gpus:
+        console.print(f"[bold]Models run on[/]: {', '.join(gpus)}, every layer by default (--gpu-layers and"
+                      " --draft-gpu-layers N keep the rest on the CPU); rows are sampled on the backend")
+    else:
+        console.print("[bold]Models run on[/]: the CPU; rows are sampled on the host")
     if rebuild_hint:
         console.print(rebuild_hint)
     fits = Table(title=f"Registry pairs at a context of {ctx_size} tokens (estimates; downloaded models measured)")
@@ -256,7 +262,7 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
 def bench_table(rows: list[dict], console: Console = out) -> None:
     table = Table(title="localspec bench")
     for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
-                   "accepted by draft position", "drafting steps", "probes lost", "python"):
+                   "accepted by draft position", "drafting steps", "probes lost", "python", "host µs step+row"):
         table.add_column(column)
     for r in rows:
         drafters = r["drafters"].values()
@@ -269,6 +275,7 @@ def bench_table(rows: list[dict], console: Console = out) -> None:
             " ".join(f"{name} {d['steps']}" for name, d in r["drafters"].items()) or "–",
             f"{sum(d['probes_lost'] for d in drafters)}/{probes} {r['probe_loss']:.1%}" if probes else "–",
             f"{r['python_overhead']:.1%}",
+            f"{r['host_us_per_step']:.0f}" + (f"+{r['host_us_per_row']:.0f}" if r["host_us_per_row"] is not None else ""),
         )
     if not console.is_terminal:  # written to a file or pipe: rows kept whole, not wrapped at 80 columns
         console = Console(file=console.file, width=240, highlight=False)

@@ -54,9 +54,9 @@ def load(tiny):
     """load(name, n_ctx=256) -> a Context on a tiny model, closed at the end of the session."""
     opened = []
 
-    def open_context(name: str, n_ctx: int = 256, n_batch: int = 64) -> Context:
+    def open_context(name: str, n_ctx: int = 256, n_batch: int = 64, backend_sampling: bool = False) -> Context:
         model = Model(tiny[name])
-        context = Context(model, n_ctx, n_batch, threads=2)
+        context = Context(model, n_ctx, n_batch, threads=2, backend_sampling=backend_sampling, max_outputs=n_batch)
         opened.append((context, model))
         return context
 

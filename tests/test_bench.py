@@ -51,7 +51,20 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
     assert all(r["prompts"] == 2 and r["tokens"] == 60 for r in rows)
     assert by_mode["plain"]["speedup"] == pytest.approx(1.0) and by_mode["plain"]["acceptance_rate"] == 0
     assert by_mode["draft"]["acceptance_rate"] > 0 and len(by_mode["draft"]["per_position_acceptance"]) == 3
-    assert all(0 <= r["python_overhead"] < 1 for r in rows)
+    assert all(0 <= r["python_overhead"] < 1 and r["host_us_per_step"] > 0 for r in rows)
+    assert by_mode["plain"]["host_us_per_row"] is None  # every plain step verifies one row
+    assert by_mode["draft"]["host_us_per_row"] is not None
+
+
+def test_host_time_is_a_step_cost_plus_a_cost_per_further_row():
+    host = bench.HostTime()
+    for further_rows, seconds in [(0, 100e-6), (0, 110e-6), (4, 180e-6), (4, 190e-6), (8, 265e-6)]:
+        host.add(further_rows, seconds)
+    assert host.per_step() == pytest.approx(105e-6) and host.per_row() == pytest.approx(20e-6)
+    plain = bench.HostTime()
+    plain.add(0, 100e-6)
+    plain.add(0, 120e-6)
+    assert plain.per_row() is None and plain.per_step() == pytest.approx(110e-6)
 
 
 def test_unknown_modes_are_refused(session):

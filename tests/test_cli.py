@@ -44,6 +44,19 @@ def test_json_summary_with_a_draft_model(localspec, tiny):
     assert plain["text"] == result["text"] and plain["stats"]["drafted"] == 0
 
 
+def test_json_says_where_each_model_runs_and_gpu_layers_on_a_cpu_build_say_they_do_nothing(localspec, tiny):
+    args = (tiny["target"], "--draft", tiny["partial"], "--prompt", "the cat", "--temp", "0", "-n", "20")
+    result = run_json(localspec, *args)
+    assert result["placement"]["target"]["layers_on_gpu"] == 0 and result["placement"]["target"]["devices"] == ["CPU"]
+    assert result["placement"]["draft"]["layers"] > 1 and result["placement"]["sampling"] == "host"
+    done = localspec("run", *args, "-ngl", "10", "--json")
+    assert done.returncode == 0 and b"no effect" in done.stderr
+    assert json.loads(done.stdout)["text"] == result["text"]
+    on_backend = run_json(localspec, *args, "--temp", "0.8", "--backend-sampling")
+    assert on_backend["placement"]["sampling"] == "backend" and on_backend["stats"]["tokens"] == 20
+    assert b"no effect" not in localspec("run", *args).stderr
+
+
 def test_prompt_from_stdin_and_file_and_ngram_default(localspec, tiny, tmp_path):
     from_stdin = run_json(localspec, tiny["target"], "--temp", "0", "-n", "20", stdin=b"abcabcabc")
     prompt_file = tmp_path / "prompt.txt"
@@ -210,6 +223,7 @@ def test_doctor_describes_the_machine(localspec):
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr
     assert "llama.cpp backend" in out and "RAM" in out and "qwen2.5-coder-1.5b" in out
+    assert "Models run on: the CPU" in out
 
 
 def test_run_refuses_a_context_that_does_not_fit(localspec, tiny):
@@ -243,3 +257,10 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
         summary = stderr.decode().strip().splitlines()[-1]
         assert summary.endswith("finish: interrupted") and "tok/s" in summary
         assert 0 < int(summary.split()[0]) < 3000
+
+
+def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():
+    setup = Path(__file__).parents[1] / "scripts" / "setup-venv"
+    for args in (["--accelerator", "tpu"], ["--accelerator"], ["--gpu"]):
+        done = subprocess.run(["bash", str(setup), *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "cpu|cuda|metal|vulkan" in done.stderr, args

@@ -5,8 +5,9 @@ import pytest
 
 from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.engine.sampling import chain_for, softmax, transform
 from localspec.engine.speculative import generate
-from localspec.errors import InputError
+from localspec.errors import EngineError, InputError
 from localspec.events import Done, Prefill, Step, Token
 
 GREEDY = Sampling(temperature=0.0)
@@ -47,9 +48,41 @@ def prompt(target):
     return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)
 
 
-def model_drafter(load, name, p_min=0.0):
-    draft = load(name)
+def model_drafter(load, name, p_min=0.0, backend_sampling=False):
+    draft = load(name, backend_sampling=backend_sampling)
     return ModelDrafter(draft, p_min, draft.model.n_vocab)
+
+
+CHAINS = [
+    Sampling(),  # llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
+    Sampling(temperature=1.3, top_k=3, top_p=1.0, min_p=0.0),
+    Sampling(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0),
+    Sampling(temperature=0.8, top_k=0, top_p=1.0, min_p=0.2),
+    Sampling(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0),
+]
+
+
+@pytest.mark.parametrize("on_backend", [False, True], ids=["host", "backend"])
+@pytest.mark.parametrize("sampling", CHAINS, ids=str)
+def test_llama_cpps_chain_keeps_what_the_reference_transform_keeps(load, prompt, sampling, on_backend):
+    reference, context = load("target"), load("target", backend_sampling=on_backend)
+    context.sample_with(chain_for(sampling))
+    for each in (reference, context):
+        each.truncate(0)
+        each.decode(prompt, logits="all")
+    for row in range(len(prompt)):
+        expected, got = transform(reference.logits(row), sampling), softmax(*context.candidates(row))
+        assert sorted(got.ids.tolist()) == sorted(expected.ids.tolist())
+        np.testing.assert_allclose(got.probs_of(expected.ids), expected.probs, rtol=1e-5)
+
+
+def test_greedy_on_the_backend_emits_the_same_tokens_as_on_the_host(load, prompt):
+    host, _ = run(load("target"), model_drafter(load, "partial"), prompt)
+    on_backend = load("target", backend_sampling=True)
+    tokens, events = run(on_backend, model_drafter(load, "partial", backend_sampling=True), prompt)
+    assert tokens == host and events[-1].summary.accepted > 0
+    with pytest.raises(EngineError, match="not kept"):  # llama.cpp no longer copies full rows out
+        on_backend.logits(-1)
 
 
 @pytest.mark.parametrize("draft_name", ["same", "partial", "unrelated", "ngram", "none"])

@@ -115,13 +115,25 @@ def test_output_follows_the_target_distribution(load, target, prompt, repetitive
     assert chi_square_p_value(counts, exact) > ALPHA
 
 
+@pytest.mark.parametrize("kind", ["draft model", "plain"])
+@pytest.mark.parametrize("setting", ["llama.cpp defaults", "temperature 0.7"])
+def test_sampling_on_the_backend_follows_the_target_distribution(load, target, prompt, setting, kind):
+    # Both models' chains run inside llama.cpp's decode graph; only the survivors come back.
+    sampling = SETTINGS[setting]
+    on_backend = load("target", backend_sampling=True)
+    drafter = (ModelDrafter(load("partial", backend_sampling=True), 0.0, target.model.n_vocab)
+               if kind == "draft model" else NoDrafter())
+    counts = sample_counts(on_backend, drafter, prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) > ALPHA
+
+
 def test_speculation_actually_drafted_in_these_settings(load, target, prompt, repetitive_prompt):
     # Without accepted drafts the tests above would only exercise plain sampling.
     for kind, tokens in [("draft model", prompt), ("ngram", repetitive_prompt)]:
         events = list(
             speculative.generate(
                 target, drafter_for(kind, load, target), tokens, replace(SETTINGS["temperature 0.7"], seed=1),
-                Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=60),
+                Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=200),
             )
         )
         summary = events[-1].summary

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from localspec.config import Sampling
-from localspec.engine.sampling import Dist, accept, one_hot, residual, top_probability, transform
+from localspec.engine.sampling import Dist, accept, one_hot, residual, softmax, transform
 from localspec.errors import UsageError
 
 
@@ -102,8 +102,10 @@ def test_accept_then_residual_reproduces_p_exactly():
     np.testing.assert_allclose(accepted + rejected * r, p)
 
 
-def test_top_probability():
-    assert top_probability(np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32))) == pytest.approx(0.6, rel=1e-5)
+def test_softmax_of_surviving_candidates():
+    dist = softmax(np.array([9, 4, 7]), np.log(np.array([0.6, 0.3, 0.1], dtype=np.float32)) / 0.5)
+    np.testing.assert_allclose(dist.probs, np.array([0.36, 0.09, 0.01]) / 0.46, rtol=1e-6)
+    assert dist.ids.tolist() == [9, 4, 7]
 
 
 @pytest.mark.parametrize(

@@ -3,15 +3,22 @@
 Model owns weights and vocabulary; Context owns one KV cache with a single
 sequence. Logits come back as numpy views on llama.cpp's own buffer: valid
 until the next decode on that context, never copied.
+
+Output rows are turned into choices by llama.cpp's own sampler chain (a Chain),
+so Python never walks a full vocabulary row: on the backend, inside the decode
+graph, only each row's surviving candidates come back (the path for GPUs and
+Apple Silicon); on the host the chain runs in C over a candidate array that
+numpy fills in two vectorised copies.
 """
 
 import ctypes
 import os
 import sys
 from collections import deque
-from time import perf_counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 
 import numpy as np
 
@@ -54,6 +61,7 @@ class Model:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         _recent_errors.clear()
+        self.gpu_layers = gpu_layers
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             reason = _recent_errors[0].split("error loading model: ")[-1] if _recent_errors else "damaged file?"
@@ -102,6 +110,14 @@ class Model:
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 
+    def placement(self) -> dict:
+        """Where the weights sit: how many of the model's layers (its output layer counted, as
+        llama.cpp's log counts them) are on the GPUs, and which devices hold them."""
+        layers = llama.llama_model_n_layer(self._model) + 1
+        gpus = [d["name"] for d in devices() if d["kind"] != "CPU"] if supports_gpu_offload() else []
+        on_gpu = 0 if not gpus else layers if self.gpu_layers < 0 else min(self.gpu_layers, layers)
+        return {"layers": layers, "layers_on_gpu": on_gpu, "devices": gpus if on_gpu else ["CPU"]}
+
     def close(self) -> None:
         if self._model:
             llama.llama_model_free(self._model)
@@ -112,15 +128,50 @@ class Model:
         return self._model
 
 
-class Context:
-    """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds."""
+@dataclass(frozen=True)
+class Chain:
+    """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's):
+    the top_k highest logits (0: all), top-p and min-p on the raw logits, then temperature.
+    argmax: only the most likely token."""
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int):
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    temperature: float = 1.0
+    argmax: bool = False
+
+    def native(self):
+        """A new llama_sampler chain; the caller frees it."""
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        if self.argmax:
+            samplers = [llama.llama_sampler_init_greedy()]
+        else:
+            samplers = ([llama.llama_sampler_init_top_k(self.top_k)] if self.top_k > 0 else []) + (
+                [llama.llama_sampler_init_top_p(self.top_p, 0)] if self.top_p < 1 else []) + (
+                [llama.llama_sampler_init_min_p(self.min_p, 0)] if self.min_p > 0 else []) + [
+                llama.llama_sampler_init_temp(self.temperature)]
+        for sampler in samplers:
+            llama.llama_sampler_chain_add(chain, sampler)
+        return chain
+
+
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
+
+
+class Context:
+    """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds.
+
+    backend_sampling: run the sampler chain inside the decode graph, for up to max_outputs rows a
+    batch (a verification batch); full logit rows are then not kept at all."""
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool = False,
+                 max_outputs: int = 1):
         self.model = model
         params = llama.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
+        params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
         self._ctx = llama.llama_init_from_model(model.handle, params)
         if not self._ctx:
             raise EngineError(
@@ -130,11 +181,17 @@ class Context:
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
         self.n_batch = llama.llama_n_batch(self._ctx)
+        # most rows one batch may want logits for (a backend sampler is sized for a verification)
+        self.max_rows = min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling else self.n_batch
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self._n_vocab = model.n_vocab
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
+        self.backend_sampling = backend_sampling
+        self.chain: Chain | None = None
+        self._native_chain = None
+        self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
 
     def decode(self, tokens: Sequence[int], logits: str) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
@@ -142,8 +199,8 @@ class Context:
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
         start = len(self.tokens)
-        if logits == "all" and len(tokens) > self.n_batch:
-            raise EngineError(f"cannot verify {len(tokens)} tokens in a batch of {self.n_batch}")
+        if logits == "all" and len(tokens) > self.max_rows:
+            raise EngineError(f"cannot verify {len(tokens)} tokens in a batch of {self.max_rows}")
         if start + len(tokens) > self.n_ctx:
             raise EngineError(f"{start + len(tokens)} tokens do not fit the context of {self.n_ctx}")
         batch = self._batch
@@ -165,8 +222,50 @@ class Context:
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
             self.tokens.extend(chunk)
 
+    def sample_with(self, chain: Chain) -> None:
+        """Use this chain for the rows of the decodes that follow."""
+        if chain == self.chain:
+            return
+        self._free_chain()
+        native = chain.native()
+        if self.backend_sampling and not llama.llama_set_sampler(self._ctx, 0, native):
+            llama.llama_sampler_free(native)
+            raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
+                              " (a tensor-split model?); try --no-backend-sampling")
+        self.chain, self._native_chain = chain, native
+
+    def token(self, row: int) -> int:
+        """The row's most likely token (the chain must be an argmax chain)."""
+        if self.backend_sampling:
+            return llama.llama_get_sampled_token_ith(self._ctx, row)
+        return int(np.argmax(self.logits(row)))
+
+    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids the chain keeps of a row and their logits (temperature applied), as new arrays."""
+        if self.backend_sampling:
+            count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
+            logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
+            ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
+            # without top-k the chain keeps the whole vocabulary, in vocabulary order
+            ids = (np.ctypeslib.as_array(llama.llama_get_sampled_candidates_ith(self._ctx, row), shape=(count,))
+                   if ids_count else np.arange(count, dtype=np.int32))
+            kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
+            return ids[kept], logits[kept]
+        if self._candidates is None:
+            self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
+            self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
+        rows = self._candidates
+        rows["id"] = self._all_ids  # the chain reorders the array in place
+        rows["logit"] = self.logits(row)
+        array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), self._n_vocab, -1, False)
+        llama.llama_sampler_apply(self._native_chain, ctypes.byref(array))
+        kept = rows[: array.size]
+        return kept["id"].copy(), kept["logit"].copy()
+
     def logits(self, row: int) -> np.ndarray:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
+        if self.backend_sampling and self.chain is not None:
+            raise EngineError("full logit rows are not kept while sampling on the backend")
         pointer = llama.llama_get_logits_ith(self._ctx, row)
         if not pointer:
             raise EngineError(f"no logits for row {row} of the last batch")
@@ -203,8 +302,16 @@ class Context:
                 f" the generation expects 0..{len(tokens) - 1}"
             )
 
+    def _free_chain(self) -> None:
+        if self._native_chain is not None:
+            if self.backend_sampling:
+                llama.llama_set_sampler(self._ctx, 0, None)
+            llama.llama_sampler_free(self._native_chain)
+            self.chain = self._native_chain = None
+
     def close(self) -> None:
         if self._ctx:
+            self._free_chain()
             llama.llama_batch_free(self._batch)
             llama.llama_free(self._ctx)
             self._ctx = None

@@ -15,8 +15,8 @@ import numpy as np
 from ..config import Sampling
 from ..events import Step
 from . import backend
-from .backend import Context
-from .sampling import Dist, top_probability, transform
+from .backend import Chain, Context
+from .sampling import Dist, chain_for, softmax
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,11 @@ def _agreement(followers: dict[int, int], proposed: int) -> str:
     return "earlier agree" if followers.get(proposed, 0) == seen else "earlier differ"
 
 
+# A greedy draft keeps the 10 likeliest tokens and judges p_min among them, as llama.cpp's own
+# speculative drafting does.
+GREEDY_DRAFT = Chain(top_k=10)
+
+
 class ModelDrafter:
     """A small model with the target's vocabulary, run on its own llama.cpp context.
 
@@ -163,6 +168,7 @@ class ModelDrafter:
     def begin(self, prompt, sampling, rng) -> None:
         self.sampling = sampling
         self.rng = rng
+        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
         self.context.prefill(prompt[:-1])
         self.agreed = len(prompt) - 1  # the cache's first `agreed` tokens are known to match history
 
@@ -174,17 +180,12 @@ class ModelDrafter:
         caught_up = perf_counter() - started
         tokens: list[int] = []
         dists: list[Dist] = []
-        logits = self.context.logits(-1)
         while True:
-            if self.sampling.greedy:
-                if top_probability(logits) < self.p_min:
-                    break
-                token = int(np.argmax(logits))
-            else:
-                q = transform(logits, self.sampling)
-                if q.probs[0] < self.p_min:
-                    break
-                token = q.sample(self.rng)
+            q = softmax(*self.context.candidates(-1))
+            likeliest = int(np.argmax(q.probs))
+            if q.probs[likeliest] < self.p_min:
+                break
+            token = int(q.ids[likeliest]) if self.sampling.greedy else q.sample(self.rng)
             if token >= self.target_vocab:
                 break
             tokens.append(token)
@@ -193,7 +194,6 @@ class ModelDrafter:
             if len(tokens) == k:
                 break
             self.context.decode([token], logits="last")
-            logits = self.context.logits(-1)
         return Draft(tokens, None if self.sampling.greedy else dists, source=self.name, catch_up_seconds=caught_up)
 
     def observe(self, step) -> None:

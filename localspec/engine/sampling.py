@@ -1,9 +1,11 @@
 """Turning logits into token choices, and the rejection rule that keeps speculation lossless.
 
 A distribution is kept sparse (the candidates that survive top-k/top-p/min-p with
-their probabilities) so that, after one pass over the logits, work does not grow
-with the vocabulary. Target and draft go through the same transform, which is
-what makes min(1, p/q) acceptance reproduce the target's distribution exactly.
+their probabilities), so work does not grow with the vocabulary. llama.cpp's own
+sampler chain picks the candidates (backend.Chain; on the backend or in C on the
+host); Python sees only the survivors. Target and draft go through the same chain,
+and the draft token is drawn from exactly the q we compute, which is what makes
+min(1, p/q) acceptance reproduce the target's distribution.
 """
 
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Sampling
+from .backend import Chain
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,20 @@ def one_hot(token: int) -> Dist:
     return Dist(np.array([token]), np.array([1.0]))
 
 
+def chain_for(s: Sampling) -> Chain:
+    """The chain whose survivors the target samples from (greedy: its argmax)."""
+    return Chain(argmax=True) if s.greedy else Chain(s.top_k, s.top_p, s.min_p, s.temperature)
+
+
+def softmax(ids: np.ndarray, logits: np.ndarray) -> Dist:
+    """The distribution over candidates with these (temperature-scaled) logits."""
+    weights = np.exp(logits.astype(np.float64) - logits.max())
+    return Dist(ids, weights / weights.sum())
+
+
 def transform(logits: np.ndarray, s: Sampling) -> Dist:
-    """llama.cpp's chain: top-k, top-p, min-p on the raw logits, then temperature."""
+    """What llama.cpp's chain keeps of a full row, in numpy: top-k, top-p, min-p on the raw logits,
+    then temperature. The reference the tests hold the native chains to."""
     if 0 < s.top_k < logits.shape[0]:
         ids = np.argpartition(logits, -s.top_k)[-s.top_k :]
     else:
@@ -59,12 +74,6 @@ def transform(logits: np.ndarray, s: Sampling) -> Dist:
         ids, kept = ids[:smallest_enough], kept[:smallest_enough]
     weights = np.exp((kept - peak) / s.temperature)
     return Dist(ids, weights / weights.sum())
-
-
-def top_probability(logits: np.ndarray) -> float:
-    """Softmax probability of the argmax: how sure a greedy drafter is."""
-    shifted = logits.astype(np.float64) - logits.max()
-    return float(1.0 / np.exp(shifted).sum())
 
 
 def accept(token: int, p: Dist, q: Dist, rng: np.random.Generator) -> bool:

@@ -22,7 +22,7 @@ from ..stats import Tally
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter
-from .sampling import accept, one_hot, residual, transform
+from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
 
 
@@ -42,6 +42,7 @@ def generate(
             " raise --ctx-size or shorten the prompt"
         )
     rng = np.random.default_rng(sampling.seed)
+    target.sample_with(chain_for(sampling))
     tally = Tally()
     started = perf_counter()
     reused = target.prefill(prompt[:-1])
@@ -62,7 +63,7 @@ def generate(
             target.check_holds(history[:-1])
         k = min(
             speculation.draft_max,
-            target.n_batch - 1,  # [last] + draft must fit one batch
+            target.max_rows - 1,  # [last] + draft must fit one batch
             target.n_ctx - len(history),
             limits.max_tokens - produced - 1,
         )
@@ -108,16 +109,16 @@ def generate(
 def verify_greedy(target: Context, draft: Draft) -> tuple[int, int]:
     """(number of draft tokens kept, the target's own next token)."""
     for i, token in enumerate(draft.tokens):
-        choice = int(np.argmax(target.logits(i)))
+        choice = target.token(i)
         if choice != token:
             return i, choice
-    return len(draft.tokens), int(np.argmax(target.logits(len(draft.tokens))))
+    return len(draft.tokens), target.token(len(draft.tokens))
 
 
 def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator) -> tuple[int, int]:
     for i, token in enumerate(draft.tokens):
-        p = transform(target.logits(i), sampling)
+        p = softmax(*target.candidates(i))
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
             return i, residual(p, q).sample(rng)
-    return len(draft.tokens), transform(target.logits(len(draft.tokens)), sampling).sample(rng)
+    return len(draft.tokens), softmax(*target.candidates(len(draft.tokens))).sample(rng)
