@@ -116,7 +116,8 @@ class Model:
         layers = llama.llama_model_n_layer(self._model) + 1
         gpus = [d["name"] for d in devices() if d["kind"] != "CPU"] if supports_gpu_offload() else []
         on_gpu = 0 if not gpus else layers if self.gpu_layers < 0 else min(self.gpu_layers, layers)
-        return {"layers": layers, "layers_on_gpu": on_gpu, "devices": gpus if on_gpu else ["CPU"]}
+        held_by = (gpus if on_gpu else []) + (["CPU"] if on_gpu < layers else [])
+        return {"layers": layers, "layers_on_gpu": on_gpu, "devices": held_by}
 
     def close(self) -> None:
         if self._model:
