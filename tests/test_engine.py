@@ -85,6 +85,15 @@ def test_greedy_on_the_backend_emits_the_same_tokens_as_on_the_host(load, prompt
         on_backend.logits(-1)
 
 
+def test_a_chain_llama_cpp_will_not_run_on_the_backend_is_an_error_naming_the_way_out(load, monkeypatch):
+    # llama.cpp refuses a backend sampler for tensor-split models; a CPU has none to refuse with
+    from localspec.engine import backend
+
+    monkeypatch.setattr(backend.llama, "llama_set_sampler", lambda ctx, seq, sampler: False)
+    with pytest.raises(EngineError, match="--no-backend-sampling"):
+        load("target", backend_sampling=True).sample_with(chain_for(GREEDY))
+
+
 @pytest.mark.parametrize("draft_name", ["same", "partial", "unrelated", "ngram", "none"])
 def test_every_greedy_token_is_the_targets_argmax_in_its_verification_batch(load, target, prompt, draft_name):
     drafter = {"ngram": NgramDrafter(1, 3), "none": NoDrafter()}.get(draft_name) or model_drafter(load, draft_name)
