@@ -63,17 +63,6 @@ def believe(auto, drafter, evidence, rates, weight=10.0):
     auto.beliefs[(drafter, evidence)] = [Belief(r * weight, (1 - r) * weight) for r in rates]
 
 
-def play(auto, history, k, accepted, verify):
-    """One step as the engine runs it: propose, then report how the draft fared."""
-    draft = auto.propose(history, k)
-    n = len(draft.tokens)
-    kept = min(accepted, n)
-    step = Step(draft.source, n, kept, 0.0, verify[n + 1] if n + 1 in verify else auto.costs.verify_seconds(n + 1),
-                probe=draft.probe, plain_seconds=draft.plain_seconds)
-    auto.observe(step)
-    return step
-
-
 def write(auto, text, start, k, verify, steps=10_000):
     """The engine writing a known (greedy) text from text[:start]: each step keeps the draft's
     agreeing prefix and the target's own next token. Returns the steps."""

@@ -145,14 +145,15 @@ class Chain:
         """A new llama_sampler chain; the caller frees it."""
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         if self.argmax:
-            samplers = [llama.llama_sampler_init_greedy()]
-        else:
-            samplers = ([llama.llama_sampler_init_top_k(self.top_k)] if self.top_k > 0 else []) + (
-                [llama.llama_sampler_init_top_p(self.top_p, 0)] if self.top_p < 1 else []) + (
-                [llama.llama_sampler_init_min_p(self.min_p, 0)] if self.min_p > 0 else []) + [
-                llama.llama_sampler_init_temp(self.temperature)]
-        for sampler in samplers:
-            llama.llama_sampler_chain_add(chain, sampler)
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+            return chain
+        if self.top_k > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(self.top_k))
+        if self.top_p < 1:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(self.top_p, 0))
+        if self.min_p > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(self.min_p, 0))
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(self.temperature))
         return chain
 
 
@@ -193,6 +194,7 @@ class Context:
         self.chain: Chain | None = None
         self._native_chain = None
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
+        self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
 
     def decode(self, tokens: Sequence[int], logits: str) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".

@@ -301,16 +301,19 @@ class AutoDrafter:
         per_token = self.costs.draft_seconds(1)
         seconds = {option: [per_token * n * (option.drafter == "draft") + verify[n] for n in range(1, option.most + 1)]
                    for option in options}
-        sure = self._best(options, seconds, SURE, Choice(1 / plain_seconds))
-        if sure.option is not None:
-            # The sure option drafts the length it is expected to do best at, of those that beat a
-            # plain step even on the doubtful side: reading every position's noisy belief at its
-            # doubtful side would stop it short wherever one deep position happened to read low.
-            doubtful = self._rates(sure.option, seconds[sure.option], SURE)
-            expected = self._rates(sure.option, seconds[sure.option], MEAN)
-            length = max((n for n in range(1, sure.option.most + 1) if doubtful[n - 1] > 1 / plain_seconds),
+        # The sure option is the one whose best length pays most even on the doubtful side of its
+        # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
+        # step on the doubtful side: reading every position's noisy belief at its doubtful side
+        # would stop it short wherever one deep position happened to read low.
+        plain_rate = 1 / plain_seconds
+        doubtful = {option: self._rates(option, seconds[option], SURE) for option in options}
+        sure = Choice(plain_rate)
+        likeliest = max(options, key=lambda option: max(doubtful[option]), default=None)
+        if likeliest is not None and max(doubtful[likeliest]) > plain_rate:
+            expected = self._rates(likeliest, seconds[likeliest], MEAN)
+            length = max((n for n in range(1, likeliest.most + 1) if doubtful[likeliest][n - 1] > plain_rate),
                          key=lambda n: expected[n - 1])
-            sure = Choice(expected[length - 1], sure.option, length)
+            sure = Choice(expected[length - 1], likeliest, length)
         sure_seconds = seconds[sure.option][sure.length - 1] if sure.option else plain_seconds
 
         def risk(option: Option, length: int) -> float:
@@ -332,13 +335,13 @@ class AutoDrafter:
             draft = self._draft_with_model(history, choice.length)
         return replace(draft, probe=choice.probe, plain_seconds=plain_seconds)
 
-    def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk=None) -> Choice:
+    def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk) -> Choice:
         """The option and length with the highest expected rate above best's, acceptance seen at
         `hope`. risk(option, length): what the draft may lose; only what the probe bucket can pay
         is considered."""
         for option in options:
             for length, rate in enumerate(self._rates(option, seconds[option], hope), start=1):
-                if rate > best.rate and (risk is None or risk(option, length) <= self.bucket.seconds):
+                if rate > best.rate and risk(option, length) <= self.bucket.seconds:
                     best = Choice(rate, option, length)
         return best
 
