@@ -176,7 +176,8 @@ def run(
         Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
     ] = None,
     raw: Annotated[
-        bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")
+        bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens written in it"
+                                        " (<|im_start|>) are read as such.")
     ] = False,
     max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
     stop: StopOption = None,
@@ -375,7 +376,7 @@ def batch(
     resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
     draft: DraftOption = None,
     no_draft: NoDraftOption = False,
-    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control tokens written in them are read as such.")] = False,
     max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
     stop: StopOption = None,
     temp: TempOption = DEFAULT_SAMPLING.temperature,

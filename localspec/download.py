@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from . import mirror, paths
+from . import mirror, paths, registry
 from .errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
@@ -37,7 +37,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def folder(entry: ModelEntry) -> Path:
-    return paths.models_dir() / entry.name.replace("/", "--")
+    return paths.models_dir() / registry.folder_name(entry.name)
 
 
 def installed(entry: ModelEntry) -> Path | None:
@@ -155,7 +155,13 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
 
 def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     """Download one file into destination, resuming a .partial left by an earlier attempt."""
-    metadata = huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(repo, name))
+    url = huggingface_hub.hf_hub_url(repo, name)
+    metadata = huggingface_hub.get_hf_file_metadata(url)
+    # The Hub answers with a redirect to a signed CDN address: the token stays with the Hub's own
+    # origin, as huggingface_hub's own downloads keep it.
+    headers = build_hf_headers()
+    if _origin(metadata.location) != _origin(url):
+        headers.pop("authorization", None)
     partial = destination.with_name(destination.name + ".partial")
     if partial.exists() and metadata.size is not None and partial.stat().st_size > metadata.size:
         partial.unlink()  # a different, larger file was here before
@@ -165,7 +171,7 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     try:
         for attempt in range(ATTEMPTS):
             try:
-                _stream(metadata.location, partial, bar)
+                _stream(metadata.location, headers, partial, bar)
                 break
             except httpx2.TransportError:
                 if attempt == ATTEMPTS - 1:
@@ -183,9 +189,14 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     os.replace(partial, destination)
 
 
-def _stream(url: str, partial: Path, bar) -> None:
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parsed = httpx2.URL(url)
+    return parsed.scheme, parsed.host, parsed.port
+
+
+def _stream(url: str, headers: dict[str, str], partial: Path, bar) -> None:
     have = _size(partial)
-    headers = build_hf_headers()
+    headers = dict(headers)
     if have:
         headers["Range"] = f"bytes={have}-"
     with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
@@ -244,10 +255,17 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
 
 
 def remove(entry: ModelEntry) -> int:
-    """Delete a downloaded model, partial downloads included; returns the bytes freed."""
+    """Delete one downloaded model's folder, partial downloads included; returns the bytes freed.
+
+    Only a real folder directly inside the models folder is deleted: a symbolic link put there
+    would make rmtree delete whatever it points to (or fail halfway)."""
     directory = folder(entry)
-    if not directory.exists():
+    if directory.is_symlink():
+        raise InputError(f"{directory} is a symbolic link, not a folder localspec made; remove it yourself")
+    if not directory.is_dir():
         return 0
-    freed = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    if directory.resolve().parent != paths.models_dir().resolve():
+        raise InputError(f"{directory} is not inside {paths.models_dir()}; nothing was removed")
+    freed = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
     shutil.rmtree(directory)
     return freed

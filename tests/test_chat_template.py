@@ -1,5 +1,8 @@
 """Chat templates come from downloaded files: they render in a sandbox and fail as one-line user errors."""
 
+import resource
+from time import perf_counter
+
 import pytest
 
 from localspec.chat_template import render
@@ -31,6 +34,38 @@ def test_an_ordinary_template_renders():
     ],
 )
 def test_hostile_or_broken_templates_fail_safely(template):
-    with pytest.raises(InputError, match="chat template failed"):
+    with pytest.raises(InputError, match="chat template (failed|was stopped)"):
         render(template, MESSAGES, "<s>", "</s>")
     assert MESSAGES == [{"role": "user", "content": "hi"}]
+
+
+MEGA = "{% set s = 'a' * 1000000 %}"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'a'.ljust(300000000) }}",  # one call, 300 MB
+        "{{ 'a' | center(300000000) }}",
+        "{{ '{:>300000000}'.format(1) }}",
+        "{{ '%0300000000d' % 1 }}",
+        "{{ ('{:>9999999}' ~ '').format(1) }}",
+        MEGA + "{{ s.replace('a', 'aaaaa') }}",
+        MEGA + "{{ ','.join([s] * 100) }}",
+        MEGA + "{{ s ~ s ~ s ~ s ~ s }}",
+        MEGA + "{{ s + s + s + s + s }}",
+        MEGA + "{% for i in range(100) %}{{ s }}{% endfor %}",  # the output itself
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+        "{% set ns = namespace(s=['ab']) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        MEGA + "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [s ~ i] %}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",  # would never return
+        MEGA + "{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+    ],
+)
+def test_templates_that_would_exhaust_memory_or_time_are_stopped_while_they_run(template):
+    """Found by an adversarial run: each of these took gigabytes or never returned."""
+    started, peak = perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match="chat template was stopped"):
+        render(template, MESSAGES, "<s>", "</s>")
+    assert perf_counter() - started < 30
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 1_000_000  # KiB: under a GB more

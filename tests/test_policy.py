@@ -189,11 +189,24 @@ def test_what_other_texts_taught_yields_to_this_generations_evidence_within_a_fe
     auto = policy(CPU_LIKE, 0.040, model=False)
     believe(auto, "ngram", evidence_of(CHANCE[:60]), [0.9] * 8, weight=100.0)  # learned on copied text
     auto.begin(CHANCE[:60], Sampling(), None)
-    carried = auto.beliefs[("ngram", evidence_of(CHANCE[:60]))]
+    carried = auto.carried[("ngram", evidence_of(CHANCE[:60]))]
     # only the first position carries over, as a prior worth a couple of observations
-    assert len(carried) == 1 and carried[0].weight == pytest.approx(2.0) and carried[0].mean == pytest.approx(0.9)
+    assert carried.weight == pytest.approx(2.0) and carried.mean == pytest.approx(0.9) and auto.beliefs == {}
     drafted = [step.drafted > 0 for step in write(auto, CHANCE, 60, 8, CPU_LIKE, steps=40)]
     assert drafted[0] and sum(drafted) <= 5  # acted on once, then every plain step's lookup teaches
+
+
+def test_a_long_copy_in_one_text_does_not_earn_long_drafts_in_the_next():
+    auto = policy(CPU_LIKE, 0.021, model=False)
+    assert max(step.drafted for step in write(auto, COPY, len(PASSAGE) + 4, 32, CPU_LIKE)) >= 15
+    # A retrieval answer quotes a few tokens of its document and goes its own way: what another text
+    # showed about the first position may be acted on, but not how far that text's copies ran.
+    quote = PASSAGE[:40] + [7, 8] + PASSAGE[:20] + [9] * 30
+    auto.begin(quote[:44], Sampling(), None)
+    steps = write(auto, quote, 44, 32, CPU_LIKE)
+    first = next(step for step in steps if step.drafted)
+    assert first.drafted <= 2
+    assert max(step.drafted for step in steps) >= 8  # as this text's own copy goes on, it earns them
 
 
 def test_costs_follow_a_machine_that_gets_busier():

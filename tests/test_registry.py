@@ -41,6 +41,9 @@ def test_hub_names_and_paths(models, tmp_path):
     assert registry.resolve("some/dir/model.gguf", models) == Path("some/dir/model.gguf")
     with pytest.raises(UsageError, match="hf:owner/repo/file.gguf"):
         registry.resolve("hf:not-a-repo", models)
+    for escaping in ("hf:owner/../x.gguf", "hf:../repo/x.gguf", "hf:owner/repo/../x.gguf", "a/..:Q4_K_M"):
+        with pytest.raises(UsageError):
+            registry.resolve(escaping, models)
 
 
 def test_unknown_names_suggest_close_ones(models):
@@ -76,6 +79,24 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
         ('[models.x]\nrepo = "a/b"\nfile = "/etc/x.gguf"\n', "plain .gguf name"),
         ('[models.x]\nrepo = "a/b"\n', "incomplete"),
         ('[models.x]\nrepo = "a/b"\nfile = x.gguf\n', r"not valid TOML.*line 3"),
+        # a name becomes a folder: `rm .` would delete every model, `rm ..` the whole home
+        ('[models."."]\nrepo = "a/b"\nfile = "x.gguf"\n', "cannot name a model folder"),
+        ('[models.".."]\nrepo = "a/b"\nfile = "x.gguf"\n', "cannot name a model folder"),
+        ('[models."a/../../b"]\nrepo = "a/b"\nfile = "x.gguf"\n', "cannot name a model folder"),
+        (f'[models.{"x" * 5000}]\nrepo = "a/b"\nfile = "x.gguf"\n', "cannot name a model folder"),
+        ('[models.x]\nrepo = "a/.."\nfile = "x.gguf"\n', "not a Hub repository name"),
+        ('[models.x]\nrepo = "a/b"\nalternatives = ["c/d--e"]\nfile = "x.gguf"\n', "not a Hub repository name"),
+        # package-index sources: pinned wheels only, never pip options, URLs or paths
+        ('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = ["--index-url=http://evil/"]\n'
+         'members = ["x"]\n', "pinned as name==version"),
+        ('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = ["x @ https://evil/x.tar.gz"]\n'
+         'members = ["x"]\n', "pinned as name==version"),
+        ('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = ["./evil-1.0.tar.gz"]\n'
+         'members = ["x"]\n', "pinned as name==version"),
+        ('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = ["evil>=1"]\nmembers = ["x"]\n',
+         "pinned as name==version"),
+        ('[models.x]\nfile = "x.gguf"\n[models.x.pypi]\npackages = ["evil==1.0"]\nmembers = ["x"]\n',
+         "needs the sha256"),
     ],
 )
 def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):

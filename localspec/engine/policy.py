@@ -34,13 +34,13 @@ decoding: the time lost to drafts that were not sure stays under about 2% of dec
 time.
 
 What earlier generations taught carries over only as a prior worth SESSION_WEIGHT
-observations, so a new text's own evidence outweighs it within a few steps, and only
-for a kind's first position: how far a run of accepted tokens goes on is a property
-of the text at hand, so deeper positions start from the first one's belief and are
-learned again (a text with only chance matches rarely reaches them and would keep
-another text's long copies in view); within
-a generation old observations fade (FORGET), so a text that stops copying its
-input soon stops being drafted for.
+observations for a kind's first position, read only until the new text has shown
+its own evidence for that position. How far a run of accepted tokens goes on is a
+property of the text at hand: a retrieval answer quotes a dozen tokens of its
+document where a code edit copies hundreds, so a long draft must be earned by the
+text's own evidence (a kind first seen in a generation starts from what a shorter
+match has shown in it, else from the PRIOR). Within a generation old observations
+fade (FORGET), so a text that stops copying its input soon stops being drafted for.
 
 Costs come from a calibration at load and are re-measured by every real step:
 verify(1), the level everything else is relative to, follows each step's timing
@@ -247,9 +247,10 @@ SURE, MEAN, HOPEFUL = -1.0, 0.0, 3.0
 
 
 def _untried(positions: list[Belief]) -> Belief:
-    """A draft position never tried. In a run of copied text the first positions fill in at nearly 1,
-    and long drafts become worth trying: it is taken to be like the deepest position tried, held
-    loosely, so a draft (or the text, for n-gram lookups) may show otherwise; with nothing tried, the PRIOR."""
+    """A draft position this generation has not tried. In a run of copied text the first positions
+    fill in at nearly 1, and long drafts become worth trying: it is taken to be like the deepest
+    position tried, held loosely, so a draft (or the text, for n-gram lookups) may show otherwise;
+    with nothing tried, the PRIOR."""
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
 
 
@@ -262,8 +263,11 @@ class AutoDrafter:
         self.ngram = ngram
         self.model = model
         self.costs = costs
-        # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted)
+        # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted),
+        # learned in this generation
         self.beliefs: dict[tuple[str, str], list[Belief]] = {}
+        # (drafter, evidence) -> the first position's belief as earlier generations left it
+        self.carried: dict[tuple[str, str], Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
 
     def begin(self, prompt, sampling, rng) -> None:
@@ -273,8 +277,9 @@ class AutoDrafter:
         self.model_started = False
         self.sampling, self.rng = sampling, rng
         self.shadows: list[Shadow] = []
-        for key, positions in self.beliefs.items():
-            self.beliefs[key] = [positions[0].held_to(SESSION_WEIGHT)] if positions else []
+        self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
+                             for key, positions in self.beliefs.items() if positions})
+        self.beliefs = {}
         if self.bucket is None:
             plain = self.costs.verify_seconds(1)
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
@@ -283,6 +288,7 @@ class AutoDrafter:
     def forget(self) -> None:
         """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
+        self.carried.clear()
         self.bucket = None
 
     def propose(self, history, k) -> Draft:
@@ -353,8 +359,9 @@ class AutoDrafter:
 
     def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
         """E(1) .. E(option.most), in one pass."""
-        positions = self._positions((option.drafter, option.evidence))
-        views = [belief.view(hope) for belief in positions[: option.most]]
+        key = (option.drafter, option.evidence)
+        positions = self._positions(key)
+        views = [belief.view(hope) for belief in positions[: option.most]] or [self._first(key).view(hope)]
         untried = _untried(positions).view(hope)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
@@ -363,9 +370,19 @@ class AutoDrafter:
             out.append(expected)
         return out
 
+    def _first(self, key: tuple[str, str]) -> Belief:
+        """The first position of a kind this generation has not tried: what earlier generations
+        left about it, or about a shorter match, else the PRIOR."""
+        drafter, evidence = key
+        while evidence is not None:
+            if (drafter, evidence) in self.carried:
+                return self.carried[(drafter, evidence)]
+            evidence = weaker_evidence(evidence)
+        return PRIOR
+
     def _positions(self, key: tuple[str, str]) -> list[Belief]:
-        """The beliefs about a kind of evidence. One seen for the first time in this session starts
-        as a copy of the nearest weaker kind's: a match that runs further back is no worse a sign, so
+        """This generation's beliefs about a kind of evidence. One seen for the first time starts as
+        a copy of the nearest weaker kind's: a match that runs further back is no worse a sign, so
         that is a cautious estimate, and a copy that grows past a length class need not be learned
         again from nothing."""
         if key not in self.beliefs:
