@@ -1,20 +1,27 @@
 """Prompt files for scripts: read items, generate each, write one JSON line per item as it finishes.
 
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
-`top_p`, `min_p`, `seed`, `max_tokens`, `stop`) or plain text, one prompt a line. Output
-lines are written whole and flushed, so a killed run loses at most the item in flight
-and `resume` can pick up where it stopped.
+`top_p`, `min_p`, `seed`, `max_tokens`, `stop`) or plain text, one prompt a line; ids are
+unique. Output lines are written whole and flushed, so a killed run loses at most the item
+in flight and `resume` can pick up where it stopped.
 """
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks through fcntl, and the output opens unlocked
+    fcntl = None
+
 from .config import Limits, Sampling
-from .errors import LocalspecError
+from .errors import LocalspecError, UsageError
 from .events import Done
 from .session import Session
 
@@ -31,7 +38,20 @@ class Item:
     error: str | None = None  # set when the line itself could not be understood
 
 
-def read_items(lines: Iterable[str]) -> Iterator[Item]:
+def read_items(lines: Iterable[str]) -> list[Item]:
+    """Every item of a prompt file; a line that cannot be understood becomes a failed item.
+    Raises UsageError if two items share an id (resume and readers match outputs by id)."""
+    items = list(_items(lines))
+    seen: set[str] = set()
+    for item in items:
+        if item.id in seen:
+            raise UsageError(f"id {item.id!r} is used by two items: ids must be unique, since outputs and --resume"
+                             " match items by id")
+        seen.add(item.id)
+    return items
+
+
+def _items(lines: Iterable[str]) -> Iterator[Item]:
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if not text:
@@ -44,48 +64,129 @@ def read_items(lines: Iterable[str]) -> Iterator[Item]:
         except json.JSONDecodeError as error:
             yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} at column {error.colno}")
             continue
-        item_id = str(record.get("id", number))
+        except RecursionError:
+            yield Item(id=f"line {number}", error="not valid JSON: nested too deeply")
+            continue
+        item_id = record.get("id", number)
+        if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+            yield Item(id=f"line {number}", error="'id' must be a string or a whole number")
+            continue
+        item_id = str(item_id)
         prompt, messages = record.get("prompt"), record.get("messages")
         if not isinstance(prompt, str) and not isinstance(messages, list):
             yield Item(id=item_id, error="needs a 'prompt' string or a 'messages' list")
+            continue
+        if messages is not None and not _well_formed(messages):
+            yield Item(id=item_id, error="each message needs a 'role' and a 'content' string")
             continue
         options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages")}
         yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options)
 
 
-def done_ids(output: Path) -> set[str]:
-    """Ids already in an output file. A last line cut short by a kill is removed first."""
-    if not output.exists():
-        return set()
-    data = output.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        with open(output, "r+b") as f:
-            f.truncate(keep)
-        data = data[:keep]
-    ids = set()
-    for line in data.decode("utf-8", errors="replace").splitlines():
+def _well_formed(messages: list) -> bool:
+    return bool(messages) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                  and isinstance(m.get("content"), str) for m in messages)
+
+
+@contextmanager
+def open_output(output: Path | None, input_file: str, resume: bool) -> Iterator[IO[str]]:
+    """The output, opened for reading and appending and locked, or standard output.
+
+    Opened before the models load, so a wrong path fails at once; locked, so a second batch
+    writing the same file is refused instead of interleaving its lines with this one's."""
+    if output is None:
+        yield sys.stdout
+        return
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder; name a file in it")
+    if not output.parent.is_dir():
+        raise UsageError(f"--output {output}: the folder {output.parent} does not exist")
+    if input_file != "-" and output.exists() and output.samefile(input_file):
+        raise UsageError(f"--output {output} is the input file; writing it would destroy the prompts")
+    try:
+        out = open(output, "a+", encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot write --output {output}: {error.strerror}") from None
+    with out:
+        if not _lock(out):
+            raise UsageError(f"another localspec batch is writing {output}; wait for it or choose another --output")
+        if not resume:
+            out.truncate(0)
+        yield out
+
+
+def _lock(out: IO[str]) -> bool:
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def done_ids(out: IO[str], retry_failed: bool = False) -> set[str]:
+    """Ids already in an output file opened for reading and writing. A last line cut short by a
+    kill is removed first; with retry_failed, so are the records of items that failed."""
+    out.seek(0)
+    data = out.read()
+    lines = data.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    ids, kept = set(), []
+    for line in lines:
         try:
-            ids.add(str(json.loads(line)["id"]))
+            record = json.loads(line)
+            failed = "error" in record
+            record_id = str(record["id"])
         except (json.JSONDecodeError, KeyError, TypeError):
+            kept.append(line)
             continue
+        if failed and retry_failed:
+            continue
+        ids.add(record_id)
+        kept.append(line)
+    if "".join(kept) != data:
+        out.seek(0)
+        out.truncate()
+        out.write("".join(kept))
+        out.flush()
+    out.seek(0, os.SEEK_END)
     return ids
 
 
 def settings(item: Item, sampling: Sampling, limits: Limits) -> tuple[Sampling, Limits]:
-    unknown = set(item.options) - set(SAMPLING_FIELDS) - {"max_tokens", "stop"}
+    unknown = set(item.options) - set(FIELD_KINDS)
     if unknown:
         raise LocalspecError(f"unknown field(s) {', '.join(sorted(unknown))}")
+    for name, value in item.options.items():
+        kind, is_kind = FIELD_KINDS[name]
+        if not is_kind(value):
+            shown = json.dumps(value)
+            raise LocalspecError(f"{name} must be {kind}, got {shown if len(shown) <= 40 else shown[:37] + '...'}")
     overrides = {SAMPLING_FIELDS[k]: v for k, v in item.options.items() if k in SAMPLING_FIELDS}
     stop = item.options.get("stop", limits.stop)
-    try:
-        return (
-            replace(sampling, **overrides),
-            replace(limits, max_tokens=item.options.get("max_tokens", limits.max_tokens),
-                    stop=tuple([stop] if isinstance(stop, str) else stop)),
-        )
-    except TypeError as error:
-        raise LocalspecError(f"bad field value ({error})") from None
+    return (
+        replace(sampling, **overrides),
+        replace(limits, max_tokens=item.options.get("max_tokens", limits.max_tokens),
+                stop=tuple([stop] if isinstance(stop, str) else stop)),
+    )
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+FIELD_KINDS = {
+    **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p")},
+    **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens")},
+    "stop": ("a string or a list of strings",
+             lambda v: isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v)),
+}
 
 
 def run_item(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool) -> dict:

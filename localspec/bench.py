@@ -328,8 +328,9 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """Tokens per second per mode and prompt set, as a PNG."""
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Tokens per second per mode and prompt set, as a PNG: each bar labelled with its speed
+    against plain decoding, the legend beside the plot, the setting in the title."""
     try:
         import matplotlib
 
@@ -340,13 +341,17 @@ def plot(rows: list[dict], path: Path) -> None:
     sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     width = 0.8 / len(modes)
-    figure, axes = pyplot.subplots(figsize=(2 + 2.2 * len(sets), 4))
+    figure, axes = pyplot.subplots(figsize=(3.5 + 2.2 * len(sets), 4.5))
     for i, mode in enumerate(modes):
-        speeds = [next(r["tokens_per_second"] for r in rows if r["mode"] == mode and r["prompt_set"] == name)
-                  for name in sets]
-        axes.bar([x + i * width for x in range(len(sets))], speeds, width, label=mode)
+        found = [next(r for r in rows if r["mode"] == mode and r["prompt_set"] == name) for name in sets]
+        bars = axes.bar([x + i * width for x in range(len(sets))], [r["tokens_per_second"] for r in found], width,
+                        label=mode)
+        axes.bar_label(bars, [f"{r['speedup']:.2f}x" if r["speedup"] else f"{r['tokens_per_second']:.1f}"
+                              for r in found], fontsize=7, padding=2)
     axes.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(sets))], sets)
-    axes.set_ylabel("tokens / s")
-    axes.legend()
+    axes.set_ylabel("tokens / s (labels: against plain)")
+    axes.set_title(title, fontsize=9)
+    axes.margins(y=0.15)  # room for the labels over the tallest bar
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -24,7 +24,12 @@ HELP = """\
 /clear           forget the conversation (the system prompt stays)
 /draft off|on|N  stop speculating, resume, or draft up to N tokens a step
 /save FILE       write the conversation to FILE as JSON
-/exit            leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat"""
+/load FILE       go on with a conversation saved by /save
+/exit            leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
+\"\"\"              start or end a message of several lines (pasting several lines sends them as one)"""
+
+BLOCK = '"""'
+
 
 
 @dataclass
@@ -79,15 +84,38 @@ class Chat:
             console.print("[dim]conversation cleared[/]")
         elif name == "draft":
             self._draft(argument, console)
+        elif name == "load":
+            self._load(argument, console)
         elif name == "save":
             if not argument:
                 console.print("[red]usage: /save FILE[/]")
             else:
-                Path(argument).expanduser().write_text(json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
-                console.print(f"[dim]saved {len(self.messages)} messages to {argument}[/]")
+                try:
+                    Path(argument).expanduser().write_text(json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
+                except OSError as error:  # the conversation is worth more than the file: keep chatting
+                    console.print(f"[red]cannot save to {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
+                else:
+                    console.print(f"[dim]saved {len(self.messages)} messages to {tui.shown(argument)}[/]")
         else:
-            console.print(f"[red]unknown command /{name}[/]; /help lists them")
+            console.print(f"[red]unknown command /{tui.shown(name)}[/]; /help lists them")
         return True
+
+    def _load(self, argument: str, console) -> None:
+        if not argument:
+            console.print("[red]usage: /load FILE[/]")
+            return
+        try:
+            messages = json.loads(Path(argument).expanduser().read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(getattr(error, 'strerror', None) or error)}[/]")
+            return
+        if not (isinstance(messages, list) and all(
+                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str) for m in messages)):
+            console.print(f"[red]{tui.shown(argument)} is not a conversation saved by /save[/]")
+            return
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
 
     def _draft(self, argument: str, console) -> None:
         if argument == "off":
@@ -108,7 +136,8 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
     console = tui.out
     if interactive:
         _enable_line_editing(history_file)
-        console.print(f"[dim]Chatting with {chat.session.target_model.path.name}. /help for commands, Ctrl-D to leave.[/]")
+        console.print(f"[dim]Chatting with {tui.shown(chat.session.target_model.path.name)}. /help for commands,"
+                      ' """ for several lines, Ctrl-D to leave.[/]')
     while True:
         try:
             line = input("you> " if interactive else "")
@@ -119,6 +148,10 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
         except KeyboardInterrupt:
             console.print("\n[dim](Ctrl-D or /exit to leave)[/]")
             continue
+        if line.strip().startswith(BLOCK):
+            line = _read_block(line, interactive)
+            if line is None:
+                return
         line = line.strip()
         if not line:
             continue
@@ -135,7 +168,20 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                 done = chat.reply(line, lambda event: None)
                 print(chat.messages[-1]["content"], flush=True)
         except LocalspecError as error:
-            console.print(f"[red]error: {error}[/] (/clear starts over)")
+            console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
+
+
+def _read_block(first: str, interactive: bool) -> str | None:
+    """A message of several lines, from the line that opens it with triple quotes to the one that
+    closes it (as in Ollama); None if the input ends first."""
+    lines = [first.strip()[len(BLOCK):]]
+    while not lines[-1].rstrip().endswith(BLOCK):
+        try:
+            lines.append(input("... " if interactive else ""))
+        except EOFError:
+            return None
+    lines[-1] = lines[-1].rstrip()[: -len(BLOCK)]
+    return "\n".join(lines)
 
 
 def _enable_line_editing(history_file: Path | None) -> None:
@@ -143,6 +189,9 @@ def _enable_line_editing(history_file: Path | None) -> None:
         import readline
     except ImportError:  # no readline on this platform: plain input() still works
         return
+    # Python turns bracketed paste off; with it on, readline takes a pasted block of lines as one
+    # input instead of sending each line as a message.
+    readline.parse_and_bind("set enable-bracketed-paste on")
     if history_file is None:
         return
     history_file.parent.mkdir(parents=True, exist_ok=True)

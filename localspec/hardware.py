@@ -5,6 +5,7 @@ file, an f16 KV cache for the requested context, and a compute-buffer margin.
 Refusing up front beats the OS killing the process halfway through loading.
 """
 
+import os
 import platform
 from dataclasses import dataclass
 
@@ -46,8 +47,22 @@ def machine() -> Machine:
         ram_total=memory.total,
         ram_available=memory.available,
         cpu=platform.processor() or platform.machine(),
-        features=backend.system_info(),
+        features=cpu_features(backend.system_info()),
     )
+
+
+def describe() -> str:
+    """This machine in a few words, for benchmark reports: its CPU and GPU devices, if any."""
+    gpus = [d["description"] or d["name"] for d in backend.devices() if d["kind"] != "CPU"] if gpu_offload() else []
+    cores = f"{psutil.cpu_count(logical=False) or os.cpu_count()}-core {platform.machine()}"
+    return ", ".join([cores, *gpus])
+
+
+def cpu_features(system_info: str) -> str:
+    """llama.cpp's `CPU : SSE3 = 1 | AVX = 0 | ...` as the features it uses: `SSE3, AVX2, FMA`."""
+    used = [name.strip() for name, _, value in (part.partition("=") for part in system_info.split("|"))
+            if value.strip() == "1"]
+    return ", ".join(name.rpartition(":")[2].strip() for name in used) or "none reported"
 
 
 def kv_cache_bytes(info: GGUFInfo, n_ctx: int) -> int:

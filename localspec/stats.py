@@ -39,7 +39,7 @@ class Summary:
     drafted: int
     accepted: int
     acceptance_rate: float
-    mean_accepted_length: float  # tau: tokens per target verification
+    mean_accepted_length: float  # tau: tokens the target settled per verification (an end token included)
     per_position_acceptance: list[float]
     per_position_drafted: list[int]  # steps whose draft reached each position
     tokens_per_second: float
@@ -133,7 +133,7 @@ class Tally:
             drafted=self.drafted,
             accepted=self.accepted,
             acceptance_rate=self.accepted / self.drafted if self.drafted else 0.0,
-            mean_accepted_length=self.tokens / self.steps if self.steps else 0.0,
+            mean_accepted_length=self.decided / self.steps if self.steps else 0.0,
             per_position_acceptance=[k / r for k, r in zip(self.kept, self.reached)],
             per_position_drafted=list(self.reached),
             tokens_per_second=self.tokens / decode_seconds if decode_seconds > 0 else 0.0,

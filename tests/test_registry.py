@@ -106,6 +106,9 @@ def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):
         registry.load()
 
 
-def test_compatible_drafts_share_the_family(models):
+def test_compatible_drafts_share_the_family_and_are_smaller(models):
     drafts = registry.compatible_drafts(models["gemma3-27b"], models)
     assert [d.name for d in drafts][:2] == ["gemma3-270m", "gemma3-1b"]
+    assert [d.name for d in registry.compatible_drafts(models["smollm2-1.7b"], models)] == ["smollm2-135m", "smollm2-360m"]
+    assert registry.compatible_drafts(models["smollm2-135m"], models) == []  # nothing smaller: never a bigger one
+    assert "--draft ngram" in registry.draft_advice(models["smollm2-135m"])

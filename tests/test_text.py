@@ -47,3 +47,9 @@ def test_earliest_of_several_stop_strings_wins():
     stream = TextStream(stop=("b", "a"))
     stream.push(b"xxabyy")
     assert stream.text == "xx"
+
+
+def test_a_character_cut_short_by_the_end_is_dropped_not_replaced():
+    stream = TextStream()
+    assert stream.push("a €".encode()[:-1]) == "a "  # the euro sign's last byte never came
+    assert stream.flush() == "" and stream.text == "a "

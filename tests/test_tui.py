@@ -44,7 +44,50 @@ def test_tokens_from_accepted_drafts_are_highlighted_unless_turned_off():
 
 def test_models_table_and_compat_report_render():
     console = Console(record=True, width=120)
-    tui.models_table([dict(name="m", family="f", params="1B", size=808_000_000, installed=True, draft="d", license="x")],
-                     console)
+    tui.models_table([dict(name="m", aliases=[], family="f", params="1B", size=808_000_000, installed=True, draft="d",
+                           license="x")], console)
     text = console.export_text()
     assert "808.0 MB" in text and "yes" in text
+
+
+def test_control_characters_of_untrusted_text_are_shown_as_escapes():
+    clipboard_write, link = "\x1b]52;c;aGk=\x07", "\x1b]8;;http://x\x1b\\here\x1b]8;;\x1b\\"
+    assert tui.visible(f"a{clipboard_write}b\n\tc\x9b") == "a\\x1b]52;c;aGk=\\x07b\n\tc\\x9b"  # layout kept
+    assert tui.visible("one\ntwo", layout=False) == "one\\x0atwo"
+    assert "\x1b" not in tui.visible(link)
+
+
+def test_untrusted_text_is_never_read_as_rich_markup():
+    console = Console(record=True, width=200)
+    hostile = "[/] [link=http://evil]click[/link] [bold red]"
+    tui.models_table([dict(name=hostile, aliases=[hostile], family=hostile, params="1B", size=None, installed=False,
+                           draft=hostile, license=hostile)], console)
+    tui.batch_summary([{"id": hostile, "error": hostile}], 0, console)
+    text = console.export_text()
+    assert text.count("[link=http://evil]click[/link]") >= 5
+
+
+def test_generated_escape_sequences_reach_the_live_view_as_text():
+    console = Console(record=True, width=90, height=30, force_terminal=True)
+    with tui.LiveView(console, summary=False) as view:
+        view.add(Prefill(1, 0, 0.0))
+        view.add(Token(1, "copy \x1b]52;c;aGk=\x07 me", False))
+    assert "\x1b]52" not in console.export_text(styles=True, clear=False) and "\\x1b]52" in console.export_text()
+
+
+def test_a_generation_without_drafts_says_why():
+    summary = Tally().summary(1.0)
+    assert tui.drafted_text(summary) == "nothing drafted"
+    assert "auto expected no draft to beat a plain step" in tui.drafted_text(summary, auto=True)
+    console = Console(record=True, width=120)
+    console.print(tui.stats_panel(summary, "done", models="t.gguf (auto: n-gram lookup)", auto=True))
+    text = console.export_text()
+    assert "t.gguf (auto: n-gram lookup)" in text and "nothing drafted" in text
+
+
+def test_models_show_aliases_and_unknown_sizes_as_unknown():
+    console = Console(record=True, width=160)
+    tui.models_table([dict(name="llama3.3-70b", aliases=["llama3-70b"], family="llama3", params="70B", size=None,
+                           installed=False, draft="llama3.2-1b", license="x")], console)
+    text = console.export_text()
+    assert "llama3-70b" in text and "unknown" in text and "license" in text

@@ -29,10 +29,11 @@ class TextStream:
         return self._release(len(self._pending) - self._longest_stop_prefix_at_end())
 
     def flush(self) -> str:
-        """Release everything held back once generation has ended for another reason."""
+        """Release everything held back once generation has ended for another reason. A character
+        cut short by the end (max tokens inside a multi-byte character) is dropped, not shown as U+FFFD."""
         if self.stopped:
             return ""
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         return self._release(len(self._pending))
 
     def _release(self, upto: int) -> str:
