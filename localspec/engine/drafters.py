@@ -72,14 +72,12 @@ RUN_CLASSES = ((16, "run 16+"), (8, "run 8-15"), (4, "run 4-7"), (0, "run 2-3"))
 class NgramDrafter:
     """Prompt lookup: if the last n tokens occurred before, propose what followed them.
 
-    The history is kept in a numpy array that grows as tokens arrive, and each proposal
-    finds every earlier occurrence of the last token in one vectorized comparison, then
-    of the longest suffix that matches: microseconds at any context length, and no index
-    to build (a 2,000-token retrieval prompt took ~100 ms to index in Python). Each
-    proposal names its evidence: how far the match runs back (a long copied passage tends
-    to go on being copied; a 2-token match in a long document is mostly chance) and
-    whether the n-gram's earlier occurrences agree on what follows it (the counts
-    SuffixDecoding scores by).
+    An index from each n-gram to the position after its latest occurrence, and to
+    how often each token followed it, is updated as tokens arrive, so a proposal
+    costs the same at any context length. Each proposal names its evidence: how far
+    the match runs back (a long copied passage tends to go on being copied; a
+    2-token match in a long document is mostly chance) and whether the n-gram's
+    earlier occurrences agree on what follows it (the counts SuffixDecoding scores by).
     """
 
     name = "ngram"
@@ -88,41 +86,31 @@ class NgramDrafter:
         self.sizes = range(n_max, n_min - 1, -1)  # longest match first
 
     def begin(self, prompt, sampling, rng) -> None:
-        self.tokens = np.array(prompt, dtype=np.int64) if prompt else np.empty(0, np.int64)
-        self.length = len(prompt)
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.followers: dict[int, dict[tuple[int, ...], dict[int, int]]] = {n: {} for n in self.sizes}
+        self.indexed = 0  # n-grams ending before this position are in the index
 
     def propose(self, history, k) -> Draft:
-        tokens = self._read(history)
-        if len(tokens) < 2:
-            return Draft(source=self.name)
-        # p: an earlier position holding the last token; what follows it is at p + 1
-        ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+        # Index only n-grams that have a token after them; the current suffix stays out.
+        for end in range(max(self.indexed, 1), len(history)):
+            for n in self.sizes:
+                if end >= n:
+                    gram = tuple(history[end - n : end])
+                    self.latest[n][gram] = end
+                    counts = self.followers[n].setdefault(gram, {})
+                    counts[history[end]] = counts.get(history[end], 0) + 1
+        self.indexed = len(history)
         for n in self.sizes:
-            found = ends[ends >= n - 1]
-            for back in range(1, n):
-                found = found[tokens[found - back] == tokens[-1 - back]]
-            if found.size:
-                follows = int(found[-1]) + 1  # the latest occurrence
+            gram = tuple(history[-n:])
+            follows = self.latest[n].get(gram)
+            if follows is not None:
                 run = self._run(history, follows, n)
                 # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
                 # draft after a short, chance match mostly wastes a big verification batch.
                 offer = min(k, max(run, MIN_OFFER))
-                evidence = f"{_run_class(run)}, {_agreement(tokens[found + 1], tokens[follows])}"
+                evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
                 return Draft(list(history[follows : follows + offer]), source=self.name, evidence=evidence)
         return Draft(source=self.name)
-
-    def _read(self, history: list[int]) -> np.ndarray:
-        """The history as an array; only the tokens committed since the last call are copied in."""
-        if self.length and (len(history) < self.length or history[self.length - 1] != self.tokens[self.length - 1]
-                            or history[0] != self.tokens[0]):
-            self.length = 0  # not the history this generation began with: read it afresh
-        if len(history) > len(self.tokens):
-            grown = np.empty(max(2 * len(self.tokens), len(history), 256), np.int64)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-        self.tokens[self.length : len(history)] = history[self.length :]
-        self.length = len(history)
-        return self.tokens[: self.length]
 
     @staticmethod
     def _run(history, follows: int, n: int) -> int:
@@ -149,11 +137,11 @@ def weaker_evidence(evidence: str) -> str | None:
     return f"{names[names.index(run) + 1]}, {agreement}"
 
 
-def _agreement(followers: np.ndarray, proposed: int) -> str:
-    """followers: what came after each earlier occurrence of the matched n-gram."""
-    if followers.size == 1:
+def _agreement(followers: dict[int, int], proposed: int) -> str:
+    seen = sum(followers.values())
+    if seen == 1:
         return "seen once"
-    return "earlier agree" if bool(np.all(followers == proposed)) else "earlier differ"
+    return "earlier agree" if followers.get(proposed, 0) == seen else "earlier differ"
 
 
 # A greedy draft keeps the 10 likeliest tokens and judges p_min among them, as llama.cpp's own
