@@ -112,3 +112,20 @@ def test_a_block_of_lines_is_one_message_and_a_saved_chat_loads(localspec, tiny,
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "line one\nline two"
     assert json.loads(resaved.read_text()) == json.loads(earlier.read_text())
     assert "cannot load" in done.stdout.decode()
+
+
+@pytest.mark.slow
+def test_a_pasted_block_of_lines_is_one_message_in_a_terminal(home, tmp_path):
+    child = spawn(home, "smollm2-135m", "--temp", "0", "-n", "8", "--offline")
+    # what a terminal sends when three lines are pasted with bracketed paste on, then Enter
+    child.send("\x1b[200~def f(x):\n    return x + 1\nprint(f(2))\x1b[201~")
+    child.send("\r")
+    child.expect(r"prompt \d+ tokens")
+    child.expect_exact(PROMPT)
+    saved = tmp_path / "chat.json"
+    child.sendline(f"/save {saved}")
+    child.expect("saved 2 messages")  # one question, one answer
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    assert json.loads(saved.read_text())[0]["content"] == "def f(x):\n    return x + 1\nprint(f(2))"
