@@ -336,3 +336,13 @@ def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():
     for args in (["--accelerator", "tpu"], ["--accelerator"], ["--gpu"]):
         done = subprocess.run(["bash", str(setup), *args], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "cpu|cuda|metal|vulkan" in done.stderr, args
+
+
+def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
+    """Loading llama.cpp's library is for commands that run a model (issue 13: no work at import)."""
+    probe = ("import sys\nfrom localspec import cli\nfor args in (['--help'], ['models', '--json'], ['--version']):\n"
+             "    sys.argv = ['localspec', *args]\n    try:\n        cli.main()\n    except SystemExit:\n        pass\n"
+             "print('llama_cpp' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)})
+    assert done.stderr.strip().splitlines()[-1] == "False", done.stderr

@@ -23,8 +23,6 @@ from time import perf_counter
 
 import numpy as np
 
-import llama_cpp as llama
-
 from ..errors import EngineError, InputError, ModelLoadError, UsageError
 
 GGUF_MAGIC = b"GGUF"
@@ -37,7 +35,6 @@ LOG_LEVEL_ERROR = 4  # enum ggml_log_level
 _recent_errors: deque[str] = deque(maxlen=4)  # llama.cpp's own words, for our error messages
 
 
-@llama.llama_log_callback
 def _log(level, text, user_data):
     # llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1.
     line = text.decode("utf-8", errors="replace")
@@ -47,8 +44,22 @@ def _log(level, text, user_data):
         sys.stderr.write(line)
 
 
-llama.llama_log_set(_log, ctypes.c_void_p(0))
-llama.llama_backend_init()
+class _OnFirstUse:
+    """llama-cpp-python, imported and initialised when first used: loading its library takes a
+    noticeable moment, and `localspec --help`, `models` or `pull` never need it."""
+
+    def __getattr__(self, name: str):
+        global llama, _log_callback
+        import llama_cpp
+
+        _log_callback = llama_cpp.llama_log_callback(_log)  # kept referenced: llama.cpp calls it later
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        llama = llama_cpp
+        return getattr(llama_cpp, name)
+
+
+llama = _OnFirstUse()
 
 
 def supports_gpu_offload() -> bool:
