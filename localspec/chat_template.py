@@ -200,10 +200,12 @@ def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token
         return [(text, False)]
     stand_ins = [dict(m, content=_STAND_IN.format(i)) if i in literal else m for i, m in enumerate(messages)]
     skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token))
-    for shown in (str, str.strip):
-        pieces = [(shown(messages[int(part)]["content"]), True) if odd else (part, False)
-                  for odd, part in ((i % 2, part) for i, part in enumerate(skeleton)) if part or odd]
-        if "".join(piece for piece, _ in pieces) == text:
-            return pieces
+    # odd parts name a message; one that names no literal message came from other text, not a stand-in
+    if all(int(part) in literal for part in skeleton[1::2]):
+        for shown in (str, str.strip):
+            pieces = [(shown(messages[int(part)]["content"]), True) if i % 2 else (part, False)
+                      for i, part in enumerate(skeleton) if part or i % 2]
+            if "".join(piece for piece, _ in pieces) == text:
+                return pieces
     raise InputError("a message contains the text of a control token, and the model's chat template rewrites"
                      " that message in a way localspec cannot follow; pass --raw to send the prompt as written")
