@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from localspec import mirror, paths, registry
+from localspec.cli import main
 from localspec.engine import backend
 from localspec.engine.backend import Context, Model
 
@@ -32,6 +33,23 @@ def localspec(tmp_path):
             [sys.executable, "-m", "localspec", *map(str, args)],
             input=stdin, capture_output=True, env=env, timeout=timeout,
         )
+
+    return invoke
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """cli(*args) -> (exit code, stdout, stderr) of `localspec ARGS` run in this process: for argument
+    and input errors, which need no subprocess (and no second start of llama.cpp) to show."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LOCALSPEC_DEBUG", raising=False)
+
+    def invoke(*args):
+        monkeypatch.setattr(sys, "argv", ["localspec", *map(str, args)])
+        with pytest.raises(SystemExit) as exited:
+            main()
+        captured = capsys.readouterr()
+        return exited.value.code, captured.out, captured.err
 
     return invoke
 

@@ -160,20 +160,19 @@ def test_bad_item_fields_fail_their_item_and_the_rest_run(localspec, tiny):
     assert all("error" in out[i] for i in ("word", "half", "numbers", "line 5", "fraction"))
 
 
-def test_output_mistakes_are_refused_before_the_models_load(localspec, tmp_path):
-    invoke, _ = localspec
+def test_output_mistakes_are_refused_before_the_models_load(cli, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\ntwo\n")
     missing_model = tmp_path / "not-loaded.gguf"  # never reached: each mistake is found first
-    for output, message in [(prompts, b"is the input file"), (tmp_path, b"is a folder"),
-                            (tmp_path / "no" / "out.jsonl", b"does not exist")]:
-        done = invoke(missing_model, prompts, "-o", output)
-        assert done.returncode == 2 and message in done.stderr and b"Traceback" not in done.stderr, done.stderr
+    for output, message in [(prompts, "is the input file"), (tmp_path, "is a folder"),
+                            (tmp_path / "no" / "out.jsonl", "does not exist")]:
+        code, _, stderr = cli("batch", missing_model, prompts, "-o", output)
+        assert code == 2 and message in stderr, stderr
     assert prompts.read_text() == "one\ntwo\n"
     duplicate = tmp_path / "dup.jsonl"
     duplicate.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
-    done = invoke(missing_model, duplicate)
-    assert done.returncode == 2 and b"used by two items" in done.stderr
+    code, _, stderr = cli("batch", missing_model, duplicate)
+    assert code == 2 and "used by two items" in stderr
 
 
 def test_two_batches_cannot_write_one_output(localspec, tmp_path):
