@@ -48,7 +48,7 @@ verify(1), the level everything else is relative to, follows each step's timing
 the policy at once; the shape of the cost curve follows the batch sizes used.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from math import sqrt
 from time import perf_counter
 
