@@ -26,10 +26,11 @@ from jinja2.visitor import NodeTransformer
 
 from .errors import InputError
 
-MAX_TEXT = 1 << 22  # characters (or list items) of one value, and of the rendered prompt
+# characters (or list items) of one value and of the rendered prompt; also the largest width, count
+# or repetition a call may ask for
+MAX_TEXT = 1 << 22
 MAX_WORK = 1 << 25  # characters of all the values a render builds together
 MAX_SECONDS = 2.0
-MAX_NUMBER = MAX_TEXT  # no width, count or repetition in a call may ask for more than one value may hold
 # a field width or precision of seven digits or more in a format string: a request for megabytes
 HUGE_FORMAT_FIELD = re.compile(r"\d{7,}")
 CHECK_EVERY = 256  # loop iterations between looks at the clock
@@ -67,8 +68,8 @@ class _Budget:
 
     def refuse_numbers(self, values) -> None:
         for value in values:
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
-                raise TemplateBudgetExceeded(f"it asked for {value:,} of something (at most {MAX_NUMBER:,})")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_TEXT:
+                raise TemplateBudgetExceeded(f"it asked for {value:,} of something (at most {MAX_TEXT:,})")
 
 
 def _foreseen_size(method, args) -> int | None:

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -351,6 +352,7 @@ def _consume(events, show: bool) -> Outcome:
     """
     tally = Tally()
     text = ""
+    write = _writer(show)
     decode_started = time.perf_counter()
     try:
         for event in events:
@@ -359,22 +361,30 @@ def _consume(events, show: bool) -> Outcome:
                 decode_started = time.perf_counter()
             elif isinstance(event, Token):
                 text += event.text
-                _write(event.text, show)
+                write(event.text)
             elif isinstance(event, Done):
-                _write(event.tail if event.text.endswith("\n") else event.tail + "\n", show)
+                write(event.tail if event.text.endswith("\n") else event.tail + "\n")
                 return Outcome(event.text, event.finish_reason, event.summary)
     except KeyboardInterrupt:
-        _write("\n", show)
+        write("\n")
         return Outcome(text, INTERRUPTED, tally.summary(time.perf_counter() - decode_started))
     raise AssertionError("generation ended without a Done event")
 
 
-def _write(text: str, show: bool) -> None:
-    if show and text:
-        # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
-        # data and goes out exactly as generated.
-        sys.stdout.write(tui.visible(text) if sys.stdout.isatty() else text)
-        sys.stdout.flush()
+def _writer(show: bool) -> Callable[[str], None]:
+    """Writes generated text to stdout as it streams (or nowhere, if not show)."""
+    if not show:
+        return lambda text: None
+    # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
+    # data and goes out exactly as generated.
+    shown = tui.visible if sys.stdout.isatty() else str
+
+    def write(text: str) -> None:
+        if text:
+            sys.stdout.write(shown(text))
+            sys.stdout.flush()
+
+    return write
 
 
 def summary_line(outcome: Outcome, auto: bool) -> str:
@@ -568,8 +578,9 @@ def bench(
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),
                                     lambda text: status.update(f"benchmarking: {text}"), draft_max, mixed)
+    machine = hardware.describe()
     report = {"target": target or model, "draft": draft, "max_tokens": max_tokens, "temperature": temp,
-              "mixed": mixed, "machine": hardware.describe(), "results": rows}
+              "mixed": mixed, "machine": machine, "results": rows}
     if as_json:
         print(json.dumps(report))
     else:
@@ -578,7 +589,7 @@ def bench(
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
         bench_runner.plot(rows, plot_file, f"{target or model} + {draft or NGRAM}, {max_tokens} tokens,"
-                          f" temperature {temp:g}{', mixed' if mixed else ''}; {hardware.describe()}")
+                          f" temperature {temp:g}{', mixed' if mixed else ''}; {machine}")
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
@@ -650,7 +661,7 @@ def check(
     else:
         tui.compat_report(report)
     if not report.compatible:
-        print(registry.draft_advice(resolved), file=sys.stderr)
+        print(registry.draft_advice(resolved, models), file=sys.stderr)
         raise typer.Exit(1)
 
 

@@ -231,9 +231,9 @@ def parameters(entry: ModelEntry) -> float | None:
     return float(found[1]) * (1e6 if found[2] == "M" else 1e9) if found else None
 
 
-def draft_advice(target: Resolved) -> str:
+def draft_advice(target: Resolved, models: dict[str, ModelEntry] | None = None) -> str:
     """What may draft for a target, in one sentence."""
-    drafts = compatible_drafts(target) if isinstance(target, ModelEntry) else []
+    drafts = compatible_drafts(target, models) if isinstance(target, ModelEntry) else []
     if drafts:
         return f"drafts that share its tokenizer: {', '.join(d.name for d in drafts)} (or --draft ngram)"
     return "no smaller model of its family is known here; --draft ngram drafts from the prompt and output"

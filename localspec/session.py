@@ -51,7 +51,7 @@ def open_session(
             draft_info = gguf_meta.read(draft_path)
             report = compat.check(target_info, draft_info)
             if not report.compatible:
-                raise IncompatibleDraft(_refusal(report, resolved_target), report)
+                raise IncompatibleDraft(_refusal(report, resolved_target, models), report)
             infos.append(draft_info)
             draft_arg = str(draft_path)
     hardware.check_fit(infos, runtime.ctx_size)
@@ -59,9 +59,9 @@ def open_session(
         return Session(target_path, draft_arg, runtime, speculation)
 
 
-def _refusal(report: compat.CompatReport, target) -> str:
+def _refusal(report: compat.CompatReport, target, models: dict) -> str:
     return (f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()};"
-            f" {registry.draft_advice(target)}")
+            f" {registry.draft_advice(target, models)}")
 
 
 MODES = ("plain", "ngram", "draft", "auto")

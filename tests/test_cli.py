@@ -319,7 +319,11 @@ def test_ctrl_c_in_the_live_view_leaves_each_line_on_screen_once(real_model, tmp
     shown = []
     child.logfile_read = type("Sink", (), {"write": lambda self, data: shown.append(data), "flush": lambda self: None})()
     child.expect("generating")
-    child.expect(pexpect.TIMEOUT, timeout=3)  # reading on, so the text grows past a few lines
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # read on until the text runs over a few lines (the panel counts tokens)
+        child.expect(r"(\d+) in \d+ steps", timeout=300)
+        if int(child.match.group(1)) >= 60:
+            break
     child.sendintr()
     child.expect(pexpect.EOF)
     screen = pyte.Screen(100, 30)

@@ -254,6 +254,16 @@ def _untried(positions: list[Belief]) -> Belief:
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
 
 
+def _this_and_weaker(key: tuple[str, str]) -> list[tuple[str, str]]:
+    """A kind of evidence and the same evidence with ever shorter matches, strongest first."""
+    drafter, evidence = key
+    kinds = []
+    while evidence is not None:
+        kinds.append((drafter, evidence))
+        evidence = weaker_evidence(evidence)
+    return kinds
+
+
 class AutoDrafter:
     """Chooses each step between plain decoding, n-gram lookup and the draft model (if any)."""
 
@@ -373,12 +383,7 @@ class AutoDrafter:
     def _first(self, key: tuple[str, str]) -> Belief:
         """The first position of a kind this generation has not tried: what earlier generations
         left about it, or about a shorter match, else the PRIOR."""
-        drafter, evidence = key
-        while evidence is not None:
-            if (drafter, evidence) in self.carried:
-                return self.carried[(drafter, evidence)]
-            evidence = weaker_evidence(evidence)
-        return PRIOR
+        return next((self.carried[kind] for kind in _this_and_weaker(key) if kind in self.carried), PRIOR)
 
     def _positions(self, key: tuple[str, str]) -> list[Belief]:
         """This generation's beliefs about a kind of evidence. One seen for the first time starts as
@@ -386,10 +391,7 @@ class AutoDrafter:
         that is a cautious estimate, and a copy that grows past a length class need not be learned
         again from nothing."""
         if key not in self.beliefs:
-            drafter, weaker = key
-            inherited: list[Belief] = []
-            while not inherited and (weaker := weaker_evidence(weaker)):
-                inherited = self.beliefs.get((drafter, weaker), [])
+            inherited = next((self.beliefs[kind] for kind in _this_and_weaker(key)[1:] if self.beliefs.get(kind)), [])
             self.beliefs[key] = [replace(belief) for belief in inherited]
         return self.beliefs[key]
 
