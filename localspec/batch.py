@@ -22,8 +22,8 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 
 from .config import Limits, Sampling
 from .errors import LocalspecError, UsageError
-from .events import Done
 from .session import Session
+from .stats import record
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
                    "min_p": "min_p", "seed": "seed"}
@@ -196,10 +196,11 @@ def run_item(session: Session, item: Item, sampling: Sampling, limits: Limits, r
             raise LocalspecError(item.error)
         item_sampling, item_limits = settings(item, sampling, limits)
         tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
-        done = next(e for e in session.generate(tokens, item_sampling, item_limits) if isinstance(e, Done))
+        outcome = record(session.generate(tokens, item_sampling, item_limits))
     except LocalspecError as error:
         return {"id": item.id, "error": str(error)}
-    return {"id": item.id, "text": done.text, "finish_reason": done.finish_reason, "stats": done.summary.as_dict()}
+    return {"id": item.id, "text": outcome.text, "finish_reason": outcome.finish_reason,
+            "stats": outcome.summary().as_dict()}
 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,

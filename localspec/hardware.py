@@ -33,6 +33,11 @@ class Machine:
     def accelerator_free(self) -> int:
         return sum(d["free"] for d in self.devices if d["kind"] != "CPU")
 
+    @property
+    def memory_free(self) -> int:
+        """What models may use: free RAM and free accelerator memory."""
+        return self.ram_available + self.accelerator_free
+
 
 def gpu_offload() -> bool:
     """Whether this llama.cpp build can put layers on a GPU."""
@@ -82,11 +87,23 @@ def estimate_bytes(info: GGUFInfo, n_ctx: int) -> int:
     return int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx) + COMPUTE_FIXED
 
 
+def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) -> int | None:
+    """Bytes models need together, each given by its header once downloaded, else by its file size
+    in the registry (the KV cache then unknown, so the compute margin stands in); None when a
+    model's size is not known before it is downloaded."""
+    needed = 0
+    for info, size in models:
+        if info is None and size is None:
+            return None
+        needed += estimate_bytes(info, n_ctx) if info else int(size * (1 + COMPUTE_MARGIN)) + COMPUTE_FIXED
+    return needed
+
+
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
     found = found or machine()
     needed = sum(estimate_bytes(info, n_ctx) for info in models)
-    available = found.ram_available + found.accelerator_free
+    available = found.memory_free
     if needed > available:
         names = " + ".join(info.path.name for info in models)
         raise UsageError(

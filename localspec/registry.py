@@ -23,7 +23,6 @@ else:
 from . import paths
 from .errors import UsageError
 
-NGRAM = "ngram"
 AUTO = "auto"
 # The Hub's own rule for owner and name: letters, digits, "_", "-", "." (neither "--" nor ".." inside),
 # starting and ending with a letter or digit, 96 characters at most.
@@ -193,12 +192,10 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     raise UsageError(_unknown(text, models))
 
 
-def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | None = None) -> Resolved | str:
-    """A draft: like a target, plus `ngram`, `auto` (the target's recommended draft) and
+def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | None = None) -> Resolved:
+    """A draft model: like a target, plus `auto` (the target's recommended draft) and
     a size such as `1b` meaning that size in the target's family."""
     models = load() if models is None else models
-    if text == NGRAM:
-        return NGRAM
     family = target.family if isinstance(target, ModelEntry) else ""
     if text == AUTO:
         if isinstance(target, ModelEntry) and target.draft:

@@ -6,19 +6,19 @@ many generations on them; the caller iterates events and never touches the engin
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
-from .config import DRAFT_MAX, Limits, Runtime, Sampling, Speculation
+from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model, supports_gpu_offload
 from .engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import IncompatibleDraft, InputError, UsageError
 from .events import Event
-from .registry import NGRAM
+from .gguf_meta import GGUFInfo
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -27,67 +27,76 @@ FALLBACK_TEMPLATE = (
 )
 
 
-def open_session(
-    target: str, draft: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False, progress=None,
-    loading=nullcontext,
-) -> "Session":
-    """Resolve names, fetch what is missing, check the pair, then load it.
+@dataclass(frozen=True)
+class Pair:
+    """A target and its draft model, found, fetched and read; report: whether they can speculate
+    together (None without a draft model); advice: which drafts would suit the target."""
 
-    draft: None for plain decoding, "ngram", or anything registry.resolve_draft accepts.
+    target: GGUFInfo
+    draft: GGUFInfo | None = None
+    report: compat.CompatReport | None = None
+    advice: str = ""
+
+    @property
+    def refusal(self) -> str:
+        return (f"{self.report.draft.path.name} cannot draft for {self.report.target.path.name}:"
+                f" {self.report.summary()}; {self.advice}")
+
+
+def resolve_pair(target: str, draft_model: str | None, offline: bool = False, progress=None,
+                 verify_sha256: bool = False) -> Pair:
+    """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
+    read both headers and check the pair."""
+    models = registry.load()
+    target_entry = registry.resolve(target, models)
+    target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
+    if draft_model is None:
+        return Pair(target_info)
+    draft_entry = registry.resolve_draft(draft_model, target_entry, models)
+    draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
+    report = compat.check(target_info, draft_info)
+    return Pair(target_info, draft_info, report,
+                "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def open_session(
+    target: str, draft_model: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False,
+    progress=None, loading=nullcontext,
+) -> "Session":
+    """Resolve, fetch and check the pair, then load it.
+
     loading(text): a context shown while the models load (a spinner), after any download.
     """
-    models = registry.load()
-    resolved_target = registry.resolve(target, models)
-    target_path = download.locate(resolved_target, offline, progress)
-    target_info = gguf_meta.read(target_path)
-    draft_arg = None
-    infos = [target_info]
-    if draft is not None:
-        resolved_draft = registry.resolve_draft(draft, resolved_target, models)
-        if resolved_draft == NGRAM:
-            draft_arg = NGRAM
-        else:
-            draft_path = download.locate(resolved_draft, offline, progress)
-            draft_info = gguf_meta.read(draft_path)
-            report = compat.check(target_info, draft_info)
-            if not report.compatible:
-                raise IncompatibleDraft(_refusal(report, resolved_target, models), report)
-            infos.append(draft_info)
-            draft_arg = str(draft_path)
+    pair = resolve_pair(target, draft_model, offline, progress)
+    if pair.report and not pair.report.compatible:
+        raise IncompatibleDraft(pair.refusal, pair.report)
+    infos = [pair.target] + ([pair.draft] if pair.draft else [])
     hardware.check_fit(infos, runtime.ctx_size)
     with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
-        return Session(target_path, draft_arg, runtime, speculation)
-
-
-def _refusal(report: compat.CompatReport, target, models: dict) -> str:
-    return (f"{report.draft.path.name} cannot draft for {report.target.path.name}: {report.summary()};"
-            f" {registry.draft_advice(target, models)}")
-
-
-MODES = ("plain", "ngram", "draft", "auto")
+        return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation)
 
 
 class Session:
-    """A loaded target (and draft) that can generate in any of the MODES:
+    """A loaded target (and draft model) that generates with any DrafterKind:
 
-    plain: the target alone; ngram / draft: always draft with that drafter (fixed policy);
+    plain: the target alone; ngram / draft: always draft with that drafter;
     auto: choose each step between them by measured cost and acceptance.
+    It starts with speculation.drafting; chat's /draft and bench switch with use().
     """
 
-    def __init__(self, target: Path, draft: str | None, runtime: Runtime, speculation: Speculation):
-        """draft: None for plain decoding, "ngram" for prompt lookup, or a GGUF path."""
+    def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation):
+        """draft: the draft model's GGUF, or None (n-gram lookup needs none)."""
         self.speculation = speculation
         self._owned: list = []
         self._auto: AutoDrafter | None = None
         try:
             self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices))
-            # Verification decodes [last] + draft in one batch; a bigger batch would abort llama.cpp.
-            n_batch = max(runtime.prompt_batch, speculation.draft_max + 1)
+            # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
+            rows = speculation.longest_draft + 1
+            n_batch = max(runtime.prompt_batch, rows)
             on_backend = runtime.backend_sampling
             if on_backend is None:
                 on_backend = runtime.gpu_layers != 0 and supports_gpu_offload()
-            # rows sampled in one batch: a verification of the longest draft any policy makes
-            rows = max(DRAFT_MAX["auto"], speculation.draft_max) + 1
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows))
             # Said at load, for the CLI to print: what localspec did other than asked.
@@ -97,38 +106,44 @@ class Session:
                                   " rounds context sizes up to a multiple of 256")
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
-            if draft not in (None, NGRAM):
-                draft_model = self._own(Model(Path(draft), runtime.draft_gpu_layers, runtime.draft_devices))
+            if draft is not None:
+                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, runtime.draft_devices))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
-            if draft is None or speculation.policy == "off":
-                self.default_mode = "plain"
-            elif speculation.policy == "fixed":
-                self.default_mode = "draft" if self.model_drafter else "ngram"
-            else:
-                self.default_mode = "auto"
+            self.default_mode = speculation.drafting
             self.use(self.default_mode)
         except BaseException:
             self.close()
             raise
 
-    def use(self, mode: str, speculation: Speculation | None = None) -> None:
-        """Generate in this mode from now on (bench compares them; chat's /draft switches)."""
-        if speculation is not None:
-            self.speculation = speculation
-        if mode == "draft" and self.model_drafter is None:
+    def use(self, mode: DrafterKind) -> None:
+        """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""
+        if mode == DrafterKind.DRAFT and self.model_drafter is None:
             raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
-        drafters = {"plain": NoDrafter, "ngram": lambda: self.ngram, "draft": lambda: self.model_drafter,
-                    "auto": self._auto_drafter}
+        drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
+                    DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.AUTO: self._auto_drafter}
         self.drafter = drafters[mode]()
         self.mode = mode
 
     def _auto_drafter(self) -> AutoDrafter:
         if self._auto is None:
             draft_context = self.model_drafter.context if self.model_drafter else None
-            batch = min(DRAFT_MAX["auto"] + 1, self.target.max_rows)
+            batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
             self._auto = AutoDrafter(self.ngram, self.model_drafter, calibrate(self.target, draft_context, batch))
         return self._auto
+
+    def set_draft_max(self, draft_max: int | None) -> None:
+        """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
+        if draft_max is not None and draft_max + 1 > self.target.max_rows:
+            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.max_rows - 1}")
+        draft_min = self.speculation.draft_min
+        self.speculation = replace(self.speculation, draft_max=draft_max,
+                                   draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
+
+    @property
+    def draft_limit(self) -> int:
+        """Most tokens drafted a step in the current mode."""
+        return self.speculation.draft_limit(self.mode)
 
     def forget(self) -> None:
         """Start the auto policy's learning about acceptance afresh (a benchmark's fresh session);
@@ -185,16 +200,7 @@ class Session:
 
     @property
     def can_speculate(self) -> bool:
-        return self.default_mode != "plain"
-
-    def speculate(self, on: bool, draft_max: int | None = None) -> None:
-        """Turn drafting off or back on, optionally with a new draft length (chat's /draft)."""
-        self.use(self.default_mode if on else "plain")
-        if draft_max is not None:
-            if draft_max + 1 > self.target.max_rows:
-                raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.max_rows - 1}")
-            self.speculation = replace(self.speculation, draft_max=draft_max,
-                                       draft_min=min(self.speculation.draft_min, draft_max))
+        return self.default_mode != DrafterKind.PLAIN
 
     def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
         return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)
@@ -210,10 +216,10 @@ class Session:
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
-        drafting = {"plain": "no drafting", "ngram": "n-gram lookup",
-                    "draft": self.model_drafter.context.model.path.name if self.model_drafter else "",
-                    "auto": "auto: n-gram lookup" + (f" or {self.model_drafter.context.model.path.name}"
-                                                     if self.model_drafter else "")}[self.mode]
+        draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
+        drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
+                    DrafterKind.DRAFT: draft_model,
+                    DrafterKind.AUTO: "auto: n-gram lookup" + (f" or {draft_model}" if draft_model else "")}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:

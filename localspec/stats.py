@@ -1,8 +1,12 @@
-"""Speculation statistics as a fold over a generation's events."""
+"""Speculation statistics as a fold over a generation's events: the one place events are counted."""
 
 from dataclasses import asdict, dataclass, field
+from time import perf_counter
 
-from .events import Prefill, Step, Token
+from .config import DrafterKind
+from .events import Done, Prefill, Step, Token
+
+INTERRUPTED = "interrupted"  # the finish reason of a generation stopped by Ctrl-C
 
 
 @dataclass
@@ -52,7 +56,7 @@ class Summary:
     # Plain decoding's cost per token is the target's time in steps that drafted nothing
     # (their draft time was speculation's overhead, not plain decoding's).
     estimated_speedup: float | None
-    drafters: dict[str, DrafterTally] = field(default_factory=dict)  # per drafter that drafted
+    drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)  # per drafter that drafted
 
     @property
     def probe_lost_seconds(self) -> float:
@@ -78,8 +82,10 @@ class Summary:
 
 
 @dataclass
-class Tally:
-    """Accumulates Prefill and Step events; summary() can be taken at any point."""
+class Recorder:
+    """Folds the events of a generation, or of several in a row (a chat's turns, a benchmark's
+    prompts): counts and times over all of them, and the latest one's text and finish reason.
+    summary() can be taken at any point, while generating too."""
 
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
@@ -97,36 +103,62 @@ class Tally:
     # reached[i]: steps that drafted a token at position i; kept[i]: of those, accepted ones
     reached: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
-    drafters: dict[str, DrafterTally] = field(default_factory=dict)
+    drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)
+    text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
+    finish_reason: str | None = None  # of the latest generation; None while it runs
+    finished_seconds: float = 0.0  # decode time of the generations that ended
+    decode_started: float | None = None  # when the running generation's prefill ended
 
     def add(self, event) -> None:
         if isinstance(event, Prefill):
             self.prompt_tokens += event.prompt_tokens
             self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
+            self.text, self.finish_reason, self.decode_started = "", None, perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
+            self.text += event.text
         elif isinstance(event, Step):
-            self.steps += 1
-            self.drafted += event.drafted
-            self.accepted += event.accepted
-            self.draft_seconds += event.draft_seconds
-            self.verify_seconds += event.verify_seconds
-            self.last_drafted = event.drafted
-            self.decided += event.accepted + 1
-            if event.drafted == 0:
-                self.plain_steps += 1
-                self.plain_step_seconds += event.verify_seconds
-            while len(self.reached) < event.drafted:
-                self.reached.append(0)
-                self.kept.append(0)
-            for i in range(event.drafted):
-                self.reached[i] += 1
-                self.kept[i] += i < event.accepted
-            if event.drafted or event.probe:
-                self.drafters.setdefault(event.drafter, DrafterTally()).add(event)
+            self._add_step(event)
+        elif isinstance(event, Done):
+            self.text += event.tail
+            self.finish_reason = event.finish_reason
+            self.finished_seconds += event.decode_seconds
+            self.decode_started = None
 
-    def summary(self, decode_seconds: float) -> Summary:
+    def _add_step(self, step: Step) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        self.last_drafted = step.drafted
+        self.decided += step.accepted + 1
+        if step.drafted == 0:
+            self.plain_steps += 1
+            self.plain_step_seconds += step.verify_seconds
+        while len(self.reached) < step.drafted:
+            self.reached.append(0)
+            self.kept.append(0)
+        for i in range(step.drafted):
+            self.reached[i] += 1
+            self.kept[i] += i < step.accepted
+        if step.drafted or step.probe:
+            self.drafters.setdefault(step.drafter, DrafterTally()).add(step)
+
+    def interrupt(self) -> None:
+        """The running generation was stopped (Ctrl-C): it ends where it got to."""
+        self.finished_seconds = self.decode_seconds
+        self.decode_started = None
+        self.finish_reason = INTERRUPTED
+
+    @property
+    def decode_seconds(self) -> float:
+        running = perf_counter() - self.decode_started if self.decode_started is not None else 0.0
+        return self.finished_seconds + running
+
+    def summary(self) -> Summary:
+        decode_seconds = self.decode_seconds
         return Summary(
             tokens=self.tokens,
             steps=self.steps,
@@ -144,7 +176,7 @@ class Tally:
             verify_seconds=self.verify_seconds,
             decode_seconds=decode_seconds,
             estimated_speedup=self.estimated_speedup(),
-            drafters={name: DrafterTally(**asdict(d)) for name, d in self.drafters.items()},
+            drafters={kind: DrafterTally(**asdict(d)) for kind, d in self.drafters.items()},
         )
 
     def estimated_speedup(self) -> float | None:
@@ -153,3 +185,11 @@ class Tally:
             return None
         # plain decoding would have spent one plain step on every token the target settled
         return self.plain_step_seconds / self.plain_steps * self.decided / spent
+
+
+def record(events) -> Recorder:
+    """A generation's events, all folded: for callers that want only the outcome (batch, bench)."""
+    recorder = Recorder()
+    for event in events:
+        recorder.add(event)
+    return recorder

@@ -2,7 +2,6 @@
 
 import re
 import sys
-import time
 from contextlib import contextmanager
 
 try:
@@ -27,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .compat import CompatReport
-from .events import Done, Prefill, Step, Token
-from .stats import Summary, Tally
+from .events import Done, Step, Token
+from .stats import INTERRUPTED, Recorder, Summary
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -171,9 +170,7 @@ class LiveView:
         self.color = color
         self.summary = summary
         self.text = Text()
-        self.tally = Tally()
-        self.started = time.perf_counter()
-        self.done: Done | None = None
+        self.recorder = Recorder()
         self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
 
     def __enter__(self):
@@ -185,27 +182,23 @@ class LiveView:
         self.live.stop()
         self._quiet_terminal.restore()
         self.console.print(self.text, end="" if self.text.plain.endswith("\n") else "\n")
+        if self.recorder.finish_reason is None:  # Ctrl-C, or an error
+            self.recorder.interrupt()
         if self.summary:
-            summary = self.done.summary if self.done else self.tally.summary(time.perf_counter() - self.started)
-            self.console.print(stats_panel(summary, self.done.finish_reason if self.done else "interrupted",
-                                           models=self.models, auto=self.auto))
+            self.console.print(stats_panel(self.recorder.summary(), self.recorder.finish_reason, models=self.models,
+                                           auto=self.auto))
 
     def add(self, event) -> None:
-        self.tally.add(event)
-        if isinstance(event, Prefill):
-            self.started = time.perf_counter()
-        elif isinstance(event, Token) and event.text:
+        self.recorder.add(event)
+        if isinstance(event, Token) and event.text:
             self.text.append(visible(event.text), style=DRAFT_STYLE if self.color and event.from_draft else None)
-        elif isinstance(event, Done):
-            self.done = event
-            if event.tail:
-                self.text.append(visible(event.tail))
+        elif isinstance(event, Done) and event.tail:
+            self.text.append(visible(event.tail))
         if isinstance(event, (Step, Done)):
             self.live.update(self._render(), refresh=True)
 
     def _render(self):
-        panel = stats_panel(self.tally.summary(time.perf_counter() - self.started), "generating", self.tally.last_drafted,
-                            self.models, self.auto)
+        panel = stats_panel(self.recorder.summary(), "generating", self.recorder.last_drafted, self.models, self.auto)
         panel_height = len(self.console.render_lines(panel, self.console.options))
         room = max(self.console.height - panel_height - 1, 3)
         # Wrap only the tail that can show, from the start of its first logical line so it wraps as
@@ -274,14 +267,61 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None, models:
                  subtitle=shown(models) or None, subtitle_align="right")
 
 
-def reply_line(done: Done | None) -> str:
+def reply_line(recorder: Recorder) -> str:
     """One dim line under a chat reply."""
-    if done is None:
+    if recorder.finish_reason == INTERRUPTED:
         return "(stopped)"
-    s = done.summary
+    s = recorder.summary()
     return (
         f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.acceptance_rate:.0%} of {s.drafted} drafted accepted;"
         f" prompt {s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached) in {s.prefill_seconds:.2f} s"
+    )
+
+
+def stream(events, show: bool) -> Recorder:
+    """Run a generation to its end, writing its text to stdout as it streams if `show`. Ctrl-C ends it
+    early; the recorder then holds what was made so far, finish reason "interrupted"."""
+    recorder = Recorder()
+    write = _writer(show)
+    try:
+        for event in events:
+            recorder.add(event)
+            if isinstance(event, Token):
+                write(event.text)
+            elif isinstance(event, Done):
+                write(event.tail if recorder.text.endswith("\n") else event.tail + "\n")
+    except KeyboardInterrupt:
+        recorder.interrupt()
+        write("\n")
+    return recorder
+
+
+def _writer(show: bool):
+    """Writes generated text to stdout as it streams (or nowhere, if not show)."""
+    if not show:
+        return lambda text: None
+    # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
+    # data and goes out exactly as generated.
+    safe = visible if sys.stdout.isatty() else str
+
+    def write(text: str) -> None:
+        if text:
+            sys.stdout.write(safe(text))
+            sys.stdout.flush()
+
+    return write
+
+
+def summary_line(recorder: Recorder, auto: bool) -> str:
+    """The statistics of a generation in one line, for stderr when stdout is not a terminal."""
+    s = recorder.summary()
+    return (
+        f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
+        f" {drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
+        f" {s.prefill_seconds:.2f} s; finish: {recorder.finish_reason}"
+        + "".join(f"; {kind}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
+                  + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
+                  for kind, d in s.drafters.items())
     )
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from localspec import bench, download, paths, registry
 from localspec.chat_template import render
-from localspec.config import Limits, Runtime, Sampling, Speculation, default_threads
-from localspec.events import Done
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.stats import record
 from localspec.session import Session
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -101,9 +101,9 @@ def main() -> None:
     binary = build_anchor()
     target = download.locate(registry.resolve(args.target))
     draft = download.locate(registry.resolve(args.draft))
-    fixed = Speculation("fixed", draft_max=args.draft_max, p_min=args.p_min)
-    modes = {"plain": ("plain", fixed), "fixed": ("draft", fixed), "ngram": ("ngram", fixed),
-             "auto": ("auto", Speculation("auto", p_min=args.p_min))}
+    # label -> (mode, most tokens drafted a step: llama.cpp's for fixed drafting, auto's own default)
+    modes = {"plain": (DrafterKind.PLAIN, args.draft_max), "fixed": (DrafterKind.DRAFT, args.draft_max),
+             "ngram": (DrafterKind.NGRAM, args.draft_max), "auto": (DrafterKind.AUTO, None)}
     if not args.draft_simple:
         del modes["fixed"]
     sets = bench.expand(args.prompts)
@@ -114,7 +114,8 @@ def main() -> None:
         entry[0] += tokens
         entry[1] += seconds
 
-    with Session(target, str(draft), Runtime(threads=args.threads), fixed) as session:
+    speculation = Speculation(DrafterKind.DRAFT, p_min=args.p_min)
+    with Session(target, draft, Runtime(threads=args.threads), speculation) as session:
         template = session.target_model.chat_template()
         bos, eos = session.target_model.special_text("bos"), session.target_model.special_text("eos")
         for name in sets:
@@ -129,12 +130,13 @@ def main() -> None:
                     add(name, "draft-simple", *run_anchor(binary, target, draft, text, args))
                 add(name, "ngram-simple", *run_anchor(binary, target, None, text, args))
                 prompt_tokens = session.chat_tokens(conversation)
-                for label, (mode, speculation) in modes.items():
-                    session.use(mode, speculation)
+                for label, (mode, draft_max) in modes.items():
+                    session.set_draft_max(draft_max)
+                    session.use(mode)
                     session.reset()
                     events = session.generate(prompt_tokens, Sampling(temperature=0), Limits(max_tokens=args.max_tokens))
-                    done = next(e for e in events if isinstance(e, Done))
-                    add(name, label, done.summary.tokens, done.summary.decode_seconds)
+                    outcome = record(events)
+                    add(name, label, outcome.tokens, outcome.decode_seconds)
 
     columns = {"draft-simple": "llama.cpp draft-simple", "ngram-simple": "llama.cpp ngram-simple",
                "plain": "localspec plain", "fixed": "localspec fixed draft", "ngram": "localspec fixed ngram",

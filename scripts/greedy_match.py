@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.config import Limits, Runtime, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.events import Token
 from localspec.session import Session
 
@@ -51,16 +51,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    speculation = Speculation("fixed", draft_max=4, p_min=0.0)
     runtime = Runtime(ctx_size=2048)
-    drafts = {"ngram": "ngram"} | ({"draft": str(args.draft)} if args.draft else {})
+    drafts = {DrafterKind.NGRAM: None} | ({DrafterKind.DRAFT: args.draft} if args.draft else {})
     matches = {name: 0 for name in drafts}
-    with Session(args.target, None, runtime, speculation) as plain_session:
+    with Session(args.target, None, runtime, Speculation(DrafterKind.PLAIN)) as plain_session:
         prompts = [plain_session.tokenize(p, raw=False) for p in PROMPTS]
         plain = [tokens_of(plain_session, p, args.max_tokens) for p in prompts]
         gaps = {}
         for name, draft in drafts.items():
-            with Session(args.target, draft, runtime, speculation) as session:
+            with Session(args.target, draft, runtime, Speculation(name, draft_max=4, p_min=0.0)) as session:
                 for i, prompt in enumerate(prompts):
                     output = tokens_of(session, prompt, args.max_tokens)
                     if output == plain[i]:

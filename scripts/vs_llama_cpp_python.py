@@ -17,8 +17,8 @@ import llama_cpp
 from llama_cpp import Llama
 
 from localspec import download, registry
-from localspec.config import Limits, Runtime, Sampling, Speculation, default_threads
-from localspec.events import Done
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.stats import record
 from localspec.session import Session
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -41,8 +41,8 @@ def llama_cpp_python_rate(llm: Llama, prompt: list[int], sampling: Sampling, max
 
 def localspec_rate(session: Session, prompt: list[int], sampling: Sampling, max_tokens: int) -> tuple[int, float]:
     session.reset()
-    done = next(e for e in session.generate(prompt, sampling, Limits(max_tokens=max_tokens)) if isinstance(e, Done))
-    return done.summary.tokens, done.summary.tokens_per_second
+    summary = record(session.generate(prompt, sampling, Limits(max_tokens=max_tokens))).summary()
+    return summary.tokens, summary.tokens_per_second
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
     llm = Llama(model_path=str(path), n_ctx=2048, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
                 verbose=False)
     ratios = []
-    with Session(path, None, Runtime(ctx_size=2048, threads=args.threads), Speculation("off")) as session:
+    with Session(path, None, Runtime(ctx_size=2048, threads=args.threads), Speculation(DrafterKind.PLAIN)) as session:
         prompt = session.tokenize(PROMPT, raw=False)
         for run in range(1, args.runs + 1):
             seeded = Sampling(temperature=args.temp, seed=run)

@@ -10,7 +10,7 @@ import pytest
 from localspec import bench
 from localspec.config import Limits, Runtime, Sampling, Speculation
 from localspec.errors import InputError, UsageError
-from localspec.events import Done
+from localspec.stats import record
 from localspec.session import Session
 
 
@@ -37,7 +37,7 @@ def test_all_names_the_suite_once_and_sets_start_with_every_kind():
 
 @pytest.fixture(scope="module")
 def session(tiny):
-    with Session(tiny["target"], str(tiny["partial"]), Runtime(ctx_size=256, threads=2),
+    with Session(tiny["target"], tiny["partial"], Runtime(ctx_size=256, threads=2),
                  Speculation(p_min=0.0)) as session:
         yield session
 
@@ -68,9 +68,10 @@ def test_host_time_is_a_step_cost_plus_a_cost_per_further_row():
     assert plain.per_row() is None and plain.per_step() == pytest.approx(110e-6)
 
 
-def test_unknown_modes_are_refused(session):
+def test_unknown_modes_are_refused():
+    assert bench.parse_modes(" plain, auto") == ["plain", "auto"]
     with pytest.raises(UsageError, match="unknown mode"):
-        bench.run(session, {"x": [ask("a")]}, ["turbo"], Sampling(), Limits(max_tokens=2), lambda text: None)
+        bench.parse_modes("plain,turbo")
 
 
 def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(session):
@@ -78,8 +79,8 @@ def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(se
     filled = bench.own_replies(session, conversation, Limits(max_tokens=8))
     session.use("plain")
     session.reset()
-    first = next(e for e in session.generate(session.chat_tokens(ask("the cat")), Sampling(temperature=0),
-                                                Limits(max_tokens=8)) if isinstance(e, Done))
+    first = record(session.generate(session.chat_tokens(ask("the cat")), Sampling(temperature=0),
+                                    Limits(max_tokens=8)))
     assert filled[1] == {"role": "assistant", "content": first.text} and first.text
     assert filled[0] == conversation[0] and filled[2] == conversation[2] and conversation[1]["content"] is None
     rows = bench.run(session, {"chat": [conversation]}, ["plain", "auto"], Sampling(temperature=0),

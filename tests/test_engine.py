@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from localspec.config import Limits, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.sampling import chain_for, softmax, transform
 from localspec.engine.speculative import generate
 from localspec.errors import EngineError, InputError
 from localspec.events import Done, Prefill, Step, Token
+from localspec.stats import record
 
 GREEDY = Sampling(temperature=0.0)
 PROMPT_TEXT = "the cat sat on the mat"
@@ -80,7 +81,7 @@ def test_greedy_on_the_backend_emits_the_same_tokens_as_on_the_host(load, prompt
     host, _ = run(load("target"), model_drafter(load, "partial"), prompt)
     on_backend = load("target", backend_sampling=True)
     tokens, events = run(on_backend, model_drafter(load, "partial", backend_sampling=True), prompt)
-    assert tokens == host and events[-1].summary.accepted > 0
+    assert tokens == host and record(events).summary().accepted > 0
     with pytest.raises(EngineError, match="not kept"):  # llama.cpp no longer copies full rows out
         on_backend.logits(-1)
 
@@ -107,7 +108,7 @@ def test_every_greedy_token_is_the_targets_argmax_in_its_verification_batch(load
 
 def test_identical_draft_is_always_accepted(load, target, prompt):
     tokens, events = run(target, model_drafter(load, "same"), prompt)
-    summary = events[-1].summary
+    summary = record(events).summary()
     assert summary.drafted > 0
     assert summary.acceptance_rate == 1.0
     assert summary.mean_accepted_length == pytest.approx(5.0, abs=0.5)
@@ -116,7 +117,7 @@ def test_identical_draft_is_always_accepted(load, target, prompt):
 def test_unrelated_draft_is_mostly_rejected_but_output_is_the_targets(load, target, prompt):
     plain, _ = run(target, NoDrafter(), prompt)
     tokens, events = run(target, model_drafter(load, "unrelated"), prompt)
-    summary = events[-1].summary
+    summary = record(events).summary()
     assert summary.acceptance_rate < 0.2
     assert tokens == plain
 
@@ -124,7 +125,7 @@ def test_unrelated_draft_is_mostly_rejected_but_output_is_the_targets(load, targ
 def test_partial_draft_accepts_some_and_matches_plain(load, target, prompt):
     plain, _ = run(target, NoDrafter(), prompt)
     tokens, events = run(target, model_drafter(load, "partial"), prompt)
-    summary = events[-1].summary
+    summary = record(events).summary()
     assert 0.2 < summary.acceptance_rate < 1.0
     assert tokens == plain
 
@@ -135,7 +136,7 @@ def test_events_come_in_order_and_add_up(load, target, prompt):
     assert isinstance(events[-1], Done)
     steps = [e for e in events if isinstance(e, Step)]
     from_draft = [e.from_draft for e in events if isinstance(e, Token)]
-    summary = events[-1].summary
+    summary = record(events).summary()
     assert summary.steps == len(steps)
     assert summary.accepted == sum(s.accepted for s in steps) == sum(from_draft)
     assert summary.tokens == len(tokens) == len(from_draft)
@@ -158,7 +159,7 @@ def test_draft_max_and_min_bound_each_step(load, target, prompt):
 def test_p_min_stops_unsure_drafts(load, target, prompt):
     _, sure = run(target, model_drafter(load, "partial", p_min=0.0), prompt)
     _, unsure = run(target, model_drafter(load, "partial", p_min=0.99), prompt)
-    assert unsure[-1].summary.drafted < sure[-1].summary.drafted
+    assert record(unsure).summary().drafted < record(sure).summary().drafted
 
 
 def test_max_tokens_stops_with_length(target, prompt):
@@ -178,14 +179,13 @@ def test_full_context_stops_cleanly(load, prompt):
 
 def test_stop_string_ends_generation_before_it(target, prompt):
     plain, events = run(target, NoDrafter(), prompt)
-    text = events[-1].text
+    text = record(events).text
     stop = text[10:13]
     tokens, events = run(target, NgramDrafter(1, 3), prompt, limits=Limits(max_tokens=60, stop=(stop,)))
-    done = events[-1]
-    assert done.finish_reason == "stop"
-    assert done.text == text[: text.index(stop)]
-    streamed = "".join(e.text for e in events if isinstance(e, Token)) + done.tail
-    assert streamed == done.text
+    assert events[-1].finish_reason == "stop"
+    # what the Token events streamed, and the tail held back to the end, is the text up to the stop string
+    streamed = "".join(e.text for e in events if isinstance(e, Token)) + events[-1].tail
+    assert streamed == text[: text.index(stop)]
 
 
 def test_end_of_generation_token_stops_and_is_not_emitted(target, prompt):
@@ -245,11 +245,11 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     from localspec.session import Session
 
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
-    with Session(target, str(draft), Runtime(ctx_size=1024), Speculation("fixed", draft_max=3, p_min=0.0)) as session:
+    with Session(target, draft, Runtime(ctx_size=1024), Speculation("draft", draft_max=3, p_min=0.0)) as session:
         prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
         recorder = RecordingContext(session.target)
         tokens, events = run(recorder, session.drafter, prompt, limits=Limits(max_tokens=64))
-    assert events[-1].summary.acceptance_rate > 0.5
+    assert record(events).summary().acceptance_rate > 0.5
     for offset, token in enumerate(tokens):
         assert token == recorder.argmax_at[len(prompt) + offset - 1], f"token {offset}"
 
@@ -292,7 +292,7 @@ def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(
 
     # verification as costly as the tokens it could save: plain steps only, the draft model untouched
     _, events = run(target, auto({1: 0.05, 9: 0.45}), prompt, limits=Limits(max_tokens=20))
-    assert {e.drafter for e in events if isinstance(e, Step)} == {"none"} and draft.tokens == []
+    assert {e.drafter for e in events if isinstance(e, Step)} == {"plain"} and draft.tokens == []
     # nearly free verification: it drafts, and the draft cache follows the committed tokens
     tokens, events = run(target, auto({1: 0.05, 9: 0.051}), prompt, limits=Limits(max_tokens=20))
     assert "draft" in {e.drafter for e in events if isinstance(e, Step)}
@@ -305,6 +305,8 @@ def test_a_cache_that_drifted_from_the_history_is_caught_in_debug_mode(load, pro
     target = load("target")
 
     class Saboteur(NoDrafter):
+        kind = DrafterKind.NGRAM  # asked to draft every step
+
         def propose(self, history, k):
             target.truncate(len(history) - 2)  # loses a cached token behind the loop's back
             return super().propose(history, k)

@@ -21,6 +21,7 @@ from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.sampling import transform
 from localspec.events import Token
+from localspec.stats import record
 
 ALPHA = 1e-4
 SAMPLES = 1500
@@ -136,7 +137,7 @@ def test_speculation_actually_drafted_in_these_settings(load, target, prompt, re
                 Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=200),
             )
         )
-        summary = events[-1].summary
+        summary = record(events).summary()
         assert summary.accepted > 0 and summary.accepted < summary.drafted, kind
 
 

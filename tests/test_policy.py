@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from localspec.config import Sampling
+from localspec.config import DrafterKind, Sampling
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.engine.policy import (
     PROBE_SHARE,
@@ -19,12 +19,12 @@ from localspec.events import Step
 
 
 class FakeModel:
-    name = "draft"
+    kind = DrafterKind.DRAFT
 
     def __init__(self):
         self.asked = []
 
-    def begin(self, prompt, sampling, rng):
+    def prepare(self, sampling, rng):
         pass
 
     def behind(self, history):
@@ -32,7 +32,7 @@ class FakeModel:
 
     def propose(self, history, k):
         self.asked.append(k)
-        return Draft([7] * k, source="draft")
+        return Draft([7] * k, source=self.kind)
 
 
 def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
@@ -213,10 +213,10 @@ def test_costs_follow_a_machine_that_gets_busier():
     auto = policy(CPU_LIKE, 0.040)
     before = auto.costs.verify_seconds(16)
     for _ in range(60):
-        auto.observe(Step("none", 0, 0, 0.0, 2 * CPU_LIKE[1]))  # plain steps now take twice as long
+        auto.observe(Step("plain", 0, 0, 0.0, 2 * CPU_LIKE[1]))  # plain steps now take twice as long
     assert auto.costs.verify_seconds(1) == pytest.approx(2 * CPU_LIKE[1], rel=0.05)
     assert auto.costs.verify_seconds(16) == pytest.approx(2 * before, rel=0.05)
-    auto.observe(Step("none", 0, 0, 0.0, 100.0))  # one stall moves the level by a bounded amount
+    auto.observe(Step("plain", 0, 0, 0.0, 100.0))  # one stall moves the level by a bounded amount
     assert auto.costs.verify_seconds(1) < 2.2 * CPU_LIKE[1]
 
 

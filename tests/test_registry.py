@@ -3,6 +3,8 @@ from pathlib import Path
 import pytest
 
 from localspec import registry
+from localspec.cli import build_settings
+from localspec.config import DrafterKind
 from localspec.errors import UsageError
 from localspec.registry import ModelEntry, RepoQuant
 
@@ -28,7 +30,6 @@ def test_names_aliases_and_draft_sizes(models):
     assert target.name == "llama3.3-70b"
     assert registry.resolve_draft("1b", target, models).name == "llama3.2-1b"
     assert registry.resolve_draft("auto", target, models).name == "llama3.2-1b"
-    assert registry.resolve_draft("ngram", target, models) == registry.NGRAM
     assert registry.resolve("QWEN2.5-CODER-1.5B", models).name == "qwen2.5-coder-1.5b"
     with pytest.raises(UsageError, match="sizes known: 1B, 3B"):
         registry.resolve_draft("2b", registry.resolve("llama3.2-3b", models), models)
@@ -112,3 +113,18 @@ def test_compatible_drafts_share_the_family_and_are_smaller(models):
     assert [d.name for d in registry.compatible_drafts(models["smollm2-1.7b"], models)] == ["smollm2-135m", "smollm2-360m"]
     assert registry.compatible_drafts(models["smollm2-135m"], models) == []  # nothing smaller: never a bigger one
     assert "--draft ngram" in registry.draft_advice(models["smollm2-135m"])
+
+
+def test_ngram_is_a_way_of_drafting_not_a_model(models):
+    with pytest.raises(UsageError, match="ngram"):
+        registry.resolve_draft("ngram", registry.resolve("llama3-70b", models), models)
+    by_default = build_settings(target="llama3-70b")
+    assert by_default.draft_model is None and by_default.speculation.drafting == DrafterKind.AUTO
+    assert build_settings(target="t", draft="ngram", spec="fixed").speculation.drafting == DrafterKind.NGRAM
+    fixed = build_settings(target="t", draft="1b", spec="fixed")
+    assert (fixed.draft_model, fixed.speculation.drafting) == ("1b", DrafterKind.DRAFT)
+    assert build_settings(target="t", draft="1b").speculation.drafting == DrafterKind.AUTO
+    for plain in (build_settings(target="t", no_draft=True), build_settings(target="t", draft="1b", spec="off")):
+        assert (plain.draft_model, plain.speculation.drafting) == (None, DrafterKind.PLAIN)
+    with pytest.raises(UsageError, match="--spec must be one of auto, fixed, off"):
+        build_settings(target="t", spec="always")

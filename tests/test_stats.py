@@ -1,20 +1,22 @@
 import pytest
 
-from localspec.events import Prefill, Step, Token
-from localspec.stats import Tally
+from localspec.events import Done, Prefill, Step, Token
+from localspec.stats import INTERRUPTED, Recorder, record
+
+
+def fold(events, decode_seconds=1.0):
+    """The summary of a generation of these events that decoded for decode_seconds."""
+    return record([*events, Done("length", "", decode_seconds)]).summary()
 
 
 def test_summary_is_a_fold_over_events():
-    tally = Tally()
     events = [
         Prefill(12, 4, 0.5),
         Step("draft", 3, 2, 0.01, 0.02), Token(1, "a", True), Token(2, "b", True), Token(3, "c", False),
         Step("draft", 2, 0, 0.01, 0.02), Token(4, "d", False),
         Step("draft", 0, 0, 0.0, 0.02), Token(5, "e", False),
     ]
-    for event in events:
-        tally.add(event)
-    s = tally.summary(decode_seconds=2.5)
+    s = fold(events, decode_seconds=2.5)
     assert (s.tokens, s.steps, s.drafted, s.accepted) == (5, 3, 5, 2)
     assert s.acceptance_rate == pytest.approx(0.4)
     assert s.mean_accepted_length == pytest.approx(5 / 3)
@@ -27,40 +29,34 @@ def test_summary_is_a_fold_over_events():
 
 
 def test_a_plain_run_is_estimated_at_exactly_one():
-    tally = Tally()
-    for event in [Step("none", 0, 0, 0.0, 0.05), Token(1, "a", False), Step("none", 0, 0, 0.0, 0.05)]:
-        tally.add(event)  # the second step settled the end-of-generation token: no Token event
-    assert tally.summary(0.1).estimated_speedup == pytest.approx(1.0)
+    # the second step settled the end-of-generation token: no Token event
+    events = [Step("plain", 0, 0, 0.0, 0.05), Token(1, "a", False), Step("plain", 0, 0, 0.0, 0.05)]
+    assert fold(events, 0.1).estimated_speedup == pytest.approx(1.0)
 
 
 def test_empty_summary_has_no_division_by_zero():
-    s = Tally().summary(decode_seconds=0.0)
+    s = Recorder().summary()
     assert s.acceptance_rate == 0.0 and s.mean_accepted_length == 0.0 and s.tokens_per_second == 0.0
     assert s.estimated_speedup is None
 
 
 def test_acceptance_by_position_range_groups_long_drafts_by_doubling_ranges():
-    tally = Tally()
-    tally.add(Step("ngram", drafted=20, accepted=10, draft_seconds=0.0, verify_seconds=0.1))
-    tally.add(Step("ngram", drafted=6, accepted=6, draft_seconds=0.0, verify_seconds=0.1))
-    rows = tally.summary(1.0).acceptance_by_position_range()
+    rows = fold([Step("ngram", drafted=20, accepted=10, draft_seconds=0.0, verify_seconds=0.1),
+                 Step("ngram", drafted=6, accepted=6, draft_seconds=0.0, verify_seconds=0.1)]).acceptance_by_position_range()
     assert [positions for positions, _ in rows] == ["1", "2", "3", "4", "5-8", "9-16", "17-20"]
     assert rows[4][1] == pytest.approx((4 + 2) / (4 + 2))  # positions 5-8: 4 of the long draft, 2 of the short
     assert rows[5][1] == pytest.approx(2 / 8) and rows[6][1] == 0.0
 
 
 def test_each_drafter_has_its_own_steps_and_probes_and_what_lost_probes_cost():
-    tally = Tally()
     plain = 0.05  # what a plain step was expected to cost when each probe was made
-    for event in [
+    s = fold([
         Step("ngram", 4, 4, 0.0, 0.10, probe=True, plain_seconds=plain),  # 5 tokens for 0.10 s: paid
         Step("ngram", 3, 0, 0.0, 0.09, probe=True, plain_seconds=plain),  # 1 token for 0.09 s: lost 0.04 s
         Step("ngram", 8, 8, 0.0, 0.20),  # a sure draft
         Step("draft", 2, 1, 0.03, 0.07, catch_up_seconds=0.01, probe=True, plain_seconds=plain),  # lost 0.0 s
-        Step("none", 0, 0, 0.0, 0.05),
-    ]:
-        tally.add(event)
-    s = tally.summary(1.0)
+        Step("plain", 0, 0, 0.0, 0.05),
+    ])
     ngram, draft = s.drafters["ngram"], s.drafters["draft"]
     assert set(s.drafters) == {"ngram", "draft"}  # plain steps are no drafter's
     assert (ngram.steps, ngram.drafted, ngram.accepted, ngram.probes, ngram.probes_lost) == (3, 15, 12, 2, 1)
@@ -69,3 +65,30 @@ def test_each_drafter_has_its_own_steps_and_probes_and_what_lost_probes_cost():
     assert s.probe_lost_seconds == pytest.approx(0.04)
     as_json = s.as_dict()
     assert as_json["drafters"]["ngram"]["probes_lost"] == 1 and as_json["probe_lost_seconds"] == pytest.approx(0.04)
+
+
+def test_the_recorder_folds_text_finish_and_several_generations():
+    recorder = Recorder()
+    first = [Prefill(3, 0, 0.1), Step("ngram", 2, 2, 0.0, 0.1), Token(1, "Hel", True), Token(2, "lo", True),
+             Token(3, "", False), Done("stop", " you", 0.5)]
+    for event in first:
+        recorder.add(event)
+    assert (recorder.text, recorder.finish_reason) == ("Hello you", "stop")
+    for event in [Prefill(9, 3, 0.2), Step("plain", 0, 0, 0.0, 0.1), Token(4, "Hi", False), Done("length", "", 0.25)]:
+        recorder.add(event)
+    s = recorder.summary()
+    # text and finish reason are the latest generation's; counts and times add up over both
+    assert (recorder.text, recorder.finish_reason) == ("Hi", "length")
+    assert (s.tokens, s.steps, s.prompt_tokens, s.reused_prompt_tokens) == (4, 2, 12, 3)
+    assert s.decode_seconds == pytest.approx(0.75) and s.prefill_seconds == pytest.approx(0.3)
+
+
+def test_an_interrupted_generation_ends_where_it_got_and_its_time_stops_counting():
+    recorder = Recorder()
+    for event in [Prefill(3, 0, 0.1), Step("ngram", 1, 1, 0.0, 0.1), Token(1, "a", True)]:
+        recorder.add(event)
+    assert recorder.finish_reason is None and recorder.summary().decode_seconds > 0  # still running
+    recorder.interrupt()
+    stopped_at = recorder.summary().decode_seconds
+    assert (recorder.text, recorder.finish_reason) == ("a", INTERRUPTED)
+    assert recorder.summary().decode_seconds == stopped_at and recorder.summary().tokens == 1

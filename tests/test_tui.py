@@ -4,7 +4,7 @@ from rich.console import Console
 
 from localspec import tui
 from localspec.events import Done, Prefill, Step, Token
-from localspec.stats import Tally
+from localspec.stats import Recorder
 
 
 def events():
@@ -13,10 +13,7 @@ def events():
         Step("draft", 3, 2, 0.03, 0.05), Token(1, "Hello", True), Token(2, " wor", True), Token(3, "ld", False),
         Step("draft", 0, 0, 0.0, 0.02), Token(4, "!", False),
     ]
-    tally = Tally()
-    for event in steps:
-        tally.add(event)
-    return [*steps, Done("length", "Hello world!", "", tally.summary(0.1))]
+    return [*steps, Done("length", "", 0.1)]
 
 
 def record(color=True):
@@ -76,7 +73,7 @@ def test_generated_escape_sequences_reach_the_live_view_as_text():
 
 
 def test_a_generation_without_drafts_says_why():
-    summary = Tally().summary(1.0)
+    summary = Recorder().summary()
     assert tui.drafted_text(summary) == "nothing drafted"
     assert "auto expected no draft to beat a plain step" in tui.drafted_text(summary, auto=True)
     console = Console(record=True, width=120)

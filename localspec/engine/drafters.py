@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import Sampling
+from ..config import DrafterKind, Sampling
 from ..events import Step
 from . import backend
 from .backend import Chain, Context
@@ -23,12 +23,12 @@ from .sampling import Dist, chain_for, softmax
 class Draft:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] | None = None
-    source: str = "none"  # the drafter that made it
+    source: DrafterKind = DrafterKind.PLAIN  # the drafter that made it
     # What the proposal rests on, in the drafter's own terms (n-gram: how far the match runs back
     # and whether earlier occurrences agree); the auto policy keeps acceptance per kind of evidence.
     evidence: str = ""
-    # Seconds spent bringing the drafter up to date before drafting (a draft model reading the
-    # tokens decided since it last ran): part of the step's draft time, not of its per-token cost.
+    # Seconds the drafter spent reading what was decided since it last ran (a draft model's catch-up,
+    # measured by the drafter itself): part of the step's draft time, not of its cost per token.
     catch_up_seconds: float = 0.0
     # Chosen by the auto policy only to learn whether drafting pays here, and what a plain step
     # was expected to cost then: together they say what the probe lost.
@@ -37,7 +37,7 @@ class Draft:
 
 
 class Drafter(Protocol):
-    name: str
+    kind: DrafterKind
 
     def begin(self, prompt: list[int], sampling: Sampling, rng: np.random.Generator) -> None:
         """Start a new generation for this prompt."""
@@ -52,7 +52,7 @@ class Drafter(Protocol):
 class NoDrafter:
     """Plain decoding: the target alone, one token per step."""
 
-    name = "none"
+    kind = DrafterKind.PLAIN
 
     def begin(self, prompt, sampling, rng) -> None:
         pass
@@ -80,7 +80,7 @@ class NgramDrafter:
     earlier occurrences agree on what follows it (the counts SuffixDecoding scores by).
     """
 
-    name = "ngram"
+    kind = DrafterKind.NGRAM
 
     def __init__(self, n_min: int, n_max: int):
         self.sizes = range(n_max, n_min - 1, -1)  # longest match first
@@ -109,8 +109,8 @@ class NgramDrafter:
                 # draft after a short, chance match mostly wastes a big verification batch.
                 offer = min(k, max(run, MIN_OFFER))
                 evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
-                return Draft(list(history[follows : follows + offer]), source=self.name, evidence=evidence)
-        return Draft(source=self.name)
+                return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence)
+        return Draft(source=self.kind)
 
     @staticmethod
     def _run(history, follows: int, n: int) -> int:
@@ -158,7 +158,7 @@ class ModelDrafter:
     propose: llama.cpp accepts vocabularies that differ by a few tokens at the end.
     """
 
-    name = "draft"
+    kind = DrafterKind.DRAFT
 
     def __init__(self, context: Context, p_min: float, target_vocab: int):
         self.context = context
@@ -166,15 +166,21 @@ class ModelDrafter:
         self.target_vocab = target_vocab
 
     def begin(self, prompt, sampling, rng) -> None:
+        """Start a generation and read the prompt now, while the target reads it."""
+        self.prepare(sampling, rng)
+        self.catch_up(prompt)
+
+    def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
+        """Start a generation without reading anything: the first draft reads all its cache lacks,
+        as its catch-up (the auto policy reads the prompt into the draft model only if it chooses it)."""
         self.sampling = sampling
         self.rng = rng
         self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
-        self.context.prefill(prompt[:-1])
-        self.agreed = len(prompt) - 1  # the cache's first `agreed` tokens are known to match history
+        self.agreed = 0  # the cache's first `agreed` tokens are known to match history
 
     def propose(self, history, k) -> Draft:
         if k == 0:
-            return Draft(source=self.name)
+            return Draft(source=self.kind)
         started = perf_counter()
         self.catch_up(history)
         caught_up = perf_counter() - started
@@ -194,7 +200,7 @@ class ModelDrafter:
             if len(tokens) == k:
                 break
             self.context.decode([token], logits="last")
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.name, catch_up_seconds=caught_up)
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
 
     def observe(self, step) -> None:
         pass

@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 from math import sqrt
 from time import perf_counter
 
+from ..config import DrafterKind
 from ..events import Step
 from .backend import Context
 from .drafters import Draft, ModelDrafter, NgramDrafter, weaker_evidence
@@ -202,7 +203,7 @@ def _time(decode, context: Context, repeats: int = 2) -> float:
 class Option:
     """Drafting with one drafter on the evidence at hand, up to `most` tokens."""
 
-    drafter: str
+    drafter: DrafterKind
     evidence: str
     most: int
     once_seconds: float = 0.0  # paid once before drafting (the draft model's catch-up)
@@ -254,7 +255,7 @@ def _untried(positions: list[Belief]) -> Belief:
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
 
 
-def _this_and_weaker(key: tuple[str, str]) -> list[tuple[str, str]]:
+def _this_and_weaker(key: tuple[DrafterKind, str]) -> list[tuple[DrafterKind, str]]:
     """A kind of evidence and the same evidence with ever shorter matches, strongest first."""
     drafter, evidence = key
     kinds = []
@@ -267,7 +268,7 @@ def _this_and_weaker(key: tuple[str, str]) -> list[tuple[str, str]]:
 class AutoDrafter:
     """Chooses each step between plain decoding, n-gram lookup and the draft model (if any)."""
 
-    name = "auto"
+    kind = DrafterKind.AUTO
 
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, costs: Costs):
         self.ngram = ngram
@@ -275,17 +276,17 @@ class AutoDrafter:
         self.costs = costs
         # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted),
         # learned in this generation
-        self.beliefs: dict[tuple[str, str], list[Belief]] = {}
+        self.beliefs: dict[tuple[DrafterKind, str], list[Belief]] = {}
         # (drafter, evidence) -> the first position's belief as earlier generations left it
-        self.carried: dict[tuple[str, str], Belief] = {}
+        self.carried: dict[tuple[DrafterKind, str], Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
 
     def begin(self, prompt, sampling, rng) -> None:
         self.ngram.begin(prompt, sampling, rng)
-        # The draft model reads the prompt only when first chosen: on machines where it does not
-        # pay, it never costs prompt time.
-        self.model_started = False
-        self.sampling, self.rng = sampling, rng
+        if self.model:
+            # The draft model reads the prompt only when first chosen: on machines where it does not
+            # pay, it never costs prompt time.
+            self.model.prepare(sampling, rng)
         self.shadows: list[Shadow] = []
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
                              for key, positions in self.beliefs.items() if positions})
@@ -307,15 +308,15 @@ class AutoDrafter:
         lookup = self.ngram.propose(history, k)
         options = []
         if lookup.tokens:
-            options.append(Option("ngram", lookup.evidence, len(lookup.tokens)))
+            options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens)))
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         if self.model and k:
-            behind = self.model.behind(history) if self.model_started else len(history)
-            options.append(Option("draft", "", k, self.costs.catch_up_seconds(behind)))
+            options.append(Option(DrafterKind.DRAFT, "", k, self.costs.catch_up_seconds(self.model.behind(history))))
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
         per_token = self.costs.draft_seconds(1)
-        seconds = {option: [per_token * n * (option.drafter == "draft") + verify[n] for n in range(1, option.most + 1)]
+        seconds = {option: [per_token * n * (option.drafter == DrafterKind.DRAFT) + verify[n]
+                            for n in range(1, option.most + 1)]
                    for option in options}
         # The sure option is the one whose best length pays most even on the doubtful side of its
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
@@ -340,15 +341,15 @@ class AutoDrafter:
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
         # Only the draft model is probed: n-gram beliefs learn from the text at no cost.
-        choice = self._best([o for o in options if o.drafter == "draft"], seconds, HOPEFUL, sure, risk)
+        choice = self._best([o for o in options if o.drafter == DrafterKind.DRAFT], seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
             return Draft()
-        if choice.option.drafter == "ngram":
+        if choice.option.drafter == DrafterKind.NGRAM:
             draft = replace(lookup, tokens=lookup.tokens[: choice.length])
         else:
-            draft = self._draft_with_model(history, choice.length)
+            draft = self.model.propose(history, choice.length)
         return replace(draft, probe=choice.probe, plain_seconds=plain_seconds)
 
     def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk) -> Choice:
@@ -380,12 +381,12 @@ class AutoDrafter:
             out.append(expected)
         return out
 
-    def _first(self, key: tuple[str, str]) -> Belief:
+    def _first(self, key: tuple[DrafterKind, str]) -> Belief:
         """The first position of a kind this generation has not tried: what earlier generations
         left about it, or about a shorter match, else the PRIOR."""
         return next((self.carried[kind] for kind in _this_and_weaker(key) if kind in self.carried), PRIOR)
 
-    def _positions(self, key: tuple[str, str]) -> list[Belief]:
+    def _positions(self, key: tuple[DrafterKind, str]) -> list[Belief]:
         """This generation's beliefs about a kind of evidence. One seen for the first time starts as
         a copy of the nearest weaker kind's: a match that runs further back is no worse a sign, so
         that is a cautious estimate, and a copy that grows past a length class need not be learned
@@ -395,24 +396,15 @@ class AutoDrafter:
             self.beliefs[key] = [replace(belief) for belief in inherited]
         return self.beliefs[key]
 
-    def _draft_with_model(self, history, length: int) -> Draft:
-        started = perf_counter()
-        if not self.model_started:
-            self.model.begin(history, self.sampling, self.rng)
-            self.model_started = True
-        began = perf_counter() - started
-        draft = self.model.propose(history, length)
-        return replace(draft, catch_up_seconds=draft.catch_up_seconds + began)
-
     def observe(self, step: Step) -> None:
         self.costs.observe_verify(step.drafted + 1, step.verify_seconds)
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
         option = self.chosen.option
-        if step.drafter == "draft" and option is not None and option.drafter == "draft" and step.drafted:
+        if option is not None and option.drafter == step.drafter == DrafterKind.DRAFT and step.drafted:
             # Position i was tried only if all before it were accepted.
-            self._learn(("draft", ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
+            self._learn((DrafterKind.DRAFT, ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
             self.costs.observe_draft(step.drafted, step.draft_seconds - step.catch_up_seconds)
 
     def _learn_from_text(self, history: list[int]) -> None:
@@ -421,13 +413,13 @@ class AutoDrafter:
         for shadow in self.shadows:
             written = history[shadow.start : shadow.start + len(shadow.tokens)]
             agreed = next((i for i, (a, b) in enumerate(zip(written, shadow.tokens)) if a != b), len(written))
-            self._learn(("ngram", shadow.evidence), shadow.scored, min(agreed + 1, len(written)), agreed)
+            self._learn((DrafterKind.NGRAM, shadow.evidence), shadow.scored, min(agreed + 1, len(written)), agreed)
             shadow.scored = agreed
             if agreed == len(written) < len(shadow.tokens):
                 waiting.append(shadow)  # right so far; the rest is not written yet
         self.shadows = waiting
 
-    def _learn(self, key: tuple[str, str], first: int, tried: int, accepted: int) -> None:
+    def _learn(self, key: tuple[DrafterKind, str], first: int, tried: int, accepted: int) -> None:
         """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""
         positions = self._positions(key)
         for position in range(first, tried):

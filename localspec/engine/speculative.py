@@ -18,7 +18,6 @@ import numpy as np
 from ..config import Limits, Sampling, Speculation
 from ..errors import InputError
 from ..events import Done, Event, Prefill, Step, Token
-from ..stats import Tally
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter
@@ -43,15 +42,13 @@ def generate(
         )
     rng = np.random.default_rng(sampling.seed)
     target.sample_with(chain_for(sampling))
-    tally = Tally()
     started = perf_counter()
     reused = target.prefill(prompt[:-1])
     drafter.begin(prompt, sampling, rng)
-    prefill = Prefill(len(prompt), reused, perf_counter() - started)
-    tally.add(prefill)
-    yield prefill
+    yield Prefill(len(prompt), reused, perf_counter() - started)
 
     model = target.model
+    draft_max = speculation.draft_limit(drafter.kind)
     text = TextStream(limits.stop)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
@@ -62,7 +59,7 @@ def generate(
         if backend.CHECK_CACHES:
             target.check_holds(history[:-1])
         k = min(
-            speculation.draft_max,
+            draft_max,
             target.max_rows - 1,  # [last] + draft must fit one batch
             target.n_ctx - len(history),
             limits.max_tokens - produced - 1,
@@ -81,7 +78,6 @@ def generate(
         step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
                     draft.catch_up_seconds, draft.probe, draft.plain_seconds)
         drafter.observe(step)
-        tally.add(step)
         yield step
 
         for i, token in enumerate([*draft.tokens[:accepted], own]):
@@ -90,9 +86,7 @@ def generate(
                 finish = "stop"
                 break
             produced += 1
-            event = Token(token, text.push(model.piece(token)), from_draft=i < accepted)
-            tally.add(event)
-            yield event
+            yield Token(token, text.push(model.piece(token)), from_draft=i < accepted)
             if text.stopped:
                 finish = "stop"
             elif produced == limits.max_tokens:
@@ -102,8 +96,7 @@ def generate(
         if finish is None and len(history) > target.n_ctx:
             finish = "context"
 
-    tail = text.flush()
-    yield Done(finish, text.text, tail, tally.summary(perf_counter() - decode_started))
+    yield Done(finish, text.flush(), perf_counter() - decode_started)
 
 
 def verify_greedy(target: Context, draft: Draft) -> tuple[int, int]:
