@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
@@ -150,31 +151,29 @@ class Settings:
     limits: Limits
 
 
-def build_settings(target=None, model=None, draft=None, offline=False, no_draft=False, spec="auto", draft_max=None,
-                   draft_min=DEFAULT_SPECULATION.draft_min, p_min=DEFAULT_SPECULATION.p_min,
-                   temp=DEFAULT_SAMPLING.temperature, top_k=DEFAULT_SAMPLING.top_k, top_p=DEFAULT_SAMPLING.top_p,
-                   min_p=DEFAULT_SAMPLING.min_p, seed=None, max_tokens=DEFAULT_LIMITS.max_tokens, stop=None,
-                   ctx_size=DEFAULT_RUNTIME.ctx_size, threads=0, gpu_layers=None, draft_gpu_layers=None, device=None,
-                   draft_device=None, backend_sampling=DEFAULT_RUNTIME.backend_sampling) -> Settings:
-    if target is not None and model is not None:
+def build_settings(**values) -> Settings:
+    """Settings from the shared options' values by name; an option a command lacks takes its default."""
+    defaults = {name: default for group in GENERATION_OPTIONS for name, (_, default) in group.items()}
+    o = SimpleNamespace(**(defaults | values))
+    if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
-    drafting, draft_model = _drafting(draft, no_draft, spec)
-    if (gpu_layers is not None or draft_gpu_layers is not None) and not hardware.gpu_offload():
+    drafting, draft_model = _drafting(o.draft, o.no_draft, o.spec)
+    if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
     return Settings(
-        target=target or model,
+        target=o.target or o.model,
         draft_model=draft_model,
-        offline=offline,
-        sampling=Sampling(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
-        speculation=Speculation(drafting=drafting, draft_max=draft_max, draft_min=draft_min, p_min=p_min),
-        runtime=Runtime(ctx_size=ctx_size, threads=threads or default_threads(),
-                        gpu_layers=all_layers if gpu_layers is None else gpu_layers,
-                        draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
-                        backend_sampling=backend_sampling, devices=_device_names(device),
-                        draft_devices=_device_names(draft_device)),
-        limits=Limits(max_tokens=max_tokens, stop=tuple(stop or ())),
+        offline=o.offline,
+        sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed),
+        speculation=Speculation(drafting=drafting, draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min),
+        runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
+                        gpu_layers=all_layers if o.gpu_layers is None else o.gpu_layers,
+                        draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
+                        backend_sampling=o.backend_sampling, devices=_device_names(o.device),
+                        draft_devices=_device_names(o.draft_device)),
+        limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
 
 
