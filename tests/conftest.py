@@ -1,3 +1,4 @@
+import io
 import os
 import subprocess
 import sys
@@ -39,13 +40,16 @@ def localspec(tmp_path):
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
-    """cli(*args) -> (exit code, stdout, stderr) of `localspec ARGS` run in this process: for argument
-    and input errors, which need no subprocess (and no second start of llama.cpp) to show."""
+    """cli(*args, stdin=b"") -> (exit code, stdout, stderr) of `localspec ARGS` run in this process: for
+    argument and input errors, which need no subprocess (and no second start of llama.cpp) to show.
+
+    Standard input is `stdin`, a pipe rather than a terminal, as for the `localspec` fixture's subprocess."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("LOCALSPEC_DEBUG", raising=False)
 
-    def invoke(*args):
+    def invoke(*args, stdin: bytes = b""):
         monkeypatch.setattr(sys, "argv", ["localspec", *map(str, args)])
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
         with pytest.raises(SystemExit) as exited:
             main()
         captured = capsys.readouterr()
@@ -82,6 +86,24 @@ def load(tiny):
     for context, model in opened:
         context.close()
         model.close()
+
+
+PROMPT_TEXT = "the cat sat on the mat"
+
+
+@pytest.fixture(scope="module")
+def target(load):
+    """A context on the tiny target for the tests of one module.
+
+    Per module, not per session: generations reuse whatever their context's KV cache holds, so a
+    shared one would make one module's seeded outcomes depend on which modules ran before it."""
+    return load("target")
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    """PROMPT_TEXT as the target's tokens, with its start token."""
+    return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)
 
 
 @pytest.fixture(scope="session")

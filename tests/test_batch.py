@@ -175,13 +175,13 @@ def test_output_mistakes_are_refused_before_the_models_load(cli, tmp_path):
     assert code == 2 and "used by two items" in stderr
 
 
-def test_two_batches_cannot_write_one_output(localspec, tmp_path):
-    invoke, _ = localspec
+def test_two_batches_cannot_write_one_output(cli, tmp_path):
     output = tmp_path / "out.jsonl"
     with open(output, "a") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a running batch holds it
-        done = invoke(tmp_path / "not-loaded.gguf", "-", "-o", output, stdin=b"x\n")
-    assert done.returncode == 2 and b"another localspec batch is writing" in done.stderr
+        # as a running batch holds it; flock locks an open file, so another open() here is refused too
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        code, _, stderr = cli("batch", tmp_path / "not-loaded.gguf", "-", "-o", output, stdin=b"x\n")
+    assert code == 2 and "another localspec batch is writing" in stderr
 
 
 def test_retry_failed_runs_failed_items_again(localspec, tiny, tmp_path):
@@ -197,15 +197,13 @@ def test_retry_failed_runs_failed_items_again(localspec, tiny, tmp_path):
     assert [(r["id"], "text" in r) for r in records(output.read_bytes())] == [("a", True), ("b", True)]
 
 
-def test_resume_needs_an_output_file(localspec, tiny):
-    invoke, _ = localspec
-    done = invoke(tiny["target"], "-", "--resume", stdin=b"x\n")
-    assert done.returncode == 2 and b"--resume needs --output" in done.stderr
+def test_resume_needs_an_output_file(cli, tiny):
+    code, _, stderr = cli("batch", tiny["target"], "-", "--resume", stdin=b"x\n")
+    assert code == 2 and "--resume needs --output" in stderr
 
 
-def test_a_non_utf8_input_file_is_refused_in_one_line(localspec, tiny, tmp_path):
-    invoke, _ = localspec
+def test_a_non_utf8_input_file_is_refused_in_one_line(cli, tiny, tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
-    done = invoke(tiny["target"], tmp_path / "latin1.txt")
-    assert done.returncode == 2 and done.stdout == b""
-    assert done.stderr.decode().strip().splitlines() == [f"error: {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 3)"]
+    code, stdout, stderr = cli("batch", tiny["target"], tmp_path / "latin1.txt")
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [f"error: {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 3)"]

@@ -131,9 +131,13 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert on_cpu.returncode == 0, on_cpu.stderr
     placement = json.loads(on_cpu.stdout)["placement"]
     assert placement["target"]["layers_on_gpu"] == placement["draft"]["layers_on_gpu"] == 0
-    version = localspec("--version")
-    assert version.returncode == 0 and version.stdout.decode().strip() == localspec_version
-    assert b"--install-completion" in localspec("--help").stdout
+
+
+def test_version_and_help(cli):
+    code, out, _ = cli("--version")
+    assert code == 0 and out.strip() == localspec_version
+    _, out, _ = cli("--help")
+    assert "--install-completion" in out
 
 
 def test_the_summary_says_why_nothing_was_drafted_and_never_counts_below_a_token_a_step(localspec, tiny):
@@ -151,10 +155,9 @@ def test_debug_mode_shows_the_traceback(localspec, tiny, monkeypatch):
     assert done.returncode != 0 and b"Traceback" in done.stderr
 
 
-def test_help_teaches_the_options(localspec):
-    done = localspec("run", "--help")
-    out = done.stdout.decode()
-    assert done.returncode == 0
+def test_help_teaches_the_options(cli):
+    code, out, _ = cli("run", "--help")
+    assert code == 0
     for option in ("--draft", "--no-draft", "--temp", "--top-k", "--top-p", "--min-p", "--seed", "--draft-max",
                    "--draft-min", "--p-min", "--ctx-size", "--threads", "--gpu-layers", "--draft-gpu-layers", "--json"):
         assert option in out
@@ -195,10 +198,10 @@ def test_real_smollm2_runs_with_its_chat_template(localspec, real_model, draft):
 
 
 @pytest.mark.slow
-def test_real_pair_with_different_tokenizers_is_refused(localspec, real_model):
-    done = localspec("run", real_model("smollm2-135m"), "--draft", real_model("gemma3-270m"), "-p", "hi")
-    assert done.returncode == 2
-    assert b"error: " in done.stderr and b"Traceback" not in done.stderr
+def test_real_pair_with_different_tokenizers_is_refused(cli, real_model):
+    code, _, stderr = cli("run", real_model("smollm2-135m"), "--draft", real_model("gemma3-270m"), "-p", "hi")
+    assert code == 2
+    assert "error: " in stderr and "Traceback" not in stderr
 
 
 @pytest.fixture
@@ -271,9 +274,9 @@ def test_doctor_and_check_speak_json_and_unknown_sizes_stay_unknown(localspec, t
     assert b"--draft ngram" in bad.stderr
 
 
-def test_run_refuses_a_context_that_does_not_fit(localspec, tiny):
-    done = localspec("run", tiny["target"], "-p", "x", "--ctx-size", str(2**31))
-    assert done.returncode == 2 and b"--ctx-size" in done.stderr and b"Traceback" not in done.stderr
+def test_run_refuses_a_context_that_does_not_fit(cli, tiny):
+    code, _, stderr = cli("run", tiny["target"], "-p", "x", "--ctx-size", str(2**31))
+    assert code == 2 and "--ctx-size" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.slow

@@ -10,9 +10,11 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 
 from fakehub import FakeHub, serve
+from localspec import download
 
 TOKEN = "hf_test_secret_token_123"
 
@@ -116,6 +118,22 @@ def localspec(hub_env):
     return invoke
 
 
+@pytest.fixture
+def no_hub_cli(cli, home, monkeypatch):
+    """The in-process `cli` on this test's home, for mistakes that are refused before any Hub is asked.
+
+    huggingface_hub reads HF_ENDPOINT when it is imported, so this process cannot be pointed at the fake
+    Hub: a command here that went to a Hub (any Hub) fails the test instead."""
+    def no_hub(*args, **kwargs):
+        raise AssertionError("an in-process command tried to reach the Hub: run it in a subprocess with hub_env")
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    for name in ("get_hf_file_metadata", "list_repo_files"):
+        monkeypatch.setattr(huggingface_hub, name, no_hub)
+    monkeypatch.setattr(download, "_download", no_hub)
+    return cli
+
+
 def test_pull_downloads_verifies_and_lists_as_installed(localspec, home, tiny):
     done = localspec("pull", "tiny", "--draft", "auto")
     assert done.returncode == 0, done.stderr
@@ -206,9 +224,9 @@ def test_not_enough_disk_space_is_refused_before_downloading(localspec, hub):
     assert hub.gets("target.gguf") == []
 
 
-def test_offline_mode_uses_only_what_is_downloaded(localspec, hub, tiny):
-    missing = localspec("run", "tiny", "--offline", "-p", "the cat", "-n", "5")
-    assert missing.returncode != 0 and "offline" in missing.stderr
+def test_offline_mode_uses_only_what_is_downloaded(no_hub_cli, localspec, hub, tiny):
+    code, _, stderr = no_hub_cli("run", "tiny", "--offline", "-p", "the cat", "-n", "5")
+    assert code != 0 and "offline" in stderr
     assert localspec("pull", "tiny").returncode == 0
     requests_before = len(hub.requests)
     ran = localspec("run", "tiny", "-p", "the cat", "-n", "5", "--json", HF_HUB_OFFLINE="1")
@@ -233,15 +251,15 @@ def test_run_by_name_with_a_draft_size_from_the_family(localspec):
     assert '"drafted"' in done.stdout
 
 
-def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, home):
+def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, no_hub_cli, home):
     assert localspec("pull", "tiny").returncode == 0
     removed = localspec("rm", "tiny")
     assert removed.returncode == 0 and "removed tiny" in removed.stdout
     assert not (home / "models" / "tiny").exists()
-    again = localspec("rm", "tiny")
-    assert again.returncode == 2 and "not downloaded" in again.stderr
-    typo = localspec("run", "tinny", "-p", "x")
-    assert typo.returncode == 2 and "did you mean tiny" in typo.stderr
+    code, _, stderr = no_hub_cli("rm", "tiny")
+    assert code == 2 and "not downloaded" in stderr
+    code, _, stderr = no_hub_cli("run", "tinny", "-p", "x")
+    assert code == 2 and "did you mean tiny" in stderr
 
 
 def test_a_planted_partial_link_is_not_written_through(localspec, home, tmp_path):
@@ -254,19 +272,19 @@ def test_a_planted_partial_link_is_not_written_through(localspec, home, tmp_path
     assert victim.read_text() == "keep me"
 
 
-def test_a_downloaded_file_that_changed_is_refused(localspec, home):
+def test_a_downloaded_file_that_changed_is_refused(localspec, no_hub_cli, home):
     assert localspec("pull", "tiny").returncode == 0
     model = home / "models" / "tiny" / "target.gguf"
     data = bytearray(model.read_bytes())
     data[-1] ^= 0xFF  # same size, other bytes: pull and check verify the sha256
     model.write_bytes(bytes(data))
-    for command in (("pull", "tiny"), ("check", "tiny", "tiny-draft")):
-        done = localspec(*command)
-        assert done.returncode == 3 and "does not match the registry's sha256" in done.stderr, done.stderr
+    for command in (("pull", "tiny"), ("check", "tiny", "tiny-draft")):  # refused before any Hub is asked
+        code, _, stderr = no_hub_cli(*command)
+        assert code == 3 and "does not match the registry's sha256" in stderr, stderr
     model.write_bytes(bytes(data) + b"more")  # another size: every use notices (a stat, no hashing)
-    done = localspec("run", "tiny", "-p", "the cat", "-n", "3")
-    assert done.returncode == 3 and "bytes where the registry pins" in done.stderr
-    assert "localspec pull tiny" in done.stderr
+    code, _, stderr = no_hub_cli("run", "tiny", "-p", "the cat", "-n", "3")
+    assert code == 3 and "bytes where the registry pins" in stderr
+    assert "localspec pull tiny" in stderr
 
 
 def test_network_failures_are_one_line_and_say_the_hub_is_unreachable(hub_env, tmp_path):
@@ -280,9 +298,10 @@ def test_network_failures_are_one_line_and_say_the_hub_is_unreachable(hub_env, t
     assert not any((Path(env["LOCALSPEC_HOME"]) / "models").glob("*"))  # and no empty folders are left
 
 
-def test_offline_hints_name_hub_files_as_they_are_typed(localspec):
-    done = localspec("run", "hf:test/tiny-GGUF/partial.gguf", "-p", "x", HF_HUB_OFFLINE="1")
-    assert done.returncode == 3 and "localspec pull hf:test/tiny-GGUF/partial.gguf" in done.stderr
+def test_offline_hints_name_hub_files_as_they_are_typed(no_hub_cli, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # localspec reads it on each use (download.offline_requested)
+    code, _, stderr = no_hub_cli("run", "hf:test/tiny-GGUF/partial.gguf", "-p", "x")
+    assert code == 3 and "localspec pull hf:test/tiny-GGUF/partial.gguf" in stderr
 
 
 def test_a_gated_repo_named_by_quantization_explains_hf_token(localspec):
@@ -290,21 +309,21 @@ def test_a_gated_repo_named_by_quantization_explains_hf_token(localspec):
     assert done.returncode == 3 and "gated" in done.stderr and "HF_TOKEN" in done.stderr
 
 
-def test_rm_never_follows_a_symlinked_folder(localspec, home, tmp_path):
+def test_rm_never_follows_a_symlinked_folder(no_hub_cli, home, tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
     (home / "models").mkdir()
     (home / "models" / "tiny").symlink_to(precious, target_is_directory=True)
-    refused = localspec("rm", "tiny")
-    assert refused.returncode == 2 and "symbolic link" in refused.stderr and "Traceback" not in refused.stderr
+    code, _, stderr = no_hub_cli("rm", "tiny")
+    assert code == 2 and "symbolic link" in stderr and "Traceback" not in stderr
     assert (precious / "notes.txt").read_text() == "keep me"
 
 
-def test_malformed_user_registry_is_reported(localspec, home):
+def test_malformed_user_registry_is_reported(no_hub_cli, home):
     (home / "models.toml").write_text('[models.bad]\nfile = "../../etc/passwd.gguf"\n')
-    done = localspec("models")
-    assert done.returncode == 2 and "plain .gguf name" in done.stderr
+    code, _, stderr = no_hub_cli("models")
+    assert code == 2 and "plain .gguf name" in stderr
 
 
 def test_a_full_disk_fails_cleanly_and_the_next_pull_resumes(localspec, hub_env, hub, home, big_file):

@@ -12,7 +12,6 @@ from localspec.events import Done, Prefill, Step, Token
 from localspec.stats import record
 
 GREEDY = Sampling(temperature=0.0)
-PROMPT_TEXT = "the cat sat on the mat"
 
 
 class RecordingContext:
@@ -37,16 +36,6 @@ def run(target, drafter, prompt, sampling=GREEDY, speculation=Speculation(draft_
     events = list(generate(target, drafter, prompt, sampling, speculation, limits))
     tokens = [e.id for e in events if isinstance(e, Token)]
     return tokens, events
-
-
-@pytest.fixture(scope="module")
-def target(load):
-    return load("target")
-
-
-@pytest.fixture(scope="module")
-def prompt(target):
-    return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)
 
 
 def model_drafter(load, name, p_min=0.0, backend_sampling=False):

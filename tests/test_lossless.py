@@ -82,14 +82,7 @@ def chi_square_p_value(counts: Counter, exact: dict[tuple, float]) -> float:
     return chisquare([observed[c] for c in cells], [expected[c] for c in cells]).pvalue
 
 
-@pytest.fixture(scope="module")
-def target(load):
-    return load("target")
-
-
-@pytest.fixture(scope="module")
-def prompt(target):
-    return target.model.tokenize("the cat sat on the mat", add_special=True, parse_special=False)
+# `target` and `prompt` ("the cat sat on the mat") are the fixtures of tests/conftest.py.
 
 
 @pytest.fixture(scope="module")

@@ -64,30 +64,29 @@ EXPECTED = {
 
 @pytest.mark.parametrize("problem", EXPECTED)
 @pytest.mark.parametrize("role", ["target", "draft"])
-def test_bad_model_files_get_one_line_errors_naming_file_and_problem(localspec, tiny, bad_files, problem, role):
+def test_bad_model_files_get_one_line_errors_naming_file_and_problem(cli, tiny, bad_files, problem, role):
     bad = bad_files[problem]
     args = [bad, "--no-draft"] if role == "target" else [tiny["target"], "--draft", bad]
-    done = localspec("run", *args, "-p", "hello")
-    stderr = done.stderr.decode()
-    assert done.returncode == 2, stderr
+    code, _, stderr = cli("run", *args, "-p", "hello")
+    assert code == 2, stderr
     assert "Traceback" not in stderr and stderr.count("\n") == 1, stderr
     assert stderr.startswith("error: ") and str(bad) in stderr and EXPECTED[problem] in stderr, stderr
 
 
-def test_escapes_in_a_model_file_reach_the_terminal_only_as_text(localspec, tmp_path):
+def test_escapes_in_a_model_file_reach_the_terminal_only_as_text(cli, tmp_path):
     """An architecture name that writes to the clipboard (OSC 52) if a terminal reads it as a command."""
     evil = write_tiny_model(tmp_path / "evil.gguf", TinySpec(seed=1, architecture="\x1b]52;c;aGk=\x07x"))
-    done = localspec("run", evil, "--no-draft", "-p", "hello")
-    assert done.returncode == 2 and b"\x1b" not in done.stderr and b"\\x1b]52;c;aGk=\\x07x" in done.stderr
+    code, _, stderr = cli("run", evil, "--no-draft", "-p", "hello")
+    assert code == 2 and "\x1b" not in stderr and "\\x1b]52;c;aGk=\\x07x" in stderr
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
-def test_an_unreadable_model_file_is_named(localspec, tiny, tmp_path):
+def test_an_unreadable_model_file_is_named(cli, tiny, tmp_path):
     locked = tmp_path / "locked.gguf"
     locked.write_bytes(tiny["target"].read_bytes())
     locked.chmod(0)
-    done = localspec("run", locked, "-p", "hello")
-    assert done.returncode == 2 and b"cannot read model file" in done.stderr and str(locked).encode() in done.stderr
+    code, _, stderr = cli("run", locked, "-p", "hello")
+    assert code == 2 and "cannot read model file" in stderr and str(locked) in stderr
 
 
 def test_arrays_nested_to_exhaust_the_stack_are_refused(tmp_path):
