@@ -67,7 +67,21 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
     rules.append(_token_texts(target, draft))
     same_merges = target.merges_digest == draft.merges_digest
     rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ"))
+    rules.append(_rollback(target, draft))
     return CompatReport(target, draft, rules)
+
+
+def _rollback(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    """A rejected draft is taken back out of both models' caches; a recurrent state allows that only
+    where llama.cpp keeps snapshots of it (gguf_meta.ROLLBACK_ARCHITECTURES)."""
+    stuck = [f"{role} {info.architecture!r}" for role, info in (("target", target), ("draft", draft))
+             if not info.rolls_back]
+    if stuck:
+        return Rule("state rollback", False, f"{' and '.join(stuck)} keep a recurrent state llama.cpp cannot take"
+                    " rejected draft tokens back out of")
+    recurrent = [role for role, info in (("target", target), ("draft", draft)) if info.recurrent]
+    return Rule("state rollback", True, f"recurrent state snapshots ({', '.join(recurrent)})" if recurrent
+                else "KV caches only")
 
 
 def _token_texts(target: GGUFInfo, draft: GGUFInfo) -> Rule:

@@ -66,12 +66,15 @@ class Speculation:
     """How speculation is steered.
 
     drafting: the kind a generation drafts with (a session can switch: chat's /draft, bench's modes).
+    required: the user asked for drafting by name, so a target that cannot draft is refused rather
+    than decoded plainly.
     draft_max: most tokens drafted a step; None: the drafting kind's own default (draft_limit says
     which). p_min stops a model draft once the draft model is unsure of its next token;
     ngram_min..ngram_max is the range of suffix lengths looked up by the n-gram drafter, longest first.
     """
 
     drafting: DrafterKind = DrafterKind.AUTO
+    required: bool = False
     draft_max: int | None = None
     draft_min: int = 0
     p_min: float = 0.6

@@ -49,6 +49,20 @@ class RawArray:
     end: int
 
 
+# From llama.cpp's src/llama-arch.cpp (the pinned version): architectures whose layers keep a recurrent
+# state instead of (or beside) a KV cache, and those whose state it can roll back by a few tokens, as a
+# rejected draft needs (llm_arch_supports_rs_rollback).
+RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHITECTURES = frozenset({
+    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
+    "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
+})
+ROLLBACK_ARCHITECTURES = frozenset({
+    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe", "lfm2",
+    "lfm2moe", "bailingmoe3",
+})
+
+
 @dataclass(frozen=True)
 class GGUFInfo:
     path: Path
@@ -74,6 +88,16 @@ class GGUFInfo:
 
     def arch(self, key: str, default=None):
         return self.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layers keep a recurrent state, which a rejected draft cannot simply be cut from."""
+        return self.architecture in RECURRENT_ARCHITECTURES | HYBRID_ARCHITECTURES
+
+    @property
+    def rolls_back(self) -> bool:
+        """Whether llama.cpp can take the last tokens of a decode back out of this model's state."""
+        return not self.recurrent or self.architecture in ROLLBACK_ARCHITECTURES
 
     @property
     def context_length(self) -> int | None:

@@ -104,17 +104,30 @@ class Session:
             if self.target.n_ctx != runtime.ctx_size:
                 self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
                                   " rounds context sizes up to a multiple of 256")
+            if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
+                self._decode_plainly(target.name)
+                draft = None
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
             if draft is not None:
                 draft_model = self._own(Model(draft, runtime.draft_gpu_layers, runtime.draft_devices))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
-            self.default_mode = speculation.drafting
+            self.default_mode = self.speculation.drafting
             self.use(self.default_mode)
         except BaseException:
             self.close()
             raise
+
+    def _decode_plainly(self, name: str) -> None:
+        """The target cannot take rejected draft tokens back: refuse if drafting was asked for by name,
+        else decode plainly and say so."""
+        reason = (f"{name} keeps a recurrent state that llama.cpp cannot take rejected draft tokens back out of"
+                  " (it keeps snapshots of it only for some architectures)")
+        if self.speculation.required:
+            raise UsageError(f"{reason}; it can only decode plainly (--no-draft)")
+        self.notes.append(f"{reason}: decoding plainly")
+        self.speculation = replace(self.speculation, drafting=DrafterKind.PLAIN)
 
     def use(self, mode: DrafterKind) -> None:
         """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""

@@ -20,6 +20,9 @@ TINY_MODELS = {
     "partial": TinySpec(seed=1, sharpness=2.0, blend_seed=2, blend=0.1),
     "unrelated": TinySpec(seed=2, sharpness=2.0),
     "other_tokenizer": TinySpec(seed=3, sharpness=2.0, pieces=UPPERCASE),
+    # LFM2: short-convolution layers (a recurrent state) beside attention; the same tokenizer as the rest
+    "hybrid": TinySpec(seed=1, sharpness=2.0, architecture="lfm2"),
+    "hybrid_partial": TinySpec(seed=1, sharpness=2.0, blend_seed=2, blend=0.1, architecture="lfm2"),
 }
 
 

@@ -121,6 +121,25 @@ def test_sampling_on_the_backend_follows_the_target_distribution(load, target, p
     assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) > ALPHA
 
 
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+@pytest.mark.parametrize("setting", ["llama.cpp defaults", "temperature 0.7"])
+def test_a_hybrid_target_follows_its_distribution(load, prompt, repetitive_prompt, setting, kind):
+    """LFM2 keeps a recurrent state: every rejected draft is taken back out of it from snapshots (the
+    target) or a checkpoint (a hybrid draft model), and each sample reads its prompt from scratch."""
+    sampling = SETTINGS[setting]
+    hybrid = load("hybrid")
+    tokens = repetitive_prompt if kind == "ngram" else prompt
+    drafter = (ModelDrafter(load("hybrid_partial"), 0.0, hybrid.model.n_vocab) if kind == "draft model"
+               else NgramDrafter(1, 3))
+    counts = sample_counts(hybrid, drafter, tokens, sampling)
+    assert chi_square_p_value(counts, exact_distribution(hybrid, tokens, sampling)) > ALPHA
+    # the premise: in these settings drafts were both kept and taken back
+    events = list(speculative.generate(hybrid, drafter, tokens, replace(SETTINGS["temperature 0.7"], seed=1),
+                                       Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=200)))
+    summary = record(events).summary()
+    assert summary.accepted > 0 and summary.accepted < summary.drafted
+
+
 def test_speculation_actually_drafted_in_these_settings(load, target, prompt, repetitive_prompt):
     # Without accepted drafts the tests above would only exercise plain sampling.
     for kind, tokens in [("draft model", prompt), ("ngram", repetitive_prompt)]:

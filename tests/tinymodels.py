@@ -1,8 +1,11 @@
-"""Tiny llama-architecture GGUFs written with the gguf package, for tests on real llama.cpp.
+"""Tiny GGUFs written with the gguf package, for tests on real llama.cpp: llama (attention only)
+and LFM2 (a hybrid: gated short-convolution layers, whose state is recurrent, beside attention).
 
 Weights are random but seeded, stored as F32 so batched and single-token logits
 agree closely. `sharpness` scales the output layer: larger makes the next-token
-distribution peakier, which gives statistical tests their power.
+distribution peakier, which gives statistical tests their power. Tensor names,
+shapes and metadata keys are those of the pinned llama.cpp's src/llama-arch.cpp
+and src/models/ (numpy shapes are ggml's reversed).
 """
 
 from dataclasses import dataclass
@@ -16,6 +19,9 @@ N_HEAD = 4
 N_LAYER = 2
 N_FF = 128
 CONTEXT = 512
+# LFM2: which layers are short convolutions (recurrent) and which attention, and the convolution's width
+LFM2_LAYERS = ("conv", "attn", "conv")
+LFM2_CONV_WIDTH = 3
 
 # llama.cpp's SPM tokenizer only merges into pieces whose prefixes are pieces too,
 # so single characters keep tokenization simple: one token per character.
@@ -35,35 +41,45 @@ class TinySpec:
     # Mix in a second random model: 0 keeps `seed`'s weights, 1 replaces them entirely.
     blend_seed: int | None = None
     blend: float = 0.0
-    architecture: str = "llama"  # anything else is unknown to llama.cpp
+    architecture: str = "llama"  # or "lfm2"; anything else is unknown to llama.cpp (and written as llama)
 
 
-def _weights(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
+def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def normal(*shape, scale=1.0):
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
 
+    lfm2 = architecture == "lfm2"
     tensors = {"token_embd.weight": normal(n_vocab, N_EMBD, scale=np.sqrt(N_EMBD))}
-    for layer in range(N_LAYER):
+    for layer, kind in enumerate(LFM2_LAYERS if lfm2 else ("attn",) * N_LAYER):
         block = f"blk.{layer}"
         tensors[f"{block}.attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            tensors[f"{block}.{name}.weight"] = normal(N_EMBD, N_EMBD)
+        if kind == "conv":
+            tensors[f"{block}.shortconv.conv.weight"] = normal(N_EMBD, LFM2_CONV_WIDTH)
+            tensors[f"{block}.shortconv.in_proj.weight"] = normal(3 * N_EMBD, N_EMBD)  # gates B and C, and x
+            tensors[f"{block}.shortconv.out_proj.weight"] = normal(N_EMBD, N_EMBD)
+        else:
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                tensors[f"{block}.{name}.weight"] = normal(N_EMBD, N_EMBD)
+            if lfm2:
+                tensors[f"{block}.attn_q_norm.weight"] = np.ones(N_EMBD // N_HEAD, dtype=np.float32)
+                tensors[f"{block}.attn_k_norm.weight"] = np.ones(N_EMBD // N_HEAD, dtype=np.float32)
         tensors[f"{block}.ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
         tensors[f"{block}.ffn_gate.weight"] = normal(N_FF, N_EMBD)
         tensors[f"{block}.ffn_up.weight"] = normal(N_FF, N_EMBD)
         tensors[f"{block}.ffn_down.weight"] = normal(N_EMBD, N_FF)
-    tensors["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    # LFM2's final norm carries the name "token_embd_norm" in llama.cpp (LLM_TENSOR_OUTPUT_NORM_LFM2)
+    tensors["token_embd_norm.weight" if lfm2 else "output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     tensors["output.weight"] = normal(n_vocab, N_EMBD)
     return tensors
 
 
 def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     tokens = spm_vocab(spec.pieces)
-    tensors = _weights(spec.seed, len(tokens))
+    tensors = _weights(spec.seed, len(tokens), spec.architecture)
     if spec.blend_seed is not None:
-        other = _weights(spec.blend_seed, len(tokens))
+        other = _weights(spec.blend_seed, len(tokens), spec.architecture)
         tensors = {name: ((1 - spec.blend) * w + spec.blend * other[name]).astype(np.float32) for name, w in tensors.items()}
     tensors["output.weight"] = tensors["output.weight"] * np.float32(spec.sharpness)
     # A zero row pins the logit of <unk>/<s>/</s> at 0: end of text stays possible when
@@ -74,10 +90,17 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     writer.add_name(path.stem)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD)
+    if spec.architecture == "lfm2":
+        writer.add_block_count(len(LFM2_LAYERS))
+        # per layer; none marks a short-convolution layer
+        writer.add_head_count_kv([N_HEAD if kind == "attn" else 0 for kind in LFM2_LAYERS])
+        writer.add_rope_freq_base(10000.0)
+        writer.add_uint32("lfm2.shortconv.l_cache", LFM2_CONV_WIDTH)
+    else:
+        writer.add_block_count(N_LAYER)
+        writer.add_head_count_kv(N_HEAD)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)

@@ -88,6 +88,10 @@ class Model:
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.vocab_type = llama.llama_vocab_type(self._vocab)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        # Some layers keep a recurrent state (Mamba, RWKV; hybrids such as LFM2 or Qwen3.5): it holds no
+        # positions, so dropping the last tokens of a cache is possible only as far as llama.cpp keeps
+        # snapshots of the state (Context.rollback).
+        self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -178,6 +182,7 @@ class Chain:
 
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
+PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
 class Context:
@@ -194,6 +199,11 @@ class Context:
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
+        if model.recurrent:
+            # Snapshots of the recurrent state for each token of a verification but its first, so a
+            # rejected draft's tokens can be taken back (llama.cpp sets it to 0 where it cannot). A
+            # ubatch must hold more than n_rs_seq + 1 tokens, or every decode aborts the process.
+            params.n_rs_seq = max(0, min(max_outputs - 1, min(n_batch, n_ctx) - 2))
         self._ctx = llama.llama_init_from_model(model.handle, params)
         if not self._ctx:
             raise EngineError(
@@ -203,8 +213,16 @@ class Context:
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
         self.n_batch = llama.llama_n_batch(self._ctx)
-        # most rows one batch may want logits for (a backend sampler is sized for a verification)
+        # Tokens at the end of the last decode that truncate() may take back: any number for a KV
+        # cache; for a recurrent state, as many as llama.cpp keeps snapshots for, once after each decode.
+        self.rollback = llama.llama_n_rs_seq(self._ctx) if model.recurrent else n_ctx
+        self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
+        self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
+        self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
+        # most rows one batch may want logits for (a backend sampler is sized for a verification;
+        # a recurrent state can only take back what it has snapshots for)
         self.max_rows = min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling else self.n_batch
+        self.max_rows = max(1, min(self.max_rows, self.rollback + 1))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         self._n_vocab = model.n_vocab
@@ -245,6 +263,7 @@ class Context:
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
             self.tokens.extend(chunk)
+            self._last_decoded, self._rolled_back = len(chunk), False
 
     def sample_with(self, chain: Chain) -> None:
         """Use this chain for the rows of the decodes that follow."""
@@ -299,9 +318,56 @@ class Context:
 
     def truncate(self, n_keep: int) -> None:
         """Forget every position from n_keep on."""
+        if not self._forget_from(n_keep):
+            raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens"
+                              + (" (a recurrent state takes back only the end of its last decode)"
+                                 if self.model.recurrent else ""))
+
+    def _forget_from(self, n_keep: int) -> bool:
+        """Drop positions n_keep.. if llama.cpp can; False, with nothing changed, where it cannot.
+
+        A recurrent state holds no positions. llama.cpp takes tokens back out of it from snapshots of
+        the last decode only, once, and answers true even where those snapshots do not reach (leaving a
+        wrong state), so what they reach is checked here; further back, a checkpoint() is restored and
+        the tokens after it decoded again."""
+        drop = len(self.tokens) - n_keep
+        if drop <= 0:
+            return True
+        if self.model.recurrent and n_keep > 0:
+            if drop <= self.rollback and drop < self._last_decoded and not self._rolled_back:
+                self._rolled_back = True
+            elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
+                return self._restore(n_keep)
+            else:
+                return False
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
-            raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens")
+            return False
         del self.tokens[n_keep:]
+        if self._checkpoint is not None and self._checkpoint[0] > n_keep:
+            self._checkpoint = None  # it was saved after tokens that are gone now
+        return True
+
+    def checkpoint(self) -> None:
+        """Save a recurrent state as it is now, so the cache can later come back to any position from
+        here on, however many decodes later (a draft model drafts one token a decode)."""
+        size = llama.llama_state_seq_get_size_ext(self._ctx, 0, PARTIAL_STATE)
+        saved = (ctypes.c_uint8 * size)()
+        if llama.llama_state_seq_get_data_ext(self._ctx, saved, size, 0, PARTIAL_STATE) != size:
+            raise EngineError(f"llama.cpp could not save the recurrent state of {self.model.path.name}")
+        self._checkpoint = (len(self.tokens), saved)
+
+    def _restore(self, n_keep: int) -> bool:
+        position, saved = self._checkpoint
+        again = self.tokens[position:n_keep]
+        if not llama.llama_state_seq_set_data_ext(self._ctx, saved, len(saved), 0, PARTIAL_STATE):
+            return False
+        # the recurrent state is back at `position`; the attention layers' KV cache drops what follows
+        if not llama.llama_memory_seq_rm(self._memory, 0, position, -1):
+            raise EngineError(f"llama.cpp could not roll the KV cache back to {position} tokens")
+        del self.tokens[position:]
+        if again:
+            self.decode(again, logits="none")
+        return True
 
     def prefill(self, tokens: Sequence[int], logits: str = "none", agreed: int = 0) -> int:
         """Make the cache hold exactly `tokens`, keeping the prefix it already has in common
@@ -312,7 +378,9 @@ class Context:
         limit = min(len(self.tokens), len(tokens) - (logits == "last"))
         while keep < limit and self.tokens[keep] == tokens[keep]:
             keep += 1
-        self.truncate(keep)
+        if not self._forget_from(keep):  # a recurrent state that cannot go back that far: read it all again
+            self.truncate(0)
+            keep = 0
         if keep < len(tokens):
             self.decode(tokens[keep:], logits=logits)
         return keep
@@ -321,7 +389,8 @@ class Context:
         """Raise EngineError unless the cache holds exactly `tokens` at positions 0..n-1 (debug mode)."""
         first = llama.llama_memory_seq_pos_min(self._memory, 0)
         last = llama.llama_memory_seq_pos_max(self._memory, 0)
-        expected = (0, len(tokens) - 1) if tokens else (-1, -1)
+        # a recurrent state is at the last position only (for a hybrid, llama.cpp answers the later minimum)
+        expected = ((len(tokens) - 1 if self.model.recurrent else 0), len(tokens) - 1) if tokens else (-1, -1)
         if (first, last) != expected or self.tokens != list(tokens):
             raise EngineError(
                 f"KV cache drifted: llama.cpp holds positions {first}..{last} ({len(self.tokens)} tokens recorded),"

@@ -183,6 +183,9 @@ class ModelDrafter:
             return Draft(source=self.kind)
         started = perf_counter()
         self.catch_up(history)
+        if self.context.model.recurrent:
+            # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
+            self.context.checkpoint()
         caught_up = perf_counter() - started
         tokens: list[int] = []
         dists: list[Dist] = []
