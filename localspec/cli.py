@@ -63,8 +63,9 @@ MODEL_OPTIONS = {
     "draft": (Annotated[Optional[str], typer.Option(
         "--draft", "-d", "-md", "--model-draft",
         help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
-        " the one the registry recommends, a GGUF file; or 'ngram' to draft by looking up the prompt and output."
-        " Default: ngram.", show_default=False)], None),
+        " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output;"
+        " or 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
+        " them). Default: ngram.", show_default=False)], None),
     "offline": (OfflineOption, False),
 }
 DRAFTING_OPTIONS = {
@@ -186,6 +187,8 @@ def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind
         raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
     if no_draft or spec == "off":
         return DrafterKind.PLAIN, None
+    if draft == DrafterKind.MTP:  # the auto policy does not weigh MTP drafts yet: they are made every step
+        return DrafterKind.MTP, None
     draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
     if spec == "fixed":
         return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
@@ -413,7 +416,7 @@ def bench(
     modes: Annotated[
         str, typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
                           + f" ({DrafterKind.DRAFT} needs --draft MODEL).")
-    ] = ",".join(DrafterKind),
+    ] = "plain,ngram,draft,auto",
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
                                                  show_default=False)] = 10,
     mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
@@ -462,7 +465,7 @@ def pull(
     models = registry.load()
     target = registry.resolve(name, models)
     wanted = [target]
-    if draft not in (None, DrafterKind.NGRAM):
+    if draft not in (None, DrafterKind.NGRAM, DrafterKind.MTP):
         wanted.append(registry.resolve_draft(draft, target, models))
     for item in wanted:
         print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
@@ -499,13 +502,17 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner
 @app.command()
 def check(
     target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
-    draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...).", show_default=False)],
+    draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...), or mtp:"
+                                         " whether the target has MTP layers to draft with.", show_default=False)],
     offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ):
     """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
     if draft == DrafterKind.NGRAM:
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
+    if draft == DrafterKind.MTP:
+        _check_mtp(target, offline, as_json)
+        return
     pair = resolve_pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
     report = pair.report
     if as_json:
@@ -516,6 +523,21 @@ def check(
         tui.compat_report(report)
     if not report.compatible:
         print(pair.advice, file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _check_mtp(target: str, offline: bool, as_json: bool) -> None:
+    """Whether the target has multi-token-prediction layers to draft for itself with; exit 1 if not."""
+    info = resolve_pair(target, None, offline, tui.download_progress(), verify_sha256=True).target
+    if as_json:
+        print(json.dumps({"target": info.path.name, "draft": "mtp", "compatible": info.mtp_layers > 0,
+                          "mtp_layers": info.mtp_layers}))
+    elif info.mtp_layers:
+        print(f"{info.path.name} has {info.mtp_layers} multi-token-prediction layer(s): --draft mtp drafts with them")
+    else:
+        print(f"{info.path.name} has no multi-token-prediction layers: --draft mtp cannot draft for it",
+              file=sys.stderr)
+    if not info.mtp_layers:
         raise typer.Exit(1)
 
 

@@ -48,6 +48,7 @@ class DrafterKind(StrEnum):
     PLAIN = "plain"  # no drafting: the target alone, one token a step
     NGRAM = "ngram"  # prompt lookup: copy what followed the last few tokens before
     DRAFT = "draft"  # a small draft model with the target's vocabulary
+    MTP = "mtp"  # the target's own multi-token-prediction block
     AUTO = "auto"  # each step, plain decoding or whichever drafter is expected to pay most
 
     @property
@@ -58,7 +59,8 @@ class DrafterKind(StrEnum):
 # Measured on a 2-core CPU: always drafting beyond 3 tokens costs more than it wins. Auto drafts up to
 # 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
 # 7 single ones) and stops short by itself wherever acceptance does not carry that far.
-DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.AUTO: 32}
+DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
+                     DrafterKind.AUTO: 32}
 
 
 @dataclass(frozen=True)

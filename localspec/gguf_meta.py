@@ -100,6 +100,11 @@ class GGUFInfo:
         return not self.recurrent or self.architecture in ROLLBACK_ARCHITECTURES
 
     @property
+    def mtp_layers(self) -> int:
+        """Multi-token-prediction ("nextn") layers the target can draft for itself with."""
+        return self.arch("nextn_predict_layers", 0) or 0
+
+    @property
     def context_length(self) -> int | None:
         return self.arch("context_length")
 

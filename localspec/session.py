@@ -13,7 +13,7 @@ from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from .engine.backend import Context, Model, supports_gpu_offload
-from .engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import IncompatibleDraft, InputError, UsageError
@@ -90,7 +90,11 @@ class Session:
         self._owned: list = []
         self._auto: AutoDrafter | None = None
         try:
-            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices))
+            mtp = speculation.drafting == DrafterKind.MTP
+            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=mtp))
+            if mtp and not self.target_model.mtp_layers:
+                raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
+                                 " use --draft ngram or a draft model")
             # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
             rows = speculation.longest_draft + 1
             n_batch = max(runtime.prompt_batch, rows)
@@ -98,7 +102,7 @@ class Session:
             if on_backend is None:
                 on_backend = runtime.gpu_layers != 0 and supports_gpu_offload()
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows))
+                                            on_backend, rows, keep_hidden=mtp))
             # Said at load, for the CLI to print: what localspec did other than asked.
             self.notes: list[str] = []
             if self.target.n_ctx != runtime.ctx_size:
@@ -109,6 +113,11 @@ class Session:
                 draft = None
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
+            self.mtp_drafter = None
+            if mtp:
+                block = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
+                                          rows, mtp=True))
+                self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
             if draft is not None:
                 draft_model = self._own(Model(draft, runtime.draft_gpu_layers, runtime.draft_devices))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
@@ -133,8 +142,11 @@ class Session:
         """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""
         if mode == DrafterKind.DRAFT and self.model_drafter is None:
             raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
+        if mode == DrafterKind.MTP and self.mtp_drafter is None:
+            raise UsageError("the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)")
         drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
-                    DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.AUTO: self._auto_drafter}
+                    DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.MTP: lambda: self.mtp_drafter,
+                    DrafterKind.AUTO: self._auto_drafter}
         self.drafter = drafters[mode]()
         self.mode = mode
 
@@ -169,6 +181,8 @@ class Session:
         self.target.truncate(0)
         if self.model_drafter:
             self.model_drafter.context.truncate(0)
+        if self.mtp_drafter:
+            self.mtp_drafter.context.truncate(0)
 
     def _own(self, resource):
         self._owned.append(resource)
@@ -231,7 +245,7 @@ class Session:
         """Which files generate and what drafts for them, for the panel and summary line."""
         draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model,
+                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: "its own MTP layers",
                     DrafterKind.AUTO: "auto: n-gram lookup" + (f" or {draft_model}" if draft_model else "")}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 

@@ -12,6 +12,7 @@ from localspec.engine import backend
 from localspec.engine.backend import Context, Model
 
 from tinymodels import UPPERCASE, TinySpec, write_tiny_model
+from tinymtp import write_tiny_mtp_model
 
 TARGET = TinySpec(seed=1, sharpness=2.0)
 TINY_MODELS = {
@@ -71,7 +72,10 @@ def check_caches_after_every_step(monkeypatch):
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """Paths of tiny GGUFs: a target, drafts that agree fully/partly/not at all, another tokenizer."""
     folder = tmp_path_factory.mktemp("tiny-models")
-    return {name: write_tiny_model(folder / f"{name}.gguf", spec) for name, spec in TINY_MODELS.items()}
+    paths = {name: write_tiny_model(folder / f"{name}.gguf", spec) for name, spec in TINY_MODELS.items()}
+    # Qwen3.5-style: a hybrid trunk and one MTP block whose drafts are accepted about half the time
+    paths["mtp"] = write_tiny_mtp_model(folder / "mtp.gguf", seed=3, sharpness=4.0, layer_scale=0.5)
+    return paths
 
 
 @pytest.fixture(scope="session")

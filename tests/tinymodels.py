@@ -104,18 +104,26 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_spm_tokenizer(writer, spec.pieces)
+    return finish(writer, tensors, path)
+
+
+def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...]) -> None:
     writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(spec.pieces))])
+    writer.add_token_list(spm_vocab(pieces))
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(pieces))])
     writer.add_token_types(
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         + [gguf.TokenType.BYTE] * 256
-        + [gguf.TokenType.NORMAL] * len(spec.pieces)
+        + [gguf.TokenType.NORMAL] * len(pieces)
     )
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
+
+
+def finish(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], path: Path) -> Path:
     for name, weights in tensors.items():
         writer.add_tensor(name, weights)
     writer.write_header_to_file()

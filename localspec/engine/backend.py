@@ -62,18 +62,30 @@ class _OnFirstUse:
 llama = _OnFirstUse()
 
 
+def _nextn():
+    """llama.cpp's calls for multi-token prediction (llama-ext.h), which llama-cpp-python binds in a
+    module of their own, marked experimental: the pinned version is the one they are tested with."""
+    llama.llama_backend_init  # noqa: B018 (initialises llama.cpp first)
+    from llama_cpp import llama_cpp_ext
+
+    return llama_cpp_ext
+
+
 def supports_gpu_offload() -> bool:
     return bool(llama.llama_supports_gpu_offload())
 
 
 class Model:
-    def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None):
+    def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
+                 load_mtp: bool = False):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
-        None: every device llama.cpp sees."""
+        None: every device llama.cpp sees. load_mtp: also load the multi-token-prediction layers
+        (an MTP context can be made only then; llama.cpp aborts otherwise)."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        params.load_mtp = load_mtp
         if devices is not None:
             chosen = _device_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
@@ -92,6 +104,8 @@ class Model:
         # positions, so dropping the last tokens of a cache is possible only as far as llama.cpp keeps
         # snapshots of the state (Context.rollback).
         self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
+        self.mtp_layers = llama.llama_model_n_layer_nextn(self._model) if load_mtp else 0
+        self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
         self._pieces: dict[int, bytes] = {}
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -192,14 +206,18 @@ class Context:
     batch (a verification batch); full logit rows are then not kept at all."""
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool = False,
-                 max_outputs: int = 1):
+                 max_outputs: int = 1, mtp: bool = False, keep_hidden: bool = False):
+        """mtp: a context of the model's MTP block, which decodes each token together with a hidden
+        state (decode's `hidden`); keep_hidden: keep the hidden state of every decoded position for
+        one (hidden_row), as the target of MTP drafting."""
         self.model = model
         params = llama.llama_context_default_params()
+        params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
-        if model.recurrent:
+        if model.recurrent and not mtp:  # (an MTP context holds the MTP block's KV cache only)
             # Snapshots of the recurrent state for each token of a verification but its first, so a
             # rejected draft's tokens can be taken back (llama.cpp sets it to 0 where it cannot). A
             # ubatch must hold more than n_rs_seq + 1 tokens, or every decode aborts the process.
@@ -215,7 +233,12 @@ class Context:
         self.n_batch = llama.llama_n_batch(self._ctx)
         # Tokens at the end of the last decode that truncate() may take back: any number for a KV
         # cache; for a recurrent state, as many as llama.cpp keeps snapshots for, once after each decode.
-        self.rollback = llama.llama_n_rs_seq(self._ctx) if model.recurrent else n_ctx
+        self.recurrent = model.recurrent and not mtp
+        self.rollback = llama.llama_n_rs_seq(self._ctx) if self.recurrent else n_ctx
+        self.mtp, self.keep_hidden = mtp, keep_hidden
+        if mtp or keep_hidden:  # an MTP context hands back its own hidden state for output rows only
+            _nextn().llama_set_embeddings_nextn(self._ctx, True, mtp)
+        self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state, with keep_hidden
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
         self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
@@ -235,8 +258,9 @@ class Context:
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
         self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
 
-    def decode(self, tokens: Sequence[int], logits: str) -> None:
+    def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
+        hidden: for an MTP context, the hidden state that goes with each token (a row each).
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
@@ -256,9 +280,17 @@ class Context:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
+            if hidden is not None:  # lent for this call: llama_batch_free must not free it
+                rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
+                batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             started = perf_counter()
             status = llama.llama_decode(self._ctx, batch)
             self.busy_seconds += perf_counter() - started
+            batch.embd = ctypes.POINTER(ctypes.c_float)()
+            if self.keep_hidden and status == 0:
+                states = np.ctypeslib.as_array(_nextn().llama_get_embeddings_nextn(self._ctx),
+                                               shape=(len(chunk), self.model.n_embd)).copy()
+                self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), states))
             if status != 0:
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
@@ -321,7 +353,7 @@ class Context:
         if not self._forget_from(n_keep):
             raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens"
                               + (" (a recurrent state takes back only the end of its last decode)"
-                                 if self.model.recurrent else ""))
+                                 if self.recurrent else ""))
 
     def _forget_from(self, n_keep: int) -> bool:
         """Drop positions n_keep.. if llama.cpp can; False, with nothing changed, where it cannot.
@@ -333,7 +365,7 @@ class Context:
         drop = len(self.tokens) - n_keep
         if drop <= 0:
             return True
-        if self.model.recurrent and n_keep > 0:
+        if self.recurrent and n_keep > 0:
             if drop <= self.rollback and drop < self._last_decoded and not self._rolled_back:
                 self._rolled_back = True
             elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
@@ -343,9 +375,25 @@ class Context:
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             return False
         del self.tokens[n_keep:]
+        for position in [p for p in self._hidden if p >= n_keep]:
+            del self._hidden[position]
         if self._checkpoint is not None and self._checkpoint[0] > n_keep:
             self._checkpoint = None  # it was saved after tokens that are gone now
         return True
+
+    def hidden_row(self, position: int) -> np.ndarray | None:
+        """The hidden state after the token at `position` (keep_hidden), if still kept."""
+        return self._hidden.get(position)
+
+    def release_hidden(self, before: int) -> None:
+        """Stop keeping the hidden states of positions before this one."""
+        for position in [p for p in self._hidden if p < before]:
+            del self._hidden[position]
+
+    def output_hidden(self, row: int) -> np.ndarray:
+        """An MTP context's own hidden state at an output row of its last decode: what its next token reads."""
+        pointer = _nextn().llama_get_embeddings_nextn_ith(self._ctx, row)
+        return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
 
     def checkpoint(self) -> None:
         """Save a recurrent state as it is now, so the cache can later come back to any position from
@@ -374,15 +422,21 @@ class Context:
         (a chat's earlier turns, a draft's accepted tokens). Returns how many cached tokens
         were reused. `agreed`: tokens known to match already, so comparing starts there.
         With logits="last" the final token is always decoded, since its logits are wanted."""
-        keep = agreed
-        limit = min(len(self.tokens), len(tokens) - (logits == "last"))
-        while keep < limit and self.tokens[keep] == tokens[keep]:
-            keep += 1
-        if not self._forget_from(keep):  # a recurrent state that cannot go back that far: read it all again
-            self.truncate(0)
-            keep = 0
+        keep = self.keep_common(tokens, agreed, len(tokens) - (logits == "last"))
         if keep < len(tokens):
             self.decode(tokens[keep:], logits=logits)
+        return keep
+
+    def keep_common(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:
+        """Keep the cached prefix `tokens` start with (at most `most` tokens), forget the rest, and
+        return its length. A recurrent state that cannot go back that far is emptied (0)."""
+        keep = agreed
+        limit = min(len(self.tokens), len(tokens) if most is None else most)
+        while keep < limit and self.tokens[keep] == tokens[keep]:
+            keep += 1
+        if not self._forget_from(keep):
+            self.truncate(0)
+            keep = 0
         return keep
 
     def check_holds(self, tokens: Sequence[int]) -> None:
@@ -390,7 +444,7 @@ class Context:
         first = llama.llama_memory_seq_pos_min(self._memory, 0)
         last = llama.llama_memory_seq_pos_max(self._memory, 0)
         # a recurrent state is at the last position only (for a hybrid, llama.cpp answers the later minimum)
-        expected = ((len(tokens) - 1 if self.model.recurrent else 0), len(tokens) - 1) if tokens else (-1, -1)
+        expected = ((len(tokens) - 1 if self.recurrent else 0), len(tokens) - 1) if tokens else (-1, -1)
         if (first, last) != expected or self.tokens != list(tokens):
             raise EngineError(
                 f"KV cache drifted: llama.cpp holds positions {first}..{last} ({len(self.tokens)} tokens recorded),"

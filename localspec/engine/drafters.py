@@ -183,7 +183,7 @@ class ModelDrafter:
             return Draft(source=self.kind)
         started = perf_counter()
         self.catch_up(history)
-        if self.context.model.recurrent:
+        if self.context.recurrent:
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
             self.context.checkpoint()
         caught_up = perf_counter() - started
@@ -222,3 +222,72 @@ class ModelDrafter:
         self.agreed = len(history)
         if backend.CHECK_CACHES:
             self.context.check_holds(history)
+
+
+class MtpDrafter:
+    """The target's own multi-token-prediction (MTP) block drafts for it (self-speculation).
+
+    The MTP block reads a token together with the target's hidden state after the token before it,
+    and predicts the token after. Its context holds an entry for each position the target has
+    decoded (token and hidden state, which the target keeps for it); a draft adds entries for the
+    token the target has not decoded yet and then for each drafted token with the block's own hidden
+    state, and is taken back out before the target verifies. Greedy or sampled like ModelDrafter,
+    from the MTP block's logits transformed like the target's; stops below p_min.
+    """
+
+    kind = DrafterKind.MTP
+
+    def __init__(self, target: Context, context: Context, p_min: float):
+        self.target = target
+        self.context = context
+        self.p_min = p_min
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.sampling = sampling
+        self.rng = rng
+        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
+
+    def propose(self, history, k) -> Draft:
+        if k == 0:
+            return Draft(source=self.kind)
+        started = perf_counter()
+        decoded = len(history) - 1  # positions the target holds
+        self.catch_up(history[:decoded])
+        caught_up = perf_counter() - started
+        tokens: list[int] = []
+        dists: list[Dist] = []
+        token, hidden = history[-1], self._target_state(decoded - 1)
+        while len(tokens) < k:
+            self.context.decode([token], logits="last", hidden=hidden[None, :])
+            q = softmax(*self.context.candidates(-1))
+            likeliest = int(np.argmax(q.probs))
+            if q.probs[likeliest] < self.p_min:
+                break
+            token = int(q.ids[likeliest]) if self.sampling.greedy else q.sample(self.rng)
+            tokens.append(token)
+            if not self.sampling.greedy:
+                dists.append(q)
+            hidden = self.context.output_hidden(-1)
+        self.context.truncate(decoded)
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
+
+    def observe(self, step) -> None:
+        pass
+
+    def catch_up(self, decoded: list[int]) -> None:
+        """Give the MTP context an entry for each position the target has decoded: token p with the
+        target's hidden state after token p - 1 (zeros before the first)."""
+        keep = self.context.keep_common(decoded)
+        if keep < len(decoded):
+            hidden = np.stack([self._target_state(p - 1) for p in range(keep, len(decoded))])
+            self.context.decode(decoded[keep:], logits="none", hidden=hidden)
+        self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
+        if backend.CHECK_CACHES:
+            self.context.check_holds(decoded)
+
+    def _target_state(self, position: int) -> np.ndarray:
+        """The target's hidden state after a position; zeros before the first, or where the target no
+        longer keeps it (MTP drafts from it less well there, and the output stays the target's)."""
+        row = self.target.hidden_row(position) if position >= 0 else None
+        return row if row is not None else np.zeros(self.target.model.n_embd, dtype=np.float32)
+

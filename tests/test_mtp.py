@@ -1,0 +1,95 @@
+"""Self-speculation with the target's own multi-token-prediction (MTP) block, on a tiny Qwen3.5-style GGUF
+(a hybrid trunk and one MTP block): the output is the target's, greedy and sampled."""
+
+import json
+
+import pytest
+
+from localspec import gguf_meta
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.backend import Context, Model
+from localspec.engine.drafters import MtpDrafter, NoDrafter
+from localspec.engine.speculative import generate
+from localspec.errors import UsageError
+from localspec.events import Step, Token
+from localspec.session import Session
+from localspec.stats import record
+
+import test_lossless as lossless
+
+GREEDY = Sampling(temperature=0)
+SPECULATION = Speculation(draft_max=3, p_min=0.0)
+
+
+@pytest.fixture(scope="module")
+def mtp(tiny):
+    """(target context keeping hidden states, MtpDrafter) on the tiny MTP model."""
+    model = Model(tiny["mtp"], load_mtp=True)
+    target = Context(model, 512, 64, 2, max_outputs=64, keep_hidden=True)
+    block = Context(model, 512, 64, 2, max_outputs=64, mtp=True)
+    yield target, MtpDrafter(target, block, 0.0)
+    block.close()
+    target.close()
+    model.close()
+
+
+def tokens_of(events) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def test_the_header_and_llama_cpp_agree_on_the_mtp_layer(mtp, tiny):
+    target, _ = mtp
+    assert target.model.mtp_layers == 1 and gguf_meta.read(tiny["mtp"]).mtp_layers == 1
+    assert gguf_meta.read(tiny["target"]).mtp_layers == 0
+
+
+def test_greedy_mtp_drafts_are_checked_by_the_target_and_the_output_is_plain_decodings(mtp, prompt):
+    """The autouse fixture checks both caches after every step, as LOCALSPEC_DEBUG=1 does."""
+    target, drafter = mtp
+    limits = Limits(max_tokens=80)
+    plain = tokens_of(generate(target, NoDrafter(), prompt, GREEDY, SPECULATION, limits))
+    events = list(generate(target, drafter, prompt, GREEDY, SPECULATION, limits))
+    assert tokens_of(events) == plain
+    steps = [e for e in events if isinstance(e, Step)]
+    assert {s.drafter for s in steps if s.drafted} == {DrafterKind.MTP}
+    summary = record(events).summary()
+    assert 0 < summary.accepted < summary.drafted  # kept and rolled back, in the hybrid trunk too
+
+
+@pytest.mark.parametrize("setting", ["temperature 0.7", "llama.cpp defaults"])
+def test_sampled_mtp_drafts_follow_the_target_distribution(mtp, prompt, setting):
+    target, drafter = mtp
+    sampling = lossless.SETTINGS[setting]
+    counts = lossless.sample_counts(target, drafter, prompt, sampling)
+    assert lossless.chi_square_p_value(counts, lossless.exact_distribution(target, prompt, sampling)) > lossless.ALPHA
+
+
+def test_a_verifier_that_accepts_every_mtp_draft_fails_the_check(mtp, prompt, monkeypatch):
+    monkeypatch.setattr(lossless.speculative, "accept", lambda token, p, q, rng: True)
+    target, drafter = mtp
+    sampling = lossless.SETTINGS["temperature 0.7"]
+    counts = lossless.sample_counts(target, drafter, prompt, sampling)
+    assert lossless.chi_square_p_value(counts, lossless.exact_distribution(target, prompt, sampling)) < lossless.ALPHA
+
+
+def test_a_session_drafts_with_mtp_only_where_the_target_has_it(tiny):
+    runtime = Runtime(ctx_size=512, threads=2)
+    with Session(tiny["mtp"], None, runtime, Speculation(DrafterKind.MTP, p_min=0.0)) as session:
+        assert session.mode == DrafterKind.MTP and "MTP" in session.describe()
+        outcome = record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=30)))
+        assert outcome.summary().drafters[DrafterKind.MTP].accepted > 0
+    with pytest.raises(UsageError, match="no multi-token-prediction"):
+        Session(tiny["target"], None, runtime, Speculation(DrafterKind.MTP))
+
+
+def test_draft_mtp_from_the_command_line(localspec, cli, tiny):
+    done = localspec("run", tiny["mtp"], "--draft", "mtp", "--p-min", "0", "--temp", "0", "-p", "the cat sat",
+                     "-n", "40", "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(done.stdout)
+    assert result["stats"]["tokens"] == 40 and result["stats"]["drafters"]["mtp"]["accepted"] > 0
+    assert result["placement"]["drafting"] == "mtp"
+    code, out, _ = cli("check", tiny["mtp"], "mtp", "--json")
+    assert code == 0 and json.loads(out)["mtp_layers"] == 1
+    code, _, err = cli("check", tiny["target"], "mtp")
+    assert code == 1 and "no multi-token-prediction layers" in err
