@@ -90,9 +90,12 @@ class Session:
         self._owned: list = []
         self._auto: AutoDrafter | None = None
         try:
-            mtp = speculation.drafting == DrafterKind.MTP
-            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=mtp))
-            if mtp and not self.target_model.mtp_layers:
+            # The target's MTP layers draft when asked for, and under auto when there is no draft model.
+            asked = speculation.drafting == DrafterKind.MTP
+            load_mtp = asked or (speculation.drafting == DrafterKind.AUTO and draft is None)
+            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp))
+            mtp = bool(self.target_model.mtp_layers)
+            if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
                                  " use --draft ngram or a draft model")
             # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
@@ -152,9 +155,10 @@ class Session:
 
     def _auto_drafter(self) -> AutoDrafter:
         if self._auto is None:
-            draft_context = self.model_drafter.context if self.model_drafter else None
+            costly = self.model_drafter or self.mtp_drafter  # drafts that cost a forward pass each
             batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
-            self._auto = AutoDrafter(self.ngram, self.model_drafter, calibrate(self.target, draft_context, batch))
+            costs = calibrate(self.target, costly.context if costly else None, batch)
+            self._auto = AutoDrafter(self.ngram, costly, costs)
         return self._auto
 
     def set_draft_max(self, draft_max: int | None) -> None:
@@ -243,9 +247,10 @@ class Session:
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
-        draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
+        draft_model = (self.model_drafter.context.model.path.name if self.model_drafter
+                       else "its own MTP layers" if self.mtp_drafter else "")
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: "its own MTP layers",
+                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: draft_model,
                     DrafterKind.AUTO: "auto: n-gram lookup" + (f" or {draft_model}" if draft_model else "")}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 

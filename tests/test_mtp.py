@@ -93,3 +93,32 @@ def test_draft_mtp_from_the_command_line(localspec, cli, tiny):
     assert code == 0 and json.loads(out)["mtp_layers"] == 1
     code, _, err = cli("check", tiny["target"], "mtp")
     assert code == 1 and "no multi-token-prediction layers" in err
+
+
+def test_auto_weighs_mtp_drafts_like_a_draft_models_and_the_output_stays_the_targets(mtp, prompt):
+    from localspec.engine.drafters import NgramDrafter
+    from localspec.engine.policy import AutoDrafter, Costs
+
+    target, drafter = mtp
+
+    def auto(verify_seconds: dict[int, float]) -> AutoDrafter:
+        level = verify_seconds[1]
+        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()}, 0.001 / level, 0.0002 / level)
+        return AutoDrafter(NgramDrafter(2, 4), drafter, costs)
+
+    limits = Limits(max_tokens=40)
+    plain = tokens_of(generate(target, NoDrafter(), prompt, GREEDY, SPECULATION, limits))
+    # verification as costly as the tokens it could save: plain steps only
+    events = list(generate(target, auto({1: 0.05, 9: 0.45}), prompt, GREEDY, Speculation(p_min=0.0), limits))
+    assert tokens_of(events) == plain and not record(events).summary().drafted
+    # nearly free verification: the MTP block drafts, its acceptance learned under its own name
+    events = list(generate(target, auto({1: 0.05, 9: 0.051}), prompt, GREEDY, Speculation(p_min=0.0), limits))
+    assert tokens_of(events) == plain
+    assert record(events).summary().drafters[DrafterKind.MTP].accepted > 0
+
+
+def test_without_a_draft_model_auto_may_draft_with_the_targets_mtp_layers(tiny):
+    with Session(tiny["mtp"], None, Runtime(ctx_size=512, threads=2), Speculation(p_min=0.0)) as session:
+        assert session.mode == DrafterKind.AUTO and "MTP" in session.describe()
+        assert session._auto_drafter().model is session.mtp_drafter
+        record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=20)))

@@ -243,9 +243,17 @@ class MtpDrafter:
         self.p_min = p_min
 
     def begin(self, prompt, sampling, rng) -> None:
+        """Nothing is read now: the first draft catches up on what the target has decoded."""
+        self.prepare(sampling, rng)
+
+    def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
         self.sampling = sampling
         self.rng = rng
         self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
+
+    def behind(self, history: list[int]) -> int:
+        """Entries the next draft would first have to add (at most; some may still be in the cache)."""
+        return max(0, len(history) - 1 - len(self.context.tokens))
 
     def propose(self, history, k) -> Draft:
         if k == 0:

@@ -52,10 +52,12 @@ from dataclasses import dataclass, replace
 from math import sqrt
 from time import perf_counter
 
+import numpy as np
+
 from ..config import DrafterKind
 from ..events import Step
 from .backend import Context
-from .drafters import Draft, ModelDrafter, NgramDrafter, weaker_evidence
+from .drafters import Draft, ModelDrafter, MtpDrafter, NgramDrafter, weaker_evidence
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 # The probe bucket starts with one plain step's time (so the first probe can happen at once) and
@@ -181,10 +183,14 @@ def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
     level = seconds[1]
     costs = Costs(level, {n: s / level for n, s in seconds.items()})
     if draft is not None:
-        costs.draft_token = _time(lambda: draft.decode([CALIBRATION_TOKEN], logits="last"), draft) / level
+        def decode_draft(n: int) -> None:
+            # an MTP block reads a hidden state with each token; a zero one costs the same
+            hidden = np.zeros((n, draft.model.n_embd), np.float32) if draft.mtp else None
+            draft.decode([CALIBRATION_TOKEN] * n, logits="last", hidden=hidden)
+
+        costs.draft_token = _time(lambda: decode_draft(1), draft) / level
         batch = min(32, draft.n_batch)
-        costs.draft_prefill_token = _time(lambda: draft.decode([CALIBRATION_TOKEN] * batch, logits="last"),
-                                          draft) / batch / level
+        costs.draft_prefill_token = _time(lambda: decode_draft(batch), draft) / batch / level
     return costs
 
 
@@ -266,11 +272,14 @@ def _this_and_weaker(key: tuple[DrafterKind, str]) -> list[tuple[DrafterKind, st
 
 
 class AutoDrafter:
-    """Chooses each step between plain decoding, n-gram lookup and the draft model (if any)."""
+    """Chooses each step between plain decoding, n-gram lookup and the draft model or the target's MTP
+    block (if any)."""
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, costs: Costs):
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | MtpDrafter | None, costs: Costs):
+        """model: the drafter whose drafts cost a forward pass each, a draft model or the target's MTP
+        block (its kind names its options, steps and beliefs)."""
         self.ngram = ngram
         self.model = model
         self.costs = costs
@@ -311,11 +320,11 @@ class AutoDrafter:
             options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens)))
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         if self.model and k:
-            options.append(Option(DrafterKind.DRAFT, "", k, self.costs.catch_up_seconds(self.model.behind(history))))
+            options.append(Option(self.model.kind, "", k, self.costs.catch_up_seconds(self.model.behind(history))))
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
         per_token = self.costs.draft_seconds(1)
-        seconds = {option: [per_token * n * (option.drafter == DrafterKind.DRAFT) + verify[n]
+        seconds = {option: [per_token * n * (option.drafter != DrafterKind.NGRAM) + verify[n]
                             for n in range(1, option.most + 1)]
                    for option in options}
         # The sure option is the one whose best length pays most even on the doubtful side of its
@@ -340,8 +349,8 @@ class AutoDrafter:
                 return seconds[option][length - 1] - sure_seconds if length > sure.length else float("inf")
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
-        # Only the draft model is probed: n-gram beliefs learn from the text at no cost.
-        choice = self._best([o for o in options if o.drafter == DrafterKind.DRAFT], seconds, HOPEFUL, sure, risk)
+        # Only the draft model (or MTP block) is probed: n-gram beliefs learn from the text at no cost.
+        choice = self._best([o for o in options if o.drafter != DrafterKind.NGRAM], seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
@@ -402,9 +411,9 @@ class AutoDrafter:
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
         option = self.chosen.option
-        if option is not None and option.drafter == step.drafter == DrafterKind.DRAFT and step.drafted:
+        if option is not None and option.drafter == step.drafter != DrafterKind.NGRAM and step.drafted:
             # Position i was tried only if all before it were accepted.
-            self._learn((DrafterKind.DRAFT, ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
+            self._learn((step.drafter, ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
             self.costs.observe_draft(step.drafted, step.draft_seconds - step.catch_up_seconds)
 
     def _learn_from_text(self, history: list[int]) -> None:
