@@ -473,13 +473,17 @@ def pull(
 
 @app.command(name="models")
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
-    """List the models localspec knows by name, their size and whether they are downloaded."""
-    rows = [
-        dict(name=e.name, aliases=list(e.aliases), family=e.family, params=e.params, size=e.size,
-             installed=download.installed(e) is not None, draft=e.draft,
-             license=e.license + (" (gated)" if e.gated else ""))
-        for e in registry.load().values()
-    ]
+    """List the models localspec knows by name, their size, whether they are downloaded and, once they are,
+    what their layers mean for speculation (a recurrent state, MTP layers)."""
+    rows = []
+    for e in registry.load().values():
+        present = download.installed(e)
+        header = gguf_meta.read(present) if present else None  # what the layers are is known once downloaded
+        rows.append(dict(name=e.name, aliases=list(e.aliases), family=e.family, params=e.params, size=e.size,
+                         installed=present is not None, draft=e.draft,
+                         license=e.license + (" (gated)" if e.gated else ""),
+                         recurrent=header and header.recurrent, rolls_back=header and header.rolls_back,
+                         mtp_layers=header and header.mtp_layers))
     if as_json:
         for row in rows:
             print(json.dumps(row))

@@ -112,15 +112,26 @@ def compat_report(report: CompatReport, console: Console = out) -> None:
 
 def models_table(rows: list[dict], console: Console = out) -> None:
     table = Table(title="Models")
-    for column in ("name", "aliases", "family", "params", "size", "installed", "draft", "license"):
+    for column in ("name", "aliases", "family", "params", "size", "installed", "draft", "layers", "license"):
         table.add_column(column)
     for row in rows:
         table.add_row(
             shown(row["name"]), shown(", ".join(row["aliases"])), shown(row["family"]), shown(row["params"]),
             size_text(row["size"]),
-            "[green]yes[/]" if row["installed"] else "no", shown(row["draft"] or ""), shown(row["license"]),
+            "[green]yes[/]" if row["installed"] else "no", shown(row["draft"] or ""), layers_text(row),
+            shown(row["license"]),
         )
     console.print(table)
+
+
+def layers_text(row: dict) -> str:
+    """What a downloaded model's layers mean for speculation; nothing before it is downloaded."""
+    if row.get("recurrent") is None:
+        return ""
+    text = "attention"
+    if row["recurrent"]:
+        text = "recurrent state" + ("" if row["rolls_back"] else " (decodes plainly)")
+    return text + (f", {row['mtp_layers']} MTP" if row["mtp_layers"] else "")
 
 
 def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str | None, console: Console = out) -> None:

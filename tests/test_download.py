@@ -144,6 +144,9 @@ def test_pull_downloads_verifies_and_lists_as_installed(localspec, home, tiny):
     installed = {row["name"]: row["installed"] for row in listing}
     assert installed["tiny"] and installed["tiny-draft"] and not installed["gated-tiny"]
     assert "qwen2.5-coder-1.5b" in installed  # the bundled registry is extended, not replaced
+    rows = {row["name"]: row for row in listing}  # a downloaded model's header says what its layers are
+    assert (rows["tiny"]["recurrent"], rows["tiny"]["mtp_layers"]) == (False, 0)
+    assert rows["gated-tiny"]["recurrent"] is None
 
 
 def test_a_dropped_connection_resumes_where_it_stopped(localspec, hub, big_file):

@@ -45,6 +45,12 @@ def test_models_table_and_compat_report_render():
                            license="x")], console)
     text = console.export_text()
     assert "808.0 MB" in text and "yes" in text
+    layers = {"attention": (False, True, 0), "recurrent state, 1 MTP": (True, True, 1),
+              "recurrent state (decodes plainly)": (True, False, 0)}
+    for shown_as, (recurrent, rolls_back, mtp_layers) in layers.items():
+        row = dict(recurrent=recurrent, rolls_back=rolls_back, mtp_layers=mtp_layers)
+        assert tui.layers_text(row) == shown_as
+    assert tui.layers_text(dict(recurrent=None)) == ""  # not downloaded: not known
 
 
 def test_control_characters_of_untrusted_text_are_shown_as_escapes():
