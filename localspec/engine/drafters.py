@@ -149,6 +149,15 @@ def _agreement(followers: dict[int, int], proposed: int) -> str:
 GREEDY_DRAFT = Chain(top_k=10)
 
 
+def next_draft_token(q: Dist, p_min: float, sampling: Sampling, rng: np.random.Generator) -> int | None:
+    """The token a draft goes on with, from the drafter's distribution q: its likeliest when greedy, else
+    a sample; None once the drafter is unsure (its likeliest token below p_min)."""
+    likeliest = int(np.argmax(q.probs))
+    if q.probs[likeliest] < p_min:
+        return None
+    return int(q.ids[likeliest]) if sampling.greedy else q.sample(rng)
+
+
 class ModelDrafter:
     """A small model with the target's vocabulary, run on its own llama.cpp context.
 
@@ -191,11 +200,8 @@ class ModelDrafter:
         dists: list[Dist] = []
         while True:
             q = softmax(*self.context.candidates(-1))
-            likeliest = int(np.argmax(q.probs))
-            if q.probs[likeliest] < self.p_min:
-                break
-            token = int(q.ids[likeliest]) if self.sampling.greedy else q.sample(self.rng)
-            if token >= self.target_vocab:
+            token = next_draft_token(q, self.p_min, self.sampling, self.rng)
+            if token is None or token >= self.target_vocab:
                 break
             tokens.append(token)
             if not self.sampling.greedy:
@@ -268,10 +274,9 @@ class MtpDrafter:
         while len(tokens) < k:
             self.context.decode([token], logits="last", hidden=hidden[None, :])
             q = softmax(*self.context.candidates(-1))
-            likeliest = int(np.argmax(q.probs))
-            if q.probs[likeliest] < self.p_min:
+            token = next_draft_token(q, self.p_min, self.sampling, self.rng)
+            if token is None:
                 break
-            token = int(q.ids[likeliest]) if self.sampling.greedy else q.sample(self.rng)
             tokens.append(token)
             if not self.sampling.greedy:
                 dists.append(q)
