@@ -304,7 +304,8 @@ def run(
         recorder = tui.stream(events, show=not as_json)
         if as_json:
             print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
-                              "stats": recorder.summary().as_dict(), "placement": session.placement()}))
+                              "stats": recorder.summary().as_dict(), "placement": session.placement(),
+                              "notes": session.notes}))
         elif not quiet:
             print(tui.summary_line(recorder, auto), file=sys.stderr)
         if recorder.finish_reason == INTERRUPTED:

@@ -90,9 +90,9 @@ class Session:
         self._owned: list = []
         self._auto: AutoDrafter | None = None
         try:
-            # The target's MTP layers draft when asked for, and under auto when there is no draft model.
+            # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = asked or (speculation.drafting == DrafterKind.AUTO and draft is None)
+            load_mtp = asked or speculation.drafting == DrafterKind.AUTO
             self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
@@ -155,9 +155,9 @@ class Session:
 
     def _auto_drafter(self) -> AutoDrafter:
         if self._auto is None:
-            costly = self.model_drafter or self.mtp_drafter  # drafts that cost a forward pass each
+            costly = [drafter for drafter in (self.model_drafter, self.mtp_drafter) if drafter]
             batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
-            costs = calibrate(self.target, costly.context if costly else None, batch)
+            costs = calibrate(self.target, {drafter.kind: drafter.context for drafter in costly}, batch)
             self._auto = AutoDrafter(self.ngram, costly, costs)
         return self._auto
 
@@ -247,11 +247,11 @@ class Session:
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
-        draft_model = (self.model_drafter.context.model.path.name if self.model_drafter
-                       else "its own MTP layers" if self.mtp_drafter else "")
+        draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
+        mtp = "its own MTP layers" if self.mtp_drafter else ""
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: draft_model,
-                    DrafterKind.AUTO: "auto: n-gram lookup" + (f" or {draft_model}" if draft_model else "")}[self.mode]
+                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp,
+                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp])}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:
@@ -264,3 +264,10 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _either(names: list[str]) -> str:
+    """The names that are not empty, as "a, b or c"."""
+    names = [name for name in names if name]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+

@@ -269,15 +269,16 @@ def test_a_small_context_lowers_the_batch_and_drafts_stay_within_it(load, prompt
 
 
 def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(load, prompt):
-    from localspec.engine.policy import AutoDrafter, Costs
+    from localspec.engine.policy import AutoDrafter, Costs, DraftCosts
 
     target, draft = load("target"), load("same")
     draft.truncate(0)
 
     def auto(verify_seconds: dict[int, float]) -> AutoDrafter:
         level = verify_seconds[1]
-        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()}, 0.001 / level, 0.0002 / level)
-        return AutoDrafter(NgramDrafter(2, 4), ModelDrafter(draft, 0.0, target.model.n_vocab), costs)
+        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()},
+                      {DrafterKind.DRAFT: DraftCosts(0.001 / level, 0.0002 / level)})
+        return AutoDrafter(NgramDrafter(2, 4), [ModelDrafter(draft, 0.0, target.model.n_vocab)], costs)
 
     # verification as costly as the tokens it could save: plain steps only, the draft model untouched
     _, events = run(target, auto({1: 0.05, 9: 0.45}), prompt, limits=Limits(max_tokens=20))

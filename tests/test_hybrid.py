@@ -122,6 +122,7 @@ def test_hybrid_targets_speculate_from_the_command_line(localspec, tiny):
         assert done.returncode == 0, done.stderr.decode()
         stats = json.loads(done.stdout)["stats"]
         assert stats["tokens"] == tokens and 0 < stats["accepted"] < stats["drafted"], draft
+    assert json.loads(done.stdout)["notes"] == []
     check = localspec("check", tiny["hybrid"], tiny["hybrid_partial"], "--json")
     rules = {rule["name"]: rule for rule in json.loads(check.stdout)["rules"]}
     assert check.returncode == 0 and rules["state rollback"]["passed"]

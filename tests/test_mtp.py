@@ -97,14 +97,15 @@ def test_draft_mtp_from_the_command_line(localspec, cli, tiny):
 
 def test_auto_weighs_mtp_drafts_like_a_draft_models_and_the_output_stays_the_targets(mtp, prompt):
     from localspec.engine.drafters import NgramDrafter
-    from localspec.engine.policy import AutoDrafter, Costs
+    from localspec.engine.policy import AutoDrafter, Costs, DraftCosts
 
     target, drafter = mtp
 
     def auto(verify_seconds: dict[int, float]) -> AutoDrafter:
         level = verify_seconds[1]
-        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()}, 0.001 / level, 0.0002 / level)
-        return AutoDrafter(NgramDrafter(2, 4), drafter, costs)
+        costs = Costs(level, {n: s / level for n, s in verify_seconds.items()},
+                      {DrafterKind.MTP: DraftCosts(0.001 / level, 0.0002 / level)})
+        return AutoDrafter(NgramDrafter(2, 4), [drafter], costs)
 
     limits = Limits(max_tokens=40)
     plain = tokens_of(generate(target, NoDrafter(), prompt, GREEDY, SPECULATION, limits))
@@ -117,8 +118,17 @@ def test_auto_weighs_mtp_drafts_like_a_draft_models_and_the_output_stays_the_tar
     assert record(events).summary().drafters[DrafterKind.MTP].accepted > 0
 
 
-def test_without_a_draft_model_auto_may_draft_with_the_targets_mtp_layers(tiny):
-    with Session(tiny["mtp"], None, Runtime(ctx_size=512, threads=2), Speculation(p_min=0.0)) as session:
+def test_auto_may_draft_with_the_targets_mtp_layers_beside_a_draft_model(tiny):
+    runtime = Runtime(ctx_size=512, threads=2)
+    with Session(tiny["mtp"], None, runtime, Speculation(p_min=0.0)) as session:
         assert session.mode == DrafterKind.AUTO and "MTP" in session.describe()
-        assert session._auto_drafter().model is session.mtp_drafter
+        assert session._auto_drafter().costly == {DrafterKind.MTP: session.mtp_drafter}
         record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=20)))
+    # a llama draft model shares the tiny models' tokenizer: both costly drafters are weighed
+    with Session(tiny["mtp"], tiny["partial"], runtime, Speculation(p_min=0.0)) as session:
+        assert set(session._auto_drafter().costly) == {DrafterKind.DRAFT, DrafterKind.MTP}
+        assert session.describe().endswith("(auto: n-gram lookup, partial.gguf or its own MTP layers)")
+        tokens = session.tokenize("the cat", raw=False)
+        plain = tokens_of(generate(session.target, NoDrafter(), tokens, GREEDY, SPECULATION, Limits(max_tokens=30)))
+        session.reset()
+        assert tokens_of(session.generate(tokens, GREEDY, Limits(max_tokens=30))) == plain

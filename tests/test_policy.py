@@ -12,6 +12,7 @@ from localspec.engine.policy import (
     Belief,
     Choice,
     Costs,
+    DraftCosts,
     Option,
     calibrate,
 )
@@ -37,7 +38,8 @@ class FakeModel:
 
 def costs(verify: dict[int, float], draft_per_token: float) -> Costs:
     level = verify[1]
-    return Costs(level, {n: s / level for n, s in verify.items()}, draft_per_token / level, draft_per_token / 4 / level)
+    return Costs(level, {n: s / level for n, s in verify.items()},
+                 {DrafterKind.DRAFT: DraftCosts(draft_per_token / level, draft_per_token / 4 / level)})
 
 
 GPU_LIKE = {1: 0.020, 9: 0.022}  # verifying 8 more tokens costs almost nothing
@@ -48,7 +50,7 @@ COPIED = list(range(100, 140)) + list(range(100, 116))  # the answer has repeate
 
 
 def policy(verify, draft_per_token, model=True):
-    auto = AutoDrafter(NgramDrafter(2, 4), FakeModel() if model else None, costs(verify, draft_per_token))
+    auto = AutoDrafter(NgramDrafter(2, 4), [FakeModel()] if model else [], costs(verify, draft_per_token))
     auto.begin([1, 2, 3], Sampling(), None)
     return auto
 
@@ -117,7 +119,7 @@ def test_expensive_verification_and_drafting_fall_back_to_plain_decoding_and_nev
     auto = policy(CPU_LIKE, 0.040)
     choices = [auto.propose([1, 2, 3, 4], 8) for _ in range(300)]
     assert all(c.tokens == [] for c in choices)
-    assert auto.model.asked == []  # even perfect acceptance would barely pay: not worth a probe
+    assert auto.costly[DrafterKind.DRAFT].asked == []  # even perfect acceptance would barely pay: not worth a probe
 
 
 def test_an_ngram_match_is_used_when_verifying_it_pays():
@@ -146,7 +148,7 @@ def test_observations_move_acceptance_and_costs_for_positions_actually_tried():
     assert rates[0] > 1 / 3 > rates[1]  # position 1 accepted, position 2 rejected
     # a batch of 5 was observed: its estimate now exists and moved from the interpolated 0.135 s toward 0.13 s
     assert 5 in auto.costs.verify and 0.13 < auto.costs.verify_seconds(5) < 0.135
-    assert auto.costs.draft_seconds(4) < 0.2
+    assert auto.costs.draft_seconds(DrafterKind.DRAFT, 4) < 0.2
 
 
 def test_a_probe_is_made_when_only_hope_says_drafting_pays_and_stops_once_it_fails():
@@ -223,9 +225,10 @@ def test_costs_follow_a_machine_that_gets_busier():
 def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
     target, draft = load("target"), load("same")
     target.prefill([1, 2, 3])
-    costs = calibrate(target, draft, max_batch=33)
+    costs = calibrate(target, {DrafterKind.DRAFT: draft}, max_batch=33)
     assert sorted(costs.verify) == [1, 2, 4, 8, 16, 32] and costs.verify[1] == 1.0
-    assert costs.level > 0 and costs.draft_token > 0 and costs.draft_prefill_token > 0
+    measured = costs.drafts[DrafterKind.DRAFT]
+    assert costs.level > 0 and measured.token > 0 and measured.prefill_token > 0
     assert target.tokens == [] and draft.tokens == []
     assert costs.verify_seconds(33) == pytest.approx(costs.verify_seconds(32) * 33 / 32)
 
@@ -266,7 +269,7 @@ def rate(truth: Costs, rates: list[float], k: int) -> float:
     for position in range(1, k + 1):
         reach *= rates[min(position, len(rates)) - 1]
         expected += reach
-    return expected / (truth.draft_seconds(k) + truth.verify_seconds(k + 1))
+    return expected / (truth.draft_seconds(DrafterKind.DRAFT, k) + truth.verify_seconds(k + 1))
 
 
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
@@ -284,8 +287,8 @@ def test_where_verifying_is_nearly_free_the_draft_model_drafts_long_near_the_opt
         accepted = 0
         while accepted < n and rng.random() < rates[min(accepted + 1, len(rates)) - 1]:
             accepted += 1
-        auto.observe(Step(draft.source, n, accepted, truth.draft_seconds(n), truth.verify_seconds(n + 1),
-                          probe=draft.probe, plain_seconds=draft.plain_seconds))
+        auto.observe(Step(draft.source, n, accepted, truth.draft_seconds(DrafterKind.DRAFT, n),
+                          truth.verify_seconds(n + 1), probe=draft.probe, plain_seconds=draft.plain_seconds))
         chosen.append((draft.source, n))
     best = max(rate(truth, rates, k) for k in range(33))
     assert best >= 1.5 * rate(truth, rates, 0)  # the premise: drafting pays a lot here

@@ -24,11 +24,12 @@ long document are found out without verifying a single one of them. A kind of
 evidence seen for the first time starts from what the next weaker kind (a shorter
 match) has shown, else from a doubtful PRIOR.
 
-The draft model's proposals cost a forward pass each, so what it would have
-proposed is known only where it drafted. A draft with it that is not sure is a
-*probe*: a draft that pays only if acceptance sits at the hopeful end. A probe
-that fails costs up to T(k) - verify(1) (the draft model's catch-up included, if
-it must first read what it missed), so probes are paid from a bucket of time that
+A draft model's proposals (and the target's MTP block's) cost a forward pass
+each, so what it would have proposed is known only where it drafted. A draft
+with it that is not sure is a *probe*: a draft that pays only if acceptance
+sits at the hopeful end. A probe that fails costs up to T(k) - verify(1) (the
+drafter's catch-up included, if it must first read what it missed), so probes
+are paid from a bucket of time that
 fills at PROBE_SHARE of decode time and empties by what probes lose against plain
 decoding: the time lost to drafts that were not sure stays under about 2% of decode
 time.
@@ -48,7 +49,7 @@ verify(1), the level everything else is relative to, follows each step's timing
 the policy at once; the shape of the cost curve follows the batch sizes used.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from math import sqrt
 from time import perf_counter
 
@@ -117,14 +118,22 @@ PRIOR = Belief(1.0, 2.0)  # never seen: probably poor, and quickly corrected eit
 
 
 @dataclass
+class DraftCosts:
+    """What a drafter that runs a forward pass per token costs, relative to verify(1)."""
+
+    token: float  # one drafted token
+    prefill_token: float  # one token of a catch-up (a batch of what was decided since it last ran)
+
+
+@dataclass
 class Costs:
-    """Seconds for the target to verify n tokens in one batch, and for the draft model to draft,
-    kept as a level (verify(1)) times each operation's cost relative to it."""
+    """Seconds for the target to verify n tokens in one batch, and for each costly drafter (a draft
+    model, the target's MTP block) to draft, kept as a level (verify(1)) times each operation's cost
+    relative to it."""
 
     level: float  # verify(1)
     verify: dict[int, float]  # batch size -> verify(n) / verify(1)
-    draft_token: float = 0.0  # one drafted token / verify(1)
-    draft_prefill_token: float = 0.0  # one token of a draft-model catch-up / verify(1)
+    drafts: dict[DrafterKind, DraftCosts] = field(default_factory=dict)
 
     def verify_seconds(self, n: int) -> float:
         return self.level * _interpolate(self.verify, n)
@@ -133,11 +142,11 @@ class Costs:
         """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step)."""
         return [self.level * relative for relative in _interpolate_all(self.verify, most)]
 
-    def draft_seconds(self, k: int) -> float:
-        return self.level * self.draft_token * k
+    def draft_seconds(self, kind: DrafterKind, k: int) -> float:
+        return self.level * self.drafts[kind].token * k if kind in self.drafts else 0.0
 
-    def catch_up_seconds(self, tokens: int) -> float:
-        return self.level * self.draft_prefill_token * tokens
+    def catch_up_seconds(self, kind: DrafterKind, tokens: int) -> float:
+        return self.level * self.drafts[kind].prefill_token * tokens
 
     def observe_verify(self, n: int, seconds: float) -> None:
         relative = _interpolate(self.verify, n)
@@ -147,9 +156,10 @@ class Costs:
             self.verify[n] = relative + SHAPE_RATE * (min(max(seconds / self.level, relative / CLIP), relative * CLIP)
                                                       - relative)
 
-    def observe_draft(self, tokens: int, seconds: float) -> None:
-        per_token = min(max(seconds / tokens / self.level, self.draft_token / CLIP), self.draft_token * CLIP)
-        self.draft_token += SHAPE_RATE * (per_token - self.draft_token)
+    def observe_draft(self, kind: DrafterKind, tokens: int, seconds: float) -> None:
+        draft = self.drafts[kind]
+        per_token = min(max(seconds / tokens / self.level, draft.token / CLIP), draft.token * CLIP)
+        draft.token += SHAPE_RATE * (per_token - draft.token)
 
 
 def _interpolate(table: dict[int, float], n: int) -> float:
@@ -172,8 +182,9 @@ def _interpolate_all(table: dict[int, float], most: int) -> list[float]:
     return out
 
 
-def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
-    """Time a few target batches and draft-model decodes on throwaway positions; leaves both caches empty."""
+def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: int) -> Costs:
+    """Time a few target batches and each costly drafter's decodes on throwaway positions; leaves
+    every cache empty."""
     # Powers of two: CPU and GPU matmul kernels work in tiles, so batch cost rises in steps that
     # end there (measured on a 2-core CPU: 4 tokens cost less than 3, 16 no more than 12), and
     # interpolating across a step hides its cheap end. The best of two runs each: a single timing
@@ -182,15 +193,15 @@ def calibrate(target: Context, draft: Context | None, max_batch: int) -> Costs:
     seconds = {n: _time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target) for n in sizes}
     level = seconds[1]
     costs = Costs(level, {n: s / level for n, s in seconds.items()})
-    if draft is not None:
-        def decode_draft(n: int) -> None:
+    for kind, draft in drafts.items():
+        def decode_draft(n: int, draft=draft) -> None:
             # an MTP block reads a hidden state with each token; a zero one costs the same
             hidden = np.zeros((n, draft.model.n_embd), np.float32) if draft.mtp else None
             draft.decode([CALIBRATION_TOKEN] * n, logits="last", hidden=hidden)
 
-        costs.draft_token = _time(lambda: decode_draft(1), draft) / level
         batch = min(32, draft.n_batch)
-        costs.draft_prefill_token = _time(lambda: decode_draft(batch), draft) / batch / level
+        costs.drafts[kind] = DraftCosts(_time(lambda: decode_draft(1), draft) / level,
+                                        _time(lambda: decode_draft(batch), draft) / batch / level)
     return costs
 
 
@@ -272,16 +283,16 @@ def _this_and_weaker(key: tuple[DrafterKind, str]) -> list[tuple[DrafterKind, st
 
 
 class AutoDrafter:
-    """Chooses each step between plain decoding, n-gram lookup and the draft model or the target's MTP
-    block (if any)."""
+    """Chooses each step between plain decoding, n-gram lookup, the draft model and the target's MTP
+    block (those there are)."""
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | MtpDrafter | None, costs: Costs):
-        """model: the drafter whose drafts cost a forward pass each, a draft model or the target's MTP
-        block (its kind names its options, steps and beliefs)."""
+    def __init__(self, ngram: NgramDrafter, costly: list[ModelDrafter | MtpDrafter], costs: Costs):
+        """costly: the drafters whose drafts cost a forward pass a token (a draft model, the target's
+        MTP block), each weighed with its own costs and beliefs under its kind."""
         self.ngram = ngram
-        self.model = model
+        self.costly = {drafter.kind: drafter for drafter in costly}
         self.costs = costs
         # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted),
         # learned in this generation
@@ -292,10 +303,10 @@ class AutoDrafter:
 
     def begin(self, prompt, sampling, rng) -> None:
         self.ngram.begin(prompt, sampling, rng)
-        if self.model:
-            # The draft model reads the prompt only when first chosen: on machines where it does not
+        for drafter in self.costly.values():
+            # A costly drafter reads the prompt only when first chosen: on machines where it does not
             # pay, it never costs prompt time.
-            self.model.prepare(sampling, rng)
+            drafter.prepare(sampling, rng)
         self.shadows: list[Shadow] = []
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
                              for key, positions in self.beliefs.items() if positions})
@@ -319,13 +330,11 @@ class AutoDrafter:
         if lookup.tokens:
             options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens)))
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
-        if self.model and k:
-            options.append(Option(self.model.kind, "", k, self.costs.catch_up_seconds(self.model.behind(history))))
+        for kind, drafter in self.costly.items() if k else ():
+            options.append(Option(kind, "", k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
-        per_token = self.costs.draft_seconds(1)
-        seconds = {option: [per_token * n * (option.drafter != DrafterKind.NGRAM) + verify[n]
-                            for n in range(1, option.most + 1)]
+        seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
                    for option in options}
         # The sure option is the one whose best length pays most even on the doubtful side of its
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
@@ -358,7 +367,7 @@ class AutoDrafter:
         if choice.option.drafter == DrafterKind.NGRAM:
             draft = replace(lookup, tokens=lookup.tokens[: choice.length])
         else:
-            draft = self.model.propose(history, choice.length)
+            draft = self.costly[choice.option.drafter].propose(history, choice.length)
         return replace(draft, probe=choice.probe, plain_seconds=plain_seconds)
 
     def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk) -> Choice:
@@ -414,7 +423,7 @@ class AutoDrafter:
         if option is not None and option.drafter == step.drafter != DrafterKind.NGRAM and step.drafted:
             # Position i was tried only if all before it were accepted.
             self._learn((step.drafter, ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
-            self.costs.observe_draft(step.drafted, step.draft_seconds - step.catch_up_seconds)
+            self.costs.observe_draft(step.drafter, step.drafted, step.draft_seconds - step.catch_up_seconds)
 
     def _learn_from_text(self, history: list[int]) -> None:
         """Learn from each n-gram proposal as far as the committed tokens now tell its fate."""
