@@ -113,7 +113,8 @@ class Session:
                                   " rounds context sizes up to a multiple of 256")
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
-                draft = None
+                draft, mtp = None, False
+                self.target.stop_keeping_hidden()
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             self.model_drafter = None
             self.mtp_drafter = None

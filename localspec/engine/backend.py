@@ -385,6 +385,13 @@ class Context:
         """The hidden state after the token at `position` (keep_hidden), if still kept."""
         return self._hidden.get(position)
 
+    def stop_keeping_hidden(self) -> None:
+        """No MTP block will draft after all: keep no hidden states."""
+        if self.keep_hidden:
+            _nextn().llama_set_embeddings_nextn(self._ctx, False, False)
+            self.keep_hidden = False
+            self._hidden.clear()
+
     def release_hidden(self, before: int) -> None:
         """Stop keeping the hidden states of positions before this one."""
         for position in [p for p in self._hidden if p < before]:
