@@ -129,3 +129,18 @@ def test_a_pasted_block_of_lines_is_one_message_in_a_terminal(home, tmp_path):
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     assert json.loads(saved.read_text())[0]["content"] == "def f(x):\n    return x + 1\nprint(f(2))"
+
+
+def test_a_draft_length_beyond_the_batch_is_refused_and_the_chat_goes_on(tiny):
+    from rich.console import Console
+
+    from localspec.chat import Chat
+    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+    from localspec.session import Session
+
+    with Session(tiny["target"], None, Runtime(ctx_size=256, threads=2), Speculation(DrafterKind.NGRAM)) as session:
+        chat = Chat(session, Sampling(), Limits(max_tokens=4))
+        console = Console(record=True, width=200)
+        assert chat.command("/draft 100000", console)  # the chat goes on (this error used to end it)
+        assert "exceeds this session's batch" in console.export_text() and session.draft_limit == 3
+        assert chat.command("/draft 5", console) and session.draft_limit == 5

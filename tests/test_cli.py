@@ -106,6 +106,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["-p", "x"], "name a target model"),
         (["{target}", "-p", "x", "--device", "nope"], "no offload device named nope"),
         (["{target}", "-p", "x", "--draft", "{same}", "--device-draft", "nope"], "no offload device named nope"),
+        (["{target}", "-p", "x", "--draft", "mtp"], "has no multi-token-prediction (MTP) layers"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):
