@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tui
-from .config import Limits, Sampling
+from .config import DrafterKind, Limits, Sampling
 from .errors import LocalspecError
-from .config import DrafterKind
 from .session import Session
 from .stats import Recorder
 

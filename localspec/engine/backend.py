@@ -374,9 +374,9 @@ class Context:
                 return False
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
             return False
+        for position in range(n_keep, len(self.tokens)):  # only what is dropped: this runs every step
+            self._hidden.pop(position, None)
         del self.tokens[n_keep:]
-        for position in [p for p in self._hidden if p >= n_keep]:
-            del self._hidden[position]
         if self._checkpoint is not None and self._checkpoint[0] > n_keep:
             self._checkpoint = None  # it was saved after tokens that are gone now
         return True
