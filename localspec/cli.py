@@ -16,7 +16,8 @@ from . import __version__, download, gguf_meta, hardware, paths, registry, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
-from .config import DEFAULT_DRAFT_MAX, DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Limits, Runtime, Sampling, Serving, Speculation,
+                     default_threads)
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair
 from .stats import INTERRUPTED
@@ -42,6 +43,7 @@ DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
 DEFAULT_RUNTIME = Runtime()
 DEFAULT_LIMITS = Limits()
+DEFAULT_SERVING = Serving()
 
 SAMPLING = "Sampling"
 SPECULATION = "Speculation"
@@ -102,7 +104,7 @@ SAMPLING_OPTIONS = {
         rich_help_panel=SAMPLING)], None),
 }
 LIMIT_OPTIONS = {
-    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")],
+    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate; -1: until the model stops or the context is full.")],
                    DEFAULT_LIMITS.max_tokens),
     "stop": (Annotated[Optional[list[str]], typer.Option(
         "--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False)], None),
@@ -455,6 +457,49 @@ def bench(
     if plot_file:
         bench_runner.plot(rows, plot_file, f"{settings.target} + {drafting}, {settings.limits.max_tokens} tokens,"
                           f" temperature {sampling.temperature:g}{', mixed' if mixed else ''}; {machine}")
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec serve qwen2.5-coder-1.5b --draft 0.5b\n\n"
+        "  localspec serve llama3.1-8b --draft auto --port 8000 --temp 0.7\n\n"
+        "  LOCALSPEC_API_KEY=secret localspec serve ./model.gguf --host 0.0.0.0\n\n"
+        "Then point any OpenAI client at http://127.0.0.1:8080/v1 (the key: any text, or the one given)."
+    )
+)
+@with_options(*GENERATION_OPTIONS, max_tokens=-1)
+def serve(
+    settings: Settings,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the model to your"
+                                      " network (give it an --api-key).")] = DEFAULT_SERVING.host,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on; 0 takes any free one.")] = DEFAULT_SERVING.port,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="LOCALSPEC_API_KEY", show_default=False,
+        help="Answer only requests with 'Authorization: Bearer KEY' (401 otherwise); /health stays open."
+        " Setting LOCALSPEC_API_KEY keeps the key out of the process list.")] = None,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait behind the running one; more are"
+                                       " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
+    alias: Annotated[Optional[str], typer.Option(
+        "--alias", "-a", show_default=False,
+        help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
+):
+    """Serve the model over an OpenAI-compatible HTTP API, with speculation statistics in every response.
+
+    POST /v1/chat/completions and /v1/completions (streamed with "stream": true), GET /v1/models, /health and
+    /metrics (Prometheus). One generation runs at a time and the rest wait in arrival order; each response
+    carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
+    are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
+    """
+    from . import api, server as server_face  # the web stack loads only for this command
+
+    serving = Serving(host=host, port=port, api_key=api_key, queue=queue, alias=alias)
+    model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
+                      else settings.target)
+    listener = server_face.listen(serving.host, serving.port)
+    with listener, _open(settings) as session:
+        server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
+                           settings.draft_model, server_face.stderr_log).run(listener)
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")

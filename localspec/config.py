@@ -149,13 +149,44 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Limits:
-    """When a generation ends, besides the context filling up."""
+    """When a generation ends, besides the context filling up. max_tokens None: no limit of its own
+    (llama.cpp's -n -1), so the model's end token or a full context ends it."""
 
-    max_tokens: int = 512
+    max_tokens: int | None = 512
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise UsageError(f"max-tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens == -1:
+            object.__setattr__(self, "max_tokens", None)
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UsageError(f"max-tokens must be >= 1, or -1 for no limit, got {self.max_tokens}")
         if any(s == "" for s in self.stop):
             raise UsageError("a stop string cannot be empty")
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How `localspec serve` listens and admits requests. queue: requests that may wait behind the
+    running one before more are refused (429). max_body: the largest request body read, in bytes."""
+
+    host: str = "127.0.0.1"  # this machine only: exposing a model is the user's explicit choice
+    port: int = 8080  # llama-server's
+    api_key: str | None = None
+    queue: int = 16
+    max_body: int = 8 * 2**20
+    alias: str | None = None  # the model's name in the API; None: the target as named on the command line
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"port must be between 0 and 65535 (0: any free port), got {self.port}")
+        if self.queue < 0:
+            raise UsageError(f"queue must be >= 0, got {self.queue}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise UsageError("the API key is empty")
+
+    @property
+    def exposed(self) -> bool:
+        return self.host not in LOOPBACK_HOSTS

@@ -17,6 +17,10 @@ class InputError(LocalspecError):
     exit_code = 2
 
 
+class ContextOverflow(InputError):
+    """The prompt does not fit the context."""
+
+
 class ModelLoadError(LocalspecError):
     """llama.cpp refused a model file."""
 

@@ -16,7 +16,7 @@ from .engine.backend import Context, Model, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
-from .errors import IncompatibleDraft, InputError, UsageError
+from .errors import ContextOverflow, IncompatibleDraft, InputError, UsageError
 from .events import Event
 from .gguf_meta import GGUFInfo
 
@@ -227,7 +227,7 @@ class Session:
         n_ctx = self.target.n_ctx
         head = text[: n_ctx * 8]
         if len(head) < len(text) and len(self.target_model.tokenize(head, False, False)) >= n_ctx:
-            raise InputError(f"the prompt ({len(text):,} characters) cannot fit the context of {n_ctx} tokens;"
+            raise ContextOverflow(f"the prompt ({len(text):,} characters) cannot fit the context of {n_ctx} tokens;"
                              " raise --ctx-size or shorten the prompt")
 
     @property

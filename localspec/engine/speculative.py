@@ -16,7 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from ..config import Limits, Sampling, Speculation
-from ..errors import InputError
+from ..errors import ContextOverflow, InputError
 from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
@@ -36,7 +36,7 @@ def generate(
     if not prompt:
         raise InputError("the prompt is empty")
     if len(prompt) >= target.n_ctx:
-        raise InputError(
+        raise ContextOverflow(
             f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
             " raise --ctx-size or shorten the prompt"
         )
@@ -52,6 +52,7 @@ def generate(
     text = TextStream(limits.stop)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
+    max_tokens = limits.max_tokens or target.n_ctx  # the context ends a generation without a limit of its own
     finish = None
     decode_started = perf_counter()
     while finish is None:
@@ -62,7 +63,7 @@ def generate(
             draft_max,
             target.max_rows - 1,  # [last] + draft must fit one batch
             target.n_ctx - len(history),
-            limits.max_tokens - produced - 1,
+            max_tokens - produced - 1,
         )
         step_started = perf_counter()
         draft = drafter.propose(history, k) if k > 0 else Draft()
@@ -89,7 +90,7 @@ def generate(
             yield Token(token, text.push(model.piece(token)), from_draft=i < accepted)
             if text.stopped:
                 finish = "stop"
-            elif produced == limits.max_tokens:
+            elif produced == max_tokens:
                 finish = "length"
             if finish:
                 break

@@ -1,0 +1,289 @@
+"""The OpenAI API's shapes: requests checked and turned into a service.Request, responses and stream
+chunks built from a finished job. The one module that knows pydantic; it knows no web framework.
+
+Beyond OpenAI's fields every response carries llama-server's `timings` (tools such as llama-swap
+read those names) and a `speculation` object: which drafters ran, how many draft tokens were tried
+and kept, by position, and what the output is guaranteed to match.
+"""
+
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .config import DrafterKind, Limits, Sampling
+from .errors import ContextOverflow, InputError, LocalspecError, UsageError
+from .service import Busy, Closing, Job, Request
+
+# OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+
+# Fields that would change the output if honoured, with the values that leave it as it is: a request
+# that sets one otherwise is refused instead of silently answered as if it had not.
+NEUTRAL = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
+    "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repeat_penalty": (None, 1), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "grammar": (None, ""), "json_schema": (None, {}), "typical_p": (None, 1), "mirostat": (None, 0),
+    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
+}
+
+
+class ApiError(Exception):
+    """An answer other than 200, as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError:
+    """What the client is told of an error met while serving its request (prompt_field: where the
+    request's prompt was, for a prompt too long for the context)."""
+    if isinstance(error, Busy):
+        return ApiError(429, str(error), "rate_limit_error", code="queue_full",
+                        headers={"Retry-After": str(error.retry_after)})
+    if isinstance(error, Closing):
+        return ApiError(503, str(error), "server_error", code="shutting_down")
+    if isinstance(error, ContextOverflow):
+        return ApiError(400, str(error), param=prompt_field, code="context_length_exceeded")
+    if isinstance(error, (InputError, UsageError)):
+        return ApiError(400, str(error))
+    return ApiError(500, str(error), "server_error")
+
+
+class _Strict(BaseModel):
+    # strict: "0.5" is not a number and 1 is not a bool; unknown fields are kept to be looked at
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Message(_Strict):
+    role: str
+    content: str | list[dict] | None = None
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = Field(None, ge=-1)  # -1: a random one, as in llama.cpp
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message]
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets: the server's command-line settings."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    request: Request
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat(body: dict, defaults: Defaults) -> Parsed:
+    chat = _validate(ChatRequest, body)
+    if not chat.messages:
+        raise ApiError(400, "messages is empty: a conversation needs at least one message", param="messages")
+    messages = [_message(m, i) for i, m in enumerate(chat.messages)]
+    return _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages)
+
+
+def parse_completion(body: dict, defaults: Defaults) -> Parsed:
+    completion = _validate(CompletionRequest, body)
+    prompt = completion.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request",
+                           param="prompt")
+        prompt = prompt[0]
+    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt)
+
+
+def _validate(model: type[BaseModel], body: dict):
+    try:
+        request = model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
+                       code=first["type"]) from None
+    for name, neutral in NEUTRAL.items():
+        value = (request.model_extra or {}).get(name)
+        if value not in neutral:
+            raise ApiError(400, f"{name} is not supported by localspec", param=name, code="unsupported_parameter")
+    if request.n not in (None, 1):
+        raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
+                       code="unsupported_parameter")
+    return request
+
+
+def _message(message: Message, index: int) -> dict:
+    where = f"messages.{index}"
+    role = {"developer": "system"}.get(message.role, message.role)
+    if role not in ("system", "user", "assistant"):
+        raise ApiError(400, f"{where}.role: {message.role!r} messages are not supported (localspec calls no tools);"
+                       " use system, developer, user or assistant", param=f"{where}.role")
+    content = message.content
+    if isinstance(content, list):
+        kinds = {part.get("type") for part in content}
+        if kinds - {"text"} or not all(isinstance(part.get("text"), str) for part in content):
+            raise ApiError(400, f"{where}.content: only text parts are supported, got {sorted(map(str, kinds))}",
+                           param=f"{where}.content")
+        content = "\n".join(part["text"] for part in content)
+    if content is None:
+        if role != "assistant" or message.model_extra and message.model_extra.get("tool_calls"):
+            raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
+        content = ""
+    return {"role": role, "content": content}
+
+
+def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what) -> Parsed:
+    asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+             "min_p": request.min_p, "seed": request.seed}
+    stop = request.stop
+    if stop == "" or isinstance(stop, list) and "" in stop:
+        raise ApiError(400, "stop: a stop string cannot be empty", param="stop")
+    try:
+        sampling = replace(defaults.sampling, **{name: value for name, value in asked.items() if value is not None})
+        limits = replace(defaults.limits, max_tokens=max_tokens or defaults.limits.max_tokens,
+                         stop=defaults.limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop))
+    except UsageError as error:
+        raise ApiError(400, str(error)) from None
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    return Parsed(Request(sampling, limits, **what), bool(request.stream), include_usage)
+
+
+class Reply:
+    """The responses to one request, full or as stream chunks, in chat or completion shape."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.prompt_field = "messages" if chat else "prompt"
+        self.created = int(time.time())
+
+    def _envelope(self, stream: bool, choices: list) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def full(self, job: Job) -> dict:
+        recorder = job.recorder
+        finish = FINISH_REASONS[recorder.finish_reason]
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": recorder.text}, "logprobs": None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": recorder.text, "logprobs": None, "finish_reason": finish}
+        return self._envelope(False, [choice]) | statistics(job, usage=True)
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict:
+        """One piece of the stream: a role (the first chunk of a chat), text, or the finish reason."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope(True, [choice])
+
+    def last_chunks(self, job: Job, include_usage: bool) -> list[dict]:
+        """The finish reason, then the usage if asked for; the last one carries timings and speculation."""
+        chunks = [self.chunk(finish_reason=FINISH_REASONS[job.recorder.finish_reason])]
+        if include_usage:
+            chunks.append(self._envelope(True, []))
+        chunks[-1] |= statistics(job, usage=include_usage)
+        return chunks
+
+
+def statistics(job: Job, usage: bool) -> dict:
+    out = {"usage": usage_of(job)} if usage else {}
+    return out | {"timings": timings(job), "speculation": speculation(job)}
+
+
+def usage_of(job: Job) -> dict:
+    r = job.recorder
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.tokens,
+            "total_tokens": r.prompt_tokens + r.tokens,
+            "prompt_tokens_details": {"cached_tokens": r.reused_prompt_tokens}}
+
+
+def timings(job: Job) -> dict:
+    """llama-server's timings object, under its names."""
+    r = job.recorder
+    prompt_n = r.prompt_tokens - r.reused_prompt_tokens
+    prompt_ms, predicted_ms = r.prefill_seconds * 1e3, r.decode_seconds * 1e3
+    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / r.prefill_seconds if r.prefill_seconds else 0.0,
+            "predicted_n": r.tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / r.tokens if r.tokens else 0.0,
+            "predicted_per_second": r.tokens / r.decode_seconds if r.decode_seconds else 0.0,
+            "cache_n": r.reused_prompt_tokens, "draft_n": r.drafted, "draft_n_accepted": r.accepted}
+
+
+def speculation(job: Job) -> dict:
+    """The provenance of a response: whether speculation ran, which proposers, what was tried and kept,
+    and what the output is expected to match."""
+    s = job.recorder.summary()
+    if not s.drafted:
+        equivalence = "plain decoding: no draft was verified"
+    elif job.request.sampling.greedy:
+        equivalence = ("same tokens as plain greedy decoding: each is the target's argmax on its verification"
+                       " row (batched and single-token logits can round a near-tie differently)")
+    else:
+        equivalence = ("same distribution as plain sampling: drafts pass the target's rejection rule, so every"
+                       " token follows the target's own distribution (a seed need not give the same text)")
+    return {
+        "drafting": str(job.drafting) if job.drafting else None,
+        "speculated": s.drafted > 0,
+        "equivalence": equivalence,
+        "steps": s.steps,
+        "draft_tokens": s.drafted,
+        "accepted_tokens": s.accepted,
+        "acceptance_rate": s.acceptance_rate,
+        "mean_accepted_length": s.mean_accepted_length,
+        "acceptance_by_position": s.per_position_acceptance,
+        "drafts_by_position": s.per_position_drafted,
+        "estimated_speedup": s.estimated_speedup,
+        "drafters": {str(kind): {"steps": t.steps, "draft_tokens": t.drafted, "accepted_tokens": t.accepted,
+                                 "probes": t.probes, "probes_lost": t.probes_lost,
+                                 "probe_lost_ms": t.probe_lost_seconds * 1e3}
+                     for kind, t in s.drafters.items()},
+    }
+
+
+def model_list(model: str, draft: str | None, drafting: DrafterKind, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "localspec",
+                                        "meta": {"draft": draft, "drafting": str(drafting)}}]}
+

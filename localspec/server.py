@@ -1,0 +1,296 @@
+"""`localspec serve`'s HTTP face: the OpenAI-compatible routes over a Service, on Starlette and uvicorn
+(the one module that knows them).
+
+Handlers run on the event loop and only wait: the service's worker thread generates and hands each
+event over through the loop. Every answer other than 200 is OpenAI's error object, never a
+traceback, and the server goes on serving.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import api
+from .api import ApiError, Defaults, Parsed, Reply
+from .config import Serving
+from .errors import LocalspecError, UsageError
+from .events import Done, Token
+from .service import FINISHED, Job, Service
+from .session import Session
+
+SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
+
+
+class Server:
+    def __init__(self, session: Session, serving: Serving, defaults: Defaults, model: str, draft: str | None,
+                 log: Callable[[str], None]):
+        self.serving = serving
+        self.defaults = defaults
+        self.model = model
+        self.draft = draft
+        self.log = log
+        self.session = session
+        self.service = Service(session, serving.queue, log)
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+        not_http = {404: self._not_found, 405: self._not_found}
+        self.app = Starlette(routes=routes, exception_handlers=not_http)
+        self.created = int(time.time())
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "running": self.service.pending > 0,
+                             "waiting": max(0, self.service.pending - 1)})
+
+    async def models(self, request: Request) -> Response:
+        return await self._guarded(request, lambda: JSONResponse(
+            api.model_list(self.model, self.draft, self.session.default_mode, self.created)))
+
+    async def metrics(self, request: Request) -> Response:
+        pending = self.service.pending
+        return await self._guarded(request, lambda: PlainTextResponse(
+            self.service.metrics.prometheus(running=min(1, pending), waiting=max(0, pending - 1)),
+            media_type="text/plain; version=0.0.4"))
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def _not_found(self, request: Request, error: HTTPException) -> Response:
+        if error.status_code == 405:
+            message = f"{request.url.path} takes {(error.headers or {}).get('Allow', 'another method')}, not {request.method}"
+        else:
+            message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
+                       " POST /v1/completions, GET /v1/models, GET /health, GET /metrics)")
+        return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
+                                        else "method_not_allowed", headers=error.headers))
+
+    async def _guarded(self, request: Request, respond) -> Response:
+        refusal = self._refusal(request)
+        if refusal:
+            return _error_response(refusal)
+        return respond()
+
+    def _refusal(self, request: Request) -> ApiError | None:
+        """401 unless the request carries the API key, when the server has one."""
+        key = self.serving.api_key
+        if key is None:
+            return None
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
+            return None
+        return ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' (the key"
+                        " given to serve with --api-key)", code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        path = request.url.path
+        try:
+            refusal = self._refusal(request)
+            if refusal:
+                raise refusal
+            body = await self._body(request)
+            parse = api.parse_chat if chat else api.parse_completion
+            parsed = parse(body, self.defaults)
+            return await self._respond(request, parsed, Reply(chat, self.model))
+        except ApiError as error:
+            self.log(f"{path} {error.status} {error.message}")
+            return _error_response(error)
+
+    async def _body(self, request: Request) -> dict:
+        limit = self.serving.max_body
+        too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise too_big
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise too_big
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
+            raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        return body
+
+    async def _respond(self, request: Request, parsed: Parsed, reply: Reply) -> Response:
+        loop = asyncio.get_running_loop()
+        outbox: asyncio.Queue = asyncio.Queue()
+
+        def deliver(item) -> None:  # on the worker thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+                loop.call_soon_threadsafe(outbox.put_nowait, item)
+
+        try:
+            job = self.service.submit(parsed.request, deliver)
+        except LocalspecError as error:
+            raise api.api_error(error) from None
+        watcher = asyncio.create_task(_cancel_when_gone(request, job))
+        streaming = False
+        try:
+            first = await outbox.get()
+            if first is FINISHED or isinstance(first, LocalspecError):
+                raise self._failure(job, first, reply)
+            if parsed.stream:
+                stream = self._stream(job, reply, first, outbox, parsed.include_usage, request.url.path, watcher)
+                streaming = True
+                return StreamingResponse(stream, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            item = first
+            while item is not FINISHED:
+                if isinstance(item, LocalspecError):
+                    raise self._failure(job, item, reply)
+                item = await outbox.get()
+            if job.outcome != "ok":
+                raise self._failure(job, item, reply)
+            self._log_job(request.url.path, job)
+            return JSONResponse(reply.full(job))
+        finally:
+            if not streaming:  # else the stream ends the watcher and the job
+                watcher.cancel()
+                job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
+
+    def _failure(self, job: Job, item, reply: Reply) -> ApiError:
+        if isinstance(item, LocalspecError):
+            return api.api_error(item, reply.prompt_field)
+        # cancelled without an error: the server is stopping, or its client left (and reads nothing)
+        why = "the server is shutting down" if self.service.closing else "the client went away"
+        return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
+                        "server_error", code="cancelled")
+
+    async def _stream(self, job: Job, reply: Reply, first, outbox: asyncio.Queue, include_usage: bool,
+                      path: str, watcher: asyncio.Task) -> AsyncIterator[str]:
+        """Server-sent events: a role chunk, a chunk per piece of text, the finish reason (and usage), [DONE].
+        An error after the first byte can only be said in the stream itself, as llama-server does."""
+        try:
+            if reply.chat:
+                yield _event(reply.chunk(role=True))
+            item = first
+            while item is not FINISHED:
+                if isinstance(item, LocalspecError):
+                    break
+                text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
+                if text:
+                    yield _event(reply.chunk(text))
+                item = await outbox.get()
+            if job.outcome != "ok":
+                error = self._failure(job, item, reply)
+                self.log(f"{path} {error.status} (streamed) {error.message}")
+                yield _event(error.body())
+                return
+            for chunk in reply.last_chunks(job, include_usage):
+                yield _event(chunk)
+            yield "data: [DONE]\n\n"
+            self._log_job(path, job)
+        except asyncio.CancelledError:
+            self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
+            raise
+        finally:
+            watcher.cancel()
+            job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
+
+    def _log_job(self, path: str, job: Job) -> None:
+        s = job.recorder.summary()
+        drafted = (f", {s.accepted}/{s.drafted} draft tokens accepted ({', '.join(map(str, s.drafters))})"
+                   if s.drafted else ", no drafts")
+        self.log(f"{path} 200 {s.tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s,"
+                 f" {s.mean_accepted_length:.2f} tokens/step{drafted}); prompt {s.prompt_tokens} tokens,"
+                 f" {s.reused_prompt_tokens} from cache")
+
+    def run(self, listener: socket.socket) -> None:
+        """Serve on the listening socket until Ctrl-C or SIGTERM, which cancel the running generation
+        at its next step."""
+        host, port = listener.getsockname()[:2]
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
+              flush=True)
+        if self.serving.exposed and self.serving.api_key is None:
+            self.log(f"warning: listening on {self.serving.host} without --api-key: anyone who can reach this"
+                     " machine can use the model")
+        config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+        server = _Uvicorn(config, on_exit=self.service.cancel_all)
+        try:
+            asyncio.run(server.serve(sockets=[listener]))
+        finally:
+            self.service.close()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, stopping on Ctrl-C or SIGTERM by cancelling the generations first (at their next step)
+    and exiting normally."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # uvicorn raises the signal again once it has shut down, which would end the process as killed
+        # by it; stopping on request is a normal exit here.
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.on_exit()
+        await super().shutdown(sockets)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the models load: a port in use is one line, at once."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host, port), family=family, dualstack_ipv6=False)
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}: {error.strerror}") from None
+    except OSError as error:
+        if error.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+            raise UsageError(f"port {port} on {host} is in use; choose another with --port (0: any free port)") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+async def _cancel_when_gone(request: Request, job: Job) -> None:
+    """Cancel the job when its client disconnects (the request body has been read, so the next
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _error_response(error: ApiError) -> Response:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

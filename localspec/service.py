@@ -1,0 +1,276 @@
+"""One loaded pair serving many clients, free of any web framework.
+
+Requests run one at a time, in arrival order, on a worker thread that owns the session (llama.cpp
+contexts are not shared between threads); a few may wait, more are refused. A client that goes
+away cancels its request at the next step. Both models' KV caches keep what the previous request
+shared with the next, as in a chat. The counters /metrics shows are folded here, from each
+request's events.
+"""
+
+import math
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+
+from .config import DrafterKind, Limits, Sampling
+from .errors import EngineError, InputError, LocalspecError, UsageError
+from .session import Session
+from .stats import Recorder
+
+# What a job delivers after its last event or its error: nothing more will come.
+FINISHED = "finished"
+
+
+class Busy(LocalspecError):
+    """As many requests wait as may: come back in retry_after seconds."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        super().__init__(f"{waiting} requests are already waiting for this model; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Closing(LocalspecError):
+    """The server is shutting down."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate: a conversation (rendered with the model's chat template) or a prompt (text,
+    its control tokens read as such, or token ids), and how."""
+
+    sampling: Sampling
+    limits: Limits
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+
+
+class Job:
+    """A request on its way through the service. deliver(item) receives each event, then any
+    error, then FINISHED; it is called on the worker thread."""
+
+    def __init__(self, request: Request, deliver: Callable):
+        self.request = request
+        self.deliver = deliver
+        self.recorder = Recorder()
+        self.drafting: DrafterKind | None = None  # the session's mode when the job ran
+        self.outcome = "cancelled"  # or "ok", "error"
+        self.seconds = 0.0
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class Service:
+    def __init__(self, session: Session, queue_limit: int, log: Callable[[str], None]):
+        """queue_limit: requests that may wait behind the running one; log: one line for the operator."""
+        self.session = session
+        self.queue_limit = queue_limit
+        self.log = log
+        self.metrics = Metrics()
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending = 0  # submitted and not finished: the running job and those waiting
+        self._closing = False
+        self._seconds_per_job: float | None = None
+        self._running: Job | None = None
+        self._thread = threading.Thread(target=self._work, name="localspec-generation")
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def submit(self, request: Request, deliver: Callable) -> Job:
+        """Queue a request behind those before it; Busy if the queue is full."""
+        with self._lock:
+            if self._closing:
+                raise Closing("the server is shutting down")
+            if self._pending > self.queue_limit:
+                self.metrics.rejected += 1
+                # a place frees up when the running request ends: about one request's time
+                raise Busy(self._pending - 1, max(1, math.ceil(self._seconds_per_job or 1)))
+            self._pending += 1
+        job = Job(request, deliver)
+        self._jobs.put(job)
+        return job
+
+    def cancel_all(self) -> None:
+        """Refuse new requests and cancel the running one and those waiting; returns at once (a signal
+        handler calls it)."""
+        with self._lock:
+            self._closing = True
+        with self._jobs.mutex:
+            waiting = list(self._jobs.queue)
+        for job in waiting:
+            if job is not None:
+                job.cancel()
+        if self._running is not None:
+            self._running.cancel()
+
+    def close(self) -> None:
+        """cancel_all, then wait for the worker to end its current step and stop."""
+        self.cancel_all()
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if not job.cancelled:  # its client left while it waited
+                self._running = job
+                self._run(job)
+                self._running = None
+            self._finish(job)
+
+    def _run(self, job: Job) -> None:
+        started = perf_counter()
+        session = self.session
+        job.drafting = session.mode
+        try:
+            events = session.generate(self._tokens(job.request), job.request.sampling, job.request.limits)
+            try:
+                for event in events:
+                    job.recorder.add(event)
+                    job.deliver(event)
+                    if job.cancelled:
+                        job.recorder.interrupt()
+                        break
+                else:
+                    job.outcome = "ok"
+            finally:
+                events.close()
+        except (InputError, UsageError) as error:  # the request's own fault, found before decoding
+            job.outcome = "error"
+            job.deliver(error)
+        except Exception as error:
+            job.outcome = "error"
+            if not isinstance(error, LocalspecError):  # a bug: the operator needs its traceback
+                self.log(traceback.format_exc().rstrip())
+                error = EngineError(f"internal error: {error}")
+            # The caches may hold a half-made step: the next request reads its prompt from scratch.
+            session.reset()
+            job.deliver(error)
+        job.seconds = perf_counter() - started
+        if job.outcome == "ok":
+            seconds = self._seconds_per_job
+            self._seconds_per_job = job.seconds if seconds is None else 0.8 * seconds + 0.2 * job.seconds
+
+    def _tokens(self, request: Request) -> list[int]:
+        session = self.session
+        if request.messages is not None:
+            return session.chat_tokens(request.messages)
+        if isinstance(request.prompt, str):
+            return session.tokenize(request.prompt, raw=True)
+        n_vocab = session.target_model.n_vocab
+        if not request.prompt:
+            raise InputError("the prompt is empty")
+        if not all(0 <= token < n_vocab for token in request.prompt):
+            raise InputError(f"the prompt's token ids must be between 0 and {n_vocab - 1}, this model's vocabulary")
+        return list(request.prompt)
+
+    def _finish(self, job: Job) -> None:
+        self.metrics.add(job)
+        with self._lock:
+            self._pending -= 1
+        job.deliver(FINISHED)
+
+
+@dataclass
+class Metrics:
+    """Counters over every request served, for /metrics (the names vLLM and llama.cpp use where
+    they have one). Written by the worker, read by the server: guarded by a lock."""
+
+    requests: dict[str, int] = field(default_factory=lambda: {"ok": 0, "cancelled": 0, "error": 0})
+    rejected: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    steps: int = 0
+    drafts: int = 0  # steps that drafted at least one token
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: drafts that reached it
+    accepted_at: list[int] = field(default_factory=list)
+    by_drafter: dict[str, list[int]] = field(default_factory=dict)  # kind: [steps, drafted, accepted]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, job: Job) -> None:
+        r = job.recorder
+        with self.lock:
+            self.requests[job.outcome] += 1
+            self.prompt_tokens += r.prompt_tokens
+            self.cached_prompt_tokens += r.reused_prompt_tokens
+            self.generated_tokens += r.tokens
+            self.prefill_seconds += r.prefill_seconds
+            self.decode_seconds += r.decode_seconds
+            self.steps += r.steps
+            self.drafts += sum(tally.steps for tally in r.drafters.values())
+            self.draft_tokens += r.drafted
+            self.accepted_tokens += r.accepted
+            for position, (reached, kept) in enumerate(zip(r.reached, r.kept)):
+                if position == len(self.drafted_at):
+                    self.drafted_at.append(0)
+                    self.accepted_at.append(0)
+                self.drafted_at[position] += reached
+                self.accepted_at[position] += kept
+            for kind, tally in r.drafters.items():
+                counts = self.by_drafter.setdefault(kind, [0, 0, 0])
+                counts[0] += tally.steps
+                counts[1] += tally.drafted
+                counts[2] += tally.accepted
+
+    def prometheus(self, running: int, waiting: int) -> str:
+        """The Prometheus text exposition format."""
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP localspec:{name} {help_text}")
+            lines.append(f"# TYPE localspec:{name} {kind}")
+            lines.extend(f"localspec:{name}{labels} {value}" for labels, value in samples)
+
+        with self.lock:
+            metric("requests_total", "counter", "Requests answered, by outcome (cancelled: the client left).",
+                   [(f'{{outcome="{outcome}"}}', n) for outcome, n in self.requests.items()])
+            metric("requests_rejected_total", "counter", "Requests refused with 429 because the queue was full.",
+                   [("", self.rejected)])
+            metric("requests_running", "gauge", "Requests generating now (at most one).", [("", running)])
+            metric("requests_waiting", "gauge", "Requests queued behind the running one.", [("", waiting)])
+            metric("prompt_tokens_total", "counter", "Prompt tokens of all requests.", [("", self.prompt_tokens)])
+            metric("prompt_tokens_cached_total", "counter",
+                   "Prompt tokens found in the KV cache from the previous request, not computed again.",
+                   [("", self.cached_prompt_tokens)])
+            metric("generation_tokens_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
+            metric("prompt_seconds_total", "counter", "Time spent reading prompts.", [("", self.prefill_seconds)])
+            metric("decode_seconds_total", "counter", "Time spent generating.", [("", self.decode_seconds)])
+            metric("decode_steps_total", "counter", "Target verification passes (one per token when plain).",
+                   [("", self.steps)])
+            metric("spec_decode_num_drafts_total", "counter", "Steps that verified a draft.", [("", self.drafts)])
+            metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
+                   [("", self.draft_tokens)])
+            metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.",
+                   [("", self.accepted_tokens)])
+            metric("spec_decode_num_draft_tokens_per_pos_total", "counter",
+                   "Drafts that reached each position (0: the first drafted token).",
+                   [(f'{{position="{i}"}}', n) for i, n in enumerate(self.drafted_at)])
+            metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                   "Draft tokens accepted at each position (0: the first drafted token).",
+                   [(f'{{position="{i}"}}', n) for i, n in enumerate(self.accepted_at)])
+            for index, (name, what) in enumerate((("drafter_steps_total", "Steps that drafted"),
+                                                  ("drafter_draft_tokens_total", "Draft tokens proposed"),
+                                                  ("drafter_accepted_tokens_total", "Draft tokens accepted"))):
+                metric(name, "counter", f"{what}, by drafter.",
+                       [(f'{{drafter="{kind}"}}', counts[index]) for kind, counts in self.by_drafter.items()])
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,408 @@
+"""`localspec serve` over loopback, as clients see it: the official openai package for the API, plain
+httpx for the edge cases, and many clients at once. Every server here is a real `localspec serve`
+process on a free port of 127.0.0.1, started by the test and stopped with a signal."""
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.session import Session
+from localspec.stats import record
+
+STARTUP_SECONDS = 60
+PROMPT = "tell me about the cat"
+
+
+class ServerProcess:
+    """`localspec serve ARGS --port 0` in a subprocess: its base URL once it listens, its log, and a stop
+    by signal that must end it with exit code 0."""
+
+    def __init__(self, home: Path, *args):
+        self.log_file = home / "serve.log"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+        env.pop("LOCALSPEC_DEBUG", None)
+        env.pop("LOCALSPEC_API_KEY", None)
+        with open(self.log_file, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "localspec", "serve", *map(str, args), "--port", "0"],
+                                            stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)
+        try:
+            self.url = self._wait_for_url()
+        except BaseException:
+            self.process.kill()
+            self.process.wait()
+            raise
+        self.base = self.url.removesuffix("/v1")
+
+    def _wait_for_url(self) -> str:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        line = b""
+        while time.monotonic() < deadline and not line.endswith(b"\n"):
+            ready, _, _ = select.select([self.process.stdout], [], [], 0.5)
+            if ready:
+                byte = self.process.stdout.read(1)
+                if not byte:
+                    break
+                line += byte
+        text = line.decode()
+        assert "serving" in text, f"serve did not start: {text!r}; log: {self.log()}"
+        return text.split(" on ")[1].split()[0]
+
+    def log(self) -> str:
+        return self.log_file.read_text()
+
+    def client(self, **options) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key=options.pop("api_key", "unused"), max_retries=0,
+                             timeout=120, **options)
+
+    def stop(self, sig=signal.SIGINT) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    """Greedy by default, always drafting with a draft model that agrees with the target."""
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--draft", tiny["same"], "--spec",
+                            "fixed", "--p-min", "0", "--temp", "0", "-c", "512", "--alias", "tiny")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = None, max_tokens: int = 16) -> str:
+    """What the target alone generates greedily, in this process: the server must say the same."""
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
+        tokens = session.chat_tokens(messages) if messages else session.tokenize(prompt, raw=True)
+        return record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens))).text
+
+
+def test_chat_completion_carries_usage_timings_and_speculation(server, tiny):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
+    response = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=16)
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == plain_text(tiny, messages)
+    assert choice.finish_reason == "length"
+    assert response.model == "tiny" and response.object == "chat.completion"
+    assert response.usage.completion_tokens == 16
+    assert response.usage.total_tokens == response.usage.prompt_tokens + 16
+    timings, speculation = response.timings, response.speculation
+    assert timings["predicted_n"] == 16 and timings["draft_n"] >= timings["draft_n_accepted"] > 0
+    assert timings["prompt_n"] + timings["cache_n"] == response.usage.prompt_tokens
+    assert timings["cache_n"] == response.usage.prompt_tokens_details.cached_tokens
+    assert speculation["drafting"] == "draft" and speculation["speculated"]
+    assert speculation["equivalence"].startswith("same tokens as plain greedy decoding")
+    assert speculation["draft_tokens"] == timings["draft_n"]
+    assert speculation["drafters"]["draft"]["accepted_tokens"] == timings["draft_n_accepted"]
+    assert len(speculation["acceptance_by_position"]) == len(speculation["drafts_by_position"]) > 0
+    assert speculation["mean_accepted_length"] > 1
+
+
+def test_a_streamed_chat_says_the_same_and_ends_with_the_statistics(server, tiny):
+    messages = [{"role": "user", "content": PROMPT + " again"}]
+    stream = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12, stream=True,
+                                                     stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain_text(tiny, messages, max_tokens=12)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 12
+    assert last.timings["predicted_n"] == 12 and last.speculation["draft_tokens"] > 0
+    assert all(c.model == "tiny" and c.id == chunks[0].id for c in chunks)
+
+
+def test_completions_full_and_streamed_and_the_prompt_cache(server, tiny):
+    client = server.client()
+    prompt = "the cat sat on the mat and looked"
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=10)
+    assert first.choices[0].text == plain_text(tiny, prompt=prompt, max_tokens=10)
+    assert first.object == "text_completion"
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=10)
+    # the previous request left the whole prompt in both KV caches (all but its last token, which
+    # the first step decodes)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.timings["cache_n"] == again.usage.prompt_tokens - 1
+    assert again.choices[0].text == first.choices[0].text
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=10, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == first.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].speculation["draft_tokens"] > 0
+
+
+def test_stop_strings_seed_and_sampling_fields(server, tiny):
+    client = server.client()
+    full = client.completions.create(model="tiny", prompt="abc", max_tokens=12).choices[0].text
+    stop = full[4:6]
+    stopped = client.completions.create(model="tiny", prompt="abc", max_tokens=12, stop=[stop])
+    assert stopped.choices[0].text == full[: full.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    sampled = [client.completions.create(model="tiny", prompt="abc", max_tokens=12, temperature=0.9, top_p=0.9,
+                                         seed=7, extra_body={"top_k": 20, "min_p": 0.01}) for _ in range(2)]
+    assert sampled[0].choices[0].text == sampled[1].choices[0].text  # the same seed
+    assert sampled[0].speculation["equivalence"].startswith("same distribution")
+
+
+def test_models_and_health(server):
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    health = httpx.get(server.base + "/health").json()
+    assert health["status"] == "ok"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": []}, "messages"),
+    ({"n": 2}, "n"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 3}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"logprobs": True}, "logprobs"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context
+    ({"stop": ["ok", ""]}, "stop"),
+    ({"seed": -2}, "seed"),
+])
+def test_bad_requests_raise_the_openai_clients_bad_request_error(server, fields, param):
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.client().chat.completions.create(**request)
+    error = raised.value.body
+    assert raised.value.status_code == 400 and error["param"] == param and error["message"]
+    assert "Traceback" not in server.log()
+
+
+def test_a_prompt_longer_than_the_context_says_so(server):
+    with pytest.raises(openai.BadRequestError) as raised:
+        server.client().completions.create(model="tiny", prompt="abc " * 300, max_tokens=4)
+    assert raised.value.code == "context_length_exceeded" and "context" in raised.value.message
+
+
+@pytest.mark.parametrize("body, status, code", [
+    (b"{not json", 400, "invalid_json"),
+    (b"[1, 2]", 400, "invalid_json"),
+    (b"\xff\xfe", 400, "invalid_json"),
+    (b'{"messages": "hi"}', 400, "list_type"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', 400, None),
+    (b'{"messages": [{"content": "hi"}]}', 400, "missing"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 400, "bool_type"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+])
+def test_malformed_bodies_get_openais_error_object(server, body, status, code):
+    response = httpx.post(server.url + "/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    if code:
+        assert error["code"] == code
+
+
+def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
+    huge = b'{"prompt": "' + b"a" * (8 * 2**20) + b'"}'
+    response = httpx.post(server.url + "/completions", content=huge)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(server.url + "/chat/completions").status_code == 405
+    missing = httpx.post(server.url + "/embeddings", json={"input": "x"})
+    assert missing.status_code == 404 and "not part of this API" in missing.json()["error"]["message"]
+    assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
+
+
+def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
+    server.client().completions.create(model="tiny", prompt="metrics please", max_tokens=8)
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}
+
+    def value(name, **labels):
+        return sum(s.value for s in families[name].samples
+                   if s.name.endswith("_total") or s.name == name if all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert value("localspec:requests", outcome="ok") >= 1
+    assert value("localspec:generation_tokens") >= 8
+    drafted = value("localspec:spec_decode_num_draft_tokens")
+    accepted = value("localspec:spec_decode_num_accepted_tokens")
+    assert drafted >= accepted > 0
+    assert value("localspec:spec_decode_num_accepted_tokens_per_pos") == accepted
+    assert value("localspec:spec_decode_num_accepted_tokens_per_pos", position="0") > 0
+    assert value("localspec:drafter_draft_tokens", drafter="draft") == drafted
+    assert value("localspec:requests_running") == 0
+
+
+def test_api_key_is_required_except_for_health(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--api-key", "s3cret", "--no-draft")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            server.client(api_key="wrong").models.list()
+        with pytest.raises(openai.AuthenticationError):
+            server.client(api_key="wrong").chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+        assert httpx.get(server.base + "/metrics").status_code == 401
+        assert httpx.get(server.base + "/health").status_code == 200
+        reply = server.client(api_key="s3cret").chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert reply.usage.completion_tokens == 3 and reply.speculation["speculated"] is False
+    finally:
+        assert server.stop(signal.SIGTERM) == 0
+
+
+def _start_long_stream(server: ServerProcess, prompt: str):
+    """A streamed completion that runs until the context is full, read up to its first text."""
+    client = httpx.Client(timeout=120)
+    request = client.build_request("POST", server.url + "/completions", json={"prompt": prompt, "stream": True})
+    response = client.send(request, stream=True)
+    lines = response.iter_lines()
+    first = next(line for line in lines if line.startswith("data:"))
+    return client, response, lines, first
+
+
+def _wait_until(condition, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_the_model(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--queue", "1", "--draft", "ngram", "-c", "4096")
+    try:
+        # holds the model until the context fills (its line iterator, once collected, would close it)
+        client, running, lines, _ = _start_long_stream(server, "abc")
+        waiting_result = {}
+        waiting = threading.Thread(target=lambda: waiting_result.update(
+            response=httpx.post(server.url + "/completions", json={"prompt": "xyz", "max_tokens": 5}, timeout=120)))
+        waiting.start()
+        _wait_until(lambda: httpx.get(server.base + "/health").json()["waiting"] == 1)
+        refused = httpx.post(server.url + "/completions", json={"prompt": "no room", "max_tokens": 5})
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
+        with pytest.raises(openai.RateLimitError):
+            server.client().completions.create(model="x", prompt="no room either", max_tokens=5)
+        running.close()  # the client goes away: its generation stops at its next step
+        client.close()
+        waiting.join(timeout=60)
+        assert waiting_result["response"].status_code == 200
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}
+        outcomes = {s.labels["outcome"]: s.value for s in families["localspec:requests"].samples
+                    if s.name.endswith("_total")}
+        assert outcomes["cancelled"] == 1 and outcomes["ok"] == 1
+        generated = next(s.value for s in families["localspec:generation_tokens"].samples)
+        assert generated < 3000  # the abandoned generation did not run on to fill the 4096-token context
+        assert "cancelled" in server.log() and "client went away" in server.log()
+    finally:
+        assert server.stop() == 0
+
+
+def test_sigterm_cancels_the_running_generation_and_exits_0(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "-c", "4096")
+    client, response, lines, _ = _start_long_stream(server, "abc")
+    server.process.send_signal(signal.SIGTERM)
+    rest = [line for line in lines if line.startswith("data:")]
+    client.close()
+    assert json.loads(rest[-1].removeprefix("data:"))["error"]["code"] == "cancelled"
+    assert server.process.wait(timeout=30) == 0
+    assert "shutting down" in server.log()
+
+
+def test_many_clients_at_once_each_get_their_own_answer_or_429_and_memory_stays_flat(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--draft", "ngram", "--temp", "0", "-c", "512",
+                           "--queue", "3")
+    prompts = [f"prompt number {i} " + "abcdefgh"[i] * (i + 1) for i in range(8)]
+    try:
+        expected = {p: httpx.post(server.url + "/completions", json={"prompt": p, "max_tokens": 24},
+                                  timeout=60).json()["choices"][0]["text"] for p in prompts}
+        assert len(set(expected.values())) > 1
+        process = psutil.Process(server.process.pid)
+        statuses: list[int] = []
+        mixed_up: list[str] = []
+
+        def client(index: int, rounds: int) -> None:
+            with httpx.Client(timeout=120) as http:
+                for n in range(rounds):
+                    prompt = prompts[(index + n) % len(prompts)]
+                    response = http.post(server.url + "/completions", json={"prompt": prompt, "max_tokens": 24})
+                    statuses.append(response.status_code)
+                    if response.status_code == 200 and response.json()["choices"][0]["text"] != expected[prompt]:
+                        mixed_up.append(prompt)
+                    elif response.status_code == 429:
+                        assert int(response.headers["retry-after"]) >= 1
+
+        def load(rounds: int) -> None:
+            threads = [threading.Thread(target=client, args=(i, rounds)) for i in range(12)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=300)
+            assert not any(thread.is_alive() for thread in threads)
+
+        load(2)
+        before = process.memory_info().rss
+        load(6)
+        after = process.memory_info().rss
+        assert not mixed_up
+        assert set(statuses) <= {200, 429} and statuses.count(200) >= 12
+        assert after - before < 32 * 2**20, f"memory grew by {(after - before) / 2**20:.1f} MiB"
+        assert httpx.get(server.base + "/health").json() == {"status": "ok", "running": False, "waiting": 0}
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = cli("serve", tiny["target"], "--port", port)
+    assert code == 2 and f"port {port} on 127.0.0.1 is in use" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "port must be between 0 and 65535"),
+    (["--queue", "-1"], "queue must be >= 0"),
+    (["--api-key", " "], "the API key is empty"),
+])
+def test_serve_option_mistakes(cli, tiny, args, message):
+    code, _, err = cli("serve", tiny["target"], *args)
+    assert code == 2 and message in err
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_streams_a_chat_with_its_speculation_in_the_last_chunk(real_model, tmp_path):
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    server = ServerProcess(tmp_path / "home", target, "--draft", draft, "--spec", "fixed", "--temp", "0",
+                           "-c", "2048", "--alias", "qwen")
+    code = "def add(a, b):\n    return a + b\n\n\ndef scale(values, factor):\n    return [v * factor for v in values]\n"
+    try:
+        chunks = list(server.client().chat.completions.create(
+            model="qwen", messages=[{"role": "user", "content": "Add type hints and return the code:\n\n" + code}],
+            max_tokens=48, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert "def add(a" in text
+        last = chunks[-1]
+        assert last.usage.completion_tokens == last.timings["predicted_n"] == 48
+        assert last.speculation["drafting"] == "draft"
+        assert last.timings["draft_n"] >= last.timings["draft_n_accepted"] > 0
+        assert last.speculation["acceptance_by_position"][0] > 0.3
+    finally:
+        assert server.stop() == 0

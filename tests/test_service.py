@@ -1,0 +1,131 @@
+"""The service behind `localspec serve`, without HTTP: arrival order, the queue's bound, cancelling,
+errors, and the counters /metrics shows; and the API's request parsing as pure functions."""
+
+import threading
+
+import pytest
+
+from localspec.api import ApiError, Defaults, parse_chat, parse_completion
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.errors import InputError
+from localspec.events import Prefill
+from localspec.service import FINISHED, Busy, Request, Service
+from localspec.session import Session
+
+
+@pytest.fixture(scope="module")
+def session(tiny):
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.NGRAM)) as opened:
+        yield opened
+
+
+class Inbox:
+    """What a job delivers, collected; `done` is set by FINISHED."""
+
+    def __init__(self, name: str, order: list):
+        self.name, self.order, self.items, self.done = name, order, [], threading.Event()
+
+    def __call__(self, item) -> None:
+        if isinstance(item, Prefill):
+            self.order.append(self.name)
+        self.items.append(item)
+        if item is FINISHED:
+            self.done.set()
+
+
+def request(prompt="abc", max_tokens=8) -> Request:
+    return Request(Sampling(temperature=0), Limits(max_tokens), prompt=prompt)
+
+
+def test_requests_run_in_arrival_order_and_the_queue_is_bounded(session):
+    service = Service(session, queue_limit=2, log=print)
+    order: list[str] = []
+    try:
+        # the first holds the model (a long generation) while the others queue behind it
+        inboxes = [Inbox(name, order) for name in "abc"]
+        jobs = [service.submit(request(max_tokens=200 if name == "a" else 4), inbox)
+                for name, inbox in zip("abc", inboxes)]
+        with pytest.raises(Busy) as busy:
+            service.submit(request(), Inbox("d", order))
+        assert busy.value.retry_after >= 1
+        for inbox in inboxes:
+            assert inbox.done.wait(60)
+        assert order == ["a", "b", "c"]
+        assert [job.outcome for job in jobs] == ["ok", "ok", "ok"]
+        assert service.metrics.requests["ok"] == 3 and service.metrics.rejected == 1
+        assert service.metrics.generated_tokens == sum(job.recorder.tokens for job in jobs)
+    finally:
+        service.close()
+
+
+def test_a_cancelled_job_stops_at_its_next_step_and_a_waiting_one_never_starts(session):
+    service = Service(session, queue_limit=4, log=print)
+    order: list[str] = []
+    try:
+        running, waiting = Inbox("running", order), Inbox("waiting", order)
+        first = service.submit(request(max_tokens=400), running)
+        second = service.submit(request(), waiting)
+        second.cancel()
+        while not any(isinstance(item, Prefill) for item in list(running.items)):
+            assert not running.done.wait(0.01)
+        first.cancel()
+        assert running.done.wait(60) and waiting.done.wait(60)
+        assert first.outcome == second.outcome == "cancelled"
+        assert first.recorder.tokens < 400 and waiting.items == [FINISHED]
+        assert order == ["running"]
+        assert service.metrics.requests["cancelled"] == 2
+    finally:
+        service.close()
+
+
+def test_errors_reach_the_job_and_the_service_goes_on(session):
+    service = Service(session, queue_limit=4, log=print)
+    try:
+        bad, good = Inbox("bad", []), Inbox("good", [])
+        service.submit(Request(Sampling(), Limits(4), prompt=[10**9]), bad)
+        service.submit(request(max_tokens=3), good)
+        assert bad.done.wait(60) and good.done.wait(60)
+        assert isinstance(bad.items[0], InputError) and "token ids" in str(bad.items[0])
+        assert service.metrics.requests == {"ok": 1, "cancelled": 0, "error": 1}
+    finally:
+        service.close()
+
+
+def test_close_refuses_new_requests(session):
+    service = Service(session, queue_limit=1, log=print)
+    service.close()
+    with pytest.raises(Exception, match="shutting down"):
+        service.submit(request(), Inbox("late", []))
+
+
+DEFAULTS = Defaults(Sampling(temperature=0.5, top_k=10), Limits(max_tokens=100, stop=("END",)))
+
+
+def test_chat_requests_take_the_servers_defaults_for_what_they_leave_out():
+    parsed = parse_chat({"messages": [{"role": "developer", "content": "be brief"},
+                                      {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]},
+                                      {"role": "assistant", "content": None}],
+                         "temperature": 0, "max_completion_tokens": 7, "max_tokens": 9, "stop": "x",
+                         "stream": True, "stream_options": {"include_usage": True}, "user": "ignored"}, DEFAULTS)
+    assert parsed.request.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a\nb"},
+                                       {"role": "assistant", "content": ""}]
+    assert parsed.request.sampling == Sampling(temperature=0, top_k=10)
+    assert parsed.request.limits == Limits(max_tokens=7, stop=("x",))
+    assert parsed.stream and parsed.include_usage
+    plain = parse_chat({"messages": [{"role": "user", "content": "hi"}]}, DEFAULTS)
+    assert plain.request.sampling == DEFAULTS.sampling and plain.request.limits == DEFAULTS.limits
+    assert not plain.stream and not plain.include_usage
+
+
+def test_completion_prompts_are_text_one_text_in_a_list_or_token_ids():
+    assert parse_completion({"prompt": "hi"}, DEFAULTS).request.prompt == "hi"
+    assert parse_completion({"prompt": ["hi"]}, DEFAULTS).request.prompt == "hi"
+    assert parse_completion({"prompt": [1, 2, 3]}, DEFAULTS).request.prompt == [1, 2, 3]
+    with pytest.raises(ApiError, match="2 prompts"):
+        parse_completion({"prompt": ["a", "b"]}, DEFAULTS)
+    with pytest.raises(ApiError) as raised:
+        parse_completion({"prompt": "hi", "echo": True}, DEFAULTS)
+    assert raised.value.param == "echo" and raised.value.code == "unsupported_parameter"
+    # neutral values of fields localspec does not implement change nothing, so they pass
+    assert parse_completion({"prompt": "hi", "echo": False, "logprobs": None, "presence_penalty": 0}, DEFAULTS)
