@@ -140,7 +140,16 @@ class Server:
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
 
+        started = False
+
         def deliver(item) -> None:  # on the worker thread
+            nonlocal started
+            # Each hand-over wakes the event loop, which then competes with llama.cpp's threads for the
+            # CPU: hand over only what the response is made of (the job's recorder has the rest).
+            if started and not (isinstance(item, LocalspecError) or item is FINISHED
+                                or parsed.stream and (isinstance(item, Token) and item.text or isinstance(item, Done))):
+                return
+            started = True
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
                 loop.call_soon_threadsafe(outbox.put_nowait, item)
 
