@@ -499,7 +499,7 @@ def serve(
     listener = server_face.listen(serving.host, serving.port)
     with listener, _open(settings) as session:
         server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
-                           settings.draft_model, server_face.stderr_log).run(listener)
+                           settings.draft_model, tui.log_line).run(listener)
 
 
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")

@@ -188,5 +188,9 @@ class Serving:
             raise UsageError("the API key is empty")
 
     @property
-    def exposed(self) -> bool:
-        return self.host not in LOOPBACK_HOSTS
+    def exposure_warning(self) -> str | None:
+        """What to tell the operator of a server other machines can reach and use without a key."""
+        if self.host in LOOPBACK_HOSTS or self.api_key is not None:
+            return None
+        return (f"warning: listening on {self.host} without --api-key: anyone who can reach this machine can use"
+                " the model")

@@ -12,8 +12,8 @@ import hmac
 import json
 import signal
 import socket
-import sys
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 
 import uvicorn
@@ -82,6 +82,7 @@ class Server:
         else:
             message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
                        " POST /v1/completions, GET /v1/models, GET /health, GET /metrics)")
+        self.log(f"{request.url.path} {error.status_code} {message}")
         return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                                         else "method_not_allowed", headers=error.headers))
 
@@ -116,6 +117,9 @@ class Server:
         except ApiError as error:
             self.log(f"{path} {error.status} {error.message}")
             return _error_response(error)
+        except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
+            self.log(traceback.format_exc().rstrip())
+            return _error_response(ApiError(500, f"internal error: {error}", "server_error"))
 
     async def _body(self, request: Request) -> dict:
         limit = self.serving.max_body
@@ -217,6 +221,9 @@ class Server:
         except asyncio.CancelledError:
             self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
             raise
+        except Exception as error:  # a bug of ours, after the first byte: said in the stream
+            self.log(traceback.format_exc().rstrip())
+            yield _event(ApiError(500, f"internal error: {error}", "server_error").body())
         finally:
             watcher.cancel()
             job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
@@ -236,9 +243,8 @@ class Server:
         shown_host = f"[{host}]" if ":" in host else host
         print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
               flush=True)
-        if self.serving.exposed and self.serving.api_key is None:
-            self.log(f"warning: listening on {self.serving.host} without --api-key: anyone who can reach this"
-                     " machine can use the model")
+        if self.serving.exposure_warning:
+            self.log(self.serving.exposure_warning)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
         server = _Uvicorn(config, on_exit=self.service.cancel_all)
@@ -301,5 +307,3 @@ def _error_response(error: ApiError) -> Response:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def stderr_log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

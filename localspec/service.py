@@ -142,6 +142,7 @@ class Service:
             try:
                 for event in events:
                     job.recorder.add(event)
+                    self.metrics.add(event)
                     job.deliver(event)
                     if job.cancelled:
                         job.recorder.interrupt()
@@ -180,7 +181,7 @@ class Service:
         return list(request.prompt)
 
     def _finish(self, job: Job) -> None:
-        self.metrics.add(job)
+        self.metrics.finish(job)
         with self._lock:
             self._pending -= 1
         job.deliver(FINISHED)
@@ -188,49 +189,24 @@ class Service:
 
 @dataclass
 class Metrics:
-    """Counters over every request served, for /metrics (the names vLLM and llama.cpp use where
-    they have one). Written by the worker, read by the server: guarded by a lock."""
+    """Counters over every request served, for /metrics: one Recorder folds the events of all of them
+    (the engine's events are counted in one place). Written by the worker, read by the server:
+    guarded by the lock."""
 
+    served: Recorder = field(default_factory=Recorder)
     requests: dict[str, int] = field(default_factory=lambda: {"ok": 0, "cancelled": 0, "error": 0})
     rejected: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    steps: int = 0
-    drafts: int = 0  # steps that drafted at least one token
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    drafted_at: list[int] = field(default_factory=list)  # per draft position: drafts that reached it
-    accepted_at: list[int] = field(default_factory=list)
-    by_drafter: dict[str, list[int]] = field(default_factory=dict)  # kind: [steps, drafted, accepted]
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, job: Job) -> None:
-        r = job.recorder
+    def add(self, event) -> None:
+        with self.lock:
+            self.served.add(event)
+
+    def finish(self, job: Job) -> None:
         with self.lock:
             self.requests[job.outcome] += 1
-            self.prompt_tokens += r.prompt_tokens
-            self.cached_prompt_tokens += r.reused_prompt_tokens
-            self.generated_tokens += r.tokens
-            self.prefill_seconds += r.prefill_seconds
-            self.decode_seconds += r.decode_seconds
-            self.steps += r.steps
-            self.drafts += sum(tally.steps for tally in r.drafters.values())
-            self.draft_tokens += r.drafted
-            self.accepted_tokens += r.accepted
-            for position, (reached, kept) in enumerate(zip(r.reached, r.kept)):
-                if position == len(self.drafted_at):
-                    self.drafted_at.append(0)
-                    self.accepted_at.append(0)
-                self.drafted_at[position] += reached
-                self.accepted_at[position] += kept
-            for kind, tally in r.drafters.items():
-                counts = self.by_drafter.setdefault(kind, [0, 0, 0])
-                counts[0] += tally.steps
-                counts[1] += tally.drafted
-                counts[2] += tally.accepted
+            if job.outcome != "ok":  # its generation's decode time stops here
+                self.served.interrupt()
 
     def prometheus(self, running: int, waiting: int) -> str:
         """The Prometheus text exposition format."""
@@ -242,35 +218,36 @@ class Metrics:
             lines.extend(f"localspec:{name}{labels} {value}" for labels, value in samples)
 
         with self.lock:
+            r = self.served
             metric("requests_total", "counter", "Requests answered, by outcome (cancelled: the client left).",
                    [(f'{{outcome="{outcome}"}}', n) for outcome, n in self.requests.items()])
             metric("requests_rejected_total", "counter", "Requests refused with 429 because the queue was full.",
                    [("", self.rejected)])
             metric("requests_running", "gauge", "Requests generating now (at most one).", [("", running)])
             metric("requests_waiting", "gauge", "Requests queued behind the running one.", [("", waiting)])
-            metric("prompt_tokens_total", "counter", "Prompt tokens of all requests.", [("", self.prompt_tokens)])
+            metric("prompt_tokens_total", "counter", "Prompt tokens of all requests.", [("", r.prompt_tokens)])
             metric("prompt_tokens_cached_total", "counter",
                    "Prompt tokens found in the KV cache from the previous request, not computed again.",
-                   [("", self.cached_prompt_tokens)])
-            metric("generation_tokens_total", "counter", "Tokens generated.", [("", self.generated_tokens)])
-            metric("prompt_seconds_total", "counter", "Time spent reading prompts.", [("", self.prefill_seconds)])
-            metric("decode_seconds_total", "counter", "Time spent generating.", [("", self.decode_seconds)])
+                   [("", r.reused_prompt_tokens)])
+            metric("generation_tokens_total", "counter", "Tokens generated.", [("", r.tokens)])
+            metric("prompt_seconds_total", "counter", "Time spent reading prompts.", [("", r.prefill_seconds)])
+            metric("decode_seconds_total", "counter", "Time spent generating.", [("", r.decode_seconds)])
             metric("decode_steps_total", "counter", "Target verification passes (one per token when plain).",
-                   [("", self.steps)])
-            metric("spec_decode_num_drafts_total", "counter", "Steps that verified a draft.", [("", self.drafts)])
-            metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
-                   [("", self.draft_tokens)])
+                   [("", r.steps)])
+            metric("spec_decode_num_drafts_total", "counter", "Steps that verified a draft.",
+                   [("", sum(tally.steps for tally in r.drafters.values()))])
+            metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", [("", r.drafted)])
             metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.",
-                   [("", self.accepted_tokens)])
+                   [("", r.accepted)])
             metric("spec_decode_num_draft_tokens_per_pos_total", "counter",
                    "Drafts that reached each position (0: the first drafted token).",
-                   [(f'{{position="{i}"}}', n) for i, n in enumerate(self.drafted_at)])
+                   [(f'{{position="{i}"}}', n) for i, n in enumerate(r.reached)])
             metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
                    "Draft tokens accepted at each position (0: the first drafted token).",
-                   [(f'{{position="{i}"}}', n) for i, n in enumerate(self.accepted_at)])
-            for index, (name, what) in enumerate((("drafter_steps_total", "Steps that drafted"),
-                                                  ("drafter_draft_tokens_total", "Draft tokens proposed"),
-                                                  ("drafter_accepted_tokens_total", "Draft tokens accepted"))):
+                   [(f'{{position="{i}"}}', n) for i, n in enumerate(r.kept)])
+            for name, what, count in (("drafter_steps_total", "Steps that drafted", "steps"),
+                                      ("drafter_draft_tokens_total", "Draft tokens proposed", "drafted"),
+                                      ("drafter_accepted_tokens_total", "Draft tokens accepted", "accepted")):
                 metric(name, "counter", f"{what}, by drafter.",
-                       [(f'{{drafter="{kind}"}}', counts[index]) for kind, counts in self.by_drafter.items()])
+                       [(f'{{drafter="{kind}"}}', getattr(tally, count)) for kind, tally in r.drafters.items()])
         return "\n".join(lines) + "\n"

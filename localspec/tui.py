@@ -44,6 +44,12 @@ def visible(text: str, layout: bool = True) -> str:
     return (_CONTROL if layout else _CONTROL_OR_LAYOUT).sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def log_line(text: str) -> None:
+    """A line for the operator on stderr (a server's request log): its text may come from clients, so
+    controls are escaped; a traceback keeps its lines."""
+    print("\n".join(visible(line, layout=False) for line in text.split("\n")), file=sys.stderr, flush=True)
+
+
 def shown(text) -> str:
     """Untrusted text to put inside Rich markup: shown literally, controls escaped, on one line."""
     return escape(visible(str(text), layout=False))

@@ -150,6 +150,17 @@ def test_completions_full_and_streamed_and_the_prompt_cache(server, tiny):
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].speculation["draft_tokens"] > 0
 
 
+def test_a_conversation_resent_with_one_more_turn_reads_only_the_new_turn(server):
+    client = server.client()
+    messages = [{"role": "user", "content": "first question about cats"}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and a second one"}]
+    second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert second.timings["prompt_n"] < second.usage.prompt_tokens - first.usage.prompt_tokens + 8
+
+
 def test_stop_strings_seed_and_sampling_fields(server, tiny):
     client = server.client()
     full = client.completions.create(model="tiny", prompt="abc", max_tokens=12).choices[0].text
@@ -227,6 +238,9 @@ def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(
     assert httpx.get(server.url + "/chat/completions").status_code == 405
     missing = httpx.post(server.url + "/embeddings", json={"input": "x"})
     assert missing.status_code == 404 and "not part of this API" in missing.json()["error"]["message"]
+    # the request log shows what clients sent with its control characters escaped
+    assert httpx.get(server.base + "/%1b]52;c;cHduZWQ=%07").status_code == 404
+    assert "\\x1b]52;c;cHduZWQ=\\x07" in server.log() and "\x1b" not in server.log()
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
 

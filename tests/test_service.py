@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from localspec.api import ApiError, Defaults, parse_chat, parse_completion
-from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Speculation
 from localspec.errors import InputError
 from localspec.events import Prefill
 from localspec.service import FINISHED, Busy, Request, Service
@@ -53,7 +53,7 @@ def test_requests_run_in_arrival_order_and_the_queue_is_bounded(session):
         assert order == ["a", "b", "c"]
         assert [job.outcome for job in jobs] == ["ok", "ok", "ok"]
         assert service.metrics.requests["ok"] == 3 and service.metrics.rejected == 1
-        assert service.metrics.generated_tokens == sum(job.recorder.tokens for job in jobs)
+        assert service.metrics.served.tokens == sum(job.recorder.tokens for job in jobs)
     finally:
         service.close()
 
@@ -129,3 +129,10 @@ def test_completion_prompts_are_text_one_text_in_a_list_or_token_ids():
     assert raised.value.param == "echo" and raised.value.code == "unsupported_parameter"
     # neutral values of fields localspec does not implement change nothing, so they pass
     assert parse_completion({"prompt": "hi", "echo": False, "logprobs": None, "presence_penalty": 0}, DEFAULTS)
+
+
+def test_a_server_others_can_reach_without_a_key_is_warned_about():
+    assert Serving().exposure_warning is None
+    assert Serving(host="::1").exposure_warning is None
+    assert "without --api-key" in Serving(host="0.0.0.0").exposure_warning
+    assert Serving(host="0.0.0.0", api_key="k").exposure_warning is None
