@@ -204,15 +204,31 @@ def run_item(session: Session, item: Item, sampling: Sampling, limits: Limits, r
 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,
-        progress: Callable[[dict], None], durable: bool) -> list[dict]:
-    """durable: out is a file on disk, fsynced after every record so a crash cannot lose it."""
+        progress: Callable[[dict], None], durable: bool, running: dict | None = None) -> list[dict]:
+    """durable: out is a file on disk, fsynced after every record so a crash cannot lose it.
+    running["item"]: the item being generated (for record_stop)."""
     records = []
     for item in items:
+        if running is not None:
+            running["item"] = item
         record = run_item(session, item, sampling, limits, raw)
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        out.flush()
-        if durable:
-            os.fsync(out.fileno())
+        _write(out, record, durable)
+        if running is not None:
+            running.pop("item")
         records.append(record)
         progress(record)
     return records
+
+
+def record_stop(out: IO[str], running: dict, message: str, durable: bool) -> None:
+    """llama.cpp is stopping the process (a worker stopped answering): the item it was generating is
+    recorded as failed, so that --resume --retry-failed runs it again."""
+    if "item" in running:
+        _write(out, {"id": running["item"].id, "error": f"llama.cpp stopped: {message}"}, durable)
+
+
+def _write(out: IO[str], record: dict, durable: bool) -> None:
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.flush()
+    if durable:
+        os.fsync(out.fileno())

@@ -6,6 +6,8 @@ import inspect
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Optional
@@ -16,8 +18,10 @@ from . import __version__, download, gguf_meta, hardware, paths, registry, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
-from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Limits, Runtime, Sampling, Serving, Speculation,
+from . import worker as worker_face
+from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Lending, Limits, Runtime, Sampling, Serving, Speculation,
                      default_threads)
+from .engine import backend
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair
 from .stats import INTERRUPTED
@@ -44,6 +48,7 @@ DEFAULT_SPECULATION = Speculation()
 DEFAULT_RUNTIME = Runtime()
 DEFAULT_LIMITS = Limits()
 DEFAULT_SERVING = Serving()
+DEFAULT_LENDING = Lending()
 
 SAMPLING = "Sampling"
 SPECULATION = "Speculation"
@@ -134,8 +139,18 @@ RESOURCE_OPTIONS = {
         " back (fast on a GPU, slow on a CPU), or in C on the host. Default: on the backend where the target"
         " runs on a GPU.", show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
 }
+RPC_OPTIONS = {
+    "rpc": (Annotated[Optional[str], typer.Option(
+        "--rpc", help="Comma-separated HOST:PORT of `localspec worker`s on other machines: the target's layers are"
+        " split across their devices and this machine's GPUs (by free memory, or --tensor-split; on a machine"
+        " without a GPU, --gpu-layers N sends N layers to the workers and keeps the rest here). The draft model"
+        " stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "tensor_split": (Annotated[Optional[str], typer.Option(
+        "--tensor-split", "-ts", help="Shares of the offloaded layers per device, in `localspec doctor`'s order,"
+        " e.g. 3,1. Default: by free memory.", show_default=False, rich_help_panel=RESOURCES)], None),
+}
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      RESOURCE_OPTIONS)
+                      RESOURCE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
 ]
@@ -161,7 +176,7 @@ def build_settings(**values) -> Settings:
     if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
     drafting, draft_model = _drafting(o.draft, o.no_draft, o.spec)
-    if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not hardware.gpu_offload():
+    if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
@@ -176,7 +191,8 @@ def build_settings(**values) -> Settings:
                         gpu_layers=all_layers if o.gpu_layers is None else o.gpu_layers,
                         draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
                         backend_sampling=o.backend_sampling, devices=_device_names(o.device),
-                        draft_devices=_device_names(o.draft_device)),
+                        draft_devices=_device_names(o.draft_device), rpc=_device_names(o.rpc) or (),
+                        tensor_split=_shares(o.tensor_split)),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
 
@@ -199,6 +215,16 @@ def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind
 
 def _device_names(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _shares(text: str | None) -> tuple[float, ...] | None:
+    """--tensor-split's 3,1 (or llama.cpp's 3/1) as numbers."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(share) for share in text.replace("/", ",").split(","))
+    except ValueError:
+        raise UsageError(f"--tensor-split takes numbers separated by commas (3,1), got {text!r}") from None
 
 
 def with_options(*groups: dict, before=None, **defaults):
@@ -228,9 +254,27 @@ def with_options(*groups: dict, before=None, **defaults):
     return decorate
 
 
-def _open(settings: Settings) -> Session:
+def _open(settings: Settings, on_abort: Callable[[str], None] | None = None) -> Session:
+    """Open the session the settings describe. Should llama.cpp abort later (an RPC worker that stopped
+    answering), the process ends with one line, after on_abort(message) (batch records its item)."""
     if settings.target is None:
         raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+    if not os.environ.get("LOCALSPEC_DEBUG"):  # there, llama.cpp's own backtrace says more
+
+        def stopped(message: str) -> None:
+            gone = []
+            for _ in range(5 if settings.runtime.rpc else 0):  # a killed worker's port closes a moment later
+                gone = [endpoint for endpoint in settings.runtime.rpc if not backend.worker_listening(endpoint)]
+                if gone:
+                    break
+                time.sleep(0.1)
+            hint = (f"; the RPC worker at {', '.join(gone)} is gone" if gone
+                    else "; is every --rpc worker still running?" if settings.runtime.rpc else "")
+            print(f"error: llama.cpp stopped: {tui.visible(message, layout=False)}{hint}", file=sys.stderr, flush=True)
+            if on_abort:
+                on_abort(message)
+
+        backend.stop_on_abort(stopped)
     session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
                            settings.offline, tui.download_progress(), tui.loading)
     for note in session.notes:
@@ -387,10 +431,12 @@ def batch(
     with batch_runner.open_output(output, input_file, resume) as out:
         skip = batch_runner.done_ids(out, retry_failed) if resume else set()
         todo = [item for item in items if item.id not in skip]
-        with _open(settings) as session:
+        running: dict = {}  # the item being generated, for a record should llama.cpp stop the process
+        durable = output is not None
+        with _open(settings, lambda message: batch_runner.record_stop(out, running, message, durable)) as session:
             with tui.BatchProgress(len(todo)) as progress:
                 records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw, progress,
-                                           durable=output is not None)
+                                           durable, running)
     tui.batch_summary(records, skipped=len(items) - len(todo))
     if any("error" in r for r in records):
         raise typer.Exit(1)
@@ -405,7 +451,7 @@ def batch(
         " -o bench.json --plot bench.png"
     )
 )
-@with_options(MODEL_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS, RESOURCE_OPTIONS,
+@with_options(MODEL_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS,
               temp=0.0, seed=0, max_tokens=128)
 def bench(
     settings: Settings,
@@ -502,6 +548,39 @@ def serve(
                            settings.draft_model, tui.log_line).run(listener)
 
 
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec worker                                  (this machine's GPUs, else its CPU, on 127.0.0.1:50052)\n\n"
+        "  localspec worker --host 192.168.1.20 --port 50052 --cache-dir ~/.cache/localspec/rpc\n\n"
+        "then, on the machine that runs the model:\n\n"
+        "  localspec run llama3-70b --draft 1b --rpc 192.168.1.20:50052,192.168.1.21:50052"
+    )
+)
+def worker(
+    host: Annotated[str, typer.Option("--host", "-H", help="Address to listen on. Anything but 127.0.0.1 exposes this"
+                                      " machine to its network: llama.cpp's RPC has no authentication.")]
+    = DEFAULT_LENDING.host,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = DEFAULT_LENDING.port,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", "-d", help="Comma-separated devices to lend (`localspec doctor` lists them), e.g. CPU or CUDA0."
+        " Default: this machine's GPUs, else its CPU.", show_default=False)] = None,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads, for a lent CPU. Default (or 0): physical"
+                                         " cores.", show_default=False)] = 0,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        "--cache-dir", help="Keep the tensors clients send in this folder, so that loading the same model again"
+        " sends less over the network.", show_default=False)] = None,
+):
+    """Lend this machine's GPU or CPU to another machine's localspec (its --rpc), over llama.cpp's RPC backend.
+
+    Serves one client at a time, until Ctrl-C or SIGTERM. The client's layers and KV cache live in this
+    machine's memory while it is connected.
+    """
+    lending = Lending(host=host, port=port, devices=_device_names(device), threads=threads or default_threads(),
+                      cache_dir=str(cache_dir.expanduser()) if cache_dir else None)
+    worker_face.lend(lending, say=lambda line: print(line, file=sys.stderr, flush=True))
+
+
 @app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
     name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
@@ -596,8 +675,14 @@ def doctor(
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")]
     = DEFAULT_RUNTIME.ctx_size,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    rpc: Annotated[Optional[str], typer.Option(
+        "--rpc", help="Also list the devices of these `localspec worker`s (HOST:PORT,...) and count their memory.",
+        show_default=False)] = None,
 ):
     """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
+    if rpc:
+        workers = Runtime(rpc=_device_names(rpc)).rpc  # checked as run's --rpc is
+        backend.add_rpc_servers(workers)
     found = hardware.machine()
     rows = []
     models = registry.load()

@@ -133,6 +133,12 @@ class Runtime:
     # Run the sampler chain inside the decode graph (None: where the target runs on a GPU). Target
     # and draft always sample the same way, so p and q come from the same chain.
     backend_sampling: bool | None = None
+    # Other machines' `localspec worker`s (llama.cpp's --rpc), as HOST:PORT: the target's offloaded layers
+    # are split across their devices and this machine's; the draft model stays here.
+    rpc: tuple[str, ...] = ()
+    # The share of the offloaded layers each device takes, in llama.cpp's device order (--tensor-split);
+    # None: in proportion to their free memory.
+    tensor_split: tuple[float, ...] | None = None
 
     def __post_init__(self):
         if self.ctx_size < 8:
@@ -145,6 +151,12 @@ class Runtime:
                              f" only slow llama.cpp down), got {self.threads}")
         if self.gpu_layers < -1 or self.draft_gpu_layers < -1:
             raise UsageError("gpu layers must be >= 0, or -1 for all layers")
+        for endpoint in self.rpc:
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], got {endpoint!r}")
+        if self.tensor_split is not None and (not any(self.tensor_split) or min(self.tensor_split) < 0):
+            raise UsageError("--tensor-split takes shares >= 0, not all 0 (3,1: three quarters on the first device)")
 
 
 @dataclass(frozen=True)
@@ -194,3 +206,28 @@ class Serving:
             return None
         return (f"warning: listening on {self.host} without --api-key: anyone who can reach this machine can use"
                 " the model")
+
+
+@dataclass(frozen=True)
+class Lending:
+    """How `localspec worker` lends this machine to another's llama.cpp over RPC."""
+
+    host: str = "127.0.0.1"
+    port: int = 50052  # llama.cpp's rpc-server's
+    devices: tuple[str, ...] | None = None  # None: this machine's GPUs, else its CPU
+    threads: int = field(default_factory=default_threads)
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise UsageError(f"port must be between 1 and 65535, got {self.port}")
+        if self.threads < 1:
+            raise UsageError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def exposure_warning(self) -> str | None:
+        if self.host in LOOPBACK_HOSTS:
+            return None
+        return (f"warning: listening on {self.host}: llama.cpp's RPC protocol has no authentication and no"
+                " encryption, and whoever reaches this port can use this machine's memory and compute."
+                " Run workers on a trusted network only.")

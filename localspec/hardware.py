@@ -23,6 +23,7 @@ COMPUTE_FIXED = 256 * 2**20
 @dataclass(frozen=True)
 class Machine:
     gpu_offload: bool
+    rpc: bool  # whether this llama.cpp build can use other machines' workers (--rpc)
     devices: list[dict]
     ram_total: int
     ram_available: int
@@ -48,6 +49,7 @@ def machine() -> Machine:
     memory = psutil.virtual_memory()
     return Machine(
         gpu_offload=gpu_offload(),
+        rpc=backend.supports_rpc(),
         devices=backend.devices(),
         ram_total=memory.total,
         ram_available=memory.available,
@@ -106,10 +108,14 @@ def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) 
     available = found.memory_free
     if needed > available:
         names = " + ".join(info.path.name for info in models)
+        where = ", ".join([f"{found.ram_available / 2**30:.1f} GiB of RAM here"]
+                          + [f"{d['free'] / 2**30:.1f} GiB on {d['name']}"
+                             + (f" (the worker at {d['description']})" if d.get("remote") else "")
+                             for d in found.devices if d["kind"] != "CPU"])
         raise UsageError(
             f"{names} need about {needed / 2**30:.1f} GiB at a context of {n_ctx} tokens but only"
-            f" {available / 2**30:.1f} GiB are free; try a smaller --ctx-size, a smaller quantization"
-            " or model, or a GPU build with --gpu-layers"
+            f" {available / 2**30:.1f} GiB are free ({where}); try a smaller --ctx-size, a smaller"
+            " quantization or model, a GPU build with --gpu-layers, or more workers (--rpc)"
         )
     return needed
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from .engine.backend import Context, Model, supports_gpu_offload
+from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
@@ -71,6 +71,8 @@ def open_session(
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     infos = [pair.target] + ([pair.draft] if pair.draft else [])
+    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
+        add_rpc_servers(runtime.rpc)
     hardware.check_fit(infos, runtime.ctx_size)
     with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation)
@@ -93,7 +95,10 @@ class Session:
             # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
             load_mtp = asked or speculation.drafting == DrafterKind.AUTO
-            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp))
+            if runtime.rpc:
+                add_rpc_servers(runtime.rpc)
+            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp,
+                                                tensor_split=runtime.tensor_split))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
@@ -123,7 +128,7 @@ class Session:
                                           rows, mtp=True))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
             if draft is not None:
-                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, runtime.draft_devices))
+                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, _draft_devices(runtime)))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             self.default_mode = self.speculation.drafting
@@ -265,6 +270,14 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _draft_devices(runtime: Runtime) -> tuple[str, ...] | None:
+    """Where the draft model may go: as asked, else anywhere but a worker's devices, so that no
+    network sits in the drafting loop."""
+    if runtime.draft_devices is not None or not runtime.rpc:
+        return runtime.draft_devices
+    return tuple(d["name"] for d in devices() if d["kind"] != "CPU" and not d["remote"]) or ("none",)
 
 
 def _either(names: list[str]) -> str:

@@ -141,7 +141,8 @@ def layers_text(row: dict) -> str:
 
 
 def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str | None, console: Console = out) -> None:
-    console.print(f"[bold]llama.cpp backend[/]: {'GPU offload available' if machine.gpu_offload else 'CPU only'}")
+    console.print(f"[bold]llama.cpp backend[/]: {'GPU offload available' if machine.gpu_offload else 'CPU only'};"
+                  f" {'RPC available (--rpc, `localspec worker`)' if machine.rpc else 'no RPC (rebuild with scripts/setup-venv)'}")
     console.print(f"[bold]CPU[/]: {shown(machine.cpu)}; {shown(machine.features)}")
     console.print(f"[bold]RAM[/]: {size_text(machine.ram_available)} free of {size_text(machine.ram_total)}")
     devices = Table(title="Devices")
@@ -151,12 +152,17 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
         devices.add_row(shown(d["name"]), shown(d["kind"]), shown(d["description"]), size_text(d["free"]),
                         size_text(d["total"]))
     console.print(devices)
-    gpus = [d["name"] for d in machine.devices if d["kind"] != "CPU"] if machine.gpu_offload else []
+    gpus = [d["name"] for d in machine.devices if d["kind"] != "CPU" and not d["remote"]] if machine.gpu_offload else []
+    workers = [f"{d['name']} ({d['description']})" for d in machine.devices if d["remote"]]
     if gpus:
         console.print(f"[bold]Models run on[/]: {shown(', '.join(gpus))}, every layer by default (--gpu-layers and"
                       " --draft-gpu-layers N keep the rest on the CPU); rows are sampled on the backend")
     else:
         console.print("[bold]Models run on[/]: the CPU; rows are sampled on the host")
+    if workers:
+        console.print(f"[bold]With --rpc[/]: the target's layers go to {shown(', '.join(workers + gpus))} by free"
+                      " memory (--tensor-split to choose; on a machine without a GPU, --gpu-layers N sends N layers"
+                      " and keeps the rest here); the draft model stays here")
     if rebuild_hint:
         console.print(rebuild_hint)
     fits = Table(title=f"Registry pairs at a context of {ctx_size} tokens (estimates; downloaded models measured)")

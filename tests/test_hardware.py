@@ -5,7 +5,7 @@ from localspec.errors import UsageError
 
 
 def small_machine(free: int) -> hardware.Machine:
-    return hardware.Machine(gpu_offload=False, devices=[], ram_total=free, ram_available=free, cpu="test", features="")
+    return hardware.Machine(gpu_offload=False, rpc=False, devices=[], ram_total=free, ram_available=free, cpu="test", features="")
 
 
 def test_kv_cache_follows_the_models_shape(tiny):

@@ -13,9 +13,11 @@ numpy fills in two vectorised copies.
 
 import ctypes
 import os
+import socket
+import struct
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -72,14 +74,137 @@ def _nextn():
 
 
 def supports_gpu_offload() -> bool:
-    return bool(llama.llama_supports_gpu_offload())
+    """Whether this machine has a GPU llama.cpp can put layers on (llama.cpp's own
+    llama_supports_gpu_offload also says yes for any build with RPC, workers or not)."""
+    return any(d["kind"] != "CPU" and not d["remote"] for d in devices())
+
+
+def supports_rpc() -> bool:
+    return bool(llama.llama_supports_rpc())
+
+
+def require_rpc() -> None:
+    if not supports_rpc():
+        raise UsageError("this llama.cpp build has no RPC backend; rebuild it with scripts/setup-venv,"
+                         " which builds it with -DGGML_RPC=on")
+
+
+@cache
+def _rpc() -> ctypes.CDLL:
+    """ggml's RPC backend (ggml-rpc.h), which llama-cpp-python does not wrap."""
+    require_rpc()
+    rpc = ctypes.CDLL(str(_library("ggml-rpc")))
+    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    rpc.ggml_backend_rpc_start_server.restype = None
+    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                                                  ctypes.c_void_p]
+    return rpc
+
+
+RPC_HELLO = 14  # enum rpc_cmd in ggml-rpc.cpp
+RPC_PROTO_MAJOR_VERSION = 7  # ggml-rpc.h at the pinned version: a worker must speak the same
+RPC_CONN_CAPS_SIZE = 24
+RPC_TIMEOUT_SECONDS = 10
+_added_workers: set[str] = set()
+
+
+def add_rpc_servers(endpoints: Sequence[str]) -> None:
+    """Make each worker's devices llama.cpp devices (named RPC0, RPC1, ...; described by their
+    endpoint), as llama.cpp's --rpc does, after greeting each ourselves: llama.cpp aborts the
+    process on a worker it cannot reach or that speaks another protocol."""
+    rpc, ggml = _rpc(), _ggml()
+    for endpoint in endpoints:
+        if endpoint in _added_workers:
+            continue
+        greet_worker(endpoint)
+        registry = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        if not registry:
+            raise EngineError(f"the RPC worker at {endpoint} offers no devices")
+        ggml.ggml_backend_register(ctypes.c_void_p(registry))
+        _added_workers.add(endpoint)
+
+
+def greet_worker(endpoint: str, timeout: float = RPC_TIMEOUT_SECONDS) -> None:
+    """The RPC handshake (HELLO, and the protocol version back), with a time limit; UsageError naming
+    the worker if it cannot be reached, does not answer, or answers in another protocol."""
+    host, _, port = endpoint.rpartition(":")
+    where = f"the RPC worker at {endpoint}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as connection:
+            connection.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
+            size = struct.unpack("<Q", _receive(connection, 8))[0]
+            answer = _receive(connection, size) if size < 2**16 else b""
+    except TimeoutError:
+        raise UsageError(f"{where} did not answer within {timeout:g} s (a worker serves one client at a time:"
+                         " is another localspec using it?)") from None
+    except (OSError, ConnectionError, struct.error) as error:
+        reason = getattr(error, "strerror", None) or str(error) or "the connection closed"
+        raise UsageError(f"cannot reach {where}: {reason} (is `localspec worker` running there?)") from None
+    if len(answer) < 3 or answer[0] != RPC_PROTO_MAJOR_VERSION:
+        raise UsageError(f"{where} does not speak llama.cpp's RPC protocol v{RPC_PROTO_MAJOR_VERSION}"
+                         " (another program, or a llama.cpp of another version?)")
+
+
+def worker_listening(endpoint: str, timeout: float = 1.0) -> bool:
+    """Whether anything still accepts connections at a worker's endpoint (a worker busy with another
+    client still does: the connection waits in its queue)."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _receive(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the connection closed")
+        data += chunk
+    return data
+
+
+def serve_rpc(endpoint: str, cache_dir: Path | None, threads: int, device_names: Sequence[str]) -> None:
+    """Serve these devices to other machines' llama.cpp over RPC: blocks for as long as the server
+    runs (llama.cpp returns only if it cannot listen)."""
+    ggml = _ggml()
+    chosen = [ggml.ggml_backend_dev_by_name(name.encode()) for name in device_names]
+    array = (ctypes.c_void_p * len(chosen))(*chosen)
+    _rpc().ggml_backend_rpc_start_server(endpoint.encode(), str(cache_dir).encode() if cache_dir else None,
+                                         threads, len(chosen), ctypes.cast(array, ctypes.c_void_p))
+
+
+def stop_on_abort(say: Callable[[str], None]) -> None:
+    """When llama.cpp aborts (an assertion, or a worker that stopped answering), say so in one line
+    through say(message) and exit with EngineError's code, instead of a backtrace and a core dump.
+    say runs on whichever thread llama.cpp aborted in; the process ends right after it."""
+    global _abort_callback
+
+    def on_abort(message: bytes) -> None:
+        text = message.decode("utf-8", errors="replace").strip()
+        place, _, what = text.partition(": ")
+        try:
+            say(f"{what.strip()} ({Path(place).name})" if what else text)
+        finally:
+            os._exit(EngineError.exit_code)
+
+    _abort_callback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(on_abort)  # kept referenced: ggml calls it later
+    ggml = _ggml()
+    ggml.ggml_set_abort_callback.restype = ctypes.c_void_p
+    ggml.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
+    ggml.ggml_set_abort_callback(ctypes.cast(_abort_callback, ctypes.c_void_p))
 
 
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
-                 load_mtp: bool = False):
+                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
-        None: every device llama.cpp sees. load_mtp: also load the multi-token-prediction layers
+        None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
+        offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
+        proportion to their free memory. load_mtp: also load the multi-token-prediction layers
         (an MTP context can be made only then; llama.cpp aborts otherwise)."""
         self.path = Path(path)
         _check_is_gguf(self.path)
@@ -89,6 +214,12 @@ class Model:
         if devices is not None:
             chosen = _device_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
+        if tensor_split is not None:
+            most = llama.llama_max_devices()
+            if len(tensor_split) > most:
+                raise UsageError(f"--tensor-split names {len(tensor_split)} devices; llama.cpp takes at most {most}")
+            self._split = (ctypes.c_float * most)(*tensor_split)  # kept referenced while llama.cpp reads it
+            params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         _recent_errors.clear()
         self.gpu_layers = gpu_layers
         self.devices = devices
@@ -150,7 +281,7 @@ class Model:
         """Where the weights sit: how many of the model's layers (its output layer counted, as
         llama.cpp's log counts them) are on the GPUs, and which devices hold them."""
         layers = llama.llama_model_n_layer(self._model) + 1
-        gpus = [d["name"] for d in devices() if d["kind"] != "CPU"] if supports_gpu_offload() else []
+        gpus = [d["name"] for d in devices() if d["kind"] != "CPU"]  # a worker's devices (--rpc) too
         if self.devices is not None:
             gpus = [name for name in gpus if name in self.devices]
         on_gpu = 0 if not gpus else layers if self.gpu_layers < 0 else min(self.gpu_layers, layers)
@@ -490,11 +621,20 @@ def system_info() -> str:
     return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
 
+def _library(name: str) -> Path:
+    """One of the libraries llama-cpp-python installs beside itself, by its name without prefix or suffix:
+    the file libllama itself loaded. A wheel cannot hold symbolic links, so libggml.so and libggml.so.0
+    are separate copies, and loading the other one would give a second ggml with a registry of its own
+    (devices added there are not llama.cpp's)."""
+    folder = Path(llama.__file__).parent / "lib"
+    names = (f"lib{name}.so.0", f"lib{name}.so", f"lib{name}.0.dylib", f"lib{name}.dylib", f"{name}.dll")
+    return next(folder / file for file in names if (folder / file).exists())
+
+
 @cache
 def _ggml() -> ctypes.CDLL:
     """ggml's device registry, which llama-cpp-python does not wrap."""
-    library = Path(llama.__file__).parent / "lib"
-    ggml = ctypes.CDLL(str(next(library / name for name in ("libggml.so", "libggml.dylib", "ggml.dll") if (library / name).exists())))
+    ggml = ctypes.CDLL(str(_library("ggml")))
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -504,6 +644,13 @@ def _ggml() -> ctypes.CDLL:
     ggml.ggml_backend_dev_type.restype = ctypes.c_int
     ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
     return ggml
 
 
@@ -525,17 +672,20 @@ def _device_array(names: tuple[str, ...]) -> ctypes.Array:
 
 
 def devices() -> list[dict]:
-    """The compute devices ggml sees: name, description, kind, free and total memory in bytes."""
+    """The compute devices ggml sees: name, description (a worker's endpoint, for a remote one), kind,
+    whether it is remote (an RPC worker's), free and total memory in bytes."""
     ggml = _ggml()
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        remote = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)) == b"RPC"
         found.append(dict(
             name=ggml.ggml_backend_dev_name(device).decode(),
             description=ggml.ggml_backend_dev_description(device).decode(),
-            kind=DEVICE_KINDS.get(ggml.ggml_backend_dev_type(device), "other"),
-            free=free.value, total=total.value,
+            # llama.cpp calls every worker's device a GPU, whatever the worker lends
+            kind="RPC worker" if remote else DEVICE_KINDS.get(ggml.ggml_backend_dev_type(device), "other"),
+            remote=remote, free=free.value, total=total.value,
         ))
     return found

@@ -1,0 +1,71 @@
+"""`localspec worker`: this machine's devices lent to another machine's llama.cpp over RPC.
+
+llama.cpp's server loop never returns and has no way to be stopped, so it runs on a thread of its
+own while the main thread waits for Ctrl-C or SIGTERM, and then the process simply ends.
+"""
+
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from .config import Lending
+from .engine import backend
+from .errors import UsageError
+
+
+def lend(lending: Lending, say: Callable[[str], None]) -> None:
+    backend.require_rpc()
+    lent = _devices(lending.devices)
+    _check_port_free(lending.host, lending.port)
+    if lending.cache_dir:
+        Path(lending.cache_dir).mkdir(parents=True, exist_ok=True)
+    if lending.exposure_warning:
+        say(lending.exposure_warning)
+    endpoint = f"{lending.host}:{lending.port}"
+    shown = ", ".join(f"{d['name']} ({d['description']}, {d['free'] / 2**30:.1f} GiB free)" for d in lent)
+    say(f"localspec worker: lending {shown} on {endpoint}, one client at a time; on the machine that runs the"
+        f" model: localspec run MODEL --rpc {endpoint}. Ctrl-C stops.")
+    server = threading.Thread(target=backend.serve_rpc, name="rpc-server", daemon=True,
+                              args=(endpoint, lending.cache_dir, lending.threads, [d["name"] for d in lent]))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    try:
+        while server.is_alive() and not stop.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    if not server.is_alive():
+        raise UsageError(f"llama.cpp could not serve on {endpoint} (its message is above)")
+    say("localspec worker: stopped")
+    sys.stdout.flush()
+    # llama.cpp's server thread cannot be stopped or joined: end the process without waiting for it.
+    os._exit(0)
+
+
+def _devices(names: tuple[str, ...] | None) -> list[dict]:
+    local = [d for d in backend.devices() if not d["remote"]]
+    if names is None:
+        return [d for d in local if d["kind"] != "CPU"] or [d for d in local if d["kind"] == "CPU"]
+    known = {d["name"]: d for d in local}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UsageError(f"no device named {', '.join(unknown)}; this machine has: {', '.join(known)}")
+    return [known[name] for name in names]
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """llama.cpp only prints that it failed to listen: find out first, and say why."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except socket.gaierror as error:
+        raise UsageError(f"cannot listen on {host}: {error.strerror}") from None
+    except OSError as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror} (another worker there?)") from None

@@ -1,0 +1,218 @@
+"""A target split across machines with llama.cpp's RPC backend, on loopback: `localspec worker`
+processes on free 127.0.0.1 ports, started and stopped by the tests."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from localspec.config import Lending
+from localspec.engine import backend
+
+WORKER_START_SECONDS = 60
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Worker:
+    """`localspec worker --port P` in a subprocess, ready once it answers the RPC handshake."""
+
+    def __init__(self, home: Path, *args):
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.log_file = home / f"worker-{self.port}.log"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+        with open(self.log_file, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "localspec", "worker", "--port", str(self.port),
+                                             *map(str, args)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + WORKER_START_SECONDS
+        while True:
+            try:
+                backend.greet_worker(self.endpoint, timeout=5)
+                return
+            except Exception:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.process.kill()
+                    raise AssertionError(f"the worker did not start: {self.log()}") from None
+                time.sleep(0.2)
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGINT) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory):
+    home = tmp_path_factory.mktemp("workers")
+    started = [Worker(home), Worker(home)]
+    yield started
+    for worker in started:
+        assert worker.stop() == 0, worker.log()
+
+
+def run_json(localspec, *args) -> dict:
+    result = localspec("run", *args, "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    return json.loads(result.stdout)
+
+
+def test_this_build_has_rpc_and_doctor_lists_the_workers_devices(localspec, workers):
+    assert backend.supports_rpc()
+    endpoints = ",".join(w.endpoint for w in workers)
+    result = localspec("doctor", "--rpc", endpoints, "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    remote = [d for d in report["machine"]["devices"] if d["remote"]]
+    assert [d["description"] for d in remote] == [w.endpoint for w in workers]
+    assert all(d["kind"] == "RPC worker" and d["free"] > 0 for d in remote)
+    assert report["machine"]["rpc"] and not report["machine"]["gpu_offload"]
+    shown = localspec("doctor", "--rpc", endpoints)
+    assert b"With --rpc" in shown.stdout and workers[0].endpoint.encode() in shown.stdout
+
+
+@pytest.mark.parametrize("drafting", [["--draft", "same", "--spec", "fixed"], ["--draft", "ngram", "--spec", "fixed"]],
+                         ids=["draft model", "ngram"])
+def test_a_model_split_across_two_workers_and_this_cpu_says_what_it_says_alone(localspec, tiny, workers, drafting):
+    drafting = [tiny["same"] if arg == "same" else arg for arg in drafting]
+    common = [tiny["target"], *drafting, "--prompt", "the cat sat on the mat", "--temp", "0", "-n", "48",
+              "--p-min", "0"]
+    alone = run_json(localspec, *common)
+    endpoints = ",".join(w.endpoint for w in workers)
+    # 2 of the tiny model's 3 layers (its 2 blocks and the output layer) go to the workers, one each
+    split = run_json(localspec, *common, "--rpc", endpoints, "--gpu-layers", "2")
+    assert split["text"] == alone["text"]
+    assert split["stats"]["drafted"] > 0 and split["stats"]["accepted"] == alone["stats"]["accepted"]
+    target = split["placement"]["target"]
+    assert target["layers_on_gpu"] == 2 and target["devices"] == ["RPC0", "RPC1", "CPU"]
+    if "draft" in split["placement"]:  # the draft model stays on this machine
+        assert split["placement"]["draft"]["devices"] == ["CPU"]
+
+
+def test_an_unreachable_worker_is_refused_before_anything_loads(cli, tiny):
+    closed = free_port()
+    code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--rpc", f"127.0.0.1:{closed}")
+    assert code == 2 and f"cannot reach the RPC worker at 127.0.0.1:{closed}" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_server_that_is_not_a_worker_is_refused(cli, tiny):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer_in_http() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(64)
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        thread = threading.Thread(target=answer_in_http)
+        thread.start()
+        code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--rpc", f"127.0.0.1:{port}")
+        thread.join(timeout=10)
+    assert code == 2 and "does not speak llama.cpp's RPC protocol" in err
+
+
+@pytest.mark.parametrize("value, message", [("localhost", "--rpc takes HOST:PORT"), ("127.0.0.1:0", "--rpc takes"),
+                                            ("127.0.0.1:99999", "--rpc takes")])
+def test_rpc_option_mistakes(cli, tiny, value, message):
+    code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--rpc", value)
+    assert code == 2 and message in err
+
+
+def test_tensor_split_mistakes(cli, tiny):
+    code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--tensor-split", "3,x")
+    assert code == 2 and "--tensor-split takes numbers" in err
+    code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--tensor-split", "0,0")
+    assert code == 2 and "not all 0" in err
+
+
+def _wait_for(condition, seconds=60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_mid_generation_ends_the_run_with_one_line(tiny, tmp_path):
+    worker = Worker(tmp_path / "home")
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env.pop("LOCALSPEC_DEBUG", None)
+    run = subprocess.Popen([sys.executable, "-m", "localspec", "run", tiny["target"], "--rpc", worker.endpoint,
+                            "--prompt", "abc", "-n", "-1", "-c", "4096", "--no-draft"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        run.stdout.read(8)  # it is generating on the worker
+        worker.process.kill()
+        worker.process.wait(timeout=30)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    lines = err.decode().strip().splitlines()
+    assert run.returncode == 4
+    assert lines[-1].startswith("error: llama.cpp stopped:") and f"the RPC worker at {worker.endpoint} is gone" in lines[-1]
+    assert "Traceback" not in err.decode() and "backtrace" not in err.decode()
+
+
+def test_a_batch_records_the_item_a_dead_worker_stopped_and_stops(tiny, tmp_path):
+    worker = Worker(tmp_path / "home")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(item) for item in [
+        {"id": "short", "prompt": "abc", "max_tokens": 4},
+        {"id": "long", "prompt": "abc", "max_tokens": 4000},
+        {"id": "never", "prompt": "abc", "max_tokens": 4},
+    ]) + "\n")
+    answers = tmp_path / "answers.jsonl"
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env.pop("LOCALSPEC_DEBUG", None)
+    batch = subprocess.Popen([sys.executable, "-m", "localspec", "batch", tiny["target"], prompts, "-o", answers,
+                              "--rpc", worker.endpoint, "-c", "4096", "--no-draft"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        _wait_for(lambda: answers.exists() and answers.read_text().count("\n") >= 1)
+        time.sleep(0.5)  # into the long item
+        worker.process.kill()
+        _, err = batch.communicate(timeout=60)
+    finally:
+        batch.kill()
+    assert batch.returncode == 4, err.decode()
+    records = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["short", "long"]
+    assert "text" in records[0] and records[1]["error"].startswith("llama.cpp stopped:")
+
+
+def test_worker_stops_on_sigterm_and_refuses_a_port_in_use(cli, tmp_path):
+    worker = Worker(tmp_path / "home")
+    assert worker.stop(signal.SIGTERM) == 0
+    assert "lending" in worker.log() and "stopped" in worker.log()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, _, err = cli("worker", "--port", taken.getsockname()[1])
+    assert code == 2 and "cannot listen on 127.0.0.1" in err
+
+
+def test_a_worker_others_can_reach_is_warned_about():
+    assert Lending().exposure_warning is None
+    assert "no authentication" in Lending(host="0.0.0.0").exposure_warning
