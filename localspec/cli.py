@@ -145,6 +145,10 @@ RPC_OPTIONS = {
         " split across their devices and this machine's GPUs (by free memory, or --tensor-split; on a machine"
         " without a GPU, --gpu-layers N sends N layers to the workers and keeps the rest here). The draft model"
         " stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "no_repack": (Annotated[bool, typer.Option(
+        "--no-repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
+        " a worker computes with that layout, so only then does greedy text match a run split with --rpc"
+        " token for token.", rich_help_panel=RESOURCES)], False),
     "tensor_split": (Annotated[Optional[str], typer.Option(
         "--tensor-split", "-ts", help="Shares of the offloaded layers per device, in `localspec doctor`'s order,"
         " e.g. 3,1. Default: by free memory.", show_default=False, rich_help_panel=RESOURCES)], None),
@@ -192,7 +196,7 @@ def build_settings(**values) -> Settings:
                         draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
                         backend_sampling=o.backend_sampling, devices=_device_names(o.device),
                         draft_devices=_device_names(o.draft_device), rpc=_device_names(o.rpc) or (),
-                        tensor_split=_shares(o.tensor_split)),
+                        tensor_split=_shares(o.tensor_split), repack=not o.no_repack),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
 
@@ -489,15 +493,17 @@ def bench(
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
                                     lambda text: status.update(f"benchmarking: {text}"), mixed)
+        costs = session.costs()
     machine = hardware.describe()
     drafting = settings.draft_model or DrafterKind.NGRAM
     sampling = settings.sampling
     report = {"target": settings.target, "draft": settings.draft_model, "max_tokens": settings.limits.max_tokens,
-              "temperature": sampling.temperature, "mixed": mixed, "machine": machine, "results": rows}
+              "temperature": sampling.temperature, "mixed": mixed, "machine": machine, "rpc": settings.runtime.rpc,
+              "costs": costs, "results": rows}
     if as_json:
         print(json.dumps(report))
     else:
-        tui.bench_table(rows)
+        tui.bench_table(rows, costs)
     if output:
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:

@@ -139,6 +139,9 @@ class Runtime:
     # The share of the offloaded layers each device takes, in llama.cpp's device order (--tensor-split);
     # None: in proportion to their free memory.
     tensor_split: tuple[float, ...] | None = None
+    # Let the CPU lay weights out for its fastest kernels (llama.cpp's repacking; off: --no-repack). A worker
+    # computes with the plain layout, which rounds differently: greedy text matches a split run only without it.
+    repack: bool = True
 
     def __post_init__(self):
         if self.ctx_size < 8:

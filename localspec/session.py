@@ -98,7 +98,7 @@ class Session:
             if runtime.rpc:
                 add_rpc_servers(runtime.rpc)
             self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp,
-                                                tensor_split=runtime.tensor_split))
+                                                tensor_split=runtime.tensor_split, repack=runtime.repack))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
@@ -128,7 +128,8 @@ class Session:
                                           rows, mtp=True))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
             if draft is not None:
-                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, _draft_devices(runtime)))
+                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, _draft_devices(runtime),
+                                              repack=runtime.repack))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             self.default_mode = self.speculation.drafting
@@ -166,6 +167,11 @@ class Session:
             costs = calibrate(self.target, {drafter.kind: drafter.context for drafter in costly}, batch)
             self._auto = AutoDrafter(self.ngram, costly, costs)
         return self._auto
+
+    def costs(self) -> dict | None:
+        """What the auto policy measured of this machine (verification by batch size, drafting), once
+        it has run; for reports."""
+        return self._auto.costs.as_dict() if self._auto else None
 
     def set_draft_max(self, draft_max: int | None) -> None:
         """Draft up to this many tokens a step in every mode (None: each kind's own default)."""

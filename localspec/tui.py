@@ -398,7 +398,7 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
         console.print(f"[red]failed[/] {shown(record['id'])}: {shown(record['error'])}")
 
 
-def bench_table(rows: list[dict], console: Console = out) -> None:
+def bench_table(rows: list[dict], costs: dict | None = None, console: Console = out) -> None:
     table = Table(title="localspec bench")
     for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
                    "accepted by draft position", "drafting steps", "probes lost", "python", "host µs step+row"):
@@ -419,3 +419,12 @@ def bench_table(rows: list[dict], console: Console = out) -> None:
     if not console.is_terminal:  # written to a file or pipe: rows kept whole, not wrapped at 80 columns
         console = Console(file=console.file, width=240, highlight=False)
     console.print(table)
+    if costs:
+        console.print(costs_line(costs))
+
+
+def costs_line(costs: dict) -> str:
+    """What auto measured of this machine: the verification cost curve and each drafter's costs."""
+    curve = ", ".join(f"{n}: {relative:.2f}" for n, relative in costs["verify_relative"].items())
+    drafts = "".join(f"; a {kind} token {d['token']:.2f}" for kind, d in costs["drafts"].items())
+    return f"auto's costs: verify(1) {costs['verify_1_ms']:.1f} ms; verify(n) / verify(1): {curve}{drafts}"

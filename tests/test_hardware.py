@@ -22,6 +22,20 @@ def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):
         hardware.check_fit([info, info], 512, small_machine(needed - 1))
 
 
+def test_workers_memory_counts_and_a_split_that_does_not_fit_names_every_device(tiny):
+    info = gguf_meta.read(tiny["target"])
+    needed = hardware.check_fit([info], 512, small_machine(10**12))
+    worker = dict(name="RPC0", description="127.0.0.1:50052", kind="RPC worker", remote=True, free=needed // 2,
+                  total=needed)
+    machine = hardware.Machine(gpu_offload=False, rpc=True, devices=[worker], ram_total=needed,
+                               ram_available=needed // 2 + 1, cpu="test", features="")
+    assert machine.memory_free == needed // 2 * 2 + 1
+    assert hardware.check_fit([info], 512, machine) == needed  # fits only with the worker's memory
+    short = hardware.Machine(**{**machine.__dict__, "ram_available": needed // 4})
+    with pytest.raises(UsageError, match=r"GiB of RAM here, .* GiB on RPC0 \(the worker at 127.0.0.1:50052\)"):
+        hardware.check_fit([info], 512, short)
+
+
 def test_machine_reports_at_least_the_cpu():
     found = hardware.machine()
     assert any(d["kind"] == "CPU" for d in found.devices)

@@ -216,3 +216,17 @@ def test_worker_stops_on_sigterm_and_refuses_a_port_in_use(cli, tmp_path):
 def test_a_worker_others_can_reach_is_warned_about():
     assert Lending().exposure_warning is None
     assert "no authentication" in Lending(host="0.0.0.0").exposure_warning
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_split_across_two_workers_says_what_it_says_alone(localspec, real_model, workers):
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    # a worker computes with the weights' file layout: compare with a local run that does too
+    common = [target, "--draft", draft, "--spec", "fixed", "--temp", "0", "-n", "48", "--no-repack", "--prompt",
+              "Write a Python function that returns the n-th Fibonacci number."]
+    alone = run_json(localspec, *common)
+    split = run_json(localspec, *common, "--rpc", ",".join(w.endpoint for w in workers))
+    assert split["text"] == alone["text"]
+    assert split["placement"]["target"]["devices"] == ["RPC0", "RPC1"]
+    assert split["placement"]["draft"]["devices"] == ["CPU"]
+    assert split["stats"]["accepted"] > 0 and split["stats"]["drafted"] == alone["stats"]["drafted"]

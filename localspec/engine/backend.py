@@ -200,17 +200,19 @@ def stop_on_abort(say: Callable[[str], None]) -> None:
 
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
-                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None):
+                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
         proportion to their free memory. load_mtp: also load the multi-token-prediction layers
-        (an MTP context can be made only then; llama.cpp aborts otherwise)."""
+        (an MTP context can be made only then; llama.cpp aborts otherwise). repack: let the CPU keep
+        weights in the layout of its fastest kernels (llama.cpp's extra buffer types)."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         params.load_mtp = load_mtp
+        params.use_extra_bufts = repack
         if devices is not None:
             chosen = _device_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
@@ -416,6 +418,9 @@ class Context:
                 batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             started = perf_counter()
             status = llama.llama_decode(self._ctx, batch)
+            # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the time
+            # is the decode's (the auto policy's costs, the host share) and not the next call's.
+            llama.llama_synchronize(self._ctx)
             self.busy_seconds += perf_counter() - started
             batch.embd = ctypes.POINTER(ctypes.c_float)()
             if self.keep_hidden and status == 0:

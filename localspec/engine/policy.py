@@ -135,6 +135,13 @@ class Costs:
     verify: dict[int, float]  # batch size -> verify(n) / verify(1)
     drafts: dict[DrafterKind, DraftCosts] = field(default_factory=dict)
 
+    def as_dict(self) -> dict:
+        """For reports: verify(1) in ms, verify(n) / verify(1) by batch size, and each costly drafter's
+        costs relative to verify(1)."""
+        return {"verify_1_ms": self.level * 1e3, "verify_relative": dict(sorted(self.verify.items())),
+                "drafts": {str(kind): {"token": d.token, "prefill_token": d.prefill_token}
+                           for kind, d in self.drafts.items()}}
+
     def verify_seconds(self, n: int) -> float:
         return self.level * _interpolate(self.verify, n)
 
