@@ -2,11 +2,9 @@
 processes on free 127.0.0.1 ports, started and stopped by the tests."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +13,8 @@ import pytest
 
 from localspec.config import Lending
 from localspec.engine import backend
+
+from processes import localspec_process, stop
 
 WORKER_START_SECONDS = 60
 
@@ -33,10 +33,9 @@ class Worker:
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log_file = home / f"worker-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "LOCALSPEC_HOME": str(home)}
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "localspec", "worker", "--port", str(self.port),
-                                             *map(str, args)], stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = localspec_process(home, "worker", "--port", self.port, *args, stdout=log,
+                                             stderr=subprocess.STDOUT)
         deadline = time.monotonic() + WORKER_START_SECONDS
         while True:
             try:
@@ -52,13 +51,7 @@ class Worker:
         return self.log_file.read_text(errors="replace")
 
     def stop(self, sig=signal.SIGINT) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
+        return stop(self.process, sig)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +141,12 @@ def test_tensor_split_mistakes(cli, tiny):
     assert code == 2 and "not all 0" in err
 
 
+def long_run(tiny, home: Path, endpoint: str) -> subprocess.Popen:
+    """The tiny target on a worker, generating until its 4,096-token context is full (seconds)."""
+    return localspec_process(home, "run", tiny["target"], "--rpc", endpoint, "--prompt", "abc", "-n", "-1",
+                             "-c", "4096", "--no-draft", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def _wait_for(condition, seconds=60) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -157,11 +156,7 @@ def _wait_for(condition, seconds=60) -> None:
 
 def test_a_worker_killed_mid_generation_ends_the_run_with_one_line(tiny, tmp_path):
     worker = Worker(tmp_path / "home")
-    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
-    env.pop("LOCALSPEC_DEBUG", None)
-    run = subprocess.Popen([sys.executable, "-m", "localspec", "run", tiny["target"], "--rpc", worker.endpoint,
-                            "--prompt", "abc", "-n", "-1", "-c", "4096", "--no-draft"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    run = long_run(tiny, tmp_path / "home", worker.endpoint)
     try:
         run.stdout.read(8)  # it is generating on the worker
         worker.process.kill()
@@ -175,6 +170,69 @@ def test_a_worker_killed_mid_generation_ends_the_run_with_one_line(tiny, tmp_pat
     assert "Traceback" not in err.decode() and "backtrace" not in err.decode()
 
 
+class Partition:
+    """Forwards a port of 127.0.0.1 to a worker until cut(): then it stops forwarding and listening but
+    keeps the connections open, silent, as when the worker's machine drops off the network."""
+
+    def __init__(self, worker: Worker):
+        self.worker_port = worker.port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.cut_off = threading.Event()
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.worker_port))
+            self.connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            try:
+                data = source.recv(1 << 16)
+                if self.cut_off.is_set():
+                    return
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def cut(self) -> None:
+        self.cut_off.set()
+        self.listener.close()
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+
+
+def test_a_worker_that_drops_off_the_network_ends_the_run_within_bounded_time(tiny, tmp_path):
+    worker = Worker(tmp_path / "home")
+    partition = Partition(worker)
+    run = long_run(tiny, tmp_path / "home", partition.endpoint)
+    try:
+        run.stdout.read(8)
+        partition.cut()  # llama.cpp alone would wait on the silent connection for good
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        partition.close()
+        worker.stop()
+    lines = err.decode().strip().splitlines()
+    assert run.returncode == 4
+    assert f"has waited {backend.RPC_STALL_SECONDS} s for the RPC workers" in lines[-1]
+    assert f"the RPC worker at {partition.endpoint} is gone" in lines[-1]
+
+
 def test_a_batch_records_the_item_a_dead_worker_stopped_and_stops(tiny, tmp_path):
     worker = Worker(tmp_path / "home")
     prompts = tmp_path / "prompts.jsonl"
@@ -184,11 +242,9 @@ def test_a_batch_records_the_item_a_dead_worker_stopped_and_stops(tiny, tmp_path
         {"id": "never", "prompt": "abc", "max_tokens": 4},
     ]) + "\n")
     answers = tmp_path / "answers.jsonl"
-    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
-    env.pop("LOCALSPEC_DEBUG", None)
-    batch = subprocess.Popen([sys.executable, "-m", "localspec", "batch", tiny["target"], prompts, "-o", answers,
-                              "--rpc", worker.endpoint, "-c", "4096", "--no-draft"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    batch = localspec_process(tmp_path / "home", "batch", tiny["target"], prompts, "-o", answers, "--rpc",
+                              worker.endpoint, "-c", "4096", "--no-draft", stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
     try:
         _wait_for(lambda: answers.exists() and answers.read_text().count("\n") >= 1)
         time.sleep(0.5)  # into the long item

@@ -3,12 +3,10 @@ httpx for the edge cases, and many clients at once. Every server here is a real 
 process on a free port of 127.0.0.1, started by the test and stopped with a signal."""
 
 import json
-import os
 import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +21,8 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.session import Session
 from localspec.stats import record
 
+from processes import localspec_process, stop
+
 STARTUP_SECONDS = 60
 PROMPT = "tell me about the cat"
 
@@ -34,12 +34,9 @@ class ServerProcess:
     def __init__(self, home: Path, *args):
         self.log_file = home / "serve.log"
         home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "LOCALSPEC_HOME": str(home)}
-        env.pop("LOCALSPEC_DEBUG", None)
-        env.pop("LOCALSPEC_API_KEY", None)
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "localspec", "serve", *map(str, args), "--port", "0"],
-                                            stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)
+            self.process = localspec_process(home, "serve", *args, "--port", "0", stdout=subprocess.PIPE, stderr=log,
+                                             bufsize=0)
         try:
             self.url = self._wait_for_url()
         except BaseException:
@@ -70,13 +67,7 @@ class ServerProcess:
                              timeout=120, **options)
 
     def stop(self, sig=signal.SIGINT) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=30)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
+        return stop(self.process, sig)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ import os
 import socket
 import struct
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -106,7 +108,11 @@ RPC_HELLO = 14  # enum rpc_cmd in ggml-rpc.cpp
 RPC_PROTO_MAJOR_VERSION = 7  # ggml-rpc.h at the pinned version: a worker must speak the same
 RPC_CONN_CAPS_SIZE = 24
 RPC_TIMEOUT_SECONDS = 10
+# llama.cpp waits on a worker for as long as its connection stays open, so a worker whose machine went
+# away would hang a decode for good: a decode this long makes us look for workers that are gone.
+RPC_STALL_SECONDS = 10
 _added_workers: set[str] = set()
+_decoding_since: float | None = None  # when the decode now running began, if one is
 
 
 def add_rpc_servers(endpoints: Sequence[str]) -> None:
@@ -122,7 +128,21 @@ def add_rpc_servers(endpoints: Sequence[str]) -> None:
         if not registry:
             raise EngineError(f"the RPC worker at {endpoint} offers no devices")
         ggml.ggml_backend_register(ctypes.c_void_p(registry))
+        if not _added_workers:
+            threading.Thread(target=_watch_workers, name="rpc-watch", daemon=True).start()
         _added_workers.add(endpoint)
+
+
+def _watch_workers() -> None:
+    """Stop the process if a decode has waited RPC_STALL_SECONDS and a worker accepts no connections
+    any more (a healthy but slow one still does: its port queues them)."""
+    while True:
+        time.sleep(1)
+        since = _decoding_since
+        if since is None or perf_counter() - since < RPC_STALL_SECONDS:
+            continue
+        if any(not worker_listening(endpoint, timeout=2) for endpoint in list(_added_workers)):
+            _stop(f"a decode has waited {RPC_STALL_SECONDS} s for the RPC workers")
 
 
 def greet_worker(endpoint: str, timeout: float = RPC_TIMEOUT_SECONDS) -> None:
@@ -177,19 +197,31 @@ def serve_rpc(endpoint: str, cache_dir: Path | None, threads: int, device_names:
                                          threads, len(chosen), ctypes.cast(array, ctypes.c_void_p))
 
 
+def _stop(message: str) -> None:
+    """End the process for good from any thread, llama.cpp's own included (replaced by stop_on_abort)."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(EngineError.exit_code)
+
+
 def stop_on_abort(say: Callable[[str], None]) -> None:
     """When llama.cpp aborts (an assertion, or a worker that stopped answering), say so in one line
     through say(message) and exit with EngineError's code, instead of a backtrace and a core dump.
     say runs on whichever thread llama.cpp aborted in; the process ends right after it."""
-    global _abort_callback
+    global _abort_callback, _stop
+
+    def stop(message: str) -> None:
+        try:
+            say(message)
+        finally:
+            os._exit(EngineError.exit_code)
 
     def on_abort(message: bytes) -> None:
         text = message.decode("utf-8", errors="replace").strip()
         place, _, what = text.partition(": ")
-        try:
-            say(f"{what.strip()} ({Path(place).name})" if what else text)
-        finally:
-            os._exit(EngineError.exit_code)
+        stop(f"{what.strip()} ({Path(place).name})" if what else text)
+
+    _stop = stop
 
     _abort_callback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(on_abort)  # kept referenced: ggml calls it later
     ggml = _ggml()
@@ -397,6 +429,7 @@ class Context:
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
+        global _decoding_since
         start = len(self.tokens)
         if logits == "all" and len(tokens) > self.max_rows:
             raise EngineError(f"cannot verify {len(tokens)} tokens in a batch of {self.max_rows}")
@@ -416,11 +449,12 @@ class Context:
             if hidden is not None:  # lent for this call: llama_batch_free must not free it
                 rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
                 batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            started = perf_counter()
+            started = _decoding_since = perf_counter()
             status = llama.llama_decode(self._ctx, batch)
             # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the time
             # is the decode's (the auto policy's costs, the host share) and not the next call's.
             llama.llama_synchronize(self._ctx)
+            _decoding_since = None
             self.busy_seconds += perf_counter() - started
             batch.embd = ctypes.POINTER(ctypes.c_float)()
             if self.keep_hidden and status == 0:

@@ -1,0 +1,26 @@
+"""Helpers for tests that run localspec as long-lived processes (servers, workers)."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def localspec_process(home: Path, *args, **popen) -> subprocess.Popen:
+    """`localspec ARGS` started in the background with LOCALSPEC_HOME=home and no debug mode."""
+    env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+    for name in ("LOCALSPEC_DEBUG", "LOCALSPEC_API_KEY"):
+        env.pop(name, None)
+    return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], env=env, **popen)
+
+
+def stop(process: subprocess.Popen, sig=signal.SIGINT) -> int:
+    """Send sig and return the exit code; a process still there after 30 s is killed."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
