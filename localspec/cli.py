@@ -142,9 +142,9 @@ RESOURCE_OPTIONS = {
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
         "--rpc", help="Comma-separated HOST:PORT of `localspec worker`s on other machines: the target's layers are"
-        " split across their devices and this machine's GPUs (by free memory, or --tensor-split; on a machine"
-        " without a GPU, --gpu-layers N sends N layers to the workers and keeps the rest here). The draft model"
-        " stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " split across their devices and this machine's GPUs (by free memory, or --tensor-split); on a machine"
+        " without a GPU, across the workers and this machine's CPU by free memory (--gpu-layers N: N layers to"
+        " the workers, -1 all). The draft model stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
     "no_repack": (Annotated[bool, typer.Option(
         "--no-repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
         " a worker computes with that layout, so only then does greedy text match a run split with --rpc"
@@ -192,7 +192,8 @@ def build_settings(**values) -> Settings:
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min),
         runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
-                        gpu_layers=all_layers if o.gpu_layers is None else o.gpu_layers,
+                        # with workers, unless told: the layers split by free memory, this machine's too
+                        gpu_layers=(None if o.rpc else all_layers) if o.gpu_layers is None else o.gpu_layers,
                         draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
                         backend_sampling=o.backend_sampling, devices=_device_names(o.device),
                         draft_devices=_device_names(o.draft_device), rpc=_device_names(o.rpc) or (),

@@ -120,11 +120,12 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class Runtime:
-    """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer."""
+    """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer; None (with rpc): as
+    many as the workers' share of the free memory, keeping the rest on this machine's CPU."""
 
     ctx_size: int = 4096
     threads: int = field(default_factory=default_threads)
-    gpu_layers: int = -1
+    gpu_layers: int | None = -1
     draft_gpu_layers: int = -1
     # Offload devices by name (llama.cpp's --device / --device-draft; ("none",): none); None: all of them.
     devices: tuple[str, ...] | None = None
@@ -152,7 +153,9 @@ class Runtime:
         if self.threads > logical:
             raise UsageError(f"threads must be at most {logical}, this machine's logical CPUs (more threads than CPUs"
                              f" only slow llama.cpp down), got {self.threads}")
-        if self.gpu_layers < -1 or self.draft_gpu_layers < -1:
+        if self.gpu_layers is None and not self.rpc:
+            raise UsageError("gpu layers by free memory go with --rpc")
+        if (self.gpu_layers or 0) < -1 or self.draft_gpu_layers < -1:
             raise UsageError("gpu layers must be >= 0, or -1 for all layers")
         for endpoint in self.rpc:
             host, _, port = endpoint.rpartition(":")

@@ -101,6 +101,18 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
     return needed
 
 
+def offloaded_layers(info: GGUFInfo, found_devices: list[dict]) -> int:
+    """How many of the target's layers to put on offload devices when workers share it: all of them
+    where this machine has a GPU (llama.cpp splits them by free memory, the workers' included), else
+    the workers' share of the free memory, the rest staying on this machine's CPU."""
+    if any(d["kind"] != "CPU" and not d["remote"] for d in found_devices):
+        return -1
+    layers = info.arch("block_count", 0) + 1  # and the output layer, as llama.cpp counts them
+    remote = sum(d["free"] for d in found_devices if d["remote"])
+    local = psutil.virtual_memory().available
+    return round(layers * remote / (remote + local)) if remote + local else -1
+
+
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
     found = found or machine()

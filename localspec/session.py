@@ -95,9 +95,12 @@ class Session:
             # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
             load_mtp = asked or speculation.drafting == DrafterKind.AUTO
+            gpu_layers = runtime.gpu_layers
             if runtime.rpc:
                 add_rpc_servers(runtime.rpc)
-            self.target_model = self._own(Model(target, runtime.gpu_layers, runtime.devices, load_mtp=load_mtp,
+                if gpu_layers is None:
+                    gpu_layers = hardware.offloaded_layers(gguf_meta.read(target), devices())
+            self.target_model = self._own(Model(target, gpu_layers, runtime.devices, load_mtp=load_mtp,
                                                 tensor_split=runtime.tensor_split, repack=runtime.repack))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
@@ -108,7 +111,7 @@ class Session:
             n_batch = max(runtime.prompt_batch, rows)
             on_backend = runtime.backend_sampling
             if on_backend is None:
-                on_backend = runtime.gpu_layers != 0 and supports_gpu_offload()
+                on_backend = gpu_layers != 0 and supports_gpu_offload()
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=mtp))
             # Said at load, for the CLI to print: what localspec did other than asked.

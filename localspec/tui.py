@@ -161,8 +161,8 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
         console.print("[bold]Models run on[/]: the CPU; rows are sampled on the host")
     if workers:
         console.print(f"[bold]With --rpc[/]: the target's layers go to {shown(', '.join(workers + gpus))} by free"
-                      " memory (--tensor-split to choose; on a machine without a GPU, --gpu-layers N sends N layers"
-                      " and keeps the rest here); the draft model stays here")
+                      " memory, this machine's CPU too where it has no GPU (--tensor-split, --gpu-layers N to choose);"
+                      " the draft model stays here")
     if rebuild_hint:
         console.print(rebuild_hint)
     fits = Table(title=f"Registry pairs at a context of {ctx_size} tokens (estimates; downloaded models measured)")

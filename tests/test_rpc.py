@@ -101,6 +101,14 @@ def test_a_model_split_across_two_workers_and_this_cpu_says_what_it_says_alone(l
         assert split["placement"]["draft"]["devices"] == ["CPU"]
 
 
+def test_without_a_gpu_this_machine_keeps_its_share_of_the_layers(localspec, tiny, workers):
+    split = run_json(localspec, tiny["target"], "--prompt", "hi", "-n", "2", "--rpc",
+                     ",".join(w.endpoint for w in workers))
+    # the workers run on this machine: three equal shares of free memory, two of them remote
+    assert split["placement"]["target"]["layers_on_gpu"] == 2
+    assert split["placement"]["target"]["devices"] == ["RPC0", "RPC1", "CPU"]
+
+
 def test_an_unreachable_worker_is_refused_before_anything_loads(cli, tiny):
     closed = free_port()
     code, _, err = cli("run", tiny["target"], "--prompt", "hi", "--rpc", f"127.0.0.1:{closed}")
@@ -283,6 +291,6 @@ def test_real_qwen_pair_split_across_two_workers_says_what_it_says_alone(localsp
     alone = run_json(localspec, *common)
     split = run_json(localspec, *common, "--rpc", ",".join(w.endpoint for w in workers))
     assert split["text"] == alone["text"]
-    assert split["placement"]["target"]["devices"] == ["RPC0", "RPC1"]
+    assert split["placement"]["target"]["devices"] == ["RPC0", "RPC1", "CPU"]  # a third stays here
     assert split["placement"]["draft"]["devices"] == ["CPU"]
     assert split["stats"]["accepted"] > 0 and split["stats"]["drafted"] == alone["stats"]["drafted"]
