@@ -143,15 +143,14 @@ class Server:
     async def _respond(self, request: Request, parsed: Parsed, reply: Reply) -> Response:
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
-
         started = False
 
         def deliver(item) -> None:  # on the worker thread
             nonlocal started
             # Each hand-over wakes the event loop, which then competes with llama.cpp's threads for the
-            # CPU: hand over only what the response is made of (the job's recorder has the rest).
-            if started and not (isinstance(item, LocalspecError) or item is FINISHED
-                                or parsed.stream and (isinstance(item, Token) and item.text or isinstance(item, Done))):
+            # CPU: after the first event (the request has started), hand over only what the response is
+            # made of; the job's recorder has the rest.
+            if started and not _makes_the_response(item, parsed.stream):
                 return
             started = True
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
@@ -289,6 +288,13 @@ def listen(host: str, port: int) -> socket.socket:
         if error.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
             raise UsageError(f"port {port} on {host} is in use; choose another with --port (0: any free port)") from None
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+def _makes_the_response(item, stream: bool) -> bool:
+    """Errors and the end always; a stream's text and its held-back tail too."""
+    if isinstance(item, LocalspecError) or item is FINISHED:
+        return True
+    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text))
 
 
 async def _cancel_when_gone(request: Request, job: Job) -> None:
