@@ -695,9 +695,12 @@ def doctor(
     models = registry.load()
     for entry in models.values():
         if entry.draft in models:
-            needed = hardware.estimate_pair([_header_and_size(e) for e in (entry, models[entry.draft])], ctx_size)
+            (target, target_size), (draft, draft_size) = (_header_and_size(e) for e in (entry, models[entry.draft]))
+            needed = hardware.estimate_pair([(target, target_size), (draft, draft_size)], ctx_size)
             rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
-                             fits=None if needed is None else needed <= found.memory_free))
+                             fits=None if needed is None else needed <= found.memory_free,
+                             target_layers=hardware.layer_placement(target, found.devices, bool(rpc)),
+                             draft_layers=hardware.layer_placement(draft, found.devices, local=True)))
     if as_json:
         print(json.dumps({"machine": dataclasses.asdict(found), "ctx_size": ctx_size, "pairs": rows}))
     else:

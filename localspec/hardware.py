@@ -101,6 +101,23 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
     return needed
 
 
+def layer_placement(info: GGUFInfo | None, found_devices: list[dict], with_workers: bool = False,
+                    local: bool = False) -> dict | None:
+    """Where a model's layers (its output layer counted, as llama.cpp counts them) go by default: how many
+    on offload devices (which ones) and how many on this machine's CPU; None until it is downloaded.
+    with_workers: the workers listed in found_devices share the target (--rpc); local: a draft model,
+    which stays on this machine."""
+    if info is None:
+        return None
+    layers = info.arch("block_count", 0) + 1
+    gpus = [d["name"] for d in found_devices if d["kind"] != "CPU" and not d["remote"]]
+    workers = [d["name"] for d in found_devices if d["remote"]] if with_workers and not local else []
+    if gpus:
+        return {"layers": layers, "offloaded": layers, "devices": workers + gpus}
+    offloaded = offloaded_layers(info, found_devices) if workers else 0
+    return {"layers": layers, "offloaded": offloaded, "devices": workers + (["CPU"] if offloaded < layers else [])}
+
+
 def offloaded_layers(info: GGUFInfo, found_devices: list[dict]) -> int:
     """How many of the target's layers to put on offload devices when workers share it: all of them
     where this machine has a GPU (llama.cpp splits them by free memory, the workers' included), else

@@ -166,12 +166,29 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
     if rebuild_hint:
         console.print(rebuild_hint)
     fits = Table(title=f"Registry pairs at a context of {ctx_size} tokens (estimates; downloaded models measured)")
-    for column in ("target", "draft", "needs", "fits"):
+    for column in ("target", "draft", "needs", "fits", "layers on (target; draft)"):
         fits.add_column(column)
     for row in pairs:
         verdict = {True: "[green]yes[/]", False: "[red]no[/]", None: "unknown until downloaded"}[row["fits"]]
-        fits.add_row(shown(row["target"]), shown(row["draft"]), size_text(row["needed"]), verdict)
-    console.print(fits)
+        fits.add_row(shown(row["target"]), shown(row["draft"]), size_text(row["needed"]), verdict,
+                     f"{placement_text(row['target_layers'])}; {placement_text(row['draft_layers'])}")
+    _whole_rows(console).print(fits)
+
+
+def _whole_rows(console: Console) -> Console:
+    """Written to a file or pipe, a table keeps its rows whole instead of wrapping them at 80 columns."""
+    return console if console.is_terminal else Console(file=console.file, width=240, highlight=False)
+
+
+def placement_text(placement: dict | None) -> str:
+    """hardware.layer_placement in a few words: `29 on CUDA0`, `20 on RPC0, RPC1, 9 on the CPU`."""
+    if placement is None:
+        return "?"
+    layers, offloaded = placement["layers"], placement["offloaded"]
+    devices = [d for d in placement["devices"] if d != "CPU"]
+    parts = ([f"{offloaded} on {shown(', '.join(devices))}"] if offloaded else []) + (
+        [f"{layers - offloaded} on the CPU"] if offloaded < layers else [])
+    return ", ".join(parts)
 
 
 DRAFT_STYLE = "green"
@@ -416,8 +433,7 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
             f"{r['python_overhead']:.1%}",
             f"{r['host_us_per_step']:.0f}" + (f"+{r['host_us_per_row']:.0f}" if r["host_us_per_row"] is not None else ""),
         )
-    if not console.is_terminal:  # written to a file or pipe: rows kept whole, not wrapped at 80 columns
-        console = Console(file=console.file, width=240, highlight=False)
+    console = _whole_rows(console)
     console.print(table)
     if costs:
         console.print(costs_line(costs))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,6 +261,24 @@ def test_doctor_describes_the_machine(localspec):
     assert done.returncode == 0, done.stderr
     assert "llama.cpp backend" in out and "RAM" in out and "qwen2.5-coder-1.5b" in out
     assert "Models run on: the CPU" in out
+
+
+def test_doctor_says_where_each_downloaded_models_layers_run(localspec, tiny, tmp_path):
+    home = tmp_path / "home"  # the localspec fixture's LOCALSPEC_HOME
+    home.mkdir(exist_ok=True)
+    (home / "models.toml").write_text(
+        '[families.tiny]\nlicense = "test"\n'
+        '[models.tiny-target]\nfamily = "tiny"\nparams = "1M"\nrepo = "me/tiny-GGUF"\nfile = "target.gguf"\n'
+        'draft = "tiny-draft"\n'
+        '[models.tiny-draft]\nfamily = "tiny"\nparams = "0.5M"\nrepo = "me/tiny-GGUF"\nfile = "draft.gguf"\n')
+    for name, source in (("tiny-target/target.gguf", tiny["target"]), ("tiny-draft/draft.gguf", tiny["same"])):
+        (home / "models" / name).parent.mkdir(parents=True)
+        shutil.copy(source, home / "models" / name)
+    doctor = json.loads(localspec("doctor", "--json").stdout)
+    row = next(row for row in doctor["pairs"] if row["target"] == "tiny-target")
+    # 2 blocks and the output layer, all on this CPU-only build's CPU
+    assert row["target_layers"] == row["draft_layers"] == {"layers": 3, "offloaded": 0, "devices": ["CPU"]}
+    assert b"3 on the CPU; 3 on the CPU" in localspec("doctor").stdout
 
 
 def test_doctor_and_check_speak_json_and_unknown_sizes_stay_unknown(localspec, tiny):
