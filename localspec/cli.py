@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, download, gguf_meta, hardware, paths, registry, tui
+from . import __version__, download, gguf_meta, hardware, net, paths, registry, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
@@ -549,7 +549,7 @@ def serve(
     serving = Serving(host=host, port=port, api_key=api_key, queue=queue, alias=alias)
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
-    listener = server_face.listen(serving.host, serving.port)
+    listener = net.listen(serving.host, serving.port)
     with listener, _open(settings) as session:
         server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
                            settings.draft_model, tui.log_line).run(listener)

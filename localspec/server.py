@@ -26,7 +26,7 @@ from starlette.routing import Route
 from . import api
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
-from .errors import LocalspecError, UsageError
+from .errors import LocalspecError
 from .events import Done, Token
 from .service import FINISHED, Job, Service
 from .session import Session
@@ -275,19 +275,6 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         self.on_exit()
         await super().shutdown(sockets)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the models load: a port in use is one line, at once."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        return socket.create_server((host, port), family=family, dualstack_ipv6=False)
-    except socket.gaierror as error:
-        raise UsageError(f"cannot listen on {host}: {error.strerror}") from None
-    except OSError as error:
-        if error.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
-            raise UsageError(f"port {port} on {host} is in use; choose another with --port (0: any free port)") from None
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
 def _makes_the_response(item, stream: bool) -> bool:

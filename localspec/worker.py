@@ -6,12 +6,12 @@ own while the main thread waits for Ctrl-C or SIGTERM, and then the process simp
 
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from . import net
 from .config import Lending
 from .engine import backend
 from .errors import UsageError
@@ -20,7 +20,7 @@ from .errors import UsageError
 def lend(lending: Lending, say: Callable[[str], None]) -> None:
     backend.require_rpc()
     lent = _devices(lending.devices)
-    _check_port_free(lending.host, lending.port)
+    net.listen(lending.host, lending.port).close()  # llama.cpp only prints that it could not listen
     if lending.cache_dir:
         Path(lending.cache_dir).mkdir(parents=True, exist_ok=True)
     if lending.exposure_warning:
@@ -57,15 +57,3 @@ def _devices(names: tuple[str, ...] | None) -> list[dict]:
         raise UsageError(f"no device named {', '.join(unknown)}; this machine has: {', '.join(known)}")
     return [known[name] for name in names]
 
-
-def _check_port_free(host: str, port: int) -> None:
-    """llama.cpp only prints that it failed to listen: find out first, and say why."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except socket.gaierror as error:
-        raise UsageError(f"cannot listen on {host}: {error.strerror}") from None
-    except OSError as error:
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror} (another worker there?)") from None

@@ -148,10 +148,9 @@ def _watch_workers() -> None:
 def greet_worker(endpoint: str, timeout: float = RPC_TIMEOUT_SECONDS) -> None:
     """The RPC handshake (HELLO, and the protocol version back), with a time limit; UsageError naming
     the worker if it cannot be reached, does not answer, or answers in another protocol."""
-    host, _, port = endpoint.rpartition(":")
     where = f"the RPC worker at {endpoint}"
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as connection:
+        with socket.create_connection(_address(endpoint), timeout=timeout) as connection:
             connection.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
             size = struct.unpack("<Q", _receive(connection, 8))[0]
             answer = _receive(connection, size) if size < 2**16 else b""
@@ -169,12 +168,17 @@ def greet_worker(endpoint: str, timeout: float = RPC_TIMEOUT_SECONDS) -> None:
 def worker_listening(endpoint: str, timeout: float = 1.0) -> bool:
     """Whether anything still accepts connections at a worker's endpoint (a worker busy with another
     client still does: the connection waits in its queue)."""
-    host, _, port = endpoint.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        socket.create_connection(_address(endpoint), timeout=timeout).close()
     except OSError:
         return False
     return True
+
+
+def _address(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT, as checked by Runtime) as a socket address."""
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def _receive(connection: socket.socket, size: int) -> bytes:
