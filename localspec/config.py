@@ -131,8 +131,8 @@ class Runtime:
     devices: tuple[str, ...] | None = None
     draft_devices: tuple[str, ...] | None = None
     prompt_batch: int = 512
-    # Run the sampler chain inside the decode graph (None: where the target runs on a GPU). Target
-    # and draft always sample the same way, so p and q come from the same chain.
+    # Run the sampler chain inside the decode graph (None: where the target runs on a GPU, and elsewhere
+    # for greedy rows only). Target and draft always sample the same way, so p and q come from the same chain.
     backend_sampling: bool | None = None
     # Other machines' `localspec worker`s (llama.cpp's --rpc), as HOST:PORT: the target's offloaded layers
     # are split across their devices and this machine's; the draft model stays here.

@@ -110,8 +110,8 @@ class Session:
             rows = speculation.longest_draft + 1
             n_batch = max(runtime.prompt_batch, rows)
             on_backend = runtime.backend_sampling
-            if on_backend is None:
-                on_backend = gpu_layers != 0 and supports_gpu_offload()
+            if on_backend is None and gpu_layers != 0 and supports_gpu_offload():
+                on_backend = True  # else (None) the context samples only greedy rows in the graph
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=mtp))
             # Said at load, for the CLI to print: what localspec did other than asked.
@@ -256,7 +256,7 @@ class Session:
         out = {"target": self.target_model.placement()}
         if self.model_drafter:
             out["draft"] = self.model_drafter.context.model.placement()
-        out["sampling"] = "backend" if self.target.backend_sampling else "host"
+        out["sampling"] = "backend" if self.target.on_backend else "host"  # for the latest generation
         out["drafting"] = self.mode
         return out
 

@@ -158,7 +158,8 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
         console.print(f"[bold]Models run on[/]: {shown(', '.join(gpus))}, every layer by default (--gpu-layers and"
                       " --draft-gpu-layers N keep the rest on the CPU); rows are sampled on the backend")
     else:
-        console.print("[bold]Models run on[/]: the CPU; rows are sampled on the host")
+        console.print("[bold]Models run on[/]: the CPU; greedy rows are sampled on the backend (an argmax in the"
+                      " graph), other rows on the host")
     if workers:
         console.print(f"[bold]With --rpc[/]: the target's layers go to {shown(', '.join(workers + gpus))} by free"
                       " memory, this machine's CPU too where it has no GPU (--tensor-split, --gpu-layers N to choose);"

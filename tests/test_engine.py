@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.engine.backend import Context, Model
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.sampling import chain_for, softmax, transform
 from localspec.engine.speculative import generate
@@ -64,6 +65,25 @@ def test_llama_cpps_chain_keeps_what_the_reference_transform_keeps(load, prompt,
         expected, got = transform(reference.logits(row), sampling), softmax(*context.candidates(row))
         assert sorted(got.ids.tolist()) == sorted(expected.ids.tolist())
         np.testing.assert_allclose(got.probs_of(expected.ids), expected.probs, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0)], ids=str)
+def test_on_a_real_152k_vocabulary_the_host_chain_keeps_what_the_reference_transform_keeps(real_model, sampling):
+    # top-k looks only into the groups of the row that can hold its k highest: exact on real rows too
+    model = Model(real_model("qwen2.5-coder-0.5b"))
+    context = Context(model, 256, 64, threads=2, max_outputs=64)
+    try:
+        context.sample_with(chain_for(sampling))
+        prompt = model.tokenize("def merge(left, right):\n    result = []\n", add_special=True, parse_special=False)
+        context.decode(prompt, logits="all")
+        for row in range(len(prompt)):
+            expected, got = transform(context.logits(row), sampling), softmax(*context.candidates(row))
+            assert sorted(got.ids.tolist()) == sorted(expected.ids.tolist())
+            np.testing.assert_allclose(got.probs_of(expected.ids), expected.probs, rtol=1e-5)
+    finally:
+        context.close()
+        model.close()
 
 
 def test_greedy_on_the_backend_emits_the_same_tokens_as_on_the_host(load, prompt):
@@ -234,13 +254,17 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     from localspec.session import Session
 
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
-    with Session(target, draft, Runtime(ctx_size=1024), Speculation("draft", draft_max=3, p_min=0.0)) as session:
+    speculation = Speculation("draft", draft_max=3, p_min=0.0)
+    with Session(target, draft, Runtime(ctx_size=1024, backend_sampling=False), speculation) as session:
         prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
         recorder = RecordingContext(session.target)
         tokens, events = run(recorder, session.drafter, prompt, limits=Limits(max_tokens=64))
     assert record(events).summary().acceptance_rate > 0.5
     for offset, token in enumerate(tokens):
         assert token == recorder.argmax_at[len(prompt) + offset - 1], f"token {offset}"
+    with Session(target, draft, Runtime(ctx_size=1024), speculation) as session:  # the argmax taken in the graph
+        assert run(session.target, session.drafter, prompt, limits=Limits(max_tokens=64))[0] == tokens
+        assert session.target.on_backend
 
 
 def test_a_prompt_that_extends_the_last_one_reuses_both_kv_caches(load, prompt):

@@ -114,3 +114,32 @@ def test_softmax_of_surviving_candidates():
 def test_invalid_sampling_values_are_refused(kwargs):
     with pytest.raises(UsageError):
         Sampling(**kwargs)
+
+
+@pytest.mark.parametrize("size", [40, 49152, 152064, 151936 + 7])
+@pytest.mark.parametrize("k", [1, 5, 10, 40])
+def test_the_top_k_superset_holds_the_k_highest_and_all_tied_with_the_kth(size, k):
+    from localspec.engine.backend import top_k_superset
+
+    rng = np.random.default_rng(size + k)
+    rows = [rng.normal(0, 3, size).astype(np.float32),
+            np.round(rng.normal(0, 2, size)).astype(np.float32),  # many ties, at the k-th too
+            np.full(size, -np.inf, np.float32)]
+    few = min(size, k + 3)
+    rows[2][rng.choice(size, few, replace=False)] = rng.normal(size=few)  # masked tokens but a few
+    rows.append(np.sort(rows[0]))  # the highest entries all in the tail end of the row
+    for row in rows:
+        ids = top_k_superset(row, k)
+        if ids is None:
+            assert size // 2 < 4 * k
+            continue
+        kth = np.sort(row)[-k]
+        assert set(np.flatnonzero(row >= kth)) <= set(ids.tolist())
+        assert len(set(ids.tolist())) == len(ids)  # each entry once: the chain must not see duplicates
+        assert len(ids) < max(size // 8, 4 * k) or (row == kth).sum() > k  # and few others
+
+
+def test_no_top_k_means_no_superset():
+    from localspec.engine.backend import top_k_superset
+
+    assert top_k_superset(np.zeros(152064, np.float32), 0) is None

@@ -276,6 +276,7 @@ class Model:
         self.mtp_layers = llama.llama_model_n_layer_nextn(self._model) if load_mtp else 0
         self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -304,7 +305,10 @@ class Model:
         return llama.llama_vocab_get_text(self._vocab, token) or b""
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:  # asked of every emitted token: remembered, as pieces are
+            eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def special_text(self, which: str) -> str:
         """Text of the BOS or EOS token, as chat templates expect it."""
@@ -364,6 +368,28 @@ class Chain:
         return chain
 
 
+def top_k_superset(row: np.ndarray, k: int) -> np.ndarray | None:
+    """Ids of some of a row's entries, among them its k highest and every entry tied with the k-th,
+    found without sorting the row. The row is dealt into groups and each group's maximum taken: the
+    k-th highest maximum is reached by at least k entries, so nothing below it is among the k highest,
+    and only groups whose maximum reaches it are looked into (about k groups). None where the row is
+    too short for that to save anything (or k is 0: no top-k)."""
+    groups = min(TOP_K_GROUPS, len(row) // 2)
+    if k <= 0 or groups < 4 * k:
+        return None
+    width = len(row) // groups
+    grid = row[: groups * width].reshape(width, groups)  # group g holds entries g, g + groups, g + 2 groups, ...
+    maxima = grid.max(axis=0)
+    threshold = np.partition(maxima, groups - k)[groups - k]
+    reaching = np.flatnonzero(maxima >= threshold)
+    rows, columns = np.nonzero(grid[:, reaching] >= threshold)
+    ids = rows * groups + reaching[columns]
+    tail = row[groups * width :]  # the entries left over from dealing, looked into one by one
+    return np.concatenate([ids, groups * width + np.flatnonzero(tail >= threshold)]) if tail.size else ids
+
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: to llama.cpp's samplers, "seed me at random"; seeds stay below it
+TOP_K_GROUPS = 2048  # at 152k, groups of 74: each pass is over 2,048 maxima or a few thousand entries
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
@@ -372,9 +398,12 @@ class Context:
     """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds.
 
     backend_sampling: run the sampler chain inside the decode graph, for up to max_outputs rows a
-    batch (a verification batch); full logit rows are then not kept at all."""
+    batch (a verification batch), so that full logit rows are not kept at all: every chain (True),
+    none (False), or an argmax chain only (None): a greedy row then hands back one token instead of
+    a vocabulary of logits for Python to scan, which costs less host time even where the graph runs
+    on the CPU, while a sampling chain's top-k is faster on the host there."""
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool = False,
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: bool = False):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep the hidden state of every decoded position for
@@ -413,17 +442,23 @@ class Context:
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
         # most rows one batch may want logits for (a backend sampler is sized for a verification;
         # a recurrent state can only take back what it has snapshots for)
-        self.max_rows = min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling else self.n_batch
+        self.max_rows = (min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling is not False
+                         else self.n_batch)
         self.max_rows = max(1, min(self.max_rows, self.rollback + 1))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
         self._n_vocab = model.n_vocab
         self._row = ctypes.c_float * model.n_vocab  # one logit row; a view is made over it in place
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
         self.backend_sampling = backend_sampling
         self.chain: Chain | None = None
+        self.on_backend = False  # where the current chain runs
         self._native_chain = None
+        self._dist = None  # draw()'s sampler, seeded anew for each generation
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
         self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
 
@@ -443,11 +478,9 @@ class Context:
         for offset in range(0, len(tokens), self.n_batch):
             chunk = tokens[offset : offset + self.n_batch]
             final_chunk = offset + len(chunk) == len(tokens)
-            for i, token in enumerate(chunk):
+            for i, token in enumerate(chunk):  # (every token is in sequence 0, set once in __init__)
                 batch.token[i] = token
                 batch.pos[i] = start + offset + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             if hidden is not None:  # lent for this call: llama_batch_free must not free it
@@ -460,7 +493,8 @@ class Context:
             llama.llama_synchronize(self._ctx)
             _decoding_since = None
             self.busy_seconds += perf_counter() - started
-            batch.embd = ctypes.POINTER(ctypes.c_float)()
+            if hidden is not None:
+                batch.embd = ctypes.POINTER(ctypes.c_float)()
             if self.keep_hidden and status == 0:
                 states = np.ctypeslib.as_array(_nextn().llama_get_embeddings_nextn(self._ctx),
                                                shape=(len(chunk), self.model.n_embd)).copy()
@@ -472,26 +506,30 @@ class Context:
             self._last_decoded, self._rolled_back = len(chunk), False
 
     def sample_with(self, chain: Chain) -> None:
-        """Use this chain for the rows of the decodes that follow."""
+        """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds)."""
+        self._free_dist()
         if chain == self.chain:
             return
         self._free_chain()
         native = chain.native()
-        if self.backend_sampling and not llama.llama_set_sampler(self._ctx, 0, native):
-            llama.llama_sampler_free(native)
-            raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
-                              " (a tensor-split model?); try --no-backend-sampling")
-        self.chain, self._native_chain = chain, native
+        on_backend = self.backend_sampling or (self.backend_sampling is None and chain.argmax)
+        if on_backend and not llama.llama_set_sampler(self._ctx, 0, native):
+            if self.backend_sampling:  # asked for by name
+                llama.llama_sampler_free(native)
+                raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
+                                  " (a tensor-split model?); try --no-backend-sampling")
+            on_backend = False
+        self.chain, self._native_chain, self.on_backend = chain, native, on_backend
 
     def token(self, row: int) -> int:
         """The row's most likely token (the chain must be an argmax chain)."""
-        if self.backend_sampling:
+        if self.on_backend:
             return llama.llama_get_sampled_token_ith(self._ctx, row)
         return int(np.argmax(self.logits(row)))
 
     def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """The ids the chain keeps of a row and their logits (temperature applied), as new arrays."""
-        if self.backend_sampling:
+        if self.on_backend:
             count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
             logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
             ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
@@ -500,20 +538,42 @@ class Context:
                    if ids_count else np.arange(count, dtype=np.int32))
             kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
             return ids[kept], logits[kept]
-        if self._candidates is None:
-            self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
-            self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
-        rows = self._candidates
-        rows["id"] = self._all_ids  # the chain reorders the array in place
-        rows["logit"] = self.logits(row)
-        array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), self._n_vocab, -1, False)
-        llama.llama_sampler_apply(self._native_chain, ctypes.byref(array))
+        rows, array = self._apply_chain(row)
         kept = rows[: array.size]
         return kept["id"].copy(), kept["logit"].copy()
 
+    def draw(self, row: int, rng: np.random.Generator) -> int:
+        """A token drawn from what the chain keeps of a row, by llama.cpp's dist sampler on the host (seeded
+        from rng at a generation's first draw): where no draft token competes (a plain step, a bonus
+        token) nothing needs the distribution itself, and C draws without numpy's per-call costs."""
+        if self._dist is None:
+            self._dist = llama.llama_sampler_init_dist(int(rng.integers(DEFAULT_SEED)))
+        rows, array = self._apply_chain(row)
+        llama.llama_sampler_apply(self._dist, ctypes.byref(array))
+        return int(rows["id"][array.selected])
+
+    def _apply_chain(self, row: int) -> tuple[np.ndarray, "llama.llama_token_data_array"]:
+        """The host chain run over a row: the candidate array, whose first `size` entries survived."""
+        if self._candidates is None:
+            self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
+            self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
+        logits = self.logits(row)
+        ids = top_k_superset(logits, self.chain.top_k)
+        if ids is None:
+            rows = self._candidates
+            rows["id"] = self._all_ids  # the chain reorders the array in place
+            rows["logit"] = logits
+        else:  # the chain's top-k keeps the same tokens of these as of the whole row
+            rows = self._candidates[: len(ids)]
+            rows["id"] = ids
+            rows["logit"] = logits[ids]
+        array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), len(rows), -1, False)
+        llama.llama_sampler_apply(self._native_chain, ctypes.byref(array))
+        return rows, array
+
     def logits(self, row: int) -> np.ndarray:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
-        if self.backend_sampling and self.chain is not None:
+        if self.on_backend:
             raise EngineError("full logit rows are not kept while sampling on the backend")
         pointer = llama.llama_get_logits_ith(self._ctx, row)
         if not pointer:
@@ -632,15 +692,22 @@ class Context:
                 f" the generation expects 0..{len(tokens) - 1}"
             )
 
+    def _free_dist(self) -> None:
+        if self._dist is not None:
+            llama.llama_sampler_free(self._dist)
+            self._dist = None
+
     def _free_chain(self) -> None:
         if self._native_chain is not None:
-            if self.backend_sampling:
+            if self.on_backend:
                 llama.llama_set_sampler(self._ctx, 0, None)
             llama.llama_sampler_free(self._native_chain)
             self.chain = self._native_chain = None
+            self.on_backend = False
 
     def close(self) -> None:
         if self._ctx:
+            self._free_dist()
             self._free_chain()
             llama.llama_batch_free(self._batch)
             llama.llama_free(self._ctx)

@@ -115,4 +115,5 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
             return i, residual(p, q).sample(rng)
-    return len(draft.tokens), softmax(*target.candidates(len(draft.tokens))).sample(rng)
+    bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
+    return bonus, softmax(*target.candidates(bonus)).sample(rng) if target.on_backend else target.draw(bonus, rng)
