@@ -137,7 +137,8 @@ RESOURCE_OPTIONS = {
         "--backend-sampling/--no-backend-sampling",
         help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates come"
         " back (fast on a GPU, slow on a CPU), or in C on the host. Default: on the backend where the target"
-        " runs on a GPU; elsewhere greedy rows only (an argmax in the graph costs less than copying a row out).", show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
+        " runs on a GPU; elsewhere greedy rows only (an argmax in the graph costs less than copying a row out).",
+        show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
 }
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
