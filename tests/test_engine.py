@@ -99,9 +99,20 @@ def test_a_chain_llama_cpp_will_not_run_on_the_backend_is_an_error_naming_the_wa
     # llama.cpp refuses a backend sampler for tensor-split models; a CPU has none to refuse with
     from localspec.engine import backend
 
+    context = load("target", backend_sampling=True)  # (loads llama.cpp first: backend.llama is lazy until then)
     monkeypatch.setattr(backend.llama, "llama_set_sampler", lambda ctx, seq, sampler: False)
     with pytest.raises(EngineError, match="--no-backend-sampling"):
-        load("target", backend_sampling=True).sample_with(chain_for(GREEDY))
+        context.sample_with(chain_for(GREEDY))
+
+
+def test_by_default_a_greedy_chain_llama_cpp_will_not_take_stays_on_the_host(load, prompt, monkeypatch):
+    from localspec.engine import backend
+
+    host, _ = run(load("target"), NoDrafter(), prompt)
+    monkeypatch.setattr(backend.llama, "llama_set_sampler", lambda ctx, seq, sampler: False)
+    context = load("target", backend_sampling=None)
+    tokens, _ = run(context, NoDrafter(), prompt)
+    assert not context.on_backend and tokens == host
 
 
 @pytest.mark.parametrize("draft_name", ["same", "partial", "unrelated", "ngram", "none"])
