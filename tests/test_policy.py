@@ -7,7 +7,9 @@ import pytest
 from localspec.config import DrafterKind, Sampling
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.engine.policy import (
+    MEAN,
     PROBE_SHARE,
+    SURE,
     AutoDrafter,
     Belief,
     Choice,
@@ -209,6 +211,19 @@ def test_a_long_copy_in_one_text_does_not_earn_long_drafts_in_the_next():
     first = next(step for step in steps if step.drafted)
     assert first.drafted <= 2
     assert max(step.drafted for step in steps) >= 8  # as this text's own copy goes on, it earns them
+
+
+def test_a_draft_position_no_text_has_scored_is_never_sure():
+    # A retrieval answer's quotes have held for four draft positions each so far; a match that runs
+    # back 8 tokens offers 27. Beyond the scored positions the copy must earn each further token:
+    # the rule of succession doubts a copy that has held 8 + 4 tokens more than one that has held 36.
+    auto = policy(EPYC_LIKE, 0.021, model=False)
+    evidence = evidence_of(PASSAGE[:20] + [7, 8] + PASSAGE[:10])
+    believe(auto, "ngram", evidence, [1.0] * 4)
+    quote, copy = (Option(DrafterKind.NGRAM, evidence, 27, run=run) for run in (8, 32))
+    assert auto.expected_tokens(quote, SURE)[3] == pytest.approx(5.0)
+    assert auto.expected_tokens(quote, SURE)[-1] < 10 < auto.expected_tokens(copy, SURE)[-1] < 28
+    assert auto.expected_tokens(quote, MEAN)[-1] < auto.expected_tokens(copy, MEAN)[-1]
 
 
 def test_costs_follow_a_machine_that_gets_busier():

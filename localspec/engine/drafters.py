@@ -34,6 +34,7 @@ class Draft:
     # was expected to cost then: together they say what the probe lost.
     probe: bool = False
     plain_seconds: float = 0.0
+    run: int = 0  # n-gram lookup: how many tokens the match runs back (its evidence names only the class)
 
 
 class Drafter(Protocol):
@@ -109,7 +110,7 @@ class NgramDrafter:
                 # draft after a short, chance match mostly wastes a big verification batch.
                 offer = min(k, max(run, MIN_OFFER))
                 evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
-                return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence)
+                return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence, run=run)
         return Draft(source=self.kind)
 
     @staticmethod

@@ -231,6 +231,7 @@ class Option:
     evidence: str
     most: int
     once_seconds: float = 0.0  # paid once before drafting (the draft model's catch-up)
+    run: int = 0  # n-gram lookup: how many tokens the match already runs back
 
 
 @dataclass
@@ -277,6 +278,15 @@ def _untried(positions: list[Belief]) -> Belief:
     position tried, held loosely, so a draft (or the text, for n-gram lookups) may show otherwise;
     with nothing tried, the PRIOR."""
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
+
+
+def _copy_goes_on(held: int) -> Belief:
+    """An n-gram draft position no text has scored yet: the copy has held for `held` tokens (how far
+    the match runs back, and the draft positions before this one), and Laplace's rule of succession
+    gives (held + 1) / (held + 2) for one more, held as loosely as any untried position. The deepest
+    scored position alone would say a copy that never broke never will, and a quote of a dozen tokens
+    would earn a draft of thirty."""
+    return Belief(held + 1, 1).held_to(INHERITED_WEIGHT)
 
 
 def _this_and_weaker(key: tuple[DrafterKind, str]) -> list[tuple[DrafterKind, str]]:
@@ -335,7 +345,7 @@ class AutoDrafter:
         lookup = self.ngram.propose(history, k)
         options = []
         if lookup.tokens:
-            options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens)))
+            options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens), run=lookup.run))
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         for kind, drafter in self.costly.items() if k else ():
             options.append(Option(kind, "", k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
@@ -401,7 +411,12 @@ class AutoDrafter:
         untried = _untried(positions).view(hope)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
-            reach *= views[position] if position < len(views) else untried
+            if position < len(views):
+                reach *= views[position]
+            elif option.drafter == DrafterKind.NGRAM:
+                reach *= min(untried, _copy_goes_on(option.run + position).view(hope))
+            else:
+                reach *= untried
             expected += reach
             out.append(expected)
         return out
