@@ -40,8 +40,11 @@ its own evidence for that position. How far a run of accepted tokens goes on is 
 property of the text at hand: a retrieval answer quotes a dozen tokens of its
 document where a code edit copies hundreds, so a long draft must be earned by the
 text's own evidence (a kind first seen in a generation starts from what a shorter
-match has shown in it, else from the PRIOR). Within a generation old observations
-fade (FORGET), so a text that stops copying its input soon stops being drafted for.
+match has shown in it, else from the PRIOR, and a draft position no text has
+scored yet is doubted by how long the copy has held so far, by the rule of
+succession, however well the shallower positions did). Within a generation old
+observations fade (FORGET), so a text that stops copying its input soon stops
+being drafted for.
 
 Costs come from a calibration at load and are re-measured by every real step:
 verify(1), the level everything else is relative to, follows each step's timing
