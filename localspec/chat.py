@@ -14,6 +14,7 @@ from pathlib import Path
 from . import tui
 from .config import DrafterKind, Limits, Sampling
 from .errors import LocalspecError
+from .events import Prefill
 from .session import Session
 from .stats import Recorder
 
@@ -49,9 +50,11 @@ class Chat:
     def reply(self, text: str, show: Callable) -> str:
         """Answer one user message and return the answer; `show` sees the events as they come."""
         self.messages.append({"role": "user", "content": text})
+        started = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
             for event in self.session.generate(self.session.chat_tokens(self.messages), self.sampling, self.limits):
                 self.recorder.add(event)
+                started = started or isinstance(event, Prefill)
                 show(event)
         except KeyboardInterrupt:
             self.recorder.interrupt()  # an interrupted answer stays in the conversation as far as it got
@@ -59,7 +62,7 @@ class Chat:
             self.recorder.interrupt()
             self.messages.pop()  # the turn failed before the model answered
             raise
-        answer = self.recorder.text
+        answer = self.recorder.text if started else ""
         self.messages.append({"role": "assistant", "content": answer})
         return answer
 

@@ -8,6 +8,11 @@ import sys
 import pexpect
 import pytest
 
+from localspec.chat import Chat
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine import backend
+from localspec.session import Session
+
 PROMPT = "you> "
 
 
@@ -144,3 +149,125 @@ def test_a_draft_length_beyond_the_batch_is_refused_and_the_chat_goes_on(tiny):
         assert chat.command("/draft 100000", console)  # the chat goes on (this error used to end it)
         assert "exceeds this session's batch" in console.export_text() and session.draft_limit == 3
         assert chat.command("/draft 5", console) and session.draft_limit == 5
+
+
+def spawn_chat(home, *args, n: int):
+    """A chat in a pseudo-terminal with a reply limit of n tokens, as a user starts it."""
+    env = {**os.environ, "LOCALSPEC_HOME": str(home), "COLUMNS": "100", "LINES": "40", "TERM": "xterm"}
+    env.pop("LOCALSPEC_DEBUG", None)
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "chat", *map(str, args), "--temp", "0", "-n", str(n)],
+                          env=env, encoding="utf-8", timeout=300, dimensions=(40, 100))
+    child.expect("/help for commands")
+    child.expect_exact(PROMPT)
+    return child
+
+
+def interrupt_a_reply_then_chat_on(child, interrupts: int = 3, reuses_cache: bool = True) -> None:
+    """Ctrl-C a reply as soon as it streams, a few times over, then ask again: every later reply comes
+    back whole, with no error, the conversation (and both KV caches) going on from the stopped reply.
+    reuses_cache: the earlier turns are read from the cache (a recurrent state goes back to the start
+    of the conversation's end only from snapshots of its last decode, so a hybrid target reads it all)."""
+    for _ in range(interrupts):
+        child.sendline("Write a very long story about a dragon and a lighthouse keeper.")
+        index = child.expect(["speculation · generating", "error: "])  # the reply has started, or failed
+        assert index == 0, child.before + child.after + child.read_nonblocking(2000, timeout=2)
+        child.sendintr()
+        child.expect_exact("(stopped)")
+        child.expect_exact(PROMPT)
+    child.sendline("And now a short one, please.")
+    index = child.expect([r"prompt (\d+) tokens \((\d+) cached\)", "error: "])
+    assert index == 0, child.before + child.after + child.read_nonblocking(2000, timeout=2)
+    assert int(child.match.group(2)) > 0 or not reuses_cache
+    child.expect_exact(PROMPT)
+    child.sendline("/save " + os.devnull)
+    child.expect(f"saved {2 * (interrupts + 1)} messages")  # each stopped reply kept as far as it got
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafting", [["--no-draft"], ["--draft", "ngram", "--spec", "fixed"]], ids=["plain", "ngram"])
+def test_ctrl_c_keeps_the_chat_going_on_a_real_model(home, drafting):
+    interrupt_a_reply_then_chat_on(spawn_chat(home, "smollm2-135m", *drafting, "--offline", n=400))
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_chat_going_with_a_draft_model(tmp_path, real_model):
+    target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
+    child = spawn_chat(tmp_path / "home", target, "--draft", draft, "--spec", "fixed", n=200)
+    interrupt_a_reply_then_chat_on(child, interrupts=2)
+
+
+@pytest.mark.parametrize("drafting", [["--draft", "mtp"], ["--draft", "ngram", "--spec", "fixed"], ["partial"]],
+                         ids=["mtp", "hybrid-ngram", "hybrid-draft-model"])
+def test_ctrl_c_keeps_the_chat_going_with_tiny_models(tmp_path, tiny, drafting):
+    """The MTP block (of a hybrid trunk, as Qwen3.5's) and a hybrid target (a recurrent state beside
+    attention) with either drafter."""
+    if drafting == ["partial"]:
+        target, drafting = tiny["hybrid"], ["--draft", tiny["hybrid_partial"], "--spec", "fixed"]
+    else:
+        target = tiny["mtp"] if drafting[1] == "mtp" else tiny["hybrid"]
+    child = spawn_chat(tmp_path / "home", target, *drafting, n=600)
+    interrupt_a_reply_then_chat_on(child, reuses_cache=False)  # both targets keep a recurrent state
+
+
+ENGINE = os.path.dirname(backend.__file__)
+
+
+class InterruptAt:
+    """Raise KeyboardInterrupt at the n-th line the engine runs, as Ctrl-C does at the first bytecode
+    after a C call returns (n=None: only count them). A trace function that raises is unset."""
+
+    def __init__(self, n: int | None):
+        self.n, self.count = n, 0
+
+    def __enter__(self):
+        sys.settrace(self.call)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+    def call(self, frame, event, arg):
+        return self.line if frame.f_code.co_filename.startswith(ENGINE) else None
+
+    def line(self, frame, event, arg):
+        if event == "line":
+            self.count += 1
+            if self.count == self.n:
+                raise KeyboardInterrupt
+        return self.line
+
+
+@pytest.mark.parametrize("target,drafting,draft", [
+    ("target", DrafterKind.PLAIN, None), ("target", DrafterKind.NGRAM, None), ("target", DrafterKind.DRAFT, "partial"),
+    ("target", DrafterKind.AUTO, "partial"), ("mtp", DrafterKind.MTP, None),
+    ("hybrid", DrafterKind.DRAFT, "hybrid_partial"), ("hybrid", DrafterKind.NGRAM, None),
+])
+def test_a_ctrl_c_at_any_line_of_the_engine_leaves_caches_the_next_reply_can_use(tiny, target, drafting, draft):
+    """Every step of the reply after an interrupted one checks that each KV cache holds exactly what
+    the generation expects (CHECK_CACHES, on in tests), so a cache left with positions its Context
+    does not know of, or without ones it thinks it has, fails here."""
+    speculation = Speculation(drafting, draft_max=4)
+    with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=4096, threads=2), speculation) as session:
+        chat = Chat(session, Sampling(temperature=0), Limits(max_tokens=10))
+        chat.reply("the cat sat", lambda event: None)
+        with InterruptAt(None) as counted:  # the lines of a reply after one that has filled the caches
+            chat.reply("on the mat", lambda event: None)
+        stopped = 0
+        points = range(1, counted.count, max(1, counted.count // TRIALS))
+        for n in points:
+            chat.clear()  # the conversation stays short, and the lines of a reply comparable
+            chat.reply("the cat sat", lambda event: None)
+            with InterruptAt(n) as interrupted:
+                chat.reply("on the mat", lambda event: None)
+            stopped += interrupted.count == n  # (a reply that ran fewer lines than n was not stopped)
+            chat.reply("the cat", lambda event: None)  # every step of it found the caches right
+            assert len(chat.messages) == 6
+        assert stopped > 0.9 * len(points)
+
+
+TRIALS = 100

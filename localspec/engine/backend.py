@@ -440,6 +440,10 @@ class Context:
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
         self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
+        # Set while llama.cpp's cache is being changed and `tokens` not yet told: Ctrl-C raises
+        # KeyboardInterrupt at the first bytecode after a C call returns, so between the two; the
+        # next change first reads what llama.cpp holds (_settle). (first position, tokens) of a decode.
+        self._changing: tuple[int, Sequence[int]] | None = None
         # most rows one batch may want logits for (a backend sampler is sized for a verification;
         # a recurrent state can only take back what it has snapshots for)
         self.max_rows = (min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling is not False
@@ -469,6 +473,7 @@ class Context:
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
         global _decoding_since
+        self._settle()
         start = len(self.tokens)
         if logits == "all" and len(tokens) > self.max_rows:
             raise EngineError(f"cannot verify {len(tokens)} tokens in a batch of {self.max_rows}")
@@ -486,15 +491,18 @@ class Context:
             if hidden is not None:  # lent for this call: llama_batch_free must not free it
                 rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
                 batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            self._changing = (start + offset, chunk)
             started = _decoding_since = perf_counter()
-            status = llama.llama_decode(self._ctx, batch)
-            # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the time
-            # is the decode's (the auto policy's costs, the host share) and not the next call's.
-            llama.llama_synchronize(self._ctx)
-            _decoding_since = None
+            try:
+                status = llama.llama_decode(self._ctx, batch)
+                # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the
+                # time is the decode's (the auto policy's costs, the host share) and not the next call's.
+                llama.llama_synchronize(self._ctx)
+            finally:
+                _decoding_since = None
+                if hidden is not None:
+                    batch.embd = ctypes.POINTER(ctypes.c_float)()
             self.busy_seconds += perf_counter() - started
-            if hidden is not None:
-                batch.embd = ctypes.POINTER(ctypes.c_float)()
             if self.keep_hidden and status == 0:
                 states = np.ctypeslib.as_array(_nextn().llama_get_embeddings_nextn(self._ctx),
                                                shape=(len(chunk), self.model.n_embd)).copy()
@@ -504,6 +512,7 @@ class Context:
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
             self.tokens.extend(chunk)
             self._last_decoded, self._rolled_back = len(chunk), False
+            self._changing = None
 
     def sample_with(self, chain: Chain) -> None:
         """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds)."""
@@ -596,6 +605,7 @@ class Context:
         the last decode only, once, and answers true even where those snapshots do not reach (leaving a
         wrong state), so what they reach is checked here; further back, a checkpoint() is restored and
         the tokens after it decoded again."""
+        self._settle()
         drop = len(self.tokens) - n_keep
         if drop <= 0:
             return True
@@ -606,14 +616,42 @@ class Context:
                 return self._restore(n_keep)
             else:
                 return False
+        self._changing = (n_keep, ())
         if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            self._changing = None
             return False
+        self._forget_recorded(n_keep)
+        self._changing = None
+        return True
+
+    def _forget_recorded(self, n_keep: int) -> None:
         for position in range(n_keep, len(self.tokens)):  # only what is dropped: this runs every step
             self._hidden.pop(position, None)
         del self.tokens[n_keep:]
         if self._checkpoint is not None and self._checkpoint[0] > n_keep:
             self._checkpoint = None  # it was saved after tokens that are gone now
-        return True
+
+    def _settle(self) -> None:
+        """After a change of the cache that was interrupted (Ctrl-C) before `tokens` was told: make
+        `tokens` say what llama.cpp holds. A decode's tokens that reached the cache are kept (their
+        hidden states, if kept, are lost: an MTP draft reads zeros there); a recurrent state, whose
+        snapshots may no longer match, is emptied, and the next prefill reads everything again."""
+        if self._changing is None:
+            return
+        start, chunk = self._changing
+        self._changing = None
+        held = llama.llama_memory_seq_pos_max(self._memory, 0) + 1
+        if self.recurrent:
+            llama.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            self._checkpoint = None
+            self._forget_recorded(0)
+        elif held < len(self.tokens):
+            self._forget_recorded(held)
+        elif held > len(self.tokens):
+            reached = chunk[len(self.tokens) - start : held - start] if start <= len(self.tokens) else ()
+            self.tokens.extend(reached)
+            if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1):
+                raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
 
     def hidden_row(self, position: int) -> np.ndarray | None:
         """The hidden state after the token at `position` (keep_hidden), if still kept."""
@@ -648,12 +686,15 @@ class Context:
     def _restore(self, n_keep: int) -> bool:
         position, saved = self._checkpoint
         again = self.tokens[position:n_keep]
+        self._changing = (position, ())
         if not llama.llama_state_seq_set_data_ext(self._ctx, saved, len(saved), 0, PARTIAL_STATE):
+            self._changing = None
             return False
         # the recurrent state is back at `position`; the attention layers' KV cache drops what follows
         if not llama.llama_memory_seq_rm(self._memory, 0, position, -1):
             raise EngineError(f"llama.cpp could not roll the KV cache back to {position} tokens")
         del self.tokens[position:]
+        self._changing = None
         if again:
             self.decode(again, logits="none")
         return True
@@ -671,7 +712,8 @@ class Context:
     def keep_common(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:
         """Keep the cached prefix `tokens` start with (at most `most` tokens), forget the rest, and
         return its length. A recurrent state that cannot go back that far is emptied (0)."""
-        keep = agreed
+        self._settle()
+        keep = min(agreed, len(self.tokens))
         limit = min(len(self.tokens), len(tokens) if most is None else most)
         while keep < limit and self.tokens[keep] == tokens[keep]:
             keep += 1
