@@ -8,6 +8,7 @@ Refusing up front beats the OS killing the process halfway through loading.
 import os
 import platform
 from dataclasses import dataclass
+from importlib import metadata
 
 import psutil
 
@@ -18,6 +19,7 @@ from .gguf_meta import GGUFInfo
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
 COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
 COMPUTE_FIXED = 256 * 2**20
+CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,26 @@ def describe() -> str:
     gpus = [d["description"] or d["name"] for d in backend.devices() if d["kind"] != "CPU"] if gpu_offload() else []
     cores = f"{psutil.cpu_count(logical=False) or os.cpu_count()}-core {platform.machine()}"
     return ", ".join([cores, *gpus])
+
+
+def identity() -> dict:
+    """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
+    cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
+    return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(), "llama_cpp": metadata.version("llama-cpp-python"),
+            "system_info": backend.system_info(),
+            "devices": [[d["name"], d["description"], d["kind"]] for d in backend.devices()]}
+
+
+def _cpu_model() -> str:
+    """The CPU's maker, family and model where the system says them (llama.cpp's CPU device says only
+    `AMD EPYC`, and some virtual machines give no model name)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            first = info.read().split("\n\n")[0]
+    except OSError:  # not Linux
+        return platform.processor()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    return " | ".join(fields[key] for key in CPUINFO_FIELDS if key in fields)
 
 
 def cpu_features(system_info: str) -> str:

@@ -6,15 +6,15 @@ many generations on them; the caller iterates events and never touches the engin
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import compat, download, gguf_meta, hardware, registry
+from . import calibration, compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from .engine import policy
 from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
-from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, UsageError
 from .events import Event
@@ -90,7 +90,7 @@ class Session:
         """draft: the draft model's GGUF, or None (n-gram lookup needs none)."""
         self.speculation = speculation
         self._owned: list = []
-        self._auto: AutoDrafter | None = None
+        self._auto: policy.AutoDrafter | None = None
         try:
             # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
@@ -114,6 +114,10 @@ class Session:
                 on_backend = True  # else (None) the context samples only greedy rows in the graph
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=mtp))
+            # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
+            # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
+            self._settings = {**asdict(replace(runtime, gpu_layers=gpu_layers)), "backend_sampling": on_backend}
+            del self._settings["ctx_size"]
             # Said at load, for the CLI to print: what localspec did other than asked.
             self.notes: list[str] = []
             if self.target.n_ctx != runtime.ctx_size:
@@ -163,12 +167,19 @@ class Session:
         self.drafter = drafters[mode]()
         self.mode = mode
 
-    def _auto_drafter(self) -> AutoDrafter:
+    def _auto_drafter(self) -> policy.AutoDrafter:
         if self._auto is None:
             costly = [drafter for drafter in (self.model_drafter, self.mtp_drafter) if drafter]
             batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
-            costs = calibrate(self.target, {drafter.kind: drafter.context for drafter in costly}, batch)
-            self._auto = AutoDrafter(self.ngram, costly, costs)
+            contexts = {drafter.kind: drafter.context for drafter in costly}
+            self._costs_key = {
+                "machine": hardware.identity(), "settings": self._settings,
+                "target": [calibration.file_identity(self.target_model.path), self.target.n_batch, batch],
+                "drafts": {kind: [calibration.file_identity(context.model.path), context.n_batch]
+                           for kind, context in contexts.items()},
+            }
+            costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
+            self._auto = policy.AutoDrafter(self.ngram, costly, costs)
         return self._auto
 
     def costs(self) -> dict | None:
@@ -270,6 +281,8 @@ class Session:
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:
+        if self._owned and self._auto is not None:  # what real steps corrected, for the next load to start from
+            calibration.keep(self._costs_key, self._auto.costs)
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()
