@@ -154,21 +154,33 @@ def offloaded_layers(info: GGUFInfo, found_devices: list[dict]) -> int:
 
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
-    found = found or machine()
     needed = sum(estimate_bytes(info, n_ctx) for info in models)
+    _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine())
+    return needed
+
+
+def check_fit_before_download(models: list[tuple[str, GGUFInfo | None, int | None]], n_ctx: int,
+                              found: Machine | None = None) -> None:
+    """Refuse before any byte is fetched when what is known of the models (name, header if downloaded,
+    size in the registry if not) already cannot fit; a model of unknown size counts for nothing here,
+    and check_fit judges the files once they are downloaded."""
+    needed = sum(estimate_pair([(info, size)], n_ctx) or 0 for _, info, size in models)
+    _refuse_beyond(needed, " + ".join(name for name, _, _ in models), n_ctx, found or machine(),
+                   " (nothing was downloaded)")
+
+
+def _refuse_beyond(needed: int, names: str, n_ctx: int, found: Machine, said: str = "") -> None:
     available = found.memory_free
     if needed > available:
-        names = " + ".join(info.path.name for info in models)
         where = ", ".join([f"{found.ram_available / 2**30:.1f} GiB of RAM here"]
                           + [f"{d['free'] / 2**30:.1f} GiB on {d['name']}"
                              + (f" (the worker at {d['description']})" if d.get("remote") else "")
                              for d in found.devices if d["kind"] != "CPU"])
         raise UsageError(
             f"{names} need about {needed / 2**30:.1f} GiB at a context of {n_ctx} tokens but only"
-            f" {available / 2**30:.1f} GiB are free ({where}); try a smaller --ctx-size, a smaller"
+            f" {available / 2**30:.1f} GiB are free ({where}){said}; try a smaller --ctx-size, a smaller"
             " quantization or model, a GPU build with --gpu-layers, or more workers (--rpc)"
         )
-    return needed
 
 
 REBUILD_HINT = (

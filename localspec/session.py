@@ -44,19 +44,32 @@ class Pair:
 
 
 def resolve_pair(target: str, draft_model: str | None, offline: bool = False, progress=None,
-                 verify_sha256: bool = False) -> Pair:
+                 verify_sha256: bool = False, n_ctx: int | None = None) -> Pair:
     """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
-    read both headers and check the pair."""
+    read both headers and check the pair. n_ctx: first refuse, before anything is downloaded, a pair
+    that what is known of it (the registry's sizes) already shows cannot fit a context of n_ctx tokens."""
     models = registry.load()
     target_entry = registry.resolve(target, models)
+    draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
+    if n_ctx is not None:
+        hardware.check_fit_before_download([_known(r) for r in (target_entry, draft_entry) if r is not None], n_ctx)
     target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
-    if draft_model is None:
+    if draft_entry is None:
         return Pair(target_info)
-    draft_entry = registry.resolve_draft(draft_model, target_entry, models)
     draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
     report = compat.check(target_info, draft_info)
     return Pair(target_info, draft_info, report,
                 "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def _known(resolved: registry.Resolved) -> tuple[str, GGUFInfo | None, int | None]:
+    """A model's name, header (once it is on disk) and size in the registry (None: not known)."""
+    if isinstance(resolved, Path):
+        return resolved.name, gguf_meta.read(resolved) if resolved.is_file() else None, None
+    if isinstance(resolved, registry.RepoQuant):
+        return f"{resolved.repo}:{resolved.quant}", None, None
+    present = download.installed(resolved)
+    return resolved.name, gguf_meta.read(present) if present else None, resolved.size
 
 
 def open_session(
@@ -67,12 +80,12 @@ def open_session(
 
     loading(text): a context shown while the models load (a spinner), after any download.
     """
-    pair = resolve_pair(target, draft_model, offline, progress)
+    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
+        add_rpc_servers(runtime.rpc)
+    pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     infos = [pair.target] + ([pair.draft] if pair.draft else [])
-    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
-        add_rpc_servers(runtime.rpc)
     hardware.check_fit(infos, runtime.ctx_size)
     with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation)

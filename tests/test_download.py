@@ -234,6 +234,15 @@ def test_not_enough_disk_space_is_refused_before_downloading(localspec, hub):
     assert hub.gets("target.gguf") == []
 
 
+def test_a_model_that_cannot_fit_in_memory_is_refused_before_anything_is_downloaded(localspec, hub):
+    """Judged from the registry's size (huge: 10**18 bytes), as the target or as the draft."""
+    for command in (("run", "huge", "-p", "hi"), ("run", "tiny", "--draft", "huge", "-p", "hi")):
+        done = localspec(*command)
+        assert done.returncode == 2 and "GiB are free" in done.stderr and "nothing was downloaded" in done.stderr, \
+            done.stderr
+    assert hub.requests == []
+
+
 def test_offline_mode_uses_only_what_is_downloaded(no_hub_cli, localspec, hub, tiny):
     code, _, stderr = no_hub_cli("run", "tiny", "--offline", "-p", "the cat", "-n", "5")
     assert code != 0 and "offline" in stderr
