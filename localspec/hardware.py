@@ -70,8 +70,8 @@ def describe() -> str:
 def identity() -> dict:
     """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
     cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
-    return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(), "llama_cpp": metadata.version("llama-cpp-python"),
-            "system_info": backend.system_info(),
+    return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "llama_cpp": metadata.version("llama-cpp-python"), "system_info": backend.system_info(),
             "devices": [[d["name"], d["description"], d["kind"]] for d in backend.devices()]}
 
 
@@ -159,13 +159,12 @@ def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) 
     return needed
 
 
-def check_fit_before_download(models: list[tuple[str, GGUFInfo | None, int | None]], n_ctx: int,
-                              found: Machine | None = None) -> None:
-    """Refuse before any byte is fetched when what is known of the models (name, header if downloaded,
-    size in the registry if not) already cannot fit; a model of unknown size counts for nothing here,
-    and check_fit judges the files once they are downloaded."""
-    needed = sum(estimate_pair([(info, size)], n_ctx) or 0 for _, info, size in models)
-    _refuse_beyond(needed, " + ".join(name for name, _, _ in models), n_ctx, found or machine(),
+def check_fit_before_download(models: list[tuple[str, int | None]], n_ctx: int, found: Machine | None = None) -> None:
+    """Refuse before any byte is fetched when the models' sizes (name, bytes; None: not known before
+    downloading, which counts for nothing here) already cannot fit; check_fit judges the files once
+    they are there."""
+    needed = sum(estimate_pair([(None, size)], n_ctx) or 0 for _, size in models)
+    _refuse_beyond(needed, " + ".join(name for name, _ in models), n_ctx, found or machine(),
                    " (nothing was downloaded)")
 
 

@@ -52,7 +52,8 @@ def resolve_pair(target: str, draft_model: str | None, offline: bool = False, pr
     target_entry = registry.resolve(target, models)
     draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
     if n_ctx is not None:
-        hardware.check_fit_before_download([_known(r) for r in (target_entry, draft_entry) if r is not None], n_ctx)
+        hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
+                                           n_ctx)
     target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
     if draft_entry is None:
         return Pair(target_info)
@@ -62,14 +63,13 @@ def resolve_pair(target: str, draft_model: str | None, offline: bool = False, pr
                 "" if report.compatible else registry.draft_advice(target_entry, models))
 
 
-def _known(resolved: registry.Resolved) -> tuple[str, GGUFInfo | None, int | None]:
-    """A model's name, header (once it is on disk) and size in the registry (None: not known)."""
+def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
+    """A model's name and size before anything is downloaded: the registry's, or a local file's."""
     if isinstance(resolved, Path):
-        return resolved.name, gguf_meta.read(resolved) if resolved.is_file() else None, None
+        return resolved.name, resolved.stat().st_size if resolved.is_file() else None
     if isinstance(resolved, registry.RepoQuant):
-        return f"{resolved.repo}:{resolved.quant}", None, None
-    present = download.installed(resolved)
-    return resolved.name, gguf_meta.read(present) if present else None, resolved.size
+        return f"{resolved.repo}:{resolved.quant}", None
+    return resolved.name, resolved.size
 
 
 def open_session(
