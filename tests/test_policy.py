@@ -341,11 +341,12 @@ def open_auto(target, draft, threads=1) -> Session:
 def test_auto_calibrates_once_per_model_files_and_settings_and_starts_from_what_the_last_session_learned(
         tiny, calibrations, monkeypatch):
     with open_auto(tiny["target"], tiny["partial"]) as first:
+        calibrated = first.costs()
         tokens = first.tokenize("the cat sat on the mat", raw=True)
         for _ in first.generate(tokens, Sampling(temperature=0), Limits(max_tokens=12)):
             pass
         learned = first.costs()
-    assert len(calibrations) == 1 and learned["verify_relative"]
+    assert len(calibrations) == 1 and learned != calibrated  # each step's timing moves the level
     with open_auto(tiny["target"], tiny["partial"]) as second:
         assert second.costs() == learned  # real steps' corrections included
     assert len(calibrations) == 1
