@@ -68,10 +68,19 @@ def check_caches_after_every_step(monkeypatch):
     monkeypatch.setattr(backend, "CHECK_CACHES", True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def calibrations_of_the_run(tmp_path_factory):
+    """In-process sessions keep auto's costs in a folder of the test run's, not in the user's state
+    folder (sessions that a module's tests share included)."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("state")
+        patch.setattr(calibration, "path", lambda: folder / "calibration.json")
+        yield
+
+
 @pytest.fixture(autouse=True)
 def calibration_of_its_own(tmp_path, monkeypatch):
-    """In-process sessions keep auto's costs in the test's own folder, not in the user's state folder:
-    each test's first session calibrates, as on a new machine."""
+    """Each test's first session calibrates, as on a new machine and as before costs were kept."""
     monkeypatch.setattr(calibration, "path", lambda: tmp_path / "calibration.json")
 
 
