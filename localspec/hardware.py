@@ -8,6 +8,7 @@ Refusing up front beats the OS killing the process halfway through loading.
 import os
 import platform
 from dataclasses import dataclass
+from importlib import metadata
 
 import psutil
 
@@ -18,6 +19,7 @@ from .gguf_meta import GGUFInfo
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
 COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
 COMPUTE_FIXED = 256 * 2**20
+CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,26 @@ def describe() -> str:
     gpus = [d["description"] or d["name"] for d in backend.devices() if d["kind"] != "CPU"] if gpu_offload() else []
     cores = f"{psutil.cpu_count(logical=False) or os.cpu_count()}-core {platform.machine()}"
     return ", ".join([cores, *gpus])
+
+
+def identity() -> dict:
+    """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
+    cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
+    return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "llama_cpp": metadata.version("llama-cpp-python"), "system_info": backend.system_info(),
+            "devices": [[d["name"], d["description"], d["kind"]] for d in backend.devices()]}
+
+
+def _cpu_model() -> str:
+    """The CPU's maker, family and model where the system says them (llama.cpp's CPU device says only
+    `AMD EPYC`, and some virtual machines give no model name)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            first = info.read().split("\n\n")[0]
+    except OSError:  # not Linux
+        return platform.processor()
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    return " | ".join(fields[key] for key in CPUINFO_FIELDS if key in fields)
 
 
 def cpu_features(system_info: str) -> str:
@@ -132,21 +154,32 @@ def offloaded_layers(info: GGUFInfo, found_devices: list[dict]) -> int:
 
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
-    found = found or machine()
     needed = sum(estimate_bytes(info, n_ctx) for info in models)
+    _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine())
+    return needed
+
+
+def check_fit_before_download(models: list[tuple[str, int | None]], n_ctx: int, found: Machine | None = None) -> None:
+    """Refuse before any byte is fetched when the models' sizes (name, bytes; None: not known before
+    downloading, which counts for nothing here) already cannot fit; check_fit judges the files once
+    they are there."""
+    needed = sum(estimate_pair([(None, size)], n_ctx) or 0 for _, size in models)
+    _refuse_beyond(needed, " + ".join(name for name, _ in models), n_ctx, found or machine(),
+                   " (nothing was downloaded)")
+
+
+def _refuse_beyond(needed: int, names: str, n_ctx: int, found: Machine, said: str = "") -> None:
     available = found.memory_free
     if needed > available:
-        names = " + ".join(info.path.name for info in models)
         where = ", ".join([f"{found.ram_available / 2**30:.1f} GiB of RAM here"]
                           + [f"{d['free'] / 2**30:.1f} GiB on {d['name']}"
                              + (f" (the worker at {d['description']})" if d.get("remote") else "")
                              for d in found.devices if d["kind"] != "CPU"])
         raise UsageError(
             f"{names} need about {needed / 2**30:.1f} GiB at a context of {n_ctx} tokens but only"
-            f" {available / 2**30:.1f} GiB are free ({where}); try a smaller --ctx-size, a smaller"
+            f" {available / 2**30:.1f} GiB are free ({where}){said}; try a smaller --ctx-size, a smaller"
             " quantization or model, a GPU build with --gpu-layers, or more workers (--rpc)"
         )
-    return needed
 
 
 REBUILD_HINT = (

@@ -103,13 +103,25 @@ def _project(name: str) -> str:
 
 
 def _pip_download(package: str, into: Path) -> None:
-    """Our own bar shows progress, so pip speaks only when it fails."""
+    """Our own bar shows progress, so pip's output is kept from the user (and from a sys.stderr that
+    may have no file descriptor: a notebook, pytest's capture); a failure says why in pip's words."""
     # Wheels only: building an sdist would run its setup.py, code from whoever wrote the registry entry.
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--dest", str(into), package]
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=sys.stderr)
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
     if done.returncode != 0:
-        raise FetchError(f"pip could not download {package} (exit {done.returncode})")
+        raise FetchError(f"pip could not download {package}: {_pip_reason(done.stdout, done.returncode)}")
+
+
+def _pip_reason(output: str, returncode: int) -> str:
+    """pip's last ERROR line (after --quiet, the conclusion), and whether the index could not be reached:
+    pip names a network failure only in the WARNING lines of its retries."""
+    errors = [line.removeprefix("ERROR:").strip() for line in output.splitlines() if line.startswith("ERROR:")]
+    reason = errors[-1] if errors else f"exit {returncode}"
+    if "connection broken by" in output or "Failed to establish a new connection" in output:
+        reason += " (the package index could not be reached; check the network)"
+    return reason
 
 
 def _wheel_holding(member: str, wheels: Path) -> Path:

@@ -6,15 +6,15 @@ many generations on them; the caller iterates events and never touches the engin
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import compat, download, gguf_meta, hardware, registry
+from . import calibration, compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from .engine import policy
 from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
-from .engine.policy import AutoDrafter, calibrate
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, UsageError
 from .events import Event
@@ -44,19 +44,32 @@ class Pair:
 
 
 def resolve_pair(target: str, draft_model: str | None, offline: bool = False, progress=None,
-                 verify_sha256: bool = False) -> Pair:
+                 verify_sha256: bool = False, n_ctx: int | None = None) -> Pair:
     """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
-    read both headers and check the pair."""
+    read both headers and check the pair. n_ctx: first refuse, before anything is downloaded, a pair
+    that what is known of it (the registry's sizes) already shows cannot fit a context of n_ctx tokens."""
     models = registry.load()
     target_entry = registry.resolve(target, models)
+    draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
+    if n_ctx is not None:
+        hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
+                                           n_ctx)
     target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
-    if draft_model is None:
+    if draft_entry is None:
         return Pair(target_info)
-    draft_entry = registry.resolve_draft(draft_model, target_entry, models)
     draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
     report = compat.check(target_info, draft_info)
     return Pair(target_info, draft_info, report,
                 "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
+    """A model's name and size before anything is downloaded: the registry's, or a local file's."""
+    if isinstance(resolved, Path):
+        return resolved.name, resolved.stat().st_size if resolved.is_file() else None
+    if isinstance(resolved, registry.RepoQuant):
+        return f"{resolved.repo}:{resolved.quant}", None
+    return resolved.name, resolved.size
 
 
 def open_session(
@@ -67,12 +80,12 @@ def open_session(
 
     loading(text): a context shown while the models load (a spinner), after any download.
     """
-    pair = resolve_pair(target, draft_model, offline, progress)
+    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
+        add_rpc_servers(runtime.rpc)
+    pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     infos = [pair.target] + ([pair.draft] if pair.draft else [])
-    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
-        add_rpc_servers(runtime.rpc)
     hardware.check_fit(infos, runtime.ctx_size)
     with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation)
@@ -90,7 +103,7 @@ class Session:
         """draft: the draft model's GGUF, or None (n-gram lookup needs none)."""
         self.speculation = speculation
         self._owned: list = []
-        self._auto: AutoDrafter | None = None
+        self._auto: policy.AutoDrafter | None = None
         try:
             # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
@@ -114,6 +127,10 @@ class Session:
                 on_backend = True  # else (None) the context samples only greedy rows in the graph
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=mtp))
+            # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
+            # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
+            self._settings = {**asdict(replace(runtime, gpu_layers=gpu_layers)), "backend_sampling": on_backend}
+            del self._settings["ctx_size"]
             # Said at load, for the CLI to print: what localspec did other than asked.
             self.notes: list[str] = []
             if self.target.n_ctx != runtime.ctx_size:
@@ -163,12 +180,19 @@ class Session:
         self.drafter = drafters[mode]()
         self.mode = mode
 
-    def _auto_drafter(self) -> AutoDrafter:
+    def _auto_drafter(self) -> policy.AutoDrafter:
         if self._auto is None:
             costly = [drafter for drafter in (self.model_drafter, self.mtp_drafter) if drafter]
             batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
-            costs = calibrate(self.target, {drafter.kind: drafter.context for drafter in costly}, batch)
-            self._auto = AutoDrafter(self.ngram, costly, costs)
+            contexts = {drafter.kind: drafter.context for drafter in costly}
+            self._costs_key = {
+                "machine": hardware.identity(), "settings": self._settings,
+                "target": [calibration.file_identity(self.target_model.path), self.target.n_batch, batch],
+                "drafts": {kind: [calibration.file_identity(context.model.path), context.n_batch]
+                           for kind, context in contexts.items()},
+            }
+            costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
+            self._auto = policy.AutoDrafter(self.ngram, costly, costs)
         return self._auto
 
     def costs(self) -> dict | None:
@@ -270,6 +294,8 @@ class Session:
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:
+        if self._owned and self._auto is not None:  # what real steps corrected, for the next load to start from
+            calibration.keep(self._costs_key, self._auto.costs)
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()

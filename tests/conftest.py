@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec import mirror, paths, registry
+from localspec import calibration, mirror, paths, registry
 from localspec.cli import main
 from localspec.engine import backend
 from localspec.engine.backend import Context, Model
@@ -66,6 +66,22 @@ def cli(tmp_path, monkeypatch, capsys):
 def check_caches_after_every_step(monkeypatch):
     """In-process generations check every KV cache after each step, as LOCALSPEC_DEBUG=1 does."""
     monkeypatch.setattr(backend, "CHECK_CACHES", True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibrations_of_the_run(tmp_path_factory):
+    """In-process sessions keep auto's costs in a folder of the test run's, not in the user's state
+    folder (sessions that a module's tests share included)."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("state")
+        patch.setattr(calibration, "path", lambda: folder / "calibration.json")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def calibration_of_its_own(tmp_path, monkeypatch):
+    """Each test's first session calibrates, as on a new machine and as before costs were kept."""
+    monkeypatch.setattr(calibration, "path", lambda: tmp_path / "calibration.json")
 
 
 @pytest.fixture(scope="session")

@@ -47,3 +47,10 @@ def test_qwen_kv_cache_matches_its_architecture(real_model):
     info = gguf_meta.read(real_model("qwen2.5-coder-1.5b"))
     # Qwen2.5-1.5B: 28 layers, 2 KV heads of 128 dimensions; f16 keys and values
     assert hardware.kv_cache_bytes(info, 4096) == 28 * 4096 * 2 * (128 + 128) * 2
+
+
+def test_before_a_download_the_known_sizes_decide_and_an_unknown_size_counts_for_nothing():
+    machine = small_machine(2 * 2**30)
+    hardware.check_fit_before_download([("small", 2**30), ("unknown", None)], 512, machine)
+    with pytest.raises(UsageError, match=r"big \+ unknown need about 3\.\d GiB .* \(nothing was downloaded\)"):
+        hardware.check_fit_before_download([("big", 3 * 2**30), ("unknown", None)], 512, machine)

@@ -1,10 +1,15 @@
 """The auto policy: its choices on synthetic costs (pure logic), and calibration on a tiny model."""
 
+import json
+import os
 import random
+import shutil
 
 import pytest
 
-from localspec.config import DrafterKind, Sampling
+from localspec import calibration
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine import policy as policy_module
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.engine.policy import (
     MEAN,
@@ -19,6 +24,7 @@ from localspec.engine.policy import (
     calibrate,
 )
 from localspec.events import Step
+from localspec.session import Session
 
 
 class FakeModel:
@@ -312,3 +318,68 @@ def test_where_verifying_is_nearly_free_the_draft_model_drafts_long_near_the_opt
     # each length it drafts must beat a plain step on the doubtful side of its beliefs, so it may stop a little short
     mean_rate = sum(rate(truth, rates, n) for _, n in settled) / len(settled)
     assert mean_rate >= 0.94 * best
+
+
+@pytest.fixture
+def calibrations(monkeypatch) -> list:
+    """The arguments of every calibration the policy module makes from here on."""
+    made = []
+    measure = policy_module.calibrate
+
+    def counted(*args):
+        made.append(args)
+        return measure(*args)
+
+    monkeypatch.setattr(policy_module, "calibrate", counted)
+    return made
+
+
+def open_auto(target, draft, threads=1) -> Session:
+    return Session(target, draft, Runtime(ctx_size=256, threads=threads), Speculation())
+
+
+def test_auto_calibrates_once_per_model_files_and_settings_and_starts_from_what_the_last_session_learned(
+        tiny, calibrations, monkeypatch):
+    with open_auto(tiny["target"], tiny["partial"]) as first:
+        calibrated = first.costs()
+        tokens = first.tokenize("the cat sat on the mat", raw=True)
+        for _ in first.generate(tokens, Sampling(temperature=0), Limits(max_tokens=12)):
+            pass
+        learned = first.costs()
+    assert len(calibrations) == 1 and learned != calibrated  # each step's timing moves the level
+    with open_auto(tiny["target"], tiny["partial"]) as second:
+        assert second.costs() == learned  # real steps' corrections included
+    assert len(calibrations) == 1
+    with open_auto(tiny["target"], None) as no_draft_model:  # other costs to know: measured
+        assert not no_draft_model.costs()["drafts"]
+    assert len(calibrations) == 2
+    monkeypatch.setenv("LOCALSPEC_RECALIBRATE", "1")
+    open_auto(tiny["target"], tiny["partial"]).close()
+    assert len(calibrations) == 3
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs for two thread counts")
+def test_another_thread_count_is_calibrated_anew(tiny, calibrations):
+    for threads in (1, 2, 1):
+        open_auto(tiny["target"], None, threads).close()
+    assert [made[0].model.path for made in calibrations] == [tiny["target"]] * 2
+
+
+def test_a_model_file_written_again_is_calibrated_anew(tiny, calibrations, tmp_path):
+    target = shutil.copy(tiny["target"], tmp_path / "target.gguf")
+    open_auto(target, None).close()
+    open_auto(target, None).close()
+    assert len(calibrations) == 1
+    os.utime(target, ns=(0, os.stat(target).st_mtime_ns + 1_000_000_000))
+    open_auto(target, None).close()
+    assert len(calibrations) == 2
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": -1, "entries": []}),
+                                     json.dumps({"version": calibration.VERSION, "entries": [{"key": 1}]})])
+def test_an_unreadable_or_foreign_calibration_file_is_measured_anew_and_replaced(tiny, calibrations, content):
+    calibration.path().write_text(content)
+    open_auto(tiny["target"], None).close()
+    open_auto(tiny["target"], None).close()
+    assert len(calibrations) == 1
+    assert json.loads(calibration.path().read_text())["version"] == calibration.VERSION

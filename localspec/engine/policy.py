@@ -46,7 +46,8 @@ succession, however well the shallower positions did). Within a generation old
 observations fade (FORGET), so a text that stops copying its input soon stops
 being drafted for.
 
-Costs come from a calibration at load and are re-measured by every real step:
+Costs come from a calibration at the first load (kept between runs by the session) and are
+re-measured by every real step:
 verify(1), the level everything else is relative to, follows each step's timing
 (plain steps measure it for free), so a machine that gets busier or calmer moves
 the policy at once; the shape of the cost curve follows the batch sizes used.
@@ -144,6 +145,13 @@ class Costs:
         return {"verify_1_ms": self.level * 1e3, "verify_relative": dict(sorted(self.verify.items())),
                 "drafts": {str(kind): {"token": d.token, "prefill_token": d.prefill_token}
                            for kind, d in self.drafts.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Costs":
+        """Costs as dataclasses.asdict wrote them, read back through JSON (whose keys are strings)."""
+        return cls(float(data["level"]), {int(n): float(r) for n, r in data["verify"].items()},
+                   {DrafterKind(kind): DraftCosts(float(d["token"]), float(d["prefill_token"]))
+                    for kind, d in data["drafts"].items()})
 
     def verify_seconds(self, n: int) -> float:
         return self.level * _interpolate(self.verify, n)
