@@ -397,30 +397,29 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
                 on_abort(message)
 
         backend.stop_on_abort(stopped)
-    crowded = crowded_cores(settings.runtime.threads)
-    if crowded:
-        print(crowded, file=sys.stderr)
+    others = running.OtherWork()  # measured while the models load, which takes this process's own work out
     session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
                            settings.offline, tui.download_progress(), tui.loading)
+    crowded = crowded_cores(settings.runtime.threads, others.cores())
+    if crowded:
+        print(crowded, file=sys.stderr)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
     with session, running.holding(command, session.describe(), address):
         yield session
 
 
-def crowded_cores(threads: int) -> str | None:
-    """A warning when other processes keep busy the cores that llama.cpp's threads need. Its threads
-    wait for each other at every layer, so one that must share its core holds all of them up: on a
-    loaded 2-core machine 2 threads made 0.3 tok/s where -t 1 made 10-14."""
-    if not hasattr(os, "getloadavg"):  # Windows: no load average to judge by
-        return None
-    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-    free = max(1, round(cores - load))
+def crowded_cores(threads: int, busy: float | None) -> str | None:
+    """A warning when other processes keep busy (`busy` cores) the cores that llama.cpp's threads need.
+    Its threads wait for each other at every layer, so one that must share its core holds all of them
+    up: on a loaded 2-core machine 2 threads made 0.3 tok/s where -t 1 made 10-14."""
+    cores = os.cpu_count() or 1
+    free = max(1, round(cores - (busy or 0.0)))
     if threads <= free:
         return None
-    return (f"warning: {threads} threads, but other processes keep about {cores - free} of this machine's {cores}"
-            f" cores busy (load average {load:.1f}): llama.cpp's threads wait for each other, so one on a busy core"
-            f" holds the rest up; -t {free} may be much faster")
+    return (f"warning: {threads} threads, but other processes keep about {busy:.1f} of this machine's {cores} cores"
+            " busy: llama.cpp's threads wait for each other, so one on a busy core holds the rest up;"
+            f" -t {free} may be much faster")
 
 
 def read_text(source: str | Path) -> str:

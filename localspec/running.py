@@ -1,8 +1,9 @@
-"""Which localspec processes hold models now, for `localspec ps`: each writes a small record under the
-state folder while it holds them and removes it when it lets go.
+"""What else runs on this machine: the localspec processes that hold models now (for `localspec ps`),
+and how busy other processes keep the cores.
 
-A process killed outright (SIGKILL, a crash) cannot remove its record: a record whose process is gone,
-or whose pid now belongs to a process started at another time, is stale, and reading removes it.
+Each process that holds models writes a small record under the state folder and removes it when it
+lets go. A process killed outright (SIGKILL, a crash) cannot remove its record: a record whose process
+is gone, or whose pid now belongs to a process started at another time, is stale, and reading removes it.
 """
 
 import json
@@ -60,3 +61,27 @@ def _alive(pid: int, started: float) -> bool:
         return abs(psutil.Process(pid).create_time() - started) < 1
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+class OtherWork:
+    """The cores that other processes keep busy, measured from now until cores() is asked: all the
+    machine's CPU time less this process's own. A load average would count this process's last
+    minute too, and a run right after a run would look like a busy machine."""
+
+    def __init__(self):
+        self._start = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
+        # guest time is counted in user time already; idle and waiting for the disk are not work
+        total = sum(machine) - getattr(machine, "guest", 0) - getattr(machine, "guest_nice", 0)
+        busy = total - machine.idle - getattr(machine, "iowait", 0)
+        return time.monotonic(), busy - own.user - own.system
+
+    def cores(self) -> float | None:
+        """None when too little time has passed to tell (CPU times tick every 10 ms)."""
+        (start, others_before), (now, others) = self._start, self._now()
+        if now - start < 0.1:
+            return None
+        return max(0.0, (others - others_before) / (now - start))

@@ -540,15 +540,37 @@ def test_ps_forgets_processes_that_are_gone(tmp_path, monkeypatch):
     assert running.processes() == [] and list(running.folder().iterdir()) == []
 
 
-def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tmp_path, monkeypatch):
-    from localspec import cli as face
+def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tiny, monkeypatch):
+    from localspec import cli as face, running
 
     cores = os.cpu_count()
-    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 0.6, 0.0, 0.0))  # other processes fill every core
-    assert face.crowded_cores(1) is None  # one thread is the least there is
+    assert face.crowded_cores(cores, 0.3) is None and face.crowded_cores(1, cores + 1.0) is None  # 1: the least
+    assert "-t 1 may be much faster" in face.crowded_cores(2, cores - 0.6)
+    assert face.crowded_cores(2, None) is None or cores < 2  # too short a load to tell: no warning
     if cores > 1:
-        code, stdout, stderr = cli("run", tmp_path / "missing.gguf", "-p", "x", "-t", "2", "--json")
-        assert code == 2 and stdout == ""
+        monkeypatch.setattr(running.OtherWork, "cores", lambda self: cores - 0.6)  # other processes fill all but one
+        code, stdout, stderr = cli("run", tiny["target"], "-p", "the cat", "-n", "2", "-t", "2", "--json")
+        assert code == 0 and json.loads(stdout)["stats"]["tokens"] == 2
         assert stderr.count("warning: 2 threads") == 1 and "-t 1 may be much faster" in stderr, stderr
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    assert face.crowded_cores(cores) is None
+
+
+def test_the_cores_other_processes_keep_busy_leave_this_ones_work_out(monkeypatch):
+    from collections import namedtuple
+
+    from localspec import running
+
+    Machine, Own = namedtuple("Machine", "user system idle iowait guest"), namedtuple("Own", "user system")
+    samples = iter([(0.0, Machine(10, 5, 100, 1, 3), Own(1, 0)),
+                    # a second later: 2.5 s more work on the machine, 1.5 s of it this process's own (guest is in user)
+                    (1.0, Machine(12, 5.5, 100.5, 2, 4), Own(2, 0.5))])
+
+    def sample():
+        now, machine, own = next(samples)
+        monkeypatch.setattr(running.time, "monotonic", lambda: now)
+        monkeypatch.setattr(running.psutil, "cpu_times", lambda: machine)
+        monkeypatch.setattr(running.psutil.Process, "cpu_times", lambda self: own)
+
+    sample()
+    work = running.OtherWork()
+    sample()
+    assert work.cores() == pytest.approx(1.0)
