@@ -772,9 +772,13 @@ def serve(
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
-    with listener, _open(settings, "serve", address=f"http://{serving.host}:{listener.getsockname()[1]}/v1") as session:
+    with listener, _open(settings, "serve", address=_url(serving.host, listener.getsockname()[1])) as session:
         server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
                            settings.draft_model, tui.log_line).run(listener)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 @command(
@@ -840,6 +844,8 @@ def list_models(
     if as_json:
         for row in rows:
             print(json.dumps(row))
+    elif installed and not rows:
+        print("no model is downloaded yet: `localspec pull NAME` fetches one (`localspec models` lists the names)")
     else:
         tui.models_table(rows)
 

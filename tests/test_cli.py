@@ -369,7 +369,8 @@ def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():
 
 def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
     """Loading llama.cpp's library is for commands that run a model (issue 13: no work at import)."""
-    probe = ("import sys\nfrom localspec import cli\nfor args in (['--help'], ['models', '--json'], ['--version']):\n"
+    probe = ("import sys\nfrom localspec import cli\n"
+             "for args in (['--help'], ['models', '--json'], ['--version'], ['ls'], ['ps'], ['show', 'llama3-70b']):\n"
              "    sys.argv = ['localspec', *args]\n    try:\n        cli.main()\n    except SystemExit:\n        pass\n"
              "print('llama_cpp' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
@@ -473,6 +474,7 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     home.mkdir(exist_ok=True)
     (home / "models.toml").write_text(
         '[models.tiny-target]\nparams = "1M"\nrepo = "me/tiny-GGUF"\nfile = "target.gguf"\n')
+    assert b"no model is downloaded yet" in localspec("ls", "--installed").stdout
     (home / "models" / "tiny-target").mkdir(parents=True)
     shutil.copy(tiny["target"], home / "models" / "tiny-target" / "target.gguf")
     listed = localspec("models", "--json").stdout
@@ -538,6 +540,12 @@ def test_ps_forgets_processes_that_are_gone(tmp_path, monkeypatch):
     for name, record in records.items():
         (running.folder() / name).write_text(json.dumps(record)[:-3] if record is None else json.dumps(record))
     assert running.processes() == [] and list(running.folder().iterdir()) == []
+
+
+def test_ps_names_a_servers_address_as_a_client_writes_it():
+    from localspec.cli import _url
+
+    assert _url("127.0.0.1", 8080) == "http://127.0.0.1:8080/v1" and _url("::1", 8080) == "http://[::1]:8080/v1"
 
 
 def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tiny, monkeypatch):
