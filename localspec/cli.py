@@ -29,7 +29,7 @@ from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair
 from .stats import INTERRUPTED
 
-# What a value looks like in --help, by click's name of its type; a flag shows none.
+# What a value looks like in --help, by the Python type Typer read from the annotation; a flag shows none.
 METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "list[str]": "TEXT"}
 
 
@@ -521,11 +521,11 @@ def run(
         system = unescape(system)
     if conversation or (prompt is None and file is None and sys.stdin.isatty()):
         asked = "-cnv" if conversation else "no prompt on a terminal"
-        given = [flag for flag, value in (("a prompt", prompt is not None or file is not None), ("--raw", raw),
+        given = [flag for flag, value in (("prompt", prompt is not None or file is not None), ("--raw", raw),
                                           ("--json", as_json), ("--quiet", quiet)) if value]
         if given:
-            raise UsageError(f"{asked} opens a chat, which takes no {', '.join(given)}: give a prompt for one"
-                             " answer, or leave them out to chat")
+            raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
+                             " one answer, or leave them out to chat")
         _chat(settings, system, no_color, "run")
         return
     if raw and system is not None:

@@ -419,7 +419,7 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
         (["-b", "0"], "batch-size must be >= 1"),
         (["--n-predict", "0"], "max-tokens must be >= 1"),
         (["the cat"], "two prompts"),
-        (["-cnv"], "opens a chat, which takes no a prompt"),
+        (["-cnv"], "-cnv opens a chat, and a chat takes no prompt"),
         (["--raw", "--system", "be brief"], "no turn for --system"),
     ],
 )
@@ -431,7 +431,7 @@ def test_llama_cpp_spellings_localspec_cannot_honour_are_refused_with_the_reason
 
 def test_a_chat_opened_by_run_takes_none_of_runs_one_prompt_options(cli, tiny):
     code, _, stderr = cli("run", tiny["target"], "-cnv", "--json")
-    assert code == 2 and "takes no --json" in stderr
+    assert code == 2 and "-cnv opens a chat, and a chat takes no --json" in stderr
 
 
 def test_run_cnv_chats_as_chat_does(localspec, tiny):
