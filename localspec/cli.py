@@ -688,8 +688,8 @@ def bench(
 ):
     """Compare plain decoding, n-gram and draft-model speculation and the auto policy on the same prompts.
 
-    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV caches; temperature
-    0 (the default here) makes their outputs, and so their speeds, comparable.
+    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV
+    caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
     """
     chosen_modes = _bench_modes(modes, settings)
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
