@@ -141,3 +141,12 @@ def test_bench_tables_fit_100_columns():
     assert "…" not in text and max(map(len, text.splitlines())) <= 100
     for cell in ("1.37x", "3.43", "2-4:90%", "ngram 120", "draft 30", "2/5 1.2%", "410+23"):
         assert cell in text, text
+
+
+def test_ps_says_how_long_a_process_has_held_its_models():
+    assert [tui.duration_text(s) for s in (3.2, 125, 7500, 90000, 200000)] == [
+        "3 s", "2 min", "2 h 05 min", "1 day 1 h", "2 days 7 h"]
+    console = Console(record=True, width=100)
+    tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)",
+                   "address": "http://127.0.0.1:8080/v1"}], console)
+    assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  http://127.0.0.1:8080/v1" in console.export_text()
