@@ -314,8 +314,12 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
          "--max-tokens", "3000", "-p", "Write a very long story about a lighthouse keeper.", *(["--json"] if as_json else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
     )
-    if as_json:
-        time.sleep(4)  # nothing is printed before the end: interrupt while it generates
+    if as_json:  # nothing is printed before the end: interrupt while it generates, once its models are loaded
+        held = tmp_path / "home" / "running" / f"{run.pid}.json"  # what `localspec ps` reads
+        deadline = time.monotonic() + 300
+        while not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)
     else:
         assert len(run.stdout.read(40)) == 40  # it is streaming text
     run.send_signal(signal.SIGINT)
