@@ -306,7 +306,8 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
         raise UsageError(f"--repeat-penalty {o.repeat_penalty:g}: localspec has no repetition penalty (its"
                          " samplers take temperature, top-k, top-p and min-p); leave it at 1.0")
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
-        raise UsageError(f"--flash-attn takes {', '.join(FLASH_ATTN)}, got {o.flash_attn!r}")
+        raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
+                         f" got {o.flash_attn!r}")
     if o.flash_attn in ("on", "off"):
         raise UsageError(f"--flash-attn {o.flash_attn}: localspec cannot force flash attention on or off yet; it"
                          " runs with llama.cpp's default, auto (on wherever the device supports it)")

@@ -414,7 +414,7 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
     "args, message",
     [
         (["-fa", "on"], "cannot force flash attention on or off"),
-        (["-fa", "maybe"], "--flash-attn takes on, off, auto"),
+        (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off, auto; got 'maybe'"),
         (["--repeat-penalty", "1.1"], "localspec has no repetition penalty"),
         (["--mlock"], "cannot choose how llama.cpp loads a model"),
         (["--no-mmap"], "cannot choose how llama.cpp loads a model"),
