@@ -1,20 +1,23 @@
 """Command line: flags become settings, events become output, errors become messages and exit codes."""
 
+import copy
 import dataclasses
 import functools
 import inspect
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, download, gguf_meta, hardware, net, paths, registry, tui
+from . import __version__, download, gguf_meta, hardware, net, paths, registry, running, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
@@ -26,7 +29,80 @@ from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair
 from .stats import INTERRUPTED
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+# What a value looks like in --help, by the Python type Typer read from the annotation; a flag shows none.
+METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "list[str]": "TEXT"}
+
+
+class _PlainHelp:
+    """--help that leaves the room to the help text: each option shows one long and one short name
+    and a plain metavar (N, TEXT) instead of Typer's type tags; its other spellings (llama.cpp's, the
+    --no- form) are named at the end of its help."""
+
+    def format_help(self, ctx, formatter) -> None:
+        params = self.params
+        self.params = [_for_help(param) for param in params]
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.params = params
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Help(_PlainHelp, typer.core.TyperCommand):
+    def parse_args(self, ctx, args):
+        _refuse_glued_options(self, args)
+        return super().parse_args(ctx, args)
+
+
+def _refuse_glued_options(command, args: list[str]) -> None:
+    """A dash and several letters is one option to llama.cpp (-fa, -mg), but click reads one that the
+    command lacks as a short option and its value (-f a, -m g): such a word is refused instead."""
+    options = [p for p in command.params if isinstance(p, typer.core.TyperOption)]
+    names = {name for p in options for name in (*p.opts, *p.secondary_opts)}
+    taking_values = {name for p in options if not p.is_flag for name in p.opts}
+    value_next = False
+    for arg in args:
+        if arg == "--":
+            return
+        if not value_next and re.fullmatch(r"-[A-Za-z][A-Za-z-]+", arg) and arg not in names:
+            raise UsageError(f"no such option: {arg} (one dash and several letters is one option, as in llama.cpp;"
+                             f" `localspec {command.name} --help` lists those localspec takes)")
+        value_next = not value_next and arg in taking_values
+
+
+class _HelpGroup(_PlainHelp, typer.core.TyperGroup):
+    pass
+
+
+app = typer.Typer(cls=_HelpGroup, no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+def _for_help(param):
+    shown = copy.copy(param)
+    if isinstance(param, typer.core.TyperArgument):
+        shown.metavar = param.metavar or param.name.upper()
+        shown.display_type_rich = lambda ctx: None
+        return shown
+    long = [name for name in param.opts if name.startswith("--")]
+    short = [name for name in param.opts if not name.startswith("--")]
+    shown.opts = long[:1] + short[:1]
+    shown.secondary_opts = []
+    others = long[1:] + short[1:]
+    notes = ([f"Also {', '.join(others)}."] if others else []) + (
+        [f"Off: {', '.join(param.secondary_opts)}."] if param.secondary_opts else [])
+    shown.help = " ".join([param.help or "", *notes]).strip()
+    shown.metavar = "" if param.is_flag else param.metavar or METAVARS.get(param.bare_type(), "VALUE")
+    return shown
+
+
+def command(**settings):
+    """app.command with localspec's --help."""
+    return app.command(cls=_Help, **settings)
 
 
 def _print_version(asked: bool) -> None:
@@ -107,9 +183,12 @@ SAMPLING_OPTIONS = {
     "seed": (Annotated[Optional[int], typer.Option(
         "--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
         rich_help_panel=SAMPLING)], None),
+    "repeat_penalty": (Annotated[Optional[float], typer.Option(
+        "--repeat-penalty", help="llama.cpp's repetition penalty: only 1.0 (none, its default) is taken, since"
+        " localspec's samplers have none.", show_default=False, rich_help_panel=SAMPLING)], None),
 }
 LIMIT_OPTIONS = {
-    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate; -1: until the model stops or the context is full.")],
+    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
                    DEFAULT_LIMITS.max_tokens),
     "stop": (Annotated[Optional[list[str]], typer.Option(
         "--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False)], None),
@@ -139,6 +218,18 @@ RESOURCE_OPTIONS = {
         " back (fast on a GPU, slow on a CPU), or in C on the host. Default: on the backend where the target"
         " runs on a GPU; elsewhere greedy rows only (an argmax in the graph costs less than copying a row out).",
         show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
+    "batch_size": (Annotated[int, typer.Option(
+        "--batch-size", "-b", help="Prompt tokens read in one llama.cpp batch (at least a verification's rows).",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.prompt_batch),
+    "flash_attn": (Annotated[Optional[str], typer.Option(
+        "--flash-attn", "-fa", help="llama.cpp's flash attention setting: only auto (its default: on wherever"
+        " the device supports it) is taken.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "mlock": (Annotated[bool, typer.Option(
+        "--mlock", help="Not supported yet (refused): localspec loads models as llama.cpp does by default.",
+        rich_help_panel=RESOURCES)], False),
+    "no_mmap": (Annotated[bool, typer.Option(
+        "--no-mmap", help="Not supported yet (refused): localspec maps model files into memory, llama.cpp's"
+        " default.", rich_help_panel=RESOURCES)], False),
 }
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
@@ -180,6 +271,7 @@ def build_settings(**values) -> Settings:
     o = SimpleNamespace(**(defaults | values))
     if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
+    _refuse_what_localspec_lacks(o)
     drafting, draft_model = _drafting(o.draft, o.no_draft, o.spec)
     if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
@@ -198,9 +290,31 @@ def build_settings(**values) -> Settings:
                         draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
                         backend_sampling=o.backend_sampling, devices=_device_names(o.device),
                         draft_devices=_device_names(o.draft_device), rpc=_device_names(o.rpc) or (),
-                        tensor_split=_shares(o.tensor_split), repack=not o.no_repack),
+                        tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
+                        prompt_batch=o.batch_size),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
+
+
+FLASH_ATTN = ("on", "off", "auto")
+
+
+def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
+    """llama.cpp's options that localspec cannot honour: refused, with the reason, unless they ask for
+    what happens anyway."""
+    if o.repeat_penalty not in (None, 1.0):
+        raise UsageError(f"--repeat-penalty {o.repeat_penalty:g}: localspec has no repetition penalty (its"
+                         " samplers take temperature, top-k, top-p and min-p); leave it at 1.0")
+    if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
+        raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
+                         f" got {o.flash_attn!r}")
+    if o.flash_attn in ("on", "off"):
+        raise UsageError(f"--flash-attn {o.flash_attn}: localspec cannot force flash attention on or off yet; it"
+                         " runs with llama.cpp's default, auto (on wherever the device supports it)")
+    for asked, flag in ((o.mlock, "--mlock"), (o.no_mmap, "--no-mmap")):
+        if asked:
+            raise UsageError(f"{flag}: localspec cannot choose how llama.cpp loads a model yet; it loads as"
+                             " llama.cpp does by default (memory-mapped, not locked)")
 
 
 def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind, str | None]:
@@ -260,9 +374,12 @@ def with_options(*groups: dict, before=None, **defaults):
     return decorate
 
 
-def _open(settings: Settings, on_abort: Callable[[str], None] | None = None) -> Session:
-    """Open the session the settings describe. Should llama.cpp abort later (an RPC worker that stopped
-    answering), the process ends with one line, after on_abort(message) (batch records its item)."""
+@contextmanager
+def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | None = None,
+          address: str = "") -> Iterator[Session]:
+    """Open the session the settings describe, listed by `localspec ps` while it is open. Should
+    llama.cpp abort later (an RPC worker that stopped answering), the process ends with one line,
+    after on_abort(message) (batch records its item)."""
     if settings.target is None:
         raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
     if not os.environ.get("LOCALSPEC_DEBUG"):  # there, llama.cpp's own backtrace says more
@@ -281,11 +398,29 @@ def _open(settings: Settings, on_abort: Callable[[str], None] | None = None) -> 
                 on_abort(message)
 
         backend.stop_on_abort(stopped)
+    others = running.OtherWork()  # measured while the models load, which takes this process's own work out
     session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
                            settings.offline, tui.download_progress(), tui.loading)
+    crowded = crowded_cores(settings.runtime.threads, others.cores())
+    if crowded:
+        print(crowded, file=sys.stderr)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    return session
+    with session, running.holding(command, session.describe(), address):
+        yield session
+
+
+def crowded_cores(threads: int, busy: float | None) -> str | None:
+    """A warning when other processes keep busy (`busy` cores) the cores that llama.cpp's threads need.
+    Its threads wait for each other at every layer, so one that must share its core holds all of them
+    up: on a loaded 2-core machine 2 threads made 0.3 tok/s where -t 1 made 10-14."""
+    cores = os.cpu_count() or 1
+    free = max(1, round(cores - (busy or 0.0)))
+    if threads <= free:
+        return None
+    return (f"warning: {threads} threads, but other processes keep about {busy:.1f} of this machine's {cores} cores"
+            " busy: llama.cpp's threads wait for each other, so one on a busy core holds the rest up;"
+            f" -t {free} may be much faster")
 
 
 def read_text(source: str | Path) -> str:
@@ -308,27 +443,63 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         raise UsageError("give the prompt with --prompt or --file, not both")
     if prompt is not None:
         return prompt
-    if file is None and sys.stdin.isatty():
-        raise UsageError("no prompt: give --prompt TEXT, --file FILE, or pipe it on standard input")
     return read_text(file or "-")
 
 
-@app.command(
+# llama.cpp's -e: these backslash escapes in a prompt stand for the characters a shell makes hard to type
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""text with llama.cpp's escapes (\n, \r, \t, \', \", \\, \xNN) replaced by what they stand for;
+    any other backslash stays as it is."""
+    return re.sub(r"\\(x[0-9A-Fa-f]{2}|[nrt'\"\\])",
+                  lambda m: chr(int(m[1][1:], 16)) if m[1][0] == "x" else _ESCAPES[m[1]], text)
+
+
+def _after_model(positional: str, *instead: str) -> Callable[[dict], None]:
+    """`COMMAND -m MODEL X`: the one positional argument is X, not a second target (unless an option
+    named in `instead` gave X already)."""
+
+    def rearrange(values: dict) -> None:
+        if values[positional] is None and values["model"] is not None and all(values[o] is None for o in instead):
+            values["target"], values[positional] = None, values["target"]
+
+    return rearrange
+
+
+SystemOption = Annotated[Optional[str], typer.Option(
+    "--system", "--system-prompt", "-sys", help="System prompt: the first turn of the conversation, through the"
+    " model's chat template.", show_default=False)]
+
+
+@command(
     epilog=(
         "Examples:\n\n"
-        "  localspec run qwen2.5-coder-1.5b --draft 0.5b --prompt 'Write a quicksort in Python'\n\n"
+        "  localspec run qwen2.5-coder-1.5b --draft 0.5b 'Write a quicksort in Python'\n\n"
         "  localspec run llama3-70b --draft 1b --file request.txt --temp 0\n\n"
         "  localspec run ./model.gguf --draft ngram --file edit-request.txt\n\n"
-        "  echo 'Hello' | localspec run smollm2-135m --no-draft --json"
+        "  echo 'Hello' | localspec run smollm2-135m --no-draft --json\n\n"
+        "  localspec run smollm2-135m                (no prompt, on a terminal: a chat)"
     )
 )
-@with_options(*GENERATION_OPTIONS)
+@with_options(*GENERATION_OPTIONS, before=_after_model("prompt_text", "prompt", "file"))
 def run(
     settings: Settings,
+    prompt_text: Annotated[Optional[str], typer.Argument(
+        metavar="PROMPT", help="Prompt text (or --prompt, --file, standard input). None, on a terminal: a chat.",
+        show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
     file: Annotated[
         Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
     ] = None,
+    system: SystemOption = None,
+    escape: Annotated[bool, typer.Option(
+        "--escape/--no-escape", "-e", help=r"Read \n, \t, \\, \xNN and the like in the prompt and system prompt"
+        " as the characters they stand for (llama.cpp's -e).")] = False,
+    conversation: Annotated[bool, typer.Option(
+        "--conversation/--no-conversation", "-cnv/-no-cnv", help="Chat instead of answering one prompt, as"
+        " `localspec chat` does (llama.cpp's -cnv).")] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens"
                                         " written in it (<|im_start|>) are read as such.")
@@ -339,14 +510,36 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
     no_color: NoColorOption = False,
 ):
-    """Generate from a prompt with speculative decoding.
+    """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
 
     On a terminal the text streams with accepted draft tokens highlighted above a live panel of
     speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
     """
+    if prompt_text is not None and prompt is not None:
+        raise UsageError("two prompts: PROMPT and --prompt; give one")
+    prompt = prompt if prompt is not None else prompt_text
+    if escape and system is not None:
+        system = unescape(system)
+    if conversation or (prompt is None and file is None and sys.stdin.isatty()):
+        asked = "-cnv" if conversation else "no prompt on a terminal"
+        given = [flag for flag, value in (("prompt", prompt is not None or file is not None), ("--raw", raw),
+                                          ("--json", as_json), ("--quiet", quiet)) if value]
+        if given:
+            raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
+                             " one answer, or leave them out to chat")
+        _chat(settings, system, no_color, "run")
+        return
+    if raw and system is not None:
+        raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
+                         " write the system turn into the prompt")
     text = read_prompt(prompt, file)
-    with _open(settings) as session:
-        events = session.generate(session.tokenize(text, raw), settings.sampling, settings.limits)
+    text = unescape(text) if escape else text
+    if not text:
+        raise InputError("the prompt is empty")
+    with _open(settings, "run") as session:
+        tokens = (session.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
+                  if system is not None else session.tokenize(text, raw))
+        events = session.generate(tokens, settings.sampling, settings.limits)
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
@@ -364,7 +557,7 @@ def run(
             raise typer.Exit(130)
 
 
-@app.command(
+@command(
     epilog=(
         "Examples:\n\n"
         "  localspec chat qwen2.5-coder-1.5b --draft 0.5b\n\n"
@@ -375,7 +568,8 @@ def run(
 @with_options(*GENERATION_OPTIONS)
 def chat(
     settings: Settings,
-    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.", show_default=False)] = None,
+    system: Annotated[Optional[str], typer.Option(
+        "--system", "-s", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
     no_color: NoColorOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
@@ -384,19 +578,17 @@ def chat(
     open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
     both models' KV caches for the shared conversation prefix.
     """
-    with _open(settings) as session:
+    _chat(settings, system, no_color, "chat")
+
+
+def _chat(settings: Settings, system: str | None, no_color: bool, command: str) -> None:
+    with _open(settings, command) as session:
         conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 
 
-def _input_after_model(values: dict) -> None:
-    """`batch -m MODEL INPUT`: the one positional argument is the input, not a second target."""
-    if values["input_file"] is None and values["model"] is not None:
-        values["target"], values["input_file"] = None, values["target"]
-
-
-@app.command(
+@command(
     epilog=(
         "Examples:\n\n"
         "  localspec batch qwen2.5-coder-1.5b prompts.jsonl --draft 0.5b -o answers.jsonl\n\n"
@@ -404,7 +596,7 @@ def _input_after_model(values: dict) -> None:
         "  cat questions.txt | localspec batch smollm2-135m - > answers.jsonl"
     )
 )
-@with_options(*GENERATION_OPTIONS, before=_input_after_model)
+@with_options(*GENERATION_OPTIONS, before=_after_model("input_file"))
 def batch(
     settings: Settings,
     input_file: Annotated[
@@ -437,18 +629,27 @@ def batch(
     with batch_runner.open_output(output, input_file, resume) as out:
         skip = batch_runner.done_ids(out, retry_failed) if resume else set()
         todo = [item for item in items if item.id not in skip]
+        interrupted = None  # Ctrl-C: how many items were written by then
         running: dict = {}  # the item being generated, for a record should llama.cpp stop the process
         durable = output is not None
-        with _open(settings, lambda message: batch_runner.record_stop(out, running, message, durable)) as session:
+        with _open(settings, "batch", lambda message: batch_runner.record_stop(out, running, message, durable)) as session:
             with tui.BatchProgress(len(todo)) as progress:
-                records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw, progress,
-                                           durable, running)
+                try:
+                    records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
+                                               progress, durable, running)
+                except KeyboardInterrupt:
+                    interrupted = progress.finished
+    if interrupted is not None:
+        hint = (f"the same command with --resume runs the other {len(todo) - interrupted}" if output else
+                "with -o FILE instead of standard output, --resume could go on from there")
+        print(f"interrupted: {interrupted} of {len(todo)} items written; {hint}", file=sys.stderr)
+        raise typer.Exit(130)
     tui.batch_summary(records, skipped=len(items) - len(todo))
     if any("error" in r for r in records):
         raise typer.Exit(1)
 
 
-@app.command(
+@command(
     epilog=(
         "Examples:\n\n"
         "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval --limit 10\n\n"
@@ -469,9 +670,11 @@ def bench(
                           " (JSONL with 'prompt' or 'messages', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[
-        str, typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
-                          + f" ({DrafterKind.DRAFT} needs --draft MODEL).")
-    ] = "plain,ngram,draft,auto",
+        Optional[str], typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
+                                    + f" ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP} --draft mtp)."
+                                    " Default: plain,ngram,draft,auto; without --draft MODEL, plain,ngram,auto.",
+                                    show_default=False)
+    ] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
                                                  show_default=False)] = 10,
     mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
@@ -486,12 +689,12 @@ def bench(
 ):
     """Compare plain decoding, n-gram and draft-model speculation and the auto policy on the same prompts.
 
-    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV caches; temperature
-    0 (the default here) makes their outputs, and so their speeds, comparable.
+    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV
+    caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
     """
-    chosen_modes = bench_runner.parse_modes(modes)
+    chosen_modes = _bench_modes(modes, settings)
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
-    with _open(settings) as session:
+    with _open(settings, "bench") as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
                                     lambda text: status.update(f"benchmarking: {text}"), mixed)
@@ -513,7 +716,26 @@ def bench(
                           f" temperature {sampling.temperature:g}{', mixed' if mixed else ''}; {machine}")
 
 
-@app.command(
+def _bench_modes(modes: str | None, settings: Settings) -> list[DrafterKind]:
+    """The modes asked for, checked before minutes of loading and calibrating: a mode that needs a
+    model nobody named is refused, or left out of the default modes with a note."""
+    needs = {DrafterKind.DRAFT: ("--draft MODEL", settings.draft_model is not None),
+             DrafterKind.MTP: ("--draft mtp", settings.speculation.drafting == DrafterKind.MTP)}
+    if modes is None:
+        chosen = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO]
+        if settings.draft_model is None:
+            print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
+                  " the draft mode)", file=sys.stderr)
+            chosen.remove(DrafterKind.DRAFT)
+        return chosen
+    chosen = bench_runner.parse_modes(modes)
+    for mode in chosen:
+        if mode in needs and not needs[mode][1]:
+            raise UsageError(f"the {mode} mode needs {needs[mode][0]}; add it, or leave {mode} out of --modes")
+    return chosen
+
+
+@command(
     epilog=(
         "Examples:\n\n"
         "  localspec serve qwen2.5-coder-1.5b --draft 0.5b\n\n"
@@ -551,12 +773,16 @@ def serve(
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
-    with listener, _open(settings) as session:
+    with listener, _open(settings, "serve", address=_url(serving.host, listener.getsockname()[1])) as session:
         server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
                            settings.draft_model, tui.log_line).run(listener)
 
 
-@app.command(
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+@command(
     epilog=(
         "Examples:\n\n"
         "  localspec worker                                  (this machine's GPUs, else its CPU, on 127.0.0.1:50052)\n\n"
@@ -586,10 +812,11 @@ def worker(
     """
     lending = Lending(host=host, port=port, devices=_device_names(device), threads=threads or default_threads(),
                       cache_dir=str(cache_dir.expanduser()) if cache_dir else None)
-    worker_face.lend(lending, say=lambda line: print(line, file=sys.stderr, flush=True))
+    with running.holding("worker", "the layers its --rpc clients send", f"{lending.host}:{lending.port}"):
+        worker_face.lend(lending, say=lambda line: print(line, file=sys.stderr, flush=True))
 
 
-@app.command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
+@command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
     name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
     draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one).", show_default=False)] = None,
@@ -604,27 +831,134 @@ def pull(
         print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
 
 
-@app.command(name="models")
-def list_models(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
-    """List the models localspec knows by name, their size, whether they are downloaded and, once they are,
-    what their layers mean for speculation (a recurrent state, MTP layers)."""
-    rows = []
-    for e in registry.load().values():
-        present = download.installed(e)
-        header = gguf_meta.read(present) if present else None  # what the layers are is known once downloaded
-        rows.append(dict(name=e.name, aliases=list(e.aliases), family=e.family, params=e.params, size=e.size,
-                         installed=present is not None, draft=e.draft,
-                         license=e.license + (" (gated)" if e.gated else ""),
-                         recurrent=header and header.recurrent, rolls_back=header and header.rolls_back,
-                         mtp_layers=header and header.mtp_layers))
+def list_models(
+    installed: Annotated[bool, typer.Option("--installed", help="Only the downloaded ones.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False,
+):
+    """List the models localspec knows by name: size, whether downloaded, what drafts for them.
+
+    Once a model is downloaded, what its layers mean for speculation (a recurrent state, MTP layers).
+    Names are never cut short: at a narrow width the last columns are left out instead.
+    """
+    rows = [row for row in (_model_row(entry) for entry in registry.load().values())
+            if row["installed"] or not installed]
     if as_json:
         for row in rows:
             print(json.dumps(row))
+    elif installed and not rows:
+        print("no model is downloaded yet: `localspec pull NAME` fetches one (`localspec models` lists the names)")
     else:
         tui.models_table(rows)
 
 
-@app.command(name="rm")
+command(name="models")(list_models)
+command(name="list", hidden=True)(list_models)  # Ollama's names for it
+command(name="ls", hidden=True)(list_models)
+
+
+def _model_row(entry: registry.ModelEntry) -> dict:
+    """What the registry says of a model and, once it is downloaded, what its layers mean for speculation."""
+    present = download.installed(entry)
+    header = gguf_meta.read(present) if present else None
+    return dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
+                size=entry.size, installed=present is not None, draft=entry.draft,
+                license=entry.license + (" (gated)" if entry.gated else ""),
+                recurrent=header and header.recurrent, rolls_back=header and header.rolls_back,
+                mtp_layers=header and header.mtp_layers)
+
+
+@command(epilog="Examples:\n\n  localspec show qwen2.5-coder-1.5b\n\n  localspec show ./model.gguf --json")
+def show(
+    name: Annotated[str, typer.Argument(help="A registry name, a GGUF file or hf:owner/repo/file.gguf.",
+                                        show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+):
+    """Show a model: architecture, parameters, context length, quantization, file, chat template, and what
+    can draft for it (draft models, MTP layers, a recurrent state).
+
+    Reads only what is on disk: a registry model that is not downloaded shows what the registry knows.
+    """
+    models = registry.load()
+    resolved = registry.resolve(name, models)
+    if isinstance(resolved, registry.RepoQuant):
+        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}`, then show"
+                         " it as hf:owner/repo/FILE.gguf")
+    entry = resolved if isinstance(resolved, registry.ModelEntry) else None
+    path = download.locate(resolved) if entry is None else download.installed(entry)
+    header = gguf_meta.read(path) if path else None
+    row = _model_row(entry) if entry else None
+    info = {
+        "name": entry.name if entry else path.name,
+        "architecture": header.architecture if header else None,
+        "parameters": header.parameters if header else None,
+        "context_length": header.context_length if header else None,
+        "quantization": header.quantization if header else None,
+        "file": str(path) if path else None,
+        "size": header.file_size if header else entry.size,
+        "chat_template": header.chat_template is not None if header else None,
+        "tokenizer": header.vocab_type if header else None,
+        "vocab_size": header.vocab_size if header else None,
+        "draft": entry.draft if entry else None,
+        "drafts": [d.name for d in registry.compatible_drafts(entry, models)] if entry else [],
+        "mtp_layers": header.mtp_layers if header else None,
+        "recurrent": header.recurrent if header else None,
+        "rolls_back": header.rolls_back if header else None,
+        "license": row["license"] if row else None,
+    }
+    if as_json:
+        print(json.dumps(info))
+        return
+    lines = [
+        ("name", info["name"]),
+        ("architecture", info["architecture"]),
+        ("parameters", (header.get("general.size_label") or _count_text(info["parameters"])) if header
+         else entry.params or None),
+        ("context length", f"{info['context_length']:,}" if info["context_length"] else None),
+        ("quantization", info["quantization"]),
+        ("tokenizer", f"{info['tokenizer']}, {info['vocab_size']:,} tokens" if header else None),
+        ("chat template", None if header is None else "yes" if info["chat_template"] else "no (a plain transcript)"),
+        ("file", info["file"] or f"not downloaded (`localspec pull {entry.command_name}`): what the file says"
+         " shows once it is"),
+        ("size", tui.size_text(info["size"])),
+        ("layers", tui.layers_text(info) or None),
+        ("drafts", _drafts_text(info, entry)),
+    ] + ([("license", info["license"])] if info["license"] else [])
+    tui.show_report({"lines": lines})
+
+
+def _count_text(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def _drafts_text(info: dict, entry: registry.ModelEntry | None) -> str:
+    """What can draft for a model, in the words of --draft."""
+    ways = []
+    if info["draft"]:
+        ways.append(f"--draft auto ({info['draft']})")
+    ways += [f"--draft {name}" for name in info["drafts"] if name != info["draft"]]
+    if info["mtp_layers"]:
+        ways.append(f"--draft mtp ({info['mtp_layers']} MTP layer{'s' if info['mtp_layers'] > 1 else ''})")
+    ways.append("--draft ngram")
+    text = ", ".join(ways)
+    if info["recurrent"] and not info["rolls_back"]:
+        text = "none: its recurrent state cannot take rejected draft tokens back (it decodes plainly)"
+    elif entry is None:
+        text += "; or a draft model file that shares its tokenizer (`localspec check` says whether one does)"
+    return text
+
+
+@command()
+def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
+    """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker)."""
+    found = running.processes()
+    if as_json:
+        for process in found:
+            print(json.dumps(process))
+    else:
+        tui.ps_table(found)
+
+
+@command(name="rm")
 def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
     """Delete a downloaded model (partial downloads too)."""
     entry = registry.resolve(name)
@@ -636,7 +970,7 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner
     print(f"removed {entry.name} ({tui.size_text(freed)})")
 
 
-@app.command()
+@command()
 def check(
     target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
     draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...), or mtp:"
@@ -678,7 +1012,7 @@ def _check_mtp(target: str, offline: bool, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
-@app.command()
+@command()
 def doctor(
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")]
     = DEFAULT_RUNTIME.ctx_size,
@@ -714,7 +1048,7 @@ def _header_and_size(entry: registry.ModelEntry) -> tuple[gguf_meta.GGUFInfo | N
     return (gguf_meta.read(present) if present else None), entry.size
 
 
-@app.command()
+@command()
 def version():
     """Print the localspec version."""
     print(__version__)

@@ -153,6 +153,8 @@ class Runtime:
         if self.threads > logical:
             raise UsageError(f"threads must be at most {logical}, this machine's logical CPUs (more threads than CPUs"
                              f" only slow llama.cpp down), got {self.threads}")
+        if self.prompt_batch < 1:
+            raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")
         if self.gpu_layers is None and not self.rpc:
             raise UsageError("gpu layers by free memory go with --rpc")
         if (self.gpu_layers or 0) < -1 or self.draft_gpu_layers < -1:

@@ -116,18 +116,69 @@ def compat_report(report: CompatReport, console: Console = out) -> None:
     console.print(verdict)
 
 
+# models' columns, the most useful first: where the width runs out, the last ones are left out
+MODEL_COLUMNS = ("name", "params", "size", "installed", "draft", "layers", "aliases", "family", "license")
+
+
 def models_table(rows: list[dict], console: Console = out) -> None:
+    """Every name whole, at any width and in a pipe: the less useful columns are left out (and named
+    below the table) rather than any name cut short."""
+    cells = [{"name": shown(row["name"]), "aliases": shown(", ".join(row["aliases"])), "family": shown(row["family"]),
+              "params": shown(row["params"]), "size": size_text(row["size"]),
+              "installed": "[green]yes[/]" if row["installed"] else "no", "draft": shown(row["draft"] or ""),
+              "layers": layers_text(row), "license": shown(row["license"])} for row in rows]
+    console = _whole_rows(console)
+    widths = {column: max([len(Text.from_markup(c[column]).plain) for c in cells] + [len(column)])
+              for column in MODEL_COLUMNS}
+    columns = list(MODEL_COLUMNS)
+    # a column takes its widest cell, two of padding and a rule
+    while len(columns) > 1 and sum(widths[c] + 3 for c in columns) + 1 > console.width:
+        columns.pop()
     table = Table(title="Models")
-    for column in ("name", "aliases", "family", "params", "size", "installed", "draft", "layers", "license"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            shown(row["name"]), shown(", ".join(row["aliases"])), shown(row["family"]), shown(row["params"]),
-            size_text(row["size"]),
-            "[green]yes[/]" if row["installed"] else "no", shown(row["draft"] or ""), layers_text(row),
-            shown(row["license"]),
-        )
+    for column in columns:
+        whole = column in ("name", "draft")
+        table.add_column(column, no_wrap=whole, min_width=widths[column] if whole else None, overflow="fold")
+    for c in cells:
+        table.add_row(*(c[column] for column in columns))
     console.print(table)
+    if len(columns) < len(MODEL_COLUMNS):
+        console.print(f"[dim]not shown at this width: {', '.join(MODEL_COLUMNS[len(columns):])} (--json has them)[/]")
+
+
+def show_report(info: dict, console: Console = out) -> None:
+    """`localspec show`: what Ollama's show prints, and what the model means for speculation."""
+    table = Table.grid(padding=(0, 3))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in info["lines"]:
+        if value is not None:  # not known before the file is downloaded
+            table.add_row(label, shown(value))
+    _whole_rows(console).print(table)
+
+
+def ps_table(processes: list[dict], console: Console = out) -> None:
+    if not processes:
+        console.print("no localspec process holds a model")
+        return
+    table = Table(box=None, padding=(0, 2, 0, 0))
+    for column in ("pid", "command", "up", "model", "address"):
+        table.add_column(column.upper(), no_wrap=column in ("pid", "command", "up"), overflow="fold")
+    for p in processes:
+        table.add_row(str(p["pid"]), shown(p["command"]), duration_text(p["uptime"]), shown(p["model"]),
+                      shown(p["address"]))
+    _whole_rows(console).print(table)
+
+
+def duration_text(seconds: float) -> str:
+    """3 s, 4 min, 2 h 05 min, 3 days 4 h."""
+    minutes, hours, days = int(seconds // 60), int(seconds // 3600), int(seconds // 86400)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if hours < 1:
+        return f"{minutes} min"
+    if days < 1:
+        return f"{hours} h {minutes % 60:02d} min"
+    return f"{days} day{'s' if days > 1 else ''} {hours % 24} h"
 
 
 def layers_text(row: dict) -> str:
@@ -177,8 +228,9 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
 
 
 def _whole_rows(console: Console) -> Console:
-    """Written to a file or pipe, a table keeps its rows whole instead of wrapping them at 80 columns."""
-    return console if console.is_terminal else Console(file=console.file, width=240, highlight=False)
+    """Written to a file or pipe, a table keeps its rows whole instead of wrapping them at 80 columns
+    (a recording console keeps the width it was given)."""
+    return console if console.is_terminal or console.record else Console(file=console.file, width=240, highlight=False)
 
 
 def placement_text(placement: dict | None) -> str:
@@ -313,8 +365,9 @@ def reply_line(recorder: Recorder) -> str:
     if recorder.finish_reason == INTERRUPTED:
         return "(stopped)"
     s = recorder.summary()
+    drafted = f"{s.acceptance_rate:.0%} of {s.drafted} drafted accepted" if s.drafted else drafted_text(s)
     return (
-        f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.acceptance_rate:.0%} of {s.drafted} drafted accepted;"
+        f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {drafted};"
         f" prompt {s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached) in {s.prefill_seconds:.2f} s"
     )
 
@@ -370,7 +423,7 @@ class BatchProgress:
     """A progress bar on stderr with ETA and the running acceptance rate; silent off a terminal."""
 
     def __init__(self, total: int):
-        self.drafted = self.accepted = self.failed = 0
+        self.drafted = self.accepted = self.failed = self.finished = 0
         self.progress = None
         if err.is_terminal:
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -387,6 +440,7 @@ class BatchProgress:
             self.progress.stop()
 
     def __call__(self, record: dict) -> None:
+        self.finished += 1
         stats = record.get("stats")
         if stats:
             self.drafted += stats["drafted"]
@@ -394,9 +448,12 @@ class BatchProgress:
         else:
             self.failed += 1
         if self.progress:
-            rate = f"{self.accepted / self.drafted:.0%} accepted" if self.drafted else ""
-            failed = f", {self.failed} failed" if self.failed else ""
-            self.progress.update(self.task, advance=1, status=rate + failed)
+            self.progress.update(self.task, advance=1, status=self.status())
+
+    def status(self) -> str:
+        """The running acceptance rate and failures, as far as there are any."""
+        return ", ".join(([f"{self.accepted / self.drafted:.0%} accepted"] if self.drafted else [])
+                         + ([f"{self.failed} failed"] if self.failed else []))
 
 
 def batch_summary(records: list[dict], skipped: int, console: Console = err) -> None:
@@ -417,25 +474,33 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
 
 
 def bench_table(rows: list[dict], costs: dict | None = None, console: Console = out) -> None:
-    table = Table(title="localspec bench")
-    for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step",
-                   "accepted by draft position", "drafting steps", "probes lost", "python", "host µs step+row"):
-        table.add_column(column)
+    """Two tables that fit 100 columns: what each mode achieved, then how it drafted and what the
+    host's Python cost (--json has every figure)."""
+    console = _whole_rows(console)
+    results = Table(title="localspec bench")
+    for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step"):
+        results.add_column(column, justify="left" if column in ("prompt set", "mode") else "right")
+    details = Table(title="how each mode drafted")
+    for column in ("prompt set", "mode", "accepted by draft position", "drafting steps", "probes lost", "python",
+                   "host µs step+row"):
+        details.add_column(column, overflow="fold")
     for r in rows:
         drafters = r["drafters"].values()
         probes = sum(d["probes"] for d in drafters)
-        table.add_row(
+        results.add_row(
             r["prompt_set"], r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
-            f"{r['mean_accepted_length']:.2f}",
+            f"{r['mean_accepted_length']:.2f}")
+        details.add_row(
+            r["prompt_set"], r["mode"],
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
             " ".join(f"{name} {d['steps']}" for name, d in r["drafters"].items()) or "–",
             f"{sum(d['probes_lost'] for d in drafters)}/{probes} {r['probe_loss']:.1%}" if probes else "–",
             f"{r['python_overhead']:.1%}",
             f"{r['host_us_per_step']:.0f}" + (f"+{r['host_us_per_row']:.0f}" if r["host_us_per_row"] is not None else ""),
         )
-    console = _whole_rows(console)
-    console.print(table)
+    console.print(results)
+    console.print(details)
     if costs:
         console.print(costs_line(costs))
 

@@ -207,3 +207,22 @@ def test_a_non_utf8_input_file_is_refused_in_one_line(cli, tiny, tmp_path):
     code, stdout, stderr = cli("batch", tiny["target"], tmp_path / "latin1.txt")
     assert code == 2 and stdout == ""
     assert stderr.strip().splitlines() == [f"error: {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 3)"]
+
+
+def test_ctrl_c_exits_130_and_says_how_to_go_on(localspec, tiny, tmp_path):
+    _, env = localspec
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"prompt number {i}\n" for i in range(80)))
+    output = tmp_path / "out.jsonl"
+    run = subprocess.Popen([sys.executable, "-m", "localspec", "batch", str(tiny["target"]), str(prompts),
+                            "-o", str(output), "-n", "300", "--temp", "1"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    written = output.read_text().count("\n")
+    assert run.returncode == 130 and b"Traceback" not in stderr
+    assert f"interrupted: {written} of 80 items written; the same command with --resume runs the other {80 - written}" \
+        in stderr.decode(), stderr

@@ -107,12 +107,14 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
     assert b"localspec bench" in done.stdout
     as_json = subprocess.run(
         [sys.executable, "-m", "localspec", "bench", str(tiny["target"]), "--prompts", str(prompts), "--max-tokens", "4",
-         "--modes", "plain,ngram", "--json"],
+         "--json"],
         capture_output=True, env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}, timeout=300,
     )
     assert as_json.returncode == 0, as_json.stderr.decode()
     report = json.loads(as_json.stdout)  # as `run --json`: one object on stdout, no table
-    assert {r["mode"] for r in report["results"]} == {"plain", "ngram"} and report["machine"]
+    # without a draft model the default modes leave out the draft mode, and say so
+    assert [r["mode"] for r in report["results"]] == ["plain", "ngram", "auto"] and report["machine"]
+    assert b"no --draft MODEL, so bench compares plain, ngram and auto" in as_json.stderr
 
 
 @pytest.mark.slow
@@ -140,3 +142,13 @@ def test_named_prompt_sets_come_from_their_packages(real_model):
         assert len({text.rsplit("Question:", 1)[1] for text in rag}) == 10
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes", "plain,draft"], "the draft mode needs --draft MODEL"),
+    (["--modes", "mtp"], "the mtp mode needs --draft mtp"),
+    (["--draft", "ngram", "--modes", "draft"], "the draft mode needs --draft MODEL"),
+])
+def test_modes_that_need_a_model_nobody_named_are_refused_before_anything_loads(cli, tmp_path, args, message):
+    code, _, stderr = cli("bench", tmp_path / "never-loaded.gguf", *args)
+    assert code == 2 and message in stderr, stderr

@@ -9,6 +9,7 @@ import sys
 import time
 
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -313,8 +314,12 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
          "--max-tokens", "3000", "-p", "Write a very long story about a lighthouse keeper.", *(["--json"] if as_json else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
     )
-    if as_json:
-        time.sleep(4)  # nothing is printed before the end: interrupt while it generates
+    if as_json:  # nothing is printed before the end: interrupt while it generates, once its models are loaded
+        held = tmp_path / "home" / "running" / f"{run.pid}.json"  # what `localspec ps` reads
+        deadline = time.monotonic() + 300
+        while not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)
     else:
         assert len(run.stdout.read(40)) == 40  # it is streaming text
     run.send_signal(signal.SIGINT)
@@ -368,9 +373,216 @@ def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():
 
 def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
     """Loading llama.cpp's library is for commands that run a model (issue 13: no work at import)."""
-    probe = ("import sys\nfrom localspec import cli\nfor args in (['--help'], ['models', '--json'], ['--version']):\n"
+    probe = ("import sys\nfrom localspec import cli\n"
+             "for args in (['--help'], ['models', '--json'], ['--version'], ['ls'], ['ps'], ['show', 'llama3-70b']):\n"
              "    sys.argv = ['localspec', *args]\n    try:\n        cli.main()\n    except SystemExit:\n        pass\n"
              "print('llama_cpp' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)})
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+
+
+def test_the_prompt_may_follow_the_model_as_in_ollama(localspec, tiny):
+    args = ("--temp", "0", "-n", "6", "--json")
+    flag = run_json(localspec, tiny["target"], "-p", "the cat", *args)
+    assert run_json(localspec, tiny["target"], "the cat", *args)["text"] == flag["text"]
+    assert run_json(localspec, "-m", tiny["target"], "the cat", *args)["text"] == flag["text"]
+
+
+def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, tiny):
+    plain = run_json(localspec, tiny["target"], "-p", "the cat\nsat", "--temp", "0", "-n", "5")
+    spelled = run_json(localspec, tiny["target"], "-p", r"the cat\nsat", "-e", "--temp", "0", "--n-predict", "5",
+                       "-fa", "auto", "--repeat-penalty", "1.0", "-b", "64")
+    assert spelled["text"] == plain["text"] and spelled["stats"]["prompt_tokens"] == plain["stats"]["prompt_tokens"]
+    unescaped = run_json(localspec, tiny["target"], "-p", r"the cat\nsat", "--temp", "0", "-n", "5")
+    assert unescaped["stats"]["prompt_tokens"] != plain["stats"]["prompt_tokens"]  # without -e: a backslash and an n
+    system = run_json(localspec, tiny["target"], "-p", "the cat", "--system", "be brief", "--temp", "0", "-n", "5")
+    assert run_json(localspec, tiny["target"], "-p", "the cat", "-sys", "be brief", "--temp", "0", "-n", "5") == {
+        **system, "stats": ANY}
+    alone = run_json(localspec, tiny["target"], "-p", "the cat", "--temp", "0", "-n", "5")
+    assert system["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"]
+
+
+def test_escapes_are_read_as_llama_cpp_reads_them():
+    from localspec.cli import unescape
+
+    assert unescape(r"a\nb\tc\\n\"q\'\x41\r") == "a\nb\tc\\n\"q'A\r"
+    assert unescape(r"C:\path\zeta \x4") == r"C:\path\zeta \x4"  # anything else stays as typed
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-fa", "on"], "cannot force flash attention on or off"),
+        (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off, auto; got 'maybe'"),
+        (["--repeat-penalty", "1.1"], "localspec has no repetition penalty"),
+        (["--mlock"], "cannot choose how llama.cpp loads a model"),
+        (["--no-mmap"], "cannot choose how llama.cpp loads a model"),
+        (["-mg", "1"], "no such option: -mg"),  # read as -m g before
+        (["-dt", "0.1"], "no such option: -dt"),  # read as --draft t before
+        (["-b", "0"], "batch-size must be >= 1"),
+        (["--n-predict", "0"], "max-tokens must be >= 1"),
+        (["the cat"], "two prompts"),
+        (["-cnv"], "-cnv opens a chat, and a chat takes no prompt"),
+        (["--raw", "--system", "be brief"], "no turn for --system"),
+    ],
+)
+def test_llama_cpp_spellings_localspec_cannot_honour_are_refused_with_the_reason(cli, tiny, args, message):
+    code, stdout, stderr = cli("run", tiny["target"], "-p", "x", *args)
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert code == 2 and stdout == "" and len(errors) == 1 and message in errors[0], stderr
+
+
+def test_a_chat_opened_by_run_takes_none_of_runs_one_prompt_options(cli, tiny):
+    code, _, stderr = cli("run", tiny["target"], "-cnv", "--json")
+    assert code == 2 and "-cnv opens a chat, and a chat takes no --json" in stderr
+
+
+def test_run_cnv_chats_as_chat_does(localspec, tiny):
+    conversation = ("--temp", "0", "-n", "4", "--system-prompt", "be brief")
+    chat = localspec("chat", tiny["target"], *conversation, stdin=b"the cat\nthe dog\n")
+    run = localspec("run", tiny["target"], "-cnv", *conversation, stdin=b"the cat\nthe dog\n")
+    assert chat.returncode == run.returncode == 0, run.stderr
+    assert run.stdout == chat.stdout and len(run.stdout.decode().splitlines()) >= 2
+
+
+def test_run_without_a_prompt_on_a_terminal_opens_the_chat(tiny, tmp_path):
+    import pexpect
+
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    env.pop("LOCALSPEC_DEBUG", None)
+    child = pexpect.spawn(sys.executable, ["-m", "localspec", "run", str(tiny["target"]), "--temp", "0", "-n", "4"],
+                          env=env, timeout=120, dimensions=(30, 100))
+    child.expect("Chatting with")
+    child.sendline("the cat")
+    child.expect("4 tokens")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_help_leaves_room_for_the_help_text(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, _ = cli("run", "--help")
+    assert code == 0
+    for tag in ("<bool>", "<int>", "<str>", "<list[str]>", "INTEGER"):
+        assert tag not in out
+    # the Resources panel's help column was about 20 characters wide at 100 columns
+    assert "Context length in tokens (llama.cpp rounds it up to a" in out
+    assert "Also --system-prompt" in out and "Off: --no-backend-sampling" in out
+
+
+def test_ollamas_command_names(localspec, tiny, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / "models.toml").write_text(
+        '[models.tiny-target]\nparams = "1M"\nrepo = "me/tiny-GGUF"\nfile = "target.gguf"\n')
+    assert b"no model is downloaded yet" in localspec("ls", "--installed").stdout
+    (home / "models" / "tiny-target").mkdir(parents=True)
+    shutil.copy(tiny["target"], home / "models" / "tiny-target" / "target.gguf")
+    listed = localspec("models", "--json").stdout
+    assert localspec("list", "--json").stdout == localspec("ls", "--json").stdout == listed
+    installed = [json.loads(line) for line in localspec("ls", "--installed", "--json").stdout.splitlines()]
+    assert [row["name"] for row in installed] == ["tiny-target"] and len(listed.splitlines()) > 10
+    shown = localspec("show", "tiny-target")
+    out = shown.stdout.decode()
+    assert shown.returncode == 0, shown.stderr
+    for line in ("architecture     llama", "quantization", "chat template    no", "target.gguf", "layers           attention",
+                 "--draft ngram"):
+        assert line in out, out
+    info = json.loads(localspec("show", tiny["target"], "--json").stdout)
+    assert info["architecture"] == "llama" and info["mtp_layers"] == 0 and info["recurrent"] is False
+    assert json.loads(localspec("show", tiny["mtp"], "--json").stdout)["mtp_layers"] == 1
+    absent = localspec("show", "llama3-70b").stdout.decode()
+    assert "not downloaded" in absent and "--draft auto (llama3.2-1b)" in absent and "architecture" not in absent
+
+
+def test_models_names_stay_whole_at_80_columns_and_in_a_pipe(localspec):
+    from localspec import registry
+
+    for columns in ("80", "200"):
+        done = subprocess.run([sys.executable, "-m", "localspec", "models"], capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": columns}, timeout=60)
+        assert done.returncode == 0 and "…" not in done.stdout
+        for name in registry.load():
+            assert any(f"│ {name} " in line for line in done.stdout.splitlines()), name
+
+
+def test_ps_lists_the_processes_that_hold_models(localspec, tiny, tmp_path):
+    chat = subprocess.Popen([sys.executable, "-m", "localspec", "chat", str(tiny["target"])], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")})  # the fixture's home
+    try:
+        listed = []
+        deadline = time.monotonic() + 120
+        while not listed and time.monotonic() < deadline and chat.poll() is None:
+            listed = [json.loads(line) for line in localspec("ps", "--json").stdout.splitlines()]
+        assert [(p["pid"], p["command"]) for p in listed] == [(chat.pid, "chat")]
+        assert tiny["target"].name in listed[0]["model"] and listed[0]["uptime"] >= 0
+        assert b"chat" in localspec("ps").stdout
+    finally:
+        chat.communicate(b"")  # end of input: the chat ends and lets go of its model
+    assert chat.returncode == 0
+    assert localspec("ps", "--json").stdout == b""
+
+
+def test_ps_forgets_processes_that_are_gone(tmp_path, monkeypatch):
+    from localspec import running
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    with running.holding("serve", "m.gguf (n-gram lookup)", "http://127.0.0.1:8080/v1"):
+        (found,) = running.processes()
+        assert found["pid"] == os.getpid() and found["address"].endswith("/v1")
+    assert running.processes() == []
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    records = {"gone.json": {"pid": gone.pid, "command": "run", "model": "m", "address": "", "started": 0},
+               # this pid, but a process that started at another time: the pid was reused
+               "reused.json": {"pid": os.getpid(), "command": "run", "model": "m", "address": "", "started": 1.0},
+               "torn.json": None}
+    for name, record in records.items():
+        (running.folder() / name).write_text(json.dumps(record)[:-3] if record is None else json.dumps(record))
+    assert running.processes() == [] and list(running.folder().iterdir()) == []
+
+
+def test_ps_names_a_servers_address_as_a_client_writes_it():
+    from localspec.cli import _url
+
+    assert _url("127.0.0.1", 8080) == "http://127.0.0.1:8080/v1" and _url("::1", 8080) == "http://[::1]:8080/v1"
+
+
+def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tiny, monkeypatch):
+    from localspec import cli as face, running
+
+    cores = os.cpu_count()
+    assert face.crowded_cores(cores, 0.3) is None and face.crowded_cores(1, cores + 1.0) is None  # 1: the least
+    assert "-t 1 may be much faster" in face.crowded_cores(2, cores - 0.6)
+    assert face.crowded_cores(2, None) is None or cores < 2  # too short a load to tell: no warning
+    if cores > 1:
+        monkeypatch.setattr(running.OtherWork, "cores", lambda self: cores - 0.6)  # other processes fill all but one
+        code, stdout, stderr = cli("run", tiny["target"], "-p", "the cat", "-n", "2", "-t", "2", "--json")
+        assert code == 0 and json.loads(stdout)["stats"]["tokens"] == 2
+        assert stderr.count("warning: 2 threads") == 1 and "-t 1 may be much faster" in stderr, stderr
+
+
+def test_the_cores_other_processes_keep_busy_leave_this_ones_work_out(monkeypatch):
+    from collections import namedtuple
+
+    from localspec import running
+
+    Machine, Own = namedtuple("Machine", "user system idle iowait guest"), namedtuple("Own", "user system")
+    samples = iter([(0.0, Machine(10, 5, 100, 1, 3), Own(1, 0)),
+                    # a second later: 2.5 s more work on the machine, 1.5 s of it this process's own (guest is in user)
+                    (1.0, Machine(12, 5.5, 100.5, 2, 4), Own(2, 0.5))])
+
+    def sample():
+        now, machine, own = next(samples)
+        monkeypatch.setattr(running.time, "monotonic", lambda: now)
+        monkeypatch.setattr(running.psutil, "cpu_times", lambda: machine)
+        monkeypatch.setattr(running.psutil.Process, "cpu_times", lambda self: own)
+
+    sample()
+    work = running.OtherWork()
+    sample()
+    assert work.cores() == pytest.approx(1.0)

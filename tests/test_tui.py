@@ -94,3 +94,59 @@ def test_models_show_aliases_and_unknown_sizes_as_unknown():
                            installed=False, draft="llama3.2-1b", license="x")], console)
     text = console.export_text()
     assert "llama3-70b" in text and "unknown" in text and "license" in text
+
+
+def test_a_chat_reply_without_drafts_says_nothing_drafted():
+    recorder = Recorder()
+    for event in [Prefill(3, 0, 0.01), Step("plain", 0, 0, 0.0, 0.02), Token(1, "hi", False), Done("stop", "", 0.02)]:
+        recorder.add(event)
+    line = tui.reply_line(recorder)
+    assert "nothing drafted" in line and "0%" not in line and "of 0" not in line
+    recorder = Recorder()
+    for event in events():
+        recorder.add(event)
+    assert "67% of 3 drafted accepted" in tui.reply_line(recorder)
+
+
+def test_batch_progress_joins_only_what_there_is():
+    progress = tui.BatchProgress(3)
+    progress({"id": "a", "error": "x"})
+    assert progress.status() == "1 failed"  # was ", 1 failed" after the time column: "0:00:01 , 1 failed"
+    progress({"id": "b", "stats": {"drafted": 4, "accepted": 3}})
+    assert progress.status() == "75% accepted, 1 failed" and progress.finished == 2
+
+
+def test_models_table_keeps_every_name_whole_at_80_columns():
+    console = Console(record=True, width=80)
+    rows = [dict(name=f"a-rather-long-model-name-{i}", aliases=["alias-one", "alias-two"], family="family", params="70B",
+                 size=42_500_000_000, installed=False, draft="tiny-draft", license="some licence (gated)",
+                 recurrent=None) for i in range(3)]
+    tui.models_table(rows, console)
+    text = console.export_text()
+    assert "…" not in text and all(f"a-rather-long-model-name-{i}" in text for i in range(3))
+    assert "tiny-draft" in text and "not shown at this width: layers, aliases, family, license" in text
+    assert max(map(len, text.splitlines())) <= 80
+
+
+def test_bench_tables_fit_100_columns():
+    row = {"prompt_set": "humaneval-edit", "mode": "auto", "prompts": 10, "tokens": 1280, "tokens_per_second": 14.52,
+           "speedup": 1.37, "acceptance_rate": 0.91, "mean_accepted_length": 3.43,
+           "acceptance_by_positions": {"1": 0.95, "2-4": 0.9, "5-8": 0.8, "9-16": 0.7},
+           "drafters": {"ngram": {"steps": 120, "probes": 3, "probes_lost": 1}, "draft": {"steps": 30, "probes": 2,
+                                                                                          "probes_lost": 1}},
+           "probe_loss": 0.012, "python_overhead": 0.08, "host_us_per_step": 410.0, "host_us_per_row": 23.0}
+    console = Console(record=True, width=100)
+    tui.bench_table([row, {**row, "mode": "plain", "speedup": 1.0}], None, console)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 100
+    for cell in ("1.37x", "3.43", "2-4:90%", "ngram 120", "draft 30", "2/5 1.2%", "410+23"):
+        assert cell in text, text
+
+
+def test_ps_says_how_long_a_process_has_held_its_models():
+    assert [tui.duration_text(s) for s in (3.2, 125, 7500, 90000, 200000)] == [
+        "3 s", "2 min", "2 h 05 min", "1 day 1 h", "2 days 7 h"]
+    console = Console(record=True, width=100)
+    tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)",
+                   "address": "http://127.0.0.1:8080/v1"}], console)
+    assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  http://127.0.0.1:8080/v1" in console.export_text()

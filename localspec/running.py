@@ -1,0 +1,87 @@
+"""What else runs on this machine: the localspec processes that hold models now (for `localspec ps`),
+and how busy other processes keep the cores.
+
+Each process that holds models writes a small record under the state folder and removes it when it
+lets go. A process killed outright (SIGKILL, a crash) cannot remove its record: a record whose process
+is gone, or whose pid now belongs to a process started at another time, is stale, and reading removes it.
+"""
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+from . import paths
+
+
+def folder() -> Path:
+    return paths.state_dir() / "running"
+
+
+@contextmanager
+def holding(command: str, model: str, address: str = "") -> Iterator[None]:
+    """Listed by `ps` while inside: this process runs `command` with `model` (its description),
+    reachable at `address` if it serves."""
+    record = {"pid": os.getpid(), "command": command, "model": model, "address": address,
+              "started": psutil.Process().create_time()}
+    directory = folder()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{record['pid']}.json"
+    path.write_text(json.dumps(record))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def processes() -> list[dict]:
+    """The records of live localspec processes, oldest first, each with its `uptime` in seconds;
+    stale records are removed on the way."""
+    live = []
+    for path in sorted(folder().glob("*.json")) if folder().is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            alive = _alive(record["pid"], record["started"])
+        except (OSError, ValueError, KeyError, TypeError):  # half-written by a process killed while writing
+            alive = False
+        if not alive:
+            path.unlink(missing_ok=True)
+            continue
+        live.append(record | {"uptime": time.time() - record["started"]})
+    return sorted(live, key=lambda record: record["started"])
+
+
+def _alive(pid: int, started: float) -> bool:
+    try:
+        # a pid is reused once its process has gone: the same pid started at another time is another process
+        return abs(psutil.Process(pid).create_time() - started) < 1
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+class OtherWork:
+    """The cores that other processes keep busy, measured from now until cores() is asked: all the
+    machine's CPU time less this process's own. A load average would count this process's last
+    minute too, and a run right after a run would look like a busy machine."""
+
+    def __init__(self):
+        self._start = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
+        # guest time is counted in user time already; idle and waiting for the disk are not work
+        total = sum(machine) - getattr(machine, "guest", 0) - getattr(machine, "guest_nice", 0)
+        busy = total - machine.idle - getattr(machine, "iowait", 0)
+        return time.monotonic(), busy - own.user - own.system
+
+    def cores(self) -> float | None:
+        """None when too little time has passed to tell (CPU times tick every 10 ms)."""
+        (start, others_before), (now, others) = self._start, self._now()
+        if now - start < 0.1:
+            return None
+        return max(0.0, (others - others_before) / (now - start))
