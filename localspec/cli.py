@@ -21,6 +21,7 @@ from . import __version__, download, gguf_meta, hardware, net, paths, registry, 
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
+from . import compare as compare_runs
 from . import worker as worker_face
 from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Lending, Limits, Runtime, Sampling, Serving, Speculation,
                      default_threads)
@@ -508,6 +509,9 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
+        " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,
     no_color: NoColorOption = False,
 ):
     """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
@@ -532,6 +536,9 @@ def run(
     if raw and system is not None:
         raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
                          " write the system turn into the prompt")
+    if compare and (quiet or settings.speculation.drafting == DrafterKind.PLAIN):
+        raise UsageError("--compare sets a speculative run beside a plain one: it takes no"
+                         f" {'--quiet' if quiet else '--no-draft or --spec off'}")
     text = read_prompt(prompt, file)
     text = unescape(text) if escape else text
     if not text:
@@ -545,16 +552,27 @@ def run(
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
+            if compare and view.recorder.finish_reason != INTERRUPTED:
+                tui.comparison(_plain_beside(session, tokens, settings, view.recorder), tui.out)
             return
         recorder = tui.stream(events, show=not as_json)
+        beside = (_plain_beside(session, tokens, settings, recorder)
+                  if compare and recorder.finish_reason != INTERRUPTED else None)
         if as_json:
             print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
                               "stats": recorder.summary().as_dict(), "placement": session.placement(),
-                              "notes": session.notes}))
+                              "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})))
         elif not quiet:
             print(tui.summary_line(recorder, auto), file=sys.stderr)
+            if beside:
+                tui.comparison(beside, tui.err)
         if recorder.finish_reason == INTERRUPTED:
             raise typer.Exit(130)
+
+
+def _plain_beside(session: Session, tokens: list[int], settings: Settings, recorder) -> compare_runs.Comparison:
+    with tui.loading("decoding the same prompt plainly, to compare"):
+        return compare_runs.plain_beside(session, tokens, settings.sampling, settings.limits, recorder)
 
 
 @command(

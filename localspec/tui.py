@@ -406,6 +406,26 @@ def _writer(show: bool):
     return write
 
 
+def comparison(c, console: Console) -> None:
+    """A compare.Comparison: the speculative run and the plain one of the same prompt, side by side, and
+    what it means."""
+    table = Table(box=None, padding=(0, 2, 0, 0))
+    table.add_column("same prompt")
+    table.add_column(f"speculative ({c.mode})", justify="right")
+    table.add_column("plain", justify="right")
+    s, p = c.speculative, c.plain
+    table.add_row("decode time", f"{s.decode_seconds:.2f} s", f"{p.decode_seconds:.2f} s")
+    table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", f"{p.tokens_per_second:.1f}")
+    table.add_row("tokens", str(s.tokens), str(p.tokens))
+    table.add_row("target passes", str(s.steps), str(p.steps))
+    table.add_row("tokens/pass", f"{s.mean_accepted_length:.2f}", f"{p.mean_accepted_length:.2f}")
+    table.add_row("drafts", drafted_text(s), "")
+    console.print(table)
+    speedup = f"{c.speedup:.2f}x plain; " if c.speedup else ""
+    console.print(f"{speedup}{c.text_note()}", highlight=False)
+    console.print(c.verdict(), highlight=False)
+
+
 def summary_line(recorder: Recorder, auto: bool) -> str:
     """The statistics of a generation in one line, for stderr when stdout is not a terminal."""
     s = recorder.summary()
