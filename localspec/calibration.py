@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from . import paths
+from . import paths, running
 from .engine.policy import Costs
 
 NAME = "calibration.json"
 VERSION = 1
 KEPT = 64  # keys, the latest used: old model files and settings drop out
+QUIET_CORES = 0.25  # of a core, that other processes may take from llama.cpp's threads for costs to be kept
 
 
 def path() -> Path:
@@ -35,15 +36,23 @@ def file_identity(model: Path) -> dict:
 
 
 def costs(key: dict, measure: Callable[[], Costs]) -> Costs:
-    """The costs kept for key, else (and with LOCALSPEC_RECALIBRATE=1) measure()'s, kept for next time."""
+    """The costs kept for key, else (and with LOCALSPEC_RECALIBRATE=1) measure()'s. The session keeps
+    them at its close, corrected by its real steps, if the machine was quiet meanwhile (quiet())."""
     key = _plain(key)
     if os.environ.get("LOCALSPEC_RECALIBRATE", "") in ("", "0"):
         found = next((entry["costs"] for entry in _entries() if entry["key"] == key), None)
         if found is not None:
             return Costs.from_dict(found)
-    measured = measure()
-    keep(key, measured)
-    return measured
+    return measure()
+
+
+def quiet(others: running.OtherWork, threads: int) -> bool:
+    """Whether other processes left `threads` cores free since `others` began watching. Costs measured
+    while they did not are that moment's, not the machine's: a calibration on a 2-core machine with a
+    neighbour's tests running read verify(2) at a quarter of verify(1), which kept would have misled
+    every later load. They still serve the session that measured them; real steps correct them."""
+    busy = others.cores()  # (None: too short a time to tell, as for a tiny model's session)
+    return busy is None or busy <= (os.cpu_count() or 1) - threads + QUIET_CORES
 
 
 def keep(key: dict, measured: Costs) -> None:

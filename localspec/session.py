@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import calibration, compat, download, gguf_meta, hardware, registry
+from . import calibration, compat, download, gguf_meta, hardware, registry, running
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from .engine import policy
@@ -131,6 +131,7 @@ class Session:
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=gpu_layers)), "backend_sampling": on_backend}
             del self._settings["ctx_size"]
+            self._threads = runtime.threads
             # Said at load, for the CLI to print: what localspec did other than asked.
             self.notes: list[str] = []
             if self.target.n_ctx != runtime.ctx_size:
@@ -191,6 +192,7 @@ class Session:
                 "drafts": {kind: [calibration.file_identity(context.model.path), context.n_batch]
                            for kind, context in contexts.items()},
             }
+            self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
             costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
             self._auto = policy.AutoDrafter(self.ngram, costly, costs)
         return self._auto
@@ -294,8 +296,8 @@ class Session:
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:
-        if self._owned and self._auto is not None:  # what real steps corrected, for the next load to start from
-            calibration.keep(self._costs_key, self._auto.costs)
+        if self._owned and self._auto is not None and calibration.quiet(self._others, self._threads):
+            calibration.keep(self._costs_key, self._auto.costs)  # what real steps corrected, for the next load
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()

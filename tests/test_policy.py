@@ -4,6 +4,10 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -383,3 +387,26 @@ def test_an_unreadable_or_foreign_calibration_file_is_measured_anew_and_replaced
     open_auto(tiny["target"], None).close()
     assert len(calibrations) == 1
     assert json.loads(calibration.path().read_text())["version"] == calibration.VERSION
+
+
+@contextmanager
+def busy_cores():
+    """Every core of the machine kept busy by other processes."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def test_costs_measured_while_other_processes_took_the_cores_serve_their_session_but_are_not_kept(tiny, calibrations):
+    threads = os.cpu_count() or 1
+    with busy_cores(), open_auto(tiny["target"], None, threads):
+        time.sleep(0.3)  # long enough for the CPU times to tell
+    assert not calibration.path().exists()
+    open_auto(tiny["target"], None, threads).close()  # a quiet machine: measured again, and kept
+    open_auto(tiny["target"], None, threads).close()
+    assert len(calibrations) == 2
