@@ -118,17 +118,24 @@ def test_stdin_to_stdout_with_a_failing_item(localspec, tiny):
     assert b"failed bad" in done.stderr
 
 
-def test_resume_after_a_kill_finishes_every_item_once(localspec, tiny, tmp_path):
-    invoke, env = localspec
+def batch_of_80_under_way(env, tiny, tmp_path, written: int, stderr=subprocess.DEVNULL):
+    """A batch of 80 prompts into out.jsonl, running, once `written` items are in the file:
+    (the process, prompts, output)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"prompt number {i}\n" for i in range(80)))
     output = tmp_path / "out.jsonl"
     run = subprocess.Popen([sys.executable, "-m", "localspec", "batch", str(tiny["target"]), str(prompts),
                             "-o", str(output), "-n", "300", "--temp", "1"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < 3):
+    while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < written):
         time.sleep(0.05)
+    return run, prompts, output
+
+
+def test_resume_after_a_kill_finishes_every_item_once(localspec, tiny, tmp_path):
+    invoke, env = localspec
+    run, prompts, output = batch_of_80_under_way(env, tiny, tmp_path, written=3)
     run.send_signal(signal.SIGKILL)
     run.wait()
     written = output.read_text().count("\n")
@@ -211,15 +218,7 @@ def test_a_non_utf8_input_file_is_refused_in_one_line(cli, tiny, tmp_path):
 
 def test_ctrl_c_exits_130_and_says_how_to_go_on(localspec, tiny, tmp_path):
     _, env = localspec
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("".join(f"prompt number {i}\n" for i in range(80)))
-    output = tmp_path / "out.jsonl"
-    run = subprocess.Popen([sys.executable, "-m", "localspec", "batch", str(tiny["target"]), str(prompts),
-                            "-o", str(output), "-n", "300", "--temp", "1"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not output.exists() or output.read_text().count("\n") < 2):
-        time.sleep(0.05)
+    run, _, output = batch_of_80_under_way(env, tiny, tmp_path, written=2, stderr=subprocess.PIPE)
     run.send_signal(signal.SIGINT)
     _, stderr = run.communicate(timeout=60)
     written = output.read_text().count("\n")
