@@ -223,14 +223,16 @@ RESOURCE_OPTIONS = {
         "--batch-size", "-b", help="Prompt tokens read in one llama.cpp batch (at least a verification's rows).",
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.prompt_batch),
     "flash_attn": (Annotated[Optional[str], typer.Option(
-        "--flash-attn", "-fa", help="llama.cpp's flash attention setting: only auto (its default: on wherever"
-        " the device supports it) is taken.", show_default=False, rich_help_panel=RESOURCES)], None),
+        "--flash-attn", "-fa", help="Flash attention: on, off, or auto (llama.cpp's default: on wherever the"
+        " device supports it). For the target and the draft model.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
+    "mmap": (Annotated[Optional[bool], typer.Option(
+        "--mmap/--no-mmap", help="Map model files into memory, or read them in (--no-mmap: slower to load, but"
+        " no page faults later). Default: as llama.cpp decides for the device.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
     "mlock": (Annotated[bool, typer.Option(
-        "--mlock", help="Not supported yet (refused): localspec loads models as llama.cpp does by default.",
-        rich_help_panel=RESOURCES)], False),
-    "no_mmap": (Annotated[bool, typer.Option(
-        "--no-mmap", help="Not supported yet (refused): localspec maps model files into memory, llama.cpp's"
-        " default.", rich_help_panel=RESOURCES)], False),
+        "--mlock", help="Keep the models' weights in RAM, never swapped out (the system may cap how much a"
+        " process can lock: ulimit -l).", rich_help_panel=RESOURCES)], False),
 }
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
@@ -292,12 +294,13 @@ def build_settings(**values) -> Settings:
                         backend_sampling=o.backend_sampling, devices=_device_names(o.device),
                         draft_devices=_device_names(o.draft_device), rpc=_device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
-                        prompt_batch=o.batch_size),
+                        prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
+                        mmap=o.mmap, mlock=o.mlock),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
 
 
-FLASH_ATTN = ("on", "off", "auto")
+FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values, as Runtime.flash_attn
 
 
 def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
@@ -309,13 +312,6 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
                          f" got {o.flash_attn!r}")
-    if o.flash_attn in ("on", "off"):
-        raise UsageError(f"--flash-attn {o.flash_attn}: localspec cannot force flash attention on or off yet; it"
-                         " runs with llama.cpp's default, auto (on wherever the device supports it)")
-    for asked, flag in ((o.mlock, "--mlock"), (o.no_mmap, "--no-mmap")):
-        if asked:
-            raise UsageError(f"{flag}: localspec cannot choose how llama.cpp loads a model yet; it loads as"
-                             " llama.cpp does by default (memory-mapped, not locked)")
 
 
 def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind, str | None]:

@@ -143,6 +143,11 @@ class Runtime:
     # Let the CPU lay weights out for its fastest kernels (llama.cpp's repacking; off: --no-repack). A worker
     # computes with the plain layout, which rounds differently: greedy text matches a split run only without it.
     repack: bool = True
+    # llama.cpp's -fa on|off (None: auto, on wherever the device supports it), --mmap/--no-mmap (None: as
+    # llama.cpp decides for the device) and --mlock, for the target and the draft alike.
+    flash_attn: bool | None = None
+    mmap: bool | None = None
+    mlock: bool = False
 
     def __post_init__(self):
         if self.ctx_size < 8:

@@ -114,7 +114,8 @@ class Session:
                 if gpu_layers is None:
                     gpu_layers = hardware.offloaded_layers(gguf_meta.read(target), devices())
             self.target_model = self._own(Model(target, gpu_layers, runtime.devices, load_mtp=load_mtp,
-                                                tensor_split=runtime.tensor_split, repack=runtime.repack))
+                                                tensor_split=runtime.tensor_split, repack=runtime.repack,
+                                                mmap=runtime.mmap, mlock=runtime.mlock))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
@@ -126,7 +127,7 @@ class Session:
             if on_backend is None and gpu_layers != 0 and supports_gpu_offload():
                 on_backend = True  # else (None) the context samples only greedy rows in the graph
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows, keep_hidden=mtp))
+                                            on_backend, rows, keep_hidden=mtp, flash_attn=runtime.flash_attn))
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=gpu_layers)), "backend_sampling": on_backend}
@@ -146,12 +147,13 @@ class Session:
             self.mtp_drafter = None
             if mtp:
                 block = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
-                                          rows, mtp=True))
+                                          rows, mtp=True, flash_attn=runtime.flash_attn))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
             if draft is not None:
                 draft_model = self._own(Model(draft, runtime.draft_gpu_layers, _draft_devices(runtime),
-                                              repack=runtime.repack))
-                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows))
+                                              repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock))
+                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows,
+                                            flash_attn=runtime.flash_attn))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             self.default_mode = self.speculation.drafting
             self.use(self.default_mode)

@@ -403,6 +403,21 @@ def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, 
     assert system["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"]
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["-fa", "on", "--mlock", "--no-mmap"], ["flash_attn            = enabled", "load_mode = mlock)"]),
+    (["--flash-attn", "off", "--mmap"], ["flash_attn            = disabled", "load_mode = mmap)"]),
+    (["--mlock"], ["load_mode = mmap+mlock)"]),
+])
+def test_flash_attention_and_how_a_model_loads_reach_llama_cpp(tmp_path, tiny, flags, said):
+    """As llama.cpp's own log (LOCALSPEC_DEBUG=1) says them, for the target and the draft model."""
+    done = subprocess.run([sys.executable, "-m", "localspec", "run", tiny["target"], "--draft", tiny["partial"],
+                           "-p", "the cat", "-n", "4", "--temp", "0", *flags], capture_output=True, text=True,
+                          env={**os.environ, "LOCALSPEC_HOME": str(tmp_path), "LOCALSPEC_DEBUG": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for line in said:
+        assert done.stderr.count(line) >= 2, line  # target and draft
+
+
 def test_escapes_are_read_as_llama_cpp_reads_them():
     from localspec.cli import unescape
 
@@ -413,11 +428,8 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-fa", "on"], "cannot force flash attention on or off"),
         (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off, auto; got 'maybe'"),
         (["--repeat-penalty", "1.1"], "localspec has no repetition penalty"),
-        (["--mlock"], "cannot choose how llama.cpp loads a model"),
-        (["--no-mmap"], "cannot choose how llama.cpp loads a model"),
         (["-mg", "1"], "no such option: -mg"),  # read as -m g before
         (["-dt", "0.1"], "no such option: -dt"),  # read as --draft t before
         (["-b", "0"], "batch-size must be >= 1"),

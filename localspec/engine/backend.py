@@ -236,16 +236,20 @@ def stop_on_abort(say: Callable[[str], None]) -> None:
 
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
-                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True):
+                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
+                 mmap: bool | None = None, mlock: bool = False):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
         proportion to their free memory. load_mtp: also load the multi-token-prediction layers
         (an MTP context can be made only then; llama.cpp aborts otherwise). repack: let the CPU keep
-        weights in the layout of its fastest kernels (llama.cpp's extra buffer types)."""
+        weights in the layout of its fastest kernels (llama.cpp's extra buffer types). mmap: map the file
+        into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
+        the weights in RAM, never swapped out."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
+        params.load_mode = _load_mode(mmap, mlock)
         params.n_gpu_layers = gpu_layers
         params.load_mtp = load_mtp
         params.use_extra_bufts = repack
@@ -340,6 +344,16 @@ class Model:
         return self._model
 
 
+def _load_mode(mmap: bool | None, mlock: bool) -> int:
+    if mlock:
+        return llama.LLAMA_LOAD_MODE_MLOCK if mmap is False else llama.LLAMA_LOAD_MODE_MMAP_MLOCK
+    return {None: llama.LLAMA_LOAD_MODE_AUTO, True: llama.LLAMA_LOAD_MODE_MMAP, False: llama.LLAMA_LOAD_MODE_NONE}[mmap]
+
+
+FLASH_ATTENTION = {None: llama.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                   False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
 @dataclass(frozen=True)
 class Chain:
     """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's):
@@ -404,12 +418,14 @@ class Context:
     on the CPU, while a sampling chain's top-k is faster on the host there."""
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
-                 max_outputs: int = 1, mtp: bool = False, keep_hidden: bool = False):
+                 max_outputs: int = 1, mtp: bool = False, keep_hidden: bool = False, flash_attn: bool | None = None):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep the hidden state of every decoded position for
-        one (hidden_row), as the target of MTP drafting."""
+        one (hidden_row), as the target of MTP drafting. flash_attn: llama.cpp's flash attention on,
+        off, or (None) wherever the device supports it."""
         self.model = model
         params = llama.llama_context_default_params()
+        params.flash_attn_type = FLASH_ATTENTION[flash_attn]
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
