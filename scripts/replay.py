@@ -5,7 +5,8 @@
     python scripts/replay.py simulate replay.json [--mixed]
 
 `record` generates each prompt's greedy reply with the target alone and keeps the
-token ids, with the verification costs the auto policy calibrates at load.
+token ids, with the verification costs the auto policy calibrates at load (or kept from an earlier
+load on this machine; LOCALSPEC_RECALIBRATE=1 measures them anew).
 `simulate` then runs the policy (n-gram lookup only: what a draft model would
 have proposed is not recorded) over each recording: a draft is accepted as far
 as it agrees with the recorded reply, which is what greedy verification does,
@@ -35,7 +36,7 @@ def record(args) -> None:
     limits = Limits(max_tokens=args.max_tokens)
     recordings = {}
     with Session(target, None, Runtime(), Speculation(DrafterKind.AUTO)) as session:
-        session.use(DrafterKind.AUTO)  # calibrates the cost table
+        session.use(DrafterKind.AUTO)  # the cost table: calibrated, or kept from an earlier load
         costs = session.costs()
         session.use(DrafterKind.PLAIN)
         for name in bench.expand(args.prompts):
