@@ -350,8 +350,9 @@ def _load_mode(mmap: bool | None, mlock: bool) -> int:
     return {None: llama.LLAMA_LOAD_MODE_AUTO, True: llama.LLAMA_LOAD_MODE_MMAP, False: llama.LLAMA_LOAD_MODE_NONE}[mmap]
 
 
-FLASH_ATTENTION = {None: llama.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                   False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+def _flash_attention(on: bool | None) -> int:
+    return {None: llama.LLAMA_FLASH_ATTN_TYPE_AUTO, True: llama.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
 @dataclass(frozen=True)
@@ -425,7 +426,7 @@ class Context:
         off, or (None) wherever the device supports it."""
         self.model = model
         params = llama.llama_context_default_params()
-        params.flash_attn_type = FLASH_ATTENTION[flash_attn]
+        params.flash_attn_type = _flash_attention(flash_attn)
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
