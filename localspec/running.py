@@ -64,8 +64,8 @@ def _alive(pid: int, started: float) -> bool:
 
 
 class OtherWork:
-    """The cores that other processes keep busy, measured from now until cores() is asked: all the
-    machine's CPU time less this process's own. A load average would count this process's last
+    """The cores that other processes keep busy, measured from now until cores() is asked: the
+    machine's user CPU time less this process's own. A load average would count this process's last
     minute too, and a run right after a run would look like a busy machine."""
 
     def __init__(self):
@@ -74,10 +74,9 @@ class OtherWork:
     @staticmethod
     def _now() -> tuple[float, float]:
         machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
-        # guest time is counted in user time already; idle and waiting for the disk are not work
-        total = sum(machine) - getattr(machine, "guest", 0) - getattr(machine, "guest_nice", 0)
-        busy = total - machine.idle - getattr(machine, "iowait", 0)
-        return time.monotonic(), busy - own.user - own.system
+        # Processes' own work only: the kernel's (writing a just-downloaded model back to disk, reading the
+        # file into the page cache) passes, where a process that keeps a core busy stays.
+        return time.monotonic(), machine.user + getattr(machine, "nice", 0) - own.user
 
     def cores(self) -> float | None:
         """None when too little time has passed to tell (CPU times tick every 10 ms)."""
