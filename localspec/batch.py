@@ -228,7 +228,9 @@ def record_stop(out: IO[str], running: dict, message: str, durable: bool) -> Non
 
 
 def _write(out: IO[str], record: dict, durable: bool) -> None:
-    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    # JSON escapes C0 controls but not DEL or C1 ones (\x9b starts a command on a terminal): on a
+    # terminal every non-ASCII character is written escaped; files and pipes get the text as is.
+    out.write(json.dumps(record, ensure_ascii=out.isatty()) + "\n")
     out.flush()
     if durable:
         os.fsync(out.fileno())

@@ -168,7 +168,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                     chat.reply(line, view.add)
                 console.print(f"[dim]{tui.reply_line(view.recorder)}[/]", highlight=False)
             else:
-                print(chat.reply(line, lambda event: None), flush=True)
+                tui.write_text(chat.reply(line, lambda event: None) + "\n")
         except LocalspecError as error:
             console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
 

@@ -392,18 +392,15 @@ def stream(events, show: bool) -> Recorder:
 
 def _writer(show: bool):
     """Writes generated text to stdout as it streams (or nowhere, if not show)."""
-    if not show:
-        return lambda text: None
-    # On a terminal a model's escape sequences would be commands; into a pipe or file the text is
-    # data and goes out exactly as generated.
-    safe = visible if sys.stdout.isatty() else str
+    return write_text if show else lambda text: None
 
-    def write(text: str) -> None:
-        if text:
-            sys.stdout.write(safe(text))
-            sys.stdout.flush()
 
-    return write
+def write_text(text: str) -> None:
+    """Model text to stdout, flushed. On a terminal a model's escape sequences would be commands
+    (OSC 52 writes the clipboard); into a pipe or file the text is data and goes out exactly as generated."""
+    if text:
+        sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
+        sys.stdout.flush()
 
 
 def comparison(c, console: Console) -> None:

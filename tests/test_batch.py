@@ -225,3 +225,21 @@ def test_ctrl_c_exits_130_and_says_how_to_go_on(localspec, tiny, tmp_path):
     assert run.returncode == 130 and b"Traceback" not in stderr
     assert f"interrupted: {written} of 80 items written; the same command with --resume runs the other {80 - written}" \
         in stderr.decode(), stderr
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_records_on_a_terminal_carry_no_control_characters_and_files_get_the_text_as_is(tty):
+    import io
+
+    class Out(io.StringIO):
+        def isatty(self):
+            return tty
+
+    text = "\x1b]52;c;aGk=\x07 \x9b31m \x7f é"
+    out = Out()
+    batch._write(out, {"id": "1", "text": text}, durable=False)
+    assert json.loads(out.getvalue())["text"] == text
+    if tty:
+        assert out.getvalue().isascii() and not any(c in out.getvalue() for c in "\x1b\x07\x9b\x7f")
+    else:
+        assert "\x9b31m \x7f é" in out.getvalue()  # C0 controls are JSON escapes anyway

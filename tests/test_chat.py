@@ -271,3 +271,42 @@ def test_a_ctrl_c_at_any_line_of_the_engine_leaves_caches_the_next_reply_can_use
 
 
 TRIALS = 100
+
+
+class Terminal:
+    """Standard output that says it is a terminal, and keeps what was written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.written = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.written += text
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_piped_chat_escapes_model_text_on_a_terminal_and_keeps_it_exact_elsewhere(monkeypatch, tty):
+    import io
+
+    from localspec import chat
+
+    reply = "\x1b]52;c;cm0gLXJmIH4=\x07copied \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x9b31m\x7f"
+
+    class Scripted:
+        def reply(self, text, show):
+            return reply
+
+    stdout = Terminal(tty)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    monkeypatch.setattr(sys, "stdout", stdout)
+    chat.run(Scripted(), interactive=False, color=False, history_file=None)
+    if tty:
+        assert not any(c in stdout.written for c in "\x1b\x07\x9b\x7f")
+        assert stdout.written == "\\x1b]52;c;cm0gLXJmIH4=\\x07copied \\x1b]8;;http://x\\x1b\\link\\x1b]8;;\\x1b\\ \\x9b31m\\x7f\n"
+    else:
+        assert stdout.written == reply + "\n"

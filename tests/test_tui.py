@@ -150,3 +150,19 @@ def test_ps_says_how_long_a_process_has_held_its_models():
     tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)",
                    "address": "http://127.0.0.1:8080/v1"}], console)
     assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  http://127.0.0.1:8080/v1" in console.export_text()
+
+
+def test_streamed_text_is_escaped_on_a_terminal_only(monkeypatch):
+    """run's plain path (a terminal with --quiet, or a pipe): escapes would be commands on a terminal."""
+    import io
+    import sys
+
+    for tty, expected in ((True, "\\x1b]8;;u\\x1b\\a\\x9bb\n"), (False, "\x1b]8;;u\x1b\\a\x9bb\n")):
+        class Out(io.StringIO):
+            def isatty(self):
+                return tty
+
+        out = Out()
+        monkeypatch.setattr(sys, "stdout", out)
+        tui.stream([Token(1, "\x1b]8;;u\x1b\\a", False), Token(2, "\x9bb", False), Done("length", "", 0.1)], show=True)
+        assert out.getvalue() == expected
