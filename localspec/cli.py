@@ -24,7 +24,7 @@ from . import chat as chat_loop
 from . import compare as compare_runs
 from . import worker as worker_face
 from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Lending, Limits, Runtime, Sampling, Serving, Speculation,
-                     default_threads)
+                     check_draft_fits, default_threads)
 from .engine import backend
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair
@@ -266,6 +266,9 @@ class Settings:
     speculation: Speculation
     runtime: Runtime
     limits: Limits
+
+    def __post_init__(self):
+        check_draft_fits(self.speculation, self.runtime)
 
 
 def build_settings(**values) -> Settings:

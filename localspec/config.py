@@ -172,6 +172,19 @@ class Runtime:
             raise UsageError("--tensor-split takes shares >= 0, not all 0 (3,1: three quarters on the first device)")
 
 
+def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:
+    """A step verifies draft_max + 1 tokens in one batch, which must fit the prompt batch (-b) and the
+    context (-c). Checked before anything loads: llama.cpp crashed on a batch of 2**31 rows, and one of
+    100,000 took two minutes to set up before a context of 4096 could use 4095 of them."""
+    if speculation.draft_max is None:
+        return  # each kind's default fits: the session sizes its batch for them
+    room = min(runtime.ctx_size, runtime.prompt_batch) - 1
+    if speculation.draft_max > room:
+        raise UsageError(f"draft-max {speculation.draft_max} does not fit: a step verifies draft-max + 1 tokens"
+                         f" in one batch, and the batch holds {runtime.prompt_batch} tokens (--batch-size) and the"
+                         f" context {runtime.ctx_size} (--ctx-size); use at most {room}")
+
+
 @dataclass(frozen=True)
 class Limits:
     """When a generation ends, besides the context filling up. max_tokens None: no limit of its own

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import calibration, compat, download, gguf_meta, hardware, registry, running
 from .chat_template import render_pieces
-from .config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits
 from .engine import policy
 from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
@@ -101,6 +101,7 @@ class Session:
 
     def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation):
         """draft: the draft model's GGUF, or None (n-gram lookup needs none)."""
+        check_draft_fits(speculation, runtime)
         self.speculation = speculation
         self._owned: list = []
         self._auto: policy.AutoDrafter | None = None

@@ -592,3 +592,25 @@ def test_the_cores_other_processes_keep_busy_leave_this_ones_work_out():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "batch", "bench", "serve"])
+@pytest.mark.parametrize("args, room", [
+    (["--draft-max", "2147483647"], 511), (["--draft-max", "4000000000"], 511), (["--draft-max", "100000"], 511),
+    (["--draft-max", "512"], 511), (["--draft-max", "300", "-c", "256"], 255), (["--draft-max", "64", "-b", "64"], 63),
+    (["--draft-min", "4000000000", "--draft-max", "4000000000"], 511),
+])
+def test_a_draft_longer_than_the_batch_or_context_is_refused_before_anything_loads(cli, tmp_path, command, args, room):
+    """llama.cpp crashed on such batches (exit 139), or took two minutes to set them up. The model
+    named does not exist: refused before it is even looked for."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hi\n")
+    code, _, stderr = cli(command, "no-such-model", *([str(prompts)] if command == "batch" else []), *args)
+    assert code == 2, stderr
+    assert stderr.startswith("error: draft-max") and f"use at most {room}" in stderr and len(stderr.splitlines()) == 1
+
+
+def test_the_longest_draft_that_fits_the_batch_runs(localspec, tiny):
+    done = localspec("run", tiny["target"], "-p", "abcabcabcabc", "-n", "4", "--spec", "fixed", "--draft-max", "255",
+                     "-c", "256", "--json")
+    assert done.returncode == 0, done.stderr
