@@ -22,7 +22,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 
 from .config import Limits, Sampling
 from .errors import LocalspecError, UsageError
-from .session import Session
+from .session import ROLES, Session, is_message
 from .stats import record
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -77,15 +77,15 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=item_id, error="needs a 'prompt' string or a 'messages' list")
             continue
         if messages is not None and not _well_formed(messages):
-            yield Item(id=item_id, error="each message needs a 'role' and a 'content' string")
+            yield Item(id=item_id, error="each message needs a 'role' and a 'content' string, the role one of "
+                       + ", ".join(ROLES))
             continue
         options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages")}
         yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options)
 
 
 def _well_formed(messages: list) -> bool:
-    return bool(messages) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                  and isinstance(m.get("content"), str) for m in messages)
+    return bool(messages) and all(is_message(m) for m in messages)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from . import tui
 from .config import DrafterKind, Limits, Sampling
 from .errors import LocalspecError
 from .events import Prefill
-from .session import Session
+from .session import Session, is_message
 from .stats import Recorder
 
 HELP = """\
@@ -106,9 +106,7 @@ class Chat:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(getattr(error, 'strerror', None) or error)}[/]")
             return
-        if not (isinstance(messages, list) and all(
-                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str) for m in messages)):
+        if not (isinstance(messages, list) and all(is_message(m) for m in messages)):
             console.print(f"[red]{tui.shown(argument)} is not a conversation saved by /save[/]")
             return
         self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]

@@ -26,6 +26,15 @@ FALLBACK_TEMPLATE = (
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 
+# The roles a conversation may hold. A template writes the role into the prompt as control-token text
+# (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
+ROLES = ("system", "user", "assistant")
+
+
+def is_message(message) -> bool:
+    """A message chat_tokens takes: one of ROLES and a content string."""
+    return isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)
+
 
 @dataclass(frozen=True)
 class Pair:
