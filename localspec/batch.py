@@ -21,7 +21,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
     fcntl = None
 
 from .config import Limits, Sampling
-from .errors import LocalspecError, UsageError
+from .errors import InputError, LocalspecError, UsageError
 from .session import ROLES, Session, is_message
 from .stats import record
 
@@ -99,6 +99,10 @@ def open_output(output: Path | None, input_file: str, resume: bool) -> Iterator[
         return
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file in it")
+    if output.exists() and not output.is_file():
+        # resume, the lock and fsync need a file of its own (truncating /dev/null failed with a traceback)
+        raise UsageError(f"--output {output} is not a regular file; name a file, or leave -o out to write to"
+                         " standard output (and redirect that)")
     if not output.parent.is_dir():
         raise UsageError(f"--output {output}: the folder {output.parent} does not exist")
     if input_file != "-" and output.exists() and output.samefile(input_file):
@@ -129,7 +133,11 @@ def done_ids(out: IO[str], retry_failed: bool = False) -> set[str]:
     """Ids already in an output file opened for reading and writing. A last line cut short by a
     kill is removed first; with retry_failed, so are the records of items that failed."""
     out.seek(0)
-    data = out.read()
+    try:
+        data = out.read()
+    except UnicodeDecodeError as error:
+        raise InputError(f"--resume: {out.name} is not UTF-8 text (byte {error.start}), so it is not batch's output;"
+                         " choose another --output") from None
     lines = data.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines.pop()
@@ -139,7 +147,7 @@ def done_ids(out: IO[str], retry_failed: bool = False) -> set[str]:
             record = json.loads(line)
             failed = "error" in record
             record_id = str(record["id"])
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, RecursionError, KeyError, TypeError):  # not a record of ours: kept as is
             kept.append(line)
             continue
         if failed and retry_failed:

@@ -262,3 +262,26 @@ def test_a_role_that_could_forge_turns_fails_its_item_alone(role, tmp_path):
     console = Console(record=True, width=200)
     Chat._load(None, str(saved), console)
     assert "is not a conversation saved by /save" in console.export_text()
+
+
+def test_outputs_that_are_not_batch_files_are_refused_in_one_line(cli, tmp_path):
+    """-o /dev/null (truncating it raised), a non-UTF-8 file to --resume (a UnicodeDecodeError)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\n")
+    missing_model = tmp_path / "not-loaded.gguf"  # never reached: each mistake is found first
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"id": "one", "text": "x"}\n\xff\xfe\n')
+    for args, message in [(["-o", "/dev/null"], "is not a regular file"), (["-o", "/dev/null", "--resume"], "is not a regular file"),
+                          (["-o", binary, "--resume"], "binary.jsonl is not UTF-8 text (byte 27)")]:
+        code, _, stderr = cli("batch", missing_model, prompts, *args)
+        assert code == 2 and stderr.startswith("error: ") and message in stderr and len(stderr.splitlines()) == 1, stderr
+    assert binary.read_bytes().endswith(b"\xff\xfe\n")  # untouched
+
+
+def test_resume_keeps_lines_nested_too_deeply_as_it_keeps_other_lines_that_are_not_records(tmp_path):
+    output = tmp_path / "out.jsonl"
+    deep = '{"id": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    output.write_text('{"id": "a", "text": "x"}\n' + deep)
+    with open(output, "a+", encoding="utf-8") as out:
+        assert batch.done_ids(out) == {"a"}
+    assert output.read_text().endswith(deep)
