@@ -20,6 +20,7 @@ try:
 except ImportError:  # Windows: no advisory locks through fcntl, and the output opens unlocked
     fcntl = None
 
+from . import paths
 from .config import Limits, Sampling
 from .errors import InputError, LocalspecError, UsageError
 from .session import ROLES, Session, is_message
@@ -97,14 +98,11 @@ def open_output(output: Path | None, input_file: str, resume: bool) -> Iterator[
     if output is None:
         yield sys.stdout
         return
-    if output.is_dir():
-        raise UsageError(f"--output {output} is a folder; name a file in it")
+    paths.check_output(output, "--output")
     if output.exists() and not output.is_file():
         # resume, the lock and fsync need a file of its own (truncating /dev/null failed with a traceback)
         raise UsageError(f"--output {output} is not a regular file; name a file, or leave -o out to write to"
                          " standard output (and redirect that)")
-    if not output.parent.is_dir():
-        raise UsageError(f"--output {output}: the folder {output.parent} does not exist")
     if input_file != "-" and output.exists() and output.samefile(input_file):
         raise UsageError(f"--output {output} is the input file; writing it would destroy the prompts")
     try:

@@ -16,7 +16,7 @@ from . import mirror, paths
 from .config import DrafterKind, Limits, Sampling
 from .errors import InputError, UsageError
 from .events import Done, Prefill, Step
-from .session import Session
+from .session import ROLES, Session, is_message
 from .stats import Recorder, record
 
 
@@ -176,17 +176,37 @@ def load_prompts(name: str, limit: int | None) -> list[Conversation]:
         except OSError as error:
             raise InputError(f"{name} is neither a prompt set ({', '.join(PROMPT_SETS)}, all) nor a readable file:"
                              f" {error.strerror}") from None
-        prompts = [_from_line(line) for line in lines if line.strip()]
+        except UnicodeDecodeError as error:
+            raise InputError(f"{name} is not UTF-8 text (byte {error.start})") from None
+        prompts = [_from_line(line, f"{name}, line {number}") for number, line in enumerate(lines, start=1)
+                   if line.strip()]
     if not prompts:
         raise InputError(f"no prompts in {name}")
     return prompts[:limit] if limit else prompts
 
 
-def _from_line(line: str) -> Conversation:
+def _from_line(line: str, where: str) -> Conversation:
+    """A prompt file's line as a conversation; InputError naming `where` if it is not one."""
     if not line.lstrip().startswith("{"):
         return _ask(line)
-    record = json.loads(line)
-    return record["messages"] if "messages" in record else _ask(record["prompt"])
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
+    except RecursionError:
+        raise InputError(f"{where}: not valid JSON: nested too deeply") from None
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if isinstance(messages, list) and messages and all(is_message(m) or _own_reply(m) for m in messages):
+        return messages
+    if isinstance(record, dict) and "messages" not in record and isinstance(record.get("prompt"), str):
+        return _ask(record["prompt"])
+    raise InputError(f"{where}: needs a 'prompt' string or a 'messages' list of 'role' ({', '.join(ROLES)}) and"
+                     " 'content' strings")
+
+
+def _own_reply(message) -> bool:
+    """An assistant message without content: the target's own reply goes there (see Conversation)."""
+    return isinstance(message, dict) and message.get("role") == "assistant" and message.get("content", "") is None
 
 
 def expand(names: str) -> list[str]:
@@ -327,9 +347,8 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
     return rows
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    """Tokens per second per mode and prompt set, as a PNG: each bar labelled with its speed
-    against plain decoding, the legend beside the plot, the setting in the title."""
+def drawing():
+    """matplotlib's pyplot, drawing into files; UsageError if matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -337,6 +356,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         from matplotlib import pyplot
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'localspec[plot]'") from None
+    return pyplot
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Tokens per second per mode and prompt set, as a PNG: each bar labelled with its speed
+    against plain decoding, the legend beside the plot, the setting in the title."""
+    pyplot = drawing()
     sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     width = 0.8 / len(modes)

@@ -710,11 +710,17 @@ def bench(
     caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
     """
     chosen_modes = _bench_modes(modes, settings)
+    # what the results are written to is checked before minutes of benchmarking, not after them
+    for path, option in ((output, "--output"), (plot_file, "--plot")):
+        if path:
+            paths.check_output(path, option)
+    if plot_file:
+        bench_runner.drawing()
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
     with _open(settings, "bench") as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
-                                    lambda text: status.update(f"benchmarking: {text}"), mixed)
+                                    lambda text: status.update(f"benchmarking: {tui.shown(text)}"), mixed)
         costs = session.costs()
     machine = hardware.describe()
     drafting = settings.draft_model or DrafterKind.NGRAM

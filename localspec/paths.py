@@ -5,6 +5,8 @@ from pathlib import Path
 
 import platformdirs
 
+from .errors import UsageError
+
 
 def home() -> Path | None:
     override = os.environ.get("LOCALSPEC_HOME")
@@ -27,3 +29,14 @@ def state_dir() -> Path:
 def no_follow(path, flags: int) -> int:
     """An opener for open(): a partial download is written only if it is not a link someone planted."""
     return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+
+def check_output(path: Path, option: str) -> None:
+    """A file a command will write, checked before the work that fills it (bench wrote its -o and --plot
+    only after the whole run, and then failed)."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder; name a file in it")
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {path}: the folder {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise UsageError(f"cannot write {option} {path}: permission denied")

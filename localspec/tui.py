@@ -505,11 +505,11 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         drafters = r["drafters"].values()
         probes = sum(d["probes"] for d in drafters)
         results.add_row(
-            r["prompt_set"], r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
+            shown(r["prompt_set"]), r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
             f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
             f"{r['mean_accepted_length']:.2f}")
         details.add_row(
-            r["prompt_set"], r["mode"],
+            shown(r["prompt_set"]), r["mode"],
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
             " ".join(f"{name} {d['steps']}" for name, d in r["drafters"].items()) or "–",
             f"{sum(d['probes_lost'] for d in drafters)}/{probes} {r['probe_loss']:.1%}" if probes else "–",
