@@ -174,8 +174,8 @@ class Runtime:
 
 def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:
     """A step verifies draft_max + 1 tokens in one batch, which must fit the prompt batch (-b) and the
-    context (-c). Checked before anything loads: llama.cpp crashed on a batch of 2**31 rows, and one of
-    100,000 took two minutes to set up before a context of 4096 could use 4095 of them."""
+    context (-c). Checked before anything loads: llama.cpp crashed sizing a batch of 2**31 rows, and one of
+    100,000 rows took two minutes to set up, for a context that could never verify more than 4095."""
     if speculation.draft_max is None:
         return  # each kind's default fits: the session sizes its batch for them
     room = min(runtime.ctx_size, runtime.prompt_batch) - 1
