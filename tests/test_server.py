@@ -222,6 +222,48 @@ def test_malformed_bodies_get_openais_error_object(server, body, status, code):
         assert error["code"] == code
 
 
+# Values of every JSON type, and numbers no C field holds: whatever a field is given, the answer is 200 or
+# OpenAI's 400, never a 500 (`{"type": ["text"]}` in a content part was "unhashable type" and a traceback).
+WRONG_VALUES = [None, True, 1.5, -1, 2**70, -(2**70), "x", "", [], ["text"], [1], {}, {"type": "text"}]
+CHAT_BODY = {"model": "tiny", "max_tokens": 1, "stop": ["."], "stream_options": {"include_usage": True},
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+COMPLETION_BODY = {"model": "tiny", "max_tokens": 1, "prompt": ["hi"], "seed": 1, "temperature": 0.5, "top_p": 0.9,
+                   "top_k": 4, "min_p": 0.1, "n": 1}
+
+
+def _paths(value, path=()):
+    """Every place in a JSON value that a client could fill: keys, list items, the value itself."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from _paths(inner, path + (key,))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    copy = json.loads(json.dumps(value))
+    inner = copy
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = new
+    return copy
+
+
+@pytest.mark.parametrize("route, body", [("/chat/completions", CHAT_BODY), ("/completions", COMPLETION_BODY)])
+def test_a_wrongly_typed_value_anywhere_in_a_request_is_a_400_never_a_500(server, route, body):
+    statuses = {}
+    with httpx.Client(timeout=60) as client:
+        for path in list(_paths(body))[1:]:
+            for wrong in WRONG_VALUES:
+                response = client.post(server.url + route, json=_replaced(body, path, wrong))
+                statuses[(path, json.dumps(wrong))] = response.status_code
+                if response.status_code != 200:
+                    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert {where: status for where, status in statuses.items() if status not in (200, 400)} == {}
+    assert "Traceback" not in server.log()
+
+
 def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
     huge = b'{"prompt": "' + b"a" * (8 * 2**20) + b'"}'
     response = httpx.post(server.url + "/completions", content=huge)
