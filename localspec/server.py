@@ -8,6 +8,7 @@ traceback, and the server goes on serving.
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import signal
@@ -22,8 +23,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api
+from . import api, net
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
 from .errors import LocalspecError
@@ -32,6 +34,7 @@ from .service import FINISHED, Job, Service
 from .session import Session
 
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
+FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
 
 class Server:
@@ -244,13 +247,85 @@ class Server:
               flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
+        keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+                                timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
         server = _Uvicorn(config, on_exit=self.service.cancel_all)
         try:
             asyncio.run(server.serve(sockets=[listener]))
         finally:
             self.service.close()
+
+
+    def _connection_limit(self) -> int:
+        """--max-connections, lowered to what the open-file limit leaves room for (raised first where
+        allowed: a process out of files cannot even accept the connection that would answer /health)."""
+        files = net.raise_open_file_limit()
+        wanted = self.serving.max_connections
+        if files is None or files - FILES_FOR_OTHER_USES >= wanted:
+            return wanted
+        limit = max(1, files - FILES_FOR_OTHER_USES)
+        self.log(f"at most {limit} connections at once, not {wanted}: this process may open {files} files"
+                 " (raise the hard limit with ulimit -Hn)")
+        return limit
+
+
+class _Doorkeeper:
+    """What every connection is held to: how many may be open at once and how long one may stay without
+    a complete request. Says once, each time the limit is reached, that new connections are closed."""
+
+    def __init__(self, limit: int, timeout: float, log: Callable[[str], None]):
+        self.limit, self.timeout, self.log = limit, timeout, log
+        self.refusing = False
+
+    def admit(self, open_now: int) -> bool:
+        if open_now <= self.limit:
+            self.refusing = False
+            return True
+        if not self.refusing:
+            self.refusing = True
+            self.log(f"{self.limit} connections are open, the most allowed: new ones are closed until some end"
+                     f" (--max-connections; one without a complete request is closed after --timeout"
+                     f" {self.timeout:g} s)")
+        return False
+
+
+class _Door(H11Protocol):
+    """uvicorn's HTTP/1.1 connection, admitted by the doorkeeper and closed when it holds the door: no
+    complete request within the timeout of opening or of its last response (headers sent a byte at a
+    time kept connections open for good; uvicorn times only idle keep-alive connections)."""
+
+    def __init__(self, *args, keeper: _Doorkeeper, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keeper = keeper
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if not self.keeper.admit(len(self.connections)):
+            transport.close()
+            return
+        self._wait_for_a_request()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._wait_for_a_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def _wait_for_a_request(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_later(self.keeper.timeout, self._close_without_a_request)
+
+    def _close_without_a_request(self) -> None:
+        # a request whose headers are complete is being answered: its time is the service's to bound
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
 
 
 class _Uvicorn(uvicorn.Server):

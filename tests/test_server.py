@@ -2,7 +2,9 @@
 httpx for the edge cases, and many clients at once. Every server here is a real `localspec serve`
 process on a free port of 127.0.0.1, started by the test and stopped with a signal."""
 
+import contextlib
 import json
+import resource
 import select
 import signal
 import socket
@@ -31,12 +33,12 @@ class ServerProcess:
     """`localspec serve ARGS --port 0` in a subprocess: its base URL once it listens, its log, and a stop
     by signal that must end it with exit code 0."""
 
-    def __init__(self, home: Path, *args):
+    def __init__(self, home: Path, *args, **popen):
         self.log_file = home / "serve.log"
         home.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as log:
             self.process = localspec_process(home, "serve", *args, "--port", "0", stdout=subprocess.PIPE, stderr=log,
-                                             bufsize=0)
+                                             bufsize=0, **popen)
         try:
             self.url = self._wait_for_url()
         except BaseException:
@@ -415,6 +417,51 @@ def test_many_clients_at_once_each_get_their_own_answer_or_429_and_memory_stays_
         assert server.stop() == 0
 
 
+def _closed_by_the_server(connection: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing the connection, or None if it is still open after seconds."""
+    connection.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := connection.recv(4096):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return None
+    return received
+
+
+def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_health(tiny, tmp_path):
+    def few_open_files():  # as on the machine where 150 slow clients left serve without a file to accept with
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    server = ServerProcess(tmp_path, tiny["target"], "-c", "256", "--timeout", "1", "--max-connections", "16",
+                           preexec_fn=few_open_files)
+    slow = []
+    try:
+        assert psutil.Process(server.process.pid).rlimit(psutil.RLIMIT_NOFILE)[0] > 128
+        port = int(server.base.rsplit(":", 1)[1])
+        for _ in range(40):  # headers that never end
+            connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            slow.append(connection)
+        answered = None
+        deadline = time.monotonic() + 10
+        while answered is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                answered = httpx.get(server.base + "/health", timeout=2).json()
+        assert answered == {"status": "ok", "running": False, "waiting": 0}, server.log()
+        assert all(_closed_by_the_server(connection, 10) is not None for connection in slow)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # kept alive after its answer
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (_closed_by_the_server(idle, 10) or b"").startswith(b"HTTP/1.1 200")
+        assert "16 connections are open, the most allowed" in server.log()
+    finally:
+        for connection in slow:
+            connection.close()
+        assert server.stop() == 0, server.log()
+
+
 def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -428,6 +475,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--port", "70000"], "port must be between 0 and 65535"),
     (["--queue", "-1"], "queue must be >= 0"),
     (["--api-key", " "], "the API key is empty"),
+    (["--timeout", "0"], "timeout must be between 0 and 3600 seconds"),
+    (["--max-connections", "0"], "max-connections must be >= 1"),
 ])
 def test_serve_option_mistakes(cli, tiny, args, message):
     code, _, err = cli("serve", tiny["target"], *args)
