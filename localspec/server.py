@@ -28,7 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from . import api, net
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
-from .errors import LocalspecError
+from .errors import ContextOverflow, LocalspecError
 from .events import Done, Token
 from .service import FINISHED, Job, Service
 from .session import Session
@@ -114,15 +114,28 @@ class Server:
             if refusal:
                 raise refusal
             body = await self._body(request)
-            parse = api.parse_chat if chat else api.parse_completion
-            parsed = parse(body, self.defaults)
-            return await self._respond(request, parsed, Reply(chat, self.model))
+            reply = Reply(chat, self.model)
+            parsed = self._parse(body, reply)
+            return await self._respond(request, parsed, reply)
         except ApiError as error:
             self.log(f"{path} {error.status} {error.message}")
             return _error_response(error)
         except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
             self.log(traceback.format_exc().rstrip())
             return _error_response(ApiError(500, f"internal error: {error}", "server_error"))
+
+    def _parse(self, body: dict, reply: Reply) -> Parsed:
+        """The request, refused here on the event loop by arithmetic alone if it cannot fit the context:
+        rendered and tokenized on the worker, 100,000 messages held every other request for minutes. The
+        messages are counted before they are validated (validating 100,000 takes a second)."""
+        try:
+            if reply.chat and isinstance(body.get("messages"), list):
+                self.session.refuse_what_cannot_fit(0, len(body["messages"]))
+            parsed = (api.parse_chat if reply.chat else api.parse_completion)(body, self.defaults)
+            self.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+        except ContextOverflow as error:
+            raise api.api_error(error, reply.prompt_field) from None
+        return parsed
 
     async def _body(self, request: Request) -> dict:
         limit = self.serving.max_body
@@ -247,6 +260,7 @@ class Server:
               flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
+        self.session.target_model.longest_token  # read now (up to a second), not on the event loop's first request
         keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,

@@ -266,6 +266,32 @@ def test_a_wrongly_typed_value_anywhere_in_a_request_is_a_400_never_a_500(server
     assert "Traceback" not in server.log()
 
 
+def test_prompts_no_context_could_hold_are_refused_at_the_door_while_others_are_served(server):
+    """100,000 one-space messages were rendered and tokenized on the generation thread for four minutes
+    before their 400, and a concurrent request got no answer meanwhile: now arithmetic refuses them on the
+    event loop (more messages than the context has tokens, more characters than its tokens can hold)."""
+    answers = {}
+
+    def ask(name: str, route: str, body: dict) -> None:
+        answers[name] = httpx.post(server.url + route, json=body, timeout=60)
+
+    many = {"messages": [{"role": "user", "content": ""}] * 100_000, "max_tokens": 1}
+    long = {"prompt": "a" * 500_000, "max_tokens": 1}
+    normal = {"prompt": "tell me", "max_tokens": 4}
+    threads = [threading.Thread(target=ask, args=args) for args in
+               [("many", "/chat/completions", many), ("long", "/completions", long), ("normal", "/completions", normal)]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers["normal"].status_code == 200
+    for name, what in (("many", "100,000 messages cannot fit the context of 512 tokens"),
+                       ("long", "characters fit; raise --ctx-size")):
+        error = answers[name].json()["error"]
+        assert answers[name].status_code == 400 and error["code"] == "context_length_exceeded", error
+        assert what in error["message"]
+
+
 def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
     huge = b'{"prompt": "' + b"a" * (8 * 2**20) + b'"}'
     response = httpx.post(server.url + "/completions", content=huge)
