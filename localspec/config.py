@@ -196,8 +196,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 class Serving:
     """How `localspec serve` listens and admits requests. queue: requests that may wait behind the
     running one before more are refused (429). max_body: the largest request body read, in bytes.
-    timeout: seconds a connection may hold the door without a complete request (headers sent slowly, or
-    idle between requests). max_connections: open connections at once; more are closed on arrival."""
+    timeout: seconds a connection may hold the door without a complete request (headers or body sent
+    slowly, or idle between requests). max_connections: open connections at once; more are closed on arrival."""
 
     host: str = "127.0.0.1"  # this machine only: exposing a model is the user's explicit choice
     port: int = 8080  # llama-server's

@@ -144,10 +144,16 @@ class Server:
         if length.isdigit() and int(length) > limit:
             raise too_big
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > limit:
-                raise too_big
+        try:
+            # a body sent a byte at a time holds the door as slow headers do: the same timeout for all of it
+            async with asyncio.timeout(self.serving.timeout):
+                async for chunk in request.stream():
+                    data += chunk
+                    if len(data) > limit:
+                        raise too_big
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.serving.timeout:g} s (--timeout)",
+                           code="request_timeout", headers={"Connection": "close"}) from None
         try:
             body = json.loads(data)
         except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
@@ -254,23 +260,23 @@ class Server:
     def run(self, listener: socket.socket) -> None:
         """Serve on the listening socket until Ctrl-C or SIGTERM, which cancel the running generation
         at its next step."""
-        host, port = listener.getsockname()[:2]
-        shown_host = f"[{host}]" if ":" in host else host
-        print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
-              flush=True)
-        if self.serving.exposure_warning:
-            self.log(self.serving.exposure_warning)
+        # made ready before "serving" is printed: what a client meets is in place once it is said
         self.session.target_model.longest_token  # read now (up to a second), not on the event loop's first request
         keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
         server = _Uvicorn(config, on_exit=self.service.cancel_all)
+        host, port = listener.getsockname()[:2]
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
+              flush=True)
+        if self.serving.exposure_warning:
+            self.log(self.serving.exposure_warning)
         try:
             asyncio.run(server.serve(sockets=[listener]))
         finally:
             self.service.close()
-
 
     def _connection_limit(self) -> int:
         """--max-connections, lowered to what the open-file limit leaves room for (raised first where

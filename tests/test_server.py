@@ -478,6 +478,9 @@ def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_hea
                 answered = httpx.get(server.base + "/health", timeout=2).json()
         assert answered == {"status": "ok", "running": False, "waiting": 0}, server.log()
         assert all(_closed_by_the_server(connection, 10) is not None for connection in slow)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:  # a body that never ends
+            trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            assert b" 408 " in (_closed_by_the_server(trickle, 10) or b"").split(b"\r\n")[0]
         with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # kept alive after its answer
             idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert (_closed_by_the_server(idle, 10) or b"").startswith(b"HTTP/1.1 200")
