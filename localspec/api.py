@@ -68,9 +68,15 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class ContentPart(_Strict):
+    # typed like every other field: a part's type compared as a set member must be a string
+    type: str
+    text: str | None = None
+
+
 class Message(_Strict):
     role: str
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
 
 
 class _Common(_Strict):
@@ -156,11 +162,11 @@ def _message(message: Message, index: int) -> dict:
                        " use system, developer, user or assistant", param=f"{where}.role")
     content = message.content
     if isinstance(content, list):
-        kinds = {part.get("type") for part in content}
-        if kinds - {"text"} or not all(isinstance(part.get("text"), str) for part in content):
-            raise ApiError(400, f"{where}.content: only text parts are supported, got {sorted(map(str, kinds))}",
+        kinds = {part.type for part in content}
+        if kinds - {"text"} or any(part.text is None for part in content):
+            raise ApiError(400, f"{where}.content: only text parts are supported, got {sorted(kinds)}",
                            param=f"{where}.content")
-        content = "\n".join(part["text"] for part in content)
+        content = "\n".join(part.text for part in content)
     if content is None:
         if role != "assistant" or message.model_extra and message.model_extra.get("tool_calls"):
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")

@@ -779,6 +779,12 @@ def serve(
         " Setting LOCALSPEC_API_KEY keeps the key out of the process list.")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait behind the running one; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds a connection may stay open without sending a complete request (slow headers"
+        " or body, idle keep-alive) before it is closed (a slow body gets 408).")] = DEFAULT_SERVING.timeout,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
+        " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
     alias: Annotated[Optional[str], typer.Option(
         "--alias", "-a", show_default=False,
         help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
@@ -792,7 +798,8 @@ def serve(
     """
     from . import api, server as server_face  # the web stack loads only for this command
 
-    serving = Serving(host=host, port=port, api_key=api_key, queue=queue, alias=alias)
+    serving = Serving(host=host, port=port, api_key=api_key, queue=queue, timeout=timeout,
+                      max_connections=max_connections, alias=alias)
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)

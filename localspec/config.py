@@ -208,13 +208,17 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 @dataclass(frozen=True)
 class Serving:
     """How `localspec serve` listens and admits requests. queue: requests that may wait behind the
-    running one before more are refused (429). max_body: the largest request body read, in bytes."""
+    running one before more are refused (429). max_body: the largest request body read, in bytes.
+    timeout: seconds a connection may hold the door without a complete request (headers or body sent
+    slowly, or idle between requests). max_connections: open connections at once; more are closed on arrival."""
 
     host: str = "127.0.0.1"  # this machine only: exposing a model is the user's explicit choice
     port: int = 8080  # llama-server's
     api_key: str | None = None
     queue: int = 16
     max_body: int = 8 * 2**20
+    timeout: float = 10.0
+    max_connections: int = 1024
     alias: str | None = None  # the model's name in the API; None: the target as named on the command line
 
     def __post_init__(self):
@@ -222,6 +226,10 @@ class Serving:
             raise UsageError(f"port must be between 0 and 65535 (0: any free port), got {self.port}")
         if self.queue < 0:
             raise UsageError(f"queue must be >= 0, got {self.queue}")
+        if not 0 < self.timeout <= 3600:
+            raise UsageError(f"timeout must be between 0 and 3600 seconds, got {self.timeout}")
+        if self.max_connections < 1:
+            raise UsageError(f"max-connections must be >= 1, got {self.max_connections}")
         if self.api_key is not None and not self.api_key.strip():
             raise UsageError("the API key is empty")
 

@@ -1,8 +1,14 @@
 """Listening sockets localspec opens itself (a server's, a worker's), bound before anything loads:
 a port in use is one line at once, not a failure after minutes of loading."""
 
+import contextlib
 import errno
 import socket
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
 
 from .errors import UsageError
 
@@ -19,3 +25,18 @@ def listen(host: str, port: int) -> socket.socket:
             raise UsageError(f"cannot listen on {host}:{port}: port {port} on {host} is in use; choose another"
                              " with --port") from None
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+
+
+def raise_open_file_limit() -> int | None:
+    """Raise this process's soft limit of open files as far as the hard limit allows (every client
+    connection is a file, and 1024 is a common soft limit); the soft limit now in force, or None where
+    the system has no such limit (Windows)."""
+    if resource is None:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # macOS reports an infinite hard limit but refuses a soft one above its OPEN_MAX: ask for a finite one
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 2**16)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # not allowed here: keep the limit there is
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

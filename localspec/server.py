@@ -8,6 +8,7 @@ traceback, and the server goes on serving.
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import signal
@@ -22,16 +23,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api
+from . import api, net
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
-from .errors import LocalspecError
+from .errors import ContextOverflow, LocalspecError
 from .events import Done, Token
 from .service import FINISHED, Job, Service
 from .session import Session
 
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
+FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
 
 class Server:
@@ -111,15 +114,28 @@ class Server:
             if refusal:
                 raise refusal
             body = await self._body(request)
-            parse = api.parse_chat if chat else api.parse_completion
-            parsed = parse(body, self.defaults)
-            return await self._respond(request, parsed, Reply(chat, self.model))
+            reply = Reply(chat, self.model)
+            parsed = self._parse(body, reply)
+            return await self._respond(request, parsed, reply)
         except ApiError as error:
             self.log(f"{path} {error.status} {error.message}")
             return _error_response(error)
         except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
             self.log(traceback.format_exc().rstrip())
             return _error_response(ApiError(500, f"internal error: {error}", "server_error"))
+
+    def _parse(self, body: dict, reply: Reply) -> Parsed:
+        """The request, refused here on the event loop by arithmetic alone if it cannot fit the context:
+        rendered and tokenized on the worker, 100,000 messages held every other request for minutes. The
+        messages are counted before they are validated (validating 100,000 takes a second)."""
+        try:
+            if reply.chat and isinstance(body.get("messages"), list):
+                self.session.refuse_what_cannot_fit(0, len(body["messages"]))
+            parsed = (api.parse_chat if reply.chat else api.parse_completion)(body, self.defaults)
+            self.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+        except ContextOverflow as error:
+            raise api.api_error(error, reply.prompt_field) from None
+        return parsed
 
     async def _body(self, request: Request) -> dict:
         limit = self.serving.max_body
@@ -128,10 +144,16 @@ class Server:
         if length.isdigit() and int(length) > limit:
             raise too_big
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > limit:
-                raise too_big
+        try:
+            # a body sent a byte at a time holds the door as slow headers do: the same timeout for all of it
+            async with asyncio.timeout(self.serving.timeout):
+                async for chunk in request.stream():
+                    data += chunk
+                    if len(data) > limit:
+                        raise too_big
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.serving.timeout:g} s (--timeout)",
+                           code="request_timeout", headers={"Connection": "close"}) from None
         try:
             body = json.loads(data)
         except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
@@ -238,19 +260,92 @@ class Server:
     def run(self, listener: socket.socket) -> None:
         """Serve on the listening socket until Ctrl-C or SIGTERM, which cancel the running generation
         at its next step."""
+        # made ready before "serving" is printed: what a client meets is in place once it is said
+        self.session.target_model.longest_token  # read now (up to a second), not on the event loop's first request
+        keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
+        config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+                                timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
+        server = _Uvicorn(config, on_exit=self.service.cancel_all)
         host, port = listener.getsockname()[:2]
         shown_host = f"[{host}]" if ":" in host else host
         print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
               flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
-        config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-        server = _Uvicorn(config, on_exit=self.service.cancel_all)
         try:
             asyncio.run(server.serve(sockets=[listener]))
         finally:
             self.service.close()
+
+    def _connection_limit(self) -> int:
+        """--max-connections, lowered to what the open-file limit leaves room for (raised first where
+        allowed: a process out of files cannot even accept the connection that would answer /health)."""
+        files = net.raise_open_file_limit()
+        wanted = self.serving.max_connections
+        if files is None or files - FILES_FOR_OTHER_USES >= wanted:
+            return wanted
+        limit = max(1, files - FILES_FOR_OTHER_USES)
+        self.log(f"at most {limit} connections at once, not {wanted}: this process may open {files} files"
+                 " (raise the hard limit with ulimit -Hn)")
+        return limit
+
+
+class _Doorkeeper:
+    """What every connection is held to: how many may be open at once and how long one may stay without
+    a complete request. Says once, each time the limit is reached, that new connections are closed."""
+
+    def __init__(self, limit: int, timeout: float, log: Callable[[str], None]):
+        self.limit, self.timeout, self.log = limit, timeout, log
+        self.refusing = False
+
+    def admit(self, open_now: int) -> bool:
+        if open_now <= self.limit:
+            self.refusing = False
+            return True
+        if not self.refusing:
+            self.refusing = True
+            self.log(f"{self.limit} connections are open, the most allowed: new ones are closed until some end"
+                     f" (--max-connections; one without a complete request is closed after --timeout"
+                     f" {self.timeout:g} s)")
+        return False
+
+
+class _Door(H11Protocol):
+    """uvicorn's HTTP/1.1 connection, admitted by the doorkeeper and closed when it holds the door: no
+    complete request within the timeout of opening or of its last response (headers sent a byte at a
+    time kept connections open for good; uvicorn times only idle keep-alive connections)."""
+
+    def __init__(self, *args, keeper: _Doorkeeper, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keeper = keeper
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if not self.keeper.admit(len(self.connections)):
+            transport.close()
+            return
+        self._wait_for_a_request()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._wait_for_a_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def _wait_for_a_request(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_later(self.keeper.timeout, self._close_without_a_request)
+
+    def _close_without_a_request(self) -> None:
+        # a request whose headers are complete is being answered: its time is the service's to bound
+        if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+            self.transport.close()
 
 
 class _Uvicorn(uvicorn.Server):

@@ -46,6 +46,13 @@ class Request:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
 
+    @property
+    def characters(self) -> int:
+        """The length of the prompt's text (of its messages' contents; 0 for token ids)."""
+        if self.messages is not None:
+            return sum(len(message["content"]) for message in self.messages)
+        return len(self.prompt) if isinstance(self.prompt, str) else 0
+
 
 class Job:
     """A request on its way through the service. deliver(item) receives each event, then any

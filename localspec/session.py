@@ -250,7 +250,8 @@ class Session:
         if not prompt:
             raise InputError("the prompt is empty")
         if raw:  # written by hand, control tokens and all
-            self._refuse_what_cannot_fit(prompt)
+            self.refuse_what_cannot_fit(len(prompt))
+            self._refuse_by_its_head(prompt)
             return self.target_model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
@@ -262,7 +263,9 @@ class Session:
         model = self.target_model
         template = model.chat_template() or FALLBACK_TEMPLATE
         bos, eos = model.special_text("bos"), model.special_text("eos")
-        self._refuse_what_cannot_fit("".join(str(m.get("content") or "") for m in messages))
+        text = "".join(str(m.get("content") or "") for m in messages)
+        self.refuse_what_cannot_fit(len(text), len(messages))
+        self._refuse_by_its_head(text)
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and model.tokenize(m["content"], False, True) != model.tokenize(m["content"], False, False)}
         pieces = render_pieces(template, messages, bos, eos, literal)
@@ -273,8 +276,25 @@ class Session:
             tokens += model.tokenize(text, add_special=add_bos and number == 0, parse_special=not is_message)
         return tokens
 
-    def _refuse_what_cannot_fit(self, text: str) -> None:
-        """A prompt of megabytes would take seconds to tokenize only to be refused: a piece of it
+    def refuse_what_cannot_fit(self, characters: int, messages: int = 1) -> None:
+        """Refuse by arithmetic alone what no tokenizing could fit into the context, before any time goes
+        into rendering and tokenizing it (8 MB of spaces took up to a minute and 1.2 GB, 100,000 one-space
+        messages four): more messages than the context has tokens (a chat template marks every message with at
+        least one), or more characters than its tokens can stand for (a character is at least a byte).
+        What passes costs at most the tokenizing of what a full context holds, less than reading it in.
+        Cheap enough for a server's event loop once longest_token has been read."""
+        n_ctx = self.target.n_ctx
+        if messages > n_ctx:
+            raise ContextOverflow(f"the conversation's {messages:,} messages cannot fit the context of {n_ctx} tokens"
+                                  " (each takes at least one); raise --ctx-size or send fewer")
+        longest = self.target_model.longest_token
+        if longest is not None and characters > n_ctx * longest:
+            raise ContextOverflow(f"the prompt ({characters:,} characters) cannot fit the context of {n_ctx} tokens:"
+                                  f" no token of this model stands for more than {longest} bytes, so at most"
+                                  f" {n_ctx * longest:,} characters fit; raise --ctx-size or shorten the prompt")
+
+    def _refuse_by_its_head(self, text: str) -> None:
+        """Most text runs to several characters a token, far below the bound above: a piece of it
         already shows that it cannot fit."""
         n_ctx = self.target.n_ctx
         head = text[: n_ctx * 8]

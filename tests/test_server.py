@@ -2,7 +2,9 @@
 httpx for the edge cases, and many clients at once. Every server here is a real `localspec serve`
 process on a free port of 127.0.0.1, started by the test and stopped with a signal."""
 
+import contextlib
 import json
+import resource
 import select
 import signal
 import socket
@@ -31,12 +33,12 @@ class ServerProcess:
     """`localspec serve ARGS --port 0` in a subprocess: its base URL once it listens, its log, and a stop
     by signal that must end it with exit code 0."""
 
-    def __init__(self, home: Path, *args):
+    def __init__(self, home: Path, *args, **popen):
         self.log_file = home / "serve.log"
         home.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as log:
             self.process = localspec_process(home, "serve", *args, "--port", "0", stdout=subprocess.PIPE, stderr=log,
-                                             bufsize=0)
+                                             bufsize=0, **popen)
         try:
             self.url = self._wait_for_url()
         except BaseException:
@@ -222,6 +224,74 @@ def test_malformed_bodies_get_openais_error_object(server, body, status, code):
         assert error["code"] == code
 
 
+# Values of every JSON type, and numbers no C field holds: whatever a field is given, the answer is 200 or
+# OpenAI's 400, never a 500 (`{"type": ["text"]}` in a content part was "unhashable type" and a traceback).
+WRONG_VALUES = [None, True, 1.5, -1, 2**70, -(2**70), "x", "", [], ["text"], [1], {}, {"type": "text"}]
+CHAT_BODY = {"model": "tiny", "max_tokens": 1, "stop": ["."], "stream_options": {"include_usage": True},
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+COMPLETION_BODY = {"model": "tiny", "max_tokens": 1, "prompt": ["hi"], "seed": 1, "temperature": 0.5, "top_p": 0.9,
+                   "top_k": 4, "min_p": 0.1, "n": 1}
+
+
+def _paths(value, path=()):
+    """Every place in a JSON value that a client could fill: keys, list items, the value itself."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from _paths(inner, path + (key,))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    copy = json.loads(json.dumps(value))
+    inner = copy
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = new
+    return copy
+
+
+@pytest.mark.parametrize("route, body", [("/chat/completions", CHAT_BODY), ("/completions", COMPLETION_BODY)])
+def test_a_wrongly_typed_value_anywhere_in_a_request_is_a_400_never_a_500(server, route, body):
+    statuses = {}
+    with httpx.Client(timeout=60) as client:
+        for path in list(_paths(body))[1:]:
+            for wrong in WRONG_VALUES:
+                response = client.post(server.url + route, json=_replaced(body, path, wrong))
+                statuses[(path, json.dumps(wrong))] = response.status_code
+                if response.status_code != 200:
+                    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert {where: status for where, status in statuses.items() if status not in (200, 400)} == {}
+    assert "Traceback" not in server.log()
+
+
+def test_prompts_no_context_could_hold_are_refused_at_the_door_while_others_are_served(server):
+    """100,000 one-space messages were rendered and tokenized on the generation thread for four minutes
+    before their 400, and a concurrent request got no answer meanwhile: now arithmetic refuses them on the
+    event loop (more messages than the context has tokens, more characters than its tokens can hold)."""
+    answers = {}
+
+    def ask(name: str, route: str, body: dict) -> None:
+        answers[name] = httpx.post(server.url + route, json=body, timeout=60)
+
+    many = {"messages": [{"role": "user", "content": ""}] * 100_000, "max_tokens": 1}
+    long = {"prompt": "a" * 500_000, "max_tokens": 1}
+    normal = {"prompt": "tell me", "max_tokens": 4}
+    threads = [threading.Thread(target=ask, args=args) for args in
+               [("many", "/chat/completions", many), ("long", "/completions", long), ("normal", "/completions", normal)]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers["normal"].status_code == 200
+    for name, what in (("many", "100,000 messages cannot fit the context of 512 tokens"),
+                       ("long", "characters fit; raise --ctx-size")):
+        error = answers[name].json()["error"]
+        assert answers[name].status_code == 400 and error["code"] == "context_length_exceeded", error
+        assert what in error["message"]
+
+
 def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
     huge = b'{"prompt": "' + b"a" * (8 * 2**20) + b'"}'
     response = httpx.post(server.url + "/completions", content=huge)
@@ -373,6 +443,54 @@ def test_many_clients_at_once_each_get_their_own_answer_or_429_and_memory_stays_
         assert server.stop() == 0
 
 
+def _closed_by_the_server(connection: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing the connection, or None if it is still open after seconds."""
+    connection.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := connection.recv(4096):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return None
+    return received
+
+
+def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_health(tiny, tmp_path):
+    def few_open_files():  # as on the machine where 150 slow clients left serve without a file to accept with
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    server = ServerProcess(tmp_path, tiny["target"], "-c", "256", "--timeout", "1", "--max-connections", "16",
+                           preexec_fn=few_open_files)
+    slow = []
+    try:
+        assert psutil.Process(server.process.pid).rlimit(psutil.RLIMIT_NOFILE)[0] > 128
+        port = int(server.base.rsplit(":", 1)[1])
+        for _ in range(40):  # headers that never end
+            connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            slow.append(connection)
+        answered = None
+        deadline = time.monotonic() + 10
+        while answered is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                answered = httpx.get(server.base + "/health", timeout=2).json()
+        assert answered == {"status": "ok", "running": False, "waiting": 0}, server.log()
+        assert all(_closed_by_the_server(connection, 10) is not None for connection in slow)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:  # a body that never ends
+            trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            assert b" 408 " in (_closed_by_the_server(trickle, 10) or b"").split(b"\r\n")[0]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # kept alive after its answer
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (_closed_by_the_server(idle, 10) or b"").startswith(b"HTTP/1.1 200")
+        assert "16 connections are open, the most allowed" in server.log()
+    finally:
+        for connection in slow:
+            connection.close()
+        assert server.stop() == 0, server.log()
+
+
 def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -386,6 +504,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--port", "70000"], "port must be between 0 and 65535"),
     (["--queue", "-1"], "queue must be >= 0"),
     (["--api-key", " "], "the API key is empty"),
+    (["--timeout", "0"], "timeout must be between 0 and 3600 seconds"),
+    (["--max-connections", "0"], "max-connections must be >= 1"),
 ])
 def test_serve_option_mistakes(cli, tiny, args, message):
     code, _, err = cli("serve", tiny["target"], *args)

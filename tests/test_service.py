@@ -7,7 +7,7 @@ import pytest
 
 from localspec.api import ApiError, Defaults, parse_chat, parse_completion
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Speculation
-from localspec.errors import InputError
+from localspec.errors import ContextOverflow, InputError
 from localspec.events import Prefill
 from localspec.service import FINISHED, Busy, Request, Service
 from localspec.session import Session
@@ -136,3 +136,27 @@ def test_a_server_others_can_reach_without_a_key_is_warned_about():
     assert Serving(host="::1").exposure_warning is None
     assert "without --api-key" in Serving(host="0.0.0.0").exposure_warning
     assert Serving(host="0.0.0.0", api_key="k").exposure_warning is None
+
+
+def test_a_prompt_no_context_could_hold_is_refused_before_any_tokenizing(session, monkeypatch):
+    """run, chat and batch: 8 MB of spaces took up to a minute and 1.2 GB to be refused, 100,000
+    one-space messages four minutes; more characters than the context's tokens can stand for, or more
+    messages than it has tokens, are refused by arithmetic."""
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("tokenized a prompt that arithmetic alone refuses")
+
+    n_ctx, longest = session.target.n_ctx, session.target_model.longest_token
+    monkeypatch.setattr(session.target_model, "tokenize", no_tokenizing)
+    with pytest.raises(ContextOverflow, match=f"at most {n_ctx * longest:,} characters fit; raise --ctx-size"):
+        session.tokenize(" " * (n_ctx * longest + 1), raw=True)
+    with pytest.raises(ContextOverflow, match="characters fit"):
+        session.tokenize(" " * 8_000_000, raw=False)
+    with pytest.raises(ContextOverflow, match=f"{n_ctx + 1:,} messages cannot fit the context of {n_ctx} tokens"):
+        session.chat_tokens([{"role": "user", "content": " "}] * (n_ctx + 1))
+    session.refuse_what_cannot_fit(n_ctx * longest, n_ctx)  # what might fit is left to the tokenizer
+
+
+def test_the_longest_token_bounds_what_each_token_stands_for(session):
+    model = session.target_model
+    pieces = [model.piece(token) for token in range(model.n_vocab)]  # control tokens' text counts too
+    assert model.longest_token >= max(map(len, pieces)) > 0

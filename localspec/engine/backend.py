@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from time import perf_counter
 
@@ -303,6 +303,19 @@ class Model:
                 n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
             cached = self._pieces[token] = buffer.raw[:n]
         return cached
+
+    @cached_property
+    def longest_token(self) -> int | None:
+        """The most bytes of text one token stands for (control tokens' own text included), so that a text
+        of more bytes than n_ctx times this cannot fit n_ctx tokens; None where no such bound holds: WPM and
+        UGM tokenizers normalize text first (a run of spaces becomes one token, or none). Reading the whole
+        vocabulary takes 0.1-0.7 s, hence only when asked."""
+        if self.vocab_type in (llama.LLAMA_VOCAB_TYPE_WPM, llama.LLAMA_VOCAB_TYPE_UGM):
+            return None
+        buffer = ctypes.create_string_buffer(256)
+        # a piece that does not fit the buffer answers with its length, negated
+        return max(abs(llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
+                   for token in range(self.n_vocab))
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary entry itself, as stored in the GGUF."""
