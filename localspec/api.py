@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import DrafterKind, Limits, Sampling
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .service import Busy, Closing, Job, Request
+from .session import ROLES
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -157,7 +158,7 @@ def _validate(model: type[BaseModel], body: dict):
 def _message(message: Message, index: int) -> dict:
     where = f"messages.{index}"
     role = {"developer": "system"}.get(message.role, message.role)
-    if role not in ("system", "user", "assistant"):
+    if role not in ROLES:
         raise ApiError(400, f"{where}.role: {message.role!r} messages are not supported (localspec calls no tools);"
                        " use system, developer, user or assistant", param=f"{where}.role")
     content = message.content
