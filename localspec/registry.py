@@ -32,9 +32,12 @@ SAFE_FILE = re.compile(r"^[\w.-]+\.gguf$")
 # A model's name becomes its folder's name: one path component, never "." or "..", not too long for
 # any file system.
 SLUG = re.compile(r"^[A-Za-z0-9][\w.+-]{0,199}$")
-# A package on the index pinned to one release: `name==version`, nothing pip could read as an option,
-# a URL or a local path.
-PINNED = re.compile(r"^[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?==[A-Za-z0-9][\w.+!-]*$")
+# A package on the index pinned to one release: a PEP 508 project name, `==` and a canonical PEP 440
+# public version. pip reads a requirement ending in an archive extension (`x==1.0.tar.gz`, a local
+# version `x==1.0+a.zip`) as a path to build when such a file exists, so nothing but these ASCII
+# characters passes: no extras, markers, URLs, `@`, options, path separators or local versions.
+PINNED = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+                    r"==(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -155,9 +158,9 @@ def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
             raise UsageError(f"{where}: {repo!r} is not a Hub repository name (owner/name)")
     if entry.pypi:
         for package in entry.pypi.packages:
-            if not PINNED.match(package):
-                raise UsageError(f"{where}: package {package!r} must be pinned as name==version"
-                                 " (no options, URLs or paths)")
+            if not PINNED.fullmatch(package):
+                raise UsageError(f"{where}: package {package!r} must be pinned as name==version, a project name"
+                                 " and a PEP 440 version such as 1.0.2 (no options, URLs, paths or archives)")
         if not entry.sha256:
             raise UsageError(f"{where}: a package-index source needs the sha256 of the assembled file")
     return entry

