@@ -153,3 +153,50 @@ def test_pinned_projects_and_versions_pass(tmp_path, monkeypatch):
     (tmp_path / "models.toml").write_text('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\n'
                                           f'packages = {json.dumps(packages)}\nmembers = ["x"]\n')
     assert registry.load()["x"].pypi.packages == tuple(packages)
+
+
+ENTRY = '[models.x]\nrepo = "a/b"\nfile = "x.gguf"\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    (ENTRY + 'size = "big"\n', "model 'x' in {file}: size: Input should be a valid integer, got 'big'"),
+    (ENTRY + "size = 1.5e9\n", "model 'x' in {file}: size: Input should be a valid integer, got 1500000000.0"),
+    (ENTRY + "size = -1\n", "model 'x' in {file}: size: Input should be greater than or equal to 0, got -1"),
+    (ENTRY + "aliases = [1]\n", "model 'x' in {file}: aliases[0]: Input should be a valid string, got 1"),
+    (ENTRY + 'aliases = "one"\n', "model 'x' in {file}: aliases: Input should be a valid list, got 'one'"),
+    ('[models.x]\nrepo = "a/b"\nfile = 5\n', "model 'x' in {file}: file: Input should be a valid string, got 5"),
+    ('[models.x]\nrepo = 5\nfile = "x.gguf"\n', "model 'x' in {file}: repo: Input should be a valid string, got 5"),
+    (ENTRY + 'sha256 = "0"\n[models.x.pypi]\npackages = [5]\nmembers = ["x"]\n',
+     "model 'x' in {file}: pypi.packages[0]: Input should be a valid string, got 5"),
+    (ENTRY + 'pypi = "x"\n', "model 'x' in {file}: pypi: must be a table, got 'x'"),
+    ('models = 5\n', "{file}: models: must be a table, got 5"),
+    ('families = "x"\n', "{file}: families: must be a table, got 'x'"),
+    ('[models]\nx = 5\n', "model 'x' in {file}: must be a table, got 5"),
+    ('[families]\nx = [1]\n', "family 'x' in {file}: must be a table, got [1]"),
+    ('[families.x]\nlicense = ["mit"]\n', "family 'x' in {file}: license: Input should be a valid string, got ['mit']"),
+    (ENTRY + 'license = ["mit"]\n', "model 'x' in {file}: license: Input should be a valid string, got ['mit']"),
+    (ENTRY + 'gated = "yes"\n', "model 'x' in {file}: gated: Input should be a valid boolean, got 'yes'"),
+    (ENTRY + 'sha265 = "00"\n', "model 'x' in {file}: sha265 is not a key models.toml knows"),
+    ('[model.x]\nfile = "x.gguf"\n', "{file}: model is not a key models.toml knows"),
+    ('[models.x]\nrepo = "a/b"\n', "model 'x' in {file} is incomplete: file is missing"),
+])
+def test_a_user_registry_of_wrong_types_names_file_entry_and_key(cli, tmp_path, text, message):
+    """Each was a traceback (issue 30, item 12)."""
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_text(text)
+    code, _, err = cli("models")
+    assert code == 2 and err == f"error: {message.format(file=file)}\n"
+
+
+def test_a_user_registry_that_is_not_utf8_or_not_a_file_is_one_line(cli, tmp_path):
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_bytes(ENTRY.encode() + b'license = "\xff\xfe"\n')
+    code, _, err = cli("models")
+    first_bad = len(ENTRY) + len('license = "')
+    assert code == 2 and err == f"error: {file} is not UTF-8 text (byte {first_bad} cannot be read)\n"
+    file.unlink()
+    file.mkdir()
+    code, _, err = cli("models")
+    assert code == 2 and err == f"error: cannot read {file}: Is a directory\n"
