@@ -157,9 +157,15 @@ def _read(path: Path) -> str:
 
 def _parse(text: str, source: str) -> _Document:
     try:
-        return _Document.model_validate(tomllib.loads(text))
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{source} is not valid TOML: {error}") from None
+    except ValueError as error:  # an integer of more than 4,300 digits; past the ";", advice for programmers
+        raise UsageError(f"{source} cannot be read: {str(error).split(';')[0]}") from None
+    except RecursionError:
+        raise UsageError(f"{source} cannot be read: its arrays or tables are nested too deeply") from None
+    try:
+        return _Document.model_validate(document)
     except ValidationError as error:
         raise UsageError(_type_mistake(error, source)) from None
 

@@ -200,3 +200,17 @@ def test_a_user_registry_that_is_not_utf8_or_not_a_file_is_one_line(cli, tmp_pat
     file.mkdir()
     code, _, err = cli("models")
     assert code == 2 and err == f"error: cannot read {file}: Is a directory\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "cannot be read: its arrays or tables are nested too deeply"),
+    ("x = " + "{a = " * 3000 + "}" * 3000 + "\n", "cannot be read: its arrays or tables are nested too deeply"),
+    (ENTRY + "size = " + "9" * 5000 + "\n", "cannot be read: Exceeds the limit (4300 digits) for integer string"),
+])
+def test_a_user_registry_python_cannot_read_is_one_line(cli, tmp_path, text, message):
+    """RecursionError and ValueError tracebacks from reading the TOML itself."""
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_text(text)
+    code, _, err = cli("models")
+    assert code == 2 and err.startswith(f"error: {file} {message}") and len(err.splitlines()) == 1, err
