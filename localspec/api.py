@@ -1,5 +1,6 @@
 """The OpenAI API's shapes: requests checked and turned into a service.Request, responses and stream
-chunks built from a finished job. The one module that knows pydantic; it knows no web framework.
+chunks built from a finished job. The one module of serve's that knows pydantic (registry.py checks
+models.toml with it too); it knows no web framework.
 
 Beyond OpenAI's fields every response carries llama-server's `timings` (tools such as llama-swap
 read those names) and a `speculation` object: which drafters ran, how many draft tokens were tried

@@ -118,6 +118,16 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def check_threads(threads: int) -> None:
+    """The threads llama.cpp may run, for a model here or one a worker lends to."""
+    if threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    logical = os.cpu_count() or 1
+    if threads > logical:
+        raise UsageError(f"threads must be at most {logical}, this machine's logical CPUs (more threads than CPUs"
+                         f" only slow llama.cpp down), got {threads}")
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer; None (with rpc): as
@@ -152,12 +162,7 @@ class Runtime:
     def __post_init__(self):
         if self.ctx_size < 8:
             raise UsageError(f"ctx-size must be at least 8, got {self.ctx_size}")
-        if self.threads < 1:
-            raise UsageError(f"threads must be >= 1, got {self.threads}")
-        logical = os.cpu_count() or 1
-        if self.threads > logical:
-            raise UsageError(f"threads must be at most {logical}, this machine's logical CPUs (more threads than CPUs"
-                             f" only slow llama.cpp down), got {self.threads}")
+        check_threads(self.threads)
         if self.prompt_batch < 1:
             raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")
         if self.gpu_layers is None and not self.rpc:
@@ -255,8 +260,7 @@ class Lending:
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise UsageError(f"port must be between 1 and 65535, got {self.port}")
-        if self.threads < 1:
-            raise UsageError(f"threads must be >= 1, got {self.threads}")
+        check_threads(self.threads)
 
     @property
     def exposure_warning(self) -> str | None:

@@ -106,10 +106,12 @@ def _pip_download(package: str, into: Path) -> None:
     """Our own bar shows progress, so pip's output is kept from the user (and from a sys.stderr that
     may have no file descriptor: a notebook, pytest's capture); a failure says why in pip's words."""
     # Wheels only: building an sdist would run its setup.py, code from whoever wrote the registry entry.
+    # pip takes a requirement naming an archive in its working directory as that archive, and builds it
+    # whatever --only-binary says: it runs in our wheels folder, never in the user's.
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--dest", str(into), package]
+               "--disable-pip-version-check", "--dest", str(into.resolve()), package]
     done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")
+                          text=True, errors="replace", cwd=into)
     if done.returncode != 0:
         raise FetchError(f"pip could not download {package}: {_pip_reason(done.stdout, done.returncode)}")
 

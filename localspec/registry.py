@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,9 +33,12 @@ SAFE_FILE = re.compile(r"^[\w.-]+\.gguf$")
 # A model's name becomes its folder's name: one path component, never "." or "..", not too long for
 # any file system.
 SLUG = re.compile(r"^[A-Za-z0-9][\w.+-]{0,199}$")
-# A package on the index pinned to one release: `name==version`, nothing pip could read as an option,
-# a URL or a local path.
-PINNED = re.compile(r"^[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?==[A-Za-z0-9][\w.+!-]*$")
+# A package on the index pinned to one release: a PEP 508 project name, `==` and a canonical PEP 440
+# public version. pip reads a requirement ending in an archive extension (`x==1.0.tar.gz`, a local
+# version `x==1.0+a.zip`) as a path to build when such a file exists, so nothing but these ASCII
+# characters passes: no extras, markers, URLs, `@`, options, path separators or local versions.
+PINNED = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+                    r"==(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -88,23 +92,106 @@ def user_registry_path() -> Path:
     return (root if root else Path(platformdirs.user_config_dir("localspec"))) / "models.toml"
 
 
+class _Table(BaseModel):
+    # strict: TOML has types of its own, so "big" is no size and 5 no file name; an unknown key is a
+    # mistake (a misspelt sha256 would leave the file unchecked)
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class _Family(_Table):
+    license: str = ""
+    gated: bool = False
+
+
+class _Pypi(_Table):
+    packages: list[str]
+    members: list[str]
+
+
+class _Model(_Table):
+    file: str
+    family: str = ""
+    params: str = ""
+    repo: str | None = None
+    parts: list[str] = []
+    size: int | None = Field(None, ge=0)
+    sha256: str | None = None
+    draft: str | None = None
+    license: str | None = None  # None: the family's
+    gated: bool | None = None
+    aliases: list[str] = []
+    alternatives: list[str] = []
+    pypi: _Pypi | None = None
+
+
+class _Document(_Table):
+    families: dict[str, _Family] = {}
+    models: dict[str, _Model] = {}
+
+
+BUNDLED = "the bundled models.toml"
+
+
 def load() -> dict[str, ModelEntry]:
     bundled = resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8")
-    document = _parse(bundled, "the bundled models.toml")
+    documents = [(BUNDLED, _parse(bundled, BUNDLED))]
     user_file = user_registry_path()
     if user_file.exists():
-        user = _parse(user_file.read_text(encoding="utf-8"), str(user_file))
-        document["families"] = {**document.get("families", {}), **user.get("families", {})}
-        document["models"] = {**document.get("models", {}), **user.get("models", {})}
-    families = document.get("families", {})
-    return {name: _entry(name, spec, families, user_file) for name, spec in document.get("models", {}).items()}
+        documents.append((str(user_file), _parse(_read(user_file), str(user_file))))
+    families: dict[str, _Family] = {}
+    models: dict[str, tuple[_Model, str]] = {}
+    for source, document in documents:  # the user's entries replace same-named bundled ones
+        families.update(document.families)
+        models.update((name, (spec, source)) for name, spec in document.models.items())
+    return {name: _entry(name, spec, families, source) for name, (spec, source) in models.items()}
 
 
-def _parse(text: str, source: str) -> dict:
+def _read(path: Path) -> str:
     try:
-        return tomllib.loads(text)
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{path} is not UTF-8 text (byte {error.start} cannot be read)") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _parse(text: str, source: str) -> _Document:
+    try:
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{source} is not valid TOML: {error}") from None
+    except ValueError as error:  # an integer of more than 4,300 digits; past the ";", advice for programmers
+        raise UsageError(f"{source} cannot be read: {str(error).split(';')[0]}") from None
+    except RecursionError:
+        raise UsageError(f"{source} cannot be read: its arrays or tables are nested too deeply") from None
+    try:
+        return _Document.model_validate(document)
+    except ValidationError as error:
+        raise UsageError(_type_mistake(error, source)) from None
+
+
+def _type_mistake(error: ValidationError, source: str) -> str:
+    """The first mistake pydantic found, as the file, the entry and the key."""
+    first = error.errors(include_url=False)[0]
+    location = list(first["loc"])
+    where = source
+    if location[:1] in (["models"], ["families"]) and len(location) > 1:
+        name = repr(location[1])
+        shown_name = name if len(name) <= 60 else name[:57] + "..."
+        where = f"{'model' if location[0] == 'models' else 'family'} {shown_name} in {source}"
+        location = location[2:]
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
+    if first["type"] == "missing":
+        problem = f"is incomplete: {key} is missing"
+    elif first["type"] == "extra_forbidden":
+        problem = f"{key} is not a key models.toml knows"
+    else:
+        told = "must be a table" if first["type"] in ("dict_type", "model_type") else first["msg"]
+        shown = repr(first["input"])
+        problem = f"{key + ': ' if key else ''}{told}, got {shown if len(shown) <= 40 else shown[:37] + '...'}"
+    more = error.error_count() - 1
+    separator = " " if first["type"] == "missing" else ": "
+    return f"{where}{separator}{problem}" + (f" (and {more} more)" if more else "")
 
 
 def is_repo_name(text: str) -> bool:
@@ -124,29 +211,26 @@ def _slug(text: str, name: str) -> str:
     return text
 
 
-def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
-    family = families.get(spec.get("family", ""), {})
+def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -> ModelEntry:
+    family = families.get(spec.family, _Family())
     _slug(name, name)
-    where = f"model {name!r} in {source if source.exists() else 'the bundled models.toml'}"
-    try:
-        entry = ModelEntry(
-            name=name,
-            file=spec["file"],
-            family=spec.get("family", ""),
-            params=spec.get("params", ""),
-            repo=spec.get("repo"),
-            parts=tuple(spec.get("parts", ())),
-            size=spec.get("size"),
-            sha256=spec.get("sha256"),
-            draft=spec.get("draft"),
-            license=spec.get("license", family.get("license", "")),
-            gated=spec.get("gated", family.get("gated", False)),
-            aliases=tuple(spec.get("aliases", ())),
-            alternatives=tuple(spec.get("alternatives", ())),
-            pypi=PypiSource(tuple(spec["pypi"]["packages"]), tuple(spec["pypi"]["members"])) if "pypi" in spec else None,
-        )
-    except (KeyError, TypeError) as error:
-        raise UsageError(f"{where} is incomplete or malformed ({error})") from None
+    where = f"model {name!r} in {source}"
+    entry = ModelEntry(
+        name=name,
+        file=spec.file,
+        family=spec.family,
+        params=spec.params,
+        repo=spec.repo,
+        parts=tuple(spec.parts),
+        size=spec.size,
+        sha256=spec.sha256,
+        draft=spec.draft,
+        license=family.license if spec.license is None else spec.license,
+        gated=family.gated if spec.gated is None else spec.gated,
+        aliases=tuple(spec.aliases),
+        alternatives=tuple(spec.alternatives),
+        pypi=PypiSource(tuple(spec.pypi.packages), tuple(spec.pypi.members)) if spec.pypi else None,
+    )
     for file in entry.files:
         if not SAFE_FILE.match(file):
             raise UsageError(f"{where}: file name {file!r} must be a plain .gguf name, without folders")
@@ -155,9 +239,9 @@ def _entry(name: str, spec: dict, families: dict, source: Path) -> ModelEntry:
             raise UsageError(f"{where}: {repo!r} is not a Hub repository name (owner/name)")
     if entry.pypi:
         for package in entry.pypi.packages:
-            if not PINNED.match(package):
-                raise UsageError(f"{where}: package {package!r} must be pinned as name==version"
-                                 " (no options, URLs or paths)")
+            if not PINNED.fullmatch(package):
+                raise UsageError(f"{where}: package {package!r} must be pinned as name==version, a project name"
+                                 " and a PEP 440 version such as 1.0.2 (no options, URLs, paths or archives)")
         if not entry.sha256:
             raise UsageError(f"{where}: a package-index source needs the sha256 of the assembled file")
     return entry

@@ -20,9 +20,9 @@ from .errors import UsageError
 def lend(lending: Lending, say: Callable[[str], None]) -> None:
     backend.require_rpc()
     lent = _devices(lending.devices)
-    net.listen(lending.host, lending.port).close()  # llama.cpp only prints that it could not listen
     if lending.cache_dir:
-        Path(lending.cache_dir).mkdir(parents=True, exist_ok=True)
+        _cache_folder(Path(lending.cache_dir))
+    net.listen(lending.host, lending.port).close()  # llama.cpp only prints that it could not listen
     if lending.exposure_warning:
         say(lending.exposure_warning)
     endpoint = f"{lending.host}:{lending.port}"
@@ -57,3 +57,11 @@ def _devices(names: tuple[str, ...] | None) -> list[dict]:
         raise UsageError(f"no device named {', '.join(unknown)}; this machine has: {', '.join(known)}")
     return [known[name] for name in names]
 
+
+def _cache_folder(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"--cache-dir {path} is a file, not a folder") from None
+    except OSError as error:
+        raise UsageError(f"--cache-dir {path} cannot be made a folder: {error.strerror}") from None

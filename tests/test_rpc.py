@@ -277,6 +277,20 @@ def test_worker_stops_on_sigterm_and_refuses_a_port_in_use(cli, tmp_path):
     assert code == 2 and "cannot listen on 127.0.0.1" in err
 
 
+def test_worker_mistakes_are_one_line_before_it_listens(cli, tmp_path):
+    """A --cache-dir that is a file was a FileExistsError traceback; -t 1000 was taken (issue 30, item 13)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    port = free_port()
+    # an unknown device as well: without the threads check the worker fails on it instead of lending forever
+    for args, message in [(("-t", "1000", "-d", "NOPE"), "threads must be at most"),
+                          (("-t", "-1", "-d", "NOPE"), "threads must be >= 1"),
+                          (("--cache-dir", a_file), "is a file, not a folder"),
+                          (("--cache-dir", a_file / "below"), "cannot be made a folder: Not a directory")]:
+        code, _, err = cli("worker", "--port", port, *args)
+        assert code == 2 and message in err and len(err.splitlines()) == 1, (args, err)
+
+
 def test_a_worker_others_can_reach_is_warned_about():
     assert Lending().exposure_warning is None
     assert "no authentication" in Lending(host="0.0.0.0").exposure_warning
