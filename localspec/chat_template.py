@@ -192,6 +192,17 @@ def _foreseen_size(method, args) -> int | None:
     return None
 
 
+def _taken(items) -> list:
+    """An iterator's items (from map or select), taken only while their text stays within MAX_TEXT:
+    each may be built as it is taken."""
+    taken, size = [], 0
+    for item in items:
+        size += _text_size(item)
+        _refuse_text(size, "what it joins")
+        taken.append(item)
+    return taken
+
+
 def _bounded_str(value) -> str:
     _refuse_text(_text_size(value), "a value it wrote")
     return str(value)
@@ -211,8 +222,8 @@ def _filter_size(name: str, value, args: tuple, kwargs: dict) -> int | None:
     if name == "format":
         return _percent_size(_bounded_str(value), kwargs or args)
     if name == "indent":
-        width = argument(0, "width", 4)
-        return len(_bounded_str(value)) * (1 + (len(width) if isinstance(width, str) else int(width)))
+        width, text = argument(0, "width", 4), _bounded_str(value)
+        return len(text) + (text.count("\n") + 1) * (len(width) if isinstance(width, str) else int(width))
     if name == "wordwrap":
         return len(_bounded_str(value)) * (1 + len(_bounded_str(argument(2, "wrapstring", "\n") or "\n")))
     if name == "string":
@@ -275,8 +286,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             budget.tick()
             _refuse_numbers([*args[value_at + 1:], *kwargs.values()])
             if name in ("join", "sum") and not isinstance(args[value_at], (list, tuple, str)):
-                # an iterator (from map or select) is counted item by item before it is joined
-                args = (*args[:value_at], list(args[value_at]), *args[value_at + 1:])
+                args = (*args[:value_at], _taken(args[value_at]), *args[value_at + 1:])
             foreseen = _filter_size(name, args[value_at], args[value_at + 1:], kwargs)
             if foreseen is not None:
                 _refuse_text(foreseen, f"its `{name}` filter's result")
@@ -290,7 +300,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _refuse_numbers([*args, *kwargs.values()])
         owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
         if name == "join" and isinstance(owner, (str, bytes)) and args and not isinstance(args[0], (list, tuple)):
-            args = (list(args[0]), *args[1:])  # an iterator or a string: counted item by item before joining
+            args = (_taken(args[0]), *args[1:])
         foreseen = _foreseen_size(__obj, (*args, *kwargs.values()))
         if foreseen is not None:
             _refuse_text(foreseen, f"its `{name}`")
@@ -304,7 +314,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
         @wraps(wrapped)
         def bounded(*args, **kwargs):
-            _refuse_text(_format_size(form, args[:1] if is_map else [*args, *kwargs.values()]), "its `format`")
+            mapping = args[0] if is_map and args else kwargs
+            values = list(mapping.values()) if isinstance(mapping, dict) else [mapping]
+            _refuse_text(_format_size(form, values if is_map else [*args, *values]), "its `format`")
             return wrapped(*args, **kwargs)
 
         return bounded
