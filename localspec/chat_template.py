@@ -183,6 +183,8 @@ def _foreseen_size(method, args) -> int | None:
     if name == "replace" and len(args) >= 2 and all(isinstance(a, type(owner)) for a in args[:2]):
         matches = owner.count(args[0]) if args[0] else len(owner) + 1
         return len(owner) + matches * len(args[1])
+    if name == "join" and args and isinstance(args[0], (str, bytes)):
+        return len(args[0]) * (1 + len(owner))
     if name == "join" and args and isinstance(args[0], (list, tuple)):
         return sum(_text_size(part) for part in args[0]) + len(owner) * len(args[0])
     if name == "expandtabs":
@@ -299,7 +301,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         budget.tick()
         _refuse_numbers([*args, *kwargs.values()])
         owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
-        if name == "join" and isinstance(owner, (str, bytes)) and args and not isinstance(args[0], (list, tuple)):
+        if name == "join" and isinstance(owner, (str, bytes)) and args and not isinstance(args[0], (list, tuple, str, bytes)):
             args = (_taken(args[0]), *args[1:])
         foreseen = _foreseen_size(__obj, (*args, *kwargs.values()))
         if foreseen is not None:
