@@ -144,6 +144,7 @@ N = 10 ** 9
         # field widths and precisions, in the format string or its arguments
         "{{ '%.*f' % (4000000, 1.5) }}",
         "{{ '%(a)4000000s' % {'a': 1} }}",
+        TEN_K + "{{ '%s' % {1: s, 2: s, 3: s, 4: s, 5: s, 6: s, 7: s} }}",
         "{{ '%-4000000s' | format('x') }}",
         "{{ ('{0:>{1}}' * 40).format('a', 60000) }}",
         "{{ '{0:.{1}f}'.format(1.5, 4000000) }}",
