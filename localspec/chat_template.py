@@ -339,8 +339,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if operator == "+" and all(isinstance(x, sequences) for x in (left, right)):
             if len(left) + len(right) > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it added up more than {MAX_TEXT:,} items")
-        if operator == "%" and isinstance(left, str):
-            _refuse_text(_percent_size(left, right), "its `%` format")
+        if operator == "%" and isinstance(left, (str, bytes)):
+            form = left.decode("latin-1") if isinstance(left, bytes) else left  # bytes format alike, byte by byte
+            _refuse_text(_percent_size(form, right), "its `%` format")
         return _budget.get().spend(super().call_binop(context, operator, left, right))
 
 
