@@ -138,18 +138,32 @@ def _text_size(value, indent: int = 0) -> int:
     return total
 
 
+def _largest_number(values) -> int:
+    """The largest width or precision the values could give a `*` or nested format field: an
+    integer, or the digits in a text (`'{0:{1}}'.format('a', '4000000')`)."""
+    largest = 0
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            largest = max(largest, abs(value))
+        elif isinstance(value, str):
+            for digits in re.findall(r"\d+", value):
+                if len(digits) > 9:
+                    return MAX_TEXT + 1
+                largest = max(largest, int(digits))
+    return largest
+
+
 def _percent_size(form: str, values) -> int:
     """An upper bound of the length of `form % values`: each field at most its width and precision
     plus the longest value (its repr for %r/%a); `*` widths come from the values."""
     # a mapping serves `%(key)s` fields, and `%s` prints the whole of it
     values = (values, *values.values()) if isinstance(values, dict) else values if isinstance(values, tuple) else (values,)
     fields = list(PERCENT_FIELD.finditer(form))
-    longest_number = max((abs(v) for v in values if isinstance(v, int)), default=0)
     widths = 0
     for field in fields:
         for number in field.group(1, 2):
             if number == "*":
-                widths += longest_number
+                widths += _largest_number(values)
             elif number:
                 if len(number) > 9:
                     return MAX_TEXT + 1
@@ -161,12 +175,11 @@ def _percent_size(form: str, values) -> int:
 
 def _format_size(form: str, values: list) -> int:
     """An upper bound of the length of `form.format(...)` given its arguments' values, alike."""
-    fields = [spec for _, name, spec, _ in string.Formatter().parse(form) if name is not None]
-    longest_number = max((abs(v) for v in values if isinstance(v, int) and not isinstance(v, bool)), default=0)
-    widths = 0
+    fields = [spec or "" for _, name, spec, _ in string.Formatter().parse(form) if name is not None]
+    nested = sum(spec.count("{") for spec in fields)  # widths and precisions taken from the arguments
+    widths = nested * _largest_number(values) if nested else 0
     for spec in fields:
-        widths += (spec or "").count("{") * longest_number  # a width or precision taken from the arguments
-        for number in re.findall(r"\d+", spec or ""):
+        for number in re.findall(r"\d+", spec):
             if len(number) > 9:
                 return MAX_TEXT + 1
             widths += int(number)
@@ -229,6 +242,8 @@ def _filter_size(name: str, value, args: tuple, kwargs: dict) -> int | None:
         return len(text) + (text.count("\n") + 1) * (len(width) if isinstance(width, str) else int(width))
     if name == "wordwrap":
         return len(_bounded_str(value)) * (1 + len(_bounded_str(argument(2, "wrapstring", "\n") or "\n")))
+    if name == "slice":  # a list per slice, however few items there are
+        return 4 * int(argument(0, "slices", 1))
     if name == "string":
         return _text_size(value)
     if name == "tojson":

@@ -149,6 +149,7 @@ N = 10 ** 9
         "{{ '%04000000d'.encode() % 1 }}",
         "{{ ('{0:>{1}}' * 40).format('a', 60000) }}",
         "{{ '{0:.{1}f}'.format(1.5, 4000000) }}",
+        "{{ '{0:>{1}}'.format('a', '4000000') }}",
         "{{ '{a:>{w}}'.format_map({'a': 1, 'w': 4000000}) }}",
         # one value written many times, by whatever writes it
         TEN_K + "{{ ','.join([s] * 250) }}",
@@ -166,6 +167,7 @@ N = 10 ** 9
         "{{ ('\\n' * 10000) | indent(400) }}",
         TEN_K + "{{ s | wordwrap(1, wrapstring='x' * 400) }}",
         "{{ ('\\t' * 1000).expandtabs(4000) }}",
+        "{{ [1] | slice(60000) | list }}",
         "{% set ns = namespace(l=[]) %}{% for i in range(900) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson(indent=60000) }}",
     ],
 )
