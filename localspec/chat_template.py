@@ -197,15 +197,26 @@ def _foreseen_size(method, args) -> int | None:
     if name == "replace" and len(args) >= 2 and all(isinstance(a, type(owner)) for a in args[:2]):
         matches = owner.count(args[0]) if args[0] else len(owner) + 1
         return len(owner) + matches * len(args[1])
-    if name == "join" and args and isinstance(args[0], (str, bytes)):
-        return len(args[0]) * (1 + len(owner))
-    if name == "join" and args and isinstance(args[0], (list, tuple)):
-        return sum(_text_size(part) for part in args[0]) + len(owner) * len(args[0])
+    if name == "join" and args and isinstance(args[0], (list, tuple, str, bytes)):
+        return _joined_size(args[0]) + len(owner) * len(args[0])
     if name == "expandtabs":
         return len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(8, *(a for a in args if isinstance(a, int)))
     if name == "translate" and args and isinstance(args[0], dict):
         return len(owner) * max((_text_size(v) for v in args[0].values()), default=1)
     return None
+
+
+def _joined_size(items) -> int:
+    """An upper bound of the length of the items' texts together, counted only until it passes
+    MAX_TEXT (a list of millions stops early)."""
+    if isinstance(items, (str, bytes)):
+        return len(items)
+    size = 0
+    for item in items:
+        size += _text_size(item)
+        if size > MAX_TEXT:
+            break
+    return size
 
 
 def _taken(items) -> list:
@@ -231,7 +242,7 @@ def _filter_size(name: str, value, args: tuple, kwargs: dict) -> int | None:
 
     if name in ("join", "sum"):
         start = argument(0, "d", "") if name == "join" else argument(1, "start", 0)
-        return sum(_text_size(item) for item in value) + _text_size(start) * max(1, len(value))
+        return _joined_size(value) + _text_size(start) * max(1, len(value))
     if name == "replace":
         text, old, new = _bounded_str(value), _bounded_str(argument(0, "old", "")), _bounded_str(argument(1, "new", ""))
         return len(text) + (text.count(old) if old else len(text) + 1) * len(new)
