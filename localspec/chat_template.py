@@ -1,27 +1,40 @@
 """Rendering a model's own chat template (Jinja, from its GGUF metadata) safely.
 
-Templates come from model files downloaded off the internet, so they run in
-Jinja's immutable sandbox (no attribute access to Python internals, no mutation
-of the objects passed in) under a budget checked while they run, not after:
+Templates come from model files anyone can publish, so they run in Jinja's immutable sandbox (no
+attribute access to Python internals, no mutation of the objects passed in), and every operation
+that could take much time or memory is measured before it runs, never after:
 
-* no string or list a template builds may exceed MAX_TEXT items, and all of them
-  together no more than MAX_WORK: every repetition, concatenation, format,
-  method and filter result is measured, and the ones whose size can be told
-  beforehand (`'a'.ljust(N)`, `'{:>N}'.format`, `'%0Nd' %`, `replace`, `join`)
-  are refused before they allocate;
-* no render may take longer than MAX_SECONDS: every loop's iteration and every
-  call checks the clock, so nested loops that would never return are stopped;
-* the rendered text itself is bounded by MAX_TEXT as it streams out.
+* the source may be at most MAX_SOURCE characters: compiling is not interruptible (200,000
+  `{{ ... }}` took a minute and 2.6 GB; 64 KiB of them take ~0.6 s), and each source is compiled
+  once per process, not per turn;
+* integers stay under MAX_INT_BITS: `**` and `*` are refused when their result would be larger,
+  since one big-integer operation (`((10**64)**64)**64`) cannot be interrupted;
+* no value may become longer than MAX_TEXT: repetition, `+`, `~`, `%`, `str.format`, `join`,
+  `replace`, `expandtabs`, `translate` and the filters that grow text (`format`, `indent`,
+  `wordwrap`, `string`, `tojson`, `sum`) compute an upper bound of their result's length from their
+  operands first, as does writing a value out (a list of 250 one-MB strings is 250 MB once
+  printed); what is built in all is bounded by MAX_WORK;
+* every loop iteration, call and operator checks the clock against MAX_SECONDS; as each single
+  operation is bounded above, no render outlives that by much.
+
+Why not a child process with RLIMIT_AS/RLIMIT_CPU: a render happens every chat turn and every serve
+request, and forking a process that holds a model (threads, GPU state; macOS) per render is slow and
+unsafe; a verdict cached per template cannot cover messages the test render never saw. Measuring
+operands in the sandbox's own hooks bounds every render, costs microseconds, and works on every OS.
 """
 
 import re
+import string
+from contextvars import ContextVar
 from datetime import datetime
-from functools import wraps
+from functools import lru_cache, wraps
+from itertools import chain
 from time import perf_counter
 
 import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
 from .errors import InputError
@@ -31,9 +44,11 @@ from .errors import InputError
 MAX_TEXT = 1 << 22
 MAX_WORK = 1 << 25  # characters of all the values a render builds together
 MAX_SECONDS = 2.0
-# a field width or precision of seven digits or more in a format string: a request for megabytes
-HUGE_FORMAT_FIELD = re.compile(r"\d{7,}")
-CHECK_EVERY = 256  # loop iterations between looks at the clock
+# the longest real templates (tool-calling ones with built-in system prompts) are ~20 KB
+MAX_SOURCE = 1 << 16
+MAX_INT_BITS = 1 << 12  # ~1,200 digits: far beyond any count or date a template computes
+# one %-conversion: mapping key, flags, width, precision, length modifier, conversion
+PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?(.?)", re.S)
 
 
 class TemplateBudgetExceeded(SecurityError):
@@ -44,21 +59,22 @@ def _raise_exception(message: str):
     raise jinja2.TemplateError(message)
 
 
+_END = object()  # what an exhausted iterator gives
+
+
 class _Budget:
     """What one render may still spend."""
 
     def __init__(self):
         self.deadline = perf_counter() + MAX_SECONDS
         self.work = 0
-        self.ticks = 0
 
     def tick(self) -> None:
-        self.ticks += 1
-        if self.ticks % CHECK_EVERY == 0 and perf_counter() > self.deadline:
+        if perf_counter() > self.deadline:
             raise TemplateBudgetExceeded(f"it ran for more than {MAX_SECONDS:g} s")
 
     def spend(self, value):
-        if isinstance(value, (str, list, tuple, dict)):
+        if isinstance(value, (str, bytes, list, tuple, dict)):
             if len(value) > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it built a value of {len(value):,} items (at most {MAX_TEXT:,})")
             self.work += len(value)
@@ -66,23 +82,183 @@ class _Budget:
                 raise TemplateBudgetExceeded(f"it built more than {MAX_WORK:,} characters in all")
         return value
 
-    def refuse_numbers(self, values) -> None:
-        for value in values:
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_TEXT:
-                raise TemplateBudgetExceeded(f"it asked for {value:,} of something (at most {MAX_TEXT:,})")
+
+# the render under way in this thread (one environment serves every render)
+_budget: ContextVar[_Budget] = ContextVar("chat_template_budget")
+
+
+def _refuse_numbers(values) -> None:
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_TEXT:
+            raise TemplateBudgetExceeded(f"it asked for {value:,} of something (at most {MAX_TEXT:,})")
+
+
+def _refuse_text(size: int, what: str) -> None:
+    if size > MAX_TEXT:
+        raise TemplateBudgetExceeded(f"{what} would be more than {MAX_TEXT:,} characters")
+
+
+def _text_size(value, indent: int = 0) -> int:
+    """An upper bound of len(str(value)), also of its repr and JSON (with `indent`) inside a
+    container; counted only until it passes MAX_TEXT, so it costs at most ~MAX_TEXT steps and no
+    memory (a container is read through an iterator, never copied)."""
+    if isinstance(value, str):
+        return len(value)
+    total, stack, open_ids = 0, [(iter((value,)), None)], set()  # (items, their container's id)
+    while stack and total <= MAX_TEXT:
+        items, owner = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+            open_ids.discard(owner)
+            continue
+        total += indent * len(stack) + 1  # the line an indented dump gives each item
+        if isinstance(item, str):  # quoted and escaped: \u00XX at worst, \ud83d\ude00 beyond ASCII
+            total += (6 if item.isascii() else 12) * len(item) + 2
+        elif isinstance(item, bytes):
+            total += 4 * len(item) + 3
+        elif isinstance(item, bool) or item is None:
+            total += 5
+        elif isinstance(item, int):
+            total += item.bit_length() // 3 + 2
+        elif isinstance(item, float):
+            total += 330  # '%f' of 1e308 is 316 characters
+        elif isinstance(item, (list, tuple, set, frozenset, dict, Namespace)):
+            if isinstance(item, Namespace):
+                item = item._Namespace__attrs  # how Jinja's Namespace lets its own repr reach them
+                total += 12
+            if id(item) in open_ids:  # a namespace holding itself is shown as {...}
+                total += 5
+                continue
+            open_ids.add(id(item))
+            total += 2 + 4 * len(item)
+            stack.append((chain.from_iterable(item.items()) if isinstance(item, dict) else iter(item), id(item)))
+        else:  # a macro, loop, cycler or undefined: shown as a short tag or nothing
+            total += 200
+    return total
+
+
+def _largest_number(values) -> int:
+    """The largest width or precision the values could give a `*` or nested format field: an
+    integer, or the digits in a text (`'{0:{1}}'.format('a', '4000000')`)."""
+    largest = 0
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            largest = max(largest, abs(value))
+        elif isinstance(value, str):
+            for digits in re.findall(r"\d+", value):
+                if len(digits) > 9:
+                    return MAX_TEXT + 1
+                largest = max(largest, int(digits))
+    return largest
+
+
+def _percent_size(form: str, values) -> int:
+    """An upper bound of the length of `form % values`: each field at most its width and precision
+    plus the longest value (its repr for %r/%a); `*` widths come from the values."""
+    # a mapping serves `%(key)s` fields, and `%s` prints the whole of it
+    values = (values, *values.values()) if isinstance(values, dict) else values if isinstance(values, tuple) else (values,)
+    fields = list(PERCENT_FIELD.finditer(form))
+    widths = 0
+    for field in fields:
+        for number in field.group(1, 2):
+            if number == "*":
+                widths += _largest_number(values)
+            elif number:
+                if len(number) > 9:
+                    return MAX_TEXT + 1
+                widths += int(number)
+    quoted = any(field[3] in ("r", "a") for field in fields)
+    longest = max((_text_size([v] if quoted else v) for v in values), default=0)
+    return len(form) + widths + len(fields) * longest
+
+
+def _format_size(form: str, values: list) -> int:
+    """An upper bound of the length of `form.format(...)` given its arguments' values, alike."""
+    fields = [spec or "" for _, name, spec, _ in string.Formatter().parse(form) if name is not None]
+    nested = sum(spec.count("{") for spec in fields)  # widths and precisions taken from the arguments
+    widths = nested * _largest_number(values) if nested else 0
+    for spec in fields:
+        for number in re.findall(r"\d+", spec):
+            if len(number) > 9:
+                return MAX_TEXT + 1
+            widths += int(number)
+    quoted = "!r" in form or "!a" in form
+    longest = max((_text_size([v] if quoted else v) for v in values), default=0)
+    return len(form) + widths + len(fields) * longest
 
 
 def _foreseen_size(method, args) -> int | None:
     """The length of a str method's result where it is cheap to know before calling it."""
     owner = getattr(method, "__self__", None)
     name = getattr(method, "__name__", "")
-    if not isinstance(owner, str):
+    if not isinstance(owner, (str, bytes)):
         return None
-    if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]) and args[0]:
-        return len(owner) + owner.count(args[0]) * (len(args[1]) - len(args[0]))
-    if name == "join" and args and isinstance(args[0], (list, tuple)):
-        parts = args[0]
-        return sum(len(p) for p in parts if isinstance(p, str)) + len(owner) * max(0, len(parts) - 1)
+    if name == "replace" and len(args) >= 2 and all(isinstance(a, type(owner)) for a in args[:2]):
+        matches = owner.count(args[0]) if args[0] else len(owner) + 1
+        return len(owner) + matches * len(args[1])
+    if name == "join" and args and isinstance(args[0], (list, tuple, str, bytes)):
+        return _joined_size(args[0]) + len(owner) * len(args[0])
+    if name == "expandtabs":
+        return len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(8, *(a for a in args if isinstance(a, int)))
+    if name == "translate" and args and isinstance(args[0], dict):
+        return len(owner) * max((_text_size(v) for v in args[0].values()), default=1)
+    return None
+
+
+def _joined_size(items) -> int:
+    """An upper bound of the length of the items' texts together, counted only until it passes
+    MAX_TEXT (a list of millions stops early)."""
+    if isinstance(items, (str, bytes)):
+        return len(items)
+    size = 0
+    for item in items:
+        size += _text_size(item)
+        if size > MAX_TEXT:
+            break
+    return size
+
+
+def _taken(items) -> list:
+    """An iterator's items (from map or select), taken only while their text stays within MAX_TEXT:
+    each may be built as it is taken."""
+    taken, size = [], 0
+    for item in items:
+        size += _text_size(item)
+        _refuse_text(size, "what it joins")
+        taken.append(item)
+    return taken
+
+
+def _bounded_str(value) -> str:
+    _refuse_text(_text_size(value), "a value it wrote")
+    return str(value)
+
+
+def _filter_size(name: str, value, args: tuple, kwargs: dict) -> int | None:
+    """The length of a growing filter's result, told from its operands (Jinja's own argument order)."""
+    def argument(index, key, default):
+        return args[index] if len(args) > index else kwargs.get(key, default)
+
+    if name in ("join", "sum"):
+        start = argument(0, "d", "") if name == "join" else argument(1, "start", 0)
+        return _joined_size(value) + _text_size(start) * max(1, len(value))
+    if name == "replace":
+        text, old, new = _bounded_str(value), _bounded_str(argument(0, "old", "")), _bounded_str(argument(1, "new", ""))
+        return len(text) + (text.count(old) if old else len(text) + 1) * len(new)
+    if name == "format":
+        return _percent_size(_bounded_str(value), kwargs or args)
+    if name == "indent":
+        width, text = argument(0, "width", 4), _bounded_str(value)
+        return len(text) + (text.count("\n") + 1) * (len(width) if isinstance(width, str) else int(width))
+    if name == "wordwrap":
+        return len(_bounded_str(value)) * (1 + len(_bounded_str(argument(2, "wrapstring", "\n") or "\n")))
+    if name == "slice":  # a list per slice, however few items there are
+        return 4 * int(argument(0, "slices", 1))
+    if name == "string":
+        return _text_size(value)
+    if name == "tojson":
+        return _text_size([value], indent=int(argument(0, "indent", 0) or 0))
     return None
 
 
@@ -103,75 +279,115 @@ class _Bounds(NodeTransformer):
 class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**", "+", "%"])
 
-    def __init__(self, budget: _Budget):
+    def __init__(self):
         # trim_blocks/lstrip_blocks match how Hugging Face renders these templates.
-        super().__init__(trim_blocks=True, lstrip_blocks=True)
-        self.budget = budget
+        super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self.bounded_output)
         self.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
-        self.filters = {name: self._budgeted(f) for name, f in self.filters.items()}
+        # lipsum(n, min, max) writes n * max words and pprint indents by nesting depth squared; no chat
+        # template uses either
+        del self.globals["lipsum"]
+        self.filters = {name: self._budgeted(name, f) for name, f in self.filters.items() if name != "pprint"}
 
     def _parse(self, source, name, filename):
         return _Bounds().visit(super()._parse(source, name, filename))
 
+    @staticmethod
+    def bounded_output(value):
+        _refuse_text(_text_size(value), "a value it wrote")
+        return value
+
     def budgeted_iter(self, iterable):
+        budget = _budget.get()
         for item in iterable:
-            self.budget.tick()
+            budget.tick()
             yield item
 
     def budgeted_concat(self, parts: list) -> str:
-        texts = [str(part) for part in parts]
-        if sum(map(len, texts)) > MAX_TEXT:
-            raise TemplateBudgetExceeded(f"it joined more than {MAX_TEXT:,} characters")
-        return self.budget.spend("".join(texts))
+        _refuse_text(sum(map(_text_size, parts)), "a `~` chain")
+        return _budget.get().spend("".join(map(str, parts)))
 
-    def _budgeted(self, f):
-        first_argument = 2 if hasattr(f, "jinja_pass_arg") else 1  # the context (if passed) and the value
+    def _budgeted(self, name, f):
+        value_at = 1 if hasattr(f, "jinja_pass_arg") else 0  # after the context or environment, if passed
 
         @wraps(f)  # keeps the pass_context/pass_environment marks Jinja reads
         def budgeted(*args, **kwargs):
-            self.budget.tick()
-            self.budget.refuse_numbers([*args[first_argument:], *kwargs.values()])
-            return self.budget.spend(f(*args, **kwargs))
+            budget = _budget.get()
+            budget.tick()
+            _refuse_numbers([*args[value_at + 1:], *kwargs.values()])
+            if name in ("join", "sum") and not isinstance(args[value_at], (list, tuple, str)):
+                args = (*args[:value_at], _taken(args[value_at]), *args[value_at + 1:])
+            foreseen = _filter_size(name, args[value_at], args[value_at + 1:], kwargs)
+            if foreseen is not None:
+                _refuse_text(foreseen, f"its `{name}` filter's result")
+            return budget.spend(f(*args, **kwargs))
 
         return budgeted
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
-        __self.budget.tick()
-        __self.budget.refuse_numbers([*args, *kwargs.values()])
-        foreseen = _foreseen_size(__obj, args)
-        if foreseen is not None and foreseen > MAX_TEXT:
-            raise TemplateBudgetExceeded(f"it asked for a string of {foreseen:,} characters")
-        return __self.budget.spend(super().call(__context, __obj, *args, **kwargs))
+        budget = _budget.get()
+        budget.tick()
+        _refuse_numbers([*args, *kwargs.values()])
+        owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
+        if name == "join" and isinstance(owner, (str, bytes)) and args and not isinstance(args[0], (list, tuple, str, bytes)):
+            args = (_taken(args[0]), *args[1:])
+        foreseen = _foreseen_size(__obj, (*args, *kwargs.values()))
+        if foreseen is not None:
+            _refuse_text(foreseen, f"its `{name}`")
+        return budget.spend(super().call(__context, __obj, *args, **kwargs))
 
     def wrap_str_format(self, value):
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None and HUGE_FORMAT_FIELD.search(value.__self__):
-            raise TemplateBudgetExceeded("its format string asks for a field of millions of characters")
-        return wrapped
+        if wrapped is None:
+            return None
+        form, is_map = value.__self__, value.__name__ == "format_map"
+
+        @wraps(wrapped)
+        def bounded(*args, **kwargs):
+            mapping = args[0] if is_map and args else kwargs
+            values = list(mapping.values()) if isinstance(mapping, dict) else [mapping]
+            _refuse_text(_format_size(form, values if is_map else [*args, *values]), "its `format`")
+            return wrapped(*args, **kwargs)
+
+        return bounded
 
     def call_binop(self, context, operator, left, right):
-        self.budget.tick()
-        if operator == "**" and isinstance(right, int) and abs(right) > 64:
-            raise TemplateBudgetExceeded(f"exponent {right} is too large for a chat template")
-        if operator == "*" and any(isinstance(x, (str, list, tuple)) for x in (left, right)):
-            sequence, count = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+        _budget.get().tick()
+        integers = all(isinstance(x, int) for x in (left, right))
+        if operator == "**" and integers and right > 0 and abs(left).bit_length() * right > MAX_INT_BITS:
+            raise TemplateBudgetExceeded(f"a power would have more than {MAX_INT_BITS:,} bits")
+        if operator == "*" and integers and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise TemplateBudgetExceeded(f"a product would have more than {MAX_INT_BITS:,} bits")
+        sequences = (str, bytes, list, tuple)
+        if operator == "*" and any(isinstance(x, sequences) for x in (left, right)):
+            sequence, count = (left, right) if isinstance(left, sequences) else (right, left)
             if isinstance(count, int) and len(sequence) * count > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it tried to repeat {len(sequence):,} items {count:,} times")
-        if operator == "+" and all(isinstance(x, (str, list, tuple)) for x in (left, right)):
+        if operator == "+" and all(isinstance(x, sequences) for x in (left, right)):
             if len(left) + len(right) > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it added up more than {MAX_TEXT:,} items")
-        if operator == "%" and isinstance(left, str) and HUGE_FORMAT_FIELD.search(left):
-            raise TemplateBudgetExceeded("its format string asks for a field of millions of characters")
-        return self.budget.spend(super().call_binop(context, operator, left, right))
+        if operator == "%" and isinstance(left, (str, bytes)):
+            form = left.decode("latin-1") if isinstance(left, bytes) else left  # bytes format alike, byte by byte
+            _refuse_text(_percent_size(form, right), "its `%` format")
+        return _budget.get().spend(super().call_binop(context, operator, left, right))
+
+
+_ENVIRONMENT = _Sandbox()
+
+
+@lru_cache(maxsize=16)  # a few models' templates: compiled once per process, not per turn
+def _compiled(template: str) -> jinja2.Template:
+    return _ENVIRONMENT.from_string(template)
 
 
 def render(template: str, messages: list[dict], bos_token: str, eos_token: str) -> str:
-    budget = _Budget()
+    if len(template) > MAX_SOURCE:
+        raise InputError(f"the model's chat template is {len(template):,} characters (at most {MAX_SOURCE:,});"
+                         " pass --raw to send the prompt as is")
+    token = _budget.set(_Budget())
     try:
-        compiled = _Sandbox(budget).from_string(template)
         pieces, length = [], 0
-        for piece in compiled.generate(messages=messages, add_generation_prompt=True, bos_token=bos_token,
-                                       eos_token=eos_token):
+        for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
+                                                  bos_token=bos_token, eos_token=eos_token):
             length += len(piece)
             if length > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it wrote more than {MAX_TEXT:,} characters")
@@ -183,6 +399,8 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str) 
         raise InputError("the model's chat template ran out of memory; pass --raw to send the prompt as is") from None
     except Exception as error:  # a template is untrusted code: whatever it raises is its failure, not ours
         raise InputError(f"the model's chat template failed ({error}); pass --raw to send the prompt as is") from None
+    finally:
+        _budget.reset(token)
 
 
 # Stands in for a message's text while the template's own text is located; no template alters it.

@@ -1,14 +1,24 @@
 """Chat templates come from downloaded files: they render in a sandbox and fail as one-line user errors."""
 
 import resource
+import tracemalloc
 from time import perf_counter
 
 import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from localspec import chat_template
 from localspec.chat_template import render, render_pieces
 from localspec.errors import InputError
+from localspec.session import FALLBACK_TEMPLATE
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(autouse=True)
+def short_renders(monkeypatch):
+    """The loops that would never end are stopped after a quarter of a second, not the real two."""
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.25)
 
 
 def test_an_ordinary_template_renders():
@@ -83,3 +93,107 @@ def test_message_text_is_found_in_the_render_so_it_can_be_tokenized_as_text():
     rewriting = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
     with pytest.raises(InputError, match="cannot follow"):
         render_pieces(rewriting, [{"role": "user", "content": "x <|end|>"}], "", "", {0})
+
+
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# what real templates do with the operations that are now measured first: tools as indented JSON,
+# `%` and `format`, joins and replaces of message text
+TOOLS = ("{% if tools %}{{ 'Tools: %s\\n' % (tools | length) }}{% for t in tools %}{{ t | tojson(indent=4) }}\\n{% endfor %}{% endif %}"
+         "{{ '{}: {}'.format(messages[0]['role'], messages | map(attribute='content') | join(' / ') | replace('\\n', ' ')) }}"
+         "{{ '%-6s|' | format('x') }}{{ (messages[0]['content'] ~ '!') * 2 }}{{ (2 ** 62) * 3 }}")
+
+
+def test_normal_templates_render_as_before():
+    conversation = [{"role": "user", "content": "hi\nthere"}, {"role": "assistant", "content": "hello"}]
+    assert render(FALLBACK_TEMPLATE, conversation, "", "") == "User: hi\nthere\n\nAssistant: hello\n\nAssistant:"
+    assert render(CHATML, conversation, "", "") == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi\nthere<|im_end|>\n"
+        "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>assistant\n")
+    tools = [{"name": "f", "parameters": {"x": [1, 2.5, None, True, "<&>"]}}]
+    template = "{% set tools = " + repr(tools) + " %}" + TOOLS
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+    rendered = plain.render(messages=conversation, add_generation_prompt=True, bos_token="", eos_token="")
+    assert render(template, conversation, "", "") == rendered
+    assert "    " in rendered and "user: hi there / hello" in rendered and str(2 ** 62 * 3) in rendered
+
+
+TEN_K = "{% set s = 'a' * 10000 %}"  # far below the limit: what is done with it is not
+N = 10 ** 9
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        # what the adversarial run of issue 30 found ...
+        "{% set x = ((((10**64)**64)**64)**64)**64 %}",
+        "{% set ns = namespace(x=3) %}{% for i in range(30) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+        f"{{{{ '%*d' % ({N}, 1) }}}}",
+        f"{{{{ '%0{N}d' | format(1) }}}}",
+        f"{{{{ '{{0:>{{1}}}}'.format('a', {N}) }}}}",
+        TEN_K + "{{ ([s] * 250) | join }}",
+        TEN_K + "{{ s | replace('a', 'a' * 400) }}",
+        TEN_K + "{{ [s] * 250 }}",
+        TEN_K + "{{ '%s' % ([s] * 250,) }}",
+        # ... and more of each class: big integers
+        "{{ 7 ** 5000 }}",
+        "{% set ns = namespace(x=10) %}{% for i in range(30) %}{% set ns.x = ns.x ** 2 %}{% endfor %}",
+        "{% set a = 10 ** 64 %}{{ a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a * a }}",
+        # field widths and precisions, in the format string or its arguments
+        "{{ '%.*f' % (4000000, 1.5) }}",
+        "{{ '%(a)4000000s' % {'a': 1} }}",
+        TEN_K + "{{ '%s' % {1: s, 2: s, 3: s, 4: s, 5: s, 6: s, 7: s} }}",
+        "{{ '%-4000000s' | format('x') }}",
+        "{{ '%04000000d'.encode() % 1 }}",
+        "{{ ('{0:>{1}}' * 40).format('a', 60000) }}",
+        "{{ '{0:.{1}f}'.format(1.5, 4000000) }}",
+        "{{ '{0:>{1}}'.format('a', '4000000') }}",
+        "{{ '{a:>{w}}'.format_map({'a': 1, 'w': 4000000}) }}",
+        # one value written many times, by whatever writes it
+        TEN_K + "{{ ','.join([s] * 250) }}",
+        TEN_K + "{{ ([s] * 250) | map('upper') | join }}",
+        TEN_K + "{{ ('{0}' * 400).format(s) }}",
+        TEN_K + "{{ ('%s' * 400) % ((s,) * 400) }}",
+        TEN_K + "{{ '%r' % ([s] * 250,) }}",
+        TEN_K + "{{ [[s]] * 250 }}",
+        TEN_K + "{{ ([s] * 250) | string }}",
+        TEN_K + "{{ ([s] * 250) | tojson }}",
+        TEN_K + "{{ [s] * 250 ~ '' }}",
+        TEN_K + "{{ ([[s]] * 250) | sum(start=[]) }}",
+        TEN_K + "{{ s.replace('', 'x' * 400) }}",
+        TEN_K + "{{ s.translate({97: 'b' * 400}) }}",
+        "{{ ('\\n' * 10000) | indent(400) }}",
+        TEN_K + "{{ s | wordwrap(1, wrapstring='x' * 400) }}",
+        "{{ ('\\t' * 1000).expandtabs(4000) }}",
+        "{{ [1] | slice(60000) | list }}",
+        "{% set ns = namespace(l=[]) %}{% for i in range(900) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson(indent=60000) }}",
+    ],
+)
+def test_templates_are_refused_before_they_compute_what_is_too_big(monkeypatch, template):
+    """Issue 30: one big-integer operation cannot be interrupted, and a value built before it is
+    measured has already taken the memory: each of these is refused from its operands."""
+    monkeypatch.setattr(chat_template, "MAX_TEXT", 1 << 16)
+    with pytest.raises(InputError):
+        render(template, MESSAGES, "", "")  # compiled (and refused) once, so what follows is the render alone
+    tracemalloc.start()
+    started = perf_counter()
+    try:
+        with pytest.raises(InputError, match="^the model's chat template was stopped: [^\\n]*pass --raw"):
+            render(template, MESSAGES, "", "")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert perf_counter() - started < 0.2
+    assert peak < 1 << 20  # bytes: the refused value would have taken several MB
+
+
+def test_a_huge_template_is_refused_before_it_is_compiled(monkeypatch):
+    """200,000 `{{ ... }}` took a minute and 2.6 GB to compile; compiling cannot be interrupted."""
+    monkeypatch.setattr(chat_template, "MAX_SOURCE", 4096)
+    started = perf_counter()
+    with pytest.raises(InputError, match="^the model's chat template is 7,000 characters \\(at most 4,096\\)"):
+        render("{{ x }}" * 1000, MESSAGES, "", "")
+    assert perf_counter() - started < 0.05
+    assert render("{{ x }}" * 500, MESSAGES, "", "") == ""
