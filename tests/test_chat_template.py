@@ -1,6 +1,9 @@
 """Chat templates come from downloaded files: they render in a sandbox and fail as one-line user errors."""
 
+import os
 import resource
+import subprocess
+import sys
 import tracemalloc
 from time import perf_counter
 
@@ -197,3 +200,26 @@ def test_a_huge_template_is_refused_before_it_is_compiled(monkeypatch):
         render("{{ x }}" * 1000, MESSAGES, "", "")
     assert perf_counter() - started < 0.05
     assert render("{{ x }}" * 500, MESSAGES, "", "") == ""
+
+
+@pytest.mark.parametrize("template", [
+    "{% set x = ((((10**64)**64)**64)**64)**64 %}{{ x }}",
+    "{{ '%*d' % (4000000000, 1) }}",
+    "{{ ('{0:>{1}}').format('a', 1000000000) }}",
+    "{{ [messages] * 100000000 }}",
+    "{{ messages[0].content }}" * 200000,  # 5 MB to compile
+])
+def test_a_model_whose_template_would_burn_time_or_memory_is_refused_in_one_line(tmp_path, template):
+    """End to end, as a user meets it: a model file anyone can publish, run at once."""
+    from dataclasses import replace
+
+    from conftest import TARGET
+    from tinymodels import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "hostile.gguf", replace(TARGET, chat_template=template))
+    done = subprocess.run([sys.executable, "-m", "localspec", "run", model, "-p", "hi", "-n", "2"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(errors) == 1 and "chat template" in errors[0], done.stderr

@@ -42,6 +42,7 @@ class TinySpec:
     blend_seed: int | None = None
     blend: float = 0.0
     architecture: str = "llama"  # or "lfm2"; anything else is unknown to llama.cpp (and written as llama)
+    chat_template: str | None = None  # tokenizer.chat_template; without one localspec's fallback renders chats
 
 
 def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray]:
@@ -105,6 +106,8 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     add_spm_tokenizer(writer, spec.pieces)
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
     return finish(writer, tensors, path)
 
 
