@@ -17,7 +17,6 @@ from localspec.engine import policy as policy_module
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.engine.policy import (
     MEAN,
-    PROBE_SHARE,
     SURE,
     AutoDrafter,
     Belief,
