@@ -803,13 +803,9 @@ def serve(
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
-    with listener, _open(settings, "serve", address=_url(serving.host, listener.getsockname()[1])) as session:
+    with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
         server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
                            settings.draft_model, tui.log_line).run(listener)
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 @command(
@@ -886,13 +882,15 @@ command(name="list", hidden=True)(list_models)  # Ollama's names for it
 command(name="ls", hidden=True)(list_models)
 
 
+def _license_text(entry: registry.ModelEntry) -> str:
+    return entry.license + (" (gated)" if entry.gated else "")
+
+
 def _model_row(entry: registry.ModelEntry) -> dict:
     """What the registry says of a model and, once it is downloaded, what its layers mean for speculation."""
-    present = download.installed(entry)
-    header = gguf_meta.read(present) if present else None
+    header, _ = _header_and_size(entry)
     return dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
-                size=entry.size, installed=present is not None, draft=entry.draft,
-                license=entry.license + (" (gated)" if entry.gated else ""),
+                size=entry.size, installed=header is not None, draft=entry.draft, license=_license_text(entry),
                 recurrent=header and header.recurrent, rolls_back=header and header.rolls_back,
                 mtp_layers=header and header.mtp_layers)
 
@@ -916,7 +914,6 @@ def show(
     entry = resolved if isinstance(resolved, registry.ModelEntry) else None
     path = download.locate(resolved) if entry is None else download.installed(entry)
     header = gguf_meta.read(path) if path else None
-    row = _model_row(entry) if entry else None
     info = {
         "name": entry.name if entry else path.name,
         "architecture": header.architecture if header else None,
@@ -933,7 +930,7 @@ def show(
         "mtp_layers": header.mtp_layers if header else None,
         "recurrent": header.recurrent if header else None,
         "rolls_back": header.rolls_back if header else None,
-        "license": row["license"] if row else None,
+        "license": _license_text(entry) if entry else None,
     }
     if as_json:
         print(json.dumps(info))

@@ -83,4 +83,4 @@ def plain_beside(session: Session, prompt: list[int], sampling: Sampling, limits
         parting = min(len(ours), len(theirs))
     costs = session.costs()
     return Comparison(speculative.summary(), plain.summary(), mode, sampling.greedy, parting is None, parting,
-                      {int(n): v for n, v in costs["verify_relative"].items()} if costs else None)
+                      costs["verify_relative"] if costs else None)

@@ -13,6 +13,11 @@ except ImportError:  # Windows
 from .errors import UsageError
 
 
+def url(host: str, port: int) -> str:
+    """The OpenAI API base URL of a server listening on host:port (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A socket listening on host:port (0: any free port), or UsageError saying why it cannot be."""
     try:

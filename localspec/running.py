@@ -28,14 +28,17 @@ def holding(command: str, model: str, address: str = "") -> Iterator[None]:
     reachable at `address` if it serves."""
     record = {"pid": os.getpid(), "command": command, "model": model, "address": address,
               "started": psutil.Process().create_time()}
-    directory = folder()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{record['pid']}.json"
-    path.write_text(json.dumps(record))
+    path = folder() / f"{record['pid']}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    except OSError:  # a state folder we cannot write costs only this process's line in `ps`
+        path = None
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 def processes() -> list[dict]:

@@ -267,9 +267,7 @@ class Server:
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
         server = _Uvicorn(config, on_exit=self.service.cancel_all)
-        host, port = listener.getsockname()[:2]
-        shown_host = f"[{host}]" if ":" in host else host
-        print(f"localspec: serving {self.model} on http://{shown_host}:{port}/v1 (OpenAI API; Ctrl-C stops)",
+        print(f"localspec: serving {self.model} on {net.url(*listener.getsockname()[:2])} (OpenAI API; Ctrl-C stops)",
               flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)

@@ -287,6 +287,8 @@ class Session:
         if messages > n_ctx:
             raise ContextOverflow(f"the conversation's {messages:,} messages cannot fit the context of {n_ctx} tokens"
                                   " (each takes at least one); raise --ctx-size or send fewer")
+        if characters <= n_ctx:  # a token stands for a byte at least: no need to read the vocabulary
+            return
         longest = self.target_model.longest_token
         if longest is not None and characters > n_ctx * longest:
             raise ContextOverflow(f"the prompt ({characters:,} characters) cannot fit the context of {n_ctx} tokens:"

@@ -559,9 +559,9 @@ def test_ps_forgets_processes_that_are_gone(tmp_path, monkeypatch):
 
 
 def test_ps_names_a_servers_address_as_a_client_writes_it():
-    from localspec.cli import _url
+    from localspec.net import url
 
-    assert _url("127.0.0.1", 8080) == "http://127.0.0.1:8080/v1" and _url("::1", 8080) == "http://[::1]:8080/v1"
+    assert url("127.0.0.1", 8080) == "http://127.0.0.1:8080/v1" and url("::1", 8080) == "http://[::1]:8080/v1"
 
 
 def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tiny, monkeypatch):
