@@ -7,15 +7,16 @@ cached by the previous mode would make the next look faster than it is.
 
 import gzip
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
 from . import mirror, paths
 from .config import DrafterKind, Limits, Sampling
+from .engine.backend import Context
 from .errors import InputError, UsageError
-from .events import Done, Prefill, Step
+from .events import Done, Event, Prefill, Step
 from .session import ROLES, Session, is_message
 from .stats import Recorder, record
 
@@ -242,6 +243,18 @@ class HostTime:
     rows_squared: float = 0.0
     rows_seconds: float = 0.0
 
+    def follow(self, events: Iterable[Event], contexts: list[Context]) -> Iterator[Event]:
+        """A generation's events, passed through; each step's host time is added on the way: the wall time
+        since the event before it less the time the contexts spent inside llama_decode meanwhile."""
+        last_now = last_busy = 0.0  # (set by the Prefill that comes first)
+        for event in events:
+            if isinstance(event, Prefill | Step):
+                now, busy = perf_counter(), sum(c.busy_seconds for c in contexts)
+                if isinstance(event, Step):
+                    self.add(event.drafted, (now - last_now) - (busy - last_busy))
+                last_now, last_busy = now, busy
+            yield event
+
     def add(self, further_rows: int, seconds: float) -> None:
         self.steps += 1
         self.rows += further_rows
@@ -328,15 +341,10 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
-                for event in session.generate(tokens, sampling, limits):
+                for event in result.host.follow(session.generate(tokens, sampling, limits), contexts):
                     result.recorder.add(event)
-                    if isinstance(event, Prefill | Step):
-                        now, busy = perf_counter(), sum(c.busy_seconds for c in contexts)
-                        if isinstance(event, Prefill):
-                            busy_at_start = busy
-                        else:
-                            result.host.add(event.drafted, (now - last_now) - (busy - last_busy))
-                        last_now, last_busy = now, busy
+                    if isinstance(event, Prefill):
+                        busy_at_start = sum(c.busy_seconds for c in contexts)
                     elif isinstance(event, Done):
                         result.llama_seconds += sum(c.busy_seconds for c in contexts) - busy_at_start
     rows = []

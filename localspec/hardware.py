@@ -8,7 +8,6 @@ Refusing up front beats the OS killing the process halfway through loading.
 import os
 import platform
 from dataclasses import dataclass
-from importlib import metadata
 
 import psutil
 
@@ -71,7 +70,7 @@ def identity() -> dict:
     """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
     cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
     return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
-            "llama_cpp": metadata.version("llama-cpp-python"), "system_info": backend.system_info(),
+            "llama_cpp": backend.version(), "system_info": backend.system_info(),
             "devices": [[d["name"], d["description"], d["kind"]] for d in backend.devices()]}
 
 

@@ -798,6 +798,12 @@ def _check_is_gguf(path: Path) -> None:
         raise InputError(f"{path} is not a GGUF model file")
 
 
+def version() -> str:
+    """llama-cpp-python's version: its module's own, as a binding run from a source tree has no installed
+    distribution to ask (scripts/accelerator-report runs it so)."""
+    return llama.__version__
+
+
 def system_info() -> str:
     """llama.cpp's summary of the CPU features and backends it was built with."""
     return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
@@ -807,8 +813,9 @@ def _library(name: str) -> Path:
     """One of the libraries llama-cpp-python installs beside itself, by its name without prefix or suffix:
     the file libllama itself loaded. A wheel cannot hold symbolic links, so libggml.so and libggml.so.0
     are separate copies, and loading the other one would give a second ggml with a registry of its own
-    (devices added there are not llama.cpp's)."""
-    folder = Path(llama.__file__).parent / "lib"
+    (devices added there are not llama.cpp's). LLAMA_CPP_LIB_PATH moves them, for llama-cpp-python as for us."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    folder = Path(override) if override else Path(llama.__file__).parent / "lib"
     names = (f"lib{name}.so.0", f"lib{name}.so", f"lib{name}.0.dylib", f"lib{name}.dylib", f"{name}.dll")
     return next(folder / file for file in names if (folder / file).exists())
 

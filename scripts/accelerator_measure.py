@@ -1,0 +1,555 @@
+"""What scripts/accelerator-report measures, once llama.cpp is built and localspec can be imported: models
+of real shapes with random weights, and each measurement side by side in one run (see that script)."""
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from time import perf_counter
+
+import gguf
+import numpy as np
+
+from localspec import hardware
+from localspec.bench import HostTime
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.engine import backend
+from localspec.engine.drafters import RUN_CLASSES, RUN_LIMIT, Draft
+from localspec.engine.sampling import chain_for
+from localspec.engine.speculative import generate
+from localspec.events import Token
+from localspec.session import Session
+from localspec.stats import Recorder
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = Sampling(temperature=0)
+SAMPLED = Sampling(temperature=0.8, seed=0)  # and llama.cpp's top-k 40, top-p 0.95, min-p 0.05
+CONTEXT = 1024  # the longest prompt, generation and verification batch fit
+CONTROL = 3  # <unk>, <s>, </s>: their output rows are zero, so a random model never ends a generation early
+QUANT = {"Q4_K": gguf.GGMLQuantizationType.Q4_K, "Q8_0": gguf.GGMLQuantizationType.Q8_0}
+# The standard deviation of a block's weights is about this many times its scale d: Q8_0 holds uniform
+# int8 (std 73.9); Q4_K's 6-bit scales and mins times 4-bit values, with dmin = 7.5 d so the mean is 0.
+SPREAD = {"Q4_K": 257.0, "Q8_0": 73.9}
+SHOWN_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # of the curve, in the markdown
+CEILING_LENGTHS = (4, 8, 16, 32)
+SETTLING = 3  # untimed runs at most, until a mode's own text is known
+HOST_LENGTHS = (0, 1, 2, 4, 8, 16)  # drafts cycled through for the host fit: the rows verified a step vary
+BENCH_TOKENS = 128  # llama-bench's tg128
+ACCEPTANCES = (0.6, 0.8, 0.9)
+FLOOR = 0.97  # auto against plain where nothing it drafts is accepted
+WRITERS, QUIET_WRITERS = ("attn_output.weight", "ffn_down.weight"), 0.25
+DRAFT_SHARPNESS = 16.0  # a draft's output layer against a matrix's usual scale: sure of its guesses
+# What auto's n-gram beliefs call the strongest evidence: the answer's drafts are weighed as a long copy.
+EVIDENCE = f"{RUN_CLASSES[0][1]}, earlier agree"
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- Models: real shapes, random weights
+
+def tensor_plan(shape) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape, role) of every tensor in file order, as llama.cpp's qwen2 and llama architectures
+    name them; role: "ones" (norms), "zeros" (biases), "matrix", and the final "output_norm" and "output"."""
+    kv = shape.n_embd // shape.n_head * shape.n_head_kv
+    plan = [("token_embd.weight", (shape.n_vocab, shape.n_embd), "matrix")]
+    for layer in range(shape.n_layer):
+        block = f"blk.{layer}"
+        plan.append((f"{block}.attn_norm.weight", (shape.n_embd,), "ones"))
+        for name, rows in (("attn_q", shape.n_embd), ("attn_k", kv), ("attn_v", kv)):
+            plan.append((f"{block}.{name}.weight", (rows, shape.n_embd), "matrix"))
+            if shape.architecture == "qwen2":
+                plan.append((f"{block}.{name}.bias", (rows,), "zeros"))
+        plan += [(f"{block}.attn_output.weight", (shape.n_embd, shape.n_embd), "matrix"),
+                 (f"{block}.ffn_norm.weight", (shape.n_embd,), "ones"),
+                 (f"{block}.ffn_gate.weight", (shape.n_ff, shape.n_embd), "matrix"),
+                 (f"{block}.ffn_up.weight", (shape.n_ff, shape.n_embd), "matrix"),
+                 (f"{block}.ffn_down.weight", (shape.n_embd, shape.n_ff), "matrix")]
+    return plan + [("output_norm.weight", (shape.n_embd,), "output_norm"),
+                   ("output.weight", (shape.n_vocab, shape.n_embd), "output")]
+
+
+def quantized(rows: int, columns: int, quant: str, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of `quant` whose weights spread about `std`: bytes, one row of blocks per matrix row."""
+    per_block, size = gguf.GGML_QUANT_SIZES[QUANT[quant]]
+    if columns % per_block:
+        raise ValueError(f"{quant} needs rows of a multiple of {per_block} weights, not {columns}")
+    blocks = rng.integers(0, 256, size=(rows * columns // per_block, size), dtype=np.uint8)
+    d = std / SPREAD[quant]
+    scales = [d, 7.5 * d] if quant == "Q4_K" else [d]
+    blocks[:, : 2 * len(scales)] = np.frombuffer(np.array(scales, np.float16).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def write_model(shape, folder: Path, seed: int, draft: bool = False) -> Path:
+    """A GGUF of this shape with random weights, written tensor by tensor (an 8B model is 4.5 GB); kept
+    and reused while the shape is the same.
+
+    A target's text must not hang on near-ties: batched and single-token logits differ in their last
+    bits, and where a random model's top two stood at 34.61 and 34.52 the text parted from the plain
+    run's, so drafting the plain run's text failed from there on. Its output layer is its embeddings,
+    permuted: the residual stream carries the last token's embedding, so the token it maps to wins by
+    several standard deviations of the rest, and the text walks a random permutation of the vocabulary
+    (nothing repeats for n-gram lookup to find). A draft's output layer is random and sharp: sure of
+    guesses that are never right."""
+    digest = hashlib.sha256(json.dumps([asdict(shape), seed, draft]).encode()).hexdigest()[:8]
+    path = folder / f"{shape.name}-{digest}.gguf"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    say(f"writing {path.name}")
+    partial = path.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(partial), shape.architecture)
+    writer.add_name(shape.name)
+    writer.add_context_length(CONTEXT * 8)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_block_count(shape.n_layer)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if shape.quant == "Q4_K" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    pieces = shape.n_vocab - CONTROL - 256
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+                          + [f"\u2581t{i}" for i in range(pieces)])
+    writer.add_token_scores([0.0] * CONTROL + [-1000.0] * 256 + [-float(i) for i in range(pieces)])
+    writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                           + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * pieces)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    plan = tensor_plan(shape)
+    block, size = gguf.GGML_QUANT_SIZES[QUANT[shape.quant]]
+    for name, dims, role in plan:
+        if len(dims) == 1:  # norms and biases
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), dims[0] * 4)
+        else:
+            rows, columns = dims
+            writer.add_tensor_info(name, (rows, columns // block * size), np.dtype(np.uint8),
+                                   rows * columns // block * size, raw_dtype=QUANT[shape.quant])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    embeddings = None  # the first tensor's data, kept for the target's output layer
+    for name, dims, role in plan:
+        if role == "ones" or (role == "output_norm" and draft):
+            writer.write_tensor_data(np.ones(dims, np.float32))
+        elif role == "output_norm":  # logits of the tokens that lose spread about 1
+            writer.write_tensor_data(np.full(dims, shape.n_embd**-0.5, np.float32))
+        elif role == "zeros":
+            writer.write_tensor_data(np.zeros(dims, np.float32))
+        elif role == "output" and not draft:
+            data = np.empty_like(embeddings)
+            data[rng.permutation(shape.n_vocab)] = embeddings
+            data[:CONTROL] = 0
+            writer.write_tensor_data(data)
+        else:
+            rows, columns = dims
+            # embeddings about 1, as a trained model's; a matrix keeps its input's scale, but those that
+            # write into a target's residual stream leave the last token's embedding standing out in it
+            std = 1.0 if name == "token_embd.weight" else columns**-0.5
+            if not draft and name.endswith(WRITERS):
+                std *= QUIET_WRITERS
+            data = quantized(rows, columns, shape.quant, DRAFT_SHARPNESS * std if role == "output" else std, rng)
+            if role == "output":
+                data[:CONTROL] = 0
+            if name == "token_embd.weight":
+                embeddings = data
+            writer.write_tensor_data(data)
+    writer.close()
+    partial.rename(path)
+    return path
+
+
+# --- Drafting with the answer known
+
+class Oracle:
+    """A free drafter that knows what the target will say (a plain run's output, `answer`): the ceiling
+    of every drafter. It stops drafting where the text leaves the answer (batched logits can break a
+    near-tie the other way), unless `stubborn`: then it proposes the answer's next tokens regardless.
+    lengths: draft these many tokens in turn (rows verified a step spread out, for the host fit)."""
+
+    kind = DrafterKind.NGRAM  # free and deterministic, as n-gram lookup: auto weighs it as one
+
+    def __init__(self, lengths: tuple[int, ...] = (), stubborn: bool = False):
+        self.lengths, self.stubborn = lengths, stubborn
+        self.answer: list[int] = []
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.expected = list(prompt) + self.answer
+        self.agreed = len(prompt)  # the history agrees with the expected text this far
+        self.steps = 0
+
+    def propose(self, history, k) -> Draft:
+        while self.agreed < min(len(history), len(self.expected)) and history[self.agreed] == self.expected[self.agreed]:
+            self.agreed += 1
+        if self.agreed < len(history) and not self.stubborn:
+            return Draft(source=self.kind)
+        if self.lengths:
+            k = min(k, self.lengths[self.steps % len(self.lengths)])
+            self.steps += 1
+        return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
+
+    def observe(self, step) -> None:
+        pass
+
+
+# --- Measurements
+
+def verification_curve(session: Session, prompt: list[int], most: int, repeats: int) -> dict[int, float]:
+    """Seconds to verify k tokens after the prompt, k = 1 .. most, each the median of `repeats` timings;
+    the sizes are taken in turn, so a drift of the machine spreads over all of them. The target samples
+    greedy rows as a generation would (on the backend where the session does)."""
+    target = session.target
+    target.sample_with(chain_for(GREEDY))
+    target.truncate(0)
+    target.decode(prompt, logits="none")
+    batch = (prompt * (most // len(prompt) + 1))[:most]
+    timings: dict[int, list[float]] = {k: [] for k in range(1, most + 1)}
+    for round_ in range(repeats + 1):  # the first round warms up (CUDA graphs, caches) and is not kept
+        for k in timings:
+            started = perf_counter()
+            target.decode(batch[:k], logits="all")
+            if round_:
+                timings[k].append(perf_counter() - started)
+            target.truncate(len(prompt))
+    target.truncate(0)
+    return {k: statistics.median(seconds) for k, seconds in timings.items()}
+
+
+def token_seconds(session: Session, prompt: list[int], repeats: int) -> float:
+    """The draft model's seconds for one token after the prompt (median of repeats)."""
+    context = session.model_drafter.context
+    context.truncate(0)
+    context.decode(prompt, logits="none")
+    seconds = []
+    for _ in range(repeats + 1):
+        started = perf_counter()
+        context.decode(prompt[:1], logits="last")
+        seconds.append(perf_counter() - started)
+        context.truncate(len(prompt))
+    context.truncate(0)
+    return statistics.median(seconds[1:])
+
+
+def predicted_speedup(ratios: dict[int, float], draft_cost: float, acceptance: float) -> tuple[float, int]:
+    """(speedup over plain decoding, draft length) of the best fixed length k, for a drafter whose every
+    token is accepted with probability `acceptance` independently and costs draft_cost single target tokens,
+    where verifying n tokens costs ratios[n] single ones: E(k) / (k draft_cost + ratios[k + 1]), with
+    E(k) = 1 + a + ... + a^k the tokens a step is expected to make."""
+    best = (1.0, 0)
+    for k in range(1, max(ratios)):
+        expected = sum(acceptance ** i for i in range(k + 1))
+        best = max(best, (expected / (k * draft_cost + ratios[k + 1]), k))
+    return best
+
+
+def fold(events, host: HostTime | None, contexts: list) -> tuple[Recorder, list[int]]:
+    """A generation's events folded, and the tokens it made; host: add each step's host time to it (the
+    contexts' decodes are not host time)."""
+    recorder, made = Recorder(), []
+    for event in host.follow(events, contexts) if host else events:
+        recorder.add(event)
+        if isinstance(event, Token):
+            made.append(event.id)
+    return recorder, made
+
+
+def run(session: Session, drafter, prompt: list[int], sampling: Sampling, draft_max: int, tokens: int,
+        host: HostTime | None = None) -> tuple[Recorder, list[int]]:
+    """One generation from empty caches with this drafter."""
+    session.reset()
+    speculation = Speculation(drafting=drafter.kind, draft_max=draft_max)
+    events = generate(session.target, drafter, prompt, sampling, speculation, Limits(max_tokens=tokens))
+    return fold(events, host, [session.target])
+
+
+def with_mode(session: Session, mode: DrafterKind, prompt: list[int], tokens: int, host: HostTime | None = None,
+              sampling: Sampling = GREEDY) -> tuple[Recorder, list[int]]:
+    """One generation from empty caches in one of the session's own modes."""
+    session.use(mode)
+    session.reset()
+    contexts = [session.target] + ([session.model_drafter.context] if session.model_drafter else [])
+    return fold(session.generate(prompt, sampling, Limits(max_tokens=tokens)), host, contexts)
+
+
+def drafting_the_answer(generation, oracle: Oracle, answer: list[int]) -> Recorder:
+    """generation() timed where the oracle drafts its own text. Batched logits can break a near-tie
+    otherwise than single-token ones (write_model keeps the target's text clear of them), and from there
+    an answer taken from plain decoding is wrong: untimed runs first replace it by what this mode makes,
+    until that stops changing."""
+    for _ in range(SETTLING):
+        oracle.answer = answer
+        recorder, made = generation()
+        if made == answer:
+            return recorder
+        answer = made
+    oracle.answer = answer
+    return generation()[0]
+
+
+class Speeds:
+    """Generations folded per label: tokens/s over all of them, and how they drafted."""
+
+    def __init__(self):
+        self.records: dict[str, list[Recorder]] = {}
+
+    def add(self, label: str, recorder: Recorder) -> None:
+        self.records.setdefault(label, []).append(recorder)
+
+    def speed(self, label: str) -> float:
+        records = self.records[label]
+        return sum(r.tokens for r in records) / sum(r.decode_seconds for r in records)
+
+    def row(self, label: str) -> dict:
+        records = self.records[label]
+        steps, drafted = sum(r.steps for r in records), sum(r.drafted for r in records)
+        by_drafter: dict[str, int] = {}
+        for record in records:
+            for kind, tally in record.drafters.items():
+                by_drafter[str(kind)] = by_drafter.get(str(kind), 0) + tally.steps
+        return {"tokens_per_second": self.speed(label), "vs_plain": self.speed(label) / self.speed("plain"),
+                "tokens_per_pass": sum(r.decided for r in records) / steps if steps else 0.0,
+                "acceptance": sum(r.accepted for r in records) / drafted if drafted else None,
+                "steps_by_drafter": by_drafter}
+
+
+def host_costs(session: Session, prompts: list[list[int]], tokens: int) -> dict:
+    """Host microseconds a step and per further verified row, greedy and sampled, with drafts of
+    HOST_LENGTHS in turn; and their share of a plain token's time."""
+    out = {}
+    for label, sampling in (("greedy", GREEDY), ("T=0.8", SAMPLED)):
+        host, plain = HostTime(), Speeds()
+        oracle = Oracle(HOST_LENGTHS, stubborn=True)
+        for prompt in prompts:
+            recorder, oracle.answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens, sampling=sampling)
+            plain.add("plain", recorder)
+            run(session, oracle, prompt, sampling, max(HOST_LENGTHS), tokens, host)
+        token = 1 / plain.speed("plain")
+        per_step, per_row = host.per_step(), host.per_row()
+        out[label] = {"us_per_step": per_step * 1e6, "us_per_row": per_row * 1e6 if per_row is not None else None,
+                      "plain_token_ms": token * 1e3, "share_of_plain_token": per_step / token,
+                      "sampled_on": "backend" if session.target.on_backend else "host"}
+    return out
+
+
+def against_llama_cpp(session: Session, model: Path, first: list[int], llama_bench: Path, repeats: int) -> dict:
+    """localspec's plain decoding and llama-bench's tg on the same file and libraries: tokens/s, from an
+    empty cache, BENCH_TOKENS tokens, same threads; localspec's runs before and after llama-bench's."""
+    if not llama_bench.exists():
+        return {"skipped": "llama-bench is not built here (scripts/accelerator-report --cpu --build builds it)"}
+    ours = []
+    for half in range(2):
+        for _ in range(repeats):
+            ours.append(with_mode(session, DrafterKind.PLAIN, first, BENCH_TOKENS)[0].summary().tokens_per_second)
+        if half == 0:
+            command = [str(llama_bench), "-m", str(model), "-p", "0", "-n", str(BENCH_TOKENS), "-r", str(repeats),
+                       "-t", str(default_threads()), "-o", "json"]  # the threads localspec's Runtime runs
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                return {"skipped": f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}"}
+            theirs = json.loads(done.stdout)[0]
+    samples = theirs.get("samples_ts") or [theirs["avg_ts"]]
+    ours_median, theirs_median = statistics.median(ours), statistics.median(samples)
+    return {"localspec_tokens_per_second": ours_median, "llama_bench_tokens_per_second": theirs_median,
+            "ratio": ours_median / theirs_median, "localspec_runs": ours, "llama_bench_runs": samples,
+            "llama_bench": {key: theirs.get(key) for key in ("build_commit", "backends", "gpu_info", "cpu_info",
+                                                             "n_gpu_layers", "flash_attn", "n_threads")}}
+
+
+def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dict[int, float]) -> dict:
+    """The answer drafted at each of CEILING_LENGTHS and under auto, against plain decoding, prompt by
+    prompt; beside each, what the curve alone predicts: (k + 1) / verify(k + 1)."""
+    speeds = Speeds()
+    oracle = Oracle()
+    session.use(DrafterKind.AUTO)
+    session.forget()
+    auto = session.drafter
+    for prompt in prompts:
+        recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
+        speeds.add("plain", recorder)
+        for k in CEILING_LENGTHS:
+            speeds.add(f"answer k={k}", drafting_the_answer(
+                lambda k=k, prompt=prompt: run(session, oracle, prompt, GREEDY, k, tokens), oracle, answer))
+        auto.ngram = oracle  # auto with the answer as its free drafter, beside the draft model
+        try:
+            speeds.add("auto", drafting_the_answer(
+                lambda prompt=prompt: with_mode(session, DrafterKind.AUTO, prompt, tokens), oracle, answer))
+        finally:
+            auto.ngram = session.ngram
+    rows = {label: speeds.row(label) for label in speeds.records}
+    for k in CEILING_LENGTHS:
+        rows[f"answer k={k}"]["predicted"] = (k + 1) / ratios[k + 1] if k + 1 in ratios else None
+    return rows
+
+
+def floor(session: Session, prompts: list[list[int]], tokens: int) -> dict:
+    """Plain (twice: an A/A control), the draft model that never agrees (fixed drafting) and auto,
+    interleaved prompt by prompt."""
+    speeds = Speeds()
+    modes = {"plain": DrafterKind.PLAIN, "plain again": DrafterKind.PLAIN, "draft model": DrafterKind.DRAFT,
+             "auto": DrafterKind.AUTO}
+    hosts = {label: HostTime() for label in modes}
+    session.forget()
+    for prompt in prompts:
+        for label, mode in modes.items():
+            speeds.add(label, with_mode(session, mode, prompt, tokens, hosts[label])[0])
+    rows = {label: speeds.row(label) for label in speeds.records}
+    for label, host in hosts.items():  # what each mode's own work on the host costs a step, on average
+        rows[label]["host_us_per_step"] = host.seconds / host.steps * 1e6 if host.steps else None
+    return {"modes": rows, "auto_vs_plain": rows["auto"]["vs_plain"], "holds": rows["auto"]["vs_plain"] >= FLOOR,
+            "a_a": rows["plain again"]["vs_plain"]}
+
+
+def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Path, seed: int) -> dict:
+    rng = np.random.default_rng(seed)  # prompts of ordinary tokens (no control or byte tokens)
+    prompts = [[int(t) for t in rng.integers(CONTROL + 256, n_vocab, size.prompt)] for _ in range(size.prompts)]
+    speculation = Speculation(drafting=DrafterKind.AUTO, draft_max=size.most)
+    out: dict = {}
+    with Session(target, draft, Runtime(ctx_size=CONTEXT), speculation) as session:
+        session.set_draft_max(None)  # each mode's own default; the batch was sized for the longest curve
+        with_mode(session, DrafterKind.PLAIN, prompts[0], 16)  # warm-up: first-use costs kept out of every timing
+        out["placement"] = session.placement()
+        say("  verification curve")
+        seconds = verification_curve(session, prompts[0], size.most, size.repeats)
+        ratios = {k: s / seconds[1] for k, s in seconds.items()}
+        draft_cost = token_seconds(session, prompts[0], size.repeats) / seconds[1]
+        out["verify"] = {"seconds_1": seconds[1], "ratios": ratios, "draft_token_cost": draft_cost,
+                         "predicted": {str(a): dict(zip(("speedup", "k"), predicted_speedup(ratios, draft_cost, a)))
+                                       for a in ACCEPTANCES}}
+        say("  localspec plain against llama-bench")
+        out["llama_cpp"] = against_llama_cpp(session, target, prompts[0][:1], llama_bench, size.repeats)
+        say("  ceiling: drafting the answer")
+        out["ceiling"] = ceiling(session, prompts, size.tokens, ratios)
+        say("  floor: a draft model that never agrees")
+        out["floor"] = floor(session, prompts, size.tokens)
+    out["host"] = {}
+    for on_backend in (True, False):
+        say(f"  host time, sampling on the {'backend' if on_backend else 'host'}")
+        runtime = Runtime(ctx_size=CONTEXT, backend_sampling=on_backend)
+        with Session(target, None, runtime, Speculation(drafting=DrafterKind.NGRAM, draft_max=max(HOST_LENGTHS))) as session:
+            with_mode(session, DrafterKind.PLAIN, prompts[0], 16)
+            out["host"]["backend" if on_backend else "host"] = host_costs(session, prompts, size.tokens)
+    return out
+
+
+def device_name(accelerator: str) -> str:
+    if accelerator != "cpu":
+        gpus = [d["description"] for d in backend.devices() if d["kind"] not in ("CPU", "RPC worker")]
+        if gpus:
+            return gpus[0]
+    identity = hardware.identity()
+    return f"{identity['cpu']} ({identity['cores']} cores)"
+
+
+def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: Path, out: Path | None,
+            fresh: bool) -> Path:
+    """Every target of the size, each written into out/report.json (and report.md) as soon as it is
+    measured; targets an earlier run of the same size on this device measured are kept."""
+    os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="accelerator-report-")  # no costs kept, none used
+    device = device_name(accelerator)
+    out = out or ROOT / "build" / "accelerator-report" / accelerator / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": device, "accelerator": accelerator, "size": size_name, "targets": {}}
+    saved = out / "report.json"
+    if saved.exists() and not fresh:
+        earlier = json.loads(saved.read_text())
+        if all(earlier.get(key) == report[key] for key in ("device", "accelerator", "size")):
+            report = earlier
+    report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), localspec=_commit(),
+                  llama_cpp=backend.system_info(), llama_bench=str(llama_bench) if llama_bench.exists() else None)
+    for number, (target_shape, draft_shape) in enumerate(size.pairs):
+        if target_shape.name in report["targets"]:
+            say(f"{target_shape.name}: measured before (--fresh measures it again)")
+            continue
+        started = time.monotonic()
+        target = write_model(target_shape, models, seed=2 * number)
+        draft = write_model(draft_shape, models, seed=2 * number + 1, draft=True)
+        say(f"{target_shape.name} with {draft_shape.name} on {device}")
+        section = {"target": asdict(target_shape), "draft": asdict(draft_shape),
+                   "bytes": {"target": target.stat().st_size, "draft": draft.stat().st_size}}
+        section.update(measure_pair(target, draft, target_shape.n_vocab, size, llama_bench, seed=number))
+        section["seconds"] = time.monotonic() - started
+        report["targets"][target_shape.name] = section
+        saved.write_text(json.dumps(report, indent=1))
+        (out / "report.md").write_text(markdown(report))
+    (out / "report.md").write_text(markdown(report))
+    say(f"wrote {saved} and {out / 'report.md'}")
+    return out
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown (no git here)"
+
+
+# --- The report as a reader sees it
+
+def markdown(report: dict) -> str:
+    lines = [f"# localspec on {report['device']}", "",
+             f"{report['date']}; localspec {report['localspec']}; {report['size']} shapes, random weights;"
+             f" llama.cpp: {report['llama_cpp']}", ""]
+    for name, t in report["targets"].items():
+        lines += [f"## {name} ({t['bytes']['target'] / 2**20:,.0f} MiB {t['target']['quant']}),"
+                  f" draft {t['draft']['name']} ({t['bytes']['draft'] / 2**20:,.0f} MiB {t['draft']['quant']})", "",
+                  f"{placement(t['placement'])}. Measured in {t['seconds']:.0f} s.", ""]
+        ratios = {int(k): v for k, v in t["verify"]["ratios"].items()}
+        shown = [k for k in SHOWN_SIZES if k in ratios]
+        lines += ["Verification cost, verify(k) / verify(1), verify(1) ="
+                  f" {t['verify']['seconds_1'] * 1e3:.2f} ms; a draft token costs"
+                  f" {t['verify']['draft_token_cost']:.2f} of a target token:", "",
+                  "| k | " + " | ".join(map(str, shown)) + " |", "|---|" + "---:|" * len(shown),
+                  "| cost | " + " | ".join(f"{ratios[k]:.2f}" for k in shown) + " |", ""]
+        bench = t["llama_cpp"]
+        if "skipped" in bench:
+            lines += [f"localspec plain against llama-bench: not measured ({bench['skipped']}).", ""]
+        else:
+            lines += [f"localspec plain {bench['localspec_tokens_per_second']:.1f} tokens/s, llama-bench tg"
+                      f"{BENCH_TOKENS} {bench['llama_bench_tokens_per_second']:.1f} on the same file and build:"
+                      f" **{bench['ratio']:.3f}x**.", ""]
+        lines += ["| host time | sampled on | us / step | us / further row | share of a plain token |",
+                  "|---|---|---:|---:|---:|"]
+        for where, by_sampling in t["host"].items():
+            for label, h in by_sampling.items():
+                row = "n/a" if h["us_per_row"] is None else f"{h['us_per_row']:.0f}"
+                lines.append(f"| {label}, asked: {where} | {h['sampled_on']} | {h['us_per_step']:.0f} | {row} |"
+                             f" {h['share_of_plain_token']:.1%} |")
+        lines += ["", "| ceiling (greedy) | tokens/s | vs plain | predicted by the curve | tokens / pass | acceptance |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for label, row in t["ceiling"].items():
+            predicted = "" if row.get("predicted") is None else f"{row['predicted']:.2f}x"
+            acceptance = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+            lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
+                         f" {row['tokens_per_pass']:.2f} | {acceptance} |")
+        predicted = t["verify"]["predicted"]
+        lines += ["", f"A {t['draft']['name']} draft, by the measured costs alone: "
+                  + "; ".join(f"acceptance {a}: {p['speedup']:.2f}x at k = {p['k']}" for a, p in predicted.items())
+                  + ".", ""]
+        f = t["floor"]
+        lines += ["| floor (greedy) | tokens/s | vs plain | host us / step | steps that drafted, by drafter |",
+                  "|---|---:|---:|---:|---|"]
+        for label, row in f["modes"].items():
+            drafting = ", ".join(f"{kind} {steps}" for kind, steps in row["steps_by_drafter"].items())
+            lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x |"
+                         f" {row['host_us_per_step']:.0f} | {drafting} |")
+        verdict = "holds" if f["holds"] else "**missed**"
+        lines += ["", f"Floor: auto / plain = {f['auto_vs_plain']:.3f}x ({verdict} >= {FLOOR}); A/A control"
+                  f" (plain twice) {f['a_a']:.3f}x.", ""]
+    return "\n".join(lines)
+
+
+def placement(where: dict) -> str:
+    models = [f"{role} on {', '.join(p['devices'])} ({p['layers_on_gpu']}/{p['layers']} layers on a GPU)"
+              for role, p in where.items() if role in ("target", "draft")]
+    return f"{'; '.join(models)}; greedy rows sampled on the {where['sampling']}"

@@ -1,0 +1,178 @@
+"""scripts/accelerator-report: its arithmetic and models, its smallest run on this CPU (so the report cannot
+rot between the GPUs we are lent), and the trimmed sdist it packs for a lent device, built and measured here."""
+
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from localspec import gguf_meta
+from localspec.config import Sampling
+from localspec.engine.backend import Model
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "accelerator-report"
+sys.path.insert(0, str(ROOT / "scripts"))
+import accelerator_measure as measure
+
+
+def _script():
+    loader = importlib.machinery.SourceFileLoader("accelerator_report", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+report = _script()
+
+
+def run_report(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_flat_curve_predicts_drafting_as_long_as_it_can():
+    ratios = {n: 1.0 for n in range(1, 65)}
+    speedup, k = measure.predicted_speedup(ratios, 0.0, 0.9)
+    assert k == 63
+    assert speedup == pytest.approx((1 - 0.9**64) / (1 - 0.9))
+
+
+def test_where_verifying_costs_its_length_nothing_is_drafted():
+    ratios = {n: float(n) for n in range(1, 65)}
+    assert measure.predicted_speedup(ratios, 0.0, 0.9) == (1.0, 0)
+
+
+def test_the_prediction_counts_what_drafting_costs():
+    # k = 1: (1 + 0.8) / (0.5 + 1) = 1.2; k = 2: (1 + 0.8 + 0.64) / (1 + 1) = 1.22
+    speedup, k = measure.predicted_speedup({1: 1.0, 2: 1.0, 3: 1.0}, 0.5, 0.8)
+    assert (speedup, k) == (pytest.approx(1.22), 2)
+
+
+def test_the_bundle_leaves_out_only_what_no_build_reads():
+    root = "llama_cpp_python-0.3.36"
+    assert report.trimmed(f"{root}/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf")
+    assert report.trimmed(f"{root}/.git/HEAD")
+    assert report.trimmed(f"{root}/vendor/llama.cpp/tools/server/server.cpp")
+    assert not report.trimmed(f"{root}/vendor/llama.cpp/ggml/src/ggml.c")
+    assert not report.trimmed(f"{root}/vendor/llama.cpp/tools/llama-bench/llama-bench.cpp")
+    assert not report.trimmed(f"{root}/docsy/file")  # a name that begins like a trimmed folder
+    assert not report.trimmed(root)
+
+
+def test_a_cuda_build_is_for_the_devices_own_architecture(monkeypatch):
+    monkeypatch.setattr(report, "cuda_architecture", lambda: "90")
+    flags = report.build_flags("cuda")
+    assert "-DGGML_CUDA=ON" in flags
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in flags
+    assert "-DLLAMA_BUILD_TOOLS=ON" in flags  # llama-bench, from the same build as localspec's libraries
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_random_blocks_spread_as_asked(quant):
+    data = measure.quantized(64, 1024, quant, 0.05, np.random.default_rng(0))
+    weights = gguf.quants.dequantize(data, measure.QUANT[quant])
+    assert weights.shape == (64, 1024)
+    assert abs(weights.mean()) < 0.005
+    assert weights.std() == pytest.approx(0.05, rel=0.15)
+
+
+def test_a_written_model_has_its_shape_and_loads(tmp_path):
+    target, _ = report.SIZES["smallest"].pairs[0]
+    path = measure.write_model(target, tmp_path, seed=0)
+    assert measure.write_model(target, tmp_path, seed=0) == path  # written once, then reused
+    info = gguf_meta.read(path)
+    assert info.architecture == "qwen2"
+    assert info.arch("block_count") == target.n_layer
+    model = Model(path, gpu_layers=0)
+    try:
+        assert model.n_vocab == target.n_vocab
+        assert model.is_eog(2)
+    finally:
+        model.close()
+
+
+def test_the_answer_is_drafted_until_the_text_leaves_it():
+    oracle = measure.Oracle()
+    oracle.answer = [5, 6, 7, 8]
+    oracle.begin([1, 2], Sampling(temperature=0), None)
+    assert oracle.propose([1, 2], 3).tokens == [5, 6, 7]
+    assert oracle.propose([1, 2, 5, 6], 8).tokens == [7, 8]
+    assert oracle.propose([1, 2, 5, 6, 9], 3).tokens == []
+    assert oracle.propose([1, 2, 5, 6, 9, 7], 3).tokens == []  # it does not take the answer up again
+
+
+def test_a_stubborn_answer_goes_on_in_lengths_taken_in_turn():
+    oracle = measure.Oracle(lengths=(1, 2), stubborn=True)
+    oracle.answer = [5, 6, 7, 8]
+    oracle.begin([1, 2], Sampling(temperature=0), None)
+    assert oracle.propose([1, 2, 5, 9], 3).tokens == [7]
+    assert oracle.propose([1, 2, 5, 9, 3], 3).tokens == [8]
+
+
+def test_the_smallest_run_reports_every_measurement_and_a_rerun_keeps_them(tmp_path):
+    out, build = tmp_path / "out", tmp_path / "build"
+    done = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["accelerator"] == "cpu"
+    target = saved["targets"]["smallest-target"]
+    assert set(target["verify"]["ratios"]) == {str(k) for k in range(1, 17)}
+    assert target["verify"]["ratios"]["1"] == 1.0
+    assert "not built" in target["llama_cpp"]["skipped"]  # --build was not asked for
+    assert set(target["host"]) == {"backend", "host"}
+    assert target["host"]["host"]["greedy"]["sampled_on"] == "host"
+    assert target["host"]["backend"]["greedy"]["sampled_on"] == "backend"
+    # greedy drafts of the plain run's own text: all kept, but where batched logits break a near-tie
+    assert target["ceiling"]["answer k=4"]["acceptance"] >= 0.9
+    assert set(target["floor"]["modes"]) == {"plain", "plain again", "draft model", "auto"}
+    assert target["floor"]["modes"]["draft model"]["acceptance"] == 0.0  # a sure draft that is never right
+    markdown = (out / "report.md").read_text()
+    assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
+
+    again = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
+    assert again.returncode == 0, again.stderr
+    assert "measured before" in again.stderr
+    assert json.loads((out / "report.json").read_text())["targets"] == saved["targets"]
+
+
+def test_without_an_accelerator_it_says_how_to_measure_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "no accelerator found" in done.stderr and "--cpu" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_packed_sdist_builds_and_runs_beside_llama_bench(tmp_path):
+    bundle = tmp_path / "bundle"
+    packed = run_report("--pack", "--bundle", bundle)
+    assert packed.returncode == 0, packed.stderr
+    sdist = bundle / f"{report.SDIST}-trimmed.tar.gz"
+    wheels = {wheel.name.split("-")[0].lower() for wheel in (bundle / "wheels").glob("*.whl")}
+    assert {"gguf", "pydantic_core", "huggingface_hub", "httpx2", "diskcache"} <= wheels
+    assert "numpy" not in wheels  # the device has its own
+    # for the device's Python 3.12 on x86-64 Linux, whatever this machine runs
+    assert all(w.name.split("-")[-3] in ("py3", "py2.py3", "cp312") or w.name.split("-")[-2] == "abi3"
+               for w in (bundle / "wheels").glob("*.whl"))
+    assert all("x86_64" in w.name or w.name.endswith("-any.whl") for w in (bundle / "wheels").glob("*.whl"))
+    # with the repository, what a lent device takes (64 MiB)
+    assert sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file()) < 48 * 2**20
+    assert sdist.stat().st_size < 24 * 2**20
+
+    out, build = tmp_path / "out", tmp_path / "build"
+    done = run_report("--cpu", "--build", "--bundle", bundle, "--size", "smallest", "--out", out, "--build-dir", build,
+                      timeout=1200)
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["llama_bench"] == str(build / "cmake" / "bin" / "llama-bench")
+    versus = saved["targets"]["smallest-target"]["llama_cpp"]
+    assert versus["llama_bench_tokens_per_second"] > 0 and versus["ratio"] > 0
+    assert versus["llama_bench"]["n_threads"] >= 1
