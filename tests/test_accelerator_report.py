@@ -74,6 +74,29 @@ def test_a_cuda_build_is_for_the_devices_own_architecture(monkeypatch):
     assert "-DLLAMA_BUILD_TOOLS=ON" in flags  # llama-bench, from the same build as localspec's libraries
 
 
+def test_cublas_is_found_in_an_nvidia_wheel_where_the_toolkit_has_none(tmp_path, monkeypatch):
+    # a toolkit assembled from pip wheels: nvcc and the runtime, no cuBLAS (this project's machines)
+    toolkit, site = tmp_path / "cuda", tmp_path / "site"
+    (toolkit / "include").mkdir(parents=True)
+    wheel = site / "nvidia" / "cu13"
+    for name in ("include/cublas_v2.h", "lib/libcublas.so.13", "lib/libcublasLt.so.13"):
+        (wheel / name).parent.mkdir(parents=True, exist_ok=True)
+        (wheel / name).touch()
+    monkeypatch.setattr(report, "_ldconfig", lambda: "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib64/libcuda.so.1\n")
+    flags = report.cuda_library_flags([toolkit], [tmp_path / "elsewhere", site])
+    assert f"-DCUDAToolkit_CUBLAS_INCLUDE_DIR={wheel / 'include'}" in flags
+    assert f"-DCUDA_cublas_LIBRARY={wheel / 'lib' / 'libcublas.so.13'}" in flags
+    assert f"-DCUDA_cublasLt_LIBRARY={wheel / 'lib' / 'libcublasLt.so.13'}" in flags
+    assert "-DCUDA_cuda_driver_LIBRARY=/usr/lib64/libcuda.so.1" in flags
+
+    monkeypatch.setattr(report, "_ldconfig", lambda: "")  # no driver to link: ggml's pool without VMM
+    assert "-DGGML_CUDA_NO_VMM=ON" in report.cuda_library_flags([toolkit], [site])
+    (toolkit / "include" / "cublas_v2.h").touch()
+    (toolkit / "lib64" / "stubs").mkdir(parents=True)
+    (toolkit / "lib64" / "stubs" / "libcuda.so").touch()
+    assert report.cuda_library_flags([toolkit], [site]) == []  # a whole toolkit: CMake finds its own
+
+
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
 def test_random_blocks_spread_as_asked(quant):
     data = measure.quantized(64, 1024, quant, 0.05, np.random.default_rng(0))
