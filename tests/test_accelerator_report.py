@@ -84,7 +84,7 @@ def test_cublas_is_found_in_an_nvidia_wheel_where_the_toolkit_has_none(tmp_path,
         (wheel / name).touch()
     monkeypatch.setattr(report, "_ldconfig", lambda: "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib64/libcuda.so.1\n")
     flags = report.cuda_library_flags([toolkit], [tmp_path / "elsewhere", site])
-    assert f"-DCUDAToolkit_CUBLAS_INCLUDE_DIR={wheel / 'include'}" in flags
+    assert f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={wheel / 'include'}" in flags
     assert f"-DCUDA_cublas_LIBRARY={wheel / 'lib' / 'libcublas.so.13'}" in flags
     assert f"-DCUDA_cublasLt_LIBRARY={wheel / 'lib' / 'libcublasLt.so.13'}" in flags
     assert "-DCUDA_cuda_driver_LIBRARY=/usr/lib64/libcuda.so.1" in flags
