@@ -9,11 +9,11 @@ and kept, by position, and what the output is guaranteed to match.
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config import DrafterKind, Limits, Sampling
+from .config import DrafterKind, Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .service import Busy, Closing, Job, Request
 from .session import ROLES
@@ -183,9 +183,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
     if stop == "" or isinstance(stop, list) and "" in stop:
         raise ApiError(400, "stop: a stop string cannot be empty", param="stop")
     try:
-        sampling = replace(defaults.sampling, **{name: value for name, value in asked.items() if value is not None})
-        limits = replace(defaults.limits, max_tokens=max_tokens or defaults.limits.max_tokens,
-                         stop=defaults.limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop))
+        sampling, limits = overridden(defaults.sampling, defaults.limits, **asked, max_tokens=max_tokens or None,
+                                      stop=stop)
     except UsageError as error:
         raise ApiError(400, str(error)) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -21,7 +21,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
     fcntl = None
 
 from . import paths
-from .config import Limits, Sampling
+from .config import Limits, Sampling, overridden
 from .errors import InputError, LocalspecError, UsageError
 from .session import ROLES, Session, is_message
 from .stats import record
@@ -170,13 +170,7 @@ def settings(item: Item, sampling: Sampling, limits: Limits) -> tuple[Sampling, 
         if not is_kind(value):
             shown = json.dumps(value)
             raise LocalspecError(f"{name} must be {kind}, got {shown if len(shown) <= 40 else shown[:37] + '...'}")
-    overrides = {SAMPLING_FIELDS[k]: v for k, v in item.options.items() if k in SAMPLING_FIELDS}
-    stop = item.options.get("stop", limits.stop)
-    return (
-        replace(sampling, **overrides),
-        replace(limits, max_tokens=item.options.get("max_tokens", limits.max_tokens),
-                stop=tuple([stop] if isinstance(stop, str) else stop)),
-    )
+    return overridden(sampling, limits, **{SAMPLING_FIELDS.get(name, name): value for name, value in item.options.items()})
 
 
 def _whole(value) -> bool:

@@ -7,14 +7,14 @@ cached by the previous mode would make the next look faster than it is.
 
 import gzip
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 
-from . import mirror, paths
+from . import hardware, mirror, paths
 from .config import DrafterKind, Limits, Sampling
-from .engine.backend import Context
 from .errors import InputError, UsageError
 from .events import Done, Event, Prefill, Step
 from .session import ROLES, Session, is_message
@@ -243,13 +243,13 @@ class HostTime:
     rows_squared: float = 0.0
     rows_seconds: float = 0.0
 
-    def follow(self, events: Iterable[Event], contexts: list[Context]) -> Iterator[Event]:
+    def follow(self, events: Iterable[Event], session: Session) -> Iterator[Event]:
         """A generation's events, passed through; each step's host time is added on the way: the wall time
-        since the event before it less the time the contexts spent inside llama_decode meanwhile."""
+        since the event before it less the time the session's models spent inside llama_decode meanwhile."""
         last_now = last_busy = 0.0  # (set by the Prefill that comes first)
         for event in events:
             if isinstance(event, Prefill | Step):
-                now, busy = perf_counter(), sum(c.busy_seconds for c in contexts)
+                now, busy = perf_counter(), session.busy_seconds
                 if isinstance(event, Step):
                     self.add(event.drafted, (now - last_now) - (busy - last_busy))
                 last_now, last_busy = now, busy
@@ -321,6 +321,40 @@ def parse_modes(text: str) -> list[DrafterKind]:
     return [DrafterKind(name) for name in names]
 
 
+def modes_for(modes: str | None, draft_model: str | None, drafting: DrafterKind) -> list[DrafterKind]:
+    """The modes asked for (comma-separated; None: the default ones), checked before minutes of loading
+    and calibrating: a mode that needs a model nobody named is refused, or left out of the default
+    modes with a note."""
+    needs = {DrafterKind.DRAFT: ("--draft MODEL", draft_model is not None),
+             DrafterKind.MTP: ("--draft mtp", drafting == DrafterKind.MTP)}
+    if modes is None:
+        chosen = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO]
+        if draft_model is None:
+            print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
+                  " the draft mode)", file=sys.stderr)
+            chosen.remove(DrafterKind.DRAFT)
+        return chosen
+    chosen = parse_modes(modes)
+    for mode in chosen:
+        if mode in needs and not needs[mode][1]:
+            raise UsageError(f"the {mode} mode needs {needs[mode][0]}; add it, or leave {mode} out of --modes")
+    return chosen
+
+
+def report(target: str, draft_model: str | None, sampling: Sampling, limits: Limits, mixed: bool,
+           rpc: tuple[str, ...], costs: dict | None, rows: list[dict]) -> dict:
+    """What a bench run writes (--json, -o): its settings, the machine, auto's costs and the rows."""
+    return {"target": target, "draft": draft_model, "max_tokens": limits.max_tokens,
+            "temperature": sampling.temperature, "mixed": mixed, "machine": hardware.describe(), "rpc": rpc,
+            "costs": costs, "results": rows}
+
+
+def title(report: dict) -> str:
+    """A plot's title: what ran, how and where."""
+    return (f"{report['target']} + {report['draft'] or DrafterKind.NGRAM}, {report['max_tokens']} tokens,"
+            f" temperature {report['temperature']:g}{', mixed' if report['mixed'] else ''}; {report['machine']}")
+
+
 def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[DrafterKind], sampling: Sampling,
         limits: Limits, progress: Callable[[str], None], mixed: bool = False) -> list[dict]:
     """Each mode drafts up to the session's draft_max, by default its own (session.draft_limit).
@@ -329,7 +363,6 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
     session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
     batch or a server that sees one kind of text after another."""
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
-    contexts = [session.target] + ([session.model_drafter.context] if session.model_drafter else [])
     for name, prompts in prompt_sets.items():
         if not mixed:
             session.forget()
@@ -341,12 +374,12 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
-                for event in result.host.follow(session.generate(tokens, sampling, limits), contexts):
+                for event in result.host.follow(session.generate(tokens, sampling, limits), session):
                     result.recorder.add(event)
                     if isinstance(event, Prefill):
-                        busy_at_start = sum(c.busy_seconds for c in contexts)
+                        busy_at_start = session.busy_seconds
                     elif isinstance(event, Done):
-                        result.llama_seconds += sum(c.busy_seconds for c in contexts) - busy_at_start
+                        result.llama_seconds += session.busy_seconds - busy_at_start
     rows = []
     for name in prompt_sets:
         plain = results.get((DrafterKind.PLAIN, name))

@@ -8,13 +8,11 @@ fast in turn 20 as in turn 2.
 import atexit
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tui
 from .config import DrafterKind, Limits, Sampling
 from .errors import LocalspecError
-from .events import Prefill
 from .session import Session, is_message
 from .stats import Recorder
 
@@ -32,39 +30,37 @@ BLOCK = '"""'
 
 
 
-@dataclass
 class Chat:
-    session: Session
-    sampling: Sampling
-    limits: Limits
-    system: str | None = None
-    messages: list[dict] = field(default_factory=list)
-    recorder: Recorder = field(default_factory=Recorder)  # every turn's events; its text is the latest reply's
+    """The terminal's chat: a Conversation and the slash commands that steer it."""
 
-    def __post_init__(self):
-        self.clear()
+    def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None):
+        self.session = session
+        self.conversation = session.chat(system, sampling, limits)
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.conversation.messages
+
+    @messages.setter
+    def messages(self, messages: list[dict]) -> None:
+        self.conversation.messages = messages
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.conversation.recorder
 
     def clear(self) -> None:
-        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.conversation.clear()
 
     def reply(self, text: str, show: Callable) -> str:
-        """Answer one user message and return the answer; `show` sees the events as they come."""
-        self.messages.append({"role": "user", "content": text})
-        started = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
+        """Answer one user message and return the answer; `show` sees the events as they come. Ctrl-C
+        stops the answer, which stays in the conversation as far as it got."""
         try:
-            for event in self.session.generate(self.session.chat_tokens(self.messages), self.sampling, self.limits):
-                self.recorder.add(event)
-                started = started or isinstance(event, Prefill)
+            for event in self.conversation.stream(text):
                 show(event)
         except KeyboardInterrupt:
-            self.recorder.interrupt()  # an interrupted answer stays in the conversation as far as it got
-        except LocalspecError:
-            self.recorder.interrupt()
-            self.messages.pop()  # the turn failed before the model answered
-            raise
-        answer = self.recorder.text if started else ""
-        self.messages.append({"role": "assistant", "content": answer})
-        return answer
+            pass
+        return self.messages[-1]["content"]
 
     def command(self, line: str, console) -> bool:
         """Run a slash command; False means leave the chat."""
@@ -137,7 +133,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
     console = tui.out
     if interactive:
         _enable_line_editing(history_file)
-        console.print(f"[dim]Chatting with {tui.shown(chat.session.target_model.path.name)}. /help for commands,"
+        console.print(f"[dim]Chatting with {tui.shown(chat.session.info.target)}. /help for commands,"
                       ' """ for several lines, Ctrl-D to leave.[/]')
     while True:
         try:

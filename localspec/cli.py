@@ -27,7 +27,7 @@ from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Lending, Limits, Runtime, S
                      check_draft_fits, default_threads)
 from .engine import backend
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
-from .session import Session, open_session, resolve_pair
+from .session import Session, open_session, resolve_pair, speculating
 from .stats import INTERRUPTED
 
 # What a value looks like in --help, by the Python type Typer read from the annotation; a flag shows none.
@@ -132,7 +132,6 @@ SPECULATION = "Speculation"
 RESOURCES = "Resources"
 
 # --spec, as the user spells it: which kind drafts ("fixed": the draft model if there is one, else n-gram lookup)
-SPEC_CHOICES = ("auto", "fixed", "off")
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -278,7 +277,9 @@ def build_settings(**values) -> Settings:
     if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
     _refuse_what_localspec_lacks(o)
-    drafting, draft_model = _drafting(o.draft, o.no_draft, o.spec)
+    if o.no_draft and o.draft is not None:
+        raise UsageError("--draft and --no-draft exclude each other")
+    drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
     if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
@@ -315,22 +316,6 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
                          f" got {o.flash_attn!r}")
-
-
-def _drafting(draft: str | None, no_draft: bool, spec: str) -> tuple[DrafterKind, str | None]:
-    """--draft, --no-draft and --spec as the kind to draft with and the draft model to load, if any."""
-    if no_draft and draft is not None:
-        raise UsageError("--draft and --no-draft exclude each other")
-    if spec not in SPEC_CHOICES:
-        raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
-    if no_draft or spec == "off":
-        return DrafterKind.PLAIN, None
-    if draft == DrafterKind.MTP:  # the auto policy does not weigh MTP drafts yet: they are made every step
-        return DrafterKind.MTP, None
-    draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
-    if spec == "fixed":
-        return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
-    return DrafterKind.AUTO, draft_model
 
 
 def _device_names(text: str | None) -> tuple[str, ...] | None:
@@ -709,7 +694,7 @@ def bench(
     Modes run interleaved prompt by prompt in one process, every prompt read from empty KV
     caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
     """
-    chosen_modes = _bench_modes(modes, settings)
+    chosen_modes = bench_runner.modes_for(modes, settings.draft_model, settings.speculation.drafting)
     # what the results are written to is checked before minutes of benchmarking, not after them
     for path, option in ((output, "--output"), (plot_file, "--plot")):
         if path:
@@ -722,12 +707,8 @@ def bench(
             rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
                                     lambda text: status.update(f"benchmarking: {tui.shown(text)}"), mixed)
         costs = session.costs()
-    machine = hardware.describe()
-    drafting = settings.draft_model or DrafterKind.NGRAM
-    sampling = settings.sampling
-    report = {"target": settings.target, "draft": settings.draft_model, "max_tokens": settings.limits.max_tokens,
-              "temperature": sampling.temperature, "mixed": mixed, "machine": machine, "rpc": settings.runtime.rpc,
-              "costs": costs, "results": rows}
+    report = bench_runner.report(settings.target, settings.draft_model, settings.sampling, settings.limits, mixed,
+                                 settings.runtime.rpc, costs, rows)
     if as_json:
         print(json.dumps(report))
     else:
@@ -735,27 +716,7 @@ def bench(
     if output:
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
-        bench_runner.plot(rows, plot_file, f"{settings.target} + {drafting}, {settings.limits.max_tokens} tokens,"
-                          f" temperature {sampling.temperature:g}{', mixed' if mixed else ''}; {machine}")
-
-
-def _bench_modes(modes: str | None, settings: Settings) -> list[DrafterKind]:
-    """The modes asked for, checked before minutes of loading and calibrating: a mode that needs a
-    model nobody named is refused, or left out of the default modes with a note."""
-    needs = {DrafterKind.DRAFT: ("--draft MODEL", settings.draft_model is not None),
-             DrafterKind.MTP: ("--draft mtp", settings.speculation.drafting == DrafterKind.MTP)}
-    if modes is None:
-        chosen = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO]
-        if settings.draft_model is None:
-            print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
-                  " the draft mode)", file=sys.stderr)
-            chosen.remove(DrafterKind.DRAFT)
-        return chosen
-    chosen = bench_runner.parse_modes(modes)
-    for mode in chosen:
-        if mode in needs and not needs[mode][1]:
-            raise UsageError(f"the {mode} mode needs {needs[mode][0]}; add it, or leave {mode} out of --modes")
-    return chosen
+        bench_runner.plot(rows, plot_file, bench_runner.title(report))
 
 
 @command(

@@ -4,7 +4,8 @@ Defaults follow llama.cpp's where one exists, so results are comparable.
 """
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import psutil
@@ -205,6 +206,18 @@ class Limits:
             raise UsageError(f"max-tokens must be >= 1, or -1 for no limit, got {self.max_tokens}")
         if any(s == "" for s in self.stop):
             raise UsageError("a stop string cannot be empty")
+
+
+def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
+               max_tokens: int | None = None, stop: str | Sequence[str] | None = None) -> tuple[Sampling, Limits]:
+    """A request's own settings over the ones it runs under: a batch item's fields, an API request's, a
+    library call's keywords. None keeps what it runs under; stop may be one string. Sampling and Limits
+    check the values, so every way in refuses the same ones."""
+    asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
+    return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
+            replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
+                    stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")

@@ -261,7 +261,7 @@ class Server:
         """Serve on the listening socket until Ctrl-C or SIGTERM, which cancel the running generation
         at its next step."""
         # made ready before "serving" is printed: what a client meets is in place once it is said
-        self.session.target_model.longest_token  # read now (up to a second), not on the event loop's first request
+        self.session.warm()  # what the first request would wait for is read now, not on the event loop
         keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,

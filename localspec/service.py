@@ -180,12 +180,7 @@ class Service:
             return session.chat_tokens(request.messages)
         if isinstance(request.prompt, str):
             return session.tokenize(request.prompt, raw=True)
-        n_vocab = session.target_model.n_vocab
-        if not request.prompt:
-            raise InputError("the prompt is empty")
-        if not all(0 <= token < n_vocab for token in request.prompt):
-            raise InputError(f"the prompt's token ids must be between 0 and {n_vocab - 1}, this model's vocabulary")
-        return list(request.prompt)
+        return session.token_ids(request.prompt)
 
     def _finish(self, job: Job) -> None:
         self.metrics.finish(job)

@@ -6,19 +6,20 @@ many generations on them; the caller iterates events and never touches the engin
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from . import calibration, compat, download, gguf_meta, hardware, registry, running
 from .chat_template import render_pieces
-from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits
+from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .engine import policy
 from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from .engine.speculative import generate
-from .errors import ContextOverflow, IncompatibleDraft, InputError, UsageError
-from .events import Event
+from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
+from .events import Event, Prefill
 from .gguf_meta import GGUFInfo
+from .stats import Recorder, Summary, record
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -34,6 +35,30 @@ ROLES = ("system", "user", "assistant")
 def is_message(message) -> bool:
     """A message chat_tokens takes: one of ROLES and a content string."""
     return isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)
+
+
+@dataclass(frozen=True)
+class Info:
+    """What a face may know of a loaded session: the model files it runs, and their context and vocabulary."""
+
+    target: str  # the target's file name
+    draft: str | None  # the draft model's, when one drafts
+    mtp: bool  # whether the target's own MTP layers draft
+    n_ctx: int
+    n_vocab: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole generation: its text, why it ended ("stop", "length" or "context"), and its statistics."""
+
+    text: str
+    finish_reason: str
+    summary: Summary
+
+    @classmethod
+    def of(cls, recorder: Recorder) -> "Reply":
+        return cls(recorder.text, recorder.finish_reason, recorder.summary())
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,44 @@ def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
     if isinstance(resolved, registry.RepoQuant):
         return f"{resolved.repo}:{resolved.quant}", None
     return resolved.name, resolved.size
+
+
+SPEC_CHOICES = ("auto", "fixed", "off")
+
+
+def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str | None]:
+    """The CLI's --draft and --spec (and load()'s draft and spec) as the kind to draft with and the draft
+    model to load, if any. draft: a draft model, "ngram", "mtp" or None; spec: auto, fixed or off."""
+    if spec not in SPEC_CHOICES:
+        raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
+    if spec == "off":
+        return DrafterKind.PLAIN, None
+    if draft == DrafterKind.MTP:  # the auto policy does not weigh MTP drafts yet: they are made every step
+        return DrafterKind.MTP, None
+    draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
+    if spec == "fixed":
+        return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
+    return DrafterKind.AUTO, draft_model
+
+
+def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: bool = False, progress=None,
+         **settings) -> "Session":
+    """A target (and draft) opened as `localspec run` opens them: by registry name, local .gguf file,
+    hf:owner/repo/file.gguf or owner/repo:QUANT, downloaded first when missing (progress(done, total)
+    hears of it). draft and spec as speculating() takes them. settings: Runtime's and Speculation's
+    fields by name (ctx_size, threads, gpu_layers, devices, draft_max, p_min, ...), config's defaults
+    for the rest. Close the session (or use it in a with block) to free the models."""
+    drafting, draft_model = speculating(draft, spec)
+    runtime_fields = {f.name for f in fields(Runtime)}
+    speculation_fields = {f.name for f in fields(Speculation)} - {"drafting", "required"}
+    unknown = sorted(set(settings) - runtime_fields - speculation_fields)
+    if unknown:
+        raise UsageError(f"load() takes no setting {', '.join(unknown)}; it takes"
+                         f" {', '.join(sorted(runtime_fields | speculation_fields))}")
+    runtime = Runtime(**{name: value for name, value in settings.items() if name in runtime_fields})
+    speculation = Speculation(drafting, draft is not None or spec == "fixed",
+                              **{name: value for name, value in settings.items() if name in speculation_fields})
+    return open_session(target, draft_model, runtime, speculation, offline, progress)
 
 
 def open_session(
@@ -309,7 +372,61 @@ class Session:
         return self.default_mode != DrafterKind.PLAIN
 
     def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
+        """The events of one generation from prompt tokens (prompt_tokens makes them): Prefill, then Token
+        and Step as they come, then Done."""
         return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)
+
+    def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
+        """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages
+        with role and content), or token ids (checked against the vocabulary)."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, raw)
+        if prompt and all(isinstance(message, dict) for message in prompt):
+            return self.chat_tokens(prompt)
+        return self.token_ids(prompt)
+
+    def token_ids(self, tokens: list) -> list[int]:
+        """A prompt given as token ids, once they are known to be this model's."""
+        if not tokens:
+            raise InputError("the prompt is empty")
+        n_vocab = self.target_model.n_vocab
+        if not all(isinstance(token, int) and 0 <= token < n_vocab for token in tokens):
+            raise InputError(f"the prompt's token ids must be between 0 and {n_vocab - 1}, this model's vocabulary")
+        return list(tokens)
+
+    def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
+               limits: Limits | None = None, **options) -> Iterator[Event]:
+        """A generation's events for a prompt (see prompt_tokens). options: temperature, top_k, top_p, min_p,
+        seed, max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
+        sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)
+        return self.generate(self.prompt_tokens(prompt, raw), sampling, limits)
+
+    def complete(self, prompt: str | list[dict] | list[int], raw: bool = False, **options) -> Reply:
+        """A whole generation for a prompt, as stream() makes it."""
+        return Reply.of(record(self.stream(prompt, raw, **options)))
+
+    def chat(self, system: str | None = None, sampling: Sampling | None = None,
+             limits: Limits | None = None) -> "Conversation":
+        """A conversation with history on this session."""
+        return Conversation(self, system, sampling or Sampling(), limits or Limits())
+
+    @property
+    def info(self) -> Info:
+        draft = self.model_drafter.context.model.path.name if self.model_drafter else None
+        return Info(self.target_model.path.name, draft, self.mtp_drafter is not None, self.target.n_ctx,
+                    self.target_model.n_vocab)
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds this session's contexts (the target's, the draft model's, the MTP block's) have spent
+        inside llama_decode: what the host's share of a step is measured against."""
+        contexts = [self.target] + [d.context for d in (self.model_drafter, self.mtp_drafter) if d]
+        return sum(context.busy_seconds for context in contexts)
+
+    def warm(self) -> None:
+        """Read now what a first request would otherwise wait for: the longest token of the vocabulary
+        (up to a second), which the refusal of prompts too long for the context needs."""
+        self.target_model.longest_token  # noqa: B018 (a cached property, read for its cost)
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
@@ -356,3 +473,51 @@ def _either(names: list[str]) -> str:
     names = [name for name in names if name]
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
+
+
+class Conversation:
+    """A chat with history. Each turn renders the whole conversation with the model's chat template; the
+    KV caches keep what earlier turns read, so only the new turn is read. `recorder` folds every turn's
+    events (the chat's statistics; its text is the latest reply's), `turn` the latest turn's."""
+
+    def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits):
+        self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
+        self.recorder = self.turn = Recorder()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the conversation; the system prompt stays."""
+        self.messages: list[dict] = [{"role": "system", "content": self.system}] if self.system else []
+
+    def stream(self, text: str, **options) -> Iterator[Event]:
+        """The reply's events (options as Session.stream's). The reply joins the conversation as far as it
+        got, also when Ctrl-C or the caller stops it early; a turn that fails before the model answers
+        leaves the conversation as it was."""
+        sampling, limits = overridden(self.sampling, self.limits, **options)
+        self.messages.append({"role": "user", "content": text})
+        self.turn = Recorder()
+        started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
+        try:
+            for event in self.session.generate(self.session.chat_tokens(self.messages), sampling, limits):
+                self.recorder.add(event)
+                self.turn.add(event)
+                started = started or isinstance(event, Prefill)
+                yield event
+        except LocalspecError:
+            failed = True
+            self.recorder.interrupt()
+            self.messages.pop()
+            raise
+        except BaseException:  # Ctrl-C, or the caller closed the stream
+            self.recorder.interrupt()
+            self.turn.interrupt()
+            raise
+        finally:
+            if not failed:
+                self.messages.append({"role": "assistant", "content": self.recorder.text if started else ""})
+
+    def send(self, text: str, **options) -> Reply:
+        """The whole reply to one message."""
+        for _ in self.stream(text, **options):
+            pass
+        return Reply.of(self.turn)

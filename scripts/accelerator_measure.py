@@ -255,11 +255,10 @@ def predicted_speedup(ratios: dict[int, float], draft_cost: float, acceptance: f
     return best
 
 
-def fold(events, host: HostTime | None, contexts: list) -> tuple[Recorder, list[int]]:
-    """A generation's events folded, and the tokens it made; host: add each step's host time to it (the
-    contexts' decodes are not host time)."""
+def fold(events, host: HostTime | None, session: Session) -> tuple[Recorder, list[int]]:
+    """A generation's events folded, and the tokens it made; host: add each step's host time to it."""
     recorder, made = Recorder(), []
-    for event in host.follow(events, contexts) if host else events:
+    for event in host.follow(events, session) if host else events:
         recorder.add(event)
         if isinstance(event, Token):
             made.append(event.id)
@@ -272,7 +271,7 @@ def run(session: Session, drafter, prompt: list[int], sampling: Sampling, draft_
     session.reset()
     speculation = Speculation(drafting=drafter.kind, draft_max=draft_max)
     events = generate(session.target, drafter, prompt, sampling, speculation, Limits(max_tokens=tokens))
-    return fold(events, host, [session.target])
+    return fold(events, host, session)
 
 
 def with_mode(session: Session, mode: DrafterKind, prompt: list[int], tokens: int, host: HostTime | None = None,
@@ -280,8 +279,7 @@ def with_mode(session: Session, mode: DrafterKind, prompt: list[int], tokens: in
     """One generation from empty caches in one of the session's own modes."""
     session.use(mode)
     session.reset()
-    contexts = [session.target] + ([session.model_drafter.context] if session.model_drafter else [])
-    return fold(session.generate(prompt, sampling, Limits(max_tokens=tokens)), host, contexts)
+    return fold(session.generate(prompt, sampling, Limits(max_tokens=tokens)), host, session)
 
 
 def drafting_the_answer(generation, oracle: Oracle, answer: list[int]) -> Recorder:

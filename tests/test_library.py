@@ -1,0 +1,97 @@
+"""The front door, `import localspec`: docs/library.md's example as written, and what it promises."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import localspec
+from localspec import Done, InputError, Prefill, Token, UsageError
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "library.md"
+
+
+@pytest.fixture
+def session(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    with localspec.load(str(tiny["target"]), str(tiny["partial"]), ctx_size=256) as opened:
+        yield opened
+
+
+def test_the_documented_example_runs_as_written(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    example = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    # the same code on tiny models: only the names of the pair and a context they were written for differ
+    example = (example.replace('"qwen2.5-coder-1.5b"', repr(str(tiny["target"])))
+               .replace('"qwen2.5-coder-0.5b"', repr(str(tiny["partial"]))).replace("ctx_size=4096", "ctx_size=512"))
+    exec(compile(example, str(DOCS), "exec"), {})
+    printed = capsys.readouterr().out  # (a tiny model's replies are any characters, new lines too)
+    assert re.search(r"^(stop|length) [\d.]+ tok/s [\d.]+ tokens per target pass$", printed, re.M)
+    assert re.search(r"\((stop|length)\)$", printed, re.M)  # the stream's Done
+    assert re.search(r"^5 messages; \d+ tokens in this chat$", printed, re.M)  # system, two questions, two answers
+
+
+def test_a_prompt_is_text_messages_or_token_ids(session):
+    text = session.prompt_tokens("the cat", raw=False)
+    assert session.prompt_tokens([{"role": "user", "content": "the cat"}]) == text
+    assert session.prompt_tokens(text) == text
+    assert session.prompt_tokens("the cat", raw=True) != text  # no chat template around it
+    with pytest.raises(InputError, match="between 0 and"):
+        session.prompt_tokens([1, session.info.n_vocab])
+    with pytest.raises(InputError, match="empty"):
+        session.prompt_tokens([])
+
+
+def test_options_override_the_defaults_and_are_checked_as_the_cli_checks_them(session):
+    reply = session.complete("the cat", temperature=0, max_tokens=5, stop=["zzz"])
+    assert reply.summary.tokens <= 5 and reply.finish_reason in ("stop", "length")
+    greedy = [session.complete("the cat", temperature=0, max_tokens=8).text for _ in range(2)]
+    assert greedy[0] == greedy[1]
+    with pytest.raises(UsageError, match="top-p"):
+        session.complete("the cat", top_p=1.5)
+    with pytest.raises(UsageError, match="max-tokens"):
+        session.complete("the cat", max_tokens=0)
+
+
+def test_load_names_a_setting_it_does_not_take(tiny):
+    with pytest.raises(UsageError, match="no setting ctx_sise"):
+        localspec.load(str(tiny["target"]), ctx_sise=256)
+
+
+def test_info_says_what_is_loaded(session, tiny):
+    info = session.info
+    assert (info.target, info.draft, info.mtp) == (tiny["target"].name, tiny["partial"].name, False)
+    assert info.n_ctx >= 256 and info.n_vocab > 0
+
+
+def test_a_conversation_keeps_its_history_and_a_reply_cut_short(session):
+    chat = session.chat(system="be brief")
+    first = chat.send("the cat", temperature=0, max_tokens=6)
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant"]
+    assert chat.messages[-1]["content"] == first.text
+    events = chat.stream("the dog", temperature=0, max_tokens=12)
+    taken = [next(events) for _ in range(3)]  # the prefill and the first tokens, then the caller stops
+    events.close()
+    assert isinstance(taken[0], Prefill)
+    shown = "".join(event.text for event in taken if isinstance(event, Token))
+    assert chat.messages[-1] == {"role": "assistant", "content": shown}
+    assert len(chat.messages) == 5
+    chat.clear()
+    assert chat.messages == [{"role": "system", "content": "be brief"}]
+
+
+def test_a_turn_that_fails_before_an_answer_leaves_the_conversation_as_it_was(session):
+    chat = session.chat()
+    with pytest.raises(UsageError):
+        chat.send("the cat", top_k=-1)
+    assert chat.messages == []
+
+
+def test_a_session_counts_the_mtp_blocks_decodes_as_its_own(tiny, tmp_path, monkeypatch):
+    """bench's host time is wall time less what the models spent in llama_decode: the MTP block's
+    decodes are the session's too (bench counted only the target's and a draft model's)."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    with localspec.load(str(tiny["mtp"]), "mtp", ctx_size=256) as mtp:
+        events = list(mtp.stream("the cat", temperature=0, max_tokens=16))
+        assert isinstance(events[-1], Done)
+        assert mtp.busy_seconds > mtp.target.busy_seconds > 0
