@@ -91,8 +91,9 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
         written = reply[len(history) - len(prompt):]
         accepted = next((i for i, (a, b) in enumerate(zip(tokens, written)) if a != b), len(tokens))
         verify = costs.verify_seconds(len(tokens) + 1)
+        probe = draft.probe if draft else None
         step = Step(draft.source if draft else DrafterKind.PLAIN, len(tokens), accepted, 0.0, verify,
-                    probe=bool(draft and draft.probe), plain_seconds=draft.plain_seconds if draft else 0.0)
+                    probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)
         drafter.observe(step)
         steps.append(step)
         seconds += verify

@@ -7,6 +7,7 @@ without it the proposal was deterministic and q is one-hot.
 """
 
 from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 from time import perf_counter
 from typing import Protocol
 
@@ -19,22 +20,76 @@ from .backend import Chain, Context
 from .sampling import Dist, chain_for, softmax
 
 
+class RunClass(IntEnum):
+    """How far back an n-gram match runs (the n-gram included), by the least run of its class: a long
+    copied passage tends to go on being copied; a 2-token match in a long document is mostly chance.
+    Strongest first."""
+
+    FROM_16 = 16
+    FROM_8 = 8
+    FROM_4 = 4
+    UNDER_4 = 0
+
+    @classmethod
+    def of(cls, run: int) -> "RunClass":
+        return next(least for least in cls if run >= least)
+
+    def shorter(self) -> "RunClass | None":
+        order = list(RunClass)
+        return order[order.index(self) + 1] if self is not order[-1] else None
+
+    def __str__(self) -> str:
+        return {16: "run 16+", 8: "run 8-15", 4: "run 4-7", 0: "run 2-3"}[self.value]
+
+
+class Agreement(StrEnum):
+    """Whether the n-gram's earlier occurrences agree on what follows it (the counts SuffixDecoding scores by)."""
+
+    SEEN_ONCE = "seen once"
+    AGREE = "earlier agree"
+    DIFFER = "earlier differ"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an n-gram proposal rests on; the auto policy keeps acceptance per kind of evidence."""
+
+    run: RunClass
+    agreement: Agreement
+
+    def weaker(self) -> "Evidence | None":
+        """The same evidence with a match one class shorter, if there is one."""
+        shorter = self.run.shorter()
+        return Evidence(shorter, self.agreement) if shorter is not None else None
+
+    def __str__(self) -> str:
+        return f"{self.run}, {self.agreement}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The auto policy drafted only to learn whether drafting pays here; a plain step was expected to
+    cost plain_seconds then (together they say what the probe lost)."""
+
+    plain_seconds: float
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] | None = None
     source: DrafterKind = DrafterKind.PLAIN  # the drafter that made it
-    # What the proposal rests on, in the drafter's own terms (n-gram: how far the match runs back
-    # and whether earlier occurrences agree); the auto policy keeps acceptance per kind of evidence.
-    evidence: str = ""
-    # Seconds the drafter spent reading what was decided since it last ran (a draft model's catch-up,
-    # measured by the drafter itself): part of the step's draft time, not of its cost per token.
+    # Seconds a costly drafter spent reading what was decided since it last ran (measured by the drafter
+    # itself): part of the step's draft time, reported per drafter (stats), and kept out of its cost per
+    # token by the auto policy.
     catch_up_seconds: float = 0.0
-    # Chosen by the auto policy only to learn whether drafting pays here, and what a plain step
-    # was expected to cost then: together they say what the probe lost.
-    probe: bool = False
-    plain_seconds: float = 0.0
-    run: int = 0  # n-gram lookup: how many tokens the match runs back (its evidence names only the class)
+    # n-gram lookup: what the proposal rests on, and how many tokens the match runs back (the evidence
+    # names only its class); the auto policy weighs the proposal by them.
+    evidence: Evidence | None = None
+    run: int = 0
+    # Set by the auto policy on a probe. The loop carries it into the Step because stats reports probes
+    # and what they lost; the policy reads it back from the Step (a draft the loop drops was not verified).
+    probe: Probe | None = None
 
 
 class Drafter(Protocol):
@@ -67,7 +122,6 @@ class NoDrafter:
 
 MIN_OFFER = 4  # tokens any n-gram match may offer (best of 3, 4 and 8 in a replay of recorded generations)
 RUN_LIMIT = 32  # how far back a match is followed when judging the evidence behind it
-RUN_CLASSES = ((16, "run 16+"), (8, "run 8-15"), (4, "run 4-7"), (0, "run 2-3"))
 
 
 class NgramDrafter:
@@ -75,10 +129,8 @@ class NgramDrafter:
 
     An index from each n-gram to the position after its latest occurrence, and to
     how often each token followed it, is updated as tokens arrive, so a proposal
-    costs the same at any context length. Each proposal names its evidence: how far
-    the match runs back (a long copied passage tends to go on being copied; a
-    2-token match in a long document is mostly chance) and whether the n-gram's
-    earlier occurrences agree on what follows it (the counts SuffixDecoding scores by).
+    costs the same at any context length. Each proposal names its Evidence: how far
+    the match runs back and whether the n-gram's earlier occurrences agree on what follows it.
     """
 
     kind = DrafterKind.NGRAM
@@ -109,7 +161,7 @@ class NgramDrafter:
                 # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
                 # draft after a short, chance match mostly wastes a big verification batch.
                 offer = min(k, max(run, MIN_OFFER))
-                evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
+                evidence = Evidence(RunClass.of(run), _agreement(self.followers[n][gram], history[follows]))
                 return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence, run=run)
         return Draft(source=self.kind)
 
@@ -125,24 +177,11 @@ class NgramDrafter:
         pass
 
 
-def _run_class(run: int) -> str:
-    return next(name for least, name in RUN_CLASSES if run >= least)
-
-
-def weaker_evidence(evidence: str) -> str | None:
-    """The same n-gram evidence with a match one class shorter, if there is one (else None)."""
-    run, _, agreement = evidence.partition(", ")
-    names = [name for _, name in RUN_CLASSES]
-    if run not in names or names.index(run) + 1 == len(names):
-        return None
-    return f"{names[names.index(run) + 1]}, {agreement}"
-
-
-def _agreement(followers: dict[int, int], proposed: int) -> str:
+def _agreement(followers: dict[int, int], proposed: int) -> Agreement:
     seen = sum(followers.values())
     if seen == 1:
-        return "seen once"
-    return "earlier agree" if followers.get(proposed, 0) == seen else "earlier differ"
+        return Agreement.SEEN_ONCE
+    return Agreement.AGREE if followers.get(proposed, 0) == seen else Agreement.DIFFER
 
 
 # A greedy draft keeps the 10 likeliest tokens and judges p_min among them, as llama.cpp's own

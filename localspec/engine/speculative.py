@@ -77,7 +77,7 @@ def generate(
             accepted, own = verify_sampled(target, draft, sampling, rng)
         target.truncate(n_past + 1 + accepted)
         step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
-                    draft.catch_up_seconds, draft.probe, draft.plain_seconds)
+                    draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0)
         drafter.observe(step)
         yield step
 
