@@ -201,9 +201,6 @@ class Oracle:
             self.steps += 1
         return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
 
-    def observe(self, step) -> None:
-        pass
-
 
 # --- Measurements
 

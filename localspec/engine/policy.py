@@ -62,7 +62,7 @@ import numpy as np
 from ..config import DrafterKind
 from ..events import Step
 from .backend import Context
-from .drafters import Draft, Evidence, ModelDrafter, MtpDrafter, NgramDrafter, Probe
+from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 # The probe bucket starts with one plain step's time (so the first probe can happen at once) and
@@ -318,9 +318,10 @@ class AutoDrafter:
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: NgramDrafter, costly: list[ModelDrafter | MtpDrafter], costs: Costs):
-        """costly: the drafters whose drafts cost a forward pass a token (a draft model, the target's
-        MTP block), each weighed with its own costs and beliefs under its kind."""
+    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs):
+        """ngram: the free drafter (n-gram lookup), whose proposals name their Evidence; costly: the
+        drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
+        weighed with its own costs and beliefs under its kind."""
         self.ngram = ngram
         self.costly = {drafter.kind: drafter for drafter in costly}
         self.costs = costs
