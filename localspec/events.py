@@ -40,9 +40,11 @@ class Step:
     accepted: int
     draft_seconds: float
     verify_seconds: float
+    # Carried for reports: stats tallies catch-up time, probes and what they lost per drafter (the auto
+    # policy, which set the probe, reads the same fields back when it observes the step).
     catch_up_seconds: float = 0.0
     probe: bool = False
-    plain_seconds: float = 0.0
+    plain_seconds: float = 0.0  # set on probes only
 
     @property
     def lost_seconds(self) -> float:

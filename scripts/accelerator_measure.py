@@ -21,7 +21,7 @@ from localspec import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import backend
-from localspec.engine.drafters import RUN_CLASSES, RUN_LIMIT, Draft
+from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
 from localspec.events import Token
@@ -47,7 +47,7 @@ FLOOR = 0.97  # auto against plain where nothing it drafts is accepted
 WRITERS, QUIET_WRITERS = ("attn_output.weight", "ffn_down.weight"), 0.25
 DRAFT_SHARPNESS = 16.0  # a draft's output layer against a matrix's usual scale: sure of its guesses
 # What auto's n-gram beliefs call the strongest evidence: the answer's drafts are weighed as a long copy.
-EVIDENCE = f"{RUN_CLASSES[0][1]}, earlier agree"
+EVIDENCE = Evidence(max(RunClass), Agreement.AGREE)
 
 
 def say(text: str) -> None:
@@ -200,9 +200,6 @@ class Oracle:
             k = min(k, self.lengths[self.steps % len(self.lengths)])
             self.steps += 1
         return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
-
-    def observe(self, step) -> None:
-        pass
 
 
 # --- Measurements

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from localspec import bench, download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.drafters import Draft, NgramDrafter
+from localspec.engine.drafters import Draft, Learner, NgramDrafter
 from localspec.engine.policy import AutoDrafter, Costs
 from localspec.events import Step, Token
 from localspec.session import Session
@@ -75,9 +75,6 @@ class LlamaNgramSimple:
                 return Draft(history[start + self.n : start + self.n + min(copy, k)], source=self.kind)
         return Draft()
 
-    def observe(self, step) -> None:
-        pass
-
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max: int) -> tuple[float, list[Step]]:
     """Seconds the recorded reply takes with this drafter, by the cost table, and its steps."""
@@ -91,9 +88,11 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
         written = reply[len(history) - len(prompt):]
         accepted = next((i for i, (a, b) in enumerate(zip(tokens, written)) if a != b), len(tokens))
         verify = costs.verify_seconds(len(tokens) + 1)
+        probe = draft.probe if draft else None
         step = Step(draft.source if draft else DrafterKind.PLAIN, len(tokens), accepted, 0.0, verify,
-                    probe=bool(draft and draft.probe), plain_seconds=draft.plain_seconds if draft else 0.0)
-        drafter.observe(step)
+                    probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)
+        if isinstance(drafter, Learner):
+            drafter.observe(step)
         steps.append(step)
         seconds += verify
         history += written[: accepted + 1]

@@ -14,7 +14,7 @@ import pytest
 from localspec import calibration
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as policy_module
-from localspec.engine.drafters import Draft, NgramDrafter
+from localspec.engine.drafters import Agreement, Draft, Evidence, NgramDrafter, RunClass
 from localspec.engine.policy import (
     MEAN,
     SURE,
@@ -66,7 +66,7 @@ def policy(verify, draft_per_token, model=True):
     return auto
 
 
-def evidence_of(history) -> str:
+def evidence_of(history) -> Evidence:
     ngram = NgramDrafter(2, 4)
     ngram.begin(history, Sampling(), None)
     return ngram.propose(history, 32).evidence
@@ -74,6 +74,11 @@ def evidence_of(history) -> str:
 
 def believe(auto, drafter, evidence, rates, weight=10.0):
     auto.beliefs[(drafter, evidence)] = [Belief(r * weight, (1 - r) * weight) for r in rates]
+
+
+def probe_of(draft) -> dict:
+    """What the loop reports of the auto policy's probe in the Step it makes of a draft."""
+    return {"probe": draft.probe is not None, "plain_seconds": draft.probe.plain_seconds if draft.probe else 0.0}
 
 
 def write(auto, text, start, k, verify, steps=10_000):
@@ -86,7 +91,7 @@ def write(auto, text, start, k, verify, steps=10_000):
         kept = next((i for i, (a, b) in enumerate(zip(draft.tokens, ahead)) if a != b), len(draft.tokens))
         n = len(draft.tokens)
         step = Step(draft.source, n, kept, 0.0, verify[n + 1] if n + 1 in verify else auto.costs.verify_seconds(n + 1),
-                    probe=draft.probe, plain_seconds=draft.plain_seconds)
+                    **probe_of(draft))
         auto.observe(step)
         history += ahead[: kept + 1]
         done.append(step)
@@ -102,8 +107,8 @@ CHANCE = random.Random(0).choices([1, 2, 3], k=600)
 
 def test_expected_tokens_is_one_plus_the_chain_of_acceptances():
     auto = policy(CPU_LIKE, 0.04)
-    believe(auto, "draft", "", [0.9, 0.5])
-    assert auto.expected_tokens(Option("draft", "", 2)) == pytest.approx([1 + 0.9, 1 + 0.9 + 0.45])
+    believe(auto, "draft", None, [0.9, 0.5])
+    assert auto.expected_tokens(Option("draft", None, 2)) == pytest.approx([1 + 0.9, 1 + 0.9 + 0.45])
 
 
 def test_beliefs_start_doubtful_and_an_optimistic_view_is_above_the_mean():
@@ -121,7 +126,7 @@ def test_cheap_verification_drafts_with_the_draft_model_from_the_start():
     draft = auto.propose([1, 2, 3, 4], 8)
     # hope pays at once when 8 more tokens cost almost nothing to verify
     assert draft.source == "draft" and len(draft.tokens) >= 1 and draft.probe
-    believe(auto, "draft", "", [0.99] * 8)
+    believe(auto, "draft", None, [0.99] * 8)
     draft = auto.propose([1, 2, 3, 4], 8)
     assert len(draft.tokens) == 8 and not draft.probe
 
@@ -143,18 +148,25 @@ def test_an_ngram_match_is_used_when_verifying_it_pays():
 
 
 def test_ngram_evidence_names_how_far_the_match_runs_and_whether_earlier_occurrences_agree():
-    assert evidence_of(COPIED) == "run 16+, seen once"
-    assert evidence_of([1, 2, 3, 9, 9, 1, 2]) == "run 2-3, seen once"
-    assert evidence_of([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]) == "run 2-3, earlier differ"
-    assert evidence_of([1, 2, 3, 9, 1, 2, 3, 9, 7, 1, 2, 3]) == "run 2-3, earlier agree"
-    assert evidence_of([4, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]) == "run 4-7, seen once"
+    assert evidence_of(COPIED) == Evidence(RunClass.FROM_16, Agreement.SEEN_ONCE)
+    assert evidence_of([1, 2, 3, 9, 9, 1, 2]) == Evidence(RunClass.UNDER_4, Agreement.SEEN_ONCE)
+    assert evidence_of([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]) == Evidence(RunClass.UNDER_4, Agreement.DIFFER)
+    assert evidence_of([1, 2, 3, 9, 1, 2, 3, 9, 7, 1, 2, 3]) == Evidence(RunClass.UNDER_4, Agreement.AGREE)
+    assert evidence_of([4, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]) == Evidence(RunClass.FROM_4, Agreement.SEEN_ONCE)
+    assert str(evidence_of(COPIED)) == "run 16+, seen once"  # as reports name it
+
+
+def test_weaker_evidence_is_the_same_agreement_one_run_class_shorter():
+    assert Evidence(RunClass.FROM_16, Agreement.AGREE).weaker() == Evidence(RunClass.FROM_8, Agreement.AGREE)
+    assert Evidence(RunClass.FROM_4, Agreement.DIFFER).weaker() == Evidence(RunClass.UNDER_4, Agreement.DIFFER)
+    assert Evidence(RunClass.UNDER_4, Agreement.SEEN_ONCE).weaker() is None
 
 
 def test_observations_move_acceptance_and_costs_for_positions_actually_tried():
     auto = policy(CPU_LIKE, 0.040)
-    auto.chosen = Choice(0.0, Option("draft", "", 8), 4)
+    auto.chosen = Choice(0.0, Option("draft", None, 8), 4)
     auto.observe(Step("draft", drafted=4, accepted=1, draft_seconds=0.2, verify_seconds=0.13))
-    rates = [b.mean for b in auto.beliefs[("draft", "")]]
+    rates = [b.mean for b in auto.beliefs[("draft", None)]]
     assert len(rates) == 2  # positions 3 and 4 were never reached
     assert rates[0] > 1 / 3 > rates[1]  # position 1 accepted, position 2 rejected
     # a batch of 5 was observed: its estimate now exists and moved from the interpolated 0.135 s toward 0.13 s
@@ -166,9 +178,9 @@ def test_a_probe_is_made_when_only_hope_says_drafting_pays_and_stops_once_it_fai
     middling = {1: 0.066, 2: 0.070, 4: 0.075}  # verification cheap, the draft model not
     auto = policy(middling, 0.030)
     first = auto.propose([1, 2, 3, 4], 8)
-    assert first.source == "draft" and first.probe and first.plain_seconds == pytest.approx(0.066)
+    assert first.source == "draft" and first.probe and first.probe.plain_seconds == pytest.approx(0.066)
     auto.observe(Step("draft", len(first.tokens), 0, 0.03 * len(first.tokens), 0.070, probe=True,
-                      plain_seconds=first.plain_seconds))
+                      plain_seconds=first.probe.plain_seconds))
     later = [auto.propose([1, 2, 3, 4], 8) for _ in range(100)]
     assert all(d.tokens == [] for d in later)  # the failed probe moved the belief below hope
 
@@ -312,7 +324,7 @@ def test_where_verifying_is_nearly_free_the_draft_model_drafts_long_near_the_opt
         while accepted < n and rng.random() < rates[min(accepted + 1, len(rates)) - 1]:
             accepted += 1
         auto.observe(Step(draft.source, n, accepted, truth.draft_seconds(DrafterKind.DRAFT, n),
-                          truth.verify_seconds(n + 1), probe=draft.probe, plain_seconds=draft.plain_seconds))
+                          truth.verify_seconds(n + 1), **probe_of(draft)))
         chosen.append((draft.source, n))
     best = max(rate(truth, rates, k) for k in range(33))
     assert best >= 1.5 * rate(truth, rates, 0)  # the premise: drafting pays a lot here

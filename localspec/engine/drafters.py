@@ -4,11 +4,19 @@
 has not been decoded by the target yet. A Draft carries the proposal and, when
 the proposal was sampled, the distribution q each token was drawn from;
 without it the proposal was deterministic and q is one-hot.
+
+Every drafter is a `Drafter` (begin, propose: all the loop asks of it, and all
+a free drafter such as n-gram lookup is). One that runs a forward pass per
+drafted token is also a `CostlyDrafter`, with what the auto policy needs to
+weigh it (its context, prepare, behind); ModelDrafter and MtpDrafter share that
+machinery in ForwardDrafter. Only a drafter that learns is a `Learner` (observe).
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 from time import perf_counter
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -19,25 +27,81 @@ from .backend import Chain, Context
 from .sampling import Dist, chain_for, softmax
 
 
+class RunClass(IntEnum):
+    """How far back an n-gram match runs (the n-gram included), by the least run of its class: a long
+    copied passage tends to go on being copied; a 2-token match in a long document is mostly chance.
+    Strongest first."""
+
+    FROM_16 = 16
+    FROM_8 = 8
+    FROM_4 = 4
+    UNDER_4 = 0
+
+    @classmethod
+    def of(cls, run: int) -> "RunClass":
+        return next(least for least in cls if run >= least)
+
+    def shorter(self) -> "RunClass | None":
+        order = list(RunClass)
+        return order[order.index(self) + 1] if self is not order[-1] else None
+
+    def __str__(self) -> str:
+        return {16: "run 16+", 8: "run 8-15", 4: "run 4-7", 0: "run 2-3"}[self.value]
+
+
+class Agreement(StrEnum):
+    """Whether the n-gram's earlier occurrences agree on what follows it (the counts SuffixDecoding scores by)."""
+
+    SEEN_ONCE = "seen once"
+    AGREE = "earlier agree"
+    DIFFER = "earlier differ"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an n-gram proposal rests on; the auto policy keeps acceptance per kind of evidence."""
+
+    run: RunClass
+    agreement: Agreement
+
+    def weaker(self) -> "Evidence | None":
+        """The same evidence with a match one class shorter, if there is one."""
+        shorter = self.run.shorter()
+        return Evidence(shorter, self.agreement) if shorter is not None else None
+
+    def __str__(self) -> str:
+        return f"{self.run}, {self.agreement}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The auto policy drafted only to learn whether drafting pays here; a plain step was expected to
+    cost plain_seconds then (together they say what the probe lost)."""
+
+    plain_seconds: float
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] | None = None
     source: DrafterKind = DrafterKind.PLAIN  # the drafter that made it
-    # What the proposal rests on, in the drafter's own terms (n-gram: how far the match runs back
-    # and whether earlier occurrences agree); the auto policy keeps acceptance per kind of evidence.
-    evidence: str = ""
-    # Seconds the drafter spent reading what was decided since it last ran (a draft model's catch-up,
-    # measured by the drafter itself): part of the step's draft time, not of its cost per token.
+    # Seconds a costly drafter spent reading what was decided since it last ran (measured by the drafter
+    # itself): part of the step's draft time, reported per drafter (stats), and kept out of its cost per
+    # token by the auto policy.
     catch_up_seconds: float = 0.0
-    # Chosen by the auto policy only to learn whether drafting pays here, and what a plain step
-    # was expected to cost then: together they say what the probe lost.
-    probe: bool = False
-    plain_seconds: float = 0.0
-    run: int = 0  # n-gram lookup: how many tokens the match runs back (its evidence names only the class)
+    # n-gram lookup: what the proposal rests on, and how many tokens the match runs back (the evidence
+    # names only its class); the auto policy weighs the proposal by them.
+    evidence: Evidence | None = None
+    run: int = 0
+    # Set by the auto policy on a probe. The loop carries it into the Step because stats reports probes
+    # and what they lost; the policy reads it back from the Step (a draft the loop drops was not verified).
+    probe: Probe | None = None
 
 
 class Drafter(Protocol):
+    """What the loop asks of every drafter; a free drafter (n-gram lookup) is just this."""
+
     kind: DrafterKind
 
     def begin(self, prompt: list[int], sampling: Sampling, rng: np.random.Generator) -> None:
@@ -46,8 +110,25 @@ class Drafter(Protocol):
     def propose(self, history: list[int], k: int) -> Draft:
         """Up to k tokens that may follow history."""
 
-    def observe(self, step: Step) -> None:
-        """How the last proposal fared: drafters that learn use it."""
+
+@runtime_checkable
+class Learner(Protocol):
+    """A drafter that learns from how its proposals fared (the auto policy): the loop shows it every step."""
+
+    def observe(self, step: Step) -> None: ...
+
+
+class CostlyDrafter(Drafter, Protocol):
+    """A drafter that runs a forward pass per drafted token on a context of its own (a draft model, the
+    target's MTP block): what the auto policy needs to weigh it and to choose it only when it pays."""
+
+    context: Context
+
+    def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
+        """Start a generation without reading anything: the first draft reads what the cache lacks."""
+
+    def behind(self, history: list[int]) -> int:
+        """Tokens the next draft would first have to read (at most; some may still match the cache)."""
 
 
 class NoDrafter:
@@ -61,13 +142,9 @@ class NoDrafter:
     def propose(self, history, k) -> Draft:
         return Draft()
 
-    def observe(self, step) -> None:
-        pass
-
 
 MIN_OFFER = 4  # tokens any n-gram match may offer (best of 3, 4 and 8 in a replay of recorded generations)
 RUN_LIMIT = 32  # how far back a match is followed when judging the evidence behind it
-RUN_CLASSES = ((16, "run 16+"), (8, "run 8-15"), (4, "run 4-7"), (0, "run 2-3"))
 
 
 class NgramDrafter:
@@ -75,10 +152,8 @@ class NgramDrafter:
 
     An index from each n-gram to the position after its latest occurrence, and to
     how often each token followed it, is updated as tokens arrive, so a proposal
-    costs the same at any context length. Each proposal names its evidence: how far
-    the match runs back (a long copied passage tends to go on being copied; a
-    2-token match in a long document is mostly chance) and whether the n-gram's
-    earlier occurrences agree on what follows it (the counts SuffixDecoding scores by).
+    costs the same at any context length. Each proposal names its Evidence: how far
+    the match runs back and whether the n-gram's earlier occurrences agree on what follows it.
     """
 
     kind = DrafterKind.NGRAM
@@ -109,7 +184,7 @@ class NgramDrafter:
                 # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
                 # draft after a short, chance match mostly wastes a big verification batch.
                 offer = min(k, max(run, MIN_OFFER))
-                evidence = f"{_run_class(run)}, {_agreement(self.followers[n][gram], history[follows])}"
+                evidence = Evidence(RunClass.of(run), _agreement(self.followers[n][gram], history[follows]))
                 return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence, run=run)
         return Draft(source=self.kind)
 
@@ -121,28 +196,12 @@ class NgramDrafter:
             matched += 1
         return matched
 
-    def observe(self, step) -> None:
-        pass
 
-
-def _run_class(run: int) -> str:
-    return next(name for least, name in RUN_CLASSES if run >= least)
-
-
-def weaker_evidence(evidence: str) -> str | None:
-    """The same n-gram evidence with a match one class shorter, if there is one (else None)."""
-    run, _, agreement = evidence.partition(", ")
-    names = [name for _, name in RUN_CLASSES]
-    if run not in names or names.index(run) + 1 == len(names):
-        return None
-    return f"{names[names.index(run) + 1]}, {agreement}"
-
-
-def _agreement(followers: dict[int, int], proposed: int) -> str:
+def _agreement(followers: dict[int, int], proposed: int) -> Agreement:
     seen = sum(followers.values())
     if seen == 1:
-        return "seen once"
-    return "earlier agree" if followers.get(proposed, 0) == seen else "earlier differ"
+        return Agreement.SEEN_ONCE
+    return Agreement.AGREE if followers.get(proposed, 0) == seen else Agreement.DIFFER
 
 
 # A greedy draft keeps the 10 likeliest tokens and judges p_min among them, as llama.cpp's own
@@ -159,20 +218,66 @@ def next_draft_token(q: Dist, p_min: float, sampling: Sampling, rng: np.random.G
     return int(q.ids[likeliest]) if sampling.greedy else q.sample(rng)
 
 
-class ModelDrafter:
+class ForwardDrafter:
+    """What ModelDrafter and MtpDrafter share: a context of their own whose logits, transformed like the
+    target's, give each draft token (greedy when the target is greedy, else sampled; stopping once the
+    likeliest token is below p_min), and a catch-up on what was decided, timed, before each draft."""
+
+    kind: DrafterKind
+
+    def __init__(self, context: Context, p_min: float):
+        self.context = context
+        self.p_min = p_min
+
+    def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
+        """Start a generation without reading anything: the first draft reads all its cache lacks,
+        as its catch-up (the auto policy reads the prompt into a costly drafter only if it chooses it)."""
+        self.sampling = sampling
+        self.rng = rng
+        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
+
+    def propose(self, history, k) -> Draft:
+        if k == 0:
+            return Draft(source=self.kind)
+        started = perf_counter()
+        self._ready(history)
+        caught_up = perf_counter() - started
+        tokens: list[int] = []
+        dists: list[Dist] = []
+        drafting = self._drafting(history)
+        for token, q in drafting:
+            tokens.append(token)
+            dists.append(q)
+            if len(tokens) == k:
+                break
+        drafting.close()
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
+
+    def _next(self) -> tuple[int | None, Dist]:
+        """The next draft token (None: unsure) from the context's last logits, and its distribution q."""
+        q = softmax(*self.context.candidates(-1))
+        return next_draft_token(q, self.p_min, self.sampling, self.rng), q
+
+    def _ready(self, history: list[int]) -> None:
+        """Catch up on history, so the next decode drafts after it."""
+        raise NotImplementedError
+
+    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+        """Draft tokens and their q, one forward pass each, until unsure; stopped when enough are drafted."""
+        raise NotImplementedError
+
+
+class ModelDrafter(ForwardDrafter):
     """A small model with the target's vocabulary, run on its own llama.cpp context.
 
-    Greedy when the target is greedy, otherwise sampled from the draft's own
-    distribution transformed like the target's. Stops early when its most likely
-    token has probability below p_min. target_vocab bounds the ids it may
-    propose: llama.cpp accepts vocabularies that differ by a few tokens at the end.
+    target_vocab bounds the ids it may propose: llama.cpp accepts vocabularies that
+    differ by a few tokens at the end.
     """
 
     kind = DrafterKind.DRAFT
 
     def __init__(self, context: Context, p_min: float, target_vocab: int):
-        self.context = context
-        self.p_min = p_min
+        super().__init__(context, p_min)
         self.target_vocab = target_vocab
 
     def begin(self, prompt, sampling, rng) -> None:
@@ -181,39 +286,8 @@ class ModelDrafter:
         self.catch_up(prompt)
 
     def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
-        """Start a generation without reading anything: the first draft reads all its cache lacks,
-        as its catch-up (the auto policy reads the prompt into the draft model only if it chooses it)."""
-        self.sampling = sampling
-        self.rng = rng
-        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
+        super().prepare(sampling, rng)
         self.agreed = 0  # the cache's first `agreed` tokens are known to match history
-
-    def propose(self, history, k) -> Draft:
-        if k == 0:
-            return Draft(source=self.kind)
-        started = perf_counter()
-        self.catch_up(history)
-        if self.context.recurrent:
-            # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
-            self.context.checkpoint()
-        caught_up = perf_counter() - started
-        tokens: list[int] = []
-        dists: list[Dist] = []
-        while True:
-            q = softmax(*self.context.candidates(-1))
-            token = next_draft_token(q, self.p_min, self.sampling, self.rng)
-            if token is None or token >= self.target_vocab:
-                break
-            tokens.append(token)
-            if not self.sampling.greedy:
-                dists.append(q)
-            if len(tokens) == k:
-                break
-            self.context.decode([token], logits="last")
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
-
-    def observe(self, step) -> None:
-        pass
 
     def behind(self, history: list[int]) -> int:
         """Tokens the next draft would first have to read (at most; some may still match the cache)."""
@@ -230,63 +304,44 @@ class ModelDrafter:
         if backend.CHECK_CACHES:
             self.context.check_holds(history)
 
+    def _ready(self, history: list[int]) -> None:
+        self.catch_up(history)
+        if self.context.recurrent:
+            # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
+            self.context.checkpoint()
 
-class MtpDrafter:
+    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+        while True:
+            token, q = self._next()
+            if token is None or token >= self.target_vocab:
+                return
+            yield token, q
+            self.context.decode([token], logits="last")
+
+
+class MtpDrafter(ForwardDrafter):
     """The target's own multi-token-prediction (MTP) block drafts for it (self-speculation).
 
     The MTP block reads a token together with the target's hidden state after the token before it,
     and predicts the token after. Its context holds an entry for each position the target has
     decoded (token and hidden state, which the target keeps for it); a draft adds entries for the
     token the target has not decoded yet and then for each drafted token with the block's own hidden
-    state, and is taken back out before the target verifies. Greedy or sampled like ModelDrafter,
-    from the MTP block's logits transformed like the target's; stops below p_min.
+    state, and is taken back out before the target verifies.
     """
 
     kind = DrafterKind.MTP
 
     def __init__(self, target: Context, context: Context, p_min: float):
+        super().__init__(context, p_min)
         self.target = target
-        self.context = context
-        self.p_min = p_min
 
     def begin(self, prompt, sampling, rng) -> None:
         """Nothing is read now: the first draft catches up on what the target has decoded."""
         self.prepare(sampling, rng)
 
-    def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
-        self.sampling = sampling
-        self.rng = rng
-        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
-
     def behind(self, history: list[int]) -> int:
         """Entries the next draft would first have to add (at most; some may still be in the cache)."""
         return max(0, len(history) - 1 - len(self.context.tokens))
-
-    def propose(self, history, k) -> Draft:
-        if k == 0:
-            return Draft(source=self.kind)
-        started = perf_counter()
-        decoded = len(history) - 1  # positions the target holds
-        self.catch_up(history[:decoded])
-        caught_up = perf_counter() - started
-        tokens: list[int] = []
-        dists: list[Dist] = []
-        token, hidden = history[-1], self._target_state(decoded - 1)
-        while len(tokens) < k:
-            self.context.decode([token], logits="last", hidden=hidden[None, :])
-            q = softmax(*self.context.candidates(-1))
-            token = next_draft_token(q, self.p_min, self.sampling, self.rng)
-            if token is None:
-                break
-            tokens.append(token)
-            if not self.sampling.greedy:
-                dists.append(q)
-            hidden = self.context.output_hidden(-1)
-        self.context.truncate(decoded)
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
-
-    def observe(self, step) -> None:
-        pass
 
     def catch_up(self, decoded: list[int]) -> None:
         """Give the MTP context an entry for each position the target has decoded: token p with the
@@ -299,9 +354,25 @@ class MtpDrafter:
         if backend.CHECK_CACHES:
             self.context.check_holds(decoded)
 
+    def _ready(self, history: list[int]) -> None:
+        self.catch_up(history[:-1])  # the positions the target holds
+
+    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+        decoded = len(history) - 1
+        token, hidden = history[-1], self._target_state(decoded - 1)
+        try:
+            while True:
+                self.context.decode([token], logits="last", hidden=hidden[None, :])
+                token, q = self._next()
+                if token is None:
+                    return
+                yield token, q
+                hidden = self.context.output_hidden(-1)
+        finally:
+            self.context.truncate(decoded)  # the draft's entries come back out before the target verifies
+
     def _target_state(self, position: int) -> np.ndarray:
         """The target's hidden state after a position; zeros before the first, or where the target no
         longer keeps it (MTP drafts from it less well there, and the output stays the target's)."""
         row = self.target.hidden_row(position) if position >= 0 else None
         return row if row is not None else np.zeros(self.target.model.n_embd, dtype=np.float32)
-

@@ -62,7 +62,7 @@ import numpy as np
 from ..config import DrafterKind
 from ..events import Step
 from .backend import Context
-from .drafters import Draft, ModelDrafter, MtpDrafter, NgramDrafter, weaker_evidence
+from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 # The probe bucket starts with one plain step's time (so the first probe can happen at once) and
@@ -239,7 +239,7 @@ class Option:
     """Drafting with one drafter on the evidence at hand, up to `most` tokens."""
 
     drafter: DrafterKind
-    evidence: str
+    evidence: Evidence | None  # n-gram lookup's; a costly drafter's beliefs are one kind
     most: int
     once_seconds: float = 0.0  # paid once before drafting (the draft model's catch-up)
     run: int = 0  # n-gram lookup: how many tokens the match already runs back
@@ -259,7 +259,7 @@ class Shadow:
 
     start: int  # where in history its first token would go
     tokens: list[int]
-    evidence: str
+    evidence: Evidence
     scored: int = 0  # positions already learned from
 
 
@@ -300,13 +300,15 @@ def _copy_goes_on(held: int) -> Belief:
     return Belief(held + 1, 1).held_to(INHERITED_WEIGHT)
 
 
-def _this_and_weaker(key: tuple[DrafterKind, str]) -> list[tuple[DrafterKind, str]]:
+Key = tuple[DrafterKind, Evidence | None]  # beliefs are kept per drafter and kind of evidence
+
+
+def _this_and_weaker(key: Key) -> list[Key]:
     """A kind of evidence and the same evidence with ever shorter matches, strongest first."""
     drafter, evidence = key
-    kinds = []
-    while evidence is not None:
+    kinds = [key]
+    while evidence is not None and (evidence := evidence.weaker()) is not None:
         kinds.append((drafter, evidence))
-        evidence = weaker_evidence(evidence)
     return kinds
 
 
@@ -316,17 +318,18 @@ class AutoDrafter:
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: NgramDrafter, costly: list[ModelDrafter | MtpDrafter], costs: Costs):
-        """costly: the drafters whose drafts cost a forward pass a token (a draft model, the target's
-        MTP block), each weighed with its own costs and beliefs under its kind."""
+    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs):
+        """ngram: the free drafter (n-gram lookup), whose proposals name their Evidence; costly: the
+        drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
+        weighed with its own costs and beliefs under its kind."""
         self.ngram = ngram
         self.costly = {drafter.kind: drafter for drafter in costly}
         self.costs = costs
         # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted),
         # learned in this generation
-        self.beliefs: dict[tuple[DrafterKind, str], list[Belief]] = {}
+        self.beliefs: dict[Key, list[Belief]] = {}
         # (drafter, evidence) -> the first position's belief as earlier generations left it
-        self.carried: dict[tuple[DrafterKind, str], Belief] = {}
+        self.carried: dict[Key, Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
 
     def begin(self, prompt, sampling, rng) -> None:
@@ -359,7 +362,7 @@ class AutoDrafter:
             options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens), run=lookup.run))
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         for kind, drafter in self.costly.items() if k else ():
-            options.append(Option(kind, "", k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
+            options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
@@ -396,7 +399,7 @@ class AutoDrafter:
             draft = replace(lookup, tokens=lookup.tokens[: choice.length])
         else:
             draft = self.costly[choice.option.drafter].propose(history, choice.length)
-        return replace(draft, probe=choice.probe, plain_seconds=plain_seconds)
+        return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
 
     def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk) -> Choice:
         """The option and length with the highest expected rate above best's, acceptance seen at
@@ -432,12 +435,12 @@ class AutoDrafter:
             out.append(expected)
         return out
 
-    def _first(self, key: tuple[DrafterKind, str]) -> Belief:
+    def _first(self, key: Key) -> Belief:
         """The first position of a kind this generation has not tried: what earlier generations
         left about it, or about a shorter match, else the PRIOR."""
         return next((self.carried[kind] for kind in _this_and_weaker(key) if kind in self.carried), PRIOR)
 
-    def _positions(self, key: tuple[DrafterKind, str]) -> list[Belief]:
+    def _positions(self, key: Key) -> list[Belief]:
         """This generation's beliefs about a kind of evidence. One seen for the first time starts as
         a copy of the nearest weaker kind's: a match that runs further back is no worse a sign, so
         that is a cautious estimate, and a copy that grows past a length class need not be learned
@@ -448,6 +451,8 @@ class AutoDrafter:
         return self.beliefs[key]
 
     def observe(self, step: Step) -> None:
+        """Learn from a verified step. Whether it was a probe is read from the step, not from the choice:
+        the loop drops a draft shorter than draft_min, and what was not verified lost nothing."""
         self.costs.observe_verify(step.drafted + 1, step.verify_seconds)
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
@@ -455,7 +460,7 @@ class AutoDrafter:
         option = self.chosen.option
         if option is not None and option.drafter == step.drafter != DrafterKind.NGRAM and step.drafted:
             # Position i was tried only if all before it were accepted.
-            self._learn((step.drafter, ""), 0, min(step.accepted + 1, step.drafted), step.accepted)
+            self._learn((step.drafter, None), 0, min(step.accepted + 1, step.drafted), step.accepted)
             self.costs.observe_draft(step.drafter, step.drafted, step.draft_seconds - step.catch_up_seconds)
 
     def _learn_from_text(self, history: list[int]) -> None:
@@ -470,7 +475,7 @@ class AutoDrafter:
                 waiting.append(shadow)  # right so far; the rest is not written yet
         self.shadows = waiting
 
-    def _learn(self, key: tuple[DrafterKind, str], first: int, tried: int, accepted: int) -> None:
+    def _learn(self, key: Key, first: int, tried: int, accepted: int) -> None:
         """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""
         positions = self._positions(key)
         for position in range(first, tried):

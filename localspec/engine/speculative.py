@@ -20,7 +20,7 @@ from ..errors import ContextOverflow, InputError
 from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, Learner
 from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
 
@@ -45,6 +45,7 @@ def generate(
     started = perf_counter()
     reused = target.prefill(prompt[:-1])
     drafter.begin(prompt, sampling, rng)
+    learns = isinstance(drafter, Learner)
     yield Prefill(len(prompt), reused, perf_counter() - started)
 
     model = target.model
@@ -77,8 +78,9 @@ def generate(
             accepted, own = verify_sampled(target, draft, sampling, rng)
         target.truncate(n_past + 1 + accepted)
         step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
-                    draft.catch_up_seconds, draft.probe, draft.plain_seconds)
-        drafter.observe(step)
+                    draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0)
+        if learns:
+            drafter.observe(step)
         yield step
 
         for i, token in enumerate([*draft.tokens[:accepted], own]):
