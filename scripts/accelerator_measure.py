@@ -21,6 +21,7 @@ from localspec import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import backend
+from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_CLASSES, RUN_LIMIT, Draft
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
@@ -446,7 +447,7 @@ def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Pat
 
 def device_name(accelerator: str) -> str:
     if accelerator != "cpu":
-        gpus = [d["description"] for d in backend.devices() if d["kind"] not in ("CPU", "RPC worker")]
+        gpus = [d.description for d in devices() if d.is_local_gpu]
         if gpus:
             return gpus[0]
     identity = hardware.identity()
