@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .engine import backend, rpc
+from .engine import library, rpc
 from .engine.devices import Device, devices, supports_gpu_offload
 from .errors import UsageError
 from .gguf_meta import GGUFInfo
@@ -56,7 +56,7 @@ def machine() -> Machine:
         ram_total=memory.total,
         ram_available=memory.available,
         cpu=platform.processor() or platform.machine(),
-        features=cpu_features(backend.system_info()),
+        features=cpu_features(library.system_info()),
     )
 
 
@@ -71,7 +71,7 @@ def identity() -> dict:
     """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
     cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
     return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
-            "llama_cpp": backend.version(), "system_info": backend.system_info(),
+            "llama_cpp": library.version(), "system_info": library.system_info(),
             "devices": [[d.name, d.description, d.kind] for d in devices()]}
 
 

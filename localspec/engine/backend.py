@@ -2,13 +2,8 @@
 
 Model owns weights and vocabulary; Context owns one KV cache with a single
 sequence. Logits come back as numpy views on llama.cpp's own buffer: valid
-until the next decode on that context, never copied.
-
-Output rows are turned into choices by llama.cpp's own sampler chain (a Chain),
-so Python never walks a full vocabulary row: on the backend, inside the decode
-graph, only each row's surviving candidates come back (the path for GPUs and
-Apple Silicon); on the host the chain runs in C over a candidate array that
-numpy fills in two vectorised copies.
+until the next decode on that context, never copied; what a row becomes through
+the context's sampler chain is chain.ChainRows'.
 """
 
 import ctypes
@@ -21,7 +16,7 @@ from time import perf_counter
 import numpy as np
 
 from ..errors import EngineError, InputError, ModelLoadError, UsageError
-from .chain import DEFAULT_SEED, Chain, top_k_superset  # (Chain: the engine's drafters take it from here)
+from .chain import Chain, ChainRows, top_k_superset  # noqa: F401 (the engine's drafters take Chain from here)
 from .devices import offload_array
 from .library import llama, nextn, recent_errors
 
@@ -63,8 +58,6 @@ class Model:
             self._split = (ctypes.c_float * most)(*tensor_split)  # kept referenced while llama.cpp reads it
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         recent_errors.clear()
-        self.gpu_layers = gpu_layers
-        self.devices = devices
         self.watch = watch
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
@@ -158,11 +151,10 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
-class Context:
+class Context(ChainRows):
     """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds.
 
     backend_sampling: run the sampler chain inside the decode graph, for up to max_outputs rows a
@@ -224,17 +216,9 @@ class Context:
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
-        self._n_vocab = model.n_vocab
-        self._row = ctypes.c_float * model.n_vocab  # one logit row; a view is made over it in place
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
-        self.backend_sampling = backend_sampling
-        self.chain: Chain | None = None
-        self.on_backend = False  # where the current chain runs
-        self._native_chain = None
-        self._dist = None  # draw()'s sampler, seeded anew for each generation
-        self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
-        self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
+        self._start_rows(backend_sampling)
 
     def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
@@ -286,83 +270,6 @@ class Context:
             self.tokens.extend(chunk)
             self._last_decoded, self._rolled_back = len(chunk), False
             self._changing = None
-
-    def sample_with(self, chain: Chain) -> None:
-        """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds)."""
-        self._free_dist()
-        if chain == self.chain:
-            return
-        self._free_chain()
-        native = chain.native()
-        on_backend = self.backend_sampling or (self.backend_sampling is None and chain.argmax)
-        if on_backend and not llama.llama_set_sampler(self._ctx, 0, native):
-            if self.backend_sampling:  # asked for by name
-                llama.llama_sampler_free(native)
-                raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
-                                  " (a tensor-split model?); try --no-backend-sampling")
-            on_backend = False
-        self.chain, self._native_chain, self.on_backend = chain, native, on_backend
-
-    def token(self, row: int) -> int:
-        """The row's most likely token (the chain must be an argmax chain)."""
-        if self.on_backend:
-            return llama.llama_get_sampled_token_ith(self._ctx, row)
-        return int(np.argmax(self.logits(row)))
-
-    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ids the chain keeps of a row and their logits (temperature applied), as new arrays."""
-        if self.on_backend:
-            count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
-            logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
-            ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
-            # without top-k the chain keeps the whole vocabulary, in vocabulary order
-            ids = (np.ctypeslib.as_array(llama.llama_get_sampled_candidates_ith(self._ctx, row), shape=(count,))
-                   if ids_count else np.arange(count, dtype=np.int32))
-            kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
-            return ids[kept], logits[kept]
-        rows, array = self._apply_chain(row)
-        kept = rows[: array.size]
-        return kept["id"].copy(), kept["logit"].copy()
-
-    def draw(self, row: int, rng: np.random.Generator) -> int:
-        """A token drawn from what the chain keeps of a row, by llama.cpp's dist sampler on the host (seeded
-        from rng at a generation's first draw): where no draft token competes (a plain step, a bonus
-        token) nothing needs the distribution itself, and C draws without numpy's per-call costs."""
-        if self._dist is None:
-            self._dist = llama.llama_sampler_init_dist(int(rng.integers(DEFAULT_SEED)))
-        rows, array = self._apply_chain(row)
-        llama.llama_sampler_apply(self._dist, ctypes.byref(array))
-        return int(rows["id"][array.selected])
-
-    def _apply_chain(self, row: int) -> tuple[np.ndarray, "llama.llama_token_data_array"]:
-        """The host chain run over a row: the candidate array, whose first `size` entries survived."""
-        if self._candidates is None:
-            self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
-            self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
-        logits = self.logits(row)
-        ids = top_k_superset(logits, self.chain.top_k)
-        if ids is None:
-            rows = self._candidates
-            rows["id"] = self._all_ids  # the chain reorders the array in place
-            rows["logit"] = logits
-        else:  # the chain's top-k keeps the same tokens of these as of the whole row
-            rows = self._candidates[: len(ids)]
-            rows["id"] = ids
-            rows["logit"] = logits[ids]
-        array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), len(rows), -1, False)
-        llama.llama_sampler_apply(self._native_chain, ctypes.byref(array))
-        return rows, array
-
-    def logits(self, row: int) -> np.ndarray:
-        """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
-        if self.on_backend:
-            raise EngineError("full logit rows are not kept while sampling on the backend")
-        pointer = llama.llama_get_logits_ith(self._ctx, row)
-        if not pointer:
-            raise EngineError(f"no logits for row {row} of the last batch")
-        # np.ctypeslib.as_array builds a new ctypes array type on every call (~50 us a row); a view
-        # over the fixed row type at the row's address costs a few microseconds.
-        return np.frombuffer(self._row.from_address(ctypes.addressof(pointer.contents)), dtype=np.float32)
 
     def truncate(self, n_keep: int) -> None:
         """Forget every position from n_keep on."""
@@ -507,19 +414,6 @@ class Context:
                 f" the generation expects 0..{len(tokens) - 1}"
             )
 
-    def _free_dist(self) -> None:
-        if self._dist is not None:
-            llama.llama_sampler_free(self._dist)
-            self._dist = None
-
-    def _free_chain(self) -> None:
-        if self._native_chain is not None:
-            if self.on_backend:
-                llama.llama_set_sampler(self._ctx, 0, None)
-            llama.llama_sampler_free(self._native_chain)
-            self.chain = self._native_chain = None
-            self.on_backend = False
-
     def close(self) -> None:
         if self._ctx:
             self._free_dist()
@@ -539,17 +433,3 @@ def _check_is_gguf(path: Path) -> None:
         raise InputError(f"cannot read model file {path}: {error.strerror}") from None
     if magic != GGUF_MAGIC:
         raise InputError(f"{path} is not a GGUF model file")
-
-
-
-def version() -> str:
-    """llama-cpp-python's version: its module's own, as a binding run from a source tree has no installed
-    distribution to ask (scripts/accelerator-report runs it so)."""
-    return llama.__version__
-
-
-def system_info() -> str:
-    """llama.cpp's summary of the CPU features and backends it was built with."""
-    return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-

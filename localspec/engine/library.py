@@ -81,3 +81,14 @@ def ggml() -> ctypes.CDLL:
     ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
     return ggml
+
+
+def version() -> str:
+    """llama-cpp-python's version: its module's own, as a binding run from a source tree has no installed
+    distribution to ask (scripts/accelerator-report runs it so)."""
+    return llama.__version__
+
+
+def system_info() -> str:
+    """llama.cpp's summary of the CPU features and backends it was built with."""
+    return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
