@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import __version__, download, gguf_meta, hardware, net, paths, registry, running, tui
+from . import __version__, download, gguf_meta, hardware, net, paths, placement, registry, running, tui
 from . import batch as batch_runner
 from . import bench as bench_runner
 from . import chat as chat_loop
@@ -25,7 +25,7 @@ from . import compare as compare_runs
 from . import worker as worker_face
 from .config import (DEFAULT_DRAFT_MAX, DrafterKind, Lending, Limits, Runtime, Sampling, Serving, Speculation,
                      check_draft_fits, default_threads)
-from .engine import backend
+from .engine import rpc as workers_rpc
 from .errors import IncompatibleDraft, InputError, LocalspecError, UsageError
 from .session import Session, open_session, resolve_pair, speculating
 from .stats import INTERRUPTED
@@ -367,12 +367,13 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
     after on_abort(message) (batch records its item)."""
     if settings.target is None:
         raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+    stop = None
     if not os.environ.get("LOCALSPEC_DEBUG"):  # there, llama.cpp's own backtrace says more
 
         def stopped(message: str) -> None:
             gone = []
             for _ in range(5 if settings.runtime.rpc else 0):  # a killed worker's port closes a moment later
-                gone = [endpoint for endpoint in settings.runtime.rpc if not backend.worker_listening(endpoint)]
+                gone = [endpoint for endpoint in settings.runtime.rpc if not workers_rpc.worker_listening(endpoint)]
                 if gone:
                     break
                 time.sleep(0.1)
@@ -382,10 +383,10 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
             if on_abort:
                 on_abort(message)
 
-        backend.stop_on_abort(stopped)
+        stop = workers_rpc.stop_on_abort(stopped)
     others = running.OtherWork()  # measured while the models load, which takes this process's own work out
     session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
-                           settings.offline, tui.download_progress(), tui.loading)
+                           settings.offline, tui.download_progress(), tui.loading, stop)
     crowded = crowded_cores(settings.runtime.threads, others.cores())
     if crowded:
         print(crowded, file=sys.stderr)
@@ -1010,20 +1011,14 @@ def doctor(
         show_default=False)] = None,
 ):
     """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
-    if rpc:
-        workers = Runtime(rpc=_device_names(rpc)).rpc  # checked as run's --rpc is
-        backend.add_rpc_servers(workers)
+    # as run places models by default; --rpc checked as run's is
+    endpoints = _device_names(rpc) or ()
+    runtime = Runtime(rpc=endpoints, gpu_layers=None if endpoints else -1)
+    workers_rpc.Workers(runtime.rpc)
     found = hardware.machine()
-    rows = []
     models = registry.load()
-    for entry in models.values():
-        if entry.draft in models:
-            (target, target_size), (draft, draft_size) = (_header_and_size(e) for e in (entry, models[entry.draft]))
-            needed = hardware.estimate_pair([(target, target_size), (draft, draft_size)], ctx_size)
-            rows.append(dict(target=entry.name, draft=entry.draft, needed=needed,
-                             fits=None if needed is None else needed <= found.memory_free,
-                             target_layers=hardware.layer_placement(target, found.devices, bool(rpc)),
-                             draft_layers=hardware.layer_placement(draft, found.devices, local=True)))
+    rows = [placement.pair_row(entry.name, entry.draft, _header_and_size(entry), _header_and_size(models[entry.draft]),
+                               runtime, found, ctx_size) for entry in models.values() if entry.draft in models]
     if as_json:
         print(json.dumps({"machine": dataclasses.asdict(found), "ctx_size": ctx_size, "pairs": rows}))
     else:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from .engine import backend
+from .engine import library, rpc
+from .engine.devices import Device, devices, supports_gpu_offload
 from .errors import UsageError
 from .gguf_meta import GGUFInfo
 
@@ -25,7 +26,7 @@ CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")
 class Machine:
     gpu_offload: bool
     rpc: bool  # whether this llama.cpp build can use other machines' workers (--rpc)
-    devices: list[dict]
+    devices: list[Device]
     ram_total: int
     ram_available: int
     cpu: str
@@ -33,7 +34,7 @@ class Machine:
 
     @property
     def accelerator_free(self) -> int:
-        return sum(d["free"] for d in self.devices if d["kind"] != "CPU")
+        return sum(d.free for d in self.devices if d.is_offload)
 
     @property
     def memory_free(self) -> int:
@@ -43,25 +44,25 @@ class Machine:
 
 def gpu_offload() -> bool:
     """Whether this llama.cpp build can put layers on a GPU."""
-    return backend.supports_gpu_offload()
+    return supports_gpu_offload()
 
 
 def machine() -> Machine:
     memory = psutil.virtual_memory()
     return Machine(
         gpu_offload=gpu_offload(),
-        rpc=backend.supports_rpc(),
-        devices=backend.devices(),
+        rpc=rpc.supports_rpc(),
+        devices=devices(),
         ram_total=memory.total,
         ram_available=memory.available,
         cpu=platform.processor() or platform.machine(),
-        features=cpu_features(backend.system_info()),
+        features=cpu_features(library.system_info()),
     )
 
 
 def describe() -> str:
     """This machine in a few words, for benchmark reports: its CPU and GPU devices, if any."""
-    gpus = [d["description"] or d["name"] for d in backend.devices() if d["kind"] != "CPU"] if gpu_offload() else []
+    gpus = [d.description or d.name for d in devices() if d.is_offload] if gpu_offload() else []
     cores = f"{psutil.cpu_count(logical=False) or os.cpu_count()}-core {platform.machine()}"
     return ", ".join([cores, *gpus])
 
@@ -70,8 +71,8 @@ def identity() -> dict:
     """What a measurement of llama.cpp's speed on this machine depends on: the CPU and its features, the
     cores, the build of llama.cpp and the devices it computes on (not their free memory, which moves)."""
     return {"machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
-            "llama_cpp": backend.version(), "system_info": backend.system_info(),
-            "devices": [[d["name"], d["description"], d["kind"]] for d in backend.devices()]}
+            "llama_cpp": library.version(), "system_info": library.system_info(),
+            "devices": [[d.name, d.description, d.kind] for d in devices()]}
 
 
 def _cpu_model() -> str:
@@ -122,35 +123,6 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
     return needed
 
 
-def layer_placement(info: GGUFInfo | None, found_devices: list[dict], with_workers: bool = False,
-                    local: bool = False) -> dict | None:
-    """Where a model's layers (its output layer counted, as llama.cpp counts them) go by default: how many
-    on offload devices (which ones) and how many on this machine's CPU; None until it is downloaded.
-    with_workers: the workers listed in found_devices share the target (--rpc); local: a draft model,
-    which stays on this machine."""
-    if info is None:
-        return None
-    layers = info.arch("block_count", 0) + 1
-    gpus = [d["name"] for d in found_devices if d["kind"] != "CPU" and not d["remote"]]
-    workers = [d["name"] for d in found_devices if d["remote"]] if with_workers and not local else []
-    if gpus:
-        return {"layers": layers, "offloaded": layers, "devices": workers + gpus}
-    offloaded = offloaded_layers(info, found_devices) if workers else 0
-    return {"layers": layers, "offloaded": offloaded, "devices": workers + (["CPU"] if offloaded < layers else [])}
-
-
-def offloaded_layers(info: GGUFInfo, found_devices: list[dict]) -> int:
-    """How many of the target's layers to put on offload devices when workers share it: all of them
-    where this machine has a GPU (llama.cpp splits them by free memory, the workers' included), else
-    the workers' share of the free memory, the rest staying on this machine's CPU."""
-    if any(d["kind"] != "CPU" and not d["remote"] for d in found_devices):
-        return -1
-    layers = info.arch("block_count", 0) + 1  # and the output layer, as llama.cpp counts them
-    remote = sum(d["free"] for d in found_devices if d["remote"])
-    local = psutil.virtual_memory().available
-    return round(layers * remote / (remote + local)) if remote + local else -1
-
-
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
     needed = sum(estimate_bytes(info, n_ctx) for info in models)
@@ -171,9 +143,8 @@ def _refuse_beyond(needed: int, names: str, n_ctx: int, found: Machine, said: st
     available = found.memory_free
     if needed > available:
         where = ", ".join([f"{found.ram_available / 2**30:.1f} GiB of RAM here"]
-                          + [f"{d['free'] / 2**30:.1f} GiB on {d['name']}"
-                             + (f" (the worker at {d['description']})" if d.get("remote") else "")
-                             for d in found.devices if d["kind"] != "CPU"])
+                          + [f"{d.free / 2**30:.1f} GiB on {d.name}" + (f" (the worker at {d.description})" if d.remote else "")
+                             for d in found.devices if d.is_offload])
         raise UsageError(
             f"{names} need about {needed / 2**30:.1f} GiB at a context of {n_ctx} tokens but only"
             f" {available / 2**30:.1f} GiB are free ({where}){said}; try a smaller --ctx-size, a smaller"

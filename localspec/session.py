@@ -13,12 +13,14 @@ from . import calibration, compat, download, gguf_meta, hardware, registry, runn
 from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .engine import policy
-from .engine.backend import Context, Model, add_rpc_servers, devices, supports_gpu_offload
+from .engine import rpc
+from .engine.backend import Context, Model
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Event, Prefill
 from .gguf_meta import GGUFInfo
+from .placement import Placement
 from .stats import Recorder, Summary, record
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
@@ -146,21 +148,23 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
 
 def open_session(
     target: str, draft_model: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False,
-    progress=None, loading=nullcontext,
+    progress=None, loading=nullcontext, stop=None,
 ) -> "Session":
-    """Resolve, fetch and check the pair, then load it.
+    """Resolve, fetch and check the pair, place it, then load it.
 
     loading(text): a context shown while the models load (a spinner), after any download.
+    stop(message): how the process ends should an RPC worker stop answering mid-decode.
     """
-    if runtime.rpc:  # the workers' memory counts, and an unreachable one is said before anything loads
-        add_rpc_servers(runtime.rpc)
+    # the workers' memory counts, and an unreachable one is said before anything loads
+    workers = rpc.Workers(runtime.rpc, stop)
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
-    infos = [pair.target] + ([pair.draft] if pair.draft else [])
-    hardware.check_fit(infos, runtime.ctx_size)
-    with loading(f"loading {' and '.join(info.path.name for info in infos)}"):
-        return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation)
+    placement = Placement.plan(runtime, pair.target, pair.draft)
+    placement.check_fit()
+    with loading(f"loading {' and '.join(info.path.name for info in placement.models)}"):
+        return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation, placement,
+                       workers)
 
 
 class Session:
@@ -171,8 +175,10 @@ class Session:
     It starts with speculation.drafting; chat's /draft and bench switch with use().
     """
 
-    def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation):
-        """draft: the draft model's GGUF, or None (n-gram lookup needs none)."""
+    def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
+                 placement: Placement | None = None, workers: rpc.Workers | None = None):
+        """draft: the draft model's GGUF, or None (n-gram lookup needs none). placement: where they run
+        (open_session's); None: placed here, with runtime's workers added first."""
         check_draft_fits(speculation, runtime)
         self.speculation = speculation
         self._owned: list = []
@@ -181,14 +187,15 @@ class Session:
             # The target's MTP layers draft when asked for, and under auto beside any draft model.
             asked = speculation.drafting == DrafterKind.MTP
             load_mtp = asked or speculation.drafting == DrafterKind.AUTO
-            gpu_layers = runtime.gpu_layers
-            if runtime.rpc:
-                add_rpc_servers(runtime.rpc)
-                if gpu_layers is None:
-                    gpu_layers = hardware.offloaded_layers(gguf_meta.read(target), devices())
-            self.target_model = self._own(Model(target, gpu_layers, runtime.devices, load_mtp=load_mtp,
-                                                tensor_split=runtime.tensor_split, repack=runtime.repack,
-                                                mmap=runtime.mmap, mlock=runtime.mlock))
+            if placement is None:
+                workers = rpc.Workers(runtime.rpc) if workers is None else workers
+                placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
+            self.plan = placement
+            watch = workers or None  # the workers' devices may hold layers of either model
+            placed = placement.target
+            self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
+                                                tensor_split=placed.tensor_split, repack=runtime.repack,
+                                                mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
             mtp = bool(self.target_model.mtp_layers)
             if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
@@ -196,14 +203,12 @@ class Session:
             # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
             rows = speculation.longest_draft + 1
             n_batch = max(runtime.prompt_batch, rows)
-            on_backend = runtime.backend_sampling
-            if on_backend is None and gpu_layers != 0 and supports_gpu_offload():
-                on_backend = True  # else (None) the context samples only greedy rows in the graph
+            on_backend = placement.backend_sampling
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=mtp, flash_attn=runtime.flash_attn))
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
-            self._settings = {**asdict(replace(runtime, gpu_layers=gpu_layers)), "backend_sampling": on_backend}
+            self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
             del self._settings["ctx_size"]
             self._threads = runtime.threads
             # Said at load, for the CLI to print: what localspec did other than asked.
@@ -223,8 +228,9 @@ class Session:
                                           rows, mtp=True, flash_attn=runtime.flash_attn))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
             if draft is not None:
-                draft_model = self._own(Model(draft, runtime.draft_gpu_layers, _draft_devices(runtime),
-                                              repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock))
+                draft_model = self._own(Model(draft, placement.draft.gpu_layers, placement.draft.devices,
+                                              repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
+                                              watch=watch))
                 context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows,
                                             flash_attn=runtime.flash_attn))
                 self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
@@ -430,12 +436,8 @@ class Session:
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
-        out = {"target": self.target_model.placement()}
-        if self.model_drafter:
-            out["draft"] = self.model_drafter.context.model.placement()
-        out["sampling"] = "backend" if self.target.on_backend else "host"  # for the latest generation
-        out["drafting"] = self.mode
-        return out
+        return self.plan.report(draft=self.model_drafter is not None,
+                                sampling="backend" if self.target.on_backend else "host", drafting=self.mode)
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
@@ -458,14 +460,6 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _draft_devices(runtime: Runtime) -> tuple[str, ...] | None:
-    """Where the draft model may go: as asked, else anywhere but a worker's devices, so that no
-    network sits in the drafting loop."""
-    if runtime.draft_devices is not None or not runtime.rpc:
-        return runtime.draft_devices
-    return tuple(d["name"] for d in devices() if d["kind"] != "CPU" and not d["remote"]) or ("none",)
 
 
 def _either(names: list[str]) -> str:

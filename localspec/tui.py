@@ -200,11 +200,10 @@ def doctor_report(machine, pairs: list[dict], ctx_size: int, rebuild_hint: str |
     for column in ("name", "kind", "description", "free", "total"):
         devices.add_column(column)
     for d in machine.devices:
-        devices.add_row(shown(d["name"]), shown(d["kind"]), shown(d["description"]), size_text(d["free"]),
-                        size_text(d["total"]))
+        devices.add_row(shown(d.name), shown(d.kind), shown(d.description), size_text(d.free), size_text(d.total))
     console.print(devices)
-    gpus = [d["name"] for d in machine.devices if d["kind"] != "CPU" and not d["remote"]] if machine.gpu_offload else []
-    workers = [f"{d['name']} ({d['description']})" for d in machine.devices if d["remote"]]
+    gpus = [d.name for d in machine.devices if d.is_local_gpu] if machine.gpu_offload else []
+    workers = [f"{d.name} ({d.description})" for d in machine.devices if d.remote]
     if gpus:
         console.print(f"[bold]Models run on[/]: {shown(', '.join(gpus))}, every layer by default (--gpu-layers and"
                       " --draft-gpu-layers N keep the rest on the CPU); rows are sampled on the backend")
@@ -234,7 +233,7 @@ def _whole_rows(console: Console) -> Console:
 
 
 def placement_text(placement: dict | None) -> str:
-    """hardware.layer_placement in a few words: `29 on CUDA0`, `20 on RPC0, RPC1, 9 on the CPU`."""
+    """A model's placement (placement.ModelPlacement.as_layers) in a few words: `29 on CUDA0`, `20 on RPC0, RPC1, 9 on the CPU`."""
     if placement is None:
         return "?"
     layers, offloaded = placement["layers"], placement["offloaded"]

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from . import net
 from .config import Lending
-from .engine import backend
+from .engine import rpc
+from .engine.devices import Device, devices
 from .errors import UsageError
 
 
 def lend(lending: Lending, say: Callable[[str], None]) -> None:
-    backend.require_rpc()
+    rpc.require_rpc()
     lent = _devices(lending.devices)
     if lending.cache_dir:
         _cache_folder(Path(lending.cache_dir))
@@ -26,11 +27,11 @@ def lend(lending: Lending, say: Callable[[str], None]) -> None:
     if lending.exposure_warning:
         say(lending.exposure_warning)
     endpoint = f"{lending.host}:{lending.port}"
-    shown = ", ".join(f"{d['name']} ({d['description']}, {d['free'] / 2**30:.1f} GiB free)" for d in lent)
+    shown = ", ".join(f"{d.name} ({d.description}, {d.free / 2**30:.1f} GiB free)" for d in lent)
     say(f"localspec worker: lending {shown} on {endpoint}, one client at a time; on the machine that runs the"
         f" model: localspec run MODEL --rpc {endpoint}. Ctrl-C stops.")
-    server = threading.Thread(target=backend.serve_rpc, name="rpc-server", daemon=True,
-                              args=(endpoint, lending.cache_dir, lending.threads, [d["name"] for d in lent]))
+    server = threading.Thread(target=rpc.serve, name="rpc-server", daemon=True,
+                              args=(endpoint, lending.cache_dir, lending.threads, [d.name for d in lent]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
@@ -47,11 +48,11 @@ def lend(lending: Lending, say: Callable[[str], None]) -> None:
     os._exit(0)
 
 
-def _devices(names: tuple[str, ...] | None) -> list[dict]:
-    local = [d for d in backend.devices() if not d["remote"]]
+def _devices(names: tuple[str, ...] | None) -> list[Device]:
+    local = [d for d in devices() if not d.remote]
     if names is None:
-        return [d for d in local if d["kind"] != "CPU"] or [d for d in local if d["kind"] == "CPU"]
-    known = {d["name"]: d for d in local}
+        return [d for d in local if d.is_local_gpu] or [d for d in local if d.kind == "CPU"]
+    known = {d.name: d for d in local}
     unknown = [name for name in names if name not in known]
     if unknown:
         raise UsageError(f"no device named {', '.join(unknown)}; this machine has: {', '.join(known)}")

@@ -20,7 +20,8 @@ import numpy as np
 from localspec import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
-from localspec.engine import backend
+from localspec.engine import library
+from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
@@ -441,7 +442,7 @@ def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Pat
 
 def device_name(accelerator: str) -> str:
     if accelerator != "cpu":
-        gpus = [d["description"] for d in backend.devices() if d["kind"] not in ("CPU", "RPC worker")]
+        gpus = [d.description for d in devices() if d.is_local_gpu]
         if gpus:
             return gpus[0]
     identity = hardware.identity()
@@ -463,7 +464,7 @@ def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: P
         if all(earlier.get(key) == report[key] for key in ("device", "accelerator", "size")):
             report = earlier
     report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), localspec=_commit(),
-                  llama_cpp=backend.system_info(), llama_bench=str(llama_bench) if llama_bench.exists() else None)
+                  llama_cpp=library.system_info(), llama_bench=str(llama_bench) if llama_bench.exists() else None)
     for number, (target_shape, draft_shape) in enumerate(size.pairs):
         if target_shape.name in report["targets"]:
             say(f"{target_shape.name}: measured before (--fresh measures it again)")

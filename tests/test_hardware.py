@@ -1,6 +1,7 @@
 import pytest
 
 from localspec import gguf_meta, hardware
+from localspec.engine.devices import Device
 from localspec.errors import UsageError
 
 
@@ -25,8 +26,8 @@ def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):
 def test_workers_memory_counts_and_a_split_that_does_not_fit_names_every_device(tiny):
     info = gguf_meta.read(tiny["target"])
     needed = hardware.check_fit([info], 512, small_machine(10**12))
-    worker = dict(name="RPC0", description="127.0.0.1:50052", kind="RPC worker", remote=True, free=needed // 2,
-                  total=needed)
+    worker = Device(name="RPC0", description="127.0.0.1:50052", kind="RPC worker", remote=True, free=needed // 2,
+                    total=needed)
     machine = hardware.Machine(gpu_offload=False, rpc=True, devices=[worker], ram_total=needed,
                                ram_available=needed // 2 + 1, cpu="test", features="")
     assert machine.memory_free == needed // 2 * 2 + 1
@@ -38,7 +39,7 @@ def test_workers_memory_counts_and_a_split_that_does_not_fit_names_every_device(
 
 def test_machine_reports_at_least_the_cpu():
     found = hardware.machine()
-    assert any(d["kind"] == "CPU" for d in found.devices)
+    assert any(d.kind == "CPU" for d in found.devices)
     assert found.ram_total > 0 and found.features and "=" not in found.features  # `AVX2, FMA`, not `AVX2 = 1 | ...`
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from localspec.config import Lending
-from localspec.engine import backend
+from localspec.engine import rpc
 
 from processes import localspec_process, stop
 
@@ -39,7 +39,7 @@ class Worker:
         deadline = time.monotonic() + WORKER_START_SECONDS
         while True:
             try:
-                backend.greet_worker(self.endpoint, timeout=5)
+                rpc.greet_worker(self.endpoint, timeout=5)
                 return
             except Exception:
                 if self.process.poll() is not None or time.monotonic() > deadline:
@@ -70,7 +70,7 @@ def run_json(localspec, *args) -> dict:
 
 
 def test_this_build_has_rpc_and_doctor_lists_the_workers_devices(localspec, workers):
-    assert backend.supports_rpc()
+    assert rpc.supports_rpc()
     endpoints = ",".join(w.endpoint for w in workers)
     result = localspec("doctor", "--rpc", endpoints, "--json")
     assert result.returncode == 0, result.stderr.decode()
@@ -237,7 +237,7 @@ def test_a_worker_that_drops_off_the_network_ends_the_run_within_bounded_time(ti
         worker.stop()
     lines = err.decode().strip().splitlines()
     assert run.returncode == 4
-    assert f"has waited {backend.RPC_STALL_SECONDS} s for the RPC workers" in lines[-1]
+    assert f"has waited {rpc.RPC_STALL_SECONDS} s for the RPC workers" in lines[-1]
     assert f"the RPC worker at {partition.endpoint} is gone" in lines[-1]
 
 

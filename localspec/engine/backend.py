@@ -1,33 +1,24 @@
-"""The only module that talks to llama.cpp (through llama-cpp-python's C bindings).
+"""Models and contexts on llama.cpp (through llama-cpp-python's C bindings), and decoding.
 
 Model owns weights and vocabulary; Context owns one KV cache with a single
 sequence. Logits come back as numpy views on llama.cpp's own buffer: valid
-until the next decode on that context, never copied.
-
-Output rows are turned into choices by llama.cpp's own sampler chain (a Chain),
-so Python never walks a full vocabulary row: on the backend, inside the decode
-graph, only each row's surviving candidates come back (the path for GPUs and
-Apple Silicon); on the host the chain runs in C over a candidate array that
-numpy fills in two vectorised copies.
+until the next decode on that context, never copied; what a row becomes through
+the context's sampler chain is chain.ChainRows'.
 """
 
 import ctypes
 import os
-import socket
-import struct
-import sys
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cache, cached_property
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from time import perf_counter
 
 import numpy as np
 
 from ..errors import EngineError, InputError, ModelLoadError, UsageError
+from .chain import Chain, ChainRows, top_k_superset  # noqa: F401 (the engine's drafters take Chain from here)
+from .devices import offload_array
+from .library import llama, nextn, recent_errors
 
 GGUF_MAGIC = b"GGUF"
 
@@ -35,209 +26,12 @@ GGUF_MAGIC = b"GGUF"
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
 CHECK_CACHES = bool(os.environ.get("LOCALSPEC_DEBUG"))
-LOG_LEVEL_ERROR = 4  # enum ggml_log_level
-_recent_errors: deque[str] = deque(maxlen=4)  # llama.cpp's own words, for our error messages
-
-
-def _log(level, text, user_data):
-    # llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1.
-    line = text.decode("utf-8", errors="replace")
-    if level == LOG_LEVEL_ERROR and line.strip():
-        _recent_errors.append(line.strip())
-    if os.environ.get("LOCALSPEC_DEBUG"):
-        sys.stderr.write(line)
-
-
-class _OnFirstUse:
-    """llama-cpp-python, imported and initialised when first used: loading its library takes a
-    noticeable moment, and `localspec --help`, `models` or `pull` never need it."""
-
-    def __getattr__(self, name: str):
-        global llama, _log_callback
-        import llama_cpp
-
-        _log_callback = llama_cpp.llama_log_callback(_log)  # kept referenced: llama.cpp calls it later
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        llama = llama_cpp
-        return getattr(llama_cpp, name)
-
-
-llama = _OnFirstUse()
-
-
-def _nextn():
-    """llama.cpp's calls for multi-token prediction (llama-ext.h), which llama-cpp-python binds in a
-    module of their own, marked experimental: the pinned version is the one they are tested with."""
-    llama.llama_backend_init  # noqa: B018 (initialises llama.cpp first)
-    from llama_cpp import llama_cpp_ext
-
-    return llama_cpp_ext
-
-
-def supports_gpu_offload() -> bool:
-    """Whether this machine has a GPU llama.cpp can put layers on (llama.cpp's own
-    llama_supports_gpu_offload also says yes for any build with RPC, workers or not)."""
-    return any(d["kind"] != "CPU" and not d["remote"] for d in devices())
-
-
-def supports_rpc() -> bool:
-    return bool(llama.llama_supports_rpc())
-
-
-def require_rpc() -> None:
-    if not supports_rpc():
-        raise UsageError("this llama.cpp build has no RPC backend; rebuild it with scripts/setup-venv,"
-                         " which builds it with -DGGML_RPC=on")
-
-
-@cache
-def _rpc() -> ctypes.CDLL:
-    """ggml's RPC backend (ggml-rpc.h), which llama-cpp-python does not wrap."""
-    require_rpc()
-    rpc = ctypes.CDLL(str(_library("ggml-rpc")))
-    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
-    rpc.ggml_backend_rpc_start_server.restype = None
-    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                                                  ctypes.c_void_p]
-    return rpc
-
-
-RPC_HELLO = 14  # enum rpc_cmd in ggml-rpc.cpp
-RPC_PROTO_MAJOR_VERSION = 7  # ggml-rpc.h at the pinned version: a worker must speak the same
-RPC_CONN_CAPS_SIZE = 24
-RPC_TIMEOUT_SECONDS = 10
-# llama.cpp waits on a worker for as long as its connection stays open, so a worker whose machine went
-# away would hang a decode for good: a decode this long makes us look for workers that are gone.
-RPC_STALL_SECONDS = 10
-_added_workers: set[str] = set()
-_decoding_since: float | None = None  # when the decode now running began, if one is
-
-
-def add_rpc_servers(endpoints: Sequence[str]) -> None:
-    """Make each worker's devices llama.cpp devices (named RPC0, RPC1, ...; described by their
-    endpoint), as llama.cpp's --rpc does, after greeting each ourselves: llama.cpp aborts the
-    process on a worker it cannot reach or that speaks another protocol."""
-    rpc, ggml = _rpc(), _ggml()
-    for endpoint in endpoints:
-        if endpoint in _added_workers:
-            continue
-        greet_worker(endpoint)
-        registry = rpc.ggml_backend_rpc_add_server(endpoint.encode())
-        if not registry:
-            raise EngineError(f"the RPC worker at {endpoint} offers no devices")
-        ggml.ggml_backend_register(ctypes.c_void_p(registry))
-        if not _added_workers:
-            threading.Thread(target=_watch_workers, name="rpc-watch", daemon=True).start()
-        _added_workers.add(endpoint)
-
-
-def _watch_workers() -> None:
-    """Stop the process if a decode has waited RPC_STALL_SECONDS and a worker accepts no connections
-    any more (a healthy but slow one still does: its port queues them)."""
-    while True:
-        time.sleep(1)
-        since = _decoding_since
-        if since is None or perf_counter() - since < RPC_STALL_SECONDS:
-            continue
-        if any(not worker_listening(endpoint, timeout=2) for endpoint in list(_added_workers)):
-            _stop(f"a decode has waited {RPC_STALL_SECONDS} s for the RPC workers")
-
-
-def greet_worker(endpoint: str, timeout: float = RPC_TIMEOUT_SECONDS) -> None:
-    """The RPC handshake (HELLO, and the protocol version back), with a time limit; UsageError naming
-    the worker if it cannot be reached, does not answer, or answers in another protocol."""
-    where = f"the RPC worker at {endpoint}"
-    try:
-        with socket.create_connection(_address(endpoint), timeout=timeout) as connection:
-            connection.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE))
-            size = struct.unpack("<Q", _receive(connection, 8))[0]
-            answer = _receive(connection, size) if size < 2**16 else b""
-    except TimeoutError:
-        raise UsageError(f"{where} did not answer within {timeout:g} s (a worker serves one client at a time:"
-                         " is another localspec using it?)") from None
-    except (OSError, ConnectionError, struct.error) as error:
-        reason = getattr(error, "strerror", None) or str(error) or "the connection closed"
-        raise UsageError(f"cannot reach {where}: {reason} (is `localspec worker` running there?)") from None
-    if len(answer) < 3 or answer[0] != RPC_PROTO_MAJOR_VERSION:
-        raise UsageError(f"{where} does not speak llama.cpp's RPC protocol v{RPC_PROTO_MAJOR_VERSION}"
-                         " (another program, or a llama.cpp of another version?)")
-
-
-def worker_listening(endpoint: str, timeout: float = 1.0) -> bool:
-    """Whether anything still accepts connections at a worker's endpoint (a worker busy with another
-    client still does: the connection waits in its queue)."""
-    try:
-        socket.create_connection(_address(endpoint), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def _address(endpoint: str) -> tuple[str, int]:
-    """HOST:PORT (or [IPv6]:PORT, as checked by Runtime) as a socket address."""
-    host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _receive(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the connection closed")
-        data += chunk
-    return data
-
-
-def serve_rpc(endpoint: str, cache_dir: Path | None, threads: int, device_names: Sequence[str]) -> None:
-    """Serve these devices to other machines' llama.cpp over RPC: blocks for as long as the server
-    runs (llama.cpp returns only if it cannot listen)."""
-    ggml = _ggml()
-    chosen = [ggml.ggml_backend_dev_by_name(name.encode()) for name in device_names]
-    array = (ctypes.c_void_p * len(chosen))(*chosen)
-    _rpc().ggml_backend_rpc_start_server(endpoint.encode(), str(cache_dir).encode() if cache_dir else None,
-                                         threads, len(chosen), ctypes.cast(array, ctypes.c_void_p))
-
-
-def _stop(message: str) -> None:
-    """End the process for good from any thread, llama.cpp's own included (replaced by stop_on_abort)."""
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-    os._exit(EngineError.exit_code)
-
-
-def stop_on_abort(say: Callable[[str], None]) -> None:
-    """When llama.cpp aborts (an assertion, or a worker that stopped answering), say so in one line
-    through say(message) and exit with EngineError's code, instead of a backtrace and a core dump.
-    say runs on whichever thread llama.cpp aborted in; the process ends right after it."""
-    global _abort_callback, _stop
-
-    def stop(message: str) -> None:
-        try:
-            say(message)
-        finally:
-            os._exit(EngineError.exit_code)
-
-    def on_abort(message: bytes) -> None:
-        text = message.decode("utf-8", errors="replace").strip()
-        place, _, what = text.partition(": ")
-        stop(f"{what.strip()} ({Path(place).name})" if what else text)
-
-    _stop = stop
-
-    _abort_callback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(on_abort)  # kept referenced: ggml calls it later
-    ggml = _ggml()
-    ggml.ggml_set_abort_callback.restype = ctypes.c_void_p
-    ggml.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
-    ggml.ggml_set_abort_callback(ctypes.cast(_abort_callback, ctypes.c_void_p))
 
 
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
                  load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
-                 mmap: bool | None = None, mlock: bool = False):
+                 mmap: bool | None = None, mlock: bool = False, watch=None):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
@@ -245,7 +39,8 @@ class Model:
         (an MTP context can be made only then; llama.cpp aborts otherwise). repack: let the CPU keep
         weights in the layout of its fastest kernels (llama.cpp's extra buffer types). mmap: map the file
         into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
-        the weights in RAM, never swapped out."""
+        the weights in RAM, never swapped out. watch: the RPC workers (rpc.Workers) that watch this
+        model's decodes, where its layers may sit on theirs."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
@@ -254,7 +49,7 @@ class Model:
         params.load_mtp = load_mtp
         params.use_extra_bufts = repack
         if devices is not None:
-            chosen = _device_array(devices)
+            chosen = offload_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
         if tensor_split is not None:
             most = llama.llama_max_devices()
@@ -262,12 +57,11 @@ class Model:
                 raise UsageError(f"--tensor-split names {len(tensor_split)} devices; llama.cpp takes at most {most}")
             self._split = (ctypes.c_float * most)(*tensor_split)  # kept referenced while llama.cpp reads it
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
-        _recent_errors.clear()
-        self.gpu_layers = gpu_layers
-        self.devices = devices
+        recent_errors.clear()
+        self.watch = watch
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
-            reason = _recent_errors[0].split("error loading model: ")[-1] if _recent_errors else "damaged file?"
+            reason = recent_errors[0].split("error loading model: ")[-1] if recent_errors else "damaged file?"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {reason} (LOCALSPEC_DEBUG=1 shows its log)")
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
@@ -336,17 +130,6 @@ class Model:
         template = llama.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 
-    def placement(self) -> dict:
-        """Where the weights sit: how many of the model's layers (its output layer counted, as
-        llama.cpp's log counts them) are on the GPUs, and which devices hold them."""
-        layers = llama.llama_model_n_layer(self._model) + 1
-        gpus = [d["name"] for d in devices() if d["kind"] != "CPU"]  # a worker's devices (--rpc) too
-        if self.devices is not None:
-            gpus = [name for name in gpus if name in self.devices]
-        on_gpu = 0 if not gpus else layers if self.gpu_layers < 0 else min(self.gpu_layers, layers)
-        held_by = (gpus if on_gpu else []) + (["CPU"] if on_gpu < layers else [])
-        return {"file": self.path.name, "layers": layers, "layers_on_gpu": on_gpu, "devices": held_by}
-
     def close(self) -> None:
         if self._model:
             llama.llama_model_free(self._model)
@@ -368,61 +151,10 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
-@dataclass(frozen=True)
-class Chain:
-    """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's):
-    the top_k highest logits (0: all), top-p and min-p on the raw logits, then temperature.
-    argmax: only the most likely token."""
-
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    temperature: float = 1.0
-    argmax: bool = False
-
-    def native(self):
-        """A new llama_sampler chain; the caller frees it."""
-        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        if self.argmax:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
-            return chain
-        if self.top_k > 0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(self.top_k))
-        if self.top_p < 1:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(self.top_p, 0))
-        if self.min_p > 0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(self.min_p, 0))
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(self.temperature))
-        return chain
-
-
-def top_k_superset(row: np.ndarray, k: int) -> np.ndarray | None:
-    """Ids of some of a row's entries, among them its k highest and every entry tied with the k-th,
-    found without sorting the row. The row is dealt into groups and each group's maximum taken: the
-    k-th highest maximum is reached by at least k entries, so nothing below it is among the k highest,
-    and only groups whose maximum reaches it are looked into (about k groups). None where the row is
-    too short for that to save anything (or k is 0: no top-k)."""
-    groups = min(TOP_K_GROUPS, len(row) // 2)
-    if k <= 0 or groups < 4 * k:
-        return None
-    width = len(row) // groups
-    grid = row[: groups * width].reshape(width, groups)  # group g holds entries g, g + groups, g + 2 groups, ...
-    maxima = grid.max(axis=0)
-    threshold = np.partition(maxima, groups - k)[groups - k]
-    reaching = np.flatnonzero(maxima >= threshold)
-    rows, columns = np.nonzero(grid[:, reaching] >= threshold)
-    ids = rows * groups + reaching[columns]
-    tail = row[groups * width :]  # the entries left over from dealing, looked into one by one
-    return np.concatenate([ids, groups * width + np.flatnonzero(tail >= threshold)]) if tail.size else ids
-
-
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: to llama.cpp's samplers, "seed me at random"; seeds stay below it
-TOP_K_GROUPS = 2048  # at 152k, groups of 74: each pass is over 2,048 maxima or a few thousand entries
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
-class Context:
+class Context(ChainRows):
     """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds.
 
     backend_sampling: run the sampler chain inside the decode graph, for up to max_outputs rows a
@@ -465,7 +197,7 @@ class Context:
         self.rollback = llama.llama_n_rs_seq(self._ctx) if self.recurrent else n_ctx
         self.mtp, self.keep_hidden = mtp, keep_hidden
         if mtp or keep_hidden:  # an MTP context hands back its own hidden state for output rows only
-            _nextn().llama_set_embeddings_nextn(self._ctx, True, mtp)
+            nextn().llama_set_embeddings_nextn(self._ctx, True, mtp)
         self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state, with keep_hidden
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
         self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
@@ -484,17 +216,9 @@ class Context:
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
-        self._n_vocab = model.n_vocab
-        self._row = ctypes.c_float * model.n_vocab  # one logit row; a view is made over it in place
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
-        self.backend_sampling = backend_sampling
-        self.chain: Chain | None = None
-        self.on_backend = False  # where the current chain runs
-        self._native_chain = None
-        self._dist = None  # draw()'s sampler, seeded anew for each generation
-        self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
-        self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
+        self._start_rows(backend_sampling)
 
     def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
@@ -502,7 +226,7 @@ class Context:
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
-        global _decoding_since
+        watch = self.model.watch
         self._settle()
         start = len(self.tokens)
         if logits == "all" and len(tokens) > self.max_rows:
@@ -522,19 +246,22 @@ class Context:
                 rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
                 batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             self._changing = (start + offset, chunk)
-            started = _decoding_since = perf_counter()
+            started = perf_counter()
+            if watch is not None:
+                watch.decoding_since = started
             try:
                 status = llama.llama_decode(self._ctx, batch)
                 # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the
                 # time is the decode's (the auto policy's costs, the host share) and not the next call's.
                 llama.llama_synchronize(self._ctx)
             finally:
-                _decoding_since = None
+                if watch is not None:
+                    watch.decoding_since = None
                 if hidden is not None:
                     batch.embd = ctypes.POINTER(ctypes.c_float)()
             self.busy_seconds += perf_counter() - started
             if self.keep_hidden and status == 0:
-                states = np.ctypeslib.as_array(_nextn().llama_get_embeddings_nextn(self._ctx),
+                states = np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx),
                                                shape=(len(chunk), self.model.n_embd)).copy()
                 self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), states))
             if status != 0:
@@ -543,83 +270,6 @@ class Context:
             self.tokens.extend(chunk)
             self._last_decoded, self._rolled_back = len(chunk), False
             self._changing = None
-
-    def sample_with(self, chain: Chain) -> None:
-        """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds)."""
-        self._free_dist()
-        if chain == self.chain:
-            return
-        self._free_chain()
-        native = chain.native()
-        on_backend = self.backend_sampling or (self.backend_sampling is None and chain.argmax)
-        if on_backend and not llama.llama_set_sampler(self._ctx, 0, native):
-            if self.backend_sampling:  # asked for by name
-                llama.llama_sampler_free(native)
-                raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
-                                  " (a tensor-split model?); try --no-backend-sampling")
-            on_backend = False
-        self.chain, self._native_chain, self.on_backend = chain, native, on_backend
-
-    def token(self, row: int) -> int:
-        """The row's most likely token (the chain must be an argmax chain)."""
-        if self.on_backend:
-            return llama.llama_get_sampled_token_ith(self._ctx, row)
-        return int(np.argmax(self.logits(row)))
-
-    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ids the chain keeps of a row and their logits (temperature applied), as new arrays."""
-        if self.on_backend:
-            count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
-            logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
-            ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
-            # without top-k the chain keeps the whole vocabulary, in vocabulary order
-            ids = (np.ctypeslib.as_array(llama.llama_get_sampled_candidates_ith(self._ctx, row), shape=(count,))
-                   if ids_count else np.arange(count, dtype=np.int32))
-            kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
-            return ids[kept], logits[kept]
-        rows, array = self._apply_chain(row)
-        kept = rows[: array.size]
-        return kept["id"].copy(), kept["logit"].copy()
-
-    def draw(self, row: int, rng: np.random.Generator) -> int:
-        """A token drawn from what the chain keeps of a row, by llama.cpp's dist sampler on the host (seeded
-        from rng at a generation's first draw): where no draft token competes (a plain step, a bonus
-        token) nothing needs the distribution itself, and C draws without numpy's per-call costs."""
-        if self._dist is None:
-            self._dist = llama.llama_sampler_init_dist(int(rng.integers(DEFAULT_SEED)))
-        rows, array = self._apply_chain(row)
-        llama.llama_sampler_apply(self._dist, ctypes.byref(array))
-        return int(rows["id"][array.selected])
-
-    def _apply_chain(self, row: int) -> tuple[np.ndarray, "llama.llama_token_data_array"]:
-        """The host chain run over a row: the candidate array, whose first `size` entries survived."""
-        if self._candidates is None:
-            self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
-            self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
-        logits = self.logits(row)
-        ids = top_k_superset(logits, self.chain.top_k)
-        if ids is None:
-            rows = self._candidates
-            rows["id"] = self._all_ids  # the chain reorders the array in place
-            rows["logit"] = logits
-        else:  # the chain's top-k keeps the same tokens of these as of the whole row
-            rows = self._candidates[: len(ids)]
-            rows["id"] = ids
-            rows["logit"] = logits[ids]
-        array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), len(rows), -1, False)
-        llama.llama_sampler_apply(self._native_chain, ctypes.byref(array))
-        return rows, array
-
-    def logits(self, row: int) -> np.ndarray:
-        """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
-        if self.on_backend:
-            raise EngineError("full logit rows are not kept while sampling on the backend")
-        pointer = llama.llama_get_logits_ith(self._ctx, row)
-        if not pointer:
-            raise EngineError(f"no logits for row {row} of the last batch")
-        # np.ctypeslib.as_array builds a new ctypes array type on every call (~50 us a row); a view
-        # over the fixed row type at the row's address costs a few microseconds.
-        return np.frombuffer(self._row.from_address(ctypes.addressof(pointer.contents)), dtype=np.float32)
 
     def truncate(self, n_keep: int) -> None:
         """Forget every position from n_keep on."""
@@ -690,7 +340,7 @@ class Context:
     def stop_keeping_hidden(self) -> None:
         """No MTP block will draft after all: keep no hidden states."""
         if self.keep_hidden:
-            _nextn().llama_set_embeddings_nextn(self._ctx, False, False)
+            nextn().llama_set_embeddings_nextn(self._ctx, False, False)
             self.keep_hidden = False
             self._hidden.clear()
 
@@ -701,7 +351,7 @@ class Context:
 
     def output_hidden(self, row: int) -> np.ndarray:
         """An MTP context's own hidden state at an output row of its last decode: what its next token reads."""
-        pointer = _nextn().llama_get_embeddings_nextn_ith(self._ctx, row)
+        pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, row)
         return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
 
     def checkpoint(self) -> None:
@@ -764,19 +414,6 @@ class Context:
                 f" the generation expects 0..{len(tokens) - 1}"
             )
 
-    def _free_dist(self) -> None:
-        if self._dist is not None:
-            llama.llama_sampler_free(self._dist)
-            self._dist = None
-
-    def _free_chain(self) -> None:
-        if self._native_chain is not None:
-            if self.on_backend:
-                llama.llama_set_sampler(self._ctx, 0, None)
-            llama.llama_sampler_free(self._native_chain)
-            self.chain = self._native_chain = None
-            self.on_backend = False
-
     def close(self) -> None:
         if self._ctx:
             self._free_dist()
@@ -796,85 +433,3 @@ def _check_is_gguf(path: Path) -> None:
         raise InputError(f"cannot read model file {path}: {error.strerror}") from None
     if magic != GGUF_MAGIC:
         raise InputError(f"{path} is not a GGUF model file")
-
-
-def version() -> str:
-    """llama-cpp-python's version: its module's own, as a binding run from a source tree has no installed
-    distribution to ask (scripts/accelerator-report runs it so)."""
-    return llama.__version__
-
-
-def system_info() -> str:
-    """llama.cpp's summary of the CPU features and backends it was built with."""
-    return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-
-def _library(name: str) -> Path:
-    """One of the libraries llama-cpp-python installs beside itself, by its name without prefix or suffix:
-    the file libllama itself loaded. A wheel cannot hold symbolic links, so libggml.so and libggml.so.0
-    are separate copies, and loading the other one would give a second ggml with a registry of its own
-    (devices added there are not llama.cpp's). LLAMA_CPP_LIB_PATH moves them, for llama-cpp-python as for us."""
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    folder = Path(override) if override else Path(llama.__file__).parent / "lib"
-    names = (f"lib{name}.so.0", f"lib{name}.so", f"lib{name}.0.dylib", f"lib{name}.dylib", f"{name}.dll")
-    return next(folder / file for file in names if (folder / file).exists())
-
-
-@cache
-def _ggml() -> ctypes.CDLL:
-    """ggml's device registry, which llama-cpp-python does not wrap."""
-    ggml = ctypes.CDLL(str(_library("ggml")))
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for function in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(ggml, function).restype = ctypes.c_char_p
-        getattr(ggml, function).argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_type.restype = ctypes.c_int
-    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-    ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
-    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
-    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    return ggml
-
-
-DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "integrated GPU", 3: "accelerator"}  # enum ggml_backend_dev_type
-
-
-def _device_array(names: tuple[str, ...]) -> ctypes.Array:
-    """The NULL-terminated array of offload devices llama_model_params.devices takes; ("none",): none."""
-    ggml = _ggml()
-    offload = {ggml.ggml_backend_dev_name(device).decode(): device
-               for device in map(ggml.ggml_backend_dev_get, range(ggml.ggml_backend_dev_count()))
-               if DEVICE_KINDS.get(ggml.ggml_backend_dev_type(device)) != "CPU"}
-    chosen = [] if tuple(names) == ("none",) else list(names)
-    unknown = [name for name in chosen if name not in offload]
-    if unknown:
-        raise UsageError(f"no offload device named {', '.join(unknown)}; this build has:"
-                         f" {', '.join(offload) or 'none (a CPU-only build)'}, or 'none' for the CPU alone")
-    return (ctypes.c_void_p * (len(chosen) + 1))(*[offload[name] for name in chosen], None)
-
-
-def devices() -> list[dict]:
-    """The compute devices ggml sees: name, description (a worker's endpoint, for a remote one), kind,
-    whether it is remote (an RPC worker's), free and total memory in bytes."""
-    ggml = _ggml()
-    found = []
-    for i in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        remote = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(device)) == b"RPC"
-        found.append(dict(
-            name=ggml.ggml_backend_dev_name(device).decode(),
-            description=ggml.ggml_backend_dev_description(device).decode(),
-            # llama.cpp calls every worker's device a GPU, whatever the worker lends
-            kind="RPC worker" if remote else DEVICE_KINDS.get(ggml.ggml_backend_dev_type(device), "other"),
-            remote=remote, free=free.value, total=total.value,
-        ))
-    return found

@@ -1,0 +1,94 @@
+"""llama-cpp-python's library and ggml's, loaded on first use: the engine's modules reach llama.cpp
+through `llama` here and ggml's own C API (which llama-cpp-python does not wrap) through ggml()."""
+
+import ctypes
+import os
+import sys
+from collections import deque
+from functools import cache
+from pathlib import Path
+
+LOG_LEVEL_ERROR = 4  # enum ggml_log_level
+recent_errors: deque[str] = deque(maxlen=4)  # llama.cpp's own words, for our error messages
+
+
+def _log(level, text, user_data):
+    # llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1.
+    line = text.decode("utf-8", errors="replace")
+    if level == LOG_LEVEL_ERROR and line.strip():
+        recent_errors.append(line.strip())
+    if os.environ.get("LOCALSPEC_DEBUG"):
+        sys.stderr.write(line)
+
+
+class _OnFirstUse:
+    """llama-cpp-python, imported and initialised when first used: loading its library takes a
+    noticeable moment, and `localspec --help`, `models` or `pull` never need it. Once loaded, the
+    module's names are this object's own, so each later lookup costs what a module's does."""
+
+    def __getattr__(self, name: str):
+        import llama_cpp
+
+        if "_log_callback" not in self.__dict__:
+            self._log_callback = llama_cpp.llama_log_callback(_log)  # kept referenced: llama.cpp calls it later
+            llama_cpp.llama_log_set(self._log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            self.__dict__.update({key: value for key, value in vars(llama_cpp).items() if key not in self.__dict__})
+        return getattr(llama_cpp, name)
+
+
+llama = _OnFirstUse()
+
+
+def nextn():
+    """llama.cpp's calls for multi-token prediction (llama-ext.h), which llama-cpp-python binds in a
+    module of their own, marked experimental: the pinned version is the one they are tested with."""
+    llama.llama_backend_init  # noqa: B018 (initialises llama.cpp first)
+    from llama_cpp import llama_cpp_ext
+
+    return llama_cpp_ext
+
+
+def library(name: str) -> Path:
+    """One of the libraries llama-cpp-python installs beside itself, by its name without prefix or suffix:
+    the file libllama itself loaded. A wheel cannot hold symbolic links, so libggml.so and libggml.so.0
+    are separate copies, and loading the other one would give a second ggml with a registry of its own
+    (devices added there are not llama.cpp's). LLAMA_CPP_LIB_PATH moves them, for llama-cpp-python as for us."""
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    folder = Path(override) if override else Path(llama.__file__).parent / "lib"
+    names = (f"lib{name}.so.0", f"lib{name}.so", f"lib{name}.0.dylib", f"lib{name}.dylib", f"{name}.dll")
+    return next(folder / file for file in names if (folder / file).exists())
+
+
+@cache
+def ggml() -> ctypes.CDLL:
+    """ggml's device registry, which llama-cpp-python does not wrap."""
+    ggml = ctypes.CDLL(str(library("ggml")))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for function in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(ggml, function).restype = ctypes.c_char_p
+        getattr(ggml, function).argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    return ggml
+
+
+def version() -> str:
+    """llama-cpp-python's version: its module's own, as a binding run from a source tree has no installed
+    distribution to ask (scripts/accelerator-report runs it so)."""
+    return llama.__version__
+
+
+def system_info() -> str:
+    """llama.cpp's summary of the CPU features and backends it was built with."""
+    return llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
