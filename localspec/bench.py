@@ -7,7 +7,6 @@ cached by the previous mode would make the next look faster than it is.
 
 import gzip
 import json
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,14 +323,12 @@ def parse_modes(text: str) -> list[DrafterKind]:
 def modes_for(modes: str | None, draft_model: str | None, drafting: DrafterKind) -> list[DrafterKind]:
     """The modes asked for (comma-separated; None: the default ones), checked before minutes of loading
     and calibrating: a mode that needs a model nobody named is refused, or left out of the default
-    modes with a note."""
+    modes (the caller says so: DRAFT is missing)."""
     needs = {DrafterKind.DRAFT: ("--draft MODEL", draft_model is not None),
              DrafterKind.MTP: ("--draft mtp", drafting == DrafterKind.MTP)}
     if modes is None:
         chosen = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO]
         if draft_model is None:
-            print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
-                  " the draft mode)", file=sys.stderr)
             chosen.remove(DrafterKind.DRAFT)
         return chosen
     chosen = parse_modes(modes)

@@ -696,6 +696,9 @@ def bench(
     caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
     """
     chosen_modes = bench_runner.modes_for(modes, settings.draft_model, settings.speculation.drafting)
+    if modes is None and DrafterKind.DRAFT not in chosen_modes:
+        print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
+              " the draft mode)", file=sys.stderr)
     # what the results are written to is checked before minutes of benchmarking, not after them
     for path, option in ((output, "--output"), (plot_file, "--plot")):
         if path:
