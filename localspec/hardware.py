@@ -7,6 +7,7 @@ Refusing up front beats the OS killing the process halfway through loading.
 
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -47,7 +48,10 @@ def gpu_offload() -> bool:
     return supports_gpu_offload()
 
 
-def machine() -> Machine:
+def machine(workers: Sequence[str] = ()) -> Machine:
+    """This machine's devices and memory, and those of these RPC workers (HOST:PORT), greeted first:
+    one that cannot be reached is refused before anything is counted."""
+    rpc.Workers(workers)
     memory = psutil.virtual_memory()
     return Machine(
         gpu_offload=gpu_offload(),

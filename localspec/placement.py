@@ -107,10 +107,6 @@ class Placement:
         return cls(placed, place_draft(runtime, draft, machine) if draft else None, backend_sampling,
                    (target,) + ((draft,) if draft else ()), runtime.ctx_size, machine)
 
-    @property
-    def needed(self) -> int:
-        return sum(hardware.estimate_bytes(info, self.n_ctx) for info in self.models)
-
     def check_fit(self) -> int:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
         return hardware.check_fit(list(self.models), self.n_ctx, self.machine)

@@ -87,3 +87,16 @@ class OtherWork:
         if now - start < 0.1:
             return None
         return max(0.0, (others - others_before) / (now - start))
+
+
+def crowded_cores(threads: int, busy: float | None) -> str | None:
+    """A warning when other processes keep busy (`busy` cores) the cores that llama.cpp's threads need.
+    Its threads wait for each other at every layer, so one that must share its core holds all of them
+    up: on a loaded 2-core machine 2 threads made 0.3 tok/s where -t 1 made 10-14."""
+    cores = os.cpu_count() or 1
+    free = max(1, round(cores - (busy or 0.0)))
+    if threads <= free:
+        return None
+    return (f"warning: {threads} threads, but other processes keep about {busy:.1f} of this machine's {cores} cores"
+            " busy: llama.cpp's threads wait for each other, so one on a busy core holds the rest up;"
+            f" -t {free} may be much faster")

@@ -4,7 +4,7 @@ A Session owns the llama.cpp objects for one target (and draft) and can run
 many generations on them; the caller iterates events and never touches the engine.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -148,13 +148,16 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
 
 def open_session(
     target: str, draft_model: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False,
-    progress=None, loading=nullcontext, stop=None,
+    progress=None, loading=nullcontext, on_abort: Callable[[str], None] | None = None,
 ) -> "Session":
     """Resolve, fetch and check the pair, place it, then load it.
 
     loading(text): a context shown while the models load (a spinner), after any download.
-    stop(message): how the process ends should an RPC worker stop answering mid-decode.
+    on_abort(message): should llama.cpp abort later (an RPC worker that stopped answering), called with
+    its message and what is known of why, before the process ends with EngineError's code; None leaves
+    llama.cpp's own backtrace.
     """
+    stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)

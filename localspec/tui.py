@@ -145,12 +145,29 @@ def models_table(rows: list[dict], console: Console = out) -> None:
         console.print(f"[dim]not shown at this width: {', '.join(MODEL_COLUMNS[len(columns):])} (--json has them)[/]")
 
 
-def show_report(info: dict, console: Console = out) -> None:
+def model_card(card, console: Console = out) -> None:
     """`localspec show`: what Ollama's show prints, and what the model means for speculation."""
+    info = card.info
+    known = info["architecture"] is not None  # the file is on disk
+    lines = [
+        ("name", info["name"]),
+        ("architecture", info["architecture"]),
+        ("parameters", card.parameters),
+        ("context length", f"{info['context_length']:,}" if info["context_length"] else None),
+        ("quantization", info["quantization"]),
+        ("tokenizer", f"{info['tokenizer']}, {info['vocab_size']:,} tokens" if known else None),
+        ("chat template", None if not known else "yes" if info["chat_template"] else "no (a plain transcript)"),
+        ("file", info["file"] or f"not downloaded (`localspec pull {card.pull_name}`): what the file says"
+         " shows once it is"),
+        ("size", size_text(info["size"])),
+        ("layers", layers_text(info) or None),
+        ("drafts", card.drafts),
+        ("license", info["license"] or None),
+    ]
     table = Table.grid(padding=(0, 3))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
-    for label, value in info["lines"]:
+    for label, value in lines:
         if value is not None:  # not known before the file is downloaded
             table.add_row(label, shown(value))
     _whole_rows(console).print(table)

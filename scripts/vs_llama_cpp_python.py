@@ -55,7 +55,6 @@ def main() -> None:
     args = parser.parse_args()
 
     path = download.locate(registry.resolve(args.model))
-    sampling = Sampling(temperature=args.temp)
     llm = Llama(model_path=str(path), n_ctx=2048, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
                 verbose=False)
     ratios = []

@@ -419,7 +419,7 @@ def test_flash_attention_and_how_a_model_loads_reach_llama_cpp(tmp_path, tiny, f
 
 
 def test_escapes_are_read_as_llama_cpp_reads_them():
-    from localspec.cli import unescape
+    from localspec.cli.options import unescape
 
     assert unescape(r"a\nb\tc\\n\"q\'\x41\r") == "a\nb\tc\\n\"q'A\r"
     assert unescape(r"C:\path\zeta \x4") == r"C:\path\zeta \x4"  # anything else stays as typed
@@ -565,12 +565,12 @@ def test_ps_names_a_servers_address_as_a_client_writes_it():
 
 
 def test_threads_on_busy_cores_are_warned_of_once_on_stderr(cli, tiny, monkeypatch):
-    from localspec import cli as face, running
+    from localspec import running
 
     cores = os.cpu_count()
-    assert face.crowded_cores(cores, 0.3) is None and face.crowded_cores(1, cores + 1.0) is None  # 1: the least
-    assert "-t 1 may be much faster" in face.crowded_cores(2, cores - 0.6)
-    assert face.crowded_cores(2, None) is None or cores < 2  # too short a load to tell: no warning
+    assert running.crowded_cores(cores, 0.3) is None and running.crowded_cores(1, cores + 1.0) is None  # 1: the least
+    assert "-t 1 may be much faster" in running.crowded_cores(2, cores - 0.6)
+    assert running.crowded_cores(2, None) is None or cores < 2  # too short a load to tell: no warning
     if cores > 1:
         monkeypatch.setattr(running.OtherWork, "cores", lambda self: cores - 0.6)  # other processes fill all but one
         code, stdout, stderr = cli("run", tiny["target"], "-p", "the cat", "-n", "2", "-t", "2", "--json")

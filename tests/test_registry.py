@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from localspec import registry
-from localspec.cli import build_settings
+from localspec.cli.options import build_settings
 from localspec.config import DrafterKind
 from localspec.errors import UsageError
 from localspec.registry import ModelEntry, RepoQuant

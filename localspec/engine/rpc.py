@@ -128,6 +128,17 @@ def worker_listening(endpoint: str, timeout: float = 1.0) -> bool:
     return True
 
 
+def abort_hint(endpoints: Sequence[str]) -> str:
+    """What is known of why llama.cpp aborted, as a clause to follow its message: which worker is gone
+    (a killed worker's port closes a moment after the abort), or the question to ask."""
+    for _ in range(5 if endpoints else 0):
+        gone = [endpoint for endpoint in endpoints if not worker_listening(endpoint)]
+        if gone:
+            return f"; the RPC worker at {', '.join(gone)} is gone"
+        time.sleep(0.1)
+    return "; is every --rpc worker still running?" if endpoints else ""
+
+
 def _address(endpoint: str) -> tuple[str, int]:
     """HOST:PORT (or [IPv6]:PORT, as checked by Runtime) as a socket address."""
     host, _, port = endpoint.rpartition(":")

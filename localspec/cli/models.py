@@ -1,0 +1,160 @@
+"""The commands about models and this machine: pull, models, show, ps, rm, check, doctor, version."""
+
+import dataclasses
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .. import __version__, catalog, download, hardware, registry, running, tui
+from ..config import DrafterKind
+from ..errors import UsageError
+from ..session import resolve_pair
+from .app import command
+from .options import DEFAULT_RUNTIME, OfflineOption, device_names
+
+
+@command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
+def pull(
+    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
+    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one).", show_default=False)] = None,
+):
+    """Download a model (and a draft) into the models directory, resuming partial downloads."""
+    models = registry.load()
+    target = registry.resolve(name, models)
+    wanted = [target]
+    if draft not in (None, DrafterKind.NGRAM, DrafterKind.MTP):
+        wanted.append(registry.resolve_draft(draft, target, models))
+    for item in wanted:
+        print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
+
+
+def list_models(
+    installed: Annotated[bool, typer.Option("--installed", help="Only the downloaded ones.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False,
+):
+    """List the models localspec knows by name: size, whether downloaded, what drafts for them.
+
+    Once a model is downloaded, what its layers mean for speculation (a recurrent state, MTP layers).
+    Names are never cut short: at a narrow width the last columns are left out instead.
+    """
+    rows = catalog.model_rows(installed_only=installed)
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+    elif installed and not rows:
+        print("no model is downloaded yet: `localspec pull NAME` fetches one (`localspec models` lists the names)")
+    else:
+        tui.models_table(rows)
+
+
+command(name="models")(list_models)
+command(name="list", hidden=True)(list_models)  # Ollama's names for it
+command(name="ls", hidden=True)(list_models)
+
+
+@command(epilog="Examples:\n\n  localspec show qwen2.5-coder-1.5b\n\n  localspec show ./model.gguf --json")
+def show(
+    name: Annotated[str, typer.Argument(help="A registry name, a GGUF file or hf:owner/repo/file.gguf.",
+                                        show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+):
+    """Show a model: architecture, parameters, context length, quantization, file, chat template, and what
+    can draft for it (draft models, MTP layers, a recurrent state).
+
+    Reads only what is on disk: a registry model that is not downloaded shows what the registry knows.
+    """
+    card = catalog.model_card(name)
+    if as_json:
+        print(json.dumps(card.info))
+    else:
+        tui.model_card(card)
+
+
+@command()
+def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
+    """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker)."""
+    found = running.processes()
+    if as_json:
+        for process in found:
+            print(json.dumps(process))
+    else:
+        tui.ps_table(found)
+
+
+@command(name="rm")
+def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
+    """Delete a downloaded model (partial downloads too)."""
+    entry = registry.resolve(name)
+    if not isinstance(entry, registry.ModelEntry):
+        raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")
+    freed = download.remove(entry)
+    if not freed:
+        raise UsageError(f"{entry.name} is not downloaded")
+    print(f"removed {entry.name} ({tui.size_text(freed)})")
+
+
+@command()
+def check(
+    target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
+    draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...), or mtp:"
+                                         " whether the target has MTP layers to draft with.", show_default=False)],
+    offline: OfflineOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+):
+    """Check that a draft can speculate for a target (llama.cpp's tokenizer rules); exit 1 if not."""
+    if draft == DrafterKind.NGRAM:
+        raise UsageError("n-gram drafting works with every target; name a draft model to check")
+    if draft == DrafterKind.MTP:
+        _check_mtp(target, offline, as_json)
+        return
+    pair = resolve_pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
+    report = pair.report
+    if as_json:
+        print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
+                          "compatible": report.compatible,
+                          "rules": [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in report.rules]}))
+    else:
+        tui.compat_report(report)
+    if not report.compatible:
+        print(pair.advice, file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _check_mtp(target: str, offline: bool, as_json: bool) -> None:
+    """Whether the target has multi-token-prediction layers to draft for itself with; exit 1 if not."""
+    info = resolve_pair(target, None, offline, tui.download_progress(), verify_sha256=True).target
+    if as_json:
+        print(json.dumps({"target": info.path.name, "draft": "mtp", "compatible": info.mtp_layers > 0,
+                          "mtp_layers": info.mtp_layers}))
+    elif info.mtp_layers:
+        print(f"{info.path.name} has {info.mtp_layers} multi-token-prediction layer(s): --draft mtp drafts with them")
+    else:
+        print(f"{info.path.name} has no multi-token-prediction layers: --draft mtp cannot draft for it",
+              file=sys.stderr)
+    if not info.mtp_layers:
+        raise typer.Exit(1)
+
+
+@command()
+def doctor(
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length to size the KV cache for.")]
+    = DEFAULT_RUNTIME.ctx_size,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    rpc: Annotated[Optional[str], typer.Option(
+        "--rpc", help="Also list the devices of these `localspec worker`s (HOST:PORT,...) and count their memory.",
+        show_default=False)] = None,
+):
+    """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
+    machine, rows = catalog.doctor(device_names(rpc) or (), ctx_size)
+    if as_json:
+        print(json.dumps({"machine": dataclasses.asdict(machine), "ctx_size": ctx_size, "pairs": rows}))
+    else:
+        tui.doctor_report(machine, rows, ctx_size, None if machine.gpu_offload else hardware.REBUILD_HINT)
+
+
+@command()
+def version():
+    """Print the localspec version."""
+    print(__version__)

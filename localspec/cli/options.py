@@ -1,0 +1,314 @@
+"""The options the generating commands share (llama.cpp's spellings), turned into one checked Settings,
+and the user's input as given (files, standard input, llama.cpp's escapes)."""
+
+import dataclasses
+import functools
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Optional
+
+import typer
+
+from .. import hardware
+from ..config import (
+    DEFAULT_DRAFT_MAX,
+    DrafterKind,
+    Limits,
+    Runtime,
+    Sampling,
+    Speculation,
+    check_draft_fits,
+    default_threads,
+)
+from ..errors import InputError, UsageError
+from ..session import speculating
+
+DEFAULT_SAMPLING = Sampling()
+DEFAULT_SPECULATION = Speculation()
+DEFAULT_RUNTIME = Runtime()
+DEFAULT_LIMITS = Limits()
+
+SAMPLING = "Sampling"
+SPECULATION = "Speculation"
+RESOURCES = "Resources"
+
+# --spec, as the user spells it: which kind drafts ("fixed": the draft model if there is one, else n-gram lookup)
+
+OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
+# The options generating commands share, in groups, each option as (type with its help, default).
+# with_options adds them to a command and builds one Settings from them.
+MODEL_OPTIONS = {
+    "target": (Annotated[Optional[str], typer.Argument(
+        help="Target model: a registry name (see `localspec models`), a GGUF file, hf:owner/repo/file.gguf,"
+        " or owner/repo:Q4_K_M.", show_default=False)], None),
+    "model": (Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
+        show_default=False)], None),
+    "draft": (Annotated[Optional[str], typer.Option(
+        "--draft", "-d", "-md", "--model-draft",
+        help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
+        " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output;"
+        " or 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
+        " them). Default: ngram.", show_default=False)], None),
+    "offline": (OfflineOption, False),
+}
+DRAFTING_OPTIONS = {
+    "no_draft": (Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")], False),
+    "spec": (Annotated[str, typer.Option(
+        "--spec", help="auto: choose each step between plain, n-gram and draft model by measured cost and"
+        " acceptance; fixed: always draft up to --draft-max with the draft model (n-gram lookup without one);"
+        " off: plain decoding.", rich_help_panel=SPECULATION)], "auto"),
+}
+SPECULATION_OPTIONS = {
+    "draft_max": (Annotated[Optional[int], typer.Option(
+        "--draft-max", show_default=False, rich_help_panel=SPECULATION,
+        help=f"Most tokens drafted a step. Default: {DEFAULT_DRAFT_MAX[DrafterKind.AUTO]} with auto;"
+        f" {DEFAULT_DRAFT_MAX[DrafterKind.DRAFT]} with n-gram lookup or the draft model alone"
+        " (--spec fixed; bench's ngram and draft modes).")],
+        None),
+    "draft_min": (Annotated[int, typer.Option("--draft-min", help="Skip drafts shorter than this.",
+                                              rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.draft_min),
+    "p_min": (Annotated[float, typer.Option(
+        "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
+        rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
+}
+SAMPLING_OPTIONS = {
+    "temp": (Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)],
+             DEFAULT_SAMPLING.temperature),
+    "top_k": (Annotated[int, typer.Option("--top-k", help="Keep the k likeliest tokens; 0 keeps all.",
+                                          rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.top_k),
+    "top_p": (Annotated[float, typer.Option("--top-p", help="Keep the smallest set with this much probability.",
+                                            rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.top_p),
+    "min_p": (Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.",
+                                            rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.min_p),
+    "seed": (Annotated[Optional[int], typer.Option(
+        "--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
+        rich_help_panel=SAMPLING)], None),
+    "repeat_penalty": (Annotated[Optional[float], typer.Option(
+        "--repeat-penalty", help="llama.cpp's repetition penalty: only 1.0 (none, its default) is taken, since"
+        " localspec's samplers have none.", show_default=False, rich_help_panel=SAMPLING)], None),
+}
+LIMIT_OPTIONS = {
+    "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
+                   DEFAULT_LIMITS.max_tokens),
+    "stop": (Annotated[Optional[list[str]], typer.Option(
+        "--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False)], None),
+}
+RESOURCE_OPTIONS = {
+    "ctx_size": (Annotated[int, typer.Option(
+        "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.ctx_size),
+    "threads": (Annotated[int, typer.Option(
+        "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
+        show_default=False, rich_help_panel=RESOURCES)], 0),
+    "gpu_layers": (Annotated[Optional[int], typer.Option(
+        "--gpu-layers", "-ngl", "--n-gpu-layers", help="Target layers on the GPU; -1 (the default) for all.",
+        show_default=False, rich_help_panel=RESOURCES)], None),
+    "draft_gpu_layers": (Annotated[Optional[int], typer.Option(
+        "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", help="Draft layers on the GPU; -1 (the default) for all.",
+        show_default=False, rich_help_panel=RESOURCES)], None),
+    "device": (Annotated[Optional[str], typer.Option(
+        "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
+        " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "draft_device": (Annotated[Optional[str], typer.Option(
+        "--device-draft", "-devd", help="The same for the draft model, which may sit on another device than the"
+        " target. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "backend_sampling": (Annotated[Optional[bool], typer.Option(
+        "--backend-sampling/--no-backend-sampling",
+        help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates come"
+        " back (fast on a GPU, slow on a CPU), or in C on the host. Default: on the backend where the target"
+        " runs on a GPU; elsewhere greedy rows only (an argmax in the graph costs less than copying a row out).",
+        show_default=False, rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.backend_sampling),
+    "batch_size": (Annotated[int, typer.Option(
+        "--batch-size", "-b", help="Prompt tokens read in one llama.cpp batch (at least a verification's rows).",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.prompt_batch),
+    "flash_attn": (Annotated[Optional[str], typer.Option(
+        "--flash-attn", "-fa", help="Flash attention: on, off, or auto (llama.cpp's default: on wherever the"
+        " device supports it). For the target and the draft model.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
+    "mmap": (Annotated[Optional[bool], typer.Option(
+        "--mmap/--no-mmap", help="Map model files into memory, or read them in (--no-mmap: slower to load, but"
+        " no page faults later). Default: as llama.cpp decides for the device.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
+    "mlock": (Annotated[bool, typer.Option(
+        "--mlock", help="Keep the models' weights in RAM, never swapped out (the system may cap how much a"
+        " process can lock: ulimit -l).", rich_help_panel=RESOURCES)], False),
+}
+RPC_OPTIONS = {
+    "rpc": (Annotated[Optional[str], typer.Option(
+        "--rpc", help="Comma-separated HOST:PORT of `localspec worker`s on other machines: the target's layers are"
+        " split across their devices and this machine's GPUs (by free memory, or --tensor-split); on a machine"
+        " without a GPU, across the workers and this machine's CPU by free memory (--gpu-layers N: N layers to"
+        " the workers, -1 all). The draft model stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "no_repack": (Annotated[bool, typer.Option(
+        "--no-repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
+        " a worker computes with that layout, so only then does greedy text match a run split with --rpc"
+        " token for token.", rich_help_panel=RESOURCES)], False),
+    "tensor_split": (Annotated[Optional[str], typer.Option(
+        "--tensor-split", "-ts", help="Shares of the offloaded layers per device, in `localspec doctor`'s order,"
+        " e.g. 3,1. Default: by free memory.", show_default=False, rich_help_panel=RESOURCES)], None),
+}
+GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
+                      RESOURCE_OPTIONS, RPC_OPTIONS)
+NoColorOption = Annotated[
+    bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the shared options of a generating command say, checked: built in one place."""
+
+    target: str | None
+    draft_model: str | None  # None: no draft model (n-gram lookup or plain decoding)
+    offline: bool
+    sampling: Sampling
+    speculation: Speculation
+    runtime: Runtime
+    limits: Limits
+
+    def __post_init__(self):
+        check_draft_fits(self.speculation, self.runtime)
+
+
+def build_settings(**values) -> Settings:
+    """Settings from the shared options' values by name; an option a command lacks takes its default."""
+    defaults = {name: default for group in GENERATION_OPTIONS for name, (_, default) in group.items()}
+    o = SimpleNamespace(**(defaults | values))
+    if o.target is not None and o.model is not None:
+        raise UsageError("TARGET and --model/-m name two targets; give one")
+    _refuse_what_localspec_lacks(o)
+    if o.no_draft and o.draft is not None:
+        raise UsageError("--draft and --no-draft exclude each other")
+    drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
+    if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
+        print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
+              " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
+    all_layers = DEFAULT_RUNTIME.gpu_layers
+    return Settings(
+        target=o.target or o.model,
+        draft_model=draft_model,
+        offline=o.offline,
+        sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed),
+        speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
+                                draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min),
+        runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
+                        # with workers, unless told: the layers split by free memory, this machine's too
+                        gpu_layers=(None if o.rpc else all_layers) if o.gpu_layers is None else o.gpu_layers,
+                        draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
+                        backend_sampling=o.backend_sampling, devices=device_names(o.device),
+                        draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
+                        tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
+                        prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
+                        mmap=o.mmap, mlock=o.mlock),
+        limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
+    )
+
+
+FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values, as Runtime.flash_attn
+
+
+def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
+    """llama.cpp's options that localspec cannot honour: refused, with the reason, unless they ask for
+    what happens anyway."""
+    if o.repeat_penalty not in (None, 1.0):
+        raise UsageError(f"--repeat-penalty {o.repeat_penalty:g}: localspec has no repetition penalty (its"
+                         " samplers take temperature, top-k, top-p and min-p); leave it at 1.0")
+    if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
+        raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
+                         f" got {o.flash_attn!r}")
+
+
+def device_names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _shares(text: str | None) -> tuple[float, ...] | None:
+    """--tensor-split's 3,1 (or llama.cpp's 3/1) as numbers."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(share) for share in text.replace("/", ",").split(","))
+    except ValueError:
+        raise UsageError(f"--tensor-split takes numbers separated by commas (3,1), got {text!r}") from None
+
+
+def with_options(*groups: dict, before=None, **defaults):
+    """Give a command these groups of shared options (defaults: other defaults for some of them) and
+    call it with `settings`, built from them by build_settings. They come before the command's own
+    parameters: TARGET must precede a command's own arguments. before(values): may rearrange the
+    parsed values first."""
+
+    def decorate(command):
+        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                                    default=defaults.get(name, default))
+                  for group in groups for name, (kind, default) in group.items()]
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command).parameters.values()
+               if p.name != "settings"]
+        names = {p.name for p in shared}
+
+        @functools.wraps(command)
+        def with_settings(**values):
+            if before:
+                before(values)
+            settings = build_settings(**{name: values.pop(name) for name in names})
+            return command(settings=settings, **values)
+
+        with_settings.__signature__ = inspect.Signature([*shared, *own])
+        return with_settings
+
+    return decorate
+
+
+def read_text(source: str | Path) -> str:
+    """A file, or standard input for "-", as UTF-8 text."""
+    if source == "-":
+        data, where = sys.stdin.buffer.read(), "standard input"
+    else:
+        try:
+            data, where = Path(source).read_bytes(), str(source)
+        except OSError as error:
+            raise InputError(f"cannot read {source}: {error.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{where} is not UTF-8 text (byte {error.start})") from None
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    if prompt is not None and file is not None:
+        raise UsageError("give the prompt with --prompt or --file, not both")
+    if prompt is not None:
+        return prompt
+    return read_text(file or "-")
+
+
+# llama.cpp's -e: these backslash escapes in a prompt stand for the characters a shell makes hard to type
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""text with llama.cpp's escapes (\n, \r, \t, \', \", \\, \xNN) replaced by what they stand for;
+    any other backslash stays as it is."""
+    return re.sub(r"\\(x[0-9A-Fa-f]{2}|[nrt'\"\\])",
+                  lambda m: chr(int(m[1][1:], 16)) if m[1][0] == "x" else _ESCAPES[m[1]], text)
+
+
+def after_model(positional: str, *instead: str) -> Callable[[dict], None]:
+    """`COMMAND -m MODEL X`: the one positional argument is X, not a second target (unless an option
+    named in `instead` gave X already)."""
+
+    def rearrange(values: dict) -> None:
+        if values[positional] is None and values["model"] is not None and all(values[o] is None for o in instead):
+            values["target"], values[positional] = None, values["target"]
+
+    return rearrange
+
+
+SystemOption = Annotated[Optional[str], typer.Option(
+    "--system", "--system-prompt", "-sys", help="System prompt: the first turn of the conversation, through the"
+    " model's chat template.", show_default=False)]
