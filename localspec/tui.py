@@ -545,9 +545,9 @@ def aa_notes(rows: list[dict], pooled: list[dict]) -> list[str]:
     controls = [r for r in rows + (pooled if several else []) if r["mode"] == AA_MODE and r["speedup"]]
     if controls:
         # an identical mode lands outside a single draw of the noise half the time: outside is no proof
-        lines.append(f"A/A control ({AA_MODE}: plain decoding again, interleaved like the other modes) against plain: "
+        lines.append(f"A/A control ({AA_MODE}: plain decoding again, interleaved) against plain: "
                      + ", ".join(f"{r['speedup']:.2f}x {_where(r)}" for r in controls)
-                     + ". A ratio no farther from 1.00x than its control shows no difference; one a little"
+                     + ". A ratio no farther from 1.00x than its control's shows no difference; one a little"
                      " farther may still be noise (the spread is one draw of it).")
     elif any(r["mode"] == "plain" for r in rows) and len({r["mode"] for r in rows}) > 1:
         lines.append(f"no A/A control ({AA_MODE} in --modes) in this run: how much of each ratio is noise is unknown")

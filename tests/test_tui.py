@@ -159,7 +159,7 @@ def test_bench_notes_say_which_ratios_are_within_the_aa_spread():
               {"mode": "auto", "speedup": 1.25, "aa_spread": 0.02, "within_aa_spread": False},
               {"mode": "plain-aa", "speedup": 0.98, "aa_spread": 0.02, "within_aa_spread": None}]
     control, pooled_line, within = tui.aa_notes(rows, pooled)
-    assert "modes) against plain: 0.97x on gsm8k, 1.01x on edit, 0.98x pooled." in control
+    assert "interleaved) against plain: 0.97x on gsm8k, 1.01x on edit, 0.98x pooled." in control
     assert pooled_line == "pooled over 2 prompt sets: auto 1.25x ±2.0%"
     assert within == "within the A/A spread of 1.00x, so no difference from plain shown: auto 0.98x ±3.0% on gsm8k"
     one_set = [r for r in rows if r["prompt_set"] == "edit"]
