@@ -9,6 +9,7 @@ import gzip
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from time import perf_counter
 
@@ -274,11 +275,29 @@ class HostTime:
         return (self.seconds - slope * self.rows) / self.steps
 
 
+class Control(StrEnum):
+    """A bench mode that is no drafter: plain decoding run a second time, interleaved like the other
+    modes. It does the same work as plain, so how far its ratio to plain is from 1.00x is this run's
+    noise (an A/A control): a ratio no farther from 1.00x shows no difference."""
+
+    PLAIN_AA = "plain-aa"
+
+
+Mode = DrafterKind | Control
+MODES: list[Mode] = [*DrafterKind, *Control]
+ALIASES = {"aa": Control.PLAIN_AA}
+
+
+def decodes_with(mode: Mode) -> DrafterKind:
+    """What a session decodes with in this mode."""
+    return DrafterKind.PLAIN if mode == Control.PLAIN_AA else DrafterKind(mode)
+
+
 @dataclass
 class Result:
     """Every generation of one mode on one prompt set, folded together."""
 
-    mode: DrafterKind
+    mode: Mode
     prompt_set: str
     prompts: int = 0
     recorder: Recorder = field(default_factory=Recorder)
@@ -292,6 +311,7 @@ class Result:
             "prompt_set": self.prompt_set,
             "prompts": self.prompts,
             "tokens": s.tokens,
+            "decode_seconds": s.decode_seconds,
             "tokens_per_second": s.tokens_per_second,
             "speedup": s.tokens_per_second / plain_speed if plain_speed else None,
             "acceptance_rate": s.acceptance_rate,
@@ -311,31 +331,85 @@ def _micro(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e6
 
 
-def parse_modes(text: str) -> list[DrafterKind]:
-    """Comma-separated mode names."""
+def parse_modes(text: str) -> list[Mode]:
+    """Comma-separated mode names, each at most once."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in set(DrafterKind)]
+    unknown = [name for name in names if name not in set(MODES) | set(ALIASES)]
     if unknown:
-        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(DrafterKind)}")
-    return [DrafterKind(name) for name in names]
+        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}"
+                         f" ({', '.join(f'{short} for {long}' for short, long in ALIASES.items())})")
+    modes = [_mode(ALIASES.get(name, name)) for name in names]
+    twice = [mode for mode in dict.fromkeys(modes) if modes.count(mode) > 1]
+    if twice:
+        # two runs of one mode would fold into one row: the A/A control is the mode that runs plain again
+        raise UsageError(f"{', '.join(twice)} named twice in --modes; {Control.PLAIN_AA} runs plain a second time")
+    return modes
 
 
-def modes_for(modes: str | None, draft_model: str | None, drafting: DrafterKind) -> list[DrafterKind]:
+def _mode(name: str) -> Mode:
+    return Control(name) if name in set(Control) else DrafterKind(name)
+
+
+# plain again comes last, so that plain and its repeat bracket the other modes of each prompt and the
+# spread between them takes in whatever drift a prompt's round of modes met
+DEFAULT_MODES: list[Mode] = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO,
+                             Control.PLAIN_AA]
+MODES_HELP = (f"Comma-separated: {', '.join(MODES)} ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP}"
+              f" --draft mtp; {Control.PLAIN_AA}, or aa, is plain decoding again, an A/A control whose spread"
+              f" is printed beside every ratio, and needs {DrafterKind.PLAIN}). Default: {','.join(DEFAULT_MODES)};"
+              f" without --draft MODEL, the same less {DrafterKind.DRAFT}.")
+
+
+def modes_for(modes: str | None, draft_model: str | None, drafting: DrafterKind) -> list[Mode]:
     """The modes asked for (comma-separated; None: the default ones), checked before minutes of loading
     and calibrating: a mode that needs a model nobody named is refused, or left out of the default
     modes (the caller says so: DRAFT is missing)."""
     needs = {DrafterKind.DRAFT: ("--draft MODEL", draft_model is not None),
              DrafterKind.MTP: ("--draft mtp", drafting == DrafterKind.MTP)}
     if modes is None:
-        chosen = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.DRAFT, DrafterKind.AUTO]
-        if draft_model is None:
-            chosen.remove(DrafterKind.DRAFT)
-        return chosen
+        return [mode for mode in DEFAULT_MODES if mode != DrafterKind.DRAFT or draft_model is not None]
     chosen = parse_modes(modes)
     for mode in chosen:
         if mode in needs and not needs[mode][1]:
             raise UsageError(f"the {mode} mode needs {needs[mode][0]}; add it, or leave {mode} out of --modes")
+    if Control.PLAIN_AA in chosen and DrafterKind.PLAIN not in chosen:
+        raise UsageError(f"the {Control.PLAIN_AA} mode is compared with {DrafterKind.PLAIN}; add"
+                         f" {DrafterKind.PLAIN} to --modes, or leave {Control.PLAIN_AA} out")
     return chosen
+
+
+def aa_spread(rows: list[dict]) -> float | None:
+    """How far plain again ran from plain in these rows (one prompt set's, or pooled): this run's noise
+    on identical work. None without both."""
+    again = next((r["speedup"] for r in rows if r["mode"] == Control.PLAIN_AA), None)
+    return None if again is None else abs(again - 1)
+
+
+def within_spread(speedup: float | None, spread: float | None) -> bool | None:
+    """Whether a ratio to plain is no farther from 1.00x than the A/A spread: no difference shown.
+    None where either is unknown."""
+    return None if speedup is None or spread is None else abs(speedup - 1) <= spread
+
+
+def with_spread(rows: list[dict]) -> list[dict]:
+    """Rows of one prompt set (or pooled rows), each with the set's A/A spread and, for the modes
+    compared with plain, whether its ratio lies within it."""
+    spread = aa_spread(rows)
+    return [{**r, "aa_spread": spread, "within_aa_spread": None if r["mode"] in (DrafterKind.PLAIN, Control.PLAIN_AA)
+             else within_spread(r["speedup"], spread)} for r in rows]
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """Each mode over every prompt set of a run: all its tokens over all its decode time, against plain's
+    the same way, with the pooled A/A spread."""
+    folded = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        tokens, seconds = sum(r["tokens"] for r in mine), sum(r["decode_seconds"] for r in mine)
+        folded.append({"mode": mode, "prompt_sets": len(mine), "tokens": tokens, "decode_seconds": seconds,
+                       "tokens_per_second": tokens / seconds if seconds > 0 else 0.0})
+    plain = next((r["tokens_per_second"] for r in folded if r["mode"] == DrafterKind.PLAIN), None)
+    return with_spread([{**r, "speedup": r["tokens_per_second"] / plain if plain else None} for r in folded])
 
 
 def report(target: str, draft_model: str | None, sampling: Sampling, limits: Limits, mixed: bool,
@@ -343,7 +417,7 @@ def report(target: str, draft_model: str | None, sampling: Sampling, limits: Lim
     """What a bench run writes (--json, -o): its settings, the machine, auto's costs and the rows."""
     return {"target": target, "draft": draft_model, "max_tokens": limits.max_tokens,
             "temperature": sampling.temperature, "mixed": mixed, "machine": hardware.describe(), "rpc": rpc,
-            "costs": costs, "results": rows}
+            "costs": costs, "results": rows, "pooled": pooled(rows)}
 
 
 def title(report: dict) -> str:
@@ -352,7 +426,7 @@ def title(report: dict) -> str:
             f" temperature {report['temperature']:g}{', mixed' if report['mixed'] else ''}; {report['machine']}")
 
 
-def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[DrafterKind], sampling: Sampling,
+def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[Mode], sampling: Sampling,
         limits: Limits, progress: Callable[[str], None], mixed: bool = False) -> list[dict]:
     """Each mode drafts up to the session's draft_max, by default its own (session.draft_limit).
 
@@ -367,7 +441,7 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
             tokens = session.chat_tokens(own_replies(session, prompt, limits))
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
-                session.use(mode)
+                session.use(decodes_with(mode))
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
@@ -381,7 +455,7 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
     for name in prompt_sets:
         plain = results.get((DrafterKind.PLAIN, name))
         plain_speed = plain.as_dict(None)["tokens_per_second"] if plain else None
-        rows += [results[(mode, name)].as_dict(plain_speed) for mode in modes]
+        rows += with_spread([results[(mode, name)].as_dict(plain_speed) for mode in modes])
     return rows
 
 
@@ -399,7 +473,8 @@ def drawing():
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
     """Tokens per second per mode and prompt set, as a PNG: each bar labelled with its speed
-    against plain decoding, the legend beside the plot, the setting in the title."""
+    against plain decoding, each set with its A/A spread, the legend beside the plot, the setting in
+    the title."""
     pyplot = drawing()
     sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
@@ -411,7 +486,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                         label=mode)
         axes.bar_label(bars, [f"{r['speedup']:.2f}x" if r["speedup"] else f"{r['tokens_per_second']:.1f}"
                               for r in found], fontsize=7, padding=2)
-    axes.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(sets))], sets)
+    spreads = [next(r["aa_spread"] for r in rows if r["prompt_set"] == name) for name in sets]
+    axes.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(sets))],
+                    [name if spread is None else f"{name}\nA/A ±{spread:.1%}" for name, spread in zip(sets, spreads)])
     axes.set_ylabel("tokens / s (labels: against plain)")
     axes.set_title(title, fontsize=9)
     axes.margins(y=0.15)  # room for the labels over the tallest bar

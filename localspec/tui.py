@@ -506,12 +506,14 @@ def batch_summary(records: list[dict], skipped: int, console: Console = err) -> 
         console.print(f"[red]failed[/] {shown(record['id'])}: {shown(record['error'])}")
 
 
-def bench_table(rows: list[dict], costs: dict | None = None, console: Console = out) -> None:
+def bench_table(rows: list[dict], costs: dict | None = None, console: Console = out,
+                pooled: list[dict] | None = None) -> None:
     """Two tables that fit 100 columns: what each mode achieved, then how it drafted and what the
-    host's Python cost (--json has every figure)."""
+    host's Python cost (--json has every figure); then, in words, what the A/A control and the pooled
+    rows (bench.pooled) say of the ratios."""
     console = _whole_rows(console)
     results = Table(title="localspec bench")
-    for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain", "accepted", "tokens/step"):
+    for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain ±A/A", "accepted", "tokens/step"):
         results.add_column(column, justify="left" if column in ("prompt set", "mode") else "right")
     details = Table(title="how each mode drafted")
     for column in ("prompt set", "mode", "accepted by draft position", "drafting steps", "probes lost", "python",
@@ -522,8 +524,7 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         probes = sum(d["probes"] for d in drafters)
         results.add_row(
             shown(r["prompt_set"]), r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
-            f"{r['speedup']:.2f}x" if r["speedup"] else "–", f"{r['acceptance_rate']:.0%}",
-            f"{r['mean_accepted_length']:.2f}")
+            versus_plain(r), f"{r['acceptance_rate']:.0%}", f"{r['mean_accepted_length']:.2f}")
         details.add_row(
             shown(r["prompt_set"]), r["mode"],
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
@@ -534,8 +535,53 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         )
     console.print(results)
     console.print(details)
+    for line in aa_notes(rows, pooled or []):
+        console.print(line)
     if costs:
         console.print(costs_line(costs))
+
+
+# bench's A/A control (bench.Control.PLAIN_AA): plain decoding again, the mode ratios are read against
+AA_MODE = "plain-aa"
+
+
+def versus_plain(row: dict) -> str:
+    """A bench row's ratio to plain, with its prompt set's A/A spread beside it where a control ran and
+    the mode is compared with plain (not plain itself, not the control)."""
+    if not row["speedup"]:
+        return "–"
+    ratio = f"{row['speedup']:.2f}x"
+    return ratio if row["within_aa_spread"] is None else f"{ratio} ±{row['aa_spread']:.1%}"
+
+
+def aa_notes(rows: list[dict], pooled: list[dict]) -> list[str]:
+    """In words: how far the A/A control ran from plain, each mode pooled over the prompt sets (when
+    there are several), and which ratios lie within the A/A spread of 1.00x, so show no difference."""
+    several = len({r["prompt_set"] for r in rows}) > 1
+    lines = []
+    controls = [r for r in rows + (pooled if several else []) if r["mode"] == AA_MODE and r["speedup"]]
+    if controls:
+        # an identical mode lands outside a single draw of the noise half the time: outside is no proof
+        lines.append(f"A/A control ({AA_MODE}: plain decoding again, interleaved) against plain: "
+                     + ", ".join(f"{r['speedup']:.2f}x {_where(r)}" for r in controls)
+                     + ". A ratio no farther from 1.00x than its control's shows no difference; one a little"
+                     " farther may still be noise (the spread is one draw of it).")
+    elif any(r["mode"] == "plain" for r in rows) and len({r["mode"] for r in rows}) > 1:
+        lines.append(f"no A/A control ({AA_MODE} in --modes) in this run: how much of each ratio is noise is unknown")
+    compared = [r for r in pooled if r["mode"] not in ("plain", AA_MODE) and r["speedup"]]
+    if several and compared:
+        lines.append(f"pooled over {len({r['prompt_set'] for r in rows})} prompt sets: "
+                     + ", ".join(f"{r['mode']} {versus_plain(r)}" for r in compared))
+    within = [r for r in rows + (pooled if several else []) if r["within_aa_spread"]]
+    if within:
+        lines.append("within the A/A spread of 1.00x, so no difference from plain shown: "
+                     + ", ".join(f"{r['mode']} {versus_plain(r)} {_where(r)}" for r in within))
+    return lines
+
+
+def _where(row: dict) -> str:
+    """A bench row's prompt set, or `pooled` for a row of bench.pooled."""
+    return f"on {shown(row['prompt_set'])}" if "prompt_set" in row else "pooled"
 
 
 def costs_line(costs: dict) -> str:

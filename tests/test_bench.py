@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from localspec import bench
-from localspec.config import Limits, Runtime, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.errors import InputError, UsageError
 from localspec.stats import record
 from localspec.session import Session
@@ -55,6 +55,52 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
     assert all(0 <= r["python_overhead"] < 1 and r["host_us_per_step"] is not None for r in rows)
     assert by_mode["plain"]["host_us_per_row"] is None  # every plain step verifies one row
     assert by_mode["draft"]["host_us_per_row"] is not None
+    assert all(r["aa_spread"] is None and r["within_aa_spread"] is None for r in rows)  # no control ran
+
+
+def test_the_aa_control_decodes_plain_again_interleaved_with_the_other_modes(session):
+    seen = []
+    rows = bench.run(session, {"mine": [ask("the cat sat"), ask("abcabcabc")]}, ["plain", "ngram", "plain-aa"],
+                     Sampling(temperature=0), Limits(max_tokens=12), seen.append)
+    assert seen == [f"mine {n}/2 {mode}" for n in (1, 2) for mode in ("plain", "ngram", "plain-aa")]
+    by_mode = {r["mode"]: r for r in rows}
+    again, plain = by_mode["plain-aa"], by_mode["plain"]
+    assert again["tokens"] == plain["tokens"] == 24 and again["drafters"] == plain["drafters"] == {}
+    assert again["speedup"] == pytest.approx(again["tokens_per_second"] / plain["tokens_per_second"])
+    assert all(r["aa_spread"] == pytest.approx(abs(again["speedup"] - 1)) for r in rows)
+    assert by_mode["ngram"]["within_aa_spread"] == (abs(by_mode["ngram"]["speedup"] - 1) <= again["aa_spread"])
+    assert plain["within_aa_spread"] is None and again["within_aa_spread"] is None
+
+
+def row(prompt_set, mode, tokens, seconds, speedup=None):
+    return {"prompt_set": prompt_set, "mode": mode, "tokens": tokens, "decode_seconds": seconds,
+            "tokens_per_second": tokens / seconds, "speedup": speedup}
+
+
+def test_the_aa_spread_is_how_far_plain_again_ran_from_plain_and_ratios_within_it_show_nothing():
+    rows = bench.with_spread([row("a", "plain", 100, 10.0, 1.0), row("a", "ngram", 100, 8.0, 1.25),
+                              row("a", "auto", 100, 9.8, 1.02), row("a", "plain-aa", 100, 9.6, 1.04)])
+    assert [r["aa_spread"] for r in rows] == [pytest.approx(0.04)] * 4
+    assert [r["within_aa_spread"] for r in rows] == [None, False, True, None]
+    assert bench.within_spread(0.97, 0.04) and bench.within_spread(1.03, 0.04) and not bench.within_spread(0.95, 0.04)
+    assert bench.within_spread(None, 0.04) is None and bench.within_spread(1.0, None) is None
+    slower_again = [row("b", "plain", 50, 5.0, 1.0), row("b", "plain-aa", 50, 5.25, 0.95)]
+    assert bench.aa_spread(slower_again) == pytest.approx(0.05)
+    assert bench.aa_spread(rows[:3]) is None  # no control, no spread
+    assert bench.with_spread(rows[:3])[2]["within_aa_spread"] is None
+
+
+def test_pooled_rows_are_all_tokens_over_all_decode_time_with_the_pooled_spread():
+    pooled = {r["mode"]: r for r in bench.pooled([
+        row("a", "plain", 100, 10.0), row("a", "auto", 100, 9.8), row("a", "plain-aa", 100, 9.6),
+        row("b", "plain", 50, 5.0), row("b", "auto", 50, 5.5), row("b", "plain-aa", 50, 5.2)])}
+    assert pooled["plain"]["tokens_per_second"] == pytest.approx(10.0) and pooled["plain"]["speedup"] == 1.0
+    assert pooled["auto"]["tokens"] == 150 and pooled["auto"]["speedup"] == pytest.approx(15.0 / 15.3)
+    assert pooled["plain-aa"]["speedup"] == pytest.approx(15.0 / 14.8)
+    # auto's 0.98x pooled is farther from 1.00x than plain again's 1.014x: a difference, if a small one
+    assert pooled["auto"]["aa_spread"] == pytest.approx(15.0 / 14.8 - 1) and pooled["auto"]["within_aa_spread"] is False
+    assert pooled["auto"]["prompt_sets"] == 2 and "prompt_set" not in pooled["auto"]
+    assert all(r["speedup"] is None for r in bench.pooled([row("a", "auto", 100, 9.8)]))  # nothing to pool against
 
 
 def test_host_time_is_a_step_cost_plus_a_cost_per_further_row():
@@ -72,6 +118,24 @@ def test_unknown_modes_are_refused():
     assert bench.parse_modes(" plain, auto") == ["plain", "auto"]
     with pytest.raises(UsageError, match="unknown mode"):
         bench.parse_modes("plain,turbo")
+
+
+def test_the_aa_control_is_a_mode_of_bench_not_a_drafter_kind():
+    assert bench.parse_modes("plain,aa,auto") == ["plain", "plain-aa", "auto"]
+    assert bench.parse_modes(" plain, plain-aa ,auto") == ["plain", "plain-aa", "auto"]
+    assert bench.parse_modes("plain,aa")[1] is bench.Control.PLAIN_AA and "plain-aa" not in set(DrafterKind)
+    assert bench.decodes_with(bench.Control.PLAIN_AA) is DrafterKind.PLAIN
+    for nonsense, message in (("plain,aaa", "unknown mode"), ("plain,a-a", "unknown mode"),
+                              ("plain,AA", "unknown mode"), ("plain,aa,plain-aa", "plain-aa named twice"),
+                              ("plain,auto,plain", "plain named twice")):
+        with pytest.raises(UsageError, match=message):
+            bench.parse_modes(nonsense)
+    # in the default modes, last, so that plain and plain again bracket every other mode of a prompt
+    assert bench.modes_for(None, "draft.gguf", DrafterKind.DRAFT) == ["plain", "ngram", "draft", "auto", "plain-aa"]
+    assert bench.modes_for(None, None, DrafterKind.AUTO) == ["plain", "ngram", "auto", "plain-aa"]
+    assert bench.modes_for("plain,auto", None, DrafterKind.AUTO) == ["plain", "auto"]  # left out when asked
+    with pytest.raises(UsageError, match="plain-aa mode is compared with plain"):
+        bench.modes_for("aa,auto", None, DrafterKind.AUTO)
 
 
 def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(session):
@@ -99,12 +163,20 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()
-    results = json.loads((tmp_path / "b.json").read_text())["results"]
-    assert {r["mode"] for r in results} == {"plain", "ngram", "draft", "auto"}
-    for key in ("mode", "prompt_set", "tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length"):
+    written = json.loads((tmp_path / "b.json").read_text())
+    results = written["results"]
+    assert [r["mode"] for r in results] == ["plain", "ngram", "draft", "auto", "plain-aa"]
+    for key in ("mode", "prompt_set", "tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length",
+                "aa_spread", "within_aa_spread"):
         assert key in results[0]
+    spread = abs(results[-1]["speedup"] - 1)
+    assert all(r["aa_spread"] == pytest.approx(spread) for r in results)
+    assert [r["mode"] for r in written["pooled"]] == [r["mode"] for r in results]
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"localspec bench" in done.stdout
+    table = done.stdout.decode()
+    assert f"{results[3]['speedup']:.2f}x ±{spread:.1%}" in table  # auto's ratio, its spread beside it
+    assert "A/A control (plain-aa: plain decoding again" in table
     as_json = subprocess.run(
         [sys.executable, "-m", "localspec", "bench", str(tiny["target"]), "--prompts", str(prompts), "--max-tokens", "4",
          "--json"],
@@ -113,7 +185,7 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
     assert as_json.returncode == 0, as_json.stderr.decode()
     report = json.loads(as_json.stdout)  # as `run --json`: one object on stdout, no table
     # without a draft model the default modes leave out the draft mode, and say so
-    assert [r["mode"] for r in report["results"]] == ["plain", "ngram", "auto"] and report["machine"]
+    assert [r["mode"] for r in report["results"]] == ["plain", "ngram", "auto", "plain-aa"] and report["machine"]
     assert b"no --draft MODEL, so bench compares plain, ngram and auto" in as_json.stderr
 
 
@@ -148,6 +220,8 @@ def test_named_prompt_sets_come_from_their_packages(real_model):
     (["--modes", "plain,draft"], "the draft mode needs --draft MODEL"),
     (["--modes", "mtp"], "the mtp mode needs --draft mtp"),
     (["--draft", "ngram", "--modes", "draft"], "the draft mode needs --draft MODEL"),
+    (["--modes", "aa,auto"], "the plain-aa mode is compared with plain; add plain to --modes"),
+    (["--modes", "plain,aa,turbo"], "unknown mode(s) turbo"),
 ])
 def test_modes_that_need_a_model_nobody_named_are_refused_before_anything_loads(cli, tmp_path, args, message):
     code, _, stderr = cli("bench", tmp_path / "never-loaded.gguf", *args)

@@ -134,13 +134,44 @@ def test_bench_tables_fit_100_columns():
            "acceptance_by_positions": {"1": 0.95, "2-4": 0.9, "5-8": 0.8, "9-16": 0.7},
            "drafters": {"ngram": {"steps": 120, "probes": 3, "probes_lost": 1}, "draft": {"steps": 30, "probes": 2,
                                                                                           "probes_lost": 1}},
-           "probe_loss": 0.012, "python_overhead": 0.08, "host_us_per_step": 410.0, "host_us_per_row": 23.0}
+           "probe_loss": 0.012, "python_overhead": 0.08, "host_us_per_step": 410.0, "host_us_per_row": 23.0,
+           "aa_spread": 0.034, "within_aa_spread": False}
     console = Console(record=True, width=100)
-    tui.bench_table([row, {**row, "mode": "plain", "speedup": 1.0}], None, console)
+    tui.bench_table([row, {**row, "mode": "plain", "speedup": 1.0, "within_aa_spread": None},
+                     {**row, "mode": "plain-aa", "speedup": 1.034, "within_aa_spread": None}], None, console)
     text = console.export_text()
     assert "…" not in text and max(map(len, text.splitlines())) <= 100
-    for cell in ("1.37x", "3.43", "2-4:90%", "ngram 120", "draft 30", "2/5 1.2%", "410+23"):
+    for cell in ("1.37x ±3.4%", "3.43", "2-4:90%", "ngram 120", "draft 30", "2/5 1.2%", "410+23"):
         assert cell in text, text
+    assert text.count("±") == 2  # beside auto's ratio and in the heading; plain and the control are the spread
+
+
+def bench_row(prompt_set, mode, speedup, spread, within):
+    return {"prompt_set": prompt_set, "mode": mode, "speedup": speedup, "aa_spread": spread, "within_aa_spread": within}
+
+
+def test_bench_notes_say_which_ratios_are_within_the_aa_spread():
+    rows = [bench_row("gsm8k", "plain", 1.0, 0.03, None), bench_row("gsm8k", "auto", 0.98, 0.03, True),
+            bench_row("gsm8k", "plain-aa", 0.97, 0.03, None),
+            bench_row("edit", "plain", 1.0, 0.01, None), bench_row("edit", "auto", 1.6, 0.01, False),
+            bench_row("edit", "plain-aa", 1.01, 0.01, None)]
+    pooled = [{"mode": "plain", "speedup": 1.0, "aa_spread": 0.02, "within_aa_spread": None},
+              {"mode": "auto", "speedup": 1.25, "aa_spread": 0.02, "within_aa_spread": False},
+              {"mode": "plain-aa", "speedup": 0.98, "aa_spread": 0.02, "within_aa_spread": None}]
+    control, pooled_line, within = tui.aa_notes(rows, pooled)
+    assert "interleaved) against plain: 0.97x on gsm8k, 1.01x on edit, 0.98x pooled." in control
+    assert pooled_line == "pooled over 2 prompt sets: auto 1.25x ±2.0%"
+    assert within == "within the A/A spread of 1.00x, so no difference from plain shown: auto 0.98x ±3.0% on gsm8k"
+    one_set = [r for r in rows if r["prompt_set"] == "edit"]
+    assert len(tui.aa_notes(one_set, pooled)) == 1  # one set: no pooled line, and no ratio within the spread
+    without = [r | {"aa_spread": None, "within_aa_spread": None} for r in rows if r["mode"] != "plain-aa"]
+    assert tui.aa_notes(without, [])[0].startswith("no A/A control (plain-aa in --modes) in this run")
+
+
+def test_the_aa_mode_tui_names_is_benchs():
+    from localspec import bench
+
+    assert tui.AA_MODE == bench.Control.PLAIN_AA
 
 
 def test_ps_says_how_long_a_process_has_held_its_models():

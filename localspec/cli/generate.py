@@ -287,10 +287,7 @@ def bench(
                           " (JSONL with 'prompt' or 'messages', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[
-        Optional[str], typer.Option("--modes", help="Comma-separated: " + ", ".join(DrafterKind)
-                                    + f" ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP} --draft mtp)."
-                                    " Default: plain,ngram,draft,auto; without --draft MODEL, plain,ngram,auto.",
-                                    show_default=False)
+        Optional[str], typer.Option("--modes", help=bench_runner.MODES_HELP, show_default=False)
     ] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
                                                  show_default=False)] = 10,
@@ -330,7 +327,7 @@ def bench(
     if as_json:
         print(json.dumps(report))
     else:
-        tui.bench_table(rows, costs)
+        tui.bench_table(rows, costs, pooled=report["pooled"])
     if output:
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
