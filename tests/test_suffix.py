@@ -60,6 +60,7 @@ def test_the_draft_is_capped_by_alpha_times_the_match_and_by_the_hard_and_the_ca
     assert cache.propose([7, 50, 51]).tokens == [52, 53, 54, 55]  # match 2 -> 4 tokens
     assert cache.propose([49, 50, 51]).tokens == [52, 53, 54, 55, 56, 57]  # match 3 -> 6, the hard cap
     assert cache.propose([49, 50, 51], limit=2).tokens == [52, 53]
+    assert cache.propose([49, 50, 51], limit=0) == suffix.SuffixDraft([], [], match=3, support=1)
     assert len(cache_of(list(range(100)), alpha=1.5).propose([48, 49, 50, 51]).tokens) == 6
 
 
@@ -149,14 +150,17 @@ def test_adding_one_by_one_answers_exactly_as_one_bulk_build(seed, monkeypatch):
     settings = {"depth": 6, "sample": 4, "min_probability": 0.05}
     growing = SuffixCache(**settings)
     probes = [rng.integers(0, 6, size=int(rng.integers(1, 10))).tolist() for _ in range(60)]
+    recent_in_play = 0
     for done, generation in enumerate(generations, start=1):
         growing.add(generation)
         if done % 20 == 0:
             bulk = SuffixCache(**settings)
             bulk.extend(generations[:done])
-            assert len(growing.sealed) and len(bulk.sealed) == bulk.tokens  # both tiers in play
+            assert len(growing.sealed) and len(bulk.sealed) == bulk.tokens
+            recent_in_play += bool(len(growing.recent))
             for context in probes + [g[: int(rng.integers(1, len(g)))] for g in generations[:done:7]]:
                 assert growing.propose(context) == bulk.propose(context), context
+    assert recent_in_play  # both of the growing cache's tiers answered
 
 
 def occurrences(generations, tail):

@@ -12,9 +12,10 @@ longer than alpha x the match length (SuffixDecoding's max_spec_factor) and a ha
 The index is a "prefix array": one entry per position that follows a token, keyed by the tokens before
 it, newest first (t[p-1], t[p-2], ... up to `depth`), 3 big-endian bytes a token, as one fixed-width
 numpy byte string. Sorted by key, the positions whose preceding tokens equal the context's tail form a
-contiguous range: each match depth is one `searchsorted` pair, and the deepest is found by a binary
-search over depths. Keys end where their generation starts (zero bytes, which no token encodes), so no
-match runs across two generations.
+contiguous range. The key sharing the most leading tokens with the tail lies next to where the tail's
+own key would be inserted, so a lookup is three `searchsorted` calls a tier: one finds the match length,
+two its range. Keys end where their generation starts (zero bytes, which no token encodes), so no match
+runs across two generations.
 
 Adding a generation must not re-sort everything (about 250 ms at 1M entries), so entries live in two
 sorted tiers: a large sealed one and a small recent one. A finished generation is merged into the
@@ -125,6 +126,8 @@ class SuffixCache:
     length and at most max_draft tokens. min_probability: the draft stops before the product of its
     frequencies falls below this. sample: the most recent occurrences of the match whose continuations
     are counted (the support counts them all).
+
+    Not thread-safe: its one owner (a session, serve's worker thread) adds and proposes.
     """
 
     def __init__(
