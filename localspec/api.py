@@ -10,6 +10,7 @@ and kept, by position, and what the output is guaranteed to match.
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,6 +77,19 @@ class ContentPart(_Strict):
     text: str | None = None
 
 
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        if any(part.type != "text" or part.text is None for part in self.content):
+            raise ApiError(400, "prediction.content: only text parts are supported", param="prediction.content")
+        return "".join(part.text for part in self.content)
+
+
 class Message(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
@@ -93,6 +107,7 @@ class _Common(_Strict):
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    prediction: Prediction | None = None
 
 
 class ChatRequest(_Common):
@@ -188,7 +203,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
     except UsageError as error:
         raise ApiError(400, str(error)) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return Parsed(Request(sampling, limits, **what), bool(request.stream), include_usage)
+    prediction = request.prediction.text if request.prediction else None
+    return Parsed(Request(sampling, limits, prediction=prediction, **what), bool(request.stream), include_usage)
 
 
 class Reply:
@@ -242,7 +258,8 @@ def usage_of(job: Job) -> dict:
     r = job.recorder
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.tokens,
             "total_tokens": r.prompt_tokens + r.tokens,
-            "prompt_tokens_details": {"cached_tokens": r.reused_prompt_tokens}}
+            "prompt_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
+            "completion_tokens_details": r.summary().prediction_tokens(job.predicted)}
 
 
 def timings(job: Job) -> dict:

@@ -1,7 +1,8 @@
 """Prompt files for scripts: read items, generate each, write one JSON line per item as it finishes.
 
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
-`top_p`, `min_p`, `seed`, `max_tokens`, `stop`) or plain text, one prompt a line; ids are
+`top_p`, `min_p`, `seed`, `max_tokens`, `stop`, and `prediction`: the text the answer is expected
+to be, which drafts wherever the answer follows it) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
 in flight and `resume` can pick up where it stopped.
 """
@@ -36,6 +37,7 @@ class Item:
     prompt: str | None = None
     messages: list | None = None
     options: dict = field(default_factory=dict)
+    prediction: str | None = None
     error: str | None = None  # set when the line itself could not be understood
 
 
@@ -81,8 +83,13 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=item_id, error="each message needs a 'role' and a 'content' string, the role one of "
                        + ", ".join(ROLES))
             continue
-        options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages")}
-        yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options)
+        prediction = record.get("prediction")
+        if prediction is not None and not isinstance(prediction, str):
+            yield Item(id=item_id, error="'prediction' must be a string: the text the answer is expected to be")
+            continue
+        options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages", "prediction")}
+        yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options,
+                   prediction=prediction)
 
 
 def _well_formed(messages: list) -> bool:
@@ -196,11 +203,13 @@ def run_item(session: Session, item: Item, sampling: Sampling, limits: Limits, r
             raise LocalspecError(item.error)
         item_sampling, item_limits = settings(item, sampling, limits)
         tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
-        outcome = record(session.generate(tokens, item_sampling, item_limits))
+        prediction = session.prediction_tokens(item.prediction) if item.prediction else None
+        outcome = record(session.generate(tokens, item_sampling, item_limits, prediction))
     except LocalspecError as error:
         return {"id": item.id, "error": str(error)}
-    return {"id": item.id, "text": outcome.text, "finish_reason": outcome.finish_reason,
-            "stats": outcome.summary().as_dict()}
+    summary = outcome.summary()
+    return {"id": item.id, "text": outcome.text, "finish_reason": outcome.finish_reason, "stats": summary.as_dict()} | (
+        {"prediction": summary.prediction_tokens(len(prediction))} if prediction else {})
 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,

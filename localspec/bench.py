@@ -284,7 +284,7 @@ class Control(StrEnum):
 
 
 Mode = DrafterKind | Control
-MODES: list[Mode] = [*DrafterKind, *Control]
+MODES: list[Mode] = [*(kind for kind in DrafterKind if kind.is_mode), *Control]
 ALIASES = {"aa": Control.PLAIN_AA}
 
 

@@ -51,6 +51,13 @@ class DrafterKind(StrEnum):
     DRAFT = "draft"  # a small draft model with the target's vocabulary
     MTP = "mtp"  # the target's own multi-token-prediction block
     AUTO = "auto"  # each step, plain decoding or whichever drafter is expected to pay most
+    # the text the user expects (OpenAI's Predicted Outputs): drafts beside any mode, wherever the output
+    # follows it, so it is a generation's option rather than a mode of its own
+    PREDICTION = "prediction"
+
+    @property
+    def is_mode(self) -> bool:
+        return self != DrafterKind.PREDICTION
 
     @property
     def default_draft_max(self) -> int:
@@ -61,7 +68,7 @@ class DrafterKind(StrEnum):
 # 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
 # 7 single ones) and stops short by itself wherever acceptance does not carry that far.
 DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
-                     DrafterKind.AUTO: 32}
+                     DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32}
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class Speculation:
 
     def __post_init__(self):
         object.__setattr__(self, "drafting", DrafterKind(self.drafting))
+        if not self.drafting.is_mode:
+            raise UsageError(f"{self.drafting} is not a way to draft on its own: a prediction drafts beside any"
+                             " of plain, ngram, draft, mtp and auto (give the predicted text with the request)")
         if self.draft_max is not None and self.draft_max < 0:
             raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
         if not 0 <= self.draft_min <= self.draft_limit():

@@ -45,6 +45,7 @@ class Request:
     limits: Limits
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    prediction: str | None = None  # the text the answer is expected to be (OpenAI's Predicted Outputs)
 
     @property
     def characters(self) -> int:
@@ -64,6 +65,7 @@ class Job:
         self.recorder = Recorder()
         self.drafting: DrafterKind | None = None  # the session's mode when the job ran
         self.outcome = "cancelled"  # or "ok", "error"
+        self.predicted = 0  # the prediction's tokens
         self.seconds = 0.0
         self._cancelled = threading.Event()
 
@@ -145,7 +147,10 @@ class Service:
         session = self.session
         job.drafting = session.mode
         try:
-            events = session.generate(self._tokens(job.request), job.request.sampling, job.request.limits)
+            request = job.request
+            prediction = session.prediction_tokens(request.prediction) if request.prediction else None
+            job.predicted = len(prediction or ())
+            events = session.generate(self._tokens(request), request.sampling, request.limits, prediction)
             try:
                 for event in events:
                     job.recorder.add(event)

@@ -15,7 +15,7 @@ from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_d
 from .engine import policy
 from .engine import rpc
 from .engine.backend import Context, Model
-from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter
+from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Event, Prefill
@@ -380,10 +380,19 @@ class Session:
     def can_speculate(self) -> bool:
         return self.default_mode != DrafterKind.PLAIN
 
-    def generate(self, prompt: list[int], sampling: Sampling, limits: Limits) -> Iterator[Event]:
+    def generate(self, prompt: list[int], sampling: Sampling, limits: Limits,
+                 prediction: list[int] | None = None) -> Iterator[Event]:
         """The events of one generation from prompt tokens (prompt_tokens makes them): Prefill, then Token
-        and Step as they come, then Done."""
-        return generate(self.target, self.drafter, prompt, sampling, self.speculation, limits)
+        and Step as they come, then Done. prediction: tokens the output is expected to follow
+        (prediction_tokens makes them), drafted wherever it does; plain decoding leaves them unused."""
+        drafter = self.drafter
+        if prediction and self.mode != DrafterKind.PLAIN:
+            drafter = PredictionDrafter(prediction, drafter, self.speculation.draft_limit(self.mode))
+        return generate(self.target, drafter, prompt, sampling, self.speculation, limits)
+
+    def prediction_tokens(self, text: str) -> list[int]:
+        """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""
+        return self.target_model.tokenize(text, False, False)
 
     def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
         """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages

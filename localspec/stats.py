@@ -62,6 +62,13 @@ class Summary:
     def probe_lost_seconds(self) -> float:
         return sum(d.probe_lost_seconds for d in self.drafters.values())
 
+    def prediction_tokens(self, predicted: int) -> dict:
+        """OpenAI's counts for a prediction of `predicted` tokens: those the answer took (drafted and
+        accepted) and the rest."""
+        tally = self.drafters.get(DrafterKind.PREDICTION)
+        accepted = tally.accepted if tally else 0
+        return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": max(0, predicted - accepted)}
+
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
         out["drafters"] = {name: asdict(d) for name, d in self.drafters.items()}

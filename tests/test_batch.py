@@ -285,3 +285,16 @@ def test_resume_keeps_lines_nested_too_deeply_as_it_keeps_other_lines_that_are_n
     with open(output, "a+", encoding="utf-8") as out:
         assert batch.done_ids(out) == {"a"}
     assert output.read_text().endswith(deep)
+
+
+def test_an_items_prediction_is_read_and_counted_and_a_wrong_one_fails_its_item_alone(localspec, tiny):
+    assert batch.read_items(['{"prompt": "hi", "prediction": "hello"}'])[0].prediction == "hello"
+    invoke, _ = localspec
+    lines = ['{"id": "p", "prompt": "a b", "prediction": "the cat sat"}', '{"id": "bad", "prompt": "a b", "prediction": 3}',
+             '{"id": "none", "prompt": "a b"}']
+    done = invoke(tiny["target"], "-", "-n", "6", "--temp", "0", stdin="\n".join(lines).encode())
+    out = {r["id"]: r for r in records(done.stdout)}
+    assert done.returncode == 1 and "'prediction' must be a string" in out["bad"]["error"]
+    counts = out["p"]["prediction"]
+    assert counts["accepted_prediction_tokens"] + counts["rejected_prediction_tokens"] >= 3
+    assert out["p"]["text"] == out["none"]["text"] and "prediction" not in out["none"]

@@ -614,3 +614,17 @@ def test_the_longest_draft_that_fits_the_batch_runs(localspec, tiny):
     done = localspec("run", tiny["target"], "-p", "abcabcabcabc", "-n", "4", "--spec", "fixed", "--draft-max", "255",
                      "-c", "256", "--json")
     assert done.returncode == 0, done.stderr
+
+
+def test_run_drafts_from_a_prediction_file_and_says_what_it_took(localspec, tiny, tmp_path):
+    args = (tiny["target"], "--prompt", "the cat", "--temp", "0", "-n", "12")
+    plain = run_json(localspec, *args)
+    predicted = tmp_path / "expected.txt"
+    predicted.write_text(plain["text"])
+    result = run_json(localspec, *args, "--prediction", predicted)
+    assert result["text"] == plain["text"]
+    counts = result["prediction"]
+    assert counts["accepted_prediction_tokens"] == result["stats"]["drafters"].get("prediction", {}).get("accepted", 0)
+    assert counts["accepted_prediction_tokens"] + counts["rejected_prediction_tokens"] > 0
+    refused = localspec("run", *args, "--no-draft", "--prediction", predicted)
+    assert refused.returncode == 2 and b"--prediction drafts the answer" in refused.stderr

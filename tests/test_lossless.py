@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 
 import localspec.engine.speculative as speculative
 from localspec.config import Limits, Sampling, Speculation
-from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter
 from localspec.engine.sampling import transform
 from localspec.events import Token
 from localspec.stats import record
@@ -140,6 +140,20 @@ def test_a_hybrid_target_follows_its_distribution(load, prompt, repetitive_promp
     assert summary.accepted > 0 and summary.accepted < summary.drafted
 
 
+def predicted(target, prompt) -> PredictionDrafter:
+    """A prediction of the greedy text: at T > 0 the samples follow it for a while and then leave it."""
+    events = speculative.generate(target, NoDrafter(), prompt, Sampling(temperature=0), Speculation(),
+                                  Limits(max_tokens=LENGTH + 8))
+    return PredictionDrafter([e.id for e in events if isinstance(e, Token)], NoDrafter(), 0)
+
+
+@pytest.mark.parametrize("setting", ["llama.cpp defaults", "temperature 0.7"])
+def test_a_prediction_keeps_the_target_distribution(target, prompt, setting):
+    sampling = SETTINGS[setting]
+    counts = sample_counts(target, predicted(target, prompt), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) > ALPHA
+
+
 def test_speculation_actually_drafted_in_these_settings(load, target, prompt, repetitive_prompt):
     # Without accepted drafts the tests above would only exercise plain sampling.
     for kind, tokens in [("draft model", prompt), ("ngram", repetitive_prompt)]:
@@ -151,6 +165,12 @@ def test_speculation_actually_drafted_in_these_settings(load, target, prompt, re
         )
         summary = record(events).summary()
         assert summary.accepted > 0 and summary.accepted < summary.drafted, kind
+    drafter, drafted, accepted = predicted(target, prompt), 0, 0
+    for seed in range(50):  # samples that keep to the prediction and samples that leave it
+        summary = record(speculative.generate(target, drafter, prompt, replace(SETTINGS["temperature 0.7"], seed=seed),
+                                              Speculation(), Limits(max_tokens=LENGTH))).summary()
+        drafted, accepted = drafted + summary.drafted, accepted + summary.accepted
+    assert 0 < accepted < drafted, "prediction"
 
 
 def test_a_verifier_that_accepts_every_draft_token_fails_the_check(load, target, prompt, monkeypatch):

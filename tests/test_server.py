@@ -531,3 +531,44 @@ def test_real_qwen_pair_streams_a_chat_with_its_speculation_in_the_last_chunk(re
         assert last.speculation["acceptance_by_position"][0] > 0.3
     finally:
         assert server.stop() == 0
+
+
+def test_a_prediction_leaves_the_answer_as_it_was_and_usage_counts_its_tokens(server, tiny):
+    messages = [{"role": "user", "content": PROMPT}]
+    expected = plain_text(tiny, messages, max_tokens=24)
+    client = server.client()
+    wrong = "Something else entirely, in other words, nothing like the answer at all."
+    parts = [{"type": "text", "text": wrong[:20]}, {"type": "text", "text": wrong[20:]}]
+    off = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24,
+                                         prediction={"type": "content", "content": parts})
+    assert off.choices[0].message.content == expected
+    details = off.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens == off.speculation["drafters"].get("prediction", {}).get("accepted_tokens", 0)
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens >= 10  # the prediction's tokens
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=24)
+    assert plain.usage.completion_tokens_details.rejected_prediction_tokens == 0
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"prediction": {"type": "content", "content": "abc"}}))
+    assert chunks[-1].usage.completion_tokens_details.rejected_prediction_tokens > 0
+    with pytest.raises(openai.BadRequestError, match="prediction"):
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                       prediction={"type": "nonsense", "content": "x"})
+
+
+@pytest.mark.slow
+def test_a_right_prediction_drafts_most_of_a_real_models_answer(real_model, tmp_path):
+    running = ServerProcess(tmp_path, real_model("smollm2-135m"), "--temp", "0", "-c", "1024")
+    try:
+        client = running.client()
+        messages = [{"role": "user", "content": "Write a Python function that adds two numbers, with a docstring."}]
+        plain = client.chat.completions.create(model="m", messages=messages, max_tokens=80)
+        expected = plain.choices[0].message.content
+        predicted = client.chat.completions.create(model="m", messages=messages, max_tokens=80,
+                                                   prediction={"type": "content", "content": expected})
+        assert predicted.choices[0].message.content == expected
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens >= 0.8 * predicted.usage.completion_tokens
+        assert predicted.speculation["steps"] <= predicted.usage.completion_tokens // 4
+    finally:
+        assert running.stop() == 0, running.log()

@@ -108,6 +108,10 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object with the text and statistics at the end.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the generated text: no statistics.")] = False,
+    prediction_file: Annotated[Optional[Path], typer.Option(
+        "--prediction", help="A file holding the text the answer is expected to be (typically the file being"
+        " edited): it drafts wherever the answer follows it, as OpenAI's Predicted Outputs; the answer is the"
+        " same without it.", show_default=False)] = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
         " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,
@@ -126,7 +130,8 @@ def run(
     if conversation or (prompt is None and file is None and sys.stdin.isatty()):
         asked = "-cnv" if conversation else "no prompt on a terminal"
         given = [flag for flag, value in (("prompt", prompt is not None or file is not None), ("--raw", raw),
-                                          ("--json", as_json), ("--quiet", quiet)) if value]
+                                          ("--json", as_json), ("--quiet", quiet),
+                                          ("--prediction", prediction_file is not None)) if value]
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
@@ -138,14 +143,18 @@ def run(
     if compare and (quiet or settings.speculation.drafting == DrafterKind.PLAIN):
         raise UsageError("--compare sets a speculative run beside a plain one: it takes no"
                          f" {'--quiet' if quiet else '--no-draft or --spec off'}")
+    if prediction_file is not None and settings.speculation.drafting == DrafterKind.PLAIN:
+        raise UsageError("--prediction drafts the answer, and --no-draft or --spec off decodes plainly: leave one out")
     text = read_prompt(prompt, file)
     text = unescape(text) if escape else text
     if not text:
         raise InputError("the prompt is empty")
+    predicted_text = read_text(prediction_file) if prediction_file else None
     with _open(settings, "run") as session:
         tokens = (session.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
                   if system is not None else session.tokenize(text, raw))
-        events = session.generate(tokens, settings.sampling, settings.limits)
+        prediction = session.prediction_tokens(predicted_text) if predicted_text else None
+        events = session.generate(tokens, settings.sampling, settings.limits, prediction)
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
@@ -160,7 +169,9 @@ def run(
         if as_json:
             print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
                               "stats": recorder.summary().as_dict(), "placement": session.placement(),
-                              "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})))
+                              "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})
+                             | ({"prediction": recorder.summary().prediction_tokens(len(prediction))}
+                                if prediction else {})))
         elif not quiet:
             print(tui.summary_line(recorder, auto), file=sys.stderr)
             if beside:

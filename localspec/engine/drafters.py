@@ -376,3 +376,65 @@ class MtpDrafter(ForwardDrafter):
         longer keeps it (MTP drafts from it less well there, and the output stays the target's)."""
         row = self.target.hidden_row(position) if position >= 0 else None
         return row if row is not None else np.zeros(self.target.model.n_embd, dtype=np.float32)
+
+
+PREDICTION_MIN_MATCH = 4  # output tokens that must match the prediction before it drafts again after a departure
+
+
+class PredictionDrafter:
+    """The text the user expects (OpenAI's Predicted Outputs: typically the file being edited) drafts
+    wherever the output follows it; elsewhere the generation's own drafter (`then`) drafts.
+
+    It follows the output through the prediction token by token. Where the output departs from it (an
+    edit), it waits until the output's last tokens are found in the prediction again, preferring the
+    first place after where it left (edits keep the file's order). A draft offers as many tokens as the
+    output has followed the prediction without a break (at least MIN_OFFER): a long draft right after a
+    departure would mostly be rejected, and a rejected long draft costs a big verification batch.
+    Its drafts are deterministic (q one-hot), so under sampling each token is kept with p(x): lossless.
+    """
+
+    kind = DrafterKind.PREDICTION
+
+    def __init__(self, prediction: list[int], then: Drafter, then_limit: int):
+        self.prediction = list(prediction)
+        self.then, self.then_limit = then, then_limit
+        self.index: dict[tuple[int, ...], list[int]] = {}  # each n-gram of the prediction -> the positions after it
+        n = PREDICTION_MIN_MATCH
+        for end in range(n, len(self.prediction)):
+            self.index.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.then.begin(prompt, sampling, rng)
+        self.at: int | None = 0  # where in the prediction the next output token is expected; None: departed
+        self.followed = 0  # output tokens that have followed the prediction since the last departure
+        self.left = 0  # where in the prediction the output last departed
+        self.compared = len(prompt)  # history positions already held against the prediction
+
+    def propose(self, history, k) -> Draft:
+        self._follow(history)
+        if self.at is not None and self.at < len(self.prediction):
+            offer = min(k, max(self.followed, MIN_OFFER))
+            return Draft(self.prediction[self.at : self.at + offer], source=self.kind, run=self.followed)
+        return self.then.propose(history, min(k, self.then_limit))
+
+    def observe(self, step: Step) -> None:
+        # the generation's own drafter learns from its own steps only: a prediction's steps say nothing of it
+        if step.drafter != self.kind and isinstance(self.then, Learner):
+            self.then.observe(step)
+
+    def _follow(self, history: list[int]) -> None:
+        for position in range(self.compared, len(history)):
+            if self.at is not None and self.at < len(self.prediction) and self.prediction[self.at] == history[position]:
+                self.at += 1
+                self.followed += 1
+            elif self.at is not None:
+                self.left, self.at, self.followed = self.at, None, 0
+        self.compared = len(history)
+        if self.at is None:
+            self._find_again(history)
+
+    def _find_again(self, history: list[int]) -> None:
+        places = self.index.get(tuple(history[-PREDICTION_MIN_MATCH:]))
+        if places:
+            self.at = next((place for place in places if place >= self.left), places[0])
+            self.followed = PREDICTION_MIN_MATCH
