@@ -153,7 +153,7 @@ def medians(samples: list[tuple[bool, int]]) -> tuple[float, float, int]:
 def engine(model: str, modules, labels, prompts: list[list[int]], tokens: int, repeats: int) -> None:
     """propose + observe inside real generations (the model as its own draft model), alternating policies."""
     path = download.locate(registry.resolve(model))
-    with Session(path, path, Runtime(), Speculation(DrafterKind.AUTO)) as session:
+    with Session(path, path, Runtime(threads=1), Speculation(DrafterKind.AUTO)) as session:
         made = session.drafter
         autos = [made if module is current else module.AutoDrafter(made.ngram, list(made.costly.values()),
                                                                     module.Costs.from_dict(asdict(made.costs)))

@@ -419,6 +419,10 @@ class AutoDrafter:
         may_probe = [option for option, screen in screens.items()
                      if screen.may_probe(self.costs, option.once_seconds, self.bucket.seconds)]
         weighed = [option for option in options if option in may_be_sure or option in may_probe]
+        plain_rate = 1 / plain_seconds
+        if not weighed:
+            self.chosen = Choice(plain_rate)
+            return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         verify = self.costs.verify_table(max((option.most for option in weighed), default=0) + 1)
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
@@ -427,7 +431,6 @@ class AutoDrafter:
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
         # step on the doubtful side: reading every position's noisy belief at its doubtful side
         # would stop it short wherever one deep position happened to read low.
-        plain_rate = 1 / plain_seconds
         doubtful = {option: self._rates(option, seconds[option], SURE) for option in may_be_sure}
         sure = Choice(plain_rate)
         likeliest = max(may_be_sure, key=lambda option: max(doubtful[option]), default=None)
