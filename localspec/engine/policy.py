@@ -287,7 +287,8 @@ class Screen:
     sure: float  # the best rate at SURE of any length, in plain steps' rates (a bound: no catch-up counted)
     probe_units: float  # the least draft(n) + verify(n + 1), in verify(1)s, of the lengths whose rate at
     # HOPEFUL may beat a plain step's
-    expected: dict[float, list[float]]  # hope -> E(1) .. E(option.most), for the steps that weigh it in full
+    # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
+    expected: dict[tuple[float, float | None], list[float]]
 
     def may_be_sure(self) -> bool:
         return self.sure > 1 - ROUNDING
@@ -298,10 +299,10 @@ class Screen:
         risk = costs.level * self.probe_units + once_seconds - plain
         return risk - bucket <= ROUNDING * (abs(risk) + plain + abs(bucket))
 
-    def expected_tokens(self, auto: "AutoDrafter", hope: float) -> list[float]:
-        if hope not in self.expected:
-            self.expected[hope] = auto.expected_tokens(self.option, hope)
-        return self.expected[hope]
+    def expected_tokens(self, auto: "AutoDrafter", hope: float, beyond: float | None = None) -> list[float]:
+        if (hope, beyond) not in self.expected:
+            self.expected[hope, beyond] = auto.expected_tokens(self.option, hope, beyond)
+        return self.expected[hope, beyond]
 
 
 # The screens' bounds are taken with other roundings than the rates they bound: a draft is passed over
@@ -430,12 +431,19 @@ class AutoDrafter:
         # The sure option is the one whose best length pays most even on the doubtful side of its
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
         # step on the doubtful side: reading every position's noisy belief at its doubtful side
-        # would stop it short wherever one deep position happened to read low.
+        # would stop it short wherever one deep position happened to read low. An n-gram position
+        # the text has not scored is read at its doubtful side all the same: every lookup is scored
+        # for free as far as it offered, so such a position is one this text has never shown a copy
+        # reach. At its mean (the deepest scored position's), a math answer that copies three tokens
+        # of its question and departs would draft a dozen more wherever verifying 16 tokens costs
+        # little more than 8. A draft model learns its deeper positions only by drafting them, so
+        # there the mean leads.
         doubtful = {option: self._rates(option, seconds[option], SURE) for option in may_be_sure}
         sure = Choice(plain_rate)
         likeliest = max(may_be_sure, key=lambda option: max(doubtful[option]), default=None)
         if likeliest is not None and max(doubtful[likeliest]) > plain_rate:
-            expected = self._rates(likeliest, seconds[likeliest], MEAN)
+            expected = self._rates(likeliest, seconds[likeliest], MEAN,
+                                   beyond=SURE if likeliest.drafter == DrafterKind.NGRAM else None)
             length = max((n for n in range(1, likeliest.most + 1) if doubtful[likeliest][n - 1] > plain_rate),
                          key=lambda n: expected[n - 1])
             sure = Choice(expected[length - 1], likeliest, length)
@@ -473,9 +481,9 @@ class AutoDrafter:
         relative = self.costs.relative(option.most + 1)
         units = [token * n + relative[n] for n in range(1, option.most + 1)]  # draft(n) + verify(n + 1)
         # rates in plain steps' rates; a one-off catch-up only lowers them
-        expected = {hope: self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
-        sure = [tokens / unit * relative[0] for tokens, unit in zip(expected[SURE], units)]
-        hopeful = [tokens / unit * relative[0] for tokens, unit in zip(expected[HOPEFUL], units)]
+        expected = {(hope, None): self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
+        sure = [tokens / unit * relative[0] for tokens, unit in zip(expected[SURE, None], units)]
+        hopeful = [tokens / unit * relative[0] for tokens, unit in zip(expected[HOPEFUL, None], units)]
         screen = Screen(option, self.beliefs[key], self.costs.shape, token, max(sure),
                         min((unit for unit, rate in zip(units, hopeful) if rate > 1 - ROUNDING), default=float("inf")),
                         expected)
@@ -492,25 +500,27 @@ class AutoDrafter:
                     best = Choice(rate, option, length)
         return best
 
-    def _rates(self, option: Option, seconds: list[float], hope: float) -> list[float]:
+    def _rates(self, option: Option, seconds: list[float], hope: float, beyond: float | None = None) -> list[float]:
         """Expected tokens per second of drafting 1 .. option.most tokens. A one-off cost counts in
         proportion to the tokens the step makes of the horizon."""
         screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
-        tokens = screen.expected_tokens(self, hope) if screen else self.expected_tokens(option, hope)
+        tokens = screen.expected_tokens(self, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
         return [expected / (s + option.once_seconds * expected / HORIZON) for expected, s in zip(tokens, seconds)]
 
-    def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
-        """E(1) .. E(option.most), in one pass."""
+    def expected_tokens(self, option: Option, hope: float = MEAN, beyond: float | None = None) -> list[float]:
+        """E(1) .. E(option.most), in one pass; positions this generation has not scored are read at
+        `beyond` (default: hope)."""
+        beyond = hope if beyond is None else beyond
         key = (option.drafter, option.evidence)
         positions = self._positions(key)
         views = [belief.view(hope) for belief in positions[: option.most]] or [self._first(key).view(hope)]
-        untried = _untried(positions).view(hope)
+        untried = _untried(positions).view(beyond)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
             if position < len(views):
                 reach *= views[position]
             elif option.drafter == DrafterKind.NGRAM:
-                reach *= min(untried, _copy_goes_on(option.run + position).view(hope))
+                reach *= min(untried, _copy_goes_on(option.run + position).view(beyond))
             else:
                 reach *= untried
             expected += reach
