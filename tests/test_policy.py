@@ -247,6 +247,18 @@ def test_a_draft_position_no_text_has_scored_is_never_sure():
     assert auto.expected_tokens(quote, MEAN)[-1] < auto.expected_tokens(copy, MEAN)[-1]
 
 
+def test_an_ngram_draft_stops_where_this_texts_copies_stop():
+    # A math answer copies a number or phrase of its question and departs: positions past 3 scored as
+    # rarely accepted, or never reached by any lookup. Either way the draft stops by position 4, on the
+    # curves of both 2-core machines (CPU_LIKE verifies 16 tokens for little more than 8).
+    history = PASSAGE[:40] + [7, 8] + PASSAGE[:20]  # the match runs back 16+ tokens
+    for verify in (EPYC_LIKE, CPU_LIKE):
+        for rates in ([0.9, 0.9, 0.9] + [0.1] * 12, [0.9, 0.9, 0.9]):
+            auto = policy(verify, 0.021, model=False)
+            believe(auto, DrafterKind.NGRAM, evidence_of(history), rates)
+            assert 1 <= len(auto.propose(history, 32).tokens) <= 4
+
+
 def test_costs_follow_a_machine_that_gets_busier():
     auto = policy(CPU_LIKE, 0.040)
     before = auto.costs.verify_seconds(16)

@@ -153,12 +153,24 @@ class Costs:
                    {DrafterKind(kind): DraftCosts(float(d["token"]), float(d["prefill_token"]))
                     for kind, d in data["drafts"].items()})
 
+    def __post_init__(self):
+        # The curve's shape moves only when a batch of more than one token is timed; verify(1) moves
+        # every step. So the shape is interpolated once per change, not at every look-up.
+        self._relative: list[float] = []
+        self.shape = 0  # counts the changes of the shape: what the policy's screens are kept against
+
+    def relative(self, most: int) -> list[float]:
+        """verify(n) / verify(1) for n = 1 .. most (or further)."""
+        if len(self._relative) < most:
+            self._relative = _interpolate_all(self.verify, most)
+        return self._relative
+
     def verify_seconds(self, n: int) -> float:
-        return self.level * _interpolate(self.verify, n)
+        return self.level * self.relative(n)[n - 1]
 
     def verify_table(self, most: int) -> list[float]:
         """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step)."""
-        return [self.level * relative for relative in _interpolate_all(self.verify, most)]
+        return [self.level * relative for relative in self.relative(most)[:most]]
 
     def draft_seconds(self, kind: DrafterKind, k: int) -> float:
         return self.level * self.drafts[kind].token * k if kind in self.drafts else 0.0
@@ -167,21 +179,19 @@ class Costs:
         return self.level * self.drafts[kind].prefill_token * tokens
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        relative = _interpolate(self.verify, n)
+        relative = self.relative(n)[n - 1]
         level = min(max(seconds / relative, self.level / CLIP), self.level * CLIP)
         self.level += LEVEL_RATE * (level - self.level)
         if n > 1:
             self.verify[n] = relative + SHAPE_RATE * (min(max(seconds / self.level, relative / CLIP), relative * CLIP)
                                                       - relative)
+            self._relative = []
+            self.shape += 1
 
     def observe_draft(self, kind: DrafterKind, tokens: int, seconds: float) -> None:
         draft = self.drafts[kind]
         per_token = min(max(seconds / tokens / self.level, draft.token / CLIP), draft.token * CLIP)
         draft.token += SHAPE_RATE * (per_token - draft.token)
-
-
-def _interpolate(table: dict[int, float], n: int) -> float:
-    return _interpolate_all(table, n)[-1]
 
 
 def _interpolate_all(table: dict[int, float], most: int) -> list[float]:
@@ -264,6 +274,43 @@ class Shadow:
 
 
 @dataclass
+class Screen:
+    """Bounds on what a costly drafter's drafts of 1 .. option.most tokens could earn, from its beliefs and
+    the cost curve's shape alone (verify(1) cancels out of a comparison with a plain step), kept until
+    either moves: a drafter that cannot pay is passed over at the price of a look-up, not weighed
+    length by length every step."""
+
+    option: Option  # the drafter's option when taken (its catch-up then apart, which only lowers rates)
+    positions: list[Belief]  # the beliefs it was taken from (replaced, not only updated, when they are)
+    shape: int  # Costs.shape then
+    token: float  # a drafted token's cost relative to verify(1) then
+    sure: float  # the best rate at SURE of any length, in plain steps' rates (a bound: no catch-up counted)
+    probe_units: float  # the least draft(n) + verify(n + 1), in verify(1)s, of the lengths whose rate at
+    # HOPEFUL may beat a plain step's
+    # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
+    expected: dict[tuple[float, float | None], list[float]]
+
+    def may_be_sure(self) -> bool:
+        return self.sure > 1 - ROUNDING
+
+    def may_probe(self, costs: Costs, once_seconds: float, bucket: float) -> bool:
+        """Whether the bucket could pay for the cheapest draft that hope says may beat a plain step."""
+        plain = costs.verify_seconds(1)
+        risk = costs.level * self.probe_units + once_seconds - plain
+        return risk - bucket <= ROUNDING * (abs(risk) + plain + abs(bucket))
+
+    def expected_tokens(self, auto: "AutoDrafter", hope: float, beyond: float | None = None) -> list[float]:
+        if (hope, beyond) not in self.expected:
+            self.expected[hope, beyond] = auto.expected_tokens(self.option, hope, beyond)
+        return self.expected[hope, beyond]
+
+
+# The screens' bounds are taken with other roundings than the rates they bound: a draft is passed over
+# only where its bound falls short by more than this (relative), and weighed in full otherwise.
+ROUNDING = 1e-9
+
+
+@dataclass
 class Bucket:
     """Seconds that probes may still lose: filled by decoding, emptied by probes that lost."""
 
@@ -331,6 +378,7 @@ class AutoDrafter:
         # (drafter, evidence) -> the first position's belief as earlier generations left it
         self.carried: dict[Key, Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
+        self.screens: dict[DrafterKind, Screen] = {}
 
     def begin(self, prompt, sampling, rng) -> None:
         self.ngram.begin(prompt, sampling, rng)
@@ -342,6 +390,7 @@ class AutoDrafter:
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
                              for key, positions in self.beliefs.items() if positions})
         self.beliefs = {}
+        self.screens.clear()
         if self.bucket is None:
             plain = self.costs.verify_seconds(1)
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
@@ -351,6 +400,7 @@ class AutoDrafter:
         """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
         self.carried.clear()
+        self.screens.clear()
         self.bucket = None
 
     def propose(self, history, k) -> Draft:
@@ -363,20 +413,37 @@ class AutoDrafter:
             self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
         for kind, drafter in self.costly.items() if k else ():
             options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
+        # A costly drafter is weighed length by length only where its screen says a draft of it could
+        # beat a plain step: on a machine where it does not pay, a step that drafts nothing costs a look-up.
+        screens = {option: self._screen(option) for option in options if option.drafter != DrafterKind.NGRAM}
+        may_be_sure = [option for option in options if option not in screens or screens[option].may_be_sure()]
+        may_probe = [option for option, screen in screens.items()
+                     if screen.may_probe(self.costs, option.once_seconds, self.bucket.seconds)]
+        weighed = [option for option in options if option in may_be_sure or option in may_probe]
+        plain_rate = 1 / plain_seconds
+        if not weighed:
+            self.chosen = Choice(plain_rate)
+            return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
-        verify = self.costs.verify_table(max((option.most for option in options), default=0) + 1)
+        verify = self.costs.verify_table(max((option.most for option in weighed), default=0) + 1)
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
-                   for option in options}
+                   for option in weighed}
         # The sure option is the one whose best length pays most even on the doubtful side of its
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
         # step on the doubtful side: reading every position's noisy belief at its doubtful side
-        # would stop it short wherever one deep position happened to read low.
-        plain_rate = 1 / plain_seconds
-        doubtful = {option: self._rates(option, seconds[option], SURE) for option in options}
+        # would stop it short wherever one deep position happened to read low. An n-gram position
+        # the text has not scored is read at its doubtful side all the same: every lookup is scored
+        # for free as far as it offered, so such a position is one this text has never shown a copy
+        # reach. At its mean (the deepest scored position's), a math answer that copies three tokens
+        # of its question and departs would draft a dozen more wherever verifying 16 tokens costs
+        # little more than 8. A draft model learns its deeper positions only by drafting them, so
+        # there the mean leads.
+        doubtful = {option: self._rates(option, seconds[option], SURE) for option in may_be_sure}
         sure = Choice(plain_rate)
-        likeliest = max(options, key=lambda option: max(doubtful[option]), default=None)
+        likeliest = max(may_be_sure, key=lambda option: max(doubtful[option]), default=None)
         if likeliest is not None and max(doubtful[likeliest]) > plain_rate:
-            expected = self._rates(likeliest, seconds[likeliest], MEAN)
+            expected = self._rates(likeliest, seconds[likeliest], MEAN,
+                                   beyond=SURE if likeliest.drafter == DrafterKind.NGRAM else None)
             length = max((n for n in range(1, likeliest.most + 1) if doubtful[likeliest][n - 1] > plain_rate),
                          key=lambda n: expected[n - 1])
             sure = Choice(expected[length - 1], likeliest, length)
@@ -390,7 +457,8 @@ class AutoDrafter:
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
         # Only the draft model (or MTP block) is probed: n-gram beliefs learn from the text at no cost.
-        choice = self._best([o for o in options if o.drafter != DrafterKind.NGRAM], seconds, HOPEFUL, sure, risk)
+        choice = self._best([o for o in weighed if o.drafter != DrafterKind.NGRAM and (o in may_probe or o == sure.option)],
+                            seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
@@ -400,6 +468,27 @@ class AutoDrafter:
         else:
             draft = self.costly[choice.option.drafter].propose(history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
+
+    def _screen(self, option: Option) -> Screen:
+        """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
+        taken from has moved."""
+        screen = self.screens.get(option.drafter)
+        key = (option.drafter, None)
+        token = self.costs.drafts[option.drafter].token if option.drafter in self.costs.drafts else 0.0
+        if (screen is not None and screen.option.most >= option.most and screen.positions is self.beliefs.get(key)
+                and screen.shape == self.costs.shape and screen.token == token):
+            return screen
+        relative = self.costs.relative(option.most + 1)
+        units = [token * n + relative[n] for n in range(1, option.most + 1)]  # draft(n) + verify(n + 1)
+        # rates in plain steps' rates; a one-off catch-up only lowers them
+        expected = {(hope, None): self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
+        sure = [tokens / unit * relative[0] for tokens, unit in zip(expected[SURE, None], units)]
+        hopeful = [tokens / unit * relative[0] for tokens, unit in zip(expected[HOPEFUL, None], units)]
+        screen = Screen(option, self.beliefs[key], self.costs.shape, token, max(sure),
+                        min((unit for unit, rate in zip(units, hopeful) if rate > 1 - ROUNDING), default=float("inf")),
+                        expected)
+        self.screens[option.drafter] = screen
+        return screen
 
     def _best(self, options: list[Option], seconds: dict, hope: float, best: Choice, risk) -> Choice:
         """The option and length with the highest expected rate above best's, acceptance seen at
@@ -411,24 +500,27 @@ class AutoDrafter:
                     best = Choice(rate, option, length)
         return best
 
-    def _rates(self, option: Option, seconds: list[float], hope: float) -> list[float]:
+    def _rates(self, option: Option, seconds: list[float], hope: float, beyond: float | None = None) -> list[float]:
         """Expected tokens per second of drafting 1 .. option.most tokens. A one-off cost counts in
         proportion to the tokens the step makes of the horizon."""
-        return [expected / (s + option.once_seconds * expected / HORIZON)
-                for expected, s in zip(self.expected_tokens(option, hope), seconds)]
+        screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
+        tokens = screen.expected_tokens(self, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
+        return [expected / (s + option.once_seconds * expected / HORIZON) for expected, s in zip(tokens, seconds)]
 
-    def expected_tokens(self, option: Option, hope: float = MEAN) -> list[float]:
-        """E(1) .. E(option.most), in one pass."""
+    def expected_tokens(self, option: Option, hope: float = MEAN, beyond: float | None = None) -> list[float]:
+        """E(1) .. E(option.most), in one pass; positions this generation has not scored are read at
+        `beyond` (default: hope)."""
+        beyond = hope if beyond is None else beyond
         key = (option.drafter, option.evidence)
         positions = self._positions(key)
         views = [belief.view(hope) for belief in positions[: option.most]] or [self._first(key).view(hope)]
-        untried = _untried(positions).view(hope)
+        untried = _untried(positions).view(beyond)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
             if position < len(views):
                 reach *= views[position]
             elif option.drafter == DrafterKind.NGRAM:
-                reach *= min(untried, _copy_goes_on(option.run + position).view(hope))
+                reach *= min(untried, _copy_goes_on(option.run + position).view(beyond))
             else:
                 reach *= untried
             expected += reach
@@ -478,6 +570,7 @@ class AutoDrafter:
     def _learn(self, key: Key, first: int, tried: int, accepted: int) -> None:
         """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""
         positions = self._positions(key)
+        self.screens.pop(key[0], None)  # taken from beliefs that now move
         for position in range(first, tried):
             if position == len(positions):
                 positions.append(replace(_untried(positions)))
