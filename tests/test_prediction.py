@@ -3,7 +3,8 @@
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
-from localspec.engine.drafters import MIN_OFFER, PREDICTION_MIN_MATCH, Draft, NoDrafter, PredictionDrafter
+from localspec.engine.drafters import (EDIT_MATCH, EDIT_REACH, MIN_OFFER, PREDICTION_MIN_MATCH, Draft, NoDrafter,
+                                       PredictionDrafter)
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
 from localspec.events import Step, Token
@@ -43,15 +44,26 @@ def test_from_the_start_it_offers_the_prediction_and_longer_drafts_as_the_output
     assert drafter.propose(PROMPT + prediction, 32).tokens == [99]  # its end: the generation's own drafter
 
 
-def test_after_a_departure_it_waits_for_a_match_then_goes_on_from_there():
+def test_after_an_edit_two_tokens_just_past_it_are_enough_to_go_on():
     prediction = list(range(10, 60))
     drafter = started(prediction)
-    history = PROMPT + prediction[:5] + [7, 7]  # an edit
+    history = PROMPT + prediction[:5] + [7, 7]  # tokens 15 and 16 replaced
     assert drafter.propose(history, 32).tokens == [99]
-    history += prediction[8 : 8 + PREDICTION_MIN_MATCH - 1]  # not yet enough to be sure where it is
+    history += prediction[7:8]  # one token of the text after the edit: not yet enough
     assert drafter.propose(history, 32).tokens == [99]
-    history += prediction[8 + PREDICTION_MIN_MATCH - 1 : 8 + PREDICTION_MIN_MATCH]
-    at = 8 + PREDICTION_MIN_MATCH
+    history += prediction[8:9]
+    assert drafter.propose(history, 32).tokens == prediction[9 : 9 + MIN_OFFER]
+
+
+def test_further_away_it_waits_for_a_longer_match_then_goes_on_from_there():
+    prediction = list(range(10, 60))
+    drafter = started(prediction)
+    far = 5 + EDIT_REACH + EDIT_MATCH + 1  # beyond the reach of an edit's short match
+    history = PROMPT + prediction[:5] + [7, 7]
+    history += prediction[far : far + PREDICTION_MIN_MATCH - 1]
+    assert drafter.propose(history, 32).tokens == [99]
+    history += prediction[far + PREDICTION_MIN_MATCH - 1 : far + PREDICTION_MIN_MATCH]
+    at = far + PREDICTION_MIN_MATCH
     assert drafter.propose(history, 32).tokens == prediction[at : at + PREDICTION_MIN_MATCH]
 
 
@@ -93,3 +105,18 @@ def test_the_output_is_the_targets_with_a_right_a_wrong_and_an_edited_prediction
     edited = plain[:10] + wrong[10:14] + plain[14:]
     tokens, summary = greedy(target, PredictionDrafter(edited, NoDrafter(), 0), prompt)
     assert tokens == plain and summary.drafters[DrafterKind.PREDICTION].accepted > 20
+
+
+def test_an_edit_seen_twice_is_made_in_the_rest_of_the_prediction():
+    old, new = [70, 71], [80]
+    line = [10, 11, 12, 13]
+    prediction = (line + old + [20, 21, 22, 23]) * 4
+    drafter = started(prediction)
+    history = list(PROMPT)
+    for _ in range(2):  # the answer makes the edit twice
+        history += line + new + [20, 21, 22, 23]
+        drafter.propose(history, 32)
+    assert drafter.propose(history, 32).tokens == line  # as far as the answer has followed it: four tokens
+    history += line
+    assert drafter.propose(history, 32).tokens[:5] == new + [20, 21, 22, 23]  # the third occurrence, edited
+    assert old[0] not in drafter.prediction[drafter.at :]

@@ -379,6 +379,8 @@ class MtpDrafter(ForwardDrafter):
 
 
 PREDICTION_MIN_MATCH = 4  # output tokens that must match the prediction before it drafts again after a departure
+EDIT_MATCH, EDIT_REACH = 2, 16  # fewer suffice within this many tokens past where the output left it
+EDIT_SPAN = 8  # the longest edit (tokens replaced, tokens instead) learned and made in the rest of a prediction
 
 
 class PredictionDrafter:
@@ -396,18 +398,23 @@ class PredictionDrafter:
     kind = DrafterKind.PREDICTION
 
     def __init__(self, prediction: list[int], then: Drafter, then_limit: int):
-        self.prediction = list(prediction)
         self.then, self.then_limit = then, then_limit
+        self._expect(list(prediction))
+        self.edits: dict[tuple[int, ...], tuple[int, ...]] = {}  # each short edit seen once: what replaced what
+
+    def _expect(self, prediction: list[int]) -> None:
+        self.prediction = prediction
         self.index: dict[tuple[int, ...], list[int]] = {}  # each n-gram of the prediction -> the positions after it
         n = PREDICTION_MIN_MATCH
-        for end in range(n, len(self.prediction)):
-            self.index.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
+        for end in range(n, len(prediction)):
+            self.index.setdefault(tuple(prediction[end - n : end]), []).append(end)
 
     def begin(self, prompt, sampling, rng) -> None:
         self.then.begin(prompt, sampling, rng)
         self.at: int | None = 0  # where in the prediction the next output token is expected; None: departed
         self.followed = 0  # output tokens that have followed the prediction since the last departure
         self.left = 0  # where in the prediction the output last departed
+        self.departed = 0  # where in history it did
         self.compared = len(prompt)  # history positions already held against the prediction
 
     def propose(self, history, k) -> Draft:
@@ -428,13 +435,41 @@ class PredictionDrafter:
                 self.at += 1
                 self.followed += 1
             elif self.at is not None:
-                self.left, self.at, self.followed = self.at, None, 0
+                self.left, self.departed, self.at, self.followed = self.at, position, None, 0
         self.compared = len(history)
         if self.at is None:
             self._find_again(history)
 
     def _find_again(self, history: list[int]) -> None:
+        # An edit usually replaces a few tokens and goes on with the text after them (a renamed
+        # variable): the answer's last two tokens found just past where it left need no more proof.
+        tail = history[-EDIT_MATCH:]
+        nearby = self.prediction[self.left : self.left + EDIT_REACH + EDIT_MATCH]
+        for start in range(len(nearby) - EDIT_MATCH + 1):
+            if nearby[start : start + EDIT_MATCH] == tail:
+                self.at, self.followed = self.left + start + EDIT_MATCH, EDIT_MATCH
+                self._learn(self.prediction[self.left : self.left + start], history[self.departed : -EDIT_MATCH])
+                return
         places = self.index.get(tuple(history[-PREDICTION_MIN_MATCH:]))
         if places:
             self.at = next((place for place in places if place >= self.left), places[0])
             self.followed = PREDICTION_MIN_MATCH
+
+    def _learn(self, replaced: list[int], by: list[int]) -> None:
+        """The same short edit seen a second time (a renamed variable) is made in the rest of the
+        prediction, so drafts carry it; once could be a one-off change of a common token."""
+        if not 0 < len(replaced) <= EDIT_SPAN or not 0 < len(by) <= EDIT_SPAN:
+            return
+        key, value = tuple(replaced), list(by)
+        if self.edits.get(key) != tuple(value):
+            self.edits[key] = tuple(value)
+            return
+        rest, edited, i = self.prediction[self.at :], [], 0
+        while i < len(rest):
+            if tuple(rest[i : i + len(key)]) == key:
+                edited += value
+                i += len(key)
+            else:
+                edited.append(rest[i])
+                i += 1
+        self._expect(self.prediction[: self.at] + edited)
