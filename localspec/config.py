@@ -54,10 +54,12 @@ class DrafterKind(StrEnum):
     # the text the user expects (OpenAI's Predicted Outputs): drafts beside any mode, wherever the output
     # follows it, so it is a generation's option rather than a mode of its own
     PREDICTION = "prediction"
+    # earlier generations in this process (SuffixDecoding's cache): one of auto's free drafters
+    SUFFIX = "suffix"
 
     @property
     def is_mode(self) -> bool:
-        return self != DrafterKind.PREDICTION
+        return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX)
 
     @property
     def default_draft_max(self) -> int:
@@ -68,7 +70,8 @@ class DrafterKind(StrEnum):
 # 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
 # 7 single ones) and stops short by itself wherever acceptance does not carry that far.
 DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
-                     DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32}
+                     DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32,
+                     DrafterKind.SUFFIX: 32}
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Speculation:
     draft_max: most tokens drafted a step; None: the drafting kind's own default (draft_limit says
     which). p_min stops a model draft once the draft model is unsure of its next token;
     ngram_min..ngram_max is the range of suffix lengths looked up by the n-gram drafter, longest first.
+    suffix_cache: auto drafts from earlier generations in this process too (chat turns, batch items,
+    requests), kept in memory only, per loaded target.
     """
 
     drafting: DrafterKind = DrafterKind.AUTO
@@ -90,12 +95,14 @@ class Speculation:
     p_min: float = 0.6
     ngram_min: int = 2
     ngram_max: int = 4
+    suffix_cache: bool = True  # auto drafts from earlier generations in this process too
 
     def __post_init__(self):
         object.__setattr__(self, "drafting", DrafterKind(self.drafting))
         if not self.drafting.is_mode:
             raise UsageError(f"{self.drafting} is not a way to draft on its own: a prediction drafts beside any"
-                             " of plain, ngram, draft, mtp and auto (give the predicted text with the request)")
+                             " of plain, ngram, draft, mtp and auto (give the predicted text with the request),"
+                             " the suffix cache within auto")
         if self.draft_max is not None and self.draft_max < 0:
             raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
         if not 0 <= self.draft_min <= self.draft_limit():

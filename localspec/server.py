@@ -70,7 +70,8 @@ class Server:
     async def metrics(self, request: Request) -> Response:
         pending = self.service.pending
         return await self._guarded(request, lambda: PlainTextResponse(
-            self.service.metrics.prometheus(running=min(1, pending), waiting=max(0, pending - 1)),
+            self.service.metrics.prometheus(running=min(1, pending), waiting=max(0, pending - 1),
+                                            remembered=self.session.remembered),
             media_type="text/plain; version=0.0.4"))
 
     async def chat_completions(self, request: Request) -> Response:

@@ -215,8 +215,9 @@ class Metrics:
             if job.outcome != "ok":  # its generation's decode time stops here
                 self.served.interrupt()
 
-    def prometheus(self, running: int, waiting: int) -> str:
-        """The Prometheus text exposition format."""
+    def prometheus(self, running: int, waiting: int, remembered: tuple[int, int] | None = None) -> str:
+        """The Prometheus text exposition format. remembered: the suffix cache's tokens and bytes, if
+        the session keeps one."""
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -257,4 +258,8 @@ class Metrics:
                                       ("drafter_accepted_tokens_total", "Draft tokens accepted", "accepted")):
                 metric(name, "counter", f"{what}, by drafter.",
                        [(f'{{drafter="{kind}"}}', getattr(tally, count)) for kind, tally in r.drafters.items()])
+        if remembered is not None:
+            metric("suffix_cache_tokens", "gauge", "Tokens of earlier generations kept to draft from.",
+                   [("", remembered[0])])
+            metric("suffix_cache_bytes", "gauge", "Memory those tokens and their index take.", [("", remembered[1])])
         return "\n".join(lines) + "\n"

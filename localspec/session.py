@@ -5,7 +5,7 @@ many generations on them; the caller iterates events and never touches the engin
 """
 
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -15,10 +15,11 @@ from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_d
 from .engine import policy
 from .engine import rpc
 from .engine.backend import Context, Model
-from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter
+from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
-from .events import Event, Prefill
+from .events import Done, Event, Prefill, Token
 from .gguf_meta import GGUFInfo
 from .placement import Placement
 from .stats import Recorder, Summary, record
@@ -224,6 +225,8 @@ class Session:
                 draft, mtp = None, False
                 self.target.stop_keeping_hidden()
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+            # earlier generations, for auto to draft from: this target's only, in this process's memory only
+            self.suffix_cache = SuffixCache() if speculation.suffix_cache else None
             self.model_drafter = None
             self.mtp_drafter = None
             if mtp:
@@ -278,7 +281,8 @@ class Session:
             }
             self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
             costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
-            self._auto = policy.AutoDrafter(self.ngram, costly, costs)
+            suffix = SuffixDrafter(self.suffix_cache) if self.suffix_cache is not None else None
+            self._auto = policy.AutoDrafter(self.ngram, costly, costs, suffix)
         return self._auto
 
     def costs(self) -> dict | None:
@@ -388,7 +392,26 @@ class Session:
         drafter = self.drafter
         if prediction and self.mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, self.speculation.draft_limit(self.mode))
-        return generate(self.target, drafter, prompt, sampling, self.speculation, limits)
+        events = generate(self.target, drafter, prompt, sampling, self.speculation, limits)
+        return self._remembered(events, prompt) if self.suffix_cache is not None else events
+
+    def _remembered(self, events: Iterator[Event], prompt: list[int]) -> Iterator[Event]:
+        """The events, and the generation added to the suffix cache once it ends, with as much of its
+        prompt before it as a match reaches back (so its first tokens can be drafted too)."""
+        output = []
+        with closing(events):
+            for event in events:
+                if isinstance(event, Token):
+                    output.append(event.id)
+                elif isinstance(event, Done):
+                    self.suffix_cache.add(prompt[-self.suffix_cache.depth :] + output)
+                yield event
+
+    @property
+    def remembered(self) -> tuple[int, int] | None:
+        """The suffix cache's tokens and the bytes they take, if this session keeps one."""
+        cache = self.suffix_cache
+        return None if cache is None else (cache.tokens, cache.nbytes)
 
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""

@@ -18,7 +18,8 @@ from scipy.stats import chisquare
 
 import localspec.engine.speculative as speculative
 from localspec.config import Limits, Sampling, Speculation
-from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from localspec.engine.suffix import SuffixCache
 from localspec.engine.sampling import transform
 from localspec.events import Token
 from localspec.stats import record
@@ -147,10 +148,19 @@ def predicted(target, prompt) -> PredictionDrafter:
     return PredictionDrafter([e.id for e in events if isinstance(e, Token)], NoDrafter(), 0)
 
 
+def from_earlier(target, prompt) -> SuffixDrafter:
+    """The suffix cache holding an earlier greedy answer to the same prompt."""
+    cache = SuffixCache()
+    cache.add(prompt + predicted(target, prompt).prediction)
+    return SuffixDrafter(cache)
+
+
+@pytest.mark.parametrize("kind", ["prediction", "suffix"])
 @pytest.mark.parametrize("setting", ["llama.cpp defaults", "temperature 0.7"])
-def test_a_prediction_keeps_the_target_distribution(target, prompt, setting):
+def test_a_prediction_and_an_earlier_answer_keep_the_target_distribution(target, prompt, setting, kind):
     sampling = SETTINGS[setting]
-    counts = sample_counts(target, predicted(target, prompt), prompt, sampling)
+    drafter = predicted(target, prompt) if kind == "prediction" else from_earlier(target, prompt)
+    counts = sample_counts(target, drafter, prompt, sampling)
     assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) > ALPHA
 
 
@@ -165,12 +175,13 @@ def test_speculation_actually_drafted_in_these_settings(load, target, prompt, re
         )
         summary = record(events).summary()
         assert summary.accepted > 0 and summary.accepted < summary.drafted, kind
-    drafter, drafted, accepted = predicted(target, prompt), 0, 0
-    for seed in range(50):  # samples that keep to the prediction and samples that leave it
-        summary = record(speculative.generate(target, drafter, prompt, replace(SETTINGS["temperature 0.7"], seed=seed),
-                                              Speculation(), Limits(max_tokens=LENGTH))).summary()
-        drafted, accepted = drafted + summary.drafted, accepted + summary.accepted
-    assert 0 < accepted < drafted, "prediction"
+    for kind, drafter in [("prediction", predicted(target, prompt)), ("suffix", from_earlier(target, prompt))]:
+        drafted = accepted = 0
+        for seed in range(50):  # samples that keep to the earlier text and samples that leave it
+            summary = record(speculative.generate(target, drafter, prompt, replace(SETTINGS["temperature 0.7"], seed=seed),
+                                                  Speculation(), Limits(max_tokens=LENGTH))).summary()
+            drafted, accepted = drafted + summary.drafted, accepted + summary.accepted
+        assert 0 < accepted < drafted, kind
 
 
 def test_a_verifier_that_accepts_every_draft_token_fails_the_check(load, target, prompt, monkeypatch):

@@ -14,7 +14,14 @@ import pytest
 from localspec import calibration
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as policy_module
-from localspec.engine.drafters import Agreement, Draft, Evidence, NgramDrafter, RunClass
+from localspec.engine.drafters import (
+    Agreement,
+    Draft,
+    Evidence,
+    NgramDrafter,
+    RunClass,
+    SuffixDrafter,
+)
 from localspec.engine.policy import (
     MEAN,
     SURE,
@@ -26,6 +33,7 @@ from localspec.engine.policy import (
     Option,
     calibrate,
 )
+from localspec.engine.suffix import SuffixCache
 from localspec.events import Step
 from localspec.session import Session
 
@@ -433,3 +441,23 @@ def test_costs_measured_while_other_processes_took_the_cores_serve_their_session
     open_auto(tiny["target"], None, threads).close()  # a quiet machine: measured again, and kept
     open_auto(tiny["target"], None, threads).close()
     assert len(calibrations) == 2
+
+
+def test_an_earlier_generation_earns_suffix_drafts_where_this_text_has_nothing_to_copy():
+    """The passage was the answer to an earlier request: this text holds no copy of it for n-gram
+    lookup, but the suffix cache does, and its proposals are learned from the text for free."""
+    cache = SuffixCache()
+    cache.add([7, 8] + PASSAGE)
+    for verify in (EPYC_LIKE, CPU_LIKE):
+        auto = AutoDrafter(NgramDrafter(2, 4), [], costs(verify, 0.021), SuffixDrafter(cache))
+        auto.begin([1, 2, 3], Sampling(), None)
+        steps = write(auto, [1, 2, 3, 7, 8] + PASSAGE, 5, 32, verify)
+        assert {step.drafter for step in steps if step.drafted} == {DrafterKind.SUFFIX}
+        assert len(steps) <= len(PASSAGE) / 3 and all(step.accepted == step.drafted for step in steps)
+        assert not any(step.probe for step in steps)
+
+
+def test_without_a_suffix_drafter_the_same_text_is_decoded_plainly():
+    auto = policy(CPU_LIKE, 0.021, model=False)
+    steps = write(auto, [1, 2, 3, 7, 8] + PASSAGE, 5, 32, CPU_LIKE)
+    assert not any(step.drafted for step in steps)

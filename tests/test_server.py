@@ -322,6 +322,7 @@ def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
     assert value("localspec:spec_decode_num_accepted_tokens_per_pos", position="0") > 0
     assert value("localspec:drafter_draft_tokens", drafter="draft") == drafted
     assert value("localspec:requests_running") == 0
+    assert value("localspec:suffix_cache_tokens") >= 8 and value("localspec:suffix_cache_bytes") > 0
 
 
 def test_api_key_is_required_except_for_health(tiny, tmp_path):

@@ -191,3 +191,40 @@ def test_the_match_and_the_first_frequency_follow_a_brute_force_count():
             counts = {t: followers.count(t) for t in set(followers) - {None}}
             assert counts[draft.tokens[0]] == max(counts.values())
             assert draft.probabilities[0] == counts[draft.tokens[0]] / len(followers)
+
+
+def test_the_drafter_names_its_evidence_as_ngram_lookup_does():
+    from localspec.config import DrafterKind
+    from localspec.engine.drafters import Agreement, RunClass, SuffixDrafter
+
+    cache = SuffixCache()
+    for ending in ([20, 21], [20, 21], [20, 22]):
+        cache.add(list(range(1, 11)) + ending)
+    drafter = SuffixDrafter(cache)
+    draft = drafter.propose([50, 51] + list(range(1, 11)), 4)
+    assert draft.source == DrafterKind.SUFFIX and draft.tokens[:1] == [20] and draft.run == 10
+    assert draft.evidence.run == RunClass.FROM_8 and draft.evidence.agreement == Agreement.AGREE
+    assert drafter.propose([50, 9, 10], 4).evidence.agreement == Agreement.AGREE
+    cache.add([60, 61, 62])
+    assert drafter.propose([5, 60, 61], 4).evidence.agreement == Agreement.SEEN_ONCE
+    assert drafter.propose([5, 6, 99, 61], 4).tokens == []  # a one-token match is chance
+
+
+def test_a_session_drafts_an_answer_again_from_its_earlier_generation_and_says_the_same(tiny):
+    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+    from localspec.session import Session
+    from localspec.stats import record
+
+    def twice(suffix_cache: bool):
+        speculation = Speculation(drafting=DrafterKind.AUTO, suffix_cache=suffix_cache)
+        with Session(tiny["target"], None, Runtime(ctx_size=512), speculation) as session:
+            tokens = session.tokenize("the cat sat", raw=True)
+            return [record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens=48)))
+                    for _ in range(2)]
+
+    first, again = twice(suffix_cache=True)
+    assert again.text == first.text
+    assert DrafterKind.SUFFIX not in first.summary().drafters  # nothing earlier to draft from
+    assert again.summary().drafters[DrafterKind.SUFFIX].accepted >= 24
+    off = twice(suffix_cache=False)
+    assert off[1].text == first.text and DrafterKind.SUFFIX not in off[1].summary().drafters

@@ -72,6 +72,11 @@ SPECULATION_OPTIONS = {
         None),
     "draft_min": (Annotated[int, typer.Option("--draft-min", help="Skip drafts shorter than this.",
                                               rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.draft_min),
+    "suffix_cache": (Annotated[bool, typer.Option(
+        "--suffix-cache/--no-suffix-cache", help="Let auto draft from earlier generations of this process too"
+        " (chat turns, batch items, server requests) where their text repeats, as SuffixDecoding does; kept in"
+        " memory only (at most a million tokens), for this model only.", rich_help_panel=SPECULATION)],
+        DEFAULT_SPECULATION.suffix_cache),
     "p_min": (Annotated[float, typer.Option(
         "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
@@ -195,7 +200,8 @@ def build_settings(**values) -> Settings:
         offline=o.offline,
         sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
-                                draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min),
+                                draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
+                                suffix_cache=o.suffix_cache),
         runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
                         # with workers, unless told: the layers split by free memory, this machine's too
                         gpu_layers=(None if o.rpc else all_layers) if o.gpu_layers is None else o.gpu_layers,

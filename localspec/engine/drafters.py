@@ -25,6 +25,7 @@ from ..events import Step
 from . import backend
 from .backend import Chain, Context
 from .sampling import Dist, chain_for, softmax
+from .suffix import SuffixCache
 
 
 class RunClass(IntEnum):
@@ -473,3 +474,30 @@ class PredictionDrafter:
                 edited.append(rest[i])
                 i += 1
         self._expect(self.prediction[: self.at] + edited)
+
+
+class SuffixDrafter:
+    """Earlier generations in this process draft (SuffixDecoding, Oliaro et al. 2025): the longest tail
+    of the text found in a SuffixCache, continued as most often before. Its proposals name Evidence as
+    n-gram lookup's do (how far the match runs back; whether the earlier continuations agree), so auto
+    keeps beliefs of its own for them, learned from the text for free."""
+
+    kind = DrafterKind.SUFFIX
+
+    def __init__(self, cache: SuffixCache):
+        self.cache = cache
+
+    def begin(self, prompt, sampling, rng) -> None:
+        pass
+
+    def propose(self, history, k) -> Draft:
+        found = self.cache.propose(history, k)
+        if found.match < SUFFIX_MIN_MATCH or not found.tokens:
+            return Draft(source=self.kind)
+        agreement = (Agreement.SEEN_ONCE if found.support == 1
+                     else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
+        return Draft(list(found.tokens), source=self.kind, evidence=Evidence(RunClass.of(found.match), agreement),
+                     run=found.match)
+
+
+SUFFIX_MIN_MATCH = 2  # a one-token match among a million earlier tokens is chance, as n-gram lookup's ngram_min

@@ -265,11 +265,13 @@ class Choice:
 
 @dataclass
 class Shadow:
-    """An n-gram proposal, drafted or not, waiting for the text to show how much of it was right."""
+    """A free drafter's proposal (n-gram lookup, the suffix cache), drafted or not, waiting for the text to
+    show how much of it was right."""
 
     start: int  # where in history its first token would go
     tokens: list[int]
     evidence: Evidence
+    drafter: DrafterKind  # the free drafter that proposed it
     scored: int = 0  # positions already learned from
 
 
@@ -349,6 +351,10 @@ def _copy_goes_on(held: int) -> Belief:
 
 Key = tuple[DrafterKind, Evidence | None]  # beliefs are kept per drafter and kind of evidence
 
+# Drafters whose proposals cost a look-up: their beliefs learn from the text whether drafted or not,
+# so they are never probed.
+FREE = frozenset({DrafterKind.NGRAM, DrafterKind.SUFFIX})
+
 
 def _this_and_weaker(key: Key) -> list[Key]:
     """A kind of evidence and the same evidence with ever shorter matches, strongest first."""
@@ -365,11 +371,13 @@ class AutoDrafter:
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs):
-        """ngram: the free drafter (n-gram lookup), whose proposals name their Evidence; costly: the
+    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs, suffix: Drafter | None = None):
+        """ngram, suffix: the free drafters (n-gram lookup in this text, the suffix cache of earlier
+        generations), whose proposals name their Evidence, each weighed with beliefs of its own; costly: the
         drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
         weighed with its own costs and beliefs under its kind."""
         self.ngram = ngram
+        self.suffix = suffix
         self.costly = {drafter.kind: drafter for drafter in costly}
         self.costs = costs
         # (drafter, evidence) -> per draft position: P(accepted | the positions before were accepted),
@@ -381,7 +389,8 @@ class AutoDrafter:
         self.screens: dict[DrafterKind, Screen] = {}
 
     def begin(self, prompt, sampling, rng) -> None:
-        self.ngram.begin(prompt, sampling, rng)
+        for drafter in self._free():
+            drafter.begin(prompt, sampling, rng)
         for drafter in self.costly.values():
             # A costly drafter reads the prompt only when first chosen: on machines where it does not
             # pay, it never costs prompt time.
@@ -396,6 +405,9 @@ class AutoDrafter:
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
         self.chosen: Choice = Choice(0.0)
 
+    def _free(self) -> list[Drafter]:
+        return [self.ngram] + ([self.suffix] if self.suffix else [])
+
     def forget(self) -> None:
         """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
@@ -406,16 +418,18 @@ class AutoDrafter:
     def propose(self, history, k) -> Draft:
         self._learn_from_text(history)
         plain_seconds = self.costs.verify_seconds(1)
-        lookup = self.ngram.propose(history, k)
-        options = []
-        if lookup.tokens:
-            options.append(Option(DrafterKind.NGRAM, lookup.evidence, len(lookup.tokens), run=lookup.run))
-            self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence))
+        options, lookups = [], {}
+        for drafter in self._free():
+            lookup = drafter.propose(history, k)
+            if lookup.tokens:
+                lookups[drafter.kind] = lookup
+                options.append(Option(drafter.kind, lookup.evidence, len(lookup.tokens), run=lookup.run))
+                self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence, drafter.kind))
         for kind, drafter in self.costly.items() if k else ():
             options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
         # A costly drafter is weighed length by length only where its screen says a draft of it could
         # beat a plain step: on a machine where it does not pay, a step that drafts nothing costs a look-up.
-        screens = {option: self._screen(option) for option in options if option.drafter != DrafterKind.NGRAM}
+        screens = {option: self._screen(option) for option in options if option.drafter not in FREE}
         may_be_sure = [option for option in options if option not in screens or screens[option].may_be_sure()]
         may_probe = [option for option, screen in screens.items()
                      if screen.may_probe(self.costs, option.once_seconds, self.bucket.seconds)]
@@ -443,7 +457,7 @@ class AutoDrafter:
         likeliest = max(may_be_sure, key=lambda option: max(doubtful[option]), default=None)
         if likeliest is not None and max(doubtful[likeliest]) > plain_rate:
             expected = self._rates(likeliest, seconds[likeliest], MEAN,
-                                   beyond=SURE if likeliest.drafter == DrafterKind.NGRAM else None)
+                                   beyond=SURE if likeliest.drafter in FREE else None)
             length = max((n for n in range(1, likeliest.most + 1) if doubtful[likeliest][n - 1] > plain_rate),
                          key=lambda n: expected[n - 1])
             sure = Choice(expected[length - 1], likeliest, length)
@@ -457,14 +471,14 @@ class AutoDrafter:
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
         # Only the draft model (or MTP block) is probed: n-gram beliefs learn from the text at no cost.
-        choice = self._best([o for o in weighed if o.drafter != DrafterKind.NGRAM and (o in may_probe or o == sure.option)],
+        choice = self._best([o for o in weighed if o.drafter not in FREE and (o in may_probe or o == sure.option)],
                             seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
             return Draft()
-        if choice.option.drafter == DrafterKind.NGRAM:
-            draft = replace(lookup, tokens=lookup.tokens[: choice.length])
+        if choice.option.drafter in FREE:
+            draft = replace(lookups[choice.option.drafter], tokens=lookups[choice.option.drafter].tokens[: choice.length])
         else:
             draft = self.costly[choice.option.drafter].propose(history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
@@ -519,7 +533,7 @@ class AutoDrafter:
         for position in range(option.most):
             if position < len(views):
                 reach *= views[position]
-            elif option.drafter == DrafterKind.NGRAM:
+            elif option.drafter in FREE:
                 reach *= min(untried, _copy_goes_on(option.run + position).view(beyond))
             else:
                 reach *= untried
@@ -550,7 +564,7 @@ class AutoDrafter:
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
         option = self.chosen.option
-        if option is not None and option.drafter == step.drafter != DrafterKind.NGRAM and step.drafted:
+        if option is not None and option.drafter == step.drafter and step.drafter not in FREE and step.drafted:
             # Position i was tried only if all before it were accepted.
             self._learn((step.drafter, None), 0, min(step.accepted + 1, step.drafted), step.accepted)
             self.costs.observe_draft(step.drafter, step.drafted, step.draft_seconds - step.catch_up_seconds)
@@ -561,7 +575,7 @@ class AutoDrafter:
         for shadow in self.shadows:
             written = history[shadow.start : shadow.start + len(shadow.tokens)]
             agreed = next((i for i, (a, b) in enumerate(zip(written, shadow.tokens)) if a != b), len(written))
-            self._learn((DrafterKind.NGRAM, shadow.evidence), shadow.scored, min(agreed + 1, len(written)), agreed)
+            self._learn((shadow.drafter, shadow.evidence), shadow.scored, min(agreed + 1, len(written)), agreed)
             shadow.scored = agreed
             if agreed == len(written) < len(shadow.tokens):
                 waiting.append(shadow)  # right so far; the rest is not written yet
