@@ -224,6 +224,7 @@ def own_replies(session: Session, conversation: Conversation, limits: Limits) ->
     for message in conversation:
         if message["role"] == "assistant" and message["content"] is None:
             session.use(DrafterKind.PLAIN)
+            session.remember_as("replies")  # kept apart from every mode's own earlier generations
             session.reset()
             reply = record(session.generate(session.chat_tokens(filled), Sampling(temperature=0), limits)).text
             message = {"role": "assistant", "content": reply}
@@ -432,7 +433,8 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
 
     Each prompt set starts with an auto policy that has learned nothing about acceptance (a fresh
     session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
-    batch or a server that sees one kind of text after another."""
+    batch or a server that sees one kind of text after another. Each mode drafts only from its own
+    earlier generations (the suffix cache): the same prompt's answer in another mode is not its to copy."""
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
     for name, prompts in prompt_sets.items():
         if not mixed:
@@ -442,6 +444,7 @@ def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: lis
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
                 session.use(decodes_with(mode))
+                session.remember_as(mode)
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1

@@ -227,6 +227,8 @@ class Session:
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             # earlier generations, for auto to draft from: this target's only, in this process's memory only
             self.suffix_cache = SuffixCache() if speculation.suffix_cache else None
+            self.suffix_drafter = SuffixDrafter(self.suffix_cache) if self.suffix_cache is not None else None
+            self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
             self.model_drafter = None
             self.mtp_drafter = None
             if mtp:
@@ -281,8 +283,7 @@ class Session:
             }
             self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
             costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
-            suffix = SuffixDrafter(self.suffix_cache) if self.suffix_cache is not None else None
-            self._auto = policy.AutoDrafter(self.ngram, costly, costs, suffix)
+            self._auto = policy.AutoDrafter(self.ngram, costly, costs, self.suffix_drafter)
         return self._auto
 
     def costs(self) -> dict | None:
@@ -304,10 +305,22 @@ class Session:
         return self.speculation.draft_limit(self.mode)
 
     def forget(self) -> None:
-        """Start the auto policy's learning about acceptance afresh (a benchmark's fresh session);
-        the costs it measured stay, being the machine's."""
+        """Start the auto policy's learning about acceptance afresh, and forget earlier generations
+        (a benchmark's fresh session); the costs it measured stay, being the machine's."""
         if self._auto is not None:
             self._auto.forget()
+        if self.suffix_cache is not None:
+            self._memories.clear()
+            self._remember(SuffixCache())
+
+    def remember_as(self, name: str) -> None:
+        """Keep generations in, and draft from, a suffix cache of this name's own from now on: bench
+        gives each mode its own, so that none drafts what another generated from the same prompt."""
+        if self.suffix_cache is not None:
+            self._remember(self._memories.setdefault(name, SuffixCache()))
+
+    def _remember(self, cache: SuffixCache) -> None:
+        self.suffix_cache = self.suffix_drafter.cache = cache
 
     def reset(self) -> None:
         """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""

@@ -228,3 +228,20 @@ def test_a_session_drafts_an_answer_again_from_its_earlier_generation_and_says_t
     assert again.summary().drafters[DrafterKind.SUFFIX].accepted >= 24
     off = twice(suffix_cache=False)
     assert off[1].text == first.text and DrafterKind.SUFFIX not in off[1].summary().drafters
+
+
+def test_bench_gives_each_mode_its_own_earlier_generations(tiny):
+    from localspec import bench
+    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+    from localspec.session import Session
+
+    prompt = [{"role": "user", "content": "the cat sat"}]
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.AUTO)) as session:
+        def auto_row(prompts):
+            rows = bench.run(session, {"set": prompts}, [DrafterKind.PLAIN, DrafterKind.AUTO],
+                             Sampling(temperature=0), Limits(max_tokens=32), lambda text: None)
+            return next(row for row in rows if row["mode"] == DrafterKind.AUTO)
+
+        assert DrafterKind.SUFFIX not in auto_row([prompt])["drafters"]  # plain's answer just before is not auto's
+        # a prompt again: auto drafts it from its own first answer
+        assert auto_row([prompt, prompt])["drafters"][DrafterKind.SUFFIX]["accepted"] >= 16
