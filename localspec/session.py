@@ -417,7 +417,11 @@ class Session:
                 if isinstance(event, Token):
                     output.append(event.id)
                 elif isinstance(event, Done):
-                    self.suffix_cache.add(prompt[-self.suffix_cache.depth :] + output)
+                    try:
+                        self.suffix_cache.add(prompt[-self.suffix_cache.depth :] + output)
+                    except BaseException:  # Ctrl-C half-way leaves its arrays out of step with each other
+                        self.suffix_cache.clear()
+                        raise
                 yield event
 
     @property

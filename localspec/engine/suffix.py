@@ -149,6 +149,10 @@ class SuffixCache:
         self.sample = sample
         self.width = depth * TOKEN_BYTES
         self.offsets = np.arange(max_draft)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every generation (also what mends a cache whose add was interrupted half-way)."""
         self.sealed = _Tier(self.width)
         self.recent = _Tier(self.width)
         # The text of the cached generations, each followed by END; text[i] is global position base + i.
