@@ -83,11 +83,7 @@ class Prediction(_Strict):
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        if any(part.type != "text" or part.text is None for part in self.content):
-            raise ApiError(400, "prediction.content: only text parts are supported", param="prediction.content")
-        return "".join(part.text for part in self.content)
+        return _text(self.content, "prediction.content", "")
 
 
 class Message(_Strict):
@@ -179,16 +175,22 @@ def _message(message: Message, index: int) -> dict:
                        " use system, developer, user or assistant", param=f"{where}.role")
     content = message.content
     if isinstance(content, list):
-        kinds = {part.type for part in content}
-        if kinds - {"text"} or any(part.text is None for part in content):
-            raise ApiError(400, f"{where}.content: only text parts are supported, got {sorted(kinds)}",
-                           param=f"{where}.content")
-        content = "\n".join(part.text for part in content)
+        content = _text(content, f"{where}.content", "\n")
     if content is None:
         if role != "assistant" or message.model_extra and message.model_extra.get("tool_calls"):
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         content = ""
     return {"role": role, "content": content}
+
+
+def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
+    """A content field's text: a string, or text parts joined (a message's by lines, a prediction's as is)."""
+    if isinstance(content, str):
+        return content
+    kinds = {part.type for part in content}
+    if kinds - {"text"} or any(part.text is None for part in content):
+        raise ApiError(400, f"{where}: only text parts are supported, got {sorted(kinds)}", param=where)
+    return joiner.join(part.text for part in content)
 
 
 def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what) -> Parsed:

@@ -160,3 +160,15 @@ def test_the_longest_token_bounds_what_each_token_stands_for(session):
     model = session.target_model
     pieces = [model.piece(token) for token in range(model.n_vocab)]  # control tokens' text counts too
     assert model.longest_token >= max(map(len, pieces)) > 0
+
+
+def test_a_prediction_is_its_text_and_only_text_parts_are_taken():
+    user = [{"role": "user", "content": "hi"}]
+    parts = [{"type": "text", "text": "def f(x):\n"}, {"type": "text", "text": "    return x"}]
+    parsed = parse_chat({"messages": user, "prediction": {"type": "content", "content": parts}}, DEFAULTS)
+    assert parsed.request.prediction == "def f(x):\n    return x"
+    assert parse_completion({"prompt": "a", "prediction": {"type": "content", "content": "b"}}, DEFAULTS).request.prediction == "b"
+    assert parse_chat({"messages": user}, DEFAULTS).request.prediction is None
+    image = [{"type": "image_url", "text": None}]
+    with pytest.raises(ApiError, match="prediction.content: only text parts"):
+        parse_chat({"messages": user, "prediction": {"type": "content", "content": image}}, DEFAULTS)
