@@ -628,3 +628,5 @@ def test_run_drafts_from_a_prediction_file_and_says_what_it_took(localspec, tiny
     assert counts["accepted_prediction_tokens"] + counts["rejected_prediction_tokens"] > 0
     refused = localspec("run", *args, "--no-draft", "--prediction", predicted)
     assert refused.returncode == 2 and b"--prediction drafts the answer" in refused.stderr
+    chat = localspec("run", tiny["target"], "-cnv", "--prediction", predicted)
+    assert chat.returncode == 2 and b"a chat takes no --prediction" in chat.stderr

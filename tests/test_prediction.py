@@ -84,8 +84,9 @@ def test_the_generations_own_drafter_learns_from_its_own_steps_only():
 
 
 def test_a_prediction_is_no_mode_of_its_own():
-    with pytest.raises(UsageError, match="prediction"):
-        Speculation(drafting=DrafterKind.PREDICTION)
+    for kind in (DrafterKind.PREDICTION, DrafterKind.SUFFIX):
+        with pytest.raises(UsageError, match="is not a way to draft on its own"):
+            Speculation(drafting=kind)
 
 
 def greedy(target, drafter, prompt, max_tokens=40):
