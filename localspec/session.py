@@ -226,8 +226,7 @@ class Session:
                 self.target.stop_keeping_hidden()
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             # earlier generations, for auto to draft from: this target's only, in this process's memory only
-            self.suffix_cache = SuffixCache() if speculation.suffix_cache else None
-            self.suffix_drafter = SuffixDrafter(self.suffix_cache) if self.suffix_cache is not None else None
+            self.suffix_drafter = SuffixDrafter(SuffixCache()) if speculation.suffix_cache else None
             self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
             self.model_drafter = None
             self.mtp_drafter = None
@@ -311,16 +310,18 @@ class Session:
             self._auto.forget()
         if self.suffix_cache is not None:
             self._memories.clear()
-            self._remember(SuffixCache())
+            self.suffix_drafter.cache = SuffixCache()
 
     def remember_as(self, name: str) -> None:
         """Keep generations in, and draft from, a suffix cache of this name's own from now on: bench
         gives each mode its own, so that none drafts what another generated from the same prompt."""
         if self.suffix_cache is not None:
-            self._remember(self._memories.setdefault(name, SuffixCache()))
+            self.suffix_drafter.cache = self._memories.setdefault(name, SuffixCache())
 
-    def _remember(self, cache: SuffixCache) -> None:
-        self.suffix_cache = self.suffix_drafter.cache = cache
+    @property
+    def suffix_cache(self) -> SuffixCache | None:
+        """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
+        return self.suffix_drafter.cache if self.suffix_drafter else None
 
     def reset(self) -> None:
         """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""
