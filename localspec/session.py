@@ -263,6 +263,7 @@ class Session:
             raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
         if mode == DrafterKind.MTP and self.mtp_drafter is None:
             raise UsageError("the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)")
+        mode = DrafterKind(mode)
         drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
                     DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.MTP: lambda: self.mtp_drafter,
                     DrafterKind.AUTO: self._auto_drafter}
@@ -308,15 +309,16 @@ class Session:
         (a benchmark's fresh session); the costs it measured stay, being the machine's."""
         if self._auto is not None:
             self._auto.forget()
-        if self.suffix_cache is not None:
+        if self.suffix_drafter is not None:
             self._memories.clear()
             self.suffix_drafter.cache = SuffixCache()
 
-    def remember_as(self, name: str) -> None:
-        """Keep generations in, and draft from, a suffix cache of this name's own from now on: bench
-        gives each mode its own, so that none drafts what another generated from the same prompt."""
-        if self.suffix_cache is not None:
-            self.suffix_drafter.cache = self._memories.setdefault(name, SuffixCache())
+    def remember_as(self, name: str | None) -> None:
+        """Keep generations in, and draft from, a suffix cache of this name's own from now on (None: in
+        none, as with --no-suffix-cache): bench gives each mode its own, so that none drafts what
+        another generated from the same prompt."""
+        if self.suffix_drafter is not None:
+            self.suffix_drafter.cache = None if name is None else self._memories.setdefault(name, SuffixCache())
 
     @property
     def suffix_cache(self) -> SuffixCache | None:
@@ -412,16 +414,16 @@ class Session:
     def _remembered(self, events: Iterator[Event], prompt: list[int]) -> Iterator[Event]:
         """The events, and the generation added to the suffix cache once it ends, with as much of its
         prompt before it as a match reaches back (so its first tokens can be drafted too)."""
-        output = []
+        output, cache = [], self.suffix_cache
         with closing(events):
             for event in events:
                 if isinstance(event, Token):
                     output.append(event.id)
                 elif isinstance(event, Done):
                     try:
-                        self.suffix_cache.add(prompt[-self.suffix_cache.depth :] + output)
+                        cache.add(prompt[-cache.depth :] + output)
                     except BaseException:  # Ctrl-C half-way leaves its arrays out of step with each other
-                        self.suffix_cache.clear()
+                        cache.clear()
                         raise
                 yield event
 

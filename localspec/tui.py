@@ -516,7 +516,8 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
     for column in ("prompt set", "mode", "prompts", "tokens", "tok/s", "vs plain ±A/A", "accepted", "tokens/step"):
         results.add_column(column, justify="left" if column in ("prompt set", "mode") else "right")
     details = Table(title="how each mode drafted")
-    for column in ("prompt set", "mode", "accepted by draft position", "drafting steps", "probes lost", "python",
+    for column in ("prompt set", "mode", "accepted by draft position", "drafting steps: share of accepted",
+                   "probes lost", "python",
                    "host µs step+row"):
         details.add_column(column, overflow="fold")
     for r in rows:
@@ -528,7 +529,8 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         details.add_row(
             shown(r["prompt_set"]), r["mode"],
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",
-            " ".join(f"{name} {d['steps']}" for name, d in r["drafters"].items()) or "–",
+            " ".join(f"{name} {d['steps']}:{r['accepted_shares'].get(name, 0):.0%}"
+                     for name, d in r["drafters"].items()) or "–",
             f"{sum(d['probes_lost'] for d in drafters)}/{probes} {r['probe_loss']:.1%}" if probes else "–",
             f"{r['python_overhead']:.1%}",
             f"{r['host_us_per_step']:.0f}" + (f"+{r['host_us_per_row']:.0f}" if r["host_us_per_row"] is not None else ""),

@@ -123,7 +123,7 @@ def main() -> None:
             if not args.mixed:
                 session.forget()
             for number, prompt in enumerate(prompts, start=1):
-                conversation = bench.own_replies(session, prompt, Limits(max_tokens=args.max_tokens))
+                conversation = bench.own_replies(session, prompt.messages, Limits(max_tokens=args.max_tokens))
                 text = render(template, conversation, bos, eos)
                 print(f"{name} {number}/{len(prompts)}", file=sys.stderr)
                 if args.draft_simple:

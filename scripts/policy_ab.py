@@ -37,8 +37,8 @@ from localspec.session import Session
 
 GREEDY = Sampling(temperature=0)
 PROMPTS = {
-    "gsm8k": lambda: [bench.load_prompts("gsm8k", 3)[i] for i in range(3)],
-    "code edit": lambda: bench.load_prompts("humaneval-edit", 1),
+    "gsm8k": lambda: [prompt.messages for prompt in bench.load_prompts("gsm8k", 3)],
+    "code edit": lambda: [prompt.messages for prompt in bench.load_prompts("humaneval-edit", 1)],
     "story": lambda: [[{"role": "user", "content": "Write a short story about a dragon who learns to cook."}]],
 }
 # verify(n) / verify(1) and a draft token / verify(1): the 2-core AMD EPYC with the Qwen pair

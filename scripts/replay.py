@@ -42,7 +42,7 @@ def record(args) -> None:
         for name in bench.expand(args.prompts):
             recordings[name] = []
             for prompt in bench.load_prompts(name, args.limit):
-                tokens = session.chat_tokens(bench.own_replies(session, prompt, limits))
+                tokens = session.chat_tokens(bench.own_replies(session, prompt.messages, limits))
                 session.reset()
                 events = session.generate(tokens, Sampling(temperature=0), limits)
                 reply = [event.id for event in events if isinstance(event, Token)]

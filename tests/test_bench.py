@@ -22,14 +22,25 @@ def test_prompt_files_in_jsonl_or_text(tmp_path):
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n' + json.dumps({"messages": chat}) + "\n")
     (tmp_path / "p.txt").write_text("one\n\ntwo\nthree\n")
-    assert bench.load_prompts(str(tmp_path / "p.jsonl"), None) == [ask("a"), ask("b"), chat]
-    assert bench.load_prompts(str(tmp_path / "p.txt"), 2) == [ask("one"), ask("two")]
+    assert bench.load_prompts(str(tmp_path / "p.jsonl"), None) == [bench.Prompt(ask("a")), bench.Prompt(ask("b")), bench.Prompt(chat)]
+    assert bench.load_prompts(str(tmp_path / "p.txt"), 2) == [bench.Prompt(ask("one")), bench.Prompt(ask("two"))]
     with pytest.raises(InputError, match="neither a prompt set"):
         bench.load_prompts(str(tmp_path / "missing.txt"), None)
 
 
+def test_a_prompt_files_line_may_carry_the_prediction_of_its_answer(tmp_path):
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "fix it", "prediction": "def f(): pass"}) + "\n"
+                                      + json.dumps({"messages": ask("again"), "prediction": "x = 1"}) + "\n")
+    assert bench.load_prompts(str(tmp_path / "p.jsonl"), None) == [bench.Prompt(ask("fix it"), "def f(): pass"),
+                                                                   bench.Prompt(ask("again"), "x = 1")]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "fix it", "prediction": {"type": "content"}}\n')
+    with pytest.raises(InputError, match="bad.jsonl, line 1: 'prediction' must be a string"):
+        bench.load_prompts(str(tmp_path / "bad.jsonl"), None)
+
+
 def test_all_names_the_suite_once_and_sets_start_with_every_kind():
     assert bench.expand("humaneval, all,") == list(dict.fromkeys(["humaneval", *bench.ALL]))
+    assert bench.expand("reuse") == bench.REUSE and all(name in bench.PROMPT_SETS for name in bench.REUSE)
     assert len(bench.ALL) >= 8 and all(name in bench.PROMPT_SETS for name in bench.ALL)
     records = [{"kind": k, "n": n} for k in "aab" for n in range(2)]
     assert [r["kind"] for r in bench._interleave(records, "kind")[:2]] == ["a", "b"]
@@ -43,7 +54,7 @@ def session(tiny):
 
 
 def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(session):
-    prompts = {"mine": [ask("the cat sat"), ask("abcabcabc")]}
+    prompts = {"mine": [bench.Prompt(ask("the cat sat")), bench.Prompt(ask("abcabcabc"))]}
     rows = bench.run(session, prompts, ["plain", "ngram", "draft", "auto"], Sampling(temperature=0),
                      Limits(max_tokens=30), lambda text: None)
     by_mode = {r["mode"]: r for r in rows}
@@ -60,7 +71,8 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
 
 def test_the_aa_control_decodes_plain_again_interleaved_with_the_other_modes(session):
     seen = []
-    rows = bench.run(session, {"mine": [ask("the cat sat"), ask("abcabcabc")]}, ["plain", "ngram", "plain-aa"],
+    rows = bench.run(session, {"mine": [bench.Prompt(ask("the cat sat")), bench.Prompt(ask("abcabcabc"))]},
+                     ["plain", "ngram", "plain-aa"],
                      Sampling(temperature=0), Limits(max_tokens=12), seen.append)
     assert seen == [f"mine {n}/2 {mode}" for n in (1, 2) for mode in ("plain", "ngram", "plain-aa")]
     by_mode = {r["mode"]: r for r in rows}
@@ -147,9 +159,34 @@ def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(se
                                     Limits(max_tokens=8)))
     assert filled[1] == {"role": "assistant", "content": first.text} and first.text
     assert filled[0] == conversation[0] and filled[2] == conversation[2] and conversation[1]["content"] is None
-    rows = bench.run(session, {"chat": [conversation]}, ["plain", "auto"], Sampling(temperature=0),
+    rows = bench.run(session, {"chat": [bench.Prompt(conversation)]}, ["plain", "auto"], Sampling(temperature=0),
                      Limits(max_tokens=8), lambda text: None)
     assert all(r["tokens"] == 8 for r in rows)
+
+
+def test_replies_known_before_are_not_generated_again(session):
+    turns = [*ask("the cat"), {"role": "assistant", "content": None}, *ask("and then?")]
+    known = {}
+    filled = bench.own_replies(session, turns, Limits(max_tokens=8), known)
+    assert list(known) == [(("user", "the cat"),)]
+    known[(("user", "the cat"),)] = "a reply given earlier"
+    longer = [*turns, {"role": "assistant", "content": None}, *ask("why?")]
+    again = bench.own_replies(session, longer, Limits(max_tokens=8), known)
+    assert again[1]["content"] == "a reply given earlier" and again[:3] != filled[:3] and len(known) == 2
+
+
+def test_a_prompts_prediction_drafts_in_every_mode_but_plain(session):
+    session.use("plain")
+    text = record(session.generate(session.chat_tokens(ask("the cat sat")), Sampling(temperature=0),
+                                   Limits(max_tokens=24))).text
+    rows = bench.run(session, {"edit": [bench.Prompt(ask("the cat sat"), text)]}, ["plain", "ngram"],
+                     Sampling(temperature=0), Limits(max_tokens=24), lambda line: None)
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["plain"]["drafters"] == {} and by_mode["ngram"]["tokens"] == 24
+    # (the random tiny model's text is not valid UTF-8, so read back as tokens it is followed only in part)
+    assert by_mode["ngram"]["drafters"]["prediction"]["drafted"] > 0
+    shares = by_mode["ngram"]["accepted_shares"]
+    assert set(shares) <= set(by_mode["ngram"]["drafters"]) and sum(shares.values()) == pytest.approx(1)
 
 
 def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
@@ -192,13 +229,23 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
 @pytest.mark.slow
 def test_named_prompt_sets_come_from_their_packages(real_model):
     def last(name, n):
-        return [prompt[-1]["content"] for prompt in bench.load_prompts(name, n)]
+        return [prompt.messages[-1]["content"] for prompt in bench.load_prompts(name, n)]
 
     assert "def has_close_elements" in last("humaneval", 3)[0]
     assert "travel blog post" in last("mtbench", 2)[0]
     edit = last("humaneval-edit", 1)[0]
     assert "def has_close_elements" in edit and "for idx, elem in enumerate(numbers)" in edit
-    two_turns = bench.load_prompts("mtbench-2turn", 8)
+    described = last("json-describe", 2)
+    assert all(text.startswith(bench.DESCRIBE) for text in described) and "def separate_paren_groups" in described[1]
+    assert "unittest" in last("unit-tests", 1)[0] and "def has_close_elements" in last("unit-tests", 1)[0]
+    predicted = bench.load_prompts("humaneval-edit-predicted", 2)
+    assert [p.messages for p in predicted] == [p.messages for p in bench.load_prompts("humaneval-edit", 2)]
+    assert all(p.prediction and p.prediction in p.messages[-1]["content"] for p in predicted)
+    agent = [prompt.messages for prompt in bench.load_prompts("agent-session", bench.AGENT_TURNS + 1)]
+    assert [m["role"] for m in agent[0]] == ["system", "user", "assistant", "user"]
+    assert agent[1][:4] == agent[0] and agent[1][4] == {"role": "assistant", "content": None}  # the history resent
+    assert len(agent[bench.AGENT_TURNS - 1]) == 4 + 2 * (bench.AGENT_TURNS - 1) and len(agent[-1]) == 4  # a new one
+    two_turns = [prompt.messages for prompt in bench.load_prompts("mtbench-2turn", 8)]
     assert [m["role"] for m in two_turns[0]] == ["user", "assistant", "user"] and two_turns[0][1]["content"] is None
     assert len({prompt[0]["content"] for prompt in two_turns}) == 8  # one question from each category first
     assert "into French" in last("translation", 1)[0] and "into German" in last("translation", 2)[1]

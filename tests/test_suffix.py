@@ -235,13 +235,17 @@ def test_bench_gives_each_mode_its_own_earlier_generations(tiny):
     from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
     from localspec.session import Session
 
-    prompt = [{"role": "user", "content": "the cat sat"}]
+    prompt = bench.Prompt([{"role": "user", "content": "the cat sat"}])
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.AUTO)) as session:
-        def auto_row(prompts):
-            rows = bench.run(session, {"set": prompts}, [DrafterKind.PLAIN, DrafterKind.AUTO],
-                             Sampling(temperature=0), Limits(max_tokens=32), lambda text: None)
-            return next(row for row in rows if row["mode"] == DrafterKind.AUTO)
+        def rows(prompts):
+            found = bench.run(session, {"set": prompts}, [DrafterKind.PLAIN, DrafterKind.AUTO, "auto-no-suffix"],
+                              Sampling(temperature=0), Limits(max_tokens=32), lambda text: None)
+            return {row["mode"]: row for row in found}
 
-        assert DrafterKind.SUFFIX not in auto_row([prompt])["drafters"]  # plain's answer just before is not auto's
-        # a prompt again: auto drafts it from its own first answer
-        assert auto_row([prompt, prompt])["drafters"][DrafterKind.SUFFIX]["accepted"] >= 16
+        assert DrafterKind.SUFFIX not in rows([prompt])["auto"]["drafters"]  # plain's answer just before is not auto's
+        # a prompt again: auto drafts it from its own first answer; auto-no-suffix, beside it, from nothing earlier
+        again = rows([prompt, prompt])
+        assert again["auto"]["drafters"][DrafterKind.SUFFIX]["accepted"] >= 16
+        assert again["auto"]["accepted_shares"][DrafterKind.SUFFIX] > 0.5
+        assert DrafterKind.SUFFIX not in again["auto-no-suffix"]["drafters"]
+        assert again["auto-no-suffix"]["tokens"] == again["auto"]["tokens"] == 64

