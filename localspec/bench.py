@@ -16,7 +16,7 @@ from time import perf_counter
 from . import hardware, mirror, paths
 from .config import DrafterKind, Limits, Sampling
 from .errors import InputError, UsageError
-from .events import Done, Event, Prefill, Step
+from .events import Done, Event, Prefill, Step, Token
 from .session import ROLES, Session, is_message
 from .stats import Recorder, record
 
@@ -403,9 +403,21 @@ class Result:
     recorder: Recorder = field(default_factory=Recorder)
     llama_seconds: float = 0.0  # inside llama_decode (both models) while decoding
     host: HostTime = field(default_factory=HostTime)
+    outputs: list[list[int]] = field(default_factory=list)  # each prompt's tokens, in order
 
-    def as_dict(self, plain_speed: float | None) -> dict:
+    def differs_from(self, plain: "Result | None", sampling: Sampling) -> list[dict] | None:
+        """Greedy, the prompts whose text is not plain decoding's and the token where it departs: a
+        drafting mode's output must be the target's own, so each is a near-tie in the target's
+        logits that a batched pass breaks differently (or a bug). None unless greedy with plain."""
+        if plain is None or not sampling.greedy:
+            return None
+        return [{"prompt": number, "at": next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                                              min(len(mine), len(theirs)))}
+                for number, (mine, theirs) in enumerate(zip(self.outputs, plain.outputs), start=1) if mine != theirs]
+
+    def as_dict(self, plain: "Result | None", sampling: Sampling) -> dict:
         s = self.recorder.summary()
+        plain_speed = plain.recorder.summary().tokens_per_second if plain else None
         accepted = sum(d.accepted for d in s.drafters.values())
         return {
             "mode": self.mode,
@@ -426,6 +438,7 @@ class Result:
             "probe_loss": s.probe_lost_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
             "accepted_shares": {kind: d.accepted / accepted for kind, d in s.drafters.items()} if accepted else {},
+            "differs_from_plain": self.differs_from(plain, sampling),
         }
 
 
@@ -554,17 +567,19 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
                 result = results[(mode, name)]
                 result.prompts += 1
                 events = session.generate(tokens, sampling, limits, prediction)
+                result.outputs.append([])
                 for event in result.host.follow(events, session):
                     result.recorder.add(event)
-                    if isinstance(event, Prefill):
+                    if isinstance(event, Token):
+                        result.outputs[-1].append(event.id)
+                    elif isinstance(event, Prefill):
                         busy_at_start = session.busy_seconds
                     elif isinstance(event, Done):
                         result.llama_seconds += session.busy_seconds - busy_at_start
     rows = []
     for name in prompt_sets:
         plain = results.get((DrafterKind.PLAIN, name))
-        plain_speed = plain.as_dict(None)["tokens_per_second"] if plain else None
-        rows += with_spread([results[(mode, name)].as_dict(plain_speed) for mode in modes])
+        rows += with_spread([results[(mode, name)].as_dict(plain, sampling) for mode in modes])
     return rows
 
 

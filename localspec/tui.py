@@ -537,7 +537,7 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         )
     console.print(results)
     console.print(details)
-    for line in aa_notes(rows, pooled or []):
+    for line in aa_notes(rows, pooled or []) + text_notes(rows):
         console.print(line)
     if costs:
         console.print(costs_line(costs))
@@ -579,6 +579,21 @@ def aa_notes(rows: list[dict], pooled: list[dict]) -> list[str]:
         lines.append("within the A/A spread of 1.00x, so no difference from plain shown: "
                      + ", ".join(f"{r['mode']} {versus_plain(r)} {_where(r)}" for r in within))
     return lines
+
+
+def text_notes(rows: list[dict]) -> list[str]:
+    """In words, for a greedy run with plain in it: whether every mode's text was plain decoding's, and
+    where not, which prompts and from which token (bench.Result.differs_from)."""
+    compared = [r for r in rows if r.get("differs_from_plain") is not None and r["mode"] != "plain"]
+    if not compared:
+        return []
+    differing = [r for r in compared if r["differs_from_plain"]]
+    if not differing:
+        return ["greedy text: every mode's, prompt by prompt, is plain decoding's"]
+    return ["greedy text not plain decoding's (a near-tie in the target's logits that a batched pass breaks"
+            " differently, or a bug): " + "; ".join(
+                f"{r['mode']} {_where(r)}, " + ", ".join(f"prompt {d['prompt']} from token {d['at']}"
+                                                          for d in r["differs_from_plain"]) for r in differing)]
 
 
 def _where(row: dict) -> str:

@@ -67,6 +67,14 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
     assert by_mode["plain"]["host_us_per_row"] is None  # every plain step verifies one row
     assert by_mode["draft"]["host_us_per_row"] is not None
     assert all(r["aa_spread"] is None and r["within_aa_spread"] is None for r in rows)  # no control ran
+    assert all(r["differs_from_plain"] == [] for r in rows)  # greedy and lossless: plain's text in every mode
+
+
+def test_where_a_modes_greedy_text_departs_from_plains_is_named():
+    plain, mine = bench.Result("plain", "set"), bench.Result("auto", "set")
+    plain.outputs, mine.outputs = [[1, 2, 3], [4, 5], [6, 7]], [[1, 2, 3], [4, 9], [6, 7, 8]]
+    assert mine.differs_from(plain, Sampling(temperature=0)) == [{"prompt": 2, "at": 1}, {"prompt": 3, "at": 2}]
+    assert mine.differs_from(plain, Sampling(temperature=0.7)) is None and mine.differs_from(None, Sampling()) is None
 
 
 def test_the_aa_control_decodes_plain_again_interleaved_with_the_other_modes(session):

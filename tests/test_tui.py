@@ -147,6 +147,17 @@ def test_bench_tables_fit_100_columns():
     assert text.count("±") == 2  # beside auto's ratio and in the heading; plain and the control are the spread
 
 
+def test_bench_notes_say_where_greedy_text_departs_from_plains():
+    rows = [{"prompt_set": "gsm8k", "mode": "plain", "differs_from_plain": []},
+            {"prompt_set": "gsm8k", "mode": "auto", "differs_from_plain": [{"prompt": 3, "at": 79}]},
+            {"prompt_set": "gsm8k", "mode": "plain-aa", "differs_from_plain": []}]
+    assert tui.text_notes(rows) == ["greedy text not plain decoding's (a near-tie in the target's logits that a"
+                                    " batched pass breaks differently, or a bug): auto on gsm8k, prompt 3 from token 79"]
+    rows[1]["differs_from_plain"] = []
+    assert tui.text_notes(rows) == ["greedy text: every mode's, prompt by prompt, is plain decoding's"]
+    assert tui.text_notes([{**row, "differs_from_plain": None} for row in rows]) == []  # sampled, or no plain
+
+
 def bench_row(prompt_set, mode, speedup, spread, within):
     return {"prompt_set": prompt_set, "mode": mode, "speedup": speedup, "aa_spread": spread, "within_aa_spread": within}
 
