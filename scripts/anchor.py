@@ -8,9 +8,12 @@ llama-cpp-python sdist we pin (the same llama.cpp commit as our binding), once,
 into the localspec cache; nothing built is committed. Each prompt is rendered
 with the target's chat template and given to both, greedy, same thread count:
 llama.cpp with a draft model (draft-simple, same draft length and p-min as our
-fixed policy) and with n-gram lookup (ngram-simple, its own defaults); localspec
-plain, fixed draft model, fixed n-gram and auto. Runs are interleaved prompt by
-prompt. Prints one table of tokens/s and ratios.
+fixed policy), with n-gram lookup (ngram-simple, its own defaults) and plain
+(ngram-simple looking up a 1024-token key, which never matches: the tool has no
+mode without a drafter, and this leaves its own decode loop drafting nothing);
+localspec plain, fixed draft model, fixed n-gram and auto. Runs are interleaved
+prompt by prompt. Prints one table of tokens/s and ratios: llama.cpp plain /
+localspec plain tells the two engines' speed apart from what drafting adds.
 """
 
 import argparse
@@ -55,14 +58,11 @@ def build_anchor() -> Path:
     return binary
 
 
-def run_anchor(binary: Path, target: Path, draft: Path | None, prompt: str, args) -> tuple[int, float]:
-    """Tokens decoded and seconds taken by llama-speculative-simple: draft-simple with a draft
-    model, ngram-simple without."""
-    if draft is None:
-        speculation = ["--spec-type", "ngram-simple"]
-    else:
-        speculation = ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(args.draft_max),
-                       "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)]
+NEVER_MATCHES = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024"]
+
+
+def run_anchor(binary: Path, target: Path, speculation: list, prompt: str, args) -> tuple[int, float]:
+    """Tokens decoded and seconds taken by llama-speculative-simple with these speculation flags."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     command = [binary, "-m", target, "-f", f.name, "-n", str(args.max_tokens), "--temp", "0", "-t", str(args.threads),
@@ -106,6 +106,8 @@ def main() -> None:
              "ngram": (DrafterKind.NGRAM, args.draft_max), "auto": (DrafterKind.AUTO, None)}
     if not args.draft_simple:
         del modes["fixed"]
+    draft_simple = ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(args.draft_max),
+                    "--spec-draft-n-min", "0", "--spec-draft-p-min", str(args.p_min)]
     sets = bench.expand(args.prompts)
     totals: dict[tuple[str, str], list[float]] = {}
 
@@ -127,8 +129,9 @@ def main() -> None:
                 text = render(template, conversation, bos, eos)
                 print(f"{name} {number}/{len(prompts)}", file=sys.stderr)
                 if args.draft_simple:
-                    add(name, "draft-simple", *run_anchor(binary, target, draft, text, args))
-                add(name, "ngram-simple", *run_anchor(binary, target, None, text, args))
+                    add(name, "draft-simple", *run_anchor(binary, target, draft_simple, text, args))
+                add(name, "ngram-simple", *run_anchor(binary, target, ["--spec-type", "ngram-simple"], text, args))
+                add(name, "llama.cpp plain", *run_anchor(binary, target, NEVER_MATCHES, text, args))
                 prompt_tokens = session.chat_tokens(conversation)
                 for label, (mode, draft_max) in modes.items():
                     session.set_draft_max(draft_max)
@@ -139,10 +142,11 @@ def main() -> None:
                     add(name, label, outcome.tokens, outcome.decode_seconds)
 
     columns = {"draft-simple": "llama.cpp draft-simple", "ngram-simple": "llama.cpp ngram-simple",
-               "plain": "localspec plain", "fixed": "localspec fixed draft", "ngram": "localspec fixed ngram",
-               "auto": "localspec auto"}
+               "llama.cpp plain": "llama.cpp plain", "plain": "localspec plain", "fixed": "localspec fixed draft",
+               "ngram": "localspec fixed ngram", "auto": "localspec auto"}
     shown = [label for label in columns if any(lab == label for _, lab in totals)]
-    ratios = [("auto", "plain"), ("ngram-simple", "plain"), ("auto", "best of plain and ngram-simple")]
+    ratios = [("llama.cpp plain", "plain"), ("auto", "plain"), ("ngram-simple", "plain"),
+              ("auto", "best of plain and ngram-simple")]
     if args.draft_simple:
         ratios = [("fixed", "draft-simple"), ("auto", "draft-simple")] + ratios
     print("| prompt set | " + " | ".join(columns[label] for label in shown) + " | "
