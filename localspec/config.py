@@ -249,7 +249,9 @@ class Serving:
 
     host: str = "127.0.0.1"  # this machine only: exposing a model is the user's explicit choice
     port: int = 8080  # llama-server's
-    api_key: str | None = None
+    # Each request must carry one of these (none: any request is served). Each key's client drafts only from
+    # its own earlier answers: with a cache shared, one client's timing would tell another's text.
+    api_keys: tuple[str, ...] = ()
     queue: int = 16
     max_body: int = 8 * 2**20
     timeout: float = 10.0
@@ -265,13 +267,13 @@ class Serving:
             raise UsageError(f"timeout must be between 0 and 3600 seconds, got {self.timeout}")
         if self.max_connections < 1:
             raise UsageError(f"max-connections must be >= 1, got {self.max_connections}")
-        if self.api_key is not None and not self.api_key.strip():
-            raise UsageError("the API key is empty")
+        if any(not key.strip() for key in self.api_keys):
+            raise UsageError("an API key is empty")
 
     @property
     def exposure_warning(self) -> str | None:
         """What to tell the operator of a server other machines can reach and use without a key."""
-        if self.host in LOOPBACK_HOSTS or self.api_key is not None:
+        if self.host in LOOPBACK_HOSTS or self.api_keys:
             return None
         return (f"warning: listening on {self.host} without --api-key: anyone who can reach this machine can use"
                 " the model")

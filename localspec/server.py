@@ -16,6 +16,7 @@ import socket
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import uvicorn
 from starlette.applications import Starlette
@@ -91,33 +92,37 @@ class Server:
                                         else "method_not_allowed", headers=error.headers))
 
     async def _guarded(self, request: Request, respond) -> Response:
-        refusal = self._refusal(request)
-        if refusal:
+        try:
+            self._client(request)
+        except ApiError as refusal:
             return _error_response(refusal)
         return respond()
 
-    def _refusal(self, request: Request) -> ApiError | None:
-        """401 unless the request carries the API key, when the server has one."""
-        key = self.serving.api_key
-        if key is None:
+    def _client(self, request: Request) -> str | None:
+        """Which API key the request carries (its number; None when the server has no keys); ApiError
+        401 if it carries none of them."""
+        keys = self.serving.api_keys
+        if not keys:
             return None
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
-            return None
-        return ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' (the key"
-                        " given to serve with --api-key)", code="invalid_api_key",
-                        headers={"WWW-Authenticate": "Bearer"})
+        if scheme.lower() == "bearer":
+            # every key compared, in constant time each: how long a refusal takes tells nothing of the keys
+            matches = [hmac.compare_digest(given.strip().encode(), key.encode()) for key in keys]
+            if any(matches):
+                return f"key {matches.index(True) + 1}"
+        raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' (a key"
+                       " given to serve with --api-key or --api-key-file)", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         path = request.url.path
         try:
-            refusal = self._refusal(request)
-            if refusal:
-                raise refusal
+            client = self._client(request)
             body = await self._body(request)
             reply = Reply(chat, self.model)
             parsed = self._parse(body, reply)
-            return await self._respond(request, parsed, reply)
+            return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
+                                       reply)
         except ApiError as error:
             self.log(f"{path} {error.status} {error.message}")
             return _error_response(error)

@@ -46,6 +46,7 @@ class Request:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     prediction: str | None = None  # the text the answer is expected to be (OpenAI's Predicted Outputs)
+    client: str | None = None  # whose earlier answers it may draft from (serve's API key); None: the one client
 
     @property
     def characters(self) -> int:
@@ -150,6 +151,8 @@ class Service:
             request = job.request
             prediction = session.prediction_tokens(request.prediction) if request.prediction else None
             job.predicted = len(prediction or ())
+            if request.client is not None:
+                session.remember_as(request.client)
             events = session.generate(self._tokens(request), request.sampling, request.limits, prediction)
             try:
                 for event in events:

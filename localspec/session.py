@@ -429,9 +429,12 @@ class Session:
 
     @property
     def remembered(self) -> tuple[int, int] | None:
-        """The suffix cache's tokens and the bytes they take, if this session keeps one."""
-        cache = self.suffix_cache
-        return None if cache is None else (cache.tokens, cache.nbytes)
+        """The tokens its suffix caches hold (all of them: the one in use and the named ones) and the
+        bytes they take, if this session keeps any."""
+        if self.suffix_drafter is None:
+            return None
+        caches = {id(cache): cache for cache in [self.suffix_drafter.cache, *self._memories.values()] if cache}
+        return sum(cache.tokens for cache in caches.values()), sum(cache.nbytes for cache in caches.values())
 
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""

@@ -341,6 +341,28 @@ def test_api_key_is_required_except_for_health(tiny, tmp_path):
         assert server.stop(signal.SIGTERM) == 0
 
 
+def test_each_api_keys_client_drafts_only_from_its_own_earlier_answers(tiny, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("second\n\n")
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--api-key", "first", "--api-key-file", str(keys))
+    try:
+        def from_earlier_answers(key: str) -> int:
+            reply = server.client(api_key=key).completions.create(model="x", prompt="the cat sat", max_tokens=32,
+                                                                  temperature=0)
+            assert reply.usage.completion_tokens == 32
+            return reply.speculation["drafters"].get("suffix", {}).get("accepted_tokens", 0)
+
+        assert from_earlier_answers("first") == 0
+        assert from_earlier_answers("second") == 0  # the first client's answer is not the second's to draft from
+        assert from_earlier_answers("first") >= 16  # its own is
+        metrics = httpx.get(server.base + "/metrics", headers={"Authorization": "Bearer second"}).text
+        cached = next(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("localspec:suffix_cache_tokens "))
+        assert cached >= 3 * 32  # every client's cache counted
+    finally:
+        assert server.stop(signal.SIGTERM) == 0
+
+
 def _start_long_stream(server: ServerProcess, prompt: str):
     """A streamed completion that runs until the context is full, read up to its first text."""
     client = httpx.Client(timeout=120)
@@ -504,7 +526,7 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
 @pytest.mark.parametrize("args, message", [
     (["--port", "70000"], "port must be between 0 and 65535"),
     (["--queue", "-1"], "queue must be >= 0"),
-    (["--api-key", " "], "the API key is empty"),
+    (["--api-key", "a, "], "an API key is empty"),
     (["--timeout", "0"], "timeout must be between 0 and 3600 seconds"),
     (["--max-connections", "0"], "max-connections must be >= 1"),
 ])

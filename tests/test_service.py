@@ -135,7 +135,7 @@ def test_a_server_others_can_reach_without_a_key_is_warned_about():
     assert Serving().exposure_warning is None
     assert Serving(host="::1").exposure_warning is None
     assert "without --api-key" in Serving(host="0.0.0.0").exposure_warning
-    assert Serving(host="0.0.0.0", api_key="k").exposure_warning is None
+    assert Serving(host="0.0.0.0", api_keys=("k",)).exposure_warning is None
 
 
 def test_a_prompt_no_context_could_hold_is_refused_before_any_tokenizing(session, monkeypatch):

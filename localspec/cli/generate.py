@@ -365,7 +365,11 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="LOCALSPEC_API_KEY", show_default=False,
         help="Answer only requests with 'Authorization: Bearer KEY' (401 otherwise); /health stays open."
-        " Setting LOCALSPEC_API_KEY keeps the key out of the process list.")] = None,
+        " Several keys comma-separated, one per client: each client's requests draft only from its own"
+        " earlier answers. Setting LOCALSPEC_API_KEY keeps the keys out of the process list.")] = None,
+    api_key_file: Annotated[Optional[Path], typer.Option(
+        "--api-key-file", show_default=False,
+        help="Read API keys from this file, one a line (beside any --api-key).")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait behind the running one; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
@@ -388,7 +392,9 @@ def serve(
     from .. import api  # the web stack loads only for this command
     from .. import server as server_face
 
-    serving = Serving(host=host, port=port, api_key=api_key, queue=queue, timeout=timeout,
+    keys = (api_key.split(",") if api_key is not None else []) + (
+        [line for line in read_text(api_key_file).splitlines() if line.strip()] if api_key_file else [])
+    serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias)
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
