@@ -4,6 +4,7 @@ Defaults follow llama.cpp's where one exists, so results are comparable.
 """
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -257,6 +258,9 @@ class Serving:
     timeout: float = 10.0
     max_connections: int = 1024
     alias: str | None = None  # the model's name in the API; None: the target as named on the command line
+    # Web pages that may call the API from a browser besides those served from this machine (CORS):
+    # scheme://host[:port] each, or "*" for any.
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -269,6 +273,10 @@ class Serving:
             raise UsageError(f"max-connections must be >= 1, got {self.max_connections}")
         if any(not key.strip() for key in self.api_keys):
             raise UsageError("an API key is empty")
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+", origin):
+                raise UsageError(f"--cors-origin {origin!r} is not an origin: scheme://host[:port] with no path"
+                                 " (https://example.com, http://localhost:3000), or * for any")
 
     @property
     def exposure_warning(self) -> str | None:

@@ -21,6 +21,8 @@ from dataclasses import replace
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -57,7 +59,7 @@ class Server:
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
-        self.app = Starlette(routes=routes, exception_handlers=not_http)
+        self.app = Starlette(routes=routes, exception_handlers=not_http, middleware=[_cross_origin(serving)])
         self.created = int(time.time())
 
     async def health(self, request: Request) -> Response:
@@ -293,6 +295,17 @@ class Server:
         self.log(f"at most {limit} connections at once, not {wanted}: this process may open {files} files"
                  " (raise the hard limit with ulimit -Hn)")
         return limit
+
+
+# Pages served from this machine, on any port: a web UI beside the server (Ollama lets them in too)
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
+def _cross_origin(serving: Serving) -> Middleware:
+    """Browsers' CORS: preflights answered and responses marked readable for local pages and the
+    --cors-origin ones (an API key, where set, is still asked of every request but the preflight)."""
+    return Middleware(CORSMiddleware, allow_origins=list(serving.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
+                      allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600)
 
 
 class _Doorkeeper:

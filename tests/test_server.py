@@ -363,6 +363,34 @@ def test_each_api_keys_client_drafts_only_from_its_own_earlier_answers(tiny, tmp
         assert server.stop(signal.SIGTERM) == 0
 
 
+def test_browser_pages_of_this_machine_and_of_named_origins_may_call_the_api(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--api-key", "k",
+                           "--cors-origin", "https://chat.example.com")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        def preflight(origin: str) -> httpx.Response:
+            return httpx.options(server.url + "/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type"})
+
+        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "http://[::1]:5173", "https://chat.example.com"):
+            answer = preflight(origin)
+            assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
+            assert "authorization" in answer.headers["access-control-allow-headers"].lower()
+        assert preflight("https://elsewhere.example.net").status_code == 400
+        # the key is still asked of the request itself; the page can read the refusal as well as the answer
+        page = {"Origin": "http://localhost:3000"}
+        refused = httpx.post(server.url + "/chat/completions", json=chat, headers=page)
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page["Origin"]
+        answered = httpx.post(server.url + "/chat/completions", json=chat, headers={**page, "Authorization": "Bearer k"})
+        assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == page["Origin"]
+        elsewhere = httpx.post(server.url + "/chat/completions", json=chat,
+                               headers={"Origin": "https://elsewhere.example.net", "Authorization": "Bearer k"})
+        assert "access-control-allow-origin" not in elsewhere.headers  # its browser keeps the answer from the page
+    finally:
+        assert server.stop(signal.SIGTERM) == 0
+
+
 def _start_long_stream(server: ServerProcess, prompt: str):
     """A streamed completion that runs until the context is full, read up to its first text."""
     client = httpx.Client(timeout=120)
@@ -527,6 +555,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--port", "70000"], "port must be between 0 and 65535"),
     (["--queue", "-1"], "queue must be >= 0"),
     (["--api-key", "a, "], "an API key is empty"),
+    (["--cors-origin", "chat.example.com"], "'chat.example.com' is not an origin"),
+    (["--cors-origin", "https://chat.example.com/app"], "is not an origin"),
     (["--timeout", "0"], "timeout must be between 0 and 3600 seconds"),
     (["--max-connections", "0"], "max-connections must be >= 1"),
 ])

@@ -381,6 +381,11 @@ def serve(
     alias: Annotated[Optional[str], typer.Option(
         "--alias", "-a", show_default=False,
         help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
+    cors_origin: Annotated[Optional[list[str]], typer.Option(
+        "--cors-origin", show_default=False,
+        help="A web page's origin (https://chat.example.com) that may call the API from a browser, besides"
+        " pages served from this machine (localhost, 127.0.0.1, [::1], any port), which always may; repeat"
+        " for more, or * for any page. An --api-key is still asked of each request.")] = None,
 ):
     """Serve the model over an OpenAI-compatible HTTP API, with speculation statistics in every response.
 
@@ -395,7 +400,8 @@ def serve(
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip()] if api_key_file else [])
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
-                      max_connections=max_connections, alias=alias)
+                      max_connections=max_connections, alias=alias,
+                      cors_origins=tuple(cors_origin or ()))
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
