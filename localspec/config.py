@@ -23,6 +23,9 @@ class Sampling:
     top_p: float = 0.95  # 1.0 disables
     min_p: float = 0.05  # 0.0 disables
     seed: int | None = None
+    # GBNF (llama.cpp's grammar format) the output must follow: the target chooses only among the
+    # tokens it admits (engine/grammar.py makes it from a JSON schema too)
+    grammar: str | None = None
 
     def __post_init__(self):
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"

@@ -16,6 +16,7 @@ from .engine import policy
 from .engine import rpc
 from .engine.backend import Context, Model
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
@@ -33,6 +34,16 @@ FALLBACK_TEMPLATE = (
 # The roles a conversation may hold. A template writes the role into the prompt as control-token text
 # (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
 ROLES = ("system", "user", "assistant")
+
+
+def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
+    """The GBNF (llama.cpp's grammar format) an output must follow, for Sampling.grammar: a grammar as
+    given, a JSON schema's (by llama.cpp's converter), or any JSON object's; None: free text."""
+    if grammar is not None:
+        return grammar
+    if schema is not None:
+        return from_json_schema(schema)
+    return json_object() if any_object else None
 
 
 def is_message(message) -> bool:

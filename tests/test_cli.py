@@ -112,6 +112,10 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--device", "nope"], "no offload device named nope"),
         (["{target}", "-p", "x", "--draft", "{same}", "--device-draft", "nope"], "no offload device named nope"),
         (["{target}", "-p", "x", "--draft", "mtp"], "has no multi-token-prediction (MTP) layers"),
+        (["{target}", "-p", "x", "--grammar", 'root ::= "a"', "-j", "{{}}"], "--grammar and --json-schema each give"),
+        (["{target}", "-p", "x", "-j", "{{nope"], "--json-schema: not valid JSON"),
+        (["{target}", "-p", "x", "--grammar", 'root ::= "unclosed'], "the grammar does not compile"),
+        (["{target}", "-p", "x", "--json-schema-file", "{binary}"], "is not UTF-8 text"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):
@@ -137,6 +141,21 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert on_cpu.returncode == 0, on_cpu.stderr
     placement = json.loads(on_cpu.stdout)["placement"]
     assert placement["target"]["layers_on_gpu"] == placement["draft"]["layers_on_gpu"] == 0
+
+
+def test_the_output_follows_a_grammar_or_a_json_schema_while_drafting(localspec, tiny, tmp_path):
+    def run(*args):
+        done = localspec("run", tiny["target"], "--draft", tiny["partial"], "-p", "the cat", "--temp", "0", "--json",
+                         *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    answer = run("--grammar", 'root ::= ("yes" | "no") "."')
+    assert answer["text"] in ("yes.", "no.") and answer["finish_reason"] == "stop"
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    assert json.loads(run("--json-schema-file", str(schema), "-n", "64")["text"]) in ({"ok": True}, {"ok": False})
 
 
 def test_version_and_help(cli):

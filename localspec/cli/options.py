@@ -4,6 +4,7 @@ and the user's input as given (files, standard input, llama.cpp's escapes)."""
 import dataclasses
 import functools
 import inspect
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from ..config import (
     default_threads,
 )
 from ..errors import InputError, UsageError
-from ..session import speculating
+from ..session import output_grammar, speculating
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
@@ -93,6 +94,17 @@ SAMPLING_OPTIONS = {
     "seed": (Annotated[Optional[int], typer.Option(
         "--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
         rich_help_panel=SAMPLING)], None),
+    "grammar": (Annotated[Optional[str], typer.Option(
+        "--grammar", help="A GBNF grammar (llama.cpp's format) the output must follow; speculation stays lossless"
+        " under it.", show_default=False, rich_help_panel=SAMPLING)], None),
+    "grammar_file": (Annotated[Optional[Path], typer.Option(
+        "--grammar-file", help="The same, read from a file.", show_default=False, rich_help_panel=SAMPLING)], None),
+    "json_schema": (Annotated[Optional[str], typer.Option(
+        "--json-schema", "-j", help="A JSON schema the output must follow, e.g. '{}' for any JSON value; turned"
+        " into a grammar by llama.cpp's converter.", show_default=False, rich_help_panel=SAMPLING)], None),
+    "json_schema_file": (Annotated[Optional[Path], typer.Option(
+        "--json-schema-file", help="The same, read from a file.", show_default=False, rich_help_panel=SAMPLING)],
+        None),
     "repeat_penalty": (Annotated[Optional[float], typer.Option(
         "--repeat-penalty", help="llama.cpp's repetition penalty: only 1.0 (none, its default) is taken, since"
         " localspec's samplers have none.", show_default=False, rich_help_panel=SAMPLING)], None),
@@ -198,7 +210,8 @@ def build_settings(**values) -> Settings:
         target=o.target or o.model,
         draft_model=draft_model,
         offline=o.offline,
-        sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed),
+        sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed,
+                          grammar=_grammar(o)),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache),
@@ -268,6 +281,25 @@ def with_options(*groups: dict, before=None, **defaults):
         return with_settings
 
     return decorate
+
+
+def _grammar(o: SimpleNamespace) -> str | None:
+    """The output's grammar from --grammar, --grammar-file, --json-schema or --json-schema-file (one of them)."""
+    given = {"--grammar": o.grammar, "--grammar-file": o.grammar_file, "--json-schema": o.json_schema,
+             "--json-schema-file": o.json_schema_file}
+    named = [name for name, value in given.items() if value is not None]
+    if len(named) > 1:
+        raise UsageError(f"{' and '.join(named)} each give the output's grammar; give one")
+    if o.grammar is not None or o.grammar_file is not None:
+        return o.grammar if o.grammar is not None else read_text(o.grammar_file)
+    if o.json_schema is None and o.json_schema_file is None:
+        return None
+    where = "--json-schema" if o.json_schema is not None else str(o.json_schema_file)
+    try:
+        schema = json.loads(o.json_schema if o.json_schema is not None else read_text(o.json_schema_file))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+    return output_grammar(schema=schema)
 
 
 def read_text(source: str | Path) -> str:

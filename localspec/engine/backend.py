@@ -76,6 +76,11 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
+    @property
+    def vocab(self):
+        """llama.cpp's vocabulary handle (a grammar is compiled against it)."""
+        return self._vocab
+
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8

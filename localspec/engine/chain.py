@@ -76,26 +76,28 @@ class ChainRows:
         self.backend_sampling = backend_sampling
         self.chain: Chain | None = None
         self.on_backend = False  # where the current chain runs
+        self._host = False  # whether it was asked to run on the host
         self._native_chain = None
         self._dist = None  # draw()'s sampler, seeded anew for each generation
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
         self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
 
-    def sample_with(self, chain: Chain) -> None:
-        """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds)."""
+    def sample_with(self, chain: Chain, host: bool = False) -> None:
+        """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds).
+        host: keep full rows on the host (a grammar masks them there), wherever the chain would run."""
         self._free_dist()
-        if chain == self.chain:
+        if chain == self.chain and host == self._host:
             return
         self._free_chain()
         native = chain.native()
-        on_backend = self.backend_sampling or (self.backend_sampling is None and chain.argmax)
+        on_backend = not host and (self.backend_sampling or (self.backend_sampling is None and chain.argmax))
         if on_backend and not llama.llama_set_sampler(self._ctx, 0, native):
             if self.backend_sampling:  # asked for by name
                 llama.llama_sampler_free(native)
                 raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
                                   " (a tensor-split model?); try --no-backend-sampling")
             on_backend = False
-        self.chain, self._native_chain, self.on_backend = chain, native, on_backend
+        self.chain, self._native_chain, self.on_backend, self._host = chain, native, on_backend, host
 
     def token(self, row: int) -> int:
         """The row's most likely token (the chain must be an argmax chain)."""
@@ -103,8 +105,9 @@ class ChainRows:
             return llama.llama_get_sampled_token_ith(self._ctx, row)
         return int(np.argmax(self.logits(row)))
 
-    def candidates(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ids the chain keeps of a row and their logits (temperature applied), as new arrays."""
+    def candidates(self, row: int, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ids the chain keeps of a row and their logits (temperature applied), as new arrays.
+        only: the ids the chain may keep (those a grammar admits; the chain then runs on the host)."""
         if self.on_backend:
             count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
             logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
@@ -114,27 +117,28 @@ class ChainRows:
                    if ids_count else np.arange(count, dtype=np.int32))
             kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
             return ids[kept], logits[kept]
-        rows, array = self._apply_chain(row)
+        rows, array = self._apply_chain(row, only)
         kept = rows[: array.size]
         return kept["id"].copy(), kept["logit"].copy()
 
-    def draw(self, row: int, rng: np.random.Generator) -> int:
+    def draw(self, row: int, rng: np.random.Generator, only: np.ndarray | None = None) -> int:
         """A token drawn from what the chain keeps of a row, by llama.cpp's dist sampler on the host (seeded
         from rng at a generation's first draw): where no draft token competes (a plain step, a bonus
         token) nothing needs the distribution itself, and C draws without numpy's per-call costs."""
         if self._dist is None:
             self._dist = llama.llama_sampler_init_dist(int(rng.integers(DEFAULT_SEED)))
-        rows, array = self._apply_chain(row)
+        rows, array = self._apply_chain(row, only)
         llama.llama_sampler_apply(self._dist, ctypes.byref(array))
         return int(rows["id"][array.selected])
 
-    def _apply_chain(self, row: int) -> tuple[np.ndarray, "llama.llama_token_data_array"]:
-        """The host chain run over a row: the candidate array, whose first `size` entries survived."""
+    def _apply_chain(self, row: int, only: np.ndarray | None = None) -> tuple[np.ndarray, "llama.llama_token_data_array"]:
+        """The host chain run over a row (or over the ids `only` of it): the candidate array, whose first
+        `size` entries survived."""
         if self._candidates is None:
             self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
             self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
         logits = self.logits(row)
-        ids = top_k_superset(logits, self.chain.top_k)
+        ids = only if only is not None else top_k_superset(logits, self.chain.top_k)
         if ids is None:
             rows = self._candidates
             rows["id"] = self._all_ids  # the chain reorders the array in place

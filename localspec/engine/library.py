@@ -49,6 +49,14 @@ def nextn():
     return llama_cpp_ext
 
 
+def grammars():
+    """llama-cpp-python's grammar helpers: its port of llama.cpp's JSON-schema-to-GBNF converter
+    (json_schema_to_gbnf) and llama.cpp's grammar for any JSON object (JSON_GBNF)."""
+    from llama_cpp import llama_grammar
+
+    return llama_grammar
+
+
 def library(name: str) -> Path:
     """One of the libraries llama-cpp-python installs beside itself, by its name without prefix or suffix:
     the file libllama itself loaded. A wheel cannot hold symbolic links, so libggml.so and libggml.so.0

@@ -7,7 +7,8 @@ draft token is kept while it is the target's argmax. Sampling: draft token x is
 kept with probability min(1, p(x)/q(x)); on rejection the target's token is
 drawn from norm(max(0, p - q)); if all are kept a bonus token is drawn from p
 on the last row. Either way every emitted token follows the target's own
-distribution: the output is the target's, only faster.
+distribution: the output is the target's, only faster. Under a grammar the
+target's choices at every verified position are masked by it (engine/grammar.py).
 """
 
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter, Learner
+from .grammar import Grammar
 from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
 
@@ -40,8 +42,18 @@ def generate(
             f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
             " raise --ctx-size or shorten the prompt"
         )
+    grammar = Grammar(target.model.vocab, sampling.grammar) if sampling.grammar else None
+    try:
+        yield from _generate(target, drafter, prompt, sampling, speculation, limits, grammar)
+    finally:
+        if grammar:
+            grammar.close()
+
+
+def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
+              limits: Limits, grammar: Grammar | None) -> Iterator[Event]:
     rng = np.random.default_rng(sampling.seed)
-    target.sample_with(chain_for(sampling))
+    target.sample_with(chain_for(sampling), host=grammar is not None)
     started = perf_counter()
     reused = target.prefill(prompt[:-1])
     drafter.begin(prompt, sampling, rng)
@@ -73,9 +85,9 @@ def generate(
         drafted = perf_counter()
         target.decode([history[-1], *draft.tokens], logits="all")
         if sampling.greedy:
-            accepted, own = verify_greedy(target, draft)
+            accepted, own = verify_greedy(target, draft, grammar)
         else:
-            accepted, own = verify_sampled(target, draft, sampling, rng)
+            accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
         target.truncate(n_past + 1 + accepted)
         step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0)
@@ -102,20 +114,39 @@ def generate(
     yield Done(finish, text.flush(), perf_counter() - decode_started)
 
 
-def verify_greedy(target: Context, draft: Draft) -> tuple[int, int]:
-    """(number of draft tokens kept, the target's own next token)."""
+def verify_greedy(target: Context, draft: Draft, grammar: Grammar | None = None) -> tuple[int, int]:
+    """(number of draft tokens kept, the target's own next token). A grammar masks each choice and
+    follows the tokens kept, so that the next row's choice is masked by the state after them."""
     for i, token in enumerate(draft.tokens):
-        choice = target.token(i)
+        choice = target.token(i) if grammar is None else grammar.best(target.logits(i))
         if choice != token:
-            return i, choice
-    return len(draft.tokens), target.token(len(draft.tokens))
+            return i, _committed(choice, grammar, target)
+        if grammar:
+            grammar.accept(token)
+    bonus = len(draft.tokens)
+    return bonus, target.token(bonus) if grammar is None else _committed(grammar.best(target.logits(bonus)), grammar,
+                                                                         target)
 
 
-def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator) -> tuple[int, int]:
+def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator,
+                   grammar: Grammar | None = None) -> tuple[int, int]:
+    """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits."""
     for i, token in enumerate(draft.tokens):
-        p = softmax(*target.candidates(i))
+        p = softmax(*target.candidates(i, grammar.admitted(target.logits(i)) if grammar else None))
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
-            return i, residual(p, q).sample(rng)
+            return i, _committed(residual(p, q).sample(rng), grammar, target)
+        if grammar:
+            grammar.accept(token)
     bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
-    return bonus, softmax(*target.candidates(bonus)).sample(rng) if target.on_backend else target.draw(bonus, rng)
+    if target.on_backend:
+        return bonus, softmax(*target.candidates(bonus)).sample(rng)
+    only = grammar.admitted(target.logits(bonus)) if grammar else None
+    return bonus, _committed(target.draw(bonus, rng, only), grammar, target)
+
+
+def _committed(token: int, grammar: Grammar | None, target: Context) -> int:
+    """The target's own token, followed by the grammar (an end-of-generation token ends it instead)."""
+    if grammar and not target.model.is_eog(token):
+        grammar.accept(token)
+    return token
