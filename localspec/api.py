@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import DrafterKind, Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .service import Busy, Closing, Job, Request
-from .session import ROLES
+from .session import ROLES, output_grammar
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -27,9 +27,9 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 NEUTRAL = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "repeat_penalty": (None, 1), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
-    "grammar": (None, ""), "json_schema": (None, {}), "typical_p": (None, 1), "mirostat": (None, 0),
+    "typical_p": (None, 1), "mirostat": (None, 0),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
 
@@ -86,6 +86,18 @@ class Prediction(_Strict):
         return _text(self.content, "prediction.content", "")
 
 
+class JsonSchema(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # enforced either way: the grammar admits nothing else
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
 class Message(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
@@ -104,6 +116,9 @@ class _Common(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # llama-server's: GBNF the output must follow
+    json_schema: dict | bool | None = None  # llama-server's: a JSON schema the output must follow
 
 
 class ChatRequest(_Common):
@@ -201,12 +216,31 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
         raise ApiError(400, "stop: a stop string cannot be empty", param="stop")
     try:
         sampling, limits = overridden(defaults.sampling, defaults.limits, **asked, max_tokens=max_tokens or None,
-                                      stop=stop)
+                                      stop=stop, grammar=_grammar(request))
     except UsageError as error:
         raise ApiError(400, str(error)) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what), bool(request.stream), include_usage)
+
+
+def _grammar(request: _Common) -> str | None:
+    """The GBNF the request's output must follow: from response_format (OpenAI's), grammar or json_schema
+    (llama-server's), one of them; None: free text."""
+    form = request.response_format if request.response_format and request.response_format.type != "text" else None
+    given = [name for name, value in (("response_format", form), ("grammar", request.grammar),
+                                      ("json_schema", request.json_schema)) if value is not None]
+    if len(given) > 1:
+        raise ApiError(400, f"{' and '.join(given)} each constrain the output; give one", param=given[1])
+    if form is not None and form.type == "json_schema" and (form.json_schema is None or form.json_schema.schema_ is None):
+        raise ApiError(400, "response_format.json_schema.schema is missing: the schema the output must follow",
+                       param="response_format.json_schema.schema")
+    schema = request.json_schema if request.json_schema is not None else form.json_schema.schema_ if (
+        form is not None and form.type == "json_schema") else None
+    try:
+        return output_grammar(request.grammar, schema, any_object=form is not None and form.type == "json_object")
+    except InputError as error:
+        raise ApiError(400, str(error), param=given[0], code="invalid_schema") from None
 
 
 class Reply:

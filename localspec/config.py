@@ -231,11 +231,13 @@ class Limits:
 
 def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
-               max_tokens: int | None = None, stop: str | Sequence[str] | None = None) -> tuple[Sampling, Limits]:
+               max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
+               grammar: str | None = None) -> tuple[Sampling, Limits]:
     """A request's own settings over the ones it runs under: a batch item's fields, an API request's, a
     library call's keywords. None keeps what it runs under; stop may be one string. Sampling and Limits
     check the values, so every way in refuses the same ones."""
-    asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
+    asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
+             "grammar": grammar}
     return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))

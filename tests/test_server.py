@@ -182,7 +182,7 @@ def test_models_and_health(server):
     ({"max_tokens": 0}, "max_tokens"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),
@@ -290,6 +290,41 @@ def test_prompts_no_context_could_hold_are_refused_at_the_door_while_others_are_
         error = answers[name].json()["error"]
         assert answers[name].status_code == 400 and error["code"] == "context_length_exceeded", error
         assert what in error["message"]
+
+
+def test_response_format_and_grammars_constrain_the_answer_under_speculation(server):
+    client = server.client()
+    ask = [{"role": "user", "content": "hi"}]
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    strict = client.chat.completions.create(model="tiny", messages=ask, max_tokens=64, response_format={
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert json.loads(strict.choices[0].message.content) in ({"ok": True}, {"ok": False})
+    assert strict.speculation["draft_tokens"] > 0  # drafted all the same
+    any_object = client.chat.completions.create(model="tiny", messages=ask, max_tokens=4,
+                                                response_format={"type": "json_object"})
+    assert any_object.choices[0].message.content.startswith("{")
+    # llama-server's own fields, on both endpoints
+    yes_no = client.completions.create(model="tiny", prompt="abc", max_tokens=8,
+                                       extra_body={"grammar": 'root ::= ("yes" | "no") "."'})
+    assert yes_no.choices[0].text in ("yes.", "no.") and yes_no.choices[0].finish_reason == "stop"
+    top_level = client.completions.create(model="tiny", prompt="abc", max_tokens=64, extra_body={"json_schema": schema})
+    assert json.loads(top_level.choices[0].text) in ({"ok": True}, {"ok": False})
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema is missing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nowhere"}}}},
+     "cannot be turned into a grammar"),
+    ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "each constrain the output"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"grammar": 'root ::= "unclosed'}, "the grammar does not compile"),
+])
+def test_a_constraint_that_cannot_be_used_is_one_400_and_the_server_goes_on(server, body, message):
+    response = httpx.post(server.url + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                  "max_tokens": 4, **body})
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+    assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
 
 def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
