@@ -1,8 +1,9 @@
 """Prompt files for scripts: read items, generate each, write one JSON line per item as it finishes.
 
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
-`top_p`, `min_p`, `seed`, `max_tokens`, `stop`, and `prediction`: the text the answer is expected
-to be, which drafts wherever the answer follows it) or plain text, one prompt a line; ids are
+`top_p`, `min_p`, `seed`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
+to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
+answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
 in flight and `resume` can pick up where it stopped.
 """
@@ -24,7 +25,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 from . import paths
 from .config import Limits, Sampling, overridden
 from .errors import InputError, LocalspecError, UsageError
-from .session import ROLES, Session, is_message
+from .session import ROLES, Session, is_message, output_grammar
 from .stats import record
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -177,7 +178,13 @@ def settings(item: Item, sampling: Sampling, limits: Limits) -> tuple[Sampling, 
         if not is_kind(value):
             shown = json.dumps(value)
             raise LocalspecError(f"{name} must be {kind}, got {shown if len(shown) <= 40 else shown[:37] + '...'}")
-    return overridden(sampling, limits, **{SAMPLING_FIELDS.get(name, name): value for name, value in item.options.items()})
+    options = dict(item.options)
+    constraints = {name: options.pop(name) for name in ("grammar", "json_schema") if name in options}
+    if len(constraints) > 1:
+        raise LocalspecError("grammar and json_schema each constrain the answer; give one")
+    grammar = output_grammar(constraints.get("grammar"), constraints.get("json_schema"))
+    return overridden(sampling, limits, grammar=grammar,
+                      **{SAMPLING_FIELDS.get(name, name): value for name, value in options.items()})
 
 
 def _whole(value) -> bool:
@@ -191,6 +198,8 @@ def _number(value) -> bool:
 FIELD_KINDS = {
     **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p")},
     **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens")},
+    "grammar": ("a string (GBNF)", lambda v: isinstance(v, str)),
+    "json_schema": ("a JSON schema (an object)", lambda v: isinstance(v, dict | bool)),
     "stop": ("a string or a list of strings",
              lambda v: isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v)),
 }

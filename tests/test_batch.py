@@ -298,3 +298,20 @@ def test_an_items_prediction_is_read_and_counted_and_a_wrong_one_fails_its_item_
     counts = out["p"]["prediction"]
     assert counts["accepted_prediction_tokens"] + counts["rejected_prediction_tokens"] >= 3
     assert out["p"]["text"] == out["none"]["text"] and "prediction" not in out["none"]
+
+
+def test_an_items_grammar_or_json_schema_shapes_its_answer_and_one_that_cannot_fails_alone(localspec, tiny):
+    invoke, _ = localspec
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    lines = [json.dumps({"id": "json", "prompt": "a b", "json_schema": schema}),
+             json.dumps({"id": "gbnf", "prompt": "a b", "grammar": 'root ::= ("yes" | "no") "."'}),
+             json.dumps({"id": "both", "prompt": "a b", "grammar": 'root ::= "a"', "json_schema": schema}),
+             json.dumps({"id": "broken", "prompt": "a b", "grammar": 'root ::= "unclosed'}),
+             json.dumps({"id": "free", "prompt": "a b"})]
+    done = invoke(tiny["target"], "-", "-n", "64", "--temp", "0", stdin="\n".join(lines).encode())
+    out = {r["id"]: r for r in records(done.stdout)}
+    assert done.returncode == 1 and b"Traceback" not in done.stderr
+    assert json.loads(out["json"]["text"]) in ({"ok": True}, {"ok": False}) and out["gbnf"]["text"] in ("yes.", "no.")
+    assert "each constrain the answer" in out["both"]["error"] and "does not compile" in out["broken"]["error"]
+    assert "text" in out["free"]
