@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api, net
+from . import api, gguf_meta, net, ollama
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
 from .errors import ContextOverflow, LocalspecError
@@ -57,7 +57,15 @@ class Server:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            # Ollama's API
+            Route("/api/version", self.ollama_version, methods=["GET"]),
+            Route("/api/tags", self.ollama_tags, methods=["GET"]),
+            Route("/api/ps", self.ollama_ps, methods=["GET"]),
+            Route("/api/show", self.ollama_show, methods=["POST"]),
+            Route("/api/chat", self.ollama_chat, methods=["POST"]),
+            Route("/api/generate", self.ollama_generate, methods=["POST"]),
         ]
+        self.target_info = gguf_meta.read(session.target_model.path)
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=routes, exception_handlers=not_http, middleware=[_cross_origin(serving)])
         self.created = int(time.time())
@@ -77,6 +85,51 @@ class Server:
                                             remembered=self.session.remembered),
             media_type="text/plain; version=0.0.4"))
 
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse(ollama.version())
+
+    async def ollama_tags(self, request: Request) -> Response:
+        return await self._ollama_guarded(request, lambda: JSONResponse(ollama.tags(self.model, self.target_info)))
+
+    async def ollama_ps(self, request: Request) -> Response:
+        return await self._ollama_guarded(request, lambda: JSONResponse(ollama.running(self.model, self.target_info)))
+
+    async def ollama_show(self, request: Request) -> Response:
+        return await self._ollama_guarded(request, lambda: JSONResponse(
+            ollama.show(self.target_info, self.session.target_model.chat_template())))
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama_generate(request, chat=True)
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama_generate(request, chat=False)
+
+    async def _ollama_guarded(self, request: Request, respond) -> Response:
+        try:
+            self._client(request)
+        except ApiError as refusal:
+            return JSONResponse(ollama.body(refusal), status_code=refusal.status, headers=refusal.headers)
+        return respond()
+
+    async def _ollama_generate(self, request: Request, chat: bool) -> Response:
+        path = request.url.path
+        try:
+            client = self._client(request)
+            body = await self._body(request)
+            answer = ollama.Answer(chat, body.get("model") or self.model)
+            reply = Reply(chat, self.model)
+            parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate)
+            if parsed is None:
+                return JSONResponse(answer.loaded())
+            return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)), reply,
+                                       answer)
+        except ApiError as error:
+            self.log(f"{path} {error.status} {error.message}")
+            return JSONResponse(ollama.body(error), status_code=error.status, headers=error.headers)
+        except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
+            self.log(traceback.format_exc().rstrip())
+            return JSONResponse({"error": f"internal error: {error}"}, status_code=500)
+
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
@@ -88,7 +141,8 @@ class Server:
             message = f"{request.url.path} takes {(error.headers or {}).get('Allow', 'another method')}, not {request.method}"
         else:
             message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
-                       " POST /v1/completions, GET /v1/models, GET /health, GET /metrics)")
+                       " POST /v1/completions, GET /v1/models, GET /health, GET /metrics; Ollama's POST /api/chat,"
+                       " POST /api/generate, GET /api/tags, GET /api/ps, POST /api/show, GET /api/version)")
         self.log(f"{request.url.path} {error.status_code} {message}")
         return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                                         else "method_not_allowed", headers=error.headers))
@@ -122,7 +176,7 @@ class Server:
             client = self._client(request)
             body = await self._body(request)
             reply = Reply(chat, self.model)
-            parsed = self._parse(body, reply)
+            parsed = self._parse(body, reply, api.parse_chat if chat else api.parse_completion)
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
                                        reply)
         except ApiError as error:
@@ -132,15 +186,17 @@ class Server:
             self.log(traceback.format_exc().rstrip())
             return _error_response(ApiError(500, f"internal error: {error}", "server_error"))
 
-    def _parse(self, body: dict, reply: Reply) -> Parsed:
-        """The request, refused here on the event loop by arithmetic alone if it cannot fit the context:
-        rendered and tokenized on the worker, 100,000 messages held every other request for minutes. The
-        messages are counted before they are validated (validating 100,000 takes a second)."""
+    def _parse(self, body: dict, reply: Reply, parse) -> Parsed | None:
+        """The request as parse(body, defaults) reads it (None: nothing to generate), refused here on the
+        event loop by arithmetic alone if it cannot fit the context: rendered and tokenized on the worker,
+        100,000 messages held every other request for minutes. The messages are counted before they are
+        validated (validating 100,000 takes a second)."""
         try:
             if reply.chat and isinstance(body.get("messages"), list):
                 self.session.refuse_what_cannot_fit(0, len(body["messages"]))
-            parsed = (api.parse_chat if reply.chat else api.parse_completion)(body, self.defaults)
-            self.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+            parsed = parse(body, self.defaults)
+            if parsed is not None:
+                self.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
         except ContextOverflow as error:
             raise api.api_error(error, reply.prompt_field) from None
         return parsed
@@ -170,7 +226,9 @@ class Server:
             raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         return body
 
-    async def _respond(self, request: Request, parsed: Parsed, reply: Reply) -> Response:
+    async def _respond(self, request: Request, parsed: Parsed, reply: Reply, answer: ollama.Answer | None = None
+                       ) -> Response:
+        """The job's answer in OpenAI's shape (reply), or in Ollama's where `answer` is given."""
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
         started = False
@@ -197,8 +255,11 @@ class Server:
             if first is FINISHED or isinstance(first, LocalspecError):
                 raise self._failure(job, first, reply)
             if parsed.stream:
-                stream = self._stream(job, reply, first, outbox, parsed.include_usage, request.url.path, watcher)
                 streaming = True
+                if answer is not None:
+                    lines = self._ndjson(job, answer, reply, first, outbox, request.url.path, watcher)
+                    return StreamingResponse(lines, media_type="application/x-ndjson")
+                stream = self._stream(job, reply, first, outbox, parsed.include_usage, request.url.path, watcher)
                 return StreamingResponse(stream, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             item = first
@@ -209,7 +270,7 @@ class Server:
             if job.outcome != "ok":
                 raise self._failure(job, item, reply)
             self._log_job(request.url.path, job)
-            return JSONResponse(reply.full(job))
+            return JSONResponse(reply.full(job) if answer is None else answer.last(job, job.recorder.text))
         finally:
             if not streaming:  # else the stream ends the watcher and the job
                 watcher.cancel()
@@ -256,6 +317,34 @@ class Server:
         finally:
             watcher.cancel()
             job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
+
+    async def _ndjson(self, job: Job, answer: ollama.Answer, reply: Reply, first, outbox: asyncio.Queue, path: str,
+                      watcher: asyncio.Task) -> AsyncIterator[str]:
+        """Ollama's stream: an object a line per piece of text, then the final one with the statistics; an
+        error after the first byte as an error object on a line of its own."""
+        try:
+            item = first
+            while item is not FINISHED and not isinstance(item, LocalspecError):
+                text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
+                if text:
+                    yield json.dumps(answer.piece(text), ensure_ascii=False) + "\n"
+                item = await outbox.get()
+            if job.outcome != "ok":
+                error = self._failure(job, item, reply)
+                self.log(f"{path} {error.status} (streamed) {error.message}")
+                yield json.dumps(ollama.body(error)) + "\n"
+                return
+            yield json.dumps(answer.last(job), ensure_ascii=False) + "\n"
+            self._log_job(path, job)
+        except asyncio.CancelledError:
+            self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
+            raise
+        except Exception as error:  # a bug of ours, after the first byte: said in the stream
+            self.log(traceback.format_exc().rstrip())
+            yield json.dumps({"error": f"internal error: {error}"}) + "\n"
+        finally:
+            watcher.cancel()
+            job.cancel()
 
     def _log_job(self, path: str, job: Job) -> None:
         s = job.recorder.summary()

@@ -1,0 +1,215 @@
+"""Ollama's API beside OpenAI's on the same port: the protocol Open WebUI, Continue and many agent
+frameworks speak first. Requests become the service's Request as OpenAI's do; answers are Ollama's
+objects (streamed as NDJSON, one object a line), the last with its durations in nanoseconds and
+localspec's speculation record. One model is served: any model name is answered by it, as on /v1."""
+
+import json
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import __version__
+from .api import ApiError, Defaults, Parsed, speculation
+from .config import overridden
+from .errors import InputError, UsageError
+from .gguf_meta import GGUFInfo
+from .service import Job, Request
+from .session import ROLES, output_grammar
+
+DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+
+# options that change the output, with the values that leave it as localspec makes it: others are refused
+NEUTRAL_OPTIONS = {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+                   "mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "repeat_last_n": (0, 64),
+                   "penalize_newline": (False, True)}
+# options that set up the model, fixed when serve starts (its command line says them): taken and ignored
+SET_AT_START = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+                "low_vram", "f16_kv", "vocab_only", "num_keep"}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Options(_Body):
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    num_predict: int | None = None  # -1: until the model stops; -2: until the context is full
+    stop: list[str] | str | None = None
+
+
+class Message(_Body):
+    role: str
+    content: str = ""
+    images: list | None = None
+
+
+class _Generation(_Body):
+    model: str = ""
+    stream: bool = True
+    format: str | dict | None = None  # "json", or a JSON schema
+    options: Options | None = None
+    keep_alive: str | int | float | None = None  # the one model stays loaded while serve runs
+
+
+class ChatBody(_Generation):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list | None = None
+
+
+class GenerateBody(_Generation):
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    images: list | None = None
+    suffix: str | None = None
+    context: list | None = None
+
+
+def error(status: int, message: str) -> ApiError:
+    return ApiError(status, message)
+
+
+def body(error: ApiError) -> dict:
+    """Ollama's error object."""
+    return {"error": error.message}
+
+
+def _validate(model: type[BaseModel], data: dict):
+    try:
+        return model.model_validate(data)
+    except ValidationError as failure:
+        first = failure.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise error(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
+
+
+def parse_chat(data: dict, defaults: Defaults) -> Parsed:
+    chat = _validate(ChatBody, data)
+    if chat.tools:
+        raise error(400, "tools are not supported by localspec yet")
+    if not chat.messages:
+        raise error(400, "messages is empty: a chat needs at least one message")
+    messages = []
+    for index, message in enumerate(chat.messages):
+        if message.role not in ROLES:
+            raise error(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user"
+                             " or assistant")
+        if message.images:
+            raise error(400, f"messages.{index}.images: images are not supported by localspec")
+        messages.append({"role": message.role, "content": message.content})
+    return _parsed(chat, defaults, messages=messages)
+
+
+def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
+    """The request, or None where it only asks for the model to be loaded (an empty prompt)."""
+    generate = _validate(GenerateBody, data)
+    for name in ("images", "suffix", "context"):
+        if getattr(generate, name):
+            raise error(400, f"{name} is not supported by localspec")
+    if not generate.prompt:
+        return None
+    if generate.raw:
+        return _parsed(generate, defaults, prompt=generate.prompt)
+    system = [{"role": "system", "content": generate.system}] if generate.system else []
+    return _parsed(generate, defaults, messages=system + [{"role": "user", "content": generate.prompt}])
+
+
+def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
+    options = request.options or Options()
+    for name, value in (options.model_extra or {}).items():
+        if name in NEUTRAL_OPTIONS and value not in NEUTRAL_OPTIONS[name]:
+            raise error(400, f"options.{name} is not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
+        if name not in NEUTRAL_OPTIONS and name not in SET_AT_START:
+            raise error(400, f"options.{name} is not an option localspec knows")
+    predict = options.num_predict
+    if predict is not None and (predict == 0 or predict < -2):
+        raise error(400, f"options.num_predict must be a positive count, -1 or -2, got {predict}")
+    try:
+        sampling, limits = overridden(
+            defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
+            top_p=options.top_p, min_p=options.min_p, seed=options.seed, stop=options.stop,
+            max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
+    except (UsageError, InputError) as failure:
+        raise error(400, str(failure)) from None
+    if predict is not None and predict < 0:
+        limits = replace(limits, max_tokens=None)
+    return Parsed(Request(sampling, limits, **what), request.stream, False)
+
+
+def _grammar(form: str | dict | None) -> str | None:
+    if form in (None, ""):
+        return None
+    if form == "json":
+        return output_grammar(any_object=True)
+    if isinstance(form, dict):
+        return output_grammar(schema=form)
+    raise error(400, f"format must be \"json\" or a JSON schema, got {json.dumps(form)}")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Answer:
+    """The objects of one answer, whole or streamed, in /api/chat's shape or /api/generate's."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat, self.model = chat, model
+        self.started = time.perf_counter_ns()
+
+    def piece(self, text: str, done: bool = False) -> dict:
+        content = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
+        return {"model": self.model, "created_at": _now(), **content, "done": done}
+
+    def last(self, job: Job, text: str = "") -> dict:
+        """The final object: done, why, and the durations and counts Ollama gives, with localspec's record."""
+        r = job.recorder
+        prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
+        return self.piece(text, done=True) | {
+            "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
+            "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
+            "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
+            "speculation": speculation(job)}
+
+    def loaded(self) -> dict:
+        """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
+        return self.piece("", done=True) | {"done_reason": "load"}
+
+
+def details(info: GGUFInfo) -> dict:
+    billions = info.parameters / 1e9
+    return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
+            "parameter_size": f"{billions:.1f}B" if billions >= 1 else f"{info.parameters / 1e6:.0f}M",
+            "quantization_level": info.quantization}
+
+
+def _entry(name: str, info: GGUFInfo) -> dict:
+    modified = datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"name": name, "model": name, "modified_at": modified, "size": info.file_size,
+            "digest": info.token_digest or "", "details": details(info)}
+
+
+def tags(name: str, info: GGUFInfo) -> dict:
+    return {"models": [_entry(name, info)]}
+
+
+def running(name: str, info: GGUFInfo) -> dict:
+    """/api/ps: the one model, loaded while serve runs."""
+    return {"models": [_entry(name, info) | {"expires_at": "9999-12-31T23:59:59Z", "size_vram": 0}]}
+
+
+def show(info: GGUFInfo, template: str | None) -> dict:
+    model_info = {key: value for key, value in info.metadata.items()
+                  if isinstance(value, (str, int, float, bool)) and not key.startswith("tokenizer.chat_template")}
+    return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
+            "model_info": model_info, "capabilities": ["completion"]}
+
+
+def version() -> dict:
+    return {"version": __version__}

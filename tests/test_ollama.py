@@ -1,0 +1,82 @@
+"""Ollama's API on serve's port, through the `ollama` package as Open WebUI and agent frameworks call it."""
+
+import json
+
+import httpx
+import ollama
+import pytest
+
+from test_server import PROMPT, ServerProcess, plain_text
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    """Greedy, always drafting with a draft model that agrees with the target."""
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--draft", tiny["same"], "--spec",
+                            "fixed", "--p-min", "0", "--temp", "0", "-c", "512", "--alias", "tiny")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def client(server) -> ollama.Client:
+    return ollama.Client(host=server.base)
+
+
+def test_the_model_is_listed_shown_and_running(server, tiny):
+    listed = client(server).list().models
+    assert [m.model for m in listed] == ["tiny"] and listed[0].size == tiny["target"].stat().st_size
+    assert listed[0].details.format == "gguf" and listed[0].details.family == "llama"
+    assert [m.model for m in client(server).ps().models] == ["tiny"]
+    shown = client(server).show("tiny")
+    assert shown.details.family == "llama" and shown.modelinfo["general.architecture"] == "llama"
+    assert httpx.get(server.base + "/api/version").json()["version"]
+
+
+def test_a_streamed_chat_says_what_plain_decoding_says_and_ends_with_its_record(server, tiny):
+    messages = [{"role": "user", "content": PROMPT}]
+    parts = list(client(server).chat("tiny", messages=messages, stream=True, options={"num_predict": 12}))
+    assert all(not part.done for part in parts[:-1]) and parts[-1].done and parts[-1].done_reason == "length"
+    assert "".join(part.message.content for part in parts) == plain_text(tiny, messages, max_tokens=12)
+    assert parts[-1].eval_count == 12 and parts[-1].eval_duration > 0 and parts[-1].prompt_eval_count > 0
+    raw = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                                       "options": {"num_predict": 12}}).json()
+    assert raw["speculation"]["draft_tokens"] > 0 and raw["message"]["content"] == parts[0].message.content + "".join(
+        part.message.content for part in parts[1:])
+
+
+def test_generate_whole_or_streamed_and_an_empty_prompt_loads_the_model(server, tiny):
+    whole = client(server).generate("tiny", prompt=PROMPT, options={"num_predict": 8, "temperature": 0})
+    assert whole.done and whole.response == plain_text(tiny, [{"role": "user", "content": PROMPT}], max_tokens=8)
+    streamed = "".join(part.response for part in client(server).generate("tiny", prompt=PROMPT, stream=True,
+                                                                           options={"num_predict": 8}))
+    assert streamed == whole.response
+    raw = client(server).generate("tiny", prompt=PROMPT, raw=True, options={"num_predict": 8})
+    assert raw.response == plain_text(tiny, prompt=PROMPT, max_tokens=8)
+    loaded = client(server).generate("tiny", prompt="")
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+
+
+def test_format_json_or_a_schema_shapes_the_answer(server):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    answer = client(server).chat("tiny", messages=[{"role": "user", "content": "hi"}], format=schema,
+                                 options={"num_predict": 64})
+    assert json.loads(answer.message.content) in ({"ok": True}, {"ok": False})
+    assert client(server).generate("tiny", prompt="hi", format="json", options={"num_predict": 4}).response.startswith("{")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"repeat_penalty": 1.1}, "options.repeat_penalty is not supported"),
+    ({"num_predict": 0}, "num_predict must be"),
+    ({"temperature": -1}, "temperature must be >= 0"),
+    ({"made_up": 1}, "not an option localspec knows"),
+])
+def test_options_that_cannot_be_honoured_are_one_error_in_ollamas_shape(server, options, message):
+    with pytest.raises(ollama.ResponseError) as raised:
+        client(server).chat("tiny", messages=[{"role": "user", "content": "hi"}], options=options)
+    assert raised.value.status_code == 400 and message in raised.value.error
+    # resource options are fixed when serve starts: taken and ignored
+    assert client(server).chat("tiny", messages=[{"role": "user", "content": "hi"}],
+                               options={"num_ctx": 8192, "num_predict": 2}).done
+    missing = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": []})
+    assert missing.status_code == 400 and "messages is empty" in missing.json()["error"]
