@@ -1,12 +1,14 @@
 """The OpenAI API's shapes: requests checked and turned into a service.Request, responses and stream
-chunks built from a finished job. The one module of serve's that knows pydantic (registry.py checks
-models.toml with it too); it knows no web framework.
+chunks built from a finished job. With ollama.py (Ollama's shapes), the modules of serve's that know
+pydantic (registry.py checks models.toml with it too); it knows no web framework.
 
 Beyond OpenAI's fields every response carries llama-server's `timings` (tools such as llama-swap
 read those names) and a `speculation` object: which drafters ran, how many draft tokens were tried
 and kept, by position, and what the output is guaranteed to match.
 """
 
+import base64
+import struct
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -130,6 +132,40 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
 
 
+class EmbeddingRequest(_Strict):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+def parse_embeddings(body: dict, n_embd: int) -> EmbeddingRequest:
+    request = _validate(EmbeddingRequest, body)
+    if request.dimensions not in (None, n_embd):
+        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}, and localspec does not shorten"
+                       " them", param="dimensions", code="unsupported_parameter")
+    if request.input in ("", []) or isinstance(request.input, list) and any(item in ("", []) for item in request.input):
+        raise ApiError(400, "input: an input to embed is empty", param="input")
+    return request
+
+
+def inputs_of(request: EmbeddingRequest) -> list[str | list[int]]:
+    """The texts or token id lists to embed, one each."""
+    given = request.input
+    if isinstance(given, str):
+        return [given]
+    return [given] if given and isinstance(given[0], int) else list(given)
+
+
+def embedding_list(vectors: list[list[float]], tokens: int, model: str, encoding: str) -> dict:
+    """OpenAI's answer to /v1/embeddings; base64 is the float32 bytes, as OpenAI's clients ask by default."""
+    def encoded(vector: list[float]):
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode() if encoding == "base64" else vector
+
+    return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
+
+
 @dataclass(frozen=True)
 class Defaults:
     """What a request that leaves a field out gets: the server's command-line settings."""
@@ -176,9 +212,6 @@ def _validate(model: type[BaseModel], body: dict):
         value = (request.model_extra or {}).get(name)
         if value not in neutral:
             raise ApiError(400, f"{name} is not supported by localspec", param=name, code="unsupported_parameter")
-    if request.n not in (None, 1):
-        raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
-                       code="unsupported_parameter")
     return request
 
 
@@ -209,6 +242,9 @@ def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
 
 
 def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what) -> Parsed:
+    if request.n not in (None, 1):
+        raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
+                       code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed}
     stop = request.stop

@@ -152,6 +152,28 @@ def _grammar(form: str | dict | None) -> str | None:
     raise error(400, f"format must be \"json\" or a JSON schema, got {json.dumps(form)}")
 
 
+class EmbedBody(_Body):
+    model: str = ""
+    input: str | list[str]
+    truncate: bool = True
+    options: dict | None = None
+    keep_alive: str | int | float | None = None
+
+
+def parse_embed(data: dict) -> list[str]:
+    embed = _validate(EmbedBody, data)
+    inputs = [embed.input] if isinstance(embed.input, str) else embed.input
+    if not inputs or any(not text for text in inputs):
+        raise error(400, "input: an input to embed is empty")
+    return inputs
+
+
+def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: int) -> dict:
+    """/api/embed's answer."""
+    return {"model": model, "embeddings": vectors, "total_duration": nanoseconds, "load_duration": 0,
+            "prompt_eval_count": tokens}
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 

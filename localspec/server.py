@@ -34,6 +34,7 @@ from .config import Serving
 from .errors import ContextOverflow, LocalspecError
 from .events import Done, Token
 from .service import FINISHED, Job, Service
+from .service import Request as ServiceRequest  # (starlette's Request is the HTTP one)
 from .session import Session
 
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
@@ -57,7 +58,9 @@ class Server:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             # Ollama's API
+            Route("/api/embed", self.ollama_embed, methods=["POST"]),
             Route("/api/version", self.ollama_version, methods=["GET"]),
             Route("/api/tags", self.ollama_tags, methods=["GET"]),
             Route("/api/ps", self.ollama_ps, methods=["GET"]),
@@ -85,18 +88,77 @@ class Server:
                                             remembered=self.session.remembered),
             media_type="text/plain; version=0.0.4"))
 
+    async def embeddings(self, request: Request) -> Response:
+        async def work() -> Response:
+            client = self._client(request)
+            asked = api.parse_embeddings(await self._body(request), self.session.target_model.n_embd)
+            job = await self._embedded(api.inputs_of(asked), client)
+            return JSONResponse(api.embedding_list(job.embeddings, job.embedded_tokens, asked.model or self.model,
+                                                   asked.encoding_format))
+
+        return await self._answering(request, work)
+
+    async def ollama_embed(self, request: Request) -> Response:
+        async def work() -> Response:
+            client = self._client(request)
+            started = time.perf_counter_ns()
+            body = await self._body(request)
+            job = await self._embedded(ollama.parse_embed(body), client)
+            return JSONResponse(ollama.embedded(body.get("model") or self.model, job.embeddings, job.embedded_tokens,
+                                                time.perf_counter_ns() - started))
+
+        return await self._answering(request, work, ollamas=True)
+
+    async def _answering(self, request: Request, work, ollamas: bool = False) -> Response:
+        """await work(), the response; an ApiError is said in the client's protocol (OpenAI's error object,
+        or Ollama's where `ollamas`), and a bug of ours is a 500 whose traceback goes to the operator."""
+        try:
+            return await work()
+        except ApiError as error:
+            self.log(f"{request.url.path} {error.status} {error.message}")
+            failure = error
+        except Exception as error:
+            self.log(traceback.format_exc().rstrip())
+            failure = ApiError(500, f"internal error: {error}", "server_error")
+        if ollamas:
+            return JSONResponse(ollama.body(failure), status_code=failure.status, headers=failure.headers)
+        return _error_response(failure)
+
+    async def _embedded(self, inputs: list, client: str | None) -> Job:
+        """The finished job that embedded the inputs, run on the worker in its turn; ApiError if it failed."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future = loop.create_future()
+
+        def deliver(item) -> None:  # on the worker thread: the first error, or the end
+            if item is FINISHED or isinstance(item, LocalspecError):
+                loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(item))
+
+        try:
+            job = self.service.submit(ServiceRequest(self.defaults.sampling, self.defaults.limits, inputs=inputs,
+                                                     client=client), deliver)
+        except LocalspecError as error:
+            raise api.api_error(error) from None
+        outcome = await ended
+        if isinstance(outcome, LocalspecError):
+            raise api.api_error(outcome, "input")
+        if job.outcome != "ok":
+            raise ApiError(503, "the embedding was cancelled: the server is shutting down", "server_error",
+                           code="cancelled")
+        return job
+
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse(ollama.version())
 
     async def ollama_tags(self, request: Request) -> Response:
-        return await self._ollama_guarded(request, lambda: JSONResponse(ollama.tags(self.model, self.target_info)))
+        return await self._guarded(request, lambda: JSONResponse(ollama.tags(self.model, self.target_info)), ollamas=True)
 
     async def ollama_ps(self, request: Request) -> Response:
-        return await self._ollama_guarded(request, lambda: JSONResponse(ollama.running(self.model, self.target_info)))
+        return await self._guarded(request, lambda: JSONResponse(ollama.running(self.model, self.target_info)),
+                                   ollamas=True)
 
     async def ollama_show(self, request: Request) -> Response:
-        return await self._ollama_guarded(request, lambda: JSONResponse(
-            ollama.show(self.target_info, self.session.target_model.chat_template())))
+        return await self._guarded(request, lambda: JSONResponse(
+            ollama.show(self.target_info, self.session.target_model.chat_template())), ollamas=True)
 
     async def ollama_chat(self, request: Request) -> Response:
         return await self._ollama_generate(request, chat=True)
@@ -104,31 +166,18 @@ class Server:
     async def ollama_generate(self, request: Request) -> Response:
         return await self._ollama_generate(request, chat=False)
 
-    async def _ollama_guarded(self, request: Request, respond) -> Response:
-        try:
-            self._client(request)
-        except ApiError as refusal:
-            return JSONResponse(ollama.body(refusal), status_code=refusal.status, headers=refusal.headers)
-        return respond()
-
     async def _ollama_generate(self, request: Request, chat: bool) -> Response:
-        path = request.url.path
-        try:
+        async def work() -> Response:
             client = self._client(request)
             body = await self._body(request)
-            answer = ollama.Answer(chat, body.get("model") or self.model)
-            reply = Reply(chat, self.model)
+            reply, answer = Reply(chat, self.model), ollama.Answer(chat, body.get("model") or self.model)
             parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate)
             if parsed is None:
                 return JSONResponse(answer.loaded())
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)), reply,
                                        answer)
-        except ApiError as error:
-            self.log(f"{path} {error.status} {error.message}")
-            return JSONResponse(ollama.body(error), status_code=error.status, headers=error.headers)
-        except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
-            self.log(traceback.format_exc().rstrip())
-            return JSONResponse({"error": f"internal error: {error}"}, status_code=500)
+
+        return await self._answering(request, work, ollamas=True)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
@@ -147,12 +196,13 @@ class Server:
         return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                                         else "method_not_allowed", headers=error.headers))
 
-    async def _guarded(self, request: Request, respond) -> Response:
-        try:
+    async def _guarded(self, request: Request, respond, ollamas: bool = False) -> Response:
+        """respond() to a request that carries the API key (where the server has one)."""
+        async def work() -> Response:
             self._client(request)
-        except ApiError as refusal:
-            return _error_response(refusal)
-        return respond()
+            return respond()
+
+        return await self._answering(request, work, ollamas)
 
     def _client(self, request: Request) -> str | None:
         """Which API key the request carries (its number; None when the server has no keys); ApiError
@@ -171,20 +221,15 @@ class Server:
                        headers={"WWW-Authenticate": "Bearer"})
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        path = request.url.path
-        try:
+        async def work() -> Response:
             client = self._client(request)
             body = await self._body(request)
             reply = Reply(chat, self.model)
             parsed = self._parse(body, reply, api.parse_chat if chat else api.parse_completion)
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
                                        reply)
-        except ApiError as error:
-            self.log(f"{path} {error.status} {error.message}")
-            return _error_response(error)
-        except Exception as error:  # a bug of ours: the client gets an error object, the operator the traceback
-            self.log(traceback.format_exc().rstrip())
-            return _error_response(ApiError(500, f"internal error: {error}", "server_error"))
+
+        return await self._answering(request, work)
 
     def _parse(self, body: dict, reply: Reply, parse) -> Parsed | None:
         """The request as parse(body, defaults) reads it (None: nothing to generate), refused here on the

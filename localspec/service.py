@@ -47,6 +47,7 @@ class Request:
     prompt: str | list[int] | None = None
     prediction: str | None = None  # the text the answer is expected to be (OpenAI's Predicted Outputs)
     client: str | None = None  # whose earlier answers it may draft from (serve's API key); None: the one client
+    inputs: list | None = None  # texts (or token id lists) to embed, instead of generating
 
     @property
     def characters(self) -> int:
@@ -67,6 +68,8 @@ class Job:
         self.drafting: DrafterKind | None = None  # the session's mode when the job ran
         self.outcome = "cancelled"  # or "ok", "error"
         self.predicted = 0  # the prediction's tokens
+        self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
+        self.embedded_tokens = 0
         self.seconds = 0.0
         self._cancelled = threading.Event()
 
@@ -149,6 +152,10 @@ class Service:
         job.drafting = session.mode
         try:
             request = job.request
+            if request.inputs is not None:
+                job.embeddings, job.embedded_tokens = session.embed(request.inputs)
+                job.outcome = "ok"
+                return  # (its time is no guide to a generation's: Retry-After's estimate is left alone)
             prediction = session.prediction_tokens(request.prediction) if request.prediction else None
             job.predicted = len(prediction or ())
             if request.client is not None:

@@ -14,7 +14,7 @@ from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .engine import policy
 from .engine import rpc
-from .engine.backend import Context, Model
+from .engine.backend import Context, Embedder, Model
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
@@ -239,6 +239,7 @@ class Session:
             # earlier generations, for auto to draft from: this target's only, in this process's memory only
             self.suffix_drafter = SuffixDrafter(SuffixCache()) if speculation.suffix_cache else None
             self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
+            self._embedder: Embedder | None = None  # made at the first embedding asked for
             self.model_drafter = None
             self.mtp_drafter = None
             if mtp:
@@ -446,6 +447,15 @@ class Session:
             return None
         caches = {id(cache): cache for cache in [self.suffix_drafter.cache, *self._memories.values()] if cache}
         return sum(cache.tokens for cache in caches.values()), sum(cache.nbytes for cache in caches.values())
+
+    def embed(self, inputs: list[str | list[int]]) -> tuple[list[list[float]], int]:
+        """One vector for each input (text, or token ids), the target model reading it whole and pooling
+        it (an embedding context of the session's size is made at the first call), and the tokens read."""
+        tokens = [self.target_model.tokenize(item, True, False) if isinstance(item, str) else self.token_ids(item)
+                  for item in inputs]
+        if self._embedder is None:
+            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._threads))
+        return [self._embedder.embed(each).tolist() for each in tokens], sum(map(len, tokens))
 
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""

@@ -2,7 +2,7 @@
 
 import json
 
-import httpx
+import httpx2 as httpx
 import ollama
 import pytest
 
@@ -63,6 +63,14 @@ def test_format_json_or_a_schema_shapes_the_answer(server):
                                  options={"num_predict": 64})
     assert json.loads(answer.message.content) in ({"ok": True}, {"ok": False})
     assert client(server).generate("tiny", prompt="hi", format="json", options={"num_predict": 4}).response.startswith("{")
+
+
+def test_embed_gives_the_vectors_the_openai_endpoint_gives(server):
+    vectors = client(server).embed("tiny", input=["the cat", "the dog"]).embeddings
+    openai_side = httpx.post(server.url + "/embeddings", json={"input": ["the cat", "the dog"],
+                                                               "encoding_format": "float"}).json()["data"]
+    assert len(vectors) == 2 and all(len(v) == 64 for v in vectors)
+    assert all(abs(a - b) < 1e-6 for v, o in zip(vectors, openai_side) for a, b in zip(v, o["embedding"]))
 
 
 @pytest.mark.parametrize("options, message", [

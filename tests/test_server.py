@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
+import numpy as np
 import openai
 import psutil
 import pytest
@@ -327,12 +328,41 @@ def test_a_constraint_that_cannot_be_used_is_one_400_and_the_server_goes_on(serv
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
 
+def test_embeddings_give_one_unit_vector_an_input_through_the_openai_client(server):
+    # the openai package asks for base64 unless told otherwise, and decodes it
+    answer = server.client().embeddings.create(model="tiny", input=["the cat", "the dog", "the cat"])
+    vectors = [np.array(item.embedding) for item in answer.data]
+    assert [item.index for item in answer.data] == [0, 1, 2] and all(v.shape == (64,) for v in vectors)
+    assert all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in vectors)
+    assert np.allclose(vectors[0], vectors[2], atol=1e-6) and not np.allclose(vectors[0], vectors[1], atol=1e-3)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens > 6
+    floats = httpx.post(server.url + "/embeddings", json={"input": "the cat", "encoding_format": "float"}).json()
+    assert np.allclose(floats["data"][0]["embedding"], vectors[0], atol=1e-6)
+    ids = httpx.post(server.url + "/embeddings", json={"input": [[5, 6, 7]], "encoding_format": "float"}).json()
+    assert len(ids["data"][0]["embedding"]) == 64
+    # generating after embedding is as before
+    assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"input": ""}, "an input to embed is empty"),
+    ({"input": ["a", ""]}, "an input to embed is empty"),
+    ({"input": "a", "dimensions": 8}, "localspec does not shorten them"),
+    ({"input": "abc " * 400}, "raise --ctx-size or shorten it"),
+    ({"input": [[10 ** 9]]}, "token"),
+])
+def test_embedding_mistakes_are_one_400_and_the_server_goes_on(server, body, message):
+    response = httpx.post(server.url + "/embeddings", json=body)
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+    assert httpx.post(server.url + "/embeddings", json={"input": "ok"}).status_code == 200
+
+
 def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(server):
     huge = b'{"prompt": "' + b"a" * (8 * 2**20) + b'"}'
     response = httpx.post(server.url + "/completions", content=huge)
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
     assert httpx.get(server.url + "/chat/completions").status_code == 405
-    missing = httpx.post(server.url + "/embeddings", json={"input": "x"})
+    missing = httpx.post(server.url + "/rerank", json={"input": "x"})
     assert missing.status_code == 404 and "not part of this API" in missing.json()["error"]["message"]
     # the request log shows what clients sent with its control characters escaped
     assert httpx.get(server.base + "/%1b]52;c;cHduZWQ=%07").status_code == 404
