@@ -301,12 +301,9 @@ class Server:
                 raise self._failure(job, first, reply)
             if parsed.stream:
                 streaming = True
-                if answer is not None:
-                    lines = self._ndjson(job, answer, reply, first, outbox, request.url.path, watcher)
-                    return StreamingResponse(lines, media_type="application/x-ndjson")
-                stream = self._stream(job, reply, first, outbox, parsed.include_usage, request.url.path, watcher)
-                return StreamingResponse(stream, media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                frames = _Lines(answer) if answer is not None else _Events(reply, parsed.include_usage)
+                stream = self._stream(job, frames, reply, first, outbox, request.url.path, watcher)
+                return StreamingResponse(stream, media_type=frames.media_type, headers=frames.headers)
             item = first
             while item is not FINISHED:
                 if isinstance(item, LocalspecError):
@@ -329,67 +326,36 @@ class Server:
         return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
                         "server_error", code="cancelled")
 
-    async def _stream(self, job: Job, reply: Reply, first, outbox: asyncio.Queue, include_usage: bool,
-                      path: str, watcher: asyncio.Task) -> AsyncIterator[str]:
-        """Server-sent events: a role chunk, a chunk per piece of text, the finish reason (and usage), [DONE].
-        An error after the first byte can only be said in the stream itself, as llama-server does."""
-        try:
-            if reply.chat:
-                yield _event(reply.chunk(role=True))
-            item = first
-            while item is not FINISHED:
-                if isinstance(item, LocalspecError):
-                    break
-                text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
-                if text:
-                    yield _event(reply.chunk(text))
-                item = await outbox.get()
-            if job.outcome != "ok":
-                error = self._failure(job, item, reply)
-                self.log(f"{path} {error.status} (streamed) {error.message}")
-                yield _event(error.body())
-                return
-            for chunk in reply.last_chunks(job, include_usage):
-                yield _event(chunk)
-            yield "data: [DONE]\n\n"
-            self._log_job(path, job)
-        except asyncio.CancelledError:
-            self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
-            raise
-        except Exception as error:  # a bug of ours, after the first byte: said in the stream
-            self.log(traceback.format_exc().rstrip())
-            yield _event(ApiError(500, f"internal error: {error}", "server_error").body())
-        finally:
-            watcher.cancel()
-            job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
-
-    async def _ndjson(self, job: Job, answer: ollama.Answer, reply: Reply, first, outbox: asyncio.Queue, path: str,
+    async def _stream(self, job: Job, frames: "_Events | _Lines", reply: Reply, first, outbox: asyncio.Queue, path: str,
                       watcher: asyncio.Task) -> AsyncIterator[str]:
-        """Ollama's stream: an object a line per piece of text, then the final one with the statistics; an
-        error after the first byte as an error object on a line of its own."""
+        """The answer as it is made, framed as the client's protocol streams (frames). An error after the
+        first byte can only be said in the stream itself, as llama-server and Ollama do."""
         try:
+            for frame in frames.opening():
+                yield frame
             item = first
             while item is not FINISHED and not isinstance(item, LocalspecError):
                 text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
                 if text:
-                    yield json.dumps(answer.piece(text), ensure_ascii=False) + "\n"
+                    yield frames.piece(text)
                 item = await outbox.get()
             if job.outcome != "ok":
                 error = self._failure(job, item, reply)
                 self.log(f"{path} {error.status} (streamed) {error.message}")
-                yield json.dumps(ollama.body(error)) + "\n"
+                yield frames.error(error)
                 return
-            yield json.dumps(answer.last(job), ensure_ascii=False) + "\n"
+            for frame in frames.closing(job):
+                yield frame
             self._log_job(path, job)
         except asyncio.CancelledError:
             self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
             raise
         except Exception as error:  # a bug of ours, after the first byte: said in the stream
             self.log(traceback.format_exc().rstrip())
-            yield json.dumps({"error": f"internal error: {error}"}) + "\n"
+            yield frames.error(ApiError(500, f"internal error: {error}", "server_error"))
         finally:
             watcher.cancel()
-            job.cancel()
+            job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
 
     def _log_job(self, path: str, job: Job) -> None:
         s = job.recorder.summary()
@@ -540,6 +506,54 @@ async def _cancel_when_gone(request: Request, job: Job) -> None:
 
 def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+# How a protocol streams an answer (_Events, _Lines): what opens it, a piece of text, an error, what closes it.
+
+
+class _Events:
+    """OpenAI's server-sent events: a role chunk (chat), a chunk per piece of text, the finish reason (and
+    the usage), [DONE]."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    def __init__(self, reply: Reply, include_usage: bool):
+        self.reply, self.include_usage = reply, include_usage
+
+    def opening(self) -> list[str]:
+        return [_event(self.reply.chunk(role=True))] if self.reply.chat else []
+
+    def piece(self, text: str) -> str:
+        return _event(self.reply.chunk(text))
+
+    def error(self, error: ApiError) -> str:
+        return _event(error.body())
+
+    def closing(self, job: Job) -> list[str]:
+        return [*map(_event, self.reply.last_chunks(job, self.include_usage)), "data: [DONE]\n\n"]
+
+
+class _Lines:
+    """Ollama's NDJSON: an object a line per piece of text, then the final one with the statistics."""
+
+    media_type = "application/x-ndjson"
+    headers = None
+
+    def __init__(self, answer: ollama.Answer):
+        self.answer = answer
+
+    def opening(self) -> list[str]:
+        return []
+
+    def piece(self, text: str) -> str:
+        return json.dumps(self.answer.piece(text), ensure_ascii=False) + "\n"
+
+    def error(self, error: ApiError) -> str:
+        return json.dumps(ollama.body(error)) + "\n"
+
+    def closing(self, job: Job) -> list[str]:
+        return [json.dumps(self.answer.last(job), ensure_ascii=False) + "\n"]
 
 
 def _error_response(error: ApiError) -> Response:

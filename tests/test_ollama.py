@@ -6,16 +6,8 @@ import httpx2 as httpx
 import ollama
 import pytest
 
-from test_server import PROMPT, ServerProcess, plain_text
-
-
-@pytest.fixture(scope="module")
-def server(tiny, tmp_path_factory):
-    """Greedy, always drafting with a draft model that agrees with the target."""
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--draft", tiny["same"], "--spec",
-                            "fixed", "--p-min", "0", "--temp", "0", "-c", "512", "--alias", "tiny")
-    yield running
-    assert running.stop() == 0, running.log()
+# server: greedy, always drafting with a draft model that agrees with the target (a server of this module's own)
+from test_server import PROMPT, plain_text, server  # noqa: F401
 
 
 def client(server) -> ollama.Client:
