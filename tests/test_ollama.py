@@ -6,8 +6,14 @@ import httpx2 as httpx
 import ollama
 import pytest
 
-# server: greedy, always drafting with a draft model that agrees with the target (a server of this module's own)
-from test_server import PROMPT, plain_text, server  # noqa: F401
+from test_server import PROMPT, drafting_server, plain_text
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    running = drafting_server(tmp_path_factory.mktemp("serve"), tiny)
+    yield running
+    assert running.stop() == 0, running.log()
 
 
 def client(server) -> ollama.Client:

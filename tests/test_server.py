@@ -73,11 +73,15 @@ class ServerProcess:
         return stop(self.process, sig)
 
 
+def drafting_server(home: Path, tiny) -> ServerProcess:
+    """Greedy by default, always drafting with a draft model that agrees with the target."""
+    return ServerProcess(home, tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp",
+                         "0", "-c", "512", "--alias", "tiny")
+
+
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
-    """Greedy by default, always drafting with a draft model that agrees with the target."""
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--draft", tiny["same"], "--spec",
-                            "fixed", "--p-min", "0", "--temp", "0", "-c", "512", "--alias", "tiny")
+    running = drafting_server(tmp_path_factory.mktemp("serve"), tiny)
     yield running
     assert running.stop() == 0, running.log()
 
