@@ -532,14 +532,15 @@ def report(target: str, draft_model: str | None, sampling: Sampling, limits: Lim
            rpc: tuple[str, ...], costs: dict | None, rows: list[dict]) -> dict:
     """What a bench run writes (--json, -o): its settings, the machine, auto's costs and the rows."""
     return {"target": target, "draft": draft_model, "max_tokens": limits.max_tokens,
-            "temperature": sampling.temperature, "mixed": mixed, "machine": hardware.describe(), "rpc": rpc,
+            "temperature": sampling.temperature, "grammar": sampling.grammar, "mixed": mixed, "machine": hardware.describe(), "rpc": rpc,
             "costs": costs, "results": rows, "pooled": pooled(rows)}
 
 
 def title(report: dict) -> str:
     """A plot's title: what ran, how and where."""
     return (f"{report['target']} + {report['draft'] or DrafterKind.NGRAM}, {report['max_tokens']} tokens,"
-            f" temperature {report['temperature']:g}{', mixed' if report['mixed'] else ''}; {report['machine']}")
+            f" temperature {report['temperature']:g}{', under a grammar' if report['grammar'] else ''}"
+            f"{', mixed' if report['mixed'] else ''}; {report['machine']}")
 
 
 def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode], sampling: Sampling,
