@@ -174,6 +174,46 @@ def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: i
             "prompt_eval_count": tokens}
 
 
+class PullBody(_Body):
+    model: str
+    insecure: bool = False
+    stream: bool = True
+
+
+def parse_pull(data: dict) -> PullBody:
+    """What /api/pull asks for: a model by registry name, hf:owner/repo/file.gguf or owner/repo:QUANT."""
+    pull = _validate(PullBody, data)
+    if not pull.model.strip():
+        raise error(400, "model: name the model to pull")
+    return pull
+
+
+class Progress:
+    """A tqdm-shaped bar (what localspec's downloader reports to) that posts Ollama's pull statuses."""
+
+    def __init__(self, post, *, total=None, initial=0, desc="", **_):
+        self.post, self.total, self.completed, self.name = post, total or 0, initial, desc
+        self.step = max(self.total // 100, 1)  # a status a percent, not one per block read
+        self.posted = -self.step
+        self.update(0)
+
+    def update(self, n=1):
+        self.completed += n
+        if self.completed - self.posted >= self.step or self.completed == self.total:
+            self.posted = self.completed
+            self.post({"status": f"pulling {self.name}", "digest": self.name, "total": self.total,
+                       "completed": self.completed})
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 

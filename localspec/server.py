@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api, gguf_meta, net, ollama
+from . import api, download, gguf_meta, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
 from .errors import ContextOverflow, LocalspecError
@@ -67,6 +67,7 @@ class Server:
             Route("/api/show", self.ollama_show, methods=["POST"]),
             Route("/api/chat", self.ollama_chat, methods=["POST"]),
             Route("/api/generate", self.ollama_generate, methods=["POST"]),
+            Route("/api/pull", self.ollama_pull, methods=["POST"]),
         ]
         self.target_info = gguf_meta.read(session.target_model.path)
         not_http = {404: self._not_found, 405: self._not_found}
@@ -159,6 +160,38 @@ class Server:
     async def ollama_show(self, request: Request) -> Response:
         return await self._guarded(request, lambda: JSONResponse(
             ollama.show(self.target_info, self.session.target_model.chat_template())), ollamas=True)
+
+    async def ollama_pull(self, request: Request) -> Response:
+        """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
+        generations go on; streamed as Ollama's statuses. The server goes on serving the model it has."""
+        async def work() -> Response:
+            self._client(request)
+            asked = ollama.parse_pull(await self._body(request))
+            try:
+                wanted = registry.resolve(asked.model)
+            except LocalspecError as error:
+                raise ApiError(404, str(error)) from None
+            loop = asyncio.get_running_loop()
+            statuses: asyncio.Queue = asyncio.Queue()
+
+            def post(status: dict) -> None:  # on the download's thread
+                loop.call_soon_threadsafe(statuses.put_nowait, status)
+
+            def fetch() -> None:
+                post({"status": "pulling manifest"})
+                download.locate(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
+                post({"status": "verifying sha256 digest"})
+
+            fetching = asyncio.ensure_future(asyncio.to_thread(fetch))
+            if not asked.stream:
+                try:
+                    await fetching
+                except LocalspecError as error:
+                    raise ApiError(500, str(error)) from None
+                return JSONResponse({"status": "success"})
+            return StreamingResponse(_pulled(fetching, statuses, self.log), media_type="application/x-ndjson")
+
+        return await self._answering(request, work, ollamas=True)
 
     async def ollama_chat(self, request: Request) -> Response:
         return await self._ollama_generate(request, chat=True)
@@ -502,6 +535,24 @@ async def _cancel_when_gone(request: Request, job: Job) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     job.cancel()
+
+
+async def _pulled(fetching: asyncio.Future, statuses: asyncio.Queue, log) -> AsyncIterator[str]:
+    """A pull's statuses as they come, then success, or the error that ended it."""
+    while True:
+        waiting = asyncio.ensure_future(statuses.get())
+        await asyncio.wait({waiting, fetching}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            yield json.dumps(waiting.result()) + "\n"
+            continue
+        waiting.cancel()
+        while not statuses.empty():  # posted before the thread returned: all in the queue by now
+            yield json.dumps(statuses.get_nowait()) + "\n"
+        failure = fetching.exception()
+        if failure is not None and not isinstance(failure, LocalspecError):
+            log("".join(traceback.format_exception(failure)).rstrip())
+        yield json.dumps({"error": str(failure)} if failure else {"status": "success"}) + "\n"
+        return
 
 
 def _event(data: dict) -> str:

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 
-def localspec_process(home: Path, *args, **popen) -> subprocess.Popen:
-    """`localspec ARGS` started in the background with LOCALSPEC_HOME=home and no debug mode."""
-    env = {**os.environ, "LOCALSPEC_HOME": str(home)}
+def localspec_process(home: Path, *args, env: dict | None = None, **popen) -> subprocess.Popen:
+    """`localspec ARGS` started in the background with LOCALSPEC_HOME=home and no debug mode, in env
+    (default: this process's environment)."""
+    env = {**(os.environ if env is None else env), "LOCALSPEC_HOME": str(home)}
     for name in ("LOCALSPEC_DEBUG", "LOCALSPEC_API_KEY"):
         env.pop(name, None)
     return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], env=env, **popen)

@@ -474,3 +474,26 @@ def test_a_package_index_fetch_keeps_pip_quiet_whatever_sys_stderr_is(tiny, tmp_
     assert "\n" not in message and "WARNING" not in message, message
     assert message == "pip could not download tiny-absent==1.0: No matching distribution found for tiny-absent==1.0"
     assert sys.stderr.getvalue() == "" and capfd.readouterr() == ("", "")
+
+
+def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_env, home, tiny):
+    import httpx2 as httpx
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", env=hub_env)
+    try:
+        with httpx.stream("POST", server.base + "/api/pull", json={"model": "tiny-draft"}, timeout=120) as response:
+            statuses = [json.loads(line) for line in response.iter_lines() if line]
+        assert statuses[0] == {"status": "pulling manifest"} and statuses[-1] == {"status": "success"}, statuses
+        size = tiny["partial"].stat().st_size
+        progress = [status for status in statuses if "completed" in status]
+        assert progress[-1]["completed"] == progress[-1]["total"] == size and len(progress) <= 102
+        assert [path.stat().st_size for path in home.rglob("partial.gguf")] == [size]
+        again = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
+        assert again.json() == {"status": "success"}  # already there: nothing fetched
+        unknown = httpx.post(server.base + "/api/pull", json={"model": "no-such-model", "stream": False})
+        assert unknown.status_code == 404 and "no-such-model" in unknown.json()["error"]
+        assert httpx.post(server.base + "/api/generate", json={"model": "x", "prompt": "a", "stream": False,
+                                                               "options": {"num_predict": 2}}).json()["done"]
+    finally:
+        assert server.stop() == 0, server.log()
