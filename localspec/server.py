@@ -408,8 +408,8 @@ class Server:
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
         server = _Uvicorn(config, on_exit=self.service.cancel_all)
-        print(f"localspec: serving {self.model} on {net.url(*listener.getsockname()[:2])} (OpenAI API; Ctrl-C stops)",
-              flush=True)
+        print(f"localspec: serving {self.model} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
+              " /api; Ctrl-C stops)", flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
         try:

@@ -353,7 +353,8 @@ def bench(
         "  localspec serve qwen2.5-coder-1.5b --draft 0.5b\n\n"
         "  localspec serve llama3.1-8b --draft auto --port 8000 --temp 0.7\n\n"
         "  LOCALSPEC_API_KEY=secret localspec serve ./model.gguf --host 0.0.0.0\n\n"
-        "Then point any OpenAI client at http://127.0.0.1:8080/v1 (the key: any text, or the one given)."
+        "Then point any OpenAI client at http://127.0.0.1:8080/v1 (the key: any text, or the one given), or an"
+        " Ollama client (Open WebUI, Continue, the ollama package) at http://127.0.0.1:8080."
     )
 )
 @with_options(*GENERATION_OPTIONS, max_tokens=-1)
@@ -387,10 +388,11 @@ def serve(
         " pages served from this machine (localhost, 127.0.0.1, [::1], any port), which always may; repeat"
         " for more, or * for any page. An --api-key is still asked of each request.")] = None,
 ):
-    """Serve the model over an OpenAI-compatible HTTP API, with speculation statistics in every response.
+    """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
-    POST /v1/chat/completions and /v1/completions (streamed with "stream": true), GET /v1/models, /health and
-    /metrics (Prometheus). One generation runs at a time and the rest wait in arrival order; each response
+    POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings, GET /v1/models,
+    /health and /metrics (Prometheus); Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags,
+    /api/ps, /api/show and /api/version. One generation runs at a time and the rest wait in arrival order; each response
     carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
     are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
     """
