@@ -71,10 +71,6 @@ class GenerateBody(_Generation):
     context: list | None = None
 
 
-def error(status: int, message: str) -> ApiError:
-    return ApiError(status, message)
-
-
 def body(error: ApiError) -> dict:
     """Ollama's error object."""
     return {"error": error.message}
@@ -86,22 +82,22 @@ def _validate(model: type[BaseModel], data: dict):
     except ValidationError as failure:
         first = failure.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise error(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
+        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
 
 
 def parse_chat(data: dict, defaults: Defaults) -> Parsed:
     chat = _validate(ChatBody, data)
     if chat.tools:
-        raise error(400, "tools are not supported by localspec yet")
+        raise ApiError(400, "tools are not supported by localspec yet")
     if not chat.messages:
-        raise error(400, "messages is empty: a chat needs at least one message")
+        raise ApiError(400, "messages is empty: a chat needs at least one message")
     messages = []
     for index, message in enumerate(chat.messages):
         if message.role not in ROLES:
-            raise error(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user"
+            raise ApiError(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user"
                              " or assistant")
         if message.images:
-            raise error(400, f"messages.{index}.images: images are not supported by localspec")
+            raise ApiError(400, f"messages.{index}.images: images are not supported by localspec")
         messages.append({"role": message.role, "content": message.content})
     return _parsed(chat, defaults, messages=messages)
 
@@ -111,7 +107,7 @@ def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
     generate = _validate(GenerateBody, data)
     for name in ("images", "suffix", "context"):
         if getattr(generate, name):
-            raise error(400, f"{name} is not supported by localspec")
+            raise ApiError(400, f"{name} is not supported by localspec")
     if not generate.prompt:
         return None
     if generate.raw:
@@ -124,19 +120,19 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     options = request.options or Options()
     for name, value in (options.model_extra or {}).items():
         if name in NEUTRAL_OPTIONS and value not in NEUTRAL_OPTIONS[name]:
-            raise error(400, f"options.{name} is not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
+            raise ApiError(400, f"options.{name} is not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
         if name not in NEUTRAL_OPTIONS and name not in SET_AT_START:
-            raise error(400, f"options.{name} is not an option localspec knows")
+            raise ApiError(400, f"options.{name} is not an option localspec knows")
     predict = options.num_predict
     if predict is not None and (predict == 0 or predict < -2):
-        raise error(400, f"options.num_predict must be a positive count, -1 or -2, got {predict}")
+        raise ApiError(400, f"options.num_predict must be a positive count, -1 or -2, got {predict}")
     try:
         sampling, limits = overridden(
             defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
             top_p=options.top_p, min_p=options.min_p, seed=options.seed, stop=options.stop,
             max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
     except (UsageError, InputError) as failure:
-        raise error(400, str(failure)) from None
+        raise ApiError(400, str(failure)) from None
     if predict is not None and predict < 0:
         limits = replace(limits, max_tokens=None)
     return Parsed(Request(sampling, limits, **what), request.stream, False)
@@ -149,7 +145,7 @@ def _grammar(form: str | dict | None) -> str | None:
         return output_grammar(any_object=True)
     if isinstance(form, dict):
         return output_grammar(schema=form)
-    raise error(400, f"format must be \"json\" or a JSON schema, got {json.dumps(form)}")
+    raise ApiError(400, f"format must be \"json\" or a JSON schema, got {json.dumps(form)}")
 
 
 class EmbedBody(_Body):
@@ -164,7 +160,7 @@ def parse_embed(data: dict) -> list[str]:
     embed = _validate(EmbedBody, data)
     inputs = [embed.input] if isinstance(embed.input, str) else embed.input
     if not inputs or any(not text for text in inputs):
-        raise error(400, "input: an input to embed is empty")
+        raise ApiError(400, "input: an input to embed is empty")
     return inputs
 
 
@@ -184,7 +180,7 @@ def parse_pull(data: dict) -> PullBody:
     """What /api/pull asks for: a model by registry name, hf:owner/repo/file.gguf or owner/repo:QUANT."""
     pull = _validate(PullBody, data)
     if not pull.model.strip():
-        raise error(400, "model: name the model to pull")
+        raise ApiError(400, "model: name the model to pull")
     return pull
 
 
