@@ -268,11 +268,12 @@ def _grammar(request: _Common) -> str | None:
                                       ("json_schema", request.json_schema)) if value is not None]
     if len(given) > 1:
         raise ApiError(400, f"{' and '.join(given)} each constrain the output; give one", param=given[1])
-    if form is not None and form.type == "json_schema" and (form.json_schema is None or form.json_schema.schema_ is None):
-        raise ApiError(400, "response_format.json_schema.schema is missing: the schema the output must follow",
-                       param="response_format.json_schema.schema")
-    schema = request.json_schema if request.json_schema is not None else form.json_schema.schema_ if (
-        form is not None and form.type == "json_schema") else None
+    schema = request.json_schema
+    if form is not None and form.type == "json_schema":
+        if form.json_schema is None or form.json_schema.schema_ is None:
+            raise ApiError(400, "response_format.json_schema.schema is missing: the schema the output must follow",
+                           param="response_format.json_schema.schema")
+        schema = form.json_schema.schema_
     try:
         return output_grammar(request.grammar, schema, any_object=form is not None and form.type == "json_object")
     except InputError as error:

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api, download, gguf_meta, net, ollama, registry
+from . import api, download, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
 from .errors import ContextOverflow, LocalspecError
@@ -69,7 +69,6 @@ class Server:
             Route("/api/generate", self.ollama_generate, methods=["POST"]),
             Route("/api/pull", self.ollama_pull, methods=["POST"]),
         ]
-        self.target_info = gguf_meta.read(session.target_model.path)
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=routes, exception_handlers=not_http, middleware=[_cross_origin(serving)])
         self.created = int(time.time())
@@ -151,15 +150,16 @@ class Server:
         return JSONResponse(ollama.version())
 
     async def ollama_tags(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(ollama.tags(self.model, self.target_info)), ollamas=True)
+        info = self.session.target_info
+        return await self._guarded(request, lambda: JSONResponse(ollama.tags(self.model, info)), ollamas=True)
 
     async def ollama_ps(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(ollama.running(self.model, self.target_info)),
-                                   ollamas=True)
+        info = self.session.target_info
+        return await self._guarded(request, lambda: JSONResponse(ollama.running(self.model, info)), ollamas=True)
 
     async def ollama_show(self, request: Request) -> Response:
         return await self._guarded(request, lambda: JSONResponse(
-            ollama.show(self.target_info, self.session.target_model.chat_template())), ollamas=True)
+            ollama.show(self.session.target_info, self.session.target_model.chat_template())), ollamas=True)
 
     async def ollama_pull(self, request: Request) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that

@@ -502,6 +502,11 @@ class Session:
                     self.target_model.n_vocab)
 
     @property
+    def target_info(self) -> GGUFInfo:
+        """The target's GGUF header, as read when the session was placed."""
+        return self.plan.models[0]
+
+    @property
     def busy_seconds(self) -> float:
         """Seconds this session's contexts (the target's, the draft model's, the MTP block's) have spent
         inside llama_decode: what the host's share of a step is measured against."""

@@ -184,6 +184,8 @@ def test_replies_known_before_are_not_generated_again(session):
 
 
 def test_a_prompts_prediction_drafts_in_every_mode_but_plain(session):
+    session.use("ngram")  # a mode named as text (chat's /draft, the library) is the kind itself
+    assert session.mode is DrafterKind.NGRAM and session.draft_limit == DrafterKind.NGRAM.default_draft_max
     session.use("plain")
     text = record(session.generate(session.chat_tokens(ask("the cat sat")), Sampling(temperature=0),
                                    Limits(max_tokens=24))).text

@@ -61,6 +61,8 @@ def test_format_json_or_a_schema_shapes_the_answer(server):
                                  options={"num_predict": 64})
     assert json.loads(answer.message.content) in ({"ok": True}, {"ok": False})
     assert client(server).generate("tiny", prompt="hi", format="json", options={"num_predict": 4}).response.startswith("{")
+    yaml = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi", "format": "yaml"})
+    assert yaml.status_code == 400 and "format must be" in yaml.json()["error"]
 
 
 def test_embed_gives_the_vectors_the_openai_endpoint_gives(server):
