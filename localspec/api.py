@@ -8,6 +8,7 @@ and kept, by position, and what the output is guaranteed to match.
 """
 
 import base64
+import json
 import struct
 import time
 import uuid
@@ -20,6 +21,7 @@ from .config import DrafterKind, Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .service import Busy, Closing, Job, Request
 from .session import ROLES, output_grammar
+from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -100,9 +102,43 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchema | None = None
 
 
+class Function(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: bool | None = None  # enforced either way: the grammar admits only the schema
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class Called(_Strict):
+    name: str
+    arguments: str  # JSON text
+
+
+class CalledTool(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: Called
+
+
+class ChosenFunction(_Strict):
+    name: str
+
+
+class ToolChoice(_Strict):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
 class Message(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[CalledTool] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # the call a tool message answers
 
 
 class _Common(_Strict):
@@ -126,6 +162,9 @@ class _Common(_Strict):
 class ChatRequest(_Common):
     messages: list[Message]
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common):
@@ -186,7 +225,31 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
     if not chat.messages:
         raise ApiError(400, "messages is empty: a conversation needs at least one message", param="messages")
     messages = [_message(m, i) for i, m in enumerate(chat.messages)]
-    return _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages)
+    _name_the_calls_answered(messages)
+    return _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
+                   tools=_tools(chat))
+
+
+def _tools(chat: ChatRequest) -> Tools | None:
+    if not chat.tools:
+        if chat.tool_choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice asks for a tool call, but the request offers no tools", param="tool_choice")
+        return None
+    choice = chat.tool_choice or "auto"
+    try:
+        return Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools),
+                     choice if isinstance(choice, str) else choice.function.name, chat.parallel_tool_calls is not False)
+    except InputError as error:
+        raise ApiError(400, str(error), param="tools" if "same name" in str(error) else "tool_choice") from None
+
+
+def _name_the_calls_answered(messages: list[dict]) -> None:
+    """A tool message's `name`, from the call it answers: some templates write it (OpenAI's clients
+    send only the call's id)."""
+    names = {call["id"]: call["function"]["name"] for m in messages for call in m.get("tool_calls", ())}
+    for message in messages:
+        if message["role"] == "tool" and message.get("tool_call_id") in names:
+            message.setdefault("name", names[message["tool_call_id"]])
 
 
 def parse_completion(body: dict, defaults: Defaults) -> Parsed:
@@ -216,19 +279,45 @@ def _validate(model: type[BaseModel], body: dict):
 
 
 def _message(message: Message, index: int) -> dict:
+    """A message as chat templates take it; an earlier call's arguments as the object they are (the
+    templates write them with `tojson`)."""
     where = f"messages.{index}"
     role = {"developer": "system"}.get(message.role, message.role)
-    if role not in ROLES:
-        raise ApiError(400, f"{where}.role: {message.role!r} messages are not supported (localspec calls no tools);"
-                       " use system, developer, user or assistant", param=f"{where}.role")
+    if role not in (*ROLES, "tool"):
+        raise ApiError(400, f"{where}.role: {message.role!r} messages are not supported; use system, developer,"
+                       " user, assistant or tool", param=f"{where}.role")
     content = message.content
     if isinstance(content, list):
         content = _text(content, f"{where}.content", "\n")
     if content is None:
-        if role != "assistant" or message.model_extra and message.model_extra.get("tool_calls"):
+        if role != "assistant":
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         content = ""
-    return {"role": role, "content": content}
+    out = {"role": role, "content": content}
+    if message.tool_calls:
+        if role != "assistant":
+            raise ApiError(400, f"{where}.tool_calls: only an assistant's message makes tool calls",
+                           param=f"{where}.tool_calls")
+        out["tool_calls"] = [{"id": call.id, "type": "function",
+                              "function": {"name": call.function.name,
+                                           "arguments": _arguments(call.function.arguments, f"{where}.tool_calls.{i}")}}
+                             for i, call in enumerate(message.tool_calls)]
+    if role == "tool":
+        if message.tool_call_id is None:
+            raise ApiError(400, f"{where}.tool_call_id is missing: which call this answers",
+                           param=f"{where}.tool_call_id")
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _arguments(text: str, where: str) -> dict:
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"{where}.function.arguments: not a JSON object", param=f"{where}.function.arguments")
+    return arguments
 
 
 def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
@@ -296,30 +385,72 @@ class Reply:
 
     def full(self, job: Job) -> dict:
         recorder = job.recorder
-        finish = FINISH_REASONS[recorder.finish_reason]
+        content, calls = answer_of(job)
+        finish = "tool_calls" if calls else FINISH_REASONS[recorder.finish_reason]
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": recorder.text}, "logprobs": None,
-                      "finish_reason": finish}
+            message = {"role": "assistant", "content": content or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = [_called(call) for call in calls]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": recorder.text, "logprobs": None, "finish_reason": finish}
         return self._envelope(False, [choice]) | statistics(job, usage=True)
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict:
-        """One piece of the stream: a role (the first chunk of a chat), text, or the finish reason."""
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
+              call: ToolCall | None = None, index: int = 0) -> dict:
+        """One piece of the stream: a role (the first chunk of a chat), text, a tool call (the index-th), or
+        the finish reason."""
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if call is not None:
+                delta = {"tool_calls": [{"index": index, **_called(call)}]}
+            else:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._envelope(True, [choice])
 
-    def last_chunks(self, job: Job, include_usage: bool) -> list[dict]:
+    def last_chunks(self, job: Job, include_usage: bool, called: bool = False) -> list[dict]:
         """The finish reason, then the usage if asked for; the last one carries timings and speculation."""
-        chunks = [self.chunk(finish_reason=FINISH_REASONS[job.recorder.finish_reason])]
+        finish = "tool_calls" if called else FINISH_REASONS[job.recorder.finish_reason]
+        chunks = [self.chunk(finish_reason=finish)]
         if include_usage:
             chunks.append(self._envelope(True, []))
         chunks[-1] |= statistics(job, usage=include_usage)
         return chunks
+
+
+def _called(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_reader(job: Job) -> ToolStream | None:
+    """What reads the answer's tool calls as it streams, where the model was offered tools to call."""
+    tools = job.request.tools
+    if not tools or tools.choice == "none" or not job.tool_format:
+        return None
+    return ToolStream(job.tool_format, required=tools.choice != "auto")
+
+
+def answer_of(job: Job) -> tuple[str, list[ToolCall]]:
+    """A whole answer's content and the tool calls it makes."""
+    reader = tool_reader(job)
+    if reader is None:
+        return job.recorder.text, []
+    try:
+        pieces = reader.feed(job.recorder.text) + reader.end()
+    except InputError as error:
+        raise tool_call_error(job, error) from None
+    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, ToolCall)]
+
+
+def tool_call_error(job: Job, error: InputError) -> ApiError:
+    """The answer's calls could not be read: one cut off (by max_tokens, a stop string or a full context),
+    or, outside the grammar, one the model got wrong."""
+    if isinstance(error, UnfinishedCall):
+        return ApiError(400, f"{error} ({job.recorder.tokens} tokens, finish reason {job.recorder.finish_reason});"
+                        " raise max_tokens", code="tool_call_unfinished")
+    return ApiError(500, str(error), "server_error", code="tool_call_invalid")
 
 
 def statistics(job: Job, usage: bool) -> dict:

@@ -23,6 +23,7 @@ unsafe; a verdict cached per template cannot cover messages the test render neve
 operands in the sandbox's own hooks bounds every render, costs microseconds, and works on every OS.
 """
 
+import json
 import re
 import string
 from contextvars import ContextVar
@@ -262,6 +263,12 @@ def _filter_size(name: str, value, args: tuple, kwargs: dict) -> int | None:
     return None
 
 
+def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False) -> str:
+    """JSON as Hugging Face's renderer writes it, which the models were trained on: `<`, `>`, `&` and `'` as
+    they are (Jinja's own filter escapes them for HTML, so tool definitions would read `\\u003c`)."""
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+
+
 class _Bounds(NodeTransformer):
     """Routes every loop and every `~` through the budget (by environment attributes, which no
     template can name or replace)."""
@@ -286,6 +293,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         # lipsum(n, min, max) writes n * max words and pprint indents by nesting depth squared; no chat
         # template uses either
         del self.globals["lipsum"]
+        self.filters["tojson"] = _tojson
         self.filters = {name: self._budgeted(name, f) for name, f in self.filters.items() if name != "pprint"}
 
     def _parse(self, source, name, filename):
@@ -379,15 +387,18 @@ def _compiled(template: str) -> jinja2.Template:
     return _ENVIRONMENT.from_string(template)
 
 
-def render(template: str, messages: list[dict], bos_token: str, eos_token: str) -> str:
+def render(template: str, messages: list[dict], bos_token: str, eos_token: str, tools: list[dict] | None = None) -> str:
+    """The conversation (and the tools it may call, OpenAI's definitions) as the template writes it,
+    ready for the assistant's turn."""
     if len(template) > MAX_SOURCE:
         raise InputError(f"the model's chat template is {len(template):,} characters (at most {MAX_SOURCE:,});"
                          " pass --raw to send the prompt as is")
     token = _budget.set(_Budget())
     try:
         pieces, length = [], 0
+        extra = {"tools": tools} if tools else {}  # templates ask `if tools`, some `tools is defined`
         for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
-                                                  bos_token=bos_token, eos_token=eos_token):
+                                                  bos_token=bos_token, eos_token=eos_token, **extra):
             length += len(piece)
             if length > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it wrote more than {MAX_TEXT:,} characters")
@@ -409,16 +420,16 @@ _STAND_IN_FOUND = re.compile("\u2063(\\d+)\u2063")
 
 
 def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token: str,
-                  literal: set[int]) -> list[tuple[str, bool]]:
+                  literal: set[int], tools: list[dict] | None = None) -> list[tuple[str, bool]]:
     """The rendered conversation as (text, is_message_text) pieces, where the text of each message
     numbered in `literal` is a piece of its own: what a user wrote can then be tokenized as text, and
     only the template's own text may spell control tokens. Templates that trim a message are
     followed; one that rewrites a literal message otherwise is refused."""
-    text = render(template, messages, bos_token, eos_token)
+    text = render(template, messages, bos_token, eos_token, tools)
     if not literal:
         return [(text, False)]
     stand_ins = [dict(m, content=_STAND_IN.format(i)) if i in literal else m for i, m in enumerate(messages)]
-    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token))
+    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token, tools))
     # odd parts name a message; one that names no literal message came from other text, not a stand-in
     if all(int(part) in literal for part in skeleton[1::2]):
         for shown in (str, str.strip):

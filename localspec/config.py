@@ -26,6 +26,10 @@ class Sampling:
     # GBNF (llama.cpp's grammar format) the output must follow: the target chooses only among the
     # tokens it admits (engine/grammar.py makes it from a JSON schema too)
     grammar: str | None = None
+    # Regular expressions (llama.cpp's lazy grammar): the grammar waits until the output matches one,
+    # then holds from the match's first group (or the match) on; empty: it holds from the first token.
+    # A tool call is constrained this way once the model starts one, its free text before left alone.
+    grammar_triggers: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"

@@ -11,12 +11,13 @@ from datetime import datetime, timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
-from .api import ApiError, Defaults, Parsed, speculation
+from .api import ApiError, Defaults, Parsed, Tool, speculation
 from .config import overridden
 from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
 from .service import Job, Request
 from .session import ROLES, output_grammar
+from .tool_calls import ToolCall, Tools
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -43,10 +44,21 @@ class Options(_Body):
     stop: list[str] | str | None = None
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: dict = Field(default_factory=dict)
+
+
+class Called(_Body):
+    function: CalledFunction
+
+
 class Message(_Body):
     role: str
     content: str = ""
     images: list | None = None
+    tool_calls: list[Called] | None = None  # an assistant's earlier calls
+    tool_name: str | None = None  # the tool whose result a tool message is
 
 
 class _Generation(_Body):
@@ -59,7 +71,7 @@ class _Generation(_Body):
 
 class ChatBody(_Generation):
     messages: list[Message] = Field(default_factory=list)
-    tools: list | None = None
+    tools: list[Tool] | None = None
 
 
 class GenerateBody(_Generation):
@@ -87,19 +99,23 @@ def _validate(model: type[BaseModel], data: dict):
 
 def parse_chat(data: dict, defaults: Defaults) -> Parsed:
     chat = _validate(ChatBody, data)
-    if chat.tools:
-        raise ApiError(400, "tools are not supported by localspec yet")
     if not chat.messages:
         raise ApiError(400, "messages is empty: a chat needs at least one message")
     messages = []
     for index, message in enumerate(chat.messages):
-        if message.role not in ROLES:
-            raise ApiError(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user"
-                             " or assistant")
+        if message.role not in (*ROLES, "tool"):
+            raise ApiError(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user,"
+                             " assistant or tool")
         if message.images:
             raise ApiError(400, f"messages.{index}.images: images are not supported by localspec")
         messages.append({"role": message.role, "content": message.content})
-    return _parsed(chat, defaults, messages=messages)
+        if message.tool_calls:
+            messages[-1]["tool_calls"] = [{"type": "function", "function": call.function.model_dump()}
+                                          for call in message.tool_calls]
+        if message.tool_name:
+            messages[-1]["name"] = message.tool_name
+    tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
+    return _parsed(chat, defaults, messages=messages, tools=tools)
 
 
 def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
@@ -215,15 +231,22 @@ class Answer:
         self.chat, self.model = chat, model
         self.started = time.perf_counter_ns()
 
-    def piece(self, text: str, done: bool = False) -> dict:
-        content = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
+    def piece(self, text: str, done: bool = False, calls: list[ToolCall] = ()) -> dict:
+        """An object of the answer: text, and the tool calls it makes (their arguments as objects, as Ollama's are)."""
+        if self.chat:
+            content = {"message": {"role": "assistant", "content": text}}
+            if calls:
+                content["message"]["tool_calls"] = [{"function": {"name": call.name, "arguments": call.argument_values}}
+                                                    for call in calls]
+        else:
+            content = {"response": text}
         return {"model": self.model, "created_at": _now(), **content, "done": done}
 
-    def last(self, job: Job, text: str = "") -> dict:
+    def last(self, job: Job, text: str = "", calls: list[ToolCall] = ()) -> dict:
         """The final object: done, why, and the durations and counts Ollama gives, with localspec's record."""
         r = job.recorder
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
-        return self.piece(text, done=True) | {
+        return self.piece(text, done=True, calls=calls) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,

@@ -31,11 +31,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from . import api, download, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
-from .errors import ContextOverflow, LocalspecError
+from .errors import ContextOverflow, InputError, LocalspecError
 from .events import Done, Token
 from .service import FINISHED, Job, Service
 from .service import Request as ServiceRequest  # (starlette's Request is the HTTP one)
 from .session import Session
+from .tool_calls import ToolCall
 
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
 FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
@@ -345,7 +346,7 @@ class Server:
             if job.outcome != "ok":
                 raise self._failure(job, item, reply)
             self._log_job(request.url.path, job)
-            return JSONResponse(reply.full(job) if answer is None else answer.last(job, job.recorder.text))
+            return JSONResponse(reply.full(job) if answer is None else answer.last(job, *api.answer_of(job)))
         finally:
             if not streaming:  # else the stream ends the watcher and the job
                 watcher.cancel()
@@ -363,23 +364,42 @@ class Server:
                       watcher: asyncio.Task) -> AsyncIterator[str]:
         """The answer as it is made, framed as the client's protocol streams (frames). An error after the
         first byte can only be said in the stream itself, as llama-server and Ollama do."""
+        reader, calls = None, 0
+
+        def framed(pieces: list) -> list[str]:  # content, or the answer's tool calls
+            nonlocal calls
+            out = []
+            for piece in pieces:
+                out.append(frames.piece(piece) if isinstance(piece, str) else frames.call(piece, calls))
+                calls += not isinstance(piece, str)
+            return out
+
         try:
             for frame in frames.opening():
                 yield frame
             item = first
+            reader = api.tool_reader(job)  # (the worker has read the request's tools by its first event)
             while item is not FINISHED and not isinstance(item, LocalspecError):
                 text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
                 if text:
-                    yield frames.piece(text)
+                    for frame in framed(reader.feed(text) if reader else [text]):
+                        yield frame
                 item = await outbox.get()
             if job.outcome != "ok":
                 error = self._failure(job, item, reply)
                 self.log(f"{path} {error.status} (streamed) {error.message}")
                 yield frames.error(error)
                 return
-            for frame in frames.closing(job):
+            if reader:
+                for frame in framed(reader.end()):
+                    yield frame
+            for frame in frames.closing(job, called=calls > 0):
                 yield frame
             self._log_job(path, job)
+        except InputError as error:  # the answer's tool calls could not be read
+            failure = api.tool_call_error(job, error)
+            self.log(f"{path} {failure.status} (streamed) {failure.message}")
+            yield frames.error(failure)
         except asyncio.CancelledError:
             self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
             raise
@@ -578,11 +598,14 @@ class _Events:
     def piece(self, text: str) -> str:
         return _event(self.reply.chunk(text))
 
+    def call(self, call: ToolCall, index: int) -> str:
+        return _event(self.reply.chunk(call=call, index=index))
+
     def error(self, error: ApiError) -> str:
         return _event(error.body())
 
-    def closing(self, job: Job) -> list[str]:
-        return [*map(_event, self.reply.last_chunks(job, self.include_usage)), "data: [DONE]\n\n"]
+    def closing(self, job: Job, called: bool) -> list[str]:
+        return [*map(_event, self.reply.last_chunks(job, self.include_usage, called)), "data: [DONE]\n\n"]
 
 
 class _Lines:
@@ -600,10 +623,13 @@ class _Lines:
     def piece(self, text: str) -> str:
         return json.dumps(self.answer.piece(text), ensure_ascii=False) + "\n"
 
+    def call(self, call: ToolCall, index: int) -> str:
+        return json.dumps(self.answer.piece("", calls=[call]), ensure_ascii=False) + "\n"
+
     def error(self, error: ApiError) -> str:
         return json.dumps(ollama.body(error)) + "\n"
 
-    def closing(self, job: Job) -> list[str]:
+    def closing(self, job: Job, called: bool) -> list[str]:
         return [json.dumps(self.answer.last(job), ensure_ascii=False) + "\n"]
 
 

@@ -19,6 +19,7 @@ from .config import DrafterKind, Limits, Sampling
 from .errors import EngineError, InputError, LocalspecError, UsageError
 from .session import Session
 from .stats import Recorder
+from .tool_calls import ToolFormat, Tools
 
 # What a job delivers after its last event or its error: nothing more will come.
 FINISHED = "finished"
@@ -48,6 +49,7 @@ class Request:
     prediction: str | None = None  # the text the answer is expected to be (OpenAI's Predicted Outputs)
     client: str | None = None  # whose earlier answers it may draft from (serve's API key); None: the one client
     inputs: list | None = None  # texts (or token id lists) to embed, instead of generating
+    tools: Tools | None = None  # the tools a conversation's answer may call
 
     @property
     def characters(self) -> int:
@@ -66,6 +68,7 @@ class Job:
         self.deliver = deliver
         self.recorder = Recorder()
         self.drafting: DrafterKind | None = None  # the session's mode when the job ran
+        self.tool_format: ToolFormat | None = None  # the form the model writes tool calls in, if offered tools
         self.outcome = "cancelled"  # or "ok", "error"
         self.predicted = 0  # the prediction's tokens
         self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
@@ -160,7 +163,10 @@ class Service:
             job.predicted = len(prediction or ())
             if request.client is not None:
                 session.remember_as(request.client)
-            events = session.generate(self._tokens(request), request.sampling, request.limits, prediction)
+            sampling = request.sampling
+            if request.tools is not None:
+                sampling, job.tool_format = session.with_tools(sampling, request.tools)
+            events = session.generate(self._tokens(request), sampling, request.limits, prediction)
             try:
                 for event in events:
                     job.recorder.add(event)
@@ -192,7 +198,7 @@ class Service:
     def _tokens(self, request: Request) -> list[int]:
         session = self.session
         if request.messages is not None:
-            return session.chat_tokens(request.messages)
+            return session.chat_tokens(request.messages, request.tools)
         if isinstance(request.prompt, str):
             return session.tokenize(request.prompt, raw=True)
         return session.token_ids(request.prompt)

@@ -4,6 +4,7 @@ A Session owns the llama.cpp objects for one target (and draft) and can run
 many generations on them; the caller iterates events and never touches the engine.
 """
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass, fields, replace
@@ -24,6 +25,7 @@ from .events import Done, Event, Prefill, Token
 from .gguf_meta import GGUFInfo
 from .placement import Placement
 from .stats import Recorder, Summary, record
+from .tool_calls import ToolFormat, Tools, constraint, tool_format
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -34,6 +36,8 @@ FALLBACK_TEMPLATE = (
 # The roles a conversation may hold. A template writes the role into the prompt as control-token text
 # (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
 ROLES = ("system", "user", "assistant")
+# What a message may carry about tools beside its content (OpenAI's names): written into the prompt as text
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 
 
 def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
@@ -359,20 +363,32 @@ class Session:
             return self.target_model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
-        """A conversation, rendered with the model's chat template, ready for the assistant's turn.
+    def chat_tokens(self, messages: list[dict], tools: Tools | None = None) -> list[int]:
+        """A conversation, rendered with the model's chat template, ready for the assistant's turn, with
+        the tools it may call.
 
         Only the template's own text is read for control tokens: a message that spells one (a pasted
-        `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn."""
+        `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn. Tool
+        definitions and earlier calls are written by the template as JSON: one that spells a control
+        token is refused."""
         model = self.target_model
         template = model.chat_template() or FALLBACK_TEMPLATE
         bos, eos = model.special_text("bos"), model.special_text("eos")
         text = "".join(str(m.get("content") or "") for m in messages)
         self.refuse_what_cannot_fit(len(text), len(messages))
         self._refuse_by_its_head(text)
+
+        def spells_control_tokens(text: str) -> bool:
+            return model.tokenize(text, False, True) != model.tokenize(text, False, False)
+
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
-                   and model.tokenize(m["content"], False, True) != model.tokenize(m["content"], False, False)}
-        pieces = render_pieces(template, messages, bos, eos, literal)
+                   and spells_control_tokens(m["content"])}
+        about_tools = [list(tools.definitions) if tools else [],
+                       [[m.get(key) for key in TOOL_FIELDS] for m in messages if any(key in m for key in TOOL_FIELDS)]]
+        if any(about_tools) and spells_control_tokens(json.dumps(about_tools, ensure_ascii=False)):
+            raise InputError("a tool definition or tool call contains the text of a control token, which the chat"
+                             " template would write as one")
+        pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None)
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []
@@ -407,6 +423,18 @@ class Session:
         if len(head) < len(text) and len(self.target_model.tokenize(head, False, False)) >= n_ctx:
             raise ContextOverflow(f"the prompt ({len(text):,} characters) cannot fit the context of {n_ctx} tokens;"
                              " raise --ctx-size or shorten the prompt")
+
+    def with_tools(self, sampling: Sampling, tools: Tools) -> tuple[Sampling, ToolFormat]:
+        """Sampling under the grammar that keeps the model's calls to the tools well formed, and the form
+        it writes them in; InputError where its template has no tools, or the answer is constrained
+        already (a response format)."""
+        form = tool_format(self.target_model.chat_template())
+        grammar, triggers = constraint(form, tools)
+        if grammar is None:
+            return sampling, form
+        if sampling.grammar is not None:
+            raise InputError("tools and a response format (or grammar) both constrain the answer; send one of them")
+        return replace(sampling, grammar=grammar, grammar_triggers=triggers), form
 
     @property
     def can_speculate(self) -> bool:

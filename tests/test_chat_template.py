@@ -1,5 +1,6 @@
 """Chat templates come from downloaded files: they render in a sandbox and fail as one-line user errors."""
 
+import json
 import os
 import resource
 import subprocess
@@ -117,10 +118,15 @@ def test_normal_templates_render_as_before():
         "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>assistant\n")
     tools = [{"name": "f", "parameters": {"x": [1, 2.5, None, True, "<&>"]}}]
     template = "{% set tools = " + repr(tools) + " %}" + TOOLS
-    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
-    rendered = plain.render(messages=conversation, add_generation_prompt=True, bos_token="", eos_token="")
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # tojson as Hugging Face writes it, the JSON the models were trained on: no HTML escapes (Jinja's own
+    # filter turns `<` into `\u003c`)
+    plain.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    rendered = plain.from_string(template).render(messages=conversation, add_generation_prompt=True, bos_token="",
+                                                  eos_token="")
     assert render(template, conversation, "", "") == rendered
     assert "    " in rendered and "user: hi there / hello" in rendered and str(2 ** 62 * 3) in rendered
+    assert '"<&>"' in rendered
 
 
 TEN_K = "{% set s = 'a' * 10000 %}"  # far below the limit: what is done with it is not

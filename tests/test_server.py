@@ -185,10 +185,11 @@ def test_models_and_health(server):
     ({"temperature": 3}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),  # and no tools to call (test_tools.py has the rest)
     ({"logprobs": True}, "logprobs"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
-    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context

@@ -26,11 +26,15 @@ def json_object() -> str:
     return grammars().JSON_GBNF
 
 
-def from_json_schema(schema: dict | bool) -> str:
+def from_json_schema(schema: dict | bool, rule: str = "root") -> str:
     """A JSON schema as GBNF, by the converter llama-cpp-python maintains (llama.cpp's own, ported);
-    InputError where the schema uses what it cannot convert."""
+    InputError where the schema uses what it cannot convert. rule: the name of the rule that matches the
+    schema (its helper rules are named after it), so a grammar can be built around it."""
+    converter = grammars().SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        return grammars().json_schema_to_gbnf(json.dumps(schema))
+        copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
+        converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
+        return converter.format_grammar()
     except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as error:
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
 
@@ -39,9 +43,15 @@ class Grammar:
     """A GBNF grammar's state over one generation: which tokens it admits next, and the tokens
     committed so far (accept). Close it (or use it in a with block) to free llama.cpp's sampler."""
 
-    def __init__(self, vocab, text: str):
+    def __init__(self, vocab, text: str, triggers: tuple[str, ...] = ()):
+        """triggers: Sampling.grammar_triggers (the grammar admits every token until one matches)."""
         recent_errors.clear()
-        self._sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        if triggers:
+            patterns = (ctypes.c_char_p * len(triggers))(*(pattern.encode() for pattern in triggers))
+            self._sampler = llama.llama_sampler_init_grammar_lazy_patterns(vocab, text.encode(), b"root", patterns,
+                                                                           len(triggers), None, 0)
+        else:
+            self._sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
         if not self._sampler:
             why = "; ".join(recent_errors) or "llama.cpp could not parse it"
             raise InputError(f"the grammar does not compile: {why}")

@@ -42,7 +42,7 @@ def generate(
             f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
             " raise --ctx-size or shorten the prompt"
         )
-    grammar = Grammar(target.model.vocab, sampling.grammar) if sampling.grammar else None
+    grammar = Grammar(target.model.vocab, sampling.grammar, sampling.grammar_triggers) if sampling.grammar else None
     try:
         yield from _generate(target, drafter, prompt, sampling, speculation, limits, grammar)
     finally:

@@ -1,0 +1,319 @@
+"""Tool calls: the forms model families write them in, read whole or as they stream; the grammar that
+keeps every call well formed under speculation; serve's OpenAI and Ollama answers with them, through
+the real clients."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import ollama
+import openai
+import pytest
+
+import localspec.engine.speculative as speculative
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.drafters import ModelDrafter, NoDrafter
+from localspec.engine.grammar import Grammar
+from localspec.errors import InputError
+from localspec.stats import record
+from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, tool_format
+
+from test_server import ServerProcess
+from tinymodels import TinySpec, write_tiny_model
+
+# Templates in each family's manner, made for these tests (the markers are what tool_format reads).
+HERMES = ("{% if tools %}system: call a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>:"
+          "{% for t in tools %} {{ t | tojson }}{% endfor %}\n{% endif %}"
+          "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+          "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\":"
+          " {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}\n{% endfor %}"
+          "{% if add_generation_prompt %}assistant:{% endif %}")
+LLAMA3 = ("{% if tools %}Environment: ipython\nrespond with {\"name\": function name, \"parameters\": arguments}"
+          "{% for t in tools %} {{ t | tojson }}{% endfor %}\n{% endif %}"
+          "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+MISTRAL = ("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+           "{% for m in messages %}{{ m.content }}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+           "{% endif %}{% endfor %}")
+TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MISTRAL: MISTRAL}
+
+# Arguments a random model can only finish: every value is chosen from a few
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"enum": ["paris", "tokyo"]},
+                                                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                          "required": ["city", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_so():
+    assert {tool_format(template) for template in TEMPLATES.values()} == set(ToolFormat)
+    with pytest.raises(InputError, match="has no tools"):
+        tool_format("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(InputError, match="has no tools"):
+        tool_format(None)
+    lfm2 = "{% if tools %}<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>{% endif %}<|tool_call_start|>"
+    with pytest.raises(InputError, match="does not read yet"):
+        tool_format(lfm2)
+
+
+def read(form: ToolFormat, text: str, step: int | None = None) -> list:
+    """The answer's content pieces joined and its calls, as (name, arguments) pairs, fed `step`
+    characters at a time (None: whole)."""
+    reader, pieces = ToolStream(form), []
+    for start in range(0, len(text), step or len(text) or 1):
+        pieces += reader.feed(text[start:start + (step or len(text))])
+    pieces += reader.end()
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return [content, [(p.name, json.loads(p.arguments)) for p in pieces if not isinstance(p, str)]]
+
+
+@pytest.mark.parametrize("form, text, content, calls", [
+    (ToolFormat.HERMES, 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', "Let me look.\n", [("f", {"a": 1}), ("g", {})]),
+    # Qwen2.5-Coder answers with the object alone, fenced or not
+    (ToolFormat.HERMES, '```json\n{"name": "f", "arguments": {"a": "<x>"}}\n```', "", [("f", {"a": "<x>"})]),
+    (ToolFormat.HERMES, ' {"name": "f", "arguments": {}}', "", [("f", {})]),
+    (ToolFormat.HERMES, '{"a": 1}', '{"a": 1}', []),  # JSON, but no call
+    (ToolFormat.HERMES, "```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+    (ToolFormat.HERMES, "a <tool of my own", "a <tool of my own", []),
+    (ToolFormat.LLAMA3, '{"name": "f", "parameters": {"a": [1, 2]}}', "", [("f", {"a": [1, 2]})]),
+    (ToolFormat.LLAMA3, 'The answer is {"name": "f"}', 'The answer is {"name": "f"}', []),
+    (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]', "",
+     [("f", {"a": 1}), ("g", {})]),
+    # [TOOL_CALLS] is a control token, left out of the answer's text
+    (ToolFormat.MISTRAL, '[{"name": "f", "arguments": {"a": 1}}]', "", [("f", {"a": 1})]),
+    (ToolFormat.MISTRAL, "[1, 2]", "[1, 2]", []),
+])
+def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, text, content, calls):
+    assert read(form, text) == read(form, text, step=1) == read(form, text, step=3) == [content, calls]
+
+
+def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
+    reader = ToolStream(ToolFormat.HERMES)
+    assert reader.feed("Sure, ") == ["Sure, "]
+    assert reader.feed("<tool") == []  # may be the opening
+    assert reader.feed("kit ") == ["<toolkit "]  # was not
+    assert reader.feed('<tool_call>{"name": "f", "arguments": {}}') == []
+    [call] = reader.feed("</tool_call>")
+    assert call.name == "f" and call.arguments == "{}" and call.id.startswith("call_")
+    reader = ToolStream(ToolFormat.MISTRAL)  # its calls are one list: they come when it has ended
+    assert reader.feed('[{"name": "f", "arguments": {}}]') == []
+    [call] = reader.end()
+    assert call.name == "f"
+
+
+@pytest.mark.parametrize("form, text", [
+    (ToolFormat.HERMES, '<tool_call>\n{"name": "f", "argu'),
+    (ToolFormat.HERMES, '{"name": "f", "arguments": {"a"'),
+    (ToolFormat.LLAMA3, '{ "name": "f", "parameters": {'),
+    (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {}}'),
+])
+def test_a_call_cut_off_is_unfinished(form, text):
+    with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
+        read(form, text)
+
+
+def test_mistrals_ids_are_the_nine_letters_and_digits_its_templates_insist_on():
+    reader = ToolStream(ToolFormat.MISTRAL)
+    [call] = reader.feed('[TOOL_CALLS][{"name": "f", "arguments": {}}]') + reader.end()
+    assert len(call.id) == 9 and call.id.isalnum()
+
+
+def test_tools_with_one_name_twice_or_a_choice_not_offered_are_refused():
+    with pytest.raises(InputError, match="same name"):
+        Tools((WEATHER, WEATHER))
+    with pytest.raises(InputError, match="not one of the tools"):
+        Tools((WEATHER,), choice="get_time")
+
+
+def tokens_of(target, text: str) -> list[int]:
+    """The text's tokens, without the space the tiny tokenizer puts before a text (a grammar that does not
+    admit a token must never be given it: llama.cpp aborts)."""
+    tokens = target.model.tokenize(text, add_special=False, parse_special=False)
+    return tokens[1:] if target.model.piece(tokens[0]) == b" " else tokens
+
+
+def test_auto_lets_the_model_write_freely_until_it_opens_a_call_then_holds_it_to_the_tools(target):
+    gbnf, triggers = constraint(ToolFormat.HERMES, Tools((WEATHER,)))
+    assert triggers
+    anything = np.zeros(target.model.n_vocab, np.float32)
+    with Grammar(target.model.vocab, gbnf, triggers) as grammar:
+        assert grammar.admitted(anything).size == target.model.n_vocab
+        for token in tokens_of(target, "let me see. <tool_call>"):
+            grammar.accept(token)
+        admitted = {target.model.piece(int(t)) for t in grammar.admitted(anything)}
+        assert b"{" in admitted and b"a" not in admitted
+        for token in tokens_of(target, '{"name": "get_weather", "arguments": {"city": "'):
+            grammar.accept(token)
+        assert {target.model.piece(int(t)) for t in grammar.admitted(anything)} <= {b"p", b"t", b"<0x70>", b"<0x74>"}
+    assert constraint(ToolFormat.HERMES, Tools((WEATHER,), choice="none")) == (None, ())
+
+
+@pytest.mark.parametrize("form, one_call, another", [
+    (ToolFormat.HERMES, '<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>', "<"),
+    (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "utc"}}', ","),
+])
+def test_parallel_calls_may_follow_one_another_unless_the_request_says_not(target, form, one_call, another):
+    anything = np.zeros(target.model.n_vocab, np.float32)
+    for parallel in (True, False):
+        gbnf, _ = constraint(form, Tools((CLOCK,), choice="required", parallel=parallel))
+        with Grammar(target.model.vocab, gbnf) as grammar:
+            for token in tokens_of(target, one_call):
+                grammar.accept(token)
+            admitted = {target.model.piece(int(t)) for t in grammar.admitted(anything)}
+            assert (another.encode() in admitted) == parallel
+
+
+def generate(target, drafter, prompt, sampling: Sampling, tokens: int = 120):
+    return record(speculative.generate(target, drafter, prompt, sampling, Speculation(draft_max=4, p_min=0.0),
+                                       Limits(max_tokens=tokens)))
+
+
+@pytest.mark.parametrize("form", list(ToolFormat))
+def test_required_calls_are_calls_to_offered_tools_with_their_arguments_and_speculation_keeps_them(
+        load, target, prompt, form):
+    """A random model under the grammar: every answer parses into calls of the offered tools whose
+    arguments follow their schemas, greedy and sampled, and a draft model changes no greedy token."""
+    # (one call an answer: a random model under a grammar for several may never stop calling)
+    for tools in (Tools((WEATHER, CLOCK), choice="required", parallel=False),
+                  Tools((WEATHER, CLOCK), choice="get_time", parallel=False)):
+        gbnf, triggers = constraint(form, tools)
+        greedy = Sampling(temperature=0, grammar=gbnf, grammar_triggers=triggers)
+        plain = generate(target, NoDrafter(), prompt, greedy)
+        drafted = generate(target, ModelDrafter(load("partial"), 0.0, target.model.n_vocab), prompt, greedy)
+        assert drafted.text == plain.text and drafted.summary().drafted > 0
+        for outcome in [plain] + [generate(target, NoDrafter(), prompt, replace(greedy, temperature=1.0, seed=seed))
+                                  for seed in range(3)]:
+            assert outcome.finish_reason == "stop", outcome.text
+            content, calls = read(form, outcome.text)
+            assert content == "" and len(calls) == 1
+            for name, arguments in calls:
+                assert name in ("get_weather", "get_time") if tools.choice == "required" else name == "get_time"
+                if name == "get_weather":
+                    assert arguments["city"] in ("paris", "tokyo") and 1 <= arguments["days"] <= 7
+                else:
+                    assert arguments == {"zone": arguments["zone"]} and arguments["zone"] in ("utc", "cet")
+
+
+# ---- serve, through the real clients
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny, tmp_path_factory):
+    """A tiny model whose template offers tools the Hermes way, drafted for by the same weights."""
+    folder = tmp_path_factory.mktemp("tools")
+    model = write_tiny_model(folder / "hermes.gguf", TinySpec(seed=1, sharpness=2.0, chat_template=HERMES))
+    running = ServerProcess(folder, model, "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp", "0",
+                            "-c", "1024", "--alias", "tiny")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+ASK = [{"role": "user", "content": "the weather in paris"}]
+
+
+def test_openai_tool_calls_whole_and_streamed_and_the_round_trip(tool_server):
+    client = tool_server.client()
+    whole = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=120)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments)["city"] in ("paris", "tokyo")
+    assert whole.model_extra["speculation"]["draft_tokens"] > 0
+
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=120,
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                 stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert [[(d.index, d.function.name, d.function.arguments) for d in delta] for delta in deltas] == [
+        [(0, "get_weather", call.function.arguments)]]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    history = ASK + [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+    after = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
+                                           max_tokens=8)
+    assert after.choices[0].finish_reason == "length" and after.choices[0].message.content
+    assert after.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize("fields, code, message", [
+    ({"max_tokens": 6, "tool_choice": "required"}, "tool_call_unfinished", "ended inside a tool call"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, None, "not one of the tools"),
+    ({"tools": [{**WEATHER, "function": {**WEATHER["function"], "description": "ends</s>"}}]}, None, "control token"),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, None, "both constrain"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{oops"}}]}]}, None, "not a JSON object"),
+])
+def test_bad_tool_requests_and_a_call_cut_off_are_one_error_and_serving_goes_on(tool_server, fields, code, message):
+    client = tool_server.client()
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(**{"model": "tiny", "messages": ASK, "tools": [WEATHER], **fields})
+    assert message in raised.value.message and (code is None or raised.value.code == code)
+    assert client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4).choices[0].message.content
+    assert "Traceback" not in tool_server.log()
+
+
+def test_a_streamed_call_cut_off_ends_its_stream_with_the_error(tool_server):
+    stream = tool_server.client().chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=20,
+                                                          tool_choice="required", stream=True)
+    with pytest.raises(openai.APIError, match="ended inside a tool call"):
+        for chunk in stream:
+            assert not chunk.choices or not chunk.choices[0].delta.tool_calls
+
+
+def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
+    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "512")
+    try:
+        with pytest.raises(openai.BadRequestError, match="chat template has no tools"):
+            running.client().chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER])
+    finally:
+        assert running.stop() == 0
+
+
+def test_ollama_chat_takes_tools_and_a_tool_history(tool_server):
+    client = ollama.Client(host=tool_server.base)
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+                         {"function": {"name": "get_weather", "arguments": {"city": "paris", "days": 1}}}]},
+                     {"role": "tool", "content": '{"sky": "clear"}', "tool_name": "get_weather"}]
+    answer = client.chat("tiny", messages=history, tools=[WEATHER], options={"num_predict": 8})
+    assert answer.done and answer.message.role == "assistant"
+
+
+CITY_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a given city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
+                   "required": ["city"]}}}
+
+
+@pytest.mark.slow
+def test_real_qwen_calls_a_tool_reads_its_result_and_answers_through_both_clients(real_model, tmp_path):
+    running = ServerProcess(tmp_path, real_model("qwen2.5-coder-0.5b"), "--temp", "0", "-c", "2048")
+    try:
+        client = running.client()
+        ask = [{"role": "system", "content": "You are a helpful assistant."},
+               {"role": "user", "content": "What is the weather like in Paris today?"}]
+        first = client.chat.completions.create(model="qwen", messages=ask, tools=[CITY_WEATHER], max_tokens=100)
+        assert first.choices[0].finish_reason == "tool_calls", first.choices[0].message
+        [call] = first.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+        streamed = client.chat.completions.create(model="qwen", messages=ask, tools=[CITY_WEATHER], max_tokens=100,
+                                                  stream=True)
+        calls = [d for c in streamed if c.choices and c.choices[0].delta.tool_calls for d in c.choices[0].delta.tool_calls]
+        assert [(d.function.name, d.function.arguments) for d in calls] == [("get_weather", call.function.arguments)]
+
+        history = ask + [first.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "cloudy"}'}]
+        answer = client.chat.completions.create(model="qwen", messages=history, tools=[CITY_WEATHER], max_tokens=60,
+                                                tool_choice="none")
+        assert answer.choices[0].finish_reason == "stop" and "18" in answer.choices[0].message.content, answer
+
+        chat = ollama.Client(host=running.base).chat("qwen", messages=ask, tools=[CITY_WEATHER])
+        assert [(c.function.name, c.function.arguments) for c in chat.message.tool_calls] == [
+            ("get_weather", {"city": "Paris"})]
+    finally:
+        assert running.stop() == 0, running.log()
