@@ -17,7 +17,7 @@ from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
 from .service import Job, Request
 from .session import ROLES, output_grammar
-from .tool_calls import ToolCall, Tools
+from .tool_calls import ToolCall, Tools, tool_format
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -282,8 +282,13 @@ def running(name: str, info: GGUFInfo) -> dict:
 def show(info: GGUFInfo, template: str | None) -> dict:
     model_info = {key: value for key, value in info.metadata.items()
                   if isinstance(value, (str, int, float, bool)) and not key.startswith("tokenizer.chat_template")}
+    try:
+        tool_format(template)
+        capabilities = ["completion", "tools"]  # (clients offer tools only to models that list them)
+    except InputError:
+        capabilities = ["completion"]
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
-            "model_info": model_info, "capabilities": ["completion"]}
+            "model_info": model_info, "capabilities": capabilities}
 
 
 def version() -> dict:

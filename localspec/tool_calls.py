@@ -35,7 +35,8 @@ class ToolFormat(StrEnum):
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
 _FENCE = re.compile(r"^\s*(?:```(?:json)?\s*)?")
-_WHOLE_CALL_TRIGGER = r'^\s*(?:```(?:json)?\s*)?(\{\s*"name")[\s\S]*$'
+# Llama 3.x may begin it with <|python_tag|>, a control token the grammar sees and the answer's text does not.
+_WHOLE_CALL_TRIGGER = r'^\s*(?:<\|python_tag\|>)?\s*(?:```(?:json)?\s*)?(\{\s*"name")[\s\S]*$'
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ def test_the_model_is_listed_shown_and_running(server, tiny):
     assert [m.model for m in client(server).ps().models] == ["tiny"]
     shown = client(server).show("tiny")
     assert shown.details.family == "llama" and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.capabilities == ["completion"]  # its template offers no tools
     assert httpx.get(server.base + "/api/version").json()["version"]
 
 

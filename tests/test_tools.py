@@ -281,6 +281,7 @@ def test_ollama_chat_takes_tools_and_a_tool_history(tool_server):
                      {"role": "tool", "content": '{"sky": "clear"}', "tool_name": "get_weather"}]
     answer = client.chat("tiny", messages=history, tools=[WEATHER], options={"num_predict": 8})
     assert answer.done and answer.message.role == "assistant"
+    assert "tools" in client.show("tiny").capabilities
 
 
 CITY_WEATHER = {"type": "function", "function": {

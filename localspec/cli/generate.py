@@ -392,7 +392,9 @@ def serve(
 
     POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings, GET /v1/models,
     /health and /metrics (Prometheus); Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags,
-    /api/ps, /api/show and /api/version. One generation runs at a time and the rest wait in arrival order; each response
+    /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
+    calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
+    grammar; `response_format` takes JSON schemas. One generation runs at a time and the rest wait in arrival order; each response
     carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
     are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
     """
