@@ -17,10 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config import DrafterKind, Limits, Sampling, overridden
+from .config import Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .service import Busy, Closing, Job, Request
-from .session import ROLES, output_grammar
+from .session import ROLES, Session, output_grammar
 from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
@@ -511,7 +511,14 @@ def speculation(job: Job) -> dict:
     }
 
 
-def model_list(model: str, draft: str | None, drafting: DrafterKind, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "localspec",
-                                        "meta": {"draft": draft, "drafting": str(drafting)}}]}
+def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
+    """/v1/models: what can be served, by name, with the session of each one loaded (None: loaded when asked)."""
+    def meta(session) -> dict:
+        if session is None:
+            return {"loaded": False}
+        draft = session.info.draft
+        return {"loaded": True, "draft": draft, "drafting": str(session.default_mode)}
+
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "localspec",
+                                        "meta": meta(session)} for name, session in models]}
 

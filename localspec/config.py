@@ -3,6 +3,7 @@
 Defaults follow llama.cpp's where one exists, so results are comparable.
 """
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -247,6 +248,26 @@ def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None 
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(value: str | float) -> float:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "90s"); negative:
+    forever (math.inf). UsageError for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip().startswith("-"):
+        seconds = -1.0
+    elif isinstance(value, str) and value.strip() and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", value.strip()):
+        seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(value.strip()))
+    else:
+        raise UsageError(f"a duration is seconds or a length such as 5m, 1h or 90s (negative: forever), got {value!r}")
+    return math.inf if seconds < 0 else seconds
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
@@ -267,6 +288,8 @@ class Serving:
     timeout: float = 10.0
     max_connections: int = 1024
     alias: str | None = None  # the model's name in the API; None: the target as named on the command line
+    # Seconds a model loaded on demand stays loaded once idle (Ollama's default; math.inf: while serve runs)
+    keep_alive: float = 300.0
     # Web pages that may call the API from a browser besides those served from this machine (CORS):
     # scheme://host[:port] each, or "*" for any.
     cors_origins: tuple[str, ...] = ()

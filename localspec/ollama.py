@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .api import ApiError, Defaults, Parsed, Tool, speculation
-from .config import overridden
+from .config import duration_seconds, overridden
 from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
 from .service import Job, Request
@@ -66,7 +66,7 @@ class _Generation(_Body):
     stream: bool = True
     format: str | dict | None = None  # "json", or a JSON schema
     options: Options | None = None
-    keep_alive: str | int | float | None = None  # the one model stays loaded while serve runs
+    keep_alive: str | int | float | None = None  # how long the model stays loaded once idle (serve reads it)
 
 
 class ChatBody(_Generation):
@@ -252,6 +252,10 @@ class Answer:
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)}
 
+    def unloaded(self) -> dict:
+        """The answer to an empty request with keep_alive 0: the model is unloaded (or was not loaded)."""
+        return self.piece("", done=True) | {"done_reason": "unload"}
+
     def loaded(self) -> dict:
         """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
         return self.piece("", done=True) | {"done_reason": "load"}
@@ -270,13 +274,30 @@ def _entry(name: str, info: GGUFInfo) -> dict:
             "digest": info.token_digest or "", "details": details(info)}
 
 
-def tags(name: str, info: GGUFInfo) -> dict:
-    return {"models": [_entry(name, info)]}
+def tags(models: list[tuple[str, GGUFInfo]]) -> dict:
+    """/api/tags: the models that can be served, loaded or not."""
+    return {"models": [_entry(name, info) for name, info in models]}
 
 
-def running(name: str, info: GGUFInfo) -> dict:
-    """/api/ps: the one model, loaded while serve runs."""
-    return {"models": [_entry(name, info) | {"expires_at": "9999-12-31T23:59:59Z", "size_vram": 0}]}
+def running(models: list[tuple[str, GGUFInfo, float | None]]) -> dict:
+    """/api/ps: the models loaded, each with when it will be unloaded unless asked for (time.time(); None:
+    not while serve runs)."""
+    def expiry(at: float | None) -> str:
+        if at is None:
+            return "9999-12-31T23:59:59Z"
+        return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
+
+    return {"models": [_entry(name, info) | {"expires_at": expiry(at), "size_vram": 0} for name, info, at in models]}
+
+
+def keep_alive(value) -> float | None:
+    """A request's keep_alive in seconds (math.inf: while serve runs); None where it gives none."""
+    if value is None:
+        return None
+    try:
+        return duration_seconds(value)
+    except UsageError as error:
+        raise ApiError(400, f"keep_alive: {error}", param="keep_alive") from None
 
 
 def show(info: GGUFInfo, template: str | None) -> dict:

@@ -33,25 +33,23 @@ from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
 from .errors import ContextOverflow, InputError, LocalspecError
 from .events import Done, Token
-from .service import FINISHED, Job, Service
+from .pool import NoRoom, Pool, Served, UnknownModel
+from .service import FINISHED, Job
 from .service import Request as ServiceRequest  # (starlette's Request is the HTTP one)
-from .session import Session
 from .tool_calls import ToolCall
 
+REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
 FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
 
 class Server:
-    def __init__(self, session: Session, serving: Serving, defaults: Defaults, model: str, draft: str | None,
-                 log: Callable[[str], None]):
+    def __init__(self, pool: Pool, serving: Serving, defaults: Defaults, log: Callable[[str], None]):
         self.serving = serving
         self.defaults = defaults
-        self.model = model
-        self.draft = draft
         self.log = log
-        self.session = session
-        self.service = Service(session, serving.queue, log)
+        self.pool = pool
+        self.closing = False
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/health", self.health, methods=["GET"]),
@@ -75,26 +73,35 @@ class Server:
         self.created = int(time.time())
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "running": self.service.pending > 0,
-                             "waiting": max(0, self.service.pending - 1)})
+        running = self._running()
+        return JSONResponse({"status": "ok", "running": running > 0, "waiting": self.pool.pending - running})
+
+    def _running(self) -> int:
+        return sum(served.service.pending > 0 for served in self.pool.loaded.values())
 
     async def models(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(
-            api.model_list(self.model, self.draft, self.session.default_mode, self.created)))
+        def listed() -> Response:
+            loaded = {served.name: served for served in self.pool.loaded.values()}
+            return JSONResponse(api.model_list([(a.name, loaded[a.name].session if a.name in loaded else None)
+                                                for a in self.pool.available()], self.created))
+
+        return await self._guarded(request, listed)
 
     async def metrics(self, request: Request) -> Response:
-        pending = self.service.pending
+        running = self._running()
         return await self._guarded(request, lambda: PlainTextResponse(
-            self.service.metrics.prometheus(running=min(1, pending), waiting=max(0, pending - 1),
-                                            remembered=self.session.remembered),
+            self.pool.metrics.prometheus(running=running, waiting=self.pool.pending - running,
+                                         remembered=self.pool.remembered(), loaded=len(self.pool.loaded)),
             media_type="text/plain; version=0.0.4"))
 
     async def embeddings(self, request: Request) -> Response:
         async def work() -> Response:
             client = self._client(request)
-            asked = api.parse_embeddings(await self._body(request), self.session.target_model.n_embd)
-            job = await self._embedded(api.inputs_of(asked), client)
-            return JSONResponse(api.embedding_list(job.embeddings, job.embedded_tokens, asked.model or self.model,
+            body = await self._body(request)
+            served = await self._model(body.get("model"))
+            asked = api.parse_embeddings(body, served.session.target_model.n_embd)
+            job = await self._embedded(api.inputs_of(asked), client, served)
+            return JSONResponse(api.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                    asked.encoding_format))
 
         return await self._answering(request, work)
@@ -104,8 +111,9 @@ class Server:
             client = self._client(request)
             started = time.perf_counter_ns()
             body = await self._body(request)
-            job = await self._embedded(ollama.parse_embed(body), client)
-            return JSONResponse(ollama.embedded(body.get("model") or self.model, job.embeddings, job.embedded_tokens,
+            served = await self._model(body.get("model"), body.get("keep_alive"))
+            job = await self._embedded(ollama.parse_embed(body), client, served)
+            return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                                 time.perf_counter_ns() - started))
 
         return await self._answering(request, work, ollamas=True)
@@ -125,7 +133,21 @@ class Server:
             return JSONResponse(ollama.body(failure), status_code=failure.status, headers=failure.headers)
         return _error_response(failure)
 
-    async def _embedded(self, inputs: list, client: str | None) -> Job:
+    async def _model(self, name, keep_alive=None) -> Served:
+        """The loaded model a request names (its `model`, and Ollama's `keep_alive`), loaded now if it is
+        not; ApiError 404 if it is not here."""
+        if name is not None and not isinstance(name, str):
+            raise ApiError(400, "model: a model's name is a string", param="model")
+        try:
+            return await self.pool.get(name, ollama.keep_alive(keep_alive))
+        except UnknownModel as error:
+            raise ApiError(404, str(error), param="model", code="model_not_found") from None
+        except NoRoom as error:
+            raise ApiError(503, str(error), "server_error", code="insufficient_memory") from None
+        except LocalspecError as error:  # its file is there but does not load
+            raise ApiError(500, f"the model {name!r} does not load: {error}", "server_error") from None
+
+    async def _embedded(self, inputs: list, client: str | None, served: Served) -> Job:
         """The finished job that embedded the inputs, run on the worker in its turn; ApiError if it failed."""
         loop = asyncio.get_running_loop()
         ended: asyncio.Future = loop.create_future()
@@ -135,8 +157,8 @@ class Server:
                 loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(item))
 
         try:
-            job = self.service.submit(ServiceRequest(self.defaults.sampling, self.defaults.limits, inputs=inputs,
-                                                     client=client), deliver)
+            job = served.service.submit(ServiceRequest(self.defaults.sampling, self.defaults.limits, inputs=inputs,
+                                                       client=client), deliver)
         except LocalspecError as error:
             raise api.api_error(error) from None
         outcome = await ended
@@ -151,20 +173,28 @@ class Server:
         return JSONResponse(ollama.version())
 
     async def ollama_tags(self, request: Request) -> Response:
-        info = self.session.target_info
-        return await self._guarded(request, lambda: JSONResponse(ollama.tags(self.model, info)), ollamas=True)
+        return await self._guarded(request, lambda: JSONResponse(ollama.tags(
+            [(a.name, self.pool.header(a.path)) for a in self.pool.available()])), ollamas=True)
 
     async def ollama_ps(self, request: Request) -> Response:
-        info = self.session.target_info
-        return await self._guarded(request, lambda: JSONResponse(ollama.running(self.model, info)), ollamas=True)
+        return await self._guarded(request, lambda: JSONResponse(ollama.running(
+            [(s.name, s.session.target_info, s.expires_at) for s in self.pool.loaded.values()])), ollamas=True)
 
     async def ollama_show(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(
-            ollama.show(self.session.target_info, self.session.target_model.chat_template())), ollamas=True)
+        async def work() -> Response:
+            self._client(request)
+            body = await self._body(request)
+            try:
+                info = self.pool.header(self.pool.find(body.get("model") or body.get("name")).path)
+            except UnknownModel as error:
+                raise ApiError(404, str(error)) from None
+            return JSONResponse(ollama.show(info, info.chat_template))
+
+        return await self._answering(request, work, ollamas=True)
 
     async def ollama_pull(self, request: Request) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
-        generations go on; streamed as Ollama's statuses. The server goes on serving the model it has."""
+        generations go on; streamed as Ollama's statuses. Requests may name it once it is there."""
         async def work() -> Response:
             self._client(request)
             asked = ollama.parse_pull(await self._body(request))
@@ -204,12 +234,20 @@ class Server:
         async def work() -> Response:
             client = self._client(request)
             body = await self._body(request)
-            reply, answer = Reply(chat, self.model), ollama.Answer(chat, body.get("model") or self.model)
-            parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate)
+            keep_alive = ollama.keep_alive(body.get("keep_alive"))
+            if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
+                try:
+                    await self.pool.unload_if_idle(body.get("model"))
+                except UnknownModel as error:
+                    raise ApiError(404, str(error)) from None
+                return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
+            served = await self._model(body.get("model"), body.get("keep_alive"))
+            reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)
+            parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate, served)
             if parsed is None:
                 return JSONResponse(answer.loaded())
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)), reply,
-                                       answer)
+                                       served, answer)
 
         return await self._answering(request, work, ollamas=True)
 
@@ -258,24 +296,25 @@ class Server:
         async def work() -> Response:
             client = self._client(request)
             body = await self._body(request)
-            reply = Reply(chat, self.model)
-            parsed = self._parse(body, reply, api.parse_chat if chat else api.parse_completion)
+            served = await self._model(body.get("model"))
+            reply = Reply(chat, served.name)
+            parsed = self._parse(body, reply, api.parse_chat if chat else api.parse_completion, served)
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
-                                       reply)
+                                       reply, served)
 
         return await self._answering(request, work)
 
-    def _parse(self, body: dict, reply: Reply, parse) -> Parsed | None:
+    def _parse(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
         """The request as parse(body, defaults) reads it (None: nothing to generate), refused here on the
         event loop by arithmetic alone if it cannot fit the context: rendered and tokenized on the worker,
         100,000 messages held every other request for minutes. The messages are counted before they are
         validated (validating 100,000 takes a second)."""
         try:
             if reply.chat and isinstance(body.get("messages"), list):
-                self.session.refuse_what_cannot_fit(0, len(body["messages"]))
+                served.session.refuse_what_cannot_fit(0, len(body["messages"]))
             parsed = parse(body, self.defaults)
             if parsed is not None:
-                self.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+                served.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
         except ContextOverflow as error:
             raise api.api_error(error, reply.prompt_field) from None
         return parsed
@@ -305,8 +344,8 @@ class Server:
             raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         return body
 
-    async def _respond(self, request: Request, parsed: Parsed, reply: Reply, answer: ollama.Answer | None = None
-                       ) -> Response:
+    async def _respond(self, request: Request, parsed: Parsed, reply: Reply, served: Served,
+                       answer: ollama.Answer | None = None) -> Response:
         """The job's answer in OpenAI's shape (reply), or in Ollama's where `answer` is given."""
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
@@ -324,7 +363,7 @@ class Server:
                 loop.call_soon_threadsafe(outbox.put_nowait, item)
 
         try:
-            job = self.service.submit(parsed.request, deliver)
+            job = served.service.submit(parsed.request, deliver)
         except LocalspecError as error:
             raise api.api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
@@ -356,7 +395,7 @@ class Server:
         if isinstance(item, LocalspecError):
             return api.api_error(item, reply.prompt_field)
         # cancelled without an error: the server is stopping, or its client left (and reads nothing)
-        why = "the server is shutting down" if self.service.closing else "the client went away"
+        why = "the server is shutting down" if self.closing else "the client went away"
         return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
                         "server_error", code="cancelled")
 
@@ -422,20 +461,40 @@ class Server:
         """Serve on the listening socket until Ctrl-C or SIGTERM, which cancel the running generation
         at its next step."""
         # made ready before "serving" is printed: what a client meets is in place once it is said
-        self.session.warm()  # what the first request would wait for is read now, not on the event loop
+        self.pool.first.session.warm()  # what the first request would wait for is read now, not on the event loop
         keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
-        server = _Uvicorn(config, on_exit=self.service.cancel_all)
-        print(f"localspec: serving {self.model} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
+        server = _Uvicorn(config, on_exit=self._stop)
+        print(f"localspec: serving {self.pool.first.name} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
               " /api; Ctrl-C stops)", flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
         try:
-            asyncio.run(server.serve(sockets=[listener]))
+            asyncio.run(self._serve(server, listener))
         finally:
-            self.service.close()
+            self.pool.close()
+
+    def _stop(self) -> None:
+        self.closing = True
+        self.pool.cancel_all()
+
+    async def _serve(self, server: "_Uvicorn", listener: socket.socket) -> None:
+        reaper = asyncio.create_task(self._reap())
+        try:
+            await server.serve(sockets=[listener])
+        finally:
+            reaper.cancel()
+
+    async def _reap(self) -> None:
+        """Unload, now and then, the models idle beyond their keep-alive."""
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            try:
+                await self.pool.reap()
+            except Exception:  # a bug of ours: said, and the next round tries again
+                self.log(traceback.format_exc().rstrip())
 
     def _connection_limit(self) -> int:
         """--max-connections, lowered to what the open-file limit leaves room for (raised first where

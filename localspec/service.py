@@ -13,7 +13,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import monotonic, perf_counter
 
 from .config import DrafterKind, Limits, Sampling
 from .errors import EngineError, InputError, LocalspecError, UsageError
@@ -85,15 +85,17 @@ class Job:
 
 
 class Service:
-    def __init__(self, session: Session, queue_limit: int, log: Callable[[str], None]):
-        """queue_limit: requests that may wait behind the running one; log: one line for the operator."""
+    def __init__(self, session: Session, queue_limit: int, log: Callable[[str], None], metrics: "Metrics | None" = None):
+        """queue_limit: requests that may wait behind the running one; log: one line for the operator;
+        metrics: where its requests are counted (shared by the services of several models)."""
         self.session = session
         self.queue_limit = queue_limit
         self.log = log
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._pending = 0  # submitted and not finished: the running job and those waiting
+        self.last_finished = monotonic()  # when a job last finished (or the service began)
         self._closing = False
         self._seconds_per_job: float | None = None
         self._running: Job | None = None
@@ -207,6 +209,7 @@ class Service:
         self.metrics.finish(job)
         with self._lock:
             self._pending -= 1
+            self.last_finished = monotonic()
         job.deliver(FINISHED)
 
 
@@ -231,9 +234,9 @@ class Metrics:
             if job.outcome != "ok":  # its generation's decode time stops here
                 self.served.interrupt()
 
-    def prometheus(self, running: int, waiting: int, remembered: tuple[int, int] | None = None) -> str:
-        """The Prometheus text exposition format. remembered: the suffix cache's tokens and bytes, if
-        the session keeps one."""
+    def prometheus(self, running: int, waiting: int, remembered: tuple[int, int] | None = None, loaded: int = 1) -> str:
+        """The Prometheus text exposition format. remembered: the suffix caches' tokens and bytes, if
+        the sessions keep them; loaded: the models loaded."""
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -247,7 +250,9 @@ class Metrics:
                    [(f'{{outcome="{outcome}"}}', n) for outcome, n in self.requests.items()])
             metric("requests_rejected_total", "counter", "Requests refused with 429 because the queue was full.",
                    [("", self.rejected)])
-            metric("requests_running", "gauge", "Requests generating now (at most one).", [("", running)])
+            metric("requests_running", "gauge", "Requests generating now (at most one a model).", [("", running)])
+            metric("models_loaded", "gauge", "Models loaded (the one serve started with, and those asked for).",
+                   [("", loaded)])
             metric("requests_waiting", "gauge", "Requests queued behind the running one.", [("", waiting)])
             metric("prompt_tokens_total", "counter", "Prompt tokens of all requests.", [("", r.prompt_tokens)])
             metric("prompt_tokens_cached_total", "counter",

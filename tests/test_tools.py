@@ -266,7 +266,7 @@ def test_a_streamed_call_cut_off_ends_its_stream_with_the_error(tool_server):
 
 
 def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
-    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "512")
+    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "512", "--alias", "tiny")
     try:
         with pytest.raises(openai.BadRequestError, match="chat template has no tools"):
             running.client().chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER])
@@ -292,7 +292,7 @@ CITY_WEATHER = {"type": "function", "function": {
 
 @pytest.mark.slow
 def test_real_qwen_calls_a_tool_reads_its_result_and_answers_through_both_clients(real_model, tmp_path):
-    running = ServerProcess(tmp_path, real_model("qwen2.5-coder-0.5b"), "--temp", "0", "-c", "2048")
+    running = ServerProcess(tmp_path, real_model("qwen2.5-coder-0.5b"), "--temp", "0", "-c", "2048", "--alias", "qwen")
     try:
         client = running.client()
         ask = [{"role": "system", "content": "You are a helpful assistant."},

@@ -17,7 +17,7 @@ from .. import chat as chat_loop
 from .. import compare as compare_runs
 from .. import net, paths, running, tui
 from .. import worker as worker_face
-from ..config import DrafterKind, Lending, Serving, default_threads
+from ..config import DrafterKind, Lending, Serving, default_threads, duration_seconds
 from ..errors import InputError, UsageError
 from ..session import Session, open_session
 from ..stats import INTERRUPTED
@@ -387,6 +387,10 @@ def serve(
         help="A web page's origin (https://chat.example.com) that may call the API from a browser, besides"
         " pages served from this machine (localhost, 127.0.0.1, [::1], any port), which always may; repeat"
         " for more, or * for any page. An --api-key is still asked of each request.")] = None,
+    keep_alive: Annotated[str, typer.Option(
+        "--keep-alive", help="How long a model a request asked for by name stays loaded once idle: seconds, or"
+        " 5m, 1h, ...; -1: while serve runs; 0: unloaded after each request (Ollama's OLLAMA_KEEP_ALIVE). The"
+        " model serve starts with stays loaded.")] = "5m",
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
@@ -397,21 +401,27 @@ def serve(
     grammar; `response_format` takes JSON schemas. One generation runs at a time and the rest wait in arrival order; each response
     carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
     are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
+
+    A request's `model` may name any downloaded registry model (`localspec models --installed`): it is loaded
+    when first asked (with its registry draft where that is downloaded too), kept for --keep-alive once idle,
+    and the least recently used is unloaded first when memory is short. A name that is not here is a 404.
     """
     from .. import api  # the web stack loads only for this command
     from .. import server as server_face
+    from ..pool import Pool
 
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip()] if api_key_file else [])
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
-                      cors_origins=tuple(cors_origin or ()))
+                      cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive))
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
     with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
-        server_face.Server(session, serving, api.Defaults(settings.sampling, settings.limits), model,
-                           settings.draft_model, tui.log_line).run(listener)
+        models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
+                      tui.log_line)
+        server_face.Server(models, serving, api.Defaults(settings.sampling, settings.limits), tui.log_line).run(listener)
 
 
 @command(

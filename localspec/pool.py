@@ -1,0 +1,223 @@
+"""The models `serve` answers with: the one it started with, and any other downloaded model a request
+names, loaded when first asked and unloaded once idle for its keep-alive, or sooner, least recently
+used first, when a model to load needs their memory.
+
+Each loaded model is a Session with a Service of its own (a worker thread: llama.cpp's contexts are not
+shared between threads), all counted in one Metrics. The pool is read and changed on the server's
+event loop only; loading and unloading run on a thread of their own meanwhile.
+"""
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from . import download, gguf_meta, hardware, registry
+from .config import DrafterKind, Runtime, Speculation
+from .errors import LocalspecError, UsageError
+from .gguf_meta import GGUFInfo
+from .service import Metrics, Service
+from .session import Session, open_session
+
+
+class UnknownModel(LocalspecError):
+    """A request names a model that is neither loaded nor downloaded."""
+
+
+class NoRoom(LocalspecError):
+    """The model asked for does not fit beside those that are busy."""
+
+
+@dataclass(eq=False)
+class Served:
+    name: str  # as the API names it
+    session: Session
+    service: Service
+    keep_alive: float  # seconds it stays loaded once idle (math.inf: while serve runs)
+    pinned: bool = False  # the model serve started with: never unloaded
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def idle(self) -> bool:
+        return self.service.pending == 0
+
+    @property
+    def idle_since(self) -> float:
+        """Since when (time.monotonic()) nothing has asked for it: keep-alive counts from the end of the
+        last request, as Ollama's does, so a long generation does not expire as it finishes."""
+        return max(self.last_used, self.service.last_finished)
+
+    @property
+    def expires_at(self) -> float | None:
+        """When it will be unloaded if nothing asks for it (time.time()); None: not while serve runs."""
+        if self.pinned or self.keep_alive == math.inf:
+            return None
+        return time.time() + max(0.0, self.keep_alive - (time.monotonic() - self.idle_since))
+
+    def expired(self, now: float) -> bool:
+        return not self.pinned and self.idle and now - self.idle_since >= self.keep_alive
+
+
+@dataclass(frozen=True)
+class Available:
+    """A model that can be served: its API name and file (it may not be loaded)."""
+
+    name: str
+    path: Path
+    entry: registry.ModelEntry | None  # None: the model serve started with, given as a file
+
+
+class Pool:
+    def __init__(self, first: Session, name: str, runtime: Runtime, speculation: Speculation, queue: int,
+                 keep_alive: float, log: Callable[[str], None]):
+        """first, name: the model serve started with, as the API names it. runtime, speculation: how
+        others are loaded (each with its registry draft where that is downloaded too, unless serve was
+        started without drafting). keep_alive: --keep-alive, in seconds (math.inf: while serve runs)."""
+        self.runtime, self.speculation, self.queue, self.keep_alive, self.log = (
+            runtime, speculation, queue, keep_alive, log)
+        self.metrics = Metrics()
+        self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
+        self.loaded: dict[Path, Served] = {_key(first): self.first}
+        self._loading: dict[Path, asyncio.Future] = {}
+        self._headers: dict[Path, GGUFInfo] = {}
+
+    def available(self) -> list[Available]:
+        """What can be served: the first model, then every downloaded registry model (and Hub file)."""
+        out = [Available(self.first.name, _key(self.first.session), None)]
+        for entry in registry.load().values():
+            path = download.installed(entry)
+            if path is not None and path.resolve() != out[0].path:
+                out.append(Available(entry.command_name, path.resolve(), entry))
+        return out
+
+    def header(self, path: Path) -> GGUFInfo:
+        if path not in self._headers:
+            self._headers[path] = gguf_meta.read(path)
+        return self._headers[path]
+
+    def find(self, name: str | None) -> Available:
+        """The model a request names: the first one where it names none; UnknownModel else."""
+        if not name or name == self.first.name:
+            return self.available()[0]
+        try:
+            resolved = registry.resolve(name)
+        except UsageError:
+            resolved = None
+        if isinstance(resolved, registry.ModelEntry):
+            path = download.installed(resolved)
+            if path is not None:
+                first = self.available()[0]
+                return first if path.resolve() == first.path else Available(resolved.command_name, path.resolve(),
+                                                                             resolved)
+            raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
+                               f" {resolved.command_name}`, or Ollama's POST /api/pull)")
+        names = ", ".join(a.name for a in self.available())
+        raise UnknownModel(f"the model {name!r} is not served here: it is not in the registry (or not downloaded);"
+                           f" these are: {names}")
+
+    async def get(self, name: str | None, keep_alive: float | None = None) -> Served:
+        """The loaded model a request names, loaded first where it is not (on a thread; requests for the
+        same model wait for the one load). keep_alive: the request's own (Ollama's), in seconds; None: as it is."""
+        wanted = self.find(name)
+        served = self.loaded.get(wanted.path)
+        if served is None:
+            loading = self._loading.get(wanted.path)
+            if loading is None:
+                loading = self._loading[wanted.path] = asyncio.ensure_future(self._load(wanted))
+            try:
+                served = await asyncio.shield(loading)
+            finally:
+                if loading.done():
+                    self._loading.pop(wanted.path, None)
+        served.last_used = time.monotonic()
+        if keep_alive is not None and not served.pinned:
+            served.keep_alive = keep_alive
+        return served
+
+    async def _load(self, wanted: Available) -> Served:
+        await self._make_room(self.header(wanted.path))
+        drafting = self.speculation.drafting
+        draft = self._draft_for(wanted.entry) if drafting != DrafterKind.PLAIN else None
+        if drafting in (DrafterKind.DRAFT, DrafterKind.MTP) and draft is None:
+            drafting = DrafterKind.NGRAM  # what serve's --spec fixed does without a draft model
+        speculation = replace(self.speculation, drafting=drafting)
+        self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")
+        started = time.perf_counter()
+        session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None, self.runtime,
+                                          speculation, True)
+        await asyncio.to_thread(session.warm)
+        served = Served(wanted.name, session, Service(session, self.queue, self.log, self.metrics), self.keep_alive)
+        self.loaded[wanted.path] = served
+        self.log(f"loaded {wanted.name} in {time.perf_counter() - started:.1f} s")
+        return served
+
+    @staticmethod
+    def _draft_for(entry: registry.ModelEntry | None) -> Path | None:
+        """The registry's draft for the model, where that is downloaded too."""
+        if entry is None or not entry.draft:
+            return None
+        try:
+            draft = registry.resolve(entry.draft)
+        except UsageError:
+            return None
+        return download.installed(draft) if isinstance(draft, registry.ModelEntry) else None
+
+    async def _make_room(self, info: GGUFInfo) -> None:
+        """Unload idle models, least recently used first, while the one to load would not fit beside
+        them; NoRoom where it cannot fit even so."""
+        needed = hardware.estimate_bytes(info, self.runtime.ctx_size)
+        while needed > hardware.machine().memory_free:
+            idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle), key=lambda s: s.idle_since)
+            if not idle:
+                raise NoRoom(f"{info.path.name} needs about {needed / 2**30:.1f} GiB and only"
+                             f" {hardware.machine().memory_free / 2**30:.1f} GiB are free beside the models in use;"
+                             " try again once they are idle, or serve a smaller model")
+            await self.unload(idle[0], "to make room")
+
+    async def unload_if_idle(self, name: str | None) -> None:
+        """Unload the model a request names, if it is loaded, idle and not the first (Ollama's keep_alive 0)."""
+        served = self.loaded.get(self.find(name).path)
+        if served is not None and not served.pinned and served.idle:
+            await self.unload(served, "asked to")
+
+    async def unload(self, served: Served, why: str) -> None:
+        self.loaded.pop(_key(served.session), None)
+        await asyncio.to_thread(_close, served)
+        self.log(f"unloaded {served.name} ({why})")
+
+    async def reap(self) -> None:
+        """Unload the models idle for longer than their keep-alive."""
+        now = time.monotonic()
+        for served in [s for s in self.loaded.values() if s.expired(now)]:
+            await self.unload(served, "idle beyond its keep-alive")
+
+    @property
+    def pending(self) -> int:
+        return sum(served.service.pending for served in self.loaded.values())
+
+    def remembered(self) -> tuple[int, int] | None:
+        kept = [r for r in (s.session.remembered for s in self.loaded.values()) if r is not None]
+        return (sum(tokens for tokens, _ in kept), sum(size for _, size in kept)) if kept else None
+
+    def cancel_all(self) -> None:
+        for served in list(self.loaded.values()):
+            served.service.cancel_all()
+
+    def close(self) -> None:
+        """Stop every service and close the models loaded on demand (the first one is its opener's)."""
+        for served in list(self.loaded.values()):
+            served.service.close()
+            if not served.pinned:
+                served.session.close()
+        self.loaded.clear()
+
+
+def _key(session: Session) -> Path:
+    return session.target_info.path.resolve()
+
+
+def _close(served: Served) -> None:
+    served.service.close()
+    served.session.close()

@@ -1,0 +1,150 @@
+"""serve's models on demand: a request's `model` names any downloaded registry model, loaded when first
+asked, unloaded once idle for its keep-alive or, least recently used first, when another needs the
+memory; a name that is not here is one 404 in the client's protocol."""
+
+import asyncio
+import shutil
+import time
+from dataclasses import replace
+
+import httpx2 as httpx
+import ollama
+import openai
+import pytest
+
+from localspec import gguf_meta, hardware
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.pool import NoRoom, Pool
+from localspec.session import Session
+from localspec.stats import record
+
+from test_server import PROMPT, ServerProcess
+
+REGISTRY = """
+[families.tiny]
+license = "test-licence"
+
+[models.tiny-b]
+family = "tiny"
+params = "1M"
+repo = "test/tiny-b-GGUF"
+file = "b.gguf"
+draft = "tiny-c"
+
+[models.tiny-c]
+family = "tiny"
+params = "1M"
+repo = "test/tiny-c-GGUF"
+file = "c.gguf"
+aliases = ["cee"]
+
+[models.tiny-gone]
+family = "tiny"
+params = "1M"
+repo = "test/tiny-gone-GGUF"
+file = "gone.gguf"
+"""
+
+
+@pytest.fixture
+def home(tmp_path, tiny):
+    """A home whose registry names three more tiny models, two of them downloaded."""
+    home = tmp_path / "home"
+    (home / "models" / "tiny-b").mkdir(parents=True)
+    (home / "models" / "tiny-c").mkdir(parents=True)
+    (home / "models.toml").write_text(REGISTRY)
+    shutil.copy(tiny["unrelated"], home / "models" / "tiny-b" / "b.gguf")
+    shutil.copy(tiny["partial"], home / "models" / "tiny-c" / "c.gguf")
+    return home
+
+
+def plain_text(path, max_tokens: int = 8) -> str:
+    with Session(path, None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
+        tokens = session.chat_tokens([{"role": "user", "content": PROMPT}])
+        return record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens))).text
+
+
+def loaded(server) -> list[str]:
+    return sorted(m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"])
+
+
+def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_idle(home, tiny):
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512", "--keep-alive", "1")
+    try:
+        client = server.client()
+        listed = {m.id: m.model_extra["meta"]["loaded"] for m in client.models.list().data}
+        assert listed == {"tiny": True, "tiny-b": False, "tiny-c": False}
+        assert sorted(m.model for m in ollama.Client(host=server.base).list().models) == ["tiny", "tiny-b", "tiny-c"]
+
+        reply = client.chat.completions.create(model="tiny-b", messages=[{"role": "user", "content": PROMPT}],
+                                               max_tokens=8)
+        assert reply.model == "tiny-b" and reply.choices[0].message.content == plain_text(home / "models/tiny-b/b.gguf")
+        # its registry draft is downloaded too: it drafts with it
+        assert "c.gguf" == client.models.list().data[1].model_extra["meta"]["draft"]
+        assert loaded(server) == ["tiny", "tiny-b"]
+        # the one it started with answers as before, and an alias finds its model
+        assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                              max_tokens=4).model == "tiny"
+        assert client.completions.create(model="cee", prompt=PROMPT, max_tokens=4).model == "tiny-c"
+
+        deadline = time.monotonic() + 20
+        while loaded(server) != ["tiny"] and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert loaded(server) == ["tiny"], server.log()
+        assert "unloaded tiny-b (idle beyond its keep-alive)" in server.log()
+
+        answer = ollama.Client(host=server.base).generate("tiny-c", prompt=PROMPT, keep_alive=-1,
+                                                          options={"num_predict": 4})
+        assert answer.done and loaded(server) == ["tiny", "tiny-c"]
+        [kept] = [m for m in httpx.get(server.base + "/api/ps").json()["models"] if m["name"] == "tiny-c"]
+        assert kept["expires_at"].startswith("9999")  # keep_alive -1: while serve runs
+        unload = ollama.Client(host=server.base).generate("tiny-c", prompt="", keep_alive=0)
+        assert unload.done_reason == "unload" and loaded(server) == ["tiny"]
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("name, said", [("nope", "not served here"), ("tiny-gone", "not downloaded")])
+def test_a_model_that_is_not_here_is_one_404_in_each_protocol(home, tiny, name, said):
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        with pytest.raises(openai.NotFoundError) as raised:
+            server.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert raised.value.code == "model_not_found" and said in raised.value.message
+        with pytest.raises(ollama.ResponseError) as refused:
+            ollama.Client(host=server.base).chat(name, messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.status_code == 404 and said in refused.value.error
+        assert server.client().embeddings.create(model="tiny", input="still serving").data
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_the_least_recently_used_idle_model_makes_room_and_none_is_made_of_the_first(home, tiny, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    real = hardware.machine()
+    runtime = Runtime(ctx_size=256)
+    each = hardware.estimate_bytes(gguf_meta.read(tiny["target"]), 256)
+    budget = 0
+
+    def machine(*args, **kwargs):  # memory as much as the budget leaves beside the models loaded
+        used = sum(hardware.estimate_bytes(s.session.target_info, 256) for s in pool.loaded.values())
+        return replace(real, ram_available=budget - used, devices=[])
+
+    with Session(tiny["target"], None, runtime, Speculation()) as first:
+        pool = Pool(first, "tiny", runtime, Speculation(drafting=DrafterKind.PLAIN), 4, 300.0, lambda line: None)
+        monkeypatch.setattr(hardware, "machine", machine)
+
+        async def load(*names):
+            return [(await pool.get(name)).name for name in names]
+
+        try:
+            budget = int(2.5 * each)  # the first and one more
+            assert asyncio.run(load("tiny-b", "tiny-c", "tiny-b")) == ["tiny-b", "tiny-c", "tiny-b"]
+            assert sorted(s.name for s in pool.loaded.values()) == ["tiny", "tiny-b"]
+            budget = int(1.5 * each)  # the first alone: what is idle goes, and the first is never unloaded
+            with pytest.raises(NoRoom, match="needs about"):
+                asyncio.run(load("tiny-c"))
+            assert [s.name for s in pool.loaded.values()] == ["tiny"]
+        finally:
+            pool.close()
