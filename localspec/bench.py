@@ -8,13 +8,13 @@ cached by the previous mode would make the next look faster than it is.
 import gzip
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from time import perf_counter
 
 from . import hardware, mirror, paths
-from .config import DrafterKind, Limits, Sampling
+from .config import DrafterKind, Limits, Sampling, Speculation
 from .errors import InputError, UsageError
 from .events import Done, Event, Prefill, Step, Token
 from .session import ROLES, Session, is_message
@@ -376,6 +376,8 @@ class Control(StrEnum):
     PLAIN_AA = "plain-aa"
     # auto drafting from nothing generated earlier (as --no-suffix-cache): what the suffix cache adds
     AUTO_NO_SUFFIX = "auto-no-suffix"
+    # auto without drafting the text a grammar forces (--json-schema, --grammar): what jump-forward adds
+    AUTO_NO_FORCED = "auto-no-forced"
 
 
 Mode = DrafterKind | Control
@@ -385,12 +387,18 @@ ALIASES = {"aa": Control.PLAIN_AA}
 
 def decodes_with(mode: Mode) -> DrafterKind:
     """What a session decodes with in this mode."""
-    return {Control.PLAIN_AA: DrafterKind.PLAIN, Control.AUTO_NO_SUFFIX: DrafterKind.AUTO}.get(mode) or DrafterKind(mode)
+    return {Control.PLAIN_AA: DrafterKind.PLAIN, Control.AUTO_NO_SUFFIX: DrafterKind.AUTO,
+            Control.AUTO_NO_FORCED: DrafterKind.AUTO}.get(mode) or DrafterKind(mode)
 
 
 def remembers(mode: Mode) -> str | None:
     """The suffix cache a mode keeps its generations in and drafts from: its own, or none."""
     return None if mode == Control.AUTO_NO_SUFFIX else mode
+
+
+def speculation_for(mode: Mode, speculation: Speculation) -> Speculation:
+    """The session's speculation as a mode runs it: auto-no-forced leaves jump-forward out."""
+    return replace(speculation, jump_forward=mode != Control.AUTO_NO_FORCED)
 
 
 @dataclass
@@ -472,7 +480,8 @@ DEFAULT_MODES: list[Mode] = [DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.D
 MODES_HELP = (f"Comma-separated: {', '.join(MODES)} ({DrafterKind.DRAFT} needs --draft MODEL, {DrafterKind.MTP}"
               f" --draft mtp; {Control.PLAIN_AA}, or aa, is plain decoding again, an A/A control whose spread"
               f" is printed beside every ratio, and needs {DrafterKind.PLAIN}; {Control.AUTO_NO_SUFFIX} is"
-              f" auto not drafting from earlier generations). Default: {','.join(DEFAULT_MODES)};"
+              f" auto not drafting from earlier generations, {Control.AUTO_NO_FORCED} auto not drafting the text"
+              f" a grammar forces). Default: {','.join(DEFAULT_MODES)};"
               f" without --draft MODEL, the same less {DrafterKind.DRAFT}.")
 
 
@@ -564,6 +573,7 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
                 progress(f"{name} {number}/{len(prompts)} {mode}")
                 session.use(decodes_with(mode))
                 session.remember_as(remembers(mode))
+                session.speculation = speculation_for(mode, session.speculation)
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1

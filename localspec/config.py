@@ -65,10 +65,13 @@ class DrafterKind(StrEnum):
     PREDICTION = "prediction"
     # earlier generations in this process (SuffixDecoding's cache): one of auto's free drafters
     SUFFIX = "suffix"
+    # the text a grammar admits alone (jump-forward), drafted for the target to verify: beside any mode
+    # that drafts, wherever a grammar or JSON schema shapes the answer
+    FORCED = "forced"
 
     @property
     def is_mode(self) -> bool:
-        return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX)
+        return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX, DrafterKind.FORCED)
 
     @property
     def default_draft_max(self) -> int:
@@ -80,7 +83,7 @@ class DrafterKind(StrEnum):
 # 7 single ones) and stops short by itself wherever acceptance does not carry that far.
 DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
                      DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32,
-                     DrafterKind.SUFFIX: 32}
+                     DrafterKind.SUFFIX: 32, DrafterKind.FORCED: 32}
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Speculation:
     ngram_min: int = 2
     ngram_max: int = 4
     suffix_cache: bool = True  # auto drafts from earlier generations in this process too
+    jump_forward: bool = True  # under a grammar, the text it admits alone is drafted (ForcedDrafter)
 
     def __post_init__(self):
         object.__setattr__(self, "drafting", DrafterKind(self.drafting))

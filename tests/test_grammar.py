@@ -8,18 +8,22 @@ import numpy as np
 import pytest
 
 import localspec.engine.speculative as speculative
-from localspec.config import Limits, Sampling, Speculation
-from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.engine.backend import Context, Model
+from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.grammar import Grammar, from_json_schema, json_object
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
 from localspec.stats import record
 from test_lossless import ALPHA, FLOOR, LENGTH, SAMPLES, chi_square_p_value
+from tinymodels import LOWERCASE, TinySpec, write_tiny_model
 
 # vowels, then two consonants, then letters until a full stop: every position masks, in a different way
 LETTERS = r'root ::= [aeiou] [b-df-hj-np-tv-z]{2} [a-z]{0,30} "."'
 SHAPE = re.compile(r"[aeiou][b-df-hj-np-tv-z]{2}[a-z]{0,30}\.")
+# after a vowel the grammar admits "st" alone, then a vowel again: a forced text amid the model's choices
+FORCING = r'root ::= [aeiou] "st" [aeiou] [a-z]{0,30} "."'
 
 
 def text(target, tokens) -> str:
@@ -38,6 +42,22 @@ def test_the_grammar_says_which_tokens_come_next_and_follows_what_is_committed(t
         assert grammar.best(logits) == a
         grammar.accept(a)
         assert grammar.admits(b) and not grammar.admits(a)
+
+
+def test_the_grammar_says_what_text_it_alone_admits_without_committing_it(target):
+    model = target.model
+    a, s = (model.tokenize(c, add_special=False, parse_special=False)[-1] for c in "as")
+
+    def forced(grammar, most=16):
+        return grammar.forced_text(model.character_tokens, model.end_tokens, most)
+
+    with Grammar(model.vocab, FORCING) as grammar:
+        assert forced(grammar) == ("", "aeiou")
+        grammar.accept(a)
+        assert forced(grammar) == ("st", "aeiou") and forced(grammar, most=1) == ("s", "t")
+        assert grammar.admits(s) and not grammar.admits(a)  # asking committed nothing
+    with Grammar(model.vocab, 'root ::= ("abc" | "abd") "." | "ab"') as grammar:
+        assert forced(grammar) == ("ab", "cd")  # then c, d or the end
 
 
 def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
@@ -63,6 +83,19 @@ def test_greedy_text_under_a_grammar_is_the_same_with_and_without_speculation(lo
     drafted = greedy(target, drafter, prompt)
     assert drafted.text == plain.text
     assert drafted.summary().drafted > 0  # it did draft, and the grammar refused what it had to
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "forced alone"])
+def test_forced_text_is_drafted_and_the_greedy_text_stays_the_same(load, target, prompt, kind):
+    plain = greedy(target, NoDrafter(), prompt, FORCING)
+    assert plain.text[1:3] == "st" and not plain.drafters  # plain decoding drafts nothing
+    drafter = {"draft model": lambda: ModelDrafter(load("partial"), 0.0, target.model.n_vocab),
+               "ngram": lambda: NgramDrafter(1, 3),
+               "forced alone": lambda: NgramDrafter(16, 16)}[kind]()  # (no 16-token match in 40 tokens)
+    drafted = greedy(target, drafter, prompt, FORCING)
+    assert drafted.text == plain.text
+    if kind == "forced alone":  # (the tiny vocabulary spells "s" as a byte token too, which the target may prefer)
+        assert set(drafted.drafters) == {DrafterKind.FORCED} and drafted.drafters[DrafterKind.FORCED].drafted >= 2
 
 
 def test_a_json_schema_gives_json_that_validates(target, prompt):
@@ -114,3 +147,67 @@ def test_sampling_under_a_grammar_follows_the_targets_masked_distribution(load, 
         counts[outcome] = counts.get(outcome, 0) + 1
     assert all(text(target, outcome)[0] in "aeiou" for outcome in counts)  # the mask held on every draw
     assert chi_square_p_value(counts, masked_distribution(target, prompt, sampling)) > ALPHA
+
+
+@pytest.fixture(scope="module")
+def merging(tmp_path_factory):
+    """A target whose vocabulary spells "st" as one token too: a forced "st" may come as either."""
+    path = write_tiny_model(tmp_path_factory.mktemp("merging") / "st.gguf",
+                            TinySpec(seed=1, sharpness=2.0, pieces=LOWERCASE + ("st",)))
+    model = Model(path)
+    context = Context(model, 256, 64, threads=2, max_outputs=64)
+    yield context
+    context.close()
+    model.close()
+
+
+def test_sampling_with_forced_drafts_follows_the_targets_masked_distribution(merging):
+    """The forced text is tokenized as "st", which the target takes only with its masked p("st"): else
+    it chooses "s" (then "t"), and the rejection rule must leave exactly the target's distribution.
+    The false-alarm rate is ALPHA, as test_lossless's."""
+    target = merging
+    st = target.model.tokenize("st", add_special=False, parse_special=False)
+    assert len(st) == 1 or st[-1] != target.model.tokenize("t", add_special=False, parse_special=False)[-1]
+    prompt = target.model.tokenize("the cat sat on the mat", add_special=True, parse_special=False)
+    sampling = Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, grammar=FORCING)
+    speculation = Speculation(drafting=DrafterKind.NGRAM, draft_max=3, p_min=0.0)
+    counts, forced = {}, 0
+    for seed in range(SAMPLES):
+        recorded = []
+        events = speculative.generate(target, NgramDrafter(16, 16), prompt, replace(sampling, seed=seed), speculation,
+                                      Limits(max_tokens=LENGTH))
+        for event in events:
+            recorded.append(event)
+        outcome = tuple(e.id for e in recorded if isinstance(e, Token))
+        forced += any(getattr(e, "drafter", None) == DrafterKind.FORCED for e in recorded)
+        counts[outcome] = counts.get(outcome, 0) + 1
+    assert forced == SAMPLES  # every generation drafted its forced text
+    # "st" and "s" (a piece, or a byte token) all came: the rejection rule had work to do
+    assert len({outcome[1] for outcome in counts}) >= 2
+    assert chi_square_p_value(counts, masked_distribution(target, prompt, sampling)) > ALPHA
+
+
+@pytest.mark.parametrize("grammar, drafted", [
+    ('root ::= "as" ("p" | "k") "."', "as"),  # "s" stays a token of its own before "p" or "k"
+    ('root ::= "as" ("t" | "k") "."', "a"),  # before "t" the target would write "st": "s" is left to it
+])
+def test_a_forced_texts_last_token_is_drafted_only_where_nothing_after_merges_into_it(merging, grammar, drafted):
+    model = merging.model
+    with Grammar(model.vocab, grammar) as state:
+        draft = ForcedDrafter(state, model, NoDrafter()).propose([model.tokenize("a", False, False)[-1]], 8)
+    assert draft.source == DrafterKind.FORCED and b"".join(map(model.piece, draft.tokens)).decode() == drafted
+
+
+def test_bench_reads_what_jump_forward_adds_beside_auto(tiny):
+    from localspec import bench
+    from localspec.config import Runtime
+    from localspec.session import Session
+
+    prompt = bench.Prompt([{"role": "user", "content": "the cat sat"}])
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation()) as session:
+        found = bench.run(session, {"set": [prompt]}, [DrafterKind.PLAIN, DrafterKind.AUTO, "auto-no-forced"],
+                          Sampling(temperature=0, grammar=FORCING), Limits(max_tokens=24), lambda text: None)
+    rows = {row["mode"]: row for row in found}
+    assert rows["auto"]["drafters"][DrafterKind.FORCED]["accepted"] >= 1
+    assert DrafterKind.FORCED not in rows["auto-no-forced"]["drafters"]
+    assert rows["auto"]["differs_from_plain"] == rows["auto-no-forced"]["differs_from_plain"] == []

@@ -91,6 +91,21 @@ class Model:
                 return list(buffer[:n])
             capacity = -n
 
+    def spell(self, text: str) -> list[int]:
+        """Tokens that spell exactly `text` where it follows other text: a SentencePiece vocabulary puts a
+        space before the text it tokenizes, so there it is tokenized after a newline, and the tokens up to
+        the newline are dropped. [] where neither way spells it."""
+        tokens = self.tokenize(text, add_special=False, parse_special=False)
+        if b"".join(map(self.piece, tokens)) == text.encode():
+            return tokens
+        after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=False), b""
+        for i, token in enumerate(after):
+            spelled += self.piece(token)
+            if spelled.endswith(b"\n"):
+                rest = after[i + 1 :]
+                return rest if b"".join(map(self.piece, rest)) == text.encode() else []
+        return []
+
     def piece(self, token: int) -> bytes:
         """The bytes a token stands for in generated text (special tokens render as nothing)."""
         cached = self._pieces.get(token)
@@ -115,6 +130,24 @@ class Model:
         # a piece that does not fit the buffer answers with its length, negated
         return max(abs(llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
                    for token in range(self.n_vocab))
+
+    @cached_property
+    def character_tokens(self) -> dict[int, str]:
+        """The tokens that stand for one printable ASCII character (or a newline or tab) each, by id:
+        what a grammar is asked about to find the text it forces (Grammar.forced_text)."""
+        found = {}
+        for character in map(chr, [9, 10, *range(32, 127)]):
+            # a SentencePiece vocabulary puts a space token before the character's own
+            ids = self.tokenize(character, add_special=False, parse_special=False)
+            if ids and self.piece(ids[-1]) == character.encode():
+                found[ids[-1]] = character
+        return found
+
+    @cached_property
+    def end_tokens(self) -> tuple[int, ...]:
+        """The end-of-generation tokens a grammar may admit where its text can end (EOS, EOT)."""
+        ends = {llama.llama_vocab_eos(self._vocab), llama.llama_vocab_eot(self._vocab)}
+        return tuple(sorted(token for token in ends if token >= 0))
 
     def token_text(self, token: int) -> bytes:
         """The vocabulary entry itself, as stored in the GGUF."""

@@ -23,7 +23,8 @@ import numpy as np
 from ..config import DrafterKind, Sampling
 from ..events import Step
 from . import backend
-from .backend import Chain, Context
+from .backend import Chain, Context, Model
+from .grammar import Grammar
 from .sampling import Dist, chain_for, softmax
 from .suffix import SuffixCache
 
@@ -503,3 +504,48 @@ class SuffixDrafter:
 
 
 SUFFIX_MIN_MATCH = 2  # a one-token match among a million earlier tokens is chance, as n-gram lookup's ngram_min
+
+
+FORCED_CHARACTERS_PER_TOKEN = 8  # how far a forced text is looked for, per token that may be drafted
+# A forced text's last token is drafted only if no character the grammar admits after it would merge
+# into it (`"` before `:`, where the target writes `":`); past this many admitted characters, assume one would.
+MERGES_CHECKED = 8
+
+
+class ForcedDrafter:
+    """Jump-forward decoding, kept lossless: where the grammar admits one text alone (a JSON schema's
+    key and its closing quote, an enum's only value left), that text, tokenized, is the draft; elsewhere
+    the generation's own drafter (`then`) drafts.
+
+    SGLang appends such text without the target; with a BPE vocabulary that is not the target's output,
+    which may spell the same text with other tokens (`"sum` + `mary`), so here the target verifies it
+    like any other draft: nearly always accepted, and the output stays the target's own. Its drafts are
+    deterministic (q one-hot), so under sampling each token is kept with the masked p(x)."""
+
+    kind = DrafterKind.FORCED
+
+    def __init__(self, grammar: Grammar, model: Model, then: Drafter):
+        self.grammar, self.model, self.then = grammar, model, then
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.then.begin(prompt, sampling, rng)
+
+    def propose(self, history, k) -> Draft:
+        if k > 0:
+            text, after = self.grammar.forced_text(self.model.character_tokens, self.model.end_tokens,
+                                                   FORCED_CHARACTERS_PER_TOKEN * k)
+            tokens = self.model.spell(text) if text else []
+            if tokens and not self._ends_cleanly(text, tokens, after):
+                tokens.pop()
+            if tokens:
+                return Draft(tokens[:k], source=self.kind)
+        return self.then.propose(history, k)
+
+    def _ends_cleanly(self, text: str, tokens: list[int], after: str) -> bool:
+        """Whether the text's last token stays one whatever admitted character follows it."""
+        return len(after) <= MERGES_CHECKED and all(self.model.spell(text + c)[: len(tokens)] == tokens for c in after)
+
+    def observe(self, step: Step) -> None:
+        # the generation's own drafter learns from its own steps only
+        if step.drafter != self.kind and isinstance(self.then, Learner):
+            self.then.observe(step)

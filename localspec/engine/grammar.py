@@ -57,6 +57,7 @@ class Grammar:
             raise InputError(f"the grammar does not compile: {why}")
         self._one = np.empty(1, TOKEN_DATA)
         self._row: np.ndarray | None = None
+        self._probes: np.ndarray | None = None
 
     def admits(self, token: int) -> bool:
         self._one["id"], self._one["logit"] = token, 0.0
@@ -83,6 +84,33 @@ class Grammar:
             return top
         ids = self.admitted(logits)
         return int(ids[np.argmax(logits[ids])])
+
+    def forced_text(self, characters: dict[int, str], ends: tuple[int, ...], most: int) -> tuple[str, str]:
+        """The text the grammar admits alone from here (a JSON schema's key after its opening quote, say),
+        up to `most` characters, and the characters it admits after that text (where there are several).
+
+        Read character by character while exactly one of `characters` (tokens of one character each, by
+        id) is admitted and none of `ends` (end-of-generation tokens), on a copy of the grammar's state, so
+        nothing is committed. A BPE vocabulary spells a forced text with tokens of many lengths (`"s`,
+        `"sum`, ...), so a grammar forces a text, never a single token."""
+        if self._probes is None or len(self._probes) != len(characters) + len(ends):
+            self._probes = np.empty(len(characters) + len(ends), TOKEN_DATA)
+            self._probe_ids = np.array([*characters, *ends], dtype=np.int32)
+        probes, text = self._probes, []
+        state = llama.llama_sampler_clone(self._sampler)
+        try:
+            while True:
+                probes["id"], probes["logit"] = self._probe_ids, 0.0
+                array = llama.llama_token_data_array(probes.ctypes.data_as(llama.llama_token_data_p), len(probes),
+                                                     -1, False)
+                llama.llama_sampler_apply(state, ctypes.byref(array))
+                admitted = [int(token) for token in probes["id"][np.isfinite(probes["logit"])]]
+                if len(admitted) != 1 or admitted[0] not in characters or len(text) == most:
+                    return "".join(text), "".join(characters[token] for token in admitted if token in characters)
+                text.append(characters[admitted[0]])
+                llama.llama_sampler_accept(state, admitted[0])
+        finally:
+            llama.llama_sampler_free(state)
 
     def accept(self, token: int) -> None:
         """A token committed to the output (it must be one the grammar admits)."""

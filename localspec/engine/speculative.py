@@ -21,7 +21,7 @@ from ..errors import ContextOverflow, InputError
 from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
-from .drafters import Draft, Drafter, Learner
+from .drafters import Draft, Drafter, ForcedDrafter, Learner
 from .grammar import Grammar
 from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
@@ -56,12 +56,14 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     target.sample_with(chain_for(sampling), host=grammar is not None)
     started = perf_counter()
     reused = target.prefill(prompt[:-1])
+    model = target.model
+    draft_max = speculation.draft_limit(drafter.kind)
+    if grammar and speculation.jump_forward:
+        drafter = ForcedDrafter(grammar, model, drafter)
     drafter.begin(prompt, sampling, rng)
     learns = isinstance(drafter, Learner)
     yield Prefill(len(prompt), reused, perf_counter() - started)
 
-    model = target.model
-    draft_max = speculation.draft_limit(drafter.kind)
     text = TextStream(limits.stop)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
