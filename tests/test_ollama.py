@@ -89,3 +89,40 @@ def test_options_that_cannot_be_honoured_are_one_error_in_ollamas_shape(server, 
                                options={"num_ctx": 8192, "num_predict": 2}).done
     missing = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": []})
     assert missing.status_code == 400 and "messages is empty" in missing.json()["error"]
+
+
+UNIT = {"type": "object", "properties": {"length": {"type": "integer"}, "unit": {"enum": ["millimetres", "metres"]}},
+        "required": ["length", "unit"], "additionalProperties": False}
+
+
+@pytest.mark.slow
+def test_both_clients_unchanged_on_a_real_model_schema_embeddings_chat_and_generate(real_model, tmp_path):
+    """The openai package (a strict json_schema, embeddings) and the ollama package (list, a streamed
+    chat, generate, embed) against SmolLM2 as editors and web UIs call it."""
+    import openai
+    from test_server import ServerProcess
+
+    running = ServerProcess(tmp_path, real_model("smollm2-135m"), "--temp", "0", "-c", "1024", "--alias", "smol")
+    try:
+        ask = [{"role": "user", "content": "How long is a pencil? Answer in JSON."}]
+        reply = running.client().chat.completions.create(
+            model="smol", messages=ask, max_tokens=64,
+            response_format={"type": "json_schema", "json_schema": {"name": "length", "schema": UNIT, "strict": True}})
+        value = json.loads(reply.choices[0].message.content)
+        assert set(value) == {"length", "unit"} and isinstance(value["length"], int)
+        assert value["unit"] in ("millimetres", "metres") and reply.choices[0].finish_reason == "stop"
+        assert reply.model_extra["speculation"]["drafters"]["forced"]["accepted_tokens"] >= 2  # the keys, drafted
+        vectors = running.client().embeddings.create(model="smol", input=["a pencil", "a pen"]).data
+        assert len(vectors) == 2 and len(vectors[0].embedding) == 576  # SmolLM2-135M's width
+
+        local = ollama.Client(host=running.base)
+        assert [m.model for m in local.list().models] == ["smol"]
+        parts = list(local.chat("smol", messages=ask, stream=True, options={"num_predict": 16}))
+        assert len(parts) > 2 and parts[-1].done and parts[-1].eval_count == 16
+        said = local.generate("smol", prompt="The capital of France is", options={"num_predict": 8})
+        assert said.done and said.response.strip()
+        embedded = local.embed("smol", input=["a pencil", "a pen"]).embeddings
+        assert len(embedded) == 2 and embedded[0] == pytest.approx(vectors[0].embedding, abs=1e-5)
+        assert "Traceback" not in running.log()
+    finally:
+        assert running.stop() == 0, running.log()

@@ -91,19 +91,23 @@ class Model:
                 return list(buffer[:n])
             capacity = -n
 
+    def spell_of(self, tokens: Sequence[int]) -> bytes:
+        """The bytes the tokens spell in generated text."""
+        return b"".join(map(self.piece, tokens))
+
     def spell(self, text: str) -> list[int]:
         """Tokens that spell exactly `text` where it follows other text: a SentencePiece vocabulary puts a
         space before the text it tokenizes, so there it is tokenized after a newline, and the tokens up to
         the newline are dropped. [] where neither way spells it."""
         tokens = self.tokenize(text, add_special=False, parse_special=False)
-        if b"".join(map(self.piece, tokens)) == text.encode():
+        if self.spell_of(tokens) == text.encode():
             return tokens
         after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=False), b""
         for i, token in enumerate(after):
             spelled += self.piece(token)
             if spelled.endswith(b"\n"):
                 rest = after[i + 1 :]
-                return rest if b"".join(map(self.piece, rest)) == text.encode() else []
+                return rest if self.spell_of(rest) == text.encode() else []
         return []
 
     def piece(self, token: int) -> bytes:

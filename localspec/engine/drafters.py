@@ -531,15 +531,25 @@ class ForcedDrafter:
         self.then.begin(prompt, sampling, rng)
 
     def propose(self, history, k) -> Draft:
-        if k > 0:
-            text, after = self.grammar.forced_text(self.model.character_tokens, self.model.end_tokens,
-                                                   FORCED_CHARACTERS_PER_TOKEN * k)
-            tokens = self.model.spell(text) if text else []
-            if tokens and not self._ends_cleanly(text, tokens, after):
-                tokens.pop()
-            if tokens:
-                return Draft(tokens[:k], source=self.kind)
-        return self.then.propose(history, k)
+        forced = self._forced(k)
+        drafted = self.then.propose(history, k)
+        # The generation's own drafter may see further (a suffix-cache match runs on past a key into the
+        # punctuation after it): its draft stands wherever it spells the forced text and goes on.
+        spelled = self.model.spell_of
+        if forced and not (len(drafted.tokens) > len(forced) and spelled(drafted.tokens).startswith(spelled(forced))):
+            return Draft(forced, source=self.kind)
+        return drafted
+
+    def _forced(self, k: int) -> list[int]:
+        """Up to k tokens of the text the grammar forces from here."""
+        if k == 0:
+            return []
+        text, after = self.grammar.forced_text(self.model.character_tokens, self.model.end_tokens,
+                                               FORCED_CHARACTERS_PER_TOKEN * k)
+        tokens = self.model.spell(text) if text else []
+        if tokens and not self._ends_cleanly(text, tokens, after):
+            tokens.pop()
+        return tokens[:k]
 
     def _ends_cleanly(self, text: str, tokens: list[int], after: str) -> bool:
         """Whether the text's last token stays one whatever admitted character follows it."""
