@@ -52,6 +52,12 @@ class RawArray:
 # From llama.cpp's src/llama-arch.cpp (the pinned version): architectures whose layers keep a recurrent
 # state instead of (or beside) a KV cache, and those whose state it can roll back by a few tokens, as a
 # rejected draft needs (llm_arch_supports_rs_rollback).
+# Encoders (src/llama-arch.cpp): they embed text and cannot generate it; llama.cpp aborts the process
+# if asked for their logits. A converted encoder also says `{arch}.attention.causal = false`.
+ENCODER_ARCHITECTURES = frozenset({
+    "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "eurobert",
+    "t5encoder",
+})
 RECURRENT_ARCHITECTURES = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 HYBRID_ARCHITECTURES = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
@@ -88,6 +94,11 @@ class GGUFInfo:
 
     def arch(self, key: str, default=None):
         return self.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def generates(self) -> bool:
+        """Whether the model writes text (an embedding model's encoder only embeds it)."""
+        return self.architecture not in ENCODER_ARCHITECTURES and self.arch("attention.causal") is not False
 
     @property
     def recurrent(self) -> bool:

@@ -308,6 +308,8 @@ def show(info: GGUFInfo, template: str | None) -> dict:
         capabilities = ["completion", "tools"]  # (clients offer tools only to models that list them)
     except InputError:
         capabilities = ["completion"]
+    if not info.generates:
+        capabilities = ["embedding"]
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
             "model_info": model_info, "capabilities": capabilities}
 

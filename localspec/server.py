@@ -111,7 +111,7 @@ class Server:
             client = self._client(request)
             started = time.perf_counter_ns()
             body = await self._body(request)
-            served = await self._model(body.get("model"), body.get("keep_alive"))
+            served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")))
             job = await self._embedded(ollama.parse_embed(body), client, served)
             return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                                 time.perf_counter_ns() - started))
@@ -133,13 +133,13 @@ class Server:
             return JSONResponse(ollama.body(failure), status_code=failure.status, headers=failure.headers)
         return _error_response(failure)
 
-    async def _model(self, name, keep_alive=None) -> Served:
-        """The loaded model a request names (its `model`, and Ollama's `keep_alive`), loaded now if it is
-        not; ApiError 404 if it is not here."""
+    async def _model(self, name, keep_alive: float | None = None) -> Served:
+        """The loaded model a request names (its `model`; keep_alive: Ollama's, in seconds), loaded now
+        if it is not; ApiError 404 if it is not here."""
         if name is not None and not isinstance(name, str):
             raise ApiError(400, "model: a model's name is a string", param="model")
         try:
-            return await self.pool.get(name, ollama.keep_alive(keep_alive))
+            return await self.pool.get(name, keep_alive)
         except UnknownModel as error:
             raise ApiError(404, str(error), param="model", code="model_not_found") from None
         except NoRoom as error:
@@ -241,7 +241,7 @@ class Server:
                 except UnknownModel as error:
                     raise ApiError(404, str(error)) from None
                 return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
-            served = await self._model(body.get("model"), body.get("keep_alive"))
+            served = await self._model(body.get("model"), keep_alive)
             reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)
             parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate, served)
             if parsed is None:

@@ -445,6 +445,10 @@ class Session:
         """The events of one generation from prompt tokens (prompt_tokens makes them): Prefill, then Token
         and Step as they come, then Done. prediction: tokens the output is expected to follow
         (prediction_tokens makes them), drafted wherever it does; plain decoding leaves them unused."""
+        info = self.target_info
+        if not info.generates:  # llama.cpp would abort the process when asked for its logits
+            raise UsageError(f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
+                             " /v1/embeddings and /api/embed) and does not generate any")
         drafter = self.drafter
         if prediction and self.mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, self.speculation.draft_limit(self.mode))

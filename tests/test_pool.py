@@ -19,6 +19,7 @@ from localspec.session import Session
 from localspec.stats import record
 
 from test_server import PROMPT, ServerProcess
+from tinybert import N_EMBD, write_tiny_bert
 
 REGISTRY = """
 [families.tiny]
@@ -38,6 +39,12 @@ repo = "test/tiny-c-GGUF"
 file = "c.gguf"
 aliases = ["cee"]
 
+[models.tiny-embed]
+family = "tiny"
+params = "1M"
+repo = "test/tiny-embed-GGUF"
+file = "embed.gguf"
+
 [models.tiny-gone]
 family = "tiny"
 params = "1M"
@@ -55,6 +62,8 @@ def home(tmp_path, tiny):
     (home / "models.toml").write_text(REGISTRY)
     shutil.copy(tiny["unrelated"], home / "models" / "tiny-b" / "b.gguf")
     shutil.copy(tiny["partial"], home / "models" / "tiny-c" / "c.gguf")
+    (home / "models" / "tiny-embed").mkdir(parents=True)
+    write_tiny_bert(home / "models" / "tiny-embed" / "embed.gguf")
     return home
 
 
@@ -73,8 +82,9 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
     try:
         client = server.client()
         listed = {m.id: m.model_extra["meta"]["loaded"] for m in client.models.list().data}
-        assert listed == {"tiny": True, "tiny-b": False, "tiny-c": False}
-        assert sorted(m.model for m in ollama.Client(host=server.base).list().models) == ["tiny", "tiny-b", "tiny-c"]
+        assert listed == {"tiny": True, "tiny-b": False, "tiny-c": False, "tiny-embed": False}
+        assert sorted(m.model for m in ollama.Client(host=server.base).list().models) == [
+            "tiny", "tiny-b", "tiny-c", "tiny-embed"]
 
         reply = client.chat.completions.create(model="tiny-b", messages=[{"role": "user", "content": PROMPT}],
                                                max_tokens=8)
@@ -148,3 +158,27 @@ def test_the_least_recently_used_idle_model_makes_room_and_none_is_made_of_the_f
             assert [s.name for s in pool.loaded.values()] == ["tiny"]
         finally:
             pool.close()
+
+
+def test_an_embedding_model_asked_for_by_name_embeds_and_refuses_to_generate(home, tiny):
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = server.client()
+        vectors = client.embeddings.create(model="tiny-embed", input=["the cat sat", "a dog ran"]).data
+        assert [len(v.embedding) for v in vectors] == [N_EMBD, N_EMBD] and vectors[0].embedding != vectors[1].embedding
+        assert ollama.Client(host=server.base).show("tiny-embed").capabilities == ["embedding"]
+        embedded = ollama.Client(host=server.base).embed("tiny-embed", input="the cat sat").embeddings
+        assert embedded[0] == pytest.approx(vectors[0].embedding, abs=1e-5)  # pooled as its metadata says (mean)
+        with pytest.raises(openai.BadRequestError, match="is an embedding model"):
+            client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(ollama.ResponseError, match="is an embedding model"):
+            ollama.Client(host=server.base).generate("tiny-embed", prompt="hi")
+        assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_run_on_an_embedding_model_says_it_does_not_generate(localspec, tmp_path):
+    done = localspec("run", write_tiny_bert(tmp_path / "embed.gguf"), "hi")
+    assert done.returncode == 2 and b"is an embedding model (bert)" in done.stderr and b"Traceback" not in done.stderr
