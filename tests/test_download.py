@@ -493,7 +493,9 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
         assert again.json() == {"status": "success"}  # already there: nothing fetched
         unknown = httpx.post(server.base + "/api/pull", json={"model": "no-such-model", "stream": False})
         assert unknown.status_code == 404 and "no-such-model" in unknown.json()["error"]
-        assert httpx.post(server.base + "/api/generate", json={"model": "x", "prompt": "a", "stream": False,
-                                                               "options": {"num_predict": 2}}).json()["done"]
+        for model in ("target.gguf", "tiny-draft"):  # the one it serves, and the one pulled, loaded when asked for
+            answer = httpx.post(server.base + "/api/generate", json={"model": model, "prompt": "a", "stream": False,
+                                                                     "options": {"num_predict": 2}}, timeout=60).json()
+            assert answer["done"] and answer["model"] == model, answer
     finally:
         assert server.stop() == 0, server.log()

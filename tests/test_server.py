@@ -392,7 +392,8 @@ def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
     assert drafted >= accepted > 0
     assert value("localspec:spec_decode_num_accepted_tokens_per_pos") == accepted
     assert value("localspec:spec_decode_num_accepted_tokens_per_pos", position="0") > 0
-    assert value("localspec:drafter_draft_tokens", drafter="draft") == drafted
+    # each drafter's tokens add up to them all (earlier requests of the module's server drafted forced text too)
+    assert value("localspec:drafter_draft_tokens") == drafted and value("localspec:drafter_draft_tokens", drafter="draft") > 0
     assert value("localspec:requests_running") == 0
     assert value("localspec:suffix_cache_tokens") >= 8 and value("localspec:suffix_cache_bytes") > 0
 
