@@ -23,12 +23,18 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     """`localspec models`: what the registry says of each model and, once it is downloaded, what its
     layers mean for speculation."""
     rows = []
-    for entry in registry.load().values():
+    models = registry.load()
+    for entry in models.values():
+        if entry.drafts:  # listed with the model it drafts for
+            continue
         header, _ = header_and_size(entry)
         if header is None and installed_only:
             continue
+        drafters = registry.drafters_of(entry, models)
         rows.append(dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
                          size=entry.size, installed=header is not None, draft=entry.draft,
+                         drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
+                         unverified_drafters=[d.name for d in drafters if d.unverified],
                          license=license_text(entry), recurrent=header and header.recurrent,
                          rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers))
     return rows

@@ -49,6 +49,11 @@ class PypiSource:
     members: tuple[str, ...]
 
 
+# Drafters published beside a model, not run alone (llama.cpp's sidecar prefixes, in the order its
+# downloader prefers them: mtp > dspark > dflash > eagle3), and Gemma 4's assistant models.
+DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
@@ -66,6 +71,14 @@ class ModelEntry:
     alternatives: tuple[str, ...] = ()  # other Hub repos with the same file names
     pypi: PypiSource | None = None
     typed: str = ""  # how a user names it on the command line, where that is not its name (hf:...)
+    drafters: tuple[str, ...] = ()  # the drafters published beside it (registry names)
+    drafts: str | None = None  # one of DRAFTER_KINDS: a drafter published beside its target, not run alone
+    # How many public files pin its repo, file, size and sha256 (None: not counted); one is "unverified"
+    sources: int | None = None
+
+    @property
+    def unverified(self) -> bool:
+        return self.sources == 1
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -122,6 +135,9 @@ class _Model(_Table):
     aliases: list[str] = []
     alternatives: list[str] = []
     pypi: _Pypi | None = None
+    drafters: list[str] = []
+    drafts: str | None = None
+    sources: int | None = Field(None, ge=1)
 
 
 class _Document(_Table):
@@ -230,7 +246,14 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
         aliases=tuple(spec.aliases),
         alternatives=tuple(spec.alternatives),
         pypi=PypiSource(tuple(spec.pypi.packages), tuple(spec.pypi.members)) if spec.pypi else None,
+        drafters=tuple(spec.drafters),
+        drafts=spec.drafts,
+        sources=spec.sources,
     )
+    if entry.drafts is not None and entry.drafts not in DRAFTER_KINDS:
+        raise UsageError(f"{where}: drafts = {entry.drafts!r} is not a kind of drafter; one of {', '.join(DRAFTER_KINDS)}")
+    if entry.drafts and (entry.draft or entry.drafters):
+        raise UsageError(f"{where}: a drafter (drafts = {entry.drafts!r}) has no draft or drafters of its own")
     for file in entry.files:
         if not SAFE_FILE.match(file):
             raise UsageError(f"{where}: file name {file!r} must be a plain .gguf name, without folders")
@@ -286,12 +309,26 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
             return resolve(target.draft, models)
         raise UsageError("--draft auto needs a registry target with a recommended draft; name a draft instead")
     if family and re.fullmatch(r"\d+(\.\d+)?[mb]", text.lower()):
-        for entry in models.values():
-            if entry.family == family and entry.params.lower() == text.lower():
+        models_alone = [entry for entry in models.values() if entry.family == family and entry.drafts is None]
+        for entry in models_alone:
+            if entry.params.lower() == text.lower():
                 return entry
-        sizes = sorted(e.params for e in models.values() if e.family == family)
+        sizes = sorted(e.params for e in models_alone)
         raise UsageError(f"{family} has no {text} model; sizes known: {', '.join(sizes)}")
     return resolve(text, models)
+
+
+def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
+    """The drafters published beside a target, in the order llama.cpp prefers them (DRAFTER_KINDS)."""
+    models = load() if models is None else models
+    found = []
+    for name in target.drafters:
+        entry = models.get(name)
+        if entry is None or entry.drafts is None:
+            raise UsageError(f"model {target.name!r} names {name!r} among its drafters, but the registry has no"
+                             " drafter of that name (an entry with drafts = \"mtp\", \"eagle3\", ...)")
+        found.append(entry)
+    return sorted(found, key=lambda entry: DRAFTER_KINDS.index(entry.drafts))
 
 
 def compatible_drafts(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
@@ -301,7 +338,7 @@ def compatible_drafts(target: ModelEntry, models: dict[str, ModelEntry] | None =
     size = parameters(target)
     if size is None:
         return []
-    smaller = [e for e in models.values() if target.family and e.family == target.family
+    smaller = [e for e in models.values() if target.family and e.family == target.family and e.drafts is None
                and (parameters(e) or size) < size]
     return sorted(smaller, key=parameters)
 

@@ -120,12 +120,22 @@ def compat_report(report: CompatReport, console: Console = out) -> None:
 MODEL_COLUMNS = ("name", "params", "size", "installed", "draft", "layers", "aliases", "family", "license")
 
 
+UNVERIFIED = " ?"  # beside a size (or drafter) that one public source alone pins
+
+
+def drafts_text(row: dict) -> str:
+    """The draft model a target recommends and the drafters published beside it (mtp, eagle3, ...)."""
+    unverified = row.get("unverified_drafters", ())
+    beside = [kind + (UNVERIFIED if name in unverified else "") for kind, name in row.get("drafters", {}).items()]
+    return " + ".join(filter(None, [row["draft"] or "", ", ".join(beside)]))
+
+
 def models_table(rows: list[dict], console: Console = out) -> None:
     """Every name whole, at any width and in a pipe: the less useful columns are left out (and named
     below the table) rather than any name cut short."""
     cells = [{"name": shown(row["name"]), "aliases": shown(", ".join(row["aliases"])), "family": shown(row["family"]),
-              "params": shown(row["params"]), "size": size_text(row["size"]),
-              "installed": "[green]yes[/]" if row["installed"] else "no", "draft": shown(row["draft"] or ""),
+              "params": shown(row["params"]), "size": size_text(row["size"]) + (UNVERIFIED if row.get("unverified") else ""),
+              "installed": "[green]yes[/]" if row["installed"] else "no", "draft": shown(drafts_text(row)),
               "layers": layers_text(row), "license": shown(row["license"])} for row in rows]
     console = _whole_rows(console)
     widths = {column: max([len(Text.from_markup(c[column]).plain) for c in cells] + [len(column)])
@@ -141,6 +151,8 @@ def models_table(rows: list[dict], console: Console = out) -> None:
     for c in cells:
         table.add_row(*(c[column] for column in columns))
     console.print(table)
+    if any(row.get("unverified") or row.get("unverified_drafters") for row in rows):
+        console.print(f"[dim]{UNVERIFIED.strip()} unverified: one public source pins the file's name, size and sha256[/]")
     if len(columns) < len(MODEL_COLUMNS):
         console.print(f"[dim]not shown at this width: {', '.join(MODEL_COLUMNS[len(columns):])} (--json has them)[/]")
 

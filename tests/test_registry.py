@@ -99,6 +99,9 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
          "pinned as name==version"),
         ('[models.x]\nfile = "x.gguf"\n[models.x.pypi]\npackages = ["evil==1.0"]\nmembers = ["x"]\n',
          "needs the sha256"),
+        ('[models.x]\nfile = "x.gguf"\ndrafts = "medusa"\n', "'medusa' is not a kind of drafter"),
+        ('[models.x]\nfile = "x.gguf"\ndrafts = "mtp"\ndraft = "y"\n', "has no draft or drafters of its own"),
+        ('[models.x]\nfile = "x.gguf"\nsources = 0\n', "sources"),
     ],
 )
 def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):
@@ -214,3 +217,56 @@ def test_a_user_registry_python_cannot_read_is_one_line(cli, tmp_path, text, mes
     file.write_text(text)
     code, _, err = cli("models")
     assert code == 2 and err.startswith(f"error: {file} {message}") and len(err.splitlines()) == 1, err
+
+
+SIDECARS = """
+[models.big]
+family = "fam"
+params = "27B"
+repo = "org/big-GGUF"
+file = "big.gguf"
+sources = 2
+drafters = ["big-eagle", "big-mtp"]
+
+[models.big-mtp]
+family = "fam"
+params = "0.5B"
+repo = "org/big-GGUF"
+file = "mtp-big.gguf"
+drafts = "mtp"
+sources = 1
+
+[models.big-eagle]
+family = "fam"
+params = "0.3B"
+repo = "org/big-GGUF"
+file = "eagle3-big.gguf"
+drafts = "eagle3"
+"""
+
+
+def test_drafters_published_beside_a_model_are_named_by_it_and_never_drafts_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(SIDECARS)
+    models = registry.load()
+    big = models["big"]
+    assert [d.name for d in registry.drafters_of(big, models)] == ["big-mtp", "big-eagle"]  # llama.cpp's order
+    assert not big.unverified and models["big-mtp"].unverified and not models["big-eagle"].unverified
+    assert registry.compatible_drafts(big, models) == []  # a sidecar is no draft model of the family
+    with pytest.raises(UsageError, match="sizes known: 27B"):
+        registry.resolve_draft("0.5b", big, models)
+    (tmp_path / "models.toml").write_text(SIDECARS.replace('"big-mtp"]', '"big-gone"]'))
+    with pytest.raises(UsageError, match="names 'big-gone' among its drafters"):
+        registry.drafters_of(registry.load()["big"])
+
+
+def test_models_lists_a_targets_drafters_with_it_and_which_facts_are_unverified(cli, tmp_path):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "models.toml").write_text(SIDECARS)
+    code, out, _ = cli("models", "--json")
+    rows = {row["name"]: row for row in map(json.loads, out.splitlines())}
+    assert code == 0 and "big-mtp" not in rows and "big-eagle" not in rows
+    assert rows["big"]["drafters"] == {"mtp": "big-mtp", "eagle3": "big-eagle"}
+    assert rows["big"]["unverified"] is False and rows["big"]["unverified_drafters"] == ["big-mtp"]
+    code, out, _ = cli("models")
+    assert code == 0 and "mtp ?, eagle3" in out and "? unverified" in out

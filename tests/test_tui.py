@@ -209,3 +209,15 @@ def test_streamed_text_is_escaped_on_a_terminal_only(monkeypatch):
         monkeypatch.setattr(sys, "stdout", out)
         tui.stream([Token(1, "\x1b]8;;u\x1b\\a", False), Token(2, "\x9bb", False), Done("length", "", 0.1)], show=True)
         assert out.getvalue() == expected
+
+
+def test_models_table_names_drafters_published_beside_a_model_and_marks_unverified_facts():
+    console = Console(record=True, width=200)
+    tui.models_table([dict(name="qwen3.6-27b", aliases=[], family="qwen3.6", params="27B", size=19_095_766_304,
+                           installed=False, draft="qwen3.5-0.8b", drafters={"mtp": "q-mtp", "dflash": "q-dflash"},
+                           unverified=False, unverified_drafters=["q-dflash"], license="apache-2.0"),
+                      dict(name="one-source", aliases=[], family="f", params="1B", size=1_000_000_000, installed=False,
+                           draft=None, drafters={}, unverified=True, unverified_drafters=[], license="x")], console)
+    text = console.export_text()
+    assert "qwen3.5-0.8b + mtp, dflash ?" in text and "1.0 GB ?" in text and "19.1 GB ?" not in text
+    assert "? unverified: one public source" in text
