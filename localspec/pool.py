@@ -87,6 +87,8 @@ class Pool:
         """What can be served: the first model, then every downloaded registry model (and Hub file)."""
         out = [Available(self.first.name, _key(self.first.session), None)]
         for entry in registry.load().values():
+            if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
+                continue
             path = download.installed(entry)
             if path is not None and path.resolve() != out[0].path:
                 out.append(Available(entry.command_name, path.resolve(), entry))
@@ -105,6 +107,9 @@ class Pool:
             resolved = registry.resolve(name)
         except UsageError:
             resolved = None
+        if isinstance(resolved, registry.ModelEntry) and resolved.drafts:
+            raise UnknownModel(f"{resolved.name!r} is the {resolved.drafts} drafter published beside another model,"
+                               " not a model to serve")
         if isinstance(resolved, registry.ModelEntry):
             path = download.installed(resolved)
             if path is not None:

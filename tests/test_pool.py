@@ -45,6 +45,12 @@ params = "1M"
 repo = "test/tiny-embed-GGUF"
 file = "embed.gguf"
 
+[models.tiny-b-mtp]
+family = "tiny"
+repo = "test/tiny-b-GGUF"
+file = "mtp-b.gguf"
+drafts = "mtp"
+
 [models.tiny-gone]
 family = "tiny"
 params = "1M"
@@ -64,6 +70,8 @@ def home(tmp_path, tiny):
     shutil.copy(tiny["partial"], home / "models" / "tiny-c" / "c.gguf")
     (home / "models" / "tiny-embed").mkdir(parents=True)
     write_tiny_bert(home / "models" / "tiny-embed" / "embed.gguf")
+    (home / "models" / "tiny-b-mtp").mkdir(parents=True)  # (a drafter's file: any GGUF stands in for it here)
+    shutil.copy(tiny["same"], home / "models" / "tiny-b-mtp" / "mtp-b.gguf")
     return home
 
 
@@ -115,7 +123,8 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
         assert server.stop() == 0, server.log()
 
 
-@pytest.mark.parametrize("name, said", [("nope", "not served here"), ("tiny-gone", "not downloaded")])
+@pytest.mark.parametrize("name, said", [("nope", "not served here"), ("tiny-gone", "not downloaded"),
+                                        ("tiny-b-mtp", "the mtp drafter published beside another model")])
 def test_a_model_that_is_not_here_is_one_404_in_each_protocol(home, tiny, name, said):
     server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
     try:
