@@ -8,6 +8,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from tinymodels import finish
+
 N_EMBD = 32
 N_HEAD = 2
 N_LAYER = 1
@@ -62,10 +64,4 @@ def write_tiny_bert(path: Path, seed: int = 5) -> Path:
         tensors[f"{block}.ffn_up.weight"], tensors[f"{block}.ffn_up.bias"] = normal(N_FF, N_EMBD), np.zeros(N_FF, np.float32)
         tensors[f"{block}.ffn_down.weight"], tensors[f"{block}.ffn_down.bias"] = normal(N_EMBD, N_FF), zeros
         tensors[f"{block}.layer_output_norm.weight"], tensors[f"{block}.layer_output_norm.bias"] = ones, zeros
-    for name, tensor in tensors.items():
-        writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish(writer, tensors, path)
