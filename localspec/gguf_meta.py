@@ -79,6 +79,7 @@ class GGUFInfo:
     parameters: int
     token_digest: str | None
     merges_digest: str | None
+    trunk: bool = True  # whether it holds its first layer's weights (an MTP sidecar holds only its MTP block)
 
     def get(self, key: str, default=None):
         value = self.metadata.get(key, default)
@@ -94,6 +95,12 @@ class GGUFInfo:
 
     def arch(self, key: str, default=None):
         return self.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def mtp_sidecar(self) -> bool:
+        """An MTP block published in a file of its own beside a target built without one (ggml-org's
+        `mtp-` files): llama.cpp's qwen35 loader takes a file with MTP layers and no first layer as one."""
+        return self.mtp_layers > 0 and not self.trunk
 
     @property
     def generates(self) -> bool:
@@ -273,7 +280,7 @@ class _Reader:
         for _ in range(kv_count):
             key = self.string()
             metadata[key] = self.value(self.take("<I"))
-        parameters = self._tensors(tensor_count, metadata)
+        parameters, names = self._tensors(tensor_count, metadata)
         return GGUFInfo(
             path=self.path,
             version=version,
@@ -283,9 +290,11 @@ class _Reader:
             parameters=parameters,
             token_digest=self._digest(metadata.get("tokenizer.ggml.tokens")),
             merges_digest=self._digest(metadata.get("tokenizer.ggml.merges")),
+            trunk=any(name.startswith("blk.0.") for name in names) or not any(name.startswith("blk.") for name in names),
         )
 
-    def _tensors(self, count: int, metadata: dict) -> int:
+    def _tensors(self, count: int, metadata: dict) -> tuple[int, list[str]]:
+        """The parameter count and the tensors' names."""
         tensors = []
         for _ in range(count):
             name = self.string()
@@ -312,7 +321,7 @@ class _Reader:
             end = data_start + offset + elements // block * block_bytes
             if end > self.size:
                 self.fail(f"tensor {name} extends past the end of the file (truncated download?)")
-        return parameters
+        return parameters, [name for name, *_ in tensors]
 
     def _digest(self, array) -> str | None:
         if not isinstance(array, RawArray):

@@ -203,22 +203,28 @@ class Session:
         self._owned: list = []
         self._auto: policy.AutoDrafter | None = None
         try:
-            # The target's MTP layers draft when asked for, and under auto beside any draft model.
-            asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = asked or speculation.drafting == DrafterKind.AUTO
             if placement is None:
                 workers = rpc.Workers(runtime.rpc) if workers is None else workers
                 placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
             self.plan = placement
+            # A draft that is an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the
+            # target's own MTP layers would: fixed drafting with it is the mtp mode.
+            sidecar = draft is not None and placement.models[1].mtp_sidecar
+            if sidecar and speculation.drafting == DrafterKind.DRAFT:
+                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP)
+            # The target's MTP layers draft when asked for, and under auto beside any draft model.
+            asked = speculation.drafting == DrafterKind.MTP
+            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar
             watch = workers or None  # the workers' devices may hold layers of either model
             placed = placement.target
             self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
                                                 tensor_split=placed.tensor_split, repack=runtime.repack,
                                                 mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
-            mtp = bool(self.target_model.mtp_layers)
+            mtp = bool(self.target_model.mtp_layers) or sidecar
             if asked and not mtp:
                 raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
-                                 " use --draft ngram or a draft model")
+                                 " give its MTP sidecar file (mtp-*.gguf) as --draft, or use --draft ngram or a"
+                                 " draft model")
             # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
             rows = speculation.longest_draft + 1
             n_batch = max(runtime.prompt_batch, rows)
@@ -247,10 +253,13 @@ class Session:
             self.model_drafter = None
             self.mtp_drafter = None
             if mtp:
-                block = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
+                block_model = self.target_model if not sidecar else self._own(Model(
+                    draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=True, repack=runtime.repack,
+                    mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
+                block = self._own(Context(block_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                           rows, mtp=True, flash_attn=runtime.flash_attn))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
-            if draft is not None:
+            if draft is not None and not sidecar:
                 draft_model = self._own(Model(draft, placement.draft.gpu_layers, placement.draft.devices,
                                               repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
                                               watch=watch))
@@ -558,7 +567,8 @@ class Session:
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
         draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
-        mtp = "its own MTP layers" if self.mtp_drafter else ""
+        mtp = ("" if not self.mtp_drafter else "its own MTP layers" if self.mtp_drafter.context.model is self.target_model
+               else f"its MTP layers ({self.mtp_drafter.context.model.path.name})")
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
                     DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp,
                     DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp])}[self.mode]

@@ -91,6 +91,10 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     paths = {name: write_tiny_model(folder / f"{name}.gguf", spec) for name, spec in TINY_MODELS.items()}
     # Qwen3.5-style: a hybrid trunk and one MTP block whose drafts are accepted about half the time
     paths["mtp"] = write_tiny_mtp_model(folder / "mtp.gguf", seed=3, sharpness=4.0, layer_scale=0.5)
+    # the same model built without its MTP block, which comes in a sidecar file of its own (Qwen3.6's layout)
+    paths["mtp_trunk"] = write_tiny_mtp_model(folder / "trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5, part="trunk")
+    paths["mtp_sidecar"] = write_tiny_mtp_model(folder / "mtp-trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5,
+                                                part="sidecar")
     return paths
 
 

@@ -21,26 +21,53 @@ GREEDY = Sampling(temperature=0)
 SPECULATION = Speculation(draft_max=3, p_min=0.0)
 
 
-@pytest.fixture(scope="module")
-def mtp(tiny):
-    """(target context keeping hidden states, MtpDrafter) on the tiny MTP model."""
-    model = Model(tiny["mtp"], load_mtp=True)
+@pytest.fixture(scope="module", params=["embedded", "sidecar"])
+def mtp(tiny, request):
+    """(target context keeping hidden states, MtpDrafter) on the tiny MTP model: its MTP block in the
+    target's file, or in a sidecar file beside a target built without it."""
+    if request.param == "embedded":
+        model = block_model = Model(tiny["mtp"], load_mtp=True)
+    else:
+        model, block_model = Model(tiny["mtp_trunk"]), Model(tiny["mtp_sidecar"], load_mtp=True)
     target = Context(model, 512, 64, 2, max_outputs=64, keep_hidden=True)
-    block = Context(model, 512, 64, 2, max_outputs=64, mtp=True)
+    block = Context(block_model, 512, 64, 2, max_outputs=64, mtp=True)
     yield target, MtpDrafter(target, block, 0.0)
     block.close()
     target.close()
     model.close()
+    block_model.close()
 
 
 def tokens_of(events) -> list[int]:
     return [e.id for e in events if isinstance(e, Token)]
 
 
-def test_the_header_and_llama_cpp_agree_on_the_mtp_layer(mtp, tiny):
-    target, _ = mtp
-    assert target.model.mtp_layers == 1 and gguf_meta.read(tiny["mtp"]).mtp_layers == 1
-    assert gguf_meta.read(tiny["target"]).mtp_layers == 0
+def test_the_header_and_llama_cpp_agree_on_the_mtp_layer(tiny):
+    assert Model(tiny["mtp"], load_mtp=True).mtp_layers == 1 and gguf_meta.read(tiny["mtp"]).mtp_layers == 1
+    assert gguf_meta.read(tiny["target"]).mtp_layers == 0 and gguf_meta.read(tiny["mtp_trunk"]).mtp_layers == 0
+    sidecar = gguf_meta.read(tiny["mtp_sidecar"])
+    assert sidecar.mtp_sidecar and not gguf_meta.read(tiny["mtp"]).mtp_sidecar
+    assert Model(tiny["mtp_sidecar"], load_mtp=True).mtp_layers == 1
+
+
+def test_an_mtp_sidecar_given_as_the_draft_drafts_as_the_targets_own_mtp_layers(tiny, localspec):
+    runtime = Runtime(ctx_size=512)
+    with Session(tiny["mtp_trunk"], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
+        prompt = plain.tokenize("the cat sat", raw=True)
+        expected = record(plain.generate(prompt, GREEDY, Limits(40))).text
+    fixed = Speculation(DrafterKind.DRAFT, draft_max=3, p_min=0.0)  # what --spec fixed makes of a draft file
+    with Session(tiny["mtp_trunk"], tiny["mtp_sidecar"], runtime, fixed) as session:
+        assert session.mode == DrafterKind.MTP and session.model_drafter is None
+        assert "mtp-trunk.gguf" in session.describe()
+        drafted = record(session.generate(prompt, GREEDY, Limits(40)))
+    assert drafted.text == expected and drafted.drafters[DrafterKind.MTP].accepted > 0
+    with pytest.raises(UsageError, match="give its MTP sidecar file"):
+        Session(tiny["mtp_trunk"], None, runtime, Speculation(DrafterKind.MTP))
+    done = localspec("run", tiny["mtp_trunk"], "--draft", tiny["mtp_sidecar"], "--spec", "fixed", "--p-min", "0",
+                     "--temp", "0", "-p", "the cat sat", "--raw", "-n", "40", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["text"] == expected and summary["stats"]["drafters"]["mtp"]["accepted"] > 0
 
 
 def test_greedy_mtp_drafts_are_checked_by_the_target_and_the_output_is_plain_decodings(mtp, prompt):

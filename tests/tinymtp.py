@@ -75,11 +75,15 @@ def _tensors(seed: int, n_vocab: int) -> dict[str, np.ndarray]:
 
 
 def write_tiny_mtp_model(path: Path, seed: int, sharpness: float = 1.0, layer_scale: float = 1.0,
-                         pieces=LOWERCASE) -> Path:
+                         pieces=LOWERCASE, part: str = "whole") -> Path:
     """layer_scale < 1 shrinks what every block adds to its input, so each hidden state stays close
     to its token's embedding and the next token depends mostly on the last one; with the MTP block
     reading the next token's embedding (eh_proj passing it through) it then predicts what the target
-    will: its drafts are mostly accepted, not mostly rejected as random weights' are."""
+    will: its drafts are mostly accepted, not mostly rejected as random weights' are.
+
+    part: "whole"; "trunk", the model built without its MTP block (as ggml-org publishes Qwen3.6);
+    or "sidecar", the MTP block alone in a file of its own (its `mtp-` file: no trunk layers, which
+    llama.cpp's qwen35 loader takes as an MTP-only file)."""
     tensors = _tensors(seed, len(spm_vocab(pieces)))
     if layer_scale != 1.0:
         for name, weights in tensors.items():
@@ -89,13 +93,19 @@ def write_tiny_mtp_model(path: Path, seed: int, sharpness: float = 1.0, layer_sc
                                                                  ).astype(np.float32)
     tensors["output.weight"] = tensors["output.weight"] * np.float32(sharpness)
     tensors["output.weight"][:3] = 0.0  # as tinymodels: end of text possible, rarely chosen greedily
+    trunk = tuple(f"blk.{layer}." for layer in range(TRUNK))
+    if part == "trunk":
+        tensors = {name: weights for name, weights in tensors.items() if not name.startswith(f"blk.{TRUNK}.")}
+    elif part == "sidecar":
+        tensors = {name: weights for name, weights in tensors.items() if not name.startswith(trunk)}
     a = ARCHITECTURE
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_name(path.stem)
     writer.add_context_length(512)
     writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(TRUNK + 1)
-    writer.add_uint32(f"{a}.nextn_predict_layers", 1)
+    writer.add_block_count(TRUNK if part == "trunk" else TRUNK + 1)
+    if part != "trunk":
+        writer.add_uint32(f"{a}.nextn_predict_layers", 1)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
