@@ -332,6 +332,13 @@ def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None)
     return sorted(found, key=lambda entry: DRAFTER_KINDS.index(entry.drafts))
 
 
+def published_drafter(target: Resolved, kind: str, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
+    """The drafter of this kind (mtp, eagle3, ...) the registry names beside a target, if any."""
+    if not isinstance(target, ModelEntry):
+        return None
+    return next((entry for entry in drafters_of(target, models) if entry.drafts == kind), None)
+
+
 def compatible_drafts(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
     """Registry models that share the target's tokenizer family and are known to be smaller (a draft
     as big as its target cannot pay), smallest first."""

@@ -176,6 +176,10 @@ def open_session(
     stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
+    if speculation.drafting == DrafterKind.MTP and draft_model is None:
+        # a target published without its MTP layers drafts with the sidecar the registry names beside it
+        sidecar = registry.published_drafter(registry.resolve(target), DrafterKind.MTP)
+        draft_model = sidecar.name if sidecar else None
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
@@ -561,14 +565,20 @@ class Session:
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
-        return self.plan.report(draft=self.model_drafter is not None,
+        return self.plan.report(draft=self.model_drafter is not None or self._mtp_sidecar is not None,
                                 sampling="backend" if self.target.on_backend else "host", drafting=self.mode)
+
+    @property
+    def _mtp_sidecar(self) -> str | None:
+        """The file of the MTP block that drafts, where it is not the target's own."""
+        block = self.mtp_drafter.context.model if self.mtp_drafter else None
+        return block.path.name if block is not None and block is not self.target_model else None
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
         draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
-        mtp = ("" if not self.mtp_drafter else "its own MTP layers" if self.mtp_drafter.context.model is self.target_model
-               else f"its MTP layers ({self.mtp_drafter.context.model.path.name})")
+        mtp = ("" if not self.mtp_drafter else f"its MTP layers ({self._mtp_sidecar})" if self._mtp_sidecar
+               else "its own MTP layers")
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
                     DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp,
                     DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp])}[self.mode]

@@ -46,6 +46,8 @@ def hub(tiny, big_file):
     hub.add("test/gated-GGUF", tiny["target"])
     hub.add("test/split-GGUF", tiny["target"], "tiny-q4_k_m.gguf")
     hub.add("test/split-GGUF", tiny["partial"], "tiny-q8_0.gguf")
+    hub.add("test/trunk-GGUF", tiny["mtp_trunk"])  # a model built without its MTP block, and the block beside it
+    hub.add("test/trunk-GGUF", tiny["mtp_sidecar"])
     server = serve(hub)
     yield hub
     server.shutdown()
@@ -101,6 +103,21 @@ size = {10**18}
 repo = "test/tiny-GGUF"
 alternatives = ["test/other-GGUF"]
 file = "target.gguf"
+
+[models.trunk]
+family = "tiny-qwen35"
+params = "1M"
+repo = "test/trunk-GGUF"
+file = "trunk.gguf"
+sha256 = "{sha256(tiny["mtp_trunk"])}"
+drafters = ["trunk-mtp"]
+
+[models.trunk-mtp]
+family = "tiny-qwen35"
+repo = "test/trunk-GGUF"
+file = "mtp-trunk.gguf"
+sha256 = "{sha256(tiny["mtp_sidecar"])}"
+drafts = "mtp"
 """)
     return home
 
@@ -499,3 +516,15 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
             assert answer["done"] and answer["model"] == model, answer
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_draft_mtp_fetches_the_sidecar_the_registry_names_beside_a_target_built_without_one(localspec, home, tiny):
+    pulled = localspec("pull", "trunk", "--draft", "mtp")
+    assert pulled.returncode == 0, pulled.stderr
+    assert [Path(line).name for line in pulled.stdout.split()] == ["trunk.gguf", "mtp-trunk.gguf"]
+    done = localspec("run", "trunk", "--draft", "mtp", "--p-min", "0", "--temp", "0", "-p", "the cat sat", "--raw",
+                     "-n", "24", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["stats"]["drafters"]["mtp"]["accepted"] > 0
+    assert summary["placement"]["draft"]["file"] == "mtp-trunk.gguf" and summary["placement"]["drafting"] == "mtp"
