@@ -283,22 +283,12 @@ def _check_free_space(directory: Path, size: int, what: str) -> None:
 def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
     if offline or offline_requested():
         raise FetchError(f"{query.repo}:{query.quant} needs the Hub to find its file; name a downloaded model instead")
-    try:
-        files = huggingface_hub.list_repo_files(query.repo)
-    except hub_errors.GatedRepoError:
-        raise FetchError(f"{query.repo} is gated: {GATED_HINT}") from None
-    except hub_errors.RepositoryNotFoundError:
-        hint = " (or it is private or gated: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
-        raise FetchError(f"repository {query.repo} does not exist on the Hub{hint}") from None
-    except (hub_errors.HfHubHTTPError, OSError) as error:
-        raise FetchError(f"cannot list {query.repo} on the Hub: {error}") from None
-    except httpx2.TransportError as error:
-        raise FetchError(f"cannot reach the Hugging Face Hub to list {query.repo} ({error or type(error).__name__});"
-                         " check the network") from None
+    files = _listing(query.repo)
     wanted = query.quant.lower()
-    matching = sorted(f for f in files if f.endswith(".gguf") and wanted in f.lower())
+    # a sidecar (mtp-, dflash-, ...) or projector of the same quantization is no model to run
+    matching = sorted(f for f in files if registry.is_model_file(f) and wanted in f.lower())
     if not matching:
-        quants = sorted(f for f in files if f.endswith(".gguf"))
+        quants = sorted(f for f in files if registry.is_model_file(f))
         raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
     first = next((f for f in matching if SPLIT_MARK in f), matching[0])
     parts = ()
@@ -306,6 +296,34 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
         stem = first.split(SPLIT_MARK)[0]
         parts = tuple(f for f in matching if f.startswith(stem + "-") and "-of-" in f)
     return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=parts)
+
+
+def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> ModelEntry | None:
+    """The `kind` drafter (mtp, dflash, ...) published beside a Hub model, found in its repo's listing
+    by llama.cpp's rules (registry.sidecar_in); None where there is none, or for a local file."""
+    if isinstance(resolved, Path) or offline or offline_requested():
+        return None
+    entry = _entry_for_quant(resolved, offline) if isinstance(resolved, RepoQuant) else resolved
+    if entry.repo is None:
+        return None
+    found = registry.sidecar_in(_listing(entry.repo), entry.file, kind)
+    return ModelEntry(name=f"{entry.repo}/{found}", file=found, repo=entry.repo) if found else None
+
+
+def _listing(repo: str) -> list[str]:
+    """The files of a Hub repo."""
+    try:
+        return huggingface_hub.list_repo_files(repo)
+    except hub_errors.GatedRepoError:
+        raise FetchError(f"{repo} is gated: {GATED_HINT}") from None
+    except hub_errors.RepositoryNotFoundError:
+        hint = " (or it is private or gated: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
+        raise FetchError(f"repository {repo} does not exist on the Hub{hint}") from None
+    except (hub_errors.HfHubHTTPError, OSError) as error:
+        raise FetchError(f"cannot list {repo} on the Hub: {error}") from None
+    except httpx2.TransportError as error:
+        raise FetchError(f"cannot reach the Hugging Face Hub to list {repo} ({error or type(error).__name__});"
+                         " check the network") from None
 
 
 def remove(entry: ModelEntry) -> int:

@@ -54,6 +54,27 @@ class PypiSource:
 DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
 
 
+# Parts of a file's name that make it no model of its own (llama.cpp's gguf_filename_is_model)
+NOT_A_MODEL = ("mmproj", "imatrix", *(f"{kind}-" for kind in DRAFTER_KINDS if kind != "assistant"))
+
+
+def is_model_file(name: str) -> bool:
+    return name.endswith(".gguf") and not any(mark in name.lower() for mark in NOT_A_MODEL)
+
+
+def sidecar_in(files: list[str], model_file: str, kind: str) -> str | None:
+    """The file of a repo's listing that llama.cpp takes for the model's `kind` drafter (mtp, dspark,
+    dflash, eagle3): one whose name holds `kind-`, in the model's folder or a folder above it, the
+    closest first, then the one of the same quantization as the model, then by name."""
+    folder = model_file.rpartition("/")[0]
+    quant = re.search(r"-(\w+)\.gguf$", model_file)
+    found = [f for f in files if f.endswith(".gguf") and f"{kind}-" in f.rpartition("/")[2].lower()
+             and folder.startswith(f.rpartition("/")[0])]
+    if not found:
+        return None
+    return min(found, key=lambda f: (-len(f.rpartition("/")[0]), not (quant and f.endswith(f"-{quant[1]}.gguf")), f))
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     name: str

@@ -177,9 +177,7 @@ def open_session(
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
     if speculation.drafting == DrafterKind.MTP and draft_model is None:
-        # a target published without its MTP layers drafts with the sidecar the registry names beside it
-        sidecar = registry.published_drafter(registry.resolve(target), DrafterKind.MTP)
-        draft_model = sidecar.name if sidecar else None
+        draft_model = _mtp_sidecar(target, offline)
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
@@ -188,6 +186,20 @@ def open_session(
     with loading(f"loading {' and '.join(info.path.name for info in placement.models)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation, placement,
                        workers)
+
+
+def _mtp_sidecar(target: str, offline: bool) -> str | None:
+    """The MTP block published beside a target built without one, as --draft takes it: the one the
+    registry names, or, for a Hub file (hf:..., owner/repo:QUANT), an `mtp-` file of its repo found by
+    llama.cpp's rules. None: the target drafts with its own MTP layers, if it has them."""
+    resolved = registry.resolve(target)
+    named = registry.published_drafter(resolved, DrafterKind.MTP)
+    if named is not None:
+        return named.name
+    if isinstance(resolved, registry.RepoQuant) or isinstance(resolved, registry.ModelEntry) and resolved.typed:
+        found = download.published_sidecar(resolved, DrafterKind.MTP, offline)
+        return f"hf:{found.repo}/{found.file}" if found else None
+    return None
 
 
 class Session:

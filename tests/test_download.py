@@ -528,3 +528,14 @@ def test_draft_mtp_fetches_the_sidecar_the_registry_names_beside_a_target_built_
     summary = json.loads(done.stdout)
     assert summary["stats"]["drafters"]["mtp"]["accepted"] > 0
     assert summary["placement"]["draft"]["file"] == "mtp-trunk.gguf" and summary["placement"]["drafting"] == "mtp"
+
+
+def test_a_hub_file_with_draft_mtp_finds_the_sidecar_in_its_repo_and_a_quantization_never_names_one(localspec):
+    done = localspec("run", "hf:test/trunk-GGUF/trunk.gguf", "--draft", "mtp", "--p-min", "0", "--temp", "0", "-p",
+                     "the cat sat", "--raw", "-n", "24", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["placement"]["draft"]["file"] == "mtp-trunk.gguf" and summary["stats"]["drafters"]["mtp"]["accepted"] > 0
+    # "trunk" matches both files' names; the one with mtp- in it is the sidecar, not the model
+    pulled = localspec("pull", "test/trunk-GGUF:trunk")
+    assert pulled.returncode == 0 and Path(pulled.stdout.strip()).name == "trunk.gguf", pulled.stderr

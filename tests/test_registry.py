@@ -285,3 +285,16 @@ def test_models_lists_a_targets_drafters_with_it_and_which_facts_are_unverified(
     assert rows["big"]["unverified"] is False and rows["big"]["unverified_drafters"] == ["big-mtp"]
     code, out, _ = cli("models")
     assert code == 0 and "mtp ?, eagle3" in out and "? unverified" in out
+
+
+def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_model():
+    files = ["Qwen3.6-27B-Q4_K_M.gguf", "mtp-Qwen3.6-27B-Q4_0.gguf", "mtp-Qwen3.6-27B-Q8_0.gguf",
+             "dflash-Qwen3.6-27B-Q8_0.gguf", "mmproj-F16.gguf", "sub/mtp-elsewhere-Q4_K_M.gguf"]
+    assert registry.sidecar_in(files, "Qwen3.6-27B-Q4_K_M.gguf", "mtp") == "mtp-Qwen3.6-27B-Q4_0.gguf"
+    assert registry.sidecar_in(files, "Qwen3.6-27B-Q4_K_M.gguf", "dflash") == "dflash-Qwen3.6-27B-Q8_0.gguf"
+    assert registry.sidecar_in(files, "Qwen3.6-27B-Q4_K_M.gguf", "eagle3") is None
+    # the model's own folder first, then folders above it (never one below); the same quantization first
+    assert registry.sidecar_in(files, "sub/model-Q4_K_M.gguf", "mtp") == "sub/mtp-elsewhere-Q4_K_M.gguf"
+    assert registry.sidecar_in(files, "sub/model-Q8_0.gguf", "mtp") == "sub/mtp-elsewhere-Q4_K_M.gguf"
+    assert registry.sidecar_in(["mtp-a-Q8_0.gguf", "mtp-a-Q4_0.gguf"], "a-Q4_0.gguf", "mtp") == "mtp-a-Q4_0.gguf"
+    assert [f for f in files if registry.is_model_file(f)] == ["Qwen3.6-27B-Q4_K_M.gguf"]
