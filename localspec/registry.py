@@ -326,6 +326,11 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     a size such as `1b` meaning that size in the target's family."""
     models = load() if models is None else models
     family = target.family if isinstance(target, ModelEntry) else ""
+    if text.lower() in DRAFTER_KINDS and text.lower() != "mtp" and text.lower() not in _names(models):
+        named = published_drafter(target, text.lower(), models)
+        beside = f" ({named.name} is published beside {target.name})" if named else ""
+        raise UsageError(f"drafting with {text.lower()} drafters is not built yet{beside}; --draft mtp, a draft"
+                         " model, or ngram draft today")
     if text == AUTO:
         if isinstance(target, ModelEntry) and target.draft:
             return resolve(target.draft, models)

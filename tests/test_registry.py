@@ -298,3 +298,11 @@ def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_mod
     assert registry.sidecar_in(files, "sub/model-Q8_0.gguf", "mtp") == "sub/mtp-elsewhere-Q4_K_M.gguf"
     assert registry.sidecar_in(["mtp-a-Q8_0.gguf", "mtp-a-Q4_0.gguf"], "a-Q4_0.gguf", "mtp") == "mtp-a-Q4_0.gguf"
     assert [f for f in files if registry.is_model_file(f)] == ["Qwen3.6-27B-Q4_K_M.gguf"]
+
+
+
+def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(models):
+    with pytest.raises(UsageError, match=r"eagle3 drafters is not built yet \(gpt-oss-20b-eagle3 is published beside"):
+        registry.resolve_draft("eagle3", models["gpt-oss-20b"], models)
+    with pytest.raises(UsageError, match=r"dflash drafters is not built yet; --draft mtp"):
+        registry.resolve_draft("dflash", models["gemma4-31b"], models)
