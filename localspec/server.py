@@ -123,9 +123,10 @@ class Server:
         or Ollama's where `ollamas`), and a bug of ours is a 500 whose traceback goes to the operator."""
         try:
             return await work()
-        except ApiError as error:
-            self.log(f"{request.url.path} {error.status} {error.message}")
-            failure = error
+        except (ApiError, UnknownModel) as error:
+            failure = error if isinstance(error, ApiError) else ApiError(404, str(error), param="model",
+                                                                          code="model_not_found")
+            self.log(f"{request.url.path} {failure.status} {failure.message}")
         except Exception as error:
             self.log(traceback.format_exc().rstrip())
             failure = ApiError(500, f"internal error: {error}", "server_error")
@@ -135,13 +136,13 @@ class Server:
 
     async def _model(self, name, keep_alive: float | None = None) -> Served:
         """The loaded model a request names (its `model`; keep_alive: Ollama's, in seconds), loaded now
-        if it is not; ApiError 404 if it is not here."""
+        if it is not; UnknownModel if it is not here."""
         if name is not None and not isinstance(name, str):
             raise ApiError(400, "model: a model's name is a string", param="model")
         try:
             return await self.pool.get(name, keep_alive)
-        except UnknownModel as error:
-            raise ApiError(404, str(error), param="model", code="model_not_found") from None
+        except UnknownModel:
+            raise  # a 404, said at the one boundary (_answering)
         except NoRoom as error:
             raise ApiError(503, str(error), "server_error", code="insufficient_memory") from None
         except LocalspecError as error:  # its file is there but does not load
@@ -184,10 +185,7 @@ class Server:
         async def work() -> Response:
             self._client(request)
             body = await self._body(request)
-            try:
-                info = self.pool.header(self.pool.find(body.get("model") or body.get("name")).path)
-            except UnknownModel as error:
-                raise ApiError(404, str(error)) from None
+            info = self.pool.header(self.pool.find(body.get("model") or body.get("name")).path)
             return JSONResponse(ollama.show(info, info.chat_template))
 
         return await self._answering(request, work, ollamas=True)
@@ -236,10 +234,7 @@ class Server:
             body = await self._body(request)
             keep_alive = ollama.keep_alive(body.get("keep_alive"))
             if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
-                try:
-                    await self.pool.unload_if_idle(body.get("model"))
-                except UnknownModel as error:
-                    raise ApiError(404, str(error)) from None
+                await self.pool.unload_if_idle(body.get("model"))
                 return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
             served = await self._model(body.get("model"), keep_alive)
             reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)

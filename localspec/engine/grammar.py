@@ -101,9 +101,7 @@ class Grammar:
         try:
             while True:
                 probes["id"], probes["logit"] = self._probe_ids, 0.0
-                array = llama.llama_token_data_array(probes.ctypes.data_as(llama.llama_token_data_p), len(probes),
-                                                     -1, False)
-                llama.llama_sampler_apply(state, ctypes.byref(array))
+                self._apply(probes, state)
                 admitted = [int(token) for token in probes["id"][np.isfinite(probes["logit"])]]
                 if len(admitted) != 1 or admitted[0] not in characters or len(text) == most:
                     return "".join(text), "".join(characters[token] for token in admitted if token in characters)
@@ -116,9 +114,10 @@ class Grammar:
         """A token committed to the output (it must be one the grammar admits)."""
         llama.llama_sampler_accept(self._sampler, token)
 
-    def _apply(self, rows: np.ndarray) -> None:
+    def _apply(self, rows: np.ndarray, state=None) -> None:
+        """Mask the rows by the grammar's state (state: a copy of it; None: the state itself)."""
         array = llama.llama_token_data_array(rows.ctypes.data_as(llama.llama_token_data_p), len(rows), -1, False)
-        llama.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        llama.llama_sampler_apply(state or self._sampler, ctypes.byref(array))
 
     def close(self) -> None:
         if self._sampler:
