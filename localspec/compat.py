@@ -8,7 +8,7 @@ compared, so a failing report tells the user exactly why.
 
 from dataclasses import dataclass
 
-from .gguf_meta import GGUFInfo
+from .gguf_meta import LAST_HIDDEN_ARCHITECTURES, LAYER_INPUT_ARCHITECTURES, GGUFInfo
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 FIRST_COMPARED_TOKEN = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -68,7 +68,28 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
     same_merges = target.merges_digest == draft.merges_digest
     rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ"))
     rules.append(_rollback(target, draft))
+    if draft.architecture == "eagle3":
+        rules.append(_hidden_states(target, draft))
     return CompatReport(target, draft, rules)
+
+
+def _hidden_states(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    """An EAGLE-3 drafter reads the inputs of three of the target's layers, of the width it was trained
+    on; llama.cpp aborts the process where the target's graph does not hand them out."""
+    name, layers = "hidden states", draft.target_layers
+    n_layer, width = target.arch("block_count"), target.arch("embedding_length")
+    if target.architecture not in LAYER_INPUT_ARCHITECTURES:
+        return Rule(name, False, f"llama.cpp's {target.architecture!r} graph does not hand out the layer inputs"
+                    " EAGLE-3 reads")
+    if len(layers) != 3:
+        return Rule(name, False, f"an EAGLE-3 drafter reads 3 target layers, this one names {len(layers)}")
+    if draft.arch("target_hidden_size") != width:
+        return Rule(name, False, f"the drafter was trained on hidden states {draft.arch('target_hidden_size')} wide,"
+                    f" the target's are {width}")
+    last = n_layer if target.architecture in LAST_HIDDEN_ARCHITECTURES else n_layer - 1
+    if not isinstance(n_layer, int) or max(layers) > last:
+        return Rule(name, False, f"the drafter reads layer {max(layers)}, the target has {n_layer} layers")
+    return Rule(name, True, f"the inputs of target layers {', '.join(map(str, layers))}")
 
 
 def _rollback(target: GGUFInfo, draft: GGUFInfo) -> Rule:

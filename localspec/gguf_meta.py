@@ -23,6 +23,7 @@ MAX_KEY_VALUES = 1 << 16
 MAX_TENSORS = 1 << 20
 MAX_DIMS = 4
 MAX_ARRAY_NESTING = 8  # real files nest at most once; deeper is an attack on the reader's stack
+SHORT_ARRAY = 64  # arrays of numbers up to this long are decoded as the header is read
 DEFAULT_ALIGNMENT = 32
 
 _SCALAR_FORMATS = {
@@ -47,6 +48,7 @@ class RawArray:
     count: int
     start: int
     end: int
+    values: tuple | None = None  # decoded where short and of numbers (a handful of layer indices)
 
 
 # From llama.cpp's src/llama-arch.cpp (the pinned version): architectures whose layers keep a recurrent
@@ -63,6 +65,15 @@ HYBRID_ARCHITECTURES = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next",
     "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
 })
+# Targets whose graph hands out the input of each layer (llama.cpp's t_layer_inp, set in src/models/): the
+# hidden states an EAGLE-3 drafter reads. Asking another for them aborts the process (a GGML_ASSERT). Of
+# these, the ones that also hand out their last hidden state (t_h_nextn), a layer index equal to their
+# layer count.
+LAYER_INPUT_ARCHITECTURES = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35moe", "qwen4exp", "gpt-oss", "lfm2", "nemotron_h", "deepseek4",
+    "bailingmoe3", "minimax-01", "muse-glimmer",
+})
+LAST_HIDDEN_ARCHITECTURES = frozenset({"qwen3next", "qwen35moe", "gpt-oss", "nemotron_h", "deepseek4", "bailingmoe3"})
 ROLLBACK_ARCHITECTURES = frozenset({
     "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe", "lfm2",
     "lfm2moe", "bailingmoe3",
@@ -95,6 +106,17 @@ class GGUFInfo:
 
     def arch(self, key: str, default=None):
         return self.get(f"{self.architecture}.{key}", default)
+
+    def numbers(self, key: str) -> tuple:
+        """A short array of numbers (RawArray.values); () where there is none."""
+        value = self.metadata.get(key)
+        return value.values or () if isinstance(value, RawArray) else ()
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """The target's layers whose inputs an EAGLE-3 drafter reads (the target's layer count: its last
+        hidden state); () for other models."""
+        return self.numbers(f"{self.architecture}.target_layers")
 
     @property
     def mtp_sidecar(self) -> bool:
@@ -262,7 +284,10 @@ class _Reader:
                 self.array(depth + 1)
         else:
             self.fail(f"unknown array item type {item_type}")
-        return RawArray(item_type, count, start, self.at)
+        values = None
+        if item_type in _SCALAR_FORMATS and count <= SHORT_ARRAY:
+            values = struct.unpack_from(f"<{count}{_SCALAR_FORMATS[item_type][-1]}", self.data, start)
+        return RawArray(item_type, count, start, self.at, values)
 
     def info(self) -> GGUFInfo:
         if self.data[:4] != MAGIC:

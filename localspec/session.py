@@ -15,7 +15,7 @@ from .chat_template import render_pieces
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .engine import policy
 from .engine import rpc
-from .engine.backend import Context, Embedder, Model
+from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
 from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
@@ -246,7 +246,8 @@ class Session:
             n_batch = max(runtime.prompt_batch, rows)
             on_backend = placement.backend_sampling
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows, keep_hidden=mtp, flash_attn=runtime.flash_attn))
+                                            on_backend, rows, keep_hidden=(LAST_HIDDEN,) if mtp else (),
+                                            flash_attn=runtime.flash_attn))
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}

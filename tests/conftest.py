@@ -13,6 +13,7 @@ from localspec.engine.backend import Context, Model
 
 from tinymodels import UPPERCASE, TinySpec, write_tiny_model
 from tinymtp import write_tiny_mtp_model
+from tinyeagle import write_tiny_eagle3
 
 TARGET = TinySpec(seed=1, sharpness=2.0)
 TINY_MODELS = {
@@ -24,6 +25,8 @@ TINY_MODELS = {
     # LFM2: short-convolution layers (a recurrent state) beside attention; the same tokenizer as the rest
     "hybrid": TinySpec(seed=1, sharpness=2.0, architecture="lfm2"),
     "hybrid_partial": TinySpec(seed=1, sharpness=2.0, blend_seed=2, blend=0.1, architecture="lfm2"),
+    # what the tiny EAGLE-3 drafter drafts for: the next token depends mostly on the last
+    "eagle3_target": TinySpec(seed=1, sharpness=2.0, layer_scale=0.5),
 }
 
 
@@ -95,6 +98,8 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     paths["mtp_trunk"] = write_tiny_mtp_model(folder / "trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5, part="trunk")
     paths["mtp_sidecar"] = write_tiny_mtp_model(folder / "mtp-trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5,
                                                 part="sidecar")
+    # an EAGLE-3 drafter for eagle3_target (as gpt-oss-20b's eagle3- sidecar drafts for it)
+    paths["eagle3"] = write_tiny_eagle3(folder / "eagle3-target.gguf", seed=5)
     return paths
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from localspec import gguf_meta
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import Context, Model
+from localspec.engine.backend import LAST_HIDDEN, Context, Model
 from localspec.engine.drafters import MtpDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
@@ -29,7 +29,7 @@ def mtp(tiny, request):
         model = block_model = Model(tiny["mtp"], load_mtp=True)
     else:
         model, block_model = Model(tiny["mtp_trunk"]), Model(tiny["mtp_sidecar"], load_mtp=True)
-    target = Context(model, 512, 64, 2, max_outputs=64, keep_hidden=True)
+    target = Context(model, 512, 64, 2, max_outputs=64, keep_hidden=(LAST_HIDDEN,))
     block = Context(block_model, 512, 64, 2, max_outputs=64, mtp=True)
     yield target, MtpDrafter(target, block, 0.0)
     block.close()

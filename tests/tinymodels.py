@@ -43,6 +43,8 @@ class TinySpec:
     blend: float = 0.0
     architecture: str = "llama"  # or "lfm2"; anything else is unknown to llama.cpp (and written as llama)
     chat_template: str | None = None  # tokenizer.chat_template; without one localspec's fallback renders chats
+    # < 1 shrinks what each layer adds to its input: the next token then depends mostly on the last one
+    layer_scale: float = 1.0
 
 
 def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray]:
@@ -83,6 +85,9 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
         other = _weights(spec.blend_seed, len(tokens), spec.architecture)
         tensors = {name: ((1 - spec.blend) * w + spec.blend * other[name]).astype(np.float32) for name, w in tensors.items()}
     tensors["output.weight"] = tensors["output.weight"] * np.float32(spec.sharpness)
+    for name, weights in tensors.items():
+        if name.startswith("blk.") and weights.ndim == 2:
+            tensors[name] = weights * np.float32(spec.layer_scale)
     # A zero row pins the logit of <unk>/<s>/</s> at 0: end of text stays possible when
     # sampling but greedy runs rarely stop after a handful of tokens.
     tensors["output.weight"][:3] = 0.0

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import EngineError, InputError, ModelLoadError, UsageError
 from .chain import Chain, ChainRows, top_k_superset  # noqa: F401 (the engine's drafters take Chain from here)
 from .devices import offload_array
-from .library import llama, nextn, recent_errors
+from .library import layer_inputs, llama, nextn, recent_errors
 
 GGUF_MAGIC = b"GGUF"
 
@@ -73,6 +73,10 @@ class Model:
         self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
         self.mtp_layers = llama.llama_model_n_layer_nextn(self._model) if load_mtp else 0
         self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
+        self.n_layer = llama.llama_model_n_layer(self._model)
+        self.layer_width = llama.llama_model_n_embd(self._model)  # the width of a layer's input
+        # an EAGLE-3 drafter's: the target layers whose inputs it reads (n_layer: the last hidden state)
+        self.target_layers = layer_inputs().target_layers(self._model)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
@@ -193,6 +197,7 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
+LAST_HIDDEN = -1  # for keep_hidden: the last hidden state, not a layer's input
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
@@ -206,10 +211,14 @@ class Context(ChainRows):
     on the CPU, while a sampling chain's top-k is faster on the host there."""
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
-                 max_outputs: int = 1, mtp: bool = False, keep_hidden: bool = False, flash_attn: bool | None = None):
+                 max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
+                 flash_attn: bool | None = None, beside: "Context | None" = None):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
-        state (decode's `hidden`); keep_hidden: keep the hidden state of every decoded position for
-        one (hidden_row), as the target of MTP drafting. flash_attn: llama.cpp's flash attention on,
+        state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
+        layers (LAST_HIDDEN: the last hidden state) side by side (hidden_row), as the target of MTP
+        or EAGLE-3 drafting. beside: the target context whose weights a drafter model borrows (an EAGLE-3
+        drafter its token embeddings and output layer; llama.cpp's ctx_other): such a context, like an
+        MTP one, decodes each token with a hidden state. flash_attn: llama.cpp's flash attention on,
         off, or (None) wherever the device supports it."""
         self.model = model
         params = llama.llama_context_default_params()
@@ -219,6 +228,8 @@ class Context(ChainRows):
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
+        if beside is not None:
+            params.ctx_other = beside._ctx
         if model.recurrent and not mtp:  # (an MTP context holds the MTP block's KV cache only)
             # Snapshots of the recurrent state for each token of a verification but its first, so a
             # rejected draft's tokens can be taken back (llama.cpp sets it to 0 where it cannot). A
@@ -238,9 +249,11 @@ class Context(ChainRows):
         self.recurrent = model.recurrent and not mtp
         self.rollback = llama.llama_n_rs_seq(self._ctx) if self.recurrent else n_ctx
         self.mtp, self.keep_hidden = mtp, keep_hidden
-        if mtp or keep_hidden:  # an MTP context hands back its own hidden state for output rows only
-            nextn().llama_set_embeddings_nextn(self._ctx, True, mtp)
-        self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state, with keep_hidden
+        self.reads_hidden = mtp or beside is not None
+        if self.reads_hidden:  # it hands back its own hidden state, for output rows only
+            nextn().llama_set_embeddings_nextn(self._ctx, True, True)
+        self._keep_layers(True)
+        self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state(s), with keep_hidden
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
         self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
@@ -303,9 +316,7 @@ class Context(ChainRows):
                     batch.embd = ctypes.POINTER(ctypes.c_float)()
             self.busy_seconds += perf_counter() - started
             if self.keep_hidden and status == 0:
-                states = np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx),
-                                               shape=(len(chunk), self.model.n_embd)).copy()
-                self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), states))
+                self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), self._kept(len(chunk))))
             if status != 0:
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
@@ -375,24 +386,71 @@ class Context(ChainRows):
             if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1):
                 raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
 
+    def _keep_layers(self, keep: bool) -> None:
+        for layer in self.keep_hidden:
+            if layer != LAST_HIDDEN:
+                layer_inputs().set_layer_input(self._ctx, layer, keep)
+            else:  # all rows, not only those with logits
+                nextn().llama_set_embeddings_nextn(self._ctx, keep, False)
+
+    def _kept(self, rows: int) -> np.ndarray:
+        """The kept layers' inputs for each row of the last decode, side by side."""
+        parts = [np.ctypeslib.as_array(layer_inputs().layer_input(self._ctx, layer), shape=(rows, self.model.layer_width))
+                 if layer != LAST_HIDDEN else
+                 np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx), shape=(rows, self.model.n_embd))
+                 for layer in self.keep_hidden]
+        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0].copy()
+
+    @property
+    def hidden_width(self) -> int:
+        """The width of a hidden_row."""
+        return sum(self.model.layer_width if layer != LAST_HIDDEN else self.model.n_embd
+                   for layer in self.keep_hidden)
+
     def hidden_row(self, position: int) -> np.ndarray | None:
-        """The hidden state after the token at `position` (keep_hidden), if still kept."""
+        """The kept hidden states after the token at `position` (keep_hidden), if still kept."""
         return self._hidden.get(position)
 
     def stop_keeping_hidden(self) -> None:
-        """No MTP block will draft after all: keep no hidden states."""
-        if self.keep_hidden:
-            nextn().llama_set_embeddings_nextn(self._ctx, False, False)
-            self.keep_hidden = False
-            self._hidden.clear()
+        """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states."""
+        self._keep_layers(False)
+        self.keep_hidden = ()
+        self._hidden.clear()
 
     def release_hidden(self, before: int) -> None:
         """Stop keeping the hidden states of positions before this one."""
         for position in [p for p in self._hidden if p < before]:
             del self._hidden[position]
 
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        """An encoder graph's output for each row of input (an EAGLE-3 drafter's fusion of the target's
+        hidden states into its own width); the KV cache is left as it is."""
+        out = []
+        batch = self._batch
+        tokens = ctypes.cast(batch.token, ctypes.POINTER(llama.llama_token))  # not a view of the field: a copy
+        for offset in range(0, len(rows), self.n_batch):  # (an encoder reads a batch in one ubatch)
+            chunk = np.ascontiguousarray(rows[offset : offset + self.n_batch], dtype=np.float32)
+            for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
+                batch.pos[i], batch.logits[i] = len(self.tokens) + i, True
+            batch.n_tokens = len(chunk)
+            batch.token = ctypes.POINTER(llama.llama_token)()  # rows of input, no tokens
+            batch.embd = chunk.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            started = perf_counter()
+            try:
+                status = llama.llama_encode(self._ctx, batch)
+                llama.llama_synchronize(self._ctx)
+            finally:
+                batch.token, batch.embd = tokens, ctypes.POINTER(ctypes.c_float)()
+            self.busy_seconds += perf_counter() - started
+            if status != 0:
+                raise EngineError(f"llama_encode failed with status {status}")
+            out.append(np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx),
+                                             shape=(len(chunk), self.model.n_embd)).copy())
+        return np.concatenate(out) if out else np.zeros((0, self.model.n_embd), np.float32)
+
     def output_hidden(self, row: int) -> np.ndarray:
-        """An MTP context's own hidden state at an output row of its last decode: what its next token reads."""
+        """An MTP or EAGLE-3 context's own hidden state at an output row of its last decode: what its next
+        token reads."""
         pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, row)
         return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
 

@@ -332,6 +332,7 @@ class MtpDrafter(ForwardDrafter):
     """
 
     kind = DrafterKind.MTP
+    skips = 0  # leading tokens of the history that have no entry (no hidden state comes before them)
 
     def __init__(self, target: Context, context: Context, p_min: float):
         super().__init__(context, p_min)
@@ -343,25 +344,26 @@ class MtpDrafter(ForwardDrafter):
 
     def behind(self, history: list[int]) -> int:
         """Entries the next draft would first have to add (at most; some may still be in the cache)."""
-        return max(0, len(history) - 1 - len(self.context.tokens))
+        return max(0, len(history) - 1 - self.skips - len(self.context.tokens))
 
     def catch_up(self, decoded: list[int]) -> None:
-        """Give the MTP context an entry for each position the target has decoded: token p with the
-        target's hidden state after token p - 1 (zeros before the first)."""
-        keep = self.context.keep_common(decoded)
-        if keep < len(decoded):
-            hidden = np.stack([self._target_state(p - 1) for p in range(keep, len(decoded))])
-            self.context.decode(decoded[keep:], logits="none", hidden=hidden)
+        """Give the context an entry for each position the target has decoded: token p with the target's
+        hidden state after token p - 1, at position p - skips."""
+        held = decoded[self.skips :]
+        keep = self.context.keep_common(held)
+        if keep < len(held):
+            self.context.decode(held[keep:], logits="none", hidden=self._states(range(keep + self.skips - 1,
+                                                                                       len(decoded) - 1)))
         self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
         if backend.CHECK_CACHES:
-            self.context.check_holds(decoded)
+            self.context.check_holds(held)
 
     def _ready(self, history: list[int]) -> None:
         self.catch_up(history[:-1])  # the positions the target holds
 
     def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
         decoded = len(history) - 1
-        token, hidden = history[-1], self._target_state(decoded - 1)
+        token, hidden = history[-1], self._states(range(decoded - 1, decoded))[0]
         try:
             while True:
                 self.context.decode([token], logits="last", hidden=hidden[None, :])
@@ -371,13 +373,37 @@ class MtpDrafter(ForwardDrafter):
                 yield token, q
                 hidden = self.context.output_hidden(-1)
         finally:
-            self.context.truncate(decoded)  # the draft's entries come back out before the target verifies
+            self.context.truncate(decoded - self.skips)  # the draft's entries come back out before the target verifies
 
-    def _target_state(self, position: int) -> np.ndarray:
-        """The target's hidden state after a position; zeros before the first, or where the target no
-        longer keeps it (MTP drafts from it less well there, and the output stays the target's)."""
-        row = self.target.hidden_row(position) if position >= 0 else None
-        return row if row is not None else np.zeros(self.target.model.n_embd, dtype=np.float32)
+    def _states(self, positions: range) -> np.ndarray:
+        """What the context reads with each token: the target's hidden state after each of these
+        positions; zeros before the first, or where the target no longer keeps it (it drafts less well
+        from there, and the output stays the target's)."""
+        width = self.target.hidden_width
+        rows = [self.target.hidden_row(p) if p >= 0 else None for p in positions]
+        return np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows]).reshape(-1, width)
+
+
+class Eagle3Drafter(MtpDrafter):
+    """An EAGLE-3 drafter (a one-layer model trained beside its target, run with the target's token
+    embeddings and output layer unless it has its own) drafts from the inputs of three of the target's
+    layers, as llama.cpp's draft-eagle3 does.
+
+    Its encoder fuses those three hidden states after position p into one of its own width, which goes
+    with token p + 1 at position p: the first token has no entry. Otherwise it drafts as an MTP block:
+    each drafted token goes with the drafter's own hidden state before it.
+    """
+
+    kind = DrafterKind.EAGLE3
+    skips = 1
+
+    def _states(self, positions: range) -> np.ndarray:
+        return self.context.encode(super()._states(positions))
+
+    @staticmethod
+    def layers_read(target: Model, drafter: Model) -> tuple[int, ...]:
+        """The target layers whose inputs the drafter reads, as the target's context keeps them."""
+        return tuple(backend.LAST_HIDDEN if layer >= target.n_layer else layer for layer in drafter.target_layers)
 
 
 PREDICTION_MIN_MATCH = 4  # output tokens that must match the prediction before it drafts again after a departure

@@ -49,6 +49,43 @@ def nextn():
     return llama_cpp_ext
 
 
+class _LayerInputs:
+    """llama.cpp's calls (llama-ext.h) for the inputs of a target's layers, as EAGLE-3 reads them, and the
+    layers an EAGLE-3 drafter names. llama-cpp-python binds none of them; the library exports them under
+    their C++ names."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        context, model = ctypes.c_void_p, ctypes.c_void_p
+        self.set_layer_input = _bound(lib, "llama_set_embeddings_layer_inp",
+                                      "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                                      [context, ctypes.c_uint32, ctypes.c_bool], None)
+        self.layer_input = _bound(lib, "llama_get_embeddings_layer_inp",
+                                  "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                                  [context, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float))
+        self._ids = _bound(lib, "llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
+                           [model], ctypes.POINTER(ctypes.c_int32))
+        self._count = _bound(lib, "llama_model_target_layer_ids_n",
+                             "_Z30llama_model_target_layer_ids_nPK11llama_model", [model], ctypes.c_uint32)
+
+    def target_layers(self, model) -> tuple[int, ...]:
+        ids = self._ids(model)
+        return tuple(ids[i] for i in range(self._count(model))) if ids else ()
+
+
+def _bound(lib: ctypes.CDLL, *names_then_types):
+    *names, argtypes, restype = names_then_types
+    function = next((getattr(lib, name) for name in names if hasattr(lib, name)), None)
+    if function is None:
+        raise AttributeError(f"llama.cpp's library exports none of {', '.join(names)}")
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+@cache
+def layer_inputs() -> _LayerInputs:
+    return _LayerInputs(nextn()._lib)
+
+
 def grammars():
     """llama-cpp-python's grammar helpers: its port of llama.cpp's JSON-schema-to-GBNF converter
     (json_schema_to_gbnf) and llama.cpp's grammar for any JSON object (JSON_GBNF)."""

@@ -223,8 +223,8 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     costs = Costs(level, {n: s / level for n, s in seconds.items()})
     for kind, draft in drafts.items():
         def decode_draft(n: int, draft=draft) -> None:
-            # an MTP block reads a hidden state with each token; a zero one costs the same
-            hidden = np.zeros((n, draft.model.n_embd), np.float32) if draft.mtp else None
+            # an MTP block or EAGLE-3 drafter reads a hidden state with each token; a zero one costs the same
+            hidden = np.zeros((n, draft.model.n_embd), np.float32) if draft.reads_hidden else None
             draft.decode([CALIBRATION_TOKEN] * n, logits="last", hidden=hidden)
 
         batch = min(32, draft.n_batch)
