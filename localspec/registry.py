@@ -52,6 +52,7 @@ class PypiSource:
 # Drafters published beside a model, not run alone (llama.cpp's sidecar prefixes, in the order its
 # downloader prefers them: mtp > dspark > dflash > eagle3), and Gemma 4's assistant models.
 DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
+BUILT_DRAFTERS = ("mtp", "eagle3")  # the kinds localspec drafts with (--draft KIND)
 
 
 # Parts of a file's name that make it no model of its own (llama.cpp's gguf_filename_is_model)
@@ -326,15 +327,22 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     a size such as `1b` meaning that size in the target's family."""
     models = load() if models is None else models
     family = target.family if isinstance(target, ModelEntry) else ""
-    if text.lower() in DRAFTER_KINDS and text.lower() != "mtp" and text.lower() not in _names(models):
-        named = published_drafter(target, text.lower(), models)
-        beside = f" ({named.name} is published beside {target.name})" if named else ""
-        raise UsageError(f"drafting with {text.lower()} drafters is not built yet{beside}; --draft mtp, a draft"
-                         " model, or ngram draft today")
+    kind = text.lower()
+    if kind in DRAFTER_KINDS and kind not in _names(models):
+        named = published_drafter(target, kind, models)
+        if kind not in BUILT_DRAFTERS:
+            beside = f" ({named.name} is published beside {target.name})" if named else ""
+            raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft mtp, eagle3, a draft"
+                             " model, or ngram draft today")
+        if named is None:
+            raise UsageError(f"no {kind} drafter is known to be published beside {getattr(target, 'name', target)};"
+                             f" give its {kind}-*.gguf file as the draft")
+        return named
     if text == AUTO:
-        if isinstance(target, ModelEntry) and target.draft:
-            return resolve(target.draft, models)
-        raise UsageError("--draft auto needs a registry target with a recommended draft; name a draft instead")
+        drafter = auto_drafter(target, models)
+        if drafter is None:
+            raise UsageError("--draft auto needs a registry target with a recommended draft; name a draft instead")
+        return drafter
     if family and re.fullmatch(r"\d+(\.\d+)?[mb]", text.lower()):
         models_alone = [entry for entry in models.values() if entry.family == family and entry.drafts is None]
         for entry in models_alone:
@@ -356,6 +364,17 @@ def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None)
                              " drafter of that name (an entry with drafts = \"mtp\", \"eagle3\", ...)")
         found.append(entry)
     return sorted(found, key=lambda entry: DRAFTER_KINDS.index(entry.drafts))
+
+
+def auto_drafter(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
+    """What --draft auto drafts with: the drafter published beside the target that localspec runs, in
+    llama.cpp's order of preference (an MTP block, then EAGLE-3), else the draft model the registry
+    recommends; None where it knows neither."""
+    if not isinstance(target, ModelEntry):
+        return None
+    models = load() if models is None else models
+    published = next((entry for entry in drafters_of(target, models) if entry.drafts in BUILT_DRAFTERS), None)
+    return published or (resolve(target.draft, models) if target.draft else None)
 
 
 def published_drafter(target: Resolved, kind: str, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:

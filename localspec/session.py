@@ -16,7 +16,8 @@ from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_d
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
-from .engine.drafters import ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from .engine.drafters import (Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
+                               SuffixDrafter)
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
@@ -134,8 +135,8 @@ def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str
         raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
     if spec == "off":
         return DrafterKind.PLAIN, None
-    if draft == DrafterKind.MTP:  # the auto policy does not weigh MTP drafts yet: they are made every step
-        return DrafterKind.MTP, None
+    if draft in (DrafterKind.MTP, DrafterKind.EAGLE3):  # a drafter published beside the target, asked for by kind
+        return DrafterKind(draft), None
     draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
     if spec == "fixed":
         return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
@@ -176,8 +177,8 @@ def open_session(
     stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
-    if speculation.drafting == DrafterKind.MTP and draft_model is None:
-        draft_model = _mtp_sidecar(target, offline)
+    if speculation.drafting in (DrafterKind.MTP, DrafterKind.EAGLE3) and draft_model is None:
+        draft_model = _published_drafter(target, speculation.drafting, offline)
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
@@ -188,17 +189,22 @@ def open_session(
                        workers)
 
 
-def _mtp_sidecar(target: str, offline: bool) -> str | None:
-    """The MTP block published beside a target built without one, as --draft takes it: the one the
-    registry names, or, for a Hub file (hf:..., owner/repo:QUANT), an `mtp-` file of its repo found by
-    llama.cpp's rules. None: the target drafts with its own MTP layers, if it has them."""
+def _published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | None:
+    """The drafter of this kind published beside a target, as --draft takes it: the one the registry
+    names, or, for a Hub file (hf:..., owner/repo:QUANT), a file of its repo found by llama.cpp's rules
+    (`mtp-`, `eagle3-`). None for MTP: the target drafts with its own MTP layers, if it has them; an
+    EAGLE-3 drafter must be found."""
     resolved = registry.resolve(target)
-    named = registry.published_drafter(resolved, DrafterKind.MTP)
+    named = registry.published_drafter(resolved, kind)
     if named is not None:
         return named.name
     if isinstance(resolved, registry.RepoQuant) or isinstance(resolved, registry.ModelEntry) and resolved.typed:
-        found = download.published_sidecar(resolved, DrafterKind.MTP, offline)
-        return f"hf:{found.repo}/{found.file}" if found else None
+        found = download.published_sidecar(resolved, kind, offline)
+        if found:
+            return f"hf:{found.repo}/{found.file}"
+    if kind == DrafterKind.EAGLE3:
+        raise UsageError(f"no EAGLE-3 drafter is known to be published beside {target}; give its eagle3-*.gguf"
+                         " file as --draft")
     return None
 
 
@@ -224,13 +230,18 @@ class Session:
                 placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
             self.plan = placement
             # A draft that is an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the
-            # target's own MTP layers would: fixed drafting with it is the mtp mode.
+            # target's own MTP layers would: fixed drafting with it is the mtp mode. An EAGLE-3 drafter
+            # (gpt-oss's `eagle3-` sidecar) reads the target's hidden states: fixed drafting with it is
+            # the eagle3 mode.
             sidecar = draft is not None and placement.models[1].mtp_sidecar
-            if sidecar and speculation.drafting == DrafterKind.DRAFT:
-                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP)
-            # The target's MTP layers draft when asked for, and under auto beside any draft model.
+            eagle3 = draft is not None and placement.models[1].architecture == "eagle3"
+            if (sidecar or eagle3) and speculation.drafting == DrafterKind.DRAFT:
+                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar
+                                                         else DrafterKind.EAGLE3)
+            # The target's MTP layers draft when asked for, and under auto beside any draft model but an
+            # EAGLE-3 drafter (the target keeps the hidden states of one kind of drafter).
             asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar
+            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not eagle3
             watch = workers or None  # the workers' devices may hold layers of either model
             placed = placement.target
             self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
@@ -245,9 +256,14 @@ class Session:
             rows = speculation.longest_draft + 1
             n_batch = max(runtime.prompt_batch, rows)
             on_backend = placement.backend_sampling
+            # loaded before the target's context, which keeps the hidden states it reads
+            drafter_model = self._own(Model(draft, placement.draft.gpu_layers, placement.draft.devices,
+                                            repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
+                                            watch=watch)) if draft is not None and not sidecar else None
+            kept = ((LAST_HIDDEN,) if mtp else
+                    Eagle3Drafter.layers_read(self.target_model, drafter_model) if eagle3 else ())
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows, keep_hidden=(LAST_HIDDEN,) if mtp else (),
-                                            flash_attn=runtime.flash_attn))
+                                            on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn))
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
@@ -260,7 +276,7 @@ class Session:
                                   " rounds context sizes up to a multiple of 256")
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
-                draft, mtp = None, False
+                drafter_model, mtp, eagle3 = None, False, False
                 self.target.stop_keeping_hidden()
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             # earlier generations, for auto to draft from: this target's only, in this process's memory only
@@ -269,6 +285,7 @@ class Session:
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self.model_drafter = None
             self.mtp_drafter = None
+            self.eagle3_drafter = None
             if mtp:
                 block_model = self.target_model if not sidecar else self._own(Model(
                     draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=True, repack=runtime.repack,
@@ -276,13 +293,14 @@ class Session:
                 block = self._own(Context(block_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                           rows, mtp=True, flash_attn=runtime.flash_attn))
                 self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
-            if draft is not None and not sidecar:
-                draft_model = self._own(Model(draft, placement.draft.gpu_layers, placement.draft.devices,
-                                              repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
-                                              watch=watch))
-                context = self._own(Context(draft_model, runtime.ctx_size, n_batch, runtime.threads, on_backend, rows,
-                                            flash_attn=runtime.flash_attn))
-                self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
+            if drafter_model is not None:
+                context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
+                                            rows, flash_attn=runtime.flash_attn,
+                                            beside=self.target if eagle3 else None))
+                if eagle3:
+                    self.eagle3_drafter = Eagle3Drafter(self.target, context, speculation.p_min)
+                else:
+                    self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             self.default_mode = self.speculation.drafting
             self.use(self.default_mode)
         except BaseException:
@@ -305,16 +323,18 @@ class Session:
             raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
         if mode == DrafterKind.MTP and self.mtp_drafter is None:
             raise UsageError("the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)")
+        if mode == DrafterKind.EAGLE3 and self.eagle3_drafter is None:
+            raise UsageError("the eagle3 mode needs an EAGLE-3 drafter (--draft eagle3, or its eagle3-*.gguf file)")
         mode = DrafterKind(mode)
         drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
                     DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.MTP: lambda: self.mtp_drafter,
-                    DrafterKind.AUTO: self._auto_drafter}
+                    DrafterKind.EAGLE3: lambda: self.eagle3_drafter, DrafterKind.AUTO: self._auto_drafter}
         self.drafter = drafters[mode]()
         self.mode = mode
 
     def _auto_drafter(self) -> policy.AutoDrafter:
         if self._auto is None:
-            costly = [drafter for drafter in (self.model_drafter, self.mtp_drafter) if drafter]
+            costly = self._costly
             batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
             contexts = {drafter.kind: drafter.context for drafter in costly}
             self._costs_key = {
@@ -370,10 +390,13 @@ class Session:
     def reset(self) -> None:
         """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""
         self.target.truncate(0)
-        if self.model_drafter:
-            self.model_drafter.context.truncate(0)
-        if self.mtp_drafter:
-            self.mtp_drafter.context.truncate(0)
+        for drafter in self._costly:
+            drafter.context.truncate(0)
+
+    @property
+    def _costly(self) -> list:
+        """The drafters that draft with a model of their own, each on its own context."""
+        return [drafter for drafter in (self.model_drafter, self.mtp_drafter, self.eagle3_drafter) if drafter]
 
     def _own(self, resource):
         self._owned.append(resource)
@@ -568,7 +591,7 @@ class Session:
     def busy_seconds(self) -> float:
         """Seconds this session's contexts (the target's, the draft model's, the MTP block's) have spent
         inside llama_decode: what the host's share of a step is measured against."""
-        contexts = [self.target] + [d.context for d in (self.model_drafter, self.mtp_drafter) if d]
+        contexts = [self.target] + [drafter.context for drafter in self._costly]
         return sum(context.busy_seconds for context in contexts)
 
     def warm(self) -> None:
@@ -578,7 +601,8 @@ class Session:
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
-        return self.plan.report(draft=self.model_drafter is not None or self._mtp_sidecar is not None,
+        return self.plan.report(draft=self.model_drafter is not None or self._mtp_sidecar is not None
+                                or self.eagle3_drafter is not None,
                                 sampling="backend" if self.target.on_backend else "host", drafting=self.mode)
 
     @property
@@ -592,9 +616,10 @@ class Session:
         draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
         mtp = ("" if not self.mtp_drafter else f"its MTP layers ({self._mtp_sidecar})" if self._mtp_sidecar
                else "its own MTP layers")
+        eagle3 = f"EAGLE-3 ({self.eagle3_drafter.context.model.path.name})" if self.eagle3_drafter else ""
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp,
-                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp])}[self.mode]
+                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp, DrafterKind.EAGLE3: eagle3,
+                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp, eagle3])}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:

@@ -48,6 +48,9 @@ def hub(tiny, big_file):
     hub.add("test/split-GGUF", tiny["partial"], "tiny-q8_0.gguf")
     hub.add("test/trunk-GGUF", tiny["mtp_trunk"])  # a model built without its MTP block, and the block beside it
     hub.add("test/trunk-GGUF", tiny["mtp_sidecar"])
+    # gpt-oss-20b's repo as ggml-org lays it out, tiny files under its names: the model and its EAGLE-3 drafter
+    hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3_target"], "gpt-oss-20b-MXFP4.gguf")
+    hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3"], "eagle3-gpt-oss-20b-Q8_0.gguf")
     server = serve(hub)
     yield hub
     server.shutdown()
@@ -118,6 +121,19 @@ repo = "test/trunk-GGUF"
 file = "mtp-trunk.gguf"
 sha256 = "{sha256(tiny["mtp_sidecar"])}"
 drafts = "mtp"
+
+[models.oss]
+family = "tiny-oss"
+params = "1M"
+repo = "ggml-org/gpt-oss-20b-GGUF"
+file = "gpt-oss-20b-MXFP4.gguf"
+drafters = ["oss-eagle3"]
+
+[models.oss-eagle3]
+family = "tiny-oss"
+repo = "ggml-org/gpt-oss-20b-GGUF"
+file = "eagle3-gpt-oss-20b-Q8_0.gguf"
+drafts = "eagle3"
 """)
     return home
 
@@ -539,3 +555,30 @@ def test_a_hub_file_with_draft_mtp_finds_the_sidecar_in_its_repo_and_a_quantizat
     # "trunk" matches both files' names; the one with mtp- in it is the sidecar, not the model
     pulled = localspec("pull", "test/trunk-GGUF:trunk")
     assert pulled.returncode == 0 and Path(pulled.stdout.strip()).name == "trunk.gguf", pulled.stderr
+
+
+def test_draft_eagle3_fetches_the_drafter_the_registry_names_and_auto_chooses_it(localspec, home):
+    """The registry entry mirrors gpt-oss-20b's (the bundled one pins the real file's sha256)."""
+    pulled = localspec("pull", "oss", "--draft", "eagle3")
+    assert pulled.returncode == 0, pulled.stderr
+    assert [Path(line).name for line in pulled.stdout.split()] == ["gpt-oss-20b-MXFP4.gguf",
+                                                                    "eagle3-gpt-oss-20b-Q8_0.gguf"]
+    for draft, spec in (("eagle3", "auto"), ("auto", "fixed")):
+        done = localspec("run", "oss", "--draft", draft, "--spec", spec, "--p-min", "0", "--temp", "0", "-p",
+                         "the cat sat", "--raw", "-n", "24", "--json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["placement"]["draft"]["file"] == "eagle3-gpt-oss-20b-Q8_0.gguf"
+        assert summary["placement"]["drafting"] == "eagle3" and summary["stats"]["drafters"]["eagle3"]["accepted"] > 0
+
+
+def test_a_hub_file_with_draft_eagle3_finds_the_drafter_in_its_repo(localspec):
+    for target in ("hf:ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf", "ggml-org/gpt-oss-20b-GGUF:MXFP4"):
+        done = localspec("run", target, "--draft", "eagle3", "--p-min", "0", "--temp", "0", "-p", "the cat sat",
+                         "--raw", "-n", "24", "--json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["placement"]["draft"]["file"] == "eagle3-gpt-oss-20b-Q8_0.gguf"
+        assert summary["stats"]["drafters"]["eagle3"]["accepted"] > 0
+    missing = localspec("run", "hf:test/tiny-GGUF/target.gguf", "--draft", "eagle3", "-p", "hi", "-n", "2")
+    assert missing.returncode == 2 and "no EAGLE-3 drafter is known to be published beside" in missing.stderr

@@ -1,14 +1,18 @@
 """EAGLE-3 drafting (a drafter reading the target's hidden states, llama.cpp's draft-eagle3) on a tiny
 llama target and a tiny eagle3 drafter: the output is the target's, greedy and sampled."""
 
+import json
+
 import pytest
 
 from localspec import compat, gguf_meta
-from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context, Model
 from localspec.engine.drafters import Eagle3Drafter, NoDrafter
 from localspec.engine.speculative import generate
+from localspec.errors import UsageError
 from localspec.events import Step, Token
+from localspec.session import Session
 from localspec.stats import record
 
 import test_lossless as lossless
@@ -71,3 +75,36 @@ def test_a_verifier_that_accepts_every_eagle3_draft_fails_the_check(eagle3, prom
     sampling = lossless.SETTINGS["temperature 0.7"]
     counts = lossless.sample_counts(target, drafter, prompt, sampling)
     assert lossless.chi_square_p_value(counts, lossless.exact_distribution(target, prompt, sampling)) < lossless.ALPHA
+
+
+def test_an_eagle3_file_given_as_the_draft_drafts_with_eagle3_fixed_or_under_auto(tiny):
+    runtime = Runtime(ctx_size=512)
+    with Session(tiny["eagle3_target"], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
+        prompt = plain.tokenize("the cat sat", raw=True)
+        expected = record(plain.generate(prompt, GREEDY, Limits(40))).text
+        with pytest.raises(UsageError, match="the eagle3 mode needs an EAGLE-3 drafter"):
+            plain.use(DrafterKind.EAGLE3)
+    fixed = Speculation(DrafterKind.DRAFT, draft_max=3, p_min=0.0)  # what --spec fixed makes of a draft file
+    with Session(tiny["eagle3_target"], tiny["eagle3"], runtime, fixed) as session:
+        assert session.mode == DrafterKind.EAGLE3 and session.model_drafter is None
+        assert "EAGLE-3 (eagle3-target.gguf)" in session.describe()
+        drafted = record(session.generate(prompt, GREEDY, Limits(40)))
+        assert drafted.text == expected and drafted.drafters[DrafterKind.EAGLE3].accepted > 0
+        session.use(DrafterKind.AUTO)
+        assert "EAGLE-3" in session.describe()
+        assert record(session.generate(prompt, GREEDY, Limits(40))).text == expected
+
+
+def test_eagle3_from_the_command_line_and_a_target_it_cannot_read_refused_before_loading(localspec, cli, tiny):
+    done = localspec("run", tiny["eagle3_target"], "--draft", tiny["eagle3"], "--spec", "fixed", "--p-min", "0",
+                     "--temp", "0", "-p", "the cat sat", "--raw", "-n", "40", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["stats"]["drafters"]["eagle3"]["accepted"] > 0 and summary["placement"]["drafting"] == "eagle3"
+    code, out, _ = cli("check", tiny["eagle3_target"], tiny["eagle3"], "--json")
+    rules = {rule["name"]: rule for rule in json.loads(out)["rules"]}
+    assert code == 0 and rules["hidden states"]["detail"] == "the inputs of target layers 0, 1, 1"
+    # llama.cpp's qwen35 graph hands out no layer inputs: asking for them would abort the process
+    refused = localspec("run", tiny["mtp_trunk"], "--draft", tiny["eagle3"], "-p", "hi", "-n", "2")
+    assert refused.returncode != 0 and "does not hand out the layer inputs EAGLE-3 reads" in refused.stderr.decode()
+    assert "Traceback" not in refused.stderr.decode()

@@ -35,7 +35,11 @@ def test_the_2026_families_resolve_by_the_names_people_type_with_their_drafters(
         ("mtp", "mtp-Qwen3.6-27B-Q4_0.gguf"), ("dflash", "dflash-Qwen3.6-27B-Q8_0.gguf")]
     assert [(d.drafts, d.file) for d in registry.drafters_of(models["gpt-oss-20b"], models)] == [
         ("eagle3", "eagle3-gpt-oss-20b-Q8_0.gguf")]
-    assert registry.resolve_draft("auto", models["qwen3.6-27b"], models).file == "Qwen3.5-0.8B-Q8_0.gguf"
+    # auto: the drafter published beside it, in llama.cpp's order (MTP first), else the recommended draft model
+    assert registry.resolve_draft("auto", models["qwen3.6-27b"], models).file == "mtp-Qwen3.6-27B-Q4_0.gguf"
+    assert registry.resolve_draft("auto", models["gpt-oss-20b"], models).file == "eagle3-gpt-oss-20b-Q8_0.gguf"
+    assert registry.resolve_draft("eagle3", models["gpt-oss-20b"], models).file == "eagle3-gpt-oss-20b-Q8_0.gguf"
+    assert registry.resolve_draft("auto", models["qwen3.5-27b"], models).file == "Qwen3.5-0.8B-Q8_0.gguf"
     # facts found pinned once, or with the size and sha256 missing, are marked
     assert models["gpt-oss-20b-eagle3"].unverified and models["gpt-oss-20b-eagle3"].sha256 is None
     assert not models["qwen3.6-27b"].unverified
@@ -302,7 +306,9 @@ def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_mod
 
 
 def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(models):
-    with pytest.raises(UsageError, match=r"eagle3 drafters is not built yet \(gpt-oss-20b-eagle3 is published beside"):
-        registry.resolve_draft("eagle3", models["gpt-oss-20b"], models)
+    with pytest.raises(UsageError, match=r"dflash drafters is not built yet \(qwen3.6-27b-dflash is published beside"):
+        registry.resolve_draft("dflash", models["qwen3.6-27b"], models)
+    with pytest.raises(UsageError, match=r"no eagle3 drafter is known to be published beside gemma4-31b"):
+        registry.resolve_draft("eagle3", models["gemma4-31b"], models)
     with pytest.raises(UsageError, match=r"dflash drafters is not built yet; --draft mtp"):
         registry.resolve_draft("dflash", models["gemma4-31b"], models)

@@ -18,7 +18,7 @@ from .options import DEFAULT_RUNTIME, OfflineOption, device_names
 @command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
     name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
-    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one; 'mtp': the MTP sidecar published beside it).", show_default=False)] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one; 'mtp', 'eagle3': the drafter of that kind published beside it).", show_default=False)] = None,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
     models = registry.load()

@@ -53,8 +53,9 @@ MODEL_OPTIONS = {
         "--draft", "-d", "-md", "--model-draft",
         help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
         " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output;"
-        " or 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
-        " them). Default: ngram.", show_default=False)], None),
+        " 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
+        " them, or the mtp- file published beside it); 'eagle3' with the EAGLE-3 drafter published beside it"
+        " (gpt-oss), which reads the target's hidden states. Default: ngram.", show_default=False)], None),
     "offline": (OfflineOption, False),
 }
 DRAFTING_OPTIONS = {

@@ -422,6 +422,24 @@ class Context(ChainRows):
         for position in [p for p in self._hidden if p < before]:
             del self._hidden[position]
 
+    def decode_at(self, position: int, token: int, hidden: np.ndarray) -> None:
+        """Decode one token, with the hidden state that goes with it, at a position of the cache this
+        context reads and keep nothing: Gemma 4's assistant has no cache of its own but its target's
+        (beside), which it reads up to the position (the target's next) and never changes."""
+        batch = self._batch
+        batch.token[0], batch.pos[0], batch.logits[0], batch.n_tokens = token, position, True, 1
+        row = np.ascontiguousarray(hidden, dtype=np.float32)
+        batch.embd = row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        started = perf_counter()
+        try:
+            status = llama.llama_decode(self._ctx, batch)
+            llama.llama_synchronize(self._ctx)
+        finally:
+            batch.embd = ctypes.POINTER(ctypes.c_float)()
+        self.busy_seconds += perf_counter() - started
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status} at position {position}")
+
     def encode(self, rows: np.ndarray) -> np.ndarray:
         """An encoder graph's output for each row of input (an EAGLE-3 drafter's fusion of the target's
         hidden states into its own width); the KV cache is left as it is."""

@@ -384,6 +384,30 @@ class MtpDrafter(ForwardDrafter):
         return np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows]).reshape(-1, width)
 
 
+class AssistantDrafter(MtpDrafter):
+    """Gemma 4's assistant (a small model published beside its target, which llama.cpp runs as its MTP
+    drafter) drafts as an MTP block does, but keeps no cache of its own: it reads the target's, so
+    every step of a draft is read at the position of the token the target has not decoded yet, and what
+    it drafted before passes on through its hidden state alone."""
+
+    def behind(self, history: list[int]) -> int:
+        return 0
+
+    def catch_up(self, decoded: list[int]) -> None:
+        self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
+
+    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+        position = len(history) - 1  # the target holds what comes before
+        token, hidden = history[-1], self._states(range(position - 1, position))[0]
+        while True:
+            self.context.decode_at(position, token, hidden)
+            token, q = self._next()
+            if token is None:
+                return
+            yield token, q
+            hidden = self.context.output_hidden(-1)
+
+
 class Eagle3Drafter(MtpDrafter):
     """An EAGLE-3 drafter (a one-layer model trained beside its target, run with the target's token
     embeddings and output layer unless it has its own) drafts from the inputs of three of the target's
