@@ -70,7 +70,21 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
     rules.append(_rollback(target, draft))
     if draft.architecture == "eagle3":
         rules.append(_hidden_states(target, draft))
+    if draft.architecture == "gemma4-assistant":
+        rules.append(_assistant(target, draft))
     return CompatReport(target, draft, rules)
+
+
+def _assistant(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    """Gemma 4's assistant reads a Gemma 4 target's KV cache and last hidden state, of the width it was
+    trained on."""
+    name, width = "target's cache", target.arch("embedding_length")
+    if target.architecture != "gemma4":
+        return Rule(name, False, f"a Gemma 4 assistant reads a gemma4 target's KV cache, not a {target.architecture!r} one's")
+    if draft.arch("embedding_length_out") != width:
+        return Rule(name, False, f"the assistant reads hidden states {draft.arch('embedding_length_out')} wide,"
+                    f" the target's are {width}")
+    return Rule(name, True, "a gemma4 target's, as trained")
 
 
 def _hidden_states(target: GGUFInfo, draft: GGUFInfo) -> Rule:

@@ -52,7 +52,9 @@ class PypiSource:
 # Drafters published beside a model, not run alone (llama.cpp's sidecar prefixes, in the order its
 # downloader prefers them: mtp > dspark > dflash > eagle3), and Gemma 4's assistant models.
 DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
-BUILT_DRAFTERS = ("mtp", "eagle3")  # the kinds localspec drafts with (--draft KIND)
+BUILT_DRAFTERS = ("mtp", "eagle3", "assistant")  # the kinds localspec drafts with (--draft KIND)
+# Gemma 4's assistant, which llama.cpp runs as an MTP drafter and ggml-org publishes as its `mtp-` file
+ASSISTANT = "assistant"
 
 
 # Parts of a file's name that make it no model of its own (llama.cpp's gguf_filename_is_model)
@@ -330,6 +332,8 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     kind = text.lower()
     if kind in DRAFTER_KINDS and kind not in _names(models):
         named = published_drafter(target, kind, models)
+        if kind == ASSISTANT and named is None:
+            named = published_drafter(target, "mtp", models)
         if kind not in BUILT_DRAFTERS:
             beside = f" ({named.name} is published beside {target.name})" if named else ""
             raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft mtp, eagle3, a draft"

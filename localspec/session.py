@@ -16,7 +16,7 @@ from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_d
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
-from .engine.drafters import (Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
+from .engine.drafters import (AssistantDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
                                SuffixDrafter)
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
@@ -135,8 +135,8 @@ def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str
         raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
     if spec == "off":
         return DrafterKind.PLAIN, None
-    if draft in (DrafterKind.MTP, DrafterKind.EAGLE3):  # a drafter published beside the target, asked for by kind
-        return DrafterKind(draft), None
+    if draft in (DrafterKind.MTP, DrafterKind.EAGLE3, registry.ASSISTANT):  # a drafter published beside the target
+        return DrafterKind.MTP if draft == registry.ASSISTANT else DrafterKind(draft), None
     draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
     if spec == "fixed":
         return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
@@ -233,8 +233,11 @@ class Session:
             # target's own MTP layers would: fixed drafting with it is the mtp mode. An EAGLE-3 drafter
             # (gpt-oss's `eagle3-` sidecar) reads the target's hidden states: fixed drafting with it is
             # the eagle3 mode.
-            sidecar = draft is not None and placement.models[1].mtp_sidecar
-            eagle3 = draft is not None and placement.models[1].architecture == "eagle3"
+            # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter, too.
+            drafting_with = placement.models[1].architecture if draft is not None else None
+            assistant = drafting_with == "gemma4-assistant"
+            sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
+            eagle3 = drafting_with == "eagle3"
             if (sidecar or eagle3) and speculation.drafting == DrafterKind.DRAFT:
                 speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar
                                                          else DrafterKind.EAGLE3)
@@ -291,8 +294,9 @@ class Session:
                     draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=True, repack=runtime.repack,
                     mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
                 block = self._own(Context(block_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
-                                          rows, mtp=True, flash_attn=runtime.flash_attn))
-                self.mtp_drafter = MtpDrafter(self.target, block, speculation.p_min)
+                                          rows, mtp=True, flash_attn=runtime.flash_attn,
+                                          beside=self.target if assistant else None))
+                self.mtp_drafter = (AssistantDrafter if assistant else MtpDrafter)(self.target, block, speculation.p_min)
             if drafter_model is not None:
                 context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                             rows, flash_attn=runtime.flash_attn,
@@ -614,7 +618,8 @@ class Session:
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
         draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
-        mtp = ("" if not self.mtp_drafter else f"its MTP layers ({self._mtp_sidecar})" if self._mtp_sidecar
+        block = "assistant" if isinstance(self.mtp_drafter, AssistantDrafter) else "MTP layers"
+        mtp = ("" if not self.mtp_drafter else f"its {block} ({self._mtp_sidecar})" if self._mtp_sidecar
                else "its own MTP layers")
         eagle3 = f"EAGLE-3 ({self.eagle3_drafter.context.model.path.name})" if self.eagle3_drafter else ""
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",

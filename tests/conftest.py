@@ -14,6 +14,7 @@ from localspec.engine.backend import Context, Model
 from tinymodels import UPPERCASE, TinySpec, write_tiny_model
 from tinymtp import write_tiny_mtp_model
 from tinyeagle import write_tiny_eagle3
+from tinygemma4 import write_tiny_assistant, write_tiny_gemma4
 
 TARGET = TinySpec(seed=1, sharpness=2.0)
 TINY_MODELS = {
@@ -100,6 +101,9 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
                                                 part="sidecar")
     # an EAGLE-3 drafter for eagle3_target (as gpt-oss-20b's eagle3- sidecar drafts for it)
     paths["eagle3"] = write_tiny_eagle3(folder / "eagle3-target.gguf", seed=5)
+    # Gemma 4 and the assistant drafter published beside it (ggml-org's mtp-gemma-4-*.gguf)
+    paths["gemma4"] = write_tiny_gemma4(folder / "gemma4.gguf", seed=7)
+    paths["gemma4_assistant"] = write_tiny_assistant(folder / "mtp-gemma4.gguf", target_seed=7, seed=8)
     return paths
 
 

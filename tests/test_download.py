@@ -51,6 +51,9 @@ def hub(tiny, big_file):
     # gpt-oss-20b's repo as ggml-org lays it out, tiny files under its names: the model and its EAGLE-3 drafter
     hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3_target"], "gpt-oss-20b-MXFP4.gguf")
     hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3"], "eagle3-gpt-oss-20b-Q8_0.gguf")
+    # Gemma 4 26B-A4B from ggml-org, and the assistant drafter unsloth publishes for it
+    hub.add("ggml-org/gemma-4-26B-A4B-it-GGUF", tiny["gemma4"], "gemma-4-26B-A4B-it-Q4_K_M.gguf")
+    hub.add("unsloth/gemma-4-26B-A4B-it-GGUF", tiny["gemma4_assistant"], "mtp-gemma-4-26B-A4B-it.gguf")
     server = serve(hub)
     yield hub
     server.shutdown()
@@ -128,6 +131,19 @@ params = "1M"
 repo = "ggml-org/gpt-oss-20b-GGUF"
 file = "gpt-oss-20b-MXFP4.gguf"
 drafters = ["oss-eagle3"]
+
+[models.gem]
+family = "tiny-gemma"
+params = "1M"
+repo = "ggml-org/gemma-4-26B-A4B-it-GGUF"
+file = "gemma-4-26B-A4B-it-Q4_K_M.gguf"
+drafters = ["gem-mtp"]
+
+[models.gem-mtp]
+family = "tiny-gemma"
+repo = "unsloth/gemma-4-26B-A4B-it-GGUF"
+file = "mtp-gemma-4-26B-A4B-it.gguf"
+drafts = "mtp"
 
 [models.oss-eagle3]
 family = "tiny-oss"
@@ -582,3 +598,17 @@ def test_a_hub_file_with_draft_eagle3_finds_the_drafter_in_its_repo(localspec):
         assert summary["stats"]["drafters"]["eagle3"]["accepted"] > 0
     missing = localspec("run", "hf:test/tiny-GGUF/target.gguf", "--draft", "eagle3", "-p", "hi", "-n", "2")
     assert missing.returncode == 2 and "no EAGLE-3 drafter is known to be published beside" in missing.stderr
+
+
+@pytest.mark.parametrize("target, draft, drafter", [
+    ("trunk", "auto", "mtp-trunk.gguf"),  # as qwen3.6-27b: its MTP sidecar before its recommended draft model
+    ("gem", "auto", "mtp-gemma-4-26B-A4B-it.gguf"),  # as gemma4-26b: Gemma 4's assistant, from another repo
+    ("gem", "assistant", "mtp-gemma-4-26B-A4B-it.gguf"),
+])
+def test_draft_auto_and_assistant_take_the_drafter_published_beside_the_target(localspec, target, draft, drafter):
+    done = localspec("run", target, "--draft", draft, "--spec", "fixed", "--p-min", "0", "--temp", "0", "-p",
+                     "the cat sat", "--raw", "-n", "24", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["placement"]["draft"]["file"] == drafter and summary["placement"]["drafting"] == "mtp"
+    assert summary["stats"]["drafters"]["mtp"]["accepted"] > 0

@@ -40,6 +40,10 @@ def test_the_2026_families_resolve_by_the_names_people_type_with_their_drafters(
     assert registry.resolve_draft("auto", models["gpt-oss-20b"], models).file == "eagle3-gpt-oss-20b-Q8_0.gguf"
     assert registry.resolve_draft("eagle3", models["gpt-oss-20b"], models).file == "eagle3-gpt-oss-20b-Q8_0.gguf"
     assert registry.resolve_draft("auto", models["qwen3.5-27b"], models).file == "Qwen3.5-0.8B-Q8_0.gguf"
+    # Gemma 4's assistant, which llama.cpp runs as an MTP drafter and which is published as an mtp- file
+    for kind in ("auto", "mtp", "assistant"):
+        assert registry.resolve_draft(kind, models["gemma4-26b-a4b"], models).file == "mtp-gemma-4-26B-A4B-it.gguf"
+    assert registry.resolve_draft("assistant", models["gemma4-e4b"], models).file == "mtp-gemma-4-E4B-it-Q8_0.gguf"
     # facts found pinned once, or with the size and sha256 missing, are marked
     assert models["gpt-oss-20b-eagle3"].unverified and models["gpt-oss-20b-eagle3"].sha256 is None
     assert not models["qwen3.6-27b"].unverified
