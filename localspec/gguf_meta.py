@@ -70,10 +70,13 @@ HYBRID_ARCHITECTURES = frozenset({
 # these, the ones that also hand out their last hidden state (t_h_nextn), a layer index equal to their
 # layer count.
 LAYER_INPUT_ARCHITECTURES = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35moe", "qwen4exp", "gpt-oss", "lfm2", "nemotron_h", "deepseek4",
-    "bailingmoe3", "minimax-01", "muse-glimmer",
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "gpt-oss", "lfm2",
+    "nemotron_h", "deepseek4", "bailingmoe3", "minimax-01", "minimax-m2", "mimo2", "hunyuan_vl", "nanbeige",
+    "muse-glimmer",
 })
-LAST_HIDDEN_ARCHITECTURES = frozenset({"qwen3next", "qwen35moe", "gpt-oss", "nemotron_h", "deepseek4", "bailingmoe3"})
+LAST_HIDDEN_ARCHITECTURES = frozenset({
+    "qwen3next", "qwen35", "qwen35moe", "gemma4", "gpt-oss", "nemotron_h", "deepseek4", "bailingmoe3", "mimo2",
+})
 ROLLBACK_ARCHITECTURES = frozenset({
     "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe", "lfm2",
     "lfm2moe", "bailingmoe3",
