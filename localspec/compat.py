@@ -68,42 +68,11 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
     same_merges = target.merges_digest == draft.merges_digest
     rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ"))
     rules.append(_rollback(target, draft))
-    if draft.architecture == "eagle3":
+    if draft.architecture in ("eagle3", "dflash"):
         rules.append(_hidden_states(target, draft))
     if draft.architecture == "gemma4-assistant":
         rules.append(_assistant(target, draft))
     return CompatReport(target, draft, rules)
-
-
-def _assistant(target: GGUFInfo, draft: GGUFInfo) -> Rule:
-    """Gemma 4's assistant reads a Gemma 4 target's KV cache and last hidden state, of the width it was
-    trained on."""
-    name, width = "target's cache", target.arch("embedding_length")
-    if target.architecture != "gemma4":
-        return Rule(name, False, f"a Gemma 4 assistant reads a gemma4 target's KV cache, not a {target.architecture!r} one's")
-    if draft.arch("embedding_length_out") != width:
-        return Rule(name, False, f"the assistant reads hidden states {draft.arch('embedding_length_out')} wide,"
-                    f" the target's are {width}")
-    return Rule(name, True, "a gemma4 target's, as trained")
-
-
-def _hidden_states(target: GGUFInfo, draft: GGUFInfo) -> Rule:
-    """An EAGLE-3 drafter reads the inputs of three of the target's layers, of the width it was trained
-    on; llama.cpp aborts the process where the target's graph does not hand them out."""
-    name, layers = "hidden states", draft.target_layers
-    n_layer, width = target.arch("block_count"), target.arch("embedding_length")
-    if target.architecture not in LAYER_INPUT_ARCHITECTURES:
-        return Rule(name, False, f"llama.cpp's {target.architecture!r} graph does not hand out the layer inputs"
-                    " EAGLE-3 reads")
-    if len(layers) != 3:
-        return Rule(name, False, f"an EAGLE-3 drafter reads 3 target layers, this one names {len(layers)}")
-    if draft.arch("target_hidden_size") != width:
-        return Rule(name, False, f"the drafter was trained on hidden states {draft.arch('target_hidden_size')} wide,"
-                    f" the target's are {width}")
-    last = n_layer if target.architecture in LAST_HIDDEN_ARCHITECTURES else n_layer - 1
-    if not isinstance(n_layer, int) or max(layers) > last:
-        return Rule(name, False, f"the drafter reads layer {max(layers)}, the target has {n_layer} layers")
-    return Rule(name, True, f"the inputs of target layers {', '.join(map(str, layers))}")
 
 
 def _rollback(target: GGUFInfo, draft: GGUFInfo) -> Rule:
@@ -136,3 +105,42 @@ def _token_texts(target: GGUFInfo, draft: GGUFInfo) -> Rule:
 
 def _show(token: bytes) -> str:
     return repr(token.decode("utf-8", errors="replace"))
+
+
+def _assistant(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    """Gemma 4's assistant reads a Gemma 4 target's KV cache and last hidden state, of the width it was
+    trained on."""
+    name, width = "target's cache", target.arch("embedding_length")
+    if target.architecture != "gemma4":
+        return Rule(name, False, f"a Gemma 4 assistant reads a gemma4 target's KV cache, not a {target.architecture!r} one's")
+    if draft.arch("embedding_length_out") != width:
+        return Rule(name, False, f"the assistant reads hidden states {draft.arch('embedding_length_out')} wide,"
+                    f" the target's are {width}")
+    return Rule(name, True, "a gemma4 target's, as trained")
+
+
+def _hidden_states(target: GGUFInfo, draft: GGUFInfo) -> Rule:
+    """An EAGLE-3 drafter reads the inputs of three of the target's layers (or its last hidden state), a
+    DFlash drafter those of a few, of the width it was trained on; llama.cpp aborts the process where
+    the target's graph does not hand them out. A DFlash drafter also needs a mask token."""
+    name, layers = "hidden states", draft.target_layers
+    n_layer, width = target.arch("block_count"), target.arch("embedding_length")
+    eagle3 = draft.architecture == "eagle3"
+    trained_on = draft.arch("target_hidden_size") if eagle3 else draft.arch("embedding_length")
+    if target.architecture not in LAYER_INPUT_ARCHITECTURES:
+        return Rule(name, False, f"llama.cpp's {target.architecture!r} graph does not hand out the layer inputs"
+                    f" {'EAGLE-3' if eagle3 else 'DFlash'} reads")
+    if not layers or eagle3 and len(layers) != 3:
+        return Rule(name, False, f"the drafter names {len(layers)} target layers to read"
+                    + (", EAGLE-3 reads 3" if eagle3 else ""))
+    if trained_on != width:
+        return Rule(name, False, f"the drafter was trained on hidden states {trained_on} wide, the target's are {width}")
+    last = n_layer if eagle3 and target.architecture in LAST_HIDDEN_ARCHITECTURES else n_layer - 1
+    if not isinstance(n_layer, int) or max(layers) > last:
+        return Rule(name, False, f"the drafter reads layer {max(layers)}, the target has {n_layer} layers")
+    if not eagle3 and ("markov_w1.weight" in draft.tensor_names or draft.arch("selector_top_k", 0) > 0):
+        return Rule(name, False, "a DSpark or DFlash2 drafter (llama.cpp's draft-dspark), which localspec does not"
+                    " run yet")
+    if not eagle3 and draft.get("tokenizer.ggml.mask_token_id") is None:
+        return Rule(name, False, "the DFlash drafter names no mask token (tokenizer.ggml.mask_token_id)")
+    return Rule(name, True, f"the inputs of target layers {', '.join(map(str, layers))}")

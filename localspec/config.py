@@ -60,6 +60,7 @@ class DrafterKind(StrEnum):
     DRAFT = "draft"  # a small draft model with the target's vocabulary
     MTP = "mtp"  # the target's own multi-token-prediction block
     EAGLE3 = "eagle3"  # an EAGLE-3 drafter: one layer reading the target's hidden states
+    DFLASH = "dflash"  # a DFlash drafter: a whole block at once from the target's hidden states
     AUTO = "auto"  # each step, plain decoding or whichever drafter is expected to pay most
     # the text the user expects (OpenAI's Predicted Outputs): drafts beside any mode, wherever the output
     # follows it, so it is a generation's option rather than a mode of its own
@@ -83,7 +84,7 @@ class DrafterKind(StrEnum):
 # 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
 # 7 single ones) and stops short by itself wherever acceptance does not carry that far.
 DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
-                     DrafterKind.EAGLE3: 3,
+                     DrafterKind.EAGLE3: 3, DrafterKind.DFLASH: 3,
                      DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32,
                      DrafterKind.SUFFIX: 32, DrafterKind.FORCED: 32}
 

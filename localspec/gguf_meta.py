@@ -94,6 +94,7 @@ class GGUFInfo:
     token_digest: str | None
     merges_digest: str | None
     trunk: bool = True  # whether it holds its first layer's weights (an MTP sidecar holds only its MTP block)
+    tensor_names: frozenset[str] = field(default=frozenset(), repr=False)
 
     def get(self, key: str, default=None):
         value = self.metadata.get(key, default)
@@ -319,6 +320,7 @@ class _Reader:
             token_digest=self._digest(metadata.get("tokenizer.ggml.tokens")),
             merges_digest=self._digest(metadata.get("tokenizer.ggml.merges")),
             trunk=any(name.startswith("blk.0.") for name in names) or not any(name.startswith("blk.") for name in names),
+            tensor_names=frozenset(names),
         )
 
     def _tensors(self, count: int, metadata: dict) -> tuple[int, list[str]]:

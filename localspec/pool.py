@@ -145,7 +145,7 @@ class Pool:
         await self._make_room(self.header(wanted.path))
         drafting = self.speculation.drafting
         draft = self._draft_for(wanted.entry) if drafting != DrafterKind.PLAIN else None
-        if drafting in (DrafterKind.DRAFT, DrafterKind.MTP, DrafterKind.EAGLE3) and draft is None:
+        if drafting in (DrafterKind.DRAFT, DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH) and draft is None:
             drafting = DrafterKind.NGRAM  # what serve's --spec fixed does without a draft model
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")

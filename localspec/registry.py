@@ -52,7 +52,7 @@ class PypiSource:
 # Drafters published beside a model, not run alone (llama.cpp's sidecar prefixes, in the order its
 # downloader prefers them: mtp > dspark > dflash > eagle3), and Gemma 4's assistant models.
 DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
-BUILT_DRAFTERS = ("mtp", "eagle3", "assistant")  # the kinds localspec drafts with (--draft KIND)
+BUILT_DRAFTERS = ("mtp", "dflash", "eagle3", "assistant")  # the kinds localspec drafts with (--draft KIND)
 # Gemma 4's assistant, which llama.cpp runs as an MTP drafter and ggml-org publishes as its `mtp-` file
 ASSISTANT = "assistant"
 
@@ -336,8 +336,8 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
             named = published_drafter(target, "mtp", models)
         if kind not in BUILT_DRAFTERS:
             beside = f" ({named.name} is published beside {target.name})" if named else ""
-            raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft mtp, eagle3, a draft"
-                             " model, or ngram draft today")
+            raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft mtp, dflash, eagle3,"
+                             " assistant, a draft model, or ngram draft today")
         if named is None:
             raise UsageError(f"no {kind} drafter is known to be published beside {getattr(target, 'name', target)};"
                              f" give its {kind}-*.gguf file as the draft")

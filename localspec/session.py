@@ -16,7 +16,7 @@ from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_d
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
-from .engine.drafters import (AssistantDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
+from .engine.drafters import (AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
                                SuffixDrafter)
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
@@ -126,6 +126,8 @@ def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
 
 
 SPEC_CHOICES = ("auto", "fixed", "off")
+# the drafters that read the target's hidden states, by the architecture of their file, and their names
+HIDDEN_STATE_DRAFTERS = {DrafterKind.EAGLE3: "EAGLE-3", DrafterKind.DFLASH: "DFlash"}
 
 
 def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str | None]:
@@ -135,7 +137,7 @@ def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str
         raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
     if spec == "off":
         return DrafterKind.PLAIN, None
-    if draft in (DrafterKind.MTP, DrafterKind.EAGLE3, registry.ASSISTANT):  # a drafter published beside the target
+    if draft in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS, registry.ASSISTANT):  # one published beside the target
         return DrafterKind.MTP if draft == registry.ASSISTANT else DrafterKind(draft), None
     draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
     if spec == "fixed":
@@ -177,7 +179,7 @@ def open_session(
     stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
-    if speculation.drafting in (DrafterKind.MTP, DrafterKind.EAGLE3) and draft_model is None:
+    if speculation.drafting in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS) and draft_model is None:
         draft_model = _published_drafter(target, speculation.drafting, offline)
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
@@ -192,8 +194,8 @@ def open_session(
 def _published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | None:
     """The drafter of this kind published beside a target, as --draft takes it: the one the registry
     names, or, for a Hub file (hf:..., owner/repo:QUANT), a file of its repo found by llama.cpp's rules
-    (`mtp-`, `eagle3-`). None for MTP: the target drafts with its own MTP layers, if it has them; an
-    EAGLE-3 drafter must be found."""
+    (`mtp-`, `eagle3-`, `dflash-`). None for MTP: the target drafts with its own MTP layers, if it has
+    them; a drafter of another kind must be found."""
     resolved = registry.resolve(target)
     named = registry.published_drafter(resolved, kind)
     if named is not None:
@@ -202,8 +204,8 @@ def _published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | N
         found = download.published_sidecar(resolved, kind, offline)
         if found:
             return f"hf:{found.repo}/{found.file}"
-    if kind == DrafterKind.EAGLE3:
-        raise UsageError(f"no EAGLE-3 drafter is known to be published beside {target}; give its eagle3-*.gguf"
+    if kind != DrafterKind.MTP:
+        raise UsageError(f"no {kind} drafter is known to be published beside {target}; give its {kind}-*.gguf"
                          " file as --draft")
     return None
 
@@ -231,20 +233,19 @@ class Session:
             self.plan = placement
             # A draft that is an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the
             # target's own MTP layers would: fixed drafting with it is the mtp mode. An EAGLE-3 drafter
-            # (gpt-oss's `eagle3-` sidecar) reads the target's hidden states: fixed drafting with it is
-            # the eagle3 mode.
+            # (gpt-oss's `eagle3-` sidecar) or DFlash drafter (Qwen3.6's `dflash-` sidecar) reads the
+            # target's hidden states: fixed drafting with it is the eagle3 or dflash mode.
             # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter, too.
             drafting_with = placement.models[1].architecture if draft is not None else None
             assistant = drafting_with == "gemma4-assistant"
             sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
-            eagle3 = drafting_with == "eagle3"
-            if (sidecar or eagle3) and speculation.drafting == DrafterKind.DRAFT:
-                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar
-                                                         else DrafterKind.EAGLE3)
+            hidden = DrafterKind(drafting_with) if drafting_with in HIDDEN_STATE_DRAFTERS else None
+            if (sidecar or hidden) and speculation.drafting == DrafterKind.DRAFT:
+                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar else hidden)
             # The target's MTP layers draft when asked for, and under auto beside any draft model but an
-            # EAGLE-3 drafter (the target keeps the hidden states of one kind of drafter).
+            # EAGLE-3 or DFlash drafter (the target keeps the hidden states of one kind of drafter).
             asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not eagle3
+            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden
             watch = workers or None  # the workers' devices may hold layers of either model
             placed = placement.target
             self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
@@ -264,7 +265,8 @@ class Session:
                                             repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
                                             watch=watch)) if draft is not None and not sidecar else None
             kept = ((LAST_HIDDEN,) if mtp else
-                    Eagle3Drafter.layers_read(self.target_model, drafter_model) if eagle3 else ())
+                    Eagle3Drafter.layers_read(self.target_model, drafter_model) if hidden == DrafterKind.EAGLE3 else
+                    drafter_model.target_layers if hidden else ())
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn))
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
@@ -279,7 +281,7 @@ class Session:
                                   " rounds context sizes up to a multiple of 256")
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
-                drafter_model, mtp, eagle3 = None, False, False
+                drafter_model, mtp, hidden = None, False, None
                 self.target.stop_keeping_hidden()
             self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             # earlier generations, for auto to draft from: this target's only, in this process's memory only
@@ -288,7 +290,7 @@ class Session:
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self.model_drafter = None
             self.mtp_drafter = None
-            self.eagle3_drafter = None
+            self.hidden_drafter = None  # an EAGLE-3 or DFlash drafter
             if mtp:
                 block_model = self.target_model if not sidecar else self._own(Model(
                     draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=True, repack=runtime.repack,
@@ -300,9 +302,10 @@ class Session:
             if drafter_model is not None:
                 context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                             rows, flash_attn=runtime.flash_attn,
-                                            beside=self.target if eagle3 else None))
-                if eagle3:
-                    self.eagle3_drafter = Eagle3Drafter(self.target, context, speculation.p_min)
+                                            beside=self.target if hidden else None))
+                if hidden:
+                    drafter = Eagle3Drafter if hidden == DrafterKind.EAGLE3 else DFlashDrafter
+                    self.hidden_drafter = drafter(self.target, context, speculation.p_min)
                 else:
                     self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
             self.default_mode = self.speculation.drafting
@@ -327,12 +330,14 @@ class Session:
             raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
         if mode == DrafterKind.MTP and self.mtp_drafter is None:
             raise UsageError("the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)")
-        if mode == DrafterKind.EAGLE3 and self.eagle3_drafter is None:
-            raise UsageError("the eagle3 mode needs an EAGLE-3 drafter (--draft eagle3, or its eagle3-*.gguf file)")
+        if mode in HIDDEN_STATE_DRAFTERS and (self.hidden_drafter is None or self.hidden_drafter.kind != mode):
+            raise UsageError(f"the {mode} mode needs {'an' if mode == DrafterKind.EAGLE3 else 'a'}"
+                             f" {HIDDEN_STATE_DRAFTERS[mode]} drafter (--draft {mode}, or its {mode}-*.gguf file)")
         mode = DrafterKind(mode)
         drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
                     DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.MTP: lambda: self.mtp_drafter,
-                    DrafterKind.EAGLE3: lambda: self.eagle3_drafter, DrafterKind.AUTO: self._auto_drafter}
+                    DrafterKind.EAGLE3: lambda: self.hidden_drafter, DrafterKind.DFLASH: lambda: self.hidden_drafter,
+                    DrafterKind.AUTO: self._auto_drafter}
         self.drafter = drafters[mode]()
         self.mode = mode
 
@@ -400,7 +405,7 @@ class Session:
     @property
     def _costly(self) -> list:
         """The drafters that draft with a model of their own, each on its own context."""
-        return [drafter for drafter in (self.model_drafter, self.mtp_drafter, self.eagle3_drafter) if drafter]
+        return [drafter for drafter in (self.model_drafter, self.mtp_drafter, self.hidden_drafter) if drafter]
 
     def _own(self, resource):
         self._owned.append(resource)
@@ -606,7 +611,7 @@ class Session:
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
         return self.plan.report(draft=self.model_drafter is not None or self._mtp_sidecar is not None
-                                or self.eagle3_drafter is not None,
+                                or self.hidden_drafter is not None,
                                 sampling="backend" if self.target.on_backend else "host", drafting=self.mode)
 
     @property
@@ -621,10 +626,12 @@ class Session:
         block = "assistant" if isinstance(self.mtp_drafter, AssistantDrafter) else "MTP layers"
         mtp = ("" if not self.mtp_drafter else f"its {block} ({self._mtp_sidecar})" if self._mtp_sidecar
                else "its own MTP layers")
-        eagle3 = f"EAGLE-3 ({self.eagle3_drafter.context.model.path.name})" if self.eagle3_drafter else ""
+        hidden = (f"{HIDDEN_STATE_DRAFTERS[self.hidden_drafter.kind]} ({self.hidden_drafter.context.model.path.name})"
+                  if self.hidden_drafter else "")
         drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp, DrafterKind.EAGLE3: eagle3,
-                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp, eagle3])}[self.mode]
+                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp, DrafterKind.EAGLE3: hidden,
+                    DrafterKind.DFLASH: hidden,
+                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp, hidden])}[self.mode]
         return f"{self.target_model.path.name} ({drafting})"
 
     def close(self) -> None:

@@ -11,8 +11,9 @@ from localspec.cli import main
 from localspec.engine import backend
 from localspec.engine.backend import Context, Model
 
-from tinymodels import UPPERCASE, TinySpec, write_tiny_model
+from tinymodels import UPPERCASE, TinySpec, tiny_weights, write_tiny_model
 from tinymtp import write_tiny_mtp_model
+from tinydflash import write_tiny_dflash
 from tinyeagle import write_tiny_eagle3
 from tinygemma4 import write_tiny_assistant, write_tiny_gemma4
 
@@ -26,8 +27,8 @@ TINY_MODELS = {
     # LFM2: short-convolution layers (a recurrent state) beside attention; the same tokenizer as the rest
     "hybrid": TinySpec(seed=1, sharpness=2.0, architecture="lfm2"),
     "hybrid_partial": TinySpec(seed=1, sharpness=2.0, blend_seed=2, blend=0.1, architecture="lfm2"),
-    # what the tiny EAGLE-3 drafter drafts for: the next token depends mostly on the last
-    "eagle3_target": TinySpec(seed=1, sharpness=2.0, layer_scale=0.5),
+    # what the tiny EAGLE-3 and DFlash drafters draft for: the next token depends mostly on the last
+    "markov_target": TinySpec(seed=1, sharpness=2.0, layer_scale=0.5),
 }
 
 
@@ -99,8 +100,10 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     paths["mtp_trunk"] = write_tiny_mtp_model(folder / "trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5, part="trunk")
     paths["mtp_sidecar"] = write_tiny_mtp_model(folder / "mtp-trunk.gguf", seed=3, sharpness=4.0, layer_scale=0.5,
                                                 part="sidecar")
-    # an EAGLE-3 drafter for eagle3_target (as gpt-oss-20b's eagle3- sidecar drafts for it)
+    # an EAGLE-3 drafter for markov_target (as gpt-oss-20b's eagle3- sidecar drafts for it)
     paths["eagle3"] = write_tiny_eagle3(folder / "eagle3-target.gguf", seed=5)
+    # a DFlash drafter for markov_target (as Qwen3.6's dflash- sidecar drafts for it)
+    paths["dflash"] = write_tiny_dflash(folder / "dflash-target.gguf", tiny_weights(TINY_MODELS["markov_target"]), seed=9)
     # Gemma 4 and the assistant drafter published beside it (ggml-org's mtp-gemma-4-*.gguf)
     paths["gemma4"] = write_tiny_gemma4(folder / "gemma4.gguf", seed=7)
     paths["gemma4_assistant"] = write_tiny_assistant(folder / "mtp-gemma4.gguf", target_seed=7, seed=8)

@@ -77,6 +77,8 @@ def test_the_assistant_given_as_the_draft_drafts_as_the_targets_mtp_block(tiny, 
         assert session.mode == DrafterKind.MTP and "its assistant (mtp-gemma4.gguf)" in session.describe()
         drafted = record(session.generate(prompt, GREEDY, Limits(40)))
         assert drafted.text == expected and drafted.drafters[DrafterKind.MTP].accepted > 0
+        session.use(DrafterKind.AUTO)  # which times the assistant's drafting first
+        assert record(session.generate(prompt, GREEDY, Limits(40))).text == expected
     done = localspec("run", tiny["gemma4"], "--draft", tiny["gemma4_assistant"], "--p-min", "0", "--temp", "0",
                      "-p", "the cat sat", "--raw", "-n", "40", "--json")
     assert done.returncode == 0, done.stderr

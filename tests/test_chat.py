@@ -246,6 +246,9 @@ class InterruptAt:
     ("target", DrafterKind.PLAIN, None), ("target", DrafterKind.NGRAM, None), ("target", DrafterKind.DRAFT, "partial"),
     ("target", DrafterKind.AUTO, "partial"), ("mtp", DrafterKind.MTP, None),
     ("hybrid", DrafterKind.DRAFT, "hybrid_partial"), ("hybrid", DrafterKind.NGRAM, None),
+    # drafters published beside their target (DRAFT: as the file says, eagle3, dflash or Gemma 4's assistant)
+    ("markov_target", DrafterKind.DRAFT, "eagle3"), ("markov_target", DrafterKind.AUTO, "dflash"),
+    ("gemma4", DrafterKind.DRAFT, "gemma4_assistant"),
 ])
 def test_a_ctrl_c_at_any_line_of_the_engine_leaves_caches_the_next_reply_can_use(tiny, target, drafting, draft):
     """Every step of the reply after an interrupted one checks that each KV cache holds exactly what

@@ -49,8 +49,11 @@ def hub(tiny, big_file):
     hub.add("test/trunk-GGUF", tiny["mtp_trunk"])  # a model built without its MTP block, and the block beside it
     hub.add("test/trunk-GGUF", tiny["mtp_sidecar"])
     # gpt-oss-20b's repo as ggml-org lays it out, tiny files under its names: the model and its EAGLE-3 drafter
-    hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3_target"], "gpt-oss-20b-MXFP4.gguf")
+    hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["markov_target"], "gpt-oss-20b-MXFP4.gguf")
     hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3"], "eagle3-gpt-oss-20b-Q8_0.gguf")
+    # Qwen3.6-27B as ggml-org lays it out, with its DFlash drafter beside it
+    hub.add("ggml-org/Qwen3.6-27B-GGUF", tiny["markov_target"], "Qwen3.6-27B-Q4_K_M.gguf")
+    hub.add("ggml-org/Qwen3.6-27B-GGUF", tiny["dflash"], "dflash-Qwen3.6-27B-Q8_0.gguf")
     # Gemma 4 26B-A4B from ggml-org, and the assistant drafter unsloth publishes for it
     hub.add("ggml-org/gemma-4-26B-A4B-it-GGUF", tiny["gemma4"], "gemma-4-26B-A4B-it-Q4_K_M.gguf")
     hub.add("unsloth/gemma-4-26B-A4B-it-GGUF", tiny["gemma4_assistant"], "mtp-gemma-4-26B-A4B-it.gguf")
@@ -575,10 +578,13 @@ def test_a_hub_file_with_draft_mtp_finds_the_sidecar_in_its_repo_and_a_quantizat
 
 def test_draft_eagle3_fetches_the_drafter_the_registry_names_and_auto_chooses_it(localspec, home):
     """The registry entry mirrors gpt-oss-20b's (the bundled one pins the real file's sha256)."""
-    pulled = localspec("pull", "oss", "--draft", "eagle3")
-    assert pulled.returncode == 0, pulled.stderr
-    assert [Path(line).name for line in pulled.stdout.split()] == ["gpt-oss-20b-MXFP4.gguf",
-                                                                    "eagle3-gpt-oss-20b-Q8_0.gguf"]
+    alone = localspec("pull", "oss", "--no-draft")
+    assert alone.returncode == 0 and [Path(line).name for line in alone.stdout.split()] == ["gpt-oss-20b-MXFP4.gguf"]
+    for pull in (["pull", "oss", "--draft", "eagle3"], ["pull", "oss"]):  # a target comes with its drafter
+        pulled = localspec(*pull)
+        assert pulled.returncode == 0, pulled.stderr
+        assert [Path(line).name for line in pulled.stdout.split()] == ["gpt-oss-20b-MXFP4.gguf",
+                                                                        "eagle3-gpt-oss-20b-Q8_0.gguf"]
     for draft, spec in (("eagle3", "auto"), ("auto", "fixed")):
         done = localspec("run", "oss", "--draft", draft, "--spec", spec, "--p-min", "0", "--temp", "0", "-p",
                          "the cat sat", "--raw", "-n", "24", "--json")
@@ -588,16 +594,21 @@ def test_draft_eagle3_fetches_the_drafter_the_registry_names_and_auto_chooses_it
         assert summary["placement"]["drafting"] == "eagle3" and summary["stats"]["drafters"]["eagle3"]["accepted"] > 0
 
 
-def test_a_hub_file_with_draft_eagle3_finds_the_drafter_in_its_repo(localspec):
-    for target in ("hf:ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf", "ggml-org/gpt-oss-20b-GGUF:MXFP4"):
-        done = localspec("run", target, "--draft", "eagle3", "--p-min", "0", "--temp", "0", "-p", "the cat sat",
+@pytest.mark.parametrize("kind, repo, target, drafter", [
+    ("eagle3", "ggml-org/gpt-oss-20b-GGUF", "gpt-oss-20b-MXFP4.gguf", "eagle3-gpt-oss-20b-Q8_0.gguf"),
+    ("dflash", "ggml-org/Qwen3.6-27B-GGUF", "Qwen3.6-27B-Q4_K_M.gguf", "dflash-Qwen3.6-27B-Q8_0.gguf"),
+])
+def test_a_hub_file_with_draft_kind_finds_the_drafter_in_its_repo(localspec, kind, repo, target, drafter):
+    quant = target.removesuffix(".gguf").rsplit("-", 1)[1]
+    for spelled in (f"hf:{repo}/{target}", f"{repo}:{quant}"):
+        done = localspec("run", spelled, "--draft", kind, "--p-min", "0", "--temp", "0", "-p", "the cat sat",
                          "--raw", "-n", "24", "--json")
         assert done.returncode == 0, done.stderr
         summary = json.loads(done.stdout)
-        assert summary["placement"]["draft"]["file"] == "eagle3-gpt-oss-20b-Q8_0.gguf"
-        assert summary["stats"]["drafters"]["eagle3"]["accepted"] > 0
-    missing = localspec("run", "hf:test/tiny-GGUF/target.gguf", "--draft", "eagle3", "-p", "hi", "-n", "2")
-    assert missing.returncode == 2 and "no EAGLE-3 drafter is known to be published beside" in missing.stderr
+        assert summary["placement"]["draft"]["file"] == drafter and summary["placement"]["drafting"] == kind
+        assert summary["stats"]["drafters"][kind]["accepted"] > 0
+    missing = localspec("run", "hf:test/tiny-GGUF/target.gguf", "--draft", kind, "-p", "hi", "-n", "2")
+    assert missing.returncode == 2 and f"no {kind} drafter is known to be published beside" in missing.stderr
 
 
 @pytest.mark.parametrize("target, draft, drafter", [

@@ -27,7 +27,7 @@ SPECULATION = Speculation(draft_max=3, p_min=0.0)
 @pytest.fixture(scope="module")
 def eagle3(tiny):
     """(target context keeping the layers' inputs the drafter reads, Eagle3Drafter)."""
-    model, drafter_model = Model(tiny["eagle3_target"]), Model(tiny["eagle3"])
+    model, drafter_model = Model(tiny["markov_target"]), Model(tiny["eagle3"])
     target = Context(model, 512, 64, 2, max_outputs=64, keep_hidden=Eagle3Drafter.layers_read(model, drafter_model))
     context = Context(drafter_model, 512, 64, 2, max_outputs=64, beside=target)
     yield target, Eagle3Drafter(target, context, 0.0)
@@ -44,14 +44,14 @@ def tokens_of(events) -> list[int]:
 def test_the_header_and_llama_cpp_agree_on_the_layers_read(tiny):
     assert gguf_meta.read(tiny["eagle3"]).target_layers == (0, 1, 1) == Model(tiny["eagle3"]).target_layers
     assert gguf_meta.read(tiny["target"]).target_layers == ()
-    report = compat.check(gguf_meta.read(tiny["eagle3_target"]), gguf_meta.read(tiny["eagle3"]))
+    report = compat.check(gguf_meta.read(tiny["markov_target"]), gguf_meta.read(tiny["eagle3"]))
     assert report.compatible, report.summary()
     # qwen35 hands out its layers' inputs too; a drafter trained on another width, or reading past the
     # target's layers, is refused
     assert compat.check(gguf_meta.read(tiny["mtp_trunk"]), gguf_meta.read(tiny["eagle3"])).compatible
     drafter = gguf_meta.read(tiny["eagle3"])
     wider = replace(drafter, metadata={**drafter.metadata, "eagle3.target_hidden_size": 128})
-    target = gguf_meta.read(tiny["eagle3_target"])
+    target = gguf_meta.read(tiny["markov_target"])
     assert "trained on hidden states 128 wide, the target's are 64" in compat.check(target, wider).summary()
     deeper = replace(drafter, metadata={**drafter.metadata, "eagle3.target_layers": RawArray(5, 3, 0, 0, (0, 1, 2))})
     assert "reads layer 2, the target has 2 layers" in compat.check(target, deeper).summary()
@@ -89,13 +89,13 @@ def test_a_verifier_that_accepts_every_eagle3_draft_fails_the_check(eagle3, prom
 
 def test_an_eagle3_file_given_as_the_draft_drafts_with_eagle3_fixed_or_under_auto(tiny):
     runtime = Runtime(ctx_size=512)
-    with Session(tiny["eagle3_target"], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
+    with Session(tiny["markov_target"], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
         prompt = plain.tokenize("the cat sat", raw=True)
         expected = record(plain.generate(prompt, GREEDY, Limits(40))).text
         with pytest.raises(UsageError, match="the eagle3 mode needs an EAGLE-3 drafter"):
             plain.use(DrafterKind.EAGLE3)
     fixed = Speculation(DrafterKind.DRAFT, draft_max=3, p_min=0.0)  # what --spec fixed makes of a draft file
-    with Session(tiny["eagle3_target"], tiny["eagle3"], runtime, fixed) as session:
+    with Session(tiny["markov_target"], tiny["eagle3"], runtime, fixed) as session:
         assert session.mode == DrafterKind.EAGLE3 and session.model_drafter is None
         assert "EAGLE-3 (eagle3-target.gguf)" in session.describe()
         drafted = record(session.generate(prompt, GREEDY, Limits(40)))
@@ -107,12 +107,12 @@ def test_an_eagle3_file_given_as_the_draft_drafts_with_eagle3_fixed_or_under_aut
 
 def test_eagle3_from_the_command_line_and_a_target_it_cannot_read_refused_before_loading(localspec, cli, tiny,
                                                                                            tmp_path):
-    done = localspec("run", tiny["eagle3_target"], "--draft", tiny["eagle3"], "--spec", "fixed", "--p-min", "0",
+    done = localspec("run", tiny["markov_target"], "--draft", tiny["eagle3"], "--spec", "fixed", "--p-min", "0",
                      "--temp", "0", "-p", "the cat sat", "--raw", "-n", "40", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["stats"]["drafters"]["eagle3"]["accepted"] > 0 and summary["placement"]["drafting"] == "eagle3"
-    code, out, _ = cli("check", tiny["eagle3_target"], tiny["eagle3"], "--json")
+    code, out, _ = cli("check", tiny["markov_target"], tiny["eagle3"], "--json")
     rules = {rule["name"]: rule for rule in json.loads(out)["rules"]}
     assert code == 0 and rules["hidden states"]["detail"] == "the inputs of target layers 0, 1, 1"
     # llama.cpp's bert graph hands out no layer inputs: asking for them would abort the process

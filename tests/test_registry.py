@@ -310,9 +310,10 @@ def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_mod
 
 
 def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(models):
-    with pytest.raises(UsageError, match=r"dflash drafters is not built yet \(qwen3.6-27b-dflash is published beside"):
-        registry.resolve_draft("dflash", models["qwen3.6-27b"], models)
+    with pytest.raises(UsageError, match=r"dspark drafters is not built yet; --draft mtp, dflash"):
+        registry.resolve_draft("dspark", models["qwen3.6-27b"], models)
+    assert registry.resolve_draft("dflash", models["qwen3.6-27b"], models).file == "dflash-Qwen3.6-27B-Q8_0.gguf"
     with pytest.raises(UsageError, match=r"no eagle3 drafter is known to be published beside gemma4-31b"):
         registry.resolve_draft("eagle3", models["gemma4-31b"], models)
-    with pytest.raises(UsageError, match=r"dflash drafters is not built yet; --draft mtp"):
+    with pytest.raises(UsageError, match=r"no dflash drafter is known to be published beside gemma4-31b"):
         registry.resolve_draft("dflash", models["gemma4-31b"], models)

@@ -78,7 +78,8 @@ def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray
     return tensors
 
 
-def write_tiny_model(path: Path, spec: TinySpec) -> Path:
+def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
+    """The tensors write_tiny_model writes for a spec."""
     tokens = spm_vocab(spec.pieces)
     tensors = _weights(spec.seed, len(tokens), spec.architecture)
     if spec.blend_seed is not None:
@@ -91,7 +92,11 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     # A zero row pins the logit of <unk>/<s>/</s> at 0: end of text stays possible when
     # sampling but greedy runs rarely stop after a handful of tokens.
     tensors["output.weight"][:3] = 0.0
+    return tensors
 
+
+def write_tiny_model(path: Path, spec: TinySpec) -> Path:
+    tensors = tiny_weights(spec)
     writer = gguf.GGUFWriter(str(path), spec.architecture)
     writer.add_name(path.stem)
     writer.add_context_length(CONTEXT)

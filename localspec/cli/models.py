@@ -15,10 +15,12 @@ from .app import command
 from .options import DEFAULT_RUNTIME, OfflineOption, device_names
 
 
-@command(epilog="Examples:\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
+@command(epilog="Examples:\n\n  localspec pull qwen3.6-27b\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n"
+         "  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
     name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
-    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the recommended one; 'mtp', 'eagle3': the drafter of that kind published beside it).", show_default=False)] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the drafter published beside it, else the recommended draft model; 'mtp', 'dflash', 'eagle3', 'assistant': the drafter of that kind published beside it). Default: the drafter the registry names beside it, as llama.cpp's downloader fetches one.", show_default=False)] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Fetch the model alone.")] = False,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
     models = registry.load()
@@ -28,6 +30,9 @@ def pull(
         wanted += filter(None, [registry.published_drafter(target, DrafterKind.MTP, models)])
     elif draft not in (None, DrafterKind.NGRAM):
         wanted.append(registry.resolve_draft(draft, target, models))
+    elif draft is None and not no_draft:
+        published = registry.auto_drafter(target, models)
+        wanted += [published] if published is not None and published.drafts else []
     for item in wanted:
         print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
 

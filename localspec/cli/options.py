@@ -54,8 +54,9 @@ MODEL_OPTIONS = {
         help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
         " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output;"
         " 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
-        " them, or the mtp- file published beside it); 'eagle3' with the EAGLE-3 drafter published beside it"
-        " (gpt-oss), which reads the target's hidden states. Default: ngram.", show_default=False)], None),
+        " them, or the mtp- file published beside it, Gemma 4's assistant among them); 'eagle3' or 'dflash' with"
+        " the EAGLE-3 (gpt-oss) or DFlash (Qwen3.6) drafter published beside it, which reads the target's hidden"
+        " states. Default: ngram.", show_default=False)], None),
     "offline": (OfflineOption, False),
 }
 DRAFTING_OPTIONS = {

@@ -75,10 +75,17 @@ class Model:
         self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
         self.n_layer = llama.llama_model_n_layer(self._model)
         self.layer_width = llama.llama_model_n_embd(self._model)  # the width of a layer's input
-        # an EAGLE-3 drafter's: the target layers whose inputs it reads (n_layer: the last hidden state)
+        # an EAGLE-3 or DFlash drafter's: the target layers whose inputs it reads (n_layer: the last hidden state)
         self.target_layers = layer_inputs().target_layers(self._model)
+        self.architecture = self.meta("general.architecture") or "unknown"
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value as text, as llama.cpp read it from the file; None where it has none."""
+        buffer = ctypes.create_string_buffer(256)
+        n = llama.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
 
     @property
     def vocab(self):
@@ -249,9 +256,14 @@ class Context(ChainRows):
         self.recurrent = model.recurrent and not mtp
         self.rollback = llama.llama_n_rs_seq(self._ctx) if self.recurrent else n_ctx
         self.mtp, self.keep_hidden = mtp, keep_hidden
-        self.reads_hidden = mtp or beside is not None
-        if self.reads_hidden:  # it hands back its own hidden state, for output rows only
+        # An MTP block or EAGLE-3 drafter reads a hidden state with each token and hands back its own, for
+        # output rows only. A DFlash drafter reads the target's hidden states in place of tokens at the
+        # positions the target holds, and the block it drafts as a whole, without a causal mask.
+        self.reads_hidden = mtp or model.architecture == "eagle3"
+        if self.reads_hidden:
             nextn().llama_set_embeddings_nextn(self._ctx, True, True)
+        if model.architecture == "dflash":
+            llama.llama_set_causal_attn(self._ctx, model.meta("dflash.attention.causal") == "true")
         self._keep_layers(True)
         self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state(s), with keep_hidden
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
@@ -271,13 +283,17 @@ class Context(ChainRows):
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+        self._tokens = ctypes.cast(self._batch.token, ctypes.POINTER(llama.llama_token))  # a copy, not a view of the field
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
         self._start_rows(backend_sampling)
 
-    def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None) -> None:
+    def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None,
+               embedded: bool = False) -> None:
         """Append tokens after those already cached. logits: "all" rows, the "last" row, or "none".
-        hidden: for an MTP context, the hidden state that goes with each token (a row each).
+        hidden: for an MTP context, the hidden state that goes with each token (a row each); embedded:
+        the rows are read in place of the tokens, which only say what the positions hold (a DFlash
+        drafter reads the target's hidden states so).
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
@@ -300,6 +316,8 @@ class Context(ChainRows):
             if hidden is not None:  # lent for this call: llama_batch_free must not free it
                 rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
                 batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            if embedded:
+                batch.token = ctypes.POINTER(llama.llama_token)()
             self._changing = (start + offset, chunk)
             started = perf_counter()
             if watch is not None:
@@ -314,6 +332,8 @@ class Context(ChainRows):
                     watch.decoding_since = None
                 if hidden is not None:
                     batch.embd = ctypes.POINTER(ctypes.c_float)()
+                if embedded:
+                    batch.token = self._tokens
             self.busy_seconds += perf_counter() - started
             if self.keep_hidden and status == 0:
                 self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), self._kept(len(chunk))))
@@ -445,7 +465,6 @@ class Context(ChainRows):
         hidden states into its own width); the KV cache is left as it is."""
         out = []
         batch = self._batch
-        tokens = ctypes.cast(batch.token, ctypes.POINTER(llama.llama_token))  # not a view of the field: a copy
         for offset in range(0, len(rows), self.n_batch):  # (an encoder reads a batch in one ubatch)
             chunk = np.ascontiguousarray(rows[offset : offset + self.n_batch], dtype=np.float32)
             for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
@@ -458,7 +477,7 @@ class Context(ChainRows):
                 status = llama.llama_encode(self._ctx, batch)
                 llama.llama_synchronize(self._ctx)
             finally:
-                batch.token, batch.embd = tokens, ctypes.POINTER(ctypes.c_float)()
+                batch.token, batch.embd = self._tokens, ctypes.POINTER(ctypes.c_float)()
             self.busy_seconds += perf_counter() - started
             if status != 0:
                 raise EngineError(f"llama_encode failed with status {status}")

@@ -24,6 +24,7 @@ from ..config import DrafterKind, Sampling
 from ..events import Step
 from . import backend
 from .backend import Chain, Context, Model
+from .library import llama
 from .grammar import Grammar
 from .sampling import Dist, chain_for, softmax
 from .suffix import SuffixCache
@@ -246,7 +247,7 @@ class ForwardDrafter:
         caught_up = perf_counter() - started
         tokens: list[int] = []
         dists: list[Dist] = []
-        drafting = self._drafting(history)
+        drafting = self._drafting(history, k)
         for token, q in drafting:
             tokens.append(token)
             dists.append(q)
@@ -255,17 +256,17 @@ class ForwardDrafter:
         drafting.close()
         return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
 
-    def _next(self) -> tuple[int | None, Dist]:
-        """The next draft token (None: unsure) from the context's last logits, and its distribution q."""
-        q = softmax(*self.context.candidates(-1))
+    def _next(self, row: int = -1) -> tuple[int | None, Dist]:
+        """The next draft token (None: unsure) from a row of the context's last logits, and its distribution q."""
+        q = softmax(*self.context.candidates(row))
         return next_draft_token(q, self.p_min, self.sampling, self.rng), q
 
     def _ready(self, history: list[int]) -> None:
         """Catch up on history, so the next decode drafts after it."""
         raise NotImplementedError
 
-    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
-        """Draft tokens and their q, one forward pass each, until unsure; stopped when enough are drafted."""
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
+        """Draft up to k tokens and their q, until unsure; stopped when enough are drafted."""
         raise NotImplementedError
 
 
@@ -312,7 +313,7 @@ class ModelDrafter(ForwardDrafter):
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
             self.context.checkpoint()
 
-    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
         while True:
             token, q = self._next()
             if token is None or token >= self.target_vocab:
@@ -361,7 +362,7 @@ class MtpDrafter(ForwardDrafter):
     def _ready(self, history: list[int]) -> None:
         self.catch_up(history[:-1])  # the positions the target holds
 
-    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
         decoded = len(history) - 1
         token, hidden = history[-1], self._states(range(decoded - 1, decoded))[0]
         try:
@@ -396,7 +397,7 @@ class AssistantDrafter(MtpDrafter):
     def catch_up(self, decoded: list[int]) -> None:
         self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
 
-    def _drafting(self, history: list[int]) -> Iterator[tuple[int, Dist]]:
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
         position = len(history) - 1  # the target holds what comes before
         token, hidden = history[-1], self._states(range(position - 1, position))[0]
         while True:
@@ -406,6 +407,59 @@ class AssistantDrafter(MtpDrafter):
                 return
             yield token, q
             hidden = self.context.output_hidden(-1)
+
+
+class DFlashDrafter(ForwardDrafter):
+    """A DFlash drafter (a small block-diffusion model trained beside its target) drafts a whole block in
+    one forward pass. Its cache holds, at each position the target has decoded, the target's hidden
+    states there (the inputs of a few of its layers) in place of a token; it reads the last token
+    followed by mask tokens, without a causal mask, and predicts a token at every masked position at
+    once. Each drafted token depends on no other, so its q is its own row's, as the rejection rule needs.
+    The block comes back out before the target verifies."""
+
+    kind = DrafterKind.DFLASH
+
+    def __init__(self, target: Context, context: Context, p_min: float):
+        super().__init__(context, p_min)
+        self.target = target
+        self.mask = llama.llama_vocab_mask(context.model.vocab)
+        self.block = int(context.model.meta("dflash.block_size") or DFLASH_BLOCK)  # llama.cpp's default
+
+    def begin(self, prompt, sampling, rng) -> None:
+        """Nothing is read now: the first draft catches up on what the target has decoded."""
+        self.prepare(sampling, rng)
+
+    def behind(self, history: list[int]) -> int:
+        return max(0, len(history) - 1 - len(self.context.tokens))
+
+    def catch_up(self, decoded: list[int]) -> None:
+        """Give the cache the target's hidden states at each position the target has decoded (zeros where
+        it no longer keeps them: the drafter drafts less well from there, the output stays the target's)."""
+        keep = self.context.keep_common(decoded)
+        if keep < len(decoded):
+            width = self.target.hidden_width
+            rows = [self.target.hidden_row(p) for p in range(keep, len(decoded))]
+            rows = np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows])
+            self.context.decode(decoded[keep:], logits="none", hidden=rows, embedded=True)
+        self.target.release_hidden(len(decoded))
+        if backend.CHECK_CACHES:
+            self.context.check_holds(decoded)
+
+    def _ready(self, history: list[int]) -> None:
+        self.catch_up(history[:-1])  # the positions the target holds
+
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
+        decoded = len(history) - 1
+        n = min(k, self.block - 1)
+        try:
+            self.context.decode([history[-1]] + [self.mask] * n, logits="all")
+            for row in range(1, n + 1):
+                token, q = self._next(row)
+                if token is None:
+                    return
+                yield token, q
+        finally:
+            self.context.truncate(decoded)
 
 
 class Eagle3Drafter(MtpDrafter):
@@ -430,6 +484,7 @@ class Eagle3Drafter(MtpDrafter):
         return tuple(backend.LAST_HIDDEN if layer >= target.n_layer else layer for layer in drafter.target_layers)
 
 
+DFLASH_BLOCK = 16  # positions a DFlash drafter reads a draft in, where its file does not say (llama.cpp's default)
 PREDICTION_MIN_MATCH = 4  # output tokens that must match the prediction before it drafts again after a departure
 EDIT_MATCH, EDIT_REACH = 2, 16  # fewer suffice within this many tokens past where the output left it
 EDIT_SPAN = 8  # the longest edit (tokens replaced, tokens instead) learned and made in the rest of a prediction
