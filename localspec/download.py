@@ -195,6 +195,7 @@ def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
 def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     """Download one file into destination, resuming a .partial left by an earlier attempt."""
     partial = destination.with_name(destination.name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)  # a repo's file may sit in a folder of it
     if partial.is_symlink():
         raise FetchError(f"{partial} is a symbolic link, not a download of ours; remove it and pull again")
     url = huggingface_hub.hf_hub_url(repo, name)
@@ -270,7 +271,7 @@ def _status(error: Exception) -> str:
 
 def _check_free_space(directory: Path, size: int, what: str) -> None:
     """Refuse before downloading rather than fail with a full disk halfway."""
-    already = sum(p.stat().st_size for p in directory.glob("*.partial"))
+    already = sum(p.stat().st_size for p in directory.rglob("*.partial"))
     needed = size - already
     free = shutil.disk_usage(directory).free
     if free < needed:
@@ -291,11 +292,7 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
         quants = sorted(f for f in files if registry.is_model_file(f))
         raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
     first = next((f for f in matching if SPLIT_MARK in f), matching[0])
-    parts = ()
-    if SPLIT_MARK in first:
-        stem = first.split(SPLIT_MARK)[0]
-        parts = tuple(f for f in matching if f.startswith(stem + "-") and "-of-" in f)
-    return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=parts)
+    return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
 
 
 def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> ModelEntry | None:

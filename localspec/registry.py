@@ -29,7 +29,9 @@ AUTO = "auto"
 # starting and ending with a letter or digit, 96 characters at most.
 _REPO_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?"
 REPO_NAME = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
-SAFE_FILE = re.compile(r"^[\w.-]+\.gguf$")
+# a file of a Hub repo, in folders or not (never "." or ".."), as the registry and hf: name it
+SAFE_FILE = re.compile(r"^(?:(?!\.\.?/)[\w.-]+/)*[\w.-]+\.gguf$")
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")  # gguf-split's parts
 # A model's name becomes its folder's name: one path component, never "." or "..", not too long for
 # any file system.
 SLUG = re.compile(r"^[A-Za-z0-9][\w.+-]{0,199}$")
@@ -59,6 +61,15 @@ ASSISTANT = "assistant"
 
 # Parts of a file's name that make it no model of its own (llama.cpp's gguf_filename_is_model)
 NOT_A_MODEL = ("mmproj", "imatrix", *(f"{kind}-" for kind in DRAFTER_KINDS if kind != "assistant"))
+
+
+def split_parts(file: str) -> tuple[str, ...]:
+    """Every file of a model split by gguf-split, named by any of them (() for a file in one piece)."""
+    split = SPLIT.match(file)
+    if not split:
+        return ()
+    count = int(split["count"])
+    return tuple(f"{split['stem']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1))
 
 
 def is_model_file(name: str) -> bool:
@@ -281,7 +292,7 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
         raise UsageError(f"{where}: a drafter (drafts = {entry.drafts!r}) has no draft or drafters of its own")
     for file in entry.files:
         if not SAFE_FILE.match(file):
-            raise UsageError(f"{where}: file name {file!r} must be a plain .gguf name, without folders")
+            raise UsageError(f"{where}: file name {file!r} must be a .gguf file of its repo (folders allowed, not . or ..)")
     for repo in filter(None, (entry.repo, *entry.alternatives)):
         if not is_repo_name(repo):
             raise UsageError(f"{where}: {repo!r} is not a Hub repository name (owner/name)")
@@ -308,10 +319,14 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     """A target or draft as typed by the user."""
     models = load() if models is None else models
     if text.startswith("hf:"):
-        repo, _, file = text[3:].rpartition("/")
+        owner, _, rest = text[3:].partition("/")
+        name, _, file = rest.partition("/")
+        repo = f"{owner}/{name}"
         if not is_repo_name(repo) or not SAFE_FILE.match(file):
             raise UsageError(f"{text!r}: write Hub files as hf:owner/repo/file.gguf")
-        return ModelEntry(name=f"{repo}/{file}", file=file, repo=repo, typed=text)
+        parts = split_parts(file)  # any part names them all; llama.cpp loads them from the first
+        first = parts[0] if parts else file
+        return ModelEntry(name=f"{repo}/{first}", file=first, repo=repo, typed=text, parts=parts)
     known = _names(models).get(text.lower())
     if known:
         return known

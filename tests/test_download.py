@@ -14,9 +14,11 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
+from conftest import TARGET
 from fakehub import FakeHub, serve
 from localspec import download, mirror
 from localspec.errors import FetchError
+from tinymodels import write_tiny_model
 
 TOKEN = "hf_test_secret_token_123"
 
@@ -36,8 +38,15 @@ def big_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[Path]:
+    """The tiny target split in three files by gguf-split's rules."""
+    first = write_tiny_model(tmp_path_factory.mktemp("shards") / "tiny-Q8_0.gguf", TARGET, tensors_per_part=8)
+    return sorted(first.parent.glob("tiny-Q8_0-*-of-00003.gguf"))
+
+
 @pytest.fixture
-def hub(tiny, big_file):
+def hub(tiny, big_file, shards):
     hub = FakeHub()
     hub.add("test/big-GGUF", big_file)
     hub.gated.add("test/gated-GGUF")
@@ -51,6 +60,8 @@ def hub(tiny, big_file):
     # gpt-oss-20b's repo as ggml-org lays it out, tiny files under its names: the model and its EAGLE-3 drafter
     hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["markov_target"], "gpt-oss-20b-MXFP4.gguf")
     hub.add("ggml-org/gpt-oss-20b-GGUF", tiny["eagle3"], "eagle3-gpt-oss-20b-Q8_0.gguf")
+    for part in shards:  # in a folder of its repo, as unsloth keeps GLM-4.5-Air's
+        hub.add("test/shards-GGUF", part, f"Q8_0/{part.name}")
     # Qwen3.6-27B as ggml-org lays it out, with its DFlash drafter beside it
     hub.add("ggml-org/Qwen3.6-27B-GGUF", tiny["markov_target"], "Qwen3.6-27B-Q4_K_M.gguf")
     hub.add("ggml-org/Qwen3.6-27B-GGUF", tiny["dflash"], "dflash-Qwen3.6-27B-Q8_0.gguf")
@@ -134,6 +145,13 @@ params = "1M"
 repo = "ggml-org/gpt-oss-20b-GGUF"
 file = "gpt-oss-20b-MXFP4.gguf"
 drafters = ["oss-eagle3"]
+
+[models.sharded]
+family = "tiny"
+params = "1M"
+repo = "test/shards-GGUF"
+file = "Q8_0/tiny-Q8_0-00001-of-00003.gguf"
+parts = ["Q8_0/tiny-Q8_0-00001-of-00003.gguf", "Q8_0/tiny-Q8_0-00002-of-00003.gguf", "Q8_0/tiny-Q8_0-00003-of-00003.gguf"]
 
 [models.gem]
 family = "tiny-gemma"
@@ -416,7 +434,7 @@ def test_rm_never_follows_a_symlinked_folder(no_hub_cli, home, tmp_path):
 def test_malformed_user_registry_is_reported(no_hub_cli, home):
     (home / "models.toml").write_text('[models.bad]\nfile = "../../etc/passwd.gguf"\n')
     code, _, stderr = no_hub_cli("models")
-    assert code == 2 and "plain .gguf name" in stderr
+    assert code == 2 and "not . or .." in stderr
 
 
 def test_a_full_disk_fails_cleanly_and_the_next_pull_resumes(localspec, hub_env, hub, home, big_file):
@@ -623,3 +641,15 @@ def test_draft_auto_and_assistant_take_the_drafter_published_beside_the_target(l
     summary = json.loads(done.stdout)
     assert summary["placement"]["draft"]["file"] == drafter and summary["placement"]["drafting"] == "mtp"
     assert summary["stats"]["drafters"]["mtp"]["accepted"] > 0
+
+
+def test_a_model_split_in_parts_downloads_as_a_set_however_it_is_named(localspec, home):
+    """By registry name (its parts listed), by owner/repo:QUANT (the listing), and by hf: naming any part."""
+    for named, folder in (("sharded", "sharded"), ("test/shards-GGUF:Q8_0", "test"),
+                          ("hf:test/shards-GGUF/Q8_0/tiny-Q8_0-00002-of-00003.gguf", "test")):
+        done = localspec("run", named, "-p", "the cat", "--raw", "-n", "4", "--json")
+        assert done.returncode == 0, done.stderr
+        parts = sorted(path.name for path in (home / "models").rglob("tiny-Q8_0-*.gguf") if folder in str(path))
+        assert parts == [f"tiny-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)], named
+        for path in (home / "models").rglob("tiny-Q8_0-*.gguf"):
+            path.unlink()

@@ -47,6 +47,9 @@ def test_the_2026_families_resolve_by_the_names_people_type_with_their_drafters(
     # facts found pinned once, or with the size and sha256 missing, are marked
     assert models["gpt-oss-20b-eagle3"].unverified and models["gpt-oss-20b-eagle3"].sha256 is None
     assert not models["qwen3.6-27b"].unverified
+    glm = registry.resolve("glm4.5-air", models)  # split in two files, in a folder of its repo
+    assert glm.files == ("Q4_K_M/GLM-4.5-Air-Q4_K_M-00001-of-00002.gguf", "Q4_K_M/GLM-4.5-Air-Q4_K_M-00002-of-00002.gguf")
+    assert registry.split_parts("GLM-4.5-Air-Q4_K_M-00002-of-00002.gguf")[0] == "GLM-4.5-Air-Q4_K_M-00001-of-00002.gguf"
 
 
 def test_names_aliases_and_draft_sizes(models):
@@ -97,11 +100,11 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('[models.x]\nrepo = "a/b"\nfile = "../evil.gguf"\n', "plain .gguf name"),
+        ('[models.x]\nrepo = "a/b"\nfile = "../evil.gguf"\n', "not . or .."),
         ('[models.x]\nrepo = "https://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
         ('[models.x]\nrepo = "http://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
-        ('[models.x]\nrepo = "a/b"\nfile = "sub/x.gguf"\n', "plain .gguf name"),
-        ('[models.x]\nrepo = "a/b"\nfile = "/etc/x.gguf"\n', "plain .gguf name"),
+        ('[models.x]\nrepo = "a/b"\nfile = "sub/../../x.gguf"\n', "not . or .."),
+        ('[models.x]\nrepo = "a/b"\nfile = "/etc/x.gguf"\n', "not . or .."),
         ('[models.x]\nrepo = "a/b"\n', "incomplete"),
         ('[models.x]\nrepo = "a/b"\nfile = x.gguf\n', r"not valid TOML.*line 3"),
         # a name becomes a folder: `rm .` would delete every model, `rm ..` the whole home

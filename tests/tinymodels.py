@@ -95,9 +95,11 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     return tensors
 
 
-def write_tiny_model(path: Path, spec: TinySpec) -> Path:
+def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> Path:
+    """tensors_per_part: split the model into files of that many tensors each, as gguf-split does
+    (path-00001-of-0000N.gguf, ...; the first is returned)."""
     tensors = tiny_weights(spec)
-    writer = gguf.GGUFWriter(str(path), spec.architecture)
+    writer = gguf.GGUFWriter(str(path), spec.architecture, split_max_tensors=tensors_per_part)
     writer.add_name(path.stem)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(N_EMBD)
@@ -118,7 +120,8 @@ def write_tiny_model(path: Path, spec: TinySpec) -> Path:
     add_spm_tokenizer(writer, spec.pieces)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
-    return finish(writer, tensors, path)
+    finish(writer, tensors, path)
+    return next(path.parent.glob(f"{path.stem}-00001-of-*.gguf")) if tensors_per_part else path
 
 
 def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...]) -> None:
