@@ -76,6 +76,12 @@ class DrafterKind(StrEnum):
         return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX, DrafterKind.FORCED)
 
     @property
+    def drafts_a_block(self) -> bool:
+        """Whether a draft of any length is one forward pass over all its positions (DFlash), rather
+        than a pass a token."""
+        return self == DrafterKind.DFLASH
+
+    @property
     def default_draft_max(self) -> int:
         return DEFAULT_DRAFT_MAX[self]
 

@@ -461,3 +461,12 @@ def test_without_a_suffix_drafter_the_same_text_is_decoded_plainly():
     auto = policy(CPU_LIKE, 0.021, model=False)
     steps = write(auto, [1, 2, 3, 7, 8] + PASSAGE, 5, 32, CPU_LIKE)
     assert not any(step.drafted for step in steps)
+
+
+def test_a_block_drafter_costs_one_pass_over_its_block_and_learns_that_pass_from_what_it_took():
+    costs = Costs(0.010, {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0},
+                  {DrafterKind.DFLASH: DraftCosts(0.2, 0.1), DrafterKind.DRAFT: DraftCosts(0.2, 0.1)})
+    assert costs.draft_seconds(DrafterKind.DRAFT, 3) == pytest.approx(0.010 * 0.2 * 3)
+    assert costs.draft_seconds(DrafterKind.DFLASH, 3) == pytest.approx(0.010 * 0.2 * 2.0)  # a pass of 4 positions
+    costs.observe_draft(DrafterKind.DFLASH, 3, 0.010 * 0.3 * 2.0)  # the pass took 0.3 where 0.2 was expected
+    assert 0.2 < costs.drafts[DrafterKind.DFLASH].token < 0.3

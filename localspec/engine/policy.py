@@ -123,9 +123,9 @@ PRIOR = Belief(1.0, 2.0)  # never seen: probably poor, and quickly corrected eit
 
 @dataclass
 class DraftCosts:
-    """What a drafter that runs a forward pass per token costs, relative to verify(1)."""
+    """What a drafter that runs a forward pass costs, relative to verify(1)."""
 
-    token: float  # one drafted token
+    token: float  # one drafted token (a block drafter: a pass of one position)
     prefill_token: float  # one token of a catch-up (a batch of what was decided since it last ran)
 
 
@@ -173,7 +173,13 @@ class Costs:
         return [self.level * relative for relative in self.relative(most)[:most]]
 
     def draft_seconds(self, kind: DrafterKind, k: int) -> float:
-        return self.level * self.drafts[kind].token * k if kind in self.drafts else 0.0
+        return self.level * self.drafts[kind].token * self._passes(kind, k) if kind in self.drafts else 0.0
+
+    def _passes(self, kind: DrafterKind, k: int) -> float:
+        """What drafting k tokens costs in drafted tokens' worth: k passes of one token, or for a block
+        drafter one pass of k + 1 positions, which costs what the target's batch of k + 1 does relative
+        to one token (the nearest measure of this machine's batches at hand)."""
+        return self.relative(k + 1)[k] if DrafterKind(kind).drafts_a_block else k
 
     def catch_up_seconds(self, kind: DrafterKind, tokens: int) -> float:
         return self.level * self.drafts[kind].prefill_token * tokens
@@ -190,7 +196,7 @@ class Costs:
 
     def observe_draft(self, kind: DrafterKind, tokens: int, seconds: float) -> None:
         draft = self.drafts[kind]
-        per_token = min(max(seconds / tokens / self.level, draft.token / CLIP), draft.token * CLIP)
+        per_token = min(max(seconds / self._passes(kind, tokens) / self.level, draft.token / CLIP), draft.token * CLIP)
         draft.token += SHAPE_RATE * (per_token - draft.token)
 
 
