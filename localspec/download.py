@@ -295,6 +295,26 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
     return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
 
 
+def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | None:
+    """The drafter published beside a target that localspec runs: the one the registry names, else, for
+    a Hub model, the first its repo holds by llama.cpp's rules and order of preference (mtp, dflash,
+    eagle3); None where there is none."""
+    named = registry.drafter_beside(resolved)
+    if named is not None or isinstance(resolved, Path) or offline or offline_requested():
+        return named
+    if isinstance(resolved, ModelEntry) and not resolved.typed:
+        return None  # a registry model's drafters are the registry's
+    entry = _entry_for_quant(resolved, offline) if isinstance(resolved, RepoQuant) else resolved
+    if entry.repo is None:
+        return None
+    files = _listing(entry.repo)
+    for kind in (kind for kind in registry.DRAFTER_KINDS if kind in registry.BUILT_DRAFTERS):
+        found = registry.sidecar_in(files, entry.file, kind)
+        if found:
+            return ModelEntry(name=f"{entry.repo}/{found}", file=found, repo=entry.repo, typed=f"hf:{entry.repo}/{found}")
+    return None
+
+
 def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> ModelEntry | None:
     """The `kind` drafter (mtp, dflash, ...) published beside a Hub model, found in its repo's listing
     by llama.cpp's rules (registry.sidecar_in); None where there is none, or for a local file."""

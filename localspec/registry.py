@@ -386,14 +386,20 @@ def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None)
 
 
 def auto_drafter(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
-    """What --draft auto drafts with: the drafter published beside the target that localspec runs, in
-    llama.cpp's order of preference (an MTP block, then EAGLE-3), else the draft model the registry
-    recommends; None where it knows neither."""
+    """What --draft auto drafts with: the drafter published beside the target that localspec runs
+    (drafter_beside), else the draft model the registry recommends; None where it knows neither."""
     if not isinstance(target, ModelEntry):
         return None
     models = load() if models is None else models
-    published = next((entry for entry in drafters_of(target, models) if entry.drafts in BUILT_DRAFTERS), None)
-    return published or (resolve(target.draft, models) if target.draft else None)
+    return drafter_beside(target, models) or (resolve(target.draft, models) if target.draft else None)
+
+
+def drafter_beside(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
+    """The first drafter the registry names beside a target that localspec runs, in llama.cpp's order of
+    preference (an MTP block, DFlash, then EAGLE-3)."""
+    if not isinstance(target, ModelEntry):
+        return None
+    return next((entry for entry in drafters_of(target, models) if entry.drafts in BUILT_DRAFTERS), None)
 
 
 def published_drafter(target: Resolved, kind: str, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:

@@ -181,6 +181,9 @@ def open_session(
     workers = rpc.Workers(runtime.rpc, stop)
     if speculation.drafting in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS) and draft_model is None:
         draft_model = _published_drafter(target, speculation.drafting, offline)
+    elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
+        beside = download.drafter_beside(registry.resolve(target), offline)
+        draft_model = beside.typed or beside.name if beside else draft_model
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)

@@ -590,8 +590,9 @@ def test_a_hub_file_with_draft_mtp_finds_the_sidecar_in_its_repo_and_a_quantizat
     summary = json.loads(done.stdout)
     assert summary["placement"]["draft"]["file"] == "mtp-trunk.gguf" and summary["stats"]["drafters"]["mtp"]["accepted"] > 0
     # "trunk" matches both files' names; the one with mtp- in it is the sidecar, not the model
-    pulled = localspec("pull", "test/trunk-GGUF:trunk")
-    assert pulled.returncode == 0 and Path(pulled.stdout.strip()).name == "trunk.gguf", pulled.stderr
+    pulled = localspec("pull", "test/trunk-GGUF:trunk")  # the model, and the sidecar beside it as a drafter
+    assert pulled.returncode == 0, pulled.stderr
+    assert [Path(line).name for line in pulled.stdout.split()] == ["trunk.gguf", "mtp-trunk.gguf"]
 
 
 def test_draft_eagle3_fetches_the_drafter_the_registry_names_and_auto_chooses_it(localspec, home):
@@ -627,6 +628,12 @@ def test_a_hub_file_with_draft_kind_finds_the_drafter_in_its_repo(localspec, kin
         assert summary["stats"]["drafters"][kind]["accepted"] > 0
     missing = localspec("run", "hf:test/tiny-GGUF/target.gguf", "--draft", kind, "-p", "hi", "-n", "2")
     assert missing.returncode == 2 and f"no {kind} drafter is known to be published beside" in missing.stderr
+    # --draft auto finds it as llama.cpp's downloader does, and a pull of the model fetches it beside
+    done = localspec("run", f"hf:{repo}/{target}", "--draft", "auto", "--spec", "fixed", "-p", "the cat sat",
+                     "--raw", "-n", "8", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["placement"]["draft"]["file"] == drafter, done.stderr
+    pulled = localspec("pull", f"{repo}:{quant}")
+    assert [Path(line).name for line in pulled.stdout.split()] == [target, drafter], pulled.stderr
 
 
 @pytest.mark.parametrize("target, draft, drafter", [

@@ -31,8 +31,7 @@ def pull(
     elif draft not in (None, DrafterKind.NGRAM):
         wanted.append(registry.resolve_draft(draft, target, models))
     elif draft is None and not no_draft:
-        published = registry.auto_drafter(target, models)
-        wanted += [published] if published is not None and published.drafts else []
+        wanted += filter(None, [download.drafter_beside(target)])
     for item in wanted:
         print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
 
