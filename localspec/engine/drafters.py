@@ -322,6 +322,14 @@ class ModelDrafter(ForwardDrafter):
             self.context.decode([token], logits="last")
 
 
+def hidden_rows(target: Context, positions: range) -> np.ndarray:
+    """The hidden states the target keeps after each of these positions; zeros before the first, or where
+    the target no longer keeps them (a drafter drafts less well from there; the output stays the target's)."""
+    width = target.hidden_width
+    rows = [target.hidden_row(p) if p >= 0 else None for p in positions]
+    return np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows]).reshape(-1, width)
+
+
 class MtpDrafter(ForwardDrafter):
     """The target's own multi-token-prediction (MTP) block drafts for it (self-speculation).
 
@@ -367,7 +375,7 @@ class MtpDrafter(ForwardDrafter):
         token, hidden = history[-1], self._states(range(decoded - 1, decoded))[0]
         try:
             while True:
-                self.context.decode([token], logits="last", hidden=hidden[None, :])
+                self._read(token, hidden, decoded)
                 token, q = self._next()
                 if token is None:
                     return
@@ -376,13 +384,13 @@ class MtpDrafter(ForwardDrafter):
         finally:
             self.context.truncate(decoded - self.skips)  # the draft's entries come back out before the target verifies
 
+    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> None:
+        """Decode a token of the draft, with the hidden state that goes with it, after the cache's entries."""
+        self.context.decode([token], logits="last", hidden=hidden[None, :])
+
     def _states(self, positions: range) -> np.ndarray:
-        """What the context reads with each token: the target's hidden state after each of these
-        positions; zeros before the first, or where the target no longer keeps it (it drafts less well
-        from there, and the output stays the target's)."""
-        width = self.target.hidden_width
-        rows = [self.target.hidden_row(p) if p >= 0 else None for p in positions]
-        return np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows]).reshape(-1, width)
+        """What the context reads with each token: the target's hidden state after each of these positions."""
+        return hidden_rows(self.target, positions)
 
 
 class AssistantDrafter(MtpDrafter):
@@ -397,16 +405,11 @@ class AssistantDrafter(MtpDrafter):
     def catch_up(self, decoded: list[int]) -> None:
         self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
 
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
-        position = len(history) - 1  # the target holds what comes before
-        token, hidden = history[-1], self._states(range(position - 1, position))[0]
-        while True:
-            self.context.decode_at(position, token, hidden)
-            token, q = self._next()
-            if token is None:
-                return
-            yield token, q
-            hidden = self.context.output_hidden(-1)
+    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> None:
+        self.context.decode_at(decoded, token, hidden)  # the target's next position, every step
+
+
+DFLASH_BLOCK = 16  # positions a DFlash drafter reads a draft in, where its file does not say (llama.cpp's default)
 
 
 class DFlashDrafter(ForwardDrafter):
@@ -437,9 +440,7 @@ class DFlashDrafter(ForwardDrafter):
         it no longer keeps them: the drafter drafts less well from there, the output stays the target's)."""
         keep = self.context.keep_common(decoded)
         if keep < len(decoded):
-            width = self.target.hidden_width
-            rows = [self.target.hidden_row(p) for p in range(keep, len(decoded))]
-            rows = np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows])
+            rows = hidden_rows(self.target, range(keep, len(decoded)))
             self.context.decode(decoded[keep:], logits="none", hidden=rows, embedded=True)
         self.target.release_hidden(len(decoded))
         if backend.CHECK_CACHES:
@@ -484,7 +485,6 @@ class Eagle3Drafter(MtpDrafter):
         return tuple(backend.LAST_HIDDEN if layer >= target.n_layer else layer for layer in drafter.target_layers)
 
 
-DFLASH_BLOCK = 16  # positions a DFlash drafter reads a draft in, where its file does not say (llama.cpp's default)
 PREDICTION_MIN_MATCH = 4  # output tokens that must match the prediction before it drafts again after a departure
 EDIT_MATCH, EDIT_REACH = 2, 16  # fewer suffice within this many tokens past where the output left it
 EDIT_SPAN = 8  # the longest edit (tokens replaced, tokens instead) learned and made in the rest of a prediction
