@@ -297,7 +297,6 @@ class Context(ChainRows):
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
-        watch = self.model.watch
         self._settle()
         start = len(self.tokens)
         if logits == "all" and len(tokens) > self.max_rows:
@@ -313,28 +312,9 @@ class Context(ChainRows):
                 batch.pos[i] = start + offset + i
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
-            if hidden is not None:  # lent for this call: llama_batch_free must not free it
-                rows = np.ascontiguousarray(hidden[offset : offset + len(chunk)], dtype=np.float32)
-                batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            if embedded:
-                batch.token = ctypes.POINTER(llama.llama_token)()
             self._changing = (start + offset, chunk)
-            started = perf_counter()
-            if watch is not None:
-                watch.decoding_since = started
-            try:
-                status = llama.llama_decode(self._ctx, batch)
-                # A GPU or an RPC worker computes after llama_decode returns: wait here, so that the
-                # time is the decode's (the auto policy's costs, the host share) and not the next call's.
-                llama.llama_synchronize(self._ctx)
-            finally:
-                if watch is not None:
-                    watch.decoding_since = None
-                if hidden is not None:
-                    batch.embd = ctypes.POINTER(ctypes.c_float)()
-                if embedded:
-                    batch.token = self._tokens
-            self.busy_seconds += perf_counter() - started
+            status = self._run(llama.llama_decode, None if hidden is None else hidden[offset : offset + len(chunk)],
+                               tokens=not embedded)
             if self.keep_hidden and status == 0:
                 self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), self._kept(len(chunk))))
             if status != 0:
@@ -442,21 +422,37 @@ class Context(ChainRows):
         for position in [p for p in self._hidden if p < before]:
             del self._hidden[position]
 
+    def _run(self, call, rows: np.ndarray | None, tokens: bool = True) -> int:
+        """llama.cpp's call (llama_decode, llama_encode) on the batch as prepared, with rows lent as its
+        embeddings (llama_batch_free must not free them) and, where tokens is false, read in place of its
+        tokens; timed as busy time once the device has finished: a GPU or an RPC worker computes after the
+        call returns, and the time is the call's (the auto policy's costs, the host share)."""
+        batch, watch = self._batch, self.model.watch
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, dtype=np.float32)
+            batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        if not tokens:
+            batch.token = ctypes.POINTER(llama.llama_token)()
+        started = perf_counter()
+        if watch is not None:
+            watch.decoding_since = started
+        try:
+            status = call(self._ctx, batch)
+            llama.llama_synchronize(self._ctx)
+        finally:
+            if watch is not None:
+                watch.decoding_since = None
+            batch.token, batch.embd = self._tokens, ctypes.POINTER(ctypes.c_float)()
+        self.busy_seconds += perf_counter() - started
+        return status
+
     def decode_at(self, position: int, token: int, hidden: np.ndarray) -> None:
         """Decode one token, with the hidden state that goes with it, at a position of the cache this
         context reads and keep nothing: Gemma 4's assistant has no cache of its own but its target's
         (beside), which it reads up to the position (the target's next) and never changes."""
         batch = self._batch
         batch.token[0], batch.pos[0], batch.logits[0], batch.n_tokens = token, position, True, 1
-        row = np.ascontiguousarray(hidden, dtype=np.float32)
-        batch.embd = row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        started = perf_counter()
-        try:
-            status = llama.llama_decode(self._ctx, batch)
-            llama.llama_synchronize(self._ctx)
-        finally:
-            batch.embd = ctypes.POINTER(ctypes.c_float)()
-        self.busy_seconds += perf_counter() - started
+        status = self._run(llama.llama_decode, hidden[None, :])
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} at position {position}")
 
@@ -466,19 +462,11 @@ class Context(ChainRows):
         out = []
         batch = self._batch
         for offset in range(0, len(rows), self.n_batch):  # (an encoder reads a batch in one ubatch)
-            chunk = np.ascontiguousarray(rows[offset : offset + self.n_batch], dtype=np.float32)
+            chunk = rows[offset : offset + self.n_batch]
             for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
                 batch.pos[i], batch.logits[i] = len(self.tokens) + i, True
             batch.n_tokens = len(chunk)
-            batch.token = ctypes.POINTER(llama.llama_token)()  # rows of input, no tokens
-            batch.embd = chunk.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            started = perf_counter()
-            try:
-                status = llama.llama_encode(self._ctx, batch)
-                llama.llama_synchronize(self._ctx)
-            finally:
-                batch.token, batch.embd = self._tokens, ctypes.POINTER(ctypes.c_float)()
-            self.busy_seconds += perf_counter() - started
+            status = self._run(llama.llama_encode, chunk, tokens=False)
             if status != 0:
                 raise EngineError(f"llama_encode failed with status {status}")
             out.append(np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx),
