@@ -73,6 +73,9 @@ def model_card(name: str) -> ModelCard:
         "vocab_size": header.vocab_size if header else None,
         "draft": entry.draft if entry else None,
         "drafts": [d.name for d in registry.compatible_drafts(entry, models)] if entry else [],
+        # the drafters published beside it that localspec runs, by the kind --draft asks for them by
+        "drafters": {d.drafts: d.file for d in registry.drafters_of(entry, models) if d.drafts in registry.BUILT_DRAFTERS}
+                    if entry else {},
         "mtp_layers": header.mtp_layers if header else None,
         "recurrent": header.recurrent if header else None,
         "rolls_back": header.rolls_back if header else None,
@@ -91,10 +94,10 @@ def _count_text(count: int) -> str:
 def _drafts_text(info: dict, is_registered: bool) -> str:
     if info["recurrent"] and not info["rolls_back"]:
         return "none: its recurrent state cannot take rejected draft tokens back (it decodes plainly)"
-    ways = []
-    if info["draft"]:
-        ways.append(f"--draft auto ({info['draft']})")
-    ways += [f"--draft {name}" for name in info["drafts"] if name != info["draft"]]
+    auto = next(iter(info["drafters"].values()), None) or info["draft"]  # registry.auto_drafter's choice
+    ways = [f"--draft auto ({auto})"] if auto else []
+    ways += [f"--draft {kind} ({file})" for kind, file in info["drafters"].items()]
+    ways += [f"--draft {name}" for name in info["drafts"] if name != auto]
     if info["mtp_layers"]:
         ways.append(f"--draft mtp ({info['mtp_layers']} MTP layer{'s' if info['mtp_layers'] > 1 else ''})")
     ways.append("--draft ngram")

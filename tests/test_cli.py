@@ -527,6 +527,11 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     assert json.loads(localspec("show", tiny["mtp"], "--json").stdout)["mtp_layers"] == 1
     absent = localspec("show", "llama3-70b").stdout.decode()
     assert "not downloaded" in absent and "--draft auto (llama3.2-1b)" in absent and "architecture" not in absent
+    # the drafters published beside a model, by the kind --draft asks for, auto taking the first
+    drafters = json.loads(localspec("show", "gpt-oss-20b", "--json").stdout)["drafters"]
+    assert drafters == {"eagle3": "eagle3-gpt-oss-20b-Q8_0.gguf"}
+    shown = "".join(localspec("show", "qwen3.6-27b").stdout.decode().split())  # as wrapped at any width
+    assert "--draftauto(mtp-Qwen3.6-27B-Q4_0.gguf),--draftmtp(mtp-Qwen3.6-27B-Q4_0.gguf),--draftdflash" in shown
 
 
 def test_models_names_stay_whole_at_80_columns_and_in_a_pipe(localspec):
