@@ -25,8 +25,9 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 from . import paths
 from .config import Limits, Sampling, overridden
 from .errors import InputError, LocalspecError, UsageError
+from .engine.together import ENDED, Together
 from .session import ROLES, Session, is_message, output_grammar
-from .stats import record
+from .stats import Recorder
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
                    "min_p": "min_p", "seed": "seed"}
@@ -205,44 +206,70 @@ FIELD_KINDS = {
 }
 
 
-def run_item(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool) -> dict:
-    """One output record; errors become the record instead of stopping the batch."""
-    try:
-        if item.error:
-            raise LocalspecError(item.error)
-        item_sampling, item_limits = settings(item, sampling, limits)
-        tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
-        prediction = session.prediction_tokens(item.prediction) if item.prediction else None
-        outcome = record(session.generate(tokens, item_sampling, item_limits, prediction))
-    except LocalspecError as error:
-        return {"id": item.id, "error": str(error)}
+def _started(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool,
+             free: list[int]) -> tuple[int, Iterator, int | None]:
+    """(the sequence, the events, the prediction's tokens) of an item's generation, started on the free
+    sequence whose cache holds most of its prompt."""
+    if item.error:
+        raise LocalspecError(item.error)
+    item_sampling, item_limits = settings(item, sampling, limits)
+    tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
+    prediction = session.prediction_tokens(item.prediction) if item.prediction else None
+    sequence = max(free, key=lambda seq: (session.sequences[seq].shares(tokens), -seq))
+    return sequence, session.generate(tokens, item_sampling, item_limits, prediction, sequence), \
+        len(prediction) if prediction else None
+
+
+def _record(item: Item, outcome: Recorder, predicted: int | None) -> dict:
     summary = outcome.summary()
     return {"id": item.id, "text": outcome.text, "finish_reason": outcome.finish_reason, "stats": summary.as_dict()} | (
-        {"prediction": summary.prediction_tokens(len(prediction))} if prediction else {})
+        {"prediction": summary.prediction_tokens(predicted)} if predicted else {})
 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,
         progress: Callable[[dict], None], durable: bool, running: dict | None = None) -> list[dict]:
-    """durable: out is a file on disk, fsynced after every record so a crash cannot lose it.
-    running["item"]: the item being generated (for record_stop)."""
-    records = []
-    for item in items:
-        if running is not None:
-            running["item"] = item
-        record = run_item(session, item, sampling, limits, raw)
+    """Generate the items, as many at once as the session has sequences (--parallel), a record written as
+    each finishes; errors become an item's record instead of stopping the batch. durable: out is a file
+    on disk, fsynced after every record so a crash cannot lose it. running: the items being generated,
+    by sequence (for record_stop)."""
+    records, waiting, together = [], iter(items), Together()
+    running = {} if running is None else running
+    outcomes: dict[int, tuple[Recorder, int | None]] = {}
+
+    def finish(record: dict) -> None:
         _write(out, record, durable)
-        if running is not None:
-            running.pop("item")
         records.append(record)
         progress(record)
-    return records
+
+    while True:
+        while len(running) < len(session.sequences) and (item := next(waiting, None)) is not None:
+            try:
+                sequence, events, predicted = _started(session, item, sampling, limits, raw,
+                                                       [seq for seq in range(len(session.sequences)) if seq not in running])
+            except LocalspecError as error:
+                finish({"id": item.id, "error": str(error)})
+                continue
+            running[sequence], outcomes[sequence] = item, (Recorder(), predicted)
+            together.add(sequence, events)
+        if not together:
+            return records
+        for sequence, event in together.step():
+            outcome, predicted = outcomes[sequence]
+            if event is ENDED:
+                finish(_record(running.pop(sequence), outcome, predicted))
+            elif isinstance(event, LocalspecError):
+                finish({"id": running.pop(sequence).id, "error": str(event)})
+            elif isinstance(event, BaseException):
+                raise event
+            else:
+                outcome.add(event)
 
 
 def record_stop(out: IO[str], running: dict, message: str, durable: bool) -> None:
-    """llama.cpp is stopping the process (a worker stopped answering): the item it was generating is
-    recorded as failed, so that --resume --retry-failed runs it again."""
-    if "item" in running:
-        _write(out, {"id": running["item"].id, "error": f"llama.cpp stopped: {message}"}, durable)
+    """llama.cpp is stopping the process (a worker stopped answering): the items it was generating are
+    recorded as failed, so that --resume --retry-failed runs them again."""
+    for item in running.values():
+        _write(out, {"id": item.id, "error": f"llama.cpp stopped: {message}"}, durable)
 
 
 def _write(out: IO[str], record: dict, durable: bool) -> None:

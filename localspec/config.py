@@ -168,6 +168,11 @@ def check_threads(threads: int) -> None:
                          f" only slow llama.cpp down), got {threads}")
 
 
+AUTO_PARALLEL = 0
+PARALLEL_AUTO_MOST = 4  # llama-server's default slots
+PARALLEL_MOST = 64
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer; None (with rpc): as
@@ -198,10 +203,16 @@ class Runtime:
     flash_attn: bool | None = None
     mmap: bool | None = None
     mlock: bool = False
+    # Sequences decoded together in one context (llama.cpp's --parallel/-np), each holding up to ctx_size
+    # tokens: how many requests serve, or items batch, generate at once. AUTO_PARALLEL: as many as
+    # PARALLEL_AUTO_MOST whose caches fit the memory beside the models (open_session decides).
+    parallel: int = 1
 
     def __post_init__(self):
         if self.ctx_size < 8:
             raise UsageError(f"ctx-size must be at least 8, got {self.ctx_size}")
+        if not AUTO_PARALLEL <= self.parallel <= PARALLEL_MOST:
+            raise UsageError(f"--parallel takes 1 to {PARALLEL_MOST} sequences (0: as many as fit), got {self.parallel}")
         check_threads(self.threads)
         if self.prompt_batch < 1:
             raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")

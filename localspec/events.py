@@ -45,6 +45,7 @@ class Step:
     catch_up_seconds: float = 0.0
     probe: bool = False
     plain_seconds: float = 0.0  # set on probes only
+    batch_rows: int = 0  # rows other sequences added to the decode this step shared with them (serve -np)
 
     @property
     def lost_seconds(self) -> float:

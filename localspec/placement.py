@@ -104,8 +104,11 @@ class Placement:
         backend_sampling = runtime.backend_sampling
         if backend_sampling is None and placed.gpu_layers != 0 and any(d.is_local_gpu for d in machine.devices):
             backend_sampling = True  # else (None) the context samples only greedy rows in the graph
+        if runtime.parallel > 1:  # each sequence its own chain, on the host (Context.sequence)
+            backend_sampling = False
+        # the draft model drafts for one sequence at a time: its cache holds one
         return cls(placed, place_draft(runtime, draft, machine) if draft else None, backend_sampling,
-                   (target,) + ((draft,) if draft else ()), runtime.ctx_size, machine)
+                   (target,) + ((draft,) if draft else ()), runtime.ctx_size * max(1, runtime.parallel), machine)
 
     def check_fit(self) -> int:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""

@@ -77,7 +77,7 @@ class Server:
         return JSONResponse({"status": "ok", "running": running > 0, "waiting": self.pool.pending - running})
 
     def _running(self) -> int:
-        return sum(served.service.pending > 0 for served in self.pool.loaded.values())
+        return sum(served.service.running for served in self.pool.loaded.values())
 
     async def models(self, request: Request) -> Response:
         def listed() -> Response:

@@ -1,10 +1,13 @@
 """One loaded pair serving many clients, free of any web framework.
 
-Requests run one at a time, in arrival order, on a worker thread that owns the session (llama.cpp
-contexts are not shared between threads); a few may wait, more are refused. A client that goes
-away cancels its request at the next step. Both models' KV caches keep what the previous request
-shared with the next, as in a chat. The counters /metrics shows are folded here, from each
-request's events.
+Requests run on a worker thread that owns the session (llama.cpp contexts are not shared between
+threads), as many at once as the session has sequences (serve -np), in arrival order: each step
+decodes every running request's rows in one batch, and a request that arrives joins at the next step
+(engine/together.py). A few may wait for a sequence, more are refused. A client that goes away
+cancels its request at the next step, and its sequence takes the next request. A sequence's KV cache
+keeps what its previous request shared with the next, as in a chat; a request goes to the free
+sequence whose cache shares most of its prompt. The counters /metrics shows are folded here, from
+each request's events, in total and per sequence.
 """
 
 import math
@@ -16,7 +19,9 @@ from dataclasses import dataclass, field
 from time import monotonic, perf_counter
 
 from .config import DrafterKind, Limits, Sampling
+from .engine.together import ENDED, Together
 from .errors import EngineError, InputError, LocalspecError, UsageError
+from .events import Done, Prefill, Step, Token
 from .session import Session
 from .stats import Recorder
 from .tool_calls import ToolFormat, Tools
@@ -74,6 +79,8 @@ class Job:
         self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
         self.embedded_tokens = 0
         self.seconds = 0.0
+        self.sequence: int | None = None  # the session's sequence it generates on, once it runs
+        self.started = 0.0
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -86,8 +93,8 @@ class Job:
 
 class Service:
     def __init__(self, session: Session, queue_limit: int, log: Callable[[str], None], metrics: "Metrics | None" = None):
-        """queue_limit: requests that may wait behind the running one; log: one line for the operator;
-        metrics: where its requests are counted (shared by the services of several models)."""
+        """queue_limit: requests that may wait for a sequence; log: one line for the operator; metrics:
+        where its requests are counted (shared by the services of several models)."""
         self.session = session
         self.queue_limit = queue_limit
         self.log = log
@@ -98,13 +105,18 @@ class Service:
         self.last_finished = monotonic()  # when a job last finished (or the service began)
         self._closing = False
         self._seconds_per_job: float | None = None
-        self._running: Job | None = None
+        self._running: dict[int, Job] = {}  # by the sequence each generates on
         self._thread = threading.Thread(target=self._work, name="localspec-generation")
         self._thread.start()
 
     @property
     def pending(self) -> int:
         return self._pending
+
+    @property
+    def running(self) -> int:
+        """Requests generating now (at most the session's sequences)."""
+        return len(self._running)
 
     @property
     def closing(self) -> bool:
@@ -115,10 +127,11 @@ class Service:
         with self._lock:
             if self._closing:
                 raise Closing("the server is shutting down")
-            if self._pending > self.queue_limit:
+            slots = len(self.session.sequences)
+            if self._pending >= self.queue_limit + slots:
                 self.metrics.rejected += 1
-                # a place frees up when the running request ends: about one request's time
-                raise Busy(self._pending - 1, max(1, math.ceil(self._seconds_per_job or 1)))
+                # a place frees up when a running request ends: about a request's time, shared by the sequences
+                raise Busy(self._pending - slots, max(1, math.ceil((self._seconds_per_job or 1) / slots)))
             self._pending += 1
         job = Job(request, deliver)
         self._jobs.put(job)
@@ -131,11 +144,9 @@ class Service:
             self._closing = True
         with self._jobs.mutex:
             waiting = list(self._jobs.queue)
-        for job in waiting:
+        for job in [*waiting, *list(self._running.values())]:
             if job is not None:
                 job.cancel()
-        if self._running is not None:
-            self._running.cancel()
 
     def close(self) -> None:
         """cancel_all, then wait for the worker to end its current step and stop."""
@@ -144,15 +155,47 @@ class Service:
         self._thread.join()
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            if not job.cancelled:  # its client left while it waited
-                self._running = job
-                self._run(job)
-                self._running = None
-            self._finish(job)
+        together, stopping = Together(), False
+        while not stopping or self._running:
+            stopping = self._admit(together, stopping)
+            for sequence, item in together.step():
+                job = self._running[sequence]
+                if item is ENDED:
+                    job.outcome = "ok"
+                    self._end(job, together)
+                elif isinstance(item, BaseException):
+                    self._fail(job, item)
+                    self._end(job, together)
+                else:
+                    job.recorder.add(item)
+                    self.metrics.add(item, sequence)
+                    job.deliver(item)
+                    if job.cancelled:  # its client left: its events stop here (its cache stays a prefix)
+                        together.drop(sequence)
+            for job in [job for job in self._running.values() if job.cancelled]:
+                job.recorder.interrupt()
+                self._end(job, together)
 
-    def _run(self, job: Job) -> None:
-        started = perf_counter()
+    def _admit(self, together: Together, stopping: bool) -> bool:
+        """Start waiting requests on free sequences (waiting for one while none runs); True once close()
+        said to stop."""
+        while not stopping and len(self._running) < len(self.session.sequences):
+            try:
+                job = self._jobs.get(block=not self._running)
+            except queue.Empty:
+                break
+            if job is None:
+                return True
+            if job.cancelled:  # its client left while it waited
+                self._finish(job)
+                continue
+            self._start(job, together)
+        return stopping
+
+    def _start(self, job: Job, together: Together) -> None:
+        """Read the request and start its generation on the free sequence whose cache holds most of its
+        prompt; an embedding request, or one whose input is refused, ends here."""
+        job.started = perf_counter()
         session = self.session
         job.drafting = session.mode
         try:
@@ -160,7 +203,9 @@ class Service:
             if request.inputs is not None:
                 job.embeddings, job.embedded_tokens = session.embed(request.inputs)
                 job.outcome = "ok"
-                return  # (its time is no guide to a generation's: Retry-After's estimate is left alone)
+                # (its time is no guide to a generation's: Retry-After's estimate is left alone)
+                self._finish(job)
+                return
             prediction = session.prediction_tokens(request.prediction) if request.prediction else None
             job.predicted = len(prediction or ())
             if request.client is not None:
@@ -168,34 +213,35 @@ class Service:
             sampling = request.sampling
             if request.tools is not None:
                 sampling, job.tool_format = session.with_tools(sampling, request.tools)
-            events = session.generate(self._tokens(request), sampling, request.limits, prediction)
-            try:
-                for event in events:
-                    job.recorder.add(event)
-                    self.metrics.add(event)
-                    job.deliver(event)
-                    if job.cancelled:
-                        job.recorder.interrupt()
-                        break
-                else:
-                    job.outcome = "ok"
-            finally:
-                events.close()
-        except (InputError, UsageError) as error:  # the request's own fault, found before decoding
-            job.outcome = "error"
-            job.deliver(error)
+            tokens = self._tokens(request)
+            free = [seq for seq in range(len(session.sequences)) if seq not in self._running]
+            # the most of its prompt cached; the first sequence (for which a draft model drafts) where even
+            job.sequence = max(free, key=lambda seq: (session.sequences[seq].shares(tokens), -seq))
+            together.add(job.sequence, session.generate(tokens, sampling, request.limits, prediction, job.sequence))
+            self._running[job.sequence] = job
         except Exception as error:
-            job.outcome = "error"
+            self._fail(job, error)
+            self._finish(job)
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        job.outcome = "error"
+        if not isinstance(error, (InputError, UsageError)):  # the request's own fault needs no more
             if not isinstance(error, LocalspecError):  # a bug: the operator needs its traceback
-                self.log(traceback.format_exc().rstrip())
+                self.log("".join(traceback.format_exception(error)).rstrip())
                 error = EngineError(f"internal error: {error}")
-            # The caches may hold a half-made step: the next request reads its prompt from scratch.
-            session.reset()
-            job.deliver(error)
-        job.seconds = perf_counter() - started
+            # The cache may hold a half-made step: the next request on it reads its prompt from scratch.
+            if job.sequence is not None:
+                self.session.reset(job.sequence)
+        job.deliver(error)
+
+    def _end(self, job: Job, together: Together) -> None:
+        together.drop(job.sequence)
+        del self._running[job.sequence]
+        job.seconds = perf_counter() - job.started
         if job.outcome == "ok":
             seconds = self._seconds_per_job
             self._seconds_per_job = job.seconds if seconds is None else 0.8 * seconds + 0.2 * job.seconds
+        self._finish(job)
 
     def _tokens(self, request: Request) -> list[int]:
         session = self.session
@@ -216,23 +262,26 @@ class Service:
 @dataclass
 class Metrics:
     """Counters over every request served, for /metrics: one Recorder folds the events of all of them
-    (the engine's events are counted in one place). Written by the worker, read by the server:
-    guarded by the lock."""
+    (the engine's events are counted in one place), and one each sequence's (serve -np), whose
+    generations follow each other, so that the time they spent decoding adds up. Written by the worker,
+    read by the server: guarded by the lock."""
 
     served: Recorder = field(default_factory=Recorder)
+    sequences: dict[int, Recorder] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=lambda: {"ok": 0, "cancelled": 0, "error": 0})
     rejected: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, event) -> None:
+    def add(self, event, sequence: int = 0) -> None:
         with self.lock:
             self.served.add(event)
+            self.sequences.setdefault(sequence, Recorder()).add(event)
 
     def finish(self, job: Job) -> None:
         with self.lock:
             self.requests[job.outcome] += 1
-            if job.outcome != "ok":  # its generation's decode time stops here
-                self.served.interrupt()
+            if job.outcome != "ok" and job.sequence in self.sequences:  # its generation's decode time stops here
+                self.sequences[job.sequence].interrupt()
 
     def prometheus(self, running: int, waiting: int, remembered: tuple[int, int] | None = None, loaded: int = 1) -> str:
         """The Prometheus text exposition format. remembered: the suffix caches' tokens and bytes, if
@@ -250,7 +299,8 @@ class Metrics:
                    [(f'{{outcome="{outcome}"}}', n) for outcome, n in self.requests.items()])
             metric("requests_rejected_total", "counter", "Requests refused with 429 because the queue was full.",
                    [("", self.rejected)])
-            metric("requests_running", "gauge", "Requests generating now (at most one a model).", [("", running)])
+            metric("requests_running", "gauge", "Requests generating now (at most --parallel a model).",
+                   [("", running)])
             metric("models_loaded", "gauge", "Models loaded (the one serve started with, and those asked for).",
                    [("", loaded)])
             metric("requests_waiting", "gauge", "Requests queued behind the running one.", [("", waiting)])
@@ -260,7 +310,8 @@ class Metrics:
                    [("", r.reused_prompt_tokens)])
             metric("generation_tokens_total", "counter", "Tokens generated.", [("", r.tokens)])
             metric("prompt_seconds_total", "counter", "Time spent reading prompts.", [("", r.prefill_seconds)])
-            metric("decode_seconds_total", "counter", "Time spent generating.", [("", r.decode_seconds)])
+            metric("decode_seconds_total", "counter", "Time spent generating, summed over the requests generating"
+                   " at once.", [("", sum(recorder.decode_seconds for recorder in self.sequences.values()))])
             metric("decode_steps_total", "counter", "Target verification passes (one per token when plain).",
                    [("", r.steps)])
             metric("spec_decode_num_drafts_total", "counter", "Steps that verified a draft.",
@@ -274,6 +325,16 @@ class Metrics:
             metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
                    "Draft tokens accepted at each position (0: the first drafted token).",
                    [(f'{{position="{i}"}}', n) for i, n in enumerate(r.kept)])
+            by_sequence = sorted(self.sequences.items())
+            for name, what, count in (("sequence_prompt_tokens_total", "Prompt tokens", "prompt_tokens"),
+                                      ("sequence_prompt_tokens_cached_total", "Prompt tokens found in its cache",
+                                       "reused_prompt_tokens"),
+                                      ("sequence_generation_tokens_total", "Tokens generated", "tokens"),
+                                      ("sequence_decode_seconds_total", "Time spent generating", "decode_seconds"),
+                                      ("sequence_draft_tokens_total", "Draft tokens proposed", "drafted"),
+                                      ("sequence_accepted_tokens_total", "Draft tokens accepted", "accepted")):
+                metric(name, "counter", f"{what}, by sequence (serve -np's slot).",
+                       [(f'{{sequence="{sequence}"}}', getattr(recorder, count)) for sequence, recorder in by_sequence])
             for name, what, count in (("drafter_steps_total", "Steps that drafted", "steps"),
                                       ("drafter_draft_tokens_total", "Draft tokens proposed", "drafted"),
                                       ("drafter_accepted_tokens_total", "Draft tokens accepted", "accepted")):

@@ -12,15 +12,16 @@ from pathlib import Path
 
 from . import calibration, compat, download, gguf_meta, hardware, registry, running
 from .chat_template import render_pieces
-from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
+from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
 from .engine.drafters import (AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
-                               SuffixDrafter)
+                               Drafter, SuffixDrafter)
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
+from .engine.together import alone
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
 from .events import Done, Event, Prefill, Token
 from .gguf_meta import GGUFInfo
@@ -187,11 +188,33 @@ def open_session(
     pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
+    if runtime.parallel == AUTO_PARALLEL:
+        runtime = replace(runtime, parallel=_parallel_that_fits(runtime, speculation, pair))
     placement = Placement.plan(runtime, pair.target, pair.draft)
     placement.check_fit()
     with loading(f"loading {' and '.join(info.path.name for info in placement.models)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, runtime, speculation, placement,
                        workers)
+
+
+def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair) -> int:
+    """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
+    the memory beside the models; one where the target keeps a recurrent state or a drafter reads the
+    target's hidden states (its MTP layers under auto too): neither is decoded in parallel sequences yet."""
+    hidden_reader = pair.draft is not None and (pair.draft.mtp_sidecar or pair.draft.architecture in (
+        "gemma4-assistant", *HIDDEN_STATE_DRAFTERS))
+    own_layers = pair.target.mtp_layers and speculation.drafting == DrafterKind.AUTO
+    if pair.target.recurrent or hidden_reader or own_layers or speculation.drafting in (DrafterKind.MTP,
+                                                                                        *HIDDEN_STATE_DRAFTERS):
+        return 1
+    n = PARALLEL_AUTO_MOST
+    while n > 1:
+        try:
+            Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft).check_fit()
+            return n
+        except UsageError:
+            n //= 2
+    return 1
 
 
 def _published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | None:
@@ -243,12 +266,19 @@ class Session:
             assistant = drafting_with == "gemma4-assistant"
             sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
             hidden = DrafterKind(drafting_with) if drafting_with in HIDDEN_STATE_DRAFTERS else None
+            if (sidecar or hidden) and runtime.parallel > 1:
+                raise UsageError(f"{draft.name} drafts from the target's hidden states, which parallel sequences do"
+                                 " not keep yet: use --parallel 1 to draft with it")
             if (sidecar or hidden) and speculation.drafting == DrafterKind.DRAFT:
                 speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar else hidden)
             # The target's MTP layers draft when asked for, and under auto beside any draft model but an
             # EAGLE-3 or DFlash drafter (the target keeps the hidden states of one kind of drafter).
             asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden
+            if asked and runtime.parallel > 1:
+                raise UsageError("MTP drafting reads the target's hidden states, which parallel sequences do not keep"
+                                 " yet: use --parallel 1 to draft with the target's MTP layers")
+            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden \
+                and runtime.parallel == 1
             watch = workers or None  # the workers' devices may hold layers of either model
             placed = placement.target
             self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
@@ -270,8 +300,15 @@ class Session:
             kept = ((LAST_HIDDEN,) if mtp else
                     Eagle3Drafter.layers_read(self.target_model, drafter_model) if hidden == DrafterKind.EAGLE3 else
                     drafter_model.target_layers if hidden else ())
+            # several sequences' rows share a batch: one each at least, and a verification for each where it fits
+            n_batch = max(n_batch, min(rows * runtime.parallel, runtime.prompt_batch))
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn))
+                                            on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn,
+                                            n_seq=runtime.parallel))
+            # the sequences requests generate on (serve -np, batch --parallel); a draft model, whose context
+            # holds one sequence, drafts for the first only
+            self.sequences = [self.target] + [self.target.sequence(seq) for seq in range(1, runtime.parallel)]
+            self._sequence_drafters: dict[tuple[int, DrafterKind], Drafter] = {}
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
@@ -282,6 +319,10 @@ class Session:
             if self.target.n_ctx != runtime.ctx_size:
                 self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
                                   " rounds context sizes up to a multiple of 256")
+            if runtime.parallel > 1:
+                self.notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
+                                  f" {self.target.n_ctx} tokens" + ("; the draft model drafts for one at a time, the"
+                                  " others by n-gram lookup and earlier answers" if drafter_model else ""))
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
                 drafter_model, mtp, hidden = None, False, None
@@ -357,8 +398,33 @@ class Session:
             }
             self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
             costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
-            self._auto = policy.AutoDrafter(self.ngram, costly, costs, self.suffix_drafter)
+            self._auto = policy.AutoDrafter(self.ngram, costly, costs, self._suffix_of_a_sequence(),
+                                            others=lambda: self.target.others)
         return self._auto
+
+    def _suffix_of_a_sequence(self) -> SuffixDrafter | None:
+        """The suffix drafter a sequence's auto drafts with: the session's own where it has one sequence;
+        else one of the sequence's, given the session's cache of the moment at each generation (remember_as
+        may choose another for the next request while this one runs)."""
+        if self.suffix_drafter is None or len(self.sequences) == 1:
+            return self.suffix_drafter
+        return SuffixDrafter(None)
+
+    def _drafter_of(self, sequence: int) -> Drafter:
+        """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
+        is its own (n-gram lookup and auto keep state of their generation) and drafts for free, as the
+        session's modes of drafting with a model draft for the first sequence only."""
+        if sequence == 0:
+            return self.drafter
+        key = (sequence, self.mode)
+        if key not in self._sequence_drafters:
+            view, spec = self.sequences[sequence], self.speculation
+            self._sequence_drafters[key] = (
+                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), [], self._auto_drafter().costs,
+                                   self._suffix_of_a_sequence(), others=lambda: view.others)
+                if self.mode == DrafterKind.AUTO else
+                NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else NoDrafter())
+        return self._sequence_drafters[key]
 
     def costs(self) -> dict | None:
         """What the auto policy measured of this machine (verification by batch size, drafting), once
@@ -381,8 +447,9 @@ class Session:
     def forget(self) -> None:
         """Start the auto policy's learning about acceptance afresh, and forget earlier generations
         (a benchmark's fresh session); the costs it measured stay, being the machine's."""
-        if self._auto is not None:
-            self._auto.forget()
+        for auto in [self._auto, *self._sequence_drafters.values()]:
+            if isinstance(auto, policy.AutoDrafter):
+                auto.forget()
         if self.suffix_drafter is not None:
             self._memories.clear()
             self.suffix_drafter.cache = SuffixCache()
@@ -399,9 +466,13 @@ class Session:
         """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
         return self.suffix_drafter.cache if self.suffix_drafter else None
 
-    def reset(self) -> None:
-        """Empty both KV caches, so the next prompt is read from scratch (fair benchmarks)."""
-        self.target.truncate(0)
+    def reset(self, sequence: int | None = None) -> None:
+        """Empty the KV caches, so the next prompt is read from scratch (fair benchmarks; after a failure):
+        all of them, or one sequence's (the draft model's too, for the first, for which it drafts)."""
+        for view in self.sequences if sequence is None else [self.sequences[sequence]]:
+            view.truncate(0)
+        if sequence:
+            return
         for drafter in self._costly:
             drafter.context.truncate(0)
 
@@ -502,24 +573,32 @@ class Session:
         return self.default_mode != DrafterKind.PLAIN
 
     def generate(self, prompt: list[int], sampling: Sampling, limits: Limits,
-                 prediction: list[int] | None = None) -> Iterator[Event]:
+                 prediction: list[int] | None = None, sequence: int | None = None) -> Iterator[Event]:
         """The events of one generation from prompt tokens (prompt_tokens makes them): Prefill, then Token
         and Step as they come, then Done. prediction: tokens the output is expected to follow
-        (prediction_tokens makes them), drafted wherever it does; plain decoding leaves them unused."""
+        (prediction_tokens makes them), drafted wherever it does; plain decoding leaves them unused.
+        sequence: which of the session's sequences it runs on (0 .. parallel - 1), its events then coming
+        with Turns between them where the session has several, for engine.together to decode the
+        sequences' rows together; None: the first, decoded alone."""
         info = self.target_info
         if not info.generates:  # llama.cpp would abort the process when asked for its logits
             raise UsageError(f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
                              " /v1/embeddings and /api/embed) and does not generate any")
-        drafter = self.drafter
+        if sequence is None:
+            events = self.generate(prompt, sampling, limits, prediction, 0)
+            return alone(events) if len(self.sequences) > 1 else events
+        drafter = self._drafter_of(sequence)
+        if isinstance(drafter, policy.AutoDrafter) and drafter.suffix is not None:
+            drafter.suffix.cache = self.suffix_cache
         if prediction and self.mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, self.speculation.draft_limit(self.mode))
-        events = generate(self.target, drafter, prompt, sampling, self.speculation, limits)
-        return self._remembered(events, prompt) if self.suffix_cache is not None else events
+        events = generate(self.sequences[sequence], drafter, prompt, sampling, self.speculation, limits)
+        return self._remembered(events, prompt, self.suffix_cache) if self.suffix_cache is not None else events
 
-    def _remembered(self, events: Iterator[Event], prompt: list[int]) -> Iterator[Event]:
+    def _remembered(self, events: Iterator[Event], prompt: list[int], cache: SuffixCache) -> Iterator[Event]:
         """The events, and the generation added to the suffix cache once it ends, with as much of its
         prompt before it as a match reaches back (so its first tokens can be drafted too)."""
-        output, cache = [], self.suffix_cache
+        output = []
         with closing(events):
             for event in events:
                 if isinstance(event, Token):

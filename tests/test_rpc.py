@@ -251,7 +251,7 @@ def test_a_batch_records_the_item_a_dead_worker_stopped_and_stops(tiny, tmp_path
     ]) + "\n")
     answers = tmp_path / "answers.jsonl"
     batch = localspec_process(tmp_path / "home", "batch", tiny["target"], prompts, "-o", answers, "--rpc",
-                              worker.endpoint, "-c", "4096", "--no-draft", stdout=subprocess.PIPE,
+                              worker.endpoint, "-c", "4096", "--no-draft", "-np", "1", stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     try:
         _wait_for(lambda: answers.exists() and answers.read_text().count("\n") >= 1)

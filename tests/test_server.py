@@ -484,7 +484,7 @@ def _wait_until(condition, seconds=30):
 
 
 def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_the_model(tiny, tmp_path):
-    server = ServerProcess(tmp_path / "home", tiny["target"], "--queue", "1", "--draft", "ngram", "-c", "4096")
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--queue", "1", "--draft", "ngram", "-c", "4096", "-np", "1")
     try:
         # holds the model until the context fills (its line iterator, once collected, would close it)
         client, running, lines, _ = _start_long_stream(server, "abc")
@@ -698,3 +698,50 @@ def test_a_right_prediction_drafts_most_of_a_real_models_answer(real_model, tmp_
         assert predicted.speculation["steps"] <= predicted.usage.completion_tokens // 4
     finally:
         assert running.stop() == 0, running.log()
+
+
+def test_fifty_clients_dropping_streams_leak_no_sequence_and_memory_stays_flat(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--draft", "ngram", "--temp", "0", "-c", "1024",
+                           "-np", "4", "--queue", "64")
+    expected = httpx.post(server.url + "/completions", json={"prompt": "after the storm", "max_tokens": 16},
+                          timeout=60).json()["choices"][0]["text"]
+    process = psutil.Process(server.process.pid)
+    try:
+        def dropping_client(index: int) -> None:
+            with httpx.Client(timeout=120) as http:
+                body = {"prompt": f"client {index} " + "xyz"[index % 3] * (index % 7), "stream": True,
+                        "max_tokens": 800}
+                with http.stream("POST", server.url + "/completions", json=body) as response:
+                    for n, _ in enumerate(response.iter_lines()):
+                        if n >= index % 4:  # some leave at once, some after a few chunks
+                            break
+
+        def wave(clients: range) -> None:
+            threads = [threading.Thread(target=dropping_client, args=(i,)) for i in clients]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+            assert not any(thread.is_alive() for thread in threads)
+
+        wave(range(10))
+        _wait_until(lambda: httpx.get(server.base + "/health").json() == {"status": "ok", "running": False,
+                                                                          "waiting": 0})
+        before = process.memory_info().rss
+        wave(range(10, 60))
+        _wait_until(lambda: httpx.get(server.base + "/health").json() == {"status": "ok", "running": False,
+                                                                          "waiting": 0})
+        after = process.memory_info().rss
+        assert after - before < 32 * 2**20, f"memory grew by {(after - before) / 2**20:.1f} MiB"
+        answer = httpx.post(server.url + "/completions", json={"prompt": "after the storm", "max_tokens": 16},
+                            timeout=60)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == expected
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}
+        outcomes = {s.labels["outcome"]: s.value for s in families["localspec:requests"].samples
+                    if s.name.endswith("_total")}
+        assert outcomes["cancelled"] + outcomes["ok"] == 62 and outcomes["error"] == 0
+        assert outcomes["cancelled"] >= 40  # the 800-token answers were left, not finished
+        sequences = {s.labels["sequence"] for s in families["localspec:sequence_generation_tokens"].samples}
+        assert sequences == {"0", "1", "2", "3"}
+    finally:
+        assert server.stop() == 0

@@ -26,6 +26,7 @@ from .options import (
     GENERATION_OPTIONS,
     LIMIT_OPTIONS,
     MODEL_OPTIONS,
+    PARALLEL_OPTIONS,
     RESOURCE_OPTIONS,
     RPC_OPTIONS,
     SAMPLING_OPTIONS,
@@ -224,7 +225,7 @@ def _chat(settings: Settings, system: str | None, no_color: bool, command: str) 
         "  cat questions.txt | localspec batch smollm2-135m - > answers.jsonl"
     )
 )
-@with_options(*GENERATION_OPTIONS, before=after_model("input_file"))
+@with_options(*GENERATION_OPTIONS, PARALLEL_OPTIONS, before=after_model("input_file"), parallel="auto")
 def batch(
     settings: Settings,
     input_file: Annotated[
@@ -357,7 +358,7 @@ def bench(
         " Ollama client (Open WebUI, Continue, the ollama package) at http://127.0.0.1:8080."
     )
 )
-@with_options(*GENERATION_OPTIONS, max_tokens=-1)
+@with_options(*GENERATION_OPTIONS, PARALLEL_OPTIONS, max_tokens=-1, parallel="auto")
 def serve(
     settings: Settings,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the model to your"
@@ -371,7 +372,7 @@ def serve(
     api_key_file: Annotated[Optional[Path], typer.Option(
         "--api-key-file", show_default=False,
         help="Read API keys from this file, one a line (beside any --api-key).")] = None,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait behind the running one; more are"
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for one of the --parallel to free; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
         "--timeout", help="Seconds a connection may stay open without sending a complete request (slow headers"
@@ -398,8 +399,8 @@ def serve(
     /health and /metrics (Prometheus); Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags,
     /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
-    grammar; `response_format` takes JSON schemas. One generation runs at a time and the rest wait in arrival order; each response
-    carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
+    grammar; `response_format` takes JSON schemas. Up to --parallel requests generate at once, their rows decoded
+    together each step; the rest wait in arrival order for a free one. Each response carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
     are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
 
     A request's `model` may name any downloaded registry model (`localspec models --installed`): it is loaded

@@ -16,6 +16,7 @@ import typer
 
 from .. import hardware
 from ..config import (
+    AUTO_PARALLEL,
     DEFAULT_DRAFT_MAX,
     DrafterKind,
     Limits,
@@ -171,6 +172,17 @@ RPC_OPTIONS = {
         "--tensor-split", "-ts", help="Shares of the offloaded layers per device, in `localspec doctor`'s order,"
         " e.g. 3,1. Default: by free memory.", show_default=False, rich_help_panel=RESOURCES)], None),
 }
+# serve's and batch's (their default: "auto")
+PARALLEL_OPTIONS = {
+    "parallel": (Annotated[str, typer.Option(
+        "--parallel", "-np", metavar="N|auto",
+        help="Requests (serve) or items (batch) generated at once, as llama-server's slots: each step decodes"
+        " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
+        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 where the target keeps a"
+        " recurrent state or a drafter reads its hidden states (MTP, EAGLE-3, DFlash). A draft model drafts"
+        " for one of them at a time; the others draft by n-gram lookup and from earlier answers.",
+        rich_help_panel=RESOURCES)], "1"),
+}
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       RESOURCE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
@@ -196,7 +208,7 @@ class Settings:
 
 def build_settings(**values) -> Settings:
     """Settings from the shared options' values by name; an option a command lacks takes its default."""
-    defaults = {name: default for group in GENERATION_OPTIONS for name, (_, default) in group.items()}
+    defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
     if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
@@ -225,7 +237,7 @@ def build_settings(**values) -> Settings:
                         draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
-                        mmap=o.mmap, mlock=o.mlock),
+                        mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel)),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
     )
 
@@ -283,6 +295,14 @@ def with_options(*groups: dict, before=None, **defaults):
         return with_settings
 
     return decorate
+
+
+def _parallel(value: str) -> int:
+    if value == "auto":
+        return AUTO_PARALLEL
+    if not value.isdigit():
+        raise UsageError(f"--parallel takes a number of sequences or auto, got {value!r}")
+    return int(value)
 
 
 def _grammar(o: SimpleNamespace) -> str | None:

@@ -1,11 +1,12 @@
 """Models and contexts on llama.cpp (through llama-cpp-python's C bindings), and decoding.
 
-Model owns weights and vocabulary; Context owns one KV cache with a single
-sequence. Logits come back as numpy views on llama.cpp's own buffer: valid
+Model owns weights and vocabulary; Context owns one KV cache and is one sequence of it (a context made
+for several sequences hands out the others as views: Context.sequence). Logits come back as numpy views on llama.cpp's own buffer: valid
 until the next decode on that context, never copied; what a row becomes through
 the context's sampler chain is chain.ChainRows'.
 """
 
+import copy
 import ctypes
 import os
 from collections.abc import Sequence
@@ -219,24 +220,35 @@ class Context(ChainRows):
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
-                 flash_attn: bool | None = None, beside: "Context | None" = None):
+                 flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
         layers (LAST_HIDDEN: the last hidden state) side by side (hidden_row), as the target of MTP
         or EAGLE-3 drafting. beside: the target context whose weights a drafter model borrows (an EAGLE-3
         drafter its token embeddings and output layer; llama.cpp's ctx_other): such a context, like an
         MTP one, decodes each token with a hidden state. flash_attn: llama.cpp's flash attention on,
-        off, or (None) wherever the device supports it."""
+        off, or (None) wherever the device supports it. n_seq: sequences sharing the cache (this context is
+        the first; sequence() hands out the others), each holding up to n_ctx tokens of a cache of
+        n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself)."""
+        if n_seq > 1 and (backend_sampling is not False or keep_hidden or mtp or beside is not None):
+            raise UsageError("parallel sequences share a context only where rows are sampled on the host and no"
+                             " hidden states are kept")
         self.model = model
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
-        params.n_ctx = n_ctx
+        params.n_ctx = n_ctx * n_seq
+        params.n_seq_max = n_seq
+        params.kv_unified = n_seq > 1  # one pool of cells: each sequence may reach the whole n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
         if beside is not None:
             params.ctx_other = beside._ctx
+        if n_seq > 1 and model.recurrent:
+            # (llama.cpp splits a batch of several sequences of a recurrent state into equal parts)
+            raise UsageError(f"{model.path.name} keeps a recurrent state: parallel sequences are not supported"
+                             " for it yet (use --parallel 1)")
         if model.recurrent and not mtp:  # (an MTP context holds the MTP block's KV cache only)
             # Snapshots of the recurrent state for each token of a verification but its first, so a
             # rejected draft's tokens can be taken back (llama.cpp sets it to 0 where it cannot). A
@@ -248,9 +260,16 @@ class Context(ChainRows):
                 f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}"
                 " (out of memory? try a smaller --ctx-size)"
             )
-        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        self.n_ctx = llama.llama_n_ctx(self._ctx) // n_seq
+        self.n_seq, self.seq = n_seq, 0
+        self._views: list[Context] = []  # the other sequences, handed out by sequence()
+        self._row_base = 0  # this sequence's first row in the last batch (decode_together puts several in one)
+        self.others = 0  # rows the other sequences had in the last batch this one shared
         # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
         self.n_batch = llama.llama_n_batch(self._ctx)
+        # with several sequences, a prompt is read in pieces of this many tokens, one a step beside the
+        # others' rows, so that a long prompt holds up their tokens a piece at a time
+        self.prompt_piece = max(1, self.n_batch // 4)
         # Tokens at the end of the last decode that truncate() may take back: any number for a KV
         # cache; for a recurrent state, as many as llama.cpp keeps snapshots for, once after each decode.
         self.recurrent = model.recurrent and not mtp
@@ -282,7 +301,6 @@ class Context(ChainRows):
         self._batch = llama.llama_batch_init(n_batch, 0, 1)
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
         self._tokens = ctypes.cast(self._batch.token, ctypes.POINTER(llama.llama_token))  # a copy, not a view of the field
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
@@ -307,9 +325,10 @@ class Context(ChainRows):
         for offset in range(0, len(tokens), self.n_batch):
             chunk = tokens[offset : offset + self.n_batch]
             final_chunk = offset + len(chunk) == len(tokens)
-            for i, token in enumerate(chunk):  # (every token is in sequence 0, set once in __init__)
+            for i, token in enumerate(chunk):
                 batch.token[i] = token
                 batch.pos[i] = start + offset + i
+                batch.seq_id[i][0] = self.seq
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             self._changing = (start + offset, chunk)
@@ -321,8 +340,22 @@ class Context(ChainRows):
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
             self.tokens.extend(chunk)
-            self._last_decoded, self._rolled_back = len(chunk), False
+            self._last_decoded, self._rolled_back, self._row_base = len(chunk), False, 0
             self._changing = None
+
+    def sequence(self, seq: int) -> "Context":
+        """Sequence `seq` (1 .. n_seq - 1) of this context's cache, as a context of its own: its tokens
+        and sampler chain its own, llama.cpp's context and batch shared. It decodes alone (decode) or
+        with the others (decode_together); closing this context closes it."""
+        if not 0 < seq < self.n_seq or any(view.seq == seq for view in self._views):
+            raise EngineError(f"sequence {seq} is not one this context of {self.n_seq} sequences can hand out")
+        view = copy.copy(self)
+        view.seq, view.tokens, view._views = seq, [], []
+        view._hidden, view._checkpoint, view._changing = {}, None, None
+        view._row_base, view.others, view.busy_seconds = 0, 0, 0.0
+        view._start_rows(False)
+        self._views.append(view)
+        return view
 
     def truncate(self, n_keep: int) -> None:
         """Forget every position from n_keep on."""
@@ -350,7 +383,7 @@ class Context(ChainRows):
             else:
                 return False
         self._changing = (n_keep, ())
-        if not llama.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+        if not llama.llama_memory_seq_rm(self._memory, self.seq, n_keep, -1):
             self._changing = None
             return False
         self._forget_recorded(n_keep)
@@ -373,9 +406,9 @@ class Context(ChainRows):
             return
         start, chunk = self._changing
         self._changing = None
-        held = llama.llama_memory_seq_pos_max(self._memory, 0) + 1
+        held = llama.llama_memory_seq_pos_max(self._memory, self.seq) + 1
         if self.recurrent:
-            llama.llama_memory_seq_rm(self._memory, 0, 0, -1)
+            llama.llama_memory_seq_rm(self._memory, self.seq, 0, -1)
             self._checkpoint = None
             self._forget_recorded(0)
         elif held < len(self.tokens):
@@ -383,7 +416,7 @@ class Context(ChainRows):
         elif held > len(self.tokens):
             reached = chunk[len(self.tokens) - start : held - start] if start <= len(self.tokens) else ()
             self.tokens.extend(reached)
-            if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1):
+            if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, self.seq, len(self.tokens), -1):
                 raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
 
     def _keep_layers(self, keep: bool) -> None:
@@ -452,6 +485,7 @@ class Context(ChainRows):
         (beside), which it reads up to the position (the target's next) and never changes."""
         batch = self._batch
         batch.token[0], batch.pos[0], batch.logits[0], batch.n_tokens = token, position, True, 1
+        batch.seq_id[0][0] = self.seq
         status = self._run(llama.llama_decode, hidden[None, :])
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} at position {position}")
@@ -465,6 +499,7 @@ class Context(ChainRows):
             chunk = rows[offset : offset + self.n_batch]
             for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
                 batch.pos[i], batch.logits[i] = len(self.tokens) + i, True
+                batch.seq_id[i][0] = self.seq
             batch.n_tokens = len(chunk)
             status = self._run(llama.llama_encode, chunk, tokens=False)
             if status != 0:
@@ -482,9 +517,9 @@ class Context(ChainRows):
     def checkpoint(self) -> None:
         """Save a recurrent state as it is now, so the cache can later come back to any position from
         here on, however many decodes later (a draft model drafts one token a decode)."""
-        size = llama.llama_state_seq_get_size_ext(self._ctx, 0, PARTIAL_STATE)
+        size = llama.llama_state_seq_get_size_ext(self._ctx, self.seq, PARTIAL_STATE)
         saved = (ctypes.c_uint8 * size)()
-        if llama.llama_state_seq_get_data_ext(self._ctx, saved, size, 0, PARTIAL_STATE) != size:
+        if llama.llama_state_seq_get_data_ext(self._ctx, saved, size, self.seq, PARTIAL_STATE) != size:
             raise EngineError(f"llama.cpp could not save the recurrent state of {self.model.path.name}")
         self._checkpoint = (len(self.tokens), saved)
 
@@ -492,11 +527,11 @@ class Context(ChainRows):
         position, saved = self._checkpoint
         again = self.tokens[position:n_keep]
         self._changing = (position, ())
-        if not llama.llama_state_seq_set_data_ext(self._ctx, saved, len(saved), 0, PARTIAL_STATE):
+        if not llama.llama_state_seq_set_data_ext(self._ctx, saved, len(saved), self.seq, PARTIAL_STATE):
             self._changing = None
             return False
         # the recurrent state is back at `position`; the attention layers' KV cache drops what follows
-        if not llama.llama_memory_seq_rm(self._memory, 0, position, -1):
+        if not llama.llama_memory_seq_rm(self._memory, self.seq, position, -1):
             raise EngineError(f"llama.cpp could not roll the KV cache back to {position} tokens")
         del self.tokens[position:]
         self._changing = None
@@ -518,19 +553,24 @@ class Context(ChainRows):
         """Keep the cached prefix `tokens` start with (at most `most` tokens), forget the rest, and
         return its length. A recurrent state that cannot go back that far is emptied (0)."""
         self._settle()
-        keep = min(agreed, len(self.tokens))
-        limit = min(len(self.tokens), len(tokens) if most is None else most)
-        while keep < limit and self.tokens[keep] == tokens[keep]:
-            keep += 1
+        keep = self.shares(tokens, agreed, most)
         if not self._forget_from(keep):
             self.truncate(0)
             keep = 0
         return keep
 
+    def shares(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:
+        """How many of `tokens` the cache holds as its prefix (at most `most`; the first `agreed` known to)."""
+        keep = min(agreed, len(self.tokens))
+        limit = min(len(self.tokens), len(tokens) if most is None else most)
+        while keep < limit and self.tokens[keep] == tokens[keep]:
+            keep += 1
+        return keep
+
     def check_holds(self, tokens: Sequence[int]) -> None:
         """Raise EngineError unless the cache holds exactly `tokens` at positions 0..n-1 (debug mode)."""
-        first = llama.llama_memory_seq_pos_min(self._memory, 0)
-        last = llama.llama_memory_seq_pos_max(self._memory, 0)
+        first = llama.llama_memory_seq_pos_min(self._memory, self.seq)
+        last = llama.llama_memory_seq_pos_max(self._memory, self.seq)
         # a recurrent state is at the last position only (for a hybrid, llama.cpp answers the later minimum)
         expected = ((len(tokens) - 1 if self.recurrent else 0), len(tokens) - 1) if tokens else (-1, -1)
         if (first, last) != expected or self.tokens != list(tokens):
@@ -543,9 +583,52 @@ class Context(ChainRows):
         if self._ctx:
             self._free_dist()
             self._free_chain()
+            if self.seq:  # a view: llama.cpp's context is the first sequence's to free
+                self._ctx = None
+                return
+            for view in self._views:
+                view.close()
             llama.llama_batch_free(self._batch)
             llama.llama_free(self._ctx)
             self._ctx = None
+
+
+def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> float:
+    """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
+    part with logits on every row or on none (a piece of a prompt): each sequence then reads its own rows
+    from 0, as after a decode of its own, and learns how many rows the others added (`others`). Returns
+    the decode's seconds. A decode that fails leaves every sequence as it was."""
+    first = parts[0][0]
+    rows = sum(len(tokens) for _, tokens, _ in parts)
+    if rows > first.n_batch:  # llama.cpp would abort the process
+        raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
+    batch, row, starts = first._batch, 0, []
+    for context, tokens, logits in parts:
+        context._settle()
+        start = len(context.tokens)
+        if logits and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
+            raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
+        context._row_base = row
+        for i, token in enumerate(tokens):
+            batch.token[row], batch.pos[row], batch.logits[row] = token, start + i, logits
+            batch.seq_id[row][0] = context.seq
+            row += 1
+        starts.append(start)
+    batch.n_tokens = rows
+    for (context, tokens, _), start in zip(parts, starts):
+        context._changing = (start, tokens)
+    busy = first.busy_seconds
+    status = first._run(llama.llama_decode, None)
+    for (context, tokens, _), start in zip(parts, starts):
+        if status != 0:
+            context.truncate(start)  # a failed decode may leave part of the batch behind
+            continue
+        context.tokens.extend(tokens)
+        context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
+        context._changing = None
+    if status != 0:
+        raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")
+    return first.busy_seconds - busy
 
 
 class Embedder:

@@ -68,7 +68,8 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct
 
 class ChainRows:
     """The output rows of a context's decodes, through its sampler chain: a part of Context, which
-    holds llama.cpp's context (_ctx) and its model and calls _start_rows once it has them."""
+    holds llama.cpp's context (_ctx), its model, its sequence (seq) and the batch row its rows start at
+    (_row_base), and calls _start_rows once it has them."""
 
     def _start_rows(self, backend_sampling: bool | None) -> None:
         self._n_vocab = self.model.n_vocab
@@ -91,7 +92,7 @@ class ChainRows:
         self._free_chain()
         native = chain.native()
         on_backend = not host and (self.backend_sampling or (self.backend_sampling is None and chain.argmax))
-        if on_backend and not llama.llama_set_sampler(self._ctx, 0, native):
+        if on_backend and not llama.llama_set_sampler(self._ctx, self.seq, native):
             if self.backend_sampling:  # asked for by name
                 llama.llama_sampler_free(native)
                 raise EngineError(f"llama.cpp cannot sample on the backend for {self.model.path.name}"
@@ -102,13 +103,14 @@ class ChainRows:
     def token(self, row: int) -> int:
         """The row's most likely token (the chain must be an argmax chain)."""
         if self.on_backend:
-            return llama.llama_get_sampled_token_ith(self._ctx, row)
+            return llama.llama_get_sampled_token_ith(self._ctx, self._row_base + row)
         return int(np.argmax(self.logits(row)))
 
     def candidates(self, row: int, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ids the chain keeps of a row and their logits (temperature applied), as new arrays.
         only: the ids the chain may keep (those a grammar admits; the chain then runs on the host)."""
         if self.on_backend:
+            row += self._row_base
             count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
             logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
             ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
@@ -155,7 +157,7 @@ class ChainRows:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
         if self.on_backend:
             raise EngineError("full logit rows are not kept while sampling on the backend")
-        pointer = llama.llama_get_logits_ith(self._ctx, row)
+        pointer = llama.llama_get_logits_ith(self._ctx, row if row < 0 else self._row_base + row)
         if not pointer:
             raise EngineError(f"no logits for row {row} of the last batch")
         # np.ctypeslib.as_array builds a new ctypes array type on every call (~50 us a row); a view
@@ -170,7 +172,7 @@ class ChainRows:
     def _free_chain(self) -> None:
         if self._native_chain is not None:
             if self.on_backend:
-                llama.llama_set_sampler(self._ctx, 0, None)
+                llama.llama_set_sampler(self._ctx, self.seq, None)
             llama.llama_sampler_free(self._native_chain)
             self.chain = self._native_chain = None
             self.on_backend = False

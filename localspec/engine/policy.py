@@ -53,6 +53,7 @@ verify(1), the level everything else is relative to, follows each step's timing
 the policy at once; the shape of the cost curve follows the batch sizes used.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from math import sqrt
 from time import perf_counter
@@ -80,6 +81,9 @@ HORIZON = 64
 CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
+# A row added to a batch never costs less than this share of a batch of one: a measured curve that
+# flattens (or dips, by noise) must not make extra rows look free.
+MARGINAL_FLOOR = 0.02
 CALIBRATION_TOKEN = 1
 
 
@@ -377,11 +381,14 @@ class AutoDrafter:
 
     kind = DrafterKind.AUTO
 
-    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs, suffix: Drafter | None = None):
+    def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs, suffix: Drafter | None = None,
+                 others: Callable[[], int] = lambda: 0):
         """ngram, suffix: the free drafters (n-gram lookup in this text, the suffix cache of earlier
         generations), whose proposals name their Evidence, each weighed with beliefs of its own; costly: the
         drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
-        weighed with its own costs and beliefs under its kind."""
+        weighed with its own costs and beliefs under its kind. others: the rows other sequences are
+        expected to add to the next step's batch (parallel sequences of one context)."""
+        self.others = others
         self.ngram = ngram
         self.suffix = suffix
         self.costly = {drafter.kind: drafter for drafter in costly}
@@ -423,7 +430,7 @@ class AutoDrafter:
 
     def propose(self, history, k) -> Draft:
         self._learn_from_text(history)
-        plain_seconds = self.costs.verify_seconds(1)
+        plain_seconds = self._verify_table(1)[0]
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -445,7 +452,7 @@ class AutoDrafter:
             self.chosen = Choice(plain_rate)
             return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
-        verify = self.costs.verify_table(max((option.most for option in weighed), default=0) + 1)
+        verify = self._verify_table(max((option.most for option in weighed), default=0) + 1)
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
                    for option in weighed}
         # The sure option is the one whose best length pays most even on the doubtful side of its
@@ -488,6 +495,16 @@ class AutoDrafter:
         else:
             draft = self.costly[choice.option.drafter].propose(history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
+
+    def _verify_table(self, most: int) -> list[float]:
+        """verify(n) for n = 1 .. most as this sequence pays for it: what its n rows add to a batch to which
+        the other sequences bring `others()` rows (the whole of it, alone). Where a batch costs about what
+        its rows do (a CPU), a draft pays as it does alone; where a batch costs little more than one row
+        (a GPU), it pays less as the batch grows: plain rows cost less there too."""
+        others = self.others()
+        table = self.costs.verify_table(others + most)
+        before = table[others - 1] if others else 0.0
+        return [max(seconds - before, MARGINAL_FLOOR * table[0]) for seconds in table[others:]]
 
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
@@ -565,7 +582,7 @@ class AutoDrafter:
     def observe(self, step: Step) -> None:
         """Learn from a verified step. Whether it was a probe is read from the step, not from the choice:
         the loop drops a draft shorter than draft_min, and what was not verified lost nothing."""
-        self.costs.observe_verify(step.drafted + 1, step.verify_seconds)
+        self.costs.observe_verify(step.drafted + 1 + step.batch_rows, step.verify_seconds)
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
             self.bucket.seconds -= step.lost_seconds

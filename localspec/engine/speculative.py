@@ -12,6 +12,7 @@ target's choices at every verified position are masked by it (engine/grammar.py)
 """
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
@@ -25,6 +26,18 @@ from .drafters import Draft, Drafter, ForcedDrafter, Learner
 from .grammar import Grammar
 from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
+
+
+@dataclass
+class Turn:
+    """Not an event: the rows a sequence of a context shared by several (Context.sequence) wants decoded
+    this step. Whoever runs the sequences (engine/together.py) decodes every waiting turn in one batch,
+    sets the seconds it took, and resumes each generation."""
+
+    target: Context
+    tokens: list[int]
+    logits: bool = True  # on every row (a verification), or on none (a piece of the prompt)
+    seconds: float = 0.0
 
 
 def generate(
@@ -55,7 +68,12 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     rng = np.random.default_rng(sampling.seed)
     target.sample_with(chain_for(sampling), host=grammar is not None)
     started = perf_counter()
-    reused = target.prefill(prompt[:-1])
+    if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
+        reused = target.keep_common(prompt[:-1])
+        for offset in range(reused, len(prompt) - 1, target.prompt_piece):
+            yield Turn(target, prompt[offset : min(offset + target.prompt_piece, len(prompt) - 1)], logits=False)
+    else:
+        reused = target.prefill(prompt[:-1])
     model = target.model
     draft_max = speculation.draft_limit(drafter.kind)
     if grammar and speculation.jump_forward:
@@ -84,15 +102,23 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         draft = drafter.propose(history, k) if k > 0 else Draft()
         if len(draft.tokens) < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
-        drafted = perf_counter()
-        target.decode([history[-1], *draft.tokens], logits="all")
+        drafted = verifying = perf_counter()
+        rows, others = [history[-1], *draft.tokens], 0
+        if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
+            turn = Turn(target, rows)
+            yield turn
+            verifying = perf_counter() - turn.seconds  # what went on meanwhile is the other sequences' time
+            others = target.others
+        else:
+            target.decode(rows, logits="all")
         if sampling.greedy:
             accepted, own = verify_greedy(target, draft, grammar)
         else:
             accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
         target.truncate(n_past + 1 + accepted)
-        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - drafted,
-                    draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0)
+        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - verifying,
+                    draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
+                    others)
         if learns:
             drafter.observe(step)
         yield step

@@ -1,0 +1,98 @@
+"""Several generations on the sequences of one context, one llama_decode a step (continuous batching).
+
+Each generation is the engine's event iterator (speculative.generate) on a sequence of its own
+(Context.sequence). Where it needs rows decoded (a piece of its prompt, a verification) it yields a
+Turn instead of decoding. step()
+advances every generation to its next turn, handing out the events on the way, then decodes all the
+turns in one batch (more only where they outgrow the context's batch) and leaves the generations to
+read their rows when next advanced. A generation may join (add) or leave (drop) between any two steps.
+"""
+
+from collections.abc import Hashable, Iterator
+from contextlib import closing
+
+from ..errors import EngineError
+from .backend import decode_together
+from .speculative import Turn
+
+ENDED = "ended"  # what step() hands out for a generation that has ended: nothing more will come
+
+
+class Together:
+    def __init__(self):
+        self._running: dict[Hashable, Iterator] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._running
+
+    def add(self, key: Hashable, events: Iterator) -> None:
+        """Run this generation from the next step on."""
+        self._running[key] = events
+
+    def drop(self, key: Hashable) -> None:
+        """Stop a generation (its client left): its iterator is closed, and its sequence left to whoever
+        takes it next (a prefill keeps what it can of the cache and drops the rest)."""
+        events = self._running.pop(key, None)
+        if events is not None:
+            events.close()
+
+    def step(self) -> Iterator[tuple[Hashable, object]]:
+        """(key, item) for each event of each generation up to its next turn, for each generation that
+        ended (ENDED) or failed (the exception, after which it is gone); then the turns are decoded. A
+        generation dropped while its events are handed out hands out no more."""
+        turns: list[tuple[Hashable, Turn]] = []
+        for key, events in list(self._running.items()):
+            try:
+                for item in events:
+                    if isinstance(item, Turn):
+                        turns.append((key, item))
+                        break
+                    yield key, item
+                    if key not in self._running:
+                        break
+                else:
+                    if self._running.pop(key, None) is not None:
+                        yield key, ENDED
+            except Exception as error:  # this generation's alone: the others go on
+                self._running.pop(key, None)
+                yield key, error
+        yield from self._decode(turns)
+
+    def _decode(self, turns: list[tuple[Hashable, Turn]]) -> Iterator[tuple[Hashable, object]]:
+        for group in _batches(turns):
+            try:
+                seconds = decode_together([(turn.target, turn.tokens, turn.logits) for _, turn in group])
+            except EngineError as error:  # every sequence in it is as before the decode: each fails alone
+                for key, _ in group:
+                    self.drop(key)
+                    yield key, error
+                continue
+            for _, turn in group:
+                turn.seconds = seconds
+
+
+def alone(events: Iterator) -> Iterator:
+    """The events of a generation on one of several sequences, with its turns decoded by themselves (a
+    caller that runs one generation at a time: run, chat, bench, the library's front door)."""
+    with closing(events):
+        for item in events:
+            if isinstance(item, Turn):
+                item.seconds = decode_together([(item.target, item.tokens, item.logits)])
+            else:
+                yield item
+
+
+def _batches(turns: list[tuple[Hashable, Turn]]) -> Iterator[list[tuple[Hashable, Turn]]]:
+    """The turns in groups whose rows fit one batch of their context (a bigger one aborts llama.cpp)."""
+    group, rows = [], 0
+    for key, turn in turns:
+        if group and rows + len(turn.tokens) > turn.target.n_batch:
+            yield group
+            group, rows = [], 0
+        group.append((key, turn))
+        rows += len(turn.tokens)
+    if group:
+        yield group

@@ -1,0 +1,266 @@
+"""Parallel sequences of one context: decoded together, each generation as it is alone."""
+
+import pytest
+
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.backend import Context, Model, decode_together
+from localspec.engine.drafters import NgramDrafter, NoDrafter
+from localspec.engine.speculative import generate
+from localspec.engine.together import ENDED, Together
+from localspec.errors import EngineError
+from localspec.events import Step, Token
+
+GREEDY = Sampling(temperature=0.0)
+PROMPTS = ["the cat sat on the mat", "a b c a b c a b", "hello hello hello world", "once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def shared(tiny):
+    model = Model(tiny["target"])
+    context = Context(model, 256, 64, threads=2, backend_sampling=False, max_outputs=64, n_seq=4)
+    yield [context] + [context.sequence(seq) for seq in range(1, 4)]
+    context.close()
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def alone(load):
+    return load("target")
+
+
+def tokens_of(model, text):
+    return model.tokenize(text, add_special=True, parse_special=False)
+
+
+def run_alone(context, prompt, drafter, sampling=GREEDY):
+    events = generate(context, drafter, prompt, sampling, Speculation(draft_max=4, p_min=0.0), Limits(max_tokens=40))
+    return [event.id for event in events if isinstance(event, Token)]
+
+
+def run_together(sequences, prompts, drafters, sampling=GREEDY):
+    together, out, steps = Together(), {}, {}
+    for i, (sequence, prompt, drafter) in enumerate(zip(sequences, prompts, drafters)):
+        together.add(i, generate(sequence, drafter, prompt, sampling, Speculation(draft_max=4, p_min=0.0),
+                                 Limits(max_tokens=40)))
+        out[i], steps[i] = [], []
+    for _ in range(1000):
+        if not together:
+            break
+        for key, item in together.step():
+            if isinstance(item, Token):
+                out[key].append(item.id)
+            elif isinstance(item, Step):
+                steps[key].append(item)
+            elif isinstance(item, Exception):
+                raise item
+    assert not together
+    return out, steps
+
+
+@pytest.mark.parametrize("drafter", [NoDrafter, lambda: NgramDrafter(1, 3)], ids=["plain", "ngram"])
+def test_each_sequence_generates_what_it_does_alone(shared, alone, drafter):
+    prompts = [tokens_of(alone.model, text) for text in PROMPTS]
+    expected = [run_alone(alone, prompt, drafter()) for prompt in prompts]
+    got, steps = run_together(shared, prompts, [drafter() for _ in prompts])
+    assert [got[i] for i in range(len(prompts))] == expected
+    # the steps shared their decode: each counts the rows the others added
+    assert any(step.batch_rows > 0 for key in steps for step in steps[key])
+
+
+def test_sequences_keep_their_own_caches_and_reuse_a_prefix(shared, alone):
+    prompts = [tokens_of(alone.model, text) for text in PROMPTS]
+    run_together(shared, prompts, [NoDrafter() for _ in prompts])
+    for sequence, prompt in zip(shared, prompts):
+        assert sequence.tokens[: len(prompt) - 1] == prompt[:-1]
+        sequence.check_holds(sequence.tokens)
+    # a sequence that ends early leaves the others going, and joins again with its prefix kept
+    again = prompts[1] + tokens_of(alone.model, " more")[1:]
+    assert shared[1].keep_common(again) == len(prompts[1])
+
+
+def test_a_failed_joint_decode_leaves_every_sequence_as_it_was(shared, alone):
+    for sequence in shared[:2]:
+        sequence.truncate(0)
+        sequence.decode(tokens_of(alone.model, "the cat"), logits="none")
+    before = [list(sequence.tokens) for sequence in shared[:2]]
+    with pytest.raises(EngineError):
+        decode_together([(shared[0], [1, 2], True), (shared[1], [5] * 65, False)])  # more rows than the batch holds
+    assert [sequence.tokens for sequence in shared[:2]] == before
+    for sequence in shared[:2]:
+        sequence.check_holds(sequence.tokens)
+
+
+def test_a_dropped_generation_hands_out_nothing_more(shared, alone):
+    prompts = [tokens_of(alone.model, text) for text in PROMPTS[:2]]
+    together = Together()
+    for i, prompt in enumerate(prompts):
+        together.add(i, generate(shared[i], NoDrafter(), prompt, GREEDY, Speculation(), Limits(max_tokens=30)))
+    seen = {0: 0, 1: 0}
+    for _ in range(200):
+        if not together:
+            break
+        for key, item in together.step():
+            assert key in together or item is ENDED or isinstance(item, Exception)
+            if isinstance(item, Token):
+                seen[key] += 1
+                if key == 0 and seen[0] == 3:
+                    together.drop(0)
+    assert seen[0] == 3 and seen[1] == 30
+
+
+# --- the service behind serve -np, in process ---
+
+from localspec.config import DrafterKind, Runtime  # noqa: E402
+from localspec.events import Done, Prefill  # noqa: E402
+from localspec.service import FINISHED, Busy, Request, Service  # noqa: E402
+from localspec.session import Session  # noqa: E402
+
+
+class Inbox:
+    def __init__(self, log: list, name: str):
+        self.log, self.name, self.items, self.done = log, name, [], __import__("threading").Event()
+
+    def __call__(self, item) -> None:
+        self.log.append((self.name, type(item).__name__))
+        self.items.append(item)
+        if item is FINISHED:
+            self.done.set()
+
+    @property
+    def tokens(self) -> list[int]:
+        return [item.id for item in self.items if isinstance(item, Token)]
+
+
+@pytest.fixture(scope="module", params=[DrafterKind.PLAIN, DrafterKind.AUTO], ids=["plain", "auto"])
+def parallel_session(tiny, request):
+    with Session(tiny["target"], None, Runtime(ctx_size=512, parallel=3), Speculation(drafting=request.param)) as opened:
+        yield opened
+
+
+def test_requests_on_parallel_sequences_generate_together_each_as_alone(parallel_session, tiny):
+    prompts = ["the cat sat", "a b c a b c a b", "once upon a time", "hello hello world", "zzz yyy"]
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
+        expected = [[event.id for event in alone.generate(alone.tokenize(p, raw=True), GREEDY, Limits(24))
+                     if isinstance(event, Token)] for p in prompts]
+    service, log = Service(parallel_session, queue_limit=4, log=print), []
+    try:
+        inboxes = [Inbox(log, i) for i in range(len(prompts))]
+        jobs = [service.submit(Request(GREEDY, Limits(24), prompt=p), inbox) for p, inbox in zip(prompts, inboxes)]
+        for inbox in inboxes:
+            assert inbox.done.wait(60)
+        assert [inbox.tokens for inbox in inboxes] == expected
+        assert [job.outcome for job in jobs] == ["ok"] * len(prompts)
+        # three ran at once: the second and third started before the first ended, the fourth after one ended
+        started = [log.index((i, "Prefill")) for i in range(len(prompts))]
+        first_done = min(log.index((i, "Done")) for i in range(3))
+        assert max(started[:3]) < first_done < started[3]
+        assert {job.sequence for job in jobs[:3]} == {0, 1, 2}
+        assert any(item.batch_rows for inbox in inboxes for item in inbox.items if isinstance(item, Step))
+        text = service.metrics.prometheus(running=0, waiting=0)
+        for sequence in range(3):
+            assert f'localspec:sequence_generation_tokens_total{{sequence="{sequence}"}}' in text
+        assert service.running == 0
+    finally:
+        service.close()
+
+
+def test_the_queue_holds_queue_limit_beyond_the_sequences(parallel_session):
+    service, log = Service(parallel_session, queue_limit=1, log=print), []
+    try:
+        inboxes = [Inbox(log, i) for i in range(4)]
+        jobs = [service.submit(Request(GREEDY, Limits(300), prompt="abc"), inbox) for inbox in inboxes]
+        with pytest.raises(Busy):
+            service.submit(Request(GREEDY, Limits(4), prompt="abc"), Inbox(log, "refused"))
+        for job in jobs:
+            job.cancel()
+        for inbox in inboxes:
+            assert inbox.done.wait(60)
+        assert service.running == 0 and service.pending == 0
+    finally:
+        service.close()
+
+
+def test_one_requests_bad_input_answers_it_alone(parallel_session):
+    service, log = Service(parallel_session, queue_limit=4, log=print), []
+    try:
+        good, bad = Inbox(log, "good"), Inbox(log, "bad")
+        service.submit(Request(GREEDY, Limits(16), prompt="abc"), good)
+        service.submit(Request(GREEDY, Limits(16), prompt="x" * 5000), bad)  # more than the context holds
+        assert good.done.wait(60) and bad.done.wait(60)
+        assert any(isinstance(item, Done) for item in good.items)
+        assert any(isinstance(item, Exception) for item in bad.items)
+        assert service.running == 0
+    finally:
+        service.close()
+
+
+def test_a_conversation_resent_goes_to_the_sequence_that_holds_it(parallel_session):
+    service, log = Service(parallel_session, queue_limit=4, log=print), []
+    try:
+        first = [Inbox(log, i) for i in range(3)]
+        jobs = [service.submit(Request(GREEDY, Limits(8), prompt=f"conversation {i} says hello"), inbox)
+                for i, inbox in enumerate(first)]
+        for inbox in first:
+            assert inbox.done.wait(60)
+        again = Inbox(log, "again")
+        job = service.submit(Request(GREEDY, Limits(8), prompt="conversation 1 says hello and more"), again)
+        assert again.done.wait(60)
+        assert job.sequence == jobs[1].sequence
+        prefill = next(item for item in again.items if isinstance(item, Prefill))
+        assert prefill.reused_tokens >= 4
+    finally:
+        service.close()
+
+
+# --- batch --parallel and serve -np from the command line ---
+
+import json  # noqa: E402
+
+
+def test_batch_parallel_writes_each_item_as_parallel_1_does(localspec, tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n"
+                               for i, text in enumerate(PROMPTS * 2)) + '{"id": "bad", "prompt": "a", "top_k": 1.5}\n')
+    outputs = {}
+    for parallel in ("1", "3"):
+        done = localspec("batch", tiny["target"], prompts, "--temp", "0", "-n", "12", "-np", parallel, "--draft", "ngram")
+        assert done.returncode == 1, done.stderr  # the bad item
+        outputs[parallel] = {r["id"]: r.get("text", r.get("error")) for r in map(json.loads, done.stdout.splitlines())}
+        assert (b"3 sequences generate at once" in done.stderr) == (parallel == "3")
+    assert outputs["1"] == outputs["3"] and len(outputs["3"]) == 2 * len(PROMPTS) + 1
+
+
+@pytest.mark.parametrize("value, said", [("x", "takes a number of sequences or auto"), ("65", "takes 1 to 64")])
+def test_parallel_refuses_what_is_not_a_count(cli, tiny, value, said):
+    code, _, err = cli("batch", tiny["target"], "-", "-np", value, stdin=b"hi\n")
+    assert code == 2 and said in err
+
+
+def test_parallel_with_a_drafter_that_reads_hidden_states_is_refused(cli, tiny):
+    code, _, err = cli("batch", tiny["mtp"], "-", "--draft", "mtp", "-np", "2", stdin=b"hi\n")
+    assert code == 2 and "use --parallel 1" in err, err
+
+
+def test_the_front_door_of_a_parallel_session_generates_alone(parallel_session, tiny):
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
+        expected = single.complete("the cat sat", raw=True, sampling=GREEDY, limits=Limits(20)).text
+    reply = parallel_session.complete("the cat sat", raw=True, sampling=GREEDY, limits=Limits(20))
+    assert reply.text == expected and reply.summary.tokens == 20
+
+
+def test_a_long_prompt_is_read_in_pieces_beside_the_others_tokens(shared, alone):
+    short = tokens_of(alone.model, "the cat")
+    long = tokens_of(alone.model, " ".join(["word"] * 36))
+    assert len(long) > 4 * shared[1].prompt_piece
+    together, seen = Together(), []
+    together.add(0, generate(shared[0], NoDrafter(), short, GREEDY, Speculation(), Limits(max_tokens=30)))
+    for _ in range(2):  # the first is under way before the long prompt arrives
+        seen += [(key, type(item).__name__) for key, item in together.step()]
+    together.add(1, generate(shared[1], NoDrafter(), long, GREEDY, Speculation(), Limits(max_tokens=5)))
+    while together:
+        seen += [(key, type(item).__name__) for key, item in together.step()]
+    read = seen.index((1, "Prefill"))
+    # while the long prompt was read, piece by piece, the first sequence went on generating
+    assert seen[:read].count((0, "Token")) >= 4 + seen[:2].count((0, "Token"))
+    expected = run_alone(alone, long, NoDrafter())[:5]
+    assert shared[1].tokens[len(long) : len(long) + 4] == expected[:4]
