@@ -127,10 +127,10 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
     return needed
 
 
-def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None) -> int:
+def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "") -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
     needed = sum(estimate_bytes(info, n_ctx) for info in models)
-    _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine())
+    _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine(), said)
     return needed
 
 

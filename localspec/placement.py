@@ -92,8 +92,9 @@ class Placement:
     draft: ModelPlacement | None
     backend_sampling: bool | None
     models: tuple[GGUFInfo, ...]
-    n_ctx: int
+    n_ctx: int  # every sequence's, together
     machine: hardware.Machine
+    parallel: int = 1
 
     @classmethod
     def plan(cls, runtime: Runtime, target: GGUFInfo, draft: GGUFInfo | None = None,
@@ -106,13 +107,15 @@ class Placement:
             backend_sampling = True  # else (None) the context samples only greedy rows in the graph
         if runtime.parallel > 1:  # each sequence its own chain, on the host (Context.sequence)
             backend_sampling = False
-        # the draft model drafts for one sequence at a time: its cache holds one
+        parallel = max(1, runtime.parallel)
         return cls(placed, place_draft(runtime, draft, machine) if draft else None, backend_sampling,
-                   (target,) + ((draft,) if draft else ()), runtime.ctx_size * max(1, runtime.parallel), machine)
+                   (target,) + ((draft,) if draft else ()), runtime.ctx_size * parallel, machine, parallel)
 
     def check_fit(self) -> int:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
-        return hardware.check_fit(list(self.models), self.n_ctx, self.machine)
+        said = (f" ({self.parallel} sequences of {self.n_ctx // self.parallel} tokens; a smaller --parallel needs less)"
+                if self.parallel > 1 else "")
+        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said)
 
     def report(self, draft: bool, sampling: str, drafting: str) -> dict:
         """For `run --json`: where each model runs (the draft's where one drafts) and where its rows

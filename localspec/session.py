@@ -197,7 +197,8 @@ def open_session(
                        workers)
 
 
-def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair) -> int:
+def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair,
+                        machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
     the memory beside the models; one where the target keeps a recurrent state or a drafter reads the
     target's hidden states (its MTP layers under auto too): neither is decoded in parallel sequences yet."""
@@ -207,10 +208,10 @@ def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair) 
     if pair.target.recurrent or hidden_reader or own_layers or speculation.drafting in (DrafterKind.MTP,
                                                                                         *HIDDEN_STATE_DRAFTERS):
         return 1
-    n = PARALLEL_AUTO_MOST
+    n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
     while n > 1:
         try:
-            Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft).check_fit()
+            Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft, machine).check_fit()
             return n
         except UsageError:
             n //= 2
@@ -399,7 +400,7 @@ class Session:
             self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
             costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
             self._auto = policy.AutoDrafter(self.ngram, costly, costs, self._suffix_of_a_sequence(),
-                                            others=lambda: self.target.others)
+                                            alongside=lambda: (self.target.others, self.target.alongside))
         return self._auto
 
     def _suffix_of_a_sequence(self) -> SuffixDrafter | None:
@@ -421,7 +422,7 @@ class Session:
             view, spec = self.sequences[sequence], self.speculation
             self._sequence_drafters[key] = (
                 policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), [], self._auto_drafter().costs,
-                                   self._suffix_of_a_sequence(), others=lambda: view.others)
+                                   self._suffix_of_a_sequence(), alongside=lambda: (view.others, view.alongside))
                 if self.mode == DrafterKind.AUTO else
                 NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else NoDrafter())
         return self._sequence_drafters[key]

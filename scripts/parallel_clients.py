@@ -5,8 +5,9 @@ the last-arriving client waits for its first token.
 
     .venv/bin/python scripts/parallel_clients.py qwen2.5-coder-1.5b --clients 4 --rounds 2 --max-tokens 64
 
-Each request is a different MT-Bench-style question, greedy, with the server's default drafting
-(--no-draft for plain decoding). Prints per-round rates and the median ratio; a server with -np 1
+Every request is a different MT-Bench question (no round repeats one, so no answer is drafted from an
+earlier one's copy and no prompt is found cached), greedy, with the server's default drafting (--no-draft
+for plain decoding). Prints per-round rates and the median ratio; a server with -np 1
 given as --parallel 1 is the A/A control (the concurrent requests then queue).
 """
 
@@ -19,22 +20,14 @@ import time
 
 import httpx2 as httpx
 
-QUESTIONS = [
-    "Explain how a hash map handles collisions, with a short example in Python.",
-    "Write a haiku about autumn, then explain its imagery.",
-    "What are three differences between TCP and UDP?",
-    "Describe the water cycle to a ten-year-old.",
-    "Give a recipe for a simple tomato soup.",
-    "Summarise the plot of Romeo and Juliet in five sentences.",
-    "How does binary search work? Show the code in C.",
-    "List five tips for writing clear emails.",
-]
+from localspec.bench import load_prompts
 
 
-def stream(url: str, question: str, max_tokens: int, out: dict) -> None:
+
+def stream(url: str, model: str, messages: list, max_tokens: int, out: dict) -> None:
     sent = time.perf_counter()
     stamps, usage = [], None
-    body = {"model": "m", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
     with httpx.Client(timeout=900) as client, client.stream("POST", url + "/chat/completions", json=body) as response:
         for line in response.iter_lines():
@@ -48,13 +41,13 @@ def stream(url: str, question: str, max_tokens: int, out: dict) -> None:
     out.update(sent=sent, first=stamps[0] if stamps else None, last=stamps[-1] if stamps else sent, tokens=usage)
 
 
-def one_round(url: str, questions: list[str], max_tokens: int, together: bool) -> tuple[float, float]:
+def one_round(url: str, model: str, questions: list[list], max_tokens: int, together: bool) -> tuple[float, float]:
     """(aggregate tokens/s from the first request sent to the last token, the last client's wait for its
     first token)."""
     results = [{} for _ in questions]
     started = time.perf_counter()
     if together:
-        threads = [threading.Thread(target=stream, args=(url, q, max_tokens, r)) for q, r in zip(questions, results)]
+        threads = [threading.Thread(target=stream, args=(url, model, q, max_tokens, r)) for q, r in zip(questions, results)]
         for thread in threads:
             thread.start()
             time.sleep(0.05)  # arrival order as written
@@ -62,11 +55,26 @@ def one_round(url: str, questions: list[str], max_tokens: int, together: bool) -
             thread.join()
     else:
         for question, result in zip(questions, results):
-            stream(url, question, max_tokens, result)
+            stream(url, model, question, max_tokens, result)
     ended = max(result["last"] for result in results)
     tokens = sum(result["tokens"] for result in results)
     last = results[-1]
     return tokens / (ended - started), last["first"] - last["sent"]
+
+
+LONG = [{"role": "user", "content": "Write a long story, of at least 800 words, about a lighthouse keeper."}]
+
+
+def late_client(url: str, model: str, late: list, max_tokens: int) -> float:
+    """The first token's wait of a request sent 2 s into another's long answer (one still streaming then)."""
+    ahead, behind = {}, {}
+    running = threading.Thread(target=stream, args=(url, model, LONG, max_tokens * 4, ahead))
+    running.start()
+    time.sleep(2)
+    stream(url, model, late, max_tokens, behind)
+    running.join()
+    assert ahead["last"] > behind["first"], "the long answer ended before the late request's first token"
+    return behind["first"] - behind["sent"]
 
 
 def main() -> None:
@@ -84,16 +92,27 @@ def main() -> None:
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         url = server.stdout.readline().split(" on ")[1].split()[0]
-        questions = QUESTIONS[: args.clients]
-        one_round(url, questions[:1], 8, False)  # warm: the auto policy's costs, the first allocation
+        fresh = iter([prompt.messages for prompt in load_prompts("mtbench", None)])
+        one_round(url, args.model, [next(fresh)], 8, False)  # warm: the auto policy's costs, the first allocation
         ratios = []
         for round_number in range(args.rounds):
-            alone, _ = one_round(url, questions, args.max_tokens, False)
-            together, wait = one_round(url, questions, args.max_tokens, True)
+            alone, _ = one_round(url, args.model, [next(fresh) for _ in range(args.clients)], args.max_tokens, False)
+            together, wait = one_round(url, args.model, [next(fresh) for _ in range(args.clients)], args.max_tokens,
+                                       True)
             ratios.append(together / alone)
             print(f"round {round_number + 1}: one at a time {alone:.1f} tok/s, {args.clients} at once {together:.1f}"
                   f" tok/s ({together / alone:.2f}x); last client's first token after {wait:.2f} s", flush=True)
-        print(f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds")
+        if ratios:
+            print(f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds")
+        # the same question twice, each behind a mark of its own, so that neither finds the other's prompt cached
+        question = next(fresh)
+        marked = [[*question[:-1], {**question[-1], "content": f"({mark}) " + question[-1]["content"]}]
+                  for mark in (1, 2)]
+        idle = {}
+        stream(url, args.model, marked[0], args.max_tokens, idle)
+        wait = late_client(url, args.model, marked[1], args.max_tokens)
+        print(f"first token of a request on an idle server after {idle['first'] - idle['sent']:.2f} s; of one sent"
+              f" while another streams, after {wait:.2f} s")
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -264,3 +264,32 @@ def test_a_long_prompt_is_read_in_pieces_beside_the_others_tokens(shared, alone)
     assert seen[:read].count((0, "Token")) >= 4 + seen[:2].count((0, "Token"))
     expected = run_alone(alone, long, NoDrafter())[:5]
     assert shared[1].tokens[len(long) : len(long) + 4] == expected[:4]
+
+
+# --- how many sequences fit ---
+
+from localspec import gguf_meta, hardware  # noqa: E402
+from localspec.placement import Placement  # noqa: E402
+from localspec.session import Pair, _parallel_that_fits  # noqa: E402
+
+
+def machine_with(free: int) -> hardware.Machine:
+    return hardware.Machine(gpu_offload=False, rpc=False, devices=[], ram_total=free, ram_available=free, cpu="test",
+                            features="")
+
+
+def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as_fit(tiny):
+    info = gguf_meta.read(tiny["target"])
+    room = machine_with(10**12)
+    one = Placement.plan(Runtime(ctx_size=4096), info, machine=room).check_fit()
+    four = Placement.plan(Runtime(ctx_size=4096, parallel=4), info, machine=room).check_fit()
+    assert four - one == 3 * hardware.kv_cache_bytes(info, 4096)
+    with pytest.raises(Exception, match=r"4 sequences of 4096 tokens; a smaller --parallel needs less"):
+        Placement.plan(Runtime(ctx_size=4096, parallel=4), info, machine=machine_with(four - 1)).check_fit()
+    two = Placement.plan(Runtime(ctx_size=4096, parallel=2), info, machine=room).check_fit()
+    auto = Runtime(ctx_size=4096, parallel=0)
+    for free, expected in ((four, 4), (four - 1, 2), (two, 2), (two - 1, 1)):
+        assert _parallel_that_fits(auto, Speculation(), Pair(info), machine_with(free)) == expected
+    # a target that drafts with its own MTP layers under auto keeps one sequence
+    mtp = gguf_meta.read(tiny["mtp"])
+    assert _parallel_that_fits(auto, Speculation(), Pair(mtp), room) == 1

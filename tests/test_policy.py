@@ -470,3 +470,44 @@ def test_a_block_drafter_costs_one_pass_over_its_block_and_learns_that_pass_from
     assert costs.draft_seconds(DrafterKind.DFLASH, 3) == pytest.approx(0.010 * 0.2 * 2.0)  # a pass of 4 positions
     costs.observe_draft(DrafterKind.DFLASH, 3, 0.010 * 0.3 * 2.0)  # the pass took 0.3 where 0.2 was expected
     assert 0.2 < costs.drafts[DrafterKind.DFLASH].token < 0.3
+
+
+def batched_policy(verify, rows: int, sequences: int) -> AutoDrafter:
+    """Auto on one of several sequences, the others bringing `rows` rows of `sequences` sequences a step."""
+    auto = AutoDrafter(NgramDrafter(2, 4), [], costs(verify, 0.021), alongside=lambda: (rows, sequences))
+    auto.begin([1, 2, 3], Sampling(), None)
+    return auto
+
+
+# (On EPYC_LIKE, where a batch of 4 costs 3 single rows, a 16-token copy beside three plain rows is at
+# break-even: the next test's territory.)
+@pytest.mark.parametrize("verify", [GPU_LIKE, CPU_LIKE], ids=["gpu", "cpu"])
+def test_beside_other_sequences_a_good_copy_is_still_drafted(verify):
+    history = list(range(5, 30)) + [5, 6, 7]  # the text goes on copying 22 tokens
+    for rows, sequences in ((0, 0), (3, 3), (48, 3)):
+        auto = batched_policy(verify, rows, sequences)
+        believe(auto, "ngram", evidence_of(history), [0.99] * 16)
+        assert len(auto.propose(history, 16).tokens) >= 3, (rows, sequences)
+
+
+# A compute-bound machine whose every row costs the same beyond a fixed part of a pass: a draft pays alone
+# only for the fixed part it shares, which a batch of several sequences shares already.
+ROW_BY_ROW = {n: 0.025 + 0.025 * n for n in (1, 2, 4, 8, 16, 32)}
+
+
+def test_a_doubtful_draft_that_pays_alone_pays_less_the_more_sequences_share_the_step():
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    drafted = {}
+    for sequences in (0, 3, 7, 15):
+        auto = batched_policy(ROW_BY_ROW, sequences, sequences)  # the others decoding plainly, a row each
+        believe(auto, "ngram", evidence_of(history), [0.8] * 8)
+        drafted[sequences] = len(auto.propose(history, 8).tokens)
+    assert drafted[0] >= 1 and drafted[15] == 0
+    assert list(drafted.values()) == sorted(drafted.values(), reverse=True)
+
+
+def test_the_whole_batch_is_what_a_step_is_observed_to_cost():
+    auto = batched_policy(CPU_LIKE, 12, 3)
+    before = auto.costs.verify_seconds(16)
+    auto.observe(Step(DrafterKind.NGRAM, 3, 3, 0.0, 2 * before, batch_rows=12))
+    assert auto.costs.verify_seconds(16) > before  # the step's 16 rows, not its own 4, took the time

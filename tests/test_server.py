@@ -745,3 +745,25 @@ def test_fifty_clients_dropping_streams_leak_no_sequence_and_memory_stays_flat(t
         assert sequences == {"0", "1", "2", "3"}
     finally:
         assert server.stop() == 0
+
+
+def test_a_client_that_never_reads_its_stream_does_not_hold_the_others(tiny, tmp_path):
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--temp", "0", "-c", "4096", "-np", "2")
+    port = int(server.base.rsplit(":", 1)[1])
+    try:
+        body = json.dumps({"prompt": "abc", "stream": True, "max_tokens": 3000}).encode()
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=10)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _wait_until(lambda: httpx.get(server.base + "/health").json()["running"])
+        started = time.monotonic()
+        for _ in range(3):  # one after another, beside the stalled one
+            answer = httpx.post(server.url + "/completions", json={"prompt": "xyz", "max_tokens": 8}, timeout=60)
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
+        assert time.monotonic() - started < 30
+        stalled.close()
+        _wait_until(lambda: httpx.get(server.base + "/health").json() == {"status": "ok", "running": False,
+                                                                          "waiting": 0})
+    finally:
+        assert server.stop() == 0

@@ -264,7 +264,8 @@ class Context(ChainRows):
         self.n_seq, self.seq = n_seq, 0
         self._views: list[Context] = []  # the other sequences, handed out by sequence()
         self._row_base = 0  # this sequence's first row in the last batch (decode_together puts several in one)
-        self.others = 0  # rows the other sequences had in the last batch this one shared
+        # the rows the other sequences had in the last batch this one shared, and how many of them verified
+        self.others, self.alongside = 0, 0
         # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
         self.n_batch = llama.llama_n_batch(self._ctx)
         # with several sequences, a prompt is read in pieces of this many tokens, one a step beside the
@@ -352,7 +353,7 @@ class Context(ChainRows):
         view = copy.copy(self)
         view.seq, view.tokens, view._views = seq, [], []
         view._hidden, view._checkpoint, view._changing = {}, None, None
-        view._row_base, view.others, view.busy_seconds = 0, 0, 0.0
+        view._row_base, view.others, view.alongside, view.busy_seconds = 0, 0, 0, 0.0
         view._start_rows(False)
         self._views.append(view)
         return view
@@ -596,7 +597,8 @@ class Context(ChainRows):
 def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> float:
     """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
     part with logits on every row or on none (a piece of a prompt): each sequence then reads its own rows
-    from 0, as after a decode of its own, and learns how many rows the others added (`others`). Returns
+    from 0, as after a decode of its own, and learns how many rows the others added (`others`) and how
+    many of the others verified (`alongside`). Returns
     the decode's seconds. A decode that fails leaves every sequence as it was."""
     first = parts[0][0]
     rows = sum(len(tokens) for _, tokens, _ in parts)
@@ -617,7 +619,7 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> flo
     batch.n_tokens = rows
     for (context, tokens, _), start in zip(parts, starts):
         context._changing = (start, tokens)
-    busy = first.busy_seconds
+    busy, verifying = first.busy_seconds, sum(logits for _, _, logits in parts)
     status = first._run(llama.llama_decode, None)
     for (context, tokens, _), start in zip(parts, starts):
         if status != 0:
@@ -625,6 +627,7 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> flo
             continue
         context.tokens.extend(tokens)
         context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
+        context.alongside = verifying - logits
         context._changing = None
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")

@@ -81,9 +81,6 @@ HORIZON = 64
 CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
-# A row added to a batch never costs less than this share of a batch of one: a measured curve that
-# flattens (or dips, by noise) must not make extra rows look free.
-MARGINAL_FLOOR = 0.02
 CALIBRATION_TOKEN = 1
 
 
@@ -382,13 +379,15 @@ class AutoDrafter:
     kind = DrafterKind.AUTO
 
     def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs, suffix: Drafter | None = None,
-                 others: Callable[[], int] = lambda: 0):
+                 alongside: Callable[[], tuple[int, int]] = lambda: (0, 0)):
         """ngram, suffix: the free drafters (n-gram lookup in this text, the suffix cache of earlier
         generations), whose proposals name their Evidence, each weighed with beliefs of its own; costly: the
         drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
-        weighed with its own costs and beliefs under its kind. others: the rows other sequences are
-        expected to add to the next step's batch (parallel sequences of one context)."""
-        self.others = others
+        weighed with its own costs and beliefs under its kind. alongside: the rows other sequences are
+        expected to add to the next step's batch, and how many sequences they are (parallel sequences of
+        one context): a step is then weighed by the tokens all of them make in the time it takes, each
+        other sequence counted for one token (what their drafts make is theirs, paid by their rows)."""
+        self.alongside = alongside
         self.ngram = ngram
         self.suffix = suffix
         self.costly = {drafter.kind: drafter for drafter in costly}
@@ -400,6 +399,7 @@ class AutoDrafter:
         self.carried: dict[Key, Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
+        self._others_tokens = 0  # the other sequences' tokens in the step being weighed
 
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
@@ -430,7 +430,8 @@ class AutoDrafter:
 
     def propose(self, history, k) -> Draft:
         self._learn_from_text(history)
-        plain_seconds = self._verify_table(1)[0]
+        rows, self._others_tokens = self.alongside()
+        plain_seconds = self.costs.verify_table(rows + 1)[rows]  # the whole step's, others' rows and all
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -447,12 +448,13 @@ class AutoDrafter:
         may_probe = [option for option, screen in screens.items()
                      if screen.may_probe(self.costs, option.once_seconds, self.bucket.seconds)]
         weighed = [option for option in options if option in may_be_sure or option in may_probe]
-        plain_rate = 1 / plain_seconds
+        plain_rate = (1 + self._others_tokens) / plain_seconds
         if not weighed:
             self.chosen = Choice(plain_rate)
             return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
-        verify = self._verify_table(max((option.most for option in weighed), default=0) + 1)
+        # verify[n]: a step with n + 1 rows of this sequence's, after the others' rows
+        verify = self.costs.verify_table(rows + max((option.most for option in weighed), default=0) + 1)[rows:]
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
                    for option in weighed}
         # The sure option is the one whose best length pays most even on the doubtful side of its
@@ -496,16 +498,6 @@ class AutoDrafter:
             draft = self.costly[choice.option.drafter].propose(history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
 
-    def _verify_table(self, most: int) -> list[float]:
-        """verify(n) for n = 1 .. most as this sequence pays for it: what its n rows add to a batch to which
-        the other sequences bring `others()` rows (the whole of it, alone). Where a batch costs about what
-        its rows do (a CPU), a draft pays as it does alone; where a batch costs little more than one row
-        (a GPU), it pays less as the batch grows: plain rows cost less there too."""
-        others = self.others()
-        table = self.costs.verify_table(others + most)
-        before = table[others - 1] if others else 0.0
-        return [max(seconds - before, MARGINAL_FLOOR * table[0]) for seconds in table[others:]]
-
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
         taken from has moved."""
@@ -538,11 +530,12 @@ class AutoDrafter:
         return best
 
     def _rates(self, option: Option, seconds: list[float], hope: float, beyond: float | None = None) -> list[float]:
-        """Expected tokens per second of drafting 1 .. option.most tokens. A one-off cost counts in
-        proportion to the tokens the step makes of the horizon."""
+        """Expected tokens per second of drafting 1 .. option.most tokens, the other sequences' of the step
+        counted in. A one-off cost counts in proportion to the tokens the step makes of the horizon."""
         screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
         tokens = screen.expected_tokens(self, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
-        return [expected / (s + option.once_seconds * expected / HORIZON) for expected, s in zip(tokens, seconds)]
+        return [(expected + self._others_tokens) / (s + option.once_seconds * expected / HORIZON)
+                for expected, s in zip(tokens, seconds)]
 
     def expected_tokens(self, option: Option, hope: float = MEAN, beyond: float | None = None) -> list[float]:
         """E(1) .. E(option.most), in one pass; positions this generation has not scored are read at
