@@ -21,7 +21,6 @@ from time import monotonic, perf_counter
 from .config import DrafterKind, Limits, Sampling
 from .engine.together import ENDED, Together
 from .errors import EngineError, InputError, LocalspecError, UsageError
-from .events import Done, Prefill, Step, Token
 from .session import Session
 from .stats import Recorder
 from .tool_calls import ToolFormat, Tools
@@ -215,7 +214,7 @@ class Service:
                 sampling, job.tool_format = session.with_tools(sampling, request.tools)
             tokens = self._tokens(request)
             free = [seq for seq in range(len(session.sequences)) if seq not in self._running]
-            # the most of its prompt cached; the first sequence (for which a draft model drafts) where even
+            # the one that holds most of its prompt; on a tie the first, for which a draft model drafts
             job.sequence = max(free, key=lambda seq: (session.sequences[seq].shares(tokens), -seq))
             together.add(job.sequence, session.generate(tokens, sampling, request.limits, prediction, job.sequence))
             self._running[job.sequence] = job

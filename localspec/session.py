@@ -12,7 +12,8 @@ from pathlib import Path
 
 from . import calibration, compat, download, gguf_meta, hardware, registry, running
 from .chat_template import render_pieces
-from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
+from .config import (AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Limits, Runtime, Sampling, Speculation,
+                     check_draft_fits, overridden)
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model

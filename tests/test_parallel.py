@@ -1,14 +1,22 @@
-"""Parallel sequences of one context: decoded together, each generation as it is alone."""
+"""Parallel sequences of one context: decoded together, each generation as it is alone; the service
+behind serve -np, batch --parallel, and how many sequences fit."""
+
+import json
+import threading
 
 import pytest
 
-from localspec.config import Limits, Sampling, Speculation
+from localspec import gguf_meta, hardware
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context, Model, decode_together
 from localspec.engine.drafters import NgramDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.engine.together import ENDED, Together
 from localspec.errors import EngineError
-from localspec.events import Step, Token
+from localspec.events import Done, Prefill, Step, Token
+from localspec.placement import Placement
+from localspec.service import FINISHED, Busy, Request, Service
+from localspec.session import Pair, Session, _parallel_that_fits
 
 GREEDY = Sampling(temperature=0.0)
 PROMPTS = ["the cat sat on the mat", "a b c a b c a b", "hello hello hello world", "once upon a time"]
@@ -108,17 +116,9 @@ def test_a_dropped_generation_hands_out_nothing_more(shared, alone):
     assert seen[0] == 3 and seen[1] == 30
 
 
-# --- the service behind serve -np, in process ---
-
-from localspec.config import DrafterKind, Runtime  # noqa: E402
-from localspec.events import Done, Prefill  # noqa: E402
-from localspec.service import FINISHED, Busy, Request, Service  # noqa: E402
-from localspec.session import Session  # noqa: E402
-
-
 class Inbox:
     def __init__(self, log: list, name: str):
-        self.log, self.name, self.items, self.done = log, name, [], __import__("threading").Event()
+        self.log, self.name, self.items, self.done = log, name, [], threading.Event()
 
     def __call__(self, item) -> None:
         self.log.append((self.name, type(item).__name__))
@@ -212,11 +212,6 @@ def test_a_conversation_resent_goes_to_the_sequence_that_holds_it(parallel_sessi
         service.close()
 
 
-# --- batch --parallel and serve -np from the command line ---
-
-import json  # noqa: E402
-
-
 def test_batch_parallel_writes_each_item_as_parallel_1_does(localspec, tiny, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n"
@@ -264,13 +259,6 @@ def test_a_long_prompt_is_read_in_pieces_beside_the_others_tokens(shared, alone)
     assert seen[:read].count((0, "Token")) >= 4 + seen[:2].count((0, "Token"))
     expected = run_alone(alone, long, NoDrafter())[:5]
     assert shared[1].tokens[len(long) : len(long) + 4] == expected[:4]
-
-
-# --- how many sequences fit ---
-
-from localspec import gguf_meta, hardware  # noqa: E402
-from localspec.placement import Placement  # noqa: E402
-from localspec.session import Pair, _parallel_that_fits  # noqa: E402
 
 
 def machine_with(free: int) -> hardware.Machine:
