@@ -484,6 +484,7 @@ def speculation(job: Job) -> dict:
     """The provenance of a response: whether speculation ran, which proposers, what was tried and kept,
     and what the output is expected to match."""
     s = job.recorder.summary()
+    shared = job.recorder.shared_steps
     if not s.drafted:
         equivalence = "plain decoding: no draft was verified"
     elif job.request.sampling.greedy:
@@ -492,11 +493,16 @@ def speculation(job: Job) -> dict:
     else:
         equivalence = ("same distribution as plain sampling: drafts pass the target's rejection rule, so every"
                        " token follows the target's own distribution (a seed need not give the same text)")
+    if shared:
+        equivalence += ("; steps shared one batch with other requests' rows, whose logits round otherwise than"
+                        " alone: a near-tie may go the other way than with this request alone")
     return {
         "drafting": str(job.drafting) if job.drafting else None,
         "speculated": s.drafted > 0,
         "equivalence": equivalence,
         "steps": s.steps,
+        "sequence": job.sequence,  # serve -np's slot (llama-server's id_slot)
+        "steps_shared": shared,
         "draft_tokens": s.drafted,
         "accepted_tokens": s.accepted,
         "acceptance_rate": s.acceptance_rate,

@@ -106,6 +106,7 @@ class Recorder:
     decided: int = 0  # tokens the target settled, the end-of-generation token included
     plain_steps: int = 0
     plain_step_seconds: float = 0.0
+    shared_steps: int = 0  # steps decoded in one batch with other sequences' rows (serve -np, batch --parallel)
     last_drafted: int = 0
     # reached[i]: steps that drafted a token at position i; kept[i]: of those, accepted ones
     reached: list[int] = field(default_factory=list)
@@ -141,6 +142,7 @@ class Recorder:
         self.verify_seconds += step.verify_seconds
         self.last_drafted = step.drafted
         self.decided += step.accepted + 1
+        self.shared_steps += step.batch_rows > 0
         if step.drafted == 0:
             self.plain_steps += 1
             self.plain_step_seconds += step.verify_seconds

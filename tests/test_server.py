@@ -761,6 +761,9 @@ def test_a_client_that_never_reads_its_stream_does_not_hold_the_others(tiny, tmp
         for _ in range(3):  # one after another, beside the stalled one
             answer = httpx.post(server.url + "/completions", json={"prompt": "xyz", "max_tokens": 8}, timeout=60)
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
+            speculation = answer.json()["speculation"]  # beside the stalled one, on the other sequence
+            assert speculation["sequence"] == 1 and speculation["steps_shared"] == speculation["steps"] > 0
+            assert "other requests' rows" in speculation["equivalence"]
         assert time.monotonic() - started < 30
         stalled.close()
         _wait_until(lambda: httpx.get(server.base + "/health").json() == {"status": "ok", "running": False,
