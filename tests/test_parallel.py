@@ -281,3 +281,23 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     # a target that drafts with its own MTP layers under auto keeps one sequence
     mtp = gguf_meta.read(tiny["mtp"])
     assert _parallel_that_fits(auto, Speculation(), Pair(mtp), room) == 1
+
+
+def test_a_draft_model_drafts_for_the_first_sequence_and_the_others_decode_as_alone(tiny):
+    prompts = ["the cat sat", "a b c a b c a b"]
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
+        expected = [single.complete(p, raw=True, sampling=GREEDY, limits=Limits(16)).text for p in prompts]
+    with Session(tiny["target"], tiny["same"], Runtime(ctx_size=512, parallel=2),
+                 Speculation(drafting=DrafterKind.DRAFT, required=True, p_min=0.0)) as session:
+        service, log = Service(session, queue_limit=4, log=print), []
+        try:
+            inboxes = [Inbox(log, i) for i in range(2)]
+            jobs = [service.submit(Request(GREEDY, Limits(16), prompt=p), inbox) for p, inbox in zip(prompts, inboxes)]
+            for inbox in inboxes:
+                assert inbox.done.wait(60)
+        finally:
+            service.close()
+    assert [job.recorder.text for job in jobs] == expected
+    assert [job.sequence for job in jobs] == [0, 1]
+    assert jobs[0].recorder.drafters.keys() == {DrafterKind.DRAFT} and jobs[0].recorder.accepted > 0
+    assert not jobs[1].recorder.drafted  # the draft model's cache holds one sequence: the other decodes plainly
