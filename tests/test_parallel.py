@@ -17,6 +17,7 @@ from localspec.events import Done, Prefill, Step, Token
 from localspec.placement import Placement
 from localspec.service import FINISHED, Busy, Request, Service
 from localspec.session import Pair, Session, _parallel_that_fits
+from localspec.stats import record
 
 GREEDY = Sampling(temperature=0.0)
 PROMPTS = ["the cat sat on the mat", "a b c a b c a b", "hello hello hello world", "once upon a time"]
@@ -301,3 +302,24 @@ def test_a_draft_model_drafts_for_the_first_sequence_and_the_others_decode_as_al
     assert [job.sequence for job in jobs] == [0, 1]
     assert jobs[0].recorder.drafters.keys() == {DrafterKind.DRAFT} and jobs[0].recorder.accepted > 0
     assert not jobs[1].recorder.drafted  # the draft model's cache holds one sequence: the other decodes plainly
+
+
+def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_session, tiny):
+    grammar = 'root ::= "ab" [a-c]+ "."'
+    requests = [Request(Sampling(temperature=0.8, seed=3), Limits(20), prompt="the cat sat"),
+                Request(Sampling(temperature=0, grammar=grammar), Limits(20), prompt="a b c a b"),
+                Request(Sampling(temperature=1.0, seed=5, top_k=8), Limits(20), prompt="once upon")]
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=parallel_session.mode)) as single:
+        expected = [record(single.generate(single.tokenize(r.prompt, raw=True), r.sampling, r.limits)).text
+                    for r in requests]
+    service, log = Service(parallel_session, queue_limit=4, log=print), []
+    try:
+        inboxes = [Inbox(log, i) for i in range(len(requests))]
+        jobs = [service.submit(r, inbox) for r, inbox in zip(requests, inboxes)]
+        for inbox in inboxes:
+            assert inbox.done.wait(60)
+    finally:
+        service.close()
+    assert [job.recorder.text for job in jobs] == expected
+    assert expected[1].startswith("ab") and expected[1].endswith(".")
+    assert {job.sequence for job in jobs} == {0, 1, 2}
