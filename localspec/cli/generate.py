@@ -244,7 +244,9 @@ def batch(
 ):
     """Run a file of prompts; one JSON line per item (text, finish reason, speculation stats) as each finishes.
 
-    A failing item is recorded with its error and the batch goes on; the exit code is 1 if any failed.
+    Up to --parallel items generate at once, their rows decoded together each step, so records come in the
+    order items finish. A failing item is recorded with its error and the batch goes on; the exit code is 1
+    if any failed.
     """
     if input_file is None:
         raise UsageError("name the prompt file (INPUT), or '-' for standard input")
@@ -400,8 +402,9 @@ def serve(
     /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
     grammar; `response_format` takes JSON schemas. Up to --parallel requests generate at once, their rows decoded
-    together each step; the rest wait in arrival order for a free one. Each response carries llama-server's `timings` and a `speculation` object. The sampling, --max-tokens and --stop options
-    are the defaults for requests that leave them out (--max-tokens -1: until the model stops).
+    together each step; the rest wait in arrival order for a free one. Each response carries llama-server's
+    `timings` and a `speculation` object. The sampling, --max-tokens and --stop options are the defaults for
+    requests that leave them out (--max-tokens -1: until the model stops).
 
     A request's `model` may name any downloaded registry model (`localspec models --installed`): it is loaded
     when first asked (with its registry draft where that is downloaded too), kept for --keep-alive once idle,
