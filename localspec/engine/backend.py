@@ -1,9 +1,9 @@
 """Models and contexts on llama.cpp (through llama-cpp-python's C bindings), and decoding.
 
 Model owns weights and vocabulary; Context owns one KV cache and is one sequence of it (a context made
-for several sequences hands out the others as views: Context.sequence). Logits come back as numpy views on llama.cpp's own buffer: valid
-until the next decode on that context, never copied; what a row becomes through
-the context's sampler chain is chain.ChainRows'.
+for several sequences hands out the others as views: Context.sequence). Logits come back as numpy
+views on llama.cpp's own buffer: valid until the next decode on that context, never copied; what a
+row becomes through the context's sampler chain is chain.ChainRows'.
 """
 
 import copy
@@ -210,7 +210,8 @@ PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent 
 
 
 class Context(ChainRows):
-    """One KV cache holding one sequence, positions 0..n-1; `tokens` is what it holds.
+    """A sequence of a KV cache, positions 0..n-1 (`tokens` is what it holds): the cache's only one, or
+    the first of n_seq, whose others sequence() hands out.
 
     backend_sampling: run the sampler chain inside the decode graph, for up to max_outputs rows a
     batch (a verification batch), so that full logit rows are not kept at all: every chain (True),
