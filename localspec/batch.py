@@ -207,7 +207,7 @@ FIELD_KINDS = {
 
 
 def _started(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool,
-             free: list[int]) -> tuple[int, Iterator, int | None]:
+             busy: dict) -> tuple[int, Iterator, int | None]:
     """(the sequence, the events, the prediction's tokens) of an item's generation, started on the free
     sequence whose cache holds most of its prompt."""
     if item.error:
@@ -215,7 +215,7 @@ def _started(session: Session, item: Item, sampling: Sampling, limits: Limits, r
     item_sampling, item_limits = settings(item, sampling, limits)
     tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
     prediction = session.prediction_tokens(item.prediction) if item.prediction else None
-    sequence = max(free, key=lambda seq: (session.sequences[seq].shares(tokens), -seq))
+    sequence = session.sequence_for(tokens, busy)
     return sequence, session.generate(tokens, item_sampling, item_limits, prediction, sequence), \
         len(prediction) if prediction else None
 
@@ -244,8 +244,7 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     while True:
         while len(running) < len(session.sequences) and (item := next(waiting, None)) is not None:
             try:
-                sequence, events, predicted = _started(session, item, sampling, limits, raw,
-                                                       [seq for seq in range(len(session.sequences)) if seq not in running])
+                sequence, events, predicted = _started(session, item, sampling, limits, raw, running)
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue

@@ -213,9 +213,7 @@ class Service:
             if request.tools is not None:
                 sampling, job.tool_format = session.with_tools(sampling, request.tools)
             tokens = self._tokens(request)
-            free = [seq for seq in range(len(session.sequences)) if seq not in self._running]
-            # the one that holds most of its prompt; on a tie the first, for which a draft model drafts
-            job.sequence = max(free, key=lambda seq: (session.sequences[seq].shares(tokens), -seq))
+            job.sequence = session.sequence_for(tokens, busy=self._running)
             together.add(job.sequence, session.generate(tokens, sampling, request.limits, prediction, job.sequence))
             self._running[job.sequence] = job
         except Exception as error:

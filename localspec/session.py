@@ -412,6 +412,12 @@ class Session:
             return self.suffix_drafter
         return SuffixDrafter(None)
 
+    def sequence_for(self, prompt: list[int], busy) -> int:
+        """The sequence a prompt should generate on, of those not busy: the one whose cache holds most of
+        it (a conversation resent with one more turn); on a tie the first, for which a draft model drafts."""
+        free = [seq for seq in range(len(self.sequences)) if seq not in busy]
+        return max(free, key=lambda seq: (self.sequences[seq].shares(prompt), -seq))
+
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
         is its own (n-gram lookup and auto keep state of their generation) and drafts for free, as the
