@@ -307,10 +307,10 @@ class Session:
             self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
                                             on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn,
                                             n_seq=runtime.parallel))
-            # the sequences requests generate on (serve -np, batch --parallel); a draft model, whose context
-            # holds one sequence, drafts for the first only
+            # the sequences requests generate on (serve -np, batch --parallel)
             self.sequences = [self.target] + [self.target.sequence(seq) for seq in range(1, runtime.parallel)]
             self._sequence_drafters: dict[tuple[int, DrafterKind], Drafter] = {}
+            self._sequence_models: dict[int, ModelDrafter] = {}
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
@@ -321,10 +321,14 @@ class Session:
             if self.target.n_ctx != runtime.ctx_size:
                 self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
                                   " rounds context sizes up to a multiple of 256")
+            # a draft model drafts for every sequence, side by side on a context of as many, where its state
+            # can be shared so (a recurrent state cannot yet): else for the first sequence only
+            shared_draft = drafter_model is not None and not drafter_model.recurrent
             if runtime.parallel > 1:
                 self.notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
-                                  f" {self.target.n_ctx} tokens" + ("; the draft model drafts for one at a time, the"
-                                  " others by n-gram lookup and earlier answers" if drafter_model else ""))
+                                  f" {self.target.n_ctx} tokens" + ("; the draft model drafts for the first only"
+                                  " (it keeps a recurrent state), the others by n-gram lookup and earlier answers"
+                                  if drafter_model is not None and not shared_draft else ""))
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
                 drafter_model, mtp, hidden = None, False, None
@@ -348,7 +352,8 @@ class Session:
             if drafter_model is not None:
                 context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                             rows, flash_attn=runtime.flash_attn,
-                                            beside=self.target if hidden else None))
+                                            beside=self.target if hidden else None,
+                                            n_seq=runtime.parallel if shared_draft else 1))
                 if hidden:
                     drafter = Eagle3Drafter if hidden == DrafterKind.EAGLE3 else DFlashDrafter
                     self.hidden_drafter = drafter(self.target, context, speculation.p_min)
@@ -420,19 +425,33 @@ class Session:
 
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
-        is its own (n-gram lookup and auto keep state of their generation) and drafts for free, as the
-        session's modes of drafting with a model draft for the first sequence only."""
+        is its own (each drafter keeps state of its generation), with the draft model on the sequence's
+        own part of the draft context; where the draft model holds one sequence only (a recurrent state),
+        another drafts for free (n-gram lookup, earlier answers) or not at all."""
         if sequence == 0:
             return self.drafter
         key = (sequence, self.mode)
         if key not in self._sequence_drafters:
             view, spec = self.sequences[sequence], self.speculation
+            model = self._model_drafter_of(sequence)
             self._sequence_drafters[key] = (
-                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), [], self._auto_drafter().costs,
-                                   self._suffix_of_a_sequence(), alongside=lambda: (view.others, view.alongside))
+                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), [model] if model else [],
+                                   self._auto_drafter().costs, self._suffix_of_a_sequence(),
+                                   alongside=lambda: (view.others, view.alongside))
                 if self.mode == DrafterKind.AUTO else
-                NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else NoDrafter())
+                NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else
+                model if self.mode == DrafterKind.DRAFT and model else NoDrafter())
         return self._sequence_drafters[key]
+
+    def _model_drafter_of(self, sequence: int) -> ModelDrafter | None:
+        """The draft model's drafter of a sequence (one of its own, kept for every mode), where it has one."""
+        drafter = self.model_drafter
+        if drafter is None or drafter.context.n_seq == 1:
+            return None
+        if sequence not in self._sequence_models:
+            self._sequence_models[sequence] = ModelDrafter(drafter.context.sequence(sequence), drafter.p_min,
+                                                           drafter.target_vocab)
+        return self._sequence_models[sequence]
 
     def costs(self) -> dict | None:
         """What the auto policy measured of this machine (verification by batch size, drafting), once
@@ -476,9 +495,14 @@ class Session:
 
     def reset(self, sequence: int | None = None) -> None:
         """Empty the KV caches, so the next prompt is read from scratch (fair benchmarks; after a failure):
-        all of them, or one sequence's (the draft model's too, for the first, for which it drafts)."""
+        all of them, or one sequence's (the drafters' of it too)."""
         for view in self.sequences if sequence is None else [self.sequences[sequence]]:
             view.truncate(0)
+        if sequence is None:
+            for model in self._sequence_models.values():
+                model.context.truncate(0)
+        elif sequence in self._sequence_models:
+            self._sequence_models[sequence].context.truncate(0)
         if sequence:
             return
         for drafter in self._costly:

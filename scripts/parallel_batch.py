@@ -3,6 +3,7 @@
 (1, N, 1, N: each mode twice, so each mode's two runs are an A/A control of its noise):
 
     .venv/bin/python scripts/parallel_batch.py qwen2.5-coder-1.5b --parallel 4 --items 16 --max-tokens 64
+    .venv/bin/python scripts/parallel_batch.py qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --drafting draft
 
 Items are the first --items prompts of a prompt set (bench's, default mtbench), greedy. Prints each
 run's aggregate tokens/s (generation only: the models are loaded before the clock starts), the ratio
@@ -24,9 +25,10 @@ from localspec.events import Token
 from localspec.session import open_session
 
 
-def run(model: str, items: list, parallel: int, max_tokens: int, drafting: DrafterKind) -> tuple[float, dict]:
-    """(aggregate tokens/s, each item's (prompt tokens, generated tokens) by id)."""
-    with open_session(model, None, Runtime(ctx_size=2048, parallel=parallel), Speculation(drafting=drafting),
+def run(model: str, draft: str | None, items: list, parallel: int, max_tokens: int,
+        drafting: DrafterKind) -> tuple[float, dict, float]:
+    """(aggregate tokens/s, each item's (prompt tokens, generated tokens) by id, draft tokens accepted a step)."""
+    with open_session(model, draft, Runtime(ctx_size=2048, parallel=parallel), Speculation(drafting=drafting),
                       offline=True) as session:
         generated: dict[tuple, list[int]] = {}
         generate = session.generate
@@ -46,8 +48,10 @@ def run(model: str, items: list, parallel: int, max_tokens: int, drafting: Draft
         prompts = {item.id: tuple(session.chat_tokens(item.messages)) for item in items}
     failed = [r for r in records if "error" in r]
     assert not failed, failed
+    steps = sum(r["stats"]["steps"] for r in records)
     return (sum(r["stats"]["tokens"] for r in records) / seconds,
-            {i: (list(prompt), generated[prompt]) for i, prompt in prompts.items()})
+            {i: (list(prompt), generated[prompt]) for i, prompt in prompts.items()},
+            sum(r["stats"]["accepted"] for r in records) / max(1, steps))
 
 
 def gap_where_they_part(model: str, prompt: list[int], agreed: list[int], one: int, other: int) -> float:
@@ -66,6 +70,7 @@ def gap_where_they_part(model: str, prompt: list[int], agreed: list[int], one: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
+    parser.add_argument("--draft", help="a draft model, for --drafting draft or auto")
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--items", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -78,9 +83,10 @@ def main() -> None:
     rates: dict[int, list[float]] = {1: [], args.parallel: []}
     outputs: dict[int, dict] = {}
     for parallel in (1, args.parallel, 1, args.parallel):
-        rate, outputs[parallel] = run(args.model, items, parallel, args.max_tokens, DrafterKind(args.drafting))
+        rate, outputs[parallel], accepted = run(args.model, args.draft, items, parallel, args.max_tokens,
+                                                DrafterKind(args.drafting))
         rates[parallel].append(rate)
-        print(f"--parallel {parallel}: {rate:.2f} tok/s", flush=True)
+        print(f"--parallel {parallel}: {rate:.2f} tok/s, {accepted:.2f} draft tokens accepted a step", flush=True)
     one, many = rates[1], rates[args.parallel]
     print(f"ratio {statistics.median(many) / statistics.median(one):.2f}x (--parallel {args.parallel} over 1);"
           f" A/A: --parallel 1 {one[1] / one[0]:.2f}, --parallel {args.parallel} {many[1] / many[0]:.2f}")

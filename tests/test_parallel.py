@@ -9,7 +9,9 @@ import pytest
 from localspec import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context, Model, decode_together
-from localspec.engine.drafters import NgramDrafter, NoDrafter
+from localspec.engine import together as together_module
+from localspec.engine import turns as turns_module
+from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.engine.together import ENDED, Together
 from localspec.errors import EngineError
@@ -23,13 +25,18 @@ GREEDY = Sampling(temperature=0.0)
 PROMPTS = ["the cat sat on the mat", "a b c a b c a b", "hello hello hello world", "once upon a time"]
 
 
-@pytest.fixture(scope="module")
-def shared(tiny):
-    model = Model(tiny["target"])
+def four_sequences(path):
+    """The four sequences of a context of a model, closed at the end."""
+    model = Model(path)
     context = Context(model, 256, 64, threads=2, backend_sampling=False, max_outputs=64, n_seq=4)
     yield [context] + [context.sequence(seq) for seq in range(1, 4)]
     context.close()
     model.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tiny):
+    yield from four_sequences(tiny["target"])
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +100,7 @@ def test_a_failed_joint_decode_leaves_every_sequence_as_it_was(shared, alone):
         sequence.decode(tokens_of(alone.model, "the cat"), logits="none")
     before = [list(sequence.tokens) for sequence in shared[:2]]
     with pytest.raises(EngineError):
-        decode_together([(shared[0], [1, 2], True), (shared[1], [5] * 65, False)])  # more rows than the batch holds
+        decode_together([(shared[0], [1, 2], "all"), (shared[1], [5] * 65, "none")])  # more rows than the batch holds
     assert [sequence.tokens for sequence in shared[:2]] == before
     for sequence in shared[:2]:
         sequence.check_holds(sequence.tokens)
@@ -130,6 +137,24 @@ class Inbox:
     @property
     def tokens(self) -> list[int]:
         return [item.id for item in self.items if isinstance(item, Token)]
+
+
+def served(session: Session, requests: list[Request]) -> list:
+    """The jobs of these requests, submitted at once to a service of the session and finished."""
+    service, log = Service(session, queue_limit=4, log=print), []
+    try:
+        inboxes = [Inbox(log, i) for i in range(len(requests))]
+        jobs = [service.submit(request, inbox) for request, inbox in zip(requests, inboxes)]
+        for inbox in inboxes:
+            assert inbox.done.wait(60)
+    finally:
+        service.close()
+    return jobs
+
+
+def plain_texts(tiny, prompts: list[str], max_tokens: int) -> list[str]:
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
+        return [single.complete(p, raw=True, sampling=GREEDY, limits=Limits(max_tokens)).text for p in prompts]
 
 
 @pytest.fixture(scope="module", params=[DrafterKind.PLAIN, DrafterKind.AUTO], ids=["plain", "auto"])
@@ -284,24 +309,79 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     assert _parallel_that_fits(auto, Speculation(), Pair(mtp), room) == 1
 
 
-def test_a_draft_model_drafts_for_the_first_sequence_and_the_others_decode_as_alone(tiny):
-    prompts = ["the cat sat", "a b c a b c a b"]
-    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
-        expected = [single.complete(p, raw=True, sampling=GREEDY, limits=Limits(16)).text for p in prompts]
-    with Session(tiny["target"], tiny["same"], Runtime(ctx_size=512, parallel=2),
+@pytest.fixture(scope="module")
+def shared_draft(tiny):
+    yield from four_sequences(tiny["partial"])
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """The turns of each batch Together decodes, as they are decoded."""
+    seen = []
+
+    def decode(turns):
+        seen.append([(turn.drafts, len(turn.tokens)) for turn in turns])
+        turns_module.decode(turns)
+
+    monkeypatch.setattr(together_module, "decode", decode)
+    return seen
+
+
+def test_a_draft_model_drafts_for_every_sequence_side_by_side(shared, shared_draft, alone, load, decodes):
+    prompts = [tokens_of(alone.model, text) for text in PROMPTS]
+    draft_alone, vocab = load("partial"), alone.model.n_vocab
+    expected = [run_alone(alone, prompt, ModelDrafter(draft_alone, 0.0, vocab)) for prompt in prompts]
+    got, steps = run_together(shared, prompts, [ModelDrafter(view, 0.0, vocab) for view in shared_draft])
+    assert [got[i] for i in range(len(prompts))] == expected
+    for key in steps:  # each sequence drafted with the draft model, and some of the drafts were rejected
+        assert {step.drafter for step in steps[key] if step.drafted} == {DrafterKind.DRAFT}
+        assert sum(step.accepted for step in steps[key]) > 0
+    assert any(step.accepted < step.drafted for key in steps for step in steps[key])
+    drafting = [batch for batch in decodes if batch[0][0]]
+    verifying = [batch for batch in decodes if not batch[0][0]]
+    assert max(len(batch) for batch in drafting) == 4  # the four sequences' draft tokens in one decode
+    # every generation waited for its drafts, so that each step verified all of them in one batch: one
+    # decode for the prompts, then one a step
+    assert len(verifying) == 1 + max(len(steps[key]) for key in steps)
+    assert max(len(batch) for batch in verifying) == 4
+    for sequence in shared_draft:
+        sequence.check_holds(sequence.tokens)
+
+
+def test_the_draft_model_reads_a_long_prompt_in_pieces_beside_the_others_drafts(shared, shared_draft, alone, load,
+                                                                                decodes):
+    prompts = [tokens_of(alone.model, text) for text in (" ".join(["word"] * 36), "the cat sat")]
+    assert len(prompts[0]) > 2 * shared_draft[0].prompt_piece
+    draft_alone, vocab = load("partial"), alone.model.n_vocab
+    expected = [run_alone(alone, prompt, ModelDrafter(draft_alone, 0.0, vocab)) for prompt in prompts]
+    got, _ = run_together(shared[:2], prompts, [ModelDrafter(view, 0.0, vocab) for view in shared_draft[:2]])
+    assert [got[0], got[1]] == expected
+    pieces = [rows for batch in decodes for drafts, rows in batch if drafts and rows > 1]
+    assert len(pieces) >= 2 and max(pieces) <= shared_draft[0].prompt_piece
+
+
+def test_a_draft_model_drafts_for_every_sequence_of_a_session(tiny):
+    prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
+    with Session(tiny["target"], tiny["partial"], Runtime(ctx_size=512, parallel=3),
                  Speculation(drafting=DrafterKind.DRAFT, required=True, p_min=0.0)) as session:
-        service, log = Service(session, queue_limit=4, log=print), []
-        try:
-            inboxes = [Inbox(log, i) for i in range(2)]
-            jobs = [service.submit(Request(GREEDY, Limits(16), prompt=p), inbox) for p, inbox in zip(prompts, inboxes)]
-            for inbox in inboxes:
-                assert inbox.done.wait(60)
-        finally:
-            service.close()
-    assert [job.recorder.text for job in jobs] == expected
+        assert not any("draft model drafts for the first only" in note for note in session.notes)
+        jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
+    assert [job.recorder.text for job in jobs] == plain_texts(tiny, prompts, 16)
+    assert sorted(job.sequence for job in jobs) == [0, 1, 2]
+    for job in jobs:
+        assert job.recorder.drafters.keys() == {DrafterKind.DRAFT} and job.recorder.accepted > 0
+
+
+def test_a_draft_model_with_a_recurrent_state_drafts_for_the_first_sequence_only(tiny):
+    prompts = ["the cat sat", "a b c a b c a b"]
+    with Session(tiny["target"], tiny["hybrid_partial"], Runtime(ctx_size=512, parallel=2),
+                 Speculation(drafting=DrafterKind.DRAFT, required=True, p_min=0.0)) as session:
+        assert any("draft model drafts for the first only" in note for note in session.notes)
+        jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
+    assert [job.recorder.text for job in jobs] == plain_texts(tiny, prompts, 16)
     assert [job.sequence for job in jobs] == [0, 1]
-    assert jobs[0].recorder.drafters.keys() == {DrafterKind.DRAFT} and jobs[0].recorder.accepted > 0
-    assert not jobs[1].recorder.drafted  # the draft model's cache holds one sequence: the other decodes plainly
+    assert jobs[0].recorder.drafters.keys() == {DrafterKind.DRAFT} and jobs[0].recorder.drafted > 0
+    assert not jobs[1].recorder.drafted
 
 
 def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_session, tiny):
@@ -312,14 +392,7 @@ def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_ses
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=parallel_session.mode)) as single:
         expected = [record(single.generate(single.tokenize(r.prompt, raw=True), r.sampling, r.limits)).text
                     for r in requests]
-    service, log = Service(parallel_session, queue_limit=4, log=print), []
-    try:
-        inboxes = [Inbox(log, i) for i in range(len(requests))]
-        jobs = [service.submit(r, inbox) for r, inbox in zip(requests, inboxes)]
-        for inbox in inboxes:
-            assert inbox.done.wait(60)
-    finally:
-        service.close()
+    jobs = served(parallel_session, requests)
     if parallel_session.mode == DrafterKind.PLAIN:
         assert [job.recorder.text for job in jobs] == expected
     else:  # what auto drafts (its suffix cache holds the module's earlier answers) moves which draws a seed makes

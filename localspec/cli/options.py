@@ -180,7 +180,8 @@ PARALLEL_OPTIONS = {
         " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
         " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 where the target keeps a"
         " recurrent state or a drafter reads its hidden states (MTP, EAGLE-3, DFlash). A draft model drafts"
-        " for one of them at a time; the others draft by n-gram lookup and from earlier answers.",
+        " for all of them, their draft tokens decoded side by side (one keeping a recurrent state: for the"
+        " first only).",
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,

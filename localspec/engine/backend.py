@@ -264,7 +264,10 @@ class Context(ChainRows):
         self.n_ctx = llama.llama_n_ctx(self._ctx) // n_seq
         self.n_seq, self.seq = n_seq, 0
         self._views: list[Context] = []  # the other sequences, handed out by sequence()
-        self._row_base = 0  # this sequence's first row in the last batch (decode_together puts several in one)
+        # this sequence's first and last rows in the last batch (decode_together puts several in one; -1:
+        # the batch's last, where it was this sequence's alone)
+        self._row_base, self._row_last = 0, -1
+        self.root = self  # the first sequence, whose context the others share
         # the rows the other sequences had in the last batch this one shared, and how many of them verified
         self.others, self.alongside = 0, 0
         # llama.cpp lowers n_batch to a small requested context; larger batches would abort it.
@@ -342,7 +345,7 @@ class Context(ChainRows):
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
             self.tokens.extend(chunk)
-            self._last_decoded, self._rolled_back, self._row_base = len(chunk), False, 0
+            self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(chunk), False, 0, -1
             self._changing = None
 
     def sequence(self, seq: int) -> "Context":
@@ -354,7 +357,7 @@ class Context(ChainRows):
         view = copy.copy(self)
         view.seq, view.tokens, view._views = seq, [], []
         view._hidden, view._checkpoint, view._changing = {}, None, None
-        view._row_base, view.others, view.alongside, view.busy_seconds = 0, 0, 0, 0.0
+        view._row_base, view._row_last, view.others, view.alongside, view.busy_seconds = 0, -1, 0, 0, 0.0
         view._start_rows(False)
         self._views.append(view)
         return view
@@ -595,13 +598,13 @@ class Context(ChainRows):
             self._ctx = None
 
 
-def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> float:
+def decode_together(parts: Sequence[tuple[Context, Sequence[int], str]]) -> float:
     """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
-    part with logits on every row or on none (a piece of a prompt): each sequence then reads its own rows
-    from 0, as after a decode of its own, and learns how many rows the others added (`others`) and how
-    many of the others verified (`alongside`). Returns
-    the decode's seconds. A decode that fails leaves every sequence as it was."""
-    first = parts[0][0]
+    part with logits as Context.decode takes them: each sequence then reads its own rows from 0 (and -1),
+    as after a decode of its own, and learns how many rows the others added (`others`) and how many of
+    the others verified (`alongside`). Returns the decode's seconds. A decode that fails leaves every
+    sequence as it was."""
+    first = parts[0][0].root
     rows = sum(len(tokens) for _, tokens, _ in parts)
     if rows > first.n_batch:  # llama.cpp would abort the process
         raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
@@ -609,26 +612,28 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], bool]]) -> flo
     for context, tokens, logits in parts:
         context._settle()
         start = len(context.tokens)
-        if logits and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
+        if logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
             raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
         context._row_base = row
         for i, token in enumerate(tokens):
-            batch.token[row], batch.pos[row], batch.logits[row] = token, start + i, logits
+            batch.token[row], batch.pos[row] = token, start + i
+            batch.logits[row] = logits == "all" or logits == "last" and i == len(tokens) - 1
             batch.seq_id[row][0] = context.seq
             row += 1
+        context._row_last = row - 1
         starts.append(start)
     batch.n_tokens = rows
     for (context, tokens, _), start in zip(parts, starts):
         context._changing = (start, tokens)
-    busy, verifying = first.busy_seconds, sum(logits for _, _, logits in parts)
+    busy, verifying = first.busy_seconds, sum(logits == "all" for _, _, logits in parts)
     status = first._run(llama.llama_decode, None)
-    for (context, tokens, _), start in zip(parts, starts):
+    for (context, tokens, logits), start in zip(parts, starts):
         if status != 0:
             context.truncate(start)  # a failed decode may leave part of the batch behind
             continue
         context.tokens.extend(tokens)
         context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
-        context.alongside = verifying - logits
+        context.alongside = verifying - (logits == "all")
         context._changing = None
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")

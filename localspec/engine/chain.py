@@ -68,8 +68,8 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct
 
 class ChainRows:
     """The output rows of a context's decodes, through its sampler chain: a part of Context, which
-    holds llama.cpp's context (_ctx), its model, its sequence (seq) and the batch row its rows start at
-    (_row_base), and calls _start_rows once it has them."""
+    holds llama.cpp's context (_ctx), its model, its sequence (seq) and the batch rows its rows start and
+    end at (_row_base, _row_last), and calls _start_rows once it has them."""
 
     def _start_rows(self, backend_sampling: bool | None) -> None:
         self._n_vocab = self.model.n_vocab
@@ -157,7 +157,7 @@ class ChainRows:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
         if self.on_backend:
             raise EngineError("full logit rows are not kept while sampling on the backend")
-        pointer = llama.llama_get_logits_ith(self._ctx, row if row < 0 else self._row_base + row)
+        pointer = llama.llama_get_logits_ith(self._ctx, self._row_last + 1 + row if row < 0 else self._row_base + row)
         if not pointer:
             raise EngineError(f"no logits for row {row} of the last batch")
         # np.ctypeslib.as_array builds a new ctypes array type on every call (~50 us a row); a view

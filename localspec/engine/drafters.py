@@ -12,7 +12,7 @@ weigh it (its context, prepare, behind); ModelDrafter and MtpDrafter share that
 machinery in ForwardDrafter. Only a drafter that learns is a `Learner` (observe).
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from time import perf_counter
@@ -28,6 +28,7 @@ from .library import llama
 from .grammar import Grammar
 from .sampling import Dist, chain_for, softmax
 from .suffix import SuffixCache
+from .turns import Turn, decoded_alone, timed
 
 
 class RunClass(IntEnum):
@@ -112,6 +113,22 @@ class Drafter(Protocol):
 
     def propose(self, history: list[int], k: int) -> Draft:
         """Up to k tokens that may follow history."""
+
+
+@runtime_checkable
+class Stepwise(Protocol):
+    """A drafter whose proposal may need rows decoded beside other sequences' (a draft model on a
+    context several sequences share), or that asks one that may: it hands the rows out as Turns."""
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
+        """propose's work: its turns, then the Draft."""
+
+
+def proposal(drafter: Drafter, history: list[int], k: int) -> Generator[Turn, None, Draft]:
+    """What a drafter proposes, with the turns it needs decoded on the way (none but a Stepwise's)."""
+    if isinstance(drafter, Stepwise):
+        return (yield from drafter.proposing(history, k))
+    return drafter.propose(history, k)
 
 
 @runtime_checkable
@@ -274,7 +291,8 @@ class ModelDrafter(ForwardDrafter):
     """A small model with the target's vocabulary, run on its own llama.cpp context.
 
     target_vocab bounds the ids it may propose: llama.cpp accepts vocabularies that
-    differ by a few tokens at the end.
+    differ by a few tokens at the end. Where its context is a sequence of one that several share
+    (Context.sequence), each of its decodes is a Turn, decoded with the other sequences' drafts.
     """
 
     kind = DrafterKind.DRAFT
@@ -284,9 +302,11 @@ class ModelDrafter(ForwardDrafter):
         self.target_vocab = target_vocab
 
     def begin(self, prompt, sampling, rng) -> None:
-        """Start a generation and read the prompt now, while the target reads it."""
+        """Start a generation and read the prompt now, while the target reads it (on a shared context,
+        at the first draft, beside the other sequences' drafts)."""
         self.prepare(sampling, rng)
-        self.catch_up(prompt)
+        if self.context.n_seq == 1:
+            decoded_alone(self.catch_up(prompt))
 
     def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
         super().prepare(sampling, rng)
@@ -296,30 +316,48 @@ class ModelDrafter(ForwardDrafter):
         """Tokens the next draft would first have to read (at most; some may still match the cache)."""
         return len(history) - self.agreed
 
-    def catch_up(self, history: list[int]) -> None:
+    def catch_up(self, history: list[int]) -> Generator[Turn, None, None]:
         """Drop drafted tokens the target rejected and feed what the draft has not seen.
 
         Everything before `agreed` was committed earlier, so only the few tokens
         after it need comparing; the last history token's logits start the next draft.
+        On a shared context it is read a piece a turn, as the target reads a prompt.
         """
-        self.context.prefill(history, logits="last", agreed=self.agreed)
+        if self.context.n_seq == 1:
+            self.context.prefill(history, logits="last", agreed=self.agreed)
+        else:
+            piece = self.context.prompt_piece
+            for offset in range(self.context.keep_common(history, self.agreed, len(history) - 1), len(history), piece):
+                tokens = history[offset : offset + piece]
+                yield Turn(self.context, tokens, "last" if offset + len(tokens) == len(history) else "none", True)
         self.agreed = len(history)
         if backend.CHECK_CACHES:
             self.context.check_holds(history)
 
-    def _ready(self, history: list[int]) -> None:
-        self.catch_up(history)
+    def propose(self, history, k) -> Draft:
+        return decoded_alone(self.proposing(history, k))
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
+        if k == 0:
+            return Draft(source=self.kind)
+        _, caught_up = yield from timed(self.catch_up(history))
         if self.context.recurrent:
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
             self.context.checkpoint()
-
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
-        while True:
+        tokens: list[int] = []
+        dists: list[Dist] = []
+        while len(tokens) < k:
+            if tokens:
+                if self.context.n_seq == 1:
+                    self.context.decode(tokens[-1:], logits="last")
+                else:
+                    yield Turn(self.context, tokens[-1:], "last", drafts=True)
             token, q = self._next()
             if token is None or token >= self.target_vocab:
-                return
-            yield token, q
-            self.context.decode([token], logits="last")
+                break
+            tokens.append(token)
+            dists.append(q)
+        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
 
 
 def hidden_rows(target: Context, positions: range) -> np.ndarray:
@@ -525,11 +563,14 @@ class PredictionDrafter:
         self.compared = len(prompt)  # history positions already held against the prediction
 
     def propose(self, history, k) -> Draft:
+        return decoded_alone(self.proposing(history, k))
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         self._follow(history)
         if self.at is not None and self.at < len(self.prediction):
             offer = min(k, max(self.followed, MIN_OFFER))
             return Draft(self.prediction[self.at : self.at + offer], source=self.kind, run=self.followed)
-        return self.then.propose(history, min(k, self.then_limit))
+        return (yield from proposal(self.then, history, min(k, self.then_limit)))
 
     def observe(self, step: Step) -> None:
         # the generation's own drafter learns from its own steps only: a prediction's steps say nothing of it
@@ -636,8 +677,11 @@ class ForcedDrafter:
         self.then.begin(prompt, sampling, rng)
 
     def propose(self, history, k) -> Draft:
+        return decoded_alone(self.proposing(history, k))
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         forced = self._forced(k)
-        drafted = self.then.propose(history, k)
+        drafted = yield from proposal(self.then, history, k)
         # The generation's own drafter may see further (a suffix-cache match runs on past a key into the
         # punctuation after it): its draft stands wherever it spells the forced text and goes on.
         spelled = self.model.spell_of

@@ -53,7 +53,7 @@ verify(1), the level everything else is relative to, follows each step's timing
 the policy at once; the shape of the cost curve follows the batch sizes used.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from math import sqrt
 from time import perf_counter
@@ -63,7 +63,8 @@ import numpy as np
 from ..config import DrafterKind
 from ..events import Step
 from .backend import Context
-from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe
+from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe, proposal
+from .turns import Turn, decoded_alone
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 # The probe bucket starts with one plain step's time (so the first probe can happen at once) and
@@ -429,6 +430,9 @@ class AutoDrafter:
         self.bucket = None
 
     def propose(self, history, k) -> Draft:
+        return decoded_alone(self.proposing(history, k))
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         self._learn_from_text(history)
         rows, self._others_tokens = self.alongside()
         plain_seconds = self.costs.verify_table(rows + 1)[rows]  # the whole step's, others' rows and all
@@ -495,7 +499,7 @@ class AutoDrafter:
         if choice.option.drafter in FREE:
             draft = replace(lookups[choice.option.drafter], tokens=lookups[choice.option.drafter].tokens[: choice.length])
         else:
-            draft = self.costly[choice.option.drafter].propose(history, choice.length)
+            draft = yield from proposal(self.costly[choice.option.drafter], history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
 
     def _screen(self, option: Option) -> Screen:

@@ -12,7 +12,6 @@ target's choices at every verified position are masked by it (engine/grammar.py)
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
@@ -22,22 +21,11 @@ from ..errors import ContextOverflow, InputError
 from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
-from .drafters import Draft, Drafter, ForcedDrafter, Learner
+from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .grammar import Grammar
 from .sampling import accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
-
-
-@dataclass
-class Turn:
-    """Not an event: the rows a sequence of a context shared by several (Context.sequence) wants decoded
-    this step. Whoever runs the sequences (engine/together.py) decodes every waiting turn in one batch,
-    sets the seconds it took, and resumes each generation."""
-
-    target: Context
-    tokens: list[int]
-    logits: bool = True  # on every row (a verification), or on none (a piece of the prompt)
-    seconds: float = 0.0
+from .turns import Turn, timed
 
 
 def generate(
@@ -71,7 +59,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
         for offset in range(reused, len(prompt) - 1, target.prompt_piece):
-            yield Turn(target, prompt[offset : min(offset + target.prompt_piece, len(prompt) - 1)], logits=False)
+            yield Turn(target, prompt[offset : min(offset + target.prompt_piece, len(prompt) - 1)], logits="none")
     else:
         reused = target.prefill(prompt[:-1])
     model = target.model
@@ -98,11 +86,10 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             target.n_ctx - len(history),
             max_tokens - produced - 1,
         )
-        step_started = perf_counter()
-        draft = drafter.propose(history, k) if k > 0 else Draft()
+        draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
         if len(draft.tokens) < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
-        drafted = verifying = perf_counter()
+        verifying = perf_counter()
         rows, others = [history[-1], *draft.tokens], 0
         if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
             turn = Turn(target, rows)
@@ -116,7 +103,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         else:
             accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
         target.truncate(n_past + 1 + accepted)
-        step = Step(draft.source, len(draft.tokens), accepted, drafted - step_started, perf_counter() - verifying,
+        step = Step(draft.source, len(draft.tokens), accepted, draft_seconds, perf_counter() - verifying,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
                     others)
         if learns:

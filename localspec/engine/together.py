@@ -1,19 +1,20 @@
 """Several generations on the sequences of one context, one llama_decode a step (continuous batching).
 
 Each generation is the engine's event iterator (speculative.generate) on a sequence of its own
-(Context.sequence). Where it needs rows decoded (a piece of its prompt, a verification) it yields a
-Turn instead of decoding. step()
-advances every generation to its next turn, handing out the events on the way, then decodes all the
-turns in one batch (more only where they outgrow the context's batch) and leaves the generations to
-read their rows when next advanced. A generation may join (add) or leave (drop) between any two steps.
+(Context.sequence). Where it needs rows decoded (a piece of its prompt, a draft model's token, a
+verification) it yields a Turn (engine/turns.py) instead of decoding. step() advances every generation
+to its next turn, handing out the events on the way; decodes the drafters' turns together (one batch
+per shared context: a draft model's sequences draft side by side), advancing those generations again,
+until every generation waits on its target; then decodes all those turns in one batch (more only where
+they outgrow the context's batch) and leaves the generations to read their rows when next advanced.
+A generation may join (add) or leave (drop) between any two steps.
 """
 
 from collections.abc import Hashable, Iterator
 from contextlib import closing
 
 from ..errors import EngineError
-from .backend import decode_together
-from .speculative import Turn
+from .turns import Turn, decode
 
 ENDED = "ended"  # what step() hands out for a generation that has ended: nothing more will come
 
@@ -41,37 +42,44 @@ class Together:
 
     def step(self) -> Iterator[tuple[Hashable, object]]:
         """(key, item) for each event of each generation up to its next turn, for each generation that
-        ended (ENDED) or failed (the exception, after which it is gone); then the turns are decoded. A
-        generation dropped while its events are handed out hands out no more."""
-        turns: list[tuple[Hashable, Turn]] = []
-        for key, events in list(self._running.items()):
-            try:
-                for item in events:
-                    if isinstance(item, Turn):
-                        turns.append((key, item))
-                        break
-                    yield key, item
-                    if key not in self._running:
-                        break
-                else:
-                    if self._running.pop(key, None) is not None:
-                        yield key, ENDED
-            except Exception as error:  # this generation's alone: the others go on
-                self._running.pop(key, None)
-                yield key, error
-        yield from self._decode(turns)
+        ended (ENDED) or failed (the exception, after which it is gone); then the turns are decoded,
+        drafters' first. A generation dropped while its events are handed out hands out no more."""
+        waiting: list[tuple[Hashable, Turn]] = []
+        for key in list(self._running):
+            yield from self._advance(key, waiting)
+        while drafting := [(key, turn) for key, turn in waiting if turn.drafts]:
+            waiting = [(key, turn) for key, turn in waiting if not turn.drafts]
+            yield from self._decode(drafting)
+            for key, _ in drafting:
+                if key in self._running:
+                    yield from self._advance(key, waiting)
+        yield from self._decode(waiting)
+
+    def _advance(self, key: Hashable, waiting: list[tuple[Hashable, Turn]]) -> Iterator[tuple[Hashable, object]]:
+        """Hand out a generation's events up to its next turn, which joins those waiting."""
+        events = self._running[key]
+        try:
+            for item in events:
+                if isinstance(item, Turn):
+                    waiting.append((key, item))
+                    return
+                yield key, item
+                if key not in self._running:
+                    return
+            if self._running.pop(key, None) is not None:
+                yield key, ENDED
+        except Exception as error:  # this generation's alone: the others go on
+            self._running.pop(key, None)
+            yield key, error
 
     def _decode(self, turns: list[tuple[Hashable, Turn]]) -> Iterator[tuple[Hashable, object]]:
         for group in _batches(turns):
             try:
-                seconds = decode_together([(turn.target, turn.tokens, turn.logits) for _, turn in group])
+                decode([turn for _, turn in group])
             except EngineError as error:  # every sequence in it is as before the decode: each fails alone
                 for key, _ in group:
                     self.drop(key)
                     yield key, error
-                continue
-            for _, turn in group:
-                turn.seconds = seconds
 
 
 def alone(events: Iterator) -> Iterator:
@@ -80,19 +88,24 @@ def alone(events: Iterator) -> Iterator:
     with closing(events):
         for item in events:
             if isinstance(item, Turn):
-                item.seconds = decode_together([(item.target, item.tokens, item.logits)])
+                decode([item])
             else:
                 yield item
 
 
 def _batches(turns: list[tuple[Hashable, Turn]]) -> Iterator[list[tuple[Hashable, Turn]]]:
-    """The turns in groups whose rows fit one batch of their context (a bigger one aborts llama.cpp)."""
-    group, rows = [], 0
+    """The turns in groups of one shared context whose rows fit one batch of it (a bigger one aborts
+    llama.cpp)."""
+    by_context: dict[int, list[tuple[Hashable, Turn]]] = {}
     for key, turn in turns:
-        if group and rows + len(turn.tokens) > turn.target.n_batch:
+        by_context.setdefault(id(turn.context.root), []).append((key, turn))
+    for same in by_context.values():
+        group, rows = [], 0
+        for key, turn in same:
+            if group and rows + len(turn.tokens) > turn.context.n_batch:
+                yield group
+                group, rows = [], 0
+            group.append((key, turn))
+            rows += len(turn.tokens)
+        if group:
             yield group
-            group, rows = [], 0
-        group.append((key, turn))
-        rows += len(turn.tokens)
-    if group:
-        yield group
