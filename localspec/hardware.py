@@ -12,12 +12,17 @@ from dataclasses import dataclass
 
 import psutil
 
+from .config import DEFAULT_DRAFT_MAX
 from .engine import library, rpc
 from .engine.devices import Device, devices, supports_gpu_offload
 from .errors import UsageError
 from .gguf_meta import GGUFInfo
 
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
+RECURRENT_BYTES_PER_VALUE = 4  # a recurrent state is kept in f32
+# Snapshots of a recurrent state llama.cpp keeps beside it, one for each token of the longest verification
+# but its first (Context's n_rs_seq), so that a rejected draft can be taken back out of it
+RECURRENT_SNAPSHOTS = max(DEFAULT_DRAFT_MAX.values())
 COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
 COMPUTE_FIXED = 256 * 2**20
 CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")
@@ -110,9 +115,30 @@ def kv_cache_bytes(info: GGUFInfo, n_ctx: int) -> int:
     return layers * n_ctx * kv_heads * (key_length + value_length) * KV_BYTES_PER_VALUE
 
 
-def estimate_bytes(info: GGUFInfo, n_ctx: int) -> int:
+def recurrent_state_bytes(info: GGUFInfo) -> int:
+    """One sequence's recurrent state, as llama.cpp keeps it (f32), over the layers that have one (those
+    without attention heads, where the file says which): Mamba's and gated delta nets' convolution and
+    SSM states, LFM2's short-convolution cache. 0 for a model without one."""
+    if not info.recurrent:
+        return 0
+    layers = info.arch("block_count", 0) - info.mtp_layers  # (counted among the blocks, with attention)
+    kv_heads = info.numbers(f"{info.architecture}.attention.head_count_kv")
+    interval = info.arch("full_attention_interval", 0)
+    recurrent_layers = (sum(1 for heads in kv_heads if heads == 0) if kv_heads else
+                        layers - layers // interval if interval else layers)
+    inner, state = info.arch("ssm.inner_size", 0), info.arch("ssm.state_size", 0)
+    convolution = max(0, info.arch("ssm.conv_kernel", 0) - 1) * (inner + 2 * info.arch("ssm.group_count", 0) * state)
+    short_convolution = max(0, info.arch("shortconv.l_cache", 0) - 1) * info.arch("embedding_length", 0)
+    return recurrent_layers * (convolution + state * inner + short_convolution) * RECURRENT_BYTES_PER_VALUE
+
+
+def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1) -> int:
+    """n_ctx: every sequence's, together. A recurrent state is kept for each sequence, and, where
+    llama.cpp can take rejected drafts back out of it, as many snapshots beside it as a draft is long."""
     # llama.cpp allocates the context asked for, even beyond what the model was trained on.
-    return int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx) + COMPUTE_FIXED
+    states = sequences * (1 + RECURRENT_SNAPSHOTS if info.rolls_back else 1)
+    return (int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx)
+            + recurrent_state_bytes(info) * states + COMPUTE_FIXED)
 
 
 def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) -> int | None:
@@ -127,9 +153,11 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
     return needed
 
 
-def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "") -> int:
-    """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
-    needed = sum(estimate_bytes(info, n_ctx) for info in models)
+def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "",
+              sequences: int = 1) -> int:
+    """Refuse, with advice, when the models cannot fit in memory; return the estimate. n_ctx: every
+    sequence's, together."""
+    needed = sum(estimate_bytes(info, n_ctx, sequences) for info in models)
     _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine(), said)
     return needed
 

@@ -115,7 +115,7 @@ class Placement:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
         said = (f" ({self.parallel} sequences of {self.n_ctx // self.parallel} tokens; a smaller --parallel needs less)"
                 if self.parallel > 1 else "")
-        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said)
+        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel)
 
     def report(self, draft: bool, sampling: str, drafting: str) -> dict:
         """For `run --json`: where each model runs (the draft's where one drafts) and where its rows

@@ -172,7 +172,8 @@ class Pool:
     async def _make_room(self, info: GGUFInfo) -> None:
         """Unload idle models, least recently used first, while the one to load would not fit beside
         them; NoRoom where it cannot fit even so."""
-        needed = hardware.estimate_bytes(info, self.runtime.ctx_size)
+        sequences = max(1, self.runtime.parallel)
+        needed = hardware.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences)
         while needed > hardware.machine().memory_free:
             idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle), key=lambda s: s.idle_since)
             if not idle:

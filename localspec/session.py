@@ -201,13 +201,12 @@ def open_session(
 def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair,
                         machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
-    the memory beside the models; one where the target keeps a recurrent state or a drafter reads the
-    target's hidden states (its MTP layers under auto too): neither is decoded in parallel sequences yet."""
+    the memory beside the models; one where a drafter reads the target's hidden states (its MTP layers
+    under auto too), which parallel sequences do not keep yet."""
     hidden_reader = pair.draft is not None and (pair.draft.mtp_sidecar or pair.draft.architecture in (
         "gemma4-assistant", *HIDDEN_STATE_DRAFTERS))
     own_layers = pair.target.mtp_layers and speculation.drafting == DrafterKind.AUTO
-    if pair.target.recurrent or hidden_reader or own_layers or speculation.drafting in (DrafterKind.MTP,
-                                                                                        *HIDDEN_STATE_DRAFTERS):
+    if hidden_reader or own_layers or speculation.drafting in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS):
         return 1
     n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
     while n > 1:
@@ -321,14 +320,9 @@ class Session:
             if self.target.n_ctx != runtime.ctx_size:
                 self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
                                   " rounds context sizes up to a multiple of 256")
-            # a draft model drafts for every sequence, side by side on a context of as many, where its state
-            # can be shared so (a recurrent state cannot yet): else for the first sequence only
-            shared_draft = drafter_model is not None and not drafter_model.recurrent
             if runtime.parallel > 1:
                 self.notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
-                                  f" {self.target.n_ctx} tokens" + ("; the draft model drafts for the first only"
-                                  " (it keeps a recurrent state), the others by n-gram lookup and earlier answers"
-                                  if drafter_model is not None and not shared_draft else ""))
+                                  f" {self.target.n_ctx} tokens")
             if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
                 self._decode_plainly(target.name)
                 drafter_model, mtp, hidden = None, False, None
@@ -352,8 +346,7 @@ class Session:
             if drafter_model is not None:
                 context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                             rows, flash_attn=runtime.flash_attn,
-                                            beside=self.target if hidden else None,
-                                            n_seq=runtime.parallel if shared_draft else 1))
+                                            beside=self.target if hidden else None, n_seq=runtime.parallel))
                 if hidden:
                     drafter = Eagle3Drafter if hidden == DrafterKind.EAGLE3 else DFlashDrafter
                     self.hidden_drafter = drafter(self.target, context, speculation.p_min)
@@ -425,9 +418,8 @@ class Session:
 
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
-        is its own (each drafter keeps state of its generation), with the draft model on the sequence's
-        own part of the draft context; where the draft model holds one sequence only (a recurrent state),
-        another drafts for free (n-gram lookup, earlier answers) or not at all."""
+        is its own (each drafter keeps state of its generation), the draft model's on the sequence's own
+        part of the draft context."""
         if sequence == 0:
             return self.drafter
         key = (sequence, self.mode)
@@ -444,9 +436,9 @@ class Session:
         return self._sequence_drafters[key]
 
     def _model_drafter_of(self, sequence: int) -> ModelDrafter | None:
-        """The draft model's drafter of a sequence (one of its own, kept for every mode), where it has one."""
+        """The draft model's drafter of a sequence (one of its own, kept for every mode), if there is a draft model."""
         drafter = self.model_drafter
-        if drafter is None or drafter.context.n_seq == 1:
+        if drafter is None:
             return None
         if sequence not in self._sequence_models:
             self._sequence_models[sequence] = ModelDrafter(drafter.context.sequence(sequence), drafter.p_min,

@@ -1,6 +1,8 @@
 import pytest
 
 from localspec import gguf_meta, hardware
+from localspec.engine.backend import PARTIAL_STATE, Context, Model
+from localspec.engine.library import llama
 from localspec.engine.devices import Device
 from localspec.errors import UsageError
 
@@ -55,3 +57,22 @@ def test_before_a_download_the_known_sizes_decide_and_an_unknown_size_counts_for
     hardware.check_fit_before_download([("small", 2**30), ("unknown", None)], 512, machine)
     with pytest.raises(UsageError, match=r"big \+ unknown need about 3\.\d GiB .* \(nothing was downloaded\)"):
         hardware.check_fit_before_download([("big", 3 * 2**30), ("unknown", None)], 512, machine)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "mtp"], ids=["lfm2", "qwen35"])
+def test_a_recurrent_state_is_counted_as_llama_cpp_keeps_it_for_each_sequence_and_snapshot(tiny, name):
+    info = gguf_meta.read(tiny[name])
+    model = Model(tiny[name])
+    try:
+        context = Context(model, 256, 64, threads=2, backend_sampling=False, max_outputs=4)
+        context.decode(model.tokenize("the cat", add_special=True, parse_special=False), logits="last")
+        saved = llama.llama_state_seq_get_size_ext(context._ctx, 0, PARTIAL_STATE)  # the state, with a few headers
+        context.close()
+    finally:
+        model.close()
+    each = hardware.recurrent_state_bytes(info)
+    assert each <= saved < each + 1024
+    plain = gguf_meta.read(tiny["target"])
+    assert hardware.recurrent_state_bytes(plain) == 0
+    one, four = (hardware.estimate_bytes(info, 512 * n, n) for n in (1, 4))
+    assert four - one == 3 * (hardware.kv_cache_bytes(info, 512) + each * (1 + hardware.RECURRENT_SNAPSHOTS))

@@ -372,16 +372,36 @@ def test_a_draft_model_drafts_for_every_sequence_of_a_session(tiny):
         assert job.recorder.drafters.keys() == {DrafterKind.DRAFT} and job.recorder.accepted > 0
 
 
-def test_a_draft_model_with_a_recurrent_state_drafts_for_the_first_sequence_only(tiny):
-    prompts = ["the cat sat", "a b c a b c a b"]
-    with Session(tiny["target"], tiny["hybrid_partial"], Runtime(ctx_size=512, parallel=2),
+def test_a_draft_model_with_a_recurrent_state_drafts_for_every_sequence_too(tiny):
+    prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
+    with Session(tiny["target"], tiny["hybrid_partial"], Runtime(ctx_size=512, parallel=3),
                  Speculation(drafting=DrafterKind.DRAFT, required=True, p_min=0.0)) as session:
-        assert any("draft model drafts for the first only" in note for note in session.notes)
         jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
     assert [job.recorder.text for job in jobs] == plain_texts(tiny, prompts, 16)
-    assert [job.sequence for job in jobs] == [0, 1]
-    assert jobs[0].recorder.drafters.keys() == {DrafterKind.DRAFT} and jobs[0].recorder.drafted > 0
-    assert not jobs[1].recorder.drafted
+    for job in jobs:  # each drafted from a state of its own, taken back to a checkpoint after each draft
+        assert job.recorder.drafters.keys() == {DrafterKind.DRAFT} and job.recorder.drafted > 0
+
+
+@pytest.mark.parametrize("name", ["hybrid", "mtp"], ids=["lfm2", "qwen35"])
+def test_a_target_with_a_recurrent_state_generates_on_each_sequence_as_alone(tiny, name):
+    """Rejected drafts are taken back out of each sequence's recurrent state by its own snapshots, beside
+    the other sequences' rows (of other lengths) in the same decodes."""
+    model = Model(tiny[name])
+    try:
+        context = Context(model, 256, 64, threads=2, backend_sampling=False, max_outputs=8, n_seq=4)
+        sequences = [context] + [context.sequence(seq) for seq in range(1, 4)]
+        assert context.recurrent and context.rollback > 0
+        alone_context = Context(model, 256, 64, threads=2, backend_sampling=False, max_outputs=8)
+        prompts = [tokens_of(model, text) for text in PROMPTS]
+        expected = [run_alone(alone_context, prompt, NgramDrafter(1, 3)) for prompt in prompts]
+        got, steps = run_together(sequences, prompts, [NgramDrafter(1, 3) for _ in prompts])
+        assert [got[i] for i in range(len(prompts))] == expected
+        assert any(step.accepted < step.drafted for key in steps for step in steps[key])  # some were taken back
+        assert any(step.batch_rows for key in steps for step in steps[key])
+        alone_context.close()
+        context.close()
+    finally:
+        model.close()
 
 
 def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_session, tiny):

@@ -178,10 +178,9 @@ PARALLEL_OPTIONS = {
         "--parallel", "-np", metavar="N|auto",
         help="Requests (serve) or items (batch) generated at once, as llama-server's slots: each step decodes"
         " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
-        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 where the target keeps a"
-        " recurrent state or a drafter reads its hidden states (MTP, EAGLE-3, DFlash). A draft model drafts"
-        " for all of them, their draft tokens decoded side by side (one keeping a recurrent state: for the"
-        " first only).",
+        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 where a drafter reads the"
+        " target's hidden states (MTP, EAGLE-3, DFlash). A draft model drafts for all of them, their draft"
+        " tokens decoded side by side.",
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,

@@ -240,16 +240,15 @@ class Context(ChainRows):
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         params.n_ctx = n_ctx * n_seq
         params.n_seq_max = n_seq
-        params.kv_unified = n_seq > 1  # one pool of cells: each sequence may reach the whole n_ctx
+        # One pool of cells for the KV caches of several sequences, so that a step's rows of all of them
+        # go in one ubatch; but not beside a recurrent state, whose snapshots (what a rejected draft is
+        # taken back to) llama.cpp does not move along when a pooled batch moves a sequence's cell.
+        params.kv_unified = n_seq > 1 and not model.recurrent
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
         if beside is not None:
             params.ctx_other = beside._ctx
-        if n_seq > 1 and model.recurrent:
-            # (llama.cpp splits a batch of several sequences of a recurrent state into equal parts)
-            raise UsageError(f"{model.path.name} keeps a recurrent state: parallel sequences are not supported"
-                             " for it yet (use --parallel 1)")
         if model.recurrent and not mtp:  # (an MTP context holds the MTP block's KV cache only)
             # Snapshots of the recurrent state for each token of a verification but its first, so a
             # rejected draft's tokens can be taken back (llama.cpp sets it to 0 where it cannot). A
