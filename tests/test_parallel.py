@@ -124,6 +124,21 @@ def test_a_dropped_generation_hands_out_nothing_more(shared, alone):
     assert seen[0] == 3 and seen[1] == 30
 
 
+def test_a_generation_dropped_while_its_turn_waits_is_not_decoded(shared, alone):
+    together = Together()
+    for i, text in enumerate(PROMPTS[:2]):
+        together.add(i, generate(shared[i], NoDrafter(), tokens_of(alone.model, text), GREEDY, Speculation(),
+                                 Limits(max_tokens=30)))
+    for _ in range(3):
+        list(together.step())
+    held = None
+    for key, item in together.step():
+        if key == 1 and 0 in together:  # the first has handed its turn in already
+            held = list(shared[0].tokens)
+            together.drop(0)
+    assert held is not None and shared[0].tokens == held
+
+
 class Inbox:
     def __init__(self, log: list, name: str):
         self.log, self.name, self.items, self.done = log, name, [], threading.Event()

@@ -73,7 +73,8 @@ class Together:
             yield key, error
 
     def _decode(self, turns: list[tuple[Hashable, Turn]]) -> Iterator[tuple[Hashable, object]]:
-        for group in _batches(turns):
+        """Decode the turns of the generations still running (one dropped meanwhile wants nothing)."""
+        for group in _batches([(key, turn) for key, turn in turns if key in self._running]):
             try:
                 decode([turn for _, turn in group])
             except EngineError as error:  # every sequence in it is as before the decode: each fails alone
