@@ -17,8 +17,8 @@ from .config import (AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Limits, Run
 from .engine import policy
 from .engine import rpc
 from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
-from .engine.drafters import (AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
-                               Drafter, SuffixDrafter)
+from .engine.drafters import (AssistantDrafter, CostlyDrafter, DFlashDrafter, Drafter, Eagle3Drafter, ModelDrafter,
+                               MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter)
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
@@ -201,12 +201,10 @@ def open_session(
 def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair,
                         machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
-    the memory beside the models; one where a drafter reads the target's hidden states (its MTP layers
-    under auto too), which parallel sequences do not keep yet."""
-    hidden_reader = pair.draft is not None and (pair.draft.mtp_sidecar or pair.draft.architecture in (
-        "gemma4-assistant", *HIDDEN_STATE_DRAFTERS))
-    own_layers = pair.target.mtp_layers and speculation.drafting == DrafterKind.AUTO
-    if hidden_reader or own_layers or speculation.drafting in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS):
+    the memory beside the models; one where a DFlash or Gemma 4 assistant drafter drafts, which does not
+    draft for parallel sequences yet."""
+    one_only = pair.draft is not None and pair.draft.architecture in ("gemma4-assistant", DrafterKind.DFLASH)
+    if one_only or speculation.drafting == DrafterKind.DFLASH:
         return 1
     n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
     while n > 1:
@@ -267,19 +265,15 @@ class Session:
             assistant = drafting_with == "gemma4-assistant"
             sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
             hidden = DrafterKind(drafting_with) if drafting_with in HIDDEN_STATE_DRAFTERS else None
-            if (sidecar or hidden) and runtime.parallel > 1:
-                raise UsageError(f"{draft.name} drafts from the target's hidden states, which parallel sequences do"
-                                 " not keep yet: use --parallel 1 to draft with it")
+            if (assistant or hidden == DrafterKind.DFLASH) and runtime.parallel > 1:
+                raise UsageError(f"{draft.name} does not draft for parallel sequences yet (MTP blocks and EAGLE-3"
+                                 " drafters do): use --parallel 1 to draft with it")
             if (sidecar or hidden) and speculation.drafting == DrafterKind.DRAFT:
                 speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar else hidden)
             # The target's MTP layers draft when asked for, and under auto beside any draft model but an
             # EAGLE-3 or DFlash drafter (the target keeps the hidden states of one kind of drafter).
             asked = speculation.drafting == DrafterKind.MTP
-            if asked and runtime.parallel > 1:
-                raise UsageError("MTP drafting reads the target's hidden states, which parallel sequences do not keep"
-                                 " yet: use --parallel 1 to draft with the target's MTP layers")
-            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden \
-                and runtime.parallel == 1
+            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden
             watch = workers or None  # the workers' devices may hold layers of either model
             placed = placement.target
             self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
@@ -309,7 +303,7 @@ class Session:
             # the sequences requests generate on (serve -np, batch --parallel)
             self.sequences = [self.target] + [self.target.sequence(seq) for seq in range(1, runtime.parallel)]
             self._sequence_drafters: dict[tuple[int, DrafterKind], Drafter] = {}
-            self._sequence_models: dict[int, ModelDrafter] = {}
+            self._sequence_costly: dict[int, dict[DrafterKind, CostlyDrafter]] = {}
             # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
             # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
             self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
@@ -341,7 +335,7 @@ class Session:
                     mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
                 block = self._own(Context(block_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
                                           rows, mtp=True, flash_attn=runtime.flash_attn,
-                                          beside=self.target if assistant else None))
+                                          beside=self.target if assistant else None, n_seq=runtime.parallel))
                 self.mtp_drafter = (AssistantDrafter if assistant else MtpDrafter)(self.target, block, speculation.p_min)
             if drafter_model is not None:
                 context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
@@ -418,32 +412,36 @@ class Session:
 
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
-        is its own (each drafter keeps state of its generation), the draft model's on the sequence's own
-        part of the draft context."""
+        is its own (each drafter keeps state of its generation), the draft model's and the MTP block's on
+        the sequence's own parts of their contexts."""
         if sequence == 0:
             return self.drafter
         key = (sequence, self.mode)
         if key not in self._sequence_drafters:
-            view, spec = self.sequences[sequence], self.speculation
-            model = self._model_drafter_of(sequence)
+            view, spec, costly = self.sequences[sequence], self.speculation, self._costly_of(sequence)
             self._sequence_drafters[key] = (
-                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), [model] if model else [],
+                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), list(costly.values()),
                                    self._auto_drafter().costs, self._suffix_of_a_sequence(),
                                    alongside=lambda: (view.others, view.alongside))
                 if self.mode == DrafterKind.AUTO else
                 NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else
-                model if self.mode == DrafterKind.DRAFT and model else NoDrafter())
+                costly[self.mode] if self.mode in costly else NoDrafter())
         return self._sequence_drafters[key]
 
-    def _model_drafter_of(self, sequence: int) -> ModelDrafter | None:
-        """The draft model's drafter of a sequence (one of its own, kept for every mode), if there is a draft model."""
-        drafter = self.model_drafter
-        if drafter is None:
-            return None
-        if sequence not in self._sequence_models:
-            self._sequence_models[sequence] = ModelDrafter(drafter.context.sequence(sequence), drafter.p_min,
-                                                           drafter.target_vocab)
-        return self._sequence_models[sequence]
+    def _costly_of(self, sequence: int) -> dict[DrafterKind, CostlyDrafter]:
+        """The costly drafters of a sequence but the first (its own, kept for every mode), by kind."""
+        if sequence not in self._sequence_costly:
+            own: dict[DrafterKind, CostlyDrafter] = {}
+            if self.model_drafter is not None:
+                model = self.model_drafter
+                own[DrafterKind.DRAFT] = ModelDrafter(model.context.sequence(sequence), model.p_min,
+                                                      model.target_vocab)
+            for kind, drafter in ((DrafterKind.MTP, self.mtp_drafter), (DrafterKind.EAGLE3, self.hidden_drafter)):
+                if drafter is not None and drafter.kind == kind:  # (each reads its own sequence's hidden states)
+                    own[kind] = type(drafter)(self.sequences[sequence], drafter.context.sequence(sequence),
+                                              drafter.p_min)
+            self._sequence_costly[sequence] = own
+        return self._sequence_costly[sequence]
 
     def costs(self) -> dict | None:
         """What the auto policy measured of this machine (verification by batch size, drafting), once
@@ -490,11 +488,9 @@ class Session:
         all of them, or one sequence's (the drafters' of it too)."""
         for view in self.sequences if sequence is None else [self.sequences[sequence]]:
             view.truncate(0)
-        if sequence is None:
-            for model in self._sequence_models.values():
-                model.context.truncate(0)
-        elif sequence in self._sequence_models:
-            self._sequence_models[sequence].context.truncate(0)
+        for costly in self._sequence_costly.values() if sequence is None else [self._sequence_costly.get(sequence, {})]:
+            for drafter in costly.values():
+                drafter.context.truncate(0)
         if sequence:
             return
         for drafter in self._costly:

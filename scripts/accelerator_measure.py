@@ -25,6 +25,7 @@ from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
+from localspec.engine.together import Together
 from localspec.events import Token
 from localspec.session import Session
 from localspec.stats import Recorder
@@ -49,6 +50,7 @@ WRITERS, QUIET_WRITERS = ("attn_output.weight", "ffn_down.weight"), 0.25
 DRAFT_SHARPNESS = 16.0  # a draft's output layer against a matrix's usual scale: sure of its guesses
 # What auto's n-gram beliefs call the strongest evidence: the answer's drafts are weighed as a long copy.
 EVIDENCE = Evidence(max(RunClass), Agreement.AGREE)
+PARALLEL = 4  # sequences generating at once in the parallel measurement (serve's and batch's auto)
 
 
 def say(text: str) -> None:
@@ -408,6 +410,42 @@ def floor(session: Session, prompts: list[list[int]], tokens: int) -> dict:
             "a_a": rows["plain again"]["vs_plain"]}
 
 
+def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], tokens: int) -> dict:
+    """Tokens/s of PARALLEL generations at once (serve's and batch's --parallel) against the same prompts
+    one at a time, from empty caches: plainly, and with the draft model drafting for every sequence side
+    by side (fixed drafting; its drafts are never right here, so its row shows what drafting for several
+    sequences at once costs)."""
+    chosen = (prompts * PARALLEL)[:PARALLEL]
+    rates: dict[str, dict[int, float]] = {}
+    for parallel in (1, PARALLEL):
+        with Session(target, draft, Runtime(ctx_size=CONTEXT, parallel=parallel),
+                     Speculation(drafting=DrafterKind.AUTO)) as session:
+            with_mode(session, DrafterKind.PLAIN, chosen[0], 16)  # warm-up
+            for label, mode in (("plain", DrafterKind.PLAIN), ("draft model", DrafterKind.DRAFT)):
+                session.use(mode)
+                session.reset()
+                started = perf_counter()
+                produced = generated_together(session, chosen, tokens) if parallel > 1 else sum(
+                    fold(session.generate(prompt, GREEDY, Limits(max_tokens=tokens)), None, session)[0].tokens
+                    for prompt in chosen)
+                rates.setdefault(label, {})[parallel] = produced / (perf_counter() - started)
+    return {label: {"one_at_a_time": rate[1], "together": rate[PARALLEL], "ratio": rate[PARALLEL] / rate[1]}
+            for label, rate in rates.items()}
+
+
+def generated_together(session: Session, prompts: list[list[int]], tokens: int) -> int:
+    """Tokens generated from the prompts, one on each of the session's sequences, all at once."""
+    together, produced = Together(), 0
+    for sequence, prompt in enumerate(prompts):
+        together.add(sequence, session.generate(prompt, GREEDY, Limits(max_tokens=tokens), sequence=sequence))
+    while together:
+        for _, item in together.step():
+            if isinstance(item, Exception):
+                raise item
+            produced += isinstance(item, Token)
+    return produced
+
+
 def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Path, seed: int) -> dict:
     rng = np.random.default_rng(seed)  # prompts of ordinary tokens (no control or byte tokens)
     prompts = [[int(t) for t in rng.integers(CONTROL + 256, n_vocab, size.prompt)] for _ in range(size.prompts)]
@@ -430,6 +468,8 @@ def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Pat
         out["ceiling"] = ceiling(session, prompts, size.tokens, ratios)
         say("  floor: a draft model that never agrees")
         out["floor"] = floor(session, prompts, size.tokens)
+    say(f"  {PARALLEL} sequences at once against one at a time")
+    out["parallel"] = parallel_sequences(target, draft, prompts, size.tokens)
     out["host"] = {}
     for on_backend in (True, False):
         say(f"  host time, sampling on the {'backend' if on_backend else 'host'}")
@@ -542,6 +582,12 @@ def markdown(report: dict) -> str:
         verdict = "holds" if f["holds"] else "**missed**"
         lines += ["", f"Floor: auto / plain = {f['auto_vs_plain']:.3f}x ({verdict} >= {FLOOR}); A/A control"
                   f" (plain twice) {f['a_a']:.3f}x.", ""]
+        if "parallel" in t:
+            lines += [f"| {PARALLEL} sequences at once (greedy) | one at a time, tokens/s | at once | ratio |",
+                      "|---|---:|---:|---:|"]
+            lines += [f"| {label} | {row['one_at_a_time']:.1f} | {row['together']:.1f} | {row['ratio']:.2f}x |"
+                      for label, row in t["parallel"].items()]
+            lines.append("")
     return "\n".join(lines)
 
 

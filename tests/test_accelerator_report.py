@@ -156,8 +156,11 @@ def test_the_smallest_run_reports_every_measurement_and_a_rerun_keeps_them(tmp_p
     assert target["ceiling"]["answer k=4"]["acceptance"] >= 0.9
     assert set(target["floor"]["modes"]) == {"plain", "plain again", "draft model", "auto"}
     assert target["floor"]["modes"]["draft model"]["acceptance"] == 0.0  # a sure draft that is never right
+    assert set(target["parallel"]) == {"plain", "draft model"}
+    assert all(row["together"] > 0 and row["one_at_a_time"] > 0 for row in target["parallel"].values())
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
+    assert "| 4 sequences at once (greedy) |" in markdown
 
     again = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert again.returncode == 0, again.stderr

@@ -100,7 +100,7 @@ def test_a_failed_joint_decode_leaves_every_sequence_as_it_was(shared, alone):
         sequence.decode(tokens_of(alone.model, "the cat"), logits="none")
     before = [list(sequence.tokens) for sequence in shared[:2]]
     with pytest.raises(EngineError):
-        decode_together([(shared[0], [1, 2], "all"), (shared[1], [5] * 65, "none")])  # more rows than the batch holds
+        decode_together([(shared[0], [1, 2], "all", None), (shared[1], [5] * 65, "none", None)])  # more rows than a batch
     assert [sequence.tokens for sequence in shared[:2]] == before
     for sequence in shared[:2]:
         sequence.check_holds(sequence.tokens)
@@ -167,8 +167,8 @@ def served(session: Session, requests: list[Request]) -> list:
     return jobs
 
 
-def plain_texts(tiny, prompts: list[str], max_tokens: int) -> list[str]:
-    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
+def plain_texts(tiny, prompts: list[str], max_tokens: int, target: str = "target") -> list[str]:
+    with Session(tiny[target], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as single:
         return [single.complete(p, raw=True, sampling=GREEDY, limits=Limits(max_tokens)).text for p in prompts]
 
 
@@ -272,9 +272,23 @@ def test_parallel_refuses_what_is_not_a_count(cli, tiny, value, said):
     assert code == 2 and said in err
 
 
-def test_parallel_with_a_drafter_that_reads_hidden_states_is_refused(cli, tiny):
-    code, _, err = cli("batch", tiny["mtp"], "-", "--draft", "mtp", "-np", "2", stdin=b"hi\n")
+def test_parallel_with_a_dflash_drafter_is_refused(cli, tiny):
+    code, _, err = cli("batch", tiny["markov_target"], "-", "--draft", tiny["dflash"], "-np", "2", stdin=b"hi\n")
     assert code == 2 and "use --parallel 1" in err, err
+
+
+def test_batch_parallel_drafts_with_the_targets_mtp_layers_for_every_item(localspec, tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(PROMPTS)))
+    outputs = {}
+    for parallel in ("1", "3"):
+        done = localspec("batch", tiny["mtp"], prompts, "--temp", "0", "-n", "16", "-np", parallel, "--draft", "mtp",
+                         "--p-min", "0")
+        assert done.returncode == 0, done.stderr
+        records = [json.loads(line) for line in done.stdout.splitlines()]
+        assert all(r["stats"]["drafters"]["mtp"]["accepted"] > 0 for r in records)
+        outputs[parallel] = {r["id"]: r["text"] for r in records}
+    assert outputs["1"] == outputs["3"] and len(outputs["3"]) == len(PROMPTS)
 
 
 def test_the_front_door_of_a_parallel_session_generates_alone(parallel_session, tiny):
@@ -319,9 +333,6 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     auto = Runtime(ctx_size=4096, parallel=0)
     for free, expected in ((four, 4), (four - 1, 2), (two, 2), (two - 1, 1)):
         assert _parallel_that_fits(auto, Speculation(), Pair(info), machine_with(free)) == expected
-    # a target that drafts with its own MTP layers under auto keeps one sequence
-    mtp = gguf_meta.read(tiny["mtp"])
-    assert _parallel_that_fits(auto, Speculation(), Pair(mtp), room) == 1
 
 
 @pytest.fixture(scope="module")
@@ -385,6 +396,30 @@ def test_a_draft_model_drafts_for_every_sequence_of_a_session(tiny):
     assert sorted(job.sequence for job in jobs) == [0, 1, 2]
     for job in jobs:
         assert job.recorder.drafters.keys() == {DrafterKind.DRAFT} and job.recorder.accepted > 0
+
+
+@pytest.mark.parametrize("target, draft, kind", [("mtp", None, DrafterKind.MTP),
+                                                 ("mtp_trunk", "mtp_sidecar", DrafterKind.MTP),
+                                                 ("markov_target", "eagle3", DrafterKind.EAGLE3)],
+                         ids=["mtp", "mtp-sidecar", "eagle3"])
+def test_a_drafter_of_the_targets_hidden_states_drafts_for_every_sequence_side_by_side(tiny, decodes, target, draft,
+                                                                                       kind):
+    prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
+    with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512, parallel=3),
+                 Speculation(drafting=kind, required=True, p_min=0.0)) as session:
+        jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
+    assert [job.recorder.text for job in jobs] == plain_texts(tiny, prompts, 16, target)
+    for job in jobs:  # each read the target's hidden states of its own rows of the shared batches
+        assert job.recorder.drafters.keys() == {kind} and job.recorder.accepted > 0
+    assert max(len(batch) for batch in decodes if batch[0][0]) > 1  # the block drafted for several at once
+
+
+def test_auto_takes_parallel_sequences_beside_an_mtp_block_but_not_a_dflash_drafter(tiny):
+    info = gguf_meta.read(tiny["mtp"])
+    auto = Runtime(ctx_size=512, parallel=0)
+    assert _parallel_that_fits(auto, Speculation(), Pair(info), machine_with(10**12)) == 4
+    dflash = Pair(gguf_meta.read(tiny["markov_target"]), gguf_meta.read(tiny["dflash"]))
+    assert _parallel_that_fits(auto, Speculation(), dflash, machine_with(10**12)) == 1
 
 
 def test_a_draft_model_with_a_recurrent_state_drafts_for_every_sequence_too(tiny):

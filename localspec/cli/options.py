@@ -178,8 +178,8 @@ PARALLEL_OPTIONS = {
         "--parallel", "-np", metavar="N|auto",
         help="Requests (serve) or items (batch) generated at once, as llama-server's slots: each step decodes"
         " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
-        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 where a drafter reads the"
-        " target's hidden states (MTP, EAGLE-3, DFlash). A draft model drafts for all of them, their draft"
+        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 with a DFlash or Gemma 4"
+        " assistant drafter. A draft model, MTP block or EAGLE-3 drafter drafts for all of them, their draft"
         " tokens decoded side by side.",
         rich_help_panel=RESOURCES)], "1"),
 }

@@ -231,9 +231,8 @@ class Context(ChainRows):
         off, or (None) wherever the device supports it. n_seq: sequences sharing the cache (this context is
         the first; sequence() hands out the others), each holding up to n_ctx tokens of a cache of
         n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself)."""
-        if n_seq > 1 and (backend_sampling is not False or keep_hidden or mtp or beside is not None):
-            raise UsageError("parallel sequences share a context only where rows are sampled on the host and no"
-                             " hidden states are kept")
+        if n_seq > 1 and backend_sampling is not False:
+            raise UsageError("parallel sequences share a context only where rows are sampled on the host")
         self.model = model
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
@@ -451,8 +450,9 @@ class Context(ChainRows):
     def stop_keeping_hidden(self) -> None:
         """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states."""
         self._keep_layers(False)
-        self.keep_hidden = ()
-        self._hidden.clear()
+        for sequence in [self, *self._views]:
+            sequence.keep_hidden = ()
+            sequence._hidden.clear()
 
     def release_hidden(self, before: int) -> None:
         """Stop keeping the hidden states of positions before this one."""
@@ -513,9 +513,9 @@ class Context(ChainRows):
         return np.concatenate(out) if out else np.zeros((0, self.model.n_embd), np.float32)
 
     def output_hidden(self, row: int) -> np.ndarray:
-        """An MTP or EAGLE-3 context's own hidden state at an output row of its last decode: what its next
-        token reads."""
-        pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, row)
+        """An MTP or EAGLE-3 context's own hidden state at an output row of its last decode (-1: its last):
+        what its next token reads."""
+        pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, self._batch_row(row))
         return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
 
     def checkpoint(self) -> None:
@@ -597,18 +597,19 @@ class Context(ChainRows):
             self._ctx = None
 
 
-def decode_together(parts: Sequence[tuple[Context, Sequence[int], str]]) -> float:
+def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarray | None]]) -> float:
     """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
-    part with logits as Context.decode takes them: each sequence then reads its own rows from 0 (and -1),
-    as after a decode of its own, and learns how many rows the others added (`others`) and how many of
+    part with logits as Context.decode takes them (and, for an MTP context, its hidden rows): each
+    sequence then reads its own rows from 0 (and -1), as after a decode of its own, keeps its hidden
+    states where it keeps them, and learns how many rows the others added (`others`) and how many of
     the others verified (`alongside`). Returns the decode's seconds. A decode that fails leaves every
     sequence as it was."""
     first = parts[0][0].root
-    rows = sum(len(tokens) for _, tokens, _ in parts)
+    rows = sum(len(tokens) for _, tokens, _, _ in parts)
     if rows > first.n_batch:  # llama.cpp would abort the process
         raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
     batch, row, starts = first._batch, 0, []
-    for context, tokens, logits in parts:
+    for context, tokens, logits, _ in parts:
         context._settle()
         start = len(context.tokens)
         if logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
@@ -622,15 +623,20 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], str]]) -> floa
         context._row_last = row - 1
         starts.append(start)
     batch.n_tokens = rows
-    for (context, tokens, _), start in zip(parts, starts):
+    for (context, tokens, _, _), start in zip(parts, starts):
         context._changing = (start, tokens)
-    busy, verifying = first.busy_seconds, sum(logits == "all" for _, _, logits in parts)
-    status = first._run(llama.llama_decode, None)
-    for (context, tokens, logits), start in zip(parts, starts):
+    busy, verifying = first.busy_seconds, sum(logits == "all" for _, _, logits, _ in parts)
+    hidden = [part[3] for part in parts]
+    status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None)
+    kept = first._kept(rows) if first.keep_hidden and status == 0 else None
+    for (context, tokens, logits, _), start in zip(parts, starts):
         if status != 0:
             context.truncate(start)  # a failed decode may leave part of the batch behind
             continue
         context.tokens.extend(tokens)
+        if kept is not None:
+            context._hidden.update(zip(range(start, start + len(tokens)),
+                                       kept[context._row_base : context._row_last + 1]))
         context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
         context.alongside = verifying - (logits == "all")
         context._changing = None

@@ -157,12 +157,16 @@ class ChainRows:
         """Logits of a row of the last decoded batch (-1: its last row) as a view, not a copy."""
         if self.on_backend:
             raise EngineError("full logit rows are not kept while sampling on the backend")
-        pointer = llama.llama_get_logits_ith(self._ctx, self._row_last + 1 + row if row < 0 else self._row_base + row)
+        pointer = llama.llama_get_logits_ith(self._ctx, self._batch_row(row))
         if not pointer:
             raise EngineError(f"no logits for row {row} of the last batch")
         # np.ctypeslib.as_array builds a new ctypes array type on every call (~50 us a row); a view
         # over the fixed row type at the row's address costs a few microseconds.
         return np.frombuffer(self._row.from_address(ctypes.addressof(pointer.contents)), dtype=np.float32)
+
+    def _batch_row(self, row: int) -> int:
+        """The batch index of a row of this sequence's in the last batch (negative: from its last)."""
+        return self._row_last + 1 + row if row < 0 else self._row_base + row
 
     def _free_dist(self) -> None:
         if self._dist is not None:

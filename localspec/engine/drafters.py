@@ -13,9 +13,9 @@ machinery in ForwardDrafter. Only a drafter that learns is a `Learner` (observe)
 """
 
 from collections.abc import Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from time import perf_counter
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -241,7 +241,9 @@ def next_draft_token(q: Dist, p_min: float, sampling: Sampling, rng: np.random.G
 class ForwardDrafter:
     """What ModelDrafter and MtpDrafter share: a context of their own whose logits, transformed like the
     target's, give each draft token (greedy when the target is greedy, else sampled; stopping once the
-    likeliest token is below p_min), and a catch-up on what was decided, timed, before each draft."""
+    likeliest token is below p_min), and a catch-up on what was decided, timed, before each draft. Where
+    the context is a sequence of one that several share (Context.sequence), each of its decodes is a Turn,
+    decoded side by side with the other sequences' drafts."""
 
     kind: DrafterKind
 
@@ -257,20 +259,23 @@ class ForwardDrafter:
         self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
 
     def propose(self, history, k) -> Draft:
+        return decoded_alone(self.proposing(history, k))
+
+    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         if k == 0:
             return Draft(source=self.kind)
-        started = perf_counter()
-        self._ready(history)
-        caught_up = perf_counter() - started
+        _, caught_up = yield from timed(self._ready(history))
         tokens: list[int] = []
         dists: list[Dist] = []
-        drafting = self._drafting(history, k)
-        for token, q in drafting:
-            tokens.append(token)
-            dists.append(q)
-            if len(tokens) == k:
-                break
-        drafting.close()
+        with closing(self._drafting(history, k)) as drafting:
+            for item in drafting:
+                if isinstance(item, Turn):
+                    yield item
+                    continue
+                tokens.append(item[0])
+                dists.append(item[1])
+                if len(tokens) == k:
+                    break
         return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
 
     def _next(self, row: int = -1) -> tuple[int | None, Dist]:
@@ -278,12 +283,27 @@ class ForwardDrafter:
         q = softmax(*self.context.candidates(row))
         return next_draft_token(q, self.p_min, self.sampling, self.rng), q
 
-    def _ready(self, history: list[int]) -> None:
+    def _decoded(self, tokens: list[int], logits: str, hidden: np.ndarray | None = None) -> Generator[Turn, None, None]:
+        """Decode tokens after the context's, with logits on the "last" row or on "none" (and the hidden
+        state each is read with, for an MTP block): at once, or, on a shared context, as turns of a prompt
+        piece at most."""
+        if self.context.n_seq == 1:
+            self.context.decode(tokens, logits=logits, hidden=hidden)
+            return
+        piece = self.context.prompt_piece
+        for offset in range(0, len(tokens), piece):
+            part = tokens[offset : offset + piece]
+            last = logits == "last" and offset + len(part) == len(tokens)
+            yield Turn(self.context, part, "last" if last else "none", drafts=True,
+                       hidden=None if hidden is None else hidden[offset : offset + len(part)])
+
+    def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
         """Catch up on history, so the next decode drafts after it."""
         raise NotImplementedError
 
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
-        """Draft up to k tokens and their q, until unsure; stopped when enough are drafted."""
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
+        """Draft up to k tokens and their q (with the turns their decodes need), until unsure; stopped when
+        enough are drafted."""
         raise NotImplementedError
 
 
@@ -291,8 +311,7 @@ class ModelDrafter(ForwardDrafter):
     """A small model with the target's vocabulary, run on its own llama.cpp context.
 
     target_vocab bounds the ids it may propose: llama.cpp accepts vocabularies that
-    differ by a few tokens at the end. Where its context is a sequence of one that several share
-    (Context.sequence), each of its decodes is a Turn, decoded with the other sequences' drafts.
+    differ by a few tokens at the end.
     """
 
     kind = DrafterKind.DRAFT
@@ -321,43 +340,26 @@ class ModelDrafter(ForwardDrafter):
 
         Everything before `agreed` was committed earlier, so only the few tokens
         after it need comparing; the last history token's logits start the next draft.
-        On a shared context it is read a piece a turn, as the target reads a prompt.
         """
-        if self.context.n_seq == 1:
-            self.context.prefill(history, logits="last", agreed=self.agreed)
-        else:
-            piece = self.context.prompt_piece
-            for offset in range(self.context.keep_common(history, self.agreed, len(history) - 1), len(history), piece):
-                tokens = history[offset : offset + piece]
-                yield Turn(self.context, tokens, "last" if offset + len(tokens) == len(history) else "none", True)
+        keep = self.context.keep_common(history, self.agreed, len(history) - 1)
+        yield from self._decoded(history[keep:], "last")
         self.agreed = len(history)
         if backend.CHECK_CACHES:
             self.context.check_holds(history)
 
-    def propose(self, history, k) -> Draft:
-        return decoded_alone(self.proposing(history, k))
-
-    def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
-        if k == 0:
-            return Draft(source=self.kind)
-        _, caught_up = yield from timed(self.catch_up(history))
+    def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
+        yield from self.catch_up(history)
         if self.context.recurrent:
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
             self.context.checkpoint()
-        tokens: list[int] = []
-        dists: list[Dist] = []
-        while len(tokens) < k:
-            if tokens:
-                if self.context.n_seq == 1:
-                    self.context.decode(tokens[-1:], logits="last")
-                else:
-                    yield Turn(self.context, tokens[-1:], "last", drafts=True)
+
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
+        while True:
             token, q = self._next()
             if token is None or token >= self.target_vocab:
-                break
-            tokens.append(token)
-            dists.append(q)
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
+                return
+            yield token, q
+            yield from self._decoded([token], "last")
 
 
 def hidden_rows(target: Context, positions: range) -> np.ndarray:
@@ -393,27 +395,26 @@ class MtpDrafter(ForwardDrafter):
         """Entries the next draft would first have to add (at most; some may still be in the cache)."""
         return max(0, len(history) - 1 - self.skips - len(self.context.tokens))
 
-    def catch_up(self, decoded: list[int]) -> None:
+    def catch_up(self, decoded: list[int]) -> Generator[Turn, None, None]:
         """Give the context an entry for each position the target has decoded: token p with the target's
         hidden state after token p - 1, at position p - skips."""
         held = decoded[self.skips :]
         keep = self.context.keep_common(held)
         if keep < len(held):
-            self.context.decode(held[keep:], logits="none", hidden=self._states(range(keep + self.skips - 1,
-                                                                                       len(decoded) - 1)))
+            yield from self._decoded(held[keep:], "none", self._states(range(keep + self.skips - 1, len(decoded) - 1)))
         self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
         if backend.CHECK_CACHES:
             self.context.check_holds(held)
 
-    def _ready(self, history: list[int]) -> None:
-        self.catch_up(history[:-1])  # the positions the target holds
+    def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
+        yield from self.catch_up(history[:-1])  # the positions the target holds
 
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
         decoded = len(history) - 1
         token, hidden = history[-1], self._states(range(decoded - 1, decoded))[0]
         try:
             while True:
-                self._read(token, hidden, decoded)
+                yield from self._read(token, hidden, decoded)
                 token, q = self._next()
                 if token is None:
                     return
@@ -422,9 +423,9 @@ class MtpDrafter(ForwardDrafter):
         finally:
             self.context.truncate(decoded - self.skips)  # the draft's entries come back out before the target verifies
 
-    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> None:
+    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> Generator[Turn, None, None]:
         """Decode a token of the draft, with the hidden state that goes with it, after the cache's entries."""
-        self.context.decode([token], logits="last", hidden=hidden[None, :])
+        yield from self._decoded([token], "last", hidden[None, :])
 
     def _states(self, positions: range) -> np.ndarray:
         """What the context reads with each token: the target's hidden state after each of these positions."""
@@ -440,11 +441,13 @@ class AssistantDrafter(MtpDrafter):
     def behind(self, history: list[int]) -> int:
         return 0
 
-    def catch_up(self, decoded: list[int]) -> None:
+    def catch_up(self, decoded: list[int]) -> Generator[Turn, None, None]:
         self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
+        yield from ()
 
-    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> None:
+    def _read(self, token: int, hidden: np.ndarray, decoded: int) -> Generator[Turn, None, None]:
         self.context.decode_at(decoded, token, hidden)  # the target's next position, every step
+        yield from ()
 
 
 DFLASH_BLOCK = 16  # positions a DFlash drafter reads a draft in, where its file does not say (llama.cpp's default)
@@ -484,8 +487,9 @@ class DFlashDrafter(ForwardDrafter):
         if backend.CHECK_CACHES:
             self.context.check_holds(decoded)
 
-    def _ready(self, history: list[int]) -> None:
+    def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
         self.catch_up(history[:-1])  # the positions the target holds
+        yield from ()
 
     def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
         decoded = len(history) - 1

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TypeVar
 
+import numpy as np
+
 from .backend import Context, decode_together
 
 T = TypeVar("T")
@@ -26,12 +28,13 @@ class Turn:
     logits: str = "all"  # as Context.decode: "all" (a verification, a draft), "last" (a catch-up), "none"
     # a drafter's: decoded before the step's verifications, which wait for the drafts it makes
     drafts: bool = False
+    hidden: np.ndarray | None = None  # an MTP context's: the hidden state each token is read with
     seconds: float = 0.0
 
 
 def decode(turns: list[Turn]) -> None:
     """Decode turns of one shared context in one batch (they must fit it), each learning the seconds."""
-    seconds = decode_together([(turn.context, turn.tokens, turn.logits) for turn in turns])
+    seconds = decode_together([(turn.context, turn.tokens, turn.logits, turn.hidden) for turn in turns])
     for turn in turns:
         turn.seconds = seconds
 
