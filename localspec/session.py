@@ -190,7 +190,7 @@ def open_session(
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     if runtime.parallel == AUTO_PARALLEL:
-        runtime = replace(runtime, parallel=_parallel_that_fits(runtime, speculation, pair))
+        runtime = replace(runtime, parallel=_parallel_that_fits(runtime, pair))
     placement = Placement.plan(runtime, pair.target, pair.draft)
     placement.check_fit()
     with loading(f"loading {' and '.join(info.path.name for info in placement.models)}"):
@@ -198,14 +198,9 @@ def open_session(
                        workers)
 
 
-def _parallel_that_fits(runtime: Runtime, speculation: Speculation, pair: Pair,
-                        machine: hardware.Machine | None = None) -> int:
+def _parallel_that_fits(runtime: Runtime, pair: Pair, machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
-    the memory beside the models; one where a DFlash or Gemma 4 assistant drafter drafts, which does not
-    draft for parallel sequences yet."""
-    one_only = pair.draft is not None and pair.draft.architecture in ("gemma4-assistant", DrafterKind.DFLASH)
-    if one_only or speculation.drafting == DrafterKind.DFLASH:
-        return 1
+    the memory beside the models."""
     n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
     while n > 1:
         try:
@@ -265,9 +260,6 @@ class Session:
             assistant = drafting_with == "gemma4-assistant"
             sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
             hidden = DrafterKind(drafting_with) if drafting_with in HIDDEN_STATE_DRAFTERS else None
-            if (assistant or hidden == DrafterKind.DFLASH) and runtime.parallel > 1:
-                raise UsageError(f"{draft.name} does not draft for parallel sequences yet (MTP blocks and EAGLE-3"
-                                 " drafters do): use --parallel 1 to draft with it")
             if (sidecar or hidden) and speculation.drafting == DrafterKind.DRAFT:
                 speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar else hidden)
             # The target's MTP layers draft when asked for, and under auto beside any draft model but an
@@ -412,8 +404,8 @@ class Session:
 
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
-        is its own (each drafter keeps state of its generation), the draft model's and the MTP block's on
-        the sequence's own parts of their contexts."""
+        is its own (each drafter keeps state of its generation), a costly drafter's on the sequence's own
+        part of its context."""
         if sequence == 0:
             return self.drafter
         key = (sequence, self.mode)
@@ -436,10 +428,10 @@ class Session:
                 model = self.model_drafter
                 own[DrafterKind.DRAFT] = ModelDrafter(model.context.sequence(sequence), model.p_min,
                                                       model.target_vocab)
-            for kind, drafter in ((DrafterKind.MTP, self.mtp_drafter), (DrafterKind.EAGLE3, self.hidden_drafter)):
-                if drafter is not None and drafter.kind == kind:  # (each reads its own sequence's hidden states)
-                    own[kind] = type(drafter)(self.sequences[sequence], drafter.context.sequence(sequence),
-                                              drafter.p_min)
+            for drafter in (self.mtp_drafter, self.hidden_drafter):
+                if drafter is not None:  # (each reads its own sequence's hidden states)
+                    own[drafter.kind] = type(drafter)(self.sequences[sequence], drafter.context.sequence(sequence),
+                                                      drafter.p_min)
             self._sequence_costly[sequence] = own
         return self._sequence_costly[sequence]
 

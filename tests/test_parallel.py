@@ -4,11 +4,12 @@ behind serve -np, batch --parallel, and how many sequences fit."""
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from localspec import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import Context, Model, decode_together
+from localspec.engine.backend import LAST_HIDDEN, Context, Model, decode_together
 from localspec.engine import together as together_module
 from localspec.engine import turns as turns_module
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -122,6 +123,29 @@ def test_a_dropped_generation_hands_out_nothing_more(shared, alone):
                 if key == 0 and seen[0] == 3:
                     together.drop(0)
     assert seen[0] == 3 and seen[1] == 30
+
+
+@pytest.mark.parametrize("name", ["mtp", "markov_target"], ids=["last-hidden", "layer-inputs"])
+def test_each_sequence_keeps_the_hidden_states_of_its_own_rows(tiny, name):
+    model = Model(tiny[name], load_mtp=name == "mtp")
+    kept = (LAST_HIDDEN,) if name == "mtp" else gguf_meta.read(tiny["dflash"]).target_layers
+    contexts = []
+    try:
+        joint = Context(model, 256, 128, 2, max_outputs=8, keep_hidden=kept, n_seq=3)
+        contexts.append(joint)
+        views = [joint, joint.sequence(1), joint.sequence(2)]
+        prompts = [tokens_of(model, text) for text in PROMPTS[:3]]
+        decode_together([(view, prompt, "last", None) for view, prompt in zip(views, prompts)])
+        for view, prompt in zip(views, prompts):
+            solo = Context(model, 256, 128, 2, max_outputs=8, keep_hidden=kept)
+            contexts.append(solo)
+            solo.decode(prompt, logits="last")
+            for position in range(len(prompt)):
+                assert np.allclose(view.hidden_row(position), solo.hidden_row(position), atol=1e-3), position
+    finally:
+        for context in contexts:
+            context.close()
+        model.close()
 
 
 def test_a_generation_dropped_while_its_turn_waits_is_not_decoded(shared, alone):
@@ -272,11 +296,6 @@ def test_parallel_refuses_what_is_not_a_count(cli, tiny, value, said):
     assert code == 2 and said in err
 
 
-def test_parallel_with_a_dflash_drafter_is_refused(cli, tiny):
-    code, _, err = cli("batch", tiny["markov_target"], "-", "--draft", tiny["dflash"], "-np", "2", stdin=b"hi\n")
-    assert code == 2 and "use --parallel 1" in err, err
-
-
 def test_batch_parallel_drafts_with_the_targets_mtp_layers_for_every_item(localspec, tiny, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n" for i, text in enumerate(PROMPTS)))
@@ -332,7 +351,7 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     two = Placement.plan(Runtime(ctx_size=4096, parallel=2), info, machine=room).check_fit()
     auto = Runtime(ctx_size=4096, parallel=0)
     for free, expected in ((four, 4), (four - 1, 2), (two, 2), (two - 1, 1)):
-        assert _parallel_that_fits(auto, Speculation(), Pair(info), machine_with(free)) == expected
+        assert _parallel_that_fits(auto, Pair(info), machine_with(free)) == expected
 
 
 @pytest.fixture(scope="module")
@@ -400,26 +419,34 @@ def test_a_draft_model_drafts_for_every_sequence_of_a_session(tiny):
 
 @pytest.mark.parametrize("target, draft, kind", [("mtp", None, DrafterKind.MTP),
                                                  ("mtp_trunk", "mtp_sidecar", DrafterKind.MTP),
-                                                 ("markov_target", "eagle3", DrafterKind.EAGLE3)],
-                         ids=["mtp", "mtp-sidecar", "eagle3"])
+                                                 ("markov_target", "eagle3", DrafterKind.EAGLE3),
+                                                 ("markov_target", "dflash", DrafterKind.DFLASH),
+                                                 ("gemma4", "gemma4_assistant", DrafterKind.MTP)],
+                         ids=["mtp", "mtp-sidecar", "eagle3", "dflash", "gemma4-assistant"])
 def test_a_drafter_of_the_targets_hidden_states_drafts_for_every_sequence_side_by_side(tiny, decodes, target, draft,
                                                                                        kind):
     prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
+    speculation = Speculation(drafting=kind, required=True, p_min=0.0)
+    with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512), speculation) as single:
+        alone = [record(single.generate(single.tokenize(p, raw=True), GREEDY, Limits(16))) for p in prompts]
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512, parallel=3),
-                 Speculation(drafting=kind, required=True, p_min=0.0)) as session:
+                 speculation) as session:
         jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
     assert [job.recorder.text for job in jobs] == plain_texts(tiny, prompts, 16, target)
-    for job in jobs:  # each read the target's hidden states of its own rows of the shared batches
+    # each read the target's hidden states of its own rows of the shared batches: its drafts fared as alone
+    assert [(job.recorder.drafted, job.recorder.accepted) for job in jobs] == [(a.drafted, a.accepted) for a in alone]
+    for job in jobs:
         assert job.recorder.drafters.keys() == {kind} and job.recorder.accepted > 0
-    assert max(len(batch) for batch in decodes if batch[0][0]) > 1  # the block drafted for several at once
+    if draft != "gemma4_assistant":  # (which reads the target's cache at its next position, one sequence a decode)
+        assert max(len(batch) for batch in decodes if batch[0][0]) > 1  # drafted for several at once
 
 
-def test_auto_takes_parallel_sequences_beside_an_mtp_block_but_not_a_dflash_drafter(tiny):
-    info = gguf_meta.read(tiny["mtp"])
-    auto = Runtime(ctx_size=512, parallel=0)
-    assert _parallel_that_fits(auto, Speculation(), Pair(info), machine_with(10**12)) == 4
-    dflash = Pair(gguf_meta.read(tiny["markov_target"]), gguf_meta.read(tiny["dflash"]))
-    assert _parallel_that_fits(auto, Speculation(), dflash, machine_with(10**12)) == 1
+def test_auto_takes_parallel_sequences_beside_any_drafter(tiny):
+    auto, room = Runtime(ctx_size=512, parallel=0), machine_with(10**12)
+    pairs = [("mtp", None), ("hybrid", "hybrid_partial"), ("markov_target", "eagle3"), ("gemma4", "gemma4_assistant")]
+    for target, draft in pairs:
+        pair = Pair(gguf_meta.read(tiny[target]), gguf_meta.read(tiny[draft]) if draft else None)
+        assert _parallel_that_fits(auto, pair, room) == 4, target
 
 
 def test_a_draft_model_with_a_recurrent_state_drafts_for_every_sequence_too(tiny):

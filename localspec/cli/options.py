@@ -178,9 +178,8 @@ PARALLEL_OPTIONS = {
         "--parallel", "-np", metavar="N|auto",
         help="Requests (serve) or items (batch) generated at once, as llama-server's slots: each step decodes"
         " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
-        " tokens. auto: 4, fewer where their KV caches do not fit the memory, 1 with a DFlash or Gemma 4"
-        " assistant drafter. A draft model, MTP block or EAGLE-3 drafter drafts for all of them, their draft"
-        " tokens decoded side by side.",
+        " tokens. auto: 4, fewer where their KV caches do not fit the memory. A draft model (or MTP block,"
+        " EAGLE-3 or DFlash drafter) drafts for all of them, their draft tokens decoded side by side.",
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,

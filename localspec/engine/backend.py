@@ -597,9 +597,11 @@ class Context(ChainRows):
             self._ctx = None
 
 
-def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarray | None]]) -> float:
+def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarray | None]],
+                    embedded: bool = False) -> float:
     """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
-    part with logits as Context.decode takes them (and, for an MTP context, its hidden rows): each
+    part with logits as Context.decode takes them (and, for an MTP context, its hidden rows; embedded:
+    every part's rows read in place of its tokens, as Context.decode's): each
     sequence then reads its own rows from 0 (and -1), as after a decode of its own, keeps its hidden
     states where it keeps them, and learns how many rows the others added (`others`) and how many of
     the others verified (`alongside`). Returns the decode's seconds. A decode that fails leaves every
@@ -627,7 +629,8 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarra
         context._changing = (start, tokens)
     busy, verifying = first.busy_seconds, sum(logits == "all" for _, _, logits, _ in parts)
     hidden = [part[3] for part in parts]
-    status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None)
+    status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None,
+                        tokens=not embedded)
     kept = first._kept(rows) if first.keep_hidden and status == 0 else None
     for (context, tokens, logits, _), start in zip(parts, starts):
         if status != 0:

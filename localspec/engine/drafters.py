@@ -283,19 +283,20 @@ class ForwardDrafter:
         q = softmax(*self.context.candidates(row))
         return next_draft_token(q, self.p_min, self.sampling, self.rng), q
 
-    def _decoded(self, tokens: list[int], logits: str, hidden: np.ndarray | None = None) -> Generator[Turn, None, None]:
-        """Decode tokens after the context's, with logits on the "last" row or on "none" (and the hidden
-        state each is read with, for an MTP block): at once, or, on a shared context, as turns of a prompt
-        piece at most."""
+    def _decoded(self, tokens: list[int], logits: str, hidden: np.ndarray | None = None,
+                 embedded: bool = False) -> Generator[Turn, None, None]:
+        """Decode tokens after the context's, as Context.decode does (with the hidden state each is read
+        with, or in place of, as it says): at once, or, on a shared context, as turns, a catch-up in
+        pieces of a prompt piece at most."""
         if self.context.n_seq == 1:
-            self.context.decode(tokens, logits=logits, hidden=hidden)
+            self.context.decode(tokens, logits=logits, hidden=hidden, embedded=embedded)
             return
-        piece = self.context.prompt_piece
+        piece = self.context.prompt_piece if logits != "all" else len(tokens)
         for offset in range(0, len(tokens), piece):
             part = tokens[offset : offset + piece]
             last = logits == "last" and offset + len(part) == len(tokens)
-            yield Turn(self.context, part, "last" if last else "none", drafts=True,
-                       hidden=None if hidden is None else hidden[offset : offset + len(part)])
+            yield Turn(self.context, part, "all" if logits == "all" else "last" if last else "none", drafts=True,
+                       hidden=None if hidden is None else hidden[offset : offset + len(part)], embedded=embedded)
 
     def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
         """Catch up on history, so the next decode drafts after it."""
@@ -476,26 +477,25 @@ class DFlashDrafter(ForwardDrafter):
     def behind(self, history: list[int]) -> int:
         return max(0, len(history) - 1 - len(self.context.tokens))
 
-    def catch_up(self, decoded: list[int]) -> None:
+    def catch_up(self, decoded: list[int]) -> Generator[Turn, None, None]:
         """Give the cache the target's hidden states at each position the target has decoded (zeros where
         it no longer keeps them: the drafter drafts less well from there, the output stays the target's)."""
         keep = self.context.keep_common(decoded)
         if keep < len(decoded):
             rows = hidden_rows(self.target, range(keep, len(decoded)))
-            self.context.decode(decoded[keep:], logits="none", hidden=rows, embedded=True)
+            yield from self._decoded(decoded[keep:], "none", rows, embedded=True)
         self.target.release_hidden(len(decoded))
         if backend.CHECK_CACHES:
             self.context.check_holds(decoded)
 
     def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
-        self.catch_up(history[:-1])  # the positions the target holds
-        yield from ()
+        yield from self.catch_up(history[:-1])  # the positions the target holds
 
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist]]:
+    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
         decoded = len(history) - 1
         n = min(k, self.block - 1)
         try:
-            self.context.decode([history[-1]] + [self.mask] * n, logits="all")
+            yield from self._decoded([history[-1]] + [self.mask] * n, "all")
             for row in range(1, n + 1):
                 token, q = self._next(row)
                 if token is None:

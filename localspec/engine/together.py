@@ -97,12 +97,13 @@ def alone(events: Iterator) -> Iterator:
 def _batches(turns: list[tuple[Hashable, Turn]]) -> Iterator[list[tuple[Hashable, Turn]]]:
     """The turns in groups of one shared context whose rows fit one batch of it (a bigger one aborts
     llama.cpp)."""
-    by_context: dict[tuple[int, bool], list[tuple[Hashable, Turn]]] = {}
+    by_context: dict[tuple[int, bool, bool], list[tuple[Hashable, Turn]]] = {}
     for key, turn in turns:
         # An MTP block's context hands back its hidden states right only where every row of a batch is
-        # an output row: its catch-ups (no output) go in batches of their own.
+        # an output row: its catch-ups (no output) go in batches of their own. A batch reads tokens or
+        # embeddings (a DFlash drafter's catch-up), not both.
         unread = turn.context.reads_hidden and turn.logits == "none"
-        by_context.setdefault((id(turn.context.root), unread), []).append((key, turn))
+        by_context.setdefault((id(turn.context.root), unread, turn.embedded), []).append((key, turn))
     for same in by_context.values():
         group, rows = [], 0
         for key, turn in same:

@@ -29,12 +29,15 @@ class Turn:
     # a drafter's: decoded before the step's verifications, which wait for the drafts it makes
     drafts: bool = False
     hidden: np.ndarray | None = None  # an MTP context's: the hidden state each token is read with
+    embedded: bool = False  # the hidden rows are read in place of the tokens (Context.decode's embedded)
     seconds: float = 0.0
 
 
 def decode(turns: list[Turn]) -> None:
-    """Decode turns of one shared context in one batch (they must fit it), each learning the seconds."""
-    seconds = decode_together([(turn.context, turn.tokens, turn.logits, turn.hidden) for turn in turns])
+    """Decode turns of one shared context in one batch (they must fit it, and all be embedded or none),
+    each learning the seconds."""
+    seconds = decode_together([(turn.context, turn.tokens, turn.logits, turn.hidden) for turn in turns],
+                              embedded=turns[0].embedded)
     for turn in turns:
         turn.seconds = seconds
 
