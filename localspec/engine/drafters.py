@@ -115,7 +115,6 @@ class Drafter(Protocol):
         """Up to k tokens that may follow history."""
 
 
-@runtime_checkable
 class Stepwise(Protocol):
     """A drafter whose proposal may need rows decoded beside other sequences' (a draft model on a
     context several sequences share), or that asks one that may: it hands the rows out as Turns."""
@@ -126,9 +125,10 @@ class Stepwise(Protocol):
 
 def proposal(drafter: Drafter, history: list[int], k: int) -> Generator[Turn, None, Draft]:
     """What a drafter proposes, with the turns it needs decoded on the way (none but a Stepwise's)."""
-    if isinstance(drafter, Stepwise):
-        return (yield from drafter.proposing(history, k))
-    return drafter.propose(history, k)
+    proposing = getattr(drafter, "proposing", None)  # (isinstance on a Protocol costs ~7 us a step)
+    if proposing is None:
+        return drafter.propose(history, k)
+    return (yield from proposing(history, k))
 
 
 @runtime_checkable
