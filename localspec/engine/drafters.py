@@ -5,11 +5,14 @@ has not been decoded by the target yet. A Draft carries the proposal and, when
 the proposal was sampled, the distribution q each token was drawn from;
 without it the proposal was deterministic and q is one-hot.
 
-Every drafter is a `Drafter` (begin, propose: all the loop asks of it, and all
-a free drafter such as n-gram lookup is). One that runs a forward pass per
-drafted token is also a `CostlyDrafter`, with what the auto policy needs to
-weigh it (its context, prepare, behind); ModelDrafter and MtpDrafter share that
-machinery in ForwardDrafter. Only a drafter that learns is a `Learner` (observe).
+Every drafter is a `Drafter` (begin, propose: all a free drafter such as
+n-gram lookup is). One that runs a forward pass per drafted token is also a
+`CostlyDrafter`, with what the auto policy needs to weigh it (its context,
+prepare, behind); the costly drafters share that machinery in ForwardDrafter.
+A drafter whose decodes may wait beside other sequences' (a costly drafter on a
+context several sequences share), or that asks one, is `Stepwise` (proposing:
+its turns, then its Draft); the loop asks every drafter through `proposal`.
+Only a drafter that learns is a `Learner` (observe).
 """
 
 from collections.abc import Generator, Iterator
