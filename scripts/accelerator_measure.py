@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -446,38 +447,83 @@ def generated_together(session: Session, prompts: list[list[int]], tokens: int) 
     return produced
 
 
-def measure_pair(target: Path, draft: Path, n_vocab: int, size, llama_bench: Path, seed: int) -> dict:
-    rng = np.random.default_rng(seed)  # prompts of ordinary tokens (no control or byte tokens)
-    prompts = [[int(t) for t in rng.integers(CONTROL + 256, n_vocab, size.prompt)] for _ in range(size.prompts)]
-    speculation = Speculation(drafting=DrafterKind.AUTO, draft_max=size.most)
-    out: dict = {}
-    with Session(target, draft, Runtime(ctx_size=CONTEXT), speculation) as session:
+class Pair:
+    """One target and its draft, written when first needed, with the prompts every stage measures."""
+
+    def __init__(self, number: int, shapes, size, models: Path):
+        self.target_shape, self.draft_shape = shapes
+        self.number, self.size, self.models = number, size, models
+        rng = np.random.default_rng(number)  # prompts of ordinary tokens (no control or byte tokens)
+        self.prompts = [[int(t) for t in rng.integers(CONTROL + 256, self.target_shape.n_vocab, size.prompt)]
+                        for _ in range(size.prompts)]
+
+    @property
+    def target(self) -> Path:
+        return write_model(self.target_shape, self.models, seed=2 * self.number)
+
+    @property
+    def draft(self) -> Path:
+        return write_model(self.draft_shape, self.models, seed=2 * self.number + 1, draft=True)
+
+    def session(self, runtime: Runtime | None = None, draft: bool = True, **speculation) -> Session:
+        """The pair loaded, warmed up (first-use costs kept out of every timing)."""
+        session = Session(self.target, self.draft if draft else None, runtime or Runtime(ctx_size=CONTEXT),
+                          Speculation(**{"drafting": DrafterKind.AUTO, "draft_max": self.size.most, **speculation}))
         session.set_draft_max(None)  # each mode's own default; the batch was sized for the longest curve
-        with_mode(session, DrafterKind.PLAIN, prompts[0], 16)  # warm-up: first-use costs kept out of every timing
-        out["placement"] = session.placement()
-        say("  verification curve")
-        seconds = verification_curve(session, prompts[0], size.most, size.repeats)
-        ratios = {k: s / seconds[1] for k, s in seconds.items()}
-        draft_cost = token_seconds(session, prompts[0], size.repeats) / seconds[1]
-        out["verify"] = {"seconds_1": seconds[1], "ratios": ratios, "draft_token_cost": draft_cost,
-                         "predicted": {str(a): dict(zip(("speedup", "k"), predicted_speedup(ratios, draft_cost, a)))
-                                       for a in ACCEPTANCES}}
-        say("  localspec plain against llama-bench")
-        out["llama_cpp"] = against_llama_cpp(session, target, prompts[0][:1], llama_bench, size.repeats)
-        say("  ceiling: drafting the answer")
-        out["ceiling"] = ceiling(session, prompts, size.tokens, ratios)
-        say("  floor: a draft model that never agrees")
-        out["floor"] = floor(session, prompts, size.tokens)
-    say(f"  {PARALLEL} sequences at once against one at a time")
-    out["parallel"] = parallel_sequences(target, draft, prompts, size.tokens)
-    out["host"] = {}
-    for on_backend in (True, False):
-        say(f"  host time, sampling on the {'backend' if on_backend else 'host'}")
-        runtime = Runtime(ctx_size=CONTEXT, backend_sampling=on_backend)
-        with Session(target, None, runtime, Speculation(drafting=DrafterKind.NGRAM, draft_max=max(HOST_LENGTHS))) as session:
-            with_mode(session, DrafterKind.PLAIN, prompts[0], 16)
-            out["host"]["backend" if on_backend else "host"] = host_costs(session, prompts, size.tokens)
+        with_mode(session, DrafterKind.PLAIN, self.prompts[0], 16)
+        return session
+
+
+def stage_plain(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(a) Where the models run, the verification curve, and plain decoding beside llama-bench."""
+    with pair.session() as session:
+        out = {"placement": session.placement()}
+        seconds = verification_curve(session, pair.prompts[0], pair.size.most, pair.size.repeats)
+        out["verify"] = {"seconds_1": seconds[1], "ratios": {k: s / seconds[1] for k, s in seconds.items()}}
+        out["llama_cpp"] = against_llama_cpp(session, pair.target, pair.prompts[0][:1], llama_bench, pair.size.repeats)
     return out
+
+
+def stage_bounds(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(b) The ceiling (a free drafter that knows the answer) and the floor (a draft that never agrees)."""
+    ratios = {int(k): r for k, r in section["verify"]["ratios"].items()}
+    with pair.session() as session:
+        return {"ceiling": ceiling(session, pair.prompts, pair.size.tokens, ratios),
+                "floor": floor(session, pair.prompts, pair.size.tokens)}
+
+
+def stage_draft(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(c) A draft token's cost against a target token's, and the speedups the curve then predicts."""
+    ratios = {int(k): r for k, r in section["verify"]["ratios"].items()}
+    with pair.session() as session:
+        cost = token_seconds(session, pair.prompts[0], pair.size.repeats) / section["verify"]["seconds_1"]
+    return {"draft_cost": {"token_cost": cost, "predicted": {
+        str(a): dict(zip(("speedup", "k"), predicted_speedup(ratios, cost, a))) for a in ACCEPTANCES}}}
+
+
+def stage_parallel(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(d) Several sequences at once against one at a time."""
+    return {"parallel": parallel_sequences(pair.target, pair.draft, pair.prompts, pair.size.tokens)}
+
+
+def stage_host(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(e) Host time a step and a row, sampling on the backend and on the host."""
+    host = {}
+    for on_backend in (True, False):
+        runtime = Runtime(ctx_size=CONTEXT, backend_sampling=on_backend)
+        with pair.session(runtime, draft=False, drafting=DrafterKind.NGRAM, draft_max=max(HOST_LENGTHS)) as session:
+            host["backend" if on_backend else "host"] = host_costs(session, pair.prompts, pair.size.tokens)
+    return {"host": host}
+
+
+# Most valuable first: a call cut short has measured what matters most (issue 47).
+STAGES = {
+    "plain": ("(a) plain decoding beside llama-bench, and the verification curve", stage_plain),
+    "bounds": ("(b) the ceiling and the floor", stage_bounds),
+    "draft": ("(c) the draft's cost and the curve's prediction", stage_draft),
+    "parallel": (f"(d) {PARALLEL} sequences at once", stage_parallel),
+    "host": ("(e) host time per step and row", stage_host),
+}
 
 
 def device_name(accelerator: str) -> str:
@@ -491,8 +537,9 @@ def device_name(accelerator: str) -> str:
 
 def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: Path, out: Path | None,
             fresh: bool) -> Path:
-    """Every target of the size, each written into out/report.json (and report.md) as soon as it is
-    measured; targets an earlier run of the same size on this device measured are kept."""
+    """Every stage for every target of the size, most valuable first, each written into out/report.json
+    (and report.md) as soon as it is measured; stages an earlier run of the same size on this device
+    measured are kept, so a rerun goes on where the last one stopped."""
     os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="accelerator-report-")  # no costs kept, none used
     device = device_name(accelerator)
     out = out or ROOT / "build" / "accelerator-report" / accelerator / "report"
@@ -505,21 +552,31 @@ def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: P
             report = earlier
     report.update(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), localspec=_commit(),
                   llama_cpp=library.system_info(), llama_bench=str(llama_bench) if llama_bench.exists() else None)
-    for number, (target_shape, draft_shape) in enumerate(size.pairs):
-        if target_shape.name in report["targets"]:
-            say(f"{target_shape.name}: measured before (--fresh measures it again)")
-            continue
-        started = time.monotonic()
-        target = write_model(target_shape, models, seed=2 * number)
-        draft = write_model(draft_shape, models, seed=2 * number + 1, draft=True)
-        say(f"{target_shape.name} with {draft_shape.name} on {device}")
-        section = {"target": asdict(target_shape), "draft": asdict(draft_shape),
-                   "bytes": {"target": target.stat().st_size, "draft": draft.stat().st_size}}
-        section.update(measure_pair(target, draft, target_shape.n_vocab, size, llama_bench, seed=number))
-        section["seconds"] = time.monotonic() - started
-        report["targets"][target_shape.name] = section
-        saved.write_text(json.dumps(report, indent=1))
-        (out / "report.md").write_text(markdown(report))
+    pairs = [Pair(number, shapes, size, models) for number, shapes in enumerate(size.pairs)]
+    say(f"measuring on {device}")
+    began = time.monotonic()
+    for stage, (title, run_stage) in STAGES.items():
+        for pair in pairs:
+            name = pair.target_shape.name
+            section = report["targets"].setdefault(name, {
+                "target": asdict(pair.target_shape), "draft": asdict(pair.draft_shape), "stages": {}})
+            if stage in section["stages"]:
+                say(f"{title}, {name}: measured before (--fresh measures it again)")
+                continue
+            started = time.monotonic()
+            section["bytes"] = {"target": pair.target.stat().st_size, "draft": pair.draft.stat().st_size}
+            try:
+                section.update(run_stage(pair, section, llama_bench))
+            except Exception as error:  # the stages after it still measure what they can; a rerun tries it again
+                traceback.print_exc()
+                section.setdefault("failed", {})[stage] = f"{type(error).__name__}: {error}"
+                say(f"{title}, {name}: FAILED after {time.monotonic() - started:.1f} s: {type(error).__name__}: {error}")
+                continue
+            section.get("failed", {}).pop(stage, None)
+            section["stages"][stage] = time.monotonic() - started
+            say(f"{title}, {name}: {section['stages'][stage]:.1f} s (all: {time.monotonic() - began:.0f} s)")
+            saved.write_text(json.dumps(report, indent=1))
+            (out / "report.md").write_text(markdown(report))
     (out / "report.md").write_text(markdown(report))
     say(f"wrote {saved} and {out / 'report.md'}")
     return out
@@ -533,62 +590,82 @@ def _commit() -> str:
 # --- The report as a reader sees it
 
 def markdown(report: dict) -> str:
+    """The report as far as it is measured: each stage's part where the stage is done."""
     lines = [f"# localspec on {report['device']}", "",
              f"{report['date']}; localspec {report['localspec']}; {report['size']} shapes, random weights;"
              f" llama.cpp: {report['llama_cpp']}", ""]
     for name, t in report["targets"].items():
+        stages = t.get("stages", {})
+        if not stages and not t.get("failed"):
+            continue
+        timed = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in stages.items())
+        missing = [stage for stage in STAGES if stage not in stages]
         lines += [f"## {name} ({t['bytes']['target'] / 2**20:,.0f} MiB {t['target']['quant']}),"
                   f" draft {t['draft']['name']} ({t['bytes']['draft'] / 2**20:,.0f} MiB {t['draft']['quant']})", "",
-                  f"{placement(t['placement'])}. Measured in {t['seconds']:.0f} s.", ""]
-        ratios = {int(k): v for k, v in t["verify"]["ratios"].items()}
-        shown = [k for k in SHOWN_SIZES if k in ratios]
-        lines += ["Verification cost, verify(k) / verify(1), verify(1) ="
-                  f" {t['verify']['seconds_1'] * 1e3:.2f} ms; a draft token costs"
-                  f" {t['verify']['draft_token_cost']:.2f} of a target token:", "",
-                  "| k | " + " | ".join(map(str, shown)) + " |", "|---|" + "---:|" * len(shown),
-                  "| cost | " + " | ".join(f"{ratios[k]:.2f}" for k in shown) + " |", ""]
-        bench = t["llama_cpp"]
-        if "skipped" in bench:
-            lines += [f"localspec plain against llama-bench: not measured ({bench['skipped']}).", ""]
-        else:
-            lines += [f"localspec plain {bench['localspec_tokens_per_second']:.1f} tokens/s, llama-bench tg"
-                      f"{BENCH_TOKENS} {bench['llama_bench_tokens_per_second']:.1f} on the same file and build:"
-                      f" **{bench['ratio']:.3f}x**.", ""]
-        lines += ["| host time | sampled on | us / step | us / further row | share of a plain token |",
-                  "|---|---|---:|---:|---:|"]
-        for where, by_sampling in t["host"].items():
-            for label, h in by_sampling.items():
-                row = "n/a" if h["us_per_row"] is None else f"{h['us_per_row']:.0f}"
-                lines.append(f"| {label}, asked: {where} | {h['sampled_on']} | {h['us_per_step']:.0f} | {row} |"
-                             f" {h['share_of_plain_token']:.1%} |")
-        lines += ["", "| ceiling (greedy) | tokens/s | vs plain | predicted by the curve | tokens / pass | acceptance |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for label, row in t["ceiling"].items():
-            predicted = "" if row.get("predicted") is None else f"{row['predicted']:.2f}x"
-            acceptance = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
-            lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
-                         f" {row['tokens_per_pass']:.2f} | {acceptance} |")
-        predicted = t["verify"]["predicted"]
-        lines += ["", f"A {t['draft']['name']} draft, by the measured costs alone: "
-                  + "; ".join(f"acceptance {a}: {p['speedup']:.2f}x at k = {p['k']}" for a, p in predicted.items())
-                  + ".", ""]
-        f = t["floor"]
-        lines += ["| floor (greedy) | tokens/s | vs plain | host us / step | steps that drafted, by drafter |",
-                  "|---|---:|---:|---:|---|"]
-        for label, row in f["modes"].items():
-            drafting = ", ".join(f"{kind} {steps}" for kind, steps in row["steps_by_drafter"].items())
-            lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x |"
-                         f" {row['host_us_per_step']:.0f} | {drafting} |")
-        verdict = "holds" if f["holds"] else "**missed**"
-        lines += ["", f"Floor: auto / plain = {f['auto_vs_plain']:.3f}x ({verdict} >= {FLOOR}); A/A control"
-                  f" (plain twice) {f['a_a']:.3f}x.", ""]
-        if "parallel" in t:
+                  f"{placement(t['placement']) if 'placement' in t else 'Placement not measured'}."
+                  f" Stages measured: {timed or 'none'}"
+                  + (f"; not yet: {', '.join(missing)}." if missing else "."), ""]
+        lines += [f"Stage {stage} failed: {why}" for stage, why in t.get("failed", {}).items()]
+        if "plain" in stages:
+            lines += _plain_lines(t)
+        if "bounds" in stages:
+            lines += _bounds_lines(t)
+        if "draft" in stages:
+            predicted = t["draft_cost"]["predicted"]
+            lines += [f"A {t['draft']['name']} draft token costs {t['draft_cost']['token_cost']:.2f} of a target token;"
+                      " by the measured costs alone it would give "
+                      + "; ".join(f"{p['speedup']:.2f}x at acceptance {a} (k = {p['k']})" for a, p in predicted.items())
+                      + ".", ""]
+        if "parallel" in stages:
             lines += [f"| {PARALLEL} sequences at once (greedy) | one at a time, tokens/s | at once | ratio |",
                       "|---|---:|---:|---:|"]
             lines += [f"| {label} | {row['one_at_a_time']:.1f} | {row['together']:.1f} | {row['ratio']:.2f}x |"
                       for label, row in t["parallel"].items()]
             lines.append("")
+        if "host" in stages:
+            lines += ["| host time | sampled on | us / step | us / further row | share of a plain token |",
+                      "|---|---|---:|---:|---:|"]
+            for where, by_sampling in t["host"].items():
+                for label, h in by_sampling.items():
+                    row = "n/a" if h["us_per_row"] is None else f"{h['us_per_row']:.0f}"
+                    lines.append(f"| {label}, asked: {where} | {h['sampled_on']} | {h['us_per_step']:.0f} | {row} |"
+                                 f" {h['share_of_plain_token']:.1%} |")
+            lines.append("")
     return "\n".join(lines)
+
+
+def _plain_lines(t: dict) -> list[str]:
+    ratios = {int(k): v for k, v in t["verify"]["ratios"].items()}
+    shown = [k for k in SHOWN_SIZES if k in ratios]
+    lines = [f"Verification cost, verify(k) / verify(1), verify(1) = {t['verify']['seconds_1'] * 1e3:.2f} ms:", "",
+             "| k | " + " | ".join(map(str, shown)) + " |", "|---|" + "---:|" * len(shown),
+             "| cost | " + " | ".join(f"{ratios[k]:.2f}" for k in shown) + " |", ""]
+    bench = t["llama_cpp"]
+    if "skipped" in bench:
+        return lines + [f"localspec plain against llama-bench: not measured ({bench['skipped']}).", ""]
+    return lines + [f"localspec plain {bench['localspec_tokens_per_second']:.1f} tokens/s, llama-bench tg"
+                    f"{BENCH_TOKENS} {bench['llama_bench_tokens_per_second']:.1f} on the same file and build:"
+                    f" **{bench['ratio']:.3f}x**.", ""]
+
+
+def _bounds_lines(t: dict) -> list[str]:
+    lines = ["| ceiling (greedy) | tokens/s | vs plain | predicted by the curve | tokens / pass | acceptance |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, row in t["ceiling"].items():
+        predicted = "" if row.get("predicted") is None else f"{row['predicted']:.2f}x"
+        acceptance = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+        lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
+                     f" {row['tokens_per_pass']:.2f} | {acceptance} |")
+    f = t["floor"]
+    lines += ["", "| floor (greedy) | tokens/s | vs plain | host us / step | steps that drafted, by drafter |",
+              "|---|---:|---:|---:|---|"]
+    for label, row in f["modes"].items():
+        drafting = ", ".join(f"{kind} {steps}" for kind, steps in row["steps_by_drafter"].items())
+        lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x |"
+                     f" {row['host_us_per_step']:.0f} | {drafting} |")
+    verdict = "holds" if f["holds"] else "**missed**"
+    return lines + ["", f"Floor: auto / plain = {f['auto_vs_plain']:.3f}x ({verdict} >= {FLOOR}); A/A control"
+                    f" (plain twice) {f['a_a']:.3f}x.", ""]
 
 
 def placement(where: dict) -> str:

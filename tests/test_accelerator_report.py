@@ -66,12 +66,14 @@ def test_the_bundle_leaves_out_only_what_no_build_reads():
     assert not report.trimmed(root)
 
 
-def test_a_cuda_build_is_for_the_devices_own_architecture(monkeypatch):
+def test_a_cuda_build_is_for_the_devices_own_architecture_or_those_asked_for(monkeypatch):
     monkeypatch.setattr(report, "cuda_architecture", lambda: "90")
     flags = report.build_flags("cuda")
     assert "-DGGML_CUDA=ON" in flags
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in flags
     assert "-DLLAMA_BUILD_TOOLS=ON" in flags  # llama-bench, from the same build as localspec's libraries
+    assert "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON" in flags  # a packed build runs wherever it is unpacked
+    assert "-DCMAKE_CUDA_ARCHITECTURES=89;90" in report.build_flags("cuda", "89;90")  # --pack --cuda, no GPU here
 
 
 def test_cublas_is_found_in_an_nvidia_wheel_where_the_toolkit_has_none(tmp_path, monkeypatch):
@@ -139,16 +141,20 @@ def test_a_stubborn_answer_goes_on_in_lengths_taken_in_turn():
     assert oracle.propose([1, 2, 5, 9, 3], 3).tokens == [8]
 
 
-def test_the_smallest_run_reports_every_measurement_and_a_rerun_keeps_them(tmp_path):
+def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path):
     out, build = tmp_path / "out", tmp_path / "build"
     done = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert done.returncode == 0, done.stderr
     saved = json.loads((out / "report.json").read_text())
     assert saved["accelerator"] == "cpu"
     target = saved["targets"]["smallest-target"]
+    assert list(target["stages"]) == list(measure.STAGES)  # most valuable first, each timed
+    assert all(f"{title}, smallest-target: " in done.stderr for title, _ in measure.STAGES.values())
     assert set(target["verify"]["ratios"]) == {str(k) for k in range(1, 17)}
     assert target["verify"]["ratios"]["1"] == 1.0
     assert "not built" in target["llama_cpp"]["skipped"]  # --build was not asked for
+    assert target["draft_cost"]["token_cost"] > 0 and set(target["draft_cost"]["predicted"]) == {"0.6", "0.8", "0.9"}
+    assert target["draft"]["name"] == "smallest-draft"
     assert set(target["host"]) == {"backend", "host"}
     assert target["host"]["host"]["greedy"]["sampled_on"] == "host"
     assert target["host"]["backend"]["greedy"]["sampled_on"] == "backend"
@@ -160,12 +166,70 @@ def test_the_smallest_run_reports_every_measurement_and_a_rerun_keeps_them(tmp_p
     assert all(row["together"] > 0 and row["one_at_a_time"] > 0 for row in target["parallel"].values())
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
-    assert "| 4 sequences at once (greedy) |" in markdown
+    assert "| 4 sequences at once (greedy) |" in markdown and "not yet" not in markdown
 
+    # a call cut short after two stages: the rerun measures only what is missing
+    cut = json.loads((out / "report.json").read_text())
+    for stage in ("parallel", "host"):
+        del cut["targets"]["smallest-target"]["stages"][stage], cut["targets"]["smallest-target"][stage]
+    (out / "report.json").write_text(json.dumps(cut))
+    (out / "report.md").write_text(measure.markdown(cut))
+    assert "not yet: parallel, host." in (out / "report.md").read_text()
     again = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert again.returncode == 0, again.stderr
-    assert "measured before" in again.stderr
-    assert json.loads((out / "report.json").read_text())["targets"] == saved["targets"]
+    assert again.stderr.count("measured before") == 3
+    rerun = json.loads((out / "report.json").read_text())["targets"]["smallest-target"]
+    assert list(rerun["stages"]) == list(measure.STAGES)
+    assert rerun["verify"] == target["verify"] and rerun["floor"] == target["floor"]  # kept, not measured again
+    assert rerun["parallel"] != target["parallel"]  # measured again
+
+
+def _packed_build(folder: Path, architectures: list[str], library: bytes) -> None:
+    """A folder as --pack --cuda leaves it, holding one file for libggml-cuda.so."""
+    import io
+    import tarfile
+
+    with tarfile.open(folder / "llama-cpp-cuda-sm90.tar.xz", "w:xz") as archive:
+        member = tarfile.TarInfo("libggml-cuda.so")
+        member.size = len(library)
+        archive.addfile(member, io.BytesIO(library))
+    (folder / "llama-cpp-cuda-sm90.json").write_text(json.dumps(
+        {"archive": "llama-cpp-cuda-sm90.tar.xz", "architectures": architectures, "built": "2026-11-26 16:00 UTC"}))
+
+
+def test_a_packed_build_for_another_architecture_is_left_for_a_build_there(tmp_path, monkeypatch, capsys):
+    _packed_build(tmp_path, ["90"], b"")
+    monkeypatch.setattr(report, "cuda_architecture", lambda: "80")
+    report.use_prebuilt(tmp_path, tmp_path / "bin", tmp_path / "src")
+    assert not (tmp_path / "bin").exists()
+    assert capsys.readouterr().err == f"no packed CUDA build for sm_80 in {tmp_path} (it has: 90): building here\n"
+
+
+def test_a_packed_build_that_does_not_load_says_why_in_one_line_and_is_removed(tmp_path, monkeypatch, capsys):
+    _packed_build(tmp_path, ["90"], b"not a shared library " * 8)
+    monkeypatch.setattr(report, "cuda_architecture", lambda: "90")
+    report.use_prebuilt(tmp_path, tmp_path / "bin", tmp_path / "src")
+    said = capsys.readouterr().err
+    assert said.startswith("the packed CUDA build (llama-cpp-cuda-sm90.tar.xz) does not load here: ")
+    assert "invalid ELF header" in said and said.endswith(": building here\n") and said.count("\n") == 1
+    assert not (tmp_path / "bin").exists()  # the build there starts clean
+
+
+def test_cuda_libraries_are_looked_for_in_nvidia_packages_and_the_toolkit(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    for name in ("nvidia/cu13/lib/libcublas.so.13", "nvidia/cudnn/lib/libcudnn.so.9"):
+        (site / name).parent.mkdir(parents=True)
+        (site / name).touch()
+    (tmp_path / "cuda" / "lib64").mkdir(parents=True)
+    monkeypatch.setattr(report, "site_folders", lambda: [site])
+    monkeypatch.setattr(report, "cuda_toolkits", lambda: [tmp_path / "cuda", tmp_path / "none"])
+    assert report.library_path(tmp_path / "bin").split(":") == [
+        str(tmp_path / "bin"), str(site / "nvidia/cu13/lib"), str(tmp_path / "cuda" / "lib64")]
+
+
+def test_cuda_architectures_go_with_pack():
+    done = run_report("--cuda", "90")
+    assert done.returncode == 2 and "--cuda goes with --pack" in done.stderr
 
 
 def test_without_an_accelerator_it_says_how_to_measure_the_cpu(tmp_path, monkeypatch):
