@@ -31,7 +31,7 @@ def text(target, tokens) -> str:
 
 
 def test_the_grammar_says_which_tokens_come_next_and_follows_what_is_committed(target):
-    with Grammar(target.model.vocab, LETTERS) as grammar:
+    with Grammar(target.model, LETTERS) as grammar:
         pieces = {target.model.piece(int(t)) for t in grammar.admitted(np.zeros(target.model.n_vocab, np.float32))}
         assert {b"a", b"e", b"i", b"o", b"u"} <= pieces and b"b" not in pieces
         a, b = (target.model.tokenize(c, add_special=False, parse_special=False)[-1] for c in "ab")
@@ -51,19 +51,19 @@ def test_the_grammar_says_what_text_it_alone_admits_without_committing_it(target
     def forced(grammar, most=16):
         return grammar.forced_text(model.character_tokens, model.end_tokens, most)
 
-    with Grammar(model.vocab, FORCING) as grammar:
+    with Grammar(model, FORCING) as grammar:
         assert forced(grammar) == ("", "aeiou")
         grammar.accept(a)
         assert forced(grammar) == ("st", "aeiou") and forced(grammar, most=1) == ("s", "t")
         assert grammar.admits(s) and not grammar.admits(a)  # asking committed nothing
-    with Grammar(model.vocab, 'root ::= ("abc" | "abd") "." | "ab"') as grammar:
+    with Grammar(model, 'root ::= ("abc" | "abd") "." | "ab"') as grammar:
         assert forced(grammar) == ("ab", "cd")  # then c, d or the end
 
 
 def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
     with pytest.raises(InputError, match="the grammar does not compile"):
-        Grammar(target.model.vocab, 'root ::= "unclosed')
-    with Grammar(target.model.vocab, 'root ::= "\u00e9t\u00e9"') as grammar:  # no tiny token spells it but bytes
+        Grammar(target.model, 'root ::= "unclosed')
+    with Grammar(target.model, 'root ::= "\u00e9t\u00e9"') as grammar:  # no tiny token spells it but bytes
         assert grammar.admitted(np.zeros(target.model.n_vocab, np.float32)).size
     with pytest.raises(InputError, match="cannot be turned into a grammar"):
         from_json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
@@ -115,7 +115,7 @@ def masked_distribution(target, prompt, sampling) -> dict[tuple, float]:
     def walk(prefix: list[int], mass: float) -> None:
         target.truncate(0)
         target.decode(prompt + prefix, logits="last")
-        with Grammar(target.model.vocab, sampling.grammar) as grammar:
+        with Grammar(target.model, sampling.grammar) as grammar:
             for token in prefix:
                 grammar.accept(token)
             logits = np.full(target.model.n_vocab, -np.inf, np.float32)
@@ -193,7 +193,7 @@ def test_sampling_with_forced_drafts_follows_the_targets_masked_distribution(mer
 ])
 def test_a_forced_texts_last_token_is_drafted_only_where_nothing_after_merges_into_it(merging, grammar, drafted):
     model = merging.model
-    with Grammar(model.vocab, grammar) as state:
+    with Grammar(model, grammar) as state:
         draft = ForcedDrafter(state, model, NoDrafter()).propose([model.tokenize("a", False, False)[-1]], 8)
     assert draft.source == DrafterKind.FORCED and b"".join(map(model.piece, draft.tokens)).decode() == drafted
 

@@ -9,16 +9,32 @@ The grammar only ever accepts committed tokens, so nothing has to be taken back 
 Masking a whole row costs about 10 ms at a 150k vocabulary; asking whether one token is admitted
 costs a few microseconds. Greedy choices ask about the row's argmax first (what the grammar admits
 of it is the masked argmax too) and mask the row only where the argmax is refused.
+
+llama.cpp's grammar code throws a C++ exception (or aborts) when it is made to accept a token it does
+not admit, and through ctypes that ends the whole process: every server client's request with it. So
+nothing is accepted here that the grammar was not first asked about (`accept` asks itself). Lazy
+grammars (tool calls: free text until a trigger pattern matches) are lazy here, not in llama.cpp: its
+lazy sampler replays the text from the trigger on into the grammar unchecked (a model that writes
+`{` and a newline where a schema allows `{` and a space killed the server) and matches its triggers
+with std::regex, which recurses once per character of the answer so far. Here a token that would set
+off a trigger is admitted only if the grammar admits the text it sets off.
 """
 
 import ctypes
 import json
+import re
 
 import numpy as np
 
 from ..errors import InputError
 from .chain import TOKEN_DATA
 from .library import grammars, llama, recent_errors
+from .sampling import Dist
+
+# llama.cpp's converter (json-schema-to-grammar.cpp) lets JSON break lines and indent, as models write it;
+# llama-cpp-python's port still has the older `" "?`, which refuses `{` and a newline
+_PORTED_SPACE = 'space ::= " "?'
+_SPACE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
 
 
 def json_object() -> str:
@@ -34,7 +50,7 @@ def from_json_schema(schema: dict | bool, rule: str = "root") -> str:
     try:
         copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
         converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
-        return converter.format_grammar()
+        return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in converter.format_grammar().split("\n"))
     except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as error:
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
 
@@ -43,30 +59,45 @@ class Grammar:
     """A GBNF grammar's state over one generation: which tokens it admits next, and the tokens
     committed so far (accept). Close it (or use it in a with block) to free llama.cpp's sampler."""
 
-    def __init__(self, vocab, text: str, triggers: tuple[str, ...] = ()):
-        """triggers: Sampling.grammar_triggers (the grammar admits every token until one matches)."""
+    def __init__(self, model, text: str, triggers: tuple[str, ...] = ()):
+        """triggers: Sampling.grammar_triggers, regular expressions as llama.cpp's lazy grammars take them:
+        the grammar admits every token until the text so far matches one (in whole where it is written
+        ^...$, else anywhere), and from then on constrains the text from the pattern's first group."""
         recent_errors.clear()
-        if triggers:
-            patterns = (ctypes.c_char_p * len(triggers))(*(pattern.encode() for pattern in triggers))
-            self._sampler = llama.llama_sampler_init_grammar_lazy_patterns(vocab, text.encode(), b"root", patterns,
-                                                                           len(triggers), None, 0)
-        else:
-            self._sampler = llama.llama_sampler_init_grammar(vocab, text.encode(), b"root")
+        self._model, self._vocab = model, model.vocab
+        self._sampler = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
         if not self._sampler:
             why = "; ".join(recent_errors) or "llama.cpp could not parse it"
             raise InputError(f"the grammar does not compile: {why}")
+        try:
+            self._triggers = [re.compile(pattern.encode()) for pattern in triggers]
+        except re.error as error:
+            self.close()
+            raise InputError(f"a grammar trigger is not a regular expression: {error}") from None
+        self._awaiting = bool(triggers)
+        self._text = b""  # what was committed while awaiting a trigger
+        self._pieces: dict[int, bytes] = {}
         self._one = np.empty(1, TOKEN_DATA)
         self._row: np.ndarray | None = None
         self._probes: np.ndarray | None = None
 
-    def admits(self, token: int) -> bool:
-        self._one["id"], self._one["logit"] = token, 0.0
-        self._apply(self._one)
-        return bool(np.isfinite(self._one["logit"][0]))
+    @property
+    def awaiting(self) -> bool:
+        """Whether the grammar is lazy and no trigger has matched yet (it then admits any text but one
+        that would set off a trigger the grammar does not admit)."""
+        return self._awaiting
 
-    def admitted(self, logits: np.ndarray) -> np.ndarray:
-        """The ids of a whole row the grammar admits next; InputError where it admits none (a grammar
-        that cannot go on from here, or cannot begin)."""
+    def admits(self, token: int) -> bool:
+        if self._awaiting:
+            return self._set_off(token) is not False
+        return self._admitted_by(self._sampler, token)
+
+    def admitted(self, logits: np.ndarray) -> np.ndarray | None:
+        """The ids of a whole row the grammar admits next (None while awaiting a trigger: any token, bar
+        those `restrict` then takes out); InputError where it admits none (a grammar that cannot go on
+        from here, or cannot begin)."""
+        if self._awaiting:
+            return None
         if self._row is None or len(self._row) != len(logits):
             self._row = np.empty(len(logits), TOKEN_DATA)
         self._row["id"] = np.arange(len(logits), dtype=np.int32)
@@ -77,11 +108,31 @@ class Grammar:
             raise InputError("the grammar admits no token here: it cannot begin, or cannot go on from the text so far")
         return ids
 
+    def restrict(self, dist: Dist) -> Dist:
+        """A distribution over what the sampler chain kept of a row, without the tokens the grammar
+        refuses (while awaiting a trigger, the ones that would set it off into text it does not admit;
+        otherwise admitted() has masked the row already)."""
+        if not self._awaiting:
+            return dist
+        kept = np.array([self.admits(int(token)) for token in dist.ids], dtype=bool)
+        if kept.all():
+            return dist
+        if not kept.any():
+            raise InputError("the grammar admits none of the likely tokens here: the answer began a form the"
+                             " grammar does not allow")
+        return Dist(dist.ids[kept], dist.probs[kept] / dist.probs[kept].sum())
+
     def best(self, logits: np.ndarray) -> int:
         """The row's most likely token among those the grammar admits."""
         top = int(np.argmax(logits))
         if self.admits(top):
             return top
+        if self._awaiting:  # refused tokens are rare here: the next likeliest is nearly always admitted
+            for token in np.argsort(logits)[::-1][:_LIKELIEST]:
+                if self.admits(int(token)):
+                    return int(token)
+            raise InputError("the grammar admits none of the likely tokens here: the answer began a form the"
+                             " grammar does not allow")
         ids = self.admitted(logits)
         return int(ids[np.argmax(logits[ids])])
 
@@ -92,7 +143,10 @@ class Grammar:
         Read character by character while exactly one of `characters` (tokens of one character each, by
         id) is admitted and none of `ends` (end-of-generation tokens), on a copy of the grammar's state, so
         nothing is committed. A BPE vocabulary spells a forced text with tokens of many lengths (`"s`,
-        `"sum`, ...), so a grammar forces a text, never a single token."""
+        `"sum`, ...), so a grammar forces a text, never a single token. Nothing is forced while a lazy
+        grammar awaits its trigger."""
+        if self._awaiting:
+            return "", ""
         if self._probes is None or len(self._probes) != len(characters) + len(ends):
             self._probes = np.empty(len(characters) + len(ends), TOKEN_DATA)
             self._probe_ids = np.array([*characters, *ends], dtype=np.int32)
@@ -111,8 +165,62 @@ class Grammar:
             llama.llama_sampler_free(state)
 
     def accept(self, token: int) -> None:
-        """A token committed to the output (it must be one the grammar admits)."""
-        llama.llama_sampler_accept(self._sampler, token)
+        """A token committed to the output: InputError, never llama.cpp's exception, where the grammar does
+        not admit it (an end of generation included, before the grammar's end)."""
+        if not self._awaiting:
+            if not self._admitted_by(self._sampler, token):
+                raise InputError(f"the grammar does not admit token {token} here")
+            llama.llama_sampler_accept(self._sampler, token)
+            return
+        replay = self._set_off(token)
+        if replay is False:
+            raise InputError(f"token {token} would set off the grammar with text it does not admit")
+        if replay is None:
+            self._text += self._piece(token)
+            return
+        for each in replay:  # each admitted in turn when _set_off asked, on a copy of this very state
+            llama.llama_sampler_accept(self._sampler, each)
+        self._awaiting, self._text = False, b""
+
+    def _set_off(self, token: int) -> list[int] | None | bool:
+        """While awaiting: None if committing the token sets off no trigger; the tokens of the text it
+        sets off (from the trigger's first group on) where the grammar admits that text; False where not."""
+        text = self._text + self._piece(token)
+        start = next((at for at in map(lambda trigger: _start(trigger, text), self._triggers) if at is not None), None)
+        if start is None:
+            return None
+        try:
+            tokens = self._model.spell(text[start:].decode())
+        except UnicodeDecodeError:  # a character cut in two by the trigger's token: the grammar waits for it
+            return False
+        if not tokens:
+            return False  # no way to hand the grammar exactly this text
+        state = llama.llama_sampler_clone(self._sampler)
+        try:
+            for each in tokens:
+                if not self._admitted_by(state, each):
+                    return False
+                llama.llama_sampler_accept(state, each)
+        finally:
+            llama.llama_sampler_free(state)
+        return tokens
+
+    def _piece(self, token: int) -> bytes:
+        """The token's text as llama.cpp's grammar reads it: special tokens' own text included."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(64)
+            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            if n < 0:  # the piece's length, negated, where it does not fit
+                buffer = ctypes.create_string_buffer(-n)
+                n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            piece = self._pieces[token] = buffer.raw[:n]
+        return piece
+
+    def _admitted_by(self, state, token: int) -> bool:
+        self._one["id"], self._one["logit"] = token, 0.0
+        self._apply(self._one, state)
+        return bool(np.isfinite(self._one["logit"][0]))
 
     def _apply(self, rows: np.ndarray, state=None) -> None:
         """Mask the rows by the grammar's state (state: a copy of it; None: the state itself)."""
@@ -129,3 +237,19 @@ class Grammar:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_LIKELIEST = 64  # tokens of a row tried in turn for a greedy choice while awaiting a trigger
+
+
+def _start(trigger: re.Pattern, text: bytes) -> int | None:
+    """Where a trigger's constrained text begins in the text so far, as llama.cpp's lazy grammars find it:
+    the whole text must match a pattern written ^...$, another may match anywhere; the constrained text
+    begins at the first group that matched something, else at the match."""
+    pattern = trigger.pattern
+    match = (trigger.fullmatch(text) if pattern.startswith(b"^") and pattern.endswith(b"$") else None) \
+        or trigger.search(text)
+    if match is None:
+        return None
+    return next((match.start(group) for group in range(1, (trigger.groups or 0) + 1) if match.group(group)),
+                match.start())

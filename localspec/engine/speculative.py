@@ -23,7 +23,7 @@ from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .grammar import Grammar
-from .sampling import accept, chain_for, one_hot, residual, softmax
+from .sampling import Dist, accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
 from .turns import Turn, timed
 
@@ -43,7 +43,7 @@ def generate(
             f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
             " raise --ctx-size or shorten the prompt"
         )
-    grammar = Grammar(target.model.vocab, sampling.grammar, sampling.grammar_triggers) if sampling.grammar else None
+    grammar = Grammar(target.model, sampling.grammar, sampling.grammar_triggers) if sampling.grammar else None
     try:
         yield from _generate(target, drafter, prompt, sampling, speculation, limits, grammar)
     finally:
@@ -147,7 +147,7 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
                    grammar: Grammar | None = None) -> tuple[int, int]:
     """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits."""
     for i, token in enumerate(draft.tokens):
-        p = softmax(*target.candidates(i, grammar.admitted(target.logits(i)) if grammar else None))
+        p = _chosen_from(target, i, grammar)
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
             return i, _committed(residual(p, q).sample(rng), grammar, target)
@@ -156,8 +156,17 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
     bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
     if target.on_backend:
         return bonus, softmax(*target.candidates(bonus)).sample(rng)
+    if grammar and grammar.awaiting:  # the few tokens that would set off a trigger badly are taken out first
+        return bonus, _committed(_chosen_from(target, bonus, grammar).sample(rng), grammar, target)
     only = grammar.admitted(target.logits(bonus)) if grammar else None
     return bonus, _committed(target.draw(bonus, rng, only), grammar, target)
+
+
+def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
+    """p: what the target's sampler chain keeps of a row, among the tokens the grammar admits."""
+    if grammar is None:
+        return softmax(*target.candidates(row))
+    return grammar.restrict(softmax(*target.candidates(row, grammar.admitted(target.logits(row)))))
 
 
 def _committed(token: int, grammar: Grammar | None, target: Context) -> int:
