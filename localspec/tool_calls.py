@@ -174,8 +174,9 @@ class ToolStream:
         try:
             found = json.loads(body)
         except ValueError:
-            # JSON content, not a call: the grammar holds only from a call's `"name"` on (unless required)
-            if self._state == "whole" and not self.required and not re.match(r'[\[{]\s*\{?\s*"name"', body):
+            # JSON content, not a call: the grammar holds only from a call's `{"name"` on (unless required);
+            # what a model imitating a tool result writes (`{{"name": ...`) it never held
+            if self._state == "whole" and not self.required and not re.match(r'\[?\s*\{\s*"name"', body):
                 return [held]
             raise UnfinishedCall(f"the answer ended inside a tool call: {body[:80]!r}") from None
         calls = found if isinstance(found, list) and self._f.whole == "[" else [found]

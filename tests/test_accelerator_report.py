@@ -73,7 +73,11 @@ def test_a_cuda_build_is_for_the_devices_own_architecture_or_those_asked_for(mon
     assert "-DCMAKE_CUDA_ARCHITECTURES=90" in flags
     assert "-DLLAMA_BUILD_TOOLS=ON" in flags  # llama-bench, from the same build as localspec's libraries
     assert "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON" in flags  # a packed build runs wherever it is unpacked
-    assert "-DCMAKE_CUDA_ARCHITECTURES=89;90" in report.build_flags("cuda", "89;90")  # --pack --cuda, no GPU here
+    assert "-DGGML_NATIVE=OFF" not in flags  # built where it runs
+    packed = report.build_flags("cuda", "89;90")  # --pack --cuda: built here, no GPU here, for another machine
+    assert "-DCMAKE_CUDA_ARCHITECTURES=89;90" in packed
+    assert "-DGGML_NATIVE=OFF" in packed  # (-march=native here could be an illegal instruction there)
+    assert "-DGGML_AVX2=ON" in packed and "-DGGML_AVX512=ON" not in packed
 
 
 def test_cublas_is_found_in_an_nvidia_wheel_where_the_toolkit_has_none(tmp_path, monkeypatch):

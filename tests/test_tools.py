@@ -121,6 +121,16 @@ def test_mistrals_ids_are_the_nine_letters_and_digits_its_templates_insist_on():
     assert len(call.id) == 9 and call.id.isalnum()
 
 
+def test_an_answer_the_grammar_never_held_is_content_however_it_ends():
+    # the 1.5B after a tool result, imitating it: the whole-answer trigger never matched `{{"name"`
+    text = '{{"name": "get_weather", "arguments": {"city": "Paris"}, "response": {"temperatu'
+    reader = ToolStream(ToolFormat.HERMES)
+    assert "".join(reader.feed(text) + reader.end()) == text
+    cut = ToolStream(ToolFormat.HERMES)
+    with pytest.raises(UnfinishedCall):  # one the grammar held, cut off
+        cut.feed('{"name": "get_weather", "arguments": {"ci') + cut.end()
+
+
 def test_tools_with_one_name_twice_or_a_choice_not_offered_are_refused():
     with pytest.raises(InputError, match="same name"):
         Tools((WEATHER, WEATHER))
