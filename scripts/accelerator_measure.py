@@ -376,8 +376,10 @@ def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dic
     session.forget()
     auto = session.drafter
     for prompt in prompts:
+        session.remember_as("plain")  # the answer reaches auto through the oracle alone, not the suffix cache
         recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
         speeds.add("plain", recorder)
+        session.remember_as("auto")
         for k in CEILING_LENGTHS:
             speeds.add(f"answer k={k}", drafting_the_answer(
                 lambda k=k, prompt=prompt: run(session, oracle, prompt, GREEDY, k, tokens), oracle, answer))
@@ -403,6 +405,7 @@ def floor(session: Session, prompts: list[list[int]], tokens: int) -> dict:
     session.forget()
     for prompt in prompts:
         for label, mode in modes.items():
+            session.remember_as(label)  # auto must not draft plain's answer to the same prompt from the suffix cache
             speeds.add(label, with_mode(session, mode, prompt, tokens, hosts[label])[0])
     rows = {label: speeds.row(label) for label in speeds.records}
     for label, host in hosts.items():  # what each mode's own work on the host costs a step, on average

@@ -166,6 +166,8 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert target["ceiling"]["answer k=4"]["acceptance"] >= 0.9
     assert set(target["floor"]["modes"]) == {"plain", "plain again", "draft model", "auto"}
     assert target["floor"]["modes"]["draft model"]["acceptance"] == 0.0  # a sure draft that is never right
+    # auto's floor drafts nothing from plain's answer to the same prompt (the first H200 report's did, 24 steps)
+    assert "suffix" not in target["floor"]["modes"]["auto"]["steps_by_drafter"]
     assert set(target["parallel"]) == {"plain", "draft model"}
     assert all(row["together"] > 0 and row["one_at_a_time"] > 0 for row in target["parallel"].values())
     markdown = (out / "report.md").read_text()
