@@ -1,9 +1,12 @@
 """What scripts/accelerator-report measures, once llama.cpp is built and localspec can be imported: models
 of real shapes with random weights, and each measurement side by side in one run (see that script)."""
 
+import cProfile
 import hashlib
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -583,6 +586,37 @@ def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: P
     (out / "report.md").write_text(markdown(report))
     say(f"wrote {saved} and {out / 'report.md'}")
     return out
+
+
+PROFILED_TOKENS = 512
+
+
+def profile_plain(size, models: Path, out: Path) -> Path:
+    """Plain decoding of the first target, timed with sampling on the backend and on the host, then once
+    under cProfile: where the host time of a plain token goes (the functions by their own time), written
+    to out/profile.txt."""
+    pair = Pair(0, size.pairs[0], size, models)
+    lines = [f"# Plain decoding of {pair.target_shape.name}, {PROFILED_TOKENS} tokens", ""]
+    for on_backend in (True, False):
+        with pair.session(Runtime(ctx_size=CONTEXT, backend_sampling=on_backend), draft=False) as session:
+            rates = [with_mode(session, DrafterKind.PLAIN, pair.prompts[0], PROFILED_TOKENS)[0].summary().tokens_per_second
+                     for _ in range(3)]
+            lines.append(f"sampling asked on the {'backend' if on_backend else 'host'}"
+                         f" ({'backend' if session.target.on_backend else 'host'}): tokens/s {statistics.median(rates):.1f}"
+                         f" (runs {', '.join(f'{r:.1f}' for r in rates)})")
+            if on_backend:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                profiled = with_mode(session, DrafterKind.PLAIN, pair.prompts[0], PROFILED_TOKENS)[0]
+                profiler.disable()
+    shown = io.StringIO()
+    pstats.Stats(profiler, stream=shown).sort_stats("tottime").print_stats(30)
+    lines += ["", f"under cProfile (sampling on the backend): {profiled.summary().tokens_per_second:.1f} tokens/s", "",
+              shown.getvalue()]
+    path = out / "profile.txt"
+    path.write_text("\n".join(lines))
+    say(f"wrote {path}")
+    return path
 
 
 def _commit() -> str:
