@@ -1,14 +1,19 @@
-"""Replay the auto policy's n-gram choices on recorded generations, without a model.
+"""Replay drafters and the auto policy on recorded generations, without a model.
 
-    python scripts/replay.py record [--target qwen2.5-coder-1.5b] [--prompts all] [--limit 4]
+    python scripts/replay.py record [--target qwen2.5-coder-1.5b] [--draft auto] [--prompts all] [--limit 4]
                                     [--max-tokens 96] [-o replay.json]
     python scripts/replay.py simulate replay.json [--mixed]
+    python scripts/predict_gpu.py replay.json --device REPORT.json   (another device's speeds: see there)
 
 `record` generates each prompt's greedy reply with the target alone and keeps the
 token ids, with the verification costs the auto policy calibrates at load (or kept from an earlier
-load on this machine; LOCALSPEC_RECALIBRATE=1 measures them anew).
-`simulate` then runs the policy (n-gram lookup only: what a draft model would
-have proposed is not recorded) over each recording: a draft is accepted as far
+load on this machine; LOCALSPEC_RECALIBRATE=1 measures them anew), each prompt's prediction where its
+set has one, and what the draft model (--draft; auto: the target's recommended one) would propose along
+the reply: it reads prompt and reply teacher-forced, in batches, and keeps at each reply position its
+likeliest token and that token's probability among its 10 likeliest (what a greedy draft judges p_min
+on). A greedy draft started at any position is then accepted exactly as far as those tokens agree with
+the reply, and where it stops unsure along the way is known (RecordedDraftModel).
+`simulate` then runs the policy (n-gram lookup only) over each recording: a draft is accepted as far
 as it agrees with the recorded reply, which is what greedy verification does,
 and each step costs what the recorded cost table says. It prints auto's and fixed
 n-gram's modelled speed against plain decoding per prompt set.
@@ -23,21 +28,30 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from localspec import bench, download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.drafters import Draft, Learner, NgramDrafter
+from localspec.engine.backend import Context
+from localspec.engine.drafters import GREEDY_DRAFT, Draft, Learner, NgramDrafter
 from localspec.engine.policy import AutoDrafter, Costs
+from localspec.engine.sampling import softmax
+from localspec.errors import LocalspecError
 from localspec.events import Step, Token
 from localspec.session import Session
 
 
 def record(args) -> None:
-    target = download.locate(registry.resolve(args.target))
+    resolved = registry.resolve(args.target)
+    target = download.locate(resolved)
+    draft = download.locate(registry.resolve_draft(args.draft, resolved))
     limits = Limits(max_tokens=args.max_tokens)
     recordings = {}
-    with Session(target, None, Runtime(), Speculation(DrafterKind.AUTO)) as session:
+    recorded = {"target": args.target, "draft": draft.name, "max_tokens": args.max_tokens, "limit": args.limit,
+                "sets": recordings}
+    with Session(target, draft, Runtime(), Speculation(DrafterKind.AUTO)) as session:
         session.use(DrafterKind.AUTO)  # the cost table: calibrated, or kept from an earlier load
-        costs = session.costs()
+        recorded["costs"] = session.costs()
         session.use(DrafterKind.PLAIN)
         for name in bench.expand(args.prompts):
             recordings[name] = []
@@ -46,9 +60,98 @@ def record(args) -> None:
                 session.reset()
                 events = session.generate(tokens, Sampling(temperature=0), limits)
                 reply = [event.id for event in events if isinstance(event, Token)]
-                recordings[name].append({"prompt": tokens, "reply": reply})
-                print(f"{name}: {len(tokens)} + {len(reply)} tokens")
-    Path(args.output).write_text(json.dumps({"target": args.target, "costs": costs, "sets": recordings}))
+                likeliest, sure = draft_along(session.model_drafter.context, tokens, reply)
+                item = {"prompt": tokens, "reply": reply, "draft": {"likeliest": likeliest, "sure": sure}}
+                if prompt.prediction:
+                    item["prediction"] = session.prediction_tokens(prompt.prediction)
+                recordings[name].append(item)
+                # written after every prompt: a run cut short keeps what it recorded
+                Path(args.output).write_text(json.dumps(recorded))
+                agreed = sum(a == b for a, b in zip(likeliest, reply))
+                print(f"{name}: {len(tokens)} + {len(reply)} tokens, the draft's likeliest token agrees at {agreed}",
+                      flush=True)
+
+
+def draft_along(context: Context, prompt: list[int], reply: list[int]) -> tuple[list[int], list[float]]:
+    """The draft model's likeliest token at each reply position, reading prompt and reply teacher-forced, and
+    its probability among the 10 likeliest (as a greedy draft's p_min is judged); leaves the cache empty."""
+    context.sample_with(GREEDY_DRAFT)
+    context.truncate(0)
+    context.decode(prompt[:-1], logits="none")
+    rows = (prompt[-1:] + reply)[: len(reply)]  # the token before each reply token
+    likeliest, sure = [], []
+    for offset in range(0, len(rows), context.max_rows):
+        chunk = rows[offset : offset + context.max_rows]
+        context.decode(chunk, logits="all")
+        for row in range(len(chunk)):
+            q = softmax(*context.candidates(row))
+            best = int(np.argmax(q.probs))
+            likeliest.append(int(q.ids[best]))
+            sure.append(float(q.probs[best]))
+    context.truncate(0)
+    return likeliest, sure
+
+
+def chain_lengths(likeliest: list[int], reply: list[int]) -> list[int]:
+    """At each reply position, how many of the draft's tokens from there on agree with the reply without a
+    break: how far a greedy draft started there is accepted, unless p_min or its length stops it first."""
+    lengths = [0] * (len(reply) + 1)
+    for position in range(len(reply) - 1, -1, -1):
+        lengths[position] = lengths[position + 1] + 1 if likeliest[position] == reply[position] else 0
+    return lengths[:-1]
+
+
+class RecordedDraftModel:
+    """The draft model of a recording, drafting greedily along the target's path as it would have: while
+    its likeliest token's probability is at least p_min, up to the draft's length. Past its first miss it
+    would be reading its own wrong token, which the recording does not hold: it is taken to stay sure up to
+    the draft's length (the most that draft could cost), its tokens there stand-ins verification never reaches.
+
+    What it costs: n drafted tokens are n decodes (Costs.draft_seconds; the first reads the token committed
+    last), and its Draft's catch_up_seconds hold the rest: one decode more where it stopped unsure, and
+    whatever else its cache lacks at the catch-up rate a token (the prompt when auto first chooses it; a
+    fully accepted draft's last token, as a draft of k feeds the draft model only its first k - 1)."""
+
+    kind = DrafterKind.DRAFT
+
+    def __init__(self, costs: Costs, p_min: float):
+        self.costs, self.p_min = costs, p_min
+
+    def follow(self, item: dict) -> None:
+        """Draft along this recorded generation from now on."""
+        self.start = len(item["prompt"])
+        self.reply = item["reply"]
+        self.likeliest, self.sure = item["draft"]["likeliest"], item["draft"]["sure"]
+        self.runs = chain_lengths(self.likeliest, self.reply)
+
+    def begin(self, prompt, sampling, rng) -> None:
+        """As fixed drafting: the prompt is read while the target reads it, before decoding starts."""
+        self.agreed = self.cached = len(prompt)
+
+    def prepare(self, sampling, rng) -> None:
+        """As auto: the first draft reads all it lacks."""
+        self.agreed = self.cached = 0
+
+    def behind(self, history: list[int]) -> int:
+        """As ModelDrafter's: the tokens since it last drafted, at most (what auto weighs)."""
+        return len(history) - self.agreed
+
+    def propose(self, history: list[int], k: int) -> Draft:
+        at = len(history) - self.start
+        run = self.runs[at] if at < len(self.runs) else 0
+        tokens, unsure = [], False
+        for position in range(at, min(at + k, len(self.reply))):
+            if position - at <= run and self.sure[position] < self.p_min:  # (judged where it reads the path)
+                unsure = True
+                break
+            tokens.append(self.likeliest[position])
+        fed = len(tokens) if unsure else max(0, len(tokens) - 1)
+        read = len(history) - min(self.cached, len(history) - 1)  # its catch-up, the last committed token included
+        level, token = self.costs.level, self.costs.drafts[self.kind].token
+        catch_up = level * token * (1 + fed - len(tokens)) + self.costs.catch_up_seconds(self.kind, read - 1)
+        self.agreed = len(history)
+        self.cached = len(history) + min(fed, run)
+        return Draft(tokens, source=self.kind, catch_up_seconds=catch_up)
 
 
 class LlamaNgramSimple:
@@ -77,24 +180,26 @@ class LlamaNgramSimple:
 
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max: int) -> tuple[float, list[Step]]:
-    """Seconds the recorded reply takes with this drafter, by the cost table, and its steps."""
+    """Seconds the recorded reply takes with this drafter, by the cost table, and its steps. A costly
+    drafter's draft costs its tokens (Costs.draft_seconds) and the catch-up its Draft names."""
     drafter.begin(prompt, Sampling(temperature=0), None)
     history, seconds, steps = list(prompt), 0.0, []
     end = len(prompt) + len(reply)
     while len(history) < end:
         k = min(draft_max, end - len(history) - 1)
-        draft = drafter.propose(history, k) if k > 0 else None
-        tokens = draft.tokens if draft else []
+        draft = drafter.propose(history, k) if k > 0 else Draft()
+        tokens = draft.tokens
         written = reply[len(history) - len(prompt):]
         accepted = next((i for i, (a, b) in enumerate(zip(tokens, written)) if a != b), len(tokens))
+        drafting = costs.draft_seconds(draft.source, len(tokens)) + draft.catch_up_seconds
         verify = costs.verify_seconds(len(tokens) + 1)
-        probe = draft.probe if draft else None
-        step = Step(draft.source if draft else DrafterKind.PLAIN, len(tokens), accepted, 0.0, verify,
+        probe = draft.probe
+        step = Step(draft.source, len(tokens), accepted, drafting, verify, draft.catch_up_seconds,
                     probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)
         if isinstance(drafter, Learner):
             drafter.observe(step)
         steps.append(step)
-        seconds += verify
+        seconds += drafting + verify
         history += written[: accepted + 1]
     return seconds, steps
 
@@ -137,8 +242,10 @@ def simulate(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    recorder = commands.add_parser("record", help="generate and keep greedy replies and the cost table")
+    recorder = commands.add_parser("record", help="generate and keep greedy replies, the draft model's proposals"
+                                                  " along them and the cost table")
     recorder.add_argument("--target", default="qwen2.5-coder-1.5b")
+    recorder.add_argument("--draft", default="auto", help="the draft model (default: the target's recommended one)")
     recorder.add_argument("--prompts", default="all", help="prompt sets as for localspec bench (default: all)")
     recorder.add_argument("--limit", type=int, default=4)
     recorder.add_argument("--max-tokens", type=int, default=96)
@@ -147,7 +254,10 @@ def main() -> None:
     simulator.add_argument("recording")
     simulator.add_argument("--mixed", action="store_true", help="auto keeps what it learned from set to set")
     args = parser.parse_args()
-    record(args) if args.command == "record" else simulate(args)
+    try:
+        record(args) if args.command == "record" else simulate(args)
+    except LocalspecError as error:
+        raise SystemExit(str(error)) from None
 
 
 if __name__ == "__main__":
