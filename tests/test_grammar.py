@@ -16,7 +16,7 @@ from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
 from localspec.stats import record
-from test_lossless import ALPHA, FLOOR, LENGTH, SAMPLES, chi_square_p_value
+from test_lossless import ALPHA, FLOOR, LENGTH, SAMPLES, chi_square_p_value, decoded_row
 from tinymodels import LOWERCASE, TinySpec, write_tiny_model
 
 # vowels, then two consonants, then letters until a full stop: every position masks, in a different way
@@ -113,14 +113,13 @@ def masked_distribution(target, prompt, sampling) -> dict[tuple, float]:
     probabilities: dict[tuple, float] = {}
 
     def walk(prefix: list[int], mass: float) -> None:
-        target.truncate(0)
-        target.decode(prompt + prefix, logits="last")
+        row = decoded_row(target, prompt, prefix)
         with Grammar(target.model, sampling.grammar) as grammar:
             for token in prefix:
                 grammar.accept(token)
             logits = np.full(target.model.n_vocab, -np.inf, np.float32)
-            admitted = grammar.admitted(target.logits(-1))
-            logits[admitted] = target.logits(-1)[admitted]
+            admitted = grammar.admitted(row)
+            logits[admitted] = row[admitted]
         p = transform(logits, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token
