@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
-from .service import Busy, Closing, Job, Request
+from .service import Busy, Closing, Job, Request, WorkerStopped
 from .session import ROLES, Session, output_grammar
 from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
 
@@ -59,6 +59,8 @@ def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError
                         headers={"Retry-After": str(error.retry_after)})
     if isinstance(error, Closing):
         return ApiError(503, str(error), "server_error", code="shutting_down")
+    if isinstance(error, WorkerStopped):
+        return ApiError(503, str(error), "server_error", code="worker_stopped")
     if isinstance(error, ContextOverflow):
         return ApiError(400, str(error), param=prompt_field, code="context_length_exceeded")
     if isinstance(error, (InputError, UsageError)):

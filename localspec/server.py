@@ -31,7 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from . import api, download, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import Serving
-from .errors import ContextOverflow, InputError, LocalspecError
+from .errors import ContextOverflow, EngineError, InputError, LocalspecError
 from .events import Done, Token
 from .pool import NoRoom, Pool, Served, UnknownModel
 from .service import FINISHED, Job
@@ -39,6 +39,7 @@ from .service import Request as ServiceRequest  # (starlette's Request is the HT
 from .tool_calls import ToolCall
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
+WATCH_SECONDS = 0.2  # how often the generation workers are looked at
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
 FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
@@ -73,8 +74,15 @@ class Server:
         self.created = int(time.time())
 
     async def health(self, request: Request) -> Response:
+        stopped = self._stopped()
+        if stopped:
+            return JSONResponse({"status": "error", "error": stopped}, status_code=503)
         running = self._running()
         return JSONResponse({"status": "ok", "running": running > 0, "waiting": self.pool.pending - running})
+
+    def _stopped(self) -> str | None:
+        """Why a model's generation worker stopped, if one did."""
+        return next((served.service.stopped for served in self.pool.loaded.values() if served.service.stopped), None)
 
     def _running(self) -> int:
         return sum(served.service.running for served in self.pool.loaded.values())
@@ -469,7 +477,10 @@ class Server:
         try:
             asyncio.run(self._serve(server, listener))
         finally:
+            stopped = self._stopped()  # (read before the pool unloads the models)
             self.pool.close()
+        if stopped:  # a supervisor (systemd, a container's restart policy) starts serve again
+            raise EngineError(f"{stopped}; serve stopped (start it again)")
 
     def _stop(self) -> None:
         self.closing = True
@@ -477,10 +488,20 @@ class Server:
 
     async def _serve(self, server: "_Uvicorn", listener: socket.socket) -> None:
         reaper = asyncio.create_task(self._reap())
+        watchdog = asyncio.create_task(self._watch(server))
         try:
             await server.serve(sockets=[listener])
         finally:
             reaper.cancel()
+            watchdog.cancel()
+
+    async def _watch(self, server: "_Uvicorn") -> None:
+        """Shut down once a generation worker has stopped: its requests were answered 503 in one line, and
+        a server that can no longer generate should be restarted, not left running."""
+        while not self._stopped():
+            await asyncio.sleep(WATCH_SECONDS)
+        self.log(f"localspec: {self._stopped()}; serve is shutting down")
+        server.should_exit = True
 
     async def _reap(self) -> None:
         """Unload, now and then, the models idle beyond their keep-alive."""

@@ -41,6 +41,11 @@ class Closing(LocalspecError):
     """The server is shutting down."""
 
 
+class WorkerStopped(EngineError):
+    """The generation worker stopped on a fault of its own: this model cannot generate any more, and
+    serve exits so that a supervisor can start it again."""
+
+
 @dataclass(frozen=True)
 class Request:
     """What to generate: a conversation (rendered with the model's chat template) or a prompt (text,
@@ -105,6 +110,7 @@ class Service:
         self._closing = False
         self._seconds_per_job: float | None = None
         self._running: dict[int, Job] = {}  # by the sequence each generates on
+        self.stopped: str | None = None  # why the worker stopped, if it did (one line)
         self._thread = threading.Thread(target=self._work, name="localspec-generation")
         self._thread.start()
 
@@ -124,6 +130,8 @@ class Service:
     def submit(self, request: Request, deliver: Callable) -> Job:
         """Queue a request behind those before it; Busy if the queue is full."""
         with self._lock:
+            if self.stopped:
+                raise WorkerStopped(self.stopped)
             if self._closing:
                 raise Closing("the server is shutting down")
             slots = len(self.session.sequences)
@@ -154,6 +162,28 @@ class Service:
         self._thread.join()
 
     def _work(self) -> None:
+        try:
+            self._serve_jobs()
+        except BaseException as error:  # a fault outside any one request's generation: nothing runs any more
+            self._stop_on(error)
+
+    def _stop_on(self, error: BaseException) -> None:
+        """Fail every request running and waiting with one line, and refuse those to come."""
+        self.log("".join(traceback.format_exception(error)).rstrip())
+        with self._lock:
+            self.stopped = f"the generation worker stopped: {type(error).__name__}: {error}".splitlines()[0]
+            self._closing = True
+        jobs = list(self._running.values())
+        self._running.clear()
+        with self._jobs.mutex:
+            jobs += [job for job in self._jobs.queue if job is not None]
+            self._jobs.queue.clear()
+        for job in jobs:
+            job.outcome = "error"
+            job.deliver(WorkerStopped(self.stopped))
+            self._finish(job)
+
+    def _serve_jobs(self) -> None:
         together, stopping = Together(), False
         while not stopping or self._running:
             stopping = self._admit(together, stopping)

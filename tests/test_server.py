@@ -3,6 +3,7 @@ httpx for the edge cases, and many clients at once. Every server here is a real 
 process on a free port of 127.0.0.1, started by the test and stopped with a signal."""
 
 import contextlib
+import os
 import json
 import resource
 import select
@@ -770,3 +771,41 @@ def test_a_client_that_never_reads_its_stream_does_not_hold_the_others(tiny, tmp
                                                                           "waiting": 0})
     finally:
         assert server.stop() == 0
+
+
+INJECTED_FAULT = '''
+import localspec.engine.together as together
+
+original, calls = together.Together.step, []
+
+
+def step(self):
+    calls.append(1)
+    if len(calls) > 3:  # a fault in the worker's own loop, after a few steps of the first request
+        raise RuntimeError("an injected fault")
+    return original(self)
+
+
+together.Together.step = step
+'''
+
+
+def test_a_worker_that_stops_is_one_503_and_serve_exits_for_a_supervisor(tiny, tmp_path):
+    """Issue 46's watchdog: the request in flight is answered 503 in one line (no connection reset),
+    and serve shuts down and exits 4 with the cause, so that systemd or a container restarts it."""
+    (tmp_path / "fault").mkdir()
+    (tmp_path / "fault" / "sitecustomize.py").write_text(INJECTED_FAULT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fault"), os.environ.get("PYTHONPATH", "")])}
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--alias", "tiny", env=env)
+    try:
+        with pytest.raises(openai.InternalServerError) as raised:
+            server.client().chat.completions.create(model="tiny", max_tokens=16,
+                                                    messages=[{"role": "user", "content": "hello"}])
+        assert raised.value.status_code == 503
+        assert raised.value.body["message"] == "the generation worker stopped: RuntimeError: an injected fault"
+        assert server.process.wait(timeout=30) == 4
+        said = server.log()
+        assert "error: the generation worker stopped: RuntimeError: an injected fault; serve stopped" in said
+        assert "Traceback" in said  # the operator's log keeps where it happened
+    finally:
+        server.stop()

@@ -5,11 +5,12 @@ import threading
 
 import pytest
 
-from localspec.api import ApiError, Defaults, parse_chat, parse_completion
+from localspec.api import ApiError, Defaults, api_error, parse_chat, parse_completion
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Speculation
 from localspec.errors import ContextOverflow, InputError
 from localspec.events import Prefill
-from localspec.service import FINISHED, Busy, Request, Service
+from localspec.engine.together import Together
+from localspec.service import FINISHED, Busy, Request, Service, WorkerStopped
 from localspec.session import Session
 
 
@@ -96,6 +97,32 @@ def test_close_refuses_new_requests(session):
     service.close()
     with pytest.raises(Exception, match="shutting down"):
         service.submit(request(), Inbox("late", []))
+
+
+def test_a_worker_that_stops_answers_every_request_in_one_line_and_refuses_the_rest(session, monkeypatch):
+    """A fault outside any one generation (here: Together.step itself) ends the worker: what runs and
+    what waits is told so in one line, later requests are refused with it, and the service says why."""
+    def broken(self):
+        raise RuntimeError("a fault in the loop\nwith a second line")
+
+    monkeypatch.setattr(Together, "step", broken)
+    logged = []
+    service = Service(session, queue_limit=4, log=logged.append)
+    try:
+        first, second = Inbox("first", []), Inbox("second", [])
+        service.submit(request(), first)
+        service.submit(request(), second)
+        assert first.done.wait(60) and second.done.wait(60)
+        for inbox in (first, second):
+            [error] = [item for item in inbox.items if isinstance(item, WorkerStopped)]
+            assert str(error) == "the generation worker stopped: RuntimeError: a fault in the loop"
+        assert service.stopped == str(error) and "Traceback" in logged[0]  # the operator gets the traceback
+        with pytest.raises(WorkerStopped, match="a fault in the loop"):
+            service.submit(request(), Inbox("late", []))
+        assert api_error(error).status == 503 and api_error(error).code == "worker_stopped"
+        assert service.metrics.requests["error"] == 2 and service.pending == 0
+    finally:
+        service.close()
 
 
 DEFAULTS = Defaults(Sampling(temperature=0.5, top_k=10), Limits(max_tokens=100, stop=("END",)))
