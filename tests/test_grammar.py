@@ -60,6 +60,33 @@ def test_the_grammar_says_what_text_it_alone_admits_without_committing_it(target
         assert forced(grammar) == ("ab", "cd")  # then c, d or the end
 
 
+DEEP = 100_000  # each of these ended the process (SIGSEGV) inside llama.cpp before it was bounded (issue 46)
+TOO_DEEP_OR_BIG = {
+    "nested": "root ::= " + "(" * DEEP + '"a"' + ")" * DEEP,
+    "a chain of rules": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(DEEP)) + f'r{DEEP} ::= "a"\n',
+    "maxLength": {"type": "string", "maxLength": DEEP},
+    "a pattern's repetition": {"type": "string", "pattern": "^a{0,%d}$" % DEEP},
+    "maxItems": {"type": "array", "items": {"type": "integer"}, "maxItems": DEEP},
+}
+
+
+@pytest.mark.parametrize("case", list(TOO_DEEP_OR_BIG))
+def test_a_grammar_too_deep_or_too_big_to_compile_safely_is_one_error(target, case):
+    grammar = TOO_DEEP_OR_BIG[case]
+    text = grammar if isinstance(grammar, str) else from_json_schema(grammar)
+    with pytest.raises(InputError, match="at most"):
+        Grammar(target.model, text)
+
+
+def test_the_bounds_count_only_the_grammars_own_parentheses(target):
+    # parentheses inside literals, character classes and comments are text, not nesting
+    text = 'root ::= "' + "(" * 2_000 + '" [(] x # ' + "(" * 2_000 + '\nx ::= ("a")'
+    with Grammar(target.model, text) as grammar:
+        assert grammar.admits(target.model.tokenize("(", add_special=False, parse_special=False)[-1])
+    with Grammar(target.model, from_json_schema({"type": "string", "maxLength": 1_000})):
+        pass  # the deepest a schema's repetition that llama.cpp's own parser takes
+
+
 def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
     with pytest.raises(InputError, match="the grammar does not compile"):
         Grammar(target.model, 'root ::= "unclosed')

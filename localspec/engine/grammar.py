@@ -65,6 +65,7 @@ class Grammar:
         ^...$, else anywhere), and from then on constrains the text from the pattern's first group."""
         recent_errors.clear()
         self._model, self._vocab = model, model.vocab
+        _check_bounds(text)
         self._sampler = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
         if not self._sampler:
             why = "; ".join(recent_errors) or "llama.cpp could not parse it"
@@ -253,3 +254,46 @@ def _start(trigger: re.Pattern, text: bytes) -> int | None:
         return None
     return next((match.start(group) for group in range(1, (trigger.groups or 0) + 1) if match.group(group)),
                 match.start())
+
+
+# llama.cpp parses a grammar and builds its stacks recursively: on an 8 MiB stack a GBNF nested 30,000 deep
+# or a chain of 100,000 rules ended the process (SIGSEGV; 10,000 and 30,000 were fine, measured 2026-11-26),
+# and the schema converter nests as deep as a maxLength, maxItems or a pattern's {0,n} asks. Its own
+# parser already refuses such repetitions from about 2,000 on, so these bounds cost no grammar that works.
+MOST_NESTING = 1_000
+MOST_RULES = 10_000
+MOST_CHARACTERS = 1_000_000
+
+
+def _check_bounds(text: str) -> None:
+    """InputError for a grammar too big or too deep for llama.cpp to compile without overflowing its
+    stack: parentheses nested (outside literals, character classes and comments), rules, characters."""
+    if len(text) > MOST_CHARACTERS:
+        raise InputError(f"the grammar is {len(text):,} characters long; at most {MOST_CHARACTERS:,} are taken")
+    depth = deepest = rules = 0
+    closing, at = None, 0  # the quote or bracket that ends the literal or class being read
+    while at < len(text):
+        character = text[at]
+        if closing:
+            if character == "\\":
+                at += 1
+            elif character == closing:
+                closing = None
+        elif character in "\"[":
+            closing = "]" if character == "[" else character
+        elif character == "#":
+            end = text.find("\n", at)
+            at = len(text) if end < 0 else end
+        elif character == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif character == ")":
+            depth -= 1
+        elif text.startswith("::=", at):
+            rules += 1
+        at += 1
+    if deepest > MOST_NESTING:
+        raise InputError(f"the grammar nests {deepest:,} deep (a JSON schema's maxLength, maxItems or a pattern's"
+                         f" repetition nests as deep as it counts); at most {MOST_NESTING:,} are taken")
+    if rules > MOST_RULES:
+        raise InputError(f"the grammar has {rules:,} rules; at most {MOST_RULES:,} are taken")
