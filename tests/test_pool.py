@@ -191,3 +191,19 @@ def test_an_embedding_model_asked_for_by_name_embeds_and_refuses_to_generate(hom
 def test_run_on_an_embedding_model_says_it_does_not_generate(localspec, tmp_path):
     done = localspec("run", write_tiny_bert(tmp_path / "embed.gguf"), "hi")
     assert done.returncode == 2 and b"is an embedding model (bert)" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_a_reranker_is_refused_as_an_embedding_model_and_no_memory_is_read_past_its_scores(tmp_path):
+    """Rank pooling hands out one score a sequence, not n_embd floats: read as a vector it returned
+    ~2,300 bytes of the process heap in base64 (issue 46). It is refused, and serving goes on."""
+    import gguf
+
+    reranker = write_tiny_bert(tmp_path / "rerank.gguf", pooling=gguf.PoolingType.RANK)
+    server = ServerProcess(tmp_path / "home", reranker, "--alias", "rerank")
+    try:
+        for _ in range(2):
+            with pytest.raises(openai.BadRequestError, match="is a reranker"):
+                server.client().embeddings.create(model="rerank", input=["the cat sat"])  # base64, as the client asks
+        assert httpx.get(server.base + "/health").json()["status"] == "ok"
+    finally:
+        assert server.stop() == 0, server.log()

@@ -21,7 +21,8 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 VOCAB = SPECIAL + [f"\u2581{c}" for c in LETTERS] + list(LETTERS) + ["\u2581.", "\u2581,"]
 
 
-def write_tiny_bert(path: Path, seed: int = 5) -> Path:
+def write_tiny_bert(path: Path, seed: int = 5, pooling: gguf.PoolingType = gguf.PoolingType.MEAN) -> Path:
+    """pooling RANK: a reranker, with the classifier head that scores a pair (one value, not a vector)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape):
@@ -36,7 +37,7 @@ def write_tiny_bert(path: Path, seed: int = 5) -> Path:
     writer.add_head_count(N_HEAD)
     writer.add_layer_norm_eps(1e-12)
     writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)
+    writer.add_pooling_type(pooling)
     writer.add_token_type_count(2)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("bert")
@@ -64,4 +65,7 @@ def write_tiny_bert(path: Path, seed: int = 5) -> Path:
         tensors[f"{block}.ffn_up.weight"], tensors[f"{block}.ffn_up.bias"] = normal(N_FF, N_EMBD), np.zeros(N_FF, np.float32)
         tensors[f"{block}.ffn_down.weight"], tensors[f"{block}.ffn_down.bias"] = normal(N_EMBD, N_FF), zeros
         tensors[f"{block}.layer_output_norm.weight"], tensors[f"{block}.layer_output_norm.bias"] = ones, zeros
+    if pooling == gguf.PoolingType.RANK:
+        tensors.update({"cls.weight": normal(N_EMBD, N_EMBD), "cls.bias": zeros, "cls.output.weight": normal(1, N_EMBD),
+                        "cls.output.bias": np.zeros(1, np.float32)})
     return finish(writer, tensors, path)

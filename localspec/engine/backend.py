@@ -672,6 +672,13 @@ class Embedder:
             raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens for"
                               f" {model.path.name} (out of memory? try a smaller --ctx-size)")
         self.pooling = self.POOLING.get(llama.llama_pooling_type(self._ctx), "none")
+        if self.pooling == "rank":  # llama.cpp hands out n_cls_out scores a sequence there, not a vector
+            llama.llama_free(self._ctx)
+            self._ctx = None
+            raise InputError(f"{model.path.name} is a reranker (rank pooling): it scores a text against a query"
+                             " and gives no embedding")
+        # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption
+        self.width = llama.llama_model_n_embd_out(model.handle)
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
 
@@ -693,7 +700,7 @@ class Embedder:
         pointer = llama.llama_get_embeddings_seq(self._ctx, 0)
         if not pointer:
             raise EngineError(f"{self.model.path.name} gives no pooled embedding")
-        vector = np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).astype(np.float64)
+        vector = np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
         norm = np.linalg.norm(vector)
         return vector / norm if norm > 0 else vector
 
