@@ -290,8 +290,8 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
         raise UsageError(f"{where}: drafts = {entry.drafts!r} is not a kind of drafter; one of {', '.join(DRAFTER_KINDS)}")
     if entry.drafts and (entry.draft or entry.drafters):
         raise UsageError(f"{where}: a drafter (drafts = {entry.drafts!r}) has no draft or drafters of its own")
-    for file in entry.files:
-        if not SAFE_FILE.match(file):
+    for file in dict.fromkeys(filter(None, (entry.file, *entry.parts))):  # every path an entry names: `file`
+        if not SAFE_FILE.match(file):  # beside `parts` is still hashed, and unlinked when its hash is wrong
             raise UsageError(f"{where}: file name {file!r} must be a .gguf file of its repo (folders allowed, not . or ..)")
     for repo in filter(None, (entry.repo, *entry.alternatives)):
         if not is_repo_name(repo):

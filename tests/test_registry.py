@@ -105,6 +105,9 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
         ('[models.x]\nrepo = "http://example.com/x"\nfile = "x.gguf"\n', "not a Hub repository name"),
         ('[models.x]\nrepo = "a/b"\nfile = "sub/../../x.gguf"\n', "not . or .."),
         ('[models.x]\nrepo = "a/b"\nfile = "/etc/x.gguf"\n', "not . or .."),
+        # beside parts, `file` is what pull hashes and deletes when the hash is wrong (issue 46: any file of the user's)
+        ('[models.x]\nrepo = "a/b"\nfile = "../../../victim/notes.txt"\nparts = ["x-00001-of-00002.gguf",'
+         ' "x-00002-of-00002.gguf"]\nsha256 = "0"\n', "not . or .."),
         ('[models.x]\nrepo = "a/b"\n', "incomplete"),
         ('[models.x]\nrepo = "a/b"\nfile = x.gguf\n', r"not valid TOML.*line 3"),
         # a name becomes a folder: `rm .` would delete every model, `rm ..` the whole home
