@@ -421,7 +421,7 @@ def test_api_key_is_required_except_for_health(tiny, tmp_path):
 
 def test_each_api_keys_client_drafts_only_from_its_own_earlier_answers(tiny, tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("second\n\n")
+    keys.write_text("# one key a line: this comment is none\nsecond\n\n")
     server = ServerProcess(tmp_path / "home", tiny["target"], "--api-key", "first", "--api-key-file", str(keys))
     try:
         def from_earlier_answers(key: str) -> int:
@@ -437,6 +437,8 @@ def test_each_api_keys_client_drafts_only_from_its_own_earlier_answers(tiny, tmp
         cached = next(float(line.split()[-1]) for line in metrics.splitlines()
                       if line.startswith("localspec:suffix_cache_tokens "))
         assert cached >= 3 * 32  # every client's cache counted
+        with pytest.raises(openai.AuthenticationError):  # a comment in the key file is no key (issue 46)
+            server.client(api_key="# one key a line: this comment is none").models.list()
     finally:
         assert server.stop(signal.SIGTERM) == 0
 

@@ -373,7 +373,8 @@ def serve(
         " earlier answers. Setting LOCALSPEC_API_KEY keeps the keys out of the process list.")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
         "--api-key-file", show_default=False,
-        help="Read API keys from this file, one a line (beside any --api-key).")] = None,
+        help="Read API keys from this file, one a line (beside any --api-key); blank lines and lines"
+             " beginning with # are not keys.")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for one of the --parallel to free; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
@@ -415,7 +416,8 @@ def serve(
     from ..pool import Pool
 
     keys = (api_key.split(",") if api_key is not None else []) + (
-        [line for line in read_text(api_key_file).splitlines() if line.strip()] if api_key_file else [])
+        [line for line in read_text(api_key_file).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if api_key_file else [])
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive))
