@@ -288,6 +288,8 @@ def duration_seconds(value: str | float) -> float:
     elif isinstance(value, str) and value.strip() and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", value.strip()):
         seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(value.strip()))
     else:
+        seconds = math.nan
+    if math.isnan(seconds):  # (JSON's NaN too: compared with anything it is never past, so never unloaded)
         raise UsageError(f"a duration is seconds or a length such as 5m, 1h or 90s (negative: forever), got {value!r}")
     return math.inf if seconds < 0 else seconds
 

@@ -1,11 +1,14 @@
 """Ollama's API on serve's port, through the `ollama` package as Open WebUI and agent frameworks call it."""
 
 import json
+import math
 
 import httpx2 as httpx
 import ollama
 import pytest
 
+from localspec.api import ApiError
+from localspec.ollama import keep_alive
 from test_server import PROMPT, drafting_server, plain_text
 
 
@@ -126,3 +129,17 @@ def test_both_clients_unchanged_on_a_real_model_schema_embeddings_chat_and_gener
         assert "Traceback" not in running.log()
     finally:
         assert running.stop() == 0, running.log()
+
+
+@pytest.mark.parametrize("value, seconds", [(300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("-1", math.inf), (-5, math.inf),
+                                            (0, 0.0)])
+def test_keep_alive_is_seconds_or_a_duration(value, seconds):
+    assert keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", [math.nan, "nan", "soon", "", True, [5]])
+def test_a_keep_alive_that_is_no_duration_is_one_400(value):
+    # NaN (JSON allows it) was taken: compared with anything it is never past, so the model was never unloaded
+    with pytest.raises(ApiError, match="keep_alive") as raised:
+        keep_alive(value)
+    assert raised.value.status == 400
