@@ -119,8 +119,7 @@ class Grammar:
         if kept.all():
             return dist
         if not kept.any():
-            raise InputError("the grammar admits none of the likely tokens here: the answer began a form the"
-                             " grammar does not allow")
+            raise InputError(_NONE_LIKELY)
         return Dist(dist.ids[kept], dist.probs[kept] / dist.probs[kept].sum())
 
     def best(self, logits: np.ndarray) -> int:
@@ -132,8 +131,7 @@ class Grammar:
             for token in np.argsort(logits)[::-1][:_LIKELIEST]:
                 if self.admits(int(token)):
                     return int(token)
-            raise InputError("the grammar admits none of the likely tokens here: the answer began a form the"
-                             " grammar does not allow")
+            raise InputError(_NONE_LIKELY)
         ids = self.admitted(logits)
         return int(ids[np.argmax(logits[ids])])
 
@@ -187,7 +185,7 @@ class Grammar:
         """While awaiting: None if committing the token sets off no trigger; the tokens of the text it
         sets off (from the trigger's first group on) where the grammar admits that text; False where not."""
         text = self._text + self._piece(token)
-        start = next((at for at in map(lambda trigger: _start(trigger, text), self._triggers) if at is not None), None)
+        start = next((at for at in (_start(trigger, text) for trigger in self._triggers) if at is not None), None)
         if start is None:
             return None
         try:
@@ -241,6 +239,7 @@ class Grammar:
 
 
 _LIKELIEST = 64  # tokens of a row tried in turn for a greedy choice while awaiting a trigger
+_NONE_LIKELY = "the grammar admits none of the likely tokens here: the answer began a form the grammar does not allow"
 
 
 def _start(trigger: re.Pattern, text: bytes) -> int | None:
