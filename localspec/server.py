@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import functools
 import hmac
+import ipaddress
 import json
+import re
 import signal
 import socket
 import time
@@ -30,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import api, download, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
-from .config import Serving
+from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, InputError, LocalspecError
 from .events import Done, Token
 from .pool import NoRoom, Pool, Served, UnknownModel
@@ -70,7 +72,8 @@ class Server:
             Route("/api/pull", self.ollama_pull, methods=["POST"]),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
-        self.app = Starlette(routes=routes, exception_handlers=not_http, middleware=[_cross_origin(serving)])
+        self.app = Starlette(routes=routes, exception_handlers=not_http,
+                             middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
         self.created = int(time.time())
 
     async def health(self, request: Request) -> Response:
@@ -534,6 +537,49 @@ def _cross_origin(serving: Serving) -> Middleware:
     --cors-origin ones (an API key, where set, is still asked of every request but the preflight)."""
     return Middleware(CORSMiddleware, allow_origins=list(serving.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
                       allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600)
+
+
+class _SameSite:
+    """What a web page could make a server on this machine do, refused (as Ollama refuses it):
+    * a Host that names no address of this machine while serve listens on loopback: a page whose DNS
+      name was rebound to 127.0.0.1 is same-origin with the server and reads every answer;
+    * a request whose Origin is another site's that CORS would not admit (a form or text/plain POST,
+      which browsers send without a preflight: its answer is unreadable, but it would still generate or
+      pull). Clients outside a browser send no Origin (curl, the openai and ollama packages)."""
+
+    def __init__(self, app, serving: Serving):
+        self.app, self.serving = app, serving
+        self.loopback = serving.host in LOOPBACK_HOSTS
+        self.origins = re.compile(f"(?:{'|'.join([LOCAL_ORIGINS, *map(re.escape, serving.cors_origins)])})$")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+            why = self._refusal(headers.get("host", ""), headers.get("origin"), scope["method"])
+            if why:
+                await JSONResponse(ApiError(403, why, code="forbidden").body(), status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, host: str, origin: str | None, method: str) -> str | None:
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        name = name.strip("[]").lower()
+        if self.loopback and not _local_name(name):
+            return (f"Host {host!r} is not a name of this machine (a page whose DNS name was rebound to it?);"
+                    " serve answers localhost and loopback addresses while it listens on loopback")
+        if origin is not None and method != "OPTIONS" and not self.origins.match(origin):
+            return (f"a page of {origin} may not call this server (--cors-origin {origin} allows it)")
+        return None
+
+
+def _local_name(name: str) -> bool:
+    """Whether a Host names this machine: localhost, a loopback or private address, its own host name."""
+    try:
+        address = ipaddress.ip_address(name)
+        return address.is_loopback or address.is_private or address.is_unspecified
+    except ValueError:
+        return (name in ("localhost", socket.gethostname().lower())
+                or name.endswith((".localhost", ".local", ".internal")))
 
 
 class _Doorkeeper:

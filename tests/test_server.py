@@ -600,7 +600,7 @@ def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_hea
         port = int(server.base.rsplit(":", 1)[1])
         for _ in range(40):  # headers that never end
             connection = socket.create_connection(("127.0.0.1", port), timeout=10)
-            connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
             slow.append(connection)
         answered = None
         deadline = time.monotonic() + 10
@@ -610,10 +610,10 @@ def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_hea
         assert answered == {"status": "ok", "running": False, "waiting": 0}, server.log()
         assert all(_closed_by_the_server(connection, 10) is not None for connection in slow)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:  # a body that never ends
-            trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            trickle.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
             assert b" 408 " in (_closed_by_the_server(trickle, 10) or b"").split(b"\r\n")[0]
         with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # kept alive after its answer
-            idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            idle.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert (_closed_by_the_server(idle, 10) or b"").startswith(b"HTTP/1.1 200")
         assert "16 connections are open, the most allowed" in server.log()
     finally:
@@ -761,7 +761,7 @@ def test_a_client_that_never_reads_its_stream_does_not_hold_the_others(tiny, tmp
         body = json.dumps({"prompt": "abc", "stream": True, "max_tokens": 4000}).encode()  # ~8 s of tokens
         stalled = socket.create_connection(("127.0.0.1", port), timeout=10)
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         _wait_until(lambda: httpx.get(server.base + "/health").json()["running"])
         started = time.monotonic()
@@ -815,3 +815,23 @@ def test_a_worker_that_stops_is_one_503_and_serve_exits_for_a_supervisor(tiny, t
         assert "Traceback" in said  # the operator's log keeps where it happened
     finally:
         server.stop()
+
+
+def test_a_web_page_cannot_drive_a_server_on_this_machine(server):
+    """Issue 46: DNS rebinding (a page's own name rebound to 127.0.0.1 is same-origin with the server) and
+    the cross-site requests browsers send without a preflight (a form, text/plain) are refused in one 403;
+    clients outside a browser, which send no Origin, and local pages are served as before."""
+    body = {"prompt": "abc", "max_tokens": 2}
+    port = server.base.rsplit(":", 1)[1]
+    rebound = httpx.post(server.url + "/completions", json=body, headers={"Host": f"attacker.example:{port}"})
+    assert rebound.status_code == 403 and "not a name of this machine" in rebound.json()["error"]["message"]
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        forged = httpx.post(server.url + "/completions", content=json.dumps(body),
+                            headers={"Origin": "http://attacker.example", "Content-Type": content_type})
+        assert forged.status_code == 403 and "may not call this server" in forged.json()["error"]["message"]
+    for lookalike in ("http://localhost.attacker.example", "null"):
+        assert httpx.post(server.url + "/completions", json=body, headers={"Origin": lookalike}).status_code == 403
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"app.localhost:{port}"):
+        assert httpx.post(server.url + "/completions", json=body, headers={"Host": host}).status_code == 200, host
+    local = httpx.post(server.url + "/completions", json=body, headers={"Origin": f"http://localhost:{port}"})
+    assert local.status_code == 200 and httpx.post(server.url + "/completions", json=body).status_code == 200
