@@ -80,6 +80,7 @@ class Model:
         self.target_layers = layer_inputs().target_layers(self._model)
         self.architecture = self.meta("general.architecture") or "unknown"
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
 
     def meta(self, key: str) -> str | None:
@@ -126,13 +127,23 @@ class Model:
         """The bytes a token stands for in generated text (special tokens render as nothing)."""
         cached = self._pieces.get(token)
         if cached is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            if n < 0:
-                buffer = ctypes.create_string_buffer(-n)
-                n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-            cached = self._pieces[token] = buffer.raw[:n]
+            cached = self._pieces[token] = self._to_piece(token, special=False)
         return cached
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of a token as llama.cpp's grammars read it: special tokens' own text included."""
+        cached = self._special_pieces.get(token)
+        if cached is None:
+            cached = self._special_pieces[token] = self._to_piece(token, special=True)
+        return cached
+
+    def _to_piece(self, token: int, special: bool) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if n < 0:  # the piece's length, negated, where it does not fit
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:n]
 
     @cached_property
     def longest_token(self) -> int | None:

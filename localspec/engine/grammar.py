@@ -77,7 +77,6 @@ class Grammar:
             raise InputError(f"a grammar trigger is not a regular expression: {error}") from None
         self._awaiting = bool(triggers)
         self._text = b""  # what was committed while awaiting a trigger
-        self._pieces: dict[int, bytes] = {}
         self._one = np.empty(1, TOKEN_DATA)
         self._row: np.ndarray | None = None
         self._probes: np.ndarray | None = None
@@ -175,7 +174,7 @@ class Grammar:
         if replay is False:
             raise InputError(f"token {token} would set off the grammar with text it does not admit")
         if replay is None:
-            self._text += self._piece(token)
+            self._text += self._model.special_piece(token)
             return
         for each in replay:  # each admitted in turn when _set_off asked, on a copy of this very state
             llama.llama_sampler_accept(self._sampler, each)
@@ -184,7 +183,7 @@ class Grammar:
     def _set_off(self, token: int) -> list[int] | None | bool:
         """While awaiting: None if committing the token sets off no trigger; the tokens of the text it
         sets off (from the trigger's first group on) where the grammar admits that text; False where not."""
-        text = self._text + self._piece(token)
+        text = self._text + self._model.special_piece(token)
         start = next((at for at in (_start(trigger, text) for trigger in self._triggers) if at is not None), None)
         if start is None:
             return None
@@ -203,18 +202,6 @@ class Grammar:
         finally:
             llama.llama_sampler_free(state)
         return tokens
-
-    def _piece(self, token: int) -> bytes:
-        """The token's text as llama.cpp's grammar reads it: special tokens' own text included."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-            if n < 0:  # the piece's length, negated, where it does not fit
-                buffer = ctypes.create_string_buffer(-n)
-                n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-            piece = self._pieces[token] = buffer.raw[:n]
-        return piece
 
     def _admitted_by(self, state, token: int) -> bool:
         self._one["id"], self._one["logit"] = token, 0.0
