@@ -326,7 +326,10 @@ def own_replies(session: Session, conversation: Conversation, limits: Limits,
 class HostTime:
     """Host time of each step (wall time since the previous step less the time inside llama_decode:
     batch set-up, sampling, drafting logic, text, events) against the rows it verified, fitted by
-    least squares as a step's base cost plus a cost per further verified row."""
+    least squares as a step's base cost plus a cost per further verified row. A step's tokens are
+    emitted after its Step, so each time holds the previous step's tokens: the split between base and
+    row is exact only where the draft length holds still (the accelerator report's fit); a mean is
+    right either way."""
 
     steps: int = 0
     rows: float = 0.0  # sums over steps of x = further rows, y = seconds

@@ -25,6 +25,7 @@ from localspec import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import library
+from localspec.engine.backend import Context
 from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
@@ -46,8 +47,14 @@ SPREAD = {"Q4_K": 257.0, "Q8_0": 73.9}
 SHOWN_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # of the curve, in the markdown
 CEILING_LENGTHS = (4, 8, 16, 32)
 SETTLING = 3  # untimed runs at most, until a mode's own text is known
-HOST_LENGTHS = (0, 1, 2, 4, 8, 16)  # drafts cycled through for the host fit: the rows verified a step vary
+# draft lengths for the host fit, one a generation: a step's tokens are emitted after its Step event, so
+# the host time measured up to the next Step holds the previous step's tokens; with lengths that vary
+# within a generation, a short step after a long one carried the long one's tokens (a first H200 report
+# put 135 us on a step that verifies one row, where a run of such steps takes ~40)
+HOST_LENGTHS = (0, 1, 2, 4, 8, 16)
 BENCH_TOKENS = 128  # llama-bench's tg128
+FIRST = CONTROL + 256  # an ordinary token to decode where any will do
+VERIFIED = 8  # rows of the verification before a timed one-token decode
 ACCEPTANCES = (0.6, 0.8, 0.9)
 FLOOR = 0.97  # auto against plain where nothing it drafts is accepted
 WRITERS, QUIET_WRITERS = ("attn_output.weight", "ffn_down.weight"), 0.25
@@ -185,27 +192,25 @@ class Oracle:
     """A free drafter that knows what the target will say (a plain run's output, `answer`): the ceiling
     of every drafter. It stops drafting where the text leaves the answer (batched logits can break a
     near-tie the other way), unless `stubborn`: then it proposes the answer's next tokens regardless.
-    lengths: draft these many tokens in turn (rows verified a step spread out, for the host fit)."""
+    length: draft at most this many tokens a step (the host fit's rows)."""
 
     kind = DrafterKind.NGRAM  # free and deterministic, as n-gram lookup: auto weighs it as one
 
-    def __init__(self, lengths: tuple[int, ...] = (), stubborn: bool = False):
-        self.lengths, self.stubborn = lengths, stubborn
+    def __init__(self, length: int | None = None, stubborn: bool = False):
+        self.length, self.stubborn = length, stubborn
         self.answer: list[int] = []
 
     def begin(self, prompt, sampling, rng) -> None:
         self.expected = list(prompt) + self.answer
         self.agreed = len(prompt)  # the history agrees with the expected text this far
-        self.steps = 0
 
     def propose(self, history, k) -> Draft:
         while self.agreed < min(len(history), len(self.expected)) and history[self.agreed] == self.expected[self.agreed]:
             self.agreed += 1
         if self.agreed < len(history) and not self.stubborn:
             return Draft(source=self.kind)
-        if self.lengths:
-            k = min(k, self.lengths[self.steps % len(self.lengths)])
-            self.steps += 1
+        if self.length is not None:
+            k = min(k, self.length)
         return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
 
 
@@ -328,16 +333,18 @@ class Speeds:
 
 
 def host_costs(session: Session, prompts: list[list[int]], tokens: int) -> dict:
-    """Host microseconds a step and per further verified row, greedy and sampled, with drafts of
-    HOST_LENGTHS in turn; and their share of a plain token's time."""
+    """Host microseconds a step and per further verified row, greedy and sampled, fitted over generations
+    that each draft one of HOST_LENGTHS; and their share of a plain token's time."""
     out = {}
     for label, sampling in (("greedy", GREEDY), ("T=0.8", SAMPLED)):
         host, plain = HostTime(), Speeds()
-        oracle = Oracle(HOST_LENGTHS, stubborn=True)
         for prompt in prompts:
-            recorder, oracle.answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens, sampling=sampling)
+            recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens, sampling=sampling)
             plain.add("plain", recorder)
-            run(session, oracle, prompt, sampling, max(HOST_LENGTHS), tokens, host)
+            for length in HOST_LENGTHS:
+                oracle = Oracle(length, stubborn=True)
+                oracle.answer = answer
+                run(session, oracle, prompt, sampling, max(HOST_LENGTHS), tokens, host)
         token = 1 / plain.speed("plain")
         per_step, per_row = host.per_step(), host.per_row()
         out[label] = {"us_per_step": per_step * 1e6, "us_per_row": per_row * 1e6 if per_row is not None else None,
@@ -368,6 +375,92 @@ def against_llama_cpp(session: Session, model: Path, first: list[int], llama_ben
             "ratio": ours_median / theirs_median, "localspec_runs": ours, "llama_bench_runs": samples,
             "llama_bench": {key: theirs.get(key) for key in ("build_commit", "backends", "gpu_info", "cpu_info",
                                                              "n_gpu_layers", "flash_attn", "n_threads")}}
+
+
+def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
+    """Where plain decoding's time goes against llama-bench's: BENCH_TOKENS one-token decodes as
+    llama-bench's tg makes them, in a context with the session's target's settings and in ones with each
+    setting as llama-bench has it (timed in turns: a drift of the device spreads over all of them);
+    llama-bench with flash attention auto, off and on; and one token's decode after one-token decodes
+    and after a verification of VERIFIED rows (a GPU's captured graph is made again after a batch of
+    another shape)."""
+    target = session.target
+    own = {"n_ctx": target.n_ctx, "n_batch": target.n_batch, "backend_sampling": target.backend_sampling,
+           "max_outputs": target.max_rows}
+    settings = {"the session's target": (own, True),
+                "its tokens not read": (own, False),
+                f"context of {BENCH_TOKENS} (llama-bench's)": ({**own, "n_ctx": BENCH_TOKENS}, True),
+                "one output row (llama-bench's)": ({**own, "max_outputs": 1}, True),
+                "sampled on the host": ({**own, "backend_sampling": False}, True),
+                "all of llama-bench's": ({**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False},
+                                         False)}
+    contexts = {label: Context(session.target_model, threads=default_threads(), **kwargs)
+                for label, (kwargs, _) in settings.items()}
+    try:
+        runs: dict[str, list[float]] = {label: [] for label in settings}
+        for round_ in range(repeats + 1):  # the first round warms up and is not kept
+            for label, context in contexts.items():
+                speed = one_token_decodes(context, read=settings[label][1])
+                if round_:
+                    runs[label].append(speed)
+        out = {"settings": {label: {**settings[label][0], "read": settings[label][1],
+                                    "tokens_per_second": statistics.median(speeds)}
+                            for label, speeds in runs.items()},
+               "one_token_ms": one_token_after(contexts["the session's target"], repeats)}
+    finally:
+        for context in contexts.values():
+            context.close()
+    out["localspec_plain"] = statistics.median(
+        with_mode(session, DrafterKind.PLAIN, [FIRST], BENCH_TOKENS)[0].summary().tokens_per_second
+        for _ in range(repeats))
+    if llama_bench.exists():
+        command = [str(llama_bench), "-m", str(model), "-p", "0", "-n", str(BENCH_TOKENS), "-r", str(repeats),
+                   "-t", str(default_threads()), "-fa", "auto,off,on", "-o", "json"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            out["llama_bench"] = {"skipped": f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}"}
+        else:
+            out["llama_bench"] = {f"flash attention {name}": statistics.median(entry.get("samples_ts") or [entry["avg_ts"]])
+                                  for name, entry in zip(("auto", "off", "on"), json.loads(done.stdout))}
+    else:
+        out["llama_bench"] = {"skipped": "llama-bench is not built here"}
+    return out
+
+
+def one_token_decodes(context: Context, read: bool) -> float:
+    """Tokens/s of BENCH_TOKENS one-token decodes from an empty cache, each token read or not."""
+    context.sample_with(chain_for(GREEDY))
+    context.truncate(0)
+    token = FIRST
+    started = perf_counter()
+    for _ in range(BENCH_TOKENS):
+        context.decode([token], logits="last")
+        if read:
+            token = context.token(0)
+    seconds = perf_counter() - started
+    context.truncate(0)
+    return BENCH_TOKENS / seconds
+
+
+def one_token_after(context: Context, repeats: int) -> dict[str, float]:
+    """Milliseconds of a one-token decode (median) right after one-token decodes, and right after a
+    verification of VERIFIED rows, both taken back at once."""
+    context.sample_with(chain_for(GREEDY))
+    context.truncate(0)
+    context.decode([FIRST] * 16, logits="none")
+    timings: dict[str, list[float]] = {"after one token": [], f"after {VERIFIED} rows": []}
+    for round_ in range(4 * repeats + 1):
+        for label in timings:
+            if label != "after one token":
+                context.decode([FIRST] * VERIFIED, logits="all")
+                context.truncate(16)
+            started = perf_counter()
+            context.decode([FIRST], logits="last")
+            if round_:
+                timings[label].append(perf_counter() - started)
+            context.truncate(16)
+    context.truncate(0)
+    return {label: statistics.median(seconds) * 1e3 for label, seconds in timings.items()}
 
 
 def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dict[int, float]) -> dict:
@@ -507,6 +600,14 @@ def stage_draft(pair: Pair, section: dict, llama_bench: Path) -> dict:
         str(a): dict(zip(("speedup", "k"), predicted_speedup(ratios, cost, a))) for a in ACCEPTANCES}}}
 
 
+def stage_gap(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(f) Plain decoding with the session's context settings and with llama-bench's; and the costs auto
+    holds after one generation (its calibration at load, corrected by real steps), beside the curve."""
+    with pair.session() as session:
+        with_mode(session, DrafterKind.AUTO, pair.prompts[0], pair.size.tokens)
+        return {"gap": gap(session, pair.target, llama_bench, pair.size.repeats), "auto_costs": session.costs()}
+
+
 def stage_parallel(pair: Pair, section: dict, llama_bench: Path) -> dict:
     """(d) Several sequences at once against one at a time."""
     return {"parallel": parallel_sequences(pair.target, pair.draft, pair.prompts, pair.size.tokens)}
@@ -529,6 +630,7 @@ STAGES = {
     "draft": ("(c) the draft's cost and the curve's prediction", stage_draft),
     "parallel": (f"(d) {PARALLEL} sequences at once", stage_parallel),
     "host": ("(e) host time per step and row", stage_host),
+    "gap": ("(f) plain decoding with the session's context settings and with llama-bench's", stage_gap),
 }
 
 
@@ -668,7 +770,28 @@ def markdown(report: dict) -> str:
                     lines.append(f"| {label}, asked: {where} | {h['sampled_on']} | {h['us_per_step']:.0f} | {row} |"
                                  f" {h['share_of_plain_token']:.1%} |")
             lines.append("")
+        if "gap" in stages:
+            lines += _gap_lines(t["gap"])
+            if t.get("auto_costs"):
+                costs = t["auto_costs"]
+                lines += [f"Auto's costs after one generation: verify(1) {costs['verify_1_ms']:.2f} ms; verify(n) / verify(1) "
+                          + ", ".join(f"{n}: {r:.2f}" for n, r in costs["verify_relative"].items())
+                          + "".join(f"; a {kind} token {d['token']:.2f}" for kind, d in costs["drafts"].items()) + ".", ""]
     return "\n".join(lines)
+
+
+def _gap_lines(g: dict) -> list[str]:
+    bench = g["llama_bench"]
+    base = bench.get("flash attention auto")
+    versus = (lambda speed: f"{speed / base:.3f}x") if base else (lambda speed: "")
+    lines = [f"| plain decoding, {BENCH_TOKENS} tokens from an empty cache | tokens/s | vs llama-bench |",
+             "|---|---:|---:|", f"| localspec plain | {g['localspec_plain']:.1f} | {versus(g['localspec_plain'])} |"]
+    lines += [f"| one-token decodes: {label} | {row['tokens_per_second']:.1f} | {versus(row['tokens_per_second'])} |"
+              for label, row in g["settings"].items()]
+    lines += ([f"| llama-bench, {label} | {speed:.1f} | {versus(speed)} |" for label, speed in bench.items()]
+              if "skipped" not in bench else [f"| llama-bench: {bench['skipped']} | | |"])
+    after = "; ".join(f"{ms:.2f} ms {label}" for label, ms in g["one_token_ms"].items())
+    return lines + ["", f"One token's decode in the session's context: {after}.", ""]
 
 
 def _plain_lines(t: dict) -> list[str]:

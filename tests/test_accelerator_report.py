@@ -137,12 +137,12 @@ def test_the_answer_is_drafted_until_the_text_leaves_it():
     assert oracle.propose([1, 2, 5, 6, 9, 7], 3).tokens == []  # it does not take the answer up again
 
 
-def test_a_stubborn_answer_goes_on_in_lengths_taken_in_turn():
-    oracle = measure.Oracle(lengths=(1, 2), stubborn=True)
-    oracle.answer = [5, 6, 7, 8]
+def test_a_stubborn_answer_goes_on_at_its_length():
+    oracle = measure.Oracle(length=2, stubborn=True)
+    oracle.answer = [5, 6, 7, 8, 9]
     oracle.begin([1, 2], Sampling(temperature=0), None)
-    assert oracle.propose([1, 2, 5, 9], 3).tokens == [7]
-    assert oracle.propose([1, 2, 5, 9, 3], 3).tokens == [8]
+    assert oracle.propose([1, 2, 5, 9], 3).tokens == [7, 8]
+    assert oracle.propose([1, 2, 5, 9, 3], 1).tokens == [8]
 
 
 def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path):
@@ -170,17 +170,23 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert "suffix" not in target["floor"]["modes"]["auto"]["steps_by_drafter"]
     assert set(target["parallel"]) == {"plain", "draft model"}
     assert all(row["together"] > 0 and row["one_at_a_time"] > 0 for row in target["parallel"].values())
+    gap = target["gap"]
+    assert set(gap["settings"]) >= {"the session's target", "all of llama-bench's"}
+    assert all(row["tokens_per_second"] > 0 for row in gap["settings"].values()) and gap["localspec_plain"] > 0
+    assert set(gap["one_token_ms"]) == {"after one token", f"after {measure.VERIFIED} rows"}
+    assert target["auto_costs"]["verify_relative"]["1"] == 1.0
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
+    assert "| one-token decodes: all of llama-bench's |" in markdown and "Auto's costs after one generation" in markdown
     assert "| 4 sequences at once (greedy) |" in markdown and "not yet" not in markdown
 
-    # a call cut short after two stages: the rerun measures only what is missing
+    # a call cut short after three stages: the rerun measures only what is missing
     cut = json.loads((out / "report.json").read_text())
-    for stage in ("parallel", "host"):
+    for stage in ("parallel", "host", "gap"):
         del cut["targets"]["smallest-target"]["stages"][stage], cut["targets"]["smallest-target"][stage]
     (out / "report.json").write_text(json.dumps(cut))
     (out / "report.md").write_text(measure.markdown(cut))
-    assert "not yet: parallel, host." in (out / "report.md").read_text()
+    assert "not yet: parallel, host, gap." in (out / "report.md").read_text()
     again = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("measured before") == 3
