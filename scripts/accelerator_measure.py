@@ -25,13 +25,14 @@ from localspec import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import library
+from localspec.engine.library import llama
 from localspec.engine.backend import Context
 from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
 from localspec.engine.together import Together
-from localspec.events import Token
+from localspec.events import Step, Token
 from localspec.session import Session
 from localspec.stats import Recorder
 
@@ -54,7 +55,10 @@ SETTLING = 3  # untimed runs at most, until a mode's own text is known
 HOST_LENGTHS = (0, 1, 2, 4, 8, 16)
 BENCH_TOKENS = 128  # llama-bench's tg128
 FIRST = CONTROL + 256  # an ordinary token to decode where any will do
-VERIFIED = 8  # rows of the verification before a timed one-token decode
+VERIFIED = 8  # drafted a step in the loop's timing (steps_in_the_loop)
+RAW = "llama-bench's loop in Python, its settings"
+HELD_WARMUP = 3  # decodes of a shape before it is timed as held
+STEADY_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)  # k of the held and changed verify(k) in (f)
 ACCEPTANCES = (0.6, 0.8, 0.9)
 FLOOR = 0.97  # auto against plain where nothing it drafts is accepted
 WRITERS, QUIET_WRITERS = ("attn_output.weight", "ffn_down.weight"), 0.25
@@ -217,24 +221,40 @@ class Oracle:
 # --- Measurements
 
 def verification_curve(session: Session, prompt: list[int], most: int, repeats: int) -> dict[int, float]:
-    """Seconds to verify k tokens after the prompt, k = 1 .. most, each the median of `repeats` timings;
-    the sizes are taken in turn, so a drift of the machine spreads over all of them. The target samples
-    greedy rows as a generation would (on the backend where the session does)."""
-    target = session.target
-    target.sample_with(chain_for(GREEDY))
-    target.truncate(0)
-    target.decode(prompt, logits="none")
-    batch = (prompt * (most // len(prompt) + 1))[:most]
-    timings: dict[int, list[float]] = {k: [] for k in range(1, most + 1)}
-    for round_ in range(repeats + 1):  # the first round warms up (CUDA graphs, caches) and is not kept
-        for k in timings:
-            started = perf_counter()
-            target.decode(batch[:k], logits="all")
-            if round_:
-                timings[k].append(perf_counter() - started)
-            target.truncate(len(prompt))
-    target.truncate(0)
-    return {k: statistics.median(seconds) for k, seconds in timings.items()}
+    """Seconds to verify k tokens after the prompt, k = 1 .. most, where the batch's shape holds still
+    (shapes_held); the target samples greedy rows as a generation would (on the backend where the
+    session does)."""
+    session.target.sample_with(chain_for(GREEDY))
+    return shapes_held(session.target, prompt, range(1, most + 1), repeats)
+
+
+def shapes_held(context: Context, prompt: list[int], sizes, repeats: int) -> dict[int, float]:
+    """Seconds (median of `repeats`) to verify k rows after the prompt, for each k of sizes, each size
+    decoded over and over, as a loop that drafts k tokens a step does: a GPU replays the graph it
+    captured for the shape (ggml-cuda keeps one graph a context; a batch of another shape sends the next
+    two decodes kernel by kernel, the second capturing), so the first HELD_WARMUP are not kept."""
+    return {k: statistics.median(_verified(context, prompt, [k] * (HELD_WARMUP + repeats))[HELD_WARMUP:])
+            for k in sizes}
+
+
+def shapes_changed(context: Context, prompt: list[int], sizes, repeats: int) -> dict[int, float]:
+    """As shapes_held, each verification just after a decode of another shape."""
+    return {k: statistics.median(_verified(context, prompt, [2 if k == 1 else 1, k] * repeats)[1::2]) for k in sizes}
+
+
+def _verified(context: Context, prompt: list[int], sizes: list[int]) -> list[float]:
+    """Seconds of each verification of sizes[i] rows after the prompt, each taken back at once."""
+    context.truncate(0)
+    context.decode(prompt, logits="none")
+    batch = (prompt * (max(sizes) // len(prompt) + 1))[: max(sizes)]
+    seconds = []
+    for k in sizes:
+        started = perf_counter()
+        context.decode(batch[:k], logits="all")
+        seconds.append(perf_counter() - started)
+        context.truncate(len(prompt))
+    context.truncate(0)
+    return seconds
 
 
 def token_seconds(session: Session, prompt: list[int], repeats: int) -> float:
@@ -381,9 +401,9 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
     """Where plain decoding's time goes against llama-bench's: BENCH_TOKENS one-token decodes as
     llama-bench's tg makes them, in a context with the session's target's settings and in ones with each
     setting as llama-bench has it (timed in turns: a drift of the device spreads over all of them);
-    llama-bench with flash attention auto, off and on; and one token's decode after one-token decodes
-    and after a verification of VERIFIED rows (a GPU's captured graph is made again after a batch of
-    another shape)."""
+    llama-bench with flash attention auto, off and on, and llama-bench's loop itself in Python; and, in
+    the session's target's context, verify(k) where the batch's shape holds still and just after it
+    changed (a GPU replays a captured graph only while it holds)."""
     target = session.target
     own = {"n_ctx": target.n_ctx, "n_batch": target.n_batch, "backend_sampling": target.backend_sampling,
            "max_outputs": target.max_rows}
@@ -393,20 +413,26 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
                 "one output row (llama-bench's)": ({**own, "max_outputs": 1}, True),
                 "sampled on the host": ({**own, "backend_sampling": False}, True),
                 "all of llama-bench's": ({**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False},
-                                         False)}
-    contexts = {label: Context(session.target_model, threads=default_threads(), **kwargs)
+                                         False),
+                "1 thread": ({**own, "threads": 1}, True),
+                "4 threads": ({**own, "threads": min(4, default_threads())}, True),
+                RAW: ({**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False}, False)}
+    contexts = {label: Context(session.target_model, **{"threads": default_threads(), **kwargs})
                 for label, (kwargs, _) in settings.items()}
+    target_context = contexts["the session's target"]
     try:
         runs: dict[str, list[float]] = {label: [] for label in settings}
         for round_ in range(repeats + 1):  # the first round warms up and is not kept
             for label, context in contexts.items():
-                speed = one_token_decodes(context, read=settings[label][1])
+                speed = raw_decodes(context) if label == RAW else one_token_decodes(context, read=settings[label][1])
                 if round_:
                     runs[label].append(speed)
         out = {"settings": {label: {**settings[label][0], "read": settings[label][1],
                                     "tokens_per_second": statistics.median(speeds)}
                             for label, speeds in runs.items()},
-               "one_token_ms": one_token_after(contexts["the session's target"], repeats)}
+               "verify_ms": {label: {k: seconds * 1e3 for k, seconds in measured(
+                   target_context, [FIRST] * 16, [k for k in STEADY_SIZES if k <= target_context.max_rows],
+                   repeats).items()} for label, measured in (("held", shapes_held), ("changed", shapes_changed))}}
     finally:
         for context in contexts.values():
             context.close()
@@ -427,6 +453,22 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
     return out
 
 
+def raw_decodes(context: Context) -> float:
+    """Tokens/s of llama-bench's tg loop itself, written in Python: llama_decode of a one-token batch and
+    llama_synchronize, BENCH_TOKENS times from an empty cache, nothing else (what Python's calls cost
+    beside the Context's own work)."""
+    memory = llama.llama_get_memory(context._ctx)
+    llama.llama_memory_clear(memory, True)
+    token = (llama.llama_token * 1)(FIRST)
+    started = perf_counter()
+    for _ in range(BENCH_TOKENS):
+        llama.llama_decode(context._ctx, llama.llama_batch_get_one(token, 1))
+        llama.llama_synchronize(context._ctx)
+    seconds = perf_counter() - started
+    llama.llama_memory_clear(memory, True)
+    return BENCH_TOKENS / seconds
+
+
 def one_token_decodes(context: Context, read: bool) -> float:
     """Tokens/s of BENCH_TOKENS one-token decodes from an empty cache, each token read or not."""
     context.sample_with(chain_for(GREEDY))
@@ -442,25 +484,18 @@ def one_token_decodes(context: Context, read: bool) -> float:
     return BENCH_TOKENS / seconds
 
 
-def one_token_after(context: Context, repeats: int) -> dict[str, float]:
-    """Milliseconds of a one-token decode (median) right after one-token decodes, and right after a
-    verification of VERIFIED rows, both taken back at once."""
-    context.sample_with(chain_for(GREEDY))
-    context.truncate(0)
-    context.decode([FIRST] * 16, logits="none")
-    timings: dict[str, list[float]] = {"after one token": [], f"after {VERIFIED} rows": []}
-    for round_ in range(4 * repeats + 1):
-        for label in timings:
-            if label != "after one token":
-                context.decode([FIRST] * VERIFIED, logits="all")
-                context.truncate(16)
-            started = perf_counter()
-            context.decode([FIRST], logits="last")
-            if round_:
-                timings[label].append(perf_counter() - started)
-            context.truncate(16)
-    context.truncate(0)
-    return {label: statistics.median(seconds) * 1e3 for label, seconds in timings.items()}
+def steps_in_the_loop(session: Session, prompt: list[int], tokens: int, k: int) -> dict:
+    """Milliseconds of the verifications (median) of the steps that drafted k tokens, in a generation that
+    drafts the answer k at a time: what the loop's batches cost where their shape holds still."""
+    oracle = Oracle()
+    _, oracle.answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
+    session.reset()
+    steps = [event for event in generate(session.target, oracle, prompt, GREEDY, Speculation(drafting=oracle.kind,
+                                                                                             draft_max=k),
+                                         Limits(max_tokens=tokens)) if isinstance(event, Step)]
+    drafted_k = [step.verify_seconds for step in steps if step.drafted == k]
+    return {"k": k, "steps": len(steps), "steps_that_drafted_k": len(drafted_k),
+            "verify_ms": statistics.median(drafted_k) * 1e3 if drafted_k else None}
 
 
 def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dict[int, float]) -> dict:
@@ -578,7 +613,7 @@ def stage_plain(pair: Pair, section: dict, llama_bench: Path) -> dict:
     with pair.session() as session:
         out = {"placement": session.placement()}
         seconds = verification_curve(session, pair.prompts[0], pair.size.most, pair.size.repeats)
-        out["verify"] = {"seconds_1": seconds[1], "ratios": {k: s / seconds[1] for k, s in seconds.items()}}
+        out["verify"] = {"seconds_1": seconds[1], "ratios": {k: s / seconds[1] for k, s in seconds.items()}, "held": True}
         out["llama_cpp"] = against_llama_cpp(session, pair.target, pair.prompts[0][:1], llama_bench, pair.size.repeats)
     return out
 
@@ -605,7 +640,9 @@ def stage_gap(pair: Pair, section: dict, llama_bench: Path) -> dict:
     holds after one generation (its calibration at load, corrected by real steps), beside the curve."""
     with pair.session() as session:
         with_mode(session, DrafterKind.AUTO, pair.prompts[0], pair.size.tokens)
-        return {"gap": gap(session, pair.target, llama_bench, pair.size.repeats), "auto_costs": session.costs()}
+        out = {"gap": gap(session, pair.target, llama_bench, pair.size.repeats), "auto_costs": session.costs()}
+        out["gap"]["loop"] = steps_in_the_loop(session, pair.prompts[0], pair.size.tokens, VERIFIED)
+        return out
 
 
 def stage_parallel(pair: Pair, section: dict, llama_bench: Path) -> dict:
@@ -790,14 +827,27 @@ def _gap_lines(g: dict) -> list[str]:
               for label, row in g["settings"].items()]
     lines += ([f"| llama-bench, {label} | {speed:.1f} | {versus(speed)} |" for label, speed in bench.items()]
               if "skipped" not in bench else [f"| llama-bench: {bench['skipped']} | | |"])
-    after = "; ".join(f"{ms:.2f} ms {label}" for label, ms in g["one_token_ms"].items())
-    return lines + ["", f"One token's decode in the session's context: {after}.", ""]
+    lines.append("")
+    verify = g.get("verify_ms")
+    if verify:
+        sizes = list(verify["held"])
+        lines += ["| verify(k), ms | " + " | ".join(map(str, sizes)) + " |", "|---|" + "---:|" * len(sizes)]
+        lines += [f"| {label} | " + " | ".join(f"{verify[key][k]:.2f}" for k in sizes) + " |"
+                  for key, label in (("held", "the shape held still"), ("changed", "just after another shape"))]
+        lines.append("")
+    loop = g.get("loop")
+    if loop and loop["verify_ms"] is not None:
+        lines += [f"In the loop, drafting the answer {loop['k']} at a time: {loop['steps_that_drafted_k']} of"
+                  f" {loop['steps']} steps drafted {loop['k']}, their verification {loop['verify_ms']:.2f} ms (median).", ""]
+    return lines
 
 
 def _plain_lines(t: dict) -> list[str]:
     ratios = {int(k): v for k, v in t["verify"]["ratios"].items()}
     shown = [k for k in SHOWN_SIZES if k in ratios]
-    lines = [f"Verification cost, verify(k) / verify(1), verify(1) = {t['verify']['seconds_1'] * 1e3:.2f} ms:", "",
+    lines = [f"Verification cost, verify(k) / verify(1), verify(1) = {t['verify']['seconds_1'] * 1e3:.2f} ms"
+             + (" (each k timed in a run of its own: the batch's shape held still):" if t["verify"].get("held") else ":"),
+             "",
              "| k | " + " | ".join(map(str, shown)) + " |", "|---|" + "---:|" * len(shown),
              "| cost | " + " | ".join(f"{ratios[k]:.2f}" for k in shown) + " |", ""]
     bench = t["llama_cpp"]

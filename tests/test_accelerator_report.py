@@ -173,7 +173,8 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     gap = target["gap"]
     assert set(gap["settings"]) >= {"the session's target", "all of llama-bench's"}
     assert all(row["tokens_per_second"] > 0 for row in gap["settings"].values()) and gap["localspec_plain"] > 0
-    assert set(gap["one_token_ms"]) == {"after one token", f"after {measure.VERIFIED} rows"}
+    assert set(gap["verify_ms"]) == {"held", "changed"} and gap["verify_ms"]["held"]["1"] > 0
+    assert gap["loop"]["k"] == measure.VERIFIED and gap["loop"]["steps"] > 0
     assert target["auto_costs"]["verify_relative"]["1"] == 1.0
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
