@@ -31,6 +31,7 @@ from localspec.engine.policy import (
     Costs,
     DraftCosts,
     Option,
+    _time,
     calibrate,
 )
 from localspec.engine.suffix import SuffixCache
@@ -287,6 +288,22 @@ def test_calibration_times_powers_of_two_and_leaves_the_caches_empty(load):
     assert costs.level > 0 and measured.token > 0 and measured.prefill_token > 0
     assert target.tokens == [] and draft.tokens == []
     assert costs.verify_seconds(33) == pytest.approx(costs.verify_seconds(32) * 33 / 32)
+
+
+def test_calibration_keeps_no_timing_of_a_shape_just_changed():
+    # on a GPU the first decode of a new batch shape runs without the captured graph: slow, and unlike the next
+    calls = []
+
+    class Context:
+        def truncate(self, n_keep):
+            pass
+
+    def decode():
+        calls.append(None)
+        if len(calls) == 1:
+            time.sleep(0.05)
+
+    assert _time(decode, Context(), repeats=2) < 0.01 and len(calls) == 3
 
 
 def test_copied_text_earns_long_ngram_drafts_within_a_few_plain_steps():

@@ -224,7 +224,10 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     # Powers of two: CPU and GPU matmul kernels work in tiles, so batch cost rises in steps that
     # end there (measured on a 2-core CPU: 4 tokens cost less than 3, 16 no more than 12), and
     # interpolating across a step hides its cheap end. The best of two runs each: a single timing
-    # taken while the machine stalls would rule a size out until it is used again.
+    # taken while the machine stalls would rule a size out until it is used again. Each after an
+    # untimed one of its shape: on a GPU, a decode whose batch differs from the last one's runs
+    # kernel by kernel and the next captures a graph, where later ones replay it (on an H200 a 1.5B
+    # model's verify(1) took 1.7 ms held and 3.0 ms just after another size).
     sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
     seconds = {n: _time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target) for n in sizes}
     level = seconds[1]
@@ -241,13 +244,15 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     return costs
 
 
-def _time(decode, context: Context, repeats: int = 2) -> float:
+def _time(decode, context: Context, repeats: int = 2, unkept: int = 1) -> float:
+    """The best of `repeats` timings of decode() on an empty cache, after `unkept` untimed ones."""
     best = float("inf")
-    for _ in range(repeats):
+    for run in range(unkept + repeats):
         context.truncate(0)
         started = perf_counter()
         decode()
-        best = min(best, perf_counter() - started)
+        if run >= unkept:
+            best = min(best, perf_counter() - started)
     context.truncate(0)
     return best
 
