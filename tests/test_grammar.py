@@ -2,11 +2,13 @@
 
 import json
 import re
+import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+import localspec.engine.grammar as grammar_module
 import localspec.engine.speculative as speculative
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context, Model
@@ -94,6 +96,35 @@ def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
         assert grammar.admitted(np.zeros(target.model.n_vocab, np.float32)).size
     with pytest.raises(InputError, match="cannot be turned into a grammar"):
         from_json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
+
+
+# Grammars whose stacks grow combinatorially: masking one row of a 150k vocabulary under 40 `[a-z]*` in a row
+# took 49 s of C code that nothing can cancel (issue 46); 200 optional items likewise.
+COMBINATORIAL = {"stars": "root ::= " + " ".join(["[a-z]*"] * 40), "optionals": "root ::= " + " ".join(['"a"?'] * 200)}
+
+
+@pytest.mark.parametrize("case", list(COMBINATORIAL))
+def test_a_grammar_that_would_take_minutes_a_step_is_one_error_within_its_budget(real_model, case):
+    model = Model(real_model("qwen2.5-coder-0.5b"), gpu_layers=0)  # a real 150k vocabulary
+    try:
+        with Grammar(model, COMBINATORIAL[case]) as grammar:
+            started = time.monotonic()
+            with pytest.raises(InputError, match="would take over"):
+                grammar.admitted(np.zeros(model.n_vocab, np.float32))
+            assert time.monotonic() - started < 30  # a bound on runaway work, not a speed target
+    finally:
+        model.close()
+
+
+def test_the_mask_is_judged_piece_by_piece_and_the_same_for_every_piece_size(target, monkeypatch):
+    logits = np.zeros(target.model.n_vocab, np.float32)
+    with Grammar(target.model, LETTERS) as grammar:
+        whole = grammar.admitted(logits)
+        monkeypatch.setattr(grammar_module, "PIECE", 7)
+        assert np.array_equal(grammar.admitted(logits), whole)
+        monkeypatch.setattr(grammar_module, "STEP_BUDGET", 0.0)
+        with pytest.raises(InputError, match="would take over 0 s"):
+            grammar.admitted(logits)
 
 
 def greedy(target, drafter, prompt, grammar=LETTERS, tokens=40):

@@ -95,3 +95,27 @@ def test_an_editors_and_an_agents_requests_one_after_another(real_model, tmp_pat
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+STARS = "root ::= " + " ".join(["[a-z]*"] * 40)  # one masked row of this took 49 s of uncancellable C work
+
+
+@pytest.mark.slow
+def test_a_grammar_that_would_take_minutes_a_step_is_one_400_and_the_server_goes_on(real_model, tmp_path):
+    server = ServerProcess(tmp_path / "home", real_model("qwen2.5-coder-1.5b"), "--spec", "off", "--alias", "coder")
+    client = server.client()
+    local = ollama.Client(host=server.base)
+    try:
+        for ask in (lambda: client.chat.completions.create(model="coder", max_tokens=8, extra_body={"grammar": STARS},
+                                                           messages=[{"role": "user", "content": "Say hi."}]),
+                    lambda: local.generate("coder", prompt="Say hi.", options={"num_predict": 8},
+                                           format={"type": "string", "pattern": "^" + "[a-z]*" * 40 + "$"})):
+            with pytest.raises(Exception, match="would take over") as refused:
+                ask()
+            assert getattr(refused.value, "status_code", None) == 400
+            assert httpx.get(server.base + "/health", timeout=10).status_code == 200, server.log()
+        said = client.chat.completions.create(model="coder", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+        assert said.choices[0].message.content
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
