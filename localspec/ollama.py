@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
-from .api import ApiError, Defaults, Parsed, Tool, speculation
+from .api import ApiError, Defaults, Parsed, Tool, checked_count, speculation
 from .config import duration_seconds, overridden
 from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
@@ -177,7 +177,7 @@ def parse_embed(data: dict) -> list[str]:
     inputs = [embed.input] if isinstance(embed.input, str) else embed.input
     if not inputs or any(not text for text in inputs):
         raise ApiError(400, "input: an input to embed is empty")
-    return inputs
+    return checked_count(inputs)
 
 
 def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: int) -> dict:

@@ -111,7 +111,7 @@ class Server:
             body = await self._body(request)
             served = await self._model(body.get("model"))
             asked = api.parse_embeddings(body, served.session.target_model.n_embd)
-            job = await self._embedded(api.inputs_of(asked), client, served)
+            job = await self._embedded(api.inputs_of(asked), client, served, request)
             return JSONResponse(api.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                    asked.encoding_format))
 
@@ -123,7 +123,7 @@ class Server:
             started = time.perf_counter_ns()
             body = await self._body(request)
             served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")))
-            job = await self._embedded(ollama.parse_embed(body), client, served)
+            job = await self._embedded(ollama.parse_embed(body), client, served, request)
             return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                                 time.perf_counter_ns() - started))
 
@@ -159,8 +159,9 @@ class Server:
         except LocalspecError as error:  # its file is there but does not load
             raise ApiError(500, f"the model {name!r} does not load: {error}", "server_error") from None
 
-    async def _embedded(self, inputs: list, client: str | None, served: Served) -> Job:
-        """The finished job that embedded the inputs, run on the worker in its turn; ApiError if it failed."""
+    async def _embedded(self, inputs: list, client: str | None, served: Served, request: Request) -> Job:
+        """The finished job that embedded the inputs, run on the worker in its turn (cancelled if its client
+        leaves); ApiError if it failed."""
         loop = asyncio.get_running_loop()
         ended: asyncio.Future = loop.create_future()
 
@@ -173,7 +174,12 @@ class Server:
                                                        client=client), deliver)
         except LocalspecError as error:
             raise api.api_error(error) from None
-        outcome = await ended
+        watcher = asyncio.create_task(_cancel_when_gone(request, job))
+        try:
+            outcome = await ended
+        finally:
+            watcher.cancel()
+            job.cancel()  # a no-op once it has finished
         if isinstance(outcome, LocalspecError):
             raise api.api_error(outcome, "input")
         if job.outcome != "ok":

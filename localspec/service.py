@@ -27,6 +27,9 @@ from .tool_calls import ToolFormat, Tools
 
 # What a job delivers after its last event or its error: nothing more will come.
 FINISHED = "finished"
+# Seconds of embedding a request's inputs before the requests waiting and running go on (about a step's
+# worth of waiting for a request that streams)
+EMBEDDING_SLICE = 0.25
 
 
 class Busy(LocalspecError):
@@ -82,6 +85,7 @@ class Job:
         self.predicted = 0  # the prediction's tokens
         self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
         self.embedded_tokens = 0
+        self.embedding_inputs: list[list[int]] | None = None  # its inputs as tokens, once read
         self.seconds = 0.0
         self.sequence: int | None = None  # the session's sequence it generates on, once it runs
         self.started = 0.0
@@ -218,23 +222,21 @@ class Service:
             if job.cancelled:  # its client left while it waited
                 self._finish(job)
                 continue
-            self._start(job, together)
+            if self._start(job, together):
+                break  # an embedding with inputs left: the generations running take their step first
         return stopping
 
-    def _start(self, job: Job, together: Together) -> None:
+    def _start(self, job: Job, together: Together) -> bool:
         """Read the request and start its generation on the free sequence whose cache holds most of its
-        prompt; an embedding request, or one whose input is refused, ends here."""
+        prompt; a request whose input is refused ends here, and an embedding request embeds for one
+        slice (True where it has inputs left and is queued again)."""
         job.started = perf_counter()
         session = self.session
         job.drafting = session.mode
         try:
             request = job.request
             if request.inputs is not None:
-                job.embeddings, job.embedded_tokens = session.embed(request.inputs)
-                job.outcome = "ok"
-                # (its time is no guide to a generation's: Retry-After's estimate is left alone)
-                self._finish(job)
-                return
+                return self._embed_some(job)
             prediction = session.prediction_tokens(request.prediction) if request.prediction else None
             job.predicted = len(prediction or ())
             if request.client is not None:
@@ -249,6 +251,25 @@ class Service:
         except Exception as error:
             self._fail(job, error)
             self._finish(job)
+        return False
+
+    def _embed_some(self, job: Job) -> bool:
+        """Embed the job's inputs for up to EMBEDDING_SLICE seconds; True, with the job queued again behind
+        those waiting, where some are left: many inputs hold up other requests no longer than one slice at
+        a time, and stop once their client has left."""
+        if job.embedding_inputs is None:
+            job.embedding_inputs = self.session.embedding_inputs(job.request.inputs)
+            job.embedded_tokens = sum(map(len, job.embedding_inputs))
+        until = perf_counter() + EMBEDDING_SLICE
+        while len(job.embeddings) < len(job.embedding_inputs) and not (job.cancelled or self._closing):
+            job.embeddings.append(self.session.embed(job.embedding_inputs[len(job.embeddings)]))
+            if perf_counter() > until and len(job.embeddings) < len(job.embedding_inputs):
+                self._jobs.put(job)
+                return True
+        # (its time is no guide to a generation's: Retry-After's estimate is left alone)
+        job.outcome = "ok" if len(job.embeddings) == len(job.embedding_inputs) else "cancelled"
+        self._finish(job)
+        return False
 
     def _fail(self, job: Job, error: BaseException) -> None:
         job.outcome = "error"

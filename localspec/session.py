@@ -632,14 +632,25 @@ class Session:
         caches = {id(cache): cache for cache in [self.suffix_drafter.cache, *self._memories.values()] if cache}
         return sum(cache.tokens for cache in caches.values()), sum(cache.nbytes for cache in caches.values())
 
-    def embed(self, inputs: list[str | list[int]]) -> tuple[list[list[float]], int]:
-        """One vector for each input (text, or token ids), the target model reading it whole and pooling
-        it (an embedding context of the session's size is made at the first call), and the tokens read."""
+    def embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
+        """Each input to embed (text, or token ids) as the tokens the model reads: InputError, before any is
+        embedded, for one that is empty or longer than the context."""
         tokens = [self.target_model.tokenize(item, True, False) if isinstance(item, str) else self.token_ids(item)
                   for item in inputs]
+        for number, each in enumerate(tokens, start=1):
+            if not each:
+                raise InputError(f"input {number} to embed is empty")
+            if len(each) > self.target.n_ctx:
+                raise InputError(f"input {number} to embed is {len(each):,} tokens but the context holds"
+                                 f" {self.target.n_ctx:,}; raise --ctx-size or shorten it")
+        return tokens
+
+    def embed(self, tokens: list[int]) -> list[float]:
+        """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
+        (an embedding context of the session's size is made at the first call)."""
         if self._embedder is None:
             self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._threads))
-        return [self._embedder.embed(each).tolist() for each in tokens], sum(map(len, tokens))
+        return self._embedder.embed(tokens).tolist()
 
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""

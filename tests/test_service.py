@@ -10,6 +10,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Sp
 from localspec.errors import ContextOverflow, InputError
 from localspec.events import Prefill
 from localspec.engine.together import Together
+import localspec.service as service_module
 from localspec.service import FINISHED, Busy, Request, Service, WorkerStopped
 from localspec.session import Session
 
@@ -88,6 +89,38 @@ def test_errors_reach_the_job_and_the_service_goes_on(session):
         assert bad.done.wait(60) and good.done.wait(60)
         assert isinstance(bad.items[0], InputError) and "token ids" in str(bad.items[0])
         assert service.metrics.requests == {"ok": 1, "cancelled": 0, "error": 1}
+    finally:
+        service.close()
+
+
+def test_many_inputs_embed_a_slice_at_a_time_and_a_generation_goes_on_between(session, monkeypatch):
+    monkeypatch.setattr(service_module, "EMBEDDING_SLICE", 0.0)  # one input a turn
+    service = Service(session, queue_limit=4, log=print)
+    try:
+        embedding, generation = Inbox("embedding", []), Inbox("generation", [])
+        many = service.submit(Request(Sampling(), Limits(), inputs=["the cat sat"] * 300), embedding)
+        service.submit(request(max_tokens=4), generation)
+        assert generation.done.wait(60)
+        assert not embedding.done.is_set() and len(many.embeddings) < 300  # it did not hold the model throughout
+        assert embedding.done.wait(120) and many.outcome == "ok" and len(many.embeddings) == 300
+        assert many.embeddings[0] == many.embeddings[-1] and many.embedded_tokens == 300 * len(many.embedding_inputs[0])
+    finally:
+        service.close()
+
+
+def test_an_embedding_whose_client_left_stops_and_a_bad_input_fails_before_any_is_embedded(session, monkeypatch):
+    monkeypatch.setattr(service_module, "EMBEDDING_SLICE", 0.0)
+    service = Service(session, queue_limit=4, log=print)
+    try:
+        left, bad = Inbox("left", []), Inbox("bad", [])
+        leaving = service.submit(Request(Sampling(), Limits(), inputs=["the cat sat"] * 10_000), left)
+        while not leaving.embeddings:
+            assert not left.done.wait(0.01)
+        leaving.cancel()
+        assert left.done.wait(60) and leaving.outcome == "cancelled" and len(leaving.embeddings) < 10_000
+        refused = service.submit(Request(Sampling(), Limits(), inputs=["the cat"] * 5 + ["abc " * 400]), bad)
+        assert bad.done.wait(60) and isinstance(bad.items[0], InputError) and "input 6 to embed" in str(bad.items[0])
+        assert refused.embeddings == []
     finally:
         service.close()
 
