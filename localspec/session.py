@@ -653,8 +653,17 @@ class Session:
         return self._embedder.embed(tokens).tolist()
 
     def prediction_tokens(self, text: str) -> list[int]:
-        """Predicted text as the tokens the output would hold: no BOS, control tokens read as text."""
-        return self.target_model.tokenize(text, False, False)
+        """Predicted text as the tokens the output would hold (no BOS, control tokens read as text), as far as
+        an output could: a context's worth. Only that much of the text is read (an 8 MiB prediction took
+        seconds of the worker's time to tokenize, for tokens no output can reach): a head that most text
+        fills the context with, else as many characters as a context of the longest tokens holds."""
+        n_ctx, tokenize = self.target.n_ctx, self.target_model.tokenize
+        head = text[: n_ctx * 8]
+        tokens = tokenize(head, False, False)
+        if len(tokens) < n_ctx and len(head) < len(text):
+            longest = self.target_model.longest_token
+            tokens = tokenize(text[: n_ctx * longest] if longest else text, False, False)
+        return tokens[:n_ctx]
 
     def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
         """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages

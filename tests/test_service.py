@@ -222,6 +222,17 @@ def test_the_longest_token_bounds_what_each_token_stands_for(session):
     assert model.longest_token >= max(map(len, pieces)) > 0
 
 
+def test_a_prediction_is_read_as_far_as_an_output_could_reach(session):
+    text = "the cat sat on the mat. " * 400_000  # 9.6 MB: tokenizing all of it took seconds of the worker's time
+    tokens = session.prediction_tokens(text)
+    assert len(tokens) == session.target.n_ctx
+    assert tokens == session.target_model.tokenize(text[:20_000], False, False)[: session.target.n_ctx]
+    spaces = " " * 5_000_000  # few tokens for many characters: read as far as the longest tokens reach
+    assert session.prediction_tokens(spaces) == session.target_model.tokenize(
+        spaces[: session.target.n_ctx * session.target_model.longest_token], False, False)[: session.target.n_ctx]
+    assert session.prediction_tokens("the cat") == session.target_model.tokenize("the cat", False, False)
+
+
 def test_a_prediction_is_its_text_and_only_text_parts_are_taken():
     user = [{"role": "user", "content": "hi"}]
     parts = [{"type": "text", "text": "def f(x):\n"}, {"type": "text", "text": "    return x"}]
