@@ -81,6 +81,9 @@ class Pool:
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
         self.loaded: dict[Path, Served] = {_key(first): self.first}
         self._loading: dict[Path, asyncio.Future] = {}
+        # One load at a time: the memory check of one sees the models loaded before it (three first requests
+        # for different models at once all passed it together, 3 x 6 GiB on 10 GiB).
+        self._load_lock = asyncio.Lock()
         self._headers: dict[Path, GGUFInfo] = {}
 
     def available(self) -> list[Available]:
@@ -142,7 +145,12 @@ class Pool:
         return served
 
     async def _load(self, wanted: Available) -> Served:
-        await self._make_room(self.header(wanted.path))
+        asked = time.monotonic()
+        async with self._load_lock:
+            return await self._load_alone(wanted, asked)
+
+    async def _load_alone(self, wanted: Available, asked: float) -> Served:
+        await self._make_room(self.header(wanted.path), asked)
         drafting = self.speculation.drafting
         draft = self._draft_for(wanted.entry) if drafting != DrafterKind.PLAIN else None
         if drafting in (DrafterKind.DRAFT, DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH) and draft is None:
@@ -169,13 +177,16 @@ class Pool:
             return None
         return download.installed(draft) if isinstance(draft, registry.ModelEntry) else None
 
-    async def _make_room(self, info: GGUFInfo) -> None:
+    async def _make_room(self, info: GGUFInfo, asked: float) -> None:
         """Unload idle models, least recently used first, while the one to load would not fit beside
-        them; NoRoom where it cannot fit even so."""
+        them; NoRoom where it cannot fit even so. A model loaded or handed out since this load was asked
+        for (`asked`) is not idle but about to be used: a request that raced this one has it, and has not
+        queued its work yet."""
         sequences = max(1, self.runtime.parallel)
         needed = hardware.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences)
         while needed > hardware.machine().memory_free:
-            idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle), key=lambda s: s.idle_since)
+            idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle and s.last_used < asked),
+                          key=lambda s: s.idle_since)
             if not idle:
                 raise NoRoom(f"{info.path.name} needs about {needed / 2**30:.1f} GiB and only"
                              f" {hardware.machine().memory_free / 2**30:.1f} GiB are free beside the models in use;"

@@ -18,6 +18,7 @@ import socket
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import uvicorn
@@ -33,7 +34,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from . import api, download, net, ollama, registry
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import LOOPBACK_HOSTS, Serving
-from .errors import ContextOverflow, EngineError, InputError, LocalspecError
+from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
 from .events import Done, Token
 from .pool import NoRoom, Pool, Served, UnknownModel
 from .service import FINISHED, Job
@@ -43,6 +44,7 @@ from .tool_calls import ToolCall
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
 WATCH_SECONDS = 0.2  # how often the generation workers are looked at
 SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generations are cancelled
+PULLS_AT_ONCE = 2  # Ollama's /api/pull downloading at once; the others wait their turn
 FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
 
@@ -53,6 +55,9 @@ class Server:
         self.log = log
         self.pool = pool
         self.closing = False
+        # Pulls download on threads of their own, PULLS_AT_ONCE at a time: on the default executor eight slow
+        # ones held every thread that model loads run on.
+        self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/health", self.health, methods=["GET"]),
@@ -221,6 +226,8 @@ class Server:
             statuses: asyncio.Queue = asyncio.Queue()
 
             def post(status: dict) -> None:  # on the download's thread
+                if self.closing:  # what has arrived is kept: the next pull goes on from there
+                    raise FetchError("serve is shutting down: the pull stops here (pull again to go on)")
                 loop.call_soon_threadsafe(statuses.put_nowait, status)
 
             def fetch() -> None:
@@ -228,7 +235,7 @@ class Server:
                 download.locate(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
                 post({"status": "verifying sha256 digest"})
 
-            fetching = asyncio.ensure_future(asyncio.to_thread(fetch))
+            fetching = loop.run_in_executor(self._pulls, fetch)
             if not asked.stream:
                 try:
                     await fetching
@@ -487,6 +494,7 @@ class Server:
             asyncio.run(self._serve(server, listener))
         finally:
             stopped = self._stopped()  # (read before the pool unloads the models)
+            self._pulls.shutdown(wait=False, cancel_futures=True)  # (those running stop at their next status)
             self.pool.close()
         if stopped:  # a supervisor (systemd, a container's restart policy) starts serve again
             raise EngineError(f"{stopped}; serve stopped (start it again)")

@@ -571,6 +571,42 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
         assert server.stop() == 0, server.log()
 
 
+def test_slow_pulls_leave_model_loads_their_threads_and_stop_when_serve_does(hub_env, hub, home, tiny):
+    # eight slow pulls held every thread of the executor model loads run on (issue 46)
+    import threading
+
+    import httpx2 as httpx
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", env=hub_env)
+    try:
+        pulled = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
+        assert pulled.json() == {"status": "success"}
+        hub.slow["big.gguf"] = 0.1  # 12 s for its 122 blocks of 64 KiB
+        began, finished = threading.Event(), []
+
+        def pull():
+            with httpx.stream("POST", server.base + "/api/pull", json={"model": "hf:test/big-GGUF/big.gguf"},
+                              timeout=120) as response:
+                for line in response.iter_lines():
+                    began.set()
+                    if line and json.loads(line).get("status") == "success":
+                        finished.append(line)
+
+        pulls = [threading.Thread(target=pull, daemon=True) for _ in range(8)]
+        for each in pulls:
+            each.start()
+        assert began.wait(30)
+        answer = httpx.post(server.base + "/api/generate", json={"model": "tiny-draft", "prompt": "a", "stream": False,
+                                                                 "options": {"num_predict": 2}}, timeout=120).json()
+        assert answer["done"] and not finished  # loaded while every pull still went on
+    finally:
+        assert server.stop() == 0, server.log()  # the pulls stop with it, keeping what arrived
+    for each in pulls:
+        each.join(30)
+    assert not any(each.is_alive() for each in pulls) and not finished
+
+
 def test_draft_mtp_fetches_the_sidecar_the_registry_names_beside_a_target_built_without_one(localspec, home, tiny):
     pulled = localspec("pull", "trunk", "--draft", "mtp")
     assert pulled.returncode == 0, pulled.stderr

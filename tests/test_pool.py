@@ -169,6 +169,35 @@ def test_the_least_recently_used_idle_model_makes_room_and_none_is_made_of_the_f
             pool.close()
 
 
+def test_first_requests_for_two_models_at_once_are_loaded_one_after_the_other(home, tiny, monkeypatch):
+    # three first requests for 6 GiB models at once all passed the memory check of 10 GiB together (issue 46)
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    real = hardware.machine()
+    runtime = Runtime(ctx_size=256)
+    each = hardware.estimate_bytes(gguf_meta.read(tiny["target"]), 256)
+
+    def machine(*args, **kwargs):  # room for the first model and one more
+        used = sum(hardware.estimate_bytes(s.session.target_info, 256) for s in pool.loaded.values())
+        return replace(real, ram_available=int(2.5 * each) - used, devices=[])
+
+    with Session(tiny["target"], None, runtime, Speculation()) as first:
+        pool = Pool(first, "tiny", runtime, Speculation(drafting=DrafterKind.PLAIN), 4, 300.0, lambda line: None)
+        monkeypatch.setattr(hardware, "machine", machine)
+
+        async def both():
+            return await asyncio.gather(pool.get("tiny-b"), pool.get("tiny-c"), return_exceptions=True)
+
+        try:
+            got = asyncio.run(both())
+            # one of them loads; the other's check sees it, and it is not unloaded under the request it was loaded for
+            assert sum(isinstance(each, NoRoom) for each in got) == 1, got
+            [served] = [each for each in got if not isinstance(each, NoRoom)]
+            assert sorted(s.name for s in pool.loaded.values()) == sorted(["tiny", served.name])
+            assert served.session.generate  # still open: never unloaded under its request
+        finally:
+            pool.close()
+
+
 def test_an_embedding_model_asked_for_by_name_embeds_and_refuses_to_generate(home, tiny):
     server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
     try:
