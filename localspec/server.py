@@ -176,7 +176,7 @@ class Server:
 
         try:
             job = served.service.submit(ServiceRequest(self.defaults.sampling, self.defaults.limits, inputs=inputs,
-                                                       client=client), deliver)
+                                                       client=client), deliver, _who(request, client))
         except LocalspecError as error:
             raise api.api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
@@ -382,7 +382,7 @@ class Server:
                 loop.call_soon_threadsafe(outbox.put_nowait, item)
 
         try:
-            job = served.service.submit(parsed.request, deliver)
+            job = served.service.submit(parsed.request, deliver, _who(request, parsed.request.client))
         except LocalspecError as error:
             raise api.api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
@@ -619,12 +619,31 @@ class _Doorkeeper:
 class _Door(H11Protocol):
     """uvicorn's HTTP/1.1 connection, admitted by the doorkeeper and closed when it holds the door: no
     complete request within the timeout of opening or of its last response (headers sent a byte at a
-    time kept connections open for good; uvicorn times only idle keep-alive connections)."""
+    time kept connections open for good; uvicorn times only idle keep-alive connections), or a client
+    that takes none of its answer for the timeout (requests sent one after another on a connection whose
+    answers were never read held it open for good: uvicorn waits for the client to take the answer)."""
 
     def __init__(self, *args, keeper: _Doorkeeper, **kwargs):
         super().__init__(*args, **kwargs)
         self.keeper = keeper
         self.deadline: asyncio.TimerHandle | None = None
+        self.unread: asyncio.TimerHandle | None = None  # set while the answer waits for the client to read
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.unread is None:
+            self.unread = self.loop.call_later(self.keeper.timeout, self._cut_off_a_client_that_does_not_read)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.unread is not None:
+            self.unread.cancel()
+            self.unread = None
+
+    def _cut_off_a_client_that_does_not_read(self) -> None:
+        self.unread = None
+        if not self.transport.is_closing():
+            self.transport.abort()  # (close would wait for the unread answer to be sent first)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -638,8 +657,9 @@ class _Door(H11Protocol):
         self._wait_for_a_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
+        for timer in (self.deadline, self.unread):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def _wait_for_a_request(self) -> None:
@@ -682,6 +702,11 @@ def _makes_the_response(item, stream: bool) -> bool:
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
     return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text))
+
+
+def _who(request: Request, client: str | None) -> str | None:
+    """The client a request counts against (Service.submit): its API key, else the address it came from."""
+    return client or (request.client.host if request.client else None)
 
 
 async def _cancel_when_gone(request: Request, job: Job) -> None:

@@ -33,10 +33,13 @@ EMBEDDING_SLICE = 0.25
 
 
 class Busy(LocalspecError):
-    """As many requests wait as may: come back in retry_after seconds."""
+    """As many requests wait as may (or as many of this client's as may): come back in retry_after seconds."""
 
-    def __init__(self, waiting: int, retry_after: int):
-        super().__init__(f"{waiting} requests are already waiting for this model; retry in {retry_after} s")
+    def __init__(self, waiting: int, retry_after: int, held: int | None = None):
+        super().__init__(f"{waiting} requests are already waiting for this model; retry in {retry_after} s"
+                         if held is None else
+                         f"this client has {held} requests running or waiting for this model, the most one client"
+                         f" may hold while the rest is kept for others; retry in {retry_after} s")
         self.retry_after = retry_after
 
 
@@ -75,9 +78,10 @@ class Job:
     """A request on its way through the service. deliver(item) receives each event, then any
     error, then FINISHED; it is called on the worker thread."""
 
-    def __init__(self, request: Request, deliver: Callable):
+    def __init__(self, request: Request, deliver: Callable, who: str | None = None):
         self.request = request
         self.deliver = deliver
+        self.who = who  # the client it came from (Service.submit)
         self.recorder = Recorder()
         self.drafting: DrafterKind | None = None  # the session's mode when the job ran
         self.tool_format: ToolFormat | None = None  # the form the model writes tool calls in, if offered tools
@@ -110,6 +114,7 @@ class Service:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._pending = 0  # submitted and not finished: the running job and those waiting
+        self._held: dict[str, int] = {}  # of those, each client's
         self.last_finished = monotonic()  # when a job last finished (or the service began)
         self._closing = False
         self._seconds_per_job: float | None = None
@@ -131,20 +136,30 @@ class Service:
     def closing(self) -> bool:
         return self._closing
 
-    def submit(self, request: Request, deliver: Callable) -> Job:
-        """Queue a request behind those before it; Busy if the queue is full."""
+    def submit(self, request: Request, deliver: Callable, who: str | None = None) -> Job:
+        """Queue a request behind those before it; Busy if the queue is full, or if `who` (the client: its
+        API key, or its address) holds as many of the places (running and waiting) as one client may: all
+        but a quarter of them, kept for others (one client could take every place, and the others got 429)."""
         with self._lock:
             if self.stopped:
                 raise WorkerStopped(self.stopped)
             if self._closing:
                 raise Closing("the server is shutting down")
             slots = len(self.session.sequences)
-            if self._pending >= self.queue_limit + slots:
+            places = self.queue_limit + slots
+            # a place frees up when a running request ends: about a request's time, shared by the sequences
+            retry = max(1, math.ceil((self._seconds_per_job or 1) / slots))
+            if self._pending >= places:
                 self.metrics.rejected += 1
-                # a place frees up when a running request ends: about a request's time, shared by the sequences
-                raise Busy(self._pending - slots, max(1, math.ceil((self._seconds_per_job or 1) / slots)))
+                raise Busy(self._pending - slots, retry)
+            held = self._held.get(who, 0)
+            if who is not None and held >= places - places // 4:
+                self.metrics.rejected += 1
+                raise Busy(self._pending - slots, retry, held)
             self._pending += 1
-        job = Job(request, deliver)
+            if who is not None:
+                self._held[who] = held + 1
+        job = Job(request, deliver, who)
         self._jobs.put(job)
         return job
 
@@ -245,7 +260,7 @@ class Service:
             if request.tools is not None:
                 sampling, job.tool_format = session.with_tools(sampling, request.tools)
             tokens = self._tokens(request)
-            job.sequence = session.sequence_for(tokens, busy=self._running)
+            job.sequence = session.sequence_for(tokens, busy=self._running, client=request.client)
             together.add(job.sequence, session.generate(tokens, sampling, request.limits, prediction, job.sequence))
             self._running[job.sequence] = job
         except Exception as error:
@@ -303,6 +318,10 @@ class Service:
         self.metrics.finish(job)
         with self._lock:
             self._pending -= 1
+            if job.who is not None:
+                self._held[job.who] -= 1
+                if not self._held[job.who]:
+                    del self._held[job.who]
             self.last_finished = monotonic()
         job.deliver(FINISHED)
 

@@ -246,6 +246,7 @@ class Session:
         self.speculation = speculation
         self._owned: list = []
         self._auto: policy.AutoDrafter | None = None
+        self._filled_by: dict[int, str | None] = {}  # the client whose prompts each sequence's cache holds
         try:
             if placement is None:
                 workers = rpc.Workers(runtime.rpc) if workers is None else workers
@@ -396,11 +397,22 @@ class Session:
             return self.suffix_drafter
         return SuffixDrafter(None)
 
-    def sequence_for(self, prompt: list[int], busy) -> int:
+    def sequence_for(self, prompt: list[int], busy, client: str | None = None) -> int:
         """The sequence a prompt should generate on, of those not busy: the one whose cache holds most of
-        it (a conversation resent with one more turn); on a tie the first, for which a draft model drafts."""
+        it (a conversation resent with one more turn); on a tie the first, for which a draft model drafts.
+        client: whose prompt it is (serve's API key): a cache another client filled is emptied first and
+        shares nothing, so that what it reuses (cached_tokens, the prompt's time) tells no client how
+        much of another's prompt it guessed."""
         free = [seq for seq in range(len(self.sequences)) if seq not in busy]
-        return max(free, key=lambda seq: (self.sequences[seq].shares(prompt), -seq))
+
+        def shared(seq: int) -> int:
+            return self.sequences[seq].shares(prompt) if self._filled_by.get(seq, client) == client else 0
+
+        chosen = max(free, key=lambda seq: (shared(seq), -seq))
+        if self._filled_by.get(chosen, client) != client:
+            self.reset(chosen)
+        self._filled_by[chosen] = client
+        return chosen
 
     def _drafter_of(self, sequence: int) -> Drafter:
         """The drafter of a sequence in the current mode: the first sequence's is the session's; another's

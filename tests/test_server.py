@@ -623,6 +623,29 @@ def test_slow_and_idle_connections_are_closed_and_a_full_house_does_not_stop_hea
         assert server.stop() == 0, server.log()
 
 
+def test_a_client_that_never_reads_its_answers_is_cut_off_after_the_timeout(tiny, tmp_path):
+    # requests sent one after another on a connection whose answers are never read held it open for good:
+    # uvicorn waits for the client to take the answer, and the timeout spared an answer under way (issue 46)
+    server = ServerProcess(tmp_path, tiny["target"], "-c", "256", "--timeout", "1")
+    one = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    try:
+        port = int(server.base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as reader_that_never_reads:
+            reader_that_never_reads.setblocking(False)
+            requests = one * 10_000  # their answers, ~45 MB, more than both sides' buffers hold
+            with contextlib.suppress(BlockingIOError):
+                while requests:
+                    requests = requests[reader_that_never_reads.send(requests):]
+            sent = 10_000 - len(requests) // len(one)
+            time.sleep(4)  # the server's answers fill both buffers and wait: past its --timeout of 1 s
+            assert httpx.get(server.base + "/health", timeout=10).status_code == 200
+            reader_that_never_reads.setblocking(True)
+            received = _closed_by_the_server(reader_that_never_reads, 60) or b""
+        assert received.count(b"HTTP/1.1 200") < sent, "the server waited for the reader"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -60,6 +60,47 @@ def test_requests_run_in_arrival_order_and_the_queue_is_bounded(session):
         service.close()
 
 
+def test_one_client_cannot_take_every_place_and_the_rest_stay_for_others(session):
+    # one client could fill the running place and the queue, and every other client got 429 (issue 46)
+    service = Service(session, queue_limit=7, log=print)  # 8 places: one client may hold 6
+    try:
+        inboxes = [Inbox(str(n), []) for n in range(9)]
+        jobs = [service.submit(request(max_tokens=200 if n == 0 else 2), inboxes[n], who="key 1") for n in range(6)]
+        with pytest.raises(Busy, match="this client has 6 requests running or waiting"):
+            service.submit(request(), Inbox("seventh", []), who="key 1")
+        others = [service.submit(request(max_tokens=2), inboxes[n], who=f"key {n}") for n in (6, 7)]
+        with pytest.raises(Busy, match="requests are already waiting"):  # every place taken
+            service.submit(request(), Inbox("ninth", []), who="key 9")
+        for inbox in inboxes[:8]:
+            assert inbox.done.wait(60)
+        assert [job.outcome for job in jobs + others] == ["ok"] * 8
+        service.submit(request(max_tokens=2), inboxes[8], who="key 1")  # its places are its own again
+        assert inboxes[8].done.wait(60) and service.metrics.rejected == 2
+    finally:
+        service.close()
+
+
+def test_a_clients_cached_prompt_is_reused_for_it_alone(session):
+    # the KV prefix cache was shared across API keys: cached_tokens told key 2 how much of key 1's prompt it
+    # guessed (issue 46)
+    service = Service(session, queue_limit=4, log=print)
+    prompt = "the secret plan is to meet at the old mill at noon"
+
+    def reused(client: str) -> int:
+        inbox = Inbox(client, [])
+        service.submit(Request(Sampling(temperature=0), Limits(2), prompt=prompt, client=client), inbox)
+        assert inbox.done.wait(60)
+        return next(item.reused_tokens for item in inbox.items if isinstance(item, Prefill))
+
+    try:
+        reused("key 1")
+        assert reused("key 1") > 0  # its own prompt, read again from the cache
+        assert reused("key 2") == 0  # another key's guess of it learns nothing
+        assert reused("key 2") > 0 and reused("key 1") == 0
+    finally:
+        service.close()
+
+
 def test_a_cancelled_job_stops_at_its_next_step_and_a_waiting_one_never_starts(session):
     service = Service(session, queue_limit=4, log=print)
     order: list[str] = []
