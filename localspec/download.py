@@ -328,9 +328,10 @@ def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> M
 
 
 def _listing(repo: str) -> list[str]:
-    """The files of a Hub repo."""
+    """The GGUF files of a Hub repo whose names are safe to save under (a hostile mirror listed
+    `../../x.gguf`, which was written outside the models folder)."""
     try:
-        return huggingface_hub.list_repo_files(repo)
+        return [name for name in huggingface_hub.list_repo_files(repo) if registry.SAFE_FILE.match(name)]
     except hub_errors.GatedRepoError:
         raise FetchError(f"{repo} is gated: {GATED_HINT}") from None
     except hub_errors.RepositoryNotFoundError:

@@ -31,6 +31,8 @@ _REPO_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?"
 REPO_NAME = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 # a file of a Hub repo, in folders or not (never "." or ".."), as the registry and hf: name it
 SAFE_FILE = re.compile(r"^(?:(?!\.\.?/)[\w.-]+/)*[\w.-]+\.gguf$")
+# the quantization of owner/repo:QUANT, matched against a repo's file names (and written in logs)
+QUANT = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$", re.ASCII)
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")  # gguf-split's parts
 # A model's name becomes its folder's name: one path component, never "." or "..", not too long for
 # any file system.
@@ -330,11 +332,16 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     known = _names(models).get(text.lower())
     if known:
         return known
-    path = Path(text).expanduser()
-    if path.exists() or text.endswith(".gguf"):
-        return path
+    try:
+        path = Path(text).expanduser()
+        if path.exists() or text.endswith(".gguf"):
+            return path
+    except (OSError, RuntimeError):  # a name no file system takes (too long, ~nobody): no file of ours
+        pass
     if ":" in text and is_repo_name(text.split(":")[0]):
         repo, quant = text.split(":", 1)
+        if not QUANT.match(quant):
+            raise UsageError(f"{text!r}: a quantization is letters, digits, '_', '-' and '.', as Q4_K_M")
         return RepoQuant(repo, quant)
     raise UsageError(_unknown(text, models))
 

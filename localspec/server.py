@@ -20,6 +20,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
@@ -153,10 +154,8 @@ class Server:
     async def _model(self, name, keep_alive: float | None = None) -> Served:
         """The loaded model a request names (its `model`; keep_alive: Ollama's, in seconds), loaded now
         if it is not; UnknownModel if it is not here."""
-        if name is not None and not isinstance(name, str):
-            raise ApiError(400, "model: a model's name is a string", param="model")
         try:
-            return await self.pool.get(name, keep_alive)
+            return await self.pool.get(_named(name), keep_alive)
         except UnknownModel:
             raise  # a 404, said at the one boundary (_answering)
         except NoRoom as error:
@@ -207,7 +206,7 @@ class Server:
         async def work() -> Response:
             self._client(request)
             body = await self._body(request)
-            info = self.pool.header(self.pool.find(body.get("model") or body.get("name")).path)
+            info = self.pool.header(self.pool.find(_named(body.get("model") or body.get("name"))).path)
             return JSONResponse(ollama.show(info, info.chat_template))
 
         return await self._answering(request, work, ollamas=True)
@@ -222,6 +221,9 @@ class Server:
                 wanted = registry.resolve(asked.model)
             except LocalspecError as error:
                 raise ApiError(404, str(error)) from None
+            if isinstance(wanted, Path):  # (a pull of one answered success: it probed the file)
+                raise ApiError(400, f"{asked.model!r} is a file name: pull takes a registry name,"
+                               " hf:owner/repo/file.gguf or owner/repo:QUANT", param="model")
             loop = asyncio.get_running_loop()
             statuses: asyncio.Queue = asyncio.Queue()
 
@@ -258,7 +260,7 @@ class Server:
             body = await self._body(request)
             keep_alive = ollama.keep_alive(body.get("keep_alive"))
             if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
-                await self.pool.unload_if_idle(body.get("model"))
+                await self.pool.unload_if_idle(_named(body.get("model")))
                 return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
             served = await self._model(body.get("model"), keep_alive)
             reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)
@@ -702,6 +704,13 @@ def _makes_the_response(item, stream: bool) -> bool:
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
     return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text))
+
+
+def _named(name):
+    """A request's model name: a string, or None where it names none; a 400 where it is anything else."""
+    if name is not None and not isinstance(name, str):
+        raise ApiError(400, "model: a model's name is a string", param="model")
+    return name
 
 
 def _who(request: Request, client: str | None) -> str | None:

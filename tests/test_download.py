@@ -607,6 +607,18 @@ def test_slow_pulls_leave_model_loads_their_threads_and_stop_when_serve_does(hub
     assert not any(each.is_alive() for each in pulls) and not finished
 
 
+def test_a_listing_that_names_a_file_outside_the_repo_is_not_followed(localspec, hub, home, tiny, tmp_path):
+    # a hostile mirror's listing named ../../x.gguf for owner/repo:QUANT, written outside the models folder (issue 46)
+    hub.add("test/evil-GGUF", tiny["target"], "../../../evil-Q4_K_M.gguf")
+    before = {path for path in tmp_path.rglob("*.gguf")}
+    pulled = localspec("pull", "test/evil-GGUF:Q4_K_M")
+    assert pulled.returncode != 0 and "has no Q4_K_M GGUF" in pulled.stderr, pulled.stderr
+    assert {path for path in tmp_path.rglob("*.gguf")} == before
+    forged = localspec("pull", "test/tiny-GGUF:Q4\nlocalspec: a forged line")
+    assert forged.returncode == 2 and "a quantization is letters" in forged.stderr
+    assert len(forged.stderr.strip().splitlines()) == 1
+
+
 def test_draft_mtp_fetches_the_sidecar_the_registry_names_beside_a_target_built_without_one(localspec, home, tiny):
     pulled = localspec("pull", "trunk", "--draft", "mtp")
     assert pulled.returncode == 0, pulled.stderr

@@ -143,3 +143,20 @@ def test_a_keep_alive_that_is_no_duration_is_one_400(value):
     with pytest.raises(ApiError, match="keep_alive") as raised:
         keep_alive(value)
     assert raised.value.status == 400
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/api/show", {"model": 5}),
+    ("/api/show", {"name": ["tiny"]}),
+    ("/api/generate", {"model": {"a": 1}, "keep_alive": 0}),
+    ("/api/show", {"model": "x" * 5_000}),  # a name no file system takes
+    ("/api/show", {"model": "~nobody/x"}),
+    ("/api/generate", {"model": "a/" * 3_000, "prompt": "hi"}),
+    ("/api/pull", {"model": "/etc/passwd", "stream": False}),  # a local path, not a model to pull
+    ("/api/pull", {"model": "owner/repo:Q4\nforged log line", "stream": False}),
+])
+def test_names_of_the_wrong_type_or_that_no_file_can_have_are_one_4xx(server, route, body):
+    # each was a 500 (a traceback in the log), and a local path "pulled" successfully (issue 46)
+    answer = httpx.post(server.base + route, json=body, timeout=30)
+    assert 400 <= answer.status_code < 500 and "error" in answer.json(), answer.text
+    assert httpx.get(server.base + "/health").status_code == 200
