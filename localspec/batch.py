@@ -24,7 +24,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 
 from . import paths
 from .config import Limits, Sampling, overridden
-from .errors import InputError, LocalspecError, UsageError
+from .errors import InputError, LocalspecError, UsageError, json_trouble
 from .engine.together import ENDED, Together
 from .session import ROLES, Session, is_message, output_grammar
 from .stats import Recorder
@@ -69,8 +69,8 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
         except json.JSONDecodeError as error:
             yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} at column {error.colno}")
             continue
-        except RecursionError:
-            yield Item(id=f"line {number}", error="not valid JSON: nested too deeply")
+        except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; deep nesting
+            yield Item(id=f"line {number}", error=f"not JSON that can be read: {json_trouble(error)}")
             continue
         item_id = record.get("id", number)
         if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):

@@ -15,7 +15,7 @@ from time import perf_counter
 
 from . import hardware, mirror, paths
 from .config import DrafterKind, Limits, Sampling, Speculation
-from .errors import InputError, UsageError
+from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token
 from .session import ROLES, Session, is_message
 from .stats import Recorder, record
@@ -272,8 +272,8 @@ def _from_line(line: str, where: str) -> Prompt:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise InputError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
-    except RecursionError:
-        raise InputError(f"{where}: not valid JSON: nested too deeply") from None
+    except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; deep nesting
+        raise InputError(f"{where}: not JSON that can be read: {json_trouble(error)}") from None
     if not isinstance(record, dict):
         raise InputError(f"{where}: needs a JSON object")
     prediction = record.get("prediction")

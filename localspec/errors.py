@@ -51,3 +51,9 @@ class IncompatibleDraft(UsageError):
     def __init__(self, message: str, report):
         super().__init__(message)
         self.report = report
+
+
+def json_trouble(error: ValueError | RecursionError) -> str:
+    """What is wrong with a JSON text that json.loads could not take, beyond its syntax: nesting deeper than
+    Python's stack, or a number longer than Python reads (its own words)."""
+    return "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]

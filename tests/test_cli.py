@@ -116,13 +116,23 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-j", "{{nope"], "--json-schema: not valid JSON"),
         (["{target}", "-p", "x", "--grammar", 'root ::= "unclosed'], "the grammar does not compile"),
         (["{target}", "-p", "x", "--json-schema-file", "{binary}"], "is not UTF-8 text"),
+        # each of these was a traceback (issue 46)
+        (["{target}", "-p", "x", "--json-schema-file", "{digits}"], "not JSON that can be read: Exceeds the limit"),
+        (["{target}", "-p", "x", "--json-schema-file", "{deep}"], "not JSON that can be read: nested too deeply"),
+        (["{target}", "-p", "x", "-j", '{{"type": "string", "maxLength": 10000000000}}'], "at most 100,000 are taken"),
+        (["{target}", "-p", "x", "-j", '{{"type": "object", "properties": []}}'], "cannot be turned into a grammar"),
+        (["{target}", "-f", "/dev/zero"], "/dev/zero is larger than 64 MiB"),
+        (["{target}", "-p", "x", "--prediction", "/dev/zero"], "/dev/zero is larger than 64 MiB"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):
     (tmp_path / "not.gguf").write_text("hello")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00bad")
     (tmp_path / "adir").mkdir()
+    (tmp_path / "digits.json").write_text('{"type": "string", "maxLength": ' + "9" * 5_000 + "}")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     names = {"notgguf": tmp_path / "not.gguf", "dir": tmp_path / "adir", "binary": tmp_path / "binary.txt",
+             "digits": tmp_path / "digits.json", "deep": tmp_path / "deep.json",
              **{name: path for name, path in tiny.items()}}
     code, _, stderr = cli("run", *[a.format(**names) for a in args])
     assert code == 2, stderr

@@ -332,6 +332,11 @@ def test_response_format_and_grammars_constrain_the_answer_under_speculation(ser
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "string", "maxLength": 100_000}}}}, "at most 1,000 are taken"),
     ({"grammar": "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000}, "at most 1,000 are taken"),
+    # a 500 each (the converter's AttributeError), and the converter's memory run out (issue 46)
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": []}}}}, "cannot be turned into a grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "^a{99999999999}$"}}}}, "at most 100,000 are taken"),
 ])
 def test_a_constraint_that_cannot_be_used_is_one_400_and_the_server_goes_on(server, body, message):
     response = httpx.post(server.url + "/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],

@@ -25,6 +25,7 @@ from .app import command
 from .options import (
     GENERATION_OPTIONS,
     LIMIT_OPTIONS,
+    MOST_BATCH_BYTES,
     MODEL_OPTIONS,
     PARALLEL_OPTIONS,
     RESOURCE_OPTIONS,
@@ -254,7 +255,7 @@ def batch(
         raise UsageError("--resume needs --output: the file whose finished items to skip")
     if retry_failed and not resume:
         raise UsageError("--retry-failed goes with --resume")
-    items = batch_runner.read_items(read_text(input_file).splitlines())
+    items = batch_runner.read_items(read_text(input_file, MOST_BATCH_BYTES).splitlines())
     # The output is opened and locked before the models load: a wrong path fails at once, and a
     # second batch writing the same file is refused instead of interleaving with this one.
     with batch_runner.open_output(output, input_file, resume) as out:

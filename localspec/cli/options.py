@@ -26,7 +26,7 @@ from ..config import (
     check_draft_fits,
     default_threads,
 )
-from ..errors import InputError, UsageError
+from ..errors import InputError, UsageError, json_trouble
 from ..session import output_grammar, speculating
 
 DEFAULT_SAMPLING = Sampling()
@@ -320,18 +320,29 @@ def _grammar(o: SimpleNamespace) -> str | None:
         schema = json.loads(o.json_schema if o.json_schema is not None else read_text(o.json_schema_file))
     except json.JSONDecodeError as error:
         raise InputError(f"{where}: not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}") from None
+    except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; nesting deeper than Python's stack
+        raise InputError(f"{where}: not JSON that can be read: {json_trouble(error)}") from None
     return output_grammar(schema=schema)
 
 
-def read_text(source: str | Path) -> str:
-    """A file, or standard input for "-", as UTF-8 text."""
+# A prompt, prediction, grammar or schema file is read up to this size (`-f /dev/zero` ran the process out of
+# memory, and no context holds a prompt of a tenth of it); batch's input, a file of many prompts, up to BATCH's.
+MOST_FILE_BYTES = 64 * 2**20
+MOST_BATCH_BYTES = 2**30
+
+
+def read_text(source: str | Path, most: int = MOST_FILE_BYTES) -> str:
+    """A file, or standard input for "-", as UTF-8 text, of at most `most` bytes."""
     if source == "-":
-        data, where = sys.stdin.buffer.read(), "standard input"
+        data, where = sys.stdin.buffer.read(most + 1), "standard input"
     else:
         try:
-            data, where = Path(source).read_bytes(), str(source)
+            with open(source, "rb") as file:
+                data, where = file.read(most + 1), str(source)
         except OSError as error:
             raise InputError(f"cannot read {source}: {error.strerror}") from None
+    if len(data) > most:
+        raise InputError(f"{where} is larger than {most // 2**20:,} MiB, the most taken here")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -48,12 +48,41 @@ def from_json_schema(schema: dict | bool, rule: str = "root") -> str:
     InputError where the schema uses what it cannot convert. rule: the name of the rule that matches the
     schema (its helper rules are named after it), so a grammar can be built around it."""
     converter = grammars().SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    _check_counts(schema)
     try:
         copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
         converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
         return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in converter.format_grammar().split("\n"))
-    except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError, NotImplementedError,
+            RecursionError) as error:  # (a malformed schema: `properties` a list, `$ref` a number, ...)
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
+
+
+# The converter writes a repetition out as many times as it counts: maxLength 10**10 ran it out of memory.
+# Beyond the compile bounds below anyway (100,000 converts in a blink and is then refused as too deep).
+MOST_COUNT = 100_000
+_COUNTED = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+            "maxContains")
+_PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _check_counts(schema) -> None:
+    """InputError where a schema counts beyond MOST_COUNT (a keyword's number, or a pattern's {n,m})."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _COUNTED and isinstance(value, int) and not isinstance(value, bool) and value > MOST_COUNT:
+                    raise InputError(f"the JSON schema's {key} is {value:,}; at most {MOST_COUNT:,} are taken")
+                if key == "pattern" and isinstance(value, str):
+                    for count in (count for pair in _PATTERN_COUNT.findall(value) for count in pair if count):
+                        if len(count) > 9 or int(count) > MOST_COUNT:  # (int() takes no more than 4,300 digits)
+                            raise InputError(f"the JSON schema's pattern repeats something {count[:12]}"
+                                             f"{'...' if len(count) > 12 else ''} times; at most {MOST_COUNT:,} are taken")
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 class Grammar:
