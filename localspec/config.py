@@ -319,6 +319,9 @@ class Serving:
     # Web pages that may call the API from a browser besides those served from this machine (CORS):
     # scheme://host[:port] each, or "*" for any.
     cors_origins: tuple[str, ...] = ()
+    # Whether Ollama's /api/pull may download models (any client could make the server fetch and load any Hub
+    # GGUF); None: where serve listens on this machine only.
+    allow_pull: bool | None = None
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -335,6 +338,11 @@ class Serving:
             if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+", origin):
                 raise UsageError(f"--cors-origin {origin!r} is not an origin: scheme://host[:port] with no path"
                                  " (https://example.com, http://localhost:3000), or * for any")
+
+    @property
+    def pulls(self) -> bool:
+        """Whether /api/pull downloads."""
+        return self.host in LOOPBACK_HOSTS if self.allow_pull is None else self.allow_pull
 
     @property
     def exposure_warning(self) -> str | None:
@@ -359,6 +367,11 @@ class Lending:
         if not 0 < self.port < 65536:
             raise UsageError(f"port must be between 1 and 65535, got {self.port}")
         check_threads(self.threads)
+
+    @property
+    def pulls(self) -> bool:
+        """Whether /api/pull downloads."""
+        return self.host in LOOPBACK_HOSTS if self.allow_pull is None else self.allow_pull
 
     @property
     def exposure_warning(self) -> str | None:

@@ -216,6 +216,9 @@ class Server:
         generations go on; streamed as Ollama's statuses. Requests may name it once it is there."""
         async def work() -> Response:
             self._client(request)
+            if not self.serving.pulls:
+                raise ApiError(403, "pulls are off on this server: serve refuses /api/pull once --host exposes it,"
+                               " unless started with --allow-pull", code="pull_disabled")
             asked = ollama.parse_pull(await self._body(request))
             try:
                 wanted = registry.resolve(asked.model)

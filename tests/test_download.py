@@ -563,10 +563,25 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
         assert again.json() == {"status": "success"}  # already there: nothing fetched
         unknown = httpx.post(server.base + "/api/pull", json={"model": "no-such-model", "stream": False})
         assert unknown.status_code == 404 and "no-such-model" in unknown.json()["error"]
+        local = httpx.post(server.base + "/api/pull", json={"model": "/etc/passwd", "stream": False})
+        assert local.status_code == 400 and "is a file name" in local.json()["error"]  # it answered success
         for model in ("target.gguf", "tiny-draft"):  # the one it serves, and the one pulled, loaded when asked for
             answer = httpx.post(server.base + "/api/generate", json={"model": model, "prompt": "a", "stream": False,
                                                                      "options": {"num_predict": 2}}, timeout=60).json()
             assert answer["done"] and answer["model"] == model, answer
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
+    import httpx2 as httpx
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", "--no-pull", env=hub_env)
+    try:
+        refused = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
+        assert refused.status_code == 403 and "pulls are off" in refused.json()["error"]
+        assert not list(home.rglob("partial.gguf"))
     finally:
         assert server.stop() == 0, server.log()
 

@@ -396,6 +396,11 @@ def serve(
         "--keep-alive", help="How long a model a request asked for by name stays loaded once idle: seconds, or"
         " 5m, 1h, ...; -1: while serve runs; 0: unloaded after each request (Ollama's OLLAMA_KEEP_ALIVE). The"
         " model serve starts with stays loaded.")] = "5m",
+    allow_pull: Annotated[Optional[bool], typer.Option(
+        "--allow-pull/--no-pull", show_default=False,
+        help="Whether clients may download models with Ollama's POST /api/pull (any client could make the server"
+        " fetch a Hub GGUF, then load it). Default: allowed while serve listens on this machine only"
+        " (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
@@ -421,7 +426,8 @@ def serve(
         if api_key_file else [])
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
-                      cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive))
+                      cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
+                      allow_pull=allow_pull)
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
