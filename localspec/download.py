@@ -41,6 +41,7 @@ LOCK_NAME = ".download.lock"
 GATED_HINT = ("accept its licence on the Hugging Face website, then set HF_TOKEN to an access token of that account"
               " (huggingface.co/settings/tokens)")
 ATTEMPTS = 5  # per file, each resuming where the last one stopped
+UNSTATED_RESERVE = 2**30  # bytes of disk a download of no stated size leaves free
 # Out of disk (or quota, or the file size limit): another source would fail the same way.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -209,11 +210,15 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
         partial.unlink()  # a different, larger file was here before
     if metadata.size:
         _check_free_space(destination.parent, metadata.size, f"{repo}/{name}")
+    # The most that may arrive: the stated size (a server that sends more is wrong); with no size stated, what
+    # the disk can take beside a reserve for everything else (an endless answer filled the disk).
+    most = (metadata.size if metadata.size is not None
+            else _size(partial) + max(0, shutil.disk_usage(partial.parent).free - UNSTATED_RESERVE))
     bar = progress(total=metadata.size, initial=_size(partial), desc=name) if progress else None
     try:
         for attempt in range(ATTEMPTS):
             try:
-                _stream(metadata.location, headers, partial, bar)
+                _stream(metadata.location, headers, partial, bar, most, f"{repo}/{name}")
                 break
             except httpx2.TransportError:
                 if attempt == ATTEMPTS - 1:
@@ -236,7 +241,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parsed.scheme, parsed.host, parsed.port
 
 
-def _stream(url: str, headers: dict[str, str], partial: Path, bar) -> None:
+def _stream(url: str, headers: dict[str, str], partial: Path, bar, most: int, what: str) -> None:
     have = _size(partial)
     headers = dict(headers)
     if have:
@@ -248,6 +253,9 @@ def _stream(url: str, headers: dict[str, str], partial: Path, bar) -> None:
             if bar and have and not resumed:
                 bar.update(-have)  # the server ignored Range and sends everything again
             for block in response.iter_bytes():  # as received: nothing buffered is lost on a drop
+                if out.tell() + len(block) > most:
+                    raise FetchError(f"{what}: the server sent more than {most:,} bytes (the size it stated, or with"
+                                     " none stated what the disk can take beside a reserve); nothing more is kept")
                 out.write(block)
                 if bar:
                     bar.update(len(block))

@@ -29,6 +29,8 @@ class FakeHub:
     drop_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before dropping once
     refuse_resume: set[str] = field(default_factory=set)  # file names whose ranged GETs fail
     slow: dict[str, float] = field(default_factory=dict)  # file name -> seconds to wait between 64 KiB blocks
+    # file name -> the size stated for it, while all of it is sent (its GET body ends where the connection closes)
+    understated: dict[str, int] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
     tokens: list[str | None] = field(default_factory=list)  # each request's Authorization header
     redirect: str = ""  # if set, files are answered with a 302 to the same path on this base URL (a CDN)
@@ -102,10 +104,13 @@ def serve(hub: FakeHub):
             self.send_response(206 if wanted else 200)
             self.send_header("ETag", f'"{digest}"')
             self.send_header("X-Linked-Etag", f'"{digest}"')
-            self.send_header("X-Linked-Size", str(size))
+            self.send_header("X-Linked-Size", str(hub.understated.get(name, size)))
             self.send_header("X-Repo-Commit", COMMIT)
             self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(size - start))
+            if name in hub.understated and send_body:
+                self.close_connection = True  # a body that ends where the connection does
+            else:
+                self.send_header("Content-Length", str(hub.understated.get(name, size) - start))
             if wanted:
                 self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
             self.end_headers()

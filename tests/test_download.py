@@ -573,6 +573,15 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
         assert server.stop() == 0, server.log()
 
 
+def test_a_server_that_sends_more_than_it_stated_is_cut_off_there(localspec, hub, home, big_file):
+    # a download was bounded by nothing but the end of the server's answer (issue 46)
+    hub.add("test/endless-GGUF", big_file, "endless-Q4_K_M.gguf")
+    hub.understated["endless-Q4_K_M.gguf"] = 1_000_000  # of its 8,000,000 bytes
+    pulled = localspec("pull", "hf:test/endless-GGUF/endless-Q4_K_M.gguf")
+    assert pulled.returncode != 0 and "sent more than 1,000,000 bytes" in pulled.stderr, pulled.stderr
+    assert all(path.stat().st_size <= 1_000_000 for path in home.rglob("endless-*"))
+
+
 def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
     import httpx2 as httpx
     from test_server import ServerProcess
