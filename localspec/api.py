@@ -350,14 +350,11 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
                        code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed}
-    stop = request.stop
-    if stop == "" or isinstance(stop, list) and "" in stop:
-        raise ApiError(400, "stop: a stop string cannot be empty", param="stop")
     try:
         sampling, limits = overridden(defaults.sampling, defaults.limits, **asked, max_tokens=max_tokens or None,
-                                      stop=stop, grammar=_grammar(request))
+                                      stop=request.stop, grammar=_grammar(request))
     except UsageError as error:
-        raise ApiError(400, str(error)) from None
+        raise ApiError(400, f"{error.setting}: {error}" if error.setting else str(error), param=error.setting) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what), bool(request.stream), include_usage)

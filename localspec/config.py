@@ -241,6 +241,10 @@ def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:
                          f" context {runtime.ctx_size} (--ctx-size); use at most {room}")
 
 
+MOST_STOPS = 64  # stop strings a generation takes (OpenAI's API takes 4)
+MOST_STOP_CHARACTERS = 1_000
+
+
 @dataclass(frozen=True)
 class Limits:
     """When a generation ends, besides the context filling up. max_tokens None: no limit of its own
@@ -255,7 +259,12 @@ class Limits:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise UsageError(f"max-tokens must be >= 1, or -1 for no limit, got {self.max_tokens}")
         if any(s == "" for s in self.stop):
-            raise UsageError("a stop string cannot be empty")
+            raise UsageError("a stop string cannot be empty", "stop")
+        # every stop string is looked for in the text at every token: 550,000 of them added 0.45 s to each step
+        if len(self.stop) > MOST_STOPS:
+            raise UsageError(f"{len(self.stop):,} stop strings; at most {MOST_STOPS} are taken", "stop")
+        if any(len(s) > MOST_STOP_CHARACTERS for s in self.stop):
+            raise UsageError(f"a stop string is longer than {MOST_STOP_CHARACTERS:,} characters", "stop")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,

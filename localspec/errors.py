@@ -6,9 +6,14 @@ class LocalspecError(Exception):
 
 
 class UsageError(LocalspecError):
-    """The user asked for something that cannot work (bad value, bad combination)."""
+    """The user asked for something that cannot work (bad value, bad combination). setting: the one setting
+    at fault, as an API request names it (OpenAI's error `param`), where there is one."""
 
     exit_code = 2
+
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
 
 
 class InputError(LocalspecError):

@@ -195,6 +195,8 @@ def test_models_and_health(server):
      "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context
     ({"stop": ["ok", ""]}, "stop"),
+    ({"stop": [f"s{n}" for n in range(550_000)]}, "stop"),  # 0.45 s more every step (issue 46)
+    ({"stop": ["x" * 1_001]}, "stop"),
     ({"seed": -2}, "seed"),
 ])
 def test_bad_requests_raise_the_openai_clients_bad_request_error(server, fields, param):
