@@ -4,6 +4,7 @@ processes on free 127.0.0.1 ports, started and stopped by the tests."""
 import json
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -275,6 +276,47 @@ def test_worker_stops_on_sigterm_and_refuses_a_port_in_use(cli, tmp_path):
         taken.listen()
         code, _, err = cli("worker", "--port", taken.getsockname()[1])
     assert code == 2 and "cannot listen on 127.0.0.1" in err
+
+
+def _message(connection: socket.socket, command: int, payload: bytes) -> bytes | None:
+    """One RPC command as llama.cpp's client frames it, and the answer (None where the connection ended)."""
+    connection.sendall(bytes([command]) + struct.pack("<Q", len(payload)) + payload)
+    head = connection.recv(8)
+    if len(head) < 8:
+        return None
+    size = struct.unpack("<Q", head)[0]
+    answer = b""
+    while len(answer) < size and (chunk := connection.recv(size - len(answer))):
+        answer += chunk
+    return answer
+
+
+ALLOC_BUFFER, GET_TENSOR = 0, 8  # enum rpc_cmd in ggml-rpc.cpp
+
+
+def test_a_message_llama_cpps_rpc_server_asserts_on_ends_one_session_not_the_worker(tmp_path):
+    # a GET_TENSOR whose tensor lies outside its buffer ended the whole worker with GGML_ASSERT (issue 46)
+    worker = Worker(tmp_path / "home")
+    try:
+        with socket.create_connection(("127.0.0.1", worker.port), timeout=30) as attacker:
+            assert _message(attacker, rpc.RPC_HELLO, bytes(rpc.RPC_CONN_CAPS_SIZE))
+            buffer = struct.unpack("<QQ", _message(attacker, ALLOC_BUFFER, struct.pack("<IQ", 0, 1024)))[0]
+            tensor = struct.pack("<QIQ4I4II16ii10QQQQ64si", 1, 0, buffer, 1, 1, 1, 1, 4, 4, 4, 4, 0, *[0] * 16, 0,
+                                 *[0] * 10, 0, 0, 0, b"x", 0)  # F32, in a real buffer, its data at address 0
+            assert _message(attacker, GET_TENSOR, tensor + struct.pack("<QQ", 0, 4)) is None
+        _wait_for(lambda: "ended (signal SIGABRT)" in worker.log(), 30)
+        _wait_for(lambda: _greets(worker.endpoint), 30)  # lending again
+        assert worker.process.poll() is None
+    finally:
+        assert worker.stop() == 0, worker.log()
+
+
+def _greets(endpoint: str) -> bool:
+    try:
+        rpc.greet_worker(endpoint, timeout=5)
+    except Exception:
+        return False
+    return True
 
 
 def test_worker_mistakes_are_one_line_before_it_listens(cli, tmp_path):
