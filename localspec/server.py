@@ -267,7 +267,7 @@ class Server:
                 return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
             served = await self._model(body.get("model"), keep_alive)
             reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)
-            parsed = self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate, served)
+            parsed = await self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate, served)
             if parsed is None:
                 return JSONResponse(answer.loaded())
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)), reply,
@@ -322,17 +322,21 @@ class Server:
             body = await self._body(request)
             served = await self._model(body.get("model"))
             reply = Reply(chat, served.name)
-            parsed = self._parse(body, reply, api.parse_chat if chat else api.parse_completion, served)
+            parsed = await self._parse(body, reply, api.parse_chat if chat else api.parse_completion, served)
             return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
                                        reply, served)
 
         return await self._answering(request, work)
 
-    def _parse(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
-        """The request as parse(body, defaults) reads it (None: nothing to generate), refused here on the
-        event loop by arithmetic alone if it cannot fit the context: rendered and tokenized on the worker,
-        100,000 messages held every other request for minutes. The messages are counted before they are
-        validated (validating 100,000 takes a second)."""
+    async def _parse(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
+        """The request as parse(body, defaults) reads it (None: nothing to generate), on a thread: a JSON
+        schema's conversion to a grammar took a second for 20,000 properties, and the event loop serves
+        everyone. Refused here by arithmetic alone if it cannot fit the context: rendered and tokenized on
+        the worker, 100,000 messages held every other request for minutes. The messages are counted before
+        they are validated (validating 100,000 takes a second)."""
+        return await asyncio.to_thread(self._parse_now, body, reply, parse, served)
+
+    def _parse_now(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
         try:
             if reply.chat and isinstance(body.get("messages"), list):
                 served.session.refuse_what_cannot_fit(0, len(body["messages"]))

@@ -208,6 +208,23 @@ def test_bad_requests_raise_the_openai_clients_bad_request_error(server, fields,
     assert "Traceback" not in server.log()
 
 
+def test_a_schema_slow_to_convert_holds_up_no_other_request(server):
+    # a JSON schema's conversion to a grammar ran on the event loop: 20,000 properties held every request
+    # for a second (issue 46)
+    schema = {"type": "object", "properties": {f"p{n}": {"type": "string"} for n in range(20_000)}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
+    finished = []
+    slow = threading.Thread(target=lambda: finished.append(httpx.post(server.url + "/chat/completions", json=body,
+                                                                      timeout=120).status_code))
+    slow.start()
+    time.sleep(0.2)  # its body has arrived and its schema is being converted
+    assert httpx.get(server.base + "/health", timeout=30).status_code == 200
+    answered_first = not finished
+    slow.join(120)
+    assert finished == [400] and answered_first
+
+
 def test_a_prompt_longer_than_the_context_says_so(server):
     with pytest.raises(openai.BadRequestError) as raised:
         server.client().completions.create(model="tiny", prompt="abc " * 300, max_tokens=4)
