@@ -38,8 +38,6 @@ SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
 
-# --spec, as the user spells it: which kind drafts ("fixed": the draft model if there is one, else n-gram lookup)
-
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
 # with_options adds them to a command and builds one Settings from them.
@@ -63,9 +61,10 @@ MODEL_OPTIONS = {
 DRAFTING_OPTIONS = {
     "no_draft": (Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")], False),
     "spec": (Annotated[str, typer.Option(
-        "--spec", help="auto: choose each step between plain, n-gram and draft model by measured cost and"
-        " acceptance; fixed: always draft up to --draft-max with the draft model (n-gram lookup without one);"
-        " off: plain decoding.", rich_help_panel=SPECULATION)], "auto"),
+        "--spec", help="auto: choose each step between plain decoding and drafting with n-gram lookup, earlier"
+        " answers (the suffix cache), a --prediction, or the --draft drafter (a draft model, MTP, EAGLE-3, DFlash),"
+        " by measured cost and acceptance; fixed: always draft up to --draft-max with the --draft drafter (n-gram"
+        " lookup without one); off: plain decoding.", rich_help_panel=SPECULATION)], "auto"),
 }
 SPECULATION_OPTIONS = {
     "draft_max": (Annotated[Optional[int], typer.Option(
