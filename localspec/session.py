@@ -667,8 +667,8 @@ class Session:
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold (no BOS, control tokens read as text), as far as
         an output could: a context's worth. Only that much of the text is read (8 MiB of code took 2.4 s of
-        the worker's time to tokenize with Qwen2.5's tokenizer, for tokens no output can reach): a head that most text
-        fills the context with, else as many characters as a context of the longest tokens holds."""
+        the worker's time to tokenize with Qwen2.5's tokenizer, for tokens no output can reach): a head that
+        most text fills the context with, else as many characters as a context of the longest tokens holds."""
         n_ctx, tokenize = self.target.n_ctx, self.target_model.tokenize
         head = text[: n_ctx * 8]
         tokens = tokenize(head, False, False)
