@@ -53,7 +53,7 @@ class Sampling:
 
 class DrafterKind(StrEnum):
     """How a generation drafts, in one word: a session's mode, bench's modes, the drafter each
-    step used and the key of its statistics. One member per drafter class in engine/drafters.py."""
+    step used and the key of its statistics. Each is drafted by a class of engine/drafters/, named in its spec.py."""
 
     PLAIN = "plain"  # no drafting: the target alone, one token a step
     NGRAM = "ngram"  # prompt lookup: copy what followed the last few tokens before

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import download, gguf_meta, hardware, registry
 from .config import DrafterKind, Runtime, Speculation
+from .engine.drafters.spec import COSTLY_KINDS
 from .errors import LocalspecError, UsageError
 from .gguf_meta import GGUFInfo
 from .service import Metrics, Service
@@ -153,7 +154,7 @@ class Pool:
         await self._make_room(self.header(wanted.path), asked)
         drafting = self.speculation.drafting
         draft = self._draft_for(wanted.entry) if drafting != DrafterKind.PLAIN else None
-        if drafting in (DrafterKind.DRAFT, DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH) and draft is None:
+        if drafting in COSTLY_KINDS and draft is None:
             drafting = DrafterKind.NGRAM  # what serve's --spec fixed does without a draft model
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")

@@ -6,25 +6,24 @@ many generations on them; the caller iterates events and never touches the engin
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import closing, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from . import calibration, compat, download, gguf_meta, hardware, registry, running
+from . import compat, download, gguf_meta, hardware, registry
 from .chat_template import render_pieces
 from .config import (AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Limits, Runtime, Sampling, Speculation,
                      check_draft_fits, overridden)
-from .engine import policy
+from .drafting import PUBLISHED, Drafters, speculating
 from .engine import rpc
-from .engine.backend import LAST_HIDDEN, Context, Embedder, Model
-from .engine.drafters import (AssistantDrafter, CostlyDrafter, DFlashDrafter, Drafter, Eagle3Drafter, ModelDrafter,
-                               MtpDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter)
+from .engine.backend import Context, Embedder, Model
+from .engine.drafters.spec import Weights, plan_drafting
 from .engine.grammar import from_json_schema, json_object
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone
 from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecError, UsageError
-from .events import Done, Event, Prefill, Token
+from .events import Event, Prefill
 from .gguf_meta import GGUFInfo
 from .placement import Placement
 from .stats import Recorder, Summary, record
@@ -127,26 +126,6 @@ def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
     return resolved.name, resolved.size
 
 
-SPEC_CHOICES = ("auto", "fixed", "off")
-# the drafters that read the target's hidden states, by the architecture of their file, and their names
-HIDDEN_STATE_DRAFTERS = {DrafterKind.EAGLE3: "EAGLE-3", DrafterKind.DFLASH: "DFlash"}
-
-
-def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str | None]:
-    """The CLI's --draft and --spec (and load()'s draft and spec) as the kind to draft with and the draft
-    model to load, if any. draft: a draft model, "ngram", "mtp" or None; spec: auto, fixed or off."""
-    if spec not in SPEC_CHOICES:
-        raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
-    if spec == "off":
-        return DrafterKind.PLAIN, None
-    if draft in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS, registry.ASSISTANT):  # one published beside the target
-        return DrafterKind.MTP if draft == registry.ASSISTANT else DrafterKind(draft), None
-    draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
-    if spec == "fixed":
-        return (DrafterKind.DRAFT if draft_model else DrafterKind.NGRAM), draft_model
-    return DrafterKind.AUTO, draft_model
-
-
 def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: bool = False, progress=None,
          **settings) -> "Session":
     """A target (and draft) opened as `localspec run` opens them: by registry name, local .gguf file,
@@ -181,7 +160,7 @@ def open_session(
     stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
-    if speculation.drafting in (DrafterKind.MTP, *HIDDEN_STATE_DRAFTERS) and draft_model is None:
+    if speculation.drafting in PUBLISHED and draft_model is None:
         draft_model = _published_drafter(target, speculation.drafting, offline)
     elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
         beside = download.drafter_beside(registry.resolve(target), offline)
@@ -243,159 +222,88 @@ class Session:
         """draft: the draft model's GGUF, or None (n-gram lookup needs none). placement: where they run
         (open_session's); None: placed here, with runtime's workers added first."""
         check_draft_fits(speculation, runtime)
-        self.speculation = speculation
         self._owned: list = []
-        self._auto: policy.AutoDrafter | None = None
+        self.drafting: Drafters | None = None  # made once the models are loaded
         self._filled_by: dict[int, str | None] = {}  # the client whose prompts each sequence's cache holds
         try:
             if placement is None:
                 workers = rpc.Workers(runtime.rpc) if workers is None else workers
                 placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
             self.plan = placement
-            # A draft that is an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the
-            # target's own MTP layers would: fixed drafting with it is the mtp mode. An EAGLE-3 drafter
-            # (gpt-oss's `eagle3-` sidecar) or DFlash drafter (Qwen3.6's `dflash-` sidecar) reads the
-            # target's hidden states: fixed drafting with it is the eagle3 or dflash mode.
-            # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter, too.
-            drafting_with = placement.models[1].architecture if draft is not None else None
-            assistant = drafting_with == "gemma4-assistant"
-            sidecar = draft is not None and placement.models[1].mtp_sidecar or assistant
-            hidden = DrafterKind(drafting_with) if drafting_with in HIDDEN_STATE_DRAFTERS else None
-            if (sidecar or hidden) and speculation.drafting == DrafterKind.DRAFT:
-                speculation = self.speculation = replace(speculation, drafting=DrafterKind.MTP if sidecar else hidden)
-            # The target's MTP layers draft when asked for, and under auto beside any draft model but an
-            # EAGLE-3 or DFlash drafter (the target keeps the hidden states of one kind of drafter).
-            asked = speculation.drafting == DrafterKind.MTP
-            load_mtp = (asked or speculation.drafting == DrafterKind.AUTO) and not sidecar and not hidden
-            watch = workers or None  # the workers' devices may hold layers of either model
-            placed = placement.target
-            self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=load_mtp,
-                                                tensor_split=placed.tensor_split, repack=runtime.repack,
-                                                mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
-            mtp = bool(self.target_model.mtp_layers) or sidecar
-            if asked and not mtp:
-                raise UsageError(f"{target.name} has no multi-token-prediction (MTP) layers to draft with;"
-                                 " give its MTP sidecar file (mtp-*.gguf) as --draft, or use --draft ngram or a"
-                                 " draft model")
-            # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
-            rows = speculation.longest_draft + 1
-            n_batch = max(runtime.prompt_batch, rows)
-            on_backend = placement.backend_sampling
-            # loaded before the target's context, which keeps the hidden states it reads
-            drafter_model = self._own(Model(draft, placement.draft.gpu_layers, placement.draft.devices,
-                                            repack=runtime.repack, mmap=runtime.mmap, mlock=runtime.mlock,
-                                            watch=watch)) if draft is not None and not sidecar else None
-            kept = ((LAST_HIDDEN,) if mtp else
-                    Eagle3Drafter.layers_read(self.target_model, drafter_model) if hidden == DrafterKind.EAGLE3 else
-                    drafter_model.target_layers if hidden else ())
-            # several sequences' rows share a batch: one each at least, and a verification for each where it fits
-            n_batch = max(n_batch, min(rows * runtime.parallel, runtime.prompt_batch))
-            self.target = self._own(Context(self.target_model, runtime.ctx_size, n_batch, runtime.threads,
-                                            on_backend, rows, keep_hidden=kept, flash_attn=runtime.flash_attn,
-                                            n_seq=runtime.parallel))
-            # the sequences requests generate on (serve -np, batch --parallel)
-            self.sequences = [self.target] + [self.target.sequence(seq) for seq in range(1, runtime.parallel)]
-            self._sequence_drafters: dict[tuple[int, DrafterKind], Drafter] = {}
-            self._sequence_costly: dict[int, dict[DrafterKind, CostlyDrafter]] = {}
-            # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
-            # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
-            self._settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
-            del self._settings["ctx_size"]
-            self._threads = runtime.threads
+            drafting = plan_drafting(speculation, *placement.models)
+            speculation = replace(speculation, drafting=drafting.mode)
             # Said at load, for the CLI to print: what localspec did other than asked.
             self.notes: list[str] = []
+            placed, on_backend = placement.target, placement.backend_sampling
+            # the workers' devices may hold layers of either model
+            loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None}
+            self.target_model = self._own(Model(target, placed.gpu_layers, placed.devices, load_mtp=drafting.target_mtp,
+                                                tensor_split=placed.tensor_split, **loading))
+            # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
+            models = {spec: self.target_model if spec.weights is Weights.TARGET else self._own(Model(
+                draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=spec.weights is Weights.MTP_FILE,
+                **loading)) for spec in drafting.costly}
+            kept = tuple(layer for spec, model in models.items()
+                         for layer in spec.drafter.layers_read(self.target_model, model))
+            # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
+            rows = speculation.longest_draft + 1
+
+            def context(model: Model, **options) -> Context:
+                return self._own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads,
+                                         on_backend, rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
+                                         **options))
+
+            self.target = context(self.target_model, keep_hidden=kept)
             if self.target.n_ctx != runtime.ctx_size:
                 self.notes.append(f"the context holds {self.target.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp"
                                   " rounds context sizes up to a multiple of 256")
             if runtime.parallel > 1:
                 self.notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
                                   f" {self.target.n_ctx} tokens")
-            if self.target_model.recurrent and not self.target.rollback and speculation.drafting != DrafterKind.PLAIN:
-                self._decode_plainly(target.name)
-                drafter_model, mtp, hidden = None, False, None
-                self.target.stop_keeping_hidden()
-            self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
-            # earlier generations, for auto to draft from: this target's only, in this process's memory only
-            self.suffix_drafter = SuffixDrafter(SuffixCache()) if speculation.suffix_cache else None
-            self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
+            if self.target_model.recurrent and not self.target.rollback:
+                drafting = drafting.decoding_plainly(target.name, speculation)
+                if drafting.note:
+                    self.notes.append(drafting.note)
+                    speculation = replace(speculation, drafting=drafting.mode)
+                    self.target.stop_keeping_hidden()
+            # the sequences requests generate on (serve -np, batch --parallel)
+            self.sequences = [self.target] + [self.target.sequence(seq) for seq in range(1, runtime.parallel)]
+            costly = {spec: spec.drafter.made(self.target, context(
+                models[spec], mtp=spec.drafter.mtp_context, beside=self.target if spec.drafter.beside_target else None),
+                speculation.p_min) for spec in drafting.costly}
+            # What decides how llama.cpp computes, and so auto's costs. Not the context size: costs are
+            # measured at the start of an empty cache, and llama.cpp attends only to the cells in use.
+            settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
+            del settings["ctx_size"]
+            self._threads = runtime.threads
             self._embedder: Embedder | None = None  # made at the first embedding asked for
-            self.model_drafter = None
-            self.mtp_drafter = None
-            self.hidden_drafter = None  # an EAGLE-3 or DFlash drafter
-            if mtp:
-                block_model = self.target_model if not sidecar else self._own(Model(
-                    draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=True, repack=runtime.repack,
-                    mmap=runtime.mmap, mlock=runtime.mlock, watch=watch))
-                block = self._own(Context(block_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
-                                          rows, mtp=True, flash_attn=runtime.flash_attn,
-                                          beside=self.target if assistant else None, n_seq=runtime.parallel))
-                self.mtp_drafter = (AssistantDrafter if assistant else MtpDrafter)(self.target, block, speculation.p_min)
-            if drafter_model is not None:
-                context = self._own(Context(drafter_model, runtime.ctx_size, n_batch, runtime.threads, on_backend,
-                                            rows, flash_attn=runtime.flash_attn,
-                                            beside=self.target if hidden else None, n_seq=runtime.parallel))
-                if hidden:
-                    drafter = Eagle3Drafter if hidden == DrafterKind.EAGLE3 else DFlashDrafter
-                    self.hidden_drafter = drafter(self.target, context, speculation.p_min)
-                else:
-                    self.model_drafter = ModelDrafter(context, speculation.p_min, self.target_model.n_vocab)
-            self.default_mode = self.speculation.drafting
-            self.use(self.default_mode)
+            self.drafting = Drafters(drafting, speculation, self.sequences, costly, settings)
         except BaseException:
             self.close()
             raise
 
-    def _decode_plainly(self, name: str) -> None:
-        """The target cannot take rejected draft tokens back: refuse if drafting was asked for by name,
-        else decode plainly and say so."""
-        reason = (f"{name} keeps a recurrent state that llama.cpp cannot take rejected draft tokens back out of"
-                  " (it keeps snapshots of it only for some architectures)")
-        if self.speculation.required:
-            raise UsageError(f"{reason}; it can only decode plainly (--no-draft)")
-        self.notes.append(f"{reason}: decoding plainly")
-        self.speculation = replace(self.speculation, drafting=DrafterKind.PLAIN)
+    @property
+    def speculation(self) -> Speculation:
+        """How it drafts (bench steers each mode's speculation by assigning it)."""
+        return self.drafting.speculation
+
+    @speculation.setter
+    def speculation(self, speculation: Speculation) -> None:
+        self.drafting.speculation = speculation
+
+    @property
+    def mode(self) -> DrafterKind:
+        """The kind of drafting it generates with now."""
+        return self.drafting.mode
+
+    @property
+    def default_mode(self) -> DrafterKind:
+        """The kind of drafting it was opened with."""
+        return self.drafting.default_mode
 
     def use(self, mode: DrafterKind) -> None:
         """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""
-        if mode == DrafterKind.DRAFT and self.model_drafter is None:
-            raise UsageError("the draft mode needs a draft model (--draft NAME or FILE)")
-        if mode == DrafterKind.MTP and self.mtp_drafter is None:
-            raise UsageError("the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)")
-        if mode in HIDDEN_STATE_DRAFTERS and (self.hidden_drafter is None or self.hidden_drafter.kind != mode):
-            raise UsageError(f"the {mode} mode needs {'an' if mode == DrafterKind.EAGLE3 else 'a'}"
-                             f" {HIDDEN_STATE_DRAFTERS[mode]} drafter (--draft {mode}, or its {mode}-*.gguf file)")
-        mode = DrafterKind(mode)
-        drafters = {DrafterKind.PLAIN: NoDrafter, DrafterKind.NGRAM: lambda: self.ngram,
-                    DrafterKind.DRAFT: lambda: self.model_drafter, DrafterKind.MTP: lambda: self.mtp_drafter,
-                    DrafterKind.EAGLE3: lambda: self.hidden_drafter, DrafterKind.DFLASH: lambda: self.hidden_drafter,
-                    DrafterKind.AUTO: self._auto_drafter}
-        self.drafter = drafters[mode]()
-        self.mode = mode
-
-    def _auto_drafter(self) -> policy.AutoDrafter:
-        if self._auto is None:
-            costly = self._costly
-            batch = min(self.speculation.longest_draft + 1, self.target.max_rows)
-            contexts = {drafter.kind: drafter.context for drafter in costly}
-            self._costs_key = {
-                "machine": hardware.identity(), "settings": self._settings,
-                "target": [calibration.file_identity(self.target_model.path), self.target.n_batch, batch],
-                "drafts": {kind: [calibration.file_identity(context.model.path), context.n_batch]
-                           for kind, context in contexts.items()},
-            }
-            self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
-            costs = calibration.costs(self._costs_key, lambda: policy.calibrate(self.target, contexts, batch))
-            self._auto = policy.AutoDrafter(self.ngram, costly, costs, self._suffix_of_a_sequence(),
-                                            alongside=lambda: (self.target.others, self.target.alongside))
-        return self._auto
-
-    def _suffix_of_a_sequence(self) -> SuffixDrafter | None:
-        """The suffix drafter a sequence's auto drafts with: the session's own where it has one sequence;
-        else one of the sequence's, given the session's cache of the moment at each generation (remember_as
-        may choose another for the next request while this one runs)."""
-        if self.suffix_drafter is None or len(self.sequences) == 1:
-            return self.suffix_drafter
-        return SuffixDrafter(None)
+        self.drafting.use(mode)
 
     def sequence_for(self, prompt: list[int], busy, client: str | None = None) -> int:
         """The sequence a prompt should generate on, of those not busy: the one whose cache holds most of
@@ -414,43 +322,10 @@ class Session:
         self._filled_by[chosen] = client
         return chosen
 
-    def _drafter_of(self, sequence: int) -> Drafter:
-        """The drafter of a sequence in the current mode: the first sequence's is the session's; another's
-        is its own (each drafter keeps state of its generation), a costly drafter's on the sequence's own
-        part of its context."""
-        if sequence == 0:
-            return self.drafter
-        key = (sequence, self.mode)
-        if key not in self._sequence_drafters:
-            view, spec, costly = self.sequences[sequence], self.speculation, self._costly_of(sequence)
-            self._sequence_drafters[key] = (
-                policy.AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), list(costly.values()),
-                                   self._auto_drafter().costs, self._suffix_of_a_sequence(),
-                                   alongside=lambda: (view.others, view.alongside))
-                if self.mode == DrafterKind.AUTO else
-                NgramDrafter(spec.ngram_min, spec.ngram_max) if self.mode == DrafterKind.NGRAM else
-                costly[self.mode] if self.mode in costly else NoDrafter())
-        return self._sequence_drafters[key]
-
-    def _costly_of(self, sequence: int) -> dict[DrafterKind, CostlyDrafter]:
-        """The costly drafters of a sequence but the first (its own, kept for every mode), by kind."""
-        if sequence not in self._sequence_costly:
-            own: dict[DrafterKind, CostlyDrafter] = {}
-            if self.model_drafter is not None:
-                model = self.model_drafter
-                own[DrafterKind.DRAFT] = ModelDrafter(model.context.sequence(sequence), model.p_min,
-                                                      model.target_vocab)
-            for drafter in (self.mtp_drafter, self.hidden_drafter):
-                if drafter is not None:  # (each reads its own sequence's hidden states)
-                    own[drafter.kind] = type(drafter)(self.sequences[sequence], drafter.context.sequence(sequence),
-                                                      drafter.p_min)
-            self._sequence_costly[sequence] = own
-        return self._sequence_costly[sequence]
-
     def costs(self) -> dict | None:
         """What the auto policy measured of this machine (verification by batch size, drafting), once
         it has run; for reports."""
-        return self._auto.costs.as_dict() if self._auto else None
+        return self.drafting.costs()
 
     def set_draft_max(self, draft_max: int | None) -> None:
         """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
@@ -463,47 +338,30 @@ class Session:
     @property
     def draft_limit(self) -> int:
         """Most tokens drafted a step in the current mode."""
-        return self.speculation.draft_limit(self.mode)
+        return self.drafting.limit
 
     def forget(self) -> None:
         """Start the auto policy's learning about acceptance afresh, and forget earlier generations
         (a benchmark's fresh session); the costs it measured stay, being the machine's."""
-        for auto in [self._auto, *self._sequence_drafters.values()]:
-            if isinstance(auto, policy.AutoDrafter):
-                auto.forget()
-        if self.suffix_drafter is not None:
-            self._memories.clear()
-            self.suffix_drafter.cache = SuffixCache()
+        self.drafting.forget()
 
     def remember_as(self, name: str | None) -> None:
         """Keep generations in, and draft from, a suffix cache of this name's own from now on (None: in
         none, as with --no-suffix-cache): bench gives each mode its own, so that none drafts what
         another generated from the same prompt."""
-        if self.suffix_drafter is not None:
-            self.suffix_drafter.cache = None if name is None else self._memories.setdefault(name, SuffixCache())
+        self.drafting.remember_as(name)
 
     @property
     def suffix_cache(self) -> SuffixCache | None:
         """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
-        return self.suffix_drafter.cache if self.suffix_drafter else None
+        return self.drafting.suffix_cache
 
     def reset(self, sequence: int | None = None) -> None:
         """Empty the KV caches, so the next prompt is read from scratch (fair benchmarks; after a failure):
         all of them, or one sequence's (the drafters' of it too)."""
         for view in self.sequences if sequence is None else [self.sequences[sequence]]:
             view.truncate(0)
-        for costly in self._sequence_costly.values() if sequence is None else [self._sequence_costly.get(sequence, {})]:
-            for drafter in costly.values():
-                drafter.context.truncate(0)
-        if sequence:
-            return
-        for drafter in self._costly:
-            drafter.context.truncate(0)
-
-    @property
-    def _costly(self) -> list:
-        """The drafters that draft with a model of their own, each on its own context."""
-        return [drafter for drafter in (self.model_drafter, self.mtp_drafter, self.hidden_drafter) if drafter]
+        self.drafting.reset(sequence)
 
     def _own(self, resource):
         self._owned.append(resource)
@@ -611,38 +469,15 @@ class Session:
         if sequence is None:
             events = self.generate(prompt, sampling, limits, prediction, 0)
             return alone(events) if len(self.sequences) > 1 else events
-        drafter = self._drafter_of(sequence)
-        if isinstance(drafter, policy.AutoDrafter) and drafter.suffix is not None:
-            drafter.suffix.cache = self.suffix_cache
-        if prediction and self.mode != DrafterKind.PLAIN:
-            drafter = PredictionDrafter(prediction, drafter, self.speculation.draft_limit(self.mode))
-        events = generate(self.sequences[sequence], drafter, prompt, sampling, self.speculation, limits)
-        return self._remembered(events, prompt, self.suffix_cache) if self.suffix_cache is not None else events
-
-    def _remembered(self, events: Iterator[Event], prompt: list[int], cache: SuffixCache) -> Iterator[Event]:
-        """The events, and the generation added to the suffix cache once it ends, with as much of its
-        prompt before it as a match reaches back (so its first tokens can be drafted too)."""
-        output = []
-        with closing(events):
-            for event in events:
-                if isinstance(event, Token):
-                    output.append(event.id)
-                elif isinstance(event, Done):
-                    try:
-                        cache.add(prompt[-cache.depth :] + output)
-                    except BaseException:  # Ctrl-C half-way leaves its arrays out of step with each other
-                        cache.clear()
-                        raise
-                yield event
+        events = generate(self.sequences[sequence], self.drafting.of(sequence, prediction), prompt, sampling,
+                          self.speculation, limits)
+        return self.drafting.remembering(events, prompt)
 
     @property
     def remembered(self) -> tuple[int, int] | None:
         """The tokens its suffix caches hold (all of them: the one in use and the named ones) and the
         bytes they take, if this session keeps any."""
-        if self.suffix_drafter is None:
-            return None
-        caches = {id(cache): cache for cache in [self.suffix_drafter.cache, *self._memories.values()] if cache}
-        return sum(cache.tokens for cache in caches.values()), sum(cache.nbytes for cache in caches.values())
+        return self.drafting.remembered
 
     def embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
         """Each input to embed (text, or token ids) as the tokens the model reads: InputError, before any is
@@ -713,9 +548,9 @@ class Session:
 
     @property
     def info(self) -> Info:
-        draft = self.model_drafter.context.model.path.name if self.model_drafter else None
-        return Info(self.target_model.path.name, draft, self.mtp_drafter is not None, self.target.n_ctx,
-                    self.target_model.n_vocab)
+        draft = self.drafting.costly.get(DrafterKind.DRAFT)
+        return Info(self.target_model.path.name, draft.context.model.path.name if draft else None,
+                    DrafterKind.MTP in self.drafting.costly, self.target.n_ctx, self.target_model.n_vocab)
 
     @property
     def target_info(self) -> GGUFInfo:
@@ -726,7 +561,7 @@ class Session:
     def busy_seconds(self) -> float:
         """Seconds this session's contexts (the target's, the draft model's, the MTP block's) have spent
         inside llama_decode: what the host's share of a step is measured against."""
-        contexts = [self.target] + [drafter.context for drafter in self._costly]
+        contexts = [self.target] + self.drafting.contexts
         return sum(context.busy_seconds for context in contexts)
 
     def warm(self) -> None:
@@ -736,33 +571,16 @@ class Session:
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
-        return self.plan.report(draft=self.model_drafter is not None or self._mtp_sidecar is not None
-                                or self.hidden_drafter is not None,
-                                sampling="backend" if self.target.on_backend else "host", drafting=self.mode)
-
-    @property
-    def _mtp_sidecar(self) -> str | None:
-        """The file of the MTP block that drafts, where it is not the target's own."""
-        block = self.mtp_drafter.context.model if self.mtp_drafter else None
-        return block.path.name if block is not None and block is not self.target_model else None
+        return self.plan.report(draft=self.drafting.with_files, sampling="backend" if self.target.on_backend else "host",
+                                drafting=self.mode)
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
-        draft_model = self.model_drafter.context.model.path.name if self.model_drafter else ""
-        block = "assistant" if isinstance(self.mtp_drafter, AssistantDrafter) else "MTP layers"
-        mtp = ("" if not self.mtp_drafter else f"its {block} ({self._mtp_sidecar})" if self._mtp_sidecar
-               else "its own MTP layers")
-        hidden = (f"{HIDDEN_STATE_DRAFTERS[self.hidden_drafter.kind]} ({self.hidden_drafter.context.model.path.name})"
-                  if self.hidden_drafter else "")
-        drafting = {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup",
-                    DrafterKind.DRAFT: draft_model, DrafterKind.MTP: mtp, DrafterKind.EAGLE3: hidden,
-                    DrafterKind.DFLASH: hidden,
-                    DrafterKind.AUTO: "auto: " + _either(["n-gram lookup", draft_model, mtp, hidden])}[self.mode]
-        return f"{self.target_model.path.name} ({drafting})"
+        return f"{self.target_model.path.name} ({self.drafting.describe()})"
 
     def close(self) -> None:
-        if self._owned and self._auto is not None and calibration.quiet(self._others, self._threads):
-            calibration.keep(self._costs_key, self._auto.costs)  # what real steps corrected, for the next load
+        if self._owned and self.drafting is not None:
+            self.drafting.close(self._threads)
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()
@@ -772,13 +590,6 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _either(names: list[str]) -> str:
-    """The names that are not empty, as "a, b or c"."""
-    names = [name for name in names if name]
-    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-
 
 
 class Conversation:

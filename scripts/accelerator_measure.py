@@ -259,7 +259,7 @@ def _verified(context: Context, prompt: list[int], sizes: list[int]) -> list[flo
 
 def token_seconds(session: Session, prompt: list[int], repeats: int) -> float:
     """The draft model's seconds for one token after the prompt (median of repeats)."""
-    context = session.model_drafter.context
+    context = session.drafting.costly[DrafterKind.DRAFT].context
     context.truncate(0)
     context.decode(prompt, logits="none")
     seconds = []
@@ -505,7 +505,7 @@ def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dic
     oracle = Oracle()
     session.use(DrafterKind.AUTO)
     session.forget()
-    auto = session.drafter
+    auto = session.drafting.drafter
     for prompt in prompts:
         session.remember_as("plain")  # the answer reaches auto through the oracle alone, not the suffix cache
         recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
@@ -519,7 +519,7 @@ def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dic
             speeds.add("auto", drafting_the_answer(
                 lambda prompt=prompt: with_mode(session, DrafterKind.AUTO, prompt, tokens), oracle, answer))
         finally:
-            auto.ngram = session.ngram
+            auto.ngram = session.drafting.ngram
     rows = {label: speeds.row(label) for label in speeds.records}
     for k in CEILING_LENGTHS:
         rows[f"answer k={k}"]["predicted"] = (k + 1) / ratios[k + 1] if k + 1 in ratios else None

@@ -154,7 +154,7 @@ def engine(model: str, modules, labels, prompts: list[list[int]], tokens: int, r
     """propose + observe inside real generations (the model as its own draft model), alternating policies."""
     path = download.locate(registry.resolve(model))
     with Session(path, path, Runtime(threads=1), Speculation(DrafterKind.AUTO)) as session:
-        made = session.drafter
+        made = session.drafting.drafter
         autos = [made if module is current else module.AutoDrafter(made.ngram, list(made.costly.values()),
                                                                     module.Costs.from_dict(asdict(made.costs)))
                  for module in modules]
@@ -164,7 +164,7 @@ def engine(model: str, modules, labels, prompts: list[list[int]], tokens: int, r
                 for i in (0, 1) if repeat % 2 == 0 else (1, 0):
                     auto = autos[i]
                     auto.forget()
-                    session.drafter = timed(auto, spent[i])
+                    session.drafting.drafter = timed(auto, spent[i])
                     for _ in session.generate(prompt, GREEDY, Limits(max_tokens=tokens)):
                         pass
         for label, samples in zip(labels, spent):

@@ -60,7 +60,7 @@ def record(args) -> None:
                 session.reset()
                 events = session.generate(tokens, Sampling(temperature=0), limits)
                 reply = [event.id for event in events if isinstance(event, Token)]
-                likeliest, sure = draft_along(session.model_drafter.context, tokens, reply)
+                likeliest, sure = draft_along(session.drafting.costly[DrafterKind.DRAFT].context, tokens, reply)
                 item = {"prompt": tokens, "reply": reply, "draft": {"likeliest": likeliest, "sure": sure}}
                 if prompt.prediction:
                     item["prediction"] = session.prediction_tokens(prompt.prediction)

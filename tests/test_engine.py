@@ -269,12 +269,12 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     with Session(target, draft, Runtime(ctx_size=1024, backend_sampling=False), speculation) as session:
         prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
         recorder = RecordingContext(session.target)
-        tokens, events = run(recorder, session.drafter, prompt, limits=Limits(max_tokens=64))
+        tokens, events = run(recorder, session.drafting.drafter, prompt, limits=Limits(max_tokens=64))
     assert record(events).summary().acceptance_rate > 0.5
     for offset, token in enumerate(tokens):
         assert token == recorder.argmax_at[len(prompt) + offset - 1], f"token {offset}"
     with Session(target, draft, Runtime(ctx_size=1024), speculation) as session:  # the argmax taken in the graph
-        assert run(session.target, session.drafter, prompt, limits=Limits(max_tokens=64))[0] == tokens
+        assert run(session.target, session.drafting.drafter, prompt, limits=Limits(max_tokens=64))[0] == tokens
         assert session.target.on_backend
 
 

@@ -62,11 +62,11 @@ def test_auto_may_draft_with_the_targets_mtp_layers_beside_a_draft_model(tiny):
     runtime = Runtime(ctx_size=512, threads=2)
     with Session(tiny["mtp"], None, runtime, Speculation(p_min=0.0)) as session:
         assert session.mode == DrafterKind.AUTO and "MTP" in session.describe()
-        assert session._auto_drafter().costly == {DrafterKind.MTP: session.mtp_drafter}
+        assert session.drafting.auto().costly == {DrafterKind.MTP: session.drafting.costly[DrafterKind.MTP]}
         record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=20)))
     # a llama draft model shares the tiny models' tokenizer: both costly drafters are weighed
     with Session(tiny["mtp"], tiny["partial"], runtime, Speculation(p_min=0.0)) as session:
-        assert set(session._auto_drafter().costly) == {DrafterKind.DRAFT, DrafterKind.MTP}
+        assert set(session.drafting.auto().costly) == {DrafterKind.DRAFT, DrafterKind.MTP}
         assert session.describe().endswith("(auto: n-gram lookup, partial.gguf or its own MTP layers)")
         tokens = session.tokenize("the cat", raw=False)
         plain = tokens_of(generate(session.target, NoDrafter(), tokens, GREEDY, SPECULATION, Limits(max_tokens=30)))

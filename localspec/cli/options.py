@@ -27,7 +27,8 @@ from ..config import (
     default_threads,
 )
 from ..errors import InputError, UsageError, json_trouble
-from ..session import output_grammar, speculating
+from ..drafting import speculating
+from ..session import output_grammar
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()

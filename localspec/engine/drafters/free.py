@@ -1,0 +1,100 @@
+"""Drafters that cost no forward pass: n-gram lookup in the text so far, and earlier generations
+(the suffix cache)."""
+
+from ...config import DrafterKind
+from ..suffix import SuffixCache
+from .base import Agreement, Draft, Evidence, RunClass
+
+
+MIN_OFFER = 4  # tokens any n-gram match may offer (best of 3, 4 and 8 in a replay of recorded generations)
+RUN_LIMIT = 32  # how far back a match is followed when judging the evidence behind it
+
+
+class NgramDrafter:
+    """Prompt lookup: if the last n tokens occurred before, propose what followed them.
+
+    An index from each n-gram to the position after its latest occurrence, and to
+    how often each token followed it, is updated as tokens arrive, so a proposal
+    costs the same at any context length. Each proposal names its Evidence: how far
+    the match runs back and whether the n-gram's earlier occurrences agree on what follows it.
+    """
+
+    kind = DrafterKind.NGRAM
+
+    def __init__(self, n_min: int, n_max: int):
+        self.sizes = range(n_max, n_min - 1, -1)  # longest match first
+
+    def for_sequence(self) -> "NgramDrafter":
+        """A twin for another sequence, indexing its own text."""
+        return NgramDrafter(self.sizes[-1], self.sizes[0])
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.followers: dict[int, dict[tuple[int, ...], dict[int, int]]] = {n: {} for n in self.sizes}
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def propose(self, history, k) -> Draft:
+        # Index only n-grams that have a token after them; the current suffix stays out.
+        for end in range(max(self.indexed, 1), len(history)):
+            for n in self.sizes:
+                if end >= n:
+                    gram = tuple(history[end - n : end])
+                    self.latest[n][gram] = end
+                    counts = self.followers[n].setdefault(gram, {})
+                    counts[history[end]] = counts.get(history[end], 0) + 1
+        self.indexed = len(history)
+        for n in self.sizes:
+            gram = tuple(history[-n:])
+            follows = self.latest[n].get(gram)
+            if follows is not None:
+                run = self._run(history, follows, n)
+                # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
+                # draft after a short, chance match mostly wastes a big verification batch.
+                offer = min(k, max(run, MIN_OFFER))
+                evidence = Evidence(RunClass.of(run), _agreement(self.followers[n][gram], history[follows]))
+                return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence, run=run)
+        return Draft(source=self.kind)
+
+    @staticmethod
+    def _run(history, follows: int, n: int) -> int:
+        """How many tokens before `follows` equal the last ones of history (at least n, at most RUN_LIMIT)."""
+        matched = n
+        while matched < RUN_LIMIT and matched < follows and history[follows - 1 - matched] == history[-1 - matched]:
+            matched += 1
+        return matched
+
+
+def _agreement(followers: dict[int, int], proposed: int) -> Agreement:
+    seen = sum(followers.values())
+    if seen == 1:
+        return Agreement.SEEN_ONCE
+    return Agreement.AGREE if followers.get(proposed, 0) == seen else Agreement.DIFFER
+
+
+class SuffixDrafter:
+    """Earlier generations in this process draft (SuffixDecoding, Oliaro et al. 2025): the longest tail
+    of the text found in a SuffixCache, continued as most often before. Its proposals name Evidence as
+    n-gram lookup's do (how far the match runs back; whether the earlier continuations agree), so auto
+    keeps beliefs of its own for them, learned from the text for free."""
+
+    kind = DrafterKind.SUFFIX
+
+    def __init__(self, cache: SuffixCache | None):
+        self.cache = cache  # None: drafting from nothing for a while (bench's auto-no-suffix)
+
+    def begin(self, prompt, sampling, rng) -> None:
+        pass
+
+    def propose(self, history, k) -> Draft:
+        if self.cache is None:
+            return Draft(source=self.kind)
+        found = self.cache.propose(history, k)
+        if found.match < SUFFIX_MIN_MATCH or not found.tokens:
+            return Draft(source=self.kind)
+        agreement = (Agreement.SEEN_ONCE if found.support == 1
+                     else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
+        return Draft(list(found.tokens), source=self.kind, evidence=Evidence(RunClass.of(found.match), agreement),
+                     run=found.match)
+
+
+SUFFIX_MIN_MATCH = 2  # a one-token match among a million earlier tokens is chance, as n-gram lookup's ngram_min
