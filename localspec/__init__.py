@@ -16,8 +16,10 @@ __version__ = "0.1.0"
 # name -> the module that defines it; imported when first asked for, so that `import localspec` (and the
 # CLI's --help) does not load the models' machinery until it is used
 _EXPORTS = {
-    **dict.fromkeys(("load", "Session", "Conversation", "Reply", "Info"), "session"),
+    **dict.fromkeys(("load", "Session", "Conversation", "Reply", "Info", "output_grammar"), "session"),
     "speculating": "drafting",
+    "Request": "request",
+    **dict.fromkeys(("Scheduler", "Running", "ENDED"), "scheduler"),
     **dict.fromkeys(("Sampling", "Limits", "Runtime", "Speculation", "DrafterKind"), "config"),
     **dict.fromkeys(("Event", "Prefill", "Token", "Step", "Done"), "events"),
     **dict.fromkeys(("Recorder", "Summary"), "stats"),

@@ -1,4 +1,4 @@
-"""The OpenAI API's shapes: requests checked and turned into a service.Request, responses and stream
+"""The OpenAI API's shapes: requests checked and turned into a Request, responses and stream
 chunks built from a finished job. With ollama.py (Ollama's shapes), the modules of serve's that know
 pydantic (registry.py checks models.toml with it too); it knows no web framework.
 
@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
-from .service import Busy, Closing, Job, Request, WorkerStopped
+from .request import Request
+from .service import Busy, Closing, Job, WorkerStopped
 from .session import ROLES, Session, output_grammar
 from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
 

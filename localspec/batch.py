@@ -25,7 +25,8 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 from . import paths
 from .config import Limits, Sampling, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble
-from .engine.together import ENDED, Together
+from .request import Request
+from .scheduler import ENDED, Scheduler
 from .session import ROLES, Session, is_message, output_grammar
 from .stats import Recorder
 
@@ -206,18 +207,14 @@ FIELD_KINDS = {
 }
 
 
-def _started(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool,
-             busy: dict) -> tuple[int, Iterator, int | None]:
-    """(the sequence, the events, the prediction's tokens) of an item's generation, started on the free
-    sequence whose cache holds most of its prompt."""
+def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool) -> Request:
+    """What an item asks for: its conversation, or its prompt (wrapped in the chat template unless raw)."""
     if item.error:
         raise LocalspecError(item.error)
     item_sampling, item_limits = settings(item, sampling, limits)
-    tokens = session.chat_tokens(item.messages) if item.messages else session.tokenize(item.prompt, raw)
-    prediction = session.prediction_tokens(item.prediction) if item.prediction else None
-    sequence = session.sequence_for(tokens, busy)
-    return sequence, session.generate(tokens, item_sampling, item_limits, prediction, sequence), \
-        len(prediction) if prediction else None
+    prompt = None if item.messages else session.tokenize(item.prompt, raw)
+    return Request(item_sampling, item_limits, messages=item.messages or None, prompt=prompt,
+                   prediction=item.prediction)
 
 
 def _record(item: Item, outcome: Recorder, predicted: int | None) -> dict:
@@ -232,9 +229,8 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     each finishes; errors become an item's record instead of stopping the batch. durable: out is a file
     on disk, fsynced after every record so a crash cannot lose it. running: the items being generated,
     by sequence (for record_stop)."""
-    records, waiting, together = [], iter(items), Together()
+    records, waiting, scheduler = [], iter(items), Scheduler(session)
     running = {} if running is None else running
-    outcomes: dict[int, tuple[Recorder, int | None]] = {}
 
     def finish(record: dict) -> None:
         _write(out, record, durable)
@@ -242,26 +238,22 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
         progress(record)
 
     while True:
-        while len(running) < len(session.sequences) and (item := next(waiting, None)) is not None:
+        while not scheduler.full and (item := next(waiting, None)) is not None:
             try:
-                sequence, events, predicted = _started(session, item, sampling, limits, raw, running)
+                started = scheduler.add(_request(session, item, sampling, limits, raw))
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue
-            running[sequence], outcomes[sequence] = item, (Recorder(), predicted)
-            together.add(sequence, events)
-        if not together:
+            running[started.sequence] = item
+        if not scheduler:
             return records
-        for sequence, event in together.step():
-            outcome, predicted = outcomes[sequence]
+        for started, event in scheduler.step():
             if event is ENDED:
-                finish(_record(running.pop(sequence), outcome, predicted))
+                finish(_record(running.pop(started.sequence), started.recorder, started.predicted or None))
             elif isinstance(event, LocalspecError):
-                finish({"id": running.pop(sequence).id, "error": str(event)})
+                finish({"id": running.pop(started.sequence).id, "error": str(event)})
             elif isinstance(event, BaseException):
                 raise event
-            else:
-                outcome.add(event)
 
 
 def record_stop(out: IO[str], running: dict, message: str, durable: bool) -> None:

@@ -17,6 +17,7 @@ from . import hardware, mirror, paths
 from .config import DrafterKind, Limits, Sampling, Speculation
 from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token
+from .request import Request
 from .session import ROLES, Session, is_message
 from .stats import Recorder, record
 
@@ -315,8 +316,8 @@ def own_replies(session: Session, conversation: Conversation, limits: Limits,
                 session.use(DrafterKind.PLAIN)
                 session.remember_as(None)  # no mode's earlier generation, nor one to draft from
                 session.reset()
-                known[before] = record(session.generate(session.chat_tokens(filled), Sampling(temperature=0),
-                                                        limits)).text
+                known[before] = record(session.generate(Request(Sampling(temperature=0), limits,
+                                                                messages=filled))).text
             message = {"role": "assistant", "content": known[before]}
         filled.append(message)
     return filled
@@ -580,7 +581,7 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
-                events = session.generate(tokens, sampling, limits, prediction)
+                events = session.generate(Request(sampling, limits, prompt=tokens, prediction=prediction))
                 result.outputs.append([])
                 for event in result.host.follow(events, session):
                     result.recorder.add(event)

@@ -10,6 +10,7 @@ two runs of identical work differ by a few percent, which the verdict leaves as 
 from dataclasses import dataclass
 
 from .config import DrafterKind, Limits, Sampling
+from .request import Request
 from .session import Session
 from .stats import Recorder, Summary, record
 
@@ -74,7 +75,7 @@ def plain_beside(session: Session, prompt: list[int], sampling: Sampling, limits
     session.reset()
     session.use(DrafterKind.PLAIN)
     try:
-        plain = record(session.generate(prompt, sampling, limits))
+        plain = record(session.generate(Request(sampling, limits, prompt=prompt)))
     finally:
         session.use(mode)
     ours, theirs = speculative.text, plain.text

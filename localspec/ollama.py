@@ -15,7 +15,8 @@ from .api import ApiError, Defaults, Parsed, Tool, checked_count, speculation
 from .config import duration_seconds, overridden
 from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
-from .service import Job, Request
+from .request import Request
+from .service import Job
 from .session import ROLES, output_grammar
 from .tool_calls import ToolCall, Tools, tool_format
 

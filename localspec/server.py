@@ -38,8 +38,7 @@ from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
 from .events import Done, Token
 from .pool import NoRoom, Pool, Served, UnknownModel
-from .service import FINISHED, Job
-from .service import Request as ServiceRequest  # (starlette's Request is the HTTP one)
+from .service import FINISHED, Embedding, Job
 from .tool_calls import ToolCall
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
@@ -174,8 +173,7 @@ class Server:
                 loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(item))
 
         try:
-            job = served.service.submit(ServiceRequest(self.defaults.sampling, self.defaults.limits, inputs=inputs,
-                                                       client=client), deliver, _who(request, client))
+            job = served.service.submit(Embedding(inputs, client), deliver, _who(request, client))
         except LocalspecError as error:
             raise api.api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))

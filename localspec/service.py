@@ -3,7 +3,7 @@
 Requests run on a worker thread that owns the session (llama.cpp contexts are not shared between
 threads), as many at once as the session has sequences (serve -np), in arrival order: each step
 decodes every running request's rows in one batch, and a request that arrives joins at the next step
-(engine/together.py). A few may wait for a sequence, more are refused. A client that goes away
+(the library's Scheduler). A few may wait for a sequence, more are refused. A client that goes away
 cancels its request at the next step, and its sequence takes the next request. A sequence's KV cache
 keeps what its previous request shared with the next, as in a chat; a request goes to the free
 sequence whose cache shares most of its prompt. The counters /metrics shows are folded here, from
@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import monotonic, perf_counter
 
-from .config import DrafterKind, Limits, Sampling
-from .engine.together import ENDED, Together
-from .errors import EngineError, InputError, LocalspecError, UsageError
+from .config import DrafterKind
+from .errors import EngineError, LocalspecError
+from .request import Request
+from .scheduler import ENDED, Running, Scheduler
 from .session import Session
 from .stats import Recorder
-from .tool_calls import ToolFormat, Tools
+from .tool_calls import ToolFormat
 
 # What a job delivers after its last event or its error: nothing more will come.
 FINISHED = "finished"
@@ -53,47 +54,50 @@ class WorkerStopped(EngineError):
 
 
 @dataclass(frozen=True)
-class Request:
-    """What to generate: a conversation (rendered with the model's chat template) or a prompt (text,
-    its control tokens read as such, or token ids), and how."""
+class Embedding:
+    """Texts (or token id lists) to embed, instead of generating; client as a Request's."""
 
-    sampling: Sampling
-    limits: Limits
-    messages: list[dict] | None = None
-    prompt: str | list[int] | None = None
-    prediction: str | None = None  # the text the answer is expected to be (OpenAI's Predicted Outputs)
-    client: str | None = None  # whose earlier answers it may draft from (serve's API key); None: the one client
-    inputs: list | None = None  # texts (or token id lists) to embed, instead of generating
-    tools: Tools | None = None  # the tools a conversation's answer may call
-
-    @property
-    def characters(self) -> int:
-        """The length of the prompt's text (of its messages' contents; 0 for token ids)."""
-        if self.messages is not None:
-            return sum(len(message["content"]) for message in self.messages)
-        return len(self.prompt) if isinstance(self.prompt, str) else 0
+    inputs: list
+    client: str | None = None
 
 
 class Job:
     """A request on its way through the service. deliver(item) receives each event, then any
     error, then FINISHED; it is called on the worker thread."""
 
-    def __init__(self, request: Request, deliver: Callable, who: str | None = None):
+    def __init__(self, request: Request | Embedding, deliver: Callable, who: str | None = None):
         self.request = request
         self.deliver = deliver
         self.who = who  # the client it came from (Service.submit)
         self.recorder = Recorder()
-        self.drafting: DrafterKind | None = None  # the session's mode when the job ran
-        self.tool_format: ToolFormat | None = None  # the form the model writes tool calls in, if offered tools
+        self.running: Running | None = None  # once it generates
         self.outcome = "cancelled"  # or "ok", "error"
-        self.predicted = 0  # the prediction's tokens
         self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
         self.embedded_tokens = 0
         self.embedding_inputs: list[list[int]] | None = None  # its inputs as tokens, once read
         self.seconds = 0.0
-        self.sequence: int | None = None  # the session's sequence it generates on, once it runs
         self.started = 0.0
         self._cancelled = threading.Event()
+
+    @property
+    def sequence(self) -> int | None:
+        """The session's sequence it generates on, once it runs."""
+        return self.running.sequence if self.running else None
+
+    @property
+    def drafting(self) -> DrafterKind | None:
+        """The session's mode when it ran."""
+        return self.running.drafting if self.running else None
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """The form the model writes tool calls in, where it was offered tools."""
+        return self.running.tool_format if self.running else None
+
+    @property
+    def predicted(self) -> int:
+        """The prediction's tokens."""
+        return self.running.predicted if self.running else 0
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -136,7 +140,7 @@ class Service:
     def closing(self) -> bool:
         return self._closing
 
-    def submit(self, request: Request, deliver: Callable, who: str | None = None) -> Job:
+    def submit(self, request: Request | Embedding, deliver: Callable, who: str | None = None) -> Job:
         """Queue a request behind those before it; Busy if the queue is full, or if `who` (the client: its
         API key, or its address) holds as many of the places (running and waiting) as one client may: all
         but a quarter of them, kept for others (one client could take every place, and the others got 429)."""
@@ -203,31 +207,31 @@ class Service:
             self._finish(job)
 
     def _serve_jobs(self) -> None:
-        together, stopping = Together(), False
+        scheduler, stopping = Scheduler(self.session), False
         while not stopping or self._running:
-            stopping = self._admit(together, stopping)
-            for sequence, item in together.step():
-                job = self._running[sequence]
+            stopping = self._admit(scheduler, stopping)
+            for running, item in scheduler.step():
+                job = self._running[running.sequence]
                 if item is ENDED:
                     job.outcome = "ok"
-                    self._end(job, together)
+                    self._end(job)
                 elif isinstance(item, BaseException):
                     self._fail(job, item)
-                    self._end(job, together)
+                    self._end(job)
                 else:
-                    job.recorder.add(item)
-                    self.metrics.add(item, sequence)
+                    self.metrics.add(item, running.sequence)
                     job.deliver(item)
                     if job.cancelled:  # its client left: its events stop here (its cache stays a prefix)
-                        together.drop(sequence)
+                        scheduler.drop(running)
             for job in [job for job in self._running.values() if job.cancelled]:
                 job.recorder.interrupt()
-                self._end(job, together)
+                scheduler.drop(job.running)
+                self._end(job)
 
-    def _admit(self, together: Together, stopping: bool) -> bool:
+    def _admit(self, scheduler: Scheduler, stopping: bool) -> bool:
         """Start waiting requests on free sequences (waiting for one while none runs); True once close()
         said to stop."""
-        while not stopping and len(self._running) < len(self.session.sequences):
+        while not stopping and not scheduler.full:
             try:
                 job = self._jobs.get(block=not self._running)
             except queue.Empty:
@@ -237,32 +241,19 @@ class Service:
             if job.cancelled:  # its client left while it waited
                 self._finish(job)
                 continue
-            if self._start(job, together):
+            if self._start(job, scheduler):
                 break  # an embedding with inputs left: the generations running take their step first
         return stopping
 
-    def _start(self, job: Job, together: Together) -> bool:
-        """Read the request and start its generation on the free sequence whose cache holds most of its
-        prompt; a request whose input is refused ends here, and an embedding request embeds for one
-        slice (True where it has inputs left and is queued again)."""
+    def _start(self, job: Job, scheduler: Scheduler) -> bool:
+        """Start the request's generation (Scheduler.add); a request whose input is refused ends here, and an
+        embedding request embeds for one slice (True where it has inputs left and is queued again)."""
         job.started = perf_counter()
-        session = self.session
-        job.drafting = session.mode
         try:
-            request = job.request
-            if request.inputs is not None:
+            if isinstance(job.request, Embedding):
                 return self._embed_some(job)
-            prediction = session.prediction_tokens(request.prediction) if request.prediction else None
-            job.predicted = len(prediction or ())
-            if request.client is not None:
-                session.remember_as(request.client)
-            sampling = request.sampling
-            if request.tools is not None:
-                sampling, job.tool_format = session.with_tools(sampling, request.tools)
-            tokens = self._tokens(request)
-            job.sequence = session.sequence_for(tokens, busy=self._running, client=request.client)
-            together.add(job.sequence, session.generate(tokens, sampling, request.limits, prediction, job.sequence))
-            self._running[job.sequence] = job
+            job.running = scheduler.add(job.request, job.recorder)
+            self._running[job.running.sequence] = job
         except Exception as error:
             self._fail(job, error)
             self._finish(job)
@@ -288,31 +279,18 @@ class Service:
 
     def _fail(self, job: Job, error: BaseException) -> None:
         job.outcome = "error"
-        if not isinstance(error, (InputError, UsageError)):  # the request's own fault needs no more
-            if not isinstance(error, LocalspecError):  # a bug: the operator needs its traceback
-                self.log("".join(traceback.format_exception(error)).rstrip())
-                error = EngineError(f"internal error: {error}")
-            # The cache may hold a half-made step: the next request on it reads its prompt from scratch.
-            if job.sequence is not None:
-                self.session.reset(job.sequence)
+        if not isinstance(error, LocalspecError):  # a bug: the operator needs its traceback
+            self.log("".join(traceback.format_exception(error)).rstrip())
+            error = EngineError(f"internal error: {error}")
         job.deliver(error)
 
-    def _end(self, job: Job, together: Together) -> None:
-        together.drop(job.sequence)
+    def _end(self, job: Job) -> None:
         del self._running[job.sequence]
         job.seconds = perf_counter() - job.started
         if job.outcome == "ok":
             seconds = self._seconds_per_job
             self._seconds_per_job = job.seconds if seconds is None else 0.8 * seconds + 0.2 * job.seconds
         self._finish(job)
-
-    def _tokens(self, request: Request) -> list[int]:
-        session = self.session
-        if request.messages is not None:
-            return session.chat_tokens(request.messages, request.tools)
-        if isinstance(request.prompt, str):
-            return session.tokenize(request.prompt, raw=True)
-        return session.token_ids(request.prompt)
 
     def _finish(self, job: Job) -> None:
         self.metrics.finish(job)

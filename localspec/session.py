@@ -26,6 +26,8 @@ from .errors import ContextOverflow, IncompatibleDraft, InputError, LocalspecErr
 from .events import Event, Prefill
 from .gguf_meta import GGUFInfo
 from .placement import Placement
+from .request import Request
+from .scheduler import Scheduler
 from .stats import Recorder, Summary, record
 from .tool_calls import ToolFormat, Tools, constraint, tool_format
 
@@ -79,6 +81,18 @@ class Reply:
     @classmethod
     def of(cls, recorder: Recorder) -> "Reply":
         return cls(recorder.text, recorder.finish_reason, recorder.summary())
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready to generate (Session.prepare): its prompt's tokens, the sampling it runs with
+    (with the grammar that keeps tool calls well formed), its prediction's tokens, the form of its tool calls."""
+
+    request: Request
+    tokens: list[int]
+    sampling: Sampling
+    prediction: list[int] | None
+    tool_format: ToolFormat | None
 
 
 @dataclass(frozen=True)
@@ -454,24 +468,50 @@ class Session:
     def can_speculate(self) -> bool:
         return self.default_mode != DrafterKind.PLAIN
 
-    def generate(self, prompt: list[int], sampling: Sampling, limits: Limits,
-                 prediction: list[int] | None = None, sequence: int | None = None) -> Iterator[Event]:
-        """The events of one generation from prompt tokens (prompt_tokens makes them): Prefill, then Token
-        and Step as they come, then Done. prediction: tokens the output is expected to follow
-        (prediction_tokens makes them), drafted wherever it does; plain decoding leaves them unused.
-        sequence: which of the session's sequences it runs on (0 .. parallel - 1), its events then coming
-        with Turns between them where the session has several, for engine.together to decode the
-        sequences' rows together; None: the first, decoded alone."""
+    def prepare(self, request: Request) -> "Prepared":
+        """A request made ready to generate: its prompt as tokens (a conversation through the chat template,
+        with the tools it may call), its prediction's tokens, and the sampling that keeps tool calls well
+        formed. Raises, with nothing started, where the request cannot be generated (InputError,
+        ContextOverflow, UsageError)."""
         info = self.target_info
         if not info.generates:  # llama.cpp would abort the process when asked for its logits
             raise UsageError(f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
                              " /v1/embeddings and /api/embed) and does not generate any")
-        if sequence is None:
-            events = self.generate(prompt, sampling, limits, prediction, 0)
-            return alone(events) if len(self.sequences) > 1 else events
-        events = generate(self.sequences[sequence], self.drafting.of(sequence, prediction), prompt, sampling,
-                          self.speculation, limits)
-        return self.drafting.remembering(events, prompt)
+        prediction = request.prediction
+        if isinstance(prediction, str):
+            prediction = self.prediction_tokens(prediction) if prediction else None
+        sampling, tool_format = request.sampling, None
+        if request.tools is not None:
+            sampling, tool_format = self.with_tools(sampling, request.tools)
+        if request.messages is not None:
+            tokens = self.chat_tokens(request.messages, request.tools)
+        elif isinstance(request.prompt, str):
+            tokens = self.tokenize(request.prompt, raw=True)
+        else:
+            tokens = self.token_ids(request.prompt)
+        return Prepared(request, tokens, sampling, prediction or None, tool_format)
+
+    def generate(self, request: Request) -> Iterator[Event]:
+        """The events of one generation: Prefill, then Token and Step as they come, then Done. A prediction
+        drafts wherever the output follows it (plain decoding leaves it unused). To run several at once on
+        a session of several sequences, hand them to a Scheduler instead."""
+        events = self.generation(self.prepare(request), 0)
+        return alone(events) if len(self.sequences) > 1 else events
+
+    def scheduler(self) -> Scheduler:
+        """Several requests at once, one on each of the session's sequences (load(..., parallel=N)), their rows
+        decoded in one batch a step."""
+        return Scheduler(self)
+
+    def generation(self, prepared: "Prepared", sequence: int) -> Iterator:
+        """A prepared request's generation on one of the session's sequences (0 .. parallel - 1): its events
+        with Turns between them where the session has several, for the Scheduler to decode the sequences'
+        rows together."""
+        if prepared.request.client is not None:  # it drafts from its own client's earlier answers only
+            self.remember_as(prepared.request.client)
+        events = generate(self.sequences[sequence], self.drafting.of(sequence, prepared.prediction), prepared.tokens,
+                          prepared.sampling, self.speculation, prepared.request.limits)
+        return self.drafting.remembering(events, prepared.tokens)
 
     @property
     def remembered(self) -> tuple[int, int] | None:
@@ -535,7 +575,7 @@ class Session:
         """A generation's events for a prompt (see prompt_tokens). options: temperature, top_k, top_p, min_p,
         seed, max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)
-        return self.generate(self.prompt_tokens(prompt, raw), sampling, limits)
+        return self.generate(Request(sampling, limits, prompt=self.prompt_tokens(prompt, raw)))
 
     def complete(self, prompt: str | list[dict] | list[int], raw: bool = False, **options) -> Reply:
         """A whole generation for a prompt, as stream() makes it."""
@@ -615,7 +655,7 @@ class Conversation:
         self.turn = Recorder()
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
-            for event in self.session.generate(self.session.chat_tokens(self.messages), sampling, limits):
+            for event in self.session.generate(Request(sampling, limits, messages=self.messages)):
                 self.recorder.add(event)
                 self.turn.add(event)
                 started = started or isinstance(event, Prefill)

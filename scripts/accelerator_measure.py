@@ -31,8 +31,8 @@ from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
-from localspec.engine.together import Together
 from localspec.events import Step, Token
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import Recorder
 
@@ -308,7 +308,7 @@ def with_mode(session: Session, mode: DrafterKind, prompt: list[int], tokens: in
     """One generation from empty caches in one of the session's own modes."""
     session.use(mode)
     session.reset()
-    return fold(session.generate(prompt, sampling, Limits(max_tokens=tokens)), host, session)
+    return fold(session.generate(Request(sampling, Limits(max_tokens=tokens), prompt=prompt)), host, session)
 
 
 def drafting_the_answer(generation, oracle: Oracle, answer: list[int]) -> Recorder:
@@ -561,7 +561,7 @@ def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], toke
                 session.reset()
                 started = perf_counter()
                 produced = generated_together(session, chosen, tokens) if parallel > 1 else sum(
-                    fold(session.generate(prompt, GREEDY, Limits(max_tokens=tokens)), None, session)[0].tokens
+                    fold(session.generate(Request(GREEDY, Limits(max_tokens=tokens), prompt=prompt)), None, session)[0].tokens
                     for prompt in chosen)
                 rates.setdefault(label, {})[parallel] = produced / (perf_counter() - started)
     return {label: {"one_at_a_time": rate[1], "together": rate[PARALLEL], "ratio": rate[PARALLEL] / rate[1]}
@@ -570,11 +570,11 @@ def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], toke
 
 def generated_together(session: Session, prompts: list[list[int]], tokens: int) -> int:
     """Tokens generated from the prompts, one on each of the session's sequences, all at once."""
-    together, produced = Together(), 0
-    for sequence, prompt in enumerate(prompts):
-        together.add(sequence, session.generate(prompt, GREEDY, Limits(max_tokens=tokens), sequence=sequence))
-    while together:
-        for _, item in together.step():
+    scheduler, produced = session.scheduler(), 0
+    for prompt in prompts:
+        scheduler.add(Request(GREEDY, Limits(max_tokens=tokens), prompt=prompt))
+    while scheduler:
+        for _, item in scheduler.step():
             if isinstance(item, Exception):
                 raise item
             produced += isinstance(item, Token)

@@ -28,6 +28,7 @@ from pathlib import Path
 from localspec import bench, download, paths, registry
 from localspec.chat_template import render
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.request import Request
 from localspec.stats import record
 from localspec.session import Session
 
@@ -137,7 +138,7 @@ def main() -> None:
                     session.set_draft_max(draft_max)
                     session.use(mode)
                     session.reset()
-                    events = session.generate(prompt_tokens, Sampling(temperature=0), Limits(max_tokens=args.max_tokens))
+                    events = session.generate(Request(Sampling(temperature=0), Limits(max_tokens=args.max_tokens), prompt=prompt_tokens))
                     outcome = record(events)
                     add(name, label, outcome.tokens, outcome.decode_seconds)
 

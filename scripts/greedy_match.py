@@ -17,6 +17,7 @@ import numpy as np
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.events import Token
+from localspec.request import Request
 from localspec.session import Session
 
 PROMPTS = [
@@ -32,7 +33,7 @@ PROMPTS = [
 
 
 def tokens_of(session: Session, prompt: list[int], max_tokens: int) -> list[int]:
-    events = session.generate(prompt, Sampling(temperature=0.0), Limits(max_tokens=max_tokens))
+    events = session.generate(Request(Sampling(temperature=0.0), Limits(max_tokens=max_tokens), prompt=prompt))
     return [e.id for e in events if isinstance(e, Token)]
 
 

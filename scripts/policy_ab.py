@@ -33,6 +33,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as current
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.events import Step, Token
+from localspec.request import Request
 from localspec.session import Session
 
 GREEDY = Sampling(temperature=0)
@@ -93,7 +94,7 @@ def record(model: str, tokens: int) -> dict[str, list[tuple[list[int], list[int]
             out[name] = []
             for conversation in prompts():
                 prompt = session.chat_tokens(conversation)
-                reply = [e.id for e in session.generate(prompt, GREEDY, Limits(max_tokens=tokens))
+                reply = [e.id for e in session.generate(Request(GREEDY, Limits(max_tokens=tokens), prompt=prompt))
                          if isinstance(e, Token)]
                 out[name].append((prompt, reply))
     return out
@@ -165,7 +166,7 @@ def engine(model: str, modules, labels, prompts: list[list[int]], tokens: int, r
                     auto = autos[i]
                     auto.forget()
                     session.drafting.drafter = timed(auto, spent[i])
-                    for _ in session.generate(prompt, GREEDY, Limits(max_tokens=tokens)):
+                    for _ in session.generate(Request(GREEDY, Limits(max_tokens=tokens), prompt=prompt)):
                         pass
         for label, samples in zip(labels, spent):
             plain, drafting, n = medians(samples)

@@ -38,6 +38,7 @@ from localspec.engine.policy import AutoDrafter, Costs
 from localspec.engine.sampling import softmax
 from localspec.errors import LocalspecError
 from localspec.events import Step, Token
+from localspec.request import Request
 from localspec.session import Session
 
 
@@ -58,7 +59,7 @@ def record(args) -> None:
             for prompt in bench.load_prompts(name, args.limit):
                 tokens = session.chat_tokens(bench.own_replies(session, prompt.messages, limits))
                 session.reset()
-                events = session.generate(tokens, Sampling(temperature=0), limits)
+                events = session.generate(Request(Sampling(temperature=0), limits, prompt=tokens))
                 reply = [event.id for event in events if isinstance(event, Token)]
                 likeliest, sure = draft_along(session.drafting.costly[DrafterKind.DRAFT].context, tokens, reply)
                 item = {"prompt": tokens, "reply": reply, "draft": {"likeliest": likeliest, "sure": sure}}

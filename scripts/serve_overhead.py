@@ -18,6 +18,7 @@ import httpx2 as httpx
 import openai
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.request import Request
 from localspec.session import open_session
 from localspec.stats import record
 
@@ -45,7 +46,7 @@ def main() -> None:
             tokens = session.chat_tokens(messages)
             for _ in range(args.rounds):
                 session.reset()
-                recorder = record(session.generate(tokens, Sampling(temperature=0), Limits(args.max_tokens)))
+                recorder = record(session.generate(Request(Sampling(temperature=0), Limits(args.max_tokens), prompt=tokens)))
                 rates["in process"].append(recorder.tokens / recorder.decode_seconds)
 
                 stamps, count = [], 0

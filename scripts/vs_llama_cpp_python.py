@@ -18,6 +18,7 @@ from llama_cpp import Llama
 
 from localspec import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
+from localspec.request import Request
 from localspec.stats import record
 from localspec.session import Session
 
@@ -41,7 +42,7 @@ def llama_cpp_python_rate(llm: Llama, prompt: list[int], sampling: Sampling, max
 
 def localspec_rate(session: Session, prompt: list[int], sampling: Sampling, max_tokens: int) -> tuple[int, float]:
     session.reset()
-    summary = record(session.generate(prompt, sampling, Limits(max_tokens=max_tokens))).summary()
+    summary = record(session.generate(Request(sampling, Limits(max_tokens=max_tokens), prompt=prompt))).summary()
     return summary.tokens, summary.tokens_per_second
 
 

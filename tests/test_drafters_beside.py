@@ -13,6 +13,7 @@ from localspec.engine.backend import LAST_HIDDEN, Context, Model
 from localspec.engine.drafters import AssistantDrafter, DFlashDrafter, Eagle3Drafter, MtpDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.events import Step, Token
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
@@ -139,14 +140,14 @@ def test_a_drafters_file_given_as_the_draft_drafts_as_its_kind_fixed_and_under_a
     runtime = Runtime(ctx_size=512)
     with Session(tiny[target], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
         prompt = plain.tokenize("the cat sat", raw=True)
-        expected = record(plain.generate(prompt, GREEDY, Limits(40))).text
+        expected = record(plain.generate(Request(GREEDY, Limits(40), prompt=prompt))).text
     fixed = Speculation(DrafterKind.DRAFT, draft_max=3, p_min=0.0)  # what --spec fixed makes of a draft file
     with Session(tiny[target], tiny[draft], runtime, fixed) as session:
         assert session.mode == mode and DrafterKind.DRAFT not in session.drafting.costly and described in session.describe()
-        drafted = record(session.generate(prompt, GREEDY, Limits(40)))
+        drafted = record(session.generate(Request(GREEDY, Limits(40), prompt=prompt)))
         assert drafted.text == expected and drafted.drafters[mode].accepted > 0
         session.use(DrafterKind.AUTO)  # which times the drafter first
-        assert record(session.generate(prompt, GREEDY, Limits(40))).text == expected
+        assert record(session.generate(Request(GREEDY, Limits(40), prompt=prompt))).text == expected
     done = localspec("run", tiny[target], "--draft", tiny[draft], "--spec", "fixed", "--p-min", "0", "--temp", "0",
                      "-p", "the cat sat", "--raw", "-n", "40", "--json")
     assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
 from localspec.events import Step, Token
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
@@ -110,7 +111,7 @@ def test_a_target_without_snapshots_decodes_plainly_unless_drafting_was_asked_fo
     with Session(tiny["hybrid"], None, runtime, Speculation()) as session:
         assert session.mode == DrafterKind.PLAIN and "decoding plainly" in session.notes[-1]
         tokens = session.tokenize("the cat", raw=False)
-        assert record(session.generate(tokens, GREEDY, Limits(max_tokens=8))).summary().drafted == 0
+        assert record(session.generate(Request(GREEDY, Limits(max_tokens=8), prompt=tokens))).summary().drafted == 0
     with pytest.raises(UsageError, match="can only decode plainly"):
         Session(tiny["hybrid"], None, runtime, Speculation(DrafterKind.NGRAM, required=True))
     # a target with MTP layers neither makes an MTP context nor keeps hidden states it would draft from

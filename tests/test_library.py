@@ -31,6 +31,36 @@ def test_the_documented_example_runs_as_written(tiny, tmp_path, monkeypatch, cap
     assert re.search(r"^5 messages; \d+ tokens in this chat$", printed, re.M)  # system, two questions, two answers
 
 
+def test_the_documented_scheduler_runs_requests_side_by_side_as_each_alone(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    example = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)[1]
+    example = example.replace('"qwen2.5-coder-1.5b"', repr(str(tiny["target"]))).replace("ctx_size=4096", "ctx_size=512")
+    exec(compile(example, str(DOCS), "exec"), {})
+    printed = capsys.readouterr().out
+    questions = ["Name a prime number.", "Name a colour.", "Name a planet.", "Name a metal."]
+    assert [line.split(" -> ")[0] for line in printed.splitlines() if " -> " in line] == questions
+    with localspec.load(str(tiny["target"]), ctx_size=512) as alone, \
+            localspec.load(str(tiny["target"]), ctx_size=512, parallel=2) as together:
+        requests = [localspec.Request(localspec.Sampling(temperature=0), localspec.Limits(max_tokens=16),
+                                      messages=[{"role": "user", "content": q}]) for q in questions]
+        expected = [localspec.Recorder() for _ in requests]
+        for request, recorder in zip(requests, expected):
+            for event in alone.generate(request):
+                recorder.add(event)
+        scheduler, sequences, ended = together.scheduler(), set(), {}
+        for request in requests[:2]:
+            sequences.add(scheduler.add(request).sequence)
+        assert scheduler.full and sequences == {0, 1}
+        waiting = requests[2:]
+        while scheduler or waiting:
+            if waiting and not scheduler.full:
+                scheduler.add(waiting.pop(0))
+            for running, item in scheduler.step():
+                if item is localspec.ENDED:
+                    ended[requests.index(running.request)] = running.recorder.text
+        assert [ended[i] for i in range(len(requests))] == [recorder.text for recorder in expected]
+
+
 def test_a_prompt_is_text_messages_or_token_ids(session):
     text = session.prompt_tokens("the cat", raw=False)
     assert session.prompt_tokens([{"role": "user", "content": "the cat"}]) == text

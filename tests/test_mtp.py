@@ -13,6 +13,7 @@ from localspec.engine.drafters import NoDrafter
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
 from localspec.events import Token
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
@@ -37,7 +38,7 @@ def test_a_session_drafts_with_mtp_only_where_the_target_has_it(tiny):
     runtime = Runtime(ctx_size=512, threads=2)
     with Session(tiny["mtp"], None, runtime, Speculation(DrafterKind.MTP, p_min=0.0)) as session:
         assert session.mode == DrafterKind.MTP and "MTP" in session.describe()
-        outcome = record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=30)))
+        outcome = record(session.generate(Request(GREEDY, Limits(max_tokens=30), prompt=session.tokenize("the cat", raw=False))))
         assert outcome.summary().drafters[DrafterKind.MTP].accepted > 0
     with pytest.raises(UsageError, match="no multi-token-prediction"):
         Session(tiny["target"], None, runtime, Speculation(DrafterKind.MTP))
@@ -63,7 +64,7 @@ def test_auto_may_draft_with_the_targets_mtp_layers_beside_a_draft_model(tiny):
     with Session(tiny["mtp"], None, runtime, Speculation(p_min=0.0)) as session:
         assert session.mode == DrafterKind.AUTO and "MTP" in session.describe()
         assert session.drafting.auto().costly == {DrafterKind.MTP: session.drafting.costly[DrafterKind.MTP]}
-        record(session.generate(session.tokenize("the cat", raw=False), GREEDY, Limits(max_tokens=20)))
+        record(session.generate(Request(GREEDY, Limits(max_tokens=20), prompt=session.tokenize("the cat", raw=False))))
     # a llama draft model shares the tiny models' tokenizer: both costly drafters are weighed
     with Session(tiny["mtp"], tiny["partial"], runtime, Speculation(p_min=0.0)) as session:
         assert set(session.drafting.auto().costly) == {DrafterKind.DRAFT, DrafterKind.MTP}
@@ -71,4 +72,4 @@ def test_auto_may_draft_with_the_targets_mtp_layers_beside_a_draft_model(tiny):
         tokens = session.tokenize("the cat", raw=False)
         plain = tokens_of(generate(session.target, NoDrafter(), tokens, GREEDY, SPECULATION, Limits(max_tokens=30)))
         session.reset()
-        assert tokens_of(session.generate(tokens, GREEDY, Limits(max_tokens=30))) == plain
+        assert tokens_of(session.generate(Request(GREEDY, Limits(max_tokens=30), prompt=tokens))) == plain

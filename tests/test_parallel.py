@@ -18,7 +18,8 @@ from localspec.engine.together import ENDED, Together
 from localspec.errors import EngineError
 from localspec.events import Done, Prefill, Step, Token
 from localspec.placement import Placement
-from localspec.service import FINISHED, Busy, Request, Service
+from localspec.request import Request
+from localspec.service import FINISHED, Busy, Service
 from localspec.session import Pair, Session, _parallel_that_fits
 from localspec.stats import record
 
@@ -205,7 +206,7 @@ def parallel_session(tiny, request):
 def test_requests_on_parallel_sequences_generate_together_each_as_alone(parallel_session, tiny):
     prompts = ["the cat sat", "a b c a b c a b", "once upon a time", "hello hello world", "zzz yyy"]
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
-        expected = [[event.id for event in alone.generate(alone.tokenize(p, raw=True), GREEDY, Limits(24))
+        expected = [[event.id for event in alone.generate(Request(GREEDY, Limits(24), prompt=alone.tokenize(p, raw=True)))
                      if isinstance(event, Token)] for p in prompts]
     service, log = Service(parallel_session, queue_limit=4, log=print), []
     try:
@@ -428,7 +429,7 @@ def test_a_drafter_of_the_targets_hidden_states_drafts_for_every_sequence_side_b
     prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
     speculation = Speculation(drafting=kind, required=True, p_min=0.0)
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512), speculation) as single:
-        alone = [record(single.generate(single.tokenize(p, raw=True), GREEDY, Limits(16))) for p in prompts]
+        alone = [record(single.generate(Request(GREEDY, Limits(16), prompt=single.tokenize(p, raw=True)))) for p in prompts]
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512, parallel=3),
                  speculation) as session:
         jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
@@ -487,7 +488,7 @@ def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_ses
                 Request(Sampling(temperature=0, grammar=grammar), Limits(20), prompt="a b c a b"),
                 Request(Sampling(temperature=1.0, seed=5, top_k=8), Limits(20), prompt="once upon")]
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=parallel_session.mode)) as single:
-        expected = [record(single.generate(single.tokenize(r.prompt, raw=True), r.sampling, r.limits)).text
+        expected = [record(single.generate(Request(r.sampling, r.limits, prompt=single.tokenize(r.prompt, raw=True)))).text
                     for r in requests]
     jobs = served(parallel_session, requests)
     if parallel_session.mode == DrafterKind.PLAIN:

@@ -36,6 +36,7 @@ from localspec.engine.policy import (
 )
 from localspec.engine.suffix import SuffixCache
 from localspec.events import Step
+from localspec.request import Request
 from localspec.session import Session
 
 
@@ -395,7 +396,7 @@ def test_auto_calibrates_once_per_model_files_and_settings_and_starts_from_what_
     with open_auto(tiny["target"], tiny["partial"]) as first:
         calibrated = first.costs()
         tokens = first.tokenize("the cat sat on the mat", raw=True)
-        for _ in first.generate(tokens, Sampling(temperature=0), Limits(max_tokens=12)):
+        for _ in first.generate(Request(Sampling(temperature=0), Limits(max_tokens=12), prompt=tokens)):
             pass
         learned = first.costs()
     assert len(calibrations) == 1 and learned != calibrated  # each step's timing moves the level

@@ -15,6 +15,7 @@ import pytest
 from localspec import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.pool import NoRoom, Pool
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
@@ -78,7 +79,7 @@ def home(tmp_path, tiny):
 def plain_text(path, max_tokens: int = 8) -> str:
     with Session(path, None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
         tokens = session.chat_tokens([{"role": "user", "content": PROMPT}])
-        return record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens))).text
+        return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 
 def loaded(server) -> list[str]:

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
@@ -91,7 +92,7 @@ def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = No
     """What the target alone generates greedily, in this process: the server must say the same."""
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
         tokens = session.chat_tokens(messages) if messages else session.tokenize(prompt, raw=True)
-        return record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens))).text
+        return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 
 def test_chat_completion_carries_usage_timings_and_speculation(server, tiny):

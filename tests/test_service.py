@@ -11,7 +11,8 @@ from localspec.errors import ContextOverflow, InputError
 from localspec.events import Prefill
 from localspec.engine.together import Together
 import localspec.service as service_module
-from localspec.service import FINISHED, Busy, Request, Service, WorkerStopped
+from localspec.request import Request
+from localspec.service import FINISHED, Busy, Embedding, Service, WorkerStopped
 from localspec.session import Session
 
 
@@ -139,7 +140,7 @@ def test_many_inputs_embed_a_slice_at_a_time_and_a_generation_goes_on_between(se
     service = Service(session, queue_limit=4, log=print)
     try:
         embedding, generation = Inbox("embedding", []), Inbox("generation", [])
-        many = service.submit(Request(Sampling(), Limits(), inputs=["the cat sat"] * 300), embedding)
+        many = service.submit(Embedding(["the cat sat"] * 300), embedding)
         service.submit(request(max_tokens=4), generation)
         assert generation.done.wait(60)
         assert not embedding.done.is_set() and len(many.embeddings) < 300  # it did not hold the model throughout
@@ -154,12 +155,12 @@ def test_an_embedding_whose_client_left_stops_and_a_bad_input_fails_before_any_i
     service = Service(session, queue_limit=4, log=print)
     try:
         left, bad = Inbox("left", []), Inbox("bad", [])
-        leaving = service.submit(Request(Sampling(), Limits(), inputs=["the cat sat"] * 10_000), left)
+        leaving = service.submit(Embedding(["the cat sat"] * 10_000), left)
         while not leaving.embeddings:
             assert not left.done.wait(0.01)
         leaving.cancel()
         assert left.done.wait(60) and leaving.outcome == "cancelled" and len(leaving.embeddings) < 10_000
-        refused = service.submit(Request(Sampling(), Limits(), inputs=["the cat"] * 5 + ["abc " * 400]), bad)
+        refused = service.submit(Embedding(["the cat"] * 5 + ["abc " * 400]), bad)
         assert bad.done.wait(60) and isinstance(bad.items[0], InputError) and "input 6 to embed" in str(bad.items[0])
         assert refused.embeddings == []
     finally:

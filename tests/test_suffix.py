@@ -3,6 +3,7 @@ import pytest
 
 from localspec.engine import suffix
 from localspec.engine.suffix import NO_DRAFT, SuffixCache
+from localspec.request import Request
 
 
 def cache_of(*generations, **settings):
@@ -219,7 +220,7 @@ def test_a_session_drafts_an_answer_again_from_its_earlier_generation_and_says_t
         speculation = Speculation(drafting=DrafterKind.AUTO, suffix_cache=suffix_cache)
         with Session(tiny["target"], None, Runtime(ctx_size=512), speculation) as session:
             tokens = session.tokenize("the cat sat", raw=True)
-            return [record(session.generate(tokens, Sampling(temperature=0), Limits(max_tokens=48)))
+            return [record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=48), prompt=tokens)))
                     for _ in range(2)]
 
     first, again = twice(suffix_cache=True)

@@ -19,6 +19,7 @@ from .. import net, paths, running, tui
 from .. import worker as worker_face
 from ..config import DrafterKind, Lending, Serving, default_threads, duration_seconds
 from ..errors import InputError, UsageError
+from ..request import Request
 from ..session import Session, open_session
 from ..stats import INTERRUPTED
 from .app import command
@@ -156,7 +157,7 @@ def run(
         tokens = (session.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
                   if system is not None else session.tokenize(text, raw))
         prediction = session.prediction_tokens(predicted_text) if predicted_text else None
-        events = session.generate(tokens, settings.sampling, settings.limits, prediction)
+        events = session.generate(Request(settings.sampling, settings.limits, prompt=tokens, prediction=prediction))
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
