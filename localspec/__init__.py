@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 # name -> the module that defines it; imported when first asked for, so that `import localspec` (and the
 # CLI's --help) does not load the models' machinery until it is used
 _EXPORTS = {
-    **dict.fromkeys(("load", "Session", "Conversation", "Reply", "Info", "output_grammar"), "session"),
+    **dict.fromkeys(("load", "Session", "Conversation", "Reply", "Info"), "session"),
+    "output_grammar": "prompts",
     "speculating": "drafting",
     "Request": "request",
     **dict.fromkeys(("Scheduler", "Running", "ENDED"), "scheduler"),

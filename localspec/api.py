@@ -21,7 +21,8 @@ from .config import Limits, Sampling, overridden
 from .errors import ContextOverflow, InputError, LocalspecError, UsageError
 from .request import Request
 from .service import Busy, Closing, Job, WorkerStopped
-from .session import ROLES, Session, output_grammar
+from .prompts import ROLES, output_grammar
+from .session import Session
 from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).

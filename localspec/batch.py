@@ -27,7 +27,8 @@ from .config import Limits, Sampling, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble
 from .request import Request
 from .scheduler import ENDED, Scheduler
-from .session import ROLES, Session, is_message, output_grammar
+from .prompts import ROLES, is_message, output_grammar
+from .session import Session
 from .stats import Recorder
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -212,7 +213,7 @@ def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, r
     if item.error:
         raise LocalspecError(item.error)
     item_sampling, item_limits = settings(item, sampling, limits)
-    prompt = None if item.messages else session.tokenize(item.prompt, raw)
+    prompt = None if item.messages else session.prompts.tokenize(item.prompt, raw)
     return Request(item_sampling, item_limits, messages=item.messages or None, prompt=prompt,
                    prediction=item.prediction)
 

@@ -18,7 +18,8 @@ from .config import DrafterKind, Limits, Sampling, Speculation
 from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token
 from .request import Request
-from .session import ROLES, Session, is_message
+from .prompts import ROLES, is_message
+from .session import Session
 from .stats import Recorder, record
 
 
@@ -571,8 +572,8 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
         if not mixed:
             session.forget()
         for number, prompt in enumerate(prompts, start=1):
-            tokens = session.chat_tokens(own_replies(session, prompt.messages, limits, replies))
-            prediction = session.prediction_tokens(prompt.prediction) if prompt.prediction else None
+            tokens = session.prompts.chat_tokens(own_replies(session, prompt.messages, limits, replies))
+            prediction = session.prompts.prediction_tokens(prompt.prediction) if prompt.prediction else None
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
                 session.use(decodes_with(mode))

@@ -13,7 +13,8 @@ from pathlib import Path
 from . import tui
 from .config import DrafterKind, Limits, Sampling
 from .errors import LocalspecError
-from .session import Session, is_message
+from .prompts import is_message
+from .session import Session
 from .stats import Recorder
 
 HELP = """\

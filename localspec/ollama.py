@@ -17,7 +17,7 @@ from .errors import InputError, UsageError
 from .gguf_meta import GGUFInfo
 from .request import Request
 from .service import Job
-from .session import ROLES, output_grammar
+from .prompts import ROLES, output_grammar
 from .tool_calls import ToolCall, Tools, tool_format
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}

@@ -14,7 +14,7 @@ class Request:
     messages: a conversation (role and content each), rendered with the model's chat template for the
     assistant's turn; prompt: instead, text read as written (control tokens and all, as OpenAI's and
     llama.cpp's completions read it) or token ids. sampling: how tokens are chosen, a grammar or JSON
-    schema's among it (session.output_grammar makes one); limits: how long it may run and where it stops.
+    schema's among it (prompts.output_grammar makes one); limits: how long it may run and where it stops.
     prediction: the text the answer is expected to follow (OpenAI's Predicted Outputs), drafted wherever
     it does, or its tokens as Session.prediction_tokens made them. tools: the tools a conversation's answer may call, their calls kept well formed by a grammar.
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers

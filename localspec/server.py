@@ -337,10 +337,10 @@ class Server:
     def _parse_now(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
         try:
             if reply.chat and isinstance(body.get("messages"), list):
-                served.session.refuse_what_cannot_fit(0, len(body["messages"]))
+                served.session.prompts.refuse_what_cannot_fit(0, len(body["messages"]))
             parsed = parse(body, self.defaults)
             if parsed is not None:
-                served.session.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+                served.session.prompts.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
         except ContextOverflow as error:
             raise api.api_error(error, reply.prompt_field) from None
         return parsed

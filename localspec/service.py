@@ -264,7 +264,7 @@ class Service:
         those waiting, where some are left: many inputs hold up other requests no longer than one slice at
         a time, and stop once their client has left."""
         if job.embedding_inputs is None:
-            job.embedding_inputs = self.session.embedding_inputs(job.request.inputs)
+            job.embedding_inputs = self.session.prompts.embedding_inputs(job.request.inputs)
             job.embedded_tokens = sum(map(len, job.embedding_inputs))
         until = perf_counter() + EMBEDDING_SLICE
         while len(job.embeddings) < len(job.embedding_inputs) and not (job.cancelled or self._closing):

@@ -133,7 +133,7 @@ def main() -> None:
                     add(name, "draft-simple", *run_anchor(binary, target, draft_simple, text, args))
                 add(name, "ngram-simple", *run_anchor(binary, target, ["--spec-type", "ngram-simple"], text, args))
                 add(name, "llama.cpp plain", *run_anchor(binary, target, NEVER_MATCHES, text, args))
-                prompt_tokens = session.chat_tokens(conversation)
+                prompt_tokens = session.prompts.chat_tokens(conversation)
                 for label, (mode, draft_max) in modes.items():
                     session.set_draft_max(draft_max)
                     session.use(mode)

@@ -35,7 +35,7 @@ def main() -> None:
     }
     with Session(path, None, Runtime(threads=default_threads(), ctx_size=512), Speculation(DrafterKind.PLAIN)) as session:
         target = session.target
-        prompt = session.tokenize(PROMPT, raw=True)
+        prompt = session.prompts.tokenize(PROMPT, raw=True)
         print(f"{args.model}, {target.model.n_vocab} tokens, {args.steps} decodes each; median µs")
         for name, (chain, operation) in operations.items():
             target.truncate(0)

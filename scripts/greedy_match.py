@@ -56,7 +56,7 @@ def main() -> None:
     drafts = {DrafterKind.NGRAM: None} | ({DrafterKind.DRAFT: args.draft} if args.draft else {})
     matches = {name: 0 for name in drafts}
     with Session(args.target, None, runtime, Speculation(DrafterKind.PLAIN)) as plain_session:
-        prompts = [plain_session.tokenize(p, raw=False) for p in PROMPTS]
+        prompts = [plain_session.prompts.tokenize(p, raw=False) for p in PROMPTS]
         plain = [tokens_of(plain_session, p, args.max_tokens) for p in prompts]
         gaps = {}
         for name, draft in drafts.items():

@@ -45,7 +45,7 @@ def run(model: str, draft: str | None, items: list, parallel: int, max_tokens: i
         records = batch.run(session, items, io.StringIO(), Sampling(temperature=0), Limits(max_tokens), False,
                             lambda record: None, False)
         seconds = time.perf_counter() - started
-        prompts = {item.id: tuple(session.chat_tokens(item.messages)) for item in items}
+        prompts = {item.id: tuple(session.prompts.chat_tokens(item.messages)) for item in items}
     failed = [r for r in records if "error" in r]
     assert not failed, failed
     steps = sum(r["stats"]["steps"] for r in records)

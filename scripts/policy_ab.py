@@ -93,7 +93,7 @@ def record(model: str, tokens: int) -> dict[str, list[tuple[list[int], list[int]
         for name, prompts in PROMPTS.items():
             out[name] = []
             for conversation in prompts():
-                prompt = session.chat_tokens(conversation)
+                prompt = session.prompts.chat_tokens(conversation)
                 reply = [e.id for e in session.generate(Request(GREEDY, Limits(max_tokens=tokens), prompt=prompt))
                          if isinstance(e, Token)]
                 out[name].append((prompt, reply))

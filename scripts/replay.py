@@ -57,14 +57,14 @@ def record(args) -> None:
         for name in bench.expand(args.prompts):
             recordings[name] = []
             for prompt in bench.load_prompts(name, args.limit):
-                tokens = session.chat_tokens(bench.own_replies(session, prompt.messages, limits))
+                tokens = session.prompts.chat_tokens(bench.own_replies(session, prompt.messages, limits))
                 session.reset()
                 events = session.generate(Request(Sampling(temperature=0), limits, prompt=tokens))
                 reply = [event.id for event in events if isinstance(event, Token)]
                 likeliest, sure = draft_along(session.drafting.costly[DrafterKind.DRAFT].context, tokens, reply)
                 item = {"prompt": tokens, "reply": reply, "draft": {"likeliest": likeliest, "sure": sure}}
                 if prompt.prediction:
-                    item["prediction"] = session.prediction_tokens(prompt.prediction)
+                    item["prediction"] = session.prompts.prediction_tokens(prompt.prediction)
                 recordings[name].append(item)
                 # written after every prompt: a run cut short keeps what it recorded
                 Path(args.output).write_text(json.dumps(recorded))

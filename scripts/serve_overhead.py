@@ -43,7 +43,7 @@ def main() -> None:
         rates: dict[str, list[float]] = {"in process": [], "served, streamed": [], "served, streamed, raw SSE": [],
                                          "served, whole": [], "server's predicted_per_second": []}
         with open_session(args.model, None, runtime, speculation, offline=True) as session:
-            tokens = session.chat_tokens(messages)
+            tokens = session.prompts.chat_tokens(messages)
             for _ in range(args.rounds):
                 session.reset()
                 recorder = record(session.generate(Request(Sampling(temperature=0), Limits(args.max_tokens), prompt=tokens)))

@@ -60,7 +60,7 @@ def main() -> None:
                 verbose=False)
     ratios = []
     with Session(path, None, Runtime(ctx_size=2048, threads=args.threads), Speculation(DrafterKind.PLAIN)) as session:
-        prompt = session.tokenize(PROMPT, raw=False)
+        prompt = session.prompts.tokenize(PROMPT, raw=False)
         for run in range(1, args.runs + 1):
             seeded = Sampling(temperature=args.temp, seed=run)
             ours_tokens, ours = localspec_rate(session, prompt, seeded, args.max_tokens)

@@ -164,7 +164,7 @@ def test_an_assistant_placeholder_is_filled_with_the_targets_own_greedy_reply(se
     filled = bench.own_replies(session, conversation, Limits(max_tokens=8))
     session.use("plain")
     session.reset()
-    first = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=8), prompt=session.chat_tokens(ask("the cat")))))
+    first = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=8), prompt=session.prompts.chat_tokens(ask("the cat")))))
     assert filled[1] == {"role": "assistant", "content": first.text} and first.text
     assert filled[0] == conversation[0] and filled[2] == conversation[2] and conversation[1]["content"] is None
     rows = bench.run(session, {"chat": [bench.Prompt(conversation)]}, ["plain", "auto"], Sampling(temperature=0),
@@ -187,7 +187,7 @@ def test_a_prompts_prediction_drafts_in_every_mode_but_plain(session):
     session.use("ngram")  # a mode named as text (chat's /draft, the library) is the kind itself
     assert session.mode is DrafterKind.NGRAM and session.draft_limit == DrafterKind.NGRAM.default_draft_max
     session.use("plain")
-    text = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=24), prompt=session.chat_tokens(ask("the cat sat"))))).text
+    text = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=24), prompt=session.prompts.chat_tokens(ask("the cat sat"))))).text
     rows = bench.run(session, {"edit": [bench.Prompt(ask("the cat sat"), text)]}, ["plain", "ngram"],
                      Sampling(temperature=0), Limits(max_tokens=24), lambda line: None)
     by_mode = {r["mode"]: r for r in rows}

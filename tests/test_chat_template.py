@@ -14,7 +14,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from localspec import chat_template
 from localspec.chat_template import render, render_pieces
 from localspec.errors import InputError
-from localspec.session import FALLBACK_TEMPLATE
+from localspec.prompts import FALLBACK_TEMPLATE
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

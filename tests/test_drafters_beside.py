@@ -139,7 +139,7 @@ def test_a_drafters_file_given_as_the_draft_drafts_as_its_kind_fixed_and_under_a
     target, draft, mode, described = FILES[name]
     runtime = Runtime(ctx_size=512)
     with Session(tiny[target], None, runtime, Speculation(DrafterKind.PLAIN)) as plain:
-        prompt = plain.tokenize("the cat sat", raw=True)
+        prompt = plain.prompts.tokenize("the cat sat", raw=True)
         expected = record(plain.generate(Request(GREEDY, Limits(40), prompt=prompt))).text
     fixed = Speculation(DrafterKind.DRAFT, draft_max=3, p_min=0.0)  # what --spec fixed makes of a draft file
     with Session(tiny[target], tiny[draft], runtime, fixed) as session:

@@ -267,7 +267,7 @@ def test_real_qwen_pair_emits_the_argmax_of_each_verification_batch(real_model):
     target, draft = real_model("qwen2.5-coder-1.5b"), real_model("qwen2.5-coder-0.5b")
     speculation = Speculation("draft", draft_max=3, p_min=0.0)
     with Session(target, draft, Runtime(ctx_size=1024, backend_sampling=False), speculation) as session:
-        prompt = session.tokenize("Write a Python function that merges two sorted lists.", raw=False)
+        prompt = session.prompts.tokenize("Write a Python function that merges two sorted lists.", raw=False)
         recorder = RecordingContext(session.target)
         tokens, events = run(recorder, session.drafting.drafter, prompt, limits=Limits(max_tokens=64))
     assert record(events).summary().acceptance_rate > 0.5

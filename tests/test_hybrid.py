@@ -110,7 +110,7 @@ def test_a_target_without_snapshots_decodes_plainly_unless_drafting_was_asked_fo
     runtime = Runtime(ctx_size=256, threads=2)
     with Session(tiny["hybrid"], None, runtime, Speculation()) as session:
         assert session.mode == DrafterKind.PLAIN and "decoding plainly" in session.notes[-1]
-        tokens = session.tokenize("the cat", raw=False)
+        tokens = session.prompts.tokenize("the cat", raw=False)
         assert record(session.generate(Request(GREEDY, Limits(max_tokens=8), prompt=tokens))).summary().drafted == 0
     with pytest.raises(UsageError, match="can only decode plainly"):
         Session(tiny["hybrid"], None, runtime, Speculation(DrafterKind.NGRAM, required=True))

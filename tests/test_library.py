@@ -62,14 +62,14 @@ def test_the_documented_scheduler_runs_requests_side_by_side_as_each_alone(tiny,
 
 
 def test_a_prompt_is_text_messages_or_token_ids(session):
-    text = session.prompt_tokens("the cat", raw=False)
-    assert session.prompt_tokens([{"role": "user", "content": "the cat"}]) == text
-    assert session.prompt_tokens(text) == text
-    assert session.prompt_tokens("the cat", raw=True) != text  # no chat template around it
+    text = session.prompts.prompt_tokens("the cat", raw=False)
+    assert session.prompts.prompt_tokens([{"role": "user", "content": "the cat"}]) == text
+    assert session.prompts.prompt_tokens(text) == text
+    assert session.prompts.prompt_tokens("the cat", raw=True) != text  # no chat template around it
     with pytest.raises(InputError, match="between 0 and"):
-        session.prompt_tokens([1, session.info.n_vocab])
+        session.prompts.prompt_tokens([1, session.info.n_vocab])
     with pytest.raises(InputError, match="empty"):
-        session.prompt_tokens([])
+        session.prompts.prompt_tokens([])
 
 
 def test_options_override_the_defaults_and_are_checked_as_the_cli_checks_them(session):

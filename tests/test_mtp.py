@@ -38,7 +38,7 @@ def test_a_session_drafts_with_mtp_only_where_the_target_has_it(tiny):
     runtime = Runtime(ctx_size=512, threads=2)
     with Session(tiny["mtp"], None, runtime, Speculation(DrafterKind.MTP, p_min=0.0)) as session:
         assert session.mode == DrafterKind.MTP and "MTP" in session.describe()
-        outcome = record(session.generate(Request(GREEDY, Limits(max_tokens=30), prompt=session.tokenize("the cat", raw=False))))
+        outcome = record(session.generate(Request(GREEDY, Limits(max_tokens=30), prompt=session.prompts.tokenize("the cat", raw=False))))
         assert outcome.summary().drafters[DrafterKind.MTP].accepted > 0
     with pytest.raises(UsageError, match="no multi-token-prediction"):
         Session(tiny["target"], None, runtime, Speculation(DrafterKind.MTP))
@@ -64,12 +64,12 @@ def test_auto_may_draft_with_the_targets_mtp_layers_beside_a_draft_model(tiny):
     with Session(tiny["mtp"], None, runtime, Speculation(p_min=0.0)) as session:
         assert session.mode == DrafterKind.AUTO and "MTP" in session.describe()
         assert session.drafting.auto().costly == {DrafterKind.MTP: session.drafting.costly[DrafterKind.MTP]}
-        record(session.generate(Request(GREEDY, Limits(max_tokens=20), prompt=session.tokenize("the cat", raw=False))))
+        record(session.generate(Request(GREEDY, Limits(max_tokens=20), prompt=session.prompts.tokenize("the cat", raw=False))))
     # a llama draft model shares the tiny models' tokenizer: both costly drafters are weighed
     with Session(tiny["mtp"], tiny["partial"], runtime, Speculation(p_min=0.0)) as session:
         assert set(session.drafting.auto().costly) == {DrafterKind.DRAFT, DrafterKind.MTP}
         assert session.describe().endswith("(auto: n-gram lookup, partial.gguf or its own MTP layers)")
-        tokens = session.tokenize("the cat", raw=False)
+        tokens = session.prompts.tokenize("the cat", raw=False)
         plain = tokens_of(generate(session.target, NoDrafter(), tokens, GREEDY, SPECULATION, Limits(max_tokens=30)))
         session.reset()
         assert tokens_of(session.generate(Request(GREEDY, Limits(max_tokens=30), prompt=tokens))) == plain

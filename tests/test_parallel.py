@@ -20,7 +20,8 @@ from localspec.events import Done, Prefill, Step, Token
 from localspec.placement import Placement
 from localspec.request import Request
 from localspec.service import FINISHED, Busy, Service
-from localspec.session import Pair, Session, _parallel_that_fits
+from localspec.loading import Pair, parallel_that_fits
+from localspec.session import Session
 from localspec.stats import record
 
 GREEDY = Sampling(temperature=0.0)
@@ -206,7 +207,7 @@ def parallel_session(tiny, request):
 def test_requests_on_parallel_sequences_generate_together_each_as_alone(parallel_session, tiny):
     prompts = ["the cat sat", "a b c a b c a b", "once upon a time", "hello hello world", "zzz yyy"]
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
-        expected = [[event.id for event in alone.generate(Request(GREEDY, Limits(24), prompt=alone.tokenize(p, raw=True)))
+        expected = [[event.id for event in alone.generate(Request(GREEDY, Limits(24), prompt=alone.prompts.tokenize(p, raw=True)))
                      if isinstance(event, Token)] for p in prompts]
     service, log = Service(parallel_session, queue_limit=4, log=print), []
     try:
@@ -352,7 +353,7 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     two = Placement.plan(Runtime(ctx_size=4096, parallel=2), info, machine=room).check_fit()
     auto = Runtime(ctx_size=4096, parallel=0)
     for free, expected in ((four, 4), (four - 1, 2), (two, 2), (two - 1, 1)):
-        assert _parallel_that_fits(auto, Pair(info), machine_with(free)) == expected
+        assert parallel_that_fits(auto, Pair(info), machine_with(free)) == expected
 
 
 @pytest.fixture(scope="module")
@@ -429,7 +430,7 @@ def test_a_drafter_of_the_targets_hidden_states_drafts_for_every_sequence_side_b
     prompts = ["the cat sat", "a b c a b c a b", "once upon a time"]
     speculation = Speculation(drafting=kind, required=True, p_min=0.0)
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512), speculation) as single:
-        alone = [record(single.generate(Request(GREEDY, Limits(16), prompt=single.tokenize(p, raw=True)))) for p in prompts]
+        alone = [record(single.generate(Request(GREEDY, Limits(16), prompt=single.prompts.tokenize(p, raw=True)))) for p in prompts]
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=512, parallel=3),
                  speculation) as session:
         jobs = served(session, [Request(GREEDY, Limits(16), prompt=p) for p in prompts])
@@ -447,7 +448,7 @@ def test_auto_takes_parallel_sequences_beside_any_drafter(tiny):
     pairs = [("mtp", None), ("hybrid", "hybrid_partial"), ("markov_target", "eagle3"), ("gemma4", "gemma4_assistant")]
     for target, draft in pairs:
         pair = Pair(gguf_meta.read(tiny[target]), gguf_meta.read(tiny[draft]) if draft else None)
-        assert _parallel_that_fits(auto, pair, room) == 4, target
+        assert parallel_that_fits(auto, pair, room) == 4, target
 
 
 def test_a_draft_model_with_a_recurrent_state_drafts_for_every_sequence_too(tiny):
@@ -488,7 +489,7 @@ def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_ses
                 Request(Sampling(temperature=0, grammar=grammar), Limits(20), prompt="a b c a b"),
                 Request(Sampling(temperature=1.0, seed=5, top_k=8), Limits(20), prompt="once upon")]
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=parallel_session.mode)) as single:
-        expected = [record(single.generate(Request(r.sampling, r.limits, prompt=single.tokenize(r.prompt, raw=True)))).text
+        expected = [record(single.generate(Request(r.sampling, r.limits, prompt=single.prompts.tokenize(r.prompt, raw=True)))).text
                     for r in requests]
     jobs = served(parallel_session, requests)
     if parallel_session.mode == DrafterKind.PLAIN:

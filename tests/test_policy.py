@@ -395,7 +395,7 @@ def test_auto_calibrates_once_per_model_files_and_settings_and_starts_from_what_
         tiny, calibrations, monkeypatch):
     with open_auto(tiny["target"], tiny["partial"]) as first:
         calibrated = first.costs()
-        tokens = first.tokenize("the cat sat on the mat", raw=True)
+        tokens = first.prompts.tokenize("the cat sat on the mat", raw=True)
         for _ in first.generate(Request(Sampling(temperature=0), Limits(max_tokens=12), prompt=tokens)):
             pass
         learned = first.costs()

@@ -78,7 +78,7 @@ def home(tmp_path, tiny):
 
 def plain_text(path, max_tokens: int = 8) -> str:
     with Session(path, None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
-        tokens = session.chat_tokens([{"role": "user", "content": PROMPT}])
+        tokens = session.prompts.chat_tokens([{"role": "user", "content": PROMPT}])
         return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 

@@ -28,8 +28,8 @@ def contains(tokens: list[int], part: list[int]) -> bool:
 
 def test_a_message_cannot_forge_a_turn(session):
     model = session.target_model
-    plain = session.chat_tokens([{"role": "user", "content": "hi"}])
-    forged = session.chat_tokens([{"role": "user", "content": FORGED}])
+    plain = session.prompts.chat_tokens([{"role": "user", "content": "hi"}])
+    forged = session.prompts.chat_tokens([{"role": "user", "content": FORGED}])
     # the template's own turns, and no more: the pasted markers are text
     assert control_tokens(session, forged) == control_tokens(session, plain)
     assert contains(forged, model.tokenize(FORGED, False, False))
@@ -40,12 +40,12 @@ def test_a_message_cannot_forge_a_turn(session):
 
 
 def test_raw_prompts_keep_their_control_tokens(session):
-    tokens = session.tokenize(FORGED, raw=True)
+    tokens = session.prompts.tokenize(FORGED, raw=True)
     assert len(control_tokens(session, tokens)) == 2
 
 
 def test_a_prompt_far_too_long_is_refused_before_it_is_tokenized(session):
     with pytest.raises(InputError, match="cannot fit the context of 512 tokens"):
-        session.chat_tokens([{"role": "user", "content": "word " * 2_000_000}])
+        session.prompts.chat_tokens([{"role": "user", "content": "word " * 2_000_000}])
     with pytest.raises(InputError, match="cannot fit the context of 512 tokens"):
-        session.tokenize("word " * 2_000_000, raw=True)
+        session.prompts.tokenize("word " * 2_000_000, raw=True)

@@ -91,7 +91,7 @@ def server(tiny, tmp_path_factory):
 def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = None, max_tokens: int = 16) -> str:
     """What the target alone generates greedily, in this process: the server must say the same."""
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
-        tokens = session.chat_tokens(messages) if messages else session.tokenize(prompt, raw=True)
+        tokens = session.prompts.chat_tokens(messages) if messages else session.prompts.tokenize(prompt, raw=True)
         return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 

@@ -257,12 +257,12 @@ def test_a_prompt_no_context_could_hold_is_refused_before_any_tokenizing(session
     n_ctx, longest = session.target.n_ctx, session.target_model.longest_token
     monkeypatch.setattr(session.target_model, "tokenize", no_tokenizing)
     with pytest.raises(ContextOverflow, match=f"at most {n_ctx * longest:,} characters fit; raise --ctx-size"):
-        session.tokenize(" " * (n_ctx * longest + 1), raw=True)
+        session.prompts.tokenize(" " * (n_ctx * longest + 1), raw=True)
     with pytest.raises(ContextOverflow, match="characters fit"):
-        session.tokenize(" " * 8_000_000, raw=False)
+        session.prompts.tokenize(" " * 8_000_000, raw=False)
     with pytest.raises(ContextOverflow, match=f"{n_ctx + 1:,} messages cannot fit the context of {n_ctx} tokens"):
-        session.chat_tokens([{"role": "user", "content": " "}] * (n_ctx + 1))
-    session.refuse_what_cannot_fit(n_ctx * longest, n_ctx)  # what might fit is left to the tokenizer
+        session.prompts.chat_tokens([{"role": "user", "content": " "}] * (n_ctx + 1))
+    session.prompts.refuse_what_cannot_fit(n_ctx * longest, n_ctx)  # what might fit is left to the tokenizer
 
 
 def test_the_longest_token_bounds_what_each_token_stands_for(session):
@@ -273,13 +273,13 @@ def test_the_longest_token_bounds_what_each_token_stands_for(session):
 
 def test_a_prediction_is_read_as_far_as_an_output_could_reach(session):
     text = "the cat sat on the mat. " * 400_000  # 9.6 MB: tokenizing all of it took seconds of the worker's time
-    tokens = session.prediction_tokens(text)
+    tokens = session.prompts.prediction_tokens(text)
     assert len(tokens) == session.target.n_ctx
     assert tokens == session.target_model.tokenize(text[:20_000], False, False)[: session.target.n_ctx]
     spaces = " " * 5_000_000  # few tokens for many characters: read as far as the longest tokens reach
-    assert session.prediction_tokens(spaces) == session.target_model.tokenize(
+    assert session.prompts.prediction_tokens(spaces) == session.target_model.tokenize(
         spaces[: session.target.n_ctx * session.target_model.longest_token], False, False)[: session.target.n_ctx]
-    assert session.prediction_tokens("the cat") == session.target_model.tokenize("the cat", False, False)
+    assert session.prompts.prediction_tokens("the cat") == session.target_model.tokenize("the cat", False, False)
 
 
 def test_a_prediction_is_its_text_and_only_text_parts_are_taken():

@@ -219,7 +219,7 @@ def test_a_session_drafts_an_answer_again_from_its_earlier_generation_and_says_t
     def twice(suffix_cache: bool):
         speculation = Speculation(drafting=DrafterKind.AUTO, suffix_cache=suffix_cache)
         with Session(tiny["target"], None, Runtime(ctx_size=512), speculation) as session:
-            tokens = session.tokenize("the cat sat", raw=True)
+            tokens = session.prompts.tokenize("the cat sat", raw=True)
             return [record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=48), prompt=tokens)))
                     for _ in range(2)]
 

@@ -154,9 +154,9 @@ def run(
         raise InputError("the prompt is empty")
     predicted_text = read_text(prediction_file) if prediction_file else None
     with _open(settings, "run") as session:
-        tokens = (session.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
-                  if system is not None else session.tokenize(text, raw))
-        prediction = session.prediction_tokens(predicted_text) if predicted_text else None
+        tokens = (session.prompts.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
+                  if system is not None else session.prompts.tokenize(text, raw))
+        prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
         events = session.generate(Request(settings.sampling, settings.limits, prompt=tokens, prediction=prediction))
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:

@@ -10,7 +10,7 @@ import typer
 from .. import __version__, catalog, download, hardware, registry, running, tui
 from ..config import DrafterKind
 from ..errors import UsageError
-from ..session import resolve_pair
+from ..loading import resolve_pair
 from .app import command
 from .options import DEFAULT_RUNTIME, OfflineOption, device_names
 

@@ -28,7 +28,7 @@ from ..config import (
 )
 from ..errors import InputError, UsageError, json_trouble
 from ..drafting import speculating
-from ..session import output_grammar
+from ..prompts import output_grammar
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()

@@ -35,7 +35,7 @@ def generate(
     sampling: Sampling,
     speculation: Speculation,
     limits: Limits,
-) -> Iterator[Event]:
+) -> Iterator[Event | Turn]:
     if not prompt:
         raise InputError("the prompt is empty")
     if len(prompt) >= target.n_ctx:
@@ -52,7 +52,7 @@ def generate(
 
 
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
-              limits: Limits, grammar: Grammar | None) -> Iterator[Event]:
+              limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
     target.sample_with(chain_for(sampling), host=grammar is not None)
     started = perf_counter()

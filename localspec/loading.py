@@ -1,0 +1,203 @@
+"""Loading a pair: its names resolved and the files fetched, their headers read and checked, placed on the
+machine's devices, the drafting planned, and then the llama.cpp models and contexts made that a Session
+generates with."""
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import compat, download, gguf_meta, hardware, registry
+from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
+from .drafting import PUBLISHED
+from .engine import rpc
+from .engine.backend import Context, Model
+from .engine.drafters import CostlyDrafter
+from .engine.drafters.spec import DraftPlan, DrafterSpec, Weights, plan_drafting
+from .errors import IncompatibleDraft, UsageError
+from .gguf_meta import GGUFInfo
+from .placement import Placement
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A target and its draft model, found, fetched and read; report: whether they can speculate
+    together (None without a draft model); advice: which drafts would suit the target."""
+
+    target: GGUFInfo
+    draft: GGUFInfo | None = None
+    report: compat.CompatReport | None = None
+    advice: str = ""
+
+    @property
+    def refusal(self) -> str:
+        return (f"{self.report.draft.path.name} cannot draft for {self.report.target.path.name}:"
+                f" {self.report.summary()}; {self.advice}")
+
+
+def resolve_pair(target: str, draft_model: str | None, offline: bool = False, progress=None,
+                 verify_sha256: bool = False, n_ctx: int | None = None) -> Pair:
+    """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
+    read both headers and check the pair. n_ctx: first refuse, before anything is downloaded, a pair
+    that what is known of it (the registry's sizes) already shows cannot fit a context of n_ctx tokens."""
+    models = registry.load()
+    target_entry = registry.resolve(target, models)
+    draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
+    if n_ctx is not None:
+        hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
+                                           n_ctx)
+    target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
+    if draft_entry is None:
+        return Pair(target_info)
+    draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
+    report = compat.check(target_info, draft_info)
+    return Pair(target_info, draft_info, report,
+                "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
+    """A model's name and size before anything is downloaded: the registry's, or a local file's."""
+    if isinstance(resolved, Path):
+        return resolved.name, resolved.stat().st_size if resolved.is_file() else None
+    if isinstance(resolved, registry.RepoQuant):
+        return f"{resolved.repo}:{resolved.quant}", None
+    return resolved.name, resolved.size
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A pair resolved, fetched, checked and placed: what loading it takes (runtime with --parallel auto
+    decided, and the RPC workers whose devices may hold its layers)."""
+
+    pair: Pair
+    runtime: Runtime
+    placement: Placement
+    workers: rpc.Workers
+
+
+def place(target: str, draft_model: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False,
+          progress=None, on_abort: Callable[[str], None] | None = None) -> Placed:
+    """Resolve, fetch and check the pair, and place it (open_session's first part); on_abort as it takes it."""
+    stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
+    # the workers' memory counts, and an unreachable one is said before anything loads
+    workers = rpc.Workers(runtime.rpc, stop)
+    if speculation.drafting in PUBLISHED and draft_model is None:
+        draft_model = published_drafter(target, speculation.drafting, offline)
+    elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
+        beside = download.drafter_beside(registry.resolve(target), offline)
+        draft_model = beside.typed or beside.name if beside else draft_model
+    pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
+    if pair.report and not pair.report.compatible:
+        raise IncompatibleDraft(pair.refusal, pair.report)
+    if runtime.parallel == AUTO_PARALLEL:
+        runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair))
+    placement = Placement.plan(runtime, pair.target, pair.draft)
+    placement.check_fit()
+    return Placed(pair, runtime, placement, workers)
+
+
+def parallel_that_fits(runtime: Runtime, pair: Pair, machine: hardware.Machine | None = None) -> int:
+    """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
+    the memory beside the models."""
+    n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
+    while n > 1:
+        try:
+            Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft, machine).check_fit()
+            return n
+        except UsageError:
+            n //= 2
+    return 1
+
+
+def published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | None:
+    """The drafter of this kind published beside a target, as --draft takes it: the one the registry
+    names, or, for a Hub file (hf:..., owner/repo:QUANT), a file of its repo found by llama.cpp's rules
+    (`mtp-`, `eagle3-`, `dflash-`). None for MTP: the target drafts with its own MTP layers, if it has
+    them; a drafter of another kind must be found."""
+    resolved = registry.resolve(target)
+    named = registry.published_drafter(resolved, kind)
+    if named is not None:
+        return named.name
+    if isinstance(resolved, registry.RepoQuant) or isinstance(resolved, registry.ModelEntry) and resolved.typed:
+        found = download.published_sidecar(resolved, kind, offline)
+        if found:
+            return f"hf:{found.repo}/{found.file}"
+    if kind != DrafterKind.MTP:
+        raise UsageError(f"no {kind} drafter is known to be published beside {target}; give its {kind}-*.gguf"
+                         " file as --draft")
+    return None
+
+
+@dataclass
+class Loaded:
+    """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
+    it), the costly drafters its drafting plan made, each on a context of its own; the plan and the
+    speculation as the loaded models left them; settings: what decides how llama.cpp computes, and so
+    auto's costs; notes: what was done other than asked, for the CLI to print."""
+
+    placement: Placement
+    plan: DraftPlan
+    speculation: Speculation
+    target_model: Model
+    target: Context
+    sequences: list[Context]
+    costly: dict[DrafterSpec, CostlyDrafter]
+    settings: dict
+    notes: list[str]
+
+
+def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
+                placement: Placement | None, workers: rpc.Workers | None, owned: list) -> Loaded:
+    """Load the pair as placed (None: placed here, with runtime's workers added first) and as its drafting
+    plan says; every model and context is appended to owned as it is made, for the caller to close, also
+    when a later one fails."""
+
+    def own(resource):
+        owned.append(resource)
+        return resource
+
+    if placement is None:
+        workers = rpc.Workers(runtime.rpc) if workers is None else workers
+        placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
+    plan = plan_drafting(speculation, *placement.models)
+    speculation = replace(speculation, drafting=plan.mode)
+    notes: list[str] = []
+    placed, on_backend = placement.target, placement.backend_sampling
+    # the workers' devices may hold layers of either model
+    loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None}
+    target_model = own(Model(target, placed.gpu_layers, placed.devices, load_mtp=plan.target_mtp,
+                             tensor_split=placed.tensor_split, **loading))
+    # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
+    models = {spec: target_model if spec.weights is Weights.TARGET else own(Model(
+        draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=spec.weights is Weights.MTP_FILE,
+        **loading)) for spec in plan.costly}
+    kept = tuple(layer for spec, model in models.items() for layer in spec.drafter.layers_read(target_model, model))
+    # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
+    rows = speculation.longest_draft + 1
+
+    def context(model: Model, **options) -> Context:
+        return own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
+                           rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel, **options))
+
+    target_context = context(target_model, keep_hidden=kept)
+    if target_context.n_ctx != runtime.ctx_size:
+        notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
+                     " context sizes up to a multiple of 256")
+    if runtime.parallel > 1:
+        notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
+                     f" {target_context.n_ctx} tokens")
+    if target_model.recurrent and not target_context.rollback:
+        plan = plan.decoding_plainly(target.name, speculation)
+        if plan.note:
+            notes.append(plan.note)
+            speculation = replace(speculation, drafting=plan.mode)
+            target_context.stop_keeping_hidden()
+    # the sequences requests generate on (serve -np, batch --parallel)
+    sequences = [target_context] + [target_context.sequence(seq) for seq in range(1, runtime.parallel)]
+    costly = {spec: spec.drafter.made(target_context, context(
+        models[spec], mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
+        speculation.p_min) for spec in plan.costly}
+    # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
+    # the cells in use.
+    settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
+    del settings["ctx_size"]
+    return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)

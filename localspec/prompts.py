@@ -1,0 +1,207 @@
+"""Prompts as a model reads them: a conversation through its chat template (with the tools it may call),
+text as written, token ids checked against its vocabulary, a prediction's tokens, and the guards that
+refuse what cannot fit its context before any time goes into it."""
+
+import json
+from dataclasses import dataclass, replace
+
+from .chat_template import render_pieces
+from .config import Sampling
+from .engine.backend import Model
+from .engine.grammar import from_json_schema, json_object
+from .errors import ContextOverflow, InputError
+from .request import Request
+from .tool_calls import ToolFormat, Tools, constraint, tool_format
+
+# For models without a chat template in their GGUF: a plain transcript the model can continue.
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+# The roles a conversation may hold. A template writes the role into the prompt as control-token text
+# (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
+ROLES = ("system", "user", "assistant")
+# What a message may carry about tools beside its content (OpenAI's names): written into the prompt as text
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
+
+
+def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
+    """The GBNF (llama.cpp's grammar format) an output must follow, for Sampling.grammar: a grammar as
+    given, a JSON schema's (by llama.cpp's converter), or any JSON object's; None: free text."""
+    if grammar is not None:
+        return grammar
+    if schema is not None:
+        return from_json_schema(schema)
+    return json_object() if any_object else None
+
+
+def is_message(message) -> bool:
+    """A message chat_tokens takes: one of ROLES and a content string."""
+    return isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request made ready to generate (Session.prepare): its prompt's tokens, the sampling it runs with
+    (with the grammar that keeps tool calls well formed), its prediction's tokens, the form of its tool calls."""
+
+    request: Request
+    tokens: list[int]
+    sampling: Sampling
+    prediction: list[int] | None
+    tool_format: ToolFormat | None
+
+
+class Prompts:
+    """The prompt work of a session: its target model and the context its prompts must fit."""
+
+    def __init__(self, model: Model, n_ctx: int):
+        self.model, self.n_ctx = model, n_ctx
+
+    def prepare(self, request: Request) -> Prepared:
+        """A request made ready to generate: its prompt as tokens (a conversation through the chat template,
+        with the tools it may call), its prediction's tokens, and the sampling that keeps tool calls well
+        formed. Raises, with nothing started, where the request cannot be generated (InputError,
+        ContextOverflow, UsageError)."""
+        prediction = request.prediction
+        if isinstance(prediction, str):
+            prediction = self.prediction_tokens(prediction) if prediction else None
+        sampling, tool_format = request.sampling, None
+        if request.tools is not None:
+            sampling, tool_format = self.with_tools(sampling, request.tools)
+        if request.messages is not None:
+            tokens = self.chat_tokens(request.messages, request.tools)
+        elif isinstance(request.prompt, str):
+            tokens = self.tokenize(request.prompt, raw=True)
+        else:
+            tokens = self.token_ids(request.prompt)
+        return Prepared(request, tokens, sampling, prediction or None, tool_format)
+
+    def tokenize(self, prompt: str, raw: bool) -> list[int]:
+        """Prompt text to tokens, wrapped in the model's chat template unless raw."""
+        if not prompt:
+            raise InputError("the prompt is empty")
+        if raw:  # written by hand, control tokens and all
+            self.refuse_what_cannot_fit(len(prompt))
+            self._refuse_by_its_head(prompt)
+            return self.model.tokenize(prompt, add_special=True, parse_special=True)
+        return self.chat_tokens([{"role": "user", "content": prompt}])
+
+    def chat_tokens(self, messages: list[dict], tools: Tools | None = None) -> list[int]:
+        """A conversation, rendered with the model's chat template, ready for the assistant's turn, with
+        the tools it may call.
+
+        Only the template's own text is read for control tokens: a message that spells one (a pasted
+        `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn. Tool
+        definitions and earlier calls are written by the template as JSON: one that spells a control
+        token is refused."""
+        model = self.model
+        template = model.chat_template() or FALLBACK_TEMPLATE
+        bos, eos = model.special_text("bos"), model.special_text("eos")
+        text = "".join(str(m.get("content") or "") for m in messages)
+        self.refuse_what_cannot_fit(len(text), len(messages))
+        self._refuse_by_its_head(text)
+
+        def spells_control_tokens(text: str) -> bool:
+            return model.tokenize(text, False, True) != model.tokenize(text, False, False)
+
+        literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
+                   and spells_control_tokens(m["content"])}
+        about_tools = [list(tools.definitions) if tools else [],
+                       [[m.get(key) for key in TOOL_FIELDS] for m in messages if any(key in m for key in TOOL_FIELDS)]]
+        if any(about_tools) and spells_control_tokens(json.dumps(about_tools, ensure_ascii=False)):
+            raise InputError("a tool definition or tool call contains the text of a control token, which the chat"
+                             " template would write as one")
+        pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None)
+        # Some templates write the BOS token themselves; adding another would change the prompt.
+        add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
+        tokens: list[int] = []
+        for number, (text, is_message) in enumerate(pieces):
+            tokens += model.tokenize(text, add_special=add_bos and number == 0, parse_special=not is_message)
+        return tokens
+
+    def refuse_what_cannot_fit(self, characters: int, messages: int = 1) -> None:
+        """Refuse by arithmetic alone what no tokenizing could fit into the context, before any time goes
+        into rendering and tokenizing it (8 MB of spaces took up to a minute and 1.2 GB, 100,000 one-space
+        messages four): more messages than the context has tokens (a chat template marks every message with at
+        least one), or more characters than its tokens can stand for (a character is at least a byte).
+        What passes costs at most the tokenizing of what a full context holds, less than reading it in.
+        Cheap enough for a server's event loop once longest_token has been read."""
+        n_ctx = self.n_ctx
+        if messages > n_ctx:
+            raise ContextOverflow(f"the conversation's {messages:,} messages cannot fit the context of {n_ctx} tokens"
+                                  " (each takes at least one); raise --ctx-size or send fewer")
+        if characters <= n_ctx:  # a token stands for a byte at least: no need to read the vocabulary
+            return
+        longest = self.model.longest_token
+        if longest is not None and characters > n_ctx * longest:
+            raise ContextOverflow(f"the prompt ({characters:,} characters) cannot fit the context of {n_ctx} tokens:"
+                                  f" no token of this model stands for more than {longest} bytes, so at most"
+                                  f" {n_ctx * longest:,} characters fit; raise --ctx-size or shorten the prompt")
+
+    def _refuse_by_its_head(self, text: str) -> None:
+        """Most text runs to several characters a token, far below the bound above: a piece of it
+        already shows that it cannot fit."""
+        n_ctx = self.n_ctx
+        head = text[: n_ctx * 8]
+        if len(head) < len(text) and len(self.model.tokenize(head, False, False)) >= n_ctx:
+            raise ContextOverflow(f"the prompt ({len(text):,} characters) cannot fit the context of {n_ctx} tokens;"
+                             " raise --ctx-size or shorten the prompt")
+
+    def with_tools(self, sampling: Sampling, tools: Tools) -> tuple[Sampling, ToolFormat]:
+        """Sampling under the grammar that keeps the model's calls to the tools well formed, and the form
+        it writes them in; InputError where its template has no tools, or the answer is constrained
+        already (a response format)."""
+        form = tool_format(self.model.chat_template())
+        grammar, triggers = constraint(form, tools)
+        if grammar is None:
+            return sampling, form
+        if sampling.grammar is not None:
+            raise InputError("tools and a response format (or grammar) both constrain the answer; send one of them")
+        return replace(sampling, grammar=grammar, grammar_triggers=triggers), form
+
+    def embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
+        """Each input to embed (text, or token ids) as the tokens the model reads: InputError, before any is
+        embedded, for one that is empty or longer than the context."""
+        tokens = [self.model.tokenize(item, True, False) if isinstance(item, str) else self.token_ids(item)
+                  for item in inputs]
+        for number, each in enumerate(tokens, start=1):
+            if not each:
+                raise InputError(f"input {number} to embed is empty")
+            if len(each) > self.n_ctx:
+                raise InputError(f"input {number} to embed is {len(each):,} tokens but the context holds"
+                                 f" {self.n_ctx:,}; raise --ctx-size or shorten it")
+        return tokens
+
+    def prediction_tokens(self, text: str) -> list[int]:
+        """Predicted text as the tokens the output would hold (no BOS, control tokens read as text), as far as
+        an output could: a context's worth. Only that much of the text is read (8 MiB of code took 2.4 s of
+        the worker's time to tokenize with Qwen2.5's tokenizer, for tokens no output can reach): a head that
+        most text fills the context with, else as many characters as a context of the longest tokens holds."""
+        n_ctx, tokenize = self.n_ctx, self.model.tokenize
+        head = text[: n_ctx * 8]
+        tokens = tokenize(head, False, False)
+        if len(tokens) < n_ctx and len(head) < len(text):
+            longest = self.model.longest_token
+            tokens = tokenize(text[: n_ctx * longest] if longest else text, False, False)
+        return tokens[:n_ctx]
+
+    def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
+        """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages
+        with role and content), or token ids (checked against the vocabulary)."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, raw)
+        if prompt and all(isinstance(message, dict) for message in prompt):
+            return self.chat_tokens(prompt)
+        return self.token_ids(prompt)
+
+    def token_ids(self, tokens: list) -> list[int]:
+        """A prompt given as token ids, once they are known to be this model's."""
+        if not tokens:
+            raise InputError("the prompt is empty")
+        n_vocab = self.model.n_vocab
+        if not all(isinstance(token, int) and 0 <= token < n_vocab for token in tokens):
+            raise InputError(f"the prompt's token ids must be between 0 and {n_vocab - 1}, this model's vocabulary")
+        return list(tokens)
+
