@@ -1,6 +1,6 @@
 """The OpenAI API's shapes: requests checked and turned into a Request, responses and stream
 chunks built from a finished job. With ollama.py (Ollama's shapes), the modules of serve's that know
-pydantic (registry.py checks models.toml with it too); it knows no web framework.
+pydantic (store/registry.py checks models.toml with it too); it knows no web framework.
 
 Beyond OpenAI's fields every response carries llama-server's `timings` (tools such as llama-swap
 read those names) and a `speculation` object: which drafters ran, how many draft tokens were tried

@@ -13,7 +13,9 @@ from enum import StrEnum
 from pathlib import Path
 from time import perf_counter
 
-from . import hardware, mirror, paths
+from . import paths
+
+from .store import hardware, mirror
 from .config import DrafterKind, Limits, Sampling, Speculation
 from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token

@@ -5,7 +5,9 @@ auto over them, and each sequence's own twins of them), with the mode they draft
 from collections.abc import Iterator
 from contextlib import closing
 
-from . import calibration, hardware, registry, running
+from . import running
+
+from .store import calibration, hardware, registry
 from .config import DrafterKind, Speculation
 from .engine import policy
 from .engine.backend import Context

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import compat, download, gguf_meta, hardware, registry
+from . import store
 from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
 from .drafting import PUBLISHED
 from .engine import rpc
@@ -14,53 +14,8 @@ from .engine.backend import Context, Model
 from .engine.drafters import CostlyDrafter
 from .engine.drafters.spec import DraftPlan, DrafterSpec, Weights, plan_drafting
 from .errors import IncompatibleDraft, UsageError
-from .gguf_meta import GGUFInfo
-from .placement import Placement
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A target and its draft model, found, fetched and read; report: whether they can speculate
-    together (None without a draft model); advice: which drafts would suit the target."""
-
-    target: GGUFInfo
-    draft: GGUFInfo | None = None
-    report: compat.CompatReport | None = None
-    advice: str = ""
-
-    @property
-    def refusal(self) -> str:
-        return (f"{self.report.draft.path.name} cannot draft for {self.report.target.path.name}:"
-                f" {self.report.summary()}; {self.advice}")
-
-
-def resolve_pair(target: str, draft_model: str | None, offline: bool = False, progress=None,
-                 verify_sha256: bool = False, n_ctx: int | None = None) -> Pair:
-    """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
-    read both headers and check the pair. n_ctx: first refuse, before anything is downloaded, a pair
-    that what is known of it (the registry's sizes) already shows cannot fit a context of n_ctx tokens."""
-    models = registry.load()
-    target_entry = registry.resolve(target, models)
-    draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
-    if n_ctx is not None:
-        hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
-                                           n_ctx)
-    target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
-    if draft_entry is None:
-        return Pair(target_info)
-    draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
-    report = compat.check(target_info, draft_info)
-    return Pair(target_info, draft_info, report,
-                "" if report.compatible else registry.draft_advice(target_entry, models))
-
-
-def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
-    """A model's name and size before anything is downloaded: the registry's, or a local file's."""
-    if isinstance(resolved, Path):
-        return resolved.name, resolved.stat().st_size if resolved.is_file() else None
-    if isinstance(resolved, registry.RepoQuant):
-        return f"{resolved.repo}:{resolved.quant}", None
-    return resolved.name, resolved.size
+from .store import download, gguf_meta, hardware, registry
+from .store.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -68,7 +23,7 @@ class Placed:
     """A pair resolved, fetched, checked and placed: what loading it takes (runtime with --parallel auto
     decided, and the RPC workers whose devices may hold its layers)."""
 
-    pair: Pair
+    pair: store.Pair
     runtime: Runtime
     placement: Placement
     workers: rpc.Workers
@@ -85,7 +40,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
         beside = download.drafter_beside(registry.resolve(target), offline)
         draft_model = beside.typed or beside.name if beside else draft_model
-    pair = resolve_pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
+    pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     if runtime.parallel == AUTO_PARALLEL:
@@ -95,7 +50,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     return Placed(pair, runtime, placement, workers)
 
 
-def parallel_that_fits(runtime: Runtime, pair: Pair, machine: hardware.Machine | None = None) -> int:
+def parallel_that_fits(runtime: Runtime, pair: store.Pair, machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
     the memory beside the models."""
     n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()

@@ -14,7 +14,7 @@ from . import __version__
 from .api import ApiError, Defaults, Parsed, Tool, checked_count, speculation
 from .config import duration_seconds, overridden
 from .errors import InputError, UsageError
-from .gguf_meta import GGUFInfo
+from .store import GGUFInfo
 from .request import Request
 from .service import Job
 from .prompts import ROLES, output_grammar

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import download, gguf_meta, hardware, registry
+from . import store
 from .config import DrafterKind, Runtime, Speculation
 from .engine.drafters.spec import COSTLY_KINDS
 from .errors import LocalspecError, UsageError
-from .gguf_meta import GGUFInfo
+from .store import GGUFInfo
 from .service import Metrics, Service
 from .session import Session, open_session
 
@@ -67,7 +67,7 @@ class Available:
 
     name: str
     path: Path
-    entry: registry.ModelEntry | None  # None: the model serve started with, given as a file
+    entry: store.ModelEntry | None  # None: the model serve started with, given as a file
 
 
 class Pool:
@@ -90,17 +90,17 @@ class Pool:
     def available(self) -> list[Available]:
         """What can be served: the first model, then every downloaded registry model (and Hub file)."""
         out = [Available(self.first.name, _key(self.first.session), None)]
-        for entry in registry.load().values():
+        for entry in store.known().values():
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
-            path = download.installed(entry)
+            path = store.installed(entry)
             if path is not None and path.resolve() != out[0].path:
                 out.append(Available(entry.command_name, path.resolve(), entry))
         return out
 
     def header(self, path: Path) -> GGUFInfo:
         if path not in self._headers:
-            self._headers[path] = gguf_meta.read(path)
+            self._headers[path] = store.header(path)
         return self._headers[path]
 
     def find(self, name: str | None) -> Available:
@@ -108,14 +108,14 @@ class Pool:
         if not name or name == self.first.name:
             return self.available()[0]
         try:
-            resolved = registry.resolve(name)
+            resolved = store.find(name)
         except UsageError:
             resolved = None
-        if isinstance(resolved, registry.ModelEntry) and resolved.drafts:
+        if isinstance(resolved, store.ModelEntry) and resolved.drafts:
             raise UnknownModel(f"{resolved.name!r} is the {resolved.drafts} drafter published beside another model,"
                                " not a model to serve")
-        if isinstance(resolved, registry.ModelEntry):
-            path = download.installed(resolved)
+        if isinstance(resolved, store.ModelEntry):
+            path = store.installed(resolved)
             if path is not None:
                 first = self.available()[0]
                 return first if path.resolve() == first.path else Available(resolved.command_name, path.resolve(),
@@ -168,15 +168,15 @@ class Pool:
         return served
 
     @staticmethod
-    def _draft_for(entry: registry.ModelEntry | None) -> Path | None:
+    def _draft_for(entry: store.ModelEntry | None) -> Path | None:
         """The registry's draft for the model, where that is downloaded too."""
         if entry is None or not entry.draft:
             return None
         try:
-            draft = registry.resolve(entry.draft)
+            draft = store.find(entry.draft)
         except UsageError:
             return None
-        return download.installed(draft) if isinstance(draft, registry.ModelEntry) else None
+        return store.installed(draft) if isinstance(draft, store.ModelEntry) else None
 
     async def _make_room(self, info: GGUFInfo, asked: float) -> None:
         """Unload idle models, least recently used first, while the one to load would not fit beside
@@ -184,13 +184,13 @@ class Pool:
         for (`asked`) is not idle but about to be used: a request that raced this one has it, and has not
         queued its work yet."""
         sequences = max(1, self.runtime.parallel)
-        needed = hardware.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences)
-        while needed > hardware.machine().memory_free:
+        needed = store.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences)
+        while needed > store.machine().memory_free:
             idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle and s.last_used < asked),
                           key=lambda s: s.idle_since)
             if not idle:
                 raise NoRoom(f"{info.path.name} needs about {needed / 2**30:.1f} GiB and only"
-                             f" {hardware.machine().memory_free / 2**30:.1f} GiB are free beside the models in use;"
+                             f" {store.machine().memory_free / 2**30:.1f} GiB are free beside the models in use;"
                              " try again once they are idle, or serve a smaller model")
             await self.unload(idle[0], "to make room")
 

@@ -32,7 +32,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api, download, net, ollama, registry
+from . import api, net, ollama, store
+
 from .api import ApiError, Defaults, Parsed, Reply
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
@@ -219,7 +220,7 @@ class Server:
                                " unless started with --allow-pull", code="pull_disabled")
             asked = ollama.parse_pull(await self._body(request))
             try:
-                wanted = registry.resolve(asked.model)
+                wanted = store.find(asked.model)
             except LocalspecError as error:
                 raise ApiError(404, str(error)) from None
             if isinstance(wanted, Path):  # (a pull of one answered success: it probed the file)
@@ -235,7 +236,7 @@ class Server:
 
             def fetch() -> None:
                 post({"status": "pulling manifest"})
-                download.locate(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
+                store.fetch(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
                 post({"status": "verifying sha256 digest"})
 
             fetching = loop.run_in_executor(self._pulls, fetch)

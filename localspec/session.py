@@ -18,9 +18,9 @@ from .engine.speculative import generate
 from .engine.together import alone
 from .errors import LocalspecError, UsageError
 from .events import Event, Prefill
-from .gguf_meta import GGUFInfo
+from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place
-from .placement import Placement
+from .store.placement import Placement
 from .prompts import Prepared, Prompts
 from .request import Request
 from .scheduler import Scheduler

@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .compat import CompatReport
+from .store.compat import CompatReport
 from .events import Done, Step, Token
 from .stats import INTERRUPTED, Recorder, Summary
 

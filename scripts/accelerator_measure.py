@@ -21,7 +21,7 @@ from time import perf_counter
 import gguf
 import numpy as np
 
-from localspec import hardware
+from localspec.store import hardware
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import library

@@ -25,7 +25,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from localspec import bench, download, paths, registry
+from localspec import bench, paths
+
+from localspec.store import download, registry
 from localspec.chat_template import render
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.request import Request

@@ -13,7 +13,7 @@ from time import perf_counter
 
 import numpy as np
 
-from localspec import download, registry
+from localspec.store import download, registry
 from localspec.config import DrafterKind, Runtime, Sampling, Speculation, default_threads
 from localspec.engine.sampling import chain_for, softmax
 from localspec.session import Session

@@ -28,7 +28,9 @@ from dataclasses import asdict
 from pathlib import Path
 from time import perf_counter_ns
 
-from localspec import bench, download, registry
+from localspec import bench
+
+from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as current
 from localspec.engine.drafters import Draft, NgramDrafter

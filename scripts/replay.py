@@ -30,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec import bench, download, registry
+from localspec import bench
+
+from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.drafters import GREEDY_DRAFT, Draft, Learner, NgramDrafter

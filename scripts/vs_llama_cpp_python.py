@@ -16,7 +16,7 @@ from time import perf_counter
 import llama_cpp
 from llama_cpp import Llama
 
-from localspec import download, registry
+from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.request import Request
 from localspec.stats import record

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import calibration, mirror, paths, registry
+from localspec import paths
+
+from localspec.store import calibration, mirror, registry
 from localspec.cli import main
 from localspec.engine import backend
 from localspec.engine.backend import Context, Model

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import pytest
 
-from localspec import gguf_meta
+from localspec.store import gguf_meta
 from localspec.config import Sampling
 from localspec.engine.backend import Model
 

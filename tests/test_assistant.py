@@ -3,7 +3,7 @@ are in test_drafters_beside."""
 
 import json
 
-from localspec import compat, gguf_meta
+from localspec.store import compat, gguf_meta
 
 
 def test_check_says_the_assistant_reads_a_gemma4_targets_cache_and_refuses_another(tiny, cli):

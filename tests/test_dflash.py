@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from localspec import compat, gguf_meta
+from localspec.store import compat, gguf_meta
 from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.speculative import generate
 from localspec.events import Step

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import TARGET
 from fakehub import FakeHub, serve
-from localspec import download, mirror
+from localspec.store import download, mirror
 from localspec.errors import FetchError
 from tinymodels import write_tiny_model
 

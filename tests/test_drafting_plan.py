@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from localspec import gguf_meta
+from localspec.store import gguf_meta
 from localspec.config import DrafterKind, Runtime, Speculation
 from localspec.engine.drafters import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
 from localspec.engine.drafters.spec import COSTLY_KINDS, SPECS, Weights, needed, plan_drafting

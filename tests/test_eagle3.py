@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from localspec import compat, gguf_meta
+from localspec.store import compat, gguf_meta
 from localspec.config import DrafterKind, Runtime, Speculation
 from localspec.engine.backend import Model
 from localspec.errors import UsageError
-from localspec.gguf_meta import RawArray
+from localspec.store.gguf_meta import RawArray
 from localspec.session import Session
 
 from tinybert import write_tiny_bert

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from localspec import compat, gguf_meta
-from localspec.gguf_meta import GGUFError
+from localspec.store import compat, gguf_meta
+from localspec.store.gguf_meta import GGUFError
 
 
 def test_reads_what_the_tiny_model_was_written_with(tiny):

@@ -1,6 +1,6 @@
 import pytest
 
-from localspec import gguf_meta, hardware
+from localspec.store import gguf_meta, hardware
 from localspec.engine.backend import PARTIAL_STATE, Context, Model
 from localspec.engine.library import llama
 from localspec.engine.devices import Device

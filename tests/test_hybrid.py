@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from localspec import compat, gguf_meta
+from localspec.store import compat, gguf_meta
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import backend
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter

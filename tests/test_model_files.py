@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec import gguf_meta
-from localspec.gguf_meta import GGUFError
+from localspec.store import gguf_meta
+from localspec.store.gguf_meta import GGUFError
 
 from tinymodels import TinySpec, write_tiny_model
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localspec import gguf_meta
+from localspec.store import gguf_meta
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Model
 from localspec.engine.drafters import NoDrafter

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from localspec import gguf_meta, hardware
+from localspec.store import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import LAST_HIDDEN, Context, Model, decode_together
 from localspec.engine import together as together_module
@@ -17,10 +17,11 @@ from localspec.engine.speculative import generate
 from localspec.engine.together import ENDED, Together
 from localspec.errors import EngineError
 from localspec.events import Done, Prefill, Step, Token
-from localspec.placement import Placement
+from localspec.store.placement import Placement
 from localspec.request import Request
 from localspec.service import FINISHED, Busy, Service
-from localspec.loading import Pair, parallel_that_fits
+from localspec.loading import parallel_that_fits
+from localspec.store import Pair
 from localspec.session import Session
 from localspec.stats import record
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from localspec import calibration
+from localspec.store import calibration
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as policy_module
 from localspec.engine.drafters import (

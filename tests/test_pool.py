@@ -12,7 +12,7 @@ import ollama
 import openai
 import pytest
 
-from localspec import gguf_meta, hardware
+from localspec.store import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.pool import NoRoom, Pool
 from localspec.request import Request

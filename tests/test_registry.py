@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from localspec import registry
+from localspec.store import registry
 from localspec.cli.options import build_settings
 from localspec.config import DrafterKind
 from localspec.errors import UsageError
-from localspec.registry import ModelEntry, RepoQuant
+from localspec.store.registry import ModelEntry, RepoQuant
 
 
 @pytest.fixture

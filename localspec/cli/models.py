@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__, catalog, download, hardware, registry, running, tui
+from .. import __version__, running, store, tui
+
+from ..store import catalog, download, hardware, registry
 from ..config import DrafterKind
 from ..errors import UsageError
-from ..loading import resolve_pair
 from .app import command
 from .options import DEFAULT_RUNTIME, OfflineOption, device_names
 
@@ -23,7 +24,7 @@ def pull(
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Fetch the model alone.")] = False,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
-    models = registry.load()
+    models = store.known()
     target = registry.resolve(name, models)
     wanted = [target]
     if draft == DrafterKind.MTP:  # the MTP sidecar published beside it, where it has one
@@ -33,7 +34,7 @@ def pull(
     elif draft is None and not no_draft:
         wanted += filter(None, [download.drafter_beside(target)])
     for item in wanted:
-        print(download.locate(item, progress=tui.download_progress(), verify_sha256=True))
+        print(store.fetch(item, progress=tui.download_progress(), verify_sha256=True))
 
 
 def list_models(
@@ -92,8 +93,8 @@ def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per
 @command(name="rm")
 def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
     """Delete a downloaded model (partial downloads too)."""
-    entry = registry.resolve(name)
-    if not isinstance(entry, registry.ModelEntry):
+    entry = store.find(name)
+    if not isinstance(entry, store.ModelEntry):
         raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")
     freed = download.remove(entry)
     if not freed:
@@ -115,7 +116,7 @@ def check(
     if draft == DrafterKind.MTP:
         _check_mtp(target, offline, as_json)
         return
-    pair = resolve_pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
+    pair = store.pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
     report = pair.report
     if as_json:
         print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
@@ -130,7 +131,7 @@ def check(
 
 def _check_mtp(target: str, offline: bool, as_json: bool) -> None:
     """Whether the target has multi-token-prediction layers to draft for itself with; exit 1 if not."""
-    info = resolve_pair(target, None, offline, tui.download_progress(), verify_sha256=True).target
+    info = store.pair(target, None, offline, tui.download_progress(), verify_sha256=True).target
     if as_json:
         print(json.dumps({"target": info.path.name, "draft": "mtp", "compatible": info.mtp_layers > 0,
                           "mtp_layers": info.mtp_layers}))

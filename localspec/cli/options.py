@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import hardware
+from ..store import hardware
 from ..config import (
     AUTO_PARALLEL,
     DEFAULT_DRAFT_MAX,

@@ -5,13 +5,23 @@ asked and the two models' headers, before anything loads."""
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
+from typing import Protocol
 
 from ...config import DrafterKind, Speculation
 from ...errors import UsageError
-from ...gguf_meta import GGUFInfo
 from .base import NoDrafter
 from .forward import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
 from .free import NgramDrafter
+
+
+class Header(Protocol):
+    """What a plan reads of a model file's GGUF header (the store's GGUFInfo)."""
+
+    path: Path
+    architecture: str
+    mtp_layers: int
+    mtp_sidecar: bool
 
 
 class Weights(Enum):
@@ -35,7 +45,7 @@ class DrafterSpec:
     drafter: type
     label: str
     needed: str = ""
-    recognises: Callable[[GGUFInfo], bool] | None = None
+    recognises: Callable[[Header], bool] | None = None
 
     @property
     def costly(self) -> bool:
@@ -46,7 +56,7 @@ class DrafterSpec:
         return self.label.format(file=file)
 
 
-def _architecture(name: str) -> Callable[[GGUFInfo], bool]:
+def _architecture(name: str) -> Callable[[Header], bool]:
     return lambda info: info.architecture == name
 
 
@@ -111,7 +121,7 @@ class DraftPlan:
         return DraftPlan(DrafterKind.PLAIN, note=f"{reason}: decoding plainly")
 
 
-def plan_drafting(speculation: Speculation, target: GGUFInfo, draft: GGUFInfo | None = None) -> DraftPlan:
+def plan_drafting(speculation: Speculation, target: Header, draft: Header | None = None) -> DraftPlan:
     """The plan for drafting as speculation asks, with a target and draft file of these headers.
 
     A draft file drafts as what its header shows (a draft model, an MTP block, Gemma 4's assistant, an

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gguf
 
-from .errors import InputError
+from ..errors import InputError
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

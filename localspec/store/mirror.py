@@ -16,8 +16,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from . import paths
-from .errors import DownloadInterrupted, FetchError
+from .. import paths
+from ..errors import DownloadInterrupted, FetchError
 from .registry import ModelEntry
 
 CHUNK = 1 << 20

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from .config import DEFAULT_DRAFT_MAX
-from .engine import library, rpc
-from .engine.devices import Device, devices, supports_gpu_offload
-from .errors import UsageError
+from ..config import DEFAULT_DRAFT_MAX
+from ..engine import library, rpc
+from ..engine.devices import Device, devices, supports_gpu_offload
+from ..errors import UsageError
 from .gguf_meta import GGUFInfo
 
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache

@@ -9,8 +9,8 @@ llama.cpp keeps apart) and the output layer.
 from dataclasses import dataclass
 
 from . import hardware
-from .config import Runtime
-from .engine.devices import Device
+from ..config import Runtime
+from ..engine.devices import Device
 from .gguf_meta import GGUFInfo
 
 

@@ -21,8 +21,8 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from . import paths
-from .errors import UsageError
+from .. import paths
+from ..errors import UsageError
 
 AUTO = "auto"
 # The Hub's own rule for owner and name: letters, digits, "_", "-", "." (neither "--" nor ".." inside),

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from . import paths, running
-from .engine.policy import Costs
+from .. import paths, running
+from ..engine.policy import Costs
 
 NAME = "calibration.json"
 VERSION = 1

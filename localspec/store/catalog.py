@@ -4,8 +4,8 @@
 from dataclasses import dataclass
 
 from . import download, gguf_meta, hardware, placement, registry
-from .config import Runtime
-from .errors import UsageError
+from ..config import Runtime
+from ..errors import UsageError
 
 Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once downloaded, its size in the registry
 

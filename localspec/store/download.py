@@ -27,8 +27,9 @@ from huggingface_hub import errors as hub_errors
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import logging as hub_logging
 
-from . import mirror, paths, registry
-from .errors import DownloadInterrupted, FetchError, InputError
+from . import mirror, registry
+from .. import paths
+from ..errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
 # huggingface_hub narrates each retry on stderr; failures reach the user as our one line instead

