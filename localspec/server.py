@@ -1,9 +1,10 @@
-"""`localspec serve`'s HTTP face: the OpenAI-compatible routes over a Service, on Starlette and uvicorn
-(the one module that knows them).
+"""`localspec serve`'s HTTP face: a table of routes, each a path, the protocol it speaks (OpenAI's or
+Ollama's, localspec/protocols/) and a handler, over a pool of models and their services, on Starlette and
+uvicorn (the one module that knows them).
 
 Handlers run on the event loop and only wait: the service's worker thread generates and hands each
-event over through the loop. Every answer other than 200 is OpenAI's error object, never a
-traceback, and the server goes on serving.
+event over through the loop. Every answer other than 200 is the route's protocol's error object, said at
+the route's one boundary, never a traceback, and the server goes on serving.
 """
 
 import asyncio
@@ -32,15 +33,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import api, net, ollama, store
-
-from .api import ApiError, Defaults, Parsed, Reply
+from . import net, store
+from .protocols import ollama, openai
+from .protocols.ollama import OLLAMA
+from .protocols.openai import OPENAI
+from .protocols.shared import ApiError, Answering, Defaults, Parsed, Protocol, api_error, tool_call_error, tool_reader
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
 from .events import Done, Token
 from .pool import NoRoom, Pool, Served, UnknownModel
 from .service import FINISHED, Embedding, Job
-from .tool_calls import ToolCall
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
 WATCH_SECONDS = 0.2  # how often the generation workers are looked at
@@ -59,30 +61,49 @@ class Server:
         # Pulls download on threads of their own, PULLS_AT_ONCE at a time: on the default executor eight slow
         # ones held every thread that model loads run on.
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
+        # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
+        # asks for the API key)
         routes = [
-            Route("/health", self.health, methods=["GET"]),
-            Route("/v1/health", self.health, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
-            # Ollama's API
-            Route("/api/embed", self.ollama_embed, methods=["POST"]),
-            Route("/api/version", self.ollama_version, methods=["GET"]),
-            Route("/api/tags", self.ollama_tags, methods=["GET"]),
-            Route("/api/ps", self.ollama_ps, methods=["GET"]),
-            Route("/api/show", self.ollama_show, methods=["POST"]),
-            Route("/api/chat", self.ollama_chat, methods=["POST"]),
-            Route("/api/generate", self.ollama_generate, methods=["POST"]),
-            Route("/api/pull", self.ollama_pull, methods=["POST"]),
+            ("/health", "GET", OPENAI, self.health, False),
+            ("/v1/health", "GET", OPENAI, self.health, False),
+            ("/v1/models", "GET", OPENAI, self.models, True),
+            ("/v1/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True), True),
+            ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
+            ("/metrics", "GET", OPENAI, self.metrics, True),
+            ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
+            ("/api/embed", "POST", OLLAMA, self.ollama_embed, True),
+            ("/api/version", "GET", OLLAMA, self.ollama_version, False),
+            ("/api/tags", "GET", OLLAMA, self.ollama_tags, True),
+            ("/api/ps", "GET", OLLAMA, self.ollama_ps, True),
+            ("/api/show", "POST", OLLAMA, self.ollama_show, True),
+            ("/api/chat", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=True), True),
+            ("/api/generate", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=False), True),
+            ("/api/pull", "POST", OLLAMA, self.ollama_pull, True),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
-        self.app = Starlette(routes=routes, exception_handlers=not_http,
+        self.app = Starlette(routes=[self._route(*route) for route in routes], exception_handlers=not_http,
                              middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
         self.created = int(time.time())
 
-    async def health(self, request: Request) -> Response:
+    def _route(self, path: str, method: str, protocol: Protocol, handler, keyed: bool) -> Route:
+        """The route's one boundary: the API key asked for (where keyed and the server has keys), and any
+        failure answered in the protocol's error shape; a bug of ours is a 500 whose traceback goes to the
+        operator."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request, self._client(request) if keyed else None)
+            except (ApiError, UnknownModel) as error:
+                failure = error if isinstance(error, ApiError) else ApiError(404, str(error), param="model",
+                                                                              code="model_not_found")
+                self.log(f"{request.url.path} {failure.status} {failure.message}")
+            except Exception as error:
+                self.log(traceback.format_exc().rstrip())
+                failure = ApiError(500, f"internal error: {error}", "server_error")
+            return JSONResponse(protocol.error_body(failure), status_code=failure.status, headers=failure.headers)
+
+        return Route(path, endpoint, methods=[method])
+
+    async def health(self, request: Request, client: str | None) -> Response:
         stopped = self._stopped()
         if stopped:
             return JSONResponse({"status": "error", "error": stopped}, status_code=503)
@@ -96,60 +117,33 @@ class Server:
     def _running(self) -> int:
         return sum(served.service.running for served in self.pool.loaded.values())
 
-    async def models(self, request: Request) -> Response:
-        def listed() -> Response:
-            loaded = {served.name: served for served in self.pool.loaded.values()}
-            return JSONResponse(api.model_list([(a.name, loaded[a.name].session if a.name in loaded else None)
-                                                for a in self.pool.available()], self.created))
+    async def models(self, request: Request, client: str | None) -> Response:
+        loaded = {served.name: served for served in self.pool.loaded.values()}
+        return JSONResponse(openai.model_list([(a.name, loaded[a.name].session if a.name in loaded else None)
+                                               for a in self.pool.available()], self.created))
 
-        return await self._guarded(request, listed)
-
-    async def metrics(self, request: Request) -> Response:
+    async def metrics(self, request: Request, client: str | None) -> Response:
         running = self._running()
-        return await self._guarded(request, lambda: PlainTextResponse(
+        return PlainTextResponse(
             self.pool.metrics.prometheus(running=running, waiting=self.pool.pending - running,
                                          remembered=self.pool.remembered(), loaded=len(self.pool.loaded)),
-            media_type="text/plain; version=0.0.4"))
+            media_type="text/plain; version=0.0.4")
 
-    async def embeddings(self, request: Request) -> Response:
-        async def work() -> Response:
-            client = self._client(request)
-            body = await self._body(request)
-            served = await self._model(body.get("model"))
-            asked = api.parse_embeddings(body, served.session.target_model.n_embd)
-            job = await self._embedded(api.inputs_of(asked), client, served, request)
-            return JSONResponse(api.embedding_list(job.embeddings, job.embedded_tokens, served.name,
-                                                   asked.encoding_format))
+    async def embeddings(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        asked = openai.parse_embeddings(body, served.session.target_model.n_embd)
+        job = await self._embedded(openai.inputs_of(asked), client, served, request)
+        return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
+                                                  asked.encoding_format))
 
-        return await self._answering(request, work)
-
-    async def ollama_embed(self, request: Request) -> Response:
-        async def work() -> Response:
-            client = self._client(request)
-            started = time.perf_counter_ns()
-            body = await self._body(request)
-            served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")))
-            job = await self._embedded(ollama.parse_embed(body), client, served, request)
-            return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
-                                                time.perf_counter_ns() - started))
-
-        return await self._answering(request, work, ollamas=True)
-
-    async def _answering(self, request: Request, work, ollamas: bool = False) -> Response:
-        """await work(), the response; an ApiError is said in the client's protocol (OpenAI's error object,
-        or Ollama's where `ollamas`), and a bug of ours is a 500 whose traceback goes to the operator."""
-        try:
-            return await work()
-        except (ApiError, UnknownModel) as error:
-            failure = error if isinstance(error, ApiError) else ApiError(404, str(error), param="model",
-                                                                          code="model_not_found")
-            self.log(f"{request.url.path} {failure.status} {failure.message}")
-        except Exception as error:
-            self.log(traceback.format_exc().rstrip())
-            failure = ApiError(500, f"internal error: {error}", "server_error")
-        if ollamas:
-            return JSONResponse(ollama.body(failure), status_code=failure.status, headers=failure.headers)
-        return _error_response(failure)
+    async def ollama_embed(self, request: Request, client: str | None) -> Response:
+        started = time.perf_counter_ns()
+        body = await self._body(request)
+        served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")))
+        job = await self._embedded(ollama.parse_embed(body), client, served, request)
+        return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
+                                            time.perf_counter_ns() - started))
 
     async def _model(self, name, keep_alive: float | None = None) -> Served:
         """The loaded model a request names (its `model`; keep_alive: Ollama's, in seconds), loaded now
@@ -157,7 +151,7 @@ class Server:
         try:
             return await self.pool.get(_named(name), keep_alive)
         except UnknownModel:
-            raise  # a 404, said at the one boundary (_answering)
+            raise  # a 404, said at the route's one boundary
         except NoRoom as error:
             raise ApiError(503, str(error), "server_error", code="insufficient_memory") from None
         except LocalspecError as error:  # its file is there but does not load
@@ -176,7 +170,7 @@ class Server:
         try:
             job = served.service.submit(Embedding(inputs, client), deliver, _who(request, client))
         except LocalspecError as error:
-            raise api.api_error(error) from None
+            raise api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
         try:
             outcome = await ended
@@ -184,101 +178,81 @@ class Server:
             watcher.cancel()
             job.cancel()  # a no-op once it has finished
         if isinstance(outcome, LocalspecError):
-            raise api.api_error(outcome, "input")
+            raise api_error(outcome, "input")
         if job.outcome != "ok":
             raise ApiError(503, "the embedding was cancelled: the server is shutting down", "server_error",
                            code="cancelled")
         return job
 
-    async def ollama_version(self, request: Request) -> Response:
+    async def ollama_version(self, request: Request, client: str | None) -> Response:
         return JSONResponse(ollama.version())
 
-    async def ollama_tags(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(ollama.tags(
-            [(a.name, self.pool.header(a.path)) for a in self.pool.available()])), ollamas=True)
+    async def ollama_tags(self, request: Request, client: str | None) -> Response:
+        return JSONResponse(ollama.tags([(a.name, self.pool.header(a.path)) for a in self.pool.available()]))
 
-    async def ollama_ps(self, request: Request) -> Response:
-        return await self._guarded(request, lambda: JSONResponse(ollama.running(
-            [(s.name, s.session.target_info, s.expires_at) for s in self.pool.loaded.values()])), ollamas=True)
+    async def ollama_ps(self, request: Request, client: str | None) -> Response:
+        return JSONResponse(ollama.running([(s.name, s.session.target_info, s.expires_at)
+                                            for s in self.pool.loaded.values()]))
 
-    async def ollama_show(self, request: Request) -> Response:
-        async def work() -> Response:
-            self._client(request)
-            body = await self._body(request)
-            info = self.pool.header(self.pool.find(_named(body.get("model") or body.get("name"))).path)
-            return JSONResponse(ollama.show(info, info.chat_template))
+    async def ollama_show(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        info = self.pool.header(self.pool.find(_named(body.get("model") or body.get("name"))).path)
+        return JSONResponse(ollama.show(info, info.chat_template))
 
-        return await self._answering(request, work, ollamas=True)
-
-    async def ollama_pull(self, request: Request) -> Response:
+    async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
         generations go on; streamed as Ollama's statuses. Requests may name it once it is there."""
-        async def work() -> Response:
-            self._client(request)
-            if not self.serving.pulls:
-                raise ApiError(403, "pulls are off on this server: serve refuses /api/pull once --host exposes it,"
-                               " unless started with --allow-pull", code="pull_disabled")
-            asked = ollama.parse_pull(await self._body(request))
+        if not self.serving.pulls:
+            raise ApiError(403, "pulls are off on this server: serve refuses /api/pull once --host exposes it,"
+                           " unless started with --allow-pull", code="pull_disabled")
+        asked = ollama.parse_pull(await self._body(request))
+        try:
+            wanted = store.find(asked.model)
+        except LocalspecError as error:
+            raise ApiError(404, str(error)) from None
+        if isinstance(wanted, Path):  # (a pull of one answered success: it probed the file)
+            raise ApiError(400, f"{asked.model!r} is a file name: pull takes a registry name,"
+                           " hf:owner/repo/file.gguf or owner/repo:QUANT", param="model")
+        loop = asyncio.get_running_loop()
+        statuses: asyncio.Queue = asyncio.Queue()
+
+        def post(status: dict) -> None:  # on the download's thread
+            if self.closing:  # what has arrived is kept: the next pull goes on from there
+                raise FetchError("serve is shutting down: the pull stops here (pull again to go on)")
+            loop.call_soon_threadsafe(statuses.put_nowait, status)
+
+        def fetch() -> None:
+            post({"status": "pulling manifest"})
+            store.fetch(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
+            post({"status": "verifying sha256 digest"})
+
+        fetching = loop.run_in_executor(self._pulls, fetch)
+        if not asked.stream:
             try:
-                wanted = store.find(asked.model)
+                await fetching
             except LocalspecError as error:
-                raise ApiError(404, str(error)) from None
-            if isinstance(wanted, Path):  # (a pull of one answered success: it probed the file)
-                raise ApiError(400, f"{asked.model!r} is a file name: pull takes a registry name,"
-                               " hf:owner/repo/file.gguf or owner/repo:QUANT", param="model")
-            loop = asyncio.get_running_loop()
-            statuses: asyncio.Queue = asyncio.Queue()
+                raise ApiError(500, str(error)) from None
+            return JSONResponse({"status": "success"})
+        return StreamingResponse(_pulled(fetching, statuses, self.log), media_type="application/x-ndjson")
 
-            def post(status: dict) -> None:  # on the download's thread
-                if self.closing:  # what has arrived is kept: the next pull goes on from there
-                    raise FetchError("serve is shutting down: the pull stops here (pull again to go on)")
-                loop.call_soon_threadsafe(statuses.put_nowait, status)
+    async def ollama_generate(self, request: Request, client: str | None, chat: bool) -> Response:
+        body = await self._body(request)
+        keep_alive = ollama.keep_alive(body.get("keep_alive"))
+        if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
+            await self.pool.unload_if_idle(_named(body.get("model")))
+            return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
+        served = await self._model(body.get("model"), keep_alive)
+        model = body.get("model") or served.name
+        parsed = await self._parse(body, chat, OLLAMA, served)
+        if parsed is None:  # an empty prompt: clients send one to load the model
+            return JSONResponse(ollama.Answer(chat, model).loaded())
+        return await self._respond(request, client, parsed, OLLAMA.answering(chat, model, parsed), served)
 
-            def fetch() -> None:
-                post({"status": "pulling manifest"})
-                store.fetch(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
-                post({"status": "verifying sha256 digest"})
-
-            fetching = loop.run_in_executor(self._pulls, fetch)
-            if not asked.stream:
-                try:
-                    await fetching
-                except LocalspecError as error:
-                    raise ApiError(500, str(error)) from None
-                return JSONResponse({"status": "success"})
-            return StreamingResponse(_pulled(fetching, statuses, self.log), media_type="application/x-ndjson")
-
-        return await self._answering(request, work, ollamas=True)
-
-    async def ollama_chat(self, request: Request) -> Response:
-        return await self._ollama_generate(request, chat=True)
-
-    async def ollama_generate(self, request: Request) -> Response:
-        return await self._ollama_generate(request, chat=False)
-
-    async def _ollama_generate(self, request: Request, chat: bool) -> Response:
-        async def work() -> Response:
-            client = self._client(request)
-            body = await self._body(request)
-            keep_alive = ollama.keep_alive(body.get("keep_alive"))
-            if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
-                await self.pool.unload_if_idle(_named(body.get("model")))
-                return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
-            served = await self._model(body.get("model"), keep_alive)
-            reply, answer = Reply(chat, served.name), ollama.Answer(chat, body.get("model") or served.name)
-            parsed = await self._parse(body, reply, ollama.parse_chat if chat else ollama.parse_generate, served)
-            if parsed is None:
-                return JSONResponse(answer.loaded())
-            return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)), reply,
-                                       served, answer)
-
-        return await self._answering(request, work, ollamas=True)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=True)
-
-    async def completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=False)
+    async def openai_generate(self, request: Request, client: str | None, chat: bool) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        parsed = await self._parse(body, chat, OPENAI, served)
+        return await self._respond(request, client, parsed, OPENAI.answering(chat, served.name, parsed), served)
 
     async def _not_found(self, request: Request, error: HTTPException) -> Response:
         if error.status_code == 405:
@@ -288,16 +262,9 @@ class Server:
                        " POST /v1/completions, GET /v1/models, GET /health, GET /metrics; Ollama's POST /api/chat,"
                        " POST /api/generate, GET /api/tags, GET /api/ps, POST /api/show, GET /api/version)")
         self.log(f"{request.url.path} {error.status_code} {message}")
-        return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
-                                        else "method_not_allowed", headers=error.headers))
-
-    async def _guarded(self, request: Request, respond, ollamas: bool = False) -> Response:
-        """respond() to a request that carries the API key (where the server has one)."""
-        async def work() -> Response:
-            self._client(request)
-            return respond()
-
-        return await self._answering(request, work, ollamas)
+        failure = ApiError(error.status_code, message, code="not_found" if error.status_code == 404
+                           else "method_not_allowed", headers=error.headers)
+        return JSONResponse(failure.body(), status_code=failure.status, headers=failure.headers)
 
     def _client(self, request: Request) -> str | None:
         """Which API key the request carries (its number; None when the server has no keys); ApiError
@@ -315,35 +282,24 @@ class Server:
                        " given to serve with --api-key or --api-key-file)", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
 
-    async def _generate(self, request: Request, chat: bool) -> Response:
-        async def work() -> Response:
-            client = self._client(request)
-            body = await self._body(request)
-            served = await self._model(body.get("model"))
-            reply = Reply(chat, served.name)
-            parsed = await self._parse(body, reply, api.parse_chat if chat else api.parse_completion, served)
-            return await self._respond(request, replace(parsed, request=replace(parsed.request, client=client)),
-                                       reply, served)
-
-        return await self._answering(request, work)
-
-    async def _parse(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
-        """The request as parse(body, defaults) reads it (None: nothing to generate), on a thread: a JSON
-        schema's conversion to a grammar took a second for 20,000 properties, and the event loop serves
-        everyone. Refused here by arithmetic alone if it cannot fit the context: rendered and tokenized on
-        the worker, 100,000 messages held every other request for minutes. The messages are counted before
+    async def _parse(self, body: dict, chat: bool, protocol: Protocol, served: Served) -> Parsed | None:
+        """The request as the protocol reads it (None: nothing to generate), on a thread: a JSON schema's
+        conversion to a grammar took a second for 20,000 properties, and the event loop serves everyone.
+        Refused here by arithmetic alone if it cannot fit the context: rendered and tokenized on the
+        worker, 100,000 messages held every other request for minutes. The messages are counted before
         they are validated (validating 100,000 takes a second)."""
-        return await asyncio.to_thread(self._parse_now, body, reply, parse, served)
+        return await asyncio.to_thread(self._parse_now, body, chat, protocol, served)
 
-    def _parse_now(self, body: dict, reply: Reply, parse, served: Served) -> Parsed | None:
+    def _parse_now(self, body: dict, chat: bool, protocol: Protocol, served: Served) -> Parsed | None:
         try:
-            if reply.chat and isinstance(body.get("messages"), list):
+            if chat and isinstance(body.get("messages"), list):
                 served.session.prompts.refuse_what_cannot_fit(0, len(body["messages"]))
-            parsed = parse(body, self.defaults)
+            parsed = protocol.parse(body, chat, self.defaults)
             if parsed is not None:
-                served.session.prompts.refuse_what_cannot_fit(parsed.request.characters, len(parsed.request.messages or ()))
+                served.session.prompts.refuse_what_cannot_fit(parsed.request.characters,
+                                                              len(parsed.request.messages or ()))
         except ContextOverflow as error:
-            raise api.api_error(error, reply.prompt_field) from None
+            raise api_error(error, "messages" if chat else "prompt") from None
         return parsed
 
     async def _body(self, request: Request) -> dict:
@@ -371,9 +327,10 @@ class Server:
             raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         return body
 
-    async def _respond(self, request: Request, parsed: Parsed, reply: Reply, served: Served,
-                       answer: ollama.Answer | None = None) -> Response:
-        """The job's answer in OpenAI's shape (reply), or in Ollama's where `answer` is given."""
+    async def _respond(self, request: Request, client: str | None, parsed: Parsed, answering: Answering,
+                       served: Served) -> Response:
+        """The job's answer in its protocol's shape (answering), whole or streamed."""
+        parsed = replace(parsed, request=replace(parsed.request, client=client))
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue = asyncio.Queue()
         started = False
@@ -392,41 +349,40 @@ class Server:
         try:
             job = served.service.submit(parsed.request, deliver, _who(request, parsed.request.client))
         except LocalspecError as error:
-            raise api.api_error(error) from None
+            raise api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
         streaming = False
         try:
             first = await outbox.get()
             if first is FINISHED or isinstance(first, LocalspecError):
-                raise self._failure(job, first, reply)
+                raise self._failure(job, first, answering)
             if parsed.stream:
                 streaming = True
-                frames = _Lines(answer) if answer is not None else _Events(reply, parsed.include_usage)
-                stream = self._stream(job, frames, reply, first, outbox, request.url.path, watcher)
-                return StreamingResponse(stream, media_type=frames.media_type, headers=frames.headers)
+                stream = self._stream(job, answering, first, outbox, request.url.path, watcher)
+                return StreamingResponse(stream, media_type=answering.media_type, headers=answering.headers)
             item = first
             while item is not FINISHED:
                 if isinstance(item, LocalspecError):
-                    raise self._failure(job, item, reply)
+                    raise self._failure(job, item, answering)
                 item = await outbox.get()
             if job.outcome != "ok":
-                raise self._failure(job, item, reply)
+                raise self._failure(job, item, answering)
             self._log_job(request.url.path, job)
-            return JSONResponse(reply.full(job) if answer is None else answer.last(job, *api.answer_of(job)))
+            return JSONResponse(answering.full(job))
         finally:
             if not streaming:  # else the stream ends the watcher and the job
                 watcher.cancel()
                 job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
 
-    def _failure(self, job: Job, item, reply: Reply) -> ApiError:
+    def _failure(self, job: Job, item, answering: Answering) -> ApiError:
         if isinstance(item, LocalspecError):
-            return api.api_error(item, reply.prompt_field)
+            return api_error(item, answering.prompt_field)
         # cancelled without an error: the server is stopping, or its client left (and reads nothing)
         why = "the server is shutting down" if self.closing else "the client went away"
         return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
                         "server_error", code="cancelled")
 
-    async def _stream(self, job: Job, frames: "_Events | _Lines", reply: Reply, first, outbox: asyncio.Queue, path: str,
+    async def _stream(self, job: Job, frames: Answering, first, outbox: asyncio.Queue, path: str,
                       watcher: asyncio.Task) -> AsyncIterator[str]:
         """The answer as it is made, framed as the client's protocol streams (frames). An error after the
         first byte can only be said in the stream itself, as llama-server and Ollama do."""
@@ -444,7 +400,7 @@ class Server:
             for frame in frames.opening():
                 yield frame
             item = first
-            reader = api.tool_reader(job)  # (the worker has read the request's tools by its first event)
+            reader = tool_reader(job)  # (the worker has read the request's tools by its first event)
             while item is not FINISHED and not isinstance(item, LocalspecError):
                 text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
                 if text:
@@ -452,7 +408,7 @@ class Server:
                         yield frame
                 item = await outbox.get()
             if job.outcome != "ok":
-                error = self._failure(job, item, reply)
+                error = self._failure(job, item, frames)
                 self.log(f"{path} {error.status} (streamed) {error.message}")
                 yield frames.error(error)
                 return
@@ -463,7 +419,7 @@ class Server:
                 yield frame
             self._log_job(path, job)
         except InputError as error:  # the answer's tool calls could not be read
-            failure = api.tool_call_error(job, error)
+            failure = tool_call_error(job, error)
             self.log(f"{path} {failure.status} (streamed) {failure.message}")
             yield frames.error(failure)
         except asyncio.CancelledError:
@@ -748,67 +704,3 @@ async def _pulled(fetching: asyncio.Future, statuses: asyncio.Queue, log) -> Asy
             log("".join(traceback.format_exception(failure)).rstrip())
         yield json.dumps({"error": str(failure)} if failure else {"status": "success"}) + "\n"
         return
-
-
-def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-# How a protocol streams an answer (_Events, _Lines): what opens it, a piece of text, an error, what closes it.
-
-
-class _Events:
-    """OpenAI's server-sent events: a role chunk (chat), a chunk per piece of text, the finish reason (and
-    the usage), [DONE]."""
-
-    media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-    def __init__(self, reply: Reply, include_usage: bool):
-        self.reply, self.include_usage = reply, include_usage
-
-    def opening(self) -> list[str]:
-        return [_event(self.reply.chunk(role=True))] if self.reply.chat else []
-
-    def piece(self, text: str) -> str:
-        return _event(self.reply.chunk(text))
-
-    def call(self, call: ToolCall, index: int) -> str:
-        return _event(self.reply.chunk(call=call, index=index))
-
-    def error(self, error: ApiError) -> str:
-        return _event(error.body())
-
-    def closing(self, job: Job, called: bool) -> list[str]:
-        return [*map(_event, self.reply.last_chunks(job, self.include_usage, called)), "data: [DONE]\n\n"]
-
-
-class _Lines:
-    """Ollama's NDJSON: an object a line per piece of text, then the final one with the statistics."""
-
-    media_type = "application/x-ndjson"
-    headers = None
-
-    def __init__(self, answer: ollama.Answer):
-        self.answer = answer
-
-    def opening(self) -> list[str]:
-        return []
-
-    def piece(self, text: str) -> str:
-        return json.dumps(self.answer.piece(text), ensure_ascii=False) + "\n"
-
-    def call(self, call: ToolCall, index: int) -> str:
-        return json.dumps(self.answer.piece("", calls=[call]), ensure_ascii=False) + "\n"
-
-    def error(self, error: ApiError) -> str:
-        return json.dumps(ollama.body(error)) + "\n"
-
-    def closing(self, job: Job, called: bool) -> list[str]:
-        return [json.dumps(self.answer.last(job), ensure_ascii=False) + "\n"]
-
-
-def _error_response(error: ApiError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-

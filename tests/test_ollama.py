@@ -7,8 +7,8 @@ import httpx2 as httpx
 import ollama
 import pytest
 
-from localspec.api import ApiError
-from localspec.ollama import keep_alive
+from localspec.protocols.ollama import keep_alive
+from localspec.protocols.shared import ApiError
 from test_server import PROMPT, drafting_server, plain_text
 
 

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from localspec.api import ApiError, Defaults, api_error, parse_chat, parse_completion
+from localspec.protocols.openai import parse_chat, parse_completion
+from localspec.protocols.shared import ApiError, Defaults, api_error
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Speculation
 from localspec.errors import ContextOverflow, InputError
 from localspec.events import Prefill

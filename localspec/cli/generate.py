@@ -418,8 +418,7 @@ def serve(
     when first asked (with its registry draft where that is downloaded too), kept for --keep-alive once idle,
     and the least recently used is unloaded first when memory is short. A name that is not here is a 404.
     """
-    from .. import api  # the web stack loads only for this command
-    from .. import server as server_face
+    from .. import server as server_face  # the web stack loads only for this command
     from ..pool import Pool
 
     keys = (api_key.split(",") if api_key is not None else []) + (
@@ -435,7 +434,7 @@ def serve(
     with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
-        server_face.Server(models, serving, api.Defaults(settings.sampling, settings.limits), tui.log_line).run(listener)
+        server_face.Server(models, serving, server_face.Defaults(settings.sampling, settings.limits), tui.log_line).run(listener)
 
 
 @command(

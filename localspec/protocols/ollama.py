@@ -10,15 +10,15 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import __version__
-from .api import ApiError, Defaults, Parsed, Tool, checked_count, speculation
-from .config import duration_seconds, overridden
-from .errors import InputError, UsageError
-from .store import GGUFInfo
-from .request import Request
-from .service import Job
-from .prompts import ROLES, output_grammar
-from .tool_calls import ToolCall, Tools, tool_format
+from .. import __version__
+from ..config import duration_seconds, overridden
+from ..errors import InputError, UsageError
+from ..prompts import ROLES, output_grammar
+from ..request import Request
+from ..service import Job
+from ..store import GGUFInfo
+from ..tool_calls import ToolCall, Tools, tool_format
+from .shared import ApiError, Answering, Defaults, Parsed, Protocol, Tool, answer_of, checked_count, speculation
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -225,14 +225,17 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class Answer:
-    """The objects of one answer, whole or streamed, in /api/chat's shape or /api/generate's."""
+class Answer(Answering):
+    """The objects of one answer, whole or streamed (NDJSON: an object a line per piece of text, then the
+    final one with the statistics), in /api/chat's shape or /api/generate's."""
+
+    media_type = "application/x-ndjson"
 
     def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
+        super().__init__(chat, model)
         self.started = time.perf_counter_ns()
 
-    def piece(self, text: str, done: bool = False, calls: list[ToolCall] = ()) -> dict:
+    def object(self, text: str, done: bool = False, calls: list[ToolCall] = ()) -> dict:
         """An object of the answer: text, and the tool calls it makes (their arguments as objects, as Ollama's are)."""
         if self.chat:
             content = {"message": {"role": "assistant", "content": text}}
@@ -247,19 +250,38 @@ class Answer:
         """The final object: done, why, and the durations and counts Ollama gives, with localspec's record."""
         r = job.recorder
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
-        return self.piece(text, done=True, calls=calls) | {
+        return self.object(text, done=True, calls=calls) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)}
 
+    def full(self, job: Job) -> dict:
+        return self.last(job, *answer_of(job))
+
+    def piece(self, text: str) -> str:
+        return _line(self.object(text))
+
+    def call(self, call: ToolCall, index: int) -> str:
+        return _line(self.object("", calls=[call]))
+
+    def error(self, failure: ApiError) -> str:
+        return json.dumps(body(failure)) + "\n"
+
+    def closing(self, job: Job, called: bool) -> list[str]:
+        return [_line(self.last(job))]
+
     def unloaded(self) -> dict:
         """The answer to an empty request with keep_alive 0: the model is unloaded (or was not loaded)."""
-        return self.piece("", done=True) | {"done_reason": "unload"}
+        return self.object("", done=True) | {"done_reason": "unload"}
 
     def loaded(self) -> dict:
         """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
-        return self.piece("", done=True) | {"done_reason": "load"}
+        return self.object("", done=True) | {"done_reason": "load"}
+
+
+def _line(data: dict) -> str:
+    return json.dumps(data, ensure_ascii=False) + "\n"
 
 
 def details(info: GGUFInfo) -> dict:
@@ -317,3 +339,19 @@ def show(info: GGUFInfo, template: str | None) -> dict:
 
 def version() -> dict:
     return {"version": __version__}
+
+
+class Ollama(Protocol):
+    name = "ollama"
+
+    def error_body(self, failure: ApiError) -> dict:
+        return body(failure)
+
+    def parse(self, data: dict, chat: bool, defaults: Defaults) -> Parsed | None:
+        return (parse_chat if chat else parse_generate)(data, defaults)
+
+    def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
+        return Answer(chat, model)
+
+
+OLLAMA = Ollama()

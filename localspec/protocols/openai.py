@@ -1,6 +1,6 @@
-"""The OpenAI API's shapes: requests checked and turned into a Request, responses and stream
-chunks built from a finished job. With ollama.py (Ollama's shapes), the modules of serve's that know
-pydantic (store/registry.py checks models.toml with it too); it knows no web framework.
+"""OpenAI's API: requests checked and turned into a Request, answers and stream chunks built from a
+finished job, errors as OpenAI's error object. It knows pydantic (as ollama.py and store/registry.py do)
+and no web framework.
 
 Beyond OpenAI's fields every response carries llama-server's `timings` (tools such as llama-swap
 read those names) and a `speculation` object: which drafters ran, how many draft tokens were tried
@@ -12,18 +12,19 @@ import json
 import struct
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from .config import Limits, Sampling, overridden
-from .errors import ContextOverflow, InputError, LocalspecError, UsageError
-from .request import Request
-from .service import Busy, Closing, Job, WorkerStopped
-from .prompts import ROLES, output_grammar
-from .session import Session
-from .tool_calls import ToolCall, Tools, ToolStream, UnfinishedCall
+from ..config import overridden
+from ..errors import InputError, UsageError
+from ..prompts import ROLES, output_grammar
+from ..request import Request
+from ..service import Job
+from ..session import Session
+from ..tool_calls import ToolCall, Tools
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Tool, _Typed, answer_of, checked_count,
+                     speculation, timings)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -40,52 +41,17 @@ NEUTRAL = {
 }
 
 
-class ApiError(Exception):
-    """An answer other than 200, as OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError:
-    """What the client is told of an error met while serving its request (prompt_field: where the
-    request's prompt was, for a prompt too long for the context)."""
-    if isinstance(error, Busy):
-        return ApiError(429, str(error), "rate_limit_error", code="queue_full",
-                        headers={"Retry-After": str(error.retry_after)})
-    if isinstance(error, Closing):
-        return ApiError(503, str(error), "server_error", code="shutting_down")
-    if isinstance(error, WorkerStopped):
-        return ApiError(503, str(error), "server_error", code="worker_stopped")
-    if isinstance(error, ContextOverflow):
-        return ApiError(400, str(error), param=prompt_field, code="context_length_exceeded")
-    if isinstance(error, (InputError, UsageError)):
-        return ApiError(400, str(error))
-    return ApiError(500, str(error), "server_error")
-
-
-class _Strict(BaseModel):
-    # strict: "0.5" is not a number and 1 is not a bool; unknown fields are kept to be looked at
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class StreamOptions(_Strict):
+class StreamOptions(_Typed):
     include_usage: bool = False
 
 
-class ContentPart(_Strict):
+class ContentPart(_Typed):
     # typed like every other field: a part's type compared as a set member must be a string
     type: str
     text: str | None = None
 
 
-class Prediction(_Strict):
+class Prediction(_Typed):
     type: Literal["content"]
     content: str | list[ContentPart]
 
@@ -94,58 +60,46 @@ class Prediction(_Strict):
         return _text(self.content, "prediction.content", "")
 
 
-class JsonSchema(_Strict):
+class JsonSchema(_Typed):
     name: str | None = None
     description: str | None = None
     schema_: dict | bool | None = Field(None, alias="schema")
     strict: bool | None = None  # enforced either way: the grammar admits nothing else
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(_Typed):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
 
 
-class Function(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
-    description: str | None = None
-    parameters: dict | None = None  # a JSON schema of the arguments
-    strict: bool | None = None  # enforced either way: the grammar admits only the schema
-
-
-class Tool(_Strict):
-    type: Literal["function"]
-    function: Function
-
-
-class Called(_Strict):
+class Called(_Typed):
     name: str
     arguments: str  # JSON text
 
 
-class CalledTool(_Strict):
+class CalledTool(_Typed):
     id: str
     type: Literal["function"] = "function"
     function: Called
 
 
-class ChosenFunction(_Strict):
+class ChosenFunction(_Typed):
     name: str
 
 
-class ToolChoice(_Strict):
+class ToolChoice(_Typed):
     type: Literal["function"]
     function: ChosenFunction
 
 
-class Message(_Strict):
+class Message(_Typed):
     role: str
     content: str | list[ContentPart] | None = None
     tool_calls: list[CalledTool] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # the call a tool message answers
 
 
-class _Common(_Strict):
+class _Common(_Typed):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -175,7 +129,7 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(_Typed):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -200,18 +154,6 @@ def inputs_of(request: EmbeddingRequest) -> list[str | list[int]]:
     return checked_count([given] if given and isinstance(given[0], int) else list(given))
 
 
-# Inputs one embedding request may hold: OpenAI's own limit. 10,000 ran 344 s on a 2-core CPU (issue 46).
-MOST_EMBEDDING_INPUTS = 2048
-
-
-def checked_count(inputs: list) -> list:
-    """The inputs, or a 400 where there are more than one request may embed."""
-    if len(inputs) > MOST_EMBEDDING_INPUTS:
-        raise ApiError(400, f"input: {len(inputs):,} inputs to embed; at most {MOST_EMBEDDING_INPUTS:,} a request"
-                       " (send the rest in further requests)", param="input")
-    return inputs
-
-
 def embedding_list(vectors: list[list[float]], tokens: int, model: str, encoding: str) -> dict:
     """OpenAI's answer to /v1/embeddings; base64 is the float32 bytes, as OpenAI's clients ask by default."""
     def encoded(vector: list[float]):
@@ -219,21 +161,6 @@ def embedding_list(vectors: list[list[float]], tokens: int, model: str, encoding
 
     return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """What a request that leaves a field out gets: the server's command-line settings."""
-
-    sampling: Sampling = field(default_factory=Sampling)
-    limits: Limits = field(default_factory=Limits)
-
-
-@dataclass(frozen=True)
-class Parsed:
-    request: Request
-    stream: bool
-    include_usage: bool
 
 
 def parse_chat(body: dict, defaults: Defaults) -> Parsed:
@@ -382,14 +309,17 @@ def _grammar(request: _Common) -> str | None:
         raise ApiError(400, str(error), param=given[0], code="invalid_schema") from None
 
 
-class Reply:
-    """The responses to one request, full or as stream chunks, in chat or completion shape."""
+class Reply(Answering):
+    """The responses to one request, full or as server-sent events, in chat or completion shape: a role
+    chunk (chat), a chunk per piece of text or tool call, the finish reason (and the usage), [DONE]."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat = chat
-        self.model = model
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    def __init__(self, chat: bool, model: str, include_usage: bool = False):
+        super().__init__(chat, model)
+        self.include_usage = include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.prompt_field = "messages" if chat else "prompt"
         self.created = int(time.time())
 
     def _envelope(self, stream: bool, choices: list) -> dict:
@@ -423,47 +353,34 @@ class Reply:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._envelope(True, [choice])
 
-    def last_chunks(self, job: Job, include_usage: bool, called: bool = False) -> list[dict]:
+    def opening(self) -> list[str]:
+        return [_event(self.chunk(role=True))] if self.chat else []
+
+    def piece(self, text: str) -> str:
+        return _event(self.chunk(text))
+
+    def call(self, call: ToolCall, index: int) -> str:
+        return _event(self.chunk(call=call, index=index))
+
+    def error(self, failure: ApiError) -> str:
+        return _event(failure.body())
+
+    def closing(self, job: Job, called: bool) -> list[str]:
         """The finish reason, then the usage if asked for; the last one carries timings and speculation."""
         finish = "tool_calls" if called else FINISH_REASONS[job.recorder.finish_reason]
         chunks = [self.chunk(finish_reason=finish)]
-        if include_usage:
+        if self.include_usage:
             chunks.append(self._envelope(True, []))
-        chunks[-1] |= statistics(job, usage=include_usage)
-        return chunks
+        chunks[-1] |= statistics(job, usage=self.include_usage)
+        return [*map(_event, chunks), "data: [DONE]\n\n"]
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _called(call: ToolCall) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def tool_reader(job: Job) -> ToolStream | None:
-    """What reads the answer's tool calls as it streams, where the model was offered tools to call."""
-    tools = job.request.tools
-    if not tools or tools.choice == "none" or not job.tool_format:
-        return None
-    return ToolStream(job.tool_format, required=tools.choice != "auto")
-
-
-def answer_of(job: Job) -> tuple[str, list[ToolCall]]:
-    """A whole answer's content and the tool calls it makes."""
-    reader = tool_reader(job)
-    if reader is None:
-        return job.recorder.text, []
-    try:
-        pieces = reader.feed(job.recorder.text) + reader.end()
-    except InputError as error:
-        raise tool_call_error(job, error) from None
-    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, ToolCall)]
-
-
-def tool_call_error(job: Job, error: InputError) -> ApiError:
-    """The answer's calls could not be read: one cut off (by max_tokens, a stop string or a full context),
-    or, outside the grammar, one the model got wrong."""
-    if isinstance(error, UnfinishedCall):
-        return ApiError(400, f"{error} ({job.recorder.tokens} tokens, finish reason {job.recorder.finish_reason});"
-                        " raise max_tokens", code="tool_call_unfinished")
-    return ApiError(500, str(error), "server_error", code="tool_call_invalid")
 
 
 def statistics(job: Job, usage: bool) -> dict:
@@ -479,57 +396,6 @@ def usage_of(job: Job) -> dict:
             "completion_tokens_details": r.summary().prediction_tokens(job.predicted)}
 
 
-def timings(job: Job) -> dict:
-    """llama-server's timings object, under its names."""
-    r = job.recorder
-    prompt_n = r.prompt_tokens - r.reused_prompt_tokens
-    prompt_ms, predicted_ms = r.prefill_seconds * 1e3, r.decode_seconds * 1e3
-    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / r.prefill_seconds if r.prefill_seconds else 0.0,
-            "predicted_n": r.tokens, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / r.tokens if r.tokens else 0.0,
-            "predicted_per_second": r.tokens / r.decode_seconds if r.decode_seconds else 0.0,
-            "cache_n": r.reused_prompt_tokens, "draft_n": r.drafted, "draft_n_accepted": r.accepted}
-
-
-def speculation(job: Job) -> dict:
-    """The provenance of a response: whether speculation ran, which proposers, what was tried and kept,
-    and what the output is expected to match."""
-    s = job.recorder.summary()
-    shared = job.recorder.shared_steps
-    if not s.drafted:
-        equivalence = "plain decoding: no draft was verified"
-    elif job.request.sampling.greedy:
-        equivalence = ("same tokens as plain greedy decoding: each is the target's argmax on its verification"
-                       " row (batched and single-token logits can round a near-tie differently)")
-    else:
-        equivalence = ("same distribution as plain sampling: drafts pass the target's rejection rule, so every"
-                       " token follows the target's own distribution (a seed need not give the same text)")
-    if shared:
-        equivalence += ("; steps shared one batch with other requests' rows, whose logits round otherwise than"
-                        " alone: a near-tie may go the other way than with this request alone")
-    return {
-        "drafting": str(job.drafting) if job.drafting else None,
-        "speculated": s.drafted > 0,
-        "equivalence": equivalence,
-        "steps": s.steps,
-        "sequence": job.sequence,  # serve -np's slot (llama-server's id_slot)
-        "steps_shared": shared,
-        "draft_tokens": s.drafted,
-        "accepted_tokens": s.accepted,
-        "acceptance_rate": s.acceptance_rate,
-        "mean_accepted_length": s.mean_accepted_length,
-        "acceptance_by_position": s.per_position_acceptance,
-        "drafts_by_position": s.per_position_drafted,
-        "estimated_speedup": s.estimated_speedup,
-        "drafters": {str(kind): {"steps": t.steps, "draft_tokens": t.drafted, "accepted_tokens": t.accepted,
-                                 "probes": t.probes, "probes_lost": t.probes_lost,
-                                 "probe_lost_ms": t.probe_lost_seconds * 1e3}
-                     for kind, t in s.drafters.items()},
-    }
-
-
 def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
     """/v1/models: what can be served, by name, with the session of each one loaded (None: loaded when asked)."""
     def meta(session) -> dict:
@@ -541,3 +407,19 @@ def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "localspec",
                                         "meta": meta(session)} for name, session in models]}
 
+
+
+class OpenAI(Protocol):
+    name = "openai"
+
+    def error_body(self, failure: ApiError) -> dict:
+        return failure.body()
+
+    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:
+        return (parse_chat if chat else parse_completion)(body, defaults)
+
+    def answering(self, chat: bool, model: str, parsed: Parsed) -> Reply:
+        return Reply(chat, model, parsed.include_usage)
+
+
+OPENAI = OpenAI()

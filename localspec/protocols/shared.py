@@ -1,0 +1,218 @@
+"""What every protocol serve speaks shares: the error a request is answered with, the defaults and the
+parsed request, the tools' definitions, reading an answer's tool calls, and the numbers every protocol's
+answer carries (llama-server's timings, localspec's speculation record). Each protocol (openai.py,
+ollama.py) is a Protocol object: how its requests are read, how its answers are made whole or streamed,
+how its errors look."""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import Limits, Sampling
+from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
+from ..request import Request
+from ..service import Busy, Closing, Job, WorkerStopped
+from ..tool_calls import ToolCall, ToolStream, UnfinishedCall
+
+
+class ApiError(Exception):
+    """An answer other than 200, as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError:
+    """What the client is told of an error met while serving its request (prompt_field: where the
+    request's prompt was, for a prompt too long for the context)."""
+    if isinstance(error, Busy):
+        return ApiError(429, str(error), "rate_limit_error", code="queue_full",
+                        headers={"Retry-After": str(error.retry_after)})
+    if isinstance(error, Closing):
+        return ApiError(503, str(error), "server_error", code="shutting_down")
+    if isinstance(error, WorkerStopped):
+        return ApiError(503, str(error), "server_error", code="worker_stopped")
+    if isinstance(error, ContextOverflow):
+        return ApiError(400, str(error), param=prompt_field, code="context_length_exceeded")
+    if isinstance(error, (InputError, UsageError)):
+        return ApiError(400, str(error))
+    return ApiError(500, str(error), "server_error")
+
+
+class _Typed(BaseModel):
+    # strict: "0.5" is not a number and 1 is not a bool; unknown fields are kept to be looked at
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Function(_Typed):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: bool | None = None  # enforced either way: the grammar admits only the schema
+
+
+class Tool(_Typed):
+    type: Literal["function"]
+    function: Function
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets: the server's command-line settings."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    request: Request
+    stream: bool
+    include_usage: bool
+
+
+# Inputs one embedding request may hold: OpenAI's own limit. 10,000 ran 344 s on a 2-core CPU (issue 46).
+MOST_EMBEDDING_INPUTS = 2048
+
+
+def checked_count(inputs: list) -> list:
+    """The inputs, or a 400 where there are more than one request may embed."""
+    if len(inputs) > MOST_EMBEDDING_INPUTS:
+        raise ApiError(400, f"input: {len(inputs):,} inputs to embed; at most {MOST_EMBEDDING_INPUTS:,} a request"
+                       " (send the rest in further requests)", param="input")
+    return inputs
+
+
+def tool_reader(job: Job) -> ToolStream | None:
+    """What reads the answer's tool calls as it streams, where the model was offered tools to call."""
+    tools = job.request.tools
+    if not tools or tools.choice == "none" or not job.tool_format:
+        return None
+    return ToolStream(job.tool_format, required=tools.choice != "auto")
+
+
+def answer_of(job: Job) -> tuple[str, list[ToolCall]]:
+    """A whole answer's content and the tool calls it makes."""
+    reader = tool_reader(job)
+    if reader is None:
+        return job.recorder.text, []
+    try:
+        pieces = reader.feed(job.recorder.text) + reader.end()
+    except InputError as error:
+        raise tool_call_error(job, error) from None
+    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, ToolCall)]
+
+
+def tool_call_error(job: Job, error: InputError) -> ApiError:
+    """The answer's calls could not be read: one cut off (by max_tokens, a stop string or a full context),
+    or, outside the grammar, one the model got wrong."""
+    if isinstance(error, UnfinishedCall):
+        return ApiError(400, f"{error} ({job.recorder.tokens} tokens, finish reason {job.recorder.finish_reason});"
+                        " raise max_tokens", code="tool_call_unfinished")
+    return ApiError(500, str(error), "server_error", code="tool_call_invalid")
+
+
+def timings(job: Job) -> dict:
+    """llama-server's timings object, under its names."""
+    r = job.recorder
+    prompt_n = r.prompt_tokens - r.reused_prompt_tokens
+    prompt_ms, predicted_ms = r.prefill_seconds * 1e3, r.decode_seconds * 1e3
+    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / r.prefill_seconds if r.prefill_seconds else 0.0,
+            "predicted_n": r.tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / r.tokens if r.tokens else 0.0,
+            "predicted_per_second": r.tokens / r.decode_seconds if r.decode_seconds else 0.0,
+            "cache_n": r.reused_prompt_tokens, "draft_n": r.drafted, "draft_n_accepted": r.accepted}
+
+
+def speculation(job: Job) -> dict:
+    """The provenance of a response: whether speculation ran, which proposers, what was tried and kept,
+    and what the output is expected to match."""
+    s = job.recorder.summary()
+    shared = job.recorder.shared_steps
+    if not s.drafted:
+        equivalence = "plain decoding: no draft was verified"
+    elif job.request.sampling.greedy:
+        equivalence = ("same tokens as plain greedy decoding: each is the target's argmax on its verification"
+                       " row (batched and single-token logits can round a near-tie differently)")
+    else:
+        equivalence = ("same distribution as plain sampling: drafts pass the target's rejection rule, so every"
+                       " token follows the target's own distribution (a seed need not give the same text)")
+    if shared:
+        equivalence += ("; steps shared one batch with other requests' rows, whose logits round otherwise than"
+                        " alone: a near-tie may go the other way than with this request alone")
+    return {
+        "drafting": str(job.drafting) if job.drafting else None,
+        "speculated": s.drafted > 0,
+        "equivalence": equivalence,
+        "steps": s.steps,
+        "sequence": job.sequence,  # serve -np's slot (llama-server's id_slot)
+        "steps_shared": shared,
+        "draft_tokens": s.drafted,
+        "accepted_tokens": s.accepted,
+        "acceptance_rate": s.acceptance_rate,
+        "mean_accepted_length": s.mean_accepted_length,
+        "acceptance_by_position": s.per_position_acceptance,
+        "drafts_by_position": s.per_position_drafted,
+        "estimated_speedup": s.estimated_speedup,
+        "drafters": {str(kind): {"steps": t.steps, "draft_tokens": t.drafted, "accepted_tokens": t.accepted,
+                                 "probes": t.probes, "probes_lost": t.probes_lost,
+                                 "probe_lost_ms": t.probe_lost_seconds * 1e3}
+                     for kind, t in s.drafters.items()},
+    }
+
+
+class Answering:
+    """One answer in a protocol's shape: whole (full), or streamed as frames: what opens the stream, a piece
+    of text, a tool call, an error after the first byte, and what closes it with the statistics.
+    prompt_field: where the request held its prompt, named in a refusal of one too long."""
+
+    media_type: str
+    headers: dict | None = None
+
+    def __init__(self, chat: bool, model: str):
+        self.chat, self.model = chat, model
+        self.prompt_field = "messages" if chat else "prompt"
+
+    def full(self, job: Job) -> dict:
+        raise NotImplementedError
+
+    def opening(self) -> list[str]:
+        return []
+
+    def piece(self, text: str) -> str:
+        raise NotImplementedError
+
+    def call(self, call: ToolCall, index: int) -> str:
+        raise NotImplementedError
+
+    def error(self, failure: ApiError) -> str:
+        raise NotImplementedError
+
+    def closing(self, job: Job, called: bool) -> list[str]:
+        raise NotImplementedError
+
+
+class Protocol:
+    """One API serve speaks: how its errors look, how its generation requests (chat, or a bare prompt) are
+    read, and the Answering that answers one."""
+
+    name: str
+
+    def error_body(self, failure: ApiError) -> dict:
+        raise NotImplementedError
+
+    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed | None:
+        """The request a body asks for (None: nothing to generate); ApiError where it cannot be served."""
+        raise NotImplementedError
+
+    def answering(self, chat: bool, model: str, parsed: Parsed) -> Answering:
+        raise NotImplementedError
