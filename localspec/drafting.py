@@ -9,6 +9,7 @@ from . import running
 
 from .store import calibration, hardware, registry
 from .config import DrafterKind, Speculation
+from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
 from .engine.drafters import CostlyDrafter, Drafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
@@ -90,7 +91,7 @@ class Drafters:
                            for kind, context in contexts.items()},
             }
             self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
-            costs = calibration.costs(self._costs_key, lambda: policy.calibrate(target, contexts, batch))
+            costs = calibration.costs(self._costs_key, lambda: step_costs.calibrate(target, contexts, batch))
             self._auto = policy.AutoDrafter(self.ngram, list(self.costly.values()), costs, self._suffix_of_a_sequence(),
                                             alongside=lambda: (target.others, target.alongside))
         return self._auto

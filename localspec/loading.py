@@ -10,7 +10,8 @@ from . import store
 from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
 from .drafting import PUBLISHED
 from .engine import rpc
-from .engine.backend import Context, Model
+from .engine.backend import Context
+from .engine.model import Model
 from .engine.drafters import CostlyDrafter
 from .engine.drafters.spec import DraftPlan, DrafterSpec, Weights, plan_drafting
 from .errors import IncompatibleDraft, UsageError

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from .chat_template import render_pieces
 from .config import Sampling
-from .engine.backend import Model
+from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
 from .errors import ContextOverflow, InputError
 from .request import Request

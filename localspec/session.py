@@ -12,7 +12,7 @@ from pathlib import Path
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
 from .drafting import Drafters, speculating
 from .engine import rpc
-from .engine.backend import Embedder
+from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone

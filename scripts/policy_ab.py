@@ -33,6 +33,7 @@ from localspec import bench
 from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as current
+from localspec.engine.costs import DraftCosts
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.events import Step, Token
 from localspec.request import Request
@@ -107,7 +108,7 @@ def replay(modules, table: str, prompt: list[int], reply: list[int], draft_max: 
     level, relative, draft_token = TABLES[table]
     autos = []
     for module in modules:
-        costs = module.Costs(level, dict(relative), {DrafterKind.DRAFT: module.DraftCosts(draft_token, draft_token / 4)})
+        costs = module.Costs(level, dict(relative), {DrafterKind.DRAFT: DraftCosts(draft_token, draft_token / 4)})
         auto = module.AutoDrafter(NgramDrafter(2, 4), [StandIn(prompt, reply)], costs)
         auto.begin(prompt, GREEDY, None)
         autos.append(auto)

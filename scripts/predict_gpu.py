@@ -23,7 +23,8 @@ from pathlib import Path
 
 from localspec.config import DrafterKind, Speculation
 from localspec.engine.drafters import NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
-from localspec.engine.policy import AutoDrafter, Costs, DraftCosts
+from localspec.engine.costs import Costs, DraftCosts
+from localspec.engine.policy import AutoDrafter
 from localspec.engine.suffix import SuffixCache
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +32,7 @@ from replay import RecordedDraftModel, chain_lengths, replay  # noqa: E402
 
 QWEN_SHAPE = "qwen2.5-1.5b-shaped"  # the report's stand-in for Qwen2.5-Coder-1.5B with its 0.5B draft
 POSITIONS = 4  # draft positions whose acceptance the tables show
-CATCH_UP_BATCH = 32  # the draft's batch policy.calibrate times for its catch-up cost a token
+CATCH_UP_BATCH = 32  # the draft's batch costs.calibrate times for its catch-up cost a token
 COLUMNS = [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.PREDICTION, DrafterKind.DRAFT, DrafterKind.AUTO]
 HEADINGS = {DrafterKind.NGRAM: "n-gram", DrafterKind.SUFFIX: "suffix", DrafterKind.PREDICTION: "prediction",
             DrafterKind.DRAFT: "draft model", DrafterKind.AUTO: "auto"}

@@ -36,7 +36,8 @@ from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.drafters import GREEDY_DRAFT, Draft, Learner, NgramDrafter
-from localspec.engine.policy import AutoDrafter, Costs
+from localspec.engine.costs import Costs
+from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import softmax
 from localspec.errors import LocalspecError
 from localspec.events import Step, Token

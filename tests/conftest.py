@@ -11,7 +11,8 @@ from localspec import paths
 from localspec.store import calibration, mirror, registry
 from localspec.cli import main
 from localspec.engine import backend
-from localspec.engine.backend import Context, Model
+from localspec.engine.backend import Context
+from localspec.engine.model import Model
 
 from tinymodels import UPPERCASE, TinySpec, tiny_weights, write_tiny_model
 from tinymtp import write_tiny_mtp_model

@@ -14,7 +14,7 @@ import pytest
 
 from localspec.store import gguf_meta
 from localspec.config import Sampling
-from localspec.engine.backend import Model
+from localspec.engine.model import Model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "accelerator-report"

@@ -261,7 +261,7 @@ def test_named_prompt_sets_come_from_their_packages(real_model):
     assert "Janet" in last("gsm8k", 1)[0]
     assert last("nq-open", 1)[0].endswith("?")
     assert all(len(text.split()) >= 200 for text in last("xsum", 5))
-    from localspec.engine.backend import Model
+    from localspec.engine.model import Model
     model = Model(real_model("qwen2.5-coder-0.5b"))  # the Qwen tokenizer
     try:
         rag = last("narrativeqa-rag", 10)

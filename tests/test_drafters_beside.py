@@ -9,7 +9,9 @@ import json
 import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import LAST_HIDDEN, Context, Model
+from localspec.engine.backend import Context
+from localspec.engine.hidden import LAST_HIDDEN
+from localspec.engine.model import Model
 from localspec.engine.drafters import AssistantDrafter, DFlashDrafter, Eagle3Drafter, MtpDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.events import Step, Token
@@ -104,7 +106,8 @@ def test_a_verifier_that_accepts_every_draft_fails_the_check(beside, prompt, mon
 
 def test_auto_weighs_each_drafter_by_its_costs_and_the_output_stays_the_targets(beside, prompt):
     from localspec.engine.drafters import NgramDrafter
-    from localspec.engine.policy import AutoDrafter, Costs, DraftCosts
+    from localspec.engine.costs import Costs, DraftCosts
+    from localspec.engine.policy import AutoDrafter
 
     target, drafter = beside
 

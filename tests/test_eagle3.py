@@ -9,7 +9,7 @@ import pytest
 
 from localspec.store import compat, gguf_meta
 from localspec.config import DrafterKind, Runtime, Speculation
-from localspec.engine.backend import Model
+from localspec.engine.model import Model
 from localspec.errors import UsageError
 from localspec.store.gguf_meta import RawArray
 from localspec.session import Session

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
-from localspec.engine.backend import Context, Model
+from localspec.engine.backend import Context
+from localspec.engine.model import Model
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.sampling import chain_for, softmax, transform
 from localspec.engine.speculative import generate
@@ -304,7 +305,8 @@ def test_a_small_context_lowers_the_batch_and_drafts_stay_within_it(load, prompt
 
 
 def test_auto_reads_the_prompt_into_the_draft_model_only_once_it_drafts_with_it(load, prompt):
-    from localspec.engine.policy import AutoDrafter, Costs, DraftCosts
+    from localspec.engine.costs import Costs, DraftCosts
+    from localspec.engine.policy import AutoDrafter
 
     target, draft = load("target"), load("same")
     draft.truncate(0)

@@ -11,7 +11,8 @@ import pytest
 import localspec.engine.grammar as grammar_module
 import localspec.engine.speculative as speculative
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
-from localspec.engine.backend import Context, Model
+from localspec.engine.backend import Context
+from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.grammar import Grammar, from_json_schema, json_object
 from localspec.engine.sampling import transform

@@ -116,7 +116,7 @@ def test_a_target_without_snapshots_decodes_plainly_unless_drafting_was_asked_fo
         Session(tiny["hybrid"], None, runtime, Speculation(DrafterKind.NGRAM, required=True))
     # a target with MTP layers neither makes an MTP context nor keeps hidden states it would draft from
     with Session(tiny["mtp"], None, Runtime(ctx_size=512, threads=2), Speculation()) as session:
-        assert session.mode == DrafterKind.PLAIN and not session.drafting.costly and not session.target.keep_hidden
+        assert session.mode == DrafterKind.PLAIN and not session.drafting.costly and not session.target.hidden.layers
 
 
 def test_hybrid_targets_speculate_from_the_command_line(localspec, tiny):

@@ -8,7 +8,7 @@ import pytest
 
 from localspec.store import gguf_meta
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import Model
+from localspec.engine.model import Model
 from localspec.engine.drafters import NoDrafter
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError

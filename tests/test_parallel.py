@@ -9,7 +9,9 @@ import pytest
 
 from localspec.store import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import LAST_HIDDEN, Context, Model, decode_together
+from localspec.engine.backend import Context, decode_together
+from localspec.engine.hidden import LAST_HIDDEN
+from localspec.engine.model import Model
 from localspec.engine import together as together_module
 from localspec.engine import turns as turns_module
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -144,7 +146,7 @@ def test_each_sequence_keeps_the_hidden_states_of_its_own_rows(tiny, name):
             contexts.append(solo)
             solo.decode(prompt, logits="last")
             for position in range(len(prompt)):
-                assert np.allclose(view.hidden_row(position), solo.hidden_row(position), atol=1e-3), position
+                assert np.allclose(view.hidden.row(position), solo.hidden.row(position), atol=1e-3), position
     finally:
         for context in contexts:
             context.close()

@@ -13,7 +13,7 @@ import pytest
 
 from localspec.store import calibration
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine import policy as policy_module
+from localspec.engine import costs as costs_module
 from localspec.engine.drafters import (
     Agreement,
     Draft,
@@ -22,17 +22,14 @@ from localspec.engine.drafters import (
     RunClass,
     SuffixDrafter,
 )
+from localspec.engine.costs import Costs, DraftCosts, _time, calibrate
 from localspec.engine.policy import (
     MEAN,
     SURE,
     AutoDrafter,
     Belief,
     Choice,
-    Costs,
-    DraftCosts,
     Option,
-    _time,
-    calibrate,
 )
 from localspec.engine.suffix import SuffixCache
 from localspec.events import Step
@@ -375,15 +372,15 @@ def test_where_verifying_is_nearly_free_the_draft_model_drafts_long_near_the_opt
 
 @pytest.fixture
 def calibrations(monkeypatch) -> list:
-    """The arguments of every calibration the policy module makes from here on."""
+    """The arguments of every calibration the costs module makes from here on."""
     made = []
-    measure = policy_module.calibrate
+    measure = costs_module.calibrate
 
     def counted(*args):
         made.append(args)
         return measure(*args)
 
-    monkeypatch.setattr(policy_module, "calibrate", counted)
+    monkeypatch.setattr(costs_module, "calibrate", counted)
     return made
 
 

@@ -119,7 +119,7 @@ def test_invalid_sampling_values_are_refused(kwargs):
 @pytest.mark.parametrize("size", [40, 49152, 152064, 151936 + 7])
 @pytest.mark.parametrize("k", [1, 5, 10, 40])
 def test_the_top_k_superset_holds_the_k_highest_and_all_tied_with_the_kth(size, k):
-    from localspec.engine.backend import top_k_superset
+    from localspec.engine.chain import top_k_superset
 
     rng = np.random.default_rng(size + k)
     rows = [rng.normal(0, 3, size).astype(np.float32),
@@ -140,6 +140,6 @@ def test_the_top_k_superset_holds_the_k_highest_and_all_tied_with_the_kth(size, 
 
 
 def test_no_top_k_means_no_superset():
-    from localspec.engine.backend import top_k_superset
+    from localspec.engine.chain import top_k_superset
 
     assert top_k_superset(np.zeros(152064, np.float32), 0) is None

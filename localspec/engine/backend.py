@@ -1,6 +1,6 @@
-"""Models and contexts on llama.cpp (through llama-cpp-python's C bindings), and decoding.
+"""Contexts on llama.cpp (through llama-cpp-python's C bindings), and decoding.
 
-Model owns weights and vocabulary; Context owns one KV cache and is one sequence of it (a context made
+Model (model.py) owns weights and vocabulary; Context owns one KV cache and is one sequence of it (a context made
 for several sequences hands out the others as views: Context.sequence). Logits come back as numpy
 views on llama.cpp's own buffer: valid until the next decode on that context, never copied; what a
 row becomes through the context's sampler chain is chain.ChainRows'.
@@ -10,205 +10,19 @@ import copy
 import ctypes
 import os
 from collections.abc import Sequence
-from functools import cached_property
-from pathlib import Path
 from time import perf_counter
 
 import numpy as np
 
-from ..errors import EngineError, InputError, ModelLoadError, UsageError
-from .chain import Chain, ChainRows, top_k_superset  # noqa: F401 (the engine's drafters take Chain from here)
-from .devices import offload_array
-from .library import layer_inputs, llama, nextn, recent_errors
-
-GGUF_MAGIC = b"GGUF"
-
+from ..errors import EngineError, UsageError
+from .chain import ChainRows
+from .hidden import HiddenStates
+from .library import llama, nextn
+from .model import Model
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
 CHECK_CACHES = bool(os.environ.get("LOCALSPEC_DEBUG"))
-
-
-class Model:
-    def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
-                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
-                 mmap: bool | None = None, mlock: bool = False, watch=None):
-        """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
-        None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
-        offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
-        proportion to their free memory. load_mtp: also load the multi-token-prediction layers
-        (an MTP context can be made only then; llama.cpp aborts otherwise). repack: let the CPU keep
-        weights in the layout of its fastest kernels (llama.cpp's extra buffer types). mmap: map the file
-        into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
-        the weights in RAM, never swapped out. watch: the RPC workers (rpc.Workers) that watch this
-        model's decodes, where its layers may sit on theirs."""
-        self.path = Path(path)
-        _check_is_gguf(self.path)
-        params = llama.llama_model_default_params()
-        params.load_mode = _load_mode(mmap, mlock)
-        params.n_gpu_layers = gpu_layers
-        params.load_mtp = load_mtp
-        params.use_extra_bufts = repack
-        if devices is not None:
-            chosen = offload_array(devices)
-            params.devices = ctypes.cast(chosen, ctypes.c_void_p)
-        if tensor_split is not None:
-            most = llama.llama_max_devices()
-            if len(tensor_split) > most:
-                raise UsageError(f"--tensor-split names {len(tensor_split)} devices; llama.cpp takes at most {most}")
-            self._split = (ctypes.c_float * most)(*tensor_split)  # kept referenced while llama.cpp reads it
-            params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
-        recent_errors.clear()
-        self.watch = watch
-        self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
-            reason = recent_errors[0].split("error loading model: ")[-1] if recent_errors else "damaged file?"
-            raise ModelLoadError(f"llama.cpp could not load {self.path}: {reason} (LOCALSPEC_DEBUG=1 shows its log)")
-        self._vocab = llama.llama_model_get_vocab(self._model)
-        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
-        self.vocab_type = llama.llama_vocab_type(self._vocab)
-        self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
-        # Some layers keep a recurrent state (Mamba, RWKV; hybrids such as LFM2 or Qwen3.5): it holds no
-        # positions, so dropping the last tokens of a cache is possible only as far as llama.cpp keeps
-        # snapshots of the state (Context.rollback).
-        self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
-        self.mtp_layers = llama.llama_model_n_layer_nextn(self._model) if load_mtp else 0
-        self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
-        self.n_layer = llama.llama_model_n_layer(self._model)
-        self.layer_width = llama.llama_model_n_embd(self._model)  # the width of a layer's input
-        # an EAGLE-3 or DFlash drafter's: the target layers whose inputs it reads (n_layer: the last hidden state)
-        self.target_layers = layer_inputs().target_layers(self._model)
-        self.architecture = self.meta("general.architecture") or "unknown"
-        self._pieces: dict[int, bytes] = {}
-        self._special_pieces: dict[int, bytes] = {}
-        self._eog: dict[int, bool] = {}
-
-    def meta(self, key: str) -> str | None:
-        """A metadata value as text, as llama.cpp read it from the file; None where it has none."""
-        buffer = ctypes.create_string_buffer(256)
-        n = llama.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
-        return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-    @property
-    def vocab(self):
-        """llama.cpp's vocabulary handle (a grammar is compiled against it)."""
-        return self._vocab
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            buffer = (llama.llama_token * capacity)()
-            n = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
-            if n >= 0:
-                return list(buffer[:n])
-            capacity = -n
-
-    def spell_of(self, tokens: Sequence[int]) -> bytes:
-        """The bytes the tokens spell in generated text."""
-        return b"".join(map(self.piece, tokens))
-
-    def spell(self, text: str) -> list[int]:
-        """Tokens that spell exactly `text` where it follows other text: a SentencePiece vocabulary puts a
-        space before the text it tokenizes, so there it is tokenized after a newline, and the tokens up to
-        the newline are dropped. [] where neither way spells it."""
-        tokens = self.tokenize(text, add_special=False, parse_special=False)
-        if self.spell_of(tokens) == text.encode():
-            return tokens
-        after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=False), b""
-        for i, token in enumerate(after):
-            spelled += self.piece(token)
-            if spelled.endswith(b"\n"):
-                rest = after[i + 1 :]
-                return rest if self.spell_of(rest) == text.encode() else []
-        return []
-
-    def piece(self, token: int) -> bytes:
-        """The bytes a token stands for in generated text (special tokens render as nothing)."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            cached = self._pieces[token] = self._to_piece(token, special=False)
-        return cached
-
-    def special_piece(self, token: int) -> bytes:
-        """The bytes of a token as llama.cpp's grammars read it: special tokens' own text included."""
-        cached = self._special_pieces.get(token)
-        if cached is None:
-            cached = self._special_pieces[token] = self._to_piece(token, special=True)
-        return cached
-
-    def _to_piece(self, token: int, special: bool) -> bytes:
-        buffer = ctypes.create_string_buffer(64)
-        n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
-        if n < 0:  # the piece's length, negated, where it does not fit
-            buffer = ctypes.create_string_buffer(-n)
-            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
-        return buffer.raw[:n]
-
-    @cached_property
-    def longest_token(self) -> int | None:
-        """The most bytes of text one token stands for (control tokens' own text included), so that a text
-        of more bytes than n_ctx times this cannot fit n_ctx tokens; None where no such bound holds: WPM and
-        UGM tokenizers normalize text first (a run of spaces becomes one token, or none). Reading the whole
-        vocabulary takes 0.1-0.7 s, hence only when asked."""
-        if self.vocab_type in (llama.LLAMA_VOCAB_TYPE_WPM, llama.LLAMA_VOCAB_TYPE_UGM):
-            return None
-        buffer = ctypes.create_string_buffer(256)
-        # a piece that does not fit the buffer answers with its length, negated
-        return max(abs(llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
-                   for token in range(self.n_vocab))
-
-    @cached_property
-    def character_tokens(self) -> dict[int, str]:
-        """The tokens that stand for one printable ASCII character (or a newline or tab) each, by id:
-        what a grammar is asked about to find the text it forces (Grammar.forced_text)."""
-        found = {}
-        for character in map(chr, [9, 10, *range(32, 127)]):
-            # a SentencePiece vocabulary puts a space token before the character's own
-            ids = self.tokenize(character, add_special=False, parse_special=False)
-            if ids and self.piece(ids[-1]) == character.encode():
-                found[ids[-1]] = character
-        return found
-
-    @cached_property
-    def end_tokens(self) -> tuple[int, ...]:
-        """The end-of-generation tokens a grammar may admit where its text can end (EOS, EOT)."""
-        ends = {llama.llama_vocab_eos(self._vocab), llama.llama_vocab_eot(self._vocab)}
-        return tuple(sorted(token for token in ends if token >= 0))
-
-    def token_text(self, token: int) -> bytes:
-        """The vocabulary entry itself, as stored in the GGUF."""
-        return llama.llama_vocab_get_text(self._vocab, token) or b""
-
-    def is_eog(self, token: int) -> bool:
-        eog = self._eog.get(token)
-        if eog is None:  # asked of every emitted token: remembered, as pieces are
-            eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
-        return eog
-
-    def special_text(self, which: str) -> str:
-        """Text of the BOS or EOS token, as chat templates expect it."""
-        token = llama.llama_vocab_bos(self._vocab) if which == "bos" else llama.llama_vocab_eos(self._vocab)
-        return self.token_text(token).decode("utf-8", errors="replace") if token >= 0 else ""
-
-    def chat_template(self) -> str | None:
-        template = llama.llama_model_chat_template(self._model, None)
-        return template.decode("utf-8") if template else None
-
-    def close(self) -> None:
-        if self._model:
-            llama.llama_model_free(self._model)
-            self._model = None
-
-    @property
-    def handle(self):
-        return self._model
-
-
-def _load_mode(mmap: bool | None, mlock: bool) -> int:
-    if mlock:
-        return llama.LLAMA_LOAD_MODE_MLOCK if mmap is False else llama.LLAMA_LOAD_MODE_MMAP_MLOCK
-    return {None: llama.LLAMA_LOAD_MODE_AUTO, True: llama.LLAMA_LOAD_MODE_MMAP, False: llama.LLAMA_LOAD_MODE_NONE}[mmap]
 
 
 def _flash_attention(on: bool | None) -> int:
@@ -216,7 +30,6 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
-LAST_HIDDEN = -1  # for keep_hidden: the last hidden state, not a layer's input
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
@@ -235,7 +48,7 @@ class Context(ChainRows):
                  flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
-        layers (LAST_HIDDEN: the last hidden state) side by side (hidden_row), as the target of MTP
+        layers (LAST_HIDDEN: the last hidden state) side by side (hidden.row), as the target of MTP
         or EAGLE-3 drafting. beside: the target context whose weights a drafter model borrows (an EAGLE-3
         drafter its token embeddings and output layer; llama.cpp's ctx_other): such a context, like an
         MTP one, decodes each token with a hidden state. flash_attn: llama.cpp's flash attention on,
@@ -288,7 +101,7 @@ class Context(ChainRows):
         # cache; for a recurrent state, as many as llama.cpp keeps snapshots for, once after each decode.
         self.recurrent = model.recurrent and not mtp
         self.rollback = llama.llama_n_rs_seq(self._ctx) if self.recurrent else n_ctx
-        self.mtp, self.keep_hidden = mtp, keep_hidden
+        self.mtp = mtp
         # An MTP block or EAGLE-3 drafter reads a hidden state with each token and hands back its own, for
         # output rows only. A DFlash drafter reads the target's hidden states in place of tokens at the
         # positions the target holds, and the block it drafts as a whole, without a causal mask.
@@ -297,8 +110,8 @@ class Context(ChainRows):
             nextn().llama_set_embeddings_nextn(self._ctx, True, True)
         if model.architecture == "dflash":
             llama.llama_set_causal_attn(self._ctx, model.meta("dflash.attention.causal") == "true")
-        self._keep_layers(True)
-        self._hidden: dict[int, np.ndarray] = {}  # position -> hidden state(s), with keep_hidden
+        self.hidden = HiddenStates(model, keep_hidden)
+        self.hidden.switch(self._ctx, True)
         self._last_decoded = 0  # tokens the last llama_decode added: a recurrent state's snapshots span no more
         self._rolled_back = False  # a recurrent state's snapshot is used until the next decode
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
@@ -348,8 +161,8 @@ class Context(ChainRows):
             self._changing = (start + offset, chunk)
             status = self._run(llama.llama_decode, None if hidden is None else hidden[offset : offset + len(chunk)],
                                tokens=not embedded)
-            if self.keep_hidden and status == 0:
-                self._hidden.update(zip(range(start + offset, start + offset + len(chunk)), self._kept(len(chunk))))
+            if self.hidden.layers and status == 0:
+                self.hidden.keep(start + offset, self.hidden.read(self._ctx, len(chunk)))
             if status != 0:
                 self.truncate(start)  # a failed decode may leave part of the batch behind
                 raise EngineError(f"llama_decode failed with status {status} at position {start + offset}")
@@ -365,7 +178,7 @@ class Context(ChainRows):
             raise EngineError(f"sequence {seq} is not one this context of {self.n_seq} sequences can hand out")
         view = copy.copy(self)
         view.seq, view.tokens, view._views = seq, [], []
-        view._hidden, view._checkpoint, view._changing = {}, None, None
+        view.hidden, view._checkpoint, view._changing = HiddenStates(self.model, self.hidden.layers), None, None
         view._row_base, view._row_last, view.others, view.alongside, view.busy_seconds = 0, -1, 0, 0, 0.0
         view._start_rows(False)
         self._views.append(view)
@@ -405,8 +218,7 @@ class Context(ChainRows):
         return True
 
     def _forget_recorded(self, n_keep: int) -> None:
-        for position in range(n_keep, len(self.tokens)):  # only what is dropped: this runs every step
-            self._hidden.pop(position, None)
+        self.hidden.forget(range(n_keep, len(self.tokens)))  # only what is dropped: this runs every step
         del self.tokens[n_keep:]
         if self._checkpoint is not None and self._checkpoint[0] > n_keep:
             self._checkpoint = None  # it was saved after tokens that are gone now
@@ -433,42 +245,11 @@ class Context(ChainRows):
             if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, self.seq, len(self.tokens), -1):
                 raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
 
-    def _keep_layers(self, keep: bool) -> None:
-        for layer in self.keep_hidden:
-            if layer != LAST_HIDDEN:
-                layer_inputs().set_layer_input(self._ctx, layer, keep)
-            else:  # all rows, not only those with logits
-                nextn().llama_set_embeddings_nextn(self._ctx, keep, False)
-
-    def _kept(self, rows: int) -> np.ndarray:
-        """The kept layers' inputs for each row of the last decode, side by side."""
-        parts = [np.ctypeslib.as_array(layer_inputs().layer_input(self._ctx, layer), shape=(rows, self.model.layer_width))
-                 if layer != LAST_HIDDEN else
-                 np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx), shape=(rows, self.model.n_embd))
-                 for layer in self.keep_hidden]
-        return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0].copy()
-
-    @property
-    def hidden_width(self) -> int:
-        """The width of a hidden_row."""
-        return sum(self.model.layer_width if layer != LAST_HIDDEN else self.model.n_embd
-                   for layer in self.keep_hidden)
-
-    def hidden_row(self, position: int) -> np.ndarray | None:
-        """The kept hidden states after the token at `position` (keep_hidden), if still kept."""
-        return self._hidden.get(position)
-
     def stop_keeping_hidden(self) -> None:
-        """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states."""
-        self._keep_layers(False)
+        """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states, in any sequence."""
+        self.hidden.switch(self._ctx, False)
         for sequence in [self, *self._views]:
-            sequence.keep_hidden = ()
-            sequence._hidden.clear()
-
-    def release_hidden(self, before: int) -> None:
-        """Stop keeping the hidden states of positions before this one."""
-        for position in [p for p in self._hidden if p < before]:
-            del self._hidden[position]
+            sequence.hidden = HiddenStates(self.model, ())
 
     def _run(self, call, rows: np.ndarray | None, tokens: bool = True) -> int:
         """llama.cpp's call (llama_decode, llama_encode) on the batch as prepared, with rows lent as its
@@ -642,93 +423,17 @@ def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarra
     hidden = [part[3] for part in parts]
     status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None,
                         tokens=not embedded)
-    kept = first._kept(rows) if first.keep_hidden and status == 0 else None
+    kept = first.hidden.read(first._ctx, rows) if first.hidden.layers and status == 0 else None
     for (context, tokens, logits, _), start in zip(parts, starts):
         if status != 0:
             context.truncate(start)  # a failed decode may leave part of the batch behind
             continue
         context.tokens.extend(tokens)
         if kept is not None:
-            context._hidden.update(zip(range(start, start + len(tokens)),
-                                       kept[context._row_base : context._row_last + 1]))
+            context.hidden.keep(start, kept[context._row_base : context._row_last + 1])
         context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
         context.alongside = verifying - (logits == "all")
         context._changing = None
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")
     return first.busy_seconds - busy
-
-
-class Embedder:
-    """A context of a model that reads each input whole and hands back one vector for it (embeddings),
-    pooled as the model's metadata says; a model that names no pooling (a generative one) is pooled by
-    the mean over its tokens. Vectors are L2-normalised, as llama-server's are."""
-
-    POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # enum llama_pooling_type
-
-    def __init__(self, model: Model, n_ctx: int, threads: int):
-        self.model = model
-        params = llama.llama_context_default_params()
-        params.embeddings = True
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_ctx  # an input is read in one piece: pooling sees all of it
-        params.n_threads = params.n_threads_batch = threads
-        params.pooling_type = llama.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's own
-        self._ctx = llama.llama_init_from_model(model.handle, params)
-        if self._ctx and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_NONE:
-            llama.llama_free(self._ctx)
-            params.pooling_type = llama.LLAMA_POOLING_TYPE_MEAN
-            self._ctx = llama.llama_init_from_model(model.handle, params)
-        if not self._ctx:
-            raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens for"
-                              f" {model.path.name} (out of memory? try a smaller --ctx-size)")
-        self.pooling = self.POOLING.get(llama.llama_pooling_type(self._ctx), "none")
-        if self.pooling == "rank":  # llama.cpp hands out n_cls_out scores a sequence there, not a vector
-            llama.llama_free(self._ctx)
-            self._ctx = None
-            raise InputError(f"{model.path.name} is a reranker (rank pooling): it scores a text against a query"
-                             " and gives no embedding")
-        # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption
-        self.width = llama.llama_model_n_embd_out(model.handle)
-        self.n_ctx = llama.llama_n_ctx(self._ctx)
-        self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
-
-    def embed(self, tokens: Sequence[int]) -> np.ndarray:
-        if not tokens:
-            raise InputError("an input to embed is empty")
-        if len(tokens) > self.n_ctx:
-            raise InputError(f"an input to embed is {len(tokens)} tokens but the context holds {self.n_ctx};"
-                             " raise --ctx-size or shorten it")
-        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        batch = self._batch
-        for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, True
-            batch.seq_id[i][0] = 0
-        batch.n_tokens = len(tokens)
-        status = llama.llama_decode(self._ctx, batch)
-        if status != 0:
-            raise EngineError(f"llama_decode failed with status {status} while embedding")
-        pointer = llama.llama_get_embeddings_seq(self._ctx, 0)
-        if not pointer:
-            raise EngineError(f"{self.model.path.name} gives no pooled embedding")
-        vector = np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
-        norm = np.linalg.norm(vector)
-        return vector / norm if norm > 0 else vector
-
-    def close(self) -> None:
-        if self._ctx:
-            llama.llama_batch_free(self._batch)
-            llama.llama_free(self._ctx)
-            self._ctx = None
-
-
-def _check_is_gguf(path: Path) -> None:
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not a GGUF model file") from None
-    except OSError as error:
-        raise InputError(f"cannot read model file {path}: {error.strerror}") from None
-    if magic != GGUF_MAGIC:
-        raise InputError(f"{path} is not a GGUF model file")

@@ -2,7 +2,7 @@
 
 A distribution is kept sparse (the candidates that survive top-k/top-p/min-p with
 their probabilities), so work does not grow with the vocabulary. llama.cpp's own
-sampler chain picks the candidates (backend.Chain; on the backend or in C on the
+sampler chain picks the candidates (chain.Chain; on the backend or in C on the
 host); Python sees only the survivors. Target and draft go through the same chain,
 and the draft token is drawn from exactly the q we compute, which is what makes
 min(1, p/q) acceptance reproduce the target's distribution.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Sampling
-from .backend import Chain
+from .chain import Chain
 
 
 @dataclass(frozen=True)

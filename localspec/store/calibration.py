@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import paths, running
-from ..engine.policy import Costs
+from ..engine.costs import Costs
 
 NAME = "calibration.json"
 VERSION = 1

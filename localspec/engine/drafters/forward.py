@@ -8,7 +8,10 @@ import numpy as np
 
 from ...config import DrafterKind, Sampling
 from .. import backend
-from ..backend import Chain, Context, Model
+from ..backend import Context
+from ..chain import Chain
+from ..hidden import LAST_HIDDEN
+from ..model import Model
 from ..library import llama
 from ..sampling import Dist, chain_for, softmax
 from ..turns import Turn, decoded_alone, timed
@@ -180,8 +183,8 @@ class ModelDrafter(ForwardDrafter):
 def hidden_rows(target: Context, positions: range) -> np.ndarray:
     """The hidden states the target keeps after each of these positions; zeros before the first, or where
     the target no longer keeps them (a drafter drafts less well from there; the output stays the target's)."""
-    width = target.hidden_width
-    rows = [target.hidden_row(p) if p >= 0 else None for p in positions]
+    width = target.hidden.width
+    rows = [target.hidden.row(p) if p >= 0 else None for p in positions]
     return np.stack([row if row is not None else np.zeros(width, np.float32) for row in rows]).reshape(-1, width)
 
 
@@ -205,7 +208,7 @@ class MtpDrafter(ForwardDrafter):
 
     @staticmethod
     def layers_read(target: Model, drafter: Model) -> tuple[int, ...]:
-        return (backend.LAST_HIDDEN,)
+        return (LAST_HIDDEN,)
 
     def begin(self, prompt, sampling, rng) -> None:
         """Nothing is read now: the first draft catches up on what the target has decoded."""
@@ -222,7 +225,7 @@ class MtpDrafter(ForwardDrafter):
         keep = self.context.keep_common(held)
         if keep < len(held):
             yield from self._decoded(held[keep:], "none", self._states(range(keep + self.skips - 1, len(decoded) - 1)))
-        self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
+        self.target.hidden.release(len(decoded) - 1)  # the next draft starts from the last of them
         if backend.CHECK_CACHES:
             self.context.check_holds(held)
 
@@ -264,7 +267,7 @@ class AssistantDrafter(MtpDrafter):
         return 0
 
     def catch_up(self, decoded: list[int]) -> Generator[Turn, None, None]:
-        self.target.release_hidden(len(decoded) - 1)  # the next draft starts from the last of them
+        self.target.hidden.release(len(decoded) - 1)  # the next draft starts from the last of them
         yield from ()
 
     def _read(self, token: int, hidden: np.ndarray, decoded: int) -> Generator[Turn, None, None]:
@@ -310,7 +313,7 @@ class DFlashDrafter(ForwardDrafter):
         if keep < len(decoded):
             rows = hidden_rows(self.target, range(keep, len(decoded)))
             yield from self._decoded(decoded[keep:], "none", rows, embedded=True)
-        self.target.release_hidden(len(decoded))
+        self.target.hidden.release(len(decoded))
         if backend.CHECK_CACHES:
             self.context.check_holds(decoded)
 
@@ -351,4 +354,4 @@ class Eagle3Drafter(MtpDrafter):
 
     @staticmethod
     def layers_read(target: Model, drafter: Model) -> tuple[int, ...]:
-        return tuple(backend.LAST_HIDDEN if layer >= target.n_layer else layer for layer in drafter.target_layers)
+        return tuple(LAST_HIDDEN if layer >= target.n_layer else layer for layer in drafter.target_layers)

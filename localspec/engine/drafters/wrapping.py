@@ -5,7 +5,7 @@ from collections.abc import Generator
 
 from ...config import DrafterKind
 from ...events import Step
-from ..backend import Model
+from ..model import Model
 from ..grammar import Grammar
 from ..turns import Turn, decoded_alone
 from .base import Draft, Drafter, Learner, proposal

@@ -1,0 +1,72 @@
+"""Embeddings: a context that reads each input whole and pools it into one vector."""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import EngineError, InputError
+from .library import llama
+from .model import Model
+
+
+class Embedder:
+    """A context of a model that reads each input whole and hands back one vector for it (embeddings),
+    pooled as the model's metadata says; a model that names no pooling (a generative one) is pooled by
+    the mean over its tokens. Vectors are L2-normalised, as llama-server's are."""
+
+    POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # enum llama_pooling_type
+
+    def __init__(self, model: Model, n_ctx: int, threads: int):
+        self.model = model
+        params = llama.llama_context_default_params()
+        params.embeddings = True
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_ctx  # an input is read in one piece: pooling sees all of it
+        params.n_threads = params.n_threads_batch = threads
+        params.pooling_type = llama.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's own
+        self._ctx = llama.llama_init_from_model(model.handle, params)
+        if self._ctx and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_NONE:
+            llama.llama_free(self._ctx)
+            params.pooling_type = llama.LLAMA_POOLING_TYPE_MEAN
+            self._ctx = llama.llama_init_from_model(model.handle, params)
+        if not self._ctx:
+            raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens for"
+                              f" {model.path.name} (out of memory? try a smaller --ctx-size)")
+        self.pooling = self.POOLING.get(llama.llama_pooling_type(self._ctx), "none")
+        if self.pooling == "rank":  # llama.cpp hands out n_cls_out scores a sequence there, not a vector
+            llama.llama_free(self._ctx)
+            self._ctx = None
+            raise InputError(f"{model.path.name} is a reranker (rank pooling): it scores a text against a query"
+                             " and gives no embedding")
+        # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption
+        self.width = llama.llama_model_n_embd_out(model.handle)
+        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
+
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        if not tokens:
+            raise InputError("an input to embed is empty")
+        if len(tokens) > self.n_ctx:
+            raise InputError(f"an input to embed is {len(tokens)} tokens but the context holds {self.n_ctx};"
+                             " raise --ctx-size or shorten it")
+        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
+        batch = self._batch
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, True
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(tokens)
+        status = llama.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status} while embedding")
+        pointer = llama.llama_get_embeddings_seq(self._ctx, 0)
+        if not pointer:
+            raise EngineError(f"{self.model.path.name} gives no pooled embedding")
+        vector = np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
+        norm = np.linalg.norm(vector)
+        return vector / norm if norm > 0 else vector
+
+    def close(self) -> None:
+        if self._ctx:
+            llama.llama_batch_free(self._batch)
+            llama.llama_free(self._ctx)
+            self._ctx = None

@@ -1,0 +1,207 @@
+"""A model on llama.cpp: its weights, loaded once for every context made of it, and its vocabulary
+(tokenizing, token texts, the chat template in its metadata)."""
+
+import ctypes
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+
+from ..errors import InputError, ModelLoadError, UsageError
+from .devices import offload_array
+from .library import layer_inputs, llama, recent_errors
+
+GGUF_MAGIC = b"GGUF"
+
+
+class Model:
+    def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
+                 load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
+                 mmap: bool | None = None, mlock: bool = False, watch=None):
+        """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
+        None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
+        offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
+        proportion to their free memory. load_mtp: also load the multi-token-prediction layers
+        (an MTP context can be made only then; llama.cpp aborts otherwise). repack: let the CPU keep
+        weights in the layout of its fastest kernels (llama.cpp's extra buffer types). mmap: map the file
+        into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
+        the weights in RAM, never swapped out. watch: the RPC workers (rpc.Workers) that watch this
+        model's decodes, where its layers may sit on theirs."""
+        self.path = Path(path)
+        _check_is_gguf(self.path)
+        params = llama.llama_model_default_params()
+        params.load_mode = _load_mode(mmap, mlock)
+        params.n_gpu_layers = gpu_layers
+        params.load_mtp = load_mtp
+        params.use_extra_bufts = repack
+        if devices is not None:
+            chosen = offload_array(devices)
+            params.devices = ctypes.cast(chosen, ctypes.c_void_p)
+        if tensor_split is not None:
+            most = llama.llama_max_devices()
+            if len(tensor_split) > most:
+                raise UsageError(f"--tensor-split names {len(tensor_split)} devices; llama.cpp takes at most {most}")
+            self._split = (ctypes.c_float * most)(*tensor_split)  # kept referenced while llama.cpp reads it
+            params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
+        recent_errors.clear()
+        self.watch = watch
+        self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            reason = recent_errors[0].split("error loading model: ")[-1] if recent_errors else "damaged file?"
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {reason} (LOCALSPEC_DEBUG=1 shows its log)")
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        self.vocab_type = llama.llama_vocab_type(self._vocab)
+        self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        # Some layers keep a recurrent state (Mamba, RWKV; hybrids such as LFM2 or Qwen3.5): it holds no
+        # positions, so dropping the last tokens of a cache is possible only as far as llama.cpp keeps
+        # snapshots of the state (Context.rollback).
+        self.recurrent = bool(llama.llama_model_is_recurrent(self._model) or llama.llama_model_is_hybrid(self._model))
+        self.mtp_layers = llama.llama_model_n_layer_nextn(self._model) if load_mtp else 0
+        self.n_embd = llama.llama_model_n_embd_out(self._model)  # the width of a hidden state an MTP block reads
+        self.n_layer = llama.llama_model_n_layer(self._model)
+        self.layer_width = llama.llama_model_n_embd(self._model)  # the width of a layer's input
+        # an EAGLE-3 or DFlash drafter's: the target layers whose inputs it reads (n_layer: the last hidden state)
+        self.target_layers = layer_inputs().target_layers(self._model)
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value as text, as llama.cpp read it from the file; None where it has none."""
+        buffer = ctypes.create_string_buffer(256)
+        n = llama.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    @property
+    def vocab(self):
+        """llama.cpp's vocabulary handle (a grammar is compiled against it)."""
+        return self._vocab
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buffer = (llama.llama_token * capacity)()
+            n = llama.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+            if n >= 0:
+                return list(buffer[:n])
+            capacity = -n
+
+    def spell_of(self, tokens: Sequence[int]) -> bytes:
+        """The bytes the tokens spell in generated text."""
+        return b"".join(map(self.piece, tokens))
+
+    def spell(self, text: str) -> list[int]:
+        """Tokens that spell exactly `text` where it follows other text: a SentencePiece vocabulary puts a
+        space before the text it tokenizes, so there it is tokenized after a newline, and the tokens up to
+        the newline are dropped. [] where neither way spells it."""
+        tokens = self.tokenize(text, add_special=False, parse_special=False)
+        if self.spell_of(tokens) == text.encode():
+            return tokens
+        after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=False), b""
+        for i, token in enumerate(after):
+            spelled += self.piece(token)
+            if spelled.endswith(b"\n"):
+                rest = after[i + 1 :]
+                return rest if self.spell_of(rest) == text.encode() else []
+        return []
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text (special tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._pieces[token] = self._to_piece(token, special=False)
+        return cached
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of a token as llama.cpp's grammars read it: special tokens' own text included."""
+        cached = self._special_pieces.get(token)
+        if cached is None:
+            cached = self._special_pieces[token] = self._to_piece(token, special=True)
+        return cached
+
+    def _to_piece(self, token: int, special: bool) -> bytes:
+        buffer = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        if n < 0:  # the piece's length, negated, where it does not fit
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)
+        return buffer.raw[:n]
+
+    @cached_property
+    def longest_token(self) -> int | None:
+        """The most bytes of text one token stands for (control tokens' own text included), so that a text
+        of more bytes than n_ctx times this cannot fit n_ctx tokens; None where no such bound holds: WPM and
+        UGM tokenizers normalize text first (a run of spaces becomes one token, or none). Reading the whole
+        vocabulary takes 0.1-0.7 s, hence only when asked."""
+        if self.vocab_type in (llama.LLAMA_VOCAB_TYPE_WPM, llama.LLAMA_VOCAB_TYPE_UGM):
+            return None
+        buffer = ctypes.create_string_buffer(256)
+        # a piece that does not fit the buffer answers with its length, negated
+        return max(abs(llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True))
+                   for token in range(self.n_vocab))
+
+    @cached_property
+    def character_tokens(self) -> dict[int, str]:
+        """The tokens that stand for one printable ASCII character (or a newline or tab) each, by id:
+        what a grammar is asked about to find the text it forces (Grammar.forced_text)."""
+        found = {}
+        for character in map(chr, [9, 10, *range(32, 127)]):
+            # a SentencePiece vocabulary puts a space token before the character's own
+            ids = self.tokenize(character, add_special=False, parse_special=False)
+            if ids and self.piece(ids[-1]) == character.encode():
+                found[ids[-1]] = character
+        return found
+
+    @cached_property
+    def end_tokens(self) -> tuple[int, ...]:
+        """The end-of-generation tokens a grammar may admit where its text can end (EOS, EOT)."""
+        ends = {llama.llama_vocab_eos(self._vocab), llama.llama_vocab_eot(self._vocab)}
+        return tuple(sorted(token for token in ends if token >= 0))
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry itself, as stored in the GGUF."""
+        return llama.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        eog = self._eog.get(token)
+        if eog is None:  # asked of every emitted token: remembered, as pieces are
+            eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return eog
+
+    def special_text(self, which: str) -> str:
+        """Text of the BOS or EOS token, as chat templates expect it."""
+        token = llama.llama_vocab_bos(self._vocab) if which == "bos" else llama.llama_vocab_eos(self._vocab)
+        return self.token_text(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def chat_template(self) -> str | None:
+        template = llama.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8") if template else None
+
+    def close(self) -> None:
+        if self._model:
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    @property
+    def handle(self):
+        return self._model
+
+
+def _load_mode(mmap: bool | None, mlock: bool) -> int:
+    if mlock:
+        return llama.LLAMA_LOAD_MODE_MLOCK if mmap is False else llama.LLAMA_LOAD_MODE_MMAP_MLOCK
+    return {None: llama.LLAMA_LOAD_MODE_AUTO, True: llama.LLAMA_LOAD_MODE_MMAP, False: llama.LLAMA_LOAD_MODE_NONE}[mmap]
+
+
+def _check_is_gguf(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a GGUF model file") from None
+    except OSError as error:
+        raise InputError(f"cannot read model file {path}: {error.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise InputError(f"{path} is not a GGUF model file")
