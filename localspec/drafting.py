@@ -13,14 +13,12 @@ from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
 from .engine.drafters import CostlyDrafter, Drafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
-from .engine.drafters.spec import DraftPlan, DrafterSpec, Weights, needed
+from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, needed
 from .engine.suffix import SuffixCache
 from .errors import UsageError
 from .events import Done, Event, Token
 
 SPEC_CHOICES = ("auto", "fixed", "off")
-# the words --draft takes for a drafter published beside the target, rather than a draft model
-PUBLISHED = (DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 
 
 def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str | None]:
@@ -30,7 +28,7 @@ def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str
         raise UsageError(f"--spec must be one of {', '.join(SPEC_CHOICES)}, got {spec!r}")
     if spec == "off":
         return DrafterKind.PLAIN, None
-    if draft in (*PUBLISHED, registry.ASSISTANT):  # one published beside the target
+    if draft in (*PUBLISHED_KINDS, registry.ASSISTANT):  # one published beside the target
         return DrafterKind.MTP if draft == registry.ASSISTANT else DrafterKind(draft), None
     draft_model = None if draft in (None, DrafterKind.NGRAM) else draft
     if spec == "fixed":

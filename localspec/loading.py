@@ -8,12 +8,11 @@ from pathlib import Path
 
 from . import store
 from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
-from .drafting import PUBLISHED
 from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
 from .engine.drafters import CostlyDrafter
-from .engine.drafters.spec import DraftPlan, DrafterSpec, Weights, plan_drafting
+from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, plan_drafting
 from .errors import IncompatibleDraft, UsageError
 from .store import download, gguf_meta, hardware, registry
 from .store.placement import Placement
@@ -36,7 +35,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     stop = rpc.stop_on_abort(lambda message: on_abort(message + rpc.abort_hint(runtime.rpc))) if on_abort else None
     # the workers' memory counts, and an unreachable one is said before anything loads
     workers = rpc.Workers(runtime.rpc, stop)
-    if speculation.drafting in PUBLISHED and draft_model is None:
+    if speculation.drafting in PUBLISHED_KINDS and draft_model is None:
         draft_model = published_drafter(target, speculation.drafting, offline)
     elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
         beside = download.drafter_beside(registry.resolve(target), offline)

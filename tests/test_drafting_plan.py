@@ -7,7 +7,7 @@ import pytest
 from localspec.store import gguf_meta
 from localspec.config import DrafterKind, Runtime, Speculation
 from localspec.engine.drafters import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
-from localspec.engine.drafters.spec import COSTLY_KINDS, SPECS, Weights, needed, plan_drafting
+from localspec.engine.drafters.spec import COSTLY_KINDS, PUBLISHED_KINDS, SPECS, Weights, needed, plan_drafting
 from localspec.errors import UsageError
 from localspec.session import Session
 
@@ -50,6 +50,7 @@ def test_a_target_without_mtp_layers_is_refused_before_anything_loads(tiny):
 
 def test_every_costly_kind_says_what_a_session_without_it_lacks(tiny):
     assert COSTLY_KINDS == {DrafterKind.DRAFT, DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH}
+    assert PUBLISHED_KINDS == {DrafterKind.MTP, DrafterKind.EAGLE3, DrafterKind.DFLASH}  # --draft mtp|eagle3|dflash
     for kind in COSTLY_KINDS:
         assert f"the {kind} mode needs" in needed(kind)
     assert len({spec.name for spec in SPECS}) == len(SPECS)

@@ -36,8 +36,9 @@ class Weights(Enum):
 @dataclass(frozen=True)
 class DrafterSpec:
     """One way of drafting. label: how a session names it ({file}: its file's name); needed: what a session
-    asked to draft this way without the means is told; recognises: the draft files that draft this way, by
-    their header (the costly drafters that read a file)."""
+    asked to draft this way without the means is told; recognises(target, draft): whether a draft file drafts
+    this way for that target, by their headers (the costly drafters that read a file; a drafter that crosses
+    vocabularies, say, is told by both)."""
 
     name: str
     kind: DrafterKind
@@ -45,7 +46,8 @@ class DrafterSpec:
     drafter: type
     label: str
     needed: str = ""
-    recognises: Callable[[Header], bool] | None = None
+    recognises: Callable[[Header, Header], bool] | None = None
+    published: bool = False  # its file is published beside the target, and --draft KIND finds it there
 
     @property
     def costly(self) -> bool:
@@ -56,8 +58,8 @@ class DrafterSpec:
         return self.label.format(file=file)
 
 
-def _architecture(name: str) -> Callable[[Header], bool]:
-    return lambda info: info.architecture == name
+def _architecture(name: str) -> Callable[[Header, Header], bool]:
+    return lambda target, draft: draft.architecture == name
 
 
 # In the order a draft file is recognised (a file that is none of the others is a draft model), which is
@@ -67,25 +69,27 @@ SPECS = (
     DrafterSpec("ngram", DrafterKind.NGRAM, Weights.TEXT, NgramDrafter, "n-gram lookup"),
     # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter
     DrafterSpec("assistant", DrafterKind.MTP, Weights.MTP_FILE, AssistantDrafter, "its assistant ({file})",
-                recognises=_architecture("gemma4-assistant")),
+                recognises=_architecture("gemma4-assistant"), published=True),
     # an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the target's own layers would
     DrafterSpec("mtp-sidecar", DrafterKind.MTP, Weights.MTP_FILE, MtpDrafter, "its MTP layers ({file})",
-                recognises=lambda info: info.mtp_sidecar),
+                recognises=lambda target, draft: draft.mtp_sidecar, published=True),
     # the drafters that read the target's hidden states (gpt-oss's `eagle3-`, Qwen3.6's `dflash-` sidecars)
     DrafterSpec("eagle3", DrafterKind.EAGLE3, Weights.FILE, Eagle3Drafter, "EAGLE-3 ({file})",
                 "the eagle3 mode needs an EAGLE-3 drafter (--draft eagle3, or its eagle3-*.gguf file)",
-                _architecture("eagle3")),
+                _architecture("eagle3"), published=True),
     DrafterSpec("dflash", DrafterKind.DFLASH, Weights.FILE, DFlashDrafter, "DFlash ({file})",
                 "the dflash mode needs a DFlash drafter (--draft dflash, or its dflash-*.gguf file)",
-                _architecture("dflash")),
+                _architecture("dflash"), published=True),
     DrafterSpec("draft", DrafterKind.DRAFT, Weights.FILE, ModelDrafter, "{file}",
-                "the draft mode needs a draft model (--draft NAME or FILE)", lambda info: True),
+                "the draft mode needs a draft model (--draft NAME or FILE)", lambda target, draft: True),
     DrafterSpec("mtp", DrafterKind.MTP, Weights.TARGET, MtpDrafter, "its own MTP layers",
                 "the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)"),
 )
 SPEC = {spec.name: spec for spec in SPECS}
 # the modes that draft with a model of their own (a file, or the target's MTP layers)
 COSTLY_KINDS = frozenset(spec.kind for spec in SPECS if spec.costly)
+# the modes --draft names by their word alone: a drafter published beside the target is looked for
+PUBLISHED_KINDS = frozenset(spec.kind for spec in SPECS if spec.published)
 
 
 def needed(kind: DrafterKind) -> str:
@@ -129,7 +133,7 @@ def plan_drafting(speculation: Speculation, target: Header, draft: Header | None
     layers draft when asked for, and under auto beside a draft model (the target keeps the hidden states
     of one kind of drafter)."""
     mode = speculation.drafting
-    by_file = None if draft is None else next(spec for spec in SPECS if spec.recognises and spec.recognises(draft))
+    by_file = None if draft is None else next(spec for spec in SPECS if spec.recognises and spec.recognises(target, draft))
     if by_file is not None and mode == DrafterKind.DRAFT:
         mode = by_file.kind
     costly = [by_file] if by_file is not None else []
