@@ -14,7 +14,7 @@ from .engine.model import Model
 from .engine.drafters import CostlyDrafter
 from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, plan_drafting
 from .errors import IncompatibleDraft, UsageError
-from .store import download, gguf_meta, hardware, registry
+from .store import download, hardware, registry
 from .store.placement import Placement
 
 
@@ -38,7 +38,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     if speculation.drafting in PUBLISHED_KINDS and draft_model is None:
         draft_model = published_drafter(target, speculation.drafting, offline)
     elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
-        beside = download.drafter_beside(registry.resolve(target), offline)
+        beside = download.drafter_beside(store.find(target), offline)
         draft_model = beside.typed or beside.name if beside else draft_model
     pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
@@ -53,7 +53,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
 def parallel_that_fits(runtime: Runtime, pair: store.Pair, machine: hardware.Machine | None = None) -> int:
     """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
     the memory beside the models."""
-    n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
+    n, machine = PARALLEL_AUTO_MOST, machine or store.machine()
     while n > 1:
         try:
             Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft, machine).check_fit()
@@ -68,11 +68,11 @@ def published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | No
     names, or, for a Hub file (hf:..., owner/repo:QUANT), a file of its repo found by llama.cpp's rules
     (`mtp-`, `eagle3-`, `dflash-`). None for MTP: the target drafts with its own MTP layers, if it has
     them; a drafter of another kind must be found."""
-    resolved = registry.resolve(target)
+    resolved = store.find(target)
     named = registry.published_drafter(resolved, kind)
     if named is not None:
         return named.name
-    if isinstance(resolved, registry.RepoQuant) or isinstance(resolved, registry.ModelEntry) and resolved.typed:
+    if isinstance(resolved, store.RepoQuant) or isinstance(resolved, store.ModelEntry) and resolved.typed:
         found = download.published_sidecar(resolved, kind, offline)
         if found:
             return f"hf:{found.repo}/{found.file}"
@@ -112,7 +112,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
 
     if placement is None:
         workers = rpc.Workers(runtime.rpc) if workers is None else workers
-        placement = Placement.plan(runtime, gguf_meta.read(target), gguf_meta.read(draft) if draft else None)
+        placement = Placement.plan(runtime, store.header(target), store.header(draft) if draft else None)
     plan = plan_drafting(speculation, *placement.models)
     speculation = replace(speculation, drafting=plan.mode)
     notes: list[str] = []

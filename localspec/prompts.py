@@ -66,7 +66,7 @@ class Prompts:
         ContextOverflow, UsageError)."""
         prediction = request.prediction
         if isinstance(prediction, str):
-            prediction = self.prediction_tokens(prediction) if prediction else None
+            prediction = self.prediction_tokens(prediction)
         sampling, tool_format = request.sampling, None
         if request.tools is not None:
             sampling, tool_format = self.with_tools(sampling, request.tools)
