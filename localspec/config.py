@@ -75,25 +75,6 @@ class DrafterKind(StrEnum):
     def is_mode(self) -> bool:
         return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX, DrafterKind.FORCED)
 
-    @property
-    def drafts_a_block(self) -> bool:
-        """Whether a draft of any length is one forward pass over all its positions (DFlash), rather
-        than a pass a token."""
-        return self == DrafterKind.DFLASH
-
-    @property
-    def default_draft_max(self) -> int:
-        return DEFAULT_DRAFT_MAX[self]
-
-
-# Measured on a 2-core CPU: always drafting beyond 3 tokens costs more than it wins. Auto drafts up to
-# 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32 tokens in the time of
-# 7 single ones) and stops short by itself wherever acceptance does not carry that far.
-DEFAULT_DRAFT_MAX = {DrafterKind.PLAIN: 0, DrafterKind.NGRAM: 3, DrafterKind.DRAFT: 3, DrafterKind.MTP: 3,
-                     DrafterKind.EAGLE3: 3, DrafterKind.DFLASH: 3,
-                     DrafterKind.AUTO: 32, DrafterKind.PREDICTION: 32,
-                     DrafterKind.SUFFIX: 32, DrafterKind.FORCED: 32}
-
 
 @dataclass(frozen=True)
 class Speculation:
@@ -102,8 +83,8 @@ class Speculation:
     drafting: the kind a generation drafts with (a session can switch: chat's /draft, bench's modes).
     required: the user asked for drafting by name, so a target that cannot draft is refused rather
     than decoded plainly.
-    draft_max: most tokens drafted a step; None: the drafting kind's own default (draft_limit says
-    which). p_min stops a model draft once the draft model is unsure of its next token;
+    draft_max: most tokens drafted a step; None: the drafting kind's own default (its spec in
+    engine/drafters/spec.py). p_min stops a model draft once the draft model is unsure of its next token;
     ngram_min..ngram_max is the range of suffix lengths looked up by the n-gram drafter, longest first.
     suffix_cache: auto drafts from earlier generations in this process too (chat turns, batch items,
     requests), kept in memory only, per loaded target.
@@ -127,30 +108,15 @@ class Speculation:
                              " the suffix cache within auto")
         if self.draft_max is not None and self.draft_max < 0:
             raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
-        if not 0 <= self.draft_min <= self.draft_limit():
-            raise UsageError(
-                f"draft-min must be between 0 and draft-max ({self.draft_limit()}), got {self.draft_min}"
-            )
+        # (against the mode's default draft-max, where none is given, when the drafting plan is made)
+        if self.draft_min < 0 or (self.draft_max is not None and self.draft_min > self.draft_max):
+            raise UsageError(f"draft-min must be between 0 and draft-max ({self.draft_max}), got {self.draft_min}")
         if not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"p-min must be in [0, 1], got {self.p_min}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UsageError(
                 f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}"
             )
-
-    def draft_limit(self, kind: DrafterKind | None = None) -> int:
-        """Most tokens drafted a step when generating with `kind` (default: `drafting`): the one
-        place draft_max is decided."""
-        kind = kind or self.drafting
-        if kind == DrafterKind.PLAIN:
-            return 0
-        return kind.default_draft_max if self.draft_max is None else self.draft_max
-
-    @property
-    def longest_draft(self) -> int:
-        """The longest draft any kind may make, draft_max or a default (chat's /draft N may ask for any
-        of them later): what a session's verification batch must hold."""
-        return max(self.draft_max or 0, *DEFAULT_DRAFT_MAX.values())
 
 
 def default_threads() -> int:

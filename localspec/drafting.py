@@ -13,7 +13,8 @@ from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
 from .engine.drafters import CostlyDrafter, Drafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
-from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, needed
+from .engine.drafters.spec import (PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, draft_limit, longest_draft,
+                                   needed)
 from .engine.suffix import SuffixCache
 from .errors import UsageError
 from .events import Done, Event, Token
@@ -80,7 +81,7 @@ class Drafters:
         """The first sequence's auto drafter, its costs measured (or read) at the first call."""
         if self._auto is None:
             target = self.sequences[0]
-            batch = min(self.speculation.longest_draft + 1, target.max_rows)
+            batch = min(longest_draft(self.speculation) + 1, target.max_rows)
             contexts = {kind: drafter.context for kind, drafter in self.costly.items()}
             self._costs_key = {
                 "machine": hardware.identity(), "settings": self._settings,
@@ -134,7 +135,7 @@ class Drafters:
     @property
     def limit(self) -> int:
         """Most tokens drafted a step in the current mode."""
-        return self.speculation.draft_limit(self.mode)
+        return draft_limit(self.speculation, self.mode)
 
     def costs(self) -> dict | None:
         """What the auto policy measured of this machine, once it has run."""

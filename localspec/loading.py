@@ -12,7 +12,7 @@ from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
 from .engine.drafters import CostlyDrafter
-from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, plan_drafting
+from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, longest_draft, plan_drafting
 from .errors import IncompatibleDraft, UsageError
 from .store import download, hardware, registry
 from .store.placement import Placement
@@ -127,7 +127,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         **loading)) for spec in plan.costly}
     kept = tuple(layer for spec, model in models.items() for layer in spec.drafter.layers_read(target_model, model))
     # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
-    rows = speculation.longest_draft + 1
+    rows = longest_draft(speculation) + 1
 
     def context(model: Model, **options) -> Context:
         return own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,

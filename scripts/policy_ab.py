@@ -34,6 +34,7 @@ from localspec.store import download, registry
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import policy as current
 from localspec.engine.costs import DraftCosts
+from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.drafters import Draft, NgramDrafter
 from localspec.events import Step, Token
 from localspec.request import Request
@@ -219,7 +220,7 @@ def main() -> None:
         recorded = record(args.model, args.tokens)
         if kept:
             kept.write_text(json.dumps(recorded))
-    draft_max = Speculation(DrafterKind.AUTO).draft_limit()
+    draft_max = draft_limit(Speculation(DrafterKind.AUTO))
     differences = 0
     for table in TABLES:
         for name, items in recorded.items():

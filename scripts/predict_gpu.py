@@ -24,6 +24,7 @@ from pathlib import Path
 from localspec.config import DrafterKind, Speculation
 from localspec.engine.drafters import NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from localspec.engine.costs import Costs, DraftCosts
+from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.suffix import SuffixCache
 
@@ -129,10 +130,10 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             for kind, tally in tallies.items():
                 costs = auto.costs if kind == DrafterKind.AUTO else device_costs(device, shape, where)
                 drafter = auto if kind == DrafterKind.AUTO else fixed_drafter(kind, item, costs, cache, speculation)
-                limit = speculation.draft_limit(kind)
+                limit = draft_limit(speculation, kind)
                 if "prediction" in item:  # a prompt's prediction drafts in every mode, as bench runs it
                     drafter = PredictionDrafter(item["prediction"], drafter, limit)
-                    limit = speculation.draft_limit(DrafterKind.PREDICTION)
+                    limit = draft_limit(speculation, DrafterKind.PREDICTION)
                 tally.add(*replay(drafter, prompt, reply, costs, limit))
             cache.add(prompt[-cache.depth :] + reply)  # as a session keeps each finished generation
         runs = [chain_lengths(item["draft"]["likeliest"], item["reply"]) for item in items]
@@ -225,9 +226,9 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
               " through each drafter and through auto's policy (scripts/replay.py), each step charged what"
               f" {named} measured for the {shape} target: verify(1) = {costs.level * 1e3:.2f} ms and verify(n) /"
               f" verify(1) = {curve};{pricing} auto chooses by those costs, as it would there. Fixed drafters"
-              f" draft the engine's default lengths: n-gram {lengths.draft_limit(DrafterKind.NGRAM)} tokens, the draft"
-              f" model {lengths.draft_limit(DrafterKind.DRAFT)} with p_min {lengths.p_min}, and up to"
-              f" {lengths.draft_limit(DrafterKind.SUFFIX)} the suffix cache wherever it matches (the engine drafts"
+              f" draft the engine's default lengths: n-gram {draft_limit(lengths, DrafterKind.NGRAM)} tokens, the draft"
+              f" model {draft_limit(lengths, DrafterKind.DRAFT)} with p_min {lengths.p_min}, and up to"
+              f" {draft_limit(lengths, DrafterKind.SUFFIX)} the suffix cache wherever it matches (the engine drafts"
               " from it only within auto) and the prediction alone (plain decoding elsewhere); a prompt's"
               " prediction drafts in every column, as in bench. The all-sets row is all plain time over all of a"
               " column's, over the sets the column has. Past a draft model's first miss it is taken to stay sure"

@@ -37,6 +37,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.drafters import GREEDY_DRAFT, Draft, Learner, NgramDrafter
 from localspec.engine.costs import Costs
+from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import softmax
 from localspec.errors import LocalspecError
@@ -231,9 +232,9 @@ def simulate(args) -> None:
             prompt, reply = item["prompt"], item["reply"]
             tokens += len(reply)
             plain += len(reply) * auto.costs.verify_seconds(1)
-            fixed += replay(ngram, prompt, reply, fresh_costs(), speculation.draft_limit(DrafterKind.NGRAM))[0]
+            fixed += replay(ngram, prompt, reply, fresh_costs(), draft_limit(speculation, DrafterKind.NGRAM))[0]
             simple += replay(LlamaNgramSimple(), prompt, reply, fresh_costs(), LlamaNgramSimple.m)[0]
-            seconds, steps = replay(auto, prompt, reply, auto.costs, speculation.draft_limit(DrafterKind.AUTO))
+            seconds, steps = replay(auto, prompt, reply, auto.costs, draft_limit(speculation, DrafterKind.AUTO))
             automatic += seconds
             drafting = [step for step in steps if step.drafted]
             drafting_steps += len(drafting)

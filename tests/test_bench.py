@@ -9,6 +9,7 @@ import pytest
 
 from localspec import bench
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.drafters.spec import default_draft_max
 from localspec.errors import InputError, UsageError
 from localspec.request import Request
 from localspec.stats import record
@@ -185,7 +186,7 @@ def test_replies_known_before_are_not_generated_again(session):
 
 def test_a_prompts_prediction_drafts_in_every_mode_but_plain(session):
     session.use("ngram")  # a mode named as text (chat's /draft, the library) is the kind itself
-    assert session.mode is DrafterKind.NGRAM and session.draft_limit == DrafterKind.NGRAM.default_draft_max
+    assert session.mode is DrafterKind.NGRAM and session.draft_limit == default_draft_max(DrafterKind.NGRAM)
     session.use("plain")
     text = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=24), prompt=session.prompts.chat_tokens(ask("the cat sat"))))).text
     rows = bench.run(session, {"edit": [bench.Prompt(ask("the cat sat"), text)]}, ["plain", "ngram"],

@@ -534,7 +534,9 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
         assert line in out, out
     info = json.loads(localspec("show", tiny["target"], "--json").stdout)
     assert info["architecture"] == "llama" and info["mtp_layers"] == 0 and info["recurrent"] is False
-    assert json.loads(localspec("show", tiny["mtp"], "--json").stdout)["mtp_layers"] == 1
+    assert "without --draft, auto drafts with n-gram lookup and earlier answers" in " ".join(out.split())
+    with_mtp = json.loads(localspec("show", tiny["mtp"], "--json").stdout)
+    assert with_mtp["mtp_layers"] == 1 and with_mtp["auto"] == ["n-gram lookup", "earlier answers", "its own MTP layers"]
     absent = localspec("show", "llama3-70b").stdout.decode()
     assert "not downloaded" in absent and "--draft auto (llama3.2-1b)" in absent and "architecture" not in absent
     # the drafters published beside a model, by the kind --draft asks for, auto taking the first

@@ -4,10 +4,11 @@ import re
 
 import pytest
 
-from localspec.store import gguf_meta
+from localspec.store import gguf_meta, registry
 from localspec.config import DrafterKind, Runtime, Speculation
 from localspec.engine.drafters import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
-from localspec.engine.drafters.spec import COSTLY_KINDS, PUBLISHED_KINDS, SPECS, Weights, needed, plan_drafting
+from localspec.engine.drafters.spec import (COSTLY_KINDS, PUBLISHED_DRAFTERS, PUBLISHED_KINDS, SPECS, Weights,
+                                            default_draft_max, draft_limit, drafts_a_block, needed, plan_drafting)
 from localspec.errors import UsageError
 from localspec.session import Session
 
@@ -58,3 +59,14 @@ def test_every_costly_kind_says_what_a_session_without_it_lacks(tiny):
         for kind in COSTLY_KINDS:
             with pytest.raises(UsageError, match=re.escape(needed(kind))):
                 session.use(kind)
+
+
+def test_each_kinds_length_and_word_come_from_its_spec(tiny):
+    assert {spec.kind for spec in SPECS} == set(DrafterKind)  # a word without a spec has no default length
+    assert default_draft_max(DrafterKind.NGRAM) == 3 and default_draft_max(DrafterKind.AUTO) == 32
+    assert draft_limit(Speculation(draft_max=7), DrafterKind.NGRAM) == 7 and draft_limit(Speculation(DrafterKind.PLAIN)) == 0
+    assert drafts_a_block(DrafterKind.DFLASH) and not drafts_a_block(DrafterKind.DRAFT)
+    assert set(PUBLISHED_DRAFTERS) <= set(registry.DRAFTER_KINDS)  # the registry's words for published files
+    with pytest.raises(UsageError, match=r"draft-min must be between 0 and draft-max \(3\), got 5"):
+        plan(tiny, "target", drafting=DrafterKind.NGRAM, draft_min=5)
+    assert plan(tiny, "target", draft_min=5).mode == DrafterKind.AUTO  # within auto's 32

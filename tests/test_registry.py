@@ -316,7 +316,7 @@ def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_mod
 
 
 def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(models):
-    with pytest.raises(UsageError, match=r"dspark drafters is not built yet; --draft mtp, dflash"):
+    with pytest.raises(UsageError, match=r"dspark drafters is not built yet; --draft assistant, mtp, eagle3, dflash,"):
         registry.resolve_draft("dspark", models["qwen3.6-27b"], models)
     assert registry.resolve_draft("dflash", models["qwen3.6-27b"], models).file == "dflash-Qwen3.6-27B-Q8_0.gguf"
     with pytest.raises(UsageError, match=r"no eagle3 drafter is known to be published beside gemma4-31b"):

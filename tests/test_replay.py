@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from localspec.config import DrafterKind, Speculation
+from localspec.engine.drafters.spec import draft_limit
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -181,4 +182,4 @@ def test_the_example_device_report_says_it_is_no_measurement_and_is_shaped_as_pu
     costs = predict_gpu.device_costs(example, SHAPE, "example")
     assert costs.verify_seconds(4) / costs.level < 1.1 and costs.verify_seconds(32) / costs.level < 2
     assert 0.3 <= costs.drafts[DrafterKind.DRAFT].token <= 0.5
-    assert Speculation().draft_limit(DrafterKind.AUTO) + 1 <= max(costs.verify)
+    assert draft_limit(Speculation(), DrafterKind.AUTO) + 1 <= max(costs.verify)

@@ -17,7 +17,6 @@ import typer
 from ..store import hardware
 from ..config import (
     AUTO_PARALLEL,
-    DEFAULT_DRAFT_MAX,
     DrafterKind,
     Limits,
     Runtime,
@@ -28,6 +27,7 @@ from ..config import (
 )
 from ..errors import InputError, UsageError, json_trouble
 from ..drafting import speculating
+from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
 from ..prompts import output_grammar
 
 DEFAULT_SAMPLING = Sampling()
@@ -52,11 +52,9 @@ MODEL_OPTIONS = {
     "draft": (Annotated[Optional[str], typer.Option(
         "--draft", "-d", "-md", "--model-draft",
         help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
-        " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output;"
-        " 'mtp' to draft with the target's own multi-token-prediction layers (Qwen3.5 and others that have"
-        " them, or the mtp- file published beside it, Gemma 4's assistant among them); 'eagle3' or 'dflash' with"
-        " the EAGLE-3 (gpt-oss) or DFlash (Qwen3.6) drafter published beside it, which reads the target's hidden"
-        " states. Default: ngram.", show_default=False)], None),
+        " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output; "
+        + "; ".join(f"'{word}' to draft with {what}" for word, what in DRAFT_WORDS.items()) + ". Default: ngram.",
+        show_default=False)], None),
     "offline": (OfflineOption, False),
 }
 DRAFTING_OPTIONS = {
@@ -70,8 +68,8 @@ DRAFTING_OPTIONS = {
 SPECULATION_OPTIONS = {
     "draft_max": (Annotated[Optional[int], typer.Option(
         "--draft-max", show_default=False, rich_help_panel=SPECULATION,
-        help=f"Most tokens drafted a step. Default: {DEFAULT_DRAFT_MAX[DrafterKind.AUTO]} with auto;"
-        f" {DEFAULT_DRAFT_MAX[DrafterKind.DRAFT]} with n-gram lookup or the draft model alone"
+        help=f"Most tokens drafted a step. Default: {default_draft_max(DrafterKind.AUTO)} with auto;"
+        f" {default_draft_max(DrafterKind.DRAFT)} with n-gram lookup or the draft model alone"
         " (--spec fixed; bench's ngram and draft modes).")],
         None),
     "draft_min": (Annotated[int, typer.Option("--draft-min", help="Skip drafts shorter than this.",

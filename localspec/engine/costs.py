@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import DrafterKind
 from .backend import Context
+from .drafters.spec import drafts_a_block
 
 # Observed timings outside [1/CLIP, CLIP] x the prediction are clipped: one stall of the machine
 # should not make every batch look slow.
@@ -82,7 +83,7 @@ class Costs:
         """What drafting k tokens costs in drafted tokens' worth: k passes of one token, or for a block
         drafter one pass of k + 1 positions, which costs what the target's batch of k + 1 does relative
         to one token (the nearest measure of this machine's batches at hand)."""
-        return self.relative(k + 1)[k] if DrafterKind(kind).drafts_a_block else k
+        return self.relative(k + 1)[k] if drafts_a_block(kind) else k
 
     def catch_up_seconds(self, kind: DrafterKind, tokens: int) -> float:
         return self.level * self.drafts[kind].prefill_token * tokens

@@ -22,6 +22,7 @@ from ..events import Done, Event, Prefill, Step, Token
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
+from .drafters.spec import draft_limit
 from .grammar import Grammar
 from .sampling import Dist, accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
@@ -63,7 +64,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     else:
         reused = target.prefill(prompt[:-1])
     model = target.model
-    draft_max = speculation.draft_limit(drafter.kind)
+    draft_max = draft_limit(speculation, drafter.kind)
     if grammar and speculation.jump_forward:
         drafter = ForcedDrafter(grammar, model, drafter)
     drafter.begin(prompt, sampling, rng)

@@ -4,7 +4,8 @@
 from dataclasses import dataclass
 
 from . import download, gguf_meta, hardware, placement, registry
-from ..config import Runtime
+from ..config import DrafterKind, Runtime, Speculation
+from ..engine.drafters.spec import PUBLISHED_DRAFTERS, plan_drafting
 from ..errors import UsageError
 
 Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once downloaded, its size in the registry
@@ -74,11 +75,12 @@ def model_card(name: str) -> ModelCard:
         "draft": entry.draft if entry else None,
         "drafts": [d.name for d in registry.compatible_drafts(entry, models)] if entry else [],
         # the drafters published beside it that localspec runs, by the kind --draft asks for them by
-        "drafters": {d.drafts: d.file for d in registry.drafters_of(entry, models) if d.drafts in registry.BUILT_DRAFTERS}
+        "drafters": {d.drafts: d.file for d in registry.drafters_of(entry, models) if d.drafts in PUBLISHED_DRAFTERS}
                     if entry else {},
         "mtp_layers": header.mtp_layers if header else None,
         "recurrent": header.recurrent if header else None,
         "rolls_back": header.rolls_back if header else None,
+        "auto": _auto_drafts(header) if header else None,
         "license": license_text(entry) if entry else None,
     }
     parameters = ((header.get("general.size_label") or _count_text(info["parameters"])) if header
@@ -89,6 +91,14 @@ def model_card(name: str) -> ModelCard:
 
 def _count_text(count: int) -> str:
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def _auto_drafts(header: gguf_meta.GGUFInfo) -> list[str]:
+    """What a session of this file drafts with when no --draft is given: the plan's, by their names."""
+    if header.recurrent and not header.rolls_back:
+        return []
+    plan = plan_drafting(Speculation(), header)
+    return ["n-gram lookup", "earlier answers", *(spec.describe(header.path.name) for spec in plan.costly)]
 
 
 def _drafts_text(info: dict, is_registered: bool) -> str:
@@ -102,6 +112,9 @@ def _drafts_text(info: dict, is_registered: bool) -> str:
         ways.append(f"--draft mtp ({info['mtp_layers']} MTP layer{'s' if info['mtp_layers'] > 1 else ''})")
     ways.append("--draft ngram")
     text = ", ".join(ways)
+    if info["auto"]:
+        *others, last = info["auto"]
+        text += f"; without --draft, {DrafterKind.AUTO} drafts with {', '.join(others)} and {last}"
     if not is_registered:
         text += "; or a draft model file that shares its tokenizer (`localspec check` says whether one does)"
     return text

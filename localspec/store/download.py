@@ -29,6 +29,7 @@ from huggingface_hub.utils import logging as hub_logging
 
 from . import mirror, registry
 from .. import paths
+from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
 
@@ -317,7 +318,7 @@ def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | No
     if entry.repo is None:
         return None
     files = _listing(entry.repo)
-    for kind in (kind for kind in registry.DRAFTER_KINDS if kind in registry.BUILT_DRAFTERS):
+    for kind in (kind for kind in registry.DRAFTER_KINDS if kind in PUBLISHED_DRAFTERS):
         found = registry.sidecar_in(files, entry.file, kind)
         if found:
             return ModelEntry(name=f"{entry.repo}/{found}", file=found, repo=entry.repo, typed=f"hf:{entry.repo}/{found}")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..config import DEFAULT_DRAFT_MAX
 from ..engine import library, rpc
+from ..engine.drafters.spec import LONGEST_DEFAULT_DRAFT
 from ..engine.devices import Device, devices, supports_gpu_offload
 from ..errors import UsageError
 from .gguf_meta import GGUFInfo
@@ -22,7 +22,7 @@ KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
 RECURRENT_BYTES_PER_VALUE = 4  # a recurrent state is kept in f32
 # Snapshots of a recurrent state llama.cpp keeps beside it, one for each token of the longest verification
 # but its first (Context's n_rs_seq), so that a rejected draft can be taken back out of it
-RECURRENT_SNAPSHOTS = max(DEFAULT_DRAFT_MAX.values())
+RECURRENT_SNAPSHOTS = LONGEST_DEFAULT_DRAFT
 COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
 COMPUTE_FIXED = 256 * 2**20
 CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")

@@ -22,6 +22,7 @@ else:
     import tomli as tomllib
 
 from .. import paths
+from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import UsageError
 
 AUTO = "auto"
@@ -56,7 +57,6 @@ class PypiSource:
 # Drafters published beside a model, not run alone (llama.cpp's sidecar prefixes, in the order its
 # downloader prefers them: mtp > dspark > dflash > eagle3), and Gemma 4's assistant models.
 DRAFTER_KINDS = ("mtp", "dspark", "dflash", "eagle3", "assistant")
-BUILT_DRAFTERS = ("mtp", "dflash", "eagle3", "assistant")  # the kinds localspec drafts with (--draft KIND)
 # Gemma 4's assistant, which llama.cpp runs as an MTP drafter and ggml-org publishes as its `mtp-` file
 ASSISTANT = "assistant"
 
@@ -356,10 +356,10 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
         named = published_drafter(target, kind, models)
         if kind == ASSISTANT and named is None:
             named = published_drafter(target, "mtp", models)
-        if kind not in BUILT_DRAFTERS:
+        if kind not in PUBLISHED_DRAFTERS:
             beside = f" ({named.name} is published beside {target.name})" if named else ""
-            raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft mtp, dflash, eagle3,"
-                             " assistant, a draft model, or ngram draft today")
+            raise UsageError(f"drafting with {kind} drafters is not built yet{beside}; --draft"
+                             f" {', '.join(PUBLISHED_DRAFTERS)}, a draft model, or ngram draft today")
         if named is None:
             raise UsageError(f"no {kind} drafter is known to be published beside {getattr(target, 'name', target)};"
                              f" give its {kind}-*.gguf file as the draft")
@@ -406,7 +406,7 @@ def drafter_beside(target: Resolved, models: dict[str, ModelEntry] | None = None
     preference (an MTP block, DFlash, then EAGLE-3)."""
     if not isinstance(target, ModelEntry):
         return None
-    return next((entry for entry in drafters_of(target, models) if entry.drafts in BUILT_DRAFTERS), None)
+    return next((entry for entry in drafters_of(target, models) if entry.drafts in PUBLISHED_DRAFTERS), None)
 
 
 def published_drafter(target: Resolved, kind: str, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:

@@ -12,7 +12,8 @@ from ...config import DrafterKind, Speculation
 from ...errors import UsageError
 from .base import NoDrafter
 from .forward import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
-from .free import NgramDrafter
+from .free import NgramDrafter, SuffixDrafter
+from .wrapping import ForcedDrafter, PredictionDrafter
 
 
 class Header(Protocol):
@@ -35,19 +36,27 @@ class Weights(Enum):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One way of drafting. label: how a session names it ({file}: its file's name); needed: what a session
-    asked to draft this way without the means is told; recognises(target, draft): whether a draft file drafts
-    this way for that target, by their headers (the costly drafters that read a file; a drafter that crosses
-    vocabularies, say, is told by both)."""
+    """One way of drafting. drafter: its class (None for auto, which picks among the others each step);
+    label: how a session names it ({file}: its file's name); needed: what a session asked to draft this way
+    without the means is told; recognises(target, draft): whether a draft file drafts this way for that
+    target, by their headers (the costly drafters that read a file; a drafter that crosses vocabularies, say,
+    is told by both); draft_max: its longest draft a step unless --draft-max says otherwise."""
 
     name: str
     kind: DrafterKind
     weights: Weights
-    drafter: type
+    drafter: type | None
     label: str
     needed: str = ""
     recognises: Callable[[Header, Header], bool] | None = None
-    published: bool = False  # its file is published beside the target, and --draft KIND finds it there
+    # its file is published beside the target, under this word in the registry's `drafts`, and --draft KIND
+    # finds it there
+    published: str | None = None
+    asked: str = ""  # what --draft KIND drafts with, for --draft's help
+    # Measured on a 2-core CPU: always drafting beyond 3 tokens costs more than it wins; the drafters that
+    # draft only where they are likely right (auto, and the text a prediction or a grammar gives) draft far
+    draft_max: int = 3
+    block: bool = False  # a draft of any length is one forward pass over all its positions (DFlash)
 
     @property
     def costly(self) -> bool:
@@ -65,31 +74,77 @@ def _architecture(name: str) -> Callable[[Header, Header], bool]:
 # In the order a draft file is recognised (a file that is none of the others is a draft model), which is
 # also the order auto weighs the costly drafters in.
 SPECS = (
-    DrafterSpec("plain", DrafterKind.PLAIN, Weights.TEXT, NoDrafter, "no drafting"),
+    DrafterSpec("plain", DrafterKind.PLAIN, Weights.TEXT, NoDrafter, "no drafting", draft_max=0),
     DrafterSpec("ngram", DrafterKind.NGRAM, Weights.TEXT, NgramDrafter, "n-gram lookup"),
     # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter
     DrafterSpec("assistant", DrafterKind.MTP, Weights.MTP_FILE, AssistantDrafter, "its assistant ({file})",
-                recognises=_architecture("gemma4-assistant"), published=True),
+                recognises=_architecture("gemma4-assistant"), published="assistant"),
     # an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the target's own layers would
     DrafterSpec("mtp-sidecar", DrafterKind.MTP, Weights.MTP_FILE, MtpDrafter, "its MTP layers ({file})",
-                recognises=lambda target, draft: draft.mtp_sidecar, published=True),
+                recognises=lambda target, draft: draft.mtp_sidecar, published="mtp"),
     # the drafters that read the target's hidden states (gpt-oss's `eagle3-`, Qwen3.6's `dflash-` sidecars)
     DrafterSpec("eagle3", DrafterKind.EAGLE3, Weights.FILE, Eagle3Drafter, "EAGLE-3 ({file})",
                 "the eagle3 mode needs an EAGLE-3 drafter (--draft eagle3, or its eagle3-*.gguf file)",
-                _architecture("eagle3"), published=True),
+                _architecture("eagle3"), published="eagle3",
+                asked="the EAGLE-3 drafter published beside it (gpt-oss's), which reads the target's hidden states"),
     DrafterSpec("dflash", DrafterKind.DFLASH, Weights.FILE, DFlashDrafter, "DFlash ({file})",
                 "the dflash mode needs a DFlash drafter (--draft dflash, or its dflash-*.gguf file)",
-                _architecture("dflash"), published=True),
+                _architecture("dflash"), published="dflash", block=True,
+                asked="the DFlash drafter published beside it (Qwen3.6's), which reads the target's hidden states"),
     DrafterSpec("draft", DrafterKind.DRAFT, Weights.FILE, ModelDrafter, "{file}",
                 "the draft mode needs a draft model (--draft NAME or FILE)", lambda target, draft: True),
     DrafterSpec("mtp", DrafterKind.MTP, Weights.TARGET, MtpDrafter, "its own MTP layers",
-                "the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)"),
+                "the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)",
+                asked="the target's own multi-token-prediction layers (Qwen3.5 and others that have them), or the"
+                " mtp- file published beside it (Gemma 4's assistant among them)"),
+    # Auto drafts up to 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32
+    # tokens in the time of 7 single ones) and stops short by itself wherever acceptance does not carry that far.
+    DrafterSpec("auto", DrafterKind.AUTO, Weights.TEXT, None, "auto", draft_max=32),
+    # the drafters beside a generation's own: earlier answers (within auto), the user's prediction and a
+    # grammar's forced text (beside any mode)
+    DrafterSpec("suffix", DrafterKind.SUFFIX, Weights.TEXT, SuffixDrafter, "earlier answers", draft_max=32),
+    DrafterSpec("prediction", DrafterKind.PREDICTION, Weights.TEXT, PredictionDrafter, "the prediction",
+                draft_max=32),
+    DrafterSpec("forced", DrafterKind.FORCED, Weights.TEXT, ForcedDrafter, "the grammar's forced text",
+                draft_max=32),
 )
 SPEC = {spec.name: spec for spec in SPECS}
+# each kind's first spec: what its default length and passes are (the MTP kind's three specs agree on them)
+_OF_KIND = {spec.kind: spec for spec in reversed(SPECS)}
+# what a session's verification batch must hold: the longest draft any kind makes by default
+LONGEST_DEFAULT_DRAFT = max(spec.draft_max for spec in SPECS)
 # the modes that draft with a model of their own (a file, or the target's MTP layers)
 COSTLY_KINDS = frozenset(spec.kind for spec in SPECS if spec.costly)
 # the modes --draft names by their word alone: a drafter published beside the target is looked for
 PUBLISHED_KINDS = frozenset(spec.kind for spec in SPECS if spec.published)
+# the registry's words for the drafters published beside a model that localspec drafts with
+PUBLISHED_DRAFTERS = tuple(spec.published for spec in SPECS if spec.published)
+# what --draft WORD drafts with, for its help
+DRAFT_WORDS = {spec.kind: spec.asked for spec in SPECS if spec.asked}
+
+
+def default_draft_max(kind: DrafterKind) -> int:
+    return _OF_KIND[DrafterKind(kind)].draft_max
+
+
+def drafts_a_block(kind: DrafterKind) -> bool:
+    """Whether a draft of any length is one forward pass over all its positions, rather than a pass a token."""
+    return _OF_KIND[DrafterKind(kind)].block
+
+
+def draft_limit(speculation: Speculation, kind: DrafterKind | None = None) -> int:
+    """Most tokens drafted a step when generating with `kind` (default: speculation's mode): the one place
+    draft_max is decided."""
+    kind = kind or speculation.drafting
+    if kind == DrafterKind.PLAIN:
+        return 0
+    return default_draft_max(kind) if speculation.draft_max is None else speculation.draft_max
+
+
+def longest_draft(speculation: Speculation) -> int:
+    """The longest draft any kind may make, draft_max or a default (chat's /draft N may ask for any of them
+    later): what a session's verification batch must hold."""
+    return max(speculation.draft_max or 0, LONGEST_DEFAULT_DRAFT)
 
 
 def needed(kind: DrafterKind) -> str:
@@ -133,6 +188,9 @@ def plan_drafting(speculation: Speculation, target: Header, draft: Header | None
     layers draft when asked for, and under auto beside a draft model (the target keeps the hidden states
     of one kind of drafter)."""
     mode = speculation.drafting
+    if speculation.draft_min > draft_limit(speculation):
+        raise UsageError(f"draft-min must be between 0 and draft-max ({draft_limit(speculation)}),"
+                         f" got {speculation.draft_min}")
     by_file = None if draft is None else next(spec for spec in SPECS if spec.recognises and spec.recognises(target, draft))
     if by_file is not None and mode == DrafterKind.DRAFT:
         mode = by_file.kind
