@@ -23,7 +23,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
     fcntl = None
 
 from . import paths
-from .config import Limits, Sampling, overridden
+from .config import Limits, Sampling, Thinking, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble
 from .request import Request
 from .scheduler import ENDED, Scheduler
@@ -208,24 +208,29 @@ FIELD_KINDS = {
 }
 
 
-def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool) -> Request:
+def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool, thinking: Thinking) -> Request:
     """What an item asks for: its conversation, or its prompt (wrapped in the chat template unless raw)."""
     if item.error:
         raise LocalspecError(item.error)
     item_sampling, item_limits = settings(item, sampling, limits)
-    prompt = None if item.messages else session.prompts.tokenize(item.prompt, raw)
-    return Request(item_sampling, item_limits, messages=item.messages or None, prompt=prompt,
-                   prediction=item.prediction)
+    if not item.messages and not item.prompt:
+        raise InputError("the prompt is empty")
+    messages = item.messages or (None if raw else [{"role": "user", "content": item.prompt}])
+    prompt = session.prompts.tokenize(item.prompt, raw=True) if messages is None else None
+    return Request(item_sampling, item_limits, messages=messages, prompt=prompt, prediction=item.prediction,
+                   thinking=thinking)
 
 
-def _record(item: Item, outcome: Recorder, predicted: int | None) -> dict:
+def _record(item: Item, outcome: Recorder, predicted: int | None, thinks: bool) -> dict:
     summary = outcome.summary()
-    return {"id": item.id, "text": outcome.text, "finish_reason": outcome.finish_reason, "stats": summary.as_dict()} | (
-        {"prediction": summary.prediction_tokens(predicted)} if predicted else {})
+    return ({"id": item.id, "text": outcome.text} | ({"reasoning": outcome.reasoning} if thinks else {})
+            | {"finish_reason": outcome.finish_reason, "stats": summary.as_dict()}
+            | ({"prediction": summary.prediction_tokens(predicted)} if predicted else {}))
 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,
-        progress: Callable[[dict], None], durable: bool, running: dict | None = None) -> list[dict]:
+        progress: Callable[[dict], None], durable: bool, running: dict | None = None,
+        thinking: Thinking = Thinking()) -> list[dict]:
     """Generate the items, as many at once as the session has sequences (--parallel), a record written as
     each finishes; errors become an item's record instead of stopping the batch. durable: out is a file
     on disk, fsynced after every record so a crash cannot lose it. running: the items being generated,
@@ -241,7 +246,7 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     while True:
         while not scheduler.full and (item := next(waiting, None)) is not None:
             try:
-                started = scheduler.add(_request(session, item, sampling, limits, raw))
+                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking))
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue
@@ -250,7 +255,8 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
             return records
         for started, event in scheduler.step():
             if event is ENDED:
-                finish(_record(running.pop(started.sequence), started.recorder, started.predicted or None))
+                finish(_record(running.pop(started.sequence), started.recorder, started.predicted or None,
+                               session.prompts.thinks))
             elif isinstance(event, LocalspecError):
                 finish({"id": running.pop(started.sequence).id, "error": str(event)})
             elif isinstance(event, BaseException):

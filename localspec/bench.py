@@ -452,6 +452,7 @@ class Result:
             # what auto's probes that did not pay cost, against plain decoding, as a share of decode time
             "probe_loss": s.probe_lost_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
+            "parts": s.as_dict()["parts"],  # a reasoning model's thinking and answer apart
             "accepted_shares": {kind: d.accepted / accepted for kind, d in s.drafters.items()} if accepted else {},
             "differs_from_plain": self.differs_from(plain, sampling),
         }
@@ -574,7 +575,7 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
         if not mixed:
             session.forget()
         for number, prompt in enumerate(prompts, start=1):
-            tokens = session.prompts.chat_tokens(own_replies(session, prompt.messages, limits, replies))
+            messages = own_replies(session, prompt.messages, limits, replies)
             prediction = session.prompts.prediction_tokens(prompt.prediction) if prompt.prediction else None
             for mode in modes:
                 progress(f"{name} {number}/{len(prompts)} {mode}")
@@ -584,7 +585,7 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
                 session.reset()
                 result = results[(mode, name)]
                 result.prompts += 1
-                events = session.generate(Request(sampling, limits, prompt=tokens, prediction=prediction))
+                events = session.generate(Request(sampling, limits, messages=messages, prediction=prediction))
                 result.outputs.append([])
                 for event in result.host.follow(events, session):
                     result.recorder.add(event)

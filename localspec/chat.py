@@ -8,10 +8,11 @@ fast in turn 20 as in turn 2.
 import atexit
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from . import tui
-from .config import DrafterKind, Limits, Sampling
+from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import LocalspecError
 from .prompts import is_message
 from .session import Session
@@ -22,6 +23,7 @@ HELP = """\
 /stats           speculation statistics of this chat so far
 /clear           forget the conversation (the system prompt stays)
 /draft off|on|N  stop speculating, resume, or draft up to N tokens a step
+/think, /no-think  let a reasoning model think before it answers, or not
 /save FILE       write the conversation to FILE as JSON
 /load FILE       go on with a conversation saved by /save
 /exit            leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
@@ -34,9 +36,10 @@ BLOCK = '"""'
 class Chat:
     """The terminal's chat: a Conversation and the slash commands that steer it."""
 
-    def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None):
+    def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
+                 thinking: Thinking = Thinking()):
         self.session = session
-        self.conversation = session.chat(system, sampling, limits)
+        self.conversation = session.chat(system, sampling, limits, thinking)
 
     @property
     def messages(self) -> list[dict]:
@@ -78,6 +81,8 @@ class Chat:
             console.print("[dim]conversation cleared[/]")
         elif name == "draft":
             self._draft(argument, console)
+        elif name in ("think", "no-think", "nothink"):
+            self._think(name == "think", console)
         elif name == "load":
             self._load(argument, console)
         elif name == "save":
@@ -106,8 +111,17 @@ class Chat:
         if not (isinstance(messages, list) and all(is_message(m) for m in messages)):
             console.print(f"[red]{tui.shown(argument)} is not a conversation saved by /save[/]")
             return
-        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        self.messages = [{key: m[key] for key in ("role", "content", "reasoning_content") if isinstance(m.get(key), str)}
+                         for m in messages]
         console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
+
+    def _think(self, on: bool, console) -> None:
+        if not self.session.prompts.thinks:
+            console.print("[red]this model does not think before it answers (its chat template shows no thinking)[/]")
+            return
+        self.conversation.thinking = replace(self.conversation.thinking, think=on,
+                                             budget=None if on else self.conversation.thinking.budget)
+        console.print(f"[dim]thinking {'on' if on else 'off'} from the next message[/]")
 
     def _draft(self, argument: str, console) -> None:
         if argument == "off":

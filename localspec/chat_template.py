@@ -387,16 +387,17 @@ def _compiled(template: str) -> jinja2.Template:
     return _ENVIRONMENT.from_string(template)
 
 
-def render(template: str, messages: list[dict], bos_token: str, eos_token: str, tools: list[dict] | None = None) -> str:
+def render(template: str, messages: list[dict], bos_token: str, eos_token: str, tools: list[dict] | None = None,
+           variables: dict | None = None) -> str:
     """The conversation (and the tools it may call, OpenAI's definitions) as the template writes it,
-    ready for the assistant's turn."""
+    ready for the assistant's turn. variables: more the template reads (a reasoning model's enable_thinking)."""
     if len(template) > MAX_SOURCE:
         raise InputError(f"the model's chat template is {len(template):,} characters (at most {MAX_SOURCE:,});"
                          " pass --raw to send the prompt as is")
     token = _budget.set(_Budget())
     try:
         pieces, length = [], 0
-        extra = {"tools": tools} if tools else {}  # templates ask `if tools`, some `tools is defined`
+        extra = ({"tools": tools} if tools else {}) | (variables or {})  # templates ask `if tools`, some `tools is defined`
         for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
                                                   bos_token=bos_token, eos_token=eos_token, **extra):
             length += len(piece)
@@ -420,16 +421,16 @@ _STAND_IN_FOUND = re.compile("\u2063(\\d+)\u2063")
 
 
 def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token: str,
-                  literal: set[int], tools: list[dict] | None = None) -> list[tuple[str, bool]]:
+                  literal: set[int], tools: list[dict] | None = None, variables: dict | None = None) -> list[tuple[str, bool]]:
     """The rendered conversation as (text, is_message_text) pieces, where the text of each message
     numbered in `literal` is a piece of its own: what a user wrote can then be tokenized as text, and
     only the template's own text may spell control tokens. Templates that trim a message are
     followed; one that rewrites a literal message otherwise is refused."""
-    text = render(template, messages, bos_token, eos_token, tools)
+    text = render(template, messages, bos_token, eos_token, tools, variables)
     if not literal:
         return [(text, False)]
     stand_ins = [dict(m, content=_STAND_IN.format(i)) if i in literal else m for i, m in enumerate(messages)]
-    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token, tools))
+    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token, tools, variables))
     # odd parts name a message; one that names no literal message came from other text, not a stand-in
     if all(int(part) in literal for part in skeleton[1::2]):
         for shown in (str, str.strip):

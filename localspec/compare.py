@@ -7,9 +7,9 @@ model file's pages (read once by the first prefill) favour neither. One run each
 two runs of identical work differ by a few percent, which the verdict leaves as "no difference".
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .config import DrafterKind, Limits, Sampling
+from .config import DrafterKind
 from .request import Request
 from .session import Session
 from .stats import Recorder, Summary, record
@@ -67,21 +67,20 @@ class Comparison:
                 "first_difference": self.first_difference, "verdict": self.verdict()}
 
 
-def plain_beside(session: Session, prompt: list[int], sampling: Sampling, limits: Limits,
-                 speculative: Recorder) -> Comparison:
-    """Decode `prompt` plainly from empty caches, and set it against the speculative run `speculative`
-    recorded on the same session; the session drafts as before afterwards."""
+def plain_beside(session: Session, request: Request, speculative: Recorder) -> Comparison:
+    """Decode the request plainly from empty caches (without its prediction), and set it against the speculative
+    run `speculative` recorded on the same session; the session drafts as before afterwards."""
     mode = session.mode
     session.reset()
     session.use(DrafterKind.PLAIN)
     try:
-        plain = record(session.generate(Request(sampling, limits, prompt=prompt)))
+        plain = record(session.generate(replace(request, prediction=None)))
     finally:
         session.use(mode)
-    ours, theirs = speculative.text, plain.text
+    ours, theirs = speculative.reasoning + speculative.text, plain.reasoning + plain.text
     parting = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if parting is None and len(ours) != len(theirs):
         parting = min(len(ours), len(theirs))
     costs = session.costs()
-    return Comparison(speculative.summary(), plain.summary(), mode, sampling.greedy, parting is None, parting,
+    return Comparison(speculative.summary(), plain.summary(), mode, request.sampling.greedy, parting is None, parting,
                       costs["verify_relative"] if costs else None)

@@ -233,6 +233,35 @@ class Limits:
             raise UsageError(f"a stop string is longer than {MOST_STOP_CHARACTERS:,} characters", "stop")
 
 
+EFFORTS = ("low", "medium", "high")
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """How a reasoning model thinks before it answers.
+
+    think: whether it thinks (None: as its template does by default); effort: how hard (gpt-oss's
+    reasoning_effort, one of EFFORTS; None: the template's default); budget: most tokens of thinking,
+    after which the block is closed for it and it answers (None: no limit; 0: it answers at once)."""
+
+    think: bool | None = None
+    effort: str | None = None
+    budget: int | None = None
+
+    def __post_init__(self):
+        if self.effort is not None and self.effort not in EFFORTS:
+            raise UsageError(f"reasoning effort must be one of {', '.join(EFFORTS)}, got {self.effort!r}")
+        if self.budget == -1:  # llama.cpp's spelling of no limit
+            object.__setattr__(self, "budget", None)
+        if self.budget is not None and self.budget < 0:
+            raise UsageError(f"reasoning budget must be >= 0 tokens, or -1 for no limit, got {self.budget}")
+
+    @property
+    def off(self) -> bool:
+        """Whether the model is to answer without thinking."""
+        return self.think is False or self.budget == 0
+
+
 def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                max_tokens: int | None = None, stop: str | Sequence[str] | None = None,

@@ -18,12 +18,16 @@ class Prefill:
 
 @dataclass(frozen=True)
 class Token:
-    """One emitted token. text is what may be shown now: it can be empty while a
-    multi-byte character or a possible stop string is still incomplete."""
+    """One emitted token. text is what may be shown now of the answer: it can be empty while a
+    multi-byte character or a possible stop string is still incomplete. A reasoning model's tokens are
+    split by the session (reasoning.py): thought is what may be shown now of the thinking, and thinking
+    says the token is part of it (its markers included)."""
 
     id: int
     text: str
     from_draft: bool
+    thought: str = ""
+    thinking: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,13 @@ class Step:
 class Done:
     """finish_reason: "stop" (end of generation or a stop string), "length" (max tokens)
     or "context" (the context is full). tail: text held back until the end, not carried
-    by any Token event. decode_seconds: from the end of the prefill to the end of the last step."""
+    by any Token event (thought_tail: of the thinking, where a reply ends inside it). decode_seconds: from
+    the end of the prefill to the end of the last step."""
 
     finish_reason: str
     tail: str
     decode_seconds: float
+    thought_tail: str = ""
 
 
 Event = Prefill | Token | Step | Done

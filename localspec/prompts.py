@@ -5,8 +5,9 @@ refuse what cannot fit its context before any time goes into it."""
 import json
 from dataclasses import dataclass, replace
 
+from . import reasoning
 from .chat_template import render_pieces
-from .config import Sampling
+from .config import Sampling, Thinking
 from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
 from .errors import ContextOverflow, InputError
@@ -22,8 +23,10 @@ FALLBACK_TEMPLATE = (
 # The roles a conversation may hold. A template writes the role into the prompt as control-token text
 # (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
 ROLES = ("system", "user", "assistant")
-# What a message may carry about tools beside its content (OpenAI's names): written into the prompt as text
+# What a message may carry about tools beside its content (OpenAI's names), and an assistant's earlier
+# thinking (which a reasoning model's template writes back, or drops): written into the prompt as text
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
+THINKING_FIELD = "reasoning_content"
 
 
 def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
@@ -51,6 +54,7 @@ class Prepared:
     sampling: Sampling
     prediction: list[int] | None
     tool_format: ToolFormat | None
+    reasoning_plan: reasoning.Plan | None = None  # how a reasoning model's reply splits into thinking and answer
 
 
 class Prompts:
@@ -58,7 +62,9 @@ class Prompts:
 
     def __init__(self, model: Model, n_ctx: int):
         self.model, self.n_ctx = model, n_ctx
-
+        self.template = model.chat_template() or FALLBACK_TEMPLATE
+        self.family = reasoning.family(self.template)  # how its replies think
+        self.thinks = self.family is not reasoning.NONE
     def prepare(self, request: Request) -> Prepared:
         """A request made ready to generate: its prompt as tokens (a conversation through the chat template,
         with the tools it may call), its prediction's tokens, and the sampling that keeps tool calls well
@@ -67,16 +73,48 @@ class Prompts:
         prediction = request.prediction
         if isinstance(prediction, str):
             prediction = self.prediction_tokens(prediction)
-        sampling, tool_format = request.sampling, None
+        sampling, tool_format, plan = request.sampling, None, None
         if request.tools is not None:
             sampling, tool_format = self.with_tools(sampling, request.tools)
         if request.messages is not None:
-            tokens = self.chat_tokens(request.messages, request.tools)
+            tokens = self.chat_tokens(request.messages, request.tools, request.thinking)
+            tokens, plan = self.thinking_plan(tokens, request.thinking)
         elif isinstance(request.prompt, str):
             tokens = self.tokenize(request.prompt, raw=True)
         else:
             tokens = self.token_ids(request.prompt)
-        return Prepared(request, tokens, sampling, prediction or None, tool_format)
+        return Prepared(request, tokens, sampling, prediction or None, tool_format, plan)
+
+    def thinking_plan(self, tokens: list[int], thinking: Thinking) -> tuple[list[int], reasoning.Plan | None]:
+        """A conversation's prompt as a reasoning model is to read it, and how its reply is split: where thinking
+        is turned off and the prompt opened the block (a template without a switch), it is closed in the prompt,
+        as llama.cpp does; gpt-oss, which cannot be turned off, is given its final channel to answer in."""
+        family = self.family
+        if family is reasoning.NONE:
+            if thinking.think:
+                raise InputError(f"{self.model.path.name} does not support thinking: its chat template writes no"
+                                 " thinking block (ask without think)")
+            return tokens, None
+        special = lambda text: self.model.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
+        tail = b"".join(self.model.special_piece(token) for token in tokens[-8:]).decode("utf-8", errors="replace")
+        opened = (family.format is reasoning.ReasoningFormat.THINK
+                  and "".join(tail.split()).endswith(family.open + family.channel))
+        answering = False
+        if thinking.off and (opened or family is reasoning.HARMONY):
+            tokens = tokens + special(family.closing if opened else reasoning.HARMONY_ANSWER)
+            opened, answering = False, True
+        budget = 0 if thinking.off else thinking.budget
+        return tokens, reasoning.Plan(family, opened, answering, budget, tuple(special(family.closing)))
+
+    def template_variables(self, thinking: Thinking) -> dict:
+        """What a reasoning model's template reads of how it is to think (llama.cpp's names): enable_thinking
+        always where the template reads it (some close the block unless it is true), reasoning_effort where asked."""
+        variables = {}
+        if "enable_thinking" in self.template:
+            variables["enable_thinking"] = not thinking.off
+        if thinking.effort is not None and "reasoning_effort" in self.template:
+            variables["reasoning_effort"] = thinking.effort
+        return variables
 
     def tokenize(self, prompt: str, raw: bool) -> list[int]:
         """Prompt text to tokens, wrapped in the model's chat template unless raw."""
@@ -88,7 +126,7 @@ class Prompts:
             return self.model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
-    def chat_tokens(self, messages: list[dict], tools: Tools | None = None) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: Tools | None = None, thinking: Thinking = Thinking()) -> list[int]:
         """A conversation, rendered with the model's chat template, ready for the assistant's turn, with
         the tools it may call.
 
@@ -97,7 +135,9 @@ class Prompts:
         definitions and earlier calls are written by the template as JSON: one that spells a control
         token is refused."""
         model = self.model
-        template = model.chat_template() or FALLBACK_TEMPLATE
+        template = self.template
+        # earlier thinking under the name each template reads it by (gpt-oss's: thinking)
+        messages = [m | {"thinking": m[THINKING_FIELD]} if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
         bos, eos = model.special_text("bos"), model.special_text("eos")
         text = "".join(str(m.get("content") or "") for m in messages)
         self.refuse_what_cannot_fit(len(text), len(messages))
@@ -108,12 +148,14 @@ class Prompts:
 
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
+        fields = (*TOOL_FIELDS, THINKING_FIELD)
         about_tools = [list(tools.definitions) if tools else [],
-                       [[m.get(key) for key in TOOL_FIELDS] for m in messages if any(key in m for key in TOOL_FIELDS)]]
+                       [[m.get(key) for key in fields] for m in messages if any(key in m for key in fields)]]
         if any(about_tools) and spells_control_tokens(json.dumps(about_tools, ensure_ascii=False)):
-            raise InputError("a tool definition or tool call contains the text of a control token, which the chat"
-                             " template would write as one")
-        pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None)
+            raise InputError("a tool definition, tool call or earlier thinking contains the text of a control token,"
+                             " which the chat template would write as one")
+        pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None,
+                               self.template_variables(thinking) if self.family is not reasoning.NONE else None)
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []

@@ -3,7 +3,7 @@ chat, bench, a program that imports localspec)."""
 
 from dataclasses import dataclass
 
-from .config import Limits, Sampling
+from .config import Limits, Sampling, Thinking
 from .tool_calls import Tools
 
 
@@ -17,6 +17,7 @@ class Request:
     schema's among it (prompts.output_grammar makes one); limits: how long it may run and where it stops.
     prediction: the text the answer is expected to follow (OpenAI's Predicted Outputs), drafted wherever
     it does, or its tokens as Session.prediction_tokens made them. tools: the tools a conversation's answer may call, their calls kept well formed by a grammar.
+    thinking: how a reasoning model thinks before it answers (whether, how hard, how long).
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers
     and reuses no cache another client filled."""
 
@@ -27,6 +28,7 @@ class Request:
     prediction: str | list[int] | None = None
     tools: Tools | None = None
     client: str | None = None
+    thinking: Thinking = Thinking()
 
     @property
     def characters(self) -> int:

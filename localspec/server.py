@@ -402,6 +402,9 @@ class Server:
             item = first
             reader = tool_reader(job)  # (the worker has read the request's tools by its first event)
             while item is not FINISHED and not isinstance(item, LocalspecError):
+                thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
+                if thought:
+                    yield frames.thought(thought)
                 text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
                 if text:
                     for frame in framed(reader.feed(text) if reader else [text]):
@@ -662,10 +665,10 @@ class _Uvicorn(uvicorn.Server):
 
 
 def _makes_the_response(item, stream: bool) -> bool:
-    """Errors and the end always; a stream's text and its held-back tail too."""
+    """Errors and the end always; a stream's text (a reasoning model's thinking too) and its held-back tail."""
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
-    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text))
+    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought))
 
 
 def _named(name):

@@ -23,7 +23,7 @@ from .errors import EngineError, LocalspecError
 from .request import Request
 from .scheduler import ENDED, Running, Scheduler
 from .session import Session
-from .stats import Recorder
+from .stats import ANSWER, THINKING, Recorder
 from .tool_calls import ToolFormat
 
 # What a job delivers after its last event or its error: nothing more will come.
@@ -380,6 +380,15 @@ class Metrics:
                                       ("sequence_accepted_tokens_total", "Draft tokens accepted", "accepted")):
                 metric(name, "counter", f"{what}, by sequence (serve -np's slot).",
                        [(f'{{sequence="{sequence}"}}', getattr(recorder, count)) for sequence, recorder in by_sequence])
+            for name, what, count in (("part_tokens_total", "Tokens generated", "tokens"),
+                                      ("part_steps_total", "Verification passes", "steps"),
+                                      ("part_draft_tokens_total", "Draft tokens proposed", "drafted"),
+                                      ("part_accepted_tokens_total", "Draft tokens accepted", "accepted"),
+                                      ("part_seconds_total", "Time drafting and verifying", "seconds")):
+                # (each sequence's recorder places its steps: the served one folds all sequences' interleaved)
+                metric(name, "counter", f"{what}, by part of a reply: a reasoning model's thinking, and the answer.",
+                       [(f'{{part="{part}"}}', sum(getattr(recorder.parts[part], count) for _, recorder in by_sequence))
+                        for part in (THINKING, ANSWER)])
             for name, what, count in (("drafter_steps_total", "Steps that drafted", "steps"),
                                       ("drafter_draft_tokens_total", "Draft tokens proposed", "drafted"),
                                       ("drafter_accepted_tokens_total", "Draft tokens accepted", "accepted")):

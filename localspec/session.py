@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, check_draft_fits, overridden
+from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, overridden
 from .drafting import Drafters, speculating
 from .engine import rpc
 from .engine.embedder import Embedder
@@ -17,7 +17,8 @@ from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone
 from .errors import LocalspecError, UsageError
-from .events import Event, Prefill
+from . import reasoning
+from .events import Done, Event, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place
 from .store.placement import Placement
@@ -109,6 +110,9 @@ class Session:
             self.plan, self.notes = loaded.placement, loaded.notes
             self.target_model, self.target, self.sequences = loaded.target_model, loaded.target, loaded.sequences
             self.prompts = Prompts(self.target_model, self.target.n_ctx)
+            if hint := reasoning.unread_thinking(self.prompts.template):
+                self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
+                                  " read: any thinking stays in the answer")
             self._threads = runtime.threads
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
@@ -231,9 +235,23 @@ class Session:
         rows together."""
         if prepared.request.client is not None:  # it drafts from its own client's earlier answers only
             self.remember_as(prepared.request.client)
-        events = generate(self.sequences[sequence], self.drafting.of(sequence, prepared.prediction), prepared.tokens,
-                          prepared.sampling, self.speculation, prepared.request.limits)
-        return self.drafting.remembering(events, prepared.tokens)
+        drafter, limits = self.drafting.of(sequence, prepared.prediction), prepared.request.limits
+
+        def generating(prompt: list[int], limits: Limits) -> Iterator:
+            events = generate(self.sequences[sequence], drafter, prompt, prepared.sampling, self.speculation, limits)
+            return self.drafting.remembering(events, prompt)
+
+        def going_on(made: list[int]) -> Iterator:
+            """After a reasoning budget's closing: the prompt and the reply so far are all but read already."""
+            left = None if limits.max_tokens is None else limits.max_tokens - len(made)
+            if left is not None and left < 1:
+                return iter([Done("length", "", 0.0)])
+            return generating(prepared.tokens + made, replace(limits, max_tokens=left))
+
+        events = generating(prepared.tokens, limits)
+        if prepared.reasoning_plan is None:
+            return events
+        return reasoning.split(events, prepared.reasoning_plan, self.target_model.control_text, going_on)
 
     @property
     def remembered(self) -> tuple[int, int] | None:
@@ -260,9 +278,9 @@ class Session:
         return Reply.of(record(self.stream(prompt, raw, **options)))
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None,
-             limits: Limits | None = None) -> "Conversation":
+             limits: Limits | None = None, thinking: Thinking | None = None) -> "Conversation":
         """A conversation with history on this session."""
-        return Conversation(self, system, sampling or Sampling(), limits or Limits())
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking or Thinking())
 
     @property
     def info(self) -> Info:
@@ -313,10 +331,14 @@ class Session:
 class Conversation:
     """A chat with history. Each turn renders the whole conversation with the model's chat template; the
     KV caches keep what earlier turns read, so only the new turn is read. `recorder` folds every turn's
-    events (the chat's statistics; its text is the latest reply's), `turn` the latest turn's."""
+    events (the chat's statistics; its text is the latest reply's), `turn` the latest turn's. A reasoning
+    model's replies join the history with their thinking apart (reasoning_content), for its template to
+    write back or drop as it does; thinking: how it thinks (chat's /think and /no-think change it)."""
 
-    def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits):
+    def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits,
+                 thinking: Thinking = Thinking()):
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
+        self.thinking = thinking
         self.recorder = self.turn = Recorder()
         self.clear()
 
@@ -333,7 +355,7 @@ class Conversation:
         self.turn = Recorder()
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
-            for event in self.session.generate(Request(sampling, limits, messages=self.messages)):
+            for event in self.session.generate(Request(sampling, limits, messages=self.messages, thinking=self.thinking)):
                 self.recorder.add(event)
                 self.turn.add(event)
                 started = started or isinstance(event, Prefill)
@@ -349,7 +371,9 @@ class Conversation:
             raise
         finally:
             if not failed:
-                self.messages.append({"role": "assistant", "content": self.recorder.text if started else ""})
+                thought = self.recorder.reasoning if started else ""
+                self.messages.append({"role": "assistant", "content": self.recorder.text if started else ""}
+                                     | ({"reasoning_content": thought} if thought else {}))
 
     def send(self, text: str, **options) -> Reply:
         """The whole reply to one message."""

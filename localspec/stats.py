@@ -36,6 +36,39 @@ class DrafterTally:
             self.probe_lost_seconds += lost
 
 
+@dataclass
+class PartTally:
+    """A reply's thinking, or its answer: its tokens, and the steps that made them (a step counted in the
+    part its first token falls in), their drafts and time."""
+
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # drafting and verifying its steps
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.seconds += step.draft_seconds + step.verify_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens the target settled per verification, in this part (auto's pay: above 1 where drafts were kept)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second, "tokens_per_step": self.tokens_per_step}
+
+
+THINKING, ANSWER = "thinking", "answer"
+
+
 @dataclass(frozen=True)
 class Summary:
     tokens: int
@@ -57,6 +90,8 @@ class Summary:
     # (their draft time was speculation's overhead, not plain decoding's).
     estimated_speedup: float | None
     drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)  # per drafter that drafted
+    # a reasoning model's thinking and answer apart (THINKING, ANSWER); empty where nothing was thinking
+    parts: dict[str, PartTally] = field(default_factory=dict)
 
     @property
     def probe_lost_seconds(self) -> float:
@@ -72,6 +107,7 @@ class Summary:
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
         out["drafters"] = {name: asdict(d) for name, d in self.drafters.items()}
+        out["parts"] = {name: part.as_dict() for name, part in self.parts.items()}
         out["probe_lost_seconds"] = self.probe_lost_seconds
         return out
 
@@ -112,24 +148,36 @@ class Recorder:
     reached: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
     drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)
+    parts: dict[str, PartTally] = field(default_factory=lambda: {THINKING: PartTally(), ANSWER: PartTally()})
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
+    reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
     finish_reason: str | None = None  # of the latest generation; None while it runs
     finished_seconds: float = 0.0  # decode time of the generations that ended
     decode_started: float | None = None  # when the running generation's prefill ended
+    _unplaced: Step | None = None  # the latest step, until its first token says which part it made
+    _part: str = ANSWER  # the part of the latest token
 
     def add(self, event) -> None:
         if isinstance(event, Prefill):
             self.prompt_tokens += event.prompt_tokens
             self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
-            self.text, self.finish_reason, self.decode_started = "", None, perf_counter()
+            self.text, self.reasoning, self.finish_reason, self.decode_started = "", "", None, perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
             self.text += event.text
+            self.reasoning += event.thought
+            self._part = THINKING if event.thinking else ANSWER
+            self.parts[self._part].tokens += 1
+            self._place_step()
         elif isinstance(event, Step):
+            self._place_step()
+            self._unplaced = event
             self._add_step(event)
         elif isinstance(event, Done):
+            self._place_step()
             self.text += event.tail
+            self.reasoning += event.thought_tail
             self.finish_reason = event.finish_reason
             self.finished_seconds += event.decode_seconds
             self.decode_started = None
@@ -154,6 +202,11 @@ class Recorder:
             self.kept[i] += i < step.accepted
         if step.drafted or step.probe:
             self.drafters.setdefault(step.drafter, DrafterTally()).add(step)
+
+    def _place_step(self) -> None:
+        if self._unplaced is not None:
+            self.parts[self._part].add(self._unplaced)
+            self._unplaced = None
 
     def interrupt(self) -> None:
         """The running generation was stopped (Ctrl-C): it ends where it got to."""
@@ -186,6 +239,8 @@ class Recorder:
             decode_seconds=decode_seconds,
             estimated_speedup=self.estimated_speedup(),
             drafters={kind: DrafterTally(**asdict(d)) for kind, d in self.drafters.items()},
+            parts={name: PartTally(**asdict(part)) for name, part in self.parts.items()}
+            if self.parts[THINKING].tokens else {},
         )
 
     def estimated_speedup(self) -> float | None:

@@ -8,7 +8,10 @@ them; the answer is the model's own text, so each family's form is read here:
   a call, after any text; or, as Qwen2.5-Coder writes them, an answer that is one such object (in a
   ```json fence or not), which llama.cpp reads as a call too;
 * llama3 (Llama 3.1-3.3): the whole answer is `{"name": ..., "parameters": {...}}`;
-* mistral (Mistral Nemo and Small): `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+* mistral (Mistral Nemo and Small): `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
+* harmony (gpt-oss): a message on the commentary channel addressed `to=functions.NAME`, which reasoning.py
+  hands on in hermes' form (its splitter reads the channels); no grammar holds it (a call opens with text
+  of harmony's header, which the model writes freely), so tool_choice "required" is asked of it, not enforced.
 
 The grammar is lazy (llama.cpp's): the model writes freely until it begins a call (a form's opening),
 and from there on it can only write calls to the tools offered, with their parameters' schemas. With
@@ -31,6 +34,7 @@ class ToolFormat(StrEnum):
     HERMES = "hermes"
     LLAMA3 = "llama3"
     MISTRAL = "mistral"
+    HARMONY = "harmony"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -58,6 +62,7 @@ _FORMS = {
     # [TOOL_CALLS] is a control token: the answer's text may show only the list after it
     ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
+    ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
 }
 
 
@@ -67,6 +72,8 @@ def tool_format(template: str | None) -> ToolFormat:
     if "tools" not in source:
         raise InputError("this model's chat template has no tools: it cannot be asked to call them"
                          " (send the request without `tools`)")
+    if "<|channel|>" in source and "functions." in source:
+        return ToolFormat.HARMONY
     if "<tool_call>" in source and "<function=" not in source:
         return ToolFormat.HERMES
     if "[TOOL_CALLS]" in source and "[ARGS]" not in source:
@@ -74,7 +81,8 @@ def tool_format(template: str | None) -> ToolFormat:
     if "ipython" in source and '"parameters"' in source:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
-                     " (it reads Qwen's and Hermes' <tool_call>, Llama 3.x's JSON and Mistral's [TOOL_CALLS])")
+                     " (it reads Qwen's and Hermes' <tool_call>, Llama 3.x's JSON, Mistral's [TOOL_CALLS] and gpt-oss's"
+                     " harmony)")
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,7 @@ class ToolCall:
 def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, ...]]:
     """(GBNF, triggers) for Sampling.grammar and grammar_triggers: what the answer's calls must follow.
     No grammar with tool_choice "none"; a lazy one with "auto"; one that holds from the start else."""
-    if tools.choice == "none":
+    if tools.choice == "none" or form is ToolFormat.HARMONY:
         return None, ()
     f = _FORMS[form]
     offered = [d["function"] for d in tools.definitions if tools.choice in ("auto", "required", d["function"]["name"])]

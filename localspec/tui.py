@@ -274,6 +274,7 @@ def placement_text(placement: dict | None) -> str:
 
 
 DRAFT_STYLE = "green"
+THOUGHT_STYLE = "dim italic"  # a reasoning model's thinking, apart from its answer
 BAR_WIDTH = 20
 
 
@@ -292,6 +293,7 @@ class LiveView:
         self.color = color
         self.summary = summary
         self.text = Text()
+        self._answering = False  # whether the answer has begun (after any thinking)
         self.recorder = Recorder()
         self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
 
@@ -312,12 +314,27 @@ class LiveView:
 
     def add(self, event) -> None:
         self.recorder.add(event)
-        if isinstance(event, Token) and event.text:
-            self.text.append(visible(event.text), style=DRAFT_STYLE if self.color and event.from_draft else None)
-        elif isinstance(event, Done) and event.tail:
-            self.text.append(visible(event.tail))
+        if isinstance(event, Token):
+            drafted = DRAFT_STYLE if self.color and event.from_draft else ""
+            if event.thought:
+                self.text.append(visible(event.thought), style=f"{THOUGHT_STYLE} {drafted}".strip())
+            if event.text:
+                self._end_of_thinking()
+                self.text.append(visible(event.text), style=drafted or None)
+        elif isinstance(event, Done):
+            if event.thought_tail:
+                self.text.append(visible(event.thought_tail), style=THOUGHT_STYLE)
+            if event.tail:
+                self._end_of_thinking()
+                self.text.append(visible(event.tail))
         if isinstance(event, (Step, Done)):
             self.live.update(self._render(), refresh=True)
+
+    def _end_of_thinking(self) -> None:
+        """A blank line between the thinking and the answer, where there was thinking."""
+        if self.recorder.reasoning and not self._answering:
+            self.text.append("\n\n" if not self.text.plain.endswith("\n") else "\n")
+        self._answering = True
 
     def _render(self):
         panel = stats_panel(self.recorder.summary(), "generating", self.recorder.last_drafted, self.models, self.auto)
@@ -379,6 +396,9 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None, models:
         table.add_row("draft length", str(draft_length), "prompt", f"{s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached)")
     else:
         table.add_row("prompt", f"{s.prompt_tokens} tokens", "prefill", f"{s.prefill_seconds:.2f} s ({s.reused_prompt_tokens} cached)")
+    for name, part in s.parts.items():
+        table.add_row(name, f"{part.tokens} tokens, {part.tokens_per_second:.1f} tok/s", "tokens/step",
+                      f"{part.tokens_per_step:.2f}")
     for name, d in s.drafters.items():
         probes = f"; {d.probes} probes, {d.probes_lost} lost ({d.probe_lost_seconds:.2f} s)" if d.probes else ""
         table.add_row(name, f"{d.steps} steps", "accepted", f"{d.accepted} of {d.drafted}{probes}")
@@ -398,20 +418,31 @@ def reply_line(recorder: Recorder) -> str:
     return (
         f"{s.tokens} tokens, {s.tokens_per_second:.1f} tok/s, {drafted};"
         f" prompt {s.prompt_tokens} tokens ({s.reused_prompt_tokens} cached) in {s.prefill_seconds:.2f} s"
+        + parts_text(s)
     )
 
 
+def parts_text(s: Summary) -> str:
+    """A reasoning model's thinking and answer apart, for one-line summaries ("" where it did not think)."""
+    return "".join(f"; {name} {part.tokens} tokens, {part.tokens_per_second:.1f} tok/s, {part.tokens_per_step:.2f}"
+                   " tokens/step" for name, part in s.parts.items())
+
+
 def stream(events, show: bool) -> Recorder:
-    """Run a generation to its end, writing its text to stdout as it streams if `show`. Ctrl-C ends it
-    early; the recorder then holds what was made so far, finish reason "interrupted"."""
+    """Run a generation to its end, writing its text to stdout as it streams if `show`, and a reasoning model's
+    thinking to stderr (stdout carries the answer alone). Ctrl-C ends it early; the recorder then holds what
+    was made so far, finish reason "interrupted"."""
     recorder = Recorder()
     write = _writer(show)
+    think = _thought_writer(show)
     try:
         for event in events:
             recorder.add(event)
             if isinstance(event, Token):
+                think(event.thought)
                 write(event.text)
             elif isinstance(event, Done):
+                think(event.thought_tail + ("\n" if recorder.reasoning and not recorder.reasoning.endswith("\n") else ""))
                 write(event.tail if recorder.text.endswith("\n") else event.tail + "\n")
     except KeyboardInterrupt:
         recorder.interrupt()
@@ -422,6 +453,15 @@ def stream(events, show: bool) -> Recorder:
 def _writer(show: bool):
     """Writes generated text to stdout as it streams (or nowhere, if not show)."""
     return write_text if show else lambda text: None
+
+
+def _thought_writer(show: bool):
+    def write(text: str) -> None:
+        if text and show:
+            sys.stderr.write(visible(text) if sys.stderr.isatty() else text)
+            sys.stderr.flush()
+
+    return write
 
 
 def write_text(text: str) -> None:
@@ -458,7 +498,7 @@ def summary_line(recorder: Recorder, auto: bool) -> str:
     return (
         f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
         f" {drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
-        f" {s.prefill_seconds:.2f} s; finish: {recorder.finish_reason}"
+        f" {s.prefill_seconds:.2f} s; finish: {recorder.finish_reason}" + parts_text(s)
         + "".join(f"; {kind}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
                   + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
                   for kind, d in s.drafters.items())

@@ -1,5 +1,6 @@
 import io
 import os
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,31 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     paths["gemma4"] = write_tiny_gemma4(folder / "gemma4.gguf", seed=7)
     paths["gemma4_assistant"] = write_tiny_assistant(folder / "mtp-gemma4.gguf", target_seed=7, seed=8)
     return paths
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+# Reasoning families: each one's real chat template (tests/templates/), and the tokens its vocabulary has as
+# llama.cpp loads them (markers it shows as text, control tokens it ends generation at or leaves out)
+THINKERS = {
+    "qwen3": ("qwen3.jinja", ("<think>", "</think>"), ("<|im_start|>", "<|im_end|>")),
+    "qwen3.5": ("qwen3.5.jinja", ("<think>", "</think>"), ("<|im_start|>", "<|im_end|>")),
+    "deepseek-r1": ("deepseek-r1-distill.jinja", ("<think>", "</think>"),
+                    ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>")),
+    "gpt-oss": ("gpt-oss.jinja", ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"),
+                ("<|end|>", "<|return|>", "<|call|>")),
+    "gemma4": ("gemma4.jinja", ("<|channel>", "<channel|>"), ("<|turn>", "<turn|>", "<|think|>")),
+    "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
+               ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
+}
+
+
+@pytest.fixture(scope="session")
+def thinkers(tmp_path_factory) -> dict[str, Path]:
+    """Tiny GGUFs that carry each reasoning family's chat template and special tokens (the target's weights)."""
+    folder = tmp_path_factory.mktemp("thinkers")
+    return {name: write_tiny_model(folder / f"{name}.gguf", replace(TARGET, chat_template=(TEMPLATES / template).read_text(),
+                                                                   user_defined=shown, control=control))
+            for name, (template, shown, control) in THINKERS.items()}
 
 
 @pytest.fixture(scope="session")

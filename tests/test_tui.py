@@ -221,3 +221,25 @@ def test_models_table_names_drafters_published_beside_a_model_and_marks_unverifi
     text = console.export_text()
     assert "qwen3.5-0.8b + mtp, dflash ?" in text and "1.0 GB ?" in text and "19.1 GB ?" not in text
     assert "? unverified: one public source" in text
+
+
+def test_thinking_is_dimmed_apart_from_the_answer_with_counts_of_its_own():
+    console = Console(record=True, width=90, height=30, force_terminal=True, color_system="truecolor")
+    with tui.LiveView(console) as view:
+        for event in [Prefill(3, 0, 0.1), Step("ngram", 2, 2, 0.01, 0.05), Token(7, "", False, "", thinking=True),
+                      Token(8, "", True, "so it is 4", thinking=True), Token(9, "", True, "", thinking=True),
+                      Step("ngram", 0, 0, 0.0, 0.02), Token(10, "Four.", False), Done("stop", "", 0.1)]:
+            view.add(event)
+    text = console.export_text(clear=False)
+    final = text[text.rindex("so it is 4"):]
+    assert final.startswith("so it is 4\n\nFour.")  # a blank line between them
+    assert "thinking  3 tokens, 50.0 tok/s" in final and "answer    1 tokens" in final
+    html = console.export_html(inline_styles=True)
+    assert "font-style: italic" in html and "so it is 4" in html
+    parts = Recorder()
+    for event in [Step("ngram", 2, 2, 0.01, 0.05), Token(8, "", True, "x", thinking=True), Token(9, "", True, "", True),
+                  Token(10, "y", False), Done("stop", "", 0.1)]:
+        parts.add(event)
+    s = parts.summary()
+    assert (s.parts["thinking"].tokens, s.parts["thinking"].steps, s.parts["answer"].tokens) == (2, 1, 1)
+    assert "thinking 2 tokens" in tui.summary_line(parts, auto=False)

@@ -45,6 +45,14 @@ class TinySpec:
     chat_template: str | None = None  # tokenizer.chat_template; without one localspec's fallback renders chats
     # < 1 shrinks what each layer adds to its input: the next token then depends mostly on the last one
     layer_scale: float = 1.0
+    # more tokens after the pieces, as a real family's vocabulary has them: shown as text (USER_DEFINED, as
+    # Qwen3's <think>), and control tokens (<|im_end|>), which llama.cpp ends generation at where it knows them
+    user_defined: tuple[str, ...] = ()
+    control: tuple[str, ...] = ()
+
+    @property
+    def vocab(self) -> list[str]:
+        return spm_vocab(self.pieces) + list(self.user_defined) + list(self.control)
 
 
 def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray]:
@@ -80,7 +88,7 @@ def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray
 
 def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     """The tensors write_tiny_model writes for a spec."""
-    tokens = spm_vocab(spec.pieces)
+    tokens = spec.vocab
     tensors = _weights(spec.seed, len(tokens), spec.architecture)
     if spec.blend_seed is not None:
         other = _weights(spec.blend_seed, len(tokens), spec.architecture)
@@ -117,21 +125,25 @@ def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> P
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    add_spm_tokenizer(writer, spec.pieces)
+    add_spm_tokenizer(writer, spec.pieces, spec.user_defined, spec.control)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     finish(writer, tensors, path)
     return next(path.parent.glob(f"{path.stem}-00001-of-*.gguf")) if tensors_per_part else path
 
 
-def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...]) -> None:
+def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...], user_defined: tuple[str, ...] = (),
+                      control: tuple[str, ...] = ()) -> None:
     writer.add_tokenizer_model("llama")
-    writer.add_token_list(spm_vocab(pieces))
-    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(pieces))])
+    writer.add_token_list(spm_vocab(pieces) + list(user_defined) + list(control))
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(pieces))]
+                            + [0.0] * (len(user_defined) + len(control)))
     writer.add_token_types(
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         + [gguf.TokenType.BYTE] * 256
         + [gguf.TokenType.NORMAL] * len(pieces)
+        + [gguf.TokenType.USER_DEFINED] * len(user_defined)
+        + [gguf.TokenType.CONTROL] * len(control)
     )
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)

@@ -154,23 +154,27 @@ def run(
         raise InputError("the prompt is empty")
     predicted_text = read_text(prediction_file) if prediction_file else None
     with _open(settings, "run") as session:
-        tokens = (session.prompts.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": text}])
-                  if system is not None else session.prompts.tokenize(text, raw))
+        messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
+                                     {"role": "user", "content": text}]
         prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
-        events = session.generate(Request(settings.sampling, settings.limits, prompt=tokens, prediction=prediction))
+        request = Request(settings.sampling, settings.limits, messages=messages,
+                          prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
+                          thinking=settings.thinking)
+        events = session.generate(request)
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
             if compare and view.recorder.finish_reason != INTERRUPTED:
-                tui.comparison(_plain_beside(session, tokens, settings, view.recorder), tui.out)
+                tui.comparison(_plain_beside(session, request, view.recorder), tui.out)
             return
         recorder = tui.stream(events, show=not as_json)
-        beside = (_plain_beside(session, tokens, settings, recorder)
+        beside = (_plain_beside(session, request, recorder)
                   if compare and recorder.finish_reason != INTERRUPTED else None)
         if as_json:
-            print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
+            print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason}
+                             | ({"reasoning": recorder.reasoning} if session.prompts.thinks else {}) | {
                               "stats": recorder.summary().as_dict(), "placement": session.placement(),
                               "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})
                              | ({"prediction": recorder.summary().prediction_tokens(len(prediction))}
@@ -183,9 +187,9 @@ def run(
             raise typer.Exit(130)
 
 
-def _plain_beside(session: Session, tokens: list[int], settings: Settings, recorder) -> compare_runs.Comparison:
+def _plain_beside(session: Session, request: Request, recorder) -> compare_runs.Comparison:
     with tui.loading("decoding the same prompt plainly, to compare"):
-        return compare_runs.plain_beside(session, tokens, settings.sampling, settings.limits, recorder)
+        return compare_runs.plain_beside(session, request, recorder)
 
 
 @command(
@@ -205,7 +209,7 @@ def chat(
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
-    Slash commands: /help, /stats, /clear, /draft off|on|N, /save FILE, /load FILE, /exit; triple quotes
+    Slash commands: /help, /stats, /clear, /draft off|on|N, /think, /no-think, /save FILE, /load FILE, /exit; triple quotes
     open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
     both models' KV caches for the shared conversation prefix.
     """
@@ -214,7 +218,7 @@ def chat(
 
 def _chat(settings: Settings, system: str | None, no_color: bool, command: str) -> None:
     with _open(settings, command) as session:
-        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system)
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 
@@ -269,9 +273,11 @@ def batch(
             with tui.BatchProgress(len(todo)) as progress:
                 try:
                     records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
-                                               progress, durable, running)
+                                               progress, durable, running, settings.thinking)
                 except KeyboardInterrupt:
-                    interrupted = progress.finished
+                    # what the file holds: Ctrl-C may come between a record's writing and its counting
+                    interrupted = (len(batch_runner.done_ids(out) & {str(item.id) for item in todo}) if durable
+                                   else progress.finished)
     if interrupted is not None:
         hint = (f"the same command with --resume runs the other {len(todo) - interrupted}" if output else
                 "with -o FILE instead of standard output, --resume could go on from there")
@@ -385,6 +391,11 @@ def serve(
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
         " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", metavar="auto|deepseek|none", rich_help_panel="Thinking (reasoning models)",
+        help="Where a reasoning model's thinking goes in OpenAI answers, as llama-server's option: apart, in"
+        " reasoning_content (auto and deepseek, the same), or left in content (none). Ollama's answers carry it"
+        " in thinking. A request's reasoning_format overrides it.")] = "auto",
     alias: Annotated[Optional[str], typer.Option(
         "--alias", "-a", show_default=False,
         help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
@@ -409,7 +420,8 @@ def serve(
     /health and /metrics (Prometheus); Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags,
     /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
-    grammar; `response_format` takes JSON schemas. Up to --parallel requests generate at once, their rows decoded
+    grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
+    (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded
     together each step; the rest wait in arrival order for a free one. Each response carries llama-server's
     `timings` and a `speculation` object. The sampling, --max-tokens and --stop options are the defaults for
     requests that leave them out (--max-tokens -1: until the model stops).
@@ -420,6 +432,10 @@ def serve(
     """
     from .. import server as server_face  # the web stack loads only for this command
     from ..pool import Pool
+    from ..protocols.shared import REASONING_FORMATS
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise UsageError(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
 
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -434,7 +450,8 @@ def serve(
     with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
-        server_face.Server(models, serving, server_face.Defaults(settings.sampling, settings.limits), tui.log_line).run(listener)
+        defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format)
+        server_face.Server(models, serving, defaults, tui.log_line).run(listener)
 
 
 @command(

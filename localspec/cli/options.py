@@ -22,6 +22,7 @@ from ..config import (
     Runtime,
     Sampling,
     Speculation,
+    Thinking,
     check_draft_fits,
     default_threads,
 )
@@ -38,6 +39,7 @@ DEFAULT_LIMITS = Limits()
 SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
+THINKING = "Thinking (reasoning models)"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -116,6 +118,19 @@ LIMIT_OPTIONS = {
     "stop": (Annotated[Optional[list[str]], typer.Option(
         "--stop", help="End generation at this text (repeatable); it is not printed.", show_default=False)], None),
 }
+THINKING_OPTIONS = {
+    "think": (Annotated[Optional[bool], typer.Option(
+        "--think/--no-think", help="Whether a reasoning model (Qwen3.x, DeepSeek-R1, gpt-oss, Gemma 4, GLM-4.5)"
+        " thinks before it answers. Default: as its template does (gpt-oss always thinks; --no-think has it answer"
+        " in its final channel at once).", show_default=False, rich_help_panel=THINKING)], None),
+    "reasoning_effort": (Annotated[Optional[str], typer.Option(
+        "--reasoning-effort", metavar="low|medium|high", help="How hard gpt-oss thinks (its template's"
+        " reasoning_effort; medium by default).", show_default=False, rich_help_panel=THINKING)], None),
+    "reasoning_budget": (Annotated[int, typer.Option(
+        "--reasoning-budget", metavar="N", help="Most tokens of thinking: at N the block is closed for the model"
+        " and it answers, as llama.cpp's budget does. -1: no limit; 0: no thinking.",
+        rich_help_panel=THINKING)], -1),
+}
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
         "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
@@ -181,7 +196,7 @@ PARALLEL_OPTIONS = {
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      RESOURCE_OPTIONS, RPC_OPTIONS)
+                      THINKING_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
 ]
@@ -198,6 +213,7 @@ class Settings:
     speculation: Speculation
     runtime: Runtime
     limits: Limits
+    thinking: Thinking = Thinking()
 
     def __post_init__(self):
         check_draft_fits(self.speculation, self.runtime)
@@ -236,6 +252,7 @@ def build_settings(**values) -> Settings:
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel)),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
+        thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
     )
 
 

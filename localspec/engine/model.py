@@ -121,6 +121,13 @@ class Model:
             cached = self._special_pieces[token] = self._to_piece(token, special=True)
         return cached
 
+    def control_text(self, token: int) -> str | None:
+        """A control token's own text (`<|end|>`), which generated text leaves out; None for any other token."""
+        if self.piece(token):
+            return None
+        text = self.special_piece(token)
+        return text.decode("utf-8", errors="replace") if text else None
+
     def _to_piece(self, token: int, special: bool) -> bytes:
         buffer = ctypes.create_string_buffer(64)
         n = llama.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, special)

@@ -14,11 +14,13 @@ from .. import __version__
 from ..config import duration_seconds, overridden
 from ..errors import InputError, UsageError
 from ..prompts import ROLES, output_grammar
+from ..reasoning import NONE, family
 from ..request import Request
 from ..service import Job
 from ..store import GGUFInfo
 from ..tool_calls import ToolCall, Tools, tool_format
-from .shared import ApiError, Answering, Defaults, Parsed, Protocol, Tool, answer_of, checked_count, speculation
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Tool, answer_of, checked_count, effort,
+                     speculation, thinking_asked)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -60,6 +62,7 @@ class Message(_Body):
     images: list | None = None
     tool_calls: list[Called] | None = None  # an assistant's earlier calls
     tool_name: str | None = None  # the tool whose result a tool message is
+    thinking: str | None = None  # an assistant's earlier thinking
 
 
 class _Generation(_Body):
@@ -68,6 +71,7 @@ class _Generation(_Body):
     format: str | dict | None = None  # "json", or a JSON schema
     options: Options | None = None
     keep_alive: str | int | float | None = None  # how long the model stays loaded once idle (serve reads it)
+    think: bool | str | None = None  # whether a reasoning model thinks; gpt-oss's effort: low, medium, high
 
 
 class ChatBody(_Generation):
@@ -110,6 +114,8 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
         if message.images:
             raise ApiError(400, f"messages.{index}.images: images are not supported by localspec")
         messages.append({"role": message.role, "content": message.content})
+        if message.thinking is not None and message.role == "assistant":
+            messages[-1]["reasoning_content"] = message.thinking
         if message.tool_calls:
             messages[-1]["tool_calls"] = [{"type": "function", "function": call.function.model_dump()}
                                           for call in message.tool_calls]
@@ -152,7 +158,15 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
         raise ApiError(400, str(failure)) from None
     if predict is not None and predict < 0:
         limits = replace(limits, max_tokens=None)
-    return Parsed(Request(sampling, limits, **what), request.stream, False)
+    return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), **what), request.stream, False)
+
+
+def _thinking(think: bool | str | None, defaults: Defaults):
+    """Ollama's think: true or false, or an effort ("low", "medium", "high"; "max" is high), over the server's."""
+    if isinstance(think, str):
+        level = effort(think, "think")
+        return thinking_asked(defaults.thinking, level is not None, level)
+    return thinking_asked(defaults.thinking, think)
 
 
 def _grammar(form: str | dict | None) -> str | None:
@@ -235,32 +249,36 @@ class Answer(Answering):
         super().__init__(chat, model)
         self.started = time.perf_counter_ns()
 
-    def object(self, text: str, done: bool = False, calls: list[ToolCall] = ()) -> dict:
-        """An object of the answer: text, and the tool calls it makes (their arguments as objects, as Ollama's are)."""
+    def object(self, text: str, done: bool = False, calls: list[ToolCall] = (), thinking: str = "") -> dict:
+        """An object of the answer: text, a reasoning model's thinking, and the tool calls it makes (their arguments
+        as objects, as Ollama's are)."""
         if self.chat:
-            content = {"message": {"role": "assistant", "content": text}}
+            content = {"message": {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})}
             if calls:
                 content["message"]["tool_calls"] = [{"function": {"name": call.name, "arguments": call.argument_values}}
                                                     for call in calls]
         else:
-            content = {"response": text}
+            content = {"response": text} | ({"thinking": thinking} if thinking else {})
         return {"model": self.model, "created_at": _now(), **content, "done": done}
 
-    def last(self, job: Job, text: str = "", calls: list[ToolCall] = ()) -> dict:
+    def last(self, job: Job, text: str = "", calls: list[ToolCall] = (), thinking: str = "") -> dict:
         """The final object: done, why, and the durations and counts Ollama gives, with localspec's record."""
         r = job.recorder
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
-        return self.object(text, done=True, calls=calls) | {
+        return self.object(text, done=True, calls=calls, thinking=thinking) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)}
 
     def full(self, job: Job) -> dict:
-        return self.last(job, *answer_of(job))
+        return self.last(job, *answer_of(job), thinking=job.recorder.reasoning)
 
     def piece(self, text: str) -> str:
         return _line(self.object(text))
+
+    def thought(self, text: str) -> str:
+        return _line(self.object("", thinking=text))
 
     def call(self, call: ToolCall, index: int) -> str:
         return _line(self.object("", calls=[call]))
@@ -331,6 +349,8 @@ def show(info: GGUFInfo, template: str | None) -> dict:
         capabilities = ["completion", "tools"]  # (clients offer tools only to models that list them)
     except InputError:
         capabilities = ["completion"]
+    if family(template) is not NONE:
+        capabilities.append("thinking")  # (clients offer `think` to models that list it)
     if not info.generates:
         capabilities = ["embedding"]
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),

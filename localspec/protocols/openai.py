@@ -12,6 +12,7 @@ import json
 import struct
 import time
 import uuid
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -23,8 +24,8 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
-from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Tool, _Typed, answer_of, checked_count,
-                     speculation, timings)
+from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Tool, _Typed, answer_of,
+                     checked_count, effort, speculation, thinking_asked, timings)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -97,6 +98,7 @@ class Message(_Typed):
     content: str | list[ContentPart] | None = None
     tool_calls: list[CalledTool] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # the call a tool message answers
+    reasoning_content: str | None = None  # an assistant's earlier thinking (llama-server's and DeepSeek's name)
 
 
 class _Common(_Typed):
@@ -117,12 +119,25 @@ class _Common(_Typed):
     json_schema: dict | bool | None = None  # llama-server's: a JSON schema the output must follow
 
 
+class TemplateArguments(_Typed):
+    """llama-server's chat_template_kwargs, of which a reasoning model's switches are read."""
+
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None
+
+
 class ChatRequest(_Common):
     messages: list[Message]
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # a reasoning model's thinking: OpenAI's effort, llama-server's switches, budget and format
+    reasoning_effort: str | None = None
+    chat_template_kwargs: TemplateArguments | None = None
+    thinking_budget_tokens: int | None = None
+    reasoning_budget_tokens: int | None = None
+    reasoning_format: str | None = None
 
 
 class CompletionRequest(_Common):
@@ -169,8 +184,27 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
         raise ApiError(400, "messages is empty: a conversation needs at least one message", param="messages")
     messages = [_message(m, i) for i, m in enumerate(chat.messages)]
     _name_the_calls_answered(messages)
-    return _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
-                   tools=_tools(chat))
+    form = chat.reasoning_format or defaults.reasoning_format
+    if form not in REASONING_FORMATS:
+        raise ApiError(400, f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {form!r}",
+                       param="reasoning_format")
+    parsed = _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
+                     tools=_tools(chat), thinking=_thinking(chat, defaults))
+    return replace(parsed, thinking_apart=form != "none")
+
+
+def _thinking(chat: ChatRequest, defaults: Defaults):
+    """How a reasoning model is to think: reasoning_effort ("none": not at all), chat_template_kwargs'
+    enable_thinking and reasoning_effort, a budget of tokens (-1: none), over the server's."""
+    arguments = chat.chat_template_kwargs or TemplateArguments()
+    think, level = arguments.enable_thinking, None
+    for where, given in (("reasoning_effort", chat.reasoning_effort),
+                         ("chat_template_kwargs.reasoning_effort", arguments.reasoning_effort)):
+        if given is not None:
+            level = effort(given, where)
+            think = think if level is not None else False
+    budget = chat.reasoning_budget_tokens if chat.reasoning_budget_tokens is not None else chat.thinking_budget_tokens
+    return thinking_asked(defaults.thinking, think, level, budget)
 
 
 def _tools(chat: ChatRequest) -> Tools | None:
@@ -237,6 +271,8 @@ def _message(message: Message, index: int) -> dict:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         content = ""
     out = {"role": role, "content": content}
+    if message.reasoning_content is not None and role == "assistant":
+        out["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
         if role != "assistant":
             raise ApiError(400, f"{where}.tool_calls: only an assistant's message makes tool calls",
@@ -316,9 +352,9 @@ class Reply(Answering):
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, chat: bool, model: str, include_usage: bool = False):
+    def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True):
         super().__init__(chat, model)
-        self.include_usage = include_usage
+        self.include_usage, self.thinking_apart = include_usage, thinking_apart
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -331,7 +367,12 @@ class Reply(Answering):
         content, calls = answer_of(job)
         finish = "tool_calls" if calls else FINISH_REASONS[recorder.finish_reason]
         if self.chat:
+            thought = recorder.reasoning
+            if thought and not self.thinking_apart:
+                content, thought = thought + content, ""
             message = {"role": "assistant", "content": content or (None if calls else "")}
+            if thought:
+                message["reasoning_content"] = thought
             if calls:
                 message["tool_calls"] = [_called(call) for call in calls]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -340,12 +381,14 @@ class Reply(Answering):
         return self._envelope(False, [choice]) | statistics(job, usage=True)
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
-              call: ToolCall | None = None, index: int = 0) -> dict:
-        """One piece of the stream: a role (the first chunk of a chat), text, a tool call (the index-th), or
-        the finish reason."""
+              call: ToolCall | None = None, index: int = 0, thought: str | None = None) -> dict:
+        """One piece of the stream: a role (the first chunk of a chat), text, a tool call (the index-th), a
+        piece of thinking (as llama-server streams it: reasoning_content, no content), or the finish reason."""
         if self.chat:
             if call is not None:
                 delta = {"tool_calls": [{"index": index, **_called(call)}]}
+            elif thought is not None:
+                delta = {"reasoning_content" if self.thinking_apart else "content": thought}
             else:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -358,6 +401,9 @@ class Reply(Answering):
 
     def piece(self, text: str) -> str:
         return _event(self.chunk(text))
+
+    def thought(self, text: str) -> str:
+        return _event(self.chunk(thought=text))
 
     def call(self, call: ToolCall, index: int) -> str:
         return _event(self.chunk(call=call, index=index))
@@ -393,7 +439,8 @@ def usage_of(job: Job) -> dict:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.tokens,
             "total_tokens": r.prompt_tokens + r.tokens,
             "prompt_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
-            "completion_tokens_details": r.summary().prediction_tokens(job.predicted)}
+            "completion_tokens_details": r.summary().prediction_tokens(job.predicted)
+            | {"reasoning_tokens": r.parts["thinking"].tokens}}
 
 
 def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
@@ -419,7 +466,7 @@ class OpenAI(Protocol):
         return (parse_chat if chat else parse_completion)(body, defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Reply:
-        return Reply(chat, model, parsed.include_usage)
+        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart)
 
 
 OPENAI = OpenAI()

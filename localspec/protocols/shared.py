@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import Limits, Sampling
+from ..config import EFFORTS, Limits, Sampling, Thinking
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
@@ -63,19 +63,50 @@ class Tool(_Typed):
     function: Function
 
 
+# llama-server's --reasoning-format: a reasoning model's thinking apart from its content (auto, deepseek) or in it
+REASONING_FORMATS = ("auto", "deepseek", "none")
+
+
 @dataclass(frozen=True)
 class Defaults:
     """What a request that leaves a field out gets: the server's command-line settings."""
 
     sampling: Sampling = field(default_factory=Sampling)
     limits: Limits = field(default_factory=Limits)
+    thinking: Thinking = field(default_factory=Thinking)
+    reasoning_format: str = "auto"
 
 
 @dataclass(frozen=True)
 class Parsed:
+    """thinking_apart: a reasoning model's thinking is answered apart from its content (reasoning_content,
+    Ollama's thinking), not in it."""
+
     request: Request
     stream: bool
     include_usage: bool
+    thinking_apart: bool = True
+
+
+def effort(value: str, where: str) -> str | None:
+    """A reasoning effort as OpenAI and Ollama spell them, as Thinking takes it (None: no thinking at all)."""
+    if value == "none":
+        return None
+    taken = {"minimal": "low", "max": "high", "xhigh": "high"}.get(value, value)
+    if taken not in EFFORTS:
+        raise ApiError(400, f"{where}: {value!r} is not a reasoning effort (none, minimal, low, medium, high, xhigh)",
+                       param=where)
+    return taken
+
+
+def thinking_asked(defaults: Thinking, think: bool | None = None, effort: str | None = None,
+                   budget: int | None = None) -> Thinking:
+    """The server's thinking with what a request asks over it (None keeps the server's)."""
+    try:
+        return Thinking(defaults.think if think is None else think, effort or defaults.effort,
+                        defaults.budget if budget is None else budget)
+    except UsageError as error:
+        raise ApiError(400, str(error)) from None
 
 
 # Inputs one embedding request may hold: OpenAI's own limit. 10,000 ran 344 s on a 2-core CPU (issue 46).
@@ -167,6 +198,10 @@ def speculation(job: Job) -> dict:
                                  "probes": t.probes, "probes_lost": t.probes_lost,
                                  "probe_lost_ms": t.probe_lost_seconds * 1e3}
                      for kind, t in s.drafters.items()},
+        # a reasoning model's thinking and answer apart
+        "parts": {name: {"tokens": p.tokens, "steps": p.steps, "draft_tokens": p.drafted, "accepted_tokens": p.accepted,
+                         "tokens_per_second": p.tokens_per_second, "tokens_per_step": p.tokens_per_step}
+                  for name, p in s.parts.items()},
     }
 
 
@@ -189,6 +224,10 @@ class Answering:
         return []
 
     def piece(self, text: str) -> str:
+        raise NotImplementedError
+
+    def thought(self, text: str) -> str:
+        """A piece of a reasoning model's thinking."""
         raise NotImplementedError
 
     def call(self, call: ToolCall, index: int) -> str:

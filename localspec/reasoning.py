@@ -1,0 +1,358 @@
+"""Reasoning models: how a model's chat template has it write its thinking, and a reply split, as it streams,
+into the thinking, the answer and (gpt-oss) its tool calls.
+
+Recognised, from the chat template (docs/models.md lists the registry's families):
+
+* `<think>` ... `</think>` (THINK): Qwen3, Qwen3.5/3.6, QwQ, DeepSeek-R1 and its distills, GLM-4.5. Where the
+  template opens the block itself (its generation prompt ends with `<think>`), the reply starts inside it.
+* harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
+  TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
+  thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
+  rather than with the openai-harmony package: that parser decodes its own token ids with OpenAI's o200k
+  vocabulary, which it downloads on first use (an offline machine has none), where a GGUF's tokens reach
+  localspec as text already; llama.cpp and Ollama read harmony as text too.
+
+A splitter never holds back more than its longest marker, less one character, of text it could show (a
+reply's opening white space aside, where the opening marker may still come).
+"""
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from time import perf_counter
+
+from .events import Done, Prefill, Token
+
+
+class Part(StrEnum):
+    THINKING = "thinking"
+    ANSWER = "answer"
+    TOOL = "tool"  # harmony's commentary addressed to a function: a call, handed on in the answer's text
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text of one part of a reply; name: the tool whose call the text belongs to (harmony)."""
+
+    part: Part
+    text: str
+    name: str | None = None
+
+
+class ReasoningFormat(StrEnum):
+    NONE = "none"  # the template shows no thinking that localspec reads: a reply is all answer
+    THINK = "think"  # a block between two markers at the reply's start
+    HARMONY = "harmony"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one family of templates has its models think: the format, and a block's markers (THINK)."""
+
+    name: str
+    format: ReasoningFormat
+    open: str = ""
+    close: str = ""
+    # the text that ends the thinking for the model, where a budget runs out (what llama.cpp forces)
+    closing: str = ""
+    channel: str = ""  # the word after the opening marker that names the block (Gemma 4's `thought`)
+
+
+THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
+# Gemma 4: `<|channel>thought` ... `<channel|>` (its template strips earlier turns' thinking by those markers)
+GEMMA4 = Family("gemma4", ReasoningFormat.THINK, "<|channel>", "<channel|>", "<channel|>", "thought")
+HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>")
+NONE = Family("none", ReasoningFormat.NONE)
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+# what a harmony reply that is not to think opens with: the final channel's message
+HARMONY_ANSWER = "<|channel|>final<|message|>"
+# a harmony tool call (commentary to=functions.NAME) as the answer's text carries it: the form tool_calls.py
+# reads as HARMONY (Hermes' block), so that every protocol's tool_calls come of it as of any other family's
+CALL_OPENING, CALL_CLOSING = '<tool_call>{{"name": {name}, "arguments": ', "}</tool_call>"
+
+
+def family(template: str | None) -> Family:
+    """How the chat template has the model write its thinking."""
+    source = template or ""
+    if "<|channel|>" in source and "<|message|>" in source:
+        return HARMONY
+    if "<|channel>" in source and "<channel|>" in source:
+        return GEMMA4
+    if THINK.open in source and THINK.close in source:
+        return THINK
+    return NONE
+
+
+# What a template that has its model think in a form not read here shows of it (Magistral's [THINK],
+# Seed-OSS's <seed:think>, Command-R's <|START_THINKING|>, a switch or field of its own)
+_THINKING_HINTS = ("[THINK]", "<seed:think>", "<|START_THINKING|>", "enable_thinking", "reasoning_content", "thinking")
+
+
+def unread_thinking(template: str | None) -> str | None:
+    """What shows that a template has its model think in a form localspec does not split (None: none does)."""
+    if family(template) is not NONE:
+        return None
+    return next((hint for hint in _THINKING_HINTS if hint in (template or "")), None)
+
+
+def _held(text: str, marker: str) -> int:
+    """How many characters at the end of text could begin the marker."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
+class ThinkSplitter:
+    """`<think>` ... `</think>` at the start of a reply, then the answer. opened: the prompt ended inside the
+    block (the template opened it), so the reply starts in the thinking."""
+
+    def __init__(self, opened: bool = False, markers: Family = THINK, answering: bool = False):
+        """answering: the prompt closed the block itself (thinking turned off): the reply is answer."""
+        self.open, self.close, self.channel = markers.open, markers.close, markers.channel
+        self._state = "closed" if answering else "opened" if opened else "start"
+        self._pending = ""
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the text fed next is (so far) thinking."""
+        return self._state in ("opened", "thinking")
+
+    @property
+    def held(self) -> int:
+        """Characters fed and not yet shown in a piece (nor read as a marker)."""
+        return len(self._pending)
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        """The pieces this text completes. special: the text of a control token, which is shown only as a marker."""
+        if special and text not in self.open and text not in self.close:
+            return []  # a control token shown only where it is (part of) a marker
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def finish(self, stopped: bool = True) -> list[Piece]:
+        """What is held back, at the reply's end (a reply cut off inside its thinking ends there). stopped:
+        the model ended it (not a limit)."""
+        return list(self._scan(final=True))
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            if self._state == "thinking":
+                if self.close[0] not in self._pending:  # (most text: no marker in it, nor the start of one)
+                    yield Piece(Part.THINKING, self._pending)
+                    self._pending = ""
+                    return
+                at = self._pending.find(self.close)
+                if at >= 0:
+                    yield from self._out(Part.THINKING, self._pending[:at])
+                    self._pending, self._state = self._pending[at + len(self.close):], "closed"
+                    continue
+                shown = len(self._pending) - (0 if final else _held(self._pending, self.close))
+                yield from self._out(Part.THINKING, self._pending[:shown])
+                self._pending = self._pending[shown:]
+                return
+            if self._state == "start":  # no answer yet: white space, then perhaps the opening marker
+                stripped = self._pending.lstrip()
+                if stripped.startswith(self.open):
+                    self._pending, self._state = stripped[len(self.open):], "opened"
+                    continue
+                # (white space beyond twice the marker's length is no model's opening)
+                if not final and self.open.startswith(stripped) and len(self._pending) <= 2 * len(self.open):
+                    return
+                self._state = "answer"
+                continue
+            if self._state in ("opened", "closed"):  # white space at either end of the block is the template's
+                self._pending = self._pending.lstrip()
+                if self._state == "opened" and self.channel:  # and the block's name after its opening
+                    if not final and self.channel.startswith(self._pending):
+                        return
+                    self._pending = self._pending.removeprefix(self.channel).lstrip()
+                if not self._pending:
+                    return
+                self._state = "thinking" if self._state == "opened" else "answer"
+                continue
+            yield from self._out(Part.ANSWER, self._pending)
+            self._pending = ""
+
+    @staticmethod
+    def _out(part: Part, text: str) -> Iterator[Piece]:
+        if text:
+            yield Piece(part, text)
+
+
+_RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
+_CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+# header text with no harmony marker in it beyond this is no header: a reply written without harmony is answer
+_LONGEST_HEADER = 512
+
+
+class HarmonySplitter:
+    """gpt-oss's harmony messages, as generated after the prompt's `<|start|>assistant`. llama.cpp shows
+    `<|channel|>`, `<|message|>`, `<|start|>` and `<|constrain|>` as text; `<|end|>` comes as a control token.
+    answering: the prompt opened the final channel's message itself (thinking turned off)."""
+
+    def __init__(self, answering: bool = False):
+        self._pending = ""
+        self._header = ""  # of the message being opened: read once its <|message|> comes
+        self._body: Part | None = Part.ANSWER if answering else None  # None while in a header
+        self._tool: str | None = None
+        # the part of the latest message (a header's tokens count in the part of the message before it)
+        self.last = Part.ANSWER if answering else Part.THINKING
+
+    @property
+    def thinking(self) -> bool:
+        return self.last is Part.THINKING
+
+    @property
+    def held(self) -> int:
+        return len(self._pending)
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        if special and text not in HARMONY_MARKERS:
+            return []
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def finish(self, stopped: bool = True) -> list[Piece]:
+        """stopped: the model ended the reply, a call's <|call|> among the ways (a call a limit cut off stays
+        open, for tool_calls.py to refuse as unfinished)."""
+        pieces = list(self._scan(final=True)) + (self._end_of_call() if stopped else [])
+        header, self._header = self._header, ""
+        # a reply that never opened a message (a model that ignores harmony) is all answer
+        return pieces + ([Piece(Part.ANSWER, header)] if header.strip() and "<|" not in header else [])
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            if "<" not in self._pending:  # (every marker begins with it: most text is shown at once)
+                yield from self._text(self._pending)
+                self._pending = ""
+                return
+            found = [(at, marker) for marker in HARMONY_MARKERS if (at := self._pending.find(marker)) >= 0]
+            if found:
+                at, marker = min(found)
+                yield from self._text(self._pending[:at])
+                self._pending = self._pending[at + len(marker):]
+                yield from self._marker(marker)
+                continue
+            shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in HARMONY_MARKERS))
+            yield from self._text(self._pending[:shown])
+            self._pending = self._pending[shown:]
+            return
+
+    def _text(self, text: str) -> Iterator[Piece]:
+        if not text:
+            return
+        if self._body is Part.TOOL:  # the arguments of a call, in the form tool_calls.py reads (its HARMONY)
+            yield Piece(Part.ANSWER, text, self._tool)
+            return
+        if self._body is not None:
+            yield Piece(self._body, text, self._tool)
+            return
+        self._header += text
+        if len(self._header) > _LONGEST_HEADER and "<|" not in self._header:  # not harmony at all
+            self._body = self.last = Part.ANSWER
+            header, self._header = self._header, ""
+            yield Piece(Part.ANSWER, header)
+
+    def _end_of_call(self) -> list[Piece]:
+        if self._body is not Part.TOOL:
+            return []
+        self._body = None
+        return [Piece(Part.ANSWER, CALL_CLOSING, self._tool)]
+
+    def _marker(self, marker: str) -> Iterator[Piece]:
+        if marker == "<|message|>" and self._body is None:
+            channel = _CHANNEL.search(self._header)
+            recipient = _RECIPIENT.search(self._header)
+            if recipient and recipient.group(1).startswith("functions."):
+                self._body, self._tool = Part.TOOL, recipient.group(1).removeprefix("functions.")
+                yield Piece(Part.ANSWER, CALL_OPENING.format(name=json.dumps(self._tool)), self._tool)
+            else:
+                analysis = channel is not None and channel.group(1) == "analysis"
+                self._body, self._tool = (Part.THINKING if analysis else Part.ANSWER), None
+            self.last, self._header = Part.ANSWER if self._body is Part.TOOL else self._body, ""
+        elif marker in ("<|end|>", "<|return|>", "<|call|>", "<|start|>"):
+            yield from self._end_of_call()
+            self._body, self._tool, self._header = None, None, ""
+        elif self._body is None:
+            self._header += marker
+
+
+def _texts(pieces: list[Piece]) -> tuple[str, str]:
+    """(answer, thinking) text of these pieces."""
+    if len(pieces) == 1:  # (a token's text is most often one piece)
+        piece = pieces[0]
+        return ("", piece.text) if piece.part is Part.THINKING else (piece.text, "")
+    return ("".join(p.text for p in pieces if p.part is not Part.THINKING),
+            "".join(p.text for p in pieces if p.part is Part.THINKING))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a prepared request's reply is split. opened: the prompt ends inside the thinking (the template
+    opened the block); answering: the prompt ends past it (thinking turned off); budget: most tokens of
+    thinking (None: no limit), after which `closing` (the family's closing text, as tokens) is added for the
+    model and it answers."""
+
+    family: Family
+    opened: bool = False
+    answering: bool = False
+    budget: int | None = None
+    closing: tuple[int, ...] = ()
+
+    def splitter(self) -> "ThinkSplitter | HarmonySplitter":
+        if self.family.format is ReasoningFormat.HARMONY:
+            return HarmonySplitter(self.answering)
+        return ThinkSplitter(self.opened, self.family, self.answering)
+
+
+def split(events: Iterator, plan: Plan, control_text: Callable[[int], str | None],
+          go_on: Callable[[list[int]], Iterator]) -> Iterator:
+    """A reasoning model's generation with each Token's text split into its thinking (thought) and answer
+    (text), Turns passed through. control_text(token): a control token's own text (None for any other);
+    go_on(made): the events of the generation going on after the tokens made so far (the budget's closing
+    among them), as one more generation on the same sequence whose prompt is all but read already."""
+    splitter = plan.splitter()
+    made: list[int] = []
+    thought_tokens = 0
+    started, went_on = perf_counter(), False
+    while True:
+        over_budget = False
+        for event in events:
+            if isinstance(event, Prefill):
+                if went_on:
+                    continue  # (the tokens the reply made so far, as the prompt of the generation going on)
+                started = perf_counter()
+            elif isinstance(event, Token):
+                made.append(event.id)
+                event = _split_token(event, splitter, control_text)
+                thought_tokens += event.thinking
+                yield event
+                over_budget = plan.budget is not None and splitter.thinking and thought_tokens >= plan.budget
+                if over_budget:
+                    break
+                continue
+            elif isinstance(event, Done):
+                answer, thought = _texts(splitter.feed(event.tail) + splitter.finish(event.finish_reason == "stop"))
+                event = replace(event, tail=answer, thought_tail=thought,
+                                decode_seconds=perf_counter() - started if went_on else event.decode_seconds)
+            yield event
+        if not over_budget:
+            return
+        events.close()
+        for number, token in enumerate(plan.closing):  # what the model is made to write: the end of its thinking
+            made.append(token)
+            answer, thought = _texts(splitter.feed(plan.family.closing) if number == 0 else [])
+            yield Token(token, answer, False, thought, thinking=True)
+        plan = replace(plan, budget=None)
+        events, went_on = go_on(made), True
+
+
+def _split_token(token: Token, splitter, control_text: Callable[[int], str | None]) -> Token:
+    before = splitter.thinking
+    special = control_text(token.id)
+    pieces = splitter.feed(special, True) if special is not None else splitter.feed(token.text)
+    answer, thought = _texts(pieces)
+    return Token(token.id, answer, token.from_draft, thought, before or splitter.thinking)

@@ -1,0 +1,392 @@
+"""Reasoning: the thinking split from the answer as a reply streams, for each way a template writes it."""
+
+import json
+import urllib.request
+from dataclasses import replace
+
+import ollama
+import openai
+import pytest
+
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking
+from localspec.request import Request
+from localspec.session import Session
+from localspec.stats import record
+from conftest import TARGET, TEMPLATES
+from test_server import ServerProcess
+from tinymodels import write_tiny_model
+from localspec.errors import InputError
+from localspec.tool_calls import ToolCall, ToolFormat, ToolStream, UnfinishedCall, tool_format
+from localspec.reasoning import (GEMMA4, HARMONY, NONE, THINK, HarmonySplitter, Part,
+                                 Piece, ThinkSplitter, family, unread_thinking)
+
+
+def joined(pieces: list[Piece]) -> dict[Part, str]:
+    out: dict[Part, str] = {}
+    for piece in pieces:
+        out[piece.part] = out.get(piece.part, "") + piece.text
+    return out
+
+
+def split_at(splitter, chunks: list[tuple[str, bool]]) -> tuple[dict[Part, str], int]:
+    """All pieces of a reply fed in these chunks, and the most text ever held back."""
+    pieces, held = [], 0
+    for text, special in chunks:
+        pieces += splitter.feed(text, special)
+        held = max(held, getattr(splitter, "held", 0))
+    return joined(pieces + splitter.finish()), held
+
+
+REPLY = "<think>\nthe user wants 2+2. that is 4.\n</think>\n\nIt is 4."
+
+
+@pytest.mark.parametrize("cut", range(1, len(REPLY)))
+def test_a_think_block_splits_the_same_at_every_boundary(cut):
+    whole = {Part.THINKING: "the user wants 2+2. that is 4.\n", Part.ANSWER: "It is 4."}
+    assert split_at(ThinkSplitter(), [(REPLY, False)])[0] == whole
+    parts, held = split_at(ThinkSplitter(), [(REPLY[:cut], False), (REPLY[cut:], False)])
+    assert parts == whole
+    # one character at a time: nothing is held back beyond a marker's length, less one
+    parts, held = split_at(ThinkSplitter(), [(c, False) for c in REPLY])
+    assert parts == whole and held <= len(THINK.close) - 1
+
+
+def test_markers_as_tokens_of_their_own_and_control_tokens():
+    chunks = [(THINK.open, True), ("a", False), ("<|im_end|>", True), ("b", False), (THINK.close, True), ("c", False)]
+    assert split_at(ThinkSplitter(), chunks)[0] == {Part.THINKING: "ab", Part.ANSWER: "c"}
+
+
+def test_a_block_the_template_opened_and_a_reply_cut_off_inside_it():
+    assert split_at(ThinkSplitter(opened=True), [("so 4.</think>4", False)])[0] == {
+        Part.THINKING: "so 4.", Part.ANSWER: "4"}
+    splitter = ThinkSplitter(opened=True)
+    assert joined(splitter.feed("still thinking </thi")) == {Part.THINKING: "still thinking "}
+    assert splitter.thinking and joined(splitter.finish()) == {Part.THINKING: "</thi"}
+
+
+def test_no_block_is_all_answer_and_a_later_marker_is_text():
+    assert split_at(ThinkSplitter(), [("  Hello <think>x</think>", False)])[0] == {
+        Part.ANSWER: "  Hello <think>x</think>"}
+    splitter = ThinkSplitter()
+    assert splitter.feed("\n") == [] and not splitter.thinking  # white space: the block may still come
+    assert joined(splitter.feed("<thi")) == {} and joined(splitter.feed("nk>x")) == {Part.THINKING: "x"}
+    assert splitter.thinking
+    # a reply of white space alone ends as it was
+    assert joined(ThinkSplitter().feed("\n\n") + []) == {}
+
+
+def test_an_empty_block_the_template_writes_when_thinking_is_off():
+    assert split_at(ThinkSplitter(), [("<think>\n\n</think>\n\nHi", False)])[0] == {Part.ANSWER: "Hi"}
+
+
+def test_gemma4s_thought_channel():
+    chunks = [("<|channel>", True), ("thought\nhm, 4", False), ("<channel|>", True), ("Four.", False)]
+    assert split_at(ThinkSplitter(markers=GEMMA4), chunks)[0] == {Part.THINKING: "hm, 4", Part.ANSWER: "Four."}
+
+
+HARMONY_REPLY = [("<|channel|>", True), ("analysis", False), ("<|message|>", True), ("User asks 2+2.", False),
+           ("<|end|>", True), ("<|start|>", True), ("assistant", False), ("<|channel|>", True), ("final", False),
+           ("<|message|>", True), ("It is ", False), ("4.", False)]
+
+
+HARMONY_TEXT = "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final<|message|>It is 4."
+
+
+def test_harmony_channels_split_into_thinking_and_answer():
+    whole = {Part.THINKING: "User asks 2+2.", Part.ANSWER: "It is 4."}
+    assert split_at(HarmonySplitter(), HARMONY_REPLY)[0] == whole
+    # as llama.cpp shows them: <|channel|>, <|message|>, <|start|> as text, <|end|> a control token
+    chunks = [(piece, piece == "<|end|>") for piece in HARMONY_TEXT.replace("<|end|>", "\0<|end|>\0").split("\0")]
+    assert split_at(HarmonySplitter(), chunks)[0] == whole
+    parts, held = split_at(HarmonySplitter(), [(c, False) for c in HARMONY_TEXT])
+    assert parts == whole and held <= len("<|constrain|>") - 1
+    assert split_at(HarmonySplitter(answering=True), [("Four.", False)])[0] == {Part.ANSWER: "Four."}
+
+
+def test_harmony_tool_calls_reach_the_answer_as_calls_tool_calls_reads():
+    splitter = HarmonySplitter()
+    chunks = [("<|channel|>", True), ("commentary to=functions.get_weather ", False), ("<|constrain|>", True),
+              ("json", False), ("<|message|>", True), ('{"city":', False), (' "paris"}', False)]
+    pieces = [p for text, special in chunks for p in splitter.feed(text, special)] + splitter.finish()
+    assert {p.name for p in pieces} == {"get_weather"}
+    stream = ToolStream(ToolFormat.HARMONY)
+    [call] = [c for c in stream.feed(joined(pieces)[Part.ANSWER]) + stream.end() if isinstance(c, ToolCall)]
+    assert (call.name, call.argument_values) == ("get_weather", {"city": "paris"})
+    # the recipient before the channel, as gpt-oss's template writes earlier calls; a call the next message ends
+    splitter = HarmonySplitter()
+    chunks = [(" to=functions.now", False), ("<|channel|>", True), ("commentary json", False), ("<|message|>", True),
+              ("{}", False), ("<|end|>", True)]
+    assert joined([p for t, s in chunks for p in splitter.feed(t, s)]) == {
+        Part.ANSWER: '<tool_call>{"name": "now", "arguments": {}}</tool_call>'}
+    assert tool_format((TEMPLATES / "gpt-oss.jinja").read_text()) is ToolFormat.HARMONY
+
+
+def test_a_reply_that_ignores_harmony_is_answer():
+    assert split_at(HarmonySplitter(), [("just text", False)])[0] == {Part.ANSWER: "just text"}
+
+
+def test_the_family_is_read_from_the_template():
+    assert family("{{ '<think>' }}...{{ '</think>' }}") is THINK
+    assert family("<|start|>{{ m }}<|channel|>final<|message|>") is HARMONY
+    assert family("{{ '<|channel>thought\\n<channel|>' }}") is GEMMA4
+    assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
+    assert family(None) is NONE
+
+
+# ---- on tiny GGUFs carrying each family's real chat template and special tokens
+
+
+def reply(session, thinking=Thinking(), grammar=None, max_tokens=40, temperature=0.0, seed=0):
+    request = Request(Sampling(temperature=temperature, seed=seed, grammar=grammar), Limits(max_tokens=max_tokens),
+                      messages=[{"role": "user", "content": "think about it"}], thinking=thinking)
+    return record(session.generate(request))
+
+
+def opened(path, mode=DrafterKind.NGRAM):
+    return Session(path, None, Runtime(ctx_size=1024, threads=2), Speculation(mode, draft_max=4))
+
+
+THOUGHT = 'root ::= "<think>" [a-z ]{8,60} "</think>" [a-z ]{4,30}'
+
+
+def test_a_think_block_the_model_opens_is_apart_and_drafting_changes_no_token(thinkers):
+    with opened(thinkers["qwen3"]) as session:
+        drafted = reply(session, grammar=THOUGHT)
+        session.use(DrafterKind.PLAIN)
+        plain = reply(session, grammar=THOUGHT)
+    assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
+    assert drafted.reasoning and drafted.text and "<think>" not in drafted.text + drafted.reasoning
+    parts = drafted.summary().parts
+    assert parts["thinking"].tokens + parts["answer"].tokens == drafted.tokens and parts["answer"].tokens > 0
+    assert sum(part.steps for part in parts.values()) == drafted.steps
+
+
+def test_a_block_the_template_opens_and_a_reply_cut_off_inside_it(thinkers):
+    for name in ("qwen3.5", "deepseek-r1"):
+        with opened(thinkers[name]) as session:
+            cut = reply(session, max_tokens=12)
+        assert cut.finish_reason == "length" and cut.text == "" and cut.reasoning, name
+        assert cut.summary().parts["thinking"].tokens == 12
+
+
+def test_the_budget_closes_the_block_and_the_model_answers(thinkers):
+    with opened(thinkers["deepseek-r1"]) as session:
+        budgeted = reply(session, Thinking(budget=5), max_tokens=20)
+        closing = session.prompts.model.tokenize("</think>", add_special=False, parse_special=True)
+        # at T > 0 as well, and with the limit reached right at the closing
+        sampled = reply(session, Thinking(budget=3), max_tokens=4, temperature=0.8, seed=1)
+    parts = budgeted.summary().parts
+    assert parts["thinking"].tokens == 5 + len(closing) and budgeted.text and budgeted.tokens == 20
+    assert budgeted.finish_reason == "length" and "</think>" not in budgeted.text + budgeted.reasoning
+    assert sampled.tokens == 4 and sampled.text == "" and sampled.finish_reason == "length"
+
+
+def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):
+    for name in ("qwen3.5", "deepseek-r1", "qwen3"):  # a switch in the template; none (closed in the prompt)
+        with opened(thinkers[name]) as session:
+            off = reply(session, Thinking(think=False), max_tokens=10)
+        assert off.reasoning == "" and off.text and not off.summary().parts, name
+
+
+HARMONY_GRAMMAR = ('root ::= "<|channel|>analysis<|message|>" [a-z ]{8,40} "<|end|><|start|>assistant<|channel|>final'
+                   '<|message|>" [a-z ]{4,30}')
+
+
+def test_gpt_oss_harmony_channels_and_thinking_turned_off(thinkers):
+    with opened(thinkers["gpt-oss"]) as session:
+        harmony = reply(session, grammar=HARMONY_GRAMMAR, max_tokens=80)
+        off = reply(session, Thinking(think=False), max_tokens=10)
+        low = session.prompts.chat_tokens([{"role": "user", "content": "x"}], thinking=Thinking(effort="low"))
+        prompt = b"".join(session.prompts.model.special_piece(t) for t in low).decode(errors="replace")
+    assert harmony.reasoning and harmony.text and "<|" not in harmony.text + harmony.reasoning
+    assert off.reasoning == "" and off.text
+    with opened(thinkers["gpt-oss"]) as session:  # the budget closes the analysis channel and opens the final one
+        closing = session.prompts.model.tokenize(HARMONY.closing, add_special=False, parse_special=True)
+        budgeted = reply(session, Thinking(budget=3), max_tokens=40)
+    assert budgeted.summary().parts["thinking"].tokens == 3 + len(closing) and budgeted.text
+    assert "Reasoning: low" in prompt
+
+
+# ---- through the commands
+
+
+def test_run_json_and_batch_records_carry_the_thinking_apart(localspec, thinkers, tiny, tmp_path):
+    ran = localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "16", "--reasoning-budget", "6", "--temp", "0",
+                    "--json")
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["reasoning"] and out["text"] and "</think>" not in out["text"]
+    assert out["stats"]["parts"]["thinking"]["tokens"] == 7 and out["stats"]["parts"]["answer"]["tokens"] == 9
+    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--no-think", "--json").stdout)
+    assert off["reasoning"] == "" and off["text"] and off["stats"]["parts"] == {}
+    # a model that does not think has no reasoning to report
+    assert "reasoning" not in json.loads(localspec("run", tiny["target"], "-p", "why", "-n", "4", "--json").stdout)
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"id": 1, "prompt": "why"}\n')
+    done = localspec("batch", thinkers["qwen3.5"], items, "-n", "6", "--temp", "0")
+    [record] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 0 and record["reasoning"] and record["text"] == "" and record["finish_reason"] == "length"
+
+
+def test_run_on_a_pipe_writes_the_answer_to_stdout_and_the_thinking_to_stderr(localspec, thinkers):
+    ran = localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "12", "--reasoning-budget", "4", "--temp", "0")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() and b"</think>" not in ran.stdout
+    thought = ran.stderr.split(b"\n")[0]
+    assert thought and b"thinking 5 tokens" in ran.stderr
+
+
+def test_chat_think_and_no_think(localspec, thinkers):
+    chatted = localspec("chat", thinkers["qwen3.5"], "-n", "6", "--temp", "0",
+                        stdin=b"hello\n/no-think\nhello again\n")
+    assert chatted.returncode == 0, chatted.stderr
+    first, said, second = chatted.stdout.decode().splitlines()[-3:]
+    # all thinking (cut off at 6 tokens), then an answer without any
+    assert first == "" and said == "thinking off from the next message" and second
+
+
+# ---- serve, through the real clients
+
+
+@pytest.fixture(scope="module")
+def thinking_server(thinkers, tmp_path_factory):
+    """DeepSeek-R1's template opens the block itself: every reply thinks until the budget closes it."""
+    running = ServerProcess(tmp_path_factory.mktemp("thinking"), thinkers["deepseek-r1"], "--temp", "0", "-c", "1024",
+                            "--alias", "r1", "-n", "14", "--reasoning-budget", "5")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+ASK = [{"role": "user", "content": "why"}]
+
+
+def test_openai_reasoning_content_whole_and_streamed(thinking_server):
+    client = thinking_server.client()
+    whole = client.chat.completions.create(model="r1", messages=ASK)
+    message = whole.choices[0].message
+    thought = message.model_extra["reasoning_content"]
+    assert thought and message.content and "</think>" not in message.content + thought
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 6  # 5, and the closing </think>
+    assert whole.model_extra["speculation"]["parts"]["thinking"]["tokens"] == 6
+    chunks = list(client.chat.completions.create(model="r1", messages=ASK, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    thinking = [d.model_extra["reasoning_content"] for d in deltas if (d.model_extra or {}).get("reasoning_content")]
+    assert "".join(thinking) == thought and "".join(d.content or "" for d in deltas) == message.content
+    # as llama-server streams them: a thinking chunk carries no content
+    assert all(d.content is None for d in deltas if (d.model_extra or {}).get("reasoning_content"))
+    # left in the content; turned off; a budget of the request's own
+    inline = client.chat.completions.create(model="r1", messages=ASK, extra_body={"reasoning_format": "none"})
+    assert inline.choices[0].message.content == thought + message.content
+    assert "reasoning_content" not in inline.choices[0].message.model_extra
+    off = client.chat.completions.create(model="r1", messages=ASK, reasoning_effort="none")
+    assert "reasoning_content" not in off.choices[0].message.model_extra and off.choices[0].message.content
+    longer = client.chat.completions.create(model="r1", messages=ASK, extra_body={"reasoning_budget_tokens": 8})
+    assert longer.usage.completion_tokens_details.reasoning_tokens == 9
+    with pytest.raises(openai.BadRequestError, match="reasoning effort"):
+        client.chat.completions.create(model="r1", messages=ASK, reasoning_effort="lots")
+
+
+def test_ollama_thinking_whole_and_streamed(thinking_server):
+    local = ollama.Client(host=thinking_server.base)
+    whole = local.chat("r1", messages=ASK, think=True)
+    assert whole.message.thinking and whole.message.content
+    streamed = list(local.chat("r1", messages=ASK, think=True, stream=True))
+    assert "".join(c.message.thinking or "" for c in streamed) == whole.message.thinking
+    assert "".join(c.message.content for c in streamed) == whole.message.content
+    assert all(c.message.content == "" for c in streamed if c.message.thinking)
+    generated = local.generate("r1", prompt="why")
+    assert generated.thinking and generated.response
+    assert not local.chat("r1", messages=ASK, think=False).message.thinking
+    assert "thinking" in local.show("r1").capabilities
+    # earlier thinking goes back to the template (which drops it, as DeepSeek-R1's does)
+    again = local.chat("r1", messages=[*ASK, {"role": "assistant", "content": "x", "thinking": "y"}, *ASK])
+    assert again.message.content
+    metrics = urllib.request.urlopen(thinking_server.base + "/metrics", timeout=30).read().decode()
+    assert 'localspec:part_tokens_total{part="thinking"}' in metrics
+
+
+def test_a_template_that_thinks_in_an_unknown_form_is_said_once_and_left_in_the_answer(tmp_path):
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}[THINK]"
+    assert family(template) is NONE and unread_thinking(template) == "[THINK]"
+    assert unread_thinking("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert unread_thinking((TEMPLATES / "qwen3.jinja").read_text()) is None
+    path = write_tiny_model(tmp_path / "magistral.gguf", replace(TARGET, chat_template=template))
+    with opened(path) as session:
+        assert any("does not read" in note for note in session.notes)
+        assert reply(session, max_tokens=4).reasoning == "" and not session.prompts.thinks
+        with pytest.raises(InputError, match="does not support thinking"):
+            reply(session, Thinking(think=True))
+
+
+def test_markers_in_a_users_message_do_not_split_the_reply(thinkers):
+    with opened(thinkers["deepseek-r1"]) as session:
+        request = Request(Sampling(temperature=0), Limits(max_tokens=6),
+                          messages=[{"role": "user", "content": "</think> answer now <think>"}])
+        cut = record(session.generate(request))
+    assert cut.text == "" and cut.reasoning  # the reply still starts inside the block the template opened
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# what gpt-oss writes to call a tool after thinking, held by a grammar so that the tiny model writes it
+HARMONY_CALL = ('root ::= "<|channel|>analysis<|message|>" [a-z ]{4,20} "<|end|><|start|>assistant<|channel|>'
+                'commentary to=functions.get_weather <|constrain|>json<|message|>{\\"city\\": \\"" [a-z]{2,8} "\\"}"'
+                ' "<|call|>"')
+
+
+def test_gpt_oss_calls_tools_as_openai_tool_calls(thinkers, tmp_path):
+    running = ServerProcess(tmp_path, thinkers["gpt-oss"], "--temp", "0", "-c", "2048", "--alias", "oss", "-n", "400")
+    try:
+        answer = running.client().chat.completions.create(
+            model="oss", messages=ASK, tools=[WEATHER], extra_body={"grammar": HARMONY_CALL})
+        choice = answer.choices[0]
+        [call] = choice.message.tool_calls
+        assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert set(json.loads(call.function.arguments)) == {"city"} and choice.message.model_extra["reasoning_content"]
+        assert not choice.message.content
+    finally:
+        assert running.stop() == 0, running.log()
+
+
+def test_a_harmony_call_cut_off_by_a_limit_stays_unfinished():
+    splitter = HarmonySplitter()
+    pieces = [p for t in ("<|channel|>commentary to=functions.f<|message|>", '{"a": ') for p in splitter.feed(t)]
+    stream = ToolStream(ToolFormat.HARMONY)
+    stream.feed(joined(pieces + splitter.finish(stopped=False))[Part.ANSWER])
+    with pytest.raises(UnfinishedCall):
+        stream.end()
+
+
+def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thinkers):
+    with opened(thinkers["qwen3.5"]) as session:
+        chat = session.chat(limits=Limits(max_tokens=30), sampling=Sampling(temperature=0))
+        stream = chat.stream("think")
+        for event in stream:  # as Ctrl-C does: the caller stops the stream
+            if getattr(event, "thought", ""):
+                break
+        stream.close()
+        stopped = chat.messages[-1]
+        assert stopped["role"] == "assistant" and stopped["content"] == "" and stopped["reasoning_content"]
+        assert chat.recorder.finish_reason == "interrupted"
+        # the next turn renders that history (the template drops earlier thinking) and answers
+        assert chat.send("again", max_tokens=4).finish_reason == "length"
+
+
+@pytest.mark.parametrize(("name", "on", "off"), [
+    # (how the prompt leaves the reply with thinking on, and off): opened, answering, what the template wrote
+    ("qwen3", (False, False, ""), (False, False, "<think>\n\n</think>")),
+    ("qwen3.5", (True, False, "<think>\n"), (False, False, "<think>\n\n</think>")),
+    ("deepseek-r1", (True, False, "<think>\n"), (False, True, "<think>\n</think>")),
+    ("glm4.5", (False, False, ""), (False, False, "<think></think>")),
+    ("gemma4", (False, False, "<|think|>"), (False, False, "<|channel>thought\n<channel|>")),
+    ("gpt-oss", (False, False, "Reasoning: medium"), (False, True, "<|channel|>final<|message|>")),
+])
+def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
+    with opened(thinkers[name]) as session:
+        for thinking, (is_open, answering, written) in ((Thinking(), on), (Thinking(think=False), off)):
+            prepared = session.prepare(Request(messages=[{"role": "user", "content": "hi"}], thinking=thinking))
+            plan = prepared.reasoning_plan
+            prompt = b"".join(session.prompts.model.special_piece(t) for t in prepared.tokens).decode(errors="replace")
+            shown = "".join(written.split()) in "".join(prompt.split())  # (the tiny tokenizer adds spaces)
+            assert (plan.opened, plan.answering, shown) == (is_open, answering, True), (name, thinking)
+            assert plan.budget == (0 if thinking.off else None)
