@@ -170,6 +170,9 @@ def model_card(card, console: Console = out) -> None:
         ("quantization", info["quantization"]),
         ("tokenizer", f"{info['tokenizer']}, {info['vocab_size']:,} tokens" if known else None),
         ("chat template", None if not known else "yes" if info["chat_template"] else "no (a plain transcript)"),
+        ("thinks", {"think": "yes: <think> blocks", "gemma4": "yes: Gemma 4's thought channel",
+                    "harmony": "yes: harmony's analysis channel"}.get(info["thinking"]) if known and info["thinking"]
+         else None),
         ("file", info["file"] or f"not downloaded (`localspec pull {card.pull_name}`): what the file says"
          " shows once it is"),
         ("size", size_text(info["size"])),
@@ -425,7 +428,7 @@ def reply_line(recorder: Recorder) -> str:
 def parts_text(s: Summary) -> str:
     """A reasoning model's thinking and answer apart, for one-line summaries ("" where it did not think)."""
     return "".join(f"; {name} {part.tokens} tokens, {part.tokens_per_second:.1f} tok/s, {part.tokens_per_step:.2f}"
-                   " tokens/step" for name, part in s.parts.items())
+                   " tokens/step" for name, part in s.parts.items() if part.tokens)
 
 
 def stream(events, show: bool) -> Recorder:

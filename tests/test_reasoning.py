@@ -221,6 +221,10 @@ def test_run_json_and_batch_records_carry_the_thinking_apart(localspec, thinkers
     assert off["reasoning"] == "" and off["text"] and off["stats"]["parts"] == {}
     # a model that does not think has no reasoning to report
     assert "reasoning" not in json.loads(localspec("run", tiny["target"], "-p", "why", "-n", "4", "--json").stdout)
+    # show says how a model thinks
+    assert json.loads(localspec("show", thinkers["gpt-oss"], "--json").stdout)["thinking"] == "harmony"
+    assert json.loads(localspec("show", tiny["target"], "--json").stdout)["thinking"] is None
+    assert "yes: <think> blocks" in localspec("show", thinkers["qwen3"]).stdout.decode()
     items = tmp_path / "items.jsonl"
     items.write_text('{"id": 1, "prompt": "why"}\n')
     done = localspec("batch", thinkers["qwen3.5"], items, "-n", "6", "--temp", "0")

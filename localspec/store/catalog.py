@@ -4,6 +4,7 @@
 from dataclasses import dataclass
 
 from . import download, gguf_meta, hardware, placement, registry
+from .. import reasoning
 from ..config import DrafterKind, Runtime, Speculation
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS, plan_drafting
 from ..errors import UsageError
@@ -81,6 +82,8 @@ def model_card(name: str) -> ModelCard:
         "recurrent": header.recurrent if header else None,
         "rolls_back": header.rolls_back if header else None,
         "auto": _auto_drafts(header) if header else None,
+        # how its replies think (reasoning.py's family), None where its template shows no thinking
+        "thinking": _thinking(header.chat_template) if header else None,
         "license": license_text(entry) if entry else None,
     }
     parameters = ((header.get("general.size_label") or _count_text(info["parameters"])) if header
@@ -91,6 +94,11 @@ def model_card(name: str) -> ModelCard:
 
 def _count_text(count: int) -> str:
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def _thinking(template: str | None) -> str | None:
+    found = reasoning.family(template)
+    return None if found is reasoning.NONE else found.name
 
 
 def _auto_drafts(header: gguf_meta.GGUFInfo) -> list[str]:
