@@ -40,15 +40,17 @@ class Info:
 
 @dataclass(frozen=True)
 class Reply:
-    """A whole generation: its text, why it ended ("stop", "length" or "context"), and its statistics."""
+    """A whole generation: its text (a reasoning model's answer), why it ended ("stop", "length" or "context"),
+    its statistics, and a reasoning model's thinking."""
 
     text: str
     finish_reason: str
     summary: Summary
+    reasoning: str = ""
 
     @classmethod
     def of(cls, recorder: Recorder) -> "Reply":
-        return cls(recorder.text, recorder.finish_reason, recorder.summary())
+        return cls(recorder.text, recorder.finish_reason, recorder.summary(), recorder.reasoning)
 
 
 def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: bool = False, progress=None,

@@ -372,8 +372,9 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
         stopped = chat.messages[-1]
         assert stopped["role"] == "assistant" and stopped["content"] == "" and stopped["reasoning_content"]
         assert chat.recorder.finish_reason == "interrupted"
-        # the next turn renders that history (the template drops earlier thinking) and answers
-        assert chat.send("again", max_tokens=4).finish_reason == "length"
+        # the next turn renders that history (the template drops earlier thinking) and goes on thinking
+        again = chat.send("again", max_tokens=4)
+        assert again.finish_reason == "length" and again.reasoning and again.text == ""
 
 
 @pytest.mark.parametrize(("name", "on", "off"), [
