@@ -13,7 +13,7 @@ from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 from conftest import TARGET, TEMPLATES
-from test_server import ServerProcess
+from test_server import ServerProcess, server  # noqa: F401  (its module fixture: a model that does not think)
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, ToolStream, UnfinishedCall, tool_format
@@ -395,3 +395,10 @@ def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off)
             shown = "".join(written.split()) in "".join(prompt.split())  # (the tiny tokenizer adds spaces)
             assert (plan.opened, plan.answering, shown) == (is_open, answering, True), (name, thinking)
             assert plan.budget == (0 if thinking.off else None)
+
+
+def test_enable_thinking_true_passes_for_a_model_that_does_not_think_as_on_llama_server(server):
+    answer = server.client().chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert answer.choices[0].message.content and "reasoning_content" not in answer.choices[0].message.model_extra
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 0

@@ -197,7 +197,9 @@ def _thinking(chat: ChatRequest, defaults: Defaults):
     """How a reasoning model is to think: reasoning_effort ("none": not at all), chat_template_kwargs'
     enable_thinking and reasoning_effort, a budget of tokens (-1: none), over the server's."""
     arguments = chat.chat_template_kwargs or TemplateArguments()
-    think, level = arguments.enable_thinking, None
+    # enable_thinking true asks for what a thinking model does anyway, and llama-server lets it pass for a model
+    # that does not think (clients send it to every model): only false turns anything off
+    think, level = (False if arguments.enable_thinking is False else None), None
     for where, given in (("reasoning_effort", chat.reasoning_effort),
                          ("chat_template_kwargs.reasoning_effort", arguments.reasoning_effort)):
         if given is not None:
