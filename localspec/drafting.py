@@ -64,11 +64,15 @@ class Drafters:
 
     def use(self, mode: DrafterKind) -> None:
         """Generate with this kind of drafting from now on."""
+        self.drafter = self._own_drafter(self.check(mode))
+        self.mode = DrafterKind(mode)
+
+    def check(self, mode: DrafterKind) -> DrafterKind:
+        """The mode, where this session can draft in it; UsageError naming what it lacks else."""
         mode = DrafterKind(mode)
         if mode not in (DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.AUTO) and mode not in self.costly:
             raise UsageError(needed(mode))
-        self.drafter = self._own_drafter(mode)
-        self.mode = mode
+        return mode
 
     def _own_drafter(self, mode: DrafterKind) -> Drafter:
         if mode == DrafterKind.AUTO:
@@ -103,26 +107,32 @@ class Drafters:
             return self.suffix
         return SuffixDrafter(None)
 
-    def of(self, sequence: int, prediction: list[int] | None = None) -> Drafter:
-        """What a generation on this sequence drafts with in the current mode: with the prediction first,
-        where one is given and the mode drafts."""
-        drafter = self.drafter if sequence == 0 else self._twin(sequence)
+    def of(self, sequence: int, prediction: list[int] | None = None, mode: DrafterKind | None = None,
+           speculation: Speculation | None = None) -> Drafter:
+        """What a generation on this sequence drafts with in this mode (default: the current one): with the
+        prediction first, where one is given and the mode drafts (up to speculation's length, default the
+        session's)."""
+        mode = self.mode if mode is None else self.check(mode)
+        if sequence != 0:
+            drafter = self._twin(sequence, mode)
+        else:
+            drafter = self.drafter if mode == self.mode else self._own_drafter(mode)
         if isinstance(drafter, policy.AutoDrafter) and drafter.suffix is not None:
             drafter.suffix.cache = self.suffix_cache
-        if prediction and self.mode != DrafterKind.PLAIN:
-            drafter = PredictionDrafter(prediction, drafter, self.limit)
+        if prediction and mode != DrafterKind.PLAIN:
+            drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode))
         return drafter
 
-    def _twin(self, sequence: int) -> Drafter:
-        key = (sequence, self.mode)
+    def _twin(self, sequence: int, mode: DrafterKind) -> Drafter:
+        key = (sequence, mode)
         if key not in self._twins:
             view, costly = self.sequences[sequence], self._costly_of(sequence)
             self._twins[key] = (
                 policy.AutoDrafter(self.ngram.for_sequence(), list(costly.values()), self.auto().costs,
                                    self._suffix_of_a_sequence(), alongside=lambda: (view.others, view.alongside))
-                if self.mode == DrafterKind.AUTO else
-                self.ngram.for_sequence() if self.mode == DrafterKind.NGRAM else
-                costly[self.mode] if self.mode in costly else NoDrafter())
+                if mode == DrafterKind.AUTO else
+                self.ngram.for_sequence() if mode == DrafterKind.NGRAM else
+                costly[mode] if mode in costly else NoDrafter())
         return self._twins[key]
 
     def _costly_of(self, sequence: int) -> dict[DrafterKind, CostlyDrafter]:

@@ -3,7 +3,7 @@ chat, bench, a program that imports localspec)."""
 
 from dataclasses import dataclass
 
-from .config import Limits, Sampling, Thinking
+from .config import DrafterKind, Limits, Sampling, Thinking
 from .tool_calls import Tools
 
 
@@ -18,6 +18,8 @@ class Request:
     prediction: the text the answer is expected to follow (OpenAI's Predicted Outputs), drafted wherever
     it does, or its tokens as Session.prediction_tokens made them. tools: the tools a conversation's answer may call, their calls kept well formed by a grammar.
     thinking: how a reasoning model thinks before it answers (whether, how hard, how long).
+    drafting, draft_max: how this generation drafts, other than the session's mode and --draft-max where given
+    (serve's per-request speculation): plain for one request leaves the others drafting.
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers
     and reuses no cache another client filled."""
 
@@ -29,6 +31,8 @@ class Request:
     tools: Tools | None = None
     client: str | None = None
     thinking: Thinking = Thinking()
+    drafting: DrafterKind | None = None
+    draft_max: int | None = None
 
     @property
     def characters(self) -> int:

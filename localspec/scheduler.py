@@ -57,7 +57,8 @@ class Scheduler:
         prepared = session.prepare(request)
         sequence = session.sequence_for(prepared.tokens, busy=self.running, client=request.client)
         self._together.add(sequence, session.generation(prepared, sequence))
-        running = self.running[sequence] = Running(request, sequence, session.mode, len(prepared.prediction or ()),
+        running = self.running[sequence] = Running(request, sequence, request.drafting or session.mode,
+                                                   len(prepared.prediction or ()),
                                                    prepared.tool_format, recorder or Recorder())
         return running
 

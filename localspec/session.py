@@ -169,11 +169,14 @@ class Session:
 
     def set_draft_max(self, draft_max: int | None) -> None:
         """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
+        self.speculation = self._with_draft_max(draft_max)
+
+    def _with_draft_max(self, draft_max: int | None) -> Speculation:
         if draft_max is not None and draft_max + 1 > self.target.max_rows:
             raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.max_rows - 1}")
         draft_min = self.speculation.draft_min
-        self.speculation = replace(self.speculation, draft_max=draft_max,
-                                   draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
+        return replace(self.speculation, draft_max=draft_max,
+                       draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
 
     @property
     def draft_limit(self) -> int:
@@ -235,12 +238,15 @@ class Session:
         """A prepared request's generation on one of the session's sequences (0 .. parallel - 1): its events
         with Turns between them where the session has several, for the Scheduler to decode the sequences'
         rows together."""
-        if prepared.request.client is not None:  # it drafts from its own client's earlier answers only
-            self.remember_as(prepared.request.client)
-        drafter, limits = self.drafting.of(sequence, prepared.prediction), prepared.request.limits
+        request = prepared.request
+        if request.client is not None:  # it drafts from its own client's earlier answers only
+            self.remember_as(request.client)
+        speculation = self.speculation if request.draft_max is None else self._with_draft_max(request.draft_max)
+        drafter = self.drafting.of(sequence, prepared.prediction, request.drafting, speculation)
+        limits = request.limits
 
         def generating(prompt: list[int], limits: Limits) -> Iterator:
-            events = generate(self.sequences[sequence], drafter, prompt, prepared.sampling, self.speculation, limits)
+            events = generate(self.sequences[sequence], drafter, prompt, prepared.sampling, speculation, limits)
             return self.drafting.remembering(events, prompt)
 
         def going_on(made: list[int]) -> Iterator:

@@ -3,8 +3,10 @@ behind serve -np, batch --parallel, and how many sequences fit."""
 
 import json
 import threading
+import urllib.request
 
 import numpy as np
+import openai
 import pytest
 
 from localspec.store import gguf_meta, hardware
@@ -26,6 +28,7 @@ from localspec.loading import parallel_that_fits
 from localspec.store import Pair
 from localspec.session import Session
 from localspec.stats import record
+from test_server import ServerProcess
 
 GREEDY = Sampling(temperature=0.0)
 PROMPTS = ["the cat sat on the mat", "a b c a b c a b", "hello hello hello world", "once upon a time"]
@@ -502,3 +505,44 @@ def test_a_grammar_and_sampling_beside_each_other_generate_as_alone(parallel_ses
         assert all(job.outcome == "ok" and 0 < job.recorder.tokens <= 20 for job in jobs)
     assert expected[1].startswith("ab") and expected[1].endswith(".")
     assert {job.sequence for job in jobs} == {0, 1, 2}
+
+
+def test_one_request_turns_speculation_off_and_the_others_go_on_drafting(tiny, tmp_path):
+    """Four clients at once on four sequences, the draft model drafting for each; one asks for plain decoding."""
+    running = ServerProcess(tmp_path, tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0",
+                            "--temp", "0", "-c", "512", "-np", "4", "--alias", "tiny")
+    try:
+        client = running.client()
+        asks = [{"speculative": {"mode": "off"}}, {}, {"speculative": {"mode": "fixed", "draft": "ngram"}},
+                {"speculative": {"draft_max": 1}}]
+        answers: list = [None] * len(asks)
+
+        def ask(number: int) -> None:
+            answers[number] = client.completions.create(model="tiny", prompt=f"the cat sat {number}", max_tokens=24,
+                                                        extra_body=asks[number])
+
+        threads = [threading.Thread(target=ask, args=(number,)) for number in range(len(asks))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        records = [answer.model_extra["speculation"] for answer in answers]
+        assert [r["drafting"] for r in records] == ["plain", "draft", "ngram", "draft"]
+        assert records[0]["draft_tokens"] == 0 and records[1]["draft_tokens"] > 0 and records[2]["drafters"]
+        assert len(records[3]["drafts_by_position"]) == 1  # one token a step at most
+        assert any(r["steps_shared"] for r in records)  # (some ran at once: which shared a step is the clock's choice)
+        assert answers[0].choices[0].text == plain_texts(tiny, ["the cat sat 0"], 24)[0]
+        with pytest.raises(openai.BadRequestError, match="the mtp mode needs"):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                      extra_body={"speculative": {"mode": "fixed", "draft": "mtp"}})
+        for wrong in ({"mode": "sometimes"}, {"draft_max": -1}, {"draft_max": "3"}, {"mode": "off", "draft": "ngram"}):
+            with pytest.raises(openai.BadRequestError):
+                client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"speculative": wrong})
+        # Ollama's draft_num_predict (the ollama package keeps no field it does not know: read as sent)
+        body = json.dumps({"model": "tiny", "prompt": "the cat sat", "raw": True, "stream": False,
+                           "options": {"num_predict": 16, "draft_num_predict": 1}}).encode()
+        sent = urllib.request.Request(running.base + "/api/generate", data=body, headers={"Content-Type": "application/json"})
+        shortest = json.loads(urllib.request.urlopen(sent, timeout=60).read())
+        assert shortest["response"] and len(shortest["speculation"]["drafts_by_position"]) == 1
+    finally:
+        assert running.stop() == 0, running.log()

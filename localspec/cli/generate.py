@@ -450,7 +450,8 @@ def serve(
     with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
-        defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format)
+        defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format,
+                                        DrafterKind.DRAFT if settings.draft_model else DrafterKind.NGRAM)
         server_face.Server(models, serving, defaults, tui.log_line).run(listener)
 
 

@@ -19,8 +19,8 @@ from ..request import Request
 from ..service import Job
 from ..store import GGUFInfo
 from ..tool_calls import ToolCall, Tools, tool_format
-from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Tool, answer_of, checked_count, effort,
-                     speculation, thinking_asked)
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
+                     effort, speculation, speculative_asked, thinking_asked)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -45,6 +45,7 @@ class Options(_Body):
     seed: int | None = None
     num_predict: int | None = None  # -1: until the model stops; -2: until the context is full
     stop: list[str] | str | None = None
+    draft_num_predict: int | None = Field(None, ge=0)  # most tokens drafted a step, for this request
 
 
 class CalledFunction(_Body):
@@ -72,6 +73,7 @@ class _Generation(_Body):
     options: Options | None = None
     keep_alive: str | int | float | None = None  # how long the model stays loaded once idle (serve reads it)
     think: bool | str | None = None  # whether a reasoning model thinks; gpt-oss's effort: low, medium, high
+    speculative: Speculative | None = None  # this request's own speculation (as on /v1)
 
 
 class ChatBody(_Generation):
@@ -158,7 +160,11 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
         raise ApiError(400, str(failure)) from None
     if predict is not None and predict < 0:
         limits = replace(limits, max_tokens=None)
-    return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), **what), request.stream, False)
+    speculative = speculative_asked(request.speculative, defaults)
+    if options.draft_num_predict is not None:
+        speculative["draft_max"] = options.draft_num_predict
+    return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), **what, **speculative),
+                  request.stream, False)
 
 
 def _thinking(think: bool | str | None, defaults: Defaults):

@@ -24,8 +24,8 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
-from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Tool, _Typed, answer_of,
-                     checked_count, effort, speculation, thinking_asked, timings)
+from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, _Typed,
+                     answer_of, checked_count, effort, speculation, speculative_asked, thinking_asked, timings)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -117,6 +117,7 @@ class _Common(_Typed):
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama-server's: GBNF the output must follow
     json_schema: dict | bool | None = None  # llama-server's: a JSON schema the output must follow
+    speculative: Speculative | None = None  # this request's own speculation
 
 
 class TemplateArguments(_Typed):
@@ -324,7 +325,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
         raise ApiError(400, f"{error.setting}: {error}" if error.setting else str(error), param=error.setting) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
-    return Parsed(Request(sampling, limits, prediction=prediction, **what), bool(request.stream), include_usage)
+    return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults)),
+                  bool(request.stream), include_usage)
 
 
 def _grammar(request: _Common) -> str | None:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import EFFORTS, Limits, Sampling, Thinking
+from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
@@ -75,6 +75,29 @@ class Defaults:
     limits: Limits = field(default_factory=Limits)
     thinking: Thinking = field(default_factory=Thinking)
     reasoning_format: str = "auto"
+    fixed: DrafterKind = DrafterKind.NGRAM  # what a request's speculative mode "fixed" drafts with, unless it says
+
+
+class Speculative(_Typed):
+    """A request's own speculation (llama-server's users ask for it most): off, auto, or fixed drafting with one
+    drafter (`draft`: ngram, draft, mtp, eagle3, dflash), up to draft_max tokens a step."""
+
+    mode: Literal["off", "auto", "fixed"] | None = None
+    draft: Literal["ngram", "draft", "mtp", "eagle3", "dflash"] | None = None
+    draft_max: int | None = Field(None, ge=0)
+
+
+def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
+    """A request's speculation as Request's fields (none where it asks for none)."""
+    if asked is None:
+        return {}
+    if asked.draft is not None and asked.mode not in (None, "fixed"):
+        raise ApiError(400, f"speculative.draft names a drafter to draft with always: it goes with mode \"fixed\","
+                       f" not {asked.mode!r}", param="speculative.draft")
+    drafting = {"off": DrafterKind.PLAIN, "auto": DrafterKind.AUTO, None: None}.get(asked.mode, defaults.fixed)
+    if asked.draft is not None:
+        drafting = DrafterKind(asked.draft)
+    return {"drafting": drafting, "draft_max": asked.draft_max}
 
 
 @dataclass(frozen=True)
