@@ -65,6 +65,7 @@ class Prompts:
         self.template = model.chat_template() or FALLBACK_TEMPLATE
         self.family = reasoning.family(self.template)  # how its replies think
         self.thinks = self.family is not reasoning.NONE
+
     def prepare(self, request: Request) -> Prepared:
         """A request made ready to generate: its prompt as tokens (a conversation through the chat template,
         with the tools it may call), its prediction's tokens, and the sampling that keeps tool calls well
@@ -95,16 +96,19 @@ class Prompts:
                 raise InputError(f"{self.model.path.name} does not support thinking: its chat template writes no"
                                  " thinking block (ask without think)")
             return tokens, None
-        special = lambda text: self.model.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
         tail = b"".join(self.model.special_piece(token) for token in tokens[-8:]).decode("utf-8", errors="replace")
         opened = (family.format is reasoning.ReasoningFormat.THINK
                   and "".join(tail.split()).endswith(family.open + family.channel))
         answering = False
         if thinking.off and (opened or family is reasoning.HARMONY):
-            tokens = tokens + special(family.closing if opened else reasoning.HARMONY_ANSWER)
+            tokens = tokens + self._markers(family.closing if opened else reasoning.HARMONY_ANSWER)
             opened, answering = False, True
         budget = 0 if thinking.off else thinking.budget
-        return tokens, reasoning.Plan(family, opened, answering, budget, tuple(special(family.closing)))
+        return tokens, reasoning.Plan(family, opened, answering, budget, tuple(self._markers(family.closing)))
+
+    def _markers(self, text: str) -> list[int]:
+        """A template's own marker text as tokens (control tokens and all)."""
+        return self.model.tokenize(text, add_special=False, parse_special=True)
 
     def template_variables(self, thinking: Thinking) -> dict:
         """What a reasoning model's template reads of how it is to think (llama.cpp's names): enable_thinking

@@ -16,8 +16,8 @@ from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone
-from .errors import LocalspecError, UsageError
 from . import reasoning
+from .errors import LocalspecError, UsageError
 from .events import Done, Event, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place

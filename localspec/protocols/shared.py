@@ -122,11 +122,11 @@ def effort(value: str, where: str) -> str | None:
     return taken
 
 
-def thinking_asked(defaults: Thinking, think: bool | None = None, effort: str | None = None,
+def thinking_asked(defaults: Thinking, think: bool | None = None, level: str | None = None,
                    budget: int | None = None) -> Thinking:
-    """The server's thinking with what a request asks over it (None keeps the server's)."""
+    """The server's thinking with what a request asks over it (None keeps the server's); level: the effort."""
     try:
-        return Thinking(defaults.think if think is None else think, effort or defaults.effort,
+        return Thinking(defaults.think if think is None else think, level or defaults.effort,
                         defaults.budget if budget is None else budget)
     except UsageError as error:
         raise ApiError(400, str(error)) from None
