@@ -1,6 +1,7 @@
 """Reasoning: the thinking split from the answer as a reply streams, for each way a template writes it."""
 
 import json
+import urllib.error
 import urllib.request
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 from conftest import TARGET, TEMPLATES
-from test_server import ServerProcess, server  # noqa: F401  (its module fixture: a model that does not think)
+from test_server import ServerProcess, drafting_server
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, ToolStream, UnfinishedCall, tool_format
@@ -397,8 +398,47 @@ def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off)
             assert plan.budget == (0 if thinking.off else None)
 
 
-def test_enable_thinking_true_passes_for_a_model_that_does_not_think_as_on_llama_server(server):
-    answer = server.client().chat.completions.create(
+@pytest.fixture(scope="module")
+def plain_server(tiny, tmp_path_factory):
+    """A model that does not think."""
+    running = drafting_server(tmp_path_factory.mktemp("plain"), tiny)
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def test_enable_thinking_true_passes_for_a_model_that_does_not_think_as_on_llama_server(plain_server):
+    answer = plain_server.client().chat.completions.create(
         model="tiny", messages=ASK, max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     assert answer.choices[0].message.content and "reasoning_content" not in answer.choices[0].message.model_extra
     assert answer.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+OPENAI_WRONG = [("reasoning_effort", 5), ("reasoning_effort", "lots"), ("reasoning_effort", []),
+                ("chat_template_kwargs", "x"), ("chat_template_kwargs", {"enable_thinking": "yes"}),
+                ("chat_template_kwargs", {"reasoning_effort": 3}), ("thinking_budget_tokens", "5"),
+                ("thinking_budget_tokens", -7), ("thinking_budget_tokens", 1.5), ("reasoning_budget_tokens", True),
+                ("reasoning_format", 3), ("reasoning_format", "weird"), ("speculative", "off"),
+                ("speculative", {"mode": 1}), ("speculative", {"draft": "x"}), ("speculative", {"draft_max": -1}),
+                ("speculative", {"draft_max": 2.5}), ("messages", [{"role": "assistant", "content": "a",
+                                                                    "reasoning_content": 5}, *ASK])]
+OLLAMA_WRONG = [("think", 5), ("think", "lots"), ("think", []), ("speculative", "off"),
+                ("options", {"draft_num_predict": -1}), ("options", {"draft_num_predict": "3"}),
+                ("messages", [{"role": "assistant", "content": "a", "thinking": 5}, *ASK])]
+
+
+def test_every_new_field_of_the_wrong_kind_is_a_400_in_each_protocols_shape(thinking_server):
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        sent = urllib.request.Request(thinking_server.base + path, data=json.dumps(body).encode(),
+                                      headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(sent, timeout=60) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    for field, value in OPENAI_WRONG:
+        status, body = post("/v1/chat/completions", {"model": "r1", "messages": ASK, field: value})
+        assert status == 400 and body["error"]["message"], (field, value, status, body)
+    for field, value in OLLAMA_WRONG:
+        status, body = post("/api/chat", {"model": "r1", "messages": ASK, "stream": False, field: value})
+        assert status == 400 and isinstance(body["error"], str), (field, value, status, body)

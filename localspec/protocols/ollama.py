@@ -45,7 +45,7 @@ class Options(_Body):
     seed: int | None = None
     num_predict: int | None = None  # -1: until the model stops; -2: until the context is full
     stop: list[str] | str | None = None
-    draft_num_predict: int | None = Field(None, ge=0)  # most tokens drafted a step, for this request
+    draft_num_predict: int | None = Field(None, ge=0, strict=True)  # most tokens drafted a step, for this request
 
 
 class CalledFunction(_Body):
