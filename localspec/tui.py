@@ -593,6 +593,15 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         )
     console.print(results)
     console.print(details)
+    if any(r.get("parts") for r in rows):  # a reasoning model's thinking and answer apart (reports before it: none)
+        parts = Table(title="thinking and answer apart")
+        for column in ("prompt set", "mode", "thinking: tokens, tok/s, tokens/step", "answer: tokens, tok/s, tokens/step"):
+            parts.add_column(column, justify="left" if column in ("prompt set", "mode") else "right")
+        for r in rows:
+            parts.add_row(shown(r["prompt_set"]), r["mode"], *(
+                f"{p['tokens']}, {p['tokens_per_second']:.1f}, {p['tokens_per_step']:.2f}" if (p := r.get("parts", {}).get(name))
+                else "–" for name in ("thinking", "answer")))
+        console.print(parts)
     for line in aa_notes(rows, pooled or []) + text_notes(rows):
         console.print(line)
     if costs:

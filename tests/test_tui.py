@@ -145,6 +145,12 @@ def test_bench_tables_fit_100_columns():
     for cell in ("1.37x ±3.4%", "3.43", "2-4:90%", "ngram 120:80%", "draft 30:20%", "2/5 1.2%", "410+23"):
         assert cell in text, text
     assert text.count("±") == 2  # beside auto's ratio and in the heading; plain and the control are the spread
+    assert "thinking and answer apart" not in text
+    thinking = {"tokens": 200, "tokens_per_second": 16.6, "tokens_per_step": 1.17}
+    tui.bench_table([{**row, "parts": {"thinking": thinking, "answer": {**thinking, "tokens": 80}}}], None, console)
+    text = console.export_text()
+    assert "thinking and answer apart" in text and "200, 16.6, 1.17" in text and "80, 16.6, 1.17" in text
+    assert max(map(len, text.splitlines())) <= 100
 
 
 def test_bench_notes_say_where_greedy_text_departs_from_plains():
