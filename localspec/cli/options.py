@@ -121,8 +121,9 @@ LIMIT_OPTIONS = {
 THINKING_OPTIONS = {
     "think": (Annotated[Optional[bool], typer.Option(
         "--think/--no-think", help="Whether a reasoning model (Qwen3.x, DeepSeek-R1, gpt-oss, Gemma 4, GLM-4.5)"
-        " thinks before it answers. Default: as its template does (gpt-oss always thinks; --no-think has it answer"
-        " in its final channel at once).", show_default=False, rich_help_panel=THINKING)], None),
+        " thinks before it answers. Default: it does, as with llama-server and Ollama (its template is told"
+        " enable_thinking); gpt-oss always thinks, and --no-think has it answer in its final channel at once.",
+        show_default=False, rich_help_panel=THINKING)], None),
     "reasoning_effort": (Annotated[Optional[str], typer.Option(
         "--reasoning-effort", metavar="low|medium|high", help="How hard gpt-oss thinks (its template's"
         " reasoning_effort; medium by default).", show_default=False, rich_help_panel=THINKING)], None),
