@@ -11,6 +11,7 @@ import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking
 from localspec.request import Request
+from localspec.scheduler import ENDED
 from localspec.session import Session
 from localspec.stats import record
 from conftest import TARGET, TEMPLATES
@@ -442,3 +443,21 @@ def test_every_new_field_of_the_wrong_kind_is_a_400_in_each_protocols_shape(thin
     for field, value in OLLAMA_WRONG:
         status, body = post("/api/chat", {"model": "r1", "messages": ASK, "stream": False, field: value})
         assert status == 400 and isinstance(body["error"], str), (field, value, status, body)
+
+
+def test_the_budget_closes_the_block_on_parallel_sequences_each_as_alone(thinkers):
+    asks = [Request(Sampling(temperature=0), Limits(max_tokens=16), messages=[{"role": "user", "content": text}],
+                    thinking=Thinking(budget=budget)) for text, budget in (("why", 4), ("how so", 6))]
+    with opened(thinkers["deepseek-r1"]) as alone:
+        expected = [(r.reasoning, r.text) for r in (record(alone.generate(ask)) for ask in asks)]
+    with Session(thinkers["deepseek-r1"], None, Runtime(ctx_size=1024, threads=2, parallel=2),
+                 Speculation(DrafterKind.NGRAM, draft_max=4)) as session:
+        scheduler, ended = session.scheduler(), {}
+        started = [scheduler.add(ask) for ask in asks]
+        while scheduler:
+            for running, item in scheduler.step():
+                assert not isinstance(item, BaseException), item
+                if item is ENDED:
+                    ended[running.sequence] = running.recorder
+    assert [(ended[r.sequence].reasoning, ended[r.sequence].text) for r in started] == expected
+    assert all(text for _, text in expected)
