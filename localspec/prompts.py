@@ -78,8 +78,13 @@ class Prompts:
         if request.tools is not None:
             sampling, tool_format = self.with_tools(sampling, request.tools)
         if request.messages is not None:
-            tokens = self.chat_tokens(request.messages, request.tools, request.thinking)
-            tokens, plan = self.thinking_plan(tokens, request.thinking)
+            thinking = request.thinking
+            if self.thinks and sampling.grammar is not None and not sampling.grammar_triggers:
+                # a grammar that holds from the first token (a schema, tool_choice required) shapes the whole
+                # reply: a reasoning model answers at once, its answer the grammar's, rather than think in it
+                thinking = replace(thinking, think=False, budget=None)
+            tokens = self.chat_tokens(request.messages, request.tools, thinking)
+            tokens, plan = self.thinking_plan(tokens, thinking)
         elif isinstance(request.prompt, str):
             tokens = self.tokenize(request.prompt, raw=True)
         else:

@@ -461,3 +461,11 @@ def test_the_budget_closes_the_block_on_parallel_sequences_each_as_alone(thinker
                     ended[running.sequence] = running.recorder
     assert [(ended[r.sequence].reasoning, ended[r.sequence].text) for r in started] == expected
     assert all(text for _, text in expected)
+
+
+def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_once(thinkers):
+    schema = 'root ::= "{" [a-z]{2,6} "}"'
+    for name in ("deepseek-r1", "qwen3.5", "gpt-oss"):  # opened by the template, or harmony
+        with opened(thinkers[name]) as session:
+            shaped = reply(session, Thinking(think=True), grammar=schema, max_tokens=40)
+        assert shaped.reasoning == "" and shaped.text.startswith("{") and shaped.text.endswith("}"), (name, shaped.text)
