@@ -79,9 +79,11 @@ class Prompts:
             sampling, tool_format = self.with_tools(sampling, request.tools)
         if request.messages is not None:
             thinking = request.thinking
-            if self.thinks and sampling.grammar is not None and not sampling.grammar_triggers:
+            if self.thinks and sampling.grammar is not None and not sampling.grammar_triggers \
+                    and (self.family.open or "<|channel|>") not in sampling.grammar:
                 # a grammar that holds from the first token (a schema, tool_choice required) shapes the whole
                 # reply: a reasoning model answers at once, its answer the grammar's, rather than think in it
+                # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking)
             tokens, plan = self.thinking_plan(tokens, thinking)
