@@ -13,8 +13,8 @@ from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
 from .engine.drafters import CostlyDrafter, Drafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
-from .engine.drafters.spec import (PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, draft_limit, longest_draft,
-                                   needed)
+from .engine.drafters.spec import (PUBLISHED_KINDS, SPEC, DraftPlan, DrafterSpec, Weights, draft_limit,
+                                   longest_draft, needed)
 from .engine.suffix import SuffixCache
 from .errors import UsageError
 from .events import Done, Event, Token
@@ -210,8 +210,8 @@ class Drafters:
         """What drafts in the current mode, for the panel and summary line."""
         named = {kind: spec.describe(self.costly[kind].context.model.path.name) for kind, spec in self.specs.items()}
         if self.mode == DrafterKind.AUTO:
-            return "auto: " + _either(["n-gram lookup", *named.values()])
-        return named.get(self.mode) or {DrafterKind.PLAIN: "no drafting", DrafterKind.NGRAM: "n-gram lookup"}[self.mode]
+            return "auto: " + _either([SPEC["ngram"].label, *named.values()])
+        return named.get(self.mode) or SPEC[self.mode].label
 
     def close(self, threads: int) -> None:
         """Keep what real steps corrected of auto's costs, for the next load, where the machine was quiet."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from . import download, gguf_meta, hardware, placement, registry
 from .. import reasoning
 from ..config import DrafterKind, Runtime, Speculation
-from ..engine.drafters.spec import PUBLISHED_DRAFTERS, plan_drafting
+from ..engine.drafters.spec import PUBLISHED_DRAFTERS, SPEC, plan_drafting
 from ..errors import UsageError
 
 Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once downloaded, its size in the registry
@@ -106,7 +106,7 @@ def _auto_drafts(header: gguf_meta.GGUFInfo) -> list[str]:
     if header.recurrent and not header.rolls_back:
         return []
     plan = plan_drafting(Speculation(), header)
-    return ["n-gram lookup", "earlier answers", *(spec.describe(header.path.name) for spec in plan.costly)]
+    return [SPEC["ngram"].label, SPEC["suffix"].label, *(spec.describe(header.path.name) for spec in plan.costly)]
 
 
 def _drafts_text(info: dict, is_registered: bool) -> str:
