@@ -66,6 +66,12 @@ DRAFT_SHARPNESS = 16.0  # a draft's output layer against a matrix's usual scale:
 # What auto's n-gram beliefs call the strongest evidence: the answer's drafts are weighed as a long copy.
 EVIDENCE = Evidence(max(RunClass), Agreement.AGREE)
 PARALLEL = 4  # sequences generating at once in the parallel measurement (serve's and batch's auto)
+# Real drafters' steps, (drafted, accepted), replayed on the device: scripts/predict_gpu.py --steps wrote them
+# from the Qwen pair's recorded replies on this project's CPU, auto choosing by the H200's held curve.
+REPLAYED_STEPS = ROOT / "docs" / "examples" / "replayed-steps.json"
+REPLAYED_SETS = ("humaneval", "humaneval-edit", "mtbench-2turn")
+REPLAYED_DRAFTERS = ("ngram", "auto")
+FIXED_ROWS = (4, 9)  # verification lengths every step is padded to (drafts longer than rows - 1 cut to it)
 
 
 def say(text: str) -> None:
@@ -216,6 +222,36 @@ class Oracle:
         if self.length is not None:
             k = min(k, self.length)
         return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
+
+
+class Replayed:
+    """A free drafter that proposes the answer in a recorded drafter's step shapes: at step i it drafts
+    shapes[i]'s `drafted` tokens of which the first `accepted` are the answer's and the rest a token the
+    target will not choose, so each step verifies as many rows and keeps as many tokens as the real one
+    did (the shapes repeat when the answer is longer). rows: pad every step's draft (plain steps
+    included) with wrong tokens to rows - 1, cutting longer drafts there: a verification length that
+    never changes."""
+
+    kind = DrafterKind.NGRAM
+
+    def __init__(self, shapes: list[tuple[int, int]], rows: int | None = None):
+        self.shapes, self.rows = shapes, rows
+        self.answer: list[int] = []
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.expected = list(prompt) + self.answer
+        self.step = 0
+
+    def propose(self, history, k) -> Draft:
+        drafted, accepted = self.shapes[self.step % len(self.shapes)]
+        self.step += 1
+        drafted = min(k, self.rows - 1 if self.rows else drafted)
+        accepted = min(accepted, drafted)
+        at = len(history)
+        tokens = self.expected[at : at + accepted]
+        following = self.expected[at + accepted] if at + accepted < len(self.expected) else None
+        wrong = FIRST + 1 if following == FIRST else FIRST
+        return Draft(tokens + [wrong] * (drafted - len(tokens)), source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
 
 
 # --- Measurements
@@ -545,6 +581,51 @@ def floor(session: Session, prompts: list[list[int]], tokens: int) -> dict:
             "a_a": rows["plain again"]["vs_plain"]}
 
 
+def kept_steps(events, steps: list[Step]):
+    """The events as they come, each Step also appended to steps."""
+    for event in events:
+        if isinstance(event, Step):
+            steps.append(event)
+        yield event
+
+
+def replayed_shapes(session: Session, prompts: list[list[int]], tokens: int, recorded: dict) -> dict:
+    """Real drafters' step shapes replayed on the answer (Replayed), as they came and padded to each of
+    FIXED_ROWS, against plain decoding, prompt by prompt: what changing verification lengths cost here,
+    and whether one fixed length would cost less. Each run's verifications by rows (median ms) beside,
+    with whether the step's shape differed from the step before's."""
+    speeds, timings = Speeds(), {}
+    for prompt in prompts:
+        recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
+        speeds.add("plain", recorder)
+        for name in REPLAYED_SETS:
+            for drafter in REPLAYED_DRAFTERS:
+                shapes = [tuple(shape) for shape in recorded[name][drafter]]
+                longest = max(drafted for drafted, _ in shapes)
+                for rows in (None, *FIXED_ROWS):
+                    label = f"{name}, {drafter}, " + (f"{rows} rows a step" if rows else "as drafted")
+                    replayed = Replayed(shapes, rows)
+                    limit = max(1, rows - 1 if rows else longest)
+                    steps: list[Step] = []
+
+                    def generation(replayed=replayed, limit=limit, prompt=prompt, steps=steps):
+                        session.reset()
+                        steps.clear()
+                        events = generate(session.target, replayed, prompt, GREEDY,
+                                          Speculation(drafting=replayed.kind, draft_max=limit), Limits(max_tokens=tokens))
+                        return fold(kept_steps(events, steps), None, session)
+
+                    speeds.add(label, drafting_the_answer(generation, replayed, answer))
+                    for before, step in zip([None, *steps], steps):
+                        changed = "changed" if before is None or before.drafted != step.drafted else "held"
+                        timings.setdefault(label, {}).setdefault(f"{step.drafted + 1} {changed}", []).append(step.verify_seconds)
+    rows = {label: speeds.row(label) for label in speeds.records}
+    for label, by in timings.items():
+        rows[label]["verify_ms"] = {key: [len(seconds), statistics.median(seconds) * 1e3] for key, seconds in sorted(
+            by.items(), key=lambda item: (int(item[0].split()[0]), item[0]))}
+    return rows
+
+
 def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], tokens: int) -> dict:
     """Tokens/s of PARALLEL generations at once (serve's and batch's --parallel) against the same prompts
     one at a time, from empty caches: plainly, and with the draft model drafting for every sequence side
@@ -650,6 +731,13 @@ def stage_parallel(pair: Pair, section: dict, llama_bench: Path) -> dict:
     return {"parallel": parallel_sequences(pair.target, pair.draft, pair.prompts, pair.size.tokens)}
 
 
+def stage_shapes(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(g) Real drafters' step shapes replayed, as drafted and at fixed verification lengths."""
+    recorded = json.loads(REPLAYED_STEPS.read_text())["sets"]
+    with pair.session(draft=False) as session:
+        return {"shapes": replayed_shapes(session, pair.prompts, pair.size.tokens, recorded)}
+
+
 def stage_host(pair: Pair, section: dict, llama_bench: Path) -> dict:
     """(e) Host time a step and a row, sampling on the backend and on the host."""
     host = {}
@@ -668,6 +756,7 @@ STAGES = {
     "parallel": (f"(d) {PARALLEL} sequences at once", stage_parallel),
     "host": ("(e) host time per step and row", stage_host),
     "gap": ("(f) plain decoding with the session's context settings and with llama-bench's", stage_gap),
+    "shapes": ("(g) real drafters' step shapes replayed, as drafted and at fixed verification lengths", stage_shapes),
 }
 
 
@@ -809,6 +898,8 @@ def markdown(report: dict) -> str:
             lines.append("")
         if "gap" in stages:
             lines += _gap_lines(t["gap"])
+        if "shapes" in stages:
+            lines += _shapes_lines(t["shapes"])
             if t.get("auto_costs"):
                 costs = t["auto_costs"]
                 lines += [f"Auto's costs after one generation: verify(1) {costs['verify_1_ms']:.2f} ms; verify(n) / verify(1) "
@@ -840,6 +931,16 @@ def _gap_lines(g: dict) -> list[str]:
         lines += [f"In the loop, drafting the answer {loop['k']} at a time: {loop['steps_that_drafted_k']} of"
                   f" {loop['steps']} steps drafted {loop['k']}, their verification {loop['verify_ms']:.2f} ms (median).", ""]
     return lines
+
+
+def _shapes_lines(rows: dict) -> list[str]:
+    lines = ["| real drafters' steps replayed (greedy) | tokens/s | vs plain | tokens / pass |"
+             " verification ms by rows, shape changed or held (steps) |", "|---|---:|---:|---:|---|"]
+    for label, row in rows.items():
+        timed = ", ".join(f"{key} {ms:.2f} ({count})" for key, (count, ms) in row.get("verify_ms", {}).items() if count >= 3)
+        lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x | {row['tokens_per_pass']:.2f} |"
+                     f" {timed} |")
+    return lines + [""]
 
 
 def _plain_lines(t: dict) -> list[str]:

@@ -82,10 +82,12 @@ class Tally:
     def __init__(self):
         self.seconds = 0.0
         self.by: dict[str, dict[str, int]] = {}  # drafter -> steps, drafted, accepted
+        self.shapes: list[tuple[int, int]] = []  # (drafted, accepted) of every step, plain ones included
 
     def add(self, seconds: float, steps) -> None:
         self.seconds += seconds
         for step in steps:
+            self.shapes.append((step.drafted, step.accepted))
             if step.drafted:
                 counts = self.by.setdefault(step.drafter, {"steps": 0, "drafted": 0, "accepted": 0})
                 counts["steps"] += 1
@@ -143,6 +145,7 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             "seconds": {kind: tally.seconds for kind, tally in tallies.items()},
             "speedups": {kind: plain / tally.seconds for kind, tally in tallies.items()},
             "drafting": {kind: tally.by for kind, tally in tallies.items()},
+            "shapes": {kind: tally.shapes for kind, tally in tallies.items()},
             "draft_model": {"acceptance_by_position": acceptance_by_position(runs, POSITIONS),
                             "sure": sum(sure) / len(sure) if sure else None},
         }
@@ -249,12 +252,21 @@ def main() -> None:
     parser.add_argument("--mixed", action="store_true", help="auto and the suffix cache keep what they learned"
                         " from set to set")
     parser.add_argument("--json", action="store_true", help="the figures as JSON instead of the tables")
+    parser.add_argument("--steps", type=Path, help="also write each set's replayed steps, (drafted, accepted) in"
+                        " order per drafter, to this JSON file: scripts/accelerator-report --steps replays them"
+                        " in the loop on the device (stage g)")
     args = parser.parse_args()
     recording, device = (_read(path) for path in (args.recording, args.device))
     if any("draft" not in item for items in recording.get("sets", {}).values() for item in items):
         raise SystemExit(f"{args.recording} holds no draft model's proposals: record it again with scripts/replay.py"
                          " record")
     sets = predict(recording, device, args.target_shape, str(args.device), args.mixed)
+    shapes = {name: s.pop("shapes") for name, s in sets.items()}
+    if args.steps:
+        args.steps.write_text(json.dumps({
+            "recording": {key: recording.get(key) for key in ("target", "draft", "max_tokens", "limit")},
+            "costs": {"report": str(args.device), "device": device.get("device"), "target_shape": args.target_shape},
+            "sets": shapes}, separators=(",", ":")))
     if args.json:
         print(json.dumps({"device": device.get("device"), "date": device.get("date"), "note": device.get("note"),
                           "report": str(args.device), "target_shape": args.target_shape,

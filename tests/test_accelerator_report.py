@@ -176,21 +176,28 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert set(gap["verify_ms"]) == {"held", "changed"} and gap["verify_ms"]["held"]["1"] > 0
     assert gap["loop"]["k"] == measure.VERIFIED and gap["loop"]["steps"] > 0
     assert target["auto_costs"]["verify_relative"]["1"] == 1.0
+    shapes = target["shapes"]  # real drafters' steps replayed: padded, verifications keep one length
+    assert shapes["humaneval-edit, ngram, as drafted"]["tokens_per_pass"] > 1
+    for rows in measure.FIXED_ROWS:  # but near the end, where fewer tokens are left to make
+        timed = shapes[f"humaneval-edit, auto, {rows} rows a step"]["verify_ms"]
+        assert max(timed, key=lambda key: timed[key][0]) == f"{rows} held"
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
     assert "| one-token decodes: all of llama-bench's |" in markdown and "Auto's costs after one generation" in markdown
     assert "| 4 sequences at once (greedy) |" in markdown and "not yet" not in markdown
+    assert "| mtbench-2turn, auto, 9 rows a step |" in markdown
 
     # a call cut short after three stages: the rerun measures only what is missing
     cut = json.loads((out / "report.json").read_text())
-    for stage in ("parallel", "host", "gap"):
+    cut_off = list(measure.STAGES)[3:]
+    for stage in cut_off:
         del cut["targets"]["smallest-target"]["stages"][stage], cut["targets"]["smallest-target"][stage]
     (out / "report.json").write_text(json.dumps(cut))
     (out / "report.md").write_text(measure.markdown(cut))
-    assert "not yet: parallel, host, gap." in (out / "report.md").read_text()
+    assert f"not yet: {', '.join(cut_off)}." in (out / "report.md").read_text()
     again = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert again.returncode == 0, again.stderr
-    assert again.stderr.count("measured before") == 3
+    assert again.stderr.count("measured before") == 3  # (a) to (c)
     rerun = json.loads((out / "report.json").read_text())["targets"]["smallest-target"]
     assert list(rerun["stages"]) == list(measure.STAGES)
     assert rerun["verify"] == target["verify"] and rerun["floor"] == target["floor"]  # kept, not measured again
