@@ -29,6 +29,7 @@ from localspec.engine.library import llama
 from localspec.engine.backend import Context
 from localspec.engine.devices import devices
 from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
+from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
 from localspec.events import Step, Token
@@ -252,6 +253,37 @@ class Replayed:
         following = self.expected[at + accepted] if at + accepted < len(self.expected) else None
         wrong = FIRST + 1 if following == FIRST else FIRST
         return Draft(tokens + [wrong] * (drafted - len(tokens)), source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
+
+
+class Offered:
+    """n-gram lookup as auto met it in a real text: at each position of the answer, what lookup offered
+    at that position of a recorded reply ([tokens, how many of them were right, how far the match ran
+    back, the earlier occurrences' agreement], or nothing), spelled on the answer: its right tokens the
+    answer's, the rest a token the target will not choose. Auto weighs and learns from it as from the
+    real lookup, at this device's costs."""
+
+    kind = DrafterKind.NGRAM
+
+    def __init__(self, offers: list[list]):
+        self.offers = offers
+        self.answer: list[int] = []
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.expected = list(prompt) + self.answer
+        self.start = len(prompt)
+
+    def propose(self, history, k) -> Draft:
+        offer = self.offers[(len(history) - self.start) % len(self.offers)]
+        if not offer or not k:
+            return Draft(source=self.kind)
+        offered, right, run, agreement = offer
+        drafted = min(offered, k)
+        at = len(history)
+        tokens = self.expected[at : at + min(right, drafted)]
+        following = self.expected[at + len(tokens)] if at + len(tokens) < len(self.expected) else None
+        wrong = FIRST + 1 if following == FIRST else FIRST
+        return Draft(tokens + [wrong] * (drafted - len(tokens)), source=self.kind,
+                     evidence=Evidence(RunClass.of(run), Agreement(agreement)), run=run)
 
 
 # --- Measurements
@@ -626,6 +658,39 @@ def replayed_shapes(session: Session, prompts: list[list[int]], tokens: int, rec
     return rows
 
 
+def auto_on_offers(session: Session, prompts: list[list[int]], tokens: int, offers: dict) -> dict:
+    """Auto choosing live among real n-gram offers (Offered; no suffix cache, no draft model), as it
+    weighs a change of batch size by its calibration and blind to it (reshape 0), beside the offers
+    drafted as they come (fixed n-gram) and plain decoding, prompt by prompt; each auto generation
+    starts from nothing learned."""
+    speeds = Speeds()
+    session.use(DrafterKind.AUTO)
+    session.remember_as(None)
+    auto = session.drafting.drafter
+    reshape = auto.costs.reshape
+    for prompt in prompts:
+        recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
+        speeds.add("plain", recorder)
+        for name in REPLAYED_SETS:
+            offered = Offered(offers[name])
+            speeds.add(f"{name}, n-gram offers as they come", drafting_the_answer(
+                lambda offered=offered, prompt=prompt: run(session, offered, prompt, GREEDY,
+                                                           draft_limit(session.speculation, DrafterKind.AUTO), tokens),
+                offered, answer))
+            auto.ngram = offered
+            try:
+                for label, charged in (("auto", reshape), ("auto blind to reshapes", 0.0)):
+                    def generation(prompt=prompt):
+                        auto.forget()
+                        return with_mode(session, DrafterKind.AUTO, prompt, tokens)
+
+                    auto.costs.reshape = charged
+                    speeds.add(f"{name}, {label}", drafting_the_answer(generation, offered, answer))
+            finally:
+                auto.ngram, auto.costs.reshape = session.drafting.ngram, reshape
+    return {"reshape": reshape, "modes": {label: speeds.row(label) for label in speeds.records}}
+
+
 def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], tokens: int) -> dict:
     """Tokens/s of PARALLEL generations at once (serve's and batch's --parallel) against the same prompts
     one at a time, from empty caches: plainly, and with the draft model drafting for every sequence side
@@ -738,6 +803,13 @@ def stage_shapes(pair: Pair, section: dict, llama_bench: Path) -> dict:
         return {"shapes": replayed_shapes(session, pair.prompts, pair.size.tokens, recorded)}
 
 
+def stage_policy(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(h) Auto live on real n-gram offers, weighing a change of batch size and blind to it."""
+    offers = json.loads(REPLAYED_STEPS.read_text())["ngram_offers"]
+    with pair.session(draft=False) as session:
+        return {"policy": auto_on_offers(session, pair.prompts, pair.size.tokens, offers)}
+
+
 def stage_host(pair: Pair, section: dict, llama_bench: Path) -> dict:
     """(e) Host time a step and a row, sampling on the backend and on the host."""
     host = {}
@@ -757,6 +829,7 @@ STAGES = {
     "host": ("(e) host time per step and row", stage_host),
     "gap": ("(f) plain decoding with the session's context settings and with llama-bench's", stage_gap),
     "shapes": ("(g) real drafters' step shapes replayed, as drafted and at fixed verification lengths", stage_shapes),
+    "policy": ("(h) auto live on real n-gram offers, weighing a change of batch size and blind to it", stage_policy),
 }
 
 
@@ -900,6 +973,8 @@ def markdown(report: dict) -> str:
             lines += _gap_lines(t["gap"])
         if "shapes" in stages:
             lines += _shapes_lines(t["shapes"])
+        if "policy" in stages:
+            lines += _policy_lines(t["policy"])
             if t.get("auto_costs"):
                 costs = t["auto_costs"]
                 lines += [f"Auto's costs after one generation: verify(1) {costs['verify_1_ms']:.2f} ms; verify(n) / verify(1) "
@@ -940,6 +1015,15 @@ def _shapes_lines(rows: dict) -> list[str]:
         timed = ", ".join(f"{key} {ms:.2f} ({count})" for key, (count, ms) in row.get("verify_ms", {}).items() if count >= 3)
         lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x | {row['tokens_per_pass']:.2f} |"
                      f" {timed} |")
+    return lines + [""]
+
+
+def _policy_lines(policy: dict) -> list[str]:
+    lines = [f"| auto on real n-gram offers (greedy; a change of batch size costs {policy['reshape']:.2f} verify(1)"
+             " by auto's calibration) | tokens/s | vs plain | tokens / pass | steps that drafted |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x | {row['tokens_per_pass']:.2f} |"
+              f" {sum(row['steps_by_drafter'].values())} |" for label, row in policy["modes"].items()]
     return lines + [""]
 
 

@@ -18,6 +18,7 @@ against plain decoding, the acceptance behind it, and a paragraph on the method.
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def device_costs(report: dict, shape: str, where: str) -> Costs:
         raise SystemExit(f"{where}: {shape} has no verification curve (its plain stage did not run)")
     try:
         ratios = {int(n): float(ratio) for n, ratio in section["verify"]["ratios"].items()}
-        costs = Costs(float(section["verify"]["seconds_1"]), ratios)
+        costs = Costs(float(section["verify"]["seconds_1"]), ratios, reshape=reshape_of(section))
         if "draft_cost" in section:
             token = float(section["draft_cost"]["token_cost"])
             batch = costs.verify_seconds(CATCH_UP_BATCH) / costs.level / CATCH_UP_BATCH
@@ -62,6 +63,20 @@ def device_costs(report: dict, shape: str, where: str) -> Costs:
         raise SystemExit(f"{where}: {shape}'s verify or draft_cost is not as scripts/accelerator-report writes it"
                          f" ({type(error).__name__}: {error})") from None
     return costs
+
+
+def reshape_of(section: dict) -> float:
+    """A change of batch size's extra cost relative to verify(1), as auto calibrated it on the device
+    (reports from 2026-11-27 on), else the median of stage (f)'s verify(k) just after another size less
+    held (the decode that runs kernel by kernel only, not the one after it that captures a graph: less
+    than a change costs), else none."""
+    if "reshape" in section.get("auto_costs", {}):
+        return float(section["auto_costs"]["reshape"])
+    verify = section.get("gap", {}).get("verify_ms")
+    if not verify:
+        return 0.0
+    extra = statistics.median(verify["changed"][k] - verify["held"][k] for k in verify["held"])
+    return extra / 1e3 / float(section["verify"]["seconds_1"])
 
 
 def acceptance_by_position(runs: list[list[int]], positions: int) -> list[float | None]:
@@ -150,6 +165,26 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
                             "sure": sum(sure) / len(sure) if sure else None},
         }
     return sets
+
+
+def ngram_offers(items: list[dict]) -> list[list]:
+    """What n-gram lookup offers auto at each position of the set's replies, one after another: [tokens
+    offered, how many of them the reply has next, how far the match runs back, the agreement of earlier
+    occurrences], or [] where it finds nothing (the accelerator report's stage (h) offers the same on
+    its own answer)."""
+    speculation = Speculation(DrafterKind.AUTO)
+    k = draft_limit(speculation, DrafterKind.AUTO)
+    offers = []
+    for item in items:
+        ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+        ngram.begin(item["prompt"], None, None)
+        reply = item["reply"]
+        for position in range(len(reply)):
+            draft = ngram.propose(item["prompt"] + reply[:position], min(k, len(reply) - position - 1))
+            ahead = reply[position:]
+            agreed = next((i for i, (a, b) in enumerate(zip(draft.tokens, ahead)) if a != b), len(draft.tokens))
+            offers.append([len(draft.tokens), agreed, draft.run, str(draft.evidence.agreement)] if draft.tokens else [])
+    return offers
 
 
 def pooled(sets: dict) -> dict:
@@ -266,7 +301,8 @@ def main() -> None:
         args.steps.write_text(json.dumps({
             "recording": {key: recording.get(key) for key in ("target", "draft", "max_tokens", "limit")},
             "costs": {"report": str(args.device), "device": device.get("device"), "target_shape": args.target_shape},
-            "sets": shapes}, separators=(",", ":")))
+            "sets": shapes, "ngram_offers": {name: ngram_offers(items) for name, items in recording["sets"].items()}},
+            separators=(",", ":")))
     if args.json:
         print(json.dumps({"device": device.get("device"), "date": device.get("date"), "note": device.get("note"),
                           "report": str(args.device), "target_shape": args.target_shape,

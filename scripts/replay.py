@@ -186,9 +186,10 @@ class LlamaNgramSimple:
 
 def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max: int) -> tuple[float, list[Step]]:
     """Seconds the recorded reply takes with this drafter, by the cost table, and its steps. A costly
-    drafter's draft costs its tokens (Costs.draft_seconds) and the catch-up its Draft names."""
+    drafter's draft costs its tokens (Costs.draft_seconds) and the catch-up its Draft names; a step whose
+    batch size differs from the last one's, the table's reshape."""
     drafter.begin(prompt, Sampling(temperature=0), None)
-    history, seconds, steps = list(prompt), 0.0, []
+    history, seconds, steps, last = list(prompt), 0.0, [], None
     end = len(prompt) + len(reply)
     while len(history) < end:
         k = min(draft_max, end - len(history) - 1)
@@ -197,7 +198,9 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
         written = reply[len(history) - len(prompt):]
         accepted = next((i for i, (a, b) in enumerate(zip(tokens, written)) if a != b), len(tokens))
         drafting = costs.draft_seconds(draft.source, len(tokens)) + draft.catch_up_seconds
-        verify = costs.verify_seconds(len(tokens) + 1)
+        rows = len(tokens) + 1
+        verify = costs.verify_table(rows, last)[rows - 1]  # a batch of another size than the last reshaped
+        last = rows
         probe = draft.probe
         step = Step(draft.source, len(tokens), accepted, drafting, verify, draft.catch_up_seconds,
                     probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)

@@ -145,6 +145,17 @@ def test_a_stubborn_answer_goes_on_at_its_length():
     assert oracle.propose([1, 2, 5, 9, 3], 1).tokens == [8]
 
 
+def test_a_recorded_offer_is_spelled_on_the_answer_as_far_as_it_was_right():
+    offered = measure.Offered([[], [3, 2, 9, "earlier agree"], [2, 0, 2, "seen once"]])
+    offered.answer = [5, 6, 7, 8, 9]
+    offered.begin([1, 2], Sampling(temperature=0), None)
+    assert offered.propose([1, 2], 4).tokens == []
+    draft = offered.propose([1, 2, 5], 4)
+    assert draft.tokens == [6, 7, measure.FIRST] and draft.run == 9
+    assert draft.evidence == measure.Evidence(measure.RunClass.FROM_8, measure.Agreement.AGREE)
+    assert offered.propose([1, 2, 5, 6], 1).tokens == [measure.FIRST]
+
+
 def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path):
     out, build = tmp_path / "out", tmp_path / "build"
     done = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
@@ -186,6 +197,9 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert "| one-token decodes: all of llama-bench's |" in markdown and "Auto's costs after one generation" in markdown
     assert "| 4 sequences at once (greedy) |" in markdown and "not yet" not in markdown
     assert "| mtbench-2turn, auto, 9 rows a step |" in markdown
+    policy = target["policy"]  # auto live on real n-gram offers, with its calibrated reshape and without
+    assert {"humaneval-edit, auto", "humaneval-edit, auto blind to reshapes"} <= set(policy["modes"])
+    assert policy["reshape"] >= 0 and "| humaneval, n-gram offers as they come |" in markdown
 
     # a call cut short after three stages: the rerun measures only what is missing
     cut = json.loads((out / "report.json").read_text())

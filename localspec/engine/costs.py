@@ -6,6 +6,12 @@ re-measured by every real step:
 verify(1), the level everything else is relative to, follows each step's timing
 (plain steps measure it for free), so a machine that gets busier or calmer moves
 the policy at once; the shape of the cost curve follows the batch sizes used.
+
+On a GPU a batch whose size differs from the last decode's costs more (ggml-cuda replays a captured
+graph only while the batch's shape holds: on an H200 a 1.5B model's verify(1) took 1.7 ms held and
+3.0-4.1 ms just after a verification of 4, and the decode after that captures a graph anew): `reshape`
+is that extra, both decodes', measured at calibration, and the policy charges it to a step whose size
+changes.
 """
 
 from dataclasses import dataclass, field
@@ -23,6 +29,10 @@ CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
 CALIBRATION_TOKEN = 1
+# A measured reshape below this share of verify(1) is timing noise (a CPU rebuilds a changed graph in
+# microseconds; two decodes of SmolLM2-135M on a 2-core CPU read up to 0.13): taken as none, so that
+# such machines weigh steps exactly as before.
+RESHAPE_NOISE = 0.25
 
 
 @dataclass
@@ -42,20 +52,21 @@ class Costs:
     level: float  # verify(1)
     verify: dict[int, float]  # batch size -> verify(n) / verify(1)
     drafts: dict[DrafterKind, DraftCosts] = field(default_factory=dict)
+    reshape: float = 0.0  # a decode whose batch size differs from the last one's costs this much more
 
     def as_dict(self) -> dict:
         """For reports: verify(1) in ms, verify(n) / verify(1) by batch size, and each costly drafter's
-        costs relative to verify(1)."""
+        costs and a change of batch size's relative to verify(1)."""
         return {"verify_1_ms": self.level * 1e3, "verify_relative": dict(sorted(self.verify.items())),
                 "drafts": {str(kind): {"token": d.token, "prefill_token": d.prefill_token}
-                           for kind, d in self.drafts.items()}}
+                           for kind, d in self.drafts.items()}, "reshape": self.reshape}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Costs":
         """Costs as dataclasses.asdict wrote them, read back through JSON (whose keys are strings)."""
         return cls(float(data["level"]), {int(n): float(r) for n, r in data["verify"].items()},
                    {DrafterKind(kind): DraftCosts(float(d["token"]), float(d["prefill_token"]))
-                    for kind, d in data["drafts"].items()})
+                    for kind, d in data["drafts"].items()}, float(data.get("reshape", 0.0)))
 
     def __post_init__(self):
         # The curve's shape moves only when a batch of more than one token is timed; verify(1) moves
@@ -72,9 +83,14 @@ class Costs:
     def verify_seconds(self, n: int) -> float:
         return self.level * self.relative(n)[n - 1]
 
-    def verify_table(self, most: int) -> list[float]:
-        """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step)."""
-        return [self.level * relative for relative in self.relative(most)[:most]]
+    def verify_table(self, most: int, last: int | None = None) -> list[float]:
+        """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step); with
+        `last`, the batch size of the decode before, each size but that one reshaped."""
+        table = [self.level * relative for relative in self.relative(most)[:most]]
+        if self.reshape:
+            extra = self.level * self.reshape
+            table = [seconds + extra * (n != last) for n, seconds in enumerate(table, start=1)]
+        return table
 
     def draft_seconds(self, kind: DrafterKind, k: int) -> float:
         return self.level * self.drafts[kind].token * self._passes(kind, k) if kind in self.drafts else 0.0
@@ -88,7 +104,10 @@ class Costs:
     def catch_up_seconds(self, kind: DrafterKind, tokens: int) -> float:
         return self.level * self.drafts[kind].prefill_token * tokens
 
-    def observe_verify(self, n: int, seconds: float) -> None:
+    def observe_verify(self, n: int, seconds: float, reshaped: bool = False) -> None:
+        """Learn from a verification of n rows; reshaped: its size differed from the decode's before."""
+        if reshaped:
+            seconds -= self.level * self.reshape
         relative = self.relative(n)[n - 1]
         level = min(max(seconds / relative, self.level / CLIP), self.level * CLIP)
         self.level += LEVEL_RATE * (level - self.level)
@@ -134,6 +153,9 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     seconds = {n: _time(lambda: target.decode([CALIBRATION_TOKEN] * n, logits="all"), target) for n in sizes}
     level = seconds[1]
     costs = Costs(level, {n: s / level for n, s in seconds.items()})
+    if max_batch > 1:
+        reshape = _reshape_seconds(target, level) / level
+        costs.reshape = reshape if reshape >= RESHAPE_NOISE else 0.0
     for kind, draft in drafts.items():
         def decode_draft(n: int, draft=draft) -> None:
             # an MTP block or EAGLE-3 drafter reads a hidden state with each token; a zero one costs the same
@@ -144,6 +166,25 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
         costs.drafts[kind] = DraftCosts(_time(lambda: decode_draft(1), draft) / level,
                                         _time(lambda: decode_draft(batch), draft) / batch / level)
     return costs
+
+
+def _reshape_seconds(target: Context, held: float, repeats: int = 2) -> float:
+    """What one change of batch size costs beyond held decodes (the best of `repeats`): a decode of one
+    row after one of two, and the one after it. ggml-cuda runs the first kernel by kernel and captures
+    a graph in the second; only the third replays it."""
+    best = float("inf")
+    for _ in range(repeats):
+        seconds = []
+        target.truncate(0)
+        target.decode([CALIBRATION_TOKEN] * 2, logits="all")
+        for _ in range(2):
+            target.truncate(0)
+            started = perf_counter()
+            target.decode([CALIBRATION_TOKEN], logits="all")
+            seconds.append(perf_counter() - started)
+        best = min(best, sum(seconds) - 2 * held)
+    target.truncate(0)
+    return best
 
 
 def _time(decode, context: Context, repeats: int = 2, unkept: int = 1) -> float:

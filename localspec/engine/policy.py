@@ -259,6 +259,7 @@ class AutoDrafter:
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
         self._others_tokens = 0  # the other sequences' tokens in the step being weighed
+        self.last_rows: int | None = None
 
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
@@ -276,6 +277,7 @@ class AutoDrafter:
             plain = self.costs.verify_seconds(1)
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
         self.chosen: Choice = Choice(0.0)
+        self.last_rows: int | None = None  # the target's last batch size: the prompt's is none a step has
 
     def _free(self) -> list[Drafter]:
         return [self.ngram] + ([self.suffix] if self.suffix else [])
@@ -293,7 +295,8 @@ class AutoDrafter:
     def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         self._learn_from_text(history)
         rows, self._others_tokens = self.alongside()
-        plain_seconds = self.costs.verify_table(rows + 1)[rows]  # the whole step's, others' rows and all
+        # the whole step's, others' rows and all; a batch of another size than the last costs its reshape
+        plain_seconds = self.costs.verify_table(rows + 1, self.last_rows)[rows]
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -316,7 +319,8 @@ class AutoDrafter:
             return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         # verify[n]: a step with n + 1 rows of this sequence's, after the others' rows
-        verify = self.costs.verify_table(rows + max((option.most for option in weighed), default=0) + 1)[rows:]
+        verify = self.costs.verify_table(rows + max((option.most for option in weighed), default=0) + 1,
+                                         self.last_rows)[rows:]
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
                    for option in weighed}
         # The sure option is the one whose best length pays most even on the doubtful side of its
@@ -437,7 +441,9 @@ class AutoDrafter:
     def observe(self, step: Step) -> None:
         """Learn from a verified step. Whether it was a probe is read from the step, not from the choice:
         the loop drops a draft shorter than draft_min, and what was not verified lost nothing."""
-        self.costs.observe_verify(step.drafted + 1 + step.batch_rows, step.verify_seconds)
+        rows = step.drafted + 1 + step.batch_rows
+        self.costs.observe_verify(rows, step.verify_seconds, reshaped=rows != self.last_rows)
+        self.last_rows = rows
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
