@@ -660,14 +660,14 @@ def replayed_shapes(session: Session, prompts: list[list[int]], tokens: int, rec
 
 def auto_on_offers(session: Session, prompts: list[list[int]], tokens: int, offers: dict) -> dict:
     """Auto choosing live among real n-gram offers (Offered; no suffix cache, no draft model), as it
-    weighs a change of batch size by its calibration and blind to it (reshape 0), beside the offers
-    drafted as they come (fixed n-gram) and plain decoding, prompt by prompt; each auto generation
-    starts from nothing learned."""
+    weighs a change of batch size by its calibration and blind to it, beside the offers drafted as
+    they come (fixed n-gram) and plain decoding, prompt by prompt; each auto generation starts from
+    nothing learned."""
     speeds = Speeds()
     session.use(DrafterKind.AUTO)
     session.remember_as(None)
     auto = session.drafting.drafter
-    reshape = auto.costs.reshape
+    calibrated = auto.costs.reshape, auto.costs.recapture
     for prompt in prompts:
         recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
         speeds.add("plain", recorder)
@@ -679,16 +679,18 @@ def auto_on_offers(session: Session, prompts: list[list[int]], tokens: int, offe
                 offered, answer))
             auto.ngram = offered
             try:
-                for label, charged in (("auto", reshape), ("auto blind to reshapes", 0.0)):
+                for label, charged in (("auto", calibrated), ("auto blind to reshapes", (0.0, 0.0))):
                     def generation(prompt=prompt):
                         auto.forget()
                         return with_mode(session, DrafterKind.AUTO, prompt, tokens)
 
-                    auto.costs.reshape = charged
+                    auto.costs.reshape, auto.costs.recapture = charged
                     speeds.add(f"{name}, {label}", drafting_the_answer(generation, offered, answer))
             finally:
-                auto.ngram, auto.costs.reshape = session.drafting.ngram, reshape
-    return {"reshape": reshape, "modes": {label: speeds.row(label) for label in speeds.records}}
+                auto.ngram = session.drafting.ngram
+                auto.costs.reshape, auto.costs.recapture = calibrated
+    return {"reshape": calibrated[0], "recapture": calibrated[1],
+            "modes": {label: speeds.row(label) for label in speeds.records}}
 
 
 def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], tokens: int) -> dict:
@@ -1019,8 +1021,9 @@ def _shapes_lines(rows: dict) -> list[str]:
 
 
 def _policy_lines(policy: dict) -> list[str]:
-    lines = [f"| auto on real n-gram offers (greedy; a change of batch size costs {policy['reshape']:.2f} verify(1)"
-             " by auto's calibration) | tokens/s | vs plain | tokens / pass | steps that drafted |",
+    lines = [f"| auto on real n-gram offers (greedy; by auto's calibration a change of batch size costs"
+             f" {policy['reshape']:.2f} verify(1), the next decode {policy.get('recapture', 0.0):.2f})"
+             " | tokens/s | vs plain | tokens / pass | steps that drafted |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x | {row['tokens_per_pass']:.2f} |"
               f" {sum(row['steps_by_drafter'].values())} |" for label, row in policy["modes"].items()]

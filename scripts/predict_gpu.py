@@ -54,7 +54,8 @@ def device_costs(report: dict, shape: str, where: str) -> Costs:
         raise SystemExit(f"{where}: {shape} has no verification curve (its plain stage did not run)")
     try:
         ratios = {int(n): float(ratio) for n, ratio in section["verify"]["ratios"].items()}
-        costs = Costs(float(section["verify"]["seconds_1"]), ratios, reshape=reshape_of(section))
+        costs = Costs(float(section["verify"]["seconds_1"]), ratios)
+        costs.reshape, costs.recapture = changing_of(section)
         if "draft_cost" in section:
             token = float(section["draft_cost"]["token_cost"])
             batch = costs.verify_seconds(CATCH_UP_BATCH) / costs.level / CATCH_UP_BATCH
@@ -65,18 +66,20 @@ def device_costs(report: dict, shape: str, where: str) -> Costs:
     return costs
 
 
-def reshape_of(section: dict) -> float:
-    """A change of batch size's extra cost relative to verify(1), as auto calibrated it on the device
-    (reports from 2026-11-27 on), else the median of stage (f)'s verify(k) just after another size less
-    held (the decode that runs kernel by kernel only, not the one after it that captures a graph: less
-    than a change costs), else none."""
-    if "reshape" in section.get("auto_costs", {}):
-        return float(section["auto_costs"]["reshape"])
+def changing_of(section: dict) -> tuple[float, float]:
+    """What a change of batch size costs relative to verify(1) (Costs.reshape, Costs.recapture): as auto
+    calibrated both on the device, where the report has them; else the median of stage (f)'s verify(k)
+    just after another size less held for the reshape, and for the recapture what auto calibrated for the
+    two together (reports of 2026-11-27, 03:00 UTC) less that, or none."""
+    calibrated = section.get("auto_costs", {})
+    if "recapture" in calibrated:
+        return float(calibrated["reshape"]), float(calibrated["recapture"])
     verify = section.get("gap", {}).get("verify_ms")
     if not verify:
-        return 0.0
-    extra = statistics.median(verify["changed"][k] - verify["held"][k] for k in verify["held"])
-    return extra / 1e3 / float(section["verify"]["seconds_1"])
+        return 0.0, 0.0
+    level_ms = float(section["verify"]["seconds_1"]) * 1e3
+    reshape = statistics.median(verify["changed"][k] - verify["held"][k] for k in verify["held"]) / level_ms
+    return reshape, max(0.0, float(calibrated.get("reshape", reshape)) - reshape)
 
 
 def acceptance_by_position(runs: list[list[int]], positions: int) -> list[float | None]:
@@ -121,8 +124,10 @@ def fixed_drafter(kind: DrafterKind, item: dict, costs: Costs, cache: SuffixCach
             DrafterKind.SUFFIX: lambda: SuffixDrafter(cache), DrafterKind.PREDICTION: NoDrafter}[kind]()
 
 
-def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool = False) -> dict:
-    """Per prompt set: plain decoding's seconds on the device, each drafter's, and the acceptance behind them."""
+def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool = False, blind: bool = False) -> dict:
+    """Per prompt set: plain decoding's seconds on the device, each drafter's, and the acceptance behind them.
+    blind: auto weighs its steps as if a change of batch size cost nothing (as before 2026-11-27), while
+    each step still costs what it does."""
     speculation = Speculation(DrafterKind.AUTO)
     has_draft = bool(device_costs(device, shape, where).drafts)
     columns = [kind for kind in COLUMNS if kind != DrafterKind.DRAFT or has_draft]
@@ -132,6 +137,8 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
     for name, items in recording["sets"].items():
         if not mixed or auto is None:  # a fresh session's: nothing learned, no earlier replies
             costs = device_costs(device, shape, where)
+            if blind:
+                costs.reshape = costs.recapture = 0.0
             costly = [RecordedDraftModel(costs, speculation.p_min)] if has_draft else []
             auto = AutoDrafter(NgramDrafter(speculation.ngram_min, speculation.ngram_max), costly, costs,
                                SuffixDrafter(cache))
@@ -141,7 +148,7 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
         plain = 0.0
         for item in items:
             prompt, reply = item["prompt"], item["reply"]
-            plain += len(reply) * auto.costs.verify_seconds(1)
+            plain += replay(NoDrafter(), prompt, reply, device_costs(device, shape, where), 0)[0]  # its changes of size too
             for model in auto.costly.values():
                 model.follow(item)
             for kind, tally in tallies.items():
@@ -151,7 +158,7 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
                 if "prediction" in item:  # a prompt's prediction drafts in every mode, as bench runs it
                     drafter = PredictionDrafter(item["prediction"], drafter, limit)
                     limit = draft_limit(speculation, DrafterKind.PREDICTION)
-                tally.add(*replay(drafter, prompt, reply, costs, limit))
+                tally.add(*replay(drafter, prompt, reply, costs, limit, charged=device_costs(device, shape, where)))
             cache.add(prompt[-cache.depth :] + reply)  # as a session keeps each finished generation
         runs = [chain_lengths(item["draft"]["likeliest"], item["reply"]) for item in items]
         sure = [p >= speculation.p_min for item in items for p in item["draft"]["sure"]]
@@ -286,6 +293,8 @@ def main() -> None:
                         f" (default: {QWEN_SHAPE})")
     parser.add_argument("--mixed", action="store_true", help="auto and the suffix cache keep what they learned"
                         " from set to set")
+    parser.add_argument("--blind", action="store_true", help="auto weighs a change of batch size as free (as"
+                        " before 2026-11-27); each step still costs what the device's report says")
     parser.add_argument("--json", action="store_true", help="the figures as JSON instead of the tables")
     parser.add_argument("--steps", type=Path, help="also write each set's replayed steps, (drafted, accepted) in"
                         " order per drafter, to this JSON file: scripts/accelerator-report --steps replays them"
@@ -295,7 +304,7 @@ def main() -> None:
     if any("draft" not in item for items in recording.get("sets", {}).values() for item in items):
         raise SystemExit(f"{args.recording} holds no draft model's proposals: record it again with scripts/replay.py"
                          " record")
-    sets = predict(recording, device, args.target_shape, str(args.device), args.mixed)
+    sets = predict(recording, device, args.target_shape, str(args.device), args.mixed, args.blind)
     shapes = {name: s.pop("shapes") for name, s in sets.items()}
     if args.steps:
         args.steps.write_text(json.dumps({

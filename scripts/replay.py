@@ -184,12 +184,14 @@ class LlamaNgramSimple:
         return Draft()
 
 
-def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max: int) -> tuple[float, list[Step]]:
+def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max: int,
+           charged: Costs | None = None) -> tuple[float, list[Step]]:
     """Seconds the recorded reply takes with this drafter, by the cost table, and its steps. A costly
     drafter's draft costs its tokens (Costs.draft_seconds) and the catch-up its Draft names; a step whose
-    batch size differs from the last one's, the table's reshape."""
+    batch size differs from the last one's, the table's reshape, and the next of that size its recapture.
+    charged: verifications cost what this table says, not costs' (a policy weighing other costs)."""
     drafter.begin(prompt, Sampling(temperature=0), None)
-    history, seconds, steps, last = list(prompt), 0.0, [], None
+    history, seconds, steps, sizes = list(prompt), 0.0, [], (None, None)
     end = len(prompt) + len(reply)
     while len(history) < end:
         k = min(draft_max, end - len(history) - 1)
@@ -199,8 +201,8 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
         accepted = next((i for i, (a, b) in enumerate(zip(tokens, written)) if a != b), len(tokens))
         drafting = costs.draft_seconds(draft.source, len(tokens)) + draft.catch_up_seconds
         rows = len(tokens) + 1
-        verify = costs.verify_table(rows, last)[rows - 1]  # a batch of another size than the last reshaped
-        last = rows
+        verify = (charged or costs).verify_table(rows, sizes)[rows - 1]
+        sizes = (sizes[1], rows)
         probe = draft.probe
         step = Step(draft.source, len(tokens), accepted, drafting, verify, draft.catch_up_seconds,
                     probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)

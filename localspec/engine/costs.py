@@ -7,11 +7,11 @@ verify(1), the level everything else is relative to, follows each step's timing
 (plain steps measure it for free), so a machine that gets busier or calmer moves
 the policy at once; the shape of the cost curve follows the batch sizes used.
 
-On a GPU a batch whose size differs from the last decode's costs more (ggml-cuda replays a captured
-graph only while the batch's shape holds: on an H200 a 1.5B model's verify(1) took 1.7 ms held and
-3.0-4.1 ms just after a verification of 4, and the decode after that captures a graph anew): `reshape`
-is that extra, both decodes', measured at calibration, and the policy charges it to a step whose size
-changes.
+On a GPU a batch's cost depends on the sizes before it: ggml-cuda runs a decode whose batch size
+differs from the last one's kernel by kernel (`reshape` more: on an H200 a 1.5B model's verify(1) took
+1.7 ms held and 3.0-4.1 ms just after a verification of 4), captures a graph in the next decode of the
+same size (`recapture` more), and replays it from the third on. Both are measured at calibration and
+charged to the steps that pay them.
 """
 
 from dataclasses import dataclass, field
@@ -29,8 +29,8 @@ CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
 CALIBRATION_TOKEN = 1
-# A measured reshape below this share of verify(1) is timing noise (a CPU rebuilds a changed graph in
-# microseconds; two decodes of SmolLM2-135M on a 2-core CPU read up to 0.13): taken as none, so that
+# A measured reshape or recapture below this share of verify(1) is timing noise (a CPU rebuilds a changed graph in
+# microseconds; SmolLM2-135M's decodes on a 2-core CPU read up to 0.13): taken as none, so that
 # such machines weigh steps exactly as before.
 RESHAPE_NOISE = 0.25
 
@@ -53,20 +53,22 @@ class Costs:
     verify: dict[int, float]  # batch size -> verify(n) / verify(1)
     drafts: dict[DrafterKind, DraftCosts] = field(default_factory=dict)
     reshape: float = 0.0  # a decode whose batch size differs from the last one's costs this much more
+    recapture: float = 0.0  # and the next decode of its size (where the one before that differed) this much
 
     def as_dict(self) -> dict:
         """For reports: verify(1) in ms, verify(n) / verify(1) by batch size, and each costly drafter's
         costs and a change of batch size's relative to verify(1)."""
         return {"verify_1_ms": self.level * 1e3, "verify_relative": dict(sorted(self.verify.items())),
                 "drafts": {str(kind): {"token": d.token, "prefill_token": d.prefill_token}
-                           for kind, d in self.drafts.items()}, "reshape": self.reshape}
+                           for kind, d in self.drafts.items()}, "reshape": self.reshape, "recapture": self.recapture}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Costs":
         """Costs as dataclasses.asdict wrote them, read back through JSON (whose keys are strings)."""
         return cls(float(data["level"]), {int(n): float(r) for n, r in data["verify"].items()},
                    {DrafterKind(kind): DraftCosts(float(d["token"]), float(d["prefill_token"]))
-                    for kind, d in data["drafts"].items()}, float(data.get("reshape", 0.0)))
+                    for kind, d in data["drafts"].items()}, float(data.get("reshape", 0.0)),
+                   float(data.get("recapture", 0.0)))
 
     def __post_init__(self):
         # The curve's shape moves only when a batch of more than one token is timed; verify(1) moves
@@ -83,14 +85,20 @@ class Costs:
     def verify_seconds(self, n: int) -> float:
         return self.level * self.relative(n)[n - 1]
 
-    def verify_table(self, most: int, last: int | None = None) -> list[float]:
+    def verify_table(self, most: int, sizes: tuple[int | None, int | None] | None = None) -> list[float]:
         """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step); with
-        `last`, the batch size of the decode before, each size but that one reshaped."""
+        `sizes`, the batch sizes of the two decodes before (the last one second; None: none yet), each
+        with what a change of size costs it."""
         table = [self.level * relative for relative in self.relative(most)[:most]]
-        if self.reshape:
-            extra = self.level * self.reshape
-            table = [seconds + extra * (n != last) for n, seconds in enumerate(table, start=1)]
+        if sizes and (self.reshape or self.recapture):
+            table = [seconds + self.changing(n, sizes) for n, seconds in enumerate(table, start=1)]
         return table
+
+    def changing(self, n: int, sizes: tuple[int | None, int | None]) -> float:
+        """Seconds more that a batch of n costs after batches of these sizes (the last one second) than
+        after batches of its own size."""
+        before, last = sizes
+        return self.level * (self.reshape if n != last else self.recapture if n != before else 0.0)
 
     def draft_seconds(self, kind: DrafterKind, k: int) -> float:
         return self.level * self.drafts[kind].token * self._passes(kind, k) if kind in self.drafts else 0.0
@@ -104,10 +112,11 @@ class Costs:
     def catch_up_seconds(self, kind: DrafterKind, tokens: int) -> float:
         return self.level * self.drafts[kind].prefill_token * tokens
 
-    def observe_verify(self, n: int, seconds: float, reshaped: bool = False) -> None:
-        """Learn from a verification of n rows; reshaped: its size differed from the decode's before."""
-        if reshaped:
-            seconds -= self.level * self.reshape
+    def observe_verify(self, n: int, seconds: float, sizes: tuple[int | None, int | None] | None = None) -> None:
+        """Learn from a verification of n rows, taken after batches of these sizes (what a change cost
+        is not the curve's)."""
+        if sizes:
+            seconds -= self.changing(n, sizes)
         relative = self.relative(n)[n - 1]
         level = min(max(seconds / relative, self.level / CLIP), self.level * CLIP)
         self.level += LEVEL_RATE * (level - self.level)
@@ -154,8 +163,8 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     level = seconds[1]
     costs = Costs(level, {n: s / level for n, s in seconds.items()})
     if max_batch > 1:
-        reshape = _reshape_seconds(target, level) / level
-        costs.reshape = reshape if reshape >= RESHAPE_NOISE else 0.0
+        costs.reshape, costs.recapture = (extra / level if extra / level >= RESHAPE_NOISE else 0.0
+                                          for extra in _changing_seconds(target, level))
     for kind, draft in drafts.items():
         def decode_draft(n: int, draft=draft) -> None:
             # an MTP block or EAGLE-3 drafter reads a hidden state with each token; a zero one costs the same
@@ -168,23 +177,20 @@ def calibrate(target: Context, drafts: dict[DrafterKind, Context], max_batch: in
     return costs
 
 
-def _reshape_seconds(target: Context, held: float, repeats: int = 2) -> float:
-    """What one change of batch size costs beyond held decodes (the best of `repeats`): a decode of one
-    row after one of two, and the one after it. ggml-cuda runs the first kernel by kernel and captures
-    a graph in the second; only the third replays it."""
-    best = float("inf")
+def _changing_seconds(target: Context, held: float, repeats: int = 2) -> tuple[float, float]:
+    """What a change of batch size costs beyond a held decode's `held` seconds (the best of `repeats`
+    each): a decode of one row after one of two (reshape), and the one after it (recapture)."""
+    best = [float("inf")] * 2
     for _ in range(repeats):
-        seconds = []
         target.truncate(0)
         target.decode([CALIBRATION_TOKEN] * 2, logits="all")
-        for _ in range(2):
+        for which in range(2):
             target.truncate(0)
             started = perf_counter()
             target.decode([CALIBRATION_TOKEN], logits="all")
-            seconds.append(perf_counter() - started)
-        best = min(best, sum(seconds) - 2 * held)
+            best[which] = min(best[which], perf_counter() - started - held)
     target.truncate(0)
-    return best
+    return best[0], best[1]
 
 
 def _time(decode, context: Context, repeats: int = 2, unkept: int = 1) -> float:

@@ -259,7 +259,7 @@ class AutoDrafter:
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
         self._others_tokens = 0  # the other sequences' tokens in the step being weighed
-        self.last_rows: int | None = None
+        self.sizes: tuple[int | None, int | None] = (None, None)
 
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
@@ -277,7 +277,8 @@ class AutoDrafter:
             plain = self.costs.verify_seconds(1)
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
         self.chosen: Choice = Choice(0.0)
-        self.last_rows: int | None = None  # the target's last batch size: the prompt's is none a step has
+        # the target's last two batch sizes (the last one second): the prompt's is none a step has
+        self.sizes = (None, None)
 
     def _free(self) -> list[Drafter]:
         return [self.ngram] + ([self.suffix] if self.suffix else [])
@@ -295,8 +296,8 @@ class AutoDrafter:
     def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         self._learn_from_text(history)
         rows, self._others_tokens = self.alongside()
-        # the whole step's, others' rows and all; a batch of another size than the last costs its reshape
-        plain_seconds = self.costs.verify_table(rows + 1, self.last_rows)[rows]
+        # the whole step's, others' rows and all, and what its batch's size costs after the last ones
+        plain_seconds = self.costs.verify_table(rows + 1, self.sizes)[rows]
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -320,7 +321,7 @@ class AutoDrafter:
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         # verify[n]: a step with n + 1 rows of this sequence's, after the others' rows
         verify = self.costs.verify_table(rows + max((option.most for option in weighed), default=0) + 1,
-                                         self.last_rows)[rows:]
+                                         self.sizes)[rows:]
         seconds = {option: [self.costs.draft_seconds(option.drafter, n) + verify[n] for n in range(1, option.most + 1)]
                    for option in weighed}
         # The sure option is the one whose best length pays most even on the doubtful side of its
@@ -442,8 +443,8 @@ class AutoDrafter:
         """Learn from a verified step. Whether it was a probe is read from the step, not from the choice:
         the loop drops a draft shorter than draft_min, and what was not verified lost nothing."""
         rows = step.drafted + 1 + step.batch_rows
-        self.costs.observe_verify(rows, step.verify_seconds, reshaped=rows != self.last_rows)
-        self.last_rows = rows
+        self.costs.observe_verify(rows, step.verify_seconds, self.sizes)
+        self.sizes = (self.sizes[1], rows)
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
         if step.probe:
             self.bucket.seconds -= step.lost_seconds
