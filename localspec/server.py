@@ -1,6 +1,6 @@
-"""`localspec serve`'s HTTP face: a table of routes, each a path, the protocol it speaks (OpenAI's or
-Ollama's, localspec/protocols/) and a handler, over a pool of models and their services, on Starlette and
-uvicorn (the one module that knows them).
+"""`localspec serve`'s HTTP face: a table of routes, each a path, the protocol it speaks (OpenAI's,
+Anthropic's or Ollama's, localspec/protocols/) and a handler, over a pool of models and their services, on
+Starlette and uvicorn (the one module that knows them).
 
 Handlers run on the event loop and only wait: the service's worker thread generates and hands each
 event over through the loop. Every answer other than 200 is the route's protocol's error object, said at
@@ -34,7 +34,8 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import net, store
-from .protocols import ollama, openai
+from .protocols import anthropic, ollama, openai
+from .protocols.anthropic import ANTHROPIC
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
 from .protocols.shared import ApiError, Answering, Defaults, Parsed, Protocol, api_error, tool_call_error, tool_reader
@@ -79,6 +80,8 @@ class Server:
             ("/api/chat", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=True), True),
             ("/api/generate", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=False), True),
             ("/api/pull", "POST", OLLAMA, self.ollama_pull, True),
+            ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
+            ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=[self._route(*route) for route in routes], exception_handlers=not_http,
@@ -254,13 +257,37 @@ class Server:
         parsed = await self._parse(body, chat, OPENAI, served)
         return await self._respond(request, client, parsed, OPENAI.answering(chat, served.name, parsed), served)
 
+    async def anthropic_messages(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        parsed = await self._parse(body, True, ANTHROPIC, served)
+        return await self._respond(request, client, parsed, ANTHROPIC.answering(True, body.get("model") or served.name,
+                                                                                 parsed), served)
+
+    async def anthropic_count_tokens(self, request: Request, client: str | None) -> Response:
+        """The prompt a Messages request would be read as, counted: rendered with the chat template and the
+        tools, tokenized (on a thread, as a request's parsing is)."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+
+        def count() -> int:
+            asked = anthropic.parse_count(body, self.defaults)
+            try:
+                return len(served.session.prompts.prepare(asked).tokens)
+            except LocalspecError as error:
+                raise api_error(error) from None
+
+        return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
+
     async def _not_found(self, request: Request, error: HTTPException) -> Response:
         if error.status_code == 405:
             message = f"{request.url.path} takes {(error.headers or {}).get('Allow', 'another method')}, not {request.method}"
         else:
             message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
-                       " POST /v1/completions, GET /v1/models, GET /health, GET /metrics; Ollama's POST /api/chat,"
-                       " POST /api/generate, GET /api/tags, GET /api/ps, POST /api/show, GET /api/version)")
+                       " POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics;"
+                       " Anthropic's POST /v1/messages, POST /v1/messages/count_tokens; Ollama's POST /api/chat,"
+                       " POST /api/generate, POST /api/embed, GET /api/tags, GET /api/ps, POST /api/show,"
+                       " POST /api/pull, GET /api/version)")
         self.log(f"{request.url.path} {error.status_code} {message}")
         failure = ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                            else "method_not_allowed", headers=error.headers)
@@ -273,13 +300,15 @@ class Server:
         if not keys:
             return None
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if "x-api-key" in request.headers:  # Anthropic's clients send their key so
+            scheme, given = "bearer", request.headers["x-api-key"]
         if scheme.lower() == "bearer":
             # every key compared, in constant time each: how long a refusal takes tells nothing of the keys
             matches = [hmac.compare_digest(given.strip().encode(), key.encode()) for key in keys]
             if any(matches):
                 return f"key {matches.index(True) + 1}"
-        raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' (a key"
-                       " given to serve with --api-key or --api-key-file)", code="invalid_api_key",
+        raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' or"
+                       " 'x-api-key: KEY' (a key given to serve with --api-key or --api-key-file)", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})
 
     async def _parse(self, body: dict, chat: bool, protocol: Protocol, served: Served) -> Parsed | None:
@@ -397,7 +426,7 @@ class Server:
             return out
 
         try:
-            for frame in frames.opening():
+            for frame in frames.opening(job):
                 yield frame
             item = first
             reader = tool_reader(job)  # (the worker has read the request's tools by its first event)

@@ -152,6 +152,7 @@ class Recorder:
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
     finish_reason: str | None = None  # of the latest generation; None while it runs
+    stop_sequence: str | None = None  # the stop string that ended the latest generation, if one did
     finished_seconds: float = 0.0  # decode time of the generations that ended
     decode_started: float | None = None  # when the running generation's prefill ended
     _unplaced: Step | None = None  # the latest step, until its first token says which part it made
@@ -162,7 +163,8 @@ class Recorder:
             self.prompt_tokens += event.prompt_tokens
             self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
-            self.text, self.reasoning, self.finish_reason, self.decode_started = "", "", None, perf_counter()
+            self.text, self.reasoning, self.finish_reason, self.stop_sequence = "", "", None, None
+            self.decode_started = perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
             self.text += event.text
@@ -178,7 +180,7 @@ class Recorder:
             self._place_step()
             self.text += event.tail
             self.reasoning += event.thought_tail
-            self.finish_reason = event.finish_reason
+            self.finish_reason, self.stop_sequence = event.finish_reason, event.stop_sequence
             self.finished_seconds += event.decode_seconds
             self.decode_started = None
 

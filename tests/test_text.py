@@ -53,3 +53,9 @@ def test_a_character_cut_short_by_the_end_is_dropped_not_replaced():
     stream = TextStream()
     assert stream.push("a €".encode()[:-1]) == "a "  # the euro sign's last byte never came
     assert stream.flush() == "" and stream.text == "a "
+
+
+def test_the_stop_string_that_ended_the_text_is_named_the_earliest_where_two_appear():
+    stream = TextStream(stop=("lamp", "the "))
+    assert stream.push(b"by the lamp") == "by "
+    assert stream.stopped == "the "

@@ -127,7 +127,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         if finish is None and len(history) > target.n_ctx:
             finish = "context"
 
-    yield Done(finish, text.flush(), perf_counter() - decode_started)
+    yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped)
 
 
 def verify_greedy(target: Context, draft: Draft, grammar: Grammar | None = None) -> tuple[int, int]:

@@ -8,7 +8,7 @@ class TextStream:
 
     Text is held back while it could be the start of a stop string, and while a
     multi-byte UTF-8 character is incomplete. Once a stop string appears,
-    `stopped` is set and nothing from the stop string on is ever released.
+    `stopped` is set to it and nothing from it on is ever released.
     """
 
     def __init__(self, stop: tuple[str, ...] = ()):
@@ -16,16 +16,16 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self.text = ""
-        self.stopped = False
+        self.stopped: str | None = None  # the stop string that ended the text
 
     def push(self, piece: bytes) -> str:
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(piece)
-        hits = [at for at in (self._pending.find(s) for s in self._stop) if at >= 0]
+        hits = [(at, stop) for stop in self._stop if (at := self._pending.find(stop)) >= 0]
         if hits:
-            self.stopped = True
-            return self._release(min(hits))
+            at, self.stopped = min(hits, key=lambda hit: hit[0])
+            return self._release(at)
         return self._release(len(self._pending) - self._longest_stop_prefix_at_end())
 
     def flush(self) -> str:

@@ -17,15 +17,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from ..config import overridden
-from ..errors import InputError, UsageError
+from ..errors import InputError
 from ..prompts import ROLES, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, _Typed,
-                     answer_of, checked_count, effort, speculation, speculative_asked, thinking_asked, timings)
+                     answer_of, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
+                     speculative_asked, thinking_asked, timings)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -184,7 +184,7 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
     if not chat.messages:
         raise ApiError(400, "messages is empty: a conversation needs at least one message", param="messages")
     messages = [_message(m, i) for i, m in enumerate(chat.messages)]
-    _name_the_calls_answered(messages)
+    name_the_calls_answered(messages)
     form = chat.reasoning_format or defaults.reasoning_format
     if form not in REASONING_FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {form!r}",
@@ -221,15 +221,6 @@ def _tools(chat: ChatRequest) -> Tools | None:
                      choice if isinstance(choice, str) else choice.function.name, chat.parallel_tool_calls is not False)
     except InputError as error:
         raise ApiError(400, str(error), param="tools" if "same name" in str(error) else "tool_choice") from None
-
-
-def _name_the_calls_answered(messages: list[dict]) -> None:
-    """A tool message's `name`, from the call it answers: some templates write it (OpenAI's clients
-    send only the call's id)."""
-    names = {call["id"]: call["function"]["name"] for m in messages for call in m.get("tool_calls", ())}
-    for message in messages:
-        if message["role"] == "tool" and message.get("tool_call_id") in names:
-            message.setdefault("name", names[message["tool_call_id"]])
 
 
 def parse_completion(body: dict, defaults: Defaults) -> Parsed:
@@ -318,11 +309,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
                        code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed}
-    try:
-        sampling, limits = overridden(defaults.sampling, defaults.limits, **asked, max_tokens=max_tokens or None,
-                                      stop=request.stop, grammar=_grammar(request))
-    except UsageError as error:
-        raise ApiError(400, f"{error.setting}: {error}" if error.setting else str(error), param=error.setting) from None
+    sampling, limits = overridden_or_refused(defaults, **asked, max_tokens=max_tokens or None, stop=request.stop,
+                                             grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults)),
@@ -400,7 +388,7 @@ class Reply(Answering):
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._envelope(True, [choice])
 
-    def opening(self) -> list[str]:
+    def opening(self, job: Job) -> list[str]:
         return [_event(self.chunk(role=True))] if self.chat else []
 
     def piece(self, text: str) -> str:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking
+from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
@@ -103,12 +103,31 @@ def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
 @dataclass(frozen=True)
 class Parsed:
     """thinking_apart: a reasoning model's thinking is answered apart from its content (reasoning_content,
-    Ollama's thinking), not in it."""
+    Ollama's thinking), not in it; thinking_shown: answered at all (Anthropic's display "omitted" leaves it out)."""
 
     request: Request
     stream: bool
     include_usage: bool
     thinking_apart: bool = True
+    thinking_shown: bool = True
+
+
+def overridden_or_refused(defaults: Defaults, **asked) -> tuple[Sampling, Limits]:
+    """The server's sampling and limits with what a request sets over them; a 400 naming the setting where
+    one cannot be."""
+    try:
+        return overridden(defaults.sampling, defaults.limits, **asked)
+    except UsageError as error:
+        raise ApiError(400, f"{error.setting}: {error}" if error.setting else str(error), param=error.setting) from None
+
+
+def name_the_calls_answered(messages: list[dict]) -> None:
+    """A tool message's `name`, from the call it answers: some templates write it (OpenAI's and
+    Anthropic's clients send only the call's id)."""
+    names = {call["id"]: call["function"]["name"] for m in messages for call in m.get("tool_calls", ())}
+    for message in messages:
+        if message["role"] == "tool" and message.get("tool_call_id") in names:
+            message.setdefault("name", names[message["tool_call_id"]])
 
 
 def effort(value: str, where: str) -> str | None:
@@ -243,7 +262,8 @@ class Answering:
     def full(self, job: Job) -> dict:
         raise NotImplementedError
 
-    def opening(self) -> list[str]:
+    def opening(self, job: Job) -> list[str]:
+        """What opens the stream, once the job has begun (its prompt read)."""
         return []
 
     def piece(self, text: str) -> str:

@@ -1,0 +1,137 @@
+"""Anthropic's Messages API on serve's port, through the `anthropic` package as Claude-style agents call it."""
+
+import anthropic
+import pytest
+
+from test_reasoning import ASK as WHY, thinking_server  # noqa: F401 (a fixture)
+from test_server import PROMPT, ServerProcess, drafting_server, plain_text
+from test_tools import ASK as WEATHER_ASK, WEATHER, tool_server  # noqa: F401 (a fixture)
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    running = drafting_server(tmp_path_factory.mktemp("serve"), tiny)
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def client(server, key: str = "unused") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base, api_key=key, max_retries=0)
+
+
+TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
+        "input_schema": WEATHER["function"]["parameters"]}
+
+
+def test_a_message_whole_and_streamed_says_what_plain_decoding_says_with_its_usage_and_record(server, tiny):
+    asked = {"model": "tiny", "max_tokens": 16, "system": "be brief", "messages": [{"role": "user", "content": PROMPT}]}
+    whole = client(server).messages.create(**asked)
+    [block] = whole.content
+    expected = plain_text(tiny, [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}], 16)
+    assert block.type == "text" and block.text == expected
+    assert whole.stop_reason == "max_tokens" and whole.stop_sequence is None and whole.id.startswith("msg_")
+    assert whole.usage.output_tokens == 16 and whole.usage.input_tokens > 0
+    assert whole.to_dict()["speculation"]["draft_tokens"] > 0 and whole.to_dict()["timings"]["predicted_n"] == 16
+
+    with client(server).messages.stream(**asked) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == expected and final.stop_reason == "max_tokens" and final.usage.output_tokens == 16
+    kinds = [event.type for event in client(server).messages.create(**asked, stream=True)]
+    assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-3:] == [  # (the client drops pings)
+        "content_block_stop", "message_delta", "message_stop"] and set(kinds[2:-3]) == {"content_block_delta"}
+    assert client(server).messages.count_tokens(**{k: v for k, v in asked.items() if k != "max_tokens"}
+                                                ).input_tokens == whole.usage.input_tokens
+
+
+def test_a_stop_sequence_ends_the_message_and_is_named(server):
+    asked = {"model": "tiny", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]}
+    text = client(server).messages.create(**asked).content[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    stopped = client(server).messages.create(**asked, stop_sequences=["never said", stop])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == stop
+    assert stopped.content[0].text == text[: text.index(stop)]
+    with client(server).messages.stream(**asked, stop_sequences=[stop]) as stream:
+        assert "".join(stream.text_stream) == text[: text.index(stop)]
+        assert stream.get_final_message().stop_sequence == stop
+
+
+def test_speculation_asked_per_request(server):
+    off = client(server).messages.create(model="tiny", max_tokens=6, messages=[{"role": "user", "content": PROMPT}],
+                                         extra_body={"speculative": {"mode": "off"}})
+    assert off.to_dict()["speculation"]["draft_tokens"] == 0
+
+
+@pytest.mark.parametrize("fields, kind, message", [
+    ({"messages": []}, anthropic.BadRequestError, "at least one message"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+     anthropic.BadRequestError, "'image' block is not supported"),
+    ({"messages": [{"role": "system", "content": "hi"}]}, anthropic.BadRequestError, "messages.0.role"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, anthropic.BadRequestError,
+     "one of Anthropic's own tools"),
+    ({"tool_choice": {"type": "any"}}, anthropic.BadRequestError, "offers no tools"),
+    ({"model": "claude-unknown"}, anthropic.NotFoundError, "is not served here"),
+    ({"extra_body": {"mcp_servers": [{"url": "x"}]}}, anthropic.BadRequestError, "runs no tools"),
+])
+def test_a_request_it_cannot_serve_is_one_error_in_anthropics_shape_and_serving_goes_on(server, fields, kind, message):
+    asked = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": PROMPT}], **fields}
+    with pytest.raises(kind) as raised:
+        client(server).messages.create(**asked)
+    assert raised.value.body["type"] == "error" and message in raised.value.body["error"]["message"]
+    assert raised.value.body["error"]["type"] == ("not_found_error" if kind is anthropic.NotFoundError
+                                                  else "invalid_request_error")
+    assert client(server).messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert "Traceback" not in server.log()
+
+
+def test_tool_use_whole_and_streamed_and_a_tool_result_answered(tool_server):
+    local = client(tool_server)
+    whole = local.messages.create(model="tiny", max_tokens=120, messages=WEATHER_ASK, tools=[TOOL],
+                                  tool_choice={"type": "any"})
+    [call] = [block for block in whole.content if block.type == "tool_use"]
+    assert whole.stop_reason == "tool_use" and call.name == "get_weather" and call.input["city"] in ("paris", "tokyo")
+    with local.messages.stream(model="tiny", max_tokens=120, messages=WEATHER_ASK, tools=[TOOL],
+                               tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and [b.input for b in final.content if b.type == "tool_use"] == [call.input]
+    history = WEATHER_ASK + [{"role": "assistant", "content": [block.to_dict() for block in whole.content]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                           "content": [{"type": "text", "text": '{"sky": "clear"}'}]}]}]
+    after = local.messages.create(model="tiny", max_tokens=8, messages=history, tools=[TOOL],
+                                  tool_choice={"type": "none"})
+    assert after.stop_reason == "max_tokens" and [block.type for block in after.content] == ["text"]
+    assert local.messages.count_tokens(model="tiny", messages=history, tools=[TOOL]).input_tokens > (
+        local.messages.count_tokens(model="tiny", messages=WEATHER_ASK, tools=[TOOL]).input_tokens)
+
+
+def test_thinking_blocks_whole_streamed_omitted_and_off(thinking_server):
+    local = client(thinking_server)
+    whole = local.messages.create(model="r1", max_tokens=14, messages=WHY)
+    assert [block.type for block in whole.content] == ["thinking", "text"]
+    thought, answer = whole.content[0].thinking, whole.content[1].text
+    assert thought and answer and "</think>" not in thought + answer
+    with local.messages.stream(model="r1", max_tokens=14, messages=WHY) as stream:
+        thinking = "".join(event.thinking for event in stream if event.type == "thinking")
+        final = stream.get_final_message()
+    assert thinking == thought and final.content[1].text == answer
+    omitted = local.messages.create(model="r1", max_tokens=14, messages=WHY,
+                                    thinking={"type": "enabled", "budget_tokens": 5, "display": "omitted"})
+    assert omitted.content[0].type == "thinking" and omitted.content[0].thinking == "" and omitted.content[1].text == answer
+    off = local.messages.create(model="r1", max_tokens=14, messages=WHY, thinking={"type": "disabled"})
+    assert [block.type for block in off.content] == ["text"] and off.content[0].text
+    # earlier thinking given back with the conversation is read, not refused
+    again = WHY + [{"role": "assistant", "content": [block.to_dict() for block in whole.content]},
+                   {"role": "user", "content": "and then?"}]
+    assert local.messages.create(model="r1", max_tokens=4, messages=again).usage.output_tokens == 4
+
+
+def test_the_api_key_is_taken_as_anthropics_clients_send_it(tiny, tmp_path):
+    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "512", "--alias", "tiny", "--api-key", "sesame")
+    try:
+        asked = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        assert client(running, "sesame").messages.create(**asked).usage.output_tokens == 2
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            client(running, "open").messages.create(**asked)
+        assert refused.value.body["error"]["type"] == "authentication_error"
+    finally:
+        assert running.stop() == 0
