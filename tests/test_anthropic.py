@@ -3,16 +3,24 @@
 import anthropic
 import pytest
 
-from test_reasoning import ASK as WHY, thinking_server  # noqa: F401 (a fixture)
+from test_reasoning import ASK as WHY, r1_server
 from test_server import PROMPT, ServerProcess, drafting_server, plain_text
-from test_tools import ASK as WEATHER_ASK, WEATHER, tool_server  # noqa: F401 (a fixture)
+from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
 
 
-@pytest.fixture(scope="module")
-def server(tiny, tmp_path_factory):
-    running = drafting_server(tmp_path_factory.mktemp("serve"), tiny)
-    yield running
-    assert running.stop() == 0, running.log()
+def serving(start):
+    """A module's server, started by start(folder), stopped at the end."""
+    @pytest.fixture(scope="module")
+    def fixture(request, tmp_path_factory):
+        running = start(tmp_path_factory.mktemp("serve"), request)
+        yield running
+        assert running.stop() == 0, running.log()
+    return fixture
+
+
+server = serving(lambda folder, request: drafting_server(folder, request.getfixturevalue("tiny")))
+tool_server = serving(lambda folder, request: hermes_server(folder, request.getfixturevalue("tiny")))
+thinking_server = serving(lambda folder, request: r1_server(folder, request.getfixturevalue("thinkers")))
 
 
 def client(server, key: str = "unused") -> anthropic.Anthropic:

@@ -3,6 +3,7 @@
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from dataclasses import replace
 
 import ollama
@@ -254,11 +255,15 @@ def test_chat_think_and_no_think(localspec, thinkers):
 # ---- serve, through the real clients
 
 
+def r1_server(folder: Path, thinkers) -> ServerProcess:
+    """DeepSeek-R1's template opens the block itself: every reply thinks until the budget closes it."""
+    return ServerProcess(folder, thinkers["deepseek-r1"], "--temp", "0", "-c", "1024", "--alias", "r1", "-n", "14",
+                         "--reasoning-budget", "5")
+
+
 @pytest.fixture(scope="module")
 def thinking_server(thinkers, tmp_path_factory):
-    """DeepSeek-R1's template opens the block itself: every reply thinks until the budget closes it."""
-    running = ServerProcess(tmp_path_factory.mktemp("thinking"), thinkers["deepseek-r1"], "--temp", "0", "-c", "1024",
-                            "--alias", "r1", "-n", "14", "--reasoning-budget", "5")
+    running = r1_server(tmp_path_factory.mktemp("thinking"), thinkers)
     yield running
     assert running.stop() == 0, running.log()
 

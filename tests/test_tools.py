@@ -243,13 +243,16 @@ def test_required_calls_are_calls_to_offered_tools_with_their_arguments_and_spec
 # ---- serve, through the real clients
 
 
+def hermes_server(folder: Path, tiny) -> ServerProcess:
+    """A tiny model whose template offers tools the Hermes way, drafted for by the same weights."""
+    model = write_tiny_model(folder / "hermes.gguf", TinySpec(seed=1, sharpness=2.0, chat_template=HERMES))
+    return ServerProcess(folder, model, "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp", "0",
+                         "-c", "1024", "--alias", "tiny")
+
+
 @pytest.fixture(scope="module")
 def tool_server(tiny, tmp_path_factory):
-    """A tiny model whose template offers tools the Hermes way, drafted for by the same weights."""
-    folder = tmp_path_factory.mktemp("tools")
-    model = write_tiny_model(folder / "hermes.gguf", TinySpec(seed=1, sharpness=2.0, chat_template=HERMES))
-    running = ServerProcess(folder, model, "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp", "0",
-                            "-c", "1024", "--alias", "tiny")
+    running = hermes_server(tmp_path_factory.mktemp("tools"), tiny)
     yield running
     assert running.stop() == 0, running.log()
 
