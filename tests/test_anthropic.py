@@ -1,21 +1,12 @@
 """Anthropic's Messages API on serve's port, through the `anthropic` package as Claude-style agents call it."""
 
 import anthropic
+import httpx2 as httpx
 import pytest
 
 from test_reasoning import ASK as WHY, r1_server
-from test_server import PROMPT, ServerProcess, drafting_server, plain_text
+from test_server import PROMPT, ServerProcess, drafting_server, plain_text, serving
 from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
-
-
-def serving(start):
-    """A module's server, started by start(folder), stopped at the end."""
-    @pytest.fixture(scope="module")
-    def fixture(request, tmp_path_factory):
-        running = start(tmp_path_factory.mktemp("serve"), request)
-        yield running
-        assert running.stop() == 0, running.log()
-    return fixture
 
 
 server = serving(lambda folder, request: drafting_server(folder, request.getfixturevalue("tiny")))
@@ -143,3 +134,31 @@ def test_the_api_key_is_taken_as_anthropics_clients_send_it(tiny, tmp_path):
         assert refused.value.body["error"]["type"] == "authentication_error"
     finally:
         assert running.stop() == 0
+
+
+WRONG = [("model", 5), ("messages", "hi"), ("messages", [5]), ("messages", [{"role": "user"}]),
+         ("messages", [{"role": "user", "content": 5}]), ("messages", [{"role": "user", "content": [{"type": 5}]}]),
+         ("messages", [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "1", "content": 5}]}]),
+         ("system", 5), ("system", [{"type": "image"}]), ("max_tokens", "3"), ("max_tokens", 0),
+         ("stop_sequences", "x"), ("stop_sequences", [5]), ("stream", "yes"), ("temperature", "0.5"),
+         ("temperature", 2), ("top_p", 0), ("top_k", -1), ("tools", {}), ("tools", [5]), ("tools", [{"name": "bad name!"}]),
+         ("tool_choice", "auto"), ("tool_choice", {"type": "sometimes"}), ("thinking", "on"),
+         ("thinking", {"type": "enabled", "budget_tokens": -1}), ("thinking", {"type": "enabled", "display": "all"}),
+         ("output_config", {"effort": "lots"}), ("output_config", {"format": {"type": "json_schema"}}),
+         ("output_config", {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}),
+         ("output_format", {"type": "text"}), ("speculative", "off"), ("speculative", {"mode": "sometimes"}),
+         ("speculative", {"draft_max": "3"}), ("metadata", "x"), ("service_tier", 5)]
+
+
+def test_every_field_of_the_wrong_kind_is_a_400_in_anthropics_shape(server):
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        for field, value in WRONG:
+            body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], field: value}
+            if path.endswith("count_tokens") and (field not in ("model", "messages", "system", "tools", "tool_choice",
+                                                                 "thinking", "output_config")
+                                                  or "schema" in str(value)):  # (counting compiles no grammar)
+                continue
+            answer = httpx.post(server.base + path, json=body, timeout=60)
+            assert answer.status_code == 400 and answer.json()["type"] == "error", (path, field, value, answer.text)
+            assert answer.json()["error"]["type"] == "invalid_request_error" and answer.json()["error"]["message"]
+    assert "Traceback" not in server.log()

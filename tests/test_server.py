@@ -81,6 +81,16 @@ def drafting_server(home: Path, tiny) -> ServerProcess:
                          "0", "-c", "512", "--alias", "tiny")
 
 
+def serving(start):
+    """A module's server, started by start(folder, request), stopped at the end."""
+    @pytest.fixture(scope="module")
+    def fixture(request, tmp_path_factory):
+        running = start(tmp_path_factory.mktemp("serve"), request)
+        yield running
+        assert running.stop() == 0, running.log()
+    return fixture
+
+
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
     running = drafting_server(tmp_path_factory.mktemp("serve"), tiny)
