@@ -38,6 +38,7 @@ from .protocols import anthropic, ollama, openai
 from .protocols.anthropic import ANTHROPIC
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
+from .protocols.responses import Responses
 from .protocols.shared import ApiError, Answering, Defaults, Parsed, Protocol, api_error, tool_call_error, tool_reader
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
@@ -62,6 +63,7 @@ class Server:
         # Pulls download on threads of their own, PULLS_AT_ONCE at a time: on the default executor eight slow
         # ones held every thread that model loads run on.
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
+        self.responses = Responses()  # keeps the responses it gave, for previous_response_id
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
         # asks for the API key)
         routes = [
@@ -80,6 +82,7 @@ class Server:
             ("/api/chat", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=True), True),
             ("/api/generate", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=False), True),
             ("/api/pull", "POST", OLLAMA, self.ollama_pull, True),
+            ("/v1/responses", "POST", self.responses, self.responses_create, True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
         ]
@@ -257,6 +260,12 @@ class Server:
         parsed = await self._parse(body, chat, OPENAI, served)
         return await self._respond(request, client, parsed, OPENAI.answering(chat, served.name, parsed), served)
 
+    async def responses_create(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        parsed = await self._parse(body, True, self.responses, served)
+        return await self._respond(request, client, parsed, self.responses.answering(True, served.name, parsed), served)
+
     async def anthropic_messages(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         served = await self._model(body.get("model"))
@@ -284,7 +293,8 @@ class Server:
             message = f"{request.url.path} takes {(error.headers or {}).get('Allow', 'another method')}, not {request.method}"
         else:
             message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
-                       " POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics;"
+                       " POST /v1/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health,"
+                       " GET /metrics;"
                        " Anthropic's POST /v1/messages, POST /v1/messages/count_tokens; Ollama's POST /api/chat,"
                        " POST /api/generate, POST /api/embed, GET /api/tags, GET /api/ps, POST /api/show,"
                        " POST /api/pull, GET /api/version)")

@@ -1,0 +1,408 @@
+"""OpenAI's Responses API (POST /v1/responses), which the OpenAI Agents SDK and Codex-style CLIs speak:
+an `input` of text or typed items (messages, function calls and their outputs) after `instructions`,
+`tools` as functions, `text.format` a JSON schema, `reasoning.effort`, and `previous_response_id` to go
+on from an answer this server gave (kept in memory, the newest MOST_KEPT of them). Answers are a
+response object with its output items (reasoning, the message, function calls), or the stream of typed
+events the openai package reads (response.created ... response.completed); errors are OpenAI's error
+object. Every response also carries llama-server's `timings` and localspec's `speculation` record."""
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from threading import Lock
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from ..errors import InputError
+from ..prompts import ROLES, output_grammar
+from ..request import Request
+from ..service import Job
+from ..tool_calls import ToolCall, Tools
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
+                     name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
+                     thinking_asked, timings)
+
+MOST_KEPT = 1000  # responses a server keeps for previous_response_id, newest first
+
+# Fields that would change the output if honoured, with the values that leave it as it is.
+NEUTRAL = {"top_logprobs": (None, 0), "background": (None, False), "conversation": (None,), "prompt": (None,),
+           "max_tool_calls": (None,)}
+
+
+class Part(_Typed):
+    type: str
+    text: str | None = None
+
+
+class Item(_Typed):
+    """An input item: a message (by its role, `type` "message" or left out), a function call the model made
+    earlier, a call's output, or earlier reasoning."""
+
+    type: str | None = None
+    role: str | None = None
+    content: str | list[Part] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[Part] | None = None
+
+
+class FunctionTool(_Typed):
+    type: str
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamedTool(_Typed):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Typed):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(_Typed):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class Reasoning(_Typed):
+    effort: str | None = None
+    summary: str | None = None  # a summary of the thinking: the thinking itself comes back instead
+
+
+class ResponsesRequest(_Typed):
+    model: str | None = None
+    input: str | list[Item]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    stream: bool | None = False
+    metadata: dict | None = None
+    speculative: Speculative | None = None  # this request's own speculation (as on /v1/chat/completions)
+
+
+class Kept:
+    """The conversations of the responses this server gave (each with its answer), by response id, the
+    newest MOST_KEPT; shared by the request threads and the event loop."""
+
+    def __init__(self, most: int = MOST_KEPT):
+        self.most, self._lock, self._kept = most, Lock(), OrderedDict()
+
+    def get(self, response_id: str) -> list[dict]:
+        with self._lock:
+            if response_id not in self._kept:
+                raise ApiError(404, f"previous_response_id: no response {response_id!r} is kept here (this server"
+                               f" keeps the newest {self.most:,} while it runs)", param="previous_response_id",
+                               code="previous_response_not_found")
+            return list(self._kept[response_id])
+
+    def put(self, response_id: str, messages: list[dict]) -> None:
+        with self._lock:
+            self._kept[response_id] = messages
+            while len(self._kept) > self.most:
+                self._kept.popitem(last=False)
+
+
+class Responses(Protocol):
+    """OpenAI's Responses API, with the responses it gave kept for previous_response_id (one a server)."""
+
+    name = "responses"
+
+    def __init__(self):
+        self.kept = Kept()
+
+    def error_body(self, failure: ApiError) -> dict:
+        return failure.body()
+
+    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:
+        asked = _validate(body)
+        messages = self.kept.get(asked.previous_response_id) if asked.previous_response_id else []
+        if asked.instructions:  # this request's instructions, not the earlier ones'
+            messages = [m for m in messages if m["role"] != "system"]
+            messages.insert(0, {"role": "system", "content": asked.instructions})
+        messages += conversation(asked.input)
+        name_the_calls_answered(messages)
+        sampling, limits = overridden_or_refused(defaults, temperature=asked.temperature, top_p=asked.top_p,
+                                                 max_tokens=asked.max_output_tokens, grammar=_grammar(asked))
+        level = effort(asked.reasoning.effort, "reasoning.effort") if asked.reasoning and asked.reasoning.effort else None
+        thinking = thinking_asked(defaults.thinking, False if asked.reasoning and asked.reasoning.effort == "none"
+                                  else None, level)
+        request = Request(sampling, limits, messages=messages, tools=_tools(asked), thinking=thinking,
+                          **speculative_asked(asked.speculative, defaults))
+        return Parsed(request, bool(asked.stream), include_usage=True)
+
+    def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":
+        return Answer(model, parsed, self.kept)
+
+
+def _validate(body: dict) -> ResponsesRequest:
+    try:
+        asked = ResponsesRequest.model_validate(body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
+                       code=first["type"]) from None
+    for name, neutral in NEUTRAL.items():
+        if (asked.model_extra or {}).get(name) not in neutral:
+            raise ApiError(400, f"{name} is not supported by localspec", param=name, code="unsupported_parameter")
+    if asked.input in ("", []):
+        raise ApiError(400, "input is empty", param="input")
+    return asked
+
+
+def conversation(given: str | list[Item]) -> list[dict]:
+    """Input items as chat templates take messages: a function call joins the assistant message before it
+    (or makes one), its output is a tool message, earlier reasoning the next assistant message's."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    messages, thought = [], None
+    for i, item in enumerate(given):
+        where = f"input.{i}"
+        kind = item.type or "message"
+        if kind == "message":
+            role = {"developer": "system"}.get(item.role or "", item.role)
+            if role not in ROLES:
+                raise ApiError(400, f"{where}.role: {item.role!r}; use system, developer, user or assistant",
+                               param=f"{where}.role")
+            message = {"role": role, "content": _text(item.content, f"{where}.content")}
+            if role == "assistant" and thought:
+                message["reasoning_content"], thought = thought, None
+            messages.append(message)
+        elif kind == "function_call":
+            if not (item.call_id and item.name and item.arguments is not None):
+                raise ApiError(400, f"{where}: a function call needs call_id, name and arguments", param=where)
+            try:
+                arguments = json.loads(item.arguments)
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                raise ApiError(400, f"{where}.arguments: not a JSON object", param=f"{where}.arguments")
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append(
+                {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}})
+        elif kind == "function_call_output":
+            if not item.call_id or item.output is None:
+                raise ApiError(400, f"{where}: a function call's output needs call_id and output", param=where)
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
+        elif kind == "reasoning":
+            thought = "".join(part.text or "" for part in item.content or () if isinstance(part, Part)) or None
+        else:
+            raise ApiError(400, f"{where}.type: {kind!r} items are not supported (message, function_call,"
+                           " function_call_output, reasoning)", param=f"{where}.type")
+    if not messages:
+        raise ApiError(400, "input holds no message to answer", param="input")
+    return messages
+
+
+def _text(content: str | list[Part] | None, where: str) -> str:
+    if content is None:
+        raise ApiError(400, f"{where} is missing", param=where)
+    if isinstance(content, str):
+        return content
+    kinds = {part.type for part in content}
+    if kinds - {"input_text", "output_text", "text"} or any(part.text is None for part in content):
+        raise ApiError(400, f"{where}: only text parts are supported, got {sorted(kinds)}", param=where)
+    return "\n".join(part.text for part in content)
+
+
+def _tools(asked: ResponsesRequest) -> Tools | None:
+    choice = asked.tool_choice
+    if not asked.tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice asks for a tool call, but the request offers no tools", param="tool_choice")
+        return None
+    for i, tool in enumerate(asked.tools):
+        if tool.type != "function" or not tool.name:
+            raise ApiError(400, f"tools.{i}: {tool.type!r} tools run at OpenAI; localspec offers the model functions"
+                           " (type function, name, parameters)", param=f"tools.{i}")
+    definitions = tuple({"type": "function", "function": tool.model_dump(exclude_none=True, exclude={"type", "strict"})}
+                        for tool in asked.tools)
+    taken = "auto" if choice is None else choice if isinstance(choice, str) else choice.name
+    try:
+        return Tools(definitions, taken, asked.parallel_tool_calls is not False)
+    except InputError as error:
+        raise ApiError(400, str(error), param="tools" if "same name" in str(error) else "tool_choice") from None
+
+
+def _grammar(asked: ResponsesRequest) -> str | None:
+    form = asked.text.format if asked.text else None
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_schema" and form.schema_ is None:
+        raise ApiError(400, "text.format.schema is missing: the schema the output must follow", param="text.format.schema")
+    try:
+        return output_grammar(None, form.schema_, any_object=form.type == "json_object")
+    except InputError as error:
+        raise ApiError(400, str(error), param="text.format", code="invalid_schema") from None
+
+
+class Answer(Answering):
+    """One response, whole or as the Responses API's events: response.created and .in_progress, then an
+    output item for each of the thinking (reasoning), the text (a message with one output_text part) and
+    every function call, each added, filled by deltas and done, then response.completed with them all.
+    Once answered, its conversation is kept for a later previous_response_id."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    def __init__(self, model: str, parsed: Parsed, kept: Kept):
+        super().__init__(True, model)
+        self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
+        self.messages, self.kept = parsed.request.messages, kept
+        self.items: list[dict] = []  # the output items streamed so far, the last one maybe still open
+        self.open = False  # whether the last item is still being filled
+        self.sequence = 0
+
+    def _response(self, status: str, output: list, job: Job | None) -> dict:
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+               "output": output, "error": None, "incomplete_details": None, "parallel_tool_calls": True,
+               "tool_choice": "auto", "tools": [], "metadata": {}, "text": {"format": {"type": "text"}}}
+        if job is None:
+            return out
+        r = job.recorder
+        if status == "incomplete":
+            out["incomplete_details"] = {"reason": "max_output_tokens"}
+        out["usage"] = {"input_tokens": r.prompt_tokens, "input_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
+                        "output_tokens": r.tokens, "output_tokens_details": {"reasoning_tokens": r.parts["thinking"].tokens},
+                        "total_tokens": r.prompt_tokens + r.tokens}
+        return out | {"timings": timings(job), "speculation": speculation(job)}
+
+    def _finished(self, job: Job, items: list[dict]) -> dict:
+        """The whole response, its conversation kept."""
+        assistant = {"role": "assistant", "content": "".join(part["text"] for item in items if item["type"] == "message"
+                                                             for part in item["content"])}
+        thought = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
+        if thought:
+            assistant["reasoning_content"] = thought
+        calls = [{"id": item["call_id"], "type": "function",
+                  "function": {"name": item["name"], "arguments": json.loads(item["arguments"])}}
+                 for item in items if item["type"] == "function_call"]
+        if calls:
+            assistant["tool_calls"] = calls
+        self.kept.put(self.id, [*self.messages, assistant])
+        status = "incomplete" if job.recorder.finish_reason in ("length", "context") and not calls else "completed"
+        return self._response(status, items, job)
+
+    def full(self, job: Job) -> dict:
+        content, calls = answer_of(job)
+        thought = job.recorder.reasoning
+        items = [_reasoning(thought)] if thought else []
+        items += [_message(content)] if content or not calls else []
+        items += [_call(call, "completed") for call in calls]
+        return self._finished(job, items)
+
+    def _event(self, kind: str, data: dict) -> str:
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.sequence} | data, ensure_ascii=False)}\n\n"
+
+    def opening(self, job: Job) -> list[str]:
+        started = self._response("in_progress", [], None)
+        return [self._event("response.created", {"response": started}),
+                self._event("response.in_progress", {"response": started})]
+
+    def _into(self, kind: str) -> str:
+        """The events that close the item being filled and add one of this kind, where it is another kind."""
+        if self.open and self.items[-1]["type"] == kind:
+            return ""
+        frames = self._close()
+        item = _reasoning("") if kind == "reasoning" else _message("")
+        self.items.append(item)
+        self.open = True
+        frames += self._event("response.output_item.added", {"output_index": len(self.items) - 1,
+                                                              "item": _in_progress(item)})
+        if kind == "message":
+            frames += self._event("response.content_part.added", {
+                "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []}})
+        return frames
+
+    def _close(self) -> str:
+        if not self.open:
+            return ""
+        self.open = False
+        item, index = self.items[-1], len(self.items) - 1
+        [part] = item["content"]
+        at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        if item["type"] == "reasoning":
+            frames = self._event("response.reasoning_text.done", at | {"text": part["text"]})
+        else:
+            frames = (self._event("response.output_text.done", at | {"text": part["text"], "logprobs": []})
+                      + self._event("response.content_part.done", at | {"part": part}))
+        return frames + self._event("response.output_item.done", {"output_index": index, "item": item})
+
+    def _delta(self, kind: str, event: str, text: str) -> str:
+        frames = self._into(kind)
+        item = self.items[-1]
+        item["content"][0]["text"] += text
+        return frames + self._event(event, {"item_id": item["id"], "output_index": len(self.items) - 1,
+                                            "content_index": 0, "delta": text}
+                                    | ({"logprobs": []} if kind == "message" else {}))
+
+    def piece(self, text: str) -> str:
+        return self._delta("message", "response.output_text.delta", text)
+
+    def thought(self, text: str) -> str:
+        return self._delta("reasoning", "response.reasoning_text.delta", text)
+
+    def call(self, call: ToolCall, index: int) -> str:
+        frames = self._close()
+        item = _call(call, "completed")
+        self.items.append(item)
+        at = {"item_id": item["id"], "output_index": len(self.items) - 1}
+        return (frames + self._event("response.output_item.added", {"output_index": at["output_index"],
+                                                                     "item": _in_progress(item)})
+                + self._event("response.function_call_arguments.delta", at | {"delta": call.arguments})
+                + self._event("response.function_call_arguments.done", at | {"arguments": call.arguments})
+                + self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
+
+    def error(self, failure: ApiError) -> str:
+        return self._event("error", {"code": failure.code, "message": failure.message, "param": failure.param})
+
+    def closing(self, job: Job, called: bool) -> list[str]:
+        frames = self._close()
+        if not self.items:  # nothing was said: the message is there all the same, empty
+            frames += self._into("message") + self._close()
+        done = self._finished(job, self.items)
+        return [frames, self._event(f"response.{done['status']}", {"response": done})]
+
+
+def _reasoning(text: str) -> dict:
+    return {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _message(text: str) -> dict:
+    return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _call(call: ToolCall, status: str) -> dict:
+    return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": status}
+
+
+def _in_progress(item: dict) -> dict:
+    """An item as it is added, before its content: empty, in progress."""
+    if item["type"] == "function_call":
+        return item | {"arguments": "", "status": "in_progress"}
+    return item | {"content": [], **({"status": "in_progress"} if item["type"] == "message" else {})}

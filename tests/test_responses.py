@@ -1,0 +1,120 @@
+"""OpenAI's Responses API on serve's port, through the `openai` package as the Agents SDK and Codex-style CLIs
+call it."""
+
+import json
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from localspec.protocols.responses import Kept
+from localspec.protocols.shared import ApiError
+from test_reasoning import ASK as WHY, r1_server
+from test_server import PROMPT, drafting_server, plain_text, serving
+from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
+
+
+server = serving(lambda folder, request: drafting_server(folder, request.getfixturevalue("tiny")))
+tool_server = serving(lambda folder, request: hermes_server(folder, request.getfixturevalue("tiny")))
+thinking_server = serving(lambda folder, request: r1_server(folder, request.getfixturevalue("thinkers")))
+
+TOOL = {"type": "function", **WEATHER["function"]}
+
+
+def test_a_response_whole_and_streamed_says_what_plain_decoding_says(server, tiny):
+    client = server.client()
+    whole = client.responses.create(model="tiny", instructions="be brief", input=PROMPT, max_output_tokens=16)
+    expected = plain_text(tiny, [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}])
+    assert whole.output_text == expected and whole.id.startswith("resp_") and whole.object == "response"
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage.output_tokens == 16 and whole.usage.input_tokens > 0
+    assert whole.model_extra["speculation"]["draft_tokens"] > 0 and whole.model_extra["timings"]["predicted_n"] == 16
+    events = list(client.responses.create(model="tiny", instructions="be brief", input=PROMPT, max_output_tokens=16,
+                                          stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == expected
+    assert events[-1].response.output_text == expected
+    assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+    # the package's stream helper reads the same events (its get_final_response waits for response.completed alone,
+    # where OpenAI's API too ends a response cut by max_output_tokens with response.incomplete)
+    with client.responses.stream(model="tiny", instructions="be brief", input=PROMPT, max_output_tokens=16) as stream:
+        last = list(stream)[-1]
+    assert last.type == "response.incomplete" and last.response.output_text == expected
+
+
+def test_previous_response_id_goes_on_from_the_answer_kept(server, tiny):
+    client = server.client()
+    first = client.responses.create(model="tiny", input=PROMPT, max_output_tokens=6)
+    then = client.responses.create(model="tiny", input="go on", previous_response_id=first.id, max_output_tokens=6)
+    conversation = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.output_text},
+                    {"role": "user", "content": "go on"}]
+    assert then.output_text == plain_text(tiny, conversation, max_tokens=6)
+    items = client.responses.create(model="tiny", max_output_tokens=6, input=[
+        {"role": "user", "content": PROMPT}, {"role": "assistant", "content": [{"type": "output_text",
+                                                                                "text": first.output_text}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "go on"}]}])
+    assert items.output_text == then.output_text
+    with pytest.raises(openai.NotFoundError, match="no response 'resp_gone' is kept"):
+        client.responses.create(model="tiny", input="x", previous_response_id="resp_gone")
+
+
+def test_the_newest_responses_are_kept():
+    kept = Kept(most=2)
+    for n in range(3):
+        kept.put(f"resp_{n}", [{"role": "user", "content": str(n)}])
+    assert kept.get("resp_2") == [{"role": "user", "content": "2"}]
+    with pytest.raises(ApiError, match="keeps the newest 2"):
+        kept.get("resp_0")
+
+
+def test_a_function_call_whole_and_streamed_and_its_output_answered(tool_server):
+    client = tool_server.client()
+    whole = client.responses.create(model="tiny", input=WEATHER_ASK, tools=[TOOL], tool_choice="required",
+                                    max_output_tokens=120)
+    [call] = [item for item in whole.output if item.type == "function_call"]
+    assert whole.status == "completed" and call.name == "get_weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments)["city"] in ("paris", "tokyo")
+    events = list(client.responses.create(model="tiny", input=WEATHER_ASK, tools=[TOOL], max_output_tokens=120,
+                                          tool_choice={"type": "function", "name": "get_weather"}, stream=True))
+    assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [call.arguments]
+    after = client.responses.create(model="tiny", previous_response_id=whole.id, tools=[TOOL], tool_choice="none",
+                                    max_output_tokens=8, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                                 "output": '{"sky": "clear"}'}])
+    assert after.output_text and [item.type for item in after.output] == ["message"]
+    spelled = client.responses.create(model="tiny", tools=[TOOL], tool_choice="none", max_output_tokens=8, input=[
+        *WEATHER_ASK, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear"}'}])
+    assert spelled.output_text == after.output_text
+
+
+def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
+    client = thinking_server.client()
+    whole = client.responses.create(model="r1", input=WHY)
+    assert [item.type for item in whole.output] == ["reasoning", "message"]
+    thought = whole.output[0].content[0].text
+    assert thought and whole.output_text and whole.usage.output_tokens_details.reasoning_tokens == 6
+    events = list(client.responses.create(model="r1", input=WHY, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    off = client.responses.create(model="r1", input=WHY, reasoning={"effort": "none"})
+    assert [item.type for item in off.output] == ["message"]
+
+
+WRONG = [("input", 5), ("input", ""), ("input", [5]), ("input", [{"role": "tool", "content": "x"}]),
+         ("input", [{"type": "function_call", "call_id": "1", "name": "f", "arguments": "{oops"}]),
+         ("input", [{"type": "image_generation_call"}]), ("input", [{"role": "user", "content": [{"type": "input_image"}]}]),
+         ("instructions", 5), ("max_output_tokens", 0), ("max_output_tokens", "3"), ("temperature", "1"),
+         ("tools", [{"type": "web_search"}]), ("tools", {}), ("tool_choice", "sometimes"), ("tool_choice", "required"),
+         ("text", {"format": {"type": "yaml"}}), ("text", {"format": {"type": "json_schema"}}),
+         ("reasoning", {"effort": "lots"}), ("reasoning", "high"), ("previous_response_id", 5), ("stream", "yes"),
+         ("top_logprobs", 3), ("background", True), ("speculative", "off"), ("speculative", {"mode": "sometimes"})]
+
+
+def test_every_field_of_the_wrong_kind_is_a_400_in_openais_shape(server):
+    for field, value in WRONG:
+        answer = httpx.post(server.url + "/responses", json={"model": "tiny", "input": "hi", field: value}, timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"]["message"], (field, value, answer.text)
+    assert "Traceback" not in server.log()
