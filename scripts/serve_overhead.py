@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """What serving costs: the same greedy generation run in this process through a Session, and through
-`localspec serve` (streamed and not) with the openai client and streamed with the anthropic client
-(Anthropic's Messages API), alternating, never at the same time.
+`localspec serve` (streamed and not) with the openai client, streamed through OpenAI's Responses API and
+(with the anthropic client) Anthropic's Messages API, alternating, never at the same time.
 
     .venv/bin/python scripts/serve_overhead.py smollm2-135m --rounds 5 --max-tokens 256 [--first-rounds 40]
 
 Prints tokens/s for each way (the server's from the client's clock: first to last streamed text, or
 the whole request) and the server's own `predicted_per_second`, and the time from sending a streamed
-request to its first text (chat completions against Messages, through each protocol's client and read as
-bare lines), as medians over the rounds.
+request to its first text (chat completions against Messages and Responses, through each protocol's
+client and read as bare lines), as medians over the rounds.
 """
 
 import argparse
@@ -51,9 +51,11 @@ def main() -> None:
         runtime, speculation = Runtime(), Speculation(drafting=DrafterKind.PLAIN)
         rates: dict[str, list[float]] = {"in process": [], "served, streamed": [], "served, streamed, raw SSE": [],
                                          "served, whole": [], "served, streamed, Anthropic's Messages": [],
+                                         "served, streamed, OpenAI's Responses": [],
                                          "server's predicted_per_second": []}
-        first: dict[str, list[float]] = {"chat completions": [], "Anthropic's Messages": [],
-                                         "chat completions, raw SSE": [], "Anthropic's Messages, raw SSE": []}
+        first: dict[str, list[float]] = {"chat completions": [], "Anthropic's Messages": [], "OpenAI's Responses": [],
+                                         "chat completions, raw SSE": [], "Anthropic's Messages, raw SSE": [],
+                                         "OpenAI's Responses, raw SSE": []}
         # the first text of a short answer read as bare lines, the two APIs in turns many times: one
         # request's first text moves by a fifth from run to run on two shared cores
         with open_session(args.model, None, runtime, speculation, offline=True) as session:
@@ -86,6 +88,17 @@ def main() -> None:
                     rates["served, streamed, Anthropic's Messages"].append((count - 1) / (stamps[-1] - stamps[0]))
                     first["Anthropic's Messages"].append(stamps[0] - started)
 
+                def responses_streamed() -> None:
+                    stamps, count, started = [], 0, time.perf_counter()
+                    for event in client.responses.create(model=args.model, input=PROMPT, stream=True,
+                                                         max_output_tokens=args.max_tokens):
+                        if event.type == "response.output_text.delta":
+                            stamps.append(time.perf_counter())
+                        elif event.type in ("response.completed", "response.incomplete"):
+                            count = event.response.usage.output_tokens
+                    rates["served, streamed, OpenAI's Responses"].append((count - 1) / (stamps[-1] - stamps[0]))
+                    first["OpenAI's Responses"].append(stamps[0] - started)
+
                 # the same stream read as bare lines: a client's own parsing per event runs on this
                 # machine's cores too
                 body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens, "stream": True}
@@ -96,7 +109,7 @@ def main() -> None:
                     rates["served, streamed, raw SSE"].append((len(stamps) - 2) / (stamps[-1] - stamps[1]))
 
                 # in turns, so that none always follows the same request
-                for way in (chat_streamed, messages_streamed, chat_lines)[:: 1 if round_ % 2 else -1]:
+                for way in (chat_streamed, messages_streamed, responses_streamed, chat_lines)[:: 1 if round_ % 2 else -1]:
                     way()
 
                 started = time.perf_counter()
@@ -104,12 +117,15 @@ def main() -> None:
                 seconds = time.perf_counter() - started - whole.timings["prompt_ms"] / 1e3
                 rates["served, whole"].append(whole.usage.completion_tokens / seconds)
         short = {"model": args.model, "messages": messages, "max_tokens": 16, "stream": True}
+        short_input = {"model": args.model, "input": PROMPT, "max_output_tokens": 16, "stream": True}
         for round_ in range(args.first_rounds):
-            for way, path, marker, skip in [("chat completions, raw SSE", "/v1/chat/completions", '"content": "', 1),
-                                            ("Anthropic's Messages, raw SSE", "/v1/messages", '"text_delta"', 0)
-                                            ][:: 1 if round_ % 2 else -1]:
+            for way, path, body, marker, skip in [
+                    ("chat completions, raw SSE", "/v1/chat/completions", short, '"content": "', 1),
+                    ("Anthropic's Messages, raw SSE", "/v1/messages", short, '"text_delta"', 0),
+                    ("OpenAI's Responses, raw SSE", "/v1/responses", short_input, '"response.output_text.delta"', 0),
+            ][:: 1 if round_ % 2 else -1]:
                 started = time.perf_counter()
-                with raw.stream("POST", url.removesuffix("/v1") + path, json=short) as response:
+                with raw.stream("POST", url.removesuffix("/v1") + path, json=body) as response:
                     stamps = [time.perf_counter() for line in response.iter_lines() if marker in line]
                 first[way].append(stamps[skip] - started)  # (chat's first: the role's, no text)
         base = statistics.median(rates["in process"])
