@@ -29,8 +29,8 @@ CLIP = 2.0
 LEVEL_RATE = 0.1  # weight of each step's timing in the cost level
 SHAPE_RATE = 0.2  # weight of each step's timing in its batch size's relative cost
 CALIBRATION_TOKEN = 1
-# A measured reshape or recapture below this share of verify(1) is timing noise (a CPU rebuilds a changed graph in
-# microseconds; SmolLM2-135M's decodes on a 2-core CPU read up to 0.13): taken as none, so that
+# A measured reshape or recapture below this share of verify(1) is timing noise (a CPU rebuilds a changed
+# graph in microseconds; SmolLM2-135M's decodes on a 2-core CPU read up to 0.13): taken as none, so that
 # such machines weigh steps exactly as before.
 RESHAPE_NOISE = 0.25
 

@@ -259,7 +259,6 @@ class AutoDrafter:
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
         self._others_tokens = 0  # the other sequences' tokens in the step being weighed
-        self.sizes: tuple[int | None, int | None] = (None, None)
 
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
@@ -278,7 +277,7 @@ class AutoDrafter:
             self.bucket = Bucket(BUCKET_START * plain, BUCKET_LIMIT * plain)
         self.chosen: Choice = Choice(0.0)
         # the target's last two batch sizes (the last one second): the prompt's is none a step has
-        self.sizes = (None, None)
+        self.sizes: tuple[int | None, int | None] = (None, None)
 
     def _free(self) -> list[Drafter]:
         return [self.ngram] + ([self.suffix] if self.suffix else [])

@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from ..errors import InputError
 from ..prompts import output_grammar
@@ -20,7 +20,7 @@ from ..service import Job
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
                      name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
-                     thinking_asked, timings)
+                     thinking_asked, timings, validated)
 
 # A stop string ends a reply as stop_sequence; the end of generation as end_turn; a length or a full context
 # as max_tokens (as llama-server says of a full context).
@@ -139,15 +139,7 @@ def parse_count(body: dict, defaults: Defaults) -> Request:
 
 
 def _validate(model: type[CountRequest], body: dict):
-    try:
-        asked = model.model_validate(body)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
-    for name, neutral in NEUTRAL.items():
-        if (asked.model_extra or {}).get(name) not in neutral:
-            raise ApiError(400, f"{name}: localspec runs no tools or containers of its own", param=name)
+    asked = validated(model, body, NEUTRAL, "{name}: localspec runs no tools or containers of its own")
     if not asked.messages:
         raise ApiError(400, "messages: at least one message is needed", param="messages")
     return asked
@@ -260,7 +252,8 @@ class Answer(Answering):
     def full(self, job: Job) -> dict:
         content, calls = answer_of(job)
         thought = job.recorder.reasoning
-        blocks = [{"type": "thinking", "thinking": thought if self.thinking_shown else "", "signature": ""}] if thought else []
+        shown = thought if self.thinking_shown else ""
+        blocks = [{"type": "thinking", "thinking": shown, "signature": ""}] if thought else []
         blocks += [{"type": "text", "text": content}] if content or not calls else []
         blocks += [_tool_use(call) for call in calls]
         return self._message(blocks, *stop_of(job, bool(calls)), usage_of(job)) | statistics(job)
@@ -330,8 +323,8 @@ def _event(kind: str, data: dict) -> str:
 
 def usage_of(job: Job) -> dict:
     r = job.recorder
-    return {"input_tokens": r.prompt_tokens, "output_tokens": r.tokens, "cache_read_input_tokens": r.reused_prompt_tokens,
-            "cache_creation_input_tokens": 0}
+    return {"input_tokens": r.prompt_tokens, "output_tokens": r.tokens,
+            "cache_read_input_tokens": r.reused_prompt_tokens, "cache_creation_input_tokens": 0}
 
 
 def statistics(job: Job) -> dict:

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import replace
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from ..errors import InputError
 from ..prompts import ROLES, output_grammar
@@ -25,7 +25,7 @@ from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, _Typed,
                      answer_of, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
-                     speculative_asked, thinking_asked, timings)
+                     speculative_asked, thinking_asked, timings, validated)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -235,18 +235,7 @@ def parse_completion(body: dict, defaults: Defaults) -> Parsed:
 
 
 def _validate(model: type[BaseModel], body: dict):
-    try:
-        request = model.model_validate(body)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                       code=first["type"]) from None
-    for name, neutral in NEUTRAL.items():
-        value = (request.model_extra or {}).get(name)
-        if value not in neutral:
-            raise ApiError(400, f"{name} is not supported by localspec", param=name, code="unsupported_parameter")
-    return request
+    return validated(model, body, NEUTRAL)
 
 
 def _message(message: Message, index: int) -> dict:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from threading import Lock
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from ..errors import InputError
 from ..prompts import ROLES, output_grammar
@@ -22,7 +22,7 @@ from ..service import Job
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
                      name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
-                     thinking_asked, timings)
+                     thinking_asked, timings, validated)
 
 MOST_KEPT = 1000  # responses a server keeps for previous_response_id, newest first
 
@@ -142,9 +142,9 @@ class Responses(Protocol):
         name_the_calls_answered(messages)
         sampling, limits = overridden_or_refused(defaults, temperature=asked.temperature, top_p=asked.top_p,
                                                  max_tokens=asked.max_output_tokens, grammar=_grammar(asked))
-        level = effort(asked.reasoning.effort, "reasoning.effort") if asked.reasoning and asked.reasoning.effort else None
-        thinking = thinking_asked(defaults.thinking, False if asked.reasoning and asked.reasoning.effort == "none"
-                                  else None, level)
+        given = asked.reasoning.effort if asked.reasoning else None
+        level = effort(given, "reasoning.effort") if given else None
+        thinking = thinking_asked(defaults.thinking, False if given == "none" else None, level)
         request = Request(sampling, limits, messages=messages, tools=_tools(asked), thinking=thinking,
                           **speculative_asked(asked.speculative, defaults))
         return Parsed(request, bool(asked.stream), include_usage=True)
@@ -154,16 +154,7 @@ class Responses(Protocol):
 
 
 def _validate(body: dict) -> ResponsesRequest:
-    try:
-        asked = ResponsesRequest.model_validate(body)
-    except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                       code=first["type"]) from None
-    for name, neutral in NEUTRAL.items():
-        if (asked.model_extra or {}).get(name) not in neutral:
-            raise ApiError(400, f"{name} is not supported by localspec", param=name, code="unsupported_parameter")
+    asked = validated(ResponsesRequest, body, NEUTRAL)
     if asked.input in ("", []):
         raise ApiError(400, "input is empty", param="input")
     return asked
@@ -282,8 +273,9 @@ class Answer(Answering):
         r = job.recorder
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
-        out["usage"] = {"input_tokens": r.prompt_tokens, "input_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
-                        "output_tokens": r.tokens, "output_tokens_details": {"reasoning_tokens": r.parts["thinking"].tokens},
+        out["usage"] = {"input_tokens": r.prompt_tokens, "output_tokens": r.tokens,
+                        "input_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
+                        "output_tokens_details": {"reasoning_tokens": r.parts["thinking"].tokens},
                         "total_tokens": r.prompt_tokens + r.tokens}
         return out | {"timings": timings(job), "speculation": speculation(job)}
 
@@ -313,7 +305,8 @@ class Answer(Answering):
 
     def _event(self, kind: str, data: dict) -> str:
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.sequence} | data, ensure_ascii=False)}\n\n"
+        data = {"type": kind, "sequence_number": self.sequence} | data
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     def opening(self, job: Job) -> list[str]:
         started = self._response("in_progress", [], None)

@@ -7,7 +7,7 @@ how its errors look."""
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
@@ -110,6 +110,23 @@ class Parsed:
     include_usage: bool
     thinking_apart: bool = True
     thinking_shown: bool = True
+
+
+def validated(model: type[BaseModel], body: dict, neutral: dict,
+              refusal: str = "{name} is not supported by localspec"):
+    """The body read as the model (a 400 naming the first field that is wrong), with each field of `neutral`
+    left out or at one of its values (else a 400 saying `refusal`)."""
+    try:
+        asked = model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
+                       code=first["type"]) from None
+    for name, values in neutral.items():
+        if (asked.model_extra or {}).get(name) not in values:
+            raise ApiError(400, refusal.format(name=name), param=name, code="unsupported_parameter")
+    return asked
 
 
 def overridden_or_refused(defaults: Defaults, **asked) -> tuple[Sampling, Limits]:
