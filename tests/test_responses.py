@@ -118,3 +118,18 @@ def test_every_field_of_the_wrong_kind_is_a_400_in_openais_shape(server):
         answer = httpx.post(server.url + "/responses", json={"model": "tiny", "input": "hi", field: value}, timeout=60)
         assert answer.status_code == 400 and answer.json()["error"]["message"], (field, value, answer.text)
     assert "Traceback" not in server.log()
+
+
+def test_instructions_are_not_carried_to_the_next_response(server, tiny):
+    client = server.client()
+    for instructions in ("be brief", "answer in French", "be very very brief and kind", "you are a cat"):
+        first = client.responses.create(model="tiny", instructions=instructions, input=PROMPT, max_output_tokens=8)
+        conversation = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.output_text},
+                        {"role": "user", "content": "go on"}]
+        without = plain_text(tiny, conversation, max_tokens=8)
+        if without != plain_text(tiny, [{"role": "system", "content": instructions}, *conversation], max_tokens=8):
+            break
+    else:
+        pytest.fail("no instructions tell the two conversations apart on this model")
+    then = client.responses.create(model="tiny", input="go on", previous_response_id=first.id, max_output_tokens=8)
+    assert then.output_text == without

@@ -134,11 +134,10 @@ class Responses(Protocol):
 
     def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:
         asked = _validate(body)
-        messages = self.kept.get(asked.previous_response_id) if asked.previous_response_id else []
-        if asked.instructions:  # this request's instructions, not the earlier ones'
-            messages = [m for m in messages if m["role"] != "system"]
-            messages.insert(0, {"role": "system", "content": asked.instructions})
-        messages += conversation(asked.input)
+        # what went before, without its instructions (each request gives its own, as on OpenAI's API)
+        carried = self.kept.get(asked.previous_response_id) if asked.previous_response_id else []
+        carried += conversation(asked.input)
+        messages = ([{"role": "system", "content": asked.instructions}] if asked.instructions else []) + carried
         name_the_calls_answered(messages)
         sampling, limits = overridden_or_refused(defaults, temperature=asked.temperature, top_p=asked.top_p,
                                                  max_tokens=asked.max_output_tokens, grammar=_grammar(asked))
@@ -147,7 +146,7 @@ class Responses(Protocol):
         thinking = thinking_asked(defaults.thinking, False if given == "none" else None, level)
         request = Request(sampling, limits, messages=messages, tools=_tools(asked), thinking=thinking,
                           **speculative_asked(asked.speculative, defaults))
-        return Parsed(request, bool(asked.stream), include_usage=True)
+        return Parsed(request, bool(asked.stream), include_usage=True, carried=carried)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":
         return Answer(model, parsed, self.kept)
@@ -259,7 +258,7 @@ class Answer(Answering):
     def __init__(self, model: str, parsed: Parsed, kept: Kept):
         super().__init__(True, model)
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
-        self.messages, self.kept = parsed.request.messages, kept
+        self.carried, self.kept = parsed.carried, kept
         self.items: list[dict] = []  # the output items streamed so far, the last one maybe still open
         self.open = False  # whether the last item is still being filled
         self.sequence = 0
@@ -291,7 +290,7 @@ class Answer(Answering):
                  for item in items if item["type"] == "function_call"]
         if calls:
             assistant["tool_calls"] = calls
-        self.kept.put(self.id, [*self.messages, assistant])
+        self.kept.put(self.id, [*self.carried, assistant])
         status = "incomplete" if job.recorder.finish_reason in ("length", "context") and not calls else "completed"
         return self._response(status, items, job)
 

@@ -103,13 +103,16 @@ def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
 @dataclass(frozen=True)
 class Parsed:
     """thinking_apart: a reasoning model's thinking is answered apart from its content (reasoning_content,
-    Ollama's thinking), not in it; thinking_shown: answered at all (Anthropic's display "omitted" leaves it out)."""
+    Ollama's thinking), not in it; thinking_shown: answered at all (Anthropic's display "omitted" leaves it out);
+    carried: the conversation a later request may go on from, without this request's own instructions
+    (OpenAI's Responses)."""
 
     request: Request
     stream: bool
     include_usage: bool
     thinking_apart: bool = True
     thinking_shown: bool = True
+    carried: list[dict] | None = None
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
