@@ -16,7 +16,7 @@ from localspec.scheduler import ENDED
 from localspec.session import Session
 from localspec.stats import record
 from conftest import TARGET, TEMPLATES
-from test_server import ServerProcess, drafting_server
+from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, ToolStream, UnfinishedCall, tool_format
@@ -261,11 +261,7 @@ def r1_server(folder: Path, thinkers) -> ServerProcess:
                          "--reasoning-budget", "5")
 
 
-@pytest.fixture(scope="module")
-def thinking_server(thinkers, tmp_path_factory):
-    running = r1_server(tmp_path_factory.mktemp("thinking"), thinkers)
-    yield running
-    assert running.stop() == 0, running.log()
+thinking_server = serving(lambda folder, request: r1_server(folder, request.getfixturevalue("thinkers")))
 
 
 ASK = [{"role": "user", "content": "why"}]

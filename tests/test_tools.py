@@ -20,7 +20,7 @@ from localspec.errors import InputError
 from localspec.stats import record
 from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, tool_format
 
-from test_server import ServerProcess
+from test_server import ServerProcess, serving
 from tinymodels import TinySpec, write_tiny_model
 
 # Templates in each family's manner, made for these tests (the markers are what tool_format reads).
@@ -250,11 +250,7 @@ def hermes_server(folder: Path, tiny) -> ServerProcess:
                          "-c", "1024", "--alias", "tiny")
 
 
-@pytest.fixture(scope="module")
-def tool_server(tiny, tmp_path_factory):
-    running = hermes_server(tmp_path_factory.mktemp("tools"), tiny)
-    yield running
-    assert running.stop() == 0, running.log()
+tool_server = serving(lambda folder, request: hermes_server(folder, request.getfixturevalue("tiny")))
 
 
 ASK = [{"role": "user", "content": "the weather in paris"}]
