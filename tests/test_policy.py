@@ -484,6 +484,8 @@ def test_a_block_drafter_costs_one_pass_over_its_block_and_learns_that_pass_from
                   {DrafterKind.DFLASH: DraftCosts(0.2, 0.1), DrafterKind.DRAFT: DraftCosts(0.2, 0.1)})
     assert costs.draft_seconds(DrafterKind.DRAFT, 3) == pytest.approx(0.010 * 0.2 * 3)
     assert costs.draft_seconds(DrafterKind.DFLASH, 3) == pytest.approx(0.010 * 0.2 * 2.0)  # a pass of 4 positions
+    for kind in (DrafterKind.DRAFT, DrafterKind.DFLASH, DrafterKind.NGRAM):
+        assert costs.draft_table(kind, 9) == pytest.approx([costs.draft_seconds(kind, k) for k in range(1, 10)])
     costs.observe_draft(DrafterKind.DFLASH, 3, 0.010 * 0.3 * 2.0)  # the pass took 0.3 where 0.2 was expected
     assert 0.2 < costs.drafts[DrafterKind.DFLASH].token < 0.3
 

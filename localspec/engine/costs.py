@@ -103,6 +103,14 @@ class Costs:
     def draft_seconds(self, kind: DrafterKind, k: int) -> float:
         return self.level * self.drafts[kind].token * self._passes(kind, k) if kind in self.drafts else 0.0
 
+    def draft_table(self, kind: DrafterKind, most: int) -> list[float]:
+        """draft_seconds(kind, k) for k = 1 .. most, in one sweep (the policy weighs every length every step)."""
+        if kind not in self.drafts:
+            return [0.0] * most
+        token = self.level * self.drafts[kind].token
+        passes = self.relative(most + 1)[1 : most + 1] if drafts_a_block(kind) else range(1, most + 1)
+        return [token * n for n in passes]
+
     def _passes(self, kind: DrafterKind, k: int) -> float:
         """What drafting k tokens costs in drafted tokens' worth: k passes of one token, or for a block
         drafter one pass of k + 1 positions, which costs what the target's batch of k + 1 does relative

@@ -129,7 +129,7 @@ def default_draft_max(kind: DrafterKind) -> int:
 
 def drafts_a_block(kind: DrafterKind) -> bool:
     """Whether a draft of any length is one forward pass over all its positions, rather than a pass a token."""
-    return _OF_KIND[DrafterKind(kind)].block
+    return _OF_KIND[kind].block  # a StrEnum member and its word are one key
 
 
 def draft_limit(speculation: Speculation, kind: DrafterKind | None = None) -> int:
