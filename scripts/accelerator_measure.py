@@ -58,6 +58,7 @@ BENCH_TOKENS = 128  # llama-bench's tg128
 FIRST = CONTROL + 256  # an ordinary token to decode where any will do
 VERIFIED = 8  # drafted a step in the loop's timing (steps_in_the_loop)
 RAW = "llama-bench's loop in Python, its settings"
+OWN = "the session's own context (the one plain decoding uses)"
 HELD_WARMUP = 3  # decodes of a shape before it is timed as held
 STEADY_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)  # k of the held and changed verify(k) in (f)
 ACCEPTANCES = (0.6, 0.8, 0.9)
@@ -489,24 +490,29 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
                 for label, (kwargs, _) in settings.items()}
     target_context = contexts["the session's target"]
     try:
-        runs: dict[str, list[float]] = {label: [] for label in settings}
+        # the session's own context beside a fresh one of its settings, and its plain generation, in the
+        # same turns: whether what plain loses is the loop's or the context's (its earlier batches')
+        runs: dict[str, list[float]] = {label: [] for label in (OWN, *settings)}
+        plain = []
         for round_ in range(repeats + 1):  # the first round warms up and is not kept
-            for label, context in contexts.items():
-                speed = raw_decodes(context) if label == RAW else one_token_decodes(context, read=settings[label][1])
+            for label, context in {OWN: session.target, **contexts}.items():
+                speed = raw_decodes(context) if label == RAW else one_token_decodes(
+                    context, read=label == OWN or settings[label][1])
                 if round_:
                     runs[label].append(speed)
-        out = {"settings": {label: {**settings[label][0], "read": settings[label][1],
+            speed = with_mode(session, DrafterKind.PLAIN, [FIRST], BENCH_TOKENS)[0].summary().tokens_per_second
+            if round_:
+                plain.append(speed)
+        out = {"settings": {label: {**settings.get(label, (own, True))[0], "read": settings.get(label, (own, True))[1],
                                     "tokens_per_second": statistics.median(speeds)}
                             for label, speeds in runs.items()},
+               "localspec_plain": statistics.median(plain),
                "verify_ms": {label: {k: seconds * 1e3 for k, seconds in measured(
                    target_context, [FIRST] * 16, [k for k in STEADY_SIZES if k <= target_context.max_rows],
                    repeats).items()} for label, measured in (("held", shapes_held), ("changed", shapes_changed))}}
     finally:
         for context in contexts.values():
             context.close()
-    out["localspec_plain"] = statistics.median(
-        with_mode(session, DrafterKind.PLAIN, [FIRST], BENCH_TOKENS)[0].summary().tokens_per_second
-        for _ in range(repeats))
     if llama_bench.exists():
         command = [str(llama_bench), "-m", str(model), "-p", "0", "-n", str(BENCH_TOKENS), "-r", str(repeats),
                    "-t", str(default_threads()), "-fa", "auto,off,on", "-o", "json"]
