@@ -31,6 +31,16 @@ class Sampling:
     # then holds from the match's first group (or the match) on; empty: it holds from the first token.
     # A tool call is constrained this way once the model starts one, its free text before left alone.
     grammar_triggers: tuple[str, ...] = ()
+    # llama.cpp's penalties, on the raw logits of every position before the rest of the chain, counted
+    # over the last repeat_last_n tokens before it, the prompt's among them as llama-cli and llama-server
+    # count them (0: none; -1: the whole context): a seen token's logit is divided by repeat_penalty (or
+    # multiplied, where it is not positive), then lowered by frequency_penalty a time it was seen and by
+    # presence_penalty once. Verification applies them to each row for the drafted tokens before it too,
+    # so speculation stays lossless under them.
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"
@@ -45,10 +55,23 @@ class Sampling:
             raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
+        if not self.repeat_penalty > 0:
+            raise UsageError(f"repeat penalty must be > 0 (1.0: none), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise UsageError(f"repeat-last-n must be >= 0, or -1 for the whole context, got {self.repeat_last_n}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise UsageError(f"{name.replace('_', ' ')} must be a number, got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes a logit."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                            or self.presence_penalty != 0.0)
 
 
 class DrafterKind(StrEnum):
@@ -265,12 +288,15 @@ class Thinking:
 def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
-               grammar: str | None = None) -> tuple[Sampling, Limits]:
+               grammar: str | None = None, repeat_penalty: float | None = None, repeat_last_n: int | None = None,
+               frequency_penalty: float | None = None, presence_penalty: float | None = None
+               ) -> tuple[Sampling, Limits]:
     """A request's own settings over the ones it runs under: a batch item's fields, an API request's, a
     library call's keywords. None keeps what it runs under; stop may be one string. Sampling and Limits
     check the values, so every way in refuses the same ones."""
     asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
-             "grammar": grammar}
+             "grammar": grammar, "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n,
+             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty}
     return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))

@@ -14,12 +14,14 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+import numpy as np
 from scipy.stats import chisquare
 
 import localspec.engine.speculative as speculative
 from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from localspec.engine.suffix import SuffixCache
+from localspec.engine.penalties import Penalties
 from localspec.engine.sampling import transform
 from localspec.events import Token
 from localspec.stats import record
@@ -38,6 +40,10 @@ SETTINGS = {
     "min-p 0.1": Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
     "llama.cpp defaults": Sampling(),
 }
+# every penalty, boosting what was seen (OpenAI's penalties go down to -2): over a prompt that ends in
+# the target's own likeliest tokens, a verifier that leaves drafted rows unpenalised is caught at once
+PENALISED = Sampling(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, repeat_penalty=1.2, frequency_penalty=-1.0,
+                     presence_penalty=-1.0, repeat_last_n=8)
 
 
 def decoded_row(target, prompt, prefix):
@@ -53,11 +59,26 @@ def decoded_row(target, prompt, prefix):
     return target.logits(-1)
 
 
+def penalised(row, before, sampling):
+    """llama.cpp's penalties sampler over a row, token by token as its C loop goes (the reference the
+    engine's vectorised Penalties is held to)."""
+    row = row.copy()
+    window = list(before)[-sampling.repeat_last_n:] if sampling.repeat_last_n > 0 else list(before)
+    for token, count in Counter(window).items():
+        logit = float(row[token])
+        logit = logit * sampling.repeat_penalty if logit <= 0 else logit / sampling.repeat_penalty
+        row[token] = logit - count * sampling.frequency_penalty - sampling.presence_penalty
+    return row
+
+
 def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
     probabilities: dict[tuple, float] = {}
 
     def walk(prefix: list[int], mass: float) -> None:
-        p = transform(decoded_row(target, prompt, prefix), sampling)
+        row = decoded_row(target, prompt, prefix)
+        if sampling.penalized:
+            row = penalised(row, prompt + prefix, sampling)
+        p = transform(row, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token
             if reach < FLOOR:
@@ -209,3 +230,85 @@ def test_a_verifier_that_rejects_every_draft_token_fails_the_check(load, target,
     counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
     p_value = chi_square_p_value(counts, exact_distribution(target, prompt, sampling))
     assert p_value < ALPHA
+
+
+def own_continuation(target, tokens: list[int], length: int = 6) -> list[int]:
+    """tokens and the target's greedy continuation of them: a penalty window of tokens it is likely to say."""
+    events = speculative.generate(target, NoDrafter(), tokens, Sampling(temperature=0), Speculation(),
+                                  Limits(max_tokens=length))
+    return tokens + [e.id for e in events if isinstance(e, Token)]
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "plain"])
+def test_penalties_keep_the_target_distribution(load, target, prompt, repetitive_prompt, kind):
+    """Each verified row is penalised for the drafted tokens before it as well as the committed ones."""
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+    counts = sample_counts(target, drafter_for(kind, load, target), tokens, PENALISED)
+    assert chi_square_p_value(counts, exact_distribution(target, tokens, PENALISED)) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_a_verifier_that_leaves_drafted_steps_unpenalised_fails_the_check(load, target, prompt, repetitive_prompt,
+                                                                         kind, monkeypatch):
+    def plain_steps_only(self, rows, history, drafted):
+        if not drafted:
+            self.apply(rows(0), history)
+
+    monkeypatch.setattr(Penalties, "apply_rows", plain_steps_only)
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+    counts = sample_counts(target, drafter_for(kind, load, target), tokens, PENALISED)
+    assert chi_square_p_value(counts, exact_distribution(target, tokens, PENALISED)) < ALPHA
+
+
+def verified_rows(target, prompt, draft: list[int]) -> list:
+    """The p the rejection rule reads at each row of one step that verifies `draft` (a prediction drafts it)."""
+    seen = []
+
+    def kept_all(token, p, q, rng):
+        seen.append(p)
+        return True
+
+    drafter = PredictionDrafter(draft, NoDrafter(), 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speculative, "accept", kept_all)
+        list(speculative.generate(target, drafter, prompt, replace(PENALISED, seed=0), Speculation(draft_max=len(draft)),
+                                  Limits(max_tokens=len(draft) + 1)))
+    assert len(seen) >= len(draft)  # the first step verified the whole draft
+    return seen[: len(draft)]
+
+
+def test_each_verified_row_is_penalised_for_the_drafted_tokens_before_it(target, prompt):
+    """Exactly, row by row: the drafted tokens repeat the window's, so every count moves (a verifier that
+    penalised each row for the committed tokens alone reads other rows here, as the last lines show)."""
+    tokens = own_continuation(target, prompt)
+    draft = tokens[-4:-1]  # tokens already in the window: each drafted one changes the next row's counts
+    for i, p in enumerate(verified_rows(target, tokens, draft)):
+        expected = transform(penalised(decoded_row(target, tokens, draft[:i]), tokens + draft[:i], PENALISED), PENALISED)
+        assert sorted(p.ids.tolist()) == sorted(expected.ids.tolist())
+        assert np.allclose(p.probs_of(expected.ids), expected.probs, atol=1e-4)
+
+    def committed_only(self, rows, history, drafted):
+        for i in range(len(drafted) + 1):
+            self.apply(rows(i), history)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Penalties, "apply_rows", committed_only)
+        wrong = verified_rows(target, tokens, draft)[1]
+    right = transform(penalised(decoded_row(target, tokens, draft[:1]), tokens + draft[:1], PENALISED), PENALISED)
+    assert not np.allclose(wrong.probs_of(right.ids), right.probs, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt, repetitive_prompt, kind):
+    greedy = replace(PENALISED, temperature=0)
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+
+    def text(drafter, sampling=greedy):
+        events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
+                                           Limits(max_tokens=24)))
+        return [e.id for e in events if isinstance(e, Token)], record(events).summary()
+
+    plain, _ = text(NoDrafter())
+    drafted, summary = text(drafter_for(kind, load, target))
+    assert drafted == plain and summary.accepted > 0
+    assert text(NoDrafter(), Sampling(temperature=0))[0] != plain  # the penalties changed the text

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from localspec.config import Sampling
+from localspec.engine.penalties import Penalties
 from localspec.engine.sampling import Dist, accept, one_hot, residual, softmax, transform
 from localspec.errors import UsageError
 
@@ -143,3 +144,43 @@ def test_no_top_k_means_no_superset():
     from localspec.engine.chain import top_k_superset
 
     assert top_k_superset(np.zeros(152064, np.float32), 0) is None
+
+
+def penalised_reference(logits, before, s: Sampling) -> np.ndarray:
+    """llama.cpp's penalties sampler, token by token over its window."""
+    out = logits.astype(np.float64).copy()
+    window = list(before) if s.repeat_last_n < 0 else list(before)[max(0, len(before) - s.repeat_last_n):]
+    for token in set(window):
+        count = window.count(token)
+        out[token] = out[token] * s.repeat_penalty if out[token] <= 0 else out[token] / s.repeat_penalty
+        out[token] -= count * s.frequency_penalty + s.presence_penalty
+    return out
+
+
+@pytest.mark.parametrize("s", [
+    Sampling(repeat_penalty=1.3, repeat_last_n=4),
+    Sampling(frequency_penalty=0.7, presence_penalty=-0.4, repeat_last_n=6),
+    Sampling(repeat_penalty=0.8, frequency_penalty=-1.0, presence_penalty=2.0, repeat_last_n=-1),
+])
+def test_penalties_match_llama_cpps_over_the_window_the_drafted_tokens_end(s):
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0, 2, 20).astype(np.float32)
+    history, drafted = [3, 5, 5, 0, 19, 5, 7], [7, 3]
+    row = logits.copy()
+    Penalties(s).apply(row, history, drafted)
+    assert np.allclose(row, penalised_reference(logits, history + drafted, s), atol=1e-5)
+
+
+def test_penalties_leave_tokens_outside_a_shorter_vocabulary_alone():
+    row = np.zeros(4, np.float32)
+    Penalties(Sampling(presence_penalty=1.0)).apply(row, [1, 9], [])  # a draft model's row: 9 is past its end
+    assert row.tolist() == [0, -1, 0, 0]
+
+
+def test_only_penalties_that_change_a_logit_count():
+    assert not Sampling().penalized and Penalties.of(Sampling()) is None
+    assert not Sampling(repeat_penalty=1.5, repeat_last_n=0).penalized
+    assert Sampling(presence_penalty=0.1).penalized
+    for wrong in ({"repeat_penalty": 0}, {"repeat_last_n": -2}, {"frequency_penalty": float("nan")}):
+        with pytest.raises(UsageError):
+            Sampling(**wrong)

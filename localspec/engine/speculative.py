@@ -8,7 +8,8 @@ kept with probability min(1, p(x)/q(x)); on rejection the target's token is
 drawn from norm(max(0, p - q)); if all are kept a bonus token is drawn from p
 on the last row. Either way every emitted token follows the target's own
 distribution: the output is the target's, only faster. Under a grammar the
-target's choices at every verified position are masked by it (engine/grammar.py).
+target's choices at every verified position are masked by it (engine/grammar.py); under penalties
+each verified row is penalised for the drafted tokens before it (engine/penalties.py).
 """
 
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
+from .penalties import Penalties
 from .sampling import Dist, accept, chain_for, one_hot, residual, softmax
 from .text import TextStream
 from .turns import Turn, timed
@@ -55,7 +57,9 @@ def generate(
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
-    target.sample_with(chain_for(sampling), host=grammar is not None)
+    penalties = Penalties.of(sampling)
+    # a grammar masks full rows, and penalties change them, on the host
+    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None)
     started = perf_counter()
     if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
@@ -99,6 +103,8 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             others = target.others
         else:
             target.decode(rows, logits="all")
+        if penalties:
+            penalties.apply_rows(target.logits, history, draft.tokens)
         if sampling.greedy:
             accepted, own = verify_greedy(target, draft, grammar)
         else:

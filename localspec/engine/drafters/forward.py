@@ -12,6 +12,7 @@ from ..backend import Context
 from ..chain import Chain
 from ..hidden import LAST_HIDDEN
 from ..model import Model
+from ..penalties import Penalties
 from ..library import llama
 from ..sampling import Dist, chain_for, softmax
 from ..turns import Turn, decoded_alone, timed
@@ -69,7 +70,9 @@ class ForwardDrafter:
         as its catch-up (the auto policy reads the prompt into a costly drafter only if it chooses it)."""
         self.sampling = sampling
         self.rng = rng
-        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling))
+        self.penalties = Penalties.of(sampling)
+        self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling),
+                                 host=self.penalties is not None)
 
     def propose(self, history, k) -> Draft:
         return decoded_alone(self.proposing(history, k))
@@ -172,10 +175,14 @@ class ModelDrafter(ForwardDrafter):
             self.context.checkpoint()
 
     def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
+        drafted: list[int] = []
         while True:
+            if self.penalties:  # penalised as the target's row will be: the draft's tokens are drawn nearer p
+                self.penalties.apply(self.context.logits(-1), history, drafted)
             token, q = self._next()
             if token is None or token >= self.target_vocab:
                 return
+            drafted.append(token)
             yield token, q
             yield from self._decoded([token], "last")
 
