@@ -1,7 +1,8 @@
 """Prompt files for scripts: read items, generate each, write one JSON line per item as it finishes.
 
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
-`top_p`, `min_p`, `seed`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
+`top_p`, `min_p`, `seed`, the penalties `repeat_penalty`, `repeat_last_n`, `presence_penalty` and
+`frequency_penalty`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
 to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
 answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
@@ -32,7 +33,9 @@ from .session import Session
 from .stats import Recorder
 
 SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
-                   "min_p": "min_p", "seed": "seed"}
+                   "min_p": "min_p", "seed": "seed", "repeat_penalty": "repeat_penalty",
+                   "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty"}
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,9 @@ def _number(value) -> bool:
 
 
 FIELD_KINDS = {
-    **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p")},
-    **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens")},
+    **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p", "repeat_penalty",
+                                                "presence_penalty", "frequency_penalty")},
+    **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens", "repeat_last_n")},
     "grammar": ("a string (GBNF)", lambda v: isinstance(v, str)),
     "json_schema": ("a JSON schema (an object)", lambda v: isinstance(v, dict | bool)),
     "stop": ("a string or a list of strings",

@@ -34,6 +34,11 @@ def test_item_settings_override_the_defaults_and_are_checked():
     item = batch.Item(id="1", prompt="p", options={"temp": 0.2, "top_k": 3, "max_tokens": 9, "stop": "END"})
     sampling, limits = batch.settings(item, Sampling(), Limits())
     assert (sampling.temperature, sampling.top_k, limits.max_tokens, limits.stop) == (0.2, 3, 9, ("END",))
+    penalised = batch.Item(id="2", prompt="p", options={"repeat_penalty": 1.1, "repeat_last_n": -1,
+                                                        "presence_penalty": 0.5, "frequency_penalty": -0.5})
+    sampling, _ = batch.settings(penalised, Sampling(), Limits())
+    assert (sampling.repeat_penalty, sampling.repeat_last_n, sampling.presence_penalty,
+            sampling.frequency_penalty) == (1.1, -1, 0.5, -0.5)
     with pytest.raises(LocalspecError, match="unknown field"):
         batch.settings(batch.Item(id="1", prompt="p", options={"tempreature": 1}), Sampling(), Limits())
     with pytest.raises(LocalspecError, match="temperature must be"):
@@ -49,6 +54,8 @@ def test_item_settings_override_the_defaults_and_are_checked():
     ("max_tokens", 2.5, "max_tokens must be a whole number"),
     ("temperature", "hot", "temperature must be a number"),
     ("min_p", None, "min_p must be a number"),
+    ("repeat_last_n", 8.5, "repeat_last_n must be a whole number"),
+    ("repeat_penalty", 0, "repeat penalty must be > 0"),
 ])
 def test_each_item_field_is_checked_by_type(field, value, message):
     with pytest.raises(LocalspecError, match=message):

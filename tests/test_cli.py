@@ -461,7 +461,8 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
     "args, message",
     [
         (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off, auto; got 'maybe'"),
-        (["--repeat-penalty", "1.1"], "localspec has no repetition penalty"),
+        (["--repeat-penalty", "0"], "repeat penalty must be > 0"),
+        (["--repeat-last-n", "-2"], "repeat-last-n must be >= 0, or -1"),
         (["-mg", "1"], "no such option: -mg"),  # read as -m g before
         (["-dt", "0.1"], "no such option: -dt"),  # read as --draft t before
         (["-b", "0"], "batch-size must be >= 1"),

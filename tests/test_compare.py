@@ -63,3 +63,19 @@ def test_the_verdict_names_what_paid_and_why_nothing_did():
     assert "nothing was drafted" in nothing and "verifying 4 tokens costs 2.9 plain steps" in nothing
     assert "no drafter found anything" in comparison(9.9, 0, mode="ngram").verdict()
     assert "part at character 7" in comparison(16.0, 80, identical=False).text_note()
+
+
+def test_penalties_from_the_command_line_keep_the_draft_models_text_the_plain_one(localspec, tiny):
+    """llama.cpp's spellings of every penalty, greedy: the speculative text is the plain one, and the
+    penalties changed it."""
+    penalties = ["--repeat-penalty", "1.5", "--repeat-last-n", "16", "--presence-penalty", "-1",
+                 "--frequency-penalty", "0.5"]
+    runs = {}
+    for name, extra in (("penalised", penalties), ("unpenalised", [])):
+        done = localspec("run", tiny["target"], "--draft", tiny["partial"], "--spec", "fixed", "--p-min", "0",
+                         "--temp", "0", "-n", "40", "--compare", "--json", *extra, "the cat sat on the mat")
+        assert done.returncode == 0, done.stderr.decode()
+        runs[name] = json.loads(done.stdout)
+    compared = runs["penalised"]["compare"]
+    assert compared["identical_text"] is True and runs["penalised"]["stats"]["accepted"] > 0
+    assert runs["penalised"]["text"] != runs["unpenalised"]["text"]

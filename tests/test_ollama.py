@@ -9,7 +9,8 @@ import pytest
 
 from localspec.protocols.ollama import keep_alive
 from localspec.protocols.shared import ApiError
-from test_server import PROMPT, drafting_server, plain_text
+from localspec.config import Sampling
+from test_server import PENALTIES, PROMPT, drafting_server, plain_text
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def test_embed_gives_the_vectors_the_openai_endpoint_gives(server):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"repeat_penalty": 1.1}, "options.repeat_penalty is not supported"),
+    ({"mirostat": 2}, "options.mirostat is not supported"),
+    ({"repeat_penalty": 0}, "repeat penalty must be > 0"),
     ({"num_predict": 0}, "num_predict must be"),
     ({"temperature": -1}, "temperature must be >= 0"),
     ({"made_up": 1}, "not an option localspec knows"),
@@ -92,6 +94,20 @@ def test_options_that_cannot_be_honoured_are_one_error_in_ollamas_shape(server, 
                                options={"num_ctx": 8192, "num_predict": 2}).done
     missing = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": []})
     assert missing.status_code == 400 and "messages is empty" in missing.json()["error"]
+
+
+def test_ollamas_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(server, tiny):
+    """Ollama's own defaults (repeat_penalty 1.1 over the last 64 tokens), as its clients send them, and more."""
+    messages = [{"role": "user", "content": PROMPT}]
+    for options in ({"repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+                    PENALTIES):
+        answer = client(server).chat("tiny", messages=messages, options={**options, "num_predict": 24})
+        sampling = Sampling(temperature=0, **options)
+        assert answer.message.content == plain_text(tiny, messages, max_tokens=24, sampling=sampling)
+    assert answer.message.content != plain_text(tiny, messages, max_tokens=24)
+    raw = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": messages, "stream": False,
+                                                       "options": {**PENALTIES, "num_predict": 24}}).json()
+    assert raw["speculation"]["accepted_tokens"] > 0
 
 
 UNIT = {"type": "object", "properties": {"length": {"type": "integer"}, "unit": {"enum": ["millimetres", "metres"]}},

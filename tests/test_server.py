@@ -98,11 +98,30 @@ def server(tiny, tmp_path_factory):
     assert running.stop() == 0, running.log()
 
 
-def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = None, max_tokens: int = 16) -> str:
-    """What the target alone generates greedily, in this process: the server must say the same."""
+def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = None, max_tokens: int = 16,
+               sampling: Sampling = Sampling(temperature=0)) -> str:
+    """What the target alone generates (greedily, unless told), in this process: the server must say the same."""
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
         tokens = session.prompts.chat_tokens(messages) if messages else session.prompts.tokenize(prompt, raw=True)
-        return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
+        return record(session.generate(Request(sampling, Limits(max_tokens), prompt=tokens))).text
+
+
+# every penalty, as an agent's client may send them; greedy, so the drafted text must be the plain one
+PENALTIES = {"presence_penalty": -1.0, "frequency_penalty": 0.5, "repeat_penalty": 1.5, "repeat_last_n": 16}
+
+
+def test_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(server, tiny):
+    messages = [{"role": "user", "content": PROMPT}]
+    penalised = server.client().chat.completions.create(
+        model="tiny", messages=messages, max_tokens=24, presence_penalty=PENALTIES["presence_penalty"],
+        frequency_penalty=PENALTIES["frequency_penalty"],
+        extra_body={"repeat_penalty": PENALTIES["repeat_penalty"], "repeat_last_n": PENALTIES["repeat_last_n"]})
+    expected = plain_text(tiny, messages, max_tokens=24, sampling=Sampling(temperature=0, **PENALTIES))
+    assert penalised.choices[0].message.content == expected != plain_text(tiny, messages, max_tokens=24)
+    assert penalised.model_extra["speculation"]["accepted_tokens"] > 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=4, presence_penalty=3)
+    assert refused.value.body["param"] == "presence_penalty"
 
 
 def test_chat_completion_carries_usage_timings_and_speculation(server, tiny):

@@ -108,9 +108,21 @@ SAMPLING_OPTIONS = {
     "json_schema_file": (Annotated[Optional[Path], typer.Option(
         "--json-schema-file", help="The same, read from a file.", show_default=False, rich_help_panel=SAMPLING)],
         None),
-    "repeat_penalty": (Annotated[Optional[float], typer.Option(
-        "--repeat-penalty", help="llama.cpp's repetition penalty: only 1.0 (none, its default) is taken, since"
-        " localspec's samplers have none.", show_default=False, rich_help_panel=SAMPLING)], None),
+    "repeat_penalty": (Annotated[float, typer.Option(
+        "--repeat-penalty", help="Divide the logit of a token among the last --repeat-last-n by this (multiply a"
+        " negative one), as llama.cpp does; 1.0 is none. Speculation stays lossless under every penalty.",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.repeat_penalty),
+    "repeat_last_n": (Annotated[int, typer.Option(
+        "--repeat-last-n", help="How many tokens back the penalties count (the prompt's among them); 0: none,"
+        " -1: the whole context.", rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.repeat_last_n),
+    "presence_penalty": (Annotated[float, typer.Option(
+        "--presence-penalty", help="Lower the logit of every token among the last --repeat-last-n by this"
+        " (OpenAI's presence_penalty); negative raises it.", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.presence_penalty),
+    "frequency_penalty": (Annotated[float, typer.Option(
+        "--frequency-penalty", help="Lower a token's logit by this for each time it is among the last"
+        " --repeat-last-n (OpenAI's frequency_penalty).", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.frequency_penalty),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -239,7 +251,8 @@ def build_settings(**values) -> Settings:
         draft_model=draft_model,
         offline=o.offline,
         sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed,
-                          grammar=_grammar(o)),
+                          grammar=_grammar(o), repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n,
+                          presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache),
@@ -263,9 +276,6 @@ FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values,
 def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     """llama.cpp's options that localspec cannot honour: refused, with the reason, unless they ask for
     what happens anyway."""
-    if o.repeat_penalty not in (None, 1.0):
-        raise UsageError(f"--repeat-penalty {o.repeat_penalty:g}: localspec has no repetition penalty (its"
-                         " samplers take temperature, top-k, top-p and min-p); leave it at 1.0")
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
                          f" got {o.flash_attn!r}")

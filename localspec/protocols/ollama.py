@@ -25,12 +25,11 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculativ
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
 # options that change the output, with the values that leave it as localspec makes it: others are refused
-NEUTRAL_OPTIONS = {"repeat_penalty": (1, 1.0), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-                   "mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "repeat_last_n": (0, 64),
-                   "penalize_newline": (False, True)}
-# options that set up the model, fixed when serve starts (its command line says them): taken and ignored
-SET_AT_START = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                "low_vram", "f16_kv", "vocab_only", "num_keep"}
+NEUTRAL_OPTIONS = {"mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "penalize_newline": (False, True)}
+# taken and ignored: options that set up the model, fixed when serve starts (its command line says them),
+# mirostat's two, which nothing reads while it is off, as above
+TAKEN_AND_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+                "low_vram", "f16_kv", "vocab_only", "num_keep", "mirostat_tau", "mirostat_eta"}
 
 
 class _Body(BaseModel):
@@ -43,6 +42,10 @@ class Options(_Body):
     top_p: float | None = None
     min_p: float | None = None
     seed: int | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None  # 0: no penalties; -1: the whole context
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     num_predict: int | None = None  # -1: until the model stops; -2: until the context is full
     stop: list[str] | str | None = None
     draft_num_predict: int | None = Field(None, ge=0, strict=True)  # most tokens drafted a step, for this request
@@ -146,7 +149,7 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     for name, value in (options.model_extra or {}).items():
         if name in NEUTRAL_OPTIONS and value not in NEUTRAL_OPTIONS[name]:
             raise ApiError(400, f"options.{name} is not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
-        if name not in NEUTRAL_OPTIONS and name not in SET_AT_START:
+        if name not in NEUTRAL_OPTIONS and name not in TAKEN_AND_IGNORED:
             raise ApiError(400, f"options.{name} is not an option localspec knows")
     predict = options.num_predict
     if predict is not None and (predict == 0 or predict < -2):
@@ -155,6 +158,8 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
         sampling, limits = overridden(
             defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
             top_p=options.top_p, min_p=options.min_p, seed=options.seed, stop=options.stop,
+            repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
+            presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
             max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
     except (UsageError, InputError) as failure:
         raise ApiError(400, str(failure)) from None

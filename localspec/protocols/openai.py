@@ -35,8 +35,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 NEUTRAL = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repeat_penalty": (None, 1), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "typical_p": (None, 1), "mirostat": (None, 0),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
@@ -109,6 +108,10 @@ class _Common(_Typed):
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, lt=1)
     seed: int | None = Field(None, ge=-1)  # -1: a random one, as in llama.cpp
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0)  # llama-server's, as are repeat_last_n
+    repeat_last_n: int | None = Field(None, ge=-1)
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = False
@@ -297,7 +300,9 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what
         raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
                        code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
-             "min_p": request.min_p, "seed": request.seed}
+             "min_p": request.min_p, "seed": request.seed, "presence_penalty": request.presence_penalty,
+             "frequency_penalty": request.frequency_penalty, "repeat_penalty": request.repeat_penalty,
+             "repeat_last_n": request.repeat_last_n}
     sampling, limits = overridden_or_refused(defaults, **asked, max_tokens=max_tokens or None, stop=request.stop,
                                              grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
