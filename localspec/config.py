@@ -15,6 +15,9 @@ import psutil
 from .errors import UsageError
 
 
+MOST_LOGPROBS = 20  # alternatives a token's logprobs may list (OpenAI's top_logprobs bound)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How a token is chosen from the target's logits. temperature 0 means greedy."""
@@ -41,6 +44,9 @@ class Sampling:
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
+    # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"
@@ -57,6 +63,8 @@ class Sampling:
             raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
         if not self.repeat_penalty > 0:
             raise UsageError(f"repeat penalty must be > 0 (1.0: none), got {self.repeat_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MOST_LOGPROBS:
+            raise UsageError(f"top logprobs must be from 0 to {MOST_LOGPROBS}, got {self.logprobs}")
         if self.repeat_last_n < -1:
             raise UsageError(f"repeat-last-n must be >= 0, or -1 for the whole context, got {self.repeat_last_n}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -289,14 +297,14 @@ def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None 
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
                grammar: str | None = None, repeat_penalty: float | None = None, repeat_last_n: int | None = None,
-               frequency_penalty: float | None = None, presence_penalty: float | None = None
-               ) -> tuple[Sampling, Limits]:
+               frequency_penalty: float | None = None, presence_penalty: float | None = None,
+               logprobs: int | None = None) -> tuple[Sampling, Limits]:
     """A request's own settings over the ones it runs under: a batch item's fields, an API request's, a
     library call's keywords. None keeps what it runs under; stop may be one string. Sampling and Limits
     check the values, so every way in refuses the same ones."""
     asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
              "grammar": grammar, "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n,
-             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty}
+             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty, "logprobs": logprobs}
     return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))

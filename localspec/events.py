@@ -17,6 +17,25 @@ class Prefill:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A token as logprobs report it: its id, the bytes it stands for and its log probability."""
+
+    id: int
+    piece: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """What the target's row made of an emitted token: its log probability under the model's own
+    distribution (the row's softmax, before penalties, grammar, truncation and temperature, as
+    llama-server and vLLM report it) and the likeliest tokens' beside it, likeliest first."""
+
+    chosen: Candidate
+    top: tuple[Candidate, ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
     """One emitted token. text is what may be shown now of the answer: it can be empty while a
     multi-byte character or a possible stop string is still incomplete. A reasoning model's tokens are
@@ -28,6 +47,7 @@ class Token:
     from_draft: bool
     thought: str = ""
     thinking: bool = False
+    logprobs: Logprobs | None = None  # where the generation was asked to report them
 
 
 @dataclass(frozen=True)

@@ -355,4 +355,4 @@ def _split_token(token: Token, splitter, control_text: Callable[[int], str | Non
     special = control_text(token.id)
     pieces = splitter.feed(special, True) if special is not None else splitter.feed(token.text)
     answer, thought = _texts(pieces)
-    return Token(token.id, answer, token.from_draft, thought, before or splitter.thinking)
+    return Token(token.id, answer, token.from_draft, thought, before or splitter.thinking, token.logprobs)

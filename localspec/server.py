@@ -426,13 +426,18 @@ class Server:
         """The answer as it is made, framed as the client's protocol streams (frames). An error after the
         first byte can only be said in the stream itself, as llama-server and Ollama do."""
         reader, calls = None, 0
+        pending = []  # the answer's tokens' logprobs (where asked for), until a piece of text carries them
 
         def framed(pieces: list) -> list[str]:  # content, or the answer's tool calls
-            nonlocal calls
+            nonlocal calls, pending
             out = []
             for piece in pieces:
-                out.append(frames.piece(piece) if isinstance(piece, str) else frames.call(piece, calls))
-                calls += not isinstance(piece, str)
+                if isinstance(piece, str):
+                    out.append(frames.piece(piece, pending) if pending else frames.piece(piece))
+                    pending = []
+                else:
+                    out.append(frames.call(piece, calls))
+                    calls += 1
             return out
 
         try:
@@ -444,6 +449,8 @@ class Server:
                 thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
                 if thought:
                     yield frames.thought(thought)
+                if isinstance(item, Token) and item.logprobs and not item.thinking:
+                    pending.append(item.logprobs)
                 text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
                 if text:
                     for frame in framed(reader.feed(text) if reader else [text]):
@@ -457,6 +464,8 @@ class Server:
             if reader:
                 for frame in framed(reader.end()):
                     yield frame
+            if pending:  # tokens whose text never showed (a stop string's, a tool call's): theirs all the same
+                yield frames.piece("", pending)
             for frame in frames.closing(job, called=calls > 0):
                 yield frame
             self._log_job(path, job)
@@ -707,7 +716,8 @@ def _makes_the_response(item, stream: bool) -> bool:
     """Errors and the end always; a stream's text (a reasoning model's thinking too) and its held-back tail."""
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
-    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought))
+    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought
+                                                                                    or item.logprobs))
 
 
 def _named(name):

@@ -18,7 +18,7 @@ from .engine.speculative import generate
 from .engine.together import alone
 from . import reasoning
 from .errors import LocalspecError, UsageError
-from .events import Done, Event, Prefill
+from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place
 from .store.placement import Placement
@@ -41,16 +41,18 @@ class Info:
 @dataclass(frozen=True)
 class Reply:
     """A whole generation: its text (a reasoning model's answer), why it ended ("stop", "length" or "context"),
-    its statistics, and a reasoning model's thinking."""
+    its statistics, a reasoning model's thinking, and each answer token's logprobs where asked for."""
 
     text: str
     finish_reason: str
     summary: Summary
     reasoning: str = ""
+    logprobs: tuple[Logprobs, ...] = ()
 
     @classmethod
     def of(cls, recorder: Recorder) -> "Reply":
-        return cls(recorder.text, recorder.finish_reason, recorder.summary(), recorder.reasoning)
+        return cls(recorder.text, recorder.finish_reason, recorder.summary(), recorder.reasoning,
+                   tuple(recorder.logprobs))
 
 
 def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: bool = False, progress=None,
@@ -277,7 +279,9 @@ class Session:
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
                limits: Limits | None = None, **options) -> Iterator[Event]:
         """A generation's events for a prompt (see prompt_tokens). options: temperature, top_k, top_p, min_p,
-        seed, max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
+        seed, the penalties (repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty), logprobs (each
+        token's, and that many likeliest beside it), max_tokens, stop, over sampling and limits (by default
+        config's, llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)
         return self.generate(Request(sampling, limits, prompt=self.prompts.prompt_tokens(prompt, raw)))
 

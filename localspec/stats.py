@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter
 
 from .config import DrafterKind
-from .events import Done, Prefill, Step, Token
+from .events import Done, Logprobs, Prefill, Step, Token
 
 INTERRUPTED = "interrupted"  # the finish reason of a generation stopped by Ctrl-C
 
@@ -150,6 +150,7 @@ class Recorder:
     drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)
     parts: dict[str, PartTally] = field(default_factory=lambda: {THINKING: PartTally(), ANSWER: PartTally()})
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
+    logprobs: list[Logprobs] = field(default_factory=list)  # of the latest generation's answer tokens, where asked
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
     finish_reason: str | None = None  # of the latest generation; None while it runs
     stop_sequence: str | None = None  # the stop string that ended the latest generation, if one did
@@ -164,12 +165,15 @@ class Recorder:
             self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
             self.text, self.reasoning, self.finish_reason, self.stop_sequence = "", "", None, None
+            self.logprobs = []
             self.decode_started = perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
             self.text += event.text
             self.reasoning += event.thought
             self._part = THINKING if event.thinking else ANSWER
+            if event.logprobs is not None and not event.thinking:
+                self.logprobs.append(event.logprobs)
             self.parts[self._part].tokens += 1
             self._place_step()
         elif isinstance(event, Step):

@@ -81,6 +81,11 @@ def test_options_override_the_defaults_and_are_checked_as_the_cli_checks_them(se
         session.complete("the cat", top_p=1.5)
     with pytest.raises(UsageError, match="max-tokens"):
         session.complete("the cat", max_tokens=0)
+    reported = session.complete("the cat", temperature=0, max_tokens=5, logprobs=2, repeat_penalty=1.3)
+    assert len(reported.logprobs) == reported.summary.tokens and all(len(e.top) == 2 for e in reported.logprobs)
+    assert session.complete("the cat", max_tokens=2).logprobs == ()
+    with pytest.raises(UsageError, match="top logprobs"):
+        session.complete("the cat", logprobs=21)
 
 
 def test_load_names_a_setting_it_does_not_take(tiny):

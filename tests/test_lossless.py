@@ -312,3 +312,30 @@ def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt,
     drafted, summary = text(drafter_for(kind, load, target))
     assert drafted == plain and summary.accepted > 0
     assert text(NoDrafter(), Sampling(temperature=0))[0] != plain  # the penalties changed the text
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_logprobs_are_the_targets_own_rows_whatever_drafted_them(load, target, prompt, repetitive_prompt, kind):
+    """Each token's log probability and its row's likeliest tokens, read from the verification row that chose it,
+    are plain decoding's: the model's own softmax, before penalties (as llama-server reports it)."""
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+    accepted = 0
+    for sampling in (Sampling(temperature=0, logprobs=3), replace(PENALISED, temperature=0, logprobs=3)):
+        def run(drafter):
+            events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
+                                               Limits(max_tokens=12)))
+            return [e for e in events if isinstance(e, Token)], record(events).summary()
+
+        plain, _ = run(NoDrafter())
+        drafted, summary = run(drafter_for(kind, load, target))
+        accepted += summary.accepted
+        assert [t.id for t in drafted] == [t.id for t in plain]
+        for i, (alone, verified) in enumerate(zip(plain, drafted)):
+            row = decoded_row(target, tokens, [t.id for t in plain[:i]]).astype(np.float64)
+            normaliser = row.max() + np.log(np.exp(row - row.max()).sum())
+            for reported in (alone.logprobs, verified.logprobs):
+                assert reported.chosen.id == alone.id and reported.chosen.piece == target.model.piece(alone.id)
+                assert reported.chosen.logprob == pytest.approx(row[alone.id] - normaliser, abs=1e-4)
+                assert [c.id for c in reported.top] == np.argsort(-row, kind="stable")[:3].tolist()
+                assert [c.logprob for c in reported.top] == pytest.approx(np.sort(row)[::-1][:3] - normaliser, abs=1e-4)
+    assert accepted > 0  # rows of verifications that kept drafted tokens were read

@@ -110,6 +110,18 @@ def test_ollamas_penalties_are_honoured_and_the_drafted_text_stays_plain_decodin
     assert raw["speculation"]["accepted_tokens"] > 0
 
 
+def test_logprobs_whole_and_streamed_through_the_ollama_client(server):
+    messages = [{"role": "user", "content": PROMPT}]
+    answer = client(server).chat("tiny", messages=messages, logprobs=True, top_logprobs=2, options={"num_predict": 12})
+    assert len(answer.logprobs) == answer.eval_count == 12
+    assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token
+               for entry in answer.logprobs)
+    parts = list(client(server).chat("tiny", messages=messages, logprobs=True, top_logprobs=2, stream=True,
+                                     options={"num_predict": 12}))
+    assert [e.token for part in parts for e in part.logprobs or ()] == [e.token for e in answer.logprobs]
+    assert client(server).chat("tiny", messages=messages, options={"num_predict": 2}).logprobs is None
+
+
 UNIT = {"type": "object", "properties": {"length": {"type": "integer"}, "unit": {"enum": ["millimetres", "metres"]}},
         "required": ["length", "unit"], "additionalProperties": False}
 

@@ -124,6 +124,34 @@ def test_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(serve
     assert refused.value.body["param"] == "presence_penalty"
 
 
+def test_logprobs_whole_and_streamed_through_the_openai_client(server):
+    """The target's rows' own numbers for every token, drafted or not: whole and streamed alike, the
+    likeliest first, the greedy choice the likeliest; completions in their own shape."""
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12, logprobs=True,
+                                                    top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode(errors="replace") == whole.choices[0].message.content
+    assert len(content) == whole.usage.completion_tokens and whole.model_extra["speculation"]["accepted_tokens"] > 0
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+               and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob for t in content)
+    chunks = list(server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                                          logprobs=True, top_logprobs=3, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.bytes) for t in streamed] == [(t.token, t.bytes) for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)
+
+    completion = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=2)
+    shown = completion.choices[0].logprobs
+    assert len(shown.tokens) == 8 and all(len(top) <= 2 for top in shown.top_logprobs)
+    assert shown.text_offset == [sum(map(len, shown.tokens[:i])) for i in range(8)]
+    assert all(p <= 0 for p in shown.token_logprobs)
+    for wrong, param in (({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=2, **wrong)
+        assert refused.value.body["param"] == param
+
+
 def test_chat_completion_carries_usage_timings_and_speculation(server, tiny):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
     response = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=16)
@@ -217,7 +245,8 @@ def test_models_and_health(server):
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"tool_choice": "required"}, "tool_choice"),  # and no tools to call (test_tools.py has the rest)
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"logit_bias": {"42": 5}}, "logit_bias"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),

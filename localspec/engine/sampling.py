@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Sampling
+from ..events import Candidate, Logprobs
 from .chain import Chain
 
 
@@ -88,3 +89,14 @@ def residual(p: Dist, q: Dist) -> Dist:
     total = excess.sum()
     # A rejection implies p(x) < q(x) somewhere, so mass is left; rounding can still empty it.
     return Dist(p.ids, excess / total) if total > 0 else p
+
+
+def logprobs_of(row: np.ndarray, token: int, top: int, piece) -> Logprobs:
+    """A row's log probabilities (its softmax over the whole vocabulary) of token and of its `top` likeliest
+    tokens, likeliest first; piece(id): the bytes a token stands for."""
+    peak = float(row.max())
+    normaliser = peak + float(np.log(np.exp(row - peak, dtype=np.float64).sum()))
+    likeliest = np.argpartition(row, -top)[-top:] if top else np.empty(0, np.int64)
+    likeliest = likeliest[np.argsort(-row[likeliest], kind="stable")]
+    return Logprobs(Candidate(token, piece(token), float(row[token]) - normaliser),
+                    tuple(Candidate(int(i), piece(int(i)), float(row[i]) - normaliser) for i in likeliest))

@@ -26,7 +26,7 @@ from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
 from .penalties import Penalties
-from .sampling import Dist, accept, chain_for, one_hot, residual, softmax
+from .sampling import Dist, accept, chain_for, logprobs_of, one_hot, residual, softmax
 from .text import TextStream
 from .turns import Turn, timed
 
@@ -58,8 +58,9 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
     penalties = Penalties.of(sampling)
-    # a grammar masks full rows, and penalties change them, on the host
-    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None)
+    reporting = sampling.logprobs is not None
+    # a grammar masks full rows, penalties change them and logprobs read them, on the host
+    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting)
     started = perf_counter()
     if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
@@ -103,6 +104,9 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             others = target.others
         else:
             target.decode(rows, logits="all")
+        # the model's own rows, as logprobs report them (penalties change the rows in place)
+        rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(len(rows))
+                     ] if reporting else []
         if penalties:
             penalties.apply_rows(target.logits, history, draft.tokens)
         if sampling.greedy:
@@ -113,17 +117,21 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         step = Step(draft.source, len(draft.tokens), accepted, draft_seconds, perf_counter() - verifying,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
                     others)
+        emitted = [*draft.tokens[:accepted], own]
+        # read before anything is handed on: on a shared context the next batch may overwrite the rows meanwhile
+        reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece) for i, token in enumerate(emitted)
+                   ] if reporting else [None] * len(emitted)
         if learns:
             drafter.observe(step)
         yield step
 
-        for i, token in enumerate([*draft.tokens[:accepted], own]):
+        for i, token in enumerate(emitted):
             history.append(token)
             if model.is_eog(token):
                 finish = "stop"
                 break
             produced += 1
-            yield Token(token, text.push(model.piece(token)), from_draft=i < accepted)
+            yield Token(token, text.push(model.piece(token)), from_draft=i < accepted, logprobs=reports[i])
             if text.stopped:
                 finish = "stop"
             elif produced == max_tokens:

@@ -5,14 +5,16 @@ localspec's speculation record. One model is served: any model name is answered 
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import __version__
-from ..config import duration_seconds, overridden
+from ..config import MOST_LOGPROBS, duration_seconds, overridden
 from ..errors import InputError, UsageError
+from ..events import Logprobs
 from ..prompts import ROLES, output_grammar
 from ..reasoning import NONE, family
 from ..request import Request
@@ -20,7 +22,7 @@ from ..service import Job
 from ..store import GGUFInfo
 from ..tool_calls import ToolCall, Tools, tool_format
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
-                     effort, speculation, speculative_asked, thinking_asked)
+                     effort, speculation, speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -77,6 +79,8 @@ class _Generation(_Body):
     keep_alive: str | int | float | None = None  # how long the model stays loaded once idle (serve reads it)
     think: bool | str | None = None  # whether a reasoning model thinks; gpt-oss's effort: low, medium, high
     speculative: Speculative | None = None  # this request's own speculation (as on /v1)
+    logprobs: bool | None = None  # each token's log probability in the answer
+    top_logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)  # and the likeliest tokens' beside it
 
 
 class ChatBody(_Generation):
@@ -160,6 +164,7 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
             top_p=options.top_p, min_p=options.min_p, seed=options.seed, stop=options.stop,
             repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
             presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
+            logprobs=(request.top_logprobs or 0) if request.logprobs else None,
             max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
     except (UsageError, InputError) as failure:
         raise ApiError(400, str(failure)) from None
@@ -260,9 +265,10 @@ class Answer(Answering):
         super().__init__(chat, model)
         self.started = time.perf_counter_ns()
 
-    def object(self, text: str, done: bool = False, calls: list[ToolCall] = (), thinking: str = "") -> dict:
-        """An object of the answer: text, a reasoning model's thinking, and the tool calls it makes (their arguments
-        as objects, as Ollama's are)."""
+    def object(self, text: str, done: bool = False, calls: list[ToolCall] = (), thinking: str = "",
+               logprobs: Sequence[Logprobs] | None = None) -> dict:
+        """An object of the answer: text (with its tokens' logprobs, where asked for), a reasoning model's
+        thinking, and the tool calls it makes (their arguments as objects, as Ollama's are)."""
         if self.chat:
             content = {"message": {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})}
             if calls:
@@ -270,23 +276,28 @@ class Answer(Answering):
                                                     for call in calls]
         else:
             content = {"response": text} | ({"thinking": thinking} if thinking else {})
+        if logprobs is not None:
+            content["logprobs"] = token_logprobs(logprobs)
         return {"model": self.model, "created_at": _now(), **content, "done": done}
 
-    def last(self, job: Job, text: str = "", calls: list[ToolCall] = (), thinking: str = "") -> dict:
+    def last(self, job: Job, text: str = "", calls: list[ToolCall] = (), thinking: str = "",
+             logprobs: Sequence[Logprobs] | None = None) -> dict:
         """The final object: done, why, and the durations and counts Ollama gives, with localspec's record."""
         r = job.recorder
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
-        return self.object(text, done=True, calls=calls, thinking=thinking) | {
+        return self.object(text, done=True, calls=calls, thinking=thinking, logprobs=logprobs) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)}
 
     def full(self, job: Job) -> dict:
-        return self.last(job, *answer_of(job), thinking=job.recorder.reasoning)
+        asked = job.request.sampling.logprobs is not None
+        return self.last(job, *answer_of(job), thinking=job.recorder.reasoning,
+                         logprobs=job.recorder.logprobs if asked else None)
 
-    def piece(self, text: str) -> str:
-        return _line(self.object(text))
+    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
+        return _line(self.object(text, logprobs=logprobs or None))
 
     def thought(self, text: str) -> str:
         return _line(self.object("", thinking=text))

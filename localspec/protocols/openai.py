@@ -12,19 +12,22 @@ import json
 import struct
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from ..config import MOST_LOGPROBS
 from ..errors import InputError
+from ..events import Logprobs
 from ..prompts import ROLES, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, _Typed,
-                     answer_of, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
+                     answer_of, candidate, token_logprobs, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
                      speculative_asked, thinking_asked, timings, validated)
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
@@ -33,7 +36,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 # Fields that would change the output if honoured, with the values that leave it as it is: a request
 # that sets one otherwise is refused instead of silently answered as if it had not.
 NEUTRAL = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
+    "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "typical_p": (None, 1), "mirostat": (None, 0),
@@ -132,6 +135,8 @@ class TemplateArguments(_Typed):
 
 class ChatRequest(_Common):
     messages: list[Message]
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
@@ -146,6 +151,7 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)  # the likeliest tokens beside each one
 
 
 class EmbeddingRequest(_Typed):
@@ -192,8 +198,11 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
     if form not in REASONING_FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {form!r}",
                        param="reasoning_format")
+    if chat.top_logprobs is not None and not chat.logprobs:
+        raise ApiError(400, "top_logprobs goes with logprobs: true", param="top_logprobs")
     parsed = _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
-                     tools=_tools(chat), thinking=_thinking(chat, defaults))
+                     tools=_tools(chat), thinking=_thinking(chat, defaults),
+                     logprobs=(chat.top_logprobs or 0) if chat.logprobs else None)
     return replace(parsed, thinking_apart=form != "none")
 
 
@@ -234,7 +243,7 @@ def parse_completion(body: dict, defaults: Defaults) -> Parsed:
             raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request",
                            param="prompt")
         prompt = prompt[0]
-    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt)
+    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt, logprobs=completion.logprobs)
 
 
 def _validate(model: type[BaseModel], body: dict):
@@ -295,14 +304,15 @@ def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
     return joiner.join(part.text for part in content)
 
 
-def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, **what) -> Parsed:
+def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logprobs: int | None = None,
+            **what) -> Parsed:
     if request.n not in (None, 1):
         raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
                        code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed, "presence_penalty": request.presence_penalty,
              "frequency_penalty": request.frequency_penalty, "repeat_penalty": request.repeat_penalty,
-             "repeat_last_n": request.repeat_last_n}
+             "repeat_last_n": request.repeat_last_n, "logprobs": logprobs}
     sampling, limits = overridden_or_refused(defaults, **asked, max_tokens=max_tokens or None, stop=request.stop,
                                              grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -343,6 +353,7 @@ class Reply(Answering):
         self.include_usage, self.thinking_apart = include_usage, thinking_apart
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.offset = 0  # characters of the completion's text whose tokens' logprobs were given
 
     def _envelope(self, stream: bool, choices: list) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
@@ -364,12 +375,29 @@ class Reply(Answering):
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": recorder.text, "logprobs": None, "finish_reason": finish}
+        if job.request.sampling.logprobs is not None:
+            choice["logprobs"] = self._logprobs(recorder.logprobs)
         return self._envelope(False, [choice]) | statistics(job, usage=True)
 
+    def _logprobs(self, entries: Sequence[Logprobs]) -> dict:
+        """Tokens' logprobs in chat's shape, or in completions' (whose text offsets go on from the last piece's)."""
+        if self.chat:
+            return {"content": token_logprobs(entries), "refusal": None}
+        texts = [e.chosen.piece.decode("utf-8", errors="replace") for e in entries]
+        offsets = []
+        for text in texts:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": texts, "token_logprobs": [e.chosen.logprob for e in entries],
+                "top_logprobs": [{candidate(c)["token"]: c.logprob for c in e.top} for e in entries],
+                "text_offset": offsets}
+
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
-              call: ToolCall | None = None, index: int = 0, thought: str | None = None) -> dict:
-        """One piece of the stream: a role (the first chunk of a chat), text, a tool call (the index-th), a
-        piece of thinking (as llama-server streams it: reasoning_content, no content), or the finish reason."""
+              call: ToolCall | None = None, index: int = 0, thought: str | None = None,
+              logprobs: Sequence[Logprobs] = ()) -> dict:
+        """One piece of the stream: a role (the first chunk of a chat), text (with its tokens' logprobs, where
+        asked for), a tool call (the index-th), a piece of thinking (as llama-server streams it:
+        reasoning_content, no content), or the finish reason."""
         if self.chat:
             if call is not None:
                 delta = {"tool_calls": [{"index": index, **_called(call)}]}
@@ -380,13 +408,15 @@ class Reply(Answering):
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        if logprobs:
+            choice["logprobs"] = self._logprobs(logprobs)
         return self._envelope(True, [choice])
 
     def opening(self, job: Job) -> list[str]:
         return [_event(self.chunk(role=True))] if self.chat else []
 
-    def piece(self, text: str) -> str:
-        return _event(self.chunk(text))
+    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
+        return _event(self.chunk(text, logprobs=logprobs))
 
     def thought(self, text: str) -> str:
         return _event(self.chunk(thought=text))

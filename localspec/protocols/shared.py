@@ -4,6 +4,7 @@ answer carries (llama-server's timings, localspec's speculation record). Each pr
 ollama.py) is a Protocol object: how its requests are read, how its answers are made whole or streamed,
 how its errors look."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
+from ..events import Candidate, Logprobs
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
 from ..tool_calls import ToolCall, ToolStream, UnfinishedCall
@@ -267,6 +269,17 @@ def speculation(job: Job) -> dict:
     }
 
 
+def candidate(c: Candidate) -> dict:
+    """A token in OpenAI's and Ollama's logprobs: its text (a piece of a character shows as U+FFFD), its exact
+    bytes and its log probability."""
+    return {"token": c.piece.decode("utf-8", errors="replace"), "logprob": c.logprob, "bytes": list(c.piece)}
+
+
+def token_logprobs(entries: Sequence[Logprobs]) -> list[dict]:
+    """Each token's entry, the likeliest tokens of its row beside it (OpenAI's chat and Ollama's shape)."""
+    return [candidate(e.chosen) | {"top_logprobs": [candidate(c) for c in e.top]} for e in entries]
+
+
 class Answering:
     """One answer in a protocol's shape: whole (full), or streamed as frames: what opens the stream, a piece
     of text, a tool call, an error after the first byte, and what closes it with the statistics.
@@ -286,7 +299,9 @@ class Answering:
         """What opens the stream, once the job has begun (its prompt read)."""
         return []
 
-    def piece(self, text: str) -> str:
+    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
+        """A piece of the answer's text, with its tokens' logprobs where the request asked for them (only a
+        protocol that has them is given any)."""
         raise NotImplementedError
 
     def thought(self, text: str) -> str:
