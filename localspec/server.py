@@ -39,7 +39,8 @@ from .protocols.anthropic import ANTHROPIC
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
 from .protocols.responses import Responses
-from .protocols.shared import ApiError, Answering, Defaults, Parsed, Protocol, api_error, tool_call_error, tool_reader
+from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, tool_call_error,
+                               tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
 from .events import Done, Token
@@ -370,26 +371,15 @@ class Server:
                        served: Served) -> Response:
         """The job's answer in its protocol's shape (answering), whole or streamed."""
         parsed = replace(parsed, request=replace(parsed.request, client=client))
-        loop = asyncio.get_running_loop()
+        if parsed.choices > 1:
+            return await self._respond_choices(request, parsed, answering, served)
         outbox: asyncio.Queue = asyncio.Queue()
-        started = False
-
-        def deliver(item) -> None:  # on the worker thread
-            nonlocal started
-            # Each hand-over wakes the event loop, which then competes with llama.cpp's threads for the
-            # CPU: after the first event (the request has started), hand over only what the response is
-            # made of; the job's recorder has the rest.
-            if started and not _makes_the_response(item, parsed.stream):
-                return
-            started = True
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
-                loop.call_soon_threadsafe(outbox.put_nowait, item)
-
         try:
-            job = served.service.submit(parsed.request, deliver, _who(request, parsed.request.client))
+            job = served.service.submit(parsed.request, _deliverer(outbox, parsed.stream),
+                                        _who(request, parsed.request.client))
         except LocalspecError as error:
             raise api_error(error) from None
-        watcher = asyncio.create_task(_cancel_when_gone(request, job))
+        watcher = asyncio.create_task(_cancel_when_gone(request, [job]))
         streaming = False
         try:
             first = await outbox.get()
@@ -412,6 +402,40 @@ class Server:
             if not streaming:  # else the stream ends the watcher and the job
                 watcher.cancel()
                 job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
+
+    async def _respond_choices(self, request: Request, parsed: Parsed, answering: Answering,
+                               served: Served) -> Response:
+        """Several whole answers to one prompt (OpenAI's n), each its own job with its own drafter: the first
+        reads the prompt, and the others, started once it has, take its cells on sequences of their own
+        (Session.sequence_for), so the prompt is read once; with one sequence they follow it, reusing it."""
+        jobs: list[Job] = []
+        outboxes: list[asyncio.Queue] = []
+        watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
+        try:
+            for index, asked in enumerate(choices_of(parsed.request, parsed.choices)):
+                outbox: asyncio.Queue = asyncio.Queue()
+                try:
+                    jobs.append(served.service.submit(asked, _deliverer(outbox, False), _who(request, asked.client)))
+                except LocalspecError as error:
+                    raise api_error(error) from None
+                outboxes.append(outbox)
+                if index == 0:  # its prompt read (or it failed) before the others look for its cells
+                    first = await outbox.get()
+                    if first is FINISHED or isinstance(first, LocalspecError):
+                        raise self._failure(jobs[0], first, answering)
+            for job, outbox in zip(jobs, outboxes):
+                item = await outbox.get()
+                while item is not FINISHED and not isinstance(item, LocalspecError):
+                    item = await outbox.get()
+                if job.outcome != "ok":
+                    raise self._failure(job, item, answering)
+            for job in jobs:
+                self._log_job(request.url.path, job)
+            return JSONResponse(answering.choices(jobs))
+        finally:
+            watcher.cancel()
+            for job in jobs:
+                job.cancel()
 
     def _failure(self, job: Job, item, answering: Answering) -> ApiError:
         if isinstance(item, LocalspecError):
@@ -712,6 +736,24 @@ class _Uvicorn(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _deliverer(outbox: asyncio.Queue, stream: bool) -> Callable:
+    """What hands a job's items to the request's handler (called on the worker thread). Each hand-over wakes
+    the event loop, which then competes with llama.cpp's threads for the CPU: after the first event (the
+    request has started), only what the response is made of is handed over; the job's recorder has the rest."""
+    loop = asyncio.get_running_loop()
+    started = False
+
+    def deliver(item) -> None:
+        nonlocal started
+        if started and not _makes_the_response(item, stream):
+            return
+        started = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+            loop.call_soon_threadsafe(outbox.put_nowait, item)
+
+    return deliver
+
+
 def _makes_the_response(item, stream: bool) -> bool:
     """Errors and the end always; a stream's text (a reasoning model's thinking too) and its held-back tail."""
     if isinstance(item, LocalspecError) or item is FINISHED:
@@ -732,12 +774,13 @@ def _who(request: Request, client: str | None) -> str | None:
     return client or (request.client.host if request.client else None)
 
 
-async def _cancel_when_gone(request: Request, job: Job) -> None:
-    """Cancel the job when its client disconnects (the request body has been read, so the next
-    message is the disconnect)."""
+async def _cancel_when_gone(request: Request, jobs: list[Job]) -> None:
+    """Cancel the request's jobs (those started by then) when its client disconnects (the request body has
+    been read, so the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.cancel()
+    for job in jobs:
+        job.cancel()
 
 
 async def _pulled(fetching: asyncio.Future, statuses: asyncio.Queue, log) -> AsyncIterator[str]:

@@ -162,6 +162,11 @@ class Session:
         if self._filled_by.get(chosen, client) != client:
             self.reset(chosen)
         self._filled_by[chosen] = client
+        # A busy sequence that holds more of the prompt (the same prompt's other choices, n > 1, or another
+        # request of the same client's sent at once) lends its cells: the prompt is read once.
+        donor = max((seq for seq in busy if seq in range(len(self.sequences))), key=shared, default=None)
+        if donor is not None and shared(donor) > self.sequences[chosen].shares(prompt):
+            self.sequences[chosen].adopt(self.sequences[donor], shared(donor))
         return chosen
 
     def costs(self) -> dict | None:

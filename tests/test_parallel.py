@@ -3,6 +3,7 @@ behind serve -np, batch --parallel, and how many sequences fit."""
 
 import json
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -546,3 +547,31 @@ def test_one_request_turns_speculation_off_and_the_others_go_on_drafting(tiny, t
         assert shortest["response"] and len(shortest["speculation"]["drafts_by_position"]) == 1
     finally:
         assert running.stop() == 0, running.log()
+
+
+def test_a_prompt_a_busy_sequence_holds_is_read_once(parallel_session):
+    """A request for the prompt another sequence is generating from (OpenAI's n, several clients' same
+    question) takes that sequence's cells instead of reading it again, and makes what it would alone;
+    another client's request shares nothing."""
+    service, log = Service(parallel_session, queue_limit=4, log=print), []
+    prompt = "a b c a b c the cat sat on the mat and then"
+    try:
+        first = Inbox(log, "first")
+        leader = service.submit(Request(GREEDY, Limits(40), prompt=prompt, client="me"), first)
+        deadline = time.monotonic() + 60
+        while not any(isinstance(item, Prefill) for item in first.items) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        second, stranger = Inbox(log, "second"), Inbox(log, "stranger")
+        jobs = [service.submit(Request(GREEDY, Limits(40), prompt=prompt, client=who), inbox)
+                for who, inbox in (("me", second), ("stranger", stranger))]
+        for inbox in (first, second, stranger):
+            assert inbox.done.wait(60)
+        prefills = {inbox.name: next(item for item in inbox.items if isinstance(item, Prefill))
+                    for inbox in (first, second, stranger)}
+        assert prefills["first"].reused_tokens == 0 and prefills["stranger"].reused_tokens == 0
+        assert prefills["second"].reused_tokens == prefills["second"].prompt_tokens - 1
+        assert first.tokens == second.tokens == stranger.tokens and len(first.tokens) == 40
+        assert log.index(("second", "Prefill")) < log.index(("first", "Done"))  # it ran beside the first
+        assert jobs[0].sequence != leader.sequence
+    finally:
+        service.close()

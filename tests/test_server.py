@@ -152,6 +152,30 @@ def test_logprobs_whole_and_streamed_through_the_openai_client(server):
         assert refused.value.body["param"] == param
 
 
+def test_n_choices_read_the_prompt_once_and_each_drafts(server, tiny):
+    messages = [{"role": "user", "content": PROMPT}]
+    sampled = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12, n=3,
+                                                      temperature=1.0, seed=7)
+    assert [choice.index for choice in sampled.choices] == [0, 1, 2]
+    texts = [choice.message.content for choice in sampled.choices]
+    assert len(set(texts)) > 1  # seeds 7, 8, 9
+    read = [choice.model_extra["timings"] for choice in sampled.choices]
+    assert read[0]["prompt_n"] > 1 and all(t["prompt_n"] <= 1 and t["cache_n"] >= read[0]["prompt_n"] - 1
+                                           for t in read[1:])
+    assert all(choice.model_extra["speculation"]["draft_tokens"] > 0 for choice in sampled.choices)
+    assert sampled.usage.completion_tokens == sum(t["predicted_n"] for t in read)
+    again = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12, n=3,
+                                                    temperature=1.0, seed=7)
+    assert [choice.message.content for choice in again.choices] == texts
+    greedy = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=10, n=2, logprobs=1)
+    assert [c.text for c in greedy.choices] == [plain_text(tiny, prompt=PROMPT, max_tokens=10)] * 2
+    assert all(c.logprobs.text_offset[0] == 0 for c in greedy.choices)
+    for wrong in ({"n": 2, "stream": True}, {"n": 17}, {"n": 0}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=2, **wrong)
+        assert refused.value.body["param"] == "n"
+
+
 def test_chat_completion_carries_usage_timings_and_speculation(server, tiny):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
     response = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=16)
@@ -239,7 +263,7 @@ def test_models_and_health(server):
 
 @pytest.mark.parametrize("fields, param", [
     ({"messages": []}, "messages"),
-    ({"n": 2}, "n"),
+    ({"n": 2, "stream": True}, "n"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 3}, "temperature"),
     ({"top_p": 0}, "top_p"),

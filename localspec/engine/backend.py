@@ -355,6 +355,21 @@ class Context(ChainRows):
             keep = 0
         return keep
 
+    def adopt(self, donor: "Context", n: int) -> bool:
+        """Hold the first n positions of donor's cache (another sequence of this context) as this sequence's
+        own, in place of what it held: one prefill for both. In a unified cache llama.cpp only marks the
+        cells as the other sequence's too, so later changes to either leave the other's alone. False, with
+        nothing changed, where the cells cannot stand alone (a recurrent state, hidden states kept per
+        sequence)."""
+        if self.recurrent or self.hidden.layers or donor._ctx != self._ctx or donor.seq == self.seq:
+            return False
+        self._settle()
+        donor._settle()
+        self.truncate(0)
+        llama.llama_memory_seq_cp(self._memory, donor.seq, self.seq, 0, n)
+        self.tokens = list(donor.tokens[:n])
+        return True
+
     def shares(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:
         """How many of `tokens` the cache holds as its prefix (at most `most`; the first `agreed` known to)."""
         keep = min(agreed, len(self.tokens))

@@ -30,6 +30,8 @@ from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, P
                      answer_of, candidate, token_logprobs, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
                      speculative_asked, thinking_asked, timings, validated)
 
+MOST_CHOICES = 16  # answers one request may ask for (n); each takes a sequence while it runs
+
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -306,9 +308,12 @@ def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
 
 def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logprobs: int | None = None,
             **what) -> Parsed:
-    if request.n not in (None, 1):
-        raise ApiError(400, f"n must be 1: localspec generates one choice per request, got {request.n}", param="n",
-                       code="unsupported_parameter")
+    choices = 1 if request.n is None else request.n
+    if not 1 <= choices <= MOST_CHOICES:
+        raise ApiError(400, f"n must be from 1 to {MOST_CHOICES}, got {request.n}", param="n")
+    if choices > 1 and request.stream:
+        raise ApiError(400, f"n = {choices} streamed: localspec streams one choice; leave stream off for several",
+                       param="n", code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed, "presence_penalty": request.presence_penalty,
              "frequency_penalty": request.frequency_penalty, "repeat_penalty": request.repeat_penalty,
@@ -318,7 +323,7 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults)),
-                  bool(request.stream), include_usage)
+                  bool(request.stream), include_usage, choices=choices)
 
 
 def _grammar(request: _Common) -> str | None:
@@ -376,8 +381,23 @@ class Reply(Answering):
         else:
             choice = {"index": 0, "text": recorder.text, "logprobs": None, "finish_reason": finish}
         if job.request.sampling.logprobs is not None:
+            self.offset = 0
             choice["logprobs"] = self._logprobs(recorder.logprobs)
         return self._envelope(False, [choice]) | statistics(job, usage=True)
+
+    def choices(self, jobs: list[Job]) -> dict:
+        """n whole answers, a choice each at its index with its own timings and speculation record (a choice
+        that took the first's cells read one prompt token); the usage of them all, the prompt counted once
+        (it was read once)."""
+        answers = [self.full(job) for job in jobs]
+        whole = answers[0]
+        whole["choices"] = [answer["choices"][0] | {"index": index, "timings": answer["timings"],
+                                                    "speculation": answer["speculation"]}
+                            for index, answer in enumerate(answers)]
+        completion = sum(answer["usage"]["completion_tokens"] for answer in answers)
+        whole["usage"] |= {"completion_tokens": completion,
+                           "total_tokens": whole["usage"]["prompt_tokens"] + completion}
+        return whole
 
     def _logprobs(self, entries: Sequence[Logprobs]) -> dict:
         """Tokens' logprobs in chat's shape, or in completions' (whose text offsets go on from the last piece's)."""

@@ -5,7 +5,7 @@ ollama.py) is a Protocol object: how its requests are read, how its answers are 
 how its errors look."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -115,6 +115,7 @@ class Parsed:
     thinking_apart: bool = True
     thinking_shown: bool = True
     carried: list[dict] | None = None
+    choices: int = 1  # answers to make of the one prompt (OpenAI's n)
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
@@ -269,6 +270,14 @@ def speculation(job: Job) -> dict:
     }
 
 
+def choices_of(request: Request, n: int) -> list[Request]:
+    """The requests of n choices of one prompt: a seed given goes on by one a choice, so that seeded
+    choices differ from each other and come again with the seed."""
+    seed = request.sampling.seed
+    return [replace(request, sampling=replace(request.sampling, seed=None if seed is None else seed + i))
+            for i in range(n)]
+
+
 def candidate(c: Candidate) -> dict:
     """A token in OpenAI's and Ollama's logprobs: its text (a piece of a character shows as U+FFFD), its exact
     bytes and its log probability."""
@@ -315,6 +324,10 @@ class Answering:
         raise NotImplementedError
 
     def closing(self, job: Job, called: bool) -> list[str]:
+        raise NotImplementedError
+
+    def choices(self, jobs: list[Job]) -> dict:
+        """Several whole answers to one prompt, one a job (only a protocol that has them is asked)."""
         raise NotImplementedError
 
 
