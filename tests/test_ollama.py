@@ -10,7 +10,7 @@ import pytest
 from localspec.protocols.ollama import keep_alive
 from localspec.protocols.shared import ApiError
 from localspec.config import Sampling
-from test_server import PENALTIES, PROMPT, drafting_server, plain_text
+from test_server import PENALTIES, PROMPT, WRONG_VALUES, _paths, _replaced, drafting_server, plain_text
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,26 @@ def test_logprobs_whole_and_streamed_through_the_ollama_client(server):
                                      options={"num_predict": 12}))
     assert [e.token for part in parts for e in part.logprobs or ()] == [e.token for e in answer.logprobs]
     assert client(server).chat("tiny", messages=messages, options={"num_predict": 2}).logprobs is None
+
+
+OLLAMA_CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False, "logprobs": True,
+                    "top_logprobs": 2, "options": {"num_predict": 1, "temperature": 0.5, "repeat_penalty": 1.1,
+                                                   "repeat_last_n": 8, "presence_penalty": 0.5,
+                                                   "frequency_penalty": 0.5, "mirostat_tau": 5.0}}
+
+
+def test_a_wrongly_typed_value_anywhere_in_an_ollama_request_is_a_400_never_a_500(server):
+    statuses = {}
+    with httpx.Client(timeout=60) as http:
+        for path in list(_paths(OLLAMA_CHAT_BODY))[1:]:
+            for wrong in WRONG_VALUES:
+                response = http.post(server.base + "/api/chat", json=_replaced(OLLAMA_CHAT_BODY, path, wrong))
+                statuses[(path, json.dumps(wrong))] = response.status_code
+                if response.status_code != 200:
+                    assert set(response.json()) == {"error"}
+    assert {where: status for where, status in statuses.items()
+            if status not in (200, 400) and not (where[0] == ("model",) and status == 404)} == {}
+    assert "Traceback" not in server.log()
 
 
 UNIT = {"type": "object", "properties": {"length": {"type": "integer"}, "unit": {"enum": ["millimetres", "metres"]}},

@@ -337,9 +337,10 @@ def test_malformed_bodies_get_openais_error_object(server, body, status, code):
 # OpenAI's 400, never a 500 (`{"type": ["text"]}` in a content part was "unhashable type" and a traceback).
 WRONG_VALUES = [None, True, 1.5, -1, 2**70, -(2**70), "x", "", [], ["text"], [1], {}, {"type": "text"}]
 CHAT_BODY = {"model": "tiny", "max_tokens": 1, "stop": ["."], "stream_options": {"include_usage": True},
-             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "logprobs": True,
+             "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 2}
 COMPLETION_BODY = {"model": "tiny", "max_tokens": 1, "prompt": ["hi"], "seed": 1, "temperature": 0.5, "top_p": 0.9,
-                   "top_k": 4, "min_p": 0.1, "n": 1}
+                   "top_k": 4, "min_p": 0.1, "n": 1, "logprobs": 2, "repeat_penalty": 1.1, "repeat_last_n": 8}
 
 
 def _paths(value, path=()):
