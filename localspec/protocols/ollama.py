@@ -31,7 +31,7 @@ NEUTRAL_OPTIONS = {"mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "
 # taken and ignored: options that set up the model, fixed when serve starts (its command line says them),
 # mirostat's two, which nothing reads while it is off, as above
 TAKEN_AND_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                "low_vram", "f16_kv", "vocab_only", "num_keep", "mirostat_tau", "mirostat_eta"}
+                     "low_vram", "f16_kv", "vocab_only", "num_keep", "mirostat_tau", "mirostat_eta"}
 
 
 class _Body(BaseModel):
