@@ -449,48 +449,19 @@ class Server:
                       watcher: asyncio.Task) -> AsyncIterator[str]:
         """The answer as it is made, framed as the client's protocol streams (frames). An error after the
         first byte can only be said in the stream itself, as llama-server and Ollama do."""
-        reader, calls = None, 0
-        pending = []  # the answer's tokens' logprobs (where asked for), until a piece of text carries them
-
-        def framed(pieces: list) -> list[str]:  # content, or the answer's tool calls
-            nonlocal calls, pending
-            out = []
-            for piece in pieces:
-                if isinstance(piece, str):
-                    out.append(frames.piece(piece, pending) if pending else frames.piece(piece))
-                    pending = []
-                else:
-                    out.append(frames.call(piece, calls))
-                    calls += 1
-            return out
-
+        framing = _Framing(job, frames)
         try:
-            for frame in frames.opening(job):
-                yield frame
             item = first
-            reader = tool_reader(job)  # (the worker has read the request's tools by its first event)
             while item is not FINISHED and not isinstance(item, LocalspecError):
-                thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
-                if thought:
-                    yield frames.thought(thought)
-                if isinstance(item, Token) and item.logprobs and not item.thinking:
-                    pending.append(item.logprobs)
-                text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
-                if text:
-                    for frame in framed(reader.feed(text) if reader else [text]):
-                        yield frame
+                for frame in framing.of(item):
+                    yield frame
                 item = await outbox.get()
             if job.outcome != "ok":
                 error = self._failure(job, item, frames)
                 self.log(f"{path} {error.status} (streamed) {error.message}")
                 yield frames.error(error)
                 return
-            if reader:
-                for frame in framed(reader.end()):
-                    yield frame
-            if pending:  # tokens whose text never showed (a stop string's, a tool call's): theirs all the same
-                yield frames.piece("", pending)
-            for frame in frames.closing(job, called=calls > 0):
+            for frame in framing.ending() + frames.closing(job, called=framing.calls > 0):
                 yield frame
             self._log_job(path, job)
         except InputError as error:  # the answer's tool calls could not be read
@@ -734,6 +705,55 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         self.on_exit()
         await super().shutdown(sockets)
+
+
+class _Framing:
+    """One answer's stream as its protocol frames it (frames): what opens it at its first item, then each
+    item's thinking, text and tool calls (read from the text where the model was offered tools), each
+    piece of text carrying the logprobs of the tokens it came of (where asked for)."""
+
+    def __init__(self, job: Job, frames: Answering):
+        self.job, self.frames = job, frames
+        self.reader = None
+        self.started = False
+        self.calls = 0
+        self.pending = []  # the answer's tokens' logprobs, until a piece of text carries them
+
+    def of(self, item) -> list[str]:
+        out = []
+        if not self.started:
+            self.started = True
+            out += self.frames.opening(self.job)
+            self.reader = tool_reader(self.job)  # (the worker has read the request's tools by its first event)
+        thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
+        if thought:
+            out.append(self.frames.thought(thought))
+        if isinstance(item, Token) and item.logprobs and not item.thinking:
+            self.pending.append(item.logprobs)
+        text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
+        if text:
+            out += self._framed(self.reader.feed(text) if self.reader else [text])
+        return out
+
+    def ending(self) -> list[str]:
+        """What is left once the answer is whole: calls the reader still held, and the logprobs of tokens
+        whose text never showed (a stop string's, a tool call's), theirs all the same."""
+        out = self._framed(self.reader.end()) if self.reader else []
+        if self.pending:
+            out.append(self.frames.piece("", self.pending))
+            self.pending = []
+        return out
+
+    def _framed(self, pieces: list) -> list[str]:  # content, or the answer's tool calls
+        out = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                out.append(self.frames.piece(piece, self.pending) if self.pending else self.frames.piece(piece))
+                self.pending = []
+            else:
+                out.append(self.frames.call(piece, self.calls))
+                self.calls += 1
+        return out
 
 
 def _deliverer(outbox: asyncio.Queue, stream: bool) -> Callable:
