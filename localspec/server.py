@@ -405,33 +405,84 @@ class Server:
 
     async def _respond_choices(self, request: Request, parsed: Parsed, answering: Answering,
                                served: Served) -> Response:
-        """Several whole answers to one prompt (OpenAI's n), each its own job with its own drafter: the first
-        reads the prompt, and the others, started once it has, take its cells on sequences of their own
-        (Session.sequence_for), so the prompt is read once; with one sequence they follow it, reusing it."""
+        """Several answers to one prompt (OpenAI's n), whole or streamed side by side, each its own job with
+        its own drafter: the first reads the prompt, and the others, started once it has, take its cells on
+        sequences of their own (Session.sequence_for), so the prompt is read once; with one sequence they
+        follow it, reusing it."""
         jobs: list[Job] = []
-        outboxes: list[asyncio.Queue] = []
+        outbox: asyncio.Queue = asyncio.Queue()  # (choice, item) of every job
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
+        streaming = False
         try:
             for index, asked in enumerate(choices_of(parsed.request, parsed.choices)):
-                outbox: asyncio.Queue = asyncio.Queue()
                 try:
-                    jobs.append(served.service.submit(asked, _deliverer(outbox, False), _who(request, asked.client)))
+                    jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index),
+                                                      _who(request, asked.client)))
                 except LocalspecError as error:
                     raise api_error(error) from None
-                outboxes.append(outbox)
                 if index == 0:  # its prompt read (or it failed) before the others look for its cells
                     first = await outbox.get()
-                    if first is FINISHED or isinstance(first, LocalspecError):
-                        raise self._failure(jobs[0], first, answering)
-            for job, outbox in zip(jobs, outboxes):
-                item = await outbox.get()
-                while item is not FINISHED and not isinstance(item, LocalspecError):
-                    item = await outbox.get()
-                if job.outcome != "ok":
-                    raise self._failure(job, item, answering)
+                    if first[1] is FINISHED or isinstance(first[1], LocalspecError):
+                        raise self._failure(jobs[0], first[1], answering)
+            if parsed.stream:
+                streaming = True
+                stream = self._stream_choices(jobs, answering, first, outbox, request.url.path, watcher)
+                return StreamingResponse(stream, media_type=answering.media_type, headers=answering.headers)
+            left = len(jobs)
+            while left:
+                index, item = await outbox.get()
+                if isinstance(item, LocalspecError) or item is FINISHED and jobs[index].outcome != "ok":
+                    raise self._failure(jobs[index], item, answering)
+                left -= item is FINISHED
             for job in jobs:
                 self._log_job(request.url.path, job)
             return JSONResponse(answering.choices(jobs))
+        finally:
+            if not streaming:
+                watcher.cancel()
+                for job in jobs:
+                    job.cancel()
+
+    async def _stream_choices(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
+                              watcher: asyncio.Task) -> AsyncIterator[str]:
+        """Several answers streamed side by side, each framed as its own choice, in the order their pieces
+        come; each choice's end as it ends, then what ends them all."""
+        framings = [_Framing(job, reply.choice(index)) for index, job in enumerate(jobs)]
+        job = jobs[0]
+        try:
+            left, (index, item) = len(jobs), first
+            while True:
+                job, framing = jobs[index], framings[index]
+                if isinstance(item, LocalspecError) or item is FINISHED and job.outcome != "ok":
+                    error = self._failure(job, item, reply)
+                    self.log(f"{path} {error.status} (streamed, choice {index}) {error.message}")
+                    yield reply.error(error)
+                    return
+                if item is FINISHED:
+                    for frame in framing.ending() + framing.frames.finish(job, called=framing.calls > 0):
+                        yield frame
+                    left -= 1
+                else:
+                    for frame in framing.of(item):
+                        yield frame
+                if not left:
+                    break
+                index, item = await outbox.get()
+            for frame in reply.ended(jobs):
+                yield frame
+            for job in jobs:
+                self._log_job(path, job)
+        except InputError as error:  # an answer's tool calls could not be read
+            failure = tool_call_error(job, error)
+            self.log(f"{path} {failure.status} (streamed) {failure.message}")
+            yield reply.error(failure)
+        except asyncio.CancelledError:
+            self.log(f"{path} (streamed) cancelled after {sum(j.recorder.tokens for j in jobs)} tokens: the client"
+                     " went away")
+            raise
+        except Exception as error:  # a bug of ours, after the first byte: said in the stream
+            self.log(traceback.format_exc().rstrip())
+            yield reply.error(ApiError(500, f"internal error: {error}", "server_error"))
         finally:
             watcher.cancel()
             for job in jobs:
@@ -756,10 +807,11 @@ class _Framing:
         return out
 
 
-def _deliverer(outbox: asyncio.Queue, stream: bool) -> Callable:
-    """What hands a job's items to the request's handler (called on the worker thread). Each hand-over wakes
-    the event loop, which then competes with llama.cpp's threads for the CPU: after the first event (the
-    request has started), only what the response is made of is handed over; the job's recorder has the rest."""
+def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int | None = None) -> Callable:
+    """What hands a job's items to the request's handler (called on the worker thread), as (choice, item)
+    where the request's choices share the outbox. Each hand-over wakes the event loop, which then competes
+    with llama.cpp's threads for the CPU: after the first event (the request has started), only what the
+    response is made of is handed over; the job's recorder has the rest."""
     loop = asyncio.get_running_loop()
     started = False
 
@@ -769,7 +821,7 @@ def _deliverer(outbox: asyncio.Queue, stream: bool) -> Callable:
             return
         started = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
-            loop.call_soon_threadsafe(outbox.put_nowait, item)
+            loop.call_soon_threadsafe(outbox.put_nowait, item if choice is None else (choice, item))
 
     return deliver
 

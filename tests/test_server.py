@@ -170,7 +170,20 @@ def test_n_choices_read_the_prompt_once_and_each_drafts(server, tiny):
     greedy = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=10, n=2, logprobs=1)
     assert [c.text for c in greedy.choices] == [plain_text(tiny, prompt=PROMPT, max_tokens=10)] * 2
     assert all(c.logprobs.text_offset[0] == 0 for c in greedy.choices)
-    for wrong in ({"n": 2, "stream": True}, {"n": 17}, {"n": 0}):
+    chunks = list(server.client().chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, n=3, temperature=1.0, seed=7, stream=True,
+        stream_options={"include_usage": True}, logprobs=True))
+    streamed, ended = {0: "", 1: "", 2: ""}, {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                ended[choice.index] = chunk.model_extra["speculation"]
+    assert [streamed[i] for i in range(3)] == texts  # side by side, each choice as whole
+    assert sorted(ended) == [0, 1, 2] and all(record["draft_tokens"] > 0 for record in ended.values())
+    assert chunks[-1].usage.completion_tokens == sampled.usage.completion_tokens
+    assert all(chunk.choices[0].logprobs.content for chunk in chunks if chunk.choices and chunk.choices[0].delta.content)
+    for wrong in ({"n": 17}, {"n": 0}):
         with pytest.raises(openai.BadRequestError) as refused:
             server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=2, **wrong)
         assert refused.value.body["param"] == "n"
@@ -263,7 +276,7 @@ def test_models_and_health(server):
 
 @pytest.mark.parametrize("fields, param", [
     ({"messages": []}, "messages"),
-    ({"n": 2, "stream": True}, "n"),
+    ({"n": 99}, "n"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": 3}, "temperature"),
     ({"top_p": 0}, "top_p"),

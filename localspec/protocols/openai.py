@@ -8,6 +8,7 @@ and kept, by position, and what the output is guaranteed to match.
 """
 
 import base64
+import copy
 import json
 import struct
 import time
@@ -311,9 +312,6 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     choices = 1 if request.n is None else request.n
     if not 1 <= choices <= MOST_CHOICES:
         raise ApiError(400, f"n must be from 1 to {MOST_CHOICES}, got {request.n}", param="n")
-    if choices > 1 and request.stream:
-        raise ApiError(400, f"n = {choices} streamed: localspec streams one choice; leave stream off for several",
-                       param="n", code="unsupported_parameter")
     asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
              "min_p": request.min_p, "seed": request.seed, "presence_penalty": request.presence_penalty,
              "frequency_penalty": request.frequency_penalty, "repeat_penalty": request.repeat_penalty,
@@ -359,6 +357,7 @@ class Reply(Answering):
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.offset = 0  # characters of the completion's text whose tokens' logprobs were given
+        self.index = 0  # the choice its chunks are of (choice() makes the others' replies)
 
     def _envelope(self, stream: bool, choices: list) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
@@ -425,9 +424,9 @@ class Reply(Answering):
                 delta = {"reasoning_content" if self.thinking_apart else "content": thought}
             else:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": self.index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         if logprobs:
             choice["logprobs"] = self._logprobs(logprobs)
         return self._envelope(True, [choice])
@@ -455,6 +454,26 @@ class Reply(Answering):
             chunks.append(self._envelope(True, []))
         chunks[-1] |= statistics(job, usage=self.include_usage)
         return [*map(_event, chunks), "data: [DONE]\n\n"]
+
+    def choice(self, index: int) -> "Reply":
+        """The reply whose chunks are of the index-th choice (n > 1, streamed): the same id and model."""
+        other = copy.copy(self)
+        other.index, other.offset = index, 0
+        return other
+
+    def finish(self, job: Job, called: bool) -> list[str]:
+        """One of several choices ends (n > 1, streamed): its finish reason, with its timings and speculation."""
+        finish = "tool_calls" if called else FINISH_REASONS[job.recorder.finish_reason]
+        return [_event(self.chunk(finish_reason=finish) | statistics(job, usage=False))]
+
+    def ended(self, jobs: list[Job]) -> list[str]:
+        """Every choice has ended: the usage of them all if asked for (the prompt counted once), then [DONE]."""
+        if not self.include_usage:
+            return ["data: [DONE]\n\n"]
+        usage = usage_of(jobs[0])
+        completion = sum(job.recorder.tokens for job in jobs)
+        usage |= {"completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
+        return [_event(self._envelope(True, []) | {"usage": usage}), "data: [DONE]\n\n"]
 
 
 def _event(data: dict) -> str:

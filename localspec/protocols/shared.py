@@ -326,8 +326,18 @@ class Answering:
     def closing(self, job: Job, called: bool) -> list[str]:
         raise NotImplementedError
 
+    # Several answers to one prompt, one a job (only a protocol that has them is asked): whole, or
+    # streamed side by side, a choice() each, each choice's finish() as it ends, ended() once all have.
     def choices(self, jobs: list[Job]) -> dict:
-        """Several whole answers to one prompt, one a job (only a protocol that has them is asked)."""
+        raise NotImplementedError
+
+    def choice(self, index: int) -> "Answering":
+        raise NotImplementedError
+
+    def finish(self, job: Job, called: bool) -> list[str]:
+        raise NotImplementedError
+
+    def ended(self, jobs: list[Job]) -> list[str]:
         raise NotImplementedError
 
 
