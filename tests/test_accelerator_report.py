@@ -300,3 +300,11 @@ def test_the_packed_sdist_builds_and_runs_beside_llama_bench(tmp_path):
     versus = saved["targets"]["smallest-target"]["llama_cpp"]
     assert versus["llama_bench_tokens_per_second"] > 0 and versus["ratio"] > 0
     assert versus["llama_bench"]["n_threads"] >= 1
+
+
+def test_tests_run_on_the_llama_cpp_the_report_would_measure_and_say_their_outcome():
+    """--tests: a device's lossless tests on its own GPU, in one call; pytest's exit status is the script's."""
+    passed = run_report("--cpu", "--tests", "-q", "tests/test_sampling.py", "-k", "penalties")
+    assert passed.returncode == 0 and " passed" in passed.stdout, passed.stderr
+    failed = run_report("--cpu", "--tests", "-q", "tests/test_sampling.py", "-k", "no_test_has_this_name")
+    assert failed.returncode == 5  # pytest's "no tests ran"
