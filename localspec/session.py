@@ -164,9 +164,9 @@ class Session:
         self._filled_by[chosen] = client
         # A busy sequence that holds more of the prompt (the same prompt's other choices, n > 1, or another
         # request of the same client's sent at once) lends its cells: the prompt is read once.
-        donor = max((seq for seq in busy if seq in range(len(self.sequences))), key=shared, default=None)
-        if donor is not None and shared(donor) > self.sequences[chosen].shares(prompt):
-            self.sequences[chosen].adopt(self.sequences[donor], shared(donor))
+        lent, donor = max(((shared(seq), seq) for seq in busy if seq in range(len(self.sequences))), default=(0, None))
+        if lent > self.sequences[chosen].shares(prompt):
+            self.sequences[chosen].adopt(self.sequences[donor], lent)
         return chosen
 
     def costs(self) -> dict | None:

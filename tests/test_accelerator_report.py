@@ -308,3 +308,11 @@ def test_tests_run_on_the_llama_cpp_the_report_would_measure_and_say_their_outco
     assert passed.returncode == 0 and " passed" in passed.stdout, passed.stderr
     failed = run_report("--cpu", "--tests", "-q", "tests/test_sampling.py", "-k", "no_test_has_this_name")
     assert failed.returncode == 5  # pytest's "no tests ran"
+
+
+def test_tests_where_pytest_or_scipy_is_missing_say_so_in_one_line(monkeypatch, capsys):
+    found = report.importlib.util.find_spec
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None if name == "scipy" else found(name))
+    assert report.run_tests(["tests/test_sampling.py"]) == 3
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "no scipy" in said and "the bundle carries neither" in said

@@ -389,13 +389,10 @@ class Reply(Answering):
         that took the first's cells read one prompt token); the usage of them all, the prompt counted once
         (it was read once)."""
         answers = [self.full(job) for job in jobs]
-        whole = answers[0]
+        whole = answers[0] | {"usage": usage_of_all(jobs)}
         whole["choices"] = [answer["choices"][0] | {"index": index, "timings": answer["timings"],
                                                     "speculation": answer["speculation"]}
                             for index, answer in enumerate(answers)]
-        completion = sum(answer["usage"]["completion_tokens"] for answer in answers)
-        whole["usage"] |= {"completion_tokens": completion,
-                           "total_tokens": whole["usage"]["prompt_tokens"] + completion}
         return whole
 
     def _logprobs(self, entries: Sequence[Logprobs]) -> dict:
@@ -470,10 +467,7 @@ class Reply(Answering):
         """Every choice has ended: the usage of them all if asked for (the prompt counted once), then [DONE]."""
         if not self.include_usage:
             return ["data: [DONE]\n\n"]
-        usage = usage_of(jobs[0])
-        completion = sum(job.recorder.tokens for job in jobs)
-        usage |= {"completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
-        return [_event(self._envelope(True, []) | {"usage": usage}), "data: [DONE]\n\n"]
+        return [_event(self._envelope(True, []) | {"usage": usage_of_all(jobs)}), "data: [DONE]\n\n"]
 
 
 def _event(data: dict) -> str:
@@ -496,6 +490,14 @@ def usage_of(job: Job) -> dict:
             "prompt_tokens_details": {"cached_tokens": r.reused_prompt_tokens},
             "completion_tokens_details": r.summary().prediction_tokens(job.predicted)
             | {"reasoning_tokens": r.parts["thinking"].tokens}}
+
+
+def usage_of_all(jobs: list[Job]) -> dict:
+    """The usage of several choices of one prompt: the first's, its completion tokens those of them all (the
+    prompt was read once)."""
+    usage = usage_of(jobs[0])
+    completion = sum(job.recorder.tokens for job in jobs)
+    return usage | {"completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
 
 
 def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
