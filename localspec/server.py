@@ -369,46 +369,11 @@ class Server:
 
     async def _respond(self, request: Request, client: str | None, parsed: Parsed, answering: Answering,
                        served: Served) -> Response:
-        """The job's answer in its protocol's shape (answering), whole or streamed."""
+        """The answer in its protocol's shape (answering), whole or streamed. OpenAI's n asks for several
+        answers to one prompt, each its own job with its own drafter: the first reads the prompt, and the
+        others, started once it has, take its cells on sequences of their own (Session.sequence_for), so the
+        prompt is read once; with one sequence they follow it, reusing it."""
         parsed = replace(parsed, request=replace(parsed.request, client=client))
-        if parsed.choices > 1:
-            return await self._respond_choices(request, parsed, answering, served)
-        outbox: asyncio.Queue = asyncio.Queue()
-        try:
-            job = served.service.submit(parsed.request, _deliverer(outbox, parsed.stream),
-                                        _who(request, parsed.request.client))
-        except LocalspecError as error:
-            raise api_error(error) from None
-        watcher = asyncio.create_task(_cancel_when_gone(request, [job]))
-        streaming = False
-        try:
-            first = await outbox.get()
-            if first is FINISHED or isinstance(first, LocalspecError):
-                raise self._failure(job, first, answering)
-            if parsed.stream:
-                streaming = True
-                stream = self._stream(job, answering, first, outbox, request.url.path, watcher)
-                return StreamingResponse(stream, media_type=answering.media_type, headers=answering.headers)
-            item = first
-            while item is not FINISHED:
-                if isinstance(item, LocalspecError):
-                    raise self._failure(job, item, answering)
-                item = await outbox.get()
-            if job.outcome != "ok":
-                raise self._failure(job, item, answering)
-            self._log_job(request.url.path, job)
-            return JSONResponse(answering.full(job))
-        finally:
-            if not streaming:  # else the stream ends the watcher and the job
-                watcher.cancel()
-                job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
-
-    async def _respond_choices(self, request: Request, parsed: Parsed, answering: Answering,
-                               served: Served) -> Response:
-        """Several answers to one prompt (OpenAI's n), whole or streamed side by side, each its own job with
-        its own drafter: the first reads the prompt, and the others, started once it has, take its cells on
-        sequences of their own (Session.sequence_for), so the prompt is read once; with one sequence they
-        follow it, reusing it."""
         jobs: list[Job] = []
         outbox: asyncio.Queue = asyncio.Queue()  # (choice, item) of every job
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
@@ -426,7 +391,7 @@ class Server:
                         raise self._failure(jobs[0], first[1], answering)
             if parsed.stream:
                 streaming = True
-                stream = self._stream_choices(jobs, answering, first, outbox, request.url.path, watcher)
+                stream = self._stream(jobs, answering, first, outbox, request.url.path, watcher)
                 return StreamingResponse(stream, media_type=answering.media_type, headers=answering.headers)
             left = len(jobs)
             while left:
@@ -436,18 +401,28 @@ class Server:
                 left -= item is FINISHED
             for job in jobs:
                 self._log_job(request.url.path, job)
-            return JSONResponse(answering.choices(jobs))
+            return JSONResponse(answering.full(jobs[0]) if len(jobs) == 1 else answering.choices(jobs))
         finally:
-            if not streaming:
+            if not streaming:  # else the stream ends the watcher and the jobs
                 watcher.cancel()
                 for job in jobs:
-                    job.cancel()
+                    job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
 
-    async def _stream_choices(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
-                              watcher: asyncio.Task) -> AsyncIterator[str]:
-        """Several answers streamed side by side, each framed as its own choice, in the order their pieces
-        come; each choice's end as it ends, then what ends them all."""
-        framings = [_Framing(job, reply.choice(index)) for index, job in enumerate(jobs)]
+    def _failure(self, job: Job, item, answering: Answering) -> ApiError:
+        if isinstance(item, LocalspecError):
+            return api_error(item, answering.prompt_field)
+        # cancelled without an error: the server is stopping, or its client left (and reads nothing)
+        why = "the server is shutting down" if self.closing else "the client went away"
+        return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
+                        "server_error", code="cancelled")
+
+    async def _stream(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
+                      watcher: asyncio.Task) -> AsyncIterator[str]:
+        """The answer as it is made, framed as the client's protocol streams (reply); several choices side by
+        side, each framed as its own (reply.choice), its end as it ends, then what ends them all. An error
+        after the first byte can only be said in the stream itself, as llama-server and Ollama do."""
+        several = len(jobs) > 1
+        framings = [_Framing(job, reply.choice(index) if several else reply) for index, job in enumerate(jobs)]
         job = jobs[0]
         try:
             left, (index, item) = len(jobs), first
@@ -455,11 +430,15 @@ class Server:
                 job, framing = jobs[index], framings[index]
                 if isinstance(item, LocalspecError) or item is FINISHED and job.outcome != "ok":
                     error = self._failure(job, item, reply)
-                    self.log(f"{path} {error.status} (streamed, choice {index}) {error.message}")
+                    self.log(f"{path} {error.status} (streamed{f', choice {index}' if several else ''})"
+                             f" {error.message}")
                     yield reply.error(error)
                     return
                 if item is FINISHED:
-                    for frame in framing.ending() + framing.frames.finish(job, called=framing.calls > 0):
+                    ending = framing.ending()  # (the calls the reader still held counted before the close says any)
+                    called = framing.calls > 0
+                    ending += framing.frames.finish(job, called) if several else reply.closing(job, called)
+                    for frame in ending:
                         yield frame
                     left -= 1
                 else:
@@ -468,7 +447,7 @@ class Server:
                 if not left:
                     break
                 index, item = await outbox.get()
-            for frame in reply.ended(jobs):
+            for frame in reply.ended(jobs) if several else ():
                 yield frame
             for job in jobs:
                 self._log_job(path, job)
@@ -486,48 +465,7 @@ class Server:
         finally:
             watcher.cancel()
             for job in jobs:
-                job.cancel()
-
-    def _failure(self, job: Job, item, answering: Answering) -> ApiError:
-        if isinstance(item, LocalspecError):
-            return api_error(item, answering.prompt_field)
-        # cancelled without an error: the server is stopping, or its client left (and reads nothing)
-        why = "the server is shutting down" if self.closing else "the client went away"
-        return ApiError(503, f"the generation was cancelled after {job.recorder.tokens} tokens: {why}",
-                        "server_error", code="cancelled")
-
-    async def _stream(self, job: Job, frames: Answering, first, outbox: asyncio.Queue, path: str,
-                      watcher: asyncio.Task) -> AsyncIterator[str]:
-        """The answer as it is made, framed as the client's protocol streams (frames). An error after the
-        first byte can only be said in the stream itself, as llama-server and Ollama do."""
-        framing = _Framing(job, frames)
-        try:
-            item = first
-            while item is not FINISHED and not isinstance(item, LocalspecError):
-                for frame in framing.of(item):
-                    yield frame
-                item = await outbox.get()
-            if job.outcome != "ok":
-                error = self._failure(job, item, frames)
-                self.log(f"{path} {error.status} (streamed) {error.message}")
-                yield frames.error(error)
-                return
-            for frame in framing.ending() + frames.closing(job, called=framing.calls > 0):
-                yield frame
-            self._log_job(path, job)
-        except InputError as error:  # the answer's tool calls could not be read
-            failure = tool_call_error(job, error)
-            self.log(f"{path} {failure.status} (streamed) {failure.message}")
-            yield frames.error(failure)
-        except asyncio.CancelledError:
-            self.log(f"{path} (streamed) cancelled after {job.recorder.tokens} tokens: the client went away")
-            raise
-        except Exception as error:  # a bug of ours, after the first byte: said in the stream
-            self.log(traceback.format_exc().rstrip())
-            yield frames.error(ApiError(500, f"internal error: {error}", "server_error"))
-        finally:
-            watcher.cancel()
-            job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
+                job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
 
     def _log_job(self, path: str, job: Job) -> None:
         s = job.recorder.summary()
@@ -807,9 +745,9 @@ class _Framing:
         return out
 
 
-def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int | None = None) -> Callable:
-    """What hands a job's items to the request's handler (called on the worker thread), as (choice, item)
-    where the request's choices share the outbox. Each hand-over wakes the event loop, which then competes
+def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int) -> Callable:
+    """What hands a job's items to the request's handler (called on the worker thread), as (choice, item):
+    a request's choices share the outbox. Each hand-over wakes the event loop, which then competes
     with llama.cpp's threads for the CPU: after the first event (the request has started), only what the
     response is made of is handed over; the job's recorder has the rest."""
     loop = asyncio.get_running_loop()
@@ -821,7 +759,7 @@ def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int | None = None) -
             return
         started = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
-            loop.call_soon_threadsafe(outbox.put_nowait, item if choice is None else (choice, item))
+            loop.call_soon_threadsafe(outbox.put_nowait, (choice, item))
 
     return deliver
 
