@@ -24,14 +24,8 @@ from localspec.engine.drafters import (
     SuffixDrafter,
 )
 from localspec.engine.costs import Costs, DraftCosts, _time, calibrate
-from localspec.engine.policy import (
-    MEAN,
-    SURE,
-    AutoDrafter,
-    Belief,
-    Choice,
-    Option,
-)
+from localspec.engine.belief import MEAN, SURE, Belief
+from localspec.engine.policy import AutoDrafter, Choice, Option
 from localspec.engine.suffix import SuffixCache
 from localspec.events import Step
 from localspec.request import Request

@@ -8,11 +8,9 @@ tokens, where a_i is the acceptance at draft position i given that the positions
 before were accepted, and to take T(k) = draft_d(k) + verify(k + 1). The policy
 compares E(k) / T(k) across drafters and k (k = 0 is a plain step).
 
-Acceptance is a belief, not a number: a Beta distribution per drafter, per kind
-of evidence behind the proposal (n-gram lookup: how far the match runs back and
-whether earlier occurrences agree on what follows) and per position. A draft is
-*sure* when it pays even at the doubtful side of its beliefs (one standard
-deviation below the mean); the best sure draft, or a plain step, is the default.
+Acceptance is a belief, not a number (belief.py): a Beta distribution per drafter, per kind
+of evidence behind the proposal and per position. A draft is *sure* when it pays even at the
+doubtful side of its beliefs; the best sure draft, or a plain step, is the default.
 
 An n-gram proposal is deterministic and costs nothing to make, so its beliefs are
 learned from the text itself: every step's lookup, drafted or not, is scored
@@ -51,10 +49,10 @@ What each step costs is costs.py's.
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
-from math import sqrt
 
 from ..config import DrafterKind
 from ..events import Step
+from .belief import HOPEFUL, MEAN, PRIOR, SURE, Belief, copy_goes_on, untried
 from .costs import Costs
 from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe, proposal
 from .turns import Turn, decoded_alone
@@ -65,46 +63,9 @@ PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 BUCKET_START = 1.0
 BUCKET_LIMIT = 4.0
 SESSION_WEIGHT = 2.0  # observations' worth of what earlier generations taught
-FORGET = 0.9  # per observation: within a generation the last ~10 observations dominate
-INHERITED_WEIGHT = 2.0  # a position never tried is taken to be like the deepest one tried, held loosely
 # A one-off cost (the draft model reading the tokens decided while it was idle) is weighed against
 # what drafting would gain over this many tokens.
 HORIZON = 64
-
-
-@dataclass
-class Belief:
-    """Beta(accepted, rejected) pseudo-counts: how likely a draft position is to be accepted."""
-
-    accepted: float
-    rejected: float
-
-    @property
-    def weight(self) -> float:
-        return self.accepted + self.rejected
-
-    @property
-    def mean(self) -> float:
-        return self.accepted / self.weight
-
-    def view(self, hope: float) -> float:
-        """Acceptance read `hope` standard deviations from the mean, one standard deviation being
-        sqrt(mean (1 - mean) / (weight + 1)): inline, as auto reads hundreds of views a step."""
-        weight = self.accepted + self.rejected
-        mean = self.accepted / weight
-        return min(1.0, max(0.0, mean + hope * sqrt(mean * (1 - mean) / (weight + 1))))
-
-    def observe(self, accepted: bool) -> None:
-        self.accepted = FORGET * self.accepted + accepted
-        self.rejected = FORGET * self.rejected + (not accepted)
-
-    def held_to(self, weight: float) -> "Belief":
-        """The same mean, worth at most `weight` observations."""
-        scale = min(1.0, weight / self.weight)
-        return Belief(self.accepted * scale, self.rejected * scale)
-
-
-PRIOR = Belief(1.0, 2.0)  # never seen: probably poor, and quickly corrected either way
 
 
 @dataclass(frozen=True)
@@ -192,24 +153,6 @@ class Bucket:
 # for a draft model never seen (PRIOR) that is acceptance 1, so it is tried wherever verifying a few
 # more tokens costs less than decoding them one by one, and one or two misses rule it out for the
 # rest of the generation. How often probes happen is the bucket's business.
-SURE, MEAN, HOPEFUL = -1.0, 0.0, 3.0
-
-
-def _untried(positions: list[Belief]) -> Belief:
-    """A draft position this generation has not tried. In a run of copied text the first positions
-    fill in at nearly 1, and long drafts become worth trying: it is taken to be like the deepest
-    position tried, held loosely, so a draft (or the text, for n-gram lookups) may show otherwise;
-    with nothing tried, the PRIOR."""
-    return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
-
-
-def _copy_goes_on(held: int) -> Belief:
-    """An n-gram draft position no text has scored yet: the copy has held for `held` tokens (how far
-    the match runs back, and the draft positions before this one), and Laplace's rule of succession
-    gives (held + 1) / (held + 2) for one more, held as loosely as any untried position. The deepest
-    scored position alone would say a copy that never broke never will, and a quote of a dozen tokens
-    would earn a draft of thirty."""
-    return Belief(held + 1, 1).held_to(INHERITED_WEIGHT)
 
 
 Key = tuple[DrafterKind, Evidence | None]  # beliefs are kept per drafter and kind of evidence
@@ -408,15 +351,15 @@ class AutoDrafter:
         key = (option.drafter, option.evidence)
         positions = self._positions(key)
         views = [belief.view(hope) for belief in positions[: option.most]] or [self._first(key).view(hope)]
-        untried = _untried(positions).view(beyond)
+        unscored = untried(positions).view(beyond)
         expected, reach, out = 1.0, 1.0, []
         for position in range(option.most):
             if position < len(views):
                 reach *= views[position]
             elif option.drafter in FREE:
-                reach *= min(untried, _copy_goes_on(option.run + position).view(beyond))
+                reach *= min(unscored, copy_goes_on(option.run + position).view(beyond))
             else:
-                reach *= untried
+                reach *= unscored
             expected += reach
             out.append(expected)
         return out
@@ -469,5 +412,5 @@ class AutoDrafter:
         self.screens.pop(key[0], None)  # taken from beliefs that now move
         for position in range(first, tried):
             if position == len(positions):
-                positions.append(replace(_untried(positions)))
+                positions.append(replace(untried(positions)))
             positions[position].observe(position < accepted)
