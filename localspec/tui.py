@@ -164,6 +164,7 @@ def model_card(card, console: Console = out) -> None:
     known = info["architecture"] is not None  # the file is on disk
     lines = [
         ("name", info["name"]),
+        ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] != info["name"] else None),
         ("architecture", info["architecture"]),
         ("parameters", card.parameters),
         ("context length", f"{info['context_length']:,}" if info["context_length"] else None),

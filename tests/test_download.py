@@ -355,6 +355,19 @@ def test_hf_file_and_repo_quant_names(localspec, home, tiny):
     assert unknown_quant.returncode != 0 and "tiny-q4_k_m.gguf" in unknown_quant.stderr
 
 
+def test_an_ollama_quantization_tag_fetches_that_file_of_the_models_repo_and_keeps_its_family(localspec, home):
+    with (home / "models.toml").open("a") as registry_file:
+        registry_file.write('\n[models.split-1m]\nfamily = "tiny"\nparams = "1M"\nrepo = "test/split-GGUF"\n'
+                            'file = "tiny-q4_k_m.gguf"\ndraft = "tiny-draft"\n')
+    assert Path(localspec("pull", "split:latest").stdout.strip()).name == "tiny-q4_k_m.gguf"
+    other = localspec("pull", "split:1m-q8_0")
+    assert other.returncode == 0, other.stderr
+    assert Path(other.stdout.strip()).name == "tiny-q8_0.gguf"
+    # --draft by size still finds the family's draft
+    ran = localspec("run", "split:1m-instruct-q8_0", "--draft", "0.5m", "-p", "the cat", "-n", "4", "--json")
+    assert ran.returncode == 0, ran.stderr
+
+
 def test_run_by_name_with_a_draft_size_from_the_family(localspec):
     done = localspec("run", "tiny-chat", "--draft", "0.5m", "--p-min", "0", "-p", "the cat", "-n", "12", "--temp", "0", "--json")
     assert done.returncode == 0, done.stderr

@@ -74,6 +74,33 @@ def test_hub_names_and_paths(models, tmp_path):
             registry.resolve(escaping, models)
 
 
+def test_ollama_names_resolve_as_ollama_users_type_them(models):
+    for typed, name in [("qwen2.5-coder:1.5b", "qwen2.5-coder-1.5b"), ("smollm2:135m", "smollm2-135m"),
+                        ("llama3.2", "llama3.2-3b"), ("llama3.2:latest", "llama3.2-3b"),  # the size marked latest
+                        ("qwen2.5-coder-0.5b:latest", "qwen2.5-coder-0.5b"),  # as many clients append it
+                        ("lfm2", "lfm2-350m"),  # a family of one size needs no mark
+                        ("qwen3.6:35b-a3b", "qwen3.6-35b-a3b"), ("gemma4:e4b", "gemma4-e4b"),
+                        ("llama3:8b", "llama3.1-8b"),  # an alias's spelling too
+                        ("QWEN2.5-Coder:7B", "qwen2.5-coder-7b"),
+                        ("qwen2.5-coder:7b-instruct-q4_k_m", "qwen2.5-coder-7b")]:  # its own quantization
+        assert registry.resolve(typed, models).name == name, typed
+    for entry in models.values():  # every name Ollama's way comes back to its model
+        assert registry.resolve(entry.ollama_name, models) == entry, entry.name
+    assert models["qwen2.5-coder-1.5b"].ollama_name == "qwen2.5-coder:1.5b"
+    # another quantization: a file of the model's repo, found by listing it, with the model's family and draft
+    other = registry.resolve("qwen2.5-coder:7b-q8_0", models)
+    assert other == RepoQuant(models["qwen2.5-coder-7b"].repo, "q8_0", of=models["qwen2.5-coder-7b"])
+    assert registry.resolve_draft("0.5b", other, models).name == "qwen2.5-coder-0.5b"
+    assert registry.resolve("hf.co/bartowski/Some-GGUF:Q5_K_M", models) == RepoQuant("bartowski/Some-GGUF", "Q5_K_M")
+    assert registry.resolve("hf.co/bartowski/Some-GGUF", models) == RepoQuant("bartowski/Some-GGUF", "Q4_K_M")
+    with pytest.raises(UsageError, match="qwen3.5 comes in qwen3.5:0.8b.*qwen3.5:9b.*name one"):
+        registry.resolve("qwen3.5", models)  # several sizes, none marked latest
+    with pytest.raises(UsageError, match="no Hub repo to find a q8_0"):
+        registry.resolve("qwen2.5-coder:1.5b-q8_0", models)  # assembled from the package index: one file
+    with pytest.raises(UsageError, match="did you mean qwen2.5-coder:7b"):
+        registry.resolve("qwen2.5-coder:7", models)
+
+
 def test_unknown_names_suggest_close_ones(models):
     with pytest.raises(UsageError, match="did you mean llama3.2-1b"):
         registry.resolve("llama3.2-1", models)

@@ -325,9 +325,8 @@ def _line(data: dict) -> str:
 
 
 def details(info: GGUFInfo) -> dict:
-    billions = info.parameters / 1e9
     return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
-            "parameter_size": f"{billions:.1f}B" if billions >= 1 else f"{info.parameters / 1e6:.0f}M",
+            "parameter_size": info.parameter_size,
             "quantization_level": info.quantization}
 
 

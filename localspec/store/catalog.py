@@ -64,6 +64,7 @@ def model_card(name: str) -> ModelCard:
     header = gguf_meta.read(path) if path else None
     info = {
         "name": entry.name if entry else path.name,
+        "ollama_name": entry.ollama_name if entry and not entry.typed else None,  # the same model, as Ollama names it
         "architecture": header.architecture if header else None,
         "parameters": header.parameters if header else None,
         "context_length": header.context_length if header else None,
@@ -86,14 +87,9 @@ def model_card(name: str) -> ModelCard:
         "thinking": _thinking(header.chat_template) if header else None,
         "license": license_text(entry) if entry else None,
     }
-    parameters = ((header.get("general.size_label") or _count_text(info["parameters"])) if header
-                  else entry.params or None)
+    parameters = header.parameter_size if header else entry.params or None
     return ModelCard(info, parameters, entry.command_name if entry and not path else None,
                      _drafts_text(info, is_registered=entry is not None))
-
-
-def _count_text(count: int) -> str:
-    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
 
 
 def _thinking(template: str | None) -> str | None:

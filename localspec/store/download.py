@@ -18,6 +18,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx2
@@ -302,7 +303,12 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
         quants = sorted(f for f in files if registry.is_model_file(f))
         raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
     first = next((f for f in matching if SPLIT_MARK in f), matching[0])
-    return ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
+    found = ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
+    if query.of is None:
+        return found
+    # another quantization of a registry model: its family and draft still hold, its size and hash do not
+    return replace(query.of, name=found.name, file=found.file, parts=found.parts, size=None, sha256=None, pypi=None,
+                   aliases=(), alternatives=(), sources=None, latest=False, typed=f"hf:{query.repo}/{first}")
 
 
 def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | None:

@@ -149,6 +149,15 @@ class GGUFInfo:
         return self.arch("nextn_predict_layers", 0) or 0
 
     @property
+    def parameter_size(self) -> str:
+        """How big it is in words (1.5B, 135M): the file's own size label, else its counted parameters
+        (which count a tied embedding's table, so a 1.5B model counts 1.8B)."""
+        label = self.get("general.size_label")
+        if isinstance(label, str) and label:
+            return label
+        return f"{self.parameters / 1e9:.1f}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.0f}M"
+
+    @property
     def context_length(self) -> int | None:
         return self.arch("context_length")
 

@@ -34,6 +34,10 @@ REPO_NAME = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 SAFE_FILE = re.compile(r"^(?:(?!\.\.?/)[\w.-]+/)*[\w.-]+\.gguf$")
 # the quantization of owner/repo:QUANT, matched against a repo's file names (and written in logs)
 QUANT = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$", re.ASCII)
+# The size part of a registry name (1.5b, 135m, e4b): Ollama's names put it after a colon
+# (qwen2.5-coder-1.5b is qwen2.5-coder:1.5b), and a bare family name means the size marked `latest`.
+SIZE_PART = re.compile(r"e?\d+(?:\.\d+)?[mb]", re.IGNORECASE)
+LATEST = "latest"
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")  # gguf-split's parts
 # A model's name becomes its folder's name: one path component, never "." or "..", not too long for
 # any file system.
@@ -113,6 +117,7 @@ class ModelEntry:
     # How many public files pin its repo, file, size and sha256 (None: not counted); one ("unverified") also
     # where its name was found but not its size and sha256
     sources: int | None = None
+    latest: bool = False  # what its family's bare name (and name:latest) means, as Ollama's latest tag
 
     @property
     def unverified(self) -> bool:
@@ -126,13 +131,20 @@ class ModelEntry:
     def command_name(self) -> str:
         return self.typed or self.name
 
+    @property
+    def ollama_name(self) -> str:
+        return ollama_name(self.name)
+
 
 @dataclass(frozen=True)
 class RepoQuant:
-    """`owner/repo:Q4_K_M`: the file of that quantization in a Hub repo, found by listing it."""
+    """`owner/repo:Q4_K_M`: the file of that quantization in a Hub repo, found by listing it; `of`, the
+    registry model of that repo whose other quantization it is (`qwen2.5-coder:1.5b-q8_0`), whose family
+    and draft it keeps."""
 
     repo: str
     quant: str
+    of: ModelEntry | None = None
 
 
 Resolved = ModelEntry | RepoQuant | Path
@@ -176,6 +188,7 @@ class _Model(_Table):
     drafters: list[str] = []
     drafts: str | None = None
     sources: int | None = Field(None, ge=1)
+    latest: bool = False
 
 
 class _Document(_Table):
@@ -287,6 +300,7 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
         drafters=tuple(spec.drafters),
         drafts=spec.drafts,
         sources=spec.sources,
+        latest=spec.latest,
     )
     if entry.drafts is not None and entry.drafts not in DRAFTER_KINDS:
         raise UsageError(f"{where}: drafts = {entry.drafts!r} is not a kind of drafter; one of {', '.join(DRAFTER_KINDS)}")
@@ -317,8 +331,55 @@ def _names(models: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
     return names
 
 
+def ollama_name(name: str) -> str:
+    """A registry name as Ollama's users type it, the size after a colon (qwen2.5-coder-1.5b:
+    qwen2.5-coder:1.5b; qwen3.6-35b-a3b: qwen3.6:35b-a3b); a name with no size part is itself."""
+    parts = name.split("-")
+    for index in range(1, len(parts)):
+        if SIZE_PART.fullmatch(parts[index]):
+            return f"{'-'.join(parts[:index])}:{'-'.join(parts[index:])}"
+    return name
+
+
+def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
+    """A model as Ollama's users name it: `family:size`, `family` or `family:latest` (the size marked
+    latest, or the family's only one), `name:latest`, `family:size-QUANT` (another quantization in the
+    model's repo; Ollama's `-instruct-` is skipped) and `hf.co/owner/repo:QUANT`; None where it is none of
+    these."""
+    if text.lower().startswith("hf.co/"):
+        repo, _, quant = text[6:].partition(":")
+        return RepoQuant(repo, quant or "Q4_K_M") if is_repo_name(repo) and QUANT.match(quant or "Q4_K_M") else None
+    base, _, tag = text.lower().partition(":")
+    if tag in ("", LATEST):
+        if base in _names(models):
+            return _names(models)[base]
+        sizes = [e for e in models.values() if e.drafts is None and ollama_name(e.name).partition(":")[0] == base]
+        if not sizes:
+            return None
+        latest = [e for e in sizes if e.latest] or (sizes if len(sizes) == 1 else [])
+        if not latest:
+            raise UsageError(f"{base} comes in {', '.join(ollama_name(e.name) for e in sorted(sizes, key=parameters))}:"
+                             " name one")
+        return latest[0]
+    named = {ollama_name(name).lower(): entry for name, entry in _names(models).items()}
+    if text.lower() in named:
+        return named[text.lower()]
+    size = next((size for size in sorted(named, key=len, reverse=True) if text.lower().startswith(size + "-")), None)
+    if size is None:
+        return None
+    entry, quant = named[size], text[len(size) + 1:].removeprefix("instruct-")
+    if not QUANT.match(quant):
+        return None
+    if entry.file.lower().removesuffix(".gguf").endswith(quant.lower()):
+        return entry
+    if entry.repo is None:
+        raise UsageError(f"{size} is one file here ({entry.file}), with no Hub repo to find a {quant} of")
+    return RepoQuant(entry.repo, quant, of=entry)
+
+
 def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
-    """A target or draft as typed by the user."""
+    """A target or draft as typed by the user: a registry name or alias, as Ollama's users name it
+    (_ollama_named), a .gguf file, hf:owner/repo/file.gguf or owner/repo:QUANT."""
     models = load() if models is None else models
     if text.startswith("hf:"):
         owner, _, rest = text[3:].partition("/")
@@ -332,6 +393,8 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     known = _names(models).get(text.lower())
     if known:
         return known
+    if ("/" not in text or text.lower().startswith("hf.co/")) and (ollama := _ollama_named(text, models)):
+        return ollama
     try:
         path = Path(text).expanduser()
         if path.exists() or text.endswith(".gguf"):
@@ -350,7 +413,7 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     """A draft model: like a target, plus `auto` (the target's recommended draft) and
     a size such as `1b` meaning that size in the target's family."""
     models = load() if models is None else models
-    family = target.family if isinstance(target, ModelEntry) else ""
+    family = entry.family if (entry := registry_entry(target)) else ""
     kind = text.lower()
     if kind in DRAFTER_KINDS and kind not in _names(models):
         named = published_drafter(target, kind, models)
@@ -379,6 +442,11 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     return resolve(text, models)
 
 
+def registry_entry(resolved: Resolved) -> ModelEntry | None:
+    """The registry model a target is, or another quantization of (owner/repo:QUANT from its name)."""
+    return resolved if isinstance(resolved, ModelEntry) else getattr(resolved, "of", None)
+
+
 def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None) -> list[ModelEntry]:
     """The drafters published beside a target, in the order llama.cpp prefers them (DRAFTER_KINDS)."""
     models = load() if models is None else models
@@ -395,7 +463,8 @@ def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None)
 def auto_drafter(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
     """What --draft auto drafts with: the drafter published beside the target that localspec runs
     (drafter_beside), else the draft model the registry recommends; None where it knows neither."""
-    if not isinstance(target, ModelEntry):
+    target = registry_entry(target)
+    if target is None:
         return None
     models = load() if models is None else models
     return drafter_beside(target, models) or (resolve(target.draft, models) if target.draft else None)
@@ -443,6 +512,8 @@ def draft_advice(target: Resolved, models: dict[str, ModelEntry] | None = None) 
 
 
 def _unknown(text: str, models: dict[str, ModelEntry]) -> str:
-    close = difflib.get_close_matches(text.lower(), list(_names(models)), n=4, cutoff=0.5)
+    names = [ollama_name(name) for name in _names(models)] if ":" in text else list(_names(models))
+    close = difflib.get_close_matches(text.lower(), names, n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `localspec models` lists the known names"
-    return f"unknown model {text!r} (not a known name, a .gguf file, hf:owner/repo/file.gguf or owner/repo:QUANT){hint}"
+    return (f"unknown model {text!r} (not a known name or family:size, a .gguf file, hf:owner/repo/file.gguf or"
+            f" owner/repo:QUANT){hint}")
