@@ -541,6 +541,9 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     assert "without --draft, auto drafts with n-gram lookup and earlier answers" in " ".join(out.split())
     with_mtp = json.loads(localspec("show", tiny["mtp"], "--json").stdout)
     assert with_mtp["mtp_layers"] == 1 and with_mtp["auto"] == ["n-gram lookup", "earlier answers", "its own MTP layers"]
+    by_ollama = json.loads(localspec("show", "llama3.2", "--json").stdout)  # Ollama's bare name: the latest size
+    assert (by_ollama["name"], by_ollama["ollama_name"]) == ("llama3.2-3b", "llama3.2:3b")
+    assert "llama3.2:3b (Ollama's spelling)" in localspec("show", "llama3.2-3b").stdout.decode()
     absent = localspec("show", "llama3-70b").stdout.decode()
     assert "not downloaded" in absent and "--draft auto (llama3.2-1b)" in absent and "architecture" not in absent
     # the drafters published beside a model, by the kind --draft asks for, auto taking the first
