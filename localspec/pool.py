@@ -27,6 +27,11 @@ class UnknownModel(LocalspecError):
     """A request names a model that is neither loaded nor downloaded."""
 
 
+class NotKnown(UnknownModel):
+    """A request names a model that is neither a registry name nor a file: OpenAI's clients, which send a
+    fixed name, are answered by the model serve started with, as llama-server answers."""
+
+
 class NoRoom(LocalspecError):
     """The model asked for does not fit beside those that are busy."""
 
@@ -123,7 +128,7 @@ class Pool:
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
         names = ", ".join(a.name for a in self.available())
-        raise UnknownModel(f"the model {name!r} is not served here: it is not in the registry (or not downloaded);"
+        raise NotKnown(f"the model {name!r} is not served here: it is not in the registry (or not downloaded);"
                            f" these are: {names}")
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:

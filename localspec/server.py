@@ -11,14 +11,16 @@ import asyncio
 import contextlib
 import functools
 import hmac
+import http.server
 import ipaddress
 import json
 import re
 import signal
 import socket
+import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +46,7 @@ from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, 
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
 from .events import Done, Token
-from .pool import NoRoom, Pool, Served, UnknownModel
+from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
 from .service import FINISHED, Embedding, Job
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
@@ -67,15 +69,18 @@ class Server:
         self.responses = Responses()  # keeps the responses it gave, for previous_response_id
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
         # asks for the API key)
-        routes = [
+        self.routes = [
+            ("/", "GET", OPENAI, self.root, False),  # (and HEAD: clients probe it)
             ("/health", "GET", OPENAI, self.health, False),
             ("/v1/health", "GET", OPENAI, self.health, False),
             ("/v1/models", "GET", OPENAI, self.models, True),
+            ("/v1/models/{name:path}", "GET", OPENAI, self.model, True),
             ("/v1/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True), True),
             ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
             ("/metrics", "GET", OPENAI, self.metrics, True),
             ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
             ("/api/embed", "POST", OLLAMA, self.ollama_embed, True),
+            ("/api/embeddings", "POST", OLLAMA, self.ollama_embeddings, True),
             ("/api/version", "GET", OLLAMA, self.ollama_version, False),
             ("/api/tags", "GET", OLLAMA, self.ollama_tags, True),
             ("/api/ps", "GET", OLLAMA, self.ollama_ps, True),
@@ -88,7 +93,7 @@ class Server:
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
-        self.app = Starlette(routes=[self._route(*route) for route in routes], exception_handlers=not_http,
+        self.app = Starlette(routes=[self._route(*route) for route in self.routes], exception_handlers=not_http,
                              middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
         self.created = int(time.time())
 
@@ -110,6 +115,9 @@ class Server:
 
         return Route(path, endpoint, methods=[method])
 
+    async def root(self, request: Request, client: str | None) -> Response:
+        return PlainTextResponse("localspec is running")  # what Ollama's clients look for
+
     async def health(self, request: Request, client: str | None) -> Response:
         stopped = self._stopped()
         if stopped:
@@ -129,6 +137,11 @@ class Server:
         return JSONResponse(openai.model_list([(a.name, loaded[a.name].session if a.name in loaded else None)
                                                for a in self.pool.available()], self.created))
 
+    async def model(self, request: Request, client: str | None) -> Response:
+        available = self.pool.find(request.path_params["name"])  # (a 404 where it is not here)
+        served = self.pool.loaded.get(available.path)
+        return JSONResponse(openai.model_object(available.name, served and served.session, self.created))
+
     async def metrics(self, request: Request, client: str | None) -> Response:
         running = self._running()
         return PlainTextResponse(
@@ -147,16 +160,30 @@ class Server:
     async def ollama_embed(self, request: Request, client: str | None) -> Response:
         started = time.perf_counter_ns()
         body = await self._body(request)
-        served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")))
+        served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
         job = await self._embedded(ollama.parse_embed(body), client, served, request)
         return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                             time.perf_counter_ns() - started))
 
-    async def _model(self, name, keep_alive: float | None = None) -> Served:
+    async def ollama_embeddings(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
+        job = await self._embedded(ollama.parse_embeddings(body), client, served, request)
+        return JSONResponse({"embedding": job.embeddings[0]})
+
+    async def _model(self, name, keep_alive: float | None = None, known_only: bool = False) -> Served:
         """The loaded model a request names (its `model`; keep_alive: Ollama's, in seconds), loaded now
-        if it is not; UnknownModel if it is not here."""
+        if it is not; UnknownModel if it is not here. A name that is no model at all is answered by the
+        model serve started with, as llama-server does (clients send fixed names), unless known_only
+        (Ollama's clients pull what is not there on a 404)."""
         try:
-            return await self.pool.get(_named(name), keep_alive)
+            try:
+                return await self.pool.get(_named(name), keep_alive)
+            except NotKnown:
+                if known_only:
+                    raise
+                self.log(f"no model is called {name!r}: {self.pool.first.name} answers")
+                return await self.pool.get(None, keep_alive)
         except UnknownModel:
             raise  # a 404, said at the route's one boundary
         except NoRoom as error:
@@ -248,7 +275,7 @@ class Server:
         if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
             await self.pool.unload_if_idle(_named(body.get("model")))
             return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
-        served = await self._model(body.get("model"), keep_alive)
+        served = await self._model(body.get("model"), keep_alive, known_only=True)
         model = body.get("model") or served.name
         parsed = await self._parse(body, chat, OLLAMA, served)
         if parsed is None:  # an empty prompt: clients send one to load the model
@@ -293,12 +320,8 @@ class Server:
         if error.status_code == 405:
             message = f"{request.url.path} takes {(error.headers or {}).get('Allow', 'another method')}, not {request.method}"
         else:
-            message = (f"{request.method} {request.url.path} is not part of this API (POST /v1/chat/completions,"
-                       " POST /v1/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /health,"
-                       " GET /metrics;"
-                       " Anthropic's POST /v1/messages, POST /v1/messages/count_tokens; Ollama's POST /api/chat,"
-                       " POST /api/generate, POST /api/embed, GET /api/tags, GET /api/ps, POST /api/show,"
-                       " POST /api/pull, GET /api/version)")
+            routes = ", ".join(f"{method} {path}" for path, method, *_ in self.routes if path != "/")
+            message = f"{request.method} {request.url.path} is not part of this API ({routes})"
         self.log(f"{request.url.path} {error.status_code} {message}")
         failure = ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                            else "method_not_allowed", headers=error.headers)
@@ -543,6 +566,47 @@ class Server:
 
 # Pages served from this machine, on any port: a web UI beside the server (Ollama lets them in too)
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
+LOADING_BODY_LIMIT = 8 * 2**20  # bytes of a request's body read (and dropped) before it is answered 503
+
+
+@contextlib.contextmanager
+def answering_while_loading(listener: socket.socket) -> Iterator[None]:
+    """While serve's first model loads: every request on the listening socket answered 503 "Loading model"
+    in its protocol's error shape (llama-server's answer then), so a client that connects meanwhile is told
+    to retry rather than left waiting; the server's own app takes the socket over afterwards. A thread of
+    the standard library's HTTP server, as uvicorn closes the sockets it served once it stops."""
+    class Loading(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(min(int(self.headers.get("Content-Length") or 0), LOADING_BODY_LIMIT))
+            failure = ApiError(503, "Loading model", "unavailable_error", code="loading_model")
+            protocol = OLLAMA if self.path.startswith("/api/") else ANTHROPIC if self.path.startswith(
+                "/v1/messages") else OPENAI
+            body = json.dumps(protocol.error_body(failure)).encode()
+            self.send_response(503)
+            for name, value in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                ("Retry-After", "1"), ("Connection", "close")):
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_PATCH = answer
+
+        def log_message(self, format, *args) -> None:  # (said by no one: serve's log starts once it serves)
+            pass
+
+    door = http.server.ThreadingHTTPServer(listener.getsockname()[:2], Loading, bind_and_activate=False)
+    door.socket, door.daemon_threads = listener, True
+    thread = threading.Thread(target=door.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                              name="localspec-loading")
+    thread.start()
+    try:
+        yield
+    finally:
+        door.shutdown()  # (the listening socket stays open: the caller's)
+        thread.join()
 
 
 def _cross_origin(serving: Serving) -> Middleware:

@@ -69,7 +69,6 @@ def test_speculation_asked_per_request(server):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, anthropic.BadRequestError,
      "one of Anthropic's own tools"),
     ({"tool_choice": {"type": "any"}}, anthropic.BadRequestError, "offers no tools"),
-    ({"model": "claude-unknown"}, anthropic.NotFoundError, "is not served here"),
     ({"extra_body": {"mcp_servers": [{"url": "x"}]}}, anthropic.BadRequestError, "runs no tools"),
 ])
 def test_a_request_it_cannot_serve_is_one_error_in_anthropics_shape_and_serving_goes_on(server, fields, kind, message):
@@ -81,6 +80,13 @@ def test_a_request_it_cannot_serve_is_one_error_in_anthropics_shape_and_serving_
                                                   else "invalid_request_error")
     assert client(server).messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
     assert "Traceback" not in server.log()
+
+
+def test_a_name_that_is_no_model_here_is_answered_by_the_served_model(server):
+    # Anthropic's clients send their own model names (claude-...): the model serve started with answers
+    reply = client(server).messages.create(model="claude-opus-4-6", max_tokens=2,
+                                           messages=[{"role": "user", "content": PROMPT}])
+    assert reply.content and "no model is called 'claude-opus-4-6'" in server.log()
 
 
 def test_tool_use_whole_and_streamed_and_a_tool_result_answered(tool_server):

@@ -8,14 +8,20 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
+import httpx2 as httpx
 import huggingface_hub
+import ollama
+import openai
 import pytest
 
 from conftest import TARGET
 from fakehub import FakeHub, serve
+from processes import stop
+from test_rpc import free_port
 from localspec.store import download, mirror
 from localspec.errors import FetchError
 from tinymodels import write_tiny_model
@@ -366,6 +372,40 @@ def test_an_ollama_quantization_tag_fetches_that_file_of_the_models_repo_and_kee
     # --draft by size still finds the family's draft
     ran = localspec("run", "split:1m-instruct-q8_0", "--draft", "0.5m", "-p", "the cat", "-n", "4", "--json")
     assert ran.returncode == 0, ran.stderr
+
+
+def test_serve_answers_503_loading_model_while_its_first_model_downloads_then_serves(hub, hub_env, tiny):
+    # llama-server's answer while it loads: clients are told to retry instead of waiting on a silent socket
+    hub.slow["target.gguf"] = 8.0 / -(-tiny["target"].stat().st_size // 65536)  # ~8 s of download
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "tiny", "--port", str(port), "-c", "256"],
+                               env=hub_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # (refused until the process has imported enough to listen)
+            try:
+                loading = httpx.get(base + "/health", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert loading.status_code == 503 and loading.json()["error"]["message"] == "Loading model"
+        assert loading.headers["retry-after"] == "1"
+        with pytest.raises(openai.APIStatusError) as raised:
+            openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert raised.value.status_code == 503 and raised.value.body["message"] == "Loading model"
+        with pytest.raises(ollama.ResponseError) as refused:
+            ollama.Client(host=base).chat("tiny", messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.status_code == 503 and refused.value.error == "Loading model"
+        while time.monotonic() < deadline and httpx.get(base + "/health", timeout=5).status_code == 503:
+            time.sleep(0.2)
+        # then the model answers, on the same socket (openai retries a 503 as Retry-After says)
+        answer = openai.OpenAI(base_url=base + "/v1", api_key="x").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "the cat"}], max_tokens=3)
+        assert answer.model == "tiny" and answer.choices[0].message.content is not None
+    finally:
+        assert stop(process) == 0, process.stderr.read().decode()
 
 
 def test_run_by_name_with_a_draft_size_from_the_family(localspec):

@@ -126,12 +126,20 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
 
 @pytest.mark.parametrize("name, said", [("nope", "not served here"), ("tiny-gone", "not downloaded"),
                                         ("tiny-b-mtp", "the mtp drafter published beside another model")])
-def test_a_model_that_is_not_here_is_one_404_in_each_protocol(home, tiny, name, said):
+def test_a_model_that_is_not_here_is_one_404_in_each_protocol_but_openais_take_any_name(home, tiny, name, said):
     server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
     try:
+        if name == "nope":  # no model's name: the model serve started with answers, by its real name (llama-server)
+            asked = server.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
+                                                            max_tokens=2)
+            assert asked.model == "tiny" and "no model is called 'nope': tiny answers" in server.log()
+        else:  # a model that is known but not here says what to do
+            with pytest.raises(openai.NotFoundError) as raised:
+                server.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+            assert raised.value.code == "model_not_found" and said in raised.value.message
         with pytest.raises(openai.NotFoundError) as raised:
-            server.client().chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
-        assert raised.value.code == "model_not_found" and said in raised.value.message
+            server.client().models.retrieve(name)
+        assert said in raised.value.message
         with pytest.raises(ollama.ResponseError) as refused:
             ollama.Client(host=server.base).chat(name, messages=[{"role": "user", "content": "hi"}])
         assert refused.value.status_code == 404 and said in refused.value.error

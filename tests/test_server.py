@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import numpy as np
+import ollama
 import openai
 import psutil
 import pytest
@@ -502,6 +503,19 @@ def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(
     assert httpx.get(server.base + "/%1b]52;c;cHduZWQ=%07").status_code == 404
     assert "\\x1b]52;c;cHduZWQ=\\x07" in server.log() and "\x1b" not in server.log()
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
+
+
+def test_the_routes_clients_probe_are_answered_and_a_404_lists_every_route(server):
+    assert httpx.get(server.base + "/").text == "localspec is running"  # what Ollama's clients look for
+    assert httpx.head(server.base + "/").status_code == 200
+    model = server.client().models.retrieve("tiny")
+    assert model.id == "tiny" and model.model_extra["meta"]["loaded"]
+    old = ollama.Client(host=server.base).embeddings(model="tiny", prompt="embed me")  # Ollama's older route
+    assert len(old.embedding) == len(server.client().embeddings.create(model="tiny", input="embed me").data[0].embedding)
+    listed = httpx.post(server.url + "/rerank", json={}).json()["error"]["message"]
+    for route in ("POST /v1/chat/completions", "GET /v1/models/{name:path}", "POST /api/embeddings",
+                  "POST /v1/messages/count_tokens", "GET /api/version", "GET /metrics"):
+        assert route in listed, listed
 
 
 def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -428,7 +428,9 @@ def serve(
 
     A request's `model` may name any downloaded registry model (`localspec models --installed`): it is loaded
     when first asked (with its registry draft where that is downloaded too), kept for --keep-alive once idle,
-    and the least recently used is unloaded first when memory is short. A name that is not here is a 404.
+    and the least recently used is unloaded first when memory is short. A name that is no model at all is
+    answered by the model serve started with (OpenAI's and Anthropic's routes; Ollama's say 404); a registry
+    model not downloaded is a 404. While the first model loads, requests are answered 503 "Loading model".
     """
     from .. import server as server_face  # the web stack loads only for this command
     from ..pool import Pool
@@ -447,7 +449,10 @@ def serve(
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
-    with listener, _open(settings, "serve", address=net.url(serving.host, listener.getsockname()[1])) as session:
+    with listener, ExitStack() as held:
+        with server_face.answering_while_loading(listener):
+            session = held.enter_context(_open(settings, "serve", address=net.url(serving.host,
+                                                                                  listener.getsockname()[1])))
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
         defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format,

@@ -211,6 +211,18 @@ def parse_embed(data: dict) -> list[str]:
     return checked_count(inputs)
 
 
+class EmbeddingsBody(_Body):
+    model: str = ""
+    prompt: str
+    options: dict | None = None
+    keep_alive: str | int | float | None = None
+
+
+def parse_embeddings(data: dict) -> list[str]:
+    """/api/embeddings, Ollama's older route: one prompt (an empty one embeds to an empty vector there)."""
+    return [_validate(EmbeddingsBody, data).prompt]
+
+
 def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: int) -> dict:
     """/api/embed's answer."""
     return {"model": model, "embeddings": vectors, "total_duration": nanoseconds, "load_duration": 0,

@@ -500,16 +500,17 @@ def usage_of_all(jobs: list[Job]) -> dict:
     return usage | {"completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
 
 
-def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
-    """/v1/models: what can be served, by name, with the session of each one loaded (None: loaded when asked)."""
-    def meta(session) -> dict:
-        if session is None:
-            return {"loaded": False}
-        draft = session.info.draft
-        return {"loaded": True, "draft": draft, "drafting": str(session.default_mode)}
+def model_object(name: str, session: Session | None, created: int) -> dict:
+    """/v1/models/{id}: a model that can be served, with its session where it is loaded (None: loaded when
+    asked)."""
+    meta = ({"loaded": True, "draft": session.info.draft, "drafting": str(session.default_mode)} if session
+            else {"loaded": False})
+    return {"id": name, "object": "model", "created": created, "owned_by": "localspec", "meta": meta}
 
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "localspec",
-                                        "meta": meta(session)} for name, session in models]}
+
+def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
+    """/v1/models: what can be served, by name."""
+    return {"object": "list", "data": [model_object(name, session, created) for name, session in models]}
 
 
 
