@@ -29,6 +29,10 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'localspec' has no attribute {name!r}")

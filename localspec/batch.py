@@ -104,8 +104,10 @@ def _well_formed(messages: list) -> bool:
 
 
 @contextmanager
-def open_output(output: Path | None, input_file: str, resume: bool) -> Iterator[IO[str]]:
-    """The output, opened for reading and appending and locked, or standard output.
+def open_output(output: Path | None, input_file: str, resume: bool, overwrite: bool = False) -> Iterator[IO[str]]:
+    """The output, opened for reading and appending and locked, or standard output. A file that holds
+    records already is gone on from (resume), started again (overwrite), or refused: an hour of answers
+    was lost to a command run again without --resume.
 
     Opened before the models load, so a wrong path fails at once; locked, so a second batch
     writing the same file is refused instead of interleaving its lines with this one's."""
@@ -127,6 +129,11 @@ def open_output(output: Path | None, input_file: str, resume: bool) -> Iterator[
         if not _lock(out):
             raise UsageError(f"another localspec batch is writing {output}; wait for it or choose another --output")
         if not resume:
+            out.seek(0)
+            records = sum(1 for line in out if line.strip())
+            if records and not overwrite:
+                raise UsageError(f"--output {output} holds {records} record{'s' if records > 1 else ''} already:"
+                                 " --resume goes on from them, --overwrite starts it again")
             out.truncate(0)
         yield out
 

@@ -7,12 +7,13 @@ fast in turn 20 as in turn 2.
 
 import atexit
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from . import tui
-from .config import DrafterKind, Limits, Sampling, Thinking
+from .config import DrafterKind, Limits, Sampling, Thinking, overridden
 from .errors import LocalspecError
 from .prompts import is_message
 from .session import Session
@@ -24,12 +25,27 @@ HELP = """\
 /clear           forget the conversation (the system prompt stays)
 /draft off|on|N  stop speculating, resume, or draft up to N tokens a step
 /think, /no-think  let a reasoning model think before it answers, or not
+/set parameter NAME VALUE  a sampling setting from the next message (Ollama's names:
+                 temperature, top_k, top_p, min_p, seed, num_predict, stop, repeat_penalty, ...)
+/set system TEXT the system prompt from the next message (/set think, /set nothink as /think)
 /save FILE       write the conversation to FILE as JSON
 /load FILE       go on with a conversation saved by /save
-/exit            leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
+/exit, /bye      leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
 \"\"\"              start or end a message of several lines (pasting several lines sends them as one)"""
 
 BLOCK = '"""'
+# /set parameter's names as Ollama's options call them, where they are not localspec's
+OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
+
+
+def _parameter(value: str):
+    """A /set parameter's value as it is typed: a number where it reads as one (stop's words stay text)."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 
@@ -53,6 +69,11 @@ class Chat:
     def recorder(self) -> Recorder:
         return self.conversation.recorder
 
+    @property
+    def dropped(self) -> int:
+        """The oldest turns the latest message dropped to fit the context."""
+        return self.conversation.dropped
+
     def clear(self) -> None:
         self.conversation.clear()
 
@@ -70,7 +91,7 @@ class Chat:
         """Run a slash command; False means leave the chat."""
         name, _, argument = line[1:].partition(" ")
         argument = argument.strip()
-        if name in ("exit", "quit"):
+        if name in ("exit", "quit", "bye"):
             return False
         if name == "help":
             console.print(HELP, highlight=False)
@@ -85,6 +106,8 @@ class Chat:
             self._think(name == "think", console)
         elif name == "load":
             self._load(argument, console)
+        elif name == "set":
+            self._set(argument, console)
         elif name == "save":
             if not argument:
                 console.print("[red]usage: /save FILE[/]")
@@ -114,6 +137,30 @@ class Chat:
         self.messages = [{key: m[key] for key in ("role", "content", "reasoning_content") if isinstance(m.get(key), str)}
                          for m in messages]
         console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
+
+    def _set(self, argument: str, console) -> None:
+        """Ollama's /set: `parameter NAME VALUE`, `system TEXT`, `think`, `nothink`."""
+        what, _, rest = argument.partition(" ")
+        if what in ("think", "nothink"):
+            self._think(what == "think", console)
+        elif what == "system" and rest.strip():
+            self.conversation.system = rest.strip()
+            kept = self.messages[1:] if self.messages and self.messages[0]["role"] == "system" else self.messages
+            self.messages = [{"role": "system", "content": self.conversation.system}, *kept]
+            console.print("[dim]system prompt set[/]")
+        elif what == "parameter" and len(rest.split(None, 1)) == 2:
+            name, value = rest.split(None, 1)
+            setting = OLLAMA_PARAMETERS.get(name, name)
+            conversation = self.conversation
+            try:
+                conversation.sampling, conversation.limits = overridden(conversation.sampling, conversation.limits,
+                                                                        **{setting: _parameter(value)})
+            except LocalspecError as error:
+                console.print(f"[red]{tui.shown(error)}[/]")
+            else:
+                console.print(f"[dim]{tui.shown(name)} set to {tui.shown(value)} from the next message[/]")
+        else:
+            console.print("[red]usage: /set parameter NAME VALUE, /set system TEXT, /set think, /set nothink[/]")
 
     def _think(self, on: bool, console) -> None:
         if not self.session.prompts.thinks:
@@ -175,11 +222,21 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
             if interactive:
                 with tui.LiveView(console, color=color, summary=False) as view:
                     chat.reply(line, view.add)
+                if chat.dropped:
+                    console.print(f"[dim]{_dropped_line(chat)}[/]", highlight=False)
                 console.print(f"[dim]{tui.reply_line(view.recorder)}[/]", highlight=False)
             else:
                 tui.write_text(chat.reply(line, lambda event: None) + "\n")
+                if chat.dropped:
+                    print(f"note: {_dropped_line(chat)}", file=sys.stderr)  # (whole: a script reads it)
         except LocalspecError as error:
             console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
+
+
+def _dropped_line(chat: Chat) -> str:
+    dropped = chat.dropped
+    return (f"the oldest {dropped} turn{'s were' if dropped > 1 else ' was'} dropped to fit the context of"
+            f" {chat.session.prompts.n_ctx:,} tokens (the system prompt is kept)")
 
 
 def _read_block(first: str, interactive: bool) -> str | None:

@@ -3,6 +3,7 @@
 Defaults follow llama.cpp's where one exists, so results are comparable.
 """
 
+import difflib
 import math
 import os
 import re
@@ -293,18 +294,23 @@ class Thinking:
         return self.think is False or self.budget == 0
 
 
-def overridden(sampling: Sampling, limits: Limits, *, temperature: float | None = None, top_k: int | None = None,
-               top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
-               max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
-               grammar: str | None = None, repeat_penalty: float | None = None, repeat_last_n: int | None = None,
-               frequency_penalty: float | None = None, presence_penalty: float | None = None,
-               logprobs: int | None = None) -> tuple[Sampling, Limits]:
+# what a request may set over the sampling it runs under (Sampling's fields but those serve fixes)
+OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
+               "frequency_penalty", "presence_penalty", "logprobs")
+
+
+def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,
+               stop: str | Sequence[str] | None = None, **asked) -> tuple[Sampling, Limits]:
     """A request's own settings over the ones it runs under: a batch item's fields, an API request's, a
-    library call's keywords. None keeps what it runs under; stop may be one string. Sampling and Limits
-    check the values, so every way in refuses the same ones."""
-    asked = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
-             "grammar": grammar, "repeat_penalty": repeat_penalty, "repeat_last_n": repeat_last_n,
-             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty, "logprobs": logprobs}
+    library call's keywords (OVERRIDABLE, max_tokens and stop; any other name is a UsageError naming the
+    close ones). None keeps what it runs under; stop may be one string. Sampling and Limits check the
+    values, so every way in refuses the same ones."""
+    unknown = sorted(set(asked) - set(OVERRIDABLE))
+    if unknown:
+        known = (*OVERRIDABLE, "max_tokens", "stop")
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the settings are {', '.join(known)}"
+        raise UsageError(f"unknown setting {unknown[0]!r}: {hint}", setting=unknown[0])
     return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))

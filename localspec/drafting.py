@@ -93,8 +93,17 @@ class Drafters:
                 "drafts": {kind: [calibration.file_identity(context.model.path), context.n_batch]
                            for kind, context in contexts.items()},
             }
-            self._others = running.OtherWork()  # costs are kept at close if the machine was quiet meanwhile
-            costs = calibration.costs(self._costs_key, lambda: step_costs.calibrate(target, contexts, batch))
+            self._others = running.OtherWork()  # costs are kept if the machine was quiet while they were measured
+
+            def measured() -> step_costs.Costs:
+                found = step_costs.calibrate(target, contexts, batch)
+                # kept at once, not only at close: serve's session lives for days, and a machine busy at any
+                # moment of them left its next start measuring again
+                if calibration.quiet(self._others, self._settings["threads"], unknown=False):
+                    calibration.keep(self._costs_key, found)
+                return found
+
+            costs = calibration.costs(self._costs_key, measured)
             self._auto = policy.AutoDrafter(self.ngram, list(self.costly.values()), costs, self._suffix_of_a_sequence(),
                                             alongside=lambda: (target.others, target.alongside))
         return self._auto

@@ -2,7 +2,8 @@
 
 The engine only emits these; stats.Recorder folds them into text and statistics for every face."""
 
-from dataclasses import dataclass
+import base64
+from dataclasses import dataclass, fields, is_dataclass
 
 from .config import DrafterKind
 
@@ -92,3 +93,43 @@ class Done:
 
 
 Event = Prefill | Token | Step | Done
+
+
+# Events on the wire (serve's own stream, which `run` and `chat` read from a running serve): JSON objects
+# named by their kind, a token's bytes in base64.
+_KINDS = {cls.__name__.lower(): cls for cls in (Prefill, Token, Step, Done)}
+
+
+def to_wire(event: Event) -> dict:
+    def plain(value):
+        if is_dataclass(value):
+            return {field.name: plain(getattr(value, field.name)) for field in fields(value)}
+        if isinstance(value, bytes):
+            return base64.b64encode(value).decode("ascii")
+        if isinstance(value, tuple):
+            return [plain(item) for item in value]
+        return value
+
+    return {"event": type(event).__name__.lower(), **plain(event)}
+
+
+def from_wire(data: dict) -> Event:
+    """The event to_wire wrote; ValueError where it is not one (fields it does not know are left out, so
+    an older client reads a newer server's events)."""
+    kind = _KINDS.get(data.get("event"))
+    if kind is None:
+        raise ValueError(f"not an event: {str(data)[:80]}")
+    known = {field.name for field in fields(kind)}
+    values = {name: value for name, value in data.items() if name in known}
+    if kind is Token and values.get("logprobs") is not None:
+        def candidate(item: dict) -> Candidate:
+            return Candidate(item["id"], base64.b64decode(item["piece"]), item["logprob"])
+
+        logprobs = values["logprobs"]
+        values["logprobs"] = Logprobs(candidate(logprobs["chosen"]), tuple(map(candidate, logprobs["top"])))
+    if kind is Step:
+        values["drafter"] = DrafterKind(values["drafter"])
+    try:
+        return kind(**values)
+    except TypeError as error:
+        raise ValueError(f"not a {kind.__name__}: {error}") from None

@@ -1,9 +1,10 @@
 """One generation asked of a session: what every face hands the library (serve's protocols, batch, run,
 chat, bench, a program that imports localspec)."""
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .config import DrafterKind, Limits, Sampling, Thinking
+from .errors import UsageError
 from .tool_calls import Tools
 
 
@@ -40,3 +41,48 @@ class Request:
         if self.messages is not None:
             return sum(len(message["content"]) for message in self.messages)
         return len(self.prompt) if isinstance(self.prompt, str) else 0
+
+
+def to_wire(request: Request) -> dict:
+    """A request as JSON, for serve's own stream (tools, which `run` and `chat` never send, are left out)."""
+    return {"sampling": asdict(request.sampling), "limits": asdict(request.limits),
+            "thinking": asdict(request.thinking), "messages": request.messages, "prompt": request.prompt,
+            "prediction": request.prediction, "drafting": request.drafting, "draft_max": request.draft_max}
+
+
+def from_wire(data: dict) -> Request:
+    """The request to_wire wrote; UsageError naming what is wrong where it is not one."""
+    def part(kind, name: str, tuples: tuple[str, ...] = ()):
+        values = data.get(name) or {}
+        if not isinstance(values, dict):
+            raise UsageError(f"{name}: an object of settings", setting=name)
+        try:
+            return kind(**{key: tuple(value) if key in tuples and isinstance(value, list) else value
+                           for key, value in values.items()})
+        except TypeError as error:
+            raise UsageError(f"{name}: {error}", setting=name) from None
+
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if (messages is None) == (prompt is None):
+        raise UsageError("give messages or a prompt", setting="messages")
+    if messages is not None and not (isinstance(messages, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise UsageError("messages: a list of {role, content} objects", setting="messages")
+    if prompt is not None and not (isinstance(prompt, str) or isinstance(prompt, list)
+                                   and all(isinstance(t, int) for t in prompt)):
+        raise UsageError("prompt: text or token ids", setting="prompt")
+    prediction = data.get("prediction")
+    if prediction is not None and not (isinstance(prediction, str) or isinstance(prediction, list)
+                                       and all(isinstance(t, int) for t in prediction)):
+        raise UsageError("prediction: text or token ids", setting="prediction")
+    drafting = data.get("drafting")
+    if drafting is not None and drafting not in set(DrafterKind):
+        raise UsageError(f"drafting: one of {', '.join(DrafterKind)}", setting="drafting")
+    draft_max = data.get("draft_max")
+    if draft_max is not None and not (isinstance(draft_max, int) and draft_max >= 0):
+        raise UsageError("draft_max: a count of tokens", setting="draft_max")
+    return Request(part(Sampling, "sampling", ("grammar_triggers",)), part(Limits, "limits", ("stop",)),
+                   messages=messages, prompt=prompt, prediction=prediction,
+                   thinking=part(Thinking, "thinking"), drafting=DrafterKind(drafting) if drafting else None,
+                   draft_max=draft_max)

@@ -23,11 +23,11 @@ def folder() -> Path:
 
 
 @contextmanager
-def holding(command: str, model: str, address: str = "") -> Iterator[None]:
-    """Listed by `ps` while inside: this process runs `command` with `model` (its description),
-    reachable at `address` if it serves."""
+def holding(command: str, model: str, address: str = "", files: tuple[Path, ...] = ()) -> Iterator[None]:
+    """Listed by `ps` while inside: this process runs `command` with `model` (its description) from
+    `files` (target, then draft model), reachable at `address` if it serves (`run` and `chat` use it)."""
     record = {"pid": os.getpid(), "command": command, "model": model, "address": address,
-              "started": psutil.Process().create_time()}
+              "files": [str(path) for path in files], "started": psutil.Process().create_time()}
     path = folder() / f"{record['pid']}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

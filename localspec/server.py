@@ -36,8 +36,9 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import net, store
-from .protocols import anthropic, ollama, openai
+from .protocols import anthropic, native, ollama, openai
 from .protocols.anthropic import ANTHROPIC
+from .protocols.native import NATIVE
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
 from .protocols.responses import Responses
@@ -91,6 +92,7 @@ class Server:
             ("/v1/responses", "POST", self.responses, self.responses_create, True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
+            (native.PATH, "POST", NATIVE, self.native_generate, True),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=[self._route(*route) for route in self.routes], exception_handlers=not_http,
@@ -301,6 +303,13 @@ class Server:
         return await self._respond(request, client, parsed, ANTHROPIC.answering(True, body.get("model") or served.name,
                                                                                  parsed), served)
 
+    async def native_generate(self, request: Request, client: str | None) -> Response:
+        """localspec's own stream, which `run` and `chat` read (remote.py)."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"), known_only=True)
+        parsed = await self._parse(body, True, NATIVE, served)
+        return await self._respond(request, client, parsed, NATIVE.answering(True, served.name, parsed), served)
+
     async def anthropic_count_tokens(self, request: Request, client: str | None) -> Response:
         """The prompt a Messages request would be read as, counted: rendered with the chat template and the
         tools, tokenized (on a thread, as a request's parsing is)."""
@@ -404,7 +413,8 @@ class Server:
         try:
             for index, asked in enumerate(choices_of(parsed.request, parsed.choices)):
                 try:
-                    jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index),
+                    jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
+                                                                        answering.every_event),
                                                       _who(request, asked.client)))
                 except LocalspecError as error:
                     raise api_error(error) from None
@@ -773,6 +783,8 @@ class _Framing:
         self.pending = []  # the answer's tokens' logprobs, until a piece of text carries them
 
     def of(self, item) -> list[str]:
+        if self.frames.every_event:
+            return self.frames.event(item)
         out = []
         if not self.started:
             self.started = True
@@ -809,17 +821,18 @@ class _Framing:
         return out
 
 
-def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int) -> Callable:
+def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False) -> Callable:
     """What hands a job's items to the request's handler (called on the worker thread), as (choice, item):
     a request's choices share the outbox. Each hand-over wakes the event loop, which then competes
     with llama.cpp's threads for the CPU: after the first event (the request has started), only what the
-    response is made of is handed over; the job's recorder has the rest."""
+    response is made of is handed over (every event, where its protocol streams them all); the job's recorder
+    has the rest."""
     loop = asyncio.get_running_loop()
     started = False
 
     def deliver(item) -> None:
         nonlocal started
-        if started and not _makes_the_response(item, stream):
+        if started and not every and not _makes_the_response(item, stream):
             return
         started = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more

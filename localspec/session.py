@@ -17,7 +17,7 @@ from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone
 from . import reasoning
-from .errors import LocalspecError, UsageError
+from .errors import ContextOverflow, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place
@@ -305,6 +305,11 @@ class Session:
         return Info(self.target_model.path.name, draft.context.model.path.name if draft else None,
                     DrafterKind.MTP in self.drafting.costly, self.target.n_ctx, self.target_model.n_vocab)
 
+    def model_files(self) -> tuple[Path, ...]:
+        """The target's file, then the draft model's where one drafts."""
+        draft = self.drafting.costly.get(DrafterKind.DRAFT)
+        return (self.target_model.path.resolve(), *((draft.context.model.path.resolve(),) if draft else ()))
+
     @property
     def target_info(self) -> GGUFInfo:
         """The target's GGUF header, as read when the session was placed."""
@@ -357,6 +362,7 @@ class Conversation:
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
         self.thinking = thinking
         self.recorder = self.turn = Recorder()
+        self.dropped = 0  # the oldest turns the latest message dropped to fit the context
         self.clear()
 
     def clear(self) -> None:
@@ -370,8 +376,10 @@ class Conversation:
         sampling, limits = overridden(self.sampling, self.limits, **options)
         self.messages.append({"role": "user", "content": text})
         self.turn = Recorder()
+        self.dropped = 0
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
+            self.dropped = self._fit(limits)
             for event in self.session.generate(Request(sampling, limits, messages=self.messages, thinking=self.thinking)):
                 self.recorder.add(event)
                 self.turn.add(event)
@@ -391,6 +399,35 @@ class Conversation:
                 thought = self.recorder.reasoning if started else ""
                 self.messages.append({"role": "assistant", "content": self.recorder.text if started else ""}
                                      | ({"reasoning_content": thought} if thought else {}))
+
+    def _fit(self, limits: Limits) -> int:
+        """Where the conversation and room for a reply (its max_tokens, at most a quarter of the context)
+        would not fit the context, drop its oldest turns (a user message and what answered it; never the
+        system prompt or the latest message), as Ollama does, until the prompt takes at most half the
+        context, as llama.cpp's context shift keeps half: the turns after are read from the cache again
+        until it fills. How many turns were dropped; a message that cannot fit alone is left to the
+        generation to refuse (ContextOverflow)."""
+        n_ctx = self.session.prompts.n_ctx
+        room = min(limits.max_tokens or n_ctx, n_ctx // 4)
+
+        def tokens() -> int:
+            try:
+                return len(self.session.prepare(Request(messages=self.messages, thinking=self.thinking)).tokens)
+            except ContextOverflow:  # too long to be worth tokenizing
+                return 2 * n_ctx
+
+        if len(self.messages) < 2 or tokens() + room <= n_ctx:
+            return 0
+        first = 1 if self.messages[0]["role"] == "system" else 0
+        dropped = 0
+        while True:
+            starts = [i for i in range(first + 1, len(self.messages)) if self.messages[i]["role"] == "user"]
+            if not starts:  # the latest message alone is left
+                return dropped
+            del self.messages[first:starts[0]]
+            dropped += 1
+            if tokens() <= n_ctx // 2:
+                return dropped
 
     def send(self, text: str, **options) -> Reply:
         """The whole reply to one message."""

@@ -1,5 +1,6 @@
 """Everything drawn with Rich: download progress, tables, reports."""
 
+import os
 import re
 import sys
 from contextlib import contextmanager
@@ -29,8 +30,23 @@ from .store.compat import CompatReport
 from .events import Done, Step, Token
 from .stats import INTERRUPTED, Recorder, Summary
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+
+def _consoles(styled: bool) -> tuple[Console, Console]:
+    """Standard error's and standard output's consoles. Unstyled: no ANSI styling at all, as NO_COLOR
+    (no-color.org) asks, whose reading by Rich alone drops colours but keeps bold and dim."""
+    color_system = "auto" if styled else None
+    return (Console(stderr=True, highlight=False, color_system=color_system),
+            Console(highlight=False, color_system=color_system))
+
+
+err, out = _consoles(styled=not os.environ.get("NO_COLOR"))
+
+
+def unstyled() -> None:
+    """Plain text from here on (--no-color)."""
+    global err, out
+    err, out = _consoles(styled=False)
+
 
 # C0 and C1 control characters and DEL: on a terminal they are commands (ESC starts a clipboard write
 # with OSC 52, or a hyperlink with OSC 8), so text from models, model files and users shows them as
@@ -118,6 +134,9 @@ def compat_report(report: CompatReport, console: Console = out) -> None:
 
 # models' columns, the most useful first: where the width runs out, the last ones are left out
 MODEL_COLUMNS = ("name", "params", "size", "installed", "draft", "layers", "aliases", "family", "license")
+# which columns stay at a narrow width, most wanted first: at 80 columns the name, whether it is here and
+# what drafts for it
+KEPT_FIRST = ("name", "draft", "installed", "size", "params", "layers", "aliases", "family", "license")
 
 
 UNVERIFIED = " ?"  # beside a size (or drafter) that one public source alone pins
@@ -140,10 +159,11 @@ def models_table(rows: list[dict], console: Console = out) -> None:
     console = _whole_rows(console)
     widths = {column: max([len(Text.from_markup(c[column]).plain) for c in cells] + [len(column)])
               for column in MODEL_COLUMNS}
-    columns = list(MODEL_COLUMNS)
+    kept = list(KEPT_FIRST)
     # a column takes its widest cell, two of padding and a rule
-    while len(columns) > 1 and sum(widths[c] + 3 for c in columns) + 1 > console.width:
-        columns.pop()
+    while len(kept) > 1 and sum(widths[c] + 3 for c in kept) + 1 > console.width:
+        kept.pop()
+    columns = [column for column in MODEL_COLUMNS if column in kept]
     table = Table(title="Models")
     for column in columns:
         whole = column in ("name", "draft")
@@ -155,7 +175,7 @@ def models_table(rows: list[dict], console: Console = out) -> None:
         console.print(f"[dim]{UNVERIFIED.strip()} unverified: one public source found for the file, or its size and"
                       " sha256 not found[/]")
     if len(columns) < len(MODEL_COLUMNS):
-        console.print(f"[dim]not shown at this width: {', '.join(MODEL_COLUMNS[len(columns):])} (--json has them)[/]")
+        console.print(f"[dim]not shown at this width: {', '.join(KEPT_FIRST[len(kept):])} (--json has them)[/]")
 
 
 def model_card(card, console: Console = out) -> None:

@@ -213,6 +213,22 @@ def test_retry_failed_runs_failed_items_again(localspec, tiny, tmp_path):
     assert sorted((r["id"], "text" in r) for r in records(output.read_bytes())) == [("a", True), ("b", True)]
 
 
+def test_an_output_that_holds_records_is_gone_on_from_or_started_again_only_when_asked(cli, localspec, tiny, tmp_path):
+    # a command run again without --resume silently threw away an hour of answers
+    invoke, _ = localspec
+    prompts, output = tmp_path / "prompts.txt", tmp_path / "out.jsonl"
+    prompts.write_text("a b\n")
+    assert invoke(tiny["target"], prompts, "-o", output, "-n", "2").returncode == 0
+    kept = output.read_bytes()
+    code, _, stderr = cli("batch", tiny["target"], prompts, "-o", output)
+    assert code == 2 and "holds 1 record already: --resume goes on from them, --overwrite starts it again" in stderr
+    assert output.read_bytes() == kept
+    again = invoke(tiny["target"], prompts, "-o", output, "-n", "2", "--overwrite")
+    assert again.returncode == 0 and len(records(output.read_bytes())) == 1
+    code, _, stderr = cli("batch", tiny["target"], prompts, "-o", output, "--overwrite", "--resume")
+    assert code == 2 and "give one" in stderr
+
+
 def test_resume_needs_an_output_file(cli, tiny):
     code, _, stderr = cli("batch", tiny["target"], "-", "--resume", stdin=b"x\n")
     assert code == 2 and "--resume needs --output" in stderr

@@ -151,6 +151,38 @@ def test_a_draft_length_beyond_the_batch_is_refused_and_the_chat_goes_on(tiny):
         assert chat.command("/draft 5", console) and session.draft_limit == 5
 
 
+def test_a_long_chat_drops_its_oldest_turns_keeps_the_system_prompt_and_goes_on(tiny):
+    # at a full context every message failed until /clear; Ollama and LM Studio drop the oldest turns
+    with Session(tiny["target"], None, Runtime(ctx_size=1024, threads=2), Speculation(DrafterKind.NGRAM)) as session:
+        conversation = session.chat("be brief", Sampling(temperature=0), Limits(max_tokens=16))
+        dropped, reused = [], []
+        for number in range(30):  # (about 100 of the tiny tokenizer's tokens a turn)
+            conversation.send(f"message number {number}: " + "the cat sat on the mat " * 3)
+            dropped.append(conversation.dropped)
+            reused.append(conversation.turn.summary().reused_prompt_tokens)
+        messages = conversation.messages
+        assert messages[0] == {"role": "system", "content": "be brief"}
+        assert messages[-2]["content"].startswith("message number 29") and messages[-1]["role"] == "assistant"
+        assert "message number 0:" not in json.dumps(messages)
+        # half the context at once, as llama.cpp's context shift: the turns between drops read the earlier
+        # ones from the cache
+        assert 0 < sum(1 for d in dropped if d) <= len(dropped) / 3, dropped
+        assert all(tokens > 0 for tokens, drop in zip(reused[1:], dropped[1:]) if not drop), (reused, dropped)
+
+
+def test_set_and_bye_as_in_ollama_and_a_full_context_said_in_one_line(localspec, tiny):
+    lines = ["/set parameter num_predict 2", "/set parameter temprature 1", "/set system be brief",
+             *(f"message {n}: " + "the cat sat on the mat " * 3 for n in range(12)), "/bye", "never read"]
+    done = localspec("chat", tiny["target"], "--no-draft", "-c", "256", "--temp", "0", "-n", "16",
+                     stdin=("\n".join(lines) + "\n").encode())
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert "num_predict set to 2" in out and "did you mean temperature?" in out and "system prompt set" in out
+    assert "turns were dropped to fit the context of 256 tokens (the system prompt is kept)" in err
+    replies = [line for line in out.splitlines() if line and "set" not in line and "did you mean" not in line]
+    assert len(replies) == 12  # one a message; nothing after /bye
+
+
 def spawn_chat(home, *args, n: int):
     """A chat in a pseudo-terminal with a reply limit of n tokens, as a user starts it."""
     env = {**os.environ, "LOCALSPEC_HOME": str(home), "COLUMNS": "100", "LINES": "40", "TERM": "xterm"}
@@ -301,6 +333,8 @@ def test_a_piped_chat_escapes_model_text_on_a_terminal_and_keeps_it_exact_elsewh
     reply = "\x1b]52;c;cm0gLXJmIH4=\x07copied \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x9b31m\x7f"
 
     class Scripted:
+        dropped = 0
+
         def reply(self, text, show):
             return reply
 

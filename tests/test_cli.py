@@ -523,12 +523,14 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     home.mkdir(exist_ok=True)
     (home / "models.toml").write_text(
         '[models.tiny-target]\nparams = "1M"\nrepo = "me/tiny-GGUF"\nfile = "target.gguf"\n')
-    assert b"no model is downloaded yet" in localspec("ls", "--installed").stdout
+    assert b"no model is downloaded yet" in localspec("ls").stdout
     (home / "models" / "tiny-target").mkdir(parents=True)
     shutil.copy(tiny["target"], home / "models" / "tiny-target" / "target.gguf")
     listed = localspec("models", "--json").stdout
-    assert localspec("list", "--json").stdout == localspec("ls", "--json").stdout == listed
-    installed = [json.loads(line) for line in localspec("ls", "--installed", "--json").stdout.splitlines()]
+    # Ollama's ls and list: what is downloaded; models: every name known
+    assert localspec("list", "--json").stdout == localspec("ls", "--json").stdout \
+        == localspec("models", "--installed", "--json").stdout
+    installed = [json.loads(line) for line in localspec("ls", "--json").stdout.splitlines()]
     assert [row["name"] for row in installed] == ["tiny-target"] and len(listed.splitlines()) > 10
     shown = localspec("show", "tiny-target")
     out = shown.stdout.decode()
@@ -551,6 +553,17 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     assert drafters == {"eagle3": "eagle3-gpt-oss-20b-Q8_0.gguf"}
     shown = "".join(localspec("show", "qwen3.6-27b").stdout.decode().split())  # as wrapped at any width
     assert "--draftauto(mtp-Qwen3.6-27B-Q4_0.gguf),--draftmtp(mtp-Qwen3.6-27B-Q4_0.gguf),--draftdflash" in shown
+
+
+@pytest.mark.parametrize("asked", [{"NO_COLOR": "1"}, {}])
+def test_no_color_means_no_styling_at_all(asked, tmp_path):
+    # Rich alone, under NO_COLOR, still wrote bold and dim
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path), "FORCE_COLOR": "1", **asked}
+    env.pop("NO_COLOR", None) if not asked else None
+    for args in (["show", "llama3.2"], ["models"]):
+        done = subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0 and ("\x1b[" in done.stdout) == (not asked), done.stdout
 
 
 def test_models_names_stay_whole_at_80_columns_and_in_a_pipe(localspec):

@@ -88,6 +88,12 @@ def test_options_override_the_defaults_and_are_checked_as_the_cli_checks_them(se
         session.complete("the cat", logprobs=21)
 
 
+def test_a_misspelt_setting_is_named_with_the_one_meant_and_dir_lists_the_library(session):
+    with pytest.raises(UsageError, match="unknown setting 'temprature': did you mean temperature?"):
+        session.complete("the cat", temprature=0)  # was a raw TypeError from deep inside
+    assert {"load", "Session", "Request", "Sampling", "__version__"} <= set(dir(localspec))
+
+
 def test_load_names_a_setting_it_does_not_take(tiny):
     with pytest.raises(UsageError, match="no setting ctx_sise"):
         localspec.load(str(tiny["target"]), ctx_sise=256)

@@ -453,6 +453,21 @@ def test_costs_measured_while_other_processes_took_the_cores_serve_their_session
     assert len(calibrations) == 2
 
 
+def test_costs_measured_on_a_quiet_machine_are_kept_at_once_for_a_session_that_lives_on(tiny, calibrations,
+                                                                                        monkeypatch):
+    # serve's session lives for days: kept only at a close on a machine quiet all along, its costs were
+    # measured again at every start
+    measure = costs_module.calibrate
+    monkeypatch.setattr(costs_module, "calibrate", lambda *args: (time.sleep(0.3), measure(*args))[1])  # as long
+    threads = os.cpu_count() or 1  # as a real model's calibration takes, for the CPU times to tell
+    with open_auto(tiny["target"], None, threads):
+        assert calibration.path().exists()  # kept as soon as measured
+        with busy_cores():
+            time.sleep(0.3)
+    open_auto(tiny["target"], None, threads).close()  # the next start reads them
+    assert len(calibrations) == 1
+
+
 def test_an_earlier_generation_earns_suffix_drafts_where_this_text_has_nothing_to_copy():
     """The passage was the answer to an earlier request: this text holds no copy of it for n-gram
     lookup, but the suffix cache does, and its proposals are learned from the text for free."""

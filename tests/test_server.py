@@ -518,6 +518,35 @@ def test_the_routes_clients_probe_are_answered_and_a_404_lists_every_route(serve
         assert route in listed, listed
 
 
+def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statistics(tmp_path, tiny):
+    home = tmp_path / "home"
+    server = ServerProcess(home, tiny["target"], "-c", "512")
+
+    def run(*args):
+        done = localspec_process(home, "run", tiny["target"], "-p", "the cat", "-n", "8", "--temp", "0", *args,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        out, err = done.communicate(timeout=120)
+        assert done.returncode == 0, err
+        return out.decode(), err.decode()
+
+    try:
+        served = json.loads(run("--json")[0])
+        local = json.loads(run("--json", "--local")[0])
+        assert served["served_by"] == server.base and "served_by" not in local
+        assert served["text"] == local["text"] and served["stats"]["tokens"] == local["stats"]["tokens"] == 8
+        assert served["stats"]["drafted"] == local["stats"]["drafted"]  # its Steps came over the stream too
+        out, err = run()
+        assert out.strip() == served["text"].strip()
+        assert "answered by target.gguf" in err and f"localspec serve at {server.base}" in err and "8 tokens" in err
+        assert server.log().count("/localspec/v1/generate 200") == 2
+        # a serve of another model is not used
+        assert "served_by" not in json.loads(localspec_process(
+            home, "run", tiny["partial"], "-p", "x", "-n", "2", "--json", stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL).communicate(timeout=120)[0])
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
     server.client().completions.create(model="tiny", prompt="metrics please", max_tokens=8)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}

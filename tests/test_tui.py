@@ -116,6 +116,16 @@ def test_batch_progress_joins_only_what_there_is():
     assert progress.status() == "75% accepted, 1 failed" and progress.finished == 2
 
 
+def test_the_registrys_models_at_80_columns_keep_whether_each_is_here_and_what_drafts_for_it(monkeypatch, tmp_path):
+    from localspec.store import catalog
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    console = Console(record=True, width=80)
+    tui.models_table(catalog.model_rows(), console)
+    header = next(line for line in console.export_text().splitlines() if "name" in line)
+    assert "installed" in header and "draft" in header, header  # (the draft column was the first to go)
+
+
 def test_models_table_keeps_every_name_whole_at_80_columns():
     console = Console(record=True, width=80)
     rows = [dict(name=f"a-rather-long-model-name-{i}", aliases=["alias-one", "alias-two"], family="family", params="70B",

@@ -16,6 +16,7 @@ from .. import bench as bench_runner
 from .. import chat as chat_loop
 from .. import compare as compare_runs
 from .. import net, paths, running, tui
+from .. import remote as remote_face
 from .. import worker as worker_face
 from ..config import DrafterKind, Lending, Serving, default_threads, duration_seconds
 from ..errors import InputError, UsageError
@@ -33,6 +34,8 @@ from .options import (
     RPC_OPTIONS,
     SAMPLING_OPTIONS,
     SPECULATION_OPTIONS,
+    HostOption,
+    LocalOption,
     NoColorOption,
     Settings,
     SystemOption,
@@ -72,7 +75,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
         print(crowded, file=sys.stderr)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    with session, running.holding(command, session.describe(), address):
+    with session, running.holding(command, session.describe(), address, session.model_files()):
         yield session
 
 
@@ -119,15 +122,22 @@ def run(
         "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
         " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,
     no_color: NoColorOption = False,
+    local: LocalOption = False,
+    host: HostOption = None,
 ):
     """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
 
     On a terminal the text streams with accepted draft tokens highlighted above a live panel of
     speculation statistics; otherwise plain text goes to stdout and a summary line to stderr.
+
+    Where a `localspec serve` on this machine holds the same model (as `localspec ps` lists it), it answers,
+    with no model loaded here (--local loads it anyway; --host names a serve elsewhere).
     """
     if prompt_text is not None and prompt is not None:
         raise UsageError("two prompts: PROMPT and --prompt; give one")
     prompt = prompt if prompt is not None else prompt_text
+    if no_color:
+        tui.unstyled()
     if escape and system is not None:
         system = unescape(system)
     if conversation or (prompt is None and file is None and sys.stdin.isatty()):
@@ -153,6 +163,10 @@ def run(
     if not text:
         raise InputError("the prompt is empty")
     predicted_text = read_text(prediction_file) if prediction_file else None
+    remote = None if local or compare else _serving(settings, host)
+    if remote is not None:
+        _run_remote(remote, settings, system, text, raw, predicted_text, quiet, as_json, no_color)
+        return
     with _open(settings, "run") as session:
         messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
                                      {"role": "user", "content": text}]
@@ -187,6 +201,46 @@ def run(
             raise typer.Exit(130)
 
 
+def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
+    """The running serve that answers for this command: the one --host names, else one on this machine
+    that holds the same files; None: load the model here."""
+    if host:
+        return remote_face.Remote(host if "://" in host else f"http://{host}", api_key=os.environ.get("LOCALSPEC_API_KEY"))
+    return remote_face.serving(settings.target, settings.draft_model) if settings.target else None
+
+
+def _remote_request(settings: Settings, **asked) -> Request:
+    """A command's request as a serve takes it: its own drafting where the command asks for one, else the serve's."""
+    speculation = settings.speculation
+    return Request(settings.sampling, settings.limits, thinking=settings.thinking,
+                   drafting=None if speculation.drafting == DrafterKind.AUTO else speculation.drafting,
+                   draft_max=speculation.draft_max, **asked)
+
+
+def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
+                predicted: str | None, quiet: bool, as_json: bool, no_color: bool) -> None:
+    messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
+                                 {"role": "user", "content": text}]
+    request = _remote_request(settings, messages=messages, prompt=text if raw else None, prediction=predicted)
+    if not quiet and not as_json:
+        print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
+    events = remote.generate(request)
+    auto = request.drafting is None
+    if sys.stdout.isatty() and not quiet and not as_json:
+        with tui.LiveView(tui.out, color=not no_color, models=remote.describe(), auto=auto) as view:
+            for event in events:
+                view.add(event)
+        return
+    recorder = tui.stream(events, show=not as_json)
+    if as_json:
+        print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
+                          "stats": recorder.summary().as_dict(), "served_by": remote.url}))
+    elif not quiet:
+        print(tui.summary_line(recorder, auto), file=sys.stderr)
+    if recorder.finish_reason == INTERRUPTED:
+        raise typer.Exit(130)
+
+
 def _plain_beside(session: Session, request: Request, recorder) -> compare_runs.Comparison:
     with tui.loading("decoding the same prompt plainly, to compare"):
         return compare_runs.plain_beside(session, request, recorder)
@@ -204,7 +258,7 @@ def _plain_beside(session: Session, request: Request, recorder) -> compare_runs.
 def chat(
     settings: Settings,
     system: Annotated[Optional[str], typer.Option(
-        "--system", "-s", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
+        "--system", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
     no_color: NoColorOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
@@ -217,6 +271,8 @@ def chat(
 
 
 def _chat(settings: Settings, system: str | None, no_color: bool, command: str) -> None:
+    if no_color:
+        tui.unstyled()
     with _open(settings, command) as session:
         conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -243,6 +299,8 @@ def batch(
                                      show_default=False)
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip ids already in --output and append the rest.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start --output again where it holds records (without"
+                                            " it, or --resume, such a file is refused).")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="With --resume: run failed items again (their"
                                                " error records are removed from --output).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template; control"
@@ -260,10 +318,12 @@ def batch(
         raise UsageError("--resume needs --output: the file whose finished items to skip")
     if retry_failed and not resume:
         raise UsageError("--retry-failed goes with --resume")
+    if overwrite and resume:
+        raise UsageError("--overwrite starts --output again and --resume goes on from it: give one")
     items = batch_runner.read_items(read_text(input_file, MOST_BATCH_BYTES).splitlines())
     # The output is opened and locked before the models load: a wrong path fails at once, and a
     # second batch writing the same file is refused instead of interleaving with this one.
-    with batch_runner.open_output(output, input_file, resume) as out:
+    with batch_runner.open_output(output, input_file, resume, overwrite) as out:
         skip = batch_runner.done_ids(out, retry_failed) if resume else set()
         todo = [item for item in items if item.id not in skip]
         interrupted = None  # Ctrl-C: how many items were written by then

@@ -57,8 +57,17 @@ def list_models(
 
 
 command(name="models")(list_models)
-command(name="list", hidden=True)(list_models)  # Ollama's names for it
-command(name="ls", hidden=True)(list_models)
+
+
+def list_installed(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False,
+):
+    """List the downloaded models, as Ollama's `ls` does (`localspec models` lists every name it knows)."""
+    list_models(installed=True, as_json=as_json)
+
+
+command(name="list", hidden=True)(list_installed)  # Ollama's names
+command(name="ls", hidden=True)(list_installed)
 
 
 @command(epilog="Examples:\n\n  localspec show qwen2.5-coder-1.5b\n\n  localspec show ./model.gguf --json")

@@ -95,7 +95,7 @@ SAMPLING_OPTIONS = {
     "min_p": (Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the likeliest one.",
                                             rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.min_p),
     "seed": (Annotated[Optional[int], typer.Option(
-        "--seed", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
+        "--seed", "-s", help="Seed for reproducible sampling. Default (or -1, as in llama.cpp): random.",
         rich_help_panel=SAMPLING)], None),
     "grammar": (Annotated[Optional[str], typer.Option(
         "--grammar", help="A GBNF grammar (llama.cpp's format) the output must follow; speculation stays lossless"
@@ -211,7 +211,8 @@ PARALLEL_OPTIONS = {
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
-    bool, typer.Option("--no-color", help="Do not highlight the tokens that came from accepted drafts.")
+    bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
+                                         " from accepted drafts (as NO_COLOR=1 in the environment).")
 ]
 
 
@@ -408,3 +409,10 @@ def after_model(positional: str, *instead: str) -> Callable[[dict], None]:
 SystemOption = Annotated[Optional[str], typer.Option(
     "--system", "--system-prompt", "-sys", help="System prompt: the first turn of the conversation, through the"
     " model's chat template.", show_default=False)]
+LocalOption = Annotated[bool, typer.Option(
+    "--local", help="Load the model in this process even where a running `localspec serve` holds it (by default"
+    " such a serve answers, at once: its context, threads and drafts are its own).")]
+HostOption = Annotated[Optional[str], typer.Option(
+    "--host", envvar="LOCALSPEC_HOST", help="Answer through the `localspec serve` at this URL"
+    " (http://HOST:PORT; its --api-key from LOCALSPEC_API_KEY) instead of loading the model here.",
+    show_default=False)]

@@ -296,6 +296,11 @@ class Answering:
 
     media_type: str
     headers: dict | None = None
+    every_event = False  # streamed as the events themselves (event()), Steps too, rather than as text
+
+    def event(self, item) -> list[str]:
+        """An event as an every_event protocol streams it."""
+        raise NotImplementedError
 
     def __init__(self, chat: bool, model: str):
         self.chat, self.model = chat, model

@@ -4,8 +4,9 @@ pair (compat.py), fitted to the machine's memory and devices (hardware.py, place
 (catalog.py: `models`, `show`, `doctor`), and the auto policy's costs measured on this machine
 (calibration.py).
 
-Its face, what the rest of localspec asks of it: find(name) what a name means; known() every model the
-registry names; installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first
+Its face, what the rest of localspec asks of it: find(name) what a name means; here(name) its file where
+it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
+downloaded; fetch(resolved) its file, downloaded first
 where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
 fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what
 a model takes of them.
@@ -20,7 +21,7 @@ from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "RepoQuant", "Resolved", "estimate_bytes", "fetch", "find", "header",
-           "installed", "known", "machine", "pair"]
+           "here", "installed", "known", "machine", "pair"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -28,6 +29,14 @@ __all__ = ["GGUFInfo", "ModelEntry", "Pair", "RepoQuant", "Resolved", "estimate_
 def find(name: str) -> Resolved:
     """What a name means: a registry model, a local file, a Hub file or repo quantization."""
     return registry.resolve(name)
+
+
+def here(name: str, draft: str | None = None) -> Path | None:
+    """The downloaded file a name means (a draft's, beside its target, where draft is given), found without
+    fetching anything; None where it is not here, or names no file (a drafter's kind, a Hub quantization)."""
+    resolved = find(name) if draft is None else registry.resolve_draft(draft, find(name))
+    path = installed(resolved) if isinstance(resolved, ModelEntry) else resolved if isinstance(resolved, Path) else None
+    return path.resolve() if path is not None and path.is_file() else None
 
 
 def known() -> dict[str, ModelEntry]:

@@ -37,7 +37,8 @@ def file_identity(model: Path) -> dict:
 
 def costs(key: dict, measure: Callable[[], Costs]) -> Costs:
     """The costs kept for key, else (and with LOCALSPEC_RECALIBRATE=1) measure()'s. The session keeps
-    them at its close, corrected by its real steps, if the machine was quiet meanwhile (quiet())."""
+    them as soon as measured where the machine was quiet while they were (quiet()), and again at its
+    close, corrected by its real steps, where it was quiet all along."""
     key = _plain(key)
     if os.environ.get("LOCALSPEC_RECALIBRATE", "") in ("", "0"):
         found = next((entry["costs"] for entry in _entries() if entry["key"] == key), None)
@@ -46,13 +47,13 @@ def costs(key: dict, measure: Callable[[], Costs]) -> Costs:
     return measure()
 
 
-def quiet(others: running.OtherWork, threads: int) -> bool:
+def quiet(others: running.OtherWork, threads: int, unknown: bool = True) -> bool:
     """Whether other processes left `threads` cores free since `others` began watching. Costs measured
     while they did not are that moment's, not the machine's: a calibration on a 2-core machine with a
     neighbour's tests running read verify(2) at a quarter of verify(1), which kept would have misled
     every later load. They still serve the session that measured them; real steps correct them."""
-    busy = others.cores()  # (None: too short a time to tell, as for a tiny model's session)
-    return busy is None or busy <= (os.cpu_count() or 1) - threads + QUIET_CORES
+    busy = others.cores()  # (None: too short a time to tell, as for a tiny model's session: `unknown`)
+    return unknown if busy is None else busy <= (os.cpu_count() or 1) - threads + QUIET_CORES
 
 
 def keep(key: dict, measured: Costs) -> None:
