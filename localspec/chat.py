@@ -163,7 +163,7 @@ class Chat:
             console.print("[red]usage: /set parameter NAME VALUE, /set system TEXT, /set think, /set nothink[/]")
 
     def _think(self, on: bool, console) -> None:
-        if not self.session.prompts.thinks:
+        if not self.session.thinks:
             console.print("[red]this model does not think before it answers (its chat template shows no thinking)[/]")
             return
         self.conversation.thinking = replace(self.conversation.thinking, think=on,
@@ -236,7 +236,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
 def _dropped_line(chat: Chat) -> str:
     dropped = chat.dropped
     return (f"the oldest {dropped} turn{'s were' if dropped > 1 else ' was'} dropped to fit the context of"
-            f" {chat.session.prompts.n_ctx:,} tokens (the system prompt is kept)")
+            f" {chat.session.info.n_ctx:,} tokens (the system prompt is kept)")
 
 
 def _read_block(first: str, interactive: bool) -> str | None:

@@ -7,32 +7,91 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 
 from . import running, store
+from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import EngineError, InputError, LocalspecError, UsageError
 from .events import Event, from_wire
-from .protocols.native import PATH
+from .protocols.native import INFO_PATH, PATH, TOKENS_PATH
 from .request import Request, to_wire
+from .session import Conversation, Info
 
 # to reach the serve, and then between two events: a queue or a long prompt's prefill may take minutes
 SILENCE_SECONDS = 600.0
 
 
 class Remote:
-    """A serve at url (api_key: one of its --api-key), generating for the model it started with."""
+    """A serve at url (api_key: one of its --api-key), generating for the model it started with: what `run`
+    and `chat` ask of a Session (generate, chat, info, and the drafting chat's /draft steers, which here
+    rides on each request rather than changing the serve)."""
 
-    def __init__(self, url: str, model: str = "", api_key: str | None = None):
+    def __init__(self, url: str, api_key: str | None = None):
         # (ps records a serve by its OpenAI base URL, http://HOST:PORT/v1)
-        self.url, self.model, self.api_key = url.rstrip("/").removesuffix("/v1"), model, api_key
+        self.url, self.api_key = url.rstrip("/").removesuffix("/v1"), api_key
+        self.mode: DrafterKind | None = None  # None: the serve's own
+        self.draft_max: int | None = None
 
     def describe(self) -> str:
-        return f"{self.model} (localspec serve at {self.url})" if self.model else f"localspec serve at {self.url}"
+        return f"{self._info['describe']} (localspec serve at {self.url})"
+
+    @cached_property
+    def _info(self) -> dict:
+        return json.loads(b"".join(self._asked(INFO_PATH)))
+
+    @property
+    def info(self) -> Info:
+        return Info(**{name: self._info[name] for name in Info.__dataclass_fields__})
+
+    @property
+    def thinks(self) -> bool:
+        return self._info["thinks"]
+
+    @property
+    def default_mode(self) -> DrafterKind:
+        return DrafterKind(self._info["default_mode"])
+
+    @property
+    def can_speculate(self) -> bool:
+        return self.default_mode != DrafterKind.PLAIN
+
+    def use(self, mode: DrafterKind) -> None:
+        self.mode = None if mode == self.default_mode else DrafterKind(mode)
+
+    def set_draft_max(self, draft_max: int | None) -> None:
+        if draft_max is not None and draft_max > self._info["most_draft"]:
+            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self._info['most_draft']}")
+        self.draft_max = draft_max
+
+    @property
+    def draft_limit(self) -> int:
+        return self._info["draft_limit"] if self.draft_max is None else self.draft_max
+
+    def chat(self, system: str | None = None, sampling: Sampling | None = None, limits: Limits | None = None,
+             thinking: Thinking = Thinking()) -> Conversation:
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking)
+
+    def count_tokens(self, request: Request) -> int:
+        return json.loads(b"".join(self._asked(TOKENS_PATH, to_wire(request))))["tokens"]
 
     def generate(self, request: Request) -> Iterator[Event]:
         """The events of one generation on the serve; closing the iterator (Ctrl-C) closes the connection,
         which stops the generation there."""
-        asked = urllib.request.Request(self.url + PATH, data=json.dumps(to_wire(request)).encode(), method="POST",
+        request = replace(request, drafting=request.drafting or self.mode,
+                          draft_max=self.draft_max if request.draft_max is None else request.draft_max)
+        for line in self._asked(PATH, to_wire(request)):
+            data = json.loads(line)
+            if "error" in data:
+                raise _refusal(data.get("status", 500), line)
+            yield from_wire(data)
+
+    def _asked(self, path: str, body: dict | None = None) -> Iterator[bytes]:
+        """The lines of the serve's answer to a GET (body None) or a POST of body; its refusal as the error a
+        local session would raise."""
+        asked = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                       method="GET" if body is None else "POST",
                                        headers={"Content-Type": "application/json"}
                                        | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}))
         try:
@@ -43,11 +102,7 @@ class Remote:
             raise EngineError(f"localspec serve at {self.url} does not answer: {getattr(error, 'reason', error)}"
                               " (--local runs the model here)") from None
         with response:
-            for line in response:
-                data = json.loads(line)
-                if "error" in data:
-                    raise _refusal(data.get("status", 500), line)
-                yield from_wire(data)
+            yield from response
 
 
 def _refusal(status: int, body: bytes) -> LocalspecError:
@@ -74,5 +129,5 @@ def serving(target: str, draft: str | None) -> Remote | None:
         held = tuple(Path(path) for path in record.get("files", ()))
         if record["command"] == "serve" and record.get("address") and held[:1] == files[:1] \
                 and (draft is None or held[1:2] == files[1:2]):
-            return Remote(record["address"], record["model"])
+            return Remote(record["address"])
     return None

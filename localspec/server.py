@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import traceback
+from importlib import resources
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -31,7 +32,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -93,6 +94,8 @@ class Server:
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
+            (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
+            (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
         ]
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=[self._route(*route) for route in self.routes], exception_handlers=not_http,
@@ -118,7 +121,10 @@ class Server:
         return Route(path, endpoint, methods=[method])
 
     async def root(self, request: Request, client: str | None) -> Response:
-        return PlainTextResponse("localspec is running")  # what Ollama's clients look for
+        """The web page, for a browser; what Ollama's clients look for, for the rest."""
+        if "text/html" in request.headers.get("accept", ""):
+            return HTMLResponse(resources.files("localspec").joinpath("web/index.html").read_text(encoding="utf-8"))
+        return PlainTextResponse("localspec is running")
 
     async def health(self, request: Request, client: str | None) -> Response:
         stopped = self._stopped()
@@ -309,6 +315,19 @@ class Server:
         served = await self._model(body.get("model"), known_only=True)
         parsed = await self._parse(body, True, NATIVE, served)
         return await self._respond(request, client, parsed, NATIVE.answering(True, served.name, parsed), served)
+
+    async def native_info(self, request: Request, client: str | None) -> Response:
+        served = await self._model(request.query_params.get("model"), known_only=True)
+        return JSONResponse(native.info(served.session) | {"model": served.name})
+
+    async def native_tokens(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"), known_only=True)
+        asked = native.request_of(body)
+        try:  # (tokenized on a thread, as a request's parsing is)
+            return JSONResponse({"tokens": await asyncio.to_thread(served.session.count_tokens, asked)})
+        except LocalspecError as error:
+            raise api_error(error) from None
 
     async def anthropic_count_tokens(self, request: Request, client: str | None) -> Response:
         """The prompt a Messages request would be read as, counted: rendered with the chat template and the
@@ -654,7 +673,8 @@ class _SameSite:
         if self.loopback and not _local_name(name):
             return (f"Host {host!r} is not a name of this machine (a page whose DNS name was rebound to it?);"
                     " serve answers localhost and loopback addresses while it listens on loopback")
-        if origin is not None and method != "OPTIONS" and not self.origins.match(origin):
+        if origin is not None and method != "OPTIONS" and not self.origins.match(origin) \
+                and origin.split("://", 1)[-1] != host:  # (serve's own page, where serve is reached by another name)
             return (f"a page of {origin} may not call this server (--cors-origin {origin} allows it)")
         return None
 

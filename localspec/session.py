@@ -178,9 +178,14 @@ class Session:
         """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
         self.speculation = self._with_draft_max(draft_max)
 
+    @property
+    def most_draft(self) -> int:
+        """The longest draft a step can verify (its batch, less the target's own token)."""
+        return self.target.max_rows - 1
+
     def _with_draft_max(self, draft_max: int | None) -> Speculation:
-        if draft_max is not None and draft_max + 1 > self.target.max_rows:
-            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.target.max_rows - 1}")
+        if draft_max is not None and draft_max > self.most_draft:
+            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.most_draft}")
         draft_min = self.speculation.draft_min
         return replace(self.speculation, draft_max=draft_max,
                        draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
@@ -228,6 +233,15 @@ class Session:
             raise UsageError(f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
                              " /v1/embeddings and /api/embed) and does not generate any")
         return self.prompts.prepare(request)
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the target is a reasoning model (its template thinks)."""
+        return self.prompts.thinks
+
+    def count_tokens(self, request: Request) -> int:
+        """How many tokens the request's prompt is, as the model reads it."""
+        return len(self.prepare(request).tokens)
 
     def generate(self, request: Request) -> Iterator[Event]:
         """The events of one generation: Prefill, then Token and Step as they come, then Done. A prediction
@@ -407,12 +421,12 @@ class Conversation:
         context, as llama.cpp's context shift keeps half: the turns after are read from the cache again
         until it fills. How many turns were dropped; a message that cannot fit alone is left to the
         generation to refuse (ContextOverflow)."""
-        n_ctx = self.session.prompts.n_ctx
+        n_ctx = self.session.info.n_ctx
         room = min(limits.max_tokens or n_ctx, n_ctx // 4)
 
         def tokens() -> int:
             try:
-                return len(self.session.prepare(Request(messages=self.messages, thinking=self.thinking)).tokens)
+                return self.session.count_tokens(Request(messages=self.messages, thinking=self.thinking))
             except ContextOverflow:  # too long to be worth tokenizing
                 return 2 * n_ctx
 

@@ -5,7 +5,9 @@ not named is kept from the answer by the browser itself.
 Chromium comes from Debian's package (`.ci/run` installs it); without it these tests are skipped,
 except in CI, where its absence is a failure."""
 
+import base64
 import http.server
+import io
 import json
 import os
 import queue
@@ -13,8 +15,13 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
+import urllib.request
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
+import websocket
 
 from test_server import ServerProcess
 
@@ -125,6 +132,98 @@ def test_a_page_on_a_named_origin_streams_a_chat_and_one_elsewhere_is_kept_from_
         page.key = "k"  # a page of an origin not named: the browser keeps the answer from it
         kept = page.visit("elsewhere.example.test", tmp_path / "profile-3")
         assert "blocked" in kept, kept
+        assert "Traceback" not in server.log()
+    finally:
+        page.close()
+        assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
+class DevTools:
+    """Headless Chromium on a page, driven over the DevTools protocol as a user would use it: read the
+    page, type, click, take a screenshot."""
+
+    def __init__(self, url: str, profile):
+        self.browser = subprocess.Popen(
+            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             "--disable-background-networking", "--disable-component-update", "--window-size=1200,800",
+             "--remote-debugging-port=0", f"--user-data-dir={profile}", url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        active = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + REPORT_SECONDS
+        while not (active.exists() and active.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        port = active.read_text().split()[0]
+        while time.monotonic() < deadline:
+            pages = [t for t in json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list").read())
+                     if t["type"] == "page"]
+            if pages:
+                break
+            time.sleep(0.1)
+        self.socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=REPORT_SECONDS,
+                                                  suppress_origin=True)
+        self.calls = 0
+
+    def call(self, method: str, **params) -> dict:
+        self.calls += 1
+        self.socket.send(json.dumps({"id": self.calls, "method": method, "params": params}))
+        while True:
+            answer = json.loads(self.socket.recv())
+            if answer.get("id") == self.calls:
+                return answer["result"]
+
+    def value(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def wait_for(self, expression: str, seconds: float = REPORT_SECONDS):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            found = self.value(expression)
+            if found:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"the page never showed {expression}: {self.value('document.body.innerText')}")
+
+    def screenshot(self, path) -> np.ndarray:
+        png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        path.write_bytes(png)
+        return plt.imread(io.BytesIO(png))[..., :3]
+
+    def close(self):
+        self.socket.close()
+        os.killpg(self.browser.pid, signal.SIGKILL)
+        self.browser.wait(timeout=30)
+
+
+def shows(image: np.ndarray, colour: str) -> int:
+    """How many pixels of a screenshot are (nearly) this CSS colour."""
+    wanted = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(image - wanted).max(axis=2) < 0.08).sum())
+
+
+def test_serves_page_streams_a_reply_marks_drafted_tokens_and_sets_plain_beside_it(tiny, tmp_path):
+    assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0",
+                           "--temp", "0", "-c", "512", "--alias", "tiny", "-n", "24")
+    page = DevTools(server.base + "/", tmp_path / "profile")
+    try:
+        assert "partial.gguf" not in page.wait_for("document.getElementById('model').textContent.includes('target')"
+                                                   " && document.getElementById('model').textContent")
+        empty = page.screenshot(tmp_path / "loaded.png")
+        assert shows(empty, "#1565c0") < 50  # no drafted token shown yet
+        page.value("document.getElementById('plain').click();"
+                   "document.getElementById('prompt').value = 'the cat sat on the mat';"
+                   "document.getElementById('ask').requestSubmit()")
+        line = page.wait_for("document.querySelector('.reply .line') && document.querySelector('.reply .line').textContent")
+        assert line.startswith("24 tokens"), line
+        drafted = page.value("document.querySelectorAll('.reply .tok.drafted.draft').length")
+        own = page.value("document.querySelectorAll('.reply .tok:not(.drafted)').length")
+        assert drafted > own > 0  # the draft model agrees with the target: most tokens came from its drafts
+        assert float(page.value("document.getElementById('per-pass').textContent")) > 1.5
+        assert page.value("document.querySelectorAll('#positions .bar').length") >= 2  # a bar per draft position
+        verdict = page.wait_for("document.getElementById('verdict') && document.getElementById('verdict').textContent")
+        assert "identical text" in verdict, verdict
+        replied = page.screenshot(tmp_path / "replied.png")  # (kept beside the test's files when it fails)
+        assert shows(replied, "#1565c0") > 200  # drafted tokens are drawn in the draft model's colour
         assert "Traceback" not in server.log()
     finally:
         page.close()

@@ -539,6 +539,14 @@ def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statisti
         assert out.strip() == served["text"].strip()
         assert "answered by target.gguf" in err and f"localspec serve at {server.base}" in err and "8 tokens" in err
         assert server.log().count("/localspec/v1/generate 200") == 2
+        # chat too: its replies as a chat of its own makes them, /draft riding on each request
+        script = b"the cat\n/draft off\nthe mat\n/draft 2\nthe end\n"
+        chats = [localspec_process(home, "chat", tiny["target"], "-n", "6", "--temp", "0", *local, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE).communicate(script, timeout=120)
+                 for local in ((), ("--local",))]
+        assert chats[0][0] == chats[1][0] and chats[0][0].count(b"\n") >= 3, chats
+        assert b"answered by target.gguf" in chats[0][1] and b"answered by" not in chats[1][1]
+        assert server.log().count("/localspec/v1/generate 200") == 5
         # a serve of another model is not used
         assert "served_by" not in json.loads(localspec_process(
             home, "run", tiny["partial"], "-p", "x", "-n", "2", "--json", stdout=subprocess.PIPE,
@@ -1023,3 +1031,11 @@ def test_a_web_page_cannot_drive_a_server_on_this_machine(server):
         assert httpx.post(server.url + "/completions", json=body, headers={"Host": host}).status_code == 200, host
     local = httpx.post(server.url + "/completions", json=body, headers={"Origin": f"http://localhost:{port}"})
     assert local.status_code == 200 and httpx.post(server.url + "/completions", json=body).status_code == 200
+    # serve's own page, reached by a LAN address: same-origin with serve, so served; a page of another is not
+    lan = f"192.168.1.5:{port}"
+    assert httpx.post(server.url + "/completions", json=body, headers={"Host": lan, "Origin": f"http://{lan}"}
+                      ).status_code == 200
+    assert httpx.post(server.url + "/completions", json=body, headers={"Host": lan, "Origin": f"http://192.168.1.6:{port}"}
+                      ).status_code == 403
+    assert httpx.post(server.url + "/completions", json=body, headers={  # rebound, its own origin: still refused
+        "Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"}).status_code == 403

@@ -148,7 +148,7 @@ def run(
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
-        _chat(settings, system, no_color, "run")
+        _chat(settings, system, no_color, "run", None if local else _serving(settings, host))
         return
     if raw and system is not None:
         raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
@@ -205,27 +205,26 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
     """The running serve that answers for this command: the one --host names, else one on this machine
     that holds the same files; None: load the model here."""
     if host:
-        return remote_face.Remote(host if "://" in host else f"http://{host}", api_key=os.environ.get("LOCALSPEC_API_KEY"))
-    return remote_face.serving(settings.target, settings.draft_model) if settings.target else None
-
-
-def _remote_request(settings: Settings, **asked) -> Request:
-    """A command's request as a serve takes it: its own drafting where the command asks for one, else the serve's."""
-    speculation = settings.speculation
-    return Request(settings.sampling, settings.limits, thinking=settings.thinking,
-                   drafting=None if speculation.drafting == DrafterKind.AUTO else speculation.drafting,
-                   draft_max=speculation.draft_max, **asked)
+        remote = remote_face.Remote(host if "://" in host else f"http://{host}", os.environ.get("LOCALSPEC_API_KEY"))
+    else:
+        remote = remote_face.serving(settings.target, settings.draft_model) if settings.target else None
+    if remote is not None:  # the command's own drafting where it asks for one, else the serve's
+        speculation = settings.speculation
+        remote.mode = None if speculation.drafting == DrafterKind.AUTO else speculation.drafting
+        remote.draft_max = speculation.draft_max
+    return remote
 
 
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
                 predicted: str | None, quiet: bool, as_json: bool, no_color: bool) -> None:
     messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
                                  {"role": "user", "content": text}]
-    request = _remote_request(settings, messages=messages, prompt=text if raw else None, prediction=predicted)
+    request = Request(settings.sampling, settings.limits, messages=messages, prompt=text if raw else None,
+                      prediction=predicted, thinking=settings.thinking)
     if not quiet and not as_json:
         print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
     events = remote.generate(request)
-    auto = request.drafting is None
+    auto = remote.mode is None
     if sys.stdout.isatty() and not quiet and not as_json:
         with tui.LiveView(tui.out, color=not no_color, models=remote.describe(), auto=auto) as view:
             for event in events:
@@ -260,6 +259,8 @@ def chat(
     system: Annotated[Optional[str], typer.Option(
         "--system", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
     no_color: NoColorOption = False,
+    local: LocalOption = False,
+    host: HostOption = None,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
@@ -267,13 +268,20 @@ def chat(
     open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
     both models' KV caches for the shared conversation prefix.
     """
-    _chat(settings, system, no_color, "chat")
+    _chat(settings, system, no_color, "chat", None if local else _serving(settings, host))
 
 
-def _chat(settings: Settings, system: str | None, no_color: bool, command: str) -> None:
+def _chat(settings: Settings, system: str | None, no_color: bool, command: str,
+          remote: remote_face.Remote | None) -> None:
+    """A chat on the model loaded here, or through a running serve that holds it (remote)."""
     if no_color:
         tui.unstyled()
-    with _open(settings, command) as session:
+    with ExitStack() as held:
+        if remote is not None:
+            print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
+            session = remote
+        else:
+            session = held.enter_context(_open(settings, command))
         conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")

@@ -4,14 +4,32 @@ serve's generation with the same live view and statistics as their own. Errors a
 "status": ...}`, as a line of the stream once it has begun."""
 
 import json
+from dataclasses import asdict, replace
 
 from ..errors import LocalspecError
 from ..events import to_wire
-from ..request import from_wire
+from ..request import Request, from_wire
 from ..service import Job
+from ..session import Session
 from .shared import ApiError, Answering, Defaults, Parsed, Protocol
 
 PATH = "/localspec/v1/generate"
+INFO_PATH = "/localspec/v1/info"  # what is loaded: what `chat` shows and steers
+TOKENS_PATH = "/localspec/v1/tokens"  # a request's prompt counted: `chat` drops old turns by it
+
+
+def info(session: Session) -> dict:
+    return asdict(session.info) | {"describe": session.describe(), "thinks": session.thinks,
+                                   "default_mode": str(session.default_mode), "draft_limit": session.draft_limit,
+                                   "most_draft": session.most_draft}
+
+
+def request_of(body: dict) -> Request:
+    """The request a body is; a 400 where it is none."""
+    try:
+        return from_wire(body)
+    except LocalspecError as error:
+        raise ApiError(400, str(error), param=getattr(error, "setting", None)) from None
 
 
 class Stream(Answering):
@@ -35,10 +53,10 @@ class Native(Protocol):
         return {"error": failure.message, "status": failure.status}
 
     def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:
-        try:
-            return Parsed(from_wire(body), stream=True, include_usage=False)
-        except LocalspecError as error:
-            raise ApiError(400, str(error), param=getattr(error, "setting", None)) from None
+        """The request a body is, with serve's own settings for what it leaves out (the web page's)."""
+        request = request_of(body)
+        kept = {name: getattr(defaults, name) for name in ("sampling", "limits", "thinking") if name not in body}
+        return Parsed(replace(request, **kept), stream=True, include_usage=False)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Stream:
         return Stream(chat, model)
