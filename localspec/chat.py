@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from rich.text import Text
+
 from . import tui
 from .config import DrafterKind, Limits, Sampling, Thinking, overridden
 from .errors import LocalspecError
@@ -34,6 +36,7 @@ HELP = """\
 \"\"\"              start or end a message of several lines (pasting several lines sends them as one)"""
 
 BLOCK = '"""'
+PROMPT = "you> "
 # /set parameter's names as Ollama's options call them, where they are not localspec's
 OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
 
@@ -46,7 +49,6 @@ def _parameter(value: str):
         except ValueError:
             pass
     return value
-
 
 
 class Chat:
@@ -199,7 +201,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                       ' """ for several lines, Ctrl-D to leave.[/]')
     while True:
         try:
-            line = input("you> " if interactive else "")
+            line = input(PROMPT if interactive else "")
         except EOFError:
             if interactive:
                 console.print()
@@ -207,6 +209,8 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
         except KeyboardInterrupt:
             console.print("\n[dim](Ctrl-D or /exit to leave)[/]")
             continue
+        if interactive and _taller_than(line, console):
+            _echo_again(line, console)
         if line.strip().startswith(BLOCK):
             line = _read_block(line, interactive)
             if line is None:
@@ -231,6 +235,22 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                     print(f"note: {_dropped_line(chat)}", file=sys.stderr)  # (whole: a script reads it)
         except LocalspecError as error:
             console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
+
+
+def _taller_than(text: str, console) -> bool:
+    """Whether a message, as the prompt echoed it, takes more rows than the terminal has: readline's echo
+    of a paste that tall is garbled (rows lost, tails of lines written over others)."""
+    width = max(1, console.width)
+    rows = sum(max(1, -(-(len(PROMPT) * (number == 0) + len(line)) // width))
+               for number, line in enumerate(text.split("\n")))
+    return rows >= console.height - 1
+
+
+def _echo_again(text: str, console) -> None:
+    """The screen cleared (what scrolled off stays in the terminal's scrollback) and the message written
+    whole, wrapped by us, so that what the model is sent is what shows."""
+    console.file.write("\x1b[H\x1b[2J")
+    console.print(Text(PROMPT + text), highlight=False)
 
 
 def _dropped_line(chat: Chat) -> str:

@@ -129,7 +129,7 @@ class Pool:
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
         names = ", ".join(a.name for a in self.available())
         raise NotKnown(f"the model {name!r} is not served here: it is not in the registry (or not downloaded);"
-                           f" these are: {names}")
+                       f" these are: {names}")
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:
         """The loaded model a request names, loaded first where it is not (on a thread; requests for the

@@ -20,10 +20,10 @@ import socket
 import threading
 import time
 import traceback
-from importlib import resources
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 import uvicorn

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pexpect
+import pyte
 import pytest
 
 from localspec.chat import Chat
@@ -134,6 +135,26 @@ def test_a_pasted_block_of_lines_is_one_message_in_a_terminal(home, tmp_path):
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     assert json.loads(saved.read_text())[0]["content"] == "def f(x):\n    return x + 1\nprint(f(2))"
+
+
+@pytest.mark.slow
+def test_a_paste_taller_than_the_terminal_shows_whole_before_the_reply(home):
+    # readline's echo of such a paste lost rows and wrote the tails of lines over others
+    child = spawn(home, "smollm2-135m", "--temp", "0", "-n", "4", "--offline")
+    screen = pyte.Screen(100, 40)
+    stream = pyte.Stream(screen)
+    lines = [f"line {i}: " + "some pasted text of a long document " * 3 for i in range(60)]
+    child.send("\x1b[200~" + "\n".join(lines) + "\x1b[201~")
+    child.send("\r")
+    child.expect(r"prompt \d+ tokens")
+    stream.feed(child.before + child.after)
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    shown = [row.rstrip() for row in screen.display]
+    pasted = [row for row in shown if row.startswith("line ")]
+    assert "line 59: " + "some pasted text of a long document " * 2 in "\n".join(shown), shown
+    assert all(row.rstrip() == lines[int(row.split(":")[0][5:])][:100].rstrip() for row in pasted), shown
 
 
 def test_a_draft_length_beyond_the_batch_is_refused_and_the_chat_goes_on(tiny):

@@ -126,6 +126,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--reasoning-effort", "lots"], "reasoning effort must be one of low, medium, high"),
         (["{target}", "-p", "x", "--reasoning-budget", "-5"], "reasoning budget must be >= 0 tokens"),
         (["{target}", "-p", "x", "--think"], "target.gguf does not support thinking"),
+        (["{target}", "-p", "x", "-s", "be brief"], "Invalid value for '--seed' / '-s'"),  # llama.cpp's -s: the seed
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):

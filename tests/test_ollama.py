@@ -31,6 +31,10 @@ def test_the_model_is_listed_shown_and_running(server, tiny):
     assert [m.model for m in client(server).ps().models] == ["tiny"]
     shown = client(server).show("tiny")
     assert shown.details.family == "llama" and shown.modelinfo["general.architecture"] == "llama"
+    # one parameter size everywhere (tags said 1.8B where show said 1.5B): the file's, as `localspec show` says it
+    from localspec.store import catalog
+    assert listed[0].details.parameter_size == shown.details.parameter_size \
+        == catalog.model_card(str(tiny["target"])).parameters
     assert shown.capabilities == ["completion"]  # its template offers no tools
     assert httpx.get(server.base + "/api/version").json()["version"]
 

@@ -168,8 +168,7 @@ def run(
         _run_remote(remote, settings, system, text, raw, predicted_text, quiet, as_json, no_color)
         return
     with _open(settings, "run") as session:
-        messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
-                                     {"role": "user", "content": text}]
+        messages = None if raw else _messages(system, text)
         prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
         request = Request(settings.sampling, settings.limits, messages=messages,
                           prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
@@ -201,6 +200,10 @@ def run(
             raise typer.Exit(130)
 
 
+def _messages(system: str | None, text: str) -> list[dict]:
+    return [*([{"role": "system", "content": system}] if system is not None else []), {"role": "user", "content": text}]
+
+
 def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
     """The running serve that answers for this command: the one --host names, else one on this machine
     that holds the same files; None: load the model here."""
@@ -217,9 +220,8 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
 
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
                 predicted: str | None, quiet: bool, as_json: bool, no_color: bool) -> None:
-    messages = None if raw else [*([{"role": "system", "content": system}] if system is not None else []),
-                                 {"role": "user", "content": text}]
-    request = Request(settings.sampling, settings.limits, messages=messages, prompt=text if raw else None,
+    request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(system, text),
+                      prompt=text if raw else None,
                       prediction=predicted, thinking=settings.thinking)
     if not quiet and not as_json:
         print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
