@@ -266,9 +266,11 @@ def chat(
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
-    Slash commands: /help, /stats, /clear, /draft off|on|N, /think, /no-think, /save FILE, /load FILE, /exit; triple quotes
-    open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse
-    both models' KV caches for the shared conversation prefix.
+    Slash commands: /help, /stats, /clear, /draft off|on|N, /think, /no-think, /set parameter NAME VALUE,
+    /set system TEXT, /save FILE, /load FILE, /exit or /bye; triple quotes open and close a message of several
+    lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse both models' KV caches for the shared
+    conversation prefix; at a full context the oldest turns are dropped (never the system prompt). Where a
+    `localspec serve` on this machine holds the same model, the chat goes through it (--local loads it here).
     """
     _chat(settings, system, no_color, "chat", None if local else _serving(settings, host))
 
@@ -486,9 +488,11 @@ def serve(
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
-    POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings, GET /v1/models,
-    /health and /metrics (Prometheus); Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags,
-    /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
+    A browser at / gets a chat page that shows speculation working (drafted tokens by drafter, acceptance by
+    position, plain decoding beside a reply); `localspec run` and `chat` answer through a serve that holds
+    their model. POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings,
+    GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses;
+    Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/tags, /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
     grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
     (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded

@@ -46,8 +46,8 @@ OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloa
 # with_options adds them to a command and builds one Settings from them.
 MODEL_OPTIONS = {
     "target": (Annotated[Optional[str], typer.Argument(
-        help="Target model: a registry name (see `localspec models`), a GGUF file, hf:owner/repo/file.gguf,"
-        " or owner/repo:Q4_K_M.", show_default=False)], None),
+        help="Target model: a registry name (see `localspec models`) or Ollama's name for it (qwen2.5-coder:1.5b,"
+        " llama3.2), a GGUF file, hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.", show_default=False)], None),
     "model": (Annotated[Optional[str], typer.Option(
         "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
         show_default=False)], None),
