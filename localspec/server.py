@@ -123,7 +123,7 @@ class Server:
     async def root(self, request: Request, client: str | None) -> Response:
         """The web page, for a browser; what Ollama's clients look for, for the rest."""
         if "text/html" in request.headers.get("accept", ""):
-            return HTMLResponse(resources.files("localspec").joinpath("web/index.html").read_text(encoding="utf-8"))
+            return HTMLResponse(_page())
         return PlainTextResponse("localspec is running")
 
     async def health(self, request: Request, client: str | None) -> Response:
@@ -597,7 +597,14 @@ class Server:
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
+@functools.cache
+def _page() -> str:
+    """serve's web page, read once."""
+    return resources.files("localspec").joinpath("web/index.html").read_text(encoding="utf-8")
+
+
 LOADING_BODY_LIMIT = 8 * 2**20  # bytes of a request's body read (and dropped) before it is answered 503
+LOADING_READ_SECONDS = 10.0  # a client that connects while the model loads and sends nothing is let go after
 
 
 @contextlib.contextmanager
@@ -607,6 +614,8 @@ def answering_while_loading(listener: socket.socket) -> Iterator[None]:
     to retry rather than left waiting; the server's own app takes the socket over afterwards. A thread of
     the standard library's HTTP server, as uvicorn closes the sockets it served once it stops."""
     class Loading(http.server.BaseHTTPRequestHandler):
+        timeout = LOADING_READ_SECONDS  # (each connection's socket: one that never sends holds no thread for good)
+
         def answer(self) -> None:
             self.rfile.read(min(int(self.headers.get("Content-Length") or 0), LOADING_BODY_LIMIT))
             failure = ApiError(503, "Loading model", "unavailable_error", code="loading_model")

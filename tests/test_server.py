@@ -1039,3 +1039,17 @@ def test_a_web_page_cannot_drive_a_server_on_this_machine(server):
                       ).status_code == 403
     assert httpx.post(server.url + "/completions", json=body, headers={  # rebound, its own origin: still refused
         "Host": f"attacker.example:{port}", "Origin": f"http://attacker.example:{port}"}).status_code == 403
+
+
+def test_while_loading_a_client_that_sends_nothing_is_let_go_and_the_others_are_answered(monkeypatch):
+    from localspec import net, server as server_face
+
+    monkeypatch.setattr(server_face, "LOADING_READ_SECONDS", 0.5)
+    with net.listen("127.0.0.1", 0) as listener, server_face.answering_while_loading(listener):
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+            answered = httpx.get(f"http://127.0.0.1:{port}/api/tags")  # answered while the other idles
+            assert answered.status_code == 503 and answered.json() == {"error": "Loading model"}
+            started = time.monotonic()
+            assert idle.recv(1) == b""  # closed by the door, not left open for good
+            assert time.monotonic() - started < 5
