@@ -12,9 +12,10 @@ from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
 from .engine.drafters import CostlyDrafter
+from .engine.drafters.across import AcrossDrafter, Vocabularies
 from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, longest_draft, plan_drafting
 from .errors import IncompatibleDraft, UsageError
-from .store import download, hardware, registry
+from .store import compat, download, hardware, registry
 from .store.placement import Placement
 
 
@@ -82,6 +83,17 @@ def published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | No
     return None
 
 
+def shared_vocabulary(target: Path, draft: Path) -> float:
+    """The share of a draft's vocabulary that spells single tokens of the target's (what it drafts with when
+    sampling, through text), read from the two vocabularies alone."""
+    models = [Model(target, vocab_only=True), Model(draft, vocab_only=True)]
+    try:
+        return Vocabularies(*models).shared
+    finally:
+        for model in models:
+            model.close()
+
+
 @dataclass
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
@@ -113,9 +125,14 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     if placement is None:
         workers = rpc.Workers(runtime.rpc) if workers is None else workers
         placement = Placement.plan(runtime, store.header(target), store.header(draft) if draft else None)
-    plan = plan_drafting(speculation, *placement.models)
+    target_header, draft_header = (*placement.models, None)[:2]
+    plan = plan_drafting(speculation, target_header, draft_header,
+                         draft_header is None or compat.check(target_header, draft_header).same_vocabulary)
     speculation = replace(speculation, drafting=plan.mode)
     notes: list[str] = []
+    if any(spec.drafter is AcrossDrafter for spec in plan.costly):
+        notes.append(f"{draft.name} drafts through text: its vocabulary is not {target.name}'s (expected acceptance"
+                     " lower than a same-family draft's)")
     placed, on_backend = placement.target, placement.backend_sampling
     # the workers' devices may hold layers of either model
     loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None}

@@ -120,16 +120,30 @@ def size_text(size: int | None) -> str:
     return f"{size} B"
 
 
-def compat_report(report: CompatReport, console: Console = out) -> None:
+def compat_report(report: CompatReport, shared: float | None = None, console: Console = out) -> None:
+    """The pair check's rules and verdict; shared: the share of the draft's vocabulary that spells single
+    target tokens, where it drafts through text."""
     table = Table(title=f"{shown(report.draft.path.name)} drafting for {shown(report.target.path.name)}")
     table.add_column("rule")
     table.add_column("result")
     table.add_column("detail")
     for rule in report.rules:
-        table.add_row(rule.name, "[green]pass[/]" if rule.passed else "[red]FAIL[/]", shown(rule.detail))
+        result = "[green]pass[/]" if rule.passed else "[yellow]differs[/]" if rule.vocabulary and report.across \
+            else "[red]FAIL[/]"
+        table.add_row(rule.name, result, shown(rule.detail))
     console.print(table)
-    verdict = "[green]compatible: this pair can speculate[/]" if report.compatible else "[red]incompatible: this draft cannot speculate for this target[/]"
-    console.print(verdict)
+    if not report.compatible:
+        console.print("[red]incompatible: this draft cannot speculate for this target[/]")
+    elif report.across:
+        console.print(f"[yellow]{across_verdict(shared)}[/]")
+    else:
+        console.print("[green]compatible: this pair can speculate[/]")
+
+
+def across_verdict(shared: float | None) -> str:
+    share = f"; {shared:.0%} of the draft's vocabulary spells single target tokens" if shared is not None else ""
+    return ("drafts through text (cross-vocabulary): expected acceptance lower than a same-family draft" + share
+            + " (`bench` measures it)")
 
 
 # models' columns, the most useful first: where the width runs out, the last ones are left out

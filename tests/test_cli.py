@@ -102,7 +102,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--temp", "warm"], "Invalid value for '--temp'"),
         (["{target}", "-p", "x", "--file", "{notgguf}"], "not both"),
         (["{target}", "--file", "{binary}"], "is not UTF-8 text"),
-        (["{target}", "--draft", "{other_tokenizer}", "-p", "x"], "token texts: first difference at token"),
+        (["{target}", "--draft", "{gemma4_assistant}", "-p", "x"], "reads a gemma4 target's KV cache"),
         (["{target}", "-p", ""], "the prompt is empty"),
         (["{target}", "-p", "abc " * 100, "--ctx-size", "64", "--raw"], "raise --ctx-size"),
         (["{target}", "-p", "x", "--threads", "9999"], "threads must be at most"),
@@ -325,7 +325,7 @@ def test_doctor_and_check_speak_json_and_unknown_sizes_stay_unknown(localspec, t
     assert pairs["qwen2.5-32b"]["needed"] is None and pairs["qwen2.5-32b"]["fits"] is None  # its size is not known
     good = localspec("check", tiny["target"], tiny["same"], "--json")
     assert good.returncode == 0 and json.loads(good.stdout)["compatible"] is True
-    bad = localspec("check", tiny["target"], tiny["other_tokenizer"], "--json")
+    bad = localspec("check", tiny["target"], tiny["gemma4_assistant"], "--json")
     report = json.loads(bad.stdout)
     assert bad.returncode == 1 and report["compatible"] is False and any(not r["passed"] for r in report["rules"])
     assert b"--draft ngram" in bad.stderr

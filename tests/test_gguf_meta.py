@@ -53,9 +53,14 @@ def test_absurd_counts_are_refused(tiny, tmp_path):
 def test_compatibility_of_tiny_models(tiny):
     target = gguf_meta.read(tiny["target"])
     assert compat.check(target, gguf_meta.read(tiny["partial"])).compatible
+    # another vocabulary: a draft model drafts through text; what differs is said
     report = compat.check(target, gguf_meta.read(tiny["other_tokenizer"]))
-    assert [r.name for r in report.failed] == ["token texts"]
-    assert "first difference at token 260: target 'a', draft 'A'" in report.failed[0].detail
+    assert report.compatible and report.across and not report.failed
+    differs = [r for r in report.rules if not r.passed]
+    assert [r.name for r in differs] == ["token texts"]
+    assert "first difference at token 260: target 'a', draft 'A'" in differs[0].detail
+    # a drafter that reads the target's cache needs its vocabulary, and the target's architecture
+    assert not compat.check(target, gguf_meta.read(tiny["gemma4_assistant"])).compatible
 
 
 @pytest.mark.slow
@@ -71,7 +76,8 @@ def test_a_262k_token_vocabulary_is_read_in_well_under_a_second(real_model):
 @pytest.mark.slow
 def test_real_pairs(real_model):
     qwen = compat.check(gguf_meta.read(real_model("qwen2.5-coder-1.5b")), gguf_meta.read(real_model("qwen2.5-coder-0.5b")))
-    assert qwen.compatible
+    assert qwen.compatible and qwen.same_vocabulary and not qwen.across
     mixed = compat.check(gguf_meta.read(real_model("smollm2-135m")), gguf_meta.read(real_model("gemma3-270m")))
-    failed = {r.name for r in mixed.failed}
-    assert {"vocabulary type", "vocabulary size", "token texts", "pre-tokenizer"} <= failed
+    differs = {r.name for r in mixed.rules if not r.passed}
+    assert {"vocabulary type", "vocabulary size", "token texts", "pre-tokenizer"} <= differs
+    assert mixed.compatible and mixed.across  # it drafts through text

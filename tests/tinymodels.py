@@ -49,6 +49,8 @@ class TinySpec:
     # Qwen3's <think>), and control tokens (<|im_end|>), which llama.cpp ends generation at where it knows them
     user_defined: tuple[str, ...] = ()
     control: tuple[str, ...] = ()
+    # its byte tokens' logits pinned at 0 too, so that it writes its pieces (text) rather than random bytes
+    writes_pieces: bool = False
 
     @property
     def vocab(self) -> list[str]:
@@ -99,7 +101,7 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             tensors[name] = weights * np.float32(spec.layer_scale)
     # A zero row pins the logit of <unk>/<s>/</s> at 0: end of text stays possible when
     # sampling but greedy runs rarely stop after a handful of tokens.
-    tensors["output.weight"][:3] = 0.0
+    tensors["output.weight"][: 259 if spec.writes_pieces else 3] = 0.0
     return tensors
 
 
@@ -133,10 +135,11 @@ def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> P
 
 
 def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...], user_defined: tuple[str, ...] = (),
-                      control: tuple[str, ...] = ()) -> None:
+                      control: tuple[str, ...] = (), scores: list[float] | None = None) -> None:
+    """scores: the pieces' own (SentencePiece merges the higher first); by default falling in their order."""
     writer.add_tokenizer_model("llama")
     writer.add_token_list(spm_vocab(pieces) + list(user_defined) + list(control))
-    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(pieces))]
+    writer.add_token_scores([0.0] * 3 + [-1000.0] * 256 + (scores or [-float(i) for i in range(len(pieces))])
                             + [0.0] * (len(user_defined) + len(control)))
     writer.add_token_types(
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]

@@ -119,7 +119,7 @@ def main() -> None:
         if os.environ.get("LOCALSPEC_DEBUG"):
             raise
         if isinstance(error, IncompatibleDraft):
-            tui.compat_report(error.report, tui.err)
+            tui.compat_report(error.report, console=tui.err)
         print(f"error: {tui.visible(str(error), layout=False)}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__, running, store, tui
+from .. import __version__, loading, running, store, tui
 
 from ..store import catalog, download, hardware, registry
 from ..config import DrafterKind
@@ -127,12 +127,15 @@ def check(
         return
     pair = store.pair(target, draft, offline, tui.download_progress(), verify_sha256=True)
     report = pair.report
+    shared = loading.shared_vocabulary(report.target.path, report.draft.path) if report.across else None
     if as_json:
         print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
                           "compatible": report.compatible,
+                          "vocabulary": "through text" if report.across else "same",
+                          **({"single_token_share": round(shared, 4)} if shared is not None else {}),
                           "rules": [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in report.rules]}))
     else:
-        tui.compat_report(report)
+        tui.compat_report(report, shared)
     if not report.compatible:
         print(pair.advice, file=sys.stderr)
         raise typer.Exit(1)

@@ -16,7 +16,7 @@ GGUF_MAGIC = b"GGUF"
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
                  load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
-                 mmap: bool | None = None, mlock: bool = False, watch=None):
+                 mmap: bool | None = None, mlock: bool = False, watch=None, vocab_only: bool = False):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
@@ -25,7 +25,8 @@ class Model:
         weights in the layout of its fastest kernels (llama.cpp's extra buffer types). mmap: map the file
         into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
         the weights in RAM, never swapped out. watch: the RPC workers (rpc.Workers) that watch this
-        model's decodes, where its layers may sit on theirs."""
+        model's decodes, where its layers may sit on theirs. vocab_only: read its vocabulary alone (no
+        context can be made of it), in a fraction of a second."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
@@ -33,6 +34,7 @@ class Model:
         params.n_gpu_layers = gpu_layers
         params.load_mtp = load_mtp
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only
         if devices is not None:
             chosen = offload_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
@@ -88,23 +90,24 @@ class Model:
                 return list(buffer[:n])
             capacity = -n
 
-    def spell_of(self, tokens: Sequence[int]) -> bytes:
-        """The bytes the tokens spell in generated text."""
-        return b"".join(map(self.piece, tokens))
+    def spell_of(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """The bytes the tokens spell in generated text (special: with special tokens' own text)."""
+        return b"".join(map(self.special_piece if special else self.piece, tokens))
 
-    def spell(self, text: str) -> list[int]:
+    def spell(self, text: str, special: bool = False) -> list[int]:
         """Tokens that spell exactly `text` where it follows other text: a SentencePiece vocabulary puts a
         space before the text it tokenizes, so there it is tokenized after a newline, and the tokens up to
-        the newline are dropped. [] where neither way spells it."""
-        tokens = self.tokenize(text, add_special=False, parse_special=False)
-        if self.spell_of(tokens) == text.encode():
+        the newline are dropped. [] where neither way spells it. special: special tokens' texts in it are
+        those tokens."""
+        tokens = self.tokenize(text, add_special=False, parse_special=special)
+        if self.spell_of(tokens, special) == text.encode():
             return tokens
-        after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=False), b""
+        after, spelled = self.tokenize("\n" + text, add_special=False, parse_special=special), b""
         for i, token in enumerate(after):
-            spelled += self.piece(token)
+            spelled += self.special_piece(token) if special else self.piece(token)
             if spelled.endswith(b"\n"):
                 rest = after[i + 1 :]
-                return rest if self.spell_of(rest) == text.encode() else []
+                return rest if self.spell_of(rest, special) == text.encode() else []
         return []
 
     def piece(self, token: int) -> bytes:

@@ -1,15 +1,19 @@
-"""Can a draft speculate for a target? llama.cpp's rules plus pre-tokenizer and merges identity.
+"""Can a draft speculate for a target, and how? llama.cpp's rules plus pre-tokenizer and merges identity.
 
-A draft's token ids are fed to the target as they are, so both must mean the
-same text by every id the draft can produce. The rules mirror
-common_speculative_are_compatible in llama.cpp; each result says what was
-compared, so a failing report tells the user exactly why.
+Where both vocabularies are one (the rules mirror common_speculative_are_compatible in llama.cpp: every id
+the draft can produce means the same text to both), a draft's token ids are fed to the target as they are.
+A draft model whose vocabulary is another drafts through text instead (engine/drafters/across.py), with
+lower acceptance than a same-family draft; the drafters that read the target's cache or hidden states
+(MTP blocks, Gemma 4's assistant, EAGLE-3, DFlash) need its vocabulary. Each result says what was compared,
+so a failing report tells the user exactly why.
 """
 
 from dataclasses import dataclass
 
 from .gguf_meta import LAST_HIDDEN_ARCHITECTURES, LAYER_INPUT_ARCHITECTURES, GGUFInfo
 
+# the drafters that read the target's cache or hidden states, and so draft in its vocabulary alone
+SAME_VOCABULARY_DRAFTERS = ("eagle3", "dflash", "gemma4-assistant")
 MAX_VOCAB_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 FIRST_COMPARED_TOKEN = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 
@@ -19,6 +23,7 @@ class Rule:
     name: str
     passed: bool
     detail: str
+    vocabulary: bool = False  # one of the rules of a shared vocabulary, which a draft model may do without
 
 
 @dataclass(frozen=True)
@@ -28,12 +33,23 @@ class CompatReport:
     rules: list[Rule]
 
     @property
+    def same_vocabulary(self) -> bool:
+        """Whether the draft's token ids mean the same text to the target."""
+        return all(rule.passed for rule in self.rules if rule.vocabulary)
+
+    @property
+    def across(self) -> bool:
+        """Whether the draft drafts through text: a draft model whose vocabulary is not the target's."""
+        return not self.same_vocabulary and self.draft.architecture not in SAME_VOCABULARY_DRAFTERS \
+            and not self.draft.mtp_sidecar
+
+    @property
     def compatible(self) -> bool:
-        return all(rule.passed for rule in self.rules)
+        return not self.failed
 
     @property
     def failed(self) -> list[Rule]:
-        return [rule for rule in self.rules if not rule.passed]
+        return [rule for rule in self.rules if not rule.passed and not (rule.vocabulary and self.across)]
 
     def summary(self) -> str:
         """One line per failed rule, for error messages."""
@@ -41,7 +57,7 @@ class CompatReport:
 
 
 def _same(name: str, target_value, draft_value) -> Rule:
-    return Rule(name, target_value == draft_value, f"target {target_value!r}, draft {draft_value!r}")
+    return Rule(name, target_value == draft_value, f"target {target_value!r}, draft {draft_value!r}", True)
 
 
 def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
@@ -62,11 +78,12 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
             difference <= MAX_VOCAB_SIZE_DIFFERENCE,
             f"target {target.vocab_size}, draft {draft.vocab_size} tokens"
             f" (at most {MAX_VOCAB_SIZE_DIFFERENCE} apart)",
+            True,
         )
     )
     rules.append(_token_texts(target, draft))
     same_merges = target.merges_digest == draft.merges_digest
-    rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ"))
+    rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ", True))
     rules.append(_rollback(target, draft))
     if draft.architecture in ("eagle3", "dflash"):
         rules.append(_hidden_states(target, draft))
@@ -91,16 +108,17 @@ def _rollback(target: GGUFInfo, draft: GGUFInfo) -> Rule:
 def _token_texts(target: GGUFInfo, draft: GGUFInfo) -> Rule:
     name = "token texts"
     if target.token_digest == draft.token_digest:
-        return Rule(name, True, "identical vocabularies")
+        return Rule(name, True, "identical vocabularies", True)
     target_tokens, draft_tokens = target.tokens(), draft.tokens()
     for token in range(FIRST_COMPARED_TOKEN, min(len(target_tokens), len(draft_tokens))):
         if target_tokens[token] != draft_tokens[token]:
             return Rule(
                 name, False,
                 f"first difference at token {token}: target {_show(target_tokens[token])},"
-                f" draft {_show(draft_tokens[token])}",
+                f" draft {_show(draft_tokens[token])}", True,
             )
-    return Rule(name, True, f"ids {FIRST_COMPARED_TOKEN}..{min(len(target_tokens), len(draft_tokens)) - 1} agree")
+    return Rule(name, True, f"ids {FIRST_COMPARED_TOKEN}..{min(len(target_tokens), len(draft_tokens)) - 1} agree",
+                True)
 
 
 def _show(token: bytes) -> str:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ...config import DrafterKind, Speculation
 from ...errors import UsageError
+from .across import AcrossDrafter
 from .base import NoDrafter
 from .forward import AssistantDrafter, DFlashDrafter, Eagle3Drafter, ModelDrafter, MtpDrafter
 from .free import NgramDrafter, SuffixDrafter
@@ -93,6 +94,8 @@ SPECS = (
                 asked="the DFlash drafter published beside it (Qwen3.6's), which reads the target's hidden states"),
     DrafterSpec("draft", DrafterKind.DRAFT, Weights.FILE, ModelDrafter, "{file}",
                 "the draft mode needs a draft model (--draft NAME or FILE)", lambda target, draft: True),
+    # a draft model whose vocabulary is not the target's (the pair check tells, plan_drafting's `same_vocabulary`)
+    DrafterSpec("across", DrafterKind.DRAFT, Weights.FILE, AcrossDrafter, "{file}, through text"),
     DrafterSpec("mtp", DrafterKind.MTP, Weights.TARGET, MtpDrafter, "its own MTP layers",
                 "the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)",
                 asked="the target's own multi-token-prediction layers (Qwen3.5 and others that have them), or the"
@@ -180,11 +183,13 @@ class DraftPlan:
         return DraftPlan(DrafterKind.PLAIN, note=f"{reason}: decoding plainly")
 
 
-def plan_drafting(speculation: Speculation, target: Header, draft: Header | None = None) -> DraftPlan:
+def plan_drafting(speculation: Speculation, target: Header, draft: Header | None = None,
+                  same_vocabulary: bool = True) -> DraftPlan:
     """The plan for drafting as speculation asks, with a target and draft file of these headers.
 
     A draft file drafts as what its header shows (a draft model, an MTP block, Gemma 4's assistant, an
-    EAGLE-3 or DFlash drafter), and fixed drafting with it is that kind's mode. The target's own MTP
+    EAGLE-3 or DFlash drafter), and fixed drafting with it is that kind's mode; a draft model whose
+    vocabulary is not the target's (same_vocabulary, by the pair check) drafts through text. The target's own MTP
     layers draft when asked for, and under auto beside a draft model (the target keeps the hidden states
     of one kind of drafter)."""
     mode = speculation.drafting
@@ -192,6 +197,8 @@ def plan_drafting(speculation: Speculation, target: Header, draft: Header | None
         raise UsageError(f"draft-min must be between 0 and draft-max ({draft_limit(speculation)}),"
                          f" got {speculation.draft_min}")
     by_file = None if draft is None else next(spec for spec in SPECS if spec.recognises and spec.recognises(target, draft))
+    if by_file is SPEC["draft"] and not same_vocabulary:
+        by_file = SPEC["across"]
     if by_file is not None and mode == DrafterKind.DRAFT:
         mode = by_file.kind
     costly = [by_file] if by_file is not None else []
