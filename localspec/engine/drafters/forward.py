@@ -96,8 +96,12 @@ class ForwardDrafter:
 
     def _next(self, row: int = -1) -> tuple[int | None, Dist]:
         """The next draft token (None: unsure) from a row of the context's last logits, and its distribution q."""
-        q = softmax(*self.context.candidates(row))
+        q = self._q(row)
         return next_draft_token(q, self.p_min, self.sampling, self.rng), q
+
+    def _q(self, row: int = -1) -> Dist:
+        """The drafter's distribution at a row of the context's last logits, as its sampler chain keeps it."""
+        return softmax(*self.context.candidates(row))
 
     def _decoded(self, tokens: list[int], logits: str, hidden: np.ndarray | None = None,
                  embedded: bool = False) -> Generator[Turn, None, None]:
