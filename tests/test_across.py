@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import speculative
 from localspec.engine.backend import Context
 from localspec.engine.drafters import NoDrafter
@@ -16,10 +16,14 @@ from localspec.engine.drafters.spec import SPEC, plan_drafting
 from localspec.engine.model import Model
 from localspec.engine.sampling import Dist
 from localspec.events import Step, Token
+from localspec.request import Request
+from localspec.session import Session
+from localspec.stats import record
 from localspec.store import compat, gguf_meta
 
 from conftest import TARGET
 from test_lossless import chi_square_p_value, exact_distribution, sample_counts, ALPHA
+from test_parallel import served
 from tinyacross import write_tiny_across
 from tinymodels import write_tiny_model
 
@@ -183,3 +187,30 @@ def test_check_and_run_take_a_draft_of_another_vocabulary(localspec, files):
     drafted = json.loads(run.stdout)
     assert drafted["text"] == plain["text"] and drafted["stats"]["accepted"] > 0
     assert b"drafts through text" in run.stderr
+
+
+def test_a_draft_of_another_vocabulary_drafts_for_every_sequence_of_a_session(files):
+    prompts = ["the cat sat", "on the", "abc"]
+    requests = [Request(GREEDY, Limits(24), prompt=p) for p in prompts]
+    fixed = Speculation(drafting=DrafterKind.DRAFT, required=True, p_min=0.0)
+    with Session(files["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as plain:
+        expected = [plain.complete(p, raw=True, sampling=GREEDY, limits=Limits(24)).text for p in prompts]
+    with Session(files["target"], files["bpe"], Runtime(ctx_size=512), fixed) as single:
+        alone = [record(single.generate(Request(GREEDY, Limits(24), prompt=single.prompts.tokenize(p, raw=True))))
+                 for p in prompts]
+        assert any("drafts through text" in note for note in single.notes)
+    with Session(files["target"], files["bpe"], Runtime(ctx_size=512, parallel=3), fixed) as session:
+        jobs = served(session, requests)
+    assert [job.recorder.text for job in jobs] == expected
+    # each sequence drafted on its own part of the draft's context, as it did alone
+    assert [(job.recorder.drafted, job.recorder.accepted) for job in jobs] == [(a.drafted, a.accepted) for a in alone]
+    assert all(job.recorder.accepted > 0 for job in jobs)
+
+
+def test_auto_weighs_a_draft_of_another_vocabulary_and_keeps_the_output_the_targets(files):
+    with Session(files["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as plain:
+        expected = [plain.complete(p, raw=True, sampling=GREEDY, limits=Limits(48)).text for p in PROMPTS]
+    with Session(files["target"], files["spm"], Runtime(ctx_size=512), Speculation()) as session:
+        assert session.drafting.describe().startswith("auto: n-gram lookup or spm.gguf, through text")
+        texts = [session.complete(p, raw=True, sampling=GREEDY, limits=Limits(48)).text for p in PROMPTS]
+    assert texts == expected

@@ -62,7 +62,8 @@ def write_tiny_across(path: Path, target: TinySpec, tokenizer: str, favour: str 
         if text[-1] in rows:
             embedding[token] = weights["token_embd.weight"][rows[text[-1]]]
         if text[0] in rows:
-            output[token] = weights["output.weight"][rows[text[0]]] * np.float32(1.0 if len(text) == 1 else 1.1)
+            # (longer words a little more readily: no two tokens' rows are the same)
+            output[token] = weights["output.weight"][rows[text[0]]] * np.float32(1.0 + 0.05 * (len(text) - 1))
     if favour is not None:  # every token's embedding leans one way, which the favoured token's row reads
         embedding[:, 0] += np.float32(FAVOURED)
         output[vocab.index(favour)] = 0.0

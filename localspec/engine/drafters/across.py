@@ -154,7 +154,8 @@ class AcrossDrafter(ForwardDrafter):
     def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
         """Read the history's text: keep the cached tokens whose text agrees with it, up to a boundary
         where the rest can be tokenized alone, and read the rest as the draft tokenizes it."""
-        for token in history[self._texted :]:
+        arrived = history[self._texted :]
+        for token in arrived:
             self._text += self.vocabularies.target_texts[token]
         self._texted = len(history)
         whole = complete(self._text)
@@ -165,7 +166,7 @@ class AcrossDrafter(ForwardDrafter):
         keep = self.context.keep_common(self.context.tokens[:agreed], agreed)
         self._keep(keep)
         start = self._ends[-1] if self._ends else 0
-        tokens = self._mapped(history, len(text) - start) if keep else None
+        tokens = self._mapped(arrived, len(text) - start) if keep else None
         if tokens is None:
             tokens = self._tokens_for(bytes(text[start:]), start == 0 and keep == 0)
         yield from self._read(tokens, "last")
@@ -199,12 +200,14 @@ class AcrossDrafter(ForwardDrafter):
         del self._held[self._ends[-1] if self._ends else 0 :]
         self._sure = min(self._sure, len(self._held))
 
-    def _mapped(self, history: list[int], length: int) -> list[int] | None:
-        """The draft tokens of the history's last target tokens, where they spell the last `length` bytes of
-        its text and each is in the intersection (mostly the target's own token after a draft): a tokenizer
-        call saved, which costs more than the rest of a step's host work. None where they do not."""
+    def _mapped(self, arrived: list[int], length: int) -> list[int] | None:
+        """The draft tokens of the target tokens that arrived since the last read, where the last of them
+        spell the last `length` bytes of the history's text and each is in the intersection (mostly the
+        target's own token after a draft): a tokenizer call saved, which costs more than the rest of a
+        step's host work. None where they do not (text read before is read again as the draft's tokenizer
+        writes it, so a prompt is read alike at once or in pieces)."""
         tokens: list[int] = []
-        for token in reversed(history):
+        for token in reversed(arrived):
             if length <= 0:
                 break
             own = self.vocabularies.to_draft.get(token)
