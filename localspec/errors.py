@@ -51,7 +51,8 @@ class EngineError(LocalspecError):
 
 
 class IncompatibleDraft(UsageError):
-    """The draft's tokenizer differs from the target's; carries the compatibility report."""
+    """The draft cannot draft for the target (a drafter of its hidden states or cache made for another, a
+    state that cannot be taken back); carries the compatibility report."""
 
     def __init__(self, message: str, report):
         super().__init__(message)

@@ -1,8 +1,9 @@
 """How often greedy speculative output equals plain greedy output, and why it differs.
 
     python scripts/greedy_match.py TARGET.gguf [--draft DRAFT.gguf] [--max-tokens 128]
+                                   [--prompts humaneval,mtbench --limit 4]
 
-For each prompt, runs plain greedy decoding, then greedy speculation with the
+For each prompt (its own eight, or bench's prompt sets), runs plain greedy decoding, then greedy speculation with the
 draft model (if given) and with n-gram lookup, in one process. Where outputs
 differ, prints the position and the gap between the target's two best logits
 there in plain decoding: a tiny gap means a near-tie that batched and
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localspec import bench
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.events import Token
 from localspec.request import Request
@@ -50,13 +52,19 @@ def main() -> None:
     parser.add_argument("target", type=Path)
     parser.add_argument("--draft", type=Path)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", help="bench's prompt sets, comma-separated, in place of the eight here")
+    parser.add_argument("--limit", type=int, help="the first N prompts of each set")
     args = parser.parse_args()
 
     runtime = Runtime(ctx_size=2048)
     drafts = {DrafterKind.NGRAM: None} | ({DrafterKind.DRAFT: args.draft} if args.draft else {})
     matches = {name: 0 for name in drafts}
     with Session(args.target, None, runtime, Speculation(DrafterKind.PLAIN)) as plain_session:
-        prompts = [plain_session.prompts.tokenize(p, raw=False) for p in PROMPTS]
+        if args.prompts:
+            prompts = [plain_session.prompts.prompt_tokens(list(p.messages)) for name in bench.expand(args.prompts)
+                       for p in bench.load_prompts(name, args.limit)]
+        else:
+            prompts = [plain_session.prompts.tokenize(p, raw=False) for p in PROMPTS]
         plain = [tokens_of(plain_session, p, args.max_tokens) for p in prompts]
         gaps = {}
         for name, draft in drafts.items():
@@ -73,7 +81,7 @@ def main() -> None:
                     print(f"{name}: prompt {i} differs at token {at} of {len(plain[i])};"
                           f" gap between the target's top two logits there: {gaps[key]:.4f}")
     for name, count in matches.items():
-        print(f"{name}: {count}/{len(PROMPTS)} prompts identical to plain greedy decoding")
+        print(f"{name}: {count}/{len(plain)} prompts identical to plain greedy decoding")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.store import registry
+from localspec.store import catalog, registry
 from localspec.cli.options import build_settings
 from localspec.config import DrafterKind
 from localspec.errors import UsageError
@@ -158,6 +158,9 @@ def test_user_entries_extend_and_override(tmp_path, monkeypatch):
         ('[models.x]\nfile = "x.gguf"\ndrafts = "medusa"\n', "'medusa' is not a kind of drafter"),
         ('[models.x]\nfile = "x.gguf"\ndrafts = "mtp"\ndraft = "y"\n', "has no draft or drafters of its own"),
         ('[models.x]\nfile = "x.gguf"\nsources = 0\n', "sources"),
+        # a draft of another vocabulary is suggested only with how it was measured to help
+        ('[models.x]\nfile = "x.gguf"\n[models.x.across]\ndraft = "smollm2-135m"\n', "measured"),
+        ('[models.x]\nfile = "x.gguf"\n[models.x.across]\ndraft = "smollm2-135m"\nmeasured = ""\n', "measured"),
     ],
 )
 def test_bad_user_entries_are_refused(tmp_path, monkeypatch, text, message):
@@ -173,6 +176,21 @@ def test_compatible_drafts_share_the_family_and_are_smaller(models):
     assert [d.name for d in registry.compatible_drafts(models["smollm2-1.7b"], models)] == ["smollm2-135m", "smollm2-360m"]
     assert registry.compatible_drafts(models["smollm2-135m"], models) == []  # nothing smaller: never a bigger one
     assert "--draft ngram" in registry.draft_advice(models["smollm2-135m"])
+
+
+def test_a_draft_of_another_vocabulary_measured_to_help_is_suggested_and_drafts_under_draft_auto(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text('[models.big]\nfile = "big.gguf"\nfamily = "lonely"\nparams = "24B"\n'
+                                          '[models.big.across]\ndraft = "smollm2-135m"\nmeasured = "bench: 1.2x plain"\n')
+    models = registry.load()
+    big = models["big"]
+    assert big.across == registry.Across("smollm2-135m", "bench: 1.2x plain")
+    assert registry.auto_drafter(big, models).name == "smollm2-135m"
+    assert "smollm2-135m drafts for it through text (bench: 1.2x plain)" in registry.draft_advice(big, models)
+    card = catalog.model_card("big")  # what `show` prints
+    assert card.info["across"] == {"draft": "smollm2-135m", "measured": "bench: 1.2x plain"}
+    assert "--draft auto (smollm2-135m)" in card.drafts
+    assert "--draft smollm2-135m (through text: bench: 1.2x plain)" in card.drafts
 
 
 def test_ngram_is_a_way_of_drafting_not_a_model(models):

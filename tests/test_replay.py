@@ -1,5 +1,5 @@
 """scripts/replay.py and scripts/predict_gpu.py: acceptance recorded along the target's path, replayed
-against a device's cost curve."""
+against a device's cost curve; scripts/predict_from_bench.py: a bench run's draft steps priced by one."""
 
 import json
 import os
@@ -14,6 +14,7 @@ from localspec.engine.drafters.spec import draft_limit
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+import predict_from_bench  # noqa: E402
 import predict_gpu  # noqa: E402
 from replay import RecordedDraftModel, chain_lengths, replay  # noqa: E402
 
@@ -183,3 +184,15 @@ def test_the_example_device_report_says_it_is_no_measurement_and_is_shaped_as_pu
     assert costs.verify_seconds(4) / costs.level < 1.1 and costs.verify_seconds(32) / costs.level < 2
     assert 0.3 <= costs.drafts[DrafterKind.DRAFT].token <= 0.5
     assert draft_limit(Speculation(), DrafterKind.AUTO) + 1 <= max(costs.verify)
+
+
+def test_a_bench_runs_draft_steps_are_priced_by_a_curve():
+    assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 2) == pytest.approx(1.5)
+    assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 12) == pytest.approx(3.5)  # beyond: the last slope
+    # ten steps of 3 drafted, all kept, and ten tokens of steps that drafted nothing
+    row = {"tokens": 50, "drafters": {"draft": {"steps": 10, "drafted": 30, "accepted": 30}}}
+    assert predict_from_bench.predicted(row, FLAT, 0.0, 0) == pytest.approx(50 / 20)  # every step costs one
+    assert predict_from_bench.predicted(row, LINEAR, 0.0, 0) == pytest.approx(1.0)  # verify(4) costs 4 tokens
+    # the draft's passes: 3 (or 4, unsure at the end) a drafting step, one where nothing was drafted
+    assert predict_from_bench.predicted(row, FLAT, 0.5, 0) == pytest.approx(50 / (10 * 2.5 + 10 * 1.5))
+    assert predict_from_bench.span(row, FLAT, 0.5) == f"{50 / (10 * 3 + 15):.2f}-{50 / 40:.2f}x"

@@ -53,8 +53,9 @@ MODEL_OPTIONS = {
         show_default=False)], None),
     "draft": (Annotated[Optional[str], typer.Option(
         "--draft", "-d", "-md", "--model-draft",
-        help="Draft model sharing the target's tokenizer: a name, a size in the target's family (0.5b), 'auto' for"
-        " the one the registry recommends, a GGUF file; 'ngram' to draft by looking up the prompt and output; "
+        help="Draft model: a name, a size in the target's family (0.5b), 'auto' for the one the registry recommends,"
+        " a GGUF file (any model: one whose vocabulary is not the target's drafts through text, with lower"
+        " acceptance than a same-family draft); 'ngram' to draft by looking up the prompt and output; "
         + "; ".join(f"'{word}' to draft with {what}" for word, what in DRAFT_WORDS.items()) + ". Default: ngram.",
         show_default=False)], None),
     "offline": (OfflineOption, False),

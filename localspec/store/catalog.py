@@ -75,6 +75,8 @@ def model_card(name: str) -> ModelCard:
         "tokenizer": header.vocab_type if header else None,
         "vocab_size": header.vocab_size if header else None,
         "draft": entry.draft if entry else None,
+        # a draft model of another vocabulary measured to help it, and how
+        "across": {"draft": entry.across.draft, "measured": entry.across.measured} if entry and entry.across else None,
         "drafts": [d.name for d in registry.compatible_drafts(entry, models)] if entry else [],
         # the drafters published beside it that localspec runs, by the kind --draft asks for them by
         "drafters": {d.drafts: d.file for d in registry.drafters_of(entry, models) if d.drafts in PUBLISHED_DRAFTERS}
@@ -108,10 +110,14 @@ def _auto_drafts(header: gguf_meta.GGUFInfo) -> list[str]:
 def _drafts_text(info: dict, is_registered: bool) -> str:
     if info["recurrent"] and not info["rolls_back"]:
         return "none: its recurrent state cannot take rejected draft tokens back (it decodes plainly)"
-    auto = next(iter(info["drafters"].values()), None) or info["draft"]  # registry.auto_drafter's choice
+    across = info["across"]
+    # registry.auto_drafter's choice
+    auto = next(iter(info["drafters"].values()), None) or info["draft"] or (across["draft"] if across else None)
     ways = [f"--draft auto ({auto})"] if auto else []
     ways += [f"--draft {kind} ({file})" for kind, file in info["drafters"].items()]
     ways += [f"--draft {name}" for name in info["drafts"] if name != auto]
+    if across:
+        ways.append(f"--draft {across['draft']} (through text: {across['measured']})")
     if info["mtp_layers"]:
         ways.append(f"--draft mtp ({info['mtp_layers']} MTP layer{'s' if info['mtp_layers'] > 1 else ''})")
     ways.append("--draft ngram")
@@ -120,7 +126,7 @@ def _drafts_text(info: dict, is_registered: bool) -> str:
         *others, last = info["auto"]
         text += f"; without --draft, {DrafterKind.AUTO} drafts with {', '.join(others)} and {last}"
     if not is_registered:
-        text += "; or a draft model file that shares its tokenizer (`localspec check` says whether one does)"
+        text += "; or any draft model file (`localspec check` says how it drafts for it)"
     return text
 
 

@@ -96,6 +96,14 @@ def sidecar_in(files: list[str], model_file: str, kind: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class Across:
+    """A draft model of another vocabulary (it drafts through text) measured to help a target, and how."""
+
+    draft: str
+    measured: str
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     name: str
     file: str  # the (first) GGUF file; llama.cpp finds further split parts beside it
@@ -118,6 +126,7 @@ class ModelEntry:
     # where its name was found but not its size and sha256
     sources: int | None = None
     latest: bool = False  # what its family's bare name (and name:latest) means, as Ollama's latest tag
+    across: Across | None = None
 
     @property
     def unverified(self) -> bool:
@@ -171,6 +180,11 @@ class _Pypi(_Table):
     members: list[str]
 
 
+class _Across(_Table):
+    draft: str
+    measured: str = Field(min_length=1)  # how it was measured to help: a suggestion stands on a measurement
+
+
 class _Model(_Table):
     file: str
     family: str = ""
@@ -189,6 +203,7 @@ class _Model(_Table):
     drafts: str | None = None
     sources: int | None = Field(None, ge=1)
     latest: bool = False
+    across: _Across | None = None
 
 
 class _Document(_Table):
@@ -301,6 +316,7 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
         drafts=spec.drafts,
         sources=spec.sources,
         latest=spec.latest,
+        across=Across(spec.across.draft, spec.across.measured) if spec.across else None,
     )
     if entry.drafts is not None and entry.drafts not in DRAFTER_KINDS:
         raise UsageError(f"{where}: drafts = {entry.drafts!r} is not a kind of drafter; one of {', '.join(DRAFTER_KINDS)}")
@@ -462,12 +478,14 @@ def drafters_of(target: ModelEntry, models: dict[str, ModelEntry] | None = None)
 
 def auto_drafter(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
     """What --draft auto drafts with: the drafter published beside the target that localspec runs
-    (drafter_beside), else the draft model the registry recommends; None where it knows neither."""
+    (drafter_beside), else the draft model the registry recommends (of its family, else one of another
+    vocabulary measured to help it); None where it knows neither."""
     target = registry_entry(target)
     if target is None:
         return None
     models = load() if models is None else models
-    return drafter_beside(target, models) or (resolve(target.draft, models) if target.draft else None)
+    recommended = target.draft or (target.across.draft if target.across else None)
+    return drafter_beside(target, models) or (resolve(recommended, models) if recommended else None)
 
 
 def drafter_beside(target: Resolved, models: dict[str, ModelEntry] | None = None) -> ModelEntry | None:
@@ -506,9 +524,11 @@ def parameters(entry: ModelEntry) -> float | None:
 def draft_advice(target: Resolved, models: dict[str, ModelEntry] | None = None) -> str:
     """What may draft for a target, in one sentence."""
     drafts = compatible_drafts(target, models) if isinstance(target, ModelEntry) else []
+    across = target.across if isinstance(target, ModelEntry) else None
+    through_text = f"; {across.draft} drafts for it through text ({across.measured})" if across else ""
     if drafts:
-        return f"drafts that share its tokenizer: {', '.join(d.name for d in drafts)} (or --draft ngram)"
-    return "no smaller model of its family is known here; --draft ngram drafts from the prompt and output"
+        return f"drafts that share its tokenizer: {', '.join(d.name for d in drafts)} (or --draft ngram){through_text}"
+    return "no smaller model of its family is known here; --draft ngram drafts from the prompt and output" + through_text
 
 
 def _unknown(text: str, models: dict[str, ModelEntry]) -> str:

@@ -171,6 +171,9 @@ class AcrossDrafter(ForwardDrafter):
             tokens = self._tokens_for(bytes(text[start:]), start == 0 and keep == 0)
         yield from self._read(tokens, "last")
         self._sure = len(self._held) if self._held == text[: len(self._held)] else start
+        if self.context.recurrent:
+            # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
+            self.context.checkpoint()
         if backend.CHECK_CACHES:
             self.context.check_holds(self.context.tokens)
             assert self._held == b"".join(self.vocabularies.draft_texts[t] for t in self.context.tokens)
