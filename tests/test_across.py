@@ -214,3 +214,16 @@ def test_auto_weighs_a_draft_of_another_vocabulary_and_keeps_the_output_the_targ
         assert session.drafting.describe().startswith("auto: n-gram lookup or spm.gguf, through text")
         texts = [session.complete(p, raw=True, sampling=GREEDY, limits=Limits(48)).text for p in PROMPTS]
     assert texts == expected
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED["temperature 0.7"]], ids=["greedy", "sampled"])
+def test_a_history_of_no_text_drafts_nothing_and_generates(contexts, sampling):
+    target = contexts["target"]
+    start = target.model.tokenize("", add_special=True, parse_special=False)  # the start token alone: no text
+    assert start and not target.model.spell_of(start)
+    events = list(speculative.generate(target, drafter(contexts, "bpe"), start, sampling,
+                                       Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=12)))
+    plain = list(speculative.generate(target, NoDrafter(), start, sampling, Speculation(), Limits(max_tokens=12)))
+    assert len(tokens_of(events)) == 12
+    if sampling.greedy:
+        assert tokens_of(events) == tokens_of(plain)

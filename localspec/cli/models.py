@@ -135,7 +135,8 @@ def check(
     if as_json:
         print(json.dumps({"target": report.target.path.name, "draft": report.draft.path.name,
                           "compatible": report.compatible,
-                          "vocabulary": "through text" if report.across else "same",
+                          "vocabulary": "same" if report.same_vocabulary else "through text" if report.across
+                          else "differs",
                           **({"single_token_share": round(shared, 4)} if shared is not None else {}),
                           "rules": [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in report.rules]}))
     else:

@@ -144,7 +144,7 @@ class AcrossDrafter(ForwardDrafter):
             return Draft(source=self.kind)
         _, caught_up = yield from timed(self._ready(history))
         tokens, dists = [], None
-        if self._whole:
+        if self._whole and self.context.tokens:  # (a history of no text at all, as a lone start token, reads none)
             if self.sampling.greedy:
                 tokens = yield from self._through_text(k)
             else:
@@ -169,7 +169,7 @@ class AcrossDrafter(ForwardDrafter):
         tokens = self._mapped(arrived, len(text) - start) if keep else None
         if tokens is None:
             tokens = self._tokens_for(bytes(text[start:]), start == 0 and keep == 0)
-        yield from self._read(tokens, "last")
+        yield from self._read(tokens)
         self._sure = len(self._held) if self._held == text[: len(self._held)] else start
         if self.context.recurrent:
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
@@ -230,10 +230,11 @@ class AcrossDrafter(ForwardDrafter):
         bos = self.vocabularies.draft_bos
         return [bos, *tokens] if at_start and bos is not None else tokens
 
-    def _read(self, tokens: list[int], logits: str) -> Generator[Turn, None, None]:
+    def _read(self, tokens: list[int]) -> Generator[Turn, None, None]:
+        """Decode tokens after the cache's, the last with its logits, and keep where their texts end."""
         if not tokens:
             return
-        yield from self._decoded(tokens, logits)
+        yield from self._decoded(tokens, "last")
         for token in tokens:
             self._held += self.vocabularies.draft_texts[token]
             self._ends.append(len(self._held))
@@ -248,7 +249,7 @@ class AcrossDrafter(ForwardDrafter):
             text += self.vocabularies.draft_texts[token]
             drafted += 1
             if drafted < k:
-                yield from self._read([token], "last")
+                yield from self._read([token])
         try:
             words = bytes(text[: complete(text)]).decode("utf-8")
         except UnicodeDecodeError:
@@ -267,5 +268,5 @@ class AcrossDrafter(ForwardDrafter):
             tokens.append(token)
             dists.append(q)
             if len(tokens) < k:
-                yield from self._read([self.vocabularies.to_draft[token]], "last")
+                yield from self._read([self.vocabularies.to_draft[token]])
         return tokens, dists
