@@ -115,6 +115,7 @@ class AcrossDrafter(ForwardDrafter):
         self._text, self._texted = bytearray(), 0  # the history's text, and how many of its tokens that is
         self._sure = 0  # how many bytes of the cache's text are known to be the history's
         self._whole = True  # whether the history's text ends at a whole character
+        self._answer = 0  # where the generation's own tokens start in the history (after the prompt)
 
     @classmethod
     def made(cls, target: Context, context: Context, p_min: float) -> "AcrossDrafter":
@@ -127,6 +128,7 @@ class AcrossDrafter(ForwardDrafter):
         """Start a generation and read the prompt now, while the target reads it (on a shared context,
         at the first draft)."""
         self.prepare(sampling, rng)
+        self._answer = len(prompt)
         if self.context.n_seq == 1:
             decoded_alone(self._ready(prompt))
 
@@ -154,8 +156,7 @@ class AcrossDrafter(ForwardDrafter):
     def _ready(self, history: list[int]) -> Generator[Turn, None, None]:
         """Read the history's text: keep the cached tokens whose text agrees with it, up to a boundary
         where the rest can be tokenized alone, and read the rest as the draft tokenizes it."""
-        arrived = history[self._texted :]
-        for token in arrived:
+        for token in history[self._texted :]:
             self._text += self.vocabularies.target_texts[token]
         self._texted = len(history)
         whole = complete(self._text)
@@ -166,7 +167,7 @@ class AcrossDrafter(ForwardDrafter):
         keep = self.context.keep_common(self.context.tokens[:agreed], agreed)
         self._keep(keep)
         start = self._ends[-1] if self._ends else 0
-        tokens = self._mapped(arrived, len(text) - start) if keep else None
+        tokens = self._mapped(history[self._answer :], len(text) - start) if keep else None
         if tokens is None:
             tokens = self._tokens_for(bytes(text[start:]), start == 0 and keep == 0)
         yield from self._read(tokens)
@@ -203,14 +204,13 @@ class AcrossDrafter(ForwardDrafter):
         del self._held[self._ends[-1] if self._ends else 0 :]
         self._sure = min(self._sure, len(self._held))
 
-    def _mapped(self, arrived: list[int], length: int) -> list[int] | None:
-        """The draft tokens of the target tokens that arrived since the last read, where the last of them
-        spell the last `length` bytes of the history's text and each is in the intersection (mostly the
-        target's own token after a draft): a tokenizer call saved, which costs more than the rest of a
-        step's host work. None where they do not (text read before is read again as the draft's tokenizer
-        writes it, so a prompt is read alike at once or in pieces)."""
+    def _mapped(self, answer: list[int], length: int) -> list[int] | None:
+        """The draft tokens of the answer's last target tokens, where they spell the last `length` bytes of
+        the history's text and each is in the intersection (mostly the target's own token after a draft):
+        a tokenizer call saved, which costs more than the rest of a step's host work. None where they do
+        not (a prompt is read as the draft's tokenizer writes it, so alike at once or in pieces)."""
         tokens: list[int] = []
-        for token in reversed(arrived):
+        for token in reversed(answer):
             if length <= 0:
                 break
             own = self.vocabularies.to_draft.get(token)
