@@ -57,7 +57,7 @@ class CompatReport:
 
 
 def _same(name: str, target_value, draft_value) -> Rule:
-    return Rule(name, target_value == draft_value, f"target {target_value!r}, draft {draft_value!r}", True)
+    return Rule(name, target_value == draft_value, f"target {target_value!r}, draft {draft_value!r}", vocabulary=True)
 
 
 def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
@@ -78,12 +78,13 @@ def check(target: GGUFInfo, draft: GGUFInfo) -> CompatReport:
             difference <= MAX_VOCAB_SIZE_DIFFERENCE,
             f"target {target.vocab_size}, draft {draft.vocab_size} tokens"
             f" (at most {MAX_VOCAB_SIZE_DIFFERENCE} apart)",
-            True,
+            vocabulary=True,
         )
     )
     rules.append(_token_texts(target, draft))
     same_merges = target.merges_digest == draft.merges_digest
-    rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ", True))
+    rules.append(Rule("merges", same_merges, "identical" if same_merges else "the BPE merge lists differ",
+                       vocabulary=True))
     rules.append(_rollback(target, draft))
     if draft.architecture in ("eagle3", "dflash"):
         rules.append(_hidden_states(target, draft))
@@ -108,17 +109,17 @@ def _rollback(target: GGUFInfo, draft: GGUFInfo) -> Rule:
 def _token_texts(target: GGUFInfo, draft: GGUFInfo) -> Rule:
     name = "token texts"
     if target.token_digest == draft.token_digest:
-        return Rule(name, True, "identical vocabularies", True)
+        return Rule(name, True, "identical vocabularies", vocabulary=True)
     target_tokens, draft_tokens = target.tokens(), draft.tokens()
     for token in range(FIRST_COMPARED_TOKEN, min(len(target_tokens), len(draft_tokens))):
         if target_tokens[token] != draft_tokens[token]:
             return Rule(
                 name, False,
                 f"first difference at token {token}: target {_show(target_tokens[token])},"
-                f" draft {_show(draft_tokens[token])}", True,
+                f" draft {_show(draft_tokens[token])}", vocabulary=True,
             )
     return Rule(name, True, f"ids {FIRST_COMPARED_TOKEN}..{min(len(target_tokens), len(draft_tokens)) - 1} agree",
-                True)
+                vocabulary=True)
 
 
 def _show(token: bytes) -> str:

@@ -14,8 +14,9 @@ and renormalised, is a q over target tokens that the draft token is truly drawn 
 rule keeps the target's distribution. (The text route would also be lossless at T > 0, its drafts taken as
 one-hot, but a one-hot q is accepted only with p(x), where min(1, p(x)/q(x)) accepts more.)
 
-Special and control tokens never cross: a draft token with no text of its own (or one byte of a character,
-or an end of generation) ends the draft, as does a history that ends inside a character.
+Special and control tokens never cross: a draft token with no text of its own (a control or end token, a
+SentencePiece byte-fallback token) ends the draft, as does a history that ends inside a character (a
+byte-level BPE token may write part of one: the draft waits for the rest).
 """
 
 from collections.abc import Generator
