@@ -121,9 +121,11 @@ def check(
 ):
     """Check how a draft can speculate for a target; exit 1 if it cannot.
 
-    A draft of the target's vocabulary (llama.cpp's tokenizer rules) hands its tokens to the target as they are;
-    a draft model of another vocabulary drafts through text (greedy) or the tokens both vocabularies spell the
-    same (sampling), with lower acceptance: the report says what share of its vocabulary that is."""
+    A draft of the target's vocabulary (llama.cpp's tokenizer rules) hands
+    its tokens to the target as they are; a draft model of another vocabulary
+    drafts through text (greedy) or the tokens both vocabularies spell alike
+    (sampling), with lower acceptance: the report says what share of its
+    vocabulary that is."""
     if draft == DrafterKind.NGRAM:
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
     if draft == DrafterKind.MTP:
