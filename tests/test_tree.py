@@ -1,0 +1,113 @@
+"""Draft trees (engine/tree.py): their shape, and the verification that keeps the target's distribution,
+on small arrays."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from localspec.engine import tree as tree_module
+from localspec.engine.sampling import Dist
+from localspec.engine.tree import ROOT, DraftTree, verify_greedy, verify_sampled
+from localspec.errors import EngineError
+
+ALPHA = 1e-4
+TRIALS = 20000
+VOCAB = 6
+
+
+def dist(*probs: float) -> Dist:
+    probs = np.array(probs, float)
+    return Dist(np.arange(len(probs)), probs / probs.sum())
+
+
+# the target's p at each row of a verification batch: the root's, then each node's
+P_ROOT = dist(0.35, 0.25, 0.2, 0.1, 0.06, 0.04)
+P_NODE = dist(0.05, 0.1, 0.5, 0.2, 0.1, 0.05)
+Q = dist(0.1, 0.4, 0.3, 0.1, 0.05, 0.05)  # a drafter's, unlike p
+
+
+def test_a_tree_knows_its_depths_leaves_and_the_branches_each_node_belongs_to():
+    #       root
+    #      /    \
+    #   0:a      1:b
+    #   /  \
+    # 2:c  3:d
+    tree = DraftTree((10, 11, 12, 13), (ROOT, ROOT, 0, 0))
+    assert tree.depths() == [0, 0, 1, 1]
+    assert tree.leaves() == [1, 2, 3]
+    assert tree.branches() == [[1, 2], [0], [1], [2]]  # node 0 is in the sequences of leaves 2 and 3
+    assert tree.path_to(3) == [0, 3] and tree.children(ROOT) == [0, 1]
+    chain = DraftTree.chain([5, 6, 7])
+    assert chain.parents == (ROOT, 0, 1) and chain.depths() == [0, 1, 2] and chain.branches() == [[0], [0], [0]]
+
+
+@pytest.mark.parametrize("tokens, parents, dists, message", [
+    ((1, 2), (ROOT, 1), None, "does not come before it"),
+    ((1, 1), (ROOT, ROOT), None, "one-hot children of the same token"),
+    ((1, 2), (ROOT, ROOT), (Q, None), "neither all one-hot nor all drawn"),
+    ((1, 2), (ROOT,), None, "a parent"),
+])
+def test_a_malformed_tree_is_refused(tokens, parents, dists, message):
+    with pytest.raises(EngineError, match=message):
+        DraftTree(tokens, parents, dists)
+
+
+def test_greedy_follows_the_child_that_is_the_targets_argmax_and_adds_its_own_token():
+    tree = DraftTree((10, 11, 12, 13), (ROOT, ROOT, 0, 0))
+    argmax = {0: 10, 1: 13, 2: 99, 3: 98, 4: 97}  # row 0 the root's, row i + 1 node i's
+    assert verify_greedy(tree, argmax.__getitem__) == ([0, 3], 97)  # d's row gives the bonus token
+    assert verify_greedy(tree, {0: 11, 2: 42}.__getitem__) == ([1], 42)
+    assert verify_greedy(tree, {0: 7}.__getitem__) == ([], 7)  # no branch: the target's own token
+
+
+def chi_square(counts: Counter, expected: Dist, total: int) -> float:
+    cells = list(range(VOCAB))
+    return chisquare([counts.get(t, 0) for t in cells], [expected.prob(t) * total for t in cells]).pvalue
+
+
+def emitted(tree: DraftTree, rng) -> list[int]:
+    path, own = verify_sampled(tree, lambda row: P_ROOT if row == 0 else P_NODE, rng)
+    return [tree.tokens[node] for node in path] + [own]
+
+
+def test_one_hot_branches_keep_the_targets_distribution():
+    rng = np.random.default_rng(1)
+    tree = DraftTree((0, 2, 4), (ROOT, ROOT, 0))  # the target's likeliest, a middling and an unlikely one
+    outputs = [emitted(tree, rng) for _ in range(TRIALS)]
+    assert chi_square(Counter(o[0] for o in outputs), P_ROOT, TRIALS) > ALPHA
+    after_a_branch = [o[1] for o in outputs if len(o) > 1]  # the next token, read on the kept node's row
+    assert len(after_a_branch) > TRIALS / 2
+    assert chi_square(Counter(after_a_branch), P_NODE, len(after_a_branch)) > ALPHA
+
+
+def drawn_tree(rng, k: int) -> DraftTree:
+    """k children of the root drawn independently from Q (duplicates allowed), as a drafter proposes them."""
+    return DraftTree(tuple(Q.sample(rng) for _ in range(k)), (ROOT,) * k, (Q,) * k)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_children_drawn_from_a_drafter_keep_the_targets_distribution(k):
+    rng = np.random.default_rng(k)
+    firsts = Counter(emitted(drawn_tree(rng, k), rng)[0] for _ in range(TRIALS))
+    assert chi_square(firsts, P_ROOT, TRIALS) > ALPHA
+
+
+def test_more_drawn_children_keep_more_of_the_drafts():
+    rng = np.random.default_rng(7)
+    kept = {k: sum(len(emitted(drawn_tree(rng, k), rng)) > 1 for _ in range(4000)) for k in (1, 3)}
+    assert kept[3] > kept[1] * 1.05  # (measured: 80% against 73% of the steps)
+
+
+def test_a_verifier_that_takes_the_first_branch_that_agrees_fails_the_check(monkeypatch):
+    def first_that_agrees(tree, children, p, rng):  # p left as it was after a refusal
+        for child in children:
+            if rng.random() * tree.dists[child].prob(tree.tokens[child]) < p.prob(tree.tokens[child]):
+                return child, tree.tokens[child]
+        return None, p.sample(rng)
+
+    monkeypatch.setattr(tree_module, "_multi_draft", first_that_agrees)
+    rng = np.random.default_rng(3)
+    firsts = Counter(emitted(drawn_tree(rng, 3), rng)[0] for _ in range(TRIALS))
+    assert chi_square(firsts, P_ROOT, TRIALS) < ALPHA
