@@ -19,6 +19,7 @@ from .chain import ChainRows
 from .hidden import HiddenStates
 from .library import llama, nextn
 from .model import Model
+from .tree import TreeDecoding
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
@@ -33,7 +34,7 @@ def _flash_attention(on: bool | None) -> int:
 PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
 
 
-class Context(ChainRows):
+class Context(ChainRows, TreeDecoding):
     """A sequence of a KV cache, positions 0..n-1 (`tokens` is what it holds): the cache's only one, or
     the first of n_seq, whose others sequence() hands out.
 
@@ -45,7 +46,8 @@ class Context(ChainRows):
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
-                 flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1):
+                 flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1,
+                 branches: int = 0):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
         layers (LAST_HIDDEN: the last hidden state) side by side (hidden.row), as the target of MTP
@@ -54,19 +56,26 @@ class Context(ChainRows):
         MTP one, decodes each token with a hidden state. flash_attn: llama.cpp's flash attention on,
         off, or (None) wherever the device supports it. n_seq: sequences sharing the cache (this context is
         the first; sequence() hands out the others), each holding up to n_ctx tokens of a cache of
-        n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself)."""
+        n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself). branches: room for
+        a draft tree of this many branches (decode_tree), each a sequence id of its own in one pool of cells
+        (one sequence, rows sampled on the host, no recurrent state)."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
+        if branches and (n_seq > 1 or backend_sampling is not False or model.recurrent):
+            raise UsageError("draft trees need a context of one sequence, sampled on the host, without a recurrent"
+                             " state")
         self.model = model
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
-        params.n_ctx = n_ctx * n_seq
-        params.n_seq_max = n_seq
+        # a tree's nodes take cells of their own until one path is kept: room for a batch of them
+        extra = n_batch if branches else 0
+        params.n_ctx = n_ctx * n_seq + extra
+        params.n_seq_max = n_seq + branches
         # One pool of cells for the KV caches of several sequences, so that a step's rows of all of them
         # go in one ubatch; but not beside a recurrent state, whose snapshots (what a rejected draft is
         # taken back to) llama.cpp does not move along when a pooled batch moves a sequence's cell.
-        params.kv_unified = n_seq > 1 and not model.recurrent
+        params.kv_unified = (n_seq > 1 or branches > 0) and not model.recurrent
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = threads
         params.n_outputs_max_per_seq = max(1, min(max_outputs, n_batch))
@@ -83,7 +92,8 @@ class Context(ChainRows):
                 f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}"
                 " (out of memory? try a smaller --ctx-size)"
             )
-        self.n_ctx = llama.llama_n_ctx(self._ctx) // n_seq
+        self.n_ctx = (llama.llama_n_ctx(self._ctx) - extra) // n_seq
+        self.branch_room, self._first_branch = branches, n_seq
         self.n_seq, self.seq = n_seq, 0
         self._views: list[Context] = []  # the other sequences, handed out by sequence()
         # this sequence's first and last rows in the last batch (decode_together puts several in one; -1:
@@ -125,7 +135,7 @@ class Context(ChainRows):
                          else self.n_batch)
         self.max_rows = max(1, min(self.max_rows, self.rollback + 1))
         self._memory = llama.llama_get_memory(self._ctx)
-        self._batch = llama.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama.llama_batch_init(n_batch, 0, 1 + branches)
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
         self._tokens = ctypes.cast(self._batch.token, ctypes.POINTER(llama.llama_token))  # a copy, not a view of the field

@@ -18,6 +18,8 @@ is the root's, row i + 1 node i's. The verification walks down from the root:
 
 Either way the walk ends at a node with no child that the target takes, with one token of the target's own
 (a leaf's row gives the bonus token): the output is the target's.
+
+TreeDecoding is the part of a Context that decodes a tree and keeps the path the walk chose.
 """
 
 from collections.abc import Callable, Sequence
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError
+from .library import llama
 from .sampling import Dist, accept, residual
 
 ROOT = -1  # the parent of the nodes drafted right after the last committed token
@@ -141,3 +144,63 @@ def _multi_draft(tree: DraftTree, children: list[int], p: Dist, rng: np.random.G
             return child, token
         p = residual(p, q)
     return None, p.sample(rng)
+
+
+class TreeDecoding:
+    """Draft trees decoded in one batch: a part of Context, which holds llama.cpp's context, its memory
+    (_memory), its batch (_batch, room for a token in several sequences), its sequence (seq), the first
+    sequence id free for branches (_first_branch) and how many there are (branch_room), and its tokens."""
+
+    _tree: tuple[DraftTree, int] | None = None  # the tree decoded last, and its root's position
+
+    def decode_tree(self, tree: DraftTree, root: int) -> None:
+        """Decode root (the last committed token) and every node of tree after the cache's tokens, with
+        logits on every row (row 0 the root's, i + 1 node i's): each node at its parent's position plus one,
+        in the sequences of the leaves below it, each of which holds the cache's tokens too (shared cells,
+        not copies); keep_path then keeps one path. The root joins the cache's tokens at once."""
+        self._settle()
+        start, leaves, below = len(self.tokens), tree.leaves(), tree.branches()
+        if len(leaves) > self.branch_room:
+            raise EngineError(f"a tree of {len(leaves)} branches, where the context has room for {self.branch_room}")
+        if 1 + len(tree) > self.max_rows or start + 2 + max(tree.depths(), default=-1) > self.n_ctx:
+            raise EngineError(f"a tree of {len(tree)} tokens does not fit after {start}")
+        branch_ids = [self._first_branch + index for index in range(len(leaves))]
+        for seq in branch_ids:
+            llama.llama_memory_seq_cp(self._memory, self.seq, seq, 0, start)
+        batch, depths = self._batch, tree.depths()
+        rows = [(root, start, [self.seq, *branch_ids])]
+        rows += [(token, start + 1 + depth, [branch_ids[leaf] for leaf in leaves_below])
+                 for token, depth, leaves_below in zip(tree.tokens, depths, below)]
+        for i, (token, position, seqs) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, len(seqs), True
+            for j, seq in enumerate(seqs):
+                batch.seq_id[i][j] = seq
+        batch.n_tokens = len(rows)
+        self._changing = (start, [root])
+        status = self._run(llama.llama_decode, None)
+        for i in range(len(rows)):
+            batch.n_seq_id[i] = 1  # as Context.decode fills the batch
+        if status != 0:
+            self._drop_branches(len(leaves))
+            self.truncate(start)  # a failed decode may leave part of the batch behind
+            raise EngineError(f"llama_decode failed with status {status} on a tree of {len(tree)} tokens")
+        self._tree = (tree, start)
+        self.tokens.append(root)
+        self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(rows), False, 0, -1
+        self._changing = None
+
+    def keep_path(self, path: list[int]) -> None:
+        """Keep the nodes of the tree decoded last along path (root down; [] for none) after the root, in
+        this sequence, and forget every other branch."""
+        tree, start = self._tree
+        if path:
+            leaf = tree.branches()[path[-1]][0]  # a leaf below the path's end: its sequence holds the path
+            llama.llama_memory_seq_cp(self._memory, self._first_branch + leaf, self.seq, start + 1,
+                                      start + 1 + len(path))
+            self.tokens.extend(tree.tokens[node] for node in path)
+        self._drop_branches(len(tree.leaves()))
+        self._tree = None
+
+    def _drop_branches(self, count: int) -> None:
+        for seq in range(self._first_branch, self._first_branch + count):
+            llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
