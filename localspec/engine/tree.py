@@ -158,6 +158,8 @@ class TreeDecoding:
         logits on every row (row 0 the root's, i + 1 node i's): each node at its parent's position plus one,
         in the sequences of the leaves below it, each of which holds the cache's tokens too (shared cells,
         not copies); keep_path then keeps one path. The root joins the cache's tokens at once."""
+        if self.hidden.layers:
+            raise EngineError("a tree's rows keep no hidden states for the drafters that read them (not built yet)")
         self._settle()
         start, leaves, below = len(self.tokens), tree.leaves(), tree.branches()
         if len(leaves) > self.branch_room:
