@@ -7,15 +7,22 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine import tree as tree_module
+from localspec.engine.drafters import Draft, NoDrafter
+from localspec.engine.speculative import generate
+from localspec.events import Step, Token
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.sampling import Dist
 from localspec.engine.tree import ROOT, DraftTree, verify_greedy, verify_sampled
 from localspec.errors import EngineError
 
+from test_lossless import ALPHA as ALPHA_LOSSLESS, SETTINGS, chi_square_p_value, exact_distribution, sample_counts
+
 ALPHA = 1e-4
 TRIALS = 20000
+GREEDY = Sampling(temperature=0.0)
 VOCAB = 6
 
 
@@ -164,3 +171,61 @@ def test_a_tree_wider_than_the_room_is_refused(branching, prompt):
     with pytest.raises(EngineError, match="4 branches"):
         branching.decode_tree(DraftTree((1, 2, 3, 4), (ROOT,) * 4), prompt[-1])
     branching.check_holds(prompt[:-1])
+
+
+class TreeOracle:
+    """Drafts trees from a model with the target's weights: its `width` likeliest tokens after the history,
+    each followed by its greedy continuation (one-hot nodes), as many levels as k allows."""
+
+    kind = DrafterKind.NGRAM  # (the word its steps are counted under)
+
+    def __init__(self, context, width: int = 2, depth: int = 3):
+        self.context, self.width, self.depth = context, width, depth
+
+    def begin(self, prompt, sampling, rng) -> None:
+        pass
+
+    def propose(self, history, k) -> Draft:
+        depth = min(self.depth, k // self.width)
+        if depth == 0:
+            return Draft(source=self.kind)
+        context = self.context
+        context.truncate(0)
+        context.decode(history, logits="last")
+        tokens, parents = [], []
+        for first in np.argsort(context.logits(-1))[::-1][: self.width].tolist():
+            context.truncate(len(history))
+            token, parent = first, ROOT
+            for level in range(depth):
+                tokens.append(token)
+                parents.append(parent)
+                parent = len(tokens) - 1
+                if level + 1 < depth:
+                    context.decode([token], logits="last")
+                    token = int(np.argmax(context.logits(-1)))
+        return Draft(source=self.kind, tree=DraftTree(tuple(tokens), tuple(parents)))
+
+
+def test_the_loop_verifies_trees_and_greedy_output_is_the_targets(branching, load, prompt):
+    plain = [e.id for e in generate(load("target"), NoDrafter(), prompt, GREEDY, Speculation(), Limits(max_tokens=24))
+             if isinstance(e, Token)]
+    events = list(generate(branching, TreeOracle(load("same")), prompt, GREEDY, Speculation(draft_max=6),
+                           Limits(max_tokens=24)))
+    assert [e.id for e in events if isinstance(e, Token)] == plain
+    steps = [e for e in events if isinstance(e, Step) and e.drafted]
+    assert steps and all(s.drafted == 6 for s in steps[:-2])  # two branches of three a step
+    assert sum(s.accepted for s in steps) > len(steps)  # a branch kept beyond its first token, most steps
+
+
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
+def test_the_loop_keeps_the_target_distribution_with_trees(branching, load, prompt, setting):
+    sampling = SETTINGS[setting]
+    counts = sample_counts(branching, TreeOracle(load("same"), width=2, depth=1), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(branching, prompt, sampling)) > ALPHA_LOSSLESS
+
+
+def test_a_context_without_room_for_branches_verifies_no_tree(load, prompt):
+    target = load("target")
+    events = list(generate(target, TreeOracle(load("same")), prompt, GREEDY, Speculation(draft_max=6),
+                           Limits(max_tokens=8)))
+    assert sum(e.drafted for e in events if isinstance(e, Step)) == 0 and len([e for e in events if isinstance(e, Token)]) == 8

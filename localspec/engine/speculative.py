@@ -28,6 +28,9 @@ from .grammar import Grammar
 from .penalties import Penalties
 from .sampling import Dist, accept, chain_for, logprobs_of, one_hot, residual, softmax
 from .text import TextStream
+from .tree import DraftTree
+from .tree import verify_greedy as tree_greedy
+from .tree import verify_sampled as tree_sampled
 from .turns import Turn, timed
 
 
@@ -93,31 +96,38 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
-        if len(draft.tokens) < speculation.draft_min:
+        # a tree is verified alone, over rows that no grammar, penalty or logprobs report reads (not built yet)
+        if draft.size < speculation.draft_min or draft.tree is not None and (
+                grammar or penalties or reporting or target.n_seq > 1 or not target.branch_room):
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
-        verifying = perf_counter()
-        rows, others = [history[-1], *draft.tokens], 0
-        if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
-            turn = Turn(target, rows)
-            yield turn
-            verifying = perf_counter() - turn.seconds  # what went on meanwhile is the other sequences' time
-            others = target.others
+        verifying, others, rows_read = perf_counter(), 0, []
+        if draft.tree is not None:
+            kept, own = verify_tree(target, draft.tree, history[-1], sampling, rng)
+            accepted = len(kept)
         else:
-            target.decode(rows, logits="all")
-        # the model's own rows, as logprobs report them (penalties change the rows in place)
-        rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(len(rows))
-                     ] if reporting else []
-        if penalties:
-            penalties.apply_rows(target.logits, history, draft.tokens)
-        if sampling.greedy:
-            accepted, own = verify_greedy(target, draft, grammar)
-        else:
-            accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
-        target.truncate(n_past + 1 + accepted)
-        step = Step(draft.source, len(draft.tokens), accepted, draft_seconds, perf_counter() - verifying,
+            rows = [history[-1], *draft.tokens]
+            if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
+                turn = Turn(target, rows)
+                yield turn
+                verifying = perf_counter() - turn.seconds  # what went on meanwhile is the other sequences' time
+                others = target.others
+            else:
+                target.decode(rows, logits="all")
+            # the model's own rows, as logprobs report them (penalties change the rows in place)
+            rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(len(rows))
+                         ] if reporting else []
+            if penalties:
+                penalties.apply_rows(target.logits, history, draft.tokens)
+            if sampling.greedy:
+                accepted, own = verify_greedy(target, draft, grammar)
+            else:
+                accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
+            target.truncate(n_past + 1 + accepted)
+            kept = draft.tokens[:accepted]
+        step = Step(draft.source, draft.size, accepted, draft_seconds, perf_counter() - verifying,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
                     others)
-        emitted = [*draft.tokens[:accepted], own]
+        emitted = [*kept, own]
         # read before anything is handed on: on a shared context the next batch may overwrite the rows meanwhile
         reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece) for i, token in enumerate(emitted)
                    ] if reporting else [None] * len(emitted)
@@ -175,6 +185,19 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
         return bonus, _committed(_chosen_from(target, bonus, grammar).sample(rng), grammar, target)
     only = grammar.admitted(target.logits(bonus)) if grammar else None
     return bonus, _committed(target.draw(bonus, rng, only), grammar, target)
+
+
+def verify_tree(target: Context, tree: DraftTree, last: int, sampling: Sampling,
+                rng: np.random.Generator) -> tuple[list[int], int]:
+    """Decode last and a draft tree in one batch, walk it as the target's rows say (engine/tree.py) and keep
+    the path: (the tokens kept, the target's own next token)."""
+    target.decode_tree(tree, last)
+    if sampling.greedy:
+        path, own = tree_greedy(tree, target.token)
+    else:
+        path, own = tree_sampled(tree, lambda row: softmax(*target.candidates(row)), rng)
+    target.keep_path(path)
+    return [tree.tokens[node] for node in path], own
 
 
 def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:

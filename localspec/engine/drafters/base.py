@@ -27,6 +27,7 @@ from ...config import DrafterKind, Sampling
 from ...events import Step
 from ..backend import Context
 from ..sampling import Dist
+from ..tree import DraftTree
 from ..turns import Turn
 
 
@@ -100,6 +101,13 @@ class Draft:
     # Set by the auto policy on a probe. The loop carries it into the Step because stats reports probes
     # and what they lost; the policy reads it back from the Step (a draft the loop drops was not verified).
     probe: Probe | None = None
+    # several branches verified in one pass (engine/tree.py), in place of tokens
+    tree: DraftTree | None = None
+
+    @property
+    def size(self) -> int:
+        """The tokens it asks the target to verify."""
+        return len(self.tree) if self.tree is not None else len(self.tokens)
 
 
 class Drafter(Protocol):
