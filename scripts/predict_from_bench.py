@@ -21,22 +21,19 @@ bound by the kernels it launches, a layer at a time, not by its width). Prints a
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from localspec import store
+from localspec.engine.costs import Costs
 
 
 def curve_at(ratios: dict[int, float], n: float) -> float:
-    """verify(n) / verify(1), linear between the measured sizes (and beyond the last two)."""
-    sizes = sorted(ratios)
-    below = [s for s in sizes if s <= n] or sizes[:1]
-    above = [s for s in sizes if s >= n] or sizes[-1:]
-    low, high = below[-1], above[0]
-    if low == high:
-        if n <= sizes[-1]:
-            return ratios[low]
-        low, high = sizes[-2], sizes[-1]
-    return ratios[low] + (ratios[high] - ratios[low]) * (n - low) / (high - low)
+    """verify(n) / verify(1) as the engine reads its curve (Costs.relative: linear between the measured
+    sizes, proportional to n beyond them), for a mean n between two sizes: linear between them."""
+    table = Costs(1.0, ratios).relative(math.ceil(n))
+    low = max(1, math.floor(n))
+    return table[low - 1] + (n - low) * (table[math.ceil(n) - 1] - table[low - 1])
 
 
 def predicted(row: dict, ratios: dict[int, float], draft_cost: float, unsure: int) -> float:

@@ -188,7 +188,8 @@ def test_the_example_device_report_says_it_is_no_measurement_and_is_shaped_as_pu
 
 def test_a_bench_runs_draft_steps_are_priced_by_a_curve():
     assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 2) == pytest.approx(1.5)
-    assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 12) == pytest.approx(3.5)  # beyond: the last slope
+    assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 12) == pytest.approx(4.5)  # beyond: as the engine
+    assert predict_from_bench.curve_at({1: 1.0, 4: 2.5, 8: 3.0}, 2.5) == pytest.approx(1.75)  # between two sizes
     # ten steps of 3 drafted, all kept, and ten tokens of steps that drafted nothing
     row = {"tokens": 50, "drafters": {"draft": {"steps": 10, "drafted": 30, "accepted": 30}}}
     assert predict_from_bench.predicted(row, FLAT, 0.0, 0) == pytest.approx(50 / 20)  # every step costs one
