@@ -385,6 +385,8 @@ class Control(StrEnum):
     AUTO_NO_SUFFIX = "auto-no-suffix"
     # auto without drafting the text a grammar forces (--json-schema, --grammar): what jump-forward adds
     AUTO_NO_FORCED = "auto-no-forced"
+    # auto verifying chains only (--draft-branches 1): what draft trees add
+    AUTO_NO_TREES = "auto-no-trees"
 
 
 Mode = DrafterKind | Control
@@ -395,7 +397,7 @@ ALIASES = {"aa": Control.PLAIN_AA}
 def decodes_with(mode: Mode) -> DrafterKind:
     """What a session decodes with in this mode."""
     return {Control.PLAIN_AA: DrafterKind.PLAIN, Control.AUTO_NO_SUFFIX: DrafterKind.AUTO,
-            Control.AUTO_NO_FORCED: DrafterKind.AUTO}.get(mode) or DrafterKind(mode)
+            Control.AUTO_NO_FORCED: DrafterKind.AUTO, Control.AUTO_NO_TREES: DrafterKind.AUTO}.get(mode) or DrafterKind(mode)
 
 
 def remembers(mode: Mode) -> str | None:
@@ -404,8 +406,10 @@ def remembers(mode: Mode) -> str | None:
 
 
 def speculation_for(mode: Mode, speculation: Speculation) -> Speculation:
-    """The session's speculation as a mode runs it: auto-no-forced leaves jump-forward out."""
-    return replace(speculation, jump_forward=mode != Control.AUTO_NO_FORCED)
+    """The session's speculation as a mode runs it: auto-no-forced leaves jump-forward out, auto-no-trees
+    draft trees."""
+    return replace(speculation, jump_forward=mode != Control.AUTO_NO_FORCED,
+                   branches=1 if mode == Control.AUTO_NO_TREES else speculation.branches)
 
 
 @dataclass
@@ -453,6 +457,7 @@ class Result:
             "probe_loss": s.probe_lost_seconds / s.decode_seconds if s.decode_seconds else 0.0,
             "drafters": s.as_dict()["drafters"],
             "parts": s.as_dict()["parts"],  # a reasoning model's thinking and answer apart
+            "trees": s.as_dict()["trees"],  # the steps that verified draft trees
             "accepted_shares": {kind: d.accepted / accepted for kind, d in s.drafters.items()} if accepted else {},
             "differs_from_plain": self.differs_from(plain, sampling),
         }
@@ -489,7 +494,7 @@ MODES_HELP = (f"Comma-separated: {', '.join(MODES)} ({DrafterKind.DRAFT} needs -
               f" --draft mtp; {Control.PLAIN_AA}, or aa, is plain decoding again, an A/A control whose spread"
               f" is printed beside every ratio, and needs {DrafterKind.PLAIN}; {Control.AUTO_NO_SUFFIX} is"
               f" auto not drafting from earlier generations, {Control.AUTO_NO_FORCED} auto not drafting the text"
-              f" a grammar forces). Default: {','.join(DEFAULT_MODES)};"
+              f" a grammar forces, {Control.AUTO_NO_TREES} auto verifying chains only). Default: {','.join(DEFAULT_MODES)};"
               f" without --draft MODEL, the same less {DrafterKind.DRAFT}.")
 
 

@@ -16,6 +16,10 @@ import psutil
 from .errors import UsageError
 
 
+# A draft tree's branches, each a sequence id of the target's context: by default a chain and the three
+# likeliest alternatives a free drafter holds
+DEFAULT_BRANCHES = 4
+MOST_BRANCHES = 16
 MOST_LOGPROBS = 20  # alternatives a token's logprobs may list (OpenAI's top_logprobs bound)
 
 
@@ -119,7 +123,9 @@ class Speculation:
     engine/drafters/spec.py). p_min stops a model draft once the draft model is unsure of its next token;
     ngram_min..ngram_max is the range of suffix lengths looked up by the n-gram drafter, longest first.
     suffix_cache: auto drafts from earlier generations in this process too (chat turns, batch items,
-    requests), kept in memory only, per loaded target.
+    requests), kept in memory only, per loaded target. branches: the most branches a draft tree may have
+    (engine/tree.py): None, auto's choice of up to DEFAULT_BRANCHES where the cost curve says they pay; 1,
+    chains only; more, also fixed n-gram drafting grows trees of its other continuations.
     """
 
     drafting: DrafterKind = DrafterKind.AUTO
@@ -131,6 +137,13 @@ class Speculation:
     ngram_max: int = 4
     suffix_cache: bool = True  # auto drafts from earlier generations in this process too
     jump_forward: bool = True  # under a grammar, the text it admits alone is drafted (ForcedDrafter)
+    branches: int | None = None
+
+    @property
+    def tree_room(self) -> int:
+        """Branches the target's context makes room for (0: none; a tree needs two)."""
+        wanted = DEFAULT_BRANCHES if self.branches is None else self.branches
+        return wanted if wanted > 1 and self.drafting != DrafterKind.PLAIN else 0
 
     def __post_init__(self):
         object.__setattr__(self, "drafting", DrafterKind(self.drafting))
@@ -143,6 +156,8 @@ class Speculation:
         # (against the mode's default draft-max, where none is given, when the drafting plan is made)
         if self.draft_min < 0 or (self.draft_max is not None and self.draft_min > self.draft_max):
             raise UsageError(f"draft-min must be between 0 and draft-max ({self.draft_max}), got {self.draft_min}")
+        if self.branches is not None and not 1 <= self.branches <= MOST_BRANCHES:
+            raise UsageError(f"draft-branches must be between 1 and {MOST_BRANCHES}, got {self.branches}")
         if not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"p-min must be in [0, 1], got {self.p_min}")
         if not 1 <= self.ngram_min <= self.ngram_max:

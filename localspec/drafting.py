@@ -52,9 +52,14 @@ class Drafters:
         self.speculation, self.sequences, self._settings = speculation, sequences, settings
         self.specs = {spec.kind: spec for spec in costly}
         self.costly = {drafter.kind: drafter for drafter in costly.values()}
-        self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+        # the free drafters hold alternatives for trees where the target has room for them; fixed n-gram
+        # drafting grows them into trees where asked by --draft-branches, auto where they pay
+        room = sequences[0].branch_room
+        alternatives = room - 1 if room > 1 else 0
+        self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives,
+                                  branching=speculation.branches is not None and alternatives > 0)
         # earlier generations, for auto to draft from: this target's only, in this process's memory only
-        self.suffix = SuffixDrafter(SuffixCache()) if speculation.suffix_cache else None
+        self.suffix = SuffixDrafter(SuffixCache(), alternatives) if speculation.suffix_cache else None
         self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
         self._auto: policy.AutoDrafter | None = None
         self._twins: dict[tuple[int, DrafterKind], Drafter] = {}
@@ -105,7 +110,8 @@ class Drafters:
 
             costs = calibration.costs(self._costs_key, measured)
             self._auto = policy.AutoDrafter(self.ngram, list(self.costly.values()), costs, self._suffix_of_a_sequence(),
-                                            alongside=lambda: (target.others, target.alongside))
+                                            alongside=lambda: (target.others, target.alongside),
+                                            branches=max(1, target.branch_room))
         return self._auto
 
     def _suffix_of_a_sequence(self) -> SuffixDrafter | None:

@@ -71,6 +71,11 @@ class Step:
     probe: bool = False
     plain_seconds: float = 0.0  # set on probes only
     batch_rows: int = 0  # rows other sequences added to the decode this step shared with them (serve -np)
+    # a draft tree's: its branches (0: a chain), its depth (its longest branch), and which of its branches the
+    # kept path took (1: the one its drafter bet on; 2: a runner-up somewhere; 0: a chain); its size is `drafted`
+    branches: int = 0
+    depth: int = 0
+    rank: int = 0
 
     @property
     def lost_seconds(self) -> float:

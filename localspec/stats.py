@@ -66,6 +66,32 @@ class PartTally:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second, "tokens_per_step": self.tokens_per_step}
 
 
+@dataclass
+class TreeTally:
+    """The steps that verified a draft tree: their nodes, depths and branches, and which branch the kept
+    path took (wins[1]: the one the drafter bet on; wins[2]: a runner-up somewhere; ...)."""
+
+    steps: int = 0
+    nodes: int = 0
+    depth: int = 0
+    branches: int = 0
+    accepted: int = 0
+    wins: dict[int, int] = field(default_factory=dict)
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.nodes += step.drafted
+        self.depth += step.depth
+        self.branches += step.branches
+        self.accepted += step.accepted
+        self.wins[step.rank] = self.wins.get(step.rank, 0) + 1
+
+    @property
+    def off_the_bet(self) -> int:
+        """Steps whose kept path left the branch the drafter bet on: what trees bought over chains."""
+        return sum(count for rank, count in self.wins.items() if rank > 1)
+
+
 THINKING, ANSWER = "thinking", "answer"
 
 
@@ -92,6 +118,7 @@ class Summary:
     drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)  # per drafter that drafted
     # a reasoning model's thinking and answer apart (THINKING, ANSWER); empty where nothing was thinking
     parts: dict[str, PartTally] = field(default_factory=dict)
+    trees: TreeTally = field(default_factory=TreeTally)
 
     @property
     def probe_lost_seconds(self) -> float:
@@ -108,6 +135,7 @@ class Summary:
         out = dict(self.__dict__)
         out["drafters"] = {name: asdict(d) for name, d in self.drafters.items()}
         out["parts"] = {name: part.as_dict() for name, part in self.parts.items()}
+        out["trees"] = {**asdict(self.trees), "off_the_bet": self.trees.off_the_bet}
         out["probe_lost_seconds"] = self.probe_lost_seconds
         return out
 
@@ -149,6 +177,7 @@ class Recorder:
     kept: list[int] = field(default_factory=list)
     drafters: dict[DrafterKind, DrafterTally] = field(default_factory=dict)
     parts: dict[str, PartTally] = field(default_factory=lambda: {THINKING: PartTally(), ANSWER: PartTally()})
+    trees: TreeTally = field(default_factory=TreeTally)
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
     logprobs: list[Logprobs] = field(default_factory=list)  # of the latest generation's answer tokens, where asked
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
@@ -200,14 +229,17 @@ class Recorder:
         if step.drafted == 0:
             self.plain_steps += 1
             self.plain_step_seconds += step.verify_seconds
-        while len(self.reached) < step.drafted:
+        positions = step.depth if step.branches else step.drafted  # a tree's reach down, not its size
+        while len(self.reached) < positions:
             self.reached.append(0)
             self.kept.append(0)
-        for i in range(step.drafted):
+        for i in range(positions):
             self.reached[i] += 1
             self.kept[i] += i < step.accepted
         if step.drafted or step.probe:
             self.drafters.setdefault(step.drafter, DrafterTally()).add(step)
+        if step.branches:
+            self.trees.add(step)
 
     def _place_step(self) -> None:
         if self._unplaced is not None:
@@ -247,6 +279,7 @@ class Recorder:
             drafters={kind: DrafterTally(**asdict(d)) for kind, d in self.drafters.items()},
             parts={name: PartTally(**asdict(part)) for name, part in self.parts.items()}
             if self.parts[THINKING].tokens else {},
+            trees=TreeTally(**{**asdict(self.trees), "wins": dict(self.trees.wins)}),
         )
 
     def estimated_speedup(self) -> float | None:

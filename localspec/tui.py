@@ -28,7 +28,7 @@ from rich.text import Text
 
 from .store.compat import CompatReport
 from .events import Done, Step, Token
-from .stats import INTERRUPTED, Recorder, Summary
+from .stats import INTERRUPTED, Recorder, Summary, TreeTally
 
 
 def _consoles(styled: bool) -> tuple[Console, Console]:
@@ -440,11 +440,21 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None, models:
     for name, d in s.drafters.items():
         probes = f"; {d.probes} probes, {d.probes_lost} lost ({d.probe_lost_seconds:.2f} s)" if d.probes else ""
         table.add_row(name, f"{d.steps} steps", "accepted", f"{d.accepted} of {d.drafted}{probes}")
+    if s.trees.steps:
+        table.add_row("trees", trees_text(s.trees), "off the bet", f"{s.trees.off_the_bet} steps")
     bars = Table.grid(padding=(0, 1))
     for positions, rate in s.acceptance_by_position_range():
         bars.add_row(f"draft #{positions}", "█" * round(rate * BAR_WIDTH) + "·" * (BAR_WIDTH - round(rate * BAR_WIDTH)), f"{rate:.0%}")
     return Panel(Group(table, bars), title=f"speculation · {state}", title_align="left", border_style="dim",
                  subtitle=shown(models) or None, subtitle_align="right")
+
+
+def trees_text(trees: TreeTally) -> str:
+    """The draft trees' mean size, depth and branches, and where their kept paths went."""
+    n = trees.steps
+    ranks = ", ".join(f"#{rank} {count}" for rank, count in sorted(trees.wins.items()))
+    return (f"{n} steps, {trees.nodes / n:.1f} nodes, depth {trees.depth / n:.1f}, {trees.branches / n:.1f} branches;"
+            f" kept branch {ranks}")
 
 
 def reply_line(recorder: Recorder) -> str:
@@ -637,6 +647,17 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
                 f"{p['tokens']}, {p['tokens_per_second']:.1f}, {p['tokens_per_step']:.2f}" if (p := r.get("parts", {}).get(name))
                 else "–" for name in ("thinking", "answer")))
         console.print(parts)
+    if any(r.get("trees", {}).get("steps") for r in rows):  # (reports before trees: none)
+        trees = Table(title="draft trees")
+        for column in ("prompt set", "mode", "tree steps", "nodes, depth, branches a tree", "kept branch"):
+            trees.add_column(column, justify="left" if column in ("prompt set", "mode") else "right")
+        for r in rows:
+            t = r.get("trees") or {}
+            if n := t.get("steps"):
+                trees.add_row(shown(r["prompt_set"]), r["mode"], str(n),
+                              f"{t['nodes'] / n:.1f}, {t['depth'] / n:.1f}, {t['branches'] / n:.1f}",
+                              " ".join(f"#{rank}: {count}" for rank, count in sorted(t["wins"].items())))
+        console.print(trees)
     for line in aa_notes(rows, pooled or []) + text_notes(rows):
         console.print(line)
     if costs:

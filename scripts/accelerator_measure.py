@@ -28,10 +28,11 @@ from localspec.engine import library
 from localspec.engine.library import llama
 from localspec.engine.backend import Context
 from localspec.engine.devices import devices
-from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, RunClass
+from localspec.engine.drafters import RUN_LIMIT, Agreement, Draft, Evidence, NoDrafter, RunClass
 from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.sampling import chain_for
 from localspec.engine.speculative import generate
+from localspec.engine.tree import Alternative, DraftTree
 from localspec.events import Step, Token
 from localspec.request import Request
 from localspec.session import Session
@@ -48,6 +49,7 @@ QUANT = {"Q4_K": gguf.GGMLQuantizationType.Q4_K, "Q8_0": gguf.GGMLQuantizationTy
 SPREAD = {"Q4_K": 257.0, "Q8_0": 73.9}
 SHOWN_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # of the curve, in the markdown
 CEILING_LENGTHS = (4, 8, 16, 32)
+TREE_LENGTHS = (4, 8)  # a two-branch tree's depth: 9 and 17 rows, where a chain of 8 and 16 verifies as many
 SETTLING = 3  # untimed runs at most, until a mode's own text is known
 # draft lengths for the host fit, one a generation: a step's tokens are emitted after its Step event, so
 # the host time measured up to the next Step holds the previous step's tokens; with lengths that vary
@@ -224,6 +226,21 @@ class Oracle:
         if self.length is not None:
             k = min(k, self.length)
         return Draft(self.expected[len(history) : len(history) + k], source=self.kind, evidence=EVIDENCE, run=RUN_LIMIT)
+
+
+class ForkedAnswer(Oracle):
+    """The ceiling of a draft tree of two branches: the answer's next k tokens as the runner-up (rank 2)
+    beside a wrong chain of k tokens that the drafter bets on, so every step keeps k + 1 tokens only by
+    the tree and verifies 2k + 1 rows."""
+
+    branches = 2
+
+    def propose(self, history, k) -> Draft:
+        right = super().propose(history, k).tokens
+        if not right:
+            return Draft(source=self.kind)
+        wrong = [FIRST + 1 if right[0] == FIRST else FIRST] * len(right)
+        return Draft(wrong, source=self.kind, tree=DraftTree.forked(wrong, [Alternative(0, 2, tuple(right))]))
 
 
 class Replayed:
@@ -600,6 +617,38 @@ def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dic
     return rows
 
 
+def tree_ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dict[int, float]) -> dict:
+    """The answer drafted as the second of two branches (ForkedAnswer) at TREE_LENGTHS, against plain
+    decoding and the answer drafted as a chain, on a context of the target's with room for the tree: rows
+    read on the host there (a tree's branches have no backend sampler), so plain reads them there too.
+    Beside each, what the curve predicts from rows alone: (k + 1) / verify(rows)."""
+    target = session.target
+    branching = Context(target.model, target.n_ctx, target.n_batch, default_threads(), backend_sampling=False,
+                        max_outputs=target.n_batch, branches=ForkedAnswer.branches)
+    speeds = Speeds()
+
+    def on_branching(drafter, prompt: list[int], k: int) -> tuple[Recorder, list[int]]:
+        branching.truncate(0)
+        return fold(generate(branching, drafter, prompt, GREEDY, Speculation(drafting=drafter.kind, draft_max=k),
+                             Limits(max_tokens=tokens)), None, session)
+
+    try:
+        for prompt in prompts:
+            recorder, answer = on_branching(NoDrafter(), prompt, 1)
+            speeds.add("plain", recorder)
+            for k in TREE_LENGTHS:
+                for label, oracle in ((f"answer k={k}", Oracle()), (f"tree 2x{k}, answer 2nd", ForkedAnswer())):
+                    speeds.add(label, drafting_the_answer(
+                        lambda oracle=oracle, prompt=prompt, k=k: on_branching(oracle, prompt, k), oracle, answer))
+    finally:
+        branching.close()
+    rows = {label: speeds.row(label) for label in speeds.records}
+    for k in TREE_LENGTHS:
+        rows[f"answer k={k}"]["predicted"] = (k + 1) / ratios[k + 1] if k + 1 in ratios else None
+        rows[f"tree 2x{k}, answer 2nd"]["predicted"] = (k + 1) / ratios[2 * k + 1] if 2 * k + 1 in ratios else None
+    return rows
+
+
 def floor(session: Session, prompts: list[list[int]], tokens: int) -> dict:
     """Plain (twice: an A/A control), the draft model that never agrees (fixed drafting) and auto,
     interleaved prompt by prompt."""
@@ -777,7 +826,8 @@ def stage_bounds(pair: Pair, section: dict, llama_bench: Path) -> dict:
     ratios = {int(k): r for k, r in section["verify"]["ratios"].items()}
     with pair.session() as session:
         return {"ceiling": ceiling(session, pair.prompts, pair.size.tokens, ratios),
-                "floor": floor(session, pair.prompts, pair.size.tokens)}
+                "floor": floor(session, pair.prompts, pair.size.tokens),
+                "trees": tree_ceiling(session, pair.prompts, pair.size.tokens, ratios)}
 
 
 def stage_draft(pair: Pair, section: dict, llama_bench: Path) -> dict:
@@ -1060,6 +1110,13 @@ def _bounds_lines(t: dict) -> list[str]:
         acceptance = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
         lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
                      f" {row['tokens_per_pass']:.2f} | {acceptance} |")
+    if "trees" in t:  # (reports before draft trees: none)
+        lines += ["", "| draft trees (greedy, rows read on the host) | tokens/s | vs plain | predicted by the curve |"
+                  " tokens / pass |", "|---|---:|---:|---:|---:|"]
+        for label, row in t["trees"].items():
+            predicted = "" if row.get("predicted") is None else f"{row['predicted']:.2f}x"
+            lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
+                         f" {row['tokens_per_pass']:.2f} |")
     f = t["floor"]
     lines += ["", "| floor (greedy) | tokens/s | vs plain | host us / step | steps that drafted, by drafter |",
               "|---|---:|---:|---:|---|"]

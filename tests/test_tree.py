@@ -181,6 +181,7 @@ class TreeOracle:
 
     def __init__(self, context, width: int = 2, depth: int = 3):
         self.context, self.width, self.depth = context, width, depth
+        self.branches = width  # (the loop reads the target's rows on the host for a drafter of trees)
 
     def begin(self, prompt, sampling, rng) -> None:
         pass

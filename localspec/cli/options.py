@@ -17,6 +17,7 @@ import typer
 from ..store import hardware
 from ..config import (
     AUTO_PARALLEL,
+    DEFAULT_BRANCHES,
     DrafterKind,
     Limits,
     Runtime,
@@ -82,6 +83,13 @@ SPECULATION_OPTIONS = {
         " (chat turns, batch items, server requests) where their text repeats, as SuffixDecoding does; kept in"
         " memory only (at most a million tokens), for this model only.", rich_help_panel=SPECULATION)],
         DEFAULT_SPECULATION.suffix_cache),
+    "draft_branches": (Annotated[Optional[int], typer.Option(
+        "--draft-branches", show_default=False, rich_help_panel=SPECULATION,
+        help=f"Most branches a draft tree has: where n-gram lookup or earlier answers saw several continuations,"
+        f" the target verifies the likeliest of them side by side in one pass and keeps the one it agrees with"
+        f" (output unchanged). Default: auto grows up to {DEFAULT_BRANCHES} where the measured cost of the extra"
+        f" rows pays; 1: chains only; with --spec fixed, n-gram drafts are trees of up to N branches."
+        f" One sequence (not with --parallel), rows read on the host.")], None),
     "p_min": (Annotated[float, typer.Option(
         "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
@@ -257,7 +265,7 @@ def build_settings(**values) -> Settings:
                           presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
-                                suffix_cache=o.suffix_cache),
+                                suffix_cache=o.suffix_cache, branches=o.draft_branches),
         runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
                         # with workers, unless told: the layers split by free memory, this machine's too
                         gpu_layers=(None if o.rpc else all_layers) if o.gpu_layers is None else o.gpu_layers,

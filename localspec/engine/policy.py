@@ -55,6 +55,7 @@ from ..events import Step
 from .belief import HOPEFUL, MEAN, PRIOR, SURE, Belief, copy_goes_on, untried
 from .costs import Costs
 from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe, proposal
+from .tree import Alternative, DraftTree
 from .turns import Turn, decoded_alone
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
@@ -97,6 +98,17 @@ class Shadow:
     evidence: Evidence
     drafter: DrafterKind  # the free drafter that proposed it
     scored: int = 0  # positions already learned from
+
+
+@dataclass
+class Fork:
+    """A free drafter's alternative at a fork of its proposal, waiting for the text to show whether it was
+    right where the chain was wrong (what auto knows of a branch of that rank, learned for free)."""
+
+    start: int  # where in history the proposal's first token would go
+    chain: list[int]  # the proposal up to the fork, the chain's token there included
+    first: int  # the alternative's token at the fork
+    key: tuple[DrafterKind, int]  # its drafter and rank
 
 
 @dataclass
@@ -178,15 +190,19 @@ class AutoDrafter:
     kind = DrafterKind.AUTO
 
     def __init__(self, ngram: Drafter, costly: list[CostlyDrafter], costs: Costs, suffix: Drafter | None = None,
-                 alongside: Callable[[], tuple[int, int]] = lambda: (0, 0)):
+                 alongside: Callable[[], tuple[int, int]] = lambda: (0, 0), branches: int = 1):
         """ngram, suffix: the free drafters (n-gram lookup in this text, the suffix cache of earlier
         generations), whose proposals name their Evidence, each weighed with beliefs of its own; costly: the
         drafters whose drafts cost a forward pass a token (a draft model, the target's MTP block), each
         weighed with its own costs and beliefs under its kind. alongside: the rows other sequences are
         expected to add to the next step's batch, and how many sequences they are (parallel sequences of
         one context): a step is then weighed by the tokens all of them make in the time it takes, each
-        other sequence counted for one token (what their drafts make is theirs, paid by their rows)."""
-        self.alongside = alongside
+        other sequence counted for one token (what their drafts make is theirs, paid by their rows).
+        branches: the most a draft tree may have (the target's room for them; 1: chains only): a free
+        drafter's chain grows the alternatives it holds where they raise the expected rate."""
+        self.alongside, self.branches = alongside, branches
+        # (drafter, rank) -> P(the alternative of that rank at a fork is right | the chain was wrong there)
+        self.ranks: dict[tuple[DrafterKind, int], Belief] = {}
         self.ngram = ngram
         self.suffix = suffix
         self.costly = {drafter.kind: drafter for drafter in costly}
@@ -208,6 +224,7 @@ class AutoDrafter:
             # pay, it never costs prompt time.
             drafter.prepare(sampling, rng)
         self.shadows: list[Shadow] = []
+        self.forks: list[Fork] = []
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
                              for key, positions in self.beliefs.items() if positions})
         self.beliefs = {}
@@ -226,6 +243,7 @@ class AutoDrafter:
         """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
         self.carried.clear()
+        self.ranks.clear()
         self.screens.clear()
         self.bucket = None
 
@@ -244,6 +262,8 @@ class AutoDrafter:
                 lookups[drafter.kind] = lookup
                 options.append(Option(drafter.kind, lookup.evidence, len(lookup.tokens), run=lookup.run))
                 self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence, drafter.kind))
+                self.forks += [Fork(len(history), lookup.tokens[: other.fork + 1], other.tokens[0],
+                                    (drafter.kind, other.rank)) for other in lookup.alternatives]
         for kind, drafter in self.costly.items() if k else ():
             options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
         # A costly drafter is weighed length by length only where its screen says a draft of it could
@@ -300,10 +320,42 @@ class AutoDrafter:
         if choice.option is None:
             return Draft()
         if choice.option.drafter in FREE:
-            draft = replace(lookups[choice.option.drafter], tokens=lookups[choice.option.drafter].tokens[: choice.length])
+            lookup = lookups[choice.option.drafter]
+            draft = replace(lookup, tokens=lookup.tokens[: choice.length],
+                            tree=self._tree(lookup, choice, seconds[choice.option][choice.length - 1], rows))
         else:
             draft = yield from proposal(self.costly[choice.option.drafter], history, choice.length)
         return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
+
+    def _tree(self, lookup: Draft, choice: Choice, chain_seconds: float, rows: int) -> DraftTree | None:
+        """The chosen free draft grown by the alternatives it holds, one by one while each raises the
+        expected rate (None: the chain alone pays best). An alternative at fork f adds its rows and is worth
+        R_f (1 - a_f) b r, where R_f is the chance the chain reaches f, a_f its acceptance there, b what the
+        text has shown of alternatives of that rank (at its doubtful side: a tree must pay even there) and
+        r what its own tokens reach, taken as the chain's deeper positions would."""
+        length = choice.length
+        others = [other for other in lookup.alternatives if other.fork < length][: self.branches - 1]
+        if not others:
+            return None
+        expected = [1.0, *self.expected_tokens(choice.option, MEAN, beyond=SURE)[:length]]
+        reach = [1.0] + [after - before for before, after in zip(expected, expected[1:])]  # R_0 .. R_length
+
+        def worth(other: Alternative) -> float:
+            fork, size = other.fork, min(len(other.tokens), length - other.fork)
+            chance = self.ranks.get((choice.option.drafter, other.rank), PRIOR).view(SURE)
+            goes_on = sum(reach[fork + 1 + j] / reach[fork + 1] for j in range(size)) if reach[fork + 1] else 1.0
+            return (reach[fork] - reach[fork + 1]) * chance * goes_on
+
+        verify = self.costs.verify_table(rows + 1 + length + sum(len(other.tokens) for other in others), self.sizes)
+        tokens, size, rate, grown = expected[length], length, expected[length] / chain_seconds, []
+        for other in sorted(others, key=worth, reverse=True):
+            added = min(len(other.tokens), length - other.fork)
+            faster = (tokens + worth(other)) / verify[rows + size + added]
+            if faster <= rate:
+                break
+            tokens, size, rate = tokens + worth(other), size + added, faster
+            grown.append(other)
+        return DraftTree.forked(lookup.tokens[:length], grown) if grown else None
 
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
@@ -405,6 +457,14 @@ class AutoDrafter:
             if agreed == len(written) < len(shadow.tokens):
                 waiting.append(shadow)  # right so far; the rest is not written yet
         self.shadows = waiting
+        waiting = []
+        for fork in self.forks:
+            at = fork.start + len(fork.chain) - 1
+            if at >= len(history):
+                waiting.append(fork)
+            elif history[fork.start : at] == fork.chain[:-1] and history[at] != fork.chain[-1]:
+                self.ranks.setdefault(fork.key, replace(PRIOR)).observe(history[at] == fork.first)
+        self.forks = waiting
 
     def _learn(self, key: Key, first: int, tried: int, accepted: int) -> None:
         """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""

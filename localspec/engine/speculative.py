@@ -13,6 +13,7 @@ each verified row is penalised for the drafted tokens before it (engine/penaltie
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from time import perf_counter
 
 import numpy as np
@@ -62,8 +63,10 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     rng = np.random.default_rng(sampling.seed)
     penalties = Penalties.of(sampling)
     reporting = sampling.logprobs is not None
-    # a grammar masks full rows, penalties change them and logprobs read them, on the host
-    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting)
+    # a grammar masks full rows, penalties change them and logprobs read them, on the host; a tree's rows
+    # are read there too
+    trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
+    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting or trees)
     started = perf_counter()
     if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
@@ -96,13 +99,15 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
-        # a tree is verified alone, over rows that no grammar, penalty or logprobs report reads (not built yet)
-        if draft.size < speculation.draft_min or draft.tree is not None and (
-                grammar or penalties or reporting or target.n_seq > 1 or not target.branch_room):
+        # a tree is verified alone, over rows that no grammar, penalty or logprobs report reads (not built
+        # yet), where it fits: else the chain it was grown from
+        if draft.tree is not None and (not trees or grammar or penalties or reporting or not fits(target, draft.tree)):
+            draft = replace(draft, tree=None)
+        if draft.size < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
-        verifying, others, rows_read = perf_counter(), 0, []
+        verifying, others, rows_read, rank = perf_counter(), 0, [], 0
         if draft.tree is not None:
-            kept, own = verify_tree(target, draft.tree, history[-1], sampling, rng)
+            kept, own, rank = verify_tree(target, draft.tree, history[-1], sampling, rng)
             accepted = len(kept)
         else:
             rows = [history[-1], *draft.tokens]
@@ -126,7 +131,8 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             kept = draft.tokens[:accepted]
         step = Step(draft.source, draft.size, accepted, draft_seconds, perf_counter() - verifying,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
-                    others)
+                    others, *((len(draft.tree.leaves()), 1 + max(draft.tree.depths()), rank) if draft.tree is not None
+                              else ()))
         emitted = [*kept, own]
         # read before anything is handed on: on a shared context the next batch may overwrite the rows meanwhile
         reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece) for i, token in enumerate(emitted)
@@ -187,17 +193,24 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
     return bonus, _committed(target.draw(bonus, rng, only), grammar, target)
 
 
+def fits(target: Context, tree: DraftTree) -> bool:
+    """Whether the target can verify the tree: a context of one sequence with room for its branches, its
+    rows read on the host, and its nodes and root in one batch."""
+    return (target.n_seq == 1 and not target.on_backend and len(tree.leaves()) <= target.branch_room
+            and len(tree) < target.max_rows)
+
+
 def verify_tree(target: Context, tree: DraftTree, last: int, sampling: Sampling,
-                rng: np.random.Generator) -> tuple[list[int], int]:
+                rng: np.random.Generator) -> tuple[list[int], int, int]:
     """Decode last and a draft tree in one batch, walk it as the target's rows say (engine/tree.py) and keep
-    the path: (the tokens kept, the target's own next token)."""
+    the path: (the tokens kept, the target's own next token, the rank of the branch it took)."""
     target.decode_tree(tree, last)
     if sampling.greedy:
         path, own = tree_greedy(tree, target.token)
     else:
         path, own = tree_sampled(tree, lambda row: softmax(*target.candidates(row)), rng)
     target.keep_path(path)
-    return [tree.tokens[node] for node in path], own
+    return [tree.tokens[node] for node in path], own, tree.rank(path)
 
 
 def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .tree import Alternative
+
 TOKEN_BYTES = 3  # ids up to 2**24 - 2 (vocabularies reach 262,144); id + 1 is stored so 0 means "none"
 MAX_TOKEN_ID = 2 ** (8 * TOKEN_BYTES) - 2
 END = -1  # stored after each generation in the text: never drafted, and ends a continuation
@@ -57,6 +59,7 @@ class SuffixDraft:
     probabilities: list[float]
     match: int = 0
     support: int = 0
+    alternatives: tuple[Alternative, ...] = ()  # other continuations at the draft's branch points
 
     @property
     def reach(self) -> list[float]:
@@ -181,9 +184,10 @@ class SuffixCache:
         self._index(generations, into=self.sealed)
         self._evict()
 
-    def propose(self, context: Sequence[int], limit: int | None = None) -> SuffixDraft:
+    def propose(self, context: Sequence[int], limit: int | None = None, alternatives: int = 0) -> SuffixDraft:
         """A draft to follow `context` (at most `limit` tokens), from the earlier generations that
-        continue its longest matching tail; NO_DRAFT when nothing matches."""
+        continue its longest matching tail; NO_DRAFT when nothing matches. alternatives: how many of the
+        other continuations at the draft's branch points to hold beside it, likeliest first (for a tree)."""
         longest = min(self.depth, len(context))
         if not self.tokens or not longest:
             return NO_DRAFT
@@ -200,8 +204,9 @@ class SuffixCache:
         positions = self._most_recent(ranges, full_depth=match == self.depth)
         # Continuations read past END into the next generation; the walk never goes past END.
         reads = np.minimum(positions[:, None] - self.base + self.offsets[:length], self.used - 1)
-        tokens, probabilities = self._walk(self.text[reads])
-        return SuffixDraft(tokens, probabilities, match, support)
+        found: list[Alternative] | None = [] if alternatives else None
+        tokens, probabilities = self._walk(self.text[reads], found, alternatives)
+        return SuffixDraft(tokens, probabilities, match, support, tuple(found or ()))
 
     def _most_recent(self, ranges: list[tuple[_Tier, int, int]], full_depth: bool) -> np.ndarray:
         """Global positions of the `sample` most recent entries in the ranges, newest first. Recent-tier
@@ -219,9 +224,11 @@ class SuffixCache:
             wanted -= len(at)
         return np.concatenate(chosen)
 
-    def _walk(self, rows: np.ndarray) -> tuple[list[int], list[float]]:
+    def _walk(self, rows: np.ndarray, alternatives: list[Alternative] | None = None,
+              most: int = 0) -> tuple[list[int], list[float]]:
         """Grow the draft along the most frequent continuation of the rows (the sampled occurrences'
-        continuations, newest first), one branch point at a time."""
+        continuations, newest first), one branch point at a time. alternatives: where given, up to `most`
+        of the other continuations at the draft's branch points are added to it, likeliest first."""
         tokens: list[int] = []
         probabilities: list[float] = []
         reach = 1.0
@@ -248,11 +255,28 @@ class SuffixCache:
             reach *= probability
             if reach < self.min_probability:
                 break
+            if alternatives is not None:
+                self._alternatives(rows, branch, counts, best, len(tokens), alternatives, most)
             tokens.append(best)
             probabilities.append(probability)
             rows = rows[rows[:, branch] == best]
             column = branch + 1
         return tokens, probabilities
+
+    def _alternatives(self, rows: np.ndarray, branch: int, counts: dict[int, int], best: int, fork: int,
+                      into: list[Alternative], most: int) -> None:
+        """The continuations other than best at a branch point, each followed as the draft is, kept among
+        the `most` likeliest alternatives (by their frequency there)."""
+        others = sorted((token for token in counts if token != best), key=counts.__getitem__, reverse=True)
+        for rank, token in enumerate(others, start=2):
+            share = counts[token] / len(rows)
+            if len(into) == most and share <= into[-1].share:
+                break
+            taken = rows[rows[:, branch] == token][:, branch + 1:]
+            after = self._walk(taken)[0] if taken.shape[1] else []
+            into.append(Alternative(fork, rank, (token, *after), share))
+            into.sort(key=lambda alternative: -alternative.share)
+            del into[most:]
 
     def _index(self, generations: Iterable[Sequence[int]], into: _Tier) -> None:
         """Append generations to the text and merge their entries, sorted by (key, position), into a tier."""

@@ -35,6 +35,18 @@ ROOT = -1  # the parent of the nodes drafted right after the last committed toke
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """A continuation a free drafter holds beside the chain it bets on: it departs from the chain at
+    position `fork` (its first token in place of the chain's there), the `rank`-th likeliest there (2: the
+    runner-up), seen with frequency `share` where the earlier text went on past the chain's prefix."""
+
+    fork: int
+    rank: int
+    tokens: tuple[int, ...]
+    share: float = 0.0
+
+
+@dataclass(frozen=True)
 class DraftTree:
     """tokens[i] is node i's token, parents[i] its parent (ROOT or an earlier node: a parent comes before
     its children); dists[i], where a drafter drew node i's token from a distribution (and its siblings
@@ -63,6 +75,22 @@ class DraftTree:
     def chain(cls, tokens: Sequence[int], dists: Sequence[Dist] | None = None) -> "DraftTree":
         """A tree of one branch: a chain draft as the loop verifies it today."""
         return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(dists) if dists is not None else None)
+
+    @classmethod
+    def forked(cls, chain: Sequence[int], alternatives: Sequence["Alternative"]) -> "DraftTree":
+        """A one-hot chain and the alternatives that fork from it (each cut to end no deeper than the chain),
+        the chain's nodes first and each fork's alternatives by rank: so a node's rank among its siblings
+        is its order among them (rank()). Alternatives that fork beyond the chain are left out."""
+        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
+        for alternative in sorted(alternatives, key=lambda a: (a.fork, a.rank)):
+            if alternative.fork >= len(chain):
+                continue
+            parent = alternative.fork - 1  # the chain node it follows (ROOT for a fork at the first token)
+            for token in alternative.tokens[: len(chain) - alternative.fork]:
+                tokens.append(token)
+                parents.append(parent)
+                parent = len(tokens) - 1
+        return cls(tuple(tokens), tuple(parents))
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -93,6 +121,11 @@ class DraftTree:
                 below[node].append(index)
                 node = self.parents[node]
         return below
+
+    def rank(self, path: Sequence[int]) -> int:
+        """Which of its siblings' branches a kept path took (1: always the first, the chain a drafter bet
+        on; 2: somewhere the runner-up, ...): the largest of its nodes' orders among their siblings."""
+        return max((self.children(self.parents[node]).index(node) + 1 for node in path), default=1)
 
     def path_to(self, node: int) -> list[int]:
         """The nodes from the root's child down to node."""
@@ -160,6 +193,8 @@ class TreeDecoding:
         not copies); keep_path then keeps one path. The root joins the cache's tokens at once."""
         if self.hidden.layers:
             raise EngineError("a tree's rows keep no hidden states for the drafters that read them (not built yet)")
+        if self.on_backend:  # the branches' sequences have no sampler of their own there
+            raise EngineError("a tree's rows are read on the host: sample_with(..., host=True) first")
         self._settle()
         start, leaves, below = len(self.tokens), tree.leaves(), tree.branches()
         if len(leaves) > self.branch_room:

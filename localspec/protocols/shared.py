@@ -267,6 +267,10 @@ def speculation(job: Job) -> dict:
         "parts": {name: {"tokens": p.tokens, "steps": p.steps, "draft_tokens": p.drafted, "accepted_tokens": p.accepted,
                          "tokens_per_second": p.tokens_per_second, "tokens_per_step": p.tokens_per_step}
                   for name, p in s.parts.items()},
+        # the steps that verified draft trees, and which branch their kept paths took (1: the drafter's bet)
+        "trees": {"steps": s.trees.steps, "nodes": s.trees.nodes, "depth": s.trees.depth,
+                  "branches": s.trees.branches, "accepted_tokens": s.trees.accepted,
+                  "kept_branch": {str(rank): count for rank, count in sorted(s.trees.wins.items())}},
     }
 
 

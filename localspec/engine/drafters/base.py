@@ -27,7 +27,7 @@ from ...config import DrafterKind, Sampling
 from ...events import Step
 from ..backend import Context
 from ..sampling import Dist
-from ..tree import DraftTree
+from ..tree import Alternative, DraftTree
 from ..turns import Turn
 
 
@@ -103,6 +103,8 @@ class Draft:
     probe: Probe | None = None
     # several branches verified in one pass (engine/tree.py), in place of tokens
     tree: DraftTree | None = None
+    # a free drafter's other continuations beside tokens, for the auto policy to weigh as a tree
+    alternatives: tuple[Alternative, ...] = ()
 
     @property
     def size(self) -> int:

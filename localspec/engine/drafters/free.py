@@ -3,6 +3,7 @@
 
 from ...config import DrafterKind
 from ..suffix import SuffixCache
+from ..tree import Alternative, DraftTree
 from .base import Agreement, Draft, Evidence, RunClass
 
 
@@ -21,16 +22,22 @@ class NgramDrafter:
 
     kind = DrafterKind.NGRAM
 
-    def __init__(self, n_min: int, n_max: int):
+    def __init__(self, n_min: int, n_max: int, alternatives: int = 0, branching: bool = False):
+        """alternatives: how many other continuations of the n-gram (by what followed its other occurrences)
+        a proposal holds beside the one it bets on; branching: propose them as a draft tree (a fixed
+        n-gram drafter's; auto weighs them itself)."""
         self.sizes = range(n_max, n_min - 1, -1)  # longest match first
+        self.alternatives, self.branching = alternatives, branching
+        self.branches = alternatives + 1 if branching else 1  # the most its drafts' trees have
 
     def for_sequence(self) -> "NgramDrafter":
-        """A twin for another sequence, indexing its own text."""
+        """A twin for another sequence, indexing its own text (without room for trees: see Context)."""
         return NgramDrafter(self.sizes[-1], self.sizes[0])
 
     def begin(self, prompt, sampling, rng) -> None:
         self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
-        self.followers: dict[int, dict[tuple[int, ...], dict[int, int]]] = {n: {} for n in self.sizes}
+        # n -> n-gram -> each token that followed it -> [how often, where it last did]
+        self.followers: dict[int, dict[tuple[int, ...], dict[int, list[int]]]] = {n: {} for n in self.sizes}
         self.indexed = 0  # n-grams ending before this position are in the index
 
     def propose(self, history, k) -> Draft:
@@ -41,19 +48,40 @@ class NgramDrafter:
                     gram = tuple(history[end - n : end])
                     self.latest[n][gram] = end
                     counts = self.followers[n].setdefault(gram, {})
-                    counts[history[end]] = counts.get(history[end], 0) + 1
+                    seen = counts.get(history[end])
+                    if seen is None:
+                        counts[history[end]] = [1, end]
+                    else:
+                        seen[0] += 1
+                        seen[1] = end
         self.indexed = len(history)
         for n in self.sizes:
             gram = tuple(history[-n:])
             follows = self.latest[n].get(gram)
             if follows is not None:
                 run = self._run(history, follows, n)
-                # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
-                # draft after a short, chance match mostly wastes a big verification batch.
-                offer = min(k, max(run, MIN_OFFER))
-                evidence = Evidence(RunClass.of(run), _agreement(self.followers[n][gram], history[follows]))
-                return Draft(list(history[follows : follows + offer]), source=self.kind, evidence=evidence, run=run)
+                followers = self.followers[n][gram]
+                evidence = Evidence(RunClass.of(run), _agreement(followers, history[follows]))
+                tokens = self._offer(history, follows, n, k, run)
+                alternatives = self._others(history, followers, history[follows], n, k) if self.alternatives else ()
+                tree = DraftTree.forked(tokens, alternatives) if self.branching and alternatives else None
+                return Draft(tokens, source=self.kind, evidence=evidence, run=run, alternatives=alternatives,
+                             tree=tree)
         return Draft(source=self.kind)
+
+    def _offer(self, history, follows: int, n: int, k: int, run: int | None = None) -> list[int]:
+        # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
+        # draft after a short, chance match mostly wastes a big verification batch.
+        run = self._run(history, follows, n) if run is None else run
+        return list(history[follows : follows + min(k, max(run, MIN_OFFER))])
+
+    def _others(self, history, followers: dict[int, list[int]], bet: int, n: int, k: int) -> tuple[Alternative, ...]:
+        """The n-gram's other continuations, each from where its first token last followed the n-gram, the
+        most frequent first (among equals the latest)."""
+        seen = sum(count for count, _ in followers.values())
+        others = sorted(((count, end) for token, (count, end) in followers.items() if token != bet), reverse=True)
+        return tuple(Alternative(0, rank, tuple(self._offer(history, end, n, k)), count / seen)
+                     for rank, (count, end) in enumerate(others[: self.alternatives], start=2))
 
     @staticmethod
     def _run(history, follows: int, n: int) -> int:
@@ -64,11 +92,11 @@ class NgramDrafter:
         return matched
 
 
-def _agreement(followers: dict[int, int], proposed: int) -> Agreement:
-    seen = sum(followers.values())
+def _agreement(followers: dict[int, list[int]], proposed: int) -> Agreement:
+    seen = sum(count for count, _ in followers.values())
     if seen == 1:
         return Agreement.SEEN_ONCE
-    return Agreement.AGREE if followers.get(proposed, 0) == seen else Agreement.DIFFER
+    return Agreement.AGREE if followers[proposed][0] == seen else Agreement.DIFFER
 
 
 class SuffixDrafter:
@@ -79,8 +107,10 @@ class SuffixDrafter:
 
     kind = DrafterKind.SUFFIX
 
-    def __init__(self, cache: SuffixCache | None):
+    def __init__(self, cache: SuffixCache | None, alternatives: int = 0, branching: bool = False):
+        """alternatives, branching: as NgramDrafter's, the other continuations at the draft's branch points."""
         self.cache = cache  # None: drafting from nothing for a while (bench's auto-no-suffix)
+        self.alternatives, self.branching = alternatives, branching
 
     def begin(self, prompt, sampling, rng) -> None:
         pass
@@ -88,13 +118,14 @@ class SuffixDrafter:
     def propose(self, history, k) -> Draft:
         if self.cache is None:
             return Draft(source=self.kind)
-        found = self.cache.propose(history, k)
+        found = self.cache.propose(history, k, self.alternatives)
         if found.match < SUFFIX_MIN_MATCH or not found.tokens:
             return Draft(source=self.kind)
         agreement = (Agreement.SEEN_ONCE if found.support == 1
                      else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
+        tree = DraftTree.forked(found.tokens, found.alternatives) if self.branching and found.alternatives else None
         return Draft(list(found.tokens), source=self.kind, evidence=Evidence(RunClass.of(found.match), agreement),
-                     run=found.match)
+                     run=found.match, alternatives=found.alternatives, tree=tree)
 
 
 SUFFIX_MIN_MATCH = 2  # a one-token match among a million earlier tokens is chance, as n-gram lookup's ngram_min

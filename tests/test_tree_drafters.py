@@ -1,0 +1,177 @@
+"""Draft trees from the free drafters: the alternatives n-gram lookup and the suffix cache hold beside the
+chain they bet on, the trees fixed drafting grows of them, and what auto makes of them."""
+
+import copy
+
+import pytest
+
+from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.engine.backend import Context
+from localspec.engine.belief import Belief
+from localspec.engine.drafters import NgramDrafter, NoDrafter
+from localspec.engine.model import Model
+from localspec.engine.policy import AutoDrafter
+from localspec.engine.speculative import generate
+from localspec.engine.suffix import SuffixCache
+from localspec.engine.tree import ROOT, Alternative, DraftTree
+from localspec.events import Step, Token
+
+from test_lossless import ALPHA, SETTINGS, chi_square_p_value, exact_distribution, sample_counts
+from test_policy import GPU_LIKE, costs
+
+GREEDY = Sampling(temperature=0.0)
+
+
+def test_a_forked_tree_holds_the_chain_first_and_each_alternative_below_its_fork():
+    chain = [10, 11, 12, 13]
+    tree = DraftTree.forked(chain, [Alternative(2, 2, (20, 21, 22)), Alternative(0, 3, (30,)),
+                                    Alternative(0, 2, (40, 41)), Alternative(4, 2, (50,))])
+    # the fork at 0 first (rank 2 before rank 3), then the fork at 2 cut to end as deep as the chain;
+    # the one beyond the chain left out
+    assert tree.tokens == (10, 11, 12, 13, 40, 41, 30, 20, 21)
+    assert tree.parents == (ROOT, 0, 1, 2, ROOT, 4, ROOT, 1, 7)
+    assert max(tree.depths()) == len(chain) - 1
+    assert tree.rank([0, 1, 2, 3]) == 1 and tree.rank([4, 5]) == 2 and tree.rank([6]) == 3
+    assert tree.rank([0, 1, 7, 8]) == 2 and tree.rank([]) == 1
+
+
+def test_the_suffix_cache_holds_the_runner_up_continuations_at_its_branch_points():
+    cache = SuffixCache(depth=4, min_probability=0.05)
+    cache.extend([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 8, 7], [1, 2, 3, 4, 5, 16, 17]])
+    found = cache.propose([0, 1, 2, 3], 6, alternatives=3)
+    assert found.tokens == cache.propose([0, 1, 2, 3], 6).tokens == [4, 5, 6, 7]
+    assert {(a.fork, a.rank, a.tokens) for a in found.alternatives} == {(0, 2, (9, 8, 7)), (2, 2, (16, 17))}
+    assert [a.share for a in found.alternatives] == pytest.approx([1 / 3, 1 / 4])  # the likeliest first
+    assert len(cache.propose([0, 1, 2, 3], 6, alternatives=1).alternatives) == 1
+    assert cache.propose([0, 1, 2, 3], 6).alternatives == ()
+
+
+def test_ngram_lookup_holds_the_other_continuations_of_its_match():
+    history = [1, 2, 7, 7, 7, 5, 1, 2, 8, 8, 8, 5, 1, 2, 9, 9, 9, 5, 1, 2, 8, 8, 5, 1, 2]
+    ngram = NgramDrafter(2, 2, alternatives=2)
+    ngram.begin(history, Sampling(), None)
+    draft = ngram.propose(history, 4)
+    assert draft.tokens == [8, 8, 5, 1] and draft.tree is None  # the latest occurrence's; no tree asked
+    # 8 followed twice, 7 and 9 once each: the others by count, the later first among equals
+    assert [(a.fork, a.rank, a.tokens[0]) for a in draft.alternatives] == [(0, 2, 9), (0, 3, 7)]
+    assert draft.alternatives[0].tokens == (9, 9, 9, 5) and draft.alternatives[0].share == pytest.approx(0.25)
+    branching = NgramDrafter(2, 2, alternatives=2, branching=True)
+    branching.begin(history, Sampling(), None)
+    tree = branching.propose(history, 4).tree
+    assert tree.tokens[:4] == (8, 8, 5, 1) and len(tree.leaves()) == 3 and branching.branches == 3
+
+
+@pytest.fixture(scope="module")
+def branching(tiny):
+    model = Model(tiny["target"])
+    context = Context(model, 256, 64, threads=2, max_outputs=64, branches=4)
+    yield context
+    context.close()
+    model.close()
+
+
+def greedy(context, prompt: list[int], drafter=None, **speculation) -> list:
+    return list(generate(context, drafter or NoDrafter(), prompt, GREEDY, Speculation(**speculation),
+                         Limits(max_tokens=24)))
+
+
+def tokens(events) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def forked_prompt(target) -> list[int]:
+    """A prompt ending in a 2-gram G that it holds twice: first followed by what the target goes on to write
+    after the prompt, then, later, by something else, which n-gram lookup bets on. Found by writing the
+    target's own continuation in until it is what the target writes (a fixed point, in a few rounds)."""
+    start = target.model.tokenize("ab ac ad", add_special=True, parse_special=False)
+    gram, other, written = [7, 8], [90, 91, 92, 93], [50, 51, 52, 53]
+    for _ in range(8):
+        prompt = start + gram + written + gram + other + gram
+        now = tokens(greedy(target, prompt))[:4]
+        if now == written:
+            return prompt
+        written = now
+    raise AssertionError("the tiny target's continuation found no fixed point")
+
+
+def test_fixed_ngram_trees_keep_greedy_output_the_targets_and_take_the_runner_up(branching, load):
+    target = load("target")
+    prompt = forked_prompt(target)
+    events = greedy(branching, prompt, NgramDrafter(2, 2, alternatives=3, branching=True), draft_max=4)
+    assert tokens(events) == tokens(greedy(target, prompt))
+    steps = [e for e in events if isinstance(e, Step)]
+    first = steps[0]  # the chain bet on the later continuation; the runner-up was the target's
+    assert (first.branches, first.rank, first.accepted) == (2, 2, 4)
+    assert all(step.rank >= 1 for step in steps if step.branches > 1)
+    assert all(step.branches == step.rank == 0 for step in steps if step.branches <= 1)
+    chains = greedy(branching, prompt, NgramDrafter(2, 2), draft_max=4)
+    assert [e for e in chains if isinstance(e, Step)][0].accepted == 0
+
+
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
+def test_fixed_ngram_trees_keep_the_target_distribution(branching, prompt, setting):
+    sampling = SETTINGS[setting]
+    counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=3, branching=True), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(branching, prompt, sampling)) > ALPHA
+
+
+# Two patterns after the same two tokens, in no order a chain can learn: the latest occurrence's
+# continuation is right half the time, the other one the other half.
+PATTERNS = {0: [1, 2, 30, 31, 32, 33], 1: [1, 2, 40, 41, 42, 43]}
+ORDER = [0, 1, 1, 0, 1, 0, 0, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0] * 3
+TEXT = [token for pattern in ORDER for token in PATTERNS[pattern]]
+STEEP = {1: 0.050, 2: 0.100, 9: 0.450}  # every row costs as much as a plain step
+
+
+def write(auto, text: list[int], start: int) -> list:
+    """The engine writing a known (greedy) text, tree or chain: the drafts it was handed."""
+    history, drafts = list(text[:start]), []
+    while len(history) < len(text) - 1:
+        draft = auto.propose(history, min(6, len(text) - len(history) - 1))
+        ahead, kept = text[len(history):], []
+        if draft.tree is not None:
+            node = ROOT
+            while (child := next((c for c in draft.tree.children(node)
+                                  if draft.tree.tokens[c] == ahead[len(kept)]), None)) is not None:
+                kept.append(child)
+                node = child
+        else:
+            kept = [i for i, _ in enumerate(next(([*draft.tokens[:i]] for i in range(len(draft.tokens), -1, -1)
+                                                  if draft.tokens[:i] == ahead[:i]), []))]
+        seconds = auto.costs.verify_seconds(draft.size + 1)
+        auto.observe(Step(draft.source, draft.size, len(kept), 0.0, seconds))
+        history += ahead[: len(kept) + 1]
+        drafts.append(draft)
+    return drafts
+
+
+def auto_on(verify: dict[int, float], branches: int) -> AutoDrafter:
+    ngram = NgramDrafter(2, 2, alternatives=branches - 1)
+    auto = AutoDrafter(ngram, [], costs(verify, 0.01), branches=branches)
+    auto.begin(TEXT[:12], Sampling(), None)
+    return auto
+
+
+def test_auto_grows_trees_where_extra_rows_cost_little_and_learns_the_runner_up_from_the_text():
+    auto = auto_on(GPU_LIKE, branches=2)
+    drafts = write(auto, TEXT, 12)
+    trees = [d for d in drafts if d.tree is not None]
+    assert len(trees) > len(drafts) / 4
+    assert auto.ranks[(DrafterKind.NGRAM, 2)].mean > 0.8  # the runner-up was right wherever the chain was not
+
+
+def test_auto_grows_no_tree_where_rows_cost_what_a_step_does_nor_without_room():
+    assert all(d.tree is None for d in write(auto_on(STEEP, branches=2), TEXT, 12))
+    assert all(d.tree is None for d in write(auto_on(GPU_LIKE, branches=1), TEXT, 12))
+
+
+def test_a_tree_is_grown_by_what_the_text_showed_of_the_runner_up():
+    learned = auto_on(GPU_LIKE, branches=2)
+    write(learned, TEXT[:60], 12)
+    at_a_fork = TEXT[:62]  # a pattern's first two tokens: either continuation may follow
+    grown = {}
+    for chance in (0.9, 0.0):
+        auto = copy.deepcopy(learned)
+        auto.ranks[(DrafterKind.NGRAM, 2)] = Belief(1000 * chance, 1000 * (1 - chance))
+        grown[chance] = auto.propose(at_a_fork, 6).tree
+    assert grown[0.9] is not None and len(grown[0.9].leaves()) == 2 and grown[0.0] is None
