@@ -179,6 +179,9 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert target["floor"]["modes"]["draft model"]["acceptance"] == 0.0  # a sure draft that is never right
     # auto's floor drafts nothing from plain's answer to the same prompt (the first H200 report's did, 24 steps)
     assert "suffix" not in target["floor"]["modes"]["auto"]["steps_by_drafter"]
+    trees = target["trees"]  # the answer as the runner-up of two branches: kept by the tree alone
+    assert set(trees) == {"plain", "answer k=4", "tree 2x4, answer 2nd", "answer k=8", "tree 2x8, answer 2nd"}
+    assert trees["tree 2x4, answer 2nd"]["tokens_per_pass"] > 3 and trees["tree 2x4, answer 2nd"]["acceptance"] < 0.6
     assert set(target["parallel"]) == {"plain", "draft model"}
     assert all(row["together"] > 0 and row["one_at_a_time"] > 0 for row in target["parallel"].values())
     gap = target["gap"]
@@ -194,6 +197,7 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
         assert max(timed, key=lambda key: timed[key][0]) == f"{rows} held"
     markdown = (out / "report.md").read_text()
     assert "## smallest-target" in markdown and "Floor: auto / plain" in markdown
+    assert "| tree 2x8, answer 2nd |" in markdown
     assert "| one-token decodes: all of llama-bench's |" in markdown and "Auto's costs after one generation" in markdown
     assert "| 4 sequences at once (greedy) |" in markdown and "not yet" not in markdown
     assert "| mtbench-2turn, auto, 9 rows a step |" in markdown
