@@ -12,7 +12,8 @@ from .config import DrafterKind, Speculation
 from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
-from .engine.drafters import CostlyDrafter, Drafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from .engine.drafters import (CostlyDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
+                              SuffixDrafter)
 from .engine.drafters.spec import (PUBLISHED_KINDS, SPEC, DraftPlan, DrafterSpec, Weights, draft_limit,
                                    longest_draft, needed)
 from .engine.suffix import SuffixCache
@@ -52,12 +53,16 @@ class Drafters:
         self.speculation, self.sequences, self._settings = speculation, sequences, settings
         self.specs = {spec.kind: spec for spec in costly}
         self.costly = {drafter.kind: drafter for drafter in costly.values()}
-        # the free drafters hold alternatives for trees where the target has room for them; fixed n-gram
-        # drafting grows them into trees where asked by --draft-branches, auto where they pay
+        # the drafters hold alternatives for trees where the target has room for them (a draft model its
+        # runner-ups, greedy); fixed drafting grows them into trees where asked by --draft-branches, auto
+        # where they pay
         room = sequences[0].branch_room
         alternatives = room - 1 if room > 1 else 0
-        self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives,
-                                  branching=speculation.branches is not None and alternatives > 0)
+        branching = speculation.branches is not None and alternatives > 0
+        self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives, branching)
+        for drafter in self.costly.values():
+            if isinstance(drafter, ModelDrafter):
+                drafter.alternatives, drafter.branching = alternatives, branching
         # earlier generations, for auto to draft from: this target's only, in this process's memory only
         self.suffix = SuffixDrafter(SuffixCache(), alternatives) if speculation.suffix_cache else None
         self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name

@@ -3,14 +3,17 @@ chain they bet on, the trees fixed drafting grows of them, and what auto makes o
 
 import copy
 
+import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.belief import Belief
-from localspec.engine.drafters import NgramDrafter, NoDrafter
+from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
+from localspec.engine.drafters.forward import runner_ups
 from localspec.engine.model import Model
 from localspec.engine.policy import AutoDrafter
+from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
 from localspec.engine.suffix import SuffixCache
 from localspec.engine.tree import ROOT, Alternative, DraftTree
@@ -175,3 +178,66 @@ def test_a_tree_is_grown_by_what_the_text_showed_of_the_runner_up():
         auto.ranks[(DrafterKind.NGRAM, 2)] = Belief(1000 * chance, 1000 * (1 - chance))
         grown[chance] = auto.propose(at_a_fork, 6).tree
     assert grown[0.9] is not None and len(grown[0.9].leaves()) == 2 and grown[0.0] is None
+
+
+def test_a_greedy_draft_holds_the_likeliest_runner_ups_of_its_positions():
+    q = [Dist(np.array([5, 7, 8]), np.array([0.6, 0.3, 0.1])), Dist(np.array([9, 6]), np.array([0.15, 0.85]))]
+    assert runner_ups([5, 6], q, 2) == (Alternative(0, 2, (7,), 0.3), Alternative(1, 2, (9,), 0.15))
+    assert runner_ups([5, 6], q, 1) == (Alternative(0, 2, (7,), 0.3),)
+
+
+def test_fixed_draft_model_trees_keep_greedy_output_the_targets_and_take_runner_ups(branching, load, prompt):
+    drafter = ModelDrafter(load("partial"), 0.0, branching.model.n_vocab)
+    drafter.alternatives, drafter.branching = 3, True
+    events = greedy(branching, prompt, drafter, draft_max=3)
+    assert tokens(events) == tokens(greedy(load("target"), prompt))
+    trees = [e for e in events if isinstance(e, Step) and e.branches]
+    assert len(trees) == len([e for e in events if isinstance(e, Step) and e.drafted])
+    assert any(step.rank > 1 for step in trees)  # a runner-up was the target's where the draft's likeliest was not
+
+
+class Runner:
+    """A costly drafter of known drafts: the next tokens of a text, each with a wrong runner-up, or, where
+    `wrong` says, the wrong token first and the text's own as its runner-up."""
+
+    kind = DrafterKind.DRAFT
+
+    def __init__(self, text: list[int], wrong: set[int]):
+        self.text, self.wrong = text, wrong
+
+    def prepare(self, sampling, rng):
+        pass
+
+    def behind(self, history):
+        return 0
+
+    def propose(self, history, k):
+        at, tokens, others = len(history), [], []
+        for fork, token in enumerate(self.text[len(history): len(history) + k]):
+            drafted, other = (token + 1000, token) if at + fork in self.wrong else (token, token + 1000)
+            tokens.append(drafted)
+            others.append(Alternative(fork, 2, (other,), 0.3))
+        return Draft(tokens, source=self.kind, alternatives=tuple(others))
+
+
+def test_auto_grows_a_draft_models_runner_ups_where_the_text_showed_they_are_right():
+    text = list(range(100, 400))
+    wrong = set(range(10, 400, 5))  # every fifth token is the draft's runner-up
+    auto = AutoDrafter(NgramDrafter(2, 2), [Runner(text, wrong)], costs(GPU_LIKE, 0.0001), branches=2)
+    auto.begin(text[:10], Sampling(), None)
+    history, kept_by_runner_ups = text[:10], 0
+    while len(history) < 200:
+        draft = auto.propose(history, 6)
+        ahead, kept = text[len(history):], 0
+        if draft.tree is not None:
+            node = ROOT
+            while (child := next((c for c in draft.tree.children(node)
+                                  if draft.tree.tokens[c] == ahead[kept]), None)) is not None:
+                kept_by_runner_ups += child >= len(draft.tokens)
+                kept, node = kept + 1, child
+        else:
+            kept = next((i for i, (a, b) in enumerate(zip(draft.tokens, ahead)) if a != b), len(draft.tokens))
+        auto.observe(Step(draft.source, draft.size, kept, 0.0001 * len(draft.tokens),
+                          auto.costs.verify_seconds(draft.size + 1)))
+        history += ahead[: kept + 1]
+    assert auto.ranks[(DrafterKind.DRAFT, 2)].mean > 0.8 and kept_by_runner_ups > 5

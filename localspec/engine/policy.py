@@ -262,8 +262,7 @@ class AutoDrafter:
                 lookups[drafter.kind] = lookup
                 options.append(Option(drafter.kind, lookup.evidence, len(lookup.tokens), run=lookup.run))
                 self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence, drafter.kind))
-                self.forks += [Fork(len(history), lookup.tokens[: other.fork + 1], other.tokens[0],
-                                    (drafter.kind, other.rank)) for other in lookup.alternatives]
+                self.forks += self._forks(len(history), lookup)
         for kind, drafter in self.costly.items() if k else ():
             options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
         # A costly drafter is weighed length by length only where its screen says a draft of it could
@@ -320,42 +319,49 @@ class AutoDrafter:
         if choice.option is None:
             return Draft()
         if choice.option.drafter in FREE:
-            lookup = lookups[choice.option.drafter]
-            draft = replace(lookup, tokens=lookup.tokens[: choice.length],
-                            tree=self._tree(lookup, choice, seconds[choice.option][choice.length - 1], rows))
+            draft = lookups[choice.option.drafter]
         else:
             draft = yield from proposal(self.costly[choice.option.drafter], history, choice.length)
-        return replace(draft, probe=Probe(plain_seconds) if choice.probe else None)
+            self.forks += self._forks(len(history), draft)  # its runner-ups, known only where it drafted
+        length = min(choice.length, len(draft.tokens))
+        tree = self._tree(draft, choice.option, length, seconds[choice.option][length - 1], rows) if length else None
+        return replace(draft, tokens=draft.tokens[:length], tree=tree, probe=Probe(plain_seconds) if choice.probe else None)
 
-    def _tree(self, lookup: Draft, choice: Choice, chain_seconds: float, rows: int) -> DraftTree | None:
-        """The chosen free draft grown by the alternatives it holds, one by one while each raises the
-        expected rate (None: the chain alone pays best). An alternative at fork f adds its rows and is worth
-        R_f (1 - a_f) b r, where R_f is the chance the chain reaches f, a_f its acceptance there, b what the
-        text has shown of alternatives of that rank (at its doubtful side: a tree must pay even there) and
-        r what its own tokens reach, taken as the chain's deeper positions would."""
-        length = choice.length
-        others = [other for other in lookup.alternatives if other.fork < length][: self.branches - 1]
-        if not others:
+    @staticmethod
+    def _forks(start: int, draft: Draft) -> list[Fork]:
+        return [Fork(start, draft.tokens[: other.fork + 1], other.tokens[0], (draft.source, other.rank))
+                for other in draft.alternatives]
+
+    def _tree(self, draft: Draft, option: Option, length: int, chain_seconds: float, rows: int) -> DraftTree | None:
+        """The chosen draft (its first `length` tokens) grown by the alternatives it holds, one by one while
+        each raises the expected rate (None: the chain alone pays best). An alternative at fork f adds its
+        rows and is worth R_f (1 - a_f) b r, where R_f is the chance the chain reaches f, a_f its acceptance
+        there, b what the text has shown of alternatives of that rank (at its doubtful side: a tree must pay
+        even there) and r what its own tokens reach, taken as the chain's deeper positions would."""
+        others = [other for other in draft.alternatives if other.fork < length]
+        if not others or self.branches < 2:
             return None
-        expected = [1.0, *self.expected_tokens(choice.option, MEAN, beyond=SURE)[:length]]
+        expected = [1.0, *self.expected_tokens(replace(option, most=length), MEAN,
+                                               beyond=SURE if option.drafter in FREE else None)]
         reach = [1.0] + [after - before for before, after in zip(expected, expected[1:])]  # R_0 .. R_length
 
         def worth(other: Alternative) -> float:
             fork, size = other.fork, min(len(other.tokens), length - other.fork)
-            chance = self.ranks.get((choice.option.drafter, other.rank), PRIOR).view(SURE)
+            chance = self.ranks.get((option.drafter, other.rank), PRIOR).view(SURE)
             goes_on = sum(reach[fork + 1 + j] / reach[fork + 1] for j in range(size)) if reach[fork + 1] else 1.0
             return (reach[fork] - reach[fork + 1]) * chance * goes_on
 
         verify = self.costs.verify_table(rows + 1 + length + sum(len(other.tokens) for other in others), self.sizes)
+        drafting = chain_seconds - verify[rows + length]  # (the alternatives were found on the way: no more)
         tokens, size, rate, grown = expected[length], length, expected[length] / chain_seconds, []
-        for other in sorted(others, key=worth, reverse=True):
+        for other in sorted(others, key=worth, reverse=True)[: self.branches - 1]:
             added = min(len(other.tokens), length - other.fork)
-            faster = (tokens + worth(other)) / verify[rows + size + added]
+            faster = (tokens + worth(other)) / (drafting + verify[rows + size + added])
             if faster <= rate:
                 break
             tokens, size, rate = tokens + worth(other), size + added, faster
             grown.append(other)
-        return DraftTree.forked(lookup.tokens[:length], grown) if grown else None
+        return DraftTree.forked(draft.tokens[:length], grown) if grown else None
 
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was

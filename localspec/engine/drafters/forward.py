@@ -15,6 +15,7 @@ from ..model import Model
 from ..penalties import Penalties
 from ..library import llama
 from ..sampling import Dist, chain_for, softmax
+from ..tree import Alternative, DraftTree
 from ..turns import Turn, decoded_alone, timed
 from .base import Draft
 
@@ -46,9 +47,20 @@ class ForwardDrafter:
     mtp_context = False
     beside_target = False
 
+    # Greedy, a draft holds beside each token it drafts its runner-ups (the likeliest others of its q), up
+    # to this many for a draft, for auto to grow a tree of where they pay (EAGLE-2's top-k expansion, one
+    # level deep: no decode more); branching: the drafter's draft is such a tree itself (fixed drafting)
+    alternatives = 0
+    branching = False
+
     def __init__(self, context: Context, p_min: float):
         self.context = context
         self.p_min = p_min
+
+    @property
+    def branches(self) -> int:
+        """The most branches its drafts' trees have."""
+        return self.alternatives + 1 if self.branching else 1
 
     @classmethod
     def made(cls, target: Context, context: Context, p_min: float) -> "ForwardDrafter":
@@ -92,7 +104,11 @@ class ForwardDrafter:
                 dists.append(item[1])
                 if len(tokens) == k:
                     break
-        return Draft(tokens, None if self.sampling.greedy else dists, source=self.kind, catch_up_seconds=caught_up)
+        if not self.sampling.greedy:
+            return Draft(tokens, dists, source=self.kind, catch_up_seconds=caught_up)
+        others = runner_ups(tokens, dists, self.alternatives) if self.alternatives else ()
+        tree = DraftTree.forked(tokens, others) if self.branching and others else None
+        return Draft(tokens, source=self.kind, catch_up_seconds=caught_up, alternatives=others, tree=tree)
 
     def _next(self, row: int = -1) -> tuple[int | None, Dist]:
         """The next draft token (None: unsure) from a row of the context's last logits, and its distribution q."""
@@ -189,6 +205,17 @@ class ModelDrafter(ForwardDrafter):
             drafted.append(token)
             yield token, q
             yield from self._decoded([token], "last")
+
+
+def runner_ups(tokens: list[int], dists: list[Dist], most: int) -> tuple[Alternative, ...]:
+    """The likeliest tokens, other than the one drafted, at each position of a greedy draft: the `most`
+    likeliest of them all, each a one-token alternative at its position."""
+    found = []
+    for fork, (token, q) in enumerate(zip(tokens, dists)):
+        order = np.argsort(q.probs)[::-1][: most + 1]
+        others = [(float(q.probs[i]), int(q.ids[i])) for i in order if int(q.ids[i]) != token][:most]
+        found += [Alternative(fork, rank, (other,), share) for rank, (share, other) in enumerate(others, start=2)]
+    return tuple(sorted(found, key=lambda alternative: -alternative.share)[:most])
 
 
 def hidden_rows(target: Context, positions: range) -> np.ndarray:

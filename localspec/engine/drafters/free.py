@@ -28,7 +28,11 @@ class NgramDrafter:
         n-gram drafter's; auto weighs them itself)."""
         self.sizes = range(n_max, n_min - 1, -1)  # longest match first
         self.alternatives, self.branching = alternatives, branching
-        self.branches = alternatives + 1 if branching else 1  # the most its drafts' trees have
+
+    @property
+    def branches(self) -> int:
+        """The most branches its drafts' trees have."""
+        return self.alternatives + 1 if self.branching else 1
 
     def for_sequence(self) -> "NgramDrafter":
         """A twin for another sequence, indexing its own text (without room for trees: see Context)."""
