@@ -1,0 +1,54 @@
+"""What the room for draft trees costs plain decoding: the target's context with and without room for
+branches, and with every row read on the host (as a generation whose drafter may propose trees reads
+them), plain greedy decoding interleaved round by round in one process.
+
+    python scripts/tree_room.py [--model qwen2.5-coder-1.5b] [--rounds 4] [--tokens 48]
+"""
+
+import argparse
+import statistics
+import time
+
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.backend import Context
+from localspec.engine.drafters import NoDrafter
+from localspec.engine.model import Model
+from localspec.engine.speculative import generate
+from localspec.events import Token
+from localspec.store import download, registry
+
+PROMPT = 'def quicksort(items):\n    """Sort a list."""\n'
+
+
+class HostRows(NoDrafter):
+    """Plain decoding by a drafter that may propose trees, so the loop reads every row on the host."""
+
+    branches = 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=48)
+    args = parser.parse_args()
+    model = Model(download.locate(registry.resolve(args.model), offline=True))
+    contexts = {"no room": (Context(model, 2048, 512, 2, None, 33), NoDrafter()),
+                "room for 4 branches": (Context(model, 2048, 512, 2, None, 33, branches=4), NoDrafter())}
+    contexts["room, rows on the host"] = (contexts["room for 4 branches"][0], HostRows())
+    prompt = model.tokenize(PROMPT, add_special=False, parse_special=False)
+    speeds: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for label, (context, drafter) in contexts.items():
+            context.truncate(0)
+            started, made = time.perf_counter(), 0
+            for event in generate(context, drafter, prompt, Sampling(temperature=0.0), Speculation(),
+                                  Limits(max_tokens=args.tokens)):
+                made += isinstance(event, Token)
+            speeds.setdefault(label, []).append(made / (time.perf_counter() - started))
+    for label, values in speeds.items():
+        print(f"{label:26} median {statistics.median(values):6.2f} tok/s  rounds {', '.join(f'{v:.2f}' for v in values)}")
+
+
+if __name__ == "__main__":
+    main()
