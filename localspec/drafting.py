@@ -140,7 +140,8 @@ class Drafters:
         if isinstance(drafter, policy.AutoDrafter) and drafter.suffix is not None:
             drafter.suffix.cache = self.suffix_cache
         if prediction and mode != DrafterKind.PLAIN:
-            drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode))
+            drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode),
+                                        self.ngram.alternatives if self.ngram.branching and sequence == 0 else 0)
         return drafter
 
     def _twin(self, sequence: int, mode: DrafterKind) -> Drafter:

@@ -169,6 +169,16 @@ def target(load):
 
 
 @pytest.fixture(scope="module")
+def branching(tiny):
+    """A context on the tiny target with room for draft trees of three branches (per module, as `target`)."""
+    model = Model(tiny["target"])
+    context = Context(model, 256, 64, threads=2, max_outputs=64, branches=3)
+    yield context
+    context.close()
+    model.close()
+
+
+@pytest.fixture(scope="module")
 def prompt(target):
     """PROMPT_TEXT as the target's tokens, with its start token."""
     return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)

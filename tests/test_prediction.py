@@ -3,8 +3,10 @@
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.engine.backend import Context
 from localspec.engine.drafters import (EDIT_MATCH, EDIT_REACH, MIN_OFFER, PREDICTION_MIN_MATCH, Draft, NoDrafter,
                                        PredictionDrafter)
+from localspec.engine.model import Model
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
 from localspec.events import Step, Token
@@ -121,3 +123,41 @@ def test_an_edit_seen_twice_is_made_in_the_rest_of_the_prediction():
     history += line
     assert drafter.propose(history, 32).tokens[:5] == new + [20, 21, 22, 23]  # the third occurrence, edited
     assert old[0] not in drafter.prediction[drafter.at :]
+
+
+def test_where_an_edit_seen_once_could_come_again_both_sides_are_drafted_as_a_tree():
+    old, new = [70, 71], [80]
+    line = [10, 11, 12, 13]
+    prediction = (line + old + [20, 21, 22, 23]) * 4
+    drafter = PredictionDrafter(prediction, Fallback(), 3, forks=1)
+    drafter.begin(PROMPT, Sampling(), None)
+    history = PROMPT + line + new + [20, 21, 22, 23] + line  # the edit made once, then the line again
+    drafter.propose(PROMPT + line + new + [20, 21], 32)  # (the output found again past the edit)
+    draft = drafter.propose(history, 8)
+    assert draft.tokens == old + [20, 21, 22, 23, 10, 11]  # the prediction as it stands: the chain
+    (other,) = draft.alternatives  # the edit made again, from the fork on
+    assert (other.fork, other.tokens) == (0, (80, 20, 21, 22, 23, 10, 11, 12))  # as many as offered
+    assert draft.tree is not None and len(draft.tree.leaves()) == 2 and max(draft.tree.depths()) == 7
+    assert started(prediction).propose(history, 8).tree is None  # no forks asked for
+
+
+def test_a_prediction_fork_keeps_greedy_output_the_targets(load, prompt):
+    target = load("target")
+    plain = [e.id for e in generate(target, NoDrafter(), prompt, Sampling(temperature=0.0), Speculation(),
+                                     Limits(max_tokens=32)) if isinstance(e, Token)]
+    # the answer with a token it writes twice "renamed" in both places: the answer's first occurrence
+    # shows the edit once, and at the second the tree holds both sides
+    first, second = next((i, j) for i in range(2, len(plain)) for j in range(i + 4, len(plain) - 2)
+                         if plain[i] == plain[j])
+    renamed = list(plain)
+    renamed[first] = renamed[second] = 5 if plain[first] != 5 else 6
+    model = Model(target.model.path)
+    branching = Context(model, 256, 64, threads=2, max_outputs=64, branches=2)
+    try:
+        events = list(generate(branching, PredictionDrafter(renamed, NoDrafter(), 0, forks=1), prompt,
+                               Sampling(temperature=0.0), Speculation(), Limits(max_tokens=32)))
+    finally:
+        branching.close()
+        model.close()
+    assert [e.id for e in events if isinstance(e, Token)] == plain
+    assert any(e.rank == 2 for e in events if isinstance(e, Step))  # the edited side was the target's

@@ -120,6 +120,9 @@ def test_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(serve
     expected = plain_text(tiny, messages, max_tokens=24, sampling=Sampling(temperature=0, **PENALTIES))
     assert penalised.choices[0].message.content == expected != plain_text(tiny, messages, max_tokens=24)
     assert penalised.model_extra["speculation"]["accepted_tokens"] > 0
+    # (penalties read every row: no tree was verified, and the record says so)
+    assert penalised.model_extra["speculation"]["trees"] == {"steps": 0, "nodes": 0, "depth": 0, "branches": 0,
+                                                             "accepted_tokens": 0, "kept_branch": {}}
     with pytest.raises(openai.BadRequestError) as refused:
         server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=4, presence_penalty=3)
     assert refused.value.body["param"] == "presence_penalty"

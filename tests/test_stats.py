@@ -92,3 +92,19 @@ def test_an_interrupted_generation_ends_where_it_got_and_its_time_stops_counting
     stopped_at = recorder.summary().decode_seconds
     assert (recorder.text, recorder.finish_reason) == ("a", INTERRUPTED)
     assert recorder.summary().decode_seconds == stopped_at and recorder.summary().tokens == 1
+
+
+def test_tree_steps_are_counted_by_their_depth_and_the_branch_they_kept():
+    events = [
+        Step("ngram", 7, 3, 0.0, 0.05, branches=3, depth=4, rank=2), Token(1, "a", True), Token(2, "b", True),
+        Token(3, "c", True), Token(4, "d", False),
+        Step("ngram", 5, 1, 0.0, 0.05, branches=2, depth=3, rank=1), Token(5, "e", True), Token(6, "f", False),
+        Step("ngram", 3, 3, 0.0, 0.05), Token(7, "g", True), Token(8, "h", True), Token(9, "i", True),
+        Token(10, "j", False),
+    ]
+    s = fold(events)
+    assert (s.trees.steps, s.trees.nodes, s.trees.depth, s.trees.branches, s.trees.accepted) == (2, 12, 7, 5, 4)
+    assert s.trees.wins == {2: 1, 1: 1} and s.trees.off_the_bet == 1
+    # a tree's positions are its depth, not its size: position 4 was reached by the first tree alone
+    assert s.per_position_drafted == [3, 3, 3, 1] and s.per_position_acceptance == [1.0, 2 / 3, 2 / 3, 0.0]
+    assert s.as_dict()["trees"]["off_the_bet"] == 1

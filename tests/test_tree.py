@@ -12,8 +12,6 @@ from localspec.engine import tree as tree_module
 from localspec.engine.drafters import Draft, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.events import Step, Token
-from localspec.engine.backend import Context
-from localspec.engine.model import Model
 from localspec.engine.sampling import Dist
 from localspec.engine.tree import ROOT, DraftTree, verify_greedy, verify_sampled
 from localspec.errors import EngineError
@@ -120,16 +118,6 @@ def test_a_verifier_that_takes_the_first_branch_that_agrees_fails_the_check(monk
     rng = np.random.default_rng(3)
     firsts = Counter(emitted(drawn_tree(rng, 3), rng)[0] for _ in range(TRIALS))
     assert chi_square(firsts, P_ROOT, TRIALS) < ALPHA
-
-
-@pytest.fixture(scope="module")
-def branching(tiny):
-    """A context on the tiny target with room for trees of three branches."""
-    model = Model(tiny["target"])
-    context = Context(model, 256, 64, threads=2, max_outputs=64, branches=3)
-    yield context
-    context.close()
-    model.close()
 
 
 def chain_rows(plain, history: list[int], extra: list[int]) -> list[np.ndarray]:

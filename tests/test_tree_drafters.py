@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
-from localspec.engine.backend import Context
 from localspec.engine.belief import Belief
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.drafters.forward import runner_ups
-from localspec.engine.model import Model
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
@@ -58,19 +56,10 @@ def test_ngram_lookup_holds_the_other_continuations_of_its_match():
     # 8 followed twice, 7 and 9 once each: the others by count, the later first among equals
     assert [(a.fork, a.rank, a.tokens[0]) for a in draft.alternatives] == [(0, 2, 9), (0, 3, 7)]
     assert draft.alternatives[0].tokens == (9, 9, 9, 5) and draft.alternatives[0].share == pytest.approx(0.25)
-    branching = NgramDrafter(2, 2, alternatives=2, branching=True)
-    branching.begin(history, Sampling(), None)
-    tree = branching.propose(history, 4).tree
-    assert tree.tokens[:4] == (8, 8, 5, 1) and len(tree.leaves()) == 3 and branching.branches == 3
-
-
-@pytest.fixture(scope="module")
-def branching(tiny):
-    model = Model(tiny["target"])
-    context = Context(model, 256, 64, threads=2, max_outputs=64, branches=4)
-    yield context
-    context.close()
-    model.close()
+    trees = NgramDrafter(2, 2, alternatives=2, branching=True)
+    trees.begin(history, Sampling(), None)
+    tree = trees.propose(history, 4).tree
+    assert tree.tokens[:4] == (8, 8, 5, 1) and len(tree.leaves()) == 3 and trees.branches == 3
 
 
 def greedy(context, prompt: list[int], drafter=None, **speculation) -> list:
@@ -100,7 +89,7 @@ def forked_prompt(target) -> list[int]:
 def test_fixed_ngram_trees_keep_greedy_output_the_targets_and_take_the_runner_up(branching, load):
     target = load("target")
     prompt = forked_prompt(target)
-    events = greedy(branching, prompt, NgramDrafter(2, 2, alternatives=3, branching=True), draft_max=4)
+    events = greedy(branching, prompt, NgramDrafter(2, 2, alternatives=2, branching=True), draft_max=4)
     assert tokens(events) == tokens(greedy(target, prompt))
     steps = [e for e in events if isinstance(e, Step)]
     first = steps[0]  # the chain bet on the later continuation; the runner-up was the target's
@@ -114,7 +103,7 @@ def test_fixed_ngram_trees_keep_greedy_output_the_targets_and_take_the_runner_up
 @pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
 def test_fixed_ngram_trees_keep_the_target_distribution(branching, prompt, setting):
     sampling = SETTINGS[setting]
-    counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=3, branching=True), prompt, sampling)
+    counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=2, branching=True), prompt, sampling)
     assert chi_square_p_value(counts, exact_distribution(branching, prompt, sampling)) > ALPHA
 
 
@@ -188,7 +177,7 @@ def test_a_greedy_draft_holds_the_likeliest_runner_ups_of_its_positions():
 
 def test_fixed_draft_model_trees_keep_greedy_output_the_targets_and_take_runner_ups(branching, load, prompt):
     drafter = ModelDrafter(load("partial"), 0.0, branching.model.n_vocab)
-    drafter.alternatives, drafter.branching = 3, True
+    drafter.alternatives, drafter.branching = 2, True
     events = greedy(branching, prompt, drafter, draft_max=3)
     assert tokens(events) == tokens(greedy(load("target"), prompt))
     trees = [e for e in events if isinstance(e, Step) and e.branches]

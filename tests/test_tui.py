@@ -259,3 +259,15 @@ def test_thinking_is_dimmed_apart_from_the_answer_with_counts_of_its_own():
     s = parts.summary()
     assert (s.parts["thinking"].tokens, s.parts["thinking"].steps, s.parts["answer"].tokens) == (2, 1, 1)
     assert "thinking 2 tokens" in tui.summary_line(parts, auto=False)
+
+
+def test_the_panel_shows_draft_trees_in_one_line():
+    recorder = Recorder()
+    for event in [Prefill(3, 0, 0.1), Step("ngram", 6, 2, 0.0, 0.05, branches=2, depth=3, rank=2),
+                  Token(1, "a", True), Token(2, "b", True), Token(3, "c", False), Done("stop", "", 0.1)]:
+        recorder.add(event)
+    console = Console(width=120, record=True)
+    console.print(tui.stats_panel(recorder.summary(), "done"))
+    shown = console.export_text()
+    assert "trees" in shown and "1 steps, 6.0 nodes, depth 3.0, 2.0 branches; kept branch #2 1" in shown
+    assert "off the bet" in shown

@@ -86,10 +86,11 @@ SPECULATION_OPTIONS = {
     "draft_branches": (Annotated[Optional[int], typer.Option(
         "--draft-branches", show_default=False, rich_help_panel=SPECULATION,
         help=f"Most branches a draft tree has: where n-gram lookup or earlier answers saw several continuations,"
-        f" the target verifies the likeliest of them side by side in one pass and keeps the one it agrees with"
-        f" (output unchanged). Default: auto grows up to {DEFAULT_BRANCHES} where the measured cost of the extra"
-        f" rows pays; 1: chains only; with --spec fixed, n-gram drafts are trees of up to N branches."
-        f" One sequence (not with --parallel), rows read on the host.")], None),
+        f" or a draft model a close runner-up, the target verifies them side by side in one pass and keeps the"
+        f" one it agrees with (output unchanged). Default: auto grows up to {DEFAULT_BRANCHES} where the measured"
+        f" cost of the extra rows pays; 1: chains only; N: also --spec fixed drafts (n-gram, the draft model's"
+        f" runner-ups) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
+        f" branches. One sequence (not with --parallel), rows read on the host.")], None),
     "p_min": (Annotated[float, typer.Option(
         "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),

@@ -44,6 +44,12 @@ succession, however well the shallower positions did). Within a generation old
 observations fade (FORGET), so a text that stops copying its input soon stops
 being drafted for.
 
+Where the chosen draft holds alternatives (a free drafter's other continuations, a draft model's
+runner-ups), it is grown into a draft tree by those that raise the expected rate (_tree): each is
+worth the chance the chain fails where it forks times what the text has shown of alternatives of its
+rank there (`ranks`, scored against the committed tokens as n-gram proposals are), against what its
+rows cost on the curve.
+
 What each step costs is costs.py's.
 """
 
@@ -102,8 +108,9 @@ class Shadow:
 
 @dataclass
 class Fork:
-    """A free drafter's alternative at a fork of its proposal, waiting for the text to show whether it was
-    right where the chain was wrong (what auto knows of a branch of that rank, learned for free)."""
+    """An alternative at a fork of a proposal (a free drafter's, or a draft model's where it drafted),
+    waiting for the text to show whether it was right where the chain was wrong: what auto knows of a branch
+    of that rank, learned without verifying it."""
 
     start: int  # where in history the proposal's first token would go
     chain: list[int]  # the proposal up to the fork, the chain's token there included

@@ -7,6 +7,7 @@ from ...config import DrafterKind
 from ...events import Step
 from ..model import Model
 from ..grammar import Grammar
+from ..tree import Alternative, DraftTree
 from ..turns import Turn, decoded_alone
 from .base import Draft, Drafter, Learner, proposal
 from .free import MIN_OFFER
@@ -31,10 +32,17 @@ class PredictionDrafter:
 
     kind = DrafterKind.PREDICTION
 
-    def __init__(self, prediction: list[int], then: Drafter, then_limit: int):
-        self.then, self.then_limit = then, then_limit
+    def __init__(self, prediction: list[int], then: Drafter, then_limit: int, forks: int = 0):
+        """forks: where an edit seen once (it may be a one-off) could come again within a draft, verify both
+        sides as a draft tree, up to this many such forks a draft (0: none)."""
+        self.then, self.then_limit, self.forks = then, then_limit, forks
         self._expect(list(prediction))
         self.edits: dict[tuple[int, ...], tuple[int, ...]] = {}  # each short edit seen once: what replaced what
+
+    @property
+    def branches(self) -> int:
+        """The most branches its drafts' trees have (its own drafts'; `then`'s its own)."""
+        return max(self.forks + 1, getattr(self.then, "branches", 1))
 
     def _expect(self, prediction: list[int]) -> None:
         self.prediction = prediction
@@ -58,8 +66,26 @@ class PredictionDrafter:
         self._follow(history)
         if self.at is not None and self.at < len(self.prediction):
             offer = min(k, max(self.followed, MIN_OFFER))
-            return Draft(self.prediction[self.at : self.at + offer], source=self.kind, run=self.followed)
+            tokens = self.prediction[self.at : self.at + offer]
+            others = self._edited(offer) if self.forks else ()
+            return Draft(tokens, source=self.kind, run=self.followed, alternatives=others,
+                         tree=DraftTree.forked(tokens, others) if others else None)
         return (yield from proposal(self.then, history, min(k, self.then_limit)))
+
+    def _edited(self, offer: int) -> tuple[Alternative, ...]:
+        """Both sides of a fork: where an edit seen once begins in the next `offer` tokens of the prediction,
+        the text with the edit made there, from the first token where the two differ."""
+        found: dict[int, Alternative] = {}  # one a fork: the first edit found there
+        for start in range(offer):
+            at = self.at + start
+            for replaced, by in self.edits.items():
+                if tuple(self.prediction[at : at + len(replaced)]) != replaced:
+                    continue
+                same = next((i for i, (a, b) in enumerate(zip(replaced, by)) if a != b), min(len(replaced), len(by)))
+                edited = [*by[same:], *self.prediction[at + len(replaced) :]][: offer - start - same]
+                if edited and start + same < offer and edited[0] != self.prediction[at + same]:
+                    found.setdefault(start + same, Alternative(start + same, 2, tuple(edited)))
+        return tuple(sorted(found.values(), key=lambda other: other.fork)[: self.forks])
 
     def observe(self, step: Step) -> None:
         # the generation's own drafter learns from its own steps only: a prediction's steps say nothing of it
