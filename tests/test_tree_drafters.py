@@ -100,6 +100,16 @@ def test_fixed_ngram_trees_keep_greedy_output_the_targets_and_take_the_runner_up
     assert [e for e in chains if isinstance(e, Step)][0].accepted == 0
 
 
+def test_ngram_alternatives_go_on_to_shorter_matches_where_the_longest_went_on_one_way():
+    history = [5, 1, 2, 7, 7, 6, 1, 2, 8, 8, 5, 1, 2, 9, 9, 5, 1, 2]
+    ngram = NgramDrafter(2, 3, alternatives=3)
+    ngram.begin(history, Sampling(), None)
+    draft = ngram.propose(history, 2)
+    assert draft.tokens == [9, 9]  # "5 1 2" last went on with 9
+    # its other follower first, then what "1 2" alone was followed by: 8, never after "5 1 2"
+    assert [(a.rank, a.tokens) for a in draft.alternatives] == [(2, (7, 7)), (3, (8, 8))]
+
+
 @pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
 def test_fixed_ngram_trees_keep_the_target_distribution(branching, prompt, setting):
     sampling = SETTINGS[setting]

@@ -64,10 +64,9 @@ class NgramDrafter:
             follows = self.latest[n].get(gram)
             if follows is not None:
                 run = self._run(history, follows, n)
-                followers = self.followers[n][gram]
-                evidence = Evidence(RunClass.of(run), _agreement(followers, history[follows]))
+                evidence = Evidence(RunClass.of(run), _agreement(self.followers[n][gram], history[follows]))
                 tokens = self._offer(history, follows, n, k, run)
-                alternatives = self._others(history, followers, history[follows], n, k) if self.alternatives else ()
+                alternatives = self._others(history, history[follows], n, k) if self.alternatives else ()
                 tree = DraftTree.forked(tokens, alternatives) if self.branching and alternatives else None
                 return Draft(tokens, source=self.kind, evidence=evidence, run=run, alternatives=alternatives,
                              tree=tree)
@@ -79,13 +78,23 @@ class NgramDrafter:
         run = self._run(history, follows, n) if run is None else run
         return list(history[follows : follows + min(k, max(run, MIN_OFFER))])
 
-    def _others(self, history, followers: dict[int, list[int]], bet: int, n: int, k: int) -> tuple[Alternative, ...]:
-        """The n-gram's other continuations, each from where its first token last followed the n-gram, the
-        most frequent first (among equals the latest)."""
-        seen = sum(count for count, _ in followers.values())
-        others = sorted(((count, end) for token, (count, end) in followers.items() if token != bet), reverse=True)
-        return tuple(Alternative(0, rank, tuple(self._offer(history, end, n, k)), count / seen)
-                     for rank, (count, end) in enumerate(others[: self.alternatives], start=2))
+    def _others(self, history, bet: int, n: int, k: int) -> tuple[Alternative, ...]:
+        """Other continuations of the text's tail, each from where its first token last followed: the matched
+        n-gram's other followers, the most frequent first (among equals the latest), then those of ever
+        shorter n-grams of the tail (a long match is specific: "sat. The cat" went on one way, "The cat"
+        several), until `alternatives` are found."""
+        found: dict[int, Alternative] = {}
+        for size in self.sizes[self.sizes.index(n):]:
+            followers = self.followers[size].get(tuple(history[-size:]), {})
+            seen = sum(count for count, _ in followers.values())
+            for count, end, token in sorted(((count, end, token) for token, (count, end) in followers.items()),
+                                            reverse=True):
+                if len(found) == self.alternatives:
+                    return tuple(found.values())
+                if token != bet and token not in found:
+                    found[token] = Alternative(0, len(found) + 2, tuple(self._offer(history, end, size, k)),
+                                               count / seen)
+        return tuple(found.values())
 
     @staticmethod
     def _run(history, follows: int, n: int) -> int:
