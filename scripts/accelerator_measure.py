@@ -619,12 +619,13 @@ def ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dic
 
 def tree_ceiling(session: Session, prompts: list[list[int]], tokens: int, ratios: dict[int, float]) -> dict:
     """The answer drafted as the second of two branches (ForkedAnswer) at TREE_LENGTHS, against plain
-    decoding and the answer drafted as a chain, on a context of the target's with room for the tree: rows
-    read on the host there (a tree's branches have no backend sampler), so plain reads them there too.
+    decoding and the answer drafted as a chain, on a context of the target's with room for the tree,
+    sampling where the session's does (on a GPU, in the decode graph: each branch by a sampler of its own).
     Beside each, what the curve predicts from rows alone: (k + 1) / verify(rows)."""
     target = session.target
-    branching = Context(target.model, target.n_ctx, target.n_batch, default_threads(), backend_sampling=False,
-                        max_outputs=target.n_batch, branches=ForkedAnswer.branches)
+    branching = Context(target.model, target.n_ctx, target.n_batch, default_threads(),
+                        backend_sampling=target.backend_sampling, max_outputs=target.n_batch,
+                        branches=ForkedAnswer.branches)
     speeds = Speeds()
 
     def on_branching(drafter, prompt: list[int], k: int) -> tuple[Recorder, list[int]]:
@@ -1111,7 +1112,7 @@ def _bounds_lines(t: dict) -> list[str]:
         lines.append(f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.2f}x | {predicted} |"
                      f" {row['tokens_per_pass']:.2f} | {acceptance} |")
     if "trees" in t:  # (reports before draft trees: none)
-        lines += ["", "| draft trees (greedy, rows read on the host) | tokens/s | vs plain | predicted by the curve |"
+        lines += ["", "| draft trees (greedy) | tokens/s | vs plain | predicted by the curve |"
                   " tokens / pass |", "|---|---:|---:|---:|---:|"]
         for label, row in t["trees"].items():
             predicted = "" if row.get("predicted") is None else f"{row['predicted']:.2f}x"

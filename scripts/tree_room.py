@@ -1,6 +1,6 @@
 """What the room for draft trees costs plain decoding: the target's context with and without room for
-branches, and with every row read on the host (as a generation whose drafter may propose trees reads
-them), plain greedy decoding interleaved round by round in one process.
+branches (a sampler chain of their own for each, in the graph where rows are sampled there), plain
+greedy decoding interleaved round by round in one process.
 
     python scripts/tree_room.py [--model qwen2.5-coder-1.5b] [--rounds 4] [--tokens 48]
 """
@@ -20,12 +20,6 @@ from localspec.store import download, registry
 PROMPT = 'def quicksort(items):\n    """Sort a list."""\n'
 
 
-class HostRows(NoDrafter):
-    """Plain decoding by a drafter that may propose trees, so the loop reads every row on the host."""
-
-    branches = 2
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -35,7 +29,6 @@ def main() -> None:
     model = Model(download.locate(registry.resolve(args.model), offline=True))
     contexts = {"no room": (Context(model, 2048, 512, 2, None, 33), NoDrafter()),
                 "room for 4 branches": (Context(model, 2048, 512, 2, None, 33, branches=4), NoDrafter())}
-    contexts["room, rows on the host"] = (contexts["room for 4 branches"][0], HostRows())
     prompt = model.tokenize(PROMPT, add_special=False, parse_special=False)
     speeds: dict[str, list[float]] = {}
     for _ in range(args.rounds):

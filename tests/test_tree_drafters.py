@@ -8,8 +8,10 @@ import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.belief import Belief
+from localspec.engine.backend import Context
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.drafters.forward import runner_ups
+from localspec.engine.model import Model
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
@@ -240,3 +242,36 @@ def test_auto_grows_a_draft_models_runner_ups_where_the_text_showed_they_are_rig
                           auto.costs.verify_seconds(draft.size + 1)))
         history += ahead[: kept + 1]
     assert auto.ranks[(DrafterKind.DRAFT, 2)].mean > 0.8 and kept_by_runner_ups > 5
+
+
+@pytest.fixture(scope="module")
+def on_backend(tiny):
+    """The tiny target with room for three branches, by what it samples in the decode graph: every chain
+    (True) or an argmax chain only (None)."""
+    models, contexts = [], {}
+    for kind in (True, None):
+        models.append(Model(tiny["target"]))
+        contexts[kind] = Context(models[-1], 256, 64, threads=2, backend_sampling=kind, max_outputs=64, branches=3)
+    yield contexts
+    for context, model in zip(contexts.values(), models):
+        context.close()
+        model.close()
+
+
+@pytest.mark.parametrize("kind", [True, None], ids=["every chain", "an argmax chain"])
+def test_on_the_backend_a_trees_rows_are_sampled_by_its_branches_own_samplers(load, on_backend, kind):
+    target, context = load("target"), on_backend[kind]
+    prompt = forked_prompt(target)
+    events = greedy(context, prompt, NgramDrafter(2, 2, alternatives=2, branching=True), draft_max=4)
+    assert context.on_backend and context.reads_trees
+    assert tokens(events) == tokens(greedy(target, prompt))
+    first = [e for e in events if isinstance(e, Step)][0]
+    assert (first.branches, first.rank, first.accepted) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
+def test_trees_sampled_on_the_backend_keep_the_target_distribution(on_backend, load, prompt, setting):
+    sampling, context = SETTINGS[setting], on_backend[True]
+    counts = sample_counts(context, NgramDrafter(1, 1, alternatives=2, branching=True), prompt, sampling)
+    assert context.on_backend
+    assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) > ALPHA

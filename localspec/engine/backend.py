@@ -58,13 +58,12 @@ class Context(ChainRows, TreeDecoding):
         the first; sequence() hands out the others), each holding up to n_ctx tokens of a cache of
         n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself). branches: room for
         a draft tree of this many branches (decode_tree), each a sequence id of its own in one pool of cells
-        (one sequence, no recurrent state; a tree's rows are read on the host, so its generations sample there,
-        sample_with's host)."""
+        (one sequence, no recurrent state), with a sampler chain of its own where rows are sampled on the
+        backend."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
-        if branches and (n_seq > 1 or backend_sampling or model.recurrent):
-            raise UsageError("draft trees need a context of one sequence, its rows read on the host, without a"
-                             " recurrent state")
+        if branches and (n_seq > 1 or model.recurrent):
+            raise UsageError("draft trees need a context of one sequence without a recurrent state")
         self.model = model
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)

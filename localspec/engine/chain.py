@@ -68,8 +68,9 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct
 
 class ChainRows:
     """The output rows of a context's decodes, through its sampler chain: a part of Context, which
-    holds llama.cpp's context (_ctx), its model, its sequence (seq) and the batch rows its rows start and
-    end at (_row_base, _row_last), and calls _start_rows once it has them."""
+    holds llama.cpp's context (_ctx), its model, its sequence (seq), the batch rows its rows start and
+    end at (_row_base, _row_last) and its room for draft trees (branch_room sequence ids from
+    _first_branch), and calls _start_rows once it has them."""
 
     def _start_rows(self, backend_sampling: bool | None) -> None:
         self._n_vocab = self.model.n_vocab
@@ -79,6 +80,9 @@ class ChainRows:
         self.on_backend = False  # where the current chain runs
         self._host = False  # whether it was asked to run on the host
         self._native_chain = None
+        # the same chain, one for each draft tree branch's sequence id (Context.branch_room) where the chain
+        # runs on the backend: a tree's rows are sampled there too, each by the sampler of its first sequence
+        self._branch_chains: list = []
         self._dist = None  # draw()'s sampler, seeded anew for each generation
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
         self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
@@ -99,6 +103,17 @@ class ChainRows:
                                   " (a tensor-split model?); try --no-backend-sampling")
             on_backend = False
         self.chain, self._native_chain, self.on_backend, self._host = chain, native, on_backend, host
+        for seq in range(self._first_branch, self._first_branch + self.branch_room) if on_backend else ():
+            branch = chain.native()
+            if not llama.llama_set_sampler(self._ctx, seq, branch):
+                llama.llama_sampler_free(branch)
+                break  # (a tree then is verified where its rows are read on the host: reads_trees)
+            self._branch_chains.append(branch)
+
+    @property
+    def reads_trees(self) -> bool:
+        """Whether a draft tree's rows can be read: on the host, or sampled by its branches' own samplers."""
+        return not self.on_backend or len(self._branch_chains) == self.branch_room > 0
 
     def token(self, row: int) -> int:
         """The row's most likely token (the chain must be an argmax chain)."""
@@ -174,6 +189,10 @@ class ChainRows:
             self._dist = None
 
     def _free_chain(self) -> None:
+        for seq, branch in enumerate(self._branch_chains, start=self._first_branch):
+            llama.llama_set_sampler(self._ctx, seq, None)
+            llama.llama_sampler_free(branch)
+        self._branch_chains = []
         if self._native_chain is not None:
             if self.on_backend:
                 llama.llama_set_sampler(self._ctx, self.seq, None)

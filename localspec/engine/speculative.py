@@ -63,10 +63,9 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     rng = np.random.default_rng(sampling.seed)
     penalties = Penalties.of(sampling)
     reporting = sampling.logprobs is not None
-    # a grammar masks full rows, penalties change them and logprobs read them, on the host; a tree's rows
-    # are read there too
+    # a grammar masks full rows, penalties change them and logprobs read them, on the host
+    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting)
     trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
-    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting or trees)
     started = perf_counter()
     if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
@@ -194,9 +193,9 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
 
 
 def fits(target: Context, tree: DraftTree) -> bool:
-    """Whether the target can verify the tree: a context of one sequence with room for its branches, its
-    rows read on the host, and its nodes and root in one batch."""
-    return (target.n_seq == 1 and not target.on_backend and len(tree.leaves()) <= target.branch_room
+    """Whether the target can verify the tree: a context of one sequence with room for its branches whose
+    rows it can read, and its nodes and root in one batch."""
+    return (target.n_seq == 1 and target.reads_trees and len(tree.leaves()) <= target.branch_room
             and len(tree) < target.max_rows)
 
 

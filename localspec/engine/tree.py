@@ -193,8 +193,8 @@ class TreeDecoding:
         not copies); keep_path then keeps one path. The root joins the cache's tokens at once."""
         if self.hidden.layers:
             raise EngineError("a tree's rows keep no hidden states for the drafters that read them (not built yet)")
-        if self.on_backend:  # the branches' sequences have no sampler of their own there
-            raise EngineError("a tree's rows are read on the host: sample_with(..., host=True) first")
+        if not self.reads_trees:
+            raise EngineError("a tree's rows are sampled on the backend without samplers for its branches")
         self._settle()
         start, leaves, below = len(self.tokens), tree.leaves(), tree.branches()
         if len(leaves) > self.branch_room:
