@@ -120,10 +120,11 @@ class SuffixDrafter:
 
     kind = DrafterKind.SUFFIX
 
-    def __init__(self, cache: SuffixCache | None, alternatives: int = 0, branching: bool = False):
-        """alternatives, branching: as NgramDrafter's, the other continuations at the draft's branch points."""
+    def __init__(self, cache: SuffixCache | None, alternatives: int = 0):
+        """alternatives: how many of the other continuations at the draft's branch points a proposal holds,
+        for auto to grow a tree of (the suffix cache drafts within auto only)."""
         self.cache = cache  # None: drafting from nothing for a while (bench's auto-no-suffix)
-        self.alternatives, self.branching = alternatives, branching
+        self.alternatives = alternatives
 
     def begin(self, prompt, sampling, rng) -> None:
         pass
@@ -136,9 +137,8 @@ class SuffixDrafter:
             return Draft(source=self.kind)
         agreement = (Agreement.SEEN_ONCE if found.support == 1
                      else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
-        tree = DraftTree.forked(found.tokens, found.alternatives) if self.branching and found.alternatives else None
         return Draft(list(found.tokens), source=self.kind, evidence=Evidence(RunClass.of(found.match), agreement),
-                     run=found.match, alternatives=found.alternatives, tree=tree)
+                     run=found.match, alternatives=found.alternatives)
 
 
 SUFFIX_MIN_MATCH = 2  # a one-token match among a million earlier tokens is chance, as n-gram lookup's ngram_min
