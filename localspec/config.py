@@ -19,7 +19,7 @@ from .errors import UsageError
 # A draft tree's branches, each a sequence id of the target's context: by default a chain and the three
 # likeliest alternatives a free drafter holds
 DEFAULT_BRANCHES = 4
-MOST_BRANCHES = 16
+MOST_BRANCHES = 16  # each a sequence id of llama.cpp's context and a seq_id slot of every batch row
 MOST_LOGPROBS = 20  # alternatives a token's logprobs may list (OpenAI's top_logprobs bound)
 
 
@@ -125,7 +125,8 @@ class Speculation:
     suffix_cache: auto drafts from earlier generations in this process too (chat turns, batch items,
     requests), kept in memory only, per loaded target. branches: the most branches a draft tree may have
     (engine/tree.py): None, auto's choice of up to DEFAULT_BRANCHES where the cost curve says they pay; 1,
-    chains only; more, also fixed n-gram drafting grows trees of its other continuations.
+    chains only; more, fixed drafting (n-gram lookup's other continuations, a draft model's runner-ups) and
+    a prediction's forks are trees too.
     """
 
     drafting: DrafterKind = DrafterKind.AUTO

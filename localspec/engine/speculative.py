@@ -128,10 +128,11 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                 accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
             target.truncate(n_past + 1 + accepted)
             kept = draft.tokens[:accepted]
+        tree = draft.tree
         step = Step(draft.source, draft.size, accepted, draft_seconds, perf_counter() - verifying,
                     draft.catch_up_seconds, draft.probe is not None, draft.probe.plain_seconds if draft.probe else 0.0,
-                    others, *((len(draft.tree.leaves()), 1 + max(draft.tree.depths()), rank) if draft.tree is not None
-                              else ()))
+                    others, branches=len(tree.leaves()) if tree else 0, depth=1 + max(tree.depths()) if tree else 0,
+                    rank=rank)
         emitted = [*kept, own]
         # read before anything is handed on: on a shared context the next batch may overwrite the rows meanwhile
         reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece) for i, token in enumerate(emitted)
