@@ -23,6 +23,7 @@ from test_lossless import ALPHA, SETTINGS, chi_square_p_value, exact_distributio
 from test_policy import GPU_LIKE, costs
 
 GREEDY = Sampling(temperature=0.0)
+KEPT_PATH_ROWS = 1e-2
 
 
 def test_a_forked_tree_holds_the_chain_first_and_each_alternative_below_its_fork():
@@ -275,3 +276,23 @@ def test_trees_sampled_on_the_backend_keep_the_target_distribution(on_backend, l
     counts = sample_counts(context, NgramDrafter(1, 1, alternatives=2, branching=True), prompt, sampling)
     assert context.on_backend
     assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) > ALPHA
+
+
+def test_logprobs_are_read_from_the_rows_of_the_branch_kept(branching, load):
+    target = load("target")
+    prompt = forked_prompt(target)
+    reporting = Sampling(temperature=0.0, logprobs=3)
+
+    def run(context, drafter):
+        return list(generate(context, drafter, prompt, reporting, Speculation(draft_max=4), Limits(max_tokens=16)))
+
+    plain = [e for e in run(target, NoDrafter()) if isinstance(e, Token)]
+    events = run(branching, NgramDrafter(2, 2, alternatives=2, branching=True))
+    assert [e for e in events if isinstance(e, Step)][0].rank == 2  # the runner-up's rows were read
+    treed = [e for e in events if isinstance(e, Token)]
+    assert [t.id for t in treed] == [t.id for t in plain]
+    # within the KV cache's F16 rounding: after a kept path, rows read cells in another order (test_tree's
+    # measured 1.3e-3 of a logit); a row of a branch not kept would be off by whole logits
+    for alone, verified in zip(plain, treed):
+        assert verified.logprobs.chosen.logprob == pytest.approx(alone.logprobs.chosen.logprob, abs=KEPT_PATH_ROWS)
+        assert [c.id for c in verified.logprobs.top] == [c.id for c in alone.logprobs.top]

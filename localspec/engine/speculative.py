@@ -98,16 +98,17 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
-        # a tree is verified alone, over rows that no grammar, penalty or logprobs report reads (not built
-        # yet), where it fits: else the chain it was grown from
-        if draft.tree is not None and (not trees or grammar or penalties or reporting or not fits(target, draft.tree)):
+        # a tree is verified alone, over rows that no grammar masks nor penalty changes (not built yet), where
+        # it fits: else the chain it was grown from
+        if draft.tree is not None and (not trees or grammar or penalties or not fits(target, draft.tree)):
             draft = replace(draft, tree=None)
         if draft.size < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
         verifying, others, rows_read, rank = perf_counter(), 0, [], 0
         if draft.tree is not None:
-            kept, own, rank = verify_tree(target, draft.tree, history[-1], sampling, rng)
+            kept, own, rank, path_rows = verify_tree(target, draft.tree, history[-1], sampling, rng)
             accepted = len(kept)
+            rows_read = [target.logits(row) for row in path_rows] if reporting else []
         else:
             rows = [history[-1], *draft.tokens]
             if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
@@ -201,16 +202,17 @@ def fits(target: Context, tree: DraftTree) -> bool:
 
 
 def verify_tree(target: Context, tree: DraftTree, last: int, sampling: Sampling,
-                rng: np.random.Generator) -> tuple[list[int], int, int]:
+                rng: np.random.Generator) -> tuple[list[int], int, int, list[int]]:
     """Decode last and a draft tree in one batch, walk it as the target's rows say (engine/tree.py) and keep
-    the path: (the tokens kept, the target's own next token, the rank of the branch it took)."""
+    the path: (the tokens kept, the target's own next token, the rank of the branch it took, the rows each
+    of those tokens was chosen at: the root's, then each kept node's)."""
     target.decode_tree(tree, last)
     if sampling.greedy:
         path, own = tree_greedy(tree, target.token)
     else:
         path, own = tree_sampled(tree, lambda row: softmax(*target.candidates(row)), rng)
     target.keep_path(path)
-    return [tree.tokens[node] for node in path], own, tree.rank(path)
+    return [tree.tokens[node] for node in path], own, tree.rank(path), [0, *(node + 1 for node in path)]
 
 
 def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
