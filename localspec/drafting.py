@@ -59,6 +59,8 @@ class Drafters:
         room = sequences[0].branch_room
         alternatives = room - 1 if room > 1 else 0
         branching = speculation.branches is not None and alternatives > 0
+        # a prediction's forks on the first sequence (the others have no room for trees)
+        self._prediction_forks = alternatives if branching else 0
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives, branching)
         for drafter in self.costly.values():
             if isinstance(drafter, ModelDrafter):
@@ -141,7 +143,7 @@ class Drafters:
             drafter.suffix.cache = self.suffix_cache
         if prediction and mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode),
-                                        self.ngram.alternatives if self.ngram.branching and sequence == 0 else 0)
+                                        self._prediction_forks if sequence == 0 else 0)
         return drafter
 
     def _twin(self, sequence: int, mode: DrafterKind) -> Drafter:

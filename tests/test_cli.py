@@ -100,6 +100,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--temp", "-1"], "temperature must be >= 0"),
         (["{target}", "-p", "x", "--top-p", "2"], "top-p must be in (0, 1]"),
         (["{target}", "-p", "x", "--draft-min", "40"], "draft-min must be between"),
+        (["{target}", "-p", "x", "--draft-branches", "0"], "draft-branches must be between 1 and 16, got 0"),
         (["{target}", "-p", "x", "--max-tokens", "0"], "max-tokens must be >= 1"),
         (["{target}", "-p", "x", "--temp", "warm"], "Invalid value for '--temp'"),
         (["{target}", "-p", "x", "--file", "{notgguf}"], "not both"),
