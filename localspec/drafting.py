@@ -59,12 +59,11 @@ class Drafters:
         room = sequences[0].branch_room
         alternatives = room - 1 if room > 1 else 0
         branching = speculation.branches is not None and alternatives > 0
-        # a prediction's forks on the first sequence (the others have no room for trees)
+        self._alternatives, self._branching = alternatives, branching
         self._prediction_forks = alternatives if branching else 0
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives, branching)
         for drafter in self.costly.values():
-            if isinstance(drafter, ModelDrafter):
-                drafter.alternatives, drafter.branching = alternatives, branching
+            self._hold_alternatives(drafter)
         # earlier generations, for auto to draft from: this target's only, in this process's memory only
         self.suffix = SuffixDrafter(SuffixCache(), alternatives) if speculation.suffix_cache else None
         self._memories: dict[str, SuffixCache] = {}  # bench's: each mode's own suffix cache, by name
@@ -121,13 +120,17 @@ class Drafters:
                                             branches=max(1, target.branch_room))
         return self._auto
 
+    def _hold_alternatives(self, drafter: CostlyDrafter) -> None:
+        if isinstance(drafter, ModelDrafter):
+            drafter.alternatives, drafter.branching = self._alternatives, self._branching
+
     def _suffix_of_a_sequence(self) -> SuffixDrafter | None:
         """The suffix drafter a sequence's auto drafts with: the session's own where it has one sequence;
         else one of the sequence's, given the session's cache of the moment at each generation (remember_as
         may choose another for the next request while this one runs)."""
         if self.suffix is None or len(self.sequences) == 1:
             return self.suffix
-        return SuffixDrafter(None)
+        return SuffixDrafter(None, self._alternatives)
 
     def of(self, sequence: int, prediction: list[int] | None = None, mode: DrafterKind | None = None,
            speculation: Speculation | None = None) -> Drafter:
@@ -143,7 +146,7 @@ class Drafters:
             drafter.suffix.cache = self.suffix_cache
         if prediction and mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode),
-                                        self._prediction_forks if sequence == 0 else 0)
+                                        self._prediction_forks)
         return drafter
 
     def _twin(self, sequence: int, mode: DrafterKind) -> Drafter:
@@ -152,7 +155,8 @@ class Drafters:
             view, costly = self.sequences[sequence], self._costly_of(sequence)
             self._twins[key] = (
                 policy.AutoDrafter(self.ngram.for_sequence(), list(costly.values()), self.auto().costs,
-                                   self._suffix_of_a_sequence(), alongside=lambda: (view.others, view.alongside))
+                                   self._suffix_of_a_sequence(), alongside=lambda: (view.others, view.alongside),
+                                   branches=max(1, view.branch_room))
                 if mode == DrafterKind.AUTO else
                 self.ngram.for_sequence() if mode == DrafterKind.NGRAM else
                 costly[mode] if mode in costly else NoDrafter())
@@ -163,6 +167,8 @@ class Drafters:
         if sequence not in self._costly_twins:
             self._costly_twins[sequence] = {kind: drafter.for_sequence(self.sequences[sequence], sequence)
                                             for kind, drafter in self.costly.items()}
+            for drafter in self._costly_twins[sequence].values():
+                self._hold_alternatives(drafter)
         return self._costly_twins[sequence]
 
     @property

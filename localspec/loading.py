@@ -150,9 +150,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         return own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel, **options))
 
-    # room for draft trees where they can be verified: one sequence, no recurrent state, no hidden states
-    # kept for a drafter
-    tree_room = speculation.tree_room if runtime.parallel == 1 and not target_model.recurrent and not kept else 0
+    # room for draft trees where they can be verified: no recurrent state, no hidden states kept for a drafter
+    tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
     target_context = context(target_model, keep_hidden=kept, branches=tree_room)
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"

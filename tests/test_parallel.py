@@ -12,7 +12,7 @@ import pytest
 
 from localspec.store import gguf_meta, hardware
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.backend import Context, decode_together
+from localspec.engine.backend import Context, Part, decode_together
 from localspec.engine.hidden import LAST_HIDDEN
 from localspec.engine.model import Model
 from localspec.engine import together as together_module
@@ -110,7 +110,7 @@ def test_a_failed_joint_decode_leaves_every_sequence_as_it_was(shared, alone):
         sequence.decode(tokens_of(alone.model, "the cat"), logits="none")
     before = [list(sequence.tokens) for sequence in shared[:2]]
     with pytest.raises(EngineError):
-        decode_together([(shared[0], [1, 2], "all", None), (shared[1], [5] * 65, "none", None)])  # more rows than a batch
+        decode_together([Part(shared[0], [1, 2]), Part(shared[1], [5] * 65, "none")])  # more rows than a batch
     assert [sequence.tokens for sequence in shared[:2]] == before
     for sequence in shared[:2]:
         sequence.check_holds(sequence.tokens)
@@ -144,7 +144,7 @@ def test_each_sequence_keeps_the_hidden_states_of_its_own_rows(tiny, name):
         contexts.append(joint)
         views = [joint, joint.sequence(1), joint.sequence(2)]
         prompts = [tokens_of(model, text) for text in PROMPTS[:3]]
-        decode_together([(view, prompt, "last", None) for view, prompt in zip(views, prompts)])
+        decode_together([Part(view, prompt, "last") for view, prompt in zip(views, prompts)])
         for view, prompt in zip(views, prompts):
             solo = Context(model, 256, 128, 2, max_outputs=8, keep_hidden=kept)
             contexts.append(solo)

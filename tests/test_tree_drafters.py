@@ -8,7 +8,8 @@ import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.belief import Belief
-from localspec.engine.backend import Context
+from localspec.engine.backend import Context, Part, decode_together
+from localspec.engine.library import llama
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.drafters.forward import runner_ups
 from localspec.engine.model import Model
@@ -17,9 +18,11 @@ from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
 from localspec.engine.suffix import SuffixCache
 from localspec.engine.tree import ROOT, Alternative, DraftTree
+from localspec.errors import EngineError
 from localspec.events import Step, Token
 
 from test_lossless import ALPHA, SETTINGS, chi_square_p_value, exact_distribution, sample_counts
+from test_parallel import run_alone, run_together
 from test_policy import GPU_LIKE, costs
 
 GREEDY = Sampling(temperature=0.0)
@@ -296,3 +299,67 @@ def test_logprobs_are_read_from_the_rows_of_the_branch_kept(branching, load):
     for alone, verified in zip(plain, treed):
         assert verified.logprobs.chosen.logprob == pytest.approx(alone.logprobs.chosen.logprob, abs=KEPT_PATH_ROWS)
         assert [c.id for c in verified.logprobs.top] == [c.id for c in alone.logprobs.top]
+
+
+@pytest.fixture(scope="module")
+def branching_sequences(tiny):
+    """Four sequences of one context on the tiny target, each with room for trees of three branches."""
+    model = Model(tiny["target"])
+    context = Context(model, 256, 64, threads=2, max_outputs=64, n_seq=4, branches=3)
+    yield [context] + [context.sequence(seq) for seq in range(1, 4)]
+    context.close()
+    model.close()
+
+
+def test_parallel_sequences_verify_their_trees_in_one_batch_each_as_alone(branching_sequences, load):
+    target = load("target")
+    forked = forked_prompt(target)
+    prompts = [forked, target.model.tokenize("the cat sat on the mat", add_special=True, parse_special=False),
+               forked, forked[:-3] + forked[-2:]]
+    drafters = [NgramDrafter(2, 2, alternatives=2, branching=True).for_sequence() for _ in prompts]
+    assert all(drafter.branches == 3 for drafter in drafters)
+    got, steps = run_together(branching_sequences, prompts, drafters)
+    assert [got[i] for i in range(len(prompts))] == [run_alone(target, prompt, NoDrafter()) for prompt in prompts]
+    # the forked prompts' first steps: trees, verified beside the other sequences' rows, the runner-up kept
+    for key in (0, 2):
+        first = steps[key][0]
+        assert (first.branches, first.rank, first.accepted) == (2, 2, 4) and first.batch_rows > 0
+    for sequence in branching_sequences:
+        sequence.check_holds(sequence.tokens)
+        for branch in range(sequence._first_branch, sequence._first_branch + sequence.branch_room):
+            assert llama.llama_memory_seq_pos_max(sequence._memory, branch) == -1  # no branch left behind
+
+
+def test_a_failed_joint_decode_beside_a_tree_leaves_every_sequence_and_branch_as_it_was(branching_sequences, load):
+    model = load("target").model
+    for sequence in branching_sequences[:2]:
+        sequence.truncate(0)
+        sequence.decode(model.tokenize("the cat", add_special=True, parse_special=False), logits="none")
+    before = [list(sequence.tokens) for sequence in branching_sequences[:2]]
+    tree = DraftTree.forked([5, 6, 7], [Alternative(0, 2, (8, 9))])
+    with pytest.raises(EngineError):  # more rows than a batch
+        decode_together([Part(branching_sequences[0], [4], tree=tree), Part(branching_sequences[1], [5] * 60, "none")])
+    assert [sequence.tokens for sequence in branching_sequences[:2]] == before
+    for sequence in branching_sequences[:2]:
+        sequence.check_holds(sequence.tokens)
+        assert llama.llama_memory_seq_pos_max(sequence._memory, sequence._first_branch) == -1
+    assert all(branching_sequences[0]._batch.n_seq_id[i] == 1 for i in range(64))
+
+
+def test_sequences_share_out_what_sequence_ids_llama_cpp_has_for_branches(tiny):
+    model = Model(tiny["target"])
+    try:
+        contexts = [Context(model, 256, 512, threads=2, max_outputs=16, n_seq=64, branches=16),
+                    Context(model, 256, 16, threads=2, max_outputs=16, n_seq=4, branches=16)]
+        try:
+            many, few = contexts
+            last = many.sequence(63)
+            assert many.branch_room == (llama.llama_max_parallel_sequences() - 64) // 64 == 3
+            assert many._first_branch == 64 and last._first_branch == 64 + 63 * 3
+            assert last._first_branch + last.branch_room <= llama.llama_max_parallel_sequences()
+            assert few.branch_room == (16 - 4) // 4  # an output row for each sequence id in a batch of 16
+        finally:
+            for context in contexts:
+                context.close()
+    finally:
+        model.close()

@@ -11,6 +11,7 @@ import ctypes
 import os
 from collections.abc import Sequence
 from time import perf_counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from .chain import ChainRows
 from .hidden import HiddenStates
 from .library import llama, nextn
 from .model import Model
-from .tree import TreeDecoding
+from .tree import DraftTree, TreeDecoding
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
@@ -57,13 +58,16 @@ class Context(ChainRows, TreeDecoding):
         off, or (None) wherever the device supports it. n_seq: sequences sharing the cache (this context is
         the first; sequence() hands out the others), each holding up to n_ctx tokens of a cache of
         n_seq * n_ctx cells (one pool: a short sequence leaves room to none but itself). branches: room for
-        a draft tree of this many branches (decode_tree), each a sequence id of its own in one pool of cells
-        (one sequence, no recurrent state), with a sampler chain of its own where rows are sampled on the
-        backend."""
+        a draft tree of up to this many branches for each sequence (decode_tree, decode_together), each
+        branch a sequence id of its own in one pool of cells (no recurrent state), with a sampler chain of its
+        own where rows are sampled on the backend; fewer where llama.cpp's sequence ids run out."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
-        if branches and (n_seq > 1 or model.recurrent):
-            raise UsageError("draft trees need a context of one sequence without a recurrent state")
+        if branches and model.recurrent:
+            raise UsageError("draft trees need a context without a recurrent state")
+        # every sequence's branches have ids of their own, as all of them may verify a tree in one batch; llama.cpp
+        # takes as many sequence ids as it has (256) and output rows for a batch (n_batch) at most
+        branches = min(branches, (min(llama.llama_max_parallel_sequences(), n_batch) - n_seq) // n_seq)
         self.model = model
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
@@ -71,7 +75,7 @@ class Context(ChainRows, TreeDecoding):
         # a tree's nodes take cells of their own until one path is kept: room for a batch of them
         extra = n_batch if branches else 0
         params.n_ctx = n_ctx * n_seq + extra
-        params.n_seq_max = n_seq + branches
+        params.n_seq_max = n_seq * (1 + branches)
         # One pool of cells for the KV caches of several sequences, so that a step's rows of all of them
         # go in one ubatch; but not beside a recurrent state, whose snapshots (what a rejected draft is
         # taken back to) llama.cpp does not move along when a pooled batch moves a sequence's cell.
@@ -180,6 +184,11 @@ class Context(ChainRows, TreeDecoding):
             self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(chunk), False, 0, -1
             self._changing = None
 
+    def decode_tree(self, tree: DraftTree, root: int) -> None:
+        """Decode root (the last committed token) and every node of a draft tree in a batch of their own
+        (TreeDecoding.tree_rows: which rows, and keep_path after)."""
+        decode_together([Part(self, [root], tree=tree)])
+
     def sequence(self, seq: int) -> "Context":
         """Sequence `seq` (1 .. n_seq - 1) of this context's cache, as a context of its own: its tokens
         and sampler chain its own, llama.cpp's context and batch shared. It decodes alone (decode) or
@@ -188,6 +197,7 @@ class Context(ChainRows, TreeDecoding):
             raise EngineError(f"sequence {seq} is not one this context of {self.n_seq} sequences can hand out")
         view = copy.copy(self)
         view.seq, view.tokens, view._views = seq, [], []
+        view._first_branch = self.n_seq + seq * self.branch_room
         view.hidden, view._checkpoint, view._changing = HiddenStates(self.model, self.hidden.layers), None, None
         view._row_base, view._row_last, view.others, view.alongside, view.busy_seconds = 0, -1, 0, 0, 0.0
         view._start_rows(False)
@@ -414,51 +424,83 @@ class Context(ChainRows, TreeDecoding):
             self._ctx = None
 
 
-def decode_together(parts: Sequence[tuple[Context, Sequence[int], str, np.ndarray | None]],
-                    embedded: bool = False) -> float:
-    """Decode the tokens of several sequences of one context (Context.sequence) in one llama_decode, each
-    part with logits as Context.decode takes them (and, for an MTP context, its hidden rows; embedded:
-    every part's rows read in place of its tokens, as Context.decode's): each
-    sequence then reads its own rows from 0 (and -1), as after a decode of its own, keeps its hidden
-    states where it keeps them, and learns how many rows the others added (`others`) and how many of
-    the others verified (`alongside`). Returns the decode's seconds. A decode that fails leaves every
-    sequence as it was."""
-    first = parts[0][0].root
-    rows = sum(len(tokens) for _, tokens, _, _ in parts)
-    if rows > first.n_batch:  # llama.cpp would abort the process
-        raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
-    batch, row, starts = first._batch, 0, []
-    for context, tokens, logits, _ in parts:
-        context._settle()
-        start = len(context.tokens)
-        if logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
-            raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
-        context._row_base = row
-        for i, token in enumerate(tokens):
-            batch.token[row], batch.pos[row] = token, start + i
-            batch.logits[row] = logits == "all" or logits == "last" and i == len(tokens) - 1
-            batch.seq_id[row][0] = context.seq
-            row += 1
-        context._row_last = row - 1
-        starts.append(start)
-    batch.n_tokens = rows
-    for (context, tokens, _, _), start in zip(parts, starts):
+class Part(NamedTuple):
+    """A sequence's rows in a batch of several (decode_together): tokens after those it holds, with logits as
+    Context.decode takes them and, for an MTP context, its hidden rows; or a draft tree after its root (the
+    only token then), with logits on every row (Context.decode_tree)."""
+
+    context: Context
+    tokens: Sequence[int]
+    logits: str = "all"
+    hidden: np.ndarray | None = None
+    tree: DraftTree | None = None
+
+
+def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
+    """Decode the rows of several sequences of one context (Context.sequence) in one llama_decode (embedded:
+    every part's rows read in place of its tokens, as Context.decode's): each sequence then reads its own
+    rows from 0 (and -1), as after a decode of its own, keeps its hidden states where it keeps them, and
+    learns how many rows the others added (`others`) and how many of the others verified (`alongside`).
+    Returns the decode's seconds. A decode that fails leaves every sequence as it was."""
+    first = parts[0].context.root
+    batch, row, starts, trees = first._batch, 0, [], []
+    try:
+        for context, tokens, logits, _, tree in parts:
+            context._settle()
+            start = len(context.tokens)
+            if tree is not None:
+                rows = context.tree_rows(tree, tokens[0])
+                trees.append(context)
+                wanted = [True] * len(rows)
+            elif logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
+                raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
+            else:
+                rows = [(token, start + i, [context.seq]) for i, token in enumerate(tokens)]
+                wanted = [logits == "all" or logits == "last" and i == len(tokens) - 1 for i in range(len(tokens))]
+            if row + len(rows) > first.n_batch:  # llama.cpp would abort the process
+                raise EngineError(f"{row + len(rows)} rows do not fit a batch of {first.n_batch}")
+            context._row_base = row
+            for (token, position, seqs), logit in zip(rows, wanted):
+                batch.token[row], batch.pos[row], batch.logits[row] = token, position, logit
+                batch.n_seq_id[row] = len(seqs)
+                for j, seq in enumerate(seqs):
+                    batch.seq_id[row][j] = seq
+                row += 1
+            context._row_last = row - 1
+            starts.append(start)
+    except EngineError:
+        for context in trees:
+            context.tree_failed()
+        _one_sequence_a_row(batch, row)
+        raise
+    batch.n_tokens = rows = row
+    for (context, tokens, *_), start in zip(parts, starts):
         context._changing = (start, tokens)
-    busy, verifying = first.busy_seconds, sum(logits == "all" for _, _, logits, _ in parts)
-    hidden = [part[3] for part in parts]
+    busy, verifying = first.busy_seconds, sum(part.logits == "all" for part in parts)
+    hidden = [part.hidden for part in parts]
     status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None,
                         tokens=not embedded)
+    _one_sequence_a_row(batch, rows)
     kept = first.hidden.read(first._ctx, rows) if first.hidden.layers and status == 0 else None
-    for (context, tokens, logits, _), start in zip(parts, starts):
+    for (context, tokens, logits, _, tree), start in zip(parts, starts):
         if status != 0:
+            if tree is not None:
+                context.tree_failed()
             context.truncate(start)  # a failed decode may leave part of the batch behind
             continue
         context.tokens.extend(tokens)
         if kept is not None:
             context.hidden.keep(start, kept[context._row_base : context._row_last + 1])
-        context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - len(tokens)
+        own = context._row_last + 1 - context._row_base
+        context._last_decoded, context._rolled_back, context.others = len(tokens), False, rows - own
         context.alongside = verifying - (logits == "all")
         context._changing = None
     if status != 0:
         raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")
     return first.busy_seconds - busy
+
+
+def _one_sequence_a_row(batch, rows: int) -> None:
+    """Set the batch's rows back to one sequence each, as Context.decode fills them."""
+    for i in range(rows):
+        batch.n_seq_id[i] = 1

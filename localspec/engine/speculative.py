@@ -12,7 +12,7 @@ target's choices at every verified position are masked by it (engine/grammar.py)
 each verified row is penalised for the drafted tokens before it (engine/penalties.py).
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from time import perf_counter
 
@@ -98,28 +98,22 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
-        # a tree is verified alone, over rows that no grammar masks nor penalty changes (not built yet), where
-        # it fits: else the chain it was grown from
+        # a tree is verified over rows that no grammar masks nor penalty changes (not built yet), where it
+        # fits: else the chain it was grown from
         if draft.tree is not None and (not trees or grammar or penalties or not fits(target, draft.tree)):
             draft = replace(draft, tree=None)
         if draft.size < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
-        verifying, others, rows_read, rank = perf_counter(), 0, [], 0
+        rank = 0
         if draft.tree is not None:
-            kept, own, rank, path_rows = verify_tree(target, draft.tree, history[-1], sampling, rng)
+            verifying, others = yield from _verification(target, [history[-1]], draft.tree)
+            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng)
             accepted = len(kept)
             rows_read = [target.logits(row) for row in path_rows] if reporting else []
         else:
-            rows = [history[-1], *draft.tokens]
-            if target.n_seq > 1:  # decoded with the other sequences' rows, in a batch someone else runs
-                turn = Turn(target, rows)
-                yield turn
-                verifying = perf_counter() - turn.seconds  # what went on meanwhile is the other sequences' time
-                others = target.others
-            else:
-                target.decode(rows, logits="all")
+            verifying, others = yield from _verification(target, [history[-1], *draft.tokens])
             # the model's own rows, as logprobs report them (penalties change the rows in place)
-            rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(len(rows))
+            rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(1 + draft.size)
                          ] if reporting else []
             if penalties:
                 penalties.apply_rows(target.logits, history, draft.tokens)
@@ -161,6 +155,23 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped)
 
 
+def _verification(target: Context, rows: list[int], tree: DraftTree | None = None
+                  ) -> Generator[Turn, None, tuple[float, int]]:
+    """Decode a step's rows (the last committed token, then the draft, or the tree after it) with logits on
+    every row: (when the verification began, as the step's time counts it; how many rows the other
+    sequences had in its batch)."""
+    if target.n_seq == 1:
+        started = perf_counter()
+        if tree is None:
+            target.decode(rows, logits="all")
+        else:
+            target.decode_tree(tree, rows[0])
+        return started, 0
+    turn = Turn(target, rows, tree=tree)  # decoded with the other sequences' rows, in a batch someone else runs
+    yield turn
+    return perf_counter() - turn.seconds, target.others  # what went on meanwhile is the other sequences' time
+
+
 def verify_greedy(target: Context, draft: Draft, grammar: Grammar | None = None) -> tuple[int, int]:
     """(number of draft tokens kept, the target's own next token). A grammar masks each choice and
     follows the tokens kept, so that the next row's choice is masked by the state after them."""
@@ -195,18 +206,16 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
 
 
 def fits(target: Context, tree: DraftTree) -> bool:
-    """Whether the target can verify the tree: a context of one sequence with room for its branches whose
-    rows it can read, and its nodes and root in one batch."""
-    return (target.n_seq == 1 and target.reads_trees and len(tree.leaves()) <= target.branch_room
-            and len(tree) < target.max_rows)
+    """Whether the target can verify the tree: room for its branches, rows it can read, and its nodes and
+    root in one batch."""
+    return target.reads_trees and len(tree.leaves()) <= target.branch_room and len(tree) < target.max_rows
 
 
-def verify_tree(target: Context, tree: DraftTree, last: int, sampling: Sampling,
+def verify_tree(target: Context, tree: DraftTree, sampling: Sampling,
                 rng: np.random.Generator) -> tuple[list[int], int, int, list[int]]:
-    """Decode last and a draft tree in one batch, walk it as the target's rows say (engine/tree.py) and keep
-    the path: (the tokens kept, the target's own next token, the rank of the branch it took, the rows each
-    of those tokens was chosen at: the root's, then each kept node's)."""
-    target.decode_tree(tree, last)
+    """Walk a draft tree the target has decoded (after the last committed token) as its rows say
+    (engine/tree.py) and keep the path: (the tokens kept, the target's own next token, the rank of the
+    branch it took, the rows each of those tokens was chosen at: the root's, then each kept node's)."""
     if sampling.greedy:
         path, own = tree_greedy(tree, target.token)
     else:

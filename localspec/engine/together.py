@@ -107,10 +107,10 @@ def _batches(turns: list[tuple[Hashable, Turn]]) -> Iterator[list[tuple[Hashable
     for same in by_context.values():
         group, rows = [], 0
         for key, turn in same:
-            if group and rows + len(turn.tokens) > turn.context.n_batch:
+            if group and rows + turn.rows > turn.context.n_batch:
                 yield group
                 group, rows = [], 0
             group.append((key, turn))
-            rows += len(turn.tokens)
+            rows += turn.rows
         if group:
             yield group

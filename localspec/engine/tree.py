@@ -180,17 +180,18 @@ def _multi_draft(tree: DraftTree, children: list[int], p: Dist, rng: np.random.G
 
 
 class TreeDecoding:
-    """Draft trees decoded in one batch: a part of Context, which holds llama.cpp's context, its memory
-    (_memory), its batch (_batch, room for a token in several sequences), its sequence (seq), the first
-    sequence id free for branches (_first_branch) and how many there are (branch_room), and its tokens."""
+    """Draft trees decoded in a batch (Context.decode_tree, decode_together): a part of Context, which holds
+    llama.cpp's context, its memory (_memory), its sequence (seq), the first sequence id free for its
+    branches (_first_branch) and how many there are (branch_room), and its tokens."""
 
     _tree: tuple[DraftTree, int] | None = None  # the tree decoded last, and its root's position
 
-    def decode_tree(self, tree: DraftTree, root: int) -> None:
-        """Decode root (the last committed token) and every node of tree after the cache's tokens, with
-        logits on every row (row 0 the root's, i + 1 node i's): each node at its parent's position plus one,
-        in the sequences of the leaves below it, each of which holds the cache's tokens too (shared cells,
-        not copies); keep_path then keeps one path. The root joins the cache's tokens at once."""
+    def tree_rows(self, tree: DraftTree, root: int) -> list[tuple[int, int, list[int]]]:
+        """The batch rows (token, position, sequence ids) that decode root (the last committed token) and
+        every node of tree after the cache's tokens, with logits on every row (row 0 the root's, i + 1 node
+        i's): each node at its parent's position plus one, in the sequences of the leaves below it, each of
+        which is made to hold the cache's tokens too (shared cells, not copies); keep_path then keeps one
+        path. Once decoded, tree_decoded."""
         if self.hidden.layers:
             raise EngineError("a tree's rows keep no hidden states for the drafters that read them (not built yet)")
         if not self.reads_trees:
@@ -202,29 +203,20 @@ class TreeDecoding:
         if 1 + len(tree) > self.max_rows or start + 2 + max(tree.depths(), default=-1) > self.n_ctx:
             raise EngineError(f"a tree of {len(tree)} tokens does not fit after {start}")
         branch_ids = [self._first_branch + index for index in range(len(leaves))]
+        self._drop_branches(len(leaves))  # (what a decode interrupted by Ctrl-C may have left in them)
         for seq in branch_ids:
             llama.llama_memory_seq_cp(self._memory, self.seq, seq, 0, start)
-        batch, depths = self._batch, tree.depths()
         rows = [(root, start, [self.seq, *branch_ids])]
         rows += [(token, start + 1 + depth, [branch_ids[leaf] for leaf in leaves_below])
-                 for token, depth, leaves_below in zip(tree.tokens, depths, below)]
-        for i, (token, position, seqs) in enumerate(rows):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, len(seqs), True
-            for j, seq in enumerate(seqs):
-                batch.seq_id[i][j] = seq
-        batch.n_tokens = len(rows)
-        self._changing = (start, [root])
-        status = self._run(llama.llama_decode, None)
-        for i in range(len(rows)):
-            batch.n_seq_id[i] = 1  # as Context.decode fills the batch
-        if status != 0:
-            self._drop_branches(len(leaves))
-            self.truncate(start)  # a failed decode may leave part of the batch behind
-            raise EngineError(f"llama_decode failed with status {status} on a tree of {len(tree)} tokens")
+                 for token, depth, leaves_below in zip(tree.tokens, tree.depths(), below)]
         self._tree = (tree, start)
-        self.tokens.append(root)
-        self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(rows), False, 0, -1
-        self._changing = None
+        return rows
+
+    def tree_failed(self) -> None:
+        """The decode of tree_rows' rows failed: forget the branches."""
+        tree, _ = self._tree
+        self._drop_branches(len(tree.leaves()))
+        self._tree = None
 
     def keep_path(self, path: list[int]) -> None:
         """Keep the nodes of the tree decoded last along path (root down; [] for none) after the root, in

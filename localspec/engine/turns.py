@@ -14,7 +14,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from .backend import Context, decode_together
+from .backend import Context, Part, decode_together
+from .tree import DraftTree
 
 T = TypeVar("T")
 
@@ -30,13 +31,18 @@ class Turn:
     drafts: bool = False
     hidden: np.ndarray | None = None  # an MTP context's: the hidden state each token is read with
     embedded: bool = False  # the hidden rows are read in place of the tokens (Context.decode's embedded)
+    tree: DraftTree | None = None  # a draft tree verified after the token (the only one then)
     seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + (len(self.tree) if self.tree is not None else 0)
 
 
 def decode(turns: list[Turn]) -> None:
     """Decode turns of one shared context in one batch (they must fit it, and all be embedded or none),
     each learning the seconds."""
-    seconds = decode_together([(turn.context, turn.tokens, turn.logits, turn.hidden) for turn in turns],
+    seconds = decode_together([Part(turn.context, turn.tokens, turn.logits, turn.hidden, turn.tree) for turn in turns],
                               embedded=turns[0].embedded)
     for turn in turns:
         turn.seconds = seconds

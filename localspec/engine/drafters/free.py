@@ -35,8 +35,8 @@ class NgramDrafter:
         return self.alternatives + 1 if self.branching else 1
 
     def for_sequence(self) -> "NgramDrafter":
-        """A twin for another sequence, indexing its own text (without room for trees: see Context)."""
-        return NgramDrafter(self.sizes[-1], self.sizes[0])
+        """A twin for another sequence, indexing its own text."""
+        return NgramDrafter(self.sizes[-1], self.sizes[0], self.alternatives, self.branching)
 
     def begin(self, prompt, sampling, rng) -> None:
         self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
