@@ -2,6 +2,7 @@
 chain they bet on, the trees fixed drafting grows of them, and what auto makes of them."""
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from localspec.engine.library import llama
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.drafters.forward import runner_ups
 from localspec.engine.model import Model
+from localspec.engine.penalties import Penalties
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
@@ -20,8 +22,12 @@ from localspec.engine.suffix import SuffixCache
 from localspec.engine.tree import ROOT, Alternative, DraftTree
 from localspec.errors import EngineError
 from localspec.events import Step, Token
+from localspec.stats import record
 
-from test_lossless import ALPHA, SETTINGS, chi_square_p_value, exact_distribution, sample_counts
+from test_grammar import LETTERS, masked_distribution
+from test_grammar import greedy as grammar_greedy
+from test_lossless import (ALPHA, PENALISED, SETTINGS, chi_square_p_value, decoded_row, exact_distribution,
+                           own_continuation, penalised, sample_counts)
 from test_parallel import run_alone, run_together
 from test_policy import GPU_LIKE, costs
 
@@ -363,3 +369,98 @@ def test_sequences_share_out_what_sequence_ids_llama_cpp_has_for_branches(tiny):
                 context.close()
     finally:
         model.close()
+
+
+def tree_steps(events) -> list[Step]:
+    return [e for e in events if isinstance(e, Step) and e.branches > 1]
+
+
+def test_greedy_trees_under_a_grammar_write_plain_decodings_text(branching, load):
+    target = load("target")
+    prompt = target.model.tokenize("abcabcabcabc", add_special=True, parse_special=False)
+    words = r'root ::= [a-z ]{20,40} "."'
+    plain = grammar_greedy(target, NoDrafter(), prompt, words).text
+    events = list(generate(branching, NgramDrafter(1, 3, alternatives=2, branching=True), prompt,
+                           Sampling(temperature=0, grammar=words), Speculation(draft_max=4, p_min=0.0),
+                           Limits(max_tokens=40)))
+    assert record(events).text == plain
+    assert any(step.rank == 2 for step in tree_steps(events))  # a runner-up kept under the mask
+
+
+def test_sampled_trees_under_a_grammar_follow_the_targets_masked_distribution(branching, load, prompt):
+    target = load("target")
+    sampling = Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, grammar=LETTERS)
+    counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=2, branching=True), prompt, sampling)
+    assert chi_square_p_value(counts, masked_distribution(target, prompt, sampling)) > ALPHA
+
+
+@pytest.fixture(scope="module")
+def penalty_window(load):
+    target = load("target")
+    return own_continuation(target, target.model.tokenize("abcabcabcabc", add_special=True, parse_special=False))
+
+
+# greedy under penalties, where the tiny target's text from PROMPT_TEXT keeps a runner-up in a tree
+GREEDY_PENALISED = Sampling(temperature=0, repeat_penalty=1.1, presence_penalty=0.5)
+
+
+def test_greedy_trees_under_penalties_write_plain_decodings_text(branching, load, prompt):
+    target = load("target")
+
+    def run(context, drafter, sampling=GREEDY_PENALISED):
+        return list(generate(context, drafter, prompt, sampling, Speculation(draft_max=3, p_min=0.0),
+                             Limits(max_tokens=40)))
+
+    events = run(branching, NgramDrafter(1, 2, alternatives=2, branching=True))
+    assert tokens(events) == tokens(run(target, NoDrafter()))
+    assert any(step.rank == 2 for step in tree_steps(events))  # a runner-up's row, penalised for its own path
+    assert tokens(run(target, NoDrafter(), GREEDY)) != tokens(events)  # the penalties changed the text
+
+
+@pytest.mark.parametrize("verifier", ["right", "leaving a tree's rows unpenalised"])
+def test_sampled_trees_under_penalties_keep_the_target_distribution(branching, load, penalty_window, verifier,
+                                                                     monkeypatch):
+    if verifier != "right":
+        monkeypatch.setattr(Penalties, "apply_tree", lambda self, rows, history, tree: None)
+    counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=2, branching=True), penalty_window, PENALISED)
+    p_value = chi_square_p_value(counts, exact_distribution(load("target"), penalty_window, PENALISED))
+    assert p_value > ALPHA if verifier == "right" else p_value < ALPHA
+
+
+def test_each_tree_row_is_penalised_for_the_path_above_it(branching, load, penalty_window):
+    """Row by row against llama.cpp's penalties over plain decoding's rows: the drafted tokens repeat the
+    window's, so each path moves the counts its own way (the chain's prefixes read other rows here)."""
+    window, target = penalty_window, load("target")
+    chain = window[-4:-1]
+    other = next(token for token in reversed(window) if token != chain[0])
+    tree = DraftTree.forked(chain, [Alternative(0, 2, (other, chain[0]))])
+    branching.prefill(window[:-1])
+    branching.decode_tree(tree, window[-1])
+    rows = [branching.logits(row).copy() for row in range(1 + len(tree))]
+    branching.keep_path([])
+    Penalties(PENALISED).apply_tree(rows.__getitem__, window, tree)
+    before = tree.prefixes()
+    assert before[-1] == [other, chain[0]] and before[3] == chain
+    for row, path in zip(rows, before):
+        expected = penalised(decoded_row(target, window, path), window + path, PENALISED)
+        assert np.allclose(row, expected, atol=KEPT_PATH_ROWS)
+    chain_rows = [penalised(decoded_row(target, window, chain[:len(path)]), window + chain[:len(path)], PENALISED)
+                  for path in before]
+    assert not np.allclose(rows[-1], chain_rows[-1], atol=KEPT_PATH_ROWS)
+
+
+def test_logprobs_beside_trees_under_penalties_are_the_models_own_rows(branching, load, prompt):
+    target, reporting = load("target"), replace(GREEDY_PENALISED, logprobs=3)
+
+    def run(context, drafter):
+        return list(generate(context, drafter, prompt, reporting, Speculation(draft_max=3, p_min=0.0),
+                             Limits(max_tokens=40)))
+
+    plain = [e for e in run(target, NoDrafter()) if isinstance(e, Token)]
+    events = run(branching, NgramDrafter(1, 2, alternatives=2, branching=True))
+    assert any(step.rank == 2 for step in tree_steps(events))
+    treed = [e for e in events if isinstance(e, Token)]
+    assert [t.id for t in treed] == [t.id for t in plain]
+    for alone, verified in zip(plain, treed):
+        assert verified.logprobs.chosen.logprob == pytest.approx(alone.logprobs.chosen.logprob, abs=KEPT_PATH_ROWS)
+        assert [c.id for c in verified.logprobs.top] == [c.id for c in alone.logprobs.top]

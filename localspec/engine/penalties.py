@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import Sampling
+from .tree import DraftTree
 
 
 class Penalties:
@@ -44,5 +45,9 @@ class Penalties:
     def apply_rows(self, rows, history: Sequence[int], drafted: Sequence[int]) -> None:
         """Penalise a verification's rows in place: row i follows history and the first i drafted tokens.
         rows(i): row i's logits, writable."""
-        for i in range(len(drafted) + 1):
-            self.apply(rows(i), history, drafted[:i])
+        self.apply_tree(rows, history, DraftTree.chain(drafted))
+
+    def apply_tree(self, rows, history: Sequence[int], tree: DraftTree) -> None:
+        """As apply_rows, for a draft tree's verification: node i's row follows history and its path."""
+        for row, before in enumerate(tree.prefixes()):
+            self.apply(rows(row), history, before)

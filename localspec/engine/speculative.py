@@ -9,7 +9,8 @@ drawn from norm(max(0, p - q)); if all are kept a bonus token is drawn from p
 on the last row. Either way every emitted token follows the target's own
 distribution: the output is the target's, only faster. Under a grammar the
 target's choices at every verified position are masked by it (engine/grammar.py); under penalties
-each verified row is penalised for the drafted tokens before it (engine/penalties.py).
+each verified row is penalised for the drafted tokens before it (engine/penalties.py). A draft tree
+(engine/tree.py) is verified the same way along the path the walk takes.
 """
 
 from collections.abc import Generator, Iterator
@@ -98,18 +99,22 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
-        # a tree is verified over rows that no grammar masks nor penalty changes (not built yet), where it
-        # fits: else the chain it was grown from
-        if draft.tree is not None and (not trees or grammar or penalties or not fits(target, draft.tree)):
+        # a tree is verified where it fits: else the chain it was grown from
+        if draft.tree is not None and (not trees or not fits(target, draft.tree)):
             draft = replace(draft, tree=None)
         if draft.size < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
         rank = 0
         if draft.tree is not None:
             verifying, others = yield from _verification(target, [history[-1]], draft.tree)
-            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng)
+            # the model's own rows, as logprobs report them (penalties change the rows in place)
+            rows_read = [target.logits(row).copy() if penalties else target.logits(row)
+                         for row in range(1 + draft.size)] if reporting else []
+            if penalties:
+                penalties.apply_tree(target.logits, history, draft.tree)
+            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng, grammar)
             accepted = len(kept)
-            rows_read = [target.logits(row) for row in path_rows] if reporting else []
+            rows_read = [rows_read[row] for row in path_rows] if reporting else []
         else:
             verifying, others = yield from _verification(target, [history[-1], *draft.tokens])
             # the model's own rows, as logprobs report them (penalties change the rows in place)
@@ -211,15 +216,19 @@ def fits(target: Context, tree: DraftTree) -> bool:
     return target.reads_trees and len(tree.leaves()) <= target.branch_room and len(tree) < target.max_rows
 
 
-def verify_tree(target: Context, tree: DraftTree, sampling: Sampling,
-                rng: np.random.Generator) -> tuple[list[int], int, int, list[int]]:
+def verify_tree(target: Context, tree: DraftTree, sampling: Sampling, rng: np.random.Generator,
+                grammar: Grammar | None = None) -> tuple[list[int], int, int, list[int]]:
     """Walk a draft tree the target has decoded (after the last committed token) as its rows say
-    (engine/tree.py) and keep the path: (the tokens kept, the target's own next token, the rank of the
-    branch it took, the rows each of those tokens was chosen at: the root's, then each kept node's)."""
+    (engine/tree.py), each row's choice masked by the grammar as it stands after the path above it, and keep
+    the path: (the tokens kept, the target's own next token, the rank of the branch it took, the rows each
+    of those tokens was chosen at: the root's, then each kept node's)."""
+    follow = grammar.accept if grammar else lambda token: None
     if sampling.greedy:
-        path, own = tree_greedy(tree, target.token)
+        argmax = target.token if grammar is None else lambda row: grammar.best(target.logits(row))
+        path, own = tree_greedy(tree, argmax, follow)
     else:
-        path, own = tree_sampled(tree, lambda row: softmax(*target.candidates(row)), rng)
+        path, own = tree_sampled(tree, lambda row: _chosen_from(target, row, grammar), rng, follow)
+    own = _committed(own, grammar, target)
     target.keep_path(path)
     return [tree.tokens[node] for node in path], own, tree.rank(path), [0, *(node + 1 for node in path)]
 

@@ -127,6 +127,14 @@ class DraftTree:
         on; 2: somewhere the runner-up, ...): the largest of its nodes' orders among their siblings."""
         return max((self.children(self.parents[node]).index(node) + 1 for node in path), default=1)
 
+    def prefixes(self) -> list[list[int]]:
+        """The draft tokens each row of its verification follows: none for row 0 (the root's), the tokens of
+        the path down to node i for row i + 1."""
+        before: list[list[int]] = [[]]
+        for node, parent in enumerate(self.parents):
+            before.append([*before[parent + 1], self.tokens[node]])
+        return before
+
     def path_to(self, node: int) -> list[int]:
         """The nodes from the root's child down to node."""
         path = []
@@ -136,9 +144,11 @@ class DraftTree:
         return path[::-1]
 
 
-def verify_greedy(tree: DraftTree, argmax: Callable[[int], int]) -> tuple[list[int], int]:
+def verify_greedy(tree: DraftTree, argmax: Callable[[int], int],
+                  follow: Callable[[int], None] = lambda token: None) -> tuple[list[int], int]:
     """(the nodes kept, root down; the target's own next token). argmax(row): the target's likeliest token
-    at a row of the verification batch (0: the root's, i + 1: node i's)."""
+    at a row of the verification batch (0: the root's, i + 1: node i's); follow(token): told each token kept
+    before the next row is read (a grammar then masks that row by the state after it)."""
     path, node = [], ROOT
     while True:
         choice = argmax(node + 1)
@@ -146,10 +156,12 @@ def verify_greedy(tree: DraftTree, argmax: Callable[[int], int]) -> tuple[list[i
         if child is None:
             return path, choice
         path.append(child)
+        follow(choice)
         node = child
 
 
-def verify_sampled(tree: DraftTree, p_of: Callable[[int], Dist], rng: np.random.Generator) -> tuple[list[int], int]:
+def verify_sampled(tree: DraftTree, p_of: Callable[[int], Dist], rng: np.random.Generator,
+                   follow: Callable[[int], None] = lambda token: None) -> tuple[list[int], int]:
     """As verify_greedy, each token following the target's p at its row (p_of(row), what its sampler chain
     keeps): one-hot children by a draw from p, drawn children by multi-draft rejection sampling."""
     path, node = [], ROOT
@@ -165,6 +177,7 @@ def verify_sampled(tree: DraftTree, p_of: Callable[[int], Dist], rng: np.random.
         if child is None:
             return path, token
         path.append(child)
+        follow(token)
         node = child
 
 
