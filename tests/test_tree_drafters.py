@@ -12,7 +12,8 @@ from localspec.engine.belief import Belief
 from localspec.engine.backend import Context, Part, decode_together
 from localspec.engine.library import llama
 from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.drafters.forward import runner_ups
+from localspec.engine.drafters import forward
+from localspec.engine.drafters.forward import drawn_siblings, runner_ups
 from localspec.engine.model import Model
 from localspec.engine.penalties import Penalties
 from localspec.engine.policy import AutoDrafter
@@ -464,3 +465,101 @@ def test_logprobs_beside_trees_under_penalties_are_the_models_own_rows(branching
     for alone, verified in zip(plain, treed):
         assert verified.logprobs.chosen.logprob == pytest.approx(alone.logprobs.chosen.logprob, abs=KEPT_PATH_ROWS)
         assert [c.id for c in verified.logprobs.top] == [c.id for c in alone.logprobs.top]
+
+
+def test_a_sampled_draft_draws_siblings_where_q_is_spread_whatever_was_drawn():
+    spread, peaked = Dist(np.array([5, 6, 7]), np.array([0.4, 0.35, 0.25])), Dist(np.array([8, 9]), np.array([0.9, 0.1]))
+    for seed in range(20):
+        found = drawn_siblings([peaked, spread, spread, spread], 2, np.random.default_rng(seed))
+        assert [(a.fork, a.rank) for a in found] == [(1, 2), (2, 2)]  # the first two spread positions, every time
+        assert all(a.tokens[0] in (5, 6, 7) and a.share == pytest.approx(1 - 0.4**2 - 0.35**2 - 0.25**2) for a in found)
+    draws = [drawn_siblings([spread], 1, np.random.default_rng(seed))[0].tokens[0] for seed in range(600)]
+    assert {token: draws.count(token) / 600 for token in (5, 6, 7)} == pytest.approx({5: 0.4, 6: 0.35, 7: 0.25},
+                                                                                     abs=0.06)
+    tree = DraftTree.forked([5, 8], [Alternative(0, 2, (6,))], [spread, peaked])
+    assert tree.tokens == (5, 8, 6) and tree.dists == (spread, peaked, spread)  # the sibling's q is its fork's
+
+
+def sampled_tree_drafter(load, branching):
+    drafter = ModelDrafter(load("partial"), 0.0, branching.model.n_vocab)
+    drafter.alternatives, drafter.branching = 2, True
+    return drafter
+
+
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5"])
+def test_fixed_sampled_draft_model_trees_keep_the_target_distribution(branching, load, prompt, setting):
+    sampling = SETTINGS[setting]
+    drafter = sampled_tree_drafter(load, branching)
+    counts = sample_counts(branching, drafter, prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) > ALPHA
+
+
+def test_sampled_draft_model_trees_are_verified_and_keep_siblings(branching, load, prompt):
+    drafter, kept = sampled_tree_drafter(load, branching), []
+    for seed in range(40):
+        events = generate(branching, drafter, prompt, replace(SETTINGS["temperature 0.7"], seed=seed),
+                          Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=12))
+        kept += [step.rank for step in tree_steps(events)]
+    assert len(kept) > 40 and kept.count(2) > 5  # a sibling drawn beside the chain was what the target kept
+
+
+def test_siblings_chosen_by_what_the_chain_drew_fail_the_check(branching, load, prompt, monkeypatch):
+    """A sibling must be an independent draw from q: one chosen by what the chain drew (q's likeliest token
+    where the chain drew another, a greedy draft's runner-up) is no such draw, and the multi-draft rule then
+    no longer keeps p."""
+    forked = DraftTree.forked
+
+    def likeliest_where_the_chain_missed(chain, alternatives, dists=None):
+        made = []
+        for other in alternatives:
+            q = dists[other.fork]
+            likeliest = int(q.ids[np.argmax(q.probs)])
+            if chain[other.fork] != likeliest:
+                made.append(replace(other, tokens=(likeliest,)))
+        return forked(chain, made, dists)
+
+    monkeypatch.setattr(forward.DraftTree, "forked", staticmethod(likeliest_where_the_chain_missed))
+    sampling = SETTINGS["temperature 0.7"]
+    counts = sample_counts(branching, sampled_tree_drafter(load, branching), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) < ALPHA
+
+
+class Drawn:
+    """A costly drafter whose sampled drafts are set by the test: tokens, their q, siblings."""
+
+    kind = DrafterKind.DRAFT
+    draft = Draft()
+
+    def prepare(self, sampling, rng):
+        pass
+
+    def behind(self, history):
+        return 0
+
+    def propose(self, history, k):
+        return self.draft
+
+
+def test_auto_grows_a_sampled_drafts_siblings_by_nothing_drawn_at_their_fork_or_after():
+    """Whether a node gets its sibling must not depend on what was drawn at it or after (how long the chain
+    went on, the siblings it drew further down): weighed best first and for the chain's own length instead,
+    the second draft's sibling at 1 gives way to the one at 3, which the others lack."""
+    spread = Dist(np.array([5, 6, 7, 8]), np.array([0.3, 0.3, 0.2, 0.2]))
+    drawn, history = Drawn(), list(range(200, 210))
+    auto = AutoDrafter(NgramDrafter(2, 2), [drawn], costs(GPU_LIKE, 0.0001), branches=2)
+    auto.begin(history, SETTINGS["temperature 0.7"], None)
+    for step in range(40):  # the draft's second token is right 3 times in 5, its fourth never
+        drawn.draft = Draft([5, 6, 7, 8, 5, 6], [spread] * 6, source=DrafterKind.DRAFT)
+        draft = auto.propose(history, 6)
+        auto.observe(Step(DrafterKind.DRAFT, draft.size, 3 if step % 5 < 3 else 1, 0.0001 * draft.size,
+                          auto.costs.verify_seconds(draft.size + 1)))
+    grown = {}
+    # the same draft up to its second token and the sibling there; after it, each goes on its own way
+    for name, tokens, siblings in [("short", [5, 6], [(1, 7)]), ("long", [5, 6, 8, 5, 7, 7], [(1, 7), (3, 6)]),
+                                   ("a sibling next", [5, 6, 7, 7], [(1, 7), (2, 5)])]:
+        drawn.draft = Draft(tokens, [spread] * len(tokens), source=DrafterKind.DRAFT,
+                            alternatives=tuple(Alternative(fork, 2, (token,), 0.75) for fork, token in siblings))
+        tree = auto.propose(history, 6).tree
+        grown[name] = tree is not None and len(tree.children(0)) == 2  # the sibling at 1, beside the chain's
+        assert tree is None or tree.dists is not None and all(q is spread for q in tree.dists)
+    assert grown == {"short": True, "long": True, "a sibling next": True}

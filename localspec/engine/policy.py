@@ -331,7 +331,7 @@ class AutoDrafter:
             draft = yield from proposal(self.costly[choice.option.drafter], history, choice.length)
             self.forks += self._forks(len(history), draft)  # its runner-ups, known only where it drafted
         length = min(choice.length, len(draft.tokens))
-        tree = self._tree(draft, choice.option, length, seconds[choice.option][length - 1], rows) if length else None
+        tree = self._tree(draft, choice.option, length, choice.length, seconds[choice.option], rows) if length else None
         return replace(draft, tokens=draft.tokens[:length], tree=tree, probe=Probe(plain_seconds) if choice.probe else None)
 
     @staticmethod
@@ -339,36 +339,46 @@ class AutoDrafter:
         return [Fork(start, draft.tokens[: other.fork + 1], other.tokens[0], (draft.source, other.rank))
                 for other in draft.alternatives]
 
-    def _tree(self, draft: Draft, option: Option, length: int, chain_seconds: float, rows: int) -> DraftTree | None:
+    def _tree(self, draft: Draft, option: Option, length: int, planned: int, seconds: list[float],
+              rows: int) -> DraftTree | None:
         """The chosen draft (its first `length` tokens) grown by the alternatives it holds, one by one while
         each raises the expected rate (None: the chain alone pays best). An alternative at fork f adds its
         rows and is worth R_f (1 - a_f) b r, where R_f is the chance the chain reaches f, a_f its acceptance
         there, b what the text has shown of alternatives of that rank (at its doubtful side: a tree must pay
-        even there) and r what its own tokens reach, taken as the chain's deeper positions would."""
+        even there) and r what its own tokens reach, taken as the chain's deeper positions would. seconds:
+        the chosen option's step seconds by length. A sampled draft's siblings (drawn from q) are weighed in
+        the order of their forks, each as if the chain were as long as planned: whether a node gets one then
+        depends on nothing drawn at it or after, as their verification needs (its children independent draws
+        from its q)."""
+        drawn = draft.dists is not None
+        weighed = planned if drawn else length
         others = [other for other in draft.alternatives if other.fork < length]
         if not others or self.branches < 2:
             return None
-        expected = [1.0, *self.expected_tokens(replace(option, most=length), MEAN,
+        expected = [1.0, *self.expected_tokens(replace(option, most=weighed), MEAN,
                                                beyond=SURE if option.drafter in FREE else None)]
-        reach = [1.0] + [after - before for before, after in zip(expected, expected[1:])]  # R_0 .. R_length
+        reach = [1.0] + [after - before for before, after in zip(expected, expected[1:])]  # R_0 .. R_weighed
 
         def worth(other: Alternative) -> float:
-            fork, size = other.fork, min(len(other.tokens), length - other.fork)
+            fork, size = other.fork, min(len(other.tokens), weighed - other.fork)
             chance = self.ranks.get((option.drafter, other.rank), PRIOR).view(SURE)
             goes_on = sum(reach[fork + 1 + j] / reach[fork + 1] for j in range(size)) if reach[fork + 1] else 1.0
             return (reach[fork] - reach[fork + 1]) * chance * goes_on
 
-        verify = self.costs.verify_table(rows + 1 + length + sum(len(other.tokens) for other in others), self.sizes)
-        drafting = chain_seconds - verify[rows + length]  # (the alternatives were found on the way: no more)
-        tokens, size, rate, grown = expected[length], length, expected[length] / chain_seconds, []
-        for other in sorted(others, key=worth, reverse=True)[: self.branches - 1]:
-            added = min(len(other.tokens), length - other.fork)
+        verify = self.costs.verify_table(rows + 1 + weighed + sum(len(other.tokens) for other in others), self.sizes)
+        drafting = seconds[weighed - 1] - verify[rows + weighed]  # (the alternatives were found on the way: no more)
+        tokens, size, rate, grown = expected[weighed], weighed, expected[weighed] / seconds[weighed - 1], []
+        order = sorted(others, key=lambda other: other.fork) if drawn else sorted(others, key=worth, reverse=True)
+        for other in order[: self.branches - 1]:
+            added = min(len(other.tokens), weighed - other.fork)
             faster = (tokens + worth(other)) / (drafting + verify[rows + size + added])
             if faster <= rate:
                 break
             tokens, size, rate = tokens + worth(other), size + added, faster
             grown.append(other)
-        return DraftTree.forked(draft.tokens[:length], grown) if grown else None
+        if not grown:
+            return None
+        return DraftTree.forked(draft.tokens[:length], grown, draft.dists[:length] if drawn else None)
 
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was

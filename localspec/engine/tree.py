@@ -77,20 +77,26 @@ class DraftTree:
         return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(dists) if dists is not None else None)
 
     @classmethod
-    def forked(cls, chain: Sequence[int], alternatives: Sequence["Alternative"]) -> "DraftTree":
-        """A one-hot chain and the alternatives that fork from it (each cut to end no deeper than the chain),
-        the chain's nodes first and each fork's alternatives by rank: so a node's rank among its siblings
-        is its order among them (rank()). Alternatives that fork beyond the chain are left out."""
+    def forked(cls, chain: Sequence[int], alternatives: Sequence["Alternative"],
+               dists: Sequence[Dist] | None = None) -> "DraftTree":
+        """A chain and the alternatives that fork from it (each cut to end no deeper than the chain), the
+        chain's nodes first and each fork's alternatives by rank: so a node's rank among its siblings is its
+        order among them (rank()). Alternatives that fork beyond the chain are left out. dists: the q each
+        chain token was drawn from, where it was; an alternative's first token was then drawn from its
+        fork's q too (a multi-draft sibling), and what follows it is one-hot."""
         tokens, parents = list(chain), list(range(-1, len(chain) - 1))
+        drawn: list[Dist | None] | None = list(dists) if dists is not None else None
         for alternative in sorted(alternatives, key=lambda a: (a.fork, a.rank)):
             if alternative.fork >= len(chain):
                 continue
             parent = alternative.fork - 1  # the chain node it follows (ROOT for a fork at the first token)
-            for token in alternative.tokens[: len(chain) - alternative.fork]:
+            for depth, token in enumerate(alternative.tokens[: len(chain) - alternative.fork]):
                 tokens.append(token)
                 parents.append(parent)
+                if drawn is not None:
+                    drawn.append(drawn[alternative.fork] if depth == 0 else None)
                 parent = len(tokens) - 1
-        return cls(tuple(tokens), tuple(parents))
+        return cls(tuple(tokens), tuple(parents), tuple(drawn) if drawn is not None else None)
 
     def __len__(self) -> int:
         return len(self.tokens)

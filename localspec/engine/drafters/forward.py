@@ -23,6 +23,9 @@ from .base import Draft
 # A greedy draft keeps the 10 likeliest tokens and judges p_min among them, as llama.cpp's own
 # speculative drafting does.
 GREEDY_DRAFT = Chain(top_k=10)
+# A sampled draft draws a sibling where two draws from q differ at least this often: where q is peaked a
+# second draw mostly repeats the first, a row verified for nothing.
+DRAWN_SIBLING_SPREAD = 0.5
 
 
 def next_draft_token(q: Dist, p_min: float, sampling: Sampling, rng: np.random.Generator) -> int | None:
@@ -49,7 +52,8 @@ class ForwardDrafter:
 
     # Greedy, a draft holds beside each token it drafts its runner-ups (the likeliest others of its q), up
     # to this many for a draft, for auto to grow a tree of where they pay (EAGLE-2's top-k expansion, one
-    # level deep: no decode more); branching: the drafter's draft is such a tree itself (fixed drafting)
+    # level deep: no decode more); sampled, as many siblings drawn from q (drawn_siblings); branching: the
+    # drafter's draft is such a tree itself (fixed drafting)
     alternatives = 0
     branching = False
 
@@ -105,7 +109,9 @@ class ForwardDrafter:
                 if len(tokens) == k:
                     break
         if not self.sampling.greedy:
-            return Draft(tokens, dists, source=self.kind, catch_up_seconds=caught_up)
+            others = drawn_siblings(dists, self.alternatives, self.rng) if self.alternatives else ()
+            tree = DraftTree.forked(tokens, others, dists) if self.branching and others else None
+            return Draft(tokens, dists, source=self.kind, catch_up_seconds=caught_up, alternatives=others, tree=tree)
         others = runner_ups(tokens, dists, self.alternatives) if self.alternatives else ()
         tree = DraftTree.forked(tokens, others) if self.branching and others else None
         return Draft(tokens, source=self.kind, catch_up_seconds=caught_up, alternatives=others, tree=tree)
@@ -216,6 +222,22 @@ def runner_ups(tokens: list[int], dists: list[Dist], most: int) -> tuple[Alterna
         others = [(float(q.probs[i]), int(q.ids[i])) for i in order if int(q.ids[i]) != token][:most]
         found += [Alternative(fork, rank, (other,), share) for rank, (share, other) in enumerate(others, start=2)]
     return tuple(sorted(found, key=lambda alternative: -alternative.share)[:most])
+
+
+def drawn_siblings(dists: list[Dist], most: int, rng: np.random.Generator) -> tuple[Alternative, ...]:
+    """Beside a sampled draft's tokens, one more independent draw from q at each of the first `most` positions
+    where q is spread (a second draw differs from the first at least DRAWN_SIBLING_SPREAD of the time):
+    SpecInfer's multi-draft siblings, verified by multi-draft rejection sampling (engine/tree.py). Where a
+    sibling goes depends on that position's q and those before it alone, never on what was drawn there or
+    after: a node's children are then independent draws from its q, as that verification needs."""
+    found = []
+    for fork, q in enumerate(dists):
+        if len(found) == most:
+            break
+        spread = 1.0 - float(np.sum(q.probs.astype(np.float64) ** 2))  # the chance two draws differ
+        if spread >= DRAWN_SIBLING_SPREAD:
+            found.append(Alternative(fork, 2, (q.sample(rng),), spread))
+    return tuple(found)
 
 
 def hidden_rows(target: Context, positions: range) -> np.ndarray:
