@@ -563,3 +563,19 @@ def test_auto_grows_a_sampled_drafts_siblings_by_nothing_drawn_at_their_fork_or_
         grown[name] = tree is not None and len(tree.children(0)) == 2  # the sibling at 1, beside the chain's
         assert tree is None or tree.dists is not None and all(q is spread for q in tree.dists)
     assert grown == {"short": True, "long": True, "a sibling next": True}
+
+
+def test_auto_with_sampled_draft_trees_keeps_the_target_distribution(branching, load, prompt, monkeypatch):
+    drafter = ModelDrafter(load("partial"), 0.0, branching.model.n_vocab)
+    drafter.alternatives = 2
+    auto = AutoDrafter(NgramDrafter(1, 1), [drafter], costs(GPU_LIKE, 0.0001), branches=3)
+    for learning in ("observe_verify", "observe_draft"):  # a GPU's curve, not learned anew from this CPU's steps
+        monkeypatch.setattr(auto.costs, learning, lambda *args: None)
+    sampling, trees = SETTINGS["temperature 0.7"], 0
+    for seed in range(20):
+        events = generate(branching, auto, prompt, replace(sampling, seed=seed), Speculation(draft_max=3, p_min=0.0),
+                          Limits(max_tokens=12))
+        trees += sum(1 for step in tree_steps(events) if step.drafter == DrafterKind.DRAFT)
+    assert trees > 10  # auto grew the draft model's drawn siblings into trees
+    counts = sample_counts(branching, auto, prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) > ALPHA
