@@ -86,7 +86,7 @@ SPECULATION_OPTIONS = {
     "draft_branches": (Annotated[Optional[int], typer.Option(
         "--draft-branches", show_default=False, rich_help_panel=SPECULATION,
         help=f"Most branches a draft tree has: where n-gram lookup or earlier answers saw several continuations,"
-        f" or a draft model a close runner-up, the target verifies them side by side in one pass and keeps the"
+        f" or a draft model a close runner-up (sampling: a second draw), the target verifies them side by side in one pass and keeps the"
         f" one it agrees with (output unchanged). Default: auto grows up to {DEFAULT_BRANCHES} where the measured"
         f" cost of the extra rows pays; 1: chains only; N: also --spec fixed drafts (n-gram, the draft model's"
         f" runner-ups) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
