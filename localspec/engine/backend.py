@@ -443,44 +443,45 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
     learns how many rows the others added (`others`) and how many of the others verified (`alongside`).
     Returns the decode's seconds. A decode that fails leaves every sequence as it was."""
     first = parts[0].context.root
-    batch, row, starts, trees = first._batch, 0, [], []
+    planned, trees = [], []  # each part's rows (token, position, sequence ids, logits wanted), and the trees
     try:
         for context, tokens, logits, _, tree in parts:
             context._settle()
             start = len(context.tokens)
             if tree is not None:
-                rows = context.tree_rows(tree, tokens[0])
+                planned.append([(*row, True) for row in context.tree_rows(tree, tokens[0])])
                 trees.append(context)
-                wanted = [True] * len(rows)
             elif logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
                 raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
             else:
-                rows = [(token, start + i, [context.seq]) for i, token in enumerate(tokens)]
-                wanted = [logits == "all" or logits == "last" and i == len(tokens) - 1 for i in range(len(tokens))]
-            if row + len(rows) > first.n_batch:  # llama.cpp would abort the process
-                raise EngineError(f"{row + len(rows)} rows do not fit a batch of {first.n_batch}")
-            context._row_base = row
-            for (token, position, seqs), logit in zip(rows, wanted):
-                batch.token[row], batch.pos[row], batch.logits[row] = token, position, logit
-                batch.n_seq_id[row] = len(seqs)
-                for j, seq in enumerate(seqs):
-                    batch.seq_id[row][j] = seq
-                row += 1
-            context._row_last = row - 1
-            starts.append(start)
+                planned.append([(token, start + i, [context.seq], logits == "all" or logits == "last" and
+                                 i == len(tokens) - 1) for i, token in enumerate(tokens)])
+        rows = sum(len(part_rows) for part_rows in planned)
+        if rows > first.n_batch:  # llama.cpp would abort the process
+            raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
     except EngineError:
         for context in trees:
             context.tree_failed()
-        _one_sequence_a_row(batch, row)
         raise
-    batch.n_tokens = rows = row
+    batch, row, starts = first._batch, 0, []
+    for (context, tokens, *_), part_rows in zip(parts, planned):
+        context._row_base = row
+        for token, position, seqs, wanted in part_rows:
+            batch.token[row], batch.pos[row], batch.logits[row], batch.n_seq_id[row] = token, position, wanted, len(seqs)
+            for j, seq in enumerate(seqs):
+                batch.seq_id[row][j] = seq
+            row += 1
+        context._row_last = row - 1
+        starts.append(len(context.tokens))
+    batch.n_tokens = rows
     for (context, tokens, *_), start in zip(parts, starts):
         context._changing = (start, tokens)
     busy, verifying = first.busy_seconds, sum(part.logits == "all" for part in parts)
     hidden = [part.hidden for part in parts]
     status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None,
                         tokens=not embedded)
-    _one_sequence_a_row(batch, rows)
+    for i in range(rows):
+        batch.n_seq_id[i] = 1  # as Context.decode fills the batch
     kept = first.hidden.read(first._ctx, rows) if first.hidden.layers and status == 0 else None
     for (context, tokens, logits, _, tree), start in zip(parts, starts):
         if status != 0:
@@ -499,8 +500,3 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
         raise EngineError(f"llama_decode failed with status {status} on a batch of {len(parts)} sequences")
     return first.busy_seconds - busy
 
-
-def _one_sequence_a_row(batch, rows: int) -> None:
-    """Set the batch's rows back to one sequence each, as Context.decode fills them."""
-    for i in range(rows):
-        batch.n_seq_id[i] = 1
