@@ -579,3 +579,29 @@ def test_auto_with_sampled_draft_trees_keeps_the_target_distribution(branching, 
     assert trees > 10  # auto grew the draft model's drawn siblings into trees
     counts = sample_counts(branching, auto, prompt, sampling)
     assert chi_square_p_value(counts, exact_distribution(load("target"), prompt, sampling)) > ALPHA
+
+
+def test_a_fixed_trees_runner_ups_are_drafted_on_as_deep_as_the_chain(branching, load, prompt):
+    """Each runner-up goes on as the draft model itself would after it (EAGLE-2's deeper branches)."""
+    draft = load("partial")
+    drafter = ModelDrafter(draft, 0.0, branching.model.n_vocab)
+    drafter.alternatives, drafter.branching = 2, True
+    drafter.begin(prompt, GREEDY, np.random.default_rng(0))
+    proposed = drafter.propose(prompt, 4)
+    assert len(proposed.tokens) == 4 and proposed.alternatives
+    for other in proposed.alternatives:
+        assert len(other.tokens) == 4 - other.fork
+        alone = ModelDrafter(draft, 0.0, branching.model.n_vocab)
+        alone.begin([*prompt, *proposed.tokens[: other.fork], other.tokens[0]], GREEDY, np.random.default_rng(0))
+        after = alone.propose([*prompt, *proposed.tokens[: other.fork], other.tokens[0]], len(other.tokens) - 1)
+        assert list(other.tokens[1:]) == after.tokens
+    assert max(proposed.tree.depths()) == 3 and len(proposed.tree) == 4 + sum(len(o.tokens) for o in proposed.alternatives)
+
+
+def test_fixed_deep_draft_model_trees_keep_greedy_output_the_targets(branching, load, prompt):
+    drafter = ModelDrafter(load("partial"), 0.0, branching.model.n_vocab)
+    drafter.alternatives, drafter.branching = 2, True
+    events = greedy(branching, prompt, drafter, draft_max=4)
+    assert tokens(events) == tokens(greedy(load("target"), prompt))
+    # a runner-up's own continuation kept: more tokens than the chain's prefix and the runner-up alone
+    assert any(step.rank > 1 and step.accepted >= 2 for step in tree_steps(events))

@@ -3,6 +3,7 @@
 
 from collections.abc import Generator, Iterator
 from contextlib import closing
+from dataclasses import replace
 
 import numpy as np
 
@@ -56,6 +57,8 @@ class ForwardDrafter:
     # drafter's draft is such a tree itself (fixed drafting)
     alternatives = 0
     branching = False
+    # a tree's runner-ups drafted on as far as the chain goes (_drafted_on), where the drafter can
+    drafts_branches_on = False
 
     def __init__(self, context: Context, p_min: float):
         self.context = context
@@ -113,6 +116,8 @@ class ForwardDrafter:
             tree = DraftTree.forked(tokens, others, dists) if self.branching and others else None
             return Draft(tokens, dists, source=self.kind, catch_up_seconds=caught_up, alternatives=others, tree=tree)
         others = runner_ups(tokens, dists, self.alternatives) if self.alternatives else ()
+        if self.branching and others and self.drafts_branches_on:
+            others = yield from self._drafted_on(history, tokens, others)
         tree = DraftTree.forked(tokens, others) if self.branching and others else None
         return Draft(tokens, source=self.kind, catch_up_seconds=caught_up, alternatives=others, tree=tree)
 
@@ -200,8 +205,12 @@ class ModelDrafter(ForwardDrafter):
             # drafting decodes a token at a time, further back than a recurrent state's snapshots reach
             self.context.checkpoint()
 
-    def _drafting(self, history: list[int], k: int) -> Iterator[tuple[int, Dist] | Turn]:
-        drafted: list[int] = []
+    drafts_branches_on = True
+
+    def _drafting(self, history: list[int], k: int, drafted: list[int] | None = None
+                  ) -> Iterator[tuple[int, Dist] | Turn]:
+        """(drafted: the tokens already drafted after history, the last of them decoded.)"""
+        drafted = list(drafted or ())
         while True:
             if self.penalties:  # penalised as the target's row will be: the draft's tokens are drawn nearer p
                 self.penalties.apply(self.context.logits(-1), history, drafted)
@@ -211,6 +220,29 @@ class ModelDrafter(ForwardDrafter):
             drafted.append(token)
             yield token, q
             yield from self._decoded([token], "last")
+
+    def _drafted_on(self, history: list[int], tokens: list[int], others: tuple[Alternative, ...]
+                    ) -> Generator[Turn, None, tuple[Alternative, ...]]:
+        """Each runner-up of a greedy draft drafted on greedily as far as the chain went (EAGLE-2's branches
+        below the first level; a fixed tree's, whose user asked for them): the cache taken back to the fork,
+        the runner-up decoded there and its continuation drafted after it, a decode a token. The next draft's
+        catch-up reads again what the chain had there."""
+        grown = []
+        for other in others:
+            branch, deepest = list(other.tokens), len(tokens) - other.fork
+            if len(branch) < deepest:
+                self.context.truncate(len(history) + other.fork)
+                yield from self._decoded(branch, "last")
+                with closing(self._drafting(history, deepest, tokens[: other.fork] + branch)) as drafting:
+                    for item in drafting:
+                        if isinstance(item, Turn):
+                            yield item
+                            continue
+                        branch.append(item[0])
+                        if len(branch) == deepest:
+                            break
+            grown.append(replace(other, tokens=tuple(branch)))
+        return tuple(grown)
 
 
 def runner_ups(tokens: list[int], dists: list[Dist], most: int) -> tuple[Alternative, ...]:
