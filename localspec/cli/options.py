@@ -89,7 +89,7 @@ SPECULATION_OPTIONS = {
         f" or a draft model a close runner-up (sampling: a second draw), the target verifies them side by side in one pass and keeps the"
         f" one it agrees with (output unchanged). Default: auto grows up to {DEFAULT_BRANCHES} where the measured"
         f" cost of the extra rows pays; 1: chains only; N: also --spec fixed drafts (n-gram, the draft model's"
-        f" runner-ups) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
+        f" runner-ups, each drafted on) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
         f" branches.")], None),
     "p_min": (Annotated[float, typer.Option(
         "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
