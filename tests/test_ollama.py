@@ -173,7 +173,9 @@ def test_both_clients_unchanged_on_a_real_model_schema_embeddings_chat_and_gener
         local = ollama.Client(host=running.base)
         assert [m.model for m in local.list().models] == ["smol"]
         parts = list(local.chat("smol", messages=ask, stream=True, options={"num_predict": 16}))
-        assert len(parts) > 2 and parts[-1].done and parts[-1].eval_count == 16
+        last = parts[-1]  # (SmolLM2's answer went past 16 tokens on an Intel Xeon; on an AMD EPYC it ends at 13)
+        assert len(parts) > 2 and last.done
+        assert (last.done_reason, last.eval_count) == ("length", 16) or last.done_reason == "stop" and last.eval_count < 16
         said = local.generate("smol", prompt="The capital of France is", options={"num_predict": 8})
         assert said.done and said.response.strip()
         embedded = local.embed("smol", input=["a pencil", "a pen"]).embeddings
