@@ -209,8 +209,8 @@ class TreeDecoding:
         """The batch rows (token, position, sequence ids) that decode root (the last committed token) and
         every node of tree after the cache's tokens, with logits on every row (row 0 the root's, i + 1 node
         i's): each node at its parent's position plus one, in the sequences of the leaves below it, each of
-        which is made to hold the cache's tokens too (shared cells, not copies); keep_path then keeps one
-        path. Once decoded, tree_decoded."""
+        which is made to hold the cache's tokens too (shared cells, not copies). Once they are decoded,
+        keep_path keeps one path; where the decode failed, tree_failed forgets the branches."""
         if self.hidden.layers:
             raise EngineError("a tree's rows keep no hidden states for the drafters that read them (not built yet)")
         if not self.reads_trees:
