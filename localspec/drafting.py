@@ -60,7 +60,6 @@ class Drafters:
         alternatives = room - 1 if room > 1 else 0
         branching = speculation.branches is not None and alternatives > 0
         self._alternatives, self._branching = alternatives, branching
-        self._prediction_forks = alternatives if branching else 0
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max, alternatives, branching)
         for drafter in self.costly.values():
             self._hold_alternatives(drafter)
@@ -146,7 +145,7 @@ class Drafters:
             drafter.suffix.cache = self.suffix_cache
         if prediction and mode != DrafterKind.PLAIN:
             drafter = PredictionDrafter(prediction, drafter, draft_limit(speculation or self.speculation, mode),
-                                        self._prediction_forks)
+                                        self._alternatives if self._branching else 0)
         return drafter
 
     def _twin(self, sequence: int, mode: DrafterKind) -> Drafter:

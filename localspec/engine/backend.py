@@ -443,20 +443,20 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
     learns how many rows the others added (`others`) and how many of the others verified (`alongside`).
     Returns the decode's seconds. A decode that fails leaves every sequence as it was."""
     first = parts[0].context.root
-    planned, trees = [], []  # each part's rows (token, position, sequence ids, logits wanted), and the trees
+    planned, trees = [], []  # each tree part's rows (token, position, sequence ids), and those parts' sequences
     try:
         for context, tokens, logits, _, tree in parts:
             context._settle()
             start = len(context.tokens)
             if tree is not None:
-                planned.append([(*row, True) for row in context.tree_rows(tree, tokens[0])])
+                planned.append(context.tree_rows(tree, tokens[0]))
                 trees.append(context)
             elif logits == "all" and len(tokens) > context.max_rows or start + len(tokens) > context.n_ctx:
                 raise EngineError(f"sequence {context.seq} cannot take {len(tokens)} more tokens after {start}")
             else:
-                planned.append([(token, start + i, [context.seq], logits == "all" or logits == "last" and
-                                 i == len(tokens) - 1) for i, token in enumerate(tokens)])
-        rows = sum(len(part_rows) for part_rows in planned)
+                planned.append(None)  # (a chain's rows go straight into the batch: this runs every step)
+        rows = sum(len(part.tokens) if tree_rows is None else len(tree_rows)
+                   for part, tree_rows in zip(parts, planned))
         if rows > first.n_batch:  # llama.cpp would abort the process
             raise EngineError(f"{rows} rows do not fit a batch of {first.n_batch}")
     except EngineError:
@@ -464,15 +464,24 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
             context.tree_failed()
         raise
     batch, row, starts = first._batch, 0, []
-    for (context, tokens, *_), part_rows in zip(parts, planned):
+    for (context, tokens, logits, _, _), tree_rows in zip(parts, planned):
+        start = len(context.tokens)
         context._row_base = row
-        for token, position, seqs, wanted in part_rows:
-            batch.token[row], batch.pos[row], batch.logits[row], batch.n_seq_id[row] = token, position, wanted, len(seqs)
-            for j, seq in enumerate(seqs):
-                batch.seq_id[row][j] = seq
-            row += 1
+        if tree_rows is None:
+            for i, token in enumerate(tokens):
+                batch.token[row], batch.pos[row] = token, start + i
+                batch.logits[row] = logits == "all" or logits == "last" and i == len(tokens) - 1
+                batch.seq_id[row][0] = context.seq
+                row += 1
+        else:
+            for token, position, seqs in tree_rows:
+                batch.token[row], batch.pos[row], batch.logits[row] = token, position, True
+                batch.n_seq_id[row] = len(seqs)
+                for j, seq in enumerate(seqs):
+                    batch.seq_id[row][j] = seq
+                row += 1
         context._row_last = row - 1
-        starts.append(len(context.tokens))
+        starts.append(start)
     batch.n_tokens = rows
     for (context, tokens, *_), start in zip(parts, starts):
         context._changing = (start, tokens)
@@ -480,8 +489,9 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
     hidden = [part.hidden for part in parts]
     status = first._run(llama.llama_decode, np.concatenate(hidden) if hidden[0] is not None else None,
                         tokens=not embedded)
-    for i in range(rows):
-        batch.n_seq_id[i] = 1  # as Context.decode fills the batch
+    for context in trees:  # a tree's rows back to one sequence each, as Context.decode fills the batch
+        for i in range(context._row_base, context._row_last + 1):
+            batch.n_seq_id[i] = 1
     kept = first.hidden.read(first._ctx, rows) if first.hidden.layers and status == 0 else None
     for (context, tokens, logits, _, tree), start in zip(parts, starts):
         if status != 0:
