@@ -1,7 +1,8 @@
 import pytest
 
 from localspec.store import gguf_meta, hardware
-from localspec.engine.backend import PARTIAL_STATE, Context
+from localspec.engine.backend import Context
+from localspec.engine.rollback import PARTIAL_STATE
 from localspec.engine.model import Model
 from localspec.engine.library import llama
 from localspec.engine.devices import Device

@@ -3,7 +3,8 @@
 Model (model.py) owns weights and vocabulary; Context owns one KV cache and is one sequence of it (a context made
 for several sequences hands out the others as views: Context.sequence). Logits come back as numpy
 views on llama.cpp's own buffer: valid until the next decode on that context, never copied; what a
-row becomes through the context's sampler chain is chain.ChainRows'.
+row becomes through the context's sampler chain is chain.ChainRows'; taking the cache back is
+rollback.Rollback's; a draft tree's rows are tree.TreeDecoding's.
 """
 
 import copy
@@ -20,6 +21,7 @@ from .chain import ChainRows
 from .hidden import HiddenStates
 from .library import llama, nextn
 from .model import Model
+from .rollback import Rollback
 from .tree import DraftTree, TreeDecoding
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
@@ -32,10 +34,7 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
-PARTIAL_STATE = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state, not its KV cache
-
-
-class Context(ChainRows, TreeDecoding):
+class Context(ChainRows, TreeDecoding, Rollback):
     """A sequence of a KV cache, positions 0..n-1 (`tokens` is what it holds): the cache's only one, or
     the first of n_seq, whose others sequence() hands out.
 
@@ -204,67 +203,6 @@ class Context(ChainRows, TreeDecoding):
         self._views.append(view)
         return view
 
-    def truncate(self, n_keep: int) -> None:
-        """Forget every position from n_keep on."""
-        if not self._forget_from(n_keep):
-            raise EngineError(f"llama.cpp could not roll the KV cache back to {n_keep} tokens"
-                              + (" (a recurrent state takes back only the end of its last decode)"
-                                 if self.recurrent else ""))
-
-    def _forget_from(self, n_keep: int) -> bool:
-        """Drop positions n_keep.. if llama.cpp can; False, with nothing changed, where it cannot.
-
-        A recurrent state holds no positions. llama.cpp takes tokens back out of it from snapshots of
-        the last decode only, once, and answers true even where those snapshots do not reach (leaving a
-        wrong state), so what they reach is checked here; further back, a checkpoint() is restored and
-        the tokens after it decoded again."""
-        self._settle()
-        drop = len(self.tokens) - n_keep
-        if drop <= 0:
-            return True
-        if self.recurrent and n_keep > 0:
-            if drop <= self.rollback and drop < self._last_decoded and not self._rolled_back:
-                self._rolled_back = True
-            elif self._checkpoint is not None and self._checkpoint[0] <= n_keep:
-                return self._restore(n_keep)
-            else:
-                return False
-        self._changing = (n_keep, ())
-        if not llama.llama_memory_seq_rm(self._memory, self.seq, n_keep, -1):
-            self._changing = None
-            return False
-        self._forget_recorded(n_keep)
-        self._changing = None
-        return True
-
-    def _forget_recorded(self, n_keep: int) -> None:
-        self.hidden.forget(range(n_keep, len(self.tokens)))  # only what is dropped: this runs every step
-        del self.tokens[n_keep:]
-        if self._checkpoint is not None and self._checkpoint[0] > n_keep:
-            self._checkpoint = None  # it was saved after tokens that are gone now
-
-    def _settle(self) -> None:
-        """After a change of the cache that was interrupted (Ctrl-C) before `tokens` was told: make
-        `tokens` say what llama.cpp holds. A decode's tokens that reached the cache are kept (their
-        hidden states, if kept, are lost: an MTP draft reads zeros there); a recurrent state, whose
-        snapshots may no longer match, is emptied, and the next prefill reads everything again."""
-        if self._changing is None:
-            return
-        start, chunk = self._changing
-        self._changing = None
-        held = llama.llama_memory_seq_pos_max(self._memory, self.seq) + 1
-        if self.recurrent:
-            llama.llama_memory_seq_rm(self._memory, self.seq, 0, -1)
-            self._checkpoint = None
-            self._forget_recorded(0)
-        elif held < len(self.tokens):
-            self._forget_recorded(held)
-        elif held > len(self.tokens):
-            reached = chunk[len(self.tokens) - start : held - start] if start <= len(self.tokens) else ()
-            self.tokens.extend(reached)
-            if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, self.seq, len(self.tokens), -1):
-                raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
-
     def stop_keeping_hidden(self) -> None:
         """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states, in any sequence."""
         self.hidden.switch(self._ctx, False)
@@ -329,31 +267,6 @@ class Context(ChainRows, TreeDecoding):
         what its next token reads."""
         pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, self._batch_row(row))
         return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
-
-    def checkpoint(self) -> None:
-        """Save a recurrent state as it is now, so the cache can later come back to any position from
-        here on, however many decodes later (a draft model drafts one token a decode)."""
-        size = llama.llama_state_seq_get_size_ext(self._ctx, self.seq, PARTIAL_STATE)
-        saved = (ctypes.c_uint8 * size)()
-        if llama.llama_state_seq_get_data_ext(self._ctx, saved, size, self.seq, PARTIAL_STATE) != size:
-            raise EngineError(f"llama.cpp could not save the recurrent state of {self.model.path.name}")
-        self._checkpoint = (len(self.tokens), saved)
-
-    def _restore(self, n_keep: int) -> bool:
-        position, saved = self._checkpoint
-        again = self.tokens[position:n_keep]
-        self._changing = (position, ())
-        if not llama.llama_state_seq_set_data_ext(self._ctx, saved, len(saved), self.seq, PARTIAL_STATE):
-            self._changing = None
-            return False
-        # the recurrent state is back at `position`; the attention layers' KV cache drops what follows
-        if not llama.llama_memory_seq_rm(self._memory, self.seq, position, -1):
-            raise EngineError(f"llama.cpp could not roll the KV cache back to {position} tokens")
-        del self.tokens[position:]
-        self._changing = None
-        if again:
-            self.decode(again, logits="none")
-        return True
 
     def prefill(self, tokens: Sequence[int], logits: str = "none", agreed: int = 0) -> int:
         """Make the cache hold exactly `tokens`, keeping the prefix it already has in common

@@ -44,11 +44,8 @@ succession, however well the shallower positions did). Within a generation old
 observations fade (FORGET), so a text that stops copying its input soon stops
 being drafted for.
 
-Where the chosen draft holds alternatives (a free drafter's other continuations, a draft model's
-runner-ups), it is grown into a draft tree by those that raise the expected rate (_tree): each is
-worth the chance the chain fails where it forks times what the text has shown of alternatives of its
-rank there (`ranks`, scored against the committed tokens as n-gram proposals are), against what its
-rows cost on the curve.
+Where the chosen draft holds alternatives, it is grown into a draft tree by those that raise the
+expected rate (branching.py).
 
 What each step costs is costs.py's.
 """
@@ -59,9 +56,9 @@ from dataclasses import dataclass, replace
 from ..config import DrafterKind
 from ..events import Step
 from .belief import HOPEFUL, MEAN, PRIOR, SURE, Belief, copy_goes_on, untried
+from .branching import Fork, TreeWeighing
 from .costs import Costs
 from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe, proposal
-from .tree import Alternative, DraftTree
 from .turns import Turn, decoded_alone
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
@@ -104,18 +101,6 @@ class Shadow:
     evidence: Evidence
     drafter: DrafterKind  # the free drafter that proposed it
     scored: int = 0  # positions already learned from
-
-
-@dataclass
-class Fork:
-    """An alternative at a fork of a proposal (a free drafter's, or a draft model's where it drafted),
-    waiting for the text to show whether it was right where the chain was wrong: what auto knows of a branch
-    of that rank, learned without verifying it."""
-
-    start: int  # where in history the proposal's first token would go
-    chain: list[int]  # the proposal up to the fork, the chain's token there included
-    first: int  # the alternative's token at the fork
-    key: tuple[DrafterKind, int]  # its drafter and rank
 
 
 @dataclass
@@ -190,7 +175,7 @@ def _this_and_weaker(key: Key) -> list[Key]:
     return kinds
 
 
-class AutoDrafter:
+class AutoDrafter(TreeWeighing):
     """Chooses each step between plain decoding, n-gram lookup, the draft model and the target's MTP
     block (those there are)."""
 
@@ -304,8 +289,7 @@ class AutoDrafter:
         sure = Choice(plain_rate)
         likeliest = max(may_be_sure, key=lambda option: max(doubtful[option]), default=None)
         if likeliest is not None and max(doubtful[likeliest]) > plain_rate:
-            expected = self._rates(likeliest, seconds[likeliest], MEAN,
-                                   beyond=SURE if likeliest.drafter in FREE else None)
+            expected = self._rates(likeliest, seconds[likeliest], MEAN, beyond=self._beyond(likeliest))
             length = max((n for n in range(1, likeliest.most + 1) if doubtful[likeliest][n - 1] > plain_rate),
                          key=lambda n: expected[n - 1])
             sure = Choice(expected[length - 1], likeliest, length)
@@ -335,50 +319,10 @@ class AutoDrafter:
         return replace(draft, tokens=draft.tokens[:length], tree=tree, probe=Probe(plain_seconds) if choice.probe else None)
 
     @staticmethod
-    def _forks(start: int, draft: Draft) -> list[Fork]:
-        return [Fork(start, draft.tokens[: other.fork + 1], other.tokens[0], (draft.source, other.rank))
-                for other in draft.alternatives]
-
-    def _tree(self, draft: Draft, option: Option, length: int, planned: int, seconds: list[float],
-              rows: int) -> DraftTree | None:
-        """The chosen draft (its first `length` tokens) grown by the alternatives it holds, one by one while
-        each raises the expected rate (None: the chain alone pays best). An alternative at fork f adds its
-        rows and is worth R_f (1 - a_f) b r, where R_f is the chance the chain reaches f, a_f its acceptance
-        there, b what the text has shown of alternatives of that rank (at its doubtful side: a tree must pay
-        even there) and r what its own tokens reach, taken as the chain's deeper positions would. seconds:
-        the chosen option's step seconds by length. A sampled draft's siblings (drawn from q) are weighed in
-        the order of their forks, each as if the chain were as long as planned: whether a node gets one then
-        depends on nothing drawn at it or after, as their verification needs (its children independent draws
-        from its q)."""
-        drawn = draft.dists is not None
-        weighed = planned if drawn else length
-        others = [other for other in draft.alternatives if other.fork < length]
-        if not others or self.branches < 2:
-            return None
-        expected = [1.0, *self.expected_tokens(replace(option, most=weighed), MEAN,
-                                               beyond=SURE if option.drafter in FREE else None)]
-        reach = [1.0] + [after - before for before, after in zip(expected, expected[1:])]  # R_0 .. R_weighed
-
-        def worth(other: Alternative) -> float:
-            fork, size = other.fork, min(len(other.tokens), weighed - other.fork)
-            chance = self.ranks.get((option.drafter, other.rank), PRIOR).view(SURE)
-            goes_on = sum(reach[fork + 1 + j] / reach[fork + 1] for j in range(size)) if reach[fork + 1] else 1.0
-            return (reach[fork] - reach[fork + 1]) * chance * goes_on
-
-        verify = self.costs.verify_table(rows + 1 + weighed + sum(len(other.tokens) for other in others), self.sizes)
-        drafting = seconds[weighed - 1] - verify[rows + weighed]  # (the alternatives were found on the way: no more)
-        tokens, size, rate, grown = expected[weighed], weighed, expected[weighed] / seconds[weighed - 1], []
-        order = sorted(others, key=lambda other: other.fork) if drawn else sorted(others, key=worth, reverse=True)
-        for other in order[: self.branches - 1]:
-            added = min(len(other.tokens), weighed - other.fork)
-            faster = (tokens + worth(other)) / (drafting + verify[rows + size + added])
-            if faster <= rate:
-                break
-            tokens, size, rate = tokens + worth(other), size + added, faster
-            grown.append(other)
-        if not grown:
-            return None
-        return DraftTree.forked(draft.tokens[:length], grown, draft.dists[:length] if drawn else None)
+    def _beyond(option: Option) -> float | None:
+        """How positions the text has not scored are read at the mean: a free drafter's at their doubtful side,
+        a costly drafter's at the mean (proposing says why)."""
+        return SURE if option.drafter in FREE else None
 
     def _screen(self, option: Option) -> Screen:
         """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
@@ -480,14 +424,7 @@ class AutoDrafter:
             if agreed == len(written) < len(shadow.tokens):
                 waiting.append(shadow)  # right so far; the rest is not written yet
         self.shadows = waiting
-        waiting = []
-        for fork in self.forks:
-            at = fork.start + len(fork.chain) - 1
-            if at >= len(history):
-                waiting.append(fork)
-            elif history[fork.start : at] == fork.chain[:-1] and history[at] != fork.chain[-1]:
-                self.ranks.setdefault(fork.key, replace(PRIOR)).observe(history[at] == fork.first)
-        self.forks = waiting
+        self._learn_forks(history)
 
     def _learn(self, key: Key, first: int, tried: int, accepted: int) -> None:
         """Positions first .. tried - 1 were tried; those before `accepted` were accepted."""
