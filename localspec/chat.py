@@ -8,6 +8,7 @@ fast in turn 20 as in turn 2.
 import atexit
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ HELP = """\
 /set parameter NAME VALUE  a sampling setting from the next message (Ollama's names:
                  temperature, top_k, top_p, min_p, seed, num_predict, stop, repeat_penalty, ...)
 /set system TEXT the system prompt from the next message (/set think, /set nothink as /think)
+/set verbose     each reply's timings as Ollama's --verbose prints them (/set quiet: none)
 /save FILE       write the conversation to FILE as JSON
 /load FILE       go on with a conversation saved by /save
 /exit, /bye      leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
@@ -55,9 +57,11 @@ class Chat:
     """The terminal's chat: a Conversation and the slash commands that steer it."""
 
     def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
-                 thinking: Thinking = Thinking()):
+                 thinking: Thinking = Thinking(), verbose: bool = False):
+        """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose)."""
         self.session = session
         self.conversation = session.chat(system, sampling, limits, thinking)
+        self.verbose = verbose
 
     @property
     def messages(self) -> list[dict]:
@@ -141,10 +145,13 @@ class Chat:
         console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
 
     def _set(self, argument: str, console) -> None:
-        """Ollama's /set: `parameter NAME VALUE`, `system TEXT`, `think`, `nothink`."""
+        """Ollama's /set: `parameter NAME VALUE`, `system TEXT`, `think`, `nothink`, `verbose`, `quiet`."""
         what, _, rest = argument.partition(" ")
         if what in ("think", "nothink"):
             self._think(what == "think", console)
+        elif what in ("verbose", "quiet") and not rest.strip():
+            self.verbose = what == "verbose"
+            console.print(f"[dim]{'each reply' if self.verbose else 'no reply'} followed by its timings[/]")
         elif what == "system" and rest.strip():
             self.conversation.system = rest.strip()
             kept = self.messages[1:] if self.messages and self.messages[0]["role"] == "system" else self.messages
@@ -162,7 +169,8 @@ class Chat:
             else:
                 console.print(f"[dim]{tui.shown(name)} set to {tui.shown(value)} from the next message[/]")
         else:
-            console.print("[red]usage: /set parameter NAME VALUE, /set system TEXT, /set think, /set nothink[/]")
+            console.print("[red]usage: /set parameter NAME VALUE, /set system TEXT, /set think, /set nothink,"
+                          " /set verbose, /set quiet[/]")
 
     def _think(self, on: bool, console) -> None:
         if not self.session.thinks:
@@ -223,16 +231,25 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
                 return
             continue
         try:
+            started = time.perf_counter()
             if interactive:
                 with tui.LiveView(console, color=color, summary=False) as view:
                     chat.reply(line, view.add)
                 if chat.dropped:
                     console.print(f"[dim]{_dropped_line(chat)}[/]", highlight=False)
                 console.print(f"[dim]{tui.reply_line(view.recorder)}[/]", highlight=False)
+                recorder = view.recorder
             else:
-                tui.write_text(chat.reply(line, lambda event: None) + "\n")
+                recorder = Recorder()
+                tui.write_text(chat.reply(line, recorder.add) + "\n")
                 if chat.dropped:
                     print(f"note: {_dropped_line(chat)}", file=sys.stderr)  # (whole: a script reads it)
+            if chat.verbose:  # (the models loaded before the first message: no reply waited for them)
+                timings = tui.ollama_timings(recorder.summary(), time.perf_counter() - started, None)
+                if interactive:
+                    console.print(timings, highlight=False, markup=False)
+                else:
+                    print(timings, file=sys.stderr)
         except LocalspecError as error:
             console.print(f"[red]error: {tui.shown(error)}[/] (/clear starts over)")
 

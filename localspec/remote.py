@@ -33,6 +33,7 @@ class Remote:
         self.url, self.api_key = url.rstrip("/").removesuffix("/v1"), api_key
         self.mode: DrafterKind | None = None  # None: the serve's own
         self.draft_max: int | None = None
+        self.load_seconds = None  # nothing loads here (a Session's: its models' load)
 
     def describe(self) -> str:
         return f"{self._info['describe']} (localspec serve at {self.url})"

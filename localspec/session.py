@@ -4,6 +4,7 @@ A Session owns the llama.cpp objects for one target (and draft) and can run
 many generations on them; the caller iterates events and never touches the engine.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
@@ -106,6 +107,7 @@ class Session:
         """draft: the draft model's GGUF, or None (n-gram lookup needs none). placement: where they run
         (open_session's); None: placed here, with runtime's workers added first."""
         check_draft_fits(speculation, runtime)
+        started = time.perf_counter()
         self._owned: list = []
         self.drafting: Drafters | None = None  # made once the models are loaded
         self._filled_by: dict[int, str | None] = {}  # the client whose prompts each sequence's cache holds
@@ -120,6 +122,7 @@ class Session:
             self._threads = runtime.threads
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
+            self.load_seconds = time.perf_counter() - started  # the models' load (Ollama's load_duration)
         except BaseException:
             self.close()
             raise

@@ -470,6 +470,42 @@ def reply_line(recorder: Recorder) -> str:
     )
 
 
+def ollama_timings(s: Summary, total_seconds: float, load_seconds: float | None, auto: bool = False) -> str:
+    """One answer's timings as `ollama run --verbose` prints them, under its labels (scripts that read Ollama's
+    read these), then what speculation did. load_seconds: the models' load, where this answer waited for it
+    (None: it did not, and the line is left out as Ollama leaves a zero out)."""
+    read = s.prompt_tokens - s.reused_prompt_tokens  # Ollama counts the prompt tokens it evaluated
+    lines = [("total duration", go_duration(total_seconds)),
+             ("load duration", go_duration(load_seconds) if load_seconds is not None else None),
+             ("prompt eval count", f"{read} token(s)"),
+             ("prompt eval duration", go_duration(s.prefill_seconds)),
+             ("prompt eval rate", f"{read / s.prefill_seconds:.2f} tokens/s" if s.prefill_seconds else None),
+             ("eval count", f"{s.tokens} token(s)"),
+             ("eval duration", go_duration(s.decode_seconds)),
+             ("eval rate", f"{s.tokens_per_second:.2f} tokens/s" if s.decode_seconds else None),
+             ("speculation", f"{drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens per target pass")]
+    return "\n".join(f"{label + ':':<22}{value}" for label, value in lines if value is not None)
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go writes one (Ollama's --verbose): 850ns, 61.145167ms, 7.945641583s, 1m2.5s."""
+    ns = max(0, round(seconds * 1e9))
+    if ns < 1000:
+        return f"{ns}ns" if ns else "0s"
+    if ns < 10**9:
+        unit, scale, digits = ("µs", 10**3, 3) if ns < 10**6 else ("ms", 10**6, 6)
+        return _decimal(ns, scale, digits) + unit
+    minutes, rest = divmod(ns, 60 * 10**9)
+    hours, minutes = divmod(minutes, 60)
+    return (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "") + _decimal(rest, 10**9, 9) + "s"
+
+
+def _decimal(count: int, scale: int, digits: int) -> str:
+    """count / scale written exactly, without trailing zeros (integers: no float's rounding)."""
+    whole, fraction = divmod(count, scale)
+    return f"{whole}.{fraction:0{digits}d}".rstrip("0").rstrip(".")
+
+
 def parts_text(s: Summary) -> str:
     """A reasoning model's thinking and answer apart, for one-line summaries ("" where it did not think)."""
     return "".join(f"; {name} {part.tokens} tokens, {part.tokens_per_second:.1f} tok/s, {part.tokens_per_step:.2f}"

@@ -75,6 +75,29 @@ def test_two_turns_stats_interrupt_and_exit_in_a_terminal(home, tmp_path):
 
 
 @pytest.mark.slow
+def test_set_verbose_follows_each_reply_in_a_terminal_with_ollamas_timings(home):
+    child = spawn(home, "smollm2-135m", "--temp", "0", "-n", "8", "--offline")
+    child.sendline("/set verbose")
+    child.expect("each reply followed by its timings")
+    child.expect_exact(PROMPT)
+    child.sendline("Name three colours.")
+    child.expect(r"eval count: +8 token\(s\)")
+    child.expect(r"eval rate: +[0-9.]+ tokens/s")
+    child.expect_exact(PROMPT)
+    child.sendline("/set quiet")
+    child.expect("no reply followed by its timings")
+    child.expect_exact(PROMPT)
+    child.sendline("And three animals?")
+    child.expect(r"prompt \d+ tokens")
+    child.expect_exact(PROMPT)
+    assert "eval rate" not in child.before
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.slow
 def test_ctrl_d_leaves_and_unknown_commands_are_explained(home):
     child = spawn(home, "smollm2-135m", "--offline")
     child.sendline("/frobnicate")
@@ -354,7 +377,7 @@ def test_a_piped_chat_escapes_model_text_on_a_terminal_and_keeps_it_exact_elsewh
     reply = "\x1b]52;c;cm0gLXJmIH4=\x07copied \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x9b31m\x7f"
 
     class Scripted:
-        dropped = 0
+        dropped, verbose = 0, False
 
         def reply(self, text, show):
             return reply

@@ -1,6 +1,7 @@
 """`localspec run` end to end, as a user runs it: a subprocess with a temporary LOCALSPEC_HOME."""
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -697,3 +698,34 @@ def test_run_drafts_from_a_prediction_file_and_says_what_it_took(localspec, tiny
     assert refused.returncode == 2 and b"--prediction drafts the answer" in refused.stderr
     chat = localspec("run", tiny["target"], "-cnv", "--prediction", predicted)
     assert chat.returncode == 2 and b"a chat takes no --prediction" in chat.stderr
+
+
+OLLAMA_TIMING = re.compile(r"^(total duration|load duration|prompt eval count|prompt eval duration|prompt eval rate"
+                           r"|eval count|eval duration|eval rate|speculation): +(.+)$", re.M)
+
+
+def test_verbose_says_ollamas_timings_of_the_answer_and_the_load_it_waited_for(localspec, tiny):
+    args = ("run", tiny["target"], "-p", "the cat", "-n", "6", "--temp", "0")
+    verbose = localspec(*args, "--verbose")
+    assert verbose.returncode == 0, verbose.stderr
+    stats = json.loads(localspec(*args, "--json").stdout)["stats"]
+    timings = dict(OLLAMA_TIMING.findall(verbose.stderr.decode()))
+    assert len(timings) == 9 and timings["eval count"] == f"{stats['tokens']} token(s)"
+    assert timings["prompt eval count"] == f"{stats['prompt_tokens'] - stats['reused_prompt_tokens']} token(s)"
+    assert timings["load duration"].endswith("s") and timings["eval rate"].endswith(" tokens/s")
+    assert " tokens in " not in verbose.stderr.decode()  # the timings stand in for the summary line
+
+
+def test_a_chat_says_each_replys_timings_until_set_quiet(localspec, tiny):
+    chat = localspec("chat", tiny["target"], "-n", "4", "--temp", "0", "--verbose",
+                     stdin=b"the cat\nthe dog\n/set quiet\nthe end\n/set verbose\nthe mat\n")
+    assert chat.returncode == 0, chat.stderr
+    timings = OLLAMA_TIMING.findall(chat.stderr.decode())
+    assert [value for label, value in timings if label == "eval count"] == ["4 token(s)"] * 3, chat.stderr
+    assert not any(label == "load duration" for label, _ in timings)  # the models loaded before the first message
+
+
+@pytest.mark.parametrize("flag", ["--quiet", "--json"])
+def test_verbose_with_quiet_or_json_is_refused(cli, tiny, flag):
+    code, stdout, stderr = cli("run", tiny["target"], "-p", "x", "--verbose", flag)
+    assert code == 2 and stdout == "" and "--verbose adds timings" in stderr and flag in stderr

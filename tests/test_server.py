@@ -542,6 +542,8 @@ def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statisti
         assert out.strip() == served["text"].strip()
         assert "answered by target.gguf" in err and f"localspec serve at {server.base}" in err and "8 tokens" in err
         assert server.log().count("/localspec/v1/generate 200") == 2
+        _, err = run("--verbose")  # Ollama's timings of the serve's answer: nothing waited for a load here
+        assert "eval count:           8 token(s)" in err and "eval rate:" in err and "load duration" not in err
         # chat too: its replies as a chat of its own makes them, /draft riding on each request
         script = b"the cat\n/draft off\nthe mat\n/draft 2\nthe end\n"
         chats = [localspec_process(home, "chat", tiny["target"], "-n", "6", "--temp", "0", *local, stdin=subprocess.PIPE,
@@ -549,7 +551,7 @@ def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statisti
                  for local in ((), ("--local",))]
         assert chats[0][0] == chats[1][0] and chats[0][0].count(b"\n") >= 3, chats
         assert b"answered by target.gguf" in chats[0][1] and b"answered by" not in chats[1][1]
-        assert server.log().count("/localspec/v1/generate 200") == 5
+        assert server.log().count("/localspec/v1/generate 200") == 6
         # a serve of another model is not used
         assert "served_by" not in json.loads(localspec_process(
             home, "run", tiny["partial"], "-p", "x", "-n", "2", "--json", stdout=subprocess.PIPE,

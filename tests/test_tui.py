@@ -1,5 +1,6 @@
 """What people see: rendered with a recording Rich console."""
 
+import pytest
 from rich.console import Console
 
 from localspec import tui
@@ -271,3 +272,30 @@ def test_the_panel_shows_draft_trees_in_one_line():
     shown = console.export_text()
     assert "trees" in shown and "1 steps, 6.0 nodes, depth 3.0, 2.0 branches; kept branch #2 1" in shown
     assert "off the bet" in shown
+
+
+@pytest.mark.parametrize("seconds, written", [
+    (0, "0s"), (8.5e-7, "850ns"), (1.5e-6, "1.5µs"), (0.061145167, "61.145167ms"), (0.001, "1ms"), (1.0, "1s"),
+    (7.945641583, "7.945641583s"), (62.5, "1m2.5s"), (3600, "1h0m0s"), (3723.25, "1h2m3.25s"),
+])
+def test_durations_are_written_as_go_writes_them(seconds, written):
+    assert tui.go_duration(seconds) == written
+
+
+def test_verbose_timings_are_ollamas_lines_with_this_answers_numbers():
+    recorder = Recorder()
+    for event in events():
+        recorder.add(event)
+    summary = recorder.summary()
+    block = tui.ollama_timings(summary, 1.5, 0.25)
+    lines = dict(line.split(":", 1) for line in block.splitlines())
+    assert list(lines) == ["total duration", "load duration", "prompt eval count", "prompt eval duration",
+                           "prompt eval rate", "eval count", "eval duration", "eval rate", "speculation"]
+    assert all(len(label) + 1 + len(value) - len(value.lstrip()) == 22 for label, value in lines.items())
+    values = {label: value.strip() for label, value in lines.items()}
+    assert values["total duration"] == "1.5s" and values["load duration"] == "250ms"
+    assert values["prompt eval count"] == "10 token(s)" and values["prompt eval rate"] == "100.00 tokens/s"
+    assert values["eval count"] == f"{summary.tokens} token(s)"
+    assert values["eval rate"] == f"{summary.tokens_per_second:.2f} tokens/s"
+    assert "2/3 drafted accepted" in values["speculation"]
+    assert "load duration" not in tui.ollama_timings(summary, 1.5, None)  # nothing waited for a load

@@ -4,6 +4,7 @@ machine to theirs."""
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -39,6 +40,7 @@ from .options import (
     NoColorOption,
     Settings,
     SystemOption,
+    VerboseOption,
     after_model,
     device_names,
     read_prompt,
@@ -124,6 +126,7 @@ def run(
     no_color: NoColorOption = False,
     local: LocalOption = False,
     host: HostOption = None,
+    verbose: VerboseOption = False,
 ):
     """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
 
@@ -148,8 +151,11 @@ def run(
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
-        _chat(settings, system, no_color, "run", None if local else _serving(settings, host))
+        _chat(settings, system, no_color, "run", None if local else _serving(settings, host), verbose)
         return
+    if verbose and (quiet or as_json):
+        left = "--quiet leaves out" if quiet else "--json carries already"
+        raise UsageError(f"--verbose adds timings to the statistics, which {left}: give one of the two")
     if raw and system is not None:
         raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
                          " write the system turn into the prompt")
@@ -165,7 +171,7 @@ def run(
     predicted_text = read_text(prediction_file) if prediction_file else None
     remote = None if local or compare else _serving(settings, host)
     if remote is not None:
-        _run_remote(remote, settings, system, text, raw, predicted_text, quiet, as_json, no_color)
+        _run_remote(remote, settings, system, text, raw, predicted_text, quiet, as_json, no_color, verbose)
         return
     with _open(settings, "run") as session:
         messages = None if raw else _messages(system, text)
@@ -173,16 +179,21 @@ def run(
         request = Request(settings.sampling, settings.limits, messages=messages,
                           prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
                           thinking=settings.thinking)
+        started = time.perf_counter()
         events = session.generate(request)
         auto = session.mode == DrafterKind.AUTO
         if sys.stdout.isatty() and not quiet and not as_json:
             with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
+            if verbose:
+                _say_timings(view.recorder, started, session.load_seconds, auto)
             if compare and view.recorder.finish_reason != INTERRUPTED:
                 tui.comparison(_plain_beside(session, request, view.recorder), tui.out)
             return
         recorder = tui.stream(events, show=not as_json)
+        if verbose:
+            _say_timings(recorder, started, session.load_seconds, auto)
         beside = (_plain_beside(session, request, recorder)
                   if compare and recorder.finish_reason != INTERRUPTED else None)
         if as_json:
@@ -193,11 +204,19 @@ def run(
                              | ({"prediction": recorder.summary().prediction_tokens(len(prediction))}
                                 if prediction else {})))
         elif not quiet:
-            print(tui.summary_line(recorder, auto), file=sys.stderr)
+            if not verbose:  # (its timings said it all)
+                print(tui.summary_line(recorder, auto), file=sys.stderr)
             if beside:
                 tui.comparison(beside, tui.err)
         if recorder.finish_reason == INTERRUPTED:
             raise typer.Exit(130)
+
+
+def _say_timings(recorder, started: float, load_seconds: float | None, auto: bool) -> None:
+    """Ollama's --verbose timings of the answer the recorder holds, asked for at `started` (after the models'
+    load, where one was waited for), on standard error."""
+    total = (load_seconds or 0.0) + time.perf_counter() - started
+    print(tui.ollama_timings(recorder.summary(), total, load_seconds, auto), file=sys.stderr)
 
 
 def _messages(system: str | None, text: str) -> list[dict]:
@@ -219,23 +238,28 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
 
 
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
-                predicted: str | None, quiet: bool, as_json: bool, no_color: bool) -> None:
+                predicted: str | None, quiet: bool, as_json: bool, no_color: bool, verbose: bool) -> None:
     request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(system, text),
                       prompt=text if raw else None,
                       prediction=predicted, thinking=settings.thinking)
     if not quiet and not as_json:
         print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
+    started = time.perf_counter()
     events = remote.generate(request)
     auto = remote.mode is None
     if sys.stdout.isatty() and not quiet and not as_json:
         with tui.LiveView(tui.out, color=not no_color, models=remote.describe(), auto=auto) as view:
             for event in events:
                 view.add(event)
+        if verbose:
+            _say_timings(view.recorder, started, remote.load_seconds, auto)
         return
     recorder = tui.stream(events, show=not as_json)
     if as_json:
         print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
                           "stats": recorder.summary().as_dict(), "served_by": remote.url}))
+    elif verbose:
+        _say_timings(recorder, started, remote.load_seconds, auto)
     elif not quiet:
         print(tui.summary_line(recorder, auto), file=sys.stderr)
     if recorder.finish_reason == INTERRUPTED:
@@ -263,20 +287,21 @@ def chat(
     no_color: NoColorOption = False,
     local: LocalOption = False,
     host: HostOption = None,
+    verbose: VerboseOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
     Slash commands: /help, /stats, /clear, /draft off|on|N, /think, /no-think, /set parameter NAME VALUE,
-    /set system TEXT, /save FILE, /load FILE, /exit or /bye; triple quotes open and close a message of several
+    /set system TEXT, /set verbose, /set quiet, /save FILE, /load FILE, /exit or /bye; triple quotes open and close a message of several
     lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse both models' KV caches for the shared
     conversation prefix; at a full context the oldest turns are dropped (never the system prompt). Where a
     `localspec serve` on this machine holds the same model, the chat goes through it (--local loads it here).
     """
-    _chat(settings, system, no_color, "chat", None if local else _serving(settings, host))
+    _chat(settings, system, no_color, "chat", None if local else _serving(settings, host), verbose)
 
 
 def _chat(settings: Settings, system: str | None, no_color: bool, command: str,
-          remote: remote_face.Remote | None) -> None:
+          remote: remote_face.Remote | None, verbose: bool) -> None:
     """A chat on the model loaded here, or through a running serve that holds it (remote)."""
     if no_color:
         tui.unstyled()
@@ -286,7 +311,7 @@ def _chat(settings: Settings, system: str | None, no_color: bool, command: str,
             session = remote
         else:
             session = held.enter_context(_open(settings, command))
-        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking)
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking, verbose)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
 

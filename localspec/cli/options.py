@@ -426,3 +426,6 @@ HostOption = Annotated[Optional[str], typer.Option(
     "--host", envvar="LOCALSPEC_HOST", help="Answer through the `localspec serve` at this URL"
     " (http://HOST:PORT; its --api-key from LOCALSPEC_API_KEY) instead of loading the model here.",
     show_default=False)]
+VerboseOption = Annotated[bool, typer.Option(
+    "--verbose", help="After each answer, its timings as `ollama run --verbose` prints them (total and load"
+    " duration, prompt eval and eval counts, durations and rates), then what speculation did; on standard error.")]
