@@ -94,7 +94,7 @@ class Pool:
 
     def available(self) -> list[Available]:
         """What can be served: the first model, then every downloaded registry model (and Hub file)."""
-        out = [Available(self.first.name, _key(self.first.session), None)]
+        out = [self._served_first()]
         for entry in store.known().values():
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
@@ -103,6 +103,9 @@ class Pool:
                 out.append(Available(entry.command_name, path.resolve(), entry))
         return out
 
+    def _served_first(self) -> Available:
+        return Available(self.first.name, _key(self.first.session), None)
+
     def header(self, path: Path) -> GGUFInfo:
         if path not in self._headers:
             self._headers[path] = store.header(path)
@@ -110,8 +113,8 @@ class Pool:
 
     def find(self, name: str | None) -> Available:
         """The model a request names: the first one where it names none; UnknownModel else."""
-        if not name or name == self.first.name:
-            return self.available()[0]
+        if not name or name == self.first.name:  # (every request that names no model: no walk of the registry)
+            return self._served_first()
         try:
             resolved = store.find(name)
         except UsageError:
@@ -122,7 +125,7 @@ class Pool:
         if isinstance(resolved, store.ModelEntry):
             path = store.installed(resolved)
             if path is not None:
-                first = self.available()[0]
+                first = self._served_first()
                 return first if path.resolve() == first.path else Available(resolved.command_name, path.resolve(),
                                                                              resolved)
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"

@@ -19,6 +19,7 @@ from .protocols.native import INFO_PATH, PATH, TOKENS_PATH
 from .request import Request, to_wire
 from .session import Conversation, Info
 
+OLLAMA_PS, OLLAMA_GENERATE = "/api/ps", "/api/generate"  # Ollama's routes, which serve answers too
 # to reach the serve, and then between two events: a queue or a long prompt's prefill may take minutes
 SILENCE_SECONDS = 600.0
 
@@ -88,6 +89,14 @@ class Remote:
                 raise _refusal(data.get("status", 500), line)
             yield from_wire(data)
 
+    def loaded(self) -> list[str]:
+        """The names of the models the serve holds now (Ollama's /api/ps)."""
+        return [model["name"] for model in json.loads(b"".join(self._asked(OLLAMA_PS)))["models"]]
+
+    def unload(self, name: str) -> None:
+        """Ask the serve to unload a model it loaded on demand, if it is idle (Ollama's keep_alive 0)."""
+        b"".join(self._asked(OLLAMA_GENERATE, {"model": name, "keep_alive": 0, "stream": False}))
+
     def _asked(self, path: str, body: dict | None = None) -> Iterator[bytes]:
         """The lines of the serve's answer to a GET (body None) or a POST of body; its refusal as the error a
         local session would raise."""
@@ -132,3 +141,41 @@ def serving(target: str, draft: str | None) -> Remote | None:
                 and (draft is None or held[1:2] == files[1:2]):
             return Remote(record["address"])
     return None
+
+
+def stop(name: str) -> str:
+    """Unload a model that a `localspec serve` on this machine loaded on demand (Ollama's `stop`), and say so;
+    LocalspecError where it stays loaded or nothing here holds it, saying why."""
+    path = store.here(name)
+    if path is None:
+        raise UsageError(f"{name!r} is not a downloaded model (`localspec ps` lists what is loaded)")
+    records = running.processes()
+    for record in records:
+        if record["command"] == "serve" and record.get("address") and Path(record["files"][0]) == path:
+            raise LocalspecError(f"{name} is the model `localspec serve` (pid {record['pid']}) started with: it stays"
+                                 f" loaded while that serve runs (Ctrl-C there, or `kill {record['pid']}`, stops it)")
+    for record in records:
+        if record["command"] != "serve" or not record.get("address"):
+            continue
+        serve = Remote(record["address"])
+        held = [loaded for loaded in serve.loaded() if _file(loaded) == path]
+        if not held:
+            continue
+        serve.unload(held[0])
+        if held[0] in serve.loaded():
+            raise LocalspecError(f"{name} is answering a request at {serve.url} (pid {record['pid']}): it stays"
+                                 " loaded; `localspec stop` it again once it is idle")
+        return f"stopped {name}: unloaded by localspec serve at {serve.url} (pid {record['pid']})"
+    holders = [record for record in records if path in (Path(file) for file in record.get("files", ()))]
+    if holders:
+        raise LocalspecError(f"{name} is held by `localspec {holders[0]['command']}` (pid {holders[0]['pid']}),"
+                             " which lets it go when it ends")
+    raise LocalspecError(f"{name} is not loaded by any localspec process (`localspec ps` lists what is)")
+
+
+def _file(name: str) -> Path | None:
+    """The downloaded file a serve's model name means (None where none here)."""
+    try:
+        return store.here(name)
+    except LocalspecError:
+        return None

@@ -169,9 +169,10 @@ class Server:
         started = time.perf_counter_ns()
         body = await self._body(request)
         served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
+        loaded = time.perf_counter_ns()
         job = await self._embedded(ollama.parse_embed(body), client, served, request)
         return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
-                                            time.perf_counter_ns() - started))
+                                            time.perf_counter_ns() - started, loaded - started))
 
     async def ollama_embeddings(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
@@ -283,12 +284,16 @@ class Server:
         if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
             await self.pool.unload_if_idle(_named(body.get("model")))
             return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
+        asked = time.perf_counter_ns()
         served = await self._model(body.get("model"), keep_alive, known_only=True)
+        loaded = time.perf_counter_ns()
         model = body.get("model") or served.name
         parsed = await self._parse(body, chat, OLLAMA, served)
         if parsed is None:  # an empty prompt: clients send one to load the model
             return JSONResponse(ollama.Answer(chat, model).loaded())
-        return await self._respond(request, client, parsed, OLLAMA.answering(chat, model, parsed), served)
+        answer = OLLAMA.answering(chat, model, parsed)
+        answer.waited_for_model(asked, loaded)
+        return await self._respond(request, client, parsed, answer, served)
 
     async def openai_generate(self, request: Request, client: str | None, chat: bool) -> Response:
         body = await self._body(request)

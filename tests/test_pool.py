@@ -3,7 +3,9 @@ asked, unloaded once idle for its keep-alive or, least recently used first, when
 memory; a name that is not here is one 404 in the client's protocol."""
 
 import asyncio
+import re
 import shutil
+import subprocess
 import time
 from dataclasses import replace
 
@@ -19,6 +21,7 @@ from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
+from processes import localspec_process
 from test_server import PROMPT, ServerProcess
 from tinybert import N_EMBD, write_tiny_bert
 
@@ -82,6 +85,12 @@ def plain_text(path, max_tokens: int = 8) -> str:
         return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 
+def stop_command(home, name) -> subprocess.CompletedProcess:
+    process = localspec_process(home, "stop", name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
 def loaded(server) -> list[str]:
     return sorted(m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"])
 
@@ -115,10 +124,23 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
         answer = ollama.Client(host=server.base).generate("tiny-c", prompt=PROMPT, keep_alive=-1,
                                                           options={"num_predict": 4})
         assert answer.done and loaded(server) == ["tiny", "tiny-c"]
+        # the request waited for its model's load: Ollama's load_duration says how long, and its total holds it
+        took = float(re.search(r"loaded tiny-c in ([0-9.]+) s", server.log()).group(1))
+        assert answer.load_duration > 0 and answer.load_duration >= (took - 0.05) * 1e9
+        assert answer.total_duration > answer.load_duration + answer.eval_duration
         [kept] = [m for m in httpx.get(server.base + "/api/ps").json()["models"] if m["name"] == "tiny-c"]
         assert kept["expires_at"].startswith("9999")  # keep_alive -1: while serve runs
         unload = ollama.Client(host=server.base).generate("tiny-c", prompt="", keep_alive=0)
         assert unload.done_reason == "unload" and loaded(server) == ["tiny"]
+
+        # `localspec stop`, as `ollama stop`: a model loaded on demand goes; the one serve started with stays
+        ollama.Client(host=server.base).generate("tiny-c", prompt=PROMPT, keep_alive=-1, options={"num_predict": 2})
+        stopped = stop_command(home, "cee")
+        assert stopped.returncode == 0 and stopped.stdout.startswith("stopped cee: unloaded by localspec serve at")
+        assert loaded(server) == ["tiny"]
+        for name, said in ((tiny["target"], "is the model `localspec serve`"), ("tiny-c", "is not loaded by any")):
+            refused = stop_command(home, name)
+            assert refused.returncode == 1 and said in refused.stderr and refused.stdout == "", refused.stderr
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
@@ -214,7 +236,9 @@ def test_an_embedding_model_asked_for_by_name_embeds_and_refuses_to_generate(hom
         vectors = client.embeddings.create(model="tiny-embed", input=["the cat sat", "a dog ran"]).data
         assert [len(v.embedding) for v in vectors] == [N_EMBD, N_EMBD] and vectors[0].embedding != vectors[1].embedding
         assert ollama.Client(host=server.base).show("tiny-embed").capabilities == ["embedding"]
-        embedded = ollama.Client(host=server.base).embed("tiny-embed", input="the cat sat").embeddings
+        answer = ollama.Client(host=server.base).embed("tiny-embed", input="the cat sat")
+        assert 0 < answer.load_duration < answer.total_duration  # the model was there: finding it is all it took
+        embedded = answer.embeddings
         assert embedded[0] == pytest.approx(vectors[0].embedding, abs=1e-5)  # pooled as its metadata says (mean)
         with pytest.raises(openai.BadRequestError, match="is an embedding model"):
             client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}])

@@ -368,3 +368,17 @@ def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(model
         registry.resolve_draft("eagle3", models["gemma4-31b"], models)
     with pytest.raises(UsageError, match=r"no dflash drafter is known to be published beside gemma4-31b"):
         registry.resolve_draft("dflash", models["gemma4-31b"], models)
+
+
+def test_the_registry_is_parsed_again_only_when_a_models_toml_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    parsed = []
+    real = registry._parse
+    monkeypatch.setattr(registry, "_parse", lambda text, source: parsed.append(source) or real(text, source))
+    monkeypatch.setattr(registry, "_last", None)
+    first = registry.load()
+    assert registry.load() == first and parsed == [registry.BUNDLED]  # serve resolves a name every request
+    (tmp_path / "models.toml").write_text('[models.mine]\nfamily = "qwen2.5"\nrepo = "me/mine-GGUF"\nfile = "m.gguf"\n')
+    assert "mine" in registry.load() and len(parsed) == 3  # the user's file is read on every call
+    registry.load()["mine"] = None  # what a caller does with its dict is its own
+    assert registry.load()["mine"] is not None and len(parsed) == 3

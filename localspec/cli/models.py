@@ -1,4 +1,4 @@
-"""The commands about models and this machine: pull, models, show, ps, rm, check, doctor, version."""
+"""The commands about models and this machine: pull, models, show, ps, stop, rm, check, doctor, version."""
 
 import dataclasses
 import json
@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__, loading, running, store, tui
+from .. import __version__, loading, remote, running, store, tui
 
 from ..store import catalog, download, hardware, registry
 from ..config import DrafterKind
@@ -97,6 +97,14 @@ def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per
             print(json.dumps(process))
     else:
         tui.ps_table(found)
+
+
+@command(epilog="Example:\n\n  localspec stop qwen2.5-coder:0.5b")
+def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` or a request names it.",
+                                             show_default=False)]):
+    """Unload a model that a running `localspec serve` loaded on demand, as `ollama stop` does (the model a
+    serve started with stays while that serve runs; run, chat and batch let theirs go when they end)."""
+    print(remote.stop(name))
 
 
 @command(name="rm")

@@ -223,9 +223,9 @@ def parse_embeddings(data: dict) -> list[str]:
     return [_validate(EmbeddingsBody, data).prompt]
 
 
-def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: int) -> dict:
-    """/api/embed's answer."""
-    return {"model": model, "embeddings": vectors, "total_duration": nanoseconds, "load_duration": 0,
+def embedded(model: str, vectors: list[list[float]], tokens: int, nanoseconds: int, load_nanoseconds: int) -> dict:
+    """/api/embed's answer: load_nanoseconds, how long the request waited for its model (loaded on demand)."""
+    return {"model": model, "embeddings": vectors, "total_duration": nanoseconds, "load_duration": load_nanoseconds,
             "prompt_eval_count": tokens}
 
 
@@ -276,6 +276,12 @@ class Answer(Answering):
     def __init__(self, chat: bool, model: str):
         super().__init__(chat, model)
         self.started = time.perf_counter_ns()
+        self.load_nanoseconds = 0
+
+    def waited_for_model(self, asked: int, loaded: int) -> None:
+        """The request, asked at `asked` (perf_counter_ns), had its model at `loaded`: Ollama's load_duration,
+        which its total_duration holds too (a model loaded on demand; about nothing for one loaded already)."""
+        self.started, self.load_nanoseconds = asked, loaded - asked
 
     def object(self, text: str, done: bool = False, calls: list[ToolCall] = (), thinking: str = "",
                logprobs: Sequence[Logprobs] | None = None) -> dict:
@@ -299,7 +305,7 @@ class Answer(Answering):
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
         return self.object(text, done=True, calls=calls, thinking=thinking, logprobs=logprobs) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
-            "load_duration": 0, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
+            "load_duration": self.load_nanoseconds, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)}
 

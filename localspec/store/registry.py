@@ -214,12 +214,27 @@ class _Document(_Table):
 BUNDLED = "the bundled models.toml"
 
 
+# the texts last read (bundled, the user's) and the entries they made: parsing them takes milliseconds, and
+# serve resolves a model's name on every request
+_last: tuple[tuple[str, str | None], dict[str, "ModelEntry"]] | None = None
+
+
 def load() -> dict[str, ModelEntry]:
-    bundled = resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8")
-    documents = [(BUNDLED, _parse(bundled, BUNDLED))]
+    """Every model the registry names: the bundled models.toml's, and the user's, which replace those of the
+    same name (read again on every call, parsed again only where a text changed)."""
+    global _last
     user_file = user_registry_path()
-    if user_file.exists():
-        documents.append((str(user_file), _parse(_read(user_file), str(user_file))))
+    texts = (resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8"),
+             _read(user_file) if user_file.exists() else None)
+    if _last is None or _last[0] != texts:
+        _last = (texts, _parsed(*texts, user_file))
+    return dict(_last[1])
+
+
+def _parsed(bundled: str, user: str | None, user_file: Path) -> dict[str, ModelEntry]:
+    documents = [(BUNDLED, _parse(bundled, BUNDLED))]
+    if user is not None:
+        documents.append((str(user_file), _parse(user, str(user_file))))
     families: dict[str, _Family] = {}
     models: dict[str, tuple[_Model, str]] = {}
     for source, document in documents:  # the user's entries replace same-named bundled ones
