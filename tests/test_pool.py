@@ -146,6 +146,30 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
         assert server.stop() == 0, server.log()
 
 
+@pytest.mark.slow
+def test_stop_leaves_a_model_answering_a_request_loaded_and_says_so(tmp_path, tiny, real_model):
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "smollm2-135m").symlink_to(real_model("smollm2-135m").parent)
+    server = ServerProcess(home, tiny["target"], "-c", "4096", "--offline")
+    try:
+        with httpx.stream("POST", server.base + "/api/generate", timeout=120, json={
+                "model": "smollm2-135m", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "raw": True,
+                "options": {"num_predict": 3000, "temperature": 0}}) as answer:
+            lines = answer.iter_lines()  # (held: a dropped iterator would close the stream)
+            next(lines)  # it has begun counting: 3,000 tokens to go, tens of seconds here
+            busy = stop_command(home, "smollm2:135m")
+            assert busy.returncode == 1 and "is answering a request" in busy.stderr, busy.stderr
+            assert "smollm2-135m" in loaded(server)
+        # the client left, which stops its generation: the model is idle, and goes
+        deadline = time.monotonic() + 30
+        while (stopped := stop_command(home, "smollm2:135m")).returncode and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert stopped.returncode == 0 and "smollm2-135m" not in loaded(server), stopped.stderr
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 @pytest.mark.parametrize("name, said", [("nope", "not served here"), ("tiny-gone", "not downloaded"),
                                         ("tiny-b-mtp", "the mtp drafter published beside another model")])
 def test_a_model_that_is_not_here_is_one_404_in_each_protocol_but_openais_take_any_name(home, tiny, name, said):
