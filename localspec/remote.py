@@ -89,9 +89,11 @@ class Remote:
                 raise _refusal(data.get("status", 500), line)
             yield from_wire(data)
 
-    def loaded(self) -> list[str]:
-        """The names of the models the serve holds now (Ollama's /api/ps)."""
-        return [model["name"] for model in json.loads(b"".join(self._asked(OLLAMA_PS)))["models"]]
+    def loaded(self) -> list[dict]:
+        """The models the serve holds now, the one it started with first: each one's `name` and when it will be
+        unloaded unless asked for (`expires_at`, as Ollama's /api/ps says it)."""
+        return [{"name": model["name"], "expires_at": model["expires_at"]}
+                for model in json.loads(b"".join(self._asked(OLLAMA_PS)))["models"]]
 
     def unload(self, name: str) -> None:
         """Ask the serve to unload a model it loaded on demand, if it is idle (Ollama's keep_alive 0)."""
@@ -158,11 +160,11 @@ def stop(name: str) -> str:
         if record["command"] != "serve" or not record.get("address"):
             continue
         serve = Remote(record["address"])
-        held = [loaded for loaded in serve.loaded() if _file(loaded) == path]
+        held = [model["name"] for model in serve.loaded() if _file(model["name"]) == path]
         if not held:
             continue
         serve.unload(held[0])
-        if held[0] in serve.loaded():
+        if held[0] in (model["name"] for model in serve.loaded()):
             raise LocalspecError(f"{name} is answering a request at {serve.url} (pid {record['pid']}): it stays"
                                  " loaded; `localspec stop` it again once it is idle")
         return f"stopped {name}: unloaded by localspec serve at {serve.url} (pid {record['pid']})"
@@ -179,3 +181,16 @@ def _file(name: str) -> Path | None:
         return store.here(name)
     except LocalspecError:
         return None
+
+
+def with_loaded(records: list[dict]) -> list[dict]:
+    """`ps`'s records, each serve's with the models it holds now (`loaded`, Remote.loaded's) where it answers."""
+    out = []
+    for record in records:
+        if record["command"] == "serve" and record.get("address"):
+            try:
+                record = record | {"loaded": Remote(record["address"]).loaded()}
+            except (LocalspecError, ValueError, KeyError, TypeError):  # busy starting, behind an API key, ...
+                pass
+        out.append(record)
+    return out

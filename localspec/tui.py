@@ -3,7 +3,9 @@
 import os
 import re
 import sys
+import time
 from contextlib import contextmanager
+from datetime import datetime
 
 try:
     import termios
@@ -231,10 +233,21 @@ def ps_table(processes: list[dict], console: Console = out) -> None:
     table = Table(box=None, padding=(0, 2, 0, 0))
     for column in ("pid", "command", "up", "model", "address"):
         table.add_column(column.upper(), no_wrap=column in ("pid", "command", "up"), overflow="fold")
+    now = time.time()
     for p in processes:
         table.add_row(str(p["pid"]), shown(p["command"]), duration_text(p["uptime"]), shown(p["model"]),
                       shown(p["address"]))
+        for model in p.get("loaded", [])[1:]:  # (a serve's first is the model it started with, the row above)
+            table.add_row("", "", "", f"+ {shown(model['name'])} (on demand; {_until(model['expires_at'], now)})", "")
     _whole_rows(console).print(table)
+
+
+def _until(expires_at: str, now: float) -> str:
+    """When a model a serve loaded on demand goes, from Ollama's expires_at."""
+    if expires_at.startswith("9999"):
+        return "stays while serve runs"
+    left = datetime.fromisoformat(expires_at.replace("Z", "+00:00")).timestamp() - now
+    return f"unloads in {duration_text(left)}" if left >= 1 else "unloads once idle"
 
 
 def duration_text(seconds: float) -> str:

@@ -3,6 +3,7 @@ asked, unloaded once idle for its keep-alive or, least recently used first, when
 memory; a name that is not here is one 404 in the client's protocol."""
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -161,6 +162,12 @@ def test_stop_leaves_a_model_answering_a_request_loaded_and_says_so(tmp_path, ti
             busy = stop_command(home, "smollm2:135m")
             assert busy.returncode == 1 and "is answering a request" in busy.stderr, busy.stderr
             assert "smollm2-135m" in loaded(server)
+            # ps lists it under the serve that holds it, as Ollama's ps lists what its server holds
+            listed = localspec_process(home, "ps", stdout=subprocess.PIPE, text=True).communicate(timeout=60)[0]
+            assert "+ smollm2-135m (on demand; unloads in 4 min)" in listed, listed
+            [serve] = [json.loads(line) for line in localspec_process(home, "ps", "--json", stdout=subprocess.PIPE,
+                                                                       text=True).communicate(timeout=60)[0].splitlines()]
+            assert [model["name"] for model in serve["loaded"]] == [tiny["target"].name, "smollm2-135m"]
         # the client left, which stops its generation: the model is idle, and goes
         deadline = time.monotonic() + 30
         while (stopped := stop_command(home, "smollm2:135m")).returncode and time.monotonic() < deadline:

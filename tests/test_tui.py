@@ -1,5 +1,7 @@
 """What people see: rendered with a recording Rich console."""
 
+import time
+
 import pytest
 from rich.console import Console
 
@@ -210,6 +212,21 @@ def test_ps_says_how_long_a_process_has_held_its_models():
     tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)",
                    "address": "http://127.0.0.1:8080/v1"}], console)
     assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  http://127.0.0.1:8080/v1" in console.export_text()
+
+
+def test_ps_lists_the_models_a_serve_loaded_on_demand_and_when_each_goes():
+    from datetime import datetime, timezone
+
+    soon = datetime.fromtimestamp(time.time() + 150, timezone.utc).isoformat().replace("+00:00", "Z")
+    console = Console(record=True, width=120)
+    tui.ps_table([{"pid": 42, "command": "serve", "uptime": 60, "model": "m.gguf (auto)", "address": "http://h:1/v1",
+                   "loaded": [{"name": "m", "expires_at": "9999-12-31T23:59:59Z"},
+                              {"name": "gemma3-270m", "expires_at": soon},
+                              {"name": "kept", "expires_at": "9999-12-31T23:59:59Z"},
+                              {"name": "old", "expires_at": "2020-01-01T00:00:00Z"}]}], console)
+    text = console.export_text()
+    assert "+ m " not in text and "+ gemma3-270m (on demand; unloads in 2 min)" in text
+    assert "+ kept (on demand; stays while serve runs)" in text and "+ old (on demand; unloads once idle)" in text
 
 
 def test_streamed_text_is_escaped_on_a_terminal_only(monkeypatch):

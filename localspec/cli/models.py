@@ -91,7 +91,7 @@ def show(
 @command()
 def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
     """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker)."""
-    found = running.processes()
+    found = remote.with_loaded(running.processes())
     if as_json:
         for process in found:
             print(json.dumps(process))
