@@ -22,6 +22,7 @@ from .session import Conversation, Info
 OLLAMA_PS, OLLAMA_GENERATE = "/api/ps", "/api/generate"  # Ollama's routes, which serve answers too
 # to reach the serve, and then between two events: a queue or a long prompt's prefill may take minutes
 SILENCE_SECONDS = 600.0
+LISTING_SECONDS = 5.0  # for what a serve holds: `ps` waits no longer for a serve that does not answer
 
 
 class Remote:
@@ -93,13 +94,13 @@ class Remote:
         """The models the serve holds now, the one it started with first: each one's `name` and when it will be
         unloaded unless asked for (`expires_at`, as Ollama's /api/ps says it)."""
         return [{"name": model["name"], "expires_at": model["expires_at"]}
-                for model in json.loads(b"".join(self._asked(OLLAMA_PS)))["models"]]
+                for model in json.loads(b"".join(self._asked(OLLAMA_PS, timeout=LISTING_SECONDS)))["models"]]
 
     def unload(self, name: str) -> None:
         """Ask the serve to unload a model it loaded on demand, if it is idle (Ollama's keep_alive 0)."""
         b"".join(self._asked(OLLAMA_GENERATE, {"model": name, "keep_alive": 0, "stream": False}))
 
-    def _asked(self, path: str, body: dict | None = None) -> Iterator[bytes]:
+    def _asked(self, path: str, body: dict | None = None, timeout: float = SILENCE_SECONDS) -> Iterator[bytes]:
         """The lines of the serve's answer to a GET (body None) or a POST of body; its refusal as the error a
         local session would raise."""
         asked = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
@@ -107,7 +108,7 @@ class Remote:
                                        headers={"Content-Type": "application/json"}
                                        | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}))
         try:
-            response = urllib.request.urlopen(asked, timeout=SILENCE_SECONDS)
+            response = urllib.request.urlopen(asked, timeout=timeout)
         except urllib.error.HTTPError as error:
             raise _refusal(error.code, error.read()) from None
         except (urllib.error.URLError, OSError) as error:
@@ -190,7 +191,7 @@ def with_loaded(records: list[dict]) -> list[dict]:
         if record["command"] == "serve" and record.get("address"):
             try:
                 record = record | {"loaded": Remote(record["address"]).loaded()}
-            except (LocalspecError, ValueError, KeyError, TypeError):  # busy starting, behind an API key, ...
+            except (LocalspecError, OSError, ValueError, KeyError, TypeError):  # stopped, behind an API key, ...
                 pass
         out.append(record)
     return out

@@ -4,8 +4,10 @@ memory; a name that is not here is one 404 in the client's protocol."""
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import replace
@@ -298,5 +300,20 @@ def test_a_reranker_is_refused_as_an_embedding_model_and_no_memory_is_read_past_
             with pytest.raises(openai.BadRequestError, match="is a reranker"):
                 server.client().embeddings.create(model="rerank", input=["the cat sat"])  # base64, as the client asks
         assert httpx.get(server.base + "/health").json()["status"] == "ok"
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_ps_lists_a_serve_that_does_not_answer_without_waiting_on_it(tmp_path, tiny):
+    home = tmp_path / "home"
+    server = ServerProcess(home, tiny["target"], "-c", "512")
+    try:
+        os.kill(server.process.pid, signal.SIGSTOP)  # it holds its model and answers nothing
+        try:
+            listed = localspec_process(home, "ps", "--json", stdout=subprocess.PIPE, text=True).communicate(timeout=60)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        [serve] = [json.loads(line) for line in listed[0].splitlines()]
+        assert serve["command"] == "serve" and "loaded" not in serve
     finally:
         assert server.stop() == 0, server.log()
