@@ -57,11 +57,12 @@ class Chat:
     """The terminal's chat: a Conversation and the slash commands that steer it."""
 
     def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
-                 thinking: Thinking = Thinking(), verbose: bool = False):
-        """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose)."""
+                 thinking: Thinking = Thinking(), verbose: bool = False, shows_thinking: bool = True):
+        """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose); shows_thinking:
+        whether a reasoning model's thinking is shown (Ollama's --hidethinking: not)."""
         self.session = session
         self.conversation = session.chat(system, sampling, limits, thinking)
-        self.verbose = verbose
+        self.verbose, self.shows_thinking = verbose, shows_thinking
 
     @property
     def messages(self) -> list[dict]:
@@ -233,7 +234,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
         try:
             started = time.perf_counter()
             if interactive:
-                with tui.LiveView(console, color=color, summary=False) as view:
+                with tui.LiveView(console, color=color, summary=False, thinking=chat.shows_thinking) as view:
                     chat.reply(line, view.add)
                 if chat.dropped:
                     console.print(f"[dim]{_dropped_line(chat)}[/]", highlight=False)

@@ -338,9 +338,10 @@ class LiveView:
     """
 
     def __init__(self, console: Console, color: bool = True, summary: bool = True, models: str = "",
-                 auto: bool = False):
+                 auto: bool = False, thinking: bool = True):
+        """thinking: show a reasoning model's thinking (its counts stay in the panel either way)."""
         self.console = console
-        self.models, self.auto = models, auto
+        self.models, self.auto, self.thinking = models, auto, thinking
         self.color = color
         self.summary = summary
         self.text = Text()
@@ -367,13 +368,13 @@ class LiveView:
         self.recorder.add(event)
         if isinstance(event, Token):
             drafted = DRAFT_STYLE if self.color and event.from_draft else ""
-            if event.thought:
+            if event.thought and self.thinking:
                 self.text.append(visible(event.thought), style=f"{THOUGHT_STYLE} {drafted}".strip())
             if event.text:
                 self._end_of_thinking()
                 self.text.append(visible(event.text), style=drafted or None)
         elif isinstance(event, Done):
-            if event.thought_tail:
+            if event.thought_tail and self.thinking:
                 self.text.append(visible(event.thought_tail), style=THOUGHT_STYLE)
             if event.tail:
                 self._end_of_thinking()
@@ -382,8 +383,8 @@ class LiveView:
             self.live.update(self._render(), refresh=True)
 
     def _end_of_thinking(self) -> None:
-        """A blank line between the thinking and the answer, where there was thinking."""
-        if self.recorder.reasoning and not self._answering:
+        """A blank line between the thinking and the answer, where there was thinking shown."""
+        if self.recorder.reasoning and self.thinking and not self._answering:
             self.text.append("\n\n" if not self.text.plain.endswith("\n") else "\n")
         self._answering = True
 
@@ -525,13 +526,13 @@ def parts_text(s: Summary) -> str:
                    " tokens/step" for name, part in s.parts.items() if part.tokens)
 
 
-def stream(events, show: bool) -> Recorder:
+def stream(events, show: bool, thinking: bool = True) -> Recorder:
     """Run a generation to its end, writing its text to stdout as it streams if `show`, and a reasoning model's
-    thinking to stderr (stdout carries the answer alone). Ctrl-C ends it early; the recorder then holds what
-    was made so far, finish reason "interrupted"."""
+    thinking to stderr if `thinking` too (stdout carries the answer alone). Ctrl-C ends it early; the recorder
+    then holds what was made so far, finish reason "interrupted"."""
     recorder = Recorder()
     write = _writer(show)
-    think = _thought_writer(show)
+    think = _thought_writer(show and thinking)
     try:
         for event in events:
             recorder.add(event)

@@ -729,3 +729,22 @@ def test_a_chat_says_each_replys_timings_until_set_quiet(localspec, tiny):
 def test_verbose_with_quiet_or_json_is_refused(cli, tiny, flag):
     code, stdout, stderr = cli("run", tiny["target"], "-p", "x", "--verbose", flag)
     assert code == 2 and stdout == "" and "--verbose adds timings" in stderr and flag in stderr
+
+
+def test_ollamas_format_json_constrains_the_answer_to_a_json_object(localspec, cli, tiny):
+    ran = localspec("run", tiny["target"], "-p", "the cat", "-n", "12", "--temp", "0", "--format", "json", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["text"].startswith("{")
+    for args, said in ((["--format", "yaml"], "--format takes json"),
+                       (["--format", "json", "-j", "{}"], "--json-schema and --format each give")):
+        code, _, stderr = cli("run", tiny["target"], "-p", "x", *args)
+        assert code == 2 and said in stderr, stderr
+
+
+def test_ollamas_think_with_a_value_is_read_as_localspecs_flags():
+    from localspec.cli.app import _ollama_spellings
+
+    assert _ollama_spellings(["run", "m", "--think=false", "hi"]) == ["run", "m", "--no-think", "hi"]
+    assert _ollama_spellings(["run", "m", "--think=True"]) == ["run", "m", "--think"]
+    assert _ollama_spellings(["run", "m", "--think=high"]) == ["run", "m", "--think", "--reasoning-effort", "high"]
+    assert _ollama_spellings(["run", "m", "--", "--think=false"]) == ["run", "m", "--", "--think=false"]  # text

@@ -243,6 +243,19 @@ def test_run_on_a_pipe_writes_the_answer_to_stdout_and_the_thinking_to_stderr(lo
     assert thought and b"thinking 5 tokens" in ran.stderr
 
 
+def test_ollamas_hidethinking_and_think_equals_spellings(localspec, thinkers):
+    args = ("run", thinkers["deepseek-r1"], "-p", "why", "-n", "12", "--reasoning-budget", "4", "--temp", "0")
+    shown, hidden = localspec(*args), localspec(*args, "--hidethinking")
+    assert hidden.returncode == 0 and hidden.stdout == shown.stdout, hidden.stderr  # it thought as before
+    thought = json.loads(localspec(*args, "--hidethinking", "--json").stdout)["reasoning"]  # --json still carries it
+    assert thought.strip() and thought.encode() in shown.stderr and thought.encode() not in hidden.stderr
+    assert b"thinking 5 tokens" in hidden.stderr
+    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--think=false", "--json").stdout)
+    assert off["reasoning"] == "" and off["text"]  # as --no-think
+    effort = localspec("run", thinkers["gpt-oss"], "-p", "why", "-n", "4", "--think=low", "--json")
+    assert effort.returncode == 0, effort.stderr
+
+
 def test_chat_think_and_no_think(localspec, thinkers):
     chatted = localspec("chat", thinkers["qwen3.5"], "-n", "6", "--temp", "0",
                         stdin=b"hello\n/no-think\nhello again\n")

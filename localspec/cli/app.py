@@ -102,9 +102,25 @@ def _options(
     """Local GGUF inference with lossless speculative decoding."""
 
 
+# Ollama's --think=VALUE (a flag that may take a value): spelled as localspec's flags before parsing, where
+# `--think VALUE` would be ambiguous (a prompt after --think)
+THINK_VALUES = {"true": ["--think"], "false": ["--no-think"], **{effort: ["--think", "--reasoning-effort", effort]
+                                                                 for effort in ("low", "medium", "high")}}
+
+
+def _ollama_spellings(args: list[str]) -> list[str]:
+    out = []
+    for index, arg in enumerate(args):
+        if arg == "--":  # what follows is text
+            return out + args[index:]
+        value = arg.removeprefix("--think=").lower() if arg.startswith("--think=") else None
+        out += THINK_VALUES.get(value, [arg])
+    return out
+
+
 def main() -> None:
     try:
-        status = app(standalone_mode=False)
+        status = app(args=_ollama_spellings(sys.argv[1:]), standalone_mode=False)
     except typer.Abort:
         sys.exit(130)
     except typer.TyperException as error:  # typer's command-line parsing errors

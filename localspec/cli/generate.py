@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,6 +40,7 @@ from .options import (
     LocalOption,
     NoColorOption,
     Settings,
+    HideThinkingOption,
     SystemOption,
     VerboseOption,
     after_model,
@@ -127,6 +129,7 @@ def run(
     local: LocalOption = False,
     host: HostOption = None,
     verbose: VerboseOption = False,
+    hide_thinking: HideThinkingOption = False,
 ):
     """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
 
@@ -139,6 +142,7 @@ def run(
     if prompt_text is not None and prompt is not None:
         raise UsageError("two prompts: PROMPT and --prompt; give one")
     prompt = prompt if prompt is not None else prompt_text
+    showing = Showing(not no_color, quiet, as_json, verbose, not hide_thinking)
     if no_color:
         tui.unstyled()
     if escape and system is not None:
@@ -151,7 +155,7 @@ def run(
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
-        _chat(settings, system, no_color, "run", None if local else _serving(settings, host), verbose)
+        _chat(settings, system, showing, "run", None if local else _serving(settings, host))
         return
     if verbose and (quiet or as_json):
         left = "--quiet leaves out" if quiet else "--json carries already"
@@ -171,7 +175,7 @@ def run(
     predicted_text = read_text(prediction_file) if prediction_file else None
     remote = None if local or compare else _serving(settings, host)
     if remote is not None:
-        _run_remote(remote, settings, system, text, raw, predicted_text, quiet, as_json, no_color, verbose)
+        _run_remote(remote, settings, system, text, raw, predicted_text, showing)
         return
     with _open(settings, "run") as session:
         messages = None if raw else _messages(system, text)
@@ -182,8 +186,9 @@ def run(
         started = time.perf_counter()
         events = session.generate(request)
         auto = session.mode == DrafterKind.AUTO
-        if sys.stdout.isatty() and not quiet and not as_json:
-            with tui.LiveView(tui.out, color=not no_color, models=session.describe(), auto=auto) as view:
+        if showing.live:
+            with tui.LiveView(tui.out, color=showing.color, models=session.describe(), auto=auto,
+                              thinking=showing.thinking) as view:
                 for event in events:  # Ctrl-C: the view shows the partial summary on the way out
                     view.add(event)
             if verbose:
@@ -191,7 +196,7 @@ def run(
             if compare and view.recorder.finish_reason != INTERRUPTED:
                 tui.comparison(_plain_beside(session, request, view.recorder), tui.out)
             return
-        recorder = tui.stream(events, show=not as_json)
+        recorder = tui.stream(events, show=not as_json, thinking=showing.thinking)
         if verbose:
             _say_timings(recorder, started, session.load_seconds, auto)
         beside = (_plain_beside(session, request, recorder)
@@ -237,30 +242,47 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
     return remote
 
 
+@dataclass(frozen=True)
+class Showing:
+    """How run and chat show an answer."""
+
+    color: bool = True
+    quiet: bool = False  # the text alone
+    as_json: bool = False  # one JSON object at the end
+    verbose: bool = False  # Ollama's --verbose timings after each answer
+    thinking: bool = True  # a reasoning model's thinking (--hidethinking: not shown)
+
+    @property
+    def live(self) -> bool:
+        """The live view: on a terminal, but for the text alone or JSON."""
+        return sys.stdout.isatty() and not self.quiet and not self.as_json
+
+
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
-                predicted: str | None, quiet: bool, as_json: bool, no_color: bool, verbose: bool) -> None:
+                predicted: str | None, showing: Showing) -> None:
     request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(system, text),
                       prompt=text if raw else None,
                       prediction=predicted, thinking=settings.thinking)
-    if not quiet and not as_json:
+    if not showing.quiet and not showing.as_json:
         print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
     started = time.perf_counter()
     events = remote.generate(request)
     auto = remote.mode is None
-    if sys.stdout.isatty() and not quiet and not as_json:
-        with tui.LiveView(tui.out, color=not no_color, models=remote.describe(), auto=auto) as view:
+    if showing.live:
+        with tui.LiveView(tui.out, color=showing.color, models=remote.describe(), auto=auto,
+                          thinking=showing.thinking) as view:
             for event in events:
                 view.add(event)
-        if verbose:
+        if showing.verbose:
             _say_timings(view.recorder, started, remote.load_seconds, auto)
         return
-    recorder = tui.stream(events, show=not as_json)
-    if as_json:
+    recorder = tui.stream(events, show=not showing.as_json, thinking=showing.thinking)
+    if showing.as_json:
         print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason,
                           "stats": recorder.summary().as_dict(), "served_by": remote.url}))
-    elif verbose:
+    elif showing.verbose:
         _say_timings(recorder, started, remote.load_seconds, auto)
-    elif not quiet:
+    elif not showing.quiet:
         print(tui.summary_line(recorder, auto), file=sys.stderr)
     if recorder.finish_reason == INTERRUPTED:
         raise typer.Exit(130)
@@ -288,6 +310,7 @@ def chat(
     local: LocalOption = False,
     host: HostOption = None,
     verbose: VerboseOption = False,
+    hide_thinking: HideThinkingOption = False,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
@@ -297,13 +320,14 @@ def chat(
     conversation prefix; at a full context the oldest turns are dropped (never the system prompt). Where a
     `localspec serve` on this machine holds the same model, the chat goes through it (--local loads it here).
     """
-    _chat(settings, system, no_color, "chat", None if local else _serving(settings, host), verbose)
+    _chat(settings, system, Showing(not no_color, verbose=verbose, thinking=not hide_thinking), "chat",
+          None if local else _serving(settings, host))
 
 
-def _chat(settings: Settings, system: str | None, no_color: bool, command: str,
-          remote: remote_face.Remote | None, verbose: bool) -> None:
+def _chat(settings: Settings, system: str | None, showing: Showing, command: str,
+          remote: remote_face.Remote | None) -> None:
     """A chat on the model loaded here, or through a running serve that holds it (remote)."""
-    if no_color:
+    if not showing.color:
         tui.unstyled()
     with ExitStack() as held:
         if remote is not None:
@@ -311,9 +335,10 @@ def _chat(settings: Settings, system: str | None, no_color: bool, command: str,
             session = remote
         else:
             session = held.enter_context(_open(settings, command))
-        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking, verbose)
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking,
+                                      showing.verbose, showing.thinking)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        chat_loop.run(conversation, interactive, color=not no_color, history_file=paths.state_dir() / "chat_history")
+        chat_loop.run(conversation, interactive, color=showing.color, history_file=paths.state_dir() / "chat_history")
 
 
 @command(

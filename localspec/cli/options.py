@@ -118,6 +118,9 @@ SAMPLING_OPTIONS = {
     "json_schema_file": (Annotated[Optional[Path], typer.Option(
         "--json-schema-file", help="The same, read from a file.", show_default=False, rich_help_panel=SAMPLING)],
         None),
+    "format": (Annotated[Optional[str], typer.Option(
+        "--format", metavar="json", help="Ollama's --format: json makes the output a JSON object (as serve's"
+        " format: \"json\"); a schema is --json-schema's.", show_default=False, rich_help_panel=SAMPLING)], None),
     "repeat_penalty": (Annotated[float, typer.Option(
         "--repeat-penalty", help="Divide the logit of a token among the last --repeat-last-n by this (multiply a"
         " negative one), as llama.cpp does; 1.0 is none. Speculation stays lossless under every penalty.",
@@ -342,12 +345,18 @@ def _parallel(value: str) -> int:
 
 
 def _grammar(o: SimpleNamespace) -> str | None:
-    """The output's grammar from --grammar, --grammar-file, --json-schema or --json-schema-file (one of them)."""
+    """The output's grammar from --grammar, --grammar-file, --json-schema, --json-schema-file or --format (one of
+    them)."""
     given = {"--grammar": o.grammar, "--grammar-file": o.grammar_file, "--json-schema": o.json_schema,
-             "--json-schema-file": o.json_schema_file}
+             "--json-schema-file": o.json_schema_file, "--format": o.format}
     named = [name for name, value in given.items() if value is not None]
     if len(named) > 1:
         raise UsageError(f"{' and '.join(named)} each give the output's grammar; give one")
+    if o.format is not None:
+        if o.format != "json":
+            raise UsageError(f"--format takes json, as Ollama's does (got {o.format!r}); a JSON schema is"
+                             " --json-schema's")
+        return output_grammar(any_object=True)
     if o.grammar is not None or o.grammar_file is not None:
         return o.grammar if o.grammar is not None else read_text(o.grammar_file)
     if o.json_schema is None and o.json_schema_file is None:
@@ -429,3 +438,6 @@ HostOption = Annotated[Optional[str], typer.Option(
 VerboseOption = Annotated[bool, typer.Option(
     "--verbose", help="After each answer, its timings as `ollama run --verbose` prints them (total and load"
     " duration, prompt eval and eval counts, durations and rates), then what speculation did; on standard error.")]
+HideThinkingOption = Annotated[bool, typer.Option(
+    "--hidethinking", "--hide-thinking", help="A reasoning model thinks as before, but its thinking is not shown"
+    " (Ollama's --hidethinking); --json still carries it.", rich_help_panel=THINKING)]
