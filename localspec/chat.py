@@ -23,7 +23,8 @@ from .session import Session
 from .stats import Recorder
 
 HELP = """\
-/help            this list
+/help, /?        this list
+/show info|parameters|system  the model, sampling settings, system prompt
 /stats           speculation statistics of this chat so far
 /clear           forget the conversation (the system prompt stays)
 /draft off|on|N  stop speculating, resume, or draft up to N tokens a step
@@ -100,8 +101,10 @@ class Chat:
         argument = argument.strip()
         if name in ("exit", "quit", "bye"):
             return False
-        if name == "help":
+        if name in ("help", "?"):
             console.print(HELP, highlight=False)
+        elif name == "show":
+            self._show(argument, console)
         elif name == "stats":
             console.print(tui.stats_panel(self.recorder.summary(), "this chat"))
         elif name == "clear":
@@ -172,6 +175,25 @@ class Chat:
         else:
             console.print("[red]usage: /set parameter NAME VALUE, /set system TEXT, /set think, /set nothink,"
                           " /set verbose, /set quiet[/]")
+
+    def _show(self, argument: str, console) -> None:
+        """Ollama's /show: `info`, `parameters`, `system`."""
+        if argument == "info":
+            info = self.session.info
+            console.print(f"{tui.shown(self.session.describe())}\ncontext {info.n_ctx:,} tokens, vocabulary"
+                          f" {info.n_vocab:,} tokens", highlight=False, markup=False)
+        elif argument == "parameters":
+            sampling, limits = self.conversation.sampling, self.conversation.limits
+            shown = {name: getattr(sampling, name) for name in ("temperature", "top_k", "top_p", "min_p", "seed",
+                                                                 "repeat_penalty", "repeat_last_n",
+                                                                 "presence_penalty", "frequency_penalty")}
+            shown |= {"num_predict": limits.max_tokens, "stop": list(limits.stop)}
+            console.print("\n".join(f"{name:<18} {json.dumps(value)}" for name, value in shown.items()),
+                          highlight=False, markup=False)
+        elif argument == "system":
+            console.print(self.conversation.system or "(no system prompt)", highlight=False, markup=False)
+        else:
+            console.print("[red]usage: /show info, /show parameters, /show system[/]")
 
     def _think(self, on: bool, console) -> None:
         if not self.session.thinks:

@@ -227,6 +227,17 @@ def test_set_and_bye_as_in_ollama_and_a_full_context_said_in_one_line(localspec,
     assert len(replies) == 12  # one a message; nothing after /bye
 
 
+def test_show_and_question_mark_as_in_ollama(localspec, tiny):
+    lines = ["/?", "/show info", "/set parameter temperature 0.3", "/set parameter stop END", "/show parameters",
+             "/show system", "/set system be brief", "/show system", "/show license"]
+    done = localspec("chat", tiny["target"], "--temp", "0", "-n", "6", stdin=("\n".join(lines) + "\n").encode())
+    out = done.stdout.decode()
+    assert done.returncode == 0 and "/show info|parameters|system" in out, done.stderr
+    assert f"{tiny['target'].name} (" in out and "context " in out and " tokens, vocabulary " in out
+    assert "temperature        0.3" in out and 'stop               ["END"]' in out and "num_predict        6" in out
+    assert "(no system prompt)" in out and "\nbe brief\n" in out and "usage: /show info" in out
+
+
 def spawn_chat(home, *args, n: int):
     """A chat in a pseudo-terminal with a reply limit of n tokens, as a user starts it."""
     env = {**os.environ, "LOCALSPEC_HOME": str(home), "COLUMNS": "100", "LINES": "40", "TERM": "xterm"}

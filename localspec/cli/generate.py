@@ -314,7 +314,7 @@ def chat(
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
-    Slash commands: /help, /stats, /clear, /draft off|on|N, /think, /no-think, /set parameter NAME VALUE,
+    Slash commands: /help (/?), /show info|parameters|system, /stats, /clear, /draft off|on|N, /think, /no-think, /set parameter NAME VALUE,
     /set system TEXT, /set verbose, /set quiet, /save FILE, /load FILE, /exit or /bye; triple quotes open and close a message of several
     lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse both models' KV caches for the shared
     conversation prefix; at a full context the oldest turns are dropped (never the system prompt). Where a
