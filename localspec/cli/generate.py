@@ -36,11 +36,11 @@ from .options import (
     RPC_OPTIONS,
     SAMPLING_OPTIONS,
     SPECULATION_OPTIONS,
+    HideThinkingOption,
     HostOption,
     LocalOption,
     NoColorOption,
     Settings,
-    HideThinkingOption,
     SystemOption,
     VerboseOption,
     after_model,
@@ -314,11 +314,12 @@ def chat(
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
-    Slash commands: /help (/?), /show info|parameters|system, /stats, /clear, /draft off|on|N, /think, /no-think, /set parameter NAME VALUE,
-    /set system TEXT, /set verbose, /set quiet, /save FILE, /load FILE, /exit or /bye; triple quotes open and close a message of several
-    lines. Ctrl-C stops a reply, Ctrl-D leaves. Later turns reuse both models' KV caches for the shared
-    conversation prefix; at a full context the oldest turns are dropped (never the system prompt). Where a
-    `localspec serve` on this machine holds the same model, the chat goes through it (--local loads it here).
+    Slash commands: /help (/?), /show info|parameters|system, /stats, /clear, /draft off|on|N, /think,
+    /no-think, /set parameter NAME VALUE, /set system TEXT, /set verbose, /set quiet, /save FILE, /load FILE,
+    /exit or /bye; triple quotes open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves.
+    Later turns reuse both models' KV caches for the shared conversation prefix; at a full context the oldest
+    turns are dropped (never the system prompt). Where a `localspec serve` on this machine holds the same model,
+    the chat goes through it (--local loads it here).
     """
     _chat(settings, system, Showing(not no_color, verbose=verbose, thinking=not hide_thinking), "chat",
           None if local else _serving(settings, host))

@@ -214,9 +214,9 @@ class _Document(_Table):
 BUNDLED = "the bundled models.toml"
 
 
-# the texts last read (bundled, the user's) and the entries they made: parsing them takes milliseconds, and
-# serve resolves a model's name on every request
-_last: tuple[tuple[str, str | None], dict[str, "ModelEntry"]] | None = None
+# what was last read (the bundled text, the user's file and text) and the entries it made: parsing takes
+# milliseconds, and serve resolves a model's name on every request
+_last: tuple[tuple[str, Path, str | None], dict[str, "ModelEntry"]] | None = None
 
 
 def load() -> dict[str, ModelEntry]:
@@ -224,14 +224,14 @@ def load() -> dict[str, ModelEntry]:
     same name (read again on every call, parsed again only where a text changed)."""
     global _last
     user_file = user_registry_path()
-    texts = (resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8"),
-             _read(user_file) if user_file.exists() else None)
-    if _last is None or _last[0] != texts:
-        _last = (texts, _parsed(*texts, user_file))
+    read = (resources.files("localspec").joinpath("models.toml").read_text(encoding="utf-8"), user_file,
+            _read(user_file) if user_file.exists() else None)
+    if _last is None or _last[0] != read:
+        _last = (read, _parsed(*read))
     return dict(_last[1])
 
 
-def _parsed(bundled: str, user: str | None, user_file: Path) -> dict[str, ModelEntry]:
+def _parsed(bundled: str, user_file: Path, user: str | None) -> dict[str, ModelEntry]:
     documents = [(BUNDLED, _parse(bundled, BUNDLED))]
     if user is not None:
         documents.append((str(user_file), _parse(user, str(user_file))))
