@@ -78,6 +78,9 @@ def main() -> None:
         for row in run["results"]:
             if row["mode"] != "draft" or not any(d["steps"] for d in row["drafters"].values()):
                 continue
+            if row.get("trees", {}).get("steps"):  # a tree's nodes are not a chain's k drafted tokens
+                parser.error(f"{path}: its draft rows verified draft trees (--draft-branches); this model of a"
+                             " step is of chains: bench again with --draft-branches 1")
             cells = [row["prompt_set"], run["draft"], f"{row['acceptance_rate']:.0%}",
                      f"{row['mean_accepted_length']:.2f}", f"{row['speedup']:.2f}x", span(row, here, cost_here)]
             if shape:

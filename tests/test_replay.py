@@ -197,3 +197,19 @@ def test_a_bench_runs_draft_steps_are_priced_by_a_curve():
     # the draft's passes: 3 (or 4, unsure at the end) a drafting step, one where nothing was drafted
     assert predict_from_bench.predicted(row, FLAT, 0.5, 0) == pytest.approx(50 / (10 * 2.5 + 10 * 1.5))
     assert predict_from_bench.span(row, FLAT, 0.5) == f"{50 / (10 * 3 + 15):.2f}-{50 / 40:.2f}x"
+
+
+def test_a_bench_run_of_draft_trees_is_refused_by_the_chain_model(tmp_path):
+    run = {"draft": "d", "costs": {"verify_relative": {"1": 1.0, "4": 2.0}, "drafts": {"draft": {"token": 0.1}}},
+           "results": [{"mode": "draft", "prompt_set": "p", "tokens": 20, "acceptance_rate": 0.5,
+                        "mean_accepted_length": 2.0, "speedup": 1.0, "trees": {"steps": 3},
+                        "drafters": {"draft": {"steps": 5, "drafted": 15, "accepted": 8}}}]}
+    (tmp_path / "bench.json").write_text(json.dumps(run))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "predict_from_bench.py"), str(tmp_path / "bench.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "verified draft trees" in done.stderr, done.stderr
+    run["results"][0]["trees"]["steps"] = 0
+    (tmp_path / "bench.json").write_text(json.dumps(run))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "predict_from_bench.py"), str(tmp_path / "bench.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "| p | d | 50% |" in done.stdout, done.stderr
