@@ -90,7 +90,8 @@ def show(
 
 @command()
 def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
-    """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker)."""
+    """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker), and under
+    each serve the models it loaded on demand, with when each goes (as `ollama ps`)."""
     found = remote.with_loaded(running.processes())
     if as_json:
         for process in found:
