@@ -332,28 +332,6 @@ def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = N
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-
-
-def duration_seconds(value: str | float) -> float:
-    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "90s"); negative:
-    forever (math.inf). UsageError for anything else."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
-        seconds = float(value)
-    elif isinstance(value, str) and value.strip().startswith("-"):
-        seconds = -1.0
-    elif isinstance(value, str) and value.strip() and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", value.strip()):
-        seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(value.strip()))
-    else:
-        seconds = math.nan
-    if math.isnan(seconds):  # (JSON's NaN too: compared with anything it is never past, so never unloaded)
-        raise UsageError(f"a duration is seconds or a length such as 5m, 1h or 90s (negative: forever), got {value!r}")
-    return math.inf if seconds < 0 else seconds
-
-
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 

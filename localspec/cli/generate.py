@@ -20,7 +20,7 @@ from .. import compare as compare_runs
 from .. import net, paths, running, tui
 from .. import remote as remote_face
 from .. import worker as worker_face
-from ..config import DrafterKind, Lending, Serving, default_threads, duration_seconds
+from ..config import DrafterKind, Lending, Serving, default_threads
 from ..errors import InputError, UsageError
 from ..request import Request
 from ..session import Session, open_session
@@ -559,6 +559,7 @@ def serve(
     """
     from .. import server as server_face  # the web stack loads only for this command
     from ..pool import Pool
+    from ..protocols.ollama import duration_seconds
     from ..protocols.shared import REASONING_FORMATS
 
     if reasoning_format not in REASONING_FORMATS:

@@ -4,6 +4,8 @@ objects (streamed as NDJSON, one object a line), the last with its durations in 
 localspec's speculation record. One model is served: any model name is answered by it, as on /v1."""
 
 import json
+import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -12,7 +14,7 @@ from datetime import datetime, timezone
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import __version__
-from ..config import MOST_LOGPROBS, duration_seconds, overridden
+from ..config import MOST_LOGPROBS, overridden
 from ..errors import InputError, UsageError
 from ..events import Logprobs
 from ..prompts import ROLES, output_grammar
@@ -368,6 +370,28 @@ def running(models: list[tuple[str, GGUFInfo, float | None]]) -> dict:
         return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
 
     return {"models": [_entry(name, info) | {"expires_at": expiry(at), "size_vram": 0} for name, info, at in models]}
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(value: str | float) -> float:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "90s"); negative:
+    forever (math.inf). UsageError for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip().startswith("-"):
+        seconds = -1.0
+    elif isinstance(value, str) and value.strip() and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", value.strip()):
+        seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(value.strip()))
+    else:
+        seconds = math.nan
+    if math.isnan(seconds):  # (JSON's NaN too: compared with anything it is never past, so never unloaded)
+        raise UsageError(f"a duration is seconds or a length such as 5m, 1h or 90s (negative: forever), got {value!r}")
+    return math.inf if seconds < 0 else seconds
 
 
 def keep_alive(value) -> float | None:
