@@ -748,3 +748,8 @@ def test_ollamas_think_with_a_value_is_read_as_localspecs_flags():
     assert _ollama_spellings(["run", "m", "--think=True"]) == ["run", "m", "--think"]
     assert _ollama_spellings(["run", "m", "--think=high"]) == ["run", "m", "--think", "--reasoning-effort", "high"]
     assert _ollama_spellings(["run", "m", "--", "--think=false"]) == ["run", "m", "--", "--think=false"]  # text
+
+
+def test_a_think_value_ollama_does_not_have_is_one_line(cli, tiny):
+    code, _, stderr = cli("run", tiny["target"], "-p", "x", "--think=maybe")
+    assert code == 2 and "--think= takes true, false, low, medium, high (Ollama's values), got 'maybe'" in stderr

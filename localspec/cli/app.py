@@ -113,8 +113,13 @@ def _ollama_spellings(args: list[str]) -> list[str]:
     for index, arg in enumerate(args):
         if arg == "--":  # what follows is text
             return out + args[index:]
-        value = arg.removeprefix("--think=").lower() if arg.startswith("--think=") else None
-        out += THINK_VALUES.get(value, [arg])
+        if not arg.startswith("--think="):
+            out.append(arg)
+            continue
+        value = arg.removeprefix("--think=").lower()
+        if value not in THINK_VALUES:
+            raise UsageError(f"--think= takes {', '.join(THINK_VALUES)} (Ollama's values), got {value!r}")
+        out += THINK_VALUES[value]
     return out
 
 
