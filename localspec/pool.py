@@ -202,11 +202,17 @@ class Pool:
                              " try again once they are idle, or serve a smaller model")
             await self.unload(idle[0], "to make room")
 
-    async def unload_if_idle(self, name: str | None) -> None:
-        """Unload the model a request names, if it is loaded, idle and not the first (Ollama's keep_alive 0)."""
+    async def unload_when_idle(self, name: str | None) -> None:
+        """Unload the model a request names, where it is loaded and not the first (Ollama's keep_alive 0): now
+        if it is idle, else as soon as its requests end (its keep-alive 0: the reaper's), as Ollama expires a
+        busy runner."""
         served = self.loaded.get(self.find(name).path)
-        if served is not None and not served.pinned and served.idle:
+        if served is None or served.pinned:
+            return
+        if served.idle:
             await self.unload(served, "asked to")
+        else:
+            served.keep_alive = 0.0
 
     async def unload(self, served: Served, why: str) -> None:
         self.loaded.pop(_key(served.session), None)

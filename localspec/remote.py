@@ -147,8 +147,9 @@ def serving(target: str, draft: str | None) -> Remote | None:
 
 
 def stop(name: str) -> str:
-    """Unload a model that a `localspec serve` on this machine loaded on demand (Ollama's `stop`), and say so;
-    LocalspecError where it stays loaded or nothing here holds it, saying why."""
+    """Unload a model that a `localspec serve` on this machine loaded on demand (Ollama's `stop`): now, or one
+    answering a request as soon as that ends; say which. LocalspecError where it stays loaded or nothing here
+    holds it, saying why."""
     path = store.here(name)
     if path is None:
         raise UsageError(f"{name!r} is not a downloaded model (`localspec ps` lists what is loaded)")
@@ -166,8 +167,8 @@ def stop(name: str) -> str:
             continue
         serve.unload(held[0])
         if held[0] in (model["name"] for model in serve.loaded()):
-            raise LocalspecError(f"{name} is answering a request at {serve.url} (pid {record['pid']}): it stays"
-                                 " loaded; `localspec stop` it again once it is idle")
+            return (f"stopping {name}: it is answering a request at {serve.url} (pid {record['pid']}), and is"
+                    " unloaded as soon as that ends")
         return f"stopped {name}: unloaded by localspec serve at {serve.url} (pid {record['pid']})"
     holders = [record for record in records if path in (Path(file) for file in record.get("files", ()))]
     if holders:
