@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.text import Text
 
 from . import tui
-from .config import DrafterKind, Limits, Sampling, Thinking, overridden
+from .config import OVERRIDABLE, DrafterKind, Limits, Sampling, Thinking, overridden
 from .errors import LocalspecError
 from .prompts import is_message
 from .session import Session
@@ -184,9 +184,8 @@ class Chat:
                           f" {info.n_vocab:,} tokens", highlight=False, markup=False)
         elif argument == "parameters":
             sampling, limits = self.conversation.sampling, self.conversation.limits
-            shown = {name: getattr(sampling, name) for name in ("temperature", "top_k", "top_p", "min_p", "seed",
-                                                                 "repeat_penalty", "repeat_last_n",
-                                                                 "presence_penalty", "frequency_penalty")}
+            # what /set parameter sets, but a grammar's text and logprobs (no chat shows those)
+            shown = {name: getattr(sampling, name) for name in OVERRIDABLE if name not in ("grammar", "logprobs")}
             shown |= {"num_predict": limits.max_tokens, "stop": list(limits.stop)}
             console.print("\n".join(f"{name:<18} {json.dumps(value)}" for name, value in shown.items()),
                           highlight=False, markup=False)

@@ -29,7 +29,17 @@ class UnknownModel(LocalspecError):
 
 class NotKnown(UnknownModel):
     """A request names a model that is neither a registry name nor a file: OpenAI's clients, which send a
-    fixed name, are answered by the model serve started with, as llama-server answers."""
+    fixed name, are answered by the model serve started with, as llama-server answers. The models that are
+    served are listed only when the message is shown (those clients' every request raises it)."""
+
+    def __init__(self, name: str, served: Callable[[], list["Available"]]):
+        super().__init__(name)
+        self.name, self._served = name, served
+
+    def __str__(self) -> str:
+        names = ", ".join(available.name for available in self._served())
+        return (f"the model {self.name!r} is not served here: it is not in the registry (or not downloaded);"
+                f" these are: {names}")
 
 
 class NoRoom(LocalspecError):
@@ -130,9 +140,7 @@ class Pool:
                                                                              resolved)
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
-        names = ", ".join(a.name for a in self.available())
-        raise NotKnown(f"the model {name!r} is not served here: it is not in the registry (or not downloaded);"
-                       f" these are: {names}")
+        raise NotKnown(name, self.available)
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:
         """The loaded model a request names, loaded first where it is not (on a thread; requests for the
