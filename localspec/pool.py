@@ -210,17 +210,21 @@ class Pool:
                              " try again once they are idle, or serve a smaller model")
             await self.unload(idle[0], "to make room")
 
-    async def unload_when_idle(self, name: str | None) -> None:
+    async def unload_when_idle(self, name: str | None) -> bool:
         """Unload the model a request names, where it is loaded and not the first (Ollama's keep_alive 0): now
         if it is idle, else as soon as its requests end (its keep-alive 0: the reaper's), as Ollama expires a
-        busy runner."""
+        busy runner. False where it stays: the model serve started with."""
         served = self.loaded.get(self.find(name).path)
-        if served is None or served.pinned:
-            return
+        if served is None:
+            return True
+        if served.pinned:
+            self.log(f"kept {served.name} loaded: asked to unload it, but serve started with it")
+            return False
         if served.idle:
             await self.unload(served, "asked to")
         else:
             served.keep_alive = 0.0
+        return True
 
     async def unload(self, served: Served, why: str) -> None:
         self.loaded.pop(_key(served.session), None)

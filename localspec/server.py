@@ -282,8 +282,9 @@ class Server:
         body = await self._body(request)
         keep_alive = ollama.keep_alive(body.get("keep_alive"))
         if keep_alive == 0 and not body.get("prompt") and not body.get("messages"):  # Ollama's "unload it"
-            await self.pool.unload_when_idle(_named(body.get("model")))
-            return JSONResponse(ollama.Answer(chat, body.get("model") or self.pool.first.name).unloaded())
+            answer = ollama.Answer(chat, body.get("model") or self.pool.first.name)
+            goes = await self.pool.unload_when_idle(_named(body.get("model")))
+            return JSONResponse(answer.unloaded() if goes else answer.loaded())
         asked = time.perf_counter_ns()
         served = await self._model(body.get("model"), keep_alive, known_only=True)
         loaded = time.perf_counter_ns()

@@ -135,6 +135,9 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
         assert kept["expires_at"].startswith("9999")  # keep_alive -1: while serve runs
         unload = ollama.Client(host=server.base).generate("tiny-c", prompt="", keep_alive=0)
         assert unload.done_reason == "unload" and loaded(server) == ["tiny"]
+        kept = ollama.Client(host=server.base).generate("tiny", prompt="", keep_alive=0)  # the one serve started with
+        assert kept.done_reason == "load" and loaded(server) == ["tiny"], kept
+        assert "kept tiny loaded: asked to unload it, but serve started with it" in server.log()
 
         # `localspec stop`, as `ollama stop`: a model loaded on demand goes; the one serve started with stays
         ollama.Client(host=server.base).generate("tiny-c", prompt=PROMPT, keep_alive=-1, options={"num_predict": 2})
