@@ -902,10 +902,11 @@ def device_name(accelerator: str) -> str:
 
 
 def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: Path, out: Path | None,
-            fresh: bool) -> Path:
+            fresh: bool, only: list[str] | None = None) -> Path:
     """Every stage for every target of the size, most valuable first, each written into out/report.json
     (and report.md) as soon as it is measured; stages an earlier run of the same size on this device
-    measured are kept, so a rerun goes on where the last one stopped."""
+    measured are kept, so a rerun goes on where the last one stopped. only: these stages alone, measured
+    again whatever out holds."""
     os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="accelerator-report-")  # no costs kept, none used
     device = device_name(accelerator)
     out = out or ROOT / "build" / "accelerator-report" / accelerator / "report"
@@ -922,11 +923,13 @@ def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: P
     say(f"measuring on {device}")
     began = time.monotonic()
     for stage, (title, run_stage) in STAGES.items():
+        if only and stage not in only:
+            continue
         for pair in pairs:
             name = pair.target_shape.name
             section = report["targets"].setdefault(name, {
                 "target": asdict(pair.target_shape), "draft": asdict(pair.draft_shape), "stages": {}})
-            if stage in section["stages"]:
+            if stage in section["stages"] and not only:
                 say(f"{title}, {name}: measured before (--fresh measures it again)")
                 continue
             started = time.monotonic()

@@ -221,6 +221,18 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     assert rerun["verify"] == target["verify"] and rerun["floor"] == target["floor"]  # kept, not measured again
     assert rerun["parallel"] != target["parallel"]  # measured again
 
+    # --stages: those alone, again, the others kept as they were
+    chosen = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build, "--stages", "parallel")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "measured before" not in chosen.stderr and "(d) 4 sequences at once, smallest-target: " in chosen.stderr
+    assert all(f"{title}, " not in chosen.stderr for stage, (title, _) in measure.STAGES.items() if stage != "parallel")
+    again_chosen = json.loads((out / "report.json").read_text())["targets"]["smallest-target"]
+    assert again_chosen["parallel"] != rerun["parallel"] and again_chosen["shapes"] == rerun["shapes"]
+    assert list(again_chosen["stages"]) == list(measure.STAGES)
+    unknown = run_report("--cpu", "--stages", "plain,ceiling")
+    assert unknown.returncode == 2 and "--stages: no stage ceiling (the stages: plain, bounds," in unknown.stderr
+    assert report.STAGE_NAMES == tuple(measure.STAGES)  # the script's list, read before anything is installed
+
 
 def _packed_build(folder: Path, architectures: list[str], library: bytes) -> None:
     """A folder as --pack --cuda leaves it, holding one file for libggml-cuda.so."""
