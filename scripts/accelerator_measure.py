@@ -956,8 +956,8 @@ PROFILED_TOKENS = 512
 
 def profile_plain(size, models: Path, out: Path) -> Path:
     """Plain decoding of the first target, timed with sampling on the backend and on the host, then once
-    under cProfile: where the host time of a plain token goes (the functions by their own time), written
-    to out/profile.txt."""
+    under cProfile: where the host time of a plain token goes (the functions by their own time); then
+    auto's in the floor (profile_floor); written to out/profile.txt."""
     pair = Pair(0, size.pairs[0], size, models)
     lines = [f"# Plain decoding of {pair.target_shape.name}, {PROFILED_TOKENS} tokens", ""]
     for on_backend in (True, False):
@@ -976,10 +976,38 @@ def profile_plain(size, models: Path, out: Path) -> Path:
     pstats.Stats(profiler, stream=shown).sort_stats("tottime").print_stats(30)
     lines += ["", f"under cProfile (sampling on the backend): {profiled.summary().tokens_per_second:.1f} tokens/s", "",
               shown.getvalue()]
+    lines += profile_floor(pair)
     path = out / "profile.txt"
     path.write_text("\n".join(lines))
     say(f"wrote {path}")
     return path
+
+
+def profile_floor(pair: Pair) -> list[str]:
+    """Auto beside a draft model that is never right (the floor), each prompt from nothing remembered:
+    each mode's host time a step, then auto under cProfile (by own and by cumulative time): where auto's
+    host work beyond plain's goes."""
+    lines = ["", f"# Auto where the draft model is never right (the floor), {pair.target_shape.name},"
+                 f" {len(pair.prompts)} prompts of {PROFILED_TOKENS} tokens", ""]
+    with pair.session() as session:
+        hosts = {DrafterKind.PLAIN: HostTime(), DrafterKind.AUTO: HostTime()}
+        for prompt in pair.prompts:
+            for mode, host in hosts.items():
+                session.forget()
+                with_mode(session, mode, prompt, PROFILED_TOKENS, host)
+        lines += [f"{mode}: host us a step {host.seconds / host.steps * 1e6:.0f} over {host.steps} steps"
+                  for mode, host in hosts.items()]
+        profiler, steps = cProfile.Profile(), 0
+        for prompt in pair.prompts:
+            session.forget()
+            profiler.enable()
+            steps += with_mode(session, DrafterKind.AUTO, prompt, PROFILED_TOKENS)[0].summary().steps
+            profiler.disable()
+    for order in ("tottime", "cumulative"):
+        shown = io.StringIO()
+        pstats.Stats(profiler, stream=shown).sort_stats(order).print_stats(35)
+        lines += ["", f"auto under cProfile, {steps} steps, by {order}:", "", shown.getvalue()]
+    return lines
 
 
 def _commit() -> str:

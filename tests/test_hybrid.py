@@ -13,6 +13,7 @@ import pytest
 from localspec.store import compat, gguf_meta
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import backend
+from localspec.engine.devices import supports_gpu_offload
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.speculative import generate
 from localspec.errors import UsageError
@@ -21,9 +22,10 @@ from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
 
-from tinymodels import TinySpec, write_tiny_model
+from tinymodels import TinySpec, row_tolerance, write_tiny_model
 
 GREEDY = Sampling(temperature=0)
+ROWS = row_tolerance(1e-4)  # a rolled-back state's row against a fresh decode's
 
 
 def next_logits(context, tokens: list[int]) -> np.ndarray:
@@ -31,6 +33,18 @@ def next_logits(context, tokens: list[int]) -> np.ndarray:
     context.truncate(0)
     context.decode(tokens, logits="last")
     return context.logits(-1).copy()
+
+
+def parts_at_a_near_tie(reference, prompt: list[int], plain: list[int], drafted: list[int]) -> bool:
+    """Where greedy speculation parted from plain decoding on a GPU: whether plain's row there (decoded from
+    an empty cache) holds the two tokens within the GPU's row tolerance of each other,
+    so that the same row computed in a verification's batch may prefer the other (an H200 parted so at token
+    157 of 200, 0.00067 logits apart, 2026-11-27). On a CPU never: there the texts must be the same."""
+    if not supports_gpu_offload():
+        return False
+    at = next(k for k, (a, b) in enumerate(zip(plain + [None], drafted + [None])) if a != b)
+    row = next_logits(reference, prompt + plain[:at])
+    return None not in (plain[at:at + 1] + drafted[at:at + 1]) and abs(row[plain[at]] - row[drafted[at]]) < ROWS
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +68,7 @@ def test_every_rollback_leaves_the_state_a_fresh_decode_would(load, hybrid, prom
     hybrid.decode(draft, logits="all")
     hybrid.truncate(len(prompt) + 3)
     hybrid.decode([follow], logits="last")
-    assert np.abs(hybrid.logits(-1) - next_logits(reference, prompt + draft[:3] + [follow])).max() < 1e-4
+    assert np.abs(hybrid.logits(-1) - next_logits(reference, prompt + draft[:3] + [follow])).max() < ROWS
     # the last decode was one token: no snapshot reaches before it, so going back is refused, nothing changed
     kept = prompt + draft[:3] + [follow]
     with pytest.raises(backend.EngineError, match="recurrent state"):
@@ -67,14 +81,14 @@ def test_every_rollback_leaves_the_state_a_fresh_decode_would(load, hybrid, prom
     hybrid.truncate(len(kept) + 2)
     hybrid.decode([follow], logits="last")
     kept += draft[:2] + [follow]
-    assert np.abs(hybrid.logits(-1) - next_logits(reference, kept)).max() < 1e-4
+    assert np.abs(hybrid.logits(-1) - next_logits(reference, kept)).max() < ROWS
     hybrid.check_holds(kept)
     # before the checkpoint, with no snapshot to reach back: a new prompt is read from scratch, never
     # from a wrong state
     hybrid.decode(draft, logits="all")
     shorter = prompt[:4] + draft
     assert hybrid.prefill(shorter, logits="last") == 0
-    assert np.abs(hybrid.logits(-1) - next_logits(reference, shorter)).max() < 1e-4
+    assert np.abs(hybrid.logits(-1) - next_logits(reference, shorter)).max() < ROWS
 
 
 @pytest.mark.parametrize("draft_name", ["hybrid_partial", "partial", "ngram"])  # partial: a llama model
@@ -89,7 +103,8 @@ def test_greedy_speculation_on_a_hybrid_target_matches_plain_decoding(load, hybr
         tokens = prompt
     plain = [e.id for e in generate(hybrid, NoDrafter(), tokens, GREEDY, speculation, limits) if isinstance(e, Token)]
     events = list(generate(hybrid, drafter, tokens, GREEDY, speculation, limits))
-    assert [e.id for e in events if isinstance(e, Token)] == plain
+    drafted = [e.id for e in events if isinstance(e, Token)]
+    assert drafted == plain or parts_at_a_near_tie(load("hybrid", n_ctx=512), tokens, plain, drafted)
     summary = record(events).summary()
     assert any(s.accepted < s.drafted for s in events if isinstance(s, Step))  # rejected drafts were rolled back
     # a llama draft has other weights than the LFM2 target: it proposes the same vocabulary, but badly
