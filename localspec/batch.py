@@ -219,8 +219,10 @@ FIELD_KINDS = {
 }
 
 
-def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool, thinking: Thinking) -> Request:
-    """What an item asks for: its conversation, or its prompt (wrapped in the chat template unless raw)."""
+def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool, thinking: Thinking,
+             conversation: Callable[[list[dict]], list[dict]]) -> Request:
+    """What an item asks for: its conversation, or its prompt (wrapped in the chat template unless raw),
+    each conversation as the model named asks (conversation: a made model's SYSTEM and MESSAGEs)."""
     if item.error:
         raise LocalspecError(item.error)
     item_sampling, item_limits = settings(item, sampling, limits)
@@ -228,6 +230,7 @@ def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, r
         raise InputError("the prompt is empty")
     messages = item.messages or (None if raw else [{"role": "user", "content": item.prompt}])
     prompt = session.prompts.tokenize(item.prompt, raw=True) if messages is None else None
+    messages = conversation(messages) if messages is not None else None
     return Request(item_sampling, item_limits, messages=messages, prompt=prompt, prediction=item.prediction,
                    thinking=thinking)
 
@@ -241,11 +244,11 @@ def _record(item: Item, outcome: Recorder, predicted: int | None, thinks: bool) 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,
         progress: Callable[[dict], None], durable: bool, running: dict | None = None,
-        thinking: Thinking = Thinking()) -> list[dict]:
+        thinking: Thinking = Thinking(), conversation: Callable[[list[dict]], list[dict]] = list) -> list[dict]:
     """Generate the items, as many at once as the session has sequences (--parallel), a record written as
     each finishes; errors become an item's record instead of stopping the batch. durable: out is a file
     on disk, fsynced after every record so a crash cannot lose it. running: the items being generated,
-    by sequence (for record_stop)."""
+    by sequence (for record_stop). conversation: each conversation as the model named asks for it."""
     records, waiting, scheduler = [], iter(items), Scheduler(session)
     running = {} if running is None else running
 
@@ -257,7 +260,7 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     while True:
         while not scheduler.full and (item := next(waiting, None)) is not None:
             try:
-                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking))
+                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking, conversation))
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue

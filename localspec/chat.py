@@ -9,7 +9,7 @@ import atexit
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -58,11 +58,13 @@ class Chat:
     """The terminal's chat: a Conversation and the slash commands that steer it."""
 
     def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
-                 thinking: Thinking = Thinking(), verbose: bool = False, shows_thinking: bool = True):
+                 thinking: Thinking = Thinking(), verbose: bool = False, shows_thinking: bool = True,
+                 opening: Sequence[dict] = ()):
         """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose); shows_thinking:
-        whether a reasoning model's thinking is shown (Ollama's --hidethinking: not)."""
+        whether a reasoning model's thinking is shown (Ollama's --hidethinking: not); opening: turns
+        before the first (a made model's MESSAGEs)."""
         self.session = session
-        self.conversation = session.chat(system, sampling, limits, thinking)
+        self.conversation = session.chat(system, sampling, limits, thinking, opening)
         self.verbose, self.shows_thinking = verbose, shows_thinking
 
     @property

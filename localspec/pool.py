@@ -103,7 +103,8 @@ class Pool:
         self._headers: dict[Path, GGUFInfo] = {}
 
     def available(self) -> list[Available]:
-        """What can be served: the first model, then every downloaded registry model (and Hub file)."""
+        """What can be served: the first model, then every downloaded registry model (and Hub file), then
+        the models made with `create` from any of these or from a file."""
         out = [self._served_first()]
         for entry in store.known().values():
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
@@ -111,6 +112,11 @@ class Pool:
             path = store.installed(entry)
             if path is not None and path.resolve() != out[0].path:
                 out.append(Available(entry.command_name, path.resolve(), entry))
+        for made in store.every_made():
+            try:
+                out.append(replace(self.find(made.name), name=made.name))
+            except (NotKnown, UnknownModel):  # (what it is made from is not here)
+                continue
         return out
 
     def _served_first(self) -> Available:
@@ -125,6 +131,12 @@ class Pool:
         """The model a request names: the first one where it names none; UnknownModel else."""
         if not name or name == self.first.name:  # (every request that names no model: no walk of the registry)
             return self._served_first()
+        made = store.made(name)
+        if made is not None and Path(made.base).is_absolute():  # made with `create` from a file: served as the
+            path = Path(made.base).resolve()                   # user who made it asked
+            if not path.is_file():
+                raise UnknownModel(f"{made.name} is made from {made.base}, which is no longer there")
+            return self._served_first() if path == self._served_first().path else Available(made.name, path, None)
         try:
             resolved = store.find(name)
         except UsageError:

@@ -6,7 +6,7 @@ holds the same files) or named by --host."""
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -73,8 +73,8 @@ class Remote:
         return self._info["draft_limit"] if self.draft_max is None else self.draft_max
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None, limits: Limits | None = None,
-             thinking: Thinking = Thinking()) -> Conversation:
-        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking)
+             thinking: Thinking = Thinking(), opening: Sequence[dict] = ()) -> Conversation:
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking, opening)
 
     def count_tokens(self, request: Request) -> int:
         return json.loads(b"".join(self._asked(TOKENS_PATH, to_wire(request))))["tokens"]

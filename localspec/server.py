@@ -46,7 +46,7 @@ from .protocols.responses import Responses
 from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, tool_call_error,
                                tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
-from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError
+from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
 from .events import Done, Token
 from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
 from .service import FINISHED, Embedding, Job
@@ -239,8 +239,9 @@ class Server:
 
     async def ollama_show(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
-        info = self.pool.header(self.pool.find(_named(body.get("model") or body.get("name"))).path)
-        return JSONResponse(ollama.show(info, info.chat_template))
+        name = _named(body.get("model") or body.get("name"))
+        info = self.pool.header(self.pool.find(name).path)
+        return JSONResponse(ollama.show(info, info.chat_template, store.made(name)))
 
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
@@ -388,10 +389,14 @@ class Server:
         return await asyncio.to_thread(self._parse_now, body, chat, protocol, served)
 
     def _parse_now(self, body: dict, chat: bool, protocol: Protocol, served: Served) -> Parsed | None:
+        made = store.made(body.get("model")) if isinstance(body.get("model"), str) else None
         try:
             if chat and isinstance(body.get("messages"), list):
                 served.session.prompts.refuse_what_cannot_fit(0, len(body["messages"]))
-            parsed = protocol.parse(body, chat, self.defaults)
+            parsed = protocol.parse(body, chat, _as_made(self.defaults, made))
+            if parsed is not None and made is not None and parsed.request.messages is not None:
+                parsed = replace(parsed, request=replace(parsed.request,
+                                                         messages=made.conversation(parsed.request.messages)))
             if parsed is not None:
                 served.session.prompts.refuse_what_cannot_fit(parsed.request.characters,
                                                               len(parsed.request.messages or ()))
@@ -882,6 +887,17 @@ def _makes_the_response(item, stream: bool) -> bool:
         return True
     return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought
                                                                                     or item.logprobs))
+
+
+def _as_made(defaults: Defaults, made: store.Preset | None) -> Defaults:
+    """What a request for a model made with `create` leaves out gets: its parameters over serve's settings."""
+    if made is None:
+        return defaults
+    try:
+        sampling, limits = made.settings(defaults.sampling, defaults.limits)
+    except UsageError as error:
+        raise ApiError(500, f"{made.name}'s Modelfile: {error}") from None
+    return replace(defaults, sampling=sampling, limits=limits)
 
 
 def _named(name):

@@ -5,7 +5,7 @@ many generations on them; the caller iterates events and never touches the engin
 """
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -312,9 +312,11 @@ class Session:
         return Reply.of(record(self.stream(prompt, raw, **options)))
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None,
-             limits: Limits | None = None, thinking: Thinking | None = None) -> "Conversation":
-        """A conversation with history on this session."""
-        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking or Thinking())
+             limits: Limits | None = None, thinking: Thinking | None = None,
+             opening: Sequence[dict] = ()) -> "Conversation":
+        """A conversation with history on this session (opening: turns before the first, after the system
+        prompt: a made model's MESSAGEs)."""
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking or Thinking(), opening)
 
     @property
     def info(self) -> Info:
@@ -375,16 +377,17 @@ class Conversation:
     write back or drop as it does; thinking: how it thinks (chat's /think and /no-think change it)."""
 
     def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits,
-                 thinking: Thinking = Thinking()):
+                 thinking: Thinking = Thinking(), opening: Sequence[dict] = ()):
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
-        self.thinking = thinking
+        self.thinking, self.opening = thinking, list(opening)
         self.recorder = self.turn = Recorder()
         self.dropped = 0  # the oldest turns the latest message dropped to fit the context
         self.clear()
 
     def clear(self) -> None:
-        """Forget the conversation; the system prompt stays."""
-        self.messages: list[dict] = [{"role": "system", "content": self.system}] if self.system else []
+        """Forget the conversation; the system prompt and the opening turns stay."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        self.messages: list[dict] = system + [dict(message) for message in self.opening]
 
     def stream(self, text: str, **options) -> Iterator[Event]:
         """The reply's events (options as Session.stream's). The reply joins the conversation as far as it

@@ -168,7 +168,7 @@ def drafts_text(row: dict) -> str:
 def models_table(rows: list[dict], console: Console = out) -> None:
     """Every name whole, at any width and in a pipe: the less useful columns are left out (and named
     below the table) rather than any name cut short."""
-    cells = [{"name": shown(row["name"]), "aliases": shown(", ".join(row["aliases"])), "family": shown(row["family"]),
+    cells = [{"name": shown(row["name"]), "aliases": shown(", ".join(row["aliases"]) or (f"made from {row['made_from']}" if row.get("made_from") else "")), "family": shown(row["family"]),
               "params": shown(row["params"]), "size": size_text(row["size"]) + (UNVERIFIED if row.get("unverified") else ""),
               "installed": "[green]yes[/]" if row["installed"] else "no", "draft": shown(drafts_text(row)),
               "layers": layers_text(row), "license": shown(row["license"])} for row in rows]
@@ -197,10 +197,17 @@ def models_table(rows: list[dict], console: Console = out) -> None:
 def model_card(card, console: Console = out) -> None:
     """`localspec show`: what Ollama's show prints, and what the model means for speculation."""
     info = card.info
+    made = info.get("made", {})
     known = info["architecture"] is not None  # the file is on disk
     lines = [
         ("name", info["name"]),
-        ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] != info["name"] else None),
+        ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] not in (info["name"], None)
+         else None),
+        ("made from", made.get("from")),  # (a model made with `create`)
+        ("system", made.get("system")),
+        ("parameters set", ", ".join(f"{key} {value}" for key, value in made.get("parameters", ())) or None),
+        ("opens with", f"{len(made['messages'])} message{'s' if len(made['messages']) != 1 else ''}"
+         if made.get("messages") else None),
         ("architecture", info["architecture"]),
         ("parameters", card.parameters),
         ("context length", f"{info['context_length']:,}" if info["context_length"] else None),

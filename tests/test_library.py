@@ -121,6 +121,16 @@ def test_a_conversation_keeps_its_history_and_a_reply_cut_short(session):
     assert chat.messages == [{"role": "system", "content": "be brief"}]
 
 
+def test_a_conversation_may_open_with_turns_of_its_own_which_clear_keeps(session):
+    opening = [{"role": "user", "content": "Is Toronto in Canada?"}, {"role": "assistant", "content": "yes"}]
+    chat = session.chat(system="be brief", opening=opening)  # (a made model's MESSAGEs)
+    chat.send("the cat", temperature=0, max_tokens=3)
+    assert chat.messages[:3] == [{"role": "system", "content": "be brief"}, *opening]
+    assert [m["role"] for m in chat.messages[3:]] == ["user", "assistant"]
+    chat.clear()
+    assert chat.messages == [{"role": "system", "content": "be brief"}, *opening]
+
+
 def test_a_turn_that_fails_before_an_answer_leaves_the_conversation_as_it_was(session):
     chat = session.chat()
     with pytest.raises(UsageError):

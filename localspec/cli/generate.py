@@ -178,7 +178,7 @@ def run(
         _run_remote(remote, settings, system, text, raw, predicted_text, showing)
         return
     with _open(settings, "run") as session:
-        messages = None if raw else _messages(system, text)
+        messages = None if raw else _messages(settings, system, text)
         prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
         request = Request(settings.sampling, settings.limits, messages=messages,
                           prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
@@ -224,8 +224,11 @@ def _say_timings(recorder, started: float, load_seconds: float | None, auto: boo
     print(tui.ollama_timings(recorder.summary(), total, load_seconds, auto), file=sys.stderr)
 
 
-def _messages(system: str | None, text: str) -> list[dict]:
-    return [*([{"role": "system", "content": system}] if system is not None else []), {"role": "user", "content": text}]
+def _messages(settings: Settings, system: str | None, text: str) -> list[dict]:
+    """The prompt as a conversation: --system's, else as the model named asks (a made model's SYSTEM and
+    MESSAGEs)."""
+    return settings.conversation([*([{"role": "system", "content": system}] if system is not None else []),
+                                  {"role": "user", "content": text}])
 
 
 def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
@@ -260,7 +263,7 @@ class Showing:
 
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
                 predicted: str | None, showing: Showing) -> None:
-    request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(system, text),
+    request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(settings, system, text),
                       prompt=text if raw else None,
                       prediction=predicted, thinking=settings.thinking)
     if not showing.quiet and not showing.as_json:
@@ -336,8 +339,11 @@ def _chat(settings: Settings, system: str | None, showing: Showing, command: str
             session = remote
         else:
             session = held.enter_context(_open(settings, command))
-        conversation = chat_loop.Chat(session, settings.sampling, settings.limits, system, settings.thinking,
-                                      showing.verbose, showing.thinking)
+        made = settings.made
+        conversation = chat_loop.Chat(session, settings.sampling, settings.limits,
+                                      made.system if system is None and made else system, settings.thinking,
+                                      showing.verbose, showing.thinking,
+                                      [{"role": role, "content": text} for role, text in made.messages] if made else ())
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=showing.color, history_file=paths.state_dir() / "chat_history")
 
@@ -396,7 +402,7 @@ def batch(
             with tui.BatchProgress(len(todo)) as progress:
                 try:
                     records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
-                                               progress, durable, running, settings.thinking)
+                                               progress, durable, running, settings.thinking, settings.conversation)
                 except KeyboardInterrupt:
                     # what the file holds: Ctrl-C may come between a record's writing and its counting
                     interrupted = (len(batch_runner.done_ids(out) & {str(item.id) for item in todo}) if durable

@@ -1,8 +1,9 @@
-"""The commands about models and this machine: pull, models, show, ps, stop, rm, check, doctor, version."""
+"""The commands about models and this machine: pull, models, show, create, ps, stop, rm, check, doctor, version."""
 
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -70,22 +71,73 @@ command(name="list", hidden=True)(list_installed)  # Ollama's names
 command(name="ls", hidden=True)(list_installed)
 
 
-@command(epilog="Examples:\n\n  localspec show qwen2.5-coder-1.5b\n\n  localspec show ./model.gguf --json")
+@command(epilog="Examples:\n\n  localspec show qwen2.5-coder-1.5b\n\n  localspec show ./model.gguf --json\n\n"
+         "  localspec show terse --modelfile")
 def show(
-    name: Annotated[str, typer.Argument(help="A registry name, a GGUF file or hf:owner/repo/file.gguf.",
-                                        show_default=False)],
+    name: Annotated[str, typer.Argument(help="A registry name, a model made with create, a GGUF file or"
+                                        " hf:owner/repo/file.gguf.", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_modelfile: Annotated[bool, typer.Option("--modelfile", help="Print its Modelfile (Ollama's).")] = False,
+    parameters: Annotated[bool, typer.Option("--parameters", help="Print its PARAMETERs (Ollama's).")] = False,
+    system: Annotated[bool, typer.Option("--system", help="Print its SYSTEM prompt (Ollama's).")] = False,
+    license: Annotated[bool, typer.Option("--license", help="Print its licence (Ollama's).")] = False,
 ):
     """Show a model: architecture, parameters, context length, quantization, file, chat template, and what
-    can draft for it (draft models, MTP layers, a recurrent state).
+    can draft for it (draft models, MTP layers, a recurrent state); for a model made with `create`, what it
+    is made from and its settings too.
 
     Reads only what is on disk: a registry model that is not downloaded shows what the registry knows.
     """
+    made = store.made(name)
+    if sum((as_json, as_modelfile, parameters, system, license)) > 1:
+        raise UsageError("--json, --modelfile, --parameters, --system and --license each print one thing: give one")
+    if as_modelfile:
+        print(made.modelfile() if made else f"FROM {name}\n", end="")
+        return
+    if parameters or system:  # (a model not made with create has neither: the file's template decides)
+        lines = ([f"{key} {value}" for key, value in made.parameters] if parameters else [made.system or ""]) if made else []
+        if any(lines):
+            print("\n".join(lines))
+        return
     card = catalog.model_card(name)
+    if license:
+        print(made.license if made and made.license is not None else card.info["license"])
+        return
+    if made:
+        card = dataclasses.replace(card, info=card.info | {"name": made.name, "ollama_name": None, "made": {
+            "from": made.base, "system": made.system, "parameters": [list(p) for p in made.parameters],
+            "messages": [{"role": role, "content": text} for role, text in made.messages]}})
     if as_json:
         print(json.dumps(card.info))
     else:
         tui.model_card(card)
+
+
+@command(epilog="Example, a Modelfile:\n\n  FROM qwen2.5-coder-1.5b\n\n  PARAMETER temperature 0.2\n\n"
+         "  PARAMETER num_ctx 8192\n\n  SYSTEM You answer in one short paragraph.\n\n"
+         "then: localspec create terse -f Modelfile; localspec run terse")
+def create(
+    name: Annotated[str, typer.Argument(help="The name to run it by.", show_default=False)],
+    file: Annotated[Path, typer.Option("--file", "-f", help="The Modelfile (Ollama's).")] = Path("Modelfile"),
+):
+    """Make a model of your own from a Modelfile, as `ollama create` does: the model it is FROM (a registry
+    name, a GGUF file, or another model made so) with a SYSTEM prompt, PARAMETER defaults (temperature, top_k,
+    top_p, min_p, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, num_predict, stop,
+    num_ctx) and MESSAGEs that open every conversation.
+
+    run, chat and serve then take its name: they load the model it is made from (nothing is copied) and ask
+    as it says, what a command line or request sets over its parameters. `rm NAME` removes it again.
+    """
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"no Modelfile at {file}: write one (FROM, PARAMETER, SYSTEM, MESSAGE) or name it with -f")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read {file}: {error}") from None
+    made, notes = store.create(name, text, file)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"created {made.name} from {made.base}: `localspec run {made.name}`")
 
 
 @command()
@@ -110,7 +162,12 @@ def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` 
 
 @command(name="rm")
 def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
-    """Delete a downloaded model (partial downloads too)."""
+    """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
+    from)."""
+    if made := store.made(name):
+        store.forget(made.name)
+        print(f"removed {made.name} (made from {made.base}, which stays)")
+        return
     entry = store.find(name)
     if not isinstance(entry, store.ModelEntry):
         raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")

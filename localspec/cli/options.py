@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..store import hardware
+from .. import store
+from ..store import Preset, hardware
 from ..config import (
     AUTO_PARALLEL,
     DEFAULT_BRANCHES,
@@ -241,17 +242,29 @@ class Settings:
     runtime: Runtime
     limits: Limits
     thinking: Thinking = Thinking()
+    made: Preset | None = None  # the model made with `create` that the command named (target: its base)
 
     def __post_init__(self):
         check_draft_fits(self.speculation, self.runtime)
 
+    def conversation(self, messages: list[dict]) -> list[dict]:
+        """A conversation as the model named asks for it (a made one's SYSTEM and MESSAGEs)."""
+        return self.made.conversation(messages) if self.made else messages
 
-def build_settings(**values) -> Settings:
-    """Settings from the shared options' values by name; an option a command lacks takes its default."""
+
+def build_settings(context: typer.Context | None = None, **values) -> Settings:
+    """Settings from the shared options' values by name; an option a command lacks takes its default.
+    context: the command line's, which says which values it gave (a made model's parameters stand for
+    the others)."""
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
     if o.target is not None and o.model is not None:
         raise UsageError("TARGET and --model/-m name two targets; give one")
+    made = store.made(o.target or o.model)
+    if made:  # its parameters stand where the command line gives none
+        o = SimpleNamespace(**(vars(o) | {name: value for name, value in _options_of(made).items()
+                                          if name not in _given(values, context)}))
+        o.target, o.model = made.base, None
     _refuse_what_localspec_lacks(o)
     if o.no_draft and o.draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
@@ -281,7 +294,30 @@ def build_settings(**values) -> Settings:
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel)),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
+        made=made,
     )
+
+
+# a Modelfile's PARAMETERs as the options that say the same (Ollama's name: llama.cpp's)
+MADE_OPTIONS = {"temperature": "temp", "num_predict": "max_tokens", "num_ctx": "ctx_size"}
+
+
+def _options_of(made: Preset) -> dict:
+    options = {MADE_OPTIONS.get(name, name): value for name, value in made.parameters if name != "stop"}
+    if "max_tokens" in options and options["max_tokens"] < 0:
+        options["max_tokens"] = -1  # (until the model stops)
+    stops = [value for name, value in made.parameters if name == "stop"]
+    return options | ({"stop": stops} if stops else {})
+
+
+def _given(values: dict, context: typer.Context | None) -> set[str]:
+    """The options the command line set (where no command line parsed them: every value given)."""
+    if context is None:
+        return set(values)
+    return {name for name in values if getattr(context.get_parameter_source(name), "name", None) in GIVEN}
+
+
+GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")  # click's ParameterSource: not a default
 
 
 FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values, as Runtime.flash_attn
@@ -322,15 +358,17 @@ def with_options(*groups: dict, before=None, **defaults):
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command).parameters.values()
                if p.name != "settings"]
         names = {p.name for p in shared}
+        # (typer hands the command line's context to a parameter of this type)
+        context = inspect.Parameter("command_line", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
 
         @functools.wraps(command)
-        def with_settings(**values):
+        def with_settings(command_line: typer.Context, **values):
             if before:
                 before(values)
-            settings = build_settings(**{name: values.pop(name) for name in names})
+            settings = build_settings(command_line, **{name: values.pop(name) for name in names})
             return command(settings=settings, **values)
 
-        with_settings.__signature__ = inspect.Signature([*shared, *own])
+        with_settings.__signature__ = inspect.Signature([context, *shared, *own])
         return with_settings
 
     return decorate

@@ -22,18 +22,12 @@ from ..reasoning import NONE, family
 from ..request import Request
 from ..service import Job
 from ..store import GGUFInfo
+from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools, tool_format
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
                      effort, speculation, speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
-
-# options that change the output, with the values that leave it as localspec makes it: others are refused
-NEUTRAL_OPTIONS = {"mirostat": (0,), "tfs_z": (1, 1.0), "typical_p": (1, 1.0), "penalize_newline": (False, True)}
-# taken and ignored: options that set up the model, fixed when serve starts (its command line says them),
-# mirostat's two, which nothing reads while it is off, as above
-TAKEN_AND_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                     "low_vram", "f16_kv", "vocab_only", "num_keep", "mirostat_tau", "mirostat_eta"}
 
 
 class _Body(BaseModel):
@@ -404,7 +398,9 @@ def keep_alive(value) -> float | None:
         raise ApiError(400, f"keep_alive: {error}", param="keep_alive") from None
 
 
-def show(info: GGUFInfo, template: str | None) -> dict:
+def show(info: GGUFInfo, template: str | None, made: Preset | None = None) -> dict:
+    """/api/show: a model's details, capabilities and chat template; for one made with `create`, its
+    Modelfile, parameters (one a line, as Ollama writes them) and system prompt too."""
     model_info = {key: value for key, value in info.metadata.items()
                   if isinstance(value, (str, int, float, bool)) and not key.startswith("tokenizer.chat_template")}
     try:
@@ -416,8 +412,10 @@ def show(info: GGUFInfo, template: str | None) -> dict:
         capabilities.append("thinking")  # (clients offer `think` to models that list it)
     if not info.generates:
         capabilities = ["embedding"]
+    made_parts = {"modelfile": made.modelfile(), "system": made.system or "", "license": made.license or "",
+                  "parameters": "\n".join(f"{name} {value}" for name, value in made.parameters)} if made else {}
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
-            "model_info": model_info, "capabilities": capabilities}
+            "model_info": model_info, "capabilities": capabilities} | made_parts
 
 
 def version() -> dict:

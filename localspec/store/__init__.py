@@ -4,24 +4,31 @@ pair (compat.py), fitted to the machine's memory and devices (hardware.py, place
 (catalog.py: `models`, `show`, `doctor`), and the auto policy's costs measured on this machine
 (calibration.py).
 
-Its face, what the rest of localspec asks of it: find(name) what a name means; here(name) its file where
-it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
+Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
+`create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
+every_made() all of them, create(name, Modelfile) one made, forget(name) one removed; here(name) its file
+where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
 downloaded; fetch(resolved) its file, downloaded first
 where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
 fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what
 a model takes of them.
 """
 
+import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compat, download, gguf_meta, hardware, registry
+from ..config import Limits, Sampling
+from ..errors import UsageError
+from . import compat, download, gguf_meta, hardware, modelfile, registry
+from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "RepoQuant", "Resolved", "estimate_bytes", "fetch", "find", "header",
-           "here", "installed", "known", "machine", "pair"]
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "create", "estimate_bytes",
+           "every_made", "fetch", "find", "forget", "header", "here", "installed", "known", "machine", "made", "pair"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -37,6 +44,45 @@ def here(name: str, draft: str | None = None) -> Path | None:
     resolved = find(name) if draft is None else registry.resolve_draft(draft, find(name))
     path = installed(resolved) if isinstance(resolved, ModelEntry) else resolved if isinstance(resolved, Path) else None
     return path.resolve() if path is not None and path.is_file() else None
+
+
+def made(name: str | None) -> Preset | None:
+    """The model of one's own a name means, where `create` made one so named."""
+    return modelfile.find(name)
+
+
+def every_made() -> list[Preset]:
+    """Every model made with `create`, by name."""
+    return modelfile.every()
+
+
+def create(name: str, text: str, where: Path | None = None) -> tuple[Preset, list[str]]:
+    """A model of one's own made from a Modelfile's text and kept under name (replacing one so named), as
+    `ollama create` makes one; and what of the Modelfile was left alone. FROM is resolved now: a GGUF file
+    (beside the Modelfile where its path is relative) becomes its absolute path, another made model the
+    model it was made from, its settings under the new ones; a registry or Hub name must be one."""
+    modelfile.checked_name(name)
+    models = registry.load()
+    if name.lower().removesuffix(":latest") in registry.names(models):
+        raise UsageError(f"{name} is a model the registry names: give yours a name of its own")
+    notes: list[str] = []
+    preset = modelfile.parse(text, name, where, notes)
+    preset.settings(Sampling(), Limits())  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
+    if layered := modelfile.find(preset.base):
+        preset = layered.under(preset)
+    else:
+        beside = ((where.parent if where else Path.cwd()) / Path(preset.base).expanduser())
+        if beside.is_file():
+            preset = dataclasses.replace(preset, base=os.path.abspath(beside))  # (a link kept as the user made it)
+        elif isinstance(registry.resolve(preset.base, models), Path):  # (a name no model has is refused there)
+            raise UsageError(f"FROM {preset.base}: no such file" + (f" beside {where}" if where else ""))
+    modelfile.keep(preset)
+    return preset, notes
+
+
+def forget(name: str) -> bool:
+    """Remove a model made with `create` (the model it is made from stays); False where none is so named."""
+    return modelfile.forget(name)
 
 
 def known() -> dict[str, ModelEntry]:

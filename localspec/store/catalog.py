@@ -2,8 +2,9 @@
 `localspec models`, `show` and `doctor`, built here for the command line to render."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from . import download, gguf_meta, hardware, placement, registry
+from . import download, gguf_meta, hardware, modelfile, placement, registry
 from .. import reasoning
 from ..config import DrafterKind, Runtime, Speculation
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS, SPEC, plan_drafting
@@ -24,22 +25,33 @@ def license_text(entry: registry.ModelEntry) -> str:
 def model_rows(installed_only: bool = False) -> list[dict]:
     """`localspec models`: what the registry says of each model and, once it is downloaded, what its
     layers mean for speculation."""
-    rows = []
     models = registry.load()
-    for entry in models.values():
-        if entry.drafts:  # listed with the model it drafts for
-            continue
-        header, _ = header_and_size(entry)
-        if header is None and installed_only:
-            continue
-        drafters = registry.drafters_of(entry, models)
-        rows.append(dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
-                         size=entry.size, installed=header is not None, draft=entry.draft,
-                         drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
-                         unverified_drafters=[d.name for d in drafters if d.unverified],
-                         license=license_text(entry), recurrent=header and header.recurrent,
-                         rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers))
-    return rows
+    rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
+    for made in modelfile.every():  # models made with `create`, after the registry's, as their base is
+        base = registry.resolve(made.base, models)
+        row = _row(base, models) if isinstance(base, registry.ModelEntry) else _file_row(base)
+        rows.append(row | dict(name=made.name, aliases=[], made_from=made.base,
+                               license=made.license if made.license is not None else row["license"]))
+    return [row for row in rows if row["installed"] or not installed_only]
+
+
+def _row(entry: registry.ModelEntry, models: dict) -> dict:
+    header, _ = header_and_size(entry)
+    drafters = registry.drafters_of(entry, models)
+    return dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
+                size=entry.size, installed=header is not None, draft=entry.draft,
+                drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
+                unverified_drafters=[d.name for d in drafters if d.unverified],
+                license=license_text(entry), recurrent=header and header.recurrent,
+                rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers)
+
+
+def _file_row(path: Path) -> dict:
+    header = gguf_meta.read(path) if path.is_file() else None
+    return dict(name=path.name, aliases=[], family="", params=header.parameter_size if header else "",
+                size=path.stat().st_size if header else None, installed=header is not None, draft=None, drafters={},
+                unverified=False, unverified_drafters=[], license="", recurrent=header and header.recurrent,
+                rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ else:
     import tomli as tomllib
 
 from .. import paths
+from . import modelfile
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import UsageError
 
@@ -353,13 +354,14 @@ def _entry(name: str, spec: _Model, families: dict[str, _Family], source: str) -
     return entry
 
 
-def _names(models: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
-    names = {}
+def names(models: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+    """Every model's name and alias, in lower case, to its entry."""
+    named = {}
     for entry in models.values():
-        names[entry.name.lower()] = entry
+        named[entry.name.lower()] = entry
         for alias in entry.aliases:
-            names[alias.lower()] = entry
-    return names
+            named[alias.lower()] = entry
+    return named
 
 
 def ollama_name(name: str) -> str:
@@ -382,8 +384,8 @@ def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
         return RepoQuant(repo, quant or "Q4_K_M") if is_repo_name(repo) and QUANT.match(quant or "Q4_K_M") else None
     base, _, tag = text.lower().partition(":")
     if tag in ("", LATEST):
-        if base in _names(models):
-            return _names(models)[base]
+        if base in names(models):
+            return names(models)[base]
         sizes = [e for e in models.values() if e.drafts is None and ollama_name(e.name).partition(":")[0] == base]
         if not sizes:
             return None
@@ -392,7 +394,7 @@ def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
             raise UsageError(f"{base} comes in {', '.join(ollama_name(e.name) for e in sorted(sizes, key=parameters))}:"
                              " name one")
         return latest[0]
-    named = {ollama_name(name).lower(): entry for name, entry in _names(models).items()}
+    named = {ollama_name(name).lower(): entry for name, entry in names(models).items()}
     if text.lower() in named:
         return named[text.lower()]
     size = next((size for size in sorted(named, key=len, reverse=True) if text.lower().startswith(size + "-")), None)
@@ -421,11 +423,16 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
         parts = split_parts(file)  # any part names them all; llama.cpp loads them from the first
         first = parts[0] if parts else file
         return ModelEntry(name=f"{repo}/{first}", file=first, repo=repo, typed=text, parts=parts)
-    known = _names(models).get(text.lower())
+    known = names(models).get(text.lower())
     if known:
         return known
     if ("/" not in text or text.lower().startswith("hf.co/")) and (ollama := _ollama_named(text, models)):
         return ollama
+    if made := modelfile.find(text):  # a model of one's own (`localspec create`): the one it is made from
+        if modelfile.find(made.base):  # (create writes the model a made one was made from; an edit did not)
+            raise UsageError(f"{made.name} is made FROM {made.base}, itself made with create: `localspec create"
+                             f" {made.name}` again resolves that")
+        return resolve(made.base, models)
     try:
         path = Path(text).expanduser()
         if path.exists() or text.endswith(".gguf"):
@@ -446,7 +453,7 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
     models = load() if models is None else models
     family = entry.family if (entry := registry_entry(target)) else ""
     kind = text.lower()
-    if kind in DRAFTER_KINDS and kind not in _names(models):
+    if kind in DRAFTER_KINDS and kind not in names(models):
         named = published_drafter(target, kind, models)
         if kind == ASSISTANT and named is None:
             named = published_drafter(target, "mtp", models)
@@ -547,8 +554,8 @@ def draft_advice(target: Resolved, models: dict[str, ModelEntry] | None = None) 
 
 
 def _unknown(text: str, models: dict[str, ModelEntry]) -> str:
-    names = [ollama_name(name) for name in _names(models)] if ":" in text else list(_names(models))
-    close = difflib.get_close_matches(text.lower(), names, n=4, cutoff=0.5)
+    known = [ollama_name(name) for name in names(models)] if ":" in text else list(names(models))
+    close = difflib.get_close_matches(text.lower(), known, n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `localspec models` lists the known names"
     return (f"unknown model {text!r} (not a known name or family:size, a .gguf file, hf:owner/repo/file.gguf or"
             f" owner/repo:QUANT){hint}")

@@ -1,0 +1,183 @@
+"""Models of one's own made from a Modelfile (`localspec create`, as `ollama create`): the Modelfile read as
+Ollama reads it, kept, listed, shown and removed, and run, chat and serve asking as it says."""
+
+import json
+import shutil
+
+import pytest
+
+from localspec.config import Limits, Sampling
+from localspec.errors import UsageError
+from localspec.store import modelfile
+
+OLLAMAS = '''# a terse coder
+FROM qwen2.5-coder-1.5b
+PARAMETER temperature 0.2
+parameter num_ctx 4096
+PARAMETER stop "<|im_end|>"
+PARAMETER stop ###
+PARAMETER num_predict -1
+PARAMETER num_gpu 99
+TEMPLATE """{{ .System }} {{ .Prompt }}"""
+SYSTEM """
+You are terse.
+Answer in one line.
+"""
+MESSAGE user Is Toronto in Canada?
+MESSAGE assistant yes
+LICENSE MIT
+'''
+
+
+def test_a_modelfile_is_read_as_ollama_reads_it_and_kept_so_that_it_reads_back_the_same():
+    notes = []
+    made = modelfile.parse(OLLAMAS, "terse", notes=notes)
+    assert made.base == "qwen2.5-coder-1.5b" and made.system == "You are terse.\nAnswer in one line."
+    assert made.parameters == (("temperature", 0.2), ("num_ctx", 4096), ("stop", "<|im_end|>"), ("stop", "###"),
+                               ("num_predict", -1))
+    assert made.messages == (("user", "Is Toronto in Canada?"), ("assistant", "yes")) and made.license == "MIT"
+    assert [note.split(":")[0] for note in notes] == ["line 8", "line 9"]  # num_gpu and TEMPLATE: left alone, said
+    assert modelfile.parse(made.modelfile(), "terse") == made
+
+
+def test_its_parameters_stand_under_a_requests_own_and_its_system_prompt_where_the_conversation_has_none():
+    made = modelfile.parse(OLLAMAS, "terse")
+    sampling, limits = made.settings(Sampling(), Limits(max_tokens=100))
+    assert sampling.temperature == 0.2 and limits.stop == ("<|im_end|>", "###") and limits.max_tokens is None
+    assert made.num_ctx == 4096
+    asked = [{"role": "user", "content": "hi"}]
+    assert made.conversation(asked) == [{"role": "system", "content": made.system},
+                                        {"role": "user", "content": "Is Toronto in Canada?"},
+                                        {"role": "assistant", "content": "yes"}, *asked]
+    own = [{"role": "system", "content": "You are a poet."}, *asked]
+    assert made.conversation(own)[0] == own[0] and made.conversation(own)[1]["content"] == "Is Toronto in Canada?"
+
+
+def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():
+    older = modelfile.parse(OLLAMAS, "terse")
+    newer = modelfile.parse("FROM terse\nPARAMETER stop END\nPARAMETER top_k 5\nSYSTEM Be kind.", "kind")
+    merged = older.under(newer)
+    assert merged.base == "qwen2.5-coder-1.5b" and merged.name == "kind" and merged.system == "Be kind."
+    assert merged.parameters == (("temperature", 0.2), ("num_ctx", 4096), ("num_predict", -1), ("stop", "END"),
+                                 ("top_k", 5))
+    assert merged.messages == older.messages and merged.license == "MIT"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("SYSTEM hi", "has no FROM"),
+    ("FROM a\nFROM b", "line 2: a second FROM"),
+    ("FROM a\nPARAMETER top_k many", "line 2: PARAMETER top_k: a whole number, got 'many'"),
+    ("FROM a\nPARAMETER temperature nan", "line 2: PARAMETER temperature: a number"),
+    ("FROM a\nPARAMETER mirostat 2", "line 2: PARAMETER mirostat 2: not supported by localspec (only 0)"),
+    ("FROM a\nPARAMETER warmth 1", "line 2: PARAMETER warmth: not a parameter localspec takes (temperature,"),
+    ("FROM a\nPARAMETER top_k", "line 2: PARAMETER needs a name and a value"),
+    ("FROM a\nSYSTEM \"\"\"never\nclosed", 'line 2: the """ opened here is never closed'),
+    ("FROM a\nMESSAGE tool {}", "line 2: MESSAGE tool: the role is one of system, user, assistant"),
+    ("FROM a\nADAPTER ./lora.gguf", "line 2: ADAPTER: LoRA adapters are not supported"),
+    ("FROM a\nQUANTIZE q4", "line 2: 'QUANTIZE' is not a Modelfile instruction"),
+    ("FROM", "line 1: FROM needs a value"),
+])
+def test_what_a_modelfile_cannot_say_is_one_line_naming_the_line(text, said):
+    with pytest.raises(UsageError, match=None) as refused:
+        modelfile.parse(text, "x")
+    assert said in str(refused.value)
+
+
+def test_create_run_show_list_and_remove_a_model_of_ones_own(localspec, tiny, tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "tiny.gguf").symlink_to(tiny["target"])
+    (folder / "Modelfile").write_text("FROM ./tiny.gguf\nPARAMETER temperature 0\nPARAMETER num_predict 6\n"
+                                      "PARAMETER num_ctx 128\nSYSTEM You are terse.\n")
+    made = localspec("create", "terse", "-f", folder / "Modelfile")
+    assert made.returncode == 0, made.stderr.decode()
+    assert made.stdout.decode().startswith(f"created terse from {folder.resolve() / 'tiny.gguf'}")
+    shown = localspec("show", "terse", "--modelfile")
+    assert shown.stdout.decode() == (f"FROM {folder.resolve() / 'tiny.gguf'}\nPARAMETER temperature 0.0\n"
+                                     "PARAMETER num_predict 6\nPARAMETER num_ctx 128\nSYSTEM You are terse.\n")
+    card = json.loads(localspec("show", "terse", "--json").stdout)
+    assert card["name"] == "terse" and card["made"]["system"] == "You are terse."
+    assert card["made"]["parameters"] == [["temperature", 0.0], ["num_predict", 6], ["num_ctx", 128]]
+    listed = [json.loads(line) for line in localspec("ls", "--json").stdout.splitlines()]
+    assert [(row["name"], row["made_from"]) for row in listed] == [("terse", str(folder.resolve() / "tiny.gguf"))]
+
+    # run asks as it says: its system prompt, greedy, 6 tokens, a context of 128
+    ran = json.loads(localspec("run", "terse", "Tell me a story.", "--json").stdout)
+    same = json.loads(localspec("run", tiny["target"], "Tell me a story.", "--system", "You are terse.", "--temp", "0",
+                                "-n", "6", "-c", "128", "--json").stdout)
+    bare = json.loads(localspec("run", tiny["target"], "Tell me a story.", "--temp", "0", "-n", "6", "--json").stdout)
+    assert ran["text"] == same["text"] and ran["stats"]["tokens"] == 6
+    assert ran["stats"]["prompt_tokens"] == same["stats"]["prompt_tokens"] > bare["stats"]["prompt_tokens"]
+    # what the command line sets stands over its parameters
+    longer = json.loads(localspec("run", "terse", "Tell me a story.", "-n", "9", "--json").stdout)
+    assert longer["stats"]["tokens"] == 9 and longer["text"].startswith(ran["text"])
+
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": 1, "prompt": "Tell me a story."}) + "\n")
+    batched = localspec("batch", "terse", tmp_path / "prompts.jsonl", "-o", tmp_path / "answers.jsonl")
+    assert batched.returncode == 0, batched.stderr.decode()
+    assert json.loads((tmp_path / "answers.jsonl").read_text())["text"] == ran["text"]
+
+    removed = localspec("rm", "terse")
+    assert removed.returncode == 0 and b"removed terse" in removed.stdout
+    assert (folder / "tiny.gguf").exists() and localspec("ls", "--json").stdout == b""
+    gone = localspec("run", "terse", "hi")
+    assert gone.returncode != 0 and b"unknown model 'terse'" in gone.stderr
+
+
+def test_create_refuses_a_registry_name_and_a_from_that_is_no_model(localspec, tmp_path):
+    modelfile_path = tmp_path / "Modelfile"
+    modelfile_path.write_text("FROM ./missing.gguf\n")
+    taken = localspec("create", "qwen2.5-coder-1.5b", "-f", modelfile_path)
+    assert taken.returncode != 0 and b"is a model the registry names" in taken.stderr
+    missing = localspec("create", "mine", "-f", modelfile_path)
+    assert missing.returncode != 0 and b"FROM ./missing.gguf: no such file" in missing.stderr
+    modelfile_path.write_text("FROM qwen2.5-coder-1.5b\nPARAMETER top_p 2\n")
+    wrong = localspec("create", "mine", "-f", modelfile_path)
+    assert wrong.returncode != 0 and b"top-p must be in (0, 1], got 2.0" in wrong.stderr
+    nowhere = localspec("create", "mine", "-f", tmp_path / "Nofile")
+    assert nowhere.returncode != 0 and b"no Modelfile at" in nowhere.stderr and b"Traceback" not in nowhere.stderr
+
+
+def test_serve_answers_a_made_model_as_its_modelfile_says_through_ollamas_and_openais_clients(localspec, tiny,
+                                                                                             tmp_path):
+    import ollama
+
+    from test_server import ServerProcess
+
+    home = tmp_path / "home"  # (the localspec fixture's LOCALSPEC_HOME)
+    shutil.copy(tiny["partial"], tmp_path / "other.gguf")
+    for name, file, extra in (("terse", tiny["target"], "SYSTEM You are terse.\n"),
+                              ("other", tmp_path / "other.gguf", "")):
+        (tmp_path / f"{name}.Modelfile").write_text(f"FROM {file}\nPARAMETER temperature 0\nPARAMETER num_predict 5\n"
+                                                    + extra)
+        assert localspec("create", name, "-f", tmp_path / f"{name}.Modelfile").returncode == 0
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = ollama.Client(host=server.base)
+        assert {"terse", "other"} <= {m.model for m in client.list().models}
+        ask = [{"role": "user", "content": "Tell me a story."}]
+        made = client.chat("terse", messages=ask)
+        same_ask = [{"role": "system", "content": "You are terse."}, *ask]
+        same = client.chat("tiny", messages=same_ask, options={"temperature": 0, "num_predict": 5})
+        assert made.message.content == same.message.content and made.eval_count == 5 == same.eval_count
+        assert made.model == "terse"
+        openai_client = server.client()  # its usage counts every prompt token, a cached prefix too
+        prompts = [openai_client.chat.completions.create(model=model, messages=messages, max_tokens=2).usage.prompt_tokens
+                   for model, messages in (("terse", ask), ("tiny", same_ask), ("tiny", ask))]
+        assert prompts[0] == prompts[1] > prompts[2]
+        longer = client.chat("terse", messages=ask, options={"num_predict": 7})  # the request's own over its own
+        assert longer.eval_count == 7 and longer.message.content.startswith(made.message.content)
+        shown = client.show("terse")
+        assert shown.parameters == "temperature 0.0\nnum_predict 5"
+        assert shown.modelfile.startswith(f"FROM {tiny['target']}\n") and "SYSTEM You are terse.\n" in shown.modelfile
+        # one made from another file is loaded on demand, as any model a request names
+        reply = openai_client.chat.completions.create(model="other", messages=ask)
+        assert reply.model == "other" and reply.usage.completion_tokens == 5
+        client.generate("other", prompt="", keep_alive=0)  # unloaded, and its file taken away: a 404 saying so
+        (tmp_path / "other.gguf").unlink()
+        with pytest.raises(ollama.ResponseError) as gone:
+            client.chat("other", messages=ask)
+        assert gone.value.status_code == 404 and "is made from" in str(gone.value) and "no longer there" in str(gone.value)
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
