@@ -68,12 +68,15 @@ def device_costs(report: dict, shape: str, where: str) -> Costs:
 
 def changing_of(section: dict) -> tuple[float, float]:
     """What a change of batch size costs relative to verify(1) (Costs.reshape, Costs.recapture): as auto
-    calibrated both on the device, where the report has them; else the median of stage (f)'s verify(k)
-    just after another size less held for the reshape, and for the recapture what auto calibrated for the
-    two together (reports of 2026-11-27, 03:00 UTC) less that, or none."""
+    calibrated both on the device, where the report has them (stage (f)'s costs after a generation, else
+    stage (h)'s calibration); else the median of stage (f)'s verify(k) just after another size less held
+    for the reshape, and for the recapture what auto calibrated for the two together (reports of
+    2026-11-27, 03:00 UTC) less that, or none."""
     calibrated = section.get("auto_costs", {})
     if "recapture" in calibrated:
         return float(calibrated["reshape"]), float(calibrated["recapture"])
+    if "recapture" in section.get("policy", {}):
+        return float(section["policy"]["reshape"]), float(section["policy"]["recapture"])
     verify = section.get("gap", {}).get("verify_ms")
     if not verify:
         return 0.0, 0.0

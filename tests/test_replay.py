@@ -52,6 +52,15 @@ def test_a_draft_is_accepted_as_far_as_its_tokens_agree_with_the_reply_without_a
     assert first == pytest.approx(5 / 6) and second == pytest.approx(3 / 4)
 
 
+def test_a_change_of_batch_size_is_charged_as_auto_calibrated_it_in_whichever_stage_measured_it():
+    section = device(FLAT, 0.1)["targets"][SHAPE]
+    assert predict_gpu.changing_of(section) == (0.0, 0.0)  # nothing measured it: none
+    section["policy"] = {"reshape": 0.76, "recapture": 0.89, "modes": {}}  # stage (h) alone (the fifth lease)
+    assert predict_gpu.changing_of(section) == (0.76, 0.89)
+    section["auto_costs"] = {"reshape": 0.5, "recapture": 0.6}  # stage (f)'s, after a generation, come first
+    assert predict_gpu.changing_of(section) == (0.5, 0.6)
+
+
 def test_the_draft_model_stops_where_it_is_unsure_along_the_path_and_past_a_miss_is_taken_as_sure():
     costs = predict_gpu.device_costs(device(FLAT, 0.1), SHAPE, "test")
     model = RecordedDraftModel(costs, p_min=0.6)
