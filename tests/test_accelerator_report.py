@@ -332,3 +332,18 @@ def test_tests_where_pytest_or_scipy_is_missing_say_so_in_one_line(monkeypatch, 
     assert report.run_tests(["tests/test_sampling.py"]) == 3
     said = capsys.readouterr().err.strip()
     assert "\n" not in said and "no scipy" in said and "the bundle carries neither" in said
+
+
+# What a lent device runs through --tests: its image has pytest and scipy, not the protocols' clients
+ENGINE_TESTS = ("test_lossless", "test_tree", "test_tree_drafters", "test_engine", "test_hybrid", "test_mtp",
+                "test_eagle3", "test_dflash", "test_sampling", "test_policy", "test_grammar")
+
+
+def test_the_engines_tests_import_where_the_protocols_clients_are_missing():
+    """The fifth lease lost a call: test_tree_drafters imported test_parallel's helpers, and with them
+    openai and ollama, which the device lacks."""
+    clients = ("openai", "ollama", "anthropic", "pexpect", "pyte", "prometheus_client", "websocket")
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in clients)
+    done = subprocess.run([sys.executable, "-c", f"import sys; {blocked}; import " + ", ".join(ENGINE_TESTS)],
+                          cwd=ROOT / "tests", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

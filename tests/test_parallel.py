@@ -29,6 +29,7 @@ from localspec.loading import parallel_that_fits
 from localspec.store import Pair
 from localspec.session import Session
 from localspec.stats import record
+from sequences import run_alone, run_together
 from test_server import ServerProcess
 
 GREEDY = Sampling(temperature=0.0)
@@ -56,31 +57,6 @@ def alone(load):
 
 def tokens_of(model, text):
     return model.tokenize(text, add_special=True, parse_special=False)
-
-
-def run_alone(context, prompt, drafter, sampling=GREEDY):
-    events = generate(context, drafter, prompt, sampling, Speculation(draft_max=4, p_min=0.0), Limits(max_tokens=40))
-    return [event.id for event in events if isinstance(event, Token)]
-
-
-def run_together(sequences, prompts, drafters, sampling=GREEDY):
-    together, out, steps = Together(), {}, {}
-    for i, (sequence, prompt, drafter) in enumerate(zip(sequences, prompts, drafters)):
-        together.add(i, generate(sequence, drafter, prompt, sampling, Speculation(draft_max=4, p_min=0.0),
-                                 Limits(max_tokens=40)))
-        out[i], steps[i] = [], []
-    for _ in range(1000):
-        if not together:
-            break
-        for key, item in together.step():
-            if isinstance(item, Token):
-                out[key].append(item.id)
-            elif isinstance(item, Step):
-                steps[key].append(item)
-            elif isinstance(item, Exception):
-                raise item
-    assert not together
-    return out, steps
 
 
 @pytest.mark.parametrize("drafter", [NoDrafter, lambda: NgramDrafter(1, 3)], ids=["plain", "ngram"])

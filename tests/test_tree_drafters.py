@@ -29,7 +29,7 @@ from test_grammar import LETTERS, masked_distribution
 from test_grammar import greedy as grammar_greedy
 from test_lossless import (ALPHA, PENALISED, SETTINGS, chi_square_p_value, decoded_row, exact_distribution,
                            own_continuation, penalised, sample_counts)
-from test_parallel import run_alone, run_together
+from sequences import run_alone, run_together
 from test_policy import GPU_LIKE, costs
 
 GREEDY = Sampling(temperature=0.0)
