@@ -16,7 +16,7 @@ PARAMETER temperature 0.2
 parameter num_ctx 4096
 PARAMETER stop "<|im_end|>"
 PARAMETER stop ###
-PARAMETER num_predict -1
+PARAMETER	num_predict	-1
 PARAMETER num_gpu 99
 TEMPLATE """{{ .System }} {{ .Prompt }}"""
 SYSTEM """

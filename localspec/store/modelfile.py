@@ -166,8 +166,8 @@ def _instructions(text: str, source: str):
         index += 1
         if not line or line.startswith("#"):
             continue
-        instruction, _, argument = line.partition(" ")
-        instruction, argument = instruction.lower(), argument.strip()
+        instruction, argument = (line.split(maxsplit=1) + [""])[:2]  # (spaces or tabs after it, as Ollama takes)
+        instruction = instruction.lower()
         if instruction not in INSTRUCTIONS:
             raise UsageError(f"{source}, line {number}: {instruction.upper()!r} is not a Modelfile instruction"
                              f" ({', '.join(i.upper() for i in INSTRUCTIONS)})")
@@ -183,10 +183,10 @@ def _instructions(text: str, source: str):
 
 
 def _split(argument: str, mistake, problem: str) -> tuple[str, str]:
-    first, _, rest = argument.partition(" ")
-    if not rest.strip():
+    parts = argument.split(maxsplit=1)
+    if len(parts) < 2:
         raise mistake(problem)
-    return first, rest.strip()
+    return parts[0], parts[1].strip()
 
 
 def _value(argument: str) -> str:
