@@ -301,13 +301,15 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, chat, OPENAI, served)
-        return await self._respond(request, client, parsed, OPENAI.answering(chat, served.name, parsed), served)
+        return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(body, served), parsed),
+                                   served)
 
     async def responses_create(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, True, self.responses, served)
-        return await self._respond(request, client, parsed, self.responses.answering(True, served.name, parsed), served)
+        return await self._respond(request, client, parsed,
+                                   self.responses.answering(True, _answered_as(body, served), parsed), served)
 
     async def anthropic_messages(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
@@ -887,6 +889,13 @@ def _makes_the_response(item, stream: bool) -> bool:
         return True
     return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought
                                                                                     or item.logprobs))
+
+
+def _answered_as(body: dict, served: Served) -> str:
+    """The model an OpenAI answer names: the model that answered (a client's fixed name is not it), or the
+    model made with `create` that the request named."""
+    made = store.made(body["model"]) if isinstance(body.get("model"), str) else None
+    return made.name if made else served.name
 
 
 def _as_made(defaults: Defaults, made: store.Preset | None) -> Defaults:

@@ -162,9 +162,10 @@ def test_serve_answers_a_made_model_as_its_modelfile_says_through_ollamas_and_op
         assert made.message.content == same.message.content and made.eval_count == 5 == same.eval_count
         assert made.model == "terse"
         openai_client = server.client()  # its usage counts every prompt token, a cached prefix too
-        prompts = [openai_client.chat.completions.create(model=model, messages=messages, max_tokens=2).usage.prompt_tokens
+        answers = [openai_client.chat.completions.create(model=model, messages=messages, max_tokens=2)
                    for model, messages in (("terse", ask), ("tiny", same_ask), ("tiny", ask))]
-        assert prompts[0] == prompts[1] > prompts[2]
+        assert answers[0].usage.prompt_tokens == answers[1].usage.prompt_tokens > answers[2].usage.prompt_tokens
+        assert answers[0].model == "terse"  # (the model serve started with answered it)
         longer = client.chat("terse", messages=ask, options={"num_predict": 7})  # the request's own over its own
         assert longer.eval_count == 7 and longer.message.content.startswith(made.message.content)
         shown = client.show("terse")
