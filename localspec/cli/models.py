@@ -125,8 +125,9 @@ def create(
     top_p, min_p, seed, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, num_predict, stop,
     num_ctx) and MESSAGEs that open every conversation.
 
-    run, chat and serve then take its name: they load the model it is made from (nothing is copied) and ask
-    as it says, what a command line or request sets over its parameters. `rm NAME` removes it again.
+    run, chat, batch and serve then take its name: they load the model it is made from (nothing is
+    copied) and ask as it says, what a command line or request sets standing over its parameters.
+    `show NAME --modelfile` prints it back; `rm NAME` removes it again.
     """
     try:
         text = file.read_text(encoding="utf-8")
