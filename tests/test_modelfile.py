@@ -117,6 +117,16 @@ def test_create_run_show_list_and_remove_a_model_of_ones_own(localspec, tiny, tm
     assert batched.returncode == 0, batched.stderr.decode()
     assert json.loads((tmp_path / "answers.jsonl").read_text())["text"] == ran["text"]
 
+    # a kept Modelfile edited into one that does not read, and one made from a name no longer known: the
+    # listing goes on without them, and asking for one by name says what is wrong
+    (tmp_path / "home" / "presets" / "broken.Modelfile").write_text("FROM\n")
+    (tmp_path / "home" / "presets" / "orphan.Modelfile").write_text("FROM no-such-model-here\n")
+    assert [json.loads(line)["name"] for line in localspec("ls", "--json").stdout.splitlines()] == ["terse"]
+    broken = localspec("show", "broken")
+    assert broken.returncode == 2 and b"broken.Modelfile, line 1: FROM needs a value" in broken.stderr
+    orphan = localspec("run", "orphan", "hi")
+    assert orphan.returncode == 2 and b"unknown model 'no-such-model-here'" in orphan.stderr
+
     removed = localspec("rm", "terse")
     assert removed.returncode == 0 and b"removed terse" in removed.stdout
     assert (folder / "tiny.gguf").exists() and localspec("ls", "--json").stdout == b""

@@ -28,7 +28,10 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     models = registry.load()
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
     for made in modelfile.every():  # models made with `create`, after the registry's, as their base is
-        base = registry.resolve(made.base, models)
+        try:
+            base = registry.resolve(made.base, models)
+        except UsageError:  # (what it is made from is no longer a model here: `show` says so)
+            continue
         row = _row(base, models) if isinstance(base, registry.ModelEntry) else _file_row(base)
         rows.append(row | dict(name=made.name, aliases=[], made_from=made.base,
                                license=made.license if made.license is not None else row["license"]))

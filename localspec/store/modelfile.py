@@ -245,10 +245,15 @@ def find(name: str | None) -> Preset | None:
 
 
 def every() -> list[Preset]:
-    """Every model made with `create`, by name."""
-    if not folder().is_dir():
-        return []
-    return [preset for path in sorted(folder().glob("*.Modelfile")) if (preset := find(path.stem))]
+    """Every model made with `create`, by name; one whose kept Modelfile no longer reads (an edit by hand)
+    is left out here, and named with what is wrong where it is asked for by name."""
+    made = []
+    for path in sorted(folder().glob("*.Modelfile")) if folder().is_dir() else ():
+        try:
+            made += filter(None, [find(path.stem)])
+        except UsageError:
+            continue
+    return made
 
 
 def keep(preset: Preset) -> Path:
