@@ -136,7 +136,8 @@ class Pool:
             path = Path(made.base).resolve()                   # user who made it asked
             if not path.is_file():
                 raise UnknownModel(f"{made.name} is made from {made.base}, which is no longer there")
-            return self._served_first() if path == self._served_first().path else Available(made.name, path, None)
+            first = self._served_first()
+            return first if path == first.path else Available(made.name, path, None)
         try:
             resolved = store.find(name)
         except UsageError:

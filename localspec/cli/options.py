@@ -298,16 +298,12 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     )
 
 
-# a Modelfile's PARAMETERs as the options that say the same (Ollama's name: llama.cpp's)
-MADE_OPTIONS = {"temperature": "temp", "num_predict": "max_tokens", "num_ctx": "ctx_size"}
-
-
 def _options_of(made: Preset) -> dict:
-    options = {MADE_OPTIONS.get(name, name): value for name, value in made.parameters if name != "stop"}
-    if "max_tokens" in options and options["max_tokens"] < 0:
+    """A made model's parameters as the options that say the same (temperature is --temp; a context, -c)."""
+    options = {"temp" if name == "temperature" else name: value for name, value in made.asked().items()}
+    if "max_tokens" in options and options["max_tokens"] is None:
         options["max_tokens"] = -1  # (until the model stops)
-    stops = [value for name, value in made.parameters if name == "stop"]
-    return options | ({"stop": stops} if stops else {})
+    return options | ({"ctx_size": made.num_ctx} if made.num_ctx else {})
 
 
 def _given(values: dict, context: typer.Context | None) -> set[str]:
