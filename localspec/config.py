@@ -358,7 +358,8 @@ class Serving:
     # scheme://host[:port] each, or "*" for any.
     cors_origins: tuple[str, ...] = ()
     # Whether Ollama's /api/pull may download models (any client could make the server fetch and load any Hub
-    # GGUF); None: where serve listens on this machine only.
+    # GGUF), and /api/create, /api/copy and /api/delete change the models here; None: where serve listens on
+    # this machine only.
     allow_pull: bool | None = None
 
     def __post_init__(self):
@@ -378,8 +379,8 @@ class Serving:
                                  " (https://example.com, http://localhost:3000), or * for any")
 
     @property
-    def pulls(self) -> bool:
-        """Whether /api/pull downloads."""
+    def model_changes(self) -> bool:
+        """Whether Ollama's /api/pull downloads, and its /api/create, /api/copy and /api/delete change the models."""
         return self.host in LOOPBACK_HOSTS if self.allow_pull is None else self.allow_pull
 
     @property
@@ -405,11 +406,6 @@ class Lending:
         if not 0 < self.port < 65536:
             raise UsageError(f"port must be between 1 and 65535, got {self.port}")
         check_threads(self.threads)
-
-    @property
-    def pulls(self) -> bool:
-        """Whether /api/pull downloads."""
-        return self.host in LOOPBACK_HOSTS if self.allow_pull is None else self.allow_pull
 
     @property
     def exposure_warning(self) -> str | None:

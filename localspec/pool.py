@@ -223,6 +223,10 @@ class Pool:
                              " try again once they are idle, or serve a smaller model")
             await self.unload(idle[0], "to make room")
 
+    def holds(self, path: Path) -> bool:
+        """Whether a model loaded here, or loading, reads this file."""
+        return path in self.loaded or path in self._loading
+
     async def unload_when_idle(self, name: str | None) -> bool:
         """Unload the model a request names, where it is loaded and not the first (Ollama's keep_alive 0): now
         if it is idle, else as soon as its requests end (its keep-alive 0: the reaper's), as Ollama expires a

@@ -90,6 +90,9 @@ class Server:
             ("/api/chat", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=True), True),
             ("/api/generate", "POST", OLLAMA, functools.partial(self.ollama_generate, chat=False), True),
             ("/api/pull", "POST", OLLAMA, self.ollama_pull, True),
+            ("/api/create", "POST", OLLAMA, self.ollama_create, True),
+            ("/api/copy", "POST", OLLAMA, self.ollama_copy, True),
+            ("/api/delete", "DELETE", OLLAMA, self.ollama_delete, True),
             ("/v1/responses", "POST", self.responses, self.responses_create, True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
@@ -246,9 +249,7 @@ class Server:
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
         generations go on; streamed as Ollama's statuses. Requests may name it once it is there."""
-        if not self.serving.pulls:
-            raise ApiError(403, "pulls are off on this server: serve refuses /api/pull once --host exposes it,"
-                           " unless started with --allow-pull", code="pull_disabled")
+        self._may_change_models("pull")
         asked = ollama.parse_pull(await self._body(request))
         try:
             wanted = store.find(asked.model)
@@ -278,6 +279,58 @@ class Server:
                 raise ApiError(500, str(error)) from None
             return JSONResponse({"status": "success"})
         return StreamingResponse(_pulled(fetching, statuses, self.log), media_type="application/x-ndjson")
+
+    def _may_change_models(self, what: str) -> None:
+        if not self.serving.model_changes:
+            raise ApiError(403, f"{what} is off on this server: serve refuses Ollama's /api/pull, /api/create,"
+                           " /api/copy and /api/delete once --host exposes it, unless started with --allow-pull",
+                           code="model_changes_disabled")
+
+    async def ollama_create(self, request: Request, client: str | None) -> Response:
+        """Make a model of one's own, as `localspec create` does (a made model's name then answers on every
+        route); streamed as Ollama's statuses, what was read and left alone among them."""
+        self._may_change_models("create")
+        asked = ollama.parse_create(await self._body(request))
+        try:
+            made = await asyncio.to_thread(store.make, asked.preset)
+        except UsageError as error:
+            raise ApiError(400, str(error)) from None
+        self.log(f"created {made.name} from {made.base}" + "".join(f"; {note}" for note in asked.notes))
+        if not asked.stream:
+            return JSONResponse({"status": "success"})
+        return StreamingResponse((json.dumps(status) + "\n" for status in ollama.created(made.name, asked.notes)),
+                                 media_type="application/x-ndjson")
+
+    async def ollama_copy(self, request: Request, client: str | None) -> Response:
+        """The model under another name, as `localspec cp` makes it."""
+        self._may_change_models("copy")
+        source, destination = ollama.parse_copy(await self._body(request))
+        if store.made(source) is None:
+            self.pool.find(source)  # (a name no model here has: a 404 saying so)
+        try:
+            made = await asyncio.to_thread(store.copy, source, destination)
+        except UsageError as error:
+            raise ApiError(400, str(error)) from None
+        self.log(f"copied {source} to {made.name}")
+        return Response(status_code=200)
+
+    async def ollama_delete(self, request: Request, client: str | None) -> Response:
+        """Remove a model made with create or cp, or delete a downloaded registry model's file where no model
+        loaded here reads it."""
+        self._may_change_models("delete")
+        name = ollama.parse_delete(await self._body(request))
+        if store.forget(name):
+            self.log(f"removed {name}")
+            return Response(status_code=200)
+        wanted = self.pool.find(name)
+        if self.pool.holds(wanted.path):
+            raise ApiError(409, f"{wanted.name} is loaded: unload it first (keep_alive 0, or `localspec stop"
+                           f" {wanted.name}`); the model serve started with stays while serve runs", param="model")
+        if wanted.entry is None:
+            raise ApiError(400, f"{name} is a file, not a downloaded model: files are yours to delete", param="model")
+        freed = await asyncio.to_thread(store.remove, wanted.entry)
+        self.log(f"deleted {wanted.name} ({freed} bytes)")
+        return Response(status_code=200)
 
     async def ollama_generate(self, request: Request, client: str | None, chat: bool) -> Response:
         body = await self._body(request)

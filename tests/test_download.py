@@ -626,6 +626,29 @@ def test_ollamas_pull_downloads_a_registry_model_while_serve_serves_its_own(hub_
         assert server.stop() == 0, server.log()
 
 
+def test_ollamas_delete_deletes_a_downloaded_model_once_nothing_loaded_reads_it(hub_env, home, tiny):
+    import ollama
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", env=hub_env)
+    try:
+        client = ollama.Client(host=server.base)
+        assert client.pull("tiny-draft").status == "success"
+        client.generate("tiny-draft", prompt="a", options={"num_predict": 2})  # loaded on demand
+        with pytest.raises(ollama.ResponseError) as loaded:
+            client.delete("tiny-draft")
+        assert loaded.value.status_code == 409 and "keep_alive 0" in str(loaded.value)
+        client.generate("tiny-draft", prompt="", keep_alive=0)  # unloaded
+        assert client.delete("tiny-draft:latest").status == "success"
+        assert not list(home.rglob("partial.gguf")) and "tiny-draft" not in {m.model for m in client.list().models}
+        with pytest.raises(ollama.ResponseError) as gone:
+            client.delete("tiny-draft")
+        assert gone.value.status_code == 404 and "not downloaded" in str(gone.value)
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_a_server_that_sends_more_than_it_stated_is_cut_off_there(localspec, hub, home, big_file):
     # a download was bounded by nothing but the end of the server's answer (issue 46)
     hub.add("test/endless-GGUF", big_file, "endless-Q4_K_M.gguf")
@@ -642,7 +665,7 @@ def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
     server = ServerProcess(home, tiny["target"], "--no-draft", "--no-pull", env=hub_env)
     try:
         refused = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
-        assert refused.status_code == 403 and "pulls are off" in refused.json()["error"]
+        assert refused.status_code == 403 and "pull is off on this server" in refused.json()["error"]
         assert not list(home.rglob("partial.gguf"))
     finally:
         assert server.stop() == 0, server.log()

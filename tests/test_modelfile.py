@@ -192,3 +192,99 @@ def test_serve_answers_a_made_model_as_its_modelfile_says_through_ollamas_and_op
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_ollamas_create_copy_and_delete_through_its_client(localspec, tiny, tmp_path):
+    import httpx2 as httpx
+    import ollama
+
+    from test_server import ServerProcess
+
+    home = tmp_path / "home"
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = ollama.Client(host=server.base)
+        statuses = [progress.status for progress in client.create(
+            "terse:latest", from_=str(tiny["target"]), system="You are terse.",
+            parameters={"temperature": 0, "num_predict": 5, "stop": ["\n\n", "###"], "num_gpu": 99},
+            template="{{ .Prompt }}", stream=True)]
+        assert statuses[0] == "reading model metadata" and statuses[-1] == "success"
+        assert any("num_gpu left alone" in status for status in statuses)
+        assert any("template left alone" in status for status in statuses)
+        # kept as `localspec create` keeps it, and answered as it says
+        assert localspec("show", "terse", "--modelfile").stdout.decode() == (
+            f"FROM {tiny['target']}\nPARAMETER temperature 0.0\nPARAMETER num_predict 5\n"
+            'PARAMETER stop """\n\n\n\n"""\nPARAMETER stop ###\nSYSTEM You are terse.\n')
+        ask = [{"role": "user", "content": "Tell me a story."}]
+        made = client.chat("terse", messages=ask)
+        same = client.chat("tiny", messages=[{"role": "system", "content": "You are terse."}, *ask],
+                           options={"temperature": 0, "num_predict": 5, "stop": ["\n\n", "###"]})
+        assert made.model == "terse" and made.message.content == same.message.content
+        # an older client's Modelfile text, made from the model just made
+        older = httpx.post(server.base + "/api/create", json={
+            "name": "kind", "modelfile": "FROM terse\nSYSTEM You are kind.", "stream": False})
+        assert older.status_code == 200 and older.json() == {"status": "success"}
+        kind = client.show("kind")
+        assert "SYSTEM You are kind.\n" in kind.modelfile and "num_predict 5" in kind.parameters
+
+        assert client.copy("terse", "terse-backup").status == "success"
+        assert {"terse", "kind", "terse-backup"} <= {m.model for m in client.list().models}
+        assert client.chat("terse-backup", messages=ask).message.content == made.message.content
+        assert client.delete("terse-backup").status == "success"
+        assert "terse-backup" not in {m.model for m in client.list().models}
+        with pytest.raises(ollama.ResponseError) as gone:
+            client.chat("terse-backup", messages=ask)
+        assert gone.value.status_code == 404
+
+        for asked, status, said in (
+                (lambda: client.create("mine", from_="no-such-model"), 400, "unknown model 'no-such-model'"),
+                (lambda: client.create("mine", from_="tiny", quantize="q4_K_M"), 400, "llama-quantize"),
+                (lambda: client.create("mine", from_=str(tiny["target"]), parameters={"top_k": "many"}), 400,
+                 "parameters.top_k: a whole number, got 'many'"),
+                (lambda: client.create("bad name", from_=str(tiny["target"])), 400, "cannot name a model"),
+                (lambda: client.copy("no-such-model", "mine"), 404, "no-such-model"),
+                (lambda: client.delete("no-such-model"), 404, "no-such-model"),
+                (lambda: client.delete("tiny"), 409, "tiny is loaded: unload it first")):
+            with pytest.raises(ollama.ResponseError) as refused:
+                asked()
+            assert refused.value.status_code == status and said in str(refused.value), str(refused.value)
+        assert server.client().models.list()  # (still serving)
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+    assert tiny["target"].exists()
+
+
+def test_no_pull_refuses_create_copy_and_delete_too(localspec, tiny, tmp_path):
+    import ollama
+
+    from test_server import ServerProcess
+
+    (tmp_path / "Modelfile").write_text(f"FROM {tiny['target']}\n")
+    assert localspec("create", "terse", "-f", tmp_path / "Modelfile").returncode == 0
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-pull")
+    try:
+        client = ollama.Client(host=server.base)
+        for asked, what in ((lambda: client.create("mine", from_=str(tiny["target"])), "create"),
+                            (lambda: client.copy("terse", "mine"), "copy"), (lambda: client.delete("terse"), "delete")):
+            with pytest.raises(ollama.ResponseError) as refused:
+                asked()
+            assert refused.value.status_code == 403 and f"{what} is off on this server" in str(refused.value)
+        assert {m.model for m in client.list().models} >= {"terse"} and "mine" not in {m.model for m in client.list().models}
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_cp_makes_a_model_under_another_name_with_its_settings(localspec, tiny, tmp_path):
+    (tmp_path / "Modelfile").write_text(f"FROM {tiny['target']}\nPARAMETER temperature 0\nSYSTEM You are terse.\n")
+    assert localspec("create", "terse", "-f", tmp_path / "Modelfile").returncode == 0
+    copied = localspec("cp", "terse", "terse-v2")
+    assert copied.returncode == 0 and b"copied terse to terse-v2" in copied.stdout
+    assert localspec("show", "terse-v2", "--modelfile").stdout == localspec("show", "terse", "--modelfile").stdout
+    assert localspec("cp", "qwen2.5-coder-1.5b", "coder").returncode == 0  # a registry model, as it is
+    assert localspec("show", "coder", "--modelfile").stdout == b"FROM qwen2.5-coder-1.5b\n"
+    for source, destination, said in (("terse", "qwen2.5-coder-1.5b", b"is a model the registry names"),
+                                      ("no-such-model", "mine", b"unknown model 'no-such-model'"),
+                                      ("terse", "two words", b"cannot name a model")):
+        refused = localspec("cp", source, destination)
+        assert refused.returncode == 2 and said in refused.stderr and b"Traceback" not in refused.stderr

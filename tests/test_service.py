@@ -236,9 +236,9 @@ def test_completion_prompts_are_text_one_text_in_a_list_or_token_ids():
 
 def test_pulls_are_allowed_on_this_machine_only_unless_said_otherwise():
     # any client could make a server that others reach fetch and load any Hub GGUF (issue 46)
-    assert Serving().pulls and Serving(host="::1").pulls
-    assert not Serving(host="0.0.0.0").pulls and not Serving(host="192.168.1.5", api_keys=("k",)).pulls
-    assert Serving(host="0.0.0.0", allow_pull=True).pulls and not Serving(allow_pull=False).pulls
+    assert Serving().model_changes and Serving(host="::1").model_changes
+    assert not Serving(host="0.0.0.0").model_changes and not Serving(host="192.168.1.5", api_keys=("k",)).model_changes
+    assert Serving(host="0.0.0.0", allow_pull=True).model_changes and not Serving(allow_pull=False).model_changes
 
 
 def test_a_server_others_can_reach_without_a_key_is_warned_about():

@@ -141,6 +141,19 @@ def create(
     print(f"created {made.name} from {made.base}: `localspec run {made.name}`")
 
 
+@command(name="cp", epilog="Examples:\n\n  localspec cp terse terse-backup\n\n  localspec cp qwen2.5-coder-1.5b coder")
+def copy(
+    source: Annotated[str, typer.Argument(help="A model made with create, a registry name or a GGUF file.",
+                                          show_default=False)],
+    destination: Annotated[str, typer.Argument(help="The name to run the copy by.", show_default=False)],
+):
+    """Copy a model under another name, as `ollama cp` does: a model made with create with all its settings, or
+    a registry model or GGUF file as it is. Nothing is copied on disk: the new name is a model made from the
+    same file, to change with create or remove with rm."""
+    made = store.copy(source, destination)
+    print(f"copied {source} to {made.name}: `localspec run {made.name}`")
+
+
 @command()
 def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
     """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker), and under
@@ -172,7 +185,7 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner
     entry = store.find(name)
     if not isinstance(entry, store.ModelEntry):
         raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")
-    freed = download.remove(entry)
+    freed = store.remove(entry)
     if not freed:
         raise UsageError(f"{entry.name} is not downloaded")
     print(f"removed {entry.name} ({tui.size_text(freed)})")

@@ -8,7 +8,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,7 +22,8 @@ from ..reasoning import NONE, family
 from ..request import Request
 from ..service import Job
 from ..store import GGUFInfo
-from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
+from ..store import modelfile
+from ..store.modelfile import ADAPTER, NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools, tool_format
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
                      effort, speculation, speculative_asked, thinking_asked, token_logprobs)
@@ -237,6 +238,100 @@ def parse_pull(data: dict) -> PullBody:
     if not pull.model.strip():
         raise ApiError(400, "model: name the model to pull")
     return pull
+
+
+class CreateMessage(_Body):
+    role: str
+    content: str
+
+
+class CreateBody(_Body):
+    model: str = ""
+    name: str = ""  # older clients' model
+    from_: str | None = Field(None, alias="from")
+    modelfile: str | None = None  # older clients send a Modelfile's text
+    system: str | None = None
+    parameters: dict[str, float | int | bool | str | list[str]] | None = None
+    messages: list[CreateMessage] = Field(default_factory=list)
+    template: str | None = None
+    license: str | list[str] | None = None
+    quantize: str | None = None
+    files: dict[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    stream: bool = True
+
+
+@dataclass(frozen=True)
+class Creation:
+    """What /api/create asks for: the model to keep, what of the request was left alone, whether to stream."""
+
+    preset: Preset
+    notes: list[str]
+    stream: bool
+
+
+REFUSED_FIELDS = {
+    "quantize": "localspec runs a GGUF file as it is quantized: quantize with llama.cpp's llama-quantize first",
+    "files": "models are not uploaded here (Ollama's /api/blobs): make it FROM a registry name, a model made so,"
+             " or the path of a GGUF file on the server's machine",
+    "adapters": ADAPTER,
+}
+
+
+def parse_create(data: dict) -> Creation:
+    """/api/create: the model made field by field (from, system, parameters, messages, license) as a Modelfile
+    says it, or from an older client's Modelfile text."""
+    create = _validate(CreateBody, data)
+    name = own_name(create.model or create.name, "model")
+    for field, why in REFUSED_FIELDS.items():
+        if getattr(create, field):
+            raise ApiError(400, f"{field}: {why}", param=field)
+    notes: list[str] = []
+    try:
+        if create.modelfile is not None:
+            preset = modelfile.parse(create.modelfile, name, None, notes)
+        else:
+            preset = modelfile.requested(name, create.from_ or "", create.system, create.parameters,
+                                         [message.model_dump() for message in create.messages], create.license, notes)
+    except UsageError as error:
+        raise ApiError(400, str(error)) from None
+    if create.template is not None:
+        notes.append(f"template left alone: {modelfile.IGNORED['template']}")
+    return Creation(preset, notes, create.stream)
+
+
+def created(name: str, notes: list[str]) -> list[dict]:
+    """/api/create's statuses, as Ollama streams them (the notes between)."""
+    return [{"status": "reading model metadata"}, *({"status": f"note: {note}"} for note in notes),
+            {"status": f"writing manifest for {name}"}, {"status": "success"}]
+
+
+class CopyBody(_Body):
+    source: str
+    destination: str
+
+
+def parse_copy(data: dict) -> tuple[str, str]:
+    """/api/copy: the model to copy, and the name the copy goes by."""
+    copy = _validate(CopyBody, data)
+    return own_name(copy.source, "source"), own_name(copy.destination, "destination")
+
+
+class DeleteBody(_Body):
+    model: str = ""
+    name: str = ""  # older clients' model
+
+
+def parse_delete(data: dict) -> str:
+    delete = _validate(DeleteBody, data)
+    return own_name(delete.model or delete.name, "model")
+
+
+def own_name(name: str, field: str) -> str:
+    """A model's name as a request gives it, Ollama's :latest taken off."""
+    if not name.strip():
+        raise ApiError(400, f"{field}: name the model", param=field)
+    return name.strip().removesuffix(":latest")
 
 
 class Progress:

@@ -6,7 +6,8 @@ pair (compat.py), fitted to the machine's memory and devices (hardware.py, place
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
 `create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
-every_made() all of them, create(name, Modelfile) one made, forget(name) one removed; here(name) its file
+every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
+made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; here(name) its file
 where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
 downloaded; fetch(resolved) its file, downloaded first
 where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
@@ -27,8 +28,9 @@ from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "create", "estimate_bytes",
-           "every_made", "fetch", "find", "forget", "header", "here", "installed", "known", "machine", "made", "pair"]
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "copy", "create", "estimate_bytes",
+           "every_made", "fetch", "find", "forget", "header", "here", "installed", "known", "machine", "made", "make",
+           "pair", "remove"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -58,15 +60,20 @@ def every_made() -> list[Preset]:
 
 def create(name: str, text: str, where: Path | None = None) -> tuple[Preset, list[str]]:
     """A model of one's own made from a Modelfile's text and kept under name (replacing one so named), as
-    `ollama create` makes one; and what of the Modelfile was left alone. FROM is resolved now: a GGUF file
-    (beside the Modelfile where its path is relative) becomes its absolute path, another made model the
-    model it was made from, its settings under the new ones; a registry or Hub name must be one."""
-    modelfile.checked_name(name)
-    models = registry.load()
-    if name.lower().removesuffix(":latest") in registry.names(models):
-        raise UsageError(f"{name} is a model the registry names: give yours a name of its own")
+    `ollama create` makes one; and what of the Modelfile was left alone (see make)."""
     notes: list[str] = []
-    preset = modelfile.parse(text, name, where, notes)
+    return make(modelfile.parse(text, modelfile.checked_name(name), where, notes), where), notes
+
+
+def make(preset: Preset, where: Path | None = None) -> Preset:
+    """Keep a model of one's own (replacing one so named), FROM resolved now: a GGUF file (beside the
+    Modelfile at where, if its path is relative, else the working folder) becomes its absolute path,
+    another made model the model it was made from, its settings under the new ones; a registry or Hub
+    name must be one."""
+    modelfile.checked_name(preset.name)
+    models = registry.load()
+    if preset.name.lower() in registry.names(models):
+        raise UsageError(f"{preset.name} is a model the registry names: give yours a name of its own")
     preset.settings(Sampling(), Limits())  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
     if layered := modelfile.find(preset.base):
         preset = layered.under(preset)
@@ -77,12 +84,24 @@ def create(name: str, text: str, where: Path | None = None) -> tuple[Preset, lis
         elif isinstance(registry.resolve(preset.base, models), Path):  # (a name no model has is refused there)
             raise UsageError(f"FROM {preset.base}: no such file" + (f" beside {where}" if where else ""))
     modelfile.keep(preset)
-    return preset, notes
+    return preset
+
+
+def copy(source: str, destination: str) -> Preset:
+    """A model made under another name as `ollama cp` copies one: a made model with all its settings, or a
+    registry model or GGUF file as it is (nothing is copied on disk: the new name stands for it)."""
+    made = modelfile.find(source)
+    return make(dataclasses.replace(made, name=destination) if made else Preset(destination, source))
 
 
 def forget(name: str) -> bool:
     """Remove a model made with `create` (the model it is made from stays); False where none is so named."""
     return modelfile.forget(name)
+
+
+def remove(entry: ModelEntry) -> int:
+    """Delete a registry model's downloaded file (a partial download too); the bytes freed (0: none was here)."""
+    return download.remove(entry)
 
 
 def known() -> dict[str, ModelEntry]:

@@ -108,7 +108,9 @@ def _quoted(text: str) -> str:
         return text
     if '"""' in text:
         raise UsageError('a Modelfile value cannot hold three double quotes in a row (""")')
-    return f'"""{text}"""'
+    # a value over several lines starts and ends on a line of its own, so that the newlines framing it in the
+    # Modelfile are told apart from its own (a stop of two newlines)
+    return f'"""\n{text}\n"""' if "\n" in text else f'"""{text}"""'
 
 
 def parse(text: str, name: str, where: Path | None = None, notes: list[str] | None = None) -> Preset:
@@ -134,13 +136,7 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
             base = _value(argument)
         elif instruction == "parameter":
             key, value = _split(argument, mistake, "PARAMETER needs a name and a value")
-            key, value = key.lower(), _value(value)
-            if key in NEUTRAL_OPTIONS and value.lower() not in {str(v).lower() for v in NEUTRAL_OPTIONS[key]}:
-                raise mistake(f"PARAMETER {key} {value}: not supported by localspec (only {NEUTRAL_OPTIONS[key][0]})")
-            if key in TAKEN_AND_IGNORED - {"num_ctx"} or key in NEUTRAL_OPTIONS:
-                notes.append(f"line {number}: PARAMETER {key} left alone: localspec's own settings decide it")
-            else:
-                parameters.append((key, _parameter(key, value, mistake)))
+            parameters += _parameters(key.lower(), [_value(value)], mistake, notes, "PARAMETER ", f"line {number}: ")
         elif instruction == "message":
             role, content = _split(argument, mistake, "MESSAGE needs a role and its text")
             if role.lower() not in ROLES:
@@ -154,6 +150,31 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
         raise UsageError(f"{source} has no FROM: name the model it is made from (`FROM qwen2.5-coder-1.5b`, or a"
                          " GGUF file's path)")
     return Preset(name, base, system, tuple(parameters), tuple(messages), license)
+
+
+def requested(name: str, base: str, system: str | None = None, parameters: dict | None = None,
+              messages: Sequence[dict] = (), license: str | Sequence[str] | None = None,
+              notes: list[str] | None = None) -> Preset:
+    """A Preset from what Ollama's /api/create asks field by field (what a Modelfile's FROM, SYSTEM, PARAMETER,
+    MESSAGE and LICENSE would say): parameters by Ollama's names, a list where one has several values (stop);
+    UsageError naming the field that cannot be taken; notes: told what was read and left alone."""
+    notes = [] if notes is None else notes
+    if not base or not base.strip():
+        raise UsageError("from: name the model it is made from (a registry name, a model made so, or a GGUF file)")
+    kept: list[tuple[str, int | float | str]] = []
+    for key, value in (parameters or {}).items():
+        values = value if isinstance(value, list) else [value]
+        texts = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+        kept += _parameters(key.lower(), texts, UsageError, notes, "parameters.")
+    opening = []
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES or not isinstance(content, str):
+            raise UsageError(f"messages[{index}]: a role ({', '.join(ROLES)}) and its content, as text")
+        opening.append((role, content))
+    if not isinstance(license, str) and license is not None:
+        license = "\n\n".join(license)
+    return Preset(name, base.strip(), system, tuple(kept), tuple(opening), license)
 
 
 def _instructions(text: str, source: str):
@@ -193,24 +214,41 @@ def _value(argument: str) -> str:
     """An argument's text: inside its triple or double quotes where it has them."""
     argument = argument.strip()
     if argument.startswith('"""') and argument.endswith('"""') and len(argument) >= 6:
-        return argument[3:-3].strip("\n") if "\n" in argument else argument[3:-3]
+        return argument[3:-3].removeprefix("\n").removesuffix("\n") if "\n" in argument else argument[3:-3]
     if len(argument) >= 2 and argument.startswith('"') and argument.endswith('"'):
         return argument[1:-1].replace('\\"', '"')
     return argument
 
 
-def _parameter(name: str, text: str, mistake) -> int | float | str:
+def _parameters(name: str, texts: list[str], mistake, notes: list[str], label: str,
+                where: str = "") -> list[tuple[str, int | float | str]]:
+    """A parameter's values as kept (stop may have several); none where it is read and left alone, which
+    notes then say. label: how the parameter is named where it was read ("PARAMETER ", "parameters."); where:
+    the line it was read on, for notes."""
+    if name in NEUTRAL_OPTIONS:
+        refused = [text for text in texts if text.lower() not in {str(v).lower() for v in NEUTRAL_OPTIONS[name]}]
+        if refused:
+            raise mistake(f"{label}{name} {refused[0]}: not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
+    if name in TAKEN_AND_IGNORED - {"num_ctx"} or name in NEUTRAL_OPTIONS:
+        notes.append(f"{where}{label}{name} left alone: localspec's own settings decide it")
+        return []
+    if len(texts) > 1 and name != "stop":
+        raise mistake(f"{label}{name}: one value (stop alone may have several)")
+    return [(name, _parameter(name, text, mistake, label)) for text in texts]
+
+
+def _parameter(name: str, text: str, mistake, label: str) -> int | float | str:
     if name not in PARAMETERS:
-        raise mistake(f"PARAMETER {name}: not a parameter localspec takes ({', '.join(PARAMETERS)})")
+        raise mistake(f"{label}{name}: not a parameter localspec takes ({', '.join(PARAMETERS)})")
     kind = PARAMETERS[name]
     try:
         value = kind(text)
     except ValueError:
-        raise mistake(f"PARAMETER {name}: {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+        raise mistake(f"{label}{name}: {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
     if kind is float and not math.isfinite(value):
-        raise mistake(f"PARAMETER {name}: a number, got {text!r}")
+        raise mistake(f"{label}{name}: a number, got {text!r}")
     if name == "num_ctx" and value < 1:
-        raise mistake(f"PARAMETER num_ctx: a count of tokens, got {value}")
+        raise mistake(f"{label}num_ctx: a count of tokens, got {value}")
     return value
 
 
