@@ -38,6 +38,9 @@ class FakeModel:
     def __init__(self):
         self.asked = []
 
+    def begin(self, prompt, sampling, rng):
+        pass
+
     def prepare(self, sampling, rng):
         pass
 
@@ -600,3 +603,50 @@ def test_calibration_measures_what_a_change_of_batch_size_costs(changing, monkey
     assert (costs.reshape, costs.recapture) == ((pytest.approx(1.5), pytest.approx(0.5)) if changing else (0.0, 0.0))
     kept = Costs.from_dict(dataclasses.asdict(costs))  # kept between runs
     assert (kept.reshape, kept.recapture) == (costs.reshape, costs.recapture)
+
+
+class ReadingModel:
+    """A draft model that knows the text: its catch-up is what it has not read, the prompt at begin() or all
+    of it at its first draft."""
+
+    kind = DrafterKind.DRAFT
+
+    def __init__(self, text):
+        self.text, self.read = text, 0
+
+    def begin(self, prompt, sampling, rng):
+        self.read = len(prompt)
+
+    def prepare(self, sampling, rng):
+        self.read = 0
+
+    def behind(self, history):
+        return len(history) - self.read
+
+    def propose(self, history, k):
+        self.read = len(history)
+        return Draft(self.text[len(history) : len(history) + k], source=self.kind)
+
+
+# The costs an H200 measured for a Llama-3.1-8B-shaped target and a 0.5B-shaped draft (0.32 of a target token)
+H200_8B = {1: 0.00355, 2: 0.00407, 4: 0.00546, 8: 0.00830, 16: 0.00808, 32: 0.01039}
+
+
+def test_a_draft_model_that_would_pay_reads_the_prompt_with_the_target_and_is_tried_after_a_long_one():
+    """A catch-up of a 300-token prompt costs more than the probe bucket ever holds: left to the first draft,
+    a draft model that is always right was never tried on such costs."""
+    prompt, answer = list(range(1000, 1300)), list(range(2000, 2100))  # nothing for n-gram lookup to copy
+    model = ReadingModel(prompt + answer)
+    auto = AutoDrafter(NgramDrafter(2, 4), [model], costs(H200_8B, 0.32 * H200_8B[1]))
+    auto.begin(prompt, Sampling(), None)
+    assert model.read == len(prompt)
+    steps = write(auto, prompt + answer, len(prompt), 8, H200_8B)
+    assert sum(step.drafted for step in steps if step.drafter == DrafterKind.DRAFT) >= len(answer) / 2
+    assert len(steps) <= len(answer) / 2
+    # where earlier generations found it seldom right, or on a machine where it cannot pay, it reads nothing
+    believe(auto, DrafterKind.DRAFT, None, [0.1])
+    auto.begin(prompt, Sampling(), None)
+    assert model.read == 0
+    slow = AutoDrafter(NgramDrafter(2, 4), [model], costs(EPYC_LIKE, 0.65 * EPYC_LIKE[1]))
+    slow.begin(prompt, Sampling(), None)
+    assert model.read == 0

@@ -217,6 +217,9 @@ class Runner:
     def __init__(self, text: list[int], wrong: set[int]):
         self.text, self.wrong = text, wrong
 
+    def begin(self, prompt, sampling, rng):
+        pass
+
     def prepare(self, sampling, rng):
         pass
 
@@ -529,6 +532,9 @@ class Drawn:
 
     kind = DrafterKind.DRAFT
     draft = Draft()
+
+    def begin(self, prompt, sampling, rng):
+        pass
 
     def prepare(self, sampling, rng):
         pass

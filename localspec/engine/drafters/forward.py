@@ -87,7 +87,7 @@ class ForwardDrafter:
 
     def prepare(self, sampling: Sampling, rng: np.random.Generator) -> None:
         """Start a generation without reading anything: the first draft reads all its cache lacks,
-        as its catch-up (the auto policy reads the prompt into a costly drafter only if it chooses it)."""
+        as its catch-up (the auto policy reads the prompt into a costly drafter only where one would pay)."""
         self.sampling = sampling
         self.rng = rng
         self.penalties = Penalties.of(sampling)
