@@ -102,6 +102,7 @@ class Tally:
 
     def __init__(self):
         self.seconds = 0.0
+        self.prompt_seconds = 0.0  # the draft model reading prompts beside the target (prefill, not in seconds)
         self.by: dict[str, dict[str, int]] = {}  # drafter -> steps, drafted, accepted
         self.shapes: list[tuple[int, int]] = []  # (drafted, accepted) of every step, plain ones included
 
@@ -157,17 +158,23 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             for kind, tally in tallies.items():
                 costs = auto.costs if kind == DrafterKind.AUTO else device_costs(device, shape, where)
                 drafter = auto if kind == DrafterKind.AUTO else fixed_drafter(kind, item, costs, cache, speculation)
+                reader = auto.costly.get(DrafterKind.DRAFT) if kind == DrafterKind.AUTO else (
+                    drafter if kind == DrafterKind.DRAFT else None)
                 limit = draft_limit(speculation, kind)
                 if "prediction" in item:  # a prompt's prediction drafts in every mode, as bench runs it
                     drafter = PredictionDrafter(item["prediction"], drafter, limit)
                     limit = draft_limit(speculation, DrafterKind.PREDICTION)
-                tally.add(*replay(drafter, prompt, reply, costs, limit, charged=device_costs(device, shape, where)))
+                charged = device_costs(device, shape, where)
+                tally.add(*replay(drafter, prompt, reply, costs, limit, charged=charged))
+                if reader is not None:
+                    tally.prompt_seconds += charged.catch_up_seconds(DrafterKind.DRAFT, reader.prompt_read)
             cache.add(prompt[-cache.depth :] + reply)  # as a session keeps each finished generation
         runs = [chain_lengths(item["draft"]["likeliest"], item["reply"]) for item in items]
         sure = [p >= speculation.p_min for item in items for p in item["draft"]["sure"]]
         sets[name] = {
             "prompts": len(items), "tokens": sum(len(item["reply"]) for item in items), "plain_seconds": plain,
             "seconds": {kind: tally.seconds for kind, tally in tallies.items()},
+            "prompt_seconds": {kind: tally.prompt_seconds for kind, tally in tallies.items()},
             "speedups": {kind: plain / tally.seconds for kind, tally in tallies.items()},
             "drafting": {kind: tally.by for kind, tally in tallies.items()},
             "shapes": {kind: tally.shapes for kind, tally in tallies.items()},
@@ -265,6 +272,13 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
         pricing = (" the report has no draft cost (its draft stage did not run), so the draft model is left"
                    " out, of auto too;")
     note = f" The report notes: {device['note']}" if device.get("note") else ""
+    read = {kind: sum(s["prompt_seconds"].get(kind, 0.0) for s in sets.values()) for kind in (DrafterKind.DRAFT,
+                                                                                               DrafterKind.AUTO)}
+    prefill = (" prefill: the target reads each prompt alike in every column, and the draft model reads it beside"
+               f" the target in the draft model's column ({read[DrafterKind.DRAFT]:.2f} s over all sets, at its"
+               f" catch-up cost) and in auto's where a draft with it would pay there ({read[DrafterKind.AUTO]:.2f} s),"
+               f" against {sum(s['plain_seconds'] for s in sets.values()):.2f} s of plain decoding;"
+               if costs.drafts else " prefill (the prompt is read before decoding in every column alike);")
     lengths = Speculation()
     lines += ["", f"*Method.* These are predictions, not measurements. The replies, and the draft model's proposals"
               f" along them, were recorded on this machine with the real models ({recording['target']} and its"
@@ -281,7 +295,7 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
               " prediction drafts in every column, as in bench. The all-sets row is all plain time over all of a"
               " column's, over the sets the column has. Past a draft model's first miss it is taken to stay sure"
               " up to its length (the most that draft could cost). Left out: host time per step (policy, sampling,"
-              " Python), prefill (the prompt is read before decoding on both sides), the machine's drift, and"
+              f" Python),{prefill} the machine's drift, and"
               " near-ties that a batched verification breaks otherwise than plain decoding (the replies are"
               f" plain decoding's).{note}"]
     return "\n".join(lines) + "\n"

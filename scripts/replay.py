@@ -121,6 +121,7 @@ class RecordedDraftModel:
 
     def __init__(self, costs: Costs, p_min: float):
         self.costs, self.p_min = costs, p_min
+        self.prompt_read = 0  # the prompt tokens it read beside the target (prefill, which replay() does not charge)
 
     def follow(self, item: dict) -> None:
         """Draft along this recorded generation from now on."""
@@ -130,12 +131,13 @@ class RecordedDraftModel:
         self.runs = chain_lengths(self.likeliest, self.reply)
 
     def begin(self, prompt, sampling, rng) -> None:
-        """As fixed drafting: the prompt is read while the target reads it, before decoding starts."""
-        self.agreed = self.cached = len(prompt)
+        """As fixed drafting (and auto where the draft model would pay): the prompt is read while the target
+        reads it, before decoding starts."""
+        self.agreed = self.cached = self.prompt_read = len(prompt)
 
     def prepare(self, sampling, rng) -> None:
-        """As auto: the first draft reads all it lacks."""
-        self.agreed = self.cached = 0
+        """As auto elsewhere: the first draft reads all it lacks."""
+        self.agreed = self.cached = self.prompt_read = 0
 
     def behind(self, history: list[int]) -> int:
         """As ModelDrafter's: the tokens since it last drafted, at most (what auto weighs)."""

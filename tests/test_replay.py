@@ -109,6 +109,12 @@ def test_auto_drafts_with_the_draft_model_on_a_device_where_it_pays_and_not_wher
     linear = predict_gpu.predict(recording(), device(LINEAR, 0.5), SHAPE, "test")["made-up"]
     assert DrafterKind.DRAFT not in linear["drafting"][DrafterKind.AUTO]
     assert linear["speedups"][DrafterKind.AUTO] == pytest.approx(1.0)
+    # the draft model reads the prompt beside the target where it drafts every step, and in auto only where
+    # it would pay: prefill, told apart from the decoding it prices
+    prompt = len(recording()["sets"]["made-up"][0]["prompt"])
+    read = predict_gpu.device_costs(device(FLAT, 0.1), SHAPE, "test").catch_up_seconds(DrafterKind.DRAFT, prompt)
+    assert flat["prompt_seconds"][DrafterKind.DRAFT] == flat["prompt_seconds"][DrafterKind.AUTO] == pytest.approx(read)
+    assert linear["prompt_seconds"][DrafterKind.AUTO] == 0.0 < linear["prompt_seconds"][DrafterKind.DRAFT]
     # a report whose draft stage did not run: no draft model, in auto neither
     without = predict_gpu.predict(recording(), device(FLAT, None), SHAPE, "test")["made-up"]
     assert DrafterKind.DRAFT not in without["speedups"] and without["speedups"][DrafterKind.AUTO] == pytest.approx(1.0)
