@@ -93,6 +93,8 @@ class Server:
             ("/api/create", "POST", OLLAMA, self.ollama_create, True),
             ("/api/copy", "POST", OLLAMA, self.ollama_copy, True),
             ("/api/delete", "DELETE", OLLAMA, self.ollama_delete, True),
+            ("/api/blobs/{digest}", "POST", OLLAMA, self.ollama_blob_upload, True),
+            ("/api/blobs/{digest}", "HEAD", OLLAMA, self.ollama_blob_there, True),
             ("/v1/responses", "POST", self.responses, self.responses_create, True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
@@ -291,8 +293,15 @@ class Server:
         route); streamed as Ollama's statuses, what was read and left alone among them."""
         self._may_change_models("create")
         asked = ollama.parse_create(await self._body(request))
+        if asked.files and asked.preset.base:
+            raise ApiError(400, "from and files: a model is made from one of them", param="files")
+
+        def make() -> store.Preset:
+            uploaded = store.blob_model(asked.files) if asked.files else None
+            return store.make(replace(asked.preset, base=str(uploaded)) if uploaded else asked.preset)
+
         try:
-            made = await asyncio.to_thread(store.make, asked.preset)
+            made = await asyncio.to_thread(make)
         except UsageError as error:
             raise ApiError(400, str(error)) from None
         self.log(f"created {made.name} from {made.base}" + "".join(f"; {note}" for note in asked.notes))
@@ -300,6 +309,35 @@ class Server:
             return JSONResponse({"status": "success"})
         return StreamingResponse((json.dumps(status) + "\n" for status in ollama.created(made.name, asked.notes)),
                                  media_type="application/x-ndjson")
+
+    async def ollama_blob_upload(self, request: Request, client: str | None) -> Response:
+        """Keep a file uploaded as Ollama's clients upload a GGUF before /api/create names it in files (its bytes
+        checked against the digest it is sent under); 201 once kept."""
+        self._may_change_models("an upload")
+        length = request.headers.get("content-length", "")
+        try:
+            upload = store.receive_blob(request.path_params["digest"], int(length) if length.isdigit() else None)
+        except UsageError as error:
+            raise ApiError(400, str(error)) from None
+        try:
+            async for piece in request.stream():
+                upload.write(piece)
+            kept = upload.finish()
+        except UsageError as error:
+            upload.abort()
+            raise ApiError(400, str(error)) from None
+        except BaseException:
+            upload.abort()
+            raise
+        self.log(f"kept an upload of {upload.received:,} bytes as {kept.name}")
+        return Response(status_code=201)
+
+    async def ollama_blob_there(self, request: Request, client: str | None) -> Response:
+        """Whether a file of this digest was uploaded (200) or not (404), as Ollama's clients ask before uploading."""
+        try:
+            return Response(status_code=200 if store.blob(request.path_params["digest"]) else 404)
+        except UsageError as error:
+            raise ApiError(400, str(error)) from None
 
     async def ollama_copy(self, request: Request, client: str | None) -> Response:
         """The model under another name, as `localspec cp` makes it."""

@@ -255,7 +255,7 @@ def test_ollamas_create_copy_and_delete_through_its_client(localspec, tiny, tmp_
     assert tiny["target"].exists()
 
 
-def test_no_pull_refuses_create_copy_and_delete_too(localspec, tiny, tmp_path):
+def test_no_pull_refuses_create_copy_delete_and_uploads_too(localspec, tiny, tmp_path):
     import ollama
 
     from test_server import ServerProcess
@@ -266,11 +266,13 @@ def test_no_pull_refuses_create_copy_and_delete_too(localspec, tiny, tmp_path):
     try:
         client = ollama.Client(host=server.base)
         for asked, what in ((lambda: client.create("mine", from_=str(tiny["target"])), "create"),
-                            (lambda: client.copy("terse", "mine"), "copy"), (lambda: client.delete("terse"), "delete")):
+                            (lambda: client.copy("terse", "mine"), "copy"), (lambda: client.delete("terse"), "delete"),
+                            (lambda: client.create_blob(tiny["target"]), "an upload")):
             with pytest.raises(ollama.ResponseError) as refused:
                 asked()
             assert refused.value.status_code == 403 and f"{what} is off on this server" in str(refused.value)
         assert {m.model for m in client.list().models} >= {"terse"} and "mine" not in {m.model for m in client.list().models}
+        assert not (tmp_path / "home" / "blobs").exists()
     finally:
         assert server.stop() == 0, server.log()
 
@@ -288,3 +290,52 @@ def test_cp_makes_a_model_under_another_name_with_its_settings(localspec, tiny, 
                                       ("terse", "two words", b"cannot name a model")):
         refused = localspec("cp", source, destination)
         assert refused.returncode == 2 and said in refused.stderr and b"Traceback" not in refused.stderr
+
+
+def test_a_gguf_uploaded_as_ollamas_clients_upload_it_makes_a_model(localspec, tiny, tmp_path):
+    import hashlib
+
+    import httpx2 as httpx
+    import ollama
+
+    from test_server import ServerProcess
+
+    home = tmp_path / "home"
+    elsewhere = tmp_path / "client-side.gguf"  # (the client's file: the server keeps its own copy)
+    shutil.copy(tiny["partial"], elsewhere)
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = ollama.Client(host=server.base)
+        digest = "sha256:" + hashlib.sha256(elsewhere.read_bytes()).hexdigest()
+        assert httpx.head(f"{server.base}/api/blobs/{digest}").status_code == 404
+        assert client.create_blob(elsewhere) == digest
+        assert httpx.head(f"{server.base}/api/blobs/{digest}").status_code == 200
+        assert client.create("uploaded", files={"client-side.gguf": digest}, system="You are terse.",
+                             parameters={"num_predict": 3}).status == "success"
+        elsewhere.unlink()
+        reply = client.chat("uploaded", messages=[{"role": "user", "content": "hi"}])
+        assert reply.model == "uploaded" and reply.eval_count == 3
+        kept = localspec("show", "uploaded", "--modelfile").stdout.decode().splitlines()[0]
+        assert kept.startswith(f"FROM {home / 'blobs' / 'sha256-'}")
+
+        wrong = "sha256:" + "0" * 64  # bytes that are not what their digest says: nothing kept
+        sent = httpx.post(f"{server.base}/api/blobs/{wrong}", content=b"GGUF and more")
+        assert sent.status_code == 400 and "nothing was kept" in sent.json()["error"]
+        assert httpx.head(f"{server.base}/api/blobs/{wrong}").status_code == 404
+        assert [path.name for path in (home / "blobs").iterdir()] == [digest.replace(":", "-")]
+        text = b"not a model"
+        text_digest = "sha256:" + hashlib.sha256(text).hexdigest()
+        assert httpx.post(f"{server.base}/api/blobs/{text_digest}", content=text).status_code == 201
+        for files, said in (({"notes.gguf": text_digest}, "notes.gguf is not a GGUF file"),
+                            ({"model.gguf": wrong}, "has not been uploaded"),
+                            ({"model.safetensors": digest}, "only a GGUF model file is taken")):
+            with pytest.raises(ollama.ResponseError) as refused:
+                client.create("mine", files=files)
+            assert refused.value.status_code == 400 and said in str(refused.value), str(refused.value)
+        with pytest.raises(ollama.ResponseError) as both:
+            client.create("mine", from_="tiny", files={"client-side.gguf": digest})
+        assert both.value.status_code == 400 and "from and files" in str(both.value)
+        assert httpx.post(f"{server.base}/api/blobs/sha256:nothex", content=b"x").status_code == 400
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -541,8 +541,8 @@ def serve(
         "--allow-pull/--no-pull", show_default=False,
         help="Whether clients may download models with Ollama's POST /api/pull (any client could make the server"
         " fetch a Hub GGUF, then load it), and make, copy and delete them with /api/create, /api/copy and"
-        " /api/delete. Default: allowed while serve listens on this machine only (127.0.0.1, ::1, localhost),"
-        " refused once --host exposes it.")] = None,
+        " /api/delete, uploading files with /api/blobs. Default: allowed while serve listens on this machine"
+        " only (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
@@ -550,8 +550,8 @@ def serve(
     position, plain decoding beside a reply); `localspec run` and `chat` answer through a serve that holds
     their model. POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings,
     GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses;
-    Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/tags,
-    /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
+    Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,
+    /api/tags, /api/ps, /api/show and /api/version. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
     grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
     (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded

@@ -268,19 +268,18 @@ class Creation:
     preset: Preset
     notes: list[str]
     stream: bool
+    files: dict[str, str]  # uploaded files (name -> digest): the model is made from the GGUF among them
 
 
 REFUSED_FIELDS = {
     "quantize": "localspec runs a GGUF file as it is quantized: quantize with llama.cpp's llama-quantize first",
-    "files": "models are not uploaded here (Ollama's /api/blobs): make it FROM a registry name, a model made so,"
-             " or the path of a GGUF file on the server's machine",
     "adapters": ADAPTER,
 }
 
 
 def parse_create(data: dict) -> Creation:
-    """/api/create: the model made field by field (from, system, parameters, messages, license) as a Modelfile
-    says it, or from an older client's Modelfile text."""
+    """/api/create: the model made field by field (from, or the GGUF file among uploaded files; system,
+    parameters, messages, license) as a Modelfile says it, or from an older client's Modelfile text."""
     create = _validate(CreateBody, data)
     name = own_name(create.model or create.name, "model")
     for field, why in REFUSED_FIELDS.items():
@@ -290,14 +289,17 @@ def parse_create(data: dict) -> Creation:
     try:
         if create.modelfile is not None:
             preset = modelfile.parse(create.modelfile, name, None, notes)
-        else:
-            preset = modelfile.requested(name, create.from_ or "", create.system, create.parameters,
+        elif create.from_ and create.from_.strip() or create.files:
+            preset = modelfile.requested(name, (create.from_ or "").strip(), create.system, create.parameters,
                                          [message.model_dump() for message in create.messages], create.license, notes)
+        else:
+            raise UsageError("from: name the model it is made from (a registry name, a model made so, or a GGUF"
+                             " file's path here), or upload its GGUF file (/api/blobs) and name it in files")
     except UsageError as error:
         raise ApiError(400, str(error)) from None
     if create.template is not None:
         notes.append(f"template left alone: {modelfile.IGNORED['template']}")
-    return Creation(preset, notes, create.stream)
+    return Creation(preset, notes, create.stream, create.files or {})
 
 
 def created(name: str, notes: list[str]) -> list[dict]:

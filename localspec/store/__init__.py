@@ -7,7 +7,8 @@ pair (compat.py), fitted to the machine's memory and devices (hardware.py, place
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
 `create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
-made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; here(name) its file
+made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
+receive_blob(digest, size) and blob_model(files) the files Ollama's API uploads; here(name) its file
 where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
 downloaded; fetch(resolved) its file, downloaded first
 where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
@@ -23,14 +24,14 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import UsageError
-from . import compat, download, gguf_meta, hardware, modelfile, registry
+from . import blobs, compat, download, gguf_meta, hardware, modelfile, registry
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "copy", "create", "estimate_bytes",
-           "every_made", "fetch", "find", "forget", "header", "here", "installed", "known", "machine", "made", "make",
-           "pair", "remove"]
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "copy",
+           "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here", "installed",
+           "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -102,6 +103,21 @@ def forget(name: str) -> bool:
 def remove(entry: ModelEntry) -> int:
     """Delete a registry model's downloaded file (a partial download too); the bytes freed (0: none was here)."""
     return download.remove(entry)
+
+
+def blob(digest: str) -> Path | None:
+    """The file uploaded under this digest (Ollama's sha256:HEX), where one was."""
+    return blobs.find(digest)
+
+
+def receive_blob(digest: str, size: int | None) -> blobs.Upload:
+    """A file arriving under this digest, to write piece by piece and finish (kept only if its bytes match)."""
+    return blobs.Upload(digest, size)
+
+
+def blob_model(files: dict[str, str]) -> Path:
+    """The GGUF file among uploaded files (name -> digest) that a model is made from."""
+    return blobs.model(files)
 
 
 def known() -> dict[str, ModelEntry]:

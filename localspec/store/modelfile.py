@@ -159,8 +159,6 @@ def requested(name: str, base: str, system: str | None = None, parameters: dict 
     MESSAGE and LICENSE would say): parameters by Ollama's names, a list where one has several values (stop);
     UsageError naming the field that cannot be taken; notes: told what was read and left alone."""
     notes = [] if notes is None else notes
-    if not base or not base.strip():
-        raise UsageError("from: name the model it is made from (a registry name, a model made so, or a GGUF file)")
     kept: list[tuple[str, int | float | str]] = []
     for key, value in (parameters or {}).items():
         values = value if isinstance(value, list) else [value]
@@ -174,7 +172,7 @@ def requested(name: str, base: str, system: str | None = None, parameters: dict 
         opening.append((role, content))
     if not isinstance(license, str) and license is not None:
         license = "\n\n".join(license)
-    return Preset(name, base.strip(), system, tuple(kept), tuple(opening), license)
+    return Preset(name, base, system, tuple(kept), tuple(opening), license)
 
 
 def _instructions(text: str, source: str):

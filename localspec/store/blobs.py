@@ -1,0 +1,92 @@
+"""Files uploaded as Ollama's API uploads them (POST /api/blobs/sha256:HEX, as `ollama create` does with a
+Modelfile FROM a GGUF file on the client's machine, and the `ollama` package's create_blob), kept by
+digest in blobs/ beside the models folder. A model made with create from one names its path."""
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .. import paths
+from ..errors import UsageError
+
+DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})$")
+LEFT_FREE = 2**30  # bytes of the disk an upload leaves free
+GGUF_MAGIC = b"GGUF"
+
+
+def folder() -> Path:
+    return paths.models_dir().parent / "blobs"
+
+
+def path(digest: str) -> Path:
+    """Where the blob of this digest is kept; UsageError where it is no sha256 digest."""
+    found = DIGEST.match(digest)
+    if not found:
+        raise UsageError(f"{digest[:80]!r} is not a blob's digest: sha256: and 64 hexadecimal digits")
+    return folder() / f"sha256-{found.group(1)}"
+
+
+def find(digest: str) -> Path | None:
+    """The blob of this digest, where one was uploaded."""
+    kept = path(digest)
+    return kept if kept.is_file() else None
+
+
+class Upload:
+    """A blob arriving in pieces: written beside where it is kept, hashed as it comes, kept only if its
+    bytes have the digest it was sent under."""
+
+    def __init__(self, digest: str, size: int | None):
+        self.kept = path(digest)
+        self.kept.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.kept.parent).free
+        if size is not None and size > free - LEFT_FREE:
+            raise UsageError(f"the upload is {size / 1e9:.1f} GB, and {free / 1e9:.1f} GB are free in"
+                             f" {self.kept.parent} (1 GB is left free)")
+        self.room = free - LEFT_FREE
+        self.partial = self.kept.with_name(f"{self.kept.name}.{os.getpid()}.{id(self)}.partial")
+        self.file = open(self.partial, "wb", opener=paths.no_follow)
+        self.hash = hashlib.sha256()
+        self.received = 0
+
+    def write(self, piece: bytes) -> None:
+        self.received += len(piece)
+        if self.received > self.room:
+            raise UsageError(f"the upload would leave less than 1 GB free in {self.kept.parent}")
+        self.hash.update(piece)
+        self.file.write(piece)
+
+    def finish(self) -> Path:
+        """The blob kept; UsageError (nothing kept) where its bytes are not what its digest says."""
+        self.file.close()
+        if f"sha256-{self.hash.hexdigest()}" != self.kept.name:
+            self.abort()
+            raise UsageError(f"the upload's sha256 is {self.hash.hexdigest()}, not the digest it was sent under:"
+                             " nothing was kept")
+        os.replace(self.partial, self.kept)
+        return self.kept
+
+    def abort(self) -> None:
+        self.file.close()
+        self.partial.unlink(missing_ok=True)
+
+
+def model(files: dict[str, str]) -> Path:
+    """The GGUF file among a create request's uploaded files (name -> digest), as it is kept; UsageError
+    naming what is missing or not taken."""
+    others = [name for name in files if not name.lower().endswith(".gguf")]
+    if others:
+        raise UsageError(f"files: {others[0]}: only a GGUF model file is taken (no safetensors, projectors"
+                         " or adapters)")
+    if len(files) != 1:
+        raise UsageError(f"files: one GGUF file, the model ({len(files)} given)")
+    (name, digest), = files.items()
+    kept = find(digest)
+    if kept is None:
+        raise UsageError(f"files: {name} ({digest}) has not been uploaded: POST it to /api/blobs/{digest} first")
+    with open(kept, "rb") as file:
+        if file.read(4) != GGUF_MAGIC:
+            raise UsageError(f"files: {name} is not a GGUF file")
+    return kept
