@@ -251,7 +251,7 @@ class Server:
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
         generations go on; streamed as Ollama's statuses. Requests may name it once it is there."""
-        self._may_change_models("pull")
+        self._may_change_models("pulls")
         asked = ollama.parse_pull(await self._body(request))
         try:
             wanted = store.find(asked.model)
@@ -284,14 +284,14 @@ class Server:
 
     def _may_change_models(self, what: str) -> None:
         if not self.serving.model_changes:
-            raise ApiError(403, f"{what} is off on this server: serve refuses Ollama's /api/pull, /api/create,"
-                           " /api/copy and /api/delete once --host exposes it, unless started with --allow-pull",
-                           code="model_changes_disabled")
+            raise ApiError(403, f"{what} are off on this server: serve refuses Ollama's /api/pull, /api/create,"
+                           " /api/copy, /api/delete and /api/blobs once --host exposes it, unless started with"
+                           " --allow-pull", code="model_changes_disabled")
 
     async def ollama_create(self, request: Request, client: str | None) -> Response:
         """Make a model of one's own, as `localspec create` does (a made model's name then answers on every
         route); streamed as Ollama's statuses, what was read and left alone among them."""
-        self._may_change_models("create")
+        self._may_change_models("creates")
         asked = ollama.parse_create(await self._body(request))
         if asked.files and asked.preset.base:
             raise ApiError(400, "from and files: a model is made from one of them", param="files")
@@ -313,7 +313,7 @@ class Server:
     async def ollama_blob_upload(self, request: Request, client: str | None) -> Response:
         """Keep a file uploaded as Ollama's clients upload a GGUF before /api/create names it in files (its bytes
         checked against the digest it is sent under); 201 once kept."""
-        self._may_change_models("an upload")
+        self._may_change_models("uploads")
         length = request.headers.get("content-length", "")
         try:
             upload = store.receive_blob(request.path_params["digest"], int(length) if length.isdigit() else None)
@@ -341,7 +341,7 @@ class Server:
 
     async def ollama_copy(self, request: Request, client: str | None) -> Response:
         """The model under another name, as `localspec cp` makes it."""
-        self._may_change_models("copy")
+        self._may_change_models("copies")
         source, destination = ollama.parse_copy(await self._body(request))
         if store.made(source) is None:
             self.pool.find(source)  # (a name no model here has: a 404 saying so)
@@ -355,7 +355,7 @@ class Server:
     async def ollama_delete(self, request: Request, client: str | None) -> Response:
         """Remove a model made with create or cp, or delete a downloaded registry model's file where no model
         loaded here reads it."""
-        self._may_change_models("delete")
+        self._may_change_models("deletes")
         name = ollama.parse_delete(await self._body(request))
         if store.forget(name):
             self.log(f"removed {name}")

@@ -665,7 +665,7 @@ def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
     server = ServerProcess(home, tiny["target"], "--no-draft", "--no-pull", env=hub_env)
     try:
         refused = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
-        assert refused.status_code == 403 and "pull is off on this server" in refused.json()["error"]
+        assert refused.status_code == 403 and "pulls are off on this server" in refused.json()["error"]
         assert not list(home.rglob("partial.gguf"))
     finally:
         assert server.stop() == 0, server.log()

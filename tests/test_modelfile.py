@@ -265,12 +265,12 @@ def test_no_pull_refuses_create_copy_delete_and_uploads_too(localspec, tiny, tmp
     server = ServerProcess(tmp_path / "home", tiny["target"], "--no-pull")
     try:
         client = ollama.Client(host=server.base)
-        for asked, what in ((lambda: client.create("mine", from_=str(tiny["target"])), "create"),
-                            (lambda: client.copy("terse", "mine"), "copy"), (lambda: client.delete("terse"), "delete"),
-                            (lambda: client.create_blob(tiny["target"]), "an upload")):
+        for asked, what in ((lambda: client.create("mine", from_=str(tiny["target"])), "creates"),
+                            (lambda: client.copy("terse", "mine"), "copies"), (lambda: client.delete("terse"), "deletes"),
+                            (lambda: client.create_blob(tiny["target"]), "uploads")):
             with pytest.raises(ollama.ResponseError) as refused:
                 asked()
-            assert refused.value.status_code == 403 and f"{what} is off on this server" in str(refused.value)
+            assert refused.value.status_code == 403 and f"{what} are off on this server" in str(refused.value)
         assert {m.model for m in client.list().models} >= {"terse"} and "mine" not in {m.model for m in client.list().models}
         assert not (tmp_path / "home" / "blobs").exists()
     finally:
