@@ -336,6 +336,11 @@ def test_a_gguf_uploaded_as_ollamas_clients_upload_it_makes_a_model(localspec, t
             client.create("mine", from_="tiny", files={"client-side.gguf": digest})
         assert both.value.status_code == 400 and "from and files" in str(both.value)
         assert httpx.post(f"{server.base}/api/blobs/sha256:nothex", content=b"x").status_code == 400
+        # a file uploaded for a model goes with the last model made from it, as Ollama prunes its blobs
+        assert client.copy("uploaded", "uploaded-too").status == "success"
+        assert client.delete("uploaded").status == "success" and (home / "blobs" / digest.replace(":", "-")).exists()
+        assert client.delete("uploaded-too").status == "success"
+        assert not (home / "blobs" / digest.replace(":", "-")).exists()
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()

@@ -96,8 +96,17 @@ def copy(source: str, destination: str) -> Preset:
 
 
 def forget(name: str) -> bool:
-    """Remove a model made with `create` (the model it is made from stays); False where none is so named."""
-    return modelfile.forget(name)
+    """Remove a model made with `create` (the model it is made from stays, but a file uploaded for it alone
+    goes, as Ollama prunes its blobs); False where none is so named."""
+    try:
+        made = modelfile.find(name)
+    except UsageError:  # (its kept Modelfile no longer reads: removed all the same)
+        made = None
+    if not modelfile.forget(name):
+        return False
+    if made is not None:
+        blobs.prune(Path(made.base), {preset.base for preset in modelfile.every()})
+    return True
 
 
 def remove(entry: ModelEntry) -> int:

@@ -90,3 +90,13 @@ def model(files: dict[str, str]) -> Path:
         if file.read(4) != GGUF_MAGIC:
             raise UsageError(f"files: {name} is not a GGUF file")
     return kept
+
+
+def prune(file: Path, still_named: set[str]) -> None:
+    """Delete an uploaded file no made model is made from any more (as Ollama prunes its blobs); a file
+    elsewhere, or one still named, stays."""
+    if file.parent == folder() and str(file) not in still_named:
+        try:
+            file.unlink(missing_ok=True)
+        except OSError:  # (held open where the system keeps such files: left for the next removal)
+            pass
