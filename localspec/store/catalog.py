@@ -45,16 +45,20 @@ def _row(entry: registry.ModelEntry, models: dict) -> dict:
                 size=entry.size, installed=header is not None, draft=entry.draft,
                 drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
                 unverified_drafters=[d.name for d in drafters if d.unverified],
-                license=license_text(entry), recurrent=header and header.recurrent,
-                rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers)
+                license=license_text(entry), **_drafting_fields(header))
 
 
 def _file_row(path: Path) -> dict:
     header = gguf_meta.read(path) if path.is_file() else None
     return dict(name=path.name, aliases=[], family="", params=header.parameter_size if header else "",
                 size=path.stat().st_size if header else None, installed=header is not None, draft=None, drafters={},
-                unverified=False, unverified_drafters=[], license="", recurrent=header and header.recurrent,
-                rolls_back=header and header.rolls_back, mtp_layers=header and header.mtp_layers)
+                unverified=False, unverified_drafters=[], license="", **_drafting_fields(header))
+
+
+def _drafting_fields(header: gguf_meta.GGUFInfo | None) -> dict:
+    """What a downloaded file's header says of how it can be drafted for (None where it is not here)."""
+    return dict(recurrent=header and header.recurrent, rolls_back=header and header.rolls_back,
+                mtp_layers=header and header.mtp_layers)
 
 
 @dataclass(frozen=True)
