@@ -392,7 +392,7 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, chat, OPENAI, served)
-        return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(body, served), parsed),
+        return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(parsed, served), parsed),
                                    served)
 
     async def responses_create(self, request: Request, client: str | None) -> Response:
@@ -400,7 +400,7 @@ class Server:
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, True, self.responses, served)
         return await self._respond(request, client, parsed,
-                                   self.responses.answering(True, _answered_as(body, served), parsed), served)
+                                   self.responses.answering(True, _answered_as(parsed, served), parsed), served)
 
     async def anthropic_messages(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
@@ -487,9 +487,11 @@ class Server:
             if chat and isinstance(body.get("messages"), list):
                 served.session.prompts.refuse_what_cannot_fit(0, len(body["messages"]))
             parsed = protocol.parse(body, chat, _as_made(self.defaults, made))
-            if parsed is not None and made is not None and parsed.request.messages is not None:
-                parsed = replace(parsed, request=replace(parsed.request,
-                                                         messages=made.conversation(parsed.request.messages)))
+            if parsed is not None and made is not None:
+                parsed = replace(parsed, made=made.name)
+                if parsed.request.messages is not None:
+                    parsed = replace(parsed, request=replace(parsed.request,
+                                                             messages=made.conversation(parsed.request.messages)))
             if parsed is not None:
                 served.session.prompts.refuse_what_cannot_fit(parsed.request.characters,
                                                               len(parsed.request.messages or ()))
@@ -982,11 +984,10 @@ def _makes_the_response(item, stream: bool) -> bool:
                                                                                     or item.logprobs))
 
 
-def _answered_as(body: dict, served: Served) -> str:
+def _answered_as(parsed: Parsed, served: Served) -> str:
     """The model an OpenAI answer names: the model that answered (a client's fixed name is not it), or the
     model made with `create` that the request named."""
-    made = store.made(body["model"]) if isinstance(body.get("model"), str) else None
-    return made.name if made else served.name
+    return parsed.made or served.name
 
 
 def _as_made(defaults: Defaults, made: store.Preset | None) -> Defaults:

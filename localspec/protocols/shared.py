@@ -116,6 +116,7 @@ class Parsed:
     thinking_shown: bool = True
     carried: list[dict] | None = None
     choices: int = 1  # answers to make of the one prompt (OpenAI's n)
+    made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
