@@ -358,8 +358,8 @@ class Serving:
     # scheme://host[:port] each, or "*" for any.
     cors_origins: tuple[str, ...] = ()
     # Whether Ollama's /api/pull may download models (any client could make the server fetch and load any Hub
-    # GGUF), and /api/create, /api/copy and /api/delete change the models here; None: where serve listens on
-    # this machine only.
+    # GGUF), and /api/create, /api/copy, /api/delete and /api/blobs change the models here; None: where serve
+    # listens on this machine only.
     allow_pull: bool | None = None
 
     def __post_init__(self):
@@ -380,7 +380,8 @@ class Serving:
 
     @property
     def model_changes(self) -> bool:
-        """Whether Ollama's /api/pull downloads, and its /api/create, /api/copy and /api/delete change the models."""
+        """Whether Ollama's /api/pull downloads, and its /api/create, /api/copy, /api/delete and /api/blobs change
+        the models."""
         return self.host in LOOPBACK_HOSTS if self.allow_pull is None else self.allow_pull
 
     @property
