@@ -165,10 +165,15 @@ def drafts_text(row: dict) -> str:
     return " + ".join(filter(None, [row["draft"] or "", ", ".join(beside)]))
 
 
+def _also(row: dict) -> str:
+    """A models row's aliases, or for a model made with `create` what it is made from."""
+    return ", ".join(row["aliases"]) or (f"made from {row['made_from']}" if row.get("made_from") else "")
+
+
 def models_table(rows: list[dict], console: Console = out) -> None:
     """Every name whole, at any width and in a pipe: the less useful columns are left out (and named
     below the table) rather than any name cut short."""
-    cells = [{"name": shown(row["name"]), "aliases": shown(", ".join(row["aliases"]) or (f"made from {row['made_from']}" if row.get("made_from") else "")), "family": shown(row["family"]),
+    cells = [{"name": shown(row["name"]), "aliases": shown(_also(row)), "family": shown(row["family"]),
               "params": shown(row["params"]), "size": size_text(row["size"]) + (UNVERIFIED if row.get("unverified") else ""),
               "installed": "[green]yes[/]" if row["installed"] else "no", "draft": shown(drafts_text(row)),
               "layers": layers_text(row), "license": shown(row["license"])} for row in rows]
