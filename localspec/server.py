@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -118,6 +118,9 @@ class Server:
                 failure = error if isinstance(error, ApiError) else ApiError(404, str(error), param="model",
                                                                               code="model_not_found")
                 self.log(f"{request.url.path} {failure.status} {failure.message}")
+            except ClientDisconnect:  # (no one is left to answer)
+                self.log(f"{request.url.path}: the client went away before its request had arrived")
+                return Response(status_code=400)
             except Exception as error:
                 self.log(traceback.format_exc().rstrip())
                 failure = ApiError(500, f"internal error: {error}", "server_error")
@@ -319,13 +322,23 @@ class Server:
             upload = store.receive_blob(request.path_params["digest"], int(length) if length.isdigit() else None)
         except UsageError as error:
             raise ApiError(400, str(error)) from None
+        # A large file may take long to arrive, but not stop arriving: one that sends nothing for --timeout
+        # held its connection and its partial file until the client closed it.
+        wait = self.serving.timeout
         try:
-            async for piece in request.stream():
-                upload.write(piece)
+            async with asyncio.timeout(wait) as deadline:
+                async for piece in request.stream():
+                    upload.write(piece)
+                    deadline.reschedule(asyncio.get_running_loop().time() + wait)
             kept = upload.finish()
         except UsageError as error:
             upload.abort()
             raise ApiError(400, str(error)) from None
+        except TimeoutError:
+            upload.abort()
+            raise ApiError(408, f"the upload stopped: nothing arrived for {wait:g} s (--timeout) after"
+                           f" {upload.received:,} bytes; nothing was kept", code="request_timeout",
+                           headers={"Connection": "close"}) from None
         except BaseException:
             upload.abort()
             raise

@@ -3,6 +3,8 @@ Ollama reads it, kept, listed, shown and removed, and run, chat and serve asking
 
 import json
 import shutil
+import socket
+import time
 
 import pytest
 
@@ -341,6 +343,39 @@ def test_a_gguf_uploaded_as_ollamas_clients_upload_it_makes_a_model(localspec, t
         assert client.delete("uploaded").status == "success" and (home / "blobs" / digest.replace(":", "-")).exists()
         assert client.delete("uploaded-too").status == "success"
         assert not (home / "blobs" / digest.replace(":", "-")).exists()
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_an_upload_that_stops_or_is_cut_off_keeps_nothing_and_is_no_fault_of_the_server(tiny, tmp_path):
+    # one that stopped sending held its connection and partial file until the client closed it, and a
+    # client gone mid-body was logged as a 500 with a traceback, as a bug of serve's own
+    import httpx2 as httpx
+
+    from test_server import ServerProcess, _closed_by_the_server
+
+    home = tmp_path / "home"
+    server = ServerProcess(home, tiny["target"], "-c", "256", "--timeout", "1")
+    digest = "sha256:" + "1" * 64
+    started = f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n".encode()
+    try:
+        port = int(server.base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stopped:
+            stopped.sendall(started + b"GGUF" * 100)
+            answer = _closed_by_the_server(stopped, 10) or b""
+        assert b" 408 " in answer.split(b"\r\n")[0] and b"nothing arrived for 1 s" in answer, answer
+        for started_body in (started, b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                                      b"Content-Length: 100000\r\n\r\n{\"messages\": "):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as cut:
+                cut.sendall(started_body + b"GGUF" * 100)
+                time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while list((home / "blobs").iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list((home / "blobs").iterdir()) == []  # (no partial file left)
+        assert httpx.get(server.base + "/health").status_code == 200
+        assert server.log().count("the client went away before its request had arrived") == 2, server.log()
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()

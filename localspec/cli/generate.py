@@ -516,7 +516,8 @@ def serve(
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
         "--timeout", help="Seconds a connection may stay open without sending a complete request (slow headers"
-        " or body, idle keep-alive) before it is closed (a slow body gets 408).")] = DEFAULT_SERVING.timeout,
+        " or body, idle keep-alive) before it is closed (a slow body gets 408), and an upload to /api/blobs may"
+        " send nothing.")] = DEFAULT_SERVING.timeout,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
         " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
