@@ -300,8 +300,8 @@ class Server:
             raise ApiError(400, "from and files: a model is made from one of them", param="files")
 
         def make() -> store.Preset:
-            uploaded = store.blob_model(asked.files) if asked.files else None
-            return store.make(replace(asked.preset, base=str(uploaded)) if uploaded else asked.preset)
+            base = str(store.blob_model(asked.files)) if asked.files else self._stored_name(asked.preset.base)
+            return store.make(replace(asked.preset, base=base))
 
         try:
             made = await asyncio.to_thread(make)
@@ -359,11 +359,20 @@ class Server:
         if store.made(source) is None:
             self.pool.find(source)  # (a name no model here has: a 404 saying so)
         try:
-            made = await asyncio.to_thread(store.copy, source, destination)
+            made = await asyncio.to_thread(lambda: store.copy(self._stored_name(source), destination))
         except UsageError as error:
             raise ApiError(400, str(error)) from None
         self.log(f"copied {source} to {made.name}")
         return Response(status_code=200)
+
+    def _stored_name(self, name: str) -> str:
+        """A model's name as the store knows it: a name only serve answers to (its --alias) is the file it serves."""
+        try:
+            store.find(name)
+        except UsageError:
+            with contextlib.suppress(UnknownModel):
+                return str(self.pool.find(name).path)
+        return name
 
     async def ollama_delete(self, request: Request, client: str | None) -> Response:
         """Remove a model made with create or cp, or delete a downloaded registry model's file where no model

@@ -143,6 +143,11 @@ def test_create_refuses_a_registry_name_and_a_from_that_is_no_model(localspec, t
     assert taken.returncode != 0 and b"is a model the registry names" in taken.stderr
     missing = localspec("create", "mine", "-f", modelfile_path)
     assert missing.returncode != 0 and b"FROM ./missing.gguf: no such file" in missing.stderr
+    (tmp_path / "notes.gguf").write_text("a file that is no model, kept and failing at every run before")
+    modelfile_path.write_text("FROM ./notes.gguf\n")
+    no_model = localspec("create", "mine", "-f", modelfile_path)
+    assert no_model.returncode != 0 and b"notes.gguf: not a GGUF model file" in no_model.stderr
+    assert b"mine" not in localspec("list").stdout
     modelfile_path.write_text("FROM qwen2.5-coder-1.5b\nPARAMETER top_p 2\n")
     wrong = localspec("create", "mine", "-f", modelfile_path)
     assert wrong.returncode != 0 and b"top-p must be in (0, 1], got 2.0" in wrong.stderr
@@ -229,6 +234,11 @@ def test_ollamas_create_copy_and_delete_through_its_client(localspec, tiny, tmp_
         kind = client.show("kind")
         assert "SYSTEM You are kind.\n" in kind.modelfile and "num_predict 5" in kind.parameters
 
+        # a name only serve answers to (its --alias) is the file it serves (it was an unknown model)
+        assert client.copy("tiny", "tiny-too").status == "success"
+        assert client.chat("tiny-too", messages=ask, options={"num_predict": 3}).model == "tiny-too"
+        assert client.create("tiny-terse", from_="tiny", system="You are terse.").status == "success"
+        assert localspec("show", "tiny-terse", "--modelfile").stdout.decode().startswith(f"FROM {tiny['target']}")
         assert client.copy("terse", "terse-backup").status == "success"
         assert {"terse", "kind", "terse-backup"} <= {m.model for m in client.list().models}
         assert client.chat("terse-backup", messages=ask).message.content == made.message.content

@@ -81,6 +81,10 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
     else:
         beside = ((where.parent if where else Path.cwd()) / Path(preset.base).expanduser())
         if beside.is_file():
+            try:  # (a file that is no model was kept, and every run of it then failed to load)
+                gguf_meta.read(beside)
+            except gguf_meta.GGUFError as error:
+                raise UsageError(f"FROM {error}") from None
             preset = dataclasses.replace(preset, base=os.path.abspath(beside))  # (a link kept as the user made it)
         elif isinstance(registry.resolve(preset.base, models), Path):  # (a name no model has is refused there)
             raise UsageError(f"FROM {preset.base}: no such file" + (f" beside {where}" if where else ""))
