@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 from .. import paths
+from .download import LEFT_FREE
 from ..errors import UsageError
 
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})$")
-LEFT_FREE = 2**30  # bytes of the disk an upload leaves free
 GGUF_MAGIC = b"GGUF"
 
 

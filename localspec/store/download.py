@@ -44,7 +44,7 @@ LOCK_NAME = ".download.lock"
 GATED_HINT = ("accept its licence on the Hugging Face website, then set HF_TOKEN to an access token of that account"
               " (huggingface.co/settings/tokens)")
 ATTEMPTS = 5  # per file, each resuming where the last one stopped
-UNSTATED_RESERVE = 2**30  # bytes of disk a download of no stated size leaves free
+LEFT_FREE = 2**30  # bytes of the disk a download of no stated size (and an upload) leaves free
 # Out of disk (or quota, or the file size limit): another source would fail the same way.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -216,7 +216,7 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     # The most that may arrive: the stated size (a server that sends more is wrong); with no size stated, what
     # the disk can take beside a reserve for everything else (an endless answer filled the disk).
     most = (metadata.size if metadata.size is not None
-            else _size(partial) + max(0, shutil.disk_usage(partial.parent).free - UNSTATED_RESERVE))
+            else _size(partial) + max(0, shutil.disk_usage(partial.parent).free - LEFT_FREE))
     bar = progress(total=metadata.size, initial=_size(partial), desc=name) if progress else None
     try:
         for attempt in range(ATTEMPTS):
