@@ -395,6 +395,53 @@ def test_a_wrongly_typed_value_anywhere_in_a_request_is_a_400_never_a_500(server
     assert "Traceback" not in server.log()
 
 
+# A request every other route takes as it stands, each value in it a place a client may fill wrongly.
+EVERY_ROUTES_BODY = {
+    "/v1/embeddings": ("POST", {"model": "tiny", "input": ["hi", "there"], "encoding_format": "float"}),
+    "/api/embed": ("POST", {"model": "tiny", "input": ["hi"], "truncate": True, "options": {"num_ctx": 64},
+                            "keep_alive": "5m"}),
+    "/api/embeddings": ("POST", {"model": "tiny", "prompt": "hi", "options": {"temperature": 0}}),
+    "/api/show": ("POST", {"model": "tiny", "verbose": True}),
+    "/api/generate": ("POST", {"model": "tiny", "prompt": "hi", "system": "s", "stream": False, "format": "json",
+                               "options": {"num_predict": 1, "stop": ["."], "seed": 1}, "keep_alive": 60, "think": False}),
+    "/api/pull": ("POST", {"model": "no-such-model", "stream": False, "insecure": False}),  # (a 404: none such)
+    "/api/create": ("POST", {"model": "made", "from": "tiny", "system": "s", "parameters": {"temperature": 0, "stop": ["x"]},
+                             "messages": [{"role": "user", "content": "a"}], "license": "MIT", "stream": False}),
+    "/api/copy": ("POST", {"source": "tiny", "destination": "copied"}),
+    "/api/delete": ("DELETE", {"model": "copied"}),
+    "/v1/responses": ("POST", {"model": "tiny", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "hi"}]}], "max_output_tokens": 16, "instructions": "x", "temperature": 0,
+        "text": {"format": {"type": "text"}}, "store": True}),
+    "/v1/messages": ("POST", {"model": "tiny", "max_tokens": 1, "system": [{"type": "text", "text": "s"}],
+                              "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                              "stop_sequences": ["."], "temperature": 0, "metadata": {"user_id": "u"}}),
+    "/v1/messages/count_tokens": ("POST", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "system": "s"}),
+    "/localspec/v1/generate": ("POST", {"prompt": "hi", "max_tokens": 1, "temperature": 0, "stop": ["."]}),
+    "/localspec/v1/tokens": ("POST", {"prompt": "hi"}),
+}
+
+
+def test_no_route_answers_a_wrongly_typed_value_with_a_500(tiny, tmp_path):
+    """Every route that reads a body, each of its values replaced by values of other types and sizes: a 4xx
+    saying what is wrong, never a bug's 500 (the chat routes are swept with every wrong value above)."""
+    server = ServerProcess(tmp_path, tiny["target"], "--alias", "tiny", "-c", "256", "--offline")
+    failures = {}
+    try:
+        with httpx.Client(timeout=60) as client:
+            for route, (method, body) in EVERY_ROUTES_BODY.items():
+                assert client.request(method, server.base + route, json=body).status_code == (
+                    404 if route == "/api/pull" else 200), route
+                for path in _paths(body):
+                    for wrong in (None, -1, 2**70, "x", [1], {}):
+                        answer = client.request(method, server.base + route, json=_replaced(body, path, wrong))
+                        if answer.status_code >= 500:
+                            failures[route, path, json.dumps(wrong)] = answer.text[:200]
+        assert failures == {}
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_prompts_no_context_could_hold_are_refused_at_the_door_while_others_are_served(server):
     """100,000 one-space messages were rendered and tokenized on the generation thread for four minutes
     before their 400, and a concurrent request got no answer meanwhile: now arithmetic refuses them on the
