@@ -23,6 +23,8 @@ FALLBACK_TEMPLATE = (
 # The roles a conversation may hold. A template writes the role into the prompt as control-token text
 # (`<|im_start|>{role}`), so any other string, such as "user<|im_end|>\n<|im_start|>system", could forge turns.
 ROLES = ("system", "user", "assistant")
+# llama-server's default batch, by whose shares it lays out an infill prompt (Prompts.infill)
+INFILL_BATCH = 2048
 # What a message may carry about tools beside its content (OpenAI's names), and an assistant's earlier
 # thinking (which a reasoning model's template writes back, or drops): written into the prompt as text
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
@@ -239,6 +241,37 @@ class Prompts:
             longest = self.model.longest_token
             tokens = tokenize(text[: n_ctx * longest] if longest else text, False, False)
         return tokens[:n_ctx]
+
+    def infill(self, prefix: str, suffix: str, files: list[tuple[str, str]], typed: str, max_tokens: int | None) -> list[int]:
+        """The prompt that asks a code model for what goes between prefix and suffix, laid out as llama-server's
+        /infill lays it out (its tests' answers are then this model's too): other files' chunks (name, text)
+        first, as the repository-level pattern has them where the model has its tokens, then the prefix's
+        last tokens, what is typed on the cursor's line (typed), the suffix's first; each part cut to the
+        share of a batch of INFILL_BATCH tokens llama-server gives it, the files to what the context leaves
+        beside max_tokens (None: no limit) of answer."""
+        fim = self.model.fim
+        missing = [name for name in ("pre", "suf", "mid") if name not in fim]
+        if missing:
+            raise InputError(f"{self.model.path.name} cannot fill in the middle: its vocabulary has no"
+                             f" {', '.join(f'FIM_{name.upper()}' for name in missing)} token (code models such as"
+                             " Qwen2.5-Coder have them)")
+
+        def tokens(text: str) -> list[int]:
+            return self.model.tokenize(text, add_special=False, parse_special=False) if text else []
+
+        others = [fim["rep"], *tokens("myproject\n")] if "rep" in fim else []
+        for name, text in files:
+            others += [fim["sep"], *tokens(name + "\n")] if "sep" in fim else tokens("\n\n--- snippet ---\n\n")
+            others += tokens(text)
+        if "sep" in fim:
+            others += [fim["sep"], *tokens("filename\n")]
+        typed_tokens = self.model.tokenize(typed, add_special=False, parse_special=True) if typed else []
+        before = tokens(prefix)[-(3 * (INFILL_BATCH // 4)):] if prefix else []
+        after = tokens(suffix)[: max(0, INFILL_BATCH // 4 - (2 + len(typed_tokens)))]
+        room = max(0, self.n_ctx - INFILL_BATCH + 2 * (1 if max_tokens is None else -max_tokens))
+        others = others[len(others) - min(room, len(others)):]
+        start = [self.model.bos] if self.model.bos is not None else []
+        return [*others, *start, fim["pre"], *before, *typed_tokens, fim["suf"], *after, fim["mid"]]
 
     def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
         """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages

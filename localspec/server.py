@@ -37,8 +37,9 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import net, store
-from .protocols import anthropic, native, ollama, openai
+from .protocols import anthropic, llama_server, native, ollama, openai
 from .protocols.anthropic import ANTHROPIC
+from .protocols.llama_server import LLAMA_SERVER
 from .protocols.native import NATIVE
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
@@ -98,6 +99,11 @@ class Server:
             ("/v1/responses", "POST", self.responses, self.responses_create, True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
+            ("/completion", "POST", LLAMA_SERVER, self.llama_completion, True),
+            ("/infill", "POST", LLAMA_SERVER, self.llama_infill, True),
+            ("/tokenize", "POST", LLAMA_SERVER, self.llama_tokenize, True),
+            ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
+            ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
@@ -430,6 +436,54 @@ class Server:
         parsed = await self._parse(body, True, ANTHROPIC, served)
         return await self._respond(request, client, parsed, ANTHROPIC.answering(True, body.get("model") or served.name,
                                                                                  parsed), served)
+
+    async def llama_completion(self, request: Request, client: str | None) -> Response:
+        """llama-server's own completion (not OpenAI's): its fields, answers and events."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        parsed = await self._parse(body, False, LLAMA_SERVER, served)
+        return await self._complete(request, client, parsed, served, body)
+
+    async def llama_infill(self, request: Request, client: str | None) -> Response:
+        """llama-server's code infill: what goes between the code before the cursor and after it, asked of the
+        model with its fill-in-the-middle tokens as llama-server lays them out (Prompts.infill)."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        defaults = _as_made(self.defaults, store.made(body["model"]) if isinstance(body.get("model"), str) else None)
+
+        def parse() -> Parsed | None:
+            asked = llama_server.validated_body(llama_server.InfillBody, body)
+            files = [(chunk.filename, chunk.text) for chunk in asked.input_extra]
+            try:
+                prompt = served.session.prompts.infill(asked.input_prefix, asked.input_suffix, files, asked.prompt,
+                                                       defaults.limits.max_tokens)
+            except LocalspecError as error:
+                raise api_error(error, "input_prefix") from None
+            return llama_server.parse_completion(asked, defaults, prompt)
+
+        return await self._complete(request, client, await asyncio.to_thread(parse), served, body)
+
+    async def _complete(self, request: Request, client: str | None, parsed: Parsed | None, served: Served,
+                        body: dict) -> Response:
+        if parsed is None:  # (n_predict 0: llama.vscode asks so to have its context read ahead)
+            return JSONResponse(llama_server.nothing_asked(served.name, body.get("response_fields") or ()))
+        return await self._respond(request, client, parsed, LLAMA_SERVER.answering(False, served.name, parsed),
+                                   served)
+
+    async def llama_tokenize(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        return JSONResponse(await asyncio.to_thread(llama_server.tokenized, served.session, body))
+
+    async def llama_detokenize(self, request: Request, client: str | None) -> Response:
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        return JSONResponse(await asyncio.to_thread(llama_server.detokenized, served.session, body))
+
+    async def llama_props(self, request: Request, client: str | None) -> Response:
+        """What llama-server says of itself (its default settings, context and slots), for the model asked."""
+        served = await self._model(request.query_params.get("model"))
+        return JSONResponse(llama_server.props(served.session, self.defaults, len(served.session.sequences)))
 
     async def native_generate(self, request: Request, client: str | None) -> Response:
         """localspec's own stream, which `run` and `chat` read (remote.py)."""

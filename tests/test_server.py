@@ -418,6 +418,10 @@ EVERY_ROUTES_BODY = {
     "/v1/messages/count_tokens": ("POST", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "system": "s"}),
     "/localspec/v1/generate": ("POST", {"prompt": "hi", "max_tokens": 1, "temperature": 0, "stop": ["."]}),
     "/localspec/v1/tokens": ("POST", {"prompt": "hi"}),
+    "/completion": ("POST", {"prompt": "hi", "n_predict": 2, "temperature": 0, "stop": ["."], "n_probs": 1,
+                             "response_fields": ["content"], "cache_prompt": True, "samplers": ["top_k"]}),
+    "/tokenize": ("POST", {"content": "hi", "add_special": True, "with_pieces": True}),
+    "/detokenize": ("POST", {"tokens": [5, 6]}),
 }
 
 

@@ -170,6 +170,21 @@ class Model:
         ends = {llama.llama_vocab_eos(self._vocab), llama.llama_vocab_eot(self._vocab)}
         return tuple(sorted(token for token in ends if token >= 0))
 
+    @cached_property
+    def fim(self) -> dict[str, int]:
+        """The fill-in-the-middle tokens the model has, of pre, suf, mid (a code model's infill marks) and
+        rep, sep (a repository's name and its files, where it was trained on them)."""
+        found = {"pre": llama.llama_vocab_fim_pre(self._vocab), "suf": llama.llama_vocab_fim_suf(self._vocab),
+                 "mid": llama.llama_vocab_fim_mid(self._vocab), "rep": llama.llama_vocab_fim_rep(self._vocab),
+                 "sep": llama.llama_vocab_fim_sep(self._vocab)}
+        return {name: token for name, token in found.items() if token >= 0}
+
+    @cached_property
+    def bos(self) -> int | None:
+        """The token a prompt starts with, where the model wants one."""
+        token = llama.llama_vocab_bos(self._vocab)
+        return token if self.add_bos and token >= 0 else None
+
     def token_text(self, token: int) -> bytes:
         """The vocabulary entry itself, as stored in the GGUF."""
         return llama.llama_vocab_get_text(self._vocab, token) or b""

@@ -117,6 +117,7 @@ class Parsed:
     carried: list[dict] | None = None
     choices: int = 1  # answers to make of the one prompt (OpenAI's n)
     made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
+    fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,

@@ -1,0 +1,274 @@
+"""llama-server's own API (not OpenAI's): POST /completion and /infill, whose answers and server-sent events
+are llama-server's (content, stop, stop_type, tokens_predicted, timings...), /tokenize, /detokenize and
+GET /props, so that tools written against llama-server (llama.vim and llama.vscode's code completion, scripts
+that read /props) run against serve as they are. Answers carry localspec's speculation record beside
+llama-server's timings. Errors are llama-server's: {"error": {"code", "message", "type"}}.
+
+/infill lays its prompt out as llama-server does (Prompts.infill): the model's fill-in-the-middle tokens
+around the code before and after the cursor, the other files' chunks before them."""
+
+import json
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from ..config import MOST_LOGPROBS, Limits, Sampling
+from ..events import Candidate, Logprobs
+from ..prompts import output_grammar
+from ..request import Request
+from ..service import Job
+from ..session import Session
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, overridden_or_refused,
+                     speculation, speculative_asked, timings, validated)
+
+# llama-server's options that change the output, with the values that leave it as it is: a request that
+# sets one otherwise is refused rather than answered as if it had not.
+NEUTRAL = {
+    "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "dynatemp_range": (None, 0, 0.0),
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "ignore_eos": (None, False),
+    "logit_bias": (None, [], {}), "n_cmpl": (None, 1), "post_sampling_probs": (None, False),
+    "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
+    "multimodal_data": (None, []),
+}
+# What llama-server's llama.cpp build says at /props: the engine under localspec is llama.cpp too, not it.
+BUILD_INFO = "localspec (llama-server's API)"
+SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]  # the order localspec samples in
+
+
+class CompletionBody(_Typed):
+    model: str | None = None
+    prompt: str | list[int] | list[str]
+    n_predict: int | None = Field(None, ge=-1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = Field(None, ge=-1)  # -1: a random one
+    repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    stop: list[str] | None = None
+    stream: bool = False
+    grammar: str | None = None
+    json_schema: dict | bool | None = None
+    n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
+    response_fields: list[str] | None = None
+    speculative: Speculative | None = None  # this request's own speculation
+    # taken and left alone: localspec always reuses what the cache holds, picks a free sequence itself,
+    # samples in its own order (SAMPLERS), and times out by serve's --timeout; said in docs/serve.md
+    cache_prompt: bool | None = None
+    id_slot: int | None = None
+    samplers: list[str] | None = None
+    n_indent: int | None = None
+    n_keep: int | None = None
+    t_max_predict_ms: int | None = None
+    t_max_prompt_ms: int | None = None
+    timings_per_token: bool | None = None
+
+
+class Chunk(_Typed):
+    text: str
+    filename: str = "tmp"
+
+
+class InfillBody(CompletionBody):
+    prompt: str = ""  # (after the middle token: what is typed on the cursor's line so far)
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[Chunk] = []
+
+
+def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | list[int] | None = None) -> Parsed | None:
+    """/completion's request (prompt: the tokens /infill laid out instead of the body's); None where it asks
+    for no tokens (n_predict 0: llama-server only reads the prompt into its cache)."""
+    if prompt is None:
+        prompt = asked.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request")
+            prompt = prompt[0]
+    if asked.n_predict == 0:
+        return None
+    if asked.grammar is not None and asked.json_schema is not None:
+        raise ApiError(400, "grammar and json_schema each constrain the output; give one")
+    sampling, limits = overridden_or_refused(
+        defaults, temperature=asked.temperature, top_k=asked.top_k, top_p=asked.top_p, min_p=asked.min_p,
+        seed=asked.seed, repeat_penalty=asked.repeat_penalty, repeat_last_n=asked.repeat_last_n,
+        presence_penalty=asked.presence_penalty, frequency_penalty=asked.frequency_penalty,
+        logprobs=asked.n_probs or None, max_tokens=asked.n_predict, stop=asked.stop,
+        grammar=output_grammar(asked.grammar, asked.json_schema))
+    return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
+                  asked.stream, include_usage=False, fields=tuple(asked.response_fields or ()))
+
+
+def validated_body(model: type[_Typed], body: dict):
+    return validated(model, body, NEUTRAL, "{name} is not supported by localspec")
+
+
+def nothing_asked(model: str, fields: Sequence[str]) -> dict:
+    """n_predict 0: an answer with no tokens (nothing is read into the cache ahead)."""
+    return _fields({"index": 0, "content": "", "tokens": [], "id_slot": -1, "stop": True, "model": model,
+                    "tokens_predicted": 0, "tokens_evaluated": 0, "has_new_line": False, "truncated": False,
+                    "stop_type": "limit", "stopping_word": "", "tokens_cached": 0}, fields)
+
+
+def _fields(answer: dict, wanted: Sequence[str] | None) -> dict:
+    """Only the fields a request's response_fields names ("timings/predicted_n" reaches inside, and keeps
+    that name), as llama-server answers them; all of them where it names none."""
+    if not wanted:
+        return answer
+    out = {}
+    for path in wanted:
+        value, found = answer, True
+        for key in path.split("/"):
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                found = False
+                break
+        if found:
+            out[path] = value
+    return out
+
+
+def probabilities(entries: Sequence[Logprobs]) -> list[dict]:
+    """Each token's log probability and the likeliest beside it, in llama-server's completion_probabilities."""
+    def one(c: Candidate) -> dict:
+        return {"id": c.id, "token": c.piece.decode("utf-8", errors="ignore"), "bytes": list(c.piece),
+                "logprob": c.logprob}
+    return [one(e.chosen) | {"top_logprobs": [one(c) for c in e.top]} for e in entries]
+
+
+def stop_type(job: Job) -> str:
+    r = job.recorder
+    if r.stop_sequence:
+        return "word"
+    return "eos" if r.finish_reason == "stop" else "limit"
+
+
+class Answer(Answering):
+    """/completion's answer: whole, or as server-sent events, a `data:` line each piece of text, then the
+    whole answer's fields with an empty content and stop true."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    def __init__(self, model: str, response_fields: Sequence[str] = ()):
+        super().__init__(False, model)
+        self.response_fields = response_fields
+
+    def full(self, job: Job) -> dict:
+        return _fields(self._final(job, job.recorder.text) | self._probabilities(job.recorder.logprobs),
+                       self.response_fields)
+
+    def _final(self, job: Job, content: str) -> dict:
+        r = job.recorder
+        settings = job.request.sampling
+        return {"index": 0, "content": content, "tokens": [], "id_slot": job.sequence, "stop": True,
+                "model": self.model, "tokens_predicted": r.tokens, "tokens_evaluated": r.prompt_tokens,
+                "generation_settings": generation_settings(settings, job.request.limits),
+                "has_new_line": "\n" in r.text,
+                "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
+                "stopping_word": r.stop_sequence or "", "tokens_cached": r.reused_prompt_tokens,
+                "timings": timings(job), "speculation": speculation(job)}
+
+    @staticmethod
+    def _probabilities(entries: Sequence[Logprobs]) -> dict:
+        return {"completion_probabilities": probabilities(entries)} if entries else {}
+
+    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
+        return _event({"index": 0, "content": text, "tokens": [], "stop": False} | self._probabilities(logprobs))
+
+    def thought(self, text: str) -> str:
+        return ""  # (a bare prompt is read as written: there is no thinking apart from the text)
+
+    def error(self, failure: ApiError) -> str:
+        return _event(LLAMA_SERVER.error_body(failure))
+
+    def closing(self, job: Job, called: bool) -> list[str]:
+        return [_event(_fields(self._final(job, ""), self.response_fields))]
+
+
+def generation_settings(sampling: Sampling, limits: Limits) -> dict:
+    """The sampling settings under llama-server's names (its default_generation_settings.params)."""
+    return {"n_predict": -1 if limits.max_tokens is None else limits.max_tokens,
+            "seed": -1 if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
+            "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
+            "typical_p": 1.0, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+            "mirostat": 0, "stop": list(limits.stop), "n_probs": sampling.logprobs or 0,
+            "grammar": sampling.grammar or "", "samplers": SAMPLERS}
+
+
+def props(session: Session, defaults: Defaults, slots: int) -> dict:
+    """GET /props: what llama-server says of itself, for the model a request names."""
+    params = generation_settings(defaults.sampling, defaults.limits)
+    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": session.info.n_ctx,
+                                            "speculative": session.can_speculate, "is_processing": False,
+                                            "params": params},
+            "total_slots": slots, "model_path": str(session.model_files()[0]), "chat_template": session.prompts.template,
+            "modalities": {"vision": False, "audio": False}, "build_info": BUILD_INFO, "is_sleeping": False}
+
+
+class TokenizeBody(_Typed):
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(_Typed):
+    model: str | None = None
+    tokens: list[int]
+
+
+def tokenized(session: Session, body: dict) -> dict:
+    """POST /tokenize: the text's token ids (with their pieces: text, or bytes where a piece is no whole
+    character)."""
+    asked = validated_body(TokenizeBody, body)
+    model = session.prompts.model
+    tokens = model.tokenize(asked.content, asked.add_special, asked.parse_special) if asked.content else []
+    if not asked.with_pieces:
+        return {"tokens": tokens}
+    out = []
+    for token in tokens:
+        piece = model.special_piece(token)
+        try:
+            shown = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = list(piece)
+        out.append({"id": token, "piece": shown})
+    return {"tokens": out}
+
+
+def detokenized(session: Session, body: dict) -> dict:
+    """POST /detokenize: the text token ids spell (special tokens' own text included, as llama-server's)."""
+    asked = validated_body(DetokenizeBody, body)
+    model = session.prompts.model
+    if not all(0 <= token < model.n_vocab for token in asked.tokens):
+        raise ApiError(400, f"tokens: ids must be between 0 and {model.n_vocab - 1}, this model's vocabulary")
+    return {"content": model.spell_of(asked.tokens, special=True).decode("utf-8", errors="replace")}
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class LlamaServer(Protocol):
+    name = "llama-server"
+
+    def error_body(self, failure: ApiError) -> dict:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                501: "not_supported_error", 503: "unavailable_error"}.get(failure.status, "server_error")
+        return {"error": {"code": failure.status, "message": failure.message, "type": kind}}
+
+    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed | None:
+        return parse_completion(validated_body(CompletionBody, body), defaults)
+
+    def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
+        return Answer(model, parsed.fields)
+
+
+LLAMA_SERVER = LlamaServer()

@@ -1,0 +1,151 @@
+"""llama-server's own API (/completion, /infill, /tokenize, /detokenize, /props), as tools written for
+llama-server (llama.vim and llama.vscode's code completion, scripts reading /props) call it: raw HTTP and
+server-sent events, there being no client package for it. Its shapes follow llama.cpp's server README and
+its own tests (tools/server/tests/unit/test_infill.py's Qwen2.5-Coder case among them)."""
+
+import json
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from localspec.config import Runtime, Speculation, DrafterKind
+from localspec.engine.model import Model
+from localspec.errors import InputError
+from localspec.prompts import INFILL_BATCH, Prompts
+from localspec.session import Session
+
+from test_server import ServerProcess
+from tinymodels import TinySpec, write_tiny_model
+
+# Qwen2.5-Coder's fill-in-the-middle tokens, which llama.cpp finds by their text
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+@pytest.fixture(scope="module")
+def coder(tmp_path_factory) -> Path:
+    """A tiny model whose vocabulary has a code model's fill-in-the-middle tokens."""
+    return write_tiny_model(tmp_path_factory.mktemp("coder") / "coder.gguf",
+                            TinySpec(seed=1, sharpness=2.0, control=FIM))
+
+
+@pytest.fixture(scope="module")
+def server(coder, tmp_path_factory):
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), coder, "--alias", "coder", "-c", "512")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def events(response: httpx.Response) -> list[dict]:
+    """The server-sent events of a stream, as llama.vscode reads them: a `data: ` line each."""
+    return [json.loads(line.removeprefix("data: ")) for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def test_an_infill_prompt_is_laid_out_as_llama_servers_and_cut_to_its_shares(coder, tiny):
+    model = Model(coder, vocab_only=True)
+    fim = model.fim
+
+    def text(s: str) -> list[int]:
+        return model.tokenize(s, add_special=False, parse_special=False)
+
+    laid_out = Prompts(model, 4096).infill("def f(", "):\n", [("util.py", "x = 1\n")], "ab", None)
+    assert laid_out == [fim["rep"], *text("myproject\n"), fim["sep"], *text("util.py\n"), *text("x = 1\n"),
+                        fim["sep"], *text("filename\n"), model.bos, fim["pre"], *text("def f("), *text("ab"),
+                        fim["suf"], *text("):\n"), fim["mid"]]
+    # the prefix's last 3/4 of llama-server's batch, the suffix's first 1/4 less what is typed, and of the
+    # other files what the context leaves beside the answer (one token a letter in this vocabulary)
+    long = Prompts(model, 4096).infill("a" * 2000, "b" * 1000, [("big.py", "c" * 3000)], "d", 1000)
+    middle = long.index(fim["pre"])
+    assert long[middle + 1 : long.index(fim["suf"])] == text("a" * 2000)[-(3 * INFILL_BATCH // 4):] + text("d")
+    assert long[long.index(fim["suf"]) + 1 : -1] == text("b" * 1000)[: INFILL_BATCH // 4 - 2 - len(text("d"))]
+    files = [fim["rep"], *text("myproject\n"), fim["sep"], *text("big.py\n"), *text("c" * 3000), fim["sep"],
+             *text("filename\n")]
+    assert long[: middle - 1] == files[-(4096 - INFILL_BATCH - 2 * 1000):]
+    with pytest.raises(InputError, match="cannot fill in the middle: its vocabulary has no FIM_PRE, FIM_SUF, FIM_MID"):
+        Prompts(Model(tiny["target"], vocab_only=True), 512).infill("a", "b", [], "", None)
+
+
+def test_completion_answers_and_streams_as_llama_server_with_the_text_openais_route_gives(server):
+    openai_text = server.client().completions.create(model="coder", prompt="abc", max_tokens=8,
+                                                     temperature=0).choices[0].text
+    asked = {"prompt": "abc", "n_predict": 8, "temperature": 0, "cache_prompt": True, "samplers": ["top_k"]}
+    whole = httpx.post(server.base + "/completion", json=asked, timeout=60).json()
+    assert whole["content"] == openai_text and whole["stop"] is True and whole["model"] == "coder"
+    assert whole["tokens_predicted"] == 8 and whole["stop_type"] == "limit" and whole["truncated"] is False
+    assert whole["generation_settings"]["n_predict"] == 8 and whole["timings"]["predicted_n"] == 8
+    assert whole["speculation"]["steps"] >= 1
+    frames = events(httpx.post(server.base + "/completion", json=asked | {"stream": True}, timeout=60))
+    assert [frame["stop"] for frame in frames] == [False] * (len(frames) - 1) + [True]
+    assert "".join(frame["content"] for frame in frames) == openai_text
+    assert frames[-1]["content"] == "" and frames[-1]["tokens_predicted"] == 8 and "timings" in frames[-1]
+    # llama.vscode asks for a few fields, some inside timings (kept under their path), and reads ahead with
+    # n_predict 0
+    few = httpx.post(server.base + "/completion", json=asked | {"response_fields": ["content", "timings/predicted_n"]},
+                     timeout=60).json()
+    assert few == {"content": openai_text, "timings/predicted_n": 8}
+    ahead = httpx.post(server.base + "/completion", json={"prompt": "abc", "n_predict": 0}, timeout=60).json()
+    assert ahead["content"] == "" and ahead["tokens_predicted"] == 0 and ahead["stop"] is True
+    probable = httpx.post(server.base + "/completion", json=asked | {"n_probs": 2}, timeout=60).json()
+    first = probable["completion_probabilities"][0]
+    assert len(probable["completion_probabilities"]) == 8 and len(first["top_logprobs"]) == 2
+    assert first["token"] == first["top_logprobs"][0]["token"] and first["logprob"] <= 0  # (greedy: the likeliest)
+    stopped = httpx.post(server.base + "/completion", json=asked | {"stop": [openai_text[2:4]]}, timeout=60).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == openai_text[2:4]
+    assert "Traceback" not in server.log()
+
+
+def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(server, coder):
+    asked = {"input_prefix": "def add(a, b):\n", "input_suffix": "\n\nprint(add(1, 2))\n", "prompt": "    return",
+             "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+             "n_predict": 6, "temperature": 0}
+    answer = httpx.post(server.base + "/infill", json=asked, timeout=60)
+    assert answer.status_code == 200, answer.text
+    expected = Prompts(Model(coder, vocab_only=True), 512).infill(
+        asked["input_prefix"], asked["input_suffix"], [("util.py", asked["input_extra"][0]["text"])], asked["prompt"],
+        None)  # (serve's default: no limit of its own)
+    assert answer.json()["tokens_evaluated"] == len(expected) and answer.json()["tokens_predicted"] <= 6
+    frames = events(httpx.post(server.base + "/infill", json=asked | {"stream": True}, timeout=60))
+    assert "".join(frame["content"] for frame in frames) == answer.json()["content"]
+    # llama.cpp's own test_invalid_input_extra_req cases, the fields it needs, and what localspec cannot honour
+    for wrong, said in (({"input_extra": [{}]}, "input_extra.0.text"),
+                        ({"input_extra": [{"filename": "ok"}]}, "input_extra.0.text"),
+                        ({"input_extra": [{"filename": 123}]}, "input_extra.0"),
+                        ({"input_extra": [{"filename": 123, "text": "abc"}]}, "input_extra.0.filename"),
+                        ({"input_extra": [{"filename": 123, "text": 456}]}, "input_extra.0"),
+                        ({"input_suffix": None}, "input_suffix"), ({"mirostat": 2}, "mirostat is not supported")):
+        refused = httpx.post(server.base + "/infill", json={k: v for k, v in (asked | wrong).items() if v is not None},
+                             timeout=60)
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+        assert set(refused.json()["error"]) == {"code", "message", "type"}
+    assert "Traceback" not in server.log()
+
+
+def test_tokenize_detokenize_and_props_answer_as_llama_server(server, coder):
+    tokens = httpx.post(server.base + "/tokenize", json={"content": "abc"}).json()["tokens"]
+    with_bos = httpx.post(server.base + "/tokenize", json={"content": "abc", "add_special": True}).json()["tokens"]
+    pieces = httpx.post(server.base + "/tokenize", json={"content": "abc", "with_pieces": True}).json()["tokens"]
+    model = Model(coder, vocab_only=True)
+    assert with_bos == [model.bos, *tokens] and [piece["id"] for piece in pieces] == tokens
+    assert "".join(piece["piece"] for piece in pieces).strip() == "abc"
+    special = httpx.post(server.base + "/tokenize", json={"content": "<|fim_prefix|>a"}).json()["tokens"]
+    assert special[0] == model.fim["pre"]  # (parse_special, llama-server's default)
+    assert httpx.post(server.base + "/detokenize", json={"tokens": tokens}).json()["content"].strip() == "abc"
+    wrong = httpx.post(server.base + "/detokenize", json={"tokens": [10**9]})
+    assert wrong.status_code == 400 and "vocabulary" in wrong.json()["error"]["message"]
+    props = httpx.get(server.base + "/props").json()
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] >= 1
+    assert Path(props["model_path"]) == coder.resolve() and props["modalities"] == {"vision": False, "audio": False}
+    assert props["default_generation_settings"]["params"]["temperature"] == 0.8
+
+
+@pytest.mark.slow
+def test_qwen_coder_infills_as_in_llama_cpps_own_test(real_model):
+    """llama.cpp's test_infill.py asks Qwen2.5-Coder 1.5B (its base model, IQ3_XXS) to infill this and
+    expects the three lines below; the instruct model the registry carries (Q4_K_M) writes them too."""
+    target = real_model("qwen2.5-coder-1.5b")
+    with Session(target, None, Runtime(ctx_size=4096), Speculation(DrafterKind.NGRAM)) as session:
+        prompt = session.prompts.infill("#include <cstdio>\n#include \"llama.h\"\n\nint main() {\n", "}\n",
+                                        [("llama.h", "LLAMA_API int32_t llama_n_threads();\n")],
+                                        "    int n_threads = llama_", 32)
+        reply = session.complete(prompt, temperature=0, max_tokens=32)
+    assert reply.text.startswith('n_threads();\n    printf("Number of threads: %d\\n", n_threads);\n    return 0;\n')
