@@ -18,7 +18,7 @@ from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, overridden_or_refused,
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, overridden_or_refused,
                      speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
@@ -30,31 +30,19 @@ NEUTRAL = {
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
-# What llama-server's llama.cpp build says at /props: the engine under localspec is llama.cpp too, not it.
+# /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
 BUILD_INFO = "localspec (llama-server's API)"
 SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]  # the order localspec samples in
 
 
-class CompletionBody(_Typed):
+class CompletionBody(Sampled):
     model: str | None = None
     prompt: str | list[int] | list[str]
     n_predict: int | None = Field(None, ge=-1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    min_p: float | None = Field(None, ge=0, lt=1)
-    seed: int | None = Field(None, ge=-1)  # -1: a random one
-    repeat_penalty: float | None = Field(None, gt=0)
-    repeat_last_n: int | None = Field(None, ge=-1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     stop: list[str] | None = None
     stream: bool = False
-    grammar: str | None = None
-    json_schema: dict | bool | None = None
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
     response_fields: list[str] | None = None
-    speculative: Speculative | None = None  # this request's own speculation
     # taken and left alone: localspec always reuses what the cache holds, picks a free sequence itself,
     # samples in its own order (SAMPLERS), and times out by serve's --timeout; said in docs/serve.md
     cache_prompt: bool | None = None
@@ -92,12 +80,9 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
         return None
     if asked.grammar is not None and asked.json_schema is not None:
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
-    sampling, limits = overridden_or_refused(
-        defaults, temperature=asked.temperature, top_k=asked.top_k, top_p=asked.top_p, min_p=asked.min_p,
-        seed=asked.seed, repeat_penalty=asked.repeat_penalty, repeat_last_n=asked.repeat_last_n,
-        presence_penalty=asked.presence_penalty, frequency_penalty=asked.frequency_penalty,
-        logprobs=asked.n_probs or None, max_tokens=asked.n_predict, stop=asked.stop,
-        grammar=output_grammar(asked.grammar, asked.json_schema))
+    sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
+                                             max_tokens=asked.n_predict, stop=asked.stop,
+                                             grammar=output_grammar(asked.grammar, asked.json_schema))
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
                   asked.stream, include_usage=False, fields=tuple(asked.response_fields or ()))
 

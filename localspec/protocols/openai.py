@@ -27,7 +27,7 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
-from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, _Typed,
+from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, Tool, _Typed,
                      answer_of, candidate, token_logprobs, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
                      speculative_asked, thinking_asked, timings, validated)
 
@@ -106,27 +106,15 @@ class Message(_Typed):
     reasoning_content: str | None = None  # an assistant's earlier thinking (llama-server's and DeepSeek's name)
 
 
-class _Common(_Typed):
+class _Common(Sampled):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, lt=1)
-    seed: int | None = Field(None, ge=-1)  # -1: a random one, as in llama.cpp
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repeat_penalty: float | None = Field(None, gt=0)  # llama-server's, as are repeat_last_n
-    repeat_last_n: int | None = Field(None, ge=-1)
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
     response_format: ResponseFormat | None = None
-    grammar: str | None = None  # llama-server's: GBNF the output must follow
-    json_schema: dict | bool | None = None  # llama-server's: a JSON schema the output must follow
-    speculative: Speculative | None = None  # this request's own speculation
 
 
 class TemplateArguments(_Typed):
@@ -312,12 +300,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     choices = 1 if request.n is None else request.n
     if not 1 <= choices <= MOST_CHOICES:
         raise ApiError(400, f"n must be from 1 to {MOST_CHOICES}, got {request.n}", param="n")
-    asked = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
-             "min_p": request.min_p, "seed": request.seed, "presence_penalty": request.presence_penalty,
-             "frequency_penalty": request.frequency_penalty, "repeat_penalty": request.repeat_penalty,
-             "repeat_last_n": request.repeat_last_n, "logprobs": logprobs}
-    sampling, limits = overridden_or_refused(defaults, **asked, max_tokens=max_tokens or None, stop=request.stop,
-                                             grammar=_grammar(request))
+    sampling, limits = overridden_or_refused(defaults, **request.sampled(), logprobs=logprobs,
+                                             max_tokens=max_tokens or None, stop=request.stop, grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults)),

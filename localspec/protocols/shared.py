@@ -89,6 +89,30 @@ class Speculative(_Typed):
     draft_max: int | None = Field(None, ge=0)
 
 
+class Sampled(_Typed):
+    """The sampling fields OpenAI's requests and llama-server's share (its names for the penalties, grammar and
+    json_schema among them), and a request's own speculation."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = Field(None, ge=-1)  # -1: a random one, as in llama.cpp
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    grammar: str | None = None  # GBNF the output must follow
+    json_schema: dict | bool | None = None  # a JSON schema the output must follow
+    speculative: Speculative | None = None  # this request's own speculation
+
+    def sampled(self) -> dict:
+        """The fields as overridden() takes them."""
+        return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
+                                                       "presence_penalty", "frequency_penalty", "repeat_penalty",
+                                                       "repeat_last_n")}
+
+
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
     """A request's speculation as Request's fields (none where it asks for none)."""
     if asked is None:
