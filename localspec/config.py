@@ -262,10 +262,15 @@ MOST_STOP_CHARACTERS = 1_000
 @dataclass(frozen=True)
 class Limits:
     """When a generation ends, besides the context filling up. max_tokens None: no limit of its own
-    (llama.cpp's -n -1), so the model's end token or a full context ends it."""
+    (llama.cpp's -n -1), so the model's end token or a full context ends it. For code completion, as
+    llama-server's n_indent and t_max_predict_ms: indent, a line after the first that starts with less
+    indentation than this ends the text there (the block is done; its indentation is kept); seconds, once
+    decoding has run this long, the next newline ends it."""
 
     max_tokens: int | None = 512
     stop: tuple[str, ...] = ()
+    indent: int = 0
+    seconds: float | None = None
 
     def __post_init__(self):
         if self.max_tokens == -1:
@@ -279,6 +284,10 @@ class Limits:
             raise UsageError(f"{len(self.stop):,} stop strings; at most {MOST_STOPS} are taken", "stop")
         if any(len(s) > MOST_STOP_CHARACTERS for s in self.stop):
             raise UsageError(f"a stop string is longer than {MOST_STOP_CHARACTERS:,} characters", "stop")
+        if self.indent < 0:
+            raise UsageError(f"indent must be >= 0, got {self.indent}", "indent")
+        if self.seconds is not None and not self.seconds > 0:
+            raise UsageError(f"a time limit must be above 0 seconds, got {self.seconds}", "seconds")
 
 
 EFFORTS = ("low", "medium", "high")

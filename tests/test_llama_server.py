@@ -9,11 +9,13 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from localspec.config import Runtime, Speculation, DrafterKind
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.model import Model
 from localspec.errors import InputError
 from localspec.prompts import INFILL_BATCH, Prompts
+from localspec.request import Request
 from localspec.session import Session
+from localspec.stats import record
 
 from test_server import ServerProcess
 from tinymodels import TinySpec, write_tiny_model
@@ -149,3 +151,25 @@ def test_qwen_coder_infills_as_in_llama_cpps_own_test(real_model):
                                         "    int n_threads = llama_", 32)
         reply = session.complete(prompt, temperature=0, max_tokens=32)
     assert reply.text.startswith('n_threads();\n    printf("Number of threads: %d\\n", n_threads);\n    return 0;\n')
+
+
+@pytest.mark.slow
+def test_a_code_completion_ends_at_a_line_less_indented_or_at_a_newline_past_its_time(real_model):
+    """llama-server's n_indent and t_max_predict_ms, by which llama.vim and llama.vscode end a suggestion
+    where its block ends or once it has taken its time (they were taken and left alone: every suggestion
+    ran to n_predict)."""
+    prompt = "def fizzbuzz(n):\n    for i in range(1, n + 1):\n"
+    with Session(real_model("qwen2.5-coder-1.5b"), None, Runtime(ctx_size=1024), Speculation(DrafterKind.NGRAM)) as session:
+        def complete(**limits) -> tuple[str, str]:
+            events = list(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=160, **limits),
+                                                   prompt=prompt)))
+            return record(events).text, events[-1].finish_reason
+
+        whole, _ = complete()
+        block, why = complete(indent=8)
+        assert why == "length" and whole.startswith(block) and len(block) < len(whole)
+        later_lines = block.split("\n")[1:]
+        assert all(line.startswith(" " * 8) for line in later_lines[:-1]) and not later_lines[-1].strip()
+        line, why = complete(seconds=1e-9)
+        assert why == "length" and whole.startswith(line) and line.count("\n") >= 1
+        assert "\n" not in line[line.index("\n") + 1:]  # (the first newline, its token's trailing spaces kept)

@@ -59,3 +59,13 @@ def test_the_stop_string_that_ended_the_text_is_named_the_earliest_where_two_app
     stream = TextStream(stop=("lamp", "the "))
     assert stream.push(b"by the lamp") == "by "
     assert stream.stopped == "the "
+
+
+def test_a_line_less_indented_than_asked_ends_the_text_before_its_text_as_llama_servers_n_indent():
+    stream = TextStream(indent=4)
+    out = feed(stream, [b"  x = 1", b"\n    y", b" = 2\n\t   z\n  ", b"return", b" more"])
+    assert out == ["  x = 1", "\n    y", " = 2\n\t   z\n  ", "", ""]  # (the first line and tabs count as it is)
+    assert stream.outdented and not stream.stopped and stream.text == "  x = 1\n    y = 2\n\t   z\n  "
+    blank = TextStream(indent=2)  # an empty line ends it too, as llama-server's does
+    assert feed(blank, [b"a\n  b\n", b"\nc"]) == ["a\n  b\n", ""] and blank.outdented
+    assert blank.flush() == ""

@@ -82,7 +82,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     learns = isinstance(drafter, Learner)
     yield Prefill(len(prompt), reused, perf_counter() - started)
 
-    text = TextStream(limits.stop)
+    text = TextStream(limits.stop, limits.indent)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
     max_tokens = limits.max_tokens or target.n_ctx  # the context ends a generation without a limit of its own
@@ -150,7 +150,9 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             yield Token(token, text.push(model.piece(token)), from_draft=i < accepted, logprobs=reports[i])
             if text.stopped:
                 finish = "stop"
-            elif produced == max_tokens:
+            elif produced == max_tokens or text.outdented or (  # (llama-server's limits, a code completion's)
+                    limits.seconds is not None and b"\n" in model.piece(token)
+                    and perf_counter() - decode_started > limits.seconds):
                 finish = "length"
             if finish:
                 break

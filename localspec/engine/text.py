@@ -8,25 +8,49 @@ class TextStream:
 
     Text is held back while it could be the start of a stop string, and while a
     multi-byte UTF-8 character is incomplete. Once a stop string appears,
-    `stopped` is set to it and nothing from it on is ever released.
+    `stopped` is set to it and nothing from it on is ever released. indent: a line
+    after the first whose text starts with less indentation than this ends the text
+    before that text (`outdented`), as llama-server's n_indent.
     """
 
-    def __init__(self, stop: tuple[str, ...] = ()):
-        self._stop = stop
+    def __init__(self, stop: tuple[str, ...] = (), indent: int = 0):
+        self._stop, self._indent = stop, indent
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
+        self._line: int | None = None  # the indentation of a line whose text has not begun (none before a newline)
         self.text = ""
         self.stopped: str | None = None  # the stop string that ended the text
+        self.outdented = False
 
     def push(self, piece: bytes) -> str:
-        if self.stopped:
+        if self.stopped or self.outdented:
             return ""
-        self._pending += self._decoder.decode(piece)
+        new = self._decoder.decode(piece)
+        if self._indent and (cut := self._outdent(new)) is not None:
+            new, self.outdented = new[:cut], True
+        self._pending += new
         hits = [(at, stop) for stop in self._stop if (at := self._pending.find(stop)) >= 0]
         if hits:
             at, self.stopped = min(hits, key=lambda hit: hit[0])
             return self._release(at)
+        if self.outdented:
+            return self._release(len(self._pending))
         return self._release(len(self._pending) - self._longest_stop_prefix_at_end())
+
+    def _outdent(self, new: str) -> int | None:
+        """Where in new text a line less indented than asked begins its text, if one does (an empty line
+        too, as llama-server ends there)."""
+        for at, character in enumerate(new):
+            if self._line is not None:
+                if character in " \t":
+                    self._line += 1
+                    continue
+                if self._line < self._indent:
+                    return at
+                self._line = None
+            if character == "\n":
+                self._line = 0
+        return None
 
     def flush(self) -> str:
         """Release everything held back once generation has ended for another reason. A character

@@ -9,6 +9,7 @@ around the code before and after the cursor, the other files' chunks before them
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pydantic import Field
 
@@ -43,14 +44,14 @@ class CompletionBody(Sampled):
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
     response_fields: list[str] | None = None
+    n_indent: int = Field(0, ge=0)  # a code completion ends at a line less indented than this
+    t_max_predict_ms: int = Field(0, ge=0)  # ... or at a newline once it has run this long (0: never)
     # taken and left alone: localspec always reuses what the cache holds, picks a free sequence itself,
-    # samples in its own order (SAMPLERS), and times out by serve's --timeout; said in docs/serve.md
+    # samples in its own order (SAMPLERS), and reads a prompt whole; said in docs/serve.md
     cache_prompt: bool | None = None
     id_slot: int | None = None
     samplers: list[str] | None = None
-    n_indent: int | None = None
     n_keep: int | None = None
-    t_max_predict_ms: int | None = None
     t_max_prompt_ms: int | None = None
     timings_per_token: bool | None = None
 
@@ -83,6 +84,7 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
     sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
                                              max_tokens=asked.n_predict, stop=asked.stop,
                                              grammar=output_grammar(asked.grammar, asked.json_schema))
+    limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
                   asked.stream, include_usage=False, fields=tuple(asked.response_fields or ()))
 
@@ -182,7 +184,8 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "typical_p": 1.0, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
-            "mirostat": 0, "stop": list(limits.stop), "n_probs": sampling.logprobs or 0,
+            "mirostat": 0, "stop": list(limits.stop), "n_indent": limits.indent,
+            "t_max_predict_ms": round(limits.seconds * 1000) if limits.seconds else 0, "n_probs": sampling.logprobs or 0,
             "grammar": sampling.grammar or "", "samplers": SAMPLERS}
 
 
