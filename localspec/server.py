@@ -442,7 +442,8 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, False, LLAMA_SERVER, served)
-        return await self._complete(request, client, parsed, served, body)
+        return await self._respond(request, client, parsed, LLAMA_SERVER.answering(False, served.name, parsed),
+                                   served)
 
     async def llama_infill(self, request: Request, client: str | None) -> Response:
         """llama-server's code infill: what goes between the code before the cursor and after it, asked of the
@@ -451,7 +452,7 @@ class Server:
         served = await self._model(body.get("model"))
         defaults = _as_made(self.defaults, store.made(body["model"]) if isinstance(body.get("model"), str) else None)
 
-        def parse() -> Parsed | None:
+        def parse() -> Parsed:
             asked = llama_server.validated_body(llama_server.InfillBody, body)
             files = [(chunk.filename, chunk.text) for chunk in asked.input_extra]
             try:
@@ -461,12 +462,7 @@ class Server:
                 raise api_error(error, "input_prefix") from None
             return llama_server.parse_completion(asked, defaults, prompt)
 
-        return await self._complete(request, client, await asyncio.to_thread(parse), served, body)
-
-    async def _complete(self, request: Request, client: str | None, parsed: Parsed | None, served: Served,
-                        body: dict) -> Response:
-        if parsed is None:  # (n_predict 0: llama.vscode asks so to have its context read ahead)
-            return JSONResponse(llama_server.nothing_asked(served.name, body.get("response_fields") or ()))
+        parsed = await asyncio.to_thread(parse)
         return await self._respond(request, client, parsed, LLAMA_SERVER.answering(False, served.name, parsed),
                                    served)
 

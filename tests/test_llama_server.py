@@ -85,8 +85,13 @@ def test_completion_answers_and_streams_as_llama_server_with_the_text_openais_ro
     few = httpx.post(server.base + "/completion", json=asked | {"response_fields": ["content", "timings/predicted_n"]},
                      timeout=60).json()
     assert few == {"content": openai_text, "timings/predicted_n": 8}
-    ahead = httpx.post(server.base + "/completion", json={"prompt": "abc", "n_predict": 0}, timeout=60).json()
+    # n_predict 0 reads a prompt into the cache for the request that follows it, and answers no tokens
+    longer = "abc" + "de" * 40
+    ahead = httpx.post(server.base + "/completion", json={"prompt": longer, "n_predict": 0}, timeout=60).json()
     assert ahead["content"] == "" and ahead["tokens_predicted"] == 0 and ahead["stop"] is True
+    assert ahead["tokens_evaluated"] > 40
+    after = httpx.post(server.base + "/completion", json={"prompt": longer + "f", "n_predict": 1}, timeout=60).json()
+    assert after["tokens_cached"] >= ahead["tokens_evaluated"] - 1
     probable = httpx.post(server.base + "/completion", json=asked | {"n_probs": 2}, timeout=60).json()
     first = probable["completion_probabilities"][0]
     assert len(probable["completion_probabilities"]) == 8 and len(first["top_logprobs"]) == 2

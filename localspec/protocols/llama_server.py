@@ -68,36 +68,30 @@ class InfillBody(CompletionBody):
     input_extra: list[Chunk] = []
 
 
-def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | list[int] | None = None) -> Parsed | None:
-    """/completion's request (prompt: the tokens /infill laid out instead of the body's); None where it asks
-    for no tokens (n_predict 0: llama-server only reads the prompt into its cache)."""
+def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | list[int] | None = None) -> Parsed:
+    """/completion's request (prompt: the tokens /infill laid out instead of the body's). n_predict 0 asks
+    only that the prompt be read into the cache, as llama.vim and llama.vscode do with other files' chunks
+    before a suggestion needs them: one token is generated and kept back (reads_ahead)."""
     if prompt is None:
         prompt = asked.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request")
             prompt = prompt[0]
-    if asked.n_predict == 0:
-        return None
     if asked.grammar is not None and asked.json_schema is not None:
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
+    ahead = asked.n_predict == 0
     sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
-                                             max_tokens=asked.n_predict, stop=asked.stop,
+                                             max_tokens=1 if ahead else asked.n_predict, stop=asked.stop,
                                              grammar=output_grammar(asked.grammar, asked.json_schema))
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
-                  asked.stream, include_usage=False, fields=tuple(asked.response_fields or ()))
+                  asked.stream and not ahead, include_usage=False, fields=tuple(asked.response_fields or ()),
+                  reads_ahead=ahead)
 
 
 def validated_body(model: type[_Typed], body: dict):
     return validated(model, body, NEUTRAL, "{name} is not supported by localspec")
-
-
-def nothing_asked(model: str, fields: Sequence[str]) -> dict:
-    """n_predict 0: an answer with no tokens (nothing is read into the cache ahead)."""
-    return _fields({"index": 0, "content": "", "tokens": [], "id_slot": -1, "stop": True, "model": model,
-                    "tokens_predicted": 0, "tokens_evaluated": 0, "has_new_line": False, "truncated": False,
-                    "stop_type": "limit", "stopping_word": "", "tokens_cached": 0}, fields)
 
 
 def _fields(answer: dict, wanted: Sequence[str] | None) -> dict:
@@ -141,22 +135,23 @@ class Answer(Answering):
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, model: str, response_fields: Sequence[str] = ()):
+    def __init__(self, model: str, response_fields: Sequence[str] = (), reads_ahead: bool = False):
         super().__init__(False, model)
-        self.response_fields = response_fields
+        self.response_fields, self.reads_ahead = response_fields, reads_ahead
 
     def full(self, job: Job) -> dict:
+        if self.reads_ahead:  # (its one token kept back: nothing was asked for)
+            return _fields(self._final(job, "") | {"tokens_predicted": 0, "has_new_line": False, "stop_type": "limit",
+                                                   "stopping_word": ""}, self.response_fields)
         return _fields(self._final(job, job.recorder.text) | self._probabilities(job.recorder.logprobs),
                        self.response_fields)
 
     def _final(self, job: Job, content: str) -> dict:
         r = job.recorder
-        settings = job.request.sampling
         return {"index": 0, "content": content, "tokens": [], "id_slot": job.sequence, "stop": True,
                 "model": self.model, "tokens_predicted": r.tokens, "tokens_evaluated": r.prompt_tokens,
-                "generation_settings": generation_settings(settings, job.request.limits),
-                "has_new_line": "\n" in r.text,
-                "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
+                "generation_settings": generation_settings(job.request.sampling, job.request.limits),
+                "has_new_line": "\n" in r.text, "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
                 "stopping_word": r.stop_sequence or "", "tokens_cached": r.reused_prompt_tokens,
                 "timings": timings(job), "speculation": speculation(job)}
 
@@ -252,11 +247,11 @@ class LlamaServer(Protocol):
                 501: "not_supported_error", 503: "unavailable_error"}.get(failure.status, "server_error")
         return {"error": {"code": failure.status, "message": failure.message, "type": kind}}
 
-    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed | None:
+    def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:
         return parse_completion(validated_body(CompletionBody, body), defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
-        return Answer(model, parsed.fields)
+        return Answer(model, parsed.fields, parsed.reads_ahead)
 
 
 LLAMA_SERVER = LlamaServer()

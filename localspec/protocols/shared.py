@@ -142,6 +142,7 @@ class Parsed:
     choices: int = 1  # answers to make of the one prompt (OpenAI's n)
     made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
+    reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
