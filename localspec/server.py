@@ -104,6 +104,7 @@ class Server:
             ("/tokenize", "POST", LLAMA_SERVER, self.llama_tokenize, True),
             ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
+            ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
@@ -475,6 +476,24 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         return JSONResponse(await asyncio.to_thread(llama_server.detokenized, served.session, body))
+
+    async def llama_apply_template(self, request: Request, client: str | None) -> Response:
+        """llama-server's: the prompt a chat request's messages (with its tools and thinking) are read as, as text,
+        for a client to change and send to /completion, which adds the start token back."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+
+        def render() -> dict:
+            asked = OPENAI.parse(body, True, self.defaults)
+            try:
+                tokens = served.session.prompts.prepare(asked.request).tokens
+            except LocalspecError as error:
+                raise api_error(error) from None
+            model = served.session.prompts.model
+            tokens = tokens[1:] if tokens[:1] == [model.bos] else tokens
+            return {"prompt": model.spell_of(tokens, special=True).decode("utf-8", errors="replace")}
+
+        return JSONResponse(await asyncio.to_thread(render))
 
     async def llama_props(self, request: Request, client: str | None) -> Response:
         """What llama-server says of itself (its default settings, context and slots), for the model asked."""

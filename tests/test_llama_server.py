@@ -127,6 +127,26 @@ def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow
+def test_apply_template_gives_the_prompt_a_chat_is_read_as_for_completion_to_go_on_from(real_model, tmp_path):
+    """llama-server's /apply-template: the chat's prompt as text, which /completion reads back into the same
+    tokens (a BPE vocabulary's; a SentencePiece one splits a text otherwise than its pieces) and so answers
+    as the chat does."""
+    server = ServerProcess(tmp_path, real_model("qwen2.5-coder-1.5b"), "--alias", "coder", "-c", "1024", "--offline")
+    try:
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime number."}]
+        prompt = httpx.post(server.base + "/apply-template", json={"messages": chat}).json()["prompt"]
+        assert prompt.startswith("<|im_start|>system\nBe brief.") and prompt.endswith("<|im_start|>assistant\n")
+        as_chat = server.client().chat.completions.create(model="coder", messages=chat, max_tokens=8, temperature=0)
+        as_text = httpx.post(server.base + "/completion", json={"prompt": prompt, "n_predict": 8, "temperature": 0},
+                             timeout=60).json()
+        assert as_text["content"] == as_chat.choices[0].message.content
+        assert as_text["tokens_evaluated"] == as_chat.usage.prompt_tokens
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_tokenize_detokenize_and_props_answer_as_llama_server(server, coder):
     tokens = httpx.post(server.base + "/tokenize", json={"content": "abc"}).json()["tokens"]
     with_bos = httpx.post(server.base + "/tokenize", json={"content": "abc", "add_special": True}).json()["tokens"]

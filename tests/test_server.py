@@ -422,6 +422,7 @@ EVERY_ROUTES_BODY = {
                              "response_fields": ["content"], "cache_prompt": True, "samplers": ["top_k"]}),
     "/tokenize": ("POST", {"content": "hi", "add_special": True, "with_pieces": True}),
     "/detokenize": ("POST", {"tokens": [5, 6]}),
+    "/apply-template": ("POST", {"messages": [{"role": "user", "content": "hi"}]}),
 }
 
 

@@ -553,7 +553,7 @@ def serve(
     GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses;
     Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,
     /api/tags, /api/ps, /api/show and /api/version; llama-server's /completion, /infill (code completion),
-    /tokenize, /detokenize and /props. Chats may offer `tools`: the model's own template presents them and its
+    /tokenize, /detokenize, /props and /apply-template. Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
     grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
     (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded
