@@ -451,9 +451,9 @@ class Server:
         model with its fill-in-the-middle tokens as llama-server lays them out (Prompts.infill)."""
         body = await self._body(request)
         served = await self._model(body.get("model"))
-        defaults = _as_made(self.defaults, store.made(body["model"]) if isinstance(body.get("model"), str) else None)
 
         def parse() -> Parsed:
+            defaults = _as_made(self.defaults, _made_of(body))
             asked = llama_server.validated_body(llama_server.InfillBody, body)
             files = [(chunk.filename, chunk.text) for chunk in asked.input_extra]
             try:
@@ -482,11 +482,11 @@ class Server:
         for a client to change and send to /completion, which adds the start token back."""
         body = await self._body(request)
         served = await self._model(body.get("model"))
+        parsed = await self._parse(body, True, OPENAI, served)  # (a made model's system prompt and all)
 
         def render() -> dict:
-            asked = OPENAI.parse(body, True, self.defaults)
             try:
-                tokens = served.session.prompts.prepare(asked.request).tokens
+                tokens = served.session.prompts.prepare(parsed.request).tokens
             except LocalspecError as error:
                 raise api_error(error) from None
             model = served.session.prompts.model
@@ -573,7 +573,7 @@ class Server:
         return await asyncio.to_thread(self._parse_now, body, chat, protocol, served)
 
     def _parse_now(self, body: dict, chat: bool, protocol: Protocol, served: Served) -> Parsed | None:
-        made = store.made(body.get("model")) if isinstance(body.get("model"), str) else None
+        made = _made_of(body)
         try:
             if chat and isinstance(body.get("messages"), list):
                 served.session.prompts.refuse_what_cannot_fit(0, len(body["messages"]))
@@ -1079,6 +1079,11 @@ def _answered_as(parsed: Parsed, served: Served) -> str:
     """The model an OpenAI answer names: the model that answered (a client's fixed name is not it), or the
     model made with `create` that the request named."""
     return parsed.made or served.name
+
+
+def _made_of(body: dict) -> store.Preset | None:
+    """The model made with `create` that a request's body names, if it names one."""
+    return store.made(body["model"]) if isinstance(body.get("model"), str) else None
 
 
 def _as_made(defaults: Defaults, made: store.Preset | None) -> Defaults:
