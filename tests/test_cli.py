@@ -753,3 +753,45 @@ def test_ollamas_think_with_a_value_is_read_as_localspecs_flags():
 def test_a_think_value_ollama_does_not_have_is_one_line(cli, tiny):
     code, _, stderr = cli("run", tiny["target"], "-p", "x", "--think=maybe")
     assert code == 2 and "--think= takes true, false, low, medium, high (Ollama's values), got 'maybe'" in stderr
+
+
+def _filled(lines: list[str], width: int | None = None) -> bool:
+    """Whether lines of one paragraph are filled as a wrap fills them: each line ends only where the next
+    word would not have fitted on it (the width by default the longest line's, at most the real one)."""
+    width = width or max(map(len, lines), default=0)
+    return all(len(line) + 1 + len(after.split()[0]) > width for line, after in zip(lines, lines[1:]))
+
+
+def _paragraphs(lines: list[str]) -> list[list[str]]:
+    paragraphs, current = [], []
+    for line in lines + [""]:
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            paragraphs.append(current)
+            current = []
+    return paragraphs
+
+
+def test_help_texts_flow_to_the_terminals_width(cli, monkeypatch):
+    """A docstring's line breaks are the source's, not the terminal's: at 100 columns `show` listed
+    "... chat template, and what" and then "can draft for it" on a line of its own, and serve's --help
+    broke a dozen lines after one or two words."""
+    monkeypatch.setenv("COLUMNS", "100")
+    _, out, _ = cli("--help")
+    rows: dict[str, list[str]] = {}
+    for line in out.split("╭─ Commands")[1].splitlines()[1:-1]:
+        cells = line.strip("│ ").split(None, 1) if line.startswith("│ ") and line[2] != " " else None
+        if cells:
+            rows[cells[0]] = [cells[1].strip(" │")] if len(cells) > 1 else []
+        elif rows and line.startswith("│"):
+            rows[list(rows)[-1]].append(line.strip("│ "))
+    assert {"run", "show", "create", "serve"} <= set(rows)
+    width = max(len(text) for lines in rows.values() for text in lines)
+    for name, lines in rows.items():
+        assert _filled(lines, width), (name, lines)
+    for command in ("serve", "show", "create", "chat", "check", "bench"):
+        _, out, _ = cli(command, "--help")
+        description = out.split("╭")[0].splitlines()[3:]  # after the usage line
+        for paragraph in _paragraphs(description):
+            assert _filled(paragraph), (command, paragraph)

@@ -2,6 +2,7 @@
 errors become messages and exit codes."""
 
 import copy
+import inspect
 import os
 import re
 import sys
@@ -19,7 +20,13 @@ METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "list[
 class _PlainHelp:
     """--help that leaves the room to the help text: each option shows one long and one short name
     and a plain metavar (N, TEXT) instead of Typer's type tags; its other spellings (llama.cpp's, the
-    --no- form) are named at the end of its help."""
+    --no- form) are named at the end of its help. A docstring's paragraphs flow to the terminal's width:
+    Typer's rich help keeps the source's line breaks within them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(self.help).split("\n\n"))
 
     def format_help(self, ctx, formatter) -> None:
         params = self.params
