@@ -89,6 +89,10 @@ class Prompts:
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking)
             tokens, plan = self.thinking_plan(tokens, thinking)
+        elif request.suffix is not None:
+            if not isinstance(request.prompt, str):
+                raise InputError("a suffix goes with a text prompt: the text before the middle to fill in")
+            tokens = self.fill_in(request.prompt, request.suffix)
         elif isinstance(request.prompt, str):
             tokens = self.tokenize(request.prompt, raw=True)
         else:
@@ -249,16 +253,8 @@ class Prompts:
         last tokens, what is typed on the cursor's line (typed), the suffix's first; each part cut to the
         share of a batch of INFILL_BATCH tokens llama-server gives it, the files to what the context leaves
         beside max_tokens (None: no limit) of answer."""
-        fim = self.model.fim
-        missing = [name for name in ("pre", "suf", "mid") if name not in fim]
-        if missing:
-            raise InputError(f"{self.model.path.name} cannot fill in the middle: its vocabulary has no"
-                             f" {', '.join(f'FIM_{name.upper()}' for name in missing)} token (code models such as"
-                             " Qwen2.5-Coder have them)")
-
-        def tokens(text: str) -> list[int]:
-            return self.model.tokenize(text, add_special=False, parse_special=False) if text else []
-
+        fim = self._fim()
+        tokens = self._text_tokens
         others = [fim["rep"], *tokens("myproject\n")] if "rep" in fim else []
         for name, text in files:
             others += [fim["sep"], *tokens(name + "\n")] if "sep" in fim else tokens("\n\n--- snippet ---\n\n")
@@ -272,6 +268,28 @@ class Prompts:
         others = others[len(others) - min(room, len(others)):]
         start = [self.model.bos] if self.model.bos is not None else []
         return [*others, *start, fim["pre"], *before, *typed_tokens, fim["suf"], *after, fim["mid"]]
+
+    def fill_in(self, prefix: str, suffix: str) -> list[int]:
+        """The prompt that asks a code model for what goes between prefix and suffix, as Ollama's templates lay
+        it out for a request's `suffix` (prefix, suffix, middle: `<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}
+        <|fim_middle|>` for Qwen2.5-Coder); both read as plain text, as /infill reads its code (a control
+        token's spelling in them stays text)."""
+        fim = self._fim()
+        start = [self.model.bos] if self.model.bos is not None else []
+        return [*start, fim["pre"], *self._text_tokens(prefix), fim["suf"], *self._text_tokens(suffix), fim["mid"]]
+
+    def _fim(self) -> dict[str, int]:
+        """The model's fill-in-the-middle tokens; InputError where it lacks those a fill needs."""
+        fim = self.model.fim
+        missing = [name for name in ("pre", "suf", "mid") if name not in fim]
+        if missing:
+            raise InputError(f"{self.model.path.name} cannot fill in the middle: its vocabulary has no"
+                             f" {', '.join(f'FIM_{name.upper()}' for name in missing)} token (code models such as"
+                             " Qwen2.5-Coder have them)")
+        return fim
+
+    def _text_tokens(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=False, parse_special=False) if text else []
 
     def prompt_tokens(self, prompt: str | list[dict] | list[int], raw: bool = False) -> list[int]:
         """A prompt as tokens: text (wrapped in the chat template unless raw), a conversation (messages

@@ -14,7 +14,9 @@ class Request:
 
     messages: a conversation (role and content each), rendered with the model's chat template for the
     assistant's turn; prompt: instead, text read as written (control tokens and all, as OpenAI's and
-    llama.cpp's completions read it) or token ids. sampling: how tokens are chosen, a grammar or JSON
+    llama.cpp's completions read it) or token ids. suffix: with a text prompt, the text that comes after what
+    is asked for (code after the cursor): the model fills in the middle with its FIM tokens, as Ollama's
+    `suffix` asks (Prompts.fill_in). sampling: how tokens are chosen, a grammar or JSON
     schema's among it (prompts.output_grammar makes one); limits: how long it may run and where it stops.
     prediction: the text the answer is expected to follow (OpenAI's Predicted Outputs), drafted wherever
     it does, or its tokens as Session.prediction_tokens made them. tools: the tools a conversation's answer may call, their calls kept well formed by a grammar.
@@ -28,6 +30,7 @@ class Request:
     limits: Limits = Limits()
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    suffix: str | None = None
     prediction: str | list[int] | None = None
     tools: Tools | None = None
     client: str | None = None
@@ -40,14 +43,14 @@ class Request:
         """The length of the prompt's text (of its messages' contents; 0 for token ids)."""
         if self.messages is not None:
             return sum(len(message["content"]) for message in self.messages)
-        return len(self.prompt) if isinstance(self.prompt, str) else 0
+        return len(self.prompt) + len(self.suffix or "") if isinstance(self.prompt, str) else 0
 
 
 def to_wire(request: Request) -> dict:
     """A request as JSON, for serve's own stream (tools, which `run` and `chat` never send, are left out)."""
     return {"sampling": asdict(request.sampling), "limits": asdict(request.limits),
             "thinking": asdict(request.thinking), "messages": request.messages, "prompt": request.prompt,
-            "prediction": request.prediction, "drafting": request.drafting, "draft_max": request.draft_max}
+            "suffix": request.suffix, "prediction": request.prediction, "drafting": request.drafting, "draft_max": request.draft_max}
 
 
 def from_wire(data: dict) -> Request:
@@ -72,6 +75,9 @@ def from_wire(data: dict) -> Request:
     if prompt is not None and not (isinstance(prompt, str) or isinstance(prompt, list)
                                    and all(isinstance(t, int) for t in prompt)):
         raise UsageError("prompt: text or token ids", setting="prompt")
+    suffix = data.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise UsageError("suffix: text", setting="suffix")
     prediction = data.get("prediction")
     if prediction is not None and not (isinstance(prediction, str) or isinstance(prediction, list)
                                        and all(isinstance(t, int) for t in prediction)):
@@ -83,6 +89,6 @@ def from_wire(data: dict) -> Request:
     if draft_max is not None and not (isinstance(draft_max, int) and draft_max >= 0):
         raise UsageError("draft_max: a count of tokens", setting="draft_max")
     return Request(part(Sampling, "sampling", ("grammar_triggers",)), part(Limits, "limits", ("stop",)),
-                   messages=messages, prompt=prompt, prediction=prediction,
+                   messages=messages, prompt=prompt, suffix=suffix, prediction=prediction,
                    thinking=part(Thinking, "thinking"), drafting=DrafterKind(drafting) if drafting else None,
                    draft_max=draft_max)

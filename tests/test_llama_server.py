@@ -1,19 +1,21 @@
 """llama-server's own API (/completion, /infill, /tokenize, /detokenize, /props), as tools written for
 llama-server (llama.vim and llama.vscode's code completion, scripts reading /props) call it: raw HTTP and
-server-sent events, there being no client package for it. Its shapes follow llama.cpp's server README and
+server-sent events, there being no client package for it; and code completion through Ollama's and
+OpenAI's `suffix`, through their clients. Its shapes follow llama.cpp's server README and
 its own tests (tools/server/tests/unit/test_infill.py's Qwen2.5-Coder case among them)."""
 
 import json
 from pathlib import Path
 
 import httpx2 as httpx
+import ollama
 import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.model import Model
-from localspec.errors import InputError
+from localspec.errors import InputError, UsageError
 from localspec.prompts import INFILL_BATCH, Prompts
-from localspec.request import Request
+from localspec.request import Request, from_wire, to_wire
 from localspec.session import Session
 from localspec.stats import record
 
@@ -125,6 +127,58 @@ def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(
         assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
         assert set(refused.json()["error"]) == {"code", "message", "type"}
     assert "Traceback" not in server.log()
+
+
+def test_a_suffix_fills_in_the_middle_through_ollamas_and_openais_clients(server, coder):
+    """Ollama's /api/generate and /v1/completions take the code after the cursor as `suffix` (Continue's and
+    twinny's Ollama autocomplete, `ollama.generate(suffix=...)`): the model reads prefix, suffix and middle
+    with its FIM tokens, as Ollama's templates for code models spell them."""
+    prefix, suffix = "def add(a, b):\n", "\n\nprint(add(1, 2))\n"
+    spelled = "<|fim_prefix|>" + prefix + "<|fim_suffix|>" + suffix + "<|fim_middle|>"
+    laid_out = httpx.post(server.base + "/completion", timeout=60,
+                          json={"prompt": spelled, "n_predict": 8, "temperature": 0}).json()
+    assert laid_out["tokens_evaluated"] == len(Prompts(Model(coder, vocab_only=True), 512).fill_in(prefix, suffix))
+    ollamas = ollama.Client(host=server.base).generate(model="coder", prompt=prefix, suffix=suffix,
+                                                       options={"temperature": 0, "num_predict": 8})
+    assert ollamas.response == laid_out["content"]
+    openais = server.client().completions.create(model="coder", prompt=prefix, suffix=suffix, max_tokens=8,
+                                                 temperature=0)
+    assert openais.choices[0].text == laid_out["content"]
+    assert openais.usage.prompt_tokens == laid_out["tokens_evaluated"]
+    streamed = ollama.Client(host=server.base).generate(model="coder", prompt=prefix, suffix=suffix, stream=True,
+                                                        options={"temperature": 0, "num_predict": 8})
+    assert "".join(part.response for part in streamed) == laid_out["content"]
+    # raw: the prompt is the client's own, suffix and all (as in Ollama); a chat has no suffix; token ids neither
+    raw = ollama.Client(host=server.base).generate(model="coder", prompt=spelled, suffix=suffix, raw=True,
+                                                   options={"temperature": 0, "num_predict": 8})
+    assert raw.response == laid_out["content"]
+    for path, body, said in (("/v1/completions", {"prompt": [1, 2, 3], "suffix": "x"}, "suffix goes with a text"),
+                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "suffix": "x"},
+                              "suffix is not supported")):
+        refused = httpx.post(server.base + path, json={"model": "coder", "max_tokens": 2} | body, timeout=60)
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+    assert "Traceback" not in server.log()
+
+
+def test_a_suffix_travels_on_serves_own_stream():
+    asked = Request(prompt="def f(", suffix="):\n")
+    assert from_wire(json.loads(json.dumps(to_wire(asked)))) == asked
+    with pytest.raises(UsageError, match="suffix: text"):
+        from_wire({"prompt": "def f(", "suffix": 3})
+
+
+def test_a_model_without_fill_in_the_middle_tokens_is_refused_a_suffix(tiny, tmp_path):
+    with Session(tiny["target"], None, Runtime(ctx_size=256), Speculation(DrafterKind.NGRAM)) as session:
+        with pytest.raises(InputError, match="cannot fill in the middle: its vocabulary has no FIM_PRE, FIM_SUF, FIM_MID"):
+            session.prompts.prepare(Request(prompt="def f(", suffix="):\n"))
+    running = ServerProcess(tmp_path, tiny["target"], "--alias", "tiny", "-c", "256")
+    try:
+        with pytest.raises(ollama.ResponseError) as refused:
+            ollama.Client(host=running.base).generate(model="tiny", prompt="def f(", suffix="):\n")
+        assert refused.value.status_code == 400 and "cannot fill in the middle" in refused.value.error
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
 
 
 @pytest.mark.slow

@@ -134,13 +134,15 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
 def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
     """The request, or None where it only asks for the model to be loaded (an empty prompt)."""
     generate = _validate(GenerateBody, data)
-    for name in ("images", "suffix", "context"):
+    for name in ("images", "context"):
         if getattr(generate, name):
             raise ApiError(400, f"{name} is not supported by localspec")
     if not generate.prompt:
         return None
-    if generate.raw:
+    if generate.raw:  # (a suffix too is the client's to have written into the prompt, as Ollama has it)
         return _parsed(generate, defaults, prompt=generate.prompt)
+    if generate.suffix:  # the model's fill-in-the-middle layout, where Ollama's template spells the same
+        return _parsed(generate, defaults, prompt=generate.prompt, suffix=generate.suffix)
     system = [{"role": "system", "content": generate.system}] if generate.system else []
     return _parsed(generate, defaults, messages=system + [{"role": "user", "content": generate.prompt}])
 

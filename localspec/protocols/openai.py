@@ -142,6 +142,7 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
+    suffix: str | None = None  # the code after the cursor: the model fills in the middle (Ollama's /v1/completions)
     logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)  # the likeliest tokens beside each one
 
 
@@ -234,7 +235,12 @@ def parse_completion(body: dict, defaults: Defaults) -> Parsed:
             raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request",
                            param="prompt")
         prompt = prompt[0]
-    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt, logprobs=completion.logprobs)
+    suffix = completion.suffix or None
+    if suffix is not None and not isinstance(prompt, str):
+        raise ApiError(400, "suffix goes with a text prompt (the code before the middle to fill in), not token ids",
+                       param="suffix")
+    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt, suffix=suffix,
+                   logprobs=completion.logprobs)
 
 
 def _validate(model: type[BaseModel], body: dict):
