@@ -133,6 +133,7 @@ def test_a_suffix_fills_in_the_middle_through_ollamas_and_openais_clients(server
     """Ollama's /api/generate and /v1/completions take the code after the cursor as `suffix` (Continue's and
     twinny's Ollama autocomplete, `ollama.generate(suffix=...)`): the model reads prefix, suffix and middle
     with its FIM tokens, as Ollama's templates for code models spell them."""
+    assert "insert" in ollama.Client(host=server.base).show("coder").capabilities  # (Ollama's word for it)
     prefix, suffix = "def add(a, b):\n", "\n\nprint(add(1, 2))\n"
     spelled = "<|fim_prefix|>" + prefix + "<|fim_suffix|>" + suffix + "<|fim_middle|>"
     laid_out = httpx.post(server.base + "/completion", timeout=60,

@@ -507,6 +507,8 @@ def show(info: GGUFInfo, template: str | None, made: Preset | None = None) -> di
         capabilities = ["completion", "tools"]  # (clients offer tools only to models that list them)
     except InputError:
         capabilities = ["completion"]
+    if info.fills_in_the_middle:
+        capabilities.append("insert")  # (a request's suffix: code completion)
     if family(template) is not NONE:
         capabilities.append("thinking")  # (clients offer `think` to models that list it)
     if not info.generates:

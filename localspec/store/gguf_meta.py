@@ -11,6 +11,7 @@ import hashlib
 import mmap
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import gguf
@@ -50,6 +51,17 @@ class RawArray:
     end: int
     values: tuple | None = None  # decoded where short and of numbers (a handful of layer indices)
 
+
+# The spellings llama.cpp's vocabulary loader (src/llama-vocab.cpp) finds the fill-in-the-middle tokens by,
+# where the file names none (Qwen, Granite, DeepSeek, CodeLlama, GLM-4.5, Falcon-H1-Tiny-Coder)
+FIM_SPELLINGS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+            "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
+            "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
+            "<|middle|>"),
+}
 
 # From llama.cpp's src/llama-arch.cpp (the pinned version): architectures whose layers keep a recurrent
 # state instead of (or beside) a KV cache, and those whose state it can roll back by a few tokens, as a
@@ -156,6 +168,24 @@ class GGUFInfo:
         if isinstance(label, str) and label:
             return label
         return f"{self.parameters / 1e9:.1f}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.0f}M"
+
+    @cached_property
+    def fills_in_the_middle(self) -> bool:
+        """Whether llama.cpp finds the tokens a code model fills in the middle with (Ollama's "insert"): named by
+        the file, or spelled in its vocabulary as llama.cpp looks for them."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, RawArray):
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(tokens.start)
+            vocabulary = f.read(tokens.end - tokens.start)
+
+        def has(spelling: str) -> bool:  # a whole token: its length comes before it
+            text = spelling.encode()
+            return struct.pack("<Q", len(text)) + text in vocabulary
+
+        return all(self.get(f"tokenizer.ggml.fim_{part}_token_id") is not None or any(map(has, spellings))
+                   for part, spellings in FIM_SPELLINGS.items())
 
     @property
     def context_length(self) -> int | None:
