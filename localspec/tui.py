@@ -222,6 +222,7 @@ def model_card(card, console: Console = out) -> None:
         ("thinks", {"think": "yes: <think> blocks", "gemma4": "yes: Gemma 4's thought channel",
                     "harmony": "yes: harmony's analysis channel"}.get(info["thinking"]) if known and info["thinking"]
          else None),
+        ("capabilities", ", ".join(info["capabilities"]) if info.get("capabilities") else None),  # (Ollama's words)
         ("file", info["file"] or f"not downloaded (`localspec pull {card.pull_name}`): what the file says"
          " shows once it is"),
         ("size", size_text(info["size"])),

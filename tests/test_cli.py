@@ -547,9 +547,10 @@ def test_ollamas_command_names(localspec, tiny, tmp_path):
     shown = localspec("show", "tiny-target")
     out = shown.stdout.decode()
     assert shown.returncode == 0, shown.stderr
-    for line in ("architecture     llama", "quantization", "chat template    no", "target.gguf", "layers           attention",
-                 "--draft ngram"):
+    for line in ("architecture     llama", "quantization", "chat template    no", "target.gguf",
+                 "layers           attention", "--draft ngram"):
         assert line in out, out
+    assert "capabilities completion" in [" ".join(line.split()) for line in out.splitlines()]  # (no tools, no insert)
     info = json.loads(localspec("show", tiny["target"], "--json").stdout)
     assert info["architecture"] == "llama" and info["mtp_layers"] == 0 and info["recurrent"] is False
     assert "without --draft, auto drafts with n-gram lookup and earlier answers" in " ".join(out.split())

@@ -161,6 +161,11 @@ def test_a_suffix_fills_in_the_middle_through_ollamas_and_openais_clients(server
     assert "Traceback" not in server.log()
 
 
+def test_show_says_a_model_that_fills_in_the_middle_takes_a_suffix(cli, coder):
+    code, out, _ = cli("show", str(coder), "--json")
+    assert code == 0 and json.loads(out)["capabilities"] == ["completion", "insert"]
+
+
 def test_a_suffix_travels_on_serves_own_stream():
     asked = Request(prompt="def f(", suffix="):\n")
     assert from_wire(json.loads(json.dumps(to_wire(asked)))) == asked

@@ -18,13 +18,13 @@ from ..config import MOST_LOGPROBS, overridden
 from ..errors import InputError, UsageError
 from ..events import Logprobs
 from ..prompts import ROLES, output_grammar
-from ..reasoning import NONE, family
 from ..request import Request
 from ..service import Job
+from .. import store
 from ..store import GGUFInfo
 from ..store import modelfile
 from ..store.modelfile import ADAPTER, NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
-from ..tool_calls import ToolCall, Tools, tool_format
+from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
                      effort, speculation, speculative_asked, thinking_asked, token_logprobs)
 
@@ -502,21 +502,10 @@ def show(info: GGUFInfo, template: str | None, made: Preset | None = None) -> di
     Modelfile, parameters (one a line, as Ollama writes them) and system prompt too."""
     model_info = {key: value for key, value in info.metadata.items()
                   if isinstance(value, (str, int, float, bool)) and not key.startswith("tokenizer.chat_template")}
-    try:
-        tool_format(template)
-        capabilities = ["completion", "tools"]  # (clients offer tools only to models that list them)
-    except InputError:
-        capabilities = ["completion"]
-    if info.fills_in_the_middle:
-        capabilities.append("insert")  # (a request's suffix: code completion)
-    if family(template) is not NONE:
-        capabilities.append("thinking")  # (clients offer `think` to models that list it)
-    if not info.generates:
-        capabilities = ["embedding"]
     made_parts = {"modelfile": made.modelfile(), "system": made.system or "", "license": made.license or "",
                   "parameters": "\n".join(f"{name} {value}" for name, value in made.parameters)} if made else {}
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
-            "model_info": model_info, "capabilities": capabilities} | made_parts
+            "model_info": model_info, "capabilities": store.capabilities(info)} | made_parts
 
 
 def version() -> dict:

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import UsageError
-from . import blobs, compat, download, gguf_meta, hardware, modelfile, registry
+from . import blobs, catalog, compat, download, gguf_meta, hardware, modelfile, registry
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "copy",
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "capabilities", "copy",
            "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here", "installed",
            "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
 
@@ -152,6 +152,11 @@ def fetch(resolved: Resolved, offline: bool = False, progress: Callable | None =
 def header(path: Path) -> GGUFInfo:
     """A file's GGUF header, read without loading its weights."""
     return gguf_meta.read(path)
+
+
+def capabilities(info: GGUFInfo) -> list[str]:
+    """What the model can be asked for, in Ollama's words (completion, tools, insert, thinking; embedding)."""
+    return catalog.capabilities(info)
 
 
 def machine() -> hardware.Machine:

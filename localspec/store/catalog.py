@@ -6,9 +6,10 @@ from pathlib import Path
 
 from . import download, gguf_meta, hardware, modelfile, placement, registry
 from .. import reasoning
+from ..tool_calls import tool_format
 from ..config import DrafterKind, Runtime, Speculation
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS, SPEC, plan_drafting
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 
 Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once downloaded, its size in the registry
 
@@ -106,11 +107,31 @@ def model_card(name: str) -> ModelCard:
         "auto": _auto_drafts(header) if header else None,
         # how its replies think (reasoning.py's family), None where its template shows no thinking
         "thinking": _thinking(header.chat_template) if header else None,
+        "capabilities": capabilities(header) if header else None,
         "license": license_text(entry) if entry else None,
     }
     parameters = header.parameter_size if header else entry.params or None
     return ModelCard(info, parameters, entry.command_name if entry and not path else None,
                      _drafts_text(info, is_registered=entry is not None))
+
+
+def capabilities(header: gguf_meta.GGUFInfo) -> list[str]:
+    """What a model can be asked for, in Ollama's words: completion, tools (its chat template presents them
+    in a form localspec reads back), insert (it fills in the middle: a request's suffix), thinking (a
+    reasoning model); an encoder only embeds."""
+    if not header.generates:
+        return ["embedding"]
+    found = ["completion"]
+    try:
+        tool_format(header.chat_template)
+        found.append("tools")
+    except InputError:
+        pass
+    if header.fills_in_the_middle:
+        found.append("insert")
+    if reasoning.family(header.chat_template) is not reasoning.NONE:
+        found.append("thinking")
+    return found
 
 
 def _thinking(template: str | None) -> str | None:
