@@ -79,6 +79,8 @@ class Server:
             ("/v1/models", "GET", OPENAI, self.models, True),
             ("/v1/models/{name:path}", "GET", OPENAI, self.model, True),
             ("/v1/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True), True),
+            ("/v1/chat/completions/input_tokens", "POST", OPENAI,
+             functools.partial(self.input_tokens, protocol=OPENAI), True),
             ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
             ("/metrics", "GET", OPENAI, self.metrics, True),
             ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
@@ -97,6 +99,8 @@ class Server:
             ("/api/blobs/{digest}", "POST", OLLAMA, self.ollama_blob_upload, True),
             ("/api/blobs/{digest}", "HEAD", OLLAMA, self.ollama_blob_there, True),
             ("/v1/responses", "POST", self.responses, self.responses_create, True),
+            ("/v1/responses/input_tokens", "POST", self.responses,
+             functools.partial(self.input_tokens, protocol=self.responses), True),
             ("/v1/messages", "POST", ANTHROPIC, self.anthropic_messages, True),
             ("/v1/messages/count_tokens", "POST", ANTHROPIC, self.anthropic_count_tokens, True),
             ("/completion", "POST", LLAMA_SERVER, self.llama_completion, True),
@@ -105,6 +109,16 @@ class Server:
             ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
+            # llama-server's spellings without /v1 (clients given a base URL without it call these), and its
+            # /completions, which is its own completion, not OpenAI's
+            ("/models", "GET", OPENAI, self.models, True),
+            ("/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True), True),
+            ("/chat/completions/input_tokens", "POST", OPENAI,
+             functools.partial(self.input_tokens, protocol=OPENAI), True),
+            ("/responses", "POST", self.responses, self.responses_create, True),
+            ("/responses/input_tokens", "POST", self.responses,
+             functools.partial(self.input_tokens, protocol=self.responses), True),
+            ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
@@ -534,6 +548,22 @@ class Server:
                 raise api_error(error) from None
 
         return JSONResponse({"input_tokens": await asyncio.to_thread(count)})
+
+    async def input_tokens(self, request: Request, client: str | None, protocol: Protocol) -> Response:
+        """OpenAI's count of a Responses request's input tokens (the openai package's
+        `responses.input_tokens.count`), and llama-server's of a chat completion's: the prompt it would be
+        read as, counted, as its answer's usage would count it."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"))
+        parsed = await self._parse(body, True, protocol, served)
+
+        def count() -> int:
+            try:
+                return len(served.session.prompts.prepare(parsed.request).tokens)
+            except LocalspecError as error:
+                raise api_error(error) from None
+
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": await asyncio.to_thread(count)})
 
     async def _not_found(self, request: Request, error: HTTPException) -> Response:
         if error.status_code == 405:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import ollama
+import openai
 import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
@@ -101,6 +102,22 @@ def test_completion_answers_and_streams_as_llama_server_with_the_text_openais_ro
     stopped = httpx.post(server.base + "/completion", json=asked | {"stop": [openai_text[2:4]]}, timeout=60).json()
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == openai_text[2:4]
     assert "Traceback" not in server.log()
+
+
+def test_llama_servers_spellings_without_v1_answer_as_with_it(server):
+    """A client given llama-server's address without /v1 (the openai package then calls /chat/completions,
+    /models, /responses) is answered as on /v1; /completions is llama-server's own completion, as /completion."""
+    bare, with_v1 = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0), server.client()
+    assert [model.id for model in bare.models.list()] == [model.id for model in with_v1.models.list()]
+    chat = {"model": "coder", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 6, "temperature": 0}
+    assert bare.chat.completions.create(**chat).choices[0].message.content \
+        == with_v1.chat.completions.create(**chat).choices[0].message.content
+    response = {"model": "coder", "input": "abc", "max_output_tokens": 6, "temperature": 0}
+    assert bare.responses.create(**response).output_text == with_v1.responses.create(**response).output_text
+    native = {"prompt": "abc", "n_predict": 8, "temperature": 0}
+    plural = httpx.post(server.base + "/completions", json=native, timeout=60).json()
+    assert plural["content"] == httpx.post(server.base + "/completion", json=native, timeout=60).json()["content"]
+    assert plural["stop_type"] == "limit"
 
 
 def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(server, coder):

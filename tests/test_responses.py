@@ -46,6 +46,30 @@ def test_a_response_whole_and_streamed_says_what_plain_decoding_says(server, tin
     assert last.type == "response.incomplete" and last.response.output_text == expected
 
 
+def test_input_tokens_are_counted_as_the_request_would_be_read(server, tool_server):
+    """The openai package's responses.input_tokens.count, and llama-server's count for a chat completion:
+    the prompt the request would be read as (instructions, tools, an earlier response's conversation)."""
+    client = server.client()
+    asked = {"model": "tiny", "instructions": "be brief", "input": PROMPT}
+    counted = client.responses.input_tokens.count(**asked)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == client.responses.create(**asked, max_output_tokens=6).usage.input_tokens
+    first = client.responses.create(model="tiny", input=PROMPT, max_output_tokens=6)
+    going_on = {"model": "tiny", "input": "go on", "previous_response_id": first.id}
+    assert client.responses.input_tokens.count(**going_on).input_tokens \
+        == client.responses.create(**going_on, max_output_tokens=6).usage.input_tokens
+    tools = tool_server.client().responses.input_tokens
+    assert tools.count(model="tiny", input=WEATHER_ASK, tools=[TOOL]).input_tokens \
+        > tools.count(model="tiny", input=WEATHER_ASK).input_tokens
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}]}
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        assert httpx.post(server.base + path, json=chat, timeout=60).json() == {
+            "object": "response.input_tokens",
+            "input_tokens": client.chat.completions.create(**chat, max_tokens=1).usage.prompt_tokens}
+    refused = httpx.post(server.base + "/v1/responses/input_tokens", json={"model": "tiny", "input": ""}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input"
+
+
 def test_previous_response_id_goes_on_from_the_answer_kept(server, tiny):
     client = server.client()
     first = client.responses.create(model="tiny", input=PROMPT, max_output_tokens=6)

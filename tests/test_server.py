@@ -415,6 +415,8 @@ EVERY_ROUTES_BODY = {
     "/v1/messages": ("POST", {"model": "tiny", "max_tokens": 1, "system": [{"type": "text", "text": "s"}],
                               "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                               "stop_sequences": ["."], "temperature": 0, "metadata": {"user_id": "u"}}),
+    "/v1/responses/input_tokens": ("POST", {"model": "tiny", "input": "hi", "instructions": "x", "temperature": 0}),
+    "/v1/chat/completions/input_tokens": ("POST", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}),
     "/v1/messages/count_tokens": ("POST", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "system": "s"}),
     "/localspec/v1/generate": ("POST", {"prompt": "hi", "max_tokens": 1, "temperature": 0, "stop": ["."]}),
     "/localspec/v1/tokens": ("POST", {"prompt": "hi"}),

@@ -550,10 +550,12 @@ def serve(
     A browser at / gets a chat page that shows speculation working (drafted tokens by drafter, acceptance by
     position, plain decoding beside a reply); `localspec run` and `chat` answer through a serve that holds
     their model. POST /v1/chat/completions, /v1/completions (streamed with "stream": true) and /v1/embeddings,
-    GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses;
+    GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses
+    (and its /v1/responses/input_tokens count);
     Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,
     /api/tags, /api/ps, /api/show and /api/version; llama-server's /completion, /infill (code completion),
-    /tokenize, /detokenize, /props and /apply-template. Chats may offer `tools`: the model's own template presents them and its
+    /tokenize, /detokenize, /props and /apply-template, and its spellings without /v1 (/chat/completions,
+    /models, /responses; its /completions is /completion). Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (Qwen, Llama 3.x and Mistral forms), held to the tools' schemas by a
     grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
     (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded
