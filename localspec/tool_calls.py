@@ -9,12 +9,18 @@ them; the answer is the model's own text, so each family's form is read here:
   ```json fence or not), which llama.cpp reads as a call too;
 * llama3 (Llama 3.1-3.3): the whole answer is `{"name": ..., "parameters": {...}}`;
 * mistral (Mistral Nemo and Small): `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
+* xml (Qwen3-Coder, Qwen3.5, Qwen3.6): `<tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n</parameter>\n
+  </function>\n</tool_call>`, a value of a string parameter written as it is, others as JSON;
+* glm (GLM-4.5, GLM-4.6): `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`,
+  values as in xml;
 * harmony (gpt-oss): a message on the commentary channel addressed `to=functions.NAME`, which reasoning.py
   hands on in hermes' form (its splitter reads the channels); no grammar holds it (a call opens with text
   of harmony's header, which the model writes freely), so tool_choice "required" is asked of it, not enforced.
 
 The grammar is lazy (llama.cpp's): the model writes freely until it begins a call (a form's opening),
-and from there on it can only write calls to the tools offered, with their parameters' schemas. With
+and from there on it can only write calls to the tools offered, with their parameters' schemas (in the
+markup forms, xml and glm, each offered parameter once, in the schema's order, the required ones always;
+a string's value any text but its closing tag). With
 tool_choice "required" or a named function it holds from the first token. It masks the target's
 choices alone, so speculation stays lossless (engine/grammar.py).
 """
@@ -26,7 +32,7 @@ import string
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .engine.grammar import from_json_schema
+from .engine.grammar import from_json_schema, from_json_schemas
 from .errors import InputError
 
 
@@ -35,6 +41,8 @@ class ToolFormat(StrEnum):
     LLAMA3 = "llama3"
     MISTRAL = "mistral"
     HARMONY = "harmony"
+    XML = "xml"
+    GLM = "glm"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -44,14 +52,26 @@ _WHOLE_CALL_TRIGGER = r'^\s*(?:<\|python_tag\|>)?\s*(?:```(?:json)?\s*)?(\{\s*"n
 
 
 @dataclass(frozen=True)
+class _Markup:
+    """How a call is spelled where it is markup, not a JSON object: its name, then each argument's key and
+    value between these tags (a string's value as written, any other as JSON), then `end`."""
+
+    name: tuple[str, str]
+    key: tuple[str, str]
+    value: tuple[str, str]
+    end: str
+
+
+@dataclass(frozen=True)
 class _Form:
     opening: str | None  # the text that begins the calls after any content (None: only a whole answer is one)
     closing: str | None  # the text that ends each call (None: the answer's end does)
-    whole: str  # how an answer that is only calls begins: its object, or list
+    whole: str | None  # how an answer that is only calls begins: its object, or list (None: with its opening)
     arguments: str  # the key of a call's arguments
     triggers: tuple[str, ...]  # the lazy grammar's: regular expressions whose first group begins the calls
     one: str  # GBNF of an answer's calls (`call`: one call's object, `ws`: a little white space): one call
     several: str  # one call or more
+    markup: _Markup | None = None  # a call's spelling where it is not JSON
 
 
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
@@ -63,6 +83,12 @@ _FORMS = {
     ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
+    ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
+                          f"{_BLOCK} (ws {_BLOCK})*",
+                          _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")),
+    ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
+                          f"{_BLOCK} (ws {_BLOCK})*",
+                          _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")),
 }
 
 
@@ -74,6 +100,10 @@ def tool_format(template: str | None) -> ToolFormat:
                          " (send the request without `tools`)")
     if "<|channel|>" in source and "functions." in source:
         return ToolFormat.HARMONY
+    if "<function=" in source and "<parameter=" in source:
+        return ToolFormat.XML
+    if "<arg_key>" in source and "<arg_value>" in source:
+        return ToolFormat.GLM
     if "<tool_call>" in source and "<function=" not in source:
         return ToolFormat.HERMES
     if "[TOOL_CALLS]" in source and "[ARGS]" not in source:
@@ -123,12 +153,95 @@ def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, .
         return None, ()
     f = _FORMS[form]
     offered = [d["function"] for d in tools.definitions if tools.choice in ("auto", "required", d["function"]["name"])]
-    schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
-                                                f.arguments: function.get("parameters") or {"type": "object"}},
-                "required": ["name", f.arguments], "additionalProperties": False} for function in offered]
-    rules = from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
+    if f.markup:
+        rules = _markup_rules(f.markup, offered)
+    else:
+        schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
+                                                    f.arguments: function.get("parameters") or {"type": "object"}},
+                    "required": ["name", f.arguments], "additionalProperties": False} for function in offered]
+        rules = from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
     triggers = f.triggers if tools.choice == "auto" else ()
     return f"root ::= {f.several if tools.parallel else f.one}\nws ::= [ \\n]{{0,2}}\n{rules}", triggers
+
+
+def _written_as_text(schema) -> bool:
+    """Whether a markup form writes a parameter's value as it is (a string), not as JSON."""
+    if not isinstance(schema, dict):
+        return False
+    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if schema.get("type") == "string" or (schema.get("type") is None and choices):
+        return choices is None or all(isinstance(choice, str) for choice in choices)
+    return False
+
+
+def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
+    """GBNF of one call (`call`) in a markup form: an offered function's name, then its parameters in the
+    schema's order (the required ones always, each at most once), a string's value any text without the
+    value's closing tag (or one of its enum), any other's its schema's JSON; a function whose parameters
+    name no properties takes any keys, their values any text."""
+    def literal(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False) if text else ""
+
+    def opened(key: str | None) -> str:
+        """An argument up to its value: its key (None: any), and the value's opening tag where it has one."""
+        name = literal(markup.key[0] + key + markup.key[1]) if key is not None else \
+            f"{literal(markup.key[0])} [^<>\\n]+ {literal(markup.key[1])}"
+        return f"{name} ws {literal(markup.value[0])}" if markup.value[0] else name
+
+    as_json, calls, pieces = {}, [], []
+    for number, function in enumerate(offered):
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        arguments = []
+        for place, (key, schema) in enumerate(properties.items()):
+            choices = isinstance(schema, dict) and schema.get("enum", [schema["const"]] if "const" in schema else None)
+            if _written_as_text(schema):
+                value = " | ".join(literal(choice) for choice in choices) if choices else "text"
+                value = f"({value})"
+            else:
+                value = f"json-{number}-{place}"
+                as_json[value] = schema
+            argument = f"{opened(key)} \"\\n\"? {value} \"\\n\"? {literal(markup.value[1])} ws"
+            arguments.append(argument if key in required else f"({argument})?")
+        if not properties and parameters.get("additionalProperties") is not False:
+            arguments.append(f"({opened(None)} \"\\n\"? text \"\\n\"? {literal(markup.value[1])} ws)*")
+        name = literal(markup.name[0] + function["name"] + markup.name[1])
+        pieces.append(f"call-{number} ::= {name} ws {' '.join(arguments)} {literal(markup.end)}")
+        calls.append(f"call-{number}")
+    json_rules, names = from_json_schemas(as_json) if as_json else ("", {})
+    for rule, name in names.items():
+        if name != rule:  # a primitive's shared rule
+            pieces.append(f"{rule} ::= {name}")
+    return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(markup.value[1], "text"), json_rules])
+
+
+def _text_without(stop: str, rule: str) -> str:
+    """GBNF of any text in which `stop` does not occur: a rule a state of the matcher of stop's beginnings
+    (Knuth-Morris-Pratt's automaton), each character moving it on, stop's last character refused where
+    it would complete it; the text may end in any state."""
+    def state(matched: int) -> str:
+        return rule if matched == 0 else f"{rule}-{matched}"
+
+    def after(matched: int, char: str) -> int:
+        text = stop[:matched] + char
+        return next(n for n in range(len(text), -1, -1) if stop.startswith(text[len(text) - n:]))
+
+    def char_literal(char: str) -> str:
+        return json.dumps(char, ensure_ascii=False)
+
+    def char_class(chars) -> str:  # (a ^ after the first is itself; [, ] and - are escaped)
+        return "[^" + "".join(json.dumps(c, ensure_ascii=False)[1:-1].replace("[", "\\[").replace("]", "\\]")
+                              .replace("-", "\\-") for c in sorted(chars)) + "]"
+
+    alphabet = set(stop)
+    lines = []
+    for matched in range(len(stop)):
+        moves = [f"{char_literal(c)} {state(after(matched, c))}" for c in sorted(alphabet)
+                 if after(matched, c) < len(stop)]
+        moves.append(f"{char_class(alphabet)} {rule}")
+        lines.append(f"{state(matched)} ::= ({' | '.join(moves)})?")
+    return "\n".join(lines)
 
 
 def new_id(form: ToolFormat) -> str:
@@ -146,13 +259,18 @@ class ToolStream:
     """An answer's text as it streams, read into content and calls: content is passed on at once, except
     what may be the start of a call; each call comes out whole once its text has ended."""
 
-    def __init__(self, form: ToolFormat, required: bool = False):
-        """required: the answer is calls alone (the grammar held from the first token)."""
+    def __init__(self, form: ToolFormat, required: bool = False, tools: Tools | None = None):
+        """required: the answer is calls alone (the grammar held from the first token). tools: those offered,
+        whose schemas say which values a markup form's call writes as they are (strings) and which as JSON
+        (without them, a value that reads as JSON is taken as JSON)."""
         self.form = form
         self.required = required
         self._f = _FORMS[form]
+        self._parameters = {d["function"]["name"]: (d["function"].get("parameters") or {}).get("properties") or {}
+                            for d in tools.definitions} if tools else {}
         self._held = ""  # text that may be, or is, a call
-        self._state = "start"  # "content" once it is not a whole call, "calls" after an opening, "whole"
+        # "content" once it is not a whole call, "calls" after an opening, "whole"
+        self._state = "start" if self._f.whole is not None else "content"
 
     def feed(self, text: str) -> list[str | ToolCall]:
         self._held += text
@@ -223,6 +341,9 @@ class ToolStream:
         while (end := self._held.find(f.closing)) >= 0:
             block, self._held = self._held[:end], self._held[end + len(f.closing):]
             body = block.strip().removeprefix(f.opening).strip()
+            if f.markup:
+                out.append(self._markup_call(body))
+                continue
             try:
                 call = json.loads(body)
             except ValueError:
@@ -232,9 +353,36 @@ class ToolStream:
             out.append(self._call(call))
         return out
 
+    def _markup_call(self, body: str) -> ToolCall:
+        """A call written in a markup form: its name, and each argument's value as its schema reads it."""
+        m = self._f.markup
+        named = re.match(re.escape(m.name[0]) + r"\s*([^\s<>]+)\s*" + re.escape(m.name[1]), body)
+        if named is None:
+            raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
+        name, rest = named.group(1), body[named.end():]
+        if m.end and not rest.rstrip().endswith(m.end):
+            raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
+        pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
+                   else "") + r"(.*?)" + re.escape(m.value[1]))
+        schemas = self._parameters.get(name, {})
+        arguments = {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
+                     for key, value in re.findall(pattern, rest, re.DOTALL)}
+        return ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
+
     def _call(self, call: dict) -> ToolCall:
         arguments = call.get(self._f.arguments, call.get("arguments"))
         return ToolCall(new_id(self.form), call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _value(text: str, schema) -> object:
+    """A markup form's argument: a string's value as written; any other's as JSON (Qwen3.5's template writes
+    a boolean as Python does: True), or as written where it does not read as such."""
+    if _written_as_text(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(text.strip(), text)
 
 
 def _is_call(call, arguments: str) -> bool:

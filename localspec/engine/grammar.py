@@ -47,15 +47,24 @@ def from_json_schema(schema: dict | bool, rule: str = "root") -> str:
     """A JSON schema as GBNF, by the converter llama-cpp-python maintains (llama.cpp's own, ported);
     InputError where the schema uses what it cannot convert. rule: the name of the rule that matches the
     schema (its helper rules are named after it), so a grammar can be built around it."""
+    return from_json_schemas({rule: schema})[0]
+
+
+def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, str]]:
+    """Several JSON schemas as the rules of one grammar, their helper rules shared: the GBNF and, for each
+    name given, the rule that matches its schema (a primitive's is the shared rule of its type: `integer`)."""
     converter = grammars().SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    _check_counts(schema)
+    matching = {}
     try:
-        copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
-        converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
-        return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in converter.format_grammar().split("\n"))
+        for rule, schema in schemas.items():
+            _check_counts(schema)
+            copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
+            matching[rule] = converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
+        gbnf = converter.format_grammar()
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError, NotImplementedError,
             RecursionError) as error:  # (a malformed schema: `properties` a list, `$ref` a number, ...)
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
+    return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in gbnf.split("\n")), matching
 
 
 # The converter writes a repetition out as many times as it counts: maxLength 10**10 ran it out of memory.

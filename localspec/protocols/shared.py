@@ -218,7 +218,7 @@ def tool_reader(job: Job) -> ToolStream | None:
     tools = job.request.tools
     if not tools or tools.choice == "none" or not job.tool_format:
         return None
-    return ToolStream(job.tool_format, required=tools.choice != "auto")
+    return ToolStream(job.tool_format, required=tools.choice != "auto", tools=tools)
 
 
 def answer_of(job: Job) -> tuple[str, list[ToolCall]]:
