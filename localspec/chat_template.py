@@ -334,7 +334,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
         budget = _budget.get()
         budget.tick()
-        _refuse_numbers([*args, *kwargs.values()])
+        if not isinstance(__obj, jinja2.runtime.Macro):  # (a macro's numbers are data: a tool call's timestamp)
+            _refuse_numbers([*args, *kwargs.values()])
         owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
         if name == "join" and isinstance(owner, (str, bytes)) and args and not isinstance(args[0], (list, tuple, str, bytes)):
             args = (_taken(args[0]), *args[1:])

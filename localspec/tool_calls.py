@@ -13,13 +13,16 @@ them; the answer is the model's own text, so each family's form is read here:
   </function>\n</tool_call>`, a value of a string parameter written as it is, others as JSON;
 * glm (GLM-4.5, GLM-4.6): `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`,
   values as in xml;
+* gemma4 (Gemma 4): `<|tool_call>call:NAME{key:value,...}<tool_call|>`, a string between `<|"|>` marks, a
+  dict's keys unquoted (its template's own spelling; llama.cpp's conversion shows those marks as text);
 * harmony (gpt-oss): a message on the commentary channel addressed `to=functions.NAME`, which reasoning.py
   hands on in hermes' form (its splitter reads the channels); no grammar holds it (a call opens with text
   of harmony's header, which the model writes freely), so tool_choice "required" is asked of it, not enforced.
 
 The grammar is lazy (llama.cpp's): the model writes freely until it begins a call (a form's opening),
 and from there on it can only write calls to the tools offered, with their parameters' schemas (in the
-markup forms, xml and glm, each offered parameter once, in the schema's order, the required ones always;
+markup forms, xml, glm and gemma4, each offered parameter once, in the schema's order (gemma4: sorted, as its
+template writes them), the required ones always;
 a string's value any text but its closing tag). With
 tool_choice "required" or a named function it holds from the first token. It masks the target's
 choices alone, so speculation stays lossless (engine/grammar.py).
@@ -29,6 +32,7 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -43,6 +47,7 @@ class ToolFormat(StrEnum):
     HARMONY = "harmony"
     XML = "xml"
     GLM = "glm"
+    GEMMA4 = "gemma4"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -71,10 +76,21 @@ class _Form:
     triggers: tuple[str, ...]  # the lazy grammar's: regular expressions whose first group begins the calls
     one: str  # GBNF of an answer's calls (`call`: one call's object, `ws`: a little white space): one call
     several: str  # one call or more
-    markup: _Markup | None = None  # a call's spelling where it is not JSON
+    # where a call is not a JSON object: GBNF of one (`call`) for the functions offered, and what reads one
+    # back (its text between opening and closing, the offered functions' parameters by name -> name, arguments)
+    call_rules: Callable[[list[dict]], str] | None = None
+    read_call: Callable[[str, dict], tuple[str, dict]] | None = None
 
 
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
+_GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
+_QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")
+_GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
+
+
+def _markup(markup: _Markup) -> tuple[Callable, Callable]:
+    """A markup form's call grammar and reader (defined below: looked up when called)."""
+    return (lambda offered: _markup_rules(markup, offered)), (lambda body, parameters: _read_markup(markup, body, parameters))
 _FORMS = {
     ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
                              f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
@@ -84,11 +100,12 @@ _FORMS = {
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
     ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*",
-                          _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")),
+                          f"{_BLOCK} (ws {_BLOCK})*", *_markup(_QWEN_XML)),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*",
-                          _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")),
+                          f"{_BLOCK} (ws {_BLOCK})*", *_markup(_GLM)),
+    ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
+                             f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", lambda offered: _gemma_rules(offered),
+                             lambda body, parameters: _read_gemma(body)),
 }
 
 
@@ -100,6 +117,8 @@ def tool_format(template: str | None) -> ToolFormat:
                          " (send the request without `tools`)")
     if "<|channel|>" in source and "functions." in source:
         return ToolFormat.HARMONY
+    if "<|tool_call>call:" in source:
+        return ToolFormat.GEMMA4
     if "<function=" in source and "<parameter=" in source:
         return ToolFormat.XML
     if "<arg_key>" in source and "<arg_value>" in source:
@@ -153,8 +172,8 @@ def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, .
         return None, ()
     f = _FORMS[form]
     offered = [d["function"] for d in tools.definitions if tools.choice in ("auto", "required", d["function"]["name"])]
-    if f.markup:
-        rules = _markup_rules(f.markup, offered)
+    if f.call_rules:
+        rules = f.call_rules(offered)
     else:
         schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
                                                     f.arguments: function.get("parameters") or {"type": "object"}},
@@ -242,6 +261,102 @@ def _text_without(stop: str, rule: str) -> str:
         moves.append(f"{char_class(alphabet)} {rule}")
         lines.append(f"{state(matched)} ::= ({' | '.join(moves)})?")
     return "\n".join(lines)
+
+
+# Gemma 4's values: a string between <|"|> marks, a number, true, false, null, and lists and dicts of them
+# (a dict's keys unquoted), as its template's format_argument writes them
+_GEMMA_QUOTE = '<|"|>'
+_GEMMA_VALUES = r"""gvalue ::= gstring | gdict | glist | gnumber | "true" | "false" | "null"
+gstring ::= "<|\"|>" gtext "<|\"|>"
+gdict ::= "{" ws (gkey ":" ws gvalue ("," ws gkey ":" ws gvalue)*)? ws "}"
+gkey ::= [^:}{,<>\n ]+
+glist ::= "[" ws (gvalue ("," ws gvalue)*)? ws "]"
+gint ::= "-"? ([0-9] | [1-9] [0-9]{1,15})
+gnumber ::= gint ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?"""
+
+
+def _gemma_rules(offered: list[dict]) -> str:
+    """GBNF of one Gemma 4 call (`call`): `call:NAME{key:value,...}`, an offered function's parameters in its
+    template's order (sorted by key, as it writes earlier calls), the required ones always; a string's value
+    any text without the closing mark (or one of its enum), a number's, a boolean's and the rest as Gemma
+    writes them; a function whose parameters name no properties takes any keys."""
+    pieces = [f"call ::= {' | '.join(f'call-{number}' for number in range(len(offered)))}"]
+    for number, function in enumerate(offered):
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        members = [(f"{json.dumps(key + ':', ensure_ascii=False)} ws {_gemma_value_rule(properties[key])}", key in required)
+                   for key in sorted(properties)]
+        if not properties and parameters.get("additionalProperties") is not False:
+            body = 'ws (gkey ":" ws gvalue ("," ws gkey ":" ws gvalue)*)? ws'
+        else:
+            body = f"args-{number}-0"
+            # args-N-i: the members from the i-th on; args-N-i-after: the same where one is written before them
+            for place in range(len(members) + 1):
+                for after in (False, True):
+                    name = f"args-{number}-{place}" + ("-after" if after else "")
+                    if place == len(members):
+                        pieces.append(f"{name} ::= ws")
+                        continue
+                    member, needed = members[place]
+                    comma = '"," ws ' if after else ""
+                    written = f"{comma}{member} args-{number}-{place + 1}-after"
+                    skipped = f"args-{number}-{place + 1}" + ("-after" if after else "")
+                    pieces.append(f"{name} ::= {written}" if needed else f"{name} ::= {written} | {skipped}")
+        pieces.append(f'call-{number} ::= {json.dumps("call:" + function["name"] + "{")} {body} "}}"')
+    return "\n".join([*pieces, _GEMMA_VALUES, _text_without(_GEMMA_QUOTE, "gtext")])
+
+
+def _gemma_value_rule(schema) -> str:
+    """A parameter's value in Gemma 4's spelling, as its schema allows."""
+    if _written_as_text(schema):
+        choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        text = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices) if choices else "gtext"
+        return f'"<|\\"|>" ({text}) "<|\\"|>"'
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return {"integer": "gint", "number": "gnumber", "boolean": '("true" | "false")', "null": '"null"',
+            "array": "glist", "object": "gdict"}.get(kind, "gvalue")
+
+
+def _read_gemma(body: str) -> tuple[str, dict]:
+    """A Gemma 4 call, `call:NAME{key:value,...}`: its name and arguments."""
+    if not body.startswith("call:") or "{" not in body:
+        raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
+    name, _, rest = body.removeprefix("call:").partition("{")
+    try:
+        arguments, end = _gemma_value("{" + rest, 0)
+    except (ValueError, IndexError):
+        arguments, end = None, 0
+    if not isinstance(arguments, dict) or ("{" + rest)[end:].strip():
+        raise InputError(f"the model wrote a tool call that does not read as Gemma 4's: {body[:80]!r}")
+    return name.strip(), arguments
+
+
+def _gemma_value(text: str, at: int) -> tuple[object, int]:
+    """The value at `at` in Gemma 4's spelling, and where it ends (ValueError where there is none)."""
+    while text[at] in " \n":
+        at += 1
+    if text.startswith(_GEMMA_QUOTE, at):
+        end = text.index(_GEMMA_QUOTE, at + len(_GEMMA_QUOTE))
+        return text[at + len(_GEMMA_QUOTE):end], end + len(_GEMMA_QUOTE)
+    if text[at] in "{[":
+        closing, items, at = "}" if text[at] == "{" else "]", [], at + 1
+        while True:
+            while text[at] in " \n,":
+                at += 1
+            if text[at] == closing:
+                return (dict(items) if closing == "}" else items), at + 1
+            if closing == "}":
+                key, colon = text[at:].split(":", 1)[0], text.index(":", at)
+                value, at = _gemma_value(text, colon + 1)
+                items.append((key.strip(), value))
+            else:
+                value, at = _gemma_value(text, at)
+                items.append(value)
+    scalar = re.match(r"[^,}\]\s]+", text[at:])
+    if scalar is None:
+        raise ValueError(f"no value at {at}")
+    return json.loads(scalar.group()), at + scalar.end()
 
 
 def new_id(form: ToolFormat) -> str:
@@ -341,8 +456,9 @@ class ToolStream:
         while (end := self._held.find(f.closing)) >= 0:
             block, self._held = self._held[:end], self._held[end + len(f.closing):]
             body = block.strip().removeprefix(f.opening).strip()
-            if f.markup:
-                out.append(self._markup_call(body))
+            if f.read_call:
+                name, arguments = f.read_call(body, self._parameters)
+                out.append(ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False)))
                 continue
             try:
                 call = json.loads(body)
@@ -353,25 +469,24 @@ class ToolStream:
             out.append(self._call(call))
         return out
 
-    def _markup_call(self, body: str) -> ToolCall:
-        """A call written in a markup form: its name, and each argument's value as its schema reads it."""
-        m = self._f.markup
-        named = re.match(re.escape(m.name[0]) + r"\s*([^\s<>]+)\s*" + re.escape(m.name[1]), body)
-        if named is None:
-            raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
-        name, rest = named.group(1), body[named.end():]
-        if m.end and not rest.rstrip().endswith(m.end):
-            raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
-        pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
-                   else "") + r"(.*?)" + re.escape(m.value[1]))
-        schemas = self._parameters.get(name, {})
-        arguments = {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
-                     for key, value in re.findall(pattern, rest, re.DOTALL)}
-        return ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
-
     def _call(self, call: dict) -> ToolCall:
         arguments = call.get(self._f.arguments, call.get("arguments"))
         return ToolCall(new_id(self.form), call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
+    """A call written in a markup form: its name, and each argument's value as its schema reads it."""
+    named = re.match(re.escape(m.name[0]) + r"\s*([^\s<>]+)\s*" + re.escape(m.name[1]), body)
+    if named is None:
+        raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
+    name, rest = named.group(1), body[named.end():]
+    if m.end and not rest.rstrip().endswith(m.end):
+        raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
+    pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
+               else "") + r"(.*?)" + re.escape(m.value[1]))
+    schemas = parameters.get(name, {})
+    return name, {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
+                  for key, value in re.findall(pattern, rest, re.DOTALL)}
 
 
 def _value(text: str, schema) -> object:

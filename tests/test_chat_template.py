@@ -6,6 +6,7 @@ import resource
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 from time import perf_counter
 
 import pytest
@@ -178,6 +179,9 @@ N = 10 ** 9
         "{{ ('\\t' * 1000).expandtabs(4000) }}",
         "{{ [1] | slice(60000) | list }}",
         "{% set ns = namespace(l=[]) %}{% for i in range(900) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l | tojson(indent=60000) }}",
+        # a macro takes any number as data; what it then counts with one is refused where it counts
+        "{% macro m(n) %}{{ 'a' * n }}{% endmacro %}{{ m(4000000) }}",
+        "{% macro m(n) %}{% for i in range(n) %}{% endfor %}{% endmacro %}{{ m(10 ** 9) }}",
     ],
 )
 def test_templates_are_refused_before_they_compute_what_is_too_big(monkeypatch, template):
@@ -229,3 +233,13 @@ def test_a_model_whose_template_would_burn_time_or_memory_is_refused_in_one_line
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert len(errors) == 1 and "chat template" in errors[0], done.stderr
+
+
+def test_a_macro_is_given_a_big_number_as_data():
+    """Gemma 4's template writes a tool call's arguments through a macro: a millisecond timestamp in them
+    (1.7e12) was refused as "asked for 1,732,780,800,000 of something", and the conversation could not go on."""
+    template = (Path(__file__).parent / "templates" / "gemma4.jinja").read_text()
+    call = {"id": "1", "type": "function", "function": {"name": "at", "arguments": {"ms": 1732780800000}}}
+    conversation = [{"role": "user", "content": "when?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "1", "content": "ok"}]
+    assert "<|tool_call>call:at{ms:1732780800000}<tool_call|>" in render(template, conversation, "", "")

@@ -40,7 +40,7 @@ MISTRAL = ("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS
 REAL = Path(__file__).parent / "templates"  # the families' own templates
 TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MISTRAL: MISTRAL,
              ToolFormat.HARMONY: (REAL / "gpt-oss.jinja").read_text(), ToolFormat.XML: (REAL / "qwen3.5.jinja").read_text(),
-             ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text()}
+             ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -101,6 +101,13 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.XML, "a <tool of my own", "a <tool of my own", []),
     (ToolFormat.GLM, '<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>[1, 2]</arg_value>\n<arg_key>b</arg_key>\n'
      '<arg_value>some text</arg_value>\n</tool_call>', "", [("f", {"a": [1, 2], "b": "some text"})]),
+    # Gemma 4's, as llama.cpp's test-chat.cpp has them: strings between <|"|> marks, keys unquoted
+    (ToolFormat.GEMMA4, 'Hello, world!\nWhat\'s up?<|tool_call>call:get_time{city:<|"|>San Francisco<|"|>}<tool_call|>'
+     '<|tool_call>call:f{a:-7,b:3.14,c:true,d:null,e:[<|"|>x<|"|>,1],g:{k:<|"|>v, w<|"|>}}<tool_call|>',
+     "Hello, world!\nWhat's up?",
+     [("get_time", {"city": "San Francisco"}), ("f", {"a": -7, "b": 3.14, "c": True, "d": None, "e": ["x", 1],
+                                                     "g": {"k": "v, w"}})]),
+    (ToolFormat.GEMMA4, "<|tool_call>call:empty_args{}<tool_call|>", "", [("empty_args", {})]),
 ])
 def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, text, content, calls):
     assert read(form, text) == read(form, text, step=1) == read(form, text, step=3) == [content, calls]
@@ -127,6 +134,7 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {}}'),
     (ToolFormat.XML, "<tool_call>\n<function=f>\n<parameter=a>\n1"),
     (ToolFormat.GLM, "<tool_call>f\n<arg_key>a</arg_key>"),
+    (ToolFormat.GEMMA4, '<|tool_call>call:f{a:<|"|>x'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -152,13 +160,14 @@ def test_glm_is_known_by_its_own_tags_not_taken_for_hermes():
     assert tool_format((REAL / "qwen3.jinja").read_text()) is ToolFormat.HERMES
 
 
-@pytest.mark.parametrize("form", [ToolFormat.XML, ToolFormat.GLM])
+@pytest.mark.parametrize("form", [ToolFormat.XML, ToolFormat.GLM, ToolFormat.GEMMA4])
 def test_a_markup_calls_grammar_holds_each_string_value_to_any_text_but_its_closing_tag(target, form):
     """A string's value may hold what its closing tag begins with (a < b, </para) but not the tag itself."""
     gbnf, _ = constraint(form, Tools((NOTE,), choice="required"))
     opening = {ToolFormat.XML: "<tool_call>\n<function=note>\n<parameter=text>\n",
-               ToolFormat.GLM: "<tool_call>note\n<arg_key>text</arg_key>\n<arg_value>"}[form]
-    closing = {ToolFormat.XML: "</parameter>", ToolFormat.GLM: "</arg_value>"}[form]
+               ToolFormat.GLM: "<tool_call>note\n<arg_key>text</arg_key>\n<arg_value>",
+               ToolFormat.GEMMA4: '<|tool_call>call:note{text:<|"|>'}[form]
+    closing = {ToolFormat.XML: "</parameter>", ToolFormat.GLM: "</arg_value>", ToolFormat.GEMMA4: '<|"|>'}[form]
     with Grammar(target.model, gbnf) as grammar:
         for token in tokens_of(target, opening + "if a < b: " + closing[:-1]):
             assert grammar.admits(token)
@@ -250,6 +259,7 @@ def test_a_token_that_would_set_off_the_grammar_with_text_it_refuses_is_not_admi
     (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "utc"}}', ","),
     (ToolFormat.XML, "<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\n</function>\n</tool_call>",
      "<"),
+    (ToolFormat.GEMMA4, '<|tool_call>call:get_time{zone:<|"|>utc<|"|>}<tool_call|>', "<"),
 ])
 def test_parallel_calls_may_follow_one_another_unless_the_request_says_not(target, form, one_call, another):
     anything = np.zeros(target.model.n_vocab, np.float32)
@@ -372,12 +382,13 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
         assert running.stop() == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5"])
-def test_qwen35s_and_glms_markup_calls_come_back_as_openais_and_go_back_through_their_templates(
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4"])
+def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
-    """Qwen3.5's <function=...> XML (refused before: "does not read yet") and GLM-4.5's <arg_key> tags (read as
-    hermes' JSON before), with each family's own template: a required call comes back as OpenAI's tool_calls,
-    its arguments typed by the schema, and the round trip renders it back in the family's markup."""
+    """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
+    GLM-4.5's <arg_key> tags (read as hermes' JSON before), with each family's own template: a required call
+    comes back as OpenAI's tool_calls, its arguments typed by the schema, and the round trip renders it back
+    in the family's form."""
     running = ServerProcess(tmp_path, thinkers[family], "--temp", "0", "-c", "2048", "--alias", "tiny")
     try:
         client = running.client()
