@@ -119,18 +119,22 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HARMONY
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
-    if "<function=" in source and "<parameter=" in source:
-        return ToolFormat.XML
-    if "<arg_key>" in source and "<arg_value>" in source:
-        return ToolFormat.GLM
-    if "<tool_call>" in source and "<function=" not in source:
-        return ToolFormat.HERMES
+    # forms that spell <tool_call> too but write something else in or around it (MiniMax's <invoke>, Apriel's
+    # <tool_calls> list, Seed-OSS's <seed:tool_call>): refused, rather than read as another family's
+    if not any(marker in source for marker in ("<invoke", "<tool_calls>", "<seed:tool_call>")):
+        if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
+            return ToolFormat.XML
+        if "<tool_call>" in source and "<arg_key>" in source and "<arg_value>" in source:
+            return ToolFormat.GLM
+        if "<tool_call>" in source and "<function=" not in source:
+            return ToolFormat.HERMES
     if "[TOOL_CALLS]" in source and "[ARGS]" not in source:
         return ToolFormat.MISTRAL
     if "ipython" in source and '"parameters"' in source:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
-                     " (it reads Qwen's and Hermes' <tool_call>, Llama 3.x's JSON, Mistral's [TOOL_CALLS] and gpt-oss's"
+                     " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
+                     " <arg_key>, Gemma 4's <|tool_call>call:, Llama 3.x's JSON, Mistral's [TOOL_CALLS] and gpt-oss's"
                      " harmony)")
 
 

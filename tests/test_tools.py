@@ -63,6 +63,11 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
     lfm2 = "{% if tools %}<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>{% endif %}<|tool_call_start|>"
     with pytest.raises(InputError, match="does not read yet"):
         tool_format(lfm2)
+    # forms that spell <tool_call> too but write something else: refused, not read as hermes' JSON
+    for other in ("]<]minimax[>[<tool_call>\n<invoke name=", "<tool_calls>[{\"name\": ...}]</tool_calls>",
+                  "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>"):
+        with pytest.raises(InputError, match="does not read yet"):
+            tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}")
 
 
 def read(form: ToolFormat, text: str, step: int | None = None) -> list:
