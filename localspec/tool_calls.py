@@ -20,10 +20,9 @@ them; the answer is the model's own text, so each family's form is read here:
   of harmony's header, which the model writes freely), so tool_choice "required" is asked of it, not enforced.
 
 The grammar is lazy (llama.cpp's): the model writes freely until it begins a call (a form's opening),
-and from there on it can only write calls to the tools offered, with their parameters' schemas (in the
-markup forms, xml, glm and gemma4, each offered parameter once, in the schema's order (gemma4: sorted, as its
-template writes them), the required ones always;
-a string's value any text but its closing tag). With
+and from there on it can only write calls to the tools offered, with their parameters' schemas (in xml,
+glm and gemma4, each offered parameter at most once, the required ones always, in the schema's order or,
+for gemma4, sorted as its template writes them; a string's value any text but its closing tag). With
 tool_choice "required" or a named function it holds from the first token. It masks the target's
 choices alone, so speculation stays lossless (engine/grammar.py).
 """
@@ -34,6 +33,7 @@ import secrets
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from enum import StrEnum
 
 from .engine.grammar import from_json_schema, from_json_schemas
@@ -80,33 +80,6 @@ class _Form:
     # back (its text between opening and closing, the offered functions' parameters by name -> name, arguments)
     call_rules: Callable[[list[dict]], str] | None = None
     read_call: Callable[[str, dict], tuple[str, dict]] | None = None
-
-
-_BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
-_GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
-_QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")
-_GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
-
-
-def _markup(markup: _Markup) -> tuple[Callable, Callable]:
-    """A markup form's call grammar and reader (defined below: looked up when called)."""
-    return (lambda offered: _markup_rules(markup, offered)), (lambda body, parameters: _read_markup(markup, body, parameters))
-_FORMS = {
-    ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
-                             f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
-    ToolFormat.LLAMA3: _Form(None, None, "{", "parameters", (_WHOLE_CALL_TRIGGER,), 'call ws "```"?', 'call ws "```"?'),
-    # [TOOL_CALLS] is a control token: the answer's text may show only the list after it
-    ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
-                              '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
-    ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
-    ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*", *_markup(_QWEN_XML)),
-    ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*", *_markup(_GLM)),
-    ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
-                             f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", lambda offered: _gemma_rules(offered),
-                             lambda body, parameters: _read_gemma(body)),
-}
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -187,11 +160,16 @@ def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, .
     return f"root ::= {f.several if tools.parallel else f.one}\nws ::= [ \\n]{{0,2}}\n{rules}", triggers
 
 
+def _choices(schema) -> list | None:
+    """The values a schema allows where it lists them (enum, const)."""
+    return schema.get("enum", [schema["const"]] if "const" in schema else None) if isinstance(schema, dict) else None
+
+
 def _written_as_text(schema) -> bool:
     """Whether a markup form writes a parameter's value as it is (a string), not as JSON."""
     if not isinstance(schema, dict):
         return False
-    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    choices = _choices(schema)
     if schema.get("type") == "string" or (schema.get("type") is None and choices):
         return choices is None or all(isinstance(choice, str) for choice in choices)
     return False
@@ -218,7 +196,7 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
         required = set(parameters.get("required") or ())
         arguments = []
         for place, (key, schema) in enumerate(properties.items()):
-            choices = isinstance(schema, dict) and schema.get("enum", [schema["const"]] if "const" in schema else None)
+            choices = _choices(schema)
             if _written_as_text(schema):
                 value = " | ".join(literal(choice) for choice in choices) if choices else "text"
                 value = f"({value})"
@@ -237,6 +215,32 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
         if name != rule:  # a primitive's shared rule
             pieces.append(f"{rule} ::= {name}")
     return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(markup.value[1], "text"), json_rules])
+
+
+def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
+    """A call written in a markup form: its name, and each argument's value as its schema reads it."""
+    named = re.match(re.escape(m.name[0]) + r"\s*([^\s<>]+)\s*" + re.escape(m.name[1]), body)
+    if named is None:
+        raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
+    name, rest = named.group(1), body[named.end():]
+    if m.end and not rest.rstrip().endswith(m.end):
+        raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
+    pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
+               else "") + r"(.*?)" + re.escape(m.value[1]))
+    schemas = parameters.get(name, {})
+    return name, {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
+                  for key, value in re.findall(pattern, rest, re.DOTALL)}
+
+
+def _value(text: str, schema) -> object:
+    """A markup form's argument: a string's value as written; any other's as JSON (Qwen3.5's template writes
+    a boolean as Python does: True), or as written where it does not read as such."""
+    if _written_as_text(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(text.strip(), text)
 
 
 def _text_without(stop: str, rule: str) -> str:
@@ -314,7 +318,7 @@ def _gemma_rules(offered: list[dict]) -> str:
 def _gemma_value_rule(schema) -> str:
     """A parameter's value in Gemma 4's spelling, as its schema allows."""
     if _written_as_text(schema):
-        choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        choices = _choices(schema)
         text = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices) if choices else "gtext"
         return f'"<|\\"|>" ({text}) "<|\\"|>"'
     kind = schema.get("type") if isinstance(schema, dict) else None
@@ -361,6 +365,29 @@ def _gemma_value(text: str, at: int) -> tuple[object, int]:
     if scalar is None:
         raise ValueError(f"no value at {at}")
     return json.loads(scalar.group()), at + scalar.end()
+
+
+# Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
+_BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
+_GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
+_QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")
+_GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
+_FORMS = {
+    ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
+                             f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
+    ToolFormat.LLAMA3: _Form(None, None, "{", "parameters", (_WHOLE_CALL_TRIGGER,), 'call ws "```"?', 'call ws "```"?'),
+    # [TOOL_CALLS] is a control token: the answer's text may show only the list after it
+    ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
+                              '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
+    ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
+    ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
+                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML), partial(_read_markup, _QWEN_XML)),
+    ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
+                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), partial(_read_markup, _GLM)),
+    ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
+                             f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", _gemma_rules,
+                             lambda body, parameters: _read_gemma(body)),  # (its strings are marked as such)
+}
 
 
 def new_id(form: ToolFormat) -> str:
@@ -476,32 +503,6 @@ class ToolStream:
     def _call(self, call: dict) -> ToolCall:
         arguments = call.get(self._f.arguments, call.get("arguments"))
         return ToolCall(new_id(self.form), call["name"], json.dumps(arguments, ensure_ascii=False))
-
-
-def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
-    """A call written in a markup form: its name, and each argument's value as its schema reads it."""
-    named = re.match(re.escape(m.name[0]) + r"\s*([^\s<>]+)\s*" + re.escape(m.name[1]), body)
-    if named is None:
-        raise InputError(f"the model wrote a tool call without a name: {body[:80]!r}")
-    name, rest = named.group(1), body[named.end():]
-    if m.end and not rest.rstrip().endswith(m.end):
-        raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
-    pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
-               else "") + r"(.*?)" + re.escape(m.value[1]))
-    schemas = parameters.get(name, {})
-    return name, {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
-                  for key, value in re.findall(pattern, rest, re.DOTALL)}
-
-
-def _value(text: str, schema) -> object:
-    """A markup form's argument: a string's value as written; any other's as JSON (Qwen3.5's template writes
-    a boolean as Python does: True), or as written where it does not read as such."""
-    if _written_as_text(schema):
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"True": True, "False": False, "None": None}.get(text.strip(), text)
 
 
 def _is_call(call, arguments: str) -> bool:
