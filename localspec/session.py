@@ -17,7 +17,7 @@ from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate
 from .engine.together import alone
-from . import reasoning
+from . import reasoning, tool_calls
 from .errors import ContextOverflow, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
@@ -280,7 +280,7 @@ class Session:
                 return iter([Done("length", "", 0.0)])
             return generating(prepared.tokens + made, replace(limits, max_tokens=left))
 
-        events = generating(prepared.tokens, limits)
+        events = tool_calls.shown(generating(prepared.tokens, limits), prepared.tool_format, self.target_model.control_text)
         if prepared.reasoning_plan is None:
             return events
         return reasoning.split(events, prepared.reasoning_plan, self.target_model.control_text, going_on)

@@ -15,6 +15,8 @@ them; the answer is the model's own text, so each family's form is read here:
   values as in xml;
 * gemma4 (Gemma 4): `<|tool_call>call:NAME{key:value,...}<tool_call|>`, a string between `<|"|>` marks, a
   dict's keys unquoted (its template's own spelling; llama.cpp's conversion shows those marks as text);
+* mistral-args (Mistral Small 3.2, Devstral, Magistral, Ministral 3): `[TOOL_CALLS]NAME[ARGS]{...}` a call (Small
+  3.2 writes `[CALL_ID]ID` before `[ARGS]`); its markers are control tokens, shown to the reader (shown());
 * harmony (gpt-oss): a message on the commentary channel addressed `to=functions.NAME`, which reasoning.py
   hands on in hermes' form (its splitter reads the channels); no grammar holds it (a call opens with text
   of harmony's header, which the model writes freely), so tool_choice "required" is asked of it, not enforced.
@@ -31,13 +33,14 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from functools import partial
 from enum import StrEnum
 
 from .engine.grammar import from_json_schema, from_json_schemas
 from .errors import InputError
+from .events import Token
 
 
 class ToolFormat(StrEnum):
@@ -48,6 +51,7 @@ class ToolFormat(StrEnum):
     XML = "xml"
     GLM = "glm"
     GEMMA4 = "gemma4"
+    MISTRAL_ARGS = "mistral-args"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -101,13 +105,15 @@ def tool_format(template: str | None) -> ToolFormat:
             return ToolFormat.GLM
         if "<tool_call>" in source and "<function=" not in source:
             return ToolFormat.HERMES
-    if "[TOOL_CALLS]" in source and "[ARGS]" not in source:
+    if "[TOOL_CALLS]" in source and "[ARGS]" in source:
+        return ToolFormat.MISTRAL_ARGS
+    if "[TOOL_CALLS]" in source:
         return ToolFormat.MISTRAL
     if "ipython" in source and '"parameters"' in source:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, Llama 3.x's JSON, Mistral's [TOOL_CALLS] and gpt-oss's"
+                     " <arg_key>, Gemma 4's <|tool_call>call:, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
 
 
@@ -362,6 +368,47 @@ def _gemma_value(text: str, at: int) -> tuple[object, int]:
     return json.loads(scalar.group()), at + scalar.end()
 
 
+def _args_rules(offered: list[dict]) -> str:
+    """GBNF of one call of Mistral's [ARGS] form (`call`): an offered function's name, perhaps its call id,
+    then `[ARGS]` and its arguments' JSON object, held to its parameters' schema."""
+    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
+                                      for number, function in enumerate(offered)})
+    calls = [f'{json.dumps(function["name"], ensure_ascii=False)} ("[CALL_ID]" [A-Za-z0-9]{{1,32}})? "[ARGS]" '
+             f'{names[f"arguments-{number}"]}' for number, function in enumerate(offered)]
+    return "\n".join([f"call ::= {' | '.join(calls)}", rules])
+
+
+def _read_args_call(body: str, parameters: dict) -> tuple[str, dict]:
+    """A call of Mistral's [ARGS] form after its [TOOL_CALLS]: NAME, perhaps [CALL_ID]ID, then [ARGS] and JSON."""
+    head, marked, arguments = body.partition("[ARGS]")
+    name = head.split("[CALL_ID]")[0].strip()
+    try:
+        values = json.loads(arguments) if marked and name else None
+    except ValueError:
+        values = None
+    if not isinstance(values, dict):
+        raise InputError(f"the model wrote a tool call that is not NAME[ARGS] and a JSON object: {body[:80]!r}")
+    return name, values
+
+
+def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:
+    """A generation's events with the control tokens that mark a form's calls written into the text, as
+    llama.cpp's preserved tokens are (Mistral's [TOOL_CALLS], [CALL_ID] and [ARGS], which generated text
+    leaves out); the events as they are for every other form."""
+    markers = _MARKERS.get(form)
+    return _showing(events, markers, control_text) if markers else events
+
+
+def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], str | None]) -> Iterator:
+    try:
+        for event in events:
+            if isinstance(event, Token) and (marker := control_text(event.id)) in markers:
+                event = replace(event, text=event.text + marker)
+            yield event
+    finally:
+        events.close()  # (closed with it: the generation's sequence is free at once)
+
+
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
 _GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
@@ -379,15 +426,20 @@ _FORMS = {
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML), partial(_read_markup, _QWEN_XML)),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), partial(_read_markup, _GLM)),
+    ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
+                                   '"[TOOL_CALLS]" call', '"[TOOL_CALLS]" call (ws "[TOOL_CALLS]" call)*', _args_rules,
+                                   _read_args_call),
     ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
                              f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", _gemma_rules,
                              lambda body, parameters: _read_gemma(body)),  # (its strings are marked as such)
 }
+# the control tokens a form's reader needs to see (the text leaves control tokens out)
+_MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}}
 
 
 def new_id(form: ToolFormat) -> str:
     """A call's id. Mistral's templates refuse any but nine letters and digits."""
-    if form == ToolFormat.MISTRAL:
+    if form in (ToolFormat.MISTRAL, ToolFormat.MISTRAL_ARGS):
         return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
     return "call_" + secrets.token_hex(12)
 
@@ -435,6 +487,12 @@ class ToolStream:
             if held.strip():
                 raise UnfinishedCall(f"the answer ended inside a tool call: {held.strip()[:80]!r}")
             return []
+        if self._state == "calls" and self._f.read_call:  # calls that no closing ends: each from its opening on
+            try:
+                return [self._made(*self._f.read_call(body.strip(), self._parameters))
+                        for body in held.split(self._f.opening) if body.strip()]
+            except InputError:  # (the grammar held it: only a limit cuts one short)
+                raise UnfinishedCall(f"the answer ended inside a tool call: {held.strip()[:80]!r}") from None
         body = held.strip().removeprefix(self._f.opening or "")
         if self._state == "whole":
             body = _FENCE.sub("", body).removesuffix("```").rstrip()
@@ -483,8 +541,7 @@ class ToolStream:
             block, self._held = self._held[:end], self._held[end + len(f.closing):]
             body = block.strip().removeprefix(f.opening).strip()
             if f.read_call:
-                name, arguments = f.read_call(body, self._parameters)
-                out.append(ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False)))
+                out.append(self._made(*f.read_call(body, self._parameters)))
                 continue
             try:
                 call = json.loads(body)
@@ -496,8 +553,10 @@ class ToolStream:
         return out
 
     def _call(self, call: dict) -> ToolCall:
-        arguments = call.get(self._f.arguments, call.get("arguments"))
-        return ToolCall(new_id(self.form), call["name"], json.dumps(arguments, ensure_ascii=False))
+        return self._made(call["name"], call.get(self._f.arguments, call.get("arguments")))
+
+    def _made(self, name: str, arguments: dict) -> ToolCall:
+        return ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
 
 
 def _is_call(call, arguments: str) -> bool:

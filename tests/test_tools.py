@@ -41,7 +41,8 @@ MISTRAL = ("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS
 REAL = Path(__file__).parent / "templates"  # the families' own templates
 TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MISTRAL: MISTRAL,
              ToolFormat.HARMONY: (REAL / "gpt-oss.jinja").read_text(), ToolFormat.XML: (REAL / "qwen3.5.jinja").read_text(),
-             ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text()}
+             ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text(),
+             ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -114,6 +115,11 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
      [("get_time", {"city": "San Francisco"}), ("f", {"a": -7, "b": 3.14, "c": True, "d": None, "e": ["x", 1],
                                                      "g": {"k": "v, w"}})]),
     (ToolFormat.GEMMA4, "<|tool_call>call:empty_args{}<tool_call|>", "", [("empty_args", {})]),
+    # Mistral Small 3.2's (a call id before [ARGS]) and Devstral's, as llama.cpp's test-chat.cpp has them; their
+    # markers are control tokens, which the session writes into the text for this reader (shown())
+    (ToolFormat.MISTRAL_ARGS, 'Hello, world!\nWhat\'s up?[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
+     '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}', "Hello, world!\nWhat's up?",
+     [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
 ])
 def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, text, content, calls):
     assert read(form, text) == read(form, text, step=1) == read(form, text, step=3) == [content, calls]
@@ -141,6 +147,7 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     (ToolFormat.XML, "<tool_call>\n<function=f>\n<parameter=a>\n1"),
     (ToolFormat.GLM, "<tool_call>f\n<arg_key>a</arg_key>"),
     (ToolFormat.GEMMA4, '<|tool_call>call:f{a:<|"|>x'),
+    (ToolFormat.MISTRAL_ARGS, '[TOOL_CALLS]f[ARGS]{"a": '),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -440,6 +447,38 @@ def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through
         counted = httpx.post(running.url + "/chat/completions/input_tokens", timeout=60,
                              json={"model": "tiny", "messages": history, "tools": [WEATHER]}).json()["input_tokens"]
         assert counted == after.usage.prompt_tokens
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
+def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp_path):
+    """Mistral Small 3.2's [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...} (refused before: "does not read yet"), with its
+    real template and its markers control tokens, as in its GGUFs: generated text leaves those out, so the
+    session writes them in for the reader; the call comes back as OpenAI's, with the nine-character id its
+    template insists on, and goes back through the template."""
+    model = write_tiny_model(tmp_path / "mistral.gguf", TinySpec(
+        seed=1, sharpness=2.0, chat_template=TEMPLATES[ToolFormat.MISTRAL_ARGS],
+        control=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")))
+    running = ServerProcess(tmp_path, model, "--temp", "0", "-c", "4096", "--alias", "tiny")  # (its long system prompt)
+    try:
+        client = running.client()
+        asked = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                 "parallel_tool_calls": False, "max_tokens": 400}
+        choice = client.chat.completions.create(**asked).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        [call] = choice.message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and arguments["city"] in ("paris", "tokyo")
+        assert len(call.id) == 9 and call.id.isalnum()
+        history = ASK + [choice.message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+        after = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
+                                               max_tokens=4)
+        assert after.choices[0].message.tool_calls is None
+        # without tools the markers stay out of the text, as before
+        plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=24, temperature=0)
+        assert "[TOOL_CALLS]" not in plain.choices[0].message.content
     finally:
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
