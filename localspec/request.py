@@ -50,7 +50,8 @@ def to_wire(request: Request) -> dict:
     """A request as JSON, for serve's own stream (tools, which `run` and `chat` never send, are left out)."""
     return {"sampling": asdict(request.sampling), "limits": asdict(request.limits),
             "thinking": asdict(request.thinking), "messages": request.messages, "prompt": request.prompt,
-            "suffix": request.suffix, "prediction": request.prediction, "drafting": request.drafting, "draft_max": request.draft_max}
+            "suffix": request.suffix, "prediction": request.prediction, "drafting": request.drafting,
+            "draft_max": request.draft_max}
 
 
 def from_wire(data: dict) -> Request:

@@ -280,7 +280,8 @@ class Session:
                 return iter([Done("length", "", 0.0)])
             return generating(prepared.tokens + made, replace(limits, max_tokens=left))
 
-        events = tool_calls.shown(generating(prepared.tokens, limits), prepared.tool_format, self.target_model.control_text)
+        events = tool_calls.shown(generating(prepared.tokens, limits), prepared.tool_format,
+                                  self.target_model.control_text)
         if prepared.reasoning_plan is None:
             return events
         return reasoning.split(events, prepared.reasoning_plan, self.target_model.control_text, going_on)

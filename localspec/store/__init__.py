@@ -29,8 +29,8 @@ from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "capabilities", "copy",
-           "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here", "installed",
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "capabilities",
+           "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here", "installed",
            "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
 
 
