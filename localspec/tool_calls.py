@@ -394,7 +394,8 @@ def _read_args_call(body: str, parameters: dict) -> tuple[str, dict]:
 def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:
     """A generation's events with the control tokens that mark a form's calls written into the text, as
     llama.cpp's preserved tokens are (Mistral's [TOOL_CALLS], [CALL_ID] and [ARGS], which generated text
-    leaves out); the events as they are for every other form."""
+    leaves out: without its opening, a call after some content read as content); the events as they are for
+    every other form."""
     markers = _MARKERS.get(form)
     return _showing(events, markers, control_text) if markers else events
 
@@ -406,7 +407,8 @@ def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], 
                 event = replace(event, text=event.text + marker)
             yield event
     finally:
-        events.close()  # (closed with it: the generation's sequence is free at once)
+        if hasattr(events, "close"):  # (a generation, closed with it: its sequence is free at once)
+            events.close()
 
 
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
@@ -418,7 +420,7 @@ _FORMS = {
     ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
                              f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
     ToolFormat.LLAMA3: _Form(None, None, "{", "parameters", (_WHOLE_CALL_TRIGGER,), 'call ws "```"?', 'call ws "```"?'),
-    # [TOOL_CALLS] is a control token: the answer's text may show only the list after it
+    # [TOOL_CALLS] is a control token, written into the text by shown() (a file where it is text has it anyway)
     ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
@@ -434,7 +436,7 @@ _FORMS = {
                              lambda body, parameters: _read_gemma(body)),  # (its strings are marked as such)
 }
 # the control tokens a form's reader needs to see (the text leaves control tokens out)
-_MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}}
+_MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"}}
 
 
 def new_id(form: ToolFormat) -> str:

@@ -20,7 +20,8 @@ from localspec.engine.model import Model
 from localspec.engine.sampling import Dist
 from localspec.errors import InputError
 from localspec.stats import record
-from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, tool_format
+from localspec.events import Token
+from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, shown, tool_format
 
 from test_server import ServerProcess, serving
 from tinymodels import TinySpec, write_tiny_model
@@ -209,6 +210,18 @@ def test_a_long_string_value_leaves_a_real_vocabularys_row_checkable(real_model,
             grammar.accept(token)
         admitted = grammar.admitted(np.zeros(model.n_vocab, np.float32))
     assert len(admitted) > 100_000  # (nearly any text goes on a string)
+
+
+def test_a_forms_control_token_markers_are_written_into_the_text_for_its_reader():
+    """Mistral Nemo's [TOOL_CALLS] is a control token: left out of the text, a call after some content
+    ("Sure.[{...}]") was read as content; written in, it is a call. Other forms' events are left as they are."""
+    control = {7: "[TOOL_CALLS]", 8: "<|im_end|>"}.get
+    events = [Token(1, "Sure.", False), Token(7, "", False), Token(2, '[{"name": "f", "arguments": {}}]', False),
+              Token(8, "", False)]
+    text = "".join(event.text for event in shown(iter(events), ToolFormat.MISTRAL, control))
+    assert text == 'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}]'
+    assert read(ToolFormat.MISTRAL, text) == ["Sure.", [("f", {})]]
+    assert list(shown(iter(events), ToolFormat.HERMES, control)) == events
 
 
 def test_mistrals_ids_are_the_nine_letters_and_digits_its_templates_insist_on():
