@@ -58,6 +58,10 @@ SHUTDOWN_GRACE_SECONDS = 3  # for responses to finish sending once their generat
 PULLS_AT_ONCE = 2  # Ollama's /api/pull downloading at once; the others wait their turn
 FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: model files, libraries, the log
 
+# routes llama-server answers with and without /v1 (its /completions is its own completion, not /v1's)
+WITHOUT_V1 = ("/v1/models", "/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/responses",
+              "/v1/responses/input_tokens")
+
 
 class Server:
     def __init__(self, pool: Pool, serving: Serving, defaults: Defaults, log: Callable[[str], None]):
@@ -109,20 +113,13 @@ class Server:
             ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
-            # llama-server's spellings without /v1 (clients given a base URL without it call these), and its
-            # /completions, which is its own completion, not OpenAI's
-            ("/models", "GET", OPENAI, self.models, True),
-            ("/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True), True),
-            ("/chat/completions/input_tokens", "POST", OPENAI,
-             functools.partial(self.input_tokens, protocol=OPENAI), True),
-            ("/responses", "POST", self.responses, self.responses_create, True),
-            ("/responses/input_tokens", "POST", self.responses,
-             functools.partial(self.input_tokens, protocol=self.responses), True),
-            ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),
+            ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
         ]
+        # llama-server's spellings without /v1, which a client given its address without it calls
+        self.routes += [(path.removeprefix("/v1"), *rest) for path, *rest in self.routes if path in WITHOUT_V1]
         not_http = {404: self._not_found, 405: self._not_found}
         self.app = Starlette(routes=[self._route(*route) for route in self.routes], exception_handlers=not_http,
                              middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
