@@ -302,7 +302,7 @@ def _gemma_rules(offered: list[dict]) -> str:
             body = f"args-{number}-0"
             # args-N-i: the members from the i-th on; args-N-i-after: the same where one is written before them
             for place in range(len(members) + 1):
-                for after in (False, True):
+                for after in (False, True) if place else (False,):  # (nothing comes before the first)
                     name = f"args-{number}-{place}" + ("-after" if after else "")
                     if place == len(members):
                         pieces.append(f"{name} ::= ws")
