@@ -57,6 +57,8 @@ class Prepared:
     prediction: list[int] | None
     tool_format: ToolFormat | None
     reasoning_plan: reasoning.Plan | None = None  # how a reasoning model's reply splits into thinking and answer
+    # the sampling once the reply's thinking is over (where a budget closed it): a tool call may begin anywhere
+    answer_sampling: Sampling | None = None
 
 
 class Prompts:
@@ -76,7 +78,7 @@ class Prompts:
         prediction = request.prediction
         if isinstance(prediction, str):
             prediction = self.prediction_tokens(prediction)
-        sampling, tool_format, plan = request.sampling, None, None
+        sampling, tool_format, plan, answer_sampling = request.sampling, None, None, None
         if request.tools is not None:
             sampling, tool_format = self.with_tools(sampling, request.tools)
         if request.messages is not None:
@@ -89,6 +91,10 @@ class Prompts:
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking)
             tokens, plan = self.thinking_plan(tokens, thinking)
+            if plan is not None:
+                answer_sampling = sampling
+                if request.tools is not None:  # (a client's own triggers count as written, as on llama-server)
+                    sampling = replace(sampling, grammar_triggers=plan.past_thinking(sampling.grammar_triggers))
         elif request.suffix is not None:
             if not isinstance(request.prompt, str):
                 raise InputError("a suffix goes with a text prompt: the text before the middle to fill in")
@@ -97,7 +103,7 @@ class Prompts:
             tokens = self.tokenize(request.prompt, raw=True)
         else:
             tokens = self.token_ids(request.prompt)
-        return Prepared(request, tokens, sampling, prediction or None, tool_format, plan)
+        return Prepared(request, tokens, sampling, prediction or None, tool_format, plan, answer_sampling)
 
     def thinking_plan(self, tokens: list[int], thinking: Thinking) -> tuple[list[int], reasoning.Plan | None]:
         """A conversation's prompt as a reasoning model is to read it, and how its reply is split: where thinking

@@ -302,6 +302,21 @@ class Plan:
     budget: int | None = None
     closing: tuple[int, ...] = ()
 
+    def past_thinking(self, triggers: tuple[str, ...]) -> tuple[str, ...]:
+        """A lazy grammar's triggers (tool calls) as they are to count in this reply: only past its thinking
+        block, as llama.cpp's patterns for thinking models have it. Thinking that plans a call spells its
+        opening as often as not; set off there, the grammar held the thinking to a call that then ended
+        the reply inside the block, so that nothing came back as a call."""
+        family = self.family
+        if family.format is not ReasoningFormat.THINK or self.answering or not triggers:
+            return triggers
+        opening, closing = re.escape(family.open), re.escape(family.close)
+        # the block the prompt opened; else one the reply opens, or none at all (an answer at once)
+        thought = (rf"[\s\S]*?{closing}" if self.opened
+                   else rf"(?:\s*{opening}[\s\S]*?{closing}|(?!\s*{opening}))")
+        return tuple(rf"^{thought}(?:{trigger[1:-1]})$" if trigger.startswith("^") and trigger.endswith("$")
+                     else rf"^{thought}[\s\S]*?(?:{trigger})[\s\S]*$" for trigger in triggers)
+
     def splitter(self) -> "ThinkSplitter | HarmonySplitter":
         if self.family.format is ReasoningFormat.HARMONY:
             return HarmonySplitter(self.answering)

@@ -269,8 +269,8 @@ class Session:
         drafter = self.drafting.of(sequence, prepared.prediction, request.drafting, speculation)
         limits = request.limits
 
-        def generating(prompt: list[int], limits: Limits) -> Iterator:
-            events = generate(self.sequences[sequence], drafter, prompt, prepared.sampling, speculation, limits)
+        def generating(prompt: list[int], limits: Limits, sampling: Sampling = prepared.sampling) -> Iterator:
+            events = generate(self.sequences[sequence], drafter, prompt, sampling, speculation, limits)
             return self.drafting.remembering(events, prompt)
 
         def going_on(made: list[int]) -> Iterator:
@@ -278,7 +278,7 @@ class Session:
             left = None if limits.max_tokens is None else limits.max_tokens - len(made)
             if left is not None and left < 1:
                 return iter([Done("length", "", 0.0)])
-            return generating(prepared.tokens + made, replace(limits, max_tokens=left))
+            return generating(prepared.tokens + made, replace(limits, max_tokens=left), prepared.answer_sampling)
 
         events = tool_calls.shown(generating(prepared.tokens, limits), prepared.tool_format,
                                   self.target_model.control_text)

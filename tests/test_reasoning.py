@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking
+from localspec.engine.grammar import Grammar
 from localspec.request import Request
 from localspec.scheduler import ENDED
 from localspec.session import Session
@@ -19,7 +20,7 @@ from conftest import TARGET, TEMPLATES
 from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
-from localspec.tool_calls import ToolCall, ToolFormat, ToolStream, UnfinishedCall, tool_format
+from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
 from localspec.reasoning import (GEMMA4, HARMONY, NONE, THINK, HarmonySplitter, Part,
                                  Piece, ThinkSplitter, family, unread_thinking)
 
@@ -483,3 +484,31 @@ def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_on
         with opened(thinkers[name]) as session:
             shaped = reply(session, Thinking(think=True), grammar=schema, max_tokens=40)
         assert shaped.reasoning == "" and shaped.text.startswith("{") and shaped.text.endswith("}"), (name, shaped.text)
+
+
+@pytest.mark.parametrize("name, opening", [("qwen3", "<tool_call>"), ("qwen3.5", "<tool_call>"),
+                                           ("gemma4", "<|tool_call>")])
+def test_a_call_spelled_in_the_thinking_sets_off_no_tool_grammar_and_one_past_it_does(thinkers, name, opening):
+    """Thinking that plans a call spells its opening: set off there, the lazy grammar refused the thinking's
+    next words (and held it to a call that ended the reply inside the block, which nothing read as a call)."""
+    with opened(thinkers[name]) as session:
+        prepared = session.prepare(Request(Sampling(temperature=0), Limits(max_tokens=40), tools=Tools((WEATHER,)),
+                                           messages=[{"role": "user", "content": "the weather in paris?"}]))
+        plan, model = prepared.reasoning_plan, session.prompts.model
+        begun = "" if plan.opened else plan.family.open + plan.family.channel
+        thinking = f"{begun}\nI will write {opening} and then the city, or"
+        with Grammar(model, prepared.sampling.grammar, prepared.sampling.grammar_triggers) as grammar:
+            for token in model.tokenize(thinking, add_special=False, parse_special=True):
+                assert grammar.admits(token), (name, model.piece(token))
+                grammar.accept(token)
+            assert grammar.awaiting
+            for token in model.tokenize(f" ask.{plan.family.close}\n\n{opening}", add_special=False,
+                                        parse_special=True):
+                grammar.accept(token)
+            assert not grammar.awaiting, name  # past the thinking, the call is held to the tools
+        # where a budget closed the thinking, the answer goes on as a generation of its own: a call may open at once
+        answering = prepared.answer_sampling
+        with Grammar(model, answering.grammar, answering.grammar_triggers) as grammar:
+            for token in model.tokenize(opening, add_special=False, parse_special=True):
+                grammar.accept(token)
+            assert not grammar.awaiting, name
