@@ -300,20 +300,28 @@ def _gemma_rules(offered: list[dict]) -> str:
             body = 'ws (gkey ":" ws gvalue ("," ws gkey ":" ws gvalue)*)? ws'
         else:
             body = f"args-{number}-0"
-            # args-N-i: the members from the i-th on; args-N-i-after: the same where one is written before them
-            for place in range(len(members) + 1):
-                for after in (False, True) if place else (False,):  # (nothing comes before the first)
-                    name = f"args-{number}-{place}" + ("-after" if after else "")
-                    if place == len(members):
-                        pieces.append(f"{name} ::= ws")
-                        continue
-                    member, needed = members[place]
-                    comma = '"," ws ' if after else ""
-                    written = f"{comma}{member} args-{number}-{place + 1}-after"
-                    skipped = f"args-{number}-{place + 1}" + ("-after" if after else "")
-                    pieces.append(f"{name} ::= {written}" if needed else f"{name} ::= {written} | {skipped}")
+            pieces += _in_order(f"args-{number}", members)
         pieces.append(f'call-{number} ::= {json.dumps("call:" + function["name"] + "{")} {body} "}}"')
     return "\n".join([*pieces, _GEMMA_VALUES, _text_without(_GEMMA_QUOTE, "gtext")])
+
+
+def _in_order(prefix: str, members: list[tuple[str, bool]]) -> list[str]:
+    """GBNF rules of a call's arguments (`PREFIX-0`), each member (GBNF, whether required) at most once and
+    in the order given, a comma between two."""
+    pieces = []
+    # PREFIX-i: the members from the i-th on; PREFIX-i-after: the same where one is written before them
+    for place in range(len(members) + 1):
+        for after in (False, True) if place else (False,):  # (nothing comes before the first)
+            name = f"{prefix}-{place}" + ("-after" if after else "")
+            if place == len(members):
+                pieces.append(f"{name} ::= ws")
+                continue
+            member, needed = members[place]
+            comma = '"," ws ' if after else ""
+            written = f"{comma}{member} {prefix}-{place + 1}-after"
+            skipped = f"{prefix}-{place + 1}" + ("-after" if after else "")
+            pieces.append(f"{name} ::= {written}" if needed else f"{name} ::= {written} | {skipped}")
+    return pieces
 
 
 def _gemma_value_rule(schema) -> str:
