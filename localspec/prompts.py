@@ -12,7 +12,7 @@ from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
 from .errors import ContextOverflow, InputError
 from .request import Request
-from .tool_calls import ToolFormat, Tools, constraint, tool_format
+from .tool_calls import ToolFormat, Tools, constraint, tool_format, with_calls_written
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -171,6 +171,7 @@ class Prompts:
 
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
+        messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
         fields = (*TOOL_FIELDS, THINKING_FIELD)
         about_tools = [list(tools.definitions) if tools else [],
                        [[m.get(key) for key in fields] for m in messages if any(key in m for key in fields)]]

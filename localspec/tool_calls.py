@@ -52,6 +52,7 @@ class ToolFormat(StrEnum):
     GLM = "glm"
     GEMMA4 = "gemma4"
     MISTRAL_ARGS = "mistral-args"
+    LFM2 = "lfm2"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -80,10 +81,11 @@ class _Form:
     triggers: tuple[str, ...]  # the lazy grammar's: regular expressions whose first group begins the calls
     one: str  # GBNF of an answer's calls (`call`: one call's object, `ws`: a little white space): one call
     several: str  # one call or more
-    # where a call is not a JSON object: GBNF of one (`call`) for the functions offered, and what reads one
-    # back (its text between opening and closing, the offered functions' parameters by name -> name, arguments)
+    # where a call is not a JSON object: GBNF of one (`call`) for the functions offered, and what reads the
+    # calls back (their text between opening and closing, the offered functions' parameters by name ->
+    # [(name, arguments)]: one call, or LFM2's list)
     call_rules: Callable[[list[dict]], str] | None = None
-    read_call: Callable[[str, dict], tuple[str, dict]] | None = None
+    read_calls: Callable[[str, dict], list[tuple[str, dict]]] | None = None
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -105,6 +107,9 @@ def tool_format(template: str | None) -> ToolFormat:
             return ToolFormat.GLM
         if "<tool_call>" in source and "<function=" not in source:
             return ToolFormat.HERMES
+    # LFM2's template lists the tools between its markers; LFM2.5's lists them bare (llama.cpp reads both so)
+    if "<|tool_list_start|>" in source or "List of tools: [" in source:
+        return ToolFormat.LFM2
     if "[TOOL_CALLS]" in source and "[ARGS]" in source:
         return ToolFormat.MISTRAL_ARGS
     if "[TOOL_CALLS]" in source:
@@ -113,8 +118,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
-                     " harmony)")
+                     " <arg_key>, Gemma 4's <|tool_call>call:, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
+                     " (and [ARGS]) and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -399,6 +404,160 @@ def _read_args_call(body: str, parameters: dict) -> tuple[str, dict]:
     return name, values
 
 
+def _alone(read: Callable[[str, dict], tuple[str, dict]]) -> Callable[[str, dict], list[tuple[str, dict]]]:
+    """A reader of the one call a form's block holds, as a reader of a block's calls."""
+    return lambda body, parameters: [read(body, parameters)]
+
+
+# LFM2's: a list of Python-style calls between two markers, `<|tool_call_start|>[f(a=1), g()]<|tool_call_end|>`
+_LFM2_OPENING, _LFM2_CLOSING = "<|tool_call_start|>", "<|tool_call_end|>"
+_LFM2_LIST = 'call ("," ws call)*'
+
+
+def _lfm2_block(calls: str) -> str:
+    return f'"{_LFM2_OPENING}" "[" {calls} "]" "{_LFM2_CLOSING}"'
+
+
+def _python_rules(offered: list[dict]) -> str:
+    """GBNF of one LFM2 call (`call`): `NAME(key=value, ...)`, an offered function's parameters in the schema's
+    order (the required ones always), each value its schema's JSON, or as LFM2.5's template writes earlier
+    calls (a string between single quotes, True, False); a function whose parameters name no properties takes
+    any keys, their values any JSON."""
+    as_json, pieces = {"any-value": {"type": ["string", "number", "boolean", "array", "object", "null"]}}, []
+    for number, function in enumerate(offered):
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        required = set(parameters.get("required") or ())
+        members = []
+        for place, (key, schema) in enumerate(properties.items()):
+            value = as_json_rule = f"json-{number}-{place}"
+            as_json[as_json_rule] = schema
+            if _written_as_text(schema):
+                choices = _choices(schema)
+                quoted = " | ".join(json.dumps(f"'{c}'", ensure_ascii=False) for c in choices) if choices else "quoted"
+                value = f"({as_json_rule} | {quoted})"
+            elif isinstance(schema, dict) and schema.get("type") == "boolean":
+                value = f'({as_json_rule} | "True" | "False")'
+            members.append((f'{json.dumps(key + "=", ensure_ascii=False)} {value}', key in required))
+        if not properties and parameters.get("additionalProperties") is not False:
+            body = 'ws (pkey "=" any-value ("," ws pkey "=" any-value)*)? ws'
+        else:
+            body = f"args-{number}-0"
+            pieces += _in_order(f"args-{number}", members)
+        pieces.append(f'call-{number} ::= {json.dumps(function["name"] + "(", ensure_ascii=False)} {body} ")"')
+    json_rules, names = from_json_schemas(as_json)
+    pieces += [f"{rule} ::= {name}" for rule, name in names.items() if name != rule]  # (a primitive's shared rule)
+    return "\n".join([f"call ::= {' | '.join(f'call-{number}' for number in range(len(offered)))}", *pieces,
+                      "pkey ::= [A-Za-z_] [A-Za-z0-9_]{0,63}", "quoted ::= \"'\" [^'\\\\]* (\"\\\\\" . [^'\\\\]*)* \"'\"",
+                      json_rules])
+
+
+def _read_python_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """LFM2's calls, `[NAME(key=value, ...), ...]`: each name and its arguments, a value as JSON writes it or
+    as Python does (True, None, 'text'), as llama.cpp reads them."""
+    try:
+        calls, at = [], _past_space(body, body.index("[") + 1)
+        if body[: body.index("[")].strip():
+            raise ValueError("text before the list")
+        while body[at] != "]":
+            opened = body.index("(", at)
+            name, arguments, at = body[at:opened].strip(), {}, _past_space(body, opened + 1)
+            while body[at] != ")":
+                equals = body.index("=", at)
+                key = body[at:equals].strip()
+                if not key.isidentifier():
+                    raise ValueError(f"no argument's name: {key!r}")
+                arguments[key], at = _python_value(body, equals + 1)
+                at = _past_space(body, at)
+                if body[at] == ",":
+                    at = _past_space(body, at + 1)
+            if not name:
+                raise ValueError("a call without a name")
+            calls.append((name, arguments))
+            at = _past_space(body, at + 1)
+            if body[at] == ",":
+                at = _past_space(body, at + 1)
+        if body[at + 1:].strip():
+            raise ValueError("text after the list")
+    except (ValueError, IndexError, RecursionError):
+        raise InputError(f"the model wrote tool calls that do not read as LFM2's [NAME(key=value)]: {body[:80]!r}") \
+            from None
+    return calls
+
+
+def _past_space(text: str, at: int) -> int:
+    while text[at] in " \n\t":
+        at += 1
+    return at
+
+
+# a Python or JSON number, and the words either spells a constant with
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_ESCAPED = {"n": "\n", "t": "\t"}
+_CONSTANTS = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+
+
+def _python_value(text: str, at: int) -> tuple[object, int]:
+    """The value at `at`, written as JSON writes it or as Python does (True, None, 'text'), and where it ends
+    (ValueError where there is none)."""
+    at = _past_space(text, at)
+    quote = text[at]
+    if quote in "\"'":
+        end = at + 1
+        while text[end] != quote:
+            end += 2 if text[end] == "\\" else 1
+        if quote == '"':  # (JSON's string, which Python reads the same)
+            return json.loads(text[at:end + 1]), end + 1
+        # as LFM2.5's template writes a string: the text between single quotes (a backslash escapes what follows)
+        return re.sub(r"\\(.)", lambda m: _ESCAPED.get(m.group(1), m.group(1)), text[at + 1:end], flags=re.DOTALL), end + 1
+    if quote in "[{":
+        closing, items, at = "]" if quote == "[" else "}", [], _past_space(text, at + 1)
+        while text[at] != closing:
+            if closing == "}":
+                key, at = _python_value(text, at)
+                at = _past_space(text, at)
+                if text[at] != ":" or not isinstance(key, str):
+                    raise ValueError(f"no key at {at}")
+                value, at = _python_value(text, at + 1)
+                items.append((key, value))
+            else:
+                value, at = _python_value(text, at)
+                items.append(value)
+            at = _past_space(text, at)
+            if text[at] == ",":
+                at = _past_space(text, at + 1)
+        return (dict(items) if closing == "}" else items), at + 1
+    word = re.match(r"[A-Za-z]+", text[at:])
+    if word and word.group() in _CONSTANTS:
+        return _CONSTANTS[word.group()], at + word.end()
+    number = _NUMBER.match(text, at)
+    if number is None:
+        raise ValueError(f"no value at {at}")
+    return json.loads(number.group()), number.end()
+
+
+def with_calls_written(messages: list[dict], template: str) -> list[dict]:
+    """The conversation with each assistant's earlier calls written after its content as the model wrote them,
+    where its template leaves them out: LFM2's writes an assistant's content alone, and a client sends a call
+    back as `tool_calls` (the model then read an empty turn and the result of a call it never saw)."""
+    if "tool_calls" in template or not any(m.get("tool_calls") for m in messages):
+        return messages
+    try:
+        if tool_format(template) is not ToolFormat.LFM2:
+            return messages
+    except InputError:  # (a template without tools: the calls are left out, as it writes them)
+        return messages
+
+    def called(call: dict) -> str:
+        function = call["function"]
+        arguments = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
+                              for key, value in (function.get("arguments") or {}).items())
+        return f"{function['name']}({arguments})"
+
+    return [m | {"content": (m.get("content") or "") + f"{_LFM2_OPENING}[{', '.join(map(called, m['tool_calls']))}]"
+                                                        f"{_LFM2_CLOSING}"} if m.get("tool_calls") else m for m in messages]
+
+
 def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:
     """A generation's events with the control tokens that mark a form's calls written into the text, as
     llama.cpp's preserved tokens are (Mistral's [TOOL_CALLS], [CALL_ID] and [ARGS], which generated text
@@ -433,18 +592,23 @@ _FORMS = {
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
     ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML), partial(_read_markup, _QWEN_XML)),
+                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML),
+                          _alone(partial(_read_markup, _QWEN_XML))),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), partial(_read_markup, _GLM)),
+                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM))),
     ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
                                    '"[TOOL_CALLS]" call', '"[TOOL_CALLS]" call (ws "[TOOL_CALLS]" call)*', _args_rules,
-                                   _read_args_call),
+                                   _alone(_read_args_call)),
     ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
                              f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", _gemma_rules,
-                             lambda body, parameters: _read_gemma(body)),  # (its strings are marked as such)
+                             _alone(lambda body, parameters: _read_gemma(body))),  # (its strings are marked as such)
+    ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
+                           _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
+                           _python_rules, _read_python_calls),
 }
 # the control tokens a form's reader needs to see (the text leaves control tokens out)
-_MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"}}
+_MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"},
+            ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}}
 
 
 def new_id(form: ToolFormat) -> str:
@@ -497,10 +661,10 @@ class ToolStream:
             if held.strip():
                 raise UnfinishedCall(f"the answer ended inside a tool call: {held.strip()[:80]!r}")
             return []
-        if self._state == "calls" and self._f.read_call:  # calls that no closing ends: each from its opening on
+        if self._state == "calls" and self._f.read_calls:  # calls that no closing ends: each from its opening on
             try:
-                return [self._made(*self._f.read_call(body.strip(), self._parameters))
-                        for body in held.split(self._f.opening) if body.strip()]
+                return [self._made(*call) for body in held.split(self._f.opening) if body.strip()
+                        for call in self._f.read_calls(body.strip(), self._parameters)]
             except InputError:  # (the grammar held it: only a limit cuts one short)
                 raise UnfinishedCall(f"the answer ended inside a tool call: {held.strip()[:80]!r}") from None
         body = held.strip().removeprefix(self._f.opening or "")
@@ -550,8 +714,8 @@ class ToolStream:
         while (end := self._held.find(f.closing)) >= 0:
             block, self._held = self._held[:end], self._held[end + len(f.closing):]
             body = block.strip().removeprefix(f.opening).strip()
-            if f.read_call:
-                out.append(self._made(*f.read_call(body, self._parameters)))
+            if f.read_calls:
+                out += [self._made(*call) for call in f.read_calls(body, self._parameters)]
                 continue
             try:
                 call = json.loads(body)

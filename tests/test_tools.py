@@ -3,6 +3,7 @@ keeps every call well formed under speculation; serve's OpenAI and Ollama answer
 the real clients."""
 
 import json
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NoDrafter
 from localspec.engine.grammar import Grammar
 from localspec.engine.model import Model
+from localspec.prompts import Prompts
 from localspec.engine.sampling import Dist
 from localspec.errors import InputError
 from localspec.stats import record
@@ -43,7 +45,8 @@ REAL = Path(__file__).parent / "templates"  # the families' own templates
 TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MISTRAL: MISTRAL,
              ToolFormat.HARMONY: (REAL / "gpt-oss.jinja").read_text(), ToolFormat.XML: (REAL / "qwen3.5.jinja").read_text(),
              ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text(),
-             ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text()}
+             ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text(),
+             ToolFormat.LFM2: (REAL / "lfm2.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -63,9 +66,8 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
         tool_format("{% for m in messages %}{{ m.content }}{% endfor %}")
     with pytest.raises(InputError, match="has no tools"):
         tool_format(None)
-    lfm2 = "{% if tools %}<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>{% endif %}<|tool_call_start|>"
-    with pytest.raises(InputError, match="does not read yet"):
-        tool_format(lfm2)
+    # LFM2.5's template lists the tools without LFM2's markers (llama.cpp's LFM2.5-Instruct.jinja)
+    assert tool_format('{%- if tools -%}{%- set p = p + "List of tools: [" -%}{% endif %}') is ToolFormat.LFM2
     # forms that spell <tool_call> too but write something else: refused, not read as hermes' JSON
     for other in ("]<]minimax[>[<tool_call>\n<invoke name=", "<tool_calls>[{\"name\": ...}]</tool_calls>",
                   "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>"):
@@ -121,6 +123,19 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.MISTRAL_ARGS, 'Hello, world!\nWhat\'s up?[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
      '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}', "Hello, world!\nWhat's up?",
      [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    # LFM2's Python-style calls, as llama.cpp's test-chat.cpp has them: JSON's values or Python's, a list a block
+    (ToolFormat.LFM2, 'Let me check the time.<|tool_call_start|>[get_time(city="Paris")]<|tool_call_end|>',
+     "Let me check the time.", [("get_time", {"city": "Paris"})]),
+    (ToolFormat.LFM2, '<|tool_call_start|>[special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)]'
+     '<|tool_call_end|><|tool_call_start|>[empty_args()]<|tool_call_end|>', "",
+     [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2}), ("empty_args", {})]),
+    (ToolFormat.LFM2, '<|tool_call_start|>[set_config(config={"enabled": True, "count": 3, "note": null}), '
+     'toggle(enabled=True, value=None)]<|tool_call_end|>', "",
+     [("set_config", {"config": {"enabled": True, "count": 3, "note": None}}), ("toggle", {"enabled": True, "value": None})]),
+    (ToolFormat.LFM2, '<|tool_call_start|>[python(code="def hello():\\n    print(\'hey\')", quoted=\'it\\\'s\'), '
+     'Calendar.create_event(title="demo", participants=["Alice", "Bob"], at=-1.5e3)]<|tool_call_end|>', "",
+     [("python", {"code": "def hello():\n    print('hey')", "quoted": "it's"}),
+      ("Calendar.create_event", {"title": "demo", "participants": ["Alice", "Bob"], "at": -1500.0})]),
 ])
 def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, text, content, calls):
     assert read(form, text) == read(form, text, step=1) == read(form, text, step=3) == [content, calls]
@@ -149,6 +164,7 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     (ToolFormat.GLM, "<tool_call>f\n<arg_key>a</arg_key>"),
     (ToolFormat.GEMMA4, '<|tool_call>call:f{a:<|"|>x'),
     (ToolFormat.MISTRAL_ARGS, '[TOOL_CALLS]f[ARGS]{"a": '),
+    (ToolFormat.LFM2, "<|tool_call_start|>[special_function(arg1="),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -194,7 +210,7 @@ def test_a_markup_calls_grammar_holds_each_string_value_to_any_text_but_its_clos
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", [ToolFormat.XML, ToolFormat.GLM, ToolFormat.GEMMA4])
+@pytest.mark.parametrize("form", [ToolFormat.XML, ToolFormat.GLM, ToolFormat.GEMMA4, ToolFormat.LFM2])
 def test_a_long_string_value_leaves_a_real_vocabularys_row_checkable(real_model, form):
     """With a rule a character for the text inside a value (a matcher's states), checking one row of the
     real Qwen vocabulary's 151,936 tokens in a code argument was refused as taking over 2 s, and the request
@@ -203,8 +219,11 @@ def test_a_long_string_value_leaves_a_real_vocabularys_row_checkable(real_model,
     gbnf, _ = constraint(form, Tools((NOTE,), choice="required"))
     opening = {ToolFormat.XML: "<tool_call>\n<function=note>\n<parameter=text>\n",
                ToolFormat.GLM: "<tool_call>note\n<arg_key>text</arg_key>\n<arg_value>",
-               ToolFormat.GEMMA4: '<|tool_call>call:note{text:<|"|>'}[form]
+               ToolFormat.GEMMA4: '<|tool_call>call:note{text:<|"|>',
+               ToolFormat.LFM2: "<|tool_call_start|>[note(text='"}[form]
     code = "def f(a, b):\n    if a < b:\n        return [x for x in range(a) if x % 2]\n    return {'k': a}\n" * 8
+    if form is ToolFormat.LFM2:  # (between single quotes, as LFM2.5's template writes a string)
+        code = code.replace("'", "\\'")
     with Grammar(model, gbnf) as grammar:
         for token in model.tokenize(opening + code, add_special=False, parse_special=False):
             grammar.accept(token)
@@ -305,6 +324,7 @@ def test_a_token_that_would_set_off_the_grammar_with_text_it_refuses_is_not_admi
     (ToolFormat.XML, "<tool_call>\n<function=get_time>\n<parameter=zone>\nutc\n</parameter>\n</function>\n</tool_call>",
      "<"),
     (ToolFormat.GEMMA4, '<|tool_call>call:get_time{zone:<|"|>utc<|"|>}<tool_call|>', "<"),
+    (ToolFormat.LFM2, '<|tool_call_start|>[get_time(zone="utc")', ","),
 ])
 def test_parallel_calls_may_follow_one_another_unless_the_request_says_not(target, form, one_call, another):
     anything = np.zeros(target.model.n_vocab, np.float32)
@@ -492,6 +512,73 @@ def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp
     finally:
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
+
+
+def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_its_template(tmp_path):
+    """LFM2's `<|tool_call_start|>[NAME(key=value)]<|tool_call_end|>` (refused before: "does not read yet"), with
+    its real template and its markers control tokens: a required call comes back as OpenAI's, typed, and the
+    round trip writes it back after the assistant's content as the model wrote it (its template writes the
+    content alone: the model read an empty turn before its call's result), the markers as control tokens."""
+    model = write_tiny_model(tmp_path / "lfm2.gguf", TinySpec(
+        seed=1, sharpness=2.0, chat_template=TEMPLATES[ToolFormat.LFM2],
+        control=("<|tool_call_start|>", "<|tool_call_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
+                 "<|tool_response_start|>", "<|tool_response_end|>", "<|im_start|>", "<|im_end|>")))
+    running = ServerProcess(tmp_path, model, "--temp", "0", "-c", "2048", "--alias", "tiny")
+    try:
+        client = running.client()
+        asked = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                 "parallel_tool_calls": False, "max_tokens": 400}
+        choice = client.chat.completions.create(**asked).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        [call] = choice.message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and arguments["city"] in ("paris", "tokyo")
+        assert type(arguments["days"]) is int
+        history = ASK + [choice.message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+        prompt = httpx.post(running.base + "/apply-template", timeout=60,
+                            json={"model": "tiny", "messages": history, "tools": [WEATHER]}).json()["prompt"]
+        written = f'<|tool_call_start|>[get_weather(city="{arguments["city"]}", days={arguments["days"]})]<|tool_call_end|>'
+        # (the tiny vocabulary shows a space after each control token's text)
+        assert f"<|im_start|>assistant\n{written}<|im_end|>" in prompt.replace("|> ", "|>"), prompt
+        tokens = httpx.post(running.base + "/tokenize", timeout=60, json={"content": written, "parse_special": True,
+                                                                          "with_pieces": True}).json()["tokens"]
+        assert tokens[0]["piece"] == "<|tool_call_start|>"  # (one control token, as the template's own text)
+        after = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
+                                               max_tokens=4)
+        counted = httpx.post(running.url + "/chat/completions/input_tokens", timeout=60,
+                             json={"model": "tiny", "messages": history, "tools": [WEATHER]}).json()["input_tokens"]
+        assert counted == after.usage.prompt_tokens
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+    with closing(Model(model)) as loaded:
+        marker = loaded.tokenize("<|tool_call_start|>", add_special=False, parse_special=True)
+        history[1]["tool_calls"][0]["function"]["arguments"] = arguments  # (as the protocols hand it on)
+        assert len(marker) == 1 and marker[0] in Prompts(loaded, 2048).chat_tokens(history)
+
+
+def test_lfm2s_grammar_takes_values_as_json_or_as_its_template_writes_them(target):
+    """LFM2.5's template writes an earlier call's strings between single quotes and its booleans as Python
+    does: the grammar takes those as well as JSON's, and the reader reads both the same."""
+    flag = {"type": "function", "function": {"name": "flag", "parameters": {"type": "object", "properties": {
+        "on": {"type": "boolean"}, "text": {"type": "string"}}, "required": ["on"]}}}
+    tools = Tools((CLOCK, NOTE, flag), choice="required")
+    gbnf, _ = constraint(ToolFormat.LFM2, tools)
+    for text, called in [("<|tool_call_start|>[get_time(zone='cet')]<|tool_call_end|>", ("get_time", {"zone": "cet"})),
+                         ("<|tool_call_start|>[note(text='it\\'s 5')]<|tool_call_end|>", ("note", {"text": "it's 5"})),
+                         ('<|tool_call_start|>[note(text="a\\nb")]<|tool_call_end|>', ("note", {"text": "a\nb"})),
+                         ("<|tool_call_start|>[flag(on=True, text='x')]<|tool_call_end|>", ("flag", {"on": True, "text": "x"})),
+                         ("<|tool_call_start|>[flag(on=false)]<|tool_call_end|>", ("flag", {"on": False}))]:
+        with Grammar(target.model, gbnf) as grammar:
+            for token in tokens_of(target, text):
+                grammar.accept(token)  # (an InputError where the grammar does not admit it)
+        reader = ToolStream(ToolFormat.LFM2, required=True, tools=tools)
+        [call] = reader.feed(text) + reader.end()
+        assert (call.name, call.argument_values) == called
+    with Grammar(target.model, gbnf) as grammar, pytest.raises(InputError, match="does not admit"):
+        for token in tokens_of(target, "<|tool_call_start|>[get_time(zone='gmt')"):
+            grammar.accept(token)
 
 
 def test_ollama_chat_takes_tools_and_a_tool_history(tool_server):
