@@ -52,6 +52,10 @@ class Sampling:
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
+    # the same of each prompt token after the first, given those before it (OpenAI's echo, vLLM's
+    # prompt_logprobs: what lm-eval's loglikelihood tasks read); the prompt is then read anew, none of it
+    # taken from the cache, each of its rows kept
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"
@@ -68,8 +72,9 @@ class Sampling:
             raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
         if not self.repeat_penalty > 0:
             raise UsageError(f"repeat penalty must be > 0 (1.0: none), got {self.repeat_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MOST_LOGPROBS:
-            raise UsageError(f"top logprobs must be from 0 to {MOST_LOGPROBS}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= MOST_LOGPROBS:
+                raise UsageError(f"top {name.replace('_', ' ')} must be from 0 to {MOST_LOGPROBS}, got {getattr(self, name)}")
         if self.repeat_last_n < -1:
             raise UsageError(f"repeat-last-n must be >= 0, or -1 for the whole context, got {self.repeat_last_n}")
         for name in ("frequency_penalty", "presence_penalty"):

@@ -10,20 +10,24 @@ from .config import DrafterKind
 
 @dataclass(frozen=True)
 class Prefill:
-    """The prompt is in the target's KV cache; `reused_tokens` of it were there already."""
+    """The prompt is in the target's KV cache; `reused_tokens` of it were there already. logprobs: where
+    Sampling.prompt_logprobs asked, those of each prompt token (the first's logprob None: nothing before it
+    predicts it, as OpenAI's echo and vLLM's prompt_logprobs say)."""
 
     prompt_tokens: int
     reused_tokens: int
     seconds: float
+    logprobs: tuple["Logprobs", ...] = ()
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A token as logprobs report it: its id, the bytes it stands for and its log probability."""
+    """A token as logprobs report it: its id, the bytes it stands for and its log probability (None: a
+    prompt's first token)."""
 
     id: int
     piece: bytes
-    logprob: float
+    logprob: float | None
 
 
 @dataclass(frozen=True)
@@ -126,12 +130,16 @@ def from_wire(data: dict) -> Event:
         raise ValueError(f"not an event: {str(data)[:80]}")
     known = {field.name for field in fields(kind)}
     values = {name: value for name, value in data.items() if name in known}
-    if kind is Token and values.get("logprobs") is not None:
-        def candidate(item: dict) -> Candidate:
-            return Candidate(item["id"], base64.b64decode(item["piece"]), item["logprob"])
+    def candidate(item: dict) -> Candidate:
+        return Candidate(item["id"], base64.b64decode(item["piece"]), item["logprob"])
 
-        logprobs = values["logprobs"]
-        values["logprobs"] = Logprobs(candidate(logprobs["chosen"]), tuple(map(candidate, logprobs["top"])))
+    def logprobs(item: dict) -> Logprobs:
+        return Logprobs(candidate(item["chosen"]), tuple(map(candidate, item["top"])))
+
+    if kind is Token and values.get("logprobs") is not None:
+        values["logprobs"] = logprobs(values["logprobs"])
+    if kind is Prefill:
+        values["logprobs"] = tuple(map(logprobs, values.get("logprobs", ())))
     if kind is Step:
         values["drafter"] = DrafterKind(values["drafter"])
     try:

@@ -112,6 +112,7 @@ class Server:
             ("/tokenize", "POST", LLAMA_SERVER, self.llama_tokenize, True),
             ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
+            ("/tokenizer_info", "GET", LLAMA_SERVER, self.tokenizer_info, True),  # (vLLM's)
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
             (native.PATH, "POST", NATIVE, self.native_generate, True),
@@ -510,6 +511,11 @@ class Server:
         """What llama-server says of itself (its default settings, context and slots), for the model asked."""
         served = await self._model(request.query_params.get("model"))
         return JSONResponse(llama_server.props(served.session, self.defaults, len(served.session.sequences)))
+
+    async def tokenizer_info(self, request: Request, client: str | None) -> Response:
+        """vLLM's: the special tokens and chat template of the model asked for (lm-eval's remote tokenizer)."""
+        served = await self._model(request.query_params.get("model"))
+        return JSONResponse(llama_server.tokenizer_info(served.session))
 
     async def native_generate(self, request: Request, client: str | None) -> Response:
         """localspec's own stream, which `run` and `chat` read (remote.py)."""

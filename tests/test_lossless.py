@@ -346,3 +346,33 @@ def test_logprobs_are_the_targets_own_rows_whatever_drafted_them(load, target, p
                 assert [c.id for c in reported.top] == np.argsort(-row, kind="stable")[:3].tolist()
                 assert [c.logprob for c in reported.top] == pytest.approx(np.sort(row)[::-1][:3] - normaliser, abs=ROW_TOLERANCE)
     assert accepted > 0  # rows of verifications that kept drafted tokens were read
+
+
+def test_prompt_logprobs_are_the_models_own_rows_of_each_prefix_and_change_no_token(load, target, prompt):
+    """Each prompt token's log probability given those before it (OpenAI's echo: what lm-eval's loglikelihood
+    tasks read), the first's None, read in pieces where the prompt's rows do not fit one batch (64 here);
+    the generation after it is the one without them, drafted or not."""
+    tokens = (prompt * 12)[:80]
+    asked = Sampling(temperature=0, prompt_logprobs=2)
+
+    def run(drafter, sampling):
+        events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
+                                           Limits(max_tokens=8)))
+        return record(events)
+
+    plain = run(NoDrafter(), Sampling(temperature=0))
+    for drafter in (NoDrafter(), drafter_for("draft model", load, target)):
+        scored = run(drafter, asked)
+        assert scored.text == plain.text and scored.prompt_logprobs and not plain.prompt_logprobs
+    first, *rest = scored.prompt_logprobs
+    assert (first.chosen.id, first.chosen.logprob, first.top) == (tokens[0], None, ())
+    assert len(rest) == len(tokens) - 1 > target.max_rows
+    # (a row computed in a batch of 64 differs from one decoded alone: by up to 1.2e-3 on this CPU)
+    tolerance = 5 * ROW_TOLERANCE
+    for i, reported in enumerate(rest, start=1):
+        row = decoded_row(target, tokens[:i], []).astype(np.float64)
+        normaliser = row.max() + np.log(np.exp(row - row.max()).sum())
+        assert reported.chosen.id == tokens[i] and reported.chosen.piece == target.model.piece(tokens[i])
+        assert reported.chosen.logprob == pytest.approx(row[tokens[i]] - normaliser, abs=tolerance)
+        assert [c.logprob for c in reported.top] == pytest.approx(list(np.sort(row)[::-1][:2] - normaliser),
+                                                                  abs=tolerance)

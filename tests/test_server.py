@@ -156,6 +156,39 @@ def test_logprobs_whole_and_streamed_through_the_openai_client(server):
         assert refused.value.body["param"] == param
 
 
+def test_an_echoed_prompt_carries_its_tokens_logprobs_as_lm_eval_reads_them(server, tiny):
+    """lm-eval's loglikelihood tasks through its local-completions model: its remote tokenizer (vLLM's
+    /tokenizer_info, /tokenize, /detokenize), then token ids in a batch of one with echo, logprobs 1 and
+    max_tokens 1, from which it reads token_logprobs[ctxlen:-1], each checked against its top_logprobs' best
+    (`echo` was refused as unsupported before)."""
+    client, base = server.client(), server.base
+    info = httpx.get(base + "/tokenizer_info").json()
+    assert "eos_token" in info and info["model_max_length"] == 512 and info["chat_template"]
+    ids = httpx.post(base + "/tokenize", json={"prompt": PROMPT, "add_special_tokens": False}).json()["tokens"]
+    text = httpx.post(base + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text.strip() == PROMPT
+    echoed = client.completions.create(model="tiny", prompt=[ids], echo=True, logprobs=1, max_tokens=1)
+    choice = echoed.choices[0]
+    shown = choice.logprobs
+    assert len(shown.token_logprobs) == len(ids) + 1 and shown.token_logprobs[0] is None and shown.top_logprobs[0] is None
+    assert choice.text == text + plain_text(tiny, prompt=text, max_tokens=1) == "".join(shown.tokens)
+    assert shown.text_offset == [sum(map(len, shown.tokens[:i])) for i in range(len(shown.tokens))]
+    assert shown.token_logprobs[-1] == max(shown.top_logprobs[-1].values())  # greedy: its own choice the best
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
+        scored = record(alone.generate(Request(Sampling(temperature=0, prompt_logprobs=1), Limits(1), prompt=ids)))
+    assert shown.token_logprobs[1:-1] == pytest.approx([e.chosen.logprob for e in scored.prompt_logprobs[1:]], abs=1e-4)
+    chunks = list(client.completions.create(model="tiny", prompt=[ids], echo=True, logprobs=1, max_tokens=3,
+                                            stream=True))
+    assert chunks[0].choices[0].text == text and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text + plain_text(tiny, prompt=text, max_tokens=3)
+    unasked = client.completions.create(model="tiny", prompt=PROMPT, echo=True, max_tokens=2)
+    assert unasked.choices[0].text.startswith(PROMPT) and unasked.choices[0].logprobs is None
+    for wrong, param in (({"prompt": [ids, ids]}, "prompt"), ({"prompt": "def f(", "suffix": "):"}, "echo")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="tiny", max_tokens=1, **{"prompt": PROMPT, "echo": True, **wrong})
+        assert refused.value.body["param"] == param
+
+
 def test_n_choices_read_the_prompt_once_and_each_drafts(server, tiny):
     messages = [{"role": "user", "content": PROMPT}]
     sampled = server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=12, n=3,

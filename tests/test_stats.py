@@ -1,6 +1,7 @@
+import json
 import pytest
 
-from localspec.events import Done, Prefill, Step, Token
+from localspec.events import Candidate, Done, Logprobs, Prefill, Step, Token, from_wire, to_wire
 from localspec.stats import INTERRUPTED, Recorder, record
 
 
@@ -108,3 +109,11 @@ def test_tree_steps_are_counted_by_their_depth_and_the_branch_they_kept():
     # a tree's positions are its depth, not its size: position 4 was reached by the first tree alone
     assert s.per_position_drafted == [3, 3, 3, 1] and s.per_position_acceptance == [1.0, 2 / 3, 2 / 3, 0.0]
     assert s.as_dict()["trees"]["off_the_bet"] == 1
+
+
+def test_a_prefills_prompt_logprobs_go_over_the_wire_and_back():
+    """serve's own stream carries an echoed prompt's logprobs to a remote run, the first's None."""
+    prefill = Prefill(3, 0, 0.5, (Logprobs(Candidate(1, b"a", None)),
+                                  Logprobs(Candidate(2, b"\xe2\x82", -0.5), (Candidate(2, b"\xe2\x82", -0.5),))))
+    assert from_wire(json.loads(json.dumps(to_wire(prefill)))) == prefill
+    assert from_wire({"event": "prefill", "prompt_tokens": 3, "reused_tokens": 0, "seconds": 0.5}).logprobs == ()

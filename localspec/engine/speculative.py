@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config import Limits, Sampling, Speculation
 from ..errors import ContextOverflow, InputError
-from ..events import Done, Event, Prefill, Step, Token
+from ..events import Candidate, Done, Event, Logprobs, Prefill, Step, Token
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
@@ -59,16 +59,38 @@ def generate(
             grammar.close()
 
 
+def _prompt_logprobs(target: Context, prompt: list[int], top: int) -> Generator[Turn, None, tuple[Logprobs, ...]]:
+    """Each prompt token's logprobs given those before it (the first's None): the prompt but its last token
+    read anew (a row is wanted of every position, a cached one has none), in pieces whose rows fit a batch,
+    each read before the next piece overwrites them; in turns where the sequence shares its context."""
+    target.keep_common([])
+    piece = min(target.max_rows, target.prompt_piece) if target.n_seq > 1 else target.max_rows
+    found = [Logprobs(Candidate(prompt[0], target.model.piece(prompt[0]), None))]
+    for offset in range(0, len(prompt) - 1, piece):
+        tokens = prompt[offset : min(offset + piece, len(prompt) - 1)]
+        if target.n_seq > 1:
+            yield Turn(target, tokens, logits="all")
+        else:
+            target.decode(tokens, logits="all")
+        found += [logprobs_of(target.logits(row), prompt[offset + row + 1], top, target.model.piece)
+                  for row in range(len(tokens))]
+    return tuple(found)
+
+
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
     penalties = Penalties.of(sampling)
     reporting = sampling.logprobs is not None
     # a grammar masks full rows, penalties change them and logprobs read them, on the host
-    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting)
+    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting
+                       or sampling.prompt_logprobs is not None)
     trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
     started = perf_counter()
-    if target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
+    scored: tuple[Logprobs, ...] = ()
+    if sampling.prompt_logprobs is not None:
+        reused, scored = 0, (yield from _prompt_logprobs(target, prompt, sampling.prompt_logprobs))
+    elif target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
         for offset in range(reused, len(prompt) - 1, target.prompt_piece):
             yield Turn(target, prompt[offset : min(offset + target.prompt_piece, len(prompt) - 1)], logits="none")
@@ -80,7 +102,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         drafter = ForcedDrafter(grammar, model, drafter)
     drafter.begin(prompt, sampling, rng)
     learns = isinstance(drafter, Learner)
-    yield Prefill(len(prompt), reused, perf_counter() - started)
+    yield Prefill(len(prompt), reused, perf_counter() - started, scored)
 
     text = TextStream(limits.stop, limits.indent)
     history = list(prompt)  # committed tokens; the target has decoded all but the last

@@ -196,10 +196,14 @@ def props(session: Session, defaults: Defaults, slots: int) -> dict:
 
 class TokenizeBody(_Typed):
     model: str | None = None
-    content: str
+    content: str | None = None
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
+    # vLLM's spellings (lm-eval's remote tokenizer sends them): the text, and whether to add the start token
+    # (vLLM's default: yes)
+    prompt: str | None = None
+    add_special_tokens: bool | None = None
 
 
 class DetokenizeBody(_Typed):
@@ -211,8 +215,13 @@ def tokenized(session: Session, body: dict) -> dict:
     """POST /tokenize: the text's token ids (with their pieces: text, or bytes where a piece is no whole
     character)."""
     asked = validated_body(TokenizeBody, body)
+    if (asked.content is None) == (asked.prompt is None):
+        raise ApiError(400, "content: the text to tokenize (or vLLM's prompt), one of them", param="content")
+    text = asked.content if asked.content is not None else asked.prompt
+    add_special = asked.add_special_tokens if asked.add_special_tokens is not None else \
+        asked.add_special if asked.content is not None else True
     model = session.prompts.model
-    tokens = model.tokenize(asked.content, asked.add_special, asked.parse_special) if asked.content else []
+    tokens = model.tokenize(text, add_special, asked.parse_special) if text else []
     if not asked.with_pieces:
         return {"tokens": tokens}
     out = []
@@ -232,7 +241,17 @@ def detokenized(session: Session, body: dict) -> dict:
     model = session.prompts.model
     if not all(0 <= token < model.n_vocab for token in asked.tokens):
         raise ApiError(400, f"tokens: ids must be between 0 and {model.n_vocab - 1}, this model's vocabulary")
-    return {"content": model.spell_of(asked.tokens, special=True).decode("utf-8", errors="replace")}
+    text = model.spell_of(asked.tokens, special=True).decode("utf-8", errors="replace")
+    return {"content": text, "prompt": text}  # (prompt: vLLM's name, which lm-eval's remote tokenizer reads)
+
+
+def tokenizer_info(session: Session) -> dict:
+    """GET /tokenizer_info, vLLM's: the special tokens and chat template, which lm-eval's remote tokenizer asks
+    for (and, with /tokenize, takes as the sign that a server tokenizes for it)."""
+    model = session.prompts.model
+    special = {name: model.special_text(name) or None for name in ("bos", "eos")}
+    return {"tokenizer_class": "llama.cpp", "bos_token": special["bos"], "eos_token": special["eos"],
+            "pad_token": None, "chat_template": session.prompts.template, "model_max_length": session.info.n_ctx}
 
 
 def _event(data: dict) -> str:

@@ -41,7 +41,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 NEUTRAL = {
     "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
-    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "suffix": (None, ""), "best_of": (None, 1),
     "typical_p": (None, 1), "mirostat": (None, 0),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
@@ -141,9 +141,12 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None  # the code after the cursor: the model fills in the middle (Ollama's /v1/completions)
     logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)  # the likeliest tokens beside each one
+    # the prompt ahead of the completion, its tokens' logprobs ahead of the completion's (lm-eval's
+    # loglikelihood tasks read them so)
+    echo: bool = False
 
 
 class EmbeddingRequest(_Typed):
@@ -230,7 +233,7 @@ def _tools(chat: ChatRequest) -> Tools | None:
 def parse_completion(body: dict, defaults: Defaults) -> Parsed:
     completion = _validate(CompletionRequest, body)
     prompt = completion.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # a batch of prompts
         if len(prompt) != 1:
             raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request",
                            param="prompt")
@@ -239,8 +242,15 @@ def parse_completion(body: dict, defaults: Defaults) -> Parsed:
     if suffix is not None and not isinstance(prompt, str):
         raise ApiError(400, "suffix goes with a text prompt (the code before the middle to fill in), not token ids",
                        param="suffix")
-    return _parsed(completion, defaults, completion.max_tokens, prompt=prompt, suffix=suffix,
-                   logprobs=completion.logprobs)
+    if completion.echo and suffix is not None:
+        raise ApiError(400, "echo and suffix: the prompt cannot be echoed around a middle", param="echo")
+    parsed = _parsed(completion, defaults, completion.max_tokens, prompt=prompt, suffix=suffix,
+                     logprobs=completion.logprobs)
+    if not completion.echo:
+        return parsed
+    # (the echoed text is the prompt's tokens' pieces, which its logprobs carry, so they are read even unasked)
+    sampling = replace(parsed.request.sampling, prompt_logprobs=completion.logprobs or 0)
+    return replace(parsed, request=replace(parsed.request, sampling=sampling), echo=True)
 
 
 def _validate(model: type[BaseModel], body: dict):
@@ -341,9 +351,11 @@ class Reply(Answering):
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True):
+    def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True,
+                 echo: bool = False):
+        """echo: a completion's prompt comes ahead of it (the recorder's prompt_logprobs carry its tokens)."""
         super().__init__(chat, model)
-        self.include_usage, self.thinking_apart = include_usage, thinking_apart
+        self.include_usage, self.thinking_apart, self.echo = include_usage, thinking_apart, echo
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.offset = 0  # characters of the completion's text whose tokens' logprobs were given
@@ -368,11 +380,20 @@ class Reply(Answering):
                 message["tool_calls"] = [_called(call) for call in calls]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": recorder.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": self._echoed(job) + recorder.text, "logprobs": None,
+                      "finish_reason": finish}
         if job.request.sampling.logprobs is not None:
             self.offset = 0
-            choice["logprobs"] = self._logprobs(recorder.logprobs)
+            choice["logprobs"] = self._logprobs([*(recorder.prompt_logprobs if self.echo else ()), *recorder.logprobs])
         return self._envelope(False, [choice]) | statistics(job, usage=True)
+
+    def _echoed(self, job: Job) -> str:
+        """The prompt, where it is echoed: as sent, or the text of its token ids."""
+        if not self.echo:
+            return ""
+        if isinstance(job.request.prompt, str):
+            return job.request.prompt
+        return b"".join(entry.chosen.piece for entry in job.recorder.prompt_logprobs).decode("utf-8", errors="replace")
 
     def choices(self, jobs: list[Job]) -> dict:
         """n whole answers, a choice each at its index with its own timings and speculation record (a choice
@@ -395,7 +416,9 @@ class Reply(Answering):
             offsets.append(self.offset)
             self.offset += len(text)
         return {"tokens": texts, "token_logprobs": [e.chosen.logprob for e in entries],
-                "top_logprobs": [{candidate(c)["token"]: c.logprob for c in e.top} for e in entries],
+                # (an echoed prompt's first token has none: nothing before it predicts it)
+                "top_logprobs": [{candidate(c)["token"]: c.logprob for c in e.top} if e.chosen.logprob is not None
+                                 else None for e in entries],
                 "text_offset": offsets}
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
@@ -419,7 +442,13 @@ class Reply(Answering):
         return self._envelope(True, [choice])
 
     def opening(self, job: Job) -> list[str]:
-        return [_event(self.chunk(role=True))] if self.chat else []
+        """A chat's role; an echoed completion's prompt (its tokens' logprobs with it, where asked for)."""
+        if self.chat:
+            return [_event(self.chunk(role=True))]
+        if not self.echo:
+            return []
+        asked = job.request.sampling.logprobs is not None
+        return [_event(self.chunk(self._echoed(job), logprobs=job.recorder.prompt_logprobs if asked else ()))]
 
     def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
         return _event(self.chunk(text, logprobs=logprobs))
@@ -514,7 +543,7 @@ class OpenAI(Protocol):
         return (parse_chat if chat else parse_completion)(body, defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Reply:
-        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart)
+        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart, parsed.echo)
 
 
 OPENAI = OpenAI()

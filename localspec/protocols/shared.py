@@ -143,6 +143,7 @@ class Parsed:
     made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
+    echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
