@@ -660,7 +660,7 @@ class Server:
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
         streaming = False
         try:
-            for index, asked in enumerate(choices_of(parsed.request, parsed.choices)):
+            for index, asked in enumerate(choices_of(parsed)):
                 try:
                     jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
                                                                         answering.every_event),

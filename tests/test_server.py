@@ -183,10 +183,29 @@ def test_an_echoed_prompt_carries_its_tokens_logprobs_as_lm_eval_reads_them(serv
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text + plain_text(tiny, prompt=text, max_tokens=3)
     unasked = client.completions.create(model="tiny", prompt=PROMPT, echo=True, max_tokens=2)
     assert unasked.choices[0].text.startswith(PROMPT) and unasked.choices[0].logprobs is None
-    for wrong, param in (({"prompt": [ids, ids]}, "prompt"), ({"prompt": "def f(", "suffix": "):"}, "echo")):
+    for wrong, param in (({"prompt": [ids] * 9, "n": 2}, "prompt"), ({"prompt": "def f(", "suffix": "):"}, "echo")):
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="tiny", max_tokens=1, **{"prompt": PROMPT, "echo": True, **wrong})
         assert refused.value.body["param"] == param
+
+
+def test_several_prompts_are_answered_in_one_response_as_openai_numbers_their_choices(server, tiny):
+    """OpenAI's (and llama-server's) completions take a list of prompts, texts or token ids (lm-eval sends its
+    batches so): each prompt's n choices in turn, index prompt * n + choice, its prompt counted in the usage
+    (refused before: "localspec answers one per request")."""
+    client = server.client()
+    prompts = ["tell me about the cat", "once upon a time"]
+    whole = client.completions.create(model="tiny", prompt=prompts, max_tokens=6, n=2)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert [c.text for c in whole.choices] == [plain_text(tiny, prompt=p, max_tokens=6) for p in prompts for _ in "ab"]
+    counts = [client.completions.create(model="tiny", prompt=p, max_tokens=6).usage.prompt_tokens for p in prompts]
+    assert whole.usage.prompt_tokens == sum(counts) and whole.usage.completion_tokens == 24
+    ids = [httpx.post(server.base + "/tokenize", json={"content": p}).json()["tokens"] for p in prompts]
+    echoed = client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=1)
+    assert [len(c.logprobs.token_logprobs) for c in echoed.choices] == [len(i) + 1 for i in ids]
+    chunks = list(client.completions.create(model="tiny", prompt=prompts, max_tokens=6, stream=True))
+    assert ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)] == \
+        [plain_text(tiny, prompt=p, max_tokens=6) for p in prompts]
 
 
 def test_n_choices_read_the_prompt_once_and_each_drafts(server, tiny):

@@ -232,20 +232,20 @@ def _tools(chat: ChatRequest) -> Tools | None:
 
 def parse_completion(body: dict, defaults: Defaults) -> Parsed:
     completion = _validate(CompletionRequest, body)
-    prompt = completion.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # a batch of prompts
-        if len(prompt) != 1:
-            raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request",
-                           param="prompt")
-        prompt = prompt[0]
+    prompt, prompts = completion.prompt, ()
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # several prompts
+        if len(prompt) * (completion.n or 1) > MOST_CHOICES:
+            raise ApiError(400, f"prompt holds {len(prompt)} prompts, and n is {completion.n or 1}: at most"
+                           f" {MOST_CHOICES} answers a request", param="prompt")
+        prompt, prompts = prompt[0], tuple(prompt) if len(prompt) > 1 else ()
     suffix = completion.suffix or None
     if suffix is not None and not isinstance(prompt, str):
         raise ApiError(400, "suffix goes with a text prompt (the code before the middle to fill in), not token ids",
                        param="suffix")
     if completion.echo and suffix is not None:
         raise ApiError(400, "echo and suffix: the prompt cannot be echoed around a middle", param="echo")
-    parsed = _parsed(completion, defaults, completion.max_tokens, prompt=prompt, suffix=suffix,
-                     logprobs=completion.logprobs)
+    parsed = replace(_parsed(completion, defaults, completion.max_tokens, prompt=prompt, suffix=suffix,
+                             logprobs=completion.logprobs), prompts=prompts)
     if not completion.echo:
         return parsed
     # (the echoed text is the prompt's tokens' pieces, which its logprobs carry, so they are read even unasked)
@@ -352,10 +352,12 @@ class Reply(Answering):
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True,
-                 echo: bool = False):
-        """echo: a completion's prompt comes ahead of it (the recorder's prompt_logprobs carry its tokens)."""
+                 echo: bool = False, per_prompt: int = 1):
+        """echo: a completion's prompt comes ahead of it (the recorder's prompt_logprobs carry its tokens);
+        per_prompt: the choices of each prompt (n), which read it once."""
         super().__init__(chat, model)
         self.include_usage, self.thinking_apart, self.echo = include_usage, thinking_apart, echo
+        self.per_prompt = per_prompt
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.offset = 0  # characters of the completion's text whose tokens' logprobs were given
@@ -400,7 +402,7 @@ class Reply(Answering):
         that took the first's cells read one prompt token); the usage of them all, the prompt counted once
         (it was read once)."""
         answers = [self.full(job) for job in jobs]
-        whole = answers[0] | {"usage": usage_of_all(jobs)}
+        whole = answers[0] | {"usage": usage_of_all(jobs, self.per_prompt)}
         whole["choices"] = [answer["choices"][0] | {"index": index, "timings": answer["timings"],
                                                     "speculation": answer["speculation"]}
                             for index, answer in enumerate(answers)]
@@ -486,7 +488,7 @@ class Reply(Answering):
         """Every choice has ended: the usage of them all if asked for (the prompt counted once), then [DONE]."""
         if not self.include_usage:
             return ["data: [DONE]\n\n"]
-        return [_event(self._envelope(True, []) | {"usage": usage_of_all(jobs)}), "data: [DONE]\n\n"]
+        return [_event(self._envelope(True, []) | {"usage": usage_of_all(jobs, self.per_prompt)}), "data: [DONE]\n\n"]
 
 
 def _event(data: dict) -> str:
@@ -511,12 +513,13 @@ def usage_of(job: Job) -> dict:
             | {"reasoning_tokens": r.parts["thinking"].tokens}}
 
 
-def usage_of_all(jobs: list[Job]) -> dict:
-    """The usage of several choices of one prompt: the first's, its completion tokens those of them all (the
-    prompt was read once)."""
+def usage_of_all(jobs: list[Job], per_prompt: int) -> dict:
+    """The usage of several choices, per_prompt of each prompt in turn: the first's, its prompt tokens those of
+    each prompt's first choice (the others took its cells), its completion tokens those of them all."""
     usage = usage_of(jobs[0])
+    prompt = sum(job.recorder.prompt_tokens for job in jobs[::per_prompt])
     completion = sum(job.recorder.tokens for job in jobs)
-    return usage | {"completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
+    return usage | {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def model_object(name: str, session: Session | None, created: int) -> dict:
@@ -543,7 +546,7 @@ class OpenAI(Protocol):
         return (parse_chat if chat else parse_completion)(body, defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Reply:
-        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart, parsed.echo)
+        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart, parsed.echo, parsed.choices)
 
 
 OPENAI = OpenAI()

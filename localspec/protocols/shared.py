@@ -139,7 +139,10 @@ class Parsed:
     thinking_apart: bool = True
     thinking_shown: bool = True
     carried: list[dict] | None = None
-    choices: int = 1  # answers to make of the one prompt (OpenAI's n)
+    choices: int = 1  # answers to make of each prompt (OpenAI's n)
+    # OpenAI's completions: the prompts of a request that lists several, answered in one response, the
+    # choices of each in turn (empty: the request's own prompt alone)
+    prompts: tuple = ()
     made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
@@ -302,12 +305,13 @@ def speculation(job: Job) -> dict:
     }
 
 
-def choices_of(request: Request, n: int) -> list[Request]:
-    """The requests of n choices of one prompt: a seed given goes on by one a choice, so that seeded
-    choices differ from each other and come again with the seed."""
+def choices_of(parsed: Parsed) -> list[Request]:
+    """The requests of each prompt's n choices, prompt by prompt: a seed given goes on by one a choice, so
+    that seeded choices differ from each other and come again with the seed."""
+    request, n = parsed.request, parsed.choices
     seed = request.sampling.seed
-    return [replace(request, sampling=replace(request.sampling, seed=None if seed is None else seed + i))
-            for i in range(n)]
+    return [replace(request, prompt=prompt, sampling=replace(request.sampling, seed=None if seed is None else seed + i))
+            for prompt in parsed.prompts or (request.prompt,) for i in range(n)]
 
 
 def candidate(c: Candidate) -> dict:
