@@ -52,7 +52,7 @@ class Sampling:
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
-    # the same of each prompt token after the first, given those before it (OpenAI's echo, vLLM's
+    # the same of each prompt token, given those before it (the first's None; OpenAI's echo, vLLM's
     # prompt_logprobs: what lm-eval's loglikelihood tasks read); the prompt is then read anew, none of it
     # taken from the cache, each of its rows kept
     prompt_logprobs: int | None = None

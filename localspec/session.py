@@ -15,7 +15,7 @@ from .drafting import Drafters, speculating
 from .engine import rpc
 from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
-from .engine.speculative import generate
+from .engine.speculative import generate, scored
 from .engine.together import alone
 from . import reasoning, tool_calls
 from .errors import ContextOverflow, LocalspecError, UsageError
@@ -291,6 +291,15 @@ class Session:
         """The tokens its suffix caches hold (all of them: the one in use and the named ones) and the
         bytes they take, if this session keeps any."""
         return self.drafting.remembered
+
+    def score(self, tokens: list[int], top: int = 0) -> tuple[Logprobs, ...]:
+        """Each token's log probability given those before it (the first's None), with the `top` likeliest
+        beside it, read on the first sequence (not while a scheduler generates): a text's perplexity."""
+        tokens = self.prompts.token_ids(tokens)
+        if len(tokens) > self.target.n_ctx:
+            raise ContextOverflow(f"{len(tokens)} tokens cannot fit the context of {self.target.n_ctx}; raise"
+                                  " --ctx-size or score fewer")
+        return scored(self.sequences[0], tokens, top)
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it

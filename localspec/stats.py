@@ -180,7 +180,7 @@ class Recorder:
     trees: TreeTally = field(default_factory=TreeTally)
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
     logprobs: list[Logprobs] = field(default_factory=list)  # of the latest generation's answer tokens, where asked
-    prompt_logprobs: tuple[Logprobs, ...] = ()  # of its prompt's tokens after the first, where asked
+    prompt_logprobs: tuple[Logprobs, ...] = ()  # of its prompt's tokens (the first's None), where asked
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
     finish_reason: str | None = None  # of the latest generation; None while it runs
     stop_sequence: str | None = None  # the stop string that ended the latest generation, if one did

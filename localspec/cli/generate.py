@@ -1,5 +1,5 @@
-"""The commands that generate: run, chat, batch, bench and serve, and worker, which lends this
-machine to theirs."""
+"""The commands that generate: run, chat, batch, bench and serve, perplexity, which reads a text, and
+worker, which lends this machine to theirs."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,9 +18,10 @@ from .. import bench as bench_runner
 from .. import chat as chat_loop
 from .. import compare as compare_runs
 from .. import net, paths, running, tui
+from .. import perplexity as perplexity_runner
 from .. import remote as remote_face
 from .. import worker as worker_face
-from ..config import DrafterKind, Lending, Serving, default_threads
+from ..config import DrafterKind, Lending, Serving, Speculation, default_threads
 from ..errors import InputError, UsageError
 from ..request import Request
 from ..session import Session, open_session
@@ -485,6 +486,50 @@ def bench(
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
         bench_runner.plot(rows, plot_file, bench_runner.title(report))
+
+
+@command(
+    epilog=(
+        "Examples:\n\n"
+        "  localspec perplexity qwen2.5-coder-1.5b -f wiki.test.raw\n\n"
+        "  localspec perplexity ./model-Q4_K_M.gguf -f wiki.test.raw -c 2048 --chunks 20 --json"
+    )
+)
+@with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")}, RESOURCE_OPTIONS, RPC_OPTIONS,
+              ctx_size=512)
+def perplexity(
+    settings: Settings,
+    file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",
+                                      show_default=False)],
+    chunks: Annotated[Optional[int], typer.Option(
+        "--chunks", help="Read at most this many chunks (llama-perplexity's --chunks). Default: every whole chunk"
+        " of the text.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with the estimate at the end.")] = False,
+):
+    """A text's perplexity under the model, measured as llama.cpp's llama-perplexity measures it.
+
+    The text is cut into chunks of --ctx-size tokens (512 here, as llama-perplexity is usually run), each read
+    from an empty cache; the second half of each is scored, every token given the chunk's tokens before it.
+    Lower is better; compare files (quantizations of one model, say) on the same text and context only.
+    """
+    if chunks is not None and chunks < 1:
+        raise UsageError(f"--chunks must be at least 1, got {chunks}")
+    text = read_text(file)
+    ctx = settings.runtime.ctx_size
+    # (the target alone reads the text: nothing is drafted)
+    with _open(replace(settings, speculation=Speculation(drafting=DrafterKind.PLAIN)), "perplexity") as session:
+        with tui.err.status("perplexity: tokenizing") as status:
+            def progress(done: int, total: int, ppl: float) -> None:
+                status.update(f"perplexity: chunk {done:,} of {total:,}, PPL {ppl:.4f} so far")
+
+            found = perplexity_runner.measure(session, text, ctx, chunks, progress)
+    if as_json:
+        print(json.dumps(found.as_dict()))
+        return
+    print(",".join(f"[{i}]{ppl:.4f}" for i, ppl in enumerate(found.running, start=1)), file=sys.stderr)
+    print(f"Final estimate: PPL = {found.ppl:.4f} +/- {found.error:.5f}")
+    print(f"{found.chunks:,} chunks of {ctx:,} tokens, {found.scored_tokens:,} scored, in {found.seconds:.1f} s"
+          f" ({found.chunks * ctx / found.seconds:,.0f} tokens/s read)", file=sys.stderr)
 
 
 @command(

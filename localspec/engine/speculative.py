@@ -33,7 +33,7 @@ from .text import TextStream
 from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
 from .tree import verify_sampled as tree_sampled
-from .turns import Turn, timed
+from .turns import Turn, decoded_alone, timed
 
 
 def generate(
@@ -59,7 +59,14 @@ def generate(
             grammar.close()
 
 
-def _prompt_logprobs(target: Context, prompt: list[int], top: int) -> Generator[Turn, None, tuple[Logprobs, ...]]:
+def scored(target: Context, tokens: list[int], top: int = 0) -> tuple[Logprobs, ...]:
+    """Each token's logprobs given those before it (the first's None) outside any generation, the tokens read
+    into the cache anew: a text's perplexity (llama.cpp's llama-perplexity reads its rows so)."""
+    target.sample_with(chain_for(Sampling(temperature=0)), host=True)
+    return decoded_alone(prompt_logprobs(target, tokens, top))
+
+
+def prompt_logprobs(target: Context, prompt: list[int], top: int) -> Generator[Turn, None, tuple[Logprobs, ...]]:
     """Each prompt token's logprobs given those before it (the first's None): the prompt but its last token
     read anew (a row is wanted of every position, a cached one has none), in pieces whose rows fit a batch,
     each read before the next piece overwrites them; in turns where the sequence shares its context."""
@@ -87,9 +94,9 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                        or sampling.prompt_logprobs is not None)
     trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
     started = perf_counter()
-    scored: tuple[Logprobs, ...] = ()
+    scored_prompt: tuple[Logprobs, ...] = ()
     if sampling.prompt_logprobs is not None:
-        reused, scored = 0, (yield from _prompt_logprobs(target, prompt, sampling.prompt_logprobs))
+        reused, scored_prompt = 0, (yield from prompt_logprobs(target, prompt, sampling.prompt_logprobs))
     elif target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
         reused = target.keep_common(prompt[:-1])
         for offset in range(reused, len(prompt) - 1, target.prompt_piece):
@@ -102,7 +109,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         drafter = ForcedDrafter(grammar, model, drafter)
     drafter.begin(prompt, sampling, rng)
     learns = isinstance(drafter, Learner)
-    yield Prefill(len(prompt), reused, perf_counter() - started, scored)
+    yield Prefill(len(prompt), reused, perf_counter() - started, scored_prompt)
 
     text = TextStream(limits.stop, limits.indent)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
