@@ -202,9 +202,7 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
 
     as_json, calls, pieces = {}, [], []
     for number, function in enumerate(offered):
-        parameters = function.get("parameters") or {}
-        properties = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
+        properties, required, open_keys = _parameters(function)
         arguments = []
         for place, (key, schema) in enumerate(properties.items()):
             choices = _choices(schema)
@@ -216,16 +214,30 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
                 as_json[value] = schema
             argument = f"{opened(key)} \"\\n\"? {value} \"\\n\"? {literal(markup.value[1])} ws"
             arguments.append(argument if key in required else f"({argument})?")
-        if not properties and parameters.get("additionalProperties") is not False:
+        if open_keys:
             arguments.append(f"({opened(None)} \"\\n\"? text \"\\n\"? {literal(markup.value[1])} ws)*")
         name = literal(markup.name[0] + function["name"] + markup.name[1])
         pieces.append(f"call-{number} ::= {name} ws {' '.join(arguments)} {literal(markup.end)}")
         calls.append(f"call-{number}")
-    json_rules, names = from_json_schemas(as_json) if as_json else ("", {})
-    for rule, name in names.items():
-        if name != rule:  # a primitive's shared rule
-            pieces.append(f"{rule} ::= {name}")
-    return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(markup.value[1], "text"), json_rules])
+    return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(markup.value[1], "text"),
+                      _json_rules(as_json)])
+
+
+def _parameters(function: dict) -> tuple[dict, set[str], bool]:
+    """An offered function's parameters: their schemas by name, the required names, and whether it takes any
+    keys (its schema names no properties and does not forbid others)."""
+    parameters = function.get("parameters") or {}
+    properties = parameters.get("properties") or {}
+    return (properties, set(parameters.get("required") or ()),
+            not properties and parameters.get("additionalProperties") is not False)
+
+
+def _json_rules(schemas: dict[str, dict]) -> str:
+    """GBNF of JSON values, a rule of each name for its schema (a primitive's an alias of its shared rule)."""
+    if not schemas:
+        return ""
+    rules, names = from_json_schemas(schemas)
+    return "\n".join([*(f"{rule} ::= {name}" for rule, name in names.items() if name != rule), rules])
 
 
 def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
@@ -296,12 +308,10 @@ def _gemma_rules(offered: list[dict]) -> str:
     writes them; a function whose parameters name no properties takes any keys."""
     pieces = [f"call ::= {' | '.join(f'call-{number}' for number in range(len(offered)))}"]
     for number, function in enumerate(offered):
-        parameters = function.get("parameters") or {}
-        properties = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
+        properties, required, open_keys = _parameters(function)
         members = [(f"{json.dumps(key + ':', ensure_ascii=False)} ws {_gemma_value_rule(properties[key])}", key in required)
                    for key in sorted(properties)]
-        if not properties and parameters.get("additionalProperties") is not False:
+        if open_keys:
             body = 'ws (gkey ":" ws gvalue ("," ws gkey ":" ws gvalue)*)? ws'
         else:
             body = f"args-{number}-0"
@@ -425,9 +435,7 @@ def _python_rules(offered: list[dict]) -> str:
     any keys, their values any JSON."""
     as_json, pieces = {"any-value": {"type": ["string", "number", "boolean", "array", "object", "null"]}}, []
     for number, function in enumerate(offered):
-        parameters = function.get("parameters") or {}
-        properties = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
+        properties, required, open_keys = _parameters(function)
         members = []
         for place, (key, schema) in enumerate(properties.items()):
             value = as_json_rule = f"json-{number}-{place}"
@@ -439,17 +447,15 @@ def _python_rules(offered: list[dict]) -> str:
             elif isinstance(schema, dict) and schema.get("type") == "boolean":
                 value = f'({as_json_rule} | "True" | "False")'
             members.append((f'{json.dumps(key + "=", ensure_ascii=False)} {value}', key in required))
-        if not properties and parameters.get("additionalProperties") is not False:
+        if open_keys:
             body = 'ws (pkey "=" any-value ("," ws pkey "=" any-value)*)? ws'
         else:
             body = f"args-{number}-0"
             pieces += _in_order(f"args-{number}", members)
         pieces.append(f'call-{number} ::= {json.dumps(function["name"] + "(", ensure_ascii=False)} {body} ")"')
-    json_rules, names = from_json_schemas(as_json)
-    pieces += [f"{rule} ::= {name}" for rule, name in names.items() if name != rule]  # (a primitive's shared rule)
     return "\n".join([f"call ::= {' | '.join(f'call-{number}' for number in range(len(offered)))}", *pieces,
                       "pkey ::= [A-Za-z_] [A-Za-z0-9_]{0,63}", "quoted ::= \"'\" [^'\\\\]* (\"\\\\\" . [^'\\\\]*)* \"'\"",
-                      json_rules])
+                      _json_rules(as_json)])
 
 
 def _read_python_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:

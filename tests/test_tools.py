@@ -485,6 +485,20 @@ def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through
     assert "Traceback" not in running.log()
 
 
+def required_weather_call(client) -> tuple:
+    """A call of get_weather, required (one: a random model allowed several never stops calling), checked to
+    be the tool's with typed arguments: the call, its arguments, and the conversation with it and its result."""
+    choice = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                            parallel_tool_calls=False, max_tokens=400).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and arguments["city"] in ("paris", "tokyo")
+    assert type(arguments["days"]) is int
+    return call, arguments, ASK + [choice.message.model_dump(exclude_none=True),
+                                   {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+
+
 def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp_path):
     """Mistral Small 3.2's [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...} (refused before: "does not read yet"), with its
     real template and its markers control tokens, as in its GGUFs: generated text leaves those out, so the
@@ -496,16 +510,8 @@ def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp
     running = ServerProcess(tmp_path, model, "--temp", "0", "-c", "4096", "--alias", "tiny")  # (its long system prompt)
     try:
         client = running.client()
-        asked = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
-                 "parallel_tool_calls": False, "max_tokens": 400}
-        choice = client.chat.completions.create(**asked).choices[0]
-        assert choice.finish_reason == "tool_calls", choice
-        [call] = choice.message.tool_calls
-        arguments = json.loads(call.function.arguments)
-        assert call.function.name == "get_weather" and arguments["city"] in ("paris", "tokyo")
+        call, arguments, history = required_weather_call(client)
         assert len(call.id) == 9 and call.id.isalnum()
-        history = ASK + [choice.message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
         after = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
                                                max_tokens=4)
         assert after.choices[0].message.tool_calls is None
@@ -526,16 +532,7 @@ def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_
     running = ServerProcess(tmp_path, model, "--temp", "0", "-c", "2048", "--alias", "tiny")
     try:
         client = running.client()
-        asked = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
-                 "parallel_tool_calls": False, "max_tokens": 400}
-        choice = client.chat.completions.create(**asked).choices[0]
-        assert choice.finish_reason == "tool_calls", choice
-        [call] = choice.message.tool_calls
-        arguments = json.loads(call.function.arguments)
-        assert call.function.name == "get_weather" and arguments["city"] in ("paris", "tokyo")
-        assert type(arguments["days"]) is int
-        history = ASK + [choice.message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+        call, arguments, history = required_weather_call(client)
         prompt = httpx.post(running.base + "/apply-template", timeout=60,
                             json={"model": "tiny", "messages": history, "tools": [WEATHER]}).json()["prompt"]
         written = f'<|tool_call_start|>[get_weather(city="{arguments["city"]}", days={arguments["days"]})]<|tool_call_end|>'
