@@ -408,8 +408,9 @@ WRONG_VALUES = [None, True, 1.5, -1, 2**70, -(2**70), "x", "", [], ["text"], [1]
 CHAT_BODY = {"model": "tiny", "max_tokens": 1, "stop": ["."], "stream_options": {"include_usage": True},
              "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "logprobs": True,
              "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 2}
-COMPLETION_BODY = {"model": "tiny", "max_tokens": 1, "prompt": ["hi"], "seed": 1, "temperature": 0.5, "top_p": 0.9,
-                   "top_k": 4, "min_p": 0.1, "n": 1, "logprobs": 2, "repeat_penalty": 1.1, "repeat_last_n": 8}
+COMPLETION_BODY = {"model": "tiny", "max_tokens": 1, "prompt": [[5, 6], [7, 8]], "seed": 1, "temperature": 0.5,
+                   "top_p": 0.9, "top_k": 4, "min_p": 0.1, "n": 1, "logprobs": 2, "repeat_penalty": 1.1,
+                   "repeat_last_n": 8, "echo": True}
 
 
 def _paths(value, path=()):
@@ -435,6 +436,7 @@ def _replaced(value, path, new):
 def test_a_wrongly_typed_value_anywhere_in_a_request_is_a_400_never_a_500(server, route, body):
     statuses = {}
     with httpx.Client(timeout=60) as client:
+        assert client.post(server.url + route, json=body).status_code == 200  # (each wrong value the only one)
         for path in list(_paths(body))[1:]:
             for wrong in WRONG_VALUES:
                 response = client.post(server.url + route, json=_replaced(body, path, wrong))
