@@ -15,7 +15,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine import backend
 from localspec.engine.devices import supports_gpu_offload
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.speculative import generate
+from localspec.engine.speculative import generate, scored
 from localspec.errors import UsageError
 from localspec.events import Step, Token
 from localspec.request import Request
@@ -168,3 +168,16 @@ def test_llama_cpps_own_answer_beyond_the_snapshots_would_leave_a_wrong_state(lo
         hybrid.decode([token], logits="last")
     with pytest.raises(backend.EngineError):
         hybrid.truncate(len(prompt) + 1)
+
+
+def test_a_hybrid_targets_prompt_logprobs_are_its_rows_of_each_prefix(hybrid, prompt):
+    """An echoed prompt (or a perplexity chunk) on a recurrent state: read anew from an empty state, a few
+    rows a decode (as many as it keeps snapshots for), each token's log probability the row a fresh decode
+    of its prefix gives."""
+    tokens = (prompt * 4)[:3 * hybrid.max_rows + 2]
+    scored_rows = scored(hybrid, tokens, 1)
+    assert scored_rows[0].chosen.logprob is None and len(scored_rows) == len(tokens)
+    for i in range(1, len(tokens)):
+        row = next_logits(hybrid, tokens[:i]).astype(np.float64)
+        normaliser = row.max() + np.log(np.exp(row - row.max()).sum())
+        assert scored_rows[i].chosen.logprob == pytest.approx(row[tokens[i]] - normaliser, abs=5 * ROWS)
