@@ -25,10 +25,15 @@ class Estimate:
     running: tuple[float, ...]
     seconds: float
 
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens read a second, scored or not."""
+        return self.chunks * self.ctx / self.seconds if self.seconds else None
+
     def as_dict(self) -> dict:
         return {"ppl": self.ppl, "error": self.error, "chunks": self.chunks, "ctx_size": self.ctx,
                 "scored_tokens": self.scored_tokens, "running": list(self.running), "seconds": self.seconds,
-                "tokens_per_second": self.chunks * self.ctx / self.seconds if self.seconds else None}
+                "tokens_per_second": self.tokens_per_second}
 
 
 def chunks_of(tokens: list[int], ctx: int, bos: int | None, most: int | None = None) -> list[list[int]]:

@@ -529,7 +529,7 @@ def perplexity(
     print(",".join(f"[{i}]{ppl:.4f}" for i, ppl in enumerate(found.running, start=1)), file=sys.stderr)
     print(f"Final estimate: PPL = {found.ppl:.4f} +/- {found.error:.5f}")
     print(f"{found.chunks:,} chunks of {ctx:,} tokens, {found.scored_tokens:,} scored, in {found.seconds:.1f} s"
-          f" ({found.chunks * ctx / found.seconds:,.0f} tokens/s read)", file=sys.stderr)
+          f" ({found.tokens_per_second or 0:,.0f} tokens/s read)", file=sys.stderr)
 
 
 @command(
