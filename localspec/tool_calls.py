@@ -53,6 +53,7 @@ class ToolFormat(StrEnum):
     GEMMA4 = "gemma4"
     MISTRAL_ARGS = "mistral-args"
     LFM2 = "lfm2"
+    MINIMAX = "minimax"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -98,8 +99,11 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HARMONY
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
-    # forms that spell <tool_call> too but write something else in or around it (MiniMax's <invoke>, Apriel's
-    # <tool_calls> list, Seed-OSS's <seed:tool_call>): refused, rather than read as another family's
+    if "<minimax:tool_call>" in source and "<invoke name=" in source:
+        return ToolFormat.MINIMAX
+    # forms that spell <tool_call> too but write something else in or around it (MiniMax-M3's namespaced
+    # <invoke>, Apriel's <tool_calls> list, Seed-OSS's <seed:tool_call>): refused, rather than read as another
+    # family's
     if not any(marker in source for marker in ("<invoke", "<tool_calls>", "<seed:tool_call>")):
         if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
             return ToolFormat.XML
@@ -118,7 +122,7 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
+                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
                      " (and [ARGS]) and gpt-oss's harmony)")
 
 
@@ -253,6 +257,38 @@ def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
     schemas = parameters.get(name, {})
     return name, {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
                   for key, value in re.findall(pattern, rest, re.DOTALL)}
+
+
+def _read_invokes(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """MiniMax-M2's calls in one block: `<invoke name="NAME">`, then `<parameter name="KEY">value</parameter>`s,
+    then `</invoke>`, one after another; read in order, so that a value holding `</invoke>` stays a value
+    (the grammar keeps `</parameter>` out of one)."""
+    m, calls, at = _MINIMAX, [], 0
+    try:
+        while body[at:].strip():
+            at = len(body) - len(body[at:].lstrip())
+            if not body.startswith(m.name[0], at):
+                raise ValueError(f"no <invoke> at {at}")
+            end = body.index(m.name[1], at)
+            name, arguments, at = body[at + len(m.name[0]) : end].strip(), {}, end + len(m.name[1])
+            schemas = parameters.get(name, {})
+            while True:
+                at = len(body) - len(body[at:].lstrip())
+                if body.startswith(m.end, at):
+                    at += len(m.end)
+                    break
+                if not body.startswith(m.key[0], at):
+                    raise ValueError(f"no <parameter> at {at}")
+                key_end = body.index(m.key[1], at)
+                value_end = body.index(m.value[1], key_end)
+                key = body[at + len(m.key[0]) : key_end].strip()
+                written = body[key_end + len(m.key[1]) : value_end]
+                arguments[key] = _value(written.removeprefix("\n").removesuffix("\n"), schemas.get(key))
+                at = value_end + len(m.value[1])
+            calls.append((name, arguments))
+    except ValueError:
+        raise InputError(f"the model wrote tool calls that do not read as MiniMax's <invoke>: {body[:80]!r}") from None
+    return calls
 
 
 def _value(text: str, schema) -> object:
@@ -589,6 +625,9 @@ _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
 _GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
 _QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")
 _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
+# MiniMax-M2's: its calls are <invoke>s, one after another inside one <minimax:tool_call> block
+_MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
+_MINIMAX_BLOCK = '"<minimax:tool_call>" ws {calls} ws "</minimax:tool_call>"'
 _FORMS = {
     ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
                              f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
@@ -608,6 +647,10 @@ _FORMS = {
     ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
                              f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", _gemma_rules,
                              _alone(lambda body, parameters: _read_gemma(body))),  # (its strings are marked as such)
+    ToolFormat.MINIMAX: _Form("<minimax:tool_call>", "</minimax:tool_call>", None, "arguments",
+                              (r"(<minimax:tool_call>)",), _MINIMAX_BLOCK.format(calls="call"),
+                              f'{_MINIMAX_BLOCK.format(calls="call (ws call)*")} (ws {_MINIMAX_BLOCK.format(calls="call (ws call)*")})*',
+                              partial(_markup_rules, _MINIMAX), _read_invokes),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),

@@ -125,6 +125,8 @@ THINKERS = {
     "gpt-oss": ("gpt-oss.jinja", ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"),
                 ("<|end|>", "<|return|>", "<|call|>")),
     "gemma4": ("gemma4.jinja", ("<|channel>", "<channel|>"), ("<|turn>", "<turn|>", "<|think|>")),
+    "minimax-m2": ("minimax-m2.jinja", ("<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
+                   ("]~!b[", "]~b]", "[e~[")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

@@ -46,7 +46,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.HARMONY: (REAL / "gpt-oss.jinja").read_text(), ToolFormat.XML: (REAL / "qwen3.5.jinja").read_text(),
              ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text(),
              ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text(),
-             ToolFormat.LFM2: (REAL / "lfm2.jinja").read_text()}
+             ToolFormat.LFM2: (REAL / "lfm2.jinja").read_text(),
+             ToolFormat.MINIMAX: (REAL / "minimax-m2.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -69,7 +70,7 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
     # LFM2.5's template lists the tools without LFM2's markers (llama.cpp's LFM2.5-Instruct.jinja)
     assert tool_format('{%- if tools -%}{%- set p = p + "List of tools: [" -%}{% endif %}') is ToolFormat.LFM2
     # forms that spell <tool_call> too but write something else: refused, not read as hermes' JSON
-    for other in ("]<]minimax[>[<tool_call>\n<invoke name=", "<tool_calls>[{\"name\": ...}]</tool_calls>",
+    for other in ("]<]minimax[>[<tool_call>\n<invoke name=",  # (MiniMax-M3's, namespaced) "<tool_calls>[{\"name\": ...}]</tool_calls>",
                   "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>"):
         with pytest.raises(InputError, match="does not read yet"):
             tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}")
@@ -123,6 +124,10 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.MISTRAL_ARGS, 'Hello, world!\nWhat\'s up?[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
      '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}', "Hello, world!\nWhat's up?",
      [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    # MiniMax-M2's, as llama.cpp's test-chat.cpp has them: <invoke>s in one block, values as in xml
+    (ToolFormat.MINIMAX, 'Sure.\n<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1'
+     '</parameter>\n<parameter name="code">a </invoke> b</parameter>\n</invoke>\n<invoke name="empty_args">\n</invoke>\n'
+     '</minimax:tool_call>', "Sure.\n", [("special_function", {"arg1": 1, "code": "a </invoke> b"}), ("empty_args", {})]),
     # LFM2's Python-style calls, as llama.cpp's test-chat.cpp has them: JSON's values or Python's, a list a block
     (ToolFormat.LFM2, 'Let me check the time.<|tool_call_start|>[get_time(city="Paris")]<|tool_call_end|>',
      "Let me check the time.", [("get_time", {"city": "Paris"})]),
@@ -165,6 +170,7 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     (ToolFormat.GEMMA4, '<|tool_call>call:f{a:<|"|>x'),
     (ToolFormat.MISTRAL_ARGS, '[TOOL_CALLS]f[ARGS]{"a": '),
     (ToolFormat.LFM2, "<|tool_call_start|>[special_function(arg1="),
+    (ToolFormat.MINIMAX, '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -325,6 +331,9 @@ def test_a_token_that_would_set_off_the_grammar_with_text_it_refuses_is_not_admi
      "<"),
     (ToolFormat.GEMMA4, '<|tool_call>call:get_time{zone:<|"|>utc<|"|>}<tool_call|>', "<"),
     (ToolFormat.LFM2, '<|tool_call_start|>[get_time(zone="utc")', ","),
+    # (its block's end begins as another call does: `<`, then `/` or `i`)
+    (ToolFormat.MINIMAX, '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="zone">utc</parameter>\n'
+     '</invoke>\n<', "i"),
 ])
 def test_parallel_calls_may_follow_one_another_unless_the_request_says_not(target, form, one_call, another):
     anything = np.zeros(target.model.n_vocab, np.float32)
@@ -447,7 +456,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
         assert running.stop() == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4"])
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
