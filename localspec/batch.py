@@ -2,7 +2,8 @@
 
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
 `top_p`, `min_p`, `seed`, the penalties `repeat_penalty`, `repeat_last_n`, `presence_penalty` and
-`frequency_penalty`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
+`frequency_penalty`, `logit_bias` (OpenAI's object of token ids to biases, or llama-server's [token, bias]
+pairs; a bias of false bans the token) and `ignore_eos`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
 to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
 answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
@@ -216,6 +217,10 @@ FIELD_KINDS = {
     "json_schema": ("a JSON schema (an object)", lambda v: isinstance(v, dict | bool)),
     "stop": ("a string or a list of strings",
              lambda v: isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v)),
+    # (the pairs and their values are Sampling's to check)
+    "logit_bias": ("an object of token ids to biases, or a list of [token id, bias] pairs",
+                   lambda v: isinstance(v, dict | list)),
+    "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
 }
 
 

@@ -5,6 +5,8 @@ Defaults follow llama.cpp's where one exists, so results are comparable.
 
 import difflib
 import math
+import numbers
+import operator
 import os
 import re
 from collections.abc import Sequence
@@ -49,6 +51,13 @@ class Sampling:
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # llama.cpp's logit bias, first of all: (token id, bias) pairs (or a dict) added to the raw logits (-inf, or
+    # llama-server's false: the token is never chosen); a text instead of an id biases each token of its spelling,
+    # as llama-server's does (a session resolves it: the engine reads ids alone); ignore_eos bans the model's end-of-generation tokens so that it writes until a limit
+    # (as llama-server's and vLLM's ignore_eos, which benchmarks of fixed lengths ask for). The target's rows
+    # are changed so on every verified row too: speculation stays lossless under them.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
@@ -80,6 +89,7 @@ class Sampling:
         for name in ("frequency_penalty", "presence_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise UsageError(f"{name.replace('_', ' ')} must be a number, got {getattr(self, name)}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -90,6 +100,38 @@ class Sampling:
         """Whether any penalty changes a logit."""
         return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                             or self.presence_penalty != 0.0)
+
+    @property
+    def adjusted(self) -> bool:
+        """Whether rows are changed before the chain reads them: a bias, a banned end or a penalty."""
+        return bool(self.logit_bias) or self.ignore_eos or self.penalized
+
+
+def _bias_pairs(given) -> tuple[tuple[int | str, float], ...]:
+    """A logit bias as (token id or text, bias) pairs, from pairs or a dict, in llama-server's spellings as
+    well (JSON's): a text of digits is a token id, a bias of false bans the token (-inf)."""
+    pairs = []
+    try:
+        for token, bias in (given.items() if isinstance(given, dict) else given):
+            if isinstance(token, str) and re.fullmatch(r"-?[0-9]+", token):
+                token = int(token)
+            elif not isinstance(token, str):
+                token = operator.index(token)
+            if bias is False:
+                bias = -math.inf
+            elif isinstance(bias, bool) or not isinstance(bias, numbers.Real):
+                raise TypeError(bias)
+            pairs.append((token, float(bias)))
+    except (TypeError, ValueError):
+        raise UsageError("logit bias: (token id, bias) pairs, or an object of token ids to biases (a bias a number,"
+                         " or false to ban the token)", setting="logit_bias") from None
+    for token, bias in pairs:
+        if token == "" or isinstance(token, int) and token < 0:
+            raise UsageError(f"logit bias: token ids are >= 0 and texts not empty, got {token!r}", setting="logit_bias")
+        if not (math.isfinite(bias) or bias == -math.inf):
+            raise UsageError(f"logit bias of {token!r} must be a number, or -inf to ban it, got {bias}",
+                             setting="logit_bias")
+    return tuple(pairs)
 
 
 class DrafterKind(StrEnum):
@@ -326,7 +368,7 @@ class Thinking:
 
 # what a request may set over the sampling it runs under (Sampling's fields but those serve fixes)
 OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
-               "frequency_penalty", "presence_penalty", "logprobs")
+               "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "logprobs")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

@@ -94,6 +94,18 @@ def shared_vocabulary(target: Path, draft: Path) -> float:
             model.close()
 
 
+def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, bytes]]:
+    """Each token of a text as the model at path reads a raw prompt (its start token where it wants one;
+    special: control tokens' spellings read as the tokens), with the text it stands for; the vocabulary
+    alone is read."""
+    model = Model(path, vocab_only=True)
+    try:
+        return [(token, model.special_piece(token))
+                for token in model.tokenize(text, add_special=special, parse_special=special)]
+    finally:
+        model.close()
+
+
 @dataclass
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of

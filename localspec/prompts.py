@@ -10,7 +10,7 @@ from .chat_template import render_pieces
 from .config import Sampling, Thinking
 from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
-from .errors import ContextOverflow, InputError
+from .errors import ContextOverflow, InputError, UsageError
 from .request import Request
 from .tool_calls import ToolFormat, Tools, constraint, tool_format, with_calls_written
 
@@ -78,7 +78,7 @@ class Prompts:
         prediction = request.prediction
         if isinstance(prediction, str):
             prediction = self.prediction_tokens(prediction)
-        sampling, tool_format, plan, answer_sampling = request.sampling, None, None, None
+        sampling, tool_format, plan, answer_sampling = self.biased(request.sampling), None, None, None
         if request.tools is not None:
             sampling, tool_format = self.with_tools(sampling, request.tools)
         if request.messages is not None:
@@ -104,6 +104,19 @@ class Prompts:
         else:
             tokens = self.token_ids(request.prompt)
         return Prepared(request, tokens, sampling, prediction or None, tool_format, plan, answer_sampling)
+
+    def biased(self, sampling: Sampling) -> Sampling:
+        """sampling with its logit bias in this model's token ids: a text's bias on each token of its spelling
+        (as llama-server's), ids checked against the vocabulary."""
+        if not sampling.logit_bias:
+            return sampling
+        pairs = [(token, bias) for text_or_id, bias in sampling.logit_bias
+                 for token in (self._text_tokens(text_or_id) if isinstance(text_or_id, str) else [text_or_id])]
+        beyond = [token for token, _ in pairs if token >= self.model.n_vocab]
+        if beyond:
+            raise UsageError(f"logit bias: token {beyond[0]} is not in this model's vocabulary of"
+                             f" {self.model.n_vocab:,} (ids 0 to {self.model.n_vocab - 1})", setting="logit_bias")
+        return replace(sampling, logit_bias=tuple(pairs))
 
     def thinking_plan(self, tokens: list[int], thinking: Thinking) -> tuple[list[int], reasoning.Plan | None]:
         """A conversation's prompt as a reasoning model is to read it, and how its reply is split: where thinking

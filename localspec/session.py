@@ -311,9 +311,9 @@ class Session:
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
                limits: Limits | None = None, **options) -> Iterator[Event]:
         """A generation's events for a prompt (see prompt_tokens). options: temperature, top_k, top_p, min_p,
-        seed, the penalties (repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty), logprobs (each
-        token's, and that many likeliest beside it), max_tokens, stop, over sampling and limits (by default
-        config's, llama.cpp's defaults)."""
+        seed, the penalties (repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty), logit_bias ({token id
+        or text: bias}, -inf bans), ignore_eos, logprobs (each token's, and that many likeliest beside it),
+        max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)
         return self.generate(Request(sampling, limits, prompt=self.prompts.prompt_tokens(prompt, raw)))
 

@@ -56,6 +56,10 @@ def test_item_settings_override_the_defaults_and_are_checked():
     ("min_p", None, "min_p must be a number"),
     ("repeat_last_n", 8.5, "repeat_last_n must be a whole number"),
     ("repeat_penalty", 0, "repeat penalty must be > 0"),
+    ("logit_bias", 5, "logit_bias must be an object of token ids to biases"),
+    ("logit_bias", {"3": True}, "a bias a number, or false to ban the token"),
+    ("logit_bias", [[3, 1, 2]], "pairs, or an object of token ids to biases"),
+    ("ignore_eos", 1, "ignore_eos must be true or false"),
 ])
 def test_each_item_field_is_checked_by_type(field, value, message):
     with pytest.raises(LocalspecError, match=message):

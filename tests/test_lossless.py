@@ -22,7 +22,7 @@ from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from localspec.engine.suffix import SuffixCache
 from localspec.engine.devices import supports_gpu_offload
-from localspec.engine.penalties import Penalties
+from localspec.engine.adjustments import Adjustments
 from localspec.engine.sampling import transform
 from localspec.events import Token
 from localspec.stats import record
@@ -67,9 +67,13 @@ def decoded_row(target, prompt, prefix):
 
 
 def penalised(row, before, sampling):
-    """llama.cpp's penalties sampler over a row, token by token as its C loop goes (the reference the
-    engine's vectorised Penalties is held to)."""
+    """llama.cpp's logit-bias sampler, then its penalties sampler over a row, token by token as its C loops
+    go (the reference the engine's vectorised Adjustments are held to)."""
     row = row.copy()
+    for token, bias in sampling.logit_bias:
+        row[token] += bias
+    if not sampling.penalized:
+        return row
     window = list(before)[-sampling.repeat_last_n:] if sampling.repeat_last_n > 0 else list(before)
     for token, count in Counter(window).items():
         logit = float(row[token])
@@ -83,7 +87,7 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
 
     def walk(prefix: list[int], mass: float) -> None:
         row = decoded_row(target, prompt, prefix)
-        if sampling.penalized:
+        if sampling.adjusted:
             row = penalised(row, prompt + prefix, sampling)
         p = transform(row, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
@@ -261,7 +265,7 @@ def test_a_verifier_that_leaves_drafted_steps_unpenalised_fails_the_check(load, 
         if not drafted:
             self.apply(rows(0), history)
 
-    monkeypatch.setattr(Penalties, "apply_rows", plain_steps_only)
+    monkeypatch.setattr(Adjustments, "apply_rows", plain_steps_only)
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
     counts = sample_counts(target, drafter_for(kind, load, target), tokens, PENALISED)
     assert chi_square_p_value(counts, exact_distribution(target, tokens, PENALISED)) < ALPHA
@@ -299,7 +303,7 @@ def test_each_verified_row_is_penalised_for_the_drafted_tokens_before_it(target,
             self.apply(rows(i), history)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Penalties, "apply_rows", committed_only)
+        patch.setattr(Adjustments, "apply_rows", committed_only)
         wrong = verified_rows(target, tokens, draft)[1]
     right = transform(penalised(decoded_row(target, tokens, draft[:1]), tokens + draft[:1], PENALISED), PENALISED)
     assert not np.allclose(wrong.probs_of(right.ids), right.probs, atol=ROW_TOLERANCE)
@@ -319,6 +323,58 @@ def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt,
     drafted, summary = text(drafter_for(kind, load, target))
     assert drafted == plain and summary.accepted > 0
     assert text(NoDrafter(), Sampling(temperature=0))[0] != plain  # the penalties changed the text
+
+
+def biased_against_its_own_text(target, tokens: list[int]) -> Sampling:
+    """A bias that bans the target's two likeliest next tokens after `tokens` and lifts its third, with
+    penalties beside it (applied after the bias, as llama.cpp's chain does)."""
+    row = decoded_row(target, tokens, [])
+    first, second, third = np.argsort(-row)[:3].tolist()
+    return replace(PENALISED, logit_bias=((first, -np.inf), (second, -np.inf), (third, 2.5)))
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_a_logit_bias_keeps_the_target_distribution(load, target, prompt, repetitive_prompt, kind):
+    """Every verified row is biased as plain decoding's: the samples follow the target's biased distribution."""
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+    sampling = biased_against_its_own_text(target, tokens)
+    counts = sample_counts(target, drafter_for(kind, load, target), tokens, sampling)
+    banned = {token for token, bias in sampling.logit_bias if bias == -np.inf}
+    assert not any(outcome[0] in banned for outcome in counts if outcome)
+    assert chi_square_p_value(counts, exact_distribution(target, tokens, sampling)) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_greedy_under_a_logit_bias_is_plain_greedy_under_it(load, target, prompt, repetitive_prompt, kind):
+    tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
+    biased = replace(biased_against_its_own_text(target, tokens), temperature=0, repeat_last_n=0)
+
+    def text(drafter, sampling=biased):
+        events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
+                                           Limits(max_tokens=24)))
+        return [e.id for e in events if isinstance(e, Token)], record(events).summary()
+
+    plain, _ = text(NoDrafter())
+    drafted, summary = text(drafter_for(kind, load, target))
+    assert drafted == plain and summary.accepted > 0
+    assert text(NoDrafter(), Sampling(temperature=0))[0][0] != plain[0]  # the bias changed the text
+
+
+@pytest.mark.parametrize("kind", ["draft model", "plain"])
+def test_ignore_eos_writes_on_where_the_model_would_have_stopped(load, target, prompt, kind):
+    eos = target.model.eog_tokens
+    assert eos and all(target.model.is_eog(token) for token in eos)
+    ending = Sampling(temperature=0, logit_bias=((eos[0], 100.0),))  # the model's first choice is to stop
+
+    def generated(sampling):
+        events = list(speculative.generate(target, drafter_for(kind, load, target), prompt, sampling,
+                                           Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=12)))
+        return [e.id for e in events if isinstance(e, Token)], events[-1].finish_reason
+
+    assert generated(ending) == ([], "stop")
+    tokens, finish = generated(replace(ending, ignore_eos=True))
+    assert finish == "length" and len(tokens) == 12 and not any(target.model.is_eog(t) for t in tokens)
+    assert tokens == generated(replace(ending, ignore_eos=True, logit_bias=()))[0]  # the bias on eos went with it
 
 
 @pytest.mark.parametrize("kind", ["draft model", "ngram"])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from localspec.config import Sampling
-from localspec.engine.penalties import Penalties
+from localspec.engine.adjustments import Adjustments
 from localspec.engine.sampling import Dist, accept, one_hot, residual, softmax, transform
 from localspec.errors import UsageError
 
@@ -167,18 +167,44 @@ def test_penalties_match_llama_cpps_over_the_window_the_drafted_tokens_end(s):
     logits = rng.normal(0, 2, 20).astype(np.float32)
     history, drafted = [3, 5, 5, 0, 19, 5, 7], [7, 3]
     row = logits.copy()
-    Penalties(s).apply(row, history, drafted)
+    Adjustments(s).apply(row, history, drafted)
     assert np.allclose(row, penalised_reference(logits, history + drafted, s), atol=1e-5)
 
 
 def test_penalties_leave_tokens_outside_a_shorter_vocabulary_alone():
     row = np.zeros(4, np.float32)
-    Penalties(Sampling(presence_penalty=1.0)).apply(row, [1, 9], [])  # a draft model's row: 9 is past its end
+    Adjustments(Sampling(presence_penalty=1.0)).apply(row, [1, 9], [])  # a draft model's row: 9 is past its end
     assert row.tolist() == [0, -1, 0, 0]
 
 
+def test_a_logit_bias_comes_before_the_penalties_as_in_llama_cpps_chain():
+    s = Sampling(logit_bias=[(2, 1.0), (3, -np.inf), (9, 4.0), (2, 0.5)], repeat_penalty=2.0, repeat_last_n=-1)
+    row = np.array([1.0, 1.0, -1.0, 5.0], np.float32)
+    Adjustments(s).apply(row, [2], [])  # 2 is biased twice to 0.5, then halved; 9 is past a draft's vocabulary
+    assert row.tolist() == [1.0, 1.0, 0.25, -np.inf]
+
+
+def test_ignore_eos_bans_the_models_ends_over_any_bias_on_them():
+    row = np.zeros(5, np.float32)
+    Adjustments(Sampling(ignore_eos=True, logit_bias=((4, 9.0), (1, 2.0))), eog=(0, 4)).apply(row, [], [])
+    assert row.tolist() == [-np.inf, 2.0, 0.0, 0.0, -np.inf]
+
+
+def test_a_logit_bias_is_pairs_of_a_token_and_a_number_or_minus_infinity():
+    assert Sampling(logit_bias={7: -2}).logit_bias == ((7, -2.0),) and Sampling(logit_bias=[(7, 1)]).adjusted
+    assert Sampling(ignore_eos=True).adjusted and not Sampling(logit_bias=()).adjusted
+    assert Sampling(logit_bias={"Hello": -1}).logit_bias == (("Hello", -1.0),)  # a text, resolved by a session
+    # llama-server's (JSON's) spellings: a key of digits is an id, false bans
+    assert Sampling(logit_bias={"15": 2, "x1": False}).logit_bias == ((15, 2.0), ("x1", -np.inf))
+    for wrong in ([(-1, 1.0)], {"-1": 1}, [(3, np.inf)], [(3, np.nan)], [(3, "2")], [("", 1.0)], [(7.0, 1.0)],
+                  [(3, True)], [3], ["abc"], 5):
+        with pytest.raises(UsageError) as refused:
+            Sampling(logit_bias=wrong)
+        assert refused.value.setting == "logit_bias"
+
+
 def test_only_penalties_that_change_a_logit_count():
-    assert not Sampling().penalized and Penalties.of(Sampling()) is None
+    assert not Sampling().penalized and Adjustments.of(Sampling()) is None
     assert not Sampling(repeat_penalty=1.5, repeat_last_n=0).penalized
     assert Sampling(presence_penalty=0.1).penalized
     for wrong in ({"repeat_penalty": 0}, {"repeat_last_n": -2}, {"frequency_penalty": float("nan")}):

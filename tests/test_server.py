@@ -339,7 +339,7 @@ def test_models_and_health(server):
     ({"max_tokens": 0}, "max_tokens"),
     ({"tool_choice": "required"}, "tool_choice"),  # and no tools to call (test_tools.py has the rest)
     ({"logprobs": "yes"}, "logprobs"),
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"logit_bias": {"42": True}}, "logit_bias"),  # (a bias is a number, or false to ban the token)
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),

@@ -15,7 +15,7 @@ from localspec.engine.drafters import Draft, ModelDrafter, NgramDrafter, NoDraft
 from localspec.engine.drafters import forward
 from localspec.engine.drafters.forward import drawn_siblings, runner_ups
 from localspec.engine.model import Model
-from localspec.engine.penalties import Penalties
+from localspec.engine.adjustments import Adjustments
 from localspec.engine.policy import AutoDrafter
 from localspec.engine.sampling import Dist
 from localspec.engine.speculative import generate
@@ -425,7 +425,7 @@ def test_greedy_trees_under_penalties_write_plain_decodings_text(branching, load
 def test_sampled_trees_under_penalties_keep_the_target_distribution(branching, load, penalty_window, verifier,
                                                                      monkeypatch):
     if verifier != "right":
-        monkeypatch.setattr(Penalties, "apply_tree", lambda self, rows, history, tree: None)
+        monkeypatch.setattr(Adjustments, "apply_tree", lambda self, rows, history, tree: None)
     counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=2, branching=True), penalty_window, PENALISED)
     p_value = chi_square_p_value(counts, exact_distribution(load("target"), penalty_window, PENALISED))
     assert p_value > ALPHA if verifier == "right" else p_value < ALPHA
@@ -442,7 +442,7 @@ def test_each_tree_row_is_penalised_for_the_path_above_it(branching, load, penal
     branching.decode_tree(tree, window[-1])
     rows = [branching.logits(row).copy() for row in range(1 + len(tree))]
     branching.keep_path([])
-    Penalties(PENALISED).apply_tree(rows.__getitem__, window, tree)
+    Adjustments(PENALISED).apply_tree(rows.__getitem__, window, tree)
     before = tree.prefixes()
     assert before[-1] == [other, chain[0]] and before[3] == chain
     for row, path in zip(rows, before):

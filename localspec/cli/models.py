@@ -113,6 +113,30 @@ def show(
         tui.model_card(card)
 
 
+@command(epilog="Examples:\n\n  localspec tokenize qwen2.5-coder-1.5b 'Hello world'\n\n"
+         "  localspec tokenize ./model.gguf --ids --no-special ' Hello'")
+def tokenize(
+    name: Annotated[str, typer.Argument(help="A registry model that is downloaded, a model made with create, or a"
+                                        " GGUF file.", show_default=False)],
+    text: Annotated[str, typer.Argument(help="The text; - reads standard input.", show_default=False)],
+    ids: Annotated[bool, typer.Option("--ids", help="Print the ids alone, as a list (llama-tokenize's --ids).")] = False,
+    special: Annotated[bool, typer.Option(
+        "--special/--no-special", help="Read control tokens' spellings as the tokens and put the model's start"
+        " token first, as a raw prompt is read; --no-special reads plain text, as a logit bias's text is read.")
+        ] = True,
+):
+    """Show how a model's tokenizer splits a text, a token a line (id, then the text it stands for), as
+    llama.cpp's llama-tokenize does: the ids --logit-bias names. Reads the vocabulary alone."""
+    made = store.made(name)
+    path = catalog.local_file(made.base if made else name)
+    tokens = loading.tokens_of(path, sys.stdin.read() if text == "-" else text, special)
+    if ids:
+        print(json.dumps([token for token, _ in tokens]))
+        return
+    for token, piece in tokens:
+        print(f"{token:>8} -> {piece.decode('utf-8', errors='replace')!r}")
+
+
 @command(epilog="Example, a Modelfile:\n\n  FROM qwen2.5-coder-1.5b\n\n  PARAMETER temperature 0.2\n\n"
          "  PARAMETER num_ctx 8192\n\n  SYSTEM You answer in one short paragraph.\n\n"
          "then: localspec create terse -f Modelfile; localspec run terse")

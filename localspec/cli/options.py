@@ -5,9 +5,10 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Optional
@@ -137,6 +138,15 @@ SAMPLING_OPTIONS = {
         "--frequency-penalty", help="Lower a token's logit by this for each time it is among the last"
         " --repeat-last-n (OpenAI's frequency_penalty).", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.frequency_penalty),
+    "logit_bias": (Annotated[Optional[list[str]], typer.Option(
+        "--logit-bias", "-l", metavar="TOKEN_ID(+/-)BIAS", help="Add BIAS to a token's logit before anything else,"
+        " as llama.cpp's: 15043+1 makes token 15043 likelier, 15043-1 less likely, 15043-inf bans it (repeatable;"
+        " `localspec tokenize MODEL TEXT` shows the ids). Speculation stays lossless under it.", show_default=False,
+        rich_help_panel=SAMPLING)], None),
+    "ignore_eos": (Annotated[bool, typer.Option(
+        "--ignore-eos", help="Never end at the model's end-of-generation tokens: write on until --max-tokens or the"
+        " context is full (llama.cpp's; for benchmarks of fixed lengths).", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.ignore_eos),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -279,7 +289,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         offline=o.offline,
         sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed,
                           grammar=_grammar(o), repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n,
-                          presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty),
+                          presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
+                          logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),
@@ -376,6 +387,22 @@ def _parallel(value: str) -> int:
     if not value.isdigit():
         raise UsageError(f"--parallel takes a number of sequences or auto, got {value!r}")
     return int(value)
+
+
+def _logit_bias(given: Sequence[str]) -> tuple[tuple[int, float], ...]:
+    """--logit-bias's TOKEN_ID(+/-)BIAS values, as llama.cpp reads them."""
+    pairs = []
+    for value in given:
+        spelled = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", value)
+        try:
+            bias = float(spelled[3]) if spelled else math.nan
+        except ValueError:
+            bias = math.nan
+        if math.isnan(bias):
+            raise UsageError(f"--logit-bias takes TOKEN_ID(+/-)BIAS, as llama.cpp's: 15043+1, 15043-0.5 or 15043-inf;"
+                             f" got {value!r}")
+        pairs.append((int(spelled[1]), bias if spelled[2] == "+" else -bias))
+    return tuple(pairs)
 
 
 def _grammar(o: SimpleNamespace) -> str | None:

@@ -195,6 +195,12 @@ class Model:
             eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
         return eog
 
+    @cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every token that ends a generation (EOS, EOT, a chat turn's end...): what ignore_eos bans, as
+        llama.cpp finds them, by asking of the whole vocabulary (~0.1 s), hence only when asked."""
+        return tuple(token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token))
+
     def special_text(self, which: str) -> str:
         """Text of the BOS or EOS token, as chat templates expect it."""
         token = llama.llama_vocab_bos(self._vocab) if which == "bos" else llama.llama_vocab_eos(self._vocab)

@@ -8,8 +8,9 @@ kept with probability min(1, p(x)/q(x)); on rejection the target's token is
 drawn from norm(max(0, p - q)); if all are kept a bonus token is drawn from p
 on the last row. Either way every emitted token follows the target's own
 distribution: the output is the target's, only faster. Under a grammar the
-target's choices at every verified position are masked by it (engine/grammar.py); under penalties
-each verified row is penalised for the drafted tokens before it (engine/penalties.py). A draft tree
+target's choices at every verified position are masked by it (engine/grammar.py); under a logit bias
+each verified row is biased, and under penalties penalised for the drafted tokens before it
+(engine/adjustments.py). A draft tree
 (engine/tree.py) is verified the same way along the path the walk takes.
 """
 
@@ -27,7 +28,7 @@ from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
-from .penalties import Penalties
+from .adjustments import Adjustments
 from .sampling import Dist, accept, chain_for, logprobs_of, one_hot, residual, softmax
 from .text import TextStream
 from .tree import DraftTree
@@ -87,10 +88,10 @@ def prompt_logprobs(target: Context, prompt: list[int], top: int) -> Generator[T
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
-    penalties = Penalties.of(sampling)
+    adjustments = Adjustments.of(sampling, target.model.eog_tokens if sampling.ignore_eos else ())
     reporting = sampling.logprobs is not None
-    # a grammar masks full rows, penalties change them and logprobs read them, on the host
-    target.sample_with(chain_for(sampling), host=grammar is not None or penalties is not None or reporting
+    # a grammar masks full rows, a bias and penalties change them and logprobs read them, on the host
+    target.sample_with(chain_for(sampling), host=grammar is not None or adjustments is not None or reporting
                        or sampling.prompt_logprobs is not None)
     trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
     started = perf_counter()
@@ -136,21 +137,21 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         rank = 0
         if draft.tree is not None:
             verifying, others = yield from _verification(target, [history[-1]], draft.tree)
-            # the model's own rows, as logprobs report them (penalties change the rows in place)
-            rows_read = [target.logits(row).copy() if penalties else target.logits(row)
+            # the model's own rows, as logprobs report them (adjustments change the rows in place)
+            rows_read = [target.logits(row).copy() if adjustments else target.logits(row)
                          for row in range(1 + draft.size)] if reporting else []
-            if penalties:
-                penalties.apply_tree(target.logits, history, draft.tree)
+            if adjustments:
+                adjustments.apply_tree(target.logits, history, draft.tree)
             kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng, grammar)
             accepted = len(kept)
             rows_read = [rows_read[row] for row in path_rows] if reporting else []
         else:
             verifying, others = yield from _verification(target, [history[-1], *draft.tokens])
-            # the model's own rows, as logprobs report them (penalties change the rows in place)
-            rows_read = [target.logits(i).copy() if penalties else target.logits(i) for i in range(1 + draft.size)
+            # the model's own rows, as logprobs report them (adjustments change the rows in place)
+            rows_read = [target.logits(i).copy() if adjustments else target.logits(i) for i in range(1 + draft.size)
                          ] if reporting else []
-            if penalties:
-                penalties.apply_rows(target.logits, history, draft.tokens)
+            if adjustments:
+                adjustments.apply_rows(target.logits, history, draft.tokens)
             if sampling.greedy:
                 accepted, own = verify_greedy(target, draft, grammar)
             else:

@@ -8,6 +8,7 @@ llama-server's timings. Errors are llama-server's: {"error": {"code", "message",
 around the code before and after the cursor, the other files' chunks before them."""
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -26,8 +27,8 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "dynatemp_range": (None, 0, 0.0),
-    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "ignore_eos": (None, False),
-    "logit_bias": (None, [], {}), "n_cmpl": (None, 1), "post_sampling_probs": (None, False),
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "n_cmpl": (None, 1),
+    "post_sampling_probs": (None, False),
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
@@ -179,7 +180,11 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "typical_p": 1.0, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
-            "mirostat": 0, "stop": list(limits.stop), "n_indent": limits.indent,
+            "mirostat": 0, "ignore_eos": sampling.ignore_eos,
+            # (a ban as llama-server's requests spell it: JSON has no -inf)
+            "logit_bias": [{"token": token, "bias": bias if math.isfinite(bias) else False}
+                           for token, bias in sampling.logit_bias],
+            "stop": list(limits.stop), "n_indent": limits.indent,
             "t_max_predict_ms": round(limits.seconds * 1000) if limits.seconds else 0, "n_probs": sampling.logprobs or 0,
             "grammar": sampling.grammar or "", "samplers": SAMPLERS}
 

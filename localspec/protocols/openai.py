@@ -39,7 +39,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 # Fields that would change the output if honoured, with the values that leave it as it is: a request
 # that sets one otherwise is refused instead of silently answered as if it had not.
 NEUTRAL = {
-    "logit_bias": (None, {}), "tools": (None, []),
+    "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "suffix": (None, ""), "best_of": (None, 1),
     "typical_p": (None, 1), "mirostat": (None, 0),

@@ -102,6 +102,10 @@ class Sampled(_Typed):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repeat_penalty: float | None = Field(None, gt=0)
     repeat_last_n: int | None = Field(None, ge=-1)
+    # OpenAI's {"token id": bias}, or llama-server's [[token id or text, bias or false], ...] or {"id or text":
+    # ...}: a text biases each token of its spelling, false bans the token
+    logit_bias: dict[str, float | bool] | list[list[int | str | float | bool]] | None = None
+    ignore_eos: bool | None = None  # (llama-server's and vLLM's) write on until a limit, never ending
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
@@ -110,7 +114,7 @@ class Sampled(_Typed):
         """The fields as overridden() takes them."""
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
-                                                       "repeat_last_n")}
+                                                       "repeat_last_n", "logit_bias", "ignore_eos")}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:

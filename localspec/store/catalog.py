@@ -75,12 +75,7 @@ class ModelCard:
 def model_card(name: str) -> ModelCard:
     """Reads only what is on disk: a registry model that is not downloaded shows what the registry knows."""
     models = registry.load()
-    resolved = registry.resolve(name, models)
-    if isinstance(resolved, registry.RepoQuant):
-        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}`, then show"
-                         " it as hf:owner/repo/FILE.gguf")
-    entry = resolved if isinstance(resolved, registry.ModelEntry) else None
-    path = download.locate(resolved) if entry is None else download.installed(entry)
+    entry, path = _on_disk(name, models)
     header = gguf_meta.read(path) if path else None
     info = {
         "name": entry.name if entry else path.name,
@@ -113,6 +108,24 @@ def model_card(name: str) -> ModelCard:
     parameters = header.parameter_size if header else entry.params or None
     return ModelCard(info, parameters, entry.command_name if entry and not path else None,
                      _drafts_text(info, is_registered=entry is not None))
+
+
+def _on_disk(name: str, models: dict) -> tuple["registry.ModelEntry | None", Path | None]:
+    """The registry entry a name stands for (None for a file) and its file where it is on this machine."""
+    resolved = registry.resolve(name, models)
+    if isinstance(resolved, registry.RepoQuant):
+        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}`, then name"
+                         " it as hf:owner/repo/FILE.gguf")
+    entry = resolved if isinstance(resolved, registry.ModelEntry) else None
+    return entry, download.locate(resolved) if entry is None else download.installed(entry)
+
+
+def local_file(name: str) -> Path:
+    """The GGUF file a name stands for on this machine, without fetching it (UsageError where it is not here)."""
+    entry, path = _on_disk(name, registry.load())
+    if path is None:
+        raise UsageError(f"{name} is not downloaded: `localspec pull {entry.command_name if entry else name}`")
+    return path
 
 
 def capabilities(header: gguf_meta.GGUFInfo) -> list[str]:

@@ -13,7 +13,7 @@ from ..backend import Context
 from ..chain import Chain
 from ..hidden import LAST_HIDDEN
 from ..model import Model
-from ..penalties import Penalties
+from ..adjustments import Adjustments
 from ..library import llama
 from ..sampling import Dist, chain_for, softmax
 from ..tree import Alternative, DraftTree
@@ -90,9 +90,9 @@ class ForwardDrafter:
         as its catch-up (the auto policy reads the prompt into a costly drafter only where one would pay)."""
         self.sampling = sampling
         self.rng = rng
-        self.penalties = Penalties.of(sampling)
+        self.adjustments = Adjustments.of(sampling, self.context.model.eog_tokens if sampling.ignore_eos else ())
         self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling),
-                                 host=self.penalties is not None)
+                                 host=self.adjustments is not None)
 
     def propose(self, history, k) -> Draft:
         return decoded_alone(self.proposing(history, k))
@@ -213,8 +213,8 @@ class ModelDrafter(ForwardDrafter):
         """(drafted: the tokens already drafted after history, the last of them decoded.)"""
         drafted = list(drafted or ())
         while True:
-            if self.penalties:  # penalised as the target's row will be: the draft's tokens are drawn nearer p
-                self.penalties.apply(self.context.logits(-1), history, drafted)
+            if self.adjustments:  # changed as the target's row will be: the draft's tokens are drawn nearer p
+                self.adjustments.apply(self.context.logits(-1), history, drafted)
             token, q = self._next()
             if token is None or token >= self.target_vocab:
                 return
