@@ -221,17 +221,19 @@ def test_chat_requests_take_the_servers_defaults_for_what_they_leave_out():
     assert not plain.stream and not plain.include_usage
 
 
-def test_completion_prompts_are_text_one_text_in_a_list_or_token_ids():
+def test_completion_prompts_are_text_token_ids_or_several_of_either():
     assert parse_completion({"prompt": "hi"}, DEFAULTS).request.prompt == "hi"
     assert parse_completion({"prompt": ["hi"]}, DEFAULTS).request.prompt == "hi"
     assert parse_completion({"prompt": [1, 2, 3]}, DEFAULTS).request.prompt == [1, 2, 3]
-    with pytest.raises(ApiError, match="2 prompts"):
-        parse_completion({"prompt": ["a", "b"]}, DEFAULTS)
+    assert parse_completion({"prompt": ["a", "b"]}, DEFAULTS).prompts == ("a", "b")
+    assert parse_completion({"prompt": [[1, 2], [3]]}, DEFAULTS).prompts == ([1, 2], [3])
+    with pytest.raises(ApiError, match="17 prompts, and n is 1: at most 16 answers"):
+        parse_completion({"prompt": ["a"] * 17}, DEFAULTS)
     with pytest.raises(ApiError) as raised:
-        parse_completion({"prompt": "hi", "echo": True}, DEFAULTS)
-    assert raised.value.param == "echo" and raised.value.code == "unsupported_parameter"
+        parse_completion({"prompt": "hi", "best_of": 2}, DEFAULTS)
+    assert raised.value.param == "best_of" and raised.value.code == "unsupported_parameter"
     # neutral values of fields localspec does not implement change nothing, so they pass
-    assert parse_completion({"prompt": "hi", "echo": False, "logprobs": None, "presence_penalty": 0}, DEFAULTS)
+    assert parse_completion({"prompt": "hi", "best_of": 1, "logprobs": None, "presence_penalty": 0}, DEFAULTS)
 
 
 def test_pulls_are_allowed_on_this_machine_only_unless_said_otherwise():
