@@ -68,7 +68,7 @@ def measure(session: Session, text: str, ctx: int, most: int | None = None,
     running = []
     started = perf_counter()
     for number, chunk in enumerate(chunks, start=1):
-        negative_logs += [-entry.chosen.logprob for entry in session.score(chunk)[first + 1 :]]
+        negative_logs += [-entry.chosen.logprob for entry in session.score(chunk, start=first + 1)[first + 1 :]]
         running.append(estimate(negative_logs)[0])
         if progress:
             progress(number, len(chunks), running[-1])

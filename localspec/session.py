@@ -13,6 +13,7 @@ from pathlib import Path
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, overridden
 from .drafting import Drafters, speculating
 from .engine import rpc
+from .engine.backend import Context
 from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate, scored
@@ -119,8 +120,9 @@ class Session:
             if hint := reasoning.unread_thinking(self.prompts.template):
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")
-            self._threads = runtime.threads
+            self._threads, self._scoring_batch, self._flash_attn = runtime.threads, runtime.prompt_batch, runtime.flash_attn
             self._embedder: Embedder | None = None  # made at the first embedding asked for
+            self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
             self.load_seconds = time.perf_counter() - started  # the models' load (Ollama's load_duration)
         except BaseException:
@@ -292,14 +294,34 @@ class Session:
         bytes they take, if this session keeps any."""
         return self.drafting.remembered
 
-    def score(self, tokens: list[int], top: int = 0) -> tuple[Logprobs, ...]:
-        """Each token's log probability given those before it (the first's None), with the `top` likeliest
-        beside it, read on the first sequence (not while a scheduler generates): a text's perplexity."""
+    def score(self, tokens: list[int], top: int = 0, start: int = 1) -> tuple[Logprobs, ...]:
+        """Each token's log probability given those before it, with the `top` likeliest beside it, from
+        `start` on (the logprob of those before it None: they are read as a prompt is, faster): a text's
+        perplexity. Read as llama-perplexity reads a chunk, in batches of --batch-size with a row of every
+        token, on a context of its own (made at the first call, again for a longer text), so the sequences'
+        caches are left as they were; a model with a recurrent state is read on the first sequence (not while
+        a scheduler generates), in batches as long as a draft's verification."""
         tokens = self.prompts.token_ids(tokens)
         if len(tokens) > self.target.n_ctx:
             raise ContextOverflow(f"{len(tokens)} tokens cannot fit the context of {self.target.n_ctx}; raise"
                                   " --ctx-size or score fewer")
-        return scored(self.sequences[0], tokens, top)
+        if not 1 <= start <= len(tokens):
+            raise UsageError(f"start: a token from 1 to {len(tokens)} to score from, got {start}")
+        return scored(self._scoring_context(len(tokens)), tokens, top, start)
+
+    def _scoring_context(self, n: int) -> Context:
+        # a recurrent state takes rows back only as far as it keeps snapshots, which a context of all rows would
+        # keep for every token: such a model scores on the generation's own context
+        if self.target_model.recurrent:
+            return self.sequences[0]
+        if self._scorer is None or self._scorer.n_ctx < n:
+            if self._scorer is not None:
+                self._owned.remove(self._scorer)
+                self._scorer.close()
+                self._scorer = None
+            self._scorer = self._own(Context(self.target_model, n, min(n, self._scoring_batch), self._threads,
+                                             flash_attn=self._flash_attn))
+        return self._scorer
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it

@@ -309,20 +309,21 @@ def test_each_verified_row_is_penalised_for_the_drafted_tokens_before_it(target,
     assert not np.allclose(wrong.probs_of(right.ids), right.probs, atol=ROW_TOLERANCE)
 
 
+def greedy_text(target, drafter, tokens, sampling) -> tuple[list[int], object]:
+    """24 tokens after `tokens` drafted by drafter: their ids and the summary of the run."""
+    events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
+                                       Limits(max_tokens=24)))
+    return [e.id for e in events if isinstance(e, Token)], record(events).summary()
+
+
 @pytest.mark.parametrize("kind", ["draft model", "ngram"])
 def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt, repetitive_prompt, kind):
     greedy = replace(PENALISED, temperature=0)
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
-
-    def text(drafter, sampling=greedy):
-        events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
-                                           Limits(max_tokens=24)))
-        return [e.id for e in events if isinstance(e, Token)], record(events).summary()
-
-    plain, _ = text(NoDrafter())
-    drafted, summary = text(drafter_for(kind, load, target))
+    plain, _ = greedy_text(target, NoDrafter(), tokens, greedy)
+    drafted, summary = greedy_text(target, drafter_for(kind, load, target), tokens, greedy)
     assert drafted == plain and summary.accepted > 0
-    assert text(NoDrafter(), Sampling(temperature=0))[0] != plain  # the penalties changed the text
+    assert greedy_text(target, NoDrafter(), tokens, Sampling(temperature=0))[0] != plain  # the penalties changed it
 
 
 def biased_against_its_own_text(target, tokens: list[int]) -> Sampling:
@@ -348,16 +349,10 @@ def test_a_logit_bias_keeps_the_target_distribution(load, target, prompt, repeti
 def test_greedy_under_a_logit_bias_is_plain_greedy_under_it(load, target, prompt, repetitive_prompt, kind):
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
     biased = replace(biased_against_its_own_text(target, tokens), temperature=0, repeat_last_n=0)
-
-    def text(drafter, sampling=biased):
-        events = list(speculative.generate(target, drafter, tokens, sampling, Speculation(draft_max=3, p_min=0.0),
-                                           Limits(max_tokens=24)))
-        return [e.id for e in events if isinstance(e, Token)], record(events).summary()
-
-    plain, _ = text(NoDrafter())
-    drafted, summary = text(drafter_for(kind, load, target))
+    plain, _ = greedy_text(target, NoDrafter(), tokens, biased)
+    drafted, summary = greedy_text(target, drafter_for(kind, load, target), tokens, biased)
     assert drafted == plain and summary.accepted > 0
-    assert text(NoDrafter(), Sampling(temperature=0))[0][0] != plain[0]  # the bias changed the text
+    assert greedy_text(target, NoDrafter(), tokens, Sampling(temperature=0))[0][0] != plain[0]  # the bias changed it
 
 
 @pytest.mark.parametrize("kind", ["draft model", "plain"])

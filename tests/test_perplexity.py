@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Runtime, Speculation
+from localspec.errors import UsageError
 from localspec.perplexity import chunks_of, estimate
 from localspec.session import Session
 
@@ -27,6 +28,21 @@ def test_the_estimate_and_its_error_are_llama_perplexitys():
     mean, spread = np.mean(values), np.mean(np.square(values)) - np.mean(values) ** 2
     assert ppl == pytest.approx(math.exp(mean)) and error == pytest.approx(math.sqrt(spread / 3) * math.exp(mean))
     assert estimate([1.0, 1.0]) == (pytest.approx(math.e), 0.0)
+
+
+def test_scoring_leaves_what_the_sequences_hold_and_reads_a_chunk_in_one_batch(tiny):
+    """As llama-perplexity reads a chunk: one batch of --batch-size with a row of every token, on a context of its
+    own, so a generation's cache is still there for the next request."""
+    with Session(tiny["target"], None, Runtime(ctx_size=256, prompt_batch=128), Speculation(drafting=DrafterKind.PLAIN)
+                 ) as session:
+        session.complete("the cat sat on the mat", raw=True, temperature=0, max_tokens=4)
+        held = list(session.sequences[0].tokens)
+        chunk = session.prompts.model.tokenize(TEXT, add_special=True, parse_special=False)[:100]
+        decodes = []
+        scorer_decode = session._scoring_context(100).decode
+        session._scorer.decode = lambda tokens, **kw: decodes.append(len(tokens)) or scorer_decode(tokens, **kw)
+        session.score(chunk, start=51)
+        assert decodes == [50, 49] and session.sequences[0].tokens == held
 
 
 def test_perplexity_scores_the_second_half_of_each_chunk_as_the_session_reads_it(localspec, tiny, tmp_path):
@@ -54,3 +70,22 @@ def test_a_text_shorter_than_a_chunk_and_a_count_of_no_chunks_are_one_line_each(
     assert done.returncode == 2 and b"less than one chunk of 64" in done.stderr and b"Traceback" not in done.stderr
     code, _, err = cli("perplexity", tiny["target"], "-f", short, "--chunks", "0")
     assert code == 2 and "--chunks must be at least 1" in err
+
+
+@pytest.mark.parametrize("model, parallel", [("target", 1), ("target", 2), ("hybrid", 1), ("hybrid", 2)])
+def test_scoring_from_a_start_reads_what_comes_before_as_a_prompt_and_scores_the_rest_alike(tiny, model, parallel):
+    """The tokens before `start` are read in whole batches with no rows kept (a recurrent model's, on its first
+    sequence, in turns where that shares its context); the rows after are the ones scoring every token gives."""
+    with Session(tiny[model], None, Runtime(ctx_size=256, parallel=parallel),
+                 Speculation(drafting=DrafterKind.PLAIN)) as session:
+        model = session.prompts.model
+        chunk = chunks_of(model.tokenize(TEXT, add_special=True, parse_special=False), 100, model.bos, 1)[0]
+        every, later = session.score(chunk, top=2), session.score(chunk, top=2, start=61)
+        with pytest.raises(UsageError, match="start: a token from 1 to 100"):
+            session.score(chunk, start=0)
+    assert [e.chosen.id for e in later] == chunk and all(e.chosen.logprob is None for e in later[:61])
+    assert len(every) == len(later) == 100 and all(e.chosen.logprob is not None for e in every[1:])
+    for whole, part in zip(every[61:], later[61:]):
+        # (rows of batches of other shapes: the sums go in another order, 2e-3 apart at most on the tiny model)
+        assert part.chosen.logprob == pytest.approx(whole.chosen.logprob, rel=1e-3, abs=2e-3)
+        assert [c.id for c in part.top] == [c.id for c in whole.top]

@@ -145,7 +145,8 @@ SAMPLING_OPTIONS = {
         rich_help_panel=SAMPLING)], None),
     "ignore_eos": (Annotated[bool, typer.Option(
         "--ignore-eos", help="Never end at the model's end-of-generation tokens: write on until --max-tokens or the"
-        " context is full (llama.cpp's; for benchmarks of fixed lengths).", rich_help_panel=SAMPLING)],
+        " context is full (llama.cpp's; for benchmarks of fixed lengths). What a model writes past its own end"
+        " often repeats itself, which flatters drafting: measure speedups without it.", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.ignore_eos),
 }
 LIMIT_OPTIONS = {

@@ -60,23 +60,34 @@ def generate(
             grammar.close()
 
 
-def scored(target: Context, tokens: list[int], top: int = 0) -> tuple[Logprobs, ...]:
-    """Each token's logprobs given those before it (the first's None) outside any generation, the tokens read
-    into the cache anew: a text's perplexity (llama.cpp's llama-perplexity reads its rows so)."""
+def scored(target: Context, tokens: list[int], top: int = 0, start: int = 1) -> tuple[Logprobs, ...]:
+    """Each token's logprobs from `start` on, given those before it (those before start: None), outside any
+    generation, the tokens read into the cache anew: a text's perplexity (llama.cpp's llama-perplexity reads
+    its rows so, and scores the second half of each chunk)."""
     target.sample_with(chain_for(Sampling(temperature=0)), host=True)
-    return decoded_alone(prompt_logprobs(target, tokens, top))
+    return decoded_alone(prompt_logprobs(target, tokens, top, start))
 
 
-def prompt_logprobs(target: Context, prompt: list[int], top: int) -> Generator[Turn, None, tuple[Logprobs, ...]]:
-    """Each prompt token's logprobs given those before it (the first's None): the prompt but its last token
-    read anew (a row is wanted of every position, a cached one has none), in pieces whose rows fit a batch,
-    each read before the next piece overwrites them; in turns where the sequence shares its context."""
+def prompt_logprobs(target: Context, prompt: list[int], top: int, start: int = 1
+                    ) -> Generator[Turn, None, tuple[Logprobs, ...]]:
+    """Each prompt token's logprobs from `start` on given those before it (before start: None): the prompt but
+    its last token read anew (a row is wanted of every scored position, a cached one has none), the part
+    before the first scored row as a prompt is read (whole batches, no rows kept), then in pieces whose rows
+    fit a batch, each read before the next piece overwrites them; in turns where the sequence shares its
+    context."""
     target.keep_common([])
-    piece = min(target.max_rows, target.prompt_piece) if target.n_seq > 1 else target.max_rows
-    found = [Logprobs(Candidate(prompt[0], target.model.piece(prompt[0]), None))]
-    for offset in range(0, len(prompt) - 1, piece):
+    shared = target.n_seq > 1
+    piece = min(target.max_rows, target.prompt_piece) if shared else target.max_rows
+    unread = prompt[: start - 1]
+    if shared:
+        for offset in range(0, len(unread), target.prompt_piece):
+            yield Turn(target, unread[offset : offset + target.prompt_piece], logits="none")
+    elif unread:
+        target.prefill(unread)
+    found = [Logprobs(Candidate(token, target.model.piece(token), None)) for token in prompt[:start]]
+    for offset in range(start - 1, len(prompt) - 1, piece):
         tokens = prompt[offset : min(offset + piece, len(prompt) - 1)]
-        if target.n_seq > 1:
+        if shared:
             yield Turn(target, tokens, logits="all")
         else:
             target.decode(tokens, logits="all")
