@@ -3,8 +3,8 @@
 Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperature`, `top_k`,
 `top_p`, `min_p`, `seed`, the penalties `repeat_penalty`, `repeat_last_n`, `presence_penalty` and
 `frequency_penalty`, `logit_bias` (OpenAI's object of token ids to biases, or llama-server's [token, bias]
-pairs; a bias of false bans the token) and `ignore_eos`, `max_tokens`, `stop`, `prediction`: the text the answer is expected
-to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
+pairs; a bias of false bans the token) and `ignore_eos`, `max_tokens`, `stop`, `prediction`: the text the
+answer is expected to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
 answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
 in flight and `resume` can pick up where it stopped.

@@ -52,11 +52,11 @@ class Sampling:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     # llama.cpp's logit bias, first of all: (token id, bias) pairs (or a dict) added to the raw logits (-inf, or
-    # llama-server's false: the token is never chosen); a text instead of an id biases each token of its spelling,
-    # as llama-server's does (a session resolves it: the engine reads ids alone); ignore_eos bans the model's end-of-generation tokens so that it writes until a limit
-    # (as llama-server's and vLLM's ignore_eos, which benchmarks of fixed lengths ask for). The target's rows
-    # are changed so on every verified row too: speculation stays lossless under them.
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    # llama-server's false: the token is never chosen); a text instead of an id biases each token of its
+    # spelling, as llama-server's does (a session resolves it: the engine reads ids alone). ignore_eos bans the
+    # model's end-of-generation tokens so that it writes until a limit (llama-server's and vLLM's, which
+    # benchmarks of fixed lengths ask for). Every verified row is changed so too: speculation stays lossless.
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
     ignore_eos: bool = False
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)

@@ -120,7 +120,8 @@ class Session:
             if hint := reasoning.unread_thinking(self.prompts.template):
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")
-            self._threads, self._scoring_batch, self._flash_attn = runtime.threads, runtime.prompt_batch, runtime.flash_attn
+            self._threads = runtime.threads
+            self._scoring_batch, self._flash_attn = runtime.prompt_batch, runtime.flash_attn
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)

@@ -104,7 +104,8 @@ def test_batch_items_and_the_command_line_take_them_as_llama_cpp_spells_them(loc
                     "--json")
     assert run.returncode == 0, run.stderr.decode()
     assert json.loads(run.stdout)["stats"]["tokens"] == 5
-    ends = localspec("run", tiny["target"], "-p", PROMPT, "--temp", "0", "-n", "5", "--logit-bias", f"{eos}+100", "--json")
+    ends = localspec("run", tiny["target"], "-p", PROMPT, "--temp", "0", "-n", "5", "--logit-bias", f"{eos}+100",
+                     "--json")
     assert json.loads(ends.stdout)["text"] == ""
     for wrong, said in ((f"{eos}", "--logit-bias takes TOKEN_ID(+/-)BIAS"), ("x+1", "--logit-bias takes"),
                         (f"{eos}+inf", "or -inf to ban it"), ("99999999-1", "not in this model's vocabulary")):

@@ -119,7 +119,8 @@ def tokenize(
     name: Annotated[str, typer.Argument(help="A registry model that is downloaded, a model made with create, or a"
                                         " GGUF file.", show_default=False)],
     text: Annotated[str, typer.Argument(help="The text; - reads standard input.", show_default=False)],
-    ids: Annotated[bool, typer.Option("--ids", help="Print the ids alone, as a list (llama-tokenize's --ids).")] = False,
+    ids: Annotated[bool, typer.Option("--ids", help="Print the ids alone, as a list (llama-tokenize's --ids).")
+                   ] = False,
     special: Annotated[bool, typer.Option(
         "--special/--no-special", help="Read control tokens' spellings as the tokens and put the model's start"
         " token first, as a raw prompt is read; --no-special reads plain text, as a logit bias's text is read.")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import Sampling
+from .model import Model
 from .tree import DraftTree
 
 
@@ -32,8 +33,11 @@ class Adjustments:
         self.last_n = sampling.repeat_last_n  # > 0, or -1: every token before
 
     @classmethod
-    def of(cls, sampling: Sampling, eog: Sequence[int] = ()) -> "Adjustments | None":
-        return cls(sampling, eog) if sampling.adjusted else None
+    def of(cls, sampling: Sampling, model: Model | None = None) -> "Adjustments | None":
+        """Those of a generation on model (whose end-of-generation tokens ignore_eos bans), where any."""
+        if not sampling.adjusted:
+            return None
+        return cls(sampling, model.eog_tokens if sampling.ignore_eos and model is not None else ())
 
     def apply(self, logits: np.ndarray, history: Sequence[int], drafted: Sequence[int] = ()) -> None:
         """Change a row in place: biased, then penalised for the tokens before its position (history, then

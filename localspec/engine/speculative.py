@@ -99,7 +99,7 @@ def prompt_logprobs(target: Context, prompt: list[int], top: int, start: int = 1
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
-    adjustments = Adjustments.of(sampling, target.model.eog_tokens if sampling.ignore_eos else ())
+    adjustments = Adjustments.of(sampling, target.model)
     reporting = sampling.logprobs is not None
     # a grammar masks full rows, a bias and penalties change them and logprobs read them, on the host
     target.sample_with(chain_for(sampling), host=grammar is not None or adjustments is not None or reporting

@@ -90,7 +90,7 @@ class ForwardDrafter:
         as its catch-up (the auto policy reads the prompt into a costly drafter only where one would pay)."""
         self.sampling = sampling
         self.rng = rng
-        self.adjustments = Adjustments.of(sampling, self.context.model.eog_tokens if sampling.ignore_eos else ())
+        self.adjustments = Adjustments.of(sampling, self.context.model)
         self.context.sample_with(GREEDY_DRAFT if sampling.greedy else chain_for(sampling),
                                  host=self.adjustments is not None)
 
