@@ -114,10 +114,13 @@ def test_batch_items_and_the_command_line_take_them_as_llama_cpp_spells_them(loc
         assert code == 2 and stdout == "" and len(errors) == 1 and said in errors[0], stderr
 
 
-def test_tokenize_shows_the_ids_a_bias_names(cli, tiny):
+def test_tokenize_shows_the_ids_a_bias_names(cli, tiny, tmp_path):
     model = Model(tiny["target"], vocab_only=True)
     code, stdout, _ = cli("tokenize", tiny["target"], PROMPT, "--ids")
     assert code == 0 and json.loads(stdout) == model.tokenize(PROMPT, add_special=True, parse_special=True)
+    (tmp_path / "Modelfile").write_text(f"FROM {tiny['target']}\nPARAMETER temperature 0.1\n")
+    assert cli("create", "made", "-f", tmp_path / "Modelfile")[0] == 0
+    assert cli("tokenize", "made", PROMPT, "--ids")[1] == stdout  # a model made with create: its file's
     code, stdout, _ = cli("tokenize", tiny["target"], "-", "--no-special", stdin=PROMPT.encode())
     plain = model.tokenize(PROMPT, add_special=False, parse_special=False)
     assert code == 0 and [int(line.split(" -> ")[0]) for line in stdout.splitlines()] == plain

@@ -128,9 +128,7 @@ def tokenize(
 ):
     """Show how a model's tokenizer splits a text, a token a line (id, then the text it stands for), as
     llama.cpp's llama-tokenize does: the ids --logit-bias names. Reads the vocabulary alone."""
-    made = store.made(name)
-    path = catalog.local_file(made.base if made else name)
-    tokens = loading.tokens_of(path, sys.stdin.read() if text == "-" else text, special)
+    tokens = loading.tokens_of(catalog.local_file(name), sys.stdin.read() if text == "-" else text, special)
     if ids:
         print(json.dumps([token for token, _ in tokens]))
         return
