@@ -58,6 +58,16 @@ class Sampling:
     # benchmarks of fixed lengths ask for). Every verified row is changed so too: speculation stays lossless.
     logit_bias: tuple[tuple[int | str, float], ...] = ()
     ignore_eos: bool = False
+    # DRY ("don't repeat yourself", llama.cpp's, after the penalties): a token that would extend a repeat of
+    # dry_allowed_length tokens or more of the last dry_penalty_last_n (-1: the whole context; 0: off) has its
+    # logit lowered by dry_multiplier * dry_base ** (the repeat's length - dry_allowed_length); a repeat never
+    # reaches back past the last sequence breaker (a newline...). Off while dry_multiplier is 0. Like the
+    # penalties it depends only on the tokens before a row, so verification stays lossless under it.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
@@ -90,6 +100,26 @@ class Sampling:
             if not math.isfinite(getattr(self, name)):
                 raise UsageError(f"{name.replace('_', ' ')} must be a number, got {getattr(self, name)}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        self._check_dry()
+
+    def _check_dry(self) -> None:
+        breakers = self.dry_sequence_breakers
+        if isinstance(breakers, str) or not all(isinstance(breaker, str) for breaker in breakers):
+            raise UsageError(f"dry sequence breakers: a list of texts, got {breakers!r}",
+                             setting="dry_sequence_breakers")
+        object.__setattr__(self, "dry_sequence_breakers", tuple(breaker for breaker in breakers if breaker))
+        if not math.isfinite(self.dry_multiplier):
+            raise UsageError(f"dry multiplier must be a number (0: no DRY), got {self.dry_multiplier}",
+                             setting="dry_multiplier")
+        if self.dry_multiplier != 0 and not 1 <= self.dry_base < math.inf:
+            # (llama.cpp turns DRY off without a word below 1)
+            raise UsageError(f"dry base must be >= 1 (1.75 by default), got {self.dry_base}", setting="dry_base")
+        if self.dry_allowed_length < 0:
+            raise UsageError(f"dry allowed length must be >= 0 tokens, got {self.dry_allowed_length}",
+                             setting="dry_allowed_length")
+        if self.dry_penalty_last_n < -1:
+            raise UsageError(f"dry penalty last n must be >= 0, or -1 for the whole context, got"
+                             f" {self.dry_penalty_last_n}", setting="dry_penalty_last_n")
 
     @property
     def greedy(self) -> bool:
@@ -102,9 +132,14 @@ class Sampling:
                                             or self.presence_penalty != 0.0)
 
     @property
+    def dry(self) -> bool:
+        """Whether DRY changes a logit."""
+        return self.dry_multiplier != 0 and self.dry_penalty_last_n != 0
+
+    @property
     def adjusted(self) -> bool:
-        """Whether rows are changed before the chain reads them: a bias, a banned end or a penalty."""
-        return bool(self.logit_bias) or self.ignore_eos or self.penalized
+        """Whether rows are changed before the chain reads them: a bias, a banned end, a penalty or DRY."""
+        return bool(self.logit_bias) or self.ignore_eos or self.penalized or self.dry
 
 
 def _bias_pairs(given) -> tuple[tuple[int | str, float], ...]:
@@ -368,7 +403,8 @@ class Thinking:
 
 # what a request may set over the sampling it runs under (Sampling's fields but those serve fixes)
 OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
-               "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "logprobs")
+               "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "dry_multiplier", "dry_base",
+               "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "logprobs")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

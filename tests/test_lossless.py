@@ -27,6 +27,8 @@ from localspec.engine.sampling import transform
 from localspec.events import Token
 from localspec.stats import record
 
+from native_samplers import dry_row
+
 ALPHA = 1e-4
 SAMPLES = 1500
 LENGTH = 3
@@ -51,6 +53,15 @@ ROW_TOLERANCE = 1e-2 if supports_gpu_offload() else 1e-3
 # the target's own likeliest tokens, a verifier that leaves drafted rows unpenalised is caught at once
 PENALISED = Sampling(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, repeat_penalty=1.2, frequency_penalty=-1.0,
                      presence_penalty=-1.0, repeat_last_n=8)
+# DRY on every token seen before (allowed length 0), the harder the longer the repeat it would extend, no
+# breakers: at allowed length 1 the tiny target's own continuation repeats too little for a verifier that leaves
+# drafted rows alone to be caught (p 0.3); at 0 it is at once (p 1e-21)
+DRIED = Sampling(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, dry_multiplier=2.0, dry_base=1.75,
+                 dry_allowed_length=0, dry_sequence_breakers=())
+ADJUSTED = {"penalties": PENALISED, "dry": DRIED}
+# the drafters whose drafts verification keeps under each: DRY rejects what the n-gram drafter proposes (the next
+# token of a repeat, which is what DRY penalises), so no draft of its survives to show a verifier's fault
+DRAFTED_UNDER = [("draft model", "penalties"), ("ngram", "penalties"), ("draft model", "dry")]
 
 
 def decoded_row(target, prompt, prefix):
@@ -66,20 +77,20 @@ def decoded_row(target, prompt, prefix):
     return target.logits(-1)
 
 
-def penalised(row, before, sampling):
+def penalised(row, before, sampling, model=None):
     """llama.cpp's logit-bias sampler, then its penalties sampler over a row, token by token as its C loops
-    go (the reference the engine's vectorised Adjustments are held to)."""
+    go, then its own DRY sampler in model's vocabulary (the references the engine's vectorised Adjustments are
+    held to)."""
     row = row.copy()
     for token, bias in sampling.logit_bias:
         row[token] += bias
-    if not sampling.penalized:
-        return row
-    window = list(before)[-sampling.repeat_last_n:] if sampling.repeat_last_n > 0 else list(before)
-    for token, count in Counter(window).items():
-        logit = float(row[token])
-        logit = logit * sampling.repeat_penalty if logit <= 0 else logit / sampling.repeat_penalty
-        row[token] = logit - count * sampling.frequency_penalty - sampling.presence_penalty
-    return row
+    if sampling.penalized:
+        window = list(before)[-sampling.repeat_last_n:] if sampling.repeat_last_n > 0 else list(before)
+        for token, count in Counter(window).items():
+            logit = float(row[token])
+            logit = logit * sampling.repeat_penalty if logit <= 0 else logit / sampling.repeat_penalty
+            row[token] = logit - count * sampling.frequency_penalty - sampling.presence_penalty
+    return dry_row(model, sampling, list(before), row) if sampling.dry else row
 
 
 def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
@@ -88,7 +99,7 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
     def walk(prefix: list[int], mass: float) -> None:
         row = decoded_row(target, prompt, prefix)
         if sampling.adjusted:
-            row = penalised(row, prompt + prefix, sampling)
+            row = penalised(row, prompt + prefix, sampling, target.model)
         p = transform(row, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token
@@ -250,25 +261,26 @@ def own_continuation(target, tokens: list[int], length: int = 6) -> list[int]:
     return tokens + [e.id for e in events if isinstance(e, Token)]
 
 
+@pytest.mark.parametrize("adjusted", list(ADJUSTED))
 @pytest.mark.parametrize("kind", ["draft model", "ngram", "plain"])
-def test_penalties_keep_the_target_distribution(load, target, prompt, repetitive_prompt, kind):
+def test_penalties_keep_the_target_distribution(load, target, prompt, repetitive_prompt, kind, adjusted):
     """Each verified row is penalised for the drafted tokens before it as well as the committed ones."""
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
-    counts = sample_counts(target, drafter_for(kind, load, target), tokens, PENALISED)
-    assert chi_square_p_value(counts, exact_distribution(target, tokens, PENALISED)) > ALPHA
+    counts = sample_counts(target, drafter_for(kind, load, target), tokens, ADJUSTED[adjusted])
+    assert chi_square_p_value(counts, exact_distribution(target, tokens, ADJUSTED[adjusted])) > ALPHA
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+@pytest.mark.parametrize("kind, adjusted", DRAFTED_UNDER)
 def test_a_verifier_that_leaves_drafted_steps_unpenalised_fails_the_check(load, target, prompt, repetitive_prompt,
-                                                                         kind, monkeypatch):
+                                                                         kind, adjusted, monkeypatch):
     def plain_steps_only(self, rows, history, drafted):
         if not drafted:
             self.apply(rows(0), history)
 
     monkeypatch.setattr(Adjustments, "apply_rows", plain_steps_only)
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
-    counts = sample_counts(target, drafter_for(kind, load, target), tokens, PENALISED)
-    assert chi_square_p_value(counts, exact_distribution(target, tokens, PENALISED)) < ALPHA
+    counts = sample_counts(target, drafter_for(kind, load, target), tokens, ADJUSTED[adjusted])
+    assert chi_square_p_value(counts, exact_distribution(target, tokens, ADJUSTED[adjusted])) < ALPHA
 
 
 def verified_rows(target, prompt, draft: list[int]) -> list:
@@ -316,9 +328,9 @@ def greedy_text(target, drafter, tokens, sampling) -> tuple[list[int], object]:
     return [e.id for e in events if isinstance(e, Token)], record(events).summary()
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram"])
-def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt, repetitive_prompt, kind):
-    greedy = replace(PENALISED, temperature=0)
+@pytest.mark.parametrize("kind, adjusted", DRAFTED_UNDER)
+def test_greedy_under_penalties_is_plain_greedy_under_them(load, target, prompt, repetitive_prompt, kind, adjusted):
+    greedy = replace(ADJUSTED[adjusted], temperature=0)
     tokens = own_continuation(target, repetitive_prompt if kind == "ngram" else prompt)
     plain, _ = greedy_text(target, NoDrafter(), tokens, greedy)
     drafted, summary = greedy_text(target, drafter_for(kind, load, target), tokens, greedy)

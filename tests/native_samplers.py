@@ -1,0 +1,35 @@
+"""llama.cpp's own samplers run over a row through its C API: the references the engine's host-side
+adjustments (engine/adjustments.py) are held to."""
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+
+from localspec.config import Sampling
+
+
+def dry_row(model, sampling: Sampling, before: list[int], row: np.ndarray) -> np.ndarray:
+    """The row after llama.cpp's DRY sampler, made with the sampling's settings in model's vocabulary, has
+    accepted the tokens before it (as llama-server's sampler accepts the prompt's and the generated tokens).
+    This llama.cpp's sampler reads a window of dry_penalty_last_n > 0 tokens; llama-server turns -1 into the
+    context's length first, as this does into the tokens'."""
+    breakers = [breaker.encode() for breaker in sampling.dry_sequence_breakers]
+    texts = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+    last_n = sampling.dry_penalty_last_n if sampling.dry_penalty_last_n >= 0 else max(1, len(before))
+    sampler = llama_cpp.llama_sampler_init_dry(model.vocab, sampling.dry_multiplier, sampling.dry_base,
+                                               sampling.dry_allowed_length, last_n, texts, len(breakers))
+    try:
+        for token in before:
+            llama_cpp.llama_sampler_accept(sampler, token)
+        data = (llama_cpp.llama_token_data * len(row))()
+        for token, logit in enumerate(row.tolist()):
+            data[token].id, data[token].logit = token, logit
+        candidates = llama_cpp.llama_token_data_array(data=data, size=len(row), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(candidates))
+        out = np.empty(len(row), dtype=np.float32)
+        for i in range(candidates.size):
+            out[data[i].id] = data[i].logit
+        return out
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
