@@ -1,8 +1,11 @@
 """DRY (llama.cpp's "don't repeat yourself" sampler) on the host: each row as llama.cpp's own DRY sampler
-leaves it (tests/native_samplers.py), in the tiny model's vocabulary and in real ones; the settings' checks.
-That speculation stays lossless under it is test_lossless.py's; its ways in, test_logit_bias.py's neighbours
-below."""
+leaves it (tests/native_samplers.py), in the tiny model's vocabulary and in real ones; the settings' checks; its
+ways in as their clients spell them (llama-server's /completion and the openai client on serve, batch's fields,
+llama.cpp's options on the command line). That speculation stays lossless under it is test_lossless.py's."""
 
+import json
+
+import httpx2 as httpx
 import numpy as np
 import pytest
 
@@ -12,6 +15,7 @@ from localspec.engine.model import Model
 from localspec.errors import UsageError
 
 from native_samplers import dry_row
+from test_server import ServerProcess
 
 TEXTS = ("the cat sat on the mat. the cat sat on the mat. the cat sat on the",
          "abc abc abc abc abc abc abc abc abc\nabc abc abc",
@@ -106,3 +110,74 @@ def test_dry_settings_that_mean_nothing_are_refused_naming_the_setting(wrong, se
         Sampling(**wrong)
     assert refused.value.setting == setting
     Sampling(dry_base=0.5)  # (a base below 1 means nothing only while DRY is on)
+
+
+PROMPT = "the cat sat"
+# hard on every token seen before (allowed length 0): the tiny target's greedy answer repeats itself at its
+# 13th token ("99 115"), which this turns down
+DRIED = {"dry_multiplier": 100.0, "dry_base": 1.5, "dry_allowed_length": 0, "dry_penalty_last_n": -1,
+         "dry_sequence_breakers": ["z"]}
+
+
+@pytest.fixture(scope="module")
+def served(tiny, tmp_path_factory):
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def completion(server, **asked) -> dict:
+    answer = httpx.post(server.base + "/completion", timeout=60,
+                        json={"prompt": PROMPT, "n_predict": 24, "temperature": 0} | asked)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_llama_servers_dry_through_completion_and_the_openai_client(served):
+    plain, dried = completion(served), completion(served, **DRIED)
+    assert dried["content"] != plain["content"]
+    assert dried["content"] == completion(served, **DRIED, speculative={"mode": "off"})["content"]
+    settings = dried["generation_settings"]
+    assert {name: settings[name] for name in DRIED} == DRIED and "dry" in settings["samplers"]
+    defaults = httpx.get(served.base + "/props", timeout=60).json()["default_generation_settings"]["params"]
+    assert defaults["dry_multiplier"] == 0 and defaults["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
+    # llama-server takes them on its OpenAI routes too; so does serve
+    answer = served.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                                extra_body=DRIED)
+    assert answer.choices[0].text == dried["content"]
+    for wrong, said in (({"dry_multiplier": 1, "dry_base": 0.5}, "dry base must be >= 1"),
+                        ({"dry_allowed_length": -1}, "dry_allowed_length"),
+                        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+                        ({"dry_multiplier": "much"}, "dry_multiplier")):
+        for path in ("/completion", "/v1/completions"):
+            refused = httpx.post(served.base + path, json={"prompt": PROMPT, "max_tokens": 2} | wrong, timeout=60)
+            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+    assert "Traceback" not in served.log()
+
+
+def test_batch_items_and_the_command_line_take_dry_as_llama_cpp_spells_it(localspec, cli, tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "dried", "prompt": PROMPT, "temperature": 0, "max_tokens": 24, **DRIED}) + "\n"
+                       + json.dumps({"id": "plain", "prompt": PROMPT, "temperature": 0, "max_tokens": 24}) + "\n")
+    done = localspec("batch", tiny["target"], prompts, "--raw")
+    assert done.returncode == 0, done.stderr.decode()
+    records = {record["id"]: record for record in map(json.loads, done.stdout.decode().splitlines())}
+    assert records["dried"]["text"] != records["plain"]["text"], records
+    options = ["--dry-multiplier", "100", "--dry-base", "1.5", "--dry-allowed-length", "0", "--dry-penalty-last-n", "-1"]
+    for breakers in (["--dry-sequence-breaker", "z"], ["--dry-sequence-breaker", "none", "--dry-sequence-breaker", "z"]):
+        code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "--temp", "0", "-n", "24", *options,
+                                   *breakers, "--json")
+        assert code == 0 and json.loads(stdout)["text"] == records["dried"]["text"], stderr
+    for wrong, said in ((["--dry-multiplier", "1", "--dry-base", "0.5"], "dry base must be >= 1"),
+                        (["--dry-penalty-last-n", "-2"], "dry penalty last n must be >= 0, or -1")):
+        code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "-n", "2", *wrong)
+        errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        assert code == 2 and stdout == "" and len(errors) == 1 and said in errors[0], stderr
+
+
+def test_the_command_lines_breakers_are_read_as_llama_cpp_reads_them():
+    from localspec.cli.options import _breakers
+
+    assert _breakers(None) == ("\n", ":", "\"", "*")
+    assert _breakers(["\\n", "*"]) == ("\n", "*") and _breakers(["a", "none", "b"]) == ("b",)
+    assert _breakers(["none"]) == ()

@@ -148,6 +148,24 @@ SAMPLING_OPTIONS = {
         " context is full (llama.cpp's; for benchmarks of fixed lengths). What a model writes past its own end"
         " often repeats itself, which flatters drafting: measure speedups without it.", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.ignore_eos),
+    "dry_multiplier": (Annotated[float, typer.Option(
+        "--dry-multiplier", help="DRY (\"don't repeat yourself\", llama.cpp's): where a token would extend a repeat of L"
+        " >= --dry-allowed-length tokens, lower its logit by this times --dry-base ** (L - --dry-allowed-length);"
+        " 0 is off. Speculation stays lossless under it, though it turns down what n-gram drafting proposes inside a"
+        " repeat.", rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dry_multiplier),
+    "dry_base": (Annotated[float, typer.Option(
+        "--dry-base", help="How fast DRY's penalty grows with a repeat's length (>= 1).", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.dry_base),
+    "dry_allowed_length": (Annotated[int, typer.Option(
+        "--dry-allowed-length", help="How long a repeat must be for DRY to penalise its going on.", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.dry_allowed_length),
+    "dry_penalty_last_n": (Annotated[int, typer.Option(
+        "--dry-penalty-last-n", help="How many tokens back DRY looks for repeats (the prompt's among them); 0: none,"
+        " -1: the whole context.", rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dry_penalty_last_n),
+    "dry_sequence_breaker": (Annotated[Optional[list[str]], typer.Option(
+        "--dry-sequence-breaker", metavar="TEXT", help="A repeat never reaches back past this text (repeatable; it"
+        " replaces the defaults \\n : \" *; none: no breakers). \\n and the like are read as llama.cpp reads them.",
+        show_default=False, rich_help_panel=SAMPLING)], None),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -291,7 +309,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         sampling=Sampling(temperature=o.temp, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p, seed=o.seed,
                           grammar=_grammar(o), repeat_penalty=o.repeat_penalty, repeat_last_n=o.repeat_last_n,
                           presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
-                          logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos),
+                          logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos,
+                          dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
+                          dry_penalty_last_n=o.dry_penalty_last_n, dry_sequence_breakers=_breakers(o.dry_sequence_breaker)),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),
@@ -404,6 +424,17 @@ def _logit_bias(given: Sequence[str]) -> tuple[tuple[int, float], ...]:
                              f" got {value!r}")
         pairs.append((int(spelled[1]), bias if spelled[2] == "+" else -bias))
     return tuple(pairs)
+
+
+def _breakers(given: Sequence[str] | None) -> tuple[str, ...]:
+    """--dry-sequence-breaker's texts, as llama.cpp reads them: any replaces the defaults, none means no breaker
+    at all, and escapes are read (\\n is a newline)."""
+    if given is None:
+        return DEFAULT_SAMPLING.dry_sequence_breakers
+    breakers = []
+    for text in given:
+        breakers = [] if text == "none" else [*breakers, unescape(text)]
+    return tuple(breakers)
 
 
 def _grammar(o: SimpleNamespace) -> str | None:

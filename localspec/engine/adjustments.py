@@ -94,10 +94,10 @@ class Adjustments:
 
 
 class _Dry:
-    """llama.cpp's DRY sampler over a row, given every token before its position: the longest repeat of the
-    window's end found earlier (never reaching back past the last sequence breaker) marks the token that followed
-    that earlier occurrence, which would extend the repeat; a mark of dry_allowed_length or more costs that token
-    dry_multiplier * dry_base ** (length - dry_allowed_length) of its logit. A single-token breaker is never
+    """llama.cpp's DRY sampler over a row, given every token before its position: each earlier occurrence of a
+    run the window ends with (counted no further back than the last sequence breaker) marks the token that
+    followed it, which would extend the repeat; a token's longest mark, where dry_allowed_length or more, costs it
+    dry_multiplier * dry_base ** (mark - dry_allowed_length) of its logit. A single-token breaker is never
     penalised. The arithmetic is llama.cpp's (float32 settings, a double power, a float32 penalty)."""
 
     def __init__(self, sampling: Sampling, breakers: dict[int, tuple[tuple[int, ...], ...]]):
@@ -106,7 +106,6 @@ class _Dry:
         self.allowed = sampling.dry_allowed_length
         self.last_n = sampling.dry_penalty_last_n  # > 0, or -1: every token before
         self.breakers = breakers
-        # by token id (a token past the end is neither): thousands of tokens hold a newline
         self.heads = _marks(breakers)
         self.alone = _marks([head for head, tails in breakers.items() if () in tails])
         base = np.float32(sampling.dry_base)
@@ -152,11 +151,12 @@ class _Dry:
 
 
 def _marks(tokens) -> np.ndarray:
+    """A lookup by token id: np.isin over thousands of tokens, once a row, cost more than the rest of DRY."""
     marks = np.zeros(max(tokens, default=-1) + 1, dtype=bool)
     marks[list(tokens)] = True
     return marks
 
 
 def _marked(marks: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Whether each token is marked."""
+    """Whether each token is marked (one past the lookup's end is not)."""
     return marks[np.minimum(tokens, len(marks) - 1)] & (tokens < len(marks)) if len(marks) else np.zeros(len(tokens), bool)

@@ -89,6 +89,9 @@ class Speculative(_Typed):
     draft_max: int | None = Field(None, ge=0)
 
 
+DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+
+
 class Sampled(_Typed):
     """The sampling fields OpenAI's requests and llama-server's share (its names for the penalties, grammar and
     json_schema among them), and a request's own speculation."""
@@ -106,6 +109,12 @@ class Sampled(_Typed):
     # ...}: a text biases each token of its spelling, false bans the token
     logit_bias: dict[str, float | bool] | list[list[int | str | float | bool]] | None = None
     ignore_eos: bool | None = None  # (llama-server's and vLLM's) write on until a limit, never ending
+    # llama-server's DRY (a repeat's continuation penalised, the longer the repeat the more)
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = Field(None, ge=0)
+    dry_penalty_last_n: int | None = Field(None, ge=-1)
+    dry_sequence_breakers: list[str] | None = None
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
@@ -114,7 +123,7 @@ class Sampled(_Typed):
         """The fields as overridden() takes them."""
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
-                                                       "repeat_last_n", "logit_bias", "ignore_eos")}
+                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY)}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
