@@ -68,6 +68,12 @@ class Sampling:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    # XTC ("exclude top choices", llama.cpp's, after min-p): at a token, with probability xtc_probability, every
+    # candidate at least xtc_threshold likely (at temperature 1) but the least likely of them is left out, where
+    # two or more are; off at 0, or above a threshold of 0.5. Each verified row draws its own chance, so the
+    # target's choices keep XTC's distribution under speculation.
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
@@ -101,6 +107,12 @@ class Sampling:
                 raise UsageError(f"{name.replace('_', ' ')} must be a number, got {getattr(self, name)}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         self._check_dry()
+        for name in ("xtc_probability", "xtc_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UsageError(f"{name.replace('_', ' ')} must be from 0 to 1, got {getattr(self, name)}", setting=name)
+        if self.xtc and self.greedy:
+            raise UsageError("XTC draws among the likeliest tokens at random, and greedy decoding (temperature 0) takes"
+                             " the likeliest: give a temperature above 0, or leave XTC off", setting="xtc_probability")
 
     def _check_dry(self) -> None:
         breakers = self.dry_sequence_breakers
@@ -135,6 +147,11 @@ class Sampling:
     def dry(self) -> bool:
         """Whether DRY changes a logit."""
         return self.dry_multiplier != 0 and self.dry_penalty_last_n != 0
+
+    @property
+    def xtc(self) -> bool:
+        """Whether XTC may leave a candidate out."""
+        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5
 
     @property
     def adjusted(self) -> bool:
@@ -404,7 +421,8 @@ class Thinking:
 # what a request may set over the sampling it runs under (Sampling's fields but those serve fixes)
 OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
                "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "dry_multiplier", "dry_base",
-               "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "logprobs")
+               "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
+               "logprobs")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

@@ -33,3 +33,28 @@ def dry_row(model, sampling: Sampling, before: list[int], row: np.ndarray) -> np
         return out
     finally:
         llama_cpp.llama_sampler_free(sampler)
+
+
+def chain_survivors(sampling: Sampling, row: np.ndarray, xtc_probability: float = 1.0) -> dict[int, float]:
+    """The candidates llama.cpp's chain of top-k, top-p, min-p, XTC and temperature (common/sampling.cpp's
+    order) keeps of a row, with their probabilities (the chain leaves p stale: the survivors' logits are
+    softmaxed here). At an xtc_probability of 1, XTC's coin always falls: the removal itself is compared."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    for sampler in (llama_cpp.llama_sampler_init_top_k(sampling.top_k),
+                    llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1),
+                    llama_cpp.llama_sampler_init_min_p(sampling.min_p, 1),
+                    llama_cpp.llama_sampler_init_xtc(xtc_probability, sampling.xtc_threshold, 0, 0),
+                    llama_cpp.llama_sampler_init_temp(sampling.temperature)):
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+    try:
+        data = (llama_cpp.llama_token_data * len(row))()
+        for token, logit in enumerate(row.tolist()):
+            data[token].id, data[token].logit = token, logit
+        candidates = llama_cpp.llama_token_data_array(data=data, size=len(row), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(candidates))
+        survivors = [(candidates.data[i].id, candidates.data[i].logit) for i in range(candidates.size)]
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+    logits = np.array([logit for _, logit in survivors], dtype=np.float64)
+    weights = np.exp(logits - logits.max())
+    return dict(zip((token for token, _ in survivors), (weights / weights.sum()).tolist()))

@@ -23,11 +23,11 @@ from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, Pre
 from localspec.engine.suffix import SuffixCache
 from localspec.engine.devices import supports_gpu_offload
 from localspec.engine.adjustments import Adjustments
-from localspec.engine.sampling import transform
+from localspec.engine.sampling import Dist, transform
 from localspec.events import Token
 from localspec.stats import record
 
-from native_samplers import dry_row
+from native_samplers import chain_survivors, dry_row
 
 ALPHA = 1e-4
 SAMPLES = 1500
@@ -42,6 +42,8 @@ SETTINGS = {
     "top-p 0.8": Sampling(temperature=0.9, top_k=0, top_p=0.8, min_p=0.0),
     "min-p 0.1": Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
     "llama.cpp defaults": Sampling(),
+    # XTC's chance falls at half the rows: each verified row draws its own, and p is the row's after it
+    "xtc": Sampling(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, xtc_probability=0.5, xtc_threshold=0.15),
 }
 # How far a row may be from plain decoding's own when it was computed in a batch of another shape (a
 # verification's, or a cache read in other pieces): on an Intel Xeon about 1e-5 in the logits, on an AMD EPYC
@@ -93,6 +95,18 @@ def penalised(row, before, sampling, model=None):
     return dry_row(model, sampling, list(before), row) if sampling.dry else row
 
 
+def with_xtc(row, sampling):
+    """The chain's distribution over a row, XTC's mixture where it is on: as it is, or (with XTC's
+    probability) as llama.cpp's own chain leaves it when XTC's chance falls."""
+    p = transform(row, sampling)
+    if not sampling.xtc:
+        return p
+    fallen = chain_survivors(sampling, row)
+    mixed = (1 - sampling.xtc_probability) * p.probs + sampling.xtc_probability * np.array(
+        [fallen.get(token, 0.0) for token in p.ids.tolist()])
+    return Dist(p.ids, mixed)
+
+
 def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
     probabilities: dict[tuple, float] = {}
 
@@ -100,7 +114,7 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
         row = decoded_row(target, prompt, prefix)
         if sampling.adjusted:
             row = penalised(row, prompt + prefix, sampling, target.model)
-        p = transform(row, sampling)
+        p = with_xtc(row, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token
             if reach < FLOOR:
@@ -242,6 +256,12 @@ def test_a_verifier_that_accepts_every_draft_token_fails_the_check(load, target,
     monkeypatch.setattr(speculative, "accept", lambda token, p, q, rng: True)
     sampling = SETTINGS["temperature 0.7"]
     counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
+
+
+def test_the_check_tells_xtcs_distribution_from_the_rows_own(load, target, prompt):
+    sampling = SETTINGS["xtc"]
+    counts = sample_counts(target, drafter_for("draft model", load, target), prompt, replace(sampling, xtc_probability=0))
     assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
 
 

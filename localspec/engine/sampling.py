@@ -77,6 +77,23 @@ def transform(logits: np.ndarray, s: Sampling) -> Dist:
     return Dist(ids, weights / weights.sum())
 
 
+def excluded(p: Dist, s: Sampling, rng: np.random.Generator) -> Dist:
+    """p after llama.cpp's XTC, which comes after min-p and before temperature: with probability
+    s.xtc_probability, the candidates at least s.xtc_threshold likely at temperature 1 are left out but the least
+    likely of them, where two or more are. Each row that sets a token draws its own chance, as llama.cpp's sampler
+    draws one a token, so a token chosen by the rejection rule from this p follows XTC's distribution."""
+    if not s.xtc or len(p.ids) < 2 or rng.random() >= s.xtc_probability:
+        return p
+    at_one = p.probs ** s.temperature  # (p's candidates at temperature 1, unnormalised: temperature only rescales)
+    at_one /= at_one.sum()
+    likely = np.flatnonzero(at_one >= s.xtc_threshold)
+    if len(likely) < 2:
+        return p
+    kept = np.ones(len(p.ids), dtype=bool)
+    kept[likely[np.argsort(at_one[likely], kind="stable")[1:]]] = False  # all but the least likely of them
+    return Dist(p.ids[kept], p.probs[kept] / p.probs[kept].sum())
+
+
 def accept(token: int, p: Dist, q: Dist, rng: np.random.Generator) -> bool:
     """Keep a draft token x ~ q with probability min(1, p(x) / q(x))."""
     q_x = q.prob(token)

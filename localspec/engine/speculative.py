@@ -29,7 +29,7 @@ from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
 from .adjustments import Adjustments
-from .sampling import Dist, accept, chain_for, logprobs_of, one_hot, residual, softmax
+from .sampling import Dist, accept, chain_for, excluded, logprobs_of, one_hot, residual, softmax
 from .text import TextStream
 from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
@@ -238,13 +238,16 @@ def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.ra
                    grammar: Grammar | None = None) -> tuple[int, int]:
     """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits."""
     for i, token in enumerate(draft.tokens):
-        p = _chosen_from(target, i, grammar)
+        p = excluded(_chosen_from(target, i, grammar), sampling, rng)
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
             return i, _committed(residual(p, q).sample(rng), grammar, target)
         if grammar:
             grammar.accept(token)
     bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
+    if sampling.xtc:
+        return bonus, _committed(excluded(_chosen_from(target, bonus, grammar), sampling, rng).sample(rng), grammar,
+                                 target)
     if target.on_backend:
         return bonus, softmax(*target.candidates(bonus)).sample(rng)
     if grammar and grammar.awaiting:  # the few tokens that would set off a trigger badly are taken out first
@@ -270,7 +273,8 @@ def verify_tree(target: Context, tree: DraftTree, sampling: Sampling, rng: np.ra
         argmax = target.token if grammar is None else lambda row: grammar.best(target.logits(row))
         path, own = tree_greedy(tree, argmax, follow)
     else:
-        path, own = tree_sampled(tree, lambda row: _chosen_from(target, row, grammar), rng, follow)
+        path, own = tree_sampled(tree, lambda row: excluded(_chosen_from(target, row, grammar), sampling, rng), rng,
+                                 follow)
     own = _committed(own, grammar, target)
     target.keep_path(path)
     return [tree.tokens[node] for node in path], own, tree.rank(path), [0, *(node + 1 for node in path)]
