@@ -477,7 +477,7 @@ EVERY_ROUTES_BODY = {
     "/completion": ("POST", {"prompt": "hi", "n_predict": 2, "temperature": 0, "stop": ["."], "n_probs": 1,
                              "response_fields": ["content"], "cache_prompt": True, "samplers": ["top_k"],
                              "dry_multiplier": 0.5, "dry_base": 1.5, "dry_allowed_length": 1, "dry_penalty_last_n": 16,
-                             "dry_sequence_breakers": ["\n"]}),
+                             "dry_sequence_breakers": ["\n"], "xtc_probability": 0.0, "xtc_threshold": 0.1}),
     "/tokenize": ("POST", {"content": "hi", "add_special": True, "with_pieces": True}),
     "/detokenize": ("POST", {"tokens": [5, 6]}),
     "/apply-template": ("POST", {"messages": [{"role": "user", "content": "hi"}]}),

@@ -1,7 +1,12 @@
 """XTC (llama.cpp's "exclude top choices") over a row's candidates: the tokens it leaves out are those
 llama.cpp's own chain leaves out when its chance falls (tests/native_samplers.py), it falls as often as asked,
-and the settings' checks. That speculation keeps XTC's distribution is test_lossless.py's."""
+the settings' checks, and its ways in as their clients spell them (llama-server's /completion and the openai
+client on serve, batch's fields, llama.cpp's options). That speculation keeps XTC's distribution is
+test_lossless.py's."""
 
+import json
+
+import httpx2 as httpx
 import numpy as np
 import pytest
 
@@ -10,6 +15,7 @@ from localspec.engine.sampling import excluded, transform
 from localspec.errors import UsageError
 
 from native_samplers import chain_survivors
+from test_server import ServerProcess
 
 SETTINGS = (
     Sampling(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, xtc_probability=1.0, xtc_threshold=0.1),
@@ -53,3 +59,52 @@ def test_xtc_settings_are_checked_and_count_only_where_they_leave_something_out(
             Sampling(**wrong)
         assert refused.value.setting == setting
     Sampling(temperature=0, xtc_probability=0.5, xtc_threshold=0.9)  # (XTC off: greedy is fine)
+
+
+PROMPT = "the cat sat"
+# XTC always, leaving out every candidate but the least likely: of top-k 2's, each token is its row's second
+SECOND = {"temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0, "xtc_probability": 1.0, "xtc_threshold": 0.0}
+
+
+@pytest.fixture(scope="module")
+def served(tiny, tmp_path_factory):
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def test_llama_servers_xtc_through_completion_and_the_openai_client(served):
+    answer = httpx.post(served.base + "/completion", json={"prompt": PROMPT, "n_predict": 12, "n_probs": 2, "seed": 1}
+                        | SECOND, timeout=60).json()
+    for token in answer["completion_probabilities"]:
+        assert token["id"] == token["top_logprobs"][1]["id"], token  # the row's second choice, every time
+    assert {name: answer["generation_settings"][name] for name in ("xtc_probability", "xtc_threshold")} == {
+        "xtc_probability": 1.0, "xtc_threshold": 0.0} and "xtc" in answer["generation_settings"]["samplers"]
+    chat = served.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=12, logprobs=2, seed=2,
+                                              temperature=1.0, extra_body={name: value for name, value in SECOND.items()
+                                                                           if name != "temperature"})
+    for token, top in zip(chat.choices[0].logprobs.tokens, chat.choices[0].logprobs.top_logprobs):
+        assert token == sorted(top, key=top.get)[0], (token, top)
+    for wrong, said in (({"xtc_probability": 1.5}, "xtc probability must be from 0 to 1"),
+                        ({"xtc_probability": 0.5, "temperature": 0}, "greedy decoding (temperature 0)"),
+                        ({"xtc_threshold": "high"}, "xtc_threshold")):
+        for path in ("/completion", "/v1/completions"):
+            refused = httpx.post(served.base + path, json={"prompt": PROMPT, "max_tokens": 2} | wrong, timeout=60)
+            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+    assert "Traceback" not in served.log()
+
+
+def test_batch_items_and_the_command_line_take_xtc_as_llama_cpp_spells_it(localspec, cli, tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "second", "prompt": PROMPT, "max_tokens": 12, "seed": 3, **SECOND}) + "\n")
+    done = localspec("batch", tiny["target"], prompts, "--raw")
+    assert done.returncode == 0, done.stderr.decode()
+    record = json.loads(done.stdout)
+    # XTC leaves one candidate a token here, whatever the seed: the command line's run writes the same text
+    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "--temp", "1", "--top-k", "2",
+                               "--top-p", "1", "--min-p", "0", "--xtc-probability", "1", "--xtc-threshold", "0",
+                               "--seed", "4", "--json")
+    assert code == 0 and json.loads(stdout)["text"] == record["text"], stderr
+    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "-n", "2", "--temp", "0", "--xtc-probability", "0.5")
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert code == 2 and stdout == "" and len(errors) == 1 and "greedy decoding" in errors[0], stderr

@@ -166,6 +166,14 @@ SAMPLING_OPTIONS = {
         "--dry-sequence-breaker", metavar="TEXT", help="A repeat never reaches back past this text (repeatable; it"
         " replaces the defaults \\n : \" *; none: no breakers). \\n and the like are read as llama.cpp reads them.",
         show_default=False, rich_help_panel=SAMPLING)], None),
+    "xtc_probability": (Annotated[float, typer.Option(
+        "--xtc-probability", help="XTC (\"exclude top choices\", llama.cpp's): at a token, with this chance, leave out"
+        " every candidate at least --xtc-threshold likely but the least likely of them; 0 is off. Not with --temp 0."
+        " Speculation keeps its distribution; drafts are accepted less often while it bites.",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.xtc_probability),
+    "xtc_threshold": (Annotated[float, typer.Option(
+        "--xtc-threshold", help="How likely a candidate must be for XTC to leave it out (above 0.5: never).",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.xtc_threshold),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -311,7 +319,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                           presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
                           logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos,
                           dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
-                          dry_penalty_last_n=o.dry_penalty_last_n, dry_sequence_breakers=_breakers(o.dry_sequence_breaker)),
+                          dry_penalty_last_n=o.dry_penalty_last_n, dry_sequence_breakers=_breakers(o.dry_sequence_breaker),
+                          xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),

@@ -27,14 +27,14 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "dynatemp_range": (None, 0, 0.0),
-    "xtc_probability": (None, 0, 0.0), "n_cmpl": (None, 1),
+    "n_cmpl": (None, 1),
     "post_sampling_probs": (None, False),
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
 BUILD_INFO = "localspec (llama-server's API)"
-SAMPLERS = ["penalties", "dry", "top_k", "top_p", "min_p", "temperature"]  # the order localspec samples in
+SAMPLERS = ["penalties", "dry", "top_k", "top_p", "min_p", "xtc", "temperature"]  # the order localspec samples in
 
 
 class CompletionBody(Sampled):
@@ -182,7 +182,8 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "dry_multiplier": sampling.dry_multiplier, "dry_base": sampling.dry_base,
             "dry_allowed_length": sampling.dry_allowed_length, "dry_penalty_last_n": sampling.dry_penalty_last_n,
-            "dry_sequence_breakers": list(sampling.dry_sequence_breakers), "mirostat": 0, "ignore_eos": sampling.ignore_eos,
+            "dry_sequence_breakers": list(sampling.dry_sequence_breakers), "xtc_probability": sampling.xtc_probability,
+            "xtc_threshold": sampling.xtc_threshold, "mirostat": 0, "ignore_eos": sampling.ignore_eos,
             # (a ban as llama-server's requests spell it: JSON has no -inf)
             "logit_bias": [{"token": token, "bias": bias if math.isfinite(bias) else False}
                            for token, bias in sampling.logit_bias],

@@ -90,6 +90,7 @@ class Speculative(_Typed):
 
 
 DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
+XTC = ("xtc_probability", "xtc_threshold")
 
 
 class Sampled(_Typed):
@@ -115,6 +116,9 @@ class Sampled(_Typed):
     dry_allowed_length: int | None = Field(None, ge=0)
     dry_penalty_last_n: int | None = Field(None, ge=-1)
     dry_sequence_breakers: list[str] | None = None
+    # llama-server's XTC (the likeliest candidates left out, at a chance a token)
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
@@ -123,7 +127,7 @@ class Sampled(_Typed):
         """The fields as overridden() takes them."""
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
-                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY)}
+                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC)}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
