@@ -74,6 +74,12 @@ class Sampling:
     # target's choices keep XTC's distribution under speculation.
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    # llama.cpp's locally typical sampling (after top-k: the tokens whose surprise is nearest the row's entropy, as
+    # many as make typical_p of its mass; 1: off) and dynamic temperature (temperature +- dynatemp_range, by the
+    # row's entropy to the power dynatemp_exponent; 0: off): each a function of its row, drafts drawn alike
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
@@ -110,6 +116,15 @@ class Sampling:
         for name in ("xtc_probability", "xtc_threshold"):
             if not 0 <= getattr(self, name) <= 1:
                 raise UsageError(f"{name.replace('_', ' ')} must be from 0 to 1, got {getattr(self, name)}", setting=name)
+        if not 0.0 < self.typical_p <= 1.0:
+            raise UsageError(f"typical p must be in (0, 1] (1: off), got {self.typical_p}", setting="typical_p")
+        if not 0 <= self.dynatemp_range < math.inf or not 0 <= self.dynatemp_exponent < math.inf:
+            raise UsageError(f"dynamic temperature's range and exponent must be >= 0, got {self.dynatemp_range} and"
+                             f" {self.dynatemp_exponent}", setting="dynatemp_range")
+        if self.xtc and self.dynatemp_range > 0:
+            # (XTC reads candidates' probabilities at temperature 1, found from a row at one known temperature)
+            raise UsageError("XTC and a dynamic temperature together are not supported: give one",
+                             setting="xtc_probability")
         if self.xtc and self.greedy:
             raise UsageError("XTC draws among the likeliest tokens at random, and greedy decoding (temperature 0) takes"
                              " the likeliest: give a temperature above 0, or leave XTC off", setting="xtc_probability")
@@ -422,7 +437,7 @@ class Thinking:
 OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
                "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "dry_multiplier", "dry_base",
                "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
-               "logprobs")
+               "typical_p", "dynatemp_range", "dynatemp_exponent", "logprobs")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

@@ -336,7 +336,8 @@ class Session:
         """A generation's events for a prompt (see prompt_tokens). options: temperature, top_k, top_p, min_p,
         seed, the penalties (repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty), logit_bias ({token id
         or text: bias}, -inf bans), ignore_eos, DRY (dry_multiplier, dry_base, dry_allowed_length,
-        dry_penalty_last_n, dry_sequence_breakers), XTC (xtc_probability, xtc_threshold), logprobs (each token's,
+        dry_penalty_last_n, dry_sequence_breakers), XTC (xtc_probability, xtc_threshold), typical_p, dynamic
+        temperature (dynatemp_range, dynatemp_exponent), logprobs (each token's,
         and that many likeliest beside it),
         max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)

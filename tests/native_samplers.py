@@ -36,15 +36,20 @@ def dry_row(model, sampling: Sampling, before: list[int], row: np.ndarray) -> np
 
 
 def chain_survivors(sampling: Sampling, row: np.ndarray, xtc_probability: float = 1.0) -> dict[int, float]:
-    """The candidates llama.cpp's chain of top-k, top-p, min-p, XTC and temperature (common/sampling.cpp's
-    order) keeps of a row, with their probabilities (the chain leaves p stale: the survivors' logits are
-    softmaxed here). At an xtc_probability of 1, XTC's coin always falls: the removal itself is compared."""
+    """The candidates llama.cpp's chain of top-k, typical, top-p, min-p, XTC and temperature (dynamic where asked;
+    common/sampling.cpp's order) keeps of a row, with their probabilities (the chain leaves p stale: the survivors'
+    logits are softmaxed here). At an xtc_probability of 1, XTC's coin always falls: the removal itself is
+    compared; at 0 it never does."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    temperature = (llama_cpp.llama_sampler_init_temp_ext(sampling.temperature, sampling.dynatemp_range,
+                                                         sampling.dynatemp_exponent)
+                   if sampling.dynatemp_range > 0 else llama_cpp.llama_sampler_init_temp(sampling.temperature))
     for sampler in (llama_cpp.llama_sampler_init_top_k(sampling.top_k),
+                    llama_cpp.llama_sampler_init_typical(sampling.typical_p, 0),
                     llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1),
                     llama_cpp.llama_sampler_init_min_p(sampling.min_p, 1),
                     llama_cpp.llama_sampler_init_xtc(xtc_probability, sampling.xtc_threshold, 0, 0),
-                    llama_cpp.llama_sampler_init_temp(sampling.temperature)):
+                    temperature):
         llama_cpp.llama_sampler_chain_add(chain, sampler)
     try:
         data = (llama_cpp.llama_token_data * len(row))()

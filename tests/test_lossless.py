@@ -44,6 +44,10 @@ SETTINGS = {
     "llama.cpp defaults": Sampling(),
     # XTC's chance falls at half the rows: each verified row draws its own, and p is the row's after it
     "xtc": Sampling(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, xtc_probability=0.5, xtc_threshold=0.15),
+    # llama.cpp's own samplers in the chain, each a function of its row: the exact distribution is its chain's
+    "typical 0.6": Sampling(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, typical_p=0.6),
+    "dynamic temperature": Sampling(temperature=0.9, top_k=6, top_p=1.0, min_p=0.0, dynatemp_range=0.6,
+                                    dynatemp_exponent=1.5),
 }
 # How far a row may be from plain decoding's own when it was computed in a batch of another shape (a
 # verification's, or a cache read in other pieces): on an Intel Xeon about 1e-5 in the logits, on an AMD EPYC
@@ -98,6 +102,9 @@ def penalised(row, before, sampling, model=None):
 def with_xtc(row, sampling):
     """The chain's distribution over a row, XTC's mixture where it is on: as it is, or (with XTC's
     probability) as llama.cpp's own chain leaves it when XTC's chance falls."""
+    if sampling.typical_p < 1 or sampling.dynatemp_range > 0:  # (transform() is top-k, top-p, min-p alone)
+        native = chain_survivors(sampling, row, xtc_probability=0.0)
+        return Dist(np.array(list(native)), np.array(list(native.values())))
     p = transform(row, sampling)
     if not sampling.xtc:
         return p

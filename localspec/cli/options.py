@@ -174,6 +174,17 @@ SAMPLING_OPTIONS = {
     "xtc_threshold": (Annotated[float, typer.Option(
         "--xtc-threshold", help="How likely a candidate must be for XTC to leave it out (above 0.5: never).",
         rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.xtc_threshold),
+    "typical_p": (Annotated[float, typer.Option(
+        "--typical", help="Locally typical sampling (llama.cpp's): keep the tokens whose surprise is nearest the"
+        " row's entropy, as many as make this much of its probability; 1.0 is off.", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.typical_p),
+    "dynatemp_range": (Annotated[float, typer.Option(
+        "--dynatemp-range", help="Dynamic temperature (llama.cpp's): each token's temperature between --temp minus"
+        " and plus this, higher where the model is less sure; 0 is off.", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.dynatemp_range),
+    "dynatemp_exponent": (Annotated[float, typer.Option(
+        "--dynatemp-exp", help="How the dynamic temperature follows the row's entropy (its power).",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dynatemp_exponent),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -320,7 +331,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                           logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos,
                           dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
                           dry_penalty_last_n=o.dry_penalty_last_n, dry_sequence_breakers=_breakers(o.dry_sequence_breaker),
-                          xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold),
+                          xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold, typical_p=o.typical_p,
+                          dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),

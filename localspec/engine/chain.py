@@ -16,14 +16,23 @@ from .library import llama
 @dataclass(frozen=True)
 class Chain:
     """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's):
-    the top_k highest logits (0: all), top-p and min-p on the raw logits, then temperature.
-    argmax: only the most likely token."""
+    the top_k highest logits (0: all), locally typical sampling, top-p and min-p on the raw logits, then
+    temperature (dynamic where dynatemp_range is set: from temperature - range to temperature + range, by the
+    row's entropy raised to dynatemp_exponent). argmax: only the most likely token."""
 
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     temperature: float = 1.0
     argmax: bool = False
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+
+    @property
+    def host_only(self) -> bool:
+        """Whether llama.cpp's samplers of this chain run on the host alone (not in the decode graph)."""
+        return self.typical_p < 1 or self.dynatemp_range > 0
 
     def native(self):
         """A new llama_sampler chain; the caller frees it."""
@@ -33,11 +42,17 @@ class Chain:
             return chain
         if self.top_k > 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(self.top_k))
+        if self.typical_p < 1:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_typical(self.typical_p, 0))
         if self.top_p < 1:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(self.top_p, 0))
         if self.min_p > 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(self.min_p, 0))
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(self.temperature))
+        if self.dynatemp_range > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp_ext(
+                self.temperature, self.dynatemp_range, self.dynatemp_exponent))
+        else:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(self.temperature))
         return chain
 
 
@@ -95,7 +110,8 @@ class ChainRows:
             return
         self._free_chain()
         native = chain.native()
-        on_backend = not host and (self.backend_sampling or (self.backend_sampling is None and chain.argmax))
+        on_backend = not host and not chain.host_only and (
+            self.backend_sampling or (self.backend_sampling is None and chain.argmax))
         if on_backend and not llama.llama_set_sampler(self._ctx, self.seq, native):
             if self.backend_sampling:  # asked for by name
                 llama.llama_sampler_free(native)

@@ -44,7 +44,10 @@ def one_hot(token: int) -> Dist:
 
 def chain_for(s: Sampling) -> Chain:
     """The chain whose survivors the target samples from (greedy: its argmax)."""
-    return Chain(argmax=True) if s.greedy else Chain(s.top_k, s.top_p, s.min_p, s.temperature)
+    if s.greedy:
+        return Chain(argmax=True)
+    return Chain(s.top_k, s.top_p, s.min_p, s.temperature, typical_p=s.typical_p, dynatemp_range=s.dynatemp_range,
+                 dynatemp_exponent=s.dynatemp_exponent)
 
 
 def softmax(ids: np.ndarray, logits: np.ndarray) -> Dist:

@@ -26,7 +26,7 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
-    "typical_p": (None, 1, 1.0), "mirostat": (None, 0), "dynatemp_range": (None, 0, 0.0),
+    "mirostat": (None, 0),
     "n_cmpl": (None, 1),
     "post_sampling_probs": (None, False),
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
@@ -34,7 +34,7 @@ NEUTRAL = {
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
 BUILD_INFO = "localspec (llama-server's API)"
-SAMPLERS = ["penalties", "dry", "top_k", "top_p", "min_p", "xtc", "temperature"]  # the order localspec samples in
+SAMPLERS = ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]  # the order localspec samples in
 
 
 class CompletionBody(Sampled):
@@ -178,7 +178,8 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
     return {"n_predict": -1 if limits.max_tokens is None else limits.max_tokens,
             "seed": -1 if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
-            "typical_p": 1.0, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "typical_p": sampling.typical_p, "dynatemp_range": sampling.dynatemp_range,
+            "dynatemp_exponent": sampling.dynatemp_exponent, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "dry_multiplier": sampling.dry_multiplier, "dry_base": sampling.dry_base,
             "dry_allowed_length": sampling.dry_allowed_length, "dry_penalty_last_n": sampling.dry_penalty_last_n,

@@ -42,7 +42,7 @@ NEUTRAL = {
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "suffix": (None, ""), "best_of": (None, 1),
-    "typical_p": (None, 1), "mirostat": (None, 0),
+    "mirostat": (None, 0),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
 

@@ -91,6 +91,7 @@ class Speculative(_Typed):
 
 DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
 XTC = ("xtc_probability", "xtc_threshold")
+ROW_SHAPED = ("typical_p", "dynatemp_range", "dynatemp_exponent")
 
 
 class Sampled(_Typed):
@@ -119,6 +120,9 @@ class Sampled(_Typed):
     # llama-server's XTC (the likeliest candidates left out, at a chance a token)
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
+    typical_p: float | None = None  # (llama-server's and vLLM's) locally typical sampling
+    dynatemp_range: float | None = None  # (llama-server's) a temperature by each row's entropy
+    dynatemp_exponent: float | None = None
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
@@ -127,7 +131,7 @@ class Sampled(_Typed):
         """The fields as overridden() takes them."""
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
-                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC)}
+                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC, *ROW_SHAPED)}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
