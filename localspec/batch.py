@@ -4,7 +4,8 @@ Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperatur
 `top_p`, `min_p`, `seed`, the penalties `repeat_penalty`, `repeat_last_n`, `presence_penalty` and
 `frequency_penalty`, `logit_bias` (OpenAI's object of token ids to biases, or llama-server's [token, bias]
 pairs; a bias of false bans the token), `ignore_eos`, DRY's `dry_multiplier`, `dry_base`, `dry_allowed_length`,
-`dry_penalty_last_n` and `dry_sequence_breakers`, XTC's `xtc_probability` and `xtc_threshold`, `typical_p`, `dynatemp_range` and `dynatemp_exponent` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
+`dry_penalty_last_n` and `dry_sequence_breakers`, XTC's `xtc_probability` and `xtc_threshold`, `typical_p`,
+`dynatemp_range` and `dynatemp_exponent` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
 answer is expected to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
 answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
@@ -217,7 +218,8 @@ FIELD_KINDS = {
                                                 "dynatemp_exponent")},
     **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens", "repeat_last_n",
                                                      "dry_allowed_length", "dry_penalty_last_n")},
-    "dry_sequence_breakers": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
+    "dry_sequence_breakers": ("a list of strings",
+                              lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
     "grammar": ("a string (GBNF)", lambda v: isinstance(v, str)),
     "json_schema": ("a JSON schema (an object)", lambda v: isinstance(v, dict | bool)),
     "stop": ("a string or a list of strings",

@@ -115,12 +115,14 @@ class Sampling:
         self._check_dry()
         for name in ("xtc_probability", "xtc_threshold"):
             if not 0 <= getattr(self, name) <= 1:
-                raise UsageError(f"{name.replace('_', ' ')} must be from 0 to 1, got {getattr(self, name)}", setting=name)
+                raise UsageError(f"{name.replace('_', ' ')} must be from 0 to 1, got {getattr(self, name)}",
+                                 setting=name)
         if not 0.0 < self.typical_p <= 1.0:
             raise UsageError(f"typical p must be in (0, 1] (1: off), got {self.typical_p}", setting="typical_p")
-        if not 0 <= self.dynatemp_range < math.inf or not 0 <= self.dynatemp_exponent < math.inf:
-            raise UsageError(f"dynamic temperature's range and exponent must be >= 0, got {self.dynatemp_range} and"
-                             f" {self.dynatemp_exponent}", setting="dynatemp_range")
+        for name in ("dynatemp_range", "dynatemp_exponent"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise UsageError(f"dynamic temperature's range and exponent must be >= 0, got {name}"
+                                 f" {getattr(self, name)}", setting=name)
         if self.xtc and self.dynatemp_range > 0:
             # (XTC reads candidates' probabilities at temperature 1, found from a row at one known temperature)
             raise UsageError("XTC and a dynamic temperature together are not supported: give one",

@@ -124,6 +124,11 @@ class Loaded:
     notes: list[str]
 
 
+def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
+    """A context that reads n tokens with a row for each, in batches of --batch-size (llama-perplexity's)."""
+    return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn)
+
+
 def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
                 placement: Placement | None, workers: rpc.Workers | None, owned: list) -> Loaded:
     """Load the pair as placed (None: placed here, with runtime's workers added first) and as its drafting

@@ -22,7 +22,7 @@ from . import reasoning, tool_calls
 from .errors import ContextOverflow, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
-from .loading import load_models, place
+from .loading import load_models, place, scoring_context
 from .store.placement import Placement
 from .prompts import Prepared, Prompts
 from .request import Request
@@ -120,8 +120,7 @@ class Session:
             if hint := reasoning.unread_thinking(self.prompts.template):
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")
-            self._threads = runtime.threads
-            self._scoring_batch, self._flash_attn = runtime.prompt_batch, runtime.flash_attn
+            self._runtime = runtime  # (for the contexts made later: embedding, scoring)
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
@@ -320,15 +319,14 @@ class Session:
                 self._owned.remove(self._scorer)
                 self._scorer.close()
                 self._scorer = None
-            self._scorer = self._own(Context(self.target_model, n, min(n, self._scoring_batch), self._threads,
-                                             flash_attn=self._flash_attn))
+            self._scorer = self._own(scoring_context(self.target_model, n, self._runtime))
         return self._scorer
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call)."""
         if self._embedder is None:
-            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._threads))
+            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._runtime.threads))
         return self._embedder.embed(tokens).tolist()
 
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
@@ -393,7 +391,7 @@ class Session:
 
     def close(self) -> None:
         if self._owned and self.drafting is not None:
-            self.drafting.close(self._threads)
+            self.drafting.close(self._runtime.threads)
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()

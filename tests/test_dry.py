@@ -15,7 +15,7 @@ from localspec.engine.model import Model
 from localspec.errors import UsageError
 
 from native_samplers import dry_row
-from test_server import ServerProcess
+from test_server import ServerProcess, refused_on_both_completions
 
 TEXTS = ("the cat sat on the mat. the cat sat on the mat. the cat sat on the",
          "abc abc abc abc abc abc abc abc abc\nabc abc abc",
@@ -103,7 +103,8 @@ def test_dry_comes_after_the_penalties_and_counts_only_where_it_changes_a_logit(
 @pytest.mark.parametrize("wrong, setting", [
     ({"dry_multiplier": float("nan")}, "dry_multiplier"), ({"dry_multiplier": 1, "dry_base": 0.5}, "dry_base"),
     ({"dry_allowed_length": -1}, "dry_allowed_length"), ({"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
-    ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"), ({"dry_sequence_breakers": [1]}, "dry_sequence_breakers"),
+    ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+    ({"dry_sequence_breakers": [1]}, "dry_sequence_breakers"),
 ])
 def test_dry_settings_that_mean_nothing_are_refused_naming_the_setting(wrong, setting):
     with pytest.raises(UsageError) as refused:
@@ -145,13 +146,12 @@ def test_llama_servers_dry_through_completion_and_the_openai_client(served):
     answer = served.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
                                                 extra_body=DRIED)
     assert answer.choices[0].text == dried["content"]
-    for wrong, said in (({"dry_multiplier": 1, "dry_base": 0.5}, "dry base must be >= 1"),
-                        ({"dry_allowed_length": -1}, "dry_allowed_length"),
-                        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
-                        ({"dry_multiplier": "much"}, "dry_multiplier")):
-        for path in ("/completion", "/v1/completions"):
-            refused = httpx.post(served.base + path, json={"prompt": PROMPT, "max_tokens": 2} | wrong, timeout=60)
-            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+    refused_on_both_completions(served, PROMPT, (
+        ({"dry_multiplier": 1, "dry_base": 0.5}, "dry base must be >= 1"),
+        ({"dry_allowed_length": -1}, "dry_allowed_length"),
+        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+        ({"dry_multiplier": "much"}, "dry_multiplier"),
+    ))
     assert "Traceback" not in served.log()
 
 
@@ -163,8 +163,10 @@ def test_batch_items_and_the_command_line_take_dry_as_llama_cpp_spells_it(locals
     assert done.returncode == 0, done.stderr.decode()
     records = {record["id"]: record for record in map(json.loads, done.stdout.decode().splitlines())}
     assert records["dried"]["text"] != records["plain"]["text"], records
-    options = ["--dry-multiplier", "100", "--dry-base", "1.5", "--dry-allowed-length", "0", "--dry-penalty-last-n", "-1"]
-    for breakers in (["--dry-sequence-breaker", "z"], ["--dry-sequence-breaker", "none", "--dry-sequence-breaker", "z"]):
+    options = ["--dry-multiplier", "100", "--dry-base", "1.5", "--dry-allowed-length", "0",
+               "--dry-penalty-last-n", "-1"]
+    for breakers in (["--dry-sequence-breaker", "z"],
+                     ["--dry-sequence-breaker", "none", "--dry-sequence-breaker", "z"]):
         code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "--temp", "0", "-n", "24", *options,
                                    *breakers, "--json")
         assert code == 0 and json.loads(stdout)["text"] == records["dried"]["text"], stderr

@@ -76,6 +76,15 @@ class ServerProcess:
         return stop(self.process, sig)
 
 
+def refused_on_both_completions(server: ServerProcess, prompt: str, wrongs) -> None:
+    """Each (fields, words) of wrongs, added to a request for prompt, is a 400 that says the words, on
+    llama-server's /completion and OpenAI's /v1/completions alike."""
+    for wrong, said in wrongs:
+        for path in ("/completion", "/v1/completions"):
+            refused = httpx.post(server.base + path, json={"prompt": prompt, "max_tokens": 2} | wrong, timeout=60)
+            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+
+
 def drafting_server(home: Path, tiny) -> ServerProcess:
     """Greedy by default, always drafting with a draft model that agrees with the target."""
     return ServerProcess(home, tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp",

@@ -10,7 +10,7 @@ import httpx2 as httpx
 import ollama
 import pytest
 
-from test_server import ServerProcess
+from test_server import ServerProcess, refused_on_both_completions
 
 PROMPT = "the cat sat"
 ASKED = {"temperature": 0.9, "top_k": 8, "typical_p": 0.5, "dynatemp_range": 0.4, "dynatemp_exponent": 1.5}
@@ -44,12 +44,11 @@ def test_every_api_takes_them_in_its_own_spelling(served):
     generated = ollama.Client(host=served.base).generate(model="tiny", prompt=PROMPT, raw=True,
                                                          options={"typical_p": 0.5, "num_predict": 4, "seed": 2})
     assert generated.done and generated.eval_count == 4
-    for wrong, said in (({"typical_p": 0}, "typical p must be in (0, 1]"),
-                        ({"dynatemp_range": -1}, "dynamic temperature's range and exponent must be >= 0"),
-                        ({"dynatemp_range": 0.5, "xtc_probability": 0.5}, "XTC and a dynamic temperature")):
-        for path in ("/completion", "/v1/completions"):
-            refused = httpx.post(served.base + path, json={"prompt": PROMPT, "max_tokens": 2} | wrong, timeout=60)
-            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+    refused_on_both_completions(served, PROMPT, (
+        ({"typical_p": 0}, "typical p must be in (0, 1]"),
+        ({"dynatemp_range": -1}, "dynamic temperature's range and exponent must be >= 0"),
+        ({"dynatemp_range": 0.5, "xtc_probability": 0.5}, "XTC and a dynamic temperature"),
+    ))
     assert "Traceback" not in served.log()
 
 

@@ -15,7 +15,7 @@ from localspec.engine.sampling import excluded, transform
 from localspec.errors import UsageError
 
 from native_samplers import chain_survivors
-from test_server import ServerProcess
+from test_server import ServerProcess, refused_on_both_completions
 
 SETTINGS = (
     Sampling(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, xtc_probability=1.0, xtc_threshold=0.1),
@@ -85,12 +85,11 @@ def test_llama_servers_xtc_through_completion_and_the_openai_client(served):
                                                                            if name != "temperature"})
     for token, top in zip(chat.choices[0].logprobs.tokens, chat.choices[0].logprobs.top_logprobs):
         assert token == sorted(top, key=top.get)[0], (token, top)
-    for wrong, said in (({"xtc_probability": 1.5}, "xtc probability must be from 0 to 1"),
-                        ({"xtc_probability": 0.5, "temperature": 0}, "greedy decoding (temperature 0)"),
-                        ({"xtc_threshold": "high"}, "xtc_threshold")):
-        for path in ("/completion", "/v1/completions"):
-            refused = httpx.post(served.base + path, json={"prompt": PROMPT, "max_tokens": 2} | wrong, timeout=60)
-            assert refused.status_code == 400 and said in refused.text, (path, refused.text)
+    refused_on_both_completions(served, PROMPT, (
+        ({"xtc_probability": 1.5}, "xtc probability must be from 0 to 1"),
+        ({"xtc_probability": 0.5, "temperature": 0}, "greedy decoding (temperature 0)"),
+        ({"xtc_threshold": "high"}, "xtc_threshold"),
+    ))
     assert "Traceback" not in served.log()
 
 
@@ -105,6 +104,7 @@ def test_batch_items_and_the_command_line_take_xtc_as_llama_cpp_spells_it(locals
                                "--top-p", "1", "--min-p", "0", "--xtc-probability", "1", "--xtc-threshold", "0",
                                "--seed", "4", "--json")
     assert code == 0 and json.loads(stdout)["text"] == record["text"], stderr
-    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "-n", "2", "--temp", "0", "--xtc-probability", "0.5")
+    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "-n", "2", "--temp", "0",
+                               "--xtc-probability", "0.5")
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert code == 2 and stdout == "" and len(errors) == 1 and "greedy decoding" in errors[0], stderr

@@ -149,15 +149,16 @@ SAMPLING_OPTIONS = {
         " often repeats itself, which flatters drafting: measure speedups without it.", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.ignore_eos),
     "dry_multiplier": (Annotated[float, typer.Option(
-        "--dry-multiplier", help="DRY (\"don't repeat yourself\", llama.cpp's): where a token would extend a repeat of L"
-        " >= --dry-allowed-length tokens, lower its logit by this times --dry-base ** (L - --dry-allowed-length);"
+        "--dry-multiplier", help="DRY (\"don't repeat yourself\", llama.cpp's): where a token would extend a repeat"
+        " of L >= --dry-allowed-length tokens, lower its logit by this times --dry-base ** (L - --dry-allowed-length);"
         " 0 is off. Speculation stays lossless under it, though it turns down what n-gram drafting proposes inside a"
         " repeat.", rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dry_multiplier),
     "dry_base": (Annotated[float, typer.Option(
         "--dry-base", help="How fast DRY's penalty grows with a repeat's length (>= 1).", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.dry_base),
     "dry_allowed_length": (Annotated[int, typer.Option(
-        "--dry-allowed-length", help="How long a repeat must be for DRY to penalise its going on.", rich_help_panel=SAMPLING)],
+        "--dry-allowed-length", help="How long a repeat must be for DRY to penalise its going on.",
+        rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.dry_allowed_length),
     "dry_penalty_last_n": (Annotated[int, typer.Option(
         "--dry-penalty-last-n", help="How many tokens back DRY looks for repeats (the prompt's among them); 0: none,"
@@ -330,7 +331,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                           presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
                           logit_bias=_logit_bias(o.logit_bias or ()), ignore_eos=o.ignore_eos,
                           dry_multiplier=o.dry_multiplier, dry_base=o.dry_base, dry_allowed_length=o.dry_allowed_length,
-                          dry_penalty_last_n=o.dry_penalty_last_n, dry_sequence_breakers=_breakers(o.dry_sequence_breaker),
+                          dry_penalty_last_n=o.dry_penalty_last_n,
+                          dry_sequence_breakers=_breakers(o.dry_sequence_breaker),
                           xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold, typical_p=o.typical_p,
                           dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",

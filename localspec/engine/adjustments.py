@@ -48,8 +48,8 @@ class Adjustments:
                    model.dry_breakers(sampling.dry_sequence_breakers) if sampling.dry and model is not None else None)
 
     def apply(self, logits: np.ndarray, history: Sequence[int], drafted: Sequence[int] = ()) -> None:
-        """Change a row in place: biased, then penalised for the tokens before its position (history, then
-        drafted)."""
+        """Change a row in place: biased, then penalised and DRY'd for the tokens before its position (history,
+        then drafted)."""
         self._apply(logits, self._past(history), drafted)
 
     def _past(self, history: Sequence[int]) -> np.ndarray:
@@ -159,4 +159,6 @@ def _marks(tokens) -> np.ndarray:
 
 def _marked(marks: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """Whether each token is marked (one past the lookup's end is not)."""
-    return marks[np.minimum(tokens, len(marks) - 1)] & (tokens < len(marks)) if len(marks) else np.zeros(len(tokens), bool)
+    if not len(marks):
+        return np.zeros(len(tokens), dtype=bool)
+    return marks[np.minimum(tokens, len(marks) - 1)] & (tokens < len(marks))

@@ -34,7 +34,8 @@ NEUTRAL = {
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
 BUILD_INFO = "localspec (llama-server's API)"
-SAMPLERS = ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]  # the order localspec samples in
+# the order localspec samples in (llama.cpp's names)
+SAMPLERS = ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 
 
 class CompletionBody(Sampled):
@@ -179,7 +180,8 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "seed": -1 if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "typical_p": sampling.typical_p, "dynatemp_range": sampling.dynatemp_range,
-            "dynatemp_exponent": sampling.dynatemp_exponent, "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "dynatemp_exponent": sampling.dynatemp_exponent, "repeat_last_n": sampling.repeat_last_n,
+            "repeat_penalty": sampling.repeat_penalty,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "dry_multiplier": sampling.dry_multiplier, "dry_base": sampling.dry_base,
             "dry_allowed_length": sampling.dry_allowed_length, "dry_penalty_last_n": sampling.dry_penalty_last_n,

@@ -161,7 +161,8 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     try:
         sampling, limits = overridden(
             defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
-            top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, seed=options.seed, stop=options.stop,
+            top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, seed=options.seed,
+            stop=options.stop,
             repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
             presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
             logprobs=(request.top_logprobs or 0) if request.logprobs else None,
