@@ -186,6 +186,17 @@ def prompt(target):
     return target.model.tokenize(PROMPT_TEXT, add_special=True, parse_special=False)
 
 
+@pytest.fixture(scope="module")
+def served(tiny, tmp_path_factory):
+    """serve on the tiny target, named tiny: one server a test module (a module's requests see only its own
+    suffix cache), stopped cleanly at its end. A module may define its own served instead."""
+    from test_server import ServerProcess
+
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
 @pytest.fixture(scope="session")
 def real_model():
     """real_model(name) -> path of a real GGUF from the registry, fetched once and cached.

@@ -15,7 +15,7 @@ from localspec.engine.model import Model
 from localspec.errors import UsageError
 
 from native_samplers import dry_row
-from test_server import ServerProcess, refused_on_both_completions
+from test_server import refused_on_both_completions
 
 TEXTS = ("the cat sat on the mat. the cat sat on the mat. the cat sat on the",
          "abc abc abc abc abc abc abc abc abc\nabc abc abc",
@@ -118,13 +118,6 @@ PROMPT = "the cat sat"
 # 13th token ("99 115"), which this turns down
 DRIED = {"dry_multiplier": 100.0, "dry_base": 1.5, "dry_allowed_length": 0, "dry_penalty_last_n": -1,
          "dry_sequence_breakers": ["z"]}
-
-
-@pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 def completion(server, **asked) -> dict:

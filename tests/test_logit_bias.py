@@ -12,16 +12,8 @@ import pytest
 
 from localspec.engine.model import Model
 
-from test_server import ServerProcess
 
 PROMPT = "the cat sat"
-
-
-@pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 @pytest.fixture(scope="module")

@@ -8,21 +8,13 @@ import json
 
 import httpx2 as httpx
 import ollama
-import pytest
 
-from test_server import ServerProcess, refused_on_both_completions
+from test_server import refused_on_both_completions
 
 PROMPT = "the cat sat"
 ASKED = {"temperature": 0.9, "top_k": 8, "typical_p": 0.5, "dynatemp_range": 0.4, "dynatemp_exponent": 1.5}
 # a seed repeats a text where the drafting repeats too: serve's second request drafts from the first's answer
 PLAIN = {"speculative": {"mode": "off"}}
-
-
-@pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 def completion(server, **asked) -> dict:

@@ -15,7 +15,7 @@ from localspec.engine.sampling import excluded, transform
 from localspec.errors import UsageError
 
 from native_samplers import chain_survivors
-from test_server import ServerProcess, refused_on_both_completions
+from test_server import refused_on_both_completions
 
 SETTINGS = (
     Sampling(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, xtc_probability=1.0, xtc_threshold=0.1),
@@ -64,13 +64,6 @@ def test_xtc_settings_are_checked_and_count_only_where_they_leave_something_out(
 PROMPT = "the cat sat"
 # XTC always, leaving out every candidate but the least likely: of top-k 2's, each token is its row's second
 SECOND = {"temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0, "xtc_probability": 1.0, "xtc_threshold": 0.0}
-
-
-@pytest.fixture(scope="module")
-def served(tiny, tmp_path_factory):
-    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512")
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 def test_llama_servers_xtc_through_completion_and_the_openai_client(served):
