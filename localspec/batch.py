@@ -5,7 +5,7 @@ Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperatur
 `frequency_penalty`, `logit_bias` (OpenAI's object of token ids to biases, or llama-server's [token, bias]
 pairs; a bias of false bans the token), `ignore_eos`, DRY's `dry_multiplier`, `dry_base`, `dry_allowed_length`,
 `dry_penalty_last_n` and `dry_sequence_breakers`, XTC's `xtc_probability` and `xtc_threshold`, `typical_p`,
-`dynatemp_range` and `dynatemp_exponent` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
+`dynatemp_range`, `dynatemp_exponent`, `top_n_sigma`, `mirostat`, `mirostat_tau` and `mirostat_eta` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
 answer is expected to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
 answer must follow) or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
@@ -215,9 +215,9 @@ FIELD_KINDS = {
     **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p", "repeat_penalty",
                                                 "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
                                                 "xtc_probability", "xtc_threshold", "typical_p", "dynatemp_range",
-                                                "dynatemp_exponent")},
+                                                "dynatemp_exponent", "top_n_sigma", "mirostat_tau", "mirostat_eta")},
     **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens", "repeat_last_n",
-                                                     "dry_allowed_length", "dry_penalty_last_n")},
+                                                     "dry_allowed_length", "dry_penalty_last_n", "mirostat")},
     "dry_sequence_breakers": ("a list of strings",
                               lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
     "grammar": ("a string (GBNF)", lambda v: isinstance(v, str)),

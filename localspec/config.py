@@ -80,6 +80,18 @@ class Sampling:
     typical_p: float = 1.0
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    # llama.cpp's top-n-sigma, first of the chain: only the logits within top_n_sigma standard deviations of the
+    # row's highest are kept (0 or less: off)
+    top_n_sigma: float = -1.0
+    # Mirostat (llama.cpp's, 1 or 2; 0: off): among all the tokens at the temperature (top-k, typical, top-p,
+    # min-p, top-n-sigma, XTC and a dynamic temperature left unused, as llama.cpp does; the bias, penalties and
+    # DRY still applied), only the likeliest are kept, as many as a running threshold mu says; mu starts at twice
+    # mirostat_tau (the surprise aimed at, in bits) and after each token moves by mirostat_eta times how much that
+    # token's surprise missed it. Each verified row is cut at the mu the tokens before it leave, so speculation
+    # stays lossless under it.
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
@@ -123,6 +135,10 @@ class Sampling:
             if not 0 <= getattr(self, name) < math.inf:
                 raise UsageError(f"dynamic temperature's range and exponent must be >= 0, got {name}"
                                  f" {getattr(self, name)}", setting=name)
+        if not math.isfinite(self.top_n_sigma):
+            raise UsageError(f"top-n-sigma must be a number (0 or less: off), got {self.top_n_sigma}",
+                             setting="top_n_sigma")
+        self._check_mirostat()
         if self.xtc and self.dynatemp_range > 0:
             # (XTC reads candidates' probabilities at temperature 1, found from a row at one known temperature)
             raise UsageError("XTC and a dynamic temperature together are not supported: give one",
@@ -130,6 +146,15 @@ class Sampling:
         if self.xtc and self.greedy:
             raise UsageError("XTC draws among the likeliest tokens at random, and greedy decoding (temperature 0) takes"
                              " the likeliest: give a temperature above 0, or leave XTC off", setting="xtc_probability")
+
+    def _check_mirostat(self) -> None:
+        if self.mirostat not in (0, 1, 2) or isinstance(self.mirostat, bool):
+            raise UsageError(f"mirostat must be 0 (off), 1 or 2 (Mirostat 2.0), got {self.mirostat!r}",
+                             setting="mirostat")
+        for name, what in (("mirostat_tau", "its target surprise, in bits"), ("mirostat_eta", "its learning rate")):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise UsageError(f"{name.replace('_', ' ')} ({what}) must be >= 0, got {getattr(self, name)}",
+                                 setting=name)
 
     def _check_dry(self) -> None:
         breakers = self.dry_sequence_breakers
@@ -168,7 +193,7 @@ class Sampling:
     @property
     def xtc(self) -> bool:
         """Whether XTC may leave a candidate out."""
-        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5
+        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5 and not self.mirostat
 
     @property
     def adjusted(self) -> bool:
@@ -439,7 +464,8 @@ class Thinking:
 OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "repeat_penalty", "repeat_last_n",
                "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "dry_multiplier", "dry_base",
                "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
-               "typical_p", "dynatemp_range", "dynatemp_exponent", "logprobs")
+               "typical_p", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "mirostat", "mirostat_tau",
+               "mirostat_eta", "logprobs")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

@@ -335,7 +335,8 @@ class Session:
         seed, the penalties (repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty), logit_bias ({token id
         or text: bias}, -inf bans), ignore_eos, DRY (dry_multiplier, dry_base, dry_allowed_length,
         dry_penalty_last_n, dry_sequence_breakers), XTC (xtc_probability, xtc_threshold), typical_p, dynamic
-        temperature (dynatemp_range, dynatemp_exponent), logprobs (each token's,
+        temperature (dynatemp_range, dynatemp_exponent), top_n_sigma, mirostat (mirostat, mirostat_tau,
+        mirostat_eta), logprobs (each token's,
         and that many likeliest beside it),
         max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)

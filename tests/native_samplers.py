@@ -36,11 +36,13 @@ def dry_row(model, sampling: Sampling, before: list[int], row: np.ndarray) -> np
 
 
 def chain_survivors(sampling: Sampling, row: np.ndarray, xtc_probability: float = 1.0) -> dict[int, float]:
-    """The candidates llama.cpp's chain of top-k, typical, top-p, min-p, XTC and temperature (dynamic where asked;
+    """The candidates llama.cpp's chain of top-n-sigma, top-k, typical, top-p, min-p, XTC and temperature (dynamic where asked;
     common/sampling.cpp's order) keeps of a row, with their probabilities (the chain leaves p stale: the survivors'
     logits are softmaxed here). At an xtc_probability of 1, XTC's coin always falls: the removal itself is
     compared; at 0 it never does."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if sampling.top_n_sigma > 0:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_n_sigma(sampling.top_n_sigma))
     temperature = (llama_cpp.llama_sampler_init_temp_ext(sampling.temperature, sampling.dynatemp_range,
                                                          sampling.dynatemp_exponent)
                    if sampling.dynatemp_range > 0 else llama_cpp.llama_sampler_init_temp(sampling.temperature))
@@ -63,3 +65,28 @@ def chain_survivors(sampling: Sampling, row: np.ndarray, xtc_probability: float 
     logits = np.array([logit for _, logit in survivors], dtype=np.float64)
     weights = np.exp(logits - logits.max())
     return dict(zip((token for token, _ in survivors), (weights / weights.sum()).tolist()))
+
+
+def mirostat_walk(sampling: Sampling, n_vocab: int, rows: list[np.ndarray], seed: int
+                  ) -> list[tuple[dict[int, float], int]]:
+    """llama.cpp's own mirostat (1 or 2, as the sampling says) run over rows one after another, as over a
+    generation's: each row's candidates it keeps with their probabilities, and the token it chose (which moves
+    its mu for the next row)."""
+    if sampling.mirostat == 1:
+        sampler = llama_cpp.llama_sampler_init_mirostat(n_vocab, seed, sampling.mirostat_tau, sampling.mirostat_eta,
+                                                        100)
+    else:
+        sampler = llama_cpp.llama_sampler_init_mirostat_v2(seed, sampling.mirostat_tau, sampling.mirostat_eta)
+    walked = []
+    try:
+        for row in rows:
+            data = (llama_cpp.llama_token_data * len(row))()
+            for token, logit in enumerate(row.tolist()):
+                data[token].id, data[token].logit = token, logit
+            candidates = llama_cpp.llama_token_data_array(data=data, size=len(row), selected=-1, sorted=False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(candidates))
+            kept = {data[i].id: data[i].p for i in range(candidates.size)}
+            walked.append((kept, data[candidates.selected].id))
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    return walked

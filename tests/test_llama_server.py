@@ -138,7 +138,8 @@ def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(
                         ({"input_extra": [{"filename": 123}]}, "input_extra.0"),
                         ({"input_extra": [{"filename": 123, "text": "abc"}]}, "input_extra.0.filename"),
                         ({"input_extra": [{"filename": 123, "text": 456}]}, "input_extra.0"),
-                        ({"input_suffix": None}, "input_suffix"), ({"mirostat": 2}, "mirostat is not supported")):
+                        ({"input_suffix": None}, "input_suffix"), ({"n_cmpl": 2}, "n_cmpl is not supported"),
+                        ({"mirostat": 3}, "mirostat must be 0 (off), 1 or 2")):
         refused = httpx.post(server.base + "/infill", json={k: v for k, v in (asked | wrong).items() if v is not None},
                              timeout=60)
         assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text

@@ -5,7 +5,7 @@ compare the counts of each token sequence with the exact probabilities,
 computed by walking the target's own transformed distributions over every
 prefix, each row read as generation reads it (decoded_row). Sequences that end early (end-of-generation) are outcomes of their own.
 Pearson's chi-square test at ALPHA = 1e-4: each test raises a false alarm
-once in ten thousand runs (about 0.15% for all 15 together). The seeds are
+once in ten thousand runs (about 0.5% for the 55 together). The seeds are
 fixed, so on one machine the outcome is the same every run. The last test shows the check has power: a verifier
 that accepts every draft token fails it.
 """
@@ -23,7 +23,7 @@ from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter, Pre
 from localspec.engine.suffix import SuffixCache
 from localspec.engine.devices import supports_gpu_offload
 from localspec.engine.adjustments import Adjustments
-from localspec.engine.sampling import Dist, transform
+from localspec.engine.sampling import Dist, mirostat_kept, mirostat_moved, mirostat_start, softmax, transform
 from localspec.events import Token
 from localspec.stats import record
 
@@ -48,6 +48,11 @@ SETTINGS = {
     "typical 0.6": Sampling(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, typical_p=0.6),
     "dynamic temperature": Sampling(temperature=0.9, top_k=6, top_p=1.0, min_p=0.0, dynatemp_range=0.6,
                                     dynatemp_exponent=1.5),
+    "top-n-sigma 1": Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=1.0),
+    # mirostat's mu moves a lot a token (eta 1) from a low start (2 tau): each row's cut depends on the tokens
+    # before it, drafted ones among them
+    "mirostat 2": Sampling(temperature=1.0, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0),
+    "mirostat 1": Sampling(temperature=1.0, mirostat=1, mirostat_tau=2.5, mirostat_eta=1.0),
 }
 # How far a row may be from plain decoding's own when it was computed in a batch of another shape (a
 # verification's, or a cache read in other pieces): on an Intel Xeon about 1e-5 in the logits, on an AMD EPYC
@@ -102,7 +107,8 @@ def penalised(row, before, sampling, model=None):
 def with_xtc(row, sampling):
     """The chain's distribution over a row, XTC's mixture where it is on: as it is, or (with XTC's
     probability) as llama.cpp's own chain leaves it when XTC's chance falls."""
-    if sampling.typical_p < 1 or sampling.dynatemp_range > 0:  # (transform() is top-k, top-p, min-p alone)
+    if sampling.typical_p < 1 or sampling.dynatemp_range > 0 or sampling.top_n_sigma > 0:
+        # (transform() is top-k, top-p, min-p alone)
         native = chain_survivors(sampling, row, xtc_probability=0.0)
         return Dist(np.array(list(native)), np.array(list(native.values())))
     p = transform(row, sampling)
@@ -115,13 +121,19 @@ def with_xtc(row, sampling):
 
 
 def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
+    """Each sequence's probability, over every prefix's row; under mirostat each row is cut at the mu the
+    prefix leaves (mirostat_kept and mirostat_moved, held to llama.cpp's own mirostat in test_mirostat.py)."""
     probabilities: dict[tuple, float] = {}
 
-    def walk(prefix: list[int], mass: float) -> None:
+    def walk(prefix: list[int], mass: float, mu: float) -> None:
         row = decoded_row(target, prompt, prefix)
         if sampling.adjusted:
             row = penalised(row, prompt + prefix, sampling, target.model)
-        p = with_xtc(row, sampling)
+        if sampling.mirostat:
+            p = mirostat_kept(softmax(np.arange(len(row)), row / sampling.temperature), sampling.mirostat, mu,
+                              len(row))
+        else:
+            p = with_xtc(row, sampling)
         for token, p_token in zip(p.ids.tolist(), p.probs.tolist()):
             reach = mass * p_token
             if reach < FLOOR:
@@ -131,9 +143,9 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
             elif len(prefix) + 1 == LENGTH:
                 probabilities[tuple(prefix + [token])] = reach
             else:
-                walk(prefix + [token], reach)
+                walk(prefix + [token], reach, mirostat_moved(mu, p_token, sampling.mirostat_tau, sampling.mirostat_eta))
 
-    walk([], 1.0)
+    walk([], 1.0, mirostat_start(sampling))
     return probabilities
 
 
@@ -153,6 +165,10 @@ def chi_square_p_value(counts: Counter, exact: dict[tuple, float]) -> float:
     expected[OTHER] = SAMPLES - sum(expected.values())
     observed = {outcome: counts.get(outcome, 0) for outcome in expected}
     observed[OTHER] = SAMPLES - sum(n for outcome, n in observed.items() if outcome != OTHER)
+    if expected[OTHER] < 1e-6:  # every outcome is a cell of its own (a cut as mirostat's leaves few)
+        if observed[OTHER]:
+            return 0.0  # an outcome that cannot happen happened
+        del expected[OTHER], observed[OTHER]
     cells = list(expected)
     assert len(cells) >= 5, "too few outcomes for the test to mean anything"
     return chisquare([observed[c] for c in cells], [expected[c] for c in cells]).pvalue
@@ -270,6 +286,31 @@ def test_the_check_tells_xtcs_distribution_from_the_rows_own(load, target, promp
     sampling = SETTINGS["xtc"]
     counts = sample_counts(target, drafter_for("draft model", load, target), prompt, replace(sampling, xtc_probability=0))
     assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
+
+
+@pytest.mark.parametrize("setting", ["mirostat 2", "mirostat 1"])
+def test_the_check_tells_mirostats_distribution_from_the_rows_own(load, target, prompt, setting):
+    sampling = SETTINGS[setting]
+    counts = sample_counts(target, drafter_for("draft model", load, target), prompt, replace(sampling, mirostat=0))
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
+
+
+@pytest.mark.parametrize("setting", ["mirostat 2", "mirostat 1"])
+def test_a_verifier_whose_mu_drafted_tokens_leave_alone_fails_the_check(load, target, prompt, setting, monkeypatch):
+    """Every row of a step cut at the mu before the step: only the target's own tokens move it, as they
+    would in plain decoding, where every token is its own."""
+    def own_tokens_only(token, grammar, target, mirostat=None):
+        if mirostat:
+            mirostat.chose(token)
+        return token
+
+    monkeypatch.setattr(speculative, "_follow", lambda token, grammar, mirostat: None)
+    monkeypatch.setattr(speculative, "_committed", own_tokens_only)
+    sampling = SETTINGS[setting]
+    counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
+    assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
+    plain = sample_counts(target, drafter_for("plain", load, target), prompt, sampling)
+    assert chi_square_p_value(plain, exact_distribution(target, prompt, sampling)) > ALPHA  # (the fault is drafting's)
 
 
 def test_a_verifier_that_rejects_every_draft_token_fails_the_check(load, target, prompt, monkeypatch):

@@ -70,7 +70,7 @@ def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():
     ("FROM a\nFROM b", "line 2: a second FROM"),
     ("FROM a\nPARAMETER top_k many", "line 2: PARAMETER top_k: a whole number, got 'many'"),
     ("FROM a\nPARAMETER temperature nan", "line 2: PARAMETER temperature: a number"),
-    ("FROM a\nPARAMETER mirostat 2", "line 2: PARAMETER mirostat 2: not supported by localspec (only 0)"),
+    ("FROM a\nPARAMETER tfs_z 0.5", "line 2: PARAMETER tfs_z 0.5: not supported by localspec (only 1)"),
     ("FROM a\nPARAMETER warmth 1", "line 2: PARAMETER warmth: not a parameter localspec takes (temperature,"),
     ("FROM a\nPARAMETER top_k", "line 2: PARAMETER needs a name and a value"),
     ("FROM a\nSYSTEM \"\"\"never\nclosed", 'line 2: the """ opened here is never closed'),

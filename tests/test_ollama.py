@@ -83,7 +83,8 @@ def test_embed_gives_the_vectors_the_openai_endpoint_gives(server):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mirostat": 2}, "options.mirostat is not supported"),
+    ({"tfs_z": 0.5}, "options.tfs_z is not supported"),
+    ({"mirostat": 3}, "mirostat must be 0 (off), 1 or 2"),
     ({"repeat_penalty": 0}, "repeat penalty must be > 0"),
     ({"num_predict": 0}, "num_predict must be"),
     ({"temperature": -1}, "temperature must be >= 0"),

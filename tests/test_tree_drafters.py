@@ -123,7 +123,7 @@ def test_ngram_alternatives_go_on_to_shorter_matches_where_the_longest_went_on_o
     assert [(a.rank, a.tokens) for a in draft.alternatives] == [(2, (7, 7)), (3, (8, 8))]
 
 
-@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5", "xtc"])
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5", "xtc", "mirostat 2", "mirostat 1"])
 def test_fixed_ngram_trees_keep_the_target_distribution(branching, prompt, setting):
     sampling = SETTINGS[setting]
     counts = sample_counts(branching, NgramDrafter(1, 1, alternatives=2, branching=True), prompt, sampling)
@@ -489,7 +489,7 @@ def sampled_tree_drafter(load, branching):
     return drafter
 
 
-@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5", "xtc"])
+@pytest.mark.parametrize("setting", ["temperature 0.7", "top-k 5", "xtc", "mirostat 2", "mirostat 1"])
 def test_fixed_sampled_draft_model_trees_keep_the_target_distribution(branching, load, prompt, setting):
     sampling = SETTINGS[setting]
     drafter = sampled_tree_drafter(load, branching)

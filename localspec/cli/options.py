@@ -186,6 +186,21 @@ SAMPLING_OPTIONS = {
     "dynatemp_exponent": (Annotated[float, typer.Option(
         "--dynatemp-exp", help="How the dynamic temperature follows the row's entropy (its power).",
         rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dynatemp_exponent),
+    "top_n_sigma": (Annotated[float, typer.Option(
+        "--top-n-sigma", help="Top-n-sigma (llama.cpp's): keep only the tokens whose logit is within this many"
+        " standard deviations of the highest; 0 or less is off.", rich_help_panel=SAMPLING)],
+        DEFAULT_SAMPLING.top_n_sigma),
+    "mirostat": (Annotated[int, typer.Option(
+        "--mirostat", help="Mirostat sampling (llama.cpp's): 1 or 2 (Mirostat 2.0), 0 is off. It keeps the output's"
+        " surprise near --mirostat-ent by cutting each token's candidates at a threshold it adjusts as it goes;"
+        " --top-k, --top-p, --min-p, --typical, --top-n-sigma and XTC are then not used, as in llama.cpp."
+        " Speculation keeps its distribution.", rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.mirostat),
+    "mirostat_tau": (Annotated[float, typer.Option(
+        "--mirostat-ent", help="Mirostat's target surprise (tau), in bits: lower is more focused.",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.mirostat_tau),
+    "mirostat_eta": (Annotated[float, typer.Option(
+        "--mirostat-lr", help="Mirostat's learning rate (eta): how fast its threshold follows.",
+        rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.mirostat_eta),
 }
 LIMIT_OPTIONS = {
     "max_tokens": (Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate; -1: until the model stops or the context is full.")],
@@ -334,7 +349,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                           dry_penalty_last_n=o.dry_penalty_last_n,
                           dry_sequence_breakers=_breakers(o.dry_sequence_breaker),
                           xtc_probability=o.xtc_probability, xtc_threshold=o.xtc_threshold, typical_p=o.typical_p,
-                          dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent),
+                          dynatemp_range=o.dynatemp_range, dynatemp_exponent=o.dynatemp_exponent,
+                          top_n_sigma=o.top_n_sigma, mirostat=o.mirostat, mirostat_tau=o.mirostat_tau,
+                          mirostat_eta=o.mirostat_eta),
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),

@@ -15,10 +15,11 @@ from .library import llama
 
 @dataclass(frozen=True)
 class Chain:
-    """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's):
-    the top_k highest logits (0: all), locally typical sampling, top-p and min-p on the raw logits, then
-    temperature (dynamic where dynatemp_range is set: from temperature - range to temperature + range, by the
-    row's entropy raised to dynatemp_exponent). argmax: only the most likely token."""
+    """What llama.cpp's sampler chain keeps of an output row, in its default order (llama-cli's): the logits
+    within top_n_sigma standard deviations of the row's highest (0: all; the others set to -inf, not dropped),
+    the top_k highest (0: all), locally typical sampling, top-p and min-p on the raw logits, then temperature
+    (dynamic where dynatemp_range is set: from temperature - range to temperature + range, by the row's entropy
+    raised to dynatemp_exponent). argmax: only the most likely token."""
 
     top_k: int = 0
     top_p: float = 1.0
@@ -28,11 +29,12 @@ class Chain:
     typical_p: float = 1.0
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    top_n_sigma: float = 0.0
 
     @property
     def host_only(self) -> bool:
         """Whether llama.cpp's samplers of this chain run on the host alone (not in the decode graph)."""
-        return self.typical_p < 1 or self.dynatemp_range > 0
+        return self.typical_p < 1 or self.dynatemp_range > 0 or self.top_n_sigma > 0
 
     def native(self):
         """A new llama_sampler chain; the caller frees it."""
@@ -40,6 +42,8 @@ class Chain:
         if self.argmax:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
             return chain
+        if self.top_n_sigma > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_n_sigma(self.top_n_sigma))
         if self.top_k > 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(self.top_k))
         if self.typical_p < 1:
@@ -171,7 +175,9 @@ class ChainRows:
             self._candidates = np.empty(self._n_vocab, TOKEN_DATA)
             self._all_ids = np.arange(self._n_vocab, dtype=np.int32)
         logits = self.logits(row)
-        ids = only if only is not None else top_k_superset(logits, self.chain.top_k)
+        ids = only
+        if ids is None and not self.chain.top_n_sigma > 0:  # (top-n-sigma measures the whole row's spread)
+            ids = top_k_superset(logits, self.chain.top_k)
         if ids is None:
             rows = self._candidates
             rows["id"] = self._all_ids  # the chain reorders the array in place

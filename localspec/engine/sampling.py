@@ -8,6 +8,7 @@ and the draft token is drawn from exactly the q we compute, which is what makes
 min(1, p/q) acceptance reproduce the target's distribution.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,11 +44,14 @@ def one_hot(token: int) -> Dist:
 
 
 def chain_for(s: Sampling) -> Chain:
-    """The chain whose survivors the target samples from (greedy: its argmax)."""
+    """The chain whose survivors the target samples from (greedy: its argmax; mirostat: every token, at the
+    temperature)."""
     if s.greedy:
         return Chain(argmax=True)
+    if s.mirostat:
+        return Chain(temperature=s.temperature)
     return Chain(s.top_k, s.top_p, s.min_p, s.temperature, typical_p=s.typical_p, dynatemp_range=s.dynatemp_range,
-                 dynatemp_exponent=s.dynatemp_exponent)
+                 dynatemp_exponent=s.dynatemp_exponent, top_n_sigma=max(s.top_n_sigma, 0.0))
 
 
 def softmax(ids: np.ndarray, logits: np.ndarray) -> Dist:
@@ -95,6 +99,71 @@ def excluded(p: Dist, s: Sampling, rng: np.random.Generator) -> Dist:
     kept = np.ones(len(p.ids), dtype=bool)
     kept[likely[np.argsort(at_one[likely], kind="stable")[1:]]] = False  # all but the least likely of them
     return Dist(p.ids[kept], p.probs[kept] / p.probs[kept].sum())
+
+
+MIROSTAT_M = 100  # how many of the likeliest tokens mirostat 1 estimates the Zipf exponent from (llama.cpp's)
+
+
+def mirostat_kept(p: Dist, version: int, mu: float, n_vocab: int) -> Dist:
+    """What llama.cpp's mirostat keeps of p (every token at the temperature) at the threshold mu, renormalised.
+    Mirostat 2: the tokens whose surprise (-log2 p) is at most mu, or the likeliest alone. Mirostat 1: the k
+    likeliest, k from mu and the Zipf exponent s that the MIROSTAT_M likeliest tokens' probabilities estimate;
+    where k is no number or beyond a C int, one token, as llama.cpp's conversion comes out on x86."""
+    if version == 2:
+        kept = np.flatnonzero(-np.log2(p.probs) <= mu)
+        if not kept.size:
+            kept = np.array([np.argmax(p.probs)])
+    else:
+        m = min(MIROSTAT_M, len(p.probs))
+        top = np.sort(p.probs[np.argpartition(-p.probs, m - 1)[:m]])[::-1].astype(np.float32)
+        with np.errstate(all="ignore"):  # in float32, as llama.cpp (2 ** mu is inf past mu 128); 0 / 0 is nan
+            t = np.log(np.arange(2, m + 1, dtype=np.float32) / np.arange(1, m, dtype=np.float32))
+            s = np.sum(t * np.log(top[:-1] / top[1:])) / np.sum(t * t)
+            epsilon = s - np.float32(1)
+            k = float(np.power(epsilon * np.power(np.float32(2), np.float32(mu))
+                               / (np.float32(1) - np.power(np.float32(n_vocab), -epsilon)), np.float32(1) / s))
+        k = int(k) if math.isfinite(k) and k < 2 ** 31 else 1
+        k = min(max(k, 1), len(p.probs))
+        kept = np.argpartition(-p.probs, k - 1)[:k]
+    return Dist(p.ids[kept], p.probs[kept] / p.probs[kept].sum())
+
+
+def mirostat_moved(mu: float, p_token: float, tau: float, eta: float) -> float:
+    """mu after a token as likely as p_token (in the cut it was chosen from) was chosen: moved by eta times how
+    far its surprise missed tau. In float32, as llama.cpp keeps it: mirostat 1's cut hangs on 2 ** mu raised to
+    1 / s, so a mu rounded otherwise would part from llama.cpp's within a few hundred tokens."""
+    f32 = np.float32
+    return float(f32(mu) - f32(eta) * (-np.log2(f32(p_token)) - f32(tau)))
+
+
+class Mirostat:
+    """llama.cpp's mirostat along one generation: each row cut at the threshold mu (mirostat_kept), which each
+    token chosen moves (mirostat_moved). A verification's rows are cut in turn, each at the mu the tokens before
+    it leave (kept, then chose, row by row), so what it keeps is what plain decoding would have."""
+
+    def __init__(self, s: Sampling, n_vocab: int):
+        self.version, self.tau, self.eta, self.n_vocab = s.mirostat, s.mirostat_tau, s.mirostat_eta, n_vocab
+        self.mu = mirostat_start(s)
+        self._cut: Dist | None = None
+
+    @classmethod
+    def of(cls, s: Sampling, n_vocab: int) -> "Mirostat | None":
+        """The generation's mirostat, if it has one (greedy decoding takes the likeliest token whatever mu is)."""
+        return cls(s, n_vocab) if s.mirostat and not s.greedy else None
+
+    def kept(self, p: Dist) -> Dist:
+        """p cut at the current mu: the distribution the next token is chosen from."""
+        self._cut = mirostat_kept(p, self.version, self.mu, self.n_vocab)
+        return self._cut
+
+    def chose(self, token: int) -> None:
+        """Move mu by the surprise of the token chosen from the last row cut."""
+        self.mu = mirostat_moved(self.mu, self._cut.prob(token), self.tau, self.eta)
+
+
+def mirostat_start(s: Sampling) -> float:
+    """mu before the first token: twice the surprise aimed at."""
+    return float(np.float32(2) * np.float32(s.mirostat_tau))
 
 
 def accept(token: int, p: Dist, q: Dist, rng: np.random.Generator) -> bool:

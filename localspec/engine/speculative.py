@@ -29,7 +29,7 @@ from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
 from .adjustments import Adjustments
-from .sampling import Dist, accept, chain_for, excluded, logprobs_of, one_hot, residual, softmax
+from .sampling import Dist, Mirostat, accept, chain_for, excluded, logprobs_of, one_hot, residual, softmax
 from .text import TextStream
 from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
@@ -100,6 +100,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
               limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
     adjustments = Adjustments.of(sampling, target.model)
+    mirostat = Mirostat.of(sampling, target.model.n_vocab)
     reporting = sampling.logprobs is not None
     # a grammar masks full rows, a bias and penalties change them and logprobs read them, on the host
     target.sample_with(chain_for(sampling), host=grammar is not None or adjustments is not None or reporting
@@ -153,7 +154,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                          for row in range(1 + draft.size)] if reporting else []
             if adjustments:
                 adjustments.apply_tree(target.logits, history, draft.tree)
-            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng, grammar)
+            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng, grammar, mirostat)
             accepted = len(kept)
             rows_read = [rows_read[row] for row in path_rows] if reporting else []
         else:
@@ -166,7 +167,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             if sampling.greedy:
                 accepted, own = verify_greedy(target, draft, grammar)
             else:
-                accepted, own = verify_sampled(target, draft, sampling, rng, grammar)
+                accepted, own = verify_sampled(target, draft, sampling, rng, grammar, mirostat)
             target.truncate(n_past + 1 + accepted)
             kept = draft.tokens[:accepted]
         tree = draft.tree
@@ -235,19 +236,18 @@ def verify_greedy(target: Context, draft: Draft, grammar: Grammar | None = None)
 
 
 def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator,
-                   grammar: Grammar | None = None) -> tuple[int, int]:
-    """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits."""
+                   grammar: Grammar | None = None, mirostat: Mirostat | None = None) -> tuple[int, int]:
+    """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits (_p)."""
     for i, token in enumerate(draft.tokens):
-        p = excluded(_chosen_from(target, i, grammar), sampling, rng)
+        p = _p(target, i, sampling, rng, grammar, mirostat)
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
-            return i, _committed(residual(p, q).sample(rng), grammar, target)
-        if grammar:
-            grammar.accept(token)
+            return i, _committed(residual(p, q).sample(rng), grammar, target, mirostat)
+        _follow(token, grammar, mirostat)
     bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
-    if sampling.xtc:
-        return bonus, _committed(excluded(_chosen_from(target, bonus, grammar), sampling, rng).sample(rng), grammar,
-                                 target)
+    if sampling.xtc or mirostat:
+        return bonus, _committed(_p(target, bonus, sampling, rng, grammar, mirostat).sample(rng), grammar, target,
+                                 mirostat)
     if target.on_backend:
         return bonus, softmax(*target.candidates(bonus)).sample(rng)
     if grammar and grammar.awaiting:  # the few tokens that would set off a trigger badly are taken out first
@@ -263,21 +263,29 @@ def fits(target: Context, tree: DraftTree) -> bool:
 
 
 def verify_tree(target: Context, tree: DraftTree, sampling: Sampling, rng: np.random.Generator,
-                grammar: Grammar | None = None) -> tuple[list[int], int, int, list[int]]:
+                grammar: Grammar | None = None, mirostat: Mirostat | None = None
+                ) -> tuple[list[int], int, int, list[int]]:
     """Walk a draft tree the target has decoded (after the last committed token) as its rows say
-    (engine/tree.py), each row's choice masked by the grammar as it stands after the path above it, and keep
-    the path: (the tokens kept, the target's own next token, the rank of the branch it took, the rows each
-    of those tokens was chosen at: the root's, then each kept node's)."""
-    follow = grammar.accept if grammar else lambda token: None
+    (engine/tree.py), each row's choice masked by the grammar as it stands after the path above it (and cut at
+    mirostat's mu after it), and keep the path: (the tokens kept, the target's own next token, the rank of the
+    branch it took, the rows each of those tokens was chosen at: the root's, then each kept node's)."""
     if sampling.greedy:
         argmax = target.token if grammar is None else lambda row: grammar.best(target.logits(row))
-        path, own = tree_greedy(tree, argmax, follow)
+        path, own = tree_greedy(tree, argmax, grammar.accept if grammar else lambda token: None)
     else:
-        path, own = tree_sampled(tree, lambda row: excluded(_chosen_from(target, row, grammar), sampling, rng), rng,
-                                 follow)
-    own = _committed(own, grammar, target)
+        path, own = tree_sampled(tree, lambda row: _p(target, row, sampling, rng, grammar, mirostat), rng,
+                                 lambda token: _follow(token, grammar, mirostat))
+    own = _committed(own, grammar, target, mirostat)
     target.keep_path(path)
     return [tree.tokens[node] for node in path], own, tree.rank(path), [0, *(node + 1 for node in path)]
+
+
+def _p(target: Context, row: int, sampling: Sampling, rng: np.random.Generator, grammar: Grammar | None,
+       mirostat: Mirostat | None) -> Dist:
+    """p at a row: what the chain keeps of it among the tokens the grammar admits, cut at mirostat's mu, or
+    after XTC's exclusion."""
+    p = _chosen_from(target, row, grammar)
+    return mirostat.kept(p) if mirostat else excluded(p, sampling, rng)
 
 
 def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
@@ -287,8 +295,15 @@ def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
     return grammar.restrict(softmax(*target.candidates(row, grammar.admitted(target.logits(row)))))
 
 
-def _committed(token: int, grammar: Grammar | None, target: Context) -> int:
-    """The target's own token, followed by the grammar (an end-of-generation token ends it instead)."""
-    if grammar and not target.model.is_eog(token):
+def _follow(token: int, grammar: Grammar | None, mirostat: Mirostat | None) -> None:
+    """A token chosen at the last row p was read of, followed by the grammar and by mirostat's mu."""
+    if grammar:
         grammar.accept(token)
+    if mirostat:
+        mirostat.chose(token)
+
+
+def _committed(token: int, grammar: Grammar | None, target: Context, mirostat: Mirostat | None = None) -> int:
+    """The target's own token, followed (an end-of-generation token ends the grammar instead)."""
+    _follow(token, grammar if grammar and not target.model.is_eog(token) else None, mirostat)
     return token

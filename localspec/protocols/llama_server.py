@@ -26,7 +26,7 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
-    "mirostat": (None, 0),
+    "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
     "n_cmpl": (None, 1),
     "post_sampling_probs": (None, False),
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
@@ -35,7 +35,7 @@ NEUTRAL = {
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
 BUILD_INFO = "localspec (llama-server's API)"
 # the order localspec samples in (llama.cpp's names)
-SAMPLERS = ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 
 
 class CompletionBody(Sampled):
@@ -180,13 +180,15 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "seed": -1 if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "typical_p": sampling.typical_p, "dynatemp_range": sampling.dynatemp_range,
-            "dynatemp_exponent": sampling.dynatemp_exponent, "repeat_last_n": sampling.repeat_last_n,
+            "dynatemp_exponent": sampling.dynatemp_exponent, "top_n_sigma": sampling.top_n_sigma,
+            "mirostat": sampling.mirostat, "mirostat_tau": sampling.mirostat_tau, "mirostat_eta": sampling.mirostat_eta,
+            "repeat_last_n": sampling.repeat_last_n,
             "repeat_penalty": sampling.repeat_penalty,
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "dry_multiplier": sampling.dry_multiplier, "dry_base": sampling.dry_base,
             "dry_allowed_length": sampling.dry_allowed_length, "dry_penalty_last_n": sampling.dry_penalty_last_n,
             "dry_sequence_breakers": list(sampling.dry_sequence_breakers), "xtc_probability": sampling.xtc_probability,
-            "xtc_threshold": sampling.xtc_threshold, "mirostat": 0, "ignore_eos": sampling.ignore_eos,
+            "xtc_threshold": sampling.xtc_threshold, "ignore_eos": sampling.ignore_eos,
             # (a ban as llama-server's requests spell it: JSON has no -inf)
             "logit_bias": [{"token": token, "bias": bias if math.isfinite(bias) else False}
                            for token, bias in sampling.logit_bias],

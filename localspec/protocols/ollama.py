@@ -41,6 +41,9 @@ class Options(_Body):
     top_p: float | None = None
     min_p: float | None = None
     typical_p: float | None = None
+    mirostat: int | None = None  # 1 or 2 (0: off), with its target surprise (tau) and learning rate (eta)
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
     seed: int | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None  # 0: no penalties; -1: the whole context
@@ -161,7 +164,8 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     try:
         sampling, limits = overridden(
             defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
-            top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, seed=options.seed,
+            top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, mirostat=options.mirostat,
+            mirostat_tau=options.mirostat_tau, mirostat_eta=options.mirostat_eta, seed=options.seed,
             stop=options.stop,
             repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
             presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,

@@ -42,7 +42,7 @@ NEUTRAL = {
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "suffix": (None, ""), "best_of": (None, 1),
-    "mirostat": (None, 0),
+    "min_keep": (None, 0, 1),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
 

@@ -91,7 +91,8 @@ class Speculative(_Typed):
 
 DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
 XTC = ("xtc_probability", "xtc_threshold")
-ROW_SHAPED = ("typical_p", "dynatemp_range", "dynatemp_exponent")
+ROW_SHAPED = ("typical_p", "dynatemp_range", "dynatemp_exponent", "top_n_sigma")
+MIROSTAT = ("mirostat", "mirostat_tau", "mirostat_eta")
 
 
 class Sampled(_Typed):
@@ -123,6 +124,11 @@ class Sampled(_Typed):
     typical_p: float | None = None  # (llama-server's and vLLM's) locally typical sampling
     dynatemp_range: float | None = None  # (llama-server's) a temperature by each row's entropy
     dynatemp_exponent: float | None = None
+    top_n_sigma: float | None = None  # (llama-server's) the logits within n standard deviations of the highest
+    # (llama-server's) mirostat 1 or 2, its target surprise in bits and its learning rate
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
@@ -131,7 +137,8 @@ class Sampled(_Typed):
         """The fields as overridden() takes them."""
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
                                                        "presence_penalty", "frequency_penalty", "repeat_penalty",
-                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC, *ROW_SHAPED)}
+                                                       "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC, *ROW_SHAPED,
+                                                       *MIROSTAT)}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:

@@ -18,15 +18,16 @@ from ..config import Limits, Sampling, overridden
 from ..errors import UsageError
 
 # Ollama's parameter names, as localspec's settings take them (what overridden() reads, and num_ctx)
-PARAMETERS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "typical_p": float, "seed": int,
+PARAMETERS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "typical_p": float, "mirostat": int,
+              "mirostat_tau": float, "mirostat_eta": float, "seed": int,
               "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float,
               "num_predict": int, "stop": str, "num_ctx": int}
 # Ollama's options that change the output, with the values that leave it as localspec makes it (others are
 # refused), and those that set up the model, fixed when it loads (serve's command line says them; taken and
-# ignored, as mirostat's two, which nothing reads while it is off)
-NEUTRAL_OPTIONS = {"mirostat": (0,), "tfs_z": (1, 1.0), "penalize_newline": (False, True)}
+# ignored)
+NEUTRAL_OPTIONS = {"tfs_z": (1, 1.0), "penalize_newline": (False, True)}
 TAKEN_AND_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                     "low_vram", "f16_kv", "vocab_only", "num_keep", "mirostat_tau", "mirostat_eta"}
+                     "low_vram", "f16_kv", "vocab_only", "num_keep"}
 ROLES = ("system", "user", "assistant")
 IGNORED = {  # instructions a Modelfile may hold that change nothing here, and why
     "template": "localspec renders conversations with the chat template inside the GGUF file, as llama.cpp"
