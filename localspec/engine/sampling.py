@@ -110,12 +110,14 @@ def mirostat_kept(p: Dist, version: int, mu: float, n_vocab: int) -> Dist:
     likeliest, k from mu and the Zipf exponent s that the MIROSTAT_M likeliest tokens' probabilities estimate;
     where k is no number or beyond a C int, one token, as llama.cpp's conversion comes out on x86."""
     if version == 2:
-        kept = np.flatnonzero(-np.log2(p.probs) <= mu)
+        kept = np.flatnonzero(p.probs >= 2.0 ** -mu)  # (-log2 p <= mu, without a logarithm a token)
         if not kept.size:
             kept = np.array([np.argmax(p.probs)])
     else:
         m = min(MIROSTAT_M, len(p.probs))
-        top = np.sort(p.probs[np.argpartition(-p.probs, m - 1)[:m]])[::-1].astype(np.float32)
+        likeliest = np.argpartition(p.probs, len(p.probs) - m)[-m:]
+        likeliest = likeliest[np.argsort(-p.probs[likeliest], kind="stable")]
+        top = p.probs[likeliest].astype(np.float32)
         with np.errstate(all="ignore"):  # in float32, as llama.cpp (2 ** mu is inf past mu 128); 0 / 0 is nan
             t = np.log(np.arange(2, m + 1, dtype=np.float32) / np.arange(1, m, dtype=np.float32))
             s = np.sum(t * np.log(top[:-1] / top[1:])) / np.sum(t * t)
@@ -124,7 +126,7 @@ def mirostat_kept(p: Dist, version: int, mu: float, n_vocab: int) -> Dist:
                                / (np.float32(1) - np.power(np.float32(n_vocab), -epsilon)), np.float32(1) / s))
         k = int(k) if math.isfinite(k) and k < 2 ** 31 else 1
         k = min(max(k, 1), len(p.probs))
-        kept = np.argpartition(-p.probs, k - 1)[:k]
+        kept = likeliest[:k] if k <= m else np.argpartition(p.probs, len(p.probs) - k)[-k:]
     return Dist(p.ids[kept], p.probs[kept] / p.probs[kept].sum())
 
 
