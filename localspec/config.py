@@ -95,6 +95,9 @@ class Sampling:
     # Not how a token is chosen but what is reported of each choice: None nothing, else every token's
     # log probability and those of the `logprobs` likeliest tokens of its row (0: none beside it)
     logprobs: int | None = None
+    # the logprobs reported are of the distribution each token was chosen from (after the chain, a grammar, XTC
+    # or Mirostat's cut: llama-server's post_sampling_probs), not of the model's raw row; greedy's is its argmax
+    logprobs_sampled: bool = False
     # the same of each prompt token, given those before it (the first's None; OpenAI's echo, vLLM's
     # prompt_logprobs: what lm-eval's loglikelihood tasks read); the prompt is then read anew, none of it
     # taken from the cache, each of its rows kept
@@ -465,7 +468,7 @@ OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p", "seed", "grammar", "rep
                "frequency_penalty", "presence_penalty", "logit_bias", "ignore_eos", "dry_multiplier", "dry_base",
                "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
                "typical_p", "dynatemp_range", "dynatemp_exponent", "top_n_sigma", "mirostat", "mirostat_tau",
-               "mirostat_eta", "logprobs")
+               "mirostat_eta", "logprobs", "logprobs_sampled")
 
 
 def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = None,

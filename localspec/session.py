@@ -336,9 +336,9 @@ class Session:
         or text: bias}, -inf bans), ignore_eos, DRY (dry_multiplier, dry_base, dry_allowed_length,
         dry_penalty_last_n, dry_sequence_breakers), XTC (xtc_probability, xtc_threshold), typical_p, dynamic
         temperature (dynatemp_range, dynatemp_exponent), top_n_sigma, mirostat (mirostat, mirostat_tau,
-        mirostat_eta), logprobs (each token's,
-        and that many likeliest beside it),
-        max_tokens, stop, over sampling and limits (by default config's, llama.cpp's defaults)."""
+        mirostat_eta), logprobs (each token's, and that many likeliest beside it; logprobs_sampled: in the
+        distribution it was chosen from), max_tokens, stop, over sampling and limits (by default config's,
+        llama.cpp's defaults)."""
         sampling, limits = overridden(sampling or Sampling(), limits or Limits(), **options)
         return self.generate(Request(sampling, limits, prompt=self.prompts.prompt_tokens(prompt, raw)))
 

@@ -99,6 +99,24 @@ def test_completion_answers_and_streams_as_llama_server_with_the_text_openais_ro
     first = probable["completion_probabilities"][0]
     assert len(probable["completion_probabilities"]) == 8 and len(first["top_logprobs"]) == 2
     assert first["token"] == first["top_logprobs"][0]["token"] and first["logprob"] <= 0  # (greedy: the likeliest)
+    # post_sampling_probs: each token's probability in the distribution it was chosen from, and that
+    # distribution's likeliest (top-k 3 at temperature 1: three, all of it), whole and streamed
+    sampled = asked | {"temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0, "seed": 4, "n_probs": 5,
+                       "post_sampling_probs": True}
+    for answer in (httpx.post(server.base + "/completion", json=sampled, timeout=60).json(),
+                   {"completion_probabilities": [entry for frame in events(httpx.post(
+                       server.base + "/completion", json=sampled | {"stream": True}, timeout=60))
+                       for entry in frame.get("completion_probabilities", ())]}):
+        assert len(answer["completion_probabilities"]) == 8
+        for entry in answer["completion_probabilities"]:
+            assert set(entry) == {"id", "token", "bytes", "prob", "top_probs"} and len(entry["top_probs"]) == 3
+            assert abs(sum(candidate["prob"] for candidate in entry["top_probs"]) - 1) < 1e-6
+            assert entry["prob"] == next(c["prob"] for c in entry["top_probs"] if c["id"] == entry["id"])
+    assert httpx.post(server.base + "/completion", json=sampled, timeout=60).json()["generation_settings"][
+        "post_sampling_probs"] is True
+    refused = httpx.post(server.base + "/v1/completions", json={"prompt": "abc", "post_sampling_probs": True},
+                         timeout=60)
+    assert refused.status_code == 400 and "post_sampling_probs is not supported" in refused.text
     stopped = httpx.post(server.base + "/completion", json=asked | {"stop": [openai_text[2:4]]}, timeout=60).json()
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == openai_text[2:4]
     assert "Traceback" not in server.log()

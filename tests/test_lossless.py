@@ -299,13 +299,7 @@ def test_the_check_tells_mirostats_distribution_from_the_rows_own(load, target, 
 def test_a_verifier_whose_mu_drafted_tokens_leave_alone_fails_the_check(load, target, prompt, setting, monkeypatch):
     """Every row of a step cut at the mu before the step: only the target's own tokens move it, as they
     would in plain decoding, where every token is its own."""
-    def own_tokens_only(token, grammar, target, mirostat=None):
-        if mirostat:
-            mirostat.chose(token)
-        return token
-
-    monkeypatch.setattr(speculative, "_follow", lambda token, grammar, mirostat: None)
-    monkeypatch.setattr(speculative, "_committed", own_tokens_only)
+    monkeypatch.setattr(speculative.Choice, "follow", lambda self, token: None)  # (Choice.committed still moves it)
     sampling = SETTINGS[setting]
     counts = sample_counts(target, drafter_for("draft model", load, target), prompt, sampling)
     assert chi_square_p_value(counts, exact_distribution(target, prompt, sampling)) < ALPHA
@@ -507,3 +501,26 @@ def test_prompt_logprobs_are_the_models_own_rows_of_each_prefix_and_change_no_to
         assert reported.chosen.logprob == pytest.approx(row[tokens[i]] - normaliser, abs=tolerance)
         assert [c.logprob for c in reported.top] == pytest.approx(list(np.sort(row)[::-1][:2] - normaliser),
                                                                   abs=tolerance)
+
+
+@pytest.mark.parametrize("kind", ["draft model", "plain"])
+def test_sampled_logprobs_are_of_the_distribution_each_token_was_chosen_from(load, target, prompt, kind):
+    """llama-server's post_sampling_probs: each token's probability and its row's likeliest in p, the chain's
+    distribution over the row (here top-k 5 at temperature 1: all five), drafted tokens' from the verification
+    row that kept them."""
+    sampling = replace(SETTINGS["top-k 5"], logprobs=5, logprobs_sampled=True, seed=3)
+    events = list(speculative.generate(target, drafter_for(kind, load, target), prompt, sampling,
+                                       Speculation(draft_max=3, p_min=0.0), Limits(max_tokens=12)))
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert kind == "plain" or any(t.from_draft for t in tokens)
+    for i, token in enumerate(tokens):
+        p = transform(decoded_row(target, prompt, [t.id for t in tokens[:i]]), sampling)
+        reported = {c.id: np.exp(c.logprob) for c in token.logprobs.top}
+        assert sorted(reported) == sorted(p.ids.tolist())
+        assert all(abs(reported[id] - p.prob(id)) < ROW_TOLERANCE for id in reported)
+        assert abs(np.exp(token.logprobs.chosen.logprob) - p.prob(token.id)) < ROW_TOLERANCE
+    greedy = speculative.generate(target, drafter_for(kind, load, target), prompt,
+                                  Sampling(temperature=0, logprobs=3, logprobs_sampled=True), Speculation(),
+                                  Limits(max_tokens=6))
+    for token in (e for e in greedy if isinstance(e, Token)):  # greedy chooses from its argmax alone
+        assert token.logprobs.chosen.logprob == 0.0 and [c.id for c in token.logprobs.top] == [token.id]

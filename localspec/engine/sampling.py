@@ -182,6 +182,14 @@ def residual(p: Dist, q: Dist) -> Dist:
     return Dist(p.ids, excess / total) if total > 0 else p
 
 
+def sampled_logprobs(p: Dist, token: int, top: int, piece) -> Logprobs:
+    """The log probabilities in p, the distribution a token was chosen from, of token and of p's `top` likeliest
+    candidates, likeliest first (those of probability 0 left out, as -inf has no JSON)."""
+    likeliest = [i for i in np.argsort(-p.probs, kind="stable")[:top] if p.probs[i] > 0]
+    return Logprobs(Candidate(token, piece(token), math.log(p.prob(token))),
+                    tuple(Candidate(int(p.ids[i]), piece(int(p.ids[i])), math.log(p.probs[i])) for i in likeliest))
+
+
 def logprobs_of(row: np.ndarray, token: int, top: int, piece) -> Logprobs:
     """A row's log probabilities (its softmax over the whole vocabulary) of token and of its `top` likeliest
     tokens, likeliest first; piece(id): the bytes a token stands for."""

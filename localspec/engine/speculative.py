@@ -15,7 +15,7 @@ each verified row is biased, and under penalties penalised for the drafted token
 """
 
 from collections.abc import Generator, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 import numpy as np
@@ -29,7 +29,8 @@ from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
 from .drafters.spec import draft_limit
 from .grammar import Grammar
 from .adjustments import Adjustments
-from .sampling import Dist, Mirostat, accept, chain_for, excluded, logprobs_of, one_hot, residual, softmax
+from .sampling import (Dist, Mirostat, accept, chain_for, excluded, logprobs_of, one_hot, residual, sampled_logprobs,
+                       softmax)
 from .text import TextStream
 from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
@@ -102,8 +103,10 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     adjustments = Adjustments.of(sampling, target.model)
     mirostat = Mirostat.of(sampling, target.model.n_vocab)
     reporting = sampling.logprobs is not None
-    # a grammar masks full rows, a bias and penalties change them and logprobs read them, on the host
-    target.sample_with(chain_for(sampling), host=grammar is not None or adjustments is not None or reporting
+    reporting_rows = reporting and not sampling.logprobs_sampled  # (else the p each token was chosen from)
+    reporting_sampled = reporting and sampling.logprobs_sampled
+    # a grammar masks full rows, a bias and penalties change them and the rows' logprobs read them, on the host
+    target.sample_with(chain_for(sampling), host=grammar is not None or adjustments is not None or reporting_rows
                        or sampling.prompt_logprobs is not None)
     trees = target.branch_room > 0 and getattr(drafter, "branches", 1) > 1 and speculation.branches != 1
     started = perf_counter()
@@ -147,27 +150,28 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         if draft.size < speculation.draft_min:
             draft = Draft(source=draft.source, catch_up_seconds=draft.catch_up_seconds)
         rank = 0
+        choice = Choice(sampling, rng, grammar, mirostat, [] if reporting_sampled else None)
         if draft.tree is not None:
             verifying, others = yield from _verification(target, [history[-1]], draft.tree)
             # the model's own rows, as logprobs report them (adjustments change the rows in place)
             rows_read = [target.logits(row).copy() if adjustments else target.logits(row)
-                         for row in range(1 + draft.size)] if reporting else []
+                         for row in range(1 + draft.size)] if reporting_rows else []
             if adjustments:
                 adjustments.apply_tree(target.logits, history, draft.tree)
-            kept, own, rank, path_rows = verify_tree(target, draft.tree, sampling, rng, grammar, mirostat)
+            kept, own, rank, path_rows = verify_tree(target, draft.tree, choice)
             accepted = len(kept)
-            rows_read = [rows_read[row] for row in path_rows] if reporting else []
+            rows_read = [rows_read[row] for row in path_rows] if reporting_rows else []
         else:
             verifying, others = yield from _verification(target, [history[-1], *draft.tokens])
             # the model's own rows, as logprobs report them (adjustments change the rows in place)
             rows_read = [target.logits(i).copy() if adjustments else target.logits(i) for i in range(1 + draft.size)
-                         ] if reporting else []
+                         ] if reporting_rows else []
             if adjustments:
                 adjustments.apply_rows(target.logits, history, draft.tokens)
             if sampling.greedy:
                 accepted, own = verify_greedy(target, draft, grammar)
             else:
-                accepted, own = verify_sampled(target, draft, sampling, rng, grammar, mirostat)
+                accepted, own = verify_sampled(target, draft, choice)
             target.truncate(n_past + 1 + accepted)
             kept = draft.tokens[:accepted]
         tree = draft.tree
@@ -177,8 +181,15 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                     rank=rank)
         emitted = [*kept, own]
         # read before anything is handed on: on a shared context the next batch may overwrite the rows meanwhile
-        reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece) for i, token in enumerate(emitted)
-                   ] if reporting else [None] * len(emitted)
+        if reporting_rows:
+            reports = [logprobs_of(rows_read[i], token, sampling.logprobs, model.piece)
+                       for i, token in enumerate(emitted)]
+        elif reporting_sampled:  # (greedy chose each token alone)
+            chosen_from = [one_hot(token) for token in emitted] if sampling.greedy else choice.seen
+            reports = [sampled_logprobs(chosen_from[i], token, sampling.logprobs, model.piece)
+                       for i, token in enumerate(emitted)]
+        else:
+            reports = [None] * len(emitted)
         if learns:
             drafter.observe(step)
         yield step
@@ -235,19 +246,58 @@ def verify_greedy(target: Context, draft: Draft, grammar: Grammar | None = None)
                                                                          target)
 
 
-def verify_sampled(target: Context, draft: Draft, sampling: Sampling, rng: np.random.Generator,
-                   grammar: Grammar | None = None, mirostat: Mirostat | None = None) -> tuple[int, int]:
-    """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits (_p)."""
+@dataclass
+class Choice:
+    """What a sampled verification chooses by at each row: the sampling and its random numbers, the grammar the
+    choices follow, Mirostat's mu, and where the answer reports them, the p of each row as it was read."""
+
+    sampling: Sampling
+    rng: np.random.Generator
+    grammar: Grammar | None = None
+    mirostat: Mirostat | None = None
+    seen: list[Dist] | None = None
+
+    def p(self, target: Context, row: int) -> Dist:
+        """p at a row: what the chain keeps of it among the tokens the grammar admits, cut at Mirostat's mu, or
+        after XTC's exclusion."""
+        p = _chosen_from(target, row, self.grammar)
+        p = self.mirostat.kept(p) if self.mirostat else excluded(p, self.sampling, self.rng)
+        if self.seen is not None:
+            self.seen.append(p)
+        return p
+
+    @property
+    def needs_p(self) -> bool:
+        """Whether a token no draft competes for is drawn from p itself (not by llama.cpp's sampler)."""
+        return self.sampling.xtc or self.mirostat is not None or self.seen is not None
+
+    def follow(self, token: int) -> None:
+        """A token chosen at the last row p was read of, followed by the grammar and by Mirostat's mu."""
+        if self.grammar:
+            self.grammar.accept(token)
+        if self.mirostat:
+            self.mirostat.chose(token)
+
+    def committed(self, token: int, target: Context) -> int:
+        """The target's own token, followed (an end-of-generation token ends the grammar instead)."""
+        _committed(token, self.grammar, target)
+        if self.mirostat:
+            self.mirostat.chose(token)
+        return token
+
+
+def verify_sampled(target: Context, draft: Draft, choice: Choice) -> tuple[int, int]:
+    """As verify_greedy, by the rejection rule; p is the chain over the tokens the grammar admits (Choice.p)."""
+    rng, grammar = choice.rng, choice.grammar
     for i, token in enumerate(draft.tokens):
-        p = _p(target, i, sampling, rng, grammar, mirostat)
+        p = choice.p(target, i)
         q = draft.dists[i] if draft.dists is not None else one_hot(token)
         if not accept(token, p, q, rng):
-            return i, _committed(residual(p, q).sample(rng), grammar, target, mirostat)
-        _follow(token, grammar, mirostat)
+            return i, choice.committed(residual(p, q).sample(rng), target)
+        choice.follow(token)
     bonus = len(draft.tokens)  # no draft token competes here: only a token is wanted, not p
-    if sampling.xtc or mirostat:
-        return bonus, _committed(_p(target, bonus, sampling, rng, grammar, mirostat).sample(rng), grammar, target,
-                                 mirostat)
+    if choice.needs_p:
+        return bonus, choice.committed(choice.p(target, bonus).sample(rng), target)
     if target.on_backend:
         return bonus, softmax(*target.candidates(bonus)).sample(rng)
     if grammar and grammar.awaiting:  # the few tokens that would set off a trigger badly are taken out first
@@ -262,30 +312,21 @@ def fits(target: Context, tree: DraftTree) -> bool:
     return target.reads_trees and len(tree.leaves()) <= target.branch_room and len(tree) < target.max_rows
 
 
-def verify_tree(target: Context, tree: DraftTree, sampling: Sampling, rng: np.random.Generator,
-                grammar: Grammar | None = None, mirostat: Mirostat | None = None
-                ) -> tuple[list[int], int, int, list[int]]:
+def verify_tree(target: Context, tree: DraftTree, choice: Choice) -> tuple[list[int], int, int, list[int]]:
     """Walk a draft tree the target has decoded (after the last committed token) as its rows say
     (engine/tree.py), each row's choice masked by the grammar as it stands after the path above it (and cut at
-    mirostat's mu after it), and keep the path: (the tokens kept, the target's own next token, the rank of the
+    Mirostat's mu after it), and keep the path: (the tokens kept, the target's own next token, the rank of the
     branch it took, the rows each of those tokens was chosen at: the root's, then each kept node's)."""
-    if sampling.greedy:
+    grammar = choice.grammar
+    if choice.sampling.greedy:
         argmax = target.token if grammar is None else lambda row: grammar.best(target.logits(row))
         path, own = tree_greedy(tree, argmax, grammar.accept if grammar else lambda token: None)
+        own = _committed(own, grammar, target)
     else:
-        path, own = tree_sampled(tree, lambda row: _p(target, row, sampling, rng, grammar, mirostat), rng,
-                                 lambda token: _follow(token, grammar, mirostat))
-    own = _committed(own, grammar, target, mirostat)
+        path, own = tree_sampled(tree, lambda row: choice.p(target, row), choice.rng, choice.follow)
+        own = choice.committed(own, target)
     target.keep_path(path)
     return [tree.tokens[node] for node in path], own, tree.rank(path), [0, *(node + 1 for node in path)]
-
-
-def _p(target: Context, row: int, sampling: Sampling, rng: np.random.Generator, grammar: Grammar | None,
-       mirostat: Mirostat | None) -> Dist:
-    """p at a row: what the chain keeps of it among the tokens the grammar admits, cut at mirostat's mu, or
-    after XTC's exclusion."""
-    p = _chosen_from(target, row, grammar)
-    return mirostat.kept(p) if mirostat else excluded(p, sampling, rng)
 
 
 def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
@@ -295,15 +336,8 @@ def _chosen_from(target: Context, row: int, grammar: Grammar | None) -> Dist:
     return grammar.restrict(softmax(*target.candidates(row, grammar.admitted(target.logits(row)))))
 
 
-def _follow(token: int, grammar: Grammar | None, mirostat: Mirostat | None) -> None:
-    """A token chosen at the last row p was read of, followed by the grammar and by mirostat's mu."""
-    if grammar:
+def _committed(token: int, grammar: Grammar | None, target: Context) -> int:
+    """The target's own token, followed by the grammar (an end-of-generation token ends it instead)."""
+    if grammar and not target.model.is_eog(token):
         grammar.accept(token)
-    if mirostat:
-        mirostat.chose(token)
-
-
-def _committed(token: int, grammar: Grammar | None, target: Context, mirostat: Mirostat | None = None) -> int:
-    """The target's own token, followed (an end-of-generation token ends the grammar instead)."""
-    _follow(token, grammar if grammar and not target.model.is_eog(token) else None, mirostat)
     return token

@@ -28,7 +28,6 @@ from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _
 NEUTRAL = {
     "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
     "n_cmpl": (None, 1),
-    "post_sampling_probs": (None, False),
     "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
@@ -45,6 +44,7 @@ class CompletionBody(Sampled):
     stop: list[str] | None = None
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
+    post_sampling_probs: bool = False  # n_probs of the distribution each token was chosen from, as probabilities
     response_fields: list[str] | None = None
     n_indent: int = Field(0, ge=0)  # a code completion ends at a line less indented than this
     t_max_predict_ms: int = Field(0, ge=0)  # ... or at a newline once it has run this long (0: never)
@@ -84,6 +84,7 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
     ahead = asked.n_predict == 0
     sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
+                                             logprobs_sampled=asked.post_sampling_probs,
                                              max_tokens=1 if ahead else asked.n_predict, stop=asked.stop,
                                              grammar=output_grammar(asked.grammar, asked.json_schema))
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
@@ -115,12 +116,14 @@ def _fields(answer: dict, wanted: Sequence[str] | None) -> dict:
     return out
 
 
-def probabilities(entries: Sequence[Logprobs]) -> list[dict]:
-    """Each token's log probability and the likeliest beside it, in llama-server's completion_probabilities."""
+def probabilities(entries: Sequence[Logprobs], sampled: bool = False) -> list[dict]:
+    """Each token's log probability and the likeliest beside it, in llama-server's completion_probabilities; sampled
+    (its post_sampling_probs): in the distribution the token was chosen from, as probabilities ("prob",
+    "top_probs"), as llama-server answers them."""
     def one(c: Candidate) -> dict:
-        return {"id": c.id, "token": c.piece.decode("utf-8", errors="ignore"), "bytes": list(c.piece),
-                "logprob": c.logprob}
-    return [one(e.chosen) | {"top_logprobs": [one(c) for c in e.top]} for e in entries]
+        return {"id": c.id, "token": c.piece.decode("utf-8", errors="ignore"), "bytes": list(c.piece)} | (
+            {"prob": math.exp(c.logprob)} if sampled else {"logprob": c.logprob})
+    return [one(e.chosen) | {"top_probs" if sampled else "top_logprobs": [one(c) for c in e.top]} for e in entries]
 
 
 def stop_type(job: Job) -> str:
@@ -137,9 +140,10 @@ class Answer(Answering):
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, model: str, response_fields: Sequence[str] = (), reads_ahead: bool = False):
+    def __init__(self, model: str, response_fields: Sequence[str] = (), reads_ahead: bool = False,
+                 sampled: bool = False):
         super().__init__(False, model)
-        self.response_fields, self.reads_ahead = response_fields, reads_ahead
+        self.response_fields, self.reads_ahead, self.sampled = response_fields, reads_ahead, sampled
 
     def full(self, job: Job) -> dict:
         if self.reads_ahead:  # (its one token kept back: nothing was asked for)
@@ -157,9 +161,8 @@ class Answer(Answering):
                 "stopping_word": r.stop_sequence or "", "tokens_cached": r.reused_prompt_tokens,
                 "timings": timings(job), "speculation": speculation(job)}
 
-    @staticmethod
-    def _probabilities(entries: Sequence[Logprobs]) -> dict:
-        return {"completion_probabilities": probabilities(entries)} if entries else {}
+    def _probabilities(self, entries: Sequence[Logprobs]) -> dict:
+        return {"completion_probabilities": probabilities(entries, self.sampled)} if entries else {}
 
     def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
         return _event({"index": 0, "content": text, "tokens": [], "stop": False} | self._probabilities(logprobs))
@@ -194,6 +197,7 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
                            for token, bias in sampling.logit_bias],
             "stop": list(limits.stop), "n_indent": limits.indent,
             "t_max_predict_ms": round(limits.seconds * 1000) if limits.seconds else 0, "n_probs": sampling.logprobs or 0,
+            "post_sampling_probs": sampling.logprobs_sampled,
             "grammar": sampling.grammar or "", "samplers": SAMPLERS}
 
 
@@ -283,7 +287,7 @@ class LlamaServer(Protocol):
         return parse_completion(validated_body(CompletionBody, body), defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
-        return Answer(model, parsed.fields, parsed.reads_ahead)
+        return Answer(model, parsed.fields, parsed.reads_ahead, parsed.request.sampling.logprobs_sampled)
 
 
 LLAMA_SERVER = LlamaServer()

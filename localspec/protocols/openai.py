@@ -42,7 +42,7 @@ NEUTRAL = {
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
     "suffix": (None, ""), "best_of": (None, 1),
-    "min_keep": (None, 0, 1),
+    "min_keep": (None, 0, 1), "post_sampling_probs": (None, False),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
 }
 
