@@ -5,7 +5,6 @@ whole row as llama.cpp's chain measures it, the settings' checks, and their ways
 PARAMETER, batch's fields, llama.cpp's options). That speculation keeps their distributions is test_lossless.py's
 and test_tree_drafters.py's."""
 
-import json
 from dataclasses import replace
 
 import httpx2 as httpx
@@ -22,7 +21,7 @@ from localspec.errors import UsageError
 from localspec.events import Token
 
 from native_samplers import chain_survivors, mirostat_walk
-from test_server import refused_on_both_completions
+from test_server import batch_record, refused_on_both_completions, run_text
 
 PROMPT = "the cat sat"
 N_VOCAB = 2000
@@ -152,14 +151,10 @@ def test_a_modelfile_batch_and_the_command_line_take_them(localspec, cli, tiny, 
     assert cli("create", "focused", "-f", tmp_path / "Modelfile")[0] == 0
     code, stdout, _ = cli("show", "focused", "--modelfile")
     assert code == 0 and "PARAMETER mirostat 2" in stdout and "PARAMETER mirostat_tau 3" in stdout
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT, "max_tokens": 12, "seed": 3, **ASKED}) + "\n")
-    done = localspec("batch", tiny["target"], prompts, "--raw", "--spec", "off")
-    assert done.returncode == 0, done.stderr.decode()
-    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "-s", "3", "--temp", "0.9",
-                               "--mirostat", "2", "--mirostat-ent", "3", "--mirostat-lr", "0.3", "--spec", "off",
-                               "--json")
-    assert code == 0 and json.loads(stdout)["text"] == json.loads(done.stdout)["text"], stderr
+    batched = batch_record(localspec, tiny["target"], tmp_path, {"id": "a", "prompt": PROMPT, "max_tokens": 12,
+                                                                 "seed": 3, **ASKED}, "--raw", "--spec", "off")
+    assert run_text(cli, tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "-s", "3", "--temp", "0.9", "--mirostat",
+                    "2", "--mirostat-ent", "3", "--mirostat-lr", "0.3", "--spec", "off") == batched["text"]
     code, _, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "-n", "4", "--top-n-sigma", "1.5",
                           "--mirostat", "3")
     assert code == 2 and "mirostat must be 0 (off), 1 or 2" in stderr

@@ -76,6 +76,22 @@ class ServerProcess:
         return stop(self.process, sig)
 
 
+def batch_record(localspec, model, folder: Path, item: dict, *options) -> dict:
+    """The record `localspec batch MODEL FILE OPTIONS` writes for a file of one item (the run must succeed)."""
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text(json.dumps(item) + "\n")
+    done = localspec("batch", model, prompts, *options)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def run_text(cli, model, *args) -> str:
+    """The text `localspec run MODEL ARGS --json` writes (the run must succeed)."""
+    code, stdout, stderr = cli("run", model, *args, "--json")
+    assert code == 0, stderr
+    return json.loads(stdout)["text"]
+
+
 def refused_on_both_completions(server: ServerProcess, prompt: str, wrongs) -> None:
     """Each (fields, words) of wrongs, added to a request for prompt, is a 400 that says the words, on
     llama-server's /completion and OpenAI's /v1/completions alike."""

@@ -4,12 +4,11 @@ the ollama client's options and a Modelfile's PARAMETER (typical_p), batch's fie
 (--typical, --dynatemp-range, --dynatemp-exp). Both are llama.cpp's own samplers in the chain, which target and
 draft both run; that the target's choices keep their distribution is test_lossless.py's."""
 
-import json
 
 import httpx2 as httpx
 import ollama
 
-from test_server import refused_on_both_completions
+from test_server import batch_record, refused_on_both_completions, run_text
 
 PROMPT = "the cat sat"
 ASKED = {"temperature": 0.9, "top_k": 8, "typical_p": 0.5, "dynatemp_range": 0.4, "dynatemp_exponent": 1.5}
@@ -49,11 +48,8 @@ def test_a_modelfile_batch_and_the_command_line_take_them(localspec, cli, tiny, 
     assert cli("create", "typical", "-f", tmp_path / "Modelfile")[0] == 0
     code, stdout, _ = cli("show", "typical", "--modelfile")
     assert code == 0 and "PARAMETER typical_p 0.5" in stdout
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT, "max_tokens": 12, "seed": 3, **ASKED}) + "\n")
-    done = localspec("batch", tiny["target"], prompts, "--raw", "--spec", "off")
-    assert done.returncode == 0, done.stderr.decode()
-    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "-s", "3", "--temp", "0.9",
-                               "--top-k", "8", "--typical", "0.5", "--dynatemp-range", "0.4", "--dynatemp-exp", "1.5",
-                               "--spec", "off", "--json")
-    assert code == 0 and json.loads(stdout)["text"] == json.loads(done.stdout)["text"], stderr
+    batched = batch_record(localspec, tiny["target"], tmp_path, {"id": "a", "prompt": PROMPT, "max_tokens": 12,
+                                                                 "seed": 3, **ASKED}, "--raw", "--spec", "off")
+    assert run_text(cli, tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "-s", "3", "--temp", "0.9", "--top-k", "8",
+                    "--typical", "0.5", "--dynatemp-range", "0.4", "--dynatemp-exp", "1.5", "--spec", "off"
+                    ) == batched["text"]

@@ -4,7 +4,6 @@ the settings' checks, and its ways in as their clients spell them (llama-server'
 client on serve, batch's fields, llama.cpp's options). That speculation keeps XTC's distribution is
 test_lossless.py's."""
 
-import json
 
 import httpx2 as httpx
 import numpy as np
@@ -15,7 +14,7 @@ from localspec.engine.sampling import excluded, transform
 from localspec.errors import UsageError
 
 from native_samplers import chain_survivors
-from test_server import refused_on_both_completions
+from test_server import batch_record, refused_on_both_completions, run_text
 
 SETTINGS = (
     Sampling(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, xtc_probability=1.0, xtc_threshold=0.1),
@@ -87,16 +86,12 @@ def test_llama_servers_xtc_through_completion_and_the_openai_client(served):
 
 
 def test_batch_items_and_the_command_line_take_xtc_as_llama_cpp_spells_it(localspec, cli, tiny, tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "second", "prompt": PROMPT, "max_tokens": 12, "seed": 3, **SECOND}) + "\n")
-    done = localspec("batch", tiny["target"], prompts, "--raw")
-    assert done.returncode == 0, done.stderr.decode()
-    record = json.loads(done.stdout)
+    record = batch_record(localspec, tiny["target"], tmp_path, {"id": "second", "prompt": PROMPT, "max_tokens": 12,
+                                                                "seed": 3, **SECOND}, "--raw")
     # XTC leaves one candidate a token here, whatever the seed: the command line's run writes the same text
-    code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "--temp", "1", "--top-k", "2",
-                               "--top-p", "1", "--min-p", "0", "--xtc-probability", "1", "--xtc-threshold", "0",
-                               "--seed", "4", "--json")
-    assert code == 0 and json.loads(stdout)["text"] == record["text"], stderr
+    assert run_text(cli, tiny["target"], "-p", PROMPT, "--raw", "-n", "12", "--temp", "1", "--top-k", "2", "--top-p",
+                    "1", "--min-p", "0", "--xtc-probability", "1", "--xtc-threshold", "0", "--seed", "4"
+                    ) == record["text"]
     code, stdout, stderr = cli("run", tiny["target"], "-p", PROMPT, "-n", "2", "--temp", "0",
                                "--xtc-probability", "0.5")
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
