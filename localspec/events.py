@@ -92,13 +92,15 @@ class Done:
     """finish_reason: "stop" (end of generation or a stop string), "length" (max tokens)
     or "context" (the context is full). tail: text held back until the end, not carried
     by any Token event (thought_tail: of the thinking, where a reply ends inside it). decode_seconds: from
-    the end of the prefill to the end of the last step. stop_sequence: the stop string that ended it, if one did."""
+    the end of the prefill to the end of the last step. stop_sequence: the stop string that ended it, if one did;
+    end_token: the end-of-generation token that ended it, if one did (no Token event carries it)."""
 
     finish_reason: str
     tail: str
     decode_seconds: float
     thought_tail: str = ""
     stop_sequence: str | None = None
+    end_token: int | None = None
 
 
 Event = Prefill | Token | Step | Done

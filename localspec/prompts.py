@@ -103,6 +103,8 @@ class Prompts:
             tokens = self.tokenize(request.prompt, raw=True)
         else:
             tokens = self.token_ids(request.prompt)
+        if request.continues:
+            tokens = self.continued(request.continues, tokens)
         return Prepared(request, tokens, sampling, prediction or None, tool_format, plan, answer_sampling)
 
     def biased(self, sampling: Sampling) -> Sampling:
@@ -319,6 +321,14 @@ class Prompts:
         if prompt and all(isinstance(message, dict) for message in prompt):
             return self.chat_tokens(prompt)
         return self.token_ids(prompt)
+
+    def continued(self, earlier: list[int], tokens: list[int]) -> list[int]:
+        """A prompt's tokens after an earlier exchange's: read on from it, without a second BOS."""
+        n_vocab = self.model.n_vocab
+        if not all(isinstance(token, int) and 0 <= token < n_vocab for token in earlier):
+            raise InputError(f"the earlier exchange's token ids (Ollama's context) must be between 0 and {n_vocab - 1},"
+                             " this model's vocabulary")
+        return list(earlier) + (tokens[1:] if tokens[:1] == [self.model.bos] else tokens)
 
     def token_ids(self, tokens: list) -> list[int]:
         """A prompt given as token ids, once they are known to be this model's."""

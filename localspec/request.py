@@ -24,7 +24,8 @@ class Request:
     drafting, draft_max: how this generation drafts, other than the session's mode and --draft-max where given
     (serve's per-request speculation): plain for one request leaves the others drafting.
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers
-    and reuses no cache another client filled."""
+    and reuses no cache another client filled. continues: token ids the prompt follows, read before it (an
+    earlier exchange as Ollama's `context` hands it back: its prompt's tokens and its answer's)."""
 
     sampling: Sampling = Sampling()
     limits: Limits = Limits()
@@ -37,6 +38,7 @@ class Request:
     thinking: Thinking = Thinking()
     drafting: DrafterKind | None = None
     draft_max: int | None = None
+    continues: list[int] | None = None
 
     @property
     def characters(self) -> int:

@@ -23,7 +23,8 @@ __all__ = ["ENDED", "Running", "Scheduler"]
 @dataclass
 class Running:
     """A request being generated: on which sequence, in which drafting mode, how long its prediction was,
-    the form the model writes tool calls in (where it was offered tools); recorder folds its events."""
+    the form the model writes tool calls in (where it was offered tools), its prompt's tokens as read; recorder
+    folds its events."""
 
     request: Request
     sequence: int
@@ -31,6 +32,7 @@ class Running:
     predicted: int = 0
     tool_format: ToolFormat | None = None
     recorder: Recorder = field(default_factory=Recorder)
+    prompt: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -59,7 +61,7 @@ class Scheduler:
         self._together.add(sequence, session.generation(prepared, sequence))
         running = self.running[sequence] = Running(request, sequence, request.drafting or session.mode,
                                                    len(prepared.prediction or ()),
-                                                   prepared.tool_format, recorder or Recorder())
+                                                   prepared.tool_format, recorder or Recorder(), prepared.tokens)
         return running
 
     def drop(self, running: Running) -> None:

@@ -613,9 +613,10 @@ class Server:
             parsed = protocol.parse(body, chat, _as_made(self.defaults, made))
             if parsed is not None and made is not None:
                 parsed = replace(parsed, made=made.name)
-                if parsed.request.messages is not None:
-                    parsed = replace(parsed, request=replace(parsed.request,
-                                                             messages=made.conversation(parsed.request.messages)))
+                asked = parsed.request
+                if asked.messages is not None:
+                    parsed = replace(parsed, request=replace(
+                        asked, messages=made.conversation(asked.messages, continued=bool(asked.continues))))
             if parsed is not None:
                 served.session.prompts.refuse_what_cannot_fit(parsed.request.characters,
                                                               len(parsed.request.messages or ()))
@@ -1032,14 +1033,15 @@ class _Uvicorn(uvicorn.Server):
 class _Framing:
     """One answer's stream as its protocol frames it (frames): what opens it at its first item, then each
     item's thinking, text and tool calls (read from the text where the model was offered tools), each
-    piece of text carrying the logprobs of the tokens it came of (where asked for)."""
+    piece of text carrying the tokens it came of where their logprobs were asked for or the protocol frames
+    their ids."""
 
     def __init__(self, job: Job, frames: Answering):
         self.job, self.frames = job, frames
         self.reader = None
         self.started = False
         self.calls = 0
-        self.pending = []  # the answer's tokens' logprobs, until a piece of text carries them
+        self.pending: list[Token] = []  # the answer's tokens, until a piece of text carries them
 
     def of(self, item) -> list[str]:
         if self.frames.every_event:
@@ -1052,16 +1054,16 @@ class _Framing:
         thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
         if thought:
             out.append(self.frames.thought(thought))
-        if isinstance(item, Token) and item.logprobs and not item.thinking:
-            self.pending.append(item.logprobs)
+        if isinstance(item, Token) and (item.logprobs or self.frames.token_ids) and not item.thinking:
+            self.pending.append(item)
         text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
         if text:
             out += self._framed(self.reader.feed(text) if self.reader else [text])
         return out
 
     def ending(self) -> list[str]:
-        """What is left once the answer is whole: calls the reader still held, and the logprobs of tokens
-        whose text never showed (a stop string's, a tool call's), theirs all the same."""
+        """What is left once the answer is whole: calls the reader still held, and the tokens whose text never
+        showed (a stop string's, a tool call's), theirs all the same."""
         out = self._framed(self.reader.end()) if self.reader else []
         if self.pending:
             out.append(self.frames.piece("", self.pending))
@@ -1101,11 +1103,11 @@ def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = F
 
 
 def _makes_the_response(item, stream: bool) -> bool:
-    """Errors and the end always; a stream's text (a reasoning model's thinking too) and its held-back tail."""
+    """Errors and the end always; a stream's tokens (its text, a reasoning model's thinking, the ids and logprobs of
+    tokens whose text is held back) and its held-back tail."""
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
-    return stream and (isinstance(item, Done) or isinstance(item, Token) and bool(item.text or item.thought
-                                                                                    or item.logprobs))
+    return stream and isinstance(item, Done | Token)
 
 
 def _answered_as(parsed: Parsed, served: Served) -> str:

@@ -95,6 +95,11 @@ class Job:
         return self.running.tool_format if self.running else None
 
     @property
+    def prompt(self) -> list[int]:
+        """Its prompt's tokens as read, once it runs."""
+        return self.running.prompt if self.running else []
+
+    @property
     def predicted(self) -> int:
         """The prediction's tokens."""
         return self.running.predicted if self.running else 0

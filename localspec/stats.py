@@ -179,6 +179,8 @@ class Recorder:
     parts: dict[str, PartTally] = field(default_factory=lambda: {THINKING: PartTally(), ANSWER: PartTally()})
     trees: TreeTally = field(default_factory=TreeTally)
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
+    ids: list[int] = field(default_factory=list)  # of the latest generation: its tokens, the thinking's too
+    end_token: int | None = None  # the end-of-generation token that ended the latest generation, if one did
     logprobs: list[Logprobs] = field(default_factory=list)  # of the latest generation's answer tokens, where asked
     prompt_logprobs: tuple[Logprobs, ...] = ()  # of its prompt's tokens (the first's None), where asked
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
@@ -195,10 +197,11 @@ class Recorder:
             self.reused_prompt_tokens += event.reused_tokens
             self.prefill_seconds += event.seconds
             self.text, self.reasoning, self.finish_reason, self.stop_sequence = "", "", None, None
-            self.logprobs, self.prompt_logprobs = [], event.logprobs
+            self.logprobs, self.prompt_logprobs, self.ids, self.end_token = [], event.logprobs, [], None
             self.decode_started = perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
+            self.ids.append(event.id)
             self.text += event.text
             self.reasoning += event.thought
             self._part = THINKING if event.thinking else ANSWER
@@ -215,6 +218,7 @@ class Recorder:
             self.text += event.tail
             self.reasoning += event.thought_tail
             self.finish_reason, self.stop_sequence = event.finish_reason, event.stop_sequence
+            self.end_token = event.end_token
             self.finished_seconds += event.decode_seconds
             self.decode_started = None
 

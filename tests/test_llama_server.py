@@ -122,6 +122,40 @@ def test_completion_answers_and_streams_as_llama_server_with_the_text_openais_ro
     assert "Traceback" not in server.log()
 
 
+def test_token_ids_whole_with_return_tokens_and_in_every_streamed_chunk_as_llama_server(server, coder):
+    """llama-server's tokens: the whole answer's ids where return_tokens asks (the end-of-generation token's too),
+    a stream's chunks each the ids of the tokens its text came of, those whose text a stop string held back too."""
+    model = Model(coder, vocab_only=True)
+    asked = {"prompt": "abc", "n_predict": 8, "temperature": 0}
+    plain = httpx.post(server.base + "/completion", json=asked, timeout=60).json()
+    assert plain["tokens"] == []
+    whole = httpx.post(server.base + "/completion", json=asked | {"return_tokens": True}, timeout=60).json()
+    assert whole["content"] == plain["content"] and len(whole["tokens"]) == 8
+    with Session(coder, None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
+        assert whole["tokens"] == record(alone.generate(Request(Sampling(temperature=0), Limits(8),
+                                                                prompt="abc"))).ids
+    frames = events(httpx.post(server.base + "/completion", json=asked | {"stream": True}, timeout=60))
+    assert [token for frame in frames for token in frame["tokens"]] == whole["tokens"]
+    assert all(frame["tokens"] for frame in frames[:-1]) and frames[-1]["tokens"] == []
+    stop = plain["content"][3:5]
+    stopped = asked | {"stop": [stop], "return_tokens": True}
+    held = httpx.post(server.base + "/completion", json=stopped, timeout=60).json()
+    frames = events(httpx.post(server.base + "/completion", json=stopped | {"stream": True}, timeout=60))
+    assert held["stop_type"] == "word" and held["content"] == plain["content"][:3]
+    # (the stop string's tokens among them, as llama-server's: all that was generated)
+    assert held["tokens"] == whole["tokens"][:held["tokens_predicted"]] and len(held["tokens"]) == held["tokens_predicted"]
+    assert [token for frame in frames for token in frame["tokens"]] == held["tokens"]
+    # an answer that ends with the end-of-generation token lists it, streamed in a chunk of its own with no text
+    eos = model.eog_tokens[0]
+    ending = asked | {"logit_bias": [[eos, 100]], "return_tokens": True}
+    ended = httpx.post(server.base + "/completion", json=ending, timeout=60).json()
+    assert ended["stop_type"] == "eos" and ended["tokens"] == [eos] and ended["content"] == ""
+    frames = events(httpx.post(server.base + "/completion", json=ending | {"stream": True}, timeout=60))
+    assert [(frame["content"], frame["tokens"], frame["stop"]) for frame in frames] == [("", [eos], False),
+                                                                                        ("", [], True)]
+    assert "Traceback" not in server.log()
+
+
 def test_llama_servers_spellings_without_v1_answer_as_with_it(server):
     """A client given llama-server's address without /v1 (the openai package then calls /chat/completions,
     /models, /responses) is answered as on /v1; /completions is llama-server's own completion, as /completion."""

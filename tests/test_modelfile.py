@@ -53,6 +53,9 @@ def test_its_parameters_stand_under_a_requests_own_and_its_system_prompt_where_t
                                         {"role": "assistant", "content": "yes"}, *asked]
     own = [{"role": "system", "content": "You are a poet."}, *asked]
     assert made.conversation(own)[0] == own[0] and made.conversation(own)[1]["content"] == "Is Toronto in Canada?"
+    # going on from an earlier exchange's tokens (Ollama's context), which began with its MESSAGEs: its SYSTEM
+    # alone, as Ollama renders it
+    assert made.conversation(asked, continued=True) == [{"role": "system", "content": made.system}, *asked]
 
 
 def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():

@@ -9,7 +9,12 @@ import pytest
 
 from localspec.protocols.ollama import keep_alive
 from localspec.protocols.shared import ApiError
-from localspec.config import Sampling
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.model import Model
+from localspec.prompts import Prompts
+from localspec.request import Request
+from localspec.session import Session
+from localspec.stats import record
 from test_server import PENALTIES, PROMPT, WRONG_VALUES, _paths, _replaced, drafting_server, plain_text
 
 
@@ -125,6 +130,40 @@ def test_logprobs_whole_and_streamed_through_the_ollama_client(server):
                                      options={"num_predict": 12}))
     assert [e.token for part in parts for e in part.logprobs or ()] == [e.token for e in answer.logprobs]
     assert client(server).chat("tiny", messages=messages, options={"num_predict": 2}).logprobs is None
+
+
+def test_generate_hands_back_its_context_and_goes_on_from_one(server, tiny):
+    """Ollama's deprecated context, as scripts and older clients still keep a conversation with it: the answer hands
+    back the tokens read and written, and a request that sends them goes on from them, read again from the cache."""
+    model = Model(tiny["target"], vocab_only=True)
+    options = {"num_predict": 8, "temperature": 0}
+    first = client(server).generate("tiny", prompt=PROMPT, options=options)
+    read = Prompts(model, 512).chat_tokens([{"role": "user", "content": PROMPT}])
+    assert first.context[:len(read)] == read and len(first.context) == len(read) + first.eval_count
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
+        assert first.context[len(read):] == record(alone.generate(Request(Sampling(temperature=0), Limits(8),
+                                                                          prompt=read))).ids
+    second = client(server).generate("tiny", prompt="and then?", context=first.context, options=options)
+    after = Prompts(model, 512).chat_tokens([{"role": "user", "content": "and then?"}])
+    assert after[0] == model.bos  # (read on from the earlier tokens without it)
+    assert second.response == plain_text(tiny, prompt=first.context + after[1:], max_tokens=8)
+    assert second.context[:len(first.context)] == first.context
+    # the earlier exchange was in the cache, but for its answer's last token, which was never decoded
+    assert second.prompt_eval_count == len(after[1:]) + 1
+    streamed = list(client(server).generate("tiny", prompt="and then?", context=first.context, options=options,
+                                            stream=True))
+    assert [part.context is not None for part in streamed] == [False] * (len(streamed) - 1) + [True]
+    assert streamed[-1].context == second.context
+    # raw: read on from the context as well (Ollama leaves it out there), and no context handed back, as Ollama
+    raw = client(server).generate("tiny", prompt="xyz", raw=True, context=first.context, options=options)
+    assert raw.context is None and raw.response == plain_text(
+        tiny, prompt=first.context + model.tokenize("xyz", add_special=False, parse_special=True), max_tokens=8)
+    wrong = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi", "context": [10**9],
+                                                          "stream": False})
+    assert wrong.status_code == 400 and "context" in wrong.json()["error"]
+    chat = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                       "stream": False, "options": options}).json()
+    assert "context" not in chat  # (a chat has none)
 
 
 OLLAMA_CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False, "logprobs": True,

@@ -124,11 +124,13 @@ def server(tiny, tmp_path_factory):
     assert running.stop() == 0, running.log()
 
 
-def plain_text(tiny, messages: list[dict] | None = None, prompt: str | None = None, max_tokens: int = 16,
+def plain_text(tiny, messages: list[dict] | None = None, prompt: str | list[int] | None = None, max_tokens: int = 16,
                sampling: Sampling = Sampling(temperature=0)) -> str:
-    """What the target alone generates (greedily, unless told), in this process: the server must say the same."""
+    """What the target alone generates (greedily, unless told), in this process: the server must say the same.
+    prompt: text read as written, or token ids."""
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
-        tokens = session.prompts.chat_tokens(messages) if messages else session.prompts.tokenize(prompt, raw=True)
+        tokens = session.prompts.chat_tokens(messages) if messages else \
+            session.prompts.tokenize(prompt, raw=True) if isinstance(prompt, str) else prompt
         return record(session.generate(Request(sampling, Limits(max_tokens), prompt=tokens))).text
 
 

@@ -131,7 +131,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
     max_tokens = limits.max_tokens or target.n_ctx  # the context ends a generation without a limit of its own
-    finish = None
+    finish, end_token = None, None
     decode_started = perf_counter()
     while finish is None:
         n_past = len(history) - 1
@@ -197,7 +197,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         for i, token in enumerate(emitted):
             history.append(token)
             if model.is_eog(token):
-                finish = "stop"
+                finish, end_token = "stop", token
                 break
             produced += 1
             yield Token(token, text.push(model.piece(token)), from_draft=i < accepted, logprobs=reports[i])
@@ -212,7 +212,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         if finish is None and len(history) > target.n_ctx:
             finish = "context"
 
-    yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped)
+    yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped, end_token=end_token)
 
 
 def _verification(target: Context, rows: list[int], tree: DraftTree | None = None

@@ -15,20 +15,20 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..config import MOST_LOGPROBS, Limits, Sampling
-from ..events import Candidate, Logprobs
+from ..events import Candidate, Logprobs, Token
 from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, overridden_or_refused,
-                     speculation, speculative_asked, timings, validated)
+                     logprobs_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
     "n_cmpl": (None, 1),
-    "lora": (None, []), "return_tokens": (None, False), "return_progress": (None, False),
+    "lora": (None, []), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
@@ -45,6 +45,7 @@ class CompletionBody(Sampled):
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
     post_sampling_probs: bool = False  # n_probs of the distribution each token was chosen from, as probabilities
+    return_tokens: bool = False  # the answer's token ids in its tokens (a stream's chunks carry theirs always)
     response_fields: list[str] | None = None
     n_indent: int = Field(0, ge=0)  # a code completion ends at a line less indented than this
     t_max_predict_ms: int = Field(0, ge=0)  # ... or at a newline once it has run this long (0: never)
@@ -90,7 +91,7 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
                   asked.stream and not ahead, include_usage=False, fields=tuple(asked.response_fields or ()),
-                  reads_ahead=ahead)
+                  reads_ahead=ahead, token_ids=asked.return_tokens)
 
 
 def validated_body(model: type[_Typed], body: dict):
@@ -134,27 +135,31 @@ def stop_type(job: Job) -> str:
 
 
 class Answer(Answering):
-    """/completion's answer: whole, or as server-sent events, a `data:` line each piece of text, then the
-    whole answer's fields with an empty content and stop true."""
+    """/completion's answer: whole, or as server-sent events, a `data:` line each piece of text with the ids of
+    the tokens it came of, then the whole answer's fields with an empty content and stop true. tokens: whether
+    the whole answer lists its tokens' ids (return_tokens), the end-of-generation token's too, as llama-server."""
 
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    token_ids = True
 
     def __init__(self, model: str, response_fields: Sequence[str] = (), reads_ahead: bool = False,
-                 sampled: bool = False):
+                 sampled: bool = False, tokens: bool = False):
         super().__init__(False, model)
-        self.response_fields, self.reads_ahead, self.sampled = response_fields, reads_ahead, sampled
+        self.response_fields, self.reads_ahead = response_fields, reads_ahead
+        self.sampled, self.tokens = sampled, tokens
 
     def full(self, job: Job) -> dict:
         if self.reads_ahead:  # (its one token kept back: nothing was asked for)
             return _fields(self._final(job, "") | {"tokens_predicted": 0, "has_new_line": False, "stop_type": "limit",
                                                    "stopping_word": ""}, self.response_fields)
-        return _fields(self._final(job, job.recorder.text) | self._probabilities(job.recorder.logprobs),
-                       self.response_fields)
-
-    def _final(self, job: Job, content: str) -> dict:
         r = job.recorder
-        return {"index": 0, "content": content, "tokens": [], "id_slot": job.sequence, "stop": True,
+        tokens = r.ids + ([r.end_token] if r.end_token is not None else []) if self.tokens else []
+        return _fields(self._final(job, r.text, tokens) | self._probabilities(r.logprobs), self.response_fields)
+
+    def _final(self, job: Job, content: str, tokens: Sequence[int] = ()) -> dict:
+        r = job.recorder
+        return {"index": 0, "content": content, "tokens": list(tokens), "id_slot": job.sequence, "stop": True,
                 "model": self.model, "tokens_predicted": r.tokens, "tokens_evaluated": r.prompt_tokens,
                 "generation_settings": generation_settings(job.request.sampling, job.request.limits),
                 "has_new_line": "\n" in r.text, "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
@@ -164,8 +169,9 @@ class Answer(Answering):
     def _probabilities(self, entries: Sequence[Logprobs]) -> dict:
         return {"completion_probabilities": probabilities(entries, self.sampled)} if entries else {}
 
-    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
-        return _event({"index": 0, "content": text, "tokens": [], "stop": False} | self._probabilities(logprobs))
+    def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
+        return _event({"index": 0, "content": text, "tokens": [token.id for token in tokens], "stop": False}
+                      | self._probabilities(logprobs_of(tokens)))
 
     def thought(self, text: str) -> str:
         return ""  # (a bare prompt is read as written: there is no thinking apart from the text)
@@ -174,7 +180,9 @@ class Answer(Answering):
         return _event(LLAMA_SERVER.error_body(failure))
 
     def closing(self, job: Job, called: bool) -> list[str]:
-        return [_event(_fields(self._final(job, ""), self.response_fields))]
+        end = job.recorder.end_token  # (streamed as a token of its own with no text, as llama-server streams it)
+        return ([_event({"index": 0, "content": "", "tokens": [end], "stop": False})] if end is not None else []) + [
+            _event(_fields(self._final(job, ""), self.response_fields))]
 
 
 def generation_settings(sampling: Sampling, limits: Limits) -> dict:
@@ -287,7 +295,8 @@ class LlamaServer(Protocol):
         return parse_completion(validated_body(CompletionBody, body), defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
-        return Answer(model, parsed.fields, parsed.reads_ahead, parsed.request.sampling.logprobs_sampled)
+        return Answer(model, parsed.fields, parsed.reads_ahead, parsed.request.sampling.logprobs_sampled,
+                      parsed.token_ids)
 
 
 LLAMA_SERVER = LlamaServer()

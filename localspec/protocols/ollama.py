@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .. import __version__
 from ..config import MOST_LOGPROBS, overridden
 from ..errors import InputError, UsageError
-from ..events import Logprobs
+from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
 from ..request import Request
 from ..service import Job
@@ -26,7 +26,7 @@ from ..store import modelfile
 from ..store.modelfile import ADAPTER, NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
-                     effort, speculation, speculative_asked, thinking_asked, token_logprobs)
+                     effort, logprobs_of, speculation, speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -95,7 +95,7 @@ class GenerateBody(_Generation):
     raw: bool = False
     images: list | None = None
     suffix: str | None = None
-    context: list | None = None
+    context: list[int] | None = None
 
 
 def body(error: ApiError) -> dict:
@@ -138,17 +138,21 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
 def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
     """The request, or None where it only asks for the model to be loaded (an empty prompt)."""
     generate = _validate(GenerateBody, data)
-    for name in ("images", "context"):
-        if getattr(generate, name):
-            raise ApiError(400, f"{name} is not supported by localspec")
+    if generate.images:
+        raise ApiError(400, "images is not supported by localspec")
     if not generate.prompt:
         return None
+    # context: the tokens an earlier answer handed back (deprecated by Ollama, still read): this prompt goes on
+    # from them, and the answer hands back the tokens read and written, for the next (not where raw, as Ollama)
+    earlier = {"continues": generate.context} if generate.context else {}
     if generate.raw:  # (a suffix too is the client's to have written into the prompt, as Ollama has it)
-        return _parsed(generate, defaults, prompt=generate.prompt)
+        return _parsed(generate, defaults, prompt=generate.prompt, **earlier)
     if generate.suffix:  # the model's fill-in-the-middle layout, where Ollama's template spells the same
-        return _parsed(generate, defaults, prompt=generate.prompt, suffix=generate.suffix)
+        return replace(_parsed(generate, defaults, prompt=generate.prompt, suffix=generate.suffix, **earlier),
+                       token_ids=True)
     system = [{"role": "system", "content": generate.system}] if generate.system else []
-    return _parsed(generate, defaults, messages=system + [{"role": "user", "content": generate.prompt}])
+    return replace(_parsed(generate, defaults, messages=system + [{"role": "user", "content": generate.prompt}],
+                           **earlier), token_ids=True)
 
 
 def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
@@ -374,10 +378,11 @@ class Answer(Answering):
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, chat: bool, model: str):
+    def __init__(self, chat: bool, model: str, context: bool = False):
         super().__init__(chat, model)
         self.started = time.perf_counter_ns()
         self.load_nanoseconds = 0
+        self.context = context  # whether the last object hands back the tokens read and written (/api/generate's)
 
     def waited_for_model(self, asked: int, loaded: int) -> None:
         """The request, asked at `asked` (perf_counter_ns), had its model at `loaded`: Ollama's load_duration,
@@ -408,15 +413,15 @@ class Answer(Answering):
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": self.load_nanoseconds, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
-            "speculation": speculation(job)}
+            "speculation": speculation(job)} | ({"context": job.prompt + r.ids} if self.context else {})
 
     def full(self, job: Job) -> dict:
         asked = job.request.sampling.logprobs is not None
         return self.last(job, *answer_of(job), thinking=job.recorder.reasoning,
                          logprobs=job.recorder.logprobs if asked else None)
 
-    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
-        return _line(self.object(text, logprobs=logprobs or None))
+    def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
+        return _line(self.object(text, logprobs=logprobs_of(tokens) or None))
 
     def thought(self, text: str) -> str:
         return _line(self.object("", thinking=text))
@@ -528,7 +533,7 @@ class Ollama(Protocol):
         return (parse_chat if chat else parse_generate)(data, defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
-        return Answer(chat, model)
+        return Answer(chat, model, context=parsed.token_ids)
 
 
 OLLAMA = Ollama()

@@ -21,15 +21,16 @@ from pydantic import BaseModel, Field
 
 from ..config import MOST_LOGPROBS
 from ..errors import InputError
-from ..events import Logprobs
+from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, Tool, _Typed,
-                     answer_of, candidate, token_logprobs, checked_count, effort, name_the_calls_answered, overridden_or_refused, speculation,
-                     speculative_asked, thinking_asked, timings, validated)
+                     answer_of, candidate, checked_count, effort, logprobs_of, name_the_calls_answered,
+                     overridden_or_refused, speculation, speculative_asked, thinking_asked, timings, token_logprobs,
+                     validated)
 
 MOST_CHOICES = 16  # answers one request may ask for (n); each takes a sequence while it runs
 
@@ -452,8 +453,8 @@ class Reply(Answering):
         asked = job.request.sampling.logprobs is not None
         return [_event(self.chunk(self._echoed(job), logprobs=job.recorder.prompt_logprobs if asked else ()))]
 
-    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
-        return _event(self.chunk(text, logprobs=logprobs))
+    def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
+        return _event(self.chunk(text, logprobs=logprobs_of(tokens)))
 
     def thought(self, text: str) -> str:
         return _event(self.chunk(thought=text))

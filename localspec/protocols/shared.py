@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
-from ..events import Candidate, Logprobs
+from ..events import Candidate, Logprobs, Token
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
 from ..tool_calls import ToolCall, ToolStream, UnfinishedCall
@@ -175,6 +175,8 @@ class Parsed:
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
     echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
+    # the answer lists the ids of its tokens (llama-server's return_tokens; Ollama's context, the prompt's first)
+    token_ids: bool = False
 
 
 def validated(model: type[BaseModel], body: dict, neutral: dict,
@@ -348,6 +350,11 @@ def candidate(c: Candidate) -> dict:
     return {"token": c.piece.decode("utf-8", errors="replace"), "logprob": c.logprob, "bytes": list(c.piece)}
 
 
+def logprobs_of(tokens: Sequence[Token]) -> list[Logprobs]:
+    """The logprobs of those of tokens that carry them."""
+    return [token.logprobs for token in tokens if token.logprobs]
+
+
 def token_logprobs(entries: Sequence[Logprobs]) -> list[dict]:
     """Each token's entry, the likeliest tokens of its row beside it (OpenAI's chat and Ollama's shape)."""
     return [candidate(e.chosen) | {"top_logprobs": [candidate(c) for c in e.top]} for e in entries]
@@ -361,6 +368,7 @@ class Answering:
     media_type: str
     headers: dict | None = None
     every_event = False  # streamed as the events themselves (event()), Steps too, rather than as text
+    token_ids = False  # each piece of text carries the tokens it came of, whose ids it frames
 
     def event(self, item) -> list[str]:
         """An event as an every_event protocol streams it."""
@@ -377,9 +385,9 @@ class Answering:
         """What opens the stream, once the job has begun (its prompt read)."""
         return []
 
-    def piece(self, text: str, logprobs: Sequence[Logprobs] = ()) -> str:
-        """A piece of the answer's text, with its tokens' logprobs where the request asked for them (only a
-        protocol that has them is given any)."""
+    def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
+        """A piece of the answer's text, with the tokens it came of where the request asked for their logprobs
+        or the protocol frames their ids (only a protocol that has logprobs or token_ids is given any)."""
         raise NotImplementedError
 
     def thought(self, text: str) -> str:

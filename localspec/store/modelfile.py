@@ -83,10 +83,11 @@ class Preset:
             limits = replace(limits, max_tokens=None)
         return sampling, limits
 
-    def conversation(self, messages: Sequence[dict]) -> list[dict]:
+    def conversation(self, messages: Sequence[dict], continued: bool = False) -> list[dict]:
         """A conversation as asked for it: its MESSAGEs first, its SYSTEM prompt where the conversation
-        brings none of its own (as Ollama does)."""
-        opening = [{"role": role, "content": content} for role, content in self.messages]
+        brings none of its own (as Ollama does). continued: it goes on from an earlier exchange's tokens
+        (Ollama's context), which began with the MESSAGEs already."""
+        opening = [] if continued else [{"role": role, "content": content} for role, content in self.messages]
         own = list(messages[:1]) if messages and messages[0]["role"] == "system" else []
         system = own or ([{"role": "system", "content": self.system}] if self.system else [])
         return system + opening + list(messages[len(own):])
