@@ -156,6 +156,38 @@ def test_token_ids_whole_with_return_tokens_and_in_every_streamed_chunk_as_llama
     assert "Traceback" not in server.log()
 
 
+def test_several_prompts_and_n_cmpl_answer_as_llama_server_an_array_or_side_by_side_events(server):
+    """A list of prompts (texts or token-id lists) and n_cmpl answers to each: a JSON array, each answer's index its
+    prompt's times n_cmpl plus its own, each as that prompt alone is answered; streamed, their events side by side,
+    each answer's ending with its own stop; a seed goes on by one an answer, as llama-server's children's seeds."""
+    asked = {"n_predict": 6, "temperature": 0}
+    ids = httpx.post(server.base + "/tokenize", json={"content": "xyz"}, timeout=60).json()["tokens"]
+    prompts = ["abc", ids, "hello"]
+    alone = [httpx.post(server.base + "/completion", json=asked | {"prompt": prompt}, timeout=60).json()["content"]
+             for prompt in prompts]
+    several = httpx.post(server.base + "/completion", json=asked | {"prompt": prompts, "n_cmpl": 2}, timeout=60).json()
+    assert [answer["index"] for answer in several] == list(range(6))
+    assert [answer["content"] for answer in several] == [text for text in alone for _ in range(2)]
+    frames = events(httpx.post(server.base + "/completion", json=asked | {"prompt": prompts, "n_cmpl": 2,
+                                                                          "stream": True}, timeout=60))
+    for index in range(6):
+        own = [frame for frame in frames if frame["index"] == index]
+        assert "".join(frame["content"] for frame in own) == alone[index // 2]
+        assert [frame["stop"] for frame in own] == [False] * (len(own) - 1) + [True]
+    # (a seed repeats a sampled text where the drafts repeat too: here none, docs/serve.md)
+    sampled = {"prompt": "abc", "n_predict": 6, "temperature": 1.0, "seed": 7, "n_cmpl": 3,
+               "speculative": {"mode": "off"}}
+    answers = httpx.post(server.base + "/completion", json=sampled, timeout=60).json()
+    assert [answer["generation_settings"]["seed"] for answer in answers] == [7, 8, 9]
+    assert answers[1]["content"] == httpx.post(server.base + "/completion", json=sampled | {"seed": 8, "n_cmpl": 1},
+                                               timeout=60).json()["content"]
+    one = httpx.post(server.base + "/completion", json=asked | {"prompt": ["abc"]}, timeout=60).json()
+    assert isinstance(one, dict) and one["content"] == alone[0]  # (one answer: an object, as llama-server)
+    many = httpx.post(server.base + "/completion", json=asked | {"prompt": ["a"] * 9, "n_cmpl": 2}, timeout=60)
+    assert many.status_code == 400 and "at most 16 answers" in many.json()["error"]["message"]
+    assert "Traceback" not in server.log()
+
+
 def test_llama_servers_spellings_without_v1_answer_as_with_it(server):
     """A client given llama-server's address without /v1 (the openai package then calls /chat/completions,
     /models, /responses) is answered as on /v1; /completions is llama-server's own completion, as /completion."""
@@ -190,7 +222,8 @@ def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(
                         ({"input_extra": [{"filename": 123}]}, "input_extra.0"),
                         ({"input_extra": [{"filename": 123, "text": "abc"}]}, "input_extra.0.filename"),
                         ({"input_extra": [{"filename": 123, "text": 456}]}, "input_extra.0"),
-                        ({"input_suffix": None}, "input_suffix"), ({"n_cmpl": 2}, "n_cmpl is not supported"),
+                        ({"input_suffix": None}, "input_suffix"), ({"n_cmpl": 17}, "n_cmpl"),
+                        ({"lora": [{"id": 0, "scale": 1}]}, "lora is not supported"),
                         ({"mirostat": 3}, "mirostat must be 0 (off), 1 or 2")):
         refused = httpx.post(server.base + "/infill", json={k: v for k, v in (asked | wrong).items() if v is not None},
                              timeout=60)

@@ -7,6 +7,7 @@ llama-server's timings. Errors are llama-server's: {"error": {"code", "message",
 /infill lays its prompt out as llama-server does (Prompts.infill): the model's fill-in-the-middle tokens
 around the code before and after the cursor, the other files' chunks before them."""
 
+import copy
 import json
 import math
 from collections.abc import Sequence
@@ -20,14 +21,13 @@ from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, overridden_or_refused,
-                     logprobs_of, speculation, speculative_asked, timings, validated)
+from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, overridden_or_refused,
+                     logprobs_of, prompts_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
-    "n_cmpl": (None, 1),
     "lora": (None, []), "return_progress": (None, False),
     "multimodal_data": (None, []),
 }
@@ -39,13 +39,14 @@ SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p
 
 class CompletionBody(Sampled):
     model: str | None = None
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str | list[int]]  # (a list of texts or of token-id lists: several prompts)
     n_predict: int | None = Field(None, ge=-1)
     stop: list[str] | None = None
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
     post_sampling_probs: bool = False  # n_probs of the distribution each token was chosen from, as probabilities
     return_tokens: bool = False  # the answer's token ids in its tokens (a stream's chunks carry theirs always)
+    n_cmpl: int = Field(1, ge=1, le=MOST_CHOICES)  # answers to each prompt
     response_fields: list[str] | None = None
     n_indent: int = Field(0, ge=0)  # a code completion ends at a line less indented than this
     t_max_predict_ms: int = Field(0, ge=0)  # ... or at a newline once it has run this long (0: never)
@@ -72,15 +73,12 @@ class InfillBody(CompletionBody):
 
 
 def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | list[int] | None = None) -> Parsed:
-    """/completion's request (prompt: the tokens /infill laid out instead of the body's). n_predict 0 asks
-    only that the prompt be read into the cache, as llama.vim and llama.vscode do with other files' chunks
-    before a suggestion needs them: one token is generated and kept back (reads_ahead)."""
+    """/completion's request (prompt: the tokens /infill laid out instead of the body's), n_cmpl answers to each
+    of its prompts. n_predict 0 asks only that the prompt be read into the cache, as llama.vim and llama.vscode do
+    with other files' chunks before a suggestion needs them: one token is generated and kept back (reads_ahead)."""
+    prompts = ()
     if prompt is None:
-        prompt = asked.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise ApiError(400, f"prompt holds {len(prompt)} prompts: localspec answers one per request")
-            prompt = prompt[0]
+        prompt, prompts = prompts_of(asked.prompt, asked.n_cmpl, "n_cmpl")
     if asked.grammar is not None and asked.json_schema is not None:
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
     ahead = asked.n_predict == 0
@@ -91,7 +89,7 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
                   asked.stream and not ahead, include_usage=False, fields=tuple(asked.response_fields or ()),
-                  reads_ahead=ahead, token_ids=asked.return_tokens)
+                  reads_ahead=ahead, token_ids=asked.return_tokens, prompts=prompts, choices=asked.n_cmpl)
 
 
 def validated_body(model: type[_Typed], body: dict):
@@ -137,7 +135,9 @@ def stop_type(job: Job) -> str:
 class Answer(Answering):
     """/completion's answer: whole, or as server-sent events, a `data:` line each piece of text with the ids of
     the tokens it came of, then the whole answer's fields with an empty content and stop true. tokens: whether
-    the whole answer lists its tokens' ids (return_tokens), the end-of-generation token's too, as llama-server."""
+    the whole answer lists its tokens' ids (return_tokens), the end-of-generation token's too, as llama-server.
+    Several answers (several prompts, n_cmpl) are a JSON array of them, or their events side by side, each
+    answer's `index` its prompt's times n_cmpl plus its own among that prompt's, as llama-server numbers them."""
 
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -148,6 +148,7 @@ class Answer(Answering):
         super().__init__(False, model)
         self.response_fields, self.reads_ahead = response_fields, reads_ahead
         self.sampled, self.tokens = sampled, tokens
+        self.index = 0
 
     def full(self, job: Job) -> dict:
         if self.reads_ahead:  # (its one token kept back: nothing was asked for)
@@ -159,7 +160,7 @@ class Answer(Answering):
 
     def _final(self, job: Job, content: str, tokens: Sequence[int] = ()) -> dict:
         r = job.recorder
-        return {"index": 0, "content": content, "tokens": list(tokens), "id_slot": job.sequence, "stop": True,
+        return {"index": self.index, "content": content, "tokens": list(tokens), "id_slot": job.sequence, "stop": True,
                 "model": self.model, "tokens_predicted": r.tokens, "tokens_evaluated": r.prompt_tokens,
                 "generation_settings": generation_settings(job.request.sampling, job.request.limits),
                 "has_new_line": "\n" in r.text, "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
@@ -170,7 +171,7 @@ class Answer(Answering):
         return {"completion_probabilities": probabilities(entries, self.sampled)} if entries else {}
 
     def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
-        return _event({"index": 0, "content": text, "tokens": [token.id for token in tokens], "stop": False}
+        return _event({"index": self.index, "content": text, "tokens": [token.id for token in tokens], "stop": False}
                       | self._probabilities(logprobs_of(tokens)))
 
     def thought(self, text: str) -> str:
@@ -181,8 +182,22 @@ class Answer(Answering):
 
     def closing(self, job: Job, called: bool) -> list[str]:
         end = job.recorder.end_token  # (streamed as a token of its own with no text, as llama-server streams it)
-        return ([_event({"index": 0, "content": "", "tokens": [end], "stop": False})] if end is not None else []) + [
-            _event(_fields(self._final(job, ""), self.response_fields))]
+        return ([_event({"index": self.index, "content": "", "tokens": [end], "stop": False})] if end is not None
+                else []) + [_event(_fields(self._final(job, ""), self.response_fields))]
+
+    def choices(self, jobs: list[Job]) -> list[dict]:
+        return [self.choice(index).full(job) for index, job in enumerate(jobs)]
+
+    def choice(self, index: int) -> "Answer":
+        other = copy.copy(self)
+        other.index = index
+        return other
+
+    def finish(self, job: Job, called: bool) -> list[str]:
+        return self.closing(job, called)
+
+    def ended(self, jobs: list[Job]) -> list[str]:
+        return []
 
 
 def generation_settings(sampling: Sampling, limits: Limits) -> dict:

@@ -27,12 +27,11 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
-from .shared import (REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, Tool, _Typed,
-                     answer_of, candidate, checked_count, effort, logprobs_of, name_the_calls_answered,
-                     overridden_or_refused, speculation, speculative_asked, thinking_asked, timings, token_logprobs,
-                     validated)
+from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled,
+                     Tool, _Typed, answer_of, candidate, checked_count, effort, logprobs_of, name_the_calls_answered,
+                     overridden_or_refused, prompts_of, speculation, speculative_asked, thinking_asked, timings,
+                     token_logprobs, validated)
 
-MOST_CHOICES = 16  # answers one request may ask for (n); each takes a sequence while it runs
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -233,12 +232,7 @@ def _tools(chat: ChatRequest) -> Tools | None:
 
 def parse_completion(body: dict, defaults: Defaults) -> Parsed:
     completion = _validate(CompletionRequest, body)
-    prompt, prompts = completion.prompt, ()
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):  # several prompts
-        if len(prompt) * (completion.n or 1) > MOST_CHOICES:
-            raise ApiError(400, f"prompt holds {len(prompt)} prompts, and n is {completion.n or 1}: at most"
-                           f" {MOST_CHOICES} answers a request", param="prompt")
-        prompt, prompts = prompt[0], tuple(prompt) if len(prompt) > 1 else ()
+    prompt, prompts = prompts_of(completion.prompt, completion.n or 1, "n")
     suffix = completion.suffix or None
     if suffix is not None and not isinstance(prompt, str):
         raise ApiError(400, "suffix goes with a text prompt (the code before the middle to fill in), not token ids",

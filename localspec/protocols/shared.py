@@ -31,6 +31,22 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# answers one request may ask for (OpenAI's n, llama-server's n_cmpl, times the prompts it lists); each takes a
+# sequence while it runs
+MOST_CHOICES = 16
+
+
+def prompts_of(prompt, n: int, n_name: str) -> tuple:
+    """A completion's first prompt, and all of them where it lists several (texts or token-id lists: Parsed.prompts),
+    each to be answered n times; a 400 beyond MOST_CHOICES answers."""
+    if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
+        return prompt, ()
+    if len(prompt) * n > MOST_CHOICES:
+        raise ApiError(400, f"prompt holds {len(prompt)} prompts, and {n_name} is {n}: at most {MOST_CHOICES} answers"
+                       " a request", param="prompt")
+    return prompt[0], tuple(prompt) if len(prompt) > 1 else ()
+
+
 def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError:
     """What the client is told of an error met while serving its request (prompt_field: where the
     request's prompt was, for a prompt too long for the context)."""
@@ -403,9 +419,10 @@ class Answering:
     def closing(self, job: Job, called: bool) -> list[str]:
         raise NotImplementedError
 
-    # Several answers to one prompt, one a job (only a protocol that has them is asked): whole, or
-    # streamed side by side, a choice() each, each choice's finish() as it ends, ended() once all have.
-    def choices(self, jobs: list[Job]) -> dict:
+    # Several answers to one request (several prompts, or several to each), one a job (only a protocol that has
+    # them is asked): whole, or streamed side by side, a choice() each, each choice's finish() as it ends, ended()
+    # once all have.
+    def choices(self, jobs: list[Job]) -> dict | list:
         raise NotImplementedError
 
     def choice(self, index: int) -> "Answering":
