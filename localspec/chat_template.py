@@ -287,8 +287,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**", "+", "%"])
 
     def __init__(self):
-        # trim_blocks/lstrip_blocks match how Hugging Face renders these templates.
-        super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self.bounded_output)
+        # trim_blocks/lstrip_blocks and {% break %}/{% continue %} (Kimi K2's) as Hugging Face renders these templates
+        super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self.bounded_output,
+                         extensions=["jinja2.ext.loopcontrols"])
         self.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
         # lipsum(n, min, max) writes n * max words and pprint indents by nesting depth squared; no chat
         # template uses either

@@ -368,6 +368,7 @@ def split(events: Iterator, plan: Plan, control_text: Callable[[int], str | None
 def _split_token(token: Token, splitter, control_text: Callable[[int], str | None]) -> Token:
     before = splitter.thinking
     special = control_text(token.id)
-    pieces = splitter.feed(special, True) if special is not None else splitter.feed(token.text)
+    # (a control token that marks a tool-call form's calls carries its text already: tool_calls.shown() wrote it)
+    pieces = splitter.feed(special, True) if special is not None and not token.text else splitter.feed(token.text)
     answer, thought = _texts(pieces)
     return Token(token.id, answer, token.from_draft, thought, before or splitter.thinking, token.logprobs)

@@ -54,6 +54,7 @@ class ToolFormat(StrEnum):
     MISTRAL_ARGS = "mistral-args"
     LFM2 = "lfm2"
     MINIMAX = "minimax"
+    KIMI = "kimi"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -84,9 +85,9 @@ class _Form:
     several: str  # one call or more
     # where a call is not a JSON object: GBNF of one (`call`) for the functions offered, and what reads the
     # calls back (their text between opening and closing, the offered functions' parameters by name ->
-    # [(name, arguments)]: one call, or LFM2's list)
+    # [(name, arguments)]: one call, or LFM2's list; (name, arguments, id) where the model writes the call's id)
     call_rules: Callable[[list[dict]], str] | None = None
-    read_calls: Callable[[str, dict], list[tuple[str, dict]]] | None = None
+    read_calls: Callable[[str, dict], list[tuple]] | None = None
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -101,6 +102,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.GEMMA4
     if "<minimax:tool_call>" in source and "<invoke name=" in source:
         return ToolFormat.MINIMAX
+    if "<|tool_calls_section_begin|>" in source and "<|tool_call_argument_begin|>" in source:
+        return ToolFormat.KIMI
     # forms that spell <tool_call> too but write something else in or around it (MiniMax-M3's namespaced
     # <invoke>, Apriel's <tool_calls> list, Seed-OSS's <seed:tool_call>): refused, rather than read as another
     # family's
@@ -122,7 +125,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
+                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections, LFM2's Python-style calls,"
+                     " Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
                      " (and [ARGS]) and gpt-oss's harmony)")
 
 
@@ -450,6 +454,46 @@ def _read_args_call(body: str, parameters: dict) -> tuple[str, dict]:
     return name, values
 
 
+# Kimi K2's: the calls in one section, each `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>`, its
+# arguments' JSON object, then `<|tool_call_end|>`; what it writes before the arguments is the call's id, which its
+# template writes back in the conversation (and in the tool result's `## Return of ID`)
+_KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+_KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+
+
+def _kimi_rules(offered: list[dict]) -> str:
+    """GBNF of one Kimi K2 call (`call`): its opening, `functions.`, an offered function's name and an index, then
+    the arguments' JSON object held to its parameters' schema."""
+    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
+                                      for number, function in enumerate(offered)})
+    begin, arguments, end = (json.dumps(marker) for marker in _KIMI_CALL)
+    calls = [f'{begin} {json.dumps("functions." + function["name"], ensure_ascii=False)} ":" [0-9]{{1,4}} {arguments}'
+             f' {names[f"arguments-{number}"]} {end}' for number, function in enumerate(offered)]
+    return "\n".join([f"call ::= {' | '.join(calls)}", rules])
+
+
+def _read_kimi_calls(body: str, parameters: dict) -> list[tuple[str, dict, str]]:
+    """Kimi K2's calls in one section, as (name, arguments, the id it wrote)."""
+    begin, arguments_begin, end = _KIMI_CALL
+    calls = []
+    for written in body.split(begin)[1:]:
+        head, marked, rest = written.partition(arguments_begin)
+        arguments, ended, after = rest.rpartition(end)
+        call_id = head.strip()
+        name = call_id.removeprefix("functions.").rpartition(":")[0]
+        try:
+            values = json.loads(arguments) if marked and ended and name and not after.strip() else None
+        except ValueError:
+            values = None
+        if not isinstance(values, dict):
+            raise InputError(f"the model wrote a tool call that is not Kimi's functions.NAME:INDEX and a JSON object:"
+                             f" {written[:80]!r}")
+        calls.append((name, values, call_id))
+    if not calls or body.split(begin)[0].strip():
+        raise InputError(f"the model wrote a tool-call section without calls: {body[:80]!r}")
+    return calls
+
+
 def _alone(read: Callable[[str, dict], tuple[str, dict]]) -> Callable[[str, dict], list[tuple[str, dict]]]:
     """A reader of the one call a form's block holds, as a reader of a block's calls."""
     return lambda body, parameters: [read(body, parameters)]
@@ -651,13 +695,16 @@ _FORMS = {
                               (r"(<minimax:tool_call>)",), _MINIMAX_BLOCK.format(calls="call"),
                               f'{_MINIMAX_BLOCK.format(calls="call (ws call)*")} (ws {_MINIMAX_BLOCK.format(calls="call (ws call)*")})*',
                               partial(_markup_rules, _MINIMAX), _read_invokes),
+    ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
+                           f'"{_KIMI_SECTION[0]}" call "{_KIMI_SECTION[1]}"',
+                           f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
 }
 # the control tokens a form's reader needs to see (the text leaves control tokens out)
 _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"},
-            ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}}
+            ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL}}
 
 
 def new_id(form: ToolFormat) -> str:
@@ -778,8 +825,8 @@ class ToolStream:
     def _call(self, call: dict) -> ToolCall:
         return self._made(call["name"], call.get(self._f.arguments, call.get("arguments")))
 
-    def _made(self, name: str, arguments: dict) -> ToolCall:
-        return ToolCall(new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
+    def _made(self, name: str, arguments: dict, call_id: str | None = None) -> ToolCall:
+        return ToolCall(call_id or new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
 
 
 def _is_call(call, arguments: str) -> bool:

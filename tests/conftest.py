@@ -127,6 +127,10 @@ THINKERS = {
     "gemma4": ("gemma4.jinja", ("<|channel>", "<channel|>"), ("<|turn>", "<turn|>", "<|think|>")),
     "minimax-m2": ("minimax-m2.jinja", ("<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
                    ("]~!b[", "]~b]", "[e~[")),
+    "kimi-k2": ("kimi-k2-thinking.jinja", ("<think>", "</think>"),
+                ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+                 "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

@@ -31,6 +31,15 @@ def test_an_ordinary_template_renders():
     assert render(template, MESSAGES, "<s>", "</s>") == "<s><user>hi<assistant>"
 
 
+def test_break_and_continue_render_as_hugging_faces_loop_controls():
+    """Kimi K2's template finds the last plain assistant turn with {% break %} (a parse error before)."""
+    template = ("{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}{{ m['content'] }}"
+                "{% if m['role'] == 'stop' %}{% break %}{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "skip", "content": "b"}, {"role": "stop", "content": "c"},
+                {"role": "user", "content": "d"}]
+    assert render(template, messages, "<s>", "</s>") == "ac"
+
+
 @pytest.mark.parametrize(
     "template",
     [
@@ -42,6 +51,7 @@ def test_an_ordinary_template_renders():
         "{{ [0] * (2 ** 40) }}",
         "{{ 10 ** 100000000 }}",
         "{% for i in range(10 ** 9) %}{% endfor %}",
+        "{% for i in range(10 ** 9) %}{% continue %}{% endfor %}",
         "{{ 1 / 0 }}",
         "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # endless recursion
         "{{ raise_exception('templates may refuse input on purpose') }}",

@@ -487,7 +487,8 @@ def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_on
 
 
 @pytest.mark.parametrize("name, opening", [("qwen3", "<tool_call>"), ("qwen3.5", "<tool_call>"),
-                                           ("gemma4", "<|tool_call>"), ("minimax-m2", "<minimax:tool_call>")])
+                                           ("gemma4", "<|tool_call>"), ("minimax-m2", "<minimax:tool_call>"),
+                                           ("kimi-k2", "<|tool_calls_section_begin|>")])
 def test_a_call_spelled_in_the_thinking_sets_off_no_tool_grammar_and_one_past_it_does(thinkers, name, opening):
     """Thinking that plans a call spells its opening: set off there, the lazy grammar refused the thinking's
     next words (and held it to a call that ended the reply inside the block, which nothing read as a call)."""

@@ -16,6 +16,7 @@ import pytest
 import localspec.engine.speculative as speculative
 from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.drafters import ModelDrafter, NoDrafter
+from localspec.chat_template import render
 from localspec.engine.grammar import Grammar
 from localspec.engine.model import Model
 from localspec.prompts import Prompts
@@ -47,7 +48,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.GLM: (REAL / "glm4.5.jinja").read_text(), ToolFormat.GEMMA4: (REAL / "gemma4.jinja").read_text(),
              ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text(),
              ToolFormat.LFM2: (REAL / "lfm2.jinja").read_text(),
-             ToolFormat.MINIMAX: (REAL / "minimax-m2.jinja").read_text()}
+             ToolFormat.MINIMAX: (REAL / "minimax-m2.jinja").read_text(),
+             ToolFormat.KIMI: (REAL / "kimi-k2-thinking.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -128,6 +130,12 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.MINIMAX, 'Sure.\n<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1'
      '</parameter>\n<parameter name="code">a </invoke> b</parameter>\n</invoke>\n<invoke name="empty_args">\n</invoke>\n'
      '</minimax:tool_call>', "Sure.\n", [("special_function", {"arg1": 1, "code": "a </invoke> b"}), ("empty_args", {})]),
+    # Kimi K2's: a section of calls, each's id what it writes before its arguments (its markers are control tokens,
+    # which the session writes into the text for this reader)
+    (ToolFormat.KIMI, 'Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+     '<|tool_call_argument_begin|>{"city": "paris"}<|tool_call_end|>\n<|tool_call_begin|>functions.empty_args:1'
+     '<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>', "Sure.",
+     [("get_weather", {"city": "paris"}), ("empty_args", {})]),
     # LFM2's Python-style calls, as llama.cpp's test-chat.cpp has them: JSON's values or Python's, a list a block
     (ToolFormat.LFM2, 'Let me check the time.<|tool_call_start|>[get_time(city="Paris")]<|tool_call_end|>',
      "Let me check the time.", [("get_time", {"city": "Paris"})]),
@@ -160,6 +168,25 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     assert call.name == "f"
 
 
+def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back():
+    reader = ToolStream(ToolFormat.KIMI)
+    [content, call] = reader.feed("Let me see.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:3"
+                                  '<|tool_call_argument_begin|>{"city": "paris", "days": 2}<|tool_call_end|>'
+                                  "<|tool_calls_section_end|>") + reader.end()
+    assert content == "Let me see." and (call.id, call.name) == ("functions.get_weather:3", "get_weather")
+    called = {"role": "assistant", "content": "", "tool_calls": [{"id": call.id, "type": "function", "function": {
+        "name": call.name, "arguments": call.arguments}}]}
+    written = render(TEMPLATES[ToolFormat.KIMI], [*ASK, called, {"role": "tool", "tool_call_id": call.id, "content": "sun"}],
+                     "", "", tools=[WEATHER])
+    assert ("<|tool_call_begin|>functions.get_weather:3<|tool_call_argument_begin|>" in written
+            and "## Return of functions.get_weather:3\nsun" in written)
+    for wrong in ("<|tool_calls_section_begin|><|tool_call_begin|>get_weather<|tool_call_argument_begin|>{}"
+                  "<|tool_call_end|><|tool_calls_section_end|>",
+                  "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"):
+        with pytest.raises(InputError, match="Kimi's functions.NAME:INDEX|without calls"):
+            ToolStream(ToolFormat.KIMI).feed(wrong)
+
+
 @pytest.mark.parametrize("form, text", [
     (ToolFormat.HERMES, '<tool_call>\n{"name": "f", "argu'),
     (ToolFormat.HERMES, '{"name": "f", "arguments": {"a"'),
@@ -171,6 +198,7 @@ def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     (ToolFormat.MISTRAL_ARGS, '[TOOL_CALLS]f[ARGS]{"a": '),
     (ToolFormat.LFM2, "<|tool_call_start|>[special_function(arg1="),
     (ToolFormat.MINIMAX, '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>'),
+    (ToolFormat.KIMI, '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -456,7 +484,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
         assert running.stop() == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2"])
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
