@@ -1054,8 +1054,9 @@ class _Framing:
         thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
         if thought:
             out.append(self.frames.thought(thought))
-        if isinstance(item, Token) and (item.logprobs or self.frames.token_ids) and not item.thinking:
-            self.pending.append(item)
+        if isinstance(item, Token) and (self.frames.token_ids or item.logprobs and not item.thinking):
+            # (a thinking token's id rides with the answer's next piece; its logprobs are not the answer's)
+            self.pending.append(replace(item, logprobs=None) if item.thinking else item)
         text = item.text if isinstance(item, Token) else item.tail if isinstance(item, Done) else ""
         if text:
             out += self._framed(self.reader.feed(text) if self.reader else [text])

@@ -295,6 +295,13 @@ def test_openai_reasoning_content_whole_and_streamed(thinking_server):
     assert "".join(thinking) == thought and "".join(d.content or "" for d in deltas) == message.content
     # as llama-server streams them: a thinking chunk carries no content
     assert all(d.content is None for d in deltas if (d.model_extra or {}).get("reasoning_content"))
+    # vLLM's return_token_ids: the thinking's ids too (the closing the budget wrote among them), whole and streamed
+    ids = client.chat.completions.create(model="r1", messages=ASK, extra_body={"return_token_ids": True})
+    own = ids.choices[0].model_extra["token_ids"]
+    assert ids.choices[0].message.content == message.content and len(own) == ids.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="r1", messages=ASK, stream=True,
+                                                 extra_body={"return_token_ids": True}))
+    assert [i for c in chunks for choice in c.choices for i in choice.model_extra["token_ids"]] == own
     # left in the content; turned off; a budget of the request's own
     inline = client.chat.completions.create(model="r1", messages=ASK, extra_body={"reasoning_format": "none"})
     assert inline.choices[0].message.content == thought + message.content

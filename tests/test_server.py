@@ -23,6 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.model import Model
+from localspec.prompts import Prompts
 from localspec.request import Request
 from localspec.session import Session
 from localspec.stats import record
@@ -153,6 +155,45 @@ def test_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(serve
     with pytest.raises(openai.BadRequestError) as refused:
         server.client().chat.completions.create(model="tiny", messages=messages, max_tokens=4, presence_penalty=3)
     assert refused.value.body["param"] == "presence_penalty"
+
+
+def plain_ids(tiny, prompt: list[int], max_tokens: int) -> list[int]:
+    """The token ids the target alone generates greedily."""
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as session:
+        return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=prompt))).ids
+
+
+def test_return_token_ids_through_the_openai_client_as_vllm_gives_them(server, tiny):
+    """vLLM's return_token_ids (speculators' data generation and RL rollouts read it; taken and ignored before): the
+    prompt's ids (a chat's beside its choices, a completion's in its choice) and each choice's, drafted or not,
+    streamed as each chunk's, the prompt's with the first; the end-of-generation token that ends one last."""
+    model = Model(tiny["target"], vocab_only=True)
+    messages = [{"role": "user", "content": PROMPT}]
+    read = Prompts(model, 512).chat_tokens(messages)
+    asked = {"model": "tiny", "max_tokens": 12, "extra_body": {"return_token_ids": True}}
+    chat = server.client().chat.completions.create(messages=messages, **asked)
+    assert chat.model_extra["prompt_token_ids"] == read
+    assert chat.choices[0].model_extra["token_ids"] == plain_ids(tiny, read, 12)
+    assert chat.model_extra["speculation"]["accepted_tokens"] > 0
+    text = server.client().completions.create(prompt=PROMPT, **asked)
+    raw = Prompts(model, 512).tokenize(PROMPT, raw=True)
+    assert text.choices[0].model_extra["prompt_token_ids"] == raw
+    assert text.choices[0].model_extra["token_ids"] == plain_ids(tiny, raw, 12)
+    chunks = list(server.client().chat.completions.create(messages=messages, stream=True, n=2, **asked))
+    assert [c.model_extra.get("prompt_token_ids") for c in chunks if c.model_extra.get("prompt_token_ids")] == [read] * 2
+    for index in (0, 1):
+        streamed = [i for c in chunks for choice in c.choices if choice.index == index
+                    for i in choice.model_extra["token_ids"]]
+        assert streamed == chat.choices[0].model_extra["token_ids"]
+    chunks = list(server.client().completions.create(prompt=PROMPT, stream=True, **asked))
+    assert [choice.model_extra.get("prompt_token_ids") for c in chunks for choice in c.choices][0] == raw
+    assert [i for c in chunks for choice in c.choices for i in choice.model_extra["token_ids"]] == \
+        text.choices[0].model_extra["token_ids"]
+    eos = model.eog_tokens[0]
+    ended = server.client().completions.create(prompt=PROMPT, logit_bias={str(eos): 100}, **asked)
+    assert ended.choices[0].model_extra["token_ids"] == [eos] and ended.choices[0].finish_reason == "stop"
+    plain = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+    assert "token_ids" not in plain.choices[0].model_extra
 
 
 def test_logprobs_whole_and_streamed_through_the_openai_client(server):

@@ -21,8 +21,8 @@ from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, overridden_or_refused,
-                     logprobs_of, prompts_of, speculation, speculative_asked, timings, validated)
+from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, ended_by,
+                     logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
@@ -155,7 +155,7 @@ class Answer(Answering):
             return _fields(self._final(job, "") | {"tokens_predicted": 0, "has_new_line": False, "stop_type": "limit",
                                                    "stopping_word": ""}, self.response_fields)
         r = job.recorder
-        tokens = r.ids + ([r.end_token] if r.end_token is not None else []) if self.tokens else []
+        tokens = r.ids + ended_by(job) if self.tokens else []
         return _fields(self._final(job, r.text, tokens) | self._probabilities(r.logprobs), self.response_fields)
 
     def _final(self, job: Job, content: str, tokens: Sequence[int] = ()) -> dict:
@@ -181,9 +181,9 @@ class Answer(Answering):
         return _event(LLAMA_SERVER.error_body(failure))
 
     def closing(self, job: Job, called: bool) -> list[str]:
-        end = job.recorder.end_token  # (streamed as a token of its own with no text, as llama-server streams it)
-        return ([_event({"index": self.index, "content": "", "tokens": [end], "stop": False})] if end is not None
-                else []) + [_event(_fields(self._final(job, ""), self.response_fields))]
+        end = ended_by(job)  # (streamed as a token of its own with no text, as llama-server streams it)
+        return ([_event({"index": self.index, "content": "", "tokens": end, "stop": False})] if end else []) + [
+            _event(_fields(self._final(job, ""), self.response_fields))]
 
     def choices(self, jobs: list[Job]) -> list[dict]:
         return [self.choice(index).full(job) for index, job in enumerate(jobs)]

@@ -28,9 +28,9 @@ from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled,
-                     Tool, _Typed, answer_of, candidate, checked_count, effort, logprobs_of, name_the_calls_answered,
-                     overridden_or_refused, prompts_of, speculation, speculative_asked, thinking_asked, timings,
-                     token_logprobs, validated)
+                     Tool, _Typed, answer_of, candidate, checked_count, effort, ended_by, logprobs_of,
+                     name_the_calls_answered, overridden_or_refused, prompts_of, speculation, speculative_asked,
+                     thinking_asked, timings, token_logprobs, validated)
 
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
@@ -115,6 +115,8 @@ class _Common(Sampled):
     stream_options: StreamOptions | None = None
     prediction: Prediction | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's: the prompt's token ids and the answer's beside the text (prompt_token_ids, token_ids)
+    return_token_ids: bool = False
 
 
 class TemplateArguments(_Typed):
@@ -316,7 +318,7 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults)),
-                  bool(request.stream), include_usage, choices=choices)
+                  bool(request.stream), include_usage, choices=choices, token_ids=request.return_token_ids)
 
 
 def _grammar(request: _Common) -> str | None:
@@ -341,13 +343,16 @@ def _grammar(request: _Common) -> str | None:
 
 class Reply(Answering):
     """The responses to one request, full or as server-sent events, in chat or completion shape: a role
-    chunk (chat), a chunk per piece of text or tool call, the finish reason (and the usage), [DONE]."""
+    chunk (chat), a chunk per piece of text or tool call, the finish reason (and the usage), [DONE].
+    token_ids (vLLM's return_token_ids): the prompt's token ids (a chat's beside its choices, a completion's in
+    its choice) and each choice's own (the thinking's too, and the end-of-generation token that ended it, as
+    vLLM's), streamed as each chunk's ids, the prompt's with the first."""
 
     media_type = "text/event-stream"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True,
-                 echo: bool = False, per_prompt: int = 1):
+                 echo: bool = False, per_prompt: int = 1, token_ids: bool = False):
         """echo: a completion's prompt comes ahead of it (the recorder's prompt_logprobs carry its tokens);
         per_prompt: the choices of each prompt (n), which read it once."""
         super().__init__(chat, model)
@@ -357,6 +362,8 @@ class Reply(Answering):
         self.created = int(time.time())
         self.offset = 0  # characters of the completion's text whose tokens' logprobs were given
         self.index = 0  # the choice its chunks are of (choice() makes the others' replies)
+        self.token_ids = token_ids
+        self.prompt_ids: list[int] | None = None  # the prompt's, until a streamed chunk carries them
 
     def _envelope(self, stream: bool, choices: list) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
@@ -382,7 +389,11 @@ class Reply(Answering):
         if job.request.sampling.logprobs is not None:
             self.offset = 0
             choice["logprobs"] = self._logprobs([*(recorder.prompt_logprobs if self.echo else ()), *recorder.logprobs])
-        return self._envelope(False, [choice]) | statistics(job, usage=True)
+        whole = self._envelope(False, [choice]) | statistics(job, usage=True)
+        if self.token_ids:
+            choice["token_ids"] = recorder.ids + ended_by(job)
+            (whole if self.chat else choice)["prompt_token_ids"] = job.prompt
+        return whole
 
     def _echoed(self, job: Job) -> str:
         """The prompt, where it is echoed: as sent, or the text of its token ids."""
@@ -420,10 +431,10 @@ class Reply(Answering):
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
               call: ToolCall | None = None, index: int = 0, thought: str | None = None,
-              logprobs: Sequence[Logprobs] = ()) -> dict:
+              logprobs: Sequence[Logprobs] = (), token_ids: Sequence[int] = ()) -> dict:
         """One piece of the stream: a role (the first chunk of a chat), text (with its tokens' logprobs, where
-        asked for), a tool call (the index-th), a piece of thinking (as llama-server streams it:
-        reasoning_content, no content), or the finish reason."""
+        asked for, and ids), a tool call (the index-th), a piece of thinking (as llama-server streams it:
+        reasoning_content, no content), or the finish reason; the first with the prompt's ids, where asked for."""
         if self.chat:
             if call is not None:
                 delta = {"tool_calls": [{"index": index, **_called(call)}]}
@@ -436,10 +447,17 @@ class Reply(Answering):
             choice = {"index": self.index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         if logprobs:
             choice["logprobs"] = self._logprobs(logprobs)
-        return self._envelope(True, [choice])
+        envelope = self._envelope(True, [choice])
+        if self.token_ids:
+            choice["token_ids"] = list(token_ids)
+            if self.prompt_ids is not None:
+                (envelope if self.chat else choice)["prompt_token_ids"], self.prompt_ids = self.prompt_ids, None
+        return envelope
 
     def opening(self, job: Job) -> list[str]:
         """A chat's role; an echoed completion's prompt (its tokens' logprobs with it, where asked for)."""
+        if self.token_ids:
+            self.prompt_ids = job.prompt
         if self.chat:
             return [_event(self.chunk(role=True))]
         if not self.echo:
@@ -448,7 +466,7 @@ class Reply(Answering):
         return [_event(self.chunk(self._echoed(job), logprobs=job.recorder.prompt_logprobs if asked else ()))]
 
     def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
-        return _event(self.chunk(text, logprobs=logprobs_of(tokens)))
+        return _event(self.chunk(text, logprobs=logprobs_of(tokens), token_ids=[token.id for token in tokens]))
 
     def thought(self, text: str) -> str:
         return _event(self.chunk(thought=text))
@@ -462,7 +480,7 @@ class Reply(Answering):
     def closing(self, job: Job, called: bool) -> list[str]:
         """The finish reason, then the usage if asked for; the last one carries timings and speculation."""
         finish = "tool_calls" if called else FINISH_REASONS[job.recorder.finish_reason]
-        chunks = [self.chunk(finish_reason=finish)]
+        chunks = [self.chunk(finish_reason=finish, token_ids=ended_by(job))]
         if self.include_usage:
             chunks.append(self._envelope(True, []))
         chunks[-1] |= statistics(job, usage=self.include_usage)
@@ -477,7 +495,7 @@ class Reply(Answering):
     def finish(self, job: Job, called: bool) -> list[str]:
         """One of several choices ends (n > 1, streamed): its finish reason, with its timings and speculation."""
         finish = "tool_calls" if called else FINISH_REASONS[job.recorder.finish_reason]
-        return [_event(self.chunk(finish_reason=finish) | statistics(job, usage=False))]
+        return [_event(self.chunk(finish_reason=finish, token_ids=ended_by(job)) | statistics(job, usage=False))]
 
     def ended(self, jobs: list[Job]) -> list[str]:
         """Every choice has ended: the usage of them all if asked for (the prompt counted once), then [DONE]."""
@@ -541,7 +559,8 @@ class OpenAI(Protocol):
         return (parse_chat if chat else parse_completion)(body, defaults)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Reply:
-        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart, parsed.echo, parsed.choices)
+        return Reply(chat, model, parsed.include_usage, parsed.thinking_apart, parsed.echo, parsed.choices,
+                     parsed.token_ids)
 
 
 OPENAI = OpenAI()

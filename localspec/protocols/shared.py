@@ -366,6 +366,13 @@ def candidate(c: Candidate) -> dict:
     return {"token": c.piece.decode("utf-8", errors="replace"), "logprob": c.logprob, "bytes": list(c.piece)}
 
 
+def ended_by(job: Job) -> list[int]:
+    """The end-of-generation token that ended the answer, if one did: last of its token ids, as llama-server and
+    vLLM list them (no Token event carries it)."""
+    end = job.recorder.end_token
+    return [] if end is None else [end]
+
+
 def logprobs_of(tokens: Sequence[Token]) -> list[Logprobs]:
     """The logprobs of those of tokens that carry them."""
     return [token.logprobs for token in tokens if token.logprobs]
