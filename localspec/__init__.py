@@ -22,7 +22,7 @@ _EXPORTS = {
     "Request": "request",
     **dict.fromkeys(("Scheduler", "Running", "ENDED"), "scheduler"),
     **dict.fromkeys(("Sampling", "Limits", "Runtime", "Speculation", "DrafterKind", "Thinking"), "config"),
-    **dict.fromkeys(("Event", "Prefill", "Token", "Step", "Done"), "events"),
+    **dict.fromkeys(("Event", "Reading", "Prefill", "Token", "Step", "Done"), "events"),
     **dict.fromkeys(("Recorder", "Summary"), "stats"),
     **dict.fromkeys(("LocalspecError", "UsageError", "InputError"), "errors"),
 }

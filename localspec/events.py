@@ -1,4 +1,5 @@
-"""What a generation reports, in order: Prefill, then Token/Step per step, then Done.
+"""What a generation reports, in order: Reading while a long prompt is read, Prefill, then Token/Step per step,
+then Done.
 
 The engine only emits these; stats.Recorder folds them into text and statistics for every face."""
 
@@ -18,6 +19,19 @@ class Prefill:
     reused_tokens: int
     seconds: float
     logprobs: tuple["Logprobs", ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A long prompt is being read: `read` of its `total` tokens are in the target's cache (the `cached` ones
+    that were there already among them), `seconds` since it began. Sent after each batch of a prompt whose
+    unread part takes more than one, before its Prefill, so that a long read can be watched (a short one sends
+    none)."""
+
+    read: int
+    total: int
+    cached: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -103,12 +117,12 @@ class Done:
     end_token: int | None = None
 
 
-Event = Prefill | Token | Step | Done
+Event = Reading | Prefill | Token | Step | Done
 
 
 # Events on the wire (serve's own stream, which `run` and `chat` read from a running serve): JSON objects
 # named by their kind, a token's bytes in base64.
-_KINDS = {cls.__name__.lower(): cls for cls in (Prefill, Token, Step, Done)}
+_KINDS = {cls.__name__.lower(): cls for cls in (Reading, Prefill, Token, Step, Done)}
 
 
 def to_wire(event: Event) -> dict:

@@ -48,7 +48,7 @@ from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, 
                                tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
-from .events import Done, Token
+from .events import Done, Reading, Token
 from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
 from .service import FINISHED, Embedding, Job
 
@@ -664,7 +664,8 @@ class Server:
             for index, asked in enumerate(choices_of(parsed)):
                 try:
                     jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
-                                                                        answering.every_event),
+                                                                        answering.every_event,
+                                                                        answering.shows_reading),
                                                       _who(request, asked.client)))
                 except LocalspecError as error:
                     raise api_error(error) from None
@@ -1051,6 +1052,8 @@ class _Framing:
             self.started = True
             out += self.frames.opening(self.job)
             self.reader = tool_reader(self.job)  # (the worker has read the request's tools by its first event)
+        if isinstance(item, Reading):
+            return out + self.frames.reading(self.job, item)
         thought = item.thought if isinstance(item, Token) else item.thought_tail if isinstance(item, Done) else ""
         if thought:
             out.append(self.frames.thought(thought))
@@ -1083,18 +1086,23 @@ class _Framing:
         return out
 
 
-def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False) -> Callable:
+def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False, reading: bool = False
+               ) -> Callable:
     """What hands a job's items to the request's handler (called on the worker thread), as (choice, item):
     a request's choices share the outbox. Each hand-over wakes the event loop, which then competes
-    with llama.cpp's threads for the CPU: after the first event (the request has started), only what the
-    response is made of is handed over (every event, where its protocol streams them all); the job's recorder
-    has the rest."""
+    with llama.cpp's threads for the CPU: after the first event (the request has started: its prompt read), only
+    what the response is made of is handed over (every event, where its protocol streams them all); the job's
+    recorder has the rest. A long prompt's reading is handed over only where it is streamed (every, or reading:
+    a stream that shows it), and then starts the request."""
     loop = asyncio.get_running_loop()
     started = False
 
     def deliver(item) -> None:
         nonlocal started
-        if started and not every and not _makes_the_response(item, stream):
+        if isinstance(item, Reading):
+            if not (every or reading and stream):
+                return
+        elif started and not every and not _makes_the_response(item, stream):
             return
         started = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more

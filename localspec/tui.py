@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .store.compat import CompatReport
-from .events import Done, Step, Token
+from .events import Done, Reading, Step, Token
 from .stats import INTERRUPTED, Recorder, Summary, TreeTally
 
 
@@ -394,6 +394,8 @@ class LiveView:
                 self.text.append(visible(event.tail))
         if isinstance(event, (Step, Done)):
             self.live.update(self._render(), refresh=True)
+        elif isinstance(event, Reading):
+            self.live.update(Text(reading_line(event), style="dim"), refresh=True)
 
     def _end_of_thinking(self) -> None:
         """A blank line between the thinking and the answer, where there was thinking shown."""
@@ -411,6 +413,13 @@ class LiveView:
         start = plain.rfind("\n", 0, max(len(plain) - room * self.console.width, 0)) + 1
         lines = self.text[start:].wrap(self.console, self.console.width)
         return Group(*lines[-room:], panel)
+
+
+def reading_line(r: Reading) -> str:
+    """How far a long prompt's reading has got."""
+    rate = (r.read - r.cached) / r.seconds if r.seconds > 0 else 0.0
+    cached = f", {r.cached:,} cached" if r.cached else ""
+    return f"reading the prompt: {r.read:,} of {r.total:,} tokens ({r.read / r.total:.0%}{cached}), {rate:,.0f} tokens/s"
 
 
 def drafted_text(s: Summary, auto: bool = False) -> str:

@@ -10,7 +10,7 @@ from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.sampling import chain_for, softmax, transform
 from localspec.engine.speculative import generate
 from localspec.errors import EngineError, InputError
-from localspec.events import Done, Prefill, Step, Token
+from localspec.events import Done, Prefill, Reading, Step, Token
 from localspec.stats import record
 
 GREEDY = Sampling(temperature=0.0)
@@ -253,11 +253,27 @@ def test_logits_are_views_on_llama_cpp_memory(target, prompt):
     assert np.shares_memory(row, target.logits(2))
 
 
-def test_prompts_longer_than_a_batch_are_prefilled_in_chunks(load, prompt):
+def test_prompts_longer_than_a_batch_are_prefilled_in_chunks_each_watched(load, prompt):
     chunked = load("target", n_ctx=256, n_batch=4)
     reference, _ = run(load("target"), NoDrafter(), prompt, limits=Limits(max_tokens=10))
-    tokens, _ = run(chunked, NoDrafter(), prompt, limits=Limits(max_tokens=10))
+    tokens, events = run(chunked, NoDrafter(), prompt, limits=Limits(max_tokens=10))
     assert tokens == reference
+    # a Reading after each batch (the prompt's last token is read with the first step), all before the Prefill
+    readings = [e for e in events if isinstance(e, Reading)]
+    assert [r.read for r in readings] == [*range(4, len(prompt) - 1, 4), len(prompt) - 1]
+    assert {(r.total, r.cached) for r in readings} == {(len(prompt), 0)}
+    assert [r.seconds for r in readings] == sorted(r.seconds for r in readings)
+    assert all(isinstance(e, Reading) for e in events[:len(readings)]) and isinstance(events[len(readings)], Prefill)
+    # read on from what the cache holds: those tokens counted as cached
+    longer = prompt + tokens[:1] + [5] * 9
+    _, events = run(chunked, NoDrafter(), longer, limits=Limits(max_tokens=2))
+    [prefill] = [e for e in events if isinstance(e, Prefill)]
+    readings = [e for e in events if isinstance(e, Reading)]
+    assert prefill.reused_tokens == len(prompt) + 1 and {r.cached for r in readings} == {prefill.reused_tokens}
+    assert readings[-1].read == len(longer) - 1
+    # a prompt whose unread part fits one batch sends none
+    _, events = run(load("target"), NoDrafter(), prompt, limits=Limits(max_tokens=2))
+    assert not any(isinstance(e, Reading) for e in events)
 
 
 @pytest.mark.slow

@@ -188,6 +188,31 @@ def test_several_prompts_and_n_cmpl_answer_as_llama_server_an_array_or_side_by_s
     assert "Traceback" not in server.log()
 
 
+def test_return_progress_streams_a_long_prompts_reading_as_llama_server(coder, tmp_path):
+    """llama-server's return_progress (its web UI's progress bar; a 400 before): a streamed answer's chunks show the
+    prompt's reading as it goes, a batch at a time (a quarter of one beside the other sequences' rows, -np 2),
+    before its text; a prompt that fits one batch, and an answer not streamed, show none."""
+    running = ServerProcess(tmp_path, coder, "--alias", "coder", "-c", "512", "-b", "32", "-np", "2")
+    try:
+        long = "abc de " * 30
+        asked = {"prompt": long, "n_predict": 4, "temperature": 0, "stream": True, "return_progress": True}
+        frames = events(httpx.post(running.base + "/completion", json=asked, timeout=60))
+        progress = [frame["prompt_progress"] for frame in frames if "prompt_progress" in frame]
+        total = frames[-1]["tokens_evaluated"]
+        assert len(progress) > 3 and {(p["total"], p["cache"]) for p in progress} == {(total, 0)}
+        assert [p["processed"] for p in progress] == [*range(8, total - 1, 8), total - 1]
+        assert frames.index(next(f for f in frames if f["content"])) == len(progress)  # (the reading first)
+        assert all(frame["content"] == "" and frame["tokens"] == [] for frame in frames if "prompt_progress" in frame)
+        again = events(httpx.post(running.base + "/completion", json=asked | {"prompt": long + "xyz"}, timeout=60))
+        assert not [frame for frame in again if "prompt_progress" in frame]  # (all but three tokens were cached)
+        assert "".join(frame["content"] for frame in frames) == httpx.post(
+            running.base + "/completion", json={"prompt": long, "n_predict": 4, "temperature": 0}, timeout=60
+        ).json()["content"]
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
 def test_llama_servers_spellings_without_v1_answer_as_with_it(server):
     """A client given llama-server's address without /v1 (the openai package then calls /chat/completions,
     /models, /responses) is answered as on /v1; /completions is llama-server's own completion, as /completion."""

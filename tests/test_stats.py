@@ -1,7 +1,7 @@
 import json
 import pytest
 
-from localspec.events import Candidate, Done, Logprobs, Prefill, Step, Token, from_wire, to_wire
+from localspec.events import Candidate, Done, Logprobs, Prefill, Reading, Step, Token, from_wire, to_wire
 from localspec.stats import INTERRUPTED, Recorder, record
 
 
@@ -117,3 +117,12 @@ def test_a_prefills_prompt_logprobs_go_over_the_wire_and_back():
                                   Logprobs(Candidate(2, b"\xe2\x82", -0.5), (Candidate(2, b"\xe2\x82", -0.5),))))
     assert from_wire(json.loads(json.dumps(to_wire(prefill)))) == prefill
     assert from_wire({"event": "prefill", "prompt_tokens": 3, "reused_tokens": 0, "seconds": 0.5}).logprobs == ()
+
+
+def test_a_long_prompts_reading_and_an_answers_end_token_go_over_the_wire_and_back():
+    """(a remote run shows the reading as a local one does) and a Recorder keeps the ids and the ending token."""
+    events = [Reading(64, 100, 10, 0.5), Prefill(100, 10, 0.8), Token(7, "a", False), Token(8, "b", True),
+              Done("stop", "", 0.1, end_token=2)]
+    assert [from_wire(json.loads(json.dumps(to_wire(event)))) for event in events] == events
+    recorder = record(events)
+    assert (recorder.ids, recorder.end_token, recorder.prompt_tokens) == ([7, 8], 2, 100)

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from localspec import tui
-from localspec.events import Done, Prefill, Step, Token
+from localspec.events import Done, Prefill, Reading, Step, Token
 from localspec.stats import Recorder
 
 
@@ -79,6 +79,18 @@ def test_generated_escape_sequences_reach_the_live_view_as_text():
         view.add(Prefill(1, 0, 0.0))
         view.add(Token(1, "copy \x1b]52;c;aGk=\x07 me", False))
     assert "\x1b]52" not in console.export_text(styles=True, clear=False) and "\\x1b]52" in console.export_text()
+
+
+def test_a_long_prompts_reading_shows_how_far_it_has_got():
+    assert tui.reading_line(Reading(4096, 16384, 1024, 10.0)) == \
+        "reading the prompt: 4,096 of 16,384 tokens (25%, 1,024 cached), 307 tokens/s"
+    assert tui.reading_line(Reading(512, 600, 0, 0.0)) == "reading the prompt: 512 of 600 tokens (85%), 0 tokens/s"
+    console = Console(record=True, width=90, height=30, force_terminal=True)
+    with tui.LiveView(console, summary=False) as view:
+        view.add(Reading(512, 600, 0, 1.0))
+        assert "reading the prompt: 512 of 600" in console.export_text(clear=False)
+        view.add(Prefill(600, 0, 1.2))
+        view.add(Token(1, "done", False))
 
 
 def test_a_generation_without_drafts_says_why():

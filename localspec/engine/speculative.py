@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import Limits, Sampling, Speculation
 from ..errors import ContextOverflow, InputError
-from ..events import Candidate, Done, Event, Logprobs, Prefill, Step, Token
+from ..events import Candidate, Done, Event, Logprobs, Prefill, Reading, Step, Token
 from . import backend
 from .backend import Context
 from .drafters import Draft, Drafter, ForcedDrafter, Learner, proposal
@@ -113,12 +113,21 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     scored_prompt: tuple[Logprobs, ...] = ()
     if sampling.prompt_logprobs is not None:
         reused, scored_prompt = 0, (yield from prompt_logprobs(target, prompt, sampling.prompt_logprobs))
-    elif target.n_seq > 1:  # the prompt in pieces, each beside the other sequences' rows of a step
-        reused = target.keep_common(prompt[:-1])
-        for offset in range(reused, len(prompt) - 1, target.prompt_piece):
-            yield Turn(target, prompt[offset : min(offset + target.prompt_piece, len(prompt) - 1)], logits="none")
     else:
-        reused = target.prefill(prompt[:-1])
+        # the prompt in pieces: beside the other sequences' rows of a step, or a batch at a time, each piece
+        # watched where there are several (Reading)
+        reused = target.keep_common(prompt[:-1])
+        shared = target.n_seq > 1
+        piece = target.prompt_piece if shared else target.n_batch
+        watched = len(prompt) - 1 - reused > piece
+        for offset in range(reused, len(prompt) - 1, piece):
+            tokens = prompt[offset : min(offset + piece, len(prompt) - 1)]
+            if shared:
+                yield Turn(target, tokens, logits="none")
+            else:
+                target.decode(tokens, logits="none")
+            if watched:
+                yield Reading(offset + len(tokens), len(prompt), reused, perf_counter() - started)
     model = target.model
     draft_max = draft_limit(speculation, drafter.kind)
     if grammar and speculation.jump_forward:

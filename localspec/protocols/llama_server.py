@@ -16,7 +16,7 @@ from dataclasses import replace
 from pydantic import Field
 
 from ..config import MOST_LOGPROBS, Limits, Sampling
-from ..events import Candidate, Logprobs, Token
+from ..events import Candidate, Logprobs, Reading, Token
 from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
@@ -28,7 +28,7 @@ from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, Parsed, Protoc
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
-    "lora": (None, []), "return_progress": (None, False),
+    "lora": (None, []),
     "multimodal_data": (None, []),
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
@@ -46,6 +46,7 @@ class CompletionBody(Sampled):
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
     post_sampling_probs: bool = False  # n_probs of the distribution each token was chosen from, as probabilities
     return_tokens: bool = False  # the answer's token ids in its tokens (a stream's chunks carry theirs always)
+    return_progress: bool = False  # a stream's chunks show a long prompt's reading (prompt_progress)
     n_cmpl: int = Field(1, ge=1, le=MOST_CHOICES)  # answers to each prompt
     response_fields: list[str] | None = None
     n_indent: int = Field(0, ge=0)  # a code completion ends at a line less indented than this
@@ -89,7 +90,8 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
                   asked.stream and not ahead, include_usage=False, fields=tuple(asked.response_fields or ()),
-                  reads_ahead=ahead, token_ids=asked.return_tokens, prompts=prompts, choices=asked.n_cmpl)
+                  reads_ahead=ahead, token_ids=asked.return_tokens, prompts=prompts, choices=asked.n_cmpl,
+                  shows_reading=asked.return_progress)
 
 
 def validated_body(model: type[_Typed], body: dict):
@@ -144,10 +146,10 @@ class Answer(Answering):
     token_ids = True
 
     def __init__(self, model: str, response_fields: Sequence[str] = (), reads_ahead: bool = False,
-                 sampled: bool = False, tokens: bool = False):
+                 sampled: bool = False, tokens: bool = False, progress: bool = False):
         super().__init__(False, model)
         self.response_fields, self.reads_ahead = response_fields, reads_ahead
-        self.sampled, self.tokens = sampled, tokens
+        self.sampled, self.tokens, self.shows_reading = sampled, tokens, progress
         self.index = 0
 
     def full(self, job: Job) -> dict:
@@ -176,6 +178,12 @@ class Answer(Answering):
 
     def thought(self, text: str) -> str:
         return ""  # (a bare prompt is read as written: there is no thinking apart from the text)
+
+    def reading(self, job: Job, reading: Reading) -> list[str]:
+        return [_event({"index": self.index, "content": "", "tokens": [], "stop": False, "id_slot": job.sequence,
+                        "tokens_predicted": 0, "tokens_evaluated": reading.total, "prompt_progress": {
+                            "total": reading.total, "cache": reading.cached, "processed": reading.read,
+                            "time_ms": round(reading.seconds * 1000)}})]
 
     def error(self, failure: ApiError) -> str:
         return _event(LLAMA_SERVER.error_body(failure))
@@ -311,7 +319,7 @@ class LlamaServer(Protocol):
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> Answer:
         return Answer(model, parsed.fields, parsed.reads_ahead, parsed.request.sampling.logprobs_sampled,
-                      parsed.token_ids)
+                      parsed.token_ids, parsed.shows_reading)
 
 
 LLAMA_SERVER = LlamaServer()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
-from ..events import Candidate, Logprobs, Token
+from ..events import Candidate, Logprobs, Reading, Token
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
 from ..tool_calls import ToolCall, ToolStream, UnfinishedCall
@@ -190,6 +190,7 @@ class Parsed:
     made: str | None = None  # the model made with `create` that the request named: OpenAI's answers name it
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
+    shows_reading: bool = False  # a stream shows a long prompt's reading as it goes (llama-server's return_progress)
     echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
     # the answer lists the ids of its tokens (llama-server's return_tokens; Ollama's context, the prompt's first)
     token_ids: bool = False
@@ -392,6 +393,7 @@ class Answering:
     headers: dict | None = None
     every_event = False  # streamed as the events themselves (event()), Steps too, rather than as text
     token_ids = False  # each piece of text carries the tokens it came of, whose ids it frames
+    shows_reading = False  # a stream shows a long prompt's reading as it goes (reading())
 
     def event(self, item) -> list[str]:
         """An event as an every_event protocol streams it."""
@@ -415,6 +417,10 @@ class Answering:
 
     def thought(self, text: str) -> str:
         """A piece of a reasoning model's thinking."""
+        raise NotImplementedError
+
+    def reading(self, job: Job, reading: Reading) -> list[str]:
+        """How far the prompt's reading has got (only a protocol that shows_reading is given any)."""
         raise NotImplementedError
 
     def call(self, call: ToolCall, index: int) -> str:
