@@ -50,6 +50,7 @@ from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
 from .events import Done, Reading, Token
 from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
+from .session import without_oldest_turns
 from .service import FINISHED, Embedding, Job
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
@@ -617,12 +618,29 @@ class Server:
                 if asked.messages is not None:
                     parsed = replace(parsed, request=replace(
                         asked, messages=made.conversation(asked.messages, continued=bool(asked.continues))))
+            if parsed is not None and parsed.fits:
+                parsed = self._fitted(parsed, served)
             if parsed is not None:
                 served.session.prompts.refuse_what_cannot_fit(parsed.request.characters,
                                                               len(parsed.request.messages or ()))
         except ContextOverflow as error:
             raise api_error(error, "messages" if chat else "prompt") from None
         return parsed
+
+    def _fitted(self, parsed: Parsed, served: Served) -> Parsed:
+        """The conversation without the oldest turns that leave no room for the answer (its max_tokens, at most a
+        quarter of the context), as Ollama's truncate drops them before reading; said in the log."""
+        asked, n_ctx = parsed.request, served.session.info.n_ctx
+        room = min(asked.limits.max_tokens or n_ctx, n_ctx // 4)
+        try:
+            kept = without_oldest_turns(served.session, asked.messages, n_ctx - room, asked.thinking, asked.tools)
+        except LocalspecError:  # (a prompt that cannot be made at all: refused by its generation, as any other)
+            return parsed
+        if kept is asked.messages:
+            return parsed
+        self.log(f"dropped the oldest {len(asked.messages) - len(kept)} of {len(asked.messages)} messages to leave"
+                 f" {room} tokens of the context of {n_ctx} for the answer")
+        return replace(parsed, request=replace(asked, messages=kept))
 
     async def _body(self, request: Request) -> dict:
         limit = self.serving.max_body

@@ -4,6 +4,7 @@ A Session owns the llama.cpp objects for one target (and draft) and can run
 many generations on them; the caller iterates events and never touches the engine.
 """
 
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -28,6 +29,11 @@ from .prompts import Prepared, Prompts
 from .request import Request
 from .scheduler import Scheduler
 from .stats import Recorder, Summary, record
+
+# what a chat template writes beside the messages' text, at most (markers, a default system prompt, instructions for
+# the tools): a conversation whose text and this cannot reach a budget of tokens is known to fit without tokenizing it
+TEMPLATE_BYTES_A_MESSAGE = 128
+TEMPLATE_BYTES = 2048
 
 @dataclass(frozen=True)
 class Info:
@@ -404,6 +410,36 @@ class Session:
         self.close()
 
 
+def without_oldest_turns(session, messages: list[dict], budget: int, thinking: Thinking = Thinking(),
+                         tools: tool_calls.Tools | None = None) -> list[dict]:
+    """The conversation without as few of its oldest turns (a user message and what answered it) as bring its
+    prompt within budget tokens, as Ollama's truncate drops them; never its system prompt or its latest turn
+    (one that is over alone is left to the generation to refuse). One whose text could not come to budget
+    tokens (a token spells a byte or more) is not tokenized. session: what counts a request's tokens (a Session,
+    or the serve a chat goes through)."""
+    def tokens(kept: list[dict]) -> int:
+        try:
+            return session.count_tokens(Request(messages=kept, thinking=thinking, tools=tools))
+        except ContextOverflow:  # too long to be worth tokenizing
+            return budget + 1
+
+    spelled = sum(len(str(m.get("content") or "").encode()) + TEMPLATE_BYTES_A_MESSAGE for m in messages)
+    if tools:
+        spelled += len(json.dumps(tools.definitions).encode())
+    if len(messages) < 2 or spelled + TEMPLATE_BYTES <= budget or tokens(messages) <= budget:
+        return messages
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    starts = [i for i in range(len(head) + 1, len(messages)) if messages[i]["role"] == "user"]
+    low, high = 0, len(starts) - 1  # (fewer turns, fewer tokens: the first start that fits, or the last)
+    while low < high:
+        middle = (low + high) // 2
+        if tokens(head + messages[starts[middle]:]) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    return head + messages[starts[low]:] if starts else messages
+
+
 class Conversation:
     """A chat with history. Each turn renders the whole conversation with the model's chat template; the
     KV caches keep what earlier turns read, so only the new turn is read. `recorder` folds every turn's
@@ -464,25 +500,12 @@ class Conversation:
         generation to refuse (ContextOverflow)."""
         n_ctx = self.session.info.n_ctx
         room = min(limits.max_tokens or n_ctx, n_ctx // 4)
-
-        def tokens() -> int:
-            try:
-                return self.session.count_tokens(Request(messages=self.messages, thinking=self.thinking))
-            except ContextOverflow:  # too long to be worth tokenizing
-                return 2 * n_ctx
-
-        if len(self.messages) < 2 or tokens() + room <= n_ctx:
+        if without_oldest_turns(self.session, self.messages, n_ctx - room, self.thinking) is self.messages:
             return 0
-        first = 1 if self.messages[0]["role"] == "system" else 0
-        dropped = 0
-        while True:
-            starts = [i for i in range(first + 1, len(self.messages)) if self.messages[i]["role"] == "user"]
-            if not starts:  # the latest message alone is left
-                return dropped
-            del self.messages[first:starts[0]]
-            dropped += 1
-            if tokens() <= n_ctx // 2:
-                return dropped
+        kept = without_oldest_turns(self.session, self.messages, n_ctx // 2, self.thinking)
+        dropped = sum(m["role"] == "user" for m in self.messages) - sum(m["role"] == "user" for m in kept)
+        self.messages[:] = kept
+        return dropped
 
     def send(self, text: str, **options) -> Reply:
         """The whole reply to one message."""

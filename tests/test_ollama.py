@@ -13,7 +13,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.model import Model
 from localspec.prompts import Prompts
 from localspec.request import Request
-from localspec.session import Session
+from localspec.session import Session, without_oldest_turns
 from localspec.stats import record
 from test_server import PENALTIES, PROMPT, WRONG_VALUES, _paths, _replaced, drafting_server, plain_text
 
@@ -164,6 +164,32 @@ def test_generate_hands_back_its_context_and_goes_on_from_one(server, tiny):
     chat = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                                        "stream": False, "options": options}).json()
     assert "context" not in chat  # (a chat has none)
+
+
+def test_a_chat_too_long_for_the_context_drops_its_oldest_turns_unless_truncate_is_false(server, tiny):
+    """Ollama's truncate (its default): a long chat (Open WebUI's, at serve's context) was a 400; its oldest turns
+    are dropped, never the system prompt or the latest message, leaving room for the answer, and the answer is the
+    one the turns kept give."""
+    history = [{"role": "system", "content": "be brief"}]
+    for turn in range(30):
+        history += [{"role": "user", "content": f"question {turn} about the cat and the mat"},
+                    {"role": "assistant", "content": f"answer {turn}: the cat sat on the mat"}]
+    history.append({"role": "user", "content": PROMPT})
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as alone:
+        kept = without_oldest_turns(alone, history, 512 - 12)
+        assert kept[0] == history[0] and kept[-1] == history[-1] and kept[1]["role"] == "user"
+        assert len(kept) < len(history) and alone.count_tokens(Request(messages=kept)) <= 500
+        assert alone.count_tokens(Request(messages=[kept[0], *kept[3:]])) < alone.count_tokens(Request(messages=kept))
+        assert alone.count_tokens(Request(messages=[kept[0], *history[len(history) - len(kept) - 1:]])) > 500
+    answer = client(server).chat("tiny", messages=history, options={"num_predict": 12})
+    assert answer.message.content == plain_text(tiny, kept, max_tokens=12)
+    assert answer.prompt_eval_count <= 500
+    refused = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": history, "stream": False,
+                                                          "truncate": False, "options": {"num_predict": 12}})
+    assert refused.status_code == 400 and "context" in refused.json()["error"]
+    short = client(server).chat("tiny", messages=history[-3:], options={"num_predict": 4})
+    assert short.message.content == plain_text(tiny, history[-3:], max_tokens=4)  # (nothing to drop)
+    assert "dropped the oldest" in server.log() and "Traceback" not in server.log()
 
 
 OLLAMA_CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False, "logprobs": True,

@@ -87,6 +87,7 @@ class _Generation(_Body):
 class ChatBody(_Generation):
     messages: list[Message] = Field(default_factory=list)
     tools: list[Tool] | None = None
+    truncate: bool = True  # the oldest turns that do not fit the context are dropped (false: refused)
 
 
 class GenerateBody(_Generation):
@@ -132,7 +133,7 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
         if message.tool_name:
             messages[-1]["name"] = message.tool_name
     tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
-    return _parsed(chat, defaults, messages=messages, tools=tools)
+    return replace(_parsed(chat, defaults, messages=messages, tools=tools), fits=chat.truncate)
 
 
 def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:

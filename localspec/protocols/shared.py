@@ -191,6 +191,7 @@ class Parsed:
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
     shows_reading: bool = False  # a stream shows a long prompt's reading as it goes (llama-server's return_progress)
+    fits: bool = False  # a conversation's oldest turns that leave no room for the answer are dropped (Ollama's truncate)
     echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
     # the answer lists the ids of its tokens (llama-server's return_tokens; Ollama's context, the prompt's first)
     token_ids: bool = False
