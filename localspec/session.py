@@ -35,6 +35,7 @@ from .stats import Recorder, Summary, record
 TEMPLATE_BYTES_A_MESSAGE = 128
 TEMPLATE_BYTES = 2048
 
+
 @dataclass(frozen=True)
 class Info:
     """What a face may know of a loaded session: the model files it runs, and their context and vocabulary."""

@@ -125,9 +125,9 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's and Qwen3-Coder's <function=...> XML, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections, LFM2's Python-style calls,"
-                     " Llama 3.x's JSON, Mistral's [TOOL_CALLS]"
-                     " (and [ARGS]) and gpt-oss's harmony)")
+                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections,"
+                     " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
+                     " harmony)")
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,8 @@ class Parsed:
     shows_reading: bool = False  # a stream shows a long prompt's reading as it goes (llama-server's return_progress)
     fits: bool = False  # a conversation's oldest turns that leave no room for the answer are dropped (Ollama's truncate)
     echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
-    # the answer lists the ids of its tokens (llama-server's return_tokens; Ollama's context, the prompt's first)
+    # the answer lists the ids of its tokens (llama-server's return_tokens, vLLM's return_token_ids; Ollama's
+    # context, the prompt's first)
     token_ids: bool = False
 
 
