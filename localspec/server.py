@@ -426,6 +426,9 @@ class Server:
         parsed = await self._parse(body, chat, OLLAMA, served)
         if parsed is None:  # an empty prompt: clients send one to load the model
             return JSONResponse(ollama.Answer(chat, model).loaded())
+        if parsed.renders_only:
+            return JSONResponse(ollama.Answer(chat, model).rendered(await asyncio.to_thread(_rendered, served,
+                                                                                            parsed.request)))
         answer = OLLAMA.answering(chat, model, parsed)
         answer.waited_for_model(asked, loaded)
         return await self._respond(request, client, parsed, answer, served)
@@ -497,16 +500,7 @@ class Server:
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, True, OPENAI, served)  # (a made model's system prompt and all)
 
-        def render() -> dict:
-            try:
-                tokens = served.session.prompts.prepare(parsed.request).tokens
-            except LocalspecError as error:
-                raise api_error(error) from None
-            model = served.session.prompts.model
-            tokens = tokens[1:] if tokens[:1] == [model.bos] else tokens
-            return {"prompt": model.spell_of(tokens, special=True).decode("utf-8", errors="replace")}
-
-        return JSONResponse(await asyncio.to_thread(render))
+        return JSONResponse({"prompt": await asyncio.to_thread(_rendered, served, parsed.request)})
 
     async def llama_props(self, request: Request, client: str | None) -> Response:
         """What llama-server says of itself (its default settings, context and slots), for the model asked."""
@@ -1102,6 +1096,17 @@ class _Framing:
                 out.append(self.frames.call(piece, self.calls))
                 self.calls += 1
         return out
+
+
+def _rendered(served: Served, asked: Request) -> str:
+    """The prompt a request is read as, as text (its start token left for the tokenizer to add)."""
+    try:
+        tokens = served.session.prompts.prepare(asked).tokens
+    except LocalspecError as error:
+        raise api_error(error) from None
+    model = served.session.prompts.model
+    tokens = tokens[1:] if tokens[:1] == [model.bos] else tokens
+    return model.spell_of(tokens, special=True).decode("utf-8", errors="replace")
 
 
 def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False, reading: bool = False

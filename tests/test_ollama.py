@@ -192,6 +192,24 @@ def test_a_chat_too_long_for_the_context_drops_its_oldest_turns_unless_truncate_
     assert "dropped the oldest" in server.log() and "Traceback" not in server.log()
 
 
+def test_debug_render_only_answers_the_prompt_as_read_and_a_go_template_is_refused(server, tiny):
+    """Ollama's _debug_render_only (the prompt its template renders, nothing generated) and a request's own Go
+    template: both taken and silently ignored before (a generation answered in their place)."""
+    model = Model(tiny["target"], vocab_only=True)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
+    read = Prompts(model, 512).chat_tokens(messages)
+    expected = model.spell_of(read[1:] if read[:1] == [model.bos] else read, special=True).decode()
+    for route, body in (("/api/chat", {"messages": messages}), ("/api/generate", {"system": "be brief", "prompt": PROMPT})):
+        answer = httpx.post(server.base + route, json={"model": "tiny", "_debug_render_only": True, **body}).json()
+        assert answer["debug_info"] == {"rendered_template": expected, "image_count": 0} and not answer["done"]
+    refused = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi",
+                                                            "template": "{{ .Prompt }}"})
+    assert refused.status_code == 400 and "Go templates" in refused.json()["error"]
+    wrong = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": messages, "_debug_render_only": "x"})
+    assert wrong.status_code == 400 and "_debug_render_only" in wrong.json()["error"]
+    assert "Traceback" not in server.log()
+
+
 OLLAMA_CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False, "logprobs": True,
                     "top_logprobs": 2, "options": {"num_predict": 1, "temperature": 0.5, "repeat_penalty": 1.1,
                                                    "repeat_last_n": 8, "presence_penalty": 0.5,

@@ -82,6 +82,7 @@ class _Generation(_Body):
     speculative: Speculative | None = None  # this request's own speculation (as on /v1)
     logprobs: bool | None = None  # each token's log probability in the answer
     top_logprobs: int | None = Field(None, ge=0, le=MOST_LOGPROBS)  # and the likeliest tokens' beside it
+    debug_render_only: bool = Field(False, alias="_debug_render_only")  # the prompt as read, nothing generated
 
 
 class ChatBody(_Generation):
@@ -97,6 +98,7 @@ class GenerateBody(_Generation):
     images: list | None = None
     suffix: str | None = None
     context: list[int] | None = None
+    template: str | None = None  # a Go template of the request's own, which localspec does not render
 
 
 def body(error: ApiError) -> dict:
@@ -141,6 +143,9 @@ def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
     generate = _validate(GenerateBody, data)
     if generate.images:
         raise ApiError(400, "images is not supported by localspec")
+    if generate.template:
+        raise ApiError(400, "template: Ollama's Go templates are not rendered by localspec, which reads the model's own"
+                       " chat template (raw: a prompt laid out by the client)")
     if not generate.prompt:
         return None
     # context: the tokens an earlier answer handed back (deprecated by Ollama, still read): this prompt goes on
@@ -184,7 +189,7 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     if options.draft_num_predict is not None:
         speculative["draft_max"] = options.draft_num_predict
     return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), **what, **speculative),
-                  request.stream, False)
+                  request.stream, False, renders_only=request.debug_render_only)
 
 
 def _thinking(think: bool | str | None, defaults: Defaults):
@@ -439,6 +444,10 @@ class Answer(Answering):
     def unloaded(self) -> dict:
         """The answer to an empty request with keep_alive 0: the model is unloaded (or was not loaded)."""
         return self.object("", done=True) | {"done_reason": "unload"}
+
+    def rendered(self, prompt: str) -> dict:
+        """The answer to _debug_render_only: the prompt as the model reads it, nothing generated (as Ollama's)."""
+        return self.object("") | {"debug_info": {"rendered_template": prompt, "image_count": 0}}
 
     def loaded(self) -> dict:
         """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
