@@ -431,14 +431,20 @@ def _gemma_value(text: str, at: int) -> tuple[object, int]:
     return json.loads(scalar.group()), at + scalar.end()
 
 
+def _json_argument_calls(offered: list[dict], spelled: Callable[[str, str], str]) -> str:
+    """GBNF of one call (`call`) of a form that writes the function's name in markup of its own and the arguments
+    as a JSON object, held to the function's parameters' schema: spelled(name, arguments_rule) is one call."""
+    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
+                                      for number, function in enumerate(offered)})
+    calls = [spelled(function["name"], names[f"arguments-{number}"]) for number, function in enumerate(offered)]
+    return "\n".join([f"call ::= {' | '.join(calls)}", rules])
+
+
 def _args_rules(offered: list[dict]) -> str:
     """GBNF of one call of Mistral's [ARGS] form (`call`): an offered function's name, perhaps its call id,
     then `[ARGS]` and its arguments' JSON object, held to its parameters' schema."""
-    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
-                                      for number, function in enumerate(offered)})
-    calls = [f'{json.dumps(function["name"], ensure_ascii=False)} ("[CALL_ID]" [A-Za-z0-9]{{1,32}})? "[ARGS]" '
-             f'{names[f"arguments-{number}"]}' for number, function in enumerate(offered)]
-    return "\n".join([f"call ::= {' | '.join(calls)}", rules])
+    return _json_argument_calls(offered, lambda name, arguments: f'{json.dumps(name, ensure_ascii=False)}'
+                                f' ("[CALL_ID]" [A-Za-z0-9]{{1,32}})? "[ARGS]" {arguments}')
 
 
 def _read_args_call(body: str, parameters: dict) -> tuple[str, dict]:
@@ -464,12 +470,12 @@ _KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_cal
 def _kimi_rules(offered: list[dict]) -> str:
     """GBNF of one Kimi K2 call (`call`): its opening, `functions.`, an offered function's name and an index, then
     the arguments' JSON object held to its parameters' schema."""
-    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
-                                      for number, function in enumerate(offered)})
-    begin, arguments, end = (json.dumps(marker) for marker in _KIMI_CALL)
-    calls = [f'{begin} {json.dumps("functions." + function["name"], ensure_ascii=False)} ":" [0-9]{{1,4}} {arguments}'
-             f' {names[f"arguments-{number}"]} {end}' for number, function in enumerate(offered)]
-    return "\n".join([f"call ::= {' | '.join(calls)}", rules])
+    begin, arguments_begin, end = (json.dumps(marker) for marker in _KIMI_CALL)
+    def spelled(name: str, arguments: str) -> str:
+        return (f'{begin} {json.dumps("functions." + name, ensure_ascii=False)} ":" [0-9]{{1,4}} {arguments_begin}'
+                f' {arguments} {end}')
+
+    return _json_argument_calls(offered, spelled)
 
 
 def _read_kimi_calls(body: str, parameters: dict) -> list[tuple[str, dict, str]]:
