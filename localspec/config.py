@@ -326,6 +326,10 @@ def check_threads(threads: int) -> None:
                          f" only slow llama.cpp down), got {threads}")
 
 
+# Prompts kept on disk (engine/prompt_cache.py): those that took at least this long to read, up to this many
+# bytes for every model's (llama-server keeps 8 GiB of prompts in RAM, its --cache-ram)
+PROMPT_CACHE_LEAST_SECONDS = 1.0
+PROMPT_CACHE_BYTES = 8 << 30
 AUTO_PARALLEL = 0
 PARALLEL_AUTO_MOST = 4  # llama-server's default slots
 PARALLEL_MOST = 64
@@ -365,6 +369,8 @@ class Runtime:
     # tokens: how many requests serve, or items batch, generate at once. AUTO_PARALLEL: as many as
     # PARALLEL_AUTO_MOST whose caches fit the memory beside the models (open_session decides).
     parallel: int = 1
+    # Bytes of prompts' caches kept on disk for later runs to read back (0: none kept or read)
+    prompt_cache: int = PROMPT_CACHE_BYTES
 
     def __post_init__(self):
         if self.ctx_size < 8:
@@ -372,6 +378,8 @@ class Runtime:
         if not AUTO_PARALLEL <= self.parallel <= PARALLEL_MOST:
             raise UsageError(f"--parallel takes 1 to {PARALLEL_MOST} sequences (0: as many as fit), got {self.parallel}")
         check_threads(self.threads)
+        if self.prompt_cache < 0:
+            raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
         if self.prompt_batch < 1:
             raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")
         if self.gpu_layers is None and not self.rpc:

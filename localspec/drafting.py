@@ -224,6 +224,11 @@ class Drafters:
             for drafter in self.costly.values():
                 drafter.context.truncate(0)
 
+    def contexts_of(self, sequence: int) -> list[Context]:
+        """The contexts a sequence's costly drafters draft on."""
+        costly = self.costly if sequence == 0 else self._costly_of(sequence)
+        return [drafter.context for drafter in costly.values()]
+
     @property
     def contexts(self) -> list[Context]:
         """The costly drafters' own contexts."""

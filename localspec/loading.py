@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import store
+from . import paths, store
 from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
 from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
+from .engine.prompt_cache import PromptCache
 from .engine.drafters import CostlyDrafter
 from .engine.drafters.across import AcrossDrafter, Vocabularies
 from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, longest_draft, plan_drafting
@@ -164,8 +165,11 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     rows = longest_draft(speculation) + 1
 
     def context(model: Model, **options) -> Context:
-        return own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
+        made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel, **options))
+        if runtime.prompt_cache and made.can_remember:
+            made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache)
+        return made
 
     # room for draft trees where they can be verified: no recurrent state, no hidden states kept for a drafter
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
@@ -188,7 +192,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         models[spec], mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
-    # the cells in use.
+    # the cells in use; nor the prompt cache, which decides what is read, not how.
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
-    del settings["ctx_size"]
+    del settings["ctx_size"], settings["prompt_cache"]
     return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)

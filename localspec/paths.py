@@ -1,5 +1,6 @@
 """Where localspec keeps its files. LOCALSPEC_HOME puts everything under one directory."""
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -18,6 +19,20 @@ def models_dir() -> Path:
     if root is not None:
         return root / "models"
     return Path(platformdirs.user_cache_dir("localspec")) / "models"
+
+
+def prompts_dir() -> Path:
+    """Prompts' caches kept between runs (engine/prompt_cache.py)."""
+    root = home()
+    return root / "prompts" if root is not None else Path(platformdirs.user_cache_dir("localspec")) / "prompts"
+
+
+def prompts_of(model: Path, root: Path | None = None) -> Path:
+    """The folder of a model file's prompts under root (default prompts_dir()): a file replaced (downloaded again,
+    requantized) is another model's."""
+    stat = model.stat()
+    identity = f"{model.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return (prompts_dir() if root is None else root) / hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
 def state_dir() -> Path:

@@ -10,6 +10,7 @@ the route's one boundary, never a traceback, and the server goes on serving.
 import asyncio
 import contextlib
 import functools
+import hashlib
 import hmac
 import http.server
 import ipaddress
@@ -575,8 +576,9 @@ class Server:
         return JSONResponse(failure.body(), status_code=failure.status, headers=failure.headers)
 
     def _client(self, request: Request) -> str | None:
-        """Which API key the request carries (its number; None when the server has no keys); ApiError
-        401 if it carries none of them."""
+        """Which API key the request carries (a digest of it, which names the same key however the keys are
+        listed, after a restart too: prompts kept on disk are that key's alone; None when the server has no
+        keys); ApiError 401 if it carries none of them."""
         keys = self.serving.api_keys
         if not keys:
             return None
@@ -587,7 +589,7 @@ class Server:
             # every key compared, in constant time each: how long a refusal takes tells nothing of the keys
             matches = [hmac.compare_digest(given.strip().encode(), key.encode()) for key in keys]
             if any(matches):
-                return f"key {matches.index(True) + 1}"
+                return "key " + hashlib.sha256(keys[matches.index(True)].encode()).hexdigest()[:16]
         raise ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY' or"
                        " 'x-api-key: KEY' (a key given to serve with --api-key or --api-key-file)", code="invalid_api_key",
                        headers={"WWW-Authenticate": "Bearer"})

@@ -163,8 +163,9 @@ class Session:
         """The sequence a prompt should generate on, of those not busy: the one whose cache holds most of
         it (a conversation resent with one more turn); on a tie the first, for which a draft model drafts.
         client: whose prompt it is (serve's API key): a cache another client filled is emptied first and
-        shares nothing, so that what it reuses (cached_tokens, the prompt's time) tells no client how
-        much of another's prompt it guessed."""
+        shares nothing, and prompts are read back from disk, and kept there, among the client's own alone, so
+        that what it reuses (cached_tokens, the prompt's time) tells no client how much of another's prompt
+        it guessed."""
         free = [seq for seq in range(len(self.sequences)) if seq not in busy]
 
         def shared(seq: int) -> int:
@@ -174,6 +175,9 @@ class Session:
         if self._filled_by.get(chosen, client) != client:
             self.reset(chosen)
         self._filled_by[chosen] = client
+        for context in [self.sequences[chosen], *self.drafting.contexts_of(chosen)]:
+            if context.prompt_cache is not None:  # (read back from, and kept in, the client's own)
+                context.prompt_cache = context.prompt_cache.of(client)
         # A busy sequence that holds more of the prompt (the same prompt's other choices, n > 1, or another
         # request of the same client's sent at once) lends its cells: the prompt is read once.
         lent, donor = max(((shared(seq), seq) for seq in busy if seq in range(len(self.sequences))), default=(0, None))

@@ -107,7 +107,7 @@ class Summary:
     per_position_drafted: list[int]  # steps whose draft reached each position
     tokens_per_second: float
     prompt_tokens: int
-    reused_prompt_tokens: int  # already in the KV cache from an earlier turn
+    reused_prompt_tokens: int  # already in the KV cache from an earlier turn, or read back from the prompt cache
     prefill_seconds: float
     draft_seconds: float
     verify_seconds: float

@@ -93,6 +93,22 @@ def calibration_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setattr(calibration, "path", lambda: tmp_path / "calibration.json")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def prompt_cache_of_the_module(tmp_path_factory):
+    """In-process sessions keep prompts in a folder of their module's (those that its tests share), not in the
+    user's cache, where one module's prompts would be read back by another's."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("prompts")
+        patch.setattr(paths, "prompts_dir", lambda: folder)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def prompt_cache_of_its_own(tmp_path, monkeypatch):
+    """And a test's own sessions in a folder of the test's."""
+    monkeypatch.setattr(paths, "prompts_dir", lambda: tmp_path / "prompts")
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """Paths of tiny GGUFs: a target, drafts that agree fully/partly/not at all, another tokenizer."""

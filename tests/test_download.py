@@ -22,6 +22,7 @@ from conftest import TARGET
 from fakehub import FakeHub, serve
 from processes import stop
 from test_rpc import free_port
+from localspec import paths
 from localspec.store import download, mirror
 from localspec.errors import FetchError
 from tinymodels import write_tiny_model
@@ -416,9 +417,16 @@ def test_run_by_name_with_a_draft_size_from_the_family(localspec):
 
 def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, no_hub_cli, home):
     assert localspec("pull", "tiny").returncode == 0
+    # its prompts kept on disk go with it; another model's stay
+    prompts = paths.prompts_of(home / "models" / "tiny" / "target.gguf", home / "prompts")
+    others = home / "prompts" / "0123456789abcdef"
+    for folder in (prompts, others):
+        folder.mkdir(parents=True)
+        (folder / "p-0123456789abcdef-100.bin").write_bytes(b"x" * 1000)
     removed = localspec("rm", "tiny")
     assert removed.returncode == 0 and "removed tiny" in removed.stdout
     assert not (home / "models" / "tiny").exists()
+    assert not prompts.exists() and others.exists()
     code, _, stderr = no_hub_cli("rm", "tiny")
     assert code == 2 and "not downloaded" in stderr
     code, _, stderr = no_hub_cli("run", "tinny", "-p", "x")

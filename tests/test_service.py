@@ -103,6 +103,27 @@ def test_a_clients_cached_prompt_is_reused_for_it_alone(session):
         service.close()
 
 
+def test_a_clients_prompts_on_disk_are_read_back_for_it_alone(tiny):
+    # prompts kept on disk were read back for whichever key sent the same beginning: cached_tokens told key 2
+    # that key 1 had sent it, in this serve or an earlier one
+    prompt = " ".join(["the secret plan is to meet at the old mill at noon"] * 4)
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.NGRAM)) as own:
+        own.sequences[0].prompt_cache.least_seconds = 0  # (a tiny model reads it in no time)
+        service = Service(own, queue_limit=4, log=print)
+
+        def reused(client: str) -> int:
+            inbox = Inbox(client, [])
+            service.submit(Request(Sampling(temperature=0), Limits(2), prompt=prompt, client=client), inbox)
+            assert inbox.done.wait(60)
+            return next(item.reused_tokens for item in inbox.items if isinstance(item, Prefill))
+
+        try:
+            assert reused("key 1") == 0
+            assert reused("key 2") == 0  # its cache emptied, and key 1's file is not its to read
+            assert reused("key 1") > 16  # its own, read back from its file
+        finally:
+            service.close()
+
 def test_a_cancelled_job_stops_at_its_next_step_and_a_waiting_one_never_starts(session):
     service = Service(session, queue_limit=4, log=print)
     order: list[str] = []

@@ -471,6 +471,8 @@ def bench(
     if plot_file:
         bench_runner.drawing()
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
+    # every mode reads each prompt itself, none from a file an earlier mode or run left
+    settings = replace(settings, runtime=replace(settings.runtime, prompt_cache=0))
     with _open(settings, "bench") as session:
         with tui.err.status("benchmarking") as status:
             rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,

@@ -262,6 +262,16 @@ RESOURCE_OPTIONS = {
         "--mlock", help="Keep the models' weights in RAM, never swapped out (the system may cap how much a"
         " process can lock: ulimit -l).", rich_help_panel=RESOURCES)], False),
 }
+PROMPT_CACHE_OPTIONS = {
+    "prompt_cache": (Annotated[str, typer.Option(
+        "--prompt-cache", metavar="SIZE",
+        help="Keep the cache of each prompt that took a second or more to read on disk, up to SIZE for every model's"
+        " (8GiB, 500MiB; a bare number is MiB, as llama-server's --cache-ram), so that a later prompt beginning with"
+        " the same tokens (a long system prompt, a document, a conversation so far), in this run or the next, is"
+        " read back in place of read again. The least recently used go first; off keeps and reads none. Models"
+        " whose drafter reads the target's hidden states (MTP, EAGLE-3, DFlash) read their prompts anew.",
+        rich_help_panel=RESOURCES)], f"{DEFAULT_RUNTIME.prompt_cache // 2**30}GiB"),
+}
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
         "--rpc", help="Comma-separated HOST:PORT of `localspec worker`s on other machines: the target's layers are"
@@ -287,7 +297,7 @@ PARALLEL_OPTIONS = {
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      THINKING_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS)
+                      THINKING_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -363,7 +373,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
-                        mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel)),
+                        mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
+                        prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
         made=made,
@@ -440,6 +451,19 @@ def with_options(*groups: dict, before=None, **defaults):
         return with_settings
 
     return decorate
+
+
+SIZE_UNITS = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _size(value: str, option: str) -> int:
+    """Bytes, from 8GiB, 8G, 500MiB, 500 (MiB, as llama-server's --cache-ram), or off (0)."""
+    if value.strip().lower() in ("off", "none", "no"):
+        return 0
+    spelled = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value, re.IGNORECASE)
+    if not spelled:
+        raise UsageError(f"{option} takes a size (8GiB, 500MiB, 0) or off, got {value!r}")
+    return int(float(spelled[1]) * SIZE_UNITS[spelled[2].lower()])
 
 
 def _parallel(value: str) -> int:

@@ -144,6 +144,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self._tokens = ctypes.cast(self._batch.token, ctypes.POINTER(llama.llama_token))  # a copy, not a view of the field
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
+        # prompts kept on disk (prompt_cache.PromptCache), for a context whose cache is all it needs to go on
+        self.prompt_cache = None
         self._start_rows(backend_sampling)
 
     def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None,
@@ -279,14 +281,29 @@ class Context(ChainRows, TreeDecoding, Rollback):
         return keep
 
     def keep_common(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:
-        """Keep the cached prefix `tokens` start with (at most `most` tokens), forget the rest, and
-        return its length. A recurrent state that cannot go back that far is emptied (0)."""
+        """Keep the cached prefix `tokens` start with (at most `most` tokens), or a longer one the prompt cache
+        holds, forget the rest, and return its length. A recurrent state that cannot go back that far is
+        emptied (0)."""
         self._settle()
         keep = self.shares(tokens, agreed, most)
+        if self.prompt_cache is not None:
+            keep = self.prompt_cache.recall(self, tokens, keep, len(tokens) if most is None else most)
         if not self._forget_from(keep):
             self.truncate(0)
             keep = 0
         return keep
+
+    @property
+    def can_remember(self) -> bool:
+        """Whether the cache is all a prompt read leaves behind (no hidden states kept or read beside it), so that
+        a prompt cache on disk can stand for reading it."""
+        return not (self.hidden.layers or self.reads_hidden or self.model.architecture == "dflash")
+
+    def remember(self, read: int, seconds: float) -> None:
+        """After reading `read` tokens of a prompt in `seconds`: keep what the cache holds on disk, where it has a
+        prompt cache and that took long."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.keep(self, read, seconds)
 
     def adopt(self, donor: "Context", n: int) -> bool:
         """Hold the first n positions of donor's cache (another sequence of this context) as this sequence's

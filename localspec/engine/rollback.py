@@ -1,5 +1,6 @@
 """Taking a context's cache back (truncate), and what makes that safe: a recurrent state's snapshots and
-checkpoints, and the cache's record mended after a change that Ctrl-C cut short (_settle)."""
+checkpoints, and the cache's record mended after a change that Ctrl-C cut short (_settle); and a sequence's
+cache handed out and taken back whole (state, set_state)."""
 
 import ctypes
 
@@ -99,4 +100,28 @@ class Rollback:
         self._changing = None
         if again:
             self.decode(again, logits="none")
+        return True
+
+    def state(self) -> ctypes.Array | None:
+        """The sequence's cache as llama.cpp hands it out (llama_state_seq_get_data), or None where it would not."""
+        self._settle()
+        size = llama.llama_state_seq_get_size(self._ctx, self.seq)
+        saved = (ctypes.c_uint8 * size)()
+        return saved if llama.llama_state_seq_get_data(self._ctx, saved, size, self.seq) == size else None
+
+    def set_state(self, saved: bytearray, tokens: list[int]) -> bool:
+        """Hold `tokens`, whose cache `saved` is as state() hands it out, in place of what the sequence held; False
+        where llama.cpp would not read it into this context (another model's, another layout, cut short), the
+        sequence then empty. (Not llama_state_seq_load_file: a file cut short aborts the process there.)"""
+        self._settle()
+        self.truncate(0)
+        self._changing = (0, ())
+        read = llama.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * len(saved)).from_buffer(saved),
+                                              len(saved), self.seq)
+        self._changing = None
+        if not read or llama.llama_memory_seq_pos_max(self._memory, self.seq) != len(tokens) - 1:
+            llama.llama_memory_seq_rm(self._memory, self.seq, -1, -1)  # (whatever part of it was read)
+            return False
+        self.tokens = list(tokens)
+        self._last_decoded, self._rolled_back = 0, False
         return True

@@ -128,6 +128,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                 target.decode(tokens, logits="none")
             if watched:
                 yield Reading(offset + len(tokens), len(prompt), reused, perf_counter() - started)
+        target.remember(len(prompt) - 1 - reused, perf_counter() - started)
     model = target.model
     draft_max = draft_limit(speculation, drafter.kind)
     if grammar and speculation.jump_forward:

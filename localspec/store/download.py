@@ -361,7 +361,8 @@ def _listing(repo: str) -> list[str]:
 
 
 def remove(entry: ModelEntry) -> int:
-    """Delete one downloaded model's folder, partial downloads included; returns the bytes freed.
+    """Delete one downloaded model's folder, partial downloads included, and its prompts kept on disk; returns
+    the bytes freed.
 
     Only a real folder directly inside the models folder is deleted: a symbolic link put there
     would make rmtree delete whatever it points to (or fail halfway)."""
@@ -372,6 +373,12 @@ def remove(entry: ModelEntry) -> int:
         return 0
     if directory.resolve().parent != paths.models_dir().resolve():
         raise InputError(f"{directory} is not inside {paths.models_dir()}; nothing was removed")
-    freed = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+    # its prompts kept on disk go with it (a folder named by the file, never a link)
+    kept = [paths.prompts_of(gguf) for gguf in directory.glob("*.gguf") if gguf.is_file() and not gguf.is_symlink()]
+    kept = [prompts for prompts in kept if prompts.is_dir() and not prompts.is_symlink()]
+    freed = sum(p.stat().st_size for place in (directory, *kept) for p in place.rglob("*")
+                if p.is_file() and not p.is_symlink())
     shutil.rmtree(directory)
+    for prompts in kept:
+        shutil.rmtree(prompts, ignore_errors=True)
     return freed

@@ -4,6 +4,7 @@
 from collections.abc import Generator, Iterator
 from contextlib import closing
 from dataclasses import replace
+from time import perf_counter
 
 import numpy as np
 
@@ -195,7 +196,9 @@ class ModelDrafter(ForwardDrafter):
         after it need comparing; the last history token's logits start the next draft.
         """
         keep = self.context.keep_common(history, self.agreed, len(history) - 1)
+        started = perf_counter()
         yield from self._decoded(history[keep:], "last")
+        self.context.remember(len(history) - keep, perf_counter() - started)
         self.agreed = len(history)
         if backend.CHECK_CACHES:
             self.context.check_holds(history)

@@ -1,0 +1,221 @@
+"""Prompts kept on disk between runs: a sequence's cache after a prompt that took long to read, written to a file
+of llama.cpp's own sequence-state format (the one llama-cli's --prompt-cache and llama-server's slot save write:
+the tokens, then the state), and read back for a later prompt that begins with the same tokens, in this process
+or the next, instead of decoding them again.
+
+One folder a model file (its path, size and time: a file replaced is another model), and in it one a client of
+a server with API keys, under one cap for all of them, the least recently used file going first. A file names the hash of its tokens and how long each of them
+took to read, so that one is read back only where that saves more time than reading the file costs."""
+
+import hashlib
+import os
+import re
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import paths
+from ..config import PROMPT_CACHE_LEAST_SECONDS
+
+SEQ_MAGIC, SEQ_VERSION = 0x67677371, 3  # 'ggsq': llama.h's LLAMA_STATE_SEQ_MAGIC and _VERSION
+# what llama_state_seq_get_data writes before the state that a file holds: a magic number of its own and the
+# sequence's id (which set_data reads past)
+STATE_HEAD = struct.Struct("<Ii")
+STATE_MAGIC = 0xAF143CD8
+NAME = re.compile(r"p-([0-9a-f]{16})-(\d+)\.bin")  # the tokens' hash, microseconds a token took to read
+READ_BYTES_PER_SECOND = 1e9  # a file from the page cache or an SSD: what reading one back is reckoned to cost
+LEAST_TOKENS = 16  # fewer tokens read than this are neither looked for nor kept here
+STALE_SECONDS = 3600  # a partial file older than this was left by a process that ended while writing it
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    tokens: np.ndarray
+    seconds_per_token: float
+    size: int
+
+
+def _hash(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:16]
+
+
+def _read_tokens(file) -> np.ndarray | None:
+    """The tokens a sequence-state file holds (its header), or None where it is not one."""
+    head = file.read(12)
+    if len(head) < 12:
+        return None
+    magic, version, n = struct.unpack("<III", head)
+    tokens = np.fromfile(file, dtype="<i4", count=n)
+    return tokens if magic == SEQ_MAGIC and version == SEQ_VERSION and len(tokens) == n else None
+
+
+def tokens_of(path: Path) -> np.ndarray | None:
+    try:
+        with open(path, "rb") as file:
+            return _read_tokens(file)
+    except OSError:
+        return None
+
+
+def write(path: Path, tokens: Sequence[int], state) -> None:
+    """A file of llama.cpp's sequence-state format (llama_state_seq_save_file's) from a state as
+    llama_state_seq_get_data hands it out."""
+    with open(path, "wb") as file:
+        file.write(struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(tokens)))
+        file.write(np.asarray(tokens, dtype="<i4").tobytes())
+        file.write(memoryview(state)[STATE_HEAD.size :])
+
+
+def read(path: Path) -> tuple[list[int], bytearray] | None:
+    """Such a file's tokens, and its state as llama_state_seq_set_data reads it; None where it is not one."""
+    try:
+        with open(path, "rb") as file:
+            tokens = _read_tokens(file)
+            if tokens is None:
+                return None
+            saved = bytearray(STATE_HEAD.size + os.fstat(file.fileno()).st_size - file.tell())
+            STATE_HEAD.pack_into(saved, 0, STATE_MAGIC, 0)
+            file.readinto(memoryview(saved)[STATE_HEAD.size :])
+    except OSError:
+        return None
+    return tokens.tolist(), saved
+
+
+class PromptCache:
+    """The prompts of one model file (folder), under root's cap of most_bytes for every model's.
+
+    A context holding one (Context.prompt_cache) looks here before it reads a prompt (recall) and writes what it
+    holds after reading one for longer than least_seconds (keep). Trouble on disk (full, not writable, a file
+    not of this model after all) only means reading the prompt as without it."""
+
+    def __init__(self, root: Path, model: Path, most_bytes: int, least_seconds: float = PROMPT_CACHE_LEAST_SECONDS,
+                 folder: Path | None = None):
+        self.root, self.folder = root, folder or paths.prompts_of(model, root)
+        self.model, self.most_bytes, self.least_seconds = model, most_bytes, least_seconds
+        self._entries: dict[Path, tuple[int, Entry | None]] = {}  # by path: (mtime_ns, its entry) as last read
+        self._failed: set[Path] = set()  # files llama.cpp would not read into this model's context
+        self._clients: dict[str, PromptCache] = {}
+        self._base = self
+
+    def of(self, client: str | None) -> "PromptCache":
+        """The model's prompts of one client of a server (its API key), kept apart from every other client's, so
+        that what is read back tells no client what another's prompts were; None: those of no client's."""
+        base = self._base
+        if client is None:
+            return base
+        if client not in base._clients:
+            made = PromptCache(base.root, base.model, base.most_bytes, base.least_seconds,
+                               base.folder / f"client-{hashlib.sha256(client.encode()).hexdigest()[:16]}")
+            made._base = base
+            base._clients[client] = made
+        return base._clients[client]
+
+    def entries(self) -> list[Entry]:
+        """The files in the model's folder, their headers read once each."""
+        try:
+            listed = [(Path(item.path), item.stat()) for item in os.scandir(self.folder)
+                      if NAME.fullmatch(item.name)]
+        except OSError:
+            return []
+        found = []
+        for path, stat in listed:
+            known = self._entries.get(path)
+            if known is None or known[0] != stat.st_mtime_ns:
+                tokens = tokens_of(path)
+                entry = None if tokens is None else Entry(
+                    path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6, stat.st_size)
+                self._entries[path] = known = (stat.st_mtime_ns, entry)
+            if known[1] is not None and path not in self._failed:
+                found.append(known[1])
+        return found
+
+    def best(self, wanted: Sequence[int], held: int, most: int, whole: bool) -> tuple[Entry, int] | None:
+        """The file worth reading back for a cache that holds the first `held` of `wanted` and is to hold up to
+        `most` of them, and how many of them it holds; whole: only a file all of whose tokens are wanted (a
+        recurrent state cannot be taken back)."""
+        if most - held < LEAST_TOKENS:
+            return None
+        want = np.asarray(wanted[:most], dtype=np.int32)
+        best = None
+        for entry in self.entries():
+            n = min(len(entry.tokens), len(want))
+            differing = np.flatnonzero(entry.tokens[:n] != want[:n])
+            common = int(differing[0]) if len(differing) else n
+            if whole and common < len(entry.tokens):
+                continue
+            saved = (common - held) * entry.seconds_per_token
+            if saved < max(self.least_seconds / 2, entry.size / READ_BYTES_PER_SECOND):
+                continue
+            if best is None or (common, -entry.size) > (best[1], -best[0].size):
+                best = (entry, common)
+        return best
+
+    def recall(self, context, wanted: Sequence[int], held: int, most: int) -> int:
+        """Read back the file that saves the context most reading of `wanted`, if one does; how many of
+        `wanted` it holds then (a file llama.cpp refused leaves it holding none)."""
+        found = self.best(wanted, held, most, context.recurrent)
+        if found is None:
+            return held
+        entry, _ = found
+        saved = read(entry.path)
+        if saved is None or not context.set_state(saved[1], saved[0]):
+            self._failed.add(entry.path)
+            return context.shares(wanted, 0, most)
+        try:
+            os.utime(entry.path)  # (the least recently used go first)
+        except OSError:
+            pass
+        return context.shares(wanted, 0, most)
+
+    def keep(self, context, read: int, seconds: float) -> None:
+        """Write what the context holds, after it read `read` tokens of it in `seconds`, where that was long;
+        then drop files it makes needless (a prefix of its tokens, where the cache can be taken back) and the
+        least recently used over the cap."""
+        if read < LEAST_TOKENS or seconds < self.least_seconds:
+            return
+        tokens = list(context.tokens)
+        path = self.folder / f"p-{_hash(tokens)}-{max(1, round(seconds / read * 1e6))}.bin"
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        try:
+            if not self.folder.is_dir():
+                self.folder.mkdir(parents=True)
+                (self.folder / "model.txt").write_text(f"{self.model}\n")  # (for whoever looks in)
+            state = context.state()
+            if state is None:
+                return
+            write(partial, tokens, state)
+            del state
+            os.replace(partial, path)
+            if not context.recurrent:
+                for entry in self.entries():
+                    if entry.path != path and len(entry.tokens) <= len(tokens) and (
+                            entry.tokens == np.asarray(tokens[: len(entry.tokens)], dtype=np.int32)).all():
+                        entry.path.unlink(missing_ok=True)
+            self.evict()
+        except OSError:
+            partial.unlink(missing_ok=True)
+
+    def evict(self) -> None:
+        """Delete the least recently used files of every model's until they fit the cap, and partial files left
+        by a process that ended while writing."""
+        files, now = [], time.time()
+        for path in self.root.rglob("p-*"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            if NAME.fullmatch(path.name):
+                files.append((stat.st_mtime, stat.st_size, path))
+            elif path.name.endswith(".partial") and now - stat.st_mtime > STALE_SECONDS:
+                path.unlink(missing_ok=True)
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.most_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size

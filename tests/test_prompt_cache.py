@@ -1,0 +1,182 @@
+"""Prompts kept on disk (engine/prompt_cache.py) on tiny real GGUFs: a prompt read back from its file continues as
+its reading did, in another context as in another process; only what pays is kept or read; the cap holds."""
+
+import os
+
+import numpy as np
+import pytest
+
+from localspec.config import Limits, Sampling, Speculation
+from localspec.engine.backend import Context
+from localspec.engine.drafters import ModelDrafter, NoDrafter
+from localspec.engine.model import Model
+from localspec.engine.prompt_cache import PromptCache
+from localspec.paths import prompts_of
+from localspec.engine.speculative import generate
+from localspec.events import Prefill, Token
+
+GREEDY = Sampling(temperature=0.0)
+PLAIN = Speculation(draft_max=4, p_min=0.0)
+
+
+@pytest.fixture
+def opened(tiny):
+    """opened(name, root, least_seconds=0) -> a fresh context on a tiny model, keeping prompts under root."""
+    made = []
+
+    def open_context(name: str, root, least_seconds: float = 0.0, most_bytes: int = 1 << 30,
+                     n_seq: int = 1) -> Context:
+        model = Model(tiny[name])
+        context = Context(model, 256, 64, threads=2, max_outputs=64, n_seq=n_seq)
+        context.prompt_cache = PromptCache(root, model.path, most_bytes, least_seconds)
+        made.append((context, model))
+        return context
+
+    yield open_context
+    for context, model in made:
+        context.close()
+        model.close()
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    return [1] + [int(t) for t in np.random.default_rng(seed).integers(3, 60, n - 1)]
+
+
+def generation(context, prompt, drafter=None, max_tokens=24):
+    events = list(generate(context, drafter or NoDrafter(), prompt, GREEDY, PLAIN, Limits(max_tokens=max_tokens)))
+    prefill = next(e for e in events if isinstance(e, Prefill))
+    return [e.id for e in events if isinstance(e, Token)], prefill.reused_tokens
+
+
+def files(root) -> list:
+    return sorted(root.glob("*/p-*.bin"))
+
+
+def test_a_prompt_read_back_from_disk_continues_as_its_reading_did(opened, tmp_path):
+    prompt = prompt_of(120)
+    first = opened("target", tmp_path)
+    read, reused = generation(first, prompt)
+    assert reused == 0 and len(files(tmp_path)) == 1
+    again = opened("target", tmp_path)  # a context of its own, as in the next run
+    recalled, reused = generation(again, prompt)
+    assert reused == len(prompt) - 1 and recalled == read
+    # its rows are those the same reading gives, not near them
+    fresh = opened("target", tmp_path / "elsewhere")
+    fresh.decode(prompt[:-1], "none")
+    fresh.decode(prompt[-1:], "last")
+    again.keep_common(prompt[:-1])
+    again.decode(prompt[-1:], "last")
+    assert np.array_equal(again.logits(-1), fresh.logits(-1))
+
+
+def test_a_prompt_that_begins_alike_reads_back_the_common_part_only(opened, tmp_path):
+    prompt = prompt_of(120)
+    generation(opened("target", tmp_path), prompt)
+    other = prompt[:80] + prompt_of(40, seed=1)[1:]
+    context = opened("target", tmp_path)
+    tokens, reused = generation(context, other)
+    assert reused == 80 + (other[80] == prompt[80])
+    assert tokens == generation(opened("target", tmp_path / "elsewhere"), other)[0]
+    assert len(files(tmp_path)) == 2  # (neither holds the other's tokens)
+
+
+def test_a_longer_prompt_replaces_the_file_of_its_beginning(opened, tmp_path):
+    prompt = prompt_of(120)
+    generation(opened("target", tmp_path), prompt[:60])
+    generation(opened("target", tmp_path), prompt)
+    [kept] = files(tmp_path)
+    assert opened("target", tmp_path).prompt_cache.entries()[0].tokens.tolist() == prompt[:-1]
+    assert kept.exists()
+
+
+def test_what_is_quick_to_read_is_neither_kept_nor_looked_for(opened, tmp_path):
+    generation(opened("target", tmp_path, least_seconds=60), prompt_of(120))
+    assert files(tmp_path) == []
+    generation(opened("target", tmp_path), prompt_of(12))  # fewer tokens than pays to look for
+    assert files(tmp_path) == []
+
+
+def test_a_file_that_is_not_this_models_is_read_as_none_and_not_tried_again(opened, tmp_path):
+    prompt = prompt_of(120)
+    expected, _ = generation(opened("target", tmp_path / "clean"), prompt)
+    generation(opened("target", tmp_path), prompt)
+    [kept] = files(tmp_path)
+    kept.write_bytes(kept.read_bytes()[: kept.stat().st_size // 2])  # a disk that lost its end
+    context = opened("target", tmp_path)
+    tokens, reused = generation(context, prompt)
+    assert (tokens, reused) == (expected, 0)
+    assert context.prompt_cache._failed  # (and not tried again by this process)
+
+
+def test_each_model_file_has_a_folder_of_its_own(tiny, tmp_path):
+    assert prompts_of(tiny["target"], tmp_path) != prompts_of(tiny["partial"], tmp_path)
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny["target"].read_bytes())
+    assert prompts_of(copy, tmp_path) != prompts_of(tiny["target"], tmp_path)
+
+
+def test_the_least_recently_used_go_first_over_the_cap(opened, tmp_path):
+    context = opened("target", tmp_path)
+    generation(context, prompt_of(100, seed=1))
+    size = files(tmp_path)[0].stat().st_size
+    context.prompt_cache.most_bytes = int(size * 2.5)
+    generation(context, prompt_of(100, seed=2))
+    old = files(tmp_path)
+    os.utime(old[0], (1, 1))
+    os.utime(old[1], (2, 2))
+    generation(context, prompt_of(100, seed=3))
+    left = files(tmp_path)
+    assert len(left) == 2 and old[0] not in left
+
+
+def test_a_draft_model_reads_its_prompt_back_too(opened, tmp_path):
+    prompt = prompt_of(120)
+    target, draft = opened("target", tmp_path), opened("partial", tmp_path)
+    tokens, _ = generation(target, prompt, ModelDrafter(draft, 0.0, draft.model.n_vocab))
+    assert len(files(tmp_path)) == 2  # one each model's folder
+    target, draft = opened("target", tmp_path), opened("partial", tmp_path)
+    again, reused = generation(target, prompt, ModelDrafter(draft, 0.0, draft.model.n_vocab))
+    assert again == tokens and reused == len(prompt) - 1
+    assert draft.tokens[: len(prompt)] == prompt
+
+
+def test_a_recurrent_state_reads_back_only_a_file_wholly_its_prompts(opened, tmp_path):
+    prompt = prompt_of(120)
+    expected, _ = generation(opened("hybrid", tmp_path / "clean"), prompt)
+    generation(opened("hybrid", tmp_path), prompt[:80])
+    tokens, reused = generation(opened("hybrid", tmp_path), prompt)
+    assert (tokens, reused) == (expected, 79)
+    other = prompt[:60] + prompt_of(60, seed=4)[1:]
+    generation(opened("hybrid", tmp_path), prompt)
+    tokens, reused = generation(opened("hybrid", tmp_path), other)
+    assert reused == 0  # (a state at the end of another prompt cannot be taken back to where they part)
+
+
+def test_a_sequence_of_a_shared_context_reads_back_into_its_own_cells(opened, tmp_path):
+    prompt = prompt_of(100)
+    expected, _ = generation(opened("target", tmp_path), prompt)
+    shared = opened("target", tmp_path, n_seq=2)
+    second = shared.sequence(1)
+    shared.decode(prompt_of(50, seed=5), "none")  # the first sequence holds a prompt of its own meanwhile
+    second.keep_common(prompt[:-1])
+    assert second.tokens == prompt[:-1]
+    second.decode(prompt[-1:], "last")
+    first_token = int(np.argmax(second.logits(-1)))
+    assert first_token == expected[0]
+    shared.check_holds(prompt_of(50, seed=5))
+
+
+def test_each_client_keeps_its_prompts_apart(opened, tmp_path):
+    prompt = prompt_of(100)
+    context = opened("target", tmp_path)
+    base = context.prompt_cache
+    context.prompt_cache = base.of("key 1")
+    generation(context, prompt)
+    for client in ("key 2", None):
+        other = opened("target", tmp_path)
+        other.prompt_cache = base.of(client)
+        assert generation(other, prompt)[1] == 0
+    again = opened("target", tmp_path)
+    again.prompt_cache = base.of("key 1")
+    assert generation(again, prompt)[1] == len(prompt) - 1
+    assert base.of("key 1") is context.prompt_cache and base.of("key 1").of(None) is base
