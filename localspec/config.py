@@ -9,6 +9,7 @@ import numbers
 import operator
 import os
 import re
+from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -525,6 +526,10 @@ class Serving:
     # GGUF), and /api/create, /api/copy, /api/delete and /api/blobs change the models here; None: where serve
     # listens on this machine only.
     allow_pull: bool | None = None
+    # llama-server's GET /slots (--no-slots: a 501) and its POST /slots/ID?action=save|restore|erase, with files in
+    # this folder (None: a 501, as llama-server without --slot-save-path)
+    slots: bool = True
+    slot_save_path: Path | None = None
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -52,7 +52,7 @@ from .errors import ContextOverflow, EngineError, FetchError, InputError, Locals
 from .events import Done, Reading, Token
 from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
 from .session import without_oldest_turns
-from .service import FINISHED, Embedding, Job
+from .service import FINISHED, Embedding, Job, SlotAction
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
 WATCH_SECONDS = 0.2  # how often the generation workers are looked at
@@ -114,6 +114,8 @@ class Server:
             ("/tokenize", "POST", LLAMA_SERVER, self.llama_tokenize, True),
             ("/detokenize", "POST", LLAMA_SERVER, self.llama_detokenize, True),
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
+            ("/slots", "GET", LLAMA_SERVER, self.llama_slots, True),
+            ("/slots/{id_slot}", "POST", LLAMA_SERVER, self.llama_slot_action, True),
             ("/tokenizer_info", "GET", LLAMA_SERVER, self.tokenizer_info, True),  # (vLLM's)
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
@@ -190,7 +192,7 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         asked = openai.parse_embeddings(body, served.session.target_model.n_embd)
-        job = await self._embedded(openai.inputs_of(asked), client, served, request)
+        job = await self._done(Embedding(openai.inputs_of(asked), client), client, served, request, "input")
         return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                   asked.encoding_format))
 
@@ -199,14 +201,14 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
         loaded = time.perf_counter_ns()
-        job = await self._embedded(ollama.parse_embed(body), client, served, request)
+        job = await self._done(Embedding(ollama.parse_embed(body), client), client, served, request, "input")
         return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                             time.perf_counter_ns() - started, loaded - started))
 
     async def ollama_embeddings(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
-        job = await self._embedded(ollama.parse_embeddings(body), client, served, request)
+        job = await self._done(Embedding(ollama.parse_embeddings(body), client), client, served, request, "input")
         return JSONResponse({"embedding": job.embeddings[0]})
 
     async def _model(self, name, keep_alive: float | None = None, known_only: bool = False) -> Served:
@@ -229,9 +231,10 @@ class Server:
         except LocalspecError as error:  # its file is there but does not load
             raise ApiError(500, f"the model {name!r} does not load: {error}", "server_error") from None
 
-    async def _embedded(self, inputs: list, client: str | None, served: Served, request: Request) -> Job:
-        """The finished job that embedded the inputs, run on the worker in its turn (cancelled if its client
-        leaves); ApiError if it failed."""
+    async def _done(self, work: Embedding | SlotAction, client: str | None, served: Served, request: Request,
+                    param: str | None = None) -> Job:
+        """The finished job that did the work (an embedding, a slot action), run on the worker in its turn
+        (cancelled if its client leaves); ApiError if it failed (naming param)."""
         loop = asyncio.get_running_loop()
         ended: asyncio.Future = loop.create_future()
 
@@ -240,7 +243,7 @@ class Server:
                 loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(item))
 
         try:
-            job = served.service.submit(Embedding(inputs, client), deliver, _who(request, client))
+            job = served.service.submit(work, deliver, _who(request, client))
         except LocalspecError as error:
             raise api_error(error) from None
         watcher = asyncio.create_task(_cancel_when_gone(request, job))
@@ -250,9 +253,9 @@ class Server:
             watcher.cancel()
             job.cancel()  # a no-op once it has finished
         if isinstance(outcome, LocalspecError):
-            raise api_error(outcome, "input")
+            raise api_error(outcome, param)
         if job.outcome != "ok":
-            raise ApiError(503, "the embedding was cancelled: the server is shutting down", "server_error",
+            raise ApiError(503, "the request was cancelled: the server is shutting down", "server_error",
                            code="cancelled")
         return job
 
@@ -507,6 +510,38 @@ class Server:
         """What llama-server says of itself (its default settings, context and slots), for the model asked."""
         served = await self._model(request.query_params.get("model"))
         return JSONResponse(llama_server.props(served.session, self.defaults, len(served.session.sequences)))
+
+    async def llama_slots(self, request: Request, client: str | None) -> Response:
+        """llama-server's GET /slots: each sequence, and what it generates now (a 503 with fail_on_no_slot where
+        none is free)."""
+        if not self.serving.slots:
+            raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+        served = await self._model(request.query_params.get("model"))
+        running = {sequence: (job.request, len(job.recorder.ids))
+                   for sequence, job in served.service.running_now().items()}
+        if request.query_params.get("fail_on_no_slot") and len(running) >= len(served.session.sequences):
+            raise ApiError(503, "no slot available")
+        return JSONResponse(llama_server.slots(served.session, self.defaults, running))
+
+    async def llama_slot_action(self, request: Request, client: str | None) -> Response:
+        """llama-server's POST /slots/ID?action=save|restore|erase: a sequence's cache to a file of the
+        --slot-save-path folder and back, or emptied, once no request generates on it."""
+        folder = self.serving.slot_save_path
+        if folder is None:
+            raise ApiError(501, "This server does not support slots action. Start it with `--slot-save-path`")
+        served = await self._model(request.query_params.get("model"))
+        sequence = request.path_params["id_slot"]
+        if not sequence.isdigit() or int(sequence) >= len(served.session.sequences):
+            raise ApiError(400, "Invalid slot ID")
+        action = request.query_params.get("action")
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(400, "Invalid action", param="action")
+        path = None if action == "erase" else llama_server.slot_file(folder, await self._body(request))
+        if action == "restore" and not path.is_file():
+            raise ApiError(400, f"Unable to restore slot: no file {path.name} in {folder}", param="filename")
+        job = await self._done(SlotAction(int(sequence), action, path, client), client, served, request)
+        return JSONResponse(llama_server.slot_acted(action, int(sequence), path and path.name, *job.acted,
+                                                    job.seconds))
 
     async def tokenizer_info(self, request: Request, client: str | None) -> Response:
         """vLLM's: the special tokens and chat template of the model asked for (lm-eval's remote tokenizer)."""

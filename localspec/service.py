@@ -16,6 +16,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from time import monotonic, perf_counter
 
 from .config import DrafterKind
@@ -61,6 +62,17 @@ class Embedding:
     client: str | None = None
 
 
+@dataclass(frozen=True)
+class SlotAction:
+    """llama-server's save, restore or erase of one sequence's cache (POST /slots/ID?action=), done on the worker
+    between steps once no request generates on that sequence, as llama-server defers it; client as a Request's."""
+
+    sequence: int
+    action: str  # save, restore, erase
+    path: Path | None = None
+    client: str | None = None
+
+
 class Job:
     """A request on its way through the service. deliver(item) receives each event, then any
     error, then FINISHED; it is called on the worker thread."""
@@ -75,6 +87,7 @@ class Job:
         self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
         self.embedded_tokens = 0
         self.embedding_inputs: list[list[int]] | None = None  # its inputs as tokens, once read
+        self.acted: tuple[int, int] = (0, 0)  # a slot action's tokens and bytes saved, read or erased
         self.seconds = 0.0
         self.started = 0.0
         self._cancelled = threading.Event()
@@ -257,6 +270,8 @@ class Service:
         try:
             if isinstance(job.request, Embedding):
                 return self._embed_some(job)
+            if isinstance(job.request, SlotAction):
+                return self._act(job)
             job.running = scheduler.add(job.request, job.recorder)
             self._running[job.running.sequence] = job
         except Exception as error:
@@ -281,6 +296,29 @@ class Service:
         job.outcome = "ok" if len(job.embeddings) == len(job.embedding_inputs) else "cancelled"
         self._finish(job)
         return False
+
+    def _act(self, job: Job) -> bool:
+        """A slot action, where no request generates on its sequence; True, with the job queued again behind those
+        waiting, where one does."""
+        action = job.request
+        if action.sequence in self._running:
+            self._jobs.put(job)
+            return True
+        session = self.session
+        if action.action == "save":
+            job.acted = session.save(action.sequence, action.path, action.client)
+        elif action.action == "restore":
+            job.acted = session.restore(action.sequence, action.path, action.client)
+        else:
+            job.acted = (session.erase(action.sequence), 0)
+        job.seconds = perf_counter() - job.started
+        job.outcome = "ok"
+        self._finish(job)
+        return False
+
+    def running_now(self) -> dict[int, Job]:
+        """The jobs generating now, by sequence (a copy, for another thread to read)."""
+        return dict(self._running)
 
     def _fail(self, job: Job, error: BaseException) -> None:
         job.outcome = "error"

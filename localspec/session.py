@@ -13,14 +13,14 @@ from pathlib import Path
 
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, overridden
 from .drafting import Drafters, speculating
-from .engine import rpc
+from .engine import prompt_cache, rpc
 from .engine.backend import Context
 from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate, scored
 from .engine.together import alone
 from . import reasoning, tool_calls
-from .errors import ContextOverflow, LocalspecError, UsageError
+from .errors import ContextOverflow, EngineError, InputError, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place, scoring_context
@@ -227,9 +227,51 @@ class Session:
         """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
         return self.drafting.suffix_cache
 
+    def save(self, sequence: int, path: Path, client: str | None = None) -> tuple[int, int]:
+        """llama-server's slot save: what a sequence's cache holds, and its tokens, written to a file of llama.cpp's
+        sequence-state format (the file llama-server writes); (tokens, bytes). client: who asks (serve's API key),
+        who may save only a cache its own prompts filled."""
+        context = self.sequences[sequence]
+        if self._filled_by.get(sequence, client) != client:
+            raise UsageError(f"slot {sequence} holds another API key's prompts")
+        state = context.state()
+        if state is None:
+            raise EngineError(f"llama.cpp could not hand out the cache of sequence {sequence}")
+        prompt_cache.write(path, context.tokens, state)
+        return len(context.tokens), path.stat().st_size
+
+    def restore(self, sequence: int, path: Path, client: str | None = None) -> tuple[int, int]:
+        """llama-server's slot restore: a sequence's cache read back from such a file, as client's (serve's API
+        key); (tokens, bytes). InputError where the file is none this sequence can hold, the sequence then empty."""
+        context = self.sequences[sequence]
+        if not context.can_remember:
+            raise UsageError(f"{self.target_model.path.name}'s drafter reads the target's hidden states, which a"
+                             " saved cache does not hold")
+        found = prompt_cache.read(path)
+        if found is None:
+            raise InputError(f"{path.name} is not a file of llama.cpp's sequence state")
+        tokens, saved = found
+        if len(tokens) >= context.n_ctx:
+            raise InputError(f"{path.name} holds {len(tokens)} tokens; a slot holds {context.n_ctx}")
+        if not all(0 <= token < self.target_model.n_vocab for token in tokens):
+            raise InputError(f"{path.name} holds tokens outside {self.target_model.path.name}'s vocabulary")
+        self.reset(sequence)
+        self._filled_by[sequence] = client
+        if not context.set_state(saved, tokens):
+            raise InputError(f"llama.cpp could not read {path.name} into this model's cache (another model's, or"
+                             " no room left beside the other slots)")
+        return len(tokens), len(saved)
+
+    def erase(self, sequence: int) -> int:
+        """llama-server's slot erase: a sequence's cache emptied; the tokens it held."""
+        held = len(self.sequences[sequence].tokens)
+        self.reset(sequence)
+        return held
+
     def reset(self, sequence: int | None = None) -> None:
-        """Empty the KV caches, so the next prompt is read from scratch (fair benchmarks; after a failure):
-        all of them, or one sequence's (the drafters' of it too)."""
+        """Empty the KV caches, so the next prompt is read anew, or read back from the prompt cache on disk (after a
+        failure, a slot erased; bench turns that cache off): all of them, or one sequence's (the drafters' of it
+        too)."""
         for view in self.sequences if sequence is None else [self.sequences[sequence]]:
             view.truncate(0)
         self.drafting.reset(sequence)

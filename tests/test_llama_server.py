@@ -386,3 +386,59 @@ def test_a_code_completion_ends_at_a_line_less_indented_or_at_a_newline_past_its
         line, why = complete(seconds=1e-9)
         assert why == "length" and whole.startswith(line) and line.count("\n") >= 1
         assert "\n" not in line[line.index("\n") + 1:]  # (the first newline, its token's trailing spaces kept)
+
+
+def test_slots_show_each_sequence_and_save_restore_and_erase_its_cache_as_llama_server(coder, tmp_path):
+    """llama-server's GET /slots and POST /slots/ID?action=save|restore|erase (--slot-save-path): were a 404. A saved
+    slot is a file of llama.cpp's sequence-state format; read back into a slot, a prompt that begins alike is read
+    from it."""
+    folder = tmp_path / "slots"
+    running = ServerProcess(tmp_path, coder, "--alias", "coder", "-c", "512", "-np", "2", "--slot-save-path", folder)
+    try:
+        base = running.base
+        shown = httpx.get(base + "/slots", timeout=30).json()
+        assert [slot["id"] for slot in shown] == [0, 1] and not any(slot["is_processing"] for slot in shown)
+        assert shown[0]["n_ctx"] == 512 and shown[0]["params"]["temperature"] == 0.8
+        prompt = "abc de " * 12
+        asked = {"prompt": prompt, "n_predict": 4, "temperature": 0}
+        first = httpx.post(base + "/completion", json=asked, timeout=60).json()
+        saved = httpx.post(base + "/slots/0?action=save", json={"filename": "warm.bin"}, timeout=60).json()
+        assert saved["id_slot"] == 0 and saved["filename"] == "warm.bin"
+        assert saved["n_saved"] >= first["tokens_evaluated"] and saved["n_written"] == (folder / "warm.bin").stat().st_size
+        assert (folder / "warm.bin").read_bytes()[:4] == b"qsgg"  # (llama.cpp's 'ggsq', little-endian)
+        assert "save_ms" in saved["timings"]
+        erased = httpx.post(base + "/slots/0?action=erase", timeout=60).json()
+        assert erased == {"id_slot": 0, "n_erased": saved["n_saved"]}
+        cold = httpx.post(base + "/completion", json=asked, timeout=60).json()
+        assert cold["tokens_cached"] == 0 and cold["content"] == first["content"]
+        httpx.post(base + "/slots/0?action=erase", timeout=60)
+        restored = httpx.post(base + "/slots/0?action=restore", json={"filename": "warm.bin"}, timeout=60).json()
+        assert restored["n_restored"] == saved["n_saved"] and restored["n_read"] > 0
+        again = httpx.post(base + "/completion", json=asked, timeout=60).json()
+        assert again["tokens_cached"] == first["tokens_evaluated"] - 1 and again["content"] == first["content"]
+        for path, body, said in (("/slots/0?action=save", {"filename": "../out.bin"}, "Invalid filename"),
+                                 ("/slots/0?action=save", {"filename": ".hidden"}, "Invalid filename"),
+                                 ("/slots/7?action=save", {"filename": "x.bin"}, "Invalid slot ID"),
+                                 ("/slots/0?action=copy", {"filename": "x.bin"}, "Invalid action"),
+                                 ("/slots/0?action=restore", {"filename": "none.bin"}, "no file none.bin")):
+            refused = httpx.post(base + path, json=body, timeout=30)
+            assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+        (folder / "junk.bin").write_bytes(b"qsgg" + b"\0" * 40)
+        refused = httpx.post(base + "/slots/1?action=restore", json={"filename": "junk.bin"}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+        assert not (tmp_path / "out.bin").exists()
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
+def test_slot_actions_without_a_save_path_and_slots_turned_off_are_llama_servers_501(server, coder, tmp_path):
+    refused = httpx.post(server.base + "/slots/0?action=save", json={"filename": "a.bin"}, timeout=30)
+    assert refused.status_code == 501 and "--slot-save-path" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["type"] == "not_supported_error"
+    running = ServerProcess(tmp_path, coder, "--alias", "coder", "-c", "256", "--no-slots")
+    try:
+        refused = httpx.get(running.base + "/slots", timeout=30)
+        assert refused.status_code == 501 and "--slots" in refused.json()["error"]["message"]
+    finally:
+        assert running.stop() == 0, running.log()

@@ -13,7 +13,7 @@ from localspec.events import Prefill
 from localspec.engine.together import Together
 import localspec.service as service_module
 from localspec.request import Request
-from localspec.service import FINISHED, Busy, Embedding, Service, WorkerStopped
+from localspec.service import FINISHED, Busy, Embedding, Service, SlotAction, WorkerStopped
 from localspec.session import Session
 
 
@@ -316,3 +316,27 @@ def test_a_prediction_is_its_text_and_only_text_parts_are_taken():
     image = [{"type": "image_url", "text": None}]
     with pytest.raises(ApiError, match="prediction.content: only text parts"):
         parse_chat({"messages": user, "prediction": {"type": "content", "content": image}}, DEFAULTS)
+
+
+def test_a_slot_action_waits_for_the_generation_on_its_sequence(session, tmp_path):
+    # llama-server defers a slot's save, restore or erase while the slot generates: acting mid-generation would
+    # save half an answer's cache, or pull the cache from under it
+    service = Service(session, queue_limit=4, log=print)
+    order: list = []
+    try:
+        generating = Inbox("generation", order)
+        service.submit(request(max_tokens=40), generating)
+        saving = Inbox("save", order)
+        job = service.submit(SlotAction(0, "save", tmp_path / "slot.bin"), saving)
+        assert saving.done.wait(60) and generating.done.wait(60)
+        assert job.outcome == "ok" and order == ["generation"]
+        assert job.acted[0] == len(session.sequences[0].tokens)  # (the whole answer's cache, not a step's)
+        erasing = Inbox("erase", order)
+        erased = service.submit(SlotAction(0, "erase"), erasing)
+        assert erasing.done.wait(60) and erased.acted == (job.acted[0], 0) and session.sequences[0].tokens == []
+        restoring = Inbox("restore", order)
+        restored = service.submit(SlotAction(0, "restore", tmp_path / "slot.bin"), restoring)
+        assert restoring.done.wait(60) and restored.acted[0] == job.acted[0]
+        assert len(session.sequences[0].tokens) == job.acted[0]
+    finally:
+        service.close()

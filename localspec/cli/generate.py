@@ -591,6 +591,15 @@ def serve(
         " fetch a Hub GGUF, then load it), and make, copy and delete them with /api/create, /api/copy and"
         " /api/delete, uploading files with /api/blobs. Default: allowed while serve listens on this machine"
         " only (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
+    slots: Annotated[bool, typer.Option(
+        "--slots/--no-slots", help="Answer llama-server's GET /slots: each sequence (--parallel), whether it"
+        " generates, with what settings and how far (off: a 501, as llama-server's).")] = DEFAULT_SERVING.slots,
+    slot_save_path: Annotated[Optional[Path], typer.Option(
+        "--slot-save-path", show_default=False,
+        help="A folder for llama-server's POST /slots/ID?action=save|restore (and erase): a sequence's KV cache"
+        " and tokens saved to a file there by the name a request gives, in llama.cpp's sequence-state format"
+        " (the files llama-server writes), and read back into a sequence, where a request that begins alike"
+        " then reads only the rest. Without it those actions are a 501, as llama-server's.")] = None,
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
@@ -630,7 +639,7 @@ def serve(
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
-                      allow_pull=allow_pull)
+                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path))
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
@@ -643,6 +652,16 @@ def serve(
         defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format,
                                         DrafterKind.DRAFT if settings.draft_model else DrafterKind.NGRAM)
         server_face.Server(models, serving, defaults, tui.log_line).run(listener)
+
+
+def _slot_folder(path: Path | None) -> Path | None:
+    """--slot-save-path's folder, made where it is not yet (llama-server's would fail each save instead)."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--slot-save-path {path} is a file; name a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @command(

@@ -10,8 +10,10 @@ around the code before and after the cursor, the other files' chunks before them
 import copy
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from pydantic import Field
 
@@ -242,6 +244,45 @@ def props(session: Session, defaults: Defaults, slots: int) -> dict:
             "modalities": {"vision": False, "audio": False}, "build_info": BUILD_INFO, "is_sleeping": False}
 
 
+def slots(session: Session, defaults: Defaults, running: dict) -> list[dict]:
+    """GET /slots: each sequence (llama-server's slot) as llama-server shows it; running: the request each busy one
+    generates for, and the tokens it has generated, by sequence."""
+    shown = []
+    for sequence in range(len(session.sequences)):
+        request, decoded = running.get(sequence, (None, 0))
+        sampling, limits = (defaults.sampling, defaults.limits) if request is None else (request.sampling,
+                                                                                        request.limits)
+        most = -1 if limits.max_tokens is None else limits.max_tokens
+        shown.append({"id": sequence, "id_task": -1, "n_ctx": session.sequences[sequence].n_ctx,
+                      "speculative": session.can_speculate, "is_processing": request is not None,
+                      "params": generation_settings(sampling, limits),
+                      "next_token": {"has_next_token": request is not None, "has_new_line": False,
+                                     "n_remain": -1 if most < 0 else max(0, most - decoded), "n_decoded": decoded}})
+    return shown
+
+
+FILENAME = re.compile(r"[^/\\:\x00-\x1f]{1,255}")
+
+
+def slot_file(folder: Path, body: dict) -> Path:
+    """The file a slot save or restore names (its `filename`, in the --slot-save-path folder); a 400 for a name that
+    is no plain file name there (a path, .., a hidden or empty name), as llama-server's."""
+    name = body.get("filename")
+    if not isinstance(name, str) or not FILENAME.fullmatch(name) or name.startswith(".") or name != name.strip():
+        raise ApiError(400, "Invalid filename", param="filename")
+    return folder / name
+
+
+def slot_acted(action: str, sequence: int, filename: str | None, tokens: int, size: int, seconds: float) -> dict:
+    """POST /slots/ID?action=...'s answer, as llama-server's."""
+    if action == "erase":
+        return {"id_slot": sequence, "n_erased": tokens}
+    done = "saved" if action == "save" else "restored"
+    return {"id_slot": sequence, "filename": filename, f"n_{done}": tokens,
+            "n_written" if action == "save" else "n_read": size,
+            "timings": {f"{action}_ms": round(seconds * 1000, 3)}}
+
+
 class TokenizeBody(_Typed):
     model: str | None = None
     content: str | None = None
@@ -310,7 +351,7 @@ class LlamaServer(Protocol):
     name = "llama-server"
 
     def error_body(self, failure: ApiError) -> dict:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                 501: "not_supported_error", 503: "unavailable_error"}.get(failure.status, "server_error")
         return {"error": {"code": failure.status, "message": failure.message, "type": kind}}
 
