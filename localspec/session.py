@@ -260,7 +260,7 @@ class Session:
         if not context.set_state(saved, tokens):
             raise InputError(f"llama.cpp could not read {path.name} into this model's cache (another model's, or"
                              " no room left beside the other slots)")
-        return len(tokens), len(saved)
+        return len(tokens), path.stat().st_size
 
     def erase(self, sequence: int) -> int:
         """llama-server's slot erase: a sequence's cache emptied; the tokens it held."""

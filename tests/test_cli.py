@@ -482,6 +482,9 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
         (["the cat"], "two prompts"),
         (["-cnv"], "-cnv opens a chat, and a chat takes no prompt"),
         (["--raw", "--system", "be brief"], "no turn for --system"),
+        # llama-completion's --prompt-cache FILE: localspec keeps its prompt cache by itself, sized
+        (["--prompt-cache", "session.bin"], "llama-completion's --prompt-cache FILE named one file for it"),
+        (["-cram", "-2"], "--prompt-cache takes a size"),
     ],
 )
 def test_llama_cpp_spellings_localspec_cannot_honour_are_refused_with_the_reason(cli, tiny, args, message):

@@ -1,7 +1,9 @@
 """Prompts kept on disk (engine/prompt_cache.py) on tiny real GGUFs: a prompt read back from its file continues as
 its reading did, in another context as in another process; only what pays is kept or read; the cap holds."""
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +182,30 @@ def test_each_client_keeps_its_prompts_apart(opened, tmp_path):
     again.prompt_cache = base.of("key 1")
     assert generation(again, prompt)[1] == len(prompt) - 1
     assert base.of("key 1") is context.prompt_cache and base.of("key 1").of(None) is base
+
+
+@pytest.mark.slow
+def test_a_real_models_long_prompt_is_read_back_in_the_next_run(localspec, real_model, tmp_path):
+    """Through the command a user runs: the second `run` of a long prompt reads it back from the first's file (each
+    a process of its own), the same text following; --prompt-cache off keeps and reads none."""
+    source = (Path(__file__).parent.parent / "localspec" / "engine" / "backend.py").read_text()[:6000]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Summarize this code.\n\n" + source)
+    model = real_model("smollm2-135m")
+
+    def run(*more) -> dict:
+        done = localspec("run", model, "--no-draft", "-f", prompt, "--temp", "0", "-n", "8", "--json", *more)
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)
+
+    first = run()
+    assert first["stats"]["reused_prompt_tokens"] == 0
+    if first["stats"]["prefill_seconds"] < 1:
+        pytest.skip(f"this machine read the prompt in {first['stats']['prefill_seconds']:.2f} s: too fast to be kept")
+    kept = sorted((tmp_path / "home" / "prompts").glob("*/p-*.bin"))
+    assert len(kept) == 1
+    again = run()
+    assert again["stats"]["reused_prompt_tokens"] == again["stats"]["prompt_tokens"] - 1
+    assert again["text"] == first["text"]
+    off = run("--prompt-cache", "off")
+    assert off["stats"]["reused_prompt_tokens"] == 0 and off["text"] == first["text"]

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import store
+from .. import paths, store
 from ..store import Preset, hardware
 from ..config import (
     AUTO_PARALLEL,
@@ -264,9 +264,10 @@ RESOURCE_OPTIONS = {
 }
 PROMPT_CACHE_OPTIONS = {
     "prompt_cache": (Annotated[str, typer.Option(
-        "--prompt-cache", metavar="SIZE",
+        "--prompt-cache", "--cache-ram", "-cram", metavar="SIZE",
         help="Keep the cache of each prompt that took a second or more to read on disk, up to SIZE for every model's"
-        " (8GiB, 500MiB; a bare number is MiB, as llama-server's --cache-ram), so that a later prompt beginning with"
+        " (8GiB, 500MiB; a bare number is MiB and -1 no limit, as llama-server's --cache-ram, which names this"
+        " too, though llama-server keeps its cache in RAM), so that a later prompt beginning with"
         " the same tokens (a long system prompt, a document, a conversation so far), in this run or the next, is"
         " read back in place of read again. The least recently used go first; off keeps and reads none. Models"
         " whose drafter reads the target's hidden states (MTP, EAGLE-3, DFlash) read their prompts anew.",
@@ -454,15 +455,20 @@ def with_options(*groups: dict, before=None, **defaults):
 
 
 SIZE_UNITS = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+UNLIMITED = 2**62  # (-1: as much as the disk holds)
 
 
 def _size(value: str, option: str) -> int:
-    """Bytes, from 8GiB, 8G, 500MiB, 500 (MiB, as llama-server's --cache-ram), or off (0)."""
+    """Bytes, from 8GiB, 8G, 500MiB, 500 (MiB, as llama-server's --cache-ram), -1 (no limit), or off (0)."""
     if value.strip().lower() in ("off", "none", "no"):
         return 0
+    if value.strip() == "-1":
+        return UNLIMITED
     spelled = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value, re.IGNORECASE)
     if not spelled:
-        raise UsageError(f"{option} takes a size (8GiB, 500MiB, 0) or off, got {value!r}")
+        raise UsageError(f"{option} takes a size (8GiB, 500MiB, 0, -1 for no limit) or off, got {value!r}: localspec"
+                         " keeps every long prompt's cache by itself, under " + str(paths.prompts_dir())
+                         + " (llama-completion's --prompt-cache FILE named one file for it)")
     return int(float(spelled[1]) * SIZE_UNITS[spelled[2].lower()])
 
 
