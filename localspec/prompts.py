@@ -130,9 +130,12 @@ class Prompts:
                 raise InputError(f"{self.model.path.name} does not support thinking: its chat template writes no"
                                  " thinking block (ask without think)")
             return tokens, None
-        tail = b"".join(self.model.special_piece(token) for token in tokens[-8:]).decode("utf-8", errors="replace")
-        opened = (family.format is reasoning.ReasoningFormat.THINK
-                  and "".join(tail.split()).endswith(family.open + family.channel))
+        tail = b"".join(self.model.special_piece(token) for token in tokens[-64:]).decode("utf-8", errors="replace")
+        # the prompt ends inside a block its template opened: its last opening not closed after it (Seed-OSS's
+        # opening is followed by a budget's reflection; Apriel's is words)
+        flat, opening, closing = ("".join(text.split()) for text in (tail, family.open + family.channel, family.close))
+        at = flat.rfind(opening)
+        opened = family.format is reasoning.ReasoningFormat.THINK and at >= 0 and closing not in flat[at:]
         answering = False
         if thinking.off and (opened or family is reasoning.HARMONY):
             tokens = tokens + self._markers(family.closing if opened else reasoning.HARMONY_ANSWER)
@@ -146,12 +149,15 @@ class Prompts:
 
     def template_variables(self, thinking: Thinking) -> dict:
         """What a reasoning model's template reads of how it is to think (llama.cpp's names): enable_thinking
-        always where the template reads it (some close the block unless it is true), reasoning_effort where asked."""
+        always where the template reads it (some close the block unless it is true), reasoning_effort where asked,
+        thinking_budget where a budget is (Seed-OSS's template tells the model to keep within it)."""
         variables = {}
         if "enable_thinking" in self.template:
             variables["enable_thinking"] = not thinking.off
         if thinking.effort is not None and "reasoning_effort" in self.template:
             variables["reasoning_effort"] = thinking.effort
+        if "thinking_budget" in self.template and (thinking.off or thinking.budget is not None):
+            variables["thinking_budget"] = 0 if thinking.off else thinking.budget  # (Seed-OSS's: it keeps count)
         return variables
 
     def tokenize(self, prompt: str, raw: bool) -> list[int]:

@@ -5,6 +5,9 @@ Recognised, from the chat template (docs/models.md lists the registry's families
 
 * `<think>` ... `</think>` (THINK): Qwen3, Qwen3.5/3.6, QwQ, DeepSeek-R1 and its distills, GLM-4.5. Where the
   template opens the block itself (its generation prompt ends with `<think>`), the reply starts inside it.
+  Gemma 4's `<|channel>thought` ... `<channel|>` and Seed-OSS's `<seed:think>` ... `</seed:think>` alike, and
+  Apriel's, which its template opens with `Here are my reasoning steps:` and the model ends with
+  `[BEGIN FINAL RESPONSE]`.
 * harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
   TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
   thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
@@ -61,6 +64,11 @@ class Family:
 
 
 THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
+# Seed-OSS: `<seed:think>` ... `</seed:think>` (its budget's reflections, `<seed:cot_budget_reflect>`, inside)
+SEED = Family("seed", ReasoningFormat.THINK, "<seed:think>", "</seed:think>", "</seed:think>")
+# Apriel: its template opens the thinking with words, the model ends it with a marker of words
+APRIEL = Family("apriel", ReasoningFormat.THINK, "Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]",
+                "\n[BEGIN FINAL RESPONSE]\n")
 # Gemma 4: `<|channel>thought` ... `<channel|>` (its template strips earlier turns' thinking by those markers)
 GEMMA4 = Family("gemma4", ReasoningFormat.THINK, "<|channel>", "<channel|>", "<channel|>", "thought")
 HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>")
@@ -80,14 +88,18 @@ def family(template: str | None) -> Family:
         return HARMONY
     if "<|channel>" in source and "<channel|>" in source:
         return GEMMA4
+    if SEED.open in source and SEED.close in source:
+        return SEED
+    if APRIEL.open in source and APRIEL.close in source:
+        return APRIEL
     if THINK.open in source and THINK.close in source:
         return THINK
     return NONE
 
 
 # What a template that has its model think in a form not read here shows of it (Magistral's [THINK],
-# Seed-OSS's <seed:think>, Command-R's <|START_THINKING|>, a switch or field of its own)
-_THINKING_HINTS = ("[THINK]", "<seed:think>", "<|START_THINKING|>", "enable_thinking", "reasoning_content", "thinking")
+# Command-R's <|START_THINKING|>, a switch or field of its own)
+_THINKING_HINTS = ("[THINK]", "<|START_THINKING|>", "enable_thinking", "reasoning_content", "thinking")
 
 
 def unread_thinking(template: str | None) -> str | None:

@@ -220,7 +220,9 @@ def model_card(card, console: Console = out) -> None:
         ("tokenizer", f"{info['tokenizer']}, {info['vocab_size']:,} tokens" if known else None),
         ("chat template", None if not known else "yes" if info["chat_template"] else "no (a plain transcript)"),
         ("thinks", {"think": "yes: <think> blocks", "gemma4": "yes: Gemma 4's thought channel",
-                    "harmony": "yes: harmony's analysis channel"}.get(info["thinking"]) if known and info["thinking"]
+                    "seed": "yes: <seed:think> blocks", "apriel": "yes: Apriel's reasoning steps",
+                    "harmony": "yes: harmony's analysis channel"}.get(info["thinking"])
+         if known and info["thinking"]
          else None),
         ("capabilities", ", ".join(info["capabilities"]) if info.get("capabilities") else None),  # (Ollama's words)
         ("file", info["file"] or f"not downloaded (`localspec pull {card.pull_name}`): what the file says"

@@ -147,6 +147,11 @@ THINKERS = {
                 ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
                  "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                  "<|tool_call_argument_begin|>", "<|tool_call_end|>")),
+    "seed-oss": ("seed-oss.jinja", ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>"),
+                 ("<seed:bos>", "<seed:eos>", "<seed:pad>", "<seed:cot_budget_reflect>", "</seed:cot_budget_reflect>")),
+    "apriel": ("apriel-1.6.jinja", (),
+               ("<|begin_system|>", "<|begin_user|>", "<|begin_assistant|>", "<|end|>", "<|begin_tool_result|>",
+                "<|begin_content|>")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

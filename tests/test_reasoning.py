@@ -21,7 +21,7 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (GEMMA4, HARMONY, NONE, THINK, HarmonySplitter, Part,
+from localspec.reasoning import (APRIEL, GEMMA4, HARMONY, NONE, SEED, THINK, HarmonySplitter, Part,
                                  Piece, ThinkSplitter, family, unread_thinking)
 
 
@@ -133,6 +133,8 @@ def test_the_family_is_read_from_the_template():
     assert family("{{ '<think>' }}...{{ '</think>' }}") is THINK
     assert family("<|start|>{{ m }}<|channel|>final<|message|>") is HARMONY
     assert family("{{ '<|channel>thought\\n<channel|>' }}") is GEMMA4
+    assert family((TEMPLATES / "seed-oss.jinja").read_text()) is SEED
+    assert family((TEMPLATES / "apriel-1.6.jinja").read_text()) is APRIEL
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -409,6 +411,10 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("glm4.5", (False, False, ""), (False, False, "<think></think>")),
     ("gemma4", (False, False, "<|think|>"), (False, False, "<|channel>thought\n<channel|>")),
     ("gpt-oss", (False, False, "Reasoning: medium"), (False, True, "<|channel|>final<|message|>")),
+    # Seed-OSS: no switch, a budget (0 off) its template tells the model of, opening the block with a reflection
+    ("seed-oss", (False, False, ""), (False, True, "thinking budget is 0")),
+    # Apriel: no switch; the template opens the thinking with words, closed in the prompt for thinking off
+    ("apriel", (True, False, "Here are my reasoning steps:"), (False, True, "[BEGIN FINAL RESPONSE]")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:
@@ -495,7 +501,8 @@ def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_on
 
 @pytest.mark.parametrize("name, opening", [("qwen3", "<tool_call>"), ("qwen3.5", "<tool_call>"),
                                            ("gemma4", "<|tool_call>"), ("minimax-m2", "<minimax:tool_call>"),
-                                           ("kimi-k2", "<|tool_calls_section_begin|>")])
+                                           ("kimi-k2", "<|tool_calls_section_begin|>"),
+                                           ("seed-oss", "<seed:tool_call>"), ("apriel", "<tool_calls>")])
 def test_a_call_spelled_in_the_thinking_sets_off_no_tool_grammar_and_one_past_it_does(thinkers, name, opening):
     """Thinking that plans a call spells its opening: set off there, the lazy grammar refused the thinking's
     next words (and held it to a call that ended the reply inside the block, which nothing read as a call)."""

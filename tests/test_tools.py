@@ -49,7 +49,9 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.MISTRAL_ARGS: (REAL / "mistral-small-3.2.jinja").read_text(),
              ToolFormat.LFM2: (REAL / "lfm2.jinja").read_text(),
              ToolFormat.MINIMAX: (REAL / "minimax-m2.jinja").read_text(),
-             ToolFormat.KIMI: (REAL / "kimi-k2-thinking.jinja").read_text()}
+             ToolFormat.KIMI: (REAL / "kimi-k2-thinking.jinja").read_text(),
+             ToolFormat.SEED: (REAL / "seed-oss.jinja").read_text(),
+             ToolFormat.APRIEL: (REAL / "apriel-1.6.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -72,10 +74,15 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
     # LFM2.5's template lists the tools without LFM2's markers (llama.cpp's LFM2.5-Instruct.jinja)
     assert tool_format('{%- if tools -%}{%- set p = p + "List of tools: [" -%}{% endif %}') is ToolFormat.LFM2
     # forms that spell <tool_call> too but write something else: refused, not read as hermes' JSON
-    for other in ("]<]minimax[>[<tool_call>\n<invoke name=",  # (MiniMax-M3's, namespaced) "<tool_calls>[{\"name\": ...}]</tool_calls>",
-                  "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>"):
+    for other in ("]<]minimax[>[<tool_call>\n<invoke name=",  # (MiniMax-M3's, namespaced)
+                  "<tool_calls>{\"name\": ...}</tool_calls>"):  # (a <tool_calls> block that is not Apriel's list)
         with pytest.raises(InputError, match="does not read yet"):
             tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}")
+    # Seed-OSS's xml in <seed:tool_call> blocks (refused before), Apriel's list: theirs, not hermes' or xml's
+    for other, form in (("<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>",
+                         ToolFormat.SEED),
+                        ("<tool_calls>[{\"name\": ...}]</tool_calls>", ToolFormat.APRIEL)):
+        assert tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}") is form
 
 
 def read(form: ToolFormat, text: str, step: int | None = None) -> list:
@@ -484,7 +491,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
         assert running.stop() == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2"])
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and

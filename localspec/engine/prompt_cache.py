@@ -4,8 +4,9 @@ the tokens, then the state), and read back for a later prompt that begins with t
 or the next, instead of decoding them again.
 
 One folder a model file (its path, size and time: a file replaced is another model), and in it one a client of
-a server with API keys, under one cap for all of them, the least recently used file going first. A file names the hash of its tokens and how long each of them
-took to read, so that one is read back only where that saves more time than reading the file costs."""
+a server with API keys, under one cap for all of them, the least recently used file going first. A file names the
+hash of its tokens and how long each of them took to read, so that one is read back only where that saves more
+time than reading the file costs."""
 
 import hashlib
 import os
@@ -97,7 +98,7 @@ class PromptCache:
                  folder: Path | None = None):
         self.root, self.folder = root, folder or paths.prompts_of(model, root)
         self.model, self.most_bytes, self.least_seconds = model, most_bytes, least_seconds
-        self._entries: dict[Path, tuple[int, Entry | None]] = {}  # by path: (mtime_ns, its entry) as last read
+        self._entries: dict[Path, tuple[int, Entry | None]] = {}  # by path: (mtime_ns, its entry) as last listed
         self._failed: set[Path] = set()  # files llama.cpp would not read into this model's context
         self._clients: dict[str, PromptCache] = {}
         self._base = self
@@ -122,17 +123,15 @@ class PromptCache:
                       if NAME.fullmatch(item.name)]
         except OSError:
             return []
-        found = []
+        known, self._entries = self._entries, {}
         for path, stat in listed:
-            known = self._entries.get(path)
-            if known is None or known[0] != stat.st_mtime_ns:
+            mtime, entry = known.get(path, (None, None))
+            if mtime != stat.st_mtime_ns:
                 tokens = tokens_of(path)
                 entry = None if tokens is None else Entry(
                     path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6, stat.st_size)
-                self._entries[path] = known = (stat.st_mtime_ns, entry)
-            if known[1] is not None and path not in self._failed:
-                found.append(known[1])
-        return found
+            self._entries[path] = (stat.st_mtime_ns, entry)
+        return [entry for path, (_, entry) in self._entries.items() if entry is not None and path not in self._failed]
 
     def best(self, wanted: Sequence[int], held: int, most: int, whole: bool) -> tuple[Entry, int] | None:
         """The file worth reading back for a cache that holds the first `held` of `wanted` and is to hold up to
