@@ -1,6 +1,7 @@
 """The service behind `localspec serve`, without HTTP: arrival order, the queue's bound, cancelling,
 errors, and the counters /metrics shows; and the API's request parsing as pure functions."""
 
+import functools
 import threading
 
 import pytest
@@ -86,14 +87,7 @@ def test_a_clients_cached_prompt_is_reused_for_it_alone(session):
     # the KV prefix cache was shared across API keys: cached_tokens told key 2 how much of key 1's prompt it
     # guessed (issue 46)
     service = Service(session, queue_limit=4, log=print)
-    prompt = "the secret plan is to meet at the old mill at noon"
-
-    def reused(client: str) -> int:
-        inbox = Inbox(client, [])
-        service.submit(Request(Sampling(temperature=0), Limits(2), prompt=prompt, client=client), inbox)
-        assert inbox.done.wait(60)
-        return next(item.reused_tokens for item in inbox.items if isinstance(item, Prefill))
-
+    reused = functools.partial(reused_by, service, "the secret plan is to meet at the old mill at noon")
     try:
         reused("key 1")
         assert reused("key 1") > 0  # its own prompt, read again from the cache
@@ -103,6 +97,14 @@ def test_a_clients_cached_prompt_is_reused_for_it_alone(session):
         service.close()
 
 
+def reused_by(service: Service, prompt: str, client: str) -> int:
+    """The prompt tokens a client's request of the prompt found cached."""
+    inbox = Inbox(client, [])
+    service.submit(Request(Sampling(temperature=0), Limits(2), prompt=prompt, client=client), inbox)
+    assert inbox.done.wait(60)
+    return next(item.reused_tokens for item in inbox.items if isinstance(item, Prefill))
+
+
 def test_a_clients_prompts_on_disk_are_read_back_for_it_alone(tiny):
     # prompts kept on disk were read back for whichever key sent the same beginning: cached_tokens told key 2
     # that key 1 had sent it, in this serve or an earlier one
@@ -110,13 +112,7 @@ def test_a_clients_prompts_on_disk_are_read_back_for_it_alone(tiny):
     with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.NGRAM)) as own:
         own.sequences[0].prompt_cache.least_seconds = 0  # (a tiny model reads it in no time)
         service = Service(own, queue_limit=4, log=print)
-
-        def reused(client: str) -> int:
-            inbox = Inbox(client, [])
-            service.submit(Request(Sampling(temperature=0), Limits(2), prompt=prompt, client=client), inbox)
-            assert inbox.done.wait(60)
-            return next(item.reused_tokens for item in inbox.items if isinstance(item, Prefill))
-
+        reused = functools.partial(reused_by, service, prompt)
         try:
             assert reused("key 1") == 0
             assert reused("key 2") == 0  # its cache emptied, and key 1's file is not its to read
