@@ -149,9 +149,10 @@ THINKERS = {
                  "<|tool_call_argument_begin|>", "<|tool_call_end|>")),
     "seed-oss": ("seed-oss.jinja", ("<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>"),
                  ("<seed:bos>", "<seed:eos>", "<seed:pad>", "<seed:cot_budget_reflect>", "</seed:cot_budget_reflect>")),
+    # (its final response's markers are control tokens, 998 and 999 of its Tekken vocabulary)
     "apriel": ("apriel-1.6.jinja", (),
                ("<|begin_system|>", "<|begin_user|>", "<|begin_assistant|>", "<|end|>", "<|begin_tool_result|>",
-                "<|begin_content|>")),
+                "<|begin_content|>", "[BEGIN FINAL RESPONSE]", "[END FINAL RESPONSE]")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

@@ -129,6 +129,15 @@ def test_a_reply_that_ignores_harmony_is_answer():
     assert split_at(HarmonySplitter(), [("just text", False)])[0] == {Part.ANSWER: "just text"}
 
 
+def test_apriels_steps_end_at_its_final_response_marker_a_control_token_or_text():
+    # the template opened the steps; [BEGIN FINAL RESPONSE] is token 998 of its vocabulary, [END ...] 999 (shown
+    # by neither: a control token's text reaches the splitter as a marker only)
+    for close in (("[BEGIN FINAL RESPONSE]", True), ("[BEGIN FINAL RESPONSE]", False)):
+        parts, _ = split_at(ThinkSplitter(opened=True, markers=APRIEL),
+                            [("The user wants 4.\n", False), close, ("\nIt is 4.", False), ("[END FINAL RESPONSE]", True)])
+        assert parts == {Part.THINKING: "The user wants 4.\n", Part.ANSWER: "It is 4."}, close
+
+
 def test_the_family_is_read_from_the_template():
     assert family("{{ '<think>' }}...{{ '</think>' }}") is THINK
     assert family("<|start|>{{ m }}<|channel|>final<|message|>") is HARMONY
