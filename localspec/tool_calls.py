@@ -13,6 +13,7 @@ them; the answer is the model's own text, so each family's form is read here:
   </function>\n</tool_call>`, a value of a string parameter written as it is, others as JSON;
 * seed (Seed-OSS): xml's calls, each in a `<seed:tool_call>` block instead;
 * apriel (Apriel 1.5, 1.6): `<tool_calls>[{"name": ..., "arguments": {...}}, ...]</tool_calls>`, a list of JSON calls;
+* nemotron (Nemotron Nano v2): the same list in `<TOOLCALL>...</TOOLCALL>`;
 * glm (GLM-4.5, GLM-4.6): `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>value</arg_value>\n</tool_call>`,
   values as in xml;
 * gemma4 (Gemma 4): `<|tool_call>call:NAME{key:value,...}<tool_call|>`, a string between `<|"|>` marks, a
@@ -59,6 +60,7 @@ class ToolFormat(StrEnum):
     KIMI = "kimi"
     SEED = "seed"
     APRIEL = "apriel"
+    NEMOTRON = "nemotron"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -112,6 +114,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.SEED
     if "<tool_calls>[" in source and "]</tool_calls>" in source:
         return ToolFormat.APRIEL
+    if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
+        return ToolFormat.NEMOTRON
     # forms that spell <tool_call> too but write something else in or around it (MiniMax-M3's namespaced
     # <invoke>, another <tool_calls>): refused, rather than read as another family's
     if not any(marker in source for marker in ("<invoke", "<tool_calls>", "<seed:tool_call>")):
@@ -132,7 +136,7 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
-                     " XML, Apriel's <tool_calls> list, GLM's"
+                     " XML, Apriel's <tool_calls> and Nemotron's <TOOLCALL> lists, GLM's"
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections,"
                      " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
@@ -514,7 +518,7 @@ def _alone(read: Callable[[str, dict], tuple[str, dict]]) -> Callable[[str, dict
 
 
 def _read_json_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
-    """Apriel's: a JSON list of calls, each `{"name": ..., "arguments": {...}}`."""
+    """Apriel's and Nemotron's: a JSON list of calls, each `{"name": ..., "arguments": {...}}`."""
     try:
         calls = json.loads(body)
     except ValueError:
@@ -522,6 +526,13 @@ def _read_json_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
     if not isinstance(calls, list) or not calls or not all(_is_call(call, "arguments") for call in calls):
         raise InputError(f"the model wrote a list without calls of a name and arguments: {body[:80]!r}")
     return [(call["name"], call["arguments"]) for call in calls]
+
+
+def _json_list(opening: str, closing: str) -> _Form:
+    """A form whose calls are one JSON list between two markers (Apriel's, Nemotron's)."""
+    block = f'"{opening}" "[" ws {{calls}} ws "]" "{closing}"'
+    return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), block.format(calls="call"),
+                 block.format(calls='call (ws "," ws call)*'), read_calls=_read_json_calls)
 
 
 # LFM2's: a list of Python-style calls between two markers, `<|tool_call_start|>[f(a=1), g()]<|tool_call_end|>`
@@ -692,7 +703,6 @@ def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], 
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
 _SEED_BLOCK = '"<seed:tool_call>" ws call ws "</seed:tool_call>"'
-_APRIEL_BLOCK = '"<tool_calls>[" ws {calls} ws "]</tool_calls>"'
 _GEMMA_BLOCK = '"<|tool_call>" call "<tool_call|>"'
 _QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter>"), "</function>")
 _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
@@ -713,9 +723,8 @@ _FORMS = {
     ToolFormat.SEED: _Form("<seed:tool_call>", "</seed:tool_call>", None, "arguments", (r"(<seed:tool_call>)",),
                            _SEED_BLOCK, f"{_SEED_BLOCK} (ws {_SEED_BLOCK})*", partial(_markup_rules, _QWEN_XML),
                            _alone(partial(_read_markup, _QWEN_XML))),
-    ToolFormat.APRIEL: _Form("<tool_calls>", "</tool_calls>", None, "arguments", (r"(<tool_calls>)",),
-                             _APRIEL_BLOCK.format(calls="call"), _APRIEL_BLOCK.format(calls='call (ws "," ws call)*'),
-                             read_calls=_read_json_calls),
+    ToolFormat.APRIEL: _json_list("<tool_calls>", "</tool_calls>"),
+    ToolFormat.NEMOTRON: _json_list("<TOOLCALL>", "</TOOLCALL>"),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM))),
     ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
@@ -738,7 +747,7 @@ _FORMS = {
 # the control tokens a form's reader needs to see (the text leaves control tokens out)
 _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"},
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
-            ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}}
+            ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"}}
 
 
 def new_id(form: ToolFormat) -> str:

@@ -153,6 +153,8 @@ THINKERS = {
     "apriel": ("apriel-1.6.jinja", (),
                ("<|begin_system|>", "<|begin_user|>", "<|begin_assistant|>", "<|end|>", "<|begin_tool_result|>",
                 "<|begin_content|>", "[BEGIN FINAL RESPONSE]", "[END FINAL RESPONSE]")),
+    "nemotron-nano-v2": ("nemotron-nano-v2.jinja", ("<think>", "</think>"),
+                         ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOLCALL>", "</TOOLCALL>")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

@@ -424,6 +424,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("seed-oss", (False, False, ""), (False, True, "thinking budget is 0")),
     # Apriel: no switch; the template opens the thinking with words, closed in the prompt for thinking off
     ("apriel", (True, False, "Here are my reasoning steps:"), (False, True, "[BEGIN FINAL RESPONSE]")),
+    # Nemotron Nano v2: its switch is /no_think in a message; the block it opens is closed in the prompt
+    ("nemotron-nano-v2", (True, False, "<think>"), (False, True, "<think></think>")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:
@@ -511,7 +513,8 @@ def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_on
 @pytest.mark.parametrize("name, opening", [("qwen3", "<tool_call>"), ("qwen3.5", "<tool_call>"),
                                            ("gemma4", "<|tool_call>"), ("minimax-m2", "<minimax:tool_call>"),
                                            ("kimi-k2", "<|tool_calls_section_begin|>"),
-                                           ("seed-oss", "<seed:tool_call>"), ("apriel", "<tool_calls>")])
+                                           ("seed-oss", "<seed:tool_call>"), ("apriel", "<tool_calls>"),
+                                           ("nemotron-nano-v2", "<TOOLCALL>")])
 def test_a_call_spelled_in_the_thinking_sets_off_no_tool_grammar_and_one_past_it_does(thinkers, name, opening):
     """Thinking that plans a call spells its opening: set off there, the lazy grammar refused the thinking's
     next words (and held it to a call that ended the reply inside the block, which nothing read as a call)."""

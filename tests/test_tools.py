@@ -51,7 +51,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.MINIMAX: (REAL / "minimax-m2.jinja").read_text(),
              ToolFormat.KIMI: (REAL / "kimi-k2-thinking.jinja").read_text(),
              ToolFormat.SEED: (REAL / "seed-oss.jinja").read_text(),
-             ToolFormat.APRIEL: (REAL / "apriel-1.6.jinja").read_text()}
+             ToolFormat.APRIEL: (REAL / "apriel-1.6.jinja").read_text(),
+             ToolFormat.NEMOTRON: (REAL / "nemotron-nano-v2.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -491,7 +492,8 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
         assert running.stop() == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel"])
+@pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
+                                    "nemotron-nano-v2"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
