@@ -191,9 +191,10 @@ class PromptCache:
             del state
             os.replace(partial, path)
             if not context.recurrent:
+                held = np.asarray(tokens, dtype=np.int32)
                 for entry in self.entries():
-                    if entry.path != path and len(entry.tokens) <= len(tokens) and (
-                            entry.tokens == np.asarray(tokens[: len(entry.tokens)], dtype=np.int32)).all():
+                    if entry.path != path and len(entry.tokens) <= len(held) and (
+                            entry.tokens == held[: len(entry.tokens)]).all():
                         entry.path.unlink(missing_ok=True)
             self.evict()
         except OSError:
