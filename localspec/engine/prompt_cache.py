@@ -65,11 +65,16 @@ def tokens_of(path: Path) -> np.ndarray | None:
 
 def write(path: Path, tokens: Sequence[int], state) -> None:
     """A file of llama.cpp's sequence-state format (llama_state_seq_save_file's) from a state as
-    llama_state_seq_get_data hands it out."""
-    with open(path, "wb") as file:
-        file.write(struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(tokens)))
-        file.write(np.asarray(tokens, dtype="<i4").tobytes())
-        file.write(memoryview(state)[STATE_HEAD.size :])
+    llama_state_seq_get_data hands it out, only ever there whole (written beside it, then renamed)."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as file:
+            file.write(struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(tokens)))
+            file.write(np.asarray(tokens, dtype="<i4").tobytes())
+            file.write(memoryview(state)[STATE_HEAD.size :])
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def read(path: Path) -> tuple[list[int], bytearray] | None:
@@ -179,7 +184,6 @@ class PromptCache:
             return
         tokens = list(context.tokens)
         path = self.folder / f"p-{_hash(tokens)}-{max(1, round(seconds / read * 1e6))}.bin"
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         try:
             if not self.folder.is_dir():
                 self.folder.mkdir(parents=True)
@@ -187,9 +191,8 @@ class PromptCache:
             state = context.state()
             if state is None:
                 return
-            write(partial, tokens, state)
+            write(path, tokens, state)
             del state
-            os.replace(partial, path)
             if not context.recurrent:
                 held = np.asarray(tokens, dtype=np.int32)
                 for entry in self.entries():
@@ -198,7 +201,7 @@ class PromptCache:
                         entry.path.unlink(missing_ok=True)
             self.evict()
         except OSError:
-            partial.unlink(missing_ok=True)
+            pass  # (no worse than no prompt cache)
 
     def evict(self) -> None:
         """Delete the least recently used files of every model's until they fit the cap, and partial files left
