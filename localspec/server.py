@@ -817,11 +817,7 @@ class Server:
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
-        server = _Uvicorn(config, on_exit=self._stop)
-        print(f"localspec: serving {self.pool.first.name} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
-              " /api; Ctrl-C stops)", flush=True)
-        if self.serving.exposure_warning:
-            self.log(self.serving.exposure_warning)
+        server = _Uvicorn(config, on_ready=functools.partial(self._ready, listener), on_exit=self._stop)
         try:
             asyncio.run(self._serve(server, listener))
         finally:
@@ -830,6 +826,12 @@ class Server:
             self.pool.close()
         if stopped:  # a supervisor (systemd, a container's restart policy) starts serve again
             raise EngineError(f"{stopped}; serve stopped (start it again)")
+
+    def _ready(self, listener: socket.socket) -> None:
+        print(f"localspec: serving {self.pool.first.name} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
+              " /api; Ctrl-C stops)", flush=True)
+        if self.serving.exposure_warning:
+            self.log(self.serving.exposure_warning)
 
     def _stop(self) -> None:
         self.closing = True
@@ -1060,9 +1062,9 @@ class _Uvicorn(uvicorn.Server):
     """uvicorn, stopping on Ctrl-C or SIGTERM by cancelling the generations first (at their next step)
     and exiting normally."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None], on_exit: Callable[[], None]):
         super().__init__(config)
-        self.on_exit = on_exit
+        self.on_ready, self.on_exit = on_ready, on_exit
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -1074,6 +1076,13 @@ class _Uvicorn(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    async def startup(self, sockets=None) -> None:
+        # said once Ctrl-C and SIGTERM are ours (capture_signals wraps this): a stop asked for the moment
+        # "serving" is read is a normal exit, never a KeyboardInterrupt
+        await super().startup(sockets)
+        if not self.should_exit:
+            self.on_ready()
 
     async def shutdown(self, sockets=None) -> None:
         self.on_exit()

@@ -802,6 +802,13 @@ def test_each_api_keys_client_drafts_only_from_its_own_earlier_answers(tiny, tmp
         assert server.stop(signal.SIGTERM) == 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_the_moment_serving_is_said_is_a_normal_exit(tiny, tmp_path, sig):
+    # "serving" was printed before uvicorn took the signals over: Ctrl-C then ended serve with 130 (CI, 2026-11-29)
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "-c", "256")
+    assert server.stop(sig) == 0, server.log()
+
+
 def test_browser_pages_of_this_machine_and_of_named_origins_may_call_the_api(tiny, tmp_path):
     server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--api-key", "k",
                            "--cors-origin", "https://chat.example.com")
