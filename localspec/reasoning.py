@@ -7,7 +7,8 @@ Recognised, from the chat template (docs/models.md lists the registry's families
   template opens the block itself (its generation prompt ends with `<think>`), the reply starts inside it.
   Gemma 4's `<|channel>thought` ... `<channel|>` and Seed-OSS's `<seed:think>` ... `</seed:think>` alike, and
   Apriel's, which its template opens with `Here are my reasoning steps:` and the model ends with
-  `[BEGIN FINAL RESPONSE]`.
+  `[BEGIN FINAL RESPONSE]`, and Command R7B's plan, `<|START_THINKING|>` ... `<|END_THINKING|>` (control tokens;
+  its answer's `<|START_RESPONSE|>` and `<|END_RESPONSE|>` are left out as every other control token is).
 * harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
   TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
   thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
@@ -69,6 +70,8 @@ SEED = Family("seed", ReasoningFormat.THINK, "<seed:think>", "</seed:think>", "<
 # Apriel: its template opens the thinking with words, the model ends it with a marker of words
 APRIEL = Family("apriel", ReasoningFormat.THINK, "Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]",
                 "\n[BEGIN FINAL RESPONSE]\n")
+# Command R7B: the plan its template asks for before tool calls
+COMMAND_R7B = Family("command-r7b", ReasoningFormat.THINK, "<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>")
 # Gemma 4: `<|channel>thought` ... `<channel|>` (its template strips earlier turns' thinking by those markers)
 GEMMA4 = Family("gemma4", ReasoningFormat.THINK, "<|channel>", "<channel|>", "<channel|>", "thought")
 HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>")
@@ -92,14 +95,16 @@ def family(template: str | None) -> Family:
         return SEED
     if APRIEL.open in source and APRIEL.close in source:
         return APRIEL
+    if COMMAND_R7B.open in source and COMMAND_R7B.close in source:
+        return COMMAND_R7B
     if THINK.open in source and THINK.close in source:
         return THINK
     return NONE
 
 
-# What a template that has its model think in a form not read here shows of it (Magistral's [THINK],
-# Command-R's <|START_THINKING|>, a switch or field of its own)
-_THINKING_HINTS = ("[THINK]", "<|START_THINKING|>", "enable_thinking", "reasoning_content", "thinking")
+# What a template that has its model think in a form not read here shows of it (Magistral's [THINK], a switch
+# or field of its own)
+_THINKING_HINTS = ("[THINK]", "enable_thinking", "reasoning_content", "thinking")
 
 
 def unread_thinking(template: str | None) -> str | None:

@@ -61,6 +61,7 @@ class ToolFormat(StrEnum):
     SEED = "seed"
     APRIEL = "apriel"
     NEMOTRON = "nemotron"
+    COMMAND_R7B = "command-r7b"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -116,6 +117,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.APRIEL
     if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
         return ToolFormat.NEMOTRON
+    if _COHERE_ACTION[0] in source and '"tool_name"' in source:
+        return ToolFormat.COMMAND_R7B
     # forms that spell <tool_call> too but write something else in or around it (MiniMax-M3's namespaced
     # <invoke>, another <tool_calls>): refused, rather than read as another family's
     if not any(marker in source for marker in ("<invoke", "<tool_calls>", "<seed:tool_call>")):
@@ -136,7 +139,7 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LLAMA3
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
-                     " XML, Apriel's <tool_calls> and Nemotron's <TOOLCALL> lists, GLM's"
+                     " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections,"
                      " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
@@ -517,15 +520,17 @@ def _alone(read: Callable[[str, dict], tuple[str, dict]]) -> Callable[[str, dict
     return lambda body, parameters: [read(body, parameters)]
 
 
-def _read_json_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
-    """Apriel's and Nemotron's: a JSON list of calls, each `{"name": ..., "arguments": {...}}`."""
+def _read_json_calls(body: str, parameters: dict, name: str = "name", arguments: str = "arguments"
+                     ) -> list[tuple[str, dict]]:
+    """A JSON list of calls, each `{"name": ..., "arguments": {...}}` (Apriel's, Nemotron's), or under the keys
+    given (Command R7B's `tool_name` and `parameters`)."""
     try:
         calls = json.loads(body)
     except ValueError:
         raise InputError(f"the model wrote tool calls that are not a JSON list: {body[:80]!r}") from None
-    if not isinstance(calls, list) or not calls or not all(_is_call(call, "arguments") for call in calls):
-        raise InputError(f"the model wrote a list without calls of a name and arguments: {body[:80]!r}")
-    return [(call["name"], call["arguments"]) for call in calls]
+    if not isinstance(calls, list) or not calls or not all(_is_call(call, arguments, name) for call in calls):
+        raise InputError(f"the model wrote a list without calls of a {name} and {arguments}: {body[:80]!r}")
+    return [(call[name], call[arguments]) for call in calls]
 
 
 def _json_list(opening: str, closing: str) -> _Form:
@@ -533,6 +538,23 @@ def _json_list(opening: str, closing: str) -> _Form:
     block = f'"{opening}" "[" ws {{calls}} ws "]" "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), block.format(calls="call"),
                  block.format(calls='call (ws "," ws call)*'), read_calls=_read_json_calls)
+
+
+# Command R7B's: after its plan (<|START_THINKING|>), a JSON list of calls between two control tokens, each
+# `{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}`, laid out as its template writes earlier ones
+_COHERE_ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
+_COHERE_BLOCK = f'"{_COHERE_ACTION[0]}" "[" indent {{calls}} indent "]" "{_COHERE_ACTION[1]}"'
+
+
+def _cohere_rules(offered: list[dict]) -> str:
+    """GBNF of one Command R7B call (`call`): its id (digits, as a string), an offered function's name, then its
+    parameters held to their schema, in that order."""
+    schemas = {f"call-{number}": {"type": "object", "properties": {
+        "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,4}$"}, "tool_name": {"const": function["name"]},
+        "parameters": function.get("parameters") or {"type": "object"}},
+        "required": ["tool_call_id", "tool_name", "parameters"], "additionalProperties": False}
+        for number, function in enumerate(offered)}
+    return "\n".join([f"call ::= {' | '.join(schemas)}", _json_rules(schemas), "indent ::= [ \\n]{0,8}"])
 
 
 # LFM2's: a list of Python-style calls between two markers, `<|tool_call_start|>[f(a=1), g()]<|tool_call_end|>`
@@ -725,6 +747,9 @@ _FORMS = {
                            _alone(partial(_read_markup, _QWEN_XML))),
     ToolFormat.APRIEL: _json_list("<tool_calls>", "</tool_calls>"),
     ToolFormat.NEMOTRON: _json_list("<TOOLCALL>", "</TOOLCALL>"),
+    ToolFormat.COMMAND_R7B: _Form(*_COHERE_ACTION, None, "parameters", (r"(<\|START_ACTION\|>)",),
+                                  _COHERE_BLOCK.format(calls="call"), _COHERE_BLOCK.format(calls='call ("," indent call)*'),
+                                  _cohere_rules, partial(_read_json_calls, name="tool_name", arguments="parameters")),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM))),
     ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
@@ -747,7 +772,8 @@ _FORMS = {
 # the control tokens a form's reader needs to see (the text leaves control tokens out)
 _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"},
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
-            ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"}}
+            ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"},
+            ToolFormat.COMMAND_R7B: set(_COHERE_ACTION)}
 
 
 def new_id(form: ToolFormat) -> str:
@@ -872,6 +898,6 @@ class ToolStream:
         return ToolCall(call_id or new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
 
 
-def _is_call(call, arguments: str) -> bool:
-    return (isinstance(call, dict) and isinstance(call.get("name"), str)
+def _is_call(call, arguments: str, name: str = "name") -> bool:
+    return (isinstance(call, dict) and isinstance(call.get(name), str)
             and isinstance(call.get(arguments, call.get("arguments")), dict))

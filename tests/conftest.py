@@ -155,6 +155,10 @@ THINKERS = {
                 "<|begin_content|>", "[BEGIN FINAL RESPONSE]", "[END FINAL RESPONSE]")),
     "nemotron-nano-v2": ("nemotron-nano-v2.jinja", ("<think>", "</think>"),
                          ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOLCALL>", "</TOOLCALL>")),
+    "command-r7b": ("command-r7b.jinja", (),
+                    ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+                     "<|CHATBOT_TOKEN|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
+                     "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
 }

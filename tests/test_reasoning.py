@@ -21,7 +21,7 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, GEMMA4, HARMONY, NONE, SEED, THINK, HarmonySplitter, Part,
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, HARMONY, NONE, SEED, THINK, HarmonySplitter, Part,
                                  Piece, ThinkSplitter, family, unread_thinking)
 
 
@@ -138,12 +138,24 @@ def test_apriels_steps_end_at_its_final_response_marker_a_control_token_or_text(
         assert parts == {Part.THINKING: "The user wants 4.\n", Part.ANSWER: "It is 4."}, close
 
 
+def test_command_r7bs_plan_is_thinking_and_its_response_markers_are_left_out():
+    # every marker a control token of its vocabulary: the splitter sees their text as markers only
+    parts, _ = split_at(ThinkSplitter(markers=COMMAND_R7B),
+                        [("<|START_THINKING|>", True), ("I will look it up.", False), ("<|END_THINKING|>", True),
+                         ("<|START_RESPONSE|>", True), ("It is sunny.", False), ("<|END_RESPONSE|>", True)])
+    assert parts == {Part.THINKING: "I will look it up.", Part.ANSWER: "It is sunny."}
+    # an answer without a plan, as it writes one where no tools are offered
+    parts, _ = split_at(ThinkSplitter(markers=COMMAND_R7B), [("<|START_RESPONSE|>", True), ("Hi.", False)])
+    assert parts == {Part.ANSWER: "Hi."}
+
+
 def test_the_family_is_read_from_the_template():
     assert family("{{ '<think>' }}...{{ '</think>' }}") is THINK
     assert family("<|start|>{{ m }}<|channel|>final<|message|>") is HARMONY
     assert family("{{ '<|channel>thought\\n<channel|>' }}") is GEMMA4
     assert family((TEMPLATES / "seed-oss.jinja").read_text()) is SEED
     assert family((TEMPLATES / "apriel-1.6.jinja").read_text()) is APRIEL
+    assert family((TEMPLATES / "command-r7b.jinja").read_text()) is COMMAND_R7B
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -426,6 +438,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("apriel", (True, False, "Here are my reasoning steps:"), (False, True, "[BEGIN FINAL RESPONSE]")),
     # Nemotron Nano v2: its switch is /no_think in a message; the block it opens is closed in the prompt
     ("nemotron-nano-v2", (True, False, "<think>"), (False, True, "<think></think>")),
+    # Command R7B: no switch and no block opened; its plan, where it writes one, is cut at once for thinking off
+    ("command-r7b", (False, False, ""), (False, False, "")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:
@@ -514,7 +528,7 @@ def test_a_grammar_over_the_whole_reply_has_a_reasoning_model_answer_in_it_at_on
                                            ("gemma4", "<|tool_call>"), ("minimax-m2", "<minimax:tool_call>"),
                                            ("kimi-k2", "<|tool_calls_section_begin|>"),
                                            ("seed-oss", "<seed:tool_call>"), ("apriel", "<tool_calls>"),
-                                           ("nemotron-nano-v2", "<TOOLCALL>")])
+                                           ("nemotron-nano-v2", "<TOOLCALL>"), ("command-r7b", "<|START_ACTION|>")])
 def test_a_call_spelled_in_the_thinking_sets_off_no_tool_grammar_and_one_past_it_does(thinkers, name, opening):
     """Thinking that plans a call spells its opening: set off there, the lazy grammar refused the thinking's
     next words (and held it to a call that ended the reply inside the block, which nothing read as a call)."""

@@ -52,7 +52,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.KIMI: (REAL / "kimi-k2-thinking.jinja").read_text(),
              ToolFormat.SEED: (REAL / "seed-oss.jinja").read_text(),
              ToolFormat.APRIEL: (REAL / "apriel-1.6.jinja").read_text(),
-             ToolFormat.NEMOTRON: (REAL / "nemotron-nano-v2.jinja").read_text()}
+             ToolFormat.NEMOTRON: (REAL / "nemotron-nano-v2.jinja").read_text(),
+             ToolFormat.COMMAND_R7B: (REAL / "command-r7b.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -113,6 +114,10 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     # [TOOL_CALLS] is a control token, left out of the answer's text
     (ToolFormat.MISTRAL, '[{"name": "f", "arguments": {"a": 1}}]', "", [("f", {"a": 1})]),
     (ToolFormat.MISTRAL, "[1, 2]", "[1, 2]", []),
+    # Command R7B's list, laid out as its template writes earlier calls (its markers written in by shown())
+    (ToolFormat.COMMAND_R7B, 'Let me look.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters":'
+     ' {"a": 1}},\n    {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]<|END_ACTION|>', "Let me look.",
+     [("f", {"a": 1}), ("g", {})]),
     # Qwen3.5's and Qwen3-Coder's: a string as written (one newline either side is the layout), others as JSON,
     # a boolean as Python writes it too
     (ToolFormat.XML, 'Let me look.\n\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=code>\n'
@@ -493,14 +498,15 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
-                                    "nemotron-nano-v2"])
+                                    "nemotron-nano-v2", "command-r7b"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
     GLM-4.5's <arg_key> tags (read as hermes' JSON before), with each family's own template: a required call
     comes back as OpenAI's tool_calls, its arguments typed by the schema, and the round trip renders it back
     in the family's form."""
-    running = ServerProcess(tmp_path, thinkers[family], "--temp", "0", "-c", "2048", "--alias", "tiny")
+    context = "8192" if family == "command-r7b" else "2048"  # (its long preamble, in the tiny model's letters)
+    running = ServerProcess(tmp_path, thinkers[family], "--temp", "0", "-c", context, "--alias", "tiny")
     try:
         client = running.client()
         # (one call: a random model allowed several never stops calling)
