@@ -61,6 +61,20 @@ class Prepared:
     answer_sampling: Sampling | None = None
 
 
+def _object_arguments(call):
+    """An earlier call with its arguments as the object they are where they come as JSON text (OpenAI's messages
+    carry them so, as a ToolCall does): templates write them with tojson, which wrote them as a quoted string,
+    and StepFun's reads them with fromjson only where they are text. Arguments that are no JSON object stay."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return call | {"function": function | {"arguments": arguments}} if isinstance(arguments, dict) else call
+
+
 class Prompts:
     """The prompt work of a session: its target model and the context its prompts must fit."""
 
@@ -182,6 +196,8 @@ class Prompts:
         template = self.template
         # earlier thinking under the name each template reads it by (gpt-oss's: thinking)
         messages = [m | {"thinking": m[THINKING_FIELD]} if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
+        messages = [m | {"tool_calls": [_object_arguments(call) for call in m["tool_calls"]]}
+                    if isinstance(m.get("tool_calls"), list) else m for m in messages]
         bos, eos = model.special_text("bos"), model.special_text("eos")
         text = "".join(str(m.get("content") or "") for m in messages)
         self.refuse_what_cannot_fit(len(text), len(messages))

@@ -40,6 +40,14 @@ def test_break_and_continue_render_as_hugging_faces_loop_controls():
     assert render(template, messages, "<s>", "</s>") == "ac"
 
 
+def test_fromjson_reads_json_text_as_stepfuns_template_reads_an_earlier_calls_arguments():
+    # ("No filter named 'fromjson'" before: the whole request failed)
+    template = "{% for m in messages %}{% for k, v in (m.content | fromjson) | items %}{{ k }}={{ v }};{% endfor %}{% endfor %}"
+    assert render(template, [{"role": "user", "content": '{"city": "paris", "days": 2}'}], "", "") == "city=paris;days=2;"
+    with pytest.raises(InputError, match="chat template failed"):
+        render(template, [{"role": "user", "content": "{not json"}], "", "")
+
+
 @pytest.mark.parametrize(
     "template",
     [

@@ -607,6 +607,23 @@ def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_
         assert len(marker) == 1 and marker[0] in Prompts(loaded, 2048).chat_tokens(history)
 
 
+def test_an_earlier_calls_arguments_as_json_text_are_written_as_the_object_they_are(tmp_path):
+    """OpenAI's messages (and a ToolCall) carry a call's arguments as JSON text; the protocols hand them on as
+    objects, the library as they came: a template's tojson then wrote them as one quoted string."""
+    model = write_tiny_model(tmp_path / "hermes.gguf", TinySpec(seed=1, chat_template=HERMES))
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
+    as_text = json.loads(json.dumps(history))
+    as_text[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "paris"}'
+    with closing(Model(model)) as loaded:
+        prompts = Prompts(loaded, 2048)
+        assert prompts.chat_tokens(as_text) == prompts.chat_tokens(history)
+        # arguments that are no JSON object are written as they came
+        as_text[1]["tool_calls"][0]["function"]["arguments"] = "paris"
+        assert prompts.chat_tokens(as_text) != prompts.chat_tokens(history)
+
+
 def test_lfm2s_grammar_takes_values_as_json_or_as_its_template_writes_them(target):
     """LFM2.5's template writes an earlier call's strings between single quotes and its booleans as Python
     does: the grammar takes those as well as JSON's, and the reader reads both the same."""
