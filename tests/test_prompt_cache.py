@@ -3,6 +3,7 @@ its reading did, in another context as in another process; only what pays is kep
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from localspec.config import Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.drafters import ModelDrafter, NoDrafter
 from localspec.engine.model import Model
+from localspec.engine import prompt_cache
 from localspec.engine.prompt_cache import PromptCache
 from localspec.paths import prompts_of
 from localspec.engine.speculative import generate
@@ -45,8 +47,10 @@ def prompt_of(n: int, seed: int = 0) -> list[int]:
 
 
 def generation(context, prompt, drafter=None, max_tokens=24):
+    """(tokens, prompt tokens reused) of a greedy generation, its prompt's file (where one is kept) written."""
     events = list(generate(context, drafter or NoDrafter(), prompt, GREEDY, PLAIN, Limits(max_tokens=max_tokens)))
     prefill = next(e for e in events if isinstance(e, Prefill))
+    prompt_cache.settled()
     return [e.id for e in events if isinstance(e, Token)], prefill.reused_tokens
 
 
@@ -129,6 +133,23 @@ def test_the_least_recently_used_go_first_over_the_cap(opened, tmp_path):
     generation(context, prompt_of(100, seed=3))
     left = files(tmp_path)
     assert len(left) == 2 and old[0] not in left
+
+
+def test_the_file_is_written_on_a_thread_of_its_own_and_few_states_wait_for_it(opened, tmp_path):
+    """The generation goes on while its prompt's file is written (it waited for the disk: seconds for a long
+    prompt's state on a GPU); a state waiting to be written is held in memory, so at most MOST_WAITING wait."""
+    disk = threading.Event()
+    prompt_cache._writer.submit(disk.wait, 60)  # a disk that does not answer yet
+    try:
+        for seed in range(prompt_cache.MOST_WAITING + 1):
+            context = opened("target", tmp_path)
+            events = list(generate(context, NoDrafter(), prompt_of(100, seed), GREEDY, PLAIN, Limits(max_tokens=8)))
+            assert sum(isinstance(e, Token) for e in events) == 8  # (done, its file not written)
+        assert files(tmp_path) == []
+    finally:
+        disk.set()
+    prompt_cache.settled()
+    assert len(files(tmp_path)) == prompt_cache.MOST_WAITING
 
 
 def test_a_draft_model_reads_its_prompt_back_too(opened, tmp_path):

@@ -10,6 +10,7 @@ from localspec.protocols.openai import parse_chat, parse_completion
 from localspec.protocols.shared import ApiError, Defaults, api_error
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Serving, Speculation
 from localspec.errors import ContextOverflow, InputError
+from localspec.engine import prompt_cache
 from localspec.events import Prefill
 from localspec.engine.together import Together
 import localspec.service as service_module
@@ -115,6 +116,7 @@ def test_a_clients_prompts_on_disk_are_read_back_for_it_alone(tiny):
         reused = functools.partial(reused_by, service, prompt)
         try:
             assert reused("key 1") == 0
+            prompt_cache.settled()  # (key 1's file written)
             assert reused("key 2") == 0  # its cache emptied, and key 1's file is not its to read
             assert reused("key 1") > 16  # its own, read back from its file
         finally:

@@ -6,14 +6,21 @@ or the next, instead of decoding them again.
 One folder a model file (its path, size and time: a file replaced is another model), and in it one a client of
 a server with API keys, under one cap for all of them, the least recently used file going first. A file names the
 hash of its tokens and how long each of them took to read, so that one is read back only where that saves more
-time than reading the file costs."""
+time than reading the file costs.
+
+A file is written on a thread of its own: the state is copied out of the context where the prompt was read (the
+context is that thread's alone), the disk is left to the writer, so that the first token does not wait on it (a
+long prompt's state on a GPU is gigabytes, seconds to write, as long as reading the prompt took there). The
+process waits for the writer at its exit."""
 
 import hashlib
 import os
 import re
 import struct
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +38,16 @@ NAME = re.compile(r"p-([0-9a-f]{16})-(\d+)\.bin")  # the tokens' hash, microseco
 READ_BYTES_PER_SECOND = 1e9  # a file from the page cache or an SSD: what reading one back is reckoned to cost
 LEAST_TOKENS = 16  # fewer tokens read than this are neither looked for nor kept here
 STALE_SECONDS = 3600  # a partial file older than this was left by a process that ended while writing it
+# states copied out and not yet written, at most: a state is a prompt's whole cache, held in memory until written,
+# so one more is not kept while this many wait
+MOST_WAITING = 2
+
+# the one writer of every prompt cache of the process; its threads are joined at exit, with their queued writes
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-cache")
+_waiting: list[Future] = []  # its jobs not yet collected by settled() (done ones that went well are let go)
+_queue = threading.Lock()
+# the folders' listings and files, as the writer and a reading thread both look at them
+_files = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,17 @@ def write(path: Path, tokens: Sequence[int], state) -> None:
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def settled() -> None:
+    """Wait until every state copied out so far is written (raising what failed in the writer, other than the
+    disk's trouble, which it keeps to itself)."""
+    while True:
+        with _queue:
+            if not _waiting:
+                return
+            job = _waiting.pop(0)
+        job.result()
 
 
 def read(path: Path) -> tuple[list[int], bytearray] | None:
@@ -123,20 +151,22 @@ class PromptCache:
 
     def entries(self) -> list[Entry]:
         """The files in the model's folder, their headers read once each."""
-        try:
-            listed = [(Path(item.path), item.stat()) for item in os.scandir(self.folder)
-                      if NAME.fullmatch(item.name)]
-        except OSError:
-            return []
-        known, self._entries = self._entries, {}
-        for path, stat in listed:
-            mtime, entry = known.get(path, (None, None))
-            if mtime != stat.st_mtime_ns:
-                tokens = tokens_of(path)
-                entry = None if tokens is None else Entry(
-                    path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6, stat.st_size)
-            self._entries[path] = (stat.st_mtime_ns, entry)
-        return [entry for path, (_, entry) in self._entries.items() if entry is not None and path not in self._failed]
+        with _files:
+            try:
+                listed = [(Path(item.path), item.stat()) for item in os.scandir(self.folder)
+                          if NAME.fullmatch(item.name)]
+            except OSError:
+                return []
+            known, self._entries = self._entries, {}
+            for path, stat in listed:
+                mtime, entry = known.get(path, (None, None))
+                if mtime != stat.st_mtime_ns:
+                    tokens = tokens_of(path)
+                    entry = None if tokens is None else Entry(
+                        path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6, stat.st_size)
+                self._entries[path] = (stat.st_mtime_ns, entry)
+            return [entry for path, (_, entry) in self._entries.items()
+                    if entry is not None and path not in self._failed]
 
     def best(self, wanted: Sequence[int], held: int, most: int, whole: bool) -> tuple[Entry, int] | None:
         """The file worth reading back for a cache that holds the first `held` of `wanted` and is to hold up to
@@ -177,29 +207,40 @@ class PromptCache:
         return context.shares(wanted, 0, most)
 
     def keep(self, context, read: int, seconds: float) -> None:
-        """Write what the context holds, after it read `read` tokens of it in `seconds`, where that was long;
-        then drop files it makes needless (a prefix of its tokens, where the cache can be taken back) and the
-        least recently used over the cap."""
+        """Have what the context holds written, after it read `read` tokens of it in `seconds`, where that was long
+        (and fewer than MOST_WAITING states wait for the writer); then files it makes needless dropped (a prefix of
+        its tokens, where the cache can be taken back) and the least recently used over the cap."""
         if read < LEAST_TOKENS or seconds < self.least_seconds:
             return
+        with _queue:
+            _waiting[:] = [job for job in _waiting if not job.done() or job.exception() is not None]
+            if sum(not job.done() for job in _waiting) >= MOST_WAITING:
+                return
         tokens = list(context.tokens)
-        path = self.folder / f"p-{_hash(tokens)}-{max(1, round(seconds / read * 1e6))}.bin"
+        state = context.state()
+        if state is None:
+            return
+        job = _writer.submit(self._store, tokens, state, max(1, round(seconds / read * 1e6)), not context.recurrent)
+        with _queue:
+            _waiting.append(job)
+
+    def _store(self, tokens: list[int], state, us_per_token: int, prefixes_needless: bool) -> None:
+        """The writer's part of keep()."""
+        path = self.folder / f"p-{_hash(tokens)}-{us_per_token}.bin"
         try:
             if not self.folder.is_dir():
                 self.folder.mkdir(parents=True)
                 (self.folder / "model.txt").write_text(f"{self.model}\n")  # (for whoever looks in)
-            state = context.state()
-            if state is None:
-                return
             write(path, tokens, state)
             del state
-            if not context.recurrent:
-                held = np.asarray(tokens, dtype=np.int32)
-                for entry in self.entries():
-                    if entry.path != path and len(entry.tokens) <= len(held) and (
-                            entry.tokens == held[: len(entry.tokens)]).all():
-                        entry.path.unlink(missing_ok=True)
-            self.evict()
+            with _files:
+                if prefixes_needless:
+                    held = np.asarray(tokens, dtype=np.int32)
+                    for entry in self.entries():
+                        if entry.path != path and len(entry.tokens) <= len(held) and (
+                                entry.tokens == held[: len(entry.tokens)]).all():
+                            entry.path.unlink(missing_ok=True)
+                self.evict()
         except OSError:
             pass  # (no worse than no prompt cache)
 
