@@ -232,7 +232,7 @@ FIELD_KINDS = {
 
 
 def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool, thinking: Thinking,
-             conversation: Callable[[list[dict]], list[dict]]) -> Request:
+             conversation: Callable[[list[dict]], list[dict]], template_variables: dict | None) -> Request:
     """What an item asks for: its conversation, or its prompt (wrapped in the chat template unless raw),
     each conversation as the model named asks (conversation: a made model's SYSTEM and MESSAGEs)."""
     if item.error:
@@ -244,7 +244,7 @@ def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, r
     prompt = session.prompts.tokenize(item.prompt, raw=True) if messages is None else None
     messages = conversation(messages) if messages is not None else None
     return Request(item_sampling, item_limits, messages=messages, prompt=prompt, prediction=item.prediction,
-                   thinking=thinking)
+                   thinking=thinking, template_variables=template_variables)
 
 
 def _record(item: Item, outcome: Recorder, predicted: int | None, thinks: bool) -> dict:
@@ -256,7 +256,8 @@ def _record(item: Item, outcome: Recorder, predicted: int | None, thinks: bool) 
 
 def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, limits: Limits, raw: bool,
         progress: Callable[[dict], None], durable: bool, running: dict | None = None,
-        thinking: Thinking = Thinking(), conversation: Callable[[list[dict]], list[dict]] = list) -> list[dict]:
+        thinking: Thinking = Thinking(), conversation: Callable[[list[dict]], list[dict]] = list,
+        template_variables: dict | None = None) -> list[dict]:
     """Generate the items, as many at once as the session has sequences (--parallel), a record written as
     each finishes; errors become an item's record instead of stopping the batch. durable: out is a file
     on disk, fsynced after every record so a crash cannot lose it. running: the items being generated,
@@ -272,7 +273,8 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     while True:
         while not scheduler.full and (item := next(waiting, None)) is not None:
             try:
-                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking, conversation))
+                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking, conversation,
+                                                 template_variables))
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue

@@ -59,12 +59,12 @@ class Chat:
 
     def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
                  thinking: Thinking = Thinking(), verbose: bool = False, shows_thinking: bool = True,
-                 opening: Sequence[dict] = ()):
+                 opening: Sequence[dict] = (), template_variables: dict | None = None):
         """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose); shows_thinking:
         whether a reasoning model's thinking is shown (Ollama's --hidethinking: not); opening: turns
-        before the first (a made model's MESSAGEs)."""
+        before the first (a made model's MESSAGEs); template_variables: more the chat template reads."""
         self.session = session
-        self.conversation = session.chat(system, sampling, limits, thinking, opening)
+        self.conversation = session.chat(system, sampling, limits, thinking, opening, template_variables)
         self.verbose, self.shows_thinking = verbose, shows_thinking
 
     @property

@@ -28,6 +28,8 @@ INFILL_BATCH = 2048
 # What a message may carry about tools beside its content (OpenAI's names), and an assistant's earlier
 # thinking (which a reasoning model's template writes back, or drops): written into the prompt as text
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
+# what a chat template is given of the request itself, which no variable of a client's may stand for
+RENDERED = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 THINKING_FIELD = "reasoning_content"
 
 
@@ -103,7 +105,7 @@ class Prompts:
                 # reply: a reasoning model answers at once, its answer the grammar's, rather than think in it
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
-            tokens = self.chat_tokens(request.messages, request.tools, thinking)
+            tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
             tokens, plan = self.thinking_plan(tokens, thinking)
             if plan is not None:
                 answer_sampling = sampling
@@ -184,9 +186,11 @@ class Prompts:
             return self.model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
-    def chat_tokens(self, messages: list[dict], tools: Tools | None = None, thinking: Thinking = Thinking()) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: Tools | None = None, thinking: Thinking = Thinking(),
+                    variables: dict | None = None) -> list[int]:
         """A conversation, rendered with the model's chat template, ready for the assistant's turn, with
-        the tools it may call.
+        the tools it may call and more variables of the template's (llama-server's chat_template_kwargs; the
+        thinking's own come of thinking).
 
         Only the template's own text is read for control tokens: a message that spells one (a pasted
         `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn. Tool
@@ -215,8 +219,17 @@ class Prompts:
         if any(about_tools) and spells_control_tokens(json.dumps(about_tools, ensure_ascii=False)):
             raise InputError("a tool definition, tool call or earlier thinking contains the text of a control token,"
                              " which the chat template would write as one")
+        if variables:
+            taken = RENDERED.intersection(variables)
+            if taken:
+                raise InputError(f"chat template variables: {', '.join(sorted(taken))} is the request's own to"
+                                 " give, not a variable's")
+            if spells_control_tokens(json.dumps(variables, ensure_ascii=False, default=str)):
+                raise InputError("a chat template variable contains the text of a control token, which the chat"
+                                 " template would write as one")
+        variables = (variables or {}) | (self.template_variables(thinking) if self.family is not reasoning.NONE else {})
         pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None,
-                               self.template_variables(thinking) if self.family is not reasoning.NONE else None)
+                               variables or None)
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []

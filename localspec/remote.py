@@ -73,8 +73,10 @@ class Remote:
         return self._info["draft_limit"] if self.draft_max is None else self.draft_max
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None, limits: Limits | None = None,
-             thinking: Thinking = Thinking(), opening: Sequence[dict] = ()) -> Conversation:
-        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking, opening)
+             thinking: Thinking = Thinking(), opening: Sequence[dict] = (), template_variables: dict | None = None
+             ) -> Conversation:
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking, opening,
+                            template_variables)
 
     def count_tokens(self, request: Request) -> int:
         return json.loads(b"".join(self._asked(TOKENS_PATH, to_wire(request))))["tokens"]

@@ -21,6 +21,9 @@ class Request:
     prediction: the text the answer is expected to follow (OpenAI's Predicted Outputs), drafted wherever
     it does, or its tokens as Session.prediction_tokens made them. tools: the tools a conversation's answer may call, their calls kept well formed by a grammar.
     thinking: how a reasoning model thinks before it answers (whether, how hard, how long).
+    template_variables: more the chat template reads, as llama-server's chat_template_kwargs hand them on (a
+    Llama 3.1 template's date_string, a model's own switch: DeepSeek V3.1's thinking, StepFun's
+    preserve_thinking); the thinking's own (enable_thinking, reasoning_effort) are thinking's to set.
     drafting, draft_max: how this generation drafts, other than the session's mode and --draft-max where given
     (serve's per-request speculation): plain for one request leaves the others drafting.
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers
@@ -36,6 +39,7 @@ class Request:
     tools: Tools | None = None
     client: str | None = None
     thinking: Thinking = Thinking()
+    template_variables: dict | None = None
     drafting: DrafterKind | None = None
     draft_max: int | None = None
     continues: list[int] | None = None
@@ -51,7 +55,8 @@ class Request:
 def to_wire(request: Request) -> dict:
     """A request as JSON, for serve's own stream (tools, which `run` and `chat` never send, are left out)."""
     return {"sampling": asdict(request.sampling), "limits": asdict(request.limits),
-            "thinking": asdict(request.thinking), "messages": request.messages, "prompt": request.prompt,
+            "thinking": asdict(request.thinking), "template_variables": request.template_variables,
+            "messages": request.messages, "prompt": request.prompt,
             "suffix": request.suffix, "prediction": request.prediction, "drafting": request.drafting,
             "draft_max": request.draft_max}
 
@@ -91,7 +96,11 @@ def from_wire(data: dict) -> Request:
     draft_max = data.get("draft_max")
     if draft_max is not None and not (isinstance(draft_max, int) and draft_max >= 0):
         raise UsageError("draft_max: a count of tokens", setting="draft_max")
+    variables = data.get("template_variables")
+    if variables is not None and not isinstance(variables, dict):
+        raise UsageError("template_variables: an object of the chat template's variables", setting="template_variables")
     return Request(part(Sampling, "sampling", ("grammar_triggers",)), part(Limits, "limits", ("stop",)),
                    messages=messages, prompt=prompt, suffix=suffix, prediction=prediction,
-                   thinking=part(Thinking, "thinking"), drafting=DrafterKind(drafting) if drafting else None,
+                   thinking=part(Thinking, "thinking"), template_variables=variables,
+                   drafting=DrafterKind(drafting) if drafting else None,
                    draft_max=draft_max)

@@ -51,6 +51,7 @@ from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
 from .events import Done, Reading, Token
 from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
+from .request import Request as LibraryRequest
 from .session import without_oldest_turns
 from .service import FINISHED, Embedding, Job, SlotAction
 
@@ -575,7 +576,7 @@ class Server:
         served = await self._model(body.get("model"))
 
         def count() -> int:
-            asked = anthropic.parse_count(body, self.defaults)
+            asked = self._with_template_variables(anthropic.parse_count(body, self.defaults))
             try:
                 return len(served.session.prompts.prepare(asked).tokens)
             except LocalspecError as error:
@@ -649,6 +650,8 @@ class Server:
                 if asked.messages is not None:
                     parsed = replace(parsed, request=replace(
                         asked, messages=made.conversation(asked.messages, continued=bool(asked.continues))))
+            if parsed is not None:
+                parsed = replace(parsed, request=self._with_template_variables(parsed.request))
             if parsed is not None and parsed.fits:
                 parsed = self._fitted(parsed, served)
             if parsed is not None:
@@ -658,13 +661,19 @@ class Server:
             raise api_error(error, "messages" if chat else "prompt") from None
         return parsed
 
+    def _with_template_variables(self, asked: LibraryRequest) -> LibraryRequest:
+        """A chat request with --chat-template-kwargs under its own variables, as llama-server merges them."""
+        if asked.messages is None or not self.defaults.template_variables:
+            return asked
+        return replace(asked, template_variables=self.defaults.template_variables | (asked.template_variables or {}))
+
     def _fitted(self, parsed: Parsed, served: Served) -> Parsed:
         """The conversation without the oldest turns that leave no room for the answer (its max_tokens, at most a
         quarter of the context), as Ollama's truncate drops them before reading; said in the log."""
         asked, n_ctx = parsed.request, served.session.info.n_ctx
         room = min(asked.limits.max_tokens or n_ctx, n_ctx // 4)
         try:
-            kept = without_oldest_turns(served.session, asked.messages, n_ctx - room, asked.thinking, asked.tools)
+            kept = without_oldest_turns(served.session, asked.messages, n_ctx - room, asked)
         except LocalspecError:  # (a prompt that cannot be made at all: refused by its generation, as any other)
             return parsed
         if kept is asked.messages:

@@ -401,10 +401,11 @@ class Session:
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None,
              limits: Limits | None = None, thinking: Thinking | None = None,
-             opening: Sequence[dict] = ()) -> "Conversation":
+             opening: Sequence[dict] = (), template_variables: dict | None = None) -> "Conversation":
         """A conversation with history on this session (opening: turns before the first, after the system
-        prompt: a made model's MESSAGEs)."""
-        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking or Thinking(), opening)
+        prompt: a made model's MESSAGEs; template_variables: as a Request's)."""
+        return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking or Thinking(), opening,
+                            template_variables)
 
     @property
     def info(self) -> Info:
@@ -457,22 +458,24 @@ class Session:
         self.close()
 
 
-def without_oldest_turns(session, messages: list[dict], budget: int, thinking: Thinking = Thinking(),
-                         tools: tool_calls.Tools | None = None) -> list[dict]:
+def without_oldest_turns(session, messages: list[dict], budget: int, like: Request = Request()) -> list[dict]:
     """The conversation without as few of its oldest turns (a user message and what answered it) as bring its
     prompt within budget tokens, as Ollama's truncate drops them; never its system prompt or its latest turn
     (one that is over alone is left to the generation to refuse). One whose text could not come to budget
     tokens (a token spells a byte or more) is not tokenized. session: what counts a request's tokens (a Session,
-    or the serve a chat goes through)."""
+    or the serve a chat goes through); like: the request whose prompt it is (its thinking, tools and template
+    variables shape it)."""
     def tokens(kept: list[dict]) -> int:
         try:
-            return session.count_tokens(Request(messages=kept, thinking=thinking, tools=tools))
+            return session.count_tokens(replace(like, messages=kept))
         except ContextOverflow:  # too long to be worth tokenizing
             return budget + 1
 
     spelled = sum(len(str(m.get("content") or "").encode()) + TEMPLATE_BYTES_A_MESSAGE for m in messages)
-    if tools:
-        spelled += len(json.dumps(tools.definitions).encode())
+    if like.tools:
+        spelled += len(json.dumps(like.tools.definitions).encode())
+    if like.template_variables:
+        spelled += len(json.dumps(like.template_variables, default=str).encode())
     if len(messages) < 2 or spelled + TEMPLATE_BYTES <= budget or tokens(messages) <= budget:
         return messages
     head = messages[:1] if messages[0]["role"] == "system" else []
@@ -492,12 +495,13 @@ class Conversation:
     KV caches keep what earlier turns read, so only the new turn is read. `recorder` folds every turn's
     events (the chat's statistics; its text is the latest reply's), `turn` the latest turn's. A reasoning
     model's replies join the history with their thinking apart (reasoning_content), for its template to
-    write back or drop as it does; thinking: how it thinks (chat's /think and /no-think change it)."""
+    write back or drop as it does; thinking: how it thinks (chat's /think and /no-think change it);
+    template_variables: more its chat template reads (a Request's)."""
 
     def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits,
-                 thinking: Thinking = Thinking(), opening: Sequence[dict] = ()):
+                 thinking: Thinking = Thinking(), opening: Sequence[dict] = (), template_variables: dict | None = None):
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
-        self.thinking, self.opening = thinking, list(opening)
+        self.thinking, self.opening, self.template_variables = thinking, list(opening), template_variables
         self.recorder = self.turn = Recorder()
         self.dropped = 0  # the oldest turns the latest message dropped to fit the context
         self.clear()
@@ -518,7 +522,7 @@ class Conversation:
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
             self.dropped = self._fit(limits)
-            for event in self.session.generate(Request(sampling, limits, messages=self.messages, thinking=self.thinking)):
+            for event in self.session.generate(self._request(sampling, limits)):
                 self.recorder.add(event)
                 self.turn.add(event)
                 started = started or isinstance(event, Prefill)
@@ -547,12 +551,17 @@ class Conversation:
         generation to refuse (ContextOverflow)."""
         n_ctx = self.session.info.n_ctx
         room = min(limits.max_tokens or n_ctx, n_ctx // 4)
-        if without_oldest_turns(self.session, self.messages, n_ctx - room, self.thinking) is self.messages:
+        asked = self._request(self.sampling, limits)
+        if without_oldest_turns(self.session, self.messages, n_ctx - room, asked) is self.messages:
             return 0
-        kept = without_oldest_turns(self.session, self.messages, n_ctx // 2, self.thinking)
+        kept = without_oldest_turns(self.session, self.messages, n_ctx // 2, asked)
         dropped = sum(m["role"] == "user" for m in self.messages) - sum(m["role"] == "user" for m in kept)
         self.messages[:] = kept
         return dropped
+
+    def _request(self, sampling: Sampling, limits: Limits) -> Request:
+        return Request(sampling, limits, messages=self.messages, thinking=self.thinking,
+                       template_variables=self.template_variables)
 
     def send(self, text: str, **options) -> Reply:
         """The whole reply to one message."""

@@ -131,6 +131,9 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--reasoning-budget", "-5"], "reasoning budget must be >= 0 tokens"),
         (["{target}", "-p", "x", "--think"], "target.gguf does not support thinking"),
         (["{target}", "-p", "x", "-s", "be brief"], "Invalid value for '--seed' / '-s'"),  # llama.cpp's -s: the seed
+        (["{target}", "-p", "x", "--chat-template-kwargs", "{{nope"], "--chat-template-kwargs is not JSON"),
+        (["{target}", "-p", "x", "--chat-template-kwargs", "[1]"], "takes a JSON object of the template's variables"),
+        (["{target}", "-p", "x", "--chat-template-kwargs", '{{"messages": []}}'], "messages is the request's own"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):

@@ -315,6 +315,64 @@ def test_a_model_without_fill_in_the_middle_tokens_is_refused_a_suffix(tiny, tmp
     assert "Traceback" not in running.log()
 
 
+# a chat template that reads variables of its own, as Llama 3.1's reads date_string and DeepSeek V3.1's thinking
+DATED = ("{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+         "{% if date_string is defined %}today: {{ date_string }}\n{% endif %}{% if thinking %}<think>\n{% endif %}"
+         "assistant:")
+
+
+def test_chat_template_kwargs_reach_the_template_from_the_request_and_from_the_command_line(tmp_path):
+    """llama-server's chat_template_kwargs (every key, not only enable_thinking and reasoning_effort: the rest
+    were taken and dropped) and its --chat-template-kwargs, under each request's own, for every protocol."""
+    model = write_tiny_model(tmp_path / "dated.gguf", TinySpec(seed=1, chat_template=DATED, control=FIM))
+    server = ServerProcess(tmp_path, model, "--alias", "tiny", "-c", "512", "--chat-template-kwargs",
+                           '{"date_string": "1 Jan 2026"}')
+    chat = [{"role": "user", "content": "hi"}]
+    try:
+        # Ollama's chat has no such field: the command line's reach it as they reach every protocol (first: all
+        # of its prompt is read, none found cached)
+        by_ollama = ollama.Client(host=server.base).chat(model="tiny", messages=chat, options={"num_predict": 1})
+
+        def rendered(**kwargs) -> str:
+            return httpx.post(server.base + "/apply-template", json={"messages": chat} | kwargs, timeout=60).json()["prompt"]
+
+        assert "today: 1 Jan 2026\nassistant:" in rendered()
+        assert "today: 2 Feb 2026\n<think>\nassistant:" in rendered(
+            chat_template_kwargs={"date_string": "2 Feb 2026", "thinking": True})
+        client = server.client()
+
+        def read(**kwargs) -> int:
+            return client.chat.completions.create(model="tiny", messages=chat, max_tokens=1, **kwargs).usage.prompt_tokens
+
+        plain, thinking = read(), read(extra_body={"chat_template_kwargs": {"thinking": True}})
+        assert thinking > plain == by_ollama.prompt_eval_count
+        for wrong, words in (({"messages": []}, "messages is the request's own"),
+                             ({"date_string": FIM[0]}, "contains the text of a control token")):
+            with pytest.raises(openai.BadRequestError, match=words):
+                read(extra_body={"chat_template_kwargs": wrong})
+        assert httpx.get(server.base + "/health").json()["status"] == "ok"
+    finally:
+        assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log()
+
+
+def test_run_chat_and_the_library_hand_the_template_their_variables(localspec, tmp_path):
+    model = write_tiny_model(tmp_path / "dated.gguf", TinySpec(seed=1, chat_template=DATED))
+
+    def read(*more) -> int:
+        done = localspec("run", model, "-p", "hi", "-n", "1", "--json", *more)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["stats"]["prompt_tokens"]
+
+    assert read("--chat-template-kwargs", '{"thinking": true}') > read()
+    with Session(model, None, Runtime(ctx_size=256), Speculation()) as session:
+        chat = [{"role": "user", "content": "hi"}]
+        dated = session.count_tokens(Request(messages=chat, template_variables={"date_string": "1 Jan 2026"}))
+        assert dated > session.count_tokens(Request(messages=chat))
+        conversation = session.chat(template_variables={"date_string": "1 Jan 2026"})
+        assert conversation.send("hi", max_tokens=1).summary.prompt_tokens == dated
+
+
 @pytest.mark.slow
 def test_apply_template_gives_the_prompt_a_chat_is_read_as_for_completion_to_go_on_from(real_model, tmp_path):
     """llama-server's /apply-template: the chat's prompt as text, which /completion reads back into the same

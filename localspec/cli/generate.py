@@ -183,7 +183,7 @@ def run(
         prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
         request = Request(settings.sampling, settings.limits, messages=messages,
                           prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
-                          thinking=settings.thinking)
+                          thinking=settings.thinking, template_variables=settings.template_variables or None)
         started = time.perf_counter()
         events = session.generate(request)
         auto = session.mode == DrafterKind.AUTO
@@ -266,7 +266,8 @@ def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | No
                 predicted: str | None, showing: Showing) -> None:
     request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(settings, system, text),
                       prompt=text if raw else None,
-                      prediction=predicted, thinking=settings.thinking)
+                      prediction=predicted, thinking=settings.thinking,
+                      template_variables=settings.template_variables or None)
     if not showing.quiet and not showing.as_json:
         print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
     started = time.perf_counter()
@@ -344,7 +345,8 @@ def _chat(settings: Settings, system: str | None, showing: Showing, command: str
         conversation = chat_loop.Chat(session, settings.sampling, settings.limits,
                                       made.system if system is None and made else system, settings.thinking,
                                       showing.verbose, showing.thinking,
-                                      [{"role": role, "content": text} for role, text in made.messages] if made else ())
+                                      [{"role": role, "content": text} for role, text in made.messages] if made else (),
+                                      settings.template_variables or None)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         chat_loop.run(conversation, interactive, color=showing.color, history_file=paths.state_dir() / "chat_history")
 
@@ -403,7 +405,8 @@ def batch(
             with tui.BatchProgress(len(todo)) as progress:
                 try:
                     records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
-                                               progress, durable, running, settings.thinking, settings.conversation)
+                                               progress, durable, running, settings.thinking, settings.conversation,
+                                               settings.template_variables or None)
                 except KeyboardInterrupt:
                     # what the file holds: Ctrl-C may come between a record's writing and its counting
                     interrupted = (len(batch_runner.done_ids(out) & {str(item.id) for item in todo}) if durable
@@ -650,7 +653,8 @@ def serve(
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
         defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format,
-                                        DrafterKind.DRAFT if settings.draft_model else DrafterKind.NGRAM)
+                                        DrafterKind.DRAFT if settings.draft_model else DrafterKind.NGRAM,
+                                        settings.template_variables)
         server_face.Server(models, serving, defaults, tui.log_line).run(listener)
 
 

@@ -221,6 +221,12 @@ THINKING_OPTIONS = {
         "--reasoning-budget", metavar="N", help="Most tokens of thinking: at N the block is closed for the model"
         " and it answers, as llama.cpp's budget does. -1: no limit; 0: no thinking.",
         rich_help_panel=THINKING)], -1),
+    "chat_template_kwargs": (Annotated[Optional[str], typer.Option(
+        "--chat-template-kwargs", metavar="JSON", help="More variables for the model's chat template, a JSON object,"
+        " as llama.cpp's: a model's own switch ('{\"thinking\": true}' for DeepSeek V3.1), a Llama 3.1"
+        " template's date_string. serve: under each request's chat_template_kwargs. enable_thinking and"
+        " reasoning_effort are --think's and --reasoning-effort's to set.", show_default=False,
+        rich_help_panel=THINKING)], None),
 }
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
@@ -318,6 +324,7 @@ class Settings:
     limits: Limits
     thinking: Thinking = Thinking()
     made: Preset | None = None  # the model made with `create` that the command named (target: its base)
+    template_variables: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs
 
     def __post_init__(self):
         check_draft_fits(self.speculation, self.runtime)
@@ -379,6 +386,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
         made=made,
+        template_variables=_template_variables(o.chat_template_kwargs),
     )
 
 
@@ -478,6 +486,20 @@ def _parallel(value: str) -> int:
     if not value.isdigit():
         raise UsageError(f"--parallel takes a number of sequences or auto, got {value!r}")
     return int(value)
+
+
+def _template_variables(given: str | None) -> dict:
+    """--chat-template-kwargs' JSON object."""
+    if given is None:
+        return {}
+    try:
+        variables = json.loads(given)
+    except (ValueError, RecursionError) as error:
+        raise UsageError(f"--chat-template-kwargs is not JSON: {json_trouble(error)}") from None
+    if not isinstance(variables, dict):
+        raise UsageError(f"--chat-template-kwargs takes a JSON object of the template's variables, as"
+                         f" '{{\"thinking\": true}}'; got {given!r}")
+    return variables
 
 
 def _logit_bias(given: Sequence[str]) -> tuple[tuple[int, float], ...]:

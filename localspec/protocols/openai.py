@@ -120,7 +120,8 @@ class _Common(Sampled):
 
 
 class TemplateArguments(_Typed):
-    """llama-server's chat_template_kwargs, of which a reasoning model's switches are read."""
+    """llama-server's chat_template_kwargs: a reasoning model's switches, read, and whatever else its chat
+    template reads, handed on as llama-server does (a date_string, DeepSeek V3.1's thinking)."""
 
     enable_thinking: bool | None = None
     reasoning_effort: str | None = None
@@ -199,6 +200,8 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
         raise ApiError(400, "top_logprobs goes with logprobs: true", param="top_logprobs")
     parsed = _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
                      tools=_tools(chat), thinking=_thinking(chat, defaults),
+                     template_variables=chat.chat_template_kwargs.model_dump(exclude_unset=True)
+                     if chat.chat_template_kwargs else None,
                      logprobs=(chat.top_logprobs or 0) if chat.logprobs else None)
     return replace(parsed, thinking_apart=form != "none")
 

@@ -94,6 +94,7 @@ class Defaults:
     thinking: Thinking = field(default_factory=Thinking)
     reasoning_format: str = "auto"
     fixed: DrafterKind = DrafterKind.NGRAM  # what a request's speculative mode "fixed" drafts with, unless it says
+    template_variables: dict = field(default_factory=dict)  # --chat-template-kwargs: under every chat's own
 
 
 class Speculative(_Typed):
