@@ -390,6 +390,18 @@ def _compiled(template: str) -> jinja2.Template:
     return _ENVIRONMENT.from_string(template)
 
 
+def checked(template: str, where: str) -> str:
+    """A chat template given in place of a model's own, once it is known to parse (InputError naming where it
+    came from and what is wrong, rather than a failure at every request)."""
+    if len(template) > MAX_SOURCE:
+        raise InputError(f"{where}: the chat template is {len(template):,} characters (at most {MAX_SOURCE:,})")
+    try:
+        _compiled(template)
+    except jinja2.TemplateSyntaxError as error:
+        raise InputError(f"{where}: the chat template does not parse: {error.message} (line {error.lineno})") from None
+    return template
+
+
 def render(template: str, messages: list[dict], bos_token: str, eos_token: str, tools: list[dict] | None = None,
            variables: dict | None = None) -> str:
     """The conversation (and the tools it may call, OpenAI's definitions) as the template writes it,

@@ -80,9 +80,10 @@ def _object_arguments(call):
 class Prompts:
     """The prompt work of a session: its target model and the context its prompts must fit."""
 
-    def __init__(self, model: Model, n_ctx: int):
+    def __init__(self, model: Model, n_ctx: int, template: str | None = None):
+        """template: the chat template to use in place of the model's own (--chat-template)."""
         self.model, self.n_ctx = model, n_ctx
-        self.template = model.chat_template() or FALLBACK_TEMPLATE
+        self.template = template or model.chat_template() or FALLBACK_TEMPLATE
         self.family = reasoning.family(self.template)  # how its replies think
         self.thinks = self.family is not reasoning.NONE
 
@@ -269,7 +270,7 @@ class Prompts:
         """Sampling under the grammar that keeps the model's calls to the tools well formed, and the form
         it writes them in; InputError where its template has no tools, or the answer is constrained
         already (a response format)."""
-        form = tool_format(self.model.chat_template())
+        form = tool_format(self.template)
         grammar, triggers = constraint(form, tools)
         if grammar is None:
             return sampling, form

@@ -86,20 +86,20 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
 
 def open_session(
     target: str, draft_model: str | None, runtime: Runtime, speculation: Speculation, offline: bool = False,
-    progress=None, loading=nullcontext, on_abort: Callable[[str], None] | None = None,
+    progress=None, loading=nullcontext, on_abort: Callable[[str], None] | None = None, chat_template: str | None = None,
 ) -> "Session":
     """Resolve, fetch and check the pair, place it (loading.place), then load it.
 
     loading(text): a context shown while the models load (a spinner), after any download.
     on_abort(message): should llama.cpp abort later (an RPC worker that stopped answering), called with
     its message and what is known of why, before the process ends with EngineError's code; None leaves
-    llama.cpp's own backtrace.
+    llama.cpp's own backtrace. chat_template: as Session's.
     """
     placed = place(target, draft_model, runtime, speculation, offline, progress, on_abort)
     pair = placed.pair
     with loading(f"loading {' and '.join(info.path.name for info in placed.placement.models)}"):
         return Session(pair.target.path, pair.draft.path if pair.draft else None, placed.runtime, speculation,
-                       placed.placement, placed.workers)
+                       placed.placement, placed.workers, chat_template)
 
 
 class Session:
@@ -111,9 +111,10 @@ class Session:
     """
 
     def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
-                 placement: Placement | None = None, workers: rpc.Workers | None = None):
+                 placement: Placement | None = None, workers: rpc.Workers | None = None, chat_template: str | None = None):
         """draft: the draft model's GGUF, or None (n-gram lookup needs none). placement: where they run
-        (open_session's); None: placed here, with runtime's workers added first."""
+        (open_session's); None: placed here, with runtime's workers added first. chat_template: the one to render
+        conversations with in place of the target's own (llama.cpp's --chat-template)."""
         check_draft_fits(speculation, runtime)
         started = time.perf_counter()
         self._owned: list = []
@@ -123,7 +124,7 @@ class Session:
             loaded = load_models(target, draft, runtime, speculation, placement, workers, self._owned)
             self.plan, self.notes = loaded.placement, loaded.notes
             self.target_model, self.target, self.sequences = loaded.target_model, loaded.target, loaded.sequences
-            self.prompts = Prompts(self.target_model, self.target.n_ctx)
+            self.prompts = Prompts(self.target_model, self.target.n_ctx, chat_template)
             if hint := reasoning.unread_thinking(self.prompts.template):
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")

@@ -134,6 +134,11 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--chat-template-kwargs", "{{nope"], "--chat-template-kwargs is not JSON"),
         (["{target}", "-p", "x", "--chat-template-kwargs", "[1]"], "takes a JSON object of the template's variables"),
         (["{target}", "-p", "x", "--chat-template-kwargs", '{{"messages": []}}'], "messages is the request's own"),
+        (["{target}", "-p", "x", "--chat-template", "chatml"], "built-in names such as 'chatml' are not kept here"),
+        (["{target}", "-p", "x", "--chat-template", "{{% for m in messages %}}"], "the chat template does not parse"),
+        (["{target}", "-p", "x", "--chat-template-file", "{dir}/none.jinja"], "cannot read"),
+        (["{target}", "-p", "x", "--chat-template", "{{{{ 1 }}}}", "--chat-template-file", "{notgguf}"], "give one"),
+        (["{target}", "-p", "x", "--no-jinja"], "renders the chat template with Jinja always"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):

@@ -551,6 +551,24 @@ def required_weather_call(client) -> tuple:
                                    {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
 
 
+def test_a_chat_template_given_on_the_command_line_stands_for_the_models_own(tiny, tmp_path):
+    """llama.cpp's --chat-template-file (and --jinja, which changes nothing here): a GGUF whose template has no
+    tools is given one that has, as a model's makers publish fixed templates; its tools then work, and
+    /props and /apply-template show it."""
+    fixed = tmp_path / "fixed.jinja"
+    fixed.write_text(HERMES)
+    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "512", "--alias", "tiny", "--jinja",
+                            "--chat-template-file", str(fixed))
+    try:
+        call, arguments, history = required_weather_call(running.client())
+        assert httpx.get(running.base + "/props", timeout=60).json()["chat_template"] == HERMES
+        prompt = httpx.post(running.base + "/apply-template", timeout=60, json={"messages": history}).json()["prompt"]
+        assert f'"days": {arguments["days"]}}}}}</tool_call>' in prompt and prompt.endswith("assistant:")
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
 def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp_path):
     """Mistral Small 3.2's [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...} (refused before: "does not read yet"), with its
     real template and its markers control tokens, as in its GGUFs: generated text leaves those out, so the

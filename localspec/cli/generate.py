@@ -74,7 +74,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
     session = open_session(settings.target, settings.draft_model, settings.runtime, settings.speculation,
                            settings.offline, tui.download_progress(), tui.loading,
                            # with LOCALSPEC_DEBUG llama.cpp's own backtrace says more
-                           None if os.environ.get("LOCALSPEC_DEBUG") else stopped)
+                           None if os.environ.get("LOCALSPEC_DEBUG") else stopped, settings.chat_template)
     crowded = running.crowded_cores(settings.runtime.threads, others.cores())
     if crowded:
         print(crowded, file=sys.stderr)
@@ -236,7 +236,12 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
     """The running serve that answers for this command: the one --host names, else one on this machine
     that holds the same files; None: load the model here."""
     if host:
+        if settings.chat_template is not None:
+            raise UsageError("--chat-template is the template of a model loaded here: a serve renders with its own"
+                             " (start it with --chat-template)")
         remote = remote_face.Remote(host if "://" in host else f"http://{host}", os.environ.get("LOCALSPEC_API_KEY"))
+    elif settings.chat_template is not None:  # (a serve on this machine renders with its own)
+        remote = None
     else:
         remote = remote_face.serving(settings.target, settings.draft_model) if settings.target else None
     if remote is not None:  # the command's own drafting where it asks for one, else the serve's

@@ -32,6 +32,7 @@ from ..config import (
 from ..errors import InputError, UsageError, json_trouble
 from ..drafting import speculating
 from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
+from ..chat_template import checked as checked_template
 from ..prompts import output_grammar
 
 DEFAULT_SAMPLING = Sampling()
@@ -43,6 +44,7 @@ SAMPLING = "Sampling"
 SPECULATION = "Speculation"
 RESOURCES = "Resources"
 THINKING = "Thinking (reasoning models)"
+TEMPLATE = "Chat template"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -221,12 +223,24 @@ THINKING_OPTIONS = {
         "--reasoning-budget", metavar="N", help="Most tokens of thinking: at N the block is closed for the model"
         " and it answers, as llama.cpp's budget does. -1: no limit; 0: no thinking.",
         rich_help_panel=THINKING)], -1),
+}
+TEMPLATE_OPTIONS = {
+    "chat_template": (Annotated[Optional[str], typer.Option(
+        "--chat-template", metavar="JINJA", help="A chat template to render conversations with in place of the"
+        " GGUF's own, as llama.cpp's: its Jinja text (a fixed one a model's makers publish).", show_default=False,
+        rich_help_panel=TEMPLATE)], None),
+    "chat_template_file": (Annotated[Optional[Path], typer.Option(
+        "--chat-template-file", metavar="FILE", help="The same, read from a file.", show_default=False,
+        rich_help_panel=TEMPLATE)], None),
     "chat_template_kwargs": (Annotated[Optional[str], typer.Option(
-        "--chat-template-kwargs", metavar="JSON", help="More variables for the model's chat template, a JSON object,"
-        " as llama.cpp's: a model's own switch ('{\"thinking\": true}' for DeepSeek V3.1), a Llama 3.1"
-        " template's date_string. serve: under each request's chat_template_kwargs. enable_thinking and"
-        " reasoning_effort are --think's and --reasoning-effort's to set.", show_default=False,
-        rich_help_panel=THINKING)], None),
+        "--chat-template-kwargs", metavar="JSON", help="More variables for the chat template, a JSON object, as"
+        " llama.cpp's: a model's own switch ('{\"thinking\": true}' for DeepSeek V3.1), a Llama 3.1 template's"
+        " date_string. serve: under each request's chat_template_kwargs. enable_thinking and reasoning_effort are"
+        " --think's and --reasoning-effort's to set.", show_default=False, rich_help_panel=TEMPLATE)], None),
+    "jinja": (Annotated[bool, typer.Option(
+        "--jinja/--no-jinja", help="llama.cpp's: chat templates are always rendered with Jinja here, so --jinja"
+        " changes nothing and --no-jinja (llama.cpp's built-in template guesses) is refused.",
+        rich_help_panel=TEMPLATE)], True),
 }
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
@@ -304,7 +318,7 @@ PARALLEL_OPTIONS = {
         rich_help_panel=RESOURCES)], "1"),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      THINKING_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS)
+                      THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -325,6 +339,7 @@ class Settings:
     thinking: Thinking = Thinking()
     made: Preset | None = None  # the model made with `create` that the command named (target: its base)
     template_variables: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs
+    chat_template: str | None = None  # --chat-template(-file): in place of the target's own
 
     def __post_init__(self):
         check_draft_fits(self.speculation, self.runtime)
@@ -387,6 +402,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
         made=made,
         template_variables=_template_variables(o.chat_template_kwargs),
+        chat_template=_chat_template(o),
     )
 
 
@@ -486,6 +502,23 @@ def _parallel(value: str) -> int:
     if not value.isdigit():
         raise UsageError(f"--parallel takes a number of sequences or auto, got {value!r}")
     return int(value)
+
+
+def _chat_template(o: SimpleNamespace) -> str | None:
+    """--chat-template's or --chat-template-file's template (one of them), checked to parse."""
+    if not o.jinja:
+        raise UsageError("--no-jinja asks for llama.cpp's built-in template guesses; localspec renders the chat"
+                         " template with Jinja always (--chat-template gives another)")
+    if o.chat_template is not None and o.chat_template_file is not None:
+        raise UsageError("--chat-template and --chat-template-file each give the chat template; give one")
+    if o.chat_template is not None:
+        if "{{" not in o.chat_template and "{%" not in o.chat_template:
+            raise UsageError(f"--chat-template takes the template's Jinja text (--chat-template-file reads it from a"
+                             f" file); llama.cpp's built-in names such as {o.chat_template!r} are not kept here")
+        return checked_template(o.chat_template, "--chat-template")
+    if o.chat_template_file is not None:
+        return checked_template(read_text(o.chat_template_file), str(o.chat_template_file))
+    return None
 
 
 def _template_variables(given: str | None) -> dict:
