@@ -530,6 +530,7 @@ class Serving:
     # this folder (None: a 501, as llama-server without --slot-save-path)
     slots: bool = True
     slot_save_path: Path | None = None
+    web_page: bool = True  # the chat page at / for a browser (llama-server's --no-webui: none)
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -155,6 +155,8 @@ class Server:
     async def root(self, request: Request, client: str | None) -> Response:
         """The web page, for a browser; what Ollama's clients look for, for the rest."""
         if "text/html" in request.headers.get("accept", ""):
+            if not self.serving.web_page:
+                raise ApiError(404, "the web page is off (--no-webui)")
             return HTMLResponse(_page())
         return PlainTextResponse("localspec is running")
 

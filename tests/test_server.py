@@ -809,6 +809,22 @@ def test_a_stop_the_moment_serving_is_said_is_a_normal_exit(tiny, tmp_path, sig)
     assert server.stop(sig) == 0, server.log()
 
 
+def test_llama_servers_command_line_runs_and_no_webui_turns_the_page_off(tiny, tmp_path):
+    """llama-server's switches for what serve does anyway (--metrics, -cb, --embeddings, --jinja, -kvu,
+    --no-context-shift; each "No such option" before) are taken, so its command lines run; --no-webui is a 404
+    at / for a browser."""
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-webui", "--metrics", "-cb", "--embeddings",
+                           "--reranking", "--jinja", "-kvu", "--no-context-shift", "--top-nsigma", "1",
+                           "--draft-p-min", "0.5")
+    try:
+        assert httpx.get(server.base + "/", headers={"Accept": "text/html"}).status_code == 404
+        assert httpx.get(server.base + "/").text == "localspec is running"  # (what Ollama's clients look for)
+        assert httpx.get(server.base + "/metrics").status_code == 200
+        assert server.client().completions.create(model="target.gguf", prompt="the cat", max_tokens=2).usage
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_browser_pages_of_this_machine_and_of_named_origins_may_call_the_api(tiny, tmp_path):
     server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--api-key", "k",
                            "--cors-origin", "https://chat.example.com")
@@ -1028,6 +1044,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--cors-origin", "https://chat.example.com/app"], "is not an origin"),
     (["--timeout", "0"], "timeout must be between 0 and 3600 seconds"),
     (["--max-connections", "0"], "max-connections must be >= 1"),
+    (["--no-cont-batching"], "serve always decodes the --parallel requests together"),
+    (["--context-shift"], "localspec never shifts the context"),
 ])
 def test_serve_option_mistakes(cli, tiny, args, message):
     code, _, err = cli("serve", tiny["target"], *args)

@@ -608,6 +608,14 @@ def serve(
         " and tokens saved to a file there by the name a request gives, in llama.cpp's sequence-state format"
         " (the files llama-server writes), and read back into a sequence, where a request that begins alike"
         " then reads only the rest. Without it those actions are a 501, as llama-server's.")] = None,
+    webui: Annotated[bool, typer.Option(
+        "--webui/--no-webui", help="The chat page at / for a browser (off: a 404, as llama-server's"
+        " --no-webui).")] = DEFAULT_SERVING.web_page,
+    # llama-server's switches for what serve does anyway (not listed; docs/serve.md names them)
+    metrics: Annotated[bool, typer.Option("--metrics", hidden=True)] = False,
+    cont_batching: Annotated[bool, typer.Option("--cont-batching/--no-cont-batching", "-cb/-nocb", hidden=True)] = True,
+    embeddings: Annotated[bool, typer.Option("--embeddings", "--embedding", hidden=True)] = False,
+    reranking: Annotated[bool, typer.Option("--reranking", "--rerank", hidden=True)] = False,
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
 
@@ -640,6 +648,9 @@ def serve(
 
     if reasoning_format not in REASONING_FORMATS:
         raise UsageError(f"--reasoning-format takes {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
+    if not cont_batching:
+        raise UsageError("--no-cont-batching: serve always decodes the --parallel requests together, one joining at"
+                         " the next step (--parallel 1 generates one at a time)")
 
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -647,7 +658,7 @@ def serve(
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
-                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path))
+                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui)
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)

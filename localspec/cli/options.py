@@ -96,7 +96,8 @@ SPECULATION_OPTIONS = {
         f" runner-ups, each drafted on) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
         f" branches.")], None),
     "p_min": (Annotated[float, typer.Option(
-        "--p-min", help="Stop a model draft when its likeliest next token is less probable than this.",
+        "--p-min", "--draft-p-min", help="Stop a model draft when its likeliest next token is less probable than"
+        " this (llama.cpp's --draft-p-min).",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
 }
 SAMPLING_OPTIONS = {
@@ -189,7 +190,7 @@ SAMPLING_OPTIONS = {
         "--dynatemp-exp", help="How the dynamic temperature follows the row's entropy (its power).",
         rich_help_panel=SAMPLING)], DEFAULT_SAMPLING.dynatemp_exponent),
     "top_n_sigma": (Annotated[float, typer.Option(
-        "--top-n-sigma", help="Top-n-sigma (llama.cpp's): keep only the tokens whose logit is within this many"
+        "--top-n-sigma", "--top-nsigma", help="Top-n-sigma (llama.cpp's): keep only the tokens whose logit is within this many"
         " standard deviations of the highest; 0 or less is off.", rich_help_panel=SAMPLING)],
         DEFAULT_SAMPLING.top_n_sigma),
     "mirostat": (Annotated[int, typer.Option(
@@ -317,8 +318,15 @@ PARALLEL_OPTIONS = {
         " EAGLE-3 or DFlash drafter) drafts for all of them, their draft tokens decoded side by side.",
         rich_help_panel=RESOURCES)], "1"),
 }
+# llama.cpp's options that ask for what localspec does anyway, taken so that its command lines run (not listed by
+# --help; docs/commands.md names them), or refused with the reason where they ask for what it does not
+LLAMA_CPP_OPTIONS = {
+    "kv_unified": (Annotated[bool, typer.Option("--kv-unified", "-kvu", hidden=True)], False),
+    "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
+}
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS)
+                      THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS,
+                      LLAMA_CPP_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -433,6 +441,10 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
                          f" got {o.flash_attn!r}")
+    if o.context_shift:
+        raise UsageError("--context-shift: localspec never shifts the context (it would drop the prompt's beginning"
+                         " mid-answer); a generation ends at the context's end (finish reason length), and a chat"
+                         " drops its oldest turns before it is read")
 
 
 def device_names(text: str | None) -> tuple[str, ...] | None:
