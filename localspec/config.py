@@ -333,6 +333,11 @@ PROMPT_CACHE_LEAST_SECONDS = 1.0
 PROMPT_CACHE_BYTES = 8 << 30
 AUTO_PARALLEL = 0
 PARALLEL_AUTO_MOST = 4  # llama-server's default slots
+# The KV cache's types llama.cpp takes (its -ctk/-ctv): ggml's type number, values a block and a block's bytes, as
+# ggml.h and ggml's type traits have them (tests check them against the gguf package's)
+KV_CACHE_TYPES = {"f32": (0, 1, 4), "f16": (1, 1, 2), "bf16": (30, 1, 2), "q8_0": (8, 32, 34), "q4_0": (2, 32, 18),
+                  "q4_1": (3, 32, 20), "iq4_nl": (20, 32, 18), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24)}
+UNQUANTIZED = ("f32", "f16", "bf16")
 PARALLEL_MOST = 64
 
 
@@ -372,6 +377,10 @@ class Runtime:
     parallel: int = 1
     # Bytes of prompts' caches kept on disk for later runs to read back (0: none kept or read)
     prompt_cache: int = PROMPT_CACHE_BYTES
+    # The target's KV cache types (llama.cpp's -ctk/-ctv; KV_CACHE_TYPES): q8_0 halves its memory; a quantized V
+    # cache needs flash attention. A draft model's stays f16, as llama.cpp's does.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
 
     def __post_init__(self):
         if self.ctx_size < 8:
@@ -393,6 +402,17 @@ class Runtime:
                 raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], got {endpoint!r}")
         if self.tensor_split is not None and (not any(self.tensor_split) or min(self.tensor_split) < 0):
             raise UsageError("--tensor-split takes shares >= 0, not all 0 (3,1: three quarters on the first device)")
+        for option, kind in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if kind not in KV_CACHE_TYPES:
+                raise UsageError(f"{option} takes one of {', '.join(KV_CACHE_TYPES)} (llama.cpp's), got {kind!r}")
+        if self.cache_type_v not in UNQUANTIZED and self.flash_attn is False:
+            raise UsageError(f"--cache-type-v {self.cache_type_v} needs flash attention, which -fa off turns off")
+
+    @property
+    def kv_bytes(self) -> tuple[float, float]:
+        """Bytes a value of the target's K and V caches takes."""
+        return tuple(size / values for _, values, size in (KV_CACHE_TYPES[self.cache_type_k],
+                                                           KV_CACHE_TYPES[self.cache_type_v]))
 
 
 def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:

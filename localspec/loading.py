@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import paths, store
-from .config import AUTO_PARALLEL, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
+from .config import AUTO_PARALLEL, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
 from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
@@ -164,16 +164,20 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
     rows = longest_draft(speculation) + 1
 
-    def context(model: Model, **options) -> Context:
+    def context(model: Model, cache: tuple[str, str] = ("f16", "f16"), **options) -> Context:
         made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
-                           rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel, **options))
+                           rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
+                           cache_types=tuple(KV_CACHE_TYPES[kind][0] for kind in cache), **options))
         if runtime.prompt_cache and made.can_remember:
-            made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache)
+            # (a cache of other types is another layout of state: files of their own, inside the model's folder)
+            folder = paths.prompts_of(model.path) / ("" if cache == ("f16", "f16") else f"kv-{cache[0]}-{cache[1]}")
+            made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)
         return made
 
     # room for draft trees where they can be verified: no recurrent state, no hidden states kept for a drafter
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
-    target_context = context(target_model, keep_hidden=kept, branches=tree_room)
+    target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), keep_hidden=kept,
+                             branches=tree_room)
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
                      " context sizes up to a multiple of 256")

@@ -213,7 +213,7 @@ class Pool:
         for (`asked`) is not idle but about to be used: a request that raced this one has it, and has not
         queued its work yet."""
         sequences = max(1, self.runtime.parallel)
-        needed = store.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences)
+        needed = store.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences, self.runtime.kv_bytes)
         while needed > store.machine().memory_free:
             idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle and s.last_used < asked),
                           key=lambda s: s.idle_since)

@@ -139,6 +139,10 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--chat-template-file", "{dir}/none.jinja"], "cannot read"),
         (["{target}", "-p", "x", "--chat-template", "{{{{ 1 }}}}", "--chat-template-file", "{notgguf}"], "give one"),
         (["{target}", "-p", "x", "--no-jinja"], "renders the chat template with Jinja always"),
+        (["{target}", "-p", "x", "-ctk", "q9"], "--cache-type-k takes one of f32, f16, bf16, q8_0"),
+        (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
+        # (llama.cpp failed to make the context: "out of memory?" was all that was said)
+        (["{target}", "-p", "x", "-ctk", "q8_0"], "do not divide target.gguf's attention heads of 16"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):

@@ -1,4 +1,9 @@
 import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localspec.config import KV_CACHE_TYPES, DrafterKind, Runtime, Speculation
+from localspec.paths import prompts_of
+from localspec.session import Session
 
 from localspec.store import gguf_meta, hardware
 from localspec.engine.backend import Context
@@ -17,6 +22,38 @@ def test_kv_cache_follows_the_models_shape(tiny):
     info = gguf_meta.read(tiny["target"])
     # 2 layers x 4 KV heads x (16 + 16) values per head x 2 bytes, per token
     assert hardware.kv_cache_bytes(info, 100) == 100 * 2 * 4 * 32 * 2
+
+
+def test_the_kv_cache_types_are_ggmls_and_a_quantized_one_takes_its_blocks_bytes(tiny):
+    for name, (number, values, size) in KV_CACHE_TYPES.items():  # (ggml's numbers and blocks, as gguf has them)
+        kind = GGMLQuantizationType[name.upper()]
+        assert (number, values, size) == (int(kind), *GGML_QUANT_SIZES[kind]), name
+    info = gguf_meta.read(tiny["target"])
+    assert hardware.kv_cache_bytes(info, 100, Runtime(cache_type_k="q8_0", cache_type_v="q8_0").kv_bytes) == \
+        hardware.kv_cache_bytes(info, 100) * 17 // 32
+    with pytest.raises(UsageError, match="needs flash attention"):
+        Runtime(cache_type_v="q8_0", flash_attn=False)
+    with pytest.raises(UsageError, match="takes one of f32, f16"):
+        Runtime(cache_type_k="q9")
+
+
+@pytest.mark.slow
+def test_a_quantized_kv_cache_takes_less_memory_and_speculation_on_it_is_lossless(real_model):
+    """llama.cpp's -ctk/-ctv q8_0 (an unknown option before): the target's cache holds about 17/32 of f16's bytes,
+    and drafting keeps the text the target writes with that cache; its prompts are kept apart from f16's."""
+    model = real_model("smollm2-135m")
+    prompt = "def add(a, b):\n    return a + b\n\n" * 8
+    quantized = Runtime(ctx_size=512, cache_type_k="q8_0", cache_type_v="q8_0")
+    texts, states = {}, {}
+    for name, runtime, drafting in (("plain", quantized, DrafterKind.PLAIN), ("ngram", quantized, DrafterKind.NGRAM),
+                                    ("f16", Runtime(ctx_size=512), DrafterKind.PLAIN)):
+        with Session(model, None, runtime, Speculation(drafting=drafting, required=True)) as session:
+            reply = session.complete(prompt, raw=True, max_tokens=48, temperature=0)
+            texts[name], states[name] = (reply.text, reply.summary.drafted), len(session.sequences[0].state())
+            folder = session.sequences[0].prompt_cache.folder
+            assert folder.name == ("kv-q8_0-q8_0" if runtime is quantized else prompts_of(model).name)
+    assert texts["ngram"][0] == texts["plain"][0] and texts["ngram"][1] > 0
+    assert states["plain"] < 0.6 * states["f16"]
 
 
 def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):

@@ -282,6 +282,14 @@ RESOURCE_OPTIONS = {
     "mlock": (Annotated[bool, typer.Option(
         "--mlock", help="Keep the models' weights in RAM, never swapped out (the system may cap how much a"
         " process can lock: ulimit -l).", rich_help_panel=RESOURCES)], False),
+    "cache_type_k": (Annotated[str, typer.Option(
+        "--cache-type-k", "-ctk", metavar="TYPE", help="The target's K cache type, as llama.cpp's: f16, q8_0 (half"
+        " the memory), q4_0, ... (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1). Speculation stays lossless:"
+        " the text is what the target writes with that cache. A draft model's cache stays f16.",
+        rich_help_panel=RESOURCES)], "f16"),
+    "cache_type_v": (Annotated[str, typer.Option(
+        "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
+        " needs flash attention (-fa auto or on).", rich_help_panel=RESOURCES)], "f16"),
 }
 PROMPT_CACHE_OPTIONS = {
     "prompt_cache": (Annotated[str, typer.Option(
@@ -405,6 +413,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
+                        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),

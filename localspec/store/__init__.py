@@ -164,9 +164,11 @@ def machine() -> hardware.Machine:
     return hardware.machine()
 
 
-def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1) -> int:
-    """What a model takes of the memory with a context of n_ctx tokens over this many sequences."""
-    return hardware.estimate_bytes(info, n_ctx, sequences)
+def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1,
+                   kv: tuple[float, float] = (hardware.KV_BYTES_PER_VALUE, hardware.KV_BYTES_PER_VALUE)) -> int:
+    """What a model takes of the memory with a context of n_ctx tokens over this many sequences (kv: its KV
+    cache's bytes a value)."""
+    return hardware.estimate_bytes(info, n_ctx, sequences, kv)
 
 
 @dataclass(frozen=True)

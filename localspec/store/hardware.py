@@ -103,16 +103,24 @@ def cpu_features(system_info: str) -> str:
     return ", ".join(name.rpartition(":")[2].strip() for name in used) or "none reported"
 
 
-def kv_cache_bytes(info: GGUFInfo, n_ctx: int) -> int:
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int, kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)
+                   ) -> int:
+    """kv: bytes a value of the K and V caches takes (Runtime.kv_bytes)."""
     layers = info.arch("block_count", 0)
     heads = info.arch("attention.head_count", 1)
     kv_heads = info.arch("attention.head_count_kv", heads)
-    embedding = info.arch("embedding_length", 0)
-    key_length = info.arch("attention.key_length", embedding // heads if heads else 0)
-    value_length = info.arch("attention.value_length", key_length)
+    key_length, value_length = head_lengths(info)
     if not isinstance(kv_heads, int):  # per-layer counts are stored as an array; take the worst case
         kv_heads = heads
-    return layers * n_ctx * kv_heads * (key_length + value_length) * KV_BYTES_PER_VALUE
+    return int(layers * n_ctx * kv_heads * (key_length * kv[0] + value_length * kv[1]))
+
+
+def head_lengths(info: GGUFInfo) -> tuple[int, int]:
+    """Values of an attention head's key and of its value."""
+    heads = info.arch("attention.head_count", 1)
+    embedding = info.arch("embedding_length", 0)
+    key_length = info.arch("attention.key_length", embedding // heads if heads else 0)
+    return key_length, info.arch("attention.value_length", key_length)
 
 
 def recurrent_state_bytes(info: GGUFInfo) -> int:
@@ -132,12 +140,13 @@ def recurrent_state_bytes(info: GGUFInfo) -> int:
     return recurrent_layers * (convolution + state * inner + short_convolution) * RECURRENT_BYTES_PER_VALUE
 
 
-def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1) -> int:
+def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1,
+                   kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) -> int:
     """n_ctx: every sequence's, together. A recurrent state is kept for each sequence, and, where
     llama.cpp can take rejected drafts back out of it, as many snapshots beside it as a draft is long."""
     # llama.cpp allocates the context asked for, even beyond what the model was trained on.
     states = sequences * (1 + RECURRENT_SNAPSHOTS if info.rolls_back else 1)
-    return (int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx)
+    return (int(info.file_size * (1 + COMPUTE_MARGIN)) + kv_cache_bytes(info, n_ctx, kv)
             + recurrent_state_bytes(info) * states + COMPUTE_FIXED)
 
 
@@ -154,10 +163,11 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
 
 
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "",
-              sequences: int = 1) -> int:
+              sequences: int = 1, target_kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate. n_ctx: every
-    sequence's, together."""
-    needed = sum(estimate_bytes(info, n_ctx, sequences) for info in models)
+    sequence's, together; target_kv: the first model's KV cache's bytes a value (a draft model's are f16)."""
+    needed = sum(estimate_bytes(info, n_ctx, sequences, target_kv if number == 0 else
+                                (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) for number, info in enumerate(models))
     _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine(), said)
     return needed
 
