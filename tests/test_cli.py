@@ -140,6 +140,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--chat-template", "{{{{ 1 }}}}", "--chat-template-file", "{notgguf}"], "give one"),
         (["{target}", "-p", "x", "--no-jinja"], "renders the chat template with Jinja always"),
         (["{target}", "-p", "x", "-ctk", "q9"], "--cache-type-k takes one of f32, f16, bf16, q8_0"),
+        (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
+        (["{target}", "-p", "x", "-t", "1", "-tb", "2"], "--threads-batch 2: localspec reads prompts and generates"),
         (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
         # (llama.cpp failed to make the context: "out of memory?" was all that was said)
         (["{target}", "-p", "x", "-ctk", "q8_0"], "do not divide target.gguf's attention heads of 16"),
@@ -165,6 +167,11 @@ def test_llama_cpp_spellings_work(localspec, tiny):
                      "-c", "64", "-t", "1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["placement"]["draft"]["file"] == tiny["same"].name
+    # -hf and -hfd name the pair as -m and -md do; -ub and -tb say what the batch and threads are (each unknown before)
+    hub = localspec("run", "-hf", tiny["target"], "-hfd", tiny["same"], "-p", "the cat", "-n", "4", "-t", "1", "-tb", "1",
+                    "-b", "256", "-ub", "256", "--json")
+    assert hub.returncode == 0, hub.stderr
+    assert json.loads(hub.stdout)["placement"]["draft"]["file"] == tiny["same"].name
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
     on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",
                        "-n", "3", "--json")

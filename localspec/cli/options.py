@@ -54,10 +54,11 @@ MODEL_OPTIONS = {
         help="Target model: a registry name (see `localspec models`) or Ollama's name for it (qwen2.5-coder:1.5b,"
         " llama3.2), a GGUF file, hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.", show_default=False)], None),
     "model": (Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
+        "--model", "-m", "--hf-repo", "-hf", "-hfr", help="The target, spelled as llama.cpp spells it (instead of"
+        " TARGET): a file, or -hf's owner/repo[:quant].",
         show_default=False)], None),
     "draft": (Annotated[Optional[str], typer.Option(
-        "--draft", "-d", "-md", "--model-draft",
+        "--draft", "-d", "-md", "--model-draft", "--hf-repo-draft", "-hfd", "-hfrd",
         help="Draft model: a name, a size in the target's family (0.5b), 'auto' for the one the registry recommends,"
         " a GGUF file (any model: one whose vocabulary is not the target's drafts through text, with lower"
         " acceptance than a same-family draft); 'ngram' to draft by looking up the prompt and output; "
@@ -330,6 +331,8 @@ PARALLEL_OPTIONS = {
 # --help; docs/commands.md names them), or refused with the reason where they ask for what it does not
 LLAMA_CPP_OPTIONS = {
     "kv_unified": (Annotated[bool, typer.Option("--kv-unified", "-kvu", hidden=True)], False),
+    "ubatch_size": (Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", hidden=True)], None),
+    "threads_batch": (Annotated[Optional[int], typer.Option("--threads-batch", "-tb", hidden=True)], None),
     "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
@@ -450,6 +453,12 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
                          f" got {o.flash_attn!r}")
+    if o.ubatch_size is not None and o.ubatch_size != o.batch_size:
+        raise UsageError(f"--ubatch-size {o.ubatch_size}: localspec reads each batch in one ubatch of --batch-size"
+                         f" tokens ({o.batch_size}; a verification's rows must be one); give --batch-size instead")
+    if o.threads_batch is not None and o.threads_batch not in (o.threads or default_threads(), -1):
+        raise UsageError(f"--threads-batch {o.threads_batch}: localspec reads prompts and generates with the same"
+                         " --threads (a verification is a batch too); give --threads instead")
     if o.context_shift:
         raise UsageError("--context-shift: localspec never shifts the context (it would drop the prompt's beginning"
                          " mid-answer); a generation ends at the context's end (finish reason length), and a chat"
