@@ -165,7 +165,7 @@ def machine() -> hardware.Machine:
 
 
 def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1,
-                   kv: tuple[float, float] = (hardware.KV_BYTES_PER_VALUE, hardware.KV_BYTES_PER_VALUE)) -> int:
+                   kv: tuple[float, float] = hardware.F16_KV) -> int:
     """What a model takes of the memory with a context of n_ctx tokens over this many sequences (kv: its KV
     cache's bytes a value)."""
     return hardware.estimate_bytes(info, n_ctx, sequences, kv)

@@ -19,6 +19,7 @@ from ..errors import UsageError
 from .gguf_meta import GGUFInfo
 
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default f16 cache
+F16_KV = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)  # bytes a value of the K and V caches, f16's
 RECURRENT_BYTES_PER_VALUE = 4  # a recurrent state is kept in f32
 # Snapshots of a recurrent state llama.cpp keeps beside it, one for each token of the longest verification
 # but its first (Context's n_rs_seq), so that a rejected draft can be taken back out of it
@@ -103,8 +104,7 @@ def cpu_features(system_info: str) -> str:
     return ", ".join(name.rpartition(":")[2].strip() for name in used) or "none reported"
 
 
-def kv_cache_bytes(info: GGUFInfo, n_ctx: int, kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)
-                   ) -> int:
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int, kv: tuple[float, float] = F16_KV) -> int:
     """kv: bytes a value of the K and V caches takes (Runtime.kv_bytes)."""
     layers = info.arch("block_count", 0)
     heads = info.arch("attention.head_count", 1)
@@ -141,7 +141,7 @@ def recurrent_state_bytes(info: GGUFInfo) -> int:
 
 
 def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1,
-                   kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) -> int:
+                   kv: tuple[float, float] = F16_KV) -> int:
     """n_ctx: every sequence's, together. A recurrent state is kept for each sequence, and, where
     llama.cpp can take rejected drafts back out of it, as many snapshots beside it as a draft is long."""
     # llama.cpp allocates the context asked for, even beyond what the model was trained on.
@@ -163,11 +163,11 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
 
 
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "",
-              sequences: int = 1, target_kv: tuple[float, float] = (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) -> int:
+              sequences: int = 1, target_kv: tuple[float, float] = F16_KV) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate. n_ctx: every
     sequence's, together; target_kv: the first model's KV cache's bytes a value (a draft model's are f16)."""
-    needed = sum(estimate_bytes(info, n_ctx, sequences, target_kv if number == 0 else
-                                (KV_BYTES_PER_VALUE, KV_BYTES_PER_VALUE)) for number, info in enumerate(models))
+    needed = sum(estimate_bytes(info, n_ctx, sequences, target_kv if number == 0 else F16_KV)
+                 for number, info in enumerate(models))
     _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine(), said)
     return needed
 

@@ -96,7 +96,7 @@ class Placement:
     n_ctx: int  # every sequence's, together
     machine: hardware.Machine
     parallel: int = 1
-    kv: tuple[float, float] = (hardware.KV_BYTES_PER_VALUE, hardware.KV_BYTES_PER_VALUE)  # the target's, a value
+    kv: tuple[float, float] = hardware.F16_KV  # the target's, a value
 
     @classmethod
     def plan(cls, runtime: Runtime, target: GGUFInfo, draft: GGUFInfo | None = None,
