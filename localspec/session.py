@@ -25,6 +25,7 @@ from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place, scoring_context
 from .store.placement import Placement
+from .chat_template import checked as checked_template
 from .prompts import Prepared, Prompts
 from .request import Request
 from .scheduler import Scheduler
@@ -65,12 +66,13 @@ class Reply:
 
 
 def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: bool = False, progress=None,
-         **settings) -> "Session":
+         chat_template: str | None = None, **settings) -> "Session":
     """A target (and draft) opened as `localspec run` opens them: by registry name, local .gguf file,
     hf:owner/repo/file.gguf or owner/repo:QUANT, downloaded first when missing (progress(done, total)
     hears of it). draft and spec as speculating() takes them. settings: Runtime's and Speculation's
-    fields by name (ctx_size, threads, gpu_layers, devices, draft_max, p_min, ...), config's defaults
-    for the rest. Close the session (or use it in a with block) to free the models."""
+    fields by name (ctx_size, threads, gpu_layers, devices, draft_max, p_min, cache_type_k, ...), config's defaults
+    for the rest; chat_template: a Jinja template to render conversations with in place of the target's own.
+    Close the session (or use it in a with block) to free the models."""
     drafting, draft_model = speculating(draft, spec)
     runtime_fields = {f.name for f in fields(Runtime)}
     speculation_fields = {f.name for f in fields(Speculation)} - {"drafting", "required"}
@@ -81,7 +83,8 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
     runtime = Runtime(**{name: value for name, value in settings.items() if name in runtime_fields})
     speculation = Speculation(drafting, draft is not None or spec == "fixed",
                               **{name: value for name, value in settings.items() if name in speculation_fields})
-    return open_session(target, draft_model, runtime, speculation, offline, progress)
+    return open_session(target, draft_model, runtime, speculation, offline, progress,
+                        chat_template=chat_template and checked_template(chat_template, "chat_template"))
 
 
 def open_session(

@@ -99,6 +99,15 @@ def test_load_names_a_setting_it_does_not_take(tiny):
         localspec.load(str(tiny["target"]), ctx_sise=256)
 
 
+def test_load_takes_a_chat_template_in_place_of_the_models_own(tiny):
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    with localspec.load(str(tiny["target"]), ctx_size=256, chat_template=template) as session:
+        assert session.prompts.template == template
+        assert session.complete("the cat", max_tokens=2).summary.prompt_tokens > 0
+    with pytest.raises(InputError, match="chat_template: the chat template does not parse"):
+        localspec.load(str(tiny["target"]), chat_template="{% for m in messages %}")
+
+
 def test_info_says_what_is_loaded(session, tiny):
     info = session.info
     assert (info.target, info.draft, info.mtp) == (tiny["target"].name, tiny["partial"].name, False)
