@@ -141,6 +141,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--no-jinja"], "renders the chat template with Jinja always"),
         (["{target}", "-p", "x", "-ctk", "q9"], "--cache-type-k takes one of f32, f16, bf16, q8_0"),
         (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
+        (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "localspec reads text only"),
+        (["{target}", "-p", "x", "--lora", "{notgguf}"], "applies no LoRA adapter"),
         (["{target}", "-p", "x", "-t", "1", "-tb", "2"], "--threads-batch 2: localspec reads prompts and generates"),
         (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
         # (llama.cpp failed to make the context: "out of memory?" was all that was said)
@@ -169,7 +171,7 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert json.loads(done.stdout)["placement"]["draft"]["file"] == tiny["same"].name
     # -hf and -hfd name the pair as -m and -md do; -ub and -tb say what the batch and threads are (each unknown before)
     hub = localspec("run", "-hf", tiny["target"], "-hfd", tiny["same"], "-p", "the cat", "-n", "4", "-t", "1", "-tb", "1",
-                    "-b", "256", "-ub", "256", "--json")
+                    "-b", "256", "-ub", "256", "--swa-full", "--no-warmup", "--json")
     assert hub.returncode == 0, hub.stderr
     assert json.loads(hub.stdout)["placement"]["draft"]["file"] == tiny["same"].name
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent

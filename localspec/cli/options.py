@@ -328,12 +328,18 @@ PARALLEL_OPTIONS = {
         rich_help_panel=RESOURCES)], "1"),
 }
 # llama.cpp's options that ask for what localspec does anyway, taken so that its command lines run (not listed by
-# --help; docs/commands.md names them), or refused with the reason where they ask for what it does not
+# --help; docs/commands.md names them), or refused with the reason where they ask for what it does not (--swa-full:
+# this llama.cpp keeps the whole sliding-window cache by default, which taking drafts back needs; --no-warmup: no
+# warm-up decode is run)
 LLAMA_CPP_OPTIONS = {
     "kv_unified": (Annotated[bool, typer.Option("--kv-unified", "-kvu", hidden=True)], False),
     "ubatch_size": (Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", hidden=True)], None),
     "threads_batch": (Annotated[Optional[int], typer.Option("--threads-batch", "-tb", hidden=True)], None),
     "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
+    "swa_full": (Annotated[bool, typer.Option("--swa-full", hidden=True)], False),
+    "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
+    "mmproj": (Annotated[Optional[str], typer.Option("--mmproj", "-mm", hidden=True)], None),
+    "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS,
@@ -459,6 +465,12 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.threads_batch is not None and o.threads_batch not in (o.threads or default_threads(), -1):
         raise UsageError(f"--threads-batch {o.threads_batch}: localspec reads prompts and generates with the same"
                          " --threads (a verification is a batch too); give --threads instead")
+    if o.mmproj is not None:
+        raise UsageError("--mmproj: localspec reads text only (a multimodal projector is not loaded; images are"
+                         " refused)")
+    if o.lora:
+        raise UsageError("--lora: localspec applies no LoRA adapter; merge it into the GGUF first (llama.cpp's"
+                         " llama-export-lora) and name that file")
     if o.context_shift:
         raise UsageError("--context-shift: localspec never shifts the context (it would drop the prompt's beginning"
                          " mid-answer); a generation ends at the context's end (finish reason length), and a chat"
