@@ -275,8 +275,11 @@ class Server:
     async def ollama_show(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         name = _named(body.get("model") or body.get("name"))
-        info = self.pool.header(self.pool.find(name).path)
-        return JSONResponse(ollama.show(info, info.chat_template, store.made(name)))
+        found = self.pool.find(name)
+        info, loaded = self.pool.header(found.path), self.pool.loaded.get(found.path)
+        # (a loaded model's: serve's --chat-template stands for the first one's own)
+        template = loaded.session.prompts.template if loaded else info.chat_template
+        return JSONResponse(ollama.show(info, template, store.made(name)))
 
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that

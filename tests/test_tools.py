@@ -562,6 +562,8 @@ def test_a_chat_template_given_on_the_command_line_stands_for_the_models_own(tin
     try:
         call, arguments, history = required_weather_call(running.client())
         assert httpx.get(running.base + "/props", timeout=60).json()["chat_template"] == HERMES
+        shown = ollama.Client(host=running.base).show("tiny")  # (what Ollama's clients decide to offer tools by)
+        assert shown.template == HERMES and "tools" in shown.capabilities
         prompt = httpx.post(running.base + "/apply-template", timeout=60, json={"messages": history}).json()["prompt"]
         assert f'"days": {arguments["days"]}}}}}</tool_call>' in prompt and prompt.endswith("assistant:")
     finally:

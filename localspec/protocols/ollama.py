@@ -526,7 +526,7 @@ def show(info: GGUFInfo, template: str | None, made: Preset | None = None) -> di
     made_parts = {"modelfile": made.modelfile(), "system": made.system or "", "license": made.license or "",
                   "parameters": "\n".join(f"{name} {value}" for name, value in made.parameters)} if made else {}
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
-            "model_info": model_info, "capabilities": store.capabilities(info)} | made_parts
+            "model_info": model_info, "capabilities": store.capabilities(info, template)} | made_parts
 
 
 def version() -> dict:

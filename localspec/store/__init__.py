@@ -154,9 +154,10 @@ def header(path: Path) -> GGUFInfo:
     return gguf_meta.read(path)
 
 
-def capabilities(info: GGUFInfo) -> list[str]:
-    """What the model can be asked for, in Ollama's words (completion, tools, insert, thinking; embedding)."""
-    return catalog.capabilities(info)
+def capabilities(info: GGUFInfo, template: str | None = None) -> list[str]:
+    """What the model can be asked for, in Ollama's words (completion, tools, insert, thinking; embedding), with
+    its own chat template or the one given in its place."""
+    return catalog.capabilities(info, template)
 
 
 def machine() -> hardware.Machine:

@@ -128,21 +128,22 @@ def local_file(name: str) -> Path:
     return path
 
 
-def capabilities(header: gguf_meta.GGUFInfo) -> list[str]:
-    """What a model can be asked for, in Ollama's words: completion, tools (its chat template presents them
-    in a form localspec reads back), insert (it fills in the middle: a request's suffix), thinking (a
-    reasoning model); an encoder only embeds."""
+def capabilities(header: gguf_meta.GGUFInfo, template: str | None = None) -> list[str]:
+    """What a model can be asked for, in Ollama's words: completion, tools (its chat template, or the one
+    given in its place, presents them in a form localspec reads back), insert (it fills in the middle: a
+    request's suffix), thinking (a reasoning model); an encoder only embeds."""
     if not header.generates:
         return ["embedding"]
+    template = template or header.chat_template
     found = ["completion"]
     try:
-        tool_format(header.chat_template)
+        tool_format(template)
         found.append("tools")
     except InputError:
         pass
     if header.fills_in_the_middle:
         found.append("insert")
-    if reasoning.family(header.chat_template) is not reasoning.NONE:
+    if reasoning.family(template) is not reasoning.NONE:
         found.append("thinking")
     return found
 
