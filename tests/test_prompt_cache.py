@@ -3,7 +3,11 @@ its reading did, in another context as in another process; only what pays is kep
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +154,35 @@ def test_the_file_is_written_on_a_thread_of_its_own_and_few_states_wait_for_it(o
         disk.set()
     prompt_cache.settled()
     assert len(files(tmp_path)) == prompt_cache.MOST_WAITING
+
+
+# a process whose prompt cache still has a state to write when it ends
+WRITING_AT_EXIT = """
+import sys, time
+from pathlib import Path
+from localspec.engine import prompt_cache
+def write():
+    time.sleep(float(sys.argv[2]))
+    Path(sys.argv[1]).write_text("written")
+prompt_cache._waiting.append(prompt_cache._writer.submit(write))
+print("ending", flush=True)
+"""
+
+
+def test_the_process_waits_for_its_writes_at_exit_and_a_ctrl_c_then_ends_it_quietly(tmp_path):
+    """The writes queued when a run ends are finished before the process exits (the next run reads the file); a
+    Ctrl-C during that wait gives up on them: it ended in a traceback of the thread pool's exit hook."""
+    done = subprocess.run([sys.executable, "-c", WRITING_AT_EXIT, str(tmp_path / "a"), "1"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and (tmp_path / "a").read_text() == "written", done.stderr
+    ending = subprocess.Popen([sys.executable, "-c", WRITING_AT_EXIT, str(tmp_path / "b"), "30"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert ending.stdout.readline() == "ending\n"
+    time.sleep(0.5)  # (in the wait at exit)
+    ending.send_signal(signal.SIGINT)
+    _, err = ending.communicate(timeout=20)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_draft_model_reads_its_prompt_back_too(opened, tmp_path):

@@ -13,14 +13,16 @@ context is that thread's alone), the disk is left to the writer, so that the fir
 long prompt's state on a GPU is gigabytes, seconds to write, as long as reading the prompt took there). The
 process waits for the writer at its exit."""
 
+import atexit
 import hashlib
 import os
+import queue
 import re
 import struct
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +44,49 @@ STALE_SECONDS = 3600  # a partial file older than this was left by a process tha
 # so one more is not kept while this many wait
 MOST_WAITING = 2
 
-# the one writer of every prompt cache of the process; its threads are joined at exit, with their queued writes
-_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-cache")
+
+
+class _Writer:
+    """The one writer of every prompt cache of the process: a thread taking its jobs in order. The process waits
+    at exit for the states copied out (_finish); a Ctrl-C meanwhile gives up on them, as on any other wait, where
+    a pool's threads, joined at exit, ended in a traceback (a file half written stays a .partial, which a later
+    eviction deletes)."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    def submit(self, work: Callable, *args) -> Future:
+        job = Future()
+        self._jobs.put((job, work, args))
+        with self._starting:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="prompt-cache", daemon=True)
+                self._thread.start()
+        return job
+
+    def _run(self) -> None:
+        while True:
+            job, work, args = self._jobs.get()
+            if job.set_running_or_notify_cancel():
+                try:
+                    job.set_result(work(*args))
+                except BaseException as error:  # (settled() raises it where a test or a caller waits)
+                    job.set_exception(error)
+
+
+_writer = _Writer()
 _waiting: list[Future] = []  # its jobs not yet collected by settled() (done ones that went well are let go)
 _queue = threading.Lock()
+
+
+@atexit.register
+def _finish() -> None:
+    try:
+        wait(list(_waiting))
+    except KeyboardInterrupt:
+        pass
 # the folders' listings and files, as the writer and a reading thread both look at them
 _files = threading.RLock()
 
