@@ -628,8 +628,8 @@ def serve(
     /api/tags, /api/ps, /api/show and /api/version; llama-server's /completion, /infill (code completion),
     /tokenize, /detokenize, /props and /apply-template, and its spellings without /v1 (/chat/completions,
     /models, /responses; its /completions is /completion). Chats may offer `tools`: the model's own template presents them and its
-    calls come back as OpenAI's tool_calls (the forms of Qwen, Qwen3.5, GLM, Gemma 4, Llama 3.x, Mistral and
-    gpt-oss), held to the tools' schemas by a grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
+    calls come back as OpenAI's tool_calls (read in each family's own form: docs/serve.md lists them), held to
+    the tools' schemas by a grammar; `response_format` takes JSON schemas. A reasoning model's thinking comes apart from its answer
     (reasoning_content; Ollama's thinking), steered by reasoning_effort, chat_template_kwargs and Ollama's think. Up to --parallel requests generate at once, their rows decoded
     together each step; the rest wait in arrival order for a free one. Each response carries llama-server's
     `timings` and a `speculation` object. The sampling, --max-tokens and --stop options are the defaults for
