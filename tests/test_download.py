@@ -362,6 +362,15 @@ def test_hf_file_and_repo_quant_names(localspec, home, tiny):
     assert unknown_quant.returncode != 0 and "tiny-q4_k_m.gguf" in unknown_quant.stderr
 
 
+def test_llama_cpps_hf_names_a_repo_and_its_quantization_q4_k_m_where_none_is_given(localspec):
+    """llama-server -hf OWNER/REPO (and -hfd for the draft): "No such option" before."""
+    done = localspec("run", "-hf", "test/split-GGUF", "-hfd", "test/split-GGUF:Q8_0", "-p", "the cat", "-n", "3",
+                     "--json")
+    assert done.returncode == 0, done.stderr
+    placement = json.loads(done.stdout)["placement"]
+    assert (placement["target"]["file"], placement["draft"]["file"]) == ("tiny-q4_k_m.gguf", "tiny-q8_0.gguf")
+
+
 def test_an_ollama_quantization_tag_fetches_that_file_of_the_models_repo_and_keeps_its_family(localspec, home):
     with (home / "models.toml").open("a") as registry_file:
         registry_file.write('\n[models.split-1m]\nfamily = "tiny"\nparams = "1M"\nrepo = "test/split-GGUF"\n'

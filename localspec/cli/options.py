@@ -54,11 +54,16 @@ MODEL_OPTIONS = {
         help="Target model: a registry name (see `localspec models`) or Ollama's name for it (qwen2.5-coder:1.5b,"
         " llama3.2), a GGUF file, hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.", show_default=False)], None),
     "model": (Annotated[Optional[str], typer.Option(
-        "--model", "-m", "--hf-repo", "-hf", "-hfr", help="The target, spelled as llama.cpp spells it (instead of"
-        " TARGET): a file, or -hf's owner/repo[:quant].",
+        "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
         show_default=False)], None),
+    "hf_repo": (Annotated[Optional[str], typer.Option(
+        "--hf-repo", "-hf", "-hfr", metavar="OWNER/REPO[:QUANT]", help="The target as llama.cpp's -hf names it: a"
+        " Hub repo of GGUFs and a quantization (Q4_K_M where none is given).", show_default=False)], None),
+    "hf_repo_draft": (Annotated[Optional[str], typer.Option(
+        "--hf-repo-draft", "-hfd", "-hfrd", metavar="OWNER/REPO[:QUANT]", help="The draft model so (llama.cpp's"
+        " -hfd).", show_default=False)], None),
     "draft": (Annotated[Optional[str], typer.Option(
-        "--draft", "-d", "-md", "--model-draft", "--hf-repo-draft", "-hfd", "-hfrd",
+        "--draft", "-d", "-md", "--model-draft",
         help="Draft model: a name, a size in the target's family (0.5b), 'auto' for the one the registry recommends,"
         " a GGUF file (any model: one whose vocabulary is not the target's drafts through text, with lower"
         " acceptance than a same-family draft); 'ngram' to draft by looking up the prompt and output; "
@@ -380,8 +385,16 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     the others)."""
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
+    if o.hf_repo is not None:
+        if o.target is not None or o.model is not None:
+            raise UsageError("TARGET, --model/-m and -hf name two targets; give one")
+        o.model = _hub_repo(o.hf_repo)
+    if o.hf_repo_draft is not None:
+        if o.draft is not None:
+            raise UsageError("--draft and -hfd name two draft models; give one")
+        o.draft = _hub_repo(o.hf_repo_draft)
     if o.target is not None and o.model is not None:
-        raise UsageError("TARGET and --model/-m name two targets; give one")
+        raise UsageError("TARGET, --model/-m and -hf name two targets; give one")
     made = store.made(o.target or o.model)
     if made:  # its parameters stand where the command line gives none
         o = SimpleNamespace(**(vars(o) | {name: value for name, value in _options_of(made).items()
@@ -561,6 +574,14 @@ def _chat_template(o: SimpleNamespace) -> str | None:
     if o.chat_template_file is not None:
         return checked_template(read_text(o.chat_template_file), str(o.chat_template_file))
     return None
+
+
+def _hub_repo(text: str) -> str:
+    """llama.cpp's -hf OWNER/REPO[:QUANT] as the name localspec takes, with its default quantization."""
+    return text if ":" in text else f"{text}:{HUB_DEFAULT_QUANT}"
+
+
+HUB_DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's, where -hf names none
 
 
 def _template_variables(given: str | None) -> dict:
