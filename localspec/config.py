@@ -341,6 +341,32 @@ UNQUANTIZED = ("f32", "f16", "bf16")
 PARALLEL_MOST = 64
 
 
+ROPE_SCALING = {"none": 0, "linear": 1, "yarn": 2}  # llama.h's enum llama_rope_scaling_type
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE's frequency scaling (llama.cpp's --rope-* and --yarn-* options), to read a context beyond what the
+    model was trained on (YaRN: Qwen's long-context recipe). Each as the model's file says where None."""
+
+    scaling: str | None = None  # ROPE_SCALING's
+    freq_base: float | None = None
+    freq_scale: float | None = None  # 1/N expands the context N times (--rope-scale N)
+    yarn_orig_ctx: int | None = None  # the context the model was trained on
+    yarn_ext_factor: float | None = None
+    yarn_attn_factor: float | None = None
+    yarn_beta_slow: float | None = None
+    yarn_beta_fast: float | None = None
+
+    def __post_init__(self):
+        if self.scaling is not None and self.scaling not in ROPE_SCALING:
+            raise UsageError(f"--rope-scaling takes {', '.join(ROPE_SCALING)} (llama.cpp's), got {self.scaling!r}")
+        for option, value in (("--rope-freq-base", self.freq_base), ("--rope-freq-scale", self.freq_scale),
+                              ("--yarn-orig-ctx", self.yarn_orig_ctx)):
+            if value is not None and not value > 0:
+                raise UsageError(f"{option} must be > 0, got {value}")
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer; None (with rpc): as
@@ -381,6 +407,8 @@ class Runtime:
     # cache needs flash attention. A draft model's stays f16, as llama.cpp's does.
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    # RoPE's scaling for a longer context, the target's and a draft model's alike (as llama-server's)
+    rope: Rope = Rope()
 
     def __post_init__(self):
         if self.ctx_size < 8:

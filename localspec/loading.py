@@ -2,12 +2,13 @@
 machine's devices, the drafting planned, and then the llama.cpp models and contexts made that a Session
 generates with."""
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import paths, store
-from .config import AUTO_PARALLEL, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, DrafterKind, Runtime, Speculation
+from .config import AUTO_PARALLEL, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, DrafterKind, Rope, Runtime, Speculation
 from .engine import rpc
 from .engine.backend import Context
 from .engine.model import Model
@@ -127,7 +128,17 @@ class Loaded:
 
 def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
     """A context that reads n tokens with a row for each, in batches of --batch-size (llama-perplexity's)."""
-    return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn)
+    return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn,
+                   rope=runtime.rope)
+
+
+def _cache_variant(cache: tuple[str, str], rope: Rope) -> str:
+    """The folder, inside a model's, of the prompts kept of a cache of other types (another layout of state) or under
+    another RoPE scaling (the same layout, other values: read back, it would be wrong without a word); "" for
+    f16's under the model's own."""
+    parts = ([] if cache == ("f16", "f16") else [f"kv-{cache[0]}-{cache[1]}"]) + (
+        [] if rope == Rope() else ["rope-" + hashlib.sha256(repr(rope).encode()).hexdigest()[:8]])
+    return "-".join(parts)
 
 
 def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
@@ -167,10 +178,9 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     def context(model: Model, cache: tuple[str, str] = ("f16", "f16"), **options) -> Context:
         made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
-                           cache_types=tuple(KV_CACHE_TYPES[kind][0] for kind in cache), **options))
+                           cache_types=tuple(KV_CACHE_TYPES[kind][0] for kind in cache), rope=runtime.rope, **options))
         if runtime.prompt_cache and made.can_remember:
-            # (a cache of other types is another layout of state: files of their own, inside the model's folder)
-            folder = paths.prompts_of(model.path) / ("" if cache == ("f16", "f16") else f"kv-{cache[0]}-{cache[1]}")
+            folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope)
             made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)
         return made
 

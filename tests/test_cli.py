@@ -142,6 +142,9 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ctk", "q9"], "--cache-type-k takes one of f32, f16, bf16, q8_0"),
         (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
         (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "localspec reads text only"),
+        (["{target}", "-p", "x", "--rope-scaling", "wavy"], "--rope-scaling takes none, linear, yarn"),
+        (["{target}", "-p", "x", "--rope-scale", "2", "--rope-freq-scale", "0.5"], "each set the same factor"),
+        (["{target}", "-p", "x", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx must be > 0"),
         (["{target}", "-p", "x", "--lora", "{notgguf}"], "applies no LoRA adapter"),
         (["{target}", "-p", "x", "-t", "1", "-tb", "2"], "--threads-batch 2: localspec reads prompts and generates"),
         (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
@@ -171,7 +174,8 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert json.loads(done.stdout)["placement"]["draft"]["file"] == tiny["same"].name
     # -ub and -tb say what the batch and threads are; --swa-full and --no-warmup what happens (each unknown before)
     more = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "4", "-t", "1", "-tb", "1", "-b", "256", "-ub",
-                     "256", "--swa-full", "--no-warmup", "--json")
+                     "256", "--swa-full", "--no-warmup", "--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx",
+                     "128", "--json")
     assert more.returncode == 0, more.stderr
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
     on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from localspec.config import DrafterKind, Limits, Sampling, Speculation
+from localspec.config import DrafterKind, Limits, Rope, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -181,6 +181,31 @@ def test_p_min_stops_unsure_drafts(load, target, prompt):
     _, sure = run(target, model_drafter(load, "partial", p_min=0.0), prompt)
     _, unsure = run(target, model_drafter(load, "partial", p_min=0.99), prompt)
     assert record(unsure).summary().drafted < record(sure).summary().drafted
+
+
+def test_a_scaled_rope_changes_the_rows_and_drafting_keeps_the_targets_text_under_it(tiny, prompt):
+    """llama.cpp's --rope-scaling and --rope-scale (a longer context than the model was trained on): every row past
+    the first is another, and drafts keep what the target writes so."""
+    scaled = Rope(scaling="linear", freq_scale=0.25)
+    contexts = []
+    try:
+        for rope, name in ((Rope(), "target"), (scaled, "target"), (scaled, "same")):
+            model = Model(tiny[name])
+            contexts.append((Context(model, 256, 64, threads=2, max_outputs=64, rope=rope), model))
+        (plain, _), (target, _), (draft, _) = contexts
+        for context in (plain, target):
+            context.decode(prompt, "all")
+        assert np.array_equal(plain.logits(0), target.logits(0))  # (position 0 turns by no angle)
+        assert not np.allclose(plain.logits(len(prompt) - 1), target.logits(len(prompt) - 1))
+        target.truncate(0)
+        alone, _ = run(target, NoDrafter(), prompt)
+        target.truncate(0)
+        drafted, events = run(target, ModelDrafter(draft, 0.0, draft.model.n_vocab), prompt)
+        assert drafted == alone and record(events).summary().drafted > 0
+    finally:
+        for context, model in contexts:
+            context.close()
+            model.close()
 
 
 def test_max_tokens_stops_with_length(target, prompt):

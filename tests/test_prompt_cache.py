@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.config import Limits, Sampling, Speculation
+from localspec.config import Limits, Rope, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.drafters import ModelDrafter, NoDrafter
 from localspec.engine.model import Model
@@ -21,6 +21,7 @@ from localspec.engine import prompt_cache
 from localspec.engine.prompt_cache import PromptCache
 from localspec.paths import prompts_of
 from localspec.engine.speculative import generate
+from localspec.loading import _cache_variant
 from localspec.events import Prefill, Token
 
 GREEDY = Sampling(temperature=0.0)
@@ -183,6 +184,14 @@ def test_the_process_waits_for_its_writes_at_exit_and_a_ctrl_c_then_ends_it_quie
     _, err = ending.communicate(timeout=20)
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert not (tmp_path / "b").exists()
+
+
+def test_prompts_of_another_kv_cache_type_or_rope_scaling_are_kept_apart():
+    # (another RoPE scaling leaves a state of the same shape and other values: read back, wrong without a word)
+    assert _cache_variant(("f16", "f16"), Rope()) == ""
+    assert _cache_variant(("q8_0", "q8_0"), Rope()) == "kv-q8_0-q8_0"
+    yarn = _cache_variant(("f16", "f16"), Rope("yarn", freq_scale=0.25))
+    assert yarn.startswith("rope-") and yarn != _cache_variant(("f16", "f16"), Rope("yarn", freq_scale=0.5))
 
 
 def test_a_draft_model_reads_its_prompt_back_too(opened, tmp_path):

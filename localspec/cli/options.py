@@ -22,6 +22,7 @@ from ..config import (
     DEFAULT_BRANCHES,
     DrafterKind,
     Limits,
+    Rope,
     Runtime,
     Sampling,
     Speculation,
@@ -45,6 +46,7 @@ SPECULATION = "Speculation"
 RESOURCES = "Resources"
 THINKING = "Thinking (reasoning models)"
 TEMPLATE = "Chat template"
+ROPE = "Longer contexts (RoPE scaling)"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -297,6 +299,37 @@ RESOURCE_OPTIONS = {
         "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
         " needs flash attention (-fa auto or on).", rich_help_panel=RESOURCES)], "f16"),
 }
+# llama.cpp's RoPE and YaRN options, the target's and a draft model's alike; each the model's own unless given
+ROPE_OPTIONS = {
+    "rope_scaling": (Annotated[Optional[str], typer.Option(
+        "--rope-scaling", metavar="none|linear|yarn", help="RoPE frequency scaling, to read a context longer than the"
+        " model was trained on (Qwen's recipe: --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768).",
+        show_default=False, rich_help_panel=ROPE)], None),
+    "rope_scale": (Annotated[Optional[float], typer.Option(
+        "--rope-scale", metavar="N", help="Expand the context N times (--rope-freq-scale 1/N).", show_default=False,
+        rich_help_panel=ROPE)], None),
+    "rope_freq_base": (Annotated[Optional[float], typer.Option(
+        "--rope-freq-base", metavar="N", help="RoPE base frequency (NTK-aware scaling).", show_default=False,
+        rich_help_panel=ROPE)], None),
+    "rope_freq_scale": (Annotated[Optional[float], typer.Option(
+        "--rope-freq-scale", metavar="N", help="RoPE frequency scaling factor: the context expands 1/N times.",
+        show_default=False, rich_help_panel=ROPE)], None),
+    "yarn_orig_ctx": (Annotated[Optional[int], typer.Option(
+        "--yarn-orig-ctx", metavar="N", help="YaRN: the context the model was trained on.", show_default=False,
+        rich_help_panel=ROPE)], None),
+    "yarn_ext_factor": (Annotated[Optional[float], typer.Option(
+        "--yarn-ext-factor", metavar="N", help="YaRN: extrapolation mix factor (0: full interpolation).",
+        show_default=False, rich_help_panel=ROPE)], None),
+    "yarn_attn_factor": (Annotated[Optional[float], typer.Option(
+        "--yarn-attn-factor", metavar="N", help="YaRN: attention magnitude scaling.", show_default=False,
+        rich_help_panel=ROPE)], None),
+    "yarn_beta_slow": (Annotated[Optional[float], typer.Option(
+        "--yarn-beta-slow", metavar="N", help="YaRN: high correction dimension.", show_default=False,
+        rich_help_panel=ROPE)], None),
+    "yarn_beta_fast": (Annotated[Optional[float], typer.Option(
+        "--yarn-beta-fast", metavar="N", help="YaRN: low correction dimension.", show_default=False,
+        rich_help_panel=ROPE)], None),
+}
 PROMPT_CACHE_OPTIONS = {
     "prompt_cache": (Annotated[str, typer.Option(
         "--prompt-cache", "--cache-ram", "-cram", metavar="SIZE",
@@ -347,8 +380,8 @@ LLAMA_CPP_OPTIONS = {
     "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
-                      THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, PROMPT_CACHE_OPTIONS, RPC_OPTIONS,
-                      LLAMA_CPP_OPTIONS)
+                      THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
+                      RPC_OPTIONS, LLAMA_CPP_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -435,7 +468,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
-                        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
+                        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, rope=_rope(o),
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
@@ -574,6 +607,16 @@ def _chat_template(o: SimpleNamespace) -> str | None:
     if o.chat_template_file is not None:
         return checked_template(read_text(o.chat_template_file), str(o.chat_template_file))
     return None
+
+
+def _rope(o: SimpleNamespace) -> Rope:
+    """The RoPE options as one Rope (--rope-scale N is --rope-freq-scale 1/N, as llama.cpp reads it)."""
+    if o.rope_scale is not None and o.rope_freq_scale is not None:
+        raise UsageError("--rope-scale and --rope-freq-scale each set the same factor; give one")
+    if o.rope_scale is not None and not o.rope_scale > 0:
+        raise UsageError(f"--rope-scale must be > 0, got {o.rope_scale}")
+    return Rope(o.rope_scaling, o.rope_freq_base, 1 / o.rope_scale if o.rope_scale is not None else o.rope_freq_scale,
+                o.yarn_orig_ctx, o.yarn_ext_factor, o.yarn_attn_factor, o.yarn_beta_slow, o.yarn_beta_fast)
 
 
 def _hub_repo(text: str) -> str:

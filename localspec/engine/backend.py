@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..config import ROPE_SCALING, Rope
 from ..errors import EngineError, UsageError
 from .chain import ChainRows
 from .hidden import HiddenStates
@@ -34,6 +35,18 @@ def _flash_attention(on: bool | None) -> int:
             False: llama.LLAMA_FLASH_ATTN_TYPE_DISABLED}[on]
 
 
+def _scale_rope(params, rope: Rope) -> None:
+    """llama.cpp's context parameters for RoPE's scaling, each left at 'the model's' where not given."""
+    if rope.scaling is not None:
+        params.rope_scaling_type = ROPE_SCALING[rope.scaling]
+    for field, value in (("rope_freq_base", rope.freq_base), ("rope_freq_scale", rope.freq_scale),
+                         ("yarn_orig_ctx", rope.yarn_orig_ctx), ("yarn_ext_factor", rope.yarn_ext_factor),
+                         ("yarn_attn_factor", rope.yarn_attn_factor), ("yarn_beta_slow", rope.yarn_beta_slow),
+                         ("yarn_beta_fast", rope.yarn_beta_fast)):
+        if value is not None:
+            setattr(params, field, value)
+
+
 class Context(ChainRows, TreeDecoding, Rollback):
     """A sequence of a KV cache, positions 0..n-1 (`tokens` is what it holds): the cache's only one, or
     the first of n_seq, whose others sequence() hands out.
@@ -47,7 +60,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
                  flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1,
-                 branches: int = 0, cache_types: tuple[int, int] = (1, 1)):
+                 branches: int = 0, cache_types: tuple[int, int] = (1, 1), rope: Rope = Rope()):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
         layers (LAST_HIDDEN: the last hidden state) side by side (hidden.row), as the target of MTP
@@ -60,7 +73,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
         a draft tree of up to this many branches for each sequence (decode_tree, decode_together), each
         branch a sequence id of its own in one pool of cells (no recurrent state), with a sampler chain of its
         own where rows are sampled on the backend; fewer where llama.cpp's sequence ids run out. cache_types:
-        ggml's types of the K and V caches (config.KV_CACHE_TYPES; f16's by default)."""
+        ggml's types of the K and V caches (config.KV_CACHE_TYPES; f16's by default). rope: RoPE's scaling where it
+        is not the model's own."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
         if branches and model.recurrent:
@@ -72,6 +86,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
         params.type_k, params.type_v = cache_types
+        _scale_rope(params, rope)
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         # a tree's nodes take cells of their own until one path is kept: room for a batch of them
         extra = n_batch if branches else 0
