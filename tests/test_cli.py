@@ -143,6 +143,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
         (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "localspec reads text only"),
         (["{target}", "-p", "x", "--rope-scaling", "wavy"], "--rope-scaling takes none, linear, yarn"),
+        (["{target}", "-p", "x", "--chat-template-kwargs", '{{"enable_thinking": "no"}}'], "enable_thinking is true or"),
         (["{target}", "-p", "x", "--rope-scale", "2", "--rope-freq-scale", "0.5"], "each set the same factor"),
         (["{target}", "-p", "x", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx must be > 0"),
         (["{target}", "-p", "x", "--lora", "{notgguf}"], "applies no LoRA adapter"),

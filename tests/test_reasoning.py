@@ -452,6 +452,24 @@ def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off)
             assert plan.budget == (0 if thinking.off else None)
 
 
+def test_enable_thinking_false_in_the_command_lines_template_kwargs_turns_thinking_off(thinkers, tmp_path):
+    """`llama-server --chat-template-kwargs '{"enable_thinking": false}'`, as guides turn Qwen3's thinking off: the
+    variable was handed on and then overridden by the thinking's own (on), so Qwen3 went on thinking."""
+    server = ServerProcess(tmp_path, thinkers["qwen3"], "-c", "1024", "--alias", "tiny", "--chat-template-kwargs",
+                           '{"enable_thinking": false}')
+    try:
+        reply = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                        max_tokens=8, temperature=0)
+        assert reply.choices[0].message.model_extra.get("reasoning_content") is None
+        prompt = urllib.request.urlopen(urllib.request.Request(
+            server.base + "/apply-template", data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Content-Type": "application/json"}), timeout=60).read()
+        # (the template's empty block, thinking off; the tiny vocabulary shows a space after each marker)
+        assert "".join(json.loads(prompt)["prompt"].split()).endswith("<think></think>")
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 @pytest.fixture(scope="module")
 def plain_server(tiny, tmp_path_factory):
     """A model that does not think."""

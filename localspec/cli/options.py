@@ -441,6 +441,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
+    variables = _template_variables(o.chat_template_kwargs)
     return Settings(
         target=o.target or o.model,
         draft_model=draft_model,
@@ -471,9 +472,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, rope=_rope(o),
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
-        thinking=Thinking(think=o.think, effort=o.reasoning_effort, budget=o.reasoning_budget),
+        thinking=_thinking(o, variables),
         made=made,
-        template_variables=_template_variables(o.chat_template_kwargs),
+        template_variables=variables,
         chat_template=_chat_template(o),
     )
 
@@ -625,6 +626,18 @@ def _hub_repo(text: str) -> str:
 
 
 HUB_DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's, where -hf names none
+
+
+def _thinking(o: SimpleNamespace, variables: dict) -> Thinking:
+    """--think, --reasoning-effort and --reasoning-budget; --chat-template-kwargs' enable_thinking and
+    reasoning_effort where those are not given (guides turn Qwen3's thinking off so, as llama.cpp still takes)."""
+    enable, effort = variables.get("enable_thinking"), variables.get("reasoning_effort")
+    if enable is not None and not isinstance(enable, bool):
+        raise UsageError(f"--chat-template-kwargs: enable_thinking is true or false, got {enable!r}")
+    if effort is not None and not isinstance(effort, str):
+        raise UsageError(f"--chat-template-kwargs: reasoning_effort is low, medium or high, got {effort!r}")
+    think = o.think if o.think is not None else (False if enable is False else None)
+    return Thinking(think=think, effort=o.reasoning_effort or effort, budget=o.reasoning_budget)
 
 
 def _template_variables(given: str | None) -> dict:
