@@ -299,36 +299,27 @@ RESOURCE_OPTIONS = {
         "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
         " needs flash attention (-fa auto or on).", rich_help_panel=RESOURCES)], "f16"),
 }
+def _rope_number(flag: str, kind: type, help: str) -> tuple:
+    """One of llama.cpp's RoPE or YaRN numbers, the model's own unless given."""
+    return (Annotated[Optional[kind], typer.Option(flag, metavar="N", help=help, show_default=False,
+                                                   rich_help_panel=ROPE)], None)
+
+
 # llama.cpp's RoPE and YaRN options, the target's and a draft model's alike; each the model's own unless given
 ROPE_OPTIONS = {
     "rope_scaling": (Annotated[Optional[str], typer.Option(
         "--rope-scaling", metavar="none|linear|yarn", help="RoPE frequency scaling, to read a context longer than the"
         " model was trained on (Qwen's recipe: --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768).",
         show_default=False, rich_help_panel=ROPE)], None),
-    "rope_scale": (Annotated[Optional[float], typer.Option(
-        "--rope-scale", metavar="N", help="Expand the context N times (--rope-freq-scale 1/N).", show_default=False,
-        rich_help_panel=ROPE)], None),
-    "rope_freq_base": (Annotated[Optional[float], typer.Option(
-        "--rope-freq-base", metavar="N", help="RoPE base frequency (NTK-aware scaling).", show_default=False,
-        rich_help_panel=ROPE)], None),
-    "rope_freq_scale": (Annotated[Optional[float], typer.Option(
-        "--rope-freq-scale", metavar="N", help="RoPE frequency scaling factor: the context expands 1/N times.",
-        show_default=False, rich_help_panel=ROPE)], None),
-    "yarn_orig_ctx": (Annotated[Optional[int], typer.Option(
-        "--yarn-orig-ctx", metavar="N", help="YaRN: the context the model was trained on.", show_default=False,
-        rich_help_panel=ROPE)], None),
-    "yarn_ext_factor": (Annotated[Optional[float], typer.Option(
-        "--yarn-ext-factor", metavar="N", help="YaRN: extrapolation mix factor (0: full interpolation).",
-        show_default=False, rich_help_panel=ROPE)], None),
-    "yarn_attn_factor": (Annotated[Optional[float], typer.Option(
-        "--yarn-attn-factor", metavar="N", help="YaRN: attention magnitude scaling.", show_default=False,
-        rich_help_panel=ROPE)], None),
-    "yarn_beta_slow": (Annotated[Optional[float], typer.Option(
-        "--yarn-beta-slow", metavar="N", help="YaRN: high correction dimension.", show_default=False,
-        rich_help_panel=ROPE)], None),
-    "yarn_beta_fast": (Annotated[Optional[float], typer.Option(
-        "--yarn-beta-fast", metavar="N", help="YaRN: low correction dimension.", show_default=False,
-        rich_help_panel=ROPE)], None),
+    "rope_scale": _rope_number("--rope-scale", float, "Expand the context N times (--rope-freq-scale 1/N)."),
+    "rope_freq_base": _rope_number("--rope-freq-base", float, "RoPE base frequency (NTK-aware scaling)."),
+    "rope_freq_scale": _rope_number("--rope-freq-scale", float,
+                                    "RoPE frequency scaling factor: the context expands 1/N times."),
+    "yarn_orig_ctx": _rope_number("--yarn-orig-ctx", int, "YaRN: the context the model was trained on."),
+    "yarn_ext_factor": _rope_number("--yarn-ext-factor", float, "YaRN: extrapolation mix factor (0: full interpolation)."),
+    "yarn_attn_factor": _rope_number("--yarn-attn-factor", float, "YaRN: attention magnitude scaling."),
+    "yarn_beta_slow": _rope_number("--yarn-beta-slow", float, "YaRN: high correction dimension."),
+    "yarn_beta_fast": _rope_number("--yarn-beta-fast", float, "YaRN: low correction dimension."),
 }
 PROMPT_CACHE_OPTIONS = {
     "prompt_cache": (Annotated[str, typer.Option(
