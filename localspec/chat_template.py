@@ -399,6 +399,8 @@ def checked(template: str, where: str) -> str:
         _compiled(template)
     except jinja2.TemplateSyntaxError as error:
         raise InputError(f"{where}: the chat template does not parse: {error.message} (line {error.lineno})") from None
+    except (Exception, RecursionError, MemoryError) as error:  # (untrusted text: nesting beyond the stack, ...)
+        raise InputError(f"{where}: the chat template does not parse ({type(error).__name__})") from None
     return template
 
 

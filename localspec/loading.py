@@ -126,10 +126,15 @@ class Loaded:
     notes: list[str]
 
 
+def _ggml_types(cache: tuple[str, str]) -> tuple[int, int]:
+    """ggml's types of K and V caches so named, as Context takes them."""
+    return KV_CACHE_TYPES[cache[0]][0], KV_CACHE_TYPES[cache[1]][0]
+
+
 def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
     """A context that reads n tokens with a row for each, in batches of --batch-size (llama-perplexity's)."""
     return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn,
-                   rope=runtime.rope)
+                   cache_types=_ggml_types((runtime.cache_type_k, runtime.cache_type_v)), rope=runtime.rope)
 
 
 def _cache_variant(cache: tuple[str, str], rope: Rope) -> str:
@@ -178,7 +183,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     def context(model: Model, cache: tuple[str, str] = ("f16", "f16"), **options) -> Context:
         made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
-                           cache_types=tuple(KV_CACHE_TYPES[kind][0] for kind in cache), rope=runtime.rope, **options))
+                           cache_types=_ggml_types(cache), rope=runtime.rope, **options))
         if runtime.prompt_cache and made.can_remember:
             folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope)
             made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import store
-from .config import DrafterKind, Runtime, Speculation
+from .config import DrafterKind, Rope, Runtime, Speculation
 from .engine.drafters.spec import COSTLY_KINDS
 from .errors import LocalspecError, UsageError
 from .store import GGUFInfo
@@ -188,8 +188,9 @@ class Pool:
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")
         started = time.perf_counter()
-        session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None, self.runtime,
-                                          speculation, True)
+        # (RoPE's scaling is the first model's: another's file says its own)
+        session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None,
+                                          replace(self.runtime, rope=Rope()), speculation, True)
         await asyncio.to_thread(session.warm)
         served = Served(wanted.name, session, Service(session, self.queue, self.log, self.metrics), self.keep_alive)
         self.loaded[wanted.path] = served

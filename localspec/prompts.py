@@ -2,11 +2,12 @@
 text as written, token ids checked against its vocabulary, a prediction's tokens, and the guards that
 refuse what cannot fit its context before any time goes into it."""
 
+import functools
 import json
 from dataclasses import dataclass, replace
 
 from . import reasoning
-from .chat_template import render_pieces
+from .chat_template import render, render_pieces
 from .config import Sampling, Thinking
 from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
@@ -63,15 +64,19 @@ class Prepared:
     answer_sampling: Sampling | None = None
 
 
-def _object_arguments(call):
-    """An earlier call with its arguments as the object they are where they come as JSON text (OpenAI's messages
-    carry them so, as a ToolCall does): templates write them with tojson, which wrote them as a quoted string,
-    and StepFun's reads them with fromjson only where they are text. Arguments that are no JSON object stay."""
+def _arguments_as(call, text: bool):
+    """An earlier call with its arguments as the template writes them: as the object they are where they come as
+    JSON text (OpenAI's messages carry them so, as a ToolCall does; most templates write them with tojson, which
+    wrote them as a quoted string), or as that text where the template joins them to its own (DeepSeek's).
+    Arguments that are no JSON object stay as they came."""
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if text and isinstance(arguments, dict):
+        return call | {"function": function | {"arguments": json.dumps(arguments, ensure_ascii=False)}}
+    if text or not isinstance(arguments, str):
         return call
     try:
-        arguments = json.loads(function["arguments"])
+        arguments = json.loads(arguments)
     except ValueError:
         return call
     return call | {"function": function | {"arguments": arguments}} if isinstance(arguments, dict) else call
@@ -86,6 +91,21 @@ class Prompts:
         self.template = template or model.chat_template() or FALLBACK_TEMPLATE
         self.family = reasoning.family(self.template)  # how its replies think
         self.thinks = self.family is not reasoning.NONE
+
+    @functools.cached_property
+    def arguments_as_text(self) -> bool:
+        """Whether the template writes an earlier call's arguments only as the JSON text they are (DeepSeek's join
+        them to strings, and fail on an object), not as an object (most write them with tojson), found as llama.cpp
+        finds it: by writing a call both ways."""
+        def written(arguments) -> str:
+            call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": arguments}}
+            try:
+                return render(self.template, [{"role": "user", "content": "?"},
+                                              {"role": "assistant", "content": "", "tool_calls": [call]},
+                                              {"role": "tool", "tool_call_id": "call_0", "content": "!"}], "", "")
+            except InputError:
+                return ""
+        return '"needle"' not in written({"needle": 1}) and '"needle"' in written('{"needle": 1}')
 
     def prepare(self, request: Request) -> Prepared:
         """A request made ready to generate: its prompt as tokens (a conversation through the chat template,
@@ -201,7 +221,7 @@ class Prompts:
         template = self.template
         # earlier thinking under the name each template reads it by (gpt-oss's: thinking)
         messages = [m | {"thinking": m[THINKING_FIELD]} if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
-        messages = [m | {"tool_calls": [_object_arguments(call) for call in m["tool_calls"]]}
+        messages = [m | {"tool_calls": [_arguments_as(call, self.arguments_as_text) for call in m["tool_calls"]]}
                     if isinstance(m.get("tool_calls"), list) else m for m in messages]
         bos, eos = model.special_text("bos"), model.special_text("eos")
         text = "".join(str(m.get("content") or "") for m in messages)

@@ -530,7 +530,7 @@ def _read_json_calls(body: str, parameters: dict, name: str = "name", arguments:
         raise InputError(f"the model wrote tool calls that are not a JSON list: {body[:80]!r}") from None
     if not isinstance(calls, list) or not calls or not all(_is_call(call, arguments, name) for call in calls):
         raise InputError(f"the model wrote a list without calls of a {name} and {arguments}: {body[:80]!r}")
-    return [(call[name], call[arguments]) for call in calls]
+    return [(call[name], call.get(arguments, call.get("arguments"))) for call in calls]  # (as _is_call takes them)
 
 
 def _json_list(opening: str, closing: str) -> _Form:

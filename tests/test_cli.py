@@ -133,7 +133,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-s", "be brief"], "Invalid value for '--seed' / '-s'"),  # llama.cpp's -s: the seed
         (["{target}", "-p", "x", "--chat-template-kwargs", "{{nope"], "--chat-template-kwargs is not JSON"),
         (["{target}", "-p", "x", "--chat-template-kwargs", "[1]"], "takes a JSON object of the template's variables"),
-        (["{target}", "-p", "x", "--chat-template-kwargs", '{{"messages": []}}'], "messages is the request's own"),
+        (["{target}", "-p", "x", "--chat-template-kwargs", '{{"messages": []}}'], "messages is each request's own"),
+        (["{target}", "-p", "x", "--chat-template", "{{{{ " + "[" * 3000 + "]" * 3000 + " }}}}"], "(RecursionError)"),
         (["{target}", "-p", "x", "--chat-template", "chatml"], "built-in names such as 'chatml' are not kept here"),
         (["{target}", "-p", "x", "--chat-template", "{{% for m in messages %}}"], "the chat template does not parse"),
         (["{target}", "-p", "x", "--chat-template-file", "{dir}/none.jinja"], "cannot read"),
@@ -143,6 +144,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
         (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "localspec reads text only"),
         (["{target}", "-p", "x", "--rope-scaling", "wavy"], "--rope-scaling takes none, linear, yarn"),
+        (["{target}", "-p", "x", "--host", "127.0.0.1:9", "-ctk", "f32"], "is a setting of a model loaded here"),
         (["{target}", "-p", "x", "--chat-template-kwargs", '{{"enable_thinking": "no"}}'], "enable_thinking is true or"),
         (["{target}", "-p", "x", "--rope-scale", "2", "--rope-freq-scale", "0.5"], "each set the same factor"),
         (["{target}", "-p", "x", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx must be > 0"),

@@ -44,16 +44,19 @@ def test_a_quantized_kv_cache_takes_less_memory_and_speculation_on_it_is_lossles
     model = real_model("smollm2-135m")
     prompt = "def add(a, b):\n    return a + b\n\n" * 8
     quantized = Runtime(ctx_size=512, cache_type_k="q8_0", cache_type_v="q8_0")
-    texts, states = {}, {}
+    texts, states, scores = {}, {}, {}
     for name, runtime, drafting in (("plain", quantized, DrafterKind.PLAIN), ("ngram", quantized, DrafterKind.NGRAM),
                                     ("f16", Runtime(ctx_size=512), DrafterKind.PLAIN)):
         with Session(model, None, runtime, Speculation(drafting=drafting, required=True)) as session:
             reply = session.complete(prompt, raw=True, max_tokens=48, temperature=0)
             texts[name], states[name] = (reply.text, reply.summary.drafted), len(session.sequences[0].state())
+            scores[name] = session.score(session.prompts.tokenize(prompt, raw=True))[-1].chosen.logprob
             folder = session.sequences[0].prompt_cache.folder
             assert folder.name == ("kv-q8_0-q8_0" if runtime is quantized else prompts_of(model).name)
     assert texts["ngram"][0] == texts["plain"][0] and texts["ngram"][1] > 0
     assert states["plain"] < 0.6 * states["f16"]
+    # (perplexity and scoring read with that cache too: they read with f16's whatever -ctk said)
+    assert scores["plain"] == scores["ngram"] != scores["f16"]
 
 
 def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):

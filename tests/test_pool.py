@@ -98,6 +98,19 @@ def loaded(server) -> list[str]:
     return sorted(m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"])
 
 
+def test_the_first_models_rope_scaling_is_not_another_models(home, tiny):
+    """serve's --rope-* options are the model serve started with's (another's file says its own): a model loaded on
+    demand ran with them too, its text another."""
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512", "--rope-scaling",
+                           "linear", "--rope-scale", "4")
+    try:
+        reply = server.client().chat.completions.create(model="tiny-b", max_tokens=8,
+                                                        messages=[{"role": "user", "content": PROMPT}])
+        assert reply.choices[0].message.content == plain_text(home / "models/tiny-b/b.gguf")
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_idle(home, tiny):
     server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512", "--keep-alive", "1")
     try:

@@ -733,6 +733,9 @@ def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statisti
         assert chats[0][0] == chats[1][0] and chats[0][0].count(b"\n") >= 3, chats
         assert b"answered by target.gguf" in chats[0][1] and b"answered by" not in chats[1][1]
         assert server.log().count("/localspec/v1/generate 200") == 6
+        # nor one whose model reads with other settings than the command's (it answered with its own)
+        for own in (("-ctk", "f32"), ("--rope-scaling", "linear", "--rope-scale", "2")):
+            assert "served_by" not in json.loads(run("--json", *own)[0]), own
         # a serve of another model is not used
         assert "served_by" not in json.loads(localspec_process(
             home, "run", tiny["partial"], "-p", "x", "-n", "2", "--json", stdout=subprocess.PIPE,

@@ -118,6 +118,9 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.COMMAND_R7B, 'Let me look.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters":'
      ' {"a": 1}},\n    {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]<|END_ACTION|>', "Let me look.",
      [("f", {"a": 1}), ("g", {})]),
+    # (its arguments under OpenAI's key, which the list's check took: read, not a KeyError)
+    (ToolFormat.COMMAND_R7B, '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "arguments": {"a": 1}}]'
+     '<|END_ACTION|>', "", [("f", {"a": 1})]),
     # Qwen3.5's and Qwen3-Coder's: a string as written (one newline either side is the layout), others as JSON,
     # a boolean as Python writes it too
     (ToolFormat.XML, 'Let me look.\n\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=code>\n'
@@ -642,6 +645,27 @@ def test_an_earlier_calls_arguments_as_json_text_are_written_as_the_object_they_
         # arguments that are no JSON object are written as they came
         as_text[1]["tool_calls"][0]["function"]["arguments"] = "paris"
         assert prompts.chat_tokens(as_text) != prompts.chat_tokens(history)
+
+
+def test_an_earlier_calls_arguments_reach_a_template_that_joins_them_to_text_as_text(tmp_path):
+    """DeepSeek's templates join a call's arguments to their own strings: given as the object the protocols hand on,
+    the whole request failed ("can only concatenate str (not "dict") to str"). Found by writing a call both ways,
+    as llama.cpp does; templates that write them with tojson still get the object."""
+    joining = ("{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}"
+               "{{ '<call>' + c.function.name + ' ' + c.function.arguments + '</call>' }}{% endfor %}{% endfor %}")
+    model = write_tiny_model(tmp_path / "joining.gguf", TinySpec(seed=1, chat_template=joining))
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
+    as_text = json.loads(json.dumps(history))
+    as_text[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "paris"}'
+    with closing(Model(model)) as loaded:
+        prompts = Prompts(loaded, 2048)
+        assert prompts.arguments_as_text
+        assert prompts.chat_tokens(history) == prompts.chat_tokens(as_text) == loaded.tokenize(
+            render(joining, as_text, "", ""), True, True)
+    with closing(Model(write_tiny_model(tmp_path / "hermes.gguf", TinySpec(seed=1, chat_template=HERMES)))) as loaded:
+        assert not Prompts(loaded, 2048).arguments_as_text
 
 
 def test_lfm2s_grammar_takes_values_as_json_or_as_its_template_writes_them(target):

@@ -28,6 +28,7 @@ from ..session import Session, open_session
 from ..stats import INTERRUPTED
 from .app import command
 from .options import (
+    DEFAULT_RUNTIME,
     GENERATION_OPTIONS,
     LIMIT_OPTIONS,
     MOST_BATCH_BYTES,
@@ -235,12 +236,12 @@ def _messages(settings: Settings, system: str | None, text: str) -> list[dict]:
 def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
     """The running serve that answers for this command: the one --host names, else one on this machine
     that holds the same files; None: load the model here."""
+    own = _loaded_here_only(settings)
     if host:
-        if settings.chat_template is not None:
-            raise UsageError("--chat-template is the template of a model loaded here: a serve renders with its own"
-                             " (start it with --chat-template)")
+        if own:
+            raise UsageError(f"{own} is a setting of a model loaded here: a serve uses its own (start it with {own})")
         remote = remote_face.Remote(host if "://" in host else f"http://{host}", os.environ.get("LOCALSPEC_API_KEY"))
-    elif settings.chat_template is not None:  # (a serve on this machine renders with its own)
+    elif own:  # (a serve on this machine renders and reads with its own)
         remote = None
     else:
         remote = remote_face.serving(settings.target, settings.draft_model) if settings.target else None
@@ -249,6 +250,15 @@ def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
         remote.mode = None if speculation.drafting == DrafterKind.AUTO else speculation.drafting
         remote.draft_max = speculation.draft_max
     return remote
+
+
+def _loaded_here_only(settings: Settings) -> str | None:
+    """The option given that only a model loaded here can honour (a serve holding it has its own), if one is."""
+    runtime = settings.runtime
+    return ("--chat-template" if settings.chat_template is not None else
+            "--cache-type-k" if runtime.cache_type_k != DEFAULT_RUNTIME.cache_type_k else
+            "--cache-type-v" if runtime.cache_type_v != DEFAULT_RUNTIME.cache_type_v else
+            "--rope-*" if runtime.rope != DEFAULT_RUNTIME.rope else None)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ..errors import InputError, UsageError, json_trouble
 from ..drafting import speculating
 from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
 from ..chat_template import checked as checked_template
-from ..prompts import output_grammar
+from ..prompts import RENDERED, output_grammar
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
@@ -642,6 +642,9 @@ def _template_variables(given: str | None) -> dict:
     if not isinstance(variables, dict):
         raise UsageError(f"--chat-template-kwargs takes a JSON object of the template's variables, as"
                          f" '{{\"thinking\": true}}'; got {given!r}")
+    if taken := RENDERED.intersection(variables):
+        raise UsageError(f"--chat-template-kwargs: {', '.join(sorted(taken))} is each request's own to give, not a"
+                         " variable's")
     return variables
 
 

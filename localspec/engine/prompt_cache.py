@@ -274,14 +274,13 @@ class PromptCache:
                 (self.folder / "model.txt").write_text(f"{self.model}\n")  # (for whoever looks in)
             write(path, tokens, state)
             del state
-            with _files:
-                if prefixes_needless:
-                    held = np.asarray(tokens, dtype=np.int32)
-                    for entry in self.entries():
-                        if entry.path != path and len(entry.tokens) <= len(held) and (
-                                entry.tokens == held[: len(entry.tokens)]).all():
-                            entry.path.unlink(missing_ok=True)
-                self.evict()
+            if prefixes_needless:
+                held = np.asarray(tokens, dtype=np.int32)
+                for entry in self.entries():
+                    if entry.path != path and len(entry.tokens) <= len(held) and (
+                            entry.tokens == held[: len(entry.tokens)]).all():
+                        entry.path.unlink(missing_ok=True)
+            self.evict()  # (outside the listing's lock: every model's files are walked, a reader need not wait)
         except OSError:
             pass  # (no worse than no prompt cache)
 
