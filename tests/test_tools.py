@@ -630,21 +630,24 @@ def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_
         assert len(marker) == 1 and marker[0] in Prompts(loaded, 2048).chat_tokens(history)
 
 
+def called(arguments) -> list[dict]:
+    """ASK, a call of get_weather with these arguments (an object, or JSON text as OpenAI's messages carry it), and
+    its result."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    return [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
+
+
 def test_an_earlier_calls_arguments_as_json_text_are_written_as_the_object_they_are(tmp_path):
     """OpenAI's messages (and a ToolCall) carry a call's arguments as JSON text; the protocols hand them on as
     objects, the library as they came: a template's tojson then wrote them as one quoted string."""
     model = write_tiny_model(tmp_path / "hermes.gguf", TinySpec(seed=1, chat_template=HERMES))
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}
-    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
-    as_text = json.loads(json.dumps(history))
-    as_text[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "paris"}'
+    history, as_text = called({"city": "paris"}), called('{"city": "paris"}')
     with closing(Model(model)) as loaded:
         prompts = Prompts(loaded, 2048)
         assert prompts.chat_tokens(as_text) == prompts.chat_tokens(history)
         # arguments that are no JSON object are written as they came
-        as_text[1]["tool_calls"][0]["function"]["arguments"] = "paris"
-        assert prompts.chat_tokens(as_text) != prompts.chat_tokens(history)
+        assert prompts.chat_tokens(called("paris")) != prompts.chat_tokens(history)
 
 
 def test_an_earlier_calls_arguments_reach_a_template_that_joins_them_to_text_as_text(tmp_path):
@@ -654,11 +657,7 @@ def test_an_earlier_calls_arguments_reach_a_template_that_joins_them_to_text_as_
     joining = ("{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}"
                "{{ '<call>' + c.function.name + ' ' + c.function.arguments + '</call>' }}{% endfor %}{% endfor %}")
     model = write_tiny_model(tmp_path / "joining.gguf", TinySpec(seed=1, chat_template=joining))
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}
-    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
-    as_text = json.loads(json.dumps(history))
-    as_text[1]["tool_calls"][0]["function"]["arguments"] = '{"city": "paris"}'
+    history, as_text = called({"city": "paris"}), called('{"city": "paris"}')
     with closing(Model(model)) as loaded:
         prompts = Prompts(loaded, 2048)
         assert prompts.arguments_as_text
