@@ -404,9 +404,13 @@ class Runtime:
     # Bytes of prompts' caches kept on disk for later runs to read back (0: none kept or read)
     prompt_cache: int = PROMPT_CACHE_BYTES
     # The target's KV cache types (llama.cpp's -ctk/-ctv; KV_CACHE_TYPES): q8_0 halves its memory; a quantized V
-    # cache needs flash attention. A draft model's stays f16, as llama.cpp's does.
+    # cache needs flash attention. The drafters' contexts have their own (-ctkd/-ctvd), f16 unless told, as llama.cpp's.
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    draft_cache_type_k: str = "f16"
+    draft_cache_type_v: str = "f16"
+    # A drafter context's threads (llama.cpp's -td); None: threads
+    draft_threads: int | None = None
     # RoPE's scaling for a longer context, the target's and a draft model's alike (as llama-server's)
     rope: Rope = Rope()
 
@@ -416,6 +420,8 @@ class Runtime:
         if not AUTO_PARALLEL <= self.parallel <= PARALLEL_MOST:
             raise UsageError(f"--parallel takes 1 to {PARALLEL_MOST} sequences (0: as many as fit), got {self.parallel}")
         check_threads(self.threads)
+        if self.draft_threads is not None:
+            check_threads(self.draft_threads)
         if self.prompt_cache < 0:
             raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
         if self.prompt_batch < 1:
@@ -430,17 +436,28 @@ class Runtime:
                 raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], got {endpoint!r}")
         if self.tensor_split is not None and (not any(self.tensor_split) or min(self.tensor_split) < 0):
             raise UsageError("--tensor-split takes shares >= 0, not all 0 (3,1: three quarters on the first device)")
-        for option, kind in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+        for option, kind in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v),
+                             ("--cache-type-k-draft", self.draft_cache_type_k),
+                             ("--cache-type-v-draft", self.draft_cache_type_v)):
             if kind not in KV_CACHE_TYPES:
                 raise UsageError(f"{option} takes one of {', '.join(KV_CACHE_TYPES)} (llama.cpp's), got {kind!r}")
-        if self.cache_type_v not in UNQUANTIZED and self.flash_attn is False:
-            raise UsageError(f"--cache-type-v {self.cache_type_v} needs flash attention, which -fa off turns off")
+        for option, kind in (("--cache-type-v", self.cache_type_v), ("--cache-type-v-draft", self.draft_cache_type_v)):
+            if kind not in UNQUANTIZED and self.flash_attn is False:
+                raise UsageError(f"{option} {kind} needs flash attention, which -fa off turns off")
 
     @property
     def kv_bytes(self) -> tuple[float, float]:
         """Bytes a value of the target's K and V caches takes."""
-        return tuple(size / values for _, values, size in (KV_CACHE_TYPES[self.cache_type_k],
-                                                           KV_CACHE_TYPES[self.cache_type_v]))
+        return _bytes_a_value(self.cache_type_k, self.cache_type_v)
+
+    @property
+    def draft_kv_bytes(self) -> tuple[float, float]:
+        """Bytes a value of a drafter's K and V caches takes."""
+        return _bytes_a_value(self.draft_cache_type_k, self.draft_cache_type_v)
+
+
+def _bytes_a_value(*kinds: str) -> tuple[float, ...]:
+    return tuple(size / values for _, values, size in map(KV_CACHE_TYPES.__getitem__, kinds))
 
 
 def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:

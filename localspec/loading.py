@@ -180,8 +180,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
     rows = longest_draft(speculation) + 1
 
-    def context(model: Model, cache: tuple[str, str] = ("f16", "f16"), **options) -> Context:
-        made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), runtime.threads, on_backend,
+    def context(model: Model, cache: tuple[str, str], threads: int, **options) -> Context:
+        made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
                            cache_types=_ggml_types(cache), rope=runtime.rope, **options))
         if runtime.prompt_cache and made.can_remember:
@@ -191,8 +191,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
 
     # room for draft trees where they can be verified: no recurrent state, no hidden states kept for a drafter
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
-    target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), keep_hidden=kept,
-                             branches=tree_room)
+    target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), runtime.threads,
+                             keep_hidden=kept, branches=tree_room)
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
                      " context sizes up to a multiple of 256")
@@ -208,7 +208,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     # the sequences requests generate on (serve -np, batch --parallel)
     sequences = [target_context] + [target_context.sequence(seq) for seq in range(1, runtime.parallel)]
     costly = {spec: spec.drafter.made(target_context, context(
-        models[spec], mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
+        models[spec], (runtime.draft_cache_type_k, runtime.draft_cache_type_v), runtime.draft_threads or runtime.threads,
+        mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache, which decides what is read, not how.

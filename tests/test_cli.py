@@ -153,6 +153,16 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
         # (llama.cpp failed to make the context: "out of memory?" was all that was said)
         (["{target}", "-p", "x", "-ctk", "q8_0"], "do not divide target.gguf's attention heads of 16"),
+        (["{target}", "-p", "x", "-md", "{same}", "-ctkd", "q8_0"], "--cache-type-k-draft q8_0 stores blocks of 32"),
+        (["{target}", "-p", "x", "--spec-type", "draft-simple"], "--spec-type draft-simple drafts with a draft model"),
+        (["{target}", "-p", "x", "--spec-type", "ngram-mod,eagle"], "--spec-type takes none, draft-simple, draft-mtp"),
+        (["{target}", "-p", "x", "--spec-type", "draft-dspark"], "localspec has no DSpark drafter"),
+        (["{target}", "-p", "x", "--spec-type", "draft-mtp,draft-eagle3"], "drafts with one model's drafter at a time"),
+        (["{target}", "-p", "x", "-md", "{same}", "--spec-type", "ngram-mod"], "by n-gram lookup alone, but --draft"),
+        (["{target}", "-p", "x", "-md", "{same}", "--spec-type", "none"], "--spec-type none is plain decoding"),
+        (["{target}", "-p", "x", "-td", "9999"], "threads must be at most"),
+        (["{target}", "-p", "x", "-td", "1", "-tbd", "2"], "--threads-batch-draft 2: a draft reads and drafts"),
+        (["{target}", "-p", "x", "-ngl", "most"], "--gpu-layers takes a number of layers, all or auto"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):
@@ -186,6 +196,26 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert on_cpu.returncode == 0, on_cpu.stderr
     placement = json.loads(on_cpu.stdout)["placement"]
     assert placement["target"]["layers_on_gpu"] == placement["draft"]["layers_on_gpu"] == 0
+
+
+def test_llama_servers_speculative_command_line_works(localspec, tiny):
+    """The pinned llama.cpp's spellings of speculation (--spec-type, --spec-draft-*, -td, -ctkd/-ctvd, -ngl all):
+    each an unknown option before."""
+    def run(*args):
+        done = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "12", "--temp", "0", "-t", "1", "--json",
+                         *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    drafted = run("--spec-draft-model", tiny["same"], "--spec-type", "ngram-mod,draft-simple", "--spec-draft-n-max",
+                  "4", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "1", "-tbd", "1", "-ctkd", "f32",
+                  "-ctvd", "f32", "-ngl", "all", "--spec-draft-ngl", "all", "--spec", "fixed")
+    assert drafted["placement"]["draft"]["file"] == tiny["same"].name and drafted["stats"]["drafted"] > 0
+    plain = run("--spec-type", "none")
+    assert plain["text"] == drafted["text"] and plain["stats"]["drafted"] == 0
+    assert plain["placement"]["drafting"] == "plain"
+    by_lookup = run("--spec-default")
+    assert "draft" not in by_lookup["placement"] and set(by_lookup["stats"]["drafters"]) <= {"ngram", "suffix"}
 
 
 def test_the_output_follows_a_grammar_or_a_json_schema_while_drafting(localspec, tiny, tmp_path):

@@ -35,6 +35,14 @@ def test_the_kv_cache_types_are_ggmls_and_a_quantized_one_takes_its_blocks_bytes
         Runtime(cache_type_v="q8_0", flash_attn=False)
     with pytest.raises(UsageError, match="takes one of f32, f16"):
         Runtime(cache_type_k="q9")
+    with pytest.raises(UsageError, match="--cache-type-k-draft takes one of f32, f16"):
+        Runtime(draft_cache_type_k="q9")
+    with pytest.raises(UsageError, match="--cache-type-v-draft q4_0 needs flash attention"):
+        Runtime(draft_cache_type_v="q4_0", flash_attn=False)
+    # a draft's quantized cache counts what it takes
+    assert hardware.check_fit([info, info], 100, small_machine(10**12), draft_kv=Runtime(
+        draft_cache_type_k="q8_0", draft_cache_type_v="q8_0").draft_kv_bytes) == hardware.check_fit(
+        [info, info], 100, small_machine(10**12)) - hardware.kv_cache_bytes(info, 100) * 15 // 32
 
 
 @pytest.mark.slow
@@ -57,6 +65,25 @@ def test_a_quantized_kv_cache_takes_less_memory_and_speculation_on_it_is_lossles
     assert states["plain"] < 0.6 * states["f16"]
     # (perplexity and scoring read with that cache too: they read with f16's whatever -ctk said)
     assert scores["plain"] == scores["ngram"] != scores["f16"]
+
+
+@pytest.mark.slow
+def test_a_drafts_own_cache_type_and_threads_leave_the_text_the_targets(real_model):
+    """llama.cpp's -ctkd/-ctvd and -td (unknown options before): the draft model's context holds a cache of
+    that type and runs that many threads; the text is the target's, drafts accepted."""
+    model = real_model("smollm2-135m")
+    prompt = "def add(a, b):\n    return a + b\n\n" * 4
+    texts, states = {}, {}
+    for name, runtime in (("f16", Runtime(ctx_size=512)), ("q8_0", Runtime(
+            ctx_size=512, draft_cache_type_k="q8_0", draft_cache_type_v="q8_0", draft_threads=1))):
+        with Session(model, model, runtime, Speculation(drafting=DrafterKind.DRAFT, required=True)) as session:
+            reply = session.complete(prompt, raw=True, max_tokens=24, temperature=0)
+            draft = session.drafting.costly[DrafterKind.DRAFT].context
+            texts[name] = reply.text, reply.summary.accepted > 0
+            states[name] = len(draft.state()), len(session.sequences[0].state())
+            assert llama.llama_n_threads(draft._ctx) == (runtime.draft_threads or runtime.threads)
+    assert texts["q8_0"] == texts["f16"] and texts["f16"][1]
+    assert states["q8_0"][0] < 0.6 * states["f16"][0] and states["q8_0"][1] == states["f16"][1]
 
 
 def test_pairs_that_do_not_fit_are_refused_with_advice(tiny):

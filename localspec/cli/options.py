@@ -62,10 +62,10 @@ MODEL_OPTIONS = {
         "--hf-repo", "-hf", "-hfr", metavar="OWNER/REPO[:QUANT]", help="The target as llama.cpp's -hf names it: a"
         " Hub repo of GGUFs and a quantization (Q4_K_M where none is given).", show_default=False)], None),
     "hf_repo_draft": (Annotated[Optional[str], typer.Option(
-        "--hf-repo-draft", "-hfd", "-hfrd", metavar="OWNER/REPO[:QUANT]", help="The draft model so (llama.cpp's"
+        "--hf-repo-draft", "-hfd", "-hfrd", "--spec-draft-hf", metavar="OWNER/REPO[:QUANT]", help="The draft model so (llama.cpp's"
         " -hfd).", show_default=False)], None),
     "draft": (Annotated[Optional[str], typer.Option(
-        "--draft", "-d", "-md", "--model-draft",
+        "--draft", "-d", "-md", "--model-draft", "--spec-draft-model",
         help="Draft model: a name, a size in the target's family (0.5b), 'auto' for the one the registry recommends,"
         " a GGUF file (any model: one whose vocabulary is not the target's drafts through text, with lower"
         " acceptance than a same-family draft); 'ngram' to draft by looking up the prompt and output; "
@@ -75,6 +75,16 @@ MODEL_OPTIONS = {
 }
 DRAFTING_OPTIONS = {
     "no_draft": (Annotated[bool, typer.Option("--no-draft", help="Plain decoding, no speculation.")], False),
+    "spec_type": (Annotated[Optional[list[str]], typer.Option(
+        "--spec-type", metavar="TYPE[,TYPE]", help="llama-server's names for its drafters, taken as --draft's:"
+        " draft-simple: the -md draft model; draft-mtp, draft-eagle3, draft-dflash: --draft mtp, eagle3, dflash"
+        " (or the -md file); ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache: n-gram lookup"
+        " (localspec has one for all five); none: --no-draft. Several, comma-separated: n-gram lookup beside"
+        " one model's drafter.", show_default=False,
+        rich_help_panel=SPECULATION)], None),
+    "spec_default": (Annotated[bool, typer.Option(
+        "--spec-default", help="llama-server's default speculation (its ngram-mod): n-gram lookup here.",
+        rich_help_panel=SPECULATION)], False),
     "spec": (Annotated[str, typer.Option(
         "--spec", help="auto: choose each step between plain decoding and drafting with n-gram lookup, earlier"
         " answers (the suffix cache), a --prediction, or the --draft drafter (a draft model, MTP, EAGLE-3, DFlash),"
@@ -83,12 +93,12 @@ DRAFTING_OPTIONS = {
 }
 SPECULATION_OPTIONS = {
     "draft_max": (Annotated[Optional[int], typer.Option(
-        "--draft-max", show_default=False, rich_help_panel=SPECULATION,
+        "--draft-max", "--spec-draft-n-max", show_default=False, rich_help_panel=SPECULATION,
         help=f"Most tokens drafted a step. Default: {default_draft_max(DrafterKind.AUTO)} with auto;"
         f" {default_draft_max(DrafterKind.DRAFT)} with n-gram lookup or the draft model alone"
         " (--spec fixed; bench's ngram and draft modes).")],
         None),
-    "draft_min": (Annotated[int, typer.Option("--draft-min", help="Skip drafts shorter than this.",
+    "draft_min": (Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Skip drafts shorter than this.",
                                               rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.draft_min),
     "suffix_cache": (Annotated[bool, typer.Option(
         "--suffix-cache/--no-suffix-cache", help="Let auto draft from earlier generations of this process too"
@@ -104,7 +114,7 @@ SPECULATION_OPTIONS = {
         f" runner-ups, each drafted on) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
         f" branches.")], None),
     "p_min": (Annotated[float, typer.Option(
-        "--p-min", "--draft-p-min", help="Stop a model draft when its likeliest next token is less probable than"
+        "--p-min", "--draft-p-min", "--spec-draft-p-min", help="Stop a model draft when its likeliest next token is less probable than"
         " this (llama.cpp's --draft-p-min).",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
 }
@@ -258,17 +268,22 @@ RESOURCE_OPTIONS = {
     "threads": (Annotated[int, typer.Option(
         "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
         show_default=False, rich_help_panel=RESOURCES)], 0),
-    "gpu_layers": (Annotated[Optional[int], typer.Option(
-        "--gpu-layers", "-ngl", "--n-gpu-layers", help="Target layers on the GPU; -1 (the default) for all.",
-        show_default=False, rich_help_panel=RESOURCES)], None),
-    "draft_gpu_layers": (Annotated[Optional[int], typer.Option(
-        "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", help="Draft layers on the GPU; -1 (the default) for all.",
-        show_default=False, rich_help_panel=RESOURCES)], None),
+    "gpu_layers": (Annotated[Optional[str], typer.Option(
+        "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N|all", help="Target layers on the GPU; all (or -1,"
+        " the default) for every one. llama.cpp's auto fits them to the free memory; here it is all, and a"
+        " model that cannot fit is refused before it loads.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "draft_gpu_layers": (Annotated[Optional[str], typer.Option(
+        "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl",
+        metavar="N|all", help="Draft layers on the GPU; all (or -1, the default) for every one.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
+    "draft_threads": (Annotated[Optional[int], typer.Option(
+        "--threads-draft", "-td", "--spec-draft-threads", help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash"
+        " drafter). Default: --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
     "device": (Annotated[Optional[str], typer.Option(
         "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
         " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
     "draft_device": (Annotated[Optional[str], typer.Option(
-        "--device-draft", "-devd", help="The same for the draft model, which may sit on another device than the"
+        "--device-draft", "-devd", "--spec-draft-device", help="The same for the draft model, which may sit on another device than the"
         " target. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
     "backend_sampling": (Annotated[Optional[bool], typer.Option(
         "--backend-sampling/--no-backend-sampling",
@@ -293,11 +308,18 @@ RESOURCE_OPTIONS = {
     "cache_type_k": (Annotated[str, typer.Option(
         "--cache-type-k", "-ctk", metavar="TYPE", help="The target's K cache type, as llama.cpp's: f16, q8_0 (half"
         " the memory), q4_0, ... (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1). Speculation stays lossless:"
-        " the text is what the target writes with that cache. A draft model's cache stays f16.",
+        " the text is what the target writes with that cache. The draft's: -ctkd.",
         rich_help_panel=RESOURCES)], "f16"),
     "cache_type_v": (Annotated[str, typer.Option(
         "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
         " needs flash attention (-fa auto or on).", rich_help_panel=RESOURCES)], "f16"),
+    "draft_cache_type_k": (Annotated[str, typer.Option(
+        "--cache-type-k-draft", "-ctkd", "--spec-draft-type-k", metavar="TYPE", help="The draft model's K cache"
+        " type (or an MTP block's, an EAGLE-3 or DFlash drafter's), the same types: the text is the target's"
+        " whatever the draft's cache.", rich_help_panel=RESOURCES)], "f16"),
+    "draft_cache_type_v": (Annotated[str, typer.Option(
+        "--cache-type-v-draft", "-ctvd", "--spec-draft-type-v", metavar="TYPE", help="The draft's V cache type.",
+        rich_help_panel=RESOURCES)], "f16"),
 }
 def _rope_number(flag: str, kind: type, help: str) -> tuple:
     """One of llama.cpp's RoPE or YaRN numbers, the model's own unless given."""
@@ -364,6 +386,8 @@ LLAMA_CPP_OPTIONS = {
     "kv_unified": (Annotated[bool, typer.Option("--kv-unified", "-kvu", hidden=True)], False),
     "ubatch_size": (Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", hidden=True)], None),
     "threads_batch": (Annotated[Optional[int], typer.Option("--threads-batch", "-tb", hidden=True)], None),
+    "draft_threads_batch": (Annotated[Optional[int], typer.Option(
+        "--threads-batch-draft", "-tbd", "--spec-draft-threads-batch", hidden=True)], None),
     "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
     "swa_full": (Annotated[bool, typer.Option("--swa-full", hidden=True)], False),
     "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
@@ -425,10 +449,12 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                                           if name not in _given(values, context)}))
         o.target, o.model = made.base, None
     _refuse_what_localspec_lacks(o)
+    _spec_types(o)
     if o.no_draft and o.draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
     drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
-    if (o.gpu_layers is not None or o.draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
+    gpu_layers, draft_gpu_layers = _layers(o.gpu_layers, "--gpu-layers"), _layers(o.draft_gpu_layers, "--draft-gpu-layers")
+    if (gpu_layers is not None or draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
         print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
@@ -453,14 +479,16 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),
         runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
                         # with workers, unless told: the layers split by free memory, this machine's too
-                        gpu_layers=(None if o.rpc else all_layers) if o.gpu_layers is None else o.gpu_layers,
-                        draft_gpu_layers=all_layers if o.draft_gpu_layers is None else o.draft_gpu_layers,
+                        gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
+                        draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
+                        draft_threads=o.draft_threads,
                         backend_sampling=o.backend_sampling, devices=device_names(o.device),
                         draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
                         prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
-                        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, rope=_rope(o),
+                        cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
+                        draft_cache_type_k=o.draft_cache_type_k, draft_cache_type_v=o.draft_cache_type_v, rope=_rope(o),
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
@@ -491,6 +519,61 @@ GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")  # click's ParameterSource: not
 FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values, as Runtime.flash_attn
 
 
+# llama-server's --spec-type names (its common/speculative.cpp) as --draft's words: its five n-gram drafters
+# are localspec's one n-gram lookup; "model" stands for the -md draft model
+SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": "eagle3",
+              "draft-dflash": "dflash", **dict.fromkeys(("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+                                                           "ngram-cache"), "ngram")}
+
+
+def _spec_types(o: SimpleNamespace) -> None:
+    """--spec-type's names (and --spec-default's ngram-mod) as --draft's word, or --no-draft."""
+    names = [name.strip() for given in o.spec_type or () for name in given.split(",")] + (
+        ["ngram-mod"] if o.spec_default else [])
+    if not names:
+        return
+    for name in names:
+        if name == "draft-dspark":
+            raise UsageError("--spec-type draft-dspark: localspec has no DSpark drafter (DFlash's block with a"
+                             " Markov head); draft-dflash drafts with a DFlash file")
+        if name not in SPEC_TYPES:
+            raise UsageError(f"--spec-type takes {', '.join(SPEC_TYPES)} (llama-server's), comma-separated;"
+                             f" got {name!r}")
+    words = {SPEC_TYPES[name] for name in names} - {None}
+    drafters = sorted(words - {"ngram"})
+    given = o.draft not in (None, *DRAFT_WORDS, DrafterKind.NGRAM)  # a draft model's name or file
+    if not words:
+        if o.draft is not None:
+            raise UsageError(f"--spec-type none is plain decoding, but --draft names {o.draft}; give one of them")
+        o.no_draft = True
+    elif len(drafters) > 1:
+        raise UsageError(f"--spec-type {','.join(names)}: localspec drafts with one model's drafter at a time (auto"
+                         " weighs it against n-gram lookup each step); name one of them")
+    elif not drafters:
+        if given:
+            raise UsageError(f"--spec-type {','.join(names)} drafts by n-gram lookup alone, but --draft names"
+                             f" {o.draft}; add draft-simple to draft with it too")
+        o.draft = DrafterKind.NGRAM
+    elif drafters == ["model"]:
+        if not given:
+            raise UsageError("--spec-type draft-simple drafts with a draft model: name it with -md FILE"
+                             " (or -hfd OWNER/REPO, or --draft NAME)")
+    elif not given:  # a drafter published beside the target, unless -md gives its file
+        if o.draft not in (None, drafters[0]):
+            raise UsageError(f"--spec-type {','.join(names)} and --draft {o.draft} ask for two drafters; give one")
+        o.draft = drafters[0]
+
+
+def _layers(text: str | None, option: str) -> int | None:
+    """-ngl's N, all or auto (llama.cpp's fit to free memory: every layer here, checked to fit)."""
+    if text is None or text.lower() in ("all", "auto"):
+        return None if text is None else -1
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{option} takes a number of layers, all or auto, got {text!r}") from None
+
+
 def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     """llama.cpp's options that localspec cannot honour: refused, with the reason, unless they ask for
     what happens anyway."""
@@ -503,6 +586,9 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.threads_batch is not None and o.threads_batch not in (o.threads or default_threads(), -1):
         raise UsageError(f"--threads-batch {o.threads_batch}: localspec reads prompts and generates with the same"
                          " --threads (a verification is a batch too); give --threads instead")
+    if o.draft_threads_batch is not None and o.draft_threads_batch not in (o.draft_threads or o.threads or default_threads(), -1):
+        raise UsageError(f"--threads-batch-draft {o.draft_threads_batch}: a draft reads and drafts with the same"
+                         " --threads-draft here; give --threads-draft instead")
     if o.mmproj is not None:
         raise UsageError("--mmproj: localspec reads text only (a multimodal projector is not loaded; images are"
                          " refused)")

@@ -163,10 +163,11 @@ def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) 
 
 
 def check_fit(models: list[GGUFInfo], n_ctx: int, found: Machine | None = None, said: str = "",
-              sequences: int = 1, target_kv: tuple[float, float] = F16_KV) -> int:
+              sequences: int = 1, target_kv: tuple[float, float] = F16_KV,
+              draft_kv: tuple[float, float] = F16_KV) -> int:
     """Refuse, with advice, when the models cannot fit in memory; return the estimate. n_ctx: every
-    sequence's, together; target_kv: the first model's KV cache's bytes a value (a draft model's are f16)."""
-    needed = sum(estimate_bytes(info, n_ctx, sequences, target_kv if number == 0 else F16_KV)
+    sequence's, together; target_kv: the first model's KV cache's bytes a value; draft_kv: the others'."""
+    needed = sum(estimate_bytes(info, n_ctx, sequences, target_kv if number == 0 else draft_kv)
                  for number, info in enumerate(models))
     _refuse_beyond(needed, " + ".join(info.path.name for info in models), n_ctx, found or machine(), said)
     return needed

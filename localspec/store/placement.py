@@ -97,13 +97,16 @@ class Placement:
     machine: hardware.Machine
     parallel: int = 1
     kv: tuple[float, float] = hardware.F16_KV  # the target's, a value
+    draft_kv: tuple[float, float] = hardware.F16_KV
 
     @classmethod
     def plan(cls, runtime: Runtime, target: GGUFInfo, draft: GGUFInfo | None = None,
              machine: hardware.Machine | None = None) -> "Placement":
         """machine: what hardware.machine() says now (RPC workers added first)."""
         machine = machine or hardware.machine()
-        check_cache_types(runtime, target)
+        check_cache_types(target, runtime.cache_type_k, runtime.cache_type_v)
+        if draft:
+            check_cache_types(draft, runtime.draft_cache_type_k, runtime.draft_cache_type_v, "-draft")
         placed = place_target(runtime, target, machine)
         backend_sampling = runtime.backend_sampling
         if backend_sampling is None and placed.gpu_layers != 0 and any(d.is_local_gpu for d in machine.devices):
@@ -113,13 +116,14 @@ class Placement:
         parallel = max(1, runtime.parallel)
         return cls(placed, place_draft(runtime, draft, machine) if draft else None, backend_sampling,
                    (target,) + ((draft,) if draft else ()), runtime.ctx_size * parallel, machine, parallel,
-                   runtime.kv_bytes)
+                   runtime.kv_bytes, runtime.draft_kv_bytes)
 
     def check_fit(self) -> int:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
         said = (f" ({self.parallel} sequences of {self.n_ctx // self.parallel} tokens; a smaller --parallel needs less)"
                 if self.parallel > 1 else "")
-        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel, self.kv)
+        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel, self.kv,
+                                  self.draft_kv)
 
     def report(self, draft: bool, sampling: str, drafting: str) -> dict:
         """For `run --json`: where each model runs (the draft's where one drafts) and where its rows
@@ -130,15 +134,14 @@ class Placement:
         return out | {"sampling": sampling, "drafting": drafting}
 
 
-def check_cache_types(runtime: Runtime, target: GGUFInfo) -> None:
-    """Refuse a quantized KV cache whose blocks do not divide the target's heads (llama.cpp fails to make the
-    context, or asserts in a multiplication)."""
-    for option, kind, length in zip(("--cache-type-k", "--cache-type-v"), (runtime.cache_type_k, runtime.cache_type_v),
-                                    hardware.head_lengths(target)):
+def check_cache_types(model: GGUFInfo, k: str, v: str, of: str = "") -> None:
+    """Refuse a quantized KV cache whose blocks do not divide the model's heads (llama.cpp fails to make the
+    context, or asserts in a multiplication). of: the options' ending (-draft for the draft's)."""
+    for option, kind, length in zip((f"--cache-type-k{of}", f"--cache-type-v{of}"), (k, v), hardware.head_lengths(model)):
         values = KV_CACHE_TYPES[kind][1]
         if length % values:
             raise UsageError(f"{option} {kind} stores blocks of {values} values, which do not divide"
-                             f" {target.path.name}'s attention heads of {length}: use f16 (or f32, bf16) for it")
+                             f" {model.path.name}'s attention heads of {length}: use f16 (or f32, bf16) for it")
 
 
 def pair_row(target: str, draft: str, target_model: tuple[GGUFInfo | None, int | None],
