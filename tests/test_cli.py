@@ -163,6 +163,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-td", "9999"], "threads must be at most"),
         (["{target}", "-p", "x", "-td", "1", "-tbd", "2"], "--threads-batch-draft 2: a draft reads and drafts"),
         (["{target}", "-p", "x", "-ngl", "most"], "--gpu-layers takes a number of layers, all or auto"),
+        (["{target}", "-p", "x", "-rea", "maybe"], "--reasoning takes on, off or auto"),
+        (["{target}", "-p", "x", "--think", "-rea", "off"], "--think and --reasoning off disagree"),
     ],
 )
 def test_user_mistakes_get_one_line_errors_and_exit_code_2(cli, tiny, tmp_path, args, message):
@@ -505,7 +507,7 @@ def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, 
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["-fa", "on", "--mlock", "--no-mmap"], ["flash_attn            = enabled", "load_mode = mlock)"]),
+    (["-fa", "1", "--mlock", "--no-mmap"], ["flash_attn            = enabled", "load_mode = mlock)"]),
     (["--flash-attn", "off", "--mmap"], ["flash_attn            = disabled", "load_mode = mmap)"]),
     (["--mlock"], ["load_mode = mmap+mlock)"]),
 ])
@@ -529,7 +531,7 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off, auto; got 'maybe'"),
+        (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off or auto; got 'maybe'"),
         (["--repeat-penalty", "0"], "repeat penalty must be > 0"),
         (["--repeat-last-n", "-2"], "repeat-last-n must be >= 0, or -1"),
         (["-mg", "1"], "no such option: -mg"),  # read as -m g before

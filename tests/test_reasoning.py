@@ -276,6 +276,9 @@ def test_ollamas_hidethinking_and_think_equals_spellings(localspec, thinkers):
     assert b"thinking 5 tokens" in hidden.stderr
     off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--think=false", "--json").stdout)
     assert off["reasoning"] == "" and off["text"]  # as --no-think
+    # llama-server's -rea/--reasoning off (an unknown option before)
+    rea = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "-rea", "off", "--json").stdout)
+    assert rea["reasoning"] == "" and rea["text"] and rea["stats"]["parts"] == {}
     effort = localspec("run", thinkers["gpt-oss"], "-p", "why", "-n", "4", "--think=low", "--json")
     assert effort.returncode == 0, effort.stderr
 

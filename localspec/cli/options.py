@@ -235,6 +235,10 @@ THINKING_OPTIONS = {
         " thinks before it answers. Default: it does, as with llama-server and Ollama (its template is told"
         " enable_thinking); gpt-oss always thinks, and --no-think has it answer in its final channel at once.",
         show_default=False, rich_help_panel=THINKING)], None),
+    "reasoning": (Annotated[Optional[str], typer.Option(
+        "--reasoning", "-rea", metavar="on|off|auto", help="llama-server's switch for the same: on is --think, off"
+        " --no-think, auto (the default) as the model's template decides.", show_default=False,
+        rich_help_panel=THINKING)], None),
     "reasoning_effort": (Annotated[Optional[str], typer.Option(
         "--reasoning-effort", metavar="low|medium|high", help="How hard gpt-oss thinks (its template's"
         " reasoning_effort; medium by default).", show_default=False, rich_help_panel=THINKING)], None),
@@ -485,7 +489,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         backend_sampling=o.backend_sampling, devices=device_names(o.device),
                         draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
-                        prompt_batch=o.batch_size, flash_attn=FLASH_ATTN[o.flash_attn or "auto"],
+                        prompt_batch=o.batch_size, flash_attn=SWITCH[o.flash_attn or "auto"],
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
                         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
                         draft_cache_type_k=o.draft_cache_type_k, draft_cache_type_v=o.draft_cache_type_v, rope=_rope(o),
@@ -516,7 +520,9 @@ def _given(values: dict, context: typer.Context | None) -> set[str]:
 GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")  # click's ParameterSource: not a default
 
 
-FLASH_ATTN = {"on": True, "off": False, "auto": None}  # llama.cpp's -fa values, as Runtime.flash_attn
+# llama.cpp's values of a three-way switch (-fa, -rea), as Runtime.flash_attn and Thinking.think take them
+SWITCH = {**dict.fromkeys(("on", "enabled", "true", "1"), True), **dict.fromkeys(("off", "disabled", "false", "0"), False),
+          "auto": None, "-1": None}
 
 
 # llama-server's --spec-type names (its common/speculative.cpp) as --draft's words: its five n-gram drafters
@@ -577,8 +583,8 @@ def _layers(text: str | None, option: str) -> int | None:
 def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     """llama.cpp's options that localspec cannot honour: refused, with the reason, unless they ask for
     what happens anyway."""
-    if o.flash_attn is not None and o.flash_attn not in FLASH_ATTN:
-        raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: {', '.join(FLASH_ATTN)};"
+    if o.flash_attn is not None and o.flash_attn not in SWITCH:
+        raise UsageError(f"--flash-attn takes a value, as llama.cpp's does: on, off or auto;"
                          f" got {o.flash_attn!r}")
     if o.ubatch_size is not None and o.ubatch_size != o.batch_size:
         raise UsageError(f"--ubatch-size {o.ubatch_size}: localspec reads each batch in one ubatch of --batch-size"
@@ -713,7 +719,12 @@ def _thinking(o: SimpleNamespace, variables: dict) -> Thinking:
         raise UsageError(f"--chat-template-kwargs: enable_thinking is true or false, got {enable!r}")
     if effort is not None and not isinstance(effort, str):
         raise UsageError(f"--chat-template-kwargs: reasoning_effort is low, medium or high, got {effort!r}")
-    think = o.think if o.think is not None else (False if enable is False else None)
+    if o.reasoning is not None and o.reasoning not in SWITCH:
+        raise UsageError(f"--reasoning takes on, off or auto, as llama.cpp's does; got {o.reasoning!r}")
+    switched = SWITCH[o.reasoning or "auto"]
+    if None not in (o.think, switched) and o.think != switched:
+        raise UsageError(f"--{'' if o.think else 'no-'}think and --reasoning {o.reasoning} disagree; give one")
+    think = next((said for said in (o.think, switched) if said is not None), False if enable is False else None)
     return Thinking(think=think, effort=o.reasoning_effort or effort, budget=o.reasoning_budget)
 
 
