@@ -596,6 +596,9 @@ class Serving:
     slots: bool = True
     slot_save_path: Path | None = None
     web_page: bool = True  # the chat page at / for a browser (llama-server's --no-webui: none)
+    # HTTPS: a PEM certificate (its chain) and its private key (llama-server's --ssl-cert-file, --ssl-key-file)
+    certificate: Path | None = None
+    private_key: Path | None = None
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -608,10 +611,16 @@ class Serving:
             raise UsageError(f"max-connections must be >= 1, got {self.max_connections}")
         if any(not key.strip() for key in self.api_keys):
             raise UsageError("an API key is empty")
+        if (self.certificate is None) != (self.private_key is None):
+            raise UsageError("HTTPS takes both --ssl-cert-file and --ssl-key-file (a certificate and its private key)")
         for origin in self.cors_origins:
             if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+", origin):
                 raise UsageError(f"--cors-origin {origin!r} is not an origin: scheme://host[:port] with no path"
                                  " (https://example.com, http://localhost:3000), or * for any")
+
+    @property
+    def tls(self) -> bool:
+        return self.certificate is not None
 
     @property
     def model_changes(self) -> bool:

@@ -4,6 +4,8 @@ a port in use is one line at once, not a failure after minutes of loading."""
 import contextlib
 import errno
 import socket
+import ssl
+from pathlib import Path
 
 try:
     import resource
@@ -13,9 +15,32 @@ except ImportError:  # Windows
 from .errors import UsageError
 
 
-def url(host: str, port: int) -> str:
+def url(host: str, port: int, tls: bool = False) -> str:
     """The OpenAI API base URL of a server listening on host:port (an IPv6 address in brackets)."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    return f"http{'s' if tls else ''}://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+def serving_tls(certificate: Path, key: Path) -> ssl.SSLContext:
+    """A server's TLS from PEM files (llama-server's --ssl-cert-file and --ssl-key-file), checked before anything
+    loads: UsageError saying why they do not make one."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certificate, key)
+    except ssl.SSLError as error:
+        raise UsageError(f"--ssl-cert-file {certificate} and --ssl-key-file {key} are not a PEM certificate and its"
+                         f" private key ({error.reason or error})") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {error.filename or certificate}: {error.strerror}") from None
+    return context
+
+
+def trusting(certificate: str) -> ssl.SSLContext:
+    """A client's TLS that trusts this certificate alone: a serve on this machine, by the certificate its record
+    names (whatever host name the certificate was made for: it is reached at its listening address)."""
+    context = ssl.create_default_context(cafile=certificate)
+    context.check_hostname = False  # (the chain is still verified, against this certificate alone)
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a CA-signed certificate is trusted as itself
+    return context
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -4,6 +4,7 @@ generation of their own, without loading the model again. Found through `ps`'s r
 holds the same files) or named by --host."""
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -11,7 +12,7 @@ from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
-from . import running, store
+from . import net, running, store
 from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import EngineError, InputError, LocalspecError, UsageError
 from .events import Event, from_wire
@@ -30,12 +31,23 @@ class Remote:
     and `chat` ask of a Session (generate, chat, info, and the drafting chat's /draft steers, which here
     rides on each request rather than changing the serve)."""
 
-    def __init__(self, url: str, api_key: str | None = None):
+    def __init__(self, url: str, api_key: str | None = None, certificate: str | None = None):
+        """certificate: the one alone to trust (a serve on this machine over HTTPS, by its record)."""
         # (ps records a serve by its OpenAI base URL, http://HOST:PORT/v1)
         self.url, self.api_key = url.rstrip("/").removesuffix("/v1"), api_key
         self.mode: DrafterKind | None = None  # None: the serve's own
         self.draft_max: int | None = None
         self.load_seconds = None  # nothing loads here (a Session's: its models' load)
+        try:
+            self._tls = net.trusting(certificate) if certificate else None
+        except (OSError, ssl.SSLError) as error:
+            raise EngineError(f"localspec serve at {self.url}: its certificate {certificate} cannot be read"
+                              f" ({getattr(error, 'strerror', None) or error}; --local runs the model here)") from None
+
+    @classmethod
+    def of(cls, record: dict) -> "Remote":
+        """The serve a record of `ps` names."""
+        return cls(record["address"], certificate=record.get("certificate"))
 
     def describe(self) -> str:
         return f"{self._info['describe']} (localspec serve at {self.url})"
@@ -110,7 +122,7 @@ class Remote:
                                        headers={"Content-Type": "application/json"}
                                        | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}))
         try:
-            response = urllib.request.urlopen(asked, timeout=timeout)
+            response = urllib.request.urlopen(asked, timeout=timeout, context=self._tls)
         except urllib.error.HTTPError as error:
             raise _refusal(error.code, error.read()) from None
         except (urllib.error.URLError, OSError) as error:
@@ -144,7 +156,7 @@ def serving(target: str, draft: str | None) -> Remote | None:
         held = tuple(Path(path) for path in record.get("files", ()))
         if record["command"] == "serve" and record.get("address") and held[:1] == files[:1] \
                 and (draft is None or held[1:2] == files[1:2]):
-            return Remote(record["address"])
+            return Remote.of(record)
     return None
 
 
@@ -163,7 +175,7 @@ def stop(name: str) -> str:
     for record in records:
         if record["command"] != "serve" or not record.get("address"):
             continue
-        serve = Remote(record["address"])
+        serve = Remote.of(record)
         held = [model["name"] for model in serve.loaded() if _file(model["name"]) == path]
         if not held:
             continue
@@ -193,7 +205,7 @@ def with_loaded(records: list[dict]) -> list[dict]:
     for record in records:
         if record["command"] == "serve" and record.get("address"):
             try:
-                record = record | {"loaded": Remote(record["address"]).loaded()}
+                record = record | {"loaded": Remote.of(record).loaded()}
             except (LocalspecError, OSError, ValueError, KeyError, TypeError):  # stopped, behind an API key, ...
                 pass
         out.append(record)

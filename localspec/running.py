@@ -23,10 +23,13 @@ def folder() -> Path:
 
 
 @contextmanager
-def holding(command: str, model: str, address: str = "", files: tuple[Path, ...] = ()) -> Iterator[None]:
+def holding(command: str, model: str, address: str = "", files: tuple[Path, ...] = (),
+            certificate: Path | None = None) -> Iterator[None]:
     """Listed by `ps` while inside: this process runs `command` with `model` (its description) from
-    `files` (target, then draft model), reachable at `address` if it serves (`run` and `chat` use it)."""
+    `files` (target, then draft model), reachable at `address` if it serves (`run` and `chat` use it), over
+    HTTPS with this certificate where one is given."""
     record = {"pid": os.getpid(), "command": command, "model": model, "address": address,
+              **({"certificate": str(certificate.resolve())} if certificate else {}),
               "files": [str(path) for path in files], "started": psutil.Process().create_time()}
     path = folder() / f"{record['pid']}.json"
     try:

@@ -18,6 +18,7 @@ import json
 import re
 import signal
 import socket
+import ssl
 import threading
 import time
 import traceback
@@ -830,7 +831,9 @@ class Server:
         keeper = _Doorkeeper(self._connection_limit(), self.serving.timeout, self.log)
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
-                                timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper))
+                                timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper),
+                                **({"ssl_certfile": str(self.serving.certificate), "ssl_keyfile": str(self.serving.private_key)}
+                                   if self.serving.tls else {}))
         server = _Uvicorn(config, on_ready=functools.partial(self._ready, listener), on_exit=self._stop)
         try:
             asyncio.run(self._serve(server, listener))
@@ -842,7 +845,8 @@ class Server:
             raise EngineError(f"{stopped}; serve stopped (start it again)")
 
     def _ready(self, listener: socket.socket) -> None:
-        print(f"localspec: serving {self.pool.first.name} on {net.url(*listener.getsockname()[:2])} (OpenAI's API; Ollama's at"
+        print(f"localspec: serving {self.pool.first.name} on {net.url(*listener.getsockname()[:2], self.serving.tls)}"
+              " (OpenAI's API; Ollama's at"
               " /api; Ctrl-C stops)", flush=True)
         if self.serving.exposure_warning:
             self.log(self.serving.exposure_warning)
@@ -905,11 +909,12 @@ LOADING_READ_SECONDS = 10.0  # a client that connects while the model loads and 
 
 
 @contextlib.contextmanager
-def answering_while_loading(listener: socket.socket) -> Iterator[None]:
+def answering_while_loading(listener: socket.socket, tls: ssl.SSLContext | None = None) -> Iterator[None]:
     """While serve's first model loads: every request on the listening socket answered 503 "Loading model"
     in its protocol's error shape (llama-server's answer then), so a client that connects meanwhile is told
     to retry rather than left waiting; the server's own app takes the socket over afterwards. A thread of
-    the standard library's HTTP server, as uvicorn closes the sockets it served once it stops."""
+    the standard library's HTTP server, as uvicorn closes the sockets it served once it stops. tls: HTTPS's,
+    where serve answers so."""
     class Loading(http.server.BaseHTTPRequestHandler):
         timeout = LOADING_READ_SECONDS  # (each connection's socket: one that never sends holds no thread for good)
 
@@ -932,7 +937,18 @@ def answering_while_loading(listener: socket.socket) -> Iterator[None]:
         def log_message(self, format, *args) -> None:  # (said by no one: serve's log starts once it serves)
             pass
 
-    door = http.server.ThreadingHTTPServer(listener.getsockname()[:2], Loading, bind_and_activate=False)
+    class Door(http.server.ThreadingHTTPServer):
+        def get_request(self):
+            connection, address = super().get_request()
+            # (the handshake is the connection's thread's, at its first read: a client that never makes one
+            # holds no one else up)
+            return (tls.wrap_socket(connection, server_side=True, do_handshake_on_connect=False) if tls
+                    else connection), address
+
+        def handle_error(self, request, client_address) -> None:
+            pass  # a client that failed its handshake or hung up: its own trouble, not the log's
+
+    door = Door(listener.getsockname()[:2], Loading, bind_and_activate=False)
     door.socket, door.daemon_threads = listener, True
     thread = threading.Thread(target=door.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
                               name="localspec-loading")

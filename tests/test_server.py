@@ -9,6 +9,7 @@ import resource
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -742,6 +743,66 @@ def test_run_answers_through_a_running_serve_of_the_same_model_with_its_statisti
             stdin=subprocess.DEVNULL).communicate(timeout=120)[0])
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_serve_answers_over_https_and_run_finds_it_there(tmp_path, tiny):
+    """llama-server's --ssl-cert-file and --ssl-key-file (unknown options before): the API over HTTPS through the
+    openai client trusting the certificate; plain HTTP gets no answer; `run` on this machine finds the serve and
+    trusts its certificate, made for another name than the address it listens on."""
+    import httpx as openais_httpx  # (the openai client's own)
+
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", certificate,
+                    "-days", "2", "-subj", "/CN=localspec.test", "-addext", "subjectAltName=DNS:localspec.test"],
+                   check=True, capture_output=True)
+    home = tmp_path / "home"
+    server = ServerProcess(home, tiny["target"], "-c", "512", "--ssl-cert-file", certificate, "--ssl-key-file", key)
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        trusting = ssl.create_default_context(cafile=certificate)
+        trusting.check_hostname = False
+        client = server.client(http_client=openais_httpx.Client(verify=trusting))
+        reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.choices[0].message.content is not None and reply.usage.completion_tokens == 4
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(server.base.replace("https://", "http://") + "/health", timeout=10)
+        with pytest.raises(openai.APIConnectionError):  # a certificate nobody trusts
+            server.client().models.list()
+        done = localspec_process(home, "run", tiny["target"], "-p", "the cat", "-n", "4", "--json",
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        out, err = done.communicate(timeout=120)
+        assert done.returncode == 0 and json.loads(out)["served_by"] == server.base, err
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_while_loading_https_is_answered_too(tmp_path, monkeypatch):
+    from localspec import net, server as server_face
+
+    monkeypatch.setattr(server_face, "LOADING_READ_SECONDS", 0.5)
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", certificate,
+                    "-days", "2", "-subj", "/CN=x"], check=True, capture_output=True)
+    tls = net.serving_tls(certificate, key)
+    with net.listen("127.0.0.1", 0) as listener, server_face.answering_while_loading(listener, tls):
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # no handshake: let go
+            answered = httpx.get(f"https://127.0.0.1:{port}/v1/models", verify=net.trusting(str(certificate)))
+            assert answered.status_code == 503 and answered.json()["error"]["message"] == "Loading model"
+            assert idle.recv(1) == b""
+
+
+@pytest.mark.parametrize("which", ["certificate", "key"])
+def test_a_certificate_or_key_that_is_none_is_refused_before_anything_loads(cli, tiny, tmp_path, which):
+    files = {"certificate": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", files["key"], "-out",
+                    files["certificate"], "-days", "2", "-subj", "/CN=x"], check=True, capture_output=True)
+    files[which].write_text("not PEM")
+    code, _, stderr = cli("serve", tiny["target"], "--port", "0", "--ssl-cert-file", str(files["certificate"]),
+                          "--ssl-key-file", str(files["key"]))
+    assert code == 2 and "are not a PEM certificate and its private key" in stderr, stderr
+    code, _, stderr = cli("serve", tiny["target"], "--port", "0", "--ssl-cert-file", str(files["certificate"]))
+    assert code == 2 and "HTTPS takes both --ssl-cert-file and --ssl-key-file" in stderr, stderr
 
 
 def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):

@@ -59,7 +59,7 @@ DEFAULT_LENDING = Lending()
 
 @contextmanager
 def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | None = None,
-          address: str = "") -> Iterator[Session]:
+          address: str = "", certificate: Path | None = None) -> Iterator[Session]:
     """Open the session the settings describe, listed by `localspec ps` while it is open. Should
     llama.cpp abort later (an RPC worker that stopped answering), the process ends with one line,
     after on_abort(message) (batch records its item)."""
@@ -81,7 +81,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
         print(crowded, file=sys.stderr)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    with session, running.holding(command, session.describe(), address, session.model_files()):
+    with session, running.holding(command, session.describe(), address, session.model_files(), certificate):
         yield session
 
 
@@ -618,6 +618,12 @@ def serve(
         " and tokens saved to a file there by the name a request gives, in llama.cpp's sequence-state format"
         " (the files llama-server writes), and read back into a sequence, where a request that begins alike"
         " then reads only the rest. Without it those actions are a 501, as llama-server's.")] = None,
+    ssl_cert_file: Annotated[Optional[Path], typer.Option(
+        "--ssl-cert-file", show_default=False, help="Answer over HTTPS with this PEM certificate (its chain, the"
+        " server's first), with --ssl-key-file, as llama-server's. `run` and `chat` on this machine still find"
+        " the serve, trusting that certificate.")] = None,
+    ssl_key_file: Annotated[Optional[Path], typer.Option(
+        "--ssl-key-file", show_default=False, help="The certificate's private key, PEM.")] = None,
     webui: Annotated[bool, typer.Option(
         "--webui/--no-webui", help="The chat page at / for a browser (off: a 404, as llama-server's"
         " --no-webui).")] = DEFAULT_SERVING.web_page,
@@ -668,14 +674,16 @@ def serve(
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
-                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui)
+                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui,
+                      certificate=ssl_cert_file, private_key=ssl_key_file)
+    tls = net.serving_tls(serving.certificate, serving.private_key) if serving.tls else None
     model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
                       else settings.target)
     listener = net.listen(serving.host, serving.port)
     with listener, ExitStack() as held:
-        with server_face.answering_while_loading(listener):
-            session = held.enter_context(_open(settings, "serve", address=net.url(serving.host,
-                                                                                  listener.getsockname()[1])))
+        with server_face.answering_while_loading(listener, tls):
+            session = held.enter_context(_open(settings, "serve", address=net.url(
+                serving.host, listener.getsockname()[1], serving.tls), certificate=serving.certificate))
         models = Pool(session, model, settings.runtime, settings.speculation, serving.queue, serving.keep_alive,
                       tui.log_line)
         defaults = server_face.Defaults(settings.sampling, settings.limits, settings.thinking, reasoning_format,
