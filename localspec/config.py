@@ -411,6 +411,10 @@ class Runtime:
     draft_cache_type_v: str = "f16"
     # A drafter context's threads (llama.cpp's -td); None: threads
     draft_threads: int | None = None
+    # Tensors kept in a buffer of another type than their layer's (llama.cpp's -ot, --cpu-moe, --n-cpu-moe: a
+    # MoE's experts in RAM, the rest on the GPU): (pattern, buffer type) each, the first pattern found deciding
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    draft_tensor_overrides: tuple[tuple[str, str], ...] = ()
     # RoPE's scaling for a longer context, the target's and a draft model's alike (as llama-server's)
     rope: Rope = Rope()
 
@@ -422,6 +426,11 @@ class Runtime:
         check_threads(self.threads)
         if self.draft_threads is not None:
             check_threads(self.draft_threads)
+        for pattern, _ in self.tensor_overrides + self.draft_tensor_overrides:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression ({error})") from None
         if self.prompt_cache < 0:
             raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
         if self.prompt_batch < 1:

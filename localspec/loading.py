@@ -171,11 +171,11 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     # the workers' devices may hold layers of either model
     loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None}
     target_model = own(Model(target, placed.gpu_layers, placed.devices, load_mtp=plan.target_mtp,
-                             tensor_split=placed.tensor_split, **loading))
+                             tensor_split=placed.tensor_split, tensor_overrides=runtime.tensor_overrides, **loading))
     # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
     models = {spec: target_model if spec.weights is Weights.TARGET else own(Model(
         draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=spec.weights is Weights.MTP_FILE,
-        **loading)) for spec in plan.costly}
+        tensor_overrides=runtime.draft_tensor_overrides, **loading)) for spec in plan.costly}
     kept = tuple(layer for spec, model in models.items() for layer in spec.drafter.layers_read(target_model, model))
     # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
     rows = longest_draft(speculation) + 1

@@ -15,6 +15,7 @@ from unittest.mock import ANY
 import pytest
 
 from localspec import __version__ as localspec_version
+from tinymodels import TinySpec, write_tiny_model
 
 STATS_KEYS = {
     "tokens", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -164,6 +165,10 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-td", "1", "-tbd", "2"], "--threads-batch-draft 2: a draft reads and drafts"),
         (["{target}", "-p", "x", "-ngl", "most"], "--gpu-layers takes a number of layers, all or auto"),
         (["{target}", "-p", "x", "-rea", "maybe"], "--reasoning takes on, off or auto"),
+        (["{target}", "-p", "x", "-ot", "blk=GPU9"], "--override-tensor: no buffer type named GPU9; this build has:"),
+        (["{target}", "-p", "x", "-ot", "blk"], "--override-tensor takes PATTERN=TYPE entries"),
+        (["{target}", "-p", "x", "-ot", "blk[=CPU"], "--override-tensor: 'blk[' is not a regular expression"),
+        (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
         (["{target}", "-p", "x", "--think", "-rea", "off"], "--think and --reasoning off disagree"),
     ],
 )
@@ -521,6 +526,30 @@ def test_flash_attention_and_how_a_model_loads_reach_llama_cpp(tmp_path, tiny, f
         assert done.stderr.count(line) >= 2, line  # target and draft
 
 
+def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
+    """llama.cpp's -ot/--override-tensor, --cpu-moe, --n-cpu-moe and the draft's (each an unknown option before), as
+    its own log (LOCALSPEC_DEBUG=1) says each tensor it kept elsewhere; the text is the same."""
+    moe = write_tiny_model(tmp_path / "moe.gguf", TinySpec(seed=1, experts=4))
+
+    def run(*flags):
+        done = subprocess.run([sys.executable, "-m", "localspec", "run", moe, "-p", "the cat", "-n", "6", "--temp", "0",
+                               *flags], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "LOCALSPEC_HOME": str(tmp_path), "LOCALSPEC_DEBUG": "1"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout, re.findall(r"tensor (\S+) \(.*\) buffer type overridden to CPU", done.stderr)
+
+    experts = [f"blk.{layer}.ffn_{kind}_exps.weight" for layer in (0, 1) for kind in ("gate", "down", "up")]
+    text, kept = run()
+    assert kept == []
+    assert run("--cpu-moe") == (text, experts)
+    assert run("-ncmoe", "1") == (text, experts[:3])
+    assert run("-ot", r"blk\.1\.attn_(q|k)\.=CPU", "-ncmoe", "1") == (
+        text, experts[:3] + ["blk.1.attn_q.weight", "blk.1.attn_k.weight"])  # (in the order they load)
+    # the target's and the draft's own
+    drafted, kept = run("-md", moe, "--spec", "fixed", "-cmoe", "--n-cpu-moe-draft", "1")
+    assert drafted == text and kept == experts + experts[:3]
+
+
 def test_escapes_are_read_as_llama_cpp_reads_them():
     from localspec.cli.options import unescape
 
@@ -589,7 +618,8 @@ def test_help_leaves_room_for_the_help_text(cli, monkeypatch):
         assert tag not in out
     # the Resources panel's help column was about 20 characters wide at 100 columns
     assert "Context length in tokens (llama.cpp rounds it up to a" in out
-    assert "Also --system-prompt" in out and "Off: --no-backend-sampling" in out
+    flowing = re.sub(r"[│\s]+", " ", out)  # (the notes wherever the lines break)
+    assert "Also --system-prompt" in flowing and "Off: --no-backend-sampling" in flowing
 
 
 def test_ollamas_command_names(localspec, tiny, tmp_path):

@@ -52,13 +52,15 @@ class TinySpec:
     control: tuple[str, ...] = ()
     # its byte tokens' logits pinned at 0 too, so that it writes its pieces (text) rather than random bytes
     writes_pieces: bool = False
+    # a Mixture of Experts (llama's, as Mixtral's): each layer's feed-forward this many experts, two used a token
+    experts: int = 0
 
     @property
     def vocab(self) -> list[str]:
         return spm_vocab(self.pieces) + list(self.user_defined) + list(self.control)
 
 
-def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray]:
+def _weights(seed: int, n_vocab: int, architecture: str, experts: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def normal(*shape, scale=1.0):
@@ -80,6 +82,12 @@ def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray
                 tensors[f"{block}.attn_q_norm.weight"] = np.ones(N_EMBD // N_HEAD, dtype=np.float32)
                 tensors[f"{block}.attn_k_norm.weight"] = np.ones(N_EMBD // N_HEAD, dtype=np.float32)
         tensors[f"{block}.ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        if experts:
+            tensors[f"{block}.ffn_gate_inp.weight"] = normal(experts, N_EMBD)
+            tensors[f"{block}.ffn_gate_exps.weight"] = normal(experts, N_FF, N_EMBD)
+            tensors[f"{block}.ffn_up_exps.weight"] = normal(experts, N_FF, N_EMBD)
+            tensors[f"{block}.ffn_down_exps.weight"] = normal(experts, N_EMBD, N_FF)
+            continue
         tensors[f"{block}.ffn_gate.weight"] = normal(N_FF, N_EMBD)
         tensors[f"{block}.ffn_up.weight"] = normal(N_FF, N_EMBD)
         tensors[f"{block}.ffn_down.weight"] = normal(N_EMBD, N_FF)
@@ -92,9 +100,9 @@ def _weights(seed: int, n_vocab: int, architecture: str) -> dict[str, np.ndarray
 def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     """The tensors write_tiny_model writes for a spec."""
     tokens = spec.vocab
-    tensors = _weights(spec.seed, len(tokens), spec.architecture)
+    tensors = _weights(spec.seed, len(tokens), spec.architecture, spec.experts)
     if spec.blend_seed is not None:
-        other = _weights(spec.blend_seed, len(tokens), spec.architecture)
+        other = _weights(spec.blend_seed, len(tokens), spec.architecture, spec.experts)
         tensors = {name: ((1 - spec.blend) * w + spec.blend * other[name]).astype(np.float32) for name, w in tensors.items()}
     tensors["output.weight"] = tensors["output.weight"] * np.float32(spec.sharpness)
     for name, weights in tensors.items():
@@ -125,6 +133,9 @@ def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> P
     else:
         writer.add_block_count(N_LAYER)
         writer.add_head_count_kv(N_HEAD)
+        if spec.experts:
+            writer.add_expert_count(spec.experts)
+            writer.add_expert_used_count(2)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)

@@ -283,6 +283,17 @@ RESOURCE_OPTIONS = {
     "draft_threads": (Annotated[Optional[int], typer.Option(
         "--threads-draft", "-td", "--spec-draft-threads", help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash"
         " drafter). Default: --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "override_tensor": (Annotated[Optional[list[str]], typer.Option(
+        "--override-tensor", "-ot", metavar="RE=TYPE", help="Keep the tensors whose names the regular"
+        " expression finds in a buffer of that type (CPU, CUDA0, ...), as llama.cpp's: the first pattern that finds"
+        " a name decides. Repeatable.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "cpu_moe": (Annotated[bool, typer.Option(
+        "--cpu-moe", "-cmoe", help="Keep a Mixture-of-Experts model's expert weights in RAM, the rest on the GPU"
+        " (llama.cpp's): a MoE too big for the GPU runs at a fraction of the CPU's cost.",
+        rich_help_panel=RESOURCES)], False),
+    "n_cpu_moe": (Annotated[int, typer.Option(
+        "--n-cpu-moe", "-ncmoe", metavar="N", help="The same for the first N layers' experts only.",
+        rich_help_panel=RESOURCES)], 0),
     "device": (Annotated[Optional[str], typer.Option(
         "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
         " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
@@ -390,6 +401,12 @@ LLAMA_CPP_OPTIONS = {
     "kv_unified": (Annotated[bool, typer.Option("--kv-unified", "-kvu", hidden=True)], False),
     "ubatch_size": (Annotated[Optional[int], typer.Option("--ubatch-size", "-ub", hidden=True)], None),
     "threads_batch": (Annotated[Optional[int], typer.Option("--threads-batch", "-tb", hidden=True)], None),
+    "draft_override_tensor": (Annotated[Optional[list[str]], typer.Option(
+        "--override-tensor-draft", "-otd", "--spec-draft-override-tensor", hidden=True)], None),
+    "draft_cpu_moe": (Annotated[bool, typer.Option("--cpu-moe-draft", "-cmoed", "--spec-draft-cpu-moe", hidden=True)],
+                      False),
+    "draft_n_cpu_moe": (Annotated[int, typer.Option(
+        "--n-cpu-moe-draft", "-ncmoed", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", hidden=True)], 0),
     "draft_threads_batch": (Annotated[Optional[int], typer.Option(
         "--threads-batch-draft", "-tbd", "--spec-draft-threads-batch", hidden=True)], None),
     "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
@@ -486,6 +503,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
                         draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
                         draft_threads=o.draft_threads,
+                        tensor_overrides=_overrides(o.override_tensor, o.cpu_moe, o.n_cpu_moe, ""),
+                        draft_tensor_overrides=_overrides(o.draft_override_tensor, o.draft_cpu_moe, o.draft_n_cpu_moe,
+                                                          "-draft"),
                         backend_sampling=o.backend_sampling, devices=device_names(o.device),
                         draft_devices=device_names(o.draft_device), rpc=device_names(o.rpc) or (),
                         tensor_split=_shares(o.tensor_split), repack=not o.no_repack,
@@ -568,6 +588,28 @@ def _spec_types(o: SimpleNamespace) -> None:
         if o.draft not in (None, drafters[0]):
             raise UsageError(f"--spec-type {','.join(names)} and --draft {o.draft} ask for two drafters; give one")
         o.draft = drafters[0]
+
+
+# llama.cpp's LLM_FFN_EXPS_REGEX: a layer's expert weights, by their tensors' names
+EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def _overrides(given: list[str] | None, all_experts: bool, first_experts: int, of: str) -> tuple[tuple[str, str], ...]:
+    """-ot's PATTERN=TYPE entries, then --cpu-moe's and --n-cpu-moe's, as llama.cpp reads them (of: the options'
+    ending, -draft for the draft's)."""
+    overrides = []
+    for item in (item for text in given or () for item in text.split(",")):
+        pattern, equals, kind = item.partition("=")
+        if not (pattern and equals and kind):
+            raise UsageError(f"--override-tensor{of} takes PATTERN=TYPE entries, comma-separated, as llama.cpp's"
+                             f" (blk\\.[0-9]+\\.ffn_.*_exps=CPU); got {item!r}")
+        overrides.append((pattern, kind))
+    if first_experts < 0:
+        raise UsageError(f"--n-cpu-moe{of} takes a number of layers >= 0, got {first_experts}")
+    if all_experts:
+        overrides.append((EXPERTS, "CPU"))
+    overrides += [(f"blk\\.{layer}{EXPERTS}", "CPU") for layer in range(first_experts)]
+    return tuple(overrides)
 
 
 def _layers(text: str | None, option: str) -> int | None:

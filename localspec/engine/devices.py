@@ -72,6 +72,25 @@ def offload_array(names: tuple[str, ...]) -> ctypes.Array:
     return (ctypes.c_void_p * (len(chosen) + 1))(*[offload[name] for name in chosen], None)
 
 
+class _TensorOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]  # llama_model_tensor_buft_override
+
+
+def override_array(overrides: tuple[tuple[str, str], ...]) -> ctypes.Array:
+    """The array, ended by an empty entry, that llama_model_params.tensor_buft_overrides takes: each (pattern,
+    buffer type by name: CPU, CUDA0, ... as llama.cpp's -ot names them)."""
+    lib = ggml()
+    types = {lib.ggml_backend_buft_name(buft).decode(): buft
+             for buft in (lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
+                          for i in range(lib.ggml_backend_dev_count())) if buft}
+    unknown = sorted({name for _, name in overrides if name not in types})
+    if unknown:
+        raise UsageError(f"--override-tensor: no buffer type named {', '.join(unknown)}; this build has:"
+                         f" {', '.join(types)}")
+    return (_TensorOverride * (len(overrides) + 1))(
+        *[_TensorOverride(pattern.encode(), types[name]) for pattern, name in overrides], _TensorOverride(None, None))
+
+
 def by_name(names) -> list[int]:
     """ggml's handles of these devices (for lending them over RPC)."""
     lib = ggml()

@@ -125,6 +125,10 @@ def ggml() -> ctypes.CDLL:
     ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
     ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_buft_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
     return ggml
 
 

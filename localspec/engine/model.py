@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import InputError, ModelLoadError, UsageError
-from .devices import offload_array
+from .devices import offload_array, override_array
 from .library import layer_inputs, llama, recent_errors
 
 GGUF_MAGIC = b"GGUF"
@@ -16,7 +16,8 @@ GGUF_MAGIC = b"GGUF"
 class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
                  load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
-                 mmap: bool | None = None, mlock: bool = False, watch=None, vocab_only: bool = False):
+                 mmap: bool | None = None, mlock: bool = False, watch=None, vocab_only: bool = False,
+                 tensor_overrides: tuple[tuple[str, str], ...] = ()):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
@@ -26,7 +27,9 @@ class Model:
         into memory (True) or read it in (False); None: as llama.cpp decides for the device. mlock: keep
         the weights in RAM, never swapped out. watch: the RPC workers (rpc.Workers) that watch this
         model's decodes, where its layers may sit on theirs. vocab_only: read its vocabulary alone (no
-        context can be made of it), in a fraction of a second."""
+        context can be made of it), in a fraction of a second. tensor_overrides: (pattern, buffer type) each, the
+        tensors whose names the pattern finds kept in a buffer of that type (llama.cpp's -ot: a MoE's experts
+        on the CPU, the rest on the GPU), the first pattern that finds a name deciding."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
@@ -38,6 +41,9 @@ class Model:
         if devices is not None:
             chosen = offload_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)
+        if tensor_overrides:
+            self._overrides = override_array(tensor_overrides)  # kept referenced while llama.cpp reads it
+            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         if tensor_split is not None:
             most = llama.llama_max_devices()
             if len(tensor_split) > most:
