@@ -333,6 +333,8 @@ PROMPT_CACHE_LEAST_SECONDS = 1.0
 PROMPT_CACHE_BYTES = 8 << 30
 AUTO_PARALLEL = 0
 PARALLEL_AUTO_MOST = 4  # llama-server's default slots
+# llama.cpp's -sm values, as enum llama_split_mode numbers them
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 # The KV cache's types llama.cpp takes (its -ctk/-ctv): ggml's type number, values a block and a block's bytes, as
 # ggml.h and ggml's type traits have them (tests check them against the gguf package's)
 KV_CACHE_TYPES = {"f32": (0, 1, 4), "f16": (1, 1, 2), "bf16": (30, 1, 2), "q8_0": (8, 32, 34), "q4_0": (2, 32, 18),
@@ -415,6 +417,11 @@ class Runtime:
     # MoE's experts in RAM, the rest on the GPU): (pattern, buffer type) each, the first pattern found deciding
     tensor_overrides: tuple[tuple[str, str], ...] = ()
     draft_tensor_overrides: tuple[tuple[str, str], ...] = ()
+    # How offloaded layers split across GPUs (llama.cpp's -sm: SPLIT_MODES) and, split none, the one GPU (-mg,
+    # in `localspec doctor`'s order of GPUs); kv_offload: the KV cache on the layers' device (-nkvo: in RAM)
+    split_mode: str = "layer"
+    main_gpu: int = 0
+    kv_offload: bool = True
     # RoPE's scaling for a longer context, the target's and a draft model's alike (as llama-server's)
     rope: Rope = Rope()
 
@@ -426,6 +433,10 @@ class Runtime:
         check_threads(self.threads)
         if self.draft_threads is not None:
             check_threads(self.draft_threads)
+        if self.split_mode not in SPLIT_MODES:
+            raise UsageError(f"--split-mode takes {', '.join(SPLIT_MODES)} (llama.cpp's), got {self.split_mode!r}")
+        if self.main_gpu < 0:
+            raise UsageError(f"--main-gpu takes a GPU's number, 0 the first, got {self.main_gpu}")
         for pattern, _ in self.tensor_overrides + self.draft_tensor_overrides:
             try:
                 re.compile(pattern)

@@ -134,7 +134,8 @@ def _ggml_types(cache: tuple[str, str]) -> tuple[int, int]:
 def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
     """A context that reads n tokens with a row for each, in batches of --batch-size (llama-perplexity's)."""
     return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn,
-                   cache_types=_ggml_types((runtime.cache_type_k, runtime.cache_type_v)), rope=runtime.rope)
+                   cache_types=_ggml_types((runtime.cache_type_k, runtime.cache_type_v)), rope=runtime.rope,
+                   kv_offload=runtime.kv_offload)
 
 
 def _cache_variant(cache: tuple[str, str], rope: Rope) -> str:
@@ -169,7 +170,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
                      " lower than a same-family draft's)")
     placed, on_backend = placement.target, placement.backend_sampling
     # the workers' devices may hold layers of either model
-    loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None}
+    loading = {"repack": runtime.repack, "mmap": runtime.mmap, "mlock": runtime.mlock, "watch": workers or None,
+               "split_mode": runtime.split_mode, "main_gpu": runtime.main_gpu}
     target_model = own(Model(target, placed.gpu_layers, placed.devices, load_mtp=plan.target_mtp,
                              tensor_split=placed.tensor_split, tensor_overrides=runtime.tensor_overrides, **loading))
     # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
@@ -183,7 +185,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     def context(model: Model, cache: tuple[str, str], threads: int, **options) -> Context:
         made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
-                           cache_types=_ggml_types(cache), rope=runtime.rope, **options))
+                           cache_types=_ggml_types(cache), rope=runtime.rope, kv_offload=runtime.kv_offload, **options))
         if runtime.prompt_cache and made.can_remember:
             folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope)
             made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)

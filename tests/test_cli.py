@@ -169,6 +169,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ot", "blk"], "--override-tensor takes PATTERN=TYPE entries"),
         (["{target}", "-p", "x", "-ot", "blk[=CPU"], "--override-tensor: 'blk[' is not a regular expression"),
         (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
+        (["{target}", "-p", "x", "-sm", "diagonal"], "--split-mode takes none, layer, row, tensor"),
+        (["{target}", "-p", "x", "-mg", "-1"], "--main-gpu takes a GPU's number, 0 the first"),
         (["{target}", "-p", "x", "--think", "-rea", "off"], "--think and --reasoning off disagree"),
     ],
 )
@@ -543,6 +545,7 @@ def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
     assert kept == []
     assert run("--cpu-moe") == (text, experts)
     assert run("-ncmoe", "1") == (text, experts[:3])
+    assert run("-sm", "row", "-mg", "0", "-nkvo")[0] == text  # (the same text on this CPU; a GPU's split unmeasured)
     assert run("-ot", r"blk\.1\.attn_(q|k)\.=CPU", "-ncmoe", "1") == (
         text, experts[:3] + ["blk.1.attn_q.weight", "blk.1.attn_k.weight"])  # (in the order they load)
     # the target's and the draft's own
@@ -563,7 +566,7 @@ def test_escapes_are_read_as_llama_cpp_reads_them():
         (["-fa", "maybe"], "--flash-attn takes a value, as llama.cpp's does: on, off or auto; got 'maybe'"),
         (["--repeat-penalty", "0"], "repeat penalty must be > 0"),
         (["--repeat-last-n", "-2"], "repeat-last-n must be >= 0, or -1"),
-        (["-mg", "1"], "no such option: -mg"),  # read as -m g before
+        (["-lcd", "x"], "no such option: -lcd"),  # read as -l cd before
         (["-dt", "0.1"], "no such option: -dt"),  # read as --draft t before
         (["-b", "0"], "batch-size must be >= 1"),
         (["--n-predict", "0"], "max-tokens must be >= 1"),

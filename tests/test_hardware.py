@@ -108,6 +108,27 @@ def test_workers_memory_counts_and_a_split_that_does_not_fit_names_every_device(
         hardware.check_fit([info], 512, short)
 
 
+def test_split_mode_none_keeps_a_model_on_the_main_gpu_alone(tiny):
+    """llama.cpp's -sm none -mg N (unknown options before): the model on the Nth GPU the model may use, in
+    llama.cpp's order; a number past them refused before anything loads."""
+    from localspec.store.placement import Placement
+
+    info = gguf_meta.read(tiny["target"])
+    gpus = [Device(name=f"CUDA{n}", description="test", kind="GPU", remote=False, free=10**12, total=10**12)
+            for n in range(2)]
+    machine = hardware.Machine(gpu_offload=True, rpc=False, devices=gpus, ram_total=10**12, ram_available=10**12,
+                               cpu="test", features="")
+    assert Placement.plan(Runtime(), info, machine=machine).target.held_by == ["CUDA0", "CUDA1"]
+    assert Placement.plan(Runtime(split_mode="none", main_gpu=1), info, info, machine).target.held_by == ["CUDA1"]
+    assert Placement.plan(Runtime(split_mode="none", main_gpu=1), info, info, machine).draft.held_by == ["CUDA1"]
+    assert Placement.plan(Runtime(split_mode="none", devices=("CUDA1",)), info, machine=machine).target.held_by == \
+        ["CUDA1"]
+    with pytest.raises(UsageError, match=r"--main-gpu 2: the model may use 2 GPU\(s\), numbered from 0: CUDA0, CUDA1"):
+        Placement.plan(Runtime(split_mode="none", main_gpu=2), info, machine=machine)
+    with pytest.raises(UsageError, match="--split-mode takes none, layer, row, tensor"):
+        Runtime(split_mode="diagonal")
+
+
 def test_machine_reports_at_least_the_cpu():
     found = hardware.machine()
     assert any(d.kind == "CPU" for d in found.devices)

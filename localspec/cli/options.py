@@ -283,6 +283,18 @@ RESOURCE_OPTIONS = {
     "draft_threads": (Annotated[Optional[int], typer.Option(
         "--threads-draft", "-td", "--spec-draft-threads", help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash"
         " drafter). Default: --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "split_mode": (Annotated[str, typer.Option(
+        "--split-mode", "-sm", metavar="MODE", help="How the offloaded layers split across several GPUs,"
+        " as llama.cpp's: layer (by layers, pipelined), row (each weight by rows, in parallel), tensor (llama.cpp's"
+        " experimental split of weights and KV cache), or none (all on --main-gpu).", rich_help_panel=RESOURCES)],
+        DEFAULT_RUNTIME.split_mode),
+    "main_gpu": (Annotated[int, typer.Option(
+        "--main-gpu", "-mg", help="With --split-mode none, the GPU that holds the model (0: the first `localspec"
+        " doctor` lists).", rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.main_gpu),
+    "kv_offload": (Annotated[bool, typer.Option(
+        "--kv-offload/--no-kv-offload", "-kvo/-nkvo", help="Keep the KV cache beside the offloaded layers on their"
+        " GPU, or in RAM (-nkvo: more room for layers, slower attention).", rich_help_panel=RESOURCES)],
+        DEFAULT_RUNTIME.kv_offload),
     "override_tensor": (Annotated[Optional[list[str]], typer.Option(
         "--override-tensor", "-ot", metavar="RE=TYPE", help="Keep the tensors whose names the regular"
         " expression finds in a buffer of that type (CPU, CUDA0, ...), as llama.cpp's: the first pattern that finds"
@@ -475,8 +487,13 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         raise UsageError("--draft and --no-draft exclude each other")
     drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
     gpu_layers, draft_gpu_layers = _layers(o.gpu_layers, "--gpu-layers"), _layers(o.draft_gpu_layers, "--draft-gpu-layers")
-    if (gpu_layers is not None or draft_gpu_layers is not None) and not o.rpc and not hardware.gpu_offload():
-        print("note: this llama.cpp build runs on the CPU only, so --gpu-layers has no effect"
+    gpu_options = [option for option, given in (("--gpu-layers", gpu_layers is not None or draft_gpu_layers is not None),
+                                                ("--split-mode", o.split_mode != DEFAULT_RUNTIME.split_mode),
+                                                ("--main-gpu", o.main_gpu != DEFAULT_RUNTIME.main_gpu),
+                                                ("--no-kv-offload", not o.kv_offload)) if given]
+    if gpu_options and not o.rpc and not hardware.gpu_offload():
+        print(f"note: this llama.cpp build runs on the CPU only, so {', '.join(gpu_options)}"
+              f" {'has' if len(gpu_options) == 1 else 'have'} no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
     all_layers = DEFAULT_RUNTIME.gpu_layers
     variables = _template_variables(o.chat_template_kwargs)
@@ -502,7 +519,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         # with workers, unless told: the layers split by free memory, this machine's too
                         gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
                         draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
-                        draft_threads=o.draft_threads,
+                        draft_threads=o.draft_threads, split_mode=o.split_mode, main_gpu=o.main_gpu,
+                        kv_offload=o.kv_offload,
                         tensor_overrides=_overrides(o.override_tensor, o.cpu_moe, o.n_cpu_moe, ""),
                         draft_tensor_overrides=_overrides(o.draft_override_tensor, o.draft_cpu_moe, o.draft_n_cpu_moe,
                                                           "-draft"),

@@ -60,7 +60,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
     def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, backend_sampling: bool | None = False,
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
                  flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1,
-                 branches: int = 0, cache_types: tuple[int, int] = (1, 1), rope: Rope = Rope()):
+                 branches: int = 0, cache_types: tuple[int, int] = (1, 1), rope: Rope = Rope(),
+                 kv_offload: bool = True):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
         layers (LAST_HIDDEN: the last hidden state) side by side (hidden.row), as the target of MTP
@@ -74,7 +75,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
         branch a sequence id of its own in one pool of cells (no recurrent state), with a sampler chain of its
         own where rows are sampled on the backend; fewer where llama.cpp's sequence ids run out. cache_types:
         ggml's types of the K and V caches (config.KV_CACHE_TYPES; f16's by default). rope: RoPE's scaling where it
-        is not the model's own."""
+        is not the model's own. kv_offload: the KV cache (and attention) beside offloaded layers on their device,
+        else in RAM (llama.cpp's -nkvo)."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
         if branches and model.recurrent:
@@ -86,6 +88,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         params = llama.llama_context_default_params()
         params.flash_attn_type = _flash_attention(flash_attn)
         params.type_k, params.type_v = cache_types
+        params.offload_kqv = kv_offload
         _scale_rope(params, rope)
         params.ctx_type = llama.LLAMA_CONTEXT_TYPE_MTP if mtp else llama.LLAMA_CONTEXT_TYPE_DEFAULT
         # a tree's nodes take cells of their own until one path is kept: room for a batch of them

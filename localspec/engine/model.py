@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
+from ..config import SPLIT_MODES
 from ..errors import InputError, ModelLoadError, UsageError
 from .devices import offload_array, override_array
 from .library import layer_inputs, llama, recent_errors
@@ -17,7 +18,8 @@ class Model:
     def __init__(self, path: Path, gpu_layers: int = -1, devices: tuple[str, ...] | None = None,
                  load_mtp: bool = False, tensor_split: tuple[float, ...] | None = None, repack: bool = True,
                  mmap: bool | None = None, mlock: bool = False, watch=None, vocab_only: bool = False,
-                 tensor_overrides: tuple[tuple[str, str], ...] = ()):
+                 tensor_overrides: tuple[tuple[str, str], ...] = (), split_mode: str = "layer",
+                 main_gpu: int = 0):
         """devices: the offload devices to use by name (llama.cpp's --device; ("none",) for none);
         None: every device llama.cpp sees, a worker's (--rpc) too. tensor_split: the share of the
         offloaded layers each of them takes, in order (llama.cpp's --tensor-split); None: in
@@ -29,7 +31,8 @@ class Model:
         model's decodes, where its layers may sit on theirs. vocab_only: read its vocabulary alone (no
         context can be made of it), in a fraction of a second. tensor_overrides: (pattern, buffer type) each, the
         tensors whose names the pattern finds kept in a buffer of that type (llama.cpp's -ot: a MoE's experts
-        on the CPU, the rest on the GPU), the first pattern that finds a name deciding."""
+        on the CPU, the rest on the GPU), the first pattern that finds a name deciding. split_mode, main_gpu:
+        llama.cpp's -sm and -mg (how layers split across GPUs; the one GPU of split mode none)."""
         self.path = Path(path)
         _check_is_gguf(self.path)
         params = llama.llama_model_default_params()
@@ -38,6 +41,7 @@ class Model:
         params.load_mtp = load_mtp
         params.use_extra_bufts = repack
         params.vocab_only = vocab_only
+        params.split_mode, params.main_gpu = SPLIT_MODES[split_mode], main_gpu
         if devices is not None:
             chosen = offload_array(devices)
             params.devices = ctypes.cast(chosen, ctypes.c_void_p)

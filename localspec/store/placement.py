@@ -53,10 +53,17 @@ class ModelPlacement:
         return {"layers": self.layers, "offloaded": self.layers_on_gpu, "devices": self.held_by}
 
 
-def _offload(found: list[Device], devices: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The offload devices a model named so may use: the workers' first, as llama.cpp orders them."""
+def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime) -> tuple[str, ...]:
+    """The offload devices a model named so may use: the workers' first, as llama.cpp orders them; with
+    --split-mode none, the --main-gpu among them alone."""
     names = [d.name for d in found if d.remote] + [d.name for d in found if d.is_local_gpu]
-    return tuple(name for name in names if devices is None or name in devices)
+    offload = tuple(name for name in names if devices is None or name in devices)
+    if runtime.split_mode != "none" or not offload:
+        return offload
+    if runtime.main_gpu >= len(offload):
+        raise UsageError(f"--main-gpu {runtime.main_gpu}: the model may use {len(offload)} GPU(s), numbered from 0:"
+                         f" {', '.join(offload)}")
+    return (offload[runtime.main_gpu],)
 
 
 def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> ModelPlacement:
@@ -70,7 +77,7 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) ->
         local = machine.ram_available
         gpu_layers = (-1 if any(d.is_local_gpu for d in machine.devices) or not remote + local
                       else round(layers * remote / (remote + local)))
-    return ModelPlacement(info.path.name, layers, gpu_layers, _offload(machine.devices, runtime.devices),
+    return ModelPlacement(info.path.name, layers, gpu_layers, _offload(machine.devices, runtime.devices, runtime),
                           runtime.devices, runtime.tensor_split)
 
 
@@ -81,7 +88,7 @@ def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> 
     if devices is None and runtime.rpc:
         devices = tuple(d.name for d in machine.devices if d.is_local_gpu) or ("none",)
     return ModelPlacement(info.path.name, layer_count(info), runtime.draft_gpu_layers,
-                          _offload(machine.devices, devices), devices)
+                          _offload(machine.devices, devices, runtime), devices)
 
 
 @dataclass(frozen=True)
