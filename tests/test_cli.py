@@ -170,6 +170,9 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ot", "blk[=CPU"], "--override-tensor: 'blk[' is not a regular expression"),
         (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
         (["{target}", "-p", "x", "-sm", "diagonal"], "--split-mode takes none, layer, row, tensor"),
+        (["{target}", "-p", "x", "-lm", "dio"], "--load-mode takes auto, none, mmap, mlock, mmap+mlock"),
+        (["{target}", "-p", "x", "-lm", "none", "--mlock"], "--load-mode and --mmap/--no-mmap/--mlock each say"),
+        (["{target}", "-p", "x", "--spec-ngram-mod-n-match", "24"], "localspec has one n-gram lookup, which finds"),
         (["{target}", "-p", "x", "-mg", "-1"], "--main-gpu takes a GPU's number, 0 the first"),
         (["{target}", "-p", "x", "--think", "-rea", "off"], "--think and --reasoning off disagree"),
     ],
@@ -517,6 +520,7 @@ def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, 
     (["-fa", "1", "--mlock", "--no-mmap"], ["flash_attn            = enabled", "load_mode = mlock)"]),
     (["--flash-attn", "off", "--mmap"], ["flash_attn            = disabled", "load_mode = mmap)"]),
     (["--mlock"], ["load_mode = mmap+mlock)"]),
+    (["-lm", "none", "--no-mmproj"], ["load_mode = none)"]),  # (llama.cpp's newer spelling)
 ])
 def test_flash_attention_and_how_a_model_loads_reach_llama_cpp(tmp_path, tiny, flags, said):
     """As llama.cpp's own log (LOCALSPEC_DEBUG=1) says them, for the target and the draft model."""

@@ -891,7 +891,8 @@ def test_llama_servers_command_line_runs_and_no_webui_turns_the_page_off(tiny, t
 
 def test_browser_pages_of_this_machine_and_of_named_origins_may_call_the_api(tiny, tmp_path):
     server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--api-key", "k",
-                           "--cors-origin", "https://chat.example.com")
+                           "--cors-origin", "https://chat.example.com",
+                           "--cors-origins", "localhost,https://other.example.org")  # (llama-server's spelling)
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     try:
         def preflight(origin: str) -> httpx.Response:
@@ -899,7 +900,8 @@ def test_browser_pages_of_this_machine_and_of_named_origins_may_call_the_api(tin
                 "Origin": origin, "Access-Control-Request-Method": "POST",
                 "Access-Control-Request-Headers": "authorization, content-type"})
 
-        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "http://[::1]:5173", "https://chat.example.com"):
+        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "http://[::1]:5173", "https://chat.example.com",
+                       "https://other.example.org"):
             answer = preflight(origin)
             assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == origin
             assert "authorization" in answer.headers["access-control-allow-headers"].lower()
@@ -1110,6 +1112,10 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--max-connections", "0"], "max-connections must be >= 1"),
     (["--no-cont-batching"], "serve always decodes the --parallel requests together"),
     (["--context-shift"], "localspec never shifts the context"),
+    # llama-server's options localspec takes in no spelling: what it does instead
+    (["--cache-reuse", "256"], "no such option: --cache-reuse; localspec reads back the longest beginning"),
+    (["--models-dir", "."], "no such option: --models-dir; serve loads any downloaded model a request names"),
+    (["-ctxcp", "4"], "no such option: -ctxcp; localspec keeps the whole sliding-window cache"),
 ])
 def test_serve_option_mistakes(cli, tiny, args, message):
     code, _, err = cli("serve", tiny["target"], *args)

@@ -12,6 +12,7 @@ import typer
 
 from .. import __version__, tui
 from ..errors import IncompatibleDraft, LocalspecError, UsageError
+from .options import LLAMA_CPP_LACKS
 
 # What a value looks like in --help, by the Python type Typer read from the annotation; a flag shows none.
 METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "list[str]": "TEXT"}
@@ -60,8 +61,9 @@ def _refuse_glued_options(command, args: list[str]) -> None:
         if arg == "--":
             return
         if not value_next and re.fullmatch(r"-[A-Za-z][A-Za-z-]+", arg) and arg not in names:
-            raise UsageError(f"no such option: {arg} (one dash and several letters is one option, as in llama.cpp;"
-                             f" `localspec {command.name} --help` lists those localspec takes)")
+            reason = LLAMA_CPP_LACKS.get(arg, "one dash and several letters is one option, as in llama.cpp")
+            raise UsageError(f"no such option: {arg}; {reason} (`localspec {command.name} --help` lists those"
+                             " localspec takes)")
         value_next = not value_next and arg in taking_values
 
 
@@ -137,6 +139,9 @@ def main() -> None:
         sys.exit(130)
     except typer.TyperException as error:  # typer's command-line parsing errors
         message = error.format_message()
+        unknown = getattr(error, "option_name", None) if message.startswith("No such option") else None
+        if unknown in LLAMA_CPP_LACKS:  # llama.cpp's, and what localspec does instead
+            message = f"no such option: {unknown}; {LLAMA_CPP_LACKS[unknown]}"
         context = getattr(error, "ctx", None)
         if message:  # empty when typer has just shown the help instead
             print(f"error: {message}", file=sys.stderr)

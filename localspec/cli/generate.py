@@ -595,10 +595,11 @@ def serve(
         "--alias", "-a", show_default=False,
         help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
     cors_origin: Annotated[Optional[list[str]], typer.Option(
-        "--cors-origin", show_default=False,
+        "--cors-origin", "--cors-origins", show_default=False,
         help="A web page's origin (https://chat.example.com) that may call the API from a browser, besides"
         " pages served from this machine (localhost, 127.0.0.1, [::1], any port), which always may; repeat"
-        " for more, or * for any page. An --api-key is still asked of each request.")] = None,
+        " (or separate with commas, as llama-server's --cors-origins) for more, or * for any page. An --api-key"
+        " is still asked of each request.")] = None,
     keep_alive: Annotated[str, typer.Option(
         "--keep-alive", help="How long a model a request asked for by name stays loaded once idle: seconds, or"
         " 5m, 1h, ...; -1: while serve runs; 0: unloaded after each request (Ollama's OLLAMA_KEEP_ALIVE). The"
@@ -673,7 +674,7 @@ def serve(
         if api_key_file else [])
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
-                      cors_origins=tuple(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
+                      cors_origins=_origins(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
                       allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui,
                       certificate=ssl_cert_file, private_key=ssl_key_file)
     tls = net.serving_tls(serving.certificate, serving.private_key) if serving.tls else None
@@ -690,6 +691,11 @@ def serve(
                                         DrafterKind.DRAFT if settings.draft_model else DrafterKind.NGRAM,
                                         settings.template_variables)
         server_face.Server(models, serving, defaults, tui.log_line).run(listener)
+
+
+def _origins(given: list[str]) -> tuple[str, ...]:
+    """--cors-origin's origins; llama-server's localhost (pages of this machine alone) is what serve admits anyway."""
+    return tuple(origin for text in given for origin in map(str.strip, text.split(",")) if origin not in ("", "localhost"))
 
 
 def _slot_folder(path: Path | None) -> Path | None:

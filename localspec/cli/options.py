@@ -425,8 +425,81 @@ LLAMA_CPP_OPTIONS = {
     "swa_full": (Annotated[bool, typer.Option("--swa-full", hidden=True)], False),
     "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
     "mmproj": (Annotated[Optional[str], typer.Option("--mmproj", "-mm", hidden=True)], None),
+    "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", "--no-mmproj-auto", hidden=True)], False),
+    "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
     "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
+
+def _lacking(reason: str, *spellings: str) -> dict[str, str]:
+    return dict.fromkeys(spellings, reason)
+
+
+# llama.cpp's options that localspec takes in no spelling, with what it does instead: said where one is given
+# (`no such option: --cache-reuse (...)`), for the commands that lack it
+LLAMA_CPP_LACKS = {
+    **_lacking("localspec reads back the longest beginning a cached prompt shares with the new one (in memory, and"
+               " from disk with --prompt-cache); what follows a change is read again, not shifted into place",
+               "--cache-reuse"),
+    **_lacking("localspec's n-gram lookup reads the prompt and output, and its suffix cache earlier answers"
+               " (--suffix-cache), in memory: no lookup-cache file", "-lcs", "--lookup-cache-static", "-lcd",
+               "--lookup-cache-dynamic"),
+    **_lacking("localspec has one n-gram lookup, which finds the longest match itself; --draft-max bounds its"
+               " drafts", *(f"--spec-ngram-{kind}-{size}" for kind in ("mod", "simple", "map-k", "map-k4v")
+                            for size in ("n-min", "n-max", "n-match", "size-n", "size-m", "min-hits")),
+               "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits"),
+    **_lacking("localspec grows draft trees where their measured cost pays (--draft-branches)",
+               "--spec-draft-p-split", "--draft-p-split"),
+    **_lacking("--backend-sampling decides for the target and the draft alike", "--spec-draft-backend-sampling"),
+    **_lacking("localspec never shifts the context, so nothing is kept through a shift", "--keep"),
+    **_lacking("localspec keeps the whole sliding-window cache and its own snapshots to take drafts back; it makes"
+               " no context checkpoints", "-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "-cms",
+               "--checkpoint-min-step"),
+    **_lacking("its sampler chain runs in llama.cpp's default order; each sampler has its own option (0 or off"
+               " leaves it out)", "--samplers", "--sampler-seq", "--sampling-seq"),
+    **_lacking("localspec leaves thread placement and priority to the system (taskset, nice, numactl)", "-C",
+               "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio", "--poll", "-Cb", "--cpu-mask-batch",
+               "-Crb", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch", "--poll-batch", "--numa",
+               "-Cd", "--cpu-mask-draft", "-Crd", "--cpu-range-draft", "--cpu-strict-draft", "--prio-draft",
+               "--poll-draft", "-Cbd", "--cpu-mask-batch-draft", "-Crbd", "--cpu-range-batch-draft",
+               "--cpu-strict-batch-draft", "--prio-batch-draft", "--poll-batch-draft",
+               *(f"--spec-draft-{what}" for what in ("cpu-mask", "cpu-range", "cpu-strict", "prio", "poll",
+                                                     "cpu-mask-batch", "cpu-range-batch", "cpu-strict-batch",
+                                                     "prio-batch", "poll-batch"))),
+    **_lacking("deprecated in llama.cpp: its KV cache needs no defragmenting", "-dt", "--defrag-thold"),
+    **_lacking("localspec reads text only (no multimodal projector)", "-mmu", "--mmproj-url", "--mmproj-auto",
+               "--mmproj-offload", "--no-mmproj-offload", "--image-min-tokens", "--image-max-tokens",
+               "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
+               "--media-path"),
+    **_lacking("localspec applies no adapter or control vector; merge it into the GGUF first",
+               "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
+               "--control-vector-layer-range"),
+    **_lacking("localspec checks that the models fit before they load and says what to lower where they do not"
+               " (`localspec doctor` shows it); it does not shrink the layers or the context to fit", "-fit",
+               "--fit", "-fitt", "--fit-target", "-fitc", "--fit-ctx"),
+    **_lacking("`localspec doctor` lists the devices", "--list-devices"),
+    **_lacking("`localspec models --installed` lists the downloaded models", "-cl", "--cache-list"),
+    **_lacking("`localspec --install-completion` installs completion for your shell", "--completion-bash"),
+    **_lacking("not offered: change the GGUF's metadata itself (the gguf package's gguf_set_metadata)",
+               "--override-kv"),
+    **_lacking("--stop TEXT ends generation at a text", "-r", "--reverse-prompt"),
+    **_lacking("serve answers at /; a reverse proxy can put it under a path", "--path", "--api-prefix"),
+    **_lacking("serve allows GET, POST and OPTIONS with any header, without credentials; --cors-origin names the"
+               " pages", "--cors-methods", "--cors-headers", "--cors-credentials"),
+    **_lacking("llama-server's web UI's own: localspec's page takes no configuration, tools or MCP servers",
+               "--ui-config", "--webui-config", "--ui-config-file", "--webui-config-file", "--ui-mcp-proxy",
+               "--webui-mcp-proxy", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
+               "-ag", "--agent"),
+    **_lacking("serve's settings are its command line's: POST /props is refused", "--props"),
+    **_lacking("serve answers on one event loop, generating on a thread of its own", "--threads-http"),
+    **_lacking("serve loads any downloaded model a request names (`localspec pull`, `localspec create`), the least"
+               " recently used unloaded first where memory is short, each kept --keep-alive once idle",
+               "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
+               "--sleep-idle-seconds"),
+    **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",
+               "--log-file", "--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--verbosity",
+               "--log-verbosity", "--log-prefix", "--log-timestamps", "--log-verbose"),
+}
+
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
                       RPC_OPTIONS, LLAMA_CPP_OPTIONS)
@@ -483,6 +556,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         o.target, o.model = made.base, None
     _refuse_what_localspec_lacks(o)
     _spec_types(o)
+    _load_mode(o)
     if o.no_draft and o.draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
     drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
@@ -628,6 +702,22 @@ def _overrides(given: list[str] | None, all_experts: bool, first_experts: int, o
         overrides.append((EXPERTS, "CPU"))
     overrides += [(f"blk\\.{layer}{EXPERTS}", "CPU") for layer in range(first_experts)]
     return tuple(overrides)
+
+
+# llama.cpp's --load-mode as --mmap (None: as llama.cpp decides) and --mlock
+LOAD_MODES = {"auto": (None, False), "none": (False, False), "mmap": (True, False), "mlock": (False, True),
+              "mmap+mlock": (True, True)}
+
+
+def _load_mode(o: SimpleNamespace) -> None:
+    if o.load_mode is None:
+        return
+    if o.load_mode not in LOAD_MODES:
+        raise UsageError(f"--load-mode takes {', '.join(LOAD_MODES)} (llama.cpp's; its dio, direct I/O, is not"
+                         f" offered here), got {o.load_mode!r}")
+    if o.mmap is not None or o.mlock:
+        raise UsageError("--load-mode and --mmap/--no-mmap/--mlock each say how the model loads; give one")
+    o.mmap, o.mlock = LOAD_MODES[o.load_mode]
 
 
 def _layers(text: str | None, option: str) -> int | None:
