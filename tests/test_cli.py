@@ -557,6 +557,19 @@ def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
     assert drafted == text and kept == experts + experts[:3]
 
 
+def test_no_option_said_to_be_lacking_is_taken():
+    """The reasons given for llama.cpp's options localspec lacks never shadow one it takes (the reason would be stale)."""
+    import typer
+
+    from localspec.cli.app import app
+    from localspec.cli.options import LLAMA_CPP_LACKS
+
+    commands = typer.main.get_command(app).commands
+    for name in ("run", "chat", "batch", "serve", "bench", "perplexity"):
+        taken = {spelling for param in commands[name].params for spelling in (*param.opts, *param.secondary_opts)}
+        assert not taken & set(LLAMA_CPP_LACKS), name
+
+
 def test_escapes_are_read_as_llama_cpp_reads_them():
     from localspec.cli.options import unescape
 
