@@ -424,6 +424,9 @@ class Runtime:
     kv_offload: bool = True
     # RoPE's scaling for a longer context, the target's and a draft model's alike (as llama-server's)
     rope: Rope = Rope()
+    # The shortest run of cached tokens a prompt's reading shifts into place past where it departs from the cache
+    # (llama-server's --cache-reuse; 0: none)
+    cache_reuse: int = 0
 
     def __post_init__(self):
         if self.ctx_size < 8:
@@ -444,6 +447,8 @@ class Runtime:
                 raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression ({error})") from None
         if self.prompt_cache < 0:
             raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
+        if self.cache_reuse < 0:
+            raise UsageError(f"--cache-reuse takes a run's length in tokens >= 0 (0: off), got {self.cache_reuse}")
         if self.prompt_batch < 1:
             raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")
         if self.gpu_layers is None and not self.rpc:

@@ -185,7 +185,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     def context(model: Model, cache: tuple[str, str], threads: int, **options) -> Context:
         made = own(Context(model, runtime.ctx_size, max(runtime.prompt_batch, rows), threads, on_backend,
                            rows, flash_attn=runtime.flash_attn, n_seq=runtime.parallel,
-                           cache_types=_ggml_types(cache), rope=runtime.rope, kv_offload=runtime.kv_offload, **options))
+                           cache_types=_ggml_types(cache), rope=runtime.rope, kv_offload=runtime.kv_offload,
+                           cache_reuse=runtime.cache_reuse, **options))
         if runtime.prompt_cache and made.can_remember:
             folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope)
             made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)
@@ -214,7 +215,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
-    # the cells in use; nor the prompt cache, which decides what is read, not how.
+    # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
-    del settings["ctx_size"], settings["prompt_cache"]
+    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"]
     return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)

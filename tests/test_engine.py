@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from localspec.config import DrafterKind, Limits, Rope, Sampling, Speculation
+from localspec.engine import rollback
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -385,3 +386,49 @@ def test_a_cache_that_drifted_from_the_history_is_caught_in_debug_mode(load, pro
     target.check_holds([1, 5, 6])
     with pytest.raises(EngineError, match="drifted"):
         target.check_holds([1, 5, 7])
+
+
+def interrupted(*args):
+    raise KeyboardInterrupt
+
+
+def test_cache_reuse_shifts_the_runs_held_past_a_change_into_place(tiny, monkeypatch):
+    """llama-server's --cache-reuse N: what a prompt keeps of the cache past a cut (text deleted, the oldest turn
+    dropped) is shifted into place rather than read again, runs shorter than N read again; the cache then holds the
+    prompt at its positions, and the next token's logits are a fresh reading's (to the rounding of a K shift, and of
+    the kept text having read the cut text once)."""
+    model = Model(tiny["target"])
+    contexts = [Context(model, 256, 64, threads=2, max_outputs=64, cache_reuse=reuse) for reuse in (0, 8, 60)]
+    head, middle, tail = (model.tokenize(text, add_special=False, parse_special=False) for text in (
+        "the cat sat on the mat", ". then it slept", ". the dog ran after the ball in the park all day long"))
+    head = [1, *head]
+    cut = head + tail
+    try:
+        fresh, reusing, too_long = contexts
+        fresh.prefill(cut, logits="last")
+        for context in (reusing, too_long):
+            context.prefill(head + middle + tail)
+        assert reusing.prefill(cut, logits="last") == len(cut) - 1  # (the last token read again for its logits)
+        reusing.check_holds(cut)
+        assert np.argmax(reusing.logits(-1)) == np.argmax(fresh.logits(-1))
+        alike = next(i for i, (a, b) in enumerate(zip(middle, tail)) if a != b)  # (". the" and ". then")
+        assert too_long.prefill(cut, logits="last") == len(head) + alike  # the tail's run is shorter than 60
+        too_long.check_holds(cut)
+        # two runs, each to its own place; new text after them is read
+        turns = head + middle + tail
+        reusing.prefill(turns)
+        later = head + middle[5:] + tail + [5, 6]
+        assert reusing.prefill(later) == len(later) - 2
+        reusing.check_holds(later)
+        # Ctrl-C while cells are moved: the next reading starts from an empty cache rather than a wrong one
+        reusing.prefill(turns)
+        with monkeypatch.context() as patched:
+            patched.setattr(rollback.llama, "llama_memory_seq_add", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                reusing.prefill(cut)
+        assert reusing.prefill(cut) == 0
+        reusing.check_holds(cut)
+    finally:
+        for context in contexts:
+            context.close()
+        model.close()

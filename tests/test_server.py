@@ -805,6 +805,29 @@ def test_a_certificate_or_key_that_is_none_is_refused_before_anything_loads(cli,
     assert code == 2 and "HTTPS takes both --ssl-cert-file and --ssl-key-file" in stderr, stderr
 
 
+def test_cache_reuse_keeps_the_turns_after_a_dropped_one_through_the_openai_client(tmp_path, tiny):
+    """llama-server's --cache-reuse (an unknown option before): a client that drops the oldest turns to stay within the
+    context resends the rest at earlier places; they are shifted there rather than read again."""
+    turns = [{"role": "system", "content": "be brief"}]
+    for n in range(3):
+        turns += [{"role": "user", "content": f"tell me about the cat number {n} and the mat it sat on"},
+                  {"role": "assistant", "content": f"the cat number {n} sat on the mat all day and slept there"}]
+    dropped = turns[:1] + turns[3:] + [{"role": "user", "content": "and then"}]
+    cached = {}
+    for reuse in ("0", "16"):
+        server = ServerProcess(tmp_path / reuse, tiny["target"], "--no-draft", "-c", "1024", "--parallel", "1",
+                               "--cache-reuse", reuse, "--temp", "0")
+        try:
+            client = server.client()
+            client.chat.completions.create(model="x", messages=turns + [{"role": "user", "content": "so"}], max_tokens=2)
+            reply = client.chat.completions.create(model="x", messages=dropped, max_tokens=4)
+            cached[reuse] = reply.usage.prompt_tokens_details.cached_tokens, reply.usage.prompt_tokens
+        finally:
+            assert server.stop() == 0, server.log()
+    (plain, prompt), (reused, _) = cached["0"], cached["16"]
+    assert plain < prompt // 4 and reused > prompt * 3 // 4, cached
+
+
 def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
     server.client().completions.create(model="tiny", prompt="metrics please", max_tokens=8)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}
@@ -1113,7 +1136,8 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(cli, tiny):
     (["--no-cont-batching"], "serve always decodes the --parallel requests together"),
     (["--context-shift"], "localspec never shifts the context"),
     # llama-server's options localspec takes in no spelling: what it does instead
-    (["--cache-reuse", "256"], "no such option: --cache-reuse; localspec reads back the longest beginning"),
+    (["--samplers", "top_k;temperature"], "no such option: --samplers; its sampler chain runs in llama.cpp's"),
+    (["--cache-reuse", "-1"], "--cache-reuse takes a run's length in tokens >= 0"),
     (["--models-dir", "."], "no such option: --models-dir; serve loads any downloaded model a request names"),
     (["-ctxcp", "4"], "no such option: -ctxcp; localspec keeps the whole sliding-window cache"),
 ])

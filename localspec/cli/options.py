@@ -380,6 +380,12 @@ PROMPT_CACHE_OPTIONS = {
         " read back in place of read again. The least recently used go first; off keeps and reads none. Models"
         " whose drafter reads the target's hidden states (MTP, EAGLE-3, DFlash) read their prompts anew.",
         rich_help_panel=RESOURCES)], f"{DEFAULT_RUNTIME.prompt_cache // 2**30}GiB"),
+    "cache_reuse": (Annotated[int, typer.Option(
+        "--cache-reuse", metavar="N", help="Past where a prompt departs from the cache, shift each run of at least N"
+        " tokens the cache holds further on into place rather than read it again, as llama-server's: what follows"
+        " a dropped turn or deleted text (a chat that drops its oldest turns, an editor's context). The text kept"
+        " so has read the cut text once, so the answer may differ from a fresh reading's. 0: off.",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.cache_reuse),
 }
 RPC_OPTIONS = {
     "rpc": (Annotated[Optional[str], typer.Option(
@@ -437,9 +443,6 @@ def _lacking(reason: str, *spellings: str) -> dict[str, str]:
 # llama.cpp's options that localspec takes in no spelling, with what it does instead: said where one is given
 # (`no such option: --cache-reuse (...)`), for the commands that lack it
 LLAMA_CPP_LACKS = {
-    **_lacking("localspec reads back the longest beginning a cached prompt shares with the new one (in memory, and"
-               " from disk with --prompt-cache); what follows a change is read again, not shifted into place",
-               "--cache-reuse"),
     **_lacking("localspec's n-gram lookup reads the prompt and output, and its suffix cache earlier answers"
                " (--suffix-cache), in memory: no lookup-cache file", "-lcs", "--lookup-cache-static", "-lcd",
                "--lookup-cache-dynamic"),
@@ -605,7 +608,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
                         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
                         draft_cache_type_k=o.draft_cache_type_k, draft_cache_type_v=o.draft_cache_type_v, rope=_rope(o),
-                        prompt_cache=_size(o.prompt_cache, "--prompt-cache")),
+                        prompt_cache=_size(o.prompt_cache, "--prompt-cache"), cache_reuse=o.cache_reuse),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,

@@ -61,7 +61,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
                  max_outputs: int = 1, mtp: bool = False, keep_hidden: tuple[int, ...] = (),
                  flash_attn: bool | None = None, beside: "Context | None" = None, n_seq: int = 1,
                  branches: int = 0, cache_types: tuple[int, int] = (1, 1), rope: Rope = Rope(),
-                 kv_offload: bool = True):
+                 kv_offload: bool = True, cache_reuse: int = 0):
         """mtp: a context of the model's MTP block, which decodes each token together with a hidden
         state (decode's `hidden`); keep_hidden: keep, for every decoded position, the inputs of these
         layers (LAST_HIDDEN: the last hidden state) side by side (hidden.row), as the target of MTP
@@ -76,7 +76,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
         own where rows are sampled on the backend; fewer where llama.cpp's sequence ids run out. cache_types:
         ggml's types of the K and V caches (config.KV_CACHE_TYPES; f16's by default). rope: RoPE's scaling where it
         is not the model's own. kv_offload: the KV cache (and attention) beside offloaded layers on their device,
-        else in RAM (llama.cpp's -nkvo)."""
+        else in RAM (llama.cpp's -nkvo). cache_reuse: the shortest run of cached tokens that a prompt's reading
+        shifts into place past a change, rather than reading it again (llama-server's --cache-reuse; 0: none)."""
         if n_seq > 1 and backend_sampling is not False:
             raise UsageError("parallel sequences share a context only where rows are sampled on the host")
         if branches and model.recurrent:
@@ -150,8 +151,11 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state) saved by checkpoint()
         # Set while llama.cpp's cache is being changed and `tokens` not yet told: Ctrl-C raises
         # KeyboardInterrupt at the first bytecode after a C call returns, so between the two; the
-        # next change first reads what llama.cpp holds (_settle). (first position, tokens) of a decode.
-        self._changing: tuple[int, Sequence[int]] | None = None
+        # next change first reads what llama.cpp holds (_settle). (first position, tokens) of a decode; (0, None)
+        # while cells are moved about (_reuse_chunks).
+        self._changing: tuple[int, Sequence[int] | None] | None = None
+        self.cache_reuse = cache_reuse
+        self._shared = 0  # the first positions, whose cells another sequence may hold too (adopt)
         # most rows one batch may want logits for (a backend sampler is sized for a verification;
         # a recurrent state can only take back what it has snapshots for)
         self.max_rows = (min(self.n_batch, params.n_outputs_max_per_seq) if backend_sampling is not False
@@ -217,7 +221,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         if not 0 < seq < self.n_seq or any(view.seq == seq for view in self._views):
             raise EngineError(f"sequence {seq} is not one this context of {self.n_seq} sequences can hand out")
         view = copy.copy(self)
-        view.seq, view.tokens, view._views = seq, [], []
+        view.seq, view.tokens, view._views, view._shared = seq, [], [], 0
         view._first_branch = self.n_seq + seq * self.branch_room
         view.hidden, view._checkpoint, view._changing = HiddenStates(self.model, self.hidden.layers), None, None
         view._row_base, view._row_last, view.others, view.alongside, view.busy_seconds = 0, -1, 0, 0, 0.0
@@ -308,6 +312,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         keep = self.shares(tokens, agreed, most)
         if self.prompt_cache is not None:
             keep = self.prompt_cache.recall(self, tokens, keep, len(tokens) if most is None else most)
+        keep = self._reuse_chunks(tokens, keep, len(tokens) if most is None else most)
         if not self._forget_from(keep):
             self.truncate(0)
             keep = 0
@@ -338,6 +343,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self.truncate(0)
         llama.llama_memory_seq_cp(self._memory, donor.seq, self.seq, 0, n)
         self.tokens = list(donor.tokens[:n])
+        self._shared, donor._shared = n, max(donor._shared, n)
         return True
 
     def shares(self, tokens: Sequence[int], agreed: int = 0, most: int | None = None) -> int:

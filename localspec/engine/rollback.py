@@ -65,7 +65,10 @@ class Rollback:
         start, chunk = self._changing
         self._changing = None
         held = llama.llama_memory_seq_pos_max(self._memory, self.seq) + 1
-        if self.recurrent:
+        if chunk is None:  # cells moved about (_reuse_chunks): what stands where is not known
+            llama.llama_memory_seq_rm(self._memory, self.seq, 0, -1)
+            self._forget_recorded(0)
+        elif self.recurrent:
             llama.llama_memory_seq_rm(self._memory, self.seq, 0, -1)
             self._checkpoint = None
             self._forget_recorded(0)
@@ -76,6 +79,39 @@ class Rollback:
             self.tokens.extend(reached)
             if held > len(self.tokens) and not llama.llama_memory_seq_rm(self._memory, self.seq, len(self.tokens), -1):
                 raise EngineError(f"llama.cpp could not roll the KV cache back to {len(self.tokens)} tokens")
+
+    def _reuse_chunks(self, tokens, keep: int, most: int) -> int:
+        """llama-server's --cache-reuse: past the `keep` tokens the cache begins `tokens` with, each run of at least
+        cache_reuse tokens it holds further on (the text below an edit, the turns after one dropped) shifted into
+        place rather than read again, at most `most` in all; returns how many of `tokens` it then holds. Not for a
+        recurrent state or hidden states kept by position, nor for cells another sequence shares (a shift moves
+        them for both)."""
+        if (not self.cache_reuse or keep >= min(most, len(self.tokens)) or self.recurrent or self.hidden.layers
+                or self.reads_hidden or not llama.llama_memory_can_shift(self._memory)):
+            return keep
+        held, placed = self.tokens, list(self.tokens[:keep])
+        at = max(keep, self._shared)  # (the held token the next run may start at)
+        moves = []
+        while at < len(held) and len(placed) < most:
+            run = 0
+            while at + run < len(held) and len(placed) + run < most and held[at + run] == tokens[len(placed) + run]:
+                run += 1
+            if run >= self.cache_reuse:
+                moves.append((len(placed), at, run))
+                placed += held[at : at + run]
+                at += run
+            else:
+                at += 1
+        if not moves:
+            return keep
+        self._changing = (0, None)
+        for to, start, run in moves:
+            llama.llama_memory_seq_rm(self._memory, self.seq, to, start)
+            llama.llama_memory_seq_add(self._memory, self.seq, start, start + run, to - start)
+        llama.llama_memory_seq_rm(self._memory, self.seq, len(placed), -1)
+        self.tokens = placed
+        self._changing = None
+        return len(placed)
 
     def checkpoint(self) -> None:
         """Save a recurrent state as it is now, so the cache can later come back to any position from
