@@ -429,8 +429,9 @@ class Runtime:
     cache_reuse: int = 0
 
     def __post_init__(self):
-        if self.ctx_size < 8:
-            raise UsageError(f"ctx-size must be at least 8, got {self.ctx_size}")
+        if 0 < self.ctx_size < 8 or self.ctx_size < 0:
+            raise UsageError(f"ctx-size must be at least 8, or 0 for the length the model was trained for;"
+                             f" got {self.ctx_size}")
         if not AUTO_PARALLEL <= self.parallel <= PARALLEL_MOST:
             raise UsageError(f"--parallel takes 1 to {PARALLEL_MOST} sequences (0: as many as fit), got {self.parallel}")
         check_threads(self.threads)
@@ -491,7 +492,7 @@ def check_draft_fits(speculation: Speculation, runtime: Runtime) -> None:
     100,000 rows took two minutes to set up, for a context that could never verify more than 4095."""
     if speculation.draft_max is None:
         return  # each kind's default fits: the session sizes its batch for them
-    room = min(runtime.ctx_size, runtime.prompt_batch) - 1
+    room = min(runtime.ctx_size or runtime.prompt_batch, runtime.prompt_batch) - 1  # (0: the model's, ample)
     if speculation.draft_max > room:
         raise UsageError(f"draft-max {speculation.draft_max} does not fit: a step verifies draft-max + 1 tokens"
                          f" in one batch, and the batch holds {runtime.prompt_batch} tokens (--batch-size) and the"

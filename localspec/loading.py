@@ -46,11 +46,17 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
+    runtime = sized(runtime, pair.target)
     if runtime.parallel == AUTO_PARALLEL:
         runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair))
     placement = Placement.plan(runtime, pair.target, pair.draft)
     placement.check_fit()
     return Placed(pair, runtime, placement, workers)
+
+
+def sized(runtime: Runtime, target: store.GGUFInfo) -> Runtime:
+    """runtime, its context of 0 (llama.cpp's -c 0) the length the target was trained for."""
+    return runtime if runtime.ctx_size else replace(runtime, ctx_size=target.context_length or Runtime.ctx_size)
 
 
 def parallel_that_fits(runtime: Runtime, pair: store.Pair, machine: hardware.Machine | None = None) -> int:

@@ -20,6 +20,7 @@ from .engine.drafters.spec import COSTLY_KINDS
 from .errors import LocalspecError, UsageError
 from .store import GGUFInfo
 from .service import Metrics, Service
+from .loading import sized
 from .session import Session, open_session
 
 
@@ -214,7 +215,8 @@ class Pool:
         for (`asked`) is not idle but about to be used: a request that raced this one has it, and has not
         queued its work yet."""
         sequences = max(1, self.runtime.parallel)
-        needed = store.estimate_bytes(info, self.runtime.ctx_size * sequences, sequences, self.runtime.kv_bytes)
+        needed = store.estimate_bytes(info, sized(self.runtime, info).ctx_size * sequences, sequences,
+                                      self.runtime.kv_bytes)
         while needed > store.machine().memory_free:
             idle = sorted((s for s in self.loaded.values() if not s.pinned and s.idle and s.last_used < asked),
                           key=lambda s: s.idle_since)

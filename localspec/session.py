@@ -19,11 +19,11 @@ from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate, scored
 from .engine.together import alone
-from . import reasoning, tool_calls
+from . import reasoning, store, tool_calls
 from .errors import ContextOverflow, EngineError, InputError, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
-from .loading import load_models, place, scoring_context
+from .loading import load_models, place, scoring_context, sized
 from .store.placement import Placement
 from .chat_template import checked as checked_template
 from .prompts import Prepared, Prompts
@@ -118,6 +118,7 @@ class Session:
         """draft: the draft model's GGUF, or None (n-gram lookup needs none). placement: where they run
         (open_session's); None: placed here, with runtime's workers added first. chat_template: the one to render
         conversations with in place of the target's own (llama.cpp's --chat-template)."""
+        runtime = sized(runtime, placement.models[0] if placement else store.header(target))
         check_draft_fits(speculation, runtime)
         started = time.perf_counter()
         self._owned: list = []

@@ -203,6 +203,11 @@ def test_llama_cpp_spellings_work(localspec, tiny):
                      "128", "--json")
     assert more.returncode == 0, more.stderr
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
+    # -c 0: the length the model was trained for (512 for the tiny ones), for perplexity's chunks too
+    trained = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "2", "-c", "0", "--json")
+    assert trained.returncode == 0 and b"note: the context" not in trained.stderr, trained.stderr
+    scored = localspec("perplexity", tiny["target"], "-f", "/dev/stdin", "-c", "0", "--json", stdin=b"the cat " * 300)
+    assert scored.returncode == 0 and json.loads(scored.stdout)["ctx_size"] == 512, scored.stderr
     on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",
                        "-n", "3", "--json")
     assert on_cpu.returncode == 0, on_cpu.stderr

@@ -535,9 +535,9 @@ def perplexity(
     if chunks is not None and chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {chunks}")
     text = read_text(file)
-    ctx = settings.runtime.ctx_size
     # (the target alone reads the text: nothing is drafted)
     with _open(replace(settings, speculation=Speculation(drafting=DrafterKind.PLAIN)), "perplexity") as session:
+        ctx = settings.runtime.ctx_size or session.target.n_ctx  # (-c 0: the length the model was trained for)
         with tui.err.status("perplexity: tokenizing") as status:
             def progress(done: int, total: int, ppl: float) -> None:
                 status.update(f"perplexity: chunk {done:,} of {total:,}, PPL {ppl:.4f} so far")

@@ -267,7 +267,8 @@ TEMPLATE_OPTIONS = {
 }
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
-        "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256).",
+        "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256); 0: the"
+        " length the model was trained for, as llama.cpp's -c 0.",
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.ctx_size),
     "threads": (Annotated[int, typer.Option(
         "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
