@@ -75,6 +75,9 @@ def hub(tiny, big_file, shards):
     # Gemma 4 26B-A4B from ggml-org, and the assistant drafter unsloth publishes for it
     hub.add("ggml-org/gemma-4-26B-A4B-it-GGUF", tiny["gemma4"], "gemma-4-26B-A4B-it-Q4_K_M.gguf")
     hub.add("unsloth/gemma-4-26B-A4B-it-GGUF", tiny["gemma4_assistant"], "mtp-gemma-4-26B-A4B-it.gguf")
+    # the files llama-server's --fim-qwen-7b-spec fetches (llama.vscode's speculative setting)
+    hub.add("ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF", tiny["target"], "qwen2.5-coder-7b-q8_0.gguf")
+    hub.add("ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", tiny["same"], "qwen2.5-coder-0.5b-q8_0.gguf")
     server = serve(hub)
     yield hub
     server.shutdown()
@@ -369,6 +372,25 @@ def test_llama_cpps_hf_names_a_repo_and_its_quantization_q4_k_m_where_none_is_gi
     assert done.returncode == 0, done.stderr
     placement = json.loads(done.stdout)["placement"]
     assert (placement["target"]["file"], placement["draft"]["file"]) == ("tiny-q4_k_m.gguf", "tiny-q8_0.gguf")
+
+
+def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):
+    """llama-server's --fim-qwen-7b-spec (llama.vscode's; an unknown option before): ggml-org's 7B and 0.5B Q8_0 files
+    fetched from the Hub, drafting with the 0.5B, the model's own context, --cache-reuse 256, port 8012; anything the
+    command line says stands over it."""
+    from localspec.cli.options import build_settings
+
+    done = localspec("run", "--fim-qwen-7b-spec", "-p", "the cat", "-n", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    placement = json.loads(done.stdout)["placement"]
+    assert (placement["target"]["file"], placement["draft"]["file"]) == (
+        "qwen2.5-coder-7b-q8_0.gguf", "qwen2.5-coder-0.5b-q8_0.gguf")
+    settings = build_settings(fim_qwen_7b_spec=True)
+    assert (settings.runtime.ctx_size, settings.runtime.cache_reuse, settings.runtime.prompt_batch, settings.port) == (
+        0, 256, 1024, 8012)
+    assert build_settings(fim_qwen_7b_spec=True, batch_size=512, target="other.gguf").target == "other.gguf"
+    two = localspec("run", "--fim-qwen-7b-spec", "--gpt-oss-20b-default", "-p", "x")
+    assert two.returncode == 2 and "are two presets; give one" in two.stderr
 
 
 def test_an_ollama_quantization_tag_fetches_that_file_of_the_models_repo_and_keeps_its_family(localspec, home):

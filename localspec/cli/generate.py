@@ -567,7 +567,9 @@ def serve(
     settings: Settings,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the model to your"
                                       " network (give it an --api-key).")] = DEFAULT_SERVING.host,
-    port: Annotated[int, typer.Option("--port", help="Port to listen on; 0 takes any free one.")] = DEFAULT_SERVING.port,
+    port: Annotated[Optional[int], typer.Option(
+        "--port", help=f"Port to listen on; 0 takes any free one. Default: {DEFAULT_SERVING.port} (llama-server's; a"
+        " preset's own, as --fim-qwen-7b-spec's 8012).", show_default=False)] = None,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="LOCALSPEC_API_KEY", show_default=False,
         help="Answer only requests with 'Authorization: Bearer KEY' (401 otherwise); /health stays open."
@@ -672,6 +674,7 @@ def serve(
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if api_key_file else [])
+    port = next(given for given in (port, settings.port, DEFAULT_SERVING.port) if given is not None)
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=_origins(cors_origin or ()), keep_alive=duration_seconds(keep_alive),

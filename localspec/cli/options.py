@@ -437,6 +437,37 @@ LLAMA_CPP_OPTIONS = {
     "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
 
+def _qwen_coder(size: str) -> str:
+    return f"hf:ggml-org/Qwen2.5-Coder-{size.upper()}-Q8_0-GGUF/qwen2.5-coder-{size}-q8_0.gguf"
+
+
+def _coder(model: str, draft: str | None = None) -> dict:
+    """llama-server's --fim-qwen-* presets, as llama.vscode asks for them: the model's own context, batches of 1024,
+    --cache-reuse 256."""
+    return {"model": model, "batch_size": 1024, "ctx_size": 0, "cache_reuse": 256, "port": 8012} | (
+        {"draft": draft} if draft else {})
+
+
+def _gpt_oss(model: str) -> dict:
+    """llama-server's --gpt-oss-* presets: two sequences of 128K tokens, OpenAI's sampling for it."""
+    return {"model": model, "batch_size": 2048, "parallel": "2", "ctx_size": 131072, "temp": 1.0, "top_p": 1.0,
+            "top_k": 0, "min_p": 0.01, "port": 8013}
+
+
+# llama-server's presets (a model fetched from the Hub with its settings), as the options that say the same; each
+# stands where the command line says otherwise
+LLAMA_PRESETS = {
+    **{f"fim-qwen-{size}-default": _coder(_qwen_coder(size)) for size in ("1.5b", "3b", "7b")},
+    **{f"fim-qwen-{size}-spec": _coder(_qwen_coder(size), _qwen_coder("0.5b")) for size in ("7b", "14b")},
+    "fim-qwen-30b-default": _coder(
+        "hf:ggml-org/Qwen3-Coder-30B-A3B-Instruct-Q8_0-GGUF/qwen3-coder-30b-a3b-instruct-q8_0.gguf"),
+    "gpt-oss-20b-default": _gpt_oss("hf:ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-mxfp4.gguf"),
+    "gpt-oss-120b-default": _gpt_oss("ggml-org/gpt-oss-120b-GGUF:mxfp4"),
+}
+PRESET_OPTIONS = {name.replace("-", "_").replace(".", "_"): (Annotated[bool, typer.Option(f"--{name}", hidden=True)],
+                                                             False) for name in LLAMA_PRESETS}
+
+
 def _lacking(reason: str, *spellings: str) -> dict[str, str]:
     return dict.fromkeys(spellings, reason)
 
@@ -499,6 +530,9 @@ LLAMA_CPP_LACKS = {
                " recently used unloaded first where memory is short, each kept --keep-alive once idle",
                "--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload",
                "--sleep-idle-seconds"),
+    **_lacking("localspec reads text only (no multimodal projector)", "--vision-gemma-4b-default",
+               "--vision-gemma-12b-default"),
+    **_lacking("not offered: serve embeds with the model it runs (/v1/embeddings)", "--embd-gemma-default"),
     **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",
                "--log-file", "--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--verbosity",
                "--log-verbosity", "--log-prefix", "--log-timestamps", "--log-verbose"),
@@ -506,7 +540,7 @@ LLAMA_CPP_LACKS = {
 
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
-                      RPC_OPTIONS, LLAMA_CPP_OPTIONS)
+                      RPC_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -526,6 +560,7 @@ class Settings:
     limits: Limits
     thinking: Thinking = Thinking()
     made: Preset | None = None  # the model made with `create` that the command named (target: its base)
+    port: int | None = None  # a llama-server preset's (serve's, where --port says none)
     template_variables: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs
     chat_template: str | None = None  # --chat-template(-file): in place of the target's own
 
@@ -543,6 +578,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     the others)."""
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
+    preset = _preset(o, _given(values, context))
     if o.hf_repo is not None:
         if o.target is not None or o.model is not None:
             raise UsageError("TARGET, --model/-m and -hf name two targets; give one")
@@ -613,6 +649,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,
+        port=preset.get("port"),
         template_variables=variables,
         chat_template=_chat_template(o),
     )
@@ -624,6 +661,25 @@ def _options_of(made: Preset) -> dict:
     if "max_tokens" in options and options["max_tokens"] is None:
         options["max_tokens"] = -1  # (until the model stops)
     return options | ({"ctx_size": made.num_ctx} if made.num_ctx else {})
+
+
+def _preset(o: SimpleNamespace, given: set[str]) -> dict:
+    """The llama-server preset the command line names (or {}), its settings put where the command line gives none
+    (its model where it names no target)."""
+    named = [name for name in LLAMA_PRESETS if getattr(o, PRESET_NAMES[name])]
+    if len(named) > 1:
+        raise UsageError(f"--{named[0]} and --{named[1]} are two presets; give one")
+    if not named:
+        return {}
+    preset = LLAMA_PRESETS[named[0]]
+    named_target = o.target is not None or o.model is not None or o.hf_repo is not None
+    for name, value in preset.items():
+        if name != "port" and name not in given and not (name == "model" and named_target):
+            setattr(o, name, value)
+    return preset
+
+
+PRESET_NAMES = dict(zip(LLAMA_PRESETS, PRESET_OPTIONS))
 
 
 def _given(values: dict, context: typer.Context | None) -> set[str]:
