@@ -170,6 +170,9 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ot", "blk[=CPU"], "--override-tensor: 'blk[' is not a regular expression"),
         (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
         (["{target}", "-p", "x", "-sm", "diagonal"], "--split-mode takes none, layer, row, tensor"),
+        (["{target}", "-p", "x", "--no-cache-prompt"], "--no-cache-prompt: localspec always reads back what a cache"),
+        (["{target}", "-p", "x", "-ncffn", "-2"], "--n-cpu-ffn takes a number of layers >= 0"),
+        (["{target}", "-p", "x", "-sps", "0.5"], "no such option: -sps; serve reads back what a sequence's cache"),
         (["{target}", "-p", "x", "-lm", "dio"], "--load-mode takes auto, none, mmap, mlock, mmap+mlock"),
         (["{target}", "-p", "x", "-lm", "none", "--mlock"], "--load-mode and --mmap/--no-mmap/--mlock each say"),
         (["{target}", "-p", "x", "--spec-ngram-mod-n-match", "24"], "localspec has one n-gram lookup, which finds"),
@@ -542,8 +545,8 @@ def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
     its own log (LOCALSPEC_DEBUG=1) says each tensor it kept elsewhere; the text is the same."""
     moe = write_tiny_model(tmp_path / "moe.gguf", TinySpec(seed=1, experts=4))
 
-    def run(*flags):
-        done = subprocess.run([sys.executable, "-m", "localspec", "run", moe, "-p", "the cat", "-n", "6", "--temp", "0",
+    def run(*flags, model=moe):
+        done = subprocess.run([sys.executable, "-m", "localspec", "run", model, "-p", "the cat", "-n", "6", "--temp", "0",
                                *flags], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "LOCALSPEC_HOME": str(tmp_path), "LOCALSPEC_DEBUG": "1"})
         assert done.returncode == 0, done.stderr
@@ -560,6 +563,9 @@ def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
     # the target's and the draft's own
     drafted, kept = run("-md", moe, "--spec", "fixed", "-cmoe", "--n-cpu-moe-draft", "1")
     assert drafted == text and kept == experts + experts[:3]
+    # a dense model's first layers' feed-forward (-ncffn)
+    dense = write_tiny_model(tmp_path / "dense.gguf", TinySpec(seed=1))
+    assert run("-ncffn", "1", "--repack", model=dense)[1] == [f"blk.0.ffn_{kind}.weight" for kind in ("gate", "down", "up")]
 
 
 def test_no_option_said_to_be_lacking_is_taken():

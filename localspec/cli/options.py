@@ -307,6 +307,9 @@ RESOURCE_OPTIONS = {
     "n_cpu_moe": (Annotated[int, typer.Option(
         "--n-cpu-moe", "-ncmoe", metavar="N", help="The same for the first N layers' experts only.",
         rich_help_panel=RESOURCES)], 0),
+    "n_cpu_ffn": (Annotated[int, typer.Option(
+        "--n-cpu-ffn", "-ncffn", metavar="N", help="A dense model's: the first N layers' feed-forward weights in RAM.",
+        rich_help_panel=RESOURCES)], 0),
     "device": (Annotated[Optional[str], typer.Option(
         "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
         " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
@@ -395,7 +398,7 @@ RPC_OPTIONS = {
         " without a GPU, across the workers and this machine's CPU by free memory (--gpu-layers N: N layers to"
         " the workers, -1 all). The draft model stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
     "no_repack": (Annotated[bool, typer.Option(
-        "--no-repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
+        "--no-repack/--repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
         " a worker computes with that layout, so only then does greedy text match a run split with --rpc"
         " token for token.", rich_help_panel=RESOURCES)], False),
     "tensor_split": (Annotated[Optional[str], typer.Option(
@@ -431,6 +434,8 @@ LLAMA_CPP_OPTIONS = {
     "context_shift": (Annotated[Optional[bool], typer.Option("--context-shift/--no-context-shift", hidden=True)], None),
     "swa_full": (Annotated[bool, typer.Option("--swa-full", hidden=True)], False),
     "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
+    "perf": (Annotated[bool, typer.Option("--perf/--no-perf", hidden=True)], True),  # timings are always measured
+    "cache_prompt": (Annotated[bool, typer.Option("--cache-prompt/--no-cache-prompt", hidden=True)], True),
     "mmproj": (Annotated[Optional[str], typer.Option("--mmproj", "-mm", hidden=True)], None),
     "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", "--no-mmproj-auto", hidden=True)], False),
     "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
@@ -533,6 +538,30 @@ LLAMA_CPP_LACKS = {
     **_lacking("localspec reads text only (no multimodal projector)", "--vision-gemma-4b-default",
                "--vision-gemma-12b-default"),
     **_lacking("not offered: serve embeds with the model it runs (/v1/embeddings)", "--embd-gemma-default"),
+    **_lacking("serve reads back what a sequence's cache holds for any request, and picks the sequence whose cache"
+               " holds most of the prompt", "-sps", "--slot-prompt-similarity"),
+    **_lacking("serve keeps a long prompt's cache on disk as it is read (--prompt-cache), not when its sequence"
+               " is idle", "--cache-idle-slots", "--no-cache-idle-slots"),
+    **_lacking("the sequences share one pool of cells, as -kvu", "--kv-unified-per-slot"),
+    **_lacking("one serve a port", "--reuse-port"),
+    **_lacking("serve sends no pings: a stream carries each token as it comes (and a long prompt's progress with"
+               " return_progress)", "--sse-ping-interval"),
+    **_lacking("/infill lays its prompt out prefix first, as llama-server does by default", "--spm-infill"),
+    **_lacking("adaptive-p sampling is not in localspec's chain", "--adaptive-target", "--adaptive-decay"),
+    **_lacking("serve's /v1/embeddings pools as the model's metadata says (a generative model by the mean) and"
+               " normalizes each vector, as llama-server does by default", "--pooling", "--embd-normalize"),
+    **_lacking("what of earlier thinking a conversation keeps is its chat template's to decide (clients send it"
+               " back as reasoning_content)", "--reasoning-preserve", "--no-reasoning-preserve"),
+    **_lacking("a thinking budget closes the block without a message (--reasoning-budget)",
+               "--reasoning-budget-message"),
+    **_lacking("--reasoning-format none leaves the thinking in the content; tool calls are read only where a"
+               " request offers tools", "--skip-chat-parsing", "--no-skip-chat-parsing"),
+    **_lacking("not offered: localspec's header reader checks each file's structure before llama.cpp loads it, not"
+               " its weights' values", "--check-tensors"),
+    **_lacking("not offered: llama.cpp decides", "--no-host", "--op-offload", "--no-op-offload", "-lzm",
+               "--lazy-mode"),
+    **_lacking("scripts/accelerator-report measures the ceiling with a drafter that is always right",
+               "--spec-synth-len", "--spec-synth-rates"),
     **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",
                "--log-file", "--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--verbosity",
                "--log-verbosity", "--log-prefix", "--log-timestamps", "--log-verbose"),
@@ -635,7 +664,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
                         draft_threads=o.draft_threads, split_mode=o.split_mode, main_gpu=o.main_gpu,
                         kv_offload=o.kv_offload,
-                        tensor_overrides=_overrides(o.override_tensor, o.cpu_moe, o.n_cpu_moe, ""),
+                        tensor_overrides=_overrides(o.override_tensor, o.cpu_moe, o.n_cpu_moe, "", o.n_cpu_ffn),
                         draft_tensor_overrides=_overrides(o.draft_override_tensor, o.draft_cpu_moe, o.draft_n_cpu_moe,
                                                           "-draft"),
                         backend_sampling=o.backend_sampling, devices=device_names(o.device),
@@ -742,13 +771,15 @@ def _spec_types(o: SimpleNamespace) -> None:
         o.draft = drafters[0]
 
 
-# llama.cpp's LLM_FFN_EXPS_REGEX: a layer's expert weights, by their tensors' names
+# llama.cpp's LLM_FFN_EXPS_REGEX and LLM_FFN_DENSE_REGEX: a layer's expert weights, and its dense feed-forward's
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+DENSE_FFN = r"\.ffn_(up|down|gate)\."
 
 
-def _overrides(given: list[str] | None, all_experts: bool, first_experts: int, of: str) -> tuple[tuple[str, str], ...]:
-    """-ot's PATTERN=TYPE entries, then --cpu-moe's and --n-cpu-moe's, as llama.cpp reads them (of: the options'
-    ending, -draft for the draft's)."""
+def _overrides(given: list[str] | None, all_experts: bool, first_experts: int, of: str,
+               first_dense: int = 0) -> tuple[tuple[str, str], ...]:
+    """-ot's PATTERN=TYPE entries, then --cpu-moe's, --n-cpu-moe's and --n-cpu-ffn's, as llama.cpp reads them (of:
+    the options' ending, -draft for the draft's)."""
     overrides = []
     for item in (item for text in given or () for item in text.split(",")):
         pattern, equals, kind = item.partition("=")
@@ -756,11 +787,13 @@ def _overrides(given: list[str] | None, all_experts: bool, first_experts: int, o
             raise UsageError(f"--override-tensor{of} takes PATTERN=TYPE entries, comma-separated, as llama.cpp's"
                              f" (blk\\.[0-9]+\\.ffn_.*_exps=CPU); got {item!r}")
         overrides.append((pattern, kind))
-    if first_experts < 0:
-        raise UsageError(f"--n-cpu-moe{of} takes a number of layers >= 0, got {first_experts}")
+    for option, layers in ((f"--n-cpu-moe{of}", first_experts), ("--n-cpu-ffn", first_dense)):
+        if layers < 0:
+            raise UsageError(f"{option} takes a number of layers >= 0, got {layers}")
     if all_experts:
         overrides.append((EXPERTS, "CPU"))
     overrides += [(f"blk\\.{layer}{EXPERTS}", "CPU") for layer in range(first_experts)]
+    overrides += [(f"blk\\.{layer}{DENSE_FFN}", "CPU") for layer in range(first_dense)]
     return tuple(overrides)
 
 
@@ -805,6 +838,9 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.draft_threads_batch is not None and o.draft_threads_batch not in (o.draft_threads or o.threads or default_threads(), -1):
         raise UsageError(f"--threads-batch-draft {o.draft_threads_batch}: a draft reads and drafts with the same"
                          " --threads-draft here; give --threads-draft instead")
+    if not o.cache_prompt:
+        raise UsageError("--no-cache-prompt: localspec always reads back what a cache holds of a prompt (the answer is"
+                         " the same, read faster); --prompt-cache off keeps none on disk")
     if o.mmproj is not None:
         raise UsageError("--mmproj: localspec reads text only (a multimodal projector is not loaded; images are"
                          " refused)")
