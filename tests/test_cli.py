@@ -492,6 +492,17 @@ def test_setup_script_builds_for_a_named_accelerator_or_says_which_it_knows():
         assert done.returncode == 2 and "cpu|cuda|metal|vulkan" in done.stderr, args
 
 
+def test_setup_script_says_in_one_line_that_python_3_10_is_too_old(tmp_path):
+    """The README said 3.10+, but enum's StrEnum came with 3.11: the install failed at the first import."""
+    shim = tmp_path / "python3"
+    shim.write_text("#!/bin/sh\ncase \"$2\" in *version_info*) exit 1;; *) echo 3.10.14;; esac\n")
+    shim.chmod(0o755)
+    setup = Path(__file__).parents[1] / "scripts" / "setup-venv"
+    done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert done.returncode == 1 and done.stderr == "localspec needs Python 3.11 or newer; python3 is 3.10.14\n"
+
+
 def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
     """Loading llama.cpp's library is for commands that run a model (issue 13: no work at import)."""
     probe = ("import sys\nfrom localspec import cli\n"

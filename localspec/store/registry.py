@@ -8,7 +8,6 @@ quantization (`owner/repo:Q4_K_M`), or a local path.
 
 import difflib
 import re
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,10 +15,7 @@ from pathlib import Path
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
+import tomllib
 
 from .. import paths
 from . import modelfile
