@@ -548,6 +548,9 @@ class Thinking:
     think: bool | None = None
     effort: str | None = None
     budget: int | None = None
+    # think (True) asked of whatever model answers (a request's enable_thinking, which clients send to every model):
+    # a model that does not think answers as it does rather than refuse
+    if_able: bool = False
 
     def __post_init__(self):
         if self.effort is not None and self.effort not in EFFORTS:

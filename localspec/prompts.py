@@ -163,7 +163,7 @@ class Prompts:
         as llama.cpp does; gpt-oss, which cannot be turned off, is given its final channel to answer in."""
         family = self.family
         if family is reasoning.NONE:
-            if thinking.think:
+            if thinking.think and not thinking.if_able:
                 raise InputError(f"{self.model.path.name} does not support thinking: its chat template writes no"
                                  " thinking block (ask without think)")
             return tokens, None

@@ -469,6 +469,12 @@ def test_enable_thinking_false_in_the_command_lines_template_kwargs_turns_thinki
             headers={"Content-Type": "application/json"}), timeout=60).read()
         # (the template's empty block, thinking off; the tiny vocabulary shows a space after each marker)
         assert "".join(json.loads(prompt)["prompt"].split()).endswith("<think></think>")
+        # a request's enable_thinking true turns it back on, as llama-server's does (it was taken and left alone)
+        asked = urllib.request.urlopen(urllib.request.Request(
+            server.base + "/apply-template", data=json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                              "chat_template_kwargs": {"enable_thinking": True}}).encode(),
+            headers={"Content-Type": "application/json"}), timeout=60).read()
+        assert "".join(json.loads(asked)["prompt"].split()).endswith("<|im_start|>assistant")
     finally:
         assert server.stop() == 0, server.log()
 

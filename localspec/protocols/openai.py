@@ -210,16 +210,17 @@ def _thinking(chat: ChatRequest, defaults: Defaults):
     """How a reasoning model is to think: reasoning_effort ("none": not at all), chat_template_kwargs'
     enable_thinking and reasoning_effort, a budget of tokens (-1: none), over the server's."""
     arguments = chat.chat_template_kwargs or TemplateArguments()
-    # enable_thinking true asks for what a thinking model does anyway, and llama-server lets it pass for a model
-    # that does not think (clients send it to every model): only false turns anything off
-    think, level = (False if arguments.enable_thinking is False else None), None
+    # enable_thinking true asks for what a thinking model does by default, or turns it on where serve turned it off
+    # (--no-think), as llama-server's request does; a model that does not think lets it pass (clients send it to
+    # every model), as llama-server's does
+    think, level = arguments.enable_thinking, None
     for where, given in (("reasoning_effort", chat.reasoning_effort),
                          ("chat_template_kwargs.reasoning_effort", arguments.reasoning_effort)):
         if given is not None:
             level = effort(given, where)
             think = think if level is not None else False
     budget = chat.reasoning_budget_tokens if chat.reasoning_budget_tokens is not None else chat.thinking_budget_tokens
-    return thinking_asked(defaults.thinking, think, level, budget)
+    return thinking_asked(defaults.thinking, think, level, budget, if_able=arguments.enable_thinking is True)
 
 
 def _tools(chat: ChatRequest) -> Tools | None:

@@ -247,11 +247,12 @@ def effort(value: str, where: str) -> str | None:
 
 
 def thinking_asked(defaults: Thinking, think: bool | None = None, level: str | None = None,
-                   budget: int | None = None) -> Thinking:
-    """The server's thinking with what a request asks over it (None keeps the server's); level: the effort."""
+                   budget: int | None = None, if_able: bool = False) -> Thinking:
+    """The server's thinking with what a request asks over it (None keeps the server's); level: the effort; if_able:
+    think asked of whatever model answers (Thinking.if_able)."""
     try:
         return Thinking(defaults.think if think is None else think, level or defaults.effort,
-                        defaults.budget if budget is None else budget)
+                        defaults.budget if budget is None else budget, if_able)
     except UsageError as error:
         raise ApiError(400, str(error)) from None
 
