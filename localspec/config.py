@@ -446,6 +446,9 @@ class Runtime:
                 re.compile(pattern)
             except re.error as error:
                 raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression ({error})") from None
+            if re.search(r"\(\?[^:=!]", pattern):  # Python's own groups and flags, which llama.cpp's C++ regex lacks
+                raise UsageError(f"--override-tensor: {pattern!r} uses a group llama.cpp's regular expressions (C++'s"
+                                 " ECMAScript) lack: (?:...), (?=...) and (?!...) are theirs")
         if self.prompt_cache < 0:
             raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
         if self.cache_reuse < 0:

@@ -43,7 +43,7 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     elif draft_model == registry.AUTO:  # the drafter published beside it, found as llama.cpp finds one
         beside = download.drafter_beside(store.find(target), offline)
         draft_model = beside.typed or beside.name if beside else draft_model
-    pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size)
+    pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size or None)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     runtime = sized(runtime, pair.target)
@@ -181,9 +181,12 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     target_model = own(Model(target, placed.gpu_layers, placed.devices, load_mtp=plan.target_mtp,
                              tensor_split=placed.tensor_split, tensor_overrides=runtime.tensor_overrides, **loading))
     # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
+    # (a draft on the devices named for it splits by layers over them, as llama.cpp's)
+    draft_loading = loading | ({"split_mode": "layer", "main_gpu": 0} if placement.draft and placement.draft.devices
+                               else {})
     models = {spec: target_model if spec.weights is Weights.TARGET else own(Model(
         draft, placement.draft.gpu_layers, placement.draft.devices, load_mtp=spec.weights is Weights.MTP_FILE,
-        tensor_overrides=runtime.draft_tensor_overrides, **loading)) for spec in plan.costly}
+        tensor_overrides=runtime.draft_tensor_overrides, **draft_loading)) for spec in plan.costly}
     kept = tuple(layer for spec, model in models.items() for layer in spec.drafter.layers_read(target_model, model))
     # rows sampled in one batch: a verification of the longest draft; a bigger batch would abort llama.cpp
     rows = longest_draft(speculation) + 1

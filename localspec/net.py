@@ -3,6 +3,7 @@ a port in use is one line at once, not a failure after minutes of loading."""
 
 import contextlib
 import errno
+import re
 import socket
 import ssl
 from pathlib import Path
@@ -36,9 +37,14 @@ def serving_tls(certificate: Path, key: Path) -> ssl.SSLContext:
 
 def trusting(certificate: str) -> ssl.SSLContext:
     """A client's TLS that trusts this certificate alone: a serve on this machine, by the certificate its record
-    names (whatever host name the certificate was made for: it is reached at its listening address)."""
-    context = ssl.create_default_context(cafile=certificate)
-    context.check_hostname = False  # (the chain is still verified, against this certificate alone)
+    names (whatever host name the certificate was made for: it is reached at its listening address); the file's
+    first certificate, the server's own, not the chain after it (which would trust all its issuer signs)."""
+    text = Path(certificate).read_text()
+    first = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", text, re.DOTALL)
+    if first is None:
+        raise ssl.SSLError(f"{certificate} holds no PEM certificate")
+    context = ssl.create_default_context(cadata=first[0])
+    context.check_hostname = False  # (the certificate is still verified: it must be this one)
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a CA-signed certificate is trusted as itself
     return context
 

@@ -156,7 +156,10 @@ def serving(target: str, draft: str | None) -> Remote | None:
         held = tuple(Path(path) for path in record.get("files", ()))
         if record["command"] == "serve" and record.get("address") and held[:1] == files[:1] \
                 and (draft is None or held[1:2] == files[1:2]):
-            return Remote.of(record)
+            try:
+                return Remote.of(record)
+            except EngineError:  # (its certificate gone: the model loads here)
+                return None
     return None
 
 
@@ -175,7 +178,10 @@ def stop(name: str) -> str:
     for record in records:
         if record["command"] != "serve" or not record.get("address"):
             continue
-        serve = Remote.of(record)
+        try:
+            serve = Remote.of(record)
+        except EngineError:  # (its certificate gone: that serve cannot be asked)
+            continue
         held = [model["name"] for model in serve.loaded() if _file(model["name"]) == path]
         if not held:
             continue

@@ -168,6 +168,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ot", "blk=GPU9"], "--override-tensor: no buffer type named GPU9; this build has:"),
         (["{target}", "-p", "x", "-ot", "blk"], "--override-tensor takes PATTERN=TYPE entries"),
         (["{target}", "-p", "x", "-ot", "blk[=CPU"], "--override-tensor: 'blk[' is not a regular expression"),
+        (["{target}", "-p", "x", "-ot", "(?i)BLK=CPU"], "uses a group llama.cpp's regular expressions (C++'s"),
         (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
         (["{target}", "-p", "x", "-sm", "diagonal"], "--split-mode takes none, layer, row, tensor"),
         (["{target}", "-p", "x", "--no-cache-prompt"], "--no-cache-prompt: localspec always reads back what a cache"),
@@ -206,11 +207,11 @@ def test_llama_cpp_spellings_work(localspec, tiny):
                      "128", "--json")
     assert more.returncode == 0, more.stderr
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
-    # -c 0: the length the model was trained for (512 for the tiny ones), for perplexity's chunks too
+    # -c 0: the length the model was trained for (512 for the tiny ones); perplexity asks for its chunks' length
     trained = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "2", "-c", "0", "--json")
     assert trained.returncode == 0 and b"note: the context" not in trained.stderr, trained.stderr
-    scored = localspec("perplexity", tiny["target"], "-f", "/dev/stdin", "-c", "0", "--json", stdin=b"the cat " * 300)
-    assert scored.returncode == 0 and json.loads(scored.stdout)["ctx_size"] == 512, scored.stderr
+    scored = localspec("perplexity", tiny["target"], "-f", "/dev/stdin", "-c", "0", stdin=b"the cat " * 300)
+    assert scored.returncode == 2 and b"perplexity -c 0: give the chunks' length" in scored.stderr
     on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",
                        "-n", "3", "--json")
     assert on_cpu.returncode == 0, on_cpu.stderr
@@ -228,7 +229,7 @@ def test_llama_servers_speculative_command_line_works(localspec, tiny):
         return json.loads(done.stdout)
 
     drafted = run("--spec-draft-model", tiny["same"], "--spec-type", "ngram-mod,draft-simple", "--spec-draft-n-max",
-                  "4", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "1", "-tbd", "1", "-ctkd", "f32",
+                  "4", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "0", "-tbd", "1", "-ctkd", "f32",
                   "-ctvd", "f32", "-ngl", "all", "--spec-draft-ngl", "all", "--spec", "fixed")
     assert drafted["placement"]["draft"]["file"] == tiny["same"].name and drafted["stats"]["drafted"] > 0
     plain = run("--spec-type", "none")

@@ -389,6 +389,10 @@ def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):
     assert (settings.runtime.ctx_size, settings.runtime.cache_reuse, settings.runtime.prompt_batch, settings.port) == (
         0, 256, 1024, 8012)
     assert build_settings(fim_qwen_7b_spec=True, batch_size=512, target="other.gguf").target == "other.gguf"
+    # its draft model stands where the command line says nothing of drafting (a review found these refused)
+    assert build_settings(fim_qwen_7b_spec=True, no_draft=True).speculation.drafting == "plain"
+    assert build_settings(fim_qwen_7b_spec=True, spec_default=True).draft_model is None
+    assert build_settings(fim_qwen_7b_spec=True, hf_repo_draft="me/draft").draft_model == "me/draft:Q4_K_M"
     two = localspec("run", "--fim-qwen-7b-spec", "--gpt-oss-20b-default", "-p", "x")
     assert two.returncode == 2 and "are two presets; give one" in two.stderr
 

@@ -125,6 +125,11 @@ def test_split_mode_none_keeps_a_model_on_the_main_gpu_alone(tiny):
         ["CUDA1"]
     with pytest.raises(UsageError, match=r"--main-gpu 2: the model may use 2 GPU\(s\), numbered from 0: CUDA0, CUDA1"):
         Placement.plan(Runtime(split_mode="none", main_gpu=2), info, machine=machine)
+    # counted in --device's order, as llama.cpp counts them; a draft on devices of its own splits over them
+    assert Placement.plan(Runtime(split_mode="none", devices=("CUDA1", "CUDA0")), info, machine=machine).target.held_by \
+        == ["CUDA1"]
+    assert Placement.plan(Runtime(split_mode="none", main_gpu=1, draft_devices=("CUDA0",)), info, info,
+                          machine).draft.held_by == ["CUDA0"]
     with pytest.raises(UsageError, match="--split-mode takes none, layer, row, tensor"):
         Runtime(split_mode="diagonal")
 

@@ -534,10 +534,13 @@ def perplexity(
     """
     if chunks is not None and chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {chunks}")
+    if not settings.runtime.ctx_size:  # (a scoring context beside the model's own: twice the trained length's cache)
+        raise UsageError("perplexity -c 0: give the chunks' length in tokens (llama-perplexity is usually run with"
+                         " 512, the default here)")
     text = read_text(file)
     # (the target alone reads the text: nothing is drafted)
     with _open(replace(settings, speculation=Speculation(drafting=DrafterKind.PLAIN)), "perplexity") as session:
-        ctx = settings.runtime.ctx_size or session.target.n_ctx  # (-c 0: the length the model was trained for)
+        ctx = settings.runtime.ctx_size
         with tui.err.status("perplexity: tokenizing") as status:
             def progress(done: int, total: int, ppl: float) -> None:
                 status.update(f"perplexity: chunk {done:,} of {total:,}, PPL {ppl:.4f} so far")

@@ -268,30 +268,32 @@ TEMPLATE_OPTIONS = {
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
         "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256); 0: the"
-        " length the model was trained for, as llama.cpp's -c 0.",
+        " length the model was trained for, as llama.cpp's -c 0 (each sequence's, with --parallel).",
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.ctx_size),
     "threads": (Annotated[int, typer.Option(
         "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
         show_default=False, rich_help_panel=RESOURCES)], 0),
     "gpu_layers": (Annotated[Optional[str], typer.Option(
         "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N|all", help="Target layers on the GPU; all (or -1,"
-        " the default) for every one. llama.cpp's auto fits them to the free memory; here it is all, and a"
-        " model that cannot fit is refused before it loads.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " the default) for every one. llama.cpp's auto fits the count to the GPU's free memory; here auto is all"
+        " (give a count where the model is bigger than the GPU).", show_default=False, rich_help_panel=RESOURCES)],
+        None),
     "draft_gpu_layers": (Annotated[Optional[str], typer.Option(
         "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl",
         metavar="N|all", help="Draft layers on the GPU; all (or -1, the default) for every one.", show_default=False,
         rich_help_panel=RESOURCES)], None),
     "draft_threads": (Annotated[Optional[int], typer.Option(
         "--threads-draft", "-td", "--spec-draft-threads", help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash"
-        " drafter). Default: --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " drafter). Default (or 0): --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
     "split_mode": (Annotated[str, typer.Option(
         "--split-mode", "-sm", metavar="MODE", help="How the offloaded layers split across several GPUs,"
         " as llama.cpp's: layer (by layers, pipelined), row (each weight by rows, in parallel), tensor (llama.cpp's"
         " experimental split of weights and KV cache), or none (all on --main-gpu).", rich_help_panel=RESOURCES)],
         DEFAULT_RUNTIME.split_mode),
     "main_gpu": (Annotated[int, typer.Option(
-        "--main-gpu", "-mg", help="With --split-mode none, the GPU that holds the model (0: the first `localspec"
-        " doctor` lists).", rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.main_gpu),
+        "--main-gpu", "-mg", help="With --split-mode none, the device that holds the model, counted as llama.cpp"
+        " counts them: in --device's order where it is given, else RPC workers first, then this machine's GPUs.",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.main_gpu),
     "kv_offload": (Annotated[bool, typer.Option(
         "--kv-offload/--no-kv-offload", "-kvo/-nkvo", help="Keep the KV cache beside the offloaded layers on their"
         " GPU, or in RAM (-nkvo: more room for layers, slower attention).", rich_help_panel=RESOURCES)],
@@ -299,7 +301,7 @@ RESOURCE_OPTIONS = {
     "override_tensor": (Annotated[Optional[list[str]], typer.Option(
         "--override-tensor", "-ot", metavar="RE=TYPE", help="Keep the tensors whose names the regular"
         " expression finds in a buffer of that type (CPU, CUDA0, ...), as llama.cpp's: the first pattern that finds"
-        " a name decides. Repeatable.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " a name decides, -ot's before --cpu-moe's and --n-cpu-moe's. Repeatable.", show_default=False, rich_help_panel=RESOURCES)], None),
     "cpu_moe": (Annotated[bool, typer.Option(
         "--cpu-moe", "-cmoe", help="Keep a Mixture-of-Experts model's expert weights in RAM, the rest on the GPU"
         " (llama.cpp's): a MoE too big for the GPU runs at a fraction of the CPU's cost.",
@@ -662,7 +664,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         # with workers, unless told: the layers split by free memory, this machine's too
                         gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
                         draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
-                        draft_threads=o.draft_threads, split_mode=o.split_mode, main_gpu=o.main_gpu,
+                        draft_threads=o.draft_threads if o.draft_threads and o.draft_threads > 0 else None,
+                        split_mode=o.split_mode, main_gpu=o.main_gpu,
                         kv_offload=o.kv_offload,
                         tensor_overrides=_overrides(o.override_tensor, o.cpu_moe, o.n_cpu_moe, "", o.n_cpu_ffn),
                         draft_tensor_overrides=_overrides(o.draft_override_tensor, o.draft_cpu_moe, o.draft_n_cpu_moe,
@@ -701,9 +704,10 @@ def _preset(o: SimpleNamespace, given: set[str]) -> dict:
     if not named:
         return {}
     preset = LLAMA_PRESETS[named[0]]
-    named_target = o.target is not None or o.model is not None or o.hf_repo is not None
+    said = {"model": o.target is not None or o.model is not None or o.hf_repo is not None,
+            "draft": o.no_draft or o.hf_repo_draft is not None or o.spec_type is not None or o.spec_default}
     for name, value in preset.items():
-        if name != "port" and name not in given and not (name == "model" and named_target):
+        if name != "port" and name not in given and not said.get(name):
             setattr(o, name, value)
     return preset
 

@@ -53,12 +53,13 @@ class ModelPlacement:
         return {"layers": self.layers, "offloaded": self.layers_on_gpu, "devices": self.held_by}
 
 
-def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime) -> tuple[str, ...]:
-    """The offload devices a model named so may use: the workers' first, as llama.cpp orders them; with
-    --split-mode none, the --main-gpu among them alone."""
+def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime,
+             one_gpu: bool = True) -> tuple[str, ...]:
+    """The offload devices a model named so may use, as llama.cpp orders them: as named, else the workers' first;
+    with --split-mode none (and one_gpu), the --main-gpu among them alone."""
     names = [d.name for d in found if d.remote] + [d.name for d in found if d.is_local_gpu]
-    offload = tuple(name for name in names if devices is None or name in devices)
-    if runtime.split_mode != "none" or not offload:
+    offload = tuple(names if devices is None else (name for name in devices if name in names))
+    if runtime.split_mode != "none" or not one_gpu or not offload:
         return offload
     if runtime.main_gpu >= len(offload):
         raise UsageError(f"--main-gpu {runtime.main_gpu}: the model may use {len(offload)} GPU(s), numbered from 0:"
@@ -83,12 +84,13 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) ->
 
 def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> ModelPlacement:
     """The draft model: as asked, else (with workers) anywhere but a worker's devices, so that no
-    network sits in the drafting loop."""
+    network sits in the drafting loop. --split-mode none and --main-gpu are the target's, and the draft's too
+    where its devices are not named (llama.cpp's draft splits by layers over those it is given)."""
     devices = runtime.draft_devices
     if devices is None and runtime.rpc:
         devices = tuple(d.name for d in machine.devices if d.is_local_gpu) or ("none",)
     return ModelPlacement(info.path.name, layer_count(info), runtime.draft_gpu_layers,
-                          _offload(machine.devices, devices, runtime), devices)
+                          _offload(machine.devices, devices, runtime, one_gpu=devices is None), devices)
 
 
 @dataclass(frozen=True)
