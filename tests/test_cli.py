@@ -172,6 +172,9 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "-ncmoe", "-1"], "--n-cpu-moe takes a number of layers >= 0"),
         (["{target}", "-p", "x", "-sm", "diagonal"], "--split-mode takes none, layer, row, tensor"),
         (["{target}", "-p", "x", "--no-cache-prompt"], "--no-cache-prompt: localspec always reads back what a cache"),
+        (["{target}", "-p", "x", "-sys", "a", "-sysf", "{notgguf}"], "each give the system prompt; give one"),
+        (["{target}", "-i", "-p", "x"], "opens a chat, and a chat takes no prompt"),
+        (["{target}", "-p", "x", "-co", "maybe"], "--color takes on, off or auto"),
         (["{target}", "-p", "x", "-ncffn", "-2"], "--n-cpu-ffn takes a number of layers >= 0"),
         (["{target}", "-p", "x", "-sps", "0.5"], "no such option: -sps; serve reads back what a sequence's cache"),
         (["{target}", "-p", "x", "-lm", "dio"], "--load-mode takes auto, none, mmap, mlock, mmap+mlock"),
@@ -522,7 +525,7 @@ def test_the_prompt_may_follow_the_model_as_in_ollama(localspec, tiny):
     assert run_json(localspec, "-m", tiny["target"], "the cat", *args)["text"] == flag["text"]
 
 
-def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, tiny):
+def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, tiny, tmp_path):
     plain = run_json(localspec, tiny["target"], "-p", "the cat\nsat", "--temp", "0", "-n", "5")
     spelled = run_json(localspec, tiny["target"], "-p", r"the cat\nsat", "-e", "--temp", "0", "--n-predict", "5",
                        "-fa", "auto", "--repeat-penalty", "1.0", "-b", "64")
@@ -534,6 +537,12 @@ def test_llama_cpp_spellings_that_mean_what_localspec_does_are_taken(localspec, 
         **system, "stats": ANY}
     alone = run_json(localspec, tiny["target"], "-p", "the cat", "--temp", "0", "-n", "5")
     assert system["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"]
+    # llama-cli's -sysf FILE, -co off and --no-show-timings (unknown options before)
+    (tmp_path / "system.txt").write_text("be brief")
+    from_file = localspec("run", tiny["target"], "-p", "the cat", "-sysf", tmp_path / "system.txt", "--temp", "0",
+                          "-n", "5", "-co", "off", "--no-show-timings")
+    assert from_file.returncode == 0 and from_file.stdout.decode() == system["text"] + "\n", from_file.stderr
+    assert b"tokens" not in from_file.stderr  # (no summary line)
 
 
 @pytest.mark.parametrize("flags, said", [

@@ -39,12 +39,17 @@ from .options import (
     SAMPLING_OPTIONS,
     SPECULATION_OPTIONS,
     HideThinkingOption,
+    ColorOption,
     HostOption,
     LocalOption,
     NoColorOption,
     Settings,
+    SystemFileOption,
     SystemOption,
+    TimingsOption,
     VerboseOption,
+    colorless,
+    system_prompt,
     after_model,
     device_names,
     read_prompt,
@@ -106,12 +111,13 @@ def run(
         Optional[Path], typer.Option("--file", "-f", help="Read the prompt from a file.", show_default=False)
     ] = None,
     system: SystemOption = None,
+    system_file: SystemFileOption = None,
     escape: Annotated[bool, typer.Option(
         "--escape/--no-escape", "-e", help=r"Read \n, \t, \\, \xNN and the like in the prompt and system prompt"
         " as the characters they stand for (llama.cpp's -e).")] = False,
     conversation: Annotated[bool, typer.Option(
-        "--conversation/--no-conversation", "-cnv/-no-cnv", help="Chat instead of answering one prompt, as"
-        " `localspec chat` does (llama.cpp's -cnv).")] = False,
+        "--conversation/--no-conversation", "-cnv/-no-cnv", "-i", "--interactive", "-if", "--interactive-first",
+        help="Chat instead of answering one prompt, as `localspec chat` does (llama.cpp's -cnv; -i, -if).")] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template; control tokens"
                                         " written in it (<|im_start|>) are read as such.")
@@ -132,6 +138,8 @@ def run(
     host: HostOption = None,
     verbose: VerboseOption = False,
     hide_thinking: HideThinkingOption = False,
+    color: ColorOption = None,
+    show_timings: TimingsOption = True,
 ):
     """Generate from a prompt with speculative decoding; without one, on a terminal, chat.
 
@@ -144,6 +152,7 @@ def run(
     if prompt_text is not None and prompt is not None:
         raise UsageError("two prompts: PROMPT and --prompt; give one")
     prompt = prompt if prompt is not None else prompt_text
+    system, no_color, quiet = system_prompt(system, system_file), colorless(no_color, color), quiet or not show_timings
     showing = Showing(not no_color, quiet, as_json, verbose, not hide_thinking)
     if no_color:
         tui.unstyled()
@@ -326,11 +335,13 @@ def chat(
     settings: Settings,
     system: Annotated[Optional[str], typer.Option(
         "--system", "--system-prompt", "-sys", help="System prompt.", show_default=False)] = None,
+    system_file: SystemFileOption = None,
     no_color: NoColorOption = False,
     local: LocalOption = False,
     host: HostOption = None,
     verbose: VerboseOption = False,
     hide_thinking: HideThinkingOption = False,
+    color: ColorOption = None,
 ):
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
@@ -341,7 +352,8 @@ def chat(
     turns are dropped (never the system prompt). Where a `localspec serve` on this machine holds the same model,
     the chat goes through it (--local loads it here).
     """
-    _chat(settings, system, Showing(not no_color, verbose=verbose, thinking=not hide_thinking), "chat",
+    _chat(settings, system_prompt(system, system_file), Showing(not colorless(no_color, color), verbose=verbose,
+                                                                thinking=not hide_thinking), "chat",
           None if local else _serving(settings, host))
 
 

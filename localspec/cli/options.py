@@ -564,6 +564,21 @@ LLAMA_CPP_LACKS = {
                "--lazy-mode"),
     **_lacking("scripts/accelerator-report measures the ceiling with a drafter that is always right",
                "--spec-synth-len", "--spec-synth-rates"),
+    **_lacking("the prompt is not echoed: the answer alone is written (--json carries the prompt's tokens count)",
+               "--verbose-prompt", "--display-prompt", "--no-display-prompt"),
+    **_lacking("the summary line counts the tokens", "-ptc", "--print-token-count"),
+    **_lacking("--prompt-cache keeps each long prompt's cache by itself and reads it back", "--prompt-cache-all",
+               "--prompt-cache-ro"),
+    **_lacking("run answers one prompt; chat (or -cnv) takes turns", "-st", "--single-turn"),
+    **_lacking("chat takes a message of several lines between triple quotes (as Ollama), and a pasted block whole",
+               "-mli", "--multiline-input"),
+    **_lacking("not offered: chat sends each message as the chat template writes a user's turn", "--in-prefix",
+               "--in-suffix", "--in-prefix-bos"),
+    **_lacking("localspec never shifts the context, so no self-extend either", "-gan", "--grp-attn-n", "-gaw",
+               "--grp-attn-w"),
+    **_lacking("localspec reads text only", "--image", "--audio", "--video"),
+    **_lacking("the answer goes to stdout: redirect it (> FILE); --json for the statistics too", "--output-file"),
+    **_lacking("--no-color writes plain text", "--simple-io"),
     **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",
                "--log-file", "--log-jsonl", "--log-prompts-dir", "--log-colors", "-lv", "--verbosity",
                "--log-verbosity", "--log-prefix", "--log-timestamps", "--log-verbose"),
@@ -1106,6 +1121,28 @@ def after_model(positional: str, *instead: str) -> Callable[[dict], None]:
 SystemOption = Annotated[Optional[str], typer.Option(
     "--system", "--system-prompt", "-sys", help="System prompt: the first turn of the conversation, through the"
     " model's chat template.", show_default=False)]
+SystemFileOption = Annotated[Optional[Path], typer.Option(
+    "--system-prompt-file", "-sysf", help="The system prompt, read from a file (llama.cpp's -sysf).", show_default=False)]
+# llama-cli's -co on|off|auto (off: --no-color; on and auto: colours where the output is a terminal) and
+# --show-timings/--no-show-timings (off: --quiet), taken so its command lines run (not listed)
+ColorOption = Annotated[Optional[str], typer.Option("--color", "-co", hidden=True)]
+TimingsOption = Annotated[bool, typer.Option("--show-timings/--no-show-timings", hidden=True)]
+
+
+def system_prompt(system: str | None, system_file: Path | None) -> str | None:
+    """-sys's text, or -sysf's file's (one of them)."""
+    if system is not None and system_file is not None:
+        raise UsageError("--system and --system-prompt-file each give the system prompt; give one")
+    return read_text(system_file) if system_file is not None else system
+
+
+def colorless(no_color: bool, color: str | None) -> bool:
+    """--no-color, or llama-cli's -co off."""
+    if color is not None and color not in SWITCH:
+        raise UsageError(f"--color takes on, off or auto, as llama.cpp's does; got {color!r}")
+    return no_color or (color is not None and SWITCH[color] is False)
+
+
 LocalOption = Annotated[bool, typer.Option(
     "--local", help="Load the model in this process even where a running `localspec serve` holds it (by default"
     " such a serve answers, at once: its context, threads and drafts are its own).")]
