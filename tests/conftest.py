@@ -39,7 +39,9 @@ TINY_MODELS = {
 @pytest.fixture
 def localspec(tmp_path):
     """localspec(*args, stdin=b"") -> the finished CLI subprocess, with a temporary LOCALSPEC_HOME."""
-    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("LLAMA_ARG_") and name != "LLAMA_API_KEY"}  # (llama.cpp's settings: read here too)
+    env["LOCALSPEC_HOME"] = str(tmp_path / "home")
     env.pop("LOCALSPEC_DEBUG", None)
 
     def invoke(*args, stdin: bytes = b"", timeout=600):
@@ -59,6 +61,8 @@ def cli(tmp_path, monkeypatch, capsys):
     Standard input is `stdin`, a pipe rather than a terminal, as for the `localspec` fixture's subprocess."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("LOCALSPEC_DEBUG", raising=False)
+    for name in [name for name in os.environ if name.startswith("LLAMA_ARG_") or name == "LLAMA_API_KEY"]:
+        monkeypatch.delenv(name)  # (llama.cpp's settings: read here too)
 
     def invoke(*args, stdin: bytes = b""):
         monkeypatch.setattr(sys, "argv", ["localspec", *map(str, args)])

@@ -9,8 +9,11 @@ from pathlib import Path
 
 def localspec_process(home: Path, *args, env: dict | None = None, **popen) -> subprocess.Popen:
     """`localspec ARGS` started in the background with LOCALSPEC_HOME=home and no debug mode, in env
-    (default: this process's environment)."""
-    env = {**(os.environ if env is None else env), "LOCALSPEC_HOME": str(home)}
+    (default: this process's environment without llama.cpp's LLAMA_ARG_* settings)."""
+    if env is None:  # (llama.cpp's settings, which localspec reads too, only where a test gives them)
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("LLAMA_ARG_") and name != "LLAMA_API_KEY"}
+    env = {**env, "LOCALSPEC_HOME": str(home)}
     for name in ("LOCALSPEC_DEBUG", "LOCALSPEC_API_KEY"):
         env.pop(name, None)
     return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], env=env, **popen)

@@ -828,6 +828,29 @@ def test_cache_reuse_keeps_the_turns_after_a_dropped_one_through_the_openai_clie
     assert plain < prompt // 4 and reused > prompt * 3 // 4, cached
 
 
+def test_a_llama_server_containers_environment_configures_serve(tmp_path, tiny):
+    """llama.cpp's LLAMA_ARG_* variables (a llama-server container's settings) were ignored: the model, its name,
+    context, sequences and sampling come from them; the command line stands over them, a TARGET over the model."""
+    env = {**os.environ, "LLAMA_ARG_MODEL": str(tiny["target"]), "LLAMA_ARG_ALIAS": "from-env",
+           "LLAMA_ARG_CTX_SIZE": "512", "LLAMA_ARG_N_PARALLEL": "1", "LLAMA_ARG_TEMPERATURE": "0",
+           "LLAMA_ARG_N_PREDICT": "3", "LLAMA_ARG_SPEC_TYPE": "none", "LLAMA_ARG_CTX_CHECKPOINTS": "4"}
+    server = ServerProcess(tmp_path / "env", env=env)
+    try:
+        assert [model.id for model in server.client().models.list()] == ["from-env"]
+        props = httpx.get(server.base + "/props").json()
+        assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1
+        reply = server.client().completions.create(model="from-env", prompt="the cat")
+        assert reply.usage.completion_tokens == 3 and reply.model_extra["speculation"]["draft_tokens"] == 0
+    finally:
+        assert server.stop() == 0, server.log()
+    other = ServerProcess(tmp_path / "target", tiny["partial"], "-c", "1024", env=env)
+    try:  # the TARGET named, and -c given, over the environment's
+        assert httpx.get(other.base + "/props").json()["default_generation_settings"]["n_ctx"] == 1024
+        assert "partial" in httpx.get(other.base + "/props").json()["model_path"]
+    finally:
+        assert other.stop() == 0, other.log()
+
+
 def test_metrics_count_requests_tokens_and_draft_acceptance_by_position(server):
     server.client().completions.create(model="tiny", prompt="metrics please", max_tokens=8)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}

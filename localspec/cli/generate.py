@@ -580,39 +580,40 @@ def perplexity(
 @with_options(*GENERATION_OPTIONS, PARALLEL_OPTIONS, max_tokens=-1, parallel="auto")
 def serve(
     settings: Settings,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes the model to your"
+    host: Annotated[str, typer.Option("--host", envvar="LLAMA_ARG_HOST", show_envvar=False,
+                                      help="Address to listen on; 0.0.0.0 exposes the model to your"
                                       " network (give it an --api-key).")] = DEFAULT_SERVING.host,
     port: Annotated[Optional[int], typer.Option(
-        "--port", help=f"Port to listen on; 0 takes any free one. Default: {DEFAULT_SERVING.port} (llama-server's; a"
+        "--port", envvar="LLAMA_ARG_PORT", show_envvar=False, help=f"Port to listen on; 0 takes any free one. Default: {DEFAULT_SERVING.port} (llama-server's; a"
         " preset's own, as --fim-qwen-7b-spec's 8012).", show_default=False)] = None,
     api_key: Annotated[Optional[str], typer.Option(
-        "--api-key", envvar="LOCALSPEC_API_KEY", show_default=False,
+        "--api-key", envvar=["LOCALSPEC_API_KEY", "LLAMA_API_KEY"], show_default=False, show_envvar=False,
         help="Answer only requests with 'Authorization: Bearer KEY' (401 otherwise); /health stays open."
         " Several keys comma-separated, one per client: each client's requests draft only from its own"
         " earlier answers. Setting LOCALSPEC_API_KEY keeps the keys out of the process list.")] = None,
     api_key_file: Annotated[Optional[Path], typer.Option(
-        "--api-key-file", show_default=False,
+        "--api-key-file", envvar="LLAMA_ARG_API_KEY_FILE", show_envvar=False, show_default=False,
         help="Read API keys from this file, one a line (beside any --api-key); blank lines and lines"
              " beginning with # are not keys.")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for one of the --parallel to free; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
-        "--timeout", help="Seconds a connection may stay open without sending a complete request (slow headers"
+        "--timeout", envvar="LLAMA_ARG_TIMEOUT", show_envvar=False, help="Seconds a connection may stay open without sending a complete request (slow headers"
         " or body, idle keep-alive) before it is closed (a slow body gets 408), and an upload to /api/blobs may"
         " send nothing.")] = DEFAULT_SERVING.timeout,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
         " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
     reasoning_format: Annotated[str, typer.Option(
-        "--reasoning-format", metavar="auto|deepseek|none", rich_help_panel="Thinking (reasoning models)",
+        "--reasoning-format", envvar="LLAMA_ARG_THINK", show_envvar=False, metavar="auto|deepseek|none", rich_help_panel="Thinking (reasoning models)",
         help="Where a reasoning model's thinking goes in OpenAI answers, as llama-server's option: apart, in"
         " reasoning_content (auto and deepseek, the same), or left in content (none). Ollama's answers carry it"
         " in thinking. A request's reasoning_format overrides it.")] = "auto",
     alias: Annotated[Optional[str], typer.Option(
-        "--alias", "-a", show_default=False,
+        "--alias", "-a", envvar="LLAMA_ARG_ALIAS", show_envvar=False, show_default=False,
         help="The model's name in the API (/v1/models, responses). Default: TARGET as given.")] = None,
     cors_origin: Annotated[Optional[list[str]], typer.Option(
-        "--cors-origin", "--cors-origins", show_default=False,
+        "--cors-origin", "--cors-origins", envvar="LLAMA_ARG_CORS_ORIGINS", show_envvar=False, show_default=False,
         help="A web page's origin (https://chat.example.com) that may call the API from a browser, besides"
         " pages served from this machine (localhost, 127.0.0.1, [::1], any port), which always may; repeat"
         " (or separate with commas, as llama-server's --cors-origins) for more, or * for any page. An --api-key"
@@ -628,7 +629,7 @@ def serve(
         " /api/delete, uploading files with /api/blobs. Default: allowed while serve listens on this machine"
         " only (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
     slots: Annotated[bool, typer.Option(
-        "--slots/--no-slots", help="Answer llama-server's GET /slots: each sequence (--parallel), whether it"
+        "--slots/--no-slots", envvar="LLAMA_ARG_ENDPOINT_SLOTS", show_envvar=False, help="Answer llama-server's GET /slots: each sequence (--parallel), whether it"
         " generates, with what settings and how far (off: a 501, as llama-server's).")] = DEFAULT_SERVING.slots,
     slot_save_path: Annotated[Optional[Path], typer.Option(
         "--slot-save-path", show_default=False,
@@ -637,13 +638,13 @@ def serve(
         " (the files llama-server writes), and read back into a sequence, where a request that begins alike"
         " then reads only the rest. Without it those actions are a 501, as llama-server's.")] = None,
     ssl_cert_file: Annotated[Optional[Path], typer.Option(
-        "--ssl-cert-file", show_default=False, help="Answer over HTTPS with this PEM certificate (its chain, the"
+        "--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE", show_envvar=False, show_default=False, help="Answer over HTTPS with this PEM certificate (its chain, the"
         " server's first), with --ssl-key-file, as llama-server's. `run` and `chat` on this machine still find"
         " the serve, trusting that certificate.")] = None,
     ssl_key_file: Annotated[Optional[Path], typer.Option(
-        "--ssl-key-file", show_default=False, help="The certificate's private key, PEM.")] = None,
+        "--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE", show_envvar=False, show_default=False, help="The certificate's private key, PEM.")] = None,
     webui: Annotated[bool, typer.Option(
-        "--webui/--no-webui", help="The chat page at / for a browser (off: a 404, as llama-server's"
+        "--webui/--no-webui", envvar="LLAMA_ARG_UI", show_envvar=False, help="The chat page at / for a browser (off: a 404, as llama-server's"
         " --no-webui).")] = DEFAULT_SERVING.web_page,
     # llama-server's switches for what serve does anyway (not listed; docs/serve.md names them)
     metrics: Annotated[bool, typer.Option("--metrics", hidden=True)] = False,

@@ -587,6 +587,34 @@ LLAMA_CPP_LACKS = {
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
                       RPC_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
+# The environment variables llama.cpp's tools read for these options (its common/arg.cpp's set_env), read here too,
+# so that a llama-server container's settings carry over; the command line's own stand over them
+LLAMA_ARG_ENV = {
+    "model": "MODEL", "hf_repo": "HF_REPO", "hf_repo_draft": "SPEC_DRAFT_HF_REPO", "draft": "SPEC_DRAFT_MODEL",
+    "offline": "OFFLINE", "spec_type": "SPEC_TYPE", "draft_max": "SPEC_DRAFT_N_MAX", "draft_min": "SPEC_DRAFT_N_MIN",
+    "p_min": "SPEC_DRAFT_P_MIN", "temp": "TEMPERATURE", "top_k": "TOP_K", "top_p": "TOP_P", "min_p": "MIN_P",
+    "repeat_penalty": "REPEAT_PENALTY", "presence_penalty": "PRESENCE_PENALTY",
+    "frequency_penalty": "FREQUENCY_PENALTY", "max_tokens": "N_PREDICT", "reasoning": "REASONING",
+    "reasoning_effort": "REASONING_EFFORT", "reasoning_budget": "THINK_BUDGET", "chat_template": "CHAT_TEMPLATE",
+    "chat_template_file": "CHAT_TEMPLATE_FILE", "chat_template_kwargs": "CHAT_TEMPLATE_KWARGS", "jinja": "JINJA",
+    "ctx_size": "CTX_SIZE", "threads": "THREADS", "gpu_layers": "N_GPU_LAYERS",
+    "draft_gpu_layers": "N_GPU_LAYERS_DRAFT", "split_mode": "SPLIT_MODE", "main_gpu": "MAIN_GPU",
+    "kv_offload": "KV_OFFLOAD", "override_tensor": "OVERRIDE_TENSOR", "cpu_moe": "CPU_MOE", "n_cpu_moe": "N_CPU_MOE",
+    "n_cpu_ffn": "N_CPU_FFN", "device": "DEVICE", "backend_sampling": "BACKEND_SAMPLING", "batch_size": "BATCH",
+    "flash_attn": "FLASH_ATTN", "cache_type_k": "CACHE_TYPE_K", "cache_type_v": "CACHE_TYPE_V",
+    "draft_cache_type_k": "SPEC_DRAFT_CACHE_TYPE_K", "draft_cache_type_v": "SPEC_DRAFT_CACHE_TYPE_V",
+    "rope_scaling": "ROPE_SCALING_TYPE", "rope_scale": "ROPE_SCALE", "rope_freq_base": "ROPE_FREQ_BASE",
+    "rope_freq_scale": "ROPE_FREQ_SCALE", "yarn_orig_ctx": "YARN_ORIG_CTX", "yarn_ext_factor": "YARN_EXT_FACTOR",
+    "yarn_attn_factor": "YARN_ATTN_FACTOR", "yarn_beta_slow": "YARN_BETA_SLOW", "yarn_beta_fast": "YARN_BETA_FAST",
+    "prompt_cache": "CACHE_RAM", "cache_reuse": "CACHE_REUSE", "rpc": "RPC", "tensor_split": "TENSOR_SPLIT",
+    "parallel": "N_PARALLEL", "kv_unified": "KV_UNIFIED", "ubatch_size": "UBATCH", "context_shift": "CONTEXT_SHIFT",
+    "swa_full": "SWA_FULL", "perf": "PERF", "cache_prompt": "CACHE_PROMPT", "mmproj": "MMPROJ", "load_mode": "LOAD_MODE",
+    "draft_cpu_moe": "SPEC_DRAFT_CPU_MOE", "draft_n_cpu_moe": "SPEC_DRAFT_N_CPU_MOE",
+}
+for _group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS):
+    for _name, (_kind, _) in _group.items():
+        if _name in LLAMA_ARG_ENV:  # (typer's OptionInfo, as the group declares it; --help leaves them out)
+            _kind.__metadata__[0].envvar, _kind.__metadata__[0].show_envvar = f"LLAMA_ARG_{LLAMA_ARG_ENV[_name]}", False
 NoColorOption = Annotated[
     bool, typer.Option("--no-color", help="Plain text: no colours or styles, not even the tokens that came"
                                          " from accepted drafts (as NO_COLOR=1 in the environment).")
@@ -624,6 +652,10 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     the others)."""
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
+    if o.target is not None:  # a llama-server container's LLAMA_ARG_MODEL yields to the TARGET named
+        for name in ("model", "hf_repo"):
+            if context is not None and getattr(context.get_parameter_source(name), "name", None) == "ENVIRONMENT":
+                setattr(o, name, None)
     preset = _preset(o, _given(values, context))
     if o.hf_repo is not None:
         if o.target is not None or o.model is not None:
