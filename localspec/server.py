@@ -832,8 +832,8 @@ class Server:
         config = uvicorn.Config(self.app, log_config=None, log_level="critical", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                                 timeout_keep_alive=self.serving.timeout, http=functools.partial(_Door, keeper=keeper),
-                                **({"ssl_certfile": str(self.serving.certificate), "ssl_keyfile": str(self.serving.private_key)}
-                                   if self.serving.tls else {}))
+                                **({"ssl_certfile": str(self.serving.certificate),
+                                    "ssl_keyfile": str(self.serving.private_key)} if self.serving.tls else {}))
         server = _Uvicorn(config, on_ready=functools.partial(self._ready, listener), on_exit=self._stop)
         try:
             asyncio.run(self._serve(server, listener))

@@ -584,7 +584,8 @@ def serve(
                                       help="Address to listen on; 0.0.0.0 exposes the model to your"
                                       " network (give it an --api-key).")] = DEFAULT_SERVING.host,
     port: Annotated[Optional[int], typer.Option(
-        "--port", envvar="LLAMA_ARG_PORT", show_envvar=False, help=f"Port to listen on; 0 takes any free one. Default: {DEFAULT_SERVING.port} (llama-server's; a"
+        "--port", envvar="LLAMA_ARG_PORT", show_envvar=False,
+        help=f"Port to listen on; 0 takes any free one. Default: {DEFAULT_SERVING.port} (llama-server's; a"
         " preset's own, as --fim-qwen-7b-spec's 8012).", show_default=False)] = None,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar=["LOCALSPEC_API_KEY", "LLAMA_API_KEY"], show_default=False, show_envvar=False,
@@ -598,14 +599,16 @@ def serve(
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for one of the --parallel to free; more are"
                                        " refused with 429 and Retry-After.")] = DEFAULT_SERVING.queue,
     timeout: Annotated[float, typer.Option(
-        "--timeout", envvar="LLAMA_ARG_TIMEOUT", show_envvar=False, help="Seconds a connection may stay open without sending a complete request (slow headers"
+        "--timeout", envvar="LLAMA_ARG_TIMEOUT", show_envvar=False,
+        help="Seconds a connection may stay open without sending a complete request (slow headers"
         " or body, idle keep-alive) before it is closed (a slow body gets 408), and an upload to /api/blobs may"
         " send nothing.")] = DEFAULT_SERVING.timeout,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open connections at once; more are closed on arrival (capped by the open-file"
         " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
     reasoning_format: Annotated[str, typer.Option(
-        "--reasoning-format", envvar="LLAMA_ARG_THINK", show_envvar=False, metavar="auto|deepseek|none", rich_help_panel="Thinking (reasoning models)",
+        "--reasoning-format", envvar="LLAMA_ARG_THINK", show_envvar=False, metavar="auto|deepseek|none",
+        rich_help_panel="Thinking (reasoning models)",
         help="Where a reasoning model's thinking goes in OpenAI answers, as llama-server's option: apart, in"
         " reasoning_content (auto and deepseek, the same), or left in content (none). Ollama's answers carry it"
         " in thinking. A request's reasoning_format overrides it.")] = "auto",
@@ -629,7 +632,8 @@ def serve(
         " /api/delete, uploading files with /api/blobs. Default: allowed while serve listens on this machine"
         " only (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
     slots: Annotated[bool, typer.Option(
-        "--slots/--no-slots", envvar="LLAMA_ARG_ENDPOINT_SLOTS", show_envvar=False, help="Answer llama-server's GET /slots: each sequence (--parallel), whether it"
+        "--slots/--no-slots", envvar="LLAMA_ARG_ENDPOINT_SLOTS", show_envvar=False,
+        help="Answer llama-server's GET /slots: each sequence (--parallel), whether it"
         " generates, with what settings and how far (off: a 501, as llama-server's).")] = DEFAULT_SERVING.slots,
     slot_save_path: Annotated[Optional[Path], typer.Option(
         "--slot-save-path", show_default=False,
@@ -638,13 +642,16 @@ def serve(
         " (the files llama-server writes), and read back into a sequence, where a request that begins alike"
         " then reads only the rest. Without it those actions are a 501, as llama-server's.")] = None,
     ssl_cert_file: Annotated[Optional[Path], typer.Option(
-        "--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE", show_envvar=False, show_default=False, help="Answer over HTTPS with this PEM certificate (its chain, the"
+        "--ssl-cert-file", envvar="LLAMA_ARG_SSL_CERT_FILE", show_envvar=False, show_default=False,
+        help="Answer over HTTPS with this PEM certificate (its chain, the"
         " server's first), with --ssl-key-file, as llama-server's. `run` and `chat` on this machine still find"
         " the serve, trusting that certificate.")] = None,
     ssl_key_file: Annotated[Optional[Path], typer.Option(
-        "--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE", show_envvar=False, show_default=False, help="The certificate's private key, PEM.")] = None,
+        "--ssl-key-file", envvar="LLAMA_ARG_SSL_KEY_FILE", show_envvar=False, show_default=False,
+        help="The certificate's private key, PEM.")] = None,
     webui: Annotated[bool, typer.Option(
-        "--webui/--no-webui", envvar="LLAMA_ARG_UI", show_envvar=False, help="The chat page at / for a browser (off: a 404, as llama-server's"
+        "--webui/--no-webui", envvar="LLAMA_ARG_UI", show_envvar=False,
+        help="The chat page at / for a browser (off: a 404, as llama-server's"
         " --no-webui).")] = DEFAULT_SERVING.web_page,
     # llama-server's switches for what serve does anyway (not listed; docs/serve.md names them)
     metrics: Annotated[bool, typer.Option("--metrics", hidden=True)] = False,
@@ -714,7 +721,8 @@ def serve(
 
 def _origins(given: list[str]) -> tuple[str, ...]:
     """--cors-origin's origins; llama-server's localhost (pages of this machine alone) is what serve admits anyway."""
-    return tuple(origin for text in given for origin in map(str.strip, text.split(",")) if origin not in ("", "localhost"))
+    return tuple(origin for text in given for origin in map(str.strip, text.split(","))
+                 if origin not in ("", "localhost"))
 
 
 def _slot_folder(path: Path | None) -> Path | None:

@@ -62,8 +62,8 @@ MODEL_OPTIONS = {
         "--hf-repo", "-hf", "-hfr", metavar="OWNER/REPO[:QUANT]", help="The target as llama.cpp's -hf names it: a"
         " Hub repo of GGUFs and a quantization (Q4_K_M where none is given).", show_default=False)], None),
     "hf_repo_draft": (Annotated[Optional[str], typer.Option(
-        "--hf-repo-draft", "-hfd", "-hfrd", "--spec-draft-hf", metavar="OWNER/REPO[:QUANT]", help="The draft model so (llama.cpp's"
-        " -hfd).", show_default=False)], None),
+        "--hf-repo-draft", "-hfd", "-hfrd", "--spec-draft-hf", metavar="OWNER/REPO[:QUANT]",
+        help="The draft model so (llama.cpp's -hfd).", show_default=False)], None),
     "draft": (Annotated[Optional[str], typer.Option(
         "--draft", "-d", "-md", "--model-draft", "--spec-draft-model",
         help="Draft model: a name, a size in the target's family (0.5b), 'auto' for the one the registry recommends,"
@@ -114,8 +114,8 @@ SPECULATION_OPTIONS = {
         f" runner-ups, each drafted on) and a --prediction's forks (an edit seen once, made again or not) are trees of up to N"
         f" branches.")], None),
     "p_min": (Annotated[float, typer.Option(
-        "--p-min", "--draft-p-min", "--spec-draft-p-min", help="Stop a model draft when its likeliest next token is less probable than"
-        " this (llama.cpp's --draft-p-min).",
+        "--p-min", "--draft-p-min", "--spec-draft-p-min",
+        help="Stop a model draft when its likeliest next token is less probable than this (llama.cpp's --draft-p-min).",
         rich_help_panel=SPECULATION)], DEFAULT_SPECULATION.p_min),
 }
 SAMPLING_OPTIONS = {
@@ -283,8 +283,8 @@ RESOURCE_OPTIONS = {
         metavar="N|all", help="Draft layers on the GPU; all (or -1, the default) for every one.", show_default=False,
         rich_help_panel=RESOURCES)], None),
     "draft_threads": (Annotated[Optional[int], typer.Option(
-        "--threads-draft", "-td", "--spec-draft-threads", help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash"
-        " drafter). Default (or 0): --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
+        "--threads-draft", "-td", "--spec-draft-threads",
+        help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash drafter). Default (or 0): --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
     "split_mode": (Annotated[str, typer.Option(
         "--split-mode", "-sm", metavar="MODE", help="How the offloaded layers split across several GPUs,"
         " as llama.cpp's: layer (by layers, pipelined), row (each weight by rows, in parallel), tensor (llama.cpp's"
@@ -301,7 +301,8 @@ RESOURCE_OPTIONS = {
     "override_tensor": (Annotated[Optional[list[str]], typer.Option(
         "--override-tensor", "-ot", metavar="RE=TYPE", help="Keep the tensors whose names the regular"
         " expression finds in a buffer of that type (CPU, CUDA0, ...), as llama.cpp's: the first pattern that finds"
-        " a name decides, -ot's before --cpu-moe's and --n-cpu-moe's. Repeatable.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " a name decides, -ot's before --cpu-moe's and --n-cpu-moe's. Repeatable.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
     "cpu_moe": (Annotated[bool, typer.Option(
         "--cpu-moe", "-cmoe", help="Keep a Mixture-of-Experts model's expert weights in RAM, the rest on the GPU"
         " (llama.cpp's): a MoE too big for the GPU runs at a fraction of the CPU's cost.",
@@ -316,8 +317,8 @@ RESOURCE_OPTIONS = {
         "--device", "-dev", help="Comma-separated offload devices for the target (`localspec doctor` lists them),"
         " or 'none' for the CPU alone. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
     "draft_device": (Annotated[Optional[str], typer.Option(
-        "--device-draft", "-devd", "--spec-draft-device", help="The same for the draft model, which may sit on another device than the"
-        " target. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
+        "--device-draft", "-devd", "--spec-draft-device",
+        help="The same for the draft model, which may sit on another device than the target. Default: all.", show_default=False, rich_help_panel=RESOURCES)], None),
     "backend_sampling": (Annotated[Optional[bool], typer.Option(
         "--backend-sampling/--no-backend-sampling",
         help="Run the sampler chain inside llama.cpp's decode graph, so only each row's surviving candidates come"
@@ -443,6 +444,7 @@ LLAMA_CPP_OPTIONS = {
     "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
     "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
+
 
 def _qwen_coder(size: str) -> str:
     return f"hf:ggml-org/Qwen2.5-Coder-{size.upper()}-Q8_0-GGUF/qwen2.5-coder-{size}-q8_0.gguf"
@@ -678,7 +680,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     if o.no_draft and o.draft is not None:
         raise UsageError("--draft and --no-draft exclude each other")
     drafting, draft_model = speculating(o.draft, "off" if o.no_draft else o.spec)
-    gpu_layers, draft_gpu_layers = _layers(o.gpu_layers, "--gpu-layers"), _layers(o.draft_gpu_layers, "--draft-gpu-layers")
+    gpu_layers = _layers(o.gpu_layers, "--gpu-layers")
+    draft_gpu_layers = _layers(o.draft_gpu_layers, "--draft-gpu-layers")
     gpu_options = [option for option, given in (("--gpu-layers", gpu_layers is not None or draft_gpu_layers is not None),
                                                 ("--split-mode", o.split_mode != DEFAULT_RUNTIME.split_mode),
                                                 ("--main-gpu", o.main_gpu != DEFAULT_RUNTIME.main_gpu),
@@ -773,8 +776,8 @@ GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")  # click's ParameterSource: not
 
 
 # llama.cpp's values of a three-way switch (-fa, -rea), as Runtime.flash_attn and Thinking.think take them
-SWITCH = {**dict.fromkeys(("on", "enabled", "true", "1"), True), **dict.fromkeys(("off", "disabled", "false", "0"), False),
-          "auto": None, "-1": None}
+SWITCH = {**dict.fromkeys(("on", "enabled", "true", "1"), True),
+          **dict.fromkeys(("off", "disabled", "false", "0"), False), "auto": None, "-1": None}
 
 
 # llama-server's --spec-type names (its common/speculative.cpp) as --draft's words: its five n-gram drafters
@@ -886,7 +889,8 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.threads_batch is not None and o.threads_batch not in (o.threads or default_threads(), -1):
         raise UsageError(f"--threads-batch {o.threads_batch}: localspec reads prompts and generates with the same"
                          " --threads (a verification is a batch too); give --threads instead")
-    if o.draft_threads_batch is not None and o.draft_threads_batch not in (o.draft_threads or o.threads or default_threads(), -1):
+    draft_threads = o.draft_threads or o.threads or default_threads()
+    if o.draft_threads_batch is not None and o.draft_threads_batch not in (draft_threads, -1):
         raise UsageError(f"--threads-batch-draft {o.draft_threads_batch}: a draft reads and drafts with the same"
                          " --threads-draft here; give --threads-draft instead")
     if not o.cache_prompt:
@@ -1154,7 +1158,8 @@ SystemOption = Annotated[Optional[str], typer.Option(
     "--system", "--system-prompt", "-sys", help="System prompt: the first turn of the conversation, through the"
     " model's chat template.", show_default=False)]
 SystemFileOption = Annotated[Optional[Path], typer.Option(
-    "--system-prompt-file", "-sysf", help="The system prompt, read from a file (llama.cpp's -sysf).", show_default=False)]
+    "--system-prompt-file", "-sysf", help="The system prompt, read from a file (llama.cpp's -sysf).",
+    show_default=False)]
 # llama-cli's -co on|off|auto (off: --no-color; on and auto: colours where the output is a terminal) and
 # --show-timings/--no-show-timings (off: --quiet), taken so its command lines run (not listed)
 ColorOption = Annotated[Optional[str], typer.Option("--color", "-co", hidden=True)]

@@ -146,7 +146,8 @@ class Placement:
 def check_cache_types(model: GGUFInfo, k: str, v: str, of: str = "") -> None:
     """Refuse a quantized KV cache whose blocks do not divide the model's heads (llama.cpp fails to make the
     context, or asserts in a multiplication). of: the options' ending (-draft for the draft's)."""
-    for option, kind, length in zip((f"--cache-type-k{of}", f"--cache-type-v{of}"), (k, v), hardware.head_lengths(model)):
+    options = (f"--cache-type-k{of}", f"--cache-type-v{of}")
+    for option, kind, length in zip(options, (k, v), hardware.head_lengths(model)):
         values = KV_CACHE_TYPES[kind][1]
         if length % values:
             raise UsageError(f"{option} {kind} stores blocks of {values} values, which do not divide"
