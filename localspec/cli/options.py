@@ -656,7 +656,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     o = SimpleNamespace(**(defaults | values))
     if o.target is not None:  # a llama-server container's LLAMA_ARG_MODEL yields to the TARGET named
         for name in ("model", "hf_repo"):
-            if context is not None and getattr(context.get_parameter_source(name), "name", None) == "ENVIRONMENT":
+            if context is not None and _source(context, name) == "ENVIRONMENT":
                 setattr(o, name, None)
     preset = _preset(o, _given(values, context))
     if o.hf_repo is not None:
@@ -769,7 +769,12 @@ def _given(values: dict, context: typer.Context | None) -> set[str]:
     """The options the command line set (where no command line parsed them: every value given)."""
     if context is None:
         return set(values)
-    return {name for name in values if getattr(context.get_parameter_source(name), "name", None) in GIVEN}
+    return {name for name in values if _source(context, name) in GIVEN}
+
+
+def _source(context: typer.Context, name: str) -> str | None:
+    """Where the command line's value of an option came from (click's ParameterSource's name)."""
+    return getattr(context.get_parameter_source(name), "name", None)
 
 
 GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")  # click's ParameterSource: not a default
