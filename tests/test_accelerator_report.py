@@ -4,6 +4,7 @@ rot between the GPUs we are lent), and the trimmed sdist it packs for a lent dev
 import importlib.machinery
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -324,6 +325,18 @@ def test_tests_run_on_the_llama_cpp_the_report_would_measure_and_say_their_outco
     assert passed.returncode == 0 and " passed" in passed.stdout, passed.stderr
     failed = run_report("--cpu", "--tests", "-q", "tests/test_sampling.py", "-k", "no_test_has_this_name")
     assert failed.returncode == 5  # pytest's "no tests ran"
+
+
+def test_the_tests_own_localspec_processes_import_what_the_report_does(monkeypatch, tmp_path):
+    """The fifth lease: three tests that run `python -m localspec` failed on the device, their processes
+    without the bundle's packages the report had put on its own path."""
+    monkeypatch.setattr(report, "INTERPRETERS_PATH", list(report.sys.path))
+    monkeypatch.setattr(report.sys, "path", [str(tmp_path / "bundle"), str(tmp_path / "binding"), *report.sys.path])
+    monkeypatch.setenv("PYTHONPATH", "/stand-ins")
+    assert report.children_path().split(os.pathsep) == [str(tmp_path / "bundle"), str(tmp_path / "binding"),
+                                                        "/stand-ins"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert report.children_path().split(os.pathsep) == [str(tmp_path / "bundle"), str(tmp_path / "binding")]
 
 
 def test_tests_where_pytest_or_scipy_is_missing_say_so_in_one_line(monkeypatch, capsys):
