@@ -12,13 +12,16 @@ LOG_LEVEL_ERROR = 4  # enum ggml_log_level
 recent_errors: deque[str] = deque(maxlen=4)  # llama.cpp's own words, for our error messages
 
 
+# llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1. Read once: on CUDA ggml
+# says a line at every decode, which then costs a call into Python and no more.
+SHOWING_ITS_LOG = bool(os.environ.get("LOCALSPEC_DEBUG"))
+
+
 def _log(level, text, user_data):
-    # llama.cpp narrates every load to stderr; users see it only with LOCALSPEC_DEBUG=1.
-    line = text.decode("utf-8", errors="replace")
-    if level == LOG_LEVEL_ERROR and line.strip():
-        recent_errors.append(line.strip())
-    if os.environ.get("LOCALSPEC_DEBUG"):
-        sys.stderr.write(line)
+    if level == LOG_LEVEL_ERROR and text.strip():
+        recent_errors.append(text.decode("utf-8", errors="replace").strip())
+    if SHOWING_ITS_LOG:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
 
 
 class _OnFirstUse:
