@@ -312,13 +312,6 @@ class Speculation:
             )
 
 
-# A model that GPUs hold whole leaves the CPU one step of a decode: the input layer's lookup (llama.cpp keeps
-# token embeddings in RAM). More threads for it only wake an OpenMP team whose threads then spin for
-# milliseconds, on the cores the host's work between the GPU's steps runs on (on an H200: one-token decodes 4%
-# faster with 1 thread than with the machine's 16).
-GPU_HELD_THREADS = 1
-
-
 def default_threads() -> int:
     # Hyper-threads slow llama.cpp's matmuls down: one thread per physical core.
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
@@ -382,9 +375,7 @@ class Runtime:
     many as the workers' share of the free memory, keeping the rest on this machine's CPU."""
 
     ctx_size: int = 4096
-    # CPU threads (llama.cpp's -t); None: every physical core, or GPU_HELD_THREADS for a model GPUs hold whole
-    # (the placement decides)
-    threads: int | None = None
+    threads: int = field(default_factory=default_threads)
     gpu_layers: int | None = -1
     draft_gpu_layers: int = -1
     # Offload devices by name (llama.cpp's --device / --device-draft; ("none",): none); None: all of them.
@@ -443,8 +434,7 @@ class Runtime:
                              f" got {self.ctx_size}")
         if not AUTO_PARALLEL <= self.parallel <= PARALLEL_MOST:
             raise UsageError(f"--parallel takes 1 to {PARALLEL_MOST} sequences (0: as many as fit), got {self.parallel}")
-        if self.threads is not None:
-            check_threads(self.threads)
+        check_threads(self.threads)
         if self.draft_threads is not None:
             check_threads(self.draft_threads)
         if self.split_mode not in SPLIT_MODES:

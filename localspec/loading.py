@@ -137,9 +137,9 @@ def _ggml_types(cache: tuple[str, str]) -> tuple[int, int]:
     return KV_CACHE_TYPES[cache[0]][0], KV_CACHE_TYPES[cache[1]][0]
 
 
-def scoring_context(model: Model, n: int, runtime: Runtime, threads: int) -> Context:
+def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
     """A context that reads n tokens with a row for each, in batches of --batch-size (llama-perplexity's)."""
-    return Context(model, n, min(n, runtime.prompt_batch), threads, flash_attn=runtime.flash_attn,
+    return Context(model, n, min(n, runtime.prompt_batch), runtime.threads, flash_attn=runtime.flash_attn,
                    cache_types=_ggml_types((runtime.cache_type_k, runtime.cache_type_v)), rope=runtime.rope,
                    kv_offload=runtime.kv_offload)
 
@@ -203,7 +203,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
 
     # room for draft trees where they can be verified: no recurrent state, no hidden states kept for a drafter
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
-    target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), placed.threads,
+    target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), runtime.threads,
                              keep_hidden=kept, branches=tree_room)
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
@@ -219,15 +219,12 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
             target_context.stop_keeping_hidden()
     # the sequences requests generate on (serve -np, batch --parallel)
     sequences = [target_context] + [target_context.sequence(seq) for seq in range(1, runtime.parallel)]
-    # a drafter in the target's own file (its MTP layers) runs where the target does
-    draft_threads = placement.draft.threads if placement.draft else runtime.draft_threads or placed.threads
     costly = {spec: spec.drafter.made(target_context, context(
-        models[spec], (runtime.draft_cache_type_k, runtime.draft_cache_type_v), draft_threads,
+        models[spec], (runtime.draft_cache_type_k, runtime.draft_cache_type_v), runtime.draft_threads or runtime.threads,
         mtp=spec.drafter.mtp_context, beside=target_context if spec.drafter.beside_target else None),
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
-    settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers, threads=placed.threads,
-                                 draft_threads=draft_threads)), "backend_sampling": on_backend}
+    settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
     del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"]
     return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)

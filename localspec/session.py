@@ -377,14 +377,14 @@ class Session:
                 self._owned.remove(self._scorer)
                 self._scorer.close()
                 self._scorer = None
-            self._scorer = self._own(scoring_context(self.target_model, n, self._runtime, self.plan.target.threads))
+            self._scorer = self._own(scoring_context(self.target_model, n, self._runtime))
         return self._scorer
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call)."""
         if self._embedder is None:
-            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self.plan.target.threads))
+            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._runtime.threads))
         return self._embedder.embed(tokens).tolist()
 
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
@@ -451,7 +451,7 @@ class Session:
 
     def close(self) -> None:
         if self._owned and self.drafting is not None:
-            self.drafting.close(self.plan.target.threads)
+            self.drafting.close(self._runtime.threads)
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()

@@ -60,7 +60,6 @@ BENCH_TOKENS = 128  # llama-bench's tg128
 FIRST = CONTROL + 256  # an ordinary token to decode where any will do
 VERIFIED = 8  # drafted a step in the loop's timing (steps_in_the_loop)
 RAW = "llama-bench's loop in Python, its settings"
-FLASH_ATTENTION = {-1: "auto", 0: "off", 1: "on"}  # llama-bench's JSON: llama_flash_attn_type
 OWN = "the session's own context (the one plain decoding uses)"
 HELD_WARMUP = 3  # decodes of a shape before it is timed as held
 STEADY_SIZES = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)  # k of the held and changed verify(k) in (f)
@@ -471,7 +470,7 @@ def against_llama_cpp(session: Session, model: Path, first: list[int], llama_ben
             ours.append(with_mode(session, DrafterKind.PLAIN, first, BENCH_TOKENS)[0].summary().tokens_per_second)
         if half == 0:
             command = [str(llama_bench), "-m", str(model), "-p", "0", "-n", str(BENCH_TOKENS), "-r", str(repeats),
-                       "-t", str(default_threads()), "-o", "json"]  # llama-bench's default: every physical core
+                       "-t", str(default_threads()), "-o", "json"]  # the threads localspec's Runtime runs
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
                 return {"skipped": f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}"}
@@ -493,20 +492,19 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
     changed (a GPU replays a captured graph only while it holds)."""
     target = session.target
     own = {"n_ctx": target.n_ctx, "n_batch": target.n_batch, "backend_sampling": target.backend_sampling,
-           "max_outputs": target.max_rows, "threads": session.plan.target.threads}
-    theirs = {**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False, "threads": default_threads()}
+           "max_outputs": target.max_rows}
     settings = {"the session's target": (own, True),
                 "its tokens not read": (own, False),
                 f"context of {BENCH_TOKENS} (llama-bench's)": ({**own, "n_ctx": BENCH_TOKENS}, True),
                 "one output row (llama-bench's)": ({**own, "max_outputs": 1}, True),
                 "sampled on the host": ({**own, "backend_sampling": False}, True),
-                "all of llama-bench's": (theirs, False),
+                "all of llama-bench's": ({**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False},
+                                         False),
                 "1 thread": ({**own, "threads": 1}, True),
                 "4 threads": ({**own, "threads": min(4, default_threads())}, True),
-                f"every physical core ({default_threads()} threads, llama-bench's)": (
-                    {**own, "threads": default_threads()}, True),
-                RAW: (theirs, False)}
-    contexts = {label: Context(session.target_model, **kwargs) for label, (kwargs, _) in settings.items()}
+                RAW: ({**own, "n_ctx": BENCH_TOKENS, "max_outputs": 1, "backend_sampling": False}, False)}
+    contexts = {label: Context(session.target_model, **{"threads": default_threads(), **kwargs})
+                for label, (kwargs, _) in settings.items()}
     target_context = contexts["the session's target"]
     try:
         # the session's own context beside a fresh one of its settings, and its plain generation, in the
@@ -533,26 +531,17 @@ def gap(session: Session, model: Path, llama_bench: Path, repeats: int) -> dict:
         for context in contexts.values():
             context.close()
     if llama_bench.exists():
-        # flash attention auto, off and on, each at llama-bench's threads and at the session's
-        threads = ",".join(map(str, dict.fromkeys((default_threads(), own["threads"]))))
         command = [str(llama_bench), "-m", str(model), "-p", "0", "-n", str(BENCH_TOKENS), "-r", str(repeats),
-                   "-t", threads, "-fa", "auto,off,on", "-o", "json"]
+                   "-t", str(default_threads()), "-fa", "auto,off,on", "-o", "json"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             out["llama_bench"] = {"skipped": f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}"}
         else:
-            out["llama_bench"] = {_bench_label(entry): statistics.median(entry.get("samples_ts") or [entry["avg_ts"]])
-                                  for entry in json.loads(done.stdout)}
+            out["llama_bench"] = {f"flash attention {name}": statistics.median(entry.get("samples_ts") or [entry["avg_ts"]])
+                                  for name, entry in zip(("auto", "off", "on"), json.loads(done.stdout))}
     else:
         out["llama_bench"] = {"skipped": "llama-bench is not built here"}
     return out
-
-
-def _bench_label(entry: dict) -> str:
-    """A llama-bench result's settings: its flash attention, and its threads where not llama-bench's default."""
-    threads = entry["n_threads"]
-    label = f"flash attention {FLASH_ATTENTION[int(entry['flash_attn'])]}"
-    return label if threads == default_threads() else f"{label}, {threads} thread{'s' * (threads != 1)}"
 
 
 def raw_decodes(context: Context) -> float:

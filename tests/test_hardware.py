@@ -1,7 +1,7 @@
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from localspec.config import GPU_HELD_THREADS, KV_CACHE_TYPES, DrafterKind, Runtime, Speculation, default_threads
+from localspec.config import KV_CACHE_TYPES, DrafterKind, Runtime, Speculation
 from localspec.paths import prompts_of
 from localspec.session import Session
 
@@ -81,7 +81,7 @@ def test_a_drafts_own_cache_type_and_threads_leave_the_text_the_targets(real_mod
             draft = session.drafting.costly[DrafterKind.DRAFT].context
             texts[name] = reply.text, reply.summary.accepted > 0
             states[name] = len(draft.state()), len(session.sequences[0].state())
-            assert llama.llama_n_threads(draft._ctx) == (runtime.draft_threads or default_threads())
+            assert llama.llama_n_threads(draft._ctx) == (runtime.draft_threads or runtime.threads)
     assert texts["q8_0"] == texts["f16"] and texts["f16"][1]
     assert states["q8_0"][0] < 0.6 * states["f16"][0] and states["q8_0"][1] == states["f16"][1]
 
@@ -132,31 +132,6 @@ def test_split_mode_none_keeps_a_model_on_the_main_gpu_alone(tiny):
                           machine).draft.held_by == ["CUDA0"]
     with pytest.raises(UsageError, match="--split-mode takes none, layer, row, tensor"):
         Runtime(split_mode="diagonal")
-
-
-def test_a_model_gpus_hold_whole_runs_one_cpu_thread_and_any_other_every_physical_core(tiny):
-    """With every layer on GPUs, llama.cpp's CPU computes one lookup a step; the OpenMP team of more threads then
-    spins on the cores the host's work runs on. Threads asked, layers left in RAM or tensors kept there
-    (--cpu-moe) keep every core."""
-    from localspec.store.placement import Placement
-
-    info = gguf_meta.read(tiny["target"])
-    gpu = Device(name="CUDA0", description="test", kind="GPU", remote=False, free=10**12, total=10**12)
-    machine = hardware.Machine(gpu_offload=True, rpc=False, devices=[gpu], ram_total=10**12, ram_available=10**12,
-                               cpu="test", features="")
-    cpu_only = hardware.Machine(**{**machine.__dict__, "devices": [], "gpu_offload": False})
-
-    def threads(runtime, on=machine):
-        placed = Placement.plan(runtime, info, info, on)
-        return placed.target.threads, placed.draft.threads
-
-    assert threads(Runtime()) == (GPU_HELD_THREADS, GPU_HELD_THREADS)
-    assert threads(Runtime(), cpu_only) == (default_threads(), default_threads())
-    assert threads(Runtime(gpu_layers=1, draft_gpu_layers=0)) == (default_threads(), default_threads())
-    assert threads(Runtime(tensor_overrides=(("exps", "CPU"),))) == (default_threads(), GPU_HELD_THREADS)
-    assert threads(Runtime(threads=2)) == (2, 2)
-    assert threads(Runtime(draft_threads=2)) == (GPU_HELD_THREADS, 2)
-    assert threads(Runtime(devices=("none",))) == (default_threads(), GPU_HELD_THREADS)
 
 
 def test_machine_reports_at_least_the_cpu():

@@ -81,7 +81,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
                            settings.offline, tui.download_progress(), tui.loading,
                            # with LOCALSPEC_DEBUG llama.cpp's own backtrace says more
                            None if os.environ.get("LOCALSPEC_DEBUG") else stopped, settings.chat_template)
-    crowded = running.crowded_cores(session.plan.target.threads, others.cores())
+    crowded = running.crowded_cores(settings.runtime.threads, others.cores())
     if crowded:
         print(crowded, file=sys.stderr)
     for note in session.notes:

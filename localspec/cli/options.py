@@ -271,8 +271,7 @@ RESOURCE_OPTIONS = {
         " length the model was trained for, as llama.cpp's -c 0 (each sequence's, with --parallel).",
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.ctx_size),
     "threads": (Annotated[int, typer.Option(
-        "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores, or 1 for"
-        " a model GPUs hold whole (its CPU work is then one lookup).",
+        "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
         show_default=False, rich_help_panel=RESOURCES)], 0),
     "gpu_layers": (Annotated[Optional[str], typer.Option(
         "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N|all", help="Target layers on the GPU; all (or -1,"
@@ -711,7 +710,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         speculation=Speculation(drafting=drafting, required=o.draft is not None or o.spec == "fixed",
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),
-        runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or None,
+        runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
                         # with workers, unless told: the layers split by free memory, this machine's too
                         gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
                         draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,

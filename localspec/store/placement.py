@@ -9,7 +9,7 @@ llama.cpp keeps apart) and the output layer.
 from dataclasses import dataclass
 
 from . import hardware
-from ..config import GPU_HELD_THREADS, KV_CACHE_TYPES, Runtime, default_threads
+from ..config import KV_CACHE_TYPES, Runtime
 from ..errors import UsageError
 from ..engine.devices import Device
 from .gguf_meta import GGUFInfo
@@ -23,14 +23,12 @@ def layer_count(info: GGUFInfo) -> int:
 class ModelPlacement:
     """One model's layers: gpu_layers as asked of llama.cpp (-1: all), on the offload devices it may
     use (`offload`, in llama.cpp's order: workers' first), `devices` as named to llama.cpp (None: every
-    one), shared among them by tensor_split (None: by free memory); the rest on this machine's CPU, where
-    its context runs `threads`."""
+    one), shared among them by tensor_split (None: by free memory); the rest on this machine's CPU."""
 
     file: str
     layers: int
     gpu_layers: int
     offload: tuple[str, ...]
-    threads: int
     devices: tuple[str, ...] | None = None
     tensor_split: tuple[float, ...] | None = None
 
@@ -47,24 +45,12 @@ class ModelPlacement:
         return (list(self.offload) if on_gpu else []) + (["CPU"] if on_gpu < self.layers else [])
 
     def as_dict(self) -> dict:
-        """For `run --json`: file, layers, layers_on_gpu, devices, threads."""
-        return {"file": self.file, "layers": self.layers, "layers_on_gpu": self.layers_on_gpu, "devices": self.held_by,
-                "threads": self.threads}
+        """For `run --json`: file, layers, layers_on_gpu, devices."""
+        return {"file": self.file, "layers": self.layers, "layers_on_gpu": self.layers_on_gpu, "devices": self.held_by}
 
     def as_layers(self) -> dict:
         """For doctor's table: layers, offloaded, devices."""
         return {"layers": self.layers, "offloaded": self.layers_on_gpu, "devices": self.held_by}
-
-
-def _threads(asked: int | None, layers: int, gpu_layers: int, offload: tuple[str, ...],
-             overrides: tuple[tuple[str, str], ...]) -> int:
-    """A model's CPU threads: as asked, else GPU_HELD_THREADS where offload devices take every layer and no
-    tensor is kept elsewhere (-ot, --cpu-moe: a MoE's experts computed in RAM need every core), else every
-    physical core."""
-    if asked:
-        return asked
-    whole = offload and (gpu_layers < 0 or gpu_layers >= layers) and not overrides
-    return GPU_HELD_THREADS if whole else default_threads()
 
 
 def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime,
@@ -92,9 +78,7 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) ->
         local = machine.ram_available
         gpu_layers = (-1 if any(d.is_local_gpu for d in machine.devices) or not remote + local
                       else round(layers * remote / (remote + local)))
-    offload = _offload(machine.devices, runtime.devices, runtime)
-    return ModelPlacement(info.path.name, layers, gpu_layers, offload,
-                          _threads(runtime.threads, layers, gpu_layers, offload, runtime.tensor_overrides),
+    return ModelPlacement(info.path.name, layers, gpu_layers, _offload(machine.devices, runtime.devices, runtime),
                           runtime.devices, runtime.tensor_split)
 
 
@@ -105,10 +89,8 @@ def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> 
     devices = runtime.draft_devices
     if devices is None and runtime.rpc:
         devices = tuple(d.name for d in machine.devices if d.is_local_gpu) or ("none",)
-    layers, offload = layer_count(info), _offload(machine.devices, devices, runtime, one_gpu=devices is None)
-    threads = _threads(runtime.draft_threads or runtime.threads, layers, runtime.draft_gpu_layers, offload,
-                       runtime.draft_tensor_overrides)
-    return ModelPlacement(info.path.name, layers, runtime.draft_gpu_layers, offload, threads, devices)
+    return ModelPlacement(info.path.name, layer_count(info), runtime.draft_gpu_layers,
+                          _offload(machine.devices, devices, runtime, one_gpu=devices is None), devices)
 
 
 @dataclass(frozen=True)
