@@ -120,13 +120,17 @@ def with_xtc(row, sampling):
     return Dist(p.ids, mixed)
 
 
-def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
+def exact_distribution(target, prompt, sampling, ties: dict | None = None) -> dict[tuple, float]:
     """Each sequence's probability, over every prefix's row; under mirostat each row is cut at the mu the
-    prefix leaves (mirostat_kept and mirostat_moved, held to llama.cpp's own mirostat in test_mirostat.py)."""
+    prefix leaves (mirostat_kept and mirostat_moved, held to llama.cpp's own mirostat in test_mirostat.py).
+    ties (where given) gets each prefix whose row's top-k cut is tied (tied_at_the_cut)."""
     probabilities: dict[tuple, float] = {}
 
     def walk(prefix: list[int], mass: float, mu: float) -> None:
         row = decoded_row(target, prompt, prefix)
+        tied = tied_at_the_cut(row, sampling) if ties is not None else None
+        if tied:
+            ties[tuple(prefix)] = tied
         if sampling.adjusted:
             row = penalised(row, prompt + prefix, sampling, target.model)
         if sampling.mirostat:
@@ -147,6 +151,32 @@ def exact_distribution(target, prompt, sampling) -> dict[tuple, float]:
 
     walk([], 1.0, mirostat_start(sampling))
     return probabilities
+
+
+def tied_at_the_cut(row, sampling) -> set[int]:
+    """The tokens on either side of top-k's cut whose logits lie within ROW_TOLERANCE of the k-th's, where the
+    next one does: which of them the chain keeps is then the hardware's rounding, which another batch's shape
+    moves, not the sampler's (an H200, 2026-11-29: the tiny target's 5th and 6th logits 0.002 apart after
+    "abcabcabcabc" and two tokens; with n-gram drafting top-k 5 and XTC failed, p 7e-7 and 5e-22)."""
+    k = sampling.top_k
+    if not 0 < k < len(row):
+        return set()
+    order = np.argsort(row)[::-1]
+    kth = row[order[k - 1]]
+    if kth - row[order[k]] >= ROW_TOLERANCE:
+        return set()
+    return {int(token) for token in order[: 2 * k] if abs(row[token] - kth) < ROW_TOLERANCE}
+
+
+def pooled(outcomes: dict, ties: dict[tuple, set[int]]) -> dict:
+    """Outcomes (probabilities or counts) with every one that takes a tied token at a tied cut counted as one
+    outcome of that prefix: the test then holds all it can tell on this hardware."""
+    out: dict = {}
+    for outcome, value in outcomes.items():
+        key = next((outcome[:i] + ("tied",) for i in range(len(outcome)) if outcome[i] in ties.get(outcome[:i], ())),
+                   outcome)
+        out[key] = out.get(key, 0) + value
+    return out
 
 
 def sample_counts(target, drafter, prompt, sampling) -> Counter:
@@ -197,8 +227,9 @@ def test_output_follows_the_target_distribution(load, target, prompt, repetitive
     tokens = repetitive_prompt if kind == "ngram" else prompt
     drafter = drafter_for(kind, load, target)
     counts = sample_counts(target, drafter, tokens, sampling)
-    exact = exact_distribution(target, tokens, sampling)
-    assert chi_square_p_value(counts, exact) > ALPHA
+    ties: dict[tuple, set[int]] = {}
+    exact = exact_distribution(target, tokens, sampling, ties)
+    assert chi_square_p_value(Counter(pooled(counts, ties)), pooled(exact, ties)) > ALPHA
 
 
 @pytest.mark.parametrize("kind", ["draft model", "plain"])
