@@ -134,6 +134,27 @@ def test_split_mode_none_keeps_a_model_on_the_main_gpu_alone(tiny):
         Runtime(split_mode="diagonal")
 
 
+def test_a_row_split_is_refused_before_loading_where_a_gpus_backend_cannot_split_by_rows(tiny, monkeypatch):
+    """The sixth lease: -sm row on the H200 failed the load ("device CUDA0 does not support split buffers"): the
+    pinned llama.cpp's CUDA backend offers no split buffer type. Now refused in one line, naming the devices."""
+    from localspec.engine.devices import splits_by_rows
+    from localspec.store import placement
+    from localspec.store.placement import Placement
+
+    assert not splits_by_rows("CPU") and not splits_by_rows("no such device")
+    info = gguf_meta.read(tiny["target"])
+    gpus = [Device(name=f"CUDA{n}", description="test", kind="GPU", remote=False, free=10**12, total=10**12)
+            for n in range(2)]
+    machine = hardware.Machine(gpu_offload=True, rpc=False, devices=gpus, ram_total=10**12, ram_available=10**12,
+                               cpu="test", features="")
+    monkeypatch.setattr(placement, "splits_by_rows", lambda name: name == "CUDA1")
+    with pytest.raises(UsageError, match=r"--split-mode row: this llama.cpp cannot split weights by rows on CUDA0 \("):
+        Placement.plan(Runtime(split_mode="row"), info, machine=machine)
+    assert Placement.plan(Runtime(split_mode="row", devices=("CUDA1",)), info, machine=machine).target.held_by == \
+        ["CUDA1"]
+    assert Placement.plan(Runtime(split_mode="layer"), info, machine=machine).target.held_by == ["CUDA0", "CUDA1"]
+
+
 def test_machine_reports_at_least_the_cpu():
     found = hardware.machine()
     assert any(d.kind == "CPU" for d in found.devices)

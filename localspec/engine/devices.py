@@ -58,6 +58,16 @@ def supports_gpu_offload() -> bool:
     return any(d.is_local_gpu for d in devices())
 
 
+def splits_by_rows(name: str) -> bool:
+    """Whether llama.cpp can split each weight by rows on this device (--split-mode row): its backend must
+    offer a split buffer type. The pinned llama.cpp's CUDA backend offers none (an H200, 2026-11-29: the load
+    failed, "device CUDA0 does not support split buffers")."""
+    lib = ggml()
+    device = lib.ggml_backend_dev_by_name(name.encode())
+    return bool(device) and bool(lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(device),
+                                                                       b"ggml_backend_split_buffer_type"))
+
+
 def offload_array(names: tuple[str, ...]) -> ctypes.Array:
     """The NULL-terminated array of offload devices llama_model_params.devices takes; ("none",): none."""
     lib = ggml()

@@ -132,6 +132,8 @@ def ggml() -> ctypes.CDLL:
     ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_buft_name.restype = ctypes.c_char_p
     ggml.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     return ggml
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from . import hardware
 from ..config import KV_CACHE_TYPES, Runtime
 from ..errors import UsageError
-from ..engine.devices import Device
+from ..engine.devices import Device, splits_by_rows
 from .gguf_meta import GGUFInfo
 
 
@@ -59,6 +59,12 @@ def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runt
     with --split-mode none (and one_gpu), the --main-gpu among them alone."""
     names = [d.name for d in found if d.remote] + [d.name for d in found if d.is_local_gpu]
     offload = tuple(names if devices is None else (name for name in devices if name in names))
+    if runtime.split_mode == "row":
+        unsplit = [name for name in offload if not splits_by_rows(name)]
+        if unsplit:
+            raise UsageError(f"--split-mode row: this llama.cpp cannot split weights by rows on {', '.join(unsplit)}"
+                             " (its load fails: \"does not support split buffers\"); --split-mode layer, the default,"
+                             " splits the layers across GPUs, tensor the weights and KV cache")
     if runtime.split_mode != "none" or not one_gpu or not offload:
         return offload
     if runtime.main_gpu >= len(offload):
