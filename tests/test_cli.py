@@ -15,6 +15,7 @@ from unittest.mock import ANY
 import pytest
 
 from localspec import __version__ as localspec_version
+from localspec.engine.devices import supports_gpu_offload
 from tinymodels import TinySpec, write_tiny_model
 
 STATS_KEYS = {
@@ -580,8 +581,12 @@ def test_a_moes_experts_stay_where_llama_cpps_options_put_them(tmp_path):
     assert kept == []
     assert run("--cpu-moe") == (text, experts)
     assert run("-ncmoe", "1") == (text, experts[:3])
-    # (row splits are refused where a GPU's backend lacks them: test_hardware.py)
     assert run("-sm", "none", "-mg", "0", "-nkvo")[0] == text
+    if supports_gpu_offload():  # the pinned llama.cpp's CUDA backend splits no weight by rows (the sixth lease)
+        refused = subprocess.run([sys.executable, "-m", "localspec", "run", moe, "-p", "the cat", "-sm", "row"],
+                                 capture_output=True, text=True, timeout=300,
+                                 env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)})
+        assert refused.returncode == 2 and "cannot split weights by rows on CUDA0" in refused.stderr, refused.stderr
     assert run("-ot", r"blk\.1\.attn_(q|k)\.=CPU", "-ncmoe", "1") == (
         text, experts[:3] + ["blk.1.attn_q.weight", "blk.1.attn_k.weight"])  # (in the order they load)
     # the target's and the draft's own
