@@ -288,7 +288,8 @@ RESOURCE_OPTIONS = {
     "split_mode": (Annotated[str, typer.Option(
         "--split-mode", "-sm", metavar="MODE", help="How the offloaded layers split across several GPUs,"
         " as llama.cpp's: layer (by layers, pipelined), row (each weight by rows, in parallel; not on CUDA in this"
-        " llama.cpp), tensor (llama.cpp's experimental split of weights and KV cache), or none (all on --main-gpu).", rich_help_panel=RESOURCES)],
+        " llama.cpp), tensor (llama.cpp's experimental split of weights and KV cache), or none (all on --main-gpu).",
+        rich_help_panel=RESOURCES)],
         DEFAULT_RUNTIME.split_mode),
     "main_gpu": (Annotated[int, typer.Option(
         "--main-gpu", "-mg", help="With --split-mode none, the device that holds the model, counted as llama.cpp"
