@@ -82,16 +82,23 @@ class Costs:
             self._relative = _interpolate_all(self.verify, most)
         return self._relative
 
-    def verify_seconds(self, n: int) -> float:
-        return self.level * self.relative(n)[n - 1]
+    def verify_seconds(self, n: int, sizes: tuple[int | None, int | None] | None = None) -> float:
+        """Seconds to verify n rows; with `sizes`, after batches of those sizes (verify_table says how)."""
+        seconds = self.level * self.relative(n)[n - 1]
+        return seconds + self.changing(n, sizes) if sizes and (self.reshape or self.recapture) else seconds
 
     def verify_table(self, most: int, sizes: tuple[int | None, int | None] | None = None) -> list[float]:
         """verify_seconds(n) for n = 1 .. most, in one sweep (the policy needs them every step); with
         `sizes`, the batch sizes of the two decodes before (the last one second; None: none yet), each
-        with what a change of size costs it."""
-        table = [self.level * relative for relative in self.relative(most)[:most]]
-        if sizes and (self.reshape or self.recapture):
-            table = [seconds + self.changing(n, sizes) for n, seconds in enumerate(table, start=1)]
+        with what a change of size costs it: a reshape at every size but the last one's."""
+        level = self.level
+        if not sizes or not (self.reshape or self.recapture):
+            return [level * relative for relative in self.relative(most)[:most]]
+        reshaped = level * self.reshape
+        table = [level * relative + reshaped for relative in self.relative(most)[:most]]
+        last = sizes[1]
+        if last is not None and last <= most:
+            table[last - 1] += self.changing(last, sizes) - reshaped
         return table
 
     def changing(self, n: int, sizes: tuple[int | None, int | None]) -> float:

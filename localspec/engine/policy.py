@@ -113,31 +113,71 @@ class Screen:
     """Bounds on what a costly drafter's drafts of 1 .. option.most tokens could earn, from its beliefs and
     the cost curve's shape alone (verify(1) cancels out of a comparison with a plain step), kept until
     either moves: a drafter that cannot pay is passed over at the price of a look-up, not weighed
-    length by length every step."""
+    length by length every step. A draft of n tokens expected to make E tokens, for u verify(1)s of drafting
+    and verifying, beats a plain step of p verify(1)s where E p > u + x + c E / HORIZON: x what its change
+    of batch size costs at least, c its catch-up, spread as _rates spreads it. Both are the step's own: a
+    draft model that does not read the prompt falls a token behind a plain step, and on a GPU a draft's
+    batch after plain steps pays a reshape (on an H200 the floor weighed such a draft model in full every
+    step and never chose it)."""
 
-    option: Option  # the drafter's option when taken (its catch-up then apart, which only lowers rates)
+    option: Option  # the drafter's option when taken (its catch-up then apart)
     positions: list[Belief]  # the beliefs it was taken from (replaced, not only updated, when they are)
     shape: int  # Costs.shape then
     token: float  # a drafted token's cost relative to verify(1) then
-    sure: float  # the best rate at SURE of any length, in plain steps' rates (a bound: no catch-up counted)
-    probe_units: float  # the least draft(n) + verify(n + 1), in verify(1)s, of the lengths whose rate at
-    # HOPEFUL may beat a plain step's
+    # (u, E) of the lengths that may beat a plain step at SURE and at HOPEFUL: shortest first, each expected to
+    # make more than every shorter one (a longer draft making no more can never do better)
+    sure: list[tuple[float, float]]
+    probes: list[tuple[float, float]]
     # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
     expected: dict[tuple[float, float | None], list[float]]
 
-    def may_be_sure(self) -> bool:
-        return self.sure > 1 - ROUNDING
+    def may_be_sure(self, step: "Weighing", catch_up: float) -> bool:
+        return any(step.beats_plain(units, tokens, catch_up) for units, tokens in self.sure)
 
-    def may_probe(self, costs: Costs, once_seconds: float, bucket: float) -> bool:
-        """Whether the bucket could pay for the cheapest draft that hope says may beat a plain step."""
-        plain = costs.verify_seconds(1)
-        risk = costs.level * self.probe_units + once_seconds - plain
-        return risk - bucket <= ROUNDING * (abs(risk) + plain + abs(bucket))
+    def may_probe(self, step: "Weighing", catch_up: float, bucket: float) -> bool:
+        """Whether the bucket could pay for a draft that hope says may beat a plain step: the shortest such
+        draft risks least."""
+        for units, tokens in self.probes:
+            if step.beats_plain(units, tokens, catch_up):
+                risk = step.level * (units + step.change - step.plain + catch_up)
+                return risk - bucket <= ROUNDING * (abs(risk) + step.plain * step.level + abs(bucket))
+        return False
 
     def expected_tokens(self, auto: "AutoDrafter", hope: float, beyond: float | None = None) -> list[float]:
         if (hope, beyond) not in self.expected:
             self.expected[hope, beyond] = auto.expected_tokens(self.option, hope, beyond)
         return self.expected[hope, beyond]
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """A step's costs as a screen reads them, in verify(1)s (a costly drafter's catch-up apart): a plain
+    step's, and the least a draft's change of batch size adds."""
+
+    level: float
+    plain: float
+    change: float
+
+    @classmethod
+    def of(cls, costs: Costs, sizes: tuple[int | None, int | None]) -> "Weighing":
+        level, last = costs.level, sizes[1]
+        change = costs.reshape if last is None or last < 2 else min(costs.reshape, costs.changing(last, sizes) / level)
+        return cls(level, costs.relative(1)[0] + costs.changing(1, sizes) / level, change)
+
+    def beats_plain(self, units: float, tokens: float, catch_up: float) -> bool:
+        spread = catch_up * tokens / HORIZON
+        margin = tokens * self.plain - units - self.change - spread
+        return margin > -ROUNDING * (tokens * self.plain + units + self.change + spread)
+
+
+def _front(units: list[float], tokens: list[float], best_plain: float) -> list[tuple[float, float]]:
+    """(u, E) of the lengths that may beat a plain step costing at most best_plain verify(1)s, shortest first,
+    those making no more than a shorter one left out."""
+    front: list[tuple[float, float]] = []
+    for unit, made in zip(units, tokens):
+        if made * best_plain > unit * (1 - ROUNDING) and (not front or made > front[-1][1]):
+            front.append((unit, made))
+    return front
 
 
 # The screens' bounds are taken with other roundings than the rates they bound: a draft is passed over
@@ -267,7 +307,7 @@ class AutoDrafter(TreeWeighing):
         self._learn_from_text(history)
         rows, self._others_tokens = self.alongside()
         # the whole step's, others' rows and all, and what its batch's size costs after the last ones
-        plain_seconds = self.costs.verify_table(rows + 1, self.sizes)[rows]
+        plain_seconds = self.costs.verify_seconds(rows + 1, self.sizes)
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -276,26 +316,32 @@ class AutoDrafter(TreeWeighing):
                 options.append(Option(drafter.kind, lookup.evidence, len(lookup.tokens), run=lookup.run))
                 self.shadows.append(Shadow(len(history), lookup.tokens, lookup.evidence, drafter.kind))
                 self.forks += self._forks(len(history), lookup)
-        for kind, drafter in self.costly.items() if k else ():
-            options.append(Option(kind, None, k, self.costs.catch_up_seconds(kind, drafter.behind(history))))
+        may_be_sure, may_probe = list(options), []
         # A costly drafter is weighed length by length only where its screen says a draft of it could
-        # beat a plain step: on a machine where it does not pay, a step that drafts nothing costs a look-up.
-        screens = {option: self._screen(option) for option in options if option.drafter not in FREE}
-        may_be_sure = [option for option in options if option not in screens or screens[option].may_be_sure()]
-        may_probe = [option for option, screen in screens.items()
-                     if screen.may_probe(self.costs, option.once_seconds, self.bucket.seconds)]
-        weighed = [option for option in options if option in may_be_sure or option in may_probe]
+        # beat a plain step: where it does not pay, a step that drafts nothing costs a look-up.
+        step = Weighing.of(self.costs, self.sizes) if k and self.costly else None
+        for kind, drafter in self.costly.items() if step else ():
+            once_seconds = self.costs.catch_up_seconds(kind, drafter.behind(history))
+            screen, catch_up = self._screen(kind, k), once_seconds / step.level
+            sure, probe = screen.may_be_sure(step, catch_up), screen.may_probe(step, catch_up, self.bucket.seconds)
+            if sure or probe:
+                option = Option(kind, None, k, once_seconds)
+                options.append(option)
+                if sure:
+                    may_be_sure.append(option)
+                if probe:
+                    may_probe.append(option)
         plain_rate = (1 + self._others_tokens) / plain_seconds
-        if not weighed:
+        if not options:
             self.chosen = Choice(plain_rate)
             return Draft()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         # verify[n]: a step with n + 1 rows of this sequence's, after the others' rows
-        verify = self.costs.verify_table(rows + max((option.most for option in weighed), default=0) + 1,
+        verify = self.costs.verify_table(rows + max((option.most for option in options), default=0) + 1,
                                          self.sizes)[rows:]
         seconds = {option: [drafting + verifying for drafting, verifying
                             in zip(self.costs.draft_table(option.drafter, option.most), verify[1:])]
-                   for option in weighed}
+                   for option in options}
         # The sure option is the one whose best length pays most even on the doubtful side of its
         # beliefs. It drafts the length it is expected to do best at, of those that beat a plain
         # step on the doubtful side: reading every position's noisy belief at its doubtful side
@@ -324,7 +370,7 @@ class AutoDrafter(TreeWeighing):
             return seconds[option][length - 1] + option.once_seconds - plain_seconds
 
         # Only the draft model (or MTP block) is probed: n-gram beliefs learn from the text at no cost.
-        choice = self._best([o for o in weighed if o.drafter not in FREE and (o in may_probe or o == sure.option)],
+        choice = self._best([o for o in options if o.drafter not in FREE and (o in may_probe or o == sure.option)],
                             seconds, HOPEFUL, sure, risk)
         choice.probe = choice is not sure
         self.chosen = choice
@@ -345,24 +391,24 @@ class AutoDrafter(TreeWeighing):
         a costly drafter's at the mean (proposing says why)."""
         return SURE if option.drafter in FREE else None
 
-    def _screen(self, option: Option) -> Screen:
-        """The costly drafter's screen for drafts of up to option.most tokens, made anew if what it was
-        taken from has moved."""
-        screen = self.screens.get(option.drafter)
-        key = (option.drafter, None)
-        token = self.costs.drafts[option.drafter].token if option.drafter in self.costs.drafts else 0.0
-        if (screen is not None and screen.option.most >= option.most and screen.positions is self.beliefs.get(key)
+    def _screen(self, kind: DrafterKind, most: int) -> Screen:
+        """The costly drafter's screen for drafts of up to `most` tokens, made anew if what it was taken
+        from has moved."""
+        screen = self.screens.get(kind)
+        key = (kind, None)
+        token = self.costs.drafts[kind].token if kind in self.costs.drafts else 0.0
+        if (screen is not None and screen.option.most >= most and screen.positions is self.beliefs.get(key)
                 and screen.shape == self.costs.shape and screen.token == token):
             return screen
+        option = Option(kind, None, most)
         relative = self.costs.relative(option.most + 1)
-        units = [token * n + relative[n] for n in range(1, option.most + 1)]  # draft(n) + verify(n + 1)
-        # rates in plain steps' rates; a one-off catch-up only lowers them
+        # draft(n) + verify(n + 1), in verify(1)s
+        units = [drafting / self.costs.level + relative[n]
+                 for n, drafting in enumerate(self.costs.draft_table(option.drafter, option.most), start=1)]
         expected = {(hope, None): self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
-        sure = [tokens / unit * relative[0] for tokens, unit in zip(expected[SURE, None], units)]
-        hopeful = [tokens / unit * relative[0] for tokens, unit in zip(expected[HOPEFUL, None], units)]
-        screen = Screen(option, self.beliefs[key], self.costs.shape, token, max(sure),
-                        min((unit for unit, rate in zip(units, hopeful) if rate > 1 - ROUNDING), default=float("inf")),
-                        expected)
+        best_plain = relative[0] + max(self.costs.reshape, self.costs.recapture)
+        screen = Screen(option, self.beliefs[key], self.costs.shape, token, _front(units, expected[SURE, None], best_plain),
+                        _front(units, expected[HOPEFUL, None], best_plain), expected)
         self.screens[option.drafter] = screen
         return screen
 
