@@ -184,10 +184,13 @@ class SuffixCache:
         self._index(generations, into=self.sealed)
         self._evict()
 
-    def propose(self, context: Sequence[int], limit: int | None = None, alternatives: int = 0) -> SuffixDraft:
+    def propose(self, context: Sequence[int], limit: int | None = None, alternatives: int = 0,
+                shortest: int = 1) -> SuffixDraft:
         """A draft to follow `context` (at most `limit` tokens), from the earlier generations that
         continue its longest matching tail; NO_DRAFT when nothing matches. alternatives: how many of the
-        other continuations at the draft's branch points to hold beside it, likeliest first (for a tree)."""
+        other continuations at the draft's branch points to hold beside it, likeliest first (for a tree).
+        shortest: a match of fewer tokens drafts nothing (and costs no walk: most tails of a text match
+        a token or so of a large cache by chance)."""
         longest = min(self.depth, len(context))
         if not self.tokens or not longest:
             return NO_DRAFT
@@ -199,7 +202,7 @@ class SuffixCache:
         ranges = [(tier, lo, hi) for tier, depth, lo, hi in found if depth == match]
         support = sum(hi - lo for _, lo, hi in ranges)
         length = min(int(self.alpha * match), self.max_draft, self.max_draft if limit is None else limit)
-        if length < 1:
+        if length < 1 or match < shortest:
             return SuffixDraft([], [], match, support)
         positions = self._most_recent(ranges, full_depth=match == self.depth)
         # Continuations read past END into the next generation; the walk never goes past END.

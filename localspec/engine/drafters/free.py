@@ -132,8 +132,8 @@ class SuffixDrafter:
     def propose(self, history, k) -> Draft:
         if self.cache is None:
             return Draft(source=self.kind)
-        found = self.cache.propose(history, k, self.alternatives)
-        if found.match < SUFFIX_MIN_MATCH or not found.tokens:
+        found = self.cache.propose(history, k, self.alternatives, shortest=SUFFIX_MIN_MATCH)
+        if not found.tokens:
             return Draft(source=self.kind)
         agreement = (Agreement.SEEN_ONCE if found.support == 1
                      else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
