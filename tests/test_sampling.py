@@ -82,6 +82,7 @@ def test_residual_is_the_normalised_positive_part_of_p_minus_q():
 def test_residual_of_a_one_hot_draft_removes_that_token():
     p = Dist(np.array([0, 1, 2]), np.array([0.5, 0.3, 0.2]))
     np.testing.assert_allclose(dense(residual(p, one_hot(1)), 3), [0.5 / 0.7, 0.0, 0.2 / 0.7])
+    np.testing.assert_allclose(dense(residual(p, one_hot(9)), 3), [0.5, 0.3, 0.2])  # (p(9) = 0: no rejection)
 
 
 def test_accept_probability_is_min_one_p_over_q():

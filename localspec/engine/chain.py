@@ -105,6 +105,9 @@ class ChainRows:
         self._dist = None  # draw()'s sampler, seeded anew for each generation
         self._candidates: np.ndarray | None = None  # the host chain's candidate array, made once
         self._all_ids: np.ndarray | None = None  # what its ids are reset to before each row
+        # a backend-sampled row's candidates, copied here (made once)
+        self._sampled_logits: np.ndarray | None = None
+        self._sampled_ids: np.ndarray | None = None
 
     def sample_with(self, chain: Chain, host: bool = False) -> None:
         """Use this chain for the rows of the decodes that follow (a new generation: draw() reseeds).
@@ -147,11 +150,18 @@ class ChainRows:
         if self.on_backend:
             row += self._row_base
             count = llama.llama_get_sampled_logits_count_ith(self._ctx, row)
-            logits = np.ctypeslib.as_array(llama.llama_get_sampled_logits_ith(self._ctx, row), shape=(count,))
-            ids_count = llama.llama_get_sampled_candidates_count_ith(self._ctx, row)
-            # without top-k the chain keeps the whole vocabulary, in vocabulary order
-            ids = (np.ctypeslib.as_array(llama.llama_get_sampled_candidates_ith(self._ctx, row), shape=(count,))
-                   if ids_count else np.arange(count, dtype=np.int32))
+            if self._sampled_logits is None:
+                self._sampled_logits = np.empty(self._n_vocab, np.float32)
+                self._sampled_ids = np.empty(self._n_vocab, np.int32)
+            # copied into arrays made once: np.ctypeslib.as_array makes a ctypes type a call (~2 us each)
+            logits = self._sampled_logits[:count]
+            ctypes.memmove(self._sampled_logits.ctypes.data, llama.llama_get_sampled_logits_ith(self._ctx, row), 4 * count)
+            if llama.llama_get_sampled_candidates_count_ith(self._ctx, row):
+                ids = self._sampled_ids[:count]
+                ctypes.memmove(self._sampled_ids.ctypes.data, llama.llama_get_sampled_candidates_ith(self._ctx, row),
+                               4 * count)
+            else:  # without top-k the chain keeps the whole vocabulary, in vocabulary order
+                ids = np.arange(count, dtype=np.int32)
             kept = np.isfinite(logits)  # top-p and min-p mask what they drop with -inf
             return ids[kept], logits[kept]
         rows, array = self._apply_chain(row, only)
