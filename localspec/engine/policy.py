@@ -334,7 +334,7 @@ class AutoDrafter(TreeWeighing):
         plain_rate = (1 + self._others_tokens) / plain_seconds
         if not options:
             self.chosen = Choice(plain_rate)
-            return Draft()
+            return Draft.nothing()
         # seconds[option][n - 1]: drafting and verifying n tokens with it (a one-off catch-up apart)
         # verify[n]: a step with n + 1 rows of this sequence's, after the others' rows
         verify = self.costs.verify_table(rows + max((option.most for option in options), default=0) + 1,
@@ -375,7 +375,7 @@ class AutoDrafter(TreeWeighing):
         choice.probe = choice is not sure
         self.chosen = choice
         if choice.option is None:
-            return Draft()
+            return Draft.nothing()
         if choice.option.drafter in FREE:
             draft = lookups[choice.option.drafter]
         else:

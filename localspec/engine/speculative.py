@@ -153,7 +153,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             target.n_ctx - len(history),
             max_tokens - produced - 1,
         )
-        draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft(), 0.0)
+        draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft.nothing(), 0.0)
         # a tree is verified where it fits: else the chain it was grown from
         if draft.tree is not None and (not trees or not fits(target, draft.tree)):
             draft = replace(draft, tree=None)

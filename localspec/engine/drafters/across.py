@@ -144,7 +144,7 @@ class AcrossDrafter(ForwardDrafter):
 
     def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         if k == 0:
-            return Draft(source=self.kind)
+            return Draft.nothing(self.kind)
         _, caught_up = yield from timed(self._ready(history))
         tokens, dists = [], None
         if self._whole and self.context.tokens:  # (a history of no text at all, as a lone start token, reads none)

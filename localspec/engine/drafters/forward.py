@@ -100,7 +100,7 @@ class ForwardDrafter:
 
     def proposing(self, history: list[int], k: int) -> Generator[Turn, None, Draft]:
         if k == 0:
-            return Draft(source=self.kind)
+            return Draft.nothing(self.kind)
         _, caught_up = yield from timed(self._ready(history))
         tokens: list[int] = []
         dists: list[Dist] = []

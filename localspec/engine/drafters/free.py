@@ -70,7 +70,7 @@ class NgramDrafter:
                 tree = DraftTree.forked(tokens, alternatives) if self.branching and alternatives else None
                 return Draft(tokens, source=self.kind, evidence=evidence, run=run, alternatives=alternatives,
                              tree=tree)
-        return Draft(source=self.kind)
+        return Draft.nothing(self.kind)
 
     def _offer(self, history, follows: int, n: int, k: int, run: int | None = None) -> list[int]:
         # Offer as many tokens as the match already runs back (at least MIN_OFFER): a long
@@ -131,10 +131,10 @@ class SuffixDrafter:
 
     def propose(self, history, k) -> Draft:
         if self.cache is None:
-            return Draft(source=self.kind)
+            return Draft.nothing(self.kind)
         found = self.cache.propose(history, k, self.alternatives, shortest=SUFFIX_MIN_MATCH)
         if not found.tokens:
-            return Draft(source=self.kind)
+            return Draft.nothing(self.kind)
         agreement = (Agreement.SEEN_ONCE if found.support == 1
                      else Agreement.AGREE if found.probabilities[0] == 1.0 else Agreement.DIFFER)
         return Draft(list(found.tokens), source=self.kind, evidence=Evidence(RunClass.of(found.match), agreement),
