@@ -652,23 +652,15 @@ def test_a_draft_model_that_would_pay_reads_the_prompt_with_the_target_and_is_tr
     assert model.read == 0
 
 
-class BehindModel:
+class BehindModel(FakeModel):
     """A costly drafter of a kind, some way behind the text, proposing tokens the text never has."""
 
     def __init__(self, kind, behind):
+        super().__init__()
         self.kind, self.lag = kind, behind
-
-    def begin(self, prompt, sampling, rng):
-        pass
-
-    def prepare(self, sampling, rng):
-        pass
 
     def behind(self, history):
         return self.lag
-
-    def propose(self, history, k):
-        return Draft([1] * k, source=self.kind)
 
 
 def screened_scenario(seed: int) -> tuple[AutoDrafter, list[int], int]:
