@@ -663,11 +663,15 @@ class BehindModel(FakeModel):
         return self.lag
 
 
+# a curve that dips, as the H200's did at 16 (H200_8B), more deeply
+DIPPING = {1: 0.020, 2: 0.024, 4: 0.030, 8: 0.060, 16: 0.032, 32: 0.070}
+
+
 def screened_scenario(seed: int) -> tuple[AutoDrafter, list[int], int]:
     """Auto on a random machine, with a random costly drafter's beliefs, catch-up and probe bucket, the last
     batches' sizes, and a history with chance n-gram matches: (auto, history, k)."""
     rng = random.Random(seed)
-    verify = rng.choice([GPU_LIKE, CPU_LIKE, EPYC_LIKE, H200_8B, {1: 0.066, 2: 0.070, 4: 0.075}])
+    verify = rng.choice([GPU_LIKE, CPU_LIKE, EPYC_LIKE, H200_8B, {1: 0.066, 2: 0.070, 4: 0.075}, DIPPING])
     kind = rng.choice([DrafterKind.DRAFT, DrafterKind.DFLASH])
     level = verify[1]
     machine = Costs(level, {n: s / level for n, s in verify.items()},
@@ -684,10 +688,10 @@ def screened_scenario(seed: int) -> tuple[AutoDrafter, list[int], int]:
 
 def test_a_costly_drafter_the_screen_passes_over_is_one_the_full_weighing_would_not_choose(monkeypatch):
     """The screen spares the weighing of every length a step, so it must never change a choice: on random
-    machines, beliefs, catch-ups (a draft model that did not read the prompt falls a token behind a step),
-    changes of batch size and probe buckets, auto proposes the same with its screens as with screens that pass everything. Its
-    catch-up and its change of batch size not counted, a draft model that could not pay was weighed in full every step and never
-    chosen: on an H200 the floor's host time a step was 118 us against plain's 41."""
+    machines (one whose curve dips), beliefs, catch-ups (a draft model that did not read the prompt falls a
+    token behind a step), changes of batch size and probe buckets, auto proposes the same with its screens
+    as with screens that pass everything. Blind to a catch-up and a change of batch size, the screen had a
+    draft model that could not pay weighed in full every step and never chosen."""
     from localspec.engine.policy import Screen
 
     def proposed(seed: int):
@@ -729,3 +733,12 @@ def test_the_verify_table_is_each_sizes_cost_after_the_last_batches(sizes):
                 for n, relative in enumerate(machine.relative(20)[:20], start=1)]
     assert machine.verify_table(20, sizes) == pytest.approx(expected)
     assert [machine.verify_seconds(n, sizes) for n in range(1, 21)] == pytest.approx(expected)
+
+
+def test_a_screen_reads_its_lengths_cheapest_first_where_the_curve_dips():
+    """On a curve that dips (a batch of 16 costing less than one of 8), a longer draft can cost less and make
+    more: the screen's probe must be the cheapest that may pay, and a dearer one making no more never is."""
+    from localspec.engine.policy import _front
+
+    units, tokens = [1.2, 3.0, 2.1], [1.9, 2.4, 2.6]  # drafts of 1, 8 and 16 tokens, in verify(1)s and tokens
+    assert _front(units, tokens, best_plain=1.5) == [(1.2, 1.9), (2.1, 2.6)]

@@ -117,15 +117,15 @@ class Screen:
     and verifying, beats a plain step of p verify(1)s where E p > u + x + c E / HORIZON: x what its change
     of batch size costs at least, c its catch-up, spread as _rates spreads it. Both are the step's own: a
     draft model that does not read the prompt falls a token behind a plain step, and on a GPU a draft's
-    batch after plain steps pays a reshape (on an H200 the floor weighed such a draft model in full every
-    step and never chose it)."""
+    batch after plain steps pays a reshape (a screen blind to them had auto weigh such a draft model in full
+    at every step of the floor and never choose it: half its host work there on a CPU)."""
 
     option: Option  # the drafter's option when taken (its catch-up then apart)
     positions: list[Belief]  # the beliefs it was taken from (replaced, not only updated, when they are)
     shape: int  # Costs.shape then
     token: float  # a drafted token's cost relative to verify(1) then
-    # (u, E) of the lengths that may beat a plain step at SURE and at HOPEFUL: shortest first, each expected to
-    # make more than every shorter one (a longer draft making no more can never do better)
+    # (u, E) of the lengths that may beat a plain step at SURE and at HOPEFUL: cheapest first, each expected to
+    # make more than every cheaper one (a costlier draft making no more can never do better)
     sure: list[tuple[float, float]]
     probes: list[tuple[float, float]]
     # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
@@ -135,7 +135,7 @@ class Screen:
         return any(step.beats_plain(units, tokens, catch_up) for units, tokens in self.sure)
 
     def may_probe(self, step: "Weighing", catch_up: float, bucket: float) -> bool:
-        """Whether the bucket could pay for a draft that hope says may beat a plain step: the shortest such
+        """Whether the bucket could pay for a draft that hope says may beat a plain step: the cheapest such
         draft risks least."""
         for units, tokens in self.probes:
             if step.beats_plain(units, tokens, catch_up):
@@ -171,10 +171,11 @@ class Weighing:
 
 
 def _front(units: list[float], tokens: list[float], best_plain: float) -> list[tuple[float, float]]:
-    """(u, E) of the lengths that may beat a plain step costing at most best_plain verify(1)s, shortest first,
-    those making no more than a shorter one left out."""
+    """(u, E) of the lengths that may beat a plain step costing at most best_plain verify(1)s, cheapest first
+    (a measured curve may dip: on an H200 a batch of 16 cost less than one of 8), those making no more than a
+    cheaper one left out."""
     front: list[tuple[float, float]] = []
-    for unit, made in zip(units, tokens):
+    for unit, made in sorted(zip(units, tokens)):
         if made * best_plain > unit * (1 - ROUNDING) and (not front or made > front[-1][1]):
             front.append((unit, made))
     return front
