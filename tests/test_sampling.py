@@ -70,6 +70,8 @@ def test_probability_lookups():
     dist = Dist(np.array([7, 3, 5]), np.array([0.5, 0.3, 0.2]))
     assert dist.prob(3) == 0.3 and dist.prob(4) == 0.0
     np.testing.assert_allclose(dist.probs_of(np.array([5, 8, 7, 0])), [0.2, 0.0, 0.5, 0.0])
+    wide = Dist(np.arange(1000, 0, -1), np.full(1000, 0.001))  # (past a list search's few dozen: numpy's)
+    assert (wide.at(1), wide.at(1000), wide.at(0)) == (999, 0, None) and wide.prob(500) == 0.001
 
 
 def test_residual_is_the_normalised_positive_part_of_p_minus_q():

@@ -155,7 +155,8 @@ class ChainRows:
                 self._sampled_ids = np.empty(self._n_vocab, np.int32)
             # copied into arrays made once: np.ctypeslib.as_array makes a ctypes type a call (~2 us each)
             logits = self._sampled_logits[:count]
-            ctypes.memmove(self._sampled_logits.ctypes.data, llama.llama_get_sampled_logits_ith(self._ctx, row), 4 * count)
+            ctypes.memmove(self._sampled_logits.ctypes.data, llama.llama_get_sampled_logits_ith(self._ctx, row),
+                           4 * count)
             if llama.llama_get_sampled_candidates_count_ith(self._ctx, row):
                 ids = self._sampled_ids[:count]
                 ctypes.memmove(self._sampled_ids.ctypes.data, llama.llama_get_sampled_candidates_ith(self._ctx, row),

@@ -408,8 +408,9 @@ class AutoDrafter(TreeWeighing):
                  for n, drafting in enumerate(self.costs.draft_table(option.drafter, option.most), start=1)]
         expected = {(hope, None): self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
         best_plain = relative[0] + max(self.costs.reshape, self.costs.recapture)
-        screen = Screen(option, self.beliefs[key], self.costs.shape, token, _front(units, expected[SURE, None], best_plain),
-                        _front(units, expected[HOPEFUL, None], best_plain), expected)
+        screen = Screen(option, self.beliefs[key], self.costs.shape, token,
+                        _front(units, expected[SURE, None], best_plain), _front(units, expected[HOPEFUL, None], best_plain),
+                        expected)
         self.screens[option.drafter] = screen
         return screen
 

@@ -18,6 +18,9 @@ from ..events import Candidate, Logprobs
 from .chain import Chain
 
 
+LIST_SEARCH = 64  # candidates up to which Dist.at searches a list (40: 1.1 us against numpy's 2.8)
+
+
 @dataclass(frozen=True)
 class Dist:
     ids: np.ndarray  # candidate token ids
@@ -28,8 +31,11 @@ class Dist:
         return float(self.probs[at]) if at is not None else 0.0
 
     def at(self, token: int) -> int | None:
-        """Where the token is among the candidates (a list's search: on a few dozen candidates a third of
-        numpy's cost, and the rejection rule asks a few times a row)."""
+        """Where the token is among the candidates. The rejection rule asks a few times a row, mostly of a
+        top-k's few dozen candidates, where a list's search costs a third of numpy's (past ~100, more)."""
+        if len(self.ids) > LIST_SEARCH:
+            hit = np.flatnonzero(self.ids == token)
+            return int(hit[0]) if hit.size else None
         try:
             return self.ids.tolist().index(token)
         except ValueError:
