@@ -9,8 +9,8 @@ Prints each mode's mean microseconds a step and how many steps drafted (where au
 a text that loops, it is not the floor alone). --sampled: instead, the report's host stage (greedy and
 T = 0.8, sampling on the backend and on the host, drafts of 0-16 tokens): microseconds a step and a further
 verified row. On a GPU a step of a 1.5B model takes about 1.7 ms, so each 17 us of host work there is 1% of
-its speed; auto's work beyond plain's read 77 us a step on the lent H200's host where this 2-vCPU AMD EPYC
-read 61-64 with the same code (2026-11-29).
+its speed; auto's work beyond plain's read 77 us a step in the lent H200's floor (1.5B-shaped) where this
+2-vCPU AMD EPYC read 61-64 in this script's, with the same code (2026-11-29).
 """
 
 import argparse
