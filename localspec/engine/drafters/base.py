@@ -43,14 +43,18 @@ class RunClass(IntEnum):
 
     @classmethod
     def of(cls, run: int) -> "RunClass":
-        return next(least for least in cls if run >= least)
+        return _RUN_CLASSES[min(run, len(_RUN_CLASSES) - 1)]  # (iterating an enum costs a microsecond)
 
     def shorter(self) -> "RunClass | None":
-        order = list(RunClass)
-        return order[order.index(self) + 1] if self is not order[-1] else None
+        return _SHORTER[self]
 
     def __str__(self) -> str:
         return {16: "run 16+", 8: "run 8-15", 4: "run 4-7", 0: "run 2-3"}[self.value]
+
+
+# looked up, not found: each n-gram proposal (auto asks for one every step) names its run's class
+_RUN_CLASSES = [next(least for least in RunClass if run >= least) for run in range(max(RunClass) + 1)]
+_SHORTER = dict(zip(RunClass, [*list(RunClass)[1:], None]))
 
 
 class Agreement(StrEnum):
