@@ -710,17 +710,21 @@ def test_a_costly_drafter_the_screen_passes_over_is_one_the_full_weighing_would_
 
 def test_a_draft_model_too_far_behind_for_any_draft_to_repay_its_catch_up_is_not_weighed(monkeypatch):
     """The floor on an H200: a draft model that did not read the prompt falls a token behind every plain step,
-    and once no draft could repay reading all that, it is passed over at the price of a look-up."""
+    and after plain steps a draft's batch pays a reshape; once no draft could repay those, it is passed over
+    at the price of a look-up (blind to them, the screen had it weighed length by length and never chosen)."""
     weighed = []
     rates = AutoDrafter._rates
     monkeypatch.setattr(AutoDrafter, "_rates", lambda auto, option, *args, **kwargs: (
         weighed.append(option.drafter), rates(auto, option, *args, **kwargs))[1])
-    for lag, weighs in ((0, True), (3000, False)):
-        auto = AutoDrafter(NgramDrafter(2, 4), [BehindModel(DrafterKind.DRAFT, lag)], costs(H200_8B, 0.32 * H200_8B[1]))
+    for lag, reshape, weighs in ((0, 0.0, True), (3000, 0.0, False), (20, 1.4, False)):
+        machine = costs(H200_8B, 0.32 * H200_8B[1])
+        machine.reshape = reshape
+        auto = AutoDrafter(NgramDrafter(2, 4), [BehindModel(DrafterKind.DRAFT, lag)], machine)
         auto.begin([1, 2, 3], Sampling(), None)
+        auto.sizes, auto.bucket.seconds = (1, 1), auto.bucket.limit  # plain steps before, a full bucket
         weighed.clear()
         draft = auto.propose(list(range(100, 140)), 8)
-        assert (DrafterKind.DRAFT in weighed) == weighs
+        assert (DrafterKind.DRAFT in weighed) == weighs, (lag, reshape)
         assert draft.tokens == [] or weighs
 
 
