@@ -327,6 +327,9 @@ def check_threads(threads: int) -> None:
                          f" only slow llama.cpp down), got {threads}")
 
 
+# What fitting layers to the GPUs leaves free on each (llama.cpp's --fit-target, 1024 MiB): its compute buffers
+# grow with the batch, and the desktop and other programs use it too
+FIT_MARGIN = 1 << 30
 # Prompts kept on disk (engine/prompt_cache.py): those that took at least this long to read, up to this many
 # bytes for every model's (llama-server keeps 8 GiB of prompts in RAM, its --cache-ram)
 PROMPT_CACHE_LEAST_SECONDS = 1.0
@@ -371,13 +374,16 @@ class Rope:
 
 @dataclass(frozen=True)
 class Runtime:
-    """Resources for the llama.cpp contexts. gpu_layers -1 offloads every layer; None (with rpc): as
-    many as the workers' share of the free memory, keeping the rest on this machine's CPU."""
+    """Resources for the llama.cpp contexts. gpu_layers: the target's layers on the GPUs, -1 every one; None
+    (auto, llama.cpp's -ngl auto): as many as the offload devices' free memory holds, leaving fit_margin bytes
+    free on each, the draft model's layers placed first (with workers and no GPU here: the workers' share of
+    the free memory); the rest stay on this machine's CPU. draft_gpu_layers: the draft model's, alike."""
 
     ctx_size: int = 4096
     threads: int = field(default_factory=default_threads)
-    gpu_layers: int | None = -1
-    draft_gpu_layers: int = -1
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+    fit_margin: int = FIT_MARGIN
     # Offload devices by name (llama.cpp's --device / --device-draft; ("none",): none); None: all of them.
     devices: tuple[str, ...] | None = None
     draft_devices: tuple[str, ...] | None = None
@@ -455,10 +461,10 @@ class Runtime:
             raise UsageError(f"--cache-reuse takes a run's length in tokens >= 0 (0: off), got {self.cache_reuse}")
         if self.prompt_batch < 1:
             raise UsageError(f"batch-size must be >= 1, got {self.prompt_batch}")
-        if self.gpu_layers is None and not self.rpc:
-            raise UsageError("gpu layers by free memory go with --rpc")
-        if (self.gpu_layers or 0) < -1 or self.draft_gpu_layers < -1:
+        if (self.gpu_layers or 0) < -1 or (self.draft_gpu_layers or 0) < -1:
             raise UsageError("gpu layers must be >= 0, or -1 for all layers")
+        if self.fit_margin < 0:
+            raise UsageError(f"--fit-target takes MiB >= 0 to leave free on each GPU, got {self.fit_margin // 2**20}")
         for endpoint in self.rpc:
             host, _, port = endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -170,7 +170,7 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     plan = plan_drafting(speculation, target_header, draft_header,
                          draft_header is None or compat.check(target_header, draft_header).same_vocabulary)
     speculation = replace(speculation, drafting=plan.mode)
-    notes: list[str] = []
+    notes = placement.notes
     if any(spec.drafter is AcrossDrafter for spec in plan.costly):
         notes.append(f"{draft.name} drafts through text: its vocabulary is not {target.name}'s (expected acceptance"
                      " lower than a same-family draft's)")
@@ -225,6 +225,9 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
-    settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers)), "backend_sampling": on_backend}
-    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"]
+    # Nor the layers' fitting, only the counts it came to.
+    settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
+                                 draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
+                "backend_sampling": on_backend}
+    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"], settings["fit_margin"]
     return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)

@@ -270,7 +270,7 @@ class Server:
         return JSONResponse(ollama.tags([(a.name, self.pool.header(a.path)) for a in self.pool.available()]))
 
     async def ollama_ps(self, request: Request, client: str | None) -> Response:
-        return JSONResponse(ollama.running([(s.name, s.session.target_info, s.expires_at)
+        return JSONResponse(ollama.running([(s.name, s.session.target_info, s.expires_at, s.session.plan.target.on_gpu)
                                             for s in self.pool.loaded.values()]))
 
     async def ollama_show(self, request: Request, client: str | None) -> Response:

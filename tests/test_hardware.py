@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -192,3 +194,127 @@ def test_a_recurrent_state_is_counted_as_llama_cpp_keeps_it_for_each_sequence_an
     assert hardware.recurrent_state_bytes(plain) == 0
     one, four = (hardware.estimate_bytes(info, 512 * n, n) for n in (1, 4))
     assert four - one == 3 * (hardware.kv_cache_bytes(info, 512) + each * (1 + hardware.RECURRENT_SNAPSHOTS))
+
+
+def gpu_machine(free: int, ram: int = 10**12, gpus: int = 1) -> hardware.Machine:
+    devices = [Device(name=f"CUDA{n}", description="test", kind="GPU", remote=False, free=free, total=free)
+               for n in range(gpus)]
+    return hardware.Machine(gpu_offload=True, rpc=False, devices=devices, ram_total=ram, ram_available=ram,
+                            cpu="test", features="")
+
+
+def test_layers_are_offloaded_from_the_output_layer_back_as_llama_cpp_offloads_them():
+    sizes = hardware.LayerBytes(blocks=(10, 20, 30), output=5, output_copy=7, total=1000)
+    fixed = hardware.COMPUTE_FIXED
+    assert [sizes.on_devices(n) for n in (0, 1, 2, 3, 4, -1, 9)] == \
+        [0, fixed + 12, fixed + 42, fixed + 62, fixed + 72, fixed + 72, fixed + 72]
+    assert [sizes.on_host(n) for n in (0, 1, 2, -1)] == [1000, 995, 965, 935]  # the copy is made on the device
+    assert [sizes.fitting(fixed + room) for room in (0, 11, 12, 41, 42, 71, 72, 10**6)] == [0, 0, 1, 1, 2, 3, -1, -1]
+
+
+def test_a_layers_bytes_are_its_tensors_with_its_share_of_the_cache_and_ot_keeps_tensors_off_the_gpu(tiny):
+    info = gguf_meta.read(tiny["target"])
+    sizes = hardware.layer_bytes(info, 512)
+    blocks = info.arch("block_count")
+    assert sizes.layers == blocks + 1 and sizes.total == hardware.estimate_bytes(info, 512)
+    weights = sum(size for name, size in info.tensor_bytes.items() if name.startswith("blk.0."))
+    cache = hardware.kv_cache_bytes(info, 512) / blocks
+    assert sizes.blocks[0] == int(weights * (1 + hardware.COMPUTE_MARGIN) + cache)
+    assert sizes.output == int(info.tensor_bytes["output.weight"] * 1.1 + info.tensor_bytes["output_norm.weight"] * 1.1)
+    assert sizes.output_copy == 0  # the file has an output layer of its own
+    # the FFN tensors kept in RAM (--cpu-moe's way): the blocks weigh less on the GPU, the host keeps them
+    ffn = sum(size for name, size in info.tensor_bytes.items() if name.startswith("blk.0.ffn_"))
+    kept = hardware.layer_bytes(info, 512, overrides=((r"ffn_.*=", "CUDA0"), (r"ffn_", "CPU")))
+    assert sizes.blocks[0] - kept.blocks[0] == pytest.approx(ffn * 1.1, abs=1)
+    assert kept.on_host(-1) > sizes.on_host(-1)
+    # -nkvo: the KV cache stays in RAM
+    assert hardware.layer_bytes(info, 512, kv_offload=False).blocks[0] == int(weights * 1.1)
+    untied = replace(info, tensor_bytes={k: v for k, v in info.tensor_bytes.items() if k != "output.weight"})
+    assert hardware.layer_bytes(untied, 512).output_copy == int(info.tensor_bytes["token_embd.weight"] * 1.1)
+
+
+def test_auto_fits_the_draft_first_and_then_as_many_target_layers_as_the_gpus_free_memory_holds(tiny):
+    """`-ngl auto` was every layer (and a model bigger than the GPU passed the check, RAM and VRAM counted
+    together, then failed to allocate): now the draft model's layers, then the target's from its output
+    layer back, as many as the free memory holds beside --fit-target's margin."""
+    from localspec.store.placement import Placement
+
+    target, draft = gguf_meta.read(tiny["target"]), gguf_meta.read(tiny["partial"])
+    runtime = Runtime(ctx_size=512)
+    target_sizes, draft_sizes = hardware.layer_bytes(target, 512), hardware.layer_bytes(draft, 512)
+    free = runtime.fit_margin + draft_sizes.on_devices(-1) + target_sizes.on_devices(2) + 1000
+    placed = Placement.plan(runtime, target, draft, gpu_machine(free))
+    assert placed.draft.layers_on_gpu == placed.draft.layers and placed.draft.gpu_layers == -1
+    assert (placed.target.gpu_layers, placed.target.layers_on_gpu, placed.target.by) == (2, 2, "fit")
+    assert placed.target.held_by == ["CUDA0", "CPU"]
+    assert placed.notes == [f"2 of {target.path.name}'s 3 layers on CUDA0, as many as its free memory holds (the rest"
+                            " run on the CPU, slower; -ngl all tries every layer)"]
+    assert placed.check_fit() > 0
+    # where every layer fits, auto is llama.cpp's all (-1), said nowhere; two GPUs' free memory counts together
+    roomy = Placement.plan(runtime, target, draft, gpu_machine(10**12))
+    assert (roomy.target.gpu_layers, roomy.draft.gpu_layers, roomy.notes) == (-1, -1, [])
+    halves = Placement.plan(runtime, target, draft, gpu_machine(runtime.fit_margin + (free - runtime.fit_margin) // 2
+                                                                 + 1000, gpus=2))
+    assert halves.target.gpu_layers == 2
+    # a draft on devices of its own leaves the target's room alone
+    apart = Placement.plan(replace(runtime, draft_devices=("CUDA1",)), target, draft, gpu_machine(free, gpus=2))
+    assert apart.target.gpu_layers == -1 and apart.draft.held_by == ["CUDA1"]
+    # --fit-target leaves more free: fewer layers; a GPU too small for the draft keeps both on the CPU
+    assert Placement.plan(replace(runtime, fit_margin=runtime.fit_margin + 200_000), target, draft,
+                          gpu_machine(free)).target.gpu_layers == 1
+    small = Placement.plan(runtime, target, draft, gpu_machine(runtime.fit_margin + 1000))
+    assert (small.target.gpu_layers, small.draft.gpu_layers) == (0, 0) and small.target.held_by == ["CPU"]
+    # a CPU build: every layer asked for, as before, and nothing said
+    cpu = Placement.plan(runtime, target, draft, small_machine(10**12))
+    assert (cpu.target.gpu_layers, cpu.draft.gpu_layers, cpu.notes) == (-1, -1, [])
+
+
+def test_layers_asked_for_beyond_the_gpus_free_memory_are_refused_with_the_count_that_fits(tiny):
+    from localspec.store.placement import Placement
+
+    target, draft = gguf_meta.read(tiny["target"]), gguf_meta.read(tiny["partial"])
+    runtime = Runtime(ctx_size=512, gpu_layers=-1, fit_margin=0)
+    sizes = hardware.layer_bytes(target, 512)
+    free = sizes.on_devices(1) + 1000
+    with pytest.raises(UsageError, match=rf"{target.path.name} need about 0.\d GiB on CUDA0 with 3 of"
+                                         rf" {target.path.name}'s 3 layers there, but only 0.\d GiB are free;"
+                                         r" --gpu-layers 1 fits \(auto, the default, finds the count\)"):
+        Placement.plan(runtime, target, machine=gpu_machine(free)).check_fit()
+    with pytest.raises(UsageError, match=r"--gpu-layers 0 keeps it on the CPU"):
+        Placement.plan(runtime, target, machine=gpu_machine(sizes.on_devices(1) - 1)).check_fit()
+    # the draft's fitted layers count: the target's asked ones no longer fit beside them
+    with pytest.raises(UsageError, match=rf"{target.path.name} \+ {draft.path.name} need about"):
+        Placement.plan(runtime, target, draft, gpu_machine(sizes.on_devices(-1) + 10**6)).check_fit()
+    assert Placement.plan(replace(runtime, gpu_layers=1), target, machine=gpu_machine(free)).check_fit() > 0
+
+
+def test_what_stays_on_the_cpu_must_fit_the_ram_beside_what_the_gpu_holds(tiny):
+    from localspec.store.placement import Placement
+
+    target = gguf_meta.read(tiny["target"])
+    runtime = Runtime(ctx_size=512)
+    sizes = hardware.layer_bytes(target, 512)
+    # RAM and VRAM together hold the model, but the GPU only a layer and the RAM not the rest
+    machine = gpu_machine(runtime.fit_margin + sizes.on_devices(1) + 1000, ram=sizes.on_host(1) - 1)
+    assert machine.memory_free > sizes.total
+    placed = Placement.plan(runtime, target, machine=machine)
+    assert placed.target.gpu_layers == 1
+    with pytest.raises(UsageError, match=r"need about 0.\d GiB of RAM beside the 0.\d GiB on CUDA0, but only"):
+        placed.check_fit()
+
+
+def test_fit_and_gpu_layers_are_spelled_as_llama_cpps(monkeypatch):
+    from localspec.cli.options import build_settings
+
+    def runtime(**values) -> Runtime:
+        return build_settings(target="t", **values).runtime
+
+    assert (runtime().gpu_layers, runtime().draft_gpu_layers, runtime().fit_margin) == (None, None, 1 << 30)
+    assert runtime(gpu_layers="auto").gpu_layers is None and runtime(gpu_layers="ALL").gpu_layers == -1
+    off = runtime(fit="off", draft_gpu_layers="3")
+    assert (off.gpu_layers, off.draft_gpu_layers) == (-1, 3)  # --fit off: every layer left to auto
+    assert runtime(fit="on", gpu_layers="7").gpu_layers == 7 and runtime(fit_target=512).fit_margin == 512 << 20
+    with pytest.raises(UsageError, match="--fit takes on or off, as llama.cpp's; got 'sometimes'"):
+        runtime(fit="sometimes")
+    with pytest.raises(UsageError, match="--fit-target takes MiB >= 0"):
+        runtime(fit_target=-1)

@@ -7,7 +7,7 @@ import httpx2 as httpx
 import ollama
 import pytest
 
-from localspec.protocols.ollama import keep_alive
+from localspec.protocols.ollama import keep_alive, running
 from localspec.protocols.shared import ApiError
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.model import Model
@@ -15,6 +15,7 @@ from localspec.prompts import Prompts
 from localspec.request import Request
 from localspec.session import Session, without_oldest_turns
 from localspec.stats import record
+from localspec.store import gguf_meta
 from test_server import PENALTIES, PROMPT, WRONG_VALUES, _paths, _replaced, drafting_server, plain_text
 
 
@@ -29,11 +30,22 @@ def client(server) -> ollama.Client:
     return ollama.Client(host=server.base)
 
 
+def test_ps_says_the_share_of_a_models_layers_on_gpus_as_ollama_does(tiny):
+    """/api/ps's size_vram was 0 wherever the layers ran (`ollama ps` showed 100% CPU on a GPU): now the
+    file's bytes times the share of its layers offloaded, as `ollama ps` reads it (48%/52% CPU/GPU)."""
+    size = tiny["target"].stat().st_size
+    info = gguf_meta.read(tiny["target"])
+    shares = [m["size_vram"] for m in running([("a", info, None, 0.0), ("b", info, None, 2 / 3), ("c", info, 0, 1.0)])
+              ["models"]]
+    assert shares == [0, round(size * 2 / 3), size]
+
+
 def test_the_model_is_listed_shown_and_running(server, tiny):
     listed = client(server).list().models
     assert [m.model for m in listed] == ["tiny"] and listed[0].size == tiny["target"].stat().st_size
     assert listed[0].details.format == "gguf" and listed[0].details.family == "llama"
-    assert [m.model for m in client(server).ps().models] == ["tiny"]
+    [loaded] = client(server).ps().models
+    assert loaded.model == "tiny" and loaded.size_vram == 0  # `ollama ps`: 100% CPU, as on this CPU build
     shown = client(server).show("tiny")
     assert shown.details.family == "llama" and shown.modelinfo["general.architecture"] == "llama"
     # one parameter size everywhere (tags said 1.8B where show said 1.5B): the file's, as `localspec show` says it

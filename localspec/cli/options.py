@@ -274,14 +274,21 @@ RESOURCE_OPTIONS = {
         "--threads", "-t", help="CPU threads, at most the machine's logical CPUs. Default (or 0): physical cores.",
         show_default=False, rich_help_panel=RESOURCES)], 0),
     "gpu_layers": (Annotated[Optional[str], typer.Option(
-        "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N|all", help="Target layers on the GPU; all (or -1,"
-        " the default) for every one. llama.cpp's auto fits the count to the GPU's free memory; here auto is all"
-        " (give a count where the model is bigger than the GPU).", show_default=False, rich_help_panel=RESOURCES)],
-        None),
+        "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N", help="Target layers on the GPU: a count, or auto (the"
+        " default, llama.cpp's): every one where they fit, else as many as the GPUs' free memory holds beside the"
+        " draft model (the rest run on the CPU); all (or -1): every one, checked to fit.", show_default=False,
+        rich_help_panel=RESOURCES)], None),
     "draft_gpu_layers": (Annotated[Optional[str], typer.Option(
         "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl",
-        metavar="N|all", help="Draft layers on the GPU; all (or -1, the default) for every one.", show_default=False,
+        metavar="N", help="Draft layers on the GPU: a count, or auto (the default) as the target's, placed before the"
+        " target's; all (or -1) every one.", show_default=False, rich_help_panel=RESOURCES)], None),
+    "fit": (Annotated[Optional[str], typer.Option(
+        "--fit", "-fit", metavar="on|off", help="Fit the layers that --gpu-layers leaves to auto to the GPUs'"
+        " free memory (on, llama.cpp's default), or offload every one (off).", show_default=False,
         rich_help_panel=RESOURCES)], None),
+    "fit_target": (Annotated[int, typer.Option(
+        "--fit-target", "-fitt", metavar="MiB", help="Memory fitting leaves free on each GPU, as llama.cpp's.",
+        rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.fit_margin >> 20),
     "draft_threads": (Annotated[Optional[int], typer.Option(
         "--threads-draft", "-td", "--spec-draft-threads",
         help="CPU threads of a draft model (or MTP block, EAGLE-3 or DFlash drafter). Default (or 0): --threads.", show_default=False, rich_help_panel=RESOURCES)], None),
@@ -518,9 +525,8 @@ LLAMA_CPP_LACKS = {
     **_lacking("localspec applies no adapter or control vector; merge it into the GGUF first",
                "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
                "--control-vector-layer-range"),
-    **_lacking("localspec checks that the models fit before they load and says what to lower where they do not"
-               " (`localspec doctor` shows it); it does not shrink the layers or the context to fit", "-fit",
-               "--fit", "-fitt", "--fit-target", "-fitc", "--fit-ctx"),
+    **_lacking("localspec fits the layers to the GPUs' free memory (--fit), never the context: it says what to"
+               " lower where the context does not fit (`localspec doctor` shows it)", "-fitc", "--fit-ctx"),
     **_lacking("`localspec doctor` lists the devices", "--list-devices"),
     **_lacking("`localspec models --installed` lists the downloaded models", "-cl", "--cache-list"),
     **_lacking("`localspec --install-completion` installs completion for your shell", "--completion-bash"),
@@ -600,7 +606,8 @@ LLAMA_ARG_ENV = {
     "frequency_penalty": "FREQUENCY_PENALTY", "max_tokens": "N_PREDICT", "reasoning": "REASONING",
     "reasoning_effort": "REASONING_EFFORT", "reasoning_budget": "THINK_BUDGET", "chat_template": "CHAT_TEMPLATE",
     "chat_template_file": "CHAT_TEMPLATE_FILE", "chat_template_kwargs": "CHAT_TEMPLATE_KWARGS", "jinja": "JINJA",
-    "ctx_size": "CTX_SIZE", "threads": "THREADS", "gpu_layers": "N_GPU_LAYERS",
+    "ctx_size": "CTX_SIZE", "threads": "THREADS", "gpu_layers": "N_GPU_LAYERS", "fit": "FIT",
+    "fit_target": "FIT_TARGET",
     "draft_gpu_layers": "N_GPU_LAYERS_DRAFT", "split_mode": "SPLIT_MODE", "main_gpu": "MAIN_GPU",
     "kv_offload": "KV_OFFLOAD", "override_tensor": "OVERRIDE_TENSOR", "cpu_moe": "CPU_MOE", "n_cpu_moe": "N_CPU_MOE",
     "n_cpu_ffn": "N_CPU_FFN", "device": "DEVICE", "backend_sampling": "BACKEND_SAMPLING", "batch_size": "BATCH",
@@ -691,7 +698,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         print(f"note: this llama.cpp build runs on the CPU only, so {', '.join(gpu_options)}"
               f" {'has' if len(gpu_options) == 1 else 'have'} no effect"
               " (`localspec doctor` says how to build for a GPU)", file=sys.stderr)
-    all_layers = DEFAULT_RUNTIME.gpu_layers
+    if o.fit is not None and SWITCH.get(o.fit) is None:
+        raise UsageError(f"--fit takes on or off, as llama.cpp's; got {o.fit!r}")
+    unset = -1 if o.fit is not None and not SWITCH[o.fit] else None  # what layers left to auto come to
     variables = _template_variables(o.chat_template_kwargs)
     return Settings(
         target=o.target or o.model,
@@ -712,9 +721,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                                 draft_max=o.draft_max, draft_min=o.draft_min, p_min=o.p_min,
                                 suffix_cache=o.suffix_cache, branches=o.draft_branches),
         runtime=Runtime(ctx_size=o.ctx_size, threads=o.threads or default_threads(),
-                        # with workers, unless told: the layers split by free memory, this machine's too
-                        gpu_layers=(None if o.rpc else all_layers) if gpu_layers is None else gpu_layers,
-                        draft_gpu_layers=all_layers if draft_gpu_layers is None else draft_gpu_layers,
+                        gpu_layers=unset if gpu_layers is None else gpu_layers,
+                        draft_gpu_layers=unset if draft_gpu_layers is None else draft_gpu_layers,
+                        fit_margin=o.fit_target << 20,
                         draft_threads=o.draft_threads if o.draft_threads and o.draft_threads > 0 else None,
                         split_mode=o.split_mode, main_gpu=o.main_gpu,
                         kv_offload=o.kv_offload,
@@ -874,9 +883,9 @@ def _load_mode(o: SimpleNamespace) -> None:
 
 
 def _layers(text: str | None, option: str) -> int | None:
-    """-ngl's N, all or auto (llama.cpp's fit to free memory: every layer here, checked to fit)."""
+    """-ngl's N, all (-1) or auto (None, as not given: fitted to free memory)."""
     if text is None or text.lower() in ("all", "auto"):
-        return None if text is None else -1
+        return None if text is None or text.lower() == "auto" else -1
     try:
         return int(text)
     except ValueError:

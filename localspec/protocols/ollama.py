@@ -475,15 +475,17 @@ def tags(models: list[tuple[str, GGUFInfo]]) -> dict:
     return {"models": [_entry(name, info) for name, info in models]}
 
 
-def running(models: list[tuple[str, GGUFInfo, float | None]]) -> dict:
+def running(models: list[tuple[str, GGUFInfo, float | None, float]]) -> dict:
     """/api/ps: the models loaded, each with when it will be unloaded unless asked for (time.time(); None:
-    not while serve runs)."""
+    not while serve runs) and the share of its layers on GPUs (`ollama ps` shows it as `100% GPU`, `48%/52%
+    CPU/GPU` from size_vram)."""
     def expiry(at: float | None) -> str:
         if at is None:
             return "9999-12-31T23:59:59Z"
         return datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
 
-    return {"models": [_entry(name, info) | {"expires_at": expiry(at), "size_vram": 0} for name, info, at in models]}
+    return {"models": [_entry(name, info) | {"expires_at": expiry(at), "size_vram": round(info.file_size * on_gpu)}
+                       for name, info, at, on_gpu in models]}
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")

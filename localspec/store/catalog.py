@@ -187,7 +187,7 @@ def _drafts_text(info: dict, is_registered: bool) -> str:
 def doctor(rpc: tuple[str, ...], ctx_size: int) -> tuple[hardware.Machine, list[dict]]:
     """This machine (and its --rpc workers), and a row for each registry pair: whether it fits at
     ctx_size and where its layers go, as run places them by default."""
-    runtime = Runtime(rpc=rpc, gpu_layers=None if rpc else -1)
+    runtime = Runtime(rpc=rpc)
     machine = hardware.machine(rpc)
     models = registry.load()
     rows = [placement.pair_row(entry.name, entry.draft, header_and_size(entry), header_and_size(models[entry.draft]),

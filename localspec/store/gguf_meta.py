@@ -107,6 +107,8 @@ class GGUFInfo:
     merges_digest: str | None
     trunk: bool = True  # whether it holds its first layer's weights (an MTP sidecar holds only its MTP block)
     tensor_names: frozenset[str] = field(default=frozenset(), repr=False)
+    # each tensor's bytes in the file, by name: what a layer weighs where llama.cpp places it
+    tensor_bytes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def get(self, key: str, default=None):
         value = self.metadata.get(key, default)
@@ -348,7 +350,7 @@ class _Reader:
         for _ in range(kv_count):
             key = self.string()
             metadata[key] = self.value(self.take("<I"))
-        parameters, names = self._tensors(tensor_count, metadata)
+        parameters, sizes = self._tensors(tensor_count, metadata)
         return GGUFInfo(
             path=self.path,
             version=version,
@@ -358,12 +360,13 @@ class _Reader:
             parameters=parameters,
             token_digest=self._digest(metadata.get("tokenizer.ggml.tokens")),
             merges_digest=self._digest(metadata.get("tokenizer.ggml.merges")),
-            trunk=any(name.startswith("blk.0.") for name in names) or not any(name.startswith("blk.") for name in names),
-            tensor_names=frozenset(names),
+            trunk=any(name.startswith("blk.0.") for name in sizes) or not any(name.startswith("blk.") for name in sizes),
+            tensor_names=frozenset(sizes),
+            tensor_bytes=sizes,
         )
 
-    def _tensors(self, count: int, metadata: dict) -> tuple[int, list[str]]:
-        """The parameter count and the tensors' names."""
+    def _tensors(self, count: int, metadata: dict) -> tuple[int, dict[str, int]]:
+        """The parameter count and each tensor's bytes, by name."""
         tensors = []
         for _ in range(count):
             name = self.string()
@@ -377,7 +380,7 @@ class _Reader:
         if not isinstance(alignment, int) or alignment <= 0:
             self.fail(f"invalid alignment {alignment!r}")
         data_start = -(-self.at // alignment) * alignment
-        parameters = 0
+        parameters, sizes = 0, {}
         for name, dims, tensor_type, offset in tensors:
             elements = 1
             for d in dims:
@@ -387,10 +390,10 @@ class _Reader:
                 block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor_type)]
             except (ValueError, KeyError):
                 self.fail(f"tensor {name} has unknown type {tensor_type}")
-            end = data_start + offset + elements // block * block_bytes
-            if end > self.size:
+            sizes[name] = elements // block * block_bytes
+            if data_start + offset + sizes[name] > self.size:
                 self.fail(f"tensor {name} extends past the end of the file (truncated download?)")
-        return parameters, [name for name, *_ in tensors]
+        return parameters, sizes
 
     def _digest(self, array) -> str | None:
         if not isinstance(array, RawArray):

@@ -15,15 +15,13 @@ from ..engine.devices import Device, splits_by_rows
 from .gguf_meta import GGUFInfo
 
 
-def layer_count(info: GGUFInfo) -> int:
-    return info.arch("block_count", 0) - info.mtp_layers + 1
-
-
 @dataclass(frozen=True)
 class ModelPlacement:
     """One model's layers: gpu_layers as asked of llama.cpp (-1: all), on the offload devices it may
     use (`offload`, in llama.cpp's order: workers' first), `devices` as named to llama.cpp (None: every
-    one), shared among them by tensor_split (None: by free memory); the rest on this machine's CPU."""
+    one), shared among them by tensor_split (None: by free memory); the rest on this machine's CPU.
+    sizes: its estimate by layers; by: how gpu_layers was decided: asked, fit (auto: as many as the devices' free
+    memory holds) or share (auto with workers and no GPU here: their share of the free memory)."""
 
     file: str
     layers: int
@@ -31,12 +29,28 @@ class ModelPlacement:
     offload: tuple[str, ...]
     devices: tuple[str, ...] | None = None
     tensor_split: tuple[float, ...] | None = None
+    sizes: hardware.LayerBytes | None = None
+    by: str = "asked"
 
     @property
     def layers_on_gpu(self) -> int:
         if not self.offload:
             return 0
         return self.layers if self.gpu_layers < 0 else min(self.gpu_layers, self.layers)
+
+    @property
+    def on_gpu(self) -> float:
+        """The share of its layers on the offload devices."""
+        return self.layers_on_gpu / self.layers
+
+    @property
+    def on_devices(self) -> int:
+        """Its estimated bytes on the offload devices."""
+        return self.sizes.on_devices(self.layers_on_gpu) if self.sizes else 0
+
+    @property
+    def on_host(self) -> int:
+        return self.sizes.on_host(self.layers_on_gpu) if self.sizes else 0
 
     @property
     def held_by(self) -> list[str]:
@@ -51,6 +65,11 @@ class ModelPlacement:
     def as_layers(self) -> dict:
         """For doctor's table: layers, offloaded, devices."""
         return {"layers": self.layers, "offloaded": self.layers_on_gpu, "devices": self.held_by}
+
+
+def room(machine: hardware.Machine, offload: tuple[str, ...], margin: int) -> int:
+    """Free bytes on these offload devices, margin left free on each."""
+    return sum(max(0, d.free - margin) for d in machine.devices if d.name in offload)
 
 
 def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime,
@@ -73,30 +92,49 @@ def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runt
     return (offload[runtime.main_gpu],)
 
 
-def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> ModelPlacement:
-    """The target: as asked; with workers and no --gpu-layers, all layers offloaded where this machine
-    has a GPU (llama.cpp splits them by free memory, the workers' included), else the workers' share of
-    the free memory, the rest staying on this machine's CPU."""
-    layers = layer_count(info)
-    gpu_layers = runtime.gpu_layers
-    if gpu_layers is None:  # (only with --rpc)
+def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_ctx: int | None = None,
+                 sequences: int = 1, beside: ModelPlacement | None = None) -> ModelPlacement:
+    """The target: as asked; auto (gpu_layers None): as many layers as the free memory of its offload devices
+    holds beside the draft model placed there first (`beside`), or, with workers and no GPU here, the
+    workers' share of the free memory (all of it counted), the rest staying on this machine's CPU. n_ctx:
+    every sequence's together (None: runtime's)."""
+    offload = _offload(machine.devices, runtime.devices, runtime)
+    sizes = hardware.layer_bytes(info, n_ctx or runtime.ctx_size, sequences, runtime.kv_bytes,
+                                 runtime.tensor_overrides, runtime.kv_offload)
+    if runtime.gpu_layers is None and offload and not any(d.is_local_gpu for d in machine.devices):
         remote = sum(d.free for d in machine.devices if d.remote)
-        local = machine.ram_available
-        gpu_layers = (-1 if any(d.is_local_gpu for d in machine.devices) or not remote + local
-                      else round(layers * remote / (remote + local)))
-    return ModelPlacement(info.path.name, layers, gpu_layers, _offload(machine.devices, runtime.devices, runtime),
-                          runtime.devices, runtime.tensor_split)
+        share = remote / (remote + machine.ram_available) if remote + machine.ram_available else 1
+        return ModelPlacement(info.path.name, sizes.layers, round(sizes.layers * share), offload, runtime.devices,
+                              runtime.tensor_split, sizes, "share")
+    taken = beside.on_devices if beside and set(beside.offload) & set(offload) else 0
+    return _placed(info, sizes, runtime.gpu_layers, offload, runtime.devices, runtime.tensor_split,
+                   room(machine, offload, runtime.fit_margin) - taken)
 
 
-def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine) -> ModelPlacement:
-    """The draft model: as asked, else (with workers) anywhere but a worker's devices, so that no
-    network sits in the drafting loop. --split-mode none and --main-gpu are the target's, and the draft's too
-    where its devices are not named (llama.cpp's draft splits by layers over those it is given)."""
+def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_ctx: int | None = None,
+                sequences: int = 1) -> ModelPlacement:
+    """The draft model: as asked (auto: all its layers where they fit, placed before the target's, which take
+    what room is left), else (with workers) anywhere but a worker's devices, so that no network sits in
+    the drafting loop. --split-mode none and --main-gpu are the target's, and the draft's too where its
+    devices are not named (llama.cpp's draft splits by layers over those it is given)."""
     devices = runtime.draft_devices
     if devices is None and runtime.rpc:
         devices = tuple(d.name for d in machine.devices if d.is_local_gpu) or ("none",)
-    return ModelPlacement(info.path.name, layer_count(info), runtime.draft_gpu_layers,
-                          _offload(machine.devices, devices, runtime, one_gpu=devices is None), devices)
+    offload = _offload(machine.devices, devices, runtime, one_gpu=devices is None)
+    sizes = hardware.layer_bytes(info, n_ctx or runtime.ctx_size, sequences, runtime.draft_kv_bytes,
+                                 runtime.draft_tensor_overrides, runtime.kv_offload)
+    return _placed(info, sizes, runtime.draft_gpu_layers, offload, devices, None,
+                   room(machine, offload, runtime.fit_margin))
+
+
+def _placed(info: GGUFInfo, sizes: hardware.LayerBytes, gpu_layers: int | None, offload: tuple[str, ...],
+            devices: tuple[str, ...] | None, tensor_split: tuple[float, ...] | None, free: int) -> ModelPlacement:
+    """A model placed as asked, or (gpu_layers None) with as many layers as free bytes hold on its offload
+    devices (all of them where it has none: llama.cpp then keeps every layer on the CPU alike)."""
+    if gpu_layers is not None:
+        return ModelPlacement(info.path.name, sizes.layers, gpu_layers, offload, devices, tensor_split, sizes)
+    return ModelPlacement(info.path.name, sizes.layers, sizes.fitting(free) if offload else -1, offload, devices,
+                          tensor_split, sizes, "fit")
 
 
 @dataclass(frozen=True)
@@ -113,6 +151,7 @@ class Placement:
     parallel: int = 1
     kv: tuple[float, float] = hardware.F16_KV  # the target's, a value
     draft_kv: tuple[float, float] = hardware.F16_KV
+    fit_margin: int = 0  # left free on each offload device where layers are fitted to them
 
     @classmethod
     def plan(cls, runtime: Runtime, target: GGUFInfo, draft: GGUFInfo | None = None,
@@ -122,23 +161,55 @@ class Placement:
         check_cache_types(target, runtime.cache_type_k, runtime.cache_type_v)
         if draft:
             check_cache_types(draft, runtime.draft_cache_type_k, runtime.draft_cache_type_v, "-draft")
-        placed = place_target(runtime, target, machine)
+        parallel = max(1, runtime.parallel)
+        n_ctx = runtime.ctx_size * parallel
+        # the draft's layers first: it runs several times a step, so a GPU pays most there
+        drafted = place_draft(runtime, draft, machine, n_ctx, parallel) if draft else None
+        placed = place_target(runtime, target, machine, n_ctx, parallel, drafted)
         backend_sampling = runtime.backend_sampling
         if backend_sampling is None and placed.gpu_layers != 0 and any(d.is_local_gpu for d in machine.devices):
             backend_sampling = True  # else (None) the context samples only greedy rows in the graph
         if runtime.parallel > 1:  # each sequence its own chain, on the host (Context.sequence)
             backend_sampling = False
-        parallel = max(1, runtime.parallel)
-        return cls(placed, place_draft(runtime, draft, machine) if draft else None, backend_sampling,
-                   (target,) + ((draft,) if draft else ()), runtime.ctx_size * parallel, machine, parallel,
-                   runtime.kv_bytes, runtime.draft_kv_bytes)
+        return cls(placed, drafted, backend_sampling, (target,) + ((draft,) if draft else ()), n_ctx, machine, parallel,
+                   runtime.kv_bytes, runtime.draft_kv_bytes, runtime.fit_margin)
 
     def check_fit(self) -> int:
         """Refuse, with advice, when the models cannot fit in memory; return the estimate."""
         said = (f" ({self.parallel} sequences of {self.n_ctx // self.parallel} tokens; a smaller --parallel needs less)"
                 if self.parallel > 1 else "")
-        return hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel, self.kv,
-                                  self.draft_kv)
+        needed = hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel, self.kv,
+                                    self.draft_kv)
+        placed = [model for model in (self.target, self.draft) if model]
+        offload = tuple(dict.fromkeys(name for model in placed for name in model.offload if model.layers_on_gpu))
+        on_devices = sum(model.on_devices for model in placed)
+        free = room(self.machine, offload, 0)
+        over = next((model for model in placed if model.on_devices and model.by == "asked"), None)
+        if over and on_devices > free:
+            fits = over.sizes.fitting(free - on_devices + over.on_devices - len(offload) * self.fit_margin)
+            option = "--gpu-layers" if over is self.target else "--draft-gpu-layers"
+            raise UsageError(
+                f"{' + '.join(model.file for model in placed if model.on_devices)} need about"
+                f" {on_devices / 2**30:.1f} GiB on {', '.join(offload)} with {over.layers_on_gpu} of {over.file}'s"
+                f" {over.layers} layers there, but only {free / 2**30:.1f} GiB are free{said}; "
+                + (f"{option} {fits} fits (auto, the default, finds the count)" if fits > 0 else
+                   f"{option} 0 keeps it on the CPU") + ", or try a smaller --ctx-size or quantization")
+        on_host = sum(model.on_host for model in placed)
+        if on_devices and on_host > self.machine.ram_available:
+            raise UsageError(
+                f"{' + '.join(model.file for model in placed)} need about {on_host / 2**30:.1f} GiB of RAM beside the"
+                f" {on_devices / 2**30:.1f} GiB on {', '.join(offload)}, but only"
+                f" {self.machine.ram_available / 2**30:.1f} GiB are free here{said}; try a smaller --ctx-size,"
+                " a smaller quantization or model, or more workers (--rpc)")
+        return needed
+
+    @property
+    def notes(self) -> list[str]:
+        """What auto's fitting did other than offload every layer, for the CLI to print."""
+        return [f"{model.layers_on_gpu} of {model.file}'s {model.layers} layers on {', '.join(model.offload)}, as many"
+                f" as its free memory holds (the rest run on the CPU, slower; -ngl{'d' if model is self.draft else ''}"
+                " all tries every layer)" for model in (self.target, self.draft)
+                if model and model.by == "fit" and model.gpu_layers >= 0]
 
     def report(self, draft: bool, sampling: str, drafting: str) -> dict:
         """For `run --json`: where each model runs (the draft's where one drafts) and where its rows
@@ -168,7 +239,9 @@ def pair_row(target: str, draft: str, target_model: tuple[GGUFInfo | None, int |
     here, and where each one's layers go as runtime places them (None until it is downloaded)."""
     needed = hardware.estimate_pair([target_model, draft_model], ctx_size)
     (target_info, _), (draft_info, _) = target_model, draft_model
+    drafted = place_draft(runtime, draft_info, machine, ctx_size) if draft_info else None
     return dict(target=target, draft=draft, needed=needed,
                 fits=None if needed is None else needed <= machine.memory_free,
-                target_layers=place_target(runtime, target_info, machine).as_layers() if target_info else None,
-                draft_layers=place_draft(runtime, draft_info, machine).as_layers() if draft_info else None)
+                target_layers=place_target(runtime, target_info, machine, ctx_size, beside=drafted).as_layers()
+                if target_info else None,
+                draft_layers=drafted.as_layers() if drafted else None)
