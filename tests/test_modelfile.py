@@ -36,9 +36,9 @@ def test_a_modelfile_is_read_as_ollama_reads_it_and_kept_so_that_it_reads_back_t
     made = modelfile.parse(OLLAMAS, "terse", notes=notes)
     assert made.base == "qwen2.5-coder-1.5b" and made.system == "You are terse.\nAnswer in one line."
     assert made.parameters == (("temperature", 0.2), ("num_ctx", 4096), ("stop", "<|im_end|>"), ("stop", "###"),
-                               ("num_predict", -1))
+                               ("num_predict", -1), ("num_gpu", 99))
     assert made.messages == (("user", "Is Toronto in Canada?"), ("assistant", "yes")) and made.license == "MIT"
-    assert [note.split(":")[0] for note in notes] == ["line 8", "line 9"]  # num_gpu and TEMPLATE: left alone, said
+    assert [note.split(":")[0] for note in notes] == ["line 9"]  # TEMPLATE: left alone, said
     assert modelfile.parse(made.modelfile(), "terse") == made
 
 
@@ -46,7 +46,7 @@ def test_its_parameters_stand_under_a_requests_own_and_its_system_prompt_where_t
     made = modelfile.parse(OLLAMAS, "terse")
     sampling, limits = made.settings(Sampling(), Limits(max_tokens=100))
     assert sampling.temperature == 0.2 and limits.stop == ("<|im_end|>", "###") and limits.max_tokens is None
-    assert made.num_ctx == 4096
+    assert made.loading()["num_ctx"] == 4096
     asked = [{"role": "user", "content": "hi"}]
     assert made.conversation(asked) == [{"role": "system", "content": made.system},
                                         {"role": "user", "content": "Is Toronto in Canada?"},
@@ -63,8 +63,8 @@ def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():
     newer = modelfile.parse("FROM terse\nPARAMETER stop END\nPARAMETER top_k 5\nSYSTEM Be kind.", "kind")
     merged = older.under(newer)
     assert merged.base == "qwen2.5-coder-1.5b" and merged.name == "kind" and merged.system == "Be kind."
-    assert merged.parameters == (("temperature", 0.2), ("num_ctx", 4096), ("num_predict", -1), ("stop", "END"),
-                                 ("top_k", 5))
+    assert merged.parameters == (("temperature", 0.2), ("num_ctx", 4096), ("num_predict", -1), ("num_gpu", 99),
+                                 ("stop", "END"), ("top_k", 5))
     assert merged.messages == older.messages and merged.license == "MIT"
 
 
@@ -216,10 +216,10 @@ def test_ollamas_create_copy_and_delete_through_its_client(localspec, tiny, tmp_
         client = ollama.Client(host=server.base)
         statuses = [progress.status for progress in client.create(
             "terse:latest", from_=str(tiny["target"]), system="You are terse.",
-            parameters={"temperature": 0, "num_predict": 5, "stop": ["\n\n", "###"], "num_gpu": 99},
+            parameters={"temperature": 0, "num_predict": 5, "stop": ["\n\n", "###"], "num_thread": 4},
             template="{{ .Prompt }}", stream=True)]
         assert statuses[0] == "reading model metadata" and statuses[-1] == "success"
-        assert any("num_gpu left alone" in status for status in statuses)
+        assert any("num_thread left alone" in status for status in statuses)
         assert any("template left alone" in status for status in statuses)
         # kept as `localspec create` keeps it, and answered as it says
         assert localspec("show", "terse", "--modelfile").stdout.decode() == (
@@ -392,3 +392,12 @@ def test_an_upload_that_stops_or_is_cut_off_keeps_nothing_and_is_no_fault_of_the
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_num_gpu_is_the_layers_on_the_gpu_and_minus_one_is_ollamas_auto():
+    """PARAMETER num_gpu (Ollama's layers on the GPU) was refused as unknown: now -ngl's count, -1 auto."""
+    from localspec.cli.options import _options_of
+
+    made = modelfile.parse("FROM x\nPARAMETER num_gpu 20\nPARAMETER num_ctx 512\nPARAMETER temperature 0\n", "m")
+    assert _options_of(made) == {"temp": 0.0, "ctx_size": 512, "gpu_layers": "20"}
+    assert _options_of(modelfile.parse("FROM x\nPARAMETER num_gpu -1\n", "m")) == {"gpu_layers": "auto"}

@@ -146,7 +146,8 @@ def create(
     """Make a model of your own from a Modelfile, as `ollama create` does: the model it is FROM (a registry
     name, a GGUF file, or another model made so) with a SYSTEM prompt, PARAMETER defaults (temperature, top_k,
     top_p, min_p, typical_p, mirostat, mirostat_tau, mirostat_eta, seed, repeat_penalty, repeat_last_n,
-    presence_penalty, frequency_penalty, num_predict, stop, num_ctx) and MESSAGEs that open every conversation.
+    presence_penalty, frequency_penalty, num_predict, stop, num_ctx, num_gpu) and MESSAGEs that open every
+    conversation.
 
     run, chat, batch and serve then take its name: they load the model it is made from (nothing is
     copied) and ask as it says, what a command line or request sets standing over its parameters.

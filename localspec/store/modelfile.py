@@ -21,7 +21,9 @@ from ..errors import UsageError
 PARAMETERS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "typical_p": float, "mirostat": int,
               "mirostat_tau": float, "mirostat_eta": float, "seed": int,
               "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float,
-              "num_predict": int, "stop": str, "num_ctx": int}
+              "num_predict": int, "stop": str, "num_ctx": int, "num_gpu": int}
+# those that set up the model as it loads (--ctx-size, --gpu-layers) rather than a generation
+LOADING = ("num_ctx", "num_gpu")
 # Ollama's options that change the output, with the values that leave it as localspec makes it (others are
 # refused), and those that set up the model, fixed when it loads (serve's command line says them; taken and
 # ignored)
@@ -50,9 +52,9 @@ class Preset:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content)
     license: str | None = None
 
-    @property
-    def num_ctx(self) -> int | None:
-        return next((value for name, value in self.parameters if name == "num_ctx"), None)
+    def loading(self) -> dict[str, int]:
+        """Its parameters that set up the model as it loads, by Ollama's names (num_ctx, num_gpu)."""
+        return {name: value for name, value in self.parameters if name in LOADING}
 
     def under(self, newer: "Preset") -> "Preset":
         """newer, made FROM this one: its settings over this one's (a parameter it sets replaces every value
@@ -71,7 +73,7 @@ class Preset:
                 asked.setdefault("stop", []).append(value)
             elif name == "num_predict":
                 asked["max_tokens"] = value if value > 0 else None
-            elif name != "num_ctx":
+            elif name not in LOADING:
                 asked[name] = value
         return asked
 
@@ -229,7 +231,7 @@ def _parameters(name: str, texts: list[str], mistake, notes: list[str], label: s
         refused = [text for text in texts if text.lower() not in {str(v).lower() for v in NEUTRAL_OPTIONS[name]}]
         if refused:
             raise mistake(f"{label}{name} {refused[0]}: not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
-    if name in TAKEN_AND_IGNORED - {"num_ctx"} or name in NEUTRAL_OPTIONS:
+    if name in TAKEN_AND_IGNORED - set(LOADING) or name in NEUTRAL_OPTIONS:
         notes.append(f"{where}{label}{name} left alone: localspec's own settings decide it")
         return []
     if len(texts) > 1 and name != "stop":
