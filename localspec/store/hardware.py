@@ -153,13 +153,14 @@ def estimate_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1,
 
 @dataclass(frozen=True)
 class LayerBytes:
-    """A model's estimate (estimate_bytes) as llama.cpp's layers take it: each block's, first to last (its
-    weights with the compute margin, its share of the KV cache and recurrent states), the output layer's, and
-    a tied embedding's copy, which llama.cpp makes only where the output layer is offloaded. The rest (the
-    input layer, tensors -ot keeps on the CPU, a KV cache -nkvo keeps in RAM) stays on the CPU wherever the
-    layers go."""
+    """A model's estimate (estimate_bytes) as llama.cpp's layers take it: each block's weights, first to last,
+    and its share of the KV cache and recurrent states; the output layer's weights, and a tied embedding's
+    copy, which llama.cpp makes only where the output layer is offloaded. The rest (the input layer, tensors
+    -ot keeps on the CPU, a KV cache -nkvo keeps in RAM) stays on the CPU wherever the layers go. Weights as
+    stored; the compute margin is added where they are counted."""
 
     blocks: tuple[int, ...]
+    caches: tuple[int, ...]
     output: int
     output_copy: int
     total: int
@@ -168,19 +169,30 @@ class LayerBytes:
     def layers(self) -> int:
         return len(self.blocks) + 1
 
-    def _moved(self, gpu_layers: int) -> int:
-        """What this many layers (-1: all) take off the CPU: the output layer, then the blocks from the last
-        back, as llama.cpp offloads them."""
+    def _moved(self, gpu_layers: int) -> tuple[int, int]:
+        """The weights and caches this many layers (-1: all) take off the CPU: the output layer, then the
+        blocks from the last back, as llama.cpp offloads them."""
         n = self.layers if gpu_layers < 0 else min(gpu_layers, self.layers)
-        return 0 if n == 0 else self.output + sum(self.blocks[len(self.blocks) - n + 1:])
+        if n == 0:
+            return 0, 0
+        first = len(self.blocks) - n + 1
+        return self.output + sum(self.blocks[first:]), sum(self.caches[first:])
 
     def on_devices(self, gpu_layers: int) -> int:
         """Bytes on the offload devices with this many layers there (-1: all)."""
-        moved = self._moved(gpu_layers)
-        return moved + self.output_copy + COMPUTE_FIXED if moved else 0
+        weights, caches = self._moved(gpu_layers)
+        if not weights + caches:
+            return 0
+        return int((weights + self.output_copy) * (1 + COMPUTE_MARGIN)) + caches + COMPUTE_FIXED
+
+    def least_on_devices(self, gpu_layers: int) -> int:
+        """What they take there at the least: their weights and caches, no compute buffer."""
+        weights, caches = self._moved(gpu_layers)
+        return weights + caches + (self.output_copy if weights + caches else 0)
 
     def on_host(self, gpu_layers: int) -> int:
-        return self.total - self._moved(gpu_layers)
+        weights, caches = self._moved(gpu_layers)
+        return self.total - int(weights * (1 + COMPUTE_MARGIN)) - caches
 
     def fitting(self, room: int) -> int:
         """The most layers whose bytes fit in room on the offload devices: -1 where all of them do."""
@@ -196,25 +208,23 @@ def layer_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1, kv: tuple[float,
                 overrides: tuple[tuple[str, str], ...] = (), kv_offload: bool = True) -> LayerBytes:
     """info's estimate_bytes by llama.cpp's layers. overrides: -ot's (pattern, buffer type), the first pattern
     found deciding: a tensor kept on a CPU buffer stays on the CPU with its layer offloaded."""
-    n_blocks = info.arch("block_count", 0) - info.mtp_layers
-    blocks, output = [0.0] * max(n_blocks, 0), 0.0
+    n_blocks = max(info.arch("block_count", 0) - info.mtp_layers, 0)
+    blocks, output = [0] * n_blocks, 0
     kept = [(re.compile(pattern), buffer.upper().startswith("CPU")) for pattern, buffer in overrides]
     for name, size in info.tensor_bytes.items():
-        weight = size * (1 + COMPUTE_MARGIN)
         if next((on_cpu for pattern, on_cpu in kept if pattern.search(name)), False):
             continue
         layer = name.split(".")[1] if name.startswith("blk.") else ""
         if layer.isdigit() and int(layer) < n_blocks:
-            blocks[int(layer)] += weight
+            blocks[int(layer)] += size
         elif name.startswith("output"):
-            output += weight
+            output += size
     # tied embeddings: llama.cpp loads the token table again as the output layer's
-    copy = (info.tensor_bytes.get("token_embd.weight", 0) * (1 + COMPUTE_MARGIN)
-            if "output.weight" not in info.tensor_bytes else 0)
+    copy = info.tensor_bytes.get("token_embd.weight", 0) if "output.weight" not in info.tensor_bytes else 0
     states = sequences * (1 + RECURRENT_SNAPSHOTS if info.rolls_back else 1)
     caches = (kv_cache_bytes(info, n_ctx, kv) * n_blocks / max(info.arch("block_count", 0), 1) if kv_offload else 0
               ) + recurrent_state_bytes(info) * states  # the blocks' together, shared among them as an estimate
-    return LayerBytes(tuple(int(weights + caches / n_blocks) for weights in blocks), int(output), int(copy),
+    return LayerBytes(tuple(blocks), tuple(int(caches / n_blocks) for _ in blocks), output, copy,
                       estimate_bytes(info, n_ctx, sequences, kv))
 
 

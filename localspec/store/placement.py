@@ -67,9 +67,13 @@ class ModelPlacement:
         return {"layers": self.layers, "offloaded": self.layers_on_gpu, "devices": self.held_by}
 
 
-def room(machine: hardware.Machine, offload: tuple[str, ...], margin: int) -> int:
-    """Free bytes on these offload devices, margin left free on each."""
-    return sum(max(0, d.free - margin) for d in machine.devices if d.name in offload)
+def room(machine: hardware.Machine, offload: tuple[str, ...], margin: int) -> int | None:
+    """Free bytes on these offload devices, margin left free on each; None where one says nothing of its
+    memory (0 of 0 bytes, as some backends report)."""
+    used = [d for d in machine.devices if d.name in offload]
+    if any(not d.total for d in used):
+        return None
+    return sum(max(0, d.free - margin) for d in used)
 
 
 def _offload(found: list[Device], devices: tuple[str, ...] | None, runtime: Runtime,
@@ -106,9 +110,10 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_
         share = remote / (remote + machine.ram_available) if remote + machine.ram_available else 1
         return ModelPlacement(info.path.name, sizes.layers, round(sizes.layers * share), offload, runtime.devices,
                               runtime.tensor_split, sizes, "share")
-    taken = beside.on_devices if beside and set(beside.offload) & set(offload) else 0
-    return _placed(info, sizes, runtime.gpu_layers, offload, runtime.devices, runtime.tensor_split,
-                   room(machine, offload, runtime.fit_margin) - taken)
+    free = room(machine, offload, runtime.fit_margin)
+    if free is not None and beside and set(beside.offload) & set(offload):
+        free -= beside.on_devices
+    return _placed(info, sizes, runtime.gpu_layers, offload, runtime.devices, runtime.tensor_split, free)
 
 
 def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_ctx: int | None = None,
@@ -128,13 +133,15 @@ def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_c
 
 
 def _placed(info: GGUFInfo, sizes: hardware.LayerBytes, gpu_layers: int | None, offload: tuple[str, ...],
-            devices: tuple[str, ...] | None, tensor_split: tuple[float, ...] | None, free: int) -> ModelPlacement:
+            devices: tuple[str, ...] | None, tensor_split: tuple[float, ...] | None,
+            free: int | None) -> ModelPlacement:
     """A model placed as asked, or (gpu_layers None) with as many layers as free bytes hold on its offload
-    devices (all of them where it has none: llama.cpp then keeps every layer on the CPU alike)."""
+    devices: all of them where it has none (llama.cpp then keeps every layer on the CPU alike) or where their
+    free memory is not known."""
     if gpu_layers is not None:
         return ModelPlacement(info.path.name, sizes.layers, gpu_layers, offload, devices, tensor_split, sizes)
-    return ModelPlacement(info.path.name, sizes.layers, sizes.fitting(free) if offload else -1, offload, devices,
-                          tensor_split, sizes, "fit")
+    return ModelPlacement(info.path.name, sizes.layers, sizes.fitting(free) if offload and free is not None else -1,
+                          offload, devices, tensor_split, sizes, "fit")
 
 
 @dataclass(frozen=True)
@@ -180,36 +187,55 @@ class Placement:
                 if self.parallel > 1 else "")
         needed = hardware.check_fit(list(self.models), self.n_ctx, self.machine, said, self.parallel, self.kv,
                                     self.draft_kv)
+        beyond = self._beyond()
+        if beyond and beyond.least > beyond.free:
+            raise UsageError(f"{' + '.join(beyond.files)} need at least {beyond.least / 2**30:.1f} GiB on"
+                             f" {', '.join(beyond.devices)} with {beyond.layers} there (about"
+                             f" {beyond.needed / 2**30:.1f} GiB with compute buffers), but only"
+                             f" {beyond.free / 2**30:.1f} GiB are free{said}; {beyond.advice}, or try a smaller"
+                             " --ctx-size or quantization")
         placed = [model for model in (self.target, self.draft) if model]
-        offload = tuple(dict.fromkeys(name for model in placed for name in model.offload if model.layers_on_gpu))
-        on_devices = sum(model.on_devices for model in placed)
-        free = room(self.machine, offload, 0)
-        over = next((model for model in placed if model.on_devices and model.by == "asked"), None)
-        if over and on_devices > free:
-            fits = over.sizes.fitting(free - on_devices + over.on_devices - len(offload) * self.fit_margin)
-            option = "--gpu-layers" if over is self.target else "--draft-gpu-layers"
-            raise UsageError(
-                f"{' + '.join(model.file for model in placed if model.on_devices)} need about"
-                f" {on_devices / 2**30:.1f} GiB on {', '.join(offload)} with {over.layers_on_gpu} of {over.file}'s"
-                f" {over.layers} layers there, but only {free / 2**30:.1f} GiB are free{said}; "
-                + (f"{option} {fits} fits (auto, the default, finds the count)" if fits > 0 else
-                   f"{option} 0 keeps it on the CPU") + ", or try a smaller --ctx-size or quantization")
-        on_host = sum(model.on_host for model in placed)
+        on_devices, on_host = sum(model.on_devices for model in placed), sum(model.on_host for model in placed)
         if on_devices and on_host > self.machine.ram_available:
+            devices = dict.fromkeys(name for model in placed if model.layers_on_gpu for name in model.offload)
             raise UsageError(
                 f"{' + '.join(model.file for model in placed)} need about {on_host / 2**30:.1f} GiB of RAM beside the"
-                f" {on_devices / 2**30:.1f} GiB on {', '.join(offload)}, but only"
+                f" {on_devices / 2**30:.1f} GiB on {', '.join(devices)}, but only"
                 f" {self.machine.ram_available / 2**30:.1f} GiB are free here{said}; try a smaller --ctx-size,"
                 " a smaller quantization or model, or more workers (--rpc)")
         return needed
 
+    def _beyond(self) -> "_Beyond | None":
+        """Where layers asked for by count need more than the free memory of their devices."""
+        placed = [model for model in (self.target, self.draft) if model and model.layers_on_gpu]
+        over = next((model for model in placed if model.by == "asked"), None)
+        devices = tuple(dict.fromkeys(name for model in placed for name in model.offload))
+        free = room(self.machine, devices, 0)
+        needed = sum(model.on_devices for model in placed)
+        if over is None or free is None or needed <= free:
+            return None
+        least = sum(model.sizes.least_on_devices(model.layers_on_gpu) for model in placed)
+        fits = over.sizes.fitting(free - needed + over.on_devices - len(devices) * self.fit_margin)
+        option = "--gpu-layers" if over is self.target else "--draft-gpu-layers"
+        return _Beyond(tuple(model.file for model in placed), devices, f"{over.layers_on_gpu} of {over.file}'s"
+                       f" {over.layers} layers", needed, least, free,
+                       f"{option} {fits} fits (auto, the default, finds the count)" if fits > 0 else
+                       f"{option} 0 keeps it on the CPU")
+
     @property
     def notes(self) -> list[str]:
-        """What auto's fitting did other than offload every layer, for the CLI to print."""
-        return [f"{model.layers_on_gpu} of {model.file}'s {model.layers} layers on {', '.join(model.offload)}, as many"
-                f" as its free memory holds (the rest run on the CPU, slower; -ngl{'d' if model is self.draft else ''}"
-                " all tries every layer)" for model in (self.target, self.draft)
-                if model and model.by == "fit" and model.gpu_layers >= 0]
+        """What auto's fitting did other than offload every layer, and layers asked for that may not fit, for
+        the CLI to print."""
+        notes = [f"{model.layers_on_gpu} of {model.file}'s {model.layers} layers on {', '.join(model.offload)}, as"
+                 f" many as its free memory holds (the rest run on the CPU, slower;"
+                 f" -ngl{'d' if model is self.draft else ''} all tries every layer)"
+                 for model in (self.target, self.draft) if model and model.by == "fit" and model.gpu_layers >= 0]
+        beyond = self._beyond()
+        if beyond:
+            notes.append(f"{beyond.layers} on {', '.join(beyond.devices)} need about {beyond.needed / 2**30:.1f} GiB"
+                         f" there with compute buffers, {beyond.free / 2**30:.1f} GiB are free: llama.cpp may fail"
+                         f" to allocate them; {beyond.advice}")
+        return notes
 
     def report(self, draft: bool, sampling: str, drafting: str) -> dict:
         """For `run --json`: where each model runs (the draft's where one drafts) and where its rows
@@ -218,6 +244,20 @@ class Placement:
         if draft and self.draft:
             out["draft"] = self.draft.as_dict()
         return out | {"sampling": sampling, "drafting": drafting}
+
+
+@dataclass(frozen=True)
+class _Beyond:
+    """Layers asked for (`layers`, as said) on devices whose free memory the pair's estimate there exceeds:
+    `least` its weights and caches alone, `needed` with the compute buffers; advice: the count that fits."""
+
+    files: tuple[str, ...]
+    devices: tuple[str, ...]
+    layers: str
+    needed: int
+    least: int
+    free: int
+    advice: str
 
 
 def check_cache_types(model: GGUFInfo, k: str, v: str, of: str = "") -> None:
