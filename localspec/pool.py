@@ -195,7 +195,8 @@ class Pool:
         await asyncio.to_thread(session.warm)
         served = Served(wanted.name, session, Service(session, self.queue, self.log, self.metrics), self.keep_alive)
         self.loaded[wanted.path] = served
-        self.log(f"loaded {wanted.name} in {time.perf_counter() - started:.1f} s")
+        self.log(f"loaded {wanted.name} in {time.perf_counter() - started:.1f} s"
+                 + "".join(f"; {note}" for note in session.notes))
         return served
 
     @staticmethod

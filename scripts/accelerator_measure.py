@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
@@ -21,7 +21,8 @@ from time import perf_counter
 import gguf
 import numpy as np
 
-from localspec.store import hardware
+from localspec.store import gguf_meta, hardware
+from localspec.store.placement import Placement
 from localspec.bench import HostTime
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, default_threads
 from localspec.engine import library
@@ -879,6 +880,31 @@ def stage_host(pair: Pair, section: dict, llama_bench: Path) -> dict:
     return {"host": host}
 
 
+def stage_fit(pair: Pair, section: dict, llama_bench: Path) -> dict:
+    """(i) -ngl auto on a GPU made to look small: --fit-target leaves room for the draft model and half the
+    target's layers; the layers it placed, the bytes the estimate expected on the GPU against those the load
+    took there, and the pair's text against the text with every layer offloaded."""
+    def gpu_free() -> int:
+        return sum(d.free for d in devices() if d.is_local_gpu)
+
+    runtime = Runtime(ctx_size=CONTEXT)
+    everything = Placement.plan(runtime, gguf_meta.read(pair.target), gguf_meta.read(pair.draft))
+    if not everything.target.offload:
+        return {"fit": None}  # nothing to fit to on a CPU
+    wanted = everything.draft.on_devices + everything.target.sizes.on_devices(everything.target.layers // 2)
+    runtime = replace(runtime, fit_margin=max(0, (gpu_free() - wanted) // len(everything.target.offload)))
+    before = gpu_free()
+    with pair.session(runtime) as session:
+        taken, plan = before - gpu_free(), session.plan
+        _, fitted = with_mode(session, DrafterKind.AUTO, pair.prompts[0], pair.size.tokens)
+    with pair.session() as session:
+        _, whole = with_mode(session, DrafterKind.AUTO, pair.prompts[0], pair.size.tokens)
+    return {"fit": {"margin": runtime.fit_margin, "target_layers": plan.target.layers_on_gpu,
+                    "target_of": plan.target.layers, "draft_layers": plan.draft.layers_on_gpu,
+                    "draft_of": plan.draft.layers, "expected": plan.target.on_devices + plan.draft.on_devices,
+                    "taken": taken, "notes": plan.notes, "same_text": fitted == whole}}
+
+
 # Most valuable first: a call cut short has measured what matters most (issue 47).
 STAGES = {
     "plain": ("(a) plain decoding beside llama-bench, and the verification curve", stage_plain),
@@ -889,6 +915,7 @@ STAGES = {
     "gap": ("(f) plain decoding with the session's context settings and with llama-bench's", stage_gap),
     "shapes": ("(g) real drafters' step shapes replayed, as drafted and at fixed verification lengths", stage_shapes),
     "policy": ("(h) auto live on real n-gram offers, weighing a change of batch size and blind to it", stage_policy),
+    "fit": ("(i) -ngl auto on a GPU made to look small: the layers placed, the bytes expected and taken", stage_fit),
 }
 
 
@@ -1063,6 +1090,12 @@ def markdown(report: dict) -> str:
             lines += _gap_lines(t["gap"])
         if "shapes" in stages:
             lines += _shapes_lines(t["shapes"])
+        if "fit" in stages and t["fit"]:
+            f = t["fit"]
+            lines += [f"-ngl auto with {f['margin'] / 2**20:,.0f} MiB left free: {f['target_layers']} of the target's"
+                      f" {f['target_of']} layers and {f['draft_layers']} of the draft's {f['draft_of']} on the GPU;"
+                      f" expected {f['expected'] / 2**20:,.0f} MiB there, the load took {f['taken'] / 2**20:,.0f} MiB;"
+                      f" text {'the same as' if f['same_text'] else 'NOT the same as'} with every layer there.", ""]
         if "policy" in stages:
             lines += _policy_lines(t["policy"])
             if t.get("auto_costs"):
