@@ -62,6 +62,9 @@ class ToolFormat(StrEnum):
     APRIEL = "apriel"
     NEMOTRON = "nemotron"
     COMMAND_R7B = "command-r7b"
+    # DeepSeek V3.2's and V4's DSML: V3.2 names its block of calls function_calls, V4 tool_calls
+    DSML_FUNCTIONS = "dsml-function-calls"
+    DSML = "dsml"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -73,12 +76,18 @@ _WHOLE_CALL_TRIGGER = r'^\s*(?:<\|python_tag\|>)?\s*(?:```(?:json)?\s*)?(\{\s*"n
 @dataclass(frozen=True)
 class _Markup:
     """How a call is spelled where it is markup, not a JSON object: its name, then each argument's key and
-    value between these tags (a string's value as written, any other as JSON), then `end`."""
+    value between these tags (a string's value as written, any other as JSON), then `end`. typed: where the
+    key's closing says how the value is written (DeepSeek's `" string="true">`, `" string="false">`), those
+    two in place of key[1]: as written, and as JSON."""
 
     name: tuple[str, str]
     key: tuple[str, str]
     value: tuple[str, str]
     end: str
+    typed: tuple[str, str] | None = None
+
+    def key_closing(self, as_text: bool) -> str:
+        return self.key[1] if self.typed is None else self.typed[0 if as_text else 1]
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HARMONY
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
+    if "dsml_token" in source and "DSML" in source:
+        return ToolFormat.DSML_FUNCTIONS if "function_calls" in source else ToolFormat.DSML
     if "<minimax:tool_call>" in source and "<invoke name=" in source:
         return ToolFormat.MINIMAX
     if "<|tool_calls_section_begin|>" in source and "<|tool_call_argument_begin|>" in source:
@@ -140,7 +151,8 @@ def tool_format(template: str | None) -> ToolFormat:
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
                      " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, Kimi K2's tool-call sections,"
+                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, DeepSeek V3.2's and V4's DSML <invoke>,"
+                     " Kimi K2's tool-call sections,"
                      " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
 
@@ -217,10 +229,11 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
     def literal(text: str) -> str:
         return json.dumps(text, ensure_ascii=False) if text else ""
 
-    def opened(key: str | None) -> str:
+    def opened(key: str | None, as_text: bool) -> str:
         """An argument up to its value: its key (None: any), and the value's opening tag where it has one."""
-        name = literal(markup.key[0] + key + markup.key[1]) if key is not None else \
-            f"{literal(markup.key[0])} [^<>\\n]+ {literal(markup.key[1])}"
+        closing = markup.key_closing(as_text)
+        name = literal(markup.key[0] + key + closing) if key is not None else \
+            f"{literal(markup.key[0])} [^<>\"\\n]+ {literal(closing)}"
         return f"{name} ws {literal(markup.value[0])}" if markup.value[0] else name
 
     as_json, calls, pieces = {}, [], []
@@ -228,17 +241,17 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
         properties, required, open_keys = _parameters(function)
         arguments = []
         for place, (key, schema) in enumerate(properties.items()):
-            choices = _choices(schema)
-            if _written_as_text(schema):
+            choices, as_text = _choices(schema), _written_as_text(schema)
+            if as_text:
                 value = " | ".join(literal(choice) for choice in choices) if choices else "text"
                 value = f"({value})"
             else:
                 value = f"json-{number}-{place}"
                 as_json[value] = schema
-            argument = f"{opened(key)} \"\\n\"? {value} \"\\n\"? {literal(markup.value[1])} ws"
+            argument = f"{opened(key, as_text)} \"\\n\"? {value} \"\\n\"? {literal(markup.value[1])} ws"
             arguments.append(argument if key in required else f"({argument})?")
         if open_keys:
-            arguments.append(f"({opened(None)} \"\\n\"? text \"\\n\"? {literal(markup.value[1])} ws)*")
+            arguments.append(f"({opened(None, True)} \"\\n\"? text \"\\n\"? {literal(markup.value[1])} ws)*")
         name = literal(markup.name[0] + function["name"] + markup.name[1])
         pieces.append(f"call-{number} ::= {name} ws {' '.join(arguments)} {literal(markup.end)}")
         calls.append(f"call-{number}")
@@ -278,11 +291,12 @@ def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
                   for key, value in re.findall(pattern, rest, re.DOTALL)}
 
 
-def _read_invokes(body: str, parameters: dict) -> list[tuple[str, dict]]:
-    """MiniMax-M2's calls in one block: `<invoke name="NAME">`, then `<parameter name="KEY">value</parameter>`s,
-    then `</invoke>`, one after another; read in order, so that a value holding `</invoke>` stays a value
-    (the grammar keeps `</parameter>` out of one)."""
-    m, calls, at = _MINIMAX, [], 0
+def _read_invokes(m: _Markup, body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """MiniMax-M2's and DeepSeek's calls in one block: `<invoke name="NAME">`, then `<parameter name="KEY">value
+    </parameter>`s, then `</invoke>`, one after another; read in order, so that a value holding `</invoke>`
+    stays a value (the grammar keeps `</parameter>` out of one). A DSML key's closing says how its value is
+    written: as is, or as JSON."""
+    calls, at = [], 0
     try:
         while body[at:].strip():
             at = len(body) - len(body[at:].lstrip())
@@ -298,15 +312,17 @@ def _read_invokes(body: str, parameters: dict) -> list[tuple[str, dict]]:
                     break
                 if not body.startswith(m.key[0], at):
                     raise ValueError(f"no <parameter> at {at}")
-                key_end = body.index(m.key[1], at)
-                value_end = body.index(m.value[1], key_end)
+                key_end = body.index(m.key[1] if m.typed is None else '"', at + len(m.key[0]))
                 key = body[at + len(m.key[0]) : key_end].strip()
-                written = body[key_end + len(m.key[1]) : value_end]
-                arguments[key] = _value(written.removeprefix("\n").removesuffix("\n"), schemas.get(key))
+                closing = next(c for c in ((m.key[1],) if m.typed is None else m.typed) if body.startswith(c, key_end))
+                value_end = body.index(m.value[1], key_end)
+                written = body[key_end + len(closing) : value_end].removeprefix("\n").removesuffix("\n")
+                as_written = m.typed is not None and closing == m.typed[0]
+                arguments[key] = written if as_written else _value(written, None if m.typed else schemas.get(key))
                 at = value_end + len(m.value[1])
             calls.append((name, arguments))
-    except ValueError:
-        raise InputError(f"the model wrote tool calls that do not read as MiniMax's <invoke>: {body[:80]!r}") from None
+    except (ValueError, StopIteration):
+        raise InputError(f"the model wrote tool calls that do not read as <invoke>s: {body[:80]!r}") from None
     return calls
 
 
@@ -731,6 +747,20 @@ _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_val
 # MiniMax-M2's: its calls are <invoke>s, one after another inside one <minimax:tool_call> block
 _MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
 _MINIMAX_BLOCK = '"<minimax:tool_call>" ws {calls} ws "</minimax:tool_call>"'
+# DeepSeek V3.2's and V4's DSML: MiniMax's <invoke>s under its own marker, each key saying how its value is written
+_DSML_MARK = "｜DSML｜"
+_DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter name="', '">'),
+                ("", f"</{_DSML_MARK}parameter>"), f"</{_DSML_MARK}invoke>", ('" string="true">', '" string="false">'))
+
+
+def _dsml(block: str) -> _Form:
+    opening, closing = f"<{_DSML_MARK}{block}>", f"</{_DSML_MARK}{block}>"
+    calls = f'"{opening}" ws {{calls}} ws "{closing}"'
+    return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), calls.format(calls="call"),
+                 f'{calls.format(calls="call (ws call)*")} (ws {calls.format(calls="call (ws call)*")})*',
+                 partial(_markup_rules, _DSML), partial(_read_invokes, _DSML))
+
+
 _FORMS = {
     ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
                              f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
@@ -761,7 +791,9 @@ _FORMS = {
     ToolFormat.MINIMAX: _Form("<minimax:tool_call>", "</minimax:tool_call>", None, "arguments",
                               (r"(<minimax:tool_call>)",), _MINIMAX_BLOCK.format(calls="call"),
                               f'{_MINIMAX_BLOCK.format(calls="call (ws call)*")} (ws {_MINIMAX_BLOCK.format(calls="call (ws call)*")})*',
-                              partial(_markup_rules, _MINIMAX), _read_invokes),
+                              partial(_markup_rules, _MINIMAX), partial(_read_invokes, _MINIMAX)),
+    ToolFormat.DSML_FUNCTIONS: _dsml("function_calls"),
+    ToolFormat.DSML: _dsml("tool_calls"),
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
                            f'"{_KIMI_SECTION[0]}" call "{_KIMI_SECTION[1]}"',
                            f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls),
@@ -773,7 +805,8 @@ _FORMS = {
 _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, ToolFormat.MISTRAL: {"[TOOL_CALLS]"},
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
             ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"},
-            ToolFormat.COMMAND_R7B: set(_COHERE_ACTION)}
+            ToolFormat.COMMAND_R7B: set(_COHERE_ACTION), ToolFormat.DSML_FUNCTIONS: {_DSML_MARK},
+            ToolFormat.DSML: {_DSML_MARK}}
 
 
 def new_id(form: ToolFormat) -> str:

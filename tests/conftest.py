@@ -165,6 +165,10 @@ THINKERS = {
                      "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>")),
     "glm4.5": ("glm4.5.jinja", ("<think>", "</think>"),
                ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
+    "deepseek-v3.2": ("deepseek-v3.2.jinja", ("<think>", "</think>", "｜DSML｜"),
+                      ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
+    "deepseek-v4": ("deepseek-v4.jinja", ("<think>", "</think>", "｜DSML｜"),
+                    ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
 }
 
 

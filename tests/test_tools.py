@@ -53,7 +53,9 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.SEED: (REAL / "seed-oss.jinja").read_text(),
              ToolFormat.APRIEL: (REAL / "apriel-1.6.jinja").read_text(),
              ToolFormat.NEMOTRON: (REAL / "nemotron-nano-v2.jinja").read_text(),
-             ToolFormat.COMMAND_R7B: (REAL / "command-r7b.jinja").read_text()}
+             ToolFormat.COMMAND_R7B: (REAL / "command-r7b.jinja").read_text(),
+             ToolFormat.DSML_FUNCTIONS: (REAL / "deepseek-v3.2.jinja").read_text(),
+             ToolFormat.DSML: (REAL / "deepseek-v4.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -146,6 +148,15 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.MINIMAX, 'Sure.\n<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1'
      '</parameter>\n<parameter name="code">a </invoke> b</parameter>\n</invoke>\n<invoke name="empty_args">\n</invoke>\n'
      '</minimax:tool_call>', "Sure.\n", [("special_function", {"arg1": 1, "code": "a </invoke> b"}), ("empty_args", {})]),
+    # DeepSeek V3.2's and V4's DSML, as their templates write earlier calls: a key's string="true" value as written
+    # (a JSON-looking one too), "false" as JSON
+    (ToolFormat.DSML, 'Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="special_function">\n<｜DSML｜parameter'
+     ' name="arg1" string="false">1</｜DSML｜parameter>\n<｜DSML｜parameter name="code" string="true">[1] </｜DSML｜invoke>'
+     '</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="empty_args">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+     "Sure.\n\n", [("special_function", {"arg1": 1, "code": "[1] </｜DSML｜invoke>"}), ("empty_args", {})]),
+    (ToolFormat.DSML_FUNCTIONS, '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a"'
+     ' string="false">{"b": [true, null]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>', "\n\n",
+     [("f", {"a": {"b": [True, None]}})]),
     # Kimi K2's: a section of calls, each's id what it writes before its arguments (its markers are control tokens,
     # which the session writes into the text for this reader)
     (ToolFormat.KIMI, 'Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
@@ -215,6 +226,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.LFM2, "<|tool_call_start|>[special_function(arg1="),
     (ToolFormat.MINIMAX, '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>'),
     (ToolFormat.KIMI, '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}'),
+    (ToolFormat.DSML, '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true">x'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -501,7 +513,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
-                                    "nemotron-nano-v2", "command-r7b"])
+                                    "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
