@@ -65,6 +65,7 @@ class ToolFormat(StrEnum):
     # DeepSeek V3.2's and V4's DSML: V3.2 names its block of calls function_calls, V4 tool_calls
     DSML_FUNCTIONS = "dsml-function-calls"
     DSML = "dsml"
+    MINICPM5 = "minicpm5"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -85,6 +86,7 @@ class _Markup:
     value: tuple[str, str]
     end: str
     typed: tuple[str, str] | None = None
+    cdata: bool = False  # a string's value may come wrapped in <![CDATA[...]]> (MiniCPM5's, one holding <, & or a newline)
 
     def key_closing(self, as_text: bool) -> str:
         return self.key[1] if self.typed is None else self.typed[0 if as_text else 1]
@@ -104,6 +106,7 @@ class _Form:
     # [(name, arguments)]: one call, or LFM2's list; (name, arguments, id) where the model writes the call's id)
     call_rules: Callable[[list[dict]], str] | None = None
     read_calls: Callable[[str, dict], list[tuple]] | None = None
+    cdata: bool = False  # a call may hold <![CDATA[...]]> values, inside which its closing is a value's text
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -116,6 +119,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HARMONY
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
+    if "Tool usage guidelines:" in source and '<function name="' in source and '<param name="' in source:
+        return ToolFormat.MINICPM5
     if "dsml_token" in source and "DSML" in source:
         return ToolFormat.DSML_FUNCTIONS if "function_calls" in source else ToolFormat.DSML
     if "<minimax:tool_call>" in source and "<invoke name=" in source:
@@ -152,6 +157,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
                      " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, DeepSeek V3.2's and V4's DSML <invoke>,"
+                     " MiniCPM5's <function name=...>,"
                      " Kimi K2's tool-call sections,"
                      " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
@@ -285,10 +291,16 @@ def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
     if m.end and not rest.rstrip().endswith(m.end):
         raise InputError(f"the model wrote a tool call that does not end with {m.end}: {body[:80]!r}")
     pattern = (re.escape(m.key[0]) + r"(.*?)" + re.escape(m.key[1]) + (r"\s*" + re.escape(m.value[0]) if m.value[0]
-               else "") + r"(.*?)" + re.escape(m.value[1]))
+               else "") + (r"(<!\[CDATA\[.*?\]\]>|.*?)" if m.cdata else r"(.*?)") + re.escape(m.value[1]))
     schemas = parameters.get(name, {})
-    return name, {key.strip(): _value(value.removeprefix("\n").removesuffix("\n"), schemas.get(key.strip()))
-                  for key, value in re.findall(pattern, rest, re.DOTALL)}
+
+    def read(value: str, schema) -> object:
+        value = value.removeprefix("\n").removesuffix("\n")
+        if m.cdata and value.startswith("<![CDATA[") and value.endswith("]]>"):
+            return value[len("<![CDATA["):-len("]]>")]
+        return _value(value, schema)
+
+    return name, {key.strip(): read(value, schemas.get(key.strip())) for key, value in re.findall(pattern, rest, re.DOTALL)}
 
 
 def _read_invokes(m: _Markup, body: str, parameters: dict) -> list[tuple[str, dict]]:
@@ -747,6 +759,8 @@ _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_val
 # MiniMax-M2's: its calls are <invoke>s, one after another inside one <minimax:tool_call> block
 _MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
 _MINIMAX_BLOCK = '"<minimax:tool_call>" ws {calls} ws "</minimax:tool_call>"'
+_MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
+_MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
 # DeepSeek V3.2's and V4's DSML: MiniMax's <invoke>s under its own marker, each key saying how its value is written
 _DSML_MARK = "｜DSML｜"
 _DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter name="', '">'),
@@ -792,6 +806,10 @@ _FORMS = {
                               (r"(<minimax:tool_call>)",), _MINIMAX_BLOCK.format(calls="call"),
                               f'{_MINIMAX_BLOCK.format(calls="call (ws call)*")} (ws {_MINIMAX_BLOCK.format(calls="call (ws call)*")})*',
                               partial(_markup_rules, _MINIMAX), partial(_read_invokes, _MINIMAX)),
+    # MiniCPM5's calls one after another, no block around them; a call's text read without its opening and closing
+    ToolFormat.MINICPM5: _Form('<function name="', "</function>", None, "arguments", (r'(<function name=")',), "call",
+                               "call (ws call)*", partial(_markup_rules, _MINICPM5),
+                               _alone(partial(_read_markup, replace(_MINICPM5, name=("", '">'), end=""))), cdata=True),
     ToolFormat.DSML_FUNCTIONS: _dsml("function_calls"),
     ToolFormat.DSML: _dsml("tool_calls"),
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
@@ -909,7 +927,7 @@ class ToolStream:
 
     def _closed_calls(self) -> list[ToolCall]:
         f, out = self._f, []
-        while (end := self._held.find(f.closing)) >= 0:
+        while (end := _closing(self._held, f.closing, f.cdata)) >= 0:
             block, self._held = self._held[:end], self._held[end + len(f.closing):]
             body = block.strip().removeprefix(f.opening).strip()
             if f.read_calls:
@@ -929,6 +947,20 @@ class ToolStream:
 
     def _made(self, name: str, arguments: dict, call_id: str | None = None) -> ToolCall:
         return ToolCall(call_id or new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _closing(held: str, closing: str, cdata: bool) -> int:
+    """Where the closing of a call is, -1 where it has not come; cdata: not inside a <![CDATA[...]]> value."""
+    at = 0
+    while True:
+        end = held.find(closing, at)
+        opened = held.find("<![CDATA[", at) if cdata else -1
+        if opened < 0 or 0 <= end < opened:
+            return end
+        at = held.find("]]>", opened)
+        if at < 0:
+            return -1
+        at += len("]]>")
 
 
 def _is_call(call, arguments: str, name: str = "name") -> bool:

@@ -169,6 +169,7 @@ THINKERS = {
                       ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
     "deepseek-v4": ("deepseek-v4.jinja", ("<think>", "</think>", "｜DSML｜"),
                     ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
+    "minicpm5": ("minicpm5.jinja", ("<think>", "</think>"), ("<|im_start|>", "<|im_end|>")),
 }
 
 
