@@ -103,7 +103,8 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_
     workers' share of the free memory (all of it counted), the rest staying on this machine's CPU. n_ctx:
     every sequence's together (None: runtime's)."""
     offload = _offload(machine.devices, runtime.devices, runtime)
-    sizes = hardware.layer_bytes(info, n_ctx or runtime.ctx_size, sequences, runtime.kv_bytes,
+    # (a draft tree's nodes take a batch of cells beyond the sequences' own, as Context makes room for them)
+    sizes = hardware.layer_bytes(info, (n_ctx or runtime.ctx_size) + runtime.prompt_batch, sequences, runtime.kv_bytes,
                                  runtime.tensor_overrides, runtime.kv_offload)
     if runtime.gpu_layers is None and offload and not any(d.is_local_gpu for d in machine.devices):
         remote = sum(d.free for d in machine.devices if d.remote)
