@@ -204,15 +204,14 @@ def gpu_machine(free: int, ram: int = 10**12, gpus: int = 1) -> hardware.Machine
 
 
 def test_layers_are_offloaded_from_the_output_layer_back_as_llama_cpp_offloads_them():
-    sizes = hardware.LayerBytes(blocks=(100, 200, 300), caches=(1, 1, 1), output=50, output_copy=70, total=10000)
-    fixed = hardware.COMPUTE_FIXED
-    # weights with the compute margin, then the caches, then the compute buffer
-    assert [sizes.on_devices(n) for n in (0, 1, 2, 3, 4, -1, 9)] == \
-        [0, fixed + 132, fixed + 463, fixed + 684, fixed + 795, fixed + 795, fixed + 795]
+    sizes = hardware.LayerBytes(blocks=(100, 200, 300), caches=(1, 1, 1), output=50, output_copy=70, total=10000,
+                                compute=1000)
+    # weights and caches as they are, then the compute buffer (a batch's logits beside a fixed part)
+    assert [sizes.on_devices(n) for n in (0, 1, 2, 3, 4, -1, 9)] == [0, 1120, 1421, 1622, 1723, 1723, 1723]
     assert [sizes.least_on_devices(n) for n in (0, 1, 2, -1)] == [0, 120, 421, 723]
+    # the host's estimate keeps the compute margin on the weights: what the layers offloaded take off it
     assert [sizes.on_host(n) for n in (0, 1, 2, -1)] == [10000, 9945, 9614, 9282]  # the copy is made on the device
-    assert [sizes.fitting(fixed + room) for room in (0, 131, 132, 462, 463, 794, 795, 10**6)] == \
-        [0, 0, 1, 1, 2, 3, -1, -1]
+    assert [sizes.fitting(room) for room in (0, 1119, 1120, 1420, 1421, 1722, 1723, 10**6)] == [0, 0, 1, 1, 2, 3, -1, -1]
 
 
 def test_a_layers_bytes_are_its_tensors_with_its_share_of_the_cache_and_ot_keeps_tensors_off_the_gpu(tiny):
@@ -224,6 +223,7 @@ def test_a_layers_bytes_are_its_tensors_with_its_share_of_the_cache_and_ot_keeps
     assert sizes.blocks[0] == weights and sizes.caches[0] == hardware.kv_cache_bytes(info, 512) // blocks
     assert sizes.output == info.tensor_bytes["output.weight"] + info.tensor_bytes["output_norm.weight"]
     assert sizes.output_copy == 0  # the file has an output layer of its own
+    assert sizes.compute == hardware.COMPUTE_FIXED + 512 * info.vocab_size * 4  # a batch's f32 logits
     # the FFN tensors kept in RAM (--cpu-moe's way): the blocks weigh less on the GPU, the host keeps them
     ffn = sum(size for name, size in info.tensor_bytes.items() if name.startswith("blk.0.ffn_"))
     kept = hardware.layer_bytes(info, 512, overrides=((r"ffn_.*=", "CUDA0"), (r"ffn_", "CPU")))

@@ -27,6 +27,7 @@ RECURRENT_BYTES_PER_VALUE = 4  # a recurrent state is kept in f32
 RECURRENT_SNAPSHOTS = LONGEST_DEFAULT_DRAFT
 COMPUTE_MARGIN = 0.10  # of the weights, plus the fixed part below
 COMPUTE_FIXED = 256 * 2**20  # on each device a model computes on
+LOGIT_BYTES = 4  # a row of logits is f32: a GPU holding the output layer computes a batch of them
 CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping")
 
 
@@ -157,13 +158,16 @@ class LayerBytes:
     and its share of the KV cache and recurrent states; the output layer's weights, and a tied embedding's
     copy, which llama.cpp makes only where the output layer is offloaded. The rest (the input layer, tensors
     -ot keeps on the CPU, a KV cache -nkvo keeps in RAM) stays on the CPU wherever the layers go. Weights as
-    stored; the compute margin is added where they are counted."""
+    stored. compute: the compute buffer on the offload devices, what grows with the batch (a batch's logits,
+    on the device that holds the output layer) beside a fixed part: not a share of the weights, as the RAM's
+    estimate takes it, which for a 70B would leave gigabytes of a GPU unused."""
 
     blocks: tuple[int, ...]
     caches: tuple[int, ...]
     output: int
     output_copy: int
     total: int
+    compute: int = COMPUTE_FIXED
 
     @property
     def layers(self) -> int:
@@ -181,9 +185,7 @@ class LayerBytes:
     def on_devices(self, gpu_layers: int) -> int:
         """Bytes on the offload devices with this many layers there (-1: all)."""
         weights, caches = self._moved(gpu_layers)
-        if not weights + caches:
-            return 0
-        return int((weights + self.output_copy) * (1 + COMPUTE_MARGIN)) + caches + COMPUTE_FIXED
+        return weights + self.output_copy + caches + self.compute if weights + caches else 0
 
     def least_on_devices(self, gpu_layers: int) -> int:
         """What they take there at the least: their weights and caches, no compute buffer."""
@@ -205,9 +207,10 @@ class LayerBytes:
 
 
 def layer_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1, kv: tuple[float, float] = F16_KV,
-                overrides: tuple[tuple[str, str], ...] = (), kv_offload: bool = True) -> LayerBytes:
+                overrides: tuple[tuple[str, str], ...] = (), kv_offload: bool = True, batch: int = 512) -> LayerBytes:
     """info's estimate_bytes by llama.cpp's layers. overrides: -ot's (pattern, buffer type), the first pattern
-    found deciding: a tensor kept on a CPU buffer stays on the CPU with its layer offloaded."""
+    found deciding: a tensor kept on a CPU buffer stays on the CPU with its layer offloaded. batch: the most
+    rows a decode computes (--batch-size)."""
     n_blocks = max(info.arch("block_count", 0) - info.mtp_layers, 0)
     blocks, output = [0] * n_blocks, 0
     kept = [(re.compile(pattern), buffer.upper().startswith("CPU")) for pattern, buffer in overrides]
@@ -225,7 +228,7 @@ def layer_bytes(info: GGUFInfo, n_ctx: int, sequences: int = 1, kv: tuple[float,
     caches = (kv_cache_bytes(info, n_ctx, kv) * n_blocks / max(info.arch("block_count", 0), 1) if kv_offload else 0
               ) + recurrent_state_bytes(info) * states  # the blocks' together, shared among them as an estimate
     return LayerBytes(tuple(blocks), tuple(int(caches / n_blocks) for _ in blocks), output, copy,
-                      estimate_bytes(info, n_ctx, sequences, kv))
+                      estimate_bytes(info, n_ctx, sequences, kv), COMPUTE_FIXED + batch * info.vocab_size * LOGIT_BYTES)
 
 
 def estimate_pair(models: list[tuple[GGUFInfo | None, int | None]], n_ctx: int) -> int | None:

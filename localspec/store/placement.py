@@ -105,7 +105,7 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_
     offload = _offload(machine.devices, runtime.devices, runtime)
     # (a draft tree's nodes take a batch of cells beyond the sequences' own, as Context makes room for them)
     sizes = hardware.layer_bytes(info, (n_ctx or runtime.ctx_size) + runtime.prompt_batch, sequences, runtime.kv_bytes,
-                                 runtime.tensor_overrides, runtime.kv_offload)
+                                 runtime.tensor_overrides, runtime.kv_offload, runtime.prompt_batch)
     if runtime.gpu_layers is None and offload and not any(d.is_local_gpu for d in machine.devices):
         remote = sum(d.free for d in machine.devices if d.remote)
         share = remote / (remote + machine.ram_available) if remote + machine.ram_available else 1
@@ -128,7 +128,7 @@ def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_c
         devices = tuple(d.name for d in machine.devices if d.is_local_gpu) or ("none",)
     offload = _offload(machine.devices, devices, runtime, one_gpu=devices is None)
     sizes = hardware.layer_bytes(info, n_ctx or runtime.ctx_size, sequences, runtime.draft_kv_bytes,
-                                 runtime.draft_tensor_overrides, runtime.kv_offload)
+                                 runtime.draft_tensor_overrides, runtime.kv_offload, runtime.prompt_batch)
     return _placed(info, sizes, runtime.draft_gpu_layers, offload, devices, None,
                    room(machine, offload, runtime.fit_margin))
 
