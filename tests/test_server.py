@@ -843,6 +843,8 @@ def test_a_llama_server_containers_environment_configures_serve(tmp_path, tiny):
         assert reply.usage.completion_tokens == 3 and reply.model_extra["speculation"]["draft_tokens"] == 0
     finally:
         assert server.stop() == 0, server.log()
+    # one it does not take is said, not silently left (its context checkpoints: localspec makes none)
+    assert "note: LLAMA_ARG_CTX_CHECKPOINTS: llama.cpp's setting that `localspec serve` does not take" in server.log()
     other = ServerProcess(tmp_path / "target", tiny["partial"], "-c", "1024", env=env)
     try:  # the TARGET named, and -c given, over the environment's
         assert httpx.get(other.base + "/props").json()["default_generation_settings"]["n_ctx"] == 1024

@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -662,6 +663,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     the others)."""
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
+    if context is not None:
+        _say_unread_variables(context)
     if o.target is not None:  # a llama-server container's LLAMA_ARG_MODEL yields to the TARGET named
         for name in ("model", "hf_repo"):
             if context is not None and _source(context, name) == "ENVIRONMENT":
@@ -784,6 +787,17 @@ def _given(values: dict, context: typer.Context | None) -> set[str]:
     if context is None:
         return set(values)
     return {name for name in values if _source(context, name) in GIVEN}
+
+
+def _say_unread_variables(context: typer.Context) -> None:
+    """One line naming the LLAMA_ARG_* variables set here that this command reads for none of its options
+    (a llama-server container's settings localspec lacks, or a misspelt one), rather than leave them silently."""
+    read = {name for param in context.command.params
+            for name in ([param.envvar] if isinstance(param.envvar, str) else param.envvar or ())}
+    unread = sorted(name for name in os.environ if name.startswith("LLAMA_ARG_") and name not in read)
+    if unread:
+        print(f"note: {', '.join(unread)}: llama.cpp's setting{'s' if len(unread) > 1 else ''} that"
+              f" `localspec {context.info_name}` does not take, left alone", file=sys.stderr)
 
 
 def _source(context: typer.Context, name: str) -> str | None:
