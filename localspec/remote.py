@@ -105,9 +105,11 @@ class Remote:
             yield from_wire(data)
 
     def loaded(self) -> list[dict]:
-        """The models the serve holds now, the one it started with first: each one's `name` and when it will be
-        unloaded unless asked for (`expires_at`, as Ollama's /api/ps says it)."""
-        return [{"name": model["name"], "expires_at": model["expires_at"]}
+        """The models the serve holds now, the one it started with first: each one's `name`, when it will be
+        unloaded unless asked for (`expires_at`, as Ollama's /api/ps says it) and the share of its layers on
+        GPUs (`on_gpu`, of Ollama's size_vram)."""
+        return [{"name": model["name"], "expires_at": model["expires_at"],
+                 "on_gpu": model.get("size_vram", 0) / model["size"] if model.get("size") else 0.0}
                 for model in json.loads(b"".join(self._asked(OLLAMA_PS, timeout=LISTING_SECONDS)))["models"]]
 
     def unload(self, name: str) -> None:

@@ -24,11 +24,12 @@ def folder() -> Path:
 
 @contextmanager
 def holding(command: str, model: str, address: str = "", files: tuple[Path, ...] = (),
-            certificate: Path | None = None) -> Iterator[None]:
+            certificate: Path | None = None, on_gpu: float | None = None) -> Iterator[None]:
     """Listed by `ps` while inside: this process runs `command` with `model` (its description) from
     `files` (target, then draft model), reachable at `address` if it serves (`run` and `chat` use it), over
-    HTTPS with this certificate where one is given."""
+    HTTPS with this certificate where one is given; on_gpu: the share of the target's layers on GPUs."""
     record = {"pid": os.getpid(), "command": command, "model": model, "address": address,
+              **({"on_gpu": on_gpu} if on_gpu is not None else {}),
               **({"certificate": str(certificate.resolve())} if certificate else {}),
               "files": [str(path) for path in files], "started": psutil.Process().create_time()}
     path = folder() / f"{record['pid']}.json"

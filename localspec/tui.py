@@ -246,15 +246,22 @@ def ps_table(processes: list[dict], console: Console = out) -> None:
         console.print("no localspec process holds a model")
         return
     table = Table(box=None, padding=(0, 2, 0, 0))
-    for column in ("pid", "command", "up", "model", "address"):
-        table.add_column(column.upper(), no_wrap=column in ("pid", "command", "up"), overflow="fold")
+    for column in ("pid", "command", "up", "model", "processor", "address"):
+        table.add_column(column.upper(), no_wrap=column in ("pid", "command", "up", "processor"), overflow="fold")
     now = time.time()
     for p in processes:
         table.add_row(str(p["pid"]), shown(p["command"]), duration_text(p["uptime"]), shown(p["model"]),
-                      shown(p["address"]))
+                      processor(p["on_gpu"]) if "on_gpu" in p else "", shown(p["address"]))
         for model in p.get("loaded", [])[1:]:  # (a serve's first is the model it started with, the row above)
-            table.add_row("", "", "", f"+ {shown(model['name'])} (on demand; {_until(model['expires_at'], now)})", "")
+            table.add_row("", "", "", f"+ {shown(model['name'])} (on demand; {_until(model['expires_at'], now)})",
+                          processor(model.get("on_gpu", 0.0)), "")
     _whole_rows(console).print(table)
+
+
+def processor(on_gpu: float) -> str:
+    """Where a model's layers are, as `ollama ps` says it: 100% GPU, 100% CPU, 48%/52% CPU/GPU."""
+    gpu = round(on_gpu * 100)
+    return "100% GPU" if gpu >= 100 else "100% CPU" if gpu <= 0 else f"{100 - gpu}%/{gpu}% CPU/GPU"
 
 
 def _until(expires_at: str, now: float) -> str:

@@ -753,11 +753,20 @@ def test_ps_lists_the_processes_that_hold_models(localspec, tiny, tmp_path):
             listed = [json.loads(line) for line in localspec("ps", "--json").stdout.splitlines()]
         assert [(p["pid"], p["command"]) for p in listed] == [(chat.pid, "chat")]
         assert tiny["target"].name in listed[0]["model"] and listed[0]["uptime"] >= 0
-        assert b"chat" in localspec("ps").stdout
+        assert listed[0]["on_gpu"] == 0  # (a CPU build)
+        table = localspec("ps").stdout
+        assert b"chat" in table and b"PROCESSOR" in table and b"100% CPU" in table
     finally:
         chat.communicate(b"")  # end of input: the chat ends and lets go of its model
     assert chat.returncode == 0
     assert localspec("ps", "--json").stdout == b""
+
+
+def test_ps_says_where_a_models_layers_are_as_ollama_ps_does():
+    from localspec.tui import processor
+
+    assert [processor(share) for share in (0.0, 0.004, 0.52, 0.996, 1.0)] == \
+        ["100% CPU", "100% CPU", "48%/52% CPU/GPU", "100% GPU", "100% GPU"]
 
 
 def test_ps_forgets_processes_that_are_gone(tmp_path, monkeypatch):

@@ -86,7 +86,8 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
         print(crowded, file=sys.stderr)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    with session, running.holding(command, session.describe(), address, session.model_files(), certificate):
+    with session, running.holding(command, session.describe(), address, session.model_files(), certificate,
+                                  session.plan.target.on_gpu):
         yield session
 
 
