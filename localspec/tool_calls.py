@@ -66,6 +66,7 @@ class ToolFormat(StrEnum):
     DSML_FUNCTIONS = "dsml-function-calls"
     DSML = "dsml"
     MINICPM5 = "minicpm5"
+    APERTUS = "apertus"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -119,6 +120,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HARMONY
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
+    if _APERTUS[0] in source and _APERTUS[1] in source:
+        return ToolFormat.APERTUS
     if "Tool usage guidelines:" in source and '<function name="' in source and '<param name="' in source:
         return ToolFormat.MINICPM5
     if "dsml_token" in source and "DSML" in source:
@@ -157,7 +160,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
                      " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, DeepSeek V3.2's and V4's DSML <invoke>,"
-                     " MiniCPM5's <function name=...>,"
+                     " MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists,"
                      " Kimi K2's tool-call sections,"
                      " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
                      " harmony)")
@@ -561,11 +564,36 @@ def _read_json_calls(body: str, parameters: dict, name: str = "name", arguments:
     return [(call[name], call.get(arguments, call.get("arguments"))) for call in calls]  # (as _is_call takes them)
 
 
-def _json_list(opening: str, closing: str) -> _Form:
-    """A form whose calls are one JSON list between two markers (Apriel's, Nemotron's)."""
+def _json_list(opening: str, closing: str, call_rules: Callable[[list[dict]], str] | None = None,
+               read_calls: Callable[[str, dict], list[tuple]] = _read_json_calls) -> _Form:
+    """A form whose calls are one JSON list between two markers (Apriel's, Nemotron's, Apertus')."""
     block = f'"{opening}" "[" ws {{calls}} ws "]" "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), block.format(calls="call"),
-                 block.format(calls='call (ws "," ws call)*'), read_calls=_read_json_calls)
+                 block.format(calls='call (ws "," ws call)*'), call_rules, read_calls)
+
+
+# Apertus': a JSON list of calls between two control tokens, each call an object of one key, the function's name,
+# whose value is its arguments
+_APERTUS = ("<|tools_prefix|>", "<|tools_suffix|>")
+
+
+def _apertus_rules(offered: list[dict]) -> str:
+    """GBNF of one Apertus call (`call`): `{"NAME": arguments}` for an offered function, arguments to its schema."""
+    schemas = [{"type": "object", "properties": {function["name"]: function.get("parameters") or {"type": "object"}},
+                "required": [function["name"]], "additionalProperties": False} for function in offered]
+    return from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
+
+
+def _read_named_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """Apertus' list of `{"NAME": arguments}` calls."""
+    try:
+        calls = json.loads(body)
+    except ValueError:
+        raise InputError(f"the model wrote tool calls that are not a JSON list: {body[:80]!r}") from None
+    if not isinstance(calls, list) or not calls or not all(
+            isinstance(call, dict) and len(call) == 1 and isinstance(next(iter(call.values())), dict) for call in calls):
+        raise InputError(f"the model wrote a list without calls of a name and arguments: {body[:80]!r}")
+    return [next(iter(call.items())) for call in calls]
 
 
 # Command R7B's: after its plan (<|START_THINKING|>), a JSON list of calls between two control tokens, each
@@ -791,6 +819,7 @@ _FORMS = {
                            _alone(partial(_read_markup, _QWEN_XML))),
     ToolFormat.APRIEL: _json_list("<tool_calls>", "</tool_calls>"),
     ToolFormat.NEMOTRON: _json_list("<TOOLCALL>", "</TOOLCALL>"),
+    ToolFormat.APERTUS: _json_list(*_APERTUS, _apertus_rules, _read_named_calls),
     ToolFormat.COMMAND_R7B: _Form(*_COHERE_ACTION, None, "parameters", (r"(<\|START_ACTION\|>)",),
                                   _COHERE_BLOCK.format(calls="call"), _COHERE_BLOCK.format(calls='call ("," indent call)*'),
                                   _cohere_rules, partial(_read_json_calls, name="tool_name", arguments="parameters")),
@@ -824,7 +853,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
             ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"},
             ToolFormat.COMMAND_R7B: set(_COHERE_ACTION), ToolFormat.DSML_FUNCTIONS: {_DSML_MARK},
-            ToolFormat.DSML: {_DSML_MARK}}
+            ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS)}
 
 
 def new_id(form: ToolFormat) -> str:

@@ -170,6 +170,10 @@ THINKERS = {
     "deepseek-v4": ("deepseek-v4.jinja", ("<think>", "</think>", "｜DSML｜"),
                     ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
     "minicpm5": ("minicpm5.jinja", ("<think>", "</think>"), ("<|im_start|>", "<|im_end|>")),
+    "apertus": ("apertus.jinja", (),
+                ("<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>", "<|user_start|>",
+                 "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>", "<|inner_prefix|>", "<|inner_suffix|>",
+                 "<|tools_prefix|>", "<|tools_suffix|>")),
 }
 
 

@@ -56,7 +56,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.COMMAND_R7B: (REAL / "command-r7b.jinja").read_text(),
              ToolFormat.DSML_FUNCTIONS: (REAL / "deepseek-v3.2.jinja").read_text(),
              ToolFormat.DSML: (REAL / "deepseek-v4.jinja").read_text(),
-             ToolFormat.MINICPM5: (REAL / "minicpm5.jinja").read_text()}
+             ToolFormat.MINICPM5: (REAL / "minicpm5.jinja").read_text(),
+             ToolFormat.APERTUS: (REAL / "apertus.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -163,6 +164,9 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
      '  x = "</function>"]]></param><param name="name">Bob</param></function>\n<function name="g"></function>',
      "Let me look.", [("f", {"a": 1, "code": 'if a < b:\n  x = "</function>"', "name": "Bob"}), ("g", {})]),
     (ToolFormat.MINICPM5, "a <function of my own", "a <function of my own", []),
+    # Apertus': a list of calls, each an object of one key, the name (its markers control tokens, written in by shown())
+    (ToolFormat.APERTUS, 'Sure.<|tools_prefix|>[{"special_function": {"arg1": 1}}, {"empty_args": {}}]<|tools_suffix|>',
+     "Sure.", [("special_function", {"arg1": 1}), ("empty_args", {})]),
     # Kimi K2's: a section of calls, each's id what it writes before its arguments (its markers are control tokens,
     # which the session writes into the text for this reader)
     (ToolFormat.KIMI, 'Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
@@ -234,6 +238,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.KIMI, '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}'),
     (ToolFormat.DSML, '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true">x'),
     (ToolFormat.MINICPM5, '<function name="f"><param name="a">1</param>'),
+    (ToolFormat.APERTUS, '<|tools_prefix|>[{"f": {"a": 1}}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -520,7 +525,8 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
-                                    "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5"])
+                                    "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
+                                    "apertus"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
