@@ -87,7 +87,8 @@ class _Markup:
     value: tuple[str, str]
     end: str
     typed: tuple[str, str] | None = None
-    cdata: bool = False  # a string's value may come wrapped in <![CDATA[...]]> (MiniCPM5's, one holding <, & or a newline)
+    # a string's value may come wrapped in <![CDATA[...]]> (MiniCPM5's, where it holds <, & or a newline)
+    cdata: bool = False
 
     def key_closing(self, as_text: bool) -> str:
         return self.key[1] if self.typed is None else self.typed[0 if as_text else 1]
@@ -159,11 +160,10 @@ def tool_format(template: str | None) -> ToolFormat:
     raise InputError("this model's chat template writes tool calls in a form localspec does not read yet"
                      " (it reads Qwen's and Hermes' <tool_call>, Qwen3.5's, Qwen3-Coder's and Seed-OSS's <function=...>"
                      " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
-                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's <invoke>, DeepSeek V3.2's and V4's DSML <invoke>,"
-                     " MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists,"
-                     " Kimi K2's tool-call sections,"
-                     " LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and gpt-oss's"
-                     " harmony)")
+                     " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's and DeepSeek V3.2's and V4's (DSML)"
+                     " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
+                     " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and"
+                     " gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,8 @@ def _read_markup(m: _Markup, body: str, parameters: dict) -> tuple[str, dict]:
             return value[len("<![CDATA["):-len("]]>")]
         return _value(value, schema)
 
-    return name, {key.strip(): read(value, schemas.get(key.strip())) for key, value in re.findall(pattern, rest, re.DOTALL)}
+    return name, {key.strip(): read(value, schemas.get(key.strip()))
+                  for key, value in re.findall(pattern, rest, re.DOTALL)}
 
 
 def _read_invokes(m: _Markup, body: str, parameters: dict) -> list[tuple[str, dict]]:
@@ -786,8 +787,7 @@ _QWEN_XML = _Markup(("<function=", ">"), ("<parameter=", ">"), ("", "</parameter
 _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>"), "")
 # MiniMax-M2's: its calls are <invoke>s, one after another inside one <minimax:tool_call> block
 _MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
-_MINIMAX_BLOCK = '"<minimax:tool_call>" ws {calls} ws "</minimax:tool_call>"'
-_MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
+# MiniCPM5's: calls one after another, no block around them
 _MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
 # DeepSeek V3.2's and V4's DSML: MiniMax's <invoke>s under its own marker, each key saying how its value is written
 _DSML_MARK = "｜DSML｜"
@@ -795,12 +795,12 @@ _DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter
                 ("", f"</{_DSML_MARK}parameter>"), f"</{_DSML_MARK}invoke>", ('" string="true">', '" string="false">'))
 
 
-def _dsml(block: str) -> _Form:
-    opening, closing = f"<{_DSML_MARK}{block}>", f"</{_DSML_MARK}{block}>"
+def _invokes(markup: _Markup, opening: str, closing: str) -> _Form:
+    """A form whose calls are <invoke>s one after another in blocks between two markers (MiniMax's, DeepSeek's)."""
     calls = f'"{opening}" ws {{calls}} ws "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), calls.format(calls="call"),
                  f'{calls.format(calls="call (ws call)*")} (ws {calls.format(calls="call (ws call)*")})*',
-                 partial(_markup_rules, _DSML), partial(_read_invokes, _DSML))
+                 partial(_markup_rules, markup), partial(_read_invokes, markup))
 
 
 _FORMS = {
@@ -831,16 +831,13 @@ _FORMS = {
     ToolFormat.GEMMA4: _Form("<|tool_call>", "<tool_call|>", None, "arguments", (r"(<\|tool_call>)",), _GEMMA_BLOCK,
                              f"{_GEMMA_BLOCK} (ws {_GEMMA_BLOCK})*", _gemma_rules,
                              _alone(lambda body, parameters: _read_gemma(body))),  # (its strings are marked as such)
-    ToolFormat.MINIMAX: _Form("<minimax:tool_call>", "</minimax:tool_call>", None, "arguments",
-                              (r"(<minimax:tool_call>)",), _MINIMAX_BLOCK.format(calls="call"),
-                              f'{_MINIMAX_BLOCK.format(calls="call (ws call)*")} (ws {_MINIMAX_BLOCK.format(calls="call (ws call)*")})*',
-                              partial(_markup_rules, _MINIMAX), partial(_read_invokes, _MINIMAX)),
-    # MiniCPM5's calls one after another, no block around them; a call's text read without its opening and closing
+    ToolFormat.MINIMAX: _invokes(_MINIMAX, "<minimax:tool_call>", "</minimax:tool_call>"),
+    # (a call's text read without its opening and closing)
     ToolFormat.MINICPM5: _Form('<function name="', "</function>", None, "arguments", (r'(<function name=")',), "call",
                                "call (ws call)*", partial(_markup_rules, _MINICPM5),
                                _alone(partial(_read_markup, replace(_MINICPM5, name=("", '">'), end=""))), cdata=True),
-    ToolFormat.DSML_FUNCTIONS: _dsml("function_calls"),
-    ToolFormat.DSML: _dsml("tool_calls"),
+    ToolFormat.DSML_FUNCTIONS: _invokes(_DSML, f"<{_DSML_MARK}function_calls>", f"</{_DSML_MARK}function_calls>"),
+    ToolFormat.DSML: _invokes(_DSML, f"<{_DSML_MARK}tool_calls>", f"</{_DSML_MARK}tool_calls>"),
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
                            f'"{_KIMI_SECTION[0]}" call "{_KIMI_SECTION[1]}"',
                            f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls),
