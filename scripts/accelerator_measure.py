@@ -1095,7 +1095,8 @@ def markdown(report: dict) -> str:
             lines += [f"-ngl auto with {f['margin'] / 2**20:,.0f} MiB left free: {f['target_layers']} of the target's"
                       f" {f['target_of']} layers and {f['draft_layers']} of the draft's {f['draft_of']} on the GPU;"
                       f" expected {f['expected'] / 2**20:,.0f} MiB there, the load took {f['taken'] / 2**20:,.0f} MiB;"
-                      f" text {'the same as' if f['same_text'] else 'NOT the same as'} with every layer there.", ""]
+                      f" greedy text {'the same as' if f['same_text'] else 'other than'} with every layer there"
+                      " (the CPU's kernels and the GPU's may round apart).", ""]
         if "policy" in stages:
             lines += _policy_lines(t["policy"])
             if t.get("auto_costs"):
