@@ -221,9 +221,9 @@ def test_ps_says_how_long_a_process_has_held_its_models():
     assert [tui.duration_text(s) for s in (3.2, 125, 7500, 90000, 200000)] == [
         "3 s", "2 min", "2 h 05 min", "1 day 1 h", "2 days 7 h"]
     console = Console(record=True, width=100)
-    tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)",
+    tui.ps_table([{"pid": 42, "command": "serve", "uptime": 7500, "model": "m.gguf (n-gram lookup)", "on_gpu": 0.0,
                    "address": "http://127.0.0.1:8080/v1"}], console)
-    assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  http://127.0.0.1:8080/v1" in console.export_text()
+    assert "42   serve    2 h 05 min  m.gguf (n-gram lookup)  100% CPU   http://127.0.0.1:8080/v1" in console.export_text()
 
 
 def test_ps_lists_the_models_a_serve_loaded_on_demand_and_when_each_goes():
@@ -233,11 +233,11 @@ def test_ps_lists_the_models_a_serve_loaded_on_demand_and_when_each_goes():
     console = Console(record=True, width=120)
     tui.ps_table([{"pid": 42, "command": "serve", "uptime": 60, "model": "m.gguf (auto)", "address": "http://h:1/v1",
                    "loaded": [{"name": "m", "expires_at": "9999-12-31T23:59:59Z"},
-                              {"name": "gemma3-270m", "expires_at": soon},
+                              {"name": "gemma3-270m", "expires_at": soon, "on_gpu": 0.52},
                               {"name": "kept", "expires_at": "9999-12-31T23:59:59Z"},
                               {"name": "old", "expires_at": "2020-01-01T00:00:00Z"}]}], console)
     text = console.export_text()
-    assert "+ m " not in text and "+ gemma3-270m (on demand; unloads in 2 min)" in text
+    assert "+ m " not in text and "+ gemma3-270m (on demand; unloads in 2 min)  48%/52% CPU/GPU" in text
     assert "+ kept (on demand; stays while serve runs)" in text and "+ old (on demand; unloads once idle)" in text
 
 
