@@ -272,6 +272,21 @@ def test_auto_fits_the_draft_first_and_then_as_many_target_layers_as_the_gpus_fr
     assert (cpu.target.gpu_layers, cpu.draft.gpu_layers, cpu.notes) == (-1, -1, [])
 
 
+def test_a_session_placed_so_says_its_fitting_and_loads_the_count_fitted(tiny):
+    """The note reaches the session's notes (which run prints and serve logs), and the model loads with the
+    count (on this CPU build llama.cpp keeps the layers on the CPU whatever the count)."""
+    from localspec.store.placement import Placement
+
+    target = gguf_meta.read(tiny["target"])
+    runtime = Runtime(ctx_size=512)
+    free = runtime.fit_margin + hardware.layer_bytes(target, 512 + runtime.prompt_batch).on_devices(2) + 1000
+    placement = Placement.plan(runtime, target, machine=gpu_machine(free))
+    with Session(tiny["target"], None, runtime, Speculation(drafting=DrafterKind.PLAIN), placement) as session:
+        assert session.notes[0].startswith(f"2 of {target.path.name}'s 3 layers on CUDA0, as many as")
+        assert session.placement()["target"]["layers_on_gpu"] == 2
+        assert session.complete("the cat", raw=True).text
+
+
 def test_layers_asked_for_beyond_the_gpus_free_memory_are_refused_or_said_with_the_count_that_fits(tiny):
     """Where their weights and caches alone cannot fit, refused before loading; where only the compute
     buffers' estimate goes past the free memory, llama.cpp tries, and a note says the count that fits."""
