@@ -3,6 +3,8 @@ of real shapes with random weights, and each measurement side by side in one run
 
 import cProfile
 import hashlib
+import importlib.machinery
+import importlib.util
 import io
 import json
 import os
@@ -74,9 +76,18 @@ PARALLEL = 4  # sequences generating at once in the parallel measurement (serve'
 # Real drafters' steps, (drafted, accepted), replayed on the device: scripts/predict_gpu.py --steps wrote them
 # from the Qwen pair's recorded replies on this project's CPU, auto choosing by the H200's held curve.
 REPLAYED_STEPS = ROOT / "docs" / "examples" / "replayed-steps.json"
+REPORT_SCRIPT = ROOT / "scripts" / "accelerator-report"
 REPLAYED_SETS = ("humaneval", "humaneval-edit", "mtbench-2turn")
 REPLAYED_DRAFTERS = ("ngram", "auto")
 FIXED_ROWS = (4, 9)  # verification lengths every step is padded to (drafts longer than rows - 1 cut to it)
+
+
+def report_script():
+    """scripts/accelerator-report as a module (its file name is no module's): its sizes and helpers."""
+    loader = importlib.machinery.SourceFileLoader("accelerator_report", str(REPORT_SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def say(text: str) -> None:

@@ -14,8 +14,6 @@ its speed; auto's work beyond plain's read 77 us a step in the lent H200's floor
 """
 
 import argparse
-import importlib.machinery
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,15 +25,6 @@ import accelerator_measure as measure
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sizes() -> dict:
-    """The accelerator report's sizes (its script is not a module)."""
-    loader = importlib.machinery.SourceFileLoader("accelerator_report", str(ROOT / "scripts" / "accelerator-report"))
-    spec = importlib.util.spec_from_loader("accelerator_report", loader)
-    report = importlib.util.module_from_spec(spec)
-    loader.exec_module(report)
-    return report.SIZES
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="smallest", help="the accelerator report's size (default: smallest)")
@@ -44,7 +33,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sampled", action="store_true", help="the report's host stage instead of the floor")
     args = parser.parse_args()
-    size = replace(sizes()[args.size], tokens=args.tokens, prompts=args.prompts)
+    size = replace(measure.report_script().SIZES[args.size], tokens=args.tokens, prompts=args.prompts)
     pair = measure.Pair(0, size.pairs[0], size, ROOT / "build" / "host-steps")
     if args.sampled:
         sampled(pair, args.repeats)

@@ -1,8 +1,6 @@
 """scripts/accelerator-report: its arithmetic and models, its smallest run on this CPU (so the report cannot
 rot between the GPUs we are lent), and the trimmed sdist it packs for a lent device, built and measured here."""
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,19 +16,11 @@ from localspec.config import Sampling
 from localspec.engine.model import Model
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "accelerator-report"
 sys.path.insert(0, str(ROOT / "scripts"))
 import accelerator_measure as measure
 
-
-def _script():
-    loader = importlib.machinery.SourceFileLoader("accelerator_report", str(SCRIPT))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
-
-
-report = _script()
+SCRIPT = measure.REPORT_SCRIPT
+report = measure.report_script()
 
 
 def run_report(*args, timeout=600) -> subprocess.CompletedProcess:
