@@ -32,7 +32,7 @@ def test_the_drafter_reads_its_block_size_and_mask_from_its_file(dflash, tiny):
     report = compat.check(target, drafter)
     assert report.compatible and "the inputs of target layers 0, 1" in {rule.detail for rule in report.rules}
     # DSpark (a Markov head) and DFlash2 (a selector) draft otherwise, and are refused; so is a drafter with no mask
-    dspark = replace(drafter, tensor_names=drafter.tensor_names | {"markov_w1.weight"})
+    dspark = replace(drafter, tensor_bytes=drafter.tensor_bytes | {"markov_w1.weight": 0})
     dflash2 = replace(drafter, metadata={**drafter.metadata, "dflash.selector_top_k": 8})
     unmasked = replace(drafter, metadata={k: v for k, v in drafter.metadata.items() if "mask_token" not in k})
     for refused, why in ((dspark, "DSpark or DFlash2"), (dflash2, "DSpark or DFlash2"), (unmasked, "no mask token")):

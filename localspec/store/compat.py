@@ -157,7 +157,7 @@ def _hidden_states(target: GGUFInfo, draft: GGUFInfo) -> Rule:
     last = n_layer if eagle3 and target.architecture in LAST_HIDDEN_ARCHITECTURES else n_layer - 1
     if not isinstance(n_layer, int) or max(layers) > last:
         return Rule(name, False, f"the drafter reads layer {max(layers)}, the target has {n_layer} layers")
-    if not eagle3 and ("markov_w1.weight" in draft.tensor_names or draft.arch("selector_top_k", 0) > 0):
+    if not eagle3 and ("markov_w1.weight" in draft.tensor_bytes or draft.arch("selector_top_k", 0) > 0):
         return Rule(name, False, "a DSpark or DFlash2 drafter (llama.cpp's draft-dspark), which localspec does not"
                     " run yet")
     if not eagle3 and draft.get("tokenizer.ggml.mask_token_id") is None:

@@ -106,8 +106,8 @@ class GGUFInfo:
     token_digest: str | None
     merges_digest: str | None
     trunk: bool = True  # whether it holds its first layer's weights (an MTP sidecar holds only its MTP block)
-    tensor_names: frozenset[str] = field(default=frozenset(), repr=False)
-    # each tensor's bytes in the file, by name: what a layer weighs where llama.cpp places it
+    # each tensor's bytes in the file, by name (what a layer weighs where llama.cpp places it; its keys, which
+    # tensors the file has)
     tensor_bytes: dict[str, int] = field(default_factory=dict, repr=False)
 
     def get(self, key: str, default=None):
@@ -361,7 +361,6 @@ class _Reader:
             token_digest=self._digest(metadata.get("tokenizer.ggml.tokens")),
             merges_digest=self._digest(metadata.get("tokenizer.ggml.merges")),
             trunk=any(name.startswith("blk.0.") for name in sizes) or not any(name.startswith("blk.") for name in sizes),
-            tensor_names=frozenset(sizes),
             tensor_bytes=sizes,
         )
 
