@@ -21,7 +21,7 @@ _EXPORTS = {
     "speculating": "drafting",
     "Request": "request",
     **dict.fromkeys(("Scheduler", "Running", "ENDED"), "scheduler"),
-    **dict.fromkeys(("Sampling", "Limits", "Runtime", "Rope", "Speculation", "DrafterKind", "Thinking"), "config"),
+    **dict.fromkeys(("Sampling", "Limits", "Runtime", "Rope", "Adapter", "Speculation", "DrafterKind", "Thinking"), "config"),
     **dict.fromkeys(("Event", "Reading", "Prefill", "Token", "Step", "Done"), "events"),
     **dict.fromkeys(("Recorder", "Summary"), "stats"),
     **dict.fromkeys(("LocalspecError", "UsageError", "InputError"), "errors"),

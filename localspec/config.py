@@ -373,6 +373,19 @@ class Rope:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter the target computes with (llama.cpp's --lora, --lora-scaled): its GGUF and how much of it
+    (0: loaded, not applied, until a request or serve's POST /lora-adapters asks for it)."""
+
+    path: str
+    scale: float = 1.0
+
+    def __post_init__(self):
+        if not math.isfinite(self.scale):
+            raise UsageError(f"--lora-scaled {self.path}: a scale is a number, got {self.scale}")
+
+
+@dataclass(frozen=True)
 class Runtime:
     """Resources for the llama.cpp contexts. gpu_layers: the target's layers on the GPUs, -1 every one; None
     (auto, llama.cpp's -ngl auto): as many as the offload devices' free memory holds, leaving fit_margin bytes
@@ -433,6 +446,9 @@ class Runtime:
     # The shortest run of cached tokens a prompt's reading shifts into place past where it departs from the cache
     # (llama-server's --cache-reuse; 0: none)
     cache_reuse: int = 0
+    # LoRA adapters applied to the target (never to a draft model: drafts stay the draft's own, and verification
+    # keeps the output the adapted target's), in the order serve's /lora-adapters numbers them
+    lora: tuple[Adapter, ...] = ()
 
     def __post_init__(self):
         if 0 < self.ctx_size < 8 or self.ctx_size < 0:

@@ -10,6 +10,7 @@ from pathlib import Path
 from . import paths, store
 from .config import AUTO_PARALLEL, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, DrafterKind, Rope, Runtime, Speculation
 from .engine import rpc
+from .engine.adapters import Adapters
 from .engine.backend import Context
 from .engine.model import Model
 from .engine.prompt_cache import PromptCache
@@ -117,8 +118,8 @@ def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, by
 @dataclass
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
-    it), the costly drafters its drafting plan made, each on a context of its own; the plan and the
-    speculation as the loaded models left them; settings: what decides how llama.cpp computes, and so
+    it), the LoRA adapters loaded for the target (applied by the session), the costly drafters its drafting plan
+    made, each on a context of its own; the plan and the speculation as the loaded models left them; settings: what decides how llama.cpp computes, and so
     auto's costs; notes: what was done other than asked, for the CLI to print."""
 
     placement: Placement
@@ -127,6 +128,7 @@ class Loaded:
     target_model: Model
     target: Context
     sequences: list[Context]
+    adapters: Adapters
     costly: dict[DrafterSpec, CostlyDrafter]
     settings: dict
     notes: list[str]
@@ -180,6 +182,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
                "split_mode": runtime.split_mode, "main_gpu": runtime.main_gpu}
     target_model = own(Model(target, placed.gpu_layers, placed.devices, load_mtp=plan.target_mtp,
                              tensor_split=placed.tensor_split, tensor_overrides=runtime.tensor_overrides, **loading))
+    adapters = own(Adapters(target_model, [adapter.path for adapter in runtime.lora],
+                            [adapter.scale for adapter in runtime.lora]))
     # the drafters' own files, loaded before the target's context, which keeps the hidden states they read
     # (a draft on the devices named for it splits by layers over them, as llama.cpp's)
     draft_loading = loading | ({"split_mode": "layer", "main_gpu": 0} if placement.draft and placement.draft.devices
@@ -225,9 +229,12 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
-    # Nor the layers' fitting, only the counts it came to.
+    # Nor the layers' fitting, only the counts it came to; nor the adapters' scales, only which are loaded.
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
                                  draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
                 "backend_sampling": on_backend}
-    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"], settings["fit_margin"]
-    return Loaded(placement, plan, speculation, target_model, target_context, sequences, costly, settings, notes)
+    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"], settings["fit_margin"], settings["lora"]
+    if runtime.lora:
+        settings["lora"] = [adapter.path for adapter in runtime.lora]
+    return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, costly, settings,
+                  notes)

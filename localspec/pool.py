@@ -189,9 +189,10 @@ class Pool:
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")
         started = time.perf_counter()
-        # (RoPE's scaling is the first model's: another's file says its own)
+        # (RoPE's scaling and the LoRA adapters are the first model's: another's file says its own RoPE, and an
+        # adapter is made for one model)
         session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None,
-                                          replace(self.runtime, rope=Rope()), speculation, True)
+                                          replace(self.runtime, rope=Rope(), lora=()), speculation, True)
         await asyncio.to_thread(session.warm)
         served = Served(wanted.name, session, Service(session, self.queue, self.log, self.metrics), self.keep_alive)
         self.loaded[wanted.path] = served

@@ -28,7 +28,9 @@ class Request:
     (serve's per-request speculation): plain for one request leaves the others drafting.
     client: whose request it is (serve's API key): it drafts only from its own client's earlier answers
     and reuses no cache another client filled. continues: token ids the prompt follows, read before it (an
-    earlier exchange as Ollama's `context` hands it back: its prompt's tokens and its answer's)."""
+    earlier exchange as Ollama's `context` hands it back: its prompt's tokens and its answer's). lora: the
+    LoRA adapters' scales it is answered with, by adapter id (the order they were loaded in; those not named
+    0, as llama-server's `lora` field); None: the session's own (--lora's, or serve's POST /lora-adapters')."""
 
     sampling: Sampling = Sampling()
     limits: Limits = Limits()
@@ -43,6 +45,7 @@ class Request:
     drafting: DrafterKind | None = None
     draft_max: int | None = None
     continues: list[int] | None = None
+    lora: dict[int, float] | None = None
 
     @property
     def characters(self) -> int:

@@ -4,7 +4,8 @@ runs several at once: serve's worker, batch --parallel, a program.
 add() starts a request on the free sequence whose cache holds most of its prompt; step() decodes one
 step of every running generation in one batch and hands out what each made; drop() stops one. A
 generation that fails ends alone, and its sequence's cache is emptied where the failure may have left a
-half-made step in it.
+half-made step in it. Requests that ask for other LoRA adapters' scales than those running wait (admits()):
+one context computes with one set of scales at a time, as llama-server batches only requests of the same.
 """
 
 from collections.abc import Iterator
@@ -51,11 +52,22 @@ class Scheduler:
         """Whether every sequence is generating."""
         return len(self.running) >= len(self.session.sequences)
 
+    def admits(self, request: Request) -> bool:
+        """Whether the request may start beside those running: it computes with the same adapters' scales, or
+        none runs (one that names an adapter not loaded is admitted, to be refused by add())."""
+        try:
+            return not self.running or self.session.lora_scales(request) == self.session.lora_applied
+        except UsageError:
+            return True
+
     def add(self, request: Request, recorder: Recorder | None = None) -> Running:
         """Start a request on the free sequence whose cache holds most of its prompt (of those its client
         may reuse); its events are folded into recorder (a new one by default). A request refused
-        (InputError, ContextOverflow, ...) raises, with nothing started."""
+        (InputError, ContextOverflow, ...) raises, with nothing started; so does one not admitted (UsageError)."""
         session = self.session
+        if not self.admits(request):
+            raise UsageError("this request's LoRA scales differ from those of the requests generating now: add it"
+                             " once they end (Scheduler.admits)", setting="lora")
         prepared = session.prepare(request)
         sequence = session.sequence_for(prepared.tokens, busy=self.running, client=request.client)
         self._together.add(sequence, session.generation(prepared, sequence))

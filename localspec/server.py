@@ -118,6 +118,8 @@ class Server:
             ("/props", "GET", LLAMA_SERVER, self.llama_props, True),
             ("/slots", "GET", LLAMA_SERVER, self.llama_slots, True),
             ("/slots/{id_slot}", "POST", LLAMA_SERVER, self.llama_slot_action, True),
+            ("/lora-adapters", "GET", LLAMA_SERVER, self.lora_adapters, True),
+            ("/lora-adapters", "POST", LLAMA_SERVER, self.set_lora_adapters, True),
             ("/tokenizer_info", "GET", LLAMA_SERVER, self.tokenizer_info, True),  # (vLLM's)
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
@@ -550,6 +552,21 @@ class Server:
         return JSONResponse(llama_server.slot_acted(action, int(sequence), path and path.name, *job.acted,
                                                     job.seconds))
 
+    async def lora_adapters(self, request: Request, client: str | None) -> Response:
+        """llama-server's GET /lora-adapters: the LoRA adapters loaded (--lora), by id, with the scale each
+        request that names none computes with."""
+        served = await self._model(request.query_params.get("model"))
+        return JSONResponse(llama_server.lora_adapters(served.session))
+
+    async def set_lora_adapters(self, request: Request, client: str | None) -> Response:
+        """llama-server's POST /lora-adapters: [{id, scale}, ...] the scales every request that names none
+        computes with from now on (an adapter left out: 0); requests already running keep theirs."""
+        served = await self._model(request.query_params.get("model"))
+        served.session.adapters.scales = llama_server.lora_scales(await self._body(request, array=True),
+                                                                  served.session)
+        self.log(f"LoRA scales now {', '.join(f'{scale:g}' for scale in served.session.adapters.scales)}")
+        return JSONResponse({"success": True})
+
     async def tokenizer_info(self, request: Request, client: str | None) -> Response:
         """vLLM's: the special tokens and chat template of the model asked for (lm-eval's remote tokenizer)."""
         served = await self._model(request.query_params.get("model"))
@@ -688,7 +705,7 @@ class Server:
                  f" {room} tokens of the context of {n_ctx} for the answer")
         return replace(parsed, request=replace(asked, messages=kept))
 
-    async def _body(self, request: Request) -> dict:
+    async def _body(self, request: Request, array: bool = False) -> dict | list:
         limit = self.serving.max_body
         too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
         length = request.headers.get("content-length", "")
@@ -709,8 +726,8 @@ class Server:
             body = json.loads(data)
         except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
             raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        if not isinstance(body, list if array else dict):
+            raise ApiError(400, f"the request body must be a JSON {'array' if array else 'object'}", code="invalid_json")
         return body
 
     async def _respond(self, request: Request, client: str | None, parsed: Parsed, answering: Answering,

@@ -141,6 +141,7 @@ class Service:
         self._closing = False
         self._seconds_per_job: float | None = None
         self._running: dict[int, Job] = {}  # by the sequence each generates on
+        self._next: Job | None = None  # taken from the queue, waiting for the running ones to end (Scheduler.admits)
         self.stopped: str | None = None  # why the worker stopped, if it did (one line)
         self._thread = threading.Thread(target=self._work, name="localspec-generation")
         self._thread.start()
@@ -191,7 +192,7 @@ class Service:
         with self._lock:
             self._closing = True
         with self._jobs.mutex:
-            waiting = list(self._jobs.queue)
+            waiting = [self._next, *self._jobs.queue]
         for job in [*waiting, *list(self._running.values())]:
             if job is not None:
                 job.cancel()
@@ -214,8 +215,9 @@ class Service:
         with self._lock:
             self.stopped = f"the generation worker stopped: {type(error).__name__}: {error}".splitlines()[0]
             self._closing = True
-        jobs = list(self._running.values())
+        jobs = list(self._running.values()) + ([self._next] if self._next else [])
         self._running.clear()
+        self._next = None
         with self._jobs.mutex:
             jobs += [job for job in self._jobs.queue if job is not None]
             self._jobs.queue.clear()
@@ -251,7 +253,7 @@ class Service:
         said to stop."""
         while not stopping and not scheduler.full:
             try:
-                job = self._jobs.get(block=not self._running)
+                job, self._next = self._next or self._jobs.get(block=not self._running), None
             except queue.Empty:
                 break
             if job is None:
@@ -259,6 +261,9 @@ class Service:
             if job.cancelled:  # its client left while it waited
                 self._finish(job)
                 continue
+            if isinstance(job.request, Request) and not scheduler.admits(job.request):
+                self._next = job  # (other LoRA scales: it, and those behind it, wait for the running ones to end)
+                break
             if self._start(job, scheduler):
                 break  # an embedding with inputs left: the generations running take their step first
         return stopping

@@ -136,6 +136,9 @@ class Session:
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
+            self.adapters = loaded.adapters
+            self.lora_applied = (0.0,) * len(self.adapters)  # the scales the target's context computes with
+            self._adapt(self.adapters.scales)
             self.load_seconds = time.perf_counter() - started  # the models' load (Ollama's load_duration)
         except BaseException:
             self.close()
@@ -281,6 +284,24 @@ class Session:
             view.truncate(0)
         self.drafting.reset(sequence)
 
+    def lora_scales(self, request: Request) -> tuple[float, ...]:
+        """The LoRA adapters' scales a request is answered with (UsageError for an adapter not loaded)."""
+        return self.adapters.scales_of(request.lora)
+
+    def _adapt(self, scales: tuple[float, ...]) -> None:
+        """Have the target compute with the adapters at these scales from now on. Its caches were read under
+        others: every one is emptied (nothing else may generate meanwhile: the Scheduler sees to it), and prompts
+        are read back from disk, and kept there, among those read under the same scales."""
+        if scales == self.lora_applied:
+            return
+        self.adapters.apply(self.target, scales)
+        self.lora_applied = scales
+        self.reset()
+        variant = self.adapters.variant(scales)
+        for view in self.sequences:
+            if view.prompt_cache is not None:
+                view.prompt_cache = view.prompt_cache.beside(variant)
+
     def _own(self, resource):
         self._owned.append(resource)
         return resource
@@ -323,6 +344,7 @@ class Session:
         with Turns between them where the session has several, for the Scheduler to decode the sequences'
         rows together."""
         request = prepared.request
+        self._adapt(self.lora_scales(request))
         if request.client is not None:  # it drafts from its own client's earlier answers only
             self.remember_as(request.client)
         speculation = self.speculation if request.draft_max is None else self._with_draft_max(request.draft_max)
@@ -365,7 +387,12 @@ class Session:
                                   " --ctx-size or score fewer")
         if not 1 <= start <= len(tokens):
             raise UsageError(f"start: a token from 1 to {len(tokens)} to score from, got {start}")
-        return scored(self._scoring_context(len(tokens)), tokens, top, start)
+        context = self._scoring_context(len(tokens))
+        if context is self.target:
+            self._adapt(self.adapters.scales)
+        else:
+            self.adapters.apply(context, self.adapters.scales)
+        return scored(context, tokens, top, start)
 
     def _scoring_context(self, n: int) -> Context:
         # a recurrent state takes rows back only as far as it keeps snapshots, which a context of all rows would

@@ -150,7 +150,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--chat-template-kwargs", '{{"enable_thinking": "no"}}'], "enable_thinking is true or"),
         (["{target}", "-p", "x", "--rope-scale", "2", "--rope-freq-scale", "0.5"], "each set the same factor"),
         (["{target}", "-p", "x", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx must be > 0"),
-        (["{target}", "-p", "x", "--lora", "{notgguf}"], "applies no LoRA adapter"),
+        (["{target}", "-p", "x", "--lora", "{notgguf}"], "is not a GGUF LoRA adapter file"),
         (["{target}", "-p", "x", "-t", "1", "-tb", "2"], "--threads-batch 2: localspec reads prompts and generates"),
         (["{target}", "-p", "x", "-ctv", "q8_0", "-fa", "off"], "--cache-type-v q8_0 needs flash attention"),
         # (llama.cpp failed to make the context: "out of memory?" was all that was said)

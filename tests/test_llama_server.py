@@ -248,7 +248,7 @@ def test_infill_reads_the_prompt_llama_server_would_and_refuses_what_it_refuses(
                         ({"input_extra": [{"filename": 123, "text": "abc"}]}, "input_extra.0.filename"),
                         ({"input_extra": [{"filename": 123, "text": 456}]}, "input_extra.0"),
                         ({"input_suffix": None}, "input_suffix"), ({"n_cmpl": 17}, "n_cmpl"),
-                        ({"lora": [{"id": 0, "scale": 1}]}, "lora is not supported"),
+                        ({"lora": [{"id": 0, "scale": 1}]}, "lora: no adapter 0 is loaded (none: give serve --lora FILE"),
                         ({"mirostat": 3}, "mirostat must be 0 (off), 1 or 2")):
         refused = httpx.post(server.base + "/infill", json={k: v for k, v in (asked | wrong).items() if v is not None},
                              timeout=60)

@@ -28,6 +28,7 @@ from ..session import Session, open_session
 from ..stats import INTERRUPTED
 from .app import command
 from .options import (
+    ADAPTER_OPTIONS,
     DEFAULT_RUNTIME,
     GENERATION_OPTIONS,
     LIMIT_OPTIONS,
@@ -459,6 +460,7 @@ def batch(
     )
 )
 @with_options(MODEL_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS, RESOURCE_OPTIONS, RPC_OPTIONS,
+              ADAPTER_OPTIONS,
               temp=0.0, seed=0, max_tokens=128)
 def bench(
     settings: Settings,
@@ -529,7 +531,7 @@ def bench(
     )
 )
 @with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")}, RESOURCE_OPTIONS, RPC_OPTIONS,
-              ctx_size=512)
+              ADAPTER_OPTIONS, ctx_size=512)
 def perplexity(
     settings: Settings,
     file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",

@@ -20,6 +20,7 @@ from .. import paths, store
 from ..store import Preset, hardware
 from ..config import (
     AUTO_PARALLEL,
+    Adapter,
     DEFAULT_BRANCHES,
     DrafterKind,
     Limits,
@@ -48,6 +49,7 @@ RESOURCES = "Resources"
 THINKING = "Thinking (reasoning models)"
 TEMPLATE = "Chat template"
 ROPE = "Longer contexts (RoPE scaling)"
+ADAPTERS = "LoRA adapters"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -417,6 +419,20 @@ RPC_OPTIONS = {
         "--tensor-split", "-ts", help="Shares of the offloaded layers per device, in `localspec doctor`'s order,"
         " e.g. 3,1. Default: by free memory.", show_default=False, rich_help_panel=RESOURCES)], None),
 }
+ADAPTER_OPTIONS = {
+    "lora": (Annotated[Optional[list[str]], typer.Option(
+        "--lora", metavar="FILE[,FILE]", help="A LoRA adapter the target computes with (a GGUF made for its"
+        " architecture, as llama.cpp's convert_lora_to_gguf.py writes one), at scale 1; comma-separated or repeated"
+        " for several. The draft stays as it is: the text is the adapted target's, and drafts are accepted less"
+        " often the more the adapter changes it.", show_default=False, rich_help_panel=ADAPTERS)], None),
+    "lora_scaled": (Annotated[Optional[list[str]], typer.Option(
+        "--lora-scaled", metavar="FILE:SCALE[,...]", help="The same at a scale of your own (0.5: half the"
+        " adapter's change). serve numbers the adapters from 0, --lora's first, then --lora-scaled's.",
+        show_default=False, rich_help_panel=ADAPTERS)], None),
+    "lora_init_without_apply": (Annotated[bool, typer.Option(
+        "--lora-init-without-apply", help="Load the adapters at scale 0, to be applied by serve's requests (their"
+        " lora field) or POST /lora-adapters, as llama-server's.", rich_help_panel=ADAPTERS)], False),
+}
 # serve's and batch's (their default: "auto")
 PARALLEL_OPTIONS = {
     "parallel": (Annotated[str, typer.Option(
@@ -451,7 +467,6 @@ LLAMA_CPP_OPTIONS = {
     "mmproj": (Annotated[Optional[str], typer.Option("--mmproj", "-mm", hidden=True)], None),
     "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", "--no-mmproj-auto", hidden=True)], False),
     "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
-    "lora": (Annotated[Optional[list[str]], typer.Option("--lora", hidden=True)], None),
 }
 
 
@@ -523,9 +538,8 @@ LLAMA_CPP_LACKS = {
                "--mmproj-offload", "--no-mmproj-offload", "--image-min-tokens", "--image-max-tokens",
                "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
                "--media-path"),
-    **_lacking("localspec applies no adapter or control vector; merge it into the GGUF first",
-               "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
-               "--control-vector-layer-range"),
+    **_lacking("localspec applies no control vector (LoRA adapters: --lora)", "--control-vector",
+               "--control-vector-scaled", "--control-vector-layer-range"),
     **_lacking("localspec fits the layers to the GPUs' free memory (--fit), never the context: it says what to"
                " lower where the context does not fit (`localspec doctor` shows it)", "-fitc", "--fit-ctx"),
     **_lacking("`localspec doctor` lists the devices", "--list-devices"),
@@ -596,7 +610,7 @@ LLAMA_CPP_LACKS = {
 
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
-                      RPC_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
+                      RPC_OPTIONS, ADAPTER_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
 # The environment variables llama.cpp's tools read for these options (its common/arg.cpp's set_env), read here too,
 # so that a llama-server container's settings carry over; the command line's own stand over them
 LLAMA_ARG_ENV = {
@@ -740,7 +754,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         mmap=o.mmap, mlock=o.mlock, parallel=_parallel(o.parallel),
                         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
                         draft_cache_type_k=o.draft_cache_type_k, draft_cache_type_v=o.draft_cache_type_v, rope=_rope(o),
-                        prompt_cache=_size(o.prompt_cache, "--prompt-cache"), cache_reuse=o.cache_reuse),
+                        prompt_cache=_size(o.prompt_cache, "--prompt-cache"), cache_reuse=o.cache_reuse,
+                        lora=_adapters(o.lora, o.lora_scaled, o.lora_init_without_apply)),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,
@@ -932,9 +947,6 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if o.mmproj is not None:
         raise UsageError("--mmproj: localspec reads text only (a multimodal projector is not loaded; images are"
                          " refused)")
-    if o.lora:
-        raise UsageError("--lora: localspec applies no LoRA adapter; merge it into the GGUF first (llama.cpp's"
-                         " llama-export-lora) and name that file")
     if o.context_shift:
         raise UsageError("--context-shift: localspec never shifts the context (it would drop the prompt's beginning"
                          " mid-answer); a generation ends at the context's end (finish reason length), and a chat"
@@ -982,6 +994,30 @@ def with_options(*groups: dict, before=None, **defaults):
         return with_settings
 
     return decorate
+
+
+def _adapters(plain: list[str] | None, scaled: list[str] | None, unapplied: bool) -> tuple[Adapter, ...]:
+    """--lora's files at scale 1, then --lora-scaled's FILE:SCALE (each option comma-separated or repeated, as
+    llama.cpp's); every scale 0 under --lora-init-without-apply."""
+    adapters = [(item, "1") for given in plain or () for item in given.split(",") if item]
+    for item in (item for given in scaled or () for item in given.split(",") if item):
+        path, colon, scale = item.rpartition(":")
+        if not colon or not path:
+            raise UsageError(f"--lora-scaled takes FILE:SCALE (llama.cpp's), got {item!r}")
+        adapters.append((path, scale))
+    if unapplied and not adapters:
+        raise UsageError("--lora-init-without-apply: give the adapters to load with --lora FILE")
+    made = []
+    for path, scale in adapters:
+        try:
+            number = float(scale)
+        except ValueError:
+            raise UsageError(f"--lora-scaled {path}: a scale is a number, got {scale!r}") from None
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise InputError(f"--lora {path}: no such file")
+        made.append(Adapter(str(file.resolve()), 0.0 if unapplied else number))
+    return tuple(made)
 
 
 SIZE_UNITS = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

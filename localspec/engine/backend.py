@@ -229,6 +229,11 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self._views.append(view)
         return view
 
+    @property
+    def handle(self):
+        """llama.cpp's context, which every sequence of it shares."""
+        return self._ctx
+
     def stop_keeping_hidden(self) -> None:
         """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states, in any sequence."""
         self.hidden.switch(self._ctx, False)

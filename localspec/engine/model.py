@@ -34,7 +34,7 @@ class Model:
         on the CPU, the rest on the GPU), the first pattern that finds a name deciding. split_mode, main_gpu:
         llama.cpp's -sm and -mg (how layers split across GPUs; the one GPU of split mode none)."""
         self.path = Path(path)
-        _check_is_gguf(self.path)
+        check_is_gguf(self.path)
         params = llama.llama_model_default_params()
         params.load_mode = _load_mode(mmap, mlock)
         params.n_gpu_layers = gpu_layers
@@ -279,13 +279,13 @@ def _load_mode(mmap: bool | None, mlock: bool) -> int:
     return {None: llama.LLAMA_LOAD_MODE_AUTO, True: llama.LLAMA_LOAD_MODE_MMAP, False: llama.LLAMA_LOAD_MODE_NONE}[mmap]
 
 
-def _check_is_gguf(path: Path) -> None:
+def check_is_gguf(path: Path, what: str = "model") -> None:
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
     except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not a GGUF model file") from None
+        raise InputError(f"{path} is a directory, not a GGUF {what} file") from None
     except OSError as error:
-        raise InputError(f"cannot read model file {path}: {error.strerror}") from None
+        raise InputError(f"cannot read {what} file {path}: {error.strerror}") from None
     if magic != GGUF_MAGIC:
-        raise InputError(f"{path} is not a GGUF model file")
+        raise InputError(f"{path} is not a GGUF {what} file")

@@ -175,7 +175,9 @@ class PromptCache:
         self._entries: dict[Path, tuple[int, Entry | None]] = {}  # by path: (mtime_ns, its entry) as last listed
         self._failed: set[Path] = set()  # files llama.cpp would not read into this model's context
         self._clients: dict[str, PromptCache] = {}
-        self._base = self
+        self._variants: dict[str, PromptCache] = {}
+        self._base = self._origin = self
+        self._client: str | None = None
 
     def of(self, client: str | None) -> "PromptCache":
         """The model's prompts of one client of a server (its API key), kept apart from every other client's, so
@@ -186,9 +188,21 @@ class PromptCache:
         if client not in base._clients:
             made = PromptCache(base.root, base.model, base.most_bytes, base.least_seconds,
                                base.folder / f"client-{hashlib.sha256(client.encode()).hexdigest()[:16]}")
-            made._base = base
+            made._base, made._origin, made._client = base, base._origin, client
             base._clients[client] = made
         return base._clients[client]
+
+    def beside(self, variant: str) -> "PromptCache":
+        """The model's prompts as read under other settings that change what a cache holds (LoRA adapters'
+        scales: Adapters.variant), kept in a folder of their own inside the one this was made for ("": its own),
+        of the same client's."""
+        origin = self._origin
+        if variant and variant not in origin._variants:
+            made = PromptCache(origin.root, origin.model, origin.most_bytes, origin.least_seconds,
+                               origin.folder / variant)
+            made._origin = origin
+            origin._variants[variant] = made
+        return (origin._variants[variant] if variant else origin).of(self._client)
 
     def entries(self) -> list[Entry]:
         """The files in the model's folder, their headers read once each."""

@@ -15,22 +15,22 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError
 
 from ..config import MOST_LOGPROBS, Limits, Sampling
+from ..errors import UsageError
 from ..events import Candidate, Logprobs, Reading, Token
 from ..prompts import output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, _Typed, ended_by,
-                     logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings, validated)
+from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
+                     ended_by, logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
 NEUTRAL = {
     "min_keep": (None, 0, 1),  # (at least this many candidates kept by top-p, min-p, typical and XTC)
-    "lora": (None, []),
     "multimodal_data": (None, []),
 }
 # /props' build_info, where llama-server names its llama.cpp build: this is not llama-server
@@ -90,7 +90,8 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
                                              max_tokens=1 if ahead else asked.n_predict, stop=asked.stop,
                                              grammar=output_grammar(asked.grammar, asked.json_schema))
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
-    return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults)),
+    return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults),
+                          **asked.adapted()),
                   asked.stream and not ahead, include_usage=False, fields=tuple(asked.response_fields or ()),
                   reads_ahead=ahead, token_ids=asked.return_tokens, prompts=prompts, choices=asked.n_cmpl,
                   shows_reading=asked.return_progress)
@@ -166,7 +167,7 @@ class Answer(Answering):
         r = job.recorder
         return {"index": self.index, "content": content, "tokens": list(tokens), "id_slot": job.sequence, "stop": True,
                 "model": self.model, "tokens_predicted": r.tokens, "tokens_evaluated": r.prompt_tokens,
-                "generation_settings": generation_settings(job.request.sampling, job.request.limits),
+                "generation_settings": generation_settings(job.request.sampling, job.request.limits, job.request.lora),
                 "has_new_line": "\n" in r.text, "truncated": r.finish_reason == "context", "stop_type": stop_type(job),
                 "stopping_word": r.stop_sequence or "", "tokens_cached": r.reused_prompt_tokens,
                 "timings": timings(job), "speculation": speculation(job)}
@@ -210,8 +211,9 @@ class Answer(Answering):
         return []
 
 
-def generation_settings(sampling: Sampling, limits: Limits) -> dict:
-    """The sampling settings under llama-server's names (its default_generation_settings.params)."""
+def generation_settings(sampling: Sampling, limits: Limits, lora: dict[int, float] | None = None) -> dict:
+    """The sampling settings under llama-server's names (its default_generation_settings.params); lora: the LoRA
+    adapters' scales by id, as the request named them."""
     return {"n_predict": -1 if limits.max_tokens is None else limits.max_tokens,
             "seed": -1 if sampling.seed is None else sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
@@ -231,12 +233,13 @@ def generation_settings(sampling: Sampling, limits: Limits) -> dict:
             "stop": list(limits.stop), "n_indent": limits.indent,
             "t_max_predict_ms": round(limits.seconds * 1000) if limits.seconds else 0, "n_probs": sampling.logprobs or 0,
             "post_sampling_probs": sampling.logprobs_sampled,
-            "grammar": sampling.grammar or "", "samplers": SAMPLERS}
+            "grammar": sampling.grammar or "", "samplers": SAMPLERS,
+            "lora": [{"id": index, "scale": scale} for index, scale in (lora or {}).items()]}
 
 
 def props(session: Session, defaults: Defaults, slots: int) -> dict:
     """GET /props: what llama-server says of itself, for the model a request names."""
-    params = generation_settings(defaults.sampling, defaults.limits)
+    params = generation_settings(defaults.sampling, defaults.limits, dict(enumerate(session.adapters.scales)))
     return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": session.info.n_ctx,
                                             "speculative": session.can_speculate, "is_processing": False,
                                             "params": params},
@@ -255,10 +258,36 @@ def slots(session: Session, defaults: Defaults, running: dict) -> list[dict]:
         most = -1 if limits.max_tokens is None else limits.max_tokens
         shown.append({"id": sequence, "id_task": -1, "n_ctx": session.sequences[sequence].n_ctx,
                       "speculative": session.can_speculate, "is_processing": request is not None,
-                      "params": generation_settings(sampling, limits),
+                      "params": generation_settings(sampling, limits, dict(enumerate(
+                          session.adapters.scales if request is None else session.lora_scales(request)))),
                       "next_token": {"has_next_token": request is not None, "has_new_line": False,
                                      "n_remain": -1 if most < 0 else max(0, most - decoded), "n_decoded": decoded}})
     return shown
+
+
+def lora_adapters(session: Session) -> list[dict]:
+    """GET /lora-adapters: the adapters loaded, by id, each with the scale a request naming none gets and what its
+    file says of its task (llama-server's fields)."""
+    adapters = session.adapters
+    return [{"id": index, "path": str(path), "scale": scale,
+             "task_name": adapters.meta(index, "adapter.lora.task_name"),
+             "prompt_prefix": adapters.meta(index, "adapter.lora.prompt_prefix")}
+            for index, (path, scale) in enumerate(zip(adapters.paths, adapters.scales))]
+
+
+def lora_scales(body: list, session: Session) -> tuple[float, ...]:
+    """POST /lora-adapters' body, [{id, scale}, ...], as every adapter's scale (those not listed 0); a 400 naming an
+    entry that is not one, or an adapter not loaded (llama-server passes over it)."""
+    try:
+        entries = TypeAdapter(list[LoraScale]).validate_python(body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
+    try:
+        return session.adapters.scales_of({entry.id: entry.scale for entry in entries})
+    except UsageError as error:
+        raise ApiError(400, str(error), param="id") from None
 
 
 FILENAME = re.compile(r"[^/\\:\x00-\x1f]{1,255}")

@@ -106,6 +106,13 @@ class Speculative(_Typed):
     draft_max: int | None = Field(None, ge=0)
 
 
+class LoraScale(_Typed):
+    """One adapter's scale for a request (llama-server's `lora` entries; GET /lora-adapters lists the ids)."""
+
+    id: int
+    scale: float
+
+
 DRY = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")
 XTC = ("xtc_probability", "xtc_threshold")
 ROW_SHAPED = ("typical_p", "dynatemp_range", "dynatemp_exponent", "top_n_sigma")
@@ -149,6 +156,11 @@ class Sampled(_Typed):
     grammar: str | None = None  # GBNF the output must follow
     json_schema: dict | bool | None = None  # a JSON schema the output must follow
     speculative: Speculative | None = None  # this request's own speculation
+    lora: list[LoraScale] | None = None  # the LoRA adapters' scales for this request (llama-server's)
+
+    def adapted(self) -> dict:
+        """The request's LoRA scales as Request's field (none where it names none)."""
+        return {} if self.lora is None else {"lora": {entry.id: entry.scale for entry in self.lora}}
 
     def sampled(self) -> dict:
         """The fields as overridden() takes them."""

@@ -1,0 +1,228 @@
+"""LoRA adapters on the target (llama.cpp's --lora, --lora-scaled, --lora-init-without-apply; llama-server's
+per-request `lora` and /lora-adapters): the adapted target's text, kept by every drafter; scales switched between
+requests without a cache read under other scales reused; refusals that name the file and why."""
+
+import threading
+
+import pytest
+
+import localspec
+from localspec.config import Adapter, DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine import prompt_cache
+from localspec.errors import InputError, ModelLoadError, UsageError
+from localspec.events import Prefill, Token
+from localspec.request import Request
+from localspec.service import FINISHED, Service
+from localspec.session import Session
+
+from tinylora import write_tiny_lora
+
+PROMPT = "the cat sat on the mat and the dog sat on the log"
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("lora")
+    return {"strong": write_tiny_lora(folder / "strong.gguf", seed=11),
+            "other": write_tiny_lora(folder / "other.gguf", seed=12),
+            "wide": write_tiny_lora(folder / "wide.gguf", seed=11, wrong_width=True),
+            "lfm2": write_tiny_lora(folder / "lfm2.gguf", seed=11, architecture="lfm2")}
+
+
+def greedy(session: Session, lora: dict | None = None, prompt: str = PROMPT, n: int = 24) -> list[int]:
+    events = session.generate(Request(Sampling(temperature=0), Limits(n), prompt=prompt, lora=lora))
+    return [event.id for event in events if isinstance(event, Token)]
+
+
+def opened(tiny, *adapters: Adapter, draft: str | None = None, mode=DrafterKind.PLAIN, **runtime) -> Session:
+    return Session(tiny["target"], tiny[draft] if draft else None, Runtime(ctx_size=512, lora=adapters, **runtime),
+                   Speculation(drafting=mode))
+
+
+def test_an_adapter_changes_the_text_and_every_drafter_keeps_the_adapted_targets(tiny, adapters):
+    with opened(tiny) as base:
+        plain_base = greedy(base)
+    strong = Adapter(str(adapters["strong"]))
+    with opened(tiny, strong) as adapted:
+        plain = greedy(adapted)
+    assert plain != plain_base
+    for draft, mode in ((None, DrafterKind.NGRAM), ("partial", DrafterKind.DRAFT), ("partial", DrafterKind.AUTO)):
+        with opened(tiny, strong, draft=draft, mode=mode) as session:
+            assert greedy(session) == plain, (draft, mode)
+            assert session.lora_applied == (1.0,)
+
+
+def test_scale_zero_is_the_base_model_and_a_half_is_neither(tiny, adapters):
+    with opened(tiny) as base:
+        plain_base = greedy(base)
+    path = str(adapters["strong"])
+    with opened(tiny, Adapter(path, 0.0)) as unapplied, opened(tiny, Adapter(path, 1.0)) as full:
+        assert greedy(unapplied) == plain_base
+        half = greedy(unapplied, lora={0: 0.5})
+        assert half not in (plain_base, greedy(full))
+
+
+def test_requests_switch_the_scales_and_never_reuse_a_cache_read_under_others(tiny, adapters):
+    with opened(tiny, Adapter(str(adapters["strong"])), Adapter(str(adapters["other"]), 0.0)) as session:
+        with opened(tiny) as base:
+            plain_base = greedy(base)
+        first = greedy(session)
+        # the same prompt again, the cache then holding all of it: read under scale 1, it would be reused at 0
+        assert greedy(session, lora={}) == plain_base
+        assert greedy(session, lora={0: 1.0}) == first == greedy(session)
+        both = greedy(session, lora={0: 1.0, 1: 1.0})
+        assert both != first and session.lora_applied == (1.0, 1.0)
+        with pytest.raises(UsageError, match=r"no adapter 2 is loaded \(ids 0 to 1"):
+            greedy(session, lora={2: 1.0})
+        with pytest.raises(UsageError, match="scale is a number"):
+            greedy(session, lora={0: float("nan")})
+
+
+def test_prompts_kept_on_disk_are_read_back_under_the_scales_they_were_read_with(tiny, adapters, tmp_path):
+    long_prompt = " ".join([PROMPT] * 6)
+    with opened(tiny, Adapter(str(adapters["strong"]))) as session:
+        kept = session.target.prompt_cache  # (scale 1's, and the model's own: a tiny model reads in no time)
+        kept.least_seconds = kept.beside("").least_seconds = 0
+
+        def reused(lora) -> int:
+            session.reset()  # (the sequence's own cache emptied: what is reused comes from disk)
+            events = session.generate(Request(Sampling(temperature=0), Limits(2), prompt=long_prompt, lora=lora))
+            reading = next(event for event in events if isinstance(event, Prefill))
+            prompt_cache.settled()
+            return reading.reused_tokens
+
+        assert reused(None) == 0
+        assert reused({0: 0.0}) == 0  # kept under scale 1: not this one's
+        assert reused({0: 1.0}) > 16 and reused({}) > 16
+
+
+def test_a_scheduler_runs_one_set_of_scales_at_a_time(tiny, adapters):
+    with opened(tiny, Adapter(str(adapters["strong"])), parallel=2) as session:
+        scheduler = session.scheduler()
+        asked = [Request(Sampling(temperature=0), Limits(6), prompt=PROMPT, lora=lora) for lora in (None, {0: 1.0}, {})]
+        scheduler.add(asked[0])
+        assert scheduler.admits(asked[1]) and not scheduler.admits(asked[2])
+        with pytest.raises(UsageError, match="LoRA scales differ"):
+            scheduler.add(asked[2])
+        scheduler.add(asked[1])
+        while scheduler.running:
+            list(scheduler.step())
+        assert scheduler.admits(asked[2])
+
+
+def test_a_service_holds_a_request_of_other_scales_until_the_running_ones_end(tiny, adapters):
+    with opened(tiny, Adapter(str(adapters["strong"])), mode=DrafterKind.NGRAM, parallel=2) as session:
+        service = Service(session, queue_limit=4, log=print)
+        order, done = [], {name: threading.Event() for name in ("long", "other", "same")}
+
+        def inbox(name):
+            def deliver(item):
+                if isinstance(item, Prefill):
+                    order.append(name)
+                if item is FINISHED:
+                    done[name].set()
+            return deliver
+
+        try:
+            service.submit(Request(Sampling(temperature=0), Limits(200), prompt=PROMPT, lora=None), inbox("long"))
+            service.submit(Request(Sampling(temperature=0), Limits(4), prompt=PROMPT, lora={0: 0.0}), inbox("other"))
+            service.submit(Request(Sampling(temperature=0), Limits(4), prompt=PROMPT), inbox("same"))
+            assert all(event.wait(120) for event in done.values())
+            # first come first served: the one behind the held request waits for it, though the other sequence is free
+            assert order == ["long", "other", "same"]
+        finally:
+            service.close()
+
+
+def test_an_adapter_llama_cpp_cannot_apply_is_refused_with_its_reason(tiny, adapters):
+    with pytest.raises(ModelLoadError, match=r"wide.gguf for target.gguf: tensor 'blk.0.attn_q.weight' has incorrect"
+                                             " shape"):
+        opened(tiny, Adapter(str(adapters["wide"])))
+    with pytest.raises(ModelLoadError, match="arch mismatch"):
+        opened(tiny, Adapter(str(adapters["lfm2"])))
+    with pytest.raises(InputError, match="is not a GGUF LoRA adapter file"):
+        opened(tiny, Adapter(str(__file__)))
+
+
+def test_the_library_takes_adapters_by_load(tiny, adapters):
+    with localspec.load(str(tiny["target"]), spec="off", ctx_size=512,
+                        lora=(localspec.Adapter(str(adapters["strong"]), 0.5),)) as session:
+        assert session.adapters.scales == (0.5,) and session.lora_applied == (0.5,)
+
+
+def test_the_command_line_spells_them_as_llama_cpp(localspec, tiny, adapters, tmp_path):
+    def text(*options) -> str:
+        done = localspec("run", tiny["target"], "-p", PROMPT, "-n", "16", "--temp", "0", "--no-color", "--json",
+                         *options)
+        assert done.returncode == 0, done.stderr.decode()
+        import json
+        return json.loads(done.stdout)["text"]
+
+    strong, other = adapters["strong"], adapters["other"]
+    base, adapted = text(), text("--lora", strong)
+    assert adapted != base
+    assert text("--lora", strong, "--lora-init-without-apply") == base
+    assert text("--lora-scaled", f"{strong}:1.0") == adapted
+    assert text("--lora-scaled", f"{strong}:0") == base
+    assert text("--lora", f"{strong},{other}") == text("--lora", strong, "--lora", other) != adapted
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--lora", "missing.gguf"), "--lora missing.gguf: no such file"),
+    (("--lora-scaled", "x.gguf"), "--lora-scaled takes FILE:SCALE (llama.cpp's), got 'x.gguf'"),
+    (("--lora-scaled", "{strong}:half"), "a scale is a number, got 'half'"),
+    (("--lora-init-without-apply",), "give the adapters to load with --lora FILE"),
+    (("--control-vector", "x.gguf"), "no control vector (LoRA adapters: --lora)"),
+])
+def test_mistakes_are_told_in_one_line(cli, tiny, adapters, options, message):
+    options = [option.format(strong=adapters["strong"]) for option in options]
+    code, out, err = cli("run", tiny["target"], "-p", "x", *options)
+    assert code != 0 and message in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def served(tiny, adapters, tmp_path_factory):
+    from test_server import ServerProcess
+
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512", "-np",
+                            "2", "--lora", adapters["strong"], "--lora-scaled", f"{adapters['other']}:0")
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def test_serve_takes_each_requests_scales_and_sets_the_defaults_as_llama_server(served):
+    import httpx
+
+    client = served.client()
+
+    def completion(**extra) -> str:
+        return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                         extra_body=extra).choices[0].text
+
+    listed = httpx.get(served.base + "/lora-adapters", timeout=30).json()
+    assert [(entry["id"], entry["path"].rsplit("/", 1)[1], entry["scale"]) for entry in listed] == [
+        (0, "strong.gguf", 1.0), (1, "other.gguf", 0.0)]
+    assert listed[0]["task_name"] == listed[0]["prompt_prefix"] == ""
+    adapted, base = completion(), completion(lora=[])
+    assert adapted != base and completion(lora=[{"id": 0, "scale": 1}]) == adapted
+    assert completion(lora=[{"id": 1, "scale": 1}]) not in (adapted, base)
+    # llama-server's /completion takes the same field
+    answer = httpx.post(served.base + "/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0,
+                                                           "lora": [{"id": 0, "scale": 0.0}]}, timeout=60).json()
+    assert answer["content"] == base and answer["generation_settings"]["lora"] == [{"id": 0, "scale": 0.0}]
+
+    set_to = httpx.post(served.base + "/lora-adapters", json=[{"id": 0, "scale": 0}], timeout=30)
+    assert set_to.status_code == 200 and set_to.json() == {"success": True}
+    assert completion() == base and [entry["scale"] for entry in httpx.get(served.base + "/lora-adapters").json()] == [
+        0.0, 0.0]
+    assert httpx.get(served.base + "/props").json()["default_generation_settings"]["params"]["lora"] == [
+        {"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
+    for body, said in (([{"id": 2, "scale": 1}], "no adapter 2 is loaded (ids 0 to 1"),
+                       ({"id": 0, "scale": 1}, "must be a JSON array"), ([{"id": 0, "scale": "1"}], "0.scale")):
+        refused = httpx.post(served.base + "/lora-adapters", json=body, timeout=30)
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+    with pytest.raises(Exception, match="no adapter 5 is loaded"):
+        completion(lora=[{"id": 5, "scale": 1}])
+    httpx.post(served.base + "/lora-adapters", json=[{"id": 0, "scale": 1}], timeout=30)
+    assert completion() == adapted
+    assert "Traceback" not in served.log()
