@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import store
-from .config import DrafterKind, Rope, Runtime, Speculation
+from .config import Adapter, DrafterKind, Rope, Runtime, Speculation
 from .engine.drafters.spec import COSTLY_KINDS
 from .errors import LocalspecError, UsageError
 from .store import GGUFInfo
@@ -79,11 +79,17 @@ class Served:
 
 @dataclass(frozen=True)
 class Available:
-    """A model that can be served: its API name and file (it may not be loaded)."""
+    """A model that can be served: its API name and file, and the LoRA adapters applied to it (a model made with
+    an ADAPTER); it may not be loaded."""
 
     name: str
     path: Path
     entry: store.ModelEntry | None  # None: the model serve started with, given as a file
+    adapters: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> "Key":
+        return _key_of(self.path, self.adapters)
 
 
 class Pool:
@@ -96,7 +102,7 @@ class Pool:
             runtime, speculation, queue, keep_alive, log)
         self.metrics = Metrics()
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
-        self.loaded: dict[Path, Served] = {_key(first): self.first}
+        self.loaded: dict[Key, Served] = {_key(first): self.first}
         self._loading: dict[Path, asyncio.Future] = {}
         # One load at a time: the memory check of one sees the models loaded before it (three first requests
         # for different models at once all passed it together, 3 x 6 GiB on 10 GiB).
@@ -111,7 +117,7 @@ class Pool:
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
             path = store.installed(entry)
-            if path is not None and path.resolve() != out[0].path:
+            if path is not None and _key_of(path, ()) != out[0].key:
                 out.append(Available(entry.command_name, path.resolve(), entry))
         for made in store.every_made():
             try:
@@ -121,7 +127,14 @@ class Pool:
         return out
 
     def _served_first(self) -> Available:
-        return Available(self.first.name, _key(self.first.session), None)
+        session = self.first.session
+        return Available(self.first.name, session.target_info.path.resolve(), None,
+                         tuple(str(path) for path in session.adapters.paths))
+
+    def _unless_first(self, wanted: Available) -> Available:
+        """The model wanted, or the first one where that is the same file with the same adapters."""
+        first = self._served_first()
+        return first if wanted.key == first.key else wanted
 
     def header(self, path: Path) -> GGUFInfo:
         if path not in self._headers:
@@ -137,8 +150,7 @@ class Pool:
             path = Path(made.base).resolve()                   # user who made it asked
             if not path.is_file():
                 raise UnknownModel(f"{made.name} is made from {made.base}, which is no longer there")
-            first = self._served_first()
-            return first if path == first.path else Available(made.name, path, None)
+            return self._unless_first(Available(made.name, path, None, made.adapters))
         try:
             resolved = store.find(name)
         except UsageError:
@@ -148,10 +160,9 @@ class Pool:
                                " not a model to serve")
         if isinstance(resolved, store.ModelEntry):
             path = store.installed(resolved)
-            if path is not None:
-                first = self._served_first()
-                return first if path.resolve() == first.path else Available(resolved.command_name, path.resolve(),
-                                                                             resolved)
+            if path is not None:  # (a model made from it applies its adapters to it)
+                return self._unless_first(Available(resolved.command_name, path.resolve(), resolved,
+                                                    made.adapters if made else ()))
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
         raise NotKnown(name, self.available)
@@ -160,16 +171,16 @@ class Pool:
         """The loaded model a request names, loaded first where it is not (on a thread; requests for the
         same model wait for the one load). keep_alive: the request's own (Ollama's), in seconds; None: as it is."""
         wanted = self.find(name)
-        served = self.loaded.get(wanted.path)
+        served = self.loaded.get(wanted.key)
         if served is None:
-            loading = self._loading.get(wanted.path)
+            loading = self._loading.get(wanted.key)
             if loading is None:
-                loading = self._loading[wanted.path] = asyncio.ensure_future(self._load(wanted))
+                loading = self._loading[wanted.key] = asyncio.ensure_future(self._load(wanted))
             try:
                 served = await asyncio.shield(loading)
             finally:
                 if loading.done():
-                    self._loading.pop(wanted.path, None)
+                    self._loading.pop(wanted.key, None)
         served.last_used = time.monotonic()
         if keep_alive is not None and not served.pinned:
             served.keep_alive = keep_alive
@@ -189,13 +200,14 @@ class Pool:
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")
         started = time.perf_counter()
-        # (RoPE's scaling and the LoRA adapters are the first model's: another's file says its own RoPE, and an
-        # adapter is made for one model)
-        session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None,
-                                          replace(self.runtime, rope=Rope(), lora=()), speculation, True)
+        # (RoPE's scaling and the LoRA adapters are the first model's: another's file says its own RoPE, and a
+        # model made with an ADAPTER its own adapters)
+        runtime = replace(self.runtime, rope=Rope(), lora=tuple(Adapter(path) for path in wanted.adapters))
+        session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None, runtime,
+                                          speculation, True)
         await asyncio.to_thread(session.warm)
         served = Served(wanted.name, session, Service(session, self.queue, self.log, self.metrics), self.keep_alive)
-        self.loaded[wanted.path] = served
+        self.loaded[wanted.key] = served
         self.log(f"loaded {wanted.name} in {time.perf_counter() - started:.1f} s"
                  + "".join(f"; {note}" for note in session.notes))
         return served
@@ -230,13 +242,13 @@ class Pool:
 
     def holds(self, path: Path) -> bool:
         """Whether a model loaded here, or loading, reads this file."""
-        return path in self.loaded or path in self._loading
+        return any(held == path for held, _ in [*self.loaded, *self._loading])
 
     async def unload_when_idle(self, name: str | None) -> bool:
         """Unload the model a request names, where it is loaded and not the first (Ollama's keep_alive 0): now
         if it is idle, else as soon as its requests end (its keep-alive 0: the reaper's), as Ollama expires a
         busy runner. False where it stays: the model serve started with."""
-        served = self.loaded.get(self.find(name).path)
+        served = self.loaded.get(self.find(name).key)
         if served is None:
             return True
         if served.pinned:
@@ -280,8 +292,16 @@ class Pool:
         self.loaded.clear()
 
 
-def _key(session: Session) -> Path:
-    return session.target_info.path.resolve()
+# a model loaded here: its file, and the adapters applied to it
+Key = tuple[Path, tuple[Path, ...]]
+
+
+def _key_of(path: Path, adapters: tuple[str, ...]) -> Key:
+    return Path(path).resolve(), tuple(Path(adapter).resolve() for adapter in adapters)
+
+
+def _key(session: Session) -> Key:
+    return _key_of(session.target_info.path, session.adapters.paths)
 
 
 def _close(served: Served) -> None:

@@ -184,7 +184,7 @@ class Server:
 
     async def model(self, request: Request, client: str | None) -> Response:
         available = self.pool.find(request.path_params["name"])  # (a 404 where it is not here)
-        served = self.pool.loaded.get(available.path)
+        served = self.pool.loaded.get(available.key)
         return JSONResponse(openai.model_object(available.name, served and served.session, self.created))
 
     async def metrics(self, request: Request, client: str | None) -> Response:
@@ -279,7 +279,7 @@ class Server:
         body = await self._body(request)
         name = _named(body.get("model") or body.get("name"))
         found = self.pool.find(name)
-        info, loaded = self.pool.header(found.path), self.pool.loaded.get(found.path)
+        info, loaded = self.pool.header(found.path), self.pool.loaded.get(found.key)
         # (a loaded model's: serve's --chat-template stands for the first one's own)
         template = loaded.session.prompts.template if loaded else info.chat_template
         return JSONResponse(ollama.show(info, template, store.made(name)))
@@ -334,7 +334,8 @@ class Server:
 
         def make() -> store.Preset:
             base = str(store.blob_model(asked.files)) if asked.files else self._stored_name(asked.preset.base)
-            return store.make(replace(asked.preset, base=base))
+            adapters = asked.preset.adapters + store.blob_adapters(asked.adapters)
+            return store.make(replace(asked.preset, base=base, adapters=adapters))
 
         try:
             made = await asyncio.to_thread(make)

@@ -469,12 +469,18 @@ class Session:
 
     def placement(self) -> dict:
         """Where each model runs and where its rows are sampled, for reports."""
-        return self.plan.report(draft=self.drafting.with_files, sampling="backend" if self.target.on_backend else "host",
-                                drafting=self.mode)
+        report = self.plan.report(draft=self.drafting.with_files, sampling="backend" if self.target.on_backend
+                                  else "host", drafting=self.mode)
+        if len(self.adapters):  # (the scales its latest generation computed with)
+            report["target"]["lora"] = [{"path": str(path), "scale": scale}
+                                        for path, scale in zip(self.adapters.paths, self.lora_applied)]
+        return report
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
-        return f"{self.target_model.path.name} ({self.drafting.describe()})"
+        adapted = "".join(f" + {path.name}" + (f" x{scale:g}" if scale != 1 else "")
+                          for path, scale in zip(self.adapters.paths, self.lora_applied) if scale)
+        return f"{self.target_model.path.name}{adapted} ({self.drafting.describe()})"
 
     def close(self) -> None:
         if self._owned and self.drafting is not None:

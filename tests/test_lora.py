@@ -151,16 +151,22 @@ def test_the_library_takes_adapters_by_load(tiny, adapters):
 
 
 def test_the_command_line_spells_them_as_llama_cpp(localspec, tiny, adapters, tmp_path):
+    import json
+
+    reported = {}
+
     def text(*options) -> str:
         done = localspec("run", tiny["target"], "-p", PROMPT, "-n", "16", "--temp", "0", "--no-color", "--json",
                          *options)
         assert done.returncode == 0, done.stderr.decode()
-        import json
+        reported.update(json.loads(done.stdout)["placement"]["target"])
         return json.loads(done.stdout)["text"]
 
     strong, other = adapters["strong"], adapters["other"]
-    base, adapted = text(), text("--lora", strong)
+    base, adapted = text(), text("--lora-scaled", f"{strong}:1,{other}:0.0")
     assert adapted != base
+    assert reported["lora"] == [{"path": str(strong.resolve()), "scale": 1.0}, {"path": str(other.resolve()),
+                                                                                  "scale": 0.0}]
     assert text("--lora", strong, "--lora-init-without-apply") == base
     assert text("--lora-scaled", f"{strong}:1.0") == adapted
     assert text("--lora-scaled", f"{strong}:0") == base
@@ -226,3 +232,64 @@ def test_serve_takes_each_requests_scales_and_sets_the_defaults_as_llama_server(
     httpx.post(served.base + "/lora-adapters", json=[{"id": 0, "scale": 1}], timeout=30)
     assert completion() == adapted
     assert "Traceback" not in served.log()
+
+
+def test_a_modelfiles_adapter_makes_a_model_of_its_own_that_run_and_serve_answer(localspec, cli, tiny, adapters,
+                                                                                 tmp_path):
+    import hashlib
+    import json
+    import shutil
+
+    import ollama
+
+    from test_server import ServerProcess
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    shutil.copy(adapters["strong"], folder / "strong.gguf")
+    (folder / "Modelfile").write_text(f"FROM {tiny['target']}\nADAPTER ./strong.gguf\nPARAMETER temperature 0\n")
+    assert localspec("create", "tuned", "-f", folder / "Modelfile").returncode == 0
+    assert f"ADAPTER {folder / 'strong.gguf'}\n" in localspec("show", "tuned", "--modelfile").stdout.decode()
+
+    def text(*args) -> str:
+        done = localspec("run", *args, "-p", PROMPT, "-n", "16", "--temp", "0", "--raw", "--json")
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)["text"]
+
+    tuned = text("tuned")
+    assert tuned == text(tiny["target"], "--lora", adapters["strong"]) != text(tiny["target"])
+
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = ollama.Client(host=server.base)
+
+        def answer(model: str) -> str:
+            return client.generate(model, PROMPT, raw=True, options={"temperature": 0, "num_predict": 16}).response
+
+        assert answer("tuned") == tuned != answer("tiny")  # (the same file, loaded a second time with the adapter)
+        assert {model.model for model in client.ps().models} == {"tiny", "tuned"}
+        # as Ollama's clients upload an adapter and name it
+        digest = client.create_blob(adapters["strong"])
+        assert client.create("tuned-too", from_="tiny", adapters={"strong.gguf": digest}).status == "success"
+        assert answer("tuned-too") == tuned
+        blob = tmp_path / "home" / "blobs" / digest.replace(":", "-")
+        assert client.delete("tuned-too").status == "success" and not blob.exists()
+        text_digest = "sha256:" + hashlib.sha256(b"not an adapter").hexdigest()
+        client.create_blob(_written(tmp_path / "notes.txt", b"not an adapter"))
+        with pytest.raises(ollama.ResponseError, match="notes.gguf is not a GGUF file"):
+            client.create("mine", from_="tiny", adapters={"notes.gguf": text_digest})
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+    for line, said in ((f"ADAPTER {folder}", "convert a PEFT (safetensors) adapter with llama.cpp's"),
+                       (f"ADAPTER {tiny['target']}", "a GGUF model, not a LoRA adapter"),
+                       ("ADAPTER ./missing.gguf", "ADAPTER ./missing.gguf: no such file beside")):
+        (folder / "Modelfile").write_text(f"FROM {tiny['target']}\n{line}\n")
+        code, _, err = cli("create", "mine", "-f", folder / "Modelfile")
+        assert code != 0 and said in err, err
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path

@@ -78,7 +78,6 @@ def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():
     ("FROM a\nPARAMETER top_k", "line 2: PARAMETER needs a name and a value"),
     ("FROM a\nSYSTEM \"\"\"never\nclosed", 'line 2: the """ opened here is never closed'),
     ("FROM a\nMESSAGE tool {}", "line 2: MESSAGE tool: the role is one of system, user, assistant"),
-    ("FROM a\nADAPTER ./lora.gguf", "line 2: ADAPTER: LoRA adapters are not supported"),
     ("FROM a\nQUANTIZE q4", "line 2: 'QUANTIZE' is not a Modelfile instruction"),
     ("FROM", "line 1: FROM needs a value"),
 ])

@@ -23,7 +23,7 @@ from ..service import Job
 from .. import store
 from ..store import GGUFInfo
 from ..store import modelfile
-from ..store.modelfile import ADAPTER, NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
+from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
                      effort, logprobs_of, speculation, speculative_asked, thinking_asked, token_logprobs)
@@ -287,17 +287,17 @@ class Creation:
     notes: list[str]
     stream: bool
     files: dict[str, str]  # uploaded files (name -> digest): the model is made from the GGUF among them
+    adapters: dict[str, str]  # uploaded LoRA adapters' files (name -> digest), applied to it
 
 
 REFUSED_FIELDS = {
     "quantize": "localspec runs a GGUF file as it is quantized: quantize with llama.cpp's llama-quantize first",
-    "adapters": ADAPTER,
 }
 
 
 def parse_create(data: dict) -> Creation:
-    """/api/create: the model made field by field (from, or the GGUF file among uploaded files; system,
-    parameters, messages, license) as a Modelfile says it, or from an older client's Modelfile text."""
+    """/api/create: the model made field by field (from, or the GGUF file among uploaded files; uploaded LoRA
+    adapters; system, parameters, messages, license) as a Modelfile says it, or from an older client's Modelfile text."""
     create = _validate(CreateBody, data)
     name = own_name(create.model or create.name, "model")
     for field, why in REFUSED_FIELDS.items():
@@ -317,7 +317,7 @@ def parse_create(data: dict) -> Creation:
         raise ApiError(400, str(error)) from None
     if create.template is not None:
         notes.append(f"template left alone: {modelfile.IGNORED['template']}")
-    return Creation(preset, notes, create.stream, create.files or {})
+    return Creation(preset, notes, create.stream, create.files or {}, create.adapters or {})
 
 
 def created(name: str, notes: list[str]) -> list[dict]:

@@ -8,7 +8,7 @@ Its face, what the rest of localspec asks of it: find(name) what a name means (f
 `create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
-receive_blob(digest, size) and blob_model(files) the files Ollama's API uploads; here(name) its file
+receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file
 where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
 downloaded; fetch(resolved) its file, downloaded first
 where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
@@ -29,9 +29,9 @@ from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_model", "capabilities",
-           "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here", "installed",
-           "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters", "blob_model",
+           "capabilities", "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here",
+           "installed", "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -76,6 +76,7 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
     if preset.name.lower() in registry.names(models):
         raise UsageError(f"{preset.name} is a model the registry names: give yours a name of its own")
     preset.settings(Sampling(), Limits())  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
+    preset = dataclasses.replace(preset, adapters=tuple(_adapter(adapter, where) for adapter in preset.adapters))
     if layered := modelfile.find(preset.base):
         preset = layered.under(preset)
     else:
@@ -90,6 +91,24 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
             raise UsageError(f"FROM {preset.base}: no such file" + (f" beside {where}" if where else ""))
     modelfile.keep(preset)
     return preset
+
+
+def _adapter(given: str, where: Path | None) -> str:
+    """An ADAPTER's file as kept: its absolute path (beside the Modelfile at where, if relative, else the working
+    folder); UsageError where it is no LoRA adapter in a GGUF file."""
+    beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
+    if beside.is_dir():
+        raise UsageError(f"ADAPTER {given}: localspec applies LoRA adapters in GGUF files; convert a PEFT (safetensors)"
+                         " adapter with llama.cpp's convert_lora_to_gguf.py")
+    if not beside.is_file():
+        raise UsageError(f"ADAPTER {given}: no such file" + (f" beside {where}" if where else ""))
+    try:
+        kind = gguf_meta.read(beside).metadata.get("general.type")
+    except gguf_meta.GGUFError as error:
+        raise UsageError(f"ADAPTER {error}") from None
+    if kind != "adapter":
+        raise UsageError(f"ADAPTER {given}: a GGUF {kind or 'model'}, not a LoRA adapter (FROM names the model)")
+    return os.path.abspath(beside)
 
 
 def copy(source: str, destination: str) -> Preset:
@@ -109,7 +128,9 @@ def forget(name: str) -> bool:
     if not modelfile.forget(name):
         return False
     if made is not None:
-        blobs.prune(Path(made.base), {preset.base for preset in modelfile.every()})
+        still_named = {file for preset in modelfile.every() for file in (preset.base, *preset.adapters)}
+        for file in (made.base, *made.adapters):
+            blobs.prune(Path(file), still_named)
     return True
 
 
@@ -131,6 +152,11 @@ def receive_blob(digest: str, size: int | None) -> blobs.Upload:
 def blob_model(files: dict[str, str]) -> Path:
     """The GGUF file among uploaded files (name -> digest) that a model is made from."""
     return blobs.model(files)
+
+
+def blob_adapters(files: dict[str, str]) -> tuple[str, ...]:
+    """The uploaded LoRA adapters' files (name -> digest) a model made applies."""
+    return blobs.adapters(files)
 
 
 def known() -> dict[str, ModelEntry]:

@@ -92,6 +92,23 @@ def model(files: dict[str, str]) -> Path:
     return kept
 
 
+def adapters(files: dict[str, str]) -> tuple[str, ...]:
+    """The uploaded LoRA adapters a create request names (name -> digest), as they are kept; UsageError naming one
+    not uploaded or not a GGUF file (a PEFT adapter's safetensors: convert it with llama.cpp's
+    convert_lora_to_gguf.py first)."""
+    kept = []
+    for name, digest in files.items():
+        found = find(digest)
+        if found is None:
+            raise UsageError(f"adapters: {name} ({digest}) has not been uploaded: POST it to /api/blobs/{digest} first")
+        with open(found, "rb") as file:
+            if file.read(4) != GGUF_MAGIC:
+                raise UsageError(f"adapters: {name} is not a GGUF file: localspec applies LoRA adapters in GGUF files"
+                                 " (convert a PEFT adapter with llama.cpp's convert_lora_to_gguf.py)")
+        kept.append(str(found))
+    return tuple(kept)
+
+
 def prune(file: Path, still_named: set[str]) -> None:
     """Delete an uploaded file no made model is made from any more (as Ollama prunes its blobs); a file
     elsewhere, or one still named, stays."""

@@ -1,5 +1,6 @@
 """Models of one's own, made from another as `ollama create` makes them from a Modelfile: the model it is
-FROM, a SYSTEM prompt, PARAMETER defaults, MESSAGEs that open every conversation, a LICENSE. `localspec
+FROM, the LoRA ADAPTERs applied to it, a SYSTEM prompt, PARAMETER defaults, MESSAGEs that open every
+conversation, a LICENSE. `localspec
 create NAME -f Modelfile` keeps each as a Modelfile of its own (FROM resolved, instructions in one order) in
 the presets folder; run, chat and serve load the model it is from and ask as it says, a request's own
 settings over its parameters."""
@@ -36,7 +37,6 @@ IGNORED = {  # instructions a Modelfile may hold that change nothing here, and w
                 " does, not with Ollama's Go templates",
     "requires": "the Ollama version a Modelfile was written for",
 }
-ADAPTER = "ADAPTER: LoRA adapters are not supported by localspec; merge the adapter into the GGUF file first"
 INSTRUCTIONS = ("from", "parameter", "system", "message", "license", *IGNORED, "adapter")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 
@@ -51,6 +51,7 @@ class Preset:
     parameters: tuple[tuple[str, int | float | str], ...] = ()  # Ollama's names, in order; stop may repeat
     messages: tuple[tuple[str, str], ...] = ()  # (role, content)
     license: str | None = None
+    adapters: tuple[str, ...] = ()  # LoRA adapters' GGUF files (absolute paths once made), applied at scale 1
 
     def loading(self) -> dict[str, int]:
         """Its parameters that set up the model as it loads, by Ollama's names (num_ctx, num_gpu)."""
@@ -63,7 +64,7 @@ class Preset:
                      if name not in {name for name, _ in newer.parameters})
         return Preset(newer.name, self.base, self.system if newer.system is None else newer.system,
                       kept + newer.parameters, newer.messages or self.messages,
-                      self.license if newer.license is None else newer.license)
+                      self.license if newer.license is None else newer.license, self.adapters + newer.adapters)
 
     def asked(self) -> dict:
         """Its parameters as overridden() takes them."""
@@ -96,7 +97,7 @@ class Preset:
 
     def modelfile(self) -> str:
         """As `show --modelfile` prints it, and as it is kept."""
-        lines = [f"FROM {self.base}"]
+        lines = [f"FROM {self.base}"] + [f"ADAPTER {adapter}" for adapter in self.adapters]
         lines += [f"PARAMETER {name} {_quoted(value) if name == 'stop' else value}" for name, value in self.parameters]
         if self.system is not None:
             lines.append(f"SYSTEM {_quoted(self.system)}")
@@ -126,13 +127,14 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
     base = system = license = None
     parameters: list[tuple[str, int | float | str]] = []
     messages: list[tuple[str, str]] = []
+    adapters: list[str] = []
     for number, instruction, argument in _instructions(text, source):
         def mistake(problem: str) -> UsageError:
             return UsageError(f"{source}, line {number}: {problem}")
 
         if instruction == "adapter":
-            raise mistake(ADAPTER)
-        if instruction in IGNORED:
+            adapters.append(_value(argument))
+        elif instruction in IGNORED:
             notes.append(f"line {number}: {instruction.upper()} left alone: {IGNORED[instruction]}")
         elif instruction == "from":
             if base is not None:
@@ -153,15 +155,15 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
     if not base:
         raise UsageError(f"{source} has no FROM: name the model it is made from (`FROM qwen2.5-coder-1.5b`, or a"
                          " GGUF file's path)")
-    return Preset(name, base, system, tuple(parameters), tuple(messages), license)
+    return Preset(name, base, system, tuple(parameters), tuple(messages), license, tuple(adapters))
 
 
 def requested(name: str, base: str, system: str | None = None, parameters: dict | None = None,
               messages: Sequence[dict] = (), license: str | Sequence[str] | None = None,
-              notes: list[str] | None = None) -> Preset:
-    """A Preset from what Ollama's /api/create asks field by field (what a Modelfile's FROM, SYSTEM, PARAMETER,
-    MESSAGE and LICENSE would say): parameters by Ollama's names, a list where one has several values (stop);
-    UsageError naming the field that cannot be taken; notes: told what was read and left alone."""
+              notes: list[str] | None = None, adapters: Sequence[str] = ()) -> Preset:
+    """A Preset from what Ollama's /api/create asks field by field (what a Modelfile's FROM, ADAPTER, SYSTEM,
+    PARAMETER, MESSAGE and LICENSE would say): parameters by Ollama's names, a list where one has several values
+    (stop); UsageError naming the field that cannot be taken; notes: told what was read and left alone."""
     notes = [] if notes is None else notes
     kept: list[tuple[str, int | float | str]] = []
     for key, value in (parameters or {}).items():
@@ -176,7 +178,7 @@ def requested(name: str, base: str, system: str | None = None, parameters: dict 
         opening.append((role, content))
     if not isinstance(license, str) and license is not None:
         license = "\n\n".join(license)
-    return Preset(name, base, system, tuple(kept), tuple(opening), license)
+    return Preset(name, base, system, tuple(kept), tuple(opening), license, tuple(adapters))
 
 
 def _instructions(text: str, source: str):
