@@ -119,8 +119,9 @@ def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, by
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
     it), the LoRA adapters loaded for the target (applied by the session), the costly drafters its drafting plan
-    made, each on a context of its own; the plan and the speculation as the loaded models left them; settings: what decides how llama.cpp computes, and so
-    auto's costs; notes: what was done other than asked, for the CLI to print."""
+    made, each on a context of its own; the plan and the speculation as the loaded models left them; settings:
+    what decides how llama.cpp computes, and so auto's costs; notes: what was done other than asked, for the CLI
+    to print."""
 
     placement: Placement
     plan: DraftPlan
@@ -233,7 +234,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
                                  draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
                 "backend_sampling": on_backend}
-    del settings["ctx_size"], settings["prompt_cache"], settings["cache_reuse"], settings["fit_margin"], settings["lora"]
+    for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora"):
+        del settings[left_out]
     if runtime.lora:
         settings["lora"] = [adapter.path for adapter in runtime.lora]
     return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, costly, settings,

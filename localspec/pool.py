@@ -24,6 +24,10 @@ from .loading import sized
 from .session import Session, open_session
 
 
+# a model loaded here: its file, and the LoRA adapters applied to it
+Key = tuple[Path, tuple[Path, ...]]
+
+
 class UnknownModel(LocalspecError):
     """A request names a model that is neither loaded nor downloaded."""
 
@@ -88,7 +92,7 @@ class Available:
     adapters: tuple[str, ...] = ()
 
     @property
-    def key(self) -> "Key":
+    def key(self) -> Key:
         return _key_of(self.path, self.adapters)
 
 
@@ -103,7 +107,7 @@ class Pool:
         self.metrics = Metrics()
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
         self.loaded: dict[Key, Served] = {_key(first): self.first}
-        self._loading: dict[Path, asyncio.Future] = {}
+        self._loading: dict[Key, asyncio.Future] = {}
         # One load at a time: the memory check of one sees the models loaded before it (three first requests
         # for different models at once all passed it together, 3 x 6 GiB on 10 GiB).
         self._load_lock = asyncio.Lock()
@@ -290,10 +294,6 @@ class Pool:
             if not served.pinned:
                 served.session.close()
         self.loaded.clear()
-
-
-# a model loaded here: its file, and the adapters applied to it
-Key = tuple[Path, tuple[Path, ...]]
 
 
 def _key_of(path: Path, adapters: tuple[str, ...]) -> Key:

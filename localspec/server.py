@@ -728,7 +728,8 @@ class Server:
         except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
             raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
         if not isinstance(body, list if array else dict):
-            raise ApiError(400, f"the request body must be a JSON {'array' if array else 'object'}", code="invalid_json")
+            raise ApiError(400, f"the request body must be a JSON {'array' if array else 'object'}",
+                           code="invalid_json")
         return body
 
     async def _respond(self, request: Request, client: str | None, parsed: Parsed, answering: Answering,

@@ -267,6 +267,8 @@ def test_a_modelfiles_adapter_makes_a_model_of_its_own_that_run_and_serve_answer
             return client.generate(model, PROMPT, raw=True, options={"temperature": 0, "num_predict": 16}).response
 
         assert answer("tuned") == tuned != answer("tiny")  # (the same file, loaded a second time with the adapter)
+        # run finds this serve holding the file: it answers with the adapter all the same (it was the serve's text)
+        assert text(tiny["target"], "--lora", adapters["strong"]) == text("tuned") == tuned
         assert {model.model for model in client.ps().models} == {"tiny", "tuned"}
         # as Ollama's clients upload an adapter and name it
         digest = client.create_blob(adapters["strong"])

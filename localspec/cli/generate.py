@@ -269,7 +269,8 @@ def _loaded_here_only(settings: Settings) -> str | None:
     return ("--chat-template" if settings.chat_template is not None else
             "--cache-type-k" if runtime.cache_type_k != DEFAULT_RUNTIME.cache_type_k else
             "--cache-type-v" if runtime.cache_type_v != DEFAULT_RUNTIME.cache_type_v else
-            "--rope-*" if runtime.rope != DEFAULT_RUNTIME.rope else None)
+            "--rope-*" if runtime.rope != DEFAULT_RUNTIME.rope else
+            "--lora" if runtime.lora else None)
 
 
 @dataclass(frozen=True)

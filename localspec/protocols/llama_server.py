@@ -25,7 +25,8 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
-                     ended_by, logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings, validated)
+                     ended_by, logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings,
+                     validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.

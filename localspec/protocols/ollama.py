@@ -297,7 +297,8 @@ REFUSED_FIELDS = {
 
 def parse_create(data: dict) -> Creation:
     """/api/create: the model made field by field (from, or the GGUF file among uploaded files; uploaded LoRA
-    adapters; system, parameters, messages, license) as a Modelfile says it, or from an older client's Modelfile text."""
+    adapters; system, parameters, messages, license) as a Modelfile says it, or from an older client's Modelfile
+    text."""
     create = _validate(CreateBody, data)
     name = own_name(create.model or create.name, "model")
     for field, why in REFUSED_FIELDS.items():

@@ -321,8 +321,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
                                              max_tokens=max_tokens or None, stop=request.stop, grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
-    return Parsed(Request(sampling, limits, prediction=prediction, **what, **speculative_asked(request.speculative, defaults),
-                          **request.adapted()),
+    return Parsed(Request(sampling, limits, prediction=prediction, **what,
+                          **speculative_asked(request.speculative, defaults), **request.adapted()),
                   bool(request.stream), include_usage, choices=choices, token_ids=request.return_token_ids)
 
 

@@ -8,12 +8,11 @@ Its face, what the rest of localspec asks of it: find(name) what a name means (f
 `create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
-receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file
-where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its file where
-downloaded; fetch(resolved) its file, downloaded first
-where missing; header(path) a file's GGUF header; pair(target, draft) a target and its draft found,
-fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what
-a model takes of them.
+receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
+its file where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its
+file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
+header; pair(target, draft) a target and its draft found, fetched, read and checked; machine() the memory and
+devices there are; estimate_bytes(header, n_ctx) what a model takes of them.
 """
 
 import dataclasses
