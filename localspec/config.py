@@ -372,10 +372,16 @@ class Rope:
                 raise UsageError(f"{option} must be > 0, got {value}")
 
 
+# how a file of a Hub repo is named where a local file may be (hf:owner/repo/file.gguf)
+HUB_PREFIX = "hf:"
+
+
 @dataclass(frozen=True)
 class Adapter:
-    """A LoRA adapter the target computes with (llama.cpp's --lora, --lora-scaled): its GGUF and how much of it
-    (0: loaded, not applied, until a request or serve's POST /lora-adapters asks for it)."""
+    """A LoRA adapter the target computes with (llama.cpp's --lora, --lora-scaled), or a control vector added to
+    its layers' outputs (--control-vector, --control-vector-scaled): its GGUF (or hf:owner/repo/file.gguf, fetched
+    when the pair is) and how much of it (a LoRA adapter's 0: loaded, not applied, until a request or serve's POST
+    /lora-adapters asks for it)."""
 
     path: str
     scale: float = 1.0
@@ -449,6 +455,11 @@ class Runtime:
     # LoRA adapters applied to the target (never to a draft model: drafts stay the draft's own, and verification
     # keeps the output the adapted target's), in the order serve's /lora-adapters numbers them
     lora: tuple[Adapter, ...] = ()
+    # Control vectors added to the target's layers' outputs, each times its scale (llama.cpp's --control-vector),
+    # on the layers from control_layers[0] to [1] (--control-vector-layer-range; None: every one llama.cpp steers,
+    # from the first's output on)
+    control_vectors: tuple[Adapter, ...] = ()
+    control_layers: tuple[int, int] | None = None
 
     def __post_init__(self):
         if 0 < self.ctx_size < 8 or self.ctx_size < 0:
@@ -473,6 +484,9 @@ class Runtime:
                                  " ECMAScript) lack: (?:...), (?=...) and (?!...) are theirs")
         if self.prompt_cache < 0:
             raise UsageError(f"--prompt-cache takes a size >= 0 (0: off), got {self.prompt_cache}")
+        if self.control_layers is not None and not 0 < self.control_layers[0] <= self.control_layers[1]:
+            raise UsageError(f"--control-vector-layer-range takes START END, 1 <= START <= END, got"
+                             f" {self.control_layers[0]} {self.control_layers[1]}")
         if self.cache_reuse < 0:
             raise UsageError(f"--cache-reuse takes a run's length in tokens >= 0 (0: off), got {self.cache_reuse}")
         if self.prompt_batch < 1:

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from . import paths, store
-from .config import AUTO_PARALLEL, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, DrafterKind, Rope, Runtime, Speculation
+from .config import (AUTO_PARALLEL, HUB_PREFIX, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, Adapter, DrafterKind, Rope,
+                     Runtime, Speculation)
 from .engine import rpc
-from .engine.adapters import Adapters
+from .engine.adapters import Adapters, steer
 from .engine.backend import Context
 from .engine.model import Model
 from .engine.prompt_cache import PromptCache
@@ -47,12 +50,21 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size or None)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
+    runtime = replace(runtime, lora=fetched_adapters(runtime.lora, offline, progress),
+                      control_vectors=fetched_adapters(runtime.control_vectors, offline, progress))
     runtime = sized(runtime, pair.target)
     if runtime.parallel == AUTO_PARALLEL:
         runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair))
     placement = Placement.plan(runtime, pair.target, pair.draft)
     placement.check_fit()
     return Placed(pair, runtime, placement, workers)
+
+
+def fetched_adapters(adapters: tuple[Adapter, ...], offline: bool = False, progress=None) -> tuple[Adapter, ...]:
+    """The LoRA adapters, those named on the Hub (hf:owner/repo/file.gguf) as their files, downloaded first where
+    missing, as a model named so is."""
+    return tuple(replace(adapter, path=str(store.fetch(store.find(adapter.path), offline, progress)))
+                 if adapter.path.startswith(HUB_PREFIX) else adapter for adapter in adapters)
 
 
 def sized(runtime: Runtime, target: store.GGUFInfo) -> Runtime:
@@ -147,13 +159,30 @@ def scoring_context(model: Model, n: int, runtime: Runtime) -> Context:
                    kv_offload=runtime.kv_offload)
 
 
-def _cache_variant(cache: tuple[str, str], rope: Rope) -> str:
+def _cache_variant(cache: tuple[str, str], rope: Rope, steering: tuple = ()) -> str:
     """The folder, inside a model's, of the prompts kept of a cache of other types (another layout of state) or under
-    another RoPE scaling (the same layout, other values: read back, it would be wrong without a word); "" for
-    f16's under the model's own."""
-    parts = ([] if cache == ("f16", "f16") else [f"kv-{cache[0]}-{cache[1]}"]) + (
-        [] if rope == Rope() else ["rope-" + hashlib.sha256(repr(rope).encode()).hexdigest()[:8]])
+    another RoPE scaling or control vectors (steering: the same layout, other values: read back, it would be wrong
+    without a word); "" for f16's under the model's own."""
+    parts = ([] if cache == ("f16", "f16") else [f"kv-{cache[0]}-{cache[1]}"]) + [
+        f"{name}-{hashlib.sha256(repr(setting).encode()).hexdigest()[:8]}"
+        for name, setting, plain in (("rope", rope, Rope()), ("cvec", steering, ())) if setting != plain]
     return "-".join(parts)
+
+
+def steering(vectors: tuple[Adapter, ...], width: int) -> np.ndarray:
+    """Control vectors' directions summed, each times its scale: one row a layer, from layer 1 (as engine.steer
+    takes them); UsageError for a vector of another model's width."""
+    summed: dict[int, np.ndarray] = {}
+    for vector in vectors:
+        for layer, direction in store.control_vector(Path(vector.path)).items():
+            if len(direction) != width:
+                raise UsageError(f"--control-vector {vector.path}: its directions are {len(direction)} wide, the"
+                                 f" model's layers {width}: a control vector made for another model")
+            summed[layer] = summed.get(layer, 0) + direction * np.float32(vector.scale)
+    rows = np.zeros((max(summed), width), dtype=np.float32)
+    for layer, direction in summed.items():
+        rows[layer - 1] = direction
+    return rows
 
 
 def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
@@ -202,7 +231,9 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
                            cache_types=_ggml_types(cache), rope=runtime.rope, kv_offload=runtime.kv_offload,
                            cache_reuse=runtime.cache_reuse, **options))
         if runtime.prompt_cache and made.can_remember:
-            folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope)
+            steered = ((runtime.control_vectors, runtime.control_layers)
+                       if model is target_model and runtime.control_vectors else ())
+            folder = paths.prompts_of(model.path) / _cache_variant(cache, runtime.rope, steered)
             made.prompt_cache = PromptCache(paths.prompts_dir(), model.path, runtime.prompt_cache, folder=folder)
         return made
 
@@ -210,6 +241,9 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
     target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), runtime.threads,
                              keep_hidden=kept, branches=tree_room)
+    if runtime.control_vectors:
+        steer(target_context, steering(runtime.control_vectors, target_model.layer_width),
+              runtime.control_layers or (1, target_model.n_layer))
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
                      " context sizes up to a multiple of 256")

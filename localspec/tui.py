@@ -167,7 +167,8 @@ def drafts_text(row: dict) -> str:
 
 def _also(row: dict) -> str:
     """A models row's aliases, or for a model made with `create` what it is made from."""
-    return ", ".join(row["aliases"]) or (f"made from {row['made_from']}" if row.get("made_from") else "")
+    return ", ".join(row["aliases"]) or (f"made from {' + '.join((row['made_from'], *row['adapters']))}"
+                                         if row.get("made_from") else "")
 
 
 def models_table(rows: list[dict], console: Console = out) -> None:
@@ -209,6 +210,7 @@ def model_card(card, console: Console = out) -> None:
         ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] not in (info["name"], None)
          else None),
         ("made from", made.get("from")),  # (a model made with `create`)
+        ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),
         ("system", made.get("system")),
         ("parameters set", ", ".join(f"{key} {value}" for key, value in made.get("parameters", ())) or None),
         ("opens with", f"{len(made['messages'])} message{'s' if len(made['messages']) != 1 else ''}"

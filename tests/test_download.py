@@ -21,6 +21,7 @@ import pytest
 from conftest import TARGET
 from fakehub import FakeHub, serve
 from processes import stop
+from tinylora import write_tiny_lora
 from test_rpc import free_port
 from localspec import paths
 from localspec.store import download, mirror
@@ -363,6 +364,22 @@ def test_hf_file_and_repo_quant_names(localspec, home, tiny):
     assert Path(by_quant.stdout.strip()).name == "tiny-q8_0.gguf"
     unknown_quant = localspec("pull", "test/split-GGUF:Q2_K")
     assert unknown_quant.returncode != 0 and "tiny-q4_k_m.gguf" in unknown_quant.stderr
+
+
+def test_a_lora_adapter_on_the_hub_is_fetched_as_a_model_is(localspec, hub, tiny, tmp_path):
+    adapter = write_tiny_lora(tmp_path / "tiny-lora.gguf", seed=11)
+    hub.add("test/tiny-lora-GGUF", adapter)
+
+    def text(*options) -> str:
+        done = localspec("run", tiny["target"], "-p", "the cat sat", "-n", "12", "--temp", "0", "--json", *options)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["text"]
+
+    named = "hf:test/tiny-lora-GGUF/tiny-lora.gguf"
+    offline = localspec("run", tiny["target"], "-p", "x", "--offline", "--lora", named)
+    assert offline.returncode != 0 and "tiny-lora.gguf" in offline.stderr and "Traceback" not in offline.stderr
+    assert text("--lora", named) == text("--lora", adapter) != text()
+    assert text("--lora-scaled", f"{named}:0", "--offline") == text()  # (downloaded once: --offline finds it)
 
 
 def test_llama_cpps_hf_names_a_repo_and_its_quantization_q4_k_m_where_none_is_given(localspec):

@@ -1,6 +1,7 @@
 """LoRA adapters on the target (llama.cpp's --lora, --lora-scaled, --lora-init-without-apply; llama-server's
 per-request `lora` and /lora-adapters): the adapted target's text, kept by every drafter; scales switched between
-requests without a cache read under other scales reused; refusals that name the file and why."""
+requests without a cache read under other scales reused; refusals that name the file and why. And control vectors
+(--control-vector), alike."""
 
 import threading
 
@@ -15,7 +16,7 @@ from localspec.request import Request
 from localspec.service import FINISHED, Service
 from localspec.session import Session
 
-from tinylora import write_tiny_lora
+from tinylora import write_tiny_control_vector, write_tiny_lora
 
 PROMPT = "the cat sat on the mat and the dog sat on the log"
 
@@ -178,7 +179,9 @@ def test_the_command_line_spells_them_as_llama_cpp(localspec, tiny, adapters, tm
     (("--lora-scaled", "x.gguf"), "--lora-scaled takes FILE:SCALE (llama.cpp's), got 'x.gguf'"),
     (("--lora-scaled", "{strong}:half"), "a scale is a number, got 'half'"),
     (("--lora-init-without-apply",), "give the adapters to load with --lora FILE"),
-    (("--control-vector", "x.gguf"), "no control vector (LoRA adapters: --lora)"),
+    (("--control-vector", "x.gguf"), "--control-vector x.gguf: no such file"),
+    (("--control-vector-scaled", "x.gguf"), "--control-vector-scaled takes FILE:SCALE"),
+    (("--control-vector-layer-range", "2", "1"), "--control-vector-layer-range takes START END, 1 <= START <= END"),
 ])
 def test_mistakes_are_told_in_one_line(cli, tiny, adapters, options, message):
     options = [option.format(strong=adapters["strong"]) for option in options]
@@ -250,6 +253,10 @@ def test_a_modelfiles_adapter_makes_a_model_of_its_own_that_run_and_serve_answer
     (folder / "Modelfile").write_text(f"FROM {tiny['target']}\nADAPTER ./strong.gguf\nPARAMETER temperature 0\n")
     assert localspec("create", "tuned", "-f", folder / "Modelfile").returncode == 0
     assert f"ADAPTER {folder / 'strong.gguf'}\n" in localspec("show", "tuned", "--modelfile").stdout.decode()
+    assert "LoRA adapters" in localspec("show", "tuned").stdout.decode()
+    listed = [json.loads(line) for line in localspec("ls", "--json").stdout.decode().splitlines()]
+    assert [(row["made_from"], row["adapters"]) for row in listed if row["name"] == "tuned"] == [
+        (str(tiny["target"]), [str(folder / "strong.gguf")])]
 
     def text(*args) -> str:
         done = localspec("run", *args, "-p", PROMPT, "-n", "16", "--temp", "0", "--raw", "--json")
@@ -295,3 +302,47 @@ def test_a_modelfiles_adapter_makes_a_model_of_its_own_that_run_and_serve_answer
 def _written(path, data: bytes):
     path.write_bytes(data)
     return path
+
+
+def test_a_control_vector_steers_the_text_and_every_drafter_keeps_the_steered_targets(localspec, tiny, tmp_path):
+    import json
+
+    vector = write_tiny_control_vector(tmp_path / "mood.gguf", seed=21)
+    other = write_tiny_control_vector(tmp_path / "other.gguf", seed=22)
+
+    def text(*options) -> str:
+        done = localspec("run", tiny["target"], "-p", PROMPT, "-n", "16", "--temp", "0", "--json", *options)
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)["text"]
+
+    base, steered = text("--no-draft"), text("--no-draft", "--control-vector", vector)
+    assert steered != base
+    assert text("--draft", tiny["partial"], "--spec", "fixed", "--control-vector", vector) == steered
+    assert text("--draft", "ngram", "--spec", "fixed", "--control-vector", vector) == steered
+    assert text("--no-draft", "--control-vector-scaled", f"{vector}:0") == base
+    # the other way undoes it: summed, the two cancel
+    assert text("--no-draft", "--control-vector", vector, "--control-vector-scaled", f"{vector}:-1") == base
+    assert text("--no-draft", "--control-vector", f"{vector},{other}") not in (base, steered)
+    # only the layers named: llama.cpp steers the outputs of layers 1 to the last but one, here layer 1 alone
+    assert text("--no-draft", "--control-vector", vector, "--control-vector-layer-range", "1", "1") == steered
+    assert text("--no-draft", "--control-vector", vector, "--control-vector-layer-range", "2", "9") == base
+
+
+def test_a_control_vector_llama_cpp_would_not_take_is_one_line(cli, tiny, tmp_path):
+    for vector, said in ((write_tiny_control_vector(tmp_path / "wide.gguf", seed=1, width=72),
+                          "its directions are 72 wide, the model's layers 64: a control vector made for another"),
+                         (write_tiny_control_vector(tmp_path / "named.gguf", seed=1, names=("blk.0.weight",)),
+                          "is not a control vector: a tensor 'blk.0.weight'"),
+                         (tiny["target"], "is not a control vector")):
+        code, _, err = cli("run", tiny["target"], "-p", "x", "--control-vector", vector)
+        assert code != 0 and said in err and "Traceback" not in err, err
+
+
+def test_prompts_kept_on_disk_under_control_vectors_are_kept_apart_by_their_scales():
+    from localspec.loading import _cache_variant
+    from localspec.config import Rope
+
+    plain = _cache_variant(("f16", "f16"), Rope())
+    steered = {_cache_variant(("f16", "f16"), Rope(), ((Adapter("/m.gguf", scale),), layers))
+               for scale in (1.0, -1.0) for layers in (None, (1, 1))}
+    assert plain == "" and len(steered) == 4 and all(name.startswith("cvec-") for name in steered)

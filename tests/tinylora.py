@@ -31,3 +31,20 @@ def write_tiny_lora(path: Path, seed: int, strength: float = 2.0, rank: int = 4,
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_control_vector(path: Path, seed: int, strength: float = 0.3, width: int = N_EMBD,
+                              names: tuple[str, ...] = ()) -> Path:
+    """A control vector as llama.cpp's cvector-generator writes one: direction.1 .. direction.N_LAYER, one F32
+    vector of the model's width each (names: other tensor names in their place)."""
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.model_hint", "llama")
+    writer.add_uint32("controlvector.layer_count", N_LAYER)
+    rng = np.random.default_rng(seed)
+    for name in names or [f"direction.{layer}" for layer in range(1, N_LAYER + 1)]:
+        writer.add_tensor(name, (rng.standard_normal(width) * strength).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -270,7 +270,8 @@ def _loaded_here_only(settings: Settings) -> str | None:
             "--cache-type-k" if runtime.cache_type_k != DEFAULT_RUNTIME.cache_type_k else
             "--cache-type-v" if runtime.cache_type_v != DEFAULT_RUNTIME.cache_type_v else
             "--rope-*" if runtime.rope != DEFAULT_RUNTIME.rope else
-            "--lora" if runtime.lora else None)
+            "--lora" if runtime.lora else
+            "--control-vector" if runtime.control_vectors else None)
 
 
 @dataclass(frozen=True)

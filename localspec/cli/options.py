@@ -20,6 +20,7 @@ from .. import paths, store
 from ..store import Preset, hardware
 from ..config import (
     AUTO_PARALLEL,
+    HUB_PREFIX,
     Adapter,
     DEFAULT_BRANCHES,
     DrafterKind,
@@ -49,7 +50,7 @@ RESOURCES = "Resources"
 THINKING = "Thinking (reasoning models)"
 TEMPLATE = "Chat template"
 ROPE = "Longer contexts (RoPE scaling)"
-ADAPTERS = "LoRA adapters"
+ADAPTERS = "LoRA adapters and control vectors"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -422,7 +423,8 @@ RPC_OPTIONS = {
 ADAPTER_OPTIONS = {
     "lora": (Annotated[Optional[list[str]], typer.Option(
         "--lora", metavar="FILE[,FILE]", help="A LoRA adapter the target computes with (a GGUF made for its"
-        " architecture, as llama.cpp's convert_lora_to_gguf.py writes one), at scale 1; comma-separated or repeated"
+        " architecture, as llama.cpp's convert_lora_to_gguf.py writes one; hf:owner/repo/file.gguf downloads it), at"
+        " scale 1; comma-separated or repeated"
         " for several. The draft stays as it is: the text is the adapted target's, and where the adapter moves"
         " the target away from the draft, fewer drafts are accepted (bench --lora measures it).", show_default=False, rich_help_panel=ADAPTERS)], None),
     "lora_scaled": (Annotated[Optional[list[str]], typer.Option(
@@ -432,6 +434,18 @@ ADAPTER_OPTIONS = {
     "lora_init_without_apply": (Annotated[bool, typer.Option(
         "--lora-init-without-apply", help="Load the adapters at scale 0, to be applied by serve's requests (their"
         " lora field) or POST /lora-adapters, as llama-server's.", rich_help_panel=ADAPTERS)], False),
+    "control_vector": (Annotated[Optional[list[str]], typer.Option(
+        "--control-vector", metavar="FILE[,FILE]", help="A control vector added to the target's layers' outputs (a"
+        " GGUF llama.cpp's cvector-generator writes: a direction a layer, steering the model towards a style or"
+        " mood); several are summed. The text is the steered target's, drafts checked against it.",
+        show_default=False, rich_help_panel=ADAPTERS)], None),
+    "control_vector_scaled": (Annotated[Optional[list[str]], typer.Option(
+        "--control-vector-scaled", metavar="FILE:SCALE[,...]", help="The same times a scale of your own (-1: the"
+        " other way).", show_default=False, rich_help_panel=ADAPTERS)], None),
+    "control_vector_layer_range": (Annotated[Optional[tuple[int, int]], typer.Option(
+        "--control-vector-layer-range", metavar="START END", help="Steer only the layers from START to END"
+        " (llama.cpp counts the first layer's output as 1). Default: all.", show_default=False,
+        rich_help_panel=ADAPTERS)], None),
 }
 # serve's and batch's (their default: "auto")
 PARALLEL_OPTIONS = {
@@ -538,8 +552,6 @@ LLAMA_CPP_LACKS = {
                "--mmproj-offload", "--no-mmproj-offload", "--image-min-tokens", "--image-max-tokens",
                "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
                "--media-path"),
-    **_lacking("localspec applies no control vector (LoRA adapters: --lora)", "--control-vector",
-               "--control-vector-scaled", "--control-vector-layer-range"),
     **_lacking("localspec fits the layers to the GPUs' free memory (--fit), never the context: it says what to"
                " lower where the context does not fit (`localspec doctor` shows it)", "-fitc", "--fit-ctx"),
     **_lacking("`localspec doctor` lists the devices", "--list-devices"),
@@ -755,7 +767,9 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v,
                         draft_cache_type_k=o.draft_cache_type_k, draft_cache_type_v=o.draft_cache_type_v, rope=_rope(o),
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache"), cache_reuse=o.cache_reuse,
-                        lora=_adapters(o.lora, o.lora_scaled, o.lora_init_without_apply)),
+                        lora=_adapters(o.lora, o.lora_scaled, o.lora_init_without_apply),
+                        control_vectors=_adapters(o.control_vector, o.control_vector_scaled, False, "--control-vector"),
+                        control_layers=tuple(o.control_vector_layer_range) if o.control_vector_layer_range else None),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,
@@ -998,14 +1012,15 @@ def with_options(*groups: dict, before=None, **defaults):
     return decorate
 
 
-def _adapters(plain: list[str] | None, scaled: list[str] | None, unapplied: bool) -> tuple[Adapter, ...]:
+def _adapters(plain: list[str] | None, scaled: list[str] | None, unapplied: bool,
+              option: str = "--lora") -> tuple[Adapter, ...]:
     """--lora's files at scale 1, then --lora-scaled's FILE:SCALE (each option comma-separated or repeated, as
-    llama.cpp's); every scale 0 under --lora-init-without-apply."""
+    llama.cpp's); every scale 0 under --lora-init-without-apply. option: --control-vector's, alike."""
     adapters = [(item, "1") for given in plain or () for item in given.split(",") if item]
     for item in (item for given in scaled or () for item in given.split(",") if item):
         path, colon, scale = item.rpartition(":")
         if not colon or not path:
-            raise UsageError(f"--lora-scaled takes FILE:SCALE (llama.cpp's), got {item!r}")
+            raise UsageError(f"{option}-scaled takes FILE:SCALE (llama.cpp's), got {item!r}")
         adapters.append((path, scale))
     if unapplied and not adapters:
         raise UsageError("--lora-init-without-apply: give the adapters to load with --lora FILE")
@@ -1014,11 +1029,11 @@ def _adapters(plain: list[str] | None, scaled: list[str] | None, unapplied: bool
         try:
             number = float(scale)
         except ValueError:
-            raise UsageError(f"--lora-scaled {path}: a scale is a number, got {scale!r}") from None
+            raise UsageError(f"{option}-scaled {path}: a scale is a number, got {scale!r}") from None
         file = Path(path).expanduser()
-        if not file.is_file():
-            raise InputError(f"--lora {path}: no such file")
-        made.append(Adapter(str(file.resolve()), 0.0 if unapplied else number))
+        if not (path.startswith(HUB_PREFIX) or file.is_file()):
+            raise InputError(f"{option} {path}: no such file (a file on the Hub: hf:owner/repo/file.gguf)")
+        made.append(Adapter(path if path.startswith(HUB_PREFIX) else str(file.resolve()), 0.0 if unapplied else number))
     return tuple(made)
 
 

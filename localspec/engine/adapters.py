@@ -1,12 +1,15 @@
 """LoRA adapters on a model (llama.cpp's --lora): each loaded once beside its weights and applied to a context at
 the scales asked, every sequence of the context alike. What a cache holds was computed under the scales applied
-while it was read, so a change of them leaves no cache to reuse."""
+while it was read, so a change of them leaves no cache to reuse. And control vectors (--control-vector), added
+to a context's layers' outputs."""
 
 import ctypes
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import ModelLoadError, UsageError
 from .library import llama, recent_errors
@@ -71,3 +74,15 @@ class Adapters:
         for handle in self._handles:
             llama.llama_adapter_lora_free(handle)
         self._handles.clear()
+
+
+def steer(context, directions: np.ndarray, layers: tuple[int, int]) -> None:
+    """Add a control vector to the outputs of the context's layers from layers[0] to layers[1]: directions holds
+    one row a layer from the first (layer 1's output; llama.cpp steers no input), the vectors given summed
+    each times its scale."""
+    rows = np.ascontiguousarray(directions, dtype=np.float32)
+    width = rows.shape[1]
+    if llama.llama_set_adapter_cvec(context.handle, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), rows.size,
+                                    width, layers[0], layers[1]) != 0:
+        raise UsageError(f"llama.cpp could not add the control vector to {context.model.path.name}: its directions"
+                         f" are {width} wide, the model's layers {context.model.layer_width}")

@@ -11,8 +11,9 @@ made under another name, forget(name) one removed; remove(entry) a downloaded fi
 receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
 its file where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its
 file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
-header; pair(target, draft) a target and its draft found, fetched, read and checked; machine() the memory and
-devices there are; estimate_bytes(header, n_ctx) what a model takes of them.
+header; control_vector(path) a control vector's directions; pair(target, draft) a target and its draft found,
+fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what a
+model takes of them.
 """
 
 import dataclasses
@@ -29,7 +30,7 @@ from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters", "blob_model",
-           "capabilities", "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here",
+           "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here",
            "installed", "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
 
 
@@ -151,6 +152,11 @@ def receive_blob(digest: str, size: int | None) -> blobs.Upload:
 def blob_model(files: dict[str, str]) -> Path:
     """The GGUF file among uploaded files (name -> digest) that a model is made from."""
     return blobs.model(files)
+
+
+def control_vector(path: Path) -> dict:
+    """A control vector's directions by layer (GGUFError where the file is none)."""
+    return gguf_meta.control_vector(path)
 
 
 def blob_adapters(files: dict[str, str]) -> tuple[str, ...]:

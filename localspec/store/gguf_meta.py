@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 from ..errors import InputError
 
@@ -398,3 +399,23 @@ class _Reader:
         if not isinstance(array, RawArray):
             return None
         return hashlib.sha256(self.data[array.start : array.end]).hexdigest()
+
+
+def control_vector(path: Path) -> dict[int, np.ndarray]:
+    """A control vector's directions by layer (llama.cpp's cvector-generator writes `direction.N`, N from 1: one
+    F32 vector of the model's width a layer), checked as llama.cpp checks them; GGUFError naming what is wrong."""
+    read(path)  # (not a GGUF, truncated, ...: said as for any file)
+    directions: dict[int, np.ndarray] = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        kind, _, layer = tensor.name.partition(".")
+        if kind != "direction" or not layer.isdigit() or int(layer) == 0:
+            raise GGUFError(f"{path} is not a control vector: a tensor {tensor.name!r}, where a control vector holds"
+                            " direction.1, direction.2, ... (llama.cpp's cvector-generator writes one)")
+        if tensor.tensor_type != gguf.GGMLQuantizationType.F32 or len(tensor.shape) != 1:
+            raise GGUFError(f"{path}: {tensor.name} is not a vector of F32 numbers")
+        directions[int(layer)] = directions.get(int(layer), 0) + np.array(tensor.data, dtype=np.float32)
+    if not directions:
+        raise GGUFError(f"{path} holds no direction tensors: not a control vector")
+    if len({len(direction) for direction in directions.values()}) > 1:
+        raise GGUFError(f"{path}: its directions are not all of one width")
+    return directions
