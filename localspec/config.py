@@ -388,7 +388,7 @@ class Adapter:
 
     def __post_init__(self):
         if not math.isfinite(self.scale):
-            raise UsageError(f"--lora-scaled {self.path}: a scale is a number, got {self.scale}")
+            raise UsageError(f"{self.path}: a scale is a number, got {self.scale}")
 
 
 @dataclass(frozen=True)

@@ -426,7 +426,8 @@ ADAPTER_OPTIONS = {
         " architecture, as llama.cpp's convert_lora_to_gguf.py writes one; hf:owner/repo/file.gguf downloads it), at"
         " scale 1; comma-separated or repeated"
         " for several. The draft stays as it is: the text is the adapted target's, and where the adapter moves"
-        " the target away from the draft, fewer drafts are accepted (bench --lora measures it).", show_default=False, rich_help_panel=ADAPTERS)], None),
+        " the target away from the draft, fewer drafts are accepted (bench --lora measures it).", show_default=False,
+        rich_help_panel=ADAPTERS)], None),
     "lora_scaled": (Annotated[Optional[list[str]], typer.Option(
         "--lora-scaled", metavar="FILE:SCALE[,...]", help="The same at a scale of your own (0.5: half the"
         " adapter's change). serve numbers the adapters from 0, --lora's first, then --lora-scaled's.",

@@ -29,9 +29,10 @@ from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters", "blob_model",
-           "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch", "find", "forget", "header", "here",
-           "installed", "known", "machine", "made", "make", "pair", "receive_blob", "remove"]
+__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
+           "blob_model", "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch",
+           "find", "forget", "header", "here", "installed", "known", "machine", "made", "make", "pair",
+           "receive_blob", "remove"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
