@@ -130,7 +130,8 @@ def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, by
 @dataclass
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
-    it), the LoRA adapters loaded for the target (applied by the session), the costly drafters its drafting plan
+    it), the LoRA adapters loaded for the target (applied by the session) and its control vectors (steering, applied
+    to its context), the costly drafters its drafting plan
     made, each on a context of its own; the plan and the speculation as the loaded models left them; settings:
     what decides how llama.cpp computes, and so auto's costs; notes: what was done other than asked, for the CLI
     to print."""
@@ -142,6 +143,7 @@ class Loaded:
     target: Context
     sequences: list[Context]
     adapters: Adapters
+    steering: tuple[np.ndarray, tuple[int, int]] | None  # the control vectors' directions and layers (engine.steer's)
     costly: dict[DrafterSpec, CostlyDrafter]
     settings: dict
     notes: list[str]
@@ -241,9 +243,10 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     tree_room = speculation.tree_room if not target_model.recurrent and not kept else 0
     target_context = context(target_model, (runtime.cache_type_k, runtime.cache_type_v), runtime.threads,
                              keep_hidden=kept, branches=tree_room)
-    if runtime.control_vectors:
-        steer(target_context, steering(runtime.control_vectors, target_model.layer_width),
-              runtime.control_layers or (1, target_model.n_layer))
+    steered = ((steering(runtime.control_vectors, target_model.layer_width),
+                runtime.control_layers or (1, target_model.n_layer)) if runtime.control_vectors else None)
+    if steered:
+        steer(target_context, *steered)
     if target_context.n_ctx != runtime.ctx_size:
         notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
                      " context sizes up to a multiple of 256")
@@ -272,5 +275,5 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         del settings[left_out]
     if runtime.lora:
         settings["lora"] = [adapter.path for adapter in runtime.lora]
-    return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, costly, settings,
-                  notes)
+    return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, steered, costly,
+                  settings, notes)

@@ -14,6 +14,7 @@ from pathlib import Path
 from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, overridden
 from .drafting import Drafters, speculating
 from .engine import prompt_cache, rpc
+from .engine.adapters import steer
 from .engine.backend import Context
 from .engine.embedder import Embedder
 from .engine.suffix import SuffixCache
@@ -136,7 +137,7 @@ class Session:
             self._embedder: Embedder | None = None  # made at the first embedding asked for
             self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
-            self.adapters = loaded.adapters
+            self.adapters, self._steering = loaded.adapters, loaded.steering
             self.lora_applied = (0.0,) * len(self.adapters)  # the scales the target's context computes with
             self._adapt(self.adapters.scales)
             self.load_seconds = time.perf_counter() - started  # the models' load (Ollama's load_duration)
@@ -391,7 +392,7 @@ class Session:
         if context is self.target:
             self._adapt(self.adapters.scales)
         else:
-            self.adapters.apply(context, self.adapters.scales)
+            self.adapters.apply(context, self.adapters.scales)  # (the defaults, which serve's POST may change)
         return scored(context, tokens, top, start)
 
     def _scoring_context(self, n: int) -> Context:
@@ -404,14 +405,22 @@ class Session:
                 self._owned.remove(self._scorer)
                 self._scorer.close()
                 self._scorer = None
-            self._scorer = self._own(scoring_context(self.target_model, n, self._runtime))
+            self._scorer = self._steered(self._own(scoring_context(self.target_model, n, self._runtime)))
         return self._scorer
+
+    def _steered(self, context):
+        """A context of the target's own beside the generation's (scoring, embedding), steered as the target is."""
+        if self._steering:
+            steer(context, *self._steering)
+        return context
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call)."""
         if self._embedder is None:
-            self._embedder = self._own(Embedder(self.target_model, self.target.n_ctx, self._runtime.threads))
+            self._embedder = self._steered(self._own(Embedder(self.target_model, self.target.n_ctx,
+                                                              self._runtime.threads)))
+        self.adapters.apply(self._embedder, self.adapters.scales)
         return self._embedder.embed(tokens).tolist()
 
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,

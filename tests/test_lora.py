@@ -346,3 +346,15 @@ def test_prompts_kept_on_disk_under_control_vectors_are_kept_apart_by_their_scal
     steered = {_cache_variant(("f16", "f16"), Rope(), ((Adapter("/m.gguf", scale),), layers))
                for scale in (1.0, -1.0) for layers in (None, (1, 1))}
     assert plain == "" and len(steered) == 4 and all(name.startswith("cvec-") for name in steered)
+
+
+def test_scores_and_embeddings_are_the_adapted_and_steered_targets(tiny, adapters, tmp_path):
+    vector = Adapter(str(write_tiny_control_vector(tmp_path / "mood.gguf", seed=21)))
+    with opened(tiny) as base:
+        tokens = base.prompts.tokenize(PROMPT, raw=True)
+        plain = ([row.chosen for row in base.score(tokens)[1:]], base.embed(tokens))
+    for lora, steering in (((Adapter(str(adapters["strong"])),), ()), ((), (vector,))):
+        with Session(tiny["target"], None, Runtime(ctx_size=512, lora=lora, control_vectors=steering),
+                     Speculation(drafting=DrafterKind.PLAIN)) as session:
+            scored = [row.chosen for row in session.score(tokens)[1:]]
+            assert scored != plain[0] and session.embed(tokens) != plain[1]

@@ -43,6 +43,11 @@ class Embedder:
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
 
+    @property
+    def handle(self):
+        """llama.cpp's context (for LoRA adapters and control vectors)."""
+        return self._ctx
+
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         if not tokens:
             raise InputError("an input to embed is empty")
