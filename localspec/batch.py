@@ -6,8 +6,9 @@ Input lines are JSON objects (`id`, `prompt` or `messages`, optional `temperatur
 pairs; a bias of false bans the token), `ignore_eos`, DRY's `dry_multiplier`, `dry_base`, `dry_allowed_length`,
 `dry_penalty_last_n` and `dry_sequence_breakers`, XTC's `xtc_probability` and `xtc_threshold`, `typical_p`,
 `dynatemp_range`, `dynatemp_exponent`, `top_n_sigma`, `mirostat`, `mirostat_tau` and `mirostat_eta` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
-answer is expected to be, which drafts wherever the answer follows it, and `grammar` (GBNF) or `json_schema`: what the
-answer must follow) or plain text, one prompt a line; ids are
+answer is expected to be, which drafts wherever the answer follows it, `grammar` (GBNF) or `json_schema`: what the
+answer must follow, and `lora`: the LoRA adapters' scales, `[{"id", "scale"}, ...]` as serve's requests give them)
+or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
 in flight and `resume` can pick up where it stopped.
 """
@@ -48,6 +49,7 @@ class Item:
     messages: list | None = None
     options: dict = field(default_factory=dict)
     prediction: str | None = None
+    lora: dict[int, float] | None = None  # the LoRA adapters' scales by id (Request's)
     error: str | None = None  # set when the line itself could not be understood
 
 
@@ -97,9 +99,16 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
         if prediction is not None and not isinstance(prediction, str):
             yield Item(id=item_id, error="'prediction' must be a string: the text the answer is expected to be")
             continue
-        options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages", "prediction")}
+        lora = record.get("lora")
+        if lora is not None and not (isinstance(lora, list) and all(
+                isinstance(entry, dict) and set(entry) == {"id", "scale"} and _whole(entry["id"])
+                and _number(entry["scale"]) for entry in lora)):
+            yield Item(id=item_id, error="'lora' must be a list of {\"id\": adapter, \"scale\": number} (as serve's"
+                       " requests give it)")
+            continue
+        options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages", "prediction", "lora")}
         yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options,
-                   prediction=prediction)
+                   prediction=prediction, lora=None if lora is None else {e["id"]: e["scale"] for e in lora})
 
 
 def _well_formed(messages: list) -> bool:
@@ -244,7 +253,7 @@ def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, r
     prompt = session.prompts.tokenize(item.prompt, raw=True) if messages is None else None
     messages = conversation(messages) if messages is not None else None
     return Request(item_sampling, item_limits, messages=messages, prompt=prompt, prediction=item.prediction,
-                   thinking=thinking, template_variables=template_variables)
+                   thinking=thinking, template_variables=template_variables, lora=item.lora)
 
 
 def _record(item: Item, outcome: Recorder, predicted: int | None, thinks: bool) -> dict:
@@ -264,6 +273,7 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
     by sequence (for record_stop). conversation: each conversation as the model named asks for it."""
     records, waiting, scheduler = [], iter(items), Scheduler(session)
     running = {} if running is None else running
+    held: tuple[Item, Request] | None = None  # an item of other LoRA scales than those running: it waits for them
 
     def finish(record: dict) -> None:
         _write(out, record, durable)
@@ -271,10 +281,22 @@ def run(session: Session, items: list[Item], out: IO[str], sampling: Sampling, l
         progress(record)
 
     while True:
-        while not scheduler.full and (item := next(waiting, None)) is not None:
+        while not scheduler.full:
+            if held is None:
+                if (item := next(waiting, None)) is None:
+                    break
+                try:
+                    held = item, _request(session, item, sampling, limits, raw, thinking, conversation,
+                                          template_variables)
+                except LocalspecError as error:
+                    finish({"id": item.id, "error": str(error)})
+                    continue
+            item, request = held
+            if not scheduler.admits(request):
+                break
+            held = None
             try:
-                started = scheduler.add(_request(session, item, sampling, limits, raw, thinking, conversation,
-                                                 template_variables))
+                started = scheduler.add(request)
             except LocalspecError as error:
                 finish({"id": item.id, "error": str(error)})
                 continue

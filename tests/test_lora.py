@@ -358,3 +358,28 @@ def test_scores_and_embeddings_are_the_adapted_and_steered_targets(tiny, adapter
                      Speculation(drafting=DrafterKind.PLAIN)) as session:
             scored = [row.chosen for row in session.score(tokens)[1:]]
             assert scored != plain[0] and session.embed(tokens) != plain[1]
+
+
+def test_batch_items_ask_for_their_own_scales_and_wait_for_those_running(localspec, tiny, adapters, tmp_path):
+    import json
+
+    def text(scale: float) -> str:
+        done = localspec("run", tiny["target"], "-p", PROMPT, "-n", "12", "--temp", "0", "--raw", "--json",
+                         "--lora-scaled", f"{adapters['strong']}:{scale}")
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)["text"]
+
+    asked = [{"id": "a", "lora": [{"id": 0, "scale": 1.0}]}, {"id": "b", "lora": []}, {"id": "c"},
+             {"id": "d", "lora": [{"id": 0, "scale": 0.5}]}, {"id": "e", "lora": [{"id": 3, "scale": 1}]},
+             {"id": "f", "lora": {"id": 0}}]
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(item | {"prompt": PROMPT, "max_tokens": 12}) + "\n"
+                                                  for item in asked))
+    done = localspec("batch", tiny["target"], tmp_path / "items.jsonl", "--raw", "--temp", "0", "--parallel", "2",
+                     "--lora", adapters["strong"])
+    assert done.returncode != 0  # (two items failed: their records say why)
+    records = {record["id"]: record for record in map(json.loads, done.stdout.decode().splitlines())}
+    adapted = text(1)
+    assert records["a"]["text"] == records["c"]["text"] == adapted
+    assert records["b"]["text"] == text(0) != adapted
+    assert records["d"]["text"] == text(0.5)
+    assert "no adapter 3 is loaded" in records["e"]["error"] and "'lora' must be a list" in records["f"]["error"]
