@@ -61,8 +61,8 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
 
 
 def fetched_adapters(adapters: tuple[Adapter, ...], offline: bool = False, progress=None) -> tuple[Adapter, ...]:
-    """The LoRA adapters, those named on the Hub (hf:owner/repo/file.gguf) as their files, downloaded first where
-    missing, as a model named so is."""
+    """LoRA adapters or control vectors, those named on the Hub (hf:owner/repo/file.gguf) as their files,
+    downloaded first where missing, as a model named so is."""
     return tuple(replace(adapter, path=str(store.fetch(store.find(adapter.path), offline, progress)))
                  if adapter.path.startswith(HUB_PREFIX) else adapter for adapter in adapters)
 
@@ -131,8 +131,7 @@ def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, by
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
     it), the LoRA adapters loaded for the target (applied by the session) and its control vectors (steering, applied
-    to its context), the costly drafters its drafting plan
-    made, each on a context of its own; the plan and the speculation as the loaded models left them; settings:
+    to its context), the costly drafters its drafting plan made, each on a context of its own; the plan and the speculation as the loaded models left them; settings:
     what decides how llama.cpp computes, and so auto's costs; notes: what was done other than asked, for the CLI
     to print."""
 

@@ -424,10 +424,9 @@ ADAPTER_OPTIONS = {
     "lora": (Annotated[Optional[list[str]], typer.Option(
         "--lora", metavar="FILE[,FILE]", help="A LoRA adapter the target computes with (a GGUF made for its"
         " architecture, as llama.cpp's convert_lora_to_gguf.py writes one; hf:owner/repo/file.gguf downloads it), at"
-        " scale 1; comma-separated or repeated"
-        " for several. The draft stays as it is: the text is the adapted target's, and where the adapter moves"
-        " the target away from the draft, fewer drafts are accepted (bench --lora measures it).", show_default=False,
-        rich_help_panel=ADAPTERS)], None),
+        " scale 1; comma-separated or repeated for several. The draft stays as it is: the text is the adapted"
+        " target's, and where the adapter moves the target away from the draft, fewer drafts are accepted (bench"
+        " --lora measures it).", show_default=False, rich_help_panel=ADAPTERS)], None),
     "lora_scaled": (Annotated[Optional[list[str]], typer.Option(
         "--lora-scaled", metavar="FILE:SCALE[,...]", help="The same at a scale of your own (0.5: half the"
         " adapter's change). serve numbers the adapters from 0, --lora's first, then --lora-scaled's.",
@@ -1034,7 +1033,8 @@ def _adapters(plain: list[str] | None, scaled: list[str] | None, unapplied: bool
         file = Path(path).expanduser()
         if not (path.startswith(HUB_PREFIX) or file.is_file()):
             raise InputError(f"{option} {path}: no such file (a file on the Hub: hf:owner/repo/file.gguf)")
-        made.append(Adapter(path if path.startswith(HUB_PREFIX) else str(file.resolve()), 0.0 if unapplied else number))
+        made.append(Adapter(path if path.startswith(HUB_PREFIX) else str(file.resolve()),
+                            0.0 if unapplied else number))
     return tuple(made)
 
 
