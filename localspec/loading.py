@@ -130,10 +130,10 @@ def tokens_of(path: Path, text: str, special: bool = True) -> list[tuple[int, by
 @dataclass
 class Loaded:
     """The llama.cpp objects of a loaded pair: the target's model and context (and its sequences' views of
-    it), the LoRA adapters loaded for the target (applied by the session) and its control vectors (steering, applied
-    to its context), the costly drafters its drafting plan made, each on a context of its own; the plan and the speculation as the loaded models left them; settings:
-    what decides how llama.cpp computes, and so auto's costs; notes: what was done other than asked, for the CLI
-    to print."""
+    it), the LoRA adapters loaded for the target (applied by the session) and its control vectors (steering,
+    applied to its context), the costly drafters its drafting plan made, each on a context of its own; the plan
+    and the speculation as the loaded models left them; settings: what decides how llama.cpp computes, and so
+    auto's costs; notes: what was done other than asked, for the CLI to print."""
 
     placement: Placement
     plan: DraftPlan
