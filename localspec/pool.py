@@ -108,6 +108,10 @@ class Pool:
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
         self.loaded: dict[Key, Served] = {_key(first): self.first}
         self._loading: dict[Key, asyncio.Future] = {}
+        # serve's --lora adapts the model it serves, whatever name a request gives its file; a model made with an
+        # ADAPTER that serve started with is that model, its base another
+        made = store.made(name)
+        self._adapted_by_serve = len(first.adapters) > 0 and not (made and made.adapters)
         # One load at a time: the memory check of one sees the models loaded before it (three first requests
         # for different models at once all passed it together, 3 x 6 GiB on 10 GiB).
         self._load_lock = asyncio.Lock()
@@ -136,9 +140,11 @@ class Pool:
                          tuple(str(path) for path in session.adapters.paths))
 
     def _unless_first(self, wanted: Available) -> Available:
-        """The model wanted, or the first one where that is the same file with the same adapters."""
+        """The model wanted, or the first one where that is the same file with the same adapters (or with serve's
+        own, where the name asks for none)."""
         first = self._served_first()
-        return first if wanted.key == first.key else wanted
+        same = wanted.key == first.key or self._adapted_by_serve and not wanted.adapters and wanted.path == first.path
+        return first if same else wanted
 
     def header(self, path: Path) -> GGUFInfo:
         if path not in self._headers:

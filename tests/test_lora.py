@@ -383,3 +383,50 @@ def test_batch_items_ask_for_their_own_scales_and_wait_for_those_running(localsp
     assert records["b"]["text"] == text(0) != adapted
     assert records["d"]["text"] == text(0.5)
     assert "no adapter 3 is loaded" in records["e"]["error"] and "'lora' must be a list" in records["f"]["error"]
+
+
+def test_serves_own_adapters_are_its_models_by_any_name_and_a_made_models_are_its_own(tmp_path, tiny, adapters):
+    """serve tiny-c --lora: a request naming tiny-c's alias loaded its file a second time without the adapter (the
+    pool told models apart by file and adapters); a model made with an ADAPTER is served beside its base."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import httpx2 as httpx
+
+    from test_pool import REGISTRY
+    from test_server import ServerProcess
+
+    home = tmp_path / "home"
+    (home / "models" / "tiny-c").mkdir(parents=True)
+    (home / "models.toml").write_text(REGISTRY)
+    shutil.copy(tiny["partial"], home / "models" / "tiny-c" / "c.gguf")
+    server = ServerProcess(home, "tiny-c", "--offline", "-c", "512", "--lora", adapters["strong"])
+    try:
+        client = server.client()
+
+        def answer(model: str) -> str:
+            return client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+
+        assert answer("cee") == answer("tiny-c") == answer("tiny-c:latest")
+        assert [m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"]] == ["tiny-c"]
+        adapted = answer("tiny-c")
+        assert adapted != client.completions.create(model="tiny-c", prompt=PROMPT, max_tokens=12, temperature=0,
+                                                    extra_body={"lora": []}).choices[0].text
+    finally:
+        assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log()
+    # serve started with a model made with the ADAPTER: its base, named, is the base
+    (tmp_path / "Modelfile").write_text(f"FROM tiny-c\nADAPTER {adapters['strong']}\n")
+    made = subprocess.run([sys.executable, "-m", "localspec", "create", "tuned", "-f", tmp_path / "Modelfile"],
+                          env=os.environ | {"LOCALSPEC_HOME": str(home)}, capture_output=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    server = ServerProcess(home, "tuned", "--offline", "-c", "512")
+    try:
+        client = server.client()
+        assert answer("tuned") == adapted != answer("cee")
+        assert sorted(m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"]) == ["tiny-c", "tuned"]
+    finally:
+        assert server.stop() == 0, server.log()
+    assert "Traceback" not in server.log()

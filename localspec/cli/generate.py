@@ -709,8 +709,9 @@ def serve(
                       allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui,
                       certificate=ssl_cert_file, private_key=ssl_key_file)
     tls = net.serving_tls(serving.certificate, serving.private_key) if serving.tls else None
-    model = alias or (Path(settings.target).name if settings.target and Path(settings.target).is_file()
-                      else settings.target)
+    # (a model made with `create` goes by its own name: its base, named, is another model where it has adapters)
+    model = alias or (settings.made.name if settings.made else Path(settings.target).name
+                      if settings.target and Path(settings.target).is_file() else settings.target)
     listener = net.listen(serving.host, serving.port)
     with listener, ExitStack() as held:
         with server_face.answering_while_loading(listener, tls):
