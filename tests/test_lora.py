@@ -430,3 +430,14 @@ def test_serves_own_adapters_are_its_models_by_any_name_and_a_made_models_are_it
     finally:
         assert server.stop() == 0, server.log()
     assert "Traceback" not in server.log()
+
+
+def test_a_modelfiles_adapters_read_back_as_kept_and_add_up_when_made_from_a_made_model():
+    from localspec.store import modelfile
+
+    made = modelfile.parse("FROM base\nADAPTER ./one.gguf\nADAPTER \"/abs/two.gguf\"\nSYSTEM hi\n", "tuned")
+    assert made.adapters == ("./one.gguf", "/abs/two.gguf")
+    kept = modelfile.parse(made.modelfile(), "tuned")
+    assert kept == made and made.modelfile().startswith("FROM base\nADAPTER ./one.gguf\nADAPTER /abs/two.gguf\n")
+    newer = modelfile.parse("FROM tuned\nADAPTER /abs/three.gguf\n", "more")
+    assert made.under(newer).adapters == ("./one.gguf", "/abs/two.gguf", "/abs/three.gguf")
