@@ -203,6 +203,13 @@ def models_table(rows: list[dict], console: Console = out) -> None:
 def model_card(card, console: Console = out) -> None:
     """`localspec show`: what Ollama's show prints, and what the model means for speculation."""
     info = card.info
+    if applied := info.get("applied"):  # (no model: its architecture, context and drafts would say nothing true)
+        lines = [("name", info["name"]), ("is", f"{applied['is']}" + (f" for {applied['for']} models" if applied["for"]
+                                                                        else "") + ", not a model"),
+                 ("use", f"localspec run MODEL {applied['option']} {info['file']}"), ("file", info["file"]),
+                 ("size", size_text(info["size"]))]
+        _rows(console, lines)
+        return
     made = info.get("made", {})
     known = info["architecture"] is not None  # the file is on disk
     lines = [
@@ -234,11 +241,16 @@ def model_card(card, console: Console = out) -> None:
         ("drafts", card.drafts),
         ("license", info["license"] or None),
     ]
+    _rows(console, lines)
+
+
+def _rows(console: Console, lines: list[tuple[str, object]]) -> None:
+    """A card's lines, label beside value; those not known (a file not downloaded yet) left out."""
     table = Table.grid(padding=(0, 3))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for label, value in lines:
-        if value is not None:  # not known before the file is downloaded
+        if value is not None:
             table.add_row(label, shown(value))
     _whole_rows(console).print(table)
 

@@ -441,3 +441,23 @@ def test_a_modelfiles_adapters_read_back_as_kept_and_add_up_when_made_from_a_mad
     assert kept == made and made.modelfile().startswith("FROM base\nADAPTER ./one.gguf\nADAPTER /abs/two.gguf\n")
     newer = modelfile.parse("FROM tuned\nADAPTER /abs/three.gguf\n", "more")
     assert made.under(newer).adapters == ("./one.gguf", "/abs/two.gguf", "/abs/three.gguf")
+
+
+def test_an_adapter_or_a_control_vector_run_as_a_model_says_what_it_is_and_show_says_how_to_use_it(
+        cli, tiny, adapters, tmp_path):
+    import json
+
+    vector = write_tiny_control_vector(tmp_path / "mood.gguf", seed=21)
+    for file, said in ((adapters["strong"], "strong.gguf is a LoRA adapter for a llama model, not a model: run the model"
+                        f" it was made for with --lora {adapters['strong']}"),
+                       (vector, f"mood.gguf is a control vector for a llama model, not a model: run the model it was"
+                        f" made for with --control-vector {vector}")):
+        code, _, err = cli("run", file, "-p", "x")  # (llama.cpp said: key not found in model: llama.context_length)
+        assert code != 0 and said in err and "Traceback" not in err, err
+        code, _, err = cli("run", tiny["target"], "--draft", file, "-p", "x")
+        assert code != 0 and said in err, err
+    code, out, _ = cli("show", adapters["strong"])
+    assert code == 0 and "a LoRA adapter for llama models, not a model" in out and "--lora" in out
+    code, out, _ = cli("show", vector, "--json")
+    assert code == 0 and json.loads(out)["applied"] == {"is": "a control vector", "for": "llama",
+                                                        "option": "--control-vector"}

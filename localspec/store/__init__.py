@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Limits, Sampling
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from . import blobs, catalog, compat, download, gguf_meta, hardware, modelfile, registry
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
@@ -231,13 +231,23 @@ def pair(target: str, draft_model: str | None, offline: bool = False, progress=N
     if n_ctx is not None:
         hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
                                            n_ctx)
-    target_info = gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256))
+    target_info = _model(gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256)))
     if draft_entry is None:
         return Pair(target_info)
-    draft_info = gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256))
+    draft_info = _model(gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256)))
     report = compat.check(target_info, draft_info)
     return Pair(target_info, draft_info, report,
                 "" if report.compatible else registry.draft_advice(target_entry, models))
+
+
+def _model(info: GGUFInfo) -> GGUFInfo:
+    """A model's header; InputError where the file is something applied to a model instead (llama.cpp failed on a
+    missing key of its hyperparameters)."""
+    if applied := info.applied_to_a_model:
+        what, architecture, option = applied
+        raise InputError(f"{info.path.name} is {what}{f' for a {architecture} model' if architecture else ''}, not a"
+                         f" model: run the model it was made for with {option} {info.path}")
+    return info
 
 
 def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:

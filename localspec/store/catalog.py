@@ -104,6 +104,9 @@ def model_card(name: str) -> ModelCard:
         "thinking": _thinking(header.chat_template) if header else None,
         "capabilities": capabilities(header) if header else None,
         "license": license_text(entry) if entry else None,
+        # a file applied to a model, not one (a LoRA adapter, a control vector): what it is, for which models, how
+        "applied": dict(zip(("is", "for", "option"), header.applied_to_a_model))
+                   if header and header.applied_to_a_model else None,
     }
     parameters = header.parameter_size if header else entry.params or None
     return ModelCard(info, parameters, entry.command_name if entry and not path else None,

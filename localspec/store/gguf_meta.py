@@ -144,6 +144,16 @@ class GGUFInfo:
         return self.mtp_layers > 0 and not self.trunk
 
     @property
+    def applied_to_a_model(self) -> tuple[str, str, str] | None:
+        """Where the file is no model but something applied to one: what it is, the architecture of the models it
+        is for ("" unknown) and the option that applies it; None for a model."""
+        if self.get("general.type") == "adapter":
+            return "a LoRA adapter", self.architecture, "--lora"
+        if self.architecture == "controlvector":
+            return "a control vector", self.get("controlvector.model_hint") or "", "--control-vector"
+        return None
+
+    @property
     def generates(self) -> bool:
         """Whether the model writes text (an embedding model's encoder only embeds it)."""
         return self.architecture not in ENCODER_ARCHITECTURES and self.arch("attention.causal") is not False
