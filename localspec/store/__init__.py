@@ -104,11 +104,12 @@ def _adapter(given: str, where: Path | None) -> str:
     if not beside.is_file():
         raise UsageError(f"ADAPTER {given}: no such file" + (f" beside {where}" if where else ""))
     try:
-        kind = gguf_meta.read(beside).metadata.get("general.type")
+        applied = gguf_meta.read(beside).applied_to_a_model
     except gguf_meta.GGUFError as error:
         raise UsageError(f"ADAPTER {error}") from None
-    if kind != "adapter":
-        raise UsageError(f"ADAPTER {given}: a GGUF {kind or 'model'}, not a LoRA adapter (FROM names the model)")
+    if applied is None or applied[2] != "--lora":
+        raise UsageError(f"ADAPTER {given}: {applied[0] if applied else 'a GGUF model'}, not a LoRA adapter (FROM"
+                         " names the model)")
     return os.path.abspath(beside)
 
 

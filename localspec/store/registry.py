@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import tomllib
 
 from .. import paths
+from ..config import HUB_PREFIX
 from . import modelfile
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import UsageError
@@ -410,8 +411,8 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     """A target or draft as typed by the user: a registry name or alias, as Ollama's users name it
     (_ollama_named), a .gguf file, hf:owner/repo/file.gguf or owner/repo:QUANT."""
     models = load() if models is None else models
-    if text.startswith("hf:"):
-        owner, _, rest = text[3:].partition("/")
+    if text.startswith(HUB_PREFIX):
+        owner, _, rest = text.removeprefix(HUB_PREFIX).partition("/")
         name, _, file = rest.partition("/")
         repo = f"{owner}/{name}"
         if not is_repo_name(repo) or not SAFE_FILE.match(file):
