@@ -7,7 +7,8 @@ pairs; a bias of false bans the token), `ignore_eos`, DRY's `dry_multiplier`, `d
 `dry_penalty_last_n` and `dry_sequence_breakers`, XTC's `xtc_probability` and `xtc_threshold`, `typical_p`,
 `dynatemp_range`, `dynatemp_exponent`, `top_n_sigma`, `mirostat`, `mirostat_tau` and `mirostat_eta` (llama-server's), `max_tokens`, `stop`, `prediction`: the text the
 answer is expected to be, which drafts wherever the answer follows it, `grammar` (GBNF) or `json_schema`: what the
-answer must follow, and `lora`: the LoRA adapters' scales, `[{"id", "scale"}, ...]` as serve's requests give them)
+answer must follow, `lora`: the LoRA adapters' scales, `[{"id", "scale"}, ...]` as serve's requests give them, and
+`images`: image files' paths or base64, before the prompt's text, as a message's `images` are before its content)
 or plain text, one prompt a line; ids are
 unique. Output lines are written whole and flushed, so a killed run loses at most the item
 in flight and `resume` can pick up where it stopped.
@@ -30,7 +31,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 from . import paths
 from .config import Limits, Sampling, Thinking, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble
-from .request import Request
+from .request import Request, message_of_json
 from .scheduler import ENDED, Scheduler
 from .prompts import ROLES, is_message, output_grammar
 from .session import Session
@@ -50,6 +51,7 @@ class Item:
     options: dict = field(default_factory=dict)
     prediction: str | None = None
     lora: dict[int, float] | None = None  # the LoRA adapters' scales by id (Request's)
+    images: list[bytes] = field(default_factory=list)  # a prompt's (a message carries its own)
     error: str | None = None  # set when the line itself could not be understood
 
 
@@ -95,6 +97,15 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=item_id, error="each message needs a 'role' and a 'content' string, the role one of "
                        + ", ".join(ROLES))
             continue
+        try:
+            messages = messages and [_with_images(m) for m in messages]
+            images = _images(record.get("images") or [])
+        except (InputError, UsageError) as error:
+            yield Item(id=item_id, error=str(error))
+            continue
+        if images and not isinstance(prompt, str):
+            yield Item(id=item_id, error="'images' go with a 'prompt' (a message carries its own)")
+            continue
         prediction = record.get("prediction")
         if prediction is not None and not isinstance(prediction, str):
             yield Item(id=item_id, error="'prediction' must be a string: the text the answer is expected to be")
@@ -106,9 +117,35 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=item_id, error="'lora' must be a list of {\"id\": adapter, \"scale\": number} (as serve's"
                        " requests give it)")
             continue
-        options = {k: v for k, v in record.items() if k not in ("id", "prompt", "messages", "prediction", "lora")}
+        options = {k: v for k, v in record.items()
+                   if k not in ("id", "prompt", "messages", "prediction", "lora", "images")}
         yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options,
-                   prediction=prediction, lora=None if lora is None else {e["id"]: e["scale"] for e in lora})
+                   prediction=prediction, lora=None if lora is None else {e["id"]: e["scale"] for e in lora},
+                   images=images)
+
+
+def _with_images(message: dict) -> dict:
+    return message if message.get("images") is None else message | {"images": _images(message["images"])}
+
+
+def _images(images) -> list[bytes]:
+    """An item's images: each an image file's path or its bytes as base64 (as Ollama's API carries them)."""
+    if not isinstance(images, list) or not all(isinstance(image, str) and image for image in images):
+        raise InputError("'images' must be a list of image files' paths or base64 texts")
+    out = []
+    for image in images:
+        path = Path(image).expanduser()
+        if len(image) < 4096 and path.is_file():
+            try:
+                out.append(path.read_bytes())
+            except OSError as error:
+                raise InputError(f"cannot read the image {image}: {error.strerror}") from None
+        else:
+            try:
+                out.append(message_of_json({"images": [image]})["images"][0])
+            except UsageError:
+                raise InputError(f"the image {image[:40]!r} is neither a file nor base64 text") from None
+    return out
 
 
 def _well_formed(messages: list) -> bool:
@@ -249,7 +286,10 @@ def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, r
     item_sampling, item_limits = settings(item, sampling, limits)
     if not item.messages and not item.prompt:
         raise InputError("the prompt is empty")
-    messages = item.messages or (None if raw else [{"role": "user", "content": item.prompt}])
+    if raw and item.images:
+        raise UsageError("an item's images go in the chat template's turn, which --raw leaves out")
+    messages = item.messages or (None if raw else [{"role": "user", "content": item.prompt}
+                                                   | ({"images": item.images} if item.images else {})])
     prompt = session.prompts.tokenize(item.prompt, raw=True) if messages is None else None
     messages = conversation(messages) if messages is not None else None
     return Request(item_sampling, item_limits, messages=messages, prompt=prompt, prediction=item.prediction,

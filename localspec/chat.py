@@ -7,6 +7,7 @@ fast in turn 20 as in turn 2.
 
 import atexit
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from . import tui
 from .config import OVERRIDABLE, DrafterKind, Limits, Sampling, Thinking, overridden
 from .errors import LocalspecError
 from .prompts import is_message
+from .request import message_as_json, message_of_json
 from .session import Session
 from .stats import Recorder
 
@@ -33,6 +35,7 @@ HELP = """\
                  temperature, top_k, top_p, min_p, seed, num_predict, stop, repeat_penalty, ...)
 /set system TEXT the system prompt from the next message (/set think, /set nothink as /think)
 /set verbose     each reply's timings as Ollama's --verbose prints them (/set quiet: none)
+/image FILE      an image for the next message (with --mmproj); a path in a message (./cat.png) is one too
 /save FILE       write the conversation to FILE as JSON
 /load FILE       go on with a conversation saved by /save
 /exit, /bye      leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
@@ -42,6 +45,30 @@ BLOCK = '"""'
 PROMPT = "you> "
 # /set parameter's names as Ollama's options call them, where they are not localspec's
 OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
+
+
+# An image file named in a message, as Ollama finds one: a path from / ./ ../ or ~/, spaces in it escaped or the
+# whole quoted, ending in an image format's extension (of those llama.cpp reads)
+IMAGE_PATH = re.compile(r"""(?<!\S)(?:(?P<quote>['"])(?P<quoted>(?:~|\.{1,2})?/[^'"]*?\.(?:jpe?g|png|gif|bmp))(?P=quote)"""
+                        r"""|(?P<path>(?:~|\.{1,2})?/(?:\\ |\S)*?\.(?:jpe?g|png|gif|bmp)))(?=[\s,;:!?]|\.?$|\.\s)""",
+                        re.IGNORECASE)
+
+
+def images_named(text: str) -> tuple[str, list[tuple[str, bytes]]]:
+    """A message's text without the image files it names that exist, and those files (path, bytes), in order."""
+    found = []
+
+    def taken(match: re.Match) -> str:
+        path = Path(match["quoted"] or match["path"].replace("\\ ", " ")).expanduser()
+        if not path.is_file():
+            return match[0]
+        try:
+            found.append((str(path), path.read_bytes()))
+        except OSError:
+            return match[0]
+        return ""
+
+    return IMAGE_PATH.sub(taken, text).strip(), found
 
 
 def _parameter(value: str):
@@ -66,6 +93,7 @@ class Chat:
         self.session = session
         self.conversation = session.chat(system, sampling, limits, thinking, opening, template_variables)
         self.verbose, self.shows_thinking = verbose, shows_thinking
+        self.images: list[bytes] = []  # for the next message (/image)
 
     @property
     def messages(self) -> list[dict]:
@@ -87,11 +115,19 @@ class Chat:
     def clear(self) -> None:
         self.conversation.clear()
 
-    def reply(self, text: str, show: Callable) -> str:
+    def reply(self, text: str, show: Callable, console=None) -> str:
         """Answer one user message and return the answer; `show` sees the events as they come. Ctrl-C
-        stops the answer, which stays in the conversation as far as it got."""
+        stops the answer, which stays in the conversation as far as it got. The images /image named, and those
+        whose files the message names where the model reads images, go with it (console: where that is said)."""
+        if getattr(self.session, "vision", None) is not None:
+            text, named = images_named(text)
+            for path, _ in named:
+                if console is not None:
+                    console.print(f"[dim]added image {tui.shown(path)}[/]", highlight=False)
+            self.images += [image for _, image in named]
+        images, self.images = self.images, []
         try:
-            for event in self.conversation.stream(text):
+            for event in self.conversation.stream(text, images):
                 show(event)
         except KeyboardInterrupt:
             pass
@@ -118,6 +154,8 @@ class Chat:
             self._think(name == "think", console)
         elif name == "load":
             self._load(argument, console)
+        elif name == "image":
+            self._image(argument, console)
         elif name == "set":
             self._set(argument, console)
         elif name == "save":
@@ -125,7 +163,8 @@ class Chat:
                 console.print("[red]usage: /save FILE[/]")
             else:
                 try:
-                    Path(argument).expanduser().write_text(json.dumps(self.messages, indent=2, ensure_ascii=False) + "\n")
+                    Path(argument).expanduser().write_text(json.dumps(
+                        [message_as_json(m) for m in self.messages], indent=2, ensure_ascii=False) + "\n")
                 except OSError as error:  # the conversation is worth more than the file: keep chatting
                     console.print(f"[red]cannot save to {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
                 else:
@@ -133,6 +172,18 @@ class Chat:
         else:
             console.print(f"[red]unknown command /{tui.shown(name)}[/]; /help lists them")
         return True
+
+    def _image(self, argument: str, console) -> None:
+        if not argument:
+            console.print("[red]usage: /image FILE[/]")
+            return
+        path = Path(argument.strip("'\"")).expanduser()
+        try:
+            self.images.append(path.read_bytes())
+        except OSError as error:
+            console.print(f"[red]cannot read {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
+            return
+        console.print(f"[dim]image {tui.shown(argument)} goes with the next message[/]")
 
     def _load(self, argument: str, console) -> None:
         if not argument:
@@ -146,8 +197,13 @@ class Chat:
         if not (isinstance(messages, list) and all(is_message(m) for m in messages)):
             console.print(f"[red]{tui.shown(argument)} is not a conversation saved by /save[/]")
             return
-        self.messages = [{key: m[key] for key in ("role", "content", "reasoning_content") if isinstance(m.get(key), str)}
-                         for m in messages]
+        try:
+            self.messages = [message_of_json({key: m[key] for key in ("role", "content", "reasoning_content", "images")
+                                              if isinstance(m.get(key), list if key == "images" else str)})
+                             for m in messages]
+        except LocalspecError as error:
+            console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(error)}[/]")
+            return
         console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
 
     def _set(self, argument: str, console) -> None:
@@ -258,7 +314,7 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
             started = time.perf_counter()
             if interactive:
                 with tui.LiveView(console, color=color, summary=False, thinking=chat.shows_thinking) as view:
-                    chat.reply(line, view.add)
+                    chat.reply(line, view.add, console)
                 if chat.dropped:
                     console.print(f"[dim]{_dropped_line(chat)}[/]", highlight=False)
                 console.print(f"[dim]{tui.reply_line(view.recorder)}[/]", highlight=False)

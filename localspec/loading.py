@@ -20,6 +20,7 @@ from .engine.prompt_cache import PromptCache
 from .engine.drafters import CostlyDrafter
 from .engine.drafters.across import AcrossDrafter, Vocabularies
 from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, longest_draft, plan_drafting
+from .engine.vision import Vision
 from .errors import IncompatibleDraft, UsageError
 from .store import compat, download, hardware, registry
 from .store.placement import Placement
@@ -51,7 +52,8 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
     runtime = replace(runtime, lora=fetched_adapters(runtime.lora, offline, progress),
-                      control_vectors=fetched_adapters(runtime.control_vectors, offline, progress))
+                      control_vectors=fetched_adapters(runtime.control_vectors, offline, progress),
+                      mmproj=fetched(runtime.mmproj, offline, progress) if runtime.mmproj else None)
     runtime = sized(runtime, pair.target)
     if runtime.parallel == AUTO_PARALLEL:
         runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair))
@@ -63,8 +65,13 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
 def fetched_adapters(adapters: tuple[Adapter, ...], offline: bool = False, progress=None) -> tuple[Adapter, ...]:
     """LoRA adapters or control vectors, those named on the Hub (hf:owner/repo/file.gguf) as their files,
     downloaded first where missing, as a model named so is."""
-    return tuple(replace(adapter, path=str(store.fetch(store.find(adapter.path), offline, progress)))
-                 if adapter.path.startswith(HUB_PREFIX) else adapter for adapter in adapters)
+    return tuple(replace(adapter, path=fetched(adapter.path, offline, progress)) for adapter in adapters)
+
+
+def fetched(path: str, offline: bool = False, progress=None) -> str:
+    """A file beside a model (an adapter, a multimodal projector): one named on the Hub (hf:owner/repo/file.gguf)
+    as its file, downloaded first where missing, as a model named so is."""
+    return str(store.fetch(store.find(path), offline, progress)) if path.startswith(HUB_PREFIX) else path
 
 
 def sized(runtime: Runtime, target: store.GGUFInfo) -> Runtime:
@@ -143,6 +150,7 @@ class Loaded:
     sequences: list[Context]
     adapters: Adapters
     steering: tuple[np.ndarray, tuple[int, int]] | None  # the control vectors' directions and layers (engine.steer's)
+    vision: Vision | None  # the target's multimodal projector (--mmproj)
     costly: dict[DrafterSpec, CostlyDrafter]
     settings: dict
     notes: list[str]
@@ -258,6 +266,11 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
             notes.append(plan.note)
             speculation = replace(speculation, drafting=plan.mode)
             target_context.stop_keeping_hidden()
+    vision = own(Vision(target_model, Path(runtime.mmproj), runtime.threads,
+                        gpu=runtime.mmproj_offload and placed.gpu_layers != 0)) if runtime.mmproj else None
+    if vision is not None:
+        # (llama-server's too: a run shifted into place would carry an image's rows, read at their positions, along)
+        target_context.media, target_context.cache_reuse = vision, 0
     # the sequences requests generate on (serve -np, batch --parallel)
     sequences = [target_context] + [target_context.sequence(seq) for seq in range(1, runtime.parallel)]
     costly = {spec: spec.drafter.made(target_context, context(
@@ -266,13 +279,14 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
         speculation.p_min) for spec in plan.costly}
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
-    # Nor the layers' fitting, only the counts it came to; nor the adapters' scales, only which are loaded.
+    # Nor the layers' fitting, only the counts it came to; nor the adapters' scales, only which are loaded; nor the
+    # projector, which reads images, not text.
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
                                  draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
                 "backend_sampling": on_backend}
-    for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora"):
+    for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora", "mmproj", "mmproj_offload"):
         del settings[left_out]
     if runtime.lora:
         settings["lora"] = [adapter.path for adapter in runtime.lora]
-    return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, steered, costly,
-                  settings, notes)
+    return Loaded(placement, plan, speculation, target_model, target_context, sequences, adapters, steered, vision,
+                  costly, settings, notes)

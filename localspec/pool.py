@@ -210,10 +210,11 @@ class Pool:
         speculation = replace(self.speculation, drafting=drafting)
         self.log(f"loading {wanted.name} ({wanted.path.name}{f', drafted by {draft.name}' if draft else ''})")
         started = time.perf_counter()
-        # (RoPE's scaling, the LoRA adapters and control vectors are the first model's: another's file says its own
-        # RoPE, a model made with an ADAPTER its own adapters, and a control vector is made for one model)
+        # (RoPE's scaling, the LoRA adapters, control vectors and projector are the first model's: another's file says
+        # its own RoPE, a model made with an ADAPTER its own adapters, and a control vector or projector is made for
+        # one model)
         runtime = replace(self.runtime, rope=Rope(), lora=tuple(Adapter(path) for path in wanted.adapters),
-                          control_vectors=())
+                          control_vectors=(), mmproj=None)
         session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None, runtime,
                                           speculation, True)
         await asyncio.to_thread(session.warm)

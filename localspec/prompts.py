@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 from . import reasoning
 from .chat_template import render, render_pieces
 from .config import Sampling, Thinking
-from .engine.model import Model
 from .engine.grammar import from_json_schema, json_object
+from .engine.model import Model
+from .engine.vision import Vision, media_runs
 from .errors import ContextOverflow, InputError, UsageError
-from .request import Request
+from .request import IMAGE_MARKER, Request
 from .tool_calls import ToolFormat, Tools, constraint, tool_format, with_calls_written
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
@@ -32,6 +33,9 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 # what a chat template is given of the request itself, which no variable of a client's may stand for
 RENDERED = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 THINKING_FIELD = "reasoning_content"
+# where a prompt shown as text holds an image (llama.cpp's default media marker, which llama-server's /apply-template
+# writes too)
+MEDIA_MARKER = "<__media__>"
 
 
 def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
@@ -82,12 +86,27 @@ def _arguments_as(call, text: bool):
     return call | {"function": function | {"arguments": arguments}} if isinstance(arguments, dict) else call
 
 
+def _images_placed(message: dict) -> dict:
+    """A message as its chat template renders it: its images (`images`: each an image file's bytes) each an
+    IMAGE_MARKER in its content, those its content does not place before its text (as Ollama places them)."""
+    images = message.get("images")
+    if images is None:
+        return message
+    content = message.get("content") or ""
+    placed = content.count(IMAGE_MARKER)
+    if placed > len(images):
+        raise InputError(f"a message places {placed} images but carries {len(images)}")
+    return {key: value for key, value in message.items() if key != "images"} | {
+        "content": IMAGE_MARKER * (len(images) - placed) + content}
+
+
 class Prompts:
     """The prompt work of a session: its target model and the context its prompts must fit."""
 
-    def __init__(self, model: Model, n_ctx: int, template: str | None = None):
-        """template: the chat template to use in place of the model's own (--chat-template)."""
-        self.model, self.n_ctx = model, n_ctx
+    def __init__(self, model: Model, n_ctx: int, template: str | None = None, vision: Vision | None = None):
+        """template: the chat template to use in place of the model's own (--chat-template); vision: the model's
+        multimodal projector, which makes the tokens of a message's images."""
+        self.model, self.n_ctx, self.vision = model, n_ctx, vision
         self.template = template or model.chat_template() or FALLBACK_TEMPLATE
         self.family = reasoning.family(self.template)  # how its replies think
         self.thinks = self.family is not reasoning.NONE
@@ -219,6 +238,8 @@ class Prompts:
         token is refused."""
         model = self.model
         template = self.template
+        images = self._images_of(messages)
+        messages = [_images_placed(m) for m in messages]
         # earlier thinking under the name each template reads it by (gpt-oss's: thinking)
         messages = [m | {"thinking": m[THINKING_FIELD]} if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
         messages = [m | {"tool_calls": [_arguments_as(call, self.arguments_as_text) for call in m["tool_calls"]]}
@@ -254,9 +275,23 @@ class Prompts:
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []
+        images = iter(images)
         for number, (text, is_message) in enumerate(pieces):
-            tokens += model.tokenize(text, add_special=add_bos and number == 0, parse_special=not is_message)
+            for part, text in enumerate(text.split(IMAGE_MARKER)):
+                if part:
+                    tokens += next(images, [])
+                tokens += model.tokenize(text, add_special=add_bos and number == part == 0, parse_special=not is_message)
+        if next(images, None) is not None:
+            raise InputError("the chat template left out a message's images (a system message's?)")
         return tokens
+
+    def _images_of(self, messages: list[dict]) -> list[list[int]]:
+        """The tokens of the images the messages carry (their `images`), in order."""
+        found = [image for message in messages for image in message.get("images") or ()]
+        if found and self.vision is None:
+            raise UsageError("this model reads no images: load it with its multimodal projector (--mmproj FILE)",
+                             setting="mmproj")
+        return [self.vision.image_tokens(image, f"image {number}") for number, image in enumerate(found, 1)]
 
     def refuse_what_cannot_fit(self, characters: int, messages: int = 1) -> None:
         """Refuse by arithmetic alone what no tokenizing could fit into the context, before any time goes
@@ -381,10 +416,16 @@ class Prompts:
     def continued(self, earlier: list[int], tokens: list[int]) -> list[int]:
         """A prompt's tokens after an earlier exchange's: read on from it, without a second BOS."""
         n_vocab = self.model.n_vocab
-        if not all(isinstance(token, int) and 0 <= token < n_vocab for token in earlier):
+        if not all(isinstance(token, int) and (0 <= token < n_vocab or self.vision and self.vision.holds(token))
+                   for token in earlier):
             raise InputError(f"the earlier exchange's token ids (Ollama's context) must be between 0 and {n_vocab - 1},"
                              " this model's vocabulary")
         return list(earlier) + (tokens[1:] if tokens[:1] == [self.model.bos] else tokens)
+
+    def shown(self, tokens: list[int]) -> str:
+        """A prompt's tokens as text, special tokens' own text included, each image MEDIA_MARKER."""
+        return "".join(MEDIA_MARKER if image else self.model.spell_of(tokens[start:end], special=True).decode(
+            "utf-8", errors="replace") for start, end, image in media_runs(tokens))
 
     def token_ids(self, tokens: list) -> list[int]:
         """A prompt given as token ids, once they are known to be this model's."""

@@ -1,11 +1,18 @@
 """One generation asked of a session: what every face hands the library (serve's protocols, batch, run,
 chat, bench, a program that imports localspec)."""
 
+import base64
+import secrets
 from dataclasses import asdict, dataclass
 
 from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import UsageError
 from .tool_calls import Tools
+
+
+# Where a message's content places one of its images (a message's `images`, in order): a string no client can
+# guess, so that no text forges an image's place (llama-server's marker is random so too)
+IMAGE_MARKER = f"<__image_{secrets.token_hex(12)}__>"
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,8 @@ def to_wire(request: Request) -> dict:
     """A request as JSON, for serve's own stream (tools, which `run` and `chat` never send, are left out)."""
     return {"sampling": asdict(request.sampling), "limits": asdict(request.limits),
             "thinking": asdict(request.thinking), "template_variables": request.template_variables,
-            "messages": request.messages, "prompt": request.prompt,
+            "messages": request.messages and [message_as_json(message) for message in request.messages],
+            "prompt": request.prompt,
             "suffix": request.suffix, "prediction": request.prediction, "drafting": request.drafting,
             "draft_max": request.draft_max}
 
@@ -83,6 +91,8 @@ def from_wire(data: dict) -> Request:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages)):
         raise UsageError("messages: a list of {role, content} objects", setting="messages")
+    if messages is not None:
+        messages = [message_of_json(message) for message in messages]
     if prompt is not None and not (isinstance(prompt, str) or isinstance(prompt, list)
                                    and all(isinstance(t, int) for t in prompt)):
         raise UsageError("prompt: text or token ids", setting="prompt")
@@ -107,3 +117,29 @@ def from_wire(data: dict) -> Request:
                    thinking=part(Thinking, "thinking"), template_variables=variables,
                    drafting=DrafterKind(drafting) if drafting else None,
                    draft_max=draft_max)
+
+
+def message_as_json(message: dict) -> dict:
+    """A message as JSON carries it: its images (`images`) as base64 text."""
+    return _images_as(message, lambda image: base64.b64encode(image).decode("ascii"))
+
+
+def message_of_json(message: dict) -> dict:
+    """A message message_as_json wrote, its images as bytes again (UsageError where one is no base64 text)."""
+    return _images_as(message, _bytes)
+
+
+def _images_as(message: dict, kind) -> dict:
+    images = message.get("images")
+    if images is None:
+        return message
+    if not isinstance(images, list):
+        raise UsageError("messages: a message's images are a list", setting="messages")
+    return message | {"images": [kind(image) for image in images]}
+
+
+def _bytes(image) -> bytes:
+    try:
+        return base64.b64decode(image, validate=True)
+    except (TypeError, ValueError):
+        raise UsageError("messages: an image is base64 text", setting="messages") from None

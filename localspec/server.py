@@ -282,7 +282,8 @@ class Server:
         info, loaded = self.pool.header(found.path), self.pool.loaded.get(found.key)
         # (a loaded model's: serve's --chat-template stands for the first one's own)
         template = loaded.session.prompts.template if loaded else info.chat_template
-        return JSONResponse(ollama.show(info, template, store.made(name)))
+        return JSONResponse(ollama.show(info, template, store.made(name),
+                                        vision=loaded is not None and loaded.session.vision is not None))
 
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that
@@ -1199,9 +1200,8 @@ def _rendered(served: Served, asked: Request) -> str:
         tokens = served.session.prompts.prepare(asked).tokens
     except LocalspecError as error:
         raise api_error(error) from None
-    model = served.session.prompts.model
-    tokens = tokens[1:] if tokens[:1] == [model.bos] else tokens
-    return model.spell_of(tokens, special=True).decode("utf-8", errors="replace")
+    prompts = served.session.prompts
+    return prompts.shown(tokens[1:] if tokens[:1] == [prompts.model.bos] else tokens)
 
 
 def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False, reading: bool = False

@@ -129,7 +129,8 @@ class Session:
             loaded = load_models(target, draft, runtime, speculation, placement, workers, self._owned)
             self.plan, self.notes = loaded.placement, loaded.notes
             self.target_model, self.target, self.sequences = loaded.target_model, loaded.target, loaded.sequences
-            self.prompts = Prompts(self.target_model, self.target.n_ctx, chat_template)
+            self.vision = loaded.vision
+            self.prompts = Prompts(self.target_model, self.target.n_ctx, chat_template, loaded.vision)
             if hint := reasoning.unread_thinking(self.prompts.template):
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")
@@ -483,13 +484,16 @@ class Session:
         if len(self.adapters):  # (the scales its latest generation computed with)
             report["target"]["lora"] = [{"path": str(path), "scale": scale}
                                         for path, scale in zip(self.adapters.paths, self.lora_applied)]
+        if self.vision is not None:
+            report["target"]["mmproj"] = str(self.vision.path)
         return report
 
     def describe(self) -> str:
         """Which files generate and what drafts for them, for the panel and summary line."""
         adapted = "".join(f" + {path.name}" + (f" x{scale:g}" if scale != 1 else "")
                           for path, scale in zip(self.adapters.paths, self.lora_applied) if scale)
-        return f"{self.target_model.path.name}{adapted} ({self.drafting.describe()})"
+        seeing = f" + {self.vision.path.name}" if self.vision is not None else ""
+        return f"{self.target_model.path.name}{adapted}{seeing} ({self.drafting.describe()})"
 
     def close(self) -> None:
         if self._owned and self.drafting is not None:
@@ -558,12 +562,12 @@ class Conversation:
         system = [{"role": "system", "content": self.system}] if self.system else []
         self.messages: list[dict] = system + [dict(message) for message in self.opening]
 
-    def stream(self, text: str, **options) -> Iterator[Event]:
-        """The reply's events (options as Session.stream's). The reply joins the conversation as far as it
-        got, also when Ctrl-C or the caller stops it early; a turn that fails before the model answers
-        leaves the conversation as it was."""
+    def stream(self, text: str, images: Sequence[bytes] = (), **options) -> Iterator[Event]:
+        """The reply's events (options as Session.stream's); images: image files' bytes the message carries
+        (before its text). The reply joins the conversation as far as it got, also when Ctrl-C or the caller
+        stops it early; a turn that fails before the model answers leaves the conversation as it was."""
         sampling, limits = overridden(self.sampling, self.limits, **options)
-        self.messages.append({"role": "user", "content": text})
+        self.messages.append({"role": "user", "content": text} | ({"images": list(images)} if images else {}))
         self.turn = Recorder()
         self.dropped = 0
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
@@ -610,8 +614,8 @@ class Conversation:
         return Request(sampling, limits, messages=self.messages, thinking=self.thinking,
                        template_variables=self.template_variables)
 
-    def send(self, text: str, **options) -> Reply:
+    def send(self, text: str, images: Sequence[bytes] = (), **options) -> Reply:
         """The whole reply to one message."""
-        for _ in self.stream(text, **options):
+        for _ in self.stream(text, images, **options):
             pass
         return Reply.of(self.turn)

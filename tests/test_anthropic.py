@@ -63,8 +63,10 @@ def test_speculation_asked_per_request(server):
 
 @pytest.mark.parametrize("fields, kind, message", [
     ({"messages": []}, anthropic.BadRequestError, "at least one message"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "url", "url": "x"}}]}]},
+     anthropic.BadRequestError, "'document' block is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
-     anthropic.BadRequestError, "'image' block is not supported"),
+     anthropic.BadRequestError, "messages.0.content.0.source.url: an http(s) URL"),
     ({"messages": [{"role": "system", "content": "hi"}]}, anthropic.BadRequestError, "messages.0.role"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, anthropic.BadRequestError,
      "one of Anthropic's own tools"),

@@ -144,7 +144,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--no-jinja"], "renders the chat template with Jinja always"),
         (["{target}", "-p", "x", "-ctk", "q9"], "--cache-type-k takes one of f32, f16, bf16, q8_0"),
         (["{target}", "-p", "x", "-ub", "256"], "reads each batch in one ubatch of --batch-size tokens (512"),
-        (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "localspec reads text only"),
+        (["{target}", "-p", "x", "--mmproj", "{notgguf}"], "is not a GGUF multimodal projector file"),
         (["{target}", "-p", "x", "--rope-scaling", "wavy"], "--rope-scaling takes none, linear, yarn"),
         (["{target}", "-p", "x", "--host", "127.0.0.1:9", "-ctk", "f32"], "is a setting of a model loaded here"),
         (["{target}", "-p", "x", "--chat-template-kwargs", '{{"enable_thinking": "no"}}'], "enable_thinking is true or"),

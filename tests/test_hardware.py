@@ -234,7 +234,7 @@ def test_a_layers_bytes_are_its_tensors_with_its_share_of_the_cache_and_ot_keeps
     assert hardware.layer_bytes(untied, 512).output_copy == info.tensor_bytes["token_embd.weight"]
 
 
-def test_auto_fits_the_draft_first_and_then_as_many_target_layers_as_the_gpus_free_memory_holds(tiny):
+def test_auto_fits_the_draft_first_and_then_as_many_target_layers_as_the_gpus_free_memory_holds(tiny, tmp_path):
     """`-ngl auto` was every layer (and a model bigger than the GPU passed the check, RAM and VRAM counted
     together, then failed to allocate): now the draft model's layers, then the target's from its output
     layer back, as many as the free memory holds beside --fit-target's margin."""
@@ -267,6 +267,13 @@ def test_auto_fits_the_draft_first_and_then_as_many_target_layers_as_the_gpus_fr
                           gpu_machine(free)).target.gpu_layers == 1
     small = Placement.plan(runtime, target, draft, gpu_machine(runtime.fit_margin + 1000))
     assert (small.target.gpu_layers, small.draft.gpu_layers) == (0, 0) and small.target.held_by == ["CPU"]
+    # a projector (--mmproj) goes on the GPU beside the layers, and takes its room: fewer layers
+    projector = tmp_path / "projector.gguf"
+    projector.write_bytes(b"GGUF" + bytes(target_sizes.blocks[1]))
+    seeing = Placement.plan(replace(runtime, mmproj=str(projector)), target, draft, gpu_machine(free))
+    assert seeing.target.gpu_layers == 1
+    assert Placement.plan(replace(runtime, mmproj=str(projector), mmproj_offload=False), target, draft,
+                          gpu_machine(free)).target.gpu_layers == 2
     # a CPU build: every layer asked for, as before, and nothing said
     cpu = Placement.plan(runtime, target, draft, small_machine(10**12))
     assert (cpu.target.gpu_layers, cpu.draft.gpu_layers, cpu.notes) == (-1, -1, [])

@@ -413,6 +413,8 @@ def test_models_and_health(server):
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0.image_url"),  # (no data: URL, http(s) URL or base64)
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]},
      "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context
     ({"stop": ["ok", ""]}, "stop"),

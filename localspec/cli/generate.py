@@ -132,6 +132,10 @@ def run(
         "--prediction", help="A file holding the text the answer is expected to be (typically the file being"
         " edited): it drafts wherever the answer follows it, as OpenAI's Predicted Outputs; the answer is the"
         " same without it.", show_default=False)] = None,
+    image_files: Annotated[Optional[list[Path]], typer.Option(
+        "--image", metavar="FILE", help="An image the prompt asks about (the model loaded with its --mmproj), before"
+        " the prompt's text; repeat for several. A path in the prompt (./photo.png) is read as one too, as Ollama"
+        " reads it.", show_default=False)] = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
         " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,
@@ -164,7 +168,8 @@ def run(
         asked = "-cnv" if conversation else "no prompt on a terminal"
         given = [flag for flag, value in (("prompt", prompt is not None or file is not None), ("--raw", raw),
                                           ("--json", as_json), ("--quiet", quiet),
-                                          ("--prediction", prediction_file is not None)) if value]
+                                          ("--prediction", prediction_file is not None),
+                                          ("--image", bool(image_files))) if value]
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
@@ -176,6 +181,8 @@ def run(
     if raw and system is not None:
         raise UsageError("--raw sends the prompt without the chat template, so there is no turn for --system:"
                          " write the system turn into the prompt")
+    if raw and image_files:
+        raise UsageError("--image goes in the chat template's turn, which --raw leaves out: give one of the two")
     if compare and (quiet or settings.speculation.drafting == DrafterKind.PLAIN):
         raise UsageError("--compare sets a speculative run beside a plain one: it takes no"
                          f" {'--quiet' if quiet else '--no-draft or --spec off'}")
@@ -186,12 +193,16 @@ def run(
     if not text:
         raise InputError("the prompt is empty")
     predicted_text = read_text(prediction_file) if prediction_file else None
+    images = [_read_image(path) for path in image_files or ()]
     remote = None if local or compare else _serving(settings, host)
     if remote is not None:
-        _run_remote(remote, settings, system, text, raw, predicted_text, showing)
+        _run_remote(remote, settings, system, text, raw, predicted_text, showing, images)
         return
     with _open(settings, "run") as session:
-        messages = None if raw else _messages(settings, system, text)
+        if session.vision is not None and not raw:
+            text, named = chat_loop.images_named(text)
+            images += [image for _, image in named]
+        messages = None if raw else _messages(settings, system, text, images)
         prediction = session.prompts.prediction_tokens(predicted_text) if predicted_text else None
         request = Request(settings.sampling, settings.limits, messages=messages,
                           prompt=session.prompts.tokenize(text, raw=True) if raw else None, prediction=prediction,
@@ -237,11 +248,18 @@ def _say_timings(recorder, started: float, load_seconds: float | None, auto: boo
     print(tui.ollama_timings(recorder.summary(), total, load_seconds, auto), file=sys.stderr)
 
 
-def _messages(settings: Settings, system: str | None, text: str) -> list[dict]:
+def _messages(settings: Settings, system: str | None, text: str, images: list[bytes] = ()) -> list[dict]:
     """The prompt as a conversation: --system's, else as the model named asks (a made model's SYSTEM and
-    MESSAGEs)."""
+    MESSAGEs); images: the user's message's."""
     return settings.conversation([*([{"role": "system", "content": system}] if system is not None else []),
-                                  {"role": "user", "content": text}])
+                                  {"role": "user", "content": text} | ({"images": images} if images else {})])
+
+
+def _read_image(path: Path) -> bytes:
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as error:
+        raise InputError(f"--image {path}: cannot read it ({error.strerror})") from None
 
 
 def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
@@ -271,7 +289,8 @@ def _loaded_here_only(settings: Settings) -> str | None:
             "--cache-type-v" if runtime.cache_type_v != DEFAULT_RUNTIME.cache_type_v else
             "--rope-*" if runtime.rope != DEFAULT_RUNTIME.rope else
             "--lora" if runtime.lora else
-            "--control-vector" if runtime.control_vectors else None)
+            "--control-vector" if runtime.control_vectors else
+            "--mmproj" if runtime.mmproj else None)
 
 
 @dataclass(frozen=True)
@@ -291,8 +310,9 @@ class Showing:
 
 
 def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
-                predicted: str | None, showing: Showing) -> None:
-    request = Request(settings.sampling, settings.limits, messages=None if raw else _messages(settings, system, text),
+                predicted: str | None, showing: Showing, images: list[bytes]) -> None:
+    request = Request(settings.sampling, settings.limits,
+                      messages=None if raw else _messages(settings, system, text, images),
                       prompt=text if raw else None,
                       prediction=predicted, thinking=settings.thinking,
                       template_variables=settings.template_variables or None)

@@ -51,6 +51,7 @@ THINKING = "Thinking (reasoning models)"
 TEMPLATE = "Chat template"
 ROPE = "Longer contexts (RoPE scaling)"
 ADAPTERS = "LoRA adapters and control vectors"
+VISION = "Images"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -447,6 +448,17 @@ ADAPTER_OPTIONS = {
         " (llama.cpp counts the first layer's output as 1). Default: all.", show_default=False,
         rich_help_panel=ADAPTERS)], None),
 }
+VISION_OPTIONS = {
+    "mmproj": (Annotated[Optional[str], typer.Option(
+        "--mmproj", "-mm", metavar="FILE", help="The target's multimodal projector, through which it reads images"
+        " (the mmproj-*.gguf published beside a vision model; hf:owner/repo/file.gguf downloads it): run --image,"
+        " chat's /image, serve's image_url parts and Ollama's images. Drafts stay text: a draft model reads a"
+        " stand-in where an image is, and verification keeps the answer the target's.", show_default=False,
+        rich_help_panel=VISION)], None),
+    "mmproj_offload": (Annotated[bool, typer.Option(
+        "--mmproj-offload/--no-mmproj-offload", help="The projector on the GPU where the target has layers there"
+        " (off: on the CPU, leaving its memory to the layers).", rich_help_panel=VISION)], True),
+}
 # serve's and batch's (their default: "auto")
 PARALLEL_OPTIONS = {
     "parallel": (Annotated[str, typer.Option(
@@ -478,7 +490,6 @@ LLAMA_CPP_OPTIONS = {
     "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
     "perf": (Annotated[bool, typer.Option("--perf/--no-perf", hidden=True)], True),  # timings are always measured
     "cache_prompt": (Annotated[bool, typer.Option("--cache-prompt/--no-cache-prompt", hidden=True)], True),
-    "mmproj": (Annotated[Optional[str], typer.Option("--mmproj", "-mm", hidden=True)], None),
     "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", "--no-mmproj-auto", hidden=True)], False),
     "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
 }
@@ -548,8 +559,8 @@ LLAMA_CPP_LACKS = {
                                                      "cpu-mask-batch", "cpu-range-batch", "cpu-strict-batch",
                                                      "prio-batch", "poll-batch"))),
     **_lacking("deprecated in llama.cpp: its KV cache needs no defragmenting", "-dt", "--defrag-thold"),
-    **_lacking("localspec reads text only (no multimodal projector)", "-mmu", "--mmproj-url", "--mmproj-auto",
-               "--mmproj-offload", "--no-mmproj-offload", "--image-min-tokens", "--image-max-tokens",
+    **_lacking("localspec reads images only through a projector file (--mmproj FILE or hf:owner/repo/file.gguf), at"
+               " its own size", "-mmu", "--mmproj-url", "--mmproj-auto", "--image-min-tokens", "--image-max-tokens",
                "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
                "--media-path"),
     **_lacking("localspec fits the layers to the GPUs' free memory (--fit), never the context: it says what to"
@@ -612,7 +623,7 @@ LLAMA_CPP_LACKS = {
                "--in-suffix", "--in-prefix-bos"),
     **_lacking("localspec never shifts the context, so no self-extend either", "-gan", "--grp-attn-n", "-gaw",
                "--grp-attn-w"),
-    **_lacking("localspec reads text only", "--image", "--audio", "--video"),
+    **_lacking("localspec reads text and images (--image), not audio or video", "--audio", "--video"),
     **_lacking("the answer goes to stdout: redirect it (> FILE); --json for the statistics too", "--output-file"),
     **_lacking("--no-color writes plain text", "--simple-io"),
     **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",
@@ -622,7 +633,7 @@ LLAMA_CPP_LACKS = {
 
 GENERATION_OPTIONS = (MODEL_OPTIONS, DRAFTING_OPTIONS, SPECULATION_OPTIONS, SAMPLING_OPTIONS, LIMIT_OPTIONS,
                       THINKING_OPTIONS, TEMPLATE_OPTIONS, RESOURCE_OPTIONS, ROPE_OPTIONS, PROMPT_CACHE_OPTIONS,
-                      RPC_OPTIONS, ADAPTER_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
+                      RPC_OPTIONS, ADAPTER_OPTIONS, VISION_OPTIONS, LLAMA_CPP_OPTIONS, PRESET_OPTIONS)
 # The environment variables llama.cpp's tools read for these options (its common/arg.cpp's set_env), read here too,
 # so that a llama-server container's settings carry over; the command line's own stand over them
 LLAMA_ARG_ENV = {
@@ -645,7 +656,7 @@ LLAMA_ARG_ENV = {
     "yarn_attn_factor": "YARN_ATTN_FACTOR", "yarn_beta_slow": "YARN_BETA_SLOW", "yarn_beta_fast": "YARN_BETA_FAST",
     "prompt_cache": "CACHE_RAM", "cache_reuse": "CACHE_REUSE", "rpc": "RPC", "tensor_split": "TENSOR_SPLIT",
     "parallel": "N_PARALLEL", "kv_unified": "KV_UNIFIED", "ubatch_size": "UBATCH", "context_shift": "CONTEXT_SHIFT",
-    "swa_full": "SWA_FULL", "perf": "PERF", "cache_prompt": "CACHE_PROMPT", "mmproj": "MMPROJ", "load_mode": "LOAD_MODE",
+    "swa_full": "SWA_FULL", "perf": "PERF", "cache_prompt": "CACHE_PROMPT", "mmproj": "MMPROJ", "mmproj_offload": "MMPROJ_OFFLOAD", "load_mode": "LOAD_MODE",
     "draft_cpu_moe": "SPEC_DRAFT_CPU_MOE", "draft_n_cpu_moe": "SPEC_DRAFT_N_CPU_MOE",
 }
 for _group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS):
@@ -769,7 +780,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         prompt_cache=_size(o.prompt_cache, "--prompt-cache"), cache_reuse=o.cache_reuse,
                         lora=_adapters(o.lora, o.lora_scaled, o.lora_init_without_apply),
                         control_vectors=_adapters(o.control_vector, o.control_vector_scaled, False, "--control-vector"),
-                        control_layers=tuple(o.control_vector_layer_range) if o.control_vector_layer_range else None),
+                        control_layers=tuple(o.control_vector_layer_range) if o.control_vector_layer_range else None,
+                        mmproj=None if o.no_mmproj else o.mmproj, mmproj_offload=o.mmproj_offload),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,
@@ -960,9 +972,6 @@ def _refuse_what_localspec_lacks(o: SimpleNamespace) -> None:
     if not o.cache_prompt:
         raise UsageError("--no-cache-prompt: localspec always reads back what a cache holds of a prompt (the answer is"
                          " the same, read faster); --prompt-cache off keeps none on disk")
-    if o.mmproj is not None:
-        raise UsageError("--mmproj: localspec reads text only (a multimodal projector is not loaded; images are"
-                         " refused)")
     if o.context_shift:
         raise UsageError("--context-shift: localspec never shifts the context (it would drop the prompt's beginning"
                          " mid-answer); a generation ends at the context's end (finish reason length), and a chat"

@@ -17,13 +17,14 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import ROPE_SCALING, Rope
-from ..errors import EngineError, UsageError
+from ..errors import EngineError, InputError, UsageError
 from .chain import ChainRows
 from .hidden import HiddenStates
 from .library import llama, nextn
 from .model import Model
 from .rollback import Rollback
 from .tree import DraftTree, TreeDecoding
+from .vision import image_start, media_runs
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
@@ -170,6 +171,9 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
         # prompts kept on disk (prompt_cache.PromptCache), for a context whose cache is all it needs to go on
         self.prompt_cache = None
+        # the target's multimodal projector (vision.Vision), whose rows stand where a prompt holds an image; a
+        # context without one reads a stand-in token there
+        self.media = None
         self._start_rows(backend_sampling)
 
     def decode(self, tokens: Sequence[int], logits: str, hidden: np.ndarray | None = None,
@@ -181,6 +185,9 @@ class Context(ChainRows, TreeDecoding, Rollback):
 
         Longer inputs go in n_batch chunks: one oversized batch makes llama.cpp abort the process.
         """
+        if self.media is not None and not embedded and tokens and min(tokens) < 0:
+            self._decode_media(tokens, logits)
+            return
         self._settle()
         start = len(self.tokens)
         if logits == "all" and len(tokens) > self.max_rows:
@@ -192,7 +199,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
             chunk = tokens[offset : offset + self.n_batch]
             final_chunk = offset + len(chunk) == len(tokens)
             for i, token in enumerate(chunk):
-                batch.token[i] = token
+                batch.token[i] = token if token >= 0 else self.model.stand_in  # (an image's row: vision.py)
                 batch.pos[i] = start + offset + i
                 batch.seq_id[i][0] = self.seq
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
@@ -208,6 +215,28 @@ class Context(ChainRows, TreeDecoding, Rollback):
             self.tokens.extend(chunk)
             self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(chunk), False, 0, -1
             self._changing = None
+
+    def _decode_media(self, tokens: Sequence[int], logits: str) -> None:
+        """Decode tokens that hold images: each image's rows as its embeddings (the projector's), the text between
+        as tokens; rows kept of the last run alone."""
+        if logits == "all":
+            raise EngineError("an image's rows are read, not verified")
+        runs = media_runs(tokens)
+        for start, end, image in runs:
+            run, last = tokens[start:end], logits if end == len(tokens) else "none"
+            if not image:
+                self.decode(run, last)
+                continue
+            if self.media.non_causal and len(run) > self.n_batch:
+                raise InputError(f"an image takes {len(run)} rows, which this model reads in one batch: raise"
+                                 f" --batch-size to {len(run)} at least")
+            if self.media.non_causal:
+                llama.llama_set_causal_attn(self._ctx, False)
+            try:
+                self.decode(run, last, hidden=self.media.rows(run), embedded=True)
+            finally:
+                if self.media.non_causal:
+                    llama.llama_set_causal_attn(self._ctx, True)
 
     def decode_tree(self, tree: DraftTree, root: int) -> None:
         """Decode root (the last committed token) and every node of a draft tree in a batch of their own
@@ -314,7 +343,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         holds, forget the rest, and return its length. A recurrent state that cannot go back that far is
         emptied (0)."""
         self._settle()
-        keep = self.shares(tokens, agreed, most)
+        keep = image_start(tokens, self.shares(tokens, agreed, most))
         if self.prompt_cache is not None:
             keep = self.prompt_cache.recall(self, tokens, keep, len(tokens) if most is None else most)
         keep = self._reuse_chunks(tokens, keep, len(tokens) if most is None else most)
@@ -332,7 +361,8 @@ class Context(ChainRows, TreeDecoding, Rollback):
     def remember(self, read: int, seconds: float) -> None:
         """After reading `read` tokens of a prompt in `seconds`: keep what the cache holds on disk, where it has a
         prompt cache and that took long."""
-        if self.prompt_cache is not None:
+        # (not one that holds an image: its rows' ids are this process's own, another would read other images so)
+        if self.prompt_cache is not None and not (self.tokens and min(self.tokens) < 0):
             self.prompt_cache.keep(self, read, seconds)
 
     def adopt(self, donor: "Context", n: int) -> bool:
@@ -430,7 +460,8 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
         context._row_base = row
         if tree_rows is None:
             for i, token in enumerate(tokens):
-                batch.token[row], batch.pos[row] = token, start + i
+                # (an image's row stands in a draft's context only: the target reads its images alone)
+                batch.token[row], batch.pos[row] = token if token >= 0 else context.model.stand_in, start + i
                 batch.logits[row] = logits == "all" or logits == "last" and i == len(tokens) - 1
                 batch.seq_id[row][0] = context.seq
                 row += 1

@@ -151,6 +151,12 @@ class Model:
         return buffer.raw[:n]
 
     @cached_property
+    def stand_in(self) -> int:
+        """The token a context without the target's projector reads where a prompt holds an image's row (a draft
+        model never saw the image): a space, as harmless a token as any."""
+        return (self.tokenize(" ", add_special=False, parse_special=False) or [0])[-1]
+
+    @cached_property
     def longest_token(self) -> int | None:
         """The most bytes of text one token stands for (control tokens' own text included), so that a text
         of more bytes than n_ctx times this cannot fit n_ctx tokens; None where no such bound holds: WPM and

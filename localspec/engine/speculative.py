@@ -36,6 +36,7 @@ from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
 from .tree import verify_sampled as tree_sampled
 from .turns import Turn, decoded_alone, timed
+from .vision import is_media, media_runs
 
 
 def generate(
@@ -48,6 +49,8 @@ def generate(
 ) -> Iterator[Event | Turn]:
     if not prompt:
         raise InputError("the prompt is empty")
+    if is_media(prompt[-1]):
+        raise InputError("the prompt ends with an image: text must follow it (a chat template's turn does)")
     if len(prompt) >= target.n_ctx:
         raise ContextOverflow(
             f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
@@ -76,6 +79,8 @@ def prompt_logprobs(target: Context, prompt: list[int], top: int, start: int = 1
     before the first scored row as a prompt is read (whole batches, no rows kept), then in pieces whose rows
     fit a batch, each read before the next piece overwrites them; in turns where the sequence shares its
     context."""
+    if min(prompt, default=0) < 0:
+        raise InputError("the logprobs of a prompt's tokens are not given where it holds an image")
     target.keep_common([])
     shared = target.n_seq > 1
     piece = min(target.max_rows, target.prompt_piece) if shared else target.max_rows
@@ -120,14 +125,19 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         shared = target.n_seq > 1
         piece = target.prompt_piece if shared else target.n_batch
         watched = len(prompt) - 1 - reused > piece
-        for offset in range(reused, len(prompt) - 1, piece):
-            tokens = prompt[offset : min(offset + piece, len(prompt) - 1)]
-            if shared:
-                yield Turn(target, tokens, logits="none")
-            else:
-                target.decode(tokens, logits="none")
-            if watched:
-                yield Reading(offset + len(tokens), len(prompt), reused, perf_counter() - started)
+        # an image's rows are read by themselves, whole (a batch holds tokens or rows, not both)
+        runs = media_runs(prompt[:-1]) if target.media is not None else [(0, len(prompt) - 1, False)]
+        for start, end, image in runs:
+            if end <= reused:
+                continue
+            for offset in range(max(start, reused), end, end if image else piece):
+                tokens = prompt[offset : min(offset + piece, end) if not image else end]
+                if shared and not image:
+                    yield Turn(target, tokens, logits="none")
+                else:
+                    target.decode(tokens, logits="none")
+                if watched:
+                    yield Reading(offset + len(tokens), len(prompt), reused, perf_counter() - started)
         target.remember(len(prompt) - 1 - reused, perf_counter() - started)
     model = target.model
     draft_max = draft_limit(speculation, drafter.kind)
@@ -154,6 +164,8 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft.nothing(), 0.0)
+        if target.media is not None:
+            draft = draft.without_images()
         # a tree is verified where it fits: else the chain it was grown from
         if draft.tree is not None and (not trees or not fits(target, draft.tree)):
             draft = replace(draft, tree=None)

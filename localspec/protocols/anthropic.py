@@ -15,11 +15,11 @@ from pydantic import Field
 
 from ..errors import InputError
 from ..prompts import output_grammar
-from ..request import Request
+from ..request import IMAGE_MARKER, Request
 from ..service import Job
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
-                     name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
+                     image_bytes, name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
                      thinking_asked, timings, validated)
 
 # A stop string ends a reply as stop_sequence; the end of generation as end_turn; a length or a full context
@@ -32,9 +32,17 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                503: "overloaded_error"}
 
 
+class ImageSource(_Typed):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
 class Block(_Typed):
-    """A content block, read by its type: text, tool_use (an assistant's call), tool_result (a user's answer
-    to one), thinking (an assistant's earlier thinking); redacted_thinking is passed over (it cannot be read)."""
+    """A content block, read by its type: text, image (a user's), tool_use (an assistant's call), tool_result (a
+    user's answer to one), thinking (an assistant's earlier thinking); redacted_thinking is passed over (it cannot
+    be read)."""
 
     type: str
     text: str | None = None
@@ -45,6 +53,7 @@ class Block(_Typed):
     content: "str | list[Block] | None" = None
     is_error: bool | None = None
     thinking: str | None = None
+    source: ImageSource | None = None
 
 
 class MessageIn(_Typed):
@@ -155,11 +164,17 @@ def conversation(asked: CountRequest) -> list[dict]:
     for i, message in enumerate(asked.messages):
         where = f"messages.{i}.content"
         blocks = [Block(type="text", text=message.content)] if isinstance(message.content, str) else message.content
-        texts, calls, thoughts, results = [], [], [], 0
+        texts, calls, thoughts, results, images = [], [], [], 0, []
         for j, block in enumerate(blocks):
             at = f"{where}.{j}"
             if block.type == "text" and block.text is not None:
                 texts.append(block.text)
+            elif block.type == "image" and message.role == "user" and block.source is not None:
+                source = block.source
+                if source.type == "url" and not (source.url or "").startswith(("http://", "https://")):
+                    raise ApiError(400, f"{at}.source.url: an http(s) URL", param=f"{at}.source.url")
+                images.append(image_bytes(source.data if source.type == "base64" else source.url, f"{at}.source"))
+                texts.append(IMAGE_MARKER)
             elif block.type == "tool_result" and message.role == "user" and block.tool_use_id:
                 content = "" if block.content is None else _text(block.content, f"{at}.content")
                 messages.append({"role": "tool", "tool_call_id": block.tool_use_id,
@@ -172,10 +187,11 @@ def conversation(asked: CountRequest) -> list[dict]:
                 thoughts.append(block.thinking)
             elif block.type != "redacted_thinking":
                 raise ApiError(400, f"{at}: a {message.role}'s {block.type!r} block is not supported here"
-                               " (text, tool_use and thinking from the assistant, text and tool_result from the user)",
+                               " (text, tool_use and thinking from the assistant, text, image and tool_result from"
+                               " the user)",
                                param=at)
         if message.role == "assistant" or texts or not results:  # a user's tool results alone make no user turn
-            out = {"role": message.role, "content": "\n".join(texts)}
+            out = {"role": message.role, "content": "\n".join(texts)} | ({"images": images} if images else {})
             if thoughts:
                 out["reasoning_content"] = "\n".join(thoughts)
             if calls:

@@ -17,7 +17,7 @@ from .. import __version__
 from ..config import MOST_LOGPROBS, overridden
 from ..errors import InputError, UsageError
 from ..events import Logprobs, Token
-from ..prompts import ROLES, output_grammar
+from ..prompts import MEDIA_MARKER, ROLES, output_grammar
 from ..request import Request
 from ..service import Job
 from .. import store
@@ -26,7 +26,7 @@ from ..store import modelfile
 from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
-                     effort, logprobs_of, speculation, speculative_asked, thinking_asked, token_logprobs)
+                     effort, image_bytes, logprobs_of, speculation, speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -124,9 +124,9 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
         if message.role not in (*ROLES, "tool"):
             raise ApiError(400, f"messages.{index}.role: {message.role!r} messages are not supported; use system, user,"
                              " assistant or tool")
-        if message.images:
-            raise ApiError(400, f"messages.{index}.images: images are not supported by localspec")
         messages.append({"role": message.role, "content": message.content})
+        if message.images:
+            messages[-1]["images"] = _images(message.images, f"messages.{index}.images")
         if message.thinking is not None and message.role == "assistant":
             messages[-1]["reasoning_content"] = message.thinking
         if message.tool_calls:
@@ -141,8 +141,10 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed:
 def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
     """The request, or None where it only asks for the model to be loaded (an empty prompt)."""
     generate = _validate(GenerateBody, data)
-    if generate.images:
-        raise ApiError(400, "images is not supported by localspec")
+    images = _images(generate.images or [], "images")
+    if images and (generate.raw or generate.suffix):
+        raise ApiError(400, f"images go in the chat template's turn, which {'raw' if generate.raw else 'a suffix'}"
+                       " leaves out", param="images")
     if generate.template:
         raise ApiError(400, "template: Ollama's Go templates are not rendered by localspec, which reads the model's own"
                        " chat template (raw: a prompt laid out by the client)")
@@ -157,8 +159,13 @@ def parse_generate(data: dict, defaults: Defaults) -> Parsed | None:
         return replace(_parsed(generate, defaults, prompt=generate.prompt, suffix=generate.suffix, **earlier),
                        token_ids=True)
     system = [{"role": "system", "content": generate.system}] if generate.system else []
-    return replace(_parsed(generate, defaults, messages=system + [{"role": "user", "content": generate.prompt}],
-                           **earlier), token_ids=True)
+    asked = {"role": "user", "content": generate.prompt} | ({"images": images} if images else {})
+    return replace(_parsed(generate, defaults, messages=system + [asked], **earlier), token_ids=True)
+
+
+def _images(images: list, where: str) -> list[bytes]:
+    """Ollama's images: base64 text each (its clients read a file's bytes so)."""
+    return [image_bytes(image, f"{where}.{index}") for index, image in enumerate(images)]
 
 
 def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
@@ -448,7 +455,8 @@ class Answer(Answering):
 
     def rendered(self, prompt: str) -> dict:
         """The answer to _debug_render_only: the prompt as the model reads it, nothing generated (as Ollama's)."""
-        return self.object("") | {"debug_info": {"rendered_template": prompt, "image_count": 0}}
+        return self.object("") | {"debug_info": {"rendered_template": prompt,
+                                                 "image_count": prompt.count(MEDIA_MARKER)}}
 
     def loaded(self) -> dict:
         """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
@@ -521,15 +529,17 @@ def keep_alive(value) -> float | None:
         raise ApiError(400, f"keep_alive: {error}", param="keep_alive") from None
 
 
-def show(info: GGUFInfo, template: str | None, made: Preset | None = None) -> dict:
-    """/api/show: a model's details, capabilities and chat template; for one made with `create`, its
-    Modelfile, parameters (one a line, as Ollama writes them) and system prompt too."""
+def show(info: GGUFInfo, template: str | None, made: Preset | None = None, vision: bool = False) -> dict:
+    """/api/show: a model's details, capabilities (vision: it reads images, through the projector it was loaded
+    with) and chat template; for one made with `create`, its Modelfile, parameters (one a line, as Ollama writes
+    them) and system prompt too."""
     model_info = {key: value for key, value in info.metadata.items()
                   if isinstance(value, (str, int, float, bool)) and not key.startswith("tokenizer.chat_template")}
     made_parts = {"modelfile": made.modelfile(), "system": made.system or "", "license": made.license or "",
                   "parameters": "\n".join(f"{name} {value}" for name, value in made.parameters)} if made else {}
     return {"modelfile": "", "parameters": "", "template": template or "", "details": details(info),
-            "model_info": model_info, "capabilities": store.capabilities(info, template)} | made_parts
+            "model_info": model_info,
+            "capabilities": store.capabilities(info, template) + (["vision"] if vision else [])} | made_parts
 
 
 def version() -> dict:

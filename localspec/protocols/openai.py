@@ -23,12 +23,12 @@ from ..config import MOST_LOGPROBS
 from ..errors import InputError
 from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
-from ..request import Request
+from ..request import IMAGE_MARKER, Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled,
-                     Tool, _Typed, answer_of, candidate, checked_count, effort, ended_by, logprobs_of,
+                     Tool, _Typed, answer_of, candidate, checked_count, effort, ended_by, image_bytes, logprobs_of,
                      name_the_calls_answered, overridden_or_refused, prompts_of, speculation, speculative_asked,
                      thinking_asked, timings, token_logprobs, validated)
 
@@ -51,10 +51,16 @@ class StreamOptions(_Typed):
     include_usage: bool = False
 
 
+class ImageURL(_Typed):
+    url: str
+    detail: str | None = None  # (OpenAI's resolution hint: a projector reads every image at its own)
+
+
 class ContentPart(_Typed):
     # typed like every other field: a part's type compared as a set member must be a string
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None
 
 
 class Prediction(_Typed):
@@ -266,14 +272,14 @@ def _message(message: Message, index: int) -> dict:
     if role not in (*ROLES, "tool"):
         raise ApiError(400, f"{where}.role: {message.role!r} messages are not supported; use system, developer,"
                        " user, assistant or tool", param=f"{where}.role")
-    content = message.content
+    content, images = message.content, []
     if isinstance(content, list):
-        content = _text(content, f"{where}.content", "\n")
+        content, images = _text_and_images(content, f"{where}.content")
     if content is None:
         if role != "assistant":
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         content = ""
-    out = {"role": role, "content": content}
+    out = {"role": role, "content": content} | ({"images": images} if images else {})
     if message.reasoning_content is not None and role == "assistant":
         out["reasoning_content"] = message.reasoning_content
     if message.tool_calls:
@@ -300,6 +306,18 @@ def _arguments(text: str, where: str) -> dict:
     if not isinstance(arguments, dict):
         raise ApiError(400, f"{where}.function.arguments: not a JSON object", param=f"{where}.function.arguments")
     return arguments
+
+
+def _text_and_images(content: list[ContentPart], where: str) -> tuple[str, list[bytes]]:
+    """A message's parts as its text, by lines, each image_url part an IMAGE_MARKER where it stands, and the
+    images' bytes in order."""
+    kinds = {part.type for part in content}
+    if kinds - {"text", "image_url"} or any(part.text is None for part in content if part.type == "text"):
+        raise ApiError(400, f"{where}: only text and image_url parts are supported, got {sorted(kinds)}", param=where)
+    images = [image_bytes(part.image_url.url if isinstance(part.image_url, ImageURL) else part.image_url,
+                          f"{where}.{index}.image_url")
+              for index, part in enumerate(content) if part.type == "image_url"]
+    return "\n".join(IMAGE_MARKER if part.type == "image_url" else part.text for part in content), images
 
 
 def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:

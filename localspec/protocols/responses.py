@@ -17,11 +17,11 @@ from pydantic import Field
 
 from ..errors import InputError
 from ..prompts import ROLES, output_grammar
-from ..request import Request
+from ..request import IMAGE_MARKER, Request
 from ..service import Job
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
-                     name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
+                     image_bytes, name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
                      thinking_asked, timings, validated)
 
 MOST_KEPT = 1000  # responses a server keeps for previous_response_id, newest first
@@ -34,6 +34,7 @@ NEUTRAL = {"top_logprobs": (None, 0), "background": (None, False), "conversation
 class Part(_Typed):
     type: str
     text: str | None = None
+    image_url: str | None = None  # an input_image's: a data: or http(s) URL
 
 
 class Item(_Typed):
@@ -173,7 +174,12 @@ def conversation(given: str | list[Item]) -> list[dict]:
             if role not in ROLES:
                 raise ApiError(400, f"{where}.role: {item.role!r}; use system, developer, user or assistant",
                                param=f"{where}.role")
-            message = {"role": role, "content": _text(item.content, f"{where}.content")}
+            images = [image_bytes(part.image_url, f"{where}.content.{j}.image_url")
+                      for j, part in enumerate(item.content) if part.type == "input_image"
+                      ] if isinstance(item.content, list) and role == "user" else []
+            message = {"role": role, "content": _text(item.content, f"{where}.content", bool(images))}
+            if images:
+                message["images"] = images
             if role == "assistant" and thought:
                 message["reasoning_content"], thought = thought, None
             messages.append(message)
@@ -204,15 +210,18 @@ def conversation(given: str | list[Item]) -> list[dict]:
     return messages
 
 
-def _text(content: str | list[Part] | None, where: str) -> str:
+def _text(content: str | list[Part] | None, where: str, images: bool = False) -> str:
+    """Text parts joined by lines (images: a user's input_image parts read, each an IMAGE_MARKER where it stands)."""
     if content is None:
         raise ApiError(400, f"{where} is missing", param=where)
     if isinstance(content, str):
         return content
     kinds = {part.type for part in content}
-    if kinds - {"input_text", "output_text", "text"} or any(part.text is None for part in content):
-        raise ApiError(400, f"{where}: only text parts are supported, got {sorted(kinds)}", param=where)
-    return "\n".join(part.text for part in content)
+    read = {"input_text", "output_text", "text"} | ({"input_image"} if images else set())
+    if kinds - read or any(part.text is None for part in content if part.type != "input_image"):
+        raise ApiError(400, f"{where}: only {'text and input_image' if images else 'text'} parts are supported here,"
+                       f" got {sorted(kinds)}", param=where)
+    return "\n".join(IMAGE_MARKER if part.type == "input_image" else part.text for part in content)
 
 
 def _tools(asked: ResponsesRequest) -> Tools | None:

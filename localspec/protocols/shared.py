@@ -4,6 +4,8 @@ answer carries (llama-server's timings, localspec's speculation record). Each pr
 ollama.py) is a Protocol object: how its requests are read, how its answers are made whole or streamed,
 how its errors look."""
 
+import base64
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -45,6 +47,40 @@ def prompts_of(prompt, n: int, n_name: str) -> tuple:
         raise ApiError(400, f"prompt holds {len(prompt)} prompts, and {n_name} is {n}: at most {MOST_CHOICES} answers"
                        " a request", param="prompt")
     return prompt[0], tuple(prompt) if len(prompt) > 1 else ()
+
+
+# an image a request names by URL, as llama-server fetches one: at most this many bytes, within this many seconds
+MOST_IMAGE_BYTES = 10 << 20
+IMAGE_SECONDS = 10
+
+
+def image_bytes(value, where: str) -> bytes:
+    """An image a request carries: a data: URL (data:image/png;base64,...), plain base64 (Ollama's), or an http(s)
+    URL, fetched (on the parsing thread) as llama-server fetches one; a 400 naming the field otherwise."""
+    if not isinstance(value, str) or not value:
+        raise ApiError(400, f"{where}: an image is a data: URL, an http(s) URL or base64 text", param=where)
+    if value.startswith(("http://", "https://")):
+        return _fetched_image(value, where)
+    if value.startswith("data:"):
+        header, comma, value = value.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise ApiError(400, f"{where}: a data: URL of an image is base64 (data:image/png;base64,...)", param=where)
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise ApiError(400, f"{where}: not base64 text", param=where) from None
+
+
+def _fetched_image(url: str, where: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=IMAGE_SECONDS) as response:
+            data = response.read(MOST_IMAGE_BYTES + 1)
+    except (OSError, ValueError) as error:  # (urllib's HTTPError and URLError are OSErrors)
+        raise ApiError(400, f"{where}: could not fetch {url} ({getattr(error, 'reason', None) or error})",
+                       param=where) from None
+    if len(data) > MOST_IMAGE_BYTES:
+        raise ApiError(400, f"{where}: the image at {url} is over {MOST_IMAGE_BYTES >> 20} MB", param=where)
+    return data
 
 
 def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError:

@@ -7,6 +7,7 @@ llama.cpp keeps apart) and the output layer.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import hardware
 from ..config import KV_CACHE_TYPES, Runtime
@@ -114,7 +115,16 @@ def place_target(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_
     free = room(machine, offload, runtime.fit_margin)
     if free is not None and beside and set(beside.offload) & set(offload):
         free -= beside.on_devices
+    if free is not None and runtime.mmproj and runtime.mmproj_offload:
+        free -= _file_bytes(runtime.mmproj)  # (libmtmd puts the projector's weights on the GPU beside the layers)
     return _placed(info, sizes, runtime.gpu_layers, offload, runtime.devices, runtime.tensor_split, free)
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:  # (not fetched yet: it is counted when the pair is placed to load)
+        return 0
 
 
 def place_draft(runtime: Runtime, info: GGUFInfo, machine: hardware.Machine, n_ctx: int | None = None,

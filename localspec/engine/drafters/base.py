@@ -17,7 +17,7 @@ Only a drafter that learns is a `Learner` (observe).
 """
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Protocol, runtime_checkable
 
@@ -114,6 +114,15 @@ class Draft:
     def size(self) -> int:
         """The tokens it asks the target to verify."""
         return len(self.tree) if self.tree is not None else len(self.tokens)
+
+    def without_images(self) -> "Draft":
+        """The draft up to the first row of an image it copied from the history (engine/vision.py: an image is
+        the prompt's to hold, never a token to write), its tree dropped where one holds such a row."""
+        tree = None if self.tree is not None and min(self.tree.tokens, default=0) < 0 else self.tree
+        cut = next((i for i, token in enumerate(self.tokens) if token < 0), None)
+        if cut is None and tree is self.tree:
+            return self
+        return replace(self, tokens=self.tokens[:cut], dists=self.dists[:cut] if self.dists else self.dists, tree=tree)
 
     @classmethod
     def nothing(cls, source: DrafterKind = DrafterKind.PLAIN) -> "Draft":

@@ -1,0 +1,387 @@
+"""Images read through the target's multimodal projector (llama.cpp's --mmproj; libmtmd), on tiny real projectors
+(LLaVA's and Gemma 3's): the prompt and answer libmtmd's own helpers make, every drafter keeping the target's text
+with an image in the prompt, a later turn finding it cached (not encoded again), images through run, chat, batch
+and serve's four APIs by their real clients, and refusals that say what to do."""
+
+import base64
+import ctypes
+import http.server
+import json
+import re
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from localspec.chat_template import render
+from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.vision import image_start, media_runs
+from localspec.errors import InputError, ModelLoadError, UsageError
+from localspec.events import Prefill, Token
+from localspec.prompts import MEDIA_MARKER
+from localspec.request import IMAGE_MARKER, Request, from_wire, to_wire
+from localspec.session import Session
+
+from tinymodels import TinySpec, write_tiny_model
+from tinyvision import GEMMA3_IMAGE_TEXT, GEMMA3_IMAGE_TOKENS, IMAGE_TOKENS, random_image, write_tiny_mmproj
+
+RED, BLUE = random_image(1), random_image(2)
+
+
+@pytest.fixture(scope="module")
+def mmproj(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vision")
+    return {"fits": write_tiny_mmproj(folder / "mmproj.gguf"),
+            "narrow": write_tiny_mmproj(folder / "narrow.gguf", width=48),
+            # Gemma 3's: an image's rows read each other both ways, between <start_of_image> and <end_of_image>
+            "gemma3": write_tiny_mmproj(folder / "mmproj-gemma3.gguf", projector="gemma3"),
+            "gemma3_text": write_tiny_model(folder / "gemma3-text.gguf", TinySpec(
+                seed=1, sharpness=2.0, user_defined=GEMMA3_IMAGE_TEXT))}
+
+
+def opened(tiny, mmproj, draft: str | None = None, mode=DrafterKind.PLAIN, **runtime) -> Session:
+    return Session(tiny["target"], tiny[draft] if draft else None,
+                   Runtime(ctx_size=512, mmproj=str(mmproj["fits"]), **runtime), Speculation(drafting=mode))
+
+
+def asked(session: Session, *images: bytes, text: str = "what is in the picture", n: int = 24,
+          earlier: tuple = ()) -> tuple[list[int], Prefill]:
+    messages = [*earlier, {"role": "user", "content": text, "images": list(images)}]
+    events = list(session.generate(Request(Sampling(temperature=0), Limits(n), messages=messages)))
+    return [e.id for e in events if isinstance(e, Token)], next(e for e in events if isinstance(e, Prefill))
+
+
+def test_an_image_is_read_and_every_drafter_keeps_the_targets_text(tiny, mmproj):
+    with opened(tiny, mmproj) as session:
+        red = asked(session, RED)[0]
+        assert red != asked(session, BLUE)[0] != asked(session)[0]
+        assert asked(session, RED)[0] == red
+    for draft, mode in ((None, DrafterKind.NGRAM), ("partial", DrafterKind.DRAFT), ("partial", DrafterKind.AUTO)):
+        with opened(tiny, mmproj, draft, mode) as session:
+            assert asked(session, RED)[0] == red, (draft, mode)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gemma3"])
+def test_the_prompt_and_its_answer_are_those_llama_cpps_own_multimodal_helpers_make(tiny, mmproj, kind):
+    """libmtmd's own path (mtmd_tokenize, then mtmd_helper_eval_chunks, as llama-server and llama-mtmd-cli read a
+    prompt) as the reference: the same tokens around the image, the same rows, the same greedy answer. Gemma 3's
+    image is read without a causal mask, in one batch; its rows read causally gave another answer."""
+    model, projector = (tiny["target"], mmproj["fits"]) if kind == "mlp" else (mmproj["gemma3_text"], mmproj["gemma3"])
+    with Session(model, None, Runtime(ctx_size=512, mmproj=str(projector)), Speculation(drafting=DrafterKind.PLAIN)) \
+            as session:
+        tokens = session.prepare(Request(messages=[{"role": "user", "content": "look", "images": [RED]}])).tokens
+        answer = asked(session, RED, text="look", n=10)[0]
+        prompts = session.prompts  # (the conversation as its template writes it, the image where libmtmd's marker is)
+        text = render(prompts.template, [{"role": "user", "content": MEDIA_MARKER + "look"}], "", "")
+    layout, reference = libmtmd_greedy(model, projector, text, RED, 10)
+    ours = [("image", end - start) if image else tokens[start:end] for start, end, image in media_runs(tokens)]
+    assert layout == ours and ("image", IMAGE_TOKENS if kind == "mlp" else GEMMA3_IMAGE_TOKENS) in ours
+    assert answer == reference
+
+
+def libmtmd_greedy(model_path, projector_path, text: str, image: bytes, n: int) -> tuple[list, list[int]]:
+    """text (MEDIA_MARKER where the image goes) as libmtmd tokenizes it ([token ids] of each text chunk, ("image",
+    rows) of the image's) and the n tokens greedy decoding writes after mtmd_helper_eval_chunks reads it."""
+    from llama_cpp import mtmd_cpp as mtmd
+
+    from localspec.engine.library import llama
+
+    params = llama.llama_model_default_params()
+    params.n_gpu_layers = 0
+    model = llama.llama_model_load_from_file(str(model_path).encode(), params)
+    settings = mtmd.mtmd_context_params_default()
+    settings.use_gpu, settings.print_timings, settings.n_threads = False, False, 2
+    vision = mtmd.mtmd_init_from_file(str(projector_path).encode(), model, settings)
+    contexts = llama.llama_context_default_params()
+    contexts.n_ctx, contexts.n_batch, contexts.n_ubatch, contexts.n_threads = 512, 64, 64, 2
+    context = llama.llama_init_from_model(model, contexts)
+    buffer = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
+    bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(vision, buffer, len(image), False)
+    chunks = mtmd.mtmd_input_chunks_init()
+    try:
+        encoded = text.encode()
+        given = mtmd.mtmd_input_text(encoded, len(encoded), True, True)
+        assert mtmd.mtmd_tokenize(vision, chunks, ctypes.byref(given), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        layout = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                count = ctypes.c_size_t()
+                ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                layout.append([ids[j] for j in range(count.value)])
+            else:
+                layout.append(("image", mtmd.mtmd_input_chunk_get_n_tokens(chunk)))
+        read = llama.llama_pos(0)
+        assert mtmd.mtmd_helper_eval_chunks(vision, context, chunks, 0, 0, 64, True, ctypes.byref(read)) == 0
+        n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+        written = []
+        for _ in range(n):
+            written.append(int(np.ctypeslib.as_array(llama.llama_get_logits_ith(context, -1), shape=(n_vocab,)).argmax()))
+            assert llama.llama_decode(context, llama.llama_batch_get_one((llama.llama_token * 1)(written[-1]), 1)) == 0
+        return layout, written
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bitmap)
+        llama.llama_free(context)
+        mtmd.mtmd_free(vision)
+        llama.llama_model_free(model)
+
+
+def test_a_drafter_that_copies_from_the_prompt_never_proposes_an_images_rows(tiny, mmproj):
+    # the prompt ends as the fallback template's turn does ("Assistant:"), which the message wrote before its image:
+    # n-gram lookup finds the image's rows where it would copy a continuation from
+    text = f"Assistant:{IMAGE_MARKER} and Assistant:{IMAGE_MARKER}"
+    with opened(tiny, mmproj) as session:
+        plain = asked(session, RED, BLUE, text=text)[0]
+    with opened(tiny, mmproj, mode=DrafterKind.NGRAM) as session:
+        assert asked(session, RED, BLUE, text=text)[0] == plain
+
+
+def test_an_image_takes_its_rows_in_the_prompt_and_a_later_turn_finds_it_cached(tiny, mmproj):
+    with opened(tiny, mmproj) as session:
+        tokens = session.prepare(Request(messages=[{"role": "user", "content": "look", "images": [RED]}])).tokens
+        rows = [token for token in tokens if token < 0]
+        assert len(rows) == IMAGE_TOKENS and tokens.index(rows[0]) + IMAGE_TOKENS == tokens.index(rows[-1]) + 1
+        _, first = asked(session, RED, text="look")
+        assert session.vision.encodings == 1 and first.reused_tokens == 0
+        earlier = ({"role": "user", "content": "look", "images": [RED]}, {"role": "assistant", "content": "a cat"})
+        _, second = asked(session, text="and now", earlier=earlier)
+        assert second.reused_tokens > tokens.index(rows[-1]) and session.vision.encodings == 1  # cached, not read again
+        assert session.placement()["target"]["mmproj"] == str(mmproj["fits"]) and "+ mmproj.gguf" in session.describe()
+
+
+def test_images_are_placed_where_the_content_says_and_before_it_otherwise(tiny, mmproj):
+    with opened(tiny, mmproj) as session:
+        def tokens(content, images):
+            return session.prepare(Request(messages=[{"role": "user", "content": content, "images": images}])).tokens
+
+        before = tokens("look", [RED])
+        placed = tokens(f"look {IMAGE_MARKER}", [RED])
+        assert before != placed and sorted(before) == sorted(tokens(f"{IMAGE_MARKER}look", [RED]))
+        # the images in order: those the content does not place (RED) before its text, then BLUE at its marker
+        both = tokens(f"a {IMAGE_MARKER} b", [RED, BLUE])
+        red, blue = [t for t in before if t < 0], [t for t in tokens("look", [BLUE]) if t < 0]
+        assert both.index(red[0]) + IMAGE_TOKENS < both.index(blue[0]) and red != blue
+        assert both[both.index(red[-1]) + 1 : both.index(blue[0])] == session.target_model.tokenize(
+            "a ", add_special=False, parse_special=False)
+        with pytest.raises(InputError, match="places 2 images but carries 1"):
+            tokens(f"{IMAGE_MARKER}{IMAGE_MARKER}", [RED])
+
+
+def test_an_earlier_exchanges_tokens_handed_back_hold_its_image(tiny, mmproj):
+    # Ollama's generate hands back `context`, the prompt's tokens and the answer's, for the next prompt to go on from
+    with opened(tiny, mmproj) as session:
+        first = session.prepare(Request(messages=[{"role": "user", "content": "look", "images": [RED]}])).tokens
+        going_on = Request(Sampling(temperature=0), Limits(8), messages=[{"role": "user", "content": "and now"}],
+                           continues=first)
+        assert session.prepare(going_on).tokens[: len(first)] == first
+        assert [e for e in session.generate(going_on) if isinstance(e, Token)]
+        with pytest.raises(InputError, match="token ids"):
+            session.prepare(replace(going_on, continues=[-(1 << 20), *first]))  # no image this process has read
+
+
+def test_what_is_no_image_and_a_model_without_a_projector_are_refused(tiny, mmproj):
+    with opened(tiny, mmproj) as session:
+        with pytest.raises(InputError, match="image 2 is not an image llama.cpp reads"):
+            asked(session, RED, b"GIF89a? no")
+        assert asked(session, RED)[0]  # and it goes on
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation(drafting=DrafterKind.PLAIN)) as plain:
+        with pytest.raises(UsageError, match=r"reads no images: load it with its multimodal projector \(--mmproj"):
+            asked(plain, RED)
+    with pytest.raises(ModelLoadError, match=r"mismatch between text model \(n_embd = 64\) and mmproj \(n_embd = 48\)"):
+        Session(tiny["target"], None, Runtime(ctx_size=512, mmproj=str(mmproj["narrow"])),
+                Speculation(drafting=DrafterKind.PLAIN))
+    with pytest.raises(ModelLoadError, match="multimodal projector"):
+        Session(tiny["target"], None, Runtime(ctx_size=512, mmproj=str(tiny["partial"])),
+                Speculation(drafting=DrafterKind.PLAIN))
+
+
+def test_parallel_sequences_read_their_images_each(tiny, mmproj):
+    with opened(tiny, mmproj) as alone:
+        red, blue = asked(alone, RED)[0], asked(alone, BLUE)[0]
+    with opened(tiny, mmproj, "partial", DrafterKind.DRAFT, parallel=2) as session:
+        scheduler = session.scheduler()
+        for image in (RED, BLUE):
+            scheduler.add(Request(Sampling(temperature=0), Limits(24), messages=[
+                {"role": "user", "content": "what is in the picture", "images": [image]}]))
+        answers: dict = {}
+        while scheduler:
+            for running, item in scheduler.step():
+                if isinstance(item, Token):
+                    answers.setdefault(running.sequence, []).append(item.id)
+                assert not isinstance(item, Exception), item
+        assert sorted(answers.values()) == sorted([red, blue])
+
+
+def test_images_travel_to_a_serve_as_base64_and_back():
+    request = Request(messages=[{"role": "user", "content": "look", "images": [RED, BLUE]}])
+    wire = json.loads(json.dumps(to_wire(request)))
+    assert wire["messages"][0]["images"] == [base64.b64encode(RED).decode(), base64.b64encode(BLUE).decode()]
+    assert from_wire(wire).messages == request.messages
+    with pytest.raises(UsageError, match="an image is base64 text"):
+        from_wire(wire | {"messages": [{"role": "user", "content": "x", "images": ["@@"]}]})
+
+
+def test_runs_split_text_from_each_image_and_a_cache_keeps_no_image_in_part():
+    image, other = [-1, -2, -3], [-16385, -16386]
+    tokens = [5, 6, *image, *other, 7]
+    assert media_runs(tokens) == [(0, 2, False), (2, 5, True), (5, 7, True), (7, 8, False)]
+    assert media_runs([]) == []
+    assert [image_start(tokens, n) for n in range(9)] == [0, 1, 2, 2, 2, 5, 5, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def served(tiny, mmproj, tmp_path_factory):
+    from test_server import ServerProcess
+
+    running = ServerProcess(tmp_path_factory.mktemp("serve"), tiny["target"], "--alias", "tiny", "-c", "512", "-np",
+                            "2", "--draft", tiny["partial"], "--mmproj", mmproj["fits"])
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def _data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+def test_serve_reads_images_from_openais_parts_ollamas_images_and_a_url(served, tiny, mmproj):
+    import anthropic
+    import httpx
+    import ollama
+
+    with opened(tiny, mmproj) as session:
+        def chatted(text: str) -> str:
+            return session.chat(sampling=Sampling(temperature=0), limits=Limits(16)).send(text, [RED]).text
+
+        # OpenAI's parts are the message's lines, the image one of them; Ollama's images go before its text
+        alone, before = chatted(f"{IMAGE_MARKER}\nwhat is it"), chatted("what is it")
+    client = served.client()
+
+    def asked(*parts: dict, text: str = "what is it") -> str:
+        return client.chat.completions.create(model="tiny", max_tokens=16, temperature=0, messages=[
+            {"role": "user", "content": [*parts, {"type": "text", "text": text}]}]).choices[0].message.content
+
+    red = asked({"type": "image_url", "image_url": {"url": _data_url(RED)}})
+    assert red == alone and red != asked({"type": "image_url", "image_url": {"url": _data_url(BLUE)}})
+    with ImageServer(RED) as url:  # fetched, as llama-server fetches one
+        assert asked({"type": "image_url", "image_url": {"url": url}}) == red
+    responded = client.responses.create(model="tiny", max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": _data_url(RED)},
+                                     {"type": "input_text", "text": "what is it"}]}])
+    assert responded.output_text == red
+    anthropics = anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0)
+    image = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()}
+    answered = anthropics.messages.create(model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [{"type": "image", "source": image}, {"type": "text", "text": "what is it"}]}])
+    assert answered.content[0].text == red
+
+    ollamas = ollama.Client(host=served.base)
+    options = {"temperature": 0, "num_predict": 16}
+    assert ollamas.chat(model="tiny", messages=[{"role": "user", "content": "what is it", "images": [RED]}],
+                        options=options).message.content == before
+    assert ollamas.generate(model="tiny", prompt="what is it", images=[RED], options=options).response == before
+    assert "vision" in ollamas.show("tiny").capabilities
+    rendered = httpx.post(served.base + "/api/generate", json={"model": "tiny", "prompt": "what is it",
+                                                               "images": [base64.b64encode(RED).decode()],
+                                                               "_debug_render_only": True}, timeout=60).json()
+    assert rendered["debug_info"]["image_count"] == 1 and "<__media__>" in rendered["debug_info"]["rendered_template"]
+    assert "Traceback" not in served.log()
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, "messages.0.content.0.image_url: not"
+                                                                               " base64 text"),
+    ({"type": "image_url", "image_url": {"url": _data_url(b"GIF89a? no")}}, "image 1 is not an image llama.cpp reads"),
+    ({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/none.png"}}, "could not fetch"),
+    ({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}, "only text and image_url parts"),
+])
+def test_an_image_that_cannot_be_read_is_a_400_naming_it(served, part, said):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=re.escape(said)):
+        served.client().chat.completions.create(model="tiny", max_tokens=4, messages=[
+            {"role": "user", "content": [part, {"type": "text", "text": "what is it"}]}])
+    assert served.client().chat.completions.create(model="tiny", max_tokens=2, messages=[
+        {"role": "user", "content": "still there?"}]).choices[0].message.content is not None
+
+
+class ImageServer:
+    """An HTTP server on 127.0.0.1 that hands out one image, at the URL `with` gives."""
+
+    def __init__(self, image: bytes):
+        self.image = image
+
+    def __enter__(self) -> str:
+        image = self.image
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(image)))
+                self.end_headers()
+                self.wfile.write(image)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}/cat.png"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_run_and_chat_read_an_image_named_by_option_command_or_path_as_ollama_reads_one(cli, tiny, mmproj, tmp_path):
+    image = tmp_path / "cat.png"
+    image.write_bytes(RED)
+    loaded = ("--mmproj", mmproj["fits"], "-n", "12", "--temp", "0", "--no-draft")
+
+    def run(*args) -> str:
+        code, out, err = cli("run", tiny["target"], *loaded, "-q", *args)
+        assert code == 0, err
+        return out
+
+    by_option = run("--image", image, "-p", "what is it")
+    assert by_option == run("-p", f"what is it {image}") != run("-p", "what is it")
+    assert run("-p", f"what is it {tmp_path / 'none.png'}") != by_option  # (no such file: the path stays text)
+    saved = tmp_path / "chat.json"
+    code, out, err = cli("chat", tiny["target"], *loaded, stdin=f"/image {image}\nwhat is it\n/save {saved}\n"
+                                                                 f"/clear\n/load {saved}\n/save {saved}\n".encode())
+    assert code == 0 and out.startswith("image ") and by_option.splitlines()[0] in out.splitlines(), err
+    kept = json.loads(saved.read_text())  # (saved, loaded and saved again: the image went both ways)
+    assert [message.get("images") for message in kept] == [[base64.b64encode(RED).decode()], None]
+
+    code, _, err = cli("run", tiny["target"], "-p", "x", "--image", image)
+    assert code == 2 and "reads no images: load it with its multimodal projector (--mmproj FILE)" in err
+    for args, said in ((("--image", tmp_path / "none.png"), "--image"),
+                       (("--image", tiny["target"]), "image 1 is not an image llama.cpp reads"),
+                       (("--image", image, "--raw"), "--image goes in the chat template's turn")):
+        code, _, err = cli("run", tiny["target"], *loaded, "-p", "x", *args)
+        assert code == 2 and said in err and "Traceback" not in err, err
+
+
+def test_batch_items_carry_images_by_path_or_base64(localspec, tiny, mmproj, tmp_path):
+    image = tmp_path / "cat.png"
+    image.write_bytes(RED)
+    loaded = ("--mmproj", mmproj["fits"], "--temp", "0", "--no-draft", "-n", "12")
+    done = localspec("run", tiny["target"], *loaded, "--image", image, "-p", "what is it", "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    expected = json.loads(done.stdout)["text"]
+    encoded = base64.b64encode(RED).decode()
+    asked = [{"id": "path", "prompt": "what is it", "images": [str(image)]},
+             {"id": "base64", "prompt": "what is it", "images": [encoded]},
+             {"id": "message", "messages": [{"role": "user", "content": "what is it", "images": [encoded]}]},
+             {"id": "blue", "prompt": "what is it", "images": [base64.b64encode(BLUE).decode()]},
+             {"id": "none", "prompt": "what is it", "images": ["no such file, nor base64!"]},
+             {"id": "lone", "messages": [{"role": "user", "content": "x"}], "images": [encoded]}]
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(item | {"max_tokens": 12}) + "\n" for item in asked))
+    done = localspec("batch", tiny["target"], tmp_path / "items.jsonl", *loaded, "--parallel", "2")
+    records = {record["id"]: record for record in map(json.loads, done.stdout.decode().splitlines())}
+    assert records["path"]["text"] == records["base64"]["text"] == records["message"]["text"] == expected
+    assert records["blue"]["text"] != expected
+    assert "is neither a file nor base64 text" in records["none"]["error"]
+    assert "'images' go with a 'prompt'" in records["lone"]["error"] and done.returncode != 0
