@@ -385,3 +385,12 @@ def test_batch_items_carry_images_by_path_or_base64(localspec, tiny, mmproj, tmp
     assert records["blue"]["text"] != expected
     assert "is neither a file nor base64 text" in records["none"]["error"]
     assert "'images' go with a 'prompt'" in records["lone"]["error"] and done.returncode != 0
+
+
+def test_a_projector_named_as_a_model_says_what_it_is_and_how_to_use_it(cli, tiny, mmproj):
+    said = "mmproj.gguf is a multimodal projector, not a model: run the model it was made for with --mmproj"
+    for args in (("run", mmproj["fits"], "-p", "x"), ("run", tiny["target"], "--draft", mmproj["fits"], "-p", "x")):
+        code, _, err = cli(*args)
+        assert code == 2 and said in err and "Traceback" not in err, err
+    code, out, _ = cli("show", mmproj["fits"])
+    assert code == 0 and "a multimodal projector, not a model" in out and "--mmproj" in out

@@ -151,6 +151,8 @@ class GGUFInfo:
             return "a LoRA adapter", self.architecture, "--lora"
         if self.architecture == "controlvector":
             return "a control vector", self.get("controlvector.model_hint") or "", "--control-vector"
+        if self.architecture == "clip":  # (its projector type says little of which models: "" )
+            return "a multimodal projector", "", "--mmproj"
         return None
 
     @property
