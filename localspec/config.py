@@ -461,9 +461,12 @@ class Runtime:
     control_vectors: tuple[Adapter, ...] = ()
     control_layers: tuple[int, int] | None = None
     # The target's multimodal projector (llama.cpp's --mmproj: a GGUF, or hf:owner/repo/file.gguf), through which it
-    # reads images; mmproj_offload: on the GPU where the target has layers there (--no-mmproj-offload: on the CPU)
+    # reads images; mmproj_offload: on the GPU where the target has layers there (--no-mmproj-offload: on the CPU);
+    # mmproj_auto: where none is named, the one its Hub repo holds beside a target named by repo and quantization
+    # (llama.cpp's -hf fetches it so; --no-mmproj: none)
     mmproj: str | None = None
     mmproj_offload: bool = True
+    mmproj_auto: bool = True
 
     def __post_init__(self):
         if 0 < self.ctx_size < 8 or self.ctx_size < 0:

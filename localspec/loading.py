@@ -51,6 +51,8 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
     pair = store.pair(target, draft_model, offline, progress, n_ctx=runtime.ctx_size or None)
     if pair.report and not pair.report.compatible:
         raise IncompatibleDraft(pair.refusal, pair.report)
+    if runtime.mmproj is None and runtime.mmproj_auto:
+        runtime = replace(runtime, mmproj=download.projector_beside(store.find(target), offline))
     runtime = replace(runtime, lora=fetched_adapters(runtime.lora, offline, progress),
                       control_vectors=fetched_adapters(runtime.control_vectors, offline, progress),
                       mmproj=fetched(runtime.mmproj, offline, progress) if runtime.mmproj else None)
@@ -284,7 +286,8 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
                                  draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
                 "backend_sampling": on_backend}
-    for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora", "mmproj", "mmproj_offload"):
+    for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora", "mmproj", "mmproj_offload",
+                     "mmproj_auto"):
         del settings[left_out]
     if runtime.lora:
         settings["lora"] = [adapter.path for adapter in runtime.lora]

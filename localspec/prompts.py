@@ -415,11 +415,9 @@ class Prompts:
 
     def continued(self, earlier: list[int], tokens: list[int]) -> list[int]:
         """A prompt's tokens after an earlier exchange's: read on from it, without a second BOS."""
-        n_vocab = self.model.n_vocab
-        if not all(isinstance(token, int) and (0 <= token < n_vocab or self.vision and self.vision.holds(token))
-                   for token in earlier):
-            raise InputError(f"the earlier exchange's token ids (Ollama's context) must be between 0 and {n_vocab - 1},"
-                             " this model's vocabulary")
+        if not all(map(self._readable, earlier)):
+            raise InputError(f"the earlier exchange's token ids (Ollama's context) must be between 0 and"
+                             f" {self.model.n_vocab - 1}, this model's vocabulary")
         return list(earlier) + (tokens[1:] if tokens[:1] == [self.model.bos] else tokens)
 
     def shown(self, tokens: list[int]) -> str:
@@ -431,8 +429,28 @@ class Prompts:
         """A prompt given as token ids, once they are known to be this model's."""
         if not tokens:
             raise InputError("the prompt is empty")
-        n_vocab = self.model.n_vocab
-        if not all(isinstance(token, int) and 0 <= token < n_vocab for token in tokens):
-            raise InputError(f"the prompt's token ids must be between 0 and {n_vocab - 1}, this model's vocabulary")
+        if not all(map(self._readable, tokens)):
+            raise InputError(f"the prompt's token ids must be between 0 and {self.model.n_vocab - 1}, this model's"
+                             " vocabulary")
         return list(tokens)
+
+    def _readable(self, token) -> bool:
+        """A token id of this model's vocabulary, or a row of an image its projector has read (tokens handed back)."""
+        return isinstance(token, int) and (0 <= token < self.model.n_vocab
+                                           or self.vision is not None and self.vision.holds(token))
+
+    def tokenize_with_images(self, text: str, images: list[bytes]) -> list[int]:
+        """A prompt read as written (control tokens and all) with an image where it writes MEDIA_MARKER, one for each
+        of images, in order (llama-server's /completion with multimodal_data)."""
+        parts = text.split(MEDIA_MARKER)
+        if len(parts) - 1 != len(images):
+            raise InputError(f"the prompt places {len(parts) - 1} images ({MEDIA_MARKER}) but carries {len(images)}")
+        self.refuse_what_cannot_fit(len(text))
+        self._refuse_by_its_head(text)
+        rows = self._images_of([{"images": images}])
+        tokens: list[int] = []
+        for number, part in enumerate(parts):
+            tokens += (rows[number - 1] if number else []) + self.model.tokenize(part, add_special=number == 0,
+                                                                                   parse_special=True)
+        return tokens
 

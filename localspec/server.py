@@ -473,6 +473,9 @@ class Server:
         """llama-server's own completion (not OpenAI's): its fields, answers and events."""
         body = await self._body(request)
         served = await self._model(body.get("model"))
+        if isinstance(body.get("prompt"), dict):  # (prompt_string with multimodal_data: images where it says)
+            body = body | {"prompt": await asyncio.to_thread(llama_server.multimodal_prompt, served.session,
+                                                             body["prompt"])}
         parsed = await self._parse(body, False, LLAMA_SERVER, served)
         return await self._respond(request, client, parsed, LLAMA_SERVER.answering(False, served.name, parsed),
                                    served)

@@ -27,6 +27,7 @@ from localspec import paths
 from localspec.store import download, mirror
 from localspec.errors import FetchError
 from tinymodels import write_tiny_model
+from tinyvision import random_image, write_tiny_mmproj
 
 TOKEN = "hf_test_secret_token_123"
 
@@ -53,8 +54,14 @@ def shards(tmp_path_factory) -> list[Path]:
     return sorted(first.parent.glob("tiny-Q8_0-*-of-00003.gguf"))
 
 
+@pytest.fixture(scope="module")
+def projectors(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("projectors")
+    return {"fits": write_tiny_mmproj(folder / "fits.gguf"), "narrow": write_tiny_mmproj(folder / "narrow.gguf", width=48)}
+
+
 @pytest.fixture
-def hub(tiny, big_file, shards):
+def hub(tiny, big_file, shards, projectors):
     hub = FakeHub()
     hub.add("test/big-GGUF", big_file)
     hub.gated.add("test/gated-GGUF")
@@ -79,6 +86,11 @@ def hub(tiny, big_file, shards):
     # the files llama-server's --fim-qwen-7b-spec fetches (llama.vscode's speculative setting)
     hub.add("ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF", tiny["target"], "qwen2.5-coder-7b-q8_0.gguf")
     hub.add("ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", tiny["same"], "qwen2.5-coder-0.5b-q8_0.gguf")
+    # a vision model's repo: its projector in two quantizations, the one of bits nearest the model's (Q8_0 beside a
+    # Q4_K_M) llama.cpp's pick; the other (made for another model) fails to load
+    hub.add("test/vision-GGUF", tiny["target"], "tiny-Q4_K_M.gguf")
+    hub.add("test/vision-GGUF", projectors["fits"], "mmproj-Q8_0.gguf")
+    hub.add("test/vision-GGUF", projectors["narrow"], "mmproj-F16.gguf")
     server = serve(hub)
     yield hub
     server.shutdown()
@@ -389,6 +401,20 @@ def test_llama_cpps_hf_names_a_repo_and_its_quantization_q4_k_m_where_none_is_gi
     assert done.returncode == 0, done.stderr
     placement = json.loads(done.stdout)["placement"]
     assert (placement["target"]["file"], placement["draft"]["file"]) == ("tiny-q4_k_m.gguf", "tiny-q8_0.gguf")
+
+
+def test_a_repo_named_by_hf_brings_its_projector_as_llama_cpps_hf_does(localspec, tmp_path):
+    image = tmp_path / "cat.png"
+    image.write_bytes(random_image(1))
+    asked = ("-p", "what is it", "-n", "4", "--temp", "0", "--no-draft", "--json")
+    done = localspec("run", "-hf", "test/vision-GGUF", "--image", image, *asked)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["placement"]["target"]["mmproj"].endswith("mmproj-Q8_0.gguf")
+    for off in ("--no-mmproj", "--no-mmproj-auto"):
+        refused = localspec("run", "-hf", "test/vision-GGUF", "--image", image, off, *asked)
+        assert refused.returncode == 2 and "reads no images" in refused.stderr
+    plain = localspec("run", "-hf", "test/split-GGUF", *asked)  # (a repo without a projector: none)
+    assert plain.returncode == 0 and "mmproj" not in json.loads(plain.stdout)["placement"]["target"]
 
 
 def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):

@@ -359,6 +359,15 @@ def test_a_sidecar_is_found_as_llama_cpp_finds_it_and_is_never_taken_for_the_mod
     assert [f for f in files if registry.is_model_file(f)] == ["Qwen3.6-27B-Q4_K_M.gguf"]
 
 
+def test_a_projector_is_found_as_llama_cpps_hf_finds_one():
+    """find_best_mmproj: the model's folder or one above, the closest first, then the quantization's bits nearest."""
+    files = ["gemma-3-4b-it-Q4_K_M.gguf", "gemma-3-4b-it-Q8_0.gguf", "mmproj-model-f16.gguf", "mmproj-Q8_0.gguf",
+             "BF16/gemma-3-4b-it-BF16-00001-of-00002.gguf", "BF16/mmproj-BF16.gguf", "other/mmproj-F32.gguf"]
+    assert registry.projector_in(files, "gemma-3-4b-it-Q4_K_M.gguf") == "mmproj-Q8_0.gguf"
+    assert registry.projector_in(files, "BF16/gemma-3-4b-it-BF16-00001-of-00002.gguf") == "BF16/mmproj-BF16.gguf"
+    assert registry.projector_in(["a-Q8_0.gguf", "mmproj-F16.gguf", "mmproj-F32.gguf"], "a-F16.gguf") == "mmproj-F16.gguf"
+    assert registry.projector_in(["a-Q4_K_M.gguf", "mtp-a-Q8_0.gguf"], "a-Q4_K_M.gguf") is None
+
 
 def test_a_drafter_kind_not_built_yet_is_one_line_naming_what_is_published(models):
     with pytest.raises(UsageError, match=r"dspark drafters is not built yet; --draft assistant, mtp, eagle3, dflash,"):

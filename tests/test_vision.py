@@ -19,7 +19,7 @@ from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
 from localspec.engine.vision import image_start, media_runs
 from localspec.errors import InputError, ModelLoadError, UsageError
 from localspec.events import Prefill, Token
-from localspec.prompts import MEDIA_MARKER
+from localspec.prompts import FALLBACK_TEMPLATE, MEDIA_MARKER
 from localspec.request import IMAGE_MARKER, Request, from_wire, to_wire
 from localspec.session import Session
 
@@ -286,6 +286,23 @@ def test_serve_reads_images_from_openais_parts_ollamas_images_and_a_url(served, 
                                                                "images": [base64.b64encode(RED).decode()],
                                                                "_debug_render_only": True}, timeout=60).json()
     assert rendered["debug_info"]["image_count"] == 1 and "<__media__>" in rendered["debug_info"]["rendered_template"]
+    # llama-server's way: /props says it sees and names its marker, /apply-template writes a chat's prompt with it,
+    # /completion reads a prompt so written with the images as multimodal_data: the chat's answer (the prompt as
+    # the template writes it: a SentencePiece vocabulary's pieces put a space before /apply-template's text)
+    props = httpx.get(served.base + "/props", timeout=30).json()
+    assert props["modalities"]["vision"] is True and props["media_marker"] == MEDIA_MARKER
+    chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(RED)}},
+                                         {"type": "text", "text": "what is it"}]}]
+    applied = httpx.post(served.base + "/apply-template", json={"messages": chat}, timeout=30).json()["prompt"]
+    prompt = render(FALLBACK_TEMPLATE, [{"role": "user", "content": f"{MEDIA_MARKER}\nwhat is it"}], "", "")
+    assert applied.count(MEDIA_MARKER) == 1
+    completed = httpx.post(served.base + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(RED).decode()]}, "n_predict": 16,
+        "temperature": 0})
+    assert completed.status_code == 200 and completed.json()["content"] == red, completed.text
+    refused = httpx.post(served.base + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": prompt, "multimodal_data": []}, "n_predict": 4})
+    assert refused.status_code == 400 and "places 1 images (<__media__>) but carries 0" in refused.text
     assert "Traceback" not in served.log()
 
 

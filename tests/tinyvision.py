@@ -33,7 +33,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from tinymodels import N_EMBD
+from tinymodels import N_EMBD, finish
 
 IMAGE_SIZE = 32  # the side every image is resized to
 PATCH_SIZE = 8
@@ -125,13 +125,7 @@ def write_tiny_mmproj(path: Path, seed: int = 7, width: int = N_EMBD, projector:
     if gemma3:
         writer.add_bool("clip.use_gelu", True)
         writer.add_uint32("clip.vision.projector.scale_factor", GEMMA3_MERGE)
-    for name, weights in tensors.items():
-        writer.add_tensor(name, weights)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish(writer, tensors, path)
 
 
 def png(pixels: np.ndarray) -> bytes:

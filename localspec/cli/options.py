@@ -455,6 +455,12 @@ VISION_OPTIONS = {
         " chat's /image, serve's image_url parts and Ollama's images. Drafts stay text: a draft model reads a"
         " stand-in where an image is, and verification keeps the answer the target's.", show_default=False,
         rich_help_panel=VISION)], None),
+    "mmproj_auto": (Annotated[bool, typer.Option(
+        "--mmproj-auto/--no-mmproj-auto", help="Where no --mmproj is given, the projector a Hub repo holds beside a"
+        " model named by repo (-hf owner/repo, owner/repo:Q4_K_M), fetched and loaded as llama.cpp's -hf does.",
+        rich_help_panel=VISION)], True),
+    "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", help="No projector at all, not even --mmproj's.",
+                                               rich_help_panel=VISION)], False),
     "mmproj_offload": (Annotated[bool, typer.Option(
         "--mmproj-offload/--no-mmproj-offload", help="The projector on the GPU where the target has layers there"
         " (off: on the CPU, leaving its memory to the layers).", rich_help_panel=VISION)], True),
@@ -490,7 +496,7 @@ LLAMA_CPP_OPTIONS = {
     "warmup": (Annotated[bool, typer.Option("--warmup/--no-warmup", hidden=True)], True),
     "perf": (Annotated[bool, typer.Option("--perf/--no-perf", hidden=True)], True),  # timings are always measured
     "cache_prompt": (Annotated[bool, typer.Option("--cache-prompt/--no-cache-prompt", hidden=True)], True),
-    "no_mmproj": (Annotated[bool, typer.Option("--no-mmproj", "--no-mmproj-auto", hidden=True)], False),
+
     "load_mode": (Annotated[Optional[str], typer.Option("--load-mode", "-lm", hidden=True)], None),
 }
 
@@ -560,7 +566,7 @@ LLAMA_CPP_LACKS = {
                                                      "prio-batch", "poll-batch"))),
     **_lacking("deprecated in llama.cpp: its KV cache needs no defragmenting", "-dt", "--defrag-thold"),
     **_lacking("localspec reads images only through a projector file (--mmproj FILE or hf:owner/repo/file.gguf), at"
-               " its own size", "-mmu", "--mmproj-url", "--mmproj-auto", "--image-min-tokens", "--image-max-tokens",
+               " its own size", "-mmu", "--mmproj-url", "--image-min-tokens", "--image-max-tokens",
                "--mtmd-batch-max-tokens", "--video-fps", "--video-timestamp-interval", "--video-ffmpeg-dir",
                "--media-path"),
     **_lacking("localspec fits the layers to the GPUs' free memory (--fit), never the context: it says what to"
@@ -656,7 +662,8 @@ LLAMA_ARG_ENV = {
     "yarn_attn_factor": "YARN_ATTN_FACTOR", "yarn_beta_slow": "YARN_BETA_SLOW", "yarn_beta_fast": "YARN_BETA_FAST",
     "prompt_cache": "CACHE_RAM", "cache_reuse": "CACHE_REUSE", "rpc": "RPC", "tensor_split": "TENSOR_SPLIT",
     "parallel": "N_PARALLEL", "kv_unified": "KV_UNIFIED", "ubatch_size": "UBATCH", "context_shift": "CONTEXT_SHIFT",
-    "swa_full": "SWA_FULL", "perf": "PERF", "cache_prompt": "CACHE_PROMPT", "mmproj": "MMPROJ", "mmproj_offload": "MMPROJ_OFFLOAD", "load_mode": "LOAD_MODE",
+    "swa_full": "SWA_FULL", "perf": "PERF", "cache_prompt": "CACHE_PROMPT", "mmproj": "MMPROJ", "mmproj_offload": "MMPROJ_OFFLOAD",
+    "mmproj_auto": "MMPROJ_AUTO", "load_mode": "LOAD_MODE",
     "draft_cpu_moe": "SPEC_DRAFT_CPU_MOE", "draft_n_cpu_moe": "SPEC_DRAFT_N_CPU_MOE",
 }
 for _group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS):
@@ -781,7 +788,8 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
                         lora=_adapters(o.lora, o.lora_scaled, o.lora_init_without_apply),
                         control_vectors=_adapters(o.control_vector, o.control_vector_scaled, False, "--control-vector"),
                         control_layers=tuple(o.control_vector_layer_range) if o.control_vector_layer_range else None,
-                        mmproj=None if o.no_mmproj else o.mmproj, mmproj_offload=o.mmproj_offload),
+                        mmproj=None if o.no_mmproj else o.mmproj, mmproj_offload=o.mmproj_offload,
+                        mmproj_auto=o.mmproj_auto and not o.no_mmproj),
         limits=Limits(max_tokens=o.max_tokens, stop=tuple(o.stop or ())),
         thinking=_thinking(o, variables),
         made=made,

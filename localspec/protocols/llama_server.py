@@ -18,15 +18,15 @@ from pathlib import Path
 from pydantic import Field, TypeAdapter, ValidationError
 
 from ..config import MOST_LOGPROBS, Limits, Sampling
-from ..errors import UsageError
+from ..errors import LocalspecError, UsageError
 from ..events import Candidate, Logprobs, Reading, Token
-from ..prompts import output_grammar
+from ..prompts import MEDIA_MARKER, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
 from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
-                     ended_by, logprobs_of, overridden_or_refused, prompts_of, speculation, speculative_asked, timings,
-                     validated)
+                     api_error, ended_by, image_bytes, logprobs_of, overridden_or_refused, prompts_of, speculation,
+                     speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
@@ -238,6 +238,21 @@ def generation_settings(sampling: Sampling, limits: Limits, lora: dict[int, floa
             "lora": [{"id": index, "scale": scale} for index, scale in (lora or {}).items()]}
 
 
+def multimodal_prompt(session: Session, prompt: dict) -> list[int]:
+    """/completion's prompt as an object: prompt_string, read as written, with an image of multimodal_data (base64)
+    where it writes MEDIA_MARKER (/props' media_marker), each in order: the prompt's tokens."""
+    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data", [])
+    if not isinstance(text, str):
+        raise ApiError(400, "prompt.prompt_string: the prompt's text", param="prompt")
+    if not isinstance(data, list):
+        raise ApiError(400, "prompt.multimodal_data: a list of images, base64 each", param="prompt")
+    images = [image_bytes(item, f"prompt.multimodal_data.{index}") for index, item in enumerate(data)]
+    try:
+        return session.prompts.tokenize_with_images(text, images)
+    except LocalspecError as error:
+        raise api_error(error, "prompt") from None
+
+
 def props(session: Session, defaults: Defaults, slots: int) -> dict:
     """GET /props: what llama-server says of itself, for the model a request names."""
     params = generation_settings(defaults.sampling, defaults.limits, dict(enumerate(session.adapters.scales)))
@@ -245,7 +260,8 @@ def props(session: Session, defaults: Defaults, slots: int) -> dict:
                                             "speculative": session.can_speculate, "is_processing": False,
                                             "params": params},
             "total_slots": slots, "model_path": str(session.model_files()[0]), "chat_template": session.prompts.template,
-            "modalities": {"vision": False, "audio": False}, "build_info": BUILD_INFO, "is_sleeping": False}
+            "modalities": {"vision": session.vision is not None, "audio": False}, "media_marker": MEDIA_MARKER,
+            "build_info": BUILD_INFO, "is_sleeping": False}
 
 
 def slots(session: Session, defaults: Defaults, running: dict) -> list[dict]:

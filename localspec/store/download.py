@@ -30,6 +30,7 @@ from huggingface_hub.utils import logging as hub_logging
 
 from . import mirror, registry
 from .. import paths
+from ..config import HUB_PREFIX
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import DownloadInterrupted, FetchError, InputError
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -329,6 +330,17 @@ def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | No
         if found:
             return ModelEntry(name=f"{entry.repo}/{found}", file=found, repo=entry.repo, typed=f"hf:{entry.repo}/{found}")
     return None
+
+
+def projector_beside(resolved: Resolved, offline: bool = False) -> str | None:
+    """The multimodal projector published beside a Hub model named by its repo and quantization (llama.cpp's -hf,
+    which fetches it unless --no-mmproj), as hf:owner/repo/file, where the repo holds one (registry.projector_in);
+    None otherwise (a registry model's name, a file, offline)."""
+    if not isinstance(resolved, RepoQuant) or offline or offline_requested():
+        return None
+    entry = _entry_for_quant(resolved, offline)
+    found = registry.projector_in(_listing(entry.repo), entry.file)
+    return f"{HUB_PREFIX}{entry.repo}/{found}" if found else None
 
 
 def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> ModelEntry | None:

@@ -93,6 +93,25 @@ def sidecar_in(files: list[str], model_file: str, kind: str) -> str | None:
     return min(found, key=lambda f: (-len(f.rpartition("/")[0]), not (quant and f.endswith(f"-{quant[1]}.gguf")), f))
 
 
+def projector_in(files: list[str], model_file: str) -> str | None:
+    """The multimodal projector of a repo's listing that llama.cpp's -hf takes for the model (find_best_mmproj): a
+    GGUF whose name holds "mmproj", in the model's folder or one above it, the closest first, then the one whose
+    quantization's bits are nearest the model's (an F16 projector beside a Q8_0 beats a BF16 beside a Q4_K_M)."""
+    folder = model_file.rpartition("/")[0]
+    found = [f for f in files if f.endswith(".gguf") and "mmproj" in f and folder.startswith(f.rpartition("/")[0])]
+    if not found:
+        return None
+    model_bits = _quant_bits(model_file)
+    return min(found, key=lambda f: (-len(f.rpartition("/")[0]), abs(_quant_bits(f) - model_bits)))
+
+
+def _quant_bits(file: str) -> int:
+    """The number in a file's quantization tag (Q4_K_M: 4, F16: 16, BF16: 16; none: 0), as llama.cpp reads it."""
+    name = re.sub(r"-\d{5}-of-\d{5}\.gguf$|\.gguf$", "", file.rpartition("/")[2])
+    digits = re.search(r"\d+", re.split(r"[-.]", name)[-1]) if re.search(r"[-.]", name) else None
+    return int(digits[0]) if digits else 0
+
+
 @dataclass(frozen=True)
 class Across:
     """A draft model of another vocabulary (it drafts through text) measured to help a target, and how."""
