@@ -119,7 +119,7 @@ class Chat:
         """Answer one user message and return the answer; `show` sees the events as they come. Ctrl-C
         stops the answer, which stays in the conversation as far as it got. The images /image named, and those
         whose files the message names where the model reads images, go with it (console: where that is said)."""
-        if getattr(self.session, "vision", None) is not None:
+        if self.session.info.vision:  # (a serve's too, where the chat is answered by one)
             text, named = images_named(text)
             for path, _ in named:
                 if console is not None:
@@ -285,8 +285,9 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
     console = tui.out
     if interactive:
         _enable_line_editing(history_file)
+        sees = " It reads images: /image FILE, or a path in a message." if chat.session.info.vision else ""
         console.print(f"[dim]Chatting with {tui.shown(chat.session.info.target)}. /help for commands,"
-                      ' """ for several lines, Ctrl-D to leave.[/]')
+                      f' """ for several lines, Ctrl-D to leave.{sees}[/]')
     while True:
         try:
             line = input(PROMPT if interactive else "")

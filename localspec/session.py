@@ -47,6 +47,7 @@ class Info:
     mtp: bool  # whether the target's own MTP layers draft
     n_ctx: int
     n_vocab: int
+    vision: bool = False  # whether it reads images (a projector was loaded)
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,8 @@ class Session:
     def info(self) -> Info:
         draft = self.drafting.costly.get(DrafterKind.DRAFT)
         return Info(self.target_model.path.name, draft.context.model.path.name if draft else None,
-                    DrafterKind.MTP in self.drafting.costly, self.target.n_ctx, self.target_model.n_vocab)
+                    DrafterKind.MTP in self.drafting.costly, self.target.n_ctx, self.target_model.n_vocab,
+                    self.vision is not None)
 
     def model_files(self) -> tuple[Path, ...]:
         """The target's file, then the draft model's where one drafts."""

@@ -228,3 +228,39 @@ def test_serves_page_streams_a_reply_marks_drafted_tokens_and_sets_plain_beside_
     finally:
         page.close()
         assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
+def test_serves_page_takes_an_image_for_a_model_that_reads_them(tiny, tmp_path):
+    """A model served with its projector (--mmproj): the page offers an image button; a file picked there goes with
+    the next message, shown in the transcript, and the reply is the one the library gives for that image."""
+    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+    from localspec.session import Session
+    from tinyvision import random_image, write_tiny_mmproj
+
+    assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
+    projector = write_tiny_mmproj(tmp_path / "mmproj.gguf")
+    image = tmp_path / "cat.png"
+    image.write_bytes(random_image(1))
+    with Session(tiny["target"], None, Runtime(ctx_size=512, mmproj=str(projector)),
+                 Speculation(drafting=DrafterKind.PLAIN)) as session:
+        expected = session.chat(sampling=Sampling(temperature=0), limits=Limits(12)).send(
+            "what is it", [image.read_bytes()]).text
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--mmproj", projector, "--temp", "0", "-c", "512",
+                           "-n", "12")
+    page = DevTools(server.base + "/", tmp_path / "profile")
+    try:
+        page.wait_for("getComputedStyle(document.getElementById('attach')).display !== 'none'")
+        picker = page.call("DOM.querySelector", nodeId=page.call("DOM.getDocument")["root"]["nodeId"], selector="#pick")
+        page.call("DOM.setFileInputFiles", files=[str(image)], nodeId=picker["nodeId"])
+        page.wait_for("document.querySelectorAll('#pending img').length === 1")
+        page.value("document.getElementById('prompt').value = 'what is it';"
+                   "document.getElementById('ask').requestSubmit()")
+        page.wait_for("document.querySelector('.reply .line') !== null")
+        assert page.value("document.querySelectorAll('.user img').length") == 1
+        assert page.value("document.querySelectorAll('#pending img').length") == 0
+        shown = page.value("Array.from(document.querySelectorAll('.reply .tok')).map(t => t.textContent).join('')")
+        assert shown == expected
+        assert "Traceback" not in server.log()
+    finally:
+        page.close()
+        assert server.stop(signal.SIGTERM) == 0, server.log()
