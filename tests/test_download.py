@@ -415,6 +415,12 @@ def test_a_repo_named_by_hf_brings_its_projector_as_llama_cpps_hf_does(localspec
         assert refused.returncode == 2 and "reads no images" in refused.stderr
     plain = localspec("run", "-hf", "test/split-GGUF", *asked)  # (a repo without a projector: none)
     assert plain.returncode == 0 and "mmproj" not in json.loads(plain.stdout)["placement"]["target"]
+    # pull fetches it too, as llama.cpp's downloader does (--no-mmproj: the model alone)
+    pulled = localspec("pull", "test/vision-GGUF:Q4_K_M")
+    assert pulled.returncode == 0 and [Path(line).name for line in pulled.stdout.split()] == [
+        "tiny-Q4_K_M.gguf", "mmproj-Q8_0.gguf"], pulled.stderr
+    alone = localspec("pull", "test/vision-GGUF:Q4_K_M", "--no-mmproj")
+    assert [Path(line).name for line in alone.stdout.split()] == ["tiny-Q4_K_M.gguf"]
 
 
 def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):

@@ -23,6 +23,9 @@ def pull(
     name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
     draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the drafter published beside it, else the recommended draft model; 'mtp', 'dflash', 'eagle3', 'assistant': the drafter of that kind published beside it). Default: the drafter the registry names beside it, as llama.cpp's downloader fetches one.", show_default=False)] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Fetch the model alone.")] = False,
+    no_mmproj: Annotated[bool, typer.Option(
+        "--no-mmproj", "--no-mmproj-auto", help="Not the multimodal projector a Hub repo holds beside a model named by"
+        " repo (owner/repo:QUANT), which is fetched with it otherwise, as llama.cpp's downloader fetches it.")] = False,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
     models = store.known()
@@ -34,6 +37,8 @@ def pull(
         wanted.append(registry.resolve_draft(draft, target, models))
     elif draft is None and not no_draft:
         wanted += filter(None, [download.drafter_beside(target)])
+    projector = None if no_mmproj else download.projector_beside(target)
+    wanted += [registry.resolve(projector, models)] if projector else []
     for item in wanted:
         print(store.fetch(item, progress=tui.download_progress(), verify_sha256=True))
 
