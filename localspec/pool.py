@@ -24,8 +24,8 @@ from .loading import sized
 from .session import Session, open_session
 
 
-# a model loaded here: its file, and the LoRA adapters applied to it
-Key = tuple[Path, tuple[Path, ...]]
+# a model loaded here: its file, the LoRA adapters applied to it and the projector it reads images through
+Key = tuple[Path, tuple[Path, ...], Path | None]
 
 
 class UnknownModel(LocalspecError):
@@ -83,17 +83,18 @@ class Served:
 
 @dataclass(frozen=True)
 class Available:
-    """A model that can be served: its API name and file, and the LoRA adapters applied to it (a model made with
-    an ADAPTER); it may not be loaded."""
+    """A model that can be served: its API name and file, the LoRA adapters applied to it (a model made with
+    an ADAPTER) and its projector (one made with a second FROM); it may not be loaded."""
 
     name: str
     path: Path
     entry: store.ModelEntry | None  # None: the model serve started with, given as a file
     adapters: tuple[str, ...] = ()
+    projector: str | None = None
 
     @property
     def key(self) -> Key:
-        return _key_of(self.path, self.adapters)
+        return _key_of(self.path, self.adapters, self.projector)
 
 
 class Pool:
@@ -108,10 +109,11 @@ class Pool:
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
         self.loaded: dict[Key, Served] = {_key(first): self.first}
         self._loading: dict[Key, asyncio.Future] = {}
-        # serve's --lora adapts the model it serves, whatever name a request gives its file; a model made with an
-        # ADAPTER that serve started with is that model, its base another
+        # serve's --lora (and --mmproj) adapt the model it serves, whatever name a request gives its file; a model
+        # made with an ADAPTER (or a projector) that serve started with is that model, its base another
         made = store.made(name)
-        self._adapted_by_serve = len(first.adapters) > 0 and not (made and made.adapters)
+        self._adapted_by_serve = (len(first.adapters) > 0 or first.vision is not None) and not (
+            made and (made.adapters or made.projector))
         # One load at a time: the memory check of one sees the models loaded before it (three first requests
         # for different models at once all passed it together, 3 x 6 GiB on 10 GiB).
         self._load_lock = asyncio.Lock()
@@ -125,7 +127,7 @@ class Pool:
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
             path = store.installed(entry)
-            if path is not None and _key_of(path, ()) != out[0].key:
+            if path is not None and _key_of(path) != out[0].key:
                 out.append(Available(entry.command_name, path.resolve(), entry))
         for made in store.every_made():
             try:
@@ -137,13 +139,15 @@ class Pool:
     def _served_first(self) -> Available:
         session = self.first.session
         return Available(self.first.name, session.target_info.path.resolve(), None,
-                         tuple(str(path) for path in session.adapters.paths))
+                         tuple(str(path) for path in session.adapters.paths),
+                         str(session.vision.path) if session.vision else None)
 
     def _unless_first(self, wanted: Available) -> Available:
         """The model wanted, or the first one where that is the same file with the same adapters (or with serve's
         own, where the name asks for none)."""
         first = self._served_first()
-        same = wanted.key == first.key or self._adapted_by_serve and not wanted.adapters and wanted.path == first.path
+        same = wanted.key == first.key or (self._adapted_by_serve and not wanted.adapters and not wanted.projector
+                                           and wanted.path == first.path)
         return first if same else wanted
 
     def header(self, path: Path) -> GGUFInfo:
@@ -160,7 +164,7 @@ class Pool:
             path = Path(made.base).resolve()                   # user who made it asked
             if not path.is_file():
                 raise UnknownModel(f"{made.name} is made from {made.base}, which is no longer there")
-            return self._unless_first(Available(made.name, path, None, made.adapters))
+            return self._unless_first(Available(made.name, path, None, made.adapters, made.projector))
         try:
             resolved = store.find(name)
         except UsageError:
@@ -172,7 +176,7 @@ class Pool:
             path = store.installed(resolved)
             if path is not None:  # (a model made from it applies its adapters to it)
                 return self._unless_first(Available(resolved.command_name, path.resolve(), resolved,
-                                                    made.adapters if made else ()))
+                                                    made.adapters if made else (), made.projector if made else None))
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
         raise NotKnown(name, self.available)
@@ -214,7 +218,7 @@ class Pool:
         # its own RoPE, a model made with an ADAPTER its own adapters, and a control vector or projector is made for
         # one model)
         runtime = replace(self.runtime, rope=Rope(), lora=tuple(Adapter(path) for path in wanted.adapters),
-                          control_vectors=(), mmproj=None)
+                          control_vectors=(), mmproj=wanted.projector)
         session = await asyncio.to_thread(open_session, str(wanted.path), str(draft) if draft else None, runtime,
                                           speculation, True)
         await asyncio.to_thread(session.warm)
@@ -254,7 +258,7 @@ class Pool:
 
     def holds(self, path: Path) -> bool:
         """Whether a model loaded here, or loading, reads this file."""
-        return any(held == path for held, _ in [*self.loaded, *self._loading])
+        return any(path in (key[0], key[2]) for key in [*self.loaded, *self._loading])
 
     async def unload_when_idle(self, name: str | None) -> bool:
         """Unload the model a request names, where it is loaded and not the first (Ollama's keep_alive 0): now
@@ -304,12 +308,13 @@ class Pool:
         self.loaded.clear()
 
 
-def _key_of(path: Path, adapters: tuple[str, ...]) -> Key:
-    return Path(path).resolve(), tuple(Path(adapter).resolve() for adapter in adapters)
+def _key_of(path: Path, adapters: tuple[str, ...] = (), projector: str | None = None) -> Key:
+    return (Path(path).resolve(), tuple(Path(adapter).resolve() for adapter in adapters),
+            Path(projector).resolve() if projector else None)
 
 
 def _key(session: Session) -> Key:
-    return _key_of(session.target_info.path, session.adapters.paths)
+    return _key_of(session.target_info.path, session.adapters.paths, session.vision and session.vision.path)
 
 
 def _close(served: Served) -> None:

@@ -334,9 +334,11 @@ class Server:
             raise ApiError(400, "from and files: a model is made from one of them", param="files")
 
         def make() -> store.Preset:
-            base = str(store.blob_model(asked.files)) if asked.files else self._stored_name(asked.preset.base)
+            base, projector = store.blob_model(asked.files) if asked.files else (self._stored_name(asked.preset.base),
+                                                                                  None)
             adapters = asked.preset.adapters + store.blob_adapters(asked.adapters)
-            return store.make(replace(asked.preset, base=base, adapters=adapters))
+            return store.make(replace(asked.preset, base=str(base), adapters=adapters,
+                                      projector=str(projector) if projector else None))
 
         try:
             made = await asyncio.to_thread(make)

@@ -167,8 +167,8 @@ def drafts_text(row: dict) -> str:
 
 def _also(row: dict) -> str:
     """A models row's aliases, or for a model made with `create` what it is made from."""
-    return ", ".join(row["aliases"]) or (f"made from {' + '.join((row['made_from'], *row['adapters']))}"
-                                         if row.get("made_from") else "")
+    parts = (row.get("made_from"), *row.get("adapters", ()), *filter(None, [row.get("projector")]))
+    return ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
 
 
 def models_table(rows: list[dict], console: Console = out) -> None:
@@ -218,6 +218,7 @@ def model_card(card, console: Console = out) -> None:
          else None),
         ("made from", made.get("from")),  # (a model made with `create`)
         ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),
+        ("projector", made.get("projector")),  # (it reads images through it)
         ("system", made.get("system")),
         ("parameters set", ", ".join(f"{key} {value}" for key, value in made.get("parameters", ())) or None),
         ("opens with", f"{len(made['messages'])} message{'s' if len(made['messages']) != 1 else ''}"

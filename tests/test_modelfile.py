@@ -70,7 +70,7 @@ def test_a_model_made_from_a_made_one_keeps_what_the_newer_does_not_set():
 
 @pytest.mark.parametrize("text, said", [
     ("SYSTEM hi", "has no FROM"),
-    ("FROM a\nFROM b", "line 2: a second FROM"),
+    ("FROM a\nFROM b\nFROM c", "line 3: a third FROM: a model is made from one model and its multimodal projector"),
     ("FROM a\nPARAMETER top_k many", "line 2: PARAMETER top_k: a whole number, got 'many'"),
     ("FROM a\nPARAMETER temperature nan", "line 2: PARAMETER temperature: a number"),
     ("FROM a\nPARAMETER tfs_z 0.5", "line 2: PARAMETER tfs_z 0.5: not supported by localspec (only 1)"),
@@ -342,7 +342,7 @@ def test_a_gguf_uploaded_as_ollamas_clients_upload_it_makes_a_model(localspec, t
         assert httpx.post(f"{server.base}/api/blobs/{text_digest}", content=text).status_code == 201
         for files, said in (({"notes.gguf": text_digest}, "notes.gguf is not a GGUF file"),
                             ({"model.gguf": wrong}, "has not been uploaded"),
-                            ({"model.safetensors": digest}, "only a GGUF model file is taken")):
+                            ({"model.safetensors": digest}, "only GGUF files are taken, a model and its projector")):
             with pytest.raises(ollama.ResponseError) as refused:
                 client.create("mine", files=files)
             assert refused.value.status_code == 400 and said in str(refused.value), str(refused.value)

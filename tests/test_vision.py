@@ -411,3 +411,55 @@ def test_a_projector_named_as_a_model_says_what_it_is_and_how_to_use_it(cli, tin
         assert code == 2 and said in err and "Traceback" not in err, err
     code, out, _ = cli("show", mmproj["fits"])
     assert code == 0 and "a multimodal projector, not a model" in out and "--mmproj" in out
+
+
+def test_a_modelfiles_second_from_is_its_projector_as_ollama_makes_a_llava(localspec, cli, tiny, mmproj, tmp_path):
+    import ollama
+
+    from test_server import ServerProcess
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "mmproj.gguf").write_bytes(mmproj["fits"].read_bytes())
+    image = folder / "cat.png"
+    image.write_bytes(RED)
+    for order in ((tiny["target"], "./mmproj.gguf"), ("./mmproj.gguf", tiny["target"])):  # (Ollama takes either)
+        (folder / "Modelfile").write_text(f"FROM {order[0]}\nFROM {order[1]}\nPARAMETER temperature 0\n")
+        assert localspec("create", "seeing", "-f", folder / "Modelfile").returncode == 0
+        assert localspec("show", "seeing", "--modelfile").stdout.decode().startswith(
+            f"FROM {tiny['target']}\nFROM {folder / 'mmproj.gguf'}\n")
+    assert "projector" in localspec("show", "seeing").stdout.decode()
+
+    def text(*args) -> str:
+        done = localspec("run", *args, "--image", image, "-p", "what is it", "-n", "12", "--temp", "0", "--json")
+        assert done.returncode == 0, done.stderr.decode()
+        return json.loads(done.stdout)["text"]
+
+    seen = text("seeing")
+    assert seen == text(tiny["target"], "--mmproj", mmproj["fits"])
+
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--alias", "tiny", "-c", "512")
+    try:
+        client = ollama.Client(host=server.base)
+
+        def answer(model: str) -> str:
+            return client.chat(model, [{"role": "user", "content": "what is it", "images": [RED]}],
+                               options={"temperature": 0, "num_predict": 12}).message.content
+
+        assert answer("seeing") == seen  # (the same file, loaded a second time with the projector)
+        with pytest.raises(ollama.ResponseError, match="reads no images"):
+            answer("tiny")
+        # as Ollama's clients send a llava's two files: uploaded, then named in files
+        files = {"model.gguf": client.create_blob(tiny["target"]), "mmproj.gguf": client.create_blob(mmproj["fits"])}
+        assert client.create("seeing-too", files=files).status == "success"
+        assert answer("seeing-too") == seen and "vision" in client.show("seeing-too").capabilities
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+    for lines, said in ((f"FROM {tiny['target']}\nFROM {tiny['partial']}", "a GGUF model, not a multimodal projector"),
+                        (f"FROM {tiny['target']}\nFROM ./mmproj.gguf\nFROM ./mmproj.gguf", "a third FROM"),
+                        (f"FROM {tiny['target']}\nFROM ./none.gguf", "FROM ./none.gguf: no such file")):
+        (folder / "Modelfile").write_text(lines + "\n")
+        code, _, err = cli("create", "mine", "-f", folder / "Modelfile")
+        assert code != 0 and said in err, err

@@ -802,7 +802,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
 def _options_of(made: Preset) -> dict:
     """A made model's parameters as the options that say the same (temperature is --temp; a context, -c;
     num_gpu, -ngl: Ollama's count of layers on the GPU, -1 as many as fit, as Ollama decides them; its
-    ADAPTERs, --lora)."""
+    ADAPTERs, --lora; its projector, --mmproj)."""
     options = {"temp" if name == "temperature" else name: value for name, value in made.asked().items()}
     if "max_tokens" in options and options["max_tokens"] is None:
         options["max_tokens"] = -1  # (until the model stops)
@@ -810,7 +810,8 @@ def _options_of(made: Preset) -> dict:
     return (options | ({"ctx_size": loading["num_ctx"]} if loading.get("num_ctx") else {})
             | ({"gpu_layers": "auto" if loading["num_gpu"] < 0 else str(loading["num_gpu"])} if "num_gpu" in loading
                else {})
-            | ({"lora": list(made.adapters)} if made.adapters else {}))
+            | ({"lora": list(made.adapters)} if made.adapters else {})
+            | ({"mmproj": made.projector} if made.projector else {}))
 
 
 def _preset(o: SimpleNamespace, given: set[str]) -> dict:

@@ -78,6 +78,12 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
         raise UsageError(f"{preset.name} is a model the registry names: give yours a name of its own")
     preset.settings(Sampling(), Limits())  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
     preset = dataclasses.replace(preset, adapters=tuple(_adapter(adapter, where) for adapter in preset.adapters))
+    if preset.projector is not None:
+        if _applied(preset.base, where) == "--mmproj":  # (the projector named first: Ollama takes either order)
+            preset = dataclasses.replace(preset, base=preset.projector, projector=preset.base)
+        preset = dataclasses.replace(preset, projector=_beside(preset.projector, where, "FROM", "--mmproj",
+                                                               "a multimodal projector (the first FROM names the"
+                                                               " model)"))
     if layered := modelfile.find(preset.base):
         preset = layered.under(preset)
     else:
@@ -97,20 +103,36 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
 def _adapter(given: str, where: Path | None) -> str:
     """An ADAPTER's file as kept: its absolute path (beside the Modelfile at where, if relative, else the working
     folder); UsageError where it is no LoRA adapter in a GGUF file."""
-    beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
-    if beside.is_dir():
+    if ((where.parent if where else Path.cwd()) / Path(given).expanduser()).is_dir():
         raise UsageError(f"ADAPTER {given}: localspec applies LoRA adapters in GGUF files; convert a PEFT (safetensors)"
                          " adapter with llama.cpp's convert_lora_to_gguf.py")
+    return _beside(given, where, "ADAPTER", "--lora", "a LoRA adapter (FROM names the model)")
+
+
+def _beside(given: str, where: Path | None, instruction: str, option: str, wanted: str) -> str:
+    """A file a Modelfile's instruction names, as kept: its absolute path (beside the Modelfile at where, if
+    relative, else the working folder); UsageError where it is not the GGUF file the option applies (wanted says
+    what it should be)."""
+    beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
     if not beside.is_file():
-        raise UsageError(f"ADAPTER {given}: no such file" + (f" beside {where}" if where else ""))
+        raise UsageError(f"{instruction} {given}: no such file" + (f" beside {where}" if where else ""))
     try:
         applied = gguf_meta.read(beside).applied_to_a_model
     except gguf_meta.GGUFError as error:
-        raise UsageError(f"ADAPTER {error}") from None
-    if applied is None or applied[2] != "--lora":
-        raise UsageError(f"ADAPTER {given}: {applied[0] if applied else 'a GGUF model'}, not a LoRA adapter (FROM"
-                         " names the model)")
+        raise UsageError(f"{instruction} {error}") from None
+    if applied is None or applied[2] != option:
+        raise UsageError(f"{instruction} {given}: {applied[0] if applied else 'a GGUF model'}, not {wanted}")
     return os.path.abspath(beside)
+
+
+def _applied(given: str, where: Path | None) -> str | None:
+    """The option that applies a file a Modelfile names (--lora, --mmproj, ...); None for a model or no file."""
+    beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
+    try:
+        applied = gguf_meta.read(beside).applied_to_a_model if beside.is_file() else None
+    except gguf_meta.GGUFError:
+        return None
+    return applied[2] if applied else None
 
 
 def copy(source: str, destination: str) -> Preset:
@@ -130,8 +152,8 @@ def forget(name: str) -> bool:
     if not modelfile.forget(name):
         return False
     if made is not None:
-        still_named = {file for preset in modelfile.every() for file in (preset.base, *preset.adapters)}
-        for file in (made.base, *made.adapters):
+        still_named = {file for preset in modelfile.every() for file in _files_of(preset)}
+        for file in _files_of(made):
             blobs.prune(Path(file), still_named)
     return True
 
@@ -151,9 +173,14 @@ def receive_blob(digest: str, size: int | None) -> blobs.Upload:
     return blobs.Upload(digest, size)
 
 
-def blob_model(files: dict[str, str]) -> Path:
-    """The GGUF file among uploaded files (name -> digest) that a model is made from."""
+def blob_model(files: dict[str, str]) -> tuple[Path, Path | None]:
+    """The GGUF file among uploaded files (name -> digest) that a model is made from, and its projector if one is."""
     return blobs.model(files)
+
+
+def _files_of(preset: Preset) -> tuple[str, ...]:
+    """The files a made model reads: its base where that is a file, its adapters, its projector."""
+    return (preset.base, *preset.adapters, *([preset.projector] if preset.projector else []))
 
 
 def control_vector(path: Path) -> dict:

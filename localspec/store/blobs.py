@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from .. import paths
+from . import gguf_meta
 from .download import LEFT_FREE
 from ..errors import UsageError
 
@@ -73,23 +74,28 @@ class Upload:
         self.partial.unlink(missing_ok=True)
 
 
-def model(files: dict[str, str]) -> Path:
-    """The GGUF file among a create request's uploaded files (name -> digest), as it is kept; UsageError
-    naming what is missing or not taken."""
+def model(files: dict[str, str]) -> tuple[Path, Path | None]:
+    """The GGUF model among a create request's uploaded files (name -> digest), and its multimodal projector where
+    one is among them (as Ollama's create sends a llava's two FROMs), as they are kept; UsageError naming what is
+    missing or not taken."""
     others = [name for name in files if not name.lower().endswith(".gguf")]
     if others:
-        raise UsageError(f"files: {others[0]}: only a GGUF model file is taken (no safetensors, projectors"
-                         " or adapters)")
-    if len(files) != 1:
-        raise UsageError(f"files: one GGUF file, the model ({len(files)} given)")
-    (name, digest), = files.items()
-    kept = find(digest)
-    if kept is None:
-        raise UsageError(f"files: {name} ({digest}) has not been uploaded: POST it to /api/blobs/{digest} first")
-    with open(kept, "rb") as file:
-        if file.read(4) != GGUF_MAGIC:
-            raise UsageError(f"files: {name} is not a GGUF file")
-    return kept
+        raise UsageError(f"files: {others[0]}: only GGUF files are taken, a model and its projector (no safetensors;"
+                         " adapters go in adapters)")
+    kept = {}
+    for name, digest in files.items():
+        kept[name] = find(digest)
+        if kept[name] is None:
+            raise UsageError(f"files: {name} ({digest}) has not been uploaded: POST it to /api/blobs/{digest} first")
+        with open(kept[name], "rb") as file:
+            if file.read(4) != GGUF_MAGIC:
+                raise UsageError(f"files: {name} is not a GGUF file")
+    projectors = [path for path in kept.values() if gguf_meta.read(path).architecture == "clip"]
+    models = [path for path in kept.values() if path not in projectors]
+    if len(models) != 1 or len(projectors) > 1:
+        raise UsageError(f"files: one GGUF model (and at most one multimodal projector); {len(models)} models and"
+                         f" {len(projectors)} projectors given")
+    return models[0], (projectors or [None])[0]
 
 
 def adapters(files: dict[str, str]) -> tuple[str, ...]:

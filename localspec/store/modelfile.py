@@ -1,7 +1,6 @@
 """Models of one's own, made from another as `ollama create` makes them from a Modelfile: the model it is
-FROM, the LoRA ADAPTERs applied to it, a SYSTEM prompt, PARAMETER defaults, MESSAGEs that open every
-conversation, a LICENSE. `localspec
-create NAME -f Modelfile` keeps each as a Modelfile of its own (FROM resolved, instructions in one order) in
+FROM (a second FROM: its multimodal projector), the LoRA ADAPTERs applied to it, a SYSTEM prompt, PARAMETER
+defaults, MESSAGEs that open every conversation, a LICENSE. `localspec create NAME -f Modelfile` keeps each as a Modelfile of its own (FROM resolved, instructions in one order) in
 the presets folder; run, chat and serve load the model it is from and ask as it says, a request's own
 settings over its parameters."""
 
@@ -52,6 +51,7 @@ class Preset:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content)
     license: str | None = None
     adapters: tuple[str, ...] = ()  # LoRA adapters' GGUF files (absolute paths once made), applied at scale 1
+    projector: str | None = None  # its multimodal projector's GGUF (a second FROM, as Ollama's llava Modelfiles)
 
     def loading(self) -> dict[str, int]:
         """Its parameters that set up the model as it loads, by Ollama's names (num_ctx, num_gpu)."""
@@ -64,7 +64,8 @@ class Preset:
                      if name not in {name for name, _ in newer.parameters})
         return Preset(newer.name, self.base, self.system if newer.system is None else newer.system,
                       kept + newer.parameters, newer.messages or self.messages,
-                      self.license if newer.license is None else newer.license, self.adapters + newer.adapters)
+                      self.license if newer.license is None else newer.license, self.adapters + newer.adapters,
+                      newer.projector or self.projector)
 
     def asked(self) -> dict:
         """Its parameters as overridden() takes them."""
@@ -97,7 +98,8 @@ class Preset:
 
     def modelfile(self) -> str:
         """As `show --modelfile` prints it, and as it is kept."""
-        lines = [f"FROM {self.base}"] + [f"ADAPTER {adapter}" for adapter in self.adapters]
+        lines = [f"FROM {self.base}"] + ([f"FROM {self.projector}"] if self.projector else [])
+        lines += [f"ADAPTER {adapter}" for adapter in self.adapters]
         lines += [f"PARAMETER {name} {_quoted(value) if name == 'stop' else value}" for name, value in self.parameters]
         if self.system is not None:
             lines.append(f"SYSTEM {_quoted(self.system)}")
@@ -124,7 +126,7 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
     read and left alone."""
     source = str(where) if where else "the Modelfile"
     notes = [] if notes is None else notes
-    base = system = license = None
+    base = system = license = projector = None
     parameters: list[tuple[str, int | float | str]] = []
     messages: list[tuple[str, str]] = []
     adapters: list[str] = []
@@ -136,10 +138,13 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
             adapters.append(_value(argument))
         elif instruction in IGNORED:
             notes.append(f"line {number}: {instruction.upper()} left alone: {IGNORED[instruction]}")
-        elif instruction == "from":
-            if base is not None:
-                raise mistake("a second FROM: a model is made from one")
-            base = _value(argument)
+        elif instruction == "from":  # (a second: the model's projector, as Ollama takes a llava's)
+            if projector is not None:
+                raise mistake("a third FROM: a model is made from one model and its multimodal projector")
+            if base is None:
+                base = _value(argument)
+            else:
+                projector = _value(argument)
         elif instruction == "parameter":
             key, value = _split(argument, mistake, "PARAMETER needs a name and a value")
             parameters += _parameters(key.lower(), [_value(value)], mistake, notes, "PARAMETER ", f"line {number}: ")
@@ -155,12 +160,12 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
     if not base:
         raise UsageError(f"{source} has no FROM: name the model it is made from (`FROM qwen2.5-coder-1.5b`, or a"
                          " GGUF file's path)")
-    return Preset(name, base, system, tuple(parameters), tuple(messages), license, tuple(adapters))
+    return Preset(name, base, system, tuple(parameters), tuple(messages), license, tuple(adapters), projector)
 
 
 def requested(name: str, base: str, system: str | None = None, parameters: dict | None = None,
               messages: Sequence[dict] = (), license: str | Sequence[str] | None = None,
-              notes: list[str] | None = None, adapters: Sequence[str] = ()) -> Preset:
+              notes: list[str] | None = None, adapters: Sequence[str] = (), projector: str | None = None) -> Preset:
     """A Preset from what Ollama's /api/create asks field by field (what a Modelfile's FROM, ADAPTER, SYSTEM,
     PARAMETER, MESSAGE and LICENSE would say): parameters by Ollama's names, a list where one has several values
     (stop); UsageError naming the field that cannot be taken; notes: told what was read and left alone."""
@@ -178,7 +183,7 @@ def requested(name: str, base: str, system: str | None = None, parameters: dict 
         opening.append((role, content))
     if not isinstance(license, str) and license is not None:
         license = "\n\n".join(license)
-    return Preset(name, base, system, tuple(kept), tuple(opening), license, tuple(adapters))
+    return Preset(name, base, system, tuple(kept), tuple(opening), license, tuple(adapters), projector)
 
 
 def _instructions(text: str, source: str):
