@@ -24,6 +24,7 @@ from localspec.request import IMAGE_MARKER, Request, from_wire, to_wire
 from localspec.session import Session
 
 from tinymodels import TinySpec, write_tiny_model
+from tinyqwenvl import write_tiny_qwen2vl, write_tiny_qwen2vl_mmproj
 from tinyvision import GEMMA3_IMAGE_TEXT, GEMMA3_IMAGE_TOKENS, IMAGE_TOKENS, random_image, write_tiny_mmproj
 
 RED, BLUE = random_image(1), random_image(2)
@@ -37,7 +38,10 @@ def mmproj(tmp_path_factory):
             # Gemma 3's: an image's rows read each other both ways, between <start_of_image> and <end_of_image>
             "gemma3": write_tiny_mmproj(folder / "mmproj-gemma3.gguf", projector="gemma3"),
             "gemma3_text": write_tiny_model(folder / "gemma3-text.gguf", TinySpec(
-                seed=1, sharpness=2.0, user_defined=GEMMA3_IMAGE_TEXT))}
+                seed=1, sharpness=2.0, user_defined=GEMMA3_IMAGE_TEXT)),
+            # Qwen2-VL's: an image's rows placed by M-RoPE on a grid of fewer positions than rows
+            "qwen2vl": write_tiny_qwen2vl_mmproj(folder / "mmproj-qwen2vl.gguf"),
+            "qwen2vl_text": write_tiny_qwen2vl(folder / "qwen2vl-text.gguf")}
 
 
 def opened(tiny, mmproj, draft: str | None = None, mode=DrafterKind.PLAIN, **runtime) -> Session:
@@ -62,27 +66,33 @@ def test_an_image_is_read_and_every_drafter_keeps_the_targets_text(tiny, mmproj)
             assert asked(session, RED)[0] == red, (draft, mode)
 
 
-@pytest.mark.parametrize("kind", ["mlp", "gemma3"])
+@pytest.mark.parametrize("kind", ["mlp", "gemma3", "qwen2vl"])
 def test_the_prompt_and_its_answer_are_those_llama_cpps_own_multimodal_helpers_make(tiny, mmproj, kind):
     """libmtmd's own path (mtmd_tokenize, then mtmd_helper_eval_chunks, as llama-server and llama-mtmd-cli read a
-    prompt) as the reference: the same tokens around the image, the same rows, the same greedy answer. Gemma 3's
-    image is read without a causal mask, in one batch; its rows read causally gave another answer."""
-    model, projector = (tiny["target"], mmproj["fits"]) if kind == "mlp" else (mmproj["gemma3_text"], mmproj["gemma3"])
+    prompt) as the reference: the same tokens around the image, the same positions, the same greedy answer.
+    Gemma 3's image is read without a causal mask, in one batch (its rows read causally gave another answer);
+    Qwen2-VL's rows at M-RoPE's positions, 12 rows on 4 positions (refused before)."""
+    model, projector = {"mlp": (tiny["target"], mmproj["fits"]), "gemma3": (mmproj["gemma3_text"], mmproj["gemma3"]),
+                        "qwen2vl": (mmproj["qwen2vl_text"], mmproj["qwen2vl"])}[kind]
     with Session(model, None, Runtime(ctx_size=512, mmproj=str(projector)), Speculation(drafting=DrafterKind.PLAIN)) \
             as session:
-        tokens = session.prepare(Request(messages=[{"role": "user", "content": "look", "images": [RED]}])).tokens
-        answer = asked(session, RED, text="look", n=10)[0]
+        look = [{"role": "user", "content": "look", "images": [RED]}]
+        tokens = session.prepare(Request(messages=look)).tokens
+        events = session.generate(Request(Sampling(temperature=0, logprobs=0), Limits(10), messages=look))
+        answer, logprobs = zip(*[(e.id, e.logprobs.chosen.logprob) for e in events if isinstance(e, Token)])
         prompts = session.prompts  # (the conversation as its template writes it, the image where libmtmd's marker is)
         text = render(prompts.template, [{"role": "user", "content": MEDIA_MARKER + "look"}], "", "")
-    layout, reference = libmtmd_greedy(model, projector, text, RED, 10)
+    layout, reference, their_logprobs = libmtmd_greedy(model, projector, text, RED, 10)
     ours = [("image", end - start) if image else tokens[start:end] for start, end, image in media_runs(tokens)]
-    assert layout == ours and ("image", IMAGE_TOKENS if kind == "mlp" else GEMMA3_IMAGE_TOKENS) in ours
-    assert answer == reference
+    assert layout == ours and ("image", {"mlp": IMAGE_TOKENS, "gemma3": GEMMA3_IMAGE_TOKENS, "qwen2vl": 3}[kind]) in ours
+    # (the rows each token was chosen from, not only the choices: a tiny model's argmax hides much)
+    assert list(answer) == reference and np.allclose(logprobs, their_logprobs, atol=1e-3), (logprobs, their_logprobs)
 
 
-def libmtmd_greedy(model_path, projector_path, text: str, image: bytes, n: int) -> tuple[list, list[int]]:
+def libmtmd_greedy(model_path, projector_path, text: str, image: bytes, n: int) -> tuple[list, list[int], list[float]]:
     """text (MEDIA_MARKER where the image goes) as libmtmd tokenizes it ([token ids] of each text chunk, ("image",
-    rows) of the image's) and the n tokens greedy decoding writes after mtmd_helper_eval_chunks reads it."""
+    positions) of the image's), the n tokens greedy decoding writes after mtmd_helper_eval_chunks reads it, and
+    each one's log probability."""
     from llama_cpp import mtmd_cpp as mtmd
 
     from localspec.engine.library import llama
@@ -111,15 +121,22 @@ def libmtmd_greedy(model_path, projector_path, text: str, image: bytes, n: int) 
                 ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
                 layout.append([ids[j] for j in range(count.value)])
             else:
-                layout.append(("image", mtmd.mtmd_input_chunk_get_n_tokens(chunk)))
+                layout.append(("image", mtmd.mtmd_input_chunk_get_n_pos(chunk)))
         read = llama.llama_pos(0)
         assert mtmd.mtmd_helper_eval_chunks(vision, context, chunks, 0, 0, 64, True, ctypes.byref(read)) == 0
         n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
-        written = []
-        for _ in range(n):
-            written.append(int(np.ctypeslib.as_array(llama.llama_get_logits_ith(context, -1), shape=(n_vocab,)).argmax()))
-            assert llama.llama_decode(context, llama.llama_batch_get_one((llama.llama_token * 1)(written[-1]), 1)) == 0
-        return layout, written
+        written, logprobs, batch = [], [], llama.llama_batch_init(1, 0, 1)
+        for _ in range(n):  # (at the positions after what was read: an M-RoPE image's rows share one in the cache)
+            row = np.ctypeslib.as_array(llama.llama_get_logits_ith(context, -1), shape=(n_vocab,)).astype(np.float64)
+            written.append(int(row.argmax()))
+            logprobs.append(float(row[written[-1]] - row.max() - np.log(np.exp(row - row.max()).sum())))
+            batch.n_tokens, batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = (
+                1, written[-1], read.value, 1, True)
+            batch.seq_id[0][0] = 0
+            read.value += 1
+            assert llama.llama_decode(context, batch) == 0
+        llama.llama_batch_free(batch)
+        return layout, written, logprobs
     finally:
         mtmd.mtmd_input_chunks_free(chunks)
         mtmd.mtmd_bitmap_free(bitmap)
@@ -463,3 +480,23 @@ def test_a_modelfiles_second_from_is_its_projector_as_ollama_makes_a_llava(local
         (folder / "Modelfile").write_text(lines + "\n")
         code, _, err = cli("create", "mine", "-f", folder / "Modelfile")
         assert code != 0 and said in err, err
+
+
+def test_an_m_rope_image_holds_fewer_positions_than_rows_is_read_once_and_drafting_keeps_the_text(mmproj):
+    def opened_qwen(mode=DrafterKind.PLAIN) -> Session:
+        return Session(mmproj["qwen2vl_text"], None, Runtime(ctx_size=512, mmproj=str(mmproj["qwen2vl"])),
+                       Speculation(drafting=mode))
+
+    with opened_qwen() as session:
+        tokens = session.prepare(Request(messages=[{"role": "user", "content": "look", "images": [RED]}])).tokens
+        (start, end), = [(start, end) for start, end, image in media_runs(tokens) if image]
+        rows = session.vision.rows(tokens[start:end])
+        assert len(rows) > end - start and session.vision.extra_cells(tokens) == len(rows) - (end - start)
+        plain, first = asked(session, RED, text="look")
+        earlier = ({"role": "user", "content": "look", "images": [RED]}, {"role": "assistant", "content": "a cat"})
+        _, second = asked(session, text="and now", earlier=earlier)
+        assert second.reused_tokens > end and session.vision.encodings == 1  # cached, not read again
+        two = asked(session, RED, BLUE, text=f"Assistant:{IMAGE_MARKER} and Assistant:{IMAGE_MARKER}")[0]
+    with opened_qwen(DrafterKind.NGRAM) as session:
+        assert asked(session, RED, text="look")[0] == plain
+        assert asked(session, RED, BLUE, text=f"Assistant:{IMAGE_MARKER} and Assistant:{IMAGE_MARKER}")[0] == two

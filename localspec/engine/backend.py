@@ -233,10 +233,45 @@ class Context(ChainRows, TreeDecoding, Rollback):
             if self.media.non_causal:
                 llama.llama_set_causal_attn(self._ctx, False)
             try:
-                self.decode(run, last, hidden=self.media.rows(run), embedded=True)
+                if self.media.mrope:
+                    self._decode_mrope(run, last)
+                else:
+                    self.decode(run, last, hidden=self.media.rows(run), embedded=True)
             finally:
                 if self.media.non_causal:
                     llama.llama_set_causal_attn(self._ctx, True)
+
+    def _decode_mrope(self, run: Sequence[int], logits: str) -> None:
+        """Decode an image's rows at the M-RoPE positions libmtmd gives them, from the next position on, in batches
+        of n_batch rows: its ids, one a position, are what the cache then holds (positions stay indices, the rows'
+        cells more than they)."""
+        self._settle()
+        start, batch = len(self.tokens), self._batch
+        rows = self.media.rows(run)
+        positions = self.media.positions(run, start)
+        own_positions = ctypes.cast(batch.pos, ctypes.POINTER(llama.llama_pos))  # (a copy, not a view of the field)
+        self._changing = (start, run)
+        try:
+            for offset in range(0, len(rows), self.n_batch):
+                piece = rows[offset : offset + self.n_batch]
+                placed = np.ascontiguousarray(positions[:, offset : offset + len(piece)]).ravel()  # (section-major)
+                batch.pos = placed.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
+                for i in range(len(piece)):
+                    batch.seq_id[i][0] = self.seq
+                    batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
+                batch.n_tokens = len(piece)
+                status = self._run(llama.llama_decode, piece, tokens=False)
+                if status != 0:
+                    batch.pos = own_positions
+                    self.truncate(start)
+                    raise EngineError(f"llama_decode failed with status {status} on an image at position {start}")
+        finally:
+            batch.pos = own_positions
+        if self.hidden.layers:  # (its rows are not a position's each: drafters that read them read zeros there)
+            self.hidden.keep(start, np.zeros((len(run), self.hidden.width), dtype=np.float32))
+        self.tokens.extend(run)
+        self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(rows), False, 0, -1
+        self._changing = None
 
     def decode_tree(self, tree: DraftTree, root: int) -> None:
         """Decode root (the last committed token) and every node of a draft tree in a batch of their own

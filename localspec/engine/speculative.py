@@ -51,14 +51,16 @@ def generate(
         raise InputError("the prompt is empty")
     if is_media(prompt[-1]):
         raise InputError("the prompt ends with an image: text must follow it (a chat template's turn does)")
-    if len(prompt) >= target.n_ctx:
+    # (the context's room: an image's rows under M-RoPE take more cells than the positions it holds)
+    room = target.n_ctx - (target.media.extra_cells(prompt) if target.media is not None else 0)
+    if len(prompt) >= room:
         raise ContextOverflow(
-            f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx};"
+            f"the prompt is {len(prompt) + target.n_ctx - room} tokens but the context holds {target.n_ctx};"
             " raise --ctx-size or shorten the prompt"
         )
     grammar = Grammar(target.model, sampling.grammar, sampling.grammar_triggers) if sampling.grammar else None
     try:
-        yield from _generate(target, drafter, prompt, sampling, speculation, limits, grammar)
+        yield from _generate(target, drafter, prompt, sampling, speculation, limits, grammar, room)
     finally:
         if grammar:
             grammar.close()
@@ -103,7 +105,7 @@ def prompt_logprobs(target: Context, prompt: list[int], top: int, start: int = 1
 
 
 def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sampling, speculation: Speculation,
-              limits: Limits, grammar: Grammar | None) -> Iterator[Event | Turn]:
+              limits: Limits, grammar: Grammar | None, room: int) -> Iterator[Event | Turn]:
     rng = np.random.default_rng(sampling.seed)
     adjustments = Adjustments.of(sampling, target.model)
     mirostat = Mirostat.of(sampling, target.model.n_vocab)
@@ -150,7 +152,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
     text = TextStream(limits.stop, limits.indent)
     history = list(prompt)  # committed tokens; the target has decoded all but the last
     produced = 0
-    max_tokens = limits.max_tokens or target.n_ctx  # the context ends a generation without a limit of its own
+    max_tokens = limits.max_tokens or room  # the context ends a generation without a limit of its own
     finish, end_token = None, None
     decode_started = perf_counter()
     while finish is None:
@@ -160,7 +162,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         k = min(
             draft_max,
             target.max_rows - 1,  # [last] + draft must fit one batch
-            target.n_ctx - len(history),
+            room - len(history),
             max_tokens - produced - 1,
         )
         draft, draft_seconds = (yield from timed(proposal(drafter, history, k))) if k > 0 else (Draft.nothing(), 0.0)
@@ -231,7 +233,7 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                 finish = "length"
             if finish:
                 break
-        if finish is None and len(history) > target.n_ctx:
+        if finish is None and len(history) > room:
             finish = "context"
 
     yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped, end_token=end_token)

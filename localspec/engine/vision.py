@@ -1,12 +1,13 @@
 """Images read by the target through its multimodal projector (llama.cpp's libmtmd, `--mmproj`).
 
 A prompt's tokens hold an image as a run of ids below 0, which no vocabulary reaches: one block of ids an image,
-its rows in order, so that the token bookkeeping every cache does (a chat's earlier turns, a sequence's reuse, the
-drafters' histories) holds images too, and the same image in the same place reads as the same tokens. The
-target's context decodes such a run as the projector's embedding rows (Context.media); any other context (a
-draft model's, which never saw the image) reads a stand-in token in their place, as llama.cpp's speculative
-drafting reads zero rows there. An image is encoded only when its rows are decoded: a turn that finds it
-cached costs no encoding.
+one id a position it takes, so that the token bookkeeping every cache does (a chat's earlier turns, a sequence's
+reuse, the drafters' histories, positions as indices) holds images too, and the same image in the same place reads
+as the same tokens. The target's context decodes such a run as the projector's embedding rows (Context.media):
+a row a position, or, where the model places rows by M-RoPE (Qwen2-VL's family), all of the image's rows at the
+positions libmtmd gives them, in fewer positions than rows. Any other context (a draft model's, which never saw
+the image) reads a stand-in token at each position, as llama.cpp's speculative drafting reads zero rows there. An
+image is encoded only when its rows are decoded: a turn that finds it cached costs no encoding.
 """
 
 import ctypes
@@ -61,8 +62,9 @@ def image_start(tokens: Sequence[int], n: int) -> int:
 
 
 class _Image:
-    def __init__(self, data: bytes, tokens: list[int]):
+    def __init__(self, data: bytes, tokens: list[int], n_rows: int):
         self.data, self.tokens = data, tokens  # (the file's bytes: encoded again if its rows were let go)
+        self.n_rows = n_rows  # embedding rows; as many as its positions but under M-RoPE
         self.rows: np.ndarray | None = None
 
 
@@ -90,10 +92,8 @@ class Vision:
         if not mtmd_cpp.mtmd_support_vision(self._ctx):
             self.close()
             raise UsageError(f"--mmproj {path}: it reads audio, which localspec does not read yet (images only)")
-        if mtmd_cpp.mtmd_decode_use_mrope(self._ctx):
-            self.close()
-            raise UsageError(f"--mmproj {path}: its model places image rows by M-RoPE's positions (Qwen2-VL's and"
-                             " its successors'), which localspec does not read yet")
+        # its model places an image's rows by M-RoPE (Qwen2-VL's family): on a grid of fewer positions than rows
+        self.mrope = mtmd_cpp.mtmd_decode_use_mrope(self._ctx)
         self._width = llama.llama_model_n_embd_inp(model.handle)  # (the rows' width: the text model's input)
         self._ids: dict[str, int] = {}  # an image's sha256 -> its number
         self._images: OrderedDict[int, _Image] = OrderedDict()
@@ -112,16 +112,17 @@ class Vision:
             if len(self._ids) >= IMAGES:
                 raise InputError("this process has read as many images as it can name: restart it")
             number = self._ids[key] = len(self._ids)
-        tokens = []
+        tokens, n_rows = [], 0
         for kind, content, positions in self._chunks(data, which):
             if kind == "text":
                 tokens += content
                 continue
-            if content > ROWS_PER_IMAGE or positions != content:
+            if positions > ROWS_PER_IMAGE or positions != content and not self.mrope:
                 raise InputError(f"{which} takes {content} rows at {positions} positions, which localspec does not"
-                                 " read (at most one position a row)")
-            tokens += [-(1 + number * ROWS_PER_IMAGE + row) for row in range(content)]
-        self._images[number] = _Image(bytes(data), tokens)
+                                 f" read (at most {ROWS_PER_IMAGE}, one position a row but under M-RoPE)")
+            tokens += [-(1 + number * ROWS_PER_IMAGE + position) for position in range(positions)]
+            n_rows = content
+        self._images[number] = _Image(bytes(data), tokens, n_rows)
         return tokens
 
     def holds(self, token: int) -> bool:
@@ -130,20 +131,51 @@ class Vision:
         return is_media(token) and image_of(token) in self._images and row_of(token) < ROWS_PER_IMAGE
 
     def rows(self, tokens: Sequence[int]) -> np.ndarray:
-        """The embedding rows of one image's ids (a run of media_runs), encoding the image where its rows are not
-        kept."""
-        image = self._images.get(image_of(tokens[0]))
-        if image is None:
-            raise InputError("an image of this prompt is no longer held: send the request again")
-        self._images.move_to_end(image_of(tokens[0]))
+        """The embedding rows of one image's ids (a run of media_runs; under M-RoPE all of them, and then every row),
+        encoding the image where its rows are not kept."""
+        image = self._image(tokens)
         if image.rows is None:
             image.rows = self._encode(image.data)
             self.encodings += 1
             encoded = [i for i in self._images.values() if i.rows is not None]
             for old in encoded[: max(0, len(encoded) - KEPT_ENCODED)]:
                 old.rows = None
+        if self.mrope:
+            return image.rows
         first = row_of(tokens[0])
         return image.rows[first : first + len(tokens)]
+
+    def positions(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Under M-RoPE, the positions of an image's rows (all of its ids given) where its first position is start:
+        four a row, section-major (the row's t, y, x and z, llama_batch's layout of an embedding batch's), as
+        libmtmd's helper places them."""
+        mtmd = self._mtmd
+        with self._tokenized(self._image(tokens).data, "an image") as chunks:
+            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+                if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    continue
+                image = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
+                found = [mtmd.mtmd_image_tokens_get_decoder_pos(image, start, row)
+                         for row in range(mtmd.mtmd_image_tokens_get_n_tokens(image))]
+                return np.array([[p.t for p in found], [p.y for p in found], [p.x for p in found],
+                                 [p.z for p in found]], dtype=np.int32)
+        raise InputError("an image of this prompt gave no image rows")
+
+    def extra_cells(self, tokens: Sequence[int]) -> int:
+        """The cells a cache holding these tokens needs beyond one a token: under M-RoPE, an image takes a cell a row
+        at fewer positions."""
+        if not self.mrope:
+            return 0
+        return sum(self._image(tokens[start:end]).n_rows - (end - start)
+                   for start, end, image in media_runs(tokens) if image)
+
+    def _image(self, tokens: Sequence[int]) -> _Image:
+        image = self._images.get(image_of(tokens[0]))
+        if image is None:
+            raise InputError("an image of this prompt is no longer held: send the request again")
+        self._images.move_to_end(image_of(tokens[0]))
+        return image
 
     def close(self) -> None:
         if self._ctx:

@@ -1,0 +1,172 @@
+"""A tiny Qwen2-VL pair written with the gguf package, for tests of M-RoPE vision models on the pinned llama.cpp: a text
+model of llama.cpp's architecture "qwen2vl" and its multimodal projector ("mmproj") of type "qwen2vl_merger"
+(PROJECTOR_TYPE_QWEN2VL), as libllama and libmtmd read them.
+
+The text model (src/models/qwen2vl.cpp): the llama tensors of tinymodels.py (Qwen2's q/k/v biases are optional and
+left out), and the key qwen2vl.rope.dimension_sections (four int32, required: load_arch_hparams). Its rope type is
+LLAMA_ROPE_TYPE_MROPE (llama_model_rope_type), so hparams.n_pos_per_embd() is 4: every position is (t, y, x, z),
+section-major in a batch (pos[j * n_tokens + i]). ggml's M-RoPE rotates head-dimension pair k by section
+(k % sum(sections)): the first ROPE_SECTIONS[0] pairs by t, the next [1] by y, the next [2] by x, the rest by z; as
+Qwen2-VL's [16, 24, 24] for its 128-wide heads, the sections here fill the head's HEAD_DIM / 2 pairs. The tokenizer is
+tinymodels' SPM one (LOWERCASE pieces) plus IMAGE_TEXT as control tokens: libmtmd writes "<|vision_start|>" before and
+"<|vision_end|>" after each image (mtmd.cpp, PROJECTOR_TYPE_QWEN2VL) and tokenizes them with special tokens parsed,
+so each is one token.
+
+The projector (tools/mtmd/clip.cpp, models/qwen2vl.cpp): no learned positions and no patch bias (the graph asserts
+none); the patch embedding is Qwen2-VL's temporal-2 Conv3D split into two Conv2Ds, v.patch_embd.weight and
+v.patch_embd.weight.1, whose outputs a still image adds; VISION_LAYERS ViT blocks with layer norms (ln1, ln2, with
+bias), q/k/v/out with biases, 2-D rotary positions (M-RoPE over d_head / 4 sections: the head size must be a multiple
+of 4) and a gelu_quick MLP (neither clip.use_gelu nor use_silu, as Qwen2-VL's quick_gelu); v.post_ln (the merger's
+ln_q); then 2 x 2 neighbouring patches concatenated (the graph hardcodes the merge of 2) and mm.2(gelu(mm.0(x))),
+mm.0 being 4 * VISION_WIDTH square as in Qwen2-VL and mm.2's output width (clip_n_mmproj_embd: mm.2.bias's length)
+the text model's n_embd. Keys as convert_hf_to_gguf's Qwen2VLVisionModel writes them (image_size is required though
+unused for resizing).
+
+Images keep their aspect ratio (mtmd_image_preprocessor_dyn_size): each side rounded to a multiple of
+PATCH_SIZE * MERGE (ALIGN), then scaled up if under 8 image tokens or down if over 4096 (clip.cpp's
+set_limit_image_tokens(8, 4096) for QWEN2VL; mtmd_context_params.image_min_tokens / image_max_tokens override them),
+see image_grid. An image gives nx * ny rows (nx = width / ALIGN, ny = height / ALIGN), at decoder positions
+(t, x, y) = (p0, p0 + col, p0 + row) for row-major row i = row * nx + col, and takes max(nx, ny) positions
+(mtmd_image_tokens_get_n_pos): the text after it starts at p0 + max(nx, ny). image_png(seed) is an IMAGE_HEIGHT x
+IMAGE_WIDTH PNG, which libmtmd keeps at that size: IMAGE_NX x IMAGE_NY = IMAGE_TOKENS rows, IMAGE_N_POS positions.
+mtmd_decode_use_mrope is true (it follows the text model's rope type) and non-causal false. numpy shapes are ggml's
+reversed."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from tinymodels import CONTEXT, N_EMBD, N_FF, N_HEAD, N_LAYER, TinySpec, add_spm_tokenizer, finish, tiny_weights
+from tinyvision import random_image
+
+HEAD_DIM = N_EMBD // N_HEAD  # 16
+ROPE_SECTIONS = (2, 3, 3, 0)  # t, y, x, z rotation pairs: HEAD_DIM / 2 in all
+IMAGE_TEXT = ("<|vision_start|>", "<|vision_end|>")  # the text libmtmd writes before and after each image
+TEXT_SPEC = TinySpec(seed=1, control=IMAGE_TEXT)  # the vocabulary (and its layout) of write_tiny_qwen2vl
+N_VOCAB = len(TEXT_SPEC.vocab)  # 3 + 256 bytes + 29 pieces + 2 = 290
+VISION_START_ID = N_VOCAB - 2  # the ids of IMAGE_TEXT's two tokens
+VISION_END_ID = N_VOCAB - 1
+
+PATCH_SIZE = 4
+MERGE = 2  # spatial merge: 2 x 2 patches make one image row
+ALIGN = PATCH_SIZE * MERGE  # 8: an image's sides are resized to multiples of it
+MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS = 8, 4096  # clip.cpp's limits for QWEN2VL
+IMAGE_WIDTH, IMAGE_HEIGHT = 32, 24  # image_png's size, which libmtmd keeps
+IMAGE_NX, IMAGE_NY = IMAGE_WIDTH // ALIGN, IMAGE_HEIGHT // ALIGN  # 4 x 3 image rows
+IMAGE_TOKENS = IMAGE_NX * IMAGE_NY  # 12: embeddings (n_tokens) of image_png's chunk
+IMAGE_N_POS = max(IMAGE_NX, IMAGE_NY)  # 4: the positions its chunk takes (n_pos)
+VISION_WIDTH = 32
+VISION_HEADS = 2  # d_head 16, a multiple of 4 (the vision M-RoPE's four sections)
+VISION_FF = 64  # must differ from VISION_WIDTH (else clip.cpp takes ffn up and down as swapped)
+VISION_LAYERS = 2  # all run (no feature-layer skipping in models/qwen2vl.cpp)
+MERGER_HIDDEN = 4 * VISION_WIDTH  # mm.0's width, as Qwen2-VL's merger
+IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2-VL's (OpenAI CLIP's)
+IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def write_tiny_qwen2vl(path: Path, seed: int = 1, sharpness: float = 2.0, writes_pieces: bool = False) -> Path:
+    """The text model: N_LAYER llama-like layers, N_EMBD wide, N_HEAD heads, vocabulary TEXT_SPEC's (N_VOCAB).
+    writes_pieces: TinySpec's (byte tokens' logits pinned at 0 too, so that greedy text is pieces)."""
+    spec = TinySpec(seed=seed, sharpness=sharpness, control=IMAGE_TEXT, writes_pieces=writes_pieces)
+    tensors = tiny_weights(spec)
+    tensors["output.weight"][[VISION_START_ID, VISION_END_ID]] = 0.0  # as <s> and </s>: rarely the greedy choice
+    writer = gguf.GGUFWriter(str(path), "qwen2vl")
+    writer.add_name(path.stem)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_block_count(N_LAYER)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_dimension_count(HEAD_DIM)  # qwen2vl's graph asserts n_rot == head size
+    writer.add_rope_dimension_sections(list(ROPE_SECTIONS))
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_spm_tokenizer(writer, spec.pieces, control=IMAGE_TEXT)
+    return finish(writer, tensors, path)
+
+
+def write_tiny_qwen2vl_mmproj(path: Path, seed: int = 7, width: int = N_EMBD) -> Path:
+    """width: the projector's output width, which must be the text model's n_embd for libmtmd to accept the pair."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):  # scaled by 1/sqrt(fan in): each output about `scale`
+        return (rng.standard_normal(shape) * scale / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    def small(n):
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, dtype=np.float32)
+
+    def zeros(n):
+        return np.zeros(n, dtype=np.float32)
+
+    # the two temporal halves of the Conv3D: each reads the whole (still) image, their sum about 1
+    scale = np.sqrt(0.5)
+    tensors = {
+        "v.patch_embd.weight": normal(VISION_WIDTH, 3, PATCH_SIZE, PATCH_SIZE, scale=scale),
+        "v.patch_embd.weight.1": normal(VISION_WIDTH, 3, PATCH_SIZE, PATCH_SIZE, scale=scale),
+    }
+    for layer in range(VISION_LAYERS):
+        block = f"v.blk.{layer}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{block}.{name}.weight"] = normal(VISION_WIDTH, VISION_WIDTH)
+            tensors[f"{block}.{name}.bias"] = small(VISION_WIDTH)
+        for name in ("ln1", "ln2"):
+            tensors[f"{block}.{name}.weight"] = ones(VISION_WIDTH)
+            tensors[f"{block}.{name}.bias"] = zeros(VISION_WIDTH)
+        tensors[f"{block}.ffn_up.weight"] = normal(VISION_FF, VISION_WIDTH)
+        tensors[f"{block}.ffn_up.bias"] = small(VISION_FF)
+        tensors[f"{block}.ffn_down.weight"] = normal(VISION_WIDTH, VISION_FF)
+        tensors[f"{block}.ffn_down.bias"] = small(VISION_WIDTH)
+    tensors["v.post_ln.weight"] = ones(VISION_WIDTH)
+    tensors["v.post_ln.bias"] = zeros(VISION_WIDTH)
+    # the merger reads 4 layer-normed patches: mm.2's outputs about 1, as the text model's token embeddings
+    tensors["mm.0.weight"] = normal(MERGER_HIDDEN, 4 * VISION_WIDTH)
+    tensors["mm.0.bias"] = small(MERGER_HIDDEN)
+    tensors["mm.2.weight"] = normal(width, MERGER_HIDDEN, scale=2.0)
+    tensors["mm.2.bias"] = small(width)
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_name(path.stem)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", gguf.VisionProjectorType.QWEN2VL)  # "qwen2vl_merger"
+    writer.add_uint32("clip.vision.image_size", IMAGE_WIDTH)
+    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
+    writer.add_uint32("clip.vision.spatial_merge_size", MERGE)
+    writer.add_uint32("clip.vision.embedding_length", VISION_WIDTH)
+    writer.add_uint32("clip.vision.feed_forward_length", VISION_FF)
+    writer.add_uint32("clip.vision.block_count", VISION_LAYERS)
+    writer.add_uint32("clip.vision.attention.head_count", VISION_HEADS)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.projection_dim", width)
+    writer.add_array("clip.vision.image_mean", [float(v) for v in IMAGE_MEAN])
+    writer.add_array("clip.vision.image_std", [float(v) for v in IMAGE_STD])
+    return finish(writer, tensors, path)
+
+
+def image_grid(height: int, width: int, min_tokens: int = MIN_IMAGE_TOKENS,
+               max_tokens: int = MAX_IMAGE_TOKENS) -> tuple[int, int]:
+    """(nx, ny): the image rows across and down libmtmd makes of a height x width image (nx * ny of them, taking
+    max(nx, ny) positions), as mtmd-image.cpp's calc_size_preserved_ratio sizes it (in float32 there)."""
+    f = ALIGN
+    min_pixels, max_pixels = min_tokens * f * f, max_tokens * f * f
+    w_bar = max(f, int(np.floor(np.float32(width) / f + 0.5)) * f)  # std::round: halves away from zero
+    h_bar = max(f, int(np.floor(np.float32(height) / f + 0.5)) * f)
+    if h_bar * w_bar > max_pixels:
+        beta = np.sqrt(np.float32(height) * width / max_pixels, dtype=np.float32)
+        h_bar = max(f, int(np.floor(np.float32(height / beta) / f)) * f)
+        w_bar = max(f, int(np.floor(np.float32(width / beta) / f)) * f)
+    elif h_bar * w_bar < min_pixels:
+        beta = np.sqrt(np.float32(min_pixels) / (np.float32(height) * width), dtype=np.float32)
+        h_bar = int(np.ceil(np.float32(height * beta) / f)) * f
+        w_bar = int(np.ceil(np.float32(width * beta) / f)) * f
+    return w_bar // f, h_bar // f
+
+
+def image_png(seed: int, height: int = IMAGE_HEIGHT, width: int = IMAGE_WIDTH) -> bytes:
+    """A PNG of random pixels, one per seed; at the default size libmtmd does not resize it (IMAGE_TOKENS rows)."""
+    return random_image(seed, height=height, width=width)
