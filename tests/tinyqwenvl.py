@@ -37,7 +37,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from tinymodels import CONTEXT, N_EMBD, N_FF, N_HEAD, N_LAYER, TinySpec, add_spm_tokenizer, finish, tiny_weights
-from tinyvision import random_image
+from tinyvision import VISION_WIDTH, clip_writer, drawing, random_image, vision_blocks
 
 HEAD_DIM = N_EMBD // N_HEAD  # 16
 ROPE_SECTIONS = (2, 3, 3, 0)  # t, y, x, z rotation pairs: HEAD_DIM / 2 in all
@@ -55,10 +55,7 @@ IMAGE_WIDTH, IMAGE_HEIGHT = 32, 24  # image_png's size, which libmtmd keeps
 IMAGE_NX, IMAGE_NY = IMAGE_WIDTH // ALIGN, IMAGE_HEIGHT // ALIGN  # 4 x 3 image rows
 IMAGE_TOKENS = IMAGE_NX * IMAGE_NY  # 12: embeddings (n_tokens) of image_png's chunk
 IMAGE_N_POS = max(IMAGE_NX, IMAGE_NY)  # 4: the positions its chunk takes (n_pos)
-VISION_WIDTH = 32
-VISION_HEADS = 2  # d_head 16, a multiple of 4 (the vision M-RoPE's four sections)
-VISION_FF = 64  # must differ from VISION_WIDTH (else clip.cpp takes ffn up and down as swapped)
-VISION_LAYERS = 2  # all run (no feature-layer skipping in models/qwen2vl.cpp)
+VISION_HEADS = 2  # d_head 16 (tinyvision's VISION_WIDTH 32), a multiple of 4: the vision M-RoPE's four sections
 MERGER_HIDDEN = 4 * VISION_WIDTH  # mm.0's width, as Qwen2-VL's merger
 IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)  # Qwen2-VL's (OpenAI CLIP's)
 IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -90,18 +87,7 @@ def write_tiny_qwen2vl(path: Path, seed: int = 1, sharpness: float = 2.0, writes
 def write_tiny_qwen2vl_mmproj(path: Path, seed: int = 7, width: int = N_EMBD) -> Path:
     """width: the projector's output width, which must be the text model's n_embd for libmtmd to accept the pair."""
     rng = np.random.default_rng(seed)
-
-    def normal(*shape, scale=1.0):  # scaled by 1/sqrt(fan in): each output about `scale`
-        return (rng.standard_normal(shape) * scale / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-
-    def small(n):
-        return (rng.standard_normal(n) * 0.02).astype(np.float32)
-
-    def ones(n):
-        return np.ones(n, dtype=np.float32)
-
-    def zeros(n):
-        return np.zeros(n, dtype=np.float32)
+    normal, small = drawing(rng)
 
     # the two temporal halves of the Conv3D: each reads the whole (still) image, their sum about 1
     scale = np.sqrt(0.5)
@@ -109,42 +95,18 @@ def write_tiny_qwen2vl_mmproj(path: Path, seed: int = 7, width: int = N_EMBD) ->
         "v.patch_embd.weight": normal(VISION_WIDTH, 3, PATCH_SIZE, PATCH_SIZE, scale=scale),
         "v.patch_embd.weight.1": normal(VISION_WIDTH, 3, PATCH_SIZE, PATCH_SIZE, scale=scale),
     }
-    for layer in range(VISION_LAYERS):
-        block = f"v.blk.{layer}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensors[f"{block}.{name}.weight"] = normal(VISION_WIDTH, VISION_WIDTH)
-            tensors[f"{block}.{name}.bias"] = small(VISION_WIDTH)
-        for name in ("ln1", "ln2"):
-            tensors[f"{block}.{name}.weight"] = ones(VISION_WIDTH)
-            tensors[f"{block}.{name}.bias"] = zeros(VISION_WIDTH)
-        tensors[f"{block}.ffn_up.weight"] = normal(VISION_FF, VISION_WIDTH)
-        tensors[f"{block}.ffn_up.bias"] = small(VISION_FF)
-        tensors[f"{block}.ffn_down.weight"] = normal(VISION_WIDTH, VISION_FF)
-        tensors[f"{block}.ffn_down.bias"] = small(VISION_WIDTH)
-    tensors["v.post_ln.weight"] = ones(VISION_WIDTH)
-    tensors["v.post_ln.bias"] = zeros(VISION_WIDTH)
+    tensors |= vision_blocks(normal, small)
+    tensors["v.post_ln.weight"] = np.ones(VISION_WIDTH, dtype=np.float32)
+    tensors["v.post_ln.bias"] = np.zeros(VISION_WIDTH, dtype=np.float32)
     # the merger reads 4 layer-normed patches: mm.2's outputs about 1, as the text model's token embeddings
     tensors["mm.0.weight"] = normal(MERGER_HIDDEN, 4 * VISION_WIDTH)
     tensors["mm.0.bias"] = small(MERGER_HIDDEN)
     tensors["mm.2.weight"] = normal(width, MERGER_HIDDEN, scale=2.0)
     tensors["mm.2.bias"] = small(width)
 
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_name(path.stem)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_string("clip.projector_type", gguf.VisionProjectorType.QWEN2VL)  # "qwen2vl_merger"
-    writer.add_uint32("clip.vision.image_size", IMAGE_WIDTH)
-    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
+    writer = clip_writer(path, gguf.VisionProjectorType.QWEN2VL, IMAGE_WIDTH, PATCH_SIZE, width,  # ("qwen2vl_merger")
+                         heads=VISION_HEADS, epsilon=1e-6, mean=IMAGE_MEAN, std=IMAGE_STD)
     writer.add_uint32("clip.vision.spatial_merge_size", MERGE)
-    writer.add_uint32("clip.vision.embedding_length", VISION_WIDTH)
-    writer.add_uint32("clip.vision.feed_forward_length", VISION_FF)
-    writer.add_uint32("clip.vision.block_count", VISION_LAYERS)
-    writer.add_uint32("clip.vision.attention.head_count", VISION_HEADS)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.projection_dim", width)
-    writer.add_array("clip.vision.image_mean", [float(v) for v in IMAGE_MEAN])
-    writer.add_array("clip.vision.image_std", [float(v) for v in IMAGE_STD])
     return finish(writer, tensors, path)
 
 

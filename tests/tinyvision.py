@@ -65,13 +65,7 @@ def write_tiny_mmproj(path: Path, seed: int = 7, width: int = N_EMBD, projector:
     patch_size = GEMMA3_PATCH_SIZE if gemma3 else PATCH_SIZE
     n_patches = GEMMA3_PATCHES if gemma3 else IMAGE_TOKENS
     rng = np.random.default_rng(seed)
-
-    def normal(*shape, scale=1.0):  # scaled by 1/sqrt(fan in): each output about `scale`
-        return (rng.standard_normal(shape) * scale / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-
-    def small(n):
-        return (rng.standard_normal(n) * 0.02).astype(np.float32)
-
+    normal, small = drawing(rng)
     tensors = {
         "v.patch_embd.weight": normal(VISION_WIDTH, 3, patch_size, patch_size),
         "v.patch_embd.bias": small(VISION_WIDTH),
@@ -80,18 +74,7 @@ def write_tiny_mmproj(path: Path, seed: int = 7, width: int = N_EMBD, projector:
     if not gemma3:  # (SigLIP, Gemma 3's ViT, has no pre-norm but a post-norm)
         tensors["v.pre_ln.weight"] = np.ones(VISION_WIDTH, dtype=np.float32)
         tensors["v.pre_ln.bias"] = np.zeros(VISION_WIDTH, dtype=np.float32)
-    for layer in range(VISION_LAYERS):
-        block = f"v.blk.{layer}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensors[f"{block}.{name}.weight"] = normal(VISION_WIDTH, VISION_WIDTH)
-            tensors[f"{block}.{name}.bias"] = small(VISION_WIDTH)
-        for name in ("ln1", "ln2"):
-            tensors[f"{block}.{name}.weight"] = np.ones(VISION_WIDTH, dtype=np.float32)
-            tensors[f"{block}.{name}.bias"] = np.zeros(VISION_WIDTH, dtype=np.float32)
-        tensors[f"{block}.ffn_up.weight"] = normal(VISION_FF, VISION_WIDTH)
-        tensors[f"{block}.ffn_up.bias"] = small(VISION_FF)
-        tensors[f"{block}.ffn_down.weight"] = normal(VISION_WIDTH, VISION_FF)
-        tensors[f"{block}.ffn_down.bias"] = small(VISION_WIDTH)
+    tensors |= vision_blocks(normal, small)
     if gemma3:
         tensors["v.post_ln.weight"] = np.ones(VISION_WIDTH, dtype=np.float32)
         tensors["v.post_ln.bias"] = np.zeros(VISION_WIDTH, dtype=np.float32)
@@ -107,25 +90,65 @@ def write_tiny_mmproj(path: Path, seed: int = 7, width: int = N_EMBD, projector:
         tensors["mm.2.weight"] = normal(width, PROJECTOR_HIDDEN, scale=2.0)
         tensors["mm.2.bias"] = small(width)
 
+    writer = clip_writer(path, projector, GEMMA3_IMAGE_SIZE if gemma3 else IMAGE_SIZE, patch_size, width)
+    if gemma3:
+        writer.add_bool("clip.use_gelu", True)
+        writer.add_uint32("clip.vision.projector.scale_factor", GEMMA3_MERGE)
+    return finish(writer, tensors, path)
+
+
+def drawing(rng: np.random.Generator):
+    """(normal, small): seeded weights, normal(*shape, scale) scaled by 1/sqrt(fan in) so that each output is about
+    `scale`, small(n) biases near 0."""
+    def normal(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    def small(n):
+        return (rng.standard_normal(n) * 0.02).astype(np.float32)
+
+    return normal, small
+
+
+def vision_blocks(normal, small, heads_width: int = VISION_WIDTH, ff: int = VISION_FF,
+                  layers: int = VISION_LAYERS) -> dict[str, np.ndarray]:
+    """A ViT's blocks as clip.cpp names them (attention with biases, two layer norms, a feed-forward), drawn in
+    this order with drawing()'s normal and small."""
+    tensors = {}
+    for layer in range(layers):
+        block = f"v.blk.{layer}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{block}.{name}.weight"] = normal(heads_width, heads_width)
+            tensors[f"{block}.{name}.bias"] = small(heads_width)
+        for name in ("ln1", "ln2"):
+            tensors[f"{block}.{name}.weight"] = np.ones(heads_width, dtype=np.float32)
+            tensors[f"{block}.{name}.bias"] = np.zeros(heads_width, dtype=np.float32)
+        tensors[f"{block}.ffn_up.weight"] = normal(ff, heads_width)
+        tensors[f"{block}.ffn_up.bias"] = small(ff)
+        tensors[f"{block}.ffn_down.weight"] = normal(heads_width, ff)
+        tensors[f"{block}.ffn_down.bias"] = small(heads_width)
+    return tensors
+
+
+def clip_writer(path: Path, projector: str, image_size: int, patch_size: int, width: int, heads: int = VISION_HEADS,
+                epsilon: float = 1e-5, mean=IMAGE_MEAN, std=IMAGE_STD) -> gguf.GGUFWriter:
+    """A projector's writer with the keys every clip.cpp projector reads (width: its output's, the text model's
+    n_embd); the caller adds its own keys and tensors and finishes it."""
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_name(path.stem)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_string("clip.projector_type", projector)
-    writer.add_uint32("clip.vision.image_size", GEMMA3_IMAGE_SIZE if gemma3 else IMAGE_SIZE)
+    writer.add_uint32("clip.vision.image_size", image_size)
     writer.add_uint32("clip.vision.patch_size", patch_size)
     writer.add_uint32("clip.vision.embedding_length", VISION_WIDTH)
     writer.add_uint32("clip.vision.feed_forward_length", VISION_FF)
     writer.add_uint32("clip.vision.block_count", VISION_LAYERS)
-    writer.add_uint32("clip.vision.attention.head_count", VISION_HEADS)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", epsilon)
     writer.add_uint32("clip.vision.projection_dim", width)
-    writer.add_array("clip.vision.image_mean", [float(v) for v in IMAGE_MEAN])
-    writer.add_array("clip.vision.image_std", [float(v) for v in IMAGE_STD])
-    if gemma3:
-        writer.add_bool("clip.use_gelu", True)
-        writer.add_uint32("clip.vision.projector.scale_factor", GEMMA3_MERGE)
-    return finish(writer, tensors, path)
+    writer.add_array("clip.vision.image_mean", [float(v) for v in mean])
+    writer.add_array("clip.vision.image_std", [float(v) for v in std])
+    return writer
 
 
 def png(pixels: np.ndarray) -> bytes:
