@@ -410,8 +410,8 @@ def test_a_repo_named_by_hf_brings_its_projector_as_llama_cpps_hf_does(localspec
     done = localspec("run", "-hf", "test/vision-GGUF", "--image", image, *asked)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["placement"]["target"]["mmproj"].endswith("mmproj-Q8_0.gguf")
-    for off in ("--no-mmproj", "--no-mmproj-auto"):
-        refused = localspec("run", "-hf", "test/vision-GGUF", "--image", image, off, *asked)
+    for off, env in ((("--no-mmproj",), {}), (("--no-mmproj-auto",), {}), ((), {"LLAMA_ARG_MMPROJ_AUTO": "0"})):
+        refused = localspec("run", "-hf", "test/vision-GGUF", "--image", image, *off, *asked, **env)
         assert refused.returncode == 2 and "reads no images" in refused.stderr
     plain = localspec("run", "-hf", "test/split-GGUF", *asked)  # (a repo without a projector: none)
     assert plain.returncode == 0 and "mmproj" not in json.loads(plain.stdout)["placement"]["target"]
