@@ -500,3 +500,14 @@ def test_an_m_rope_image_holds_fewer_positions_than_rows_is_read_once_and_drafti
     with opened_qwen(DrafterKind.NGRAM) as session:
         assert asked(session, RED, text="look")[0] == plain
         assert asked(session, RED, BLUE, text=f"Assistant:{IMAGE_MARKER} and Assistant:{IMAGE_MARKER}")[0] == two
+
+
+def test_the_images_kept_are_bounded_and_one_sent_again_keeps_its_ids(tiny, mmproj, monkeypatch):
+    from localspec.engine import vision
+
+    monkeypatch.setattr(vision, "KEPT_IMAGES", 2)
+    with opened(tiny, mmproj) as session:
+        ids = [session.vision.image_tokens(random_image(seed)) for seed in (1, 2, 3)]  # (a serve's images, ever more)
+        assert not session.vision.holds(ids[0][0]) and all(session.vision.holds(i[0]) for i in ids[1:])
+        assert session.vision.image_tokens(random_image(1)) == ids[0] and session.vision.holds(ids[0][-1])
+        assert asked(session, random_image(1))[0]

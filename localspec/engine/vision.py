@@ -23,10 +23,11 @@ from ..errors import InputError, ModelLoadError, UsageError
 from .library import _log, llama, recent_errors
 from .model import Model, check_is_gguf
 
-# the ids of one image's rows: -(1 + image * ROWS_PER_IMAGE + row); the largest images read take a few thousand
+# the ids of one image's positions: -(1 + image * ROWS_PER_IMAGE + position); the largest images take a few thousand
 ROWS_PER_IMAGE = 1 << 14
 IMAGES = (1 << 31) // ROWS_PER_IMAGE - 1  # images one process can name before its ids would leave int32
 KEPT_ENCODED = 8  # images whose embedding rows are kept (a chat's reads its image once, then finds it cached)
+KEPT_IMAGES = 256  # images whose files are kept, to encode again where a cache let their rows go
 
 
 def is_media(token: int) -> bool:
@@ -62,9 +63,9 @@ def image_start(tokens: Sequence[int], n: int) -> int:
 
 
 class _Image:
-    def __init__(self, data: bytes, tokens: list[int], n_rows: int):
+    def __init__(self, data: bytes, tokens: list[int], n_rows: int, n_positions: int):
         self.data, self.tokens = data, tokens  # (the file's bytes: encoded again if its rows were let go)
-        self.n_rows = n_rows  # embedding rows; as many as its positions but under M-RoPE
+        self.n_rows, self.n_positions = n_rows, n_positions  # as many rows as positions but under M-RoPE
         self.rows: np.ndarray | None = None
 
 
@@ -112,7 +113,7 @@ class Vision:
             if len(self._ids) >= IMAGES:
                 raise InputError("this process has read as many images as it can name: restart it")
             number = self._ids[key] = len(self._ids)
-        tokens, n_rows = [], 0
+        tokens, n_rows, n_positions = [], 0, 0
         for kind, content, positions in self._chunks(data, which):
             if kind == "text":
                 tokens += content
@@ -121,14 +122,17 @@ class Vision:
                 raise InputError(f"{which} takes {content} rows at {positions} positions, which localspec does not"
                                  f" read (at most {ROWS_PER_IMAGE}, one position a row but under M-RoPE)")
             tokens += [-(1 + number * ROWS_PER_IMAGE + position) for position in range(positions)]
-            n_rows = content
-        self._images[number] = _Image(bytes(data), tokens, n_rows)
+            n_rows, n_positions = content, positions
+        self._images[number] = _Image(bytes(data), tokens, n_rows, n_positions)
+        while len(self._images) > KEPT_IMAGES:  # (the least recently used: a cache holding it read it long ago)
+            self._images.popitem(last=False)
         return tokens
 
     def holds(self, token: int) -> bool:
         """Whether the token is a row of an image this projector has read (an earlier exchange's tokens, handed
         back, may hold one)."""
-        return is_media(token) and image_of(token) in self._images and row_of(token) < ROWS_PER_IMAGE
+        image = self._images.get(image_of(token)) if is_media(token) else None
+        return image is not None and row_of(token) < image.n_positions
 
     def rows(self, tokens: Sequence[int]) -> np.ndarray:
         """The embedding rows of one image's ids (a run of media_runs; under M-RoPE all of them, and then every row),
