@@ -177,6 +177,9 @@ class Chat:
         if not argument:
             console.print("[red]usage: /image FILE[/]")
             return
+        if not self.session.info.vision:
+            console.print("[red]this model reads no images: start it with its multimodal projector (--mmproj FILE)[/]")
+            return
         path = Path(argument.strip("'\"")).expanduser()
         try:
             self.images.append(path.read_bytes())

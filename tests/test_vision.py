@@ -391,6 +391,8 @@ def test_run_and_chat_read_an_image_named_by_option_command_or_path_as_ollama_re
 
     code, _, err = cli("run", tiny["target"], "-p", "x", "--image", image)
     assert code == 2 and "reads no images: load it with its multimodal projector (--mmproj FILE)" in err
+    code, out, _ = cli("chat", tiny["target"], "-n", "4", stdin=f"/image {image}\nhi\n".encode())
+    assert code == 0 and "this model reads no images: start it with its multimodal projector" in out
     for args, said in ((("--image", tmp_path / "none.png"), "--image"),
                        (("--image", tiny["target"]), "image 1 is not an image llama.cpp reads"),
                        (("--image", image, "--raw"), "--image goes in the chat template's turn")):
