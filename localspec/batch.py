@@ -31,7 +31,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 from . import paths
 from .config import Limits, Sampling, Thinking, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble
-from .request import Request, message_of_json
+from .request import Request, image_of_base64
 from .scheduler import ENDED, Scheduler
 from .prompts import ROLES, is_message, output_grammar
 from .session import Session
@@ -142,7 +142,7 @@ def _images(images) -> list[bytes]:
                 raise InputError(f"cannot read the image {image}: {error.strerror}") from None
         else:
             try:
-                out.append(message_of_json({"images": [image]})["images"][0])
+                out.append(image_of_base64(image))
             except UsageError:
                 raise InputError(f"the image {image[:40]!r} is neither a file nor base64 text") from None
     return out

@@ -126,7 +126,7 @@ def message_as_json(message: dict) -> dict:
 
 def message_of_json(message: dict) -> dict:
     """A message message_as_json wrote, its images as bytes again (UsageError where one is no base64 text)."""
-    return _images_as(message, _bytes)
+    return _images_as(message, image_of_base64)
 
 
 def _images_as(message: dict, kind) -> dict:
@@ -138,7 +138,8 @@ def _images_as(message: dict, kind) -> dict:
     return message | {"images": [kind(image) for image in images]}
 
 
-def _bytes(image) -> bytes:
+def image_of_base64(image) -> bytes:
+    """An image file's bytes from its base64 text (UsageError where it is none)."""
     try:
         return base64.b64decode(image, validate=True)
     except (TypeError, ValueError):

@@ -103,7 +103,7 @@ class Vision:
 
     def image_tokens(self, data: bytes, which: str = "the image") -> list[int]:
         """An image's tokens in a prompt: those the model writes around an image (Gemma 3's <start_of_image>)
-        and its rows' ids. InputError where it is no image llama.cpp decodes (PNG, JPEG, BMP, GIF, ...)."""
+        and its positions' ids. InputError where it is no image llama.cpp decodes (PNG, JPEG, BMP, GIF, ...)."""
         key = hashlib.sha256(data).hexdigest()
         number = self._ids.get(key)
         if number is not None and number in self._images:
