@@ -346,6 +346,26 @@ class Prompts:
                                  f" {self.n_ctx:,}; raise --ctx-size or shorten it")
         return tokens
 
+    def ranking_inputs(self, query: str, documents: list[str], most_document_tokens: int | None = None) -> list[list[int]]:
+        """The query read with each document, as a reranker reads them (llama-server's pairs): its own "rerank"
+        template filled in ({query}, {document}; Qwen3-Reranker's), else the two joined with the vocabulary's
+        marks (Model.pair). most_document_tokens: each document's tokens past that many are left out (Cohere's
+        max_tokens_per_doc). InputError, before any is scored, for a pair longer than the context."""
+        model, template = self.model, self.model.chat_template("rerank")
+        query_tokens = None if template else model.tokenize(query, False, False)
+        pairs = []
+        for number, document in enumerate(documents, start=1):
+            tokens = model.tokenize(document, False, False)
+            if most_document_tokens is not None and len(tokens) > most_document_tokens:
+                tokens = tokens[:most_document_tokens]
+                document = model.spell_of(tokens).decode("utf-8", errors="ignore")
+            pairs.append(model.tokenize(template.replace("{query}", query).replace("{document}", document), False, True)
+                         if template else model.pair(query_tokens, tokens))
+            if len(pairs[-1]) > self.n_ctx:
+                raise InputError(f"document {number} is {len(pairs[-1]):,} tokens with the query, but the context"
+                                 f" holds {self.n_ctx:,}; raise --ctx-size or shorten it")
+        return pairs
+
     def prediction_tokens(self, text: str) -> list[int]:
         """Predicted text as the tokens the output would hold (no BOS, control tokens read as text), as far as
         an output could: a context's worth. Only that much of the text is read (8 MiB of code took 2.4 s of

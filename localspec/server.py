@@ -64,7 +64,7 @@ FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: mode
 
 # routes llama-server answers with and without /v1 (its /completions is its own completion, not /v1's)
 WITHOUT_V1 = ("/v1/models", "/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/responses",
-              "/v1/responses/input_tokens")
+              "/v1/responses/input_tokens", "/v1/rerank", "/v1/reranking")
 
 
 class Server:
@@ -92,6 +92,9 @@ class Server:
             ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
             ("/metrics", "GET", OPENAI, self.metrics, True),
             ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
+            ("/v1/rerank", "POST", LLAMA_SERVER, self.rerank, True),
+            ("/v1/reranking", "POST", LLAMA_SERVER, self.rerank, True),
+            ("/v2/rerank", "POST", LLAMA_SERVER, self.rerank, True),  # (Cohere's client, v2)
             ("/api/embed", "POST", OLLAMA, self.ollama_embed, True),
             ("/api/embeddings", "POST", OLLAMA, self.ollama_embeddings, True),
             ("/api/version", "GET", OLLAMA, self.ollama_version, False),
@@ -201,6 +204,16 @@ class Server:
         job = await self._done(Embedding(openai.inputs_of(asked), client), client, served, request, "input")
         return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                   asked.encoding_format))
+
+    async def rerank(self, request: Request, client: str | None) -> Response:
+        """llama-server's reranking (Jina's, Cohere's and TEI's request shapes): documents scored against a query by
+        a reranker, highest first."""
+        body = await self._body(request)
+        asked, documents = llama_server.parse_rerank(body)
+        served = await self._model(body.get("model"))
+        job = await self._done(Embedding(documents, client, asked.query, asked.max_tokens_per_doc), client, served,
+                               request, "documents")
+        return JSONResponse(llama_server.reranked(asked, documents, job.embeddings, job.embedded_tokens, served.name))
 
     async def ollama_embed(self, request: Request, client: str | None) -> Response:
         started = time.perf_counter_ns()

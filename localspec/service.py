@@ -56,10 +56,13 @@ class WorkerStopped(EngineError):
 
 @dataclass(frozen=True)
 class Embedding:
-    """Texts (or token id lists) to embed, instead of generating; client as a Request's."""
+    """Texts (or token id lists) to embed, instead of generating; client as a Request's. With a query, the inputs
+    are documents a reranker scores against it (one score each), as llama.cpp ranks by pooling."""
 
     inputs: list
     client: str | None = None
+    query: str | None = None
+    most_document_tokens: int | None = None  # a ranking's documents are cut to this many tokens each
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Job:
         self.recorder = Recorder()
         self.running: Running | None = None  # once it generates
         self.outcome = "cancelled"  # or "ok", "error"
-        self.embeddings: list[list[float]] = []  # an embedding request's vectors, and the tokens it read
+        self.embeddings: list = []  # an embedding request's vectors (a ranking's scores), and the tokens it read
         self.embedded_tokens = 0
         self.embedding_inputs: list[list[int]] | None = None  # its inputs as tokens, once read
         self.acted: tuple[int, int] = (0, 0)  # a slot action's tokens and bytes saved, read or erased
@@ -288,12 +291,15 @@ class Service:
         """Embed the job's inputs for up to EMBEDDING_SLICE seconds; True, with the job queued again behind
         those waiting, where some are left: many inputs hold up other requests no longer than one slice at
         a time, and stop once their client has left."""
+        asked, session = job.request, self.session
         if job.embedding_inputs is None:
-            job.embedding_inputs = self.session.prompts.embedding_inputs(job.request.inputs)
+            job.embedding_inputs = (session.prompts.embedding_inputs(asked.inputs) if asked.query is None else
+                                    session.ranking_inputs(asked.query, asked.inputs, asked.most_document_tokens))
             job.embedded_tokens = sum(map(len, job.embedding_inputs))
+        pooled = session.embed if asked.query is None else session.relevance
         until = perf_counter() + EMBEDDING_SLICE
         while len(job.embeddings) < len(job.embedding_inputs) and not (job.cancelled or self._closing):
-            job.embeddings.append(self.session.embed(job.embedding_inputs[len(job.embeddings)]))
+            job.embeddings.append(pooled(job.embedding_inputs[len(job.embeddings)]))
             if perf_counter() > until and len(job.embeddings) < len(job.embedding_inputs):
                 self._jobs.put(job)
                 return True

@@ -317,7 +317,9 @@ class Session:
         """A request made ready to generate (Prompts.prepare); UsageError for a model that only embeds."""
         info = self.target_info
         if not info.generates:  # llama.cpp would abort the process when asked for its logits
-            raise UsageError(f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
+            raise UsageError(f"{info.path.name} is a reranker ({info.architecture}): it scores documents against a"
+                             " query (serve's /v1/rerank) and does not generate text" if info.ranks else
+                             f"{info.path.name} is an embedding model ({info.architecture}): it embeds text (serve's"
                              " /v1/embeddings and /api/embed) and does not generate any")
         return self.prompts.prepare(request)
 
@@ -419,11 +421,41 @@ class Session:
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call)."""
+        if self.target_info.ranks:
+            raise InputError(f"{self.target_info.path.name} is a reranker (rank pooling): it scores documents"
+                             " against a query (serve's /v1/rerank) and gives no embedding")
+        return self._pooled(tokens).tolist()
+
+    def relevance(self, tokens: list[int]) -> float:
+        """A reranker's relevance score for one of ranking_inputs' query-document pairs, as llama.cpp computes it
+        (the classifier's first output: a logit for BGE's and Jina's rerankers, P(yes) for Qwen3-Reranker's)."""
+        self._must_rank()
+        return float(self._pooled(tokens)[0])
+
+    def ranking_inputs(self, query: str, documents: list[str], most_document_tokens: int | None = None) -> list[list[int]]:
+        """The query-document pairs a reranker scores (Prompts.ranking_inputs); InputError, before any is read, where
+        the model is no reranker."""
+        self._must_rank()
+        return self.prompts.ranking_inputs(query, documents, most_document_tokens)
+
+    def rerank(self, query: str, documents: list[str]) -> list[float]:
+        """Each document's relevance to the query (relevance's score), in the documents' order: higher is more
+        relevant."""
+        return [self.relevance(pair) for pair in self.ranking_inputs(query, documents)]
+
+    def _must_rank(self) -> None:
+        info = self.target_info
+        if not info.ranks:
+            raise InputError(f"{info.path.name} is not a reranker: it {'generates' if info.generates else 'embeds'}"
+                             " text. Reranking takes a model whose GGUF pools by rank (bge-reranker, jina-reranker,"
+                             " Qwen3-Reranker)")
+
+    def _pooled(self, tokens: list[int]):
         if self._embedder is None:
             self._embedder = self._steered(self._own(Embedder(self.target_model, self.target.n_ctx,
                                                               self._runtime.threads)))
         self.adapters.apply(self._embedder, self.adapters.scales)
-        return self._embedder.embed(tokens).tolist()
+        return self._embedder.embed(tokens)
 
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
                limits: Limits | None = None, **options) -> Iterator[Event]:

@@ -293,6 +293,8 @@ def test_an_embedding_model_asked_for_by_name_embeds_and_refuses_to_generate(hom
             client.chat.completions.create(model="tiny-embed", messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(ollama.ResponseError, match="is an embedding model"):
             ollama.Client(host=server.base).generate("tiny-embed", prompt="hi")
+        refused = httpx.post(server.base + "/v1/rerank", json={"model": "tiny-embed", "query": "q", "documents": ["d"]})
+        assert refused.status_code == 400 and "is not a reranker: it embeds text" in refused.json()["error"]["message"]
         assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
         assert "Traceback" not in server.log()
     finally:
@@ -315,6 +317,7 @@ def test_a_reranker_is_refused_as_an_embedding_model_and_no_memory_is_read_past_
         for _ in range(2):
             with pytest.raises(openai.BadRequestError, match="is a reranker"):
                 server.client().embeddings.create(model="rerank", input=["the cat sat"])  # base64, as the client asks
+        assert ollama.Client(host=server.base).show("rerank").capabilities == []  # (it neither completes nor embeds)
         assert httpx.get(server.base + "/health").json()["status"] == "ok"
     finally:
         assert server.stop() == 0, server.log()

@@ -684,7 +684,7 @@ def test_too_large_bodies_get_413_and_unknown_routes_404_and_the_server_goes_on(
     response = httpx.post(server.url + "/completions", content=huge)
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
     assert httpx.get(server.url + "/chat/completions").status_code == 405
-    missing = httpx.post(server.url + "/rerank", json={"input": "x"})
+    missing = httpx.post(server.url + "/audio/speech", json={"input": "x"})
     assert missing.status_code == 404 and "not part of this API" in missing.json()["error"]["message"]
     # the request log shows what clients sent with its control characters escaped
     assert httpx.get(server.base + "/%1b]52;c;cHduZWQ=%07").status_code == 404
@@ -699,9 +699,9 @@ def test_the_routes_clients_probe_are_answered_and_a_404_lists_every_route(serve
     assert model.id == "tiny" and model.model_extra["meta"]["loaded"]
     old = ollama.Client(host=server.base).embeddings(model="tiny", prompt="embed me")  # Ollama's older route
     assert len(old.embedding) == len(server.client().embeddings.create(model="tiny", input="embed me").data[0].embedding)
-    listed = httpx.post(server.url + "/rerank", json={}).json()["error"]["message"]
+    listed = httpx.post(server.url + "/audio/speech", json={}).json()["error"]["message"]
     for route in ("POST /v1/chat/completions", "GET /v1/models/{name:path}", "POST /api/embeddings",
-                  "POST /v1/messages/count_tokens", "GET /api/version", "GET /metrics"):
+                  "POST /v1/messages/count_tokens", "GET /api/version", "GET /metrics", "POST /rerank"):
         assert route in listed, listed
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tinymodels import CONTEXT, N_EMBD, N_FF, N_HEAD, N_LAYER, TinySpec, add_spm_tokenizer, finish, tiny_weights
+from tinymodels import N_EMBD, TinySpec, add_spm_tokenizer, attention_writer, finish, tiny_weights
 
 # words the draft keeps whole that the target spells a character at a time (SentencePiece merges a piece
 # only where its prefixes are pieces too)
@@ -70,17 +70,7 @@ def write_tiny_across(path: Path, target: TinySpec, tokenizer: str, favour: str 
         output[vocab.index(favour), 0] = FAVOURED
     tensors = {**weights, "token_embd.weight": embedding, "output.weight": output}
 
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(path.stem)
-    writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_block_count(N_LAYER)
-    writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer = attention_writer(path)
     if byte_level:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("gpt-2")

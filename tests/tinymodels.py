@@ -146,6 +146,23 @@ def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> P
     return next(path.parent.glob(f"{path.stem}-00001-of-*.gguf")) if tensors_per_part else path
 
 
+def attention_writer(path: Path, architecture: str = "llama", rms_eps: float = 1e-5) -> gguf.GGUFWriter:
+    """A writer holding the hyperparameters of tiny_weights' attention layers (N_LAYER of them, N_EMBD wide, N_HEAD
+    heads of N_EMBD // N_HEAD, F32), for an architecture that reads llama's tensors (and perhaps more)."""
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(path.stem)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_block_count(N_LAYER)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    return writer
+
+
 def add_spm_tokenizer(writer: gguf.GGUFWriter, pieces: tuple[str, ...], user_defined: tuple[str, ...] = (),
                       control: tuple[str, ...] = (), scores: list[float] | None = None) -> None:
     """scores: the pieces' own (SentencePiece merges the higher first); by default falling in their order."""

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from tinymodels import CONTEXT, N_EMBD, N_FF, N_HEAD, N_LAYER, TinySpec, add_spm_tokenizer, finish, tiny_weights
+from tinymodels import N_EMBD, N_HEAD, TinySpec, add_spm_tokenizer, attention_writer, finish, tiny_weights
 from tinyvision import VISION_WIDTH, clip_writer, drawing, random_image, vision_blocks
 
 HEAD_DIM = N_EMBD // N_HEAD  # 16
@@ -67,19 +67,9 @@ def write_tiny_qwen2vl(path: Path, seed: int = 1, sharpness: float = 2.0, writes
     spec = TinySpec(seed=seed, sharpness=sharpness, control=IMAGE_TEXT, writes_pieces=writes_pieces)
     tensors = tiny_weights(spec)
     tensors["output.weight"][[VISION_START_ID, VISION_END_ID]] = 0.0  # as <s> and </s>: rarely the greedy choice
-    writer = gguf.GGUFWriter(str(path), "qwen2vl")
-    writer.add_name(path.stem)
-    writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_block_count(N_LAYER)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(HEAD_DIM)  # qwen2vl's graph asserts n_rot == head size
+    writer = attention_writer(path, "qwen2vl", 1e-6)  # (its rope dimensions the head size, as qwen2vl's graph asserts)
     writer.add_rope_dimension_sections(list(ROPE_SECTIONS))
     writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     add_spm_tokenizer(writer, spec.pieces, control=IMAGE_TEXT)
     return finish(writer, tensors, path)
 

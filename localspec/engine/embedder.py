@@ -12,7 +12,8 @@ from .model import Model
 class Embedder:
     """A context of a model that reads each input whole and hands back one vector for it (embeddings),
     pooled as the model's metadata says; a model that names no pooling (a generative one) is pooled by
-    the mean over its tokens. Vectors are L2-normalised, as llama-server's are."""
+    the mean over its tokens. Vectors are L2-normalised, as llama-server's are. A reranker (rank pooling)
+    hands back its classifier's outputs instead, as llama.cpp computes them: the first is the score."""
 
     POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # enum llama_pooling_type
 
@@ -33,13 +34,11 @@ class Embedder:
             raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens for"
                               f" {model.path.name} (out of memory? try a smaller --ctx-size)")
         self.pooling = self.POOLING.get(llama.llama_pooling_type(self._ctx), "none")
-        if self.pooling == "rank":  # llama.cpp hands out n_cls_out scores a sequence there, not a vector
-            llama.llama_free(self._ctx)
-            self._ctx = None
-            raise InputError(f"{model.path.name} is a reranker (rank pooling): it scores a text against a query"
-                             " and gives no embedding")
-        # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption
-        self.width = llama.llama_model_n_embd_out(model.handle)
+        self.ranks = self.pooling == "rank"
+        # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption (a
+        # reranker's n_cls_out scores read as n_embd floats were ~2,300 bytes of the process heap)
+        self.width = (llama.llama_model_n_cls_out(model.handle) if self.ranks
+                      else llama.llama_model_n_embd_out(model.handle))
         self.n_ctx = llama.llama_n_ctx(self._ctx)
         self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
 
@@ -67,6 +66,8 @@ class Embedder:
         if not pointer:
             raise EngineError(f"{self.model.path.name} gives no pooled embedding")
         vector = np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
+        if self.ranks:
+            return vector
         norm = np.linalg.norm(vector)
         return vector / norm if norm > 0 else vector
 

@@ -265,9 +265,23 @@ class Model:
         token = llama.llama_vocab_bos(self._vocab) if which == "bos" else llama.llama_vocab_eos(self._vocab)
         return self.token_text(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
-    def chat_template(self) -> str | None:
-        template = llama.llama_model_chat_template(self._model, None)
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The file's chat template, or one of its named others ("rerank": a reranker's prompt for a query and
+        a document)."""
+        template = llama.llama_model_chat_template(self._model, name.encode() if name else None)
         return template.decode("utf-8") if template else None
+
+    def pair(self, first: Sequence[int], second: Sequence[int]) -> list[int]:
+        """Two texts' tokens read as one input (a reranker's query and document), joined with the vocabulary's own
+        marks as llama.cpp joins them: BOS, the first, EOS (SEP where there is none), SEP, the second, EOS
+        (each mark where the vocabulary adds it: XLM-R's <s> q </s></s> d </s>)."""
+        vocab = self._vocab
+        eos = llama.llama_vocab_eos(vocab)
+        if eos < 0:
+            eos = llama.llama_vocab_sep(vocab)
+        ends = [eos] if llama.llama_vocab_get_add_eos(vocab) else []
+        return (([llama.llama_vocab_bos(vocab)] if self.add_bos else []) + list(first) + ends
+                + ([llama.llama_vocab_sep(vocab)] if llama.llama_vocab_get_add_sep(vocab) else []) + list(second) + ends)
 
     def close(self) -> None:
         if self._model:

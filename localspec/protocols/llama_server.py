@@ -24,7 +24,7 @@ from ..prompts import MEDIA_MARKER, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
+from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed, checked_count,
                      api_error, ended_by, image_bytes, logprobs_of, overridden_or_refused, prompts_of, speculation,
                      speculative_asked, timings, validated)
 
@@ -327,6 +327,59 @@ def slot_acted(action: str, sequence: int, filename: str | None, tokens: int, si
     return {"id_slot": sequence, "filename": filename, f"n_{done}": tokens,
             "n_written" if action == "save" else "n_read": size,
             "timings": {f"{action}_ms": round(seconds * 1000, 3)}}
+
+
+class RerankBody(_Typed):
+    model: str | None = None
+    query: str
+    documents: list[str | dict] | None = None  # Jina's and Cohere's (texts, or {"text": ...})
+    texts: list[str] | None = None  # Hugging Face TEI's: its answer is TEI's too
+    top_n: int | None = Field(None, ge=1)
+    return_documents: bool = False  # Jina's and Cohere's v1: each result with its document
+    return_text: bool = False  # TEI's
+    max_tokens_per_doc: int | None = Field(None, ge=1)  # Cohere's v2
+
+
+# rerank fields that would change the answer, with the values that leave it as llama.cpp's: scores are the model's
+# own (raw, as llama-server's: TEI's raw_scores=false would ask for a sigmoid), one score a whole document
+RERANK_NEUTRAL = {"raw_scores": (None, True), "truncate": (None, False), "rank_fields": (None,),
+                  "max_chunks_per_doc": (None,), "relevant_spans": (None,)}
+
+
+def parse_rerank(body: dict) -> tuple[RerankBody, list[str]]:
+    """The request and its documents' texts; a 400 naming the field that is wrong."""
+    asked = validated(RerankBody, body, RERANK_NEUTRAL, "{name} is not supported by localspec's reranking")
+    given = asked.texts if asked.documents is None else asked.documents
+    if not given:
+        raise ApiError(400, '"documents" must be a non-empty array of strings', param="documents")
+    documents = []
+    for number, document in enumerate(given):
+        text = document.get("text") if isinstance(document, dict) else document
+        if not isinstance(text, str):
+            raise ApiError(400, f"documents.{number}: a document is a string, or an object with a \"text\" string",
+                           param=f"documents.{number}")
+        documents.append(text)
+    return asked, checked_count(documents, "documents")
+
+
+def reranked(asked: RerankBody, documents: list[str], scores: list[float], tokens: int, model: str) -> dict | list:
+    """/rerank's answer, as llama-server's: the documents by score, highest first, top_n of them; Jina's and Cohere's
+    shape ({"results": [{"index", "relevance_score"}]}, with "usage"), or TEI's (a list of {"index", "score"}) where
+    the request was TEI's (texts)."""
+    tei = asked.documents is None
+    label = "score" if tei else "relevance_score"
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:asked.top_n]
+    results = [{"index": i, label: scores[i]} for i in order]
+    if tei and asked.return_text:
+        for result in results:
+            result["text"] = documents[result["index"]]
+    if tei:
+        return results
+    if asked.return_documents:
+        for result in results:
+            result["document"] = {"text": documents[result["index"]]}
+    return {"model": asked.model or model, "object": "list", "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results}
 
 
 class TokenizeBody(_Typed):

@@ -309,11 +309,11 @@ def thinking_asked(defaults: Thinking, think: bool | None = None, level: str | N
 MOST_EMBEDDING_INPUTS = 2048
 
 
-def checked_count(inputs: list) -> list:
-    """The inputs, or a 400 where there are more than one request may embed."""
+def checked_count(inputs: list, field: str = "input") -> list:
+    """The inputs, or a 400 where there are more than one request may embed (or rank: documents)."""
     if len(inputs) > MOST_EMBEDDING_INPUTS:
-        raise ApiError(400, f"input: {len(inputs):,} inputs to embed; at most {MOST_EMBEDDING_INPUTS:,} a request"
-                       " (send the rest in further requests)", param="input")
+        raise ApiError(400, f"{field}: {len(inputs):,} {'inputs to embed' if field == 'input' else field};"
+                       f" at most {MOST_EMBEDDING_INPUTS:,} a request (send the rest in further requests)", param=field)
     return inputs
 
 

@@ -135,9 +135,10 @@ def local_file(name: str) -> Path:
 def capabilities(header: gguf_meta.GGUFInfo, template: str | None = None) -> list[str]:
     """What a model can be asked for, in Ollama's words: completion, tools (its chat template, or the one
     given in its place, presents them in a form localspec reads back), insert (it fills in the middle: a
-    request's suffix), thinking (a reasoning model); an encoder only embeds."""
+    request's suffix), thinking (a reasoning model); an encoder only embeds; a reranker has no word of Ollama's (it
+    only ranks)."""
     if not header.generates:
-        return ["embedding"]
+        return [] if header.ranks else ["embedding"]
     template = template or header.chat_template
     found = ["completion"]
     try:
@@ -166,6 +167,9 @@ def _auto_drafts(header: gguf_meta.GGUFInfo) -> list[str]:
 
 
 def _drafts_text(info: dict, is_registered: bool) -> str:
+    if info["capabilities"] is not None and "completion" not in info["capabilities"]:
+        return ("none: it embeds text (serve's /v1/embeddings) and does not generate" if info["capabilities"] else
+                "none: it is a reranker, it scores documents against a query (serve's /v1/rerank) and does not generate")
     if info["recurrent"] and not info["rolls_back"]:
         return "none: its recurrent state cannot take rejected draft tokens back (it decodes plainly)"
     across = info["across"]

@@ -69,6 +69,7 @@ FIM_SPELLINGS = {
 # rejected draft needs (llm_arch_supports_rs_rollback).
 # Encoders (src/llama-arch.cpp): they embed text and cannot generate it; llama.cpp aborts the process
 # if asked for their logits. A converted encoder also says `{arch}.attention.causal = false`.
+RANK_POOLING = 4  # enum llama_pooling_type
 ENCODER_ARCHITECTURES = frozenset({
     "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "eurobert",
     "t5encoder",
@@ -157,8 +158,16 @@ class GGUFInfo:
 
     @property
     def generates(self) -> bool:
-        """Whether the model writes text (an embedding model's encoder only embeds it)."""
-        return self.architecture not in ENCODER_ARCHITECTURES and self.arch("attention.causal") is not False
+        """Whether the model writes text (an embedding model's encoder only embeds it; a reranker, even a causal
+        one such as Qwen3-Reranker, only scores)."""
+        return (self.architecture not in ENCODER_ARCHITECTURES and self.arch("attention.causal") is not False
+                and not self.ranks)
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the model is a reranker: it pools by rank (llama.cpp's pooling type 4), scoring a query and a
+        document read together rather than embedding a text."""
+        return self.arch("pooling_type") == RANK_POOLING
 
     @property
     def recurrent(self) -> bool:
