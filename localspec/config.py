@@ -338,6 +338,9 @@ AUTO_PARALLEL = 0
 PARALLEL_AUTO_MOST = 4  # llama-server's default slots
 # llama.cpp's -sm values, as enum llama_split_mode numbers them
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+# How an embedding or ranking context pools an input into one vector (llama.cpp's --pooling, but its "none": a vector
+# a token, which llama-server's /v1/embeddings refuses too), by llama.cpp's enum llama_pooling_type
+POOLINGS = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
 # The KV cache's types llama.cpp takes (its -ctk/-ctv): ggml's type number, values a block and a block's bytes, as
 # ggml.h and ggml's type traits have them (tests check them against the gguf package's)
 KV_CACHE_TYPES = {"f32": (0, 1, 4), "f16": (1, 1, 2), "bf16": (30, 1, 2), "q8_0": (8, 32, 34), "q4_0": (2, 32, 18),
@@ -467,6 +470,9 @@ class Runtime:
     mmproj: str | None = None
     mmproj_offload: bool = True
     mmproj_auto: bool = True
+    # How embeddings and reranking pool each input (llama.cpp's --pooling, POOLINGS): None, as the model's metadata
+    # says (a generative model by the mean); "rank" scores query-document pairs with the model's classifier head
+    pooling: str | None = None
 
     def __post_init__(self):
         if 0 < self.ctx_size < 8 or self.ctx_size < 0:
@@ -477,6 +483,8 @@ class Runtime:
         check_threads(self.threads)
         if self.draft_threads is not None:
             check_threads(self.draft_threads)
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise UsageError(f"--pooling takes {', '.join(POOLINGS)} (llama.cpp's), got {self.pooling!r}")
         if self.split_mode not in SPLIT_MODES:
             raise UsageError(f"--split-mode takes {', '.join(SPLIT_MODES)} (llama.cpp's), got {self.split_mode!r}")
         if self.main_gpu < 0:

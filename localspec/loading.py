@@ -282,12 +282,12 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     # Not the context size: costs are measured at the start of an empty cache, and llama.cpp attends only to
     # the cells in use; nor the prompt cache or the reuse of a cache's runs, which decide what is read, not how.
     # Nor the layers' fitting, only the counts it came to; nor the adapters' scales, only which are loaded; nor the
-    # projector, which reads images, not text.
+    # projector, which reads images, not text; nor the pooling, which embeddings and reranking read.
     settings = {**asdict(replace(runtime, gpu_layers=placed.gpu_layers,
                                  draft_gpu_layers=placement.draft.gpu_layers if placement.draft else -1)),
                 "backend_sampling": on_backend}
     for left_out in ("ctx_size", "prompt_cache", "cache_reuse", "fit_margin", "lora", "mmproj", "mmproj_offload",
-                     "mmproj_auto"):
+                     "mmproj_auto", "pooling"):
         del settings[left_out]
     if runtime.lora:
         settings["lora"] = [adapter.path for adapter in runtime.lora]

@@ -421,7 +421,7 @@ class Session:
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call)."""
-        if self.target_info.ranks:
+        if self.ranks:
             raise InputError(f"{self.target_info.path.name} is a reranker (rank pooling): it scores documents"
                              " against a query (serve's /v1/rerank) and gives no embedding")
         return self._pooled(tokens).tolist()
@@ -443,17 +443,30 @@ class Session:
         relevant."""
         return [self.relevance(pair) for pair in self.ranking_inputs(query, documents)]
 
+    @property
+    def ranks(self) -> bool:
+        """Whether the target reranks (its metadata's rank pooling, or --pooling rank) rather than embeds."""
+        pooling = self._runtime.pooling
+        return pooling == "rank" if pooling else self.target_info.ranks
+
     def _must_rank(self) -> None:
         info = self.target_info
-        if not info.ranks:
+        if not self.ranks:
+            # (community conversions of Qwen3-Reranker left out its head and metadata: llama-server scored 4.5e-23)
+            named = " Its name says reranker but its file says nothing of rank pooling: a conversion that left the" \
+                    " classifier out? Take one converted by llama.cpp's convert_hf_to_gguf.py" \
+                    if "rerank" in info.path.name.lower() else ""
             raise InputError(f"{info.path.name} is not a reranker: it {'generates' if info.generates else 'embeds'}"
                              " text. Reranking takes a model whose GGUF pools by rank (bge-reranker, jina-reranker,"
-                             " Qwen3-Reranker)")
+                             f" Qwen3-Reranker).{named}")
+        if not info.classifies:
+            raise InputError(f"--pooling rank: {info.path.name} has no classifier head (cls.weight or cls.output.weight),"
+                             " so its scores would be a number of its hidden state; take a reranker's GGUF")
 
     def _pooled(self, tokens: list[int]):
         if self._embedder is None:
             self._embedder = self._steered(self._own(Embedder(self.target_model, self.target.n_ctx,
-                                                              self._runtime.threads)))
+                                                              self._runtime.threads, self._runtime.pooling)))
         self.adapters.apply(self._embedder, self.adapters.scales)
         return self._embedder.embed(tokens)
 

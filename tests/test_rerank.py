@@ -129,3 +129,37 @@ def test_serve_reranks_for_cohere_jina_and_tei_clients(tmp_path, rerankers):
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_pooling_rank_makes_a_reranker_of_a_file_with_a_classifier_and_refuses_one_without(tmp_path, rerankers):
+    """llama-server's --pooling rank (guides start Qwen3-Reranker so): a file with the head but no rank pooling in its
+    metadata scores as the reranker it is; one without the head is refused (llama.cpp would score a number of its
+    hidden state), as is a file named as a reranker that is none (community conversions that left the head out)."""
+    headed = write_tiny_bert(tmp_path / "headed.gguf", classifier=True)
+    with localspec.load(str(rerankers["bert"])) as reranker:
+        expected = reranker.rerank(QUERY, DOCUMENTS)
+    with localspec.load(str(headed)) as embedder:
+        with pytest.raises(InputError, match="is not a reranker: it embeds text"):
+            embedder.rerank(QUERY, DOCUMENTS)
+        assert len(embedder.embed(embedder.target_model.tokenize("the cat", True, False))) > 1
+    with localspec.load(str(headed), pooling="rank") as ranking:
+        assert ranking.rerank(QUERY, DOCUMENTS) == pytest.approx(expected, abs=1e-5)
+    with localspec.load(str(rerankers["plain"]), pooling="rank") as headless:
+        with pytest.raises(InputError, match="has no classifier head"):
+            headless.rerank(QUERY, DOCUMENTS)
+    misnamed = write_tiny_qwen3(tmp_path / "Qwen3-Reranker-0.6B-Q8_0.gguf", reranker=False)
+    with localspec.load(str(misnamed)) as broken:
+        with pytest.raises(InputError, match="Its name says reranker but its file says nothing of rank pooling"):
+            broken.rerank(QUERY, DOCUMENTS)
+
+
+def test_serve_takes_llama_servers_pooling(localspec, tmp_path, rerankers):
+    headed = write_tiny_bert(tmp_path / "headed.gguf", classifier=True)
+    server = ServerProcess(tmp_path / "home", headed, "--reranking", "--pooling", "rank")
+    try:
+        answer = httpx.post(server.base + "/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}, timeout=120)
+        assert answer.status_code == 200 and len(answer.json()["results"]) == len(DOCUMENTS), answer.text
+    finally:
+        assert server.stop() == 0, server.log()
+    refused = localspec("serve", headed, "--pooling", "sum")
+    assert refused.returncode == 2 and b"--pooling takes mean, cls, last, rank" in refused.stderr

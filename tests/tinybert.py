@@ -21,8 +21,10 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 VOCAB = SPECIAL + [f"\u2581{c}" for c in LETTERS] + list(LETTERS) + ["\u2581.", "\u2581,"]
 
 
-def write_tiny_bert(path: Path, seed: int = 5, pooling: gguf.PoolingType = gguf.PoolingType.MEAN) -> Path:
-    """pooling RANK: a reranker, with the classifier head that scores a pair (one value, not a vector)."""
+def write_tiny_bert(path: Path, seed: int = 5, pooling: gguf.PoolingType = gguf.PoolingType.MEAN,
+                    classifier: bool | None = None) -> Path:
+    """pooling RANK: a reranker, with the classifier head that scores a pair (one value, not a vector); classifier:
+    whether it has that head (by default where it pools by rank; the weights are the same either way)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape):
@@ -65,7 +67,7 @@ def write_tiny_bert(path: Path, seed: int = 5, pooling: gguf.PoolingType = gguf.
         tensors[f"{block}.ffn_up.weight"], tensors[f"{block}.ffn_up.bias"] = normal(N_FF, N_EMBD), np.zeros(N_FF, np.float32)
         tensors[f"{block}.ffn_down.weight"], tensors[f"{block}.ffn_down.bias"] = normal(N_EMBD, N_FF), zeros
         tensors[f"{block}.layer_output_norm.weight"], tensors[f"{block}.layer_output_norm.bias"] = ones, zeros
-    if pooling == gguf.PoolingType.RANK:
+    if pooling == gguf.PoolingType.RANK if classifier is None else classifier:
         tensors.update({"cls.weight": normal(N_EMBD, N_EMBD), "cls.bias": zeros, "cls.output.weight": normal(1, N_EMBD),
                         "cls.output.bias": np.zeros(1, np.float32)})
     return finish(writer, tensors, path)

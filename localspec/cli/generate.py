@@ -682,6 +682,11 @@ def serve(
     metrics: Annotated[bool, typer.Option("--metrics", hidden=True)] = False,
     cont_batching: Annotated[bool, typer.Option("--cont-batching/--no-cont-batching", "-cb/-nocb", hidden=True)] = True,
     embeddings: Annotated[bool, typer.Option("--embeddings", "--embedding", hidden=True)] = False,
+    pooling: Annotated[Optional[str], typer.Option(
+        "--pooling", envvar="LLAMA_ARG_POOLING", show_envvar=False, metavar="mean|cls|last|rank", show_default=False,
+        help="How /v1/embeddings and /v1/rerank pool each input, over the model's own choice (llama.cpp's): rank"
+        " scores query-document pairs with a reranker's classifier head. Default: as the model's metadata says"
+        " (a generative model by the mean).")] = None,
     reranking: Annotated[bool, typer.Option("--reranking", "--rerank", hidden=True)] = False,
 ):
     """Serve the model over OpenAI's HTTP API and Ollama's, with speculation statistics in every response.
@@ -720,6 +725,7 @@ def serve(
         raise UsageError("--no-cont-batching: serve always decodes the --parallel requests together, one joining at"
                          " the next step (--parallel 1 generates one at a time)")
 
+    settings = replace(settings, runtime=replace(settings.runtime, pooling=pooling))
     keys = (api_key.split(",") if api_key is not None else []) + (
         [line for line in read_text(api_key_file).splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if api_key_file else [])

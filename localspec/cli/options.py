@@ -603,8 +603,7 @@ LLAMA_CPP_LACKS = {
                " return_progress)", "--sse-ping-interval"),
     **_lacking("/infill lays its prompt out prefix first, as llama-server does by default", "--spm-infill"),
     **_lacking("adaptive-p sampling is not in localspec's chain", "--adaptive-target", "--adaptive-decay"),
-    **_lacking("serve's /v1/embeddings pools as the model's metadata says (a generative model by the mean) and"
-               " normalizes each vector, as llama-server does by default", "--pooling", "--embd-normalize"),
+    **_lacking("serve's /v1/embeddings normalizes each vector, as llama-server does by default", "--embd-normalize"),
     **_lacking("what of earlier thinking a conversation keeps is its chat template's to decide (clients send it"
                " back as reasoning_content)", "--reasoning-preserve", "--no-reasoning-preserve"),
     **_lacking("a thinking budget closes the block without a message (--reasoning-budget)",

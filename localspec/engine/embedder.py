@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..config import POOLINGS
 from ..errors import EngineError, InputError
 from .library import llama
 from .model import Model
@@ -15,16 +16,15 @@ class Embedder:
     the mean over its tokens. Vectors are L2-normalised, as llama-server's are. A reranker (rank pooling)
     hands back its classifier's outputs instead, as llama.cpp computes them: the first is the score."""
 
-    POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # enum llama_pooling_type
-
-    def __init__(self, model: Model, n_ctx: int, threads: int):
+    def __init__(self, model: Model, n_ctx: int, threads: int, pooling: str | None = None):
+        """pooling: one of POOLINGS over the model's own (None: its own)."""
         self.model = model
         params = llama.llama_context_default_params()
         params.embeddings = True
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_ctx  # an input is read in one piece: pooling sees all of it
         params.n_threads = params.n_threads_batch = threads
-        params.pooling_type = llama.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's own
+        params.pooling_type = llama.LLAMA_POOLING_TYPE_UNSPECIFIED if pooling is None else POOLINGS[pooling]
         self._ctx = llama.llama_init_from_model(model.handle, params)
         if self._ctx and llama.llama_pooling_type(self._ctx) == llama.LLAMA_POOLING_TYPE_NONE:
             llama.llama_free(self._ctx)
@@ -33,8 +33,7 @@ class Embedder:
         if not self._ctx:
             raise EngineError(f"llama.cpp could not create an embedding context of {n_ctx} tokens for"
                               f" {model.path.name} (out of memory? try a smaller --ctx-size)")
-        self.pooling = self.POOLING.get(llama.llama_pooling_type(self._ctx), "none")
-        self.ranks = self.pooling == "rank"
+        self.ranks = llama.llama_pooling_type(self._ctx) == POOLINGS["rank"]
         # what llama.cpp hands out a sequence: read exactly that many floats, never n_embd by assumption (a
         # reranker's n_cls_out scores read as n_embd floats were ~2,300 bytes of the process heap)
         self.width = (llama.llama_model_n_cls_out(model.handle) if self.ranks

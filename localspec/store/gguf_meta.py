@@ -164,6 +164,11 @@ class GGUFInfo:
                 and not self.ranks)
 
     @property
+    def classifies(self) -> bool:
+        """Whether it has a classifier head, which rank pooling scores with (a reranker's)."""
+        return "cls.weight" in self.tensor_bytes or "cls.output.weight" in self.tensor_bytes
+
+    @property
     def ranks(self) -> bool:
         """Whether the model is a reranker: it pools by rank (llama.cpp's pooling type 4), scoring a query and a
         document read together rather than embedding a text."""
