@@ -36,6 +36,7 @@ HELP = """\
 /set system TEXT the system prompt from the next message (/set think, /set nothink as /think)
 /set verbose     each reply's timings as Ollama's --verbose prints them (/set quiet: none)
 /image FILE      an image for the next message (with --mmproj); a path in a message (./cat.png) is one too
+/audio FILE      an audio file (WAV, MP3, FLAC) for the next message, where the projector hears; a path too
 /save FILE       write the conversation to FILE as JSON
 /load FILE       go on with a conversation saved by /save
 /exit, /bye      leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
@@ -48,10 +49,10 @@ OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
 
 
 # An image file named in a message, as Ollama finds one: a path from / ./ ../ or ~/, spaces in it escaped or the
-# whole quoted, ending in an image format's extension (of those llama.cpp reads)
-IMAGE_PATH = re.compile(r"""(?<!\S)(?:(?P<quote>['"])(?P<quoted>(?:~|\.{1,2})?/[^'"]*?\.(?:jpe?g|png|gif|bmp))(?P=quote)"""
-                        r"""|(?P<path>(?:~|\.{1,2})?/(?:\\ |\S)*?\.(?:jpe?g|png|gif|bmp)))(?=[\s,;:!?]|\.?$|\.\s)""",
-                        re.IGNORECASE)
+# whole quoted, ending in an image format's extension (of those llama.cpp reads), or an audio file's
+IMAGE_PATH = re.compile(r"""(?<!\S)(?:(?P<quote>['"])(?P<quoted>(?:~|\.{1,2})?/[^'"]*?\.(?:jpe?g|png|gif|bmp|wav|mp3|flac))"""
+                        r"""(?P=quote)|(?P<path>(?:~|\.{1,2})?/(?:\\ |\S)*?\.(?:jpe?g|png|gif|bmp|wav|mp3|flac)))"""
+                        r"""(?=[\s,;:!?]|\.?$|\.\s)""", re.IGNORECASE)
 
 
 def images_named(text: str) -> tuple[str, list[tuple[str, bytes]]]:
@@ -119,7 +120,7 @@ class Chat:
         """Answer one user message and return the answer; `show` sees the events as they come. Ctrl-C
         stops the answer, which stays in the conversation as far as it got. The images /image named, and those
         whose files the message names where the model reads images, go with it (console: where that is said)."""
-        if self.session.info.vision:  # (a serve's too, where the chat is answered by one)
+        if self.session.info.vision or self.session.info.audio:  # (a serve's too, where one answers the chat)
             text, named = images_named(text)
             for path, _ in named:
                 if console is not None:
@@ -154,8 +155,8 @@ class Chat:
             self._think(name == "think", console)
         elif name == "load":
             self._load(argument, console)
-        elif name == "image":
-            self._image(argument, console)
+        elif name in ("image", "audio"):
+            self._image(name, argument, console)
         elif name == "set":
             self._set(argument, console)
         elif name == "save":
@@ -173,12 +174,15 @@ class Chat:
             console.print(f"[red]unknown command /{tui.shown(name)}[/]; /help lists them")
         return True
 
-    def _image(self, argument: str, console) -> None:
+    def _image(self, kind: str, argument: str, console) -> None:
+        """/image FILE, /audio FILE (llama-mtmd-cli's): a file for the next message."""
         if not argument:
-            console.print("[red]usage: /image FILE[/]")
+            console.print(f"[red]usage: /{kind} FILE[/]")
             return
-        if not self.session.info.vision:
-            console.print("[red]this model reads no images: start it with its multimodal projector (--mmproj FILE)[/]")
+        info = self.session.info
+        if not (info.audio if kind == "audio" else info.vision):
+            console.print(f"[red]this model reads no {'audio' if kind == 'audio' else 'images'}: start it with its"
+                          " multimodal projector (--mmproj FILE)[/]")
             return
         path = Path(argument.strip("'\"")).expanduser()
         try:
@@ -186,7 +190,8 @@ class Chat:
         except OSError as error:
             console.print(f"[red]cannot read {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
             return
-        console.print(f"[dim]image {tui.shown(argument)} goes with the next message[/]")
+        console.print(f"[dim]{'audio' if kind == 'audio' else 'image'} {tui.shown(argument)} goes with the next"
+                      " message[/]")
 
     def _load(self, argument: str, console) -> None:
         if not argument:
@@ -288,7 +293,9 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
     console = tui.out
     if interactive:
         _enable_line_editing(history_file)
-        sees = " It reads images: /image FILE, or a path in a message." if chat.session.info.vision else ""
+        info = chat.session.info
+        sees = "".join(([" It reads images: /image FILE, or a path in a message."] if info.vision else [])
+                       + ([" It reads audio: /audio FILE, or a path in a message."] if info.audio else []))
         console.print(f"[dim]Chatting with {tui.shown(chat.session.info.target)}. /help for commands,"
                       f' """ for several lines, Ctrl-D to leave.{sees}[/]')
     while True:

@@ -11,7 +11,7 @@ from .chat_template import render, render_pieces
 from .config import Sampling, Thinking
 from .engine.grammar import from_json_schema, json_object
 from .engine.model import Model
-from .engine.vision import Vision, media_runs
+from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
 from .tool_calls import ToolFormat, Tools, constraint, tool_format, with_calls_written
@@ -289,9 +289,11 @@ class Prompts:
         """The tokens of the images the messages carry (their `images`), in order."""
         found = [image for message in messages for image in message.get("images") or ()]
         if found and self.vision is None:
-            raise UsageError("this model reads no images: load it with its multimodal projector (--mmproj FILE)",
+            kind = "audio" if all(map(is_audio, found)) else "images"
+            raise UsageError(f"this model reads no {kind}: load it with its multimodal projector (--mmproj FILE)",
                              setting="mmproj")
-        return [self.vision.image_tokens(image, f"image {number}") for number, image in enumerate(found, 1)]
+        return [self.vision.image_tokens(image, f"{'audio' if is_audio(image) else 'image'} {number}")
+                for number, image in enumerate(found, 1)]
 
     def refuse_what_cannot_fit(self, characters: int, messages: int = 1) -> None:
         """Refuse by arithmetic alone what no tokenizing could fit into the context, before any time goes

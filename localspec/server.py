@@ -296,7 +296,7 @@ class Server:
         # (a loaded model's: serve's --chat-template stands for the first one's own)
         template = loaded.session.prompts.template if loaded else info.chat_template
         return JSONResponse(ollama.show(info, template, store.made(name),
-                                        vision=loaded is not None and loaded.session.vision is not None))
+                                        vision=loaded is not None and loaded.session.info.vision))
 
     async def ollama_pull(self, request: Request, client: str | None) -> Response:
         """Download a model into the models directory (as `localspec pull`), on a thread of its own so that

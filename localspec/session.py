@@ -47,7 +47,8 @@ class Info:
     mtp: bool  # whether the target's own MTP layers draft
     n_ctx: int
     n_vocab: int
-    vision: bool = False  # whether it reads images (a projector was loaded)
+    vision: bool = False  # whether it reads images (a projector that sees was loaded)
+    audio: bool = False  # whether it reads audio (a projector that hears)
 
 
 @dataclass(frozen=True)
@@ -500,7 +501,7 @@ class Session:
         draft = self.drafting.costly.get(DrafterKind.DRAFT)
         return Info(self.target_model.path.name, draft.context.model.path.name if draft else None,
                     DrafterKind.MTP in self.drafting.costly, self.target.n_ctx, self.target_model.n_vocab,
-                    self.vision is not None)
+                    self.vision is not None and self.vision.sees, self.vision is not None and self.vision.hears)
 
     def model_files(self) -> tuple[Path, ...]:
         """The target's file, then the draft model's where one drafts."""

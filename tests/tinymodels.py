@@ -146,12 +146,13 @@ def write_tiny_model(path: Path, spec: TinySpec, tensors_per_part: int = 0) -> P
     return next(path.parent.glob(f"{path.stem}-00001-of-*.gguf")) if tensors_per_part else path
 
 
-def attention_writer(path: Path, architecture: str = "llama", rms_eps: float = 1e-5) -> gguf.GGUFWriter:
+def attention_writer(path: Path, architecture: str = "llama", rms_eps: float = 1e-5,
+                     context: int = CONTEXT) -> gguf.GGUFWriter:
     """A writer holding the hyperparameters of tiny_weights' attention layers (N_LAYER of them, N_EMBD wide, N_HEAD
     heads of N_EMBD // N_HEAD, F32), for an architecture that reads llama's tensors (and perhaps more)."""
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name(path.stem)
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(N_EMBD)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)

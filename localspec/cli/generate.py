@@ -133,9 +133,10 @@ def run(
         " edited): it drafts wherever the answer follows it, as OpenAI's Predicted Outputs; the answer is the"
         " same without it.", show_default=False)] = None,
     image_files: Annotated[Optional[list[Path]], typer.Option(
-        "--image", metavar="FILE", help="An image the prompt asks about (the model loaded with its --mmproj), before"
-        " the prompt's text; repeat for several. A path in the prompt (./photo.png) is read as one too, as Ollama"
-        " reads it.", show_default=False)] = None,
+        "--image", "--audio", metavar="FILE", help="An image (or audio file: WAV, MP3, FLAC, where the projector"
+        " hears) the prompt asks about (the model loaded with its --mmproj), before the prompt's text; repeat for"
+        " several. A path in the prompt (./photo.png, ./talk.wav) is read as one too, as Ollama reads it.",
+        show_default=False)] = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Then decode the same prompt plainly and show both side by side: time, tokens per target"
         " pass, whether the text is the same, and whether speculation paid here and why (not with -q).")] = False,

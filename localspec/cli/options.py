@@ -628,7 +628,7 @@ LLAMA_CPP_LACKS = {
                "--in-suffix", "--in-prefix-bos"),
     **_lacking("localspec never shifts the context, so no self-extend either", "-gan", "--grp-attn-n", "-gaw",
                "--grp-attn-w"),
-    **_lacking("localspec reads text and images (--image), not audio or video", "--audio", "--video"),
+    **_lacking("localspec reads text, images and audio (--image, --audio), not video", "--video"),
     **_lacking("the answer goes to stdout: redirect it (> FILE); --json for the statistics too", "--output-file"),
     **_lacking("--no-color writes plain text", "--simple-io"),
     **_lacking("serve logs a line a request to stderr; LOCALSPEC_DEBUG=1 adds llama.cpp's own log", "--log-disable",

@@ -1,4 +1,4 @@
-"""Images read by the target through its multimodal projector (llama.cpp's libmtmd, `--mmproj`).
+"""Images and audio read by the target through its multimodal projector (llama.cpp's libmtmd, `--mmproj`).
 
 A prompt's tokens hold an image as a run of ids below 0, which no vocabulary reaches: one block of ids an image,
 one id a position it takes, so that the token bookkeeping every cache does (a chat's earlier turns, a sequence's
@@ -8,6 +8,10 @@ a row a position, or, where the model places rows by M-RoPE (Qwen2-VL's family),
 positions libmtmd gives them, in fewer positions than rows. Any other context (a draft model's, which never saw
 the image) reads a stand-in token at each position, as llama.cpp's speculative drafting reads zero rows there. An
 image is encoded only when its rows are decoded: a turn that finds it cached costs no encoding.
+
+An audio file (WAV, MP3, FLAC) is read as an image is, by a projector with an audio encoder (Qwen2-Audio's, Ultravox's,
+Voxtral's, Gemma's): libmtmd makes a chunk of rows of each 30 seconds of it, one position a row (under M-RoPE all four
+of a row's positions the same), which its ids take one after another. Below, "image" stands for either.
 """
 
 import ctypes
@@ -16,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +47,12 @@ def row_of(token: int) -> int:
     return (-token - 1) % ROWS_PER_IMAGE
 
 
+def is_audio(data: bytes) -> bool:
+    """Whether the bytes are an audio file libmtmd decodes (WAV, MP3, FLAC), by its own test of their first bytes."""
+    return len(data) >= 12 and (data[:4] == b"RIFF" and data[8:12] == b"WAVE" or data[:3] == b"ID3"
+                                or data[0] == 0xFF and data[1] & 0xE0 == 0xE0 or data[:4] == b"fLaC")
+
+
 def media_runs(tokens: Sequence[int]) -> list[tuple[int, int, bool]]:
     """tokens as (start, end, is an image's) runs: text between images, each image's rows a run of its own."""
     runs, start = [], 0
@@ -62,11 +73,27 @@ def image_start(tokens: Sequence[int], n: int) -> int:
     return n
 
 
+class _Chunk(NamedTuple):
+    """One of libmtmd's chunks of rows of a file (an image, or 30 seconds of audio): where its ids and its rows start
+    among the file's, and how many (as many rows as positions but for an image under M-RoPE)."""
+
+    audio: bool
+    position: int
+    n_positions: int
+    row: int
+    n_rows: int
+
+
 class _Image:
-    def __init__(self, data: bytes, tokens: list[int], n_rows: int, n_positions: int):
-        self.data, self.tokens = data, tokens  # (the file's bytes: encoded again if its rows were let go)
-        self.n_rows, self.n_positions = n_rows, n_positions  # as many rows as positions but under M-RoPE
+    def __init__(self, data: bytes, tokens: list[int], chunks: list[_Chunk]):
+        self.data, self.tokens, self.chunks = data, tokens, chunks  # (its bytes: encoded again if its rows went)
+        self.n_positions = sum(chunk.n_positions for chunk in chunks)
         self.rows: np.ndarray | None = None
+
+    def covered(self, tokens: Sequence[int]) -> list[_Chunk]:
+        """The chunks a run of its ids reaches into."""
+        first, last = row_of(tokens[0]), row_of(tokens[-1])
+        return [chunk for chunk in self.chunks if chunk.position <= last and first < chunk.position + chunk.n_positions]
 
 
 class Vision:
@@ -90,9 +117,10 @@ class Vision:
             reason = recent_errors[-1] if recent_errors else "not a multimodal projector, or a damaged file?"
             raise ModelLoadError(f"llama.cpp could not load the multimodal projector {path} for {model.path.name}:"
                                  f" {reason}")
-        if not mtmd_cpp.mtmd_support_vision(self._ctx):
+        self.sees, self.hears = mtmd_cpp.mtmd_support_vision(self._ctx), mtmd_cpp.mtmd_support_audio(self._ctx)
+        if not (self.sees or self.hears):
             self.close()
-            raise UsageError(f"--mmproj {path}: it reads audio, which localspec does not read yet (images only)")
+            raise UsageError(f"--mmproj {path}: it reads neither images nor audio (a projector that writes audio?)")
         # its model places an image's rows by M-RoPE (Qwen2-VL's family): on a grid of fewer positions than rows
         self.mrope = mtmd_cpp.mtmd_decode_use_mrope(self._ctx)
         self._width = llama.llama_model_n_embd_inp(model.handle)  # (the rows' width: the text model's input)
@@ -102,8 +130,9 @@ class Vision:
         self.encodings = 0  # images encoded (a test counts what a cache saved)
 
     def image_tokens(self, data: bytes, which: str = "the image") -> list[int]:
-        """An image's tokens in a prompt: those the model writes around an image (Gemma 3's <start_of_image>)
-        and its positions' ids. InputError where it is no image llama.cpp decodes (PNG, JPEG, BMP, GIF, ...)."""
+        """An image's (or audio file's) tokens in a prompt: those the model writes around it (Gemma 3's
+        <start_of_image>, Qwen2-Audio's <|audio_bos|>) and its positions' ids. InputError where it is no image or
+        audio llama.cpp decodes (PNG, JPEG, BMP, GIF, ...; WAV, MP3, FLAC), or one the projector does not read."""
         key = hashlib.sha256(data).hexdigest()
         number = self._ids.get(key)
         if number is not None and number in self._images:
@@ -113,17 +142,19 @@ class Vision:
             if len(self._ids) >= IMAGES:
                 raise InputError("this process has read as many images as it can name: restart it")
             number = self._ids[key] = len(self._ids)
-        tokens, n_rows, n_positions = [], 0, 0
+        tokens, chunks, position, row = [], [], 0, 0
         for kind, content, positions in self._chunks(data, which):
             if kind == "text":
                 tokens += content
                 continue
-            if positions > ROWS_PER_IMAGE or positions != content and not self.mrope:
-                raise InputError(f"{which} takes {content} rows at {positions} positions, which localspec does not"
-                                 f" read (at most {ROWS_PER_IMAGE}, one position a row but under M-RoPE)")
-            tokens += [-(1 + number * ROWS_PER_IMAGE + position) for position in range(positions)]
-            n_rows, n_positions = content, positions
-        self._images[number] = _Image(bytes(data), tokens, n_rows, n_positions)
+            if position + positions > ROWS_PER_IMAGE or positions != content and not self.mrope:
+                raise InputError(f"{which} takes {row + content} rows at {position + positions} positions, which"
+                                 f" localspec does not read (at most {ROWS_PER_IMAGE}, one position a row but for"
+                                 " an image under M-RoPE)")
+            tokens += [-(1 + number * ROWS_PER_IMAGE + p) for p in range(position, position + positions)]
+            chunks.append(_Chunk(kind == "audio", position, positions, row, content))
+            position, row = position + positions, row + content
+        self._images[number] = _Image(bytes(data), tokens, chunks)
         while len(self._images) > KEPT_IMAGES:  # (the least recently used: a cache holding it read it long ago)
             self._images.popitem(last=False)
         return tokens
@@ -135,8 +166,8 @@ class Vision:
         return image is not None and row_of(token) < image.n_positions
 
     def rows(self, tokens: Sequence[int]) -> np.ndarray:
-        """The embedding rows of one image's ids (a run of media_runs; under M-RoPE all of them, and then every row),
-        encoding the image where its rows are not kept."""
+        """The embedding rows of one image's ids (a run of media_runs; under M-RoPE whole chunks of them, and then
+        every row of those), encoding the image where its rows are not kept."""
         image = self._image(tokens)
         if image.rows is None:
             image.rows = self._encode(image.data)
@@ -145,34 +176,38 @@ class Vision:
             for old in encoded[: max(0, len(encoded) - KEPT_ENCODED)]:
                 old.rows = None
         if self.mrope:
-            return image.rows
-        first = row_of(tokens[0])
+            covered = image.covered(tokens)
+            return image.rows[covered[0].row : covered[-1].row + covered[-1].n_rows]
+        first = row_of(tokens[0])  # (rows and positions one to one)
         return image.rows[first : first + len(tokens)]
 
     def positions(self, tokens: Sequence[int], start: int) -> np.ndarray:
-        """Under M-RoPE, the positions of an image's rows (all of its ids given) where its first position is start:
-        four a row, section-major (the row's t, y, x and z, llama_batch's layout of an embedding batch's), as
-        libmtmd's helper places them."""
-        mtmd = self._mtmd
-        with self._tokenized(self._image(tokens).data, "an image") as chunks:
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+        """Under M-RoPE, the positions of the rows of an image's ids (whole chunks of them) where the first is at
+        start: four a row, section-major (the row's t, y, x and z, llama_batch's layout of an embedding batch's), as
+        libmtmd's helper places them (audio's rows at one position each, the same in all four)."""
+        mtmd, image = self._mtmd, self._image(tokens)
+        covered, first, placed = image.covered(tokens), row_of(tokens[0]), []
+        with self._tokenized(image.data, "an image") as chunks:
+            for kept, chunk in zip(image.chunks, self._media_chunks(chunks), strict=True):
+                if kept not in covered:
                     continue
-                image = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
-                found = [mtmd.mtmd_image_tokens_get_decoder_pos(image, start, row)
-                         for row in range(mtmd.mtmd_image_tokens_get_n_tokens(image))]
-                return np.array([[p.t for p in found], [p.y for p in found], [p.x for p in found],
-                                 [p.z for p in found]], dtype=np.int32)
-        raise InputError("an image of this prompt gave no image rows")
+                at = start + kept.position - first
+                if kept.audio:
+                    placed.append(np.tile(np.arange(at, at + kept.n_rows, dtype=np.int32), (4, 1)))
+                    continue
+                grid = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
+                found = [mtmd.mtmd_image_tokens_get_decoder_pos(grid, at, row) for row in range(kept.n_rows)]
+                placed.append(np.array([[p.t for p in found], [p.y for p in found], [p.x for p in found],
+                                        [p.z for p in found]], dtype=np.int32))
+        return np.concatenate(placed, axis=1)
 
     def extra_cells(self, tokens: Sequence[int]) -> int:
         """The cells a cache holding these tokens needs beyond one a token: under M-RoPE, an image takes a cell a row
         at fewer positions."""
         if not self.mrope:
             return 0
-        return sum(self._image(tokens[start:end]).n_rows - (end - start)
-                   for start, end, image in media_runs(tokens) if image)
+        return sum(chunk.n_rows - chunk.n_positions for start, end, image in media_runs(tokens) if image
+                   for chunk in self._image(tokens[start:end]).covered(tokens[start:end]))
 
     def _image(self, tokens: Sequence[int]) -> _Image:
         image = self._images.get(image_of(tokens[0]))
@@ -187,43 +222,58 @@ class Vision:
             self._ctx = None
 
     def _chunks(self, data: bytes, which: str):
-        """The chunks libmtmd makes of an image alone: ("text", tokens, n) and ("image", rows, positions)."""
+        """The chunks libmtmd makes of an image alone: ("text", tokens, n), ("image" or "audio", rows, positions)."""
         mtmd = self._mtmd
         with self._tokenized(data, which) as chunks:
             for i in range(mtmd.mtmd_input_chunks_size(chunks)):
                 chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                kind = mtmd.mtmd_input_chunk_get_type(chunk)
+                if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                     count = ctypes.c_size_t()
                     ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
                     yield "text", [ids[j] for j in range(count.value)], count.value
                 else:
                     self.non_causal = self.non_causal or mtmd.mtmd_decode_use_non_causal(self._ctx, chunk)
-                    yield ("image", mtmd.mtmd_input_chunk_get_n_tokens(chunk),
-                           mtmd.mtmd_input_chunk_get_n_pos(chunk))
+                    yield ("audio" if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO else "image",
+                           mtmd.mtmd_input_chunk_get_n_tokens(chunk), mtmd.mtmd_input_chunk_get_n_pos(chunk))
+
+    def _media_chunks(self, chunks):
+        mtmd = self._mtmd
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                yield chunk
 
     def _encode(self, data: bytes) -> np.ndarray:
-        mtmd = self._mtmd
+        """Every row of an image's chunks, in order."""
+        mtmd, encoded = self._mtmd, []
         with self._tokenized(data, "an image") as chunks:
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    continue
+            for chunk in self._media_chunks(chunks):
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 if mtmd.mtmd_encode_chunk(self._ctx, chunk) != 0:
                     raise InputError(f"llama.cpp could not encode an image with {self.path.name}")
                 width = self._width
-                return np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(self._ctx),
-                                             shape=(n * width,)).reshape(n, width).copy()
-        raise InputError("an image of this prompt gave no image rows")
+                encoded.append(np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(self._ctx),
+                                                     shape=(n * width,)).reshape(n, width).copy())
+        if not encoded:
+            raise InputError("an image of this prompt gave no image rows")
+        return np.concatenate(encoded)
 
     @contextmanager
     def _tokenized(self, data: bytes, which: str):
         """libmtmd's chunks of an image alone, freed on leaving."""
         mtmd = self._mtmd
+        audio = is_audio(data)
+        if audio and not self.hears or not audio and data and not self.sees:
+            raise InputError(f"{which} is {'audio' if audio else 'an image'}, which {self.path.name} does not read (it"
+                             f" reads {'images' if audio else 'audio'}: a model that reads both has a projector for"
+                             " each)")
         buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data) if data else None
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._ctx, buffer, len(data), False) if data else None
         if not bitmap:
-            raise InputError(f"{which} is not an image llama.cpp reads (PNG, JPEG, BMP, GIF, PSD, TGA, HDR, PNM)")
+            kinds = (["an image llama.cpp reads (PNG, JPEG, BMP, GIF, PSD, TGA, HDR, PNM)"] if self.sees else []) + (
+                ["audio llama.cpp decodes (WAV, MP3, FLAC)"] if self.hears else [])
+            raise InputError(f"{which} is not {' or '.join(kinds)}")
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             part = mtmd.mtmd_input_part(None, bitmap)

@@ -260,7 +260,7 @@ def props(session: Session, defaults: Defaults, slots: int) -> dict:
                                             "speculative": session.can_speculate, "is_processing": False,
                                             "params": params},
             "total_slots": slots, "model_path": str(session.model_files()[0]), "chat_template": session.prompts.template,
-            "modalities": {"vision": session.vision is not None, "audio": False}, "media_marker": MEDIA_MARKER,
+            "modalities": {"vision": session.info.vision, "audio": session.info.audio}, "media_marker": MEDIA_MARKER,
             "build_info": BUILD_INFO, "is_sleeping": False}
 
 

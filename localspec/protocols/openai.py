@@ -56,11 +56,17 @@ class ImageURL(_Typed):
     detail: str | None = None  # (OpenAI's resolution hint: a projector reads every image at its own)
 
 
+class InputAudio(_Typed):
+    data: str  # base64
+    format: str  # wav or mp3 (OpenAI's), flac (libmtmd decodes it too)
+
+
 class ContentPart(_Typed):
     # typed like every other field: a part's type compared as a set member must be a string
     type: str
     text: str | None = None
     image_url: ImageURL | str | None = None
+    input_audio: InputAudio | None = None
 
 
 class Prediction(_Typed):
@@ -309,15 +315,34 @@ def _arguments(text: str, where: str) -> dict:
 
 
 def _text_and_images(content: list[ContentPart], where: str) -> tuple[str, list[bytes]]:
-    """A message's parts as its text, by lines, each image_url part an IMAGE_MARKER where it stands, and the
-    images' bytes in order."""
+    """A message's parts as its text, by lines, each image_url or input_audio part an IMAGE_MARKER where it stands,
+    and the images' and audio files' bytes in order."""
     kinds = {part.type for part in content}
-    if kinds - {"text", "image_url"} or any(part.text is None for part in content if part.type == "text"):
-        raise ApiError(400, f"{where}: only text and image_url parts are supported, got {sorted(kinds)}", param=where)
-    images = [image_bytes(part.image_url.url if isinstance(part.image_url, ImageURL) else part.image_url,
-                          f"{where}.{index}.image_url")
-              for index, part in enumerate(content) if part.type == "image_url"]
-    return "\n".join(IMAGE_MARKER if part.type == "image_url" else part.text for part in content), images
+    if kinds - {"text", *MEDIA_PARTS} or any(part.text is None for part in content if part.type == "text"):
+        raise ApiError(400, f"{where}: only text, image_url and input_audio parts are supported, got {sorted(kinds)}",
+                       param=where)
+    media = [_media(part, f"{where}.{index}") for index, part in enumerate(content) if part.type in MEDIA_PARTS]
+    return "\n".join(IMAGE_MARKER if part.type in MEDIA_PARTS else part.text for part in content), media
+
+
+MEDIA_PARTS = ("image_url", "input_audio")
+AUDIO_FORMATS = ("wav", "mp3", "flac")
+
+
+def _media(part: ContentPart, where: str) -> bytes:
+    if part.type == "image_url":
+        url = part.image_url.url if isinstance(part.image_url, ImageURL) else part.image_url
+        return image_bytes(url, f"{where}.image_url")
+    if part.input_audio is None:
+        raise ApiError(400, f"{where}.input_audio: an input_audio part carries {{\"data\", \"format\"}}",
+                       param=f"{where}.input_audio")
+    if part.input_audio.format not in AUDIO_FORMATS:
+        raise ApiError(400, f"{where}.input_audio.format: one of {', '.join(AUDIO_FORMATS)}, got"
+                       f" {part.input_audio.format!r}", param=f"{where}.input_audio.format")
+    if not part.input_audio.data or part.input_audio.data.startswith(("http://", "https://", "data:")):
+        raise ApiError(400, f"{where}.input_audio.data: the audio file's bytes in base64 (not a URL)",
+                       param=f"{where}.input_audio.data")
+    return image_bytes(part.input_audio.data, f"{where}.input_audio.data")
 
 
 def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:
