@@ -64,6 +64,25 @@ def test_the_prompt_and_its_answer_are_those_llama_cpps_own_multimodal_helpers_m
     assert list(answer) == reference and np.allclose(logprobs, their_logprobs, atol=1e-3), (logprobs, their_logprobs)
 
 
+def test_audio_over_30_seconds_is_chunks_read_one_after_another_as_libmtmd_reads_them(pair):
+    """libmtmd cuts 31 seconds into two chunks of rows (its last second, an incomplete chunk, dropped): their ids run
+    on, both are encoded, and the answer is libmtmd's (before, each chunk's ids began again at 0 and only the first
+    chunk was encoded)."""
+    long = wav(3, seconds=31)
+    with opened(pair) as session:
+        listen = [{"role": "user", "content": "listen", "images": [long]}]
+        tokens = session.prepare(Request(messages=listen)).tokens
+        assert len(set(t for t in tokens if t < 0)) == 2 * AUDIO_ROWS
+        events = session.generate(Request(Sampling(temperature=0, logprobs=0), Limits(6), messages=listen))
+        answer, logprobs = zip(*[(e.id, e.logprobs.chosen.logprob) for e in events if isinstance(e, Token)])
+        text = render(session.prompts.template, [{"role": "user", "content": MEDIA_MARKER + "listen"}], "", "")
+    # (read in the session's batches: 1,500 rows summed in other groupings part by up to 2e-3)
+    layout, reference, their_logprobs = libmtmd_greedy(pair["text"], pair["mmproj"], text, long, 6, n_ctx=CONTEXT,
+                                                       n_batch=Runtime().prompt_batch, last_alone=True)
+    assert [part for part in layout if isinstance(part, tuple)] == [("audio", AUDIO_ROWS)] * 2
+    assert list(answer) == reference and np.allclose(logprobs, their_logprobs, atol=1e-3), (logprobs, their_logprobs)
+
+
 def test_audio_is_read_and_every_drafter_keeps_the_targets_text(pair):
     with opened(pair) as session:
         hum = heard(session, HUM)
