@@ -264,3 +264,41 @@ def test_serves_page_takes_an_image_for_a_model_that_reads_them(tiny, tmp_path):
     finally:
         page.close()
         assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
+def test_serves_page_takes_audio_for_a_model_that_hears(tmp_path):
+    """A model whose projector hears (Qwen2-Audio's): the page's button says Audio… and takes audio files, each shown
+    as a player, and the reply is the one the library gives for that sound."""
+    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+    from localspec.session import Session
+    from tinyaudio import CONTEXT, wav, write_tiny_audio_text, write_tiny_qwen2a_mmproj
+
+    assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
+    model, projector = write_tiny_audio_text(tmp_path / "text.gguf"), write_tiny_qwen2a_mmproj(tmp_path / "mmproj.gguf")
+    sound = tmp_path / "hum.wav"
+    sound.write_bytes(wav(1))
+    with Session(model, None, Runtime(ctx_size=CONTEXT, mmproj=str(projector)),
+                 Speculation(drafting=DrafterKind.PLAIN)) as session:
+        expected = session.chat(sampling=Sampling(temperature=0), limits=Limits(12)).send(
+            "what is it", [sound.read_bytes()]).text
+    server = ServerProcess(tmp_path / "home", model, "--mmproj", projector, "--temp", "0", "-c", str(CONTEXT),
+                           "-n", "12", "--no-draft")
+    page = DevTools(server.base + "/", tmp_path / "profile")
+    try:
+        page.wait_for("getComputedStyle(document.getElementById('attach')).display !== 'none'")
+        assert page.value("document.getElementById('attach').textContent") == "Audio…"
+        assert page.value("document.getElementById('pick').accept") == "audio/*"
+        picker = page.call("DOM.querySelector", nodeId=page.call("DOM.getDocument")["root"]["nodeId"], selector="#pick")
+        page.call("DOM.setFileInputFiles", files=[str(sound)], nodeId=picker["nodeId"])
+        page.wait_for("document.querySelectorAll('#pending audio').length === 1")
+        page.value("document.getElementById('prompt').value = 'what is it';"
+                   "document.getElementById('ask').requestSubmit()")
+        page.wait_for("document.querySelector('.reply .line') !== null")
+        assert page.value("document.querySelectorAll('.user audio').length") == 1
+        assert page.value("document.querySelectorAll('#pending audio').length") == 0
+        shown = page.value("Array.from(document.querySelectorAll('.reply .tok')).map(t => t.textContent).join('')")
+        assert shown == expected
+        assert "Traceback" not in server.log()
+    finally:
+        page.close()
+        assert server.stop(signal.SIGTERM) == 0, server.log()
