@@ -92,6 +92,8 @@ class Server:
             ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
             ("/metrics", "GET", OPENAI, self.metrics, True),
             ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
+            ("/embedding", "POST", LLAMA_SERVER, self.llama_embeddings, True),
+            ("/embeddings", "POST", LLAMA_SERVER, self.llama_embeddings, True),
             ("/v1/rerank", "POST", LLAMA_SERVER, self.rerank, True),
             ("/v1/reranking", "POST", LLAMA_SERVER, self.rerank, True),
             ("/v2/rerank", "POST", LLAMA_SERVER, self.rerank, True),  # (Cohere's client, v2)
@@ -201,9 +203,18 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         asked = openai.parse_embeddings(body, served.session.target_model.n_embd)
-        job = await self._done(Embedding(openai.inputs_of(asked), client), client, served, request, "input")
+        job = await self._done(Embedding(openai.inputs_of(asked), client, norm=asked.embd_normalize), client, served,
+                               request, "input")
         return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                   asked.encoding_format))
+
+    async def llama_embeddings(self, request: Request, client: str | None) -> Response:
+        """llama-server's own /embedding (and /embeddings): `content`, each vector in a list of its own."""
+        body = await self._body(request)
+        inputs, norm = llama_server.parse_embedding(body)
+        served = await self._model(body.get("model"))
+        job = await self._done(Embedding(inputs, client, norm=norm), client, served, request, "content")
+        return JSONResponse(llama_server.embedded(job.embeddings))
 
     async def rerank(self, request: Request, client: str | None) -> Response:
         """llama-server's reranking (Jina's, Cohere's and TEI's request shapes): documents scored against a query by

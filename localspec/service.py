@@ -10,6 +10,7 @@ sequence whose cache shares most of its prompt. The counters /metrics shows are 
 each request's events, in total and per sequence.
 """
 
+import functools
 import math
 import queue
 import threading
@@ -63,6 +64,7 @@ class Embedding:
     client: str | None = None
     query: str | None = None
     most_document_tokens: int | None = None  # a ranking's documents are cut to this many tokens each
+    norm: int = 2  # how each vector is normalized (Session.embed)
 
 
 @dataclass(frozen=True)
@@ -296,7 +298,7 @@ class Service:
             job.embedding_inputs = (session.prompts.embedding_inputs(asked.inputs) if asked.query is None else
                                     session.ranking_inputs(asked.query, asked.inputs, asked.most_document_tokens))
             job.embedded_tokens = sum(map(len, job.embedding_inputs))
-        pooled = session.embed if asked.query is None else session.relevance
+        pooled = functools.partial(session.embed, norm=asked.norm) if asked.query is None else session.relevance
         until = perf_counter() + EMBEDDING_SLICE
         while len(job.embeddings) < len(job.embedding_inputs) and not (job.cancelled or self._closing):
             job.embeddings.append(pooled(job.embedding_inputs[len(job.embeddings)]))

@@ -16,7 +16,7 @@ from .drafting import Drafters, speculating
 from .engine import prompt_cache, rpc
 from .engine.adapters import steer
 from .engine.backend import Context
-from .engine.embedder import Embedder
+from .engine.embedder import Embedder, normalized
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate, scored
 from .engine.together import alone
@@ -419,13 +419,14 @@ class Session:
             steer(context, *self._steering)
         return context
 
-    def embed(self, tokens: list[int]) -> list[float]:
+    def embed(self, tokens: list[int], norm: int = 2) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
-        (an embedding context of the session's size is made at the first call)."""
+        (an embedding context of the session's size is made at the first call), normalized as norm says (-1 not,
+        0 max-abs to int16's range, 2 unit length, p unit p-norm: llama-server's embd_normalize)."""
         if self.ranks:
             raise InputError(f"{self.target_info.path.name} is a reranker (rank pooling): it scores documents"
                              " against a query (serve's /v1/rerank) and gives no embedding")
-        return self._pooled(tokens).tolist()
+        return normalized(self._pooled(tokens), norm).tolist()
 
     def relevance(self, tokens: list[int]) -> float:
         """A reranker's relevance score for one of ranking_inputs' query-document pairs, as llama.cpp computes it

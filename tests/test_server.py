@@ -665,6 +665,35 @@ def test_embeddings_give_one_unit_vector_an_input_through_the_openai_client(serv
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
 
+def test_llama_servers_own_embedding_route_and_its_normalizations(server):
+    """/embedding (and /embeddings): `content`, each vector in a list of its own, as llama-server answers; its
+    embd_normalize (on /v1/embeddings too) scales as common_embd_normalize: -1 raw, 0 max-abs to 32760, 2 unit
+    length, p unit p-norm."""
+    unit = np.array(server.client().embeddings.create(model="tiny", input="the cat").data[0].embedding)
+
+    def native(path: str = "/embedding", **body) -> np.ndarray:
+        answer = httpx.post(server.base + path, json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        [[vector]] = [item["embedding"] for item in answer.json()]
+        return np.array(vector)
+
+    assert np.allclose(native(content="the cat"), unit, atol=1e-6)
+    assert np.allclose(native("/embeddings", input="the cat"), unit, atol=1e-6)
+    raw = native(content="the cat", embd_normalize=-1)
+    assert np.allclose(raw / np.linalg.norm(raw), unit, atol=1e-6) and abs(np.linalg.norm(raw) - 1) > 1e-3
+    assert np.isclose(np.abs(native(content="the cat", embd_normalize=0)).max(), 32760, atol=1e-2)
+    assert np.isclose(np.sum(np.abs(native(content="the cat", embd_normalize=1))), 1, atol=1e-6)
+    several = httpx.post(server.base + "/embedding", json={"content": ["the cat", "the dog"]}, timeout=60).json()
+    assert [item["index"] for item in several] == [0, 1]
+    openais = httpx.post(server.url + "/embeddings", json={"input": "the cat", "encoding_format": "float",
+                                                          "embd_normalize": -1}, timeout=60).json()
+    assert np.allclose(openais["data"][0]["embedding"], raw, atol=1e-5)
+    for body, said in [({}, '"input" or "content" must be provided'), ({"content": ""}, "an input to embed is empty"),
+                       ({"content": "x", "embd_normalize": -2}, "embd_normalize")]:
+        refused = httpx.post(server.base + "/embedding", json=body, timeout=60)
+        assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text
+
+
 @pytest.mark.parametrize("body, message", [
     ({"input": ""}, "an input to embed is empty"),
     ({"input": ["a", ""]}, "an input to embed is empty"),

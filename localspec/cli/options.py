@@ -603,7 +603,8 @@ LLAMA_CPP_LACKS = {
                " return_progress)", "--sse-ping-interval"),
     **_lacking("/infill lays its prompt out prefix first, as llama-server does by default", "--spm-infill"),
     **_lacking("adaptive-p sampling is not in localspec's chain", "--adaptive-target", "--adaptive-decay"),
-    **_lacking("serve's /v1/embeddings normalizes each vector, as llama-server does by default", "--embd-normalize"),
+    **_lacking("serve normalizes each vector to unit length, as llama-server does by default; a request's"
+               " embd_normalize asks otherwise", "--embd-normalize"),
     **_lacking("what of earlier thinking a conversation keeps is its chat template's to decide (clients send it"
                " back as reasoning_content)", "--reasoning-preserve", "--no-reasoning-preserve"),
     **_lacking("a thinking budget closes the block without a message (--reasoning-budget)",

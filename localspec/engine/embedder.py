@@ -10,11 +10,23 @@ from .library import llama
 from .model import Model
 
 
+def normalized(vector: np.ndarray, norm: int = 2) -> np.ndarray:
+    """A vector scaled as llama.cpp's common_embd_normalize scales one (llama-server's embd_normalize): -1 not at all,
+    0 so that its largest magnitude is 32760 (int16's range), 2 to unit length (the default), p to unit p-norm."""
+    if norm == -1:
+        total = 1.0
+    elif norm == 0:
+        total = np.abs(vector).max(initial=0.0) / 32760.0
+    else:
+        total = np.sum(np.abs(vector) ** norm) ** (1.0 / norm)
+    return vector / total if total > 0 else np.zeros_like(vector)
+
+
 class Embedder:
     """A context of a model that reads each input whole and hands back one vector for it (embeddings),
     pooled as the model's metadata says; a model that names no pooling (a generative one) is pooled by
-    the mean over its tokens. Vectors are L2-normalised, as llama-server's are. A reranker (rank pooling)
-    hands back its classifier's outputs instead, as llama.cpp computes them: the first is the score."""
+    the mean over its tokens (normalized() then scales it). A reranker (rank pooling) hands back its classifier's
+    outputs instead, as llama.cpp computes them: the first is the score."""
 
     def __init__(self, model: Model, n_ctx: int, threads: int, pooling: str | None = None):
         """pooling: one of POOLINGS over the model's own (None: its own)."""
@@ -64,11 +76,7 @@ class Embedder:
         pointer = llama.llama_get_embeddings_seq(self._ctx, 0)
         if not pointer:
             raise EngineError(f"{self.model.path.name} gives no pooled embedding")
-        vector = np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
-        if self.ranks:
-            return vector
-        norm = np.linalg.norm(vector)
-        return vector / norm if norm > 0 else vector
+        return np.ctypeslib.as_array(pointer, shape=(self.width,)).astype(np.float64)
 
     def close(self) -> None:
         if self._ctx:

@@ -329,6 +329,31 @@ def slot_acted(action: str, sequence: int, filename: str | None, tokens: int, si
             "timings": {f"{action}_ms": round(seconds * 1000, 3)}}
 
 
+class EmbeddingBody(_Typed):
+    model: str | None = None
+    content: str | list[str] | list[int] | list[list[int]] | None = None
+    input: str | list[str] | list[int] | list[list[int]] | None = None  # (its other spelling)
+    embd_normalize: int = Field(2, ge=-1)  # -1 none, 0 max-abs (int16), 2 unit length, p p-norm
+
+
+def parse_embedding(body: dict) -> tuple[list, int]:
+    """/embedding's inputs (texts or token id lists, one each) and how to normalize their vectors."""
+    asked = validated_body(EmbeddingBody, body)
+    given = asked.content if asked.content is not None else asked.input
+    if given is None:
+        raise ApiError(400, '"input" or "content" must be provided', param="content")
+    inputs = [given] if isinstance(given, str) or given and isinstance(given[0], int) else list(given)
+    if not inputs or any(item in ("", []) for item in inputs):
+        raise ApiError(400, "content: an input to embed is empty", param="content")
+    return checked_count(inputs, "content"), asked.embd_normalize
+
+
+def embedded(vectors: list[list[float]]) -> list[dict]:
+    """/embedding's answer, llama-server's own (not OpenAI's): each input's vector in a list of its own (a
+    pooled model's one; llama-server's --pooling none, not served here, gives one a token)."""
+    return [{"index": index, "embedding": [vector]} for index, vector in enumerate(vectors)]
+
+
 class RerankBody(_Typed):
     model: str | None = None
     query: str

@@ -169,6 +169,7 @@ class EmbeddingRequest(_Typed):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    embd_normalize: int = Field(2, ge=-1)  # llama-server's: -1 none, 0 max-abs (int16), 2 unit length, p p-norm
 
 
 def parse_embeddings(body: dict, n_embd: int) -> EmbeddingRequest:
