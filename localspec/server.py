@@ -9,6 +9,8 @@ the route's one boundary, never a traceback, and the server goes on serving.
 
 import asyncio
 import contextlib
+import email.parser
+import email.policy
 import functools
 import hashlib
 import hmac
@@ -64,7 +66,7 @@ FILES_FOR_OTHER_USES = 64  # of the open-file limit, kept from connections: mode
 
 # routes llama-server answers with and without /v1 (its /completions is its own completion, not /v1's)
 WITHOUT_V1 = ("/v1/models", "/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/responses",
-              "/v1/responses/input_tokens", "/v1/rerank", "/v1/reranking")
+              "/v1/responses/input_tokens", "/v1/rerank", "/v1/reranking", "/v1/audio/transcriptions")
 
 
 class Server:
@@ -92,6 +94,7 @@ class Server:
             ("/v1/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False), True),
             ("/metrics", "GET", OPENAI, self.metrics, True),
             ("/v1/embeddings", "POST", OPENAI, self.embeddings, True),
+            ("/v1/audio/transcriptions", "POST", OPENAI, self.transcriptions, True),
             ("/embedding", "POST", LLAMA_SERVER, self.llama_embeddings, True),
             ("/embeddings", "POST", LLAMA_SERVER, self.llama_embeddings, True),
             ("/v1/rerank", "POST", LLAMA_SERVER, self.rerank, True),
@@ -481,6 +484,18 @@ class Server:
         return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(parsed, served), parsed),
                                    served)
 
+    async def transcriptions(self, request: Request, client: str | None) -> Response:
+        """OpenAI's speech to text (its client's audio.transcriptions), as llama-server answers it: the audio file
+        asked of the model as a chat, "Transcribe audio to text"."""
+        fields, audio = _form(await self._bytes(request), request.headers.get("content-type", ""))
+        served = await self._model(fields.get("model"))
+        if not served.session.info.audio:
+            raise ApiError(400, f"the model {served.name!r} reads no audio: serve it with a projector that hears"
+                           " (--mmproj)", param="file")
+        body = openai.transcription_chat(fields, audio, served.session.prompts.template)
+        parsed = await self._parse(body, True, OPENAI, served)
+        return await self._respond(request, client, parsed, openai.Transcript(True, served.name), served)
+
     async def responses_create(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         served = await self._model(body.get("model"))
@@ -737,6 +752,18 @@ class Server:
         return replace(parsed, request=replace(asked, messages=kept))
 
     async def _body(self, request: Request, array: bool = False) -> dict | list:
+        data = await self._bytes(request)
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
+            raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+        if not isinstance(body, list if array else dict):
+            raise ApiError(400, f"the request body must be a JSON {'array' if array else 'object'}",
+                           code="invalid_json")
+        return body
+
+    async def _bytes(self, request: Request) -> bytearray:
+        """The request's body, at most --max-body bytes (413) arriving within --timeout (408)."""
         limit = self.serving.max_body
         too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
         length = request.headers.get("content-length", "")
@@ -753,14 +780,7 @@ class Server:
         except TimeoutError:
             raise ApiError(408, f"the request body did not arrive within {self.serving.timeout:g} s (--timeout)",
                            code="request_timeout", headers={"Connection": "close"}) from None
-        try:
-            body = json.loads(data)
-        except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
-            raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
-        if not isinstance(body, list if array else dict):
-            raise ApiError(400, f"the request body must be a JSON {'array' if array else 'object'}",
-                           code="invalid_json")
-        return body
+        return data
 
     async def _respond(self, request: Request, client: str | None, parsed: Parsed, answering: Answering,
                        served: Served) -> Response:
@@ -1264,6 +1284,27 @@ def _makes_the_response(item, stream: bool) -> bool:
     if isinstance(item, LocalspecError) or item is FINISHED:
         return True
     return stream and isinstance(item, Done | Token)
+
+
+def _form(data: bytes, content_type: str) -> tuple[dict[str, str], bytes | None]:
+    """A multipart/form-data body's text fields and its "file" part's bytes (read with the standard library's MIME
+    parser); a 400 where it is none."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise ApiError(400, "the request body must be multipart/form-data (the audio file as \"file\")",
+                       code="invalid_request")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + bytes(data))
+    if not message.is_multipart():
+        raise ApiError(400, "the multipart body could not be read", code="invalid_request")
+    fields, audio = {}, None
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        if name == "file":
+            audio = payload
+        elif name:
+            fields[name] = payload.decode("utf-8", errors="replace")
+    return fields, audio
 
 
 def _answered_as(parsed: Parsed, served: Served) -> str:

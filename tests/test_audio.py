@@ -14,7 +14,7 @@ from localspec.engine.vision import media_runs
 from localspec.errors import InputError, UsageError
 from localspec.events import Token
 from localspec.prompts import MEDIA_MARKER
-from localspec.request import Request
+from localspec.request import IMAGE_MARKER, Request
 from localspec.session import Session
 
 from test_vision import libmtmd_greedy
@@ -148,6 +148,25 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
 
         hum = asked({"data": base64.b64encode(HUM).decode(), "format": "wav"})
         assert hum == expected != asked({"data": base64.b64encode(BUZZ).decode(), "format": "wav"})
+        # OpenAI's speech to text, as llama-server answers it: the file asked of the model as a chat
+        with opened(pair) as session:
+            transcribed = session.chat(sampling=Sampling(temperature=0), limits=Limits(16)).send(
+                f"Transcribe audio to text (language: en)\n{IMAGE_MARKER}", [HUM]).text
+        sound = tmp_path / "hum.wav"
+        sound.write_bytes(HUM)
+        with open(sound, "rb") as file:
+            transcript = client.audio.transcriptions.create(model="whisper-1", file=file, language="en",
+                                                            extra_body={"max_tokens": 16, "temperature": 0})
+        assert transcript.text == transcribed and transcript.usage.input_tokens > AUDIO_ROWS
+        with open(sound, "rb") as file:
+            events = list(client.audio.transcriptions.create(model="whisper-1", file=file, language="en", stream=True,
+                                                             extra_body={"max_tokens": 16, "temperature": 0}))
+        assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == transcribed
+        assert events[-1].type == "transcript.text.done" and events[-1].text == transcribed
+        with open(sound, "rb") as file:
+            refused = httpx.post(server.url + "/audio/transcriptions", timeout=60, files={"file": file},
+                                 data={"response_format": "srt"})
+        assert refused.status_code == 400 and "only json" in refused.json()["error"]["message"], refused.text
         props = httpx.get(server.base + "/props", timeout=30).json()
         assert props["modalities"] == {"vision": False, "audio": True}
         assert httpx.get(server.base + "/localspec/v1/info", timeout=30).json()["audio"] is True

@@ -332,6 +332,8 @@ def test_serve_reads_images_from_openais_parts_ollamas_images_and_a_url(served, 
     refused = httpx.post(served.base + "/completion", timeout=60, json={
         "prompt": {"prompt_string": prompt, "multimodal_data": []}, "n_predict": 4})
     assert refused.status_code == 400 and "places 1 images (<__media__>) but carries 0" in refused.text
+    deaf = httpx.post(served.url + "/audio/transcriptions", files={"file": ("a.wav", b"RIFF")}, timeout=60)
+    assert deaf.status_code == 400 and "reads no audio" in deaf.json()["error"]["message"], deaf.text
     assert "Traceback" not in served.log()
 
 

@@ -694,8 +694,9 @@ def serve(
 
     A browser at / gets a chat page that shows speculation working (drafted tokens by drafter, acceptance by
     position, plain decoding beside a reply); `localspec run` and `chat` answer through a serve that holds
-    their model. POST /v1/chat/completions, /v1/completions (streamed with "stream": true), /v1/embeddings and
-    /v1/rerank (a reranker's scores: Cohere's, Jina's and TEI's shapes),
+    their model. POST /v1/chat/completions, /v1/completions (streamed with "stream": true), /v1/embeddings,
+    /v1/rerank (a reranker's scores: Cohere's, Jina's and TEI's shapes) and /v1/audio/transcriptions (a model
+    that hears),
     GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses
     (and its /v1/responses/input_tokens count);
     Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,

@@ -598,6 +598,75 @@ def model_list(models: list[tuple[str, Session | None]], created: int) -> dict:
 
 
 
+# What a transcription asks the model, as llama-server asks it (common_chat_get_asr_prompt): LFM2-Audio's template
+# takes its own system prompt and no words of the user's
+ASR_ASKED = "Transcribe audio to text"
+ASR_LFM2 = "Perform ASR."
+TRANSCRIPTION_FIELDS = {"model", "file", "prompt", "language", "response_format", "stream", "max_tokens", "temperature"}
+
+
+def transcription_chat(fields: dict[str, str], audio: bytes | None, template: str | None) -> dict:
+    """/v1/audio/transcriptions' form (its fields as text, the file's bytes) as the chat request llama-server makes
+    of it: the prompt (else "Transcribe audio to text"), the language named after it, the audio where it ends."""
+    if audio is None:
+        raise ApiError(400, "file: a transcription needs the audio file (multipart form field \"file\")", param="file")
+    unknown = set(fields) - TRANSCRIPTION_FIELDS
+    if unknown:
+        raise ApiError(400, f"{sorted(unknown)[0]} is not supported by localspec", param=sorted(unknown)[0],
+                       code="unsupported_parameter")
+    if fields.get("response_format", "json") != "json":
+        raise ApiError(400, "response_format: only json is supported (the text and its usage)", param="response_format")
+    lfm2 = template is not None and "<|im_start|>" in template and "lfm" in template.lower()
+    asked = fields.get("prompt") or ("" if lfm2 else ASR_ASKED)
+    if fields.get("language"):
+        asked += f" (language: {fields['language']})"
+    content = [{"type": "text", "text": asked}] if asked else []
+    content.append({"type": "input_audio", "input_audio": {"data": base64.b64encode(audio).decode(), "format": "wav"}})
+    body: dict = {"messages": ([{"role": "system", "content": ASR_LFM2}] if lfm2 else []) + [
+        {"role": "user", "content": content}], "stream": fields.get("stream", "false") == "true"}
+    for name, kind in (("max_tokens", int), ("temperature", float)):
+        if name in fields:
+            try:
+                body[name] = kind(fields[name])
+            except ValueError:
+                raise ApiError(400, f"{name}: not a number: {fields[name]!r}", param=name) from None
+    return body
+
+
+class Transcript(Answering):
+    """/v1/audio/transcriptions' answer, as llama-server's and OpenAI's: {"text", "usage"} whole, or server-sent
+    transcript.text.delta events and a transcript.text.done."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+    def full(self, job: Job) -> dict:
+        return ({"type": "transcript.text.done", "text": answer_of(job)[0], "usage": self._usage(job)}
+                | statistics(job, usage=False))
+
+    def piece(self, text: str, tokens: Sequence[Token] = ()) -> str:
+        return _event({"type": "transcript.text.delta", "delta": text})
+
+    def thought(self, text: str) -> str:
+        return ""  # (a transcript is the answer alone)
+
+    def call(self, call: ToolCall, index: int) -> str:
+        return ""
+
+    def error(self, failure: ApiError) -> str:
+        return _event(failure.body())
+
+    def closing(self, job: Job, called: bool) -> list[str]:
+        return [_event(self.full(job)), "data: [DONE]\n\n"]
+
+    @staticmethod
+    def _usage(job: Job) -> dict:
+        r = job.recorder
+        return {"type": "tokens", "input_tokens": r.prompt_tokens, "output_tokens": r.tokens,
+                "total_tokens": r.prompt_tokens + r.tokens,
+                "input_tokens_details": {"cached_tokens": r.reused_prompt_tokens}}
+
+
 class OpenAI(Protocol):
     name = "openai"
 
