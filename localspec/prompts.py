@@ -335,11 +335,14 @@ class Prompts:
             raise InputError("tools and a response format (or grammar) both constrain the answer; send one of them")
         return replace(sampling, grammar=grammar, grammar_triggers=triggers), form
 
-    def embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
+    def embedding_inputs(self, inputs: list[str | list[int]], truncate: bool = False) -> list[list[int]]:
         """Each input to embed (text, or token ids) as the tokens the model reads: InputError, before any is
-        embedded, for one that is empty or longer than the context."""
+        embedded, for one that is empty or (unless truncate: its first n_ctx tokens, Ollama's default) longer than
+        the context."""
         tokens = [self.model.tokenize(item, True, False) if isinstance(item, str) else self.token_ids(item)
                   for item in inputs]
+        if truncate:
+            tokens = [each[: self.n_ctx] for each in tokens]
         for number, each in enumerate(tokens, start=1):
             if not each:
                 raise InputError(f"input {number} to embed is empty")

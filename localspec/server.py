@@ -206,8 +206,8 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"))
         asked = openai.parse_embeddings(body, served.session.target_model.n_embd)
-        job = await self._done(Embedding(openai.inputs_of(asked), client, norm=asked.embd_normalize), client, served,
-                               request, "input")
+        job = await self._done(Embedding(openai.inputs_of(asked), client, norm=asked.embd_normalize,
+                                         dimensions=asked.dimensions), client, served, request, "input")
         return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                   asked.encoding_format))
 
@@ -234,7 +234,9 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
         loaded = time.perf_counter_ns()
-        job = await self._done(Embedding(ollama.parse_embed(body), client), client, served, request, "input")
+        inputs, truncate, dimensions = ollama.parse_embed(body, served.session.target_model.n_embd)
+        job = await self._done(Embedding(inputs, client, dimensions=dimensions, truncate=truncate), client, served,
+                               request, "input")
         return JSONResponse(ollama.embedded(body.get("model") or served.name, job.embeddings, job.embedded_tokens,
                                             time.perf_counter_ns() - started, loaded - started))
 

@@ -64,7 +64,9 @@ class Embedding:
     client: str | None = None
     query: str | None = None
     most_document_tokens: int | None = None  # a ranking's documents are cut to this many tokens each
-    norm: int = 2  # how each vector is normalized (Session.embed)
+    norm: int = 2  # how each vector is normalized, and its first dimensions kept (Session.embed)
+    dimensions: int | None = None
+    truncate: bool = False  # an input longer than the context is cut to it (Ollama's), rather than refused
 
 
 @dataclass(frozen=True)
@@ -295,10 +297,11 @@ class Service:
         a time, and stop once their client has left."""
         asked, session = job.request, self.session
         if job.embedding_inputs is None:
-            job.embedding_inputs = (session.prompts.embedding_inputs(asked.inputs) if asked.query is None else
+            job.embedding_inputs = (session.prompts.embedding_inputs(asked.inputs, asked.truncate) if asked.query is None else
                                     session.ranking_inputs(asked.query, asked.inputs, asked.most_document_tokens))
             job.embedded_tokens = sum(map(len, job.embedding_inputs))
-        pooled = functools.partial(session.embed, norm=asked.norm) if asked.query is None else session.relevance
+        pooled = (functools.partial(session.embed, norm=asked.norm, dimensions=asked.dimensions) if asked.query is None
+                  else session.relevance)
         until = perf_counter() + EMBEDDING_SLICE
         while len(job.embeddings) < len(job.embedding_inputs) and not (job.cancelled or self._closing):
             job.embeddings.append(pooled(job.embedding_inputs[len(job.embeddings)]))

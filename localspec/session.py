@@ -419,14 +419,16 @@ class Session:
             steer(context, *self._steering)
         return context
 
-    def embed(self, tokens: list[int], norm: int = 2) -> list[float]:
+    def embed(self, tokens: list[int], norm: int = 2, dimensions: int | None = None) -> list[float]:
         """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
         (an embedding context of the session's size is made at the first call), normalized as norm says (-1 not,
-        0 max-abs to int16's range, 2 unit length, p unit p-norm: llama-server's embd_normalize)."""
+        0 max-abs to int16's range, 2 unit length, p unit p-norm: llama-server's embd_normalize); dimensions: only
+        its first that many kept, before it is normalized (OpenAI's and Ollama's shortening, which Matryoshka-trained
+        models such as nomic-embed-text v1.5 are made for)."""
         if self.ranks:
             raise InputError(f"{self.target_info.path.name} is a reranker (rank pooling): it scores documents"
                              " against a query (serve's /v1/rerank) and gives no embedding")
-        return normalized(self._pooled(tokens), norm).tolist()
+        return normalized(self._pooled(tokens)[:dimensions], norm).tolist()
 
     def relevance(self, tokens: list[int]) -> float:
         """A reranker's relevance score for one of ranking_inputs' query-document pairs, as llama.cpp computes it

@@ -4,6 +4,7 @@ import json
 import math
 
 import httpx2 as httpx
+import numpy as np
 import ollama
 import pytest
 
@@ -97,6 +98,23 @@ def test_embed_gives_the_vectors_the_openai_endpoint_gives(server):
                                                                "encoding_format": "float"}).json()["data"]
     assert len(vectors) == 2 and all(len(v) == 64 for v in vectors)
     assert all(abs(a - b) < 1e-6 for v, o in zip(vectors, openai_side) for a, b in zip(v, o["embedding"]))
+
+
+def test_embed_cuts_what_is_longer_than_the_context_as_ollama_does_and_keeps_the_dimensions_asked(server):
+    """Ollama's truncate (its default) cuts an input to the context (it was a 400); false refuses it. Its dimensions
+    keeps the vector's first that many, normalized again (it was taken and ignored)."""
+    long = "abc " * 400  # (more tokens than the server's 512)
+    [cut] = client(server).embed("tiny", input=long).embeddings
+    assert len(cut) == 64
+    with pytest.raises(ollama.ResponseError, match="raise --ctx-size or shorten it"):
+        client(server).embed("tiny", input=long, truncate=False)
+    [whole] = client(server).embed("tiny", input="the cat").embeddings
+    raw = httpx.post(server.base + "/embedding", json={"content": "the cat", "embd_normalize": -1}).json()
+    first = np.array(raw[0]["embedding"][0][:8])
+    [short] = client(server).embed("tiny", input="the cat", dimensions=8).embeddings
+    assert np.allclose(short, first / np.linalg.norm(first), atol=1e-6) and not np.allclose(short, whole[:8])
+    with pytest.raises(ollama.ResponseError, match="from 1 to 64"):
+        client(server).embed("tiny", input="the cat", dimensions=65)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -661,6 +661,11 @@ def test_embeddings_give_one_unit_vector_an_input_through_the_openai_client(serv
     assert np.allclose(floats["data"][0]["embedding"], vectors[0], atol=1e-6)
     ids = httpx.post(server.url + "/embeddings", json={"input": [[5, 6, 7]], "encoding_format": "float"}).json()
     assert len(ids["data"][0]["embedding"]) == 64
+    # OpenAI's dimensions: the first that many, normalized again (text-embedding-3's and Matryoshka models' way)
+    short = np.array(server.client().embeddings.create(model="tiny", input="the cat", dimensions=8).data[0].embedding)
+    raw = np.array(httpx.post(server.base + "/embedding", json={"content": "the cat", "embd_normalize": -1}).json()[
+        0]["embedding"][0][:8])
+    assert short.shape == (8,) and np.allclose(short, raw / np.linalg.norm(raw), atol=1e-6)
     # generating after embedding is as before
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
@@ -697,7 +702,7 @@ def test_llama_servers_own_embedding_route_and_its_normalizations(server):
 @pytest.mark.parametrize("body, message", [
     ({"input": ""}, "an input to embed is empty"),
     ({"input": ["a", ""]}, "an input to embed is empty"),
-    ({"input": "a", "dimensions": 8}, "localspec does not shorten them"),
+    ({"input": "a", "dimensions": 65}, "from 1 to 64 of them are kept"),
     ({"input": "abc " * 400}, "raise --ctx-size or shorten it"),
     ({"input": [[10 ** 9]]}, "token"),
     ({"input": ["a"] * 2049}, "at most 2,048 a request"),  # OpenAI's limit; 10,000 ran 344 s (issue 46)

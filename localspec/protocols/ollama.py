@@ -220,17 +220,21 @@ def _grammar(form: str | dict | None) -> str | None:
 class EmbedBody(_Body):
     model: str = ""
     input: str | list[str]
-    truncate: bool = True
+    truncate: bool = True  # an input longer than the context is cut to it (else a 400)
+    dimensions: int | None = None  # the vectors' first that many kept (then normalized)
     options: dict | None = None
     keep_alive: str | int | float | None = None
 
 
-def parse_embed(data: dict) -> list[str]:
+def parse_embed(data: dict, n_embd: int) -> tuple[list[str], bool, int | None]:
+    """/api/embed's inputs, whether to cut those longer than the context, and the dimensions to keep."""
     embed = _validate(EmbedBody, data)
     inputs = [embed.input] if isinstance(embed.input, str) else embed.input
     if not inputs or any(not text for text in inputs):
         raise ApiError(400, "input: an input to embed is empty")
-    return checked_count(inputs)
+    if embed.dimensions is not None and not 1 <= embed.dimensions <= n_embd:
+        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}: from 1 to {n_embd} of them are kept")
+    return checked_count(inputs), embed.truncate, embed.dimensions
 
 
 class EmbeddingsBody(_Body):

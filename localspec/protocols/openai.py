@@ -174,9 +174,9 @@ class EmbeddingRequest(_Typed):
 
 def parse_embeddings(body: dict, n_embd: int) -> EmbeddingRequest:
     request = _validate(EmbeddingRequest, body)
-    if request.dimensions not in (None, n_embd):
-        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}, and localspec does not shorten"
-                       " them", param="dimensions", code="unsupported_parameter")
+    if request.dimensions is not None and not 1 <= request.dimensions <= n_embd:
+        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}: from 1 to {n_embd} of them are kept",
+                       param="dimensions")
     if request.input in ("", []) or isinstance(request.input, list) and any(item in ("", []) for item in request.input):
         raise ApiError(400, "input: an input to embed is empty", param="input")
     return request
