@@ -230,72 +230,45 @@ def test_serves_page_streams_a_reply_marks_drafted_tokens_and_sets_plain_beside_
         assert server.stop(signal.SIGTERM) == 0, server.log()
 
 
-def test_serves_page_takes_an_image_for_a_model_that_reads_them(tiny, tmp_path):
-    """A model served with its projector (--mmproj): the page offers an image button; a file picked there goes with
-    the next message, shown in the transcript, and the reply is the one the library gives for that image."""
-    from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-    from localspec.session import Session
-    from tinyvision import random_image, write_tiny_mmproj
-
-    assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
-    projector = write_tiny_mmproj(tmp_path / "mmproj.gguf")
-    image = tmp_path / "cat.png"
-    image.write_bytes(random_image(1))
-    with Session(tiny["target"], None, Runtime(ctx_size=512, mmproj=str(projector)),
-                 Speculation(drafting=DrafterKind.PLAIN)) as session:
-        expected = session.chat(sampling=Sampling(temperature=0), limits=Limits(12)).send(
-            "what is it", [image.read_bytes()]).text
-    server = ServerProcess(tmp_path / "home", tiny["target"], "--mmproj", projector, "--temp", "0", "-c", "512",
-                           "-n", "12")
-    page = DevTools(server.base + "/", tmp_path / "profile")
-    try:
-        page.wait_for("getComputedStyle(document.getElementById('attach')).display !== 'none'")
-        picker = page.call("DOM.querySelector", nodeId=page.call("DOM.getDocument")["root"]["nodeId"], selector="#pick")
-        page.call("DOM.setFileInputFiles", files=[str(image)], nodeId=picker["nodeId"])
-        page.wait_for("document.querySelectorAll('#pending img').length === 1")
-        page.value("document.getElementById('prompt').value = 'what is it';"
-                   "document.getElementById('ask').requestSubmit()")
-        page.wait_for("document.querySelector('.reply .line') !== null")
-        assert page.value("document.querySelectorAll('.user img').length") == 1
-        assert page.value("document.querySelectorAll('#pending img').length") == 0
-        shown = page.value("Array.from(document.querySelectorAll('.reply .tok')).map(t => t.textContent).join('')")
-        assert shown == expected
-        assert "Traceback" not in server.log()
-    finally:
-        page.close()
-        assert server.stop(signal.SIGTERM) == 0, server.log()
-
-
-def test_serves_page_takes_audio_for_a_model_that_hears(tmp_path):
-    """A model whose projector hears (Qwen2-Audio's): the page's button says Audio… and takes audio files, each shown
-    as a player, and the reply is the one the library gives for that sound."""
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_serves_page_takes_an_image_or_audio_for_a_model_that_reads_them(tiny, tmp_path, kind):
+    """A model served with its projector (--mmproj): the page offers a button (Image…, or Audio… where the projector
+    hears, as Qwen2-Audio's does); a file picked there goes with the next message, shown in the transcript (audio as a
+    player), and the reply is the one the library gives for that file."""
     from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
     from localspec.session import Session
     from tinyaudio import CONTEXT, wav, write_tiny_audio_text, write_tiny_qwen2a_mmproj
+    from tinyvision import random_image, write_tiny_mmproj
 
     assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
-    model, projector = write_tiny_audio_text(tmp_path / "text.gguf"), write_tiny_qwen2a_mmproj(tmp_path / "mmproj.gguf")
-    sound = tmp_path / "hum.wav"
-    sound.write_bytes(wav(1))
-    with Session(model, None, Runtime(ctx_size=CONTEXT, mmproj=str(projector)),
+    if kind == "image":
+        model, projector, context, shown_as = tiny["target"], write_tiny_mmproj(tmp_path / "mmproj.gguf"), 512, "img"
+        given = tmp_path / "cat.png"
+        given.write_bytes(random_image(1))
+    else:
+        model, context, shown_as = write_tiny_audio_text(tmp_path / "text.gguf"), CONTEXT, "audio"
+        projector = write_tiny_qwen2a_mmproj(tmp_path / "mmproj.gguf")
+        given = tmp_path / "hum.wav"
+        given.write_bytes(wav(1))
+    with Session(model, None, Runtime(ctx_size=context, mmproj=str(projector)),
                  Speculation(drafting=DrafterKind.PLAIN)) as session:
         expected = session.chat(sampling=Sampling(temperature=0), limits=Limits(12)).send(
-            "what is it", [sound.read_bytes()]).text
-    server = ServerProcess(tmp_path / "home", model, "--mmproj", projector, "--temp", "0", "-c", str(CONTEXT),
+            "what is it", [given.read_bytes()]).text
+    server = ServerProcess(tmp_path / "home", model, "--mmproj", projector, "--temp", "0", "-c", str(context),
                            "-n", "12", "--no-draft")
     page = DevTools(server.base + "/", tmp_path / "profile")
     try:
         page.wait_for("getComputedStyle(document.getElementById('attach')).display !== 'none'")
-        assert page.value("document.getElementById('attach').textContent") == "Audio…"
-        assert page.value("document.getElementById('pick').accept") == "audio/*"
+        assert page.value("document.getElementById('attach').textContent") == ("Image…" if kind == "image" else "Audio…")
+        assert page.value("document.getElementById('pick').accept") == f"{kind}/*"
         picker = page.call("DOM.querySelector", nodeId=page.call("DOM.getDocument")["root"]["nodeId"], selector="#pick")
-        page.call("DOM.setFileInputFiles", files=[str(sound)], nodeId=picker["nodeId"])
-        page.wait_for("document.querySelectorAll('#pending audio').length === 1")
+        page.call("DOM.setFileInputFiles", files=[str(given)], nodeId=picker["nodeId"])
+        page.wait_for(f"document.querySelectorAll('#pending {shown_as}').length === 1")
         page.value("document.getElementById('prompt').value = 'what is it';"
                    "document.getElementById('ask').requestSubmit()")
         page.wait_for("document.querySelector('.reply .line') !== null")
-        assert page.value("document.querySelectorAll('.user audio').length") == 1
-        assert page.value("document.querySelectorAll('#pending audio').length") == 0
+        assert page.value(f"document.querySelectorAll('.user {shown_as}').length") == 1
+        assert page.value(f"document.querySelectorAll('#pending {shown_as}').length") == 0
         shown = page.value("Array.from(document.querySelectorAll('.reply .tok')).map(t => t.textContent).join('')")
         assert shown == expected
         assert "Traceback" not in server.log()
