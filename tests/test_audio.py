@@ -167,6 +167,12 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
             refused = httpx.post(server.url + "/audio/transcriptions", timeout=60, files={"file": file},
                                  data={"response_format": "srt"})
         assert refused.status_code == 400 and "only json" in refused.json()["error"]["message"], refused.text
+        # llama-server's /completion: an audio file's base64 in multimodal_data, where the prompt writes the marker
+        prompt = render(session.prompts.template, [{"role": "user", "content": f"{MEDIA_MARKER}\nwhat is it"}], "", "")
+        completed = httpx.post(server.base + "/completion", timeout=60, json={
+            "prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(HUM).decode()]}, "n_predict": 16,
+            "temperature": 0})
+        assert completed.status_code == 200 and completed.json()["content"] == hum, completed.text
         props = httpx.get(server.base + "/props", timeout=30).json()
         assert props["modalities"] == {"vision": False, "audio": True}
         assert httpx.get(server.base + "/localspec/v1/info", timeout=30).json()["audio"] is True

@@ -415,7 +415,9 @@ def test_models_and_health(server):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content.0.image_url"),  # (no data: URL, http(s) URL or base64)
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]},
-     "messages.0.content"),
+     "messages.0.content.0.input_audio.data"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklG"}}]}]},
+     "messages.0.content.0.input_audio.format"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context
     ({"stop": ["ok", ""]}, "stop"),
     ({"stop": [f"s{n}" for n in range(550_000)]}, "stop"),  # 0.45 s more every step (issue 46)

@@ -57,8 +57,9 @@ class ImageURL(_Typed):
 
 
 class InputAudio(_Typed):
-    data: str  # base64
-    format: str  # wav or mp3 (OpenAI's), flac (libmtmd decodes it too)
+    # (optional here: a part missing one is refused naming it, not as a content that is no string)
+    data: str | None = None  # base64
+    format: str | None = None  # wav or mp3 (OpenAI's), flac (libmtmd decodes it too)
 
 
 class ContentPart(_Typed):
@@ -337,12 +338,12 @@ def _media(part: ContentPart, where: str) -> bytes:
     if part.input_audio is None:
         raise ApiError(400, f"{where}.input_audio: an input_audio part carries {{\"data\", \"format\"}}",
                        param=f"{where}.input_audio")
-    if part.input_audio.format not in AUDIO_FORMATS:
-        raise ApiError(400, f"{where}.input_audio.format: one of {', '.join(AUDIO_FORMATS)}, got"
-                       f" {part.input_audio.format!r}", param=f"{where}.input_audio.format")
     if not part.input_audio.data or part.input_audio.data.startswith(("http://", "https://", "data:")):
         raise ApiError(400, f"{where}.input_audio.data: the audio file's bytes in base64 (not a URL)",
                        param=f"{where}.input_audio.data")
+    if part.input_audio.format not in AUDIO_FORMATS:
+        raise ApiError(400, f"{where}.input_audio.format: one of {', '.join(AUDIO_FORMATS)}, got"
+                       f" {part.input_audio.format!r}", param=f"{where}.input_audio.format")
     return image_bytes(part.input_audio.data, f"{where}.input_audio.data")
 
 
