@@ -67,6 +67,7 @@ class ToolFormat(StrEnum):
     DSML = "dsml"
     MINICPM5 = "minicpm5"
     APERTUS = "apertus"
+    GRANITE = "granite"  # Granite 3.x's <|tool_call|> JSON list (Granite 4's templates write Hermes' <tool_call>)
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -151,6 +152,8 @@ def tool_format(template: str | None) -> ToolFormat:
     # LFM2's template lists the tools between its markers; LFM2.5's lists them bare (llama.cpp reads both so)
     if "<|tool_list_start|>" in source or "List of tools: [" in source:
         return ToolFormat.LFM2
+    if _GRANITE_CALL in source and "available_tools" in source:
+        return ToolFormat.GRANITE
     if "[TOOL_CALLS]" in source and "[ARGS]" in source:
         return ToolFormat.MISTRAL_ARGS
     if "[TOOL_CALLS]" in source:
@@ -162,8 +165,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " XML, Apriel's <tool_calls>, Nemotron's <TOOLCALL> and Command R7B's <|START_ACTION|> lists, GLM's"
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's and DeepSeek V3.2's and V4's (DSML)"
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
-                     " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]) and"
-                     " gpt-oss's harmony)")
+                     " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
+                     " Granite 3's <|tool_call|> lists and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -739,14 +742,15 @@ def _python_value(text: str, at: int) -> tuple[object, int]:
 
 def with_calls_written(messages: list[dict], template: str) -> list[dict]:
     """The conversation with each assistant's earlier calls written after its content as the model wrote them,
-    where its template leaves them out: LFM2's writes an assistant's content alone, and a client sends a call
-    back as `tool_calls` (the model then read an empty turn and the result of a call it never saw)."""
+    where its template leaves them out (LFM2's and Granite 3's write an assistant's content alone), and a client
+    sends a call back as `tool_calls` (the model then read an empty turn and the result of a call it never saw)."""
     if "tool_calls" in template or not any(m.get("tool_calls") for m in messages):
         return messages
     try:
-        if tool_format(template) is not ToolFormat.LFM2:
-            return messages
+        form = tool_format(template)
     except InputError:  # (a template without tools: the calls are left out, as it writes them)
+        return messages
+    if form not in (ToolFormat.LFM2, ToolFormat.GRANITE):
         return messages
 
     def called(call: dict) -> str:
@@ -755,8 +759,15 @@ def with_calls_written(messages: list[dict], template: str) -> list[dict]:
                               for key, value in (function.get("arguments") or {}).items())
         return f"{function['name']}({arguments})"
 
-    return [m | {"content": (m.get("content") or "") + f"{_LFM2_OPENING}[{', '.join(map(called, m['tool_calls']))}]"
-                                                        f"{_LFM2_CLOSING}"} if m.get("tool_calls") else m for m in messages]
+    def written(calls: list[dict]) -> str:
+        if form is ToolFormat.GRANITE:
+            return _GRANITE_CALL + json.dumps([{"name": call["function"]["name"],
+                                                "arguments": call["function"].get("arguments") or {}}
+                                               for call in calls], ensure_ascii=False)
+        return f"{_LFM2_OPENING}[{', '.join(map(called, calls))}]{_LFM2_CLOSING}"
+
+    return [m | {"content": (m.get("content") or "") + written(m["tool_calls"])} if m.get("tool_calls") else m
+            for m in messages]
 
 
 def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:
@@ -778,6 +789,9 @@ def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], 
         if hasattr(events, "close"):  # (a generation, closed with it: its sequence is free at once)
             events.close()
 
+
+# Granite 3's: a JSON list of calls after a control token, to the answer's end (its template writes no earlier call)
+_GRANITE_CALL = "<|tool_call|>"
 
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
@@ -810,6 +824,8 @@ _FORMS = {
     # [TOOL_CALLS] is a control token, written into the text by shown() (a file where it is text has it anyway)
     ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
+    ToolFormat.GRANITE: _Form(_GRANITE_CALL, None, "[", "arguments", (r"(<\|tool_call\|>)",),
+                              f'"{_GRANITE_CALL}" "[" call "]"', f'"{_GRANITE_CALL}" "[" call ("," ws call)* "]"'),
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
     ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML),
@@ -850,7 +866,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
             ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"},
             ToolFormat.COMMAND_R7B: set(_COHERE_ACTION), ToolFormat.DSML_FUNCTIONS: {_DSML_MARK},
-            ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS)}
+            ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL}}
 
 
 def new_id(form: ToolFormat) -> str:

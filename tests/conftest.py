@@ -174,6 +174,7 @@ THINKERS = {
                 ("<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>", "<|user_start|>",
                  "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>", "<|inner_prefix|>", "<|inner_suffix|>",
                  "<|tools_prefix|>", "<|tools_suffix|>")),
+    "granite-3.3": ("granite-3.3.jinja", (), ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>")),
 }
 
 

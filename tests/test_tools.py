@@ -57,7 +57,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.DSML_FUNCTIONS: (REAL / "deepseek-v3.2.jinja").read_text(),
              ToolFormat.DSML: (REAL / "deepseek-v4.jinja").read_text(),
              ToolFormat.MINICPM5: (REAL / "minicpm5.jinja").read_text(),
-             ToolFormat.APERTUS: (REAL / "apertus.jinja").read_text()}
+             ToolFormat.APERTUS: (REAL / "apertus.jinja").read_text(),
+             ToolFormat.GRANITE: (REAL / "granite-3.3.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -118,6 +119,10 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     # [TOOL_CALLS] is a control token, left out of the answer's text
     (ToolFormat.MISTRAL, '[{"name": "f", "arguments": {"a": 1}}]', "", [("f", {"a": 1})]),
     (ToolFormat.MISTRAL, "[1, 2]", "[1, 2]", []),
+    # Granite 3's: a JSON list after <|tool_call|> (a control token, written in by shown()), to the answer's end
+    (ToolFormat.GRANITE, 'Sure.<|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
+     "Sure.", [("f", {"a": 1}), ("g", {})]),
+    (ToolFormat.GRANITE, "a <|tool of my own", "a <|tool of my own", []),
     # Command R7B's list, laid out as its template writes earlier calls (its markers written in by shown())
     (ToolFormat.COMMAND_R7B, 'Let me look.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters":'
      ' {"a": 1}},\n    {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]<|END_ACTION|>', "Let me look.",
@@ -239,6 +244,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.DSML, '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true">x'),
     (ToolFormat.MINICPM5, '<function name="f"><param name="a">1</param>'),
     (ToolFormat.APERTUS, '<|tools_prefix|>[{"f": {"a": 1}}'),
+    (ToolFormat.GRANITE, '<|tool_call|>[{"name": "f", "arguments": {}}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -526,7 +532,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
-                                    "apertus"])
+                                    "apertus", "granite-3.3"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
@@ -653,6 +659,18 @@ def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_
         marker = loaded.tokenize("<|tool_call_start|>", add_special=False, parse_special=True)
         history[1]["tool_calls"][0]["function"]["arguments"] = arguments  # (as the protocols hand it on)
         assert len(marker) == 1 and marker[0] in Prompts(loaded, 2048).chat_tokens(history)
+
+
+def test_granite_3s_earlier_calls_are_written_back_after_the_assistants_content(thinkers):
+    """Granite 3.3's template writes an assistant's content alone: its calls are written after it as the model writes
+    them, <|tool_call|> (one control token) and the JSON list, so that the model reads the call its result answers."""
+    with closing(Model(thinkers["granite-3.3"])) as loaded:
+        tokens = Prompts(loaded, 2048).chat_tokens(called({"city": "paris"}))
+        marker = loaded.tokenize("<|tool_call|>", add_special=False, parse_special=True)
+        assert len(marker) == 1 and marker[0] in tokens
+        text = loaded.spell_of(tokens, special=True).decode().replace("|> ", "|>")
+        assert '<|end_of_role|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "paris"}}]<|end_of_text|>' \
+            in text, text
 
 
 def called(arguments) -> list[dict]:
