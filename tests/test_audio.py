@@ -185,3 +185,17 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_a_transcription_is_asked_as_llama_server_asks_it():
+    """The form as llama-server's chat: "Transcribe audio to text" (or the form's prompt), the language after it, the
+    audio; LFM2's templates (its tool list's markers) get its system prompt "Perform ASR." and no words of the user's."""
+    from localspec.protocols.openai import transcription_chat
+
+    asked = transcription_chat({"language": "fr", "max_tokens": "8", "stream": "true"}, HUM, "{{ messages }}")
+    [message] = asked["messages"]
+    assert message["content"][0] == {"type": "text", "text": "Transcribe audio to text (language: fr)"}
+    assert base64.b64decode(message["content"][1]["input_audio"]["data"]) == HUM
+    assert asked["max_tokens"] == 8 and asked["stream"] is True
+    lfm2 = transcription_chat({}, HUM, "<|tool_list_start|>{{ tools }}<|tool_list_end|>")["messages"]
+    assert lfm2[0] == {"role": "system", "content": "Perform ASR."} and len(lfm2[1]["content"]) == 1

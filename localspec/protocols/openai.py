@@ -617,7 +617,8 @@ def transcription_chat(fields: dict[str, str], audio: bytes | None, template: st
                        code="unsupported_parameter")
     if fields.get("response_format", "json") != "json":
         raise ApiError(400, "response_format: only json is supported (the text and its usage)", param="response_format")
-    lfm2 = template is not None and "<|im_start|>" in template and "lfm" in template.lower()
+    # (llama.cpp's is_lfm2_template: the tool list's markers)
+    lfm2 = template is not None and "<|tool_list_start|>" in template and "<|tool_list_end|>" in template
     asked = fields.get("prompt") or ("" if lfm2 else ASR_ASKED)
     if fields.get("language"):
         asked += f" (language: {fields['language']})"
