@@ -51,7 +51,7 @@ THINKING = "Thinking (reasoning models)"
 TEMPLATE = "Chat template"
 ROPE = "Longer contexts (RoPE scaling)"
 ADAPTERS = "LoRA adapters and control vectors"
-VISION = "Images"
+VISION = "Images and audio"
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
@@ -452,8 +452,9 @@ VISION_OPTIONS = {
     "mmproj": (Annotated[Optional[str], typer.Option(
         "--mmproj", "-mm", metavar="FILE", help="The target's multimodal projector, through which it reads images"
         " (the mmproj-*.gguf published beside a vision model; hf:owner/repo/file.gguf downloads it): run --image,"
-        " chat's /image, serve's image_url parts and Ollama's images. Drafts stay text: a draft model reads a"
-        " stand-in where an image is, and verification keeps the answer the target's.", show_default=False,
+        " chat's /image, serve's image_url parts and Ollama's images; an audio model's reads WAV, MP3 and FLAC"
+        " (run --audio, chat's /audio, input_audio parts). Drafts stay text: a draft model reads a stand-in where"
+        " an image is, and verification keeps the answer the target's.", show_default=False,
         rich_help_panel=VISION)], None),
     "mmproj_auto": (Annotated[bool, typer.Option(
         "--mmproj-auto/--no-mmproj-auto", help="Where no --mmproj is given, the projector a Hub repo holds beside a"
