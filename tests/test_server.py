@@ -418,6 +418,10 @@ def test_models_and_health(server):
      "messages.0.content.0.input_audio.data"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklG"}}]}]},
      "messages.0.content.0.input_audio.format"),
+    # (a part that fits none of content's types is named by the part's own field, not as content that is no string)
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages.0.content.0.image_url.url"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content.0.text"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "messages"),  # longer than the context
     ({"stop": ["ok", ""]}, "stop"),
     ({"stop": [f"s{n}" for n in range(550_000)]}, "stop"),  # 0.45 s more every step (issue 46)

@@ -24,9 +24,9 @@ from ..prompts import MEDIA_MARKER, output_grammar
 from ..request import Request
 from ..service import Job
 from ..session import Session
-from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed, checked_count,
-                     api_error, ended_by, image_bytes, logprobs_of, overridden_or_refused, prompts_of, speculation,
-                     speculative_asked, timings, validated)
+from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
+                     api_error, checked_count, ended_by, image_bytes, invalid, logprobs_of, overridden_or_refused,
+                     prompts_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
 # sets one otherwise is refused rather than answered as if it had not.
@@ -298,9 +298,7 @@ def lora_scales(body: list, session: Session) -> tuple[float, ...]:
     try:
         entries = TypeAdapter(list[LoraScale]).validate_python(body)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
+        raise invalid(error) from None
     try:
         return session.adapters.scales_of({entry.id: entry.scale for entry in entries})
     except UsageError as error:

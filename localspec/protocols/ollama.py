@@ -26,7 +26,8 @@ from ..store import modelfile
 from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
-                     effort, image_bytes, logprobs_of, speculation, speculative_asked, thinking_asked, token_logprobs)
+                     effort, image_bytes, invalid, logprobs_of, speculation, speculative_asked, thinking_asked,
+                     token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -110,9 +111,7 @@ def _validate(model: type[BaseModel], data: dict):
     try:
         return model.model_validate(data)
     except ValidationError as failure:
-        first = failure.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
+        raise invalid(failure) from None
 
 
 def parse_chat(data: dict, defaults: Defaults) -> Parsed:

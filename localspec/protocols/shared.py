@@ -248,6 +248,30 @@ class Parsed:
     token_ids: bool = False
 
 
+_BASIC_TAGS = {"str", "int", "float", "bool", "none", "bytes"}
+
+
+def _is_union_tag(part) -> bool:
+    """Whether a part of pydantic's error location names a union's member type (`str`, `list[ContentPart]`,
+    `ImageURL`) rather than a field or an index: API fields are lower-case names."""
+    return isinstance(part, str) and (part in _BASIC_TAGS or "[" in part or part[:1].isupper())
+
+
+def invalid(error: ValidationError) -> ApiError:
+    """A 400 naming what is wrong with a body, by its path (`messages.0.content.1.image_url.url`). Where a value
+    fits none of a union's members, the member that got furthest says what is wrong (a content part's missing
+    field, not that the content is no string), and the members' type names are left out of the path."""
+    errors = error.errors(include_url=False)
+    first, at = errors[0], len(errors[0]["loc"])
+    if at and _is_union_tag(first["loc"][-1]):
+        members = [e for e in errors if e["loc"][: at - 1] == first["loc"][: at - 1] and len(e["loc"]) >= at
+                   and _is_union_tag(e["loc"][at - 1])]
+        first = max(members, key=lambda e: len(e["loc"]))
+    where = ".".join(str(part) for part in first["loc"] if not _is_union_tag(part))
+    return ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None,
+                    code=first["type"])
+
+
 def validated(model: type[BaseModel], body: dict, neutral: dict,
               refusal: str = "{name} is not supported by localspec"):
     """The body read as the model (a 400 naming the first field that is wrong), with each field of `neutral`
@@ -255,10 +279,7 @@ def validated(model: type[BaseModel], body: dict, neutral: dict,
     try:
         asked = model.model_validate(body)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                       code=first["type"]) from None
+        raise invalid(error) from None
     for name, values in neutral.items():
         if (asked.model_extra or {}).get(name) not in values:
             raise ApiError(400, refusal.format(name=name), param=name, code="unsupported_parameter")
