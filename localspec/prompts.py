@@ -360,7 +360,8 @@ class Prompts:
         query_tokens = None if template else model.tokenize(query, False, False)
         pairs = []
         for number, document in enumerate(documents, start=1):
-            tokens = model.tokenize(document, False, False)
+            # (a document read through the template is tokenized as a whole with it: on its own only to be cut)
+            tokens = model.tokenize(document, False, False) if not template or most_document_tokens is not None else None
             if most_document_tokens is not None and len(tokens) > most_document_tokens:
                 tokens = tokens[:most_document_tokens]
                 document = model.spell_of(tokens).decode("utf-8", errors="ignore")

@@ -205,8 +205,8 @@ class Server:
     async def embeddings(self, request: Request, client: str | None) -> Response:
         body = await self._body(request)
         served = await self._model(body.get("model"))
-        asked = openai.parse_embeddings(body, served.session.target_model.n_embd)
-        job = await self._done(Embedding(openai.inputs_of(asked), client, norm=asked.embd_normalize,
+        asked, inputs = openai.parse_embeddings(body, served.session.target_model.n_embd)
+        job = await self._done(Embedding(inputs, client, norm=asked.embd_normalize,
                                          dimensions=asked.dimensions), client, served, request, "input")
         return JSONResponse(openai.embedding_list(job.embeddings, job.embedded_tokens, served.name,
                                                   asked.encoding_format))

@@ -225,9 +225,7 @@ class Vision:
         """The chunks libmtmd makes of an image alone: ("text", tokens, n), ("image" or "audio", rows, positions)."""
         mtmd = self._mtmd
         with self._tokenized(data, which) as chunks:
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                kind = mtmd.mtmd_input_chunk_get_type(chunk)
+            for kind, chunk in self._each(chunks):
                 if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                     count = ctypes.c_size_t()
                     ids = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
@@ -237,12 +235,16 @@ class Vision:
                     yield ("audio" if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO else "image",
                            mtmd.mtmd_input_chunk_get_n_tokens(chunk), mtmd.mtmd_input_chunk_get_n_pos(chunk))
 
-    def _media_chunks(self, chunks):
+    def _each(self, chunks):
+        """libmtmd's chunks, each with its type."""
         mtmd = self._mtmd
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-            if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
-                yield chunk
+            yield mtmd.mtmd_input_chunk_get_type(chunk), chunk
+
+    def _media_chunks(self, chunks):
+        """The chunks of rows (an image's, or 30 seconds of audio's), in order."""
+        return (chunk for kind, chunk in self._each(chunks) if kind != self._mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT)
 
     def _encode(self, data: bytes) -> np.ndarray:
         """Every row of an image's chunks, in order."""

@@ -25,7 +25,7 @@ from ..request import Request
 from ..service import Job
 from ..session import Session
 from .shared import (MOST_CHOICES, ApiError, Answering, Defaults, LoraScale, Parsed, Protocol, Sampled, _Typed,
-                     api_error, checked_count, ended_by, image_bytes, invalid, logprobs_of, overridden_or_refused,
+                     api_error, checked_count, embedding_inputs, ended_by, image_bytes, invalid, logprobs_of, overridden_or_refused,
                      prompts_of, speculation, speculative_asked, timings, validated)
 
 # llama-server's options that change the output, with the values that leave it as it is: a request that
@@ -340,10 +340,7 @@ def parse_embedding(body: dict) -> tuple[list, int]:
     given = asked.content if asked.content is not None else asked.input
     if given is None:
         raise ApiError(400, '"input" or "content" must be provided', param="content")
-    inputs = [given] if isinstance(given, str) or given and isinstance(given[0], int) else list(given)
-    if not inputs or any(item in ("", []) for item in inputs):
-        raise ApiError(400, "content: an input to embed is empty", param="content")
-    return checked_count(inputs, "content"), asked.embd_normalize
+    return embedding_inputs(given, "content"), asked.embd_normalize
 
 
 def embedded(vectors: list[list[float]]) -> list[dict]:

@@ -25,9 +25,9 @@ from ..store import GGUFInfo
 from ..store import modelfile
 from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
-from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, checked_count,
-                     effort, image_bytes, invalid, logprobs_of, speculation, speculative_asked, thinking_asked,
-                     token_logprobs)
+from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, effort,
+                     embedding_inputs, image_bytes, invalid, kept_dimensions, logprobs_of, speculation,
+                     speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -228,12 +228,7 @@ class EmbedBody(_Body):
 def parse_embed(data: dict, n_embd: int) -> tuple[list[str], bool, int | None]:
     """/api/embed's inputs, whether to cut those longer than the context, and the dimensions to keep."""
     embed = _validate(EmbedBody, data)
-    inputs = [embed.input] if isinstance(embed.input, str) else embed.input
-    if not inputs or any(not text for text in inputs):
-        raise ApiError(400, "input: an input to embed is empty")
-    if embed.dimensions is not None and not 1 <= embed.dimensions <= n_embd:
-        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}: from 1 to {n_embd} of them are kept")
-    return checked_count(inputs), embed.truncate, embed.dimensions
+    return embedding_inputs(embed.input), embed.truncate, kept_dimensions(embed.dimensions, n_embd)
 
 
 class EmbeddingsBody(_Body):

@@ -28,8 +28,8 @@ from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
 from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled,
-                     Tool, _Typed, answer_of, candidate, checked_count, effort, ended_by, image_bytes, logprobs_of,
-                     name_the_calls_answered, overridden_or_refused, prompts_of, speculation, speculative_asked,
+                     Tool, _Typed, answer_of, candidate, effort, embedding_inputs, ended_by, image_bytes,
+                     kept_dimensions, logprobs_of, name_the_calls_answered, overridden_or_refused, prompts_of, speculation, speculative_asked,
                      thinking_asked, timings, token_logprobs, validated)
 
 
@@ -173,22 +173,11 @@ class EmbeddingRequest(_Typed):
     embd_normalize: int = Field(2, ge=-1)  # llama-server's: -1 none, 0 max-abs (int16), 2 unit length, p p-norm
 
 
-def parse_embeddings(body: dict, n_embd: int) -> EmbeddingRequest:
+def parse_embeddings(body: dict, n_embd: int) -> tuple[EmbeddingRequest, list[str | list[int]]]:
+    """The request and the texts or token id lists it asks to embed, one each."""
     request = _validate(EmbeddingRequest, body)
-    if request.dimensions is not None and not 1 <= request.dimensions <= n_embd:
-        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}: from 1 to {n_embd} of them are kept",
-                       param="dimensions")
-    if request.input in ("", []) or isinstance(request.input, list) and any(item in ("", []) for item in request.input):
-        raise ApiError(400, "input: an input to embed is empty", param="input")
-    return request
-
-
-def inputs_of(request: EmbeddingRequest) -> list[str | list[int]]:
-    """The texts or token id lists to embed, one each."""
-    given = request.input
-    if isinstance(given, str):
-        return [given]
-    return checked_count([given] if given and isinstance(given[0], int) else list(given))
+    kept_dimensions(request.dimensions, n_embd)
+    return request, embedding_inputs(request.input)
 
 
 def embedding_list(vectors: list[list[float]], tokens: int, model: str, encoding: str) -> dict:

@@ -333,9 +333,26 @@ MOST_EMBEDDING_INPUTS = 2048
 def checked_count(inputs: list, field: str = "input") -> list:
     """The inputs, or a 400 where there are more than one request may embed (or rank: documents)."""
     if len(inputs) > MOST_EMBEDDING_INPUTS:
-        raise ApiError(400, f"{field}: {len(inputs):,} {'inputs to embed' if field == 'input' else field};"
+        raise ApiError(400, f"{field}: {len(inputs):,} {field if field == 'documents' else 'inputs to embed'};"
                        f" at most {MOST_EMBEDDING_INPUTS:,} a request (send the rest in further requests)", param=field)
     return inputs
+
+
+def embedding_inputs(given: str | list, field: str = "input") -> list:
+    """What a request asks to embed (a text, texts, token ids or lists of them) as one input each; a 400 where one
+    is empty, or where there are more than a request may embed."""
+    inputs = [given] if isinstance(given, str) or given and isinstance(given[0], int) else list(given)
+    if not inputs or any(item in ("", []) for item in inputs):
+        raise ApiError(400, f"{field}: an input to embed is empty", param=field)
+    return checked_count(inputs, field)
+
+
+def kept_dimensions(dimensions: int | None, n_embd: int) -> int | None:
+    """The dimensions of each vector a request keeps (OpenAI's and Ollama's `dimensions`); a 400 beyond the model's."""
+    if dimensions is not None and not 1 <= dimensions <= n_embd:
+        raise ApiError(400, f"dimensions: this model's embeddings have {n_embd}: from 1 to {n_embd} of them are kept",
+                       param="dimensions")
+    return dimensions
 
 
 def tool_reader(job: Job) -> ToolStream | None:
