@@ -14,7 +14,7 @@ from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
-from .tool_calls import ToolFormat, Tools, constraint, tool_format, with_calls_written
+from .tool_calls import ToolFormat, Tools, constraint, template_variables, tool_format, with_calls_written
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -269,7 +269,8 @@ class Prompts:
             if spells_control_tokens(json.dumps(variables, ensure_ascii=False, default=str)):
                 raise InputError("a chat template variable contains the text of a control token, which the chat"
                                  " template would write as one")
-        variables = (variables or {}) | (self.template_variables(thinking) if self.family is not reasoning.NONE else {})
+        variables = ((variables or {}) | (self.template_variables(thinking) if self.family is not reasoning.NONE else {})
+                     | template_variables(template, tools))
         pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None,
                                variables or None)
         # Some templates write the BOS token themselves; adding another would change the prompt.

@@ -68,6 +68,10 @@ class ToolFormat(StrEnum):
     MINICPM5 = "minicpm5"
     APERTUS = "apertus"
     GRANITE = "granite"  # Granite 3.x's <|tool_call|> JSON list (Granite 4's templates write Hermes' <tool_call>)
+    GIGACHAT3 = "gigachat3"  # one JSON call in a `function call` turn after the content's <|message_sep|>
+    GIGACHAT31 = "gigachat3.1"  # GigaChat 3.1's: one JSON call after <|function_call|>
+    FIREFUNCTION = "firefunction"  # Firefunction v2's JSON list after `functools`, to the answer's end
+    FUNCTIONARY = "functionary-v3.1"  # Functionary v3.1's <function=NAME>{...}</function>
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -154,6 +158,12 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.LFM2
     if _GRANITE_CALL in source and "available_tools" in source:
         return ToolFormat.GRANITE
+    if _GIGACHAT_ROLE in source and "<|message_sep|>" in source:
+        return ToolFormat.GIGACHAT31 if _GIGACHAT31_CALL in source else ToolFormat.GIGACHAT3
+    if _FUNCTOOLS in source:
+        return ToolFormat.FIREFUNCTION
+    if _FUNCTIONARY[0] in source and _FUNCTIONARY[1] in source and "<parameter=" not in source:
+        return ToolFormat.FUNCTIONARY
     if "[TOOL_CALLS]" in source and "[ARGS]" in source:
         return ToolFormat.MISTRAL_ARGS
     if "[TOOL_CALLS]" in source:
@@ -166,7 +176,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's and DeepSeek V3.2's and V4's (DSML)"
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
-                     " Granite 3's <|tool_call|> lists and gpt-oss's harmony)")
+                     " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools lists,"
+                     " Functionary v3.1's <function=NAME> and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -792,6 +803,45 @@ def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], 
 
 # Granite 3's: a JSON list of calls after a control token, to the answer's end (its template writes no earlier call)
 _GRANITE_CALL = "<|tool_call|>"
+# GigaChat 3's: after the content's <|message_sep|>, a turn of the `function call` role (its header ended by
+# <|role_sep|>, a control token, written into the text for the reader) holding one JSON call; 3.1's: one JSON call
+# after <|function_call|>. Either model calls one function an answer.
+_GIGACHAT_ROLE = "<|role_sep|>"
+_GIGACHAT3_CALL = "function call" + _GIGACHAT_ROLE
+_GIGACHAT31_CALL = "<|function_call|>"
+# Firefunction v2's: ` functools[` then a JSON list of calls, no closing marker
+_FUNCTOOLS = "functools["
+# Functionary v3.1's: <function=NAME>, the arguments' JSON object, </function>
+_FUNCTIONARY = ("<function=", "</function>")
+
+
+def _functionary_rules(offered: list[dict]) -> str:
+    """GBNF of one Functionary v3.1 call (`call`): `<function=NAME>`, the arguments held to its parameters' schema,
+    `</function>`."""
+    return _json_argument_calls(offered, lambda name, arguments: f'{json.dumps(_FUNCTIONARY[0] + name + ">")}'
+                                f' {arguments} {json.dumps(_FUNCTIONARY[1])}')
+
+
+def _read_functionary_call(body: str, parameters: dict) -> tuple[str, dict]:
+    """A Functionary v3.1 call without its opening and closing: NAME>, then the arguments' JSON object."""
+    name, marked, arguments = body.partition(">")
+    try:
+        values = json.loads(arguments) if marked and name.strip() else None
+    except ValueError:
+        values = None
+    if not isinstance(values, dict):
+        raise InputError(f"the model wrote a tool call that is not <function=NAME> and a JSON object: {body[:80]!r}")
+    return name.strip(), values
+
+
+def template_variables(template: str, tools: Tools | None) -> dict:
+    """What a family's template reads of the tools under a name of its own: Firefunction v2's `functions`, their
+    definitions as JSON text (as its model card passes them; its template fails without it, tools or not)."""
+    if _FUNCTOOLS not in template or "functions" not in template:
+        return {}
+    return {"functions": json.dumps([d["function"] for d in tools.definitions] if tools else [], indent=4,
+                                    ensure_ascii=False)}
+
 
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
@@ -857,6 +907,17 @@ _FORMS = {
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
                            f'"{_KIMI_SECTION[0]}" call "{_KIMI_SECTION[1]}"',
                            f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls),
+    ToolFormat.GIGACHAT3: _Form(_GIGACHAT3_CALL, None, None, "arguments",
+                                (r"(<\|message_sep\|>)\s*function call<\|role_sep\|>",),
+                                f'"<|message_sep|>" ws "{_GIGACHAT3_CALL}" ws call',
+                                f'"<|message_sep|>" ws "{_GIGACHAT3_CALL}" ws call'),
+    ToolFormat.GIGACHAT31: _Form(_GIGACHAT31_CALL, None, None, "arguments", (r"(<\|function_call\|>)",),
+                                 f'"{_GIGACHAT31_CALL}" ws call', f'"{_GIGACHAT31_CALL}" ws call'),
+    ToolFormat.FIREFUNCTION: _Form(_FUNCTOOLS, None, None, "arguments", (r"(functools\[)",),
+                                   f'"{_FUNCTOOLS}" ws call ws "]"', f'"{_FUNCTOOLS}" ws call (ws "," ws call)* ws "]"',
+                                   read_calls=lambda body, parameters: _read_json_calls("[" + body, parameters)),
+    ToolFormat.FUNCTIONARY: _Form(_FUNCTIONARY[0], _FUNCTIONARY[1], None, "arguments", (r"(<function=)",), "call",
+                                  "call (ws call)*", _functionary_rules, _alone(_read_functionary_call)),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -866,7 +927,9 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.LFM2: {_LFM2_OPENING, _LFM2_CLOSING}, ToolFormat.KIMI: {*_KIMI_SECTION, *_KIMI_CALL},
             ToolFormat.SEED: {"<seed:tool_call>", "</seed:tool_call>"}, ToolFormat.NEMOTRON: {"<TOOLCALL>", "</TOOLCALL>"},
             ToolFormat.COMMAND_R7B: set(_COHERE_ACTION), ToolFormat.DSML_FUNCTIONS: {_DSML_MARK},
-            ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL}}
+            ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL},
+            # (a vocabulary may spell the role's header and its line's end as one token)
+            ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL}}
 
 
 def new_id(form: ToolFormat) -> str:

@@ -175,6 +175,12 @@ THINKERS = {
                  "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>", "<|inner_prefix|>", "<|inner_suffix|>",
                  "<|tools_prefix|>", "<|tools_suffix|>")),
     "granite-3.3": ("granite-3.3.jinja", (), ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>")),
+    # (its GGUFs' control tokens carry their line's end)
+    "gigachat3": ("gigachat3.jinja", (), ("<|message_sep|>\n\n", "<|role_sep|>\n")),
+    "gigachat3.1": ("gigachat3.1.jinja", (), ("<|message_sep|>\n\n", "<|role_sep|>\n", "<|function_call|>")),
+    "functionary-v3.1": ("functionary-v3.1.jinja", (),
+                         ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")),
+    "firefunction-v2": ("firefunction-v2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
 }
 
 

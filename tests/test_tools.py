@@ -58,7 +58,11 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.DSML: (REAL / "deepseek-v4.jinja").read_text(),
              ToolFormat.MINICPM5: (REAL / "minicpm5.jinja").read_text(),
              ToolFormat.APERTUS: (REAL / "apertus.jinja").read_text(),
-             ToolFormat.GRANITE: (REAL / "granite-3.3.jinja").read_text()}
+             ToolFormat.GRANITE: (REAL / "granite-3.3.jinja").read_text(),
+             ToolFormat.GIGACHAT3: (REAL / "gigachat3.jinja").read_text(),
+             ToolFormat.GIGACHAT31: (REAL / "gigachat3.1.jinja").read_text(),
+             ToolFormat.FIREFUNCTION: (REAL / "firefunction-v2.jinja").read_text(),
+             ToolFormat.FUNCTIONARY: (REAL / "functionary-v3.1.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -123,6 +127,17 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.GRANITE, 'Sure.<|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
      "Sure.", [("f", {"a": 1}), ("g", {})]),
     (ToolFormat.GRANITE, "a <|tool of my own", "a <|tool of my own", []),
+    # GigaChat 3's: the content's <|message_sep|> (a control token) left out, the role's header written in by shown()
+    (ToolFormat.GIGACHAT3, 'Sure.\n\nfunction call<|role_sep|>\n{"name": "f", "arguments": {"a": 1}}', "Sure.\n\n",
+     [("f", {"a": 1})]),
+    (ToolFormat.GIGACHAT3, "a function call of my own", "a function call of my own", []),
+    (ToolFormat.GIGACHAT31, 'Sure.<|function_call|>{"name": "f", "arguments": {"a": [1, 2]}}', "Sure.", [("f", {"a": [1, 2]})]),
+    (ToolFormat.FIREFUNCTION, ' functools[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]', " ",
+     [("f", {"a": 1}), ("g", {})]),
+    (ToolFormat.FIREFUNCTION, "import functools\nfunctools.partial(f)", "import functools\nfunctools.partial(f)", []),
+    (ToolFormat.FUNCTIONARY, 'Let me look.<function=f>{"a": "<x>"}</function><function=g>{}</function>', "Let me look.",
+     [("f", {"a": "<x>"}), ("g", {})]),
+    (ToolFormat.FUNCTIONARY, "a <function of my own", "a <function of my own", []),
     # Command R7B's list, laid out as its template writes earlier calls (its markers written in by shown())
     (ToolFormat.COMMAND_R7B, 'Let me look.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters":'
      ' {"a": 1}},\n    {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]<|END_ACTION|>', "Let me look.",
@@ -245,6 +260,10 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.MINICPM5, '<function name="f"><param name="a">1</param>'),
     (ToolFormat.APERTUS, '<|tools_prefix|>[{"f": {"a": 1}}'),
     (ToolFormat.GRANITE, '<|tool_call|>[{"name": "f", "arguments": {}}'),
+    (ToolFormat.GIGACHAT3, 'function call<|role_sep|>\n{"name": "f", "arguments": {"a"'),
+    (ToolFormat.GIGACHAT31, '<|function_call|>{"name": "f", "arguments": {}'),
+    (ToolFormat.FIREFUNCTION, 'functools[{"name": "f", "arguments": {}}'),
+    (ToolFormat.FUNCTIONARY, '<function=f>{"a": 1}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -443,6 +462,8 @@ def test_required_calls_are_calls_to_offered_tools_with_their_arguments_and_spec
                                   for seed in range(3)]:
             assert outcome.finish_reason == "stop", outcome.text
             content, calls = read(form, outcome.text)
+            if form is ToolFormat.GIGACHAT3:  # (the separator before its call: a control token, hidden, that this
+                content = content.replace("<|message_sep|>", "").strip()  # model's vocabulary spells as text)
             assert content == "" and len(calls) == 1
             for name, arguments in calls:
                 assert name in ("get_weather", "get_time") if tools.choice == "required" else name == "get_time"
@@ -532,14 +553,16 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
-                                    "apertus", "granite-3.3"])
+                                    "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
+                                    "firefunction-v2"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
     GLM-4.5's <arg_key> tags (read as hermes' JSON before), with each family's own template: a required call
     comes back as OpenAI's tool_calls, its arguments typed by the schema, and the round trip renders it back
     in the family's form."""
-    context = "8192" if family == "command-r7b" else "2048"  # (its long preamble, in the tiny model's letters)
+    # (their long preambles, in the tiny model's letters)
+    context = "8192" if family in ("command-r7b", "gigachat3", "gigachat3.1") else "2048"
     running = ServerProcess(tmp_path, thinkers[family], "--temp", "0", "-c", context, "--alias", "tiny")
     try:
         client = running.client()
@@ -671,6 +694,18 @@ def test_granite_3s_earlier_calls_are_written_back_after_the_assistants_content(
         text = loaded.spell_of(tokens, special=True).decode().replace("|> ", "|>")
         assert '<|end_of_role|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "paris"}}]<|end_of_text|>' \
             in text, text
+
+
+def test_firefunctions_template_reads_the_tools_as_functions_and_chats_without_any(thinkers):
+    """Firefunction v2's template reads the tools as `functions`, their definitions' JSON text, and today's date as
+    `datetime` (llama.cpp's spelling), tools or not: it failed on every chat before ("'functions' is undefined")."""
+    from datetime import datetime
+    with closing(Model(thinkers["firefunction-v2"])) as loaded:
+        prompts = Prompts(loaded, 2048)
+        offered = loaded.spell_of(prompts.chat_tokens(ASK, Tools((WEATHER,))), special=True).decode()
+        assert '"name": "get_weather"' in offered and f"Today is {datetime.now():%b %d %Y}." in offered, offered
+        alone = loaded.spell_of(prompts.chat_tokens(ASK), special=True).decode()
+        assert "Available functions as JSON spec:\n[]" in alone and "get_weather" not in alone
 
 
 def called(arguments) -> list[dict]:
