@@ -14,7 +14,7 @@ from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
-from .tool_calls import ToolFormat, Tools, constraint, template_variables, tool_format, with_calls_written
+from .tool_calls import ToolFormat, Tools, answering, constraint, template_variables, tool_format, with_calls_written
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -146,6 +146,8 @@ class Prompts:
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
+            if answer := answering(self.template, request.tools):  # (its reply is content: no form to read it in)
+                tokens, tool_format = tokens + self.model.spell(answer), None
             tokens, plan = self.thinking_plan(tokens, thinking)
             if plan is not None:
                 answer_sampling = sampling

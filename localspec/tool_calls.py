@@ -43,7 +43,8 @@ from enum import StrEnum
 
 from .engine.grammar import from_json_schema, from_json_schemas
 from .errors import InputError
-from .events import Token
+from .events import Done, Token
+from .reasoning import CALL_CLOSING, CALL_OPENING
 
 
 class ToolFormat(StrEnum):
@@ -72,6 +73,8 @@ class ToolFormat(StrEnum):
     GIGACHAT31 = "gigachat3.1"  # GigaChat 3.1's: one JSON call after <|function_call|>
     FIREFUNCTION = "firefunction"  # Firefunction v2's JSON list after `functools`, to the answer's end
     FUNCTIONARY = "functionary-v3.1"  # Functionary v3.1's <function=NAME>{...}</function>
+    # Functionary v3.2's messages, each `>>>RECIPIENT\n` and its text: `all`'s the content, a function's its call
+    FUNCTIONARY_V32 = "functionary-v3.2"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -124,6 +127,8 @@ def tool_format(template: str | None) -> ToolFormat:
                          " (send the request without `tools`)")
     if "<|channel|>" in source and "functions." in source:
         return ToolFormat.HARMONY
+    if _FUNCTIONARY_CONTENT in source:
+        return ToolFormat.FUNCTIONARY_V32
     if "<|tool_call>call:" in source:
         return ToolFormat.GEMMA4
     if _APERTUS[0] in source and _APERTUS[1] in source:
@@ -177,7 +182,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools lists,"
-                     " Functionary v3.1's <function=NAME> and gpt-oss's harmony)")
+                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -786,6 +791,8 @@ def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int
     llama.cpp's preserved tokens are (Mistral's [TOOL_CALLS], [CALL_ID] and [ARGS], which generated text
     leaves out: without its opening, a call after some content read as content); the events as they are for
     every other form."""
+    if form is ToolFormat.FUNCTIONARY_V32:
+        return _rewritten(events, _Recipients())
     markers = _MARKERS.get(form)
     return _showing(events, markers, control_text) if markers else events
 
@@ -832,6 +839,96 @@ def _read_functionary_call(body: str, parameters: dict) -> tuple[str, dict]:
     if not isinstance(values, dict):
         raise InputError(f"the model wrote a tool call that is not <function=NAME> and a JSON object: {body[:80]!r}")
     return name.strip(), values
+
+
+# Functionary v3.2's: its prompt ends `>>>`, and the model names the message's recipient, then a newline: `all` for
+# the content, a function's name for a call of it, its arguments' JSON object the message's text
+_RECIPIENT = ">>>"
+_FUNCTIONARY_CONTENT = _RECIPIENT + "all"
+# (a recipient's name is a line of its own: a longer one is text of a model that left the form)
+_LONGEST_RECIPIENT = 128
+
+
+def _functionary_v32_rules(offered: list[dict]) -> str:
+    """GBNF of one Functionary v3.2 call (`call`): an offered function's name and a newline, then the arguments
+    held to its parameters' schema."""
+    return _json_argument_calls(offered, lambda name, arguments: f"{json.dumps(name + chr(10), ensure_ascii=False)}"
+                                f" {arguments}")
+
+
+def answering(template: str, tools: "Tools | None") -> str:
+    """The text a prompt ends with, past the template's own, where the reply is to be content alone: Functionary
+    v3.2's recipient `all`, as its template writes an assistant's content (its generation prompt leaves the
+    recipient to the model, who may choose a tool; without tools on offer there is none to choose)."""
+    if _FUNCTIONARY_CONTENT in template and (tools is None or tools.choice == "none"):
+        return "all\n"
+    return ""
+
+
+class _Recipients:
+    """Functionary v3.2's messages as they stream, the first opened by the prompt's `>>>`: `all`'s text passed on
+    as the content, a call written as Hermes' block that the reader reads (harmony's calls are written so too)."""
+
+    def __init__(self):
+        self._pending = ""
+        self._header: str | None = ""  # the recipient's name while it is read; None in a message's text
+        self._call = False
+
+    def feed(self, text: str) -> str:
+        self._pending += text
+        out = []
+        while self._pending:
+            if self._header is not None:
+                line, newline, rest = self._pending.partition("\n")
+                if not newline and len(self._header + line) <= _LONGEST_RECIPIENT:
+                    self._header, self._pending = self._header + line, ""
+                    break
+                written, self._header = self._header + line, None
+                if not newline:  # no recipient at all: a model that left the form writes content
+                    out.append(written)
+                    self._pending = ""
+                    break
+                recipient, self._pending = written.strip(), rest
+                if recipient != "all":
+                    self._call = True
+                    out.append(CALL_OPENING.format(name=json.dumps(recipient, ensure_ascii=False)))
+                continue
+            at = self._pending.find(_RECIPIENT)
+            if at >= 0:
+                out += [self._pending[:at], self._end_of_call()]
+                self._pending, self._header = self._pending[at + len(_RECIPIENT):], ""
+                continue
+            keep = next((n for n in range(len(_RECIPIENT) - 1, 0, -1) if self._pending.endswith(_RECIPIENT[:n])), 0)
+            out.append(self._pending[:len(self._pending) - keep])
+            self._pending = self._pending[len(self._pending) - keep:]
+            break
+        return "".join(out)
+
+    def finish(self, stopped: bool) -> str:
+        """What is held at the reply's end; stopped: the model ended it (a call a limit cut off stays open, for
+        the reader to refuse as unfinished)."""
+        held, self._pending = self._pending, ""
+        if self._header is not None:
+            header, self._header = self._header, None
+            return header if header.strip() != "all" else ""
+        return held + (self._end_of_call() if stopped else "")
+
+    def _end_of_call(self) -> str:
+        ended, self._call = self._call, False
+        return CALL_CLOSING if ended else ""
+
+
+def _rewritten(events: Iterator, recipients: _Recipients) -> Iterator:
+    try:
+        for event in events:
+            if isinstance(event, Token):
+                event = replace(event, text=recipients.feed(event.text))
+            elif isinstance(event, Done):
+                event = replace(event, tail=recipients.feed(event.tail) + recipients.finish(event.finish_reason == "stop"))
+            yield event
+    finally:
+        if hasattr(events, "close"):
+            events.close()
 
 
 def template_variables(template: str, tools: Tools | None) -> dict:
@@ -918,6 +1015,11 @@ _FORMS = {
                                    read_calls=lambda body, parameters: _read_json_calls("[" + body, parameters)),
     ToolFormat.FUNCTIONARY: _Form(_FUNCTIONARY[0], _FUNCTIONARY[1], None, "arguments", (r"(<function=)",), "call",
                                   "call (ws call)*", _functionary_rules, _alone(_read_functionary_call)),
+    # (the reader reads the Hermes blocks _Recipients writes; the grammar holds what the model writes from a call's
+    # recipient on: the first message's, whose `>>>` the prompt wrote, or one's after the content)
+    ToolFormat.FUNCTIONARY_V32: _Form("<tool_call>", "</tool_call>", None, "arguments",
+                                      (r"^((?!all\n)[\w.-]+\n)[\s\S]*$", r">>>(?!all\n)([\w.-]+\n)"),
+                                      "call", 'call (">>>" call)*', _functionary_v32_rules),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),

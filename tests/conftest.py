@@ -181,6 +181,7 @@ THINKERS = {
     "functionary-v3.1": ("functionary-v3.1.jinja", (),
                          ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")),
     "firefunction-v2": ("firefunction-v2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "functionary-v3.2": ("functionary-v3.2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
 }
 
 

@@ -23,7 +23,7 @@ from localspec.prompts import Prompts
 from localspec.engine.sampling import Dist
 from localspec.errors import InputError
 from localspec.stats import record
-from localspec.events import Token
+from localspec.events import Done, Token
 from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, shown, tool_format
 
 from test_server import ServerProcess, serving
@@ -62,7 +62,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.GIGACHAT3: (REAL / "gigachat3.jinja").read_text(),
              ToolFormat.GIGACHAT31: (REAL / "gigachat3.1.jinja").read_text(),
              ToolFormat.FIREFUNCTION: (REAL / "firefunction-v2.jinja").read_text(),
-             ToolFormat.FUNCTIONARY: (REAL / "functionary-v3.1.jinja").read_text()}
+             ToolFormat.FUNCTIONARY: (REAL / "functionary-v3.1.jinja").read_text(),
+             ToolFormat.FUNCTIONARY_V32: (REAL / "functionary-v3.2.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -96,12 +97,15 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
         assert tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}") is form
 
 
-def read(form: ToolFormat, text: str, step: int | None = None) -> list:
+def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "stop") -> list:
     """The answer's content pieces joined and its calls, as (name, arguments) pairs, fed `step`
-    characters at a time (None: whole)."""
+    characters at a time (None: whole) through what a session's generation hands the reader (shown()), ended
+    for this finish_reason."""
+    size = step or len(text) or 1
+    events = [Token(0, text[start:start + size], False) for start in range(0, len(text), size)]
     reader, pieces = ToolStream(form), []
-    for start in range(0, len(text), step or len(text) or 1):
-        pieces += reader.feed(text[start:start + (step or len(text))])
+    for event in shown(iter(events + [Done(finish, "", 0.0)]), form, lambda token: None):
+        pieces += reader.feed(event.text if isinstance(event, Token) else event.tail)
     pieces += reader.end()
     content = "".join(p for p in pieces if isinstance(p, str))
     return [content, [(p.name, json.loads(p.arguments)) for p in pieces if not isinstance(p, str)]]
@@ -138,6 +142,12 @@ def read(form: ToolFormat, text: str, step: int | None = None) -> list:
     (ToolFormat.FUNCTIONARY, 'Let me look.<function=f>{"a": "<x>"}</function><function=g>{}</function>', "Let me look.",
      [("f", {"a": "<x>"}), ("g", {})]),
     (ToolFormat.FUNCTIONARY, "a <function of my own", "a <function of my own", []),
+    # Functionary v3.2's messages, the first's `>>>` written by the prompt: `all`'s text the content
+    (ToolFormat.FUNCTIONARY_V32, 'all\nLet me look.>>>f\n{"a": ">>"}>>>g\n{}', "Let me look.",
+     [("f", {"a": ">>"}), ("g", {})]),
+    (ToolFormat.FUNCTIONARY_V32, 'f\n{"a": 1}', "", [("f", {"a": 1})]),
+    (ToolFormat.FUNCTIONARY_V32, "all\na >> b > c", "a >> b > c", []),
+    (ToolFormat.FUNCTIONARY_V32, "no recipient at all", "no recipient at all", []),
     # Command R7B's list, laid out as its template writes earlier calls (its markers written in by shown())
     (ToolFormat.COMMAND_R7B, 'Let me look.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters":'
      ' {"a": 1}},\n    {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]<|END_ACTION|>', "Let me look.",
@@ -264,10 +274,11 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.GIGACHAT31, '<|function_call|>{"name": "f", "arguments": {}'),
     (ToolFormat.FIREFUNCTION, 'functools[{"name": "f", "arguments": {}}'),
     (ToolFormat.FUNCTIONARY, '<function=f>{"a": 1}'),
+    (ToolFormat.FUNCTIONARY_V32, 'all\nSure.>>>f\n{"a": 1'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
-        read(form, text)
+        read(form, text, finish="length")
 
 
 def test_markup_forms_read_each_value_as_its_schema_says():
@@ -388,6 +399,29 @@ def test_auto_lets_the_model_write_freely_until_it_opens_a_call_then_holds_it_to
             grammar.accept(token)
         assert {target.model.piece(int(t)) for t in grammar.admitted(anything)} <= {b"p", b"t", b"<0x70>", b"<0x74>"}
     assert constraint(ToolFormat.HERMES, Tools((WEATHER,), choice="none")) == (None, ())
+
+
+@pytest.mark.parametrize("form, free, opening", [
+    # Functionary v3.2: the content's recipient, `all`, and its lines set nothing off; a function's name does, first
+    # or after the content
+    (ToolFormat.FUNCTIONARY_V32, "all\nsee:\nmore\n", ">>>get_weather\n"),
+    (ToolFormat.FUNCTIONARY_V32, "", "get_weather\n"),
+    # GigaChat 3: the content's end alone (<|message_sep|>) sets nothing off; the function call's turn does
+    (ToolFormat.GIGACHAT3, "a function call<|message_sep|>\n\n", "<|message_sep|>\n\nfunction call<|role_sep|>\n"),
+    (ToolFormat.FIREFUNCTION, "import functools\nfunctools.reduce", " functools["),
+])
+def test_content_leaves_a_lazy_grammar_waiting_and_a_forms_call_sets_it_off(target, form, free, opening):
+    gbnf, triggers = constraint(form, Tools((WEATHER,)))
+    with Grammar(target.model, gbnf, triggers) as grammar:
+        for token in tokens_of(target, free) if free else []:
+            grammar.accept(token)
+        assert grammar.awaiting
+        for token in tokens_of(target, opening):
+            grammar.accept(token)
+        assert not grammar.awaiting
+        for token in tokens_of(target, '{"city": "paris", "days": 2}' if form is ToolFormat.FUNCTIONARY_V32
+                               else '{"name": "get_weather", "arguments": {"city": "paris", "days": 2}}'):
+            grammar.accept(token)
 
 
 def test_a_token_that_would_set_off_the_grammar_with_text_it_refuses_is_not_admitted(target):
@@ -554,7 +588,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
-                                    "firefunction-v2"])
+                                    "firefunction-v2", "functionary-v3.2"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
@@ -587,7 +621,8 @@ def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through
                                                max_tokens=4)
         assert after.choices[0].message.tool_calls is None
         counted = httpx.post(running.url + "/chat/completions/input_tokens", timeout=60,
-                             json={"model": "tiny", "messages": history, "tools": [WEATHER]}).json()["input_tokens"]
+                             json={"model": "tiny", "messages": history, "tools": [WEATHER], "tool_choice": "none"}
+                             ).json()["input_tokens"]
         assert counted == after.usage.prompt_tokens
     finally:
         assert running.stop() == 0, running.log()
@@ -706,6 +741,21 @@ def test_firefunctions_template_reads_the_tools_as_functions_and_chats_without_a
         assert '"name": "get_weather"' in offered and f"Today is {datetime.now():%b %d %Y}." in offered, offered
         alone = loaded.spell_of(prompts.chat_tokens(ASK), special=True).decode()
         assert "Available functions as JSON spec:\n[]" in alone and "get_weather" not in alone
+
+
+def test_functionary_v32_is_given_its_contents_recipient_where_no_tool_may_be_called(thinkers):
+    """Functionary v3.2's prompt ends `>>>`, leaving the recipient to the model: without tools on offer (or with
+    tool_choice none) the prompt names `all`, its content's, as its template writes an assistant's content (the
+    answer began `all` and a newline before); with tools the model names it."""
+    from localspec.request import Request
+    with closing(Model(thinkers["functionary-v3.2"])) as loaded:
+        prompts = Prompts(loaded, 2048)
+        for tools, ending in ((None, ">>>all\n"), (Tools((WEATHER,), choice="none"), ">>>all\n"),
+                             (Tools((WEATHER,)), ">>>"), (Tools((WEATHER,), choice="required"), ">>>")):
+            prepared = prompts.prepare(Request(messages=ASK, tools=tools))
+            assert loaded.spell_of(prepared.tokens, special=True).decode().endswith(ending), tools
+            # (its reply then read as content alone: its first line is no recipient's name)
+            assert (prepared.tool_format is None) == ending.endswith("\n")
 
 
 def called(arguments) -> list[dict]:
