@@ -4,6 +4,7 @@ refuse what cannot fit its context before any time goes into it."""
 
 import functools
 import json
+import re
 from dataclasses import dataclass, replace
 
 from . import reasoning
@@ -31,6 +32,9 @@ INFILL_BATCH = 2048
 # thinking (which a reasoning model's template writes back, or drops): written into the prompt as text
 TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 # what a chat template is given of the request itself, which no variable of a client's may stand for
+# A template that reads a variable `thinking` as its switch (Kimi K3's, Granite 3.3's, DeepSeek V3.1's own): not a
+# message's field of that name (gpt-oss's)
+_THINKING_SWITCH = re.compile(r"\{%-?\s*(?:el)?if\b[^%]*?(?<![\w.'\"])thinking\b(?![\w'\"]|\s*[.\[(])")
 RENDERED = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 THINKING_FIELD = "reasoning_content"
 # where a prompt shown as text holds an image (llama.cpp's default media marker, which llama-server's /apply-template
@@ -193,7 +197,8 @@ class Prompts:
         # opening is followed by a budget's reflection; Apriel's is words)
         flat, opening, closing = ("".join(text.split()) for text in (tail, family.open + family.channel, family.close))
         at = flat.rfind(opening)
-        opened = family.format is reasoning.ReasoningFormat.THINK and at >= 0 and closing not in flat[at:]
+        opened = (family.format in (reasoning.ReasoningFormat.THINK, reasoning.ReasoningFormat.XTML) and at >= 0
+                  and closing not in flat[at:])
         answering = False
         if thinking.off and (opened or family is reasoning.HARMONY):
             tokens = tokens + self._markers(family.closing if opened else reasoning.HARMONY_ANSWER)
@@ -212,8 +217,13 @@ class Prompts:
         variables = {}
         if "enable_thinking" in self.template:
             variables["enable_thinking"] = not thinking.off
+        # (templates whose switch is `thinking`, each with a default of its own: told only where a request asks)
+        if (thinking.think is not None or thinking.off) and _THINKING_SWITCH.search(self.template):
+            variables["thinking"] = not thinking.off
         if thinking.effort is not None and "reasoning_effort" in self.template:
             variables["reasoning_effort"] = thinking.effort
+        if thinking.effort is not None and "thinking_effort" in self.template:  # (Kimi K3's)
+            variables["thinking_effort"] = thinking.effort
         if "thinking_budget" in self.template and (thinking.off or thinking.budget is not None):
             variables["thinking_budget"] = 0 if thinking.off else thinking.budget  # (Seed-OSS's: it keeps count)
         return variables

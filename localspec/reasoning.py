@@ -9,6 +9,9 @@ Recognised, from the chat template (docs/models.md lists the registry's families
   Apriel's, which its template opens with `Here are my reasoning steps:` and the model ends with
   `[BEGIN FINAL RESPONSE]`, and Command R7B's plan, `<|START_THINKING|>` ... `<|END_THINKING|>` (control tokens;
   its answer's `<|START_RESPONSE|>` and `<|END_RESPONSE|>` are left out as every other control token is).
+* XTML (XTML): Kimi K3. Every part of a reply is a section, `<|open|>NAME ATTRIBUTES<|sep|>` ... `<|close|>NAME<|sep|>`
+  (the markers control tokens, the names words): the thinking a `think` section, the answer a `response`, the calls a
+  `tools` section, all inside the assistant's `message`. The prompt opens `think` (or, thinking off, `response`).
 * harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
   TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
   thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
@@ -49,6 +52,7 @@ class ReasoningFormat(StrEnum):
     NONE = "none"  # the template shows no thinking that localspec reads: a reply is all answer
     THINK = "think"  # a block between two markers at the reply's start
     HARMONY = "harmony"
+    XTML = "xtml"
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ COMMAND_R7B = Family("command-r7b", ReasoningFormat.THINK, "<|START_THINKING|>",
 # Gemma 4: `<|channel>thought` ... `<channel|>` (its template strips earlier turns' thinking by those markers)
 GEMMA4 = Family("gemma4", ReasoningFormat.THINK, "<|channel>", "<channel|>", "<channel|>", "thought")
 HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>")
+# Kimi K3's XTML: a section's markers (its name and attributes between the first two or the last two)
+XTML_OPEN, XTML_CLOSE, XTML_SEP = "<|open|>", "<|close|>", "<|sep|>"
+XTML_MARKERS = (XTML_OPEN, XTML_CLOSE, XTML_SEP)
+KIMI_K3 = Family("kimi-k3", ReasoningFormat.XTML, f"{XTML_OPEN}think{XTML_SEP}", f"{XTML_CLOSE}think{XTML_SEP}",
+                 f"{XTML_CLOSE}think{XTML_SEP}{XTML_OPEN}response{XTML_SEP}")
+# (a section's name and attributes: a longer text between its markers is a model's that left the form)
+_LONGEST_TAG = 256
 NONE = Family("none", ReasoningFormat.NONE)
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
 # what a harmony reply that is not to think opens with: the final channel's message
@@ -91,6 +102,8 @@ def family(template: str | None) -> Family:
         return HARMONY
     if "<|channel>" in source and "<channel|>" in source:
         return GEMMA4
+    if all(marker in source for marker in XTML_MARKERS) and "'think'" in source:
+        return KIMI_K3
     if SEED.open in source and SEED.close in source:
         return SEED
     if APRIEL.open in source and APRIEL.close in source:
@@ -197,6 +210,83 @@ class ThinkSplitter:
     def _out(part: Part, text: str) -> Iterator[Piece]:
         if text:
             yield Piece(part, text)
+
+
+class XtmlSplitter:
+    """Kimi K3's sections: `think`'s text is the thinking, `response`'s the answer; a `tools` section is handed on
+    in the answer as written, markers and all, for tool_calls.py to read; the `message` around them is left out.
+    opened: the prompt opened `think`; answering: it opened `response` (thinking off)."""
+
+    def __init__(self, opened: bool = False, answering: bool = False):
+        self._pending = ""
+        self._section = "think" if opened else "response" if answering else ""  # "": between sections
+        self._tag: tuple[str, str] | None = None  # (marker, text so far) of a section's marker being read
+
+    @property
+    def thinking(self) -> bool:
+        return self._section == "think"
+
+    @property
+    def held(self) -> int:
+        return len(self._pending) + (len(self._tag[0] + self._tag[1]) if self._tag else 0)
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        if special and text not in XTML_MARKERS:
+            return []
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def finish(self, stopped: bool = True) -> list[Piece]:
+        pieces = list(self._scan(final=True))
+        if self._tag is not None:  # a marker cut off: its text, as written
+            marker, written = self._tag
+            self._tag = None
+            pieces += self._text(marker + written)
+        return pieces
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            if self._tag is not None:
+                marker, written = self._tag
+                written, self._pending = written + self._pending, ""
+                at = written.find(XTML_SEP)
+                if at < 0 and len(written) <= _LONGEST_TAG:
+                    self._tag = (marker, written)
+                    return
+                self._tag = None
+                if at < 0:  # no section's marker: text, as written
+                    yield from self._text(marker + written)
+                    return
+                self._pending = written[at + len(XTML_SEP):]
+                yield from self._marked(marker, written[:at])
+                continue
+            found = [(at, marker) for marker in (XTML_OPEN, XTML_CLOSE) if (at := self._pending.find(marker)) >= 0]
+            if found:
+                at, marker = min(found)
+                yield from self._text(self._pending[:at])
+                self._tag, self._pending = (marker, ""), self._pending[at + len(marker):]
+                continue
+            shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in XTML_MARKERS))
+            yield from self._text(self._pending[:shown])
+            self._pending = self._pending[shown:]
+            return
+
+    def _text(self, text: str) -> Iterator[Piece]:
+        if not text or (not self._section and not text.strip()):  # (white space between sections is layout)
+            return
+        yield Piece(Part.THINKING if self._section == "think" else Part.ANSWER, text)
+
+    def _marked(self, marker: str, tag: str) -> Iterator[Piece]:
+        name = tag.split(" ", 1)[0]
+        if self._section == "tools" or name == "tools":  # the calls, as written, for their reader
+            yield Piece(Part.ANSWER, marker + tag + XTML_SEP)
+            if name == "tools":
+                self._section = "tools" if marker == XTML_OPEN else ""
+            return
+        if name in ("think", "response"):
+            self._section = name if marker == XTML_OPEN else ""
+        elif name != "message":  # (the message around the sections is left out; any other is text)
+            yield from self._text(marker + tag + XTML_SEP)
 
 
 _RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
@@ -334,9 +424,11 @@ class Plan:
         return tuple(rf"^{thought}(?:{trigger[1:-1]})$" if trigger.startswith("^") and trigger.endswith("$")
                      else rf"^{thought}[\s\S]*?(?:{trigger})[\s\S]*$" for trigger in triggers)
 
-    def splitter(self) -> "ThinkSplitter | HarmonySplitter":
+    def splitter(self) -> "ThinkSplitter | HarmonySplitter | XtmlSplitter":
         if self.family.format is ReasoningFormat.HARMONY:
             return HarmonySplitter(self.answering)
+        if self.family.format is ReasoningFormat.XTML:
+            return XtmlSplitter(self.opened, self.answering)
         return ThinkSplitter(self.opened, self.family, self.answering)
 
 

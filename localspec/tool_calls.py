@@ -44,7 +44,7 @@ from enum import StrEnum
 from .engine.grammar import from_json_schema, from_json_schemas
 from .errors import InputError
 from .events import Done, Token
-from .reasoning import CALL_CLOSING, CALL_OPENING
+from .reasoning import CALL_CLOSING, CALL_OPENING, XTML_CLOSE, XTML_MARKERS, XTML_OPEN, XTML_SEP
 
 
 class ToolFormat(StrEnum):
@@ -75,6 +75,7 @@ class ToolFormat(StrEnum):
     FUNCTIONARY = "functionary-v3.1"  # Functionary v3.1's <function=NAME>{...}</function>
     # Functionary v3.2's messages, each `>>>RECIPIENT\n` and its text: `all`'s the content, a function's its call
     FUNCTIONARY_V32 = "functionary-v3.2"
+    KIMI_K3 = "kimi-k3"  # Kimi K3's XTML `tools` section of `call`s, each argument a section of its own
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -141,6 +142,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.MINIMAX
     if "<|tool_calls_section_begin|>" in source and "<|tool_call_argument_begin|>" in source:
         return ToolFormat.KIMI
+    if all(marker in source for marker in XTML_MARKERS) and "'argument'" in source:
+        return ToolFormat.KIMI_K3
     if "<seed:tool_call>" in source and "<function=" in source and "<parameter=" in source:
         return ToolFormat.SEED
     if "<tool_calls>[" in source and "]</tool_calls>" in source:
@@ -182,7 +185,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools lists,"
-                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME and gpt-oss's harmony)")
+                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -932,12 +935,105 @@ def _rewritten(events: Iterator, recipients: _Recipients) -> Iterator:
 
 
 def template_variables(template: str, tools: Tools | None) -> dict:
-    """What a family's template reads of the tools under a name of its own: Firefunction v2's `functions`, their
-    definitions as JSON text (as its model card passes them; its template fails without it, tools or not)."""
-    if _FUNCTOOLS not in template or "functions" not in template:
-        return {}
-    return {"functions": json.dumps([d["function"] for d in tools.definitions] if tools else [], indent=4,
-                                    ensure_ascii=False)}
+    """What a family's template reads of the tools beyond `tools`: Firefunction v2's `functions`, their definitions
+    as JSON text (as its model card passes them; its template fails without it, tools or not); Kimi K3's
+    `tool_choice`, which it tells the model of (a named function: required)."""
+    variables = {}
+    if _FUNCTOOLS in template and "functions" in template:
+        variables["functions"] = json.dumps([d["function"] for d in tools.definitions] if tools else [], indent=4,
+                                            ensure_ascii=False)
+    if tools and tools.choice != "auto" and "tool_choice" in template:
+        variables["tool_choice"] = tools.choice if tools.choice == "none" else "required"
+    return variables
+
+
+# Kimi K3's: calls in one `tools` section (XTML, reasoning.py), each `<|open|>call tool="NAME" index="N"<|sep|>`, then
+# each argument `<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>` (a string's value as
+# written, any other's JSON), then `<|close|>call<|sep|>`; an attribute's `&` and `"` escaped as XML's
+_KIMI_K3_TOOLS = (f"{XTML_OPEN}tools{XTML_SEP}", f"{XTML_CLOSE}tools{XTML_SEP}")
+_KIMI_K3_TYPES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null",
+                  "object": "object", "array": "array"}
+
+
+def _xtml_attribute(value: str) -> str:
+    return value.replace("&", "&amp;").replace('"', "&quot;")
+
+
+def _kimi_k3_rules(offered: list[dict]) -> str:
+    """GBNF of one Kimi K3 call (`call`): an offered function's `call` section, its index, then its arguments in the
+    schema's order (the required ones always), each with the type its template writes: a string's value any text
+    without a marker (or one of its enum), any other's its schema's JSON; a function whose parameters name no
+    properties takes any keys."""
+    def literal(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)
+
+    argument_end = literal(f"{XTML_CLOSE}argument{XTML_SEP}")
+    as_json, calls, pieces = {}, [], []
+    for number, function in enumerate(offered):
+        properties, required, open_keys = _parameters(function)
+        arguments = []
+        for place, (key, schema) in enumerate(properties.items()):
+            choices = _choices(schema)
+            if _written_as_text(schema):
+                kind, value = "string", f"({' | '.join(map(literal, choices))})" if choices else "xtext"
+            else:
+                value = f"json-{number}-{place}"
+                as_json[value] = schema
+                kind = _KIMI_K3_TYPES.get(schema.get("type") if isinstance(schema, dict) else None)
+            opened = literal(f'{XTML_OPEN}argument key="{_xtml_attribute(key)}" type="') + \
+                (f' {literal(kind + chr(34) + XTML_SEP)}' if kind else f' [a-z]+ {literal(chr(34) + XTML_SEP)}')
+            argument = f"{opened} {value} {argument_end}"
+            arguments.append(argument if key in required else f"({argument})?")
+        if open_keys:
+            arguments.append(f"({literal(XTML_OPEN + 'argument key=' + chr(34))} [^\"<]+ "
+                             f"{literal(chr(34) + ' type=' + chr(34))} [a-z]+ {literal(chr(34) + XTML_SEP)} xtext"
+                             f" {argument_end})*")
+        name = literal(f'{XTML_OPEN}call tool="{_xtml_attribute(function["name"])}" index="')
+        pieces.append(f"call-{number} ::= {name} [1-9] [0-9]? {literal(chr(34) + XTML_SEP)} {' '.join(arguments)}"
+                      f" {literal(XTML_CLOSE + 'call' + XTML_SEP)}")
+        calls.append(f"call-{number}")
+    return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(XTML_CLOSE, "xtext"),
+                      _json_rules(as_json)])
+
+
+_XTML_ATTRIBUTE = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _read_kimi_k3_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """Kimi K3's calls in one `tools` section, each argument read by its schema (else by the type it wrote);
+    a call written as one `json` section (as its template writes arguments that came as text) read as JSON."""
+    def unescaped(value: str) -> str:
+        return value.replace("&quot;", '"').replace("&amp;", "&")
+
+    calls = []
+    for written in body.split(f"{XTML_OPEN}call ")[1:]:
+        head, marked, rest = written.partition(XTML_SEP)
+        attributes = {key: unescaped(value) for key, value in _XTML_ATTRIBUTE.findall(head)}
+        name, schemas, arguments = attributes.get("tool"), parameters.get(attributes.get("tool"), {}), {}
+        rest, ended, after = rest.rpartition(f"{XTML_CLOSE}call{XTML_SEP}")
+        if not (marked and ended and name) or after.strip():
+            raise InputError(f"the model wrote a tool call that is not Kimi K3's call section: {written[:80]!r}")
+        for section in rest.split(XTML_OPEN)[1:]:
+            head, _, value = section.partition(XTML_SEP)
+            value, closed, _ = value.rpartition(XTML_CLOSE)
+            attributes = {key: unescaped(found) for key, found in _XTML_ATTRIBUTE.findall(head)}
+            if head.startswith("json") and closed:
+                try:
+                    arguments = json.loads(value)
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    raise InputError(f"the model wrote a tool call's json that is not an object: {value[:80]!r}")
+            elif head.startswith("argument") and closed and "key" in attributes:
+                key = attributes["key"]
+                schema = schemas.get(key) if key in schemas else {"type": attributes.get("type", "string")}
+                arguments[key] = _value(value, schema)
+            else:
+                raise InputError(f"the model wrote a tool call's argument that does not read: {section[:80]!r}")
+        calls.append((name, arguments))
+    if not calls or body.split(f"{XTML_OPEN}call ")[0].strip():
+        raise InputError(f"the model wrote a tools section without calls: {body[:80]!r}")
+    return calls
 
 
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
@@ -1020,6 +1116,11 @@ _FORMS = {
     ToolFormat.FUNCTIONARY_V32: _Form("<tool_call>", "</tool_call>", None, "arguments",
                                       (r"^((?!all\n)[\w.-]+\n)[\s\S]*$", r">>>(?!all\n)([\w.-]+\n)"),
                                       "call", 'call (">>>" call)*', _functionary_v32_rules),
+    # (the message's closing may follow the section: the splitter leaves it out)
+    ToolFormat.KIMI_K3: _Form(*_KIMI_K3_TOOLS, None, "arguments", (r"(<\|open\|>tools<\|sep\|>)",),
+                              f'"{_KIMI_K3_TOOLS[0]}" call "{_KIMI_K3_TOOLS[1]}" "{XTML_CLOSE}message{XTML_SEP}"?',
+                              f'"{_KIMI_K3_TOOLS[0]}" call+ "{_KIMI_K3_TOOLS[1]}" "{XTML_CLOSE}message{XTML_SEP}"?',
+                              _kimi_k3_rules, _read_kimi_k3_calls),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -1031,7 +1132,8 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.COMMAND_R7B: set(_COHERE_ACTION), ToolFormat.DSML_FUNCTIONS: {_DSML_MARK},
             ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL},
             # (a vocabulary may spell the role's header and its line's end as one token)
-            ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL}}
+            ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
+            ToolFormat.KIMI_K3: set(XTML_MARKERS)}
 
 
 def new_id(form: ToolFormat) -> str:

@@ -182,6 +182,7 @@ THINKERS = {
                          ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")),
     "firefunction-v2": ("firefunction-v2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "functionary-v3.2": ("functionary-v3.2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "kimi-k3": ("kimi-k3.jinja", (), ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")),
 }
 
 

@@ -21,8 +21,8 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, HARMONY, NONE, SEED, THINK, HarmonySplitter, Part,
-                                 Piece, ThinkSplitter, family, unread_thinking)
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, HARMONY, KIMI_K3, NONE, SEED, THINK, HarmonySplitter,
+                                 Part, Piece, ThinkSplitter, XtmlSplitter, family, unread_thinking)
 
 
 def joined(pieces: list[Piece]) -> dict[Part, str]:
@@ -149,6 +149,34 @@ def test_command_r7bs_plan_is_thinking_and_its_response_markers_are_left_out():
     assert parts == {Part.ANSWER: "Hi."}
 
 
+# Kimi K3's reply after the prompt's `<|open|>think<|sep|>`: its markers control tokens (text here), its names words
+K3_REPLY = ("the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
+            "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
+            "<|close|>message<|sep|>")
+K3_TOOLS = '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+
+
+@pytest.mark.parametrize("cut", range(1, len(K3_REPLY), 3))
+def test_kimi_k3s_sections_split_the_same_at_every_boundary(cut):
+    """think's text is the thinking, response's the answer, the tools section handed on in the answer as written
+    (for tool_calls.py), the message's closing left out; no more than a section's marker is ever held back."""
+    parts, held = split_at(XtmlSplitter(opened=True), [(K3_REPLY[:cut], False), (K3_REPLY[cut:], False)])
+    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5." + K3_TOOLS}
+    assert held <= len('<|open|>call tool="f" index="1"<|sep|>')
+
+
+def test_kimi_k3s_markers_as_control_tokens_and_a_reply_that_leaves_the_form():
+    chunks = [("<|close|>", True), ("think", False), ("<|sep|>", True), ("<|open|>", True), ("response", False),
+              ("<|sep|>", True), ("Hi.", False), ("<|end_of_msg|>", True)]
+    assert split_at(XtmlSplitter(opened=True), chunks)[0] == {Part.ANSWER: "Hi."}
+    # thinking off: the prompt opened the response; a section it does not know is text
+    assert split_at(XtmlSplitter(answering=True), [("a <|open|>b<|sep|>c", False)])[0] == {Part.ANSWER: "a <|open|>b<|sep|>c"}
+    # a marker's text too long for a section's name, or cut off at the end: text
+    long = "<|open|>" + "x" * 300
+    assert split_at(XtmlSplitter(answering=True), [(long, False)])[0] == {Part.ANSWER: long}
+    assert split_at(XtmlSplitter(answering=True), [("a<|close|>resp", False)])[0] == {Part.ANSWER: "a<|close|>resp"}
+
+
 def test_the_family_is_read_from_the_template():
     assert family("{{ '<think>' }}...{{ '</think>' }}") is THINK
     assert family("<|start|>{{ m }}<|channel|>final<|message|>") is HARMONY
@@ -156,6 +184,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "seed-oss.jinja").read_text()) is SEED
     assert family((TEMPLATES / "apriel-1.6.jinja").read_text()) is APRIEL
     assert family((TEMPLATES / "command-r7b.jinja").read_text()) is COMMAND_R7B
+    assert family((TEMPLATES / "kimi-k3.jinja").read_text()) is KIMI_K3
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -206,6 +235,24 @@ def test_the_budget_closes_the_block_and_the_model_answers(thinkers):
     assert parts["thinking"].tokens == 5 + len(closing) and budgeted.text and budgeted.tokens == 20
     assert budgeted.finish_reason == "length" and "</think>" not in budgeted.text + budgeted.reasoning
     assert sampled.tokens == 4 and sampled.text == "" and sampled.finish_reason == "length"
+
+
+def test_kimi_k3_thinks_in_its_think_section_and_answers_in_its_response(thinkers):
+    """Kimi K3 (XTML): the prompt opens its think section; a budget closes it and opens the response for the model,
+    whose text is then the answer, without the sections' names (words its vocabulary writes as text), and drafting
+    changes no token; thinking off opens the response in the prompt."""
+    grammar = 'root ::= [a-z ]{4,20} "<|close|>response<|sep|><|close|>message<|sep|>"'
+    with opened(thinkers["kimi-k3"]) as session:
+        budgeted = reply(session, Thinking(budget=5), grammar=None, max_tokens=24)
+        off = reply(session, Thinking(think=False), grammar=grammar, max_tokens=90)
+        session.use(DrafterKind.PLAIN)
+        plain_off = reply(session, Thinking(think=False), grammar=grammar, max_tokens=90)
+        closing = len(session.prompts.model.tokenize(KIMI_K3.closing, add_special=False, parse_special=True))
+    assert budgeted.summary().parts["thinking"].tokens == 5 + closing and budgeted.reasoning
+    assert "response" not in budgeted.reasoning and not budgeted.text.startswith("response")
+    assert off.reasoning == "" and off.text and off.finish_reason == "stop", off.text
+    assert "response" not in off.text and "message" not in off.text and "<|" not in off.text
+    assert (off.text, off.tokens) == (plain_off.text, plain_off.tokens)
 
 
 def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):
@@ -443,6 +490,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("nemotron-nano-v2", (True, False, "<think>"), (False, True, "<think></think>")),
     # Command R7B: no switch and no block opened; its plan, where it writes one, is cut at once for thinking off
     ("command-r7b", (False, False, ""), (False, False, "")),
+    # Kimi K3: its switch `thinking` (on unless told); the prompt opens its think section, or its response
+    ("kimi-k3", (True, False, "<|open|>think<|sep|>"), (False, False, "<|open|>response<|sep|>")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:
