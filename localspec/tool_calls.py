@@ -76,6 +76,7 @@ class ToolFormat(StrEnum):
     # Functionary v3.2's messages, each `>>>RECIPIENT\n` and its text: `all`'s the content, a function's its call
     FUNCTIONARY_V32 = "functionary-v3.2"
     KIMI_K3 = "kimi-k3"  # Kimi K3's XTML `tools` section of `call`s, each argument a section of its own
+    MINIMAX_M1 = "minimax-m1"  # MiniMax-M1's <tool_calls> block of JSON calls, one a line
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -148,6 +149,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.SEED
     if "<tool_calls>[" in source and "]</tool_calls>" in source:
         return ToolFormat.APRIEL
+    if _MINIMAX_M1_TAUGHT in source and "</tool_calls>" in source:
+        return ToolFormat.MINIMAX_M1
     if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
         return ToolFormat.NEMOTRON
     if _COHERE_ACTION[0] in source and '"tool_name"' in source:
@@ -185,7 +188,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools lists,"
-                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML and gpt-oss's harmony)")
+                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML, MiniMax-M1's <tool_calls> lines"
+                     " and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -947,6 +951,25 @@ def template_variables(template: str, tools: Tools | None) -> dict:
     return variables
 
 
+# MiniMax-M1's: a <tool_calls> block of JSON calls, one a line (its template teaches it so, its newline escaped)
+_MINIMAX_M1_TAUGHT = '<tool_calls>\\n{"name"'
+
+
+def _read_json_lines(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """MiniMax-M1's calls: JSON objects `{"name": ..., "arguments": {...}}` one after another, a line each (as the
+    grammar lets JSON be laid out, one may take several)."""
+    calls, at, decoder = [], 0, json.JSONDecoder()
+    try:
+        while body[at:].strip():
+            call, at = decoder.raw_decode(body, len(body) - len(body[at:].lstrip()))
+            calls.append(call)
+    except ValueError:
+        calls = []
+    if not calls or not all(_is_call(call, "arguments") for call in calls):
+        raise InputError(f"the model wrote tool calls that are not JSON calls a line: {body[:80]!r}")
+    return [(call["name"], call["arguments"]) for call in calls]
+
+
 # Kimi K3's: calls in one `tools` section (XTML, reasoning.py), each `<|open|>call tool="NAME" index="N"<|sep|>`, then
 # each argument `<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>` (a string's value as
 # written, any other's JSON), then `<|close|>call<|sep|>`; an attribute's `&` and `"` escaped as XML's
@@ -1121,6 +1144,9 @@ _FORMS = {
                               f'"{_KIMI_K3_TOOLS[0]}" call "{_KIMI_K3_TOOLS[1]}" "{XTML_CLOSE}message{XTML_SEP}"?',
                               f'"{_KIMI_K3_TOOLS[0]}" call+ "{_KIMI_K3_TOOLS[1]}" "{XTML_CLOSE}message{XTML_SEP}"?',
                               _kimi_k3_rules, _read_kimi_k3_calls),
+    ToolFormat.MINIMAX_M1: _Form("<tool_calls>", "</tool_calls>", None, "arguments", (r"(<tool_calls>)",),
+                                 '"<tool_calls>" "\\n" call "\\n" "</tool_calls>"',
+                                 '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None, _read_json_lines),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
