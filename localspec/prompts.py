@@ -114,6 +114,10 @@ class Prompts:
         self.template = template or model.chat_template() or FALLBACK_TEMPLATE
         self.family = reasoning.family(self.template)  # how its replies think
         self.thinks = self.family is not reasoning.NONE
+        # the prompts of a request that offers tools, where the file carries a template for them (Hermes 2 Pro's and
+        # 3's, Cohere's: their own is one without tools), as llama.cpp renders them
+        tool_use = None if template else model.chat_template("tool_use")
+        self.tool_use = Prompts(model, n_ctx, tool_use, vision) if tool_use else None
 
     @functools.cached_property
     def arguments_as_text(self) -> bool:
@@ -135,6 +139,8 @@ class Prompts:
         with the tools it may call), its prediction's tokens, and the sampling that keeps tool calls well
         formed. Raises, with nothing started, where the request cannot be generated (InputError,
         ContextOverflow, UsageError)."""
+        if request.tools is not None and self.tool_use is not None:
+            return self.tool_use.prepare(request)
         prediction = request.prediction
         if isinstance(prediction, str):
             prediction = self.prediction_tokens(prediction)

@@ -699,6 +699,35 @@ def test_mistrals_args_calls_are_read_where_their_markers_are_control_tokens(tmp
     assert "Traceback" not in running.log()
 
 
+def test_a_files_tool_use_template_renders_the_prompts_that_offer_tools(tmp_path):
+    """Hermes 2 Pro's and 3's GGUFs (and Cohere's) carry a template of their own for tools beside one without: a
+    request with tools is rendered with it, as llama.cpp does (a 400 "has no tools" before), one without with the
+    file's own; Ollama's show counts tools among its capabilities."""
+    chatml = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+              "<|im_start|>assistant\n")
+    model = write_tiny_model(tmp_path / "hermes.gguf", TinySpec(seed=1, sharpness=2.0, chat_template=[
+        {"name": "default", "template": chatml},
+        {"name": "tool_use", "template": (REAL / "hermes-2-pro-tool_use.jinja").read_text()}],
+        control=("<|im_start|>", "<|im_end|>")))
+    running = ServerProcess(tmp_path, model, "--temp", "0", "-c", "4096", "--alias", "tiny")
+    try:
+        client = running.client()
+        call, arguments, history = required_weather_call(client)
+        after = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
+                                               max_tokens=4)
+        assert after.choices[0].message.tool_calls is None
+        plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4)
+        offered = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="none",
+                                                 max_tokens=4)
+        assert 4 * plain.usage.prompt_tokens < offered.usage.prompt_tokens  # (the tools' system prompt)
+        assert "tools" in ollama.Client(host=running.base).show("tiny").capabilities
+        props = httpx.get(running.base + "/props", timeout=60).json()  # (as llama-server shows both)
+        assert props["chat_template"] == chatml and "<tool_call>" in props["chat_template_tool_use"]
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
 def test_lfm2s_python_style_calls_come_back_as_openais_and_are_written_back_for_its_template(tmp_path):
     """LFM2's `<|tool_call_start|>[NAME(key=value)]<|tool_call_end|>` (refused before: "does not read yet"), with
     its real template and its markers control tokens: a required call comes back as OpenAI's, typed, and the

@@ -43,7 +43,8 @@ class TinySpec:
     blend_seed: int | None = None
     blend: float = 0.0
     architecture: str = "llama"  # or "lfm2"; anything else is unknown to llama.cpp (and written as llama)
-    chat_template: str | None = None  # tokenizer.chat_template; without one localspec's fallback renders chats
+    # tokenizer.chat_template (or named ones, gguf's [{"name", "template"}]); without one localspec's fallback renders chats
+    chat_template: str | list[dict] | None = None
     # < 1 shrinks what each layer adds to its input: the next token then depends mostly on the last one
     layer_scale: float = 1.0
     # more tokens after the pieces, as a real family's vocabulary has them: shown as text (USER_DEFINED, as

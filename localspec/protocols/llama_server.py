@@ -261,7 +261,8 @@ def props(session: Session, defaults: Defaults, slots: int) -> dict:
                                             "params": params},
             "total_slots": slots, "model_path": str(session.model_files()[0]), "chat_template": session.prompts.template,
             "modalities": {"vision": session.info.vision, "audio": session.info.audio}, "media_marker": MEDIA_MARKER,
-            "build_info": BUILD_INFO, "is_sleeping": False}
+            "build_info": BUILD_INFO, "is_sleeping": False} | (
+        {"chat_template_tool_use": session.prompts.tool_use.template} if session.prompts.tool_use else {})
 
 
 def slots(session: Session, defaults: Defaults, running: dict) -> list[dict]:

@@ -133,16 +133,18 @@ def local_file(name: str) -> Path:
 
 
 def capabilities(header: gguf_meta.GGUFInfo, template: str | None = None) -> list[str]:
-    """What a model can be asked for, in Ollama's words: completion, tools (its chat template, or the one
-    given in its place, presents them in a form localspec reads back), insert (it fills in the middle: a
+    """What a model can be asked for, in Ollama's words: completion, tools (its chat template for tools, else its
+    own, or the one given in its place, presents them in a form localspec reads back), insert (it fills in the middle: a
     request's suffix), thinking (a reasoning model); an encoder only embeds; a reranker has no word of Ollama's (it
     only ranks)."""
     if not header.generates:
         return [] if header.ranks else ["embedding"]
+    # (a template given in place of the file's own stands for its tool_use one too, as in Prompts)
+    tool_use = header.tool_use_template if template in (None, header.chat_template) else None
     template = template or header.chat_template
     found = ["completion"]
     try:
-        tool_format(template)
+        tool_format(tool_use or template)
         found.append("tools")
     except InputError:
         pass

@@ -261,6 +261,11 @@ class GGUFInfo:
     def chat_template(self) -> str | None:
         return self.get("tokenizer.chat_template")
 
+    @property
+    def tool_use_template(self) -> str | None:
+        """The template the file carries for prompts that offer tools, beside its own (Hermes', Cohere's)."""
+        return self.get("tokenizer.chat_template.tool_use")
+
     def tokens(self) -> list[bytes]:
         """The vocabulary's token texts (decoded on demand: slow for big vocabularies)."""
         tokens = self.metadata.get("tokenizer.ggml.tokens")
