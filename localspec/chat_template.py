@@ -414,8 +414,9 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str, 
     token = _budget.set(_Budget())
     try:
         pieces, length = [], 0
-        # templates ask `if tools`, some `tools is defined`; today's date as llama.cpp gives it (Firefunction's needs it)
-        extra = {"datetime": datetime.now().strftime("%b %d %Y")} | ({"tools": tools} if tools else {}) | (variables or {})
+        # templates ask `if tools`, some `tools is defined`; today's date as llama.cpp gives it (Firefunction's reads it)
+        today = {"datetime": datetime.now().strftime("%b %d %Y")}
+        extra = today | ({"tools": tools} if tools else {}) | (variables or {})
         for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
                                                   bos_token=bos_token, eos_token=eos_token, **extra):
             length += len(piece)

@@ -15,7 +15,8 @@ from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
-from .tool_calls import ToolFormat, Tools, answering, constraint, template_variables, tool_format, with_calls_written
+from .tool_calls import (ToolFormat, Tools, constraint, content_opening, template_variables, tool_format,
+                         with_calls_written)
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -156,8 +157,8 @@ class Prompts:
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
-            if answer := answering(self.template, request.tools):  # (its reply is content: no form to read it in)
-                tokens, tool_format = tokens + self.model.spell(answer), None
+            if opening := content_opening(self.template, request.tools):  # (its reply is content: no form to read)
+                tokens, tool_format = tokens + self.model.spell(opening), None
             tokens, plan = self.thinking_plan(tokens, thinking)
             if plan is not None:
                 answer_sampling = sampling
@@ -287,8 +288,8 @@ class Prompts:
             if spells_control_tokens(json.dumps(variables, ensure_ascii=False, default=str)):
                 raise InputError("a chat template variable contains the text of a control token, which the chat"
                                  " template would write as one")
-        variables = ((variables or {}) | (self.template_variables(thinking) if self.family is not reasoning.NONE else {})
-                     | template_variables(template, tools))
+        thinks = self.template_variables(thinking) if self.family is not reasoning.NONE else {}
+        variables = (variables or {}) | thinks | template_variables(template, tools)
         pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None,
                                variables or None)
         # Some templates write the BOS token themselves; adding another would change the prompt.

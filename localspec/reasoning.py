@@ -66,9 +66,12 @@ class Family:
     # the text that ends the thinking for the model, where a budget runs out (what llama.cpp forces)
     closing: str = ""
     channel: str = ""  # the word after the opening marker that names the block (Gemma 4's `thought`)
+    answer: tuple[str, str] = ("", "")  # markers around the answer, left out of it (Granite 3.3's <response>)
 
 
 THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
+# Granite 3.3: asked to think (its switch `thinking`), it writes <think> ... </think><response> ... </response>
+GRANITE = Family("granite", ReasoningFormat.THINK, "<think>", "</think>", "</think>", answer=("<response>", "</response>"))
 # Seed-OSS: `<seed:think>` ... `</seed:think>` (its budget's reflections, `<seed:cot_budget_reflect>`, inside)
 SEED = Family("seed", ReasoningFormat.THINK, "<seed:think>", "</seed:think>", "</seed:think>")
 # Apriel: its template opens the thinking with words, the model ends it with a marker of words
@@ -110,6 +113,8 @@ def family(template: str | None) -> Family:
         return APRIEL
     if COMMAND_R7B.open in source and COMMAND_R7B.close in source:
         return COMMAND_R7B
+    if "<think></think>" in source and "<response></response>" in source:
+        return GRANITE
     if THINK.open in source and THINK.close in source:
         return THINK
     return NONE
@@ -144,6 +149,7 @@ class ThinkSplitter:
         self.open, self.close, self.channel = markers.open, markers.close, markers.channel
         self._state = "closed" if answering else "opened" if opened else "start"
         self._pending = ""
+        self.answer_open, self.answer_close = markers.answer
 
     @property
     def thinking(self) -> bool:
@@ -195,16 +201,29 @@ class ThinkSplitter:
                 continue
             if self._state in ("opened", "closed"):  # white space at either end of the block is the template's
                 self._pending = self._pending.lstrip()
-                if self._state == "opened" and self.channel:  # and the block's name after its opening
-                    if not final and self.channel.startswith(self._pending):
+                # and the block's name after its opening, or the answer's own opening after the block
+                word = self.channel if self._state == "opened" else self.answer_open
+                if word:
+                    if not final and word.startswith(self._pending):
                         return
-                    self._pending = self._pending.removeprefix(self.channel).lstrip()
+                    self._pending = self._pending.removeprefix(word).lstrip()
                 if not self._pending:
                     return
                 self._state = "thinking" if self._state == "opened" else "answer"
                 continue
-            yield from self._out(Part.ANSWER, self._pending)
-            self._pending = ""
+            if not self.answer_close:
+                yield from self._out(Part.ANSWER, self._pending)
+                self._pending = ""
+                return
+            at = self._pending.find(self.answer_close)  # (the answer's own closing: left out, as the rest is text)
+            if at >= 0:
+                yield from self._out(Part.ANSWER, self._pending[:at])
+                self._pending = self._pending[at + len(self.answer_close):]
+                continue
+            shown = len(self._pending) - (0 if final else _held(self._pending, self.answer_close))
+            yield from self._out(Part.ANSWER, self._pending[:shown])
+            self._pending = self._pending[shown:]
+            return
 
     @staticmethod
     def _out(part: Part, text: str) -> Iterator[Piece]:

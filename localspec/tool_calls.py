@@ -119,6 +119,7 @@ class _Form:
     call_rules: Callable[[list[dict]], str] | None = None
     read_calls: Callable[[str, dict], list[tuple]] | None = None
     cdata: bool = False  # a call may hold <![CDATA[...]]> values, inside which its closing is a value's text
+    json: bool = False  # its calls are JSON: a closing inside one of their strings is a value's text
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -187,9 +188,9 @@ def tool_format(template: str | None) -> ToolFormat:
                      " <arg_key>, Gemma 4's <|tool_call>call:, MiniMax-M2's and DeepSeek V3.2's and V4's (DSML)"
                      " <invoke>, MiniCPM5's <function name=...>, Apertus' {NAME: arguments} lists, Kimi K2's tool-call"
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
-                     " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools lists,"
-                     " Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML, MiniMax-M1's <tool_calls> lines"
-                     " and gpt-oss's harmony)")
+                     " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
+                     " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
+                     " MiniMax-M1's <tool_calls> lines and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -596,7 +597,7 @@ def _json_list(opening: str, closing: str, call_rules: Callable[[list[dict]], st
     """A form whose calls are one JSON list between two markers (Apriel's, Nemotron's, Apertus')."""
     block = f'"{opening}" "[" ws {{calls}} ws "]" "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), block.format(calls="call"),
-                 block.format(calls='call (ws "," ws call)*'), call_rules, read_calls)
+                 block.format(calls='call (ws "," ws call)*'), call_rules, read_calls, json=True)
 
 
 # Apertus': a JSON list of calls between two control tokens, each call an object of one key, the function's name,
@@ -799,17 +800,24 @@ def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int
     leaves out: without its opening, a call after some content read as content); the events as they are for
     every other form."""
     if form is ToolFormat.FUNCTIONARY_V32:
-        return _rewritten(events, _Recipients())
+        return _each(events, _Recipients().rewritten)
     markers = _MARKERS.get(form)
-    return _showing(events, markers, control_text) if markers else events
+    if not markers:
+        return events
+
+    def marked(event):
+        if isinstance(event, Token) and (marker := control_text(event.id)) in markers:
+            return replace(event, text=event.text + marker)
+        return event
+
+    return _each(events, marked)
 
 
-def _showing(events: Iterator, markers: set[str], control_text: Callable[[int], str | None]) -> Iterator:
+def _each(events: Iterator, change: Callable) -> Iterator:
+    """The events, each changed."""
     try:
         for event in events:
-            if isinstance(event, Token) and (marker := control_text(event.id)) in markers:
-                event = replace(event, text=event.text + marker)
-            yield event
+            yield change(event)
     finally:
         if hasattr(events, "close"):  # (a generation, closed with it: its sequence is free at once)
             events.close()
@@ -863,7 +871,7 @@ def _functionary_v32_rules(offered: list[dict]) -> str:
                                 f" {arguments}")
 
 
-def answering(template: str, tools: "Tools | None") -> str:
+def content_opening(template: str, tools: "Tools | None") -> str:
     """The text a prompt ends with, past the template's own, where the reply is to be content alone: Functionary
     v3.2's recipient `all`, as its template writes an assistant's content (its generation prompt leaves the
     recipient to the model, who may choose a tool; without tools on offer there is none to choose)."""
@@ -924,18 +932,14 @@ class _Recipients:
         ended, self._call = self._call, False
         return CALL_CLOSING if ended else ""
 
+    def rewritten(self, event):
+        """A generation's event with its text rewritten (a Token's, a Done's tail and what is held at its end)."""
+        if isinstance(event, Token):
+            return replace(event, text=self.feed(event.text))
+        if isinstance(event, Done):
+            return replace(event, tail=self.feed(event.tail) + self.finish(event.finish_reason == "stop"))
+        return event
 
-def _rewritten(events: Iterator, recipients: _Recipients) -> Iterator:
-    try:
-        for event in events:
-            if isinstance(event, Token):
-                event = replace(event, text=recipients.feed(event.text))
-            elif isinstance(event, Done):
-                event = replace(event, tail=recipients.feed(event.tail) + recipients.finish(event.finish_reason == "stop"))
-            yield event
-    finally:
-        if hasattr(events, "close"):
-            events.close()
 
 
 def template_variables(template: str, tools: Tools | None) -> dict:
@@ -990,7 +994,7 @@ def _kimi_k3_rules(offered: list[dict]) -> str:
     def literal(text: str) -> str:
         return json.dumps(text, ensure_ascii=False)
 
-    argument_end = literal(f"{XTML_CLOSE}argument{XTML_SEP}")
+    attribute_end, argument_end = literal('"' + XTML_SEP), literal(f"{XTML_CLOSE}argument{XTML_SEP}")
     as_json, calls, pieces = {}, [], []
     for number, function in enumerate(offered):
         properties, required, open_keys = _parameters(function)
@@ -1003,16 +1007,14 @@ def _kimi_k3_rules(offered: list[dict]) -> str:
                 value = f"json-{number}-{place}"
                 as_json[value] = schema
                 kind = _KIMI_K3_TYPES.get(schema.get("type") if isinstance(schema, dict) else None)
-            opened = literal(f'{XTML_OPEN}argument key="{_xtml_attribute(key)}" type="') + \
-                (f' {literal(kind + chr(34) + XTML_SEP)}' if kind else f' [a-z]+ {literal(chr(34) + XTML_SEP)}')
-            argument = f"{opened} {value} {argument_end}"
+            opened = literal(f'{XTML_OPEN}argument key="{_xtml_attribute(key)}" type="{kind or ""}')
+            argument = f"{opened} {'' if kind else '[a-z]+ '}{attribute_end} {value} {argument_end}"
             arguments.append(argument if key in required else f"({argument})?")
         if open_keys:
-            arguments.append(f"({literal(XTML_OPEN + 'argument key=' + chr(34))} [^\"<]+ "
-                             f"{literal(chr(34) + ' type=' + chr(34))} [a-z]+ {literal(chr(34) + XTML_SEP)} xtext"
-                             f" {argument_end})*")
+            arguments.append(f"""({literal(XTML_OPEN + 'argument key="')} [^"<]+ {literal('" type="')} [a-z]+"""
+                             f" {attribute_end} xtext {argument_end})*")
         name = literal(f'{XTML_OPEN}call tool="{_xtml_attribute(function["name"])}" index="')
-        pieces.append(f"call-{number} ::= {name} [1-9] [0-9]? {literal(chr(34) + XTML_SEP)} {' '.join(arguments)}"
+        pieces.append(f"call-{number} ::= {name} [1-9] [0-9]? {attribute_end} {' '.join(arguments)}"
                       f" {literal(XTML_CLOSE + 'call' + XTML_SEP)}")
         calls.append(f"call-{number}")
     return "\n".join([f"call ::= {' | '.join(calls)}", *pieces, _text_without(XTML_CLOSE, "xtext"),
@@ -1085,14 +1087,14 @@ def _invokes(markup: _Markup, opening: str, closing: str) -> _Form:
 
 _FORMS = {
     ToolFormat.HERMES: _Form("<tool_call>", "</tool_call>", "{", "arguments", (r"(<tool_call>)", _WHOLE_CALL_TRIGGER),
-                             f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?'),
+                             f'{_BLOCK} | call ws "```"?', f'{_BLOCK} (ws {_BLOCK})* | call ws "```"?', json=True),
     ToolFormat.LLAMA3: _Form(None, None, "{", "parameters", (_WHOLE_CALL_TRIGGER,), 'call ws "```"?', 'call ws "```"?'),
     # [TOOL_CALLS] is a control token, written into the text by shown() (a file where it is text has it anyway)
     ToolFormat.MISTRAL: _Form("[TOOL_CALLS]", None, "[", "arguments", (r"(\[TOOL_CALLS\])",),
                               '"[TOOL_CALLS]" "[" call "]"', '"[TOOL_CALLS]" "[" call ("," ws call)* "]"'),
     ToolFormat.GRANITE: _Form(_GRANITE_CALL, None, "[", "arguments", (r"(<\|tool_call\|>)",),
                               f'"{_GRANITE_CALL}" "[" call "]"', f'"{_GRANITE_CALL}" "[" call ("," ws call)* "]"'),
-    ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", ""),
+    ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", "", json=True),
     ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML),
                           _alone(partial(_read_markup, _QWEN_XML))),
@@ -1104,7 +1106,8 @@ _FORMS = {
     ToolFormat.APERTUS: _json_list(*_APERTUS, _apertus_rules, _read_named_calls),
     ToolFormat.COMMAND_R7B: _Form(*_COHERE_ACTION, None, "parameters", (r"(<\|START_ACTION\|>)",),
                                   _COHERE_BLOCK.format(calls="call"), _COHERE_BLOCK.format(calls='call ("," indent call)*'),
-                                  _cohere_rules, partial(_read_json_calls, name="tool_name", arguments="parameters")),
+                                  _cohere_rules, partial(_read_json_calls, name="tool_name", arguments="parameters"),
+                                  json=True),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM))),
     ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
@@ -1122,7 +1125,8 @@ _FORMS = {
     ToolFormat.DSML: _invokes(_DSML, f"<{_DSML_MARK}tool_calls>", f"</{_DSML_MARK}tool_calls>"),
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
                            f'"{_KIMI_SECTION[0]}" call "{_KIMI_SECTION[1]}"',
-                           f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls),
+                           f'"{_KIMI_SECTION[0]}" call (ws call)* "{_KIMI_SECTION[1]}"', _kimi_rules, _read_kimi_calls,
+                           json=True),
     ToolFormat.GIGACHAT3: _Form(_GIGACHAT3_CALL, None, None, "arguments",
                                 (r"(<\|message_sep\|>)\s*function call<\|role_sep\|>",),
                                 f'"<|message_sep|>" ws "{_GIGACHAT3_CALL}" ws call',
@@ -1133,12 +1137,12 @@ _FORMS = {
                                    f'"{_FUNCTOOLS}" ws call ws "]"', f'"{_FUNCTOOLS}" ws call (ws "," ws call)* ws "]"',
                                    read_calls=lambda body, parameters: _read_json_calls("[" + body, parameters)),
     ToolFormat.FUNCTIONARY: _Form(_FUNCTIONARY[0], _FUNCTIONARY[1], None, "arguments", (r"(<function=)",), "call",
-                                  "call (ws call)*", _functionary_rules, _alone(_read_functionary_call)),
+                                  "call (ws call)*", _functionary_rules, _alone(_read_functionary_call), json=True),
     # (the reader reads the Hermes blocks _Recipients writes; the grammar holds what the model writes from a call's
     # recipient on: the first message's, whose `>>>` the prompt wrote, or one's after the content)
     ToolFormat.FUNCTIONARY_V32: _Form("<tool_call>", "</tool_call>", None, "arguments",
                                       (r"^((?!all\n)[\w.-]+\n)[\s\S]*$", r">>>(?!all\n)([\w.-]+\n)"),
-                                      "call", 'call (">>>" call)*', _functionary_v32_rules),
+                                      "call", 'call (">>>" call)*', _functionary_v32_rules, json=True),
     # (the message's closing may follow the section: the splitter leaves it out)
     ToolFormat.KIMI_K3: _Form(*_KIMI_K3_TOOLS, None, "arguments", (r"(<\|open\|>tools<\|sep\|>)",),
                               f'"{_KIMI_K3_TOOLS[0]}" call "{_KIMI_K3_TOOLS[1]}" "{XTML_CLOSE}message{XTML_SEP}"?',
@@ -1146,7 +1150,8 @@ _FORMS = {
                               _kimi_k3_rules, _read_kimi_k3_calls),
     ToolFormat.MINIMAX_M1: _Form("<tool_calls>", "</tool_calls>", None, "arguments", (r"(<tool_calls>)",),
                                  '"<tool_calls>" "\\n" call "\\n" "</tool_calls>"',
-                                 '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None, _read_json_lines),
+                                 '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None,
+                                 _read_json_lines, json=True),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -1187,6 +1192,7 @@ class ToolStream:
         self._parameters = {d["function"]["name"]: (d["function"].get("parameters") or {}).get("properties") or {}
                             for d in tools.definitions} if tools else {}
         self._held = ""  # text that may be, or is, a call
+        self._quoting = _Quoting()  # (a JSON form's calls: how far their strings are read)
         # "content" once it is not a whole call, "calls" after an opening, "whole"
         self._state = "start" if self._f.whole is not None else "content"
 
@@ -1262,8 +1268,9 @@ class ToolStream:
 
     def _closed_calls(self) -> list[ToolCall]:
         f, out = self._f, []
-        while (end := _closing(self._held, f.closing, f.cdata)) >= 0:
-            block, self._held = self._held[:end], self._held[end + len(f.closing):]
+        while (end := self._quoting.closing(self._held, f.closing) if f.json
+               else _closing(self._held, f.closing, f.cdata)) >= 0:
+            block, self._held, self._quoting = self._held[:end], self._held[end + len(f.closing):], _Quoting()
             body = block.strip().removeprefix(f.opening).strip()
             if f.read_calls:
                 out += [self._made(*call) for call in f.read_calls(body, self._parameters)]
@@ -1282,6 +1289,37 @@ class ToolStream:
 
     def _made(self, name: str, arguments: dict, call_id: str | None = None) -> ToolCall:
         return ToolCall(call_id or new_id(self.form), name, json.dumps(arguments, ensure_ascii=False))
+
+
+class _Quoting:
+    """How far a JSON form's calls have been read for their strings (a closing inside one is a value's text: code
+    that writes `</tool_call>`), kept from feed to feed so that each character is read once."""
+
+    def __init__(self):
+        self.at, self.inside, self.escaped = 0, False, False
+
+    def closing(self, held: str, closing: str) -> int:
+        """Where the closing is, outside the strings; -1 where it has not come."""
+        at = self.at
+        while at < len(held):
+            char = held[at]
+            if self.inside:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.inside = False
+            elif char == '"':
+                self.inside = True
+            elif char == closing[0] and closing.startswith(held[at:at + len(closing)]):
+                if held.startswith(closing, at):
+                    self.at = at
+                    return at
+                break  # (its beginning, the rest to come)
+            at += 1
+        self.at = at
+        return -1
 
 
 def _closing(held: str, closing: str, cdata: bool) -> int:

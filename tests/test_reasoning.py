@@ -21,8 +21,8 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, HARMONY, KIMI_K3, NONE, SEED, THINK, HarmonySplitter,
-                                 Part, Piece, ThinkSplitter, XtmlSplitter, family, unread_thinking)
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, KIMI_K3, NONE, SEED, THINK,
+                                 HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family, unread_thinking)
 
 
 def joined(pieces: list[Piece]) -> dict[Part, str]:
@@ -149,6 +149,17 @@ def test_command_r7bs_plan_is_thinking_and_its_response_markers_are_left_out():
     assert parts == {Part.ANSWER: "Hi."}
 
 
+GRANITE_REPLY = "<think>the user wants 4.</think>\n<response>It is 4 < 5.</response>"
+
+
+@pytest.mark.parametrize("cut", range(1, len(GRANITE_REPLY)))
+def test_granites_response_markers_are_left_out_of_its_answer(cut):
+    """Granite 3.3, asked to think, writes its answer between <response> and </response> after its <think> block."""
+    parts, held = split_at(ThinkSplitter(markers=GRANITE), [(GRANITE_REPLY[:cut], False), (GRANITE_REPLY[cut:], False)])
+    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5."}
+    assert held < len("</response>")
+
+
 # Kimi K3's reply after the prompt's `<|open|>think<|sep|>`: its markers control tokens (text here), its names words
 K3_REPLY = ("the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
             "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
@@ -185,6 +196,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "apriel-1.6.jinja").read_text()) is APRIEL
     assert family((TEMPLATES / "command-r7b.jinja").read_text()) is COMMAND_R7B
     assert family((TEMPLATES / "kimi-k3.jinja").read_text()) is KIMI_K3
+    assert family((TEMPLATES / "granite-3.3.jinja").read_text()) is GRANITE
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -253,6 +265,19 @@ def test_kimi_k3_thinks_in_its_think_section_and_answers_in_its_response(thinker
     assert off.reasoning == "" and off.text and off.finish_reason == "stop", off.text
     assert "response" not in off.text and "message" not in off.text and "<|" not in off.text
     assert (off.text, off.tokens) == (plain_off.text, plain_off.tokens)
+
+
+def test_a_template_switched_by_thinking_is_told_only_where_a_request_asks(thinkers):
+    """Granite 3.3's switch is `thinking`, off unless given (Kimi K3's is on unless given): --think reached no such
+    template before; it is told where a request asks, and left to its default where none does."""
+    asked = {}
+    with opened(thinkers["granite-3.3"]) as session:
+        for think in (None, True, False):
+            prepared = session.prepare(Request(messages=[{"role": "user", "content": "hi"}], thinking=Thinking(think)))
+            # (the tiny tokenizer adds spaces)
+            asked[think] = "".join(session.prompts.model.spell_of(prepared.tokens, special=True).decode().split())
+    told = "".join("write your response between <response></response>".split())
+    assert told not in asked[None] and told in asked[True] and told not in asked[False]
 
 
 def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):

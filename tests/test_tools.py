@@ -233,6 +233,26 @@ def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, 
     assert read(form, text) == read(form, text, step=1) == read(form, text, step=3) == [content, calls]
 
 
+# code an agent asks a model to write, holding each JSON form's closing
+CODE = 'print("</tool_call>", "</tool_calls>", "]</TOOLCALL>", "</function>", "<|END_ACTION|>") # \\ "'
+
+
+@pytest.mark.parametrize("form, written", [
+    (ToolFormat.HERMES, lambda call: f"<tool_call>\n{json.dumps(call)}\n</tool_call>"),
+    (ToolFormat.MINIMAX_M1, lambda call: f"<tool_calls>\n{json.dumps(call)}\n</tool_calls>"),
+    (ToolFormat.NEMOTRON, lambda call: f"<TOOLCALL>[{json.dumps(call)}]</TOOLCALL>"),
+    (ToolFormat.FUNCTIONARY, lambda call: f"<function={call['name']}>{json.dumps(call['arguments'])}</function>"),
+    (ToolFormat.COMMAND_R7B, lambda call: '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": '
+     f"{json.dumps(call['arguments'])}}}]<|END_ACTION|>"),
+])
+def test_a_json_calls_string_may_hold_its_forms_closing(form, written):
+    """A JSON call's string that holds its form's closing (code that writes `</tool_call>`) is a value's text: the
+    call was cut there before, and read as not JSON."""
+    call = {"name": "f", "arguments": {"code": CODE}}
+    for step in (None, 1):
+        assert read(form, "Sure." + written(call), step) == ["Sure.", [("f", {"code": CODE})]]
+
+
 def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     reader = ToolStream(ToolFormat.HERMES)
     assert reader.feed("Sure, ") == ["Sure, "]
