@@ -414,8 +414,10 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str, 
     token = _budget.set(_Budget())
     try:
         pieces, length = [], 0
-        # templates ask `if tools`, some `tools is defined`; today's date as llama.cpp gives it (Firefunction's reads it)
-        today = {"datetime": datetime.now().strftime("%b %d %Y")}
+        # templates ask `if tools`, some `tools is defined`; today's date as llama.cpp gives it (Firefunction's reads
+        # datetime; Llama 3.1's to 3.3's date_string, which they set to 26 Jul 2024 where it is not given)
+        now = datetime.now()
+        today = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
         extra = today | ({"tools": tools} if tools else {}) | (variables or {})
         for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
                                                   bos_token=bos_token, eos_token=eos_token, **extra):

@@ -40,6 +40,18 @@ def test_break_and_continue_render_as_hugging_faces_loop_controls():
     assert render(template, messages, "<s>", "</s>") == "ac"
 
 
+def test_todays_date_is_given_as_llama_cpp_gives_it_unless_a_variable_says_otherwise():
+    """Llama 3.1's to 3.3's templates write `Today Date:` from date_string (26 Jul 2024 where none is given: the
+    date every prompt carried before); Firefunction v2's reads datetime. llama.cpp gives both as today's."""
+    from datetime import datetime
+    llama = (Path(__file__).parent / "templates" / "llama-3.1.jinja").read_text()
+    today = datetime.now()
+    assert f"Today Date: {today:%d %b %Y}\n" in render(llama, [{"role": "user", "content": "hi"}], "", "")
+    assert "Today Date: 1 Jan 2000\n" in render(llama, [{"role": "user", "content": "hi"}], "", "",
+                                                 variables={"date_string": "1 Jan 2000"})
+    assert render("{{ datetime }}", [], "", "") == f"{today:%b %d %Y}"
+
+
 def test_fromjson_reads_json_text_as_stepfuns_template_reads_an_earlier_calls_arguments():
     # ("No filter named 'fromjson'" before: the whole request failed)
     template = "{% for m in messages %}{% for k, v in (m.content | fromjson) | items %}{{ k }}={{ v }};{% endfor %}{% endfor %}"

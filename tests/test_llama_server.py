@@ -367,9 +367,11 @@ def test_run_chat_and_the_library_hand_the_template_their_variables(localspec, t
     assert read("--chat-template-kwargs", '{"thinking": true}') > read()
     with Session(model, None, Runtime(ctx_size=256), Speculation()) as session:
         chat = [{"role": "user", "content": "hi"}]
-        dated = session.count_tokens(Request(messages=chat, template_variables={"date_string": "1 Jan 2026"}))
+        # (longer than today's date, which the template is given where no variable says otherwise, as by llama.cpp)
+        day = {"date_string": "the first of January, 2026"}
+        dated = session.count_tokens(Request(messages=chat, template_variables=day))
         assert dated > session.count_tokens(Request(messages=chat))
-        conversation = session.chat(template_variables={"date_string": "1 Jan 2026"})
+        conversation = session.chat(template_variables=day)
         assert conversation.send("hi", max_tokens=1).summary.prompt_tokens == dated
 
 
