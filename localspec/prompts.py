@@ -231,6 +231,8 @@ class Prompts:
             variables["reasoning_effort"] = thinking.effort
         if thinking.effort is not None and "thinking_effort" in self.template:  # (Kimi K3's)
             variables["thinking_effort"] = thinking.effort
+        if (thinking.think is not None or thinking.off) and "thinking_mode" in self.template:  # (MiniMax-M3's)
+            variables["thinking_mode"] = "disabled" if thinking.off else "enabled"
         if "thinking_budget" in self.template and (thinking.off or thinking.budget is not None):
             variables["thinking_budget"] = 0 if thinking.off else thinking.budget  # (Seed-OSS's: it keeps count)
         return variables

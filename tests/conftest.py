@@ -183,6 +183,7 @@ THINKERS = {
     "firefunction-v2": ("firefunction-v2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "functionary-v3.2": ("functionary-v3.2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "kimi-k3": ("kimi-k3.jinja", (), ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")),
+    "minimax-m3": ("minimax-m3.jinja", ("<mm:think>", "</mm:think>"), ("]~!b[", "]~b]", "[e~[", "]<]minimax[>[")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

@@ -21,8 +21,9 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, KIMI_K3, NONE, SEED, THINK,
-                                 HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family, unread_thinking)
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, KIMI_K3, MINIMAX_M3, NONE, SEED,
+                                 THINK, HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family,
+                                 unread_thinking)
 
 
 def joined(pieces: list[Piece]) -> dict[Part, str]:
@@ -197,6 +198,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "command-r7b.jinja").read_text()) is COMMAND_R7B
     assert family((TEMPLATES / "kimi-k3.jinja").read_text()) is KIMI_K3
     assert family((TEMPLATES / "granite-3.3.jinja").read_text()) is GRANITE
+    assert family((TEMPLATES / "minimax-m3.jinja").read_text()) is MINIMAX_M3
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -278,6 +280,14 @@ def test_a_template_switched_by_thinking_is_told_only_where_a_request_asks(think
             asked[think] = "".join(session.prompts.model.spell_of(prepared.tokens, special=True).decode().split())
     told = "".join("write your response between <response></response>".split())
     assert told not in asked[None] and told in asked[True] and told not in asked[False]
+    with opened(thinkers["minimax-m3"]) as session:  # (enabled opens its block; disabled closes it)
+        plans = [session.prepare(Request(messages=[{"role": "user", "content": "hi"}], thinking=Thinking(think)))
+                 for think in (None, True, False)]
+        tails = [session.prompts.model.spell_of(p.tokens[-8:], special=True).decode() for p in plans]
+        budgeted = reply(session, Thinking(think=True, budget=3), max_tokens=12)
+    assert budgeted.reasoning and budgeted.text and "mm:think" not in budgeted.text + budgeted.reasoning
+    assert [plan.reasoning_plan.opened for plan in plans] == [False, True, False]
+    assert "".join(tails[2].split()).endswith("</mm:think>") and not "".join(tails[0].split()).endswith("think>")
 
 
 def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):
@@ -517,6 +527,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("command-r7b", (False, False, ""), (False, False, "")),
     # Kimi K3: its switch `thinking` (on unless told); the prompt opens its think section, or its response
     ("kimi-k3", (True, False, "<|open|>think<|sep|>"), (False, False, "<|open|>response<|sep|>")),
+    # MiniMax-M3: its switch `thinking_mode` (adaptive unless told: the model decides); disabled closes the block
+    ("minimax-m3", (False, False, "Current thinking mode: adaptive"), (False, False, "disabled.")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:
