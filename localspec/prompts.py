@@ -227,7 +227,11 @@ class Prompts:
         # (templates whose switch is `thinking`, each with a default of its own: told only where a request asks)
         if (thinking.think is not None or thinking.off) and _THINKING_SWITCH.search(self.template):
             variables["thinking"] = not thinking.off
-        if thinking.effort is not None and "reasoning_effort" in self.template:
+        if "'no_think'" in self.template and "reasoning_effort" in self.template:  # (Hy3's: its effort is its switch)
+            if thinking.think is not None or thinking.off or thinking.effort is not None:
+                variables["reasoning_effort"] = ("no_think" if thinking.off else
+                                                 thinking.effort if thinking.effort in ("low", "high") else "high")
+        elif thinking.effort is not None and "reasoning_effort" in self.template:
             variables["reasoning_effort"] = thinking.effort
         if thinking.effort is not None and "thinking_effort" in self.template:  # (Kimi K3's)
             variables["thinking_effort"] = thinking.effort

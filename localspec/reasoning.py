@@ -5,8 +5,8 @@ Recognised, from the chat template (docs/models.md lists the registry's families
 
 * `<think>` ... `</think>` (THINK): Qwen3, Qwen3.5/3.6, QwQ, DeepSeek-R1 and its distills, GLM-4.5. Where the
   template opens the block itself (its generation prompt ends with `<think>`), the reply starts inside it.
-  Gemma 4's `<|channel>thought` ... `<channel|>`, Seed-OSS's `<seed:think>` ... `</seed:think>` and MiniMax-M3's
-  `<mm:think>` ... `</mm:think>` alike, and
+  Gemma 4's `<|channel>thought` ... `<channel|>`, Seed-OSS's `<seed:think>` ... `</seed:think>`, MiniMax-M3's
+  `<mm:think>` ... `</mm:think>` and Hy3's `<think:opensource>` ... `</think:opensource>` alike, and
   Apriel's, which its template opens with `Here are my reasoning steps:` and the model ends with
   `[BEGIN FINAL RESPONSE]`, and Command R7B's plan, `<|START_THINKING|>` ... `<|END_THINKING|>` (control tokens;
   its answer's `<|START_RESPONSE|>` and `<|END_RESPONSE|>` are left out as every other control token is).
@@ -73,6 +73,9 @@ class Family:
 THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
 # MiniMax-M3: `<mm:think>` ... `</mm:think>` (its switch `thinking_mode`: enabled, disabled or, by default, adaptive)
 MINIMAX_M3 = Family("minimax-m3", ReasoningFormat.THINK, "<mm:think>", "</mm:think>", "</mm:think>")
+# Hy3: `<think:opensource>` ... `</think:opensource>` (its template's markers carry that suffix); its switch its
+# reasoning_effort, `no_think` (its default), `low` or `high`
+HY3 = Family("hy3", ReasoningFormat.THINK, "<think:opensource>", "</think:opensource>", "</think:opensource>")
 # Granite 3.3: asked to think (its switch `thinking`), it writes <think> ... </think><response> ... </response>
 GRANITE = Family("granite", ReasoningFormat.THINK, "<think>", "</think>", "</think>", answer=("<response>", "</response>"))
 # Seed-OSS: `<seed:think>` ... `</seed:think>` (its budget's reflections, `<seed:cot_budget_reflect>`, inside)
@@ -120,6 +123,8 @@ def family(template: str | None) -> Family:
         return GRANITE
     if f"'{MINIMAX_M3.open}'" in source and f"'{MINIMAX_M3.close}'" in source:
         return MINIMAX_M3
+    if "set HYTK = ':opensource'" in source and "'<think{}>'" in source:
+        return HY3
     if THINK.open in source and THINK.close in source:
         return THINK
     return NONE

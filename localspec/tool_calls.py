@@ -77,6 +77,7 @@ class ToolFormat(StrEnum):
     FUNCTIONARY_V32 = "functionary-v3.2"
     KIMI_K3 = "kimi-k3"  # Kimi K3's XTML `tools` section of `call`s, each argument a section of its own
     MINIMAX_M1 = "minimax-m1"  # MiniMax-M1's <tool_calls> block of JSON calls, one a line
+    HY3 = "hy3"  # Hy3's <tool_calls:opensource> block of calls, each argument an <arg_key:...> and <arg_value:...>
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -152,6 +153,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.APRIEL
     if _MINIMAX_M1_TAUGHT in source and "</tool_calls>" in source:
         return ToolFormat.MINIMAX_M1
+    if _HY3_MARK in source and "'<tool_calls{}>'" in source:
+        return ToolFormat.HY3
     if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
         return ToolFormat.NEMOTRON
     if _COHERE_ACTION[0] in source and '"tool_name"' in source:
@@ -190,7 +193,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
-                     " MiniMax-M1's <tool_calls> lines and gpt-oss's harmony)")
+                     " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource> and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -358,8 +361,11 @@ def _read_invokes(m: _Markup, body: str, parameters: dict) -> list[tuple[str, di
                 key_end = body.index(m.key[1] if m.typed is None else '"', at + len(m.key[0]))
                 key = body[at + len(m.key[0]) : key_end].strip()
                 closing = next(c for c in ((m.key[1],) if m.typed is None else m.typed) if body.startswith(c, key_end))
-                value_end = body.index(m.value[1], key_end)
-                written = body[key_end + len(closing) : value_end].removeprefix("\n").removesuffix("\n")
+                value_start = key_end + len(closing)
+                if m.value[0]:  # (Hy3's value has an opening of its own, on the key's next line)
+                    value_start = body.index(m.value[0], value_start) + len(m.value[0])
+                value_end = body.index(m.value[1], value_start)
+                written = body[value_start:value_end].removeprefix("\n").removesuffix("\n")
                 as_written = m.typed is not None and closing == m.typed[0]
                 arguments[key] = written if as_written else _value(written, None if m.typed else schemas.get(key))
                 at = value_end + len(m.value[1])
@@ -1071,6 +1077,11 @@ _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_val
 _MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
 # MiniCPM5's: calls one after another, no block around them
 _MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
+# Hy3's: its template's every marker carries a suffix (`HYTK`), the released one's `:opensource`; calls one after
+# another in a block, each its name and <tool_sep>, then <arg_key>s and <arg_value>s on lines of their own
+_HY3_MARK = "set HYTK = ':opensource'"
+_HY3 = _Markup(("<tool_call:opensource>", "<tool_sep:opensource>"), ("<arg_key:opensource>", "</arg_key:opensource>"),
+               ("<arg_value:opensource>", "</arg_value:opensource>"), "</tool_call:opensource>")
 # DeepSeek V3.2's and V4's DSML: MiniMax's <invoke>s under its own marker, each key saying how its value is written
 _DSML_MARK = "｜DSML｜"
 _DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter name="', '">'),
@@ -1078,7 +1089,8 @@ _DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter
 
 
 def _invokes(markup: _Markup, opening: str, closing: str) -> _Form:
-    """A form whose calls are <invoke>s one after another in blocks between two markers (MiniMax's, DeepSeek's)."""
+    """A form whose calls are <invoke>s (or Hy3's like of them) one after another in blocks between two markers
+    (MiniMax's, DeepSeek's, Hy3's)."""
     calls = f'"{opening}" ws {{calls}} ws "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), calls.format(calls="call"),
                  f'{calls.format(calls="call (ws call)*")} (ws {calls.format(calls="call (ws call)*")})*',
@@ -1152,6 +1164,7 @@ _FORMS = {
                                  '"<tool_calls>" "\\n" call "\\n" "</tool_calls>"',
                                  '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None,
                                  _read_json_lines, json=True),
+    ToolFormat.HY3: _invokes(_HY3, "<tool_calls:opensource>", "</tool_calls:opensource>"),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -1164,7 +1177,9 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL},
             # (a vocabulary may spell the role's header and its line's end as one token)
             ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
-            ToolFormat.KIMI_K3: set(XTML_MARKERS)}
+            ToolFormat.KIMI_K3: set(XTML_MARKERS),
+            ToolFormat.HY3: {"<tool_calls:opensource>", "</tool_calls:opensource>", *_HY3.name, *_HY3.key, *_HY3.value,
+                             _HY3.end}}
 
 
 def new_id(form: ToolFormat) -> str:

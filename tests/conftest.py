@@ -184,6 +184,11 @@ THINKERS = {
     "functionary-v3.2": ("functionary-v3.2.jinja", (), ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "kimi-k3": ("kimi-k3.jinja", (), ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")),
     "minimax-m3": ("minimax-m3.jinja", ("<mm:think>", "</mm:think>"), ("]~!b[", "]~b]", "[e~[", "]<]minimax[>[")),
+    "hy3": ("hy3.jinja", ("<think:opensource>", "</think:opensource>"),
+            ("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>", "<｜hy_User:opensource｜>",
+             "<｜hy_Assistant:opensource｜>", "<tool_calls:opensource>", "</tool_calls:opensource>",
+             "<tool_call:opensource>", "</tool_call:opensource>", "<tool_sep:opensource>", "<arg_key:opensource>",
+             "</arg_key:opensource>", "<arg_value:opensource>", "</arg_value:opensource>")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

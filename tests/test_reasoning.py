@@ -21,8 +21,8 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, KIMI_K3, MINIMAX_M3, NONE, SEED,
-                                 THINK, HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family,
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, HY3, KIMI_K3, MINIMAX_M3, NONE,
+                                 SEED, THINK, HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family,
                                  unread_thinking)
 
 
@@ -199,6 +199,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "kimi-k3.jinja").read_text()) is KIMI_K3
     assert family((TEMPLATES / "granite-3.3.jinja").read_text()) is GRANITE
     assert family((TEMPLATES / "minimax-m3.jinja").read_text()) is MINIMAX_M3
+    assert family((TEMPLATES / "hy3.jinja").read_text()) is HY3
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -287,6 +288,12 @@ def test_a_template_switched_by_thinking_is_told_only_where_a_request_asks(think
         budgeted = reply(session, Thinking(think=True, budget=3), max_tokens=12)
     assert budgeted.reasoning and budgeted.text and "mm:think" not in budgeted.text + budgeted.reasoning
     assert [plan.reasoning_plan.opened for plan in plans] == [False, True, False]
+    with opened(thinkers["hy3"]) as session:  # (asked to think, or how hard: its effort, which opens its block)
+        for thinking, effort in ((Thinking(), None), (Thinking(True), "high"), (Thinking(effort="low"), "low"),
+                                 (Thinking(effort="medium"), "high"), (Thinking(False), "no_think")):
+            assert session.prompts.template_variables(thinking).get("reasoning_effort") == effort
+            prepared = session.prepare(Request(messages=[{"role": "user", "content": "hi"}], thinking=thinking))
+            assert prepared.reasoning_plan.opened == (effort in ("low", "high"))
     assert "".join(tails[2].split()).endswith("</mm:think>") and not "".join(tails[0].split()).endswith("think>")
 
 
@@ -529,6 +536,9 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("kimi-k3", (True, False, "<|open|>think<|sep|>"), (False, False, "<|open|>response<|sep|>")),
     # MiniMax-M3: its switch `thinking_mode` (adaptive unless told: the model decides); disabled closes the block
     ("minimax-m3", (False, False, "Current thinking mode: adaptive"), (False, False, "disabled.")),
+    # Hy3: its switch its reasoning_effort, no_think unless told: its template closes the block either way
+    ("hy3", (False, False, "<think:opensource></think:opensource>"),
+     (False, False, "<think:opensource></think:opensource>")),
 ])
 def test_each_familys_template_is_told_whether_to_think(thinkers, name, on, off):
     with opened(thinkers[name]) as session:

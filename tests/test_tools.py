@@ -65,7 +65,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.FUNCTIONARY: (REAL / "functionary-v3.1.jinja").read_text(),
              ToolFormat.FUNCTIONARY_V32: (REAL / "functionary-v3.2.jinja").read_text(),
              ToolFormat.KIMI_K3: (REAL / "kimi-k3.jinja").read_text(),
-             ToolFormat.MINIMAX_M1: (REAL / "minimax-m1.jinja").read_text()}
+             ToolFormat.MINIMAX_M1: (REAL / "minimax-m1.jinja").read_text(),
+             ToolFormat.HY3: (REAL / "hy3.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -152,6 +153,11 @@ def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "st
     (ToolFormat.FUNCTIONARY_V32, "no recipient at all", "no recipient at all", []),
     (ToolFormat.MINIMAX_M1, 'Sure.\n<tool_calls>\n{"name": "f", "arguments": {"a": "<x>\\n"}}\n{"name": "g", '
      '"arguments": {}}\n</tool_calls>', "Sure.\n", [("f", {"a": "<x>\n"}), ("g", {})]),
+    # Hy3's block (its markers control tokens, written in by shown()): a string as written, any other as JSON
+    (ToolFormat.HY3, "Sure.<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n<arg_key:opensource>a"
+     "</arg_key:opensource>\n<arg_value:opensource>[1]</arg_value:opensource>\n</tool_call:opensource>\n"
+     "<tool_call:opensource>g<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>", "Sure.",
+     [("f", {"a": [1]}), ("g", {})]),
     # Kimi K3's tools section (its markers control tokens, written into the text; the splitter hands the section on)
     (ToolFormat.KIMI_K3, 'Let me look.<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="a"'
      ' type="number"<|sep|>1<|close|>argument<|sep|><|open|>argument key="s" type="string"<|sep|>x < "y"<|close|>argument'
@@ -309,6 +315,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.FUNCTIONARY_V32, 'all\nSure.>>>f\n{"a": 1'),
     (ToolFormat.KIMI_K3, '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="a"'),
     (ToolFormat.MINIMAX_M1, '<tool_calls>\n{"name": "f", "arguments": {}}\n'),
+    (ToolFormat.HY3, "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -623,7 +630,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
-                                    "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1"])
+                                    "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
