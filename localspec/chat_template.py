@@ -26,6 +26,7 @@ operands in the sandbox's own hooks bounds every render, costs microseconds, and
 import json
 import re
 import string
+from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache, wraps
@@ -324,7 +325,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             budget = _budget.get()
             budget.tick()
             _refuse_numbers([*args[value_at + 1:], *kwargs.values()])
-            if name in ("join", "sum") and not isinstance(args[value_at], (list, tuple, str)):
+            # (an iterator, from map or select, taken as the list it stands for: llama.cpp's templates write
+            # `tools | map(attribute='function') | tojson`)
+            if (name in ("join", "sum") and not isinstance(args[value_at], (list, tuple, str))
+                    or name == "tojson" and isinstance(args[value_at], Iterator)):
                 args = (*args[:value_at], _taken(args[value_at]), *args[value_at + 1:])
             foreseen = _filter_size(name, args[value_at], args[value_at + 1:], kwargs)
             if foreseen is not None:

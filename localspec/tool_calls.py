@@ -78,6 +78,8 @@ class ToolFormat(StrEnum):
     KIMI_K3 = "kimi-k3"  # Kimi K3's XTML `tools` section of `call`s, each argument a section of its own
     MINIMAX_M1 = "minimax-m1"  # MiniMax-M1's <tool_calls> block of JSON calls, one a line
     HY3 = "hy3"  # Hy3's <tool_calls:opensource> block of calls, each argument an <arg_key:...> and <arg_value:...>
+    # DeepSeek R1's and V3's (0324, R1-0528): a block of calls, each `function<｜tool▁sep｜>NAME` and a fenced JSON object
+    DEEPSEEK = "deepseek"
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -155,6 +157,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.MINIMAX_M1
     if _HY3_MARK in source and "'<tool_calls{}>'" in source:
         return ToolFormat.HY3
+    if _DEEPSEEK_CALLS[0] in source and _DEEPSEEK_CALL[1] in source and "```json" in source:
+        return ToolFormat.DEEPSEEK
     if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
         return ToolFormat.NEMOTRON
     if _COHERE_ACTION[0] in source and '"tool_name"' in source:
@@ -193,7 +197,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " sections, LFM2's Python-style calls, Llama 3.x's JSON, Mistral's [TOOL_CALLS] (and [ARGS]),"
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
-                     " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource> and gpt-oss's harmony)")
+                     " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
+                     " calls and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -961,6 +966,45 @@ def template_variables(template: str, tools: Tools | None) -> dict:
     return variables
 
 
+# DeepSeek R1's and V3's: `<｜tool▁calls▁begin｜>`, then each call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`, a newline,
+# its arguments' JSON object fenced as ```json, `<｜tool▁call▁end｜>`, then `<｜tool▁calls▁end｜>`
+_DEEPSEEK_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+_DEEPSEEK_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+
+
+def _deepseek_rules(offered: list[dict]) -> str:
+    """GBNF of one DeepSeek R1 call (`call`): its opening, `function`, an offered function's name, then the arguments
+    fenced as ```json and held to its parameters' schema."""
+    begin, sep, end = _DEEPSEEK_CALL
+
+    def spelled(name: str, arguments: str) -> str:
+        return (f'{json.dumps(f"{begin}function{sep}{name}", ensure_ascii=False)} "\\n```json\\n" {arguments}'
+                f' "\\n"? "```" "\\n"? {json.dumps(end, ensure_ascii=False)}')
+
+    return _json_argument_calls(offered, spelled)
+
+
+def _read_deepseek_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """DeepSeek R1's calls in one block: each its name after `<｜tool▁sep｜>` and its fenced JSON object."""
+    begin, sep, end = _DEEPSEEK_CALL
+    calls = []
+    for written in body.split(begin)[1:]:
+        head, marked, rest = written.partition(sep)
+        name, _, arguments = rest.partition("\n")
+        arguments = arguments.rpartition(end)[0].strip().removeprefix("```json").removesuffix("```")
+        try:
+            values = json.loads(arguments) if marked and name.strip() else None
+        except ValueError:
+            values = None
+        if not isinstance(values, dict):
+            raise InputError(f"the model wrote a tool call that is not DeepSeek's NAME and a fenced JSON object:"
+                             f" {written[:80]!r}")
+        calls.append((name.strip(), values))
+    if not calls or body.split(begin)[0].strip():
+        raise InputError(f"the model wrote a tool-call block without calls: {body[:80]!r}")
+    return calls
+
+
 # MiniMax-M1's: a <tool_calls> block of JSON calls, one a line (its template teaches it so, its newline escaped)
 _MINIMAX_M1_TAUGHT = '<tool_calls>\\n{"name"'
 
@@ -1165,6 +1209,10 @@ _FORMS = {
                                  '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None,
                                  _read_json_lines, json=True),
     ToolFormat.HY3: _invokes(_HY3, "<tool_calls:opensource>", "</tool_calls:opensource>"),
+    ToolFormat.DEEPSEEK: _Form(*_DEEPSEEK_CALLS, None, "arguments", (f"({re.escape(_DEEPSEEK_CALLS[0])})",),
+                               f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
+                               f'"{_DEEPSEEK_CALLS[0]}" call ("\\n"? call)* "{_DEEPSEEK_CALLS[1]}"', _deepseek_rules,
+                               _read_deepseek_calls, json=True),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -1177,7 +1225,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.DSML: {_DSML_MARK}, ToolFormat.APERTUS: set(_APERTUS), ToolFormat.GRANITE: {_GRANITE_CALL},
             # (a vocabulary may spell the role's header and its line's end as one token)
             ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
-            ToolFormat.KIMI_K3: set(XTML_MARKERS),
+            ToolFormat.KIMI_K3: set(XTML_MARKERS), ToolFormat.DEEPSEEK: {*_DEEPSEEK_CALLS, *_DEEPSEEK_CALL},
             ToolFormat.HY3: {"<tool_calls:opensource>", "</tool_calls:opensource>", *_HY3.name, *_HY3.key, *_HY3.value,
                              _HY3.end}}
 

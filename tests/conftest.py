@@ -189,6 +189,10 @@ THINKERS = {
              "<｜hy_Assistant:opensource｜>", "<tool_calls:opensource>", "</tool_calls:opensource>",
              "<tool_call:opensource>", "</tool_call:opensource>", "<tool_sep:opensource>", "<arg_key:opensource>",
              "</arg_key:opensource>", "<arg_value:opensource>", "</arg_value:opensource>")),
+    "deepseek-r1-tools": ("deepseek-r1-tools.jinja", ("<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                                      "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
+                          ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜tool▁outputs▁begin｜>",
+                           "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

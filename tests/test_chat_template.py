@@ -52,6 +52,15 @@ def test_todays_date_is_given_as_llama_cpp_gives_it_unless_a_variable_says_other
     assert render("{{ datetime }}", [], "", "") == f"{today:%b %d %Y}"
 
 
+def test_tojson_takes_what_map_and_select_give_as_the_list_they_stand_for():
+    """llama.cpp's template for DeepSeek R1 writes `tools | map(attribute='function') | tojson(indent=2)`: a generator,
+    which json could not write (every request with tools a 400 before)."""
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    written = render("{{ tools | map(attribute='function') | tojson(indent=2) }}", [], "", "", tools=tools)
+    assert json.loads(written) == [{"name": "f"}, {"name": "g"}]
+    assert render("{{ [1, 2, 3] | select('odd') | tojson }}", [], "", "") == "[1, 3]"
+
+
 def test_fromjson_reads_json_text_as_stepfuns_template_reads_an_earlier_calls_arguments():
     # ("No filter named 'fromjson'" before: the whole request failed)
     template = "{% for m in messages %}{% for k, v in (m.content | fromjson) | items %}{{ k }}={{ v }};{% endfor %}{% endfor %}"

@@ -66,7 +66,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.FUNCTIONARY_V32: (REAL / "functionary-v3.2.jinja").read_text(),
              ToolFormat.KIMI_K3: (REAL / "kimi-k3.jinja").read_text(),
              ToolFormat.MINIMAX_M1: (REAL / "minimax-m1.jinja").read_text(),
-             ToolFormat.HY3: (REAL / "hy3.jinja").read_text()}
+             ToolFormat.HY3: (REAL / "hy3.jinja").read_text(),
+             ToolFormat.DEEPSEEK: (REAL / "deepseek-r1-tools.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -158,6 +159,9 @@ def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "st
      "</arg_key:opensource>\n<arg_value:opensource>[1]</arg_value:opensource>\n</tool_call:opensource>\n"
      "<tool_call:opensource>g<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>", "Sure.",
      [("f", {"a": [1]}), ("g", {})]),
+    (ToolFormat.DEEPSEEK, 'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```'
+     '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+     "Sure.", [("f", {"a": 1}), ("g", {})]),
     # Kimi K3's tools section (its markers control tokens, written into the text; the splitter hands the section on)
     (ToolFormat.KIMI_K3, 'Let me look.<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="a"'
      ' type="number"<|sep|>1<|close|>argument<|sep|><|open|>argument key="s" type="string"<|sep|>x < "y"<|close|>argument'
@@ -240,7 +244,8 @@ def test_an_answer_reads_the_same_whole_as_streamed_a_character_at_a_time(form, 
 
 
 # code an agent asks a model to write, holding each JSON form's closing
-CODE = 'print("</tool_call>", "</tool_calls>", "]</TOOLCALL>", "</function>", "<|END_ACTION|>") # \\ "'
+CODE = ('print("</tool_call>", "</tool_calls>", "]</TOOLCALL>", "</function>", "<|END_ACTION|>", "<｜tool▁calls▁end｜>")'
+        ' # \\ "')
 
 
 @pytest.mark.parametrize("form, written", [
@@ -248,6 +253,8 @@ CODE = 'print("</tool_call>", "</tool_calls>", "]</TOOLCALL>", "</function>", "<
     (ToolFormat.MINIMAX_M1, lambda call: f"<tool_calls>\n{json.dumps(call)}\n</tool_calls>"),
     (ToolFormat.NEMOTRON, lambda call: f"<TOOLCALL>[{json.dumps(call)}]</TOOLCALL>"),
     (ToolFormat.FUNCTIONARY, lambda call: f"<function={call['name']}>{json.dumps(call['arguments'])}</function>"),
+    (ToolFormat.DEEPSEEK, lambda call: f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+     f"{json.dumps(call['arguments'])}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     (ToolFormat.COMMAND_R7B, lambda call: '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": '
      f"{json.dumps(call['arguments'])}}}]<|END_ACTION|>"),
 ])
@@ -316,6 +323,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.KIMI_K3, '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="a"'),
     (ToolFormat.MINIMAX_M1, '<tool_calls>\n{"name": "f", "arguments": {}}\n'),
     (ToolFormat.HY3, "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"),
+    (ToolFormat.DEEPSEEK, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -630,7 +638,8 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
 @pytest.mark.parametrize("family", ["qwen3.5", "glm4.5", "gemma4", "minimax-m2", "kimi-k2", "seed-oss", "apriel",
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
-                                    "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3"])
+                                    "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3",
+                                    "deepseek-r1-tools"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
