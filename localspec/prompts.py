@@ -231,6 +231,8 @@ class Prompts:
             if thinking.think is not None or thinking.off or thinking.effort is not None:
                 variables["reasoning_effort"] = ("no_think" if thinking.off else
                                                  thinking.effort if thinking.effort in ("low", "high") else "high")
+        elif self.family is reasoning.SOLAR and (thinking.off or thinking.effort is not None):
+            variables["reasoning_effort"] = "minimal" if thinking.off else thinking.effort  # (minimal: no thinking)
         elif thinking.effort is not None and "reasoning_effort" in self.template:
             variables["reasoning_effort"] = thinking.effort
         if thinking.effort is not None and "thinking_effort" in self.template:  # (Kimi K3's)

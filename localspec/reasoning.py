@@ -13,6 +13,8 @@ Recognised, from the chat template (docs/models.md lists the registry's families
 * XTML (XTML): Kimi K3. Every part of a reply is a section, `<|open|>NAME ATTRIBUTES<|sep|>` ... `<|close|>NAME<|sep|>`
   (the markers control tokens, the names words): the thinking a `think` section, the answer a `response`, the calls a
   `tools` section, all inside the assistant's `message`. The prompt opens `think` (or, thinking off, `response`).
+* channels (CHANNELS): Solar Open. Each message is `<|begin|>assistant<|CHANNEL|>` TEXT `<|end|>`: `think` the
+  thinking, `content` the answer, `tool_calls` its calls (handed on in the answer as written, for tool_calls.py).
 * harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
   TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
   thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
@@ -54,6 +56,7 @@ class ReasoningFormat(StrEnum):
     THINK = "think"  # a block between two markers at the reply's start
     HARMONY = "harmony"
     XTML = "xtml"
+    CHANNELS = "channels"
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,12 @@ KIMI_K3 = Family("kimi-k3", ReasoningFormat.XTML, f"{XTML_OPEN}think{XTML_SEP}",
                  f"{XTML_CLOSE}think{XTML_SEP}{XTML_OPEN}response{XTML_SEP}")
 # (a section's name and attributes: a longer text between its markers is a model's that left the form)
 _LONGEST_TAG = 256
+_LONGEST_ROLE = 32  # (Solar Open's header: `assistant`, as its template writes it)
+# Solar Open's messages: a channel's marker after the role opens each, `<|end|>` ends it (its reply's end `<|flush|>`
+# or, after calls, `<|calls|>`: the tokens llama.cpp ends its generation at)
+SOLAR_BEGIN, SOLAR_END, SOLAR_CHANNELS = "<|begin|>", "<|end|>", ("<|think|>", "<|content|>", "<|tool_calls|>")
+SOLAR = Family("solar-open", ReasoningFormat.CHANNELS, "<|think|>", SOLAR_END,
+               f"{SOLAR_END}{SOLAR_BEGIN}assistant<|content|>")
 NONE = Family("none", ReasoningFormat.NONE)
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
 # what a harmony reply that is not to think opens with: the final channel's message
@@ -113,6 +122,8 @@ def family(template: str | None) -> Family:
         return GEMMA4
     if all(marker in source for marker in XTML_MARKERS) and "'think'" in source:
         return KIMI_K3
+    if f"{SOLAR_BEGIN}assistant<|think|>" in source and "<|content|>" in source:
+        return SOLAR
     if SEED.open in source and SEED.close in source:
         return SEED
     if APRIEL.open in source and APRIEL.close in source:
@@ -318,6 +329,71 @@ class XtmlSplitter:
             yield from self._text(marker + tag + XTML_SEP)
 
 
+class ChannelSplitter:
+    """Solar Open's messages, the first opened by the prompt's `<|begin|>assistant`: `think`'s text is the thinking,
+    `content`'s the answer; `tool_calls`' handed on in the answer as written, marker and all, for tool_calls.py to
+    read; a message's role, after `<|begin|>`, is left out."""
+
+    MARKERS = (SOLAR_BEGIN, SOLAR_END, *SOLAR_CHANNELS)
+
+    def __init__(self):
+        self._pending = ""
+        self._channel: str | None = None  # None: in a message's header (its role), before its channel
+        self._role = ""  # the header's text so far
+
+    @property
+    def thinking(self) -> bool:
+        return self._channel == "<|think|>"
+
+    @property
+    def held(self) -> int:
+        return len(self._pending)
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        if special and text not in self.MARKERS and self._channel != "<|tool_calls|>":
+            return []
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def finish(self, stopped: bool = True) -> list[Piece]:
+        pieces = list(self._scan(final=True))
+        # (a reply the model ended without naming a channel: one that left the form; a limit cuts a role short)
+        role, self._role = self._role, ""
+        return pieces + ([Piece(Part.ANSWER, role)] if stopped and self._channel is None and role.strip() else [])
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            found = [(at, marker) for marker in self.MARKERS if (at := self._pending.find(marker)) >= 0]
+            if not found:
+                shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in self.MARKERS))
+                yield from self._text(self._pending[:shown])
+                self._pending = self._pending[shown:]
+                return
+            at, marker = min(found)
+            yield from self._text(self._pending[:at])
+            self._pending = self._pending[at + len(marker):]
+            if self._channel == "<|tool_calls|>":  # (the calls run to the reply's end)
+                yield Piece(Part.ANSWER, marker)
+            elif marker == SOLAR_BEGIN:
+                self._channel, self._role = None, ""
+            elif marker == SOLAR_END:
+                self._channel = ""
+            else:
+                self._channel = marker
+                if marker == "<|tool_calls|>":
+                    yield Piece(Part.ANSWER, marker)
+
+    def _text(self, text: str) -> Iterator[Piece]:
+        if self._channel is None:  # a message's role; one longer than a role is a model's that left the form
+            self._role += text
+            if len(self._role) <= _LONGEST_ROLE:
+                return
+            self._channel, text, self._role = "<|content|>", self._role, ""
+        if not text or (not self._channel and not text.strip()):  # (white space between messages is layout)
+            return
+        yield Piece(Part.THINKING if self._channel == "<|think|>" else Part.ANSWER, text)
+
+
 _RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 # header text with no harmony marker in it beyond this is no header: a reply written without harmony is answer
@@ -453,11 +529,13 @@ class Plan:
         return tuple(rf"^{thought}(?:{trigger[1:-1]})$" if trigger.startswith("^") and trigger.endswith("$")
                      else rf"^{thought}[\s\S]*?(?:{trigger})[\s\S]*$" for trigger in triggers)
 
-    def splitter(self) -> "ThinkSplitter | HarmonySplitter | XtmlSplitter":
+    def splitter(self) -> "ThinkSplitter | HarmonySplitter | XtmlSplitter | ChannelSplitter":
         if self.family.format is ReasoningFormat.HARMONY:
             return HarmonySplitter(self.answering)
         if self.family.format is ReasoningFormat.XTML:
             return XtmlSplitter(self.opened, self.answering)
+        if self.family.format is ReasoningFormat.CHANNELS:
+            return ChannelSplitter()
         return ThinkSplitter(self.opened, self.family, self.answering)
 
 

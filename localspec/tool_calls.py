@@ -80,6 +80,7 @@ class ToolFormat(StrEnum):
     HY3 = "hy3"  # Hy3's <tool_calls:opensource> block of calls, each argument an <arg_key:...> and <arg_value:...>
     # DeepSeek R1's and V3's (0324, R1-0528): a block of calls, each `function<｜tool▁sep｜>NAME` and a fenced JSON object
     DEEPSEEK = "deepseek"
+    SOLAR = "solar-open"  # Solar Open's tool_calls message: each call its id, name and JSON arguments between markers
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -159,6 +160,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.HY3
     if _DEEPSEEK_CALLS[0] in source and _DEEPSEEK_CALL[1] in source and "```json" in source:
         return ToolFormat.DEEPSEEK
+    if _SOLAR_CALL[0] in source and _SOLAR_CALL[2] in source:
+        return ToolFormat.SOLAR
     if "<TOOLCALL>[" in source and "]</TOOLCALL>" in source:
         return ToolFormat.NEMOTRON
     if _COHERE_ACTION[0] in source and '"tool_name"' in source:
@@ -198,7 +201,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
                      " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
-                     " calls and gpt-oss's harmony)")
+                     " calls, Solar Open's <|tool_calls|> and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -1005,6 +1008,42 @@ def _read_deepseek_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
     return calls
 
 
+# Solar Open's: a message of the `tool_calls` channel (reasoning.py hands it on as written), each call
+# `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>` and its JSON object, then `<|tool_call:end|>`; its
+# end, `<|calls|>`, ends the reply
+_SOLAR_CALLS = "<|tool_calls|>"
+_SOLAR_CALL = ("<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>")
+
+
+def _solar_rules(offered: list[dict]) -> str:
+    """GBNF of one Solar Open call (`call`): its id, an offered function's name, then its arguments held to its
+    parameters' schema."""
+    begin, name_mark, args_mark, end = (json.dumps(mark) for mark in _SOLAR_CALL)
+    return _json_argument_calls(offered, lambda name, arguments: f"{begin} [A-Za-z0-9_-]{{1,40}} {name_mark}"
+                                f" {json.dumps(name, ensure_ascii=False)} {args_mark} {arguments} {end}")
+
+
+def _read_solar_calls(body: str, parameters: dict) -> list[tuple[str, dict, str]]:
+    """Solar Open's calls, as (name, arguments, the id it wrote, which its template writes back)."""
+    begin, name_mark, args_mark, end = _SOLAR_CALL
+    calls = []
+    for written in body.split(begin)[1:]:
+        call_id, _, rest = written.partition(name_mark)
+        name, marked, arguments = rest.partition(args_mark)
+        arguments, ended, after = arguments.rpartition(end)
+        try:
+            values = json.loads(arguments) if marked and ended and name.strip() and not after.strip() else None
+        except ValueError:
+            values = None
+        if not isinstance(values, dict):
+            raise InputError(f"the model wrote a tool call that is not Solar Open's ID, NAME and a JSON object:"
+                             f" {written[:80]!r}")
+        calls.append((name.strip(), values, call_id.strip()))
+    if not calls or body.split(begin)[0].strip():
+        raise InputError(f"the model wrote a tool-call message without calls: {body[:80]!r}")
+    return calls
+
+
 # MiniMax-M1's: a <tool_calls> block of JSON calls, one a line (its template teaches it so, its newline escaped)
 _MINIMAX_M1_TAUGHT = '<tool_calls>\\n{"name"'
 
@@ -1213,6 +1252,8 @@ _FORMS = {
                                f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
                                f'"{_DEEPSEEK_CALLS[0]}" call ("\\n"? call)* "{_DEEPSEEK_CALLS[1]}"', _deepseek_rules,
                                _read_deepseek_calls, json=True),
+    ToolFormat.SOLAR: _Form(_SOLAR_CALLS, None, None, "arguments", (r"(<\|tool_calls\|>)",), f'"{_SOLAR_CALLS}" call',
+                            f'"{_SOLAR_CALLS}" call+', _solar_rules, _read_solar_calls),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
                            _lfm2_block("call"), f'{_lfm2_block(_LFM2_LIST)} (ws {_lfm2_block(_LFM2_LIST)})*',
                            _python_rules, _read_python_calls),
@@ -1226,6 +1267,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             # (a vocabulary may spell the role's header and its line's end as one token)
             ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
             ToolFormat.KIMI_K3: set(XTML_MARKERS), ToolFormat.DEEPSEEK: {*_DEEPSEEK_CALLS, *_DEEPSEEK_CALL},
+            ToolFormat.SOLAR: {_SOLAR_CALLS, *_SOLAR_CALL},
             ToolFormat.HY3: {"<tool_calls:opensource>", "</tool_calls:opensource>", *_HY3.name, *_HY3.key, *_HY3.value,
                              _HY3.end}}
 

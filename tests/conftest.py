@@ -193,6 +193,12 @@ THINKERS = {
                                                       "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
                           ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜tool▁outputs▁begin｜>",
                            "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")),
+    # (with <|calls|> and <|flush|>, llama.cpp ends generation at those, not at <|end|>, which it shows as text)
+    "solar-open": ("solar-open.jinja", (),
+                   ("<|begin|>", "<|end|>", "<|think|>", "<|content|>", "<|tool_calls|>", "<|tool_call:begin|>",
+                    "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>", "<|tool_response:begin|>",
+                    "<|tool_response:name|>", "<|tool_response:result|>", "<|tool_response:end|>", "<|tool_response|>",
+                    "<|calls|>", "<|flush|>", "<|tools:begin|>", "<|tools:end|>", "<|tool:begin|>", "<|tool:end|>")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

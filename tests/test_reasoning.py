@@ -22,8 +22,8 @@ from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
 from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, HY3, KIMI_K3, MINIMAX_M3, NONE,
-                                 SEED, THINK, HarmonySplitter, Part, Piece, ThinkSplitter, XtmlSplitter, family,
-                                 unread_thinking)
+                                 SEED, SOLAR, THINK, ChannelSplitter, HarmonySplitter, Part, Piece, ThinkSplitter,
+                                 XtmlSplitter, family, unread_thinking)
 
 
 def joined(pieces: list[Piece]) -> dict[Part, str]:
@@ -161,6 +161,25 @@ def test_granites_response_markers_are_left_out_of_its_answer(cut):
     assert held < len("</response>")
 
 
+# Solar Open's reply after the prompt's `<|begin|>assistant`
+SOLAR_REPLY = ("<|think|>the user wants 4.<|end|><|begin|>assistant<|content|>It is 4 < 5.<|end|><|begin|>assistant"
+               "<|tool_calls|><|tool_call:begin|>a<|tool_call:name|>f<|tool_call:args|>{}<|tool_call:end|>")
+
+
+@pytest.mark.parametrize("cut", range(1, len(SOLAR_REPLY), 3))
+def test_solar_opens_messages_split_into_thinking_answer_and_calls_at_every_boundary(cut):
+    parts, held = split_at(ChannelSplitter(), [(SOLAR_REPLY[:cut], False), (SOLAR_REPLY[cut:], False)])
+    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5.<|tool_calls|><|tool_call:begin|>a"
+                     "<|tool_call:name|>f<|tool_call:args|>{}<|tool_call:end|>"}
+    assert held < len("<|tool_calls|>")
+
+
+def test_a_solar_open_reply_that_names_no_channel_is_answer():
+    assert split_at(ChannelSplitter(), [("Hi.", False)])[0] == {Part.ANSWER: "Hi."}
+    long = "x" * 40 + "<|end|>"
+    assert split_at(ChannelSplitter(), [(long, False)])[0] == {Part.ANSWER: "x" * 40}
+
+
 # Kimi K3's reply after the prompt's `<|open|>think<|sep|>`: its markers control tokens (text here), its names words
 K3_REPLY = ("the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
             "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
@@ -200,6 +219,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "granite-3.3.jinja").read_text()) is GRANITE
     assert family((TEMPLATES / "minimax-m3.jinja").read_text()) is MINIMAX_M3
     assert family((TEMPLATES / "hy3.jinja").read_text()) is HY3
+    assert family((TEMPLATES / "solar-open.jinja").read_text()) is SOLAR
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -295,6 +315,19 @@ def test_a_template_switched_by_thinking_is_told_only_where_a_request_asks(think
             prepared = session.prepare(Request(messages=[{"role": "user", "content": "hi"}], thinking=thinking))
             assert prepared.reasoning_plan.opened == (effort in ("low", "high"))
     assert "".join(tails[2].split()).endswith("</mm:think>") and not "".join(tails[0].split()).endswith("think>")
+
+
+def test_solar_open_thinks_in_its_think_message_and_answers_in_its_content(thinkers):
+    """Solar Open's messages: the model names each one's channel after the prompt's `<|begin|>assistant`; the
+    reply's thinking and answer come apart without the messages' markers and roles (all in the answer before)."""
+    grammar = 'root ::= "<|think|>" [a-z ]{8,30} "<|end|><|begin|>assistant<|content|>" [a-z ]{4,20}'
+    with opened(thinkers["solar-open"]) as session:
+        drafted = reply(session, grammar=grammar, max_tokens=160)
+        session.use(DrafterKind.PLAIN)
+        plain = reply(session, grammar=grammar, max_tokens=160)
+    assert drafted.reasoning and drafted.text and drafted.finish_reason == "stop"
+    assert "assistant" not in drafted.text and "<|" not in drafted.text + drafted.reasoning
+    assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
 
 
 def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):
@@ -536,6 +569,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("kimi-k3", (True, False, "<|open|>think<|sep|>"), (False, False, "<|open|>response<|sep|>")),
     # MiniMax-M3: its switch `thinking_mode` (adaptive unless told: the model decides); disabled closes the block
     ("minimax-m3", (False, False, "Current thinking mode: adaptive"), (False, False, "disabled.")),
+    # Solar Open: thinking (reasoning_effort high) unless told; minimal writes an empty think message before the reply
+    ("solar-open", (False, False, ""), (False, False, "<|begin|>assistant<|think|><|end|><|begin|>assistant")),
     # Hy3: its switch its reasoning_effort, no_think unless told: its template closes the block either way
     ("hy3", (False, False, "<think:opensource></think:opensource>"),
      (False, False, "<think:opensource></think:opensource>")),

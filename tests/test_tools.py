@@ -67,7 +67,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.KIMI_K3: (REAL / "kimi-k3.jinja").read_text(),
              ToolFormat.MINIMAX_M1: (REAL / "minimax-m1.jinja").read_text(),
              ToolFormat.HY3: (REAL / "hy3.jinja").read_text(),
-             ToolFormat.DEEPSEEK: (REAL / "deepseek-r1-tools.jinja").read_text()}
+             ToolFormat.DEEPSEEK: (REAL / "deepseek-r1-tools.jinja").read_text(),
+             ToolFormat.SOLAR: (REAL / "solar-open.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -162,6 +163,10 @@ def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "st
     (ToolFormat.DEEPSEEK, 'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```'
      '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
      "Sure.", [("f", {"a": 1}), ("g", {})]),
+    # Solar Open's tool_calls message (handed on by the reasoning splitter), to the reply's end
+    (ToolFormat.SOLAR, 'Sure.<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'
+     '<|tool_call:end|><|tool_call:begin|>a2<|tool_call:name|>g<|tool_call:args|>{}<|tool_call:end|>', "Sure.",
+     [("f", {"a": 1}), ("g", {})]),
     # Kimi K3's tools section (its markers control tokens, written into the text; the splitter hands the section on)
     (ToolFormat.KIMI_K3, 'Let me look.<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument key="a"'
      ' type="number"<|sep|>1<|close|>argument<|sep|><|open|>argument key="s" type="string"<|sep|>x < "y"<|close|>argument'
@@ -324,6 +329,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.MINIMAX_M1, '<tool_calls>\n{"name": "f", "arguments": {}}\n'),
     (ToolFormat.HY3, "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"),
     (ToolFormat.DEEPSEEK, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}'),
+    (ToolFormat.SOLAR, '<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -639,7 +645,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
                                     "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3",
-                                    "deepseek-r1-tools"])
+                                    "deepseek-r1-tools", "solar-open"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
