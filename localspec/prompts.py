@@ -207,8 +207,8 @@ class Prompts:
         opened = (family.format in (reasoning.ReasoningFormat.THINK, reasoning.ReasoningFormat.XTML) and at >= 0
                   and closing not in flat[at:])
         answering = False
-        if thinking.off and (opened or family is reasoning.HARMONY):
-            tokens = tokens + self._markers(family.closing if opened else reasoning.HARMONY_ANSWER)
+        if thinking.off and (opened or family.answer_now):
+            tokens = tokens + self._markers(family.closing if opened else family.answer_now)
             opened, answering = False, True
         budget = 0 if thinking.off else thinking.budget
         return tokens, reasoning.Plan(family, opened, answering, budget, tuple(self._markers(family.closing)))
@@ -235,8 +235,9 @@ class Prompts:
             variables["reasoning_effort"] = "minimal" if thinking.off else thinking.effort  # (minimal: no thinking)
         elif thinking.effort is not None and "reasoning_effort" in self.template:
             variables["reasoning_effort"] = thinking.effort
-        if thinking.effort is not None and "thinking_effort" in self.template:  # (Kimi K3's)
-            variables["thinking_effort"] = thinking.effort
+        for name in ("thinking_effort", "reasoning_strength"):  # (Kimi K3's and Muse Glimmer's)
+            if thinking.effort is not None and name in self.template:
+                variables[name] = thinking.effort
         if (thinking.think is not None or thinking.off) and "thinking_mode" in self.template:  # (MiniMax-M3's)
             variables["thinking_mode"] = "disabled" if thinking.off else "enabled"
         if "thinking_budget" in self.template and (thinking.off or thinking.budget is not None):

@@ -15,6 +15,8 @@ Recognised, from the chat template (docs/models.md lists the registry's families
   `tools` section, all inside the assistant's `message`. The prompt opens `think` (or, thinking off, `response`).
 * channels (CHANNELS): Solar Open. Each message is `<|begin|>assistant<|CHANNEL|>` TEXT `<|end|>`: `think` the
   thinking, `content` the answer, `tool_calls` its calls (handed on in the answer as written, for tool_calls.py).
+* addressed (ADDRESSED): Muse Glimmer. Each message is `<|start|>assistant to=RECIPIENT<|message|>` TEXT `<|eom|>`
+  (`<|eot|>` the last): to `self` the thinking, to `user` the answer, to a tool its call (handed on as written).
 * harmony (HARMONY): gpt-oss. Each message is `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>`
   TEXT `<|end|>` (the last ends with `<|return|>`, or `<|call|>` for a tool call): the analysis channel is the
   thinking, final the answer, commentary addressed `to=functions.NAME` a call of that tool. It is read here
@@ -57,6 +59,7 @@ class ReasoningFormat(StrEnum):
     HARMONY = "harmony"
     XTML = "xtml"
     CHANNELS = "channels"
+    ADDRESSED = "addressed"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class Family:
     closing: str = ""
     channel: str = ""  # the word after the opening marker that names the block (Gemma 4's `thought`)
     answer: tuple[str, str] = ("", "")  # markers around the answer, left out of it (Granite 3.3's <response>)
+    # what opens the answer at once where thinking cannot be switched off (gpt-oss's final channel)
+    answer_now: str = ""
 
 
 THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
@@ -90,7 +95,13 @@ APRIEL = Family("apriel", ReasoningFormat.THINK, "Here are my reasoning steps:",
 COMMAND_R7B = Family("command-r7b", ReasoningFormat.THINK, "<|START_THINKING|>", "<|END_THINKING|>", "<|END_THINKING|>")
 # Gemma 4: `<|channel>thought` ... `<channel|>` (its template strips earlier turns' thinking by those markers)
 GEMMA4 = Family("gemma4", ReasoningFormat.THINK, "<|channel>", "<channel|>", "<channel|>", "thought")
-HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>")
+HARMONY = Family("harmony", ReasoningFormat.HARMONY, closing="<|end|><|start|>assistant<|channel|>final<|message|>",
+                 answer_now="<|channel|>final<|message|>")
+# Muse Glimmer's messages, each addressed: `<|start|>assistant to=RECIPIENT<|message|>` TEXT `<|eom|>` (`<|eot|>` the
+# turn's last): to=self the thinking, to=user the answer, to=a tool its call (ATEM markup, handed on as written)
+MUSE_MARKERS = ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")
+MUSE = Family("muse-glimmer", ReasoningFormat.ADDRESSED, " to=", closing="<|eom|><|start|>assistant to=user<|message|>",
+              answer_now=" to=user<|message|>")  # (open: a grammar that spells an address shapes the messages)
 # Kimi K3's XTML: a section's markers (its name and attributes between the first two or the last two)
 XTML_OPEN, XTML_CLOSE, XTML_SEP = "<|open|>", "<|close|>", "<|sep|>"
 XTML_MARKERS = (XTML_OPEN, XTML_CLOSE, XTML_SEP)
@@ -106,8 +117,6 @@ SOLAR = Family("solar-open", ReasoningFormat.CHANNELS, "<|think|>", SOLAR_END,
                f"{SOLAR_END}{SOLAR_BEGIN}assistant<|content|>")
 NONE = Family("none", ReasoningFormat.NONE)
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
-# what a harmony reply that is not to think opens with: the final channel's message
-HARMONY_ANSWER = "<|channel|>final<|message|>"
 # a harmony tool call (commentary to=functions.NAME) as the answer's text carries it: the form tool_calls.py
 # reads as HARMONY (Hermes' block), so that every protocol's tool_calls come of it as of any other family's
 CALL_OPENING, CALL_CLOSING = '<tool_call>{{"name": {name}, "arguments": ', "}</tool_call>"
@@ -118,6 +127,8 @@ def family(template: str | None) -> Family:
     source = template or ""
     if "<|channel|>" in source and "<|message|>" in source:
         return HARMONY
+    if " to=self<|message|>" in source:
+        return MUSE
     if "<|channel>" in source and "<channel|>" in source:
         return GEMMA4
     if all(marker in source for marker in XTML_MARKERS) and "'think'" in source:
@@ -394,6 +405,65 @@ class ChannelSplitter:
         yield Piece(Part.THINKING if self._channel == "<|think|>" else Part.ANSWER, text)
 
 
+class AddressedSplitter:
+    """Muse Glimmer's messages, the first's header begun by the prompt's `<|start|>assistant`: a message to `self` is
+    the thinking, one to `user` (or to no one) the answer, one to a tool handed on in the answer as written, for
+    tool_calls.py to read; headers and markers left out. answering: the prompt addressed the answer itself."""
+
+    def __init__(self, answering: bool = False):
+        self._pending = ""
+        self._header: str | None = None if answering else ""  # while a message's header is read; None in its text
+        self._part = Part.ANSWER
+
+    @property
+    def thinking(self) -> bool:
+        return self._header is None and self._part is Part.THINKING
+
+    @property
+    def held(self) -> int:
+        return len(self._pending) + len(self._header or "")
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        if special and text not in MUSE_MARKERS:
+            return []
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def finish(self, stopped: bool = True) -> list[Piece]:
+        pieces = list(self._scan(final=True))
+        header, self._header = self._header, None  # (a reply that addressed no one: a model that left the form)
+        return pieces + ([Piece(Part.ANSWER, header)] if stopped and header and header.strip() else [])
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            found = [(at, marker) for marker in MUSE_MARKERS if (at := self._pending.find(marker)) >= 0]
+            if not found:
+                shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in MUSE_MARKERS))
+                yield from self._text(self._pending[:shown])
+                self._pending = self._pending[shown:]
+                return
+            at, marker = min(found)
+            yield from self._text(self._pending[:at])
+            self._pending = self._pending[at + len(marker):]
+            if marker == "<|message|>" and self._header is not None:
+                recipient = _RECIPIENT.search(self._header)
+                name = recipient.group(1) if recipient else "user"
+                self._part = Part.THINKING if name == "self" else Part.ANSWER
+                self._header = None
+            elif marker != "<|message|>":  # a message's end, or the next one's start: its header comes
+                self._header = ""
+
+    def _text(self, text: str) -> Iterator[Piece]:
+        if self._header is None:
+            if text:
+                yield Piece(self._part, text)
+            return
+        self._header += text
+        if len(self._header) > _LONGEST_HEADER:  # no header: a reply written without addresses is answer
+            header, self._header, self._part = self._header, None, Part.ANSWER
+            yield Piece(Part.ANSWER, header)
+
+
 _RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 # header text with no harmony marker in it beyond this is no header: a reply written without harmony is answer
@@ -529,13 +599,15 @@ class Plan:
         return tuple(rf"^{thought}(?:{trigger[1:-1]})$" if trigger.startswith("^") and trigger.endswith("$")
                      else rf"^{thought}[\s\S]*?(?:{trigger})[\s\S]*$" for trigger in triggers)
 
-    def splitter(self) -> "ThinkSplitter | HarmonySplitter | XtmlSplitter | ChannelSplitter":
+    def splitter(self) -> "ThinkSplitter | HarmonySplitter | XtmlSplitter | ChannelSplitter | AddressedSplitter":
         if self.family.format is ReasoningFormat.HARMONY:
             return HarmonySplitter(self.answering)
         if self.family.format is ReasoningFormat.XTML:
             return XtmlSplitter(self.opened, self.answering)
         if self.family.format is ReasoningFormat.CHANNELS:
             return ChannelSplitter()
+        if self.family.format is ReasoningFormat.ADDRESSED:
+            return AddressedSplitter(self.answering)
         return ThinkSplitter(self.opened, self.family, self.answering)
 
 

@@ -81,6 +81,7 @@ class ToolFormat(StrEnum):
     # DeepSeek R1's and V3's (0324, R1-0528): a block of calls, each `function<｜tool▁sep｜>NAME` and a fenced JSON object
     DEEPSEEK = "deepseek"
     SOLAR = "solar-open"  # Solar Open's tool_calls message: each call its id, name and JSON arguments between markers
+    ATEM = "atem"  # Muse Glimmer's: a message to the tool holding an <atem:function_calls> block of one <atem:invoke>
 
 
 # An answer that is one call object: white space, perhaps a ```json fence, then the object.
@@ -144,6 +145,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.MINICPM5
     if "dsml_token" in source and "DSML" in source:
         return ToolFormat.DSML_FUNCTIONS if "function_calls" in source else ToolFormat.DSML
+    if "<atem:function_calls>" in source and "<atem:invoke name=" in source:
+        return ToolFormat.ATEM
     if "<minimax:tool_call>" in source and "<invoke name=" in source:
         return ToolFormat.MINIMAX
     if "<|tool_calls_section_begin|>" in source and "<|tool_call_argument_begin|>" in source:
@@ -201,7 +204,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
                      " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
-                     " calls, Solar Open's <|tool_calls|> and gpt-oss's harmony)")
+                     " calls, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -1160,6 +1163,19 @@ _GLM = _Markup(("", ""), ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_val
 _MINIMAX = _Markup(('<invoke name="', '">'), ('<parameter name="', '">'), ("", "</parameter>"), "</invoke>")
 # MiniCPM5's: calls one after another, no block around them
 _MINICPM5 = _Markup(('<function name="', '">'), ('<param name="', '">'), ("", "</param>"), "</function>", cdata=True)
+# Muse Glimmer's: each call a message addressed to the tool (`<|start|>assistant to=NAME<|message|>`, which the
+# reasoning splitter leaves out), an <atem:function_calls> block of MiniMax's <invoke> markup under its own namespace
+_ATEM = _Markup(('<atem:invoke name="', '">'), ('<atem:parameter name="', '">'), ("", "</atem:parameter>"),
+                "</atem:invoke>")
+_ATEM_BLOCK = ("<atem:function_calls>", "</atem:function_calls>")
+_ATEM_CALL = f'" to=" recipient "<|message|>" "{_ATEM_BLOCK[0]}" ws call ws "{_ATEM_BLOCK[1]}"'
+
+
+def _atem_rules(offered: list[dict]) -> str:
+    """GBNF of one Muse Glimmer call (`call`, MiniMax's markup) and of whom its message addresses (`recipient`): an
+    offered function."""
+    names = " | ".join(json.dumps(function["name"], ensure_ascii=False) for function in offered)
+    return f"{_markup_rules(_ATEM, offered)}\nrecipient ::= {names}"
 # Hy3's: its template's every marker carries a suffix (`HYTK`), the released one's `:opensource`; calls one after
 # another in a block, each its name and <tool_sep>, then <arg_key>s and <arg_value>s on lines of their own
 _HY3_MARK = "set HYTK = ':opensource'"
@@ -1248,6 +1264,13 @@ _FORMS = {
                                  '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None,
                                  _read_json_lines, json=True),
     ToolFormat.HY3: _invokes(_HY3, "<tool_calls:opensource>", "</tool_calls:opensource>"),
+    # (the grammar holds what the model writes from a call's address on, the reader what the splitter hands on; the
+    # address set off where it is to no one but self or the user)
+    ToolFormat.ATEM: replace(_invokes(_ATEM, *_ATEM_BLOCK),
+                             triggers=(r"(?:^|<\|start\|>assistant)( to=(?!self<\|message\|>)(?!user<\|message\|>)"
+                                       r"[^<]*?<\|message\|>)",),
+                             one=_ATEM_CALL, several=f'{_ATEM_CALL} ("<|eom|><|start|>assistant" {_ATEM_CALL})*',
+                             call_rules=_atem_rules),
     ToolFormat.DEEPSEEK: _Form(*_DEEPSEEK_CALLS, None, "arguments", (f"({re.escape(_DEEPSEEK_CALLS[0])})",),
                                f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
                                f'"{_DEEPSEEK_CALLS[0]}" call ("\\n"? call)* "{_DEEPSEEK_CALLS[1]}"', _deepseek_rules,

@@ -199,6 +199,7 @@ THINKERS = {
                     "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>", "<|tool_response:begin|>",
                     "<|tool_response:name|>", "<|tool_response:result|>", "<|tool_response:end|>", "<|tool_response|>",
                     "<|calls|>", "<|flush|>", "<|tools:begin|>", "<|tools:end|>", "<|tool:begin|>", "<|tool:end|>")),
+    "muse-glimmer": ("muse-glimmer.jinja", (), ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

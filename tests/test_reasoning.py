@@ -21,9 +21,9 @@ from test_server import ServerProcess, drafting_server, serving
 from tinymodels import write_tiny_model
 from localspec.errors import InputError
 from localspec.tool_calls import ToolCall, ToolFormat, Tools, ToolStream, UnfinishedCall, tool_format
-from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, HY3, KIMI_K3, MINIMAX_M3, NONE,
-                                 SEED, SOLAR, THINK, ChannelSplitter, HarmonySplitter, Part, Piece, ThinkSplitter,
-                                 XtmlSplitter, family, unread_thinking)
+from localspec.reasoning import (APRIEL, COMMAND_R7B, GEMMA4, GRANITE, HARMONY, HY3, KIMI_K3, MINIMAX_M3, MUSE,
+                                 NONE, SEED, SOLAR, THINK, AddressedSplitter, ChannelSplitter, HarmonySplitter, Part,
+                                 Piece, ThinkSplitter, XtmlSplitter, family, unread_thinking)
 
 
 def joined(pieces: list[Piece]) -> dict[Part, str]:
@@ -180,6 +180,23 @@ def test_a_solar_open_reply_that_names_no_channel_is_answer():
     assert split_at(ChannelSplitter(), [(long, False)])[0] == {Part.ANSWER: "x" * 40}
 
 
+# Muse Glimmer's reply after the prompt's `<|start|>assistant`
+MUSE_REPLY = (" to=self<|message|>the user wants 4.<|eom|><|start|>assistant to=user<|message|>It is 4 < 5.<|eom|>"
+              '<|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n</atem:invoke>\n'
+              "</atem:function_calls><|eot|>")
+
+
+@pytest.mark.parametrize("cut", range(1, len(MUSE_REPLY), 3))
+def test_muse_glimmers_messages_split_by_whom_they_address_at_every_boundary(cut):
+    parts, held = split_at(AddressedSplitter(), [(MUSE_REPLY[:cut], False), (MUSE_REPLY[cut:], False)])
+    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: 'It is 4 < 5.<atem:function_calls>\n<atem:invoke'
+                     ' name="f">\n</atem:invoke>\n</atem:function_calls>'}
+    assert held <= len("<|start|>assistant to=user<|message|>")
+    # a reply that addresses no one is answer; the prompt's own address (thinking off) leaves the reply answer
+    assert split_at(AddressedSplitter(), [("Hi.", False)])[0] == {Part.ANSWER: "Hi."}
+    assert split_at(AddressedSplitter(answering=True), [("Hi.<|eot|>", False)])[0] == {Part.ANSWER: "Hi."}
+
+
 # Kimi K3's reply after the prompt's `<|open|>think<|sep|>`: its markers control tokens (text here), its names words
 K3_REPLY = ("the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
             "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
@@ -220,6 +237,7 @@ def test_the_family_is_read_from_the_template():
     assert family((TEMPLATES / "minimax-m3.jinja").read_text()) is MINIMAX_M3
     assert family((TEMPLATES / "hy3.jinja").read_text()) is HY3
     assert family((TEMPLATES / "solar-open.jinja").read_text()) is SOLAR
+    assert family((TEMPLATES / "muse-glimmer.jinja").read_text()) is MUSE
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}") is NONE
     assert family(None) is NONE
 
@@ -328,6 +346,22 @@ def test_solar_open_thinks_in_its_think_message_and_answers_in_its_content(think
     assert drafted.reasoning and drafted.text and drafted.finish_reason == "stop"
     assert "assistant" not in drafted.text and "<|" not in drafted.text + drafted.reasoning
     assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
+
+
+def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):
+    """Muse Glimmer's messages: one to `self` is the thinking, one to `user` the answer, without their addresses and
+    markers (all in the answer before); thinking off addresses the answer in the prompt."""
+    grammar = ('root ::= " to=self<|message|>" [a-z ]{8,30} "<|eom|><|start|>assistant to=user<|message|>"'
+               ' [a-z ]{4,20}')
+    with opened(thinkers["muse-glimmer"]) as session:
+        drafted = reply(session, grammar=grammar, max_tokens=160)
+        off = reply(session, Thinking(think=False), max_tokens=8)
+        session.use(DrafterKind.PLAIN)
+        plain = reply(session, grammar=grammar, max_tokens=160)
+    assert drafted.reasoning and drafted.text and drafted.finish_reason == "stop"
+    assert "to=" not in drafted.text + drafted.reasoning and "<|" not in drafted.text + drafted.reasoning
+    assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
+    assert off.reasoning == "" and off.text
 
 
 def test_thinking_turned_off_by_the_template_or_in_the_prompt(thinkers):
@@ -569,6 +603,8 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("kimi-k3", (True, False, "<|open|>think<|sep|>"), (False, False, "<|open|>response<|sep|>")),
     # MiniMax-M3: its switch `thinking_mode` (adaptive unless told: the model decides); disabled closes the block
     ("minimax-m3", (False, False, "Current thinking mode: adaptive"), (False, False, "disabled.")),
+    # Muse Glimmer: no switch (it always thinks); thinking off addresses the answer to the user in the prompt
+    ("muse-glimmer", (False, False, "Reasoning strength: high."), (False, True, "to=user<|message|>")),
     # Solar Open: thinking (reasoning_effort high) unless told; minimal writes an empty think message before the reply
     ("solar-open", (False, False, ""), (False, False, "<|begin|>assistant<|think|><|end|><|begin|>assistant")),
     # Hy3: its switch its reasoning_effort, no_think unless told: its template closes the block either way
