@@ -340,7 +340,55 @@ class XtmlSplitter:
             yield from self._text(marker + tag + XTML_SEP)
 
 
-class ChannelSplitter:
+class _MarkerSplitter:
+    """A reply read by its markers as it streams: the text between them handed to _text, each marker to _marker;
+    never more than a marker's beginning held back."""
+
+    MARKERS: tuple[str, ...] = ()
+
+    def __init__(self):
+        self._pending = ""
+
+    @property
+    def held(self) -> int:
+        return len(self._pending)
+
+    def feed(self, text: str, special: bool = False) -> list[Piece]:
+        """special: the text of a control token, which is read only where it is one of the markers."""
+        if special and not self._takes(text):
+            return []
+        self._pending += text
+        return list(self._scan(final=False))
+
+    def _takes(self, special: str) -> bool:
+        return special in self.MARKERS
+
+    def _scan(self, final: bool) -> Iterator[Piece]:
+        while self._pending:
+            if not any(marker[0] in self._pending for marker in self.MARKERS):  # (most text: shown at once)
+                yield from self._text(self._pending)
+                self._pending = ""
+                return
+            found = [(at, marker) for marker in self.MARKERS if (at := self._pending.find(marker)) >= 0]
+            if found:
+                at, marker = min(found)
+                yield from self._text(self._pending[:at])
+                self._pending = self._pending[at + len(marker):]
+                yield from self._marker(marker)
+                continue
+            shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in self.MARKERS))
+            yield from self._text(self._pending[:shown])
+            self._pending = self._pending[shown:]
+            return
+
+    def _text(self, text: str) -> Iterator[Piece]:
+        raise NotImplementedError
+
+    def _marker(self, marker: str) -> Iterator[Piece]:
+        raise NotImplementedError
+
+
+class ChannelSplitter(_MarkerSplitter):
     """Solar Open's messages, the first opened by the prompt's `<|begin|>assistant`: `think`'s text is the thinking,
     `content`'s the answer; `tool_calls`' handed on in the answer as written, marker and all, for tool_calls.py to
     read; a message's role, after `<|begin|>`, is left out."""
@@ -348,7 +396,7 @@ class ChannelSplitter:
     MARKERS = (SOLAR_BEGIN, SOLAR_END, *SOLAR_CHANNELS)
 
     def __init__(self):
-        self._pending = ""
+        super().__init__()
         self._channel: str | None = None  # None: in a message's header (its role), before its channel
         self._role = ""  # the header's text so far
 
@@ -356,15 +404,8 @@ class ChannelSplitter:
     def thinking(self) -> bool:
         return self._channel == "<|think|>"
 
-    @property
-    def held(self) -> int:
-        return len(self._pending)
-
-    def feed(self, text: str, special: bool = False) -> list[Piece]:
-        if special and text not in self.MARKERS and self._channel != "<|tool_calls|>":
-            return []
-        self._pending += text
-        return list(self._scan(final=False))
+    def _takes(self, special: str) -> bool:
+        return special in self.MARKERS or self._channel == "<|tool_calls|>"  # (the calls' own markers too)
 
     def finish(self, stopped: bool = True) -> list[Piece]:
         pieces = list(self._scan(final=True))
@@ -372,27 +413,17 @@ class ChannelSplitter:
         role, self._role = self._role, ""
         return pieces + ([Piece(Part.ANSWER, role)] if stopped and self._channel is None and role.strip() else [])
 
-    def _scan(self, final: bool) -> Iterator[Piece]:
-        while self._pending:
-            found = [(at, marker) for marker in self.MARKERS if (at := self._pending.find(marker)) >= 0]
-            if not found:
-                shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in self.MARKERS))
-                yield from self._text(self._pending[:shown])
-                self._pending = self._pending[shown:]
-                return
-            at, marker = min(found)
-            yield from self._text(self._pending[:at])
-            self._pending = self._pending[at + len(marker):]
-            if self._channel == "<|tool_calls|>":  # (the calls run to the reply's end)
+    def _marker(self, marker: str) -> Iterator[Piece]:
+        if self._channel == "<|tool_calls|>":  # (the calls run to the reply's end)
+            yield Piece(Part.ANSWER, marker)
+        elif marker == SOLAR_BEGIN:
+            self._channel, self._role = None, ""
+        elif marker == SOLAR_END:
+            self._channel = ""
+        else:
+            self._channel = marker
+            if marker == "<|tool_calls|>":
                 yield Piece(Part.ANSWER, marker)
-            elif marker == SOLAR_BEGIN:
-                self._channel, self._role = None, ""
-            elif marker == SOLAR_END:
-                self._channel = ""
-            else:
-                self._channel = marker
-                if marker == "<|tool_calls|>":
-                    yield Piece(Part.ANSWER, marker)
 
     def _text(self, text: str) -> Iterator[Piece]:
         if self._channel is None:  # a message's role; one longer than a role is a model's that left the form
@@ -405,13 +436,15 @@ class ChannelSplitter:
         yield Piece(Part.THINKING if self._channel == "<|think|>" else Part.ANSWER, text)
 
 
-class AddressedSplitter:
+class AddressedSplitter(_MarkerSplitter):
     """Muse Glimmer's messages, the first's header begun by the prompt's `<|start|>assistant`: a message to `self` is
     the thinking, one to `user` (or to no one) the answer, one to a tool handed on in the answer as written, for
     tool_calls.py to read; headers and markers left out. answering: the prompt addressed the answer itself."""
 
+    MARKERS = MUSE_MARKERS
+
     def __init__(self, answering: bool = False):
-        self._pending = ""
+        super().__init__()
         self._header: str | None = None if answering else ""  # while a message's header is read; None in its text
         self._part = Part.ANSWER
 
@@ -423,35 +456,19 @@ class AddressedSplitter:
     def held(self) -> int:
         return len(self._pending) + len(self._header or "")
 
-    def feed(self, text: str, special: bool = False) -> list[Piece]:
-        if special and text not in MUSE_MARKERS:
-            return []
-        self._pending += text
-        return list(self._scan(final=False))
-
     def finish(self, stopped: bool = True) -> list[Piece]:
         pieces = list(self._scan(final=True))
         header, self._header = self._header, None  # (a reply that addressed no one: a model that left the form)
         return pieces + ([Piece(Part.ANSWER, header)] if stopped and header and header.strip() else [])
 
-    def _scan(self, final: bool) -> Iterator[Piece]:
-        while self._pending:
-            found = [(at, marker) for marker in MUSE_MARKERS if (at := self._pending.find(marker)) >= 0]
-            if not found:
-                shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in MUSE_MARKERS))
-                yield from self._text(self._pending[:shown])
-                self._pending = self._pending[shown:]
-                return
-            at, marker = min(found)
-            yield from self._text(self._pending[:at])
-            self._pending = self._pending[at + len(marker):]
-            if marker == "<|message|>" and self._header is not None:
-                recipient = _RECIPIENT.search(self._header)
-                name = recipient.group(1) if recipient else "user"
-                self._part = Part.THINKING if name == "self" else Part.ANSWER
-                self._header = None
-            elif marker != "<|message|>":  # a message's end, or the next one's start: its header comes
-                self._header = ""
+    def _marker(self, marker: str) -> Iterator[Piece]:
+        if marker == "<|message|>" and self._header is not None:
+            recipient = _RECIPIENT.search(self._header)
+            self._part = Part.THINKING if recipient and recipient.group(1) == "self" else Part.ANSWER
+            self._header = None
+        elif marker != "<|message|>":  # a message's end, or the next one's start: its header comes
+            self._header = ""
+        return iter(())
 
     def _text(self, text: str) -> Iterator[Piece]:
         if self._header is None:
@@ -470,13 +487,15 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _LONGEST_HEADER = 512
 
 
-class HarmonySplitter:
+class HarmonySplitter(_MarkerSplitter):
     """gpt-oss's harmony messages, as generated after the prompt's `<|start|>assistant`. llama.cpp shows
     `<|channel|>`, `<|message|>`, `<|start|>` and `<|constrain|>` as text; `<|end|>` comes as a control token.
     answering: the prompt opened the final channel's message itself (thinking turned off)."""
 
+    MARKERS = HARMONY_MARKERS
+
     def __init__(self, answering: bool = False):
-        self._pending = ""
+        super().__init__()
         self._header = ""  # of the message being opened: read once its <|message|> comes
         self._body: Part | None = Part.ANSWER if answering else None  # None while in a header
         self._tool: str | None = None
@@ -487,16 +506,6 @@ class HarmonySplitter:
     def thinking(self) -> bool:
         return self.last is Part.THINKING
 
-    @property
-    def held(self) -> int:
-        return len(self._pending)
-
-    def feed(self, text: str, special: bool = False) -> list[Piece]:
-        if special and text not in HARMONY_MARKERS:
-            return []
-        self._pending += text
-        return list(self._scan(final=False))
-
     def finish(self, stopped: bool = True) -> list[Piece]:
         """stopped: the model ended the reply, a call's <|call|> among the ways (a call a limit cut off stays
         open, for tool_calls.py to refuse as unfinished)."""
@@ -504,24 +513,6 @@ class HarmonySplitter:
         header, self._header = self._header, ""
         # a reply that never opened a message (a model that ignores harmony) is all answer
         return pieces + ([Piece(Part.ANSWER, header)] if header.strip() and "<|" not in header else [])
-
-    def _scan(self, final: bool) -> Iterator[Piece]:
-        while self._pending:
-            if "<" not in self._pending:  # (every marker begins with it: most text is shown at once)
-                yield from self._text(self._pending)
-                self._pending = ""
-                return
-            found = [(at, marker) for marker in HARMONY_MARKERS if (at := self._pending.find(marker)) >= 0]
-            if found:
-                at, marker = min(found)
-                yield from self._text(self._pending[:at])
-                self._pending = self._pending[at + len(marker):]
-                yield from self._marker(marker)
-                continue
-            shown = len(self._pending) - (0 if final else max(_held(self._pending, m) for m in HARMONY_MARKERS))
-            yield from self._text(self._pending[:shown])
-            self._pending = self._pending[shown:]
-            return
 
     def _text(self, text: str) -> Iterator[Piece]:
         if not text:
