@@ -125,6 +125,9 @@ class _Form:
     read_calls: Callable[[str, dict], list[tuple]] | None = None
     cdata: bool = False  # a call may hold <![CDATA[...]]> values, inside which its closing is a value's text
     json: bool = False  # its calls are JSON: a closing inside one of their strings is a value's text
+    # its calls are markup whose values are text as written: a closing inside one is the value's text (the
+    # regular expression of a value's opening, and its closing)
+    values: tuple[str, str] | None = None
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -1187,13 +1190,19 @@ _DSML = _Markup((f'<{_DSML_MARK}invoke name="', '">'), (f'<{_DSML_MARK}parameter
                 ("", f"</{_DSML_MARK}parameter>"), f"</{_DSML_MARK}invoke>", ('" string="true">', '" string="false">'))
 
 
+def _values(markup: _Markup) -> tuple[str, str]:
+    """Where a markup form's values begin (after their own opening, or their key's tag) and end."""
+    opening = re.escape(markup.value[0]) if markup.value[0] else re.escape(markup.key[0]) + "[^>]*>"
+    return opening, markup.value[1]
+
+
 def _invokes(markup: _Markup, opening: str, closing: str) -> _Form:
     """A form whose calls are <invoke>s (or Hy3's like of them) one after another in blocks between two markers
     (MiniMax's, DeepSeek's, Hy3's)."""
     calls = f'"{opening}" ws {{calls}} ws "{closing}"'
     return _Form(opening, closing, None, "arguments", (f"({re.escape(opening)})",), calls.format(calls="call"),
                  f'{calls.format(calls="call (ws call)*")} (ws {calls.format(calls="call (ws call)*")})*',
-                 partial(_markup_rules, markup), partial(_read_invokes, markup))
+                 partial(_markup_rules, markup), partial(_read_invokes, markup), values=_values(markup))
 
 
 _FORMS = {
@@ -1208,10 +1217,10 @@ _FORMS = {
     ToolFormat.HARMONY: _Form("<tool_call>", "</tool_call>", "{", "arguments", (), "", "", json=True),
     ToolFormat.XML: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
                           f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _QWEN_XML),
-                          _alone(partial(_read_markup, _QWEN_XML))),
+                          _alone(partial(_read_markup, _QWEN_XML)), values=_values(_QWEN_XML)),
     ToolFormat.SEED: _Form("<seed:tool_call>", "</seed:tool_call>", None, "arguments", (r"(<seed:tool_call>)",),
                            _SEED_BLOCK, f"{_SEED_BLOCK} (ws {_SEED_BLOCK})*", partial(_markup_rules, _QWEN_XML),
-                           _alone(partial(_read_markup, _QWEN_XML))),
+                           _alone(partial(_read_markup, _QWEN_XML)), values=_values(_QWEN_XML)),
     ToolFormat.APRIEL: _json_list("<tool_calls>", "</tool_calls>"),
     ToolFormat.NEMOTRON: _json_list("<TOOLCALL>", "</TOOLCALL>"),
     ToolFormat.APERTUS: _json_list(*_APERTUS, _apertus_rules, _read_named_calls),
@@ -1220,7 +1229,8 @@ _FORMS = {
                                   _cohere_rules, partial(_read_json_calls, name="tool_name", arguments="parameters"),
                                   json=True),
     ToolFormat.GLM: _Form("<tool_call>", "</tool_call>", None, "arguments", (r"(<tool_call>)",), _BLOCK,
-                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM))),
+                          f"{_BLOCK} (ws {_BLOCK})*", partial(_markup_rules, _GLM), _alone(partial(_read_markup, _GLM)),
+                          values=_values(_GLM)),
     ToolFormat.MISTRAL_ARGS: _Form("[TOOL_CALLS]", None, None, "arguments", (r"(\[TOOL_CALLS\])",),
                                    '"[TOOL_CALLS]" call', '"[TOOL_CALLS]" call (ws "[TOOL_CALLS]" call)*', _args_rules,
                                    _alone(_read_args_call)),
@@ -1320,7 +1330,7 @@ class ToolStream:
         self._parameters = {d["function"]["name"]: (d["function"].get("parameters") or {}).get("properties") or {}
                             for d in tools.definitions} if tools else {}
         self._held = ""  # text that may be, or is, a call
-        self._quoting = _Quoting()  # (a JSON form's calls: how far their strings are read)
+        self._quoting = self._reading()  # (how far a call's strings or values are read)
         # "content" once it is not a whole call, "calls" after an opening, "whole"
         self._state = "start" if self._f.whole is not None else "content"
 
@@ -1396,9 +1406,9 @@ class ToolStream:
 
     def _closed_calls(self) -> list[ToolCall]:
         f, out = self._f, []
-        while (end := self._quoting.closing(self._held, f.closing) if f.json
+        while (end := self._quoting.closing(self._held, f.closing) if self._quoting
                else _closing(self._held, f.closing, f.cdata)) >= 0:
-            block, self._held, self._quoting = self._held[:end], self._held[end + len(f.closing):], _Quoting()
+            block, self._held, self._quoting = self._held[:end], self._held[end + len(f.closing):], self._reading()
             body = block.strip().removeprefix(f.opening).strip()
             if f.read_calls:
                 out += [self._made(*call) for call in f.read_calls(body, self._parameters)]
@@ -1411,6 +1421,11 @@ class ToolStream:
                 raise InputError(f"the model wrote a tool call without a name and {f.arguments}: {body[:80]!r}")
             out.append(self._call(call))
         return out
+
+    def _reading(self) -> "_Quoting | _Values | None":
+        """What reads a call's strings (JSON's) or values (markup's), inside which its closing is text."""
+        f = self._f
+        return _Quoting() if f.json else _Values(*f.values) if f.values else None
 
     def _call(self, call: dict) -> ToolCall:
         return self._made(call["name"], call.get(self._f.arguments, call.get("arguments")))
@@ -1448,6 +1463,35 @@ class _Quoting:
             at += 1
         self.at = at
         return -1
+
+
+class _Values:
+    """How far a markup form's calls have been read for their values, which are text as written (a closing inside
+    one is the value's: code that writes `</tool_call>`), kept from feed to feed."""
+
+    def __init__(self, opening: str, value_end: str):
+        self.opening, self.value_end = re.compile(opening), value_end
+        self.at, self.inside = 0, False
+
+    def closing(self, held: str, closing: str) -> int:
+        """Where the closing is, outside the values; -1 where it has not come."""
+        at = self.at
+        while True:
+            if self.inside:
+                end = held.find(self.value_end, at)
+                if end < 0:  # (the value's end may have begun at its last characters)
+                    self.at = max(at, len(held) - len(self.value_end) + 1)
+                    return -1
+                at, self.inside = end + len(self.value_end), False
+                continue
+            found, opened = held.find(closing, at), self.opening.search(held, at)
+            if found >= 0 and (opened is None or found < opened.start()):
+                self.at = found
+                return found
+            if opened is None:
+                self.at = at  # (a value's opening may still be coming)
+                return -1
+            at, self.inside = opened.end(), True
 
 
 def _closing(held: str, closing: str, cdata: bool) -> int:

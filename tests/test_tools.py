@@ -276,6 +276,26 @@ def test_a_json_calls_string_may_hold_its_forms_closing(form, written):
         assert read(form, "Sure." + written(call), step) == ["Sure.", [("f", {"code": CODE})]]
 
 
+MARKUP_CODE = 'print("</tool_call>", "</minimax:tool_call>", "</tool_calls:opensource>", "<parameter=x>")'
+
+
+@pytest.mark.parametrize("form, written", [
+    (ToolFormat.XML, lambda code: f"<tool_call>\n<function=f>\n<parameter=code>\n{code}\n</parameter>\n</function>\n"
+     "</tool_call>"),
+    (ToolFormat.GLM, lambda code: f"<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>{code}</arg_value>\n</tool_call>"),
+    (ToolFormat.MINIMAX, lambda code: f'<minimax:tool_call>\n<invoke name="f">\n<parameter name="code">{code}'
+     "</parameter>\n</invoke>\n</minimax:tool_call>"),
+    (ToolFormat.HY3, lambda code: "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"
+     f"<arg_key:opensource>code</arg_key:opensource>\n<arg_value:opensource>{code}</arg_value:opensource>\n"
+     "</tool_call:opensource>\n</tool_calls:opensource>"),
+])
+def test_a_markup_calls_value_may_hold_its_forms_closing(form, written):
+    """A markup call's value is text as written up to its own closing tag: one that holds the block's closing (code
+    that writes `</tool_call>`) is the value's text; the call was cut there before."""
+    for step in (None, 1):
+        assert read(form, "Sure." + written(MARKUP_CODE), step) == ["Sure.", [("f", {"code": MARKUP_CODE})]]
+
+
 def test_content_is_passed_on_at_once_but_what_may_open_a_call_waits():
     reader = ToolStream(ToolFormat.HERMES)
     assert reader.feed("Sure, ") == ["Sure, "]
