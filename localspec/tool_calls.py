@@ -123,10 +123,9 @@ class _Form:
     # [(name, arguments)]: one call, or LFM2's list; (name, arguments, id) where the model writes the call's id)
     call_rules: Callable[[list[dict]], str] | None = None
     read_calls: Callable[[str, dict], list[tuple]] | None = None
-    cdata: bool = False  # a call may hold <![CDATA[...]]> values, inside which its closing is a value's text
     json: bool = False  # its calls are JSON: a closing inside one of their strings is a value's text
     # its calls are markup whose values are text as written: a closing inside one is the value's text (the
-    # regular expression of a value's opening, and its closing)
+    # regular expression of a value's opening, and its closing; MiniCPM5's a <![CDATA[...]]> section)
     values: tuple[str, str] | None = None
 
 
@@ -1241,7 +1240,8 @@ _FORMS = {
     # (a call's text read without its opening and closing)
     ToolFormat.MINICPM5: _Form('<function name="', "</function>", None, "arguments", (r'(<function name=")',), "call",
                                "call (ws call)*", partial(_markup_rules, _MINICPM5),
-                               _alone(partial(_read_markup, replace(_MINICPM5, name=("", '">'), end=""))), cdata=True),
+                               _alone(partial(_read_markup, replace(_MINICPM5, name=("", '">'), end=""))),
+                               values=(re.escape("<![CDATA["), "]]>")),
     ToolFormat.DSML_FUNCTIONS: _invokes(_DSML, f"<{_DSML_MARK}function_calls>", f"</{_DSML_MARK}function_calls>"),
     ToolFormat.DSML: _invokes(_DSML, f"<{_DSML_MARK}tool_calls>", f"</{_DSML_MARK}tool_calls>"),
     ToolFormat.KIMI: _Form(_KIMI_SECTION[0], _KIMI_SECTION[1], None, "arguments", (r"(<\|tool_calls_section_begin\|>)",),
@@ -1407,7 +1407,7 @@ class ToolStream:
     def _closed_calls(self) -> list[ToolCall]:
         f, out = self._f, []
         while (end := self._quoting.closing(self._held, f.closing) if self._quoting
-               else _closing(self._held, f.closing, f.cdata)) >= 0:
+               else self._held.find(f.closing)) >= 0:
             block, self._held, self._quoting = self._held[:end], self._held[end + len(f.closing):], self._reading()
             body = block.strip().removeprefix(f.opening).strip()
             if f.read_calls:
@@ -1492,20 +1492,6 @@ class _Values:
                 self.at = at  # (a value's opening may still be coming)
                 return -1
             at, self.inside = opened.end(), True
-
-
-def _closing(held: str, closing: str, cdata: bool) -> int:
-    """Where the closing of a call is, -1 where it has not come; cdata: not inside a <![CDATA[...]]> value."""
-    at = 0
-    while True:
-        end = held.find(closing, at)
-        opened = held.find("<![CDATA[", at) if cdata else -1
-        if opened < 0 or 0 <= end < opened:
-            return end
-        at = held.find("]]>", opened)
-        if at < 0:
-            return -1
-        at += len("]]>")
 
 
 def _is_call(call, arguments: str, name: str = "name") -> bool:

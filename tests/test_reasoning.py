@@ -150,28 +150,43 @@ def test_command_r7bs_plan_is_thinking_and_its_response_markers_are_left_out():
     assert parts == {Part.ANSWER: "Hi."}
 
 
-GRANITE_REPLY = "<think>the user wants 4.</think>\n<response>It is 4 < 5.</response>"
+# Replies of the families whose splitters are their own, after each family's prompt (their markers as text here)
+K3_TOOLS = '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+SPLITS = {
+    # Granite 3.3, asked to think: its answer between <response> and </response> after its <think> block
+    "granite": (lambda: ThinkSplitter(markers=GRANITE),
+                "<think>the user wants 4.</think>\n<response>It is 4 < 5.</response>", "It is 4 < 5.",
+                len("</response>") - 1),
+    # Solar Open, after `<|begin|>assistant`: the tool_calls message handed on as written
+    "solar-open": (ChannelSplitter,
+                   "<|think|>the user wants 4.<|end|><|begin|>assistant<|content|>It is 4 < 5.<|end|><|begin|>assistant"
+                   "<|tool_calls|><|tool_call:begin|>a<|tool_call:name|>f<|tool_call:args|>{}<|tool_call:end|>",
+                   "It is 4 < 5.<|tool_calls|><|tool_call:begin|>a<|tool_call:name|>f<|tool_call:args|>{}"
+                   "<|tool_call:end|>", len("<|tool_calls|>") - 1),
+    # Muse Glimmer, after `<|start|>assistant`: a message to a tool handed on as written, addresses left out
+    "muse-glimmer": (AddressedSplitter,
+                     " to=self<|message|>the user wants 4.<|eom|><|start|>assistant to=user<|message|>It is 4 < 5."
+                     '<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n'
+                     "</atem:invoke>\n</atem:function_calls><|eot|>",
+                     'It is 4 < 5.<atem:function_calls>\n<atem:invoke name="f">\n</atem:invoke>\n</atem:function_calls>',
+                     len("<|start|>assistant to=user<|message|>")),
+    # Kimi K3, after `<|open|>think<|sep|>`: the tools section handed on as written, the message's closing left out
+    "kimi-k3": (lambda: XtmlSplitter(opened=True),
+                "the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
+                + K3_TOOLS + "<|close|>message<|sep|>", "It is 4 < 5." + K3_TOOLS,
+                len('<|open|>call tool="f" index="1"<|sep|>')),
+}
 
 
-@pytest.mark.parametrize("cut", range(1, len(GRANITE_REPLY)))
-def test_granites_response_markers_are_left_out_of_its_answer(cut):
-    """Granite 3.3, asked to think, writes its answer between <response> and </response> after its <think> block."""
-    parts, held = split_at(ThinkSplitter(markers=GRANITE), [(GRANITE_REPLY[:cut], False), (GRANITE_REPLY[cut:], False)])
-    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5."}
-    assert held < len("</response>")
-
-
-# Solar Open's reply after the prompt's `<|begin|>assistant`
-SOLAR_REPLY = ("<|think|>the user wants 4.<|end|><|begin|>assistant<|content|>It is 4 < 5.<|end|><|begin|>assistant"
-               "<|tool_calls|><|tool_call:begin|>a<|tool_call:name|>f<|tool_call:args|>{}<|tool_call:end|>")
-
-
-@pytest.mark.parametrize("cut", range(1, len(SOLAR_REPLY), 3))
-def test_solar_opens_messages_split_into_thinking_answer_and_calls_at_every_boundary(cut):
-    parts, held = split_at(ChannelSplitter(), [(SOLAR_REPLY[:cut], False), (SOLAR_REPLY[cut:], False)])
-    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5.<|tool_calls|><|tool_call:begin|>a"
-                     "<|tool_call:name|>f<|tool_call:args|>{}<|tool_call:end|>"}
-    assert held < len("<|tool_calls|>")
+@pytest.mark.parametrize("name, cut", [(name, cut) for name, (_, reply, _, _) in SPLITS.items()
+                                       for cut in range(1, len(reply))])
+def test_each_familys_reply_splits_the_same_at_every_boundary(name, cut):
+    """The thinking apart from the answer, the family's markers and headers left out (its calls handed on in the
+    answer as written, for tool_calls.py), never more than a marker held back, wherever the reply is cut."""
+    splitter, reply, answer, most_held = SPLITS[name]
+    parts, held = split_at(splitter(), [(reply[:cut], False), (reply[cut:], False)])
+    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: answer}
+    assert held <= most_held
 
 
 def test_a_solar_open_reply_that_names_no_channel_is_answer():
@@ -180,37 +195,9 @@ def test_a_solar_open_reply_that_names_no_channel_is_answer():
     assert split_at(ChannelSplitter(), [(long, False)])[0] == {Part.ANSWER: "x" * 40}
 
 
-# Muse Glimmer's reply after the prompt's `<|start|>assistant`
-MUSE_REPLY = (" to=self<|message|>the user wants 4.<|eom|><|start|>assistant to=user<|message|>It is 4 < 5.<|eom|>"
-              '<|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n</atem:invoke>\n'
-              "</atem:function_calls><|eot|>")
-
-
-@pytest.mark.parametrize("cut", range(1, len(MUSE_REPLY), 3))
-def test_muse_glimmers_messages_split_by_whom_they_address_at_every_boundary(cut):
-    parts, held = split_at(AddressedSplitter(), [(MUSE_REPLY[:cut], False), (MUSE_REPLY[cut:], False)])
-    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: 'It is 4 < 5.<atem:function_calls>\n<atem:invoke'
-                     ' name="f">\n</atem:invoke>\n</atem:function_calls>'}
-    assert held <= len("<|start|>assistant to=user<|message|>")
-    # a reply that addresses no one is answer; the prompt's own address (thinking off) leaves the reply answer
+def test_a_muse_glimmer_reply_that_addresses_no_one_or_is_addressed_by_the_prompt_is_answer():
     assert split_at(AddressedSplitter(), [("Hi.", False)])[0] == {Part.ANSWER: "Hi."}
     assert split_at(AddressedSplitter(answering=True), [("Hi.<|eot|>", False)])[0] == {Part.ANSWER: "Hi."}
-
-
-# Kimi K3's reply after the prompt's `<|open|>think<|sep|>`: its markers control tokens (text here), its names words
-K3_REPLY = ("the user wants 4.<|close|>think<|sep|><|open|>response<|sep|>It is 4 < 5.<|close|>response<|sep|>"
-            "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
-            "<|close|>message<|sep|>")
-K3_TOOLS = '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
-
-
-@pytest.mark.parametrize("cut", range(1, len(K3_REPLY), 3))
-def test_kimi_k3s_sections_split_the_same_at_every_boundary(cut):
-    """think's text is the thinking, response's the answer, the tools section handed on in the answer as written
-    (for tool_calls.py), the message's closing left out; no more than a section's marker is ever held back."""
-    parts, held = split_at(XtmlSplitter(opened=True), [(K3_REPLY[:cut], False), (K3_REPLY[cut:], False)])
-    assert parts == {Part.THINKING: "the user wants 4.", Part.ANSWER: "It is 4 < 5." + K3_TOOLS}
-    assert held <= len('<|open|>call tool="f" index="1"<|sep|>')
 
 
 def test_kimi_k3s_markers_as_control_tokens_and_a_reply_that_leaves_the_form():
