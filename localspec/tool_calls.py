@@ -81,6 +81,7 @@ class ToolFormat(StrEnum):
     # DeepSeek R1's and V3's (0324, R1-0528): a block of calls, each `function<｜tool▁sep｜>NAME` and a fenced JSON object
     DEEPSEEK = "deepseek"
     SOLAR = "solar-open"  # Solar Open's tool_calls message: each call its id, name and JSON arguments between markers
+    MINIMAX_M3 = "minimax-m3"  # MiniMax-M3's namespaced <invoke>s, each argument an element nested as its schema nests
     ATEM = "atem"  # Muse Glimmer's: a message to the tool holding an <atem:function_calls> block of one <atem:invoke>
 
 
@@ -149,6 +150,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.DSML_FUNCTIONS if "function_calls" in source else ToolFormat.DSML
     if "<atem:function_calls>" in source and "<atem:invoke name=" in source:
         return ToolFormat.ATEM
+    if _MM3 in source and "<invoke name=" in source:
+        return ToolFormat.MINIMAX_M3
     if "<minimax:tool_call>" in source and "<invoke name=" in source:
         return ToolFormat.MINIMAX
     if "<|tool_calls_section_begin|>" in source and "<|tool_call_argument_begin|>" in source:
@@ -171,8 +174,8 @@ def tool_format(template: str | None) -> ToolFormat:
         return ToolFormat.NEMOTRON
     if _COHERE_ACTION[0] in source and '"tool_name"' in source:
         return ToolFormat.COMMAND_R7B
-    # forms that spell <tool_call> too but write something else in or around it (MiniMax-M3's namespaced
-    # <invoke>, another <tool_calls>): refused, rather than read as another family's
+    # forms that spell <tool_call> too but write something else in or around it (an <invoke>, another <tool_calls>):
+    # refused, rather than read as another family's
     if not any(marker in source for marker in ("<invoke", "<tool_calls>", "<seed:tool_call>")):
         if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
             return ToolFormat.XML
@@ -206,7 +209,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
                      " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
-                     " calls, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM and gpt-oss's harmony)")
+                     " calls, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM, MiniMax-M3's namespaced <invoke>s and"
+                     " gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -314,10 +318,14 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
 def _parameters(function: dict) -> tuple[dict, set[str], bool]:
     """An offered function's parameters: their schemas by name, the required names, and whether it takes any
     keys (its schema names no properties and does not forbid others)."""
-    parameters = function.get("parameters") or {}
-    properties = parameters.get("properties") or {}
-    return (properties, set(parameters.get("required") or ()),
-            not properties and parameters.get("additionalProperties") is not False)
+    return _members(function.get("parameters") or {})
+
+
+def _members(schema: dict) -> tuple[dict, set[str], bool]:
+    """An object schema's members: their schemas by name, the required names, and whether it takes any keys."""
+    properties = schema.get("properties") or {}
+    return (properties, set(schema.get("required") or ()),
+            not properties and schema.get("additionalProperties") is not False)
 
 
 def _json_rules(schemas: dict[str, dict]) -> str:
@@ -1155,6 +1163,128 @@ def _read_kimi_k3_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
     return calls
 
 
+# MiniMax-M3's: every tag after its namespace token; calls one after another in a block, each argument an element
+# named by its key, an object's value its members' elements and a list's its <item>s, as its template's to_xml writes
+# them (a string as written, a number or a boolean as JSON)
+_MM3 = "]<]minimax[>["
+_MM3_BLOCK = (_MM3 + "<tool_call>", _MM3 + "</tool_call>")
+_MM3_INVOKE = (_MM3 + '<invoke name="', '">', _MM3 + "</invoke>")
+
+
+def _m3_kind(schema) -> str | None:
+    """How MiniMax-M3 writes a value of the schema: "text" as written (a string may be among what it allows),
+    "array" as <item>s, "object" as its members' elements, "json" as JSON; None where the schema says nothing."""
+    if not isinstance(schema, dict) or not schema:
+        return None
+    types = schema.get("type")
+    alternatives = [alternative for alternative in schema.get("anyOf") or schema.get("oneOf") or () if alternative]
+    if (_written_as_text(schema) or (isinstance(types, list) and "string" in types)
+            or any(_m3_kind(alternative) in ("text", None) for alternative in alternatives)):
+        return "text"
+    if isinstance(types, list):  # (["array", "null"]: as the type that is not null)
+        types = next((kind for kind in types if kind != "null"), None)
+    if types == "array" or "items" in schema:
+        return "array"
+    if types == "object" or "properties" in schema:
+        return "object"
+    return "json"
+
+
+def _minimax_m3_rules(offered: list[dict]) -> str:
+    """GBNF of one MiniMax-M3 call (`call`): an offered function's <invoke>, then its arguments' elements in the
+    schema's order (the required ones always), nested as the schema nests objects (their members' elements) and
+    lists (<item>s); a string's value any text without the namespace token (or one of its enum), any other scalar's
+    its schema's JSON; an object that names no properties takes any keys, their values any text."""
+    def literal(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)
+
+    rules, as_json = [], {}
+
+    def value(schema, rule: str) -> str:
+        kind = _m3_kind(schema)
+        if kind in ("text", None):
+            choices = _choices(schema)
+            return f"({' | '.join(map(literal, choices))})" if choices else "mtext"
+        if kind == "array":
+            items = value(schema.get("items"), rule + "-item")
+            return f'(ws {literal(_MM3 + "<item>")} {items} {literal(_MM3 + "</item>")})* ws'
+        if kind == "object":
+            rules.append(f"{rule} ::= {members(schema, rule)}")
+            return rule
+        as_json[rule] = schema
+        return rule
+
+    def members(schema: dict, rule: str) -> str:
+        properties, required, open_keys = _members(schema)
+        elements = []
+        for place, (key, member) in enumerate(properties.items()):
+            element = (f'ws {literal(f"{_MM3}<{key}>")} {value(member, f"{rule}-{place}")}'
+                       f' {literal(f"{_MM3}</{key}>")}')
+            elements.append(element if key in required else f"({element})?")
+        if open_keys:
+            elements.append(f'(ws {literal(_MM3 + "<")} [^<>/]+ ">" mtext {literal(_MM3 + "</")} [^<>/]+ ">")*')
+        return " ".join([*elements, "ws"])
+
+    calls = []
+    for number, function in enumerate(offered):
+        name = literal(_MM3_INVOKE[0] + function["name"] + _MM3_INVOKE[1])
+        rules.append(f"call-{number} ::= {name} {members(function.get('parameters') or {}, f'mm-{number}')}"
+                     f" {literal(_MM3_INVOKE[2])}")
+        calls.append(f"call-{number}")
+    # (text without the namespace token's first run that holds its `<` once: the token, whole, is refused in it)
+    return "\n".join([f"call ::= {' | '.join(calls)}", *rules, _text_without(_MM3[1:], "mtext"), _json_rules(as_json)])
+
+
+def _read_minimax_m3_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """MiniMax-M3's calls in one block, each argument read by its schema where it has one (else by its markup: an
+    <item> a list's, another element an object's member)."""
+    calls, at = [], 0
+    try:
+        while body[at:].strip():
+            if not body.startswith(_MM3_INVOKE[0], at := _past_space(body, at)):
+                raise ValueError
+            named = body.index(_MM3_INVOKE[1], at)
+            name = body[at + len(_MM3_INVOKE[0]):named]
+            arguments, at = _m3_members(body, named + len(_MM3_INVOKE[1]), parameters.get(name, {}), _MM3_INVOKE[2])
+            calls.append((name, arguments))
+    except (ValueError, IndexError):
+        raise InputError(f"the model wrote tool calls that do not read as MiniMax-M3's <invoke>s: {body[:80]!r}") \
+            from None
+    return calls
+
+
+def _m3_members(text: str, at: int, properties: dict, closing: str) -> tuple[dict, int]:
+    """An object's members' elements up to its closing: the object, and where its closing ends."""
+    found = {}
+    while not text.startswith(closing, at := _past_space(text, at)):
+        if not text.startswith(_MM3 + "<", at):
+            raise ValueError
+        named = text.index(">", at + len(_MM3))
+        key = text[at + len(_MM3) + 1:named]
+        found[key], at = _m3_value(text, named + 1, properties.get(key), f"{_MM3}</{key}>")
+    return found, at + len(closing)
+
+
+def _m3_value(text: str, at: int, schema, closing: str) -> tuple[object, int]:
+    """A value up to its closing tag: the value, and where its closing ends."""
+    schema = schema if isinstance(schema, dict) else {}
+    kind, start, item = _m3_kind(schema), _past_space(text, at), _MM3 + "<item>"
+    if kind is None and text.startswith(_MM3 + "<", start) and not text.startswith(closing, start):
+        kind = "array" if text.startswith(item, start) else "object"
+    if kind == "array":
+        items = []
+        while not text.startswith(closing, at := _past_space(text, at)):
+            if not text.startswith(item, at):
+                raise ValueError
+            value, at = _m3_value(text, at + len(item), schema.get("items"), _MM3 + "</item>")
+            items.append(value)
+        return items, at + len(closing)
+    if kind == "object":
+        return _m3_members(text, start, schema.get("properties") or {}, closing)
+    end = text.index(closing, at)
+    return text[at:end] if kind == "text" else _value(text[at:end], schema or None), end + len(closing)
+
+
 # Each family's form; its grammar's `call` and reader are the JSON object's unless it names its own.
 _BLOCK = '"<tool_call>" ws call ws "</tool_call>"'
 _SEED_BLOCK = '"<seed:tool_call>" ws call ws "</seed:tool_call>"'
@@ -1274,6 +1404,11 @@ _FORMS = {
                                  '"<tool_calls>" "\\n" call ("\\n" call)* "\\n" "</tool_calls>"', None,
                                  _read_json_lines, json=True),
     ToolFormat.HY3: _invokes(_HY3, "<tool_calls:opensource>", "</tool_calls:opensource>"),
+    # (a string's value cannot hold the namespace token, which every closing begins with)
+    ToolFormat.MINIMAX_M3: _Form(*_MM3_BLOCK, None, "arguments", (f"({re.escape(_MM3_BLOCK[0])})",),
+                                 f'"{_MM3_BLOCK[0]}" ws call ws "{_MM3_BLOCK[1]}"',
+                                 f'"{_MM3_BLOCK[0]}" ws call (ws call)* ws "{_MM3_BLOCK[1]}"', _minimax_m3_rules,
+                                 _read_minimax_m3_calls),
     # (the grammar holds what the model writes from a call's address on, the reader what the splitter hands on; the
     # address set off where it is to no one but self or the user)
     ToolFormat.ATEM: replace(_invokes(_ATEM, *_ATEM_BLOCK),
@@ -1301,6 +1436,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
             ToolFormat.KIMI_K3: set(XTML_MARKERS), ToolFormat.DEEPSEEK: {*_DEEPSEEK_CALLS, *_DEEPSEEK_CALL},
             ToolFormat.SOLAR: {_SOLAR_CALLS, *_SOLAR_CALL},
+            ToolFormat.MINIMAX_M3: {_MM3, "<tool_call>", "</tool_call>"},
             ToolFormat.HY3: {"<tool_calls:opensource>", "</tool_calls:opensource>", *_HY3.name, *_HY3.key, *_HY3.value,
                              _HY3.end}}
 

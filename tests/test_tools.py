@@ -69,7 +69,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.HY3: (REAL / "hy3.jinja").read_text(),
              ToolFormat.DEEPSEEK: (REAL / "deepseek-r1-tools.jinja").read_text(),
              ToolFormat.SOLAR: (REAL / "solar-open.jinja").read_text(),
-             ToolFormat.ATEM: (REAL / "muse-glimmer.jinja").read_text()}
+             ToolFormat.ATEM: (REAL / "muse-glimmer.jinja").read_text(),
+             ToolFormat.MINIMAX_M3: (REAL / "minimax-m3.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -91,11 +92,11 @@ def test_each_familys_template_is_known_by_its_form_and_one_without_tools_says_s
         tool_format(None)
     # LFM2.5's template lists the tools without LFM2's markers (llama.cpp's LFM2.5-Instruct.jinja)
     assert tool_format('{%- if tools -%}{%- set p = p + "List of tools: [" -%}{% endif %}') is ToolFormat.LFM2
-    # forms that spell <tool_call> too but write something else: refused, not read as hermes' JSON
-    for other in ("]<]minimax[>[<tool_call>\n<invoke name=",  # (MiniMax-M3's, namespaced)
-                  "<tool_calls>{\"name\": ...}</tool_calls>"):  # (a <tool_calls> block that is not Apriel's list)
-        with pytest.raises(InputError, match="does not read yet"):
-            tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as " + other + "{% endif %}")
+    # a form that spells <tool_call> too but writes something else: refused, not read as hermes' JSON (a <tool_calls>
+    # block that is not Apriel's list)
+    with pytest.raises(InputError, match="does not read yet"):
+        tool_format("{% if tools %}call tools in <tool_call></tool_call> tags as <tool_calls>{\"name\": ...}"
+                    "</tool_calls>{% endif %}")
     # Seed-OSS's xml in <seed:tool_call> blocks (refused before), Apriel's list: theirs, not hermes' or xml's
     for other, form in (("<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>",
                          ToolFormat.SEED),
@@ -168,6 +169,12 @@ def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "st
     (ToolFormat.SOLAR, 'Sure.<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'
      '<|tool_call:end|><|tool_call:begin|>a2<|tool_call:name|>g<|tool_call:args|>{}<|tool_call:end|>', "Sure.",
      [("f", {"a": 1}), ("g", {})]),
+    # MiniMax-M3's, as its template writes them (its namespace token a control token, written in by shown()): each
+    # argument an element, an object's members and a list's <item>s nested in it, a number as JSON
+    (ToolFormat.MINIMAX_M3, 'Sure.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="f">]<]minimax[>[<a>1]<]minimax[>['
+     '</a>]<]minimax[>[<b>]<]minimax[>[<item>]<]minimax[>[<c>x < y</c>]<]minimax[>[</c>]<]minimax[>[</item>]<]minimax[>['
+     '<item>]<]minimax[>[</item>]<]minimax[>[</b>]<]minimax[>[</invoke>\n]<]minimax[>[<invoke name="g">]<]minimax[>['
+     '</invoke>\n]<]minimax[>[</tool_call>', "Sure.", [("f", {"a": 1, "b": [{"c": "x < y</c>"}, ""]}), ("g", {})]),
     # Muse Glimmer's blocks, one a call, as the reasoning splitter hands its tool messages on
     (ToolFormat.ATEM, '<atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1</atem:parameter>\n'
      '</atem:invoke>\n</atem:function_calls><atem:function_calls>\n<atem:invoke name="g">\n</atem:invoke>\n'
@@ -355,6 +362,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.HY3, "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n"),
     (ToolFormat.DEEPSEEK, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}'),
     (ToolFormat.SOLAR, '<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'),
+    (ToolFormat.MINIMAX_M3, ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="f">]<]minimax[>[<a>1'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -371,6 +379,44 @@ def test_markup_forms_read_each_value_as_its_schema_says():
     assert call.argument_values == {"n": "42", "m": 42, "tags": ["a", "b"]}
     with pytest.raises(InputError, match="without a name"):
         ToolStream(ToolFormat.GLM).feed("<tool_call>\n</tool_call>")
+
+
+EDIT = {"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "count": {"type": "integer"}, "dry": {"type": "boolean"},
+    "edits": {"type": "array", "items": {"type": "object", "properties": {
+        "old": {"type": "string"}, "new": {"type": ["string", "null"]}}, "required": ["old", "new"]}},
+    "tags": {"type": "array", "items": {"type": "string"}}, "meta": {"type": "object"}}, "required": ["path", "edits"]}}}
+EDITED = {"path": "a.py", "count": 2, "dry": False, "edits": [{"old": "if a < b:", "new": "42"}, {"old": "", "new": "x"}],
+          "tags": ["1", "two"], "meta": {"by": "me", "n": 3}}  # (an object that names no members: 3 reads as JSON)
+
+
+def test_minimax_m3s_calls_nest_as_the_schema_nests_and_read_back_as_its_template_writes_them(target):
+    """MiniMax-M3's namespaced calls (refused before: "does not read yet"), its arguments elements nested as the
+    schema nests objects and lists: what its own template writes of an earlier call is read back to the same
+    arguments, whole and a character at a time, and its grammar admits it (a string's value any text, even a
+    closing's, but not the namespace token)."""
+    called = {"role": "assistant", "content": "Sure.", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "edit", "arguments": EDITED}}]}
+    written = render(TEMPLATES[ToolFormat.MINIMAX_M3], [*ASK, called], "", "", tools=[EDIT])
+    answer = written[written.rindex("Sure."):]
+    block = answer[answer.index("]<]minimax[>[<tool_call>"):answer.index("[e~[")]
+    assert "<item>" in block and "<by>me" in block  # (nested, not JSON)
+    for step in (None, 1):
+        reader = ToolStream(ToolFormat.MINIMAX_M3, tools=Tools((EDIT,)))
+        pieces = [piece for at in range(0, len(block), step or len(block)) for piece in
+                  reader.feed(block[at:at + (step or len(block))])] + reader.end()
+        [call] = pieces
+        assert call.name == "edit" and call.argument_values == EDITED
+    gbnf, _ = constraint(ToolFormat.MINIMAX_M3, Tools((EDIT,), choice="required"))
+    with Grammar(target.model, gbnf) as grammar:
+        for token in tokens_of(target, block):
+            assert grammar.admits(token)
+            grammar.accept(token)
+    string = block[:block.index("if a < b:")]
+    with Grammar(target.model, gbnf) as grammar:
+        for token in tokens_of(target, string + "a ]<]minimax[>["):  # (the token ends the value: its closing follows)
+            grammar.accept(token)
+        assert not grammar.admits(tokens_of(target, "x")[0]) and grammar.admits(tokens_of(target, "<")[0])
 
 
 def test_glm_is_known_by_its_own_tags_not_taken_for_hermes():
@@ -672,7 +718,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
                                     "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3",
-                                    "deepseek-r1-tools", "solar-open", "muse-glimmer"])
+                                    "deepseek-r1-tools", "solar-open", "muse-glimmer", "minimax-m3"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
