@@ -268,8 +268,9 @@ class Prompts:
         template = self.template
         images = self._images_of(messages)
         messages = [_images_placed(m) for m in messages]
-        # earlier thinking under the name each template reads it by (gpt-oss's: thinking)
-        messages = [m | {"thinking": m[THINKING_FIELD]} if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
+        # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
+        messages = [m | dict.fromkeys(("thinking", "reasoning"), m[THINKING_FIELD])
+                    if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
         messages = [m | {"tool_calls": [_arguments_as(call, self.arguments_as_text) for call in m["tool_calls"]]}
                     if isinstance(m.get("tool_calls"), list) else m for m in messages]
         bos, eos = model.special_text("bos"), model.special_text("eos")

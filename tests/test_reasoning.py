@@ -335,6 +335,26 @@ def test_solar_open_thinks_in_its_think_message_and_answers_in_its_content(think
     assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
 
 
+def test_solar_opens_earlier_thinking_within_the_turn_reaches_its_template(thinkers, tmp_path):
+    """Solar Open's template reads an earlier turn's thinking only as `message.reasoning` (vLLM's name): given only as
+    reasoning_content and thinking, its thinking before a call was dropped from the agent's next prompt. Given now,
+    from llama-server's reasoning_content and from vLLM's `reasoning`."""
+    call = {"id": "a1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "paris"}'}}
+    running = ServerProcess(tmp_path, thinkers["solar-open"], "-c", "2048", "--alias", "tiny")
+    try:
+        for name in ("reasoning_content", "reasoning"):
+            history = [{"role": "user", "content": "the weather in paris"},
+                       {"role": "assistant", "content": "", name: "look it up first", "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "a1", "content": "sun"}]
+            prompt = json.loads(urllib.request.urlopen(urllib.request.Request(
+                running.base + "/apply-template", data=json.dumps({"messages": history}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=60).read())["prompt"]
+            # (the tiny tokenizer's spaces left out)
+            assert "<|begin|>assistant<|think|>lookitupfirst<|end|>" in "".join(prompt.split()), name
+    finally:
+        assert running.stop() == 0, running.log()
+
+
 def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):
     """Muse Glimmer's messages: one to `self` is the thinking, one to `user` the answer, without their addresses and
     markers (all in the answer before); thinking off addresses the answer in the prompt."""

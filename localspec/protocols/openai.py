@@ -117,6 +117,7 @@ class Message(_Typed):
     tool_calls: list[CalledTool] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # the call a tool message answers
     reasoning_content: str | None = None  # an assistant's earlier thinking (llama-server's and DeepSeek's name)
+    reasoning: str | None = None  # (vLLM's and OpenRouter's name for it)
 
 
 class _Common(Sampled):
@@ -277,8 +278,9 @@ def _message(message: Message, index: int) -> dict:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         content = ""
     out = {"role": role, "content": content} | ({"images": images} if images else {})
-    if message.reasoning_content is not None and role == "assistant":
-        out["reasoning_content"] = message.reasoning_content
+    thought = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    if thought is not None and role == "assistant":
+        out["reasoning_content"] = thought
     if message.tool_calls:
         if role != "assistant":
             raise ApiError(400, f"{where}.tool_calls: only an assistant's message makes tool calls",
