@@ -6,6 +6,7 @@ import urllib.request
 from pathlib import Path
 from dataclasses import replace
 
+import httpx2 as httpx
 import ollama
 import openai
 import pytest
@@ -353,6 +354,38 @@ def test_solar_opens_earlier_thinking_within_the_turn_reaches_its_template(think
             assert "<|begin|>assistant<|think|>lookitupfirst<|end|>" in "".join(prompt.split()), name
     finally:
         assert running.stop() == 0, running.log()
+
+
+def test_a_template_that_tells_the_model_the_answers_form_is_given_it_by_each_api(thinkers, tmp_path):
+    """Kimi K3's template (DeepSeek V4's, Solar Open's and Cohere's too) tells the model the form its answer must
+    take, from a `response_format` variable, which no request gave: the model was held to a schema it was never
+    shown. OpenAI's response_format, the Responses API's text.format and Ollama's format now reach it."""
+    schema = {"type": "object", "properties": {"verdict": {"type": "boolean"}}, "required": ["verdict"],
+              "additionalProperties": False}
+    ask = [{"role": "user", "content": "is it"}]
+    running = ServerProcess(tmp_path, thinkers["kimi-k3"], "-c", "4096", "--alias", "tiny")
+
+    def squeezed(text: str) -> str:  # (the tiny tokenizer's spaces left out)
+        return "".join(text.split())
+
+    try:
+        for form, told in (({"type": "json_schema", "json_schema": {"name": "v", "schema": schema}},
+                            "response_format=json_schema"), ({"type": "json_object"}, "response_format=json_object")):
+            prompt = httpx.post(running.base + "/apply-template", timeout=60,
+                                json={"messages": ask, "response_format": form}).json()["prompt"]
+            assert told in squeezed(prompt) and ('"verdict"' in prompt) == (form["type"] == "json_schema"), form
+        assert "response_format" not in squeezed(httpx.post(running.base + "/apply-template", timeout=60,
+                                                            json={"messages": ask}).json()["prompt"])
+        rendered = httpx.post(running.base + "/api/chat", timeout=60, json={
+            "model": "tiny", "messages": ask, "format": schema, "_debug_render_only": True}).json()
+        assert '"verdict"' in rendered["debug_info"]["rendered_template"]
+        client = running.client()
+        formed, free = (client.responses.create(model="tiny", input="is it", max_output_tokens=8, **extra).usage
+                        for extra in ({"text": {"format": {"type": "json_schema", "name": "v", "schema": schema}}}, {}))
+        assert formed.input_tokens > free.input_tokens + 20  # (the schema, told)
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
 
 
 def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):

@@ -26,7 +26,7 @@ from ..store import modelfile
 from ..store.modelfile import NEUTRAL_OPTIONS, TAKEN_AND_IGNORED, Preset
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, Tool, answer_of, effort,
-                     embedding_inputs, image_bytes, invalid, kept_dimensions, logprobs_of, speculation,
+                     embedding_inputs, image_bytes, invalid, kept_dimensions, logprobs_of, output_told, speculation,
                      speculative_asked, thinking_asked, token_logprobs)
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length"}
@@ -194,7 +194,10 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     speculative = speculative_asked(request.speculative, defaults)
     if options.draft_num_predict is not None:
         speculative["draft_max"] = options.draft_num_predict
-    return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), **what, **speculative),
+    told = {"response_format": output_told(request.format if isinstance(request.format, dict) else None)} \
+        if request.format not in (None, "") and "messages" in what else None
+    return Parsed(Request(sampling, limits, thinking=_thinking(request.think, defaults), template_variables=told,
+                          **what, **speculative),
                   request.stream, False, renders_only=request.debug_render_only)
 
 

@@ -202,10 +202,12 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
                        param="reasoning_format")
     if chat.top_logprobs is not None and not chat.logprobs:
         raise ApiError(400, "top_logprobs goes with logprobs: true", param="top_logprobs")
+    # (the answer's form as the client asked it, for the templates that tell the model of it)
+    told = {"response_format": chat.response_format.model_dump(by_alias=True, exclude_none=True)} \
+        if chat.response_format and chat.response_format.type != "text" else {}
+    asked = chat.chat_template_kwargs.model_dump(exclude_unset=True) if chat.chat_template_kwargs else {}
     parsed = _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
-                     tools=_tools(chat), thinking=_thinking(chat, defaults),
-                     template_variables=chat.chat_template_kwargs.model_dump(exclude_unset=True)
-                     if chat.chat_template_kwargs else None,
+                     tools=_tools(chat), thinking=_thinking(chat, defaults), template_variables=(told | asked) or None,
                      logprobs=(chat.top_logprobs or 0) if chat.logprobs else None)
     return replace(parsed, thinking_apart=form != "none")
 

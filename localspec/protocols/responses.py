@@ -21,8 +21,8 @@ from ..request import IMAGE_MARKER, Request
 from ..service import Job
 from ..tool_calls import ToolCall, Tools
 from .shared import (ApiError, Answering, Defaults, Parsed, Protocol, Speculative, _Typed, answer_of, effort,
-                     image_bytes, name_the_calls_answered, overridden_or_refused, speculation, speculative_asked,
-                     thinking_asked, timings, validated)
+                     image_bytes, name_the_calls_answered, output_told, overridden_or_refused, speculation,
+                     speculative_asked, thinking_asked, timings, validated)
 
 MOST_KEPT = 1000  # responses a server keeps for previous_response_id, newest first
 
@@ -145,8 +145,11 @@ class Responses(Protocol):
         given = asked.reasoning.effort if asked.reasoning else None
         level = effort(given, "reasoning.effort") if given else None
         thinking = thinking_asked(defaults.thinking, False if given == "none" else None, level)
+        form = asked.text.format if asked.text else None
+        told = {"response_format": output_told(form.schema_ if form.type == "json_schema" else None, form.name)} \
+            if form and form.type != "text" else None
         request = Request(sampling, limits, messages=messages, tools=_tools(asked), thinking=thinking,
-                          **speculative_asked(asked.speculative, defaults))
+                          template_variables=told, **speculative_asked(asked.speculative, defaults))
         return Parsed(request, bool(asked.stream), include_usage=True, carried=carried)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":

@@ -355,6 +355,15 @@ def kept_dimensions(dimensions: int | None, n_embd: int) -> int | None:
     return dimensions
 
 
+def output_told(schema: dict | bool | None, name: str | None = None) -> dict:
+    """The form a request asks of the answer, as OpenAI's response_format spells it (schema None: any JSON object),
+    for the chat templates that tell the model of it (Kimi K3's, DeepSeek V4's, Solar Open's, Cohere's), as a
+    variable under the request's own."""
+    if schema is None:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": name or "output", "schema": schema}}
+
+
 def tool_reader(job: Job) -> ToolStream | None:
     """What reads the answer's tool calls as it streams, where the model was offered tools to call."""
     tools = job.request.tools
