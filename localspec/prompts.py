@@ -5,6 +5,7 @@ refuse what cannot fit its context before any time goes into it."""
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import reasoning
@@ -103,6 +104,46 @@ def _images_placed(message: dict) -> dict:
         raise InputError(f"a message places {placed} images but carries {len(images)}")
     return {key: value for key, value in message.items() if key != "images"} | {
         "content": IMAGE_MARKER * (len(images) - placed) + content}
+
+
+def _asked(thinking: Thinking) -> bool:
+    """Whether a request says whether to think (a template with a default of its own is told only then)."""
+    return thinking.think is not None or thinking.off
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A variable a reasoning model's template reads of how it is to think: its value for a request's thinking
+    (None: the template's own default), and which templates read it (those that name it, unless told)."""
+
+    name: str
+    value: Callable[[Thinking], object]
+    reads: Callable[[str, reasoning.Family], bool] | None = None  # (the template, its family)
+
+    def read_by(self, template: str, family: reasoning.Family) -> bool:
+        return self.reads(template, family) if self.reads else self.name in template
+
+
+# The first switch of a name that a template reads decides it.
+SWITCHES = (
+    # (some templates close the block unless it is true: told always)
+    Switch("enable_thinking", lambda thinking: not thinking.off),
+    Switch("thinking", lambda thinking: not thinking.off if _asked(thinking) else None,
+           lambda template, family: bool(_THINKING_SWITCH.search(template))),
+    # Hy3's effort is its switch: no_think (its default), low or high
+    Switch("reasoning_effort", lambda thinking: "no_think" if thinking.off else thinking.effort
+           if thinking.effort in ("low", "high") else "high" if _asked(thinking) or thinking.effort else None,
+           lambda template, family: "'no_think'" in template and "reasoning_effort" in template),
+    # Solar Open's: minimal is no thinking
+    Switch("reasoning_effort", lambda thinking: "minimal" if thinking.off else thinking.effort,
+           lambda template, family: family is reasoning.SOLAR),
+    Switch("reasoning_effort", lambda thinking: thinking.effort),
+    Switch("thinking_effort", lambda thinking: thinking.effort),  # (Kimi K3's)
+    Switch("reasoning_strength", lambda thinking: thinking.effort),  # (Muse Glimmer's)
+    Switch("thinking_mode", lambda thinking: ("disabled" if thinking.off else "enabled")  # (MiniMax-M3's)
+           if _asked(thinking) else None),
+    Switch("thinking_budget", lambda thinking: 0 if thinking.off else thinking.budget),  # (Seed-OSS keeps count)
+)
 
 
 class Prompts:
@@ -218,30 +259,14 @@ class Prompts:
         return self.model.tokenize(text, add_special=False, parse_special=True)
 
     def template_variables(self, thinking: Thinking) -> dict:
-        """What a reasoning model's template reads of how it is to think (llama.cpp's names): enable_thinking
-        always where the template reads it (some close the block unless it is true), reasoning_effort where asked,
-        thinking_budget where a budget is (Seed-OSS's template tells the model to keep within it)."""
-        variables = {}
-        if "enable_thinking" in self.template:
-            variables["enable_thinking"] = not thinking.off
-        # (templates whose switch is `thinking`, each with a default of its own: told only where a request asks)
-        if (thinking.think is not None or thinking.off) and _THINKING_SWITCH.search(self.template):
-            variables["thinking"] = not thinking.off
-        if "'no_think'" in self.template and "reasoning_effort" in self.template:  # (Hy3's: its effort is its switch)
-            if thinking.think is not None or thinking.off or thinking.effort is not None:
-                variables["reasoning_effort"] = ("no_think" if thinking.off else
-                                                 thinking.effort if thinking.effort in ("low", "high") else "high")
-        elif self.family is reasoning.SOLAR and (thinking.off or thinking.effort is not None):
-            variables["reasoning_effort"] = "minimal" if thinking.off else thinking.effort  # (minimal: no thinking)
-        elif thinking.effort is not None and "reasoning_effort" in self.template:
-            variables["reasoning_effort"] = thinking.effort
-        for name in ("thinking_effort", "reasoning_strength"):  # (Kimi K3's and Muse Glimmer's)
-            if thinking.effort is not None and name in self.template:
-                variables[name] = thinking.effort
-        if (thinking.think is not None or thinking.off) and "thinking_mode" in self.template:  # (MiniMax-M3's)
-            variables["thinking_mode"] = "disabled" if thinking.off else "enabled"
-        if "thinking_budget" in self.template and (thinking.off or thinking.budget is not None):
-            variables["thinking_budget"] = 0 if thinking.off else thinking.budget  # (Seed-OSS's: it keeps count)
+        """What a reasoning model's template reads of how it is to think (llama.cpp's names): each switch its
+        template reads (SWITCHES), where the request's thinking gives it a value."""
+        variables, decided = {}, set()
+        for switch in SWITCHES:
+            if switch.name not in decided and switch.read_by(self.template, self.family):
+                decided.add(switch.name)
+                if (value := switch.value(thinking)) is not None:
+                    variables[switch.name] = value
         return variables
 
     def tokenize(self, prompt: str, raw: bool) -> list[int]:
