@@ -106,6 +106,16 @@ def _images_placed(message: dict) -> dict:
         "content": IMAGE_MARKER * (len(images) - placed) + content}
 
 
+def _thinking_in_blocks(message: dict) -> dict:
+    """A message with earlier thinking, its content as blocks (the thinking, then the text), as templates that read
+    it only so take it (Mistral's; as llama.cpp hands it to them)."""
+    thought, content = message.get(THINKING_FIELD), message.get("content")
+    if not isinstance(thought, str) or not isinstance(content, str):
+        return message
+    return message | {"content": [{"type": "thinking", "thinking": thought}] +
+                      ([{"type": "text", "text": content}] if content else [])}
+
+
 def _asked(thinking: Thinking) -> bool:
     """Whether a request says whether to think (a template with a default of its own is told only then)."""
     return thinking.think is not None or thinking.off
@@ -309,6 +319,8 @@ class Prompts:
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
         messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
+        if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is)
+            messages = [_thinking_in_blocks(m) if i not in literal else m for i, m in enumerate(messages)]
         fields = (*TOOL_FIELDS, THINKING_FIELD)
         about_tools = [list(tools.definitions) if tools else [],
                        [[m.get(key) for key in fields] for m in messages if any(key in m for key in fields)]]

@@ -7,6 +7,7 @@ Recognised, from the chat template (docs/models.md lists the registry's families
   template opens the block itself (its generation prompt ends with `<think>`), the reply starts inside it.
   Gemma 4's `<|channel>thought` ... `<channel|>`, Seed-OSS's `<seed:think>` ... `</seed:think>`, MiniMax-M3's
   `<mm:think>` ... `</mm:think>` and Hy3's `<think:opensource>` ... `</think:opensource>` alike, and
+  Mistral's `[THINK]` ... `[/THINK]` (Magistral's, Ministral 3 Reasoning's: control tokens), and
   Apriel's, which its template opens with `Here are my reasoning steps:` and the model ends with
   `[BEGIN FINAL RESPONSE]`, and Command R7B's plan, `<|START_THINKING|>` ... `<|END_THINKING|>` (control tokens;
   its answer's `<|START_RESPONSE|>` and `<|END_RESPONSE|>` are left out as every other control token is).
@@ -76,6 +77,8 @@ class Family:
     answer: tuple[str, str] = ("", "")  # markers around the answer, left out of it (Granite 3.3's <response>)
     # what opens the answer at once where thinking cannot be switched off (gpt-oss's final channel)
     answer_now: str = ""
+    # its template reads an earlier turn's thinking only as a content block of type `thinking` (Mistral's)
+    earlier_in_blocks: bool = False
 
 
 THINK = Family("think", ReasoningFormat.THINK, "<think>", "</think>", "</think>")
@@ -86,6 +89,9 @@ MINIMAX_M3 = Family("minimax-m3", ReasoningFormat.THINK, "<mm:think>", "</mm:thi
 HY3 = Family("hy3", ReasoningFormat.THINK, "<think:opensource>", "</think:opensource>", "</think:opensource>")
 # Granite 3.3: asked to think (its switch `thinking`), it writes <think> ... </think><response> ... </response>
 GRANITE = Family("granite", ReasoningFormat.THINK, "<think>", "</think>", "</think>", answer=("<response>", "</response>"))
+# Magistral's and Ministral 3 Reasoning's: `[THINK]` ... `[/THINK]` (control tokens), which its default system
+# prompt asks for (no switch)
+MISTRAL = Family("mistral", ReasoningFormat.THINK, "[THINK]", "[/THINK]", "[/THINK]", earlier_in_blocks=True)
 # Seed-OSS: `<seed:think>` ... `</seed:think>` (its budget's reflections, `<seed:cot_budget_reflect>`, inside)
 SEED = Family("seed", ReasoningFormat.THINK, "<seed:think>", "</seed:think>", "</seed:think>")
 # Apriel: its template opens the thinking with words, the model ends it with a marker of words
@@ -137,6 +143,8 @@ def family(template: str | None) -> Family:
         return SOLAR
     if SEED.open in source and SEED.close in source:
         return SEED
+    if MISTRAL.open in source and MISTRAL.close in source:
+        return MISTRAL
     if APRIEL.open in source and APRIEL.close in source:
         return APRIEL
     if COMMAND_R7B.open in source and COMMAND_R7B.close in source:
@@ -152,8 +160,8 @@ def family(template: str | None) -> Family:
     return NONE
 
 
-# What a template that has its model think in a form not read here shows of it (Magistral's [THINK], a switch
-# or field of its own)
+# What a template that has its model think in a form not read here shows of it (a [THINK] it never closes, a
+# switch or field of its own)
 _THINKING_HINTS = ("[THINK]", "enable_thinking", "reasoning_content", "thinking")
 
 

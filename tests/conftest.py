@@ -200,6 +200,10 @@ THINKERS = {
                     "<|tool_response:name|>", "<|tool_response:result|>", "<|tool_response:end|>", "<|tool_response|>",
                     "<|calls|>", "<|flush|>", "<|tools:begin|>", "<|tools:end|>", "<|tool:begin|>", "<|tool:end|>")),
     "muse-glimmer": ("muse-glimmer.jinja", (), ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")),
+    # (its markers are control tokens of its Tekken vocabulary)
+    "ministral-3": ("ministral-3-reasoning.jinja", (),
+                    ("[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[THINK]", "[/THINK]", "[TOOL_CALLS]",
+                     "[ARGS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")),
     "minimax-m1": ("minimax-m1.jinja", (), ("<begin_of_document>", "<beginning_of_sentence>", "<end_of_sentence>")),
 }
 

@@ -388,6 +388,26 @@ def test_a_template_that_tells_the_model_the_answers_form_is_given_it_by_each_ap
     assert "Traceback" not in running.log()
 
 
+def test_ministral_3_thinks_in_its_think_block_and_reads_earlier_thinking_as_a_block(thinkers):
+    """Magistral's and Ministral 3 Reasoning's [THINK] ... [/THINK] (control tokens: its thinking ran into the answer,
+    its markers left out, before): the reply's thinking and answer come apart and drafting changes no token; an
+    earlier turn's thinking, which its template reads only as a content block of type thinking, goes back to it."""
+    grammar = 'root ::= "[THINK]" [a-z ]{8,30} "[/THINK]" [a-z ]{4,20}'
+    with opened(thinkers["ministral-3"]) as session:
+        drafted = reply(session, grammar=grammar, max_tokens=120)
+        session.use(DrafterKind.PLAIN)
+        plain = reply(session, grammar=grammar, max_tokens=120)
+        history = [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "hello there", "reasoning_content": "greet them back"},
+                   {"role": "user", "content": "again"}]
+        prepared = session.prepare(Request(messages=history))
+        prompt = session.prompts.model.spell_of(prepared.tokens, special=True).decode()
+    assert drafted.reasoning and drafted.text and drafted.finish_reason == "stop"
+    assert "THINK" not in drafted.text + drafted.reasoning
+    assert (drafted.reasoning, drafted.text) == (plain.reasoning, plain.text)
+    assert "[THINK]greetthemback[/THINK]hellothere" in "".join(prompt.split())  # (the tiny tokenizer's spaces)
+
+
 def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):
     """Muse Glimmer's messages: one to `self` is the thinking, one to `user` the answer, without their addresses and
     markers (all in the answer before); thinking off addresses the answer in the prompt."""
@@ -647,6 +667,9 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
     ("muse-glimmer", (False, False, "Reasoning strength: high."), (False, True, "to=user<|message|>")),
     # Solar Open: thinking (reasoning_effort high) unless told; minimal writes an empty think message before the reply
     ("solar-open", (False, False, ""), (False, False, "<|begin|>assistant<|think|><|end|><|begin|>assistant")),
+    # Ministral 3 Reasoning: no switch (its default system prompt asks for thinking); a block it opens is cut at once
+    # for thinking off
+    ("ministral-3", (False, False, "[SYSTEM_PROMPT]# HOW YOU SHOULD THINK"), (False, False, "[/SYSTEM_PROMPT]")),
     # Hy3: its switch its reasoning_effort, no_think unless told: its template closes the block either way
     ("hy3", (False, False, "<think:opensource></think:opensource>"),
      (False, False, "<think:opensource></think:opensource>")),

@@ -718,7 +718,8 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
                                     "nemotron-nano-v2", "command-r7b", "deepseek-v3.2", "deepseek-v4", "minicpm5",
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
                                     "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3",
-                                    "deepseek-r1-tools", "solar-open", "muse-glimmer", "minimax-m3"])
+                                    "deepseek-r1-tools", "solar-open", "muse-glimmer", "minimax-m3",
+                                    "ministral-3"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
