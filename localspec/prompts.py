@@ -16,8 +16,8 @@ from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
-from .tool_calls import (ToolFormat, Tools, constraint, content_opening, template_variables, tool_format,
-                         with_calls_written)
+from .tool_calls import (ToolFormat, Tools, constraint, content_opening, described_tools, template_variables,
+                         tool_format, with_calls_written)
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -327,6 +327,11 @@ class Prompts:
         if any(about_tools) and spells_control_tokens(json.dumps(about_tools, ensure_ascii=False)):
             raise InputError("a tool definition, tool call or earlier thinking contains the text of a control token,"
                              " which the chat template would write as one")
+        if described := described_tools(tool_format(template) if tools else None, template, tools):
+            # (the template's own text, its markers control tokens: a system message of its own, after the client's)
+            at = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+            messages = [*messages[:at], {"role": "system", "content": described}, *messages[at:]]
+            literal = {i + (i >= at) for i in literal}
         if variables:
             taken = RENDERED.intersection(variables)
             if taken:

@@ -80,6 +80,9 @@ class ToolFormat(StrEnum):
     HY3 = "hy3"  # Hy3's <tool_calls:opensource> block of calls, each argument an <arg_key:...> and <arg_value:...>
     # DeepSeek R1's and V3's (0324, R1-0528): a block of calls, each `function<｜tool▁sep｜>NAME` and a fenced JSON object
     DEEPSEEK = "deepseek"
+    # DeepSeek V3.1's: a block of calls, each NAME<｜tool▁sep｜> and its JSON object (its own template writes no tools:
+    # they are described in the system prompt as DeepSeek documents, described_tools)
+    DEEPSEEK_V31 = "deepseek-v3.1"
     SOLAR = "solar-open"  # Solar Open's tool_calls message: each call its id, name and JSON arguments between markers
     MINIMAX_M3 = "minimax-m3"  # MiniMax-M3's namespaced <invoke>s, each argument an element nested as its schema nests
     ATEM = "atem"  # Muse Glimmer's: a message to the tool holding an <atem:function_calls> block of one <atem:invoke>
@@ -133,6 +136,8 @@ class _Form:
 def tool_format(template: str | None) -> ToolFormat:
     """The form the template teaches tool calls in; InputError where it has none localspec reads."""
     source = template or ""
+    if _DEEPSEEK_CALLS[0] in source and _DEEPSEEK_CALL[1] in source and "```json" not in source:
+        return ToolFormat.DEEPSEEK_V31
     if "tools" not in source:
         raise InputError("this model's chat template has no tools: it cannot be asked to call them"
                          " (send the request without `tools`)")
@@ -209,7 +214,7 @@ def tool_format(template: str | None) -> ToolFormat:
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
                      " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
-                     " calls, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM, MiniMax-M3's namespaced <invoke>s and"
+                     " calls, DeepSeek V3.1's, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM, MiniMax-M3's namespaced <invoke>s and"
                      " gpt-oss's harmony)")
 
 
@@ -1021,6 +1026,51 @@ def _read_deepseek_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
     return calls
 
 
+def _deepseek_v31_rules(offered: list[dict]) -> str:
+    """GBNF of one DeepSeek V3.1 call (`call`): its opening, an offered function's name, `<｜tool▁sep｜>`, then the
+    arguments held to its parameters' schema."""
+    begin, sep, end = _DEEPSEEK_CALL
+    return _json_argument_calls(offered, lambda name, arguments: f"{json.dumps(begin + name + sep, ensure_ascii=False)}"
+                                f" {arguments} {json.dumps(end, ensure_ascii=False)}")
+
+
+def _read_deepseek_v31_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
+    """DeepSeek V3.1's calls in one block, chained: each its name, `<｜tool▁sep｜>` and its JSON object."""
+    begin, sep, end = _DEEPSEEK_CALL
+    calls = []
+    for written in body.split(begin)[1:]:
+        name, marked, rest = written.partition(sep)
+        arguments, ended, after = rest.rpartition(end)
+        try:
+            values = json.loads(arguments) if marked and ended and name.strip() and not after.strip() else None
+        except ValueError:
+            values = None
+        if not isinstance(values, dict):
+            raise InputError(f"the model wrote a tool call that is not DeepSeek V3.1's NAME<｜tool▁sep｜> and a JSON"
+                             f" object: {written[:80]!r}")
+        calls.append((name.strip(), values))
+    if not calls or body.split(begin)[0].strip():
+        raise InputError(f"the model wrote a tool-call block without calls: {body[:80]!r}")
+    return calls
+
+
+def described_tools(form: ToolFormat | None, template: str, tools: "Tools | None") -> str | None:
+    """The tools described for a model whose makers have the application write them into the system prompt, where
+    its template does not (DeepSeek V3.1's, in the form its model card gives, as Ollama and vLLM write it); None
+    where the template writes them itself or no tool is offered."""
+    if form is not ToolFormat.DEEPSEEK_V31 or not tools or "tools" in template:
+        return None
+    begin, sep, end = _DEEPSEEK_CALL
+    listed = "".join(f"\n### {d['function']['name']}\nDescription: {d['function'].get('description') or ''}\n\n"
+                     f"Parameters: {json.dumps(d['function'].get('parameters') or {}, ensure_ascii=False)}\n"
+                     for d in tools.definitions)
+    return (f"## Tools\nYou have access to the following tools:\n{listed}\nIMPORTANT: ALWAYS adhere to this exact"
+            f" format for tool use:\n{_DEEPSEEK_CALLS[0]}{begin}tool_call_name{sep}tool_call_arguments{end}"
+            f"{{{{additional_tool_calls}}}}{_DEEPSEEK_CALLS[1]}\n\nWhere:\n\n- `tool_call_name` must be an exact match"
+            " to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the"
+            " tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces\n")
+
+
 # Solar Open's: a message of the `tool_calls` channel (reasoning.py hands it on as written), each call
 # `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>` and its JSON object, then `<|tool_call:end|>`; its
 # end, `<|calls|>`, ends the reply
@@ -1420,6 +1470,10 @@ _FORMS = {
                                f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
                                f'"{_DEEPSEEK_CALLS[0]}" call ("\\n"? call)* "{_DEEPSEEK_CALLS[1]}"', _deepseek_rules,
                                _read_deepseek_calls, json=True),
+    ToolFormat.DEEPSEEK_V31: _Form(*_DEEPSEEK_CALLS, None, "arguments", (f"({re.escape(_DEEPSEEK_CALLS[0])})",),
+                                   f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
+                                   f'"{_DEEPSEEK_CALLS[0]}" call+ "{_DEEPSEEK_CALLS[1]}"', _deepseek_v31_rules,
+                                   _read_deepseek_v31_calls, json=True),
     ToolFormat.SOLAR: _Form(_SOLAR_CALLS, None, None, "arguments", (r"(<\|tool_calls\|>)",), f'"{_SOLAR_CALLS}" call',
                             f'"{_SOLAR_CALLS}" call+', _solar_rules, _read_solar_calls),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
@@ -1435,6 +1489,7 @@ _MARKERS = {ToolFormat.MISTRAL_ARGS: {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"}, To
             # (a vocabulary may spell the role's header and its line's end as one token)
             ToolFormat.GIGACHAT3: {_GIGACHAT_ROLE, _GIGACHAT_ROLE + "\n"}, ToolFormat.GIGACHAT31: {_GIGACHAT31_CALL},
             ToolFormat.KIMI_K3: set(XTML_MARKERS), ToolFormat.DEEPSEEK: {*_DEEPSEEK_CALLS, *_DEEPSEEK_CALL},
+            ToolFormat.DEEPSEEK_V31: {*_DEEPSEEK_CALLS, *_DEEPSEEK_CALL},
             ToolFormat.SOLAR: {_SOLAR_CALLS, *_SOLAR_CALL},
             ToolFormat.MINIMAX_M3: {_MM3, "<tool_call>", "</tool_call>"},
             ToolFormat.HY3: {"<tool_calls:opensource>", "</tool_calls:opensource>", *_HY3.name, *_HY3.key, *_HY3.value,

@@ -200,6 +200,10 @@ THINKERS = {
                     "<|tool_response:name|>", "<|tool_response:result|>", "<|tool_response:end|>", "<|tool_response|>",
                     "<|calls|>", "<|flush|>", "<|tools:begin|>", "<|tools:end|>", "<|tool:begin|>", "<|tool:end|>")),
     "muse-glimmer": ("muse-glimmer.jinja", (), ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>")),
+    "deepseek-v3.1": ("deepseek-v3.1.jinja", ("<think>", "</think>"),
+                      ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                       "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁output▁begin｜>",
+                       "<｜tool▁output▁end｜>")),
     # (its markers are control tokens of its Tekken vocabulary)
     "ministral-3": ("ministral-3-reasoning.jinja", (),
                     ("[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[THINK]", "[/THINK]", "[TOOL_CALLS]",

@@ -70,7 +70,8 @@ TEMPLATES = {ToolFormat.HERMES: HERMES, ToolFormat.LLAMA3: LLAMA3, ToolFormat.MI
              ToolFormat.DEEPSEEK: (REAL / "deepseek-r1-tools.jinja").read_text(),
              ToolFormat.SOLAR: (REAL / "solar-open.jinja").read_text(),
              ToolFormat.ATEM: (REAL / "muse-glimmer.jinja").read_text(),
-             ToolFormat.MINIMAX_M3: (REAL / "minimax-m3.jinja").read_text()}
+             ToolFormat.MINIMAX_M3: (REAL / "minimax-m3.jinja").read_text(),
+             ToolFormat.DEEPSEEK_V31: (REAL / "deepseek-v3.1.jinja").read_text()}
 
 # Arguments a random model can only finish: every value is chosen from a few
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -165,6 +166,10 @@ def read(form: ToolFormat, text: str, step: int | None = None, finish: str = "st
     (ToolFormat.DEEPSEEK, 'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}\n```'
      '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
      "Sure.", [("f", {"a": 1}), ("g", {})]),
+    # DeepSeek V3.1's, as llama.cpp's test-chat.cpp has them: calls chained in one block, each NAME<｜tool▁sep｜>{...}
+    (ToolFormat.DEEPSEEK_V31, 'CONTENT<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Paris"}'
+     '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+     "CONTENT", [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})]),
     # Solar Open's tool_calls message (handed on by the reasoning splitter), to the reply's end
     (ToolFormat.SOLAR, 'Sure.<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'
      '<|tool_call:end|><|tool_call:begin|>a2<|tool_call:name|>g<|tool_call:args|>{}<|tool_call:end|>', "Sure.",
@@ -272,6 +277,8 @@ CODE = ('print("</tool_call>", "</tool_calls>", "]</TOOLCALL>", "</function>", "
     (ToolFormat.FUNCTIONARY, lambda call: f"<function={call['name']}>{json.dumps(call['arguments'])}</function>"),
     (ToolFormat.DEEPSEEK, lambda call: f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
      f"{json.dumps(call['arguments'])}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    (ToolFormat.DEEPSEEK_V31, lambda call: f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>"
+     f"{json.dumps(call['arguments'])}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     (ToolFormat.COMMAND_R7B, lambda call: '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": '
      f"{json.dumps(call['arguments'])}}}]<|END_ACTION|>"),
 ])
@@ -363,6 +370,7 @@ def test_a_kimi_call_keeps_the_id_the_model_wrote_which_its_template_writes_back
     (ToolFormat.DEEPSEEK, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": 1}'),
     (ToolFormat.SOLAR, '<|tool_calls|><|tool_call:begin|>a1<|tool_call:name|>f<|tool_call:args|>{"a": 1}'),
     (ToolFormat.MINIMAX_M3, ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="f">]<]minimax[>[<a>1'),
+    (ToolFormat.DEEPSEEK_V31, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1}<｜tool▁call▁end｜>'),
 ])
 def test_a_call_cut_off_is_unfinished(form, text):
     with pytest.raises(UnfinishedCall, match="ended inside a tool call"):
@@ -719,7 +727,7 @@ def test_a_model_whose_template_has_no_tools_says_so(tiny, tmp_path):
                                     "apertus", "granite-3.3", "gigachat3", "gigachat3.1", "functionary-v3.1",
                                     "firefunction-v2", "functionary-v3.2", "kimi-k3", "minimax-m1", "hy3",
                                     "deepseek-r1-tools", "solar-open", "muse-glimmer", "minimax-m3",
-                                    "ministral-3"])
+                                    "ministral-3", "deepseek-v3.1"])
 def test_qwen35s_glms_and_gemma4s_calls_come_back_as_openais_and_go_back_through_their_templates(
         thinkers, tmp_path, family):
     """Qwen3.5's <function=...> XML and Gemma 4's <|tool_call>call: (refused before: "does not read yet") and
@@ -901,6 +909,22 @@ def test_firefunctions_template_reads_the_tools_as_functions_and_chats_without_a
         assert '"name": "get_weather"' in offered and f"Today is {datetime.now():%b %d %Y}." in offered, offered
         alone = loaded.spell_of(prompts.chat_tokens(ASK), special=True).decode()
         assert "Available functions as JSON spec:\n[]" in alone and "get_weather" not in alone
+
+
+def test_deepseek_v31s_tools_are_described_in_its_system_prompt_as_its_model_card_has_them(thinkers):
+    """DeepSeek V3.1's template writes calls but no tools (its model card has the application describe them in the
+    system prompt): a request with tools was a 400, "has no tools". They are described now, after the client's
+    system message, the form's markers control tokens (the template's own text, not a message's)."""
+    with closing(Model(thinkers["deepseek-v3.1"])) as loaded:
+        prompts = Prompts(loaded, 4096)
+        system = [{"role": "system", "content": "Be brief."}]
+        tokens = prompts.chat_tokens(system + ASK, Tools((WEATHER,)))
+        offered = loaded.spell_of(tokens, special=True).decode()
+        assert "### get_weather\nDescription: The weather in a city\n\nParameters: {" in offered
+        assert offered.index("Be brief.") < offered.index("## Tools") < offered.index("<｜User｜>")
+        opening = loaded.tokenize("<｜tool▁calls▁begin｜>", add_special=False, parse_special=True)
+        assert len(opening) == 1 and opening[0] in tokens  # (a control token, as the model was taught)
+        assert "## Tools" not in loaded.spell_of(prompts.chat_tokens(system + ASK), special=True).decode()
 
 
 def test_functionary_v32_is_given_its_contents_recipient_where_no_tool_may_be_called(thinkers):
