@@ -1,7 +1,8 @@
 """Rendering a model's own chat template (Jinja, from its GGUF metadata) safely.
 
 Templates come from model files anyone can publish, so they run in Jinja's immutable sandbox (no
-attribute access to Python internals, no mutation of the objects passed in), and every operation
+attribute access to Python internals; of all changes, a list's append and pop alone, as llama.cpp's engine allows,
+on copies of what a render is given), and every operation
 that could take much time or memory is measured before it runs, never after:
 
 * the source may be at most MAX_SOURCE characters: compiling is not interruptible (200,000
@@ -28,6 +29,7 @@ import re
 import string
 from collections.abc import Iterator
 from contextvars import ContextVar
+from copy import deepcopy
 from datetime import datetime
 from functools import lru_cache, wraps
 from itertools import chain
@@ -35,7 +37,8 @@ from time import perf_counter
 
 import jinja2
 from jinja2 import nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, SecurityError
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
@@ -284,13 +287,29 @@ class _Bounds(NodeTransformer):
         return nodes.Call(nodes.EnvironmentAttribute("budgeted_concat"), [nodes.List(node.nodes)], [], None, None)
 
 
+class _Generation(Extension):
+    """Hugging Face's `{% generation %}` ... `{% endgeneration %}`, which marks an assistant's text for training
+    (LFM2.5's, Laguna's templates): its body, as written."""
+
+    tags = {"generation"}
+
+    def parse(self, parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+# What a template may change of a list: its own, as it goes (Kimi K2's queue of call ids, as llama.cpp's engine
+# allows); what it is given is a copy
+_LIST_CHANGES = frozenset(("append", "pop"))
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**", "+", "%"])
 
     def __init__(self):
         # trim_blocks/lstrip_blocks and {% break %}/{% continue %} (Kimi K2's) as Hugging Face renders these templates
         super().__init__(trim_blocks=True, lstrip_blocks=True, finalize=self.bounded_output,
-                         extensions=["jinja2.ext.loopcontrols"])
+                         extensions=["jinja2.ext.loopcontrols", _Generation])
         self.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
         # lipsum(n, min, max) writes n * max words and pprint indents by nesting depth squared; no chat
         # template uses either
@@ -298,6 +317,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.filters["tojson"] = _tojson
         self.filters["fromjson"] = json.loads  # (StepFun's templates read an earlier call's arguments so)
         self.filters = {name: self._budgeted(name, f) for name, f in self.filters.items() if name != "pprint"}
+
+    def is_safe_attribute(self, obj, attr: str, value) -> bool:
+        if isinstance(obj, list) and attr in _LIST_CHANGES:
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
 
     def _parse(self, source, name, filename):
         return _Bounds().visit(super()._parse(source, name, filename))
@@ -422,8 +446,9 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str, 
         # datetime; Llama 3.1's to 3.3's date_string, which they set to 26 Jul 2024 where it is not given)
         now = datetime.now()
         today = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
-        extra = today | ({"tools": tools} if tools else {}) | (variables or {})
-        for piece in _compiled(template).generate(messages=messages, add_generation_prompt=True,
+        # (copies: what a template changes of a list it was given stays in this render)
+        extra = today | ({"tools": deepcopy(tools)} if tools else {}) | deepcopy(variables or {})
+        for piece in _compiled(template).generate(messages=deepcopy(messages), add_generation_prompt=True,
                                                   bos_token=bos_token, eos_token=eos_token, **extra):
             length += len(piece)
             if length > MAX_TEXT:

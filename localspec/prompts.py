@@ -106,6 +106,15 @@ def _images_placed(message: dict) -> dict:
         "content": IMAGE_MARKER * (len(images) - placed) + content}
 
 
+def _system_merged(messages: list[dict]) -> list[dict]:
+    """A conversation for a template that writes no system message: the system text at the head of the next
+    message's, as llama.cpp does (an editor's or agent's system prompt is not lost, nor the request refused)."""
+    system, rest = messages[0], messages[1:]
+    if not rest:
+        return []
+    return [rest[0] | {"content": f"{system.get('content') or ''}\n{rest[0].get('content') or ''}"}, *rest[1:]]
+
+
 def _thinking_in_blocks(message: dict) -> dict:
     """A message with earlier thinking, its content as blocks (the thinking, then the text), as templates that read
     it only so take it (Mistral's; as llama.cpp hands it to them)."""
@@ -170,6 +179,17 @@ class Prompts:
         # 3's, Cohere's: their own is one without tools), as llama.cpp renders them
         tool_use = None if template else model.chat_template("tool_use")
         self.tool_use = Prompts(model, n_ctx, tool_use, vision) if tool_use else None
+
+    @functools.cached_property
+    def takes_system(self) -> bool:
+        """Whether the template writes a system message (Gemma 2's refuses one, as do Mistral 7B's first), found as
+        llama.cpp finds it: by writing one."""
+        probe = "\u2063system\u2063"
+        try:
+            return probe in render(self.template, [{"role": "system", "content": probe},
+                                                   {"role": "user", "content": "?"}], "", "")
+        except InputError:
+            return False
 
     @functools.cached_property
     def arguments_as_text(self) -> bool:
@@ -303,6 +323,8 @@ class Prompts:
         template = self.template
         images = self._images_of(messages)
         messages = [_images_placed(m) for m in messages]
+        if messages and messages[0].get("role") == "system" and not self.takes_system:
+            messages = _system_merged(messages)
         # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
         messages = [m | dict.fromkeys(("thinking", "reasoning"), m[THINKING_FIELD])
                     if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]

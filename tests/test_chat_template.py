@@ -52,6 +52,30 @@ def test_todays_date_is_given_as_llama_cpp_gives_it_unless_a_variable_says_other
     assert render("{{ datetime }}", [], "", "") == f"{today:%b %d %Y}"
 
 
+def test_hugging_faces_generation_tag_renders_its_body():
+    """LFM2.5's and Laguna's templates mark an assistant's text with `{% generation %}` (Hugging Face's, for training
+    masks): every chat with them failed before ("unknown tag 'generation'")."""
+    lfm = (Path(__file__).parent / "templates" / "lfm2.5.jinja").read_text()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"},
+                {"role": "user", "content": "again"}]
+    written = render(lfm, messages, "<|startoftext|>", "<|im_end|>")
+    assert "<|im_start|>assistant\nhello there<|im_end|>\n<|im_start|>user\nagain<|im_end|>" in written
+    assert render("{% generation %}a{{ 1 + 1 }}{% endgeneration %}b", [], "", "") == "a2b"
+
+
+def test_a_template_changes_only_its_own_lists():
+    """Kimi K2's templates (llama.cpp's copies) queue call ids with append and pop (refused by the immutable sandbox
+    before: "access to attribute 'append' of 'list' object is unsafe"); what a template is given is a copy."""
+    template = ("{% set queue = namespace(ids=[]) %}{% for m in messages %}{% set _ = queue.ids.append(m.content) %}"
+                "{% endfor %}{{ queue.ids.pop(0) }}{{ queue.ids | length }}"
+                "{% set _ = messages.append({'role': 'x'}) %}{% set _ = tools[0].names.append('y') %}")
+    messages, tools = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], [{"names": ["f"]}]
+    assert render(template, messages, "", "", tools=tools) == "a1"
+    assert len(messages) == 2 and tools == [{"names": ["f"]}]
+    with pytest.raises(InputError, match="unsafe"):  # (a dict, or any other change, as before)
+        render("{% set d = {} %}{% set _ = d.update({'a': 1}) %}", [], "", "")
+
+
 def test_tojson_takes_what_map_and_select_give_as_the_list_they_stand_for():
     """llama.cpp's template for DeepSeek R1 writes `tools | map(attribute='function') | tojson(indent=2)`: a generator,
     which json could not write (every request with tools a 400 before)."""
@@ -75,7 +99,7 @@ def test_fromjson_reads_json_text_as_stepfuns_template_reads_an_earlier_calls_ar
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # reach Python's classes
         "{{ messages.__class__.__init__.__globals__ }}",  # reach a module's globals
         "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
-        "{% set _ = messages.append({'role': 'system'}) %}",  # mutate what it was given
+        "{% set _ = messages[0].update({'role': 'system'}) %}",  # change what it was given (a list's own: its copy)
         "{{ 'x' * 10000000000 }}",  # ask for 10 GB
         "{{ [0] * (2 ** 40) }}",
         "{{ 10 ** 100000000 }}",
