@@ -115,6 +115,23 @@ def _system_merged(messages: list[dict]) -> list[dict]:
     return [rest[0] | {"content": f"{system.get('content') or ''}\n{rest[0].get('content') or ''}"}, *rest[1:]]
 
 
+def _runs_merged(messages: list[dict]) -> list[dict]:
+    """A conversation for a template that refuses two messages of one role in a row: each run of a user's (or an
+    assistant's) plain messages one message, their texts a paragraph each (a client that sends its context and its
+    question apart is answered, not refused)."""
+    def plain(message: dict) -> bool:
+        return message.get("role") in ("user", "assistant") and set(message) <= {"role", "content"} \
+            and isinstance(message.get("content"), str)
+
+    merged: list[dict] = []
+    for message in messages:
+        if merged and plain(message) and plain(merged[-1]) and merged[-1]["role"] == message["role"]:
+            merged[-1] = merged[-1] | {"content": f"{merged[-1]['content']}\n\n{message['content']}"}
+        else:
+            merged.append(message)
+    return merged
+
+
 def _thinking_in_blocks(message: dict) -> dict:
     """A message with earlier thinking, its content as blocks (the thinking, then the text), as templates that read
     it only so take it (Mistral's; as llama.cpp hands it to them)."""
@@ -188,6 +205,16 @@ class Prompts:
         try:
             return probe in render(self.template, [{"role": "system", "content": probe},
                                                    {"role": "user", "content": "?"}], "", "")
+        except InputError:
+            return False
+
+    @functools.cached_property
+    def takes_runs(self) -> bool:
+        """Whether the template writes two messages of one role in a row (Gemma's and Mistral's refuse them: "roles
+        must alternate"), found by writing two."""
+        try:
+            render(self.template, [{"role": "user", "content": "?"}, {"role": "user", "content": "?"}], "", "")
+            return True
         except InputError:
             return False
 
@@ -325,6 +352,8 @@ class Prompts:
         messages = [_images_placed(m) for m in messages]
         if messages and messages[0].get("role") == "system" and not self.takes_system:
             messages = _system_merged(messages)
+        if not self.takes_runs:
+            messages = _runs_merged(messages)
         # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
         messages = [m | dict.fromkeys(("thinking", "reasoning"), m[THINKING_FIELD])
                     if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
