@@ -212,8 +212,17 @@ class Prompts:
     def takes_runs(self) -> bool:
         """Whether the template writes two messages of one role in a row (Gemma's and Mistral's refuse them: "roles
         must alternate"), found by writing two."""
+        return self._writes([{"role": "user", "content": "?"}, {"role": "user", "content": "?"}])
+
+    @functools.cached_property
+    def takes_assistant_first(self) -> bool:
+        """Whether the template writes a conversation that an assistant's message opens (a chat window's greeting;
+        Gemma's and Mistral's want a user's first), found by writing one."""
+        return self._writes([{"role": "assistant", "content": "?"}, {"role": "user", "content": "?"}])
+
+    def _writes(self, messages: list[dict]) -> bool:
         try:
-            render(self.template, [{"role": "user", "content": "?"}, {"role": "user", "content": "?"}], "", "")
+            render(self.template, messages, "", "")
             return True
         except InputError:
             return False
@@ -350,6 +359,10 @@ class Prompts:
         template = self.template
         images = self._images_of(messages)
         messages = [_images_placed(m) for m in messages]
+        opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+        if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
+            # (an empty turn of the user's before the greeting, which is kept)
+            messages = [*messages[:opening], {"role": "user", "content": ""}, *messages[opening:]]
         if messages and messages[0].get("role") == "system" and not self.takes_system:
             messages = _system_merged(messages)
         if not self.takes_runs:

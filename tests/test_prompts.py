@@ -58,29 +58,38 @@ def test_a_prompt_far_too_long_is_refused_before_it_is_tokenized(session):
         session.prompts.tokenize("word " * 2_000_000, raw=True)
 
 
-def test_a_template_that_writes_no_system_message_or_no_run_of_one_role_is_given_them_merged(tmp_path):
+def test_a_template_that_refuses_a_system_message_a_run_or_a_greeting_is_given_the_conversation_it_takes(tmp_path):
     """Gemma 2's template refuses a system message ("System role not supported"): an editor's or agent's request,
     which always carries one, was a 400. Its text now heads the next message, as llama.cpp merges it. It (Gemma 3's,
     Mistral's) refuses two messages of one role in a row too: a client's context and question sent apart were a 400;
-    each run is one message now."""
+    each run is one message now; and a conversation a greeting of the assistant's opens, which goes on now after an
+    empty turn of the user's."""
     template = (Path(__file__).parent / "templates" / "gemma2.jinja").read_text()
     path = write_tiny_model(tmp_path / "gemma2.gguf", replace(TARGET, chat_template=template,
                                                               control=("<start_of_turn>", "<end_of_turn>")))
     running = ServerProcess(tmp_path, path, "-c", "1024", "--alias", "tiny")
     try:
-        asked = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-        answer = running.client().chat.completions.create(model="tiny", messages=asked, max_tokens=4)
-        assert answer.choices[0].message.content
-        prompt = httpx.post(running.base + "/apply-template", json={"messages": asked}, timeout=60).json()["prompt"]
-        # (the tiny tokenizer's spaces left out)
-        assert "".join(prompt.split()).endswith("<start_of_turn>userBebrief.hi<end_of_turn><start_of_turn>model")
-        # two messages of one role in a row, which it refuses too ("roles must alternate"): one message each run
-        runs = [{"role": "user", "content": "the code"}, {"role": "user", "content": "the question"},
-                {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
-        assert running.client().chat.completions.create(model="tiny", messages=runs, max_tokens=4).choices[0].message.content
-        prompt = httpx.post(running.base + "/apply-template", json={"messages": runs}, timeout=60).json()["prompt"]
-        assert "".join(prompt.split()).endswith("<start_of_turn>userthecodethequestion<end_of_turn><start_of_turn>modelab"
-                                                "<end_of_turn><start_of_turn>userc<end_of_turn><start_of_turn>model")
+        for messages, read in (
+                # a system message: its text heads the next
+                ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+                 "<start_of_turn>userBebrief.hi<end_of_turn>"),
+                # two messages of one role in a row: one message each run
+                ([{"role": "user", "content": "the code"}, {"role": "user", "content": "the question"},
+                  {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"},
+                  {"role": "user", "content": "c"}],
+                 "<start_of_turn>userthecodethequestion<end_of_turn><start_of_turn>modelab<end_of_turn>"
+                 "<start_of_turn>userc<end_of_turn>"),
+                # a greeting first: an empty turn of the user's before it
+                ([{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "How can I help?"},
+                  {"role": "user", "content": "hi"}],
+                 "<start_of_turn>userBebrief.<end_of_turn><start_of_turn>modelHowcanIhelp?<end_of_turn>"
+                 "<start_of_turn>userhi<end_of_turn>")):
+            answer = running.client().chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+            assert answer.choices[0].message.content
+            prompt = httpx.post(running.base + "/apply-template", json={"messages": messages},
+                                timeout=60).json()["prompt"]
+            # (the tiny tokenizer's spaces left out)
+            assert "".join(prompt.split()).endswith(read + "<start_of_turn>model"), prompt
     finally:
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
