@@ -17,7 +17,7 @@ from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
 from .tool_calls import (ToolFormat, Tools, constraint, content_opening, described_tools, template_variables,
-                         tool_format, with_calls_written)
+                         tool_format, with_calls_written, with_ids_it_takes)
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -383,6 +383,7 @@ class Prompts:
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
         messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
+        messages = with_ids_it_takes(messages, template)
         if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is)
             messages = [_thinking_in_blocks(m) if i not in literal else m for i, m in enumerate(messages)]
         fields = (*TOOL_FIELDS, THINKING_FIELD)

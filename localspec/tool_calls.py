@@ -32,6 +32,7 @@ tool_choice "required" or a named function it holds from the first token. It mas
 choices alone, so speculation stays lossless (engine/grammar.py).
 """
 
+import hashlib
 import json
 import re
 import secrets
@@ -824,6 +825,29 @@ def with_calls_written(messages: list[dict], template: str) -> list[dict]:
 
     return [m | {"content": (m.get("content") or "") + written(m["tool_calls"])} if m.get("tool_calls") else m
             for m in messages]
+
+
+# Mistral's templates refuse any other call id, with this message
+_NINE_ONLY = "alphanumeric strings with length 9"
+_NINE = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def with_ids_it_takes(messages: list[dict], template: str) -> list[dict]:
+    """The conversation with the call ids its template takes: where it takes only nine letters and digits
+    (Mistral's), another model's ids (`call_...`, `toolu_...`: a conversation Mistral goes on with) are written as
+    nine of their own, each the same for the call and for its result."""
+    if _NINE_ONLY not in template:
+        return messages
+
+    def nine(given):
+        if not isinstance(given, str) or _NINE.fullmatch(given):
+            return given
+        digest = hashlib.sha256(given.encode()).digest()
+        return "".join((string.ascii_letters + string.digits)[byte % 62] for byte in digest[:9])
+
+    return [m | {"tool_calls": [call | {"id": nine(call.get("id"))} for call in m["tool_calls"]]}
+            if isinstance(m.get("tool_calls"), list) else
+            m | {"tool_call_id": nine(m["tool_call_id"])} if "tool_call_id" in m else m for m in messages]
 
 
 def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:

@@ -3,6 +3,7 @@ keeps every call well formed under speculation; serve's OpenAI and Ollama answer
 the real clients."""
 
 import json
+import re
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -925,6 +926,24 @@ def test_deepseek_v31s_tools_are_described_in_its_system_prompt_as_its_model_car
         opening = loaded.tokenize("<｜tool▁calls▁begin｜>", add_special=False, parse_special=True)
         assert len(opening) == 1 and opening[0] in tokens  # (a control token, as the model was taught)
         assert "## Tools" not in loaded.spell_of(prompts.chat_tokens(system + ASK), special=True).decode()
+
+
+def test_another_models_call_ids_are_written_as_the_nine_characters_mistrals_template_takes(tmp_path):
+    """Mistral's templates refuse any call id but nine letters and digits: a conversation begun with another model
+    (`call_...`, Anthropic's `toolu_...`) and gone on with Mistral was a 400. Each foreign id is written as nine of
+    its own now, the same for the call and its result; the model's own are kept."""
+    model = write_tiny_model(tmp_path / "mistral.gguf", TinySpec(
+        seed=1, sharpness=2.0, chat_template=TEMPLATES[ToolFormat.MISTRAL_ARGS],
+        control=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "[INST]", "[/INST]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")))
+    calls = [{"id": given, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}
+             for given in ("call_9f2b6c1d", "toolu_01AbC", "Ab3dE6gH9")]
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": calls},
+               *({"role": "tool", "tool_call_id": call["id"], "content": "sun"} for call in calls)]
+    with closing(Model(model)) as loaded:
+        written = loaded.spell_of(Prompts(loaded, 4096).chat_tokens(history, Tools((WEATHER,))), special=True).decode()
+    ids = re.findall(r"\[CALL_ID\]\s*(\w+)", written)
+    assert len(ids) == 3 and ids[2] == "Ab3dE6gH9" and all(re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids), written
+    assert len(set(ids)) == 3 and all(written.count(i) == 2 for i in ids)  # (each call's, and its result's)
 
 
 def test_functionary_v32_is_given_its_contents_recipient_where_no_tool_may_be_called(thinkers):
