@@ -17,7 +17,7 @@ from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
 from .request import IMAGE_MARKER, Request
 from .tool_calls import (ToolFormat, Tools, constraint, content_opening, described_tools, template_variables,
-                         tool_format, with_calls_written, with_ids_it_takes)
+                         tool_format, with_calls_written, with_ids_it_takes, with_one_call_a_turn)
 
 # For models without a chat template in their GGUF: a plain transcript the model can continue.
 FALLBACK_TEMPLATE = (
@@ -358,15 +358,7 @@ class Prompts:
         model = self.model
         template = self.template
         images = self._images_of(messages)
-        messages = [_images_placed(m) for m in messages]
-        opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
-        if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
-            # (an empty turn of the user's before the greeting, which is kept)
-            messages = [*messages[:opening], {"role": "user", "content": ""}, *messages[opening:]]
-        if messages and messages[0].get("role") == "system" and not self.takes_system:
-            messages = _system_merged(messages)
-        if not self.takes_runs:
-            messages = _runs_merged(messages)
+        messages = self._as_it_takes([_images_placed(m) for m in messages])
         # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
         messages = [m | dict.fromkeys(("thinking", "reasoning"), m[THINKING_FIELD])
                     if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
@@ -383,7 +375,6 @@ class Prompts:
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
         messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
-        messages = with_ids_it_takes(messages, template)
         if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is)
             messages = [_thinking_in_blocks(m) if i not in literal else m for i, m in enumerate(messages)]
         fields = (*TOOL_FIELDS, THINKING_FIELD)
@@ -421,6 +412,20 @@ class Prompts:
         if next(images, None) is not None:
             raise InputError("the chat template left out a message's images (a system message's?)")
         return tokens
+
+    def _as_it_takes(self, messages: list[dict]) -> list[dict]:
+        """The conversation as the template takes it, where it refuses what clients send (as llama.cpp adapts some):
+        an assistant's greeting first, a system message, two messages of one role in a row, several calls in one
+        message, another model's call ids."""
+        opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+        if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
+            # (an empty turn of the user's before the greeting, which is kept)
+            messages = [*messages[:opening], {"role": "user", "content": ""}, *messages[opening:]]
+        if messages and messages[0].get("role") == "system" and not self.takes_system:
+            messages = _system_merged(messages)
+        if not self.takes_runs:
+            messages = _runs_merged(messages)
+        return with_ids_it_takes(with_one_call_a_turn(messages, self.template), self.template)
 
     def _images_of(self, messages: list[dict]) -> list[list[int]]:
         """The tokens of the images the messages carry (their `images`), in order."""

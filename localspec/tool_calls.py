@@ -850,6 +850,37 @@ def with_ids_it_takes(messages: list[dict], template: str) -> list[dict]:
             m | {"tool_call_id": nine(m["tool_call_id"])} if "tool_call_id" in m else m for m in messages]
 
 
+# Llama 3.1's to 3.3's templates refuse an assistant's message of several calls, with this message
+_ONE_CALL_ONLY = "only supports single tool-calls"
+
+
+def with_one_call_a_turn(messages: list[dict], template: str) -> list[dict]:
+    """The conversation as a template that writes one call an assistant's message takes it (Llama 3.x's): another
+    model's calls made together are written a message each, each followed by its result (those without an id
+    that matches after them)."""
+    if _ONE_CALL_ONLY not in template:
+        return messages
+    out, at = [], 0
+    while at < len(messages):
+        message, at = messages[at], at + 1
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list) or len(calls) < 2:
+            out.append(message)
+            continue
+        results = []
+        while at < len(messages) and messages[at].get("role") == "tool":
+            results.append(messages[at])
+            at += 1
+        for number, call in enumerate(calls):
+            out.append(message | {"tool_calls": [call]} if number == 0 else
+                       {"role": "assistant", "content": "", "tool_calls": [call]})
+            answered = [result for result in results if result.get("tool_call_id") == call.get("id")]
+            out += answered
+            results = [result for result in results if result not in answered]
+        out += results
+    return out
+
+
 def shown(events: Iterator, form: ToolFormat | None, control_text: Callable[[int], str | None]) -> Iterator:
     """A generation's events with the control tokens that mark a form's calls written into the text, as
     llama.cpp's preserved tokens are (Mistral's [TOOL_CALLS], [CALL_ID] and [ARGS], which generated text

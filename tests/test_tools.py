@@ -946,6 +946,25 @@ def test_another_models_call_ids_are_written_as_the_nine_characters_mistrals_tem
     assert len(set(ids)) == 3 and all(written.count(i) == 2 for i in ids)  # (each call's, and its result's)
 
 
+def test_another_models_calls_made_together_are_written_one_a_turn_for_llama_3(tmp_path):
+    """Llama 3.1's to 3.3's templates refuse an assistant's message of several calls ("This model only supports single
+    tool-calls at once!"): a conversation begun with a model that calls tools together was a 400. Each call is a
+    message of its own now, followed by its result."""
+    model = write_tiny_model(tmp_path / "llama.gguf", TinySpec(
+        seed=1, sharpness=2.0, chat_template=(REAL / "llama-3.1.jinja").read_text(),
+        control=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")))
+    calls = [{"id": f"call_{city}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+             for city in ("paris", "tokyo")]
+    history = [*ASK, {"role": "assistant", "content": "", "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "call_tokyo", "content": "rain"},
+               {"role": "tool", "tool_call_id": "call_paris", "content": "sun"}]
+    with closing(Model(model)) as loaded:
+        written = "".join(loaded.spell_of(Prompts(loaded, 4096).chat_tokens(history, Tools((WEATHER,))),
+                                          special=True).decode().split())
+    assert re.search(r'"city":"paris"}}<\|eot_id\|><\|start_header_id\|>ipython<\|end_header_id\|>"?sun.*'
+                     r'"city":"tokyo"}}<\|eot_id\|><\|start_header_id\|>ipython<\|end_header_id\|>"?rain', written), written
+
+
 def test_functionary_v32_is_given_its_contents_recipient_where_no_tool_may_be_called(thinkers):
     """Functionary v3.2's prompt ends `>>>`, leaving the recipient to the model: without tools on offer (or with
     tool_choice none) the prompt names `all`, its content's, as its template writes an assistant's content (the
