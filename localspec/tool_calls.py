@@ -215,8 +215,8 @@ def tool_format(template: str | None) -> ToolFormat:
                      " Granite 3's <|tool_call|> lists, GigaChat 3's and 3.1's calls, Firefunction v2's functools"
                      " lists, Functionary v3.1's <function=NAME>, Functionary v3.2's >>>NAME, Kimi K3's XTML,"
                      " MiniMax-M1's <tool_calls> lines, Hy3's <tool_calls:opensource>, DeepSeek R1's and V3's fenced"
-                     " calls, DeepSeek V3.1's, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM, MiniMax-M3's namespaced <invoke>s and"
-                     " gpt-oss's harmony)")
+                     " calls, DeepSeek V3.1's, Solar Open's <|tool_calls|>, Muse Glimmer's ATEM, MiniMax-M3's"
+                     " namespaced <invoke>s and gpt-oss's harmony)")
 
 
 @dataclass(frozen=True)
@@ -845,9 +845,12 @@ def with_ids_it_takes(messages: list[dict], template: str) -> list[dict]:
         digest = hashlib.sha256(given.encode()).digest()
         return "".join((string.ascii_letters + string.digits)[byte % 62] for byte in digest[:9])
 
-    return [m | {"tool_calls": [call | {"id": nine(call.get("id"))} for call in m["tool_calls"]]}
-            if isinstance(m.get("tool_calls"), list) else
-            m | {"tool_call_id": nine(m["tool_call_id"])} if "tool_call_id" in m else m for m in messages]
+    def renamed(message: dict) -> dict:
+        if isinstance(message.get("tool_calls"), list):
+            return message | {"tool_calls": [call | {"id": nine(call.get("id"))} for call in message["tool_calls"]]}
+        return message | {"tool_call_id": nine(message["tool_call_id"])} if "tool_call_id" in message else message
+
+    return [renamed(message) for message in messages]
 
 
 # Llama 3.1's to 3.3's templates refuse an assistant's message of several calls, with this message
@@ -1060,21 +1063,22 @@ def _deepseek_rules(offered: list[dict]) -> str:
     return _json_argument_calls(offered, spelled)
 
 
-def _read_deepseek_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
-    """DeepSeek R1's calls in one block: each its name after `<｜tool▁sep｜>` and its fenced JSON object."""
+def _read_deepseek_calls(body: str, parameters: dict, named_first: bool = False) -> list[tuple[str, dict]]:
+    """DeepSeek's calls in one block: R1's and V3's each `function<｜tool▁sep｜>NAME` and its fenced JSON object,
+    V3.1's (named_first) each `NAME<｜tool▁sep｜>` and its JSON object."""
     begin, sep, end = _DEEPSEEK_CALL
     calls = []
     for written in body.split(begin)[1:]:
         head, marked, rest = written.partition(sep)
-        name, _, arguments = rest.partition("\n")
-        arguments = arguments.rpartition(end)[0].strip().removeprefix("```json").removesuffix("```")
+        name, arguments = (head, rest) if named_first else rest.partition("\n")[::2]
+        arguments, ended, after = arguments.rpartition(end)
         try:
-            values = json.loads(arguments) if marked and name.strip() else None
+            values = json.loads(arguments.strip().removeprefix("```json").removesuffix("```")) \
+                if marked and ended and name.strip() and not after.strip() else None
         except ValueError:
             values = None
         if not isinstance(values, dict):
-            raise InputError(f"the model wrote a tool call that is not DeepSeek's NAME and a fenced JSON object:"
-                             f" {written[:80]!r}")
+            raise InputError(f"the model wrote a tool call that is not DeepSeek's name and JSON object: {written[:80]!r}")
         calls.append((name.strip(), values))
     if not calls or body.split(begin)[0].strip():
         raise InputError(f"the model wrote a tool-call block without calls: {body[:80]!r}")
@@ -1087,26 +1091,6 @@ def _deepseek_v31_rules(offered: list[dict]) -> str:
     begin, sep, end = _DEEPSEEK_CALL
     return _json_argument_calls(offered, lambda name, arguments: f"{json.dumps(begin + name + sep, ensure_ascii=False)}"
                                 f" {arguments} {json.dumps(end, ensure_ascii=False)}")
-
-
-def _read_deepseek_v31_calls(body: str, parameters: dict) -> list[tuple[str, dict]]:
-    """DeepSeek V3.1's calls in one block, chained: each its name, `<｜tool▁sep｜>` and its JSON object."""
-    begin, sep, end = _DEEPSEEK_CALL
-    calls = []
-    for written in body.split(begin)[1:]:
-        name, marked, rest = written.partition(sep)
-        arguments, ended, after = rest.rpartition(end)
-        try:
-            values = json.loads(arguments) if marked and ended and name.strip() and not after.strip() else None
-        except ValueError:
-            values = None
-        if not isinstance(values, dict):
-            raise InputError(f"the model wrote a tool call that is not DeepSeek V3.1's NAME<｜tool▁sep｜> and a JSON"
-                             f" object: {written[:80]!r}")
-        calls.append((name.strip(), values))
-    if not calls or body.split(begin)[0].strip():
-        raise InputError(f"the model wrote a tool-call block without calls: {body[:80]!r}")
-    return calls
 
 
 def described_tools(form: ToolFormat | None, template: str, tools: "Tools | None") -> str | None:
@@ -1528,7 +1512,7 @@ _FORMS = {
     ToolFormat.DEEPSEEK_V31: _Form(*_DEEPSEEK_CALLS, None, "arguments", (f"({re.escape(_DEEPSEEK_CALLS[0])})",),
                                    f'"{_DEEPSEEK_CALLS[0]}" call "{_DEEPSEEK_CALLS[1]}"',
                                    f'"{_DEEPSEEK_CALLS[0]}" call+ "{_DEEPSEEK_CALLS[1]}"', _deepseek_v31_rules,
-                                   _read_deepseek_v31_calls, json=True),
+                                   partial(_read_deepseek_calls, named_first=True), json=True),
     ToolFormat.SOLAR: _Form(_SOLAR_CALLS, None, None, "arguments", (r"(<\|tool_calls\|>)",), f'"{_SOLAR_CALLS}" call',
                             f'"{_SOLAR_CALLS}" call+', _solar_rules, _read_solar_calls),
     ToolFormat.LFM2: _Form(_LFM2_OPENING, _LFM2_CLOSING, None, "arguments", (r"(<\|tool_call_start\|>)",),
