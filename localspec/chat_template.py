@@ -433,9 +433,10 @@ def checked(template: str, where: str) -> str:
 
 
 def render(template: str, messages: list[dict], bos_token: str, eos_token: str, tools: list[dict] | None = None,
-           variables: dict | None = None) -> str:
+           variables: dict | None = None, add_generation_prompt: bool = True) -> str:
     """The conversation (and the tools it may call, OpenAI's definitions) as the template writes it,
-    ready for the assistant's turn. variables: more the template reads (a reasoning model's enable_thinking)."""
+    ready for the assistant's turn (or, add_generation_prompt false, not). variables: more the template reads (a
+    reasoning model's enable_thinking)."""
     if len(template) > MAX_SOURCE:
         raise InputError(f"the model's chat template is {len(template):,} characters (at most {MAX_SOURCE:,});"
                          " pass --raw to send the prompt as is")
@@ -448,8 +449,8 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str, 
         today = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y")}
         # (copies: what a template changes of a list it was given stays in this render)
         extra = today | ({"tools": deepcopy(tools)} if tools else {}) | deepcopy(variables or {})
-        for piece in _compiled(template).generate(messages=deepcopy(messages), add_generation_prompt=True,
-                                                  bos_token=bos_token, eos_token=eos_token, **extra):
+        for piece in _compiled(template).generate(messages=deepcopy(messages), bos_token=bos_token, eos_token=eos_token,
+                                                  add_generation_prompt=add_generation_prompt, **extra):
             length += len(piece)
             if length > MAX_TEXT:
                 raise TemplateBudgetExceeded(f"it wrote more than {MAX_TEXT:,} characters")
@@ -470,17 +471,38 @@ _STAND_IN = "\u2063{}\u2063"
 _STAND_IN_FOUND = re.compile("\u2063(\\d+)\u2063")
 
 
-def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token: str,
-                  literal: set[int], tools: list[dict] | None = None, variables: dict | None = None) -> list[tuple[str, bool]]:
+def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token: str, literal: set[int],
+                  tools: list[dict] | None = None, variables: dict | None = None,
+                  prefill: bool = False) -> list[tuple[str, bool]] | None:
     """The rendered conversation as (text, is_message_text) pieces, where the text of each message
     numbered in `literal` is a piece of its own: what a user wrote can then be tokenized as text, and
     only the template's own text may spell control tokens. Templates that trim a message are
-    followed; one that rewrites a literal message otherwise is refused."""
-    text = render(template, messages, bos_token, eos_token, tools, variables)
+    followed; one that rewrites a literal message otherwise is refused. prefill: the last message is the start of
+    the assistant's reply, which the reply goes on from (llama-server's and Anthropic's prefill): no generation
+    prompt, and the pieces end where its text does (None where the template leaves that text out)."""
+    if prefill:
+        messages = [*messages[:-1], messages[-1] | {"content": messages[-1]["content"] + _PREFILL_END}]
+    pieces = _pieces(template, messages, bos_token, eos_token, literal, tools, variables, not prefill)
+    if not prefill:
+        return pieces
+    for at, (text, is_message) in enumerate(pieces):
+        if _PREFILL_END in text:
+            return [*pieces[:at], (text[:text.index(_PREFILL_END)], is_message)]
+    return None
+
+
+# Ends a prefill's text (a final assistant message), where its prompt is cut
+_PREFILL_END = "\u2064"
+
+
+def _pieces(template: str, messages: list[dict], bos_token: str, eos_token: str, literal: set[int],
+            tools: list[dict] | None, variables: dict | None, add_generation_prompt: bool) -> list[tuple[str, bool]]:
+    text = render(template, messages, bos_token, eos_token, tools, variables, add_generation_prompt)
     if not literal:
         return [(text, False)]
     stand_ins = [dict(m, content=_STAND_IN.format(i)) if i in literal else m for i, m in enumerate(messages)]
-    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token, tools, variables))
+    skeleton = _STAND_IN_FOUND.split(render(template, stand_ins, bos_token, eos_token, tools, variables,
+                                            add_generation_prompt))
     # odd parts name a message; one that names no literal message came from other text, not a stand-in
     if all(int(part) in literal for part in skeleton[1::2]):
         for shown in (str, str.strip):

@@ -106,6 +106,14 @@ def _images_placed(message: dict) -> dict:
         "content": IMAGE_MARKER * (len(images) - placed) + content}
 
 
+def prefilled(messages: list[dict] | None) -> bool:
+    """Whether a conversation's last message is the start of the assistant's reply, which the reply goes on from (a
+    prefill, as llama-server and Anthropic's API take one): an assistant's text, without calls."""
+    last = messages[-1] if messages else {}
+    return (last.get("role") == "assistant" and isinstance(last.get("content"), str) and bool(last["content"])
+            and not last.get("tool_calls"))
+
+
 def _system_merged(messages: list[dict]) -> list[dict]:
     """A conversation for a template that writes no system message: the system text at the head of the next
     message's, as llama.cpp does (an editor's or agent's system prompt is not lost, nor the request refused)."""
@@ -264,7 +272,8 @@ class Prompts:
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
-            if opening := content_opening(self.template, request.tools):  # (its reply is content: no form to read)
+            if not prefilled(request.messages) and (opening := content_opening(self.template, request.tools)):
+                # (its reply is content: no form to read)
                 tokens, tool_format = tokens + self.model.spell(opening), None
             tokens, plan = self.thinking_plan(tokens, thinking)
             if plan is not None:
@@ -375,8 +384,10 @@ class Prompts:
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
         messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
-        if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is)
-            messages = [_thinking_in_blocks(m) if i not in literal else m for i, m in enumerate(messages)]
+        prefill = prefilled(messages)
+        if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is, as does a prefill)
+            messages = [_thinking_in_blocks(m) if i not in literal and not (prefill and i == len(messages) - 1) else m
+                        for i, m in enumerate(messages)]
         fields = (*TOOL_FIELDS, THINKING_FIELD)
         about_tools = [list(tools.definitions) if tools else [],
                        [[m.get(key) for key in fields] for m in messages if any(key in m for key in fields)]]
@@ -398,8 +409,10 @@ class Prompts:
                                  " template would write as one")
         thinks = self.template_variables(thinking) if self.family is not reasoning.NONE else {}
         variables = (variables or {}) | thinks | template_variables(template, tools)
-        pieces = render_pieces(template, messages, bos, eos, literal, list(tools.definitions) if tools else None,
-                               variables or None)
+        offered = list(tools.definitions) if tools else None
+        # (a template that leaves the prefill's text out: the reply a turn of its own, as before)
+        pieces = (prefill and render_pieces(template, messages, bos, eos, literal, offered, variables or None, True)
+                  or render_pieces(template, messages, bos, eos, literal, offered, variables or None))
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []

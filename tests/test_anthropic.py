@@ -4,6 +4,8 @@ import anthropic
 import httpx2 as httpx
 import pytest
 
+from localspec.config import Runtime, Speculation
+from localspec.session import Session
 from test_reasoning import ASK as WHY, r1_server
 from test_server import PROMPT, ServerProcess, drafting_server, plain_text, serving
 from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
@@ -53,6 +55,27 @@ def test_a_stop_sequence_ends_the_message_and_is_named(server):
     with client(server).messages.stream(**asked, stop_sequences=[stop]) as stream:
         assert "".join(stream.text_stream) == text[: text.index(stop)]
         assert stream.get_final_message().stop_sequence == stop
+
+
+def test_a_prefill_is_gone_on_from_as_anthropics_api_and_llama_server_take_one(server, tiny):
+    """A conversation that ends with the assistant's message is the start of its reply (Anthropic's prefill, llama-
+    server's): the prompt ends with that text, no turn's end and no new turn after it, and the answer is what plain
+    decoding writes after it, through Anthropic's and OpenAI's clients alike. It was read as an earlier turn, and
+    the model answered anew."""
+    asked = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "the answer is"}]
+
+    def squeezed(messages: list[dict]) -> str:  # (the prompt as text, the tiny tokenizer's spaces left out)
+        return "".join(httpx.post(server.base + "/apply-template", json={"messages": messages},
+                                  timeout=60).json()["prompt"].split())
+
+    assert squeezed(asked) == squeezed(asked[:1]) + "theansweris"
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation()) as session:
+        tokens = session.prompts.chat_tokens(asked)
+    continued = plain_text(tiny, prompt=tokens, max_tokens=12)
+    claude = client(server).messages.create(model="tiny", max_tokens=12, messages=asked)
+    assert claude.content[0].text == continued and claude.usage.input_tokens == len(tokens)
+    assert server.client().chat.completions.create(model="tiny", max_tokens=12, messages=asked
+                                                   ).choices[0].message.content == continued
 
 
 def test_speculation_asked_per_request(server):

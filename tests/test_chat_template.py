@@ -76,6 +76,19 @@ def test_a_template_changes_only_its_own_lists():
         render("{% set d = {} %}{% set _ = d.update({'a': 1}) %}", [], "", "")
 
 
+def test_a_prefill_ends_the_pieces_where_its_text_does():
+    chatml = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    asked = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, <|im_end|> "}]
+    for literal in (set(), {1}):  # (its text the template's, or a piece of its own: it spells a control token)
+        pieces = render_pieces(chatml, asked, "", "", literal, prefill=True)
+        assert "".join(text for text, _ in pieces) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nSure, <|im_end|> "
+        assert pieces[-1] == ("Sure, <|im_end|> ", True) if literal else len(pieces) == 1
+    # a template that leaves the last assistant message out: no prefill
+    assert render_pieces("{% for m in messages if m.role == 'user' %}{{ m.content }}{% endfor %}", asked, "", "", set(),
+                         prefill=True) is None
+
+
 def test_tojson_takes_what_map_and_select_give_as_the_list_they_stand_for():
     """llama.cpp's template for DeepSeek R1 writes `tools | map(attribute='function') | tojson(indent=2)`: a generator,
     which json could not write (every request with tools a 400 before)."""

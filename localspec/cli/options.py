@@ -603,6 +603,9 @@ LLAMA_CPP_LACKS = {
     **_lacking("serve sends no pings: a stream carries each token as it comes (and a long prompt's progress with"
                " return_progress)", "--sse-ping-interval"),
     **_lacking("/infill lays its prompt out prefix first, as llama-server does by default", "--spm-infill"),
+    **_lacking("a conversation that ends with the assistant's message is its reply's start, gone on from, as"
+               " llama-server's default (end it with a user's message for a new turn)", "--prefill-assistant",
+               "--no-prefill-assistant"),
     **_lacking("adaptive-p sampling is not in localspec's chain", "--adaptive-target", "--adaptive-decay"),
     **_lacking("serve normalizes each vector to unit length, as llama-server does by default; a request's"
                " embd_normalize asks otherwise", "--embd-normalize"),
