@@ -275,7 +275,7 @@ class Prompts:
             if not prefilled(request.messages) and (opening := content_opening(self.template, request.tools)):
                 # (its reply is content: no form to read)
                 tokens, tool_format = tokens + self.model.spell(opening), None
-            tokens, plan = self.thinking_plan(tokens, thinking)
+            tokens, plan = self.thinking_plan(tokens, thinking, prefilled(request.messages))
             if plan is not None:
                 answer_sampling = sampling
                 if request.tools is not None:  # (a client's own triggers count as written, as on llama-server)
@@ -305,16 +305,20 @@ class Prompts:
                              f" {self.model.n_vocab:,} (ids 0 to {self.model.n_vocab - 1})", setting="logit_bias")
         return replace(sampling, logit_bias=tuple(pairs))
 
-    def thinking_plan(self, tokens: list[int], thinking: Thinking) -> tuple[list[int], reasoning.Plan | None]:
+    def thinking_plan(self, tokens: list[int], thinking: Thinking,
+                      prefill: bool = False) -> tuple[list[int], reasoning.Plan | None]:
         """A conversation's prompt as a reasoning model is to read it, and how its reply is split: where thinking
         is turned off and the prompt opened the block (a template without a switch), it is closed in the prompt,
-        as llama.cpp does; gpt-oss, which cannot be turned off, is given its final channel to answer in."""
+        as llama.cpp does; gpt-oss, which cannot be turned off, is given its final channel to answer in. A prefill's
+        reply goes on inside the answer the prompt ends in: all answer, nothing added."""
         family = self.family
         if family is reasoning.NONE:
             if thinking.think and not thinking.if_able:
                 raise InputError(f"{self.model.path.name} does not support thinking: its chat template writes no"
                                  " thinking block (ask without think)")
             return tokens, None
+        if prefill:
+            return tokens, reasoning.Plan(family, False, True, 0, tuple(self._markers(family.closing)))
         tail = b"".join(self.model.special_piece(token) for token in tokens[-64:]).decode("utf-8", errors="replace")
         # the prompt ends inside a block its template opened: its last opening not closed after it (Seed-OSS's
         # opening is followed by a budget's reflection; Apriel's is words)

@@ -403,9 +403,11 @@ class ChannelSplitter(_MarkerSplitter):
 
     MARKERS = (SOLAR_BEGIN, SOLAR_END, *SOLAR_CHANNELS)
 
-    def __init__(self):
+    def __init__(self, answering: bool = False):
+        """answering: the reply goes on inside a `content` message (a prefill)."""
         super().__init__()
-        self._channel: str | None = None  # None: in a message's header (its role), before its channel
+        # None: in a message's header (its role), before its channel
+        self._channel: str | None = "<|content|>" if answering else None
         self._role = ""  # the header's text so far
 
     @property
@@ -604,7 +606,7 @@ class Plan:
         if self.family.format is ReasoningFormat.XTML:
             return XtmlSplitter(self.opened, self.answering)
         if self.family.format is ReasoningFormat.CHANNELS:
-            return ChannelSplitter()
+            return ChannelSplitter(self.answering)
         if self.family.format is ReasoningFormat.ADDRESSED:
             return AddressedSplitter(self.answering)
         return ThinkSplitter(self.opened, self.family, self.answering)

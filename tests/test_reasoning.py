@@ -408,6 +408,20 @@ def test_ministral_3_thinks_in_its_think_block_and_reads_earlier_thinking_as_a_b
     assert "[THINK]greetthemback[/THINK]hellothere" in "".join(prompt.split())  # (the tiny tokenizer's spaces)
 
 
+@pytest.mark.parametrize("name", ["gpt-oss", "qwen3", "deepseek-r1", "muse-glimmer", "solar-open", "kimi-k3"])
+def test_a_prefill_goes_on_inside_a_reasoning_models_answer(thinkers, name):
+    """A prefill (the conversation's last message the assistant's) ends the prompt inside the answer its template
+    writes: nothing is added after it (gpt-oss's final channel and Muse Glimmer's address were, thinking off under a
+    grammar), and the reply is all answer (Solar Open's splitter, waiting for a channel, showed none of it)."""
+    asked = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the answer is"}]
+    with opened(thinkers[name], DrafterKind.PLAIN) as session:
+        request = Request(Sampling(temperature=0, grammar="root ::= [a-z ]{5,10}"), Limits(max_tokens=24), messages=asked)
+        prompt = session.prompts.model.spell_of(session.prepare(request).tokens, special=True).decode()
+        replied = record(session.generate(request))
+    assert "".join(prompt.split()).endswith("theansweris")
+    assert replied.text.strip() and replied.reasoning == "" and replied.finish_reason == "stop"
+
+
 def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):
     """Muse Glimmer's messages: one to `self` is the thinking, one to `user` the answer, without their addresses and
     markers (all in the answer before); thinking off addresses the answer in the prompt."""
