@@ -210,30 +210,26 @@ class Prompts:
         """Whether the template writes a system message (Gemma 2's refuses one, as do Mistral 7B's first), found as
         llama.cpp finds it: by writing one."""
         probe = "\u2063system\u2063"
-        try:
-            return probe in render(self.template, [{"role": "system", "content": probe},
-                                                   {"role": "user", "content": "?"}], "", "")
-        except InputError:
-            return False
+        return probe in self._written([{"role": "system", "content": probe}, {"role": "user", "content": "?"}])
 
     @functools.cached_property
     def takes_runs(self) -> bool:
         """Whether the template writes two messages of one role in a row (Gemma's and Mistral's refuse them: "roles
         must alternate"), found by writing two."""
-        return self._writes([{"role": "user", "content": "?"}, {"role": "user", "content": "?"}])
+        return bool(self._written([{"role": "user", "content": "?"}, {"role": "user", "content": "?"}]))
 
     @functools.cached_property
     def takes_assistant_first(self) -> bool:
         """Whether the template writes a conversation that an assistant's message opens (a chat window's greeting;
         Gemma's and Mistral's want a user's first), found by writing one."""
-        return self._writes([{"role": "assistant", "content": "?"}, {"role": "user", "content": "?"}])
+        return bool(self._written([{"role": "assistant", "content": "?"}, {"role": "user", "content": "?"}]))
 
-    def _writes(self, messages: list[dict]) -> bool:
+    def _written(self, messages: list[dict]) -> str:
+        """A probe conversation as the template writes it; "" where it refuses it."""
         try:
-            render(self.template, messages, "", "")
-            return True
+            return render(self.template, messages, "", "")
         except InputError:
-            return False
+            return ""
 
     @functools.cached_property
     def arguments_as_text(self) -> bool:
@@ -242,12 +238,10 @@ class Prompts:
         finds it: by writing a call both ways."""
         def written(arguments) -> str:
             call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": arguments}}
-            try:
-                return render(self.template, [{"role": "user", "content": "?"},
-                                              {"role": "assistant", "content": "", "tool_calls": [call]},
-                                              {"role": "tool", "tool_call_id": "call_0", "content": "!"}], "", "")
-            except InputError:
-                return ""
+            return self._written([{"role": "user", "content": "?"},
+                                  {"role": "assistant", "content": "", "tool_calls": [call]},
+                                  {"role": "tool", "tool_call_id": "call_0", "content": "!"}])
+
         return '"needle"' not in written({"needle": 1}) and '"needle"' in written('{"needle": 1}')
 
     def prepare(self, request: Request) -> Prepared:
