@@ -140,6 +140,18 @@ def _runs_merged(messages: list[dict]) -> list[dict]:
     return merged
 
 
+def _replies_between(messages: list[dict], reply: dict) -> list[dict]:
+    """A conversation for a template that refuses a user's message right after a tool's result (Mistral's, as
+    Mistral's API does; Anthropic's clients send one each turn, the user's text beside the results): an empty reply
+    of the assistant's between them, as LiteLLM writes it for Mistral."""
+    between: list[dict] = []
+    for message in messages:
+        if message.get("role") == "user" and between and between[-1].get("role") == "tool":
+            between.append(reply)
+        between.append(message)
+    return between
+
+
 def _thinking_in_blocks(message: dict) -> dict:
     """A message with earlier thinking, its content as blocks (the thinking, then the text), as templates that read
     it only so take it (Mistral's; as llama.cpp hands it to them)."""
@@ -223,6 +235,21 @@ class Prompts:
         """Whether the template writes a conversation that an assistant's message opens (a chat window's greeting;
         Gemma's and Mistral's want a user's first), found by writing one."""
         return bool(self._written([{"role": "assistant", "content": "?"}, {"role": "user", "content": "?"}]))
+
+    @functools.cached_property
+    def reply_after_results(self) -> dict | None:
+        """The empty reply of the assistant's the template wants between a tool's result and a user's message (Mistral's
+        refuse the user's right after a result); None where it takes it there, or refuses both. Found by writing
+        both."""
+        call = {"id": "abcdefghi", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
+        results = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "abcdefghi", "content": "!"}]
+        if self._written([*results, {"role": "user", "content": "?"}]):
+            return None
+        # (Ministral 3's refuses an empty text, and takes an empty text block, which it writes as nothing alike)
+        return next((reply for reply in ({"role": "assistant", "content": ""},
+                                         {"role": "assistant", "content": [{"type": "text", "text": ""}]})
+                     if self._written([*results, reply, {"role": "user", "content": "?"}])), None)
 
     def _written(self, messages: list[dict]) -> str:
         """A probe conversation as the template writes it; "" where it refuses it."""
@@ -426,8 +453,8 @@ class Prompts:
 
     def _as_it_takes(self, messages: list[dict]) -> list[dict]:
         """The conversation as the template takes it, where it refuses what clients send (as llama.cpp adapts some):
-        an assistant's greeting first, a system message, two messages of one role in a row, several calls in one
-        message, another model's call ids."""
+        an assistant's greeting first, a system message, two messages of one role in a row, a user's message right
+        after a tool's result, several calls in one message, another model's call ids."""
         opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
         if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
             # (an empty turn of the user's before the greeting, which is kept)
@@ -436,6 +463,8 @@ class Prompts:
             messages = _system_merged(messages)
         if not self.takes_runs:
             messages = _runs_merged(messages)
+        if self.reply_after_results is not None:
+            messages = _replies_between(messages, self.reply_after_results)
         return with_ids_it_takes(with_one_call_a_turn(messages, self.template), self.template)
 
     def _images_of(self, messages: list[dict]) -> list[list[int]]:

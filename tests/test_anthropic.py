@@ -1,5 +1,7 @@
 """Anthropic's Messages API on serve's port, through the `anthropic` package as Claude-style agents call it."""
 
+from pathlib import Path
+
 import anthropic
 import httpx2 as httpx
 import pytest
@@ -9,6 +11,7 @@ from localspec.session import Session
 from test_reasoning import ASK as WHY, r1_server
 from test_server import PROMPT, ServerProcess, drafting_server, plain_text, serving
 from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
+from tinymodels import TinySpec, write_tiny_model
 
 
 server = serving(lambda folder, request: drafting_server(folder, request.getfixturevalue("tiny")))
@@ -193,3 +196,36 @@ def test_every_field_of_the_wrong_kind_is_a_400_in_anthropics_shape(server):
             assert answer.status_code == 400 and answer.json()["type"] == "error", (path, field, value, answer.text)
             assert answer.json()["error"]["type"] == "invalid_request_error" and answer.json()["error"]["message"]
     assert "Traceback" not in server.log()
+
+
+def test_a_users_text_beside_tool_results_reaches_mistrals_templates_after_an_empty_reply(tmp_path, thinkers):
+    """Claude-style agents send each tool result in a user's message with the user's text beside it (a reminder, an
+    interjection), read as a tool's result and a user's message after it, which Mistral's templates refuse (as
+    Mistral's API does: "roles must alternate"): every such turn with Mistral Small 3.2, Nemo or Ministral 3 was a 400.
+    An empty reply of the assistant's goes between them now, as LiteLLM writes it for Mistral."""
+    small = write_tiny_model(tmp_path / "mistral.gguf", TinySpec(
+        seed=1, sharpness=2.0, chat_template=(Path(__file__).parent / "templates" / "mistral-small-3.2.jinja").read_text(),
+        control=("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "[INST]", "[/INST]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")))
+    history = WEATHER_ASK + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01A", "name": "get_weather",
+                                           "input": {"city": "paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01A", "content": "sun"},
+                                     {"type": "text", "text": "and tomorrow?"}]}]
+    for model in (small, thinkers["ministral-3"]):
+        running = ServerProcess(tmp_path, model, "-c", "4096", "--alias", "tiny")
+        try:
+            answer = client(running).messages.create(model="tiny", max_tokens=4, messages=history, tools=[TOOL])
+            assert answer.content and answer.stop_reason in ("max_tokens", "end_turn", "tool_use")
+            openai_history = [{"role": "user", "content": WEATHER_ASK[0]["content"]},
+                              {"role": "assistant", "content": "", "tool_calls": [{
+                                  "id": "toolu_01A", "type": "function",
+                                  "function": {"name": "get_weather", "arguments": '{"city": "paris"}'}}]},
+                              {"role": "tool", "tool_call_id": "toolu_01A", "content": "sun"},
+                              {"role": "user", "content": "and tomorrow?"}]
+            prompt = httpx.post(running.base + "/apply-template", json={"messages": openai_history},
+                                timeout=60).json()["prompt"]
+            # (the tiny tokenizer's spaces left out)
+            assert "[/TOOL_RESULTS]</s>[INST]andtomorrow?[/INST]" in "".join(prompt.split()), prompt
+        finally:
+            assert running.stop() == 0, running.log()
+        assert "Traceback" not in running.log()
