@@ -2,12 +2,13 @@
 call it."""
 
 import json
+import re
 
 import httpx2 as httpx
 import openai
 import pytest
 
-from localspec.protocols.responses import Kept
+from localspec.protocols.responses import Item, Kept, ResponsesRequest, _tools, conversation
 from localspec.protocols.shared import ApiError
 from test_reasoning import ASK as WHY, r1_server
 from test_server import PROMPT, drafting_server, plain_text, serving
@@ -115,6 +116,62 @@ def test_a_function_call_whole_and_streamed_and_its_output_answered(tool_server)
     assert spelled.output_text == after.output_text
 
 
+# Codex's tools, as its 0.169 sends them in every request: functions, a namespace of sub-agent tools (and one per
+# MCP server), web_search (it runs at OpenAI); and, where a user turns it on, apply_patch as a custom tool of a Lark
+# grammar (the one here a regular expression, which holds the tiny model's input to it)
+CODEX_TOOLS = [{"type": "namespace", "name": "mcp__weather", "description": "A weather server.",
+                      "tools": [{**TOOL, "name": "forecast", "strict": False, "defer_loading": True}]},
+               {"type": "web_search", "external_web_access": False},
+               {"type": "custom", "name": "apply_patch", "description": "Apply a patch.",
+                "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{1,8}"}}]
+
+
+def test_codexs_tools_namespaces_custom_tools_and_hosted_ones_are_taken(tool_server):
+    """Codex sends a namespace of tools (its sub-agents', each MCP server's) and web_search in every request: each was a
+    400 ("'namespace' tools run at OpenAI"), so Codex could do nothing against serve. A namespace's functions are
+    offered by flat names (vLLM's `{namespace}__{name}`) and their calls come back as the client named them (name and
+    namespace apart: Codex dispatches on both); a custom tool is a function of its raw input, its calls custom tool
+    calls; the tools that run at OpenAI are left out, as llama-server leaves them."""
+    client = tool_server.client()
+    for stream in (False, True):
+        asked = {"model": "tiny", "input": WEATHER_ASK, "tools": CODEX_TOOLS, "max_output_tokens": 120,
+                 "tool_choice": {"type": "function", "name": "forecast", "namespace": "mcp__weather"}}
+        if stream:
+            with client.responses.stream(**asked) as events:
+                whole = events.get_final_response()
+        else:
+            whole = client.responses.create(**asked)
+        [call] = whole.output
+        assert (call.type, call.name, call.namespace) == ("function_call", "forecast", "mcp__weather"), call
+        assert json.loads(call.arguments)["city"] in ("paris", "tokyo")
+    # the call given back as Codex gives it (name and namespace apart), its output after it
+    after = client.responses.create(model="tiny", tools=CODEX_TOOLS, tool_choice="none", max_output_tokens=8, input=[
+        *WEATHER_ASK, {"type": "function_call", "call_id": call.call_id, "name": "forecast", "namespace": "mcp__weather",
+                       "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear"}'}])
+    going_on = client.responses.create(model="tiny", previous_response_id=whole.id, tools=CODEX_TOOLS,
+                                       tool_choice="none", max_output_tokens=8, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear"}'}])
+    assert after.output_text and after.output_text == going_on.output_text
+    # a custom tool's call: its input as text, whole and streamed
+    patched = client.responses.create(model="tiny", input=WEATHER_ASK, tools=CODEX_TOOLS, max_output_tokens=120,
+                                      tool_choice={"type": "function", "name": "apply_patch"})
+    [call] = patched.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch" and re.fullmatch("[a-z]{1,8}", call.input)
+    events = list(client.responses.create(model="tiny", input=WEATHER_ASK, tools=CODEX_TOOLS, max_output_tokens=120,
+                                          tool_choice={"type": "function", "name": "apply_patch"}, stream=True))
+    assert [e.input for e in events if e.type == "response.custom_tool_call_input.done"] == [call.input]
+    answered = client.responses.create(model="tiny", tools=CODEX_TOOLS, tool_choice="none", max_output_tokens=8, input=[
+        *WEATHER_ASK, {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": call.input},
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}])
+    assert answered.output_text
+    # the model was offered the functions, and no web search
+    offered = client.responses.input_tokens.count(model="tiny", input=WEATHER_ASK, tools=CODEX_TOOLS).input_tokens
+    assert offered == client.responses.input_tokens.count(model="tiny", input=WEATHER_ASK,
+                                                          tools=CODEX_TOOLS[:1] + CODEX_TOOLS[2:]).input_tokens
+    assert "Traceback" not in tool_server.log()
+
+
 def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
     client = thinking_server.client()
     whole = client.responses.create(model="r1", input=WHY)
@@ -131,7 +188,8 @@ WRONG = [("input", 5), ("input", ""), ("input", [5]), ("input", [{"role": "tool"
          ("input", [{"type": "function_call", "call_id": "1", "name": "f", "arguments": "{oops"}]),
          ("input", [{"type": "image_generation_call"}]), ("input", [{"role": "user", "content": [{"type": "input_image"}]}]),
          ("instructions", 5), ("max_output_tokens", 0), ("max_output_tokens", "3"), ("temperature", "1"),
-         ("tools", [{"type": "web_search"}]), ("tools", {}), ("tool_choice", "sometimes"), ("tool_choice", "required"),
+         ("tools", [{"type": "weather_station"}]), ("tools", [{"type": "namespace", "tools": []}]),
+         ("tools", [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]), ("tools", {}), ("tool_choice", "sometimes"), ("tool_choice", "required"),
          ("text", {"format": {"type": "yaml"}}), ("text", {"format": {"type": "json_schema"}}),
          ("reasoning", {"effort": "lots"}), ("reasoning", "high"), ("previous_response_id", 5), ("stream", "yes"),
          ("top_logprobs", 3), ("background", True), ("speculative", "off"), ("speculative", {"mode": "sometimes"})]
@@ -157,3 +215,24 @@ def test_instructions_are_not_carried_to_the_next_response(server, tiny):
         pytest.fail("no instructions tell the two conversations apart on this model")
     then = client.responses.create(model="tiny", input="go on", previous_response_id=first.id, max_output_tokens=8)
     assert then.output_text == without
+
+
+def test_a_lark_grammar_is_told_a_regular_expression_held_and_earlier_reasoning_read_from_its_summary():
+    """A custom tool's Lark grammar, which no grammar here reads, is told the model in its function's description;
+    a regular expression holds its input. Earlier reasoning that another server gave as a summary alone (content
+    null, as Codex gives it back) goes back as the assistant's thinking."""
+    lark = 'start: "*** Begin Patch" LF'
+    tools, offered = _tools(ResponsesRequest.model_validate({"input": "x", "tools": [
+        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": lark}},
+        {"type": "custom", "name": "word", "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"}},
+        {"type": "web_search_preview"}]}))
+    patch, word = (definition["function"] for definition in tools.definitions)
+    assert lark in patch["description"] and patch["parameters"]["properties"]["input"] == {"type": "string"}
+    assert word["parameters"]["properties"]["input"] == {"type": "string", "pattern": "^([a-z]+)$"}
+    assert set(offered) == {"apply_patch", "word"} and offered["word"].custom
+    messages = conversation([Item.model_validate(item) for item in (
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "they greet"}], "content": None,
+         "encrypted_content": None},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]})])
+    assert messages[-1] == {"role": "assistant", "content": "hello", "reasoning_content": "they greet"}

@@ -1,15 +1,16 @@
-"""OpenAI's Responses API (POST /v1/responses), which the OpenAI Agents SDK and Codex-style CLIs speak:
-an `input` of text or typed items (messages, function calls and their outputs) after `instructions`,
-`tools` as functions, `text.format` a JSON schema, `reasoning.effort`, and `previous_response_id` to go
-on from an answer this server gave (kept in memory, the newest MOST_KEPT of them). Answers are a
-response object with its output items (reasoning, the message, function calls), or the stream of typed
-events the openai package reads (response.created ... response.completed); errors are OpenAI's error
-object. Every response also carries llama-server's `timings` and localspec's `speculation` record."""
+"""OpenAI's Responses API (POST /v1/responses), which the OpenAI Agents SDK and Codex speak: an `input` of
+text or typed items (messages, function and custom tool calls and their outputs) after `instructions`, `tools`
+as functions (custom tools' and namespaces' among them), `text.format` a JSON schema, `reasoning.effort`, and
+`previous_response_id` to go on from an answer this server gave (kept in memory, the newest MOST_KEPT of them).
+Answers are a response object with its output items (reasoning, the message, calls), or the stream of typed
+events the openai package reads (response.created ... response.completed); errors are OpenAI's error object.
+Every response also carries llama-server's `timings` and localspec's `speculation` record."""
 
 import json
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from threading import Lock
 from typing import Literal
 
@@ -46,21 +47,46 @@ class Item(_Typed):
     content: str | list[Part] | None = None
     call_id: str | None = None
     name: str | None = None
+    namespace: str | None = None  # a call's of a tool in a namespace
     arguments: str | None = None
+    input: str | None = None  # a custom tool call's
     output: str | list[Part] | None = None
+    summary: list[Part] | None = None  # earlier reasoning's, where it gives no content
 
 
 class FunctionTool(_Typed):
+    """A function, a custom tool (its input free text, `format` a grammar it follows), a namespace of them
+    (`tools`), or a tool that runs at OpenAI (web_search, ...)."""
+
     type: str
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+    format: dict | None = None
+    tools: list["FunctionTool"] | None = None
+
+
+# Tools that run at OpenAI, or whose calls only OpenAI's models write (by type, or its start: web_search_preview,
+# computer_use_preview): left out of what the model is offered, as llama-server and LiteLLM leave them.
+HOSTED = ("web_search", "file_search", "image_generation", "code_interpreter", "computer", "mcp", "local_shell",
+          "shell", "apply_patch", "tool_search")
+
+
+@dataclass(frozen=True)
+class Offered:
+    """A tool as the client named it, where the model is offered it otherwise: a namespace's function by one flat
+    name; a custom tool as a function of one string, `input`, its calls answered as custom tool calls."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
 
 
 class NamedTool(_Typed):
     type: Literal["function"]
     name: str
+    namespace: str | None = None
 
 
 class TextFormat(_Typed):
@@ -148,9 +174,10 @@ class Responses(Protocol):
         form = asked.text.format if asked.text else None
         told = {"response_format": output_told(form.schema_ if form.type == "json_schema" else None, form.name)} \
             if form and form.type != "text" else None
-        request = Request(sampling, limits, messages=messages, tools=_tools(asked), thinking=thinking,
+        tools, offered = _tools(asked)
+        request = Request(sampling, limits, messages=messages, tools=tools, thinking=thinking,
                           template_variables=told, **speculative_asked(asked.speculative, defaults))
-        return Parsed(request, bool(asked.stream), include_usage=True, carried=carried)
+        return Parsed(request, bool(asked.stream), include_usage=True, carried=carried, offered=offered)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":
         return Answer(model, parsed, self.kept)
@@ -197,17 +224,27 @@ def conversation(given: str | list[Item]) -> list[dict]:
                 raise ApiError(400, f"{where}.arguments: not a JSON object", param=f"{where}.arguments")
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": ""})
-            messages[-1].setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}})
-        elif kind == "function_call_output":
+            messages[-1].setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
+                "name": flat_name(item.namespace, item.name) if item.namespace else item.name, "arguments": arguments}})
+        elif kind == "custom_tool_call":
+            if not (item.call_id and item.name and isinstance(item.input, str)):
+                raise ApiError(400, f"{where}: a custom tool call needs call_id, name and input", param=where)
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
+                "name": flat_name(item.namespace, item.name) if item.namespace else item.name,
+                "arguments": {"input": item.input}}})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             if not item.call_id or item.output is None:
                 raise ApiError(400, f"{where}: a function call's output needs call_id and output", param=where)
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
-        elif kind == "reasoning":
-            thought = "".join(part.text or "" for part in item.content or () if isinstance(part, Part)) or None
+        elif kind == "reasoning":  # (its text, else its summary's: another server's, OpenAI's)
+            parts = item.content if isinstance(item.content, list) and item.content else item.summary or ()
+            thought = "".join(part.text or "" for part in parts) or None
         else:
             raise ApiError(400, f"{where}.type: {kind!r} items are not supported (message, function_call,"
-                           " function_call_output, reasoning)", param=f"{where}.type")
+                           " function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
+                           param=f"{where}.type")
     if not messages:
         raise ApiError(400, "input holds no message to answer", param="input")
     return messages
@@ -227,23 +264,67 @@ def _text(content: str | list[Part] | None, where: str, images: bool = False) ->
     return "\n".join(IMAGE_MARKER if part.type == "input_image" else part.text for part in content)
 
 
-def _tools(asked: ResponsesRequest) -> Tools | None:
+def flat_name(namespace: str, name: str) -> str:
+    """The one name a function of a namespace is offered to the model by (as vLLM and Codex's bridges flatten it:
+    `mcp__node_repl` and `js`, `mcp__node_repl__js`)."""
+    return f"{namespace}__{name}"
+
+
+def _tools(asked: ResponsesRequest) -> tuple[Tools | None, dict[str, Offered]]:
+    """The functions a request offers the model: its functions, its custom tools (each a function of its input),
+    those of its namespaces by their flat names; and how each of these last two is named back. The tools that run at
+    OpenAI (HOSTED: Codex offers web_search in every request) are left out."""
+    offered: dict[str, Offered] = {}
+    functions: list[dict] = []
+
+    def offer(tool: FunctionTool, where: str, namespace: str | None = None) -> None:
+        if tool.type not in ("function", "custom"):
+            if namespace is not None or not tool.type.startswith(HOSTED):
+                raise ApiError(400, f"{where}.type: {tool.type!r} tools are not supported (function, custom, namespace;"
+                               " those that run at OpenAI are left out)", param=f"{where}.type")
+            return
+        if not tool.name:
+            raise ApiError(400, f"{where}.name: a {tool.type} tool needs a name", param=f"{where}.name")
+        name = flat_name(namespace, tool.name) if namespace else tool.name
+        if namespace or tool.type == "custom":
+            offered[name] = Offered(tool.name, namespace, tool.type == "custom")
+        functions.append(_as_function(tool, name))
+
+    for i, tool in enumerate(asked.tools or ()):
+        if tool.type != "namespace":
+            offer(tool, f"tools.{i}")
+        elif not tool.name:
+            raise ApiError(400, f"tools.{i}.name: a namespace needs a name", param=f"tools.{i}.name")
+        else:
+            for j, member in enumerate(tool.tools or ()):
+                offer(member, f"tools.{i}.tools.{j}", tool.name)
     choice = asked.tool_choice
-    if not asked.tools:
+    if not functions:
         if choice not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice asks for a tool call, but the request offers no tools", param="tool_choice")
-        return None
-    for i, tool in enumerate(asked.tools):
-        if tool.type != "function" or not tool.name:
-            raise ApiError(400, f"tools.{i}: {tool.type!r} tools run at OpenAI; localspec offers the model functions"
-                           " (type function, name, parameters)", param=f"tools.{i}")
-    definitions = tuple({"type": "function", "function": tool.model_dump(exclude_none=True, exclude={"type", "strict"})}
-                        for tool in asked.tools)
-    taken = "auto" if choice is None else choice if isinstance(choice, str) else choice.name
+        return None, offered
+    taken = "auto" if choice is None else choice if isinstance(choice, str) else \
+        flat_name(choice.namespace, choice.name) if choice.namespace else choice.name
     try:
-        return Tools(definitions, taken, asked.parallel_tool_calls is not False)
+        return Tools(tuple({"type": "function", "function": f} for f in functions), taken,
+                     asked.parallel_tool_calls is not False), offered
     except InputError as error:
         raise ApiError(400, str(error), param="tools" if "same name" in str(error) else "tool_choice") from None
+
+
+def _as_function(tool: FunctionTool, name: str) -> dict:
+    """A tool as the function the model is offered: a custom tool's input one string, held to its grammar where
+    that is a regular expression, told it where it is Lark's (which no grammar here reads)."""
+    if tool.type == "function":
+        return tool.model_dump(exclude_none=True, include={"description", "parameters"}) | {"name": name}
+    form, described = tool.format or {}, tool.description or ""
+    given = {"type": "string"}
+    if form.get("type") == "grammar" and form.get("syntax") == "regex":
+        given["pattern"] = f"^({form.get('definition')})$"
+    elif form.get("type") == "grammar":
+        described += f"\n\nThe input follows this {form.get('syntax')} grammar:\n{form.get('definition')}"
+    return {"name": name, "description": described,
+            "parameters": {"type": "object", "properties": {"input": given}, "required": ["input"]}}
 
 
 def _grammar(asked: ResponsesRequest) -> str | None:
@@ -270,8 +351,9 @@ class Answer(Answering):
     def __init__(self, model: str, parsed: Parsed, kept: Kept):
         super().__init__(True, model)
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
-        self.carried, self.kept = parsed.carried, kept
+        self.carried, self.kept, self.offered = parsed.carried, kept, parsed.offered or {}
         self.items: list[dict] = []  # the output items streamed so far, the last one maybe still open
+        self.calls: list[ToolCall] = []  # the calls among them, as the model made them
         self.open = False  # whether the last item is still being filled
         self.sequence = 0
 
@@ -290,18 +372,16 @@ class Answer(Answering):
                         "total_tokens": r.prompt_tokens + r.tokens}
         return out | {"timings": timings(job), "speculation": speculation(job)}
 
-    def _finished(self, job: Job, items: list[dict]) -> dict:
-        """The whole response, its conversation kept."""
+    def _finished(self, job: Job, items: list[dict], calls: list[ToolCall]) -> dict:
+        """The whole response, its conversation kept (the calls as the model made them)."""
         assistant = {"role": "assistant", "content": "".join(part["text"] for item in items if item["type"] == "message"
                                                              for part in item["content"])}
         thought = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
         if thought:
             assistant["reasoning_content"] = thought
-        calls = [{"id": item["call_id"], "type": "function",
-                  "function": {"name": item["name"], "arguments": json.loads(item["arguments"])}}
-                 for item in items if item["type"] == "function_call"]
         if calls:
-            assistant["tool_calls"] = calls
+            assistant["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.name, "arguments": call.argument_values}} for call in calls]
         self.kept.put(self.id, [*self.carried, assistant])
         status = "incomplete" if job.recorder.finish_reason in ("length", "context") and not calls else "completed"
         return self._response(status, items, job)
@@ -311,8 +391,8 @@ class Answer(Answering):
         thought = job.recorder.reasoning
         items = [_reasoning(thought)] if thought else []
         items += [_message(content)] if content or not calls else []
-        items += [_call(call, "completed") for call in calls]
-        return self._finished(job, items)
+        items += [self._call(call, "completed") for call in calls]
+        return self._finished(job, items, calls)
 
     def _event(self, kind: str, data: dict) -> str:
         self.sequence += 1
@@ -370,14 +450,28 @@ class Answer(Answering):
 
     def call(self, call: ToolCall, index: int) -> str:
         frames = self._close()
-        item = _call(call, "completed")
+        item = self._call(call, "completed")
         self.items.append(item)
+        self.calls.append(call)
         at = {"item_id": item["id"], "output_index": len(self.items) - 1}
+        given, events = ("input", "custom_tool_call_input") if item["type"] == "custom_tool_call" else \
+            ("arguments", "function_call_arguments")
         return (frames + self._event("response.output_item.added", {"output_index": at["output_index"],
                                                                      "item": _in_progress(item)})
-                + self._event("response.function_call_arguments.delta", at | {"delta": call.arguments})
-                + self._event("response.function_call_arguments.done", at | {"arguments": call.arguments})
+                + self._event(f"response.{events}.delta", at | {"delta": item[given]})
+                + self._event(f"response.{events}.done", at | {given: item[given]})
                 + self._event("response.output_item.done", {"output_index": at["output_index"], "item": item}))
+
+    def _call(self, call: ToolCall, status: str) -> dict:
+        """A call's output item: a function call, by the name and namespace the client gave its tool, or a custom
+        tool's call with its input."""
+        told = self.offered.get(call.name, Offered(call.name))
+        named = {"name": told.name} | ({"namespace": told.namespace} if told.namespace else {})
+        if told.custom:
+            return {"type": "custom_tool_call", "id": "ctc_" + uuid.uuid4().hex, "call_id": call.id, **named,
+                    "input": str(call.argument_values.get("input", "")), "status": status}
+        return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id, **named,
+                "arguments": call.arguments, "status": status}
 
     def error(self, failure: ApiError) -> str:
         return self._event("error", {"code": failure.code, "message": failure.message, "param": failure.param})
@@ -386,7 +480,7 @@ class Answer(Answering):
         frames = self._close()
         if not self.items:  # nothing was said: the message is there all the same, empty
             frames += self._into("message") + self._close()
-        done = self._finished(job, self.items)
+        done = self._finished(job, self.items, self.calls)
         return [frames, self._event(f"response.{done['status']}", {"response": done})]
 
 
@@ -400,13 +494,8 @@ def _message(text: str) -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def _call(call: ToolCall, status: str) -> dict:
-    return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": status}
-
-
 def _in_progress(item: dict) -> dict:
     """An item as it is added, before its content: empty, in progress."""
-    if item["type"] == "function_call":
-        return item | {"arguments": "", "status": "in_progress"}
+    if item["type"] in ("function_call", "custom_tool_call"):
+        return item | {"arguments" if item["type"] == "function_call" else "input": "", "status": "in_progress"}
     return item | {"content": [], **({"status": "in_progress"} if item["type"] == "message" else {})}
