@@ -123,6 +123,22 @@ def _system_merged(messages: list[dict]) -> list[dict]:
     return [rest[0] | {"content": f"{system.get('content') or ''}\n{rest[0].get('content') or ''}"}, *rest[1:]]
 
 
+def _head_merged(messages: list[dict]) -> list[dict]:
+    """A conversation for a template that writes one system message at its head, not several: the system messages it
+    opens with one, their texts a paragraph each (Codex opens with two developer messages)."""
+    head = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    if head < 2 or not all(isinstance(m.get("content"), str) for m in messages[:head]):
+        return messages
+    return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:head])}, *messages[head:]]
+
+
+def _later_systems_as_users(messages: list[dict]) -> list[dict]:
+    """A conversation for a template that writes no system message after its head: each later one the user's (an
+    agent's instructions given as it goes on are read where they were given)."""
+    head = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    return messages[:head] + [m | {"role": "user"} if m.get("role") == "system" else m for m in messages[head:]]
+
+
 def _runs_merged(messages: list[dict]) -> list[dict]:
     """A conversation for a template that refuses two messages of one role in a row: each run of a user's (or an
     assistant's) plain messages one message, their texts a paragraph each (a client that sends its context and its
@@ -250,6 +266,25 @@ class Prompts:
         return next((reply for reply in ({"role": "assistant", "content": ""},
                                          {"role": "assistant", "content": [{"type": "text", "text": ""}]})
                      if self._written([*results, reply, {"role": "user", "content": "?"}])), None)
+
+    @functools.cached_property
+    def takes_systems(self) -> bool:
+        """Whether the template writes each of two system messages at its head (Qwen 3.5's refuses a second, gpt-oss's,
+        MiniMax's and SmolLM3's leave it out, DeepSeek R1's the first), found by writing two."""
+        one, two = "\u2063one\u2063", "\u2063two\u2063"
+        written = self._written([{"role": "system", "content": one}, {"role": "system", "content": two},
+                                 {"role": "user", "content": "?"}])
+        return one in written and two in written
+
+    @functools.cached_property
+    def takes_later_system(self) -> bool:
+        """Whether the template writes a system message after the conversation began, and the one at its head too
+        (most write one only at the head; DeepSeek R1's the last alone, moved there), found by writing both."""
+        head, later = "\u2063head\u2063", "\u2063later\u2063"
+        written = self._written([{"role": "system", "content": head}, {"role": "user", "content": "?"},
+                                 {"role": "assistant", "content": "!"}, {"role": "system", "content": later},
+                                 {"role": "user", "content": "?"}])
+        return head in written and later in written
 
     def _written(self, messages: list[dict]) -> str:
         """A probe conversation as the template writes it; "" where it refuses it."""
@@ -453,8 +488,13 @@ class Prompts:
 
     def _as_it_takes(self, messages: list[dict]) -> list[dict]:
         """The conversation as the template takes it, where it refuses what clients send (as llama.cpp adapts some):
-        an assistant's greeting first, a system message, two messages of one role in a row, a user's message right
-        after a tool's result, several calls in one message, another model's call ids."""
+        several system messages at its head, one later, an assistant's greeting first, a system message, two messages
+        of one role in a row, a user's message right after a tool's result, several calls in one message, another
+        model's call ids."""
+        if not self.takes_systems:
+            messages = _head_merged(messages)
+        if not self.takes_later_system:
+            messages = _later_systems_as_users(messages)
         opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
         if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
             # (an empty turn of the user's before the greeting, which is kept)

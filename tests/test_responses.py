@@ -5,13 +5,16 @@ import json
 import re
 
 import httpx2 as httpx
+from contextlib import closing
 import openai
 import pytest
 
+from localspec.engine.model import Model
+from localspec.prompts import Prompts
 from localspec.protocols.responses import Item, Kept, ResponsesRequest, _tools, conversation
 from localspec.protocols.shared import ApiError
 from test_reasoning import ASK as WHY, r1_server
-from test_server import PROMPT, drafting_server, plain_text, serving
+from test_server import PROMPT, ServerProcess, drafting_server, plain_text, serving
 from test_tools import ASK as WEATHER_ASK, WEATHER, hermes_server
 
 
@@ -236,3 +239,31 @@ def test_a_lark_grammar_is_told_a_regular_expression_held_and_earlier_reasoning_
          "encrypted_content": None},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]})])
     assert messages[-1] == {"role": "assistant", "content": "hello", "reasoning_content": "they greet"}
+
+
+def test_codexs_developer_messages_reach_templates_that_write_one_system_message(thinkers, tmp_path):
+    """Codex opens every request with two developer messages (its instructions, its skills) and may give another as
+    it goes on: Qwen 3.5's template refused them ("System message must be at the beginning"), a 400 for every
+    request; gpt-oss's left out all but the first, DeepSeek R1's all but the last. The messages at the head are one
+    system message now where the template writes one alone (their texts a paragraph each), and a later one is the
+    user's where the template writes none there."""
+    codex = [{"role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+             {"role": "developer", "content": [{"type": "input_text", "text": "Skills: none."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "<environment_context/>"}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "Say hi"}]},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "hi"}]},
+             {"role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "Again"}]}]
+    messages = conversation([Item.model_validate(item) for item in codex])
+    for name in ("qwen3.5", "gpt-oss", "deepseek-r1"):
+        with closing(Model(thinkers[name])) as loaded:
+            written = loaded.spell_of(Prompts(loaded, 4096).chat_tokens(messages), special=True).decode()
+        said = [written.find(text) for text in ("You are Codex.", "Skills: none.", "Say hi", "Sandbox: none.", "Again")]
+        assert -1 not in said and said == sorted(said), (name, written)
+    running = ServerProcess(tmp_path, thinkers["qwen3.5"], "-c", "1024", "--alias", "tiny")
+    try:
+        answer = running.client().responses.create(model="tiny", input=codex, max_output_tokens=4)
+        assert answer.status in ("completed", "incomplete") and answer.usage.input_tokens > 0
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
