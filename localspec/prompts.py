@@ -123,6 +123,17 @@ def _system_merged(messages: list[dict]) -> list[dict]:
     return [rest[0] | {"content": f"{system.get('content') or ''}\n{rest[0].get('content') or ''}"}, *rest[1:]]
 
 
+def _images_told(message: dict) -> dict:
+    """A tool's result, for a model that reads no images, with a line in place of each of its images: an agent's
+    tool that gives one (a screenshot, an image file read) would otherwise leave a conversation no request could go
+    on from."""
+    kept = {key: value for key, value in message.items() if key != "images"}
+    note = "[an image, not shown: this model reads no images]"
+    content = message.get("content") or ""
+    unplaced = len(message["images"]) - content.count(IMAGE_MARKER)
+    return kept | {"content": "\n".join([note] * unplaced + ([content.replace(IMAGE_MARKER, note)] if content else []))}
+
+
 def _head_merged(messages: list[dict]) -> list[dict]:
     """A conversation for a template that writes one system message at its head, not several: the system messages it
     opens with one, their texts a paragraph each (Codex opens with two developer messages)."""
@@ -426,6 +437,8 @@ class Prompts:
         token is refused."""
         model = self.model
         template = self.template
+        if self.vision is None:
+            messages = [_images_told(m) if m.get("role") == "tool" and m.get("images") else m for m in messages]
         images = self._images_of(messages)
         messages = self._as_it_takes([_images_placed(m) for m in messages])
         # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)

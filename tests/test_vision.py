@@ -527,3 +527,37 @@ def test_the_images_kept_are_bounded_and_one_sent_again_keeps_its_ids(tiny, mmpr
         assert not session.vision.holds(ids[0][0]) and all(session.vision.holds(i[0]) for i in ids[1:])
         assert session.vision.image_tokens(random_image(1)) == ids[0] and session.vision.holds(ids[0][-1])
         assert asked(session, random_image(1))[0]
+
+
+def test_an_image_in_a_tools_result_is_read_and_a_model_without_a_projector_is_told_of_it(served, tiny):
+    """Claude Code's Read of an image file and Codex's view_image answer with the image in the tool's result: a 400
+    ("only text blocks are supported here"), and so every later request of that conversation, which carries it. A
+    model with a projector reads it where it stands; one without reads a line saying an image is not shown."""
+    import anthropic
+
+    anthropics = anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0)
+
+    def read_by_claude_code(image: bytes) -> str:
+        source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(image).decode()}
+        return anthropics.messages.create(model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=[
+            {"role": "user", "content": "what is in red.png"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                               "input": {"file_path": "red.png"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "red.png:"}, {"type": "image", "source": source}]}]}]).content[0].text
+
+    def viewed_by_codex(image: bytes) -> str:
+        return served.client().responses.create(model="tiny", max_output_tokens=16, temperature=0, input=[
+            {"role": "user", "content": "what is in red.png"},
+            {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": '{"path": "red.png"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": [
+                {"type": "input_image", "image_url": _data_url(image)}]}]).output_text
+
+    assert read_by_claude_code(RED) != read_by_claude_code(BLUE)
+    assert viewed_by_codex(RED) != viewed_by_codex(BLUE)
+    with Session(tiny["target"], None, Runtime(ctx_size=512), Speculation()) as session:
+        written = session.target_model.spell_of(session.prompts.chat_tokens([
+            {"role": "user", "content": "what is in red.png"},
+            {"role": "tool", "content": f"red.png:\n{IMAGE_MARKER}", "images": [RED]}])).decode()
+    assert "red.png:\n[an image, not shown: this model reads no images]" in written
+    assert "Traceback" not in served.log()

@@ -170,15 +170,14 @@ def conversation(asked: CountRequest) -> list[dict]:
             if block.type == "text" and block.text is not None:
                 texts.append(block.text)
             elif block.type == "image" and message.role == "user" and block.source is not None:
-                source = block.source
-                if source.type == "url" and not (source.url or "").startswith(("http://", "https://")):
-                    raise ApiError(400, f"{at}.source.url: an http(s) URL", param=f"{at}.source.url")
-                images.append(image_bytes(source.data if source.type == "base64" else source.url, f"{at}.source"))
+                images.append(_image(block, at))
                 texts.append(IMAGE_MARKER)
             elif block.type == "tool_result" and message.role == "user" and block.tool_use_id:
-                content = "" if block.content is None else _text(block.content, f"{at}.content")
+                shown: list[bytes] = []  # (a screenshot's, an image file's read)
+                content = "" if block.content is None else _text(block.content, f"{at}.content", shown)
                 messages.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                                 "content": f"Error: {content}" if block.is_error else content})
+                                 "content": f"Error: {content}" if block.is_error else content}
+                                | ({"images": shown} if shown else {}))
                 results += 1
             elif block.type == "tool_use" and message.role == "assistant" and block.id and block.name:
                 calls.append({"id": block.id, "type": "function",
@@ -201,14 +200,32 @@ def conversation(asked: CountRequest) -> list[dict]:
     return messages
 
 
-def _text(content: str | list[Block], where: str) -> str:
-    """A system prompt's or a tool result's text: a string, or text blocks joined by lines."""
+def _text(content: str | list[Block], where: str, images: list[bytes] | None = None) -> str:
+    """A system prompt's or a tool result's text: a string, or text blocks joined by lines (images: a tool result's
+    image blocks read into it, each an IMAGE_MARKER where it stands)."""
     if isinstance(content, str):
         return content
     kinds = {block.type for block in content}
-    if kinds - {"text"} or any(block.text is None for block in content):
-        raise ApiError(400, f"{where}: only text blocks are supported here, got {sorted(kinds)}", param=where)
-    return "\n".join(block.text for block in content)
+    if kinds - ({"text", "image"} if images is not None else {"text"}) \
+            or any(block.text is None for block in content if block.type == "text"):
+        what = "text and image" if images is not None else "text"
+        raise ApiError(400, f"{where}: only {what} blocks are supported here, got {sorted(kinds)}", param=where)
+    texts = []
+    for j, block in enumerate(content):
+        if block.type == "image":
+            images.append(_image(block, f"{where}.{j}"))
+        texts.append(IMAGE_MARKER if block.type == "image" else block.text)
+    return "\n".join(texts)
+
+
+def _image(block: Block, where: str) -> bytes:
+    """An image block's image: its base64 data, or what its http(s) URL serves."""
+    source = block.source
+    if source is None:
+        raise ApiError(400, f"{where}.source is missing", param=f"{where}.source")
+    if source.type == "url" and not (source.url or "").startswith(("http://", "https://")):
+        raise ApiError(400, f"{where}.source.url: an http(s) URL", param=f"{where}.source.url")
+    return image_bytes(source.data if source.type == "base64" else source.url, f"{where}.source")
 
 
 def _tools(asked: CountRequest) -> Tools | None:

@@ -204,9 +204,7 @@ def conversation(given: str | list[Item]) -> list[dict]:
             if role not in ROLES:
                 raise ApiError(400, f"{where}.role: {item.role!r}; use system, developer, user or assistant",
                                param=f"{where}.role")
-            images = [image_bytes(part.image_url, f"{where}.content.{j}.image_url")
-                      for j, part in enumerate(item.content) if part.type == "input_image"
-                      ] if isinstance(item.content, list) and role == "user" else []
+            images = _images(item.content, f"{where}.content") if role == "user" else []
             message = {"role": role, "content": _text(item.content, f"{where}.content", bool(images))}
             if images:
                 message["images"] = images
@@ -237,7 +235,10 @@ def conversation(given: str | list[Item]) -> list[dict]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             if not item.call_id or item.output is None:
                 raise ApiError(400, f"{where}: a function call's output needs call_id and output", param=where)
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
+            images = _images(item.output, f"{where}.output")  # (Codex's view_image gives one)
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": _text(item.output, f"{where}.output", bool(images))}
+                            | ({"images": images} if images else {}))
         elif kind == "reasoning":  # (its text, else its summary's: another server's, OpenAI's)
             parts = item.content if isinstance(item.content, list) and item.content else item.summary or ()
             thought = "".join(part.text or "" for part in parts) or None
@@ -248,6 +249,12 @@ def conversation(given: str | list[Item]) -> list[dict]:
     if not messages:
         raise ApiError(400, "input holds no message to answer", param="input")
     return messages
+
+
+def _images(content: str | list[Part] | None, where: str) -> list[bytes]:
+    """The images of a user's message or a call's output: its input_image parts'."""
+    return [image_bytes(part.image_url, f"{where}.{j}.image_url")
+            for j, part in enumerate(content) if part.type == "input_image"] if isinstance(content, list) else []
 
 
 def _text(content: str | list[Part] | None, where: str, images: bool = False) -> str:
