@@ -67,18 +67,30 @@ DEEP = 100_000  # each of these ended the process (SIGSEGV) inside llama.cpp bef
 TOO_DEEP_OR_BIG = {
     "nested": "root ::= " + "(" * DEEP + '"a"' + ")" * DEEP,
     "a chain of rules": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(DEEP)) + f'r{DEEP} ::= "a"\n',
-    "maxLength": {"type": "string", "maxLength": DEEP},
+    "minLength": {"type": "string", "minLength": DEEP},
     "a pattern's repetition": {"type": "string", "pattern": "^a{0,%d}$" % DEEP},
-    "maxItems": {"type": "array", "items": {"type": "integer"}, "maxItems": DEEP},
+    "minItems": {"type": "array", "items": {"type": "integer"}, "minItems": DEEP},
 }
 
 
 @pytest.mark.parametrize("case", list(TOO_DEEP_OR_BIG))
 def test_a_grammar_too_deep_or_too_big_to_compile_safely_is_one_error(target, case):
     grammar = TOO_DEEP_OR_BIG[case]
-    text = grammar if isinstance(grammar, str) else from_json_schema(grammar)
     with pytest.raises(InputError, match="at most"):
-        Grammar(target.model, text)
+        Grammar(target.model, grammar if isinstance(grammar, str) else from_json_schema(grammar))
+
+
+def test_an_upper_bound_beyond_what_a_grammar_can_nest_is_let_go_as_llama_cpps_parser_lets_one_go(target):
+    """Claude Code offers a tool whose script may be 524,288 characters long: its every request was refused ("at
+    most 1,000 are taken"). An upper bound beyond what llama.cpp compiles is let go (any length admitted there); one
+    within it is held."""
+    for key, schema in (("maxLength", {"type": "string"}), ("maxItems", {"type": "array", "items": {"type": "integer"}}),
+                        ("maxProperties", {"type": "object"})):
+        loose = from_json_schema({**schema, key: 524_288})
+        assert loose == from_json_schema(schema)
+        Grammar(target.model, loose).close()
+    held = from_json_schema({"type": "string", "maxLength": 1_000})
+    assert held != from_json_schema({"type": "string"}) and held.count("(char") == 1_000
 
 
 def test_the_bounds_count_only_the_grammars_own_parentheses(target):

@@ -640,7 +640,7 @@ def test_response_format_and_grammars_constrain_the_answer_under_speculation(ser
     ({"grammar": 'root ::= "unclosed'}, "the grammar does not compile"),
     # each of these ended the whole process (SIGSEGV in llama.cpp) within 0.1 s before it was bounded (issue 46)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "string", "maxLength": 100_000}}}}, "at most 1,000 are taken"),
+        "type": "string", "minLength": 100_000}}}}, "at most 1,000 are taken"),
     ({"grammar": "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000}, "at most 1,000 are taken"),
     # a 500 each (the converter's AttributeError), and the converter's memory run out (issue 46)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {

@@ -57,8 +57,8 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     matching = {}
     try:
         for rule, schema in schemas.items():
-            _check_counts(schema)
-            copy = json.loads(json.dumps(schema))  # resolve_refs rewrites what it is given
+            copy = _loosened(json.loads(json.dumps(schema)))  # (resolve_refs rewrites what it is given)
+            _check_counts(copy)
             matching[rule] = converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
         gbnf = converter.format_grammar()
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError, NotImplementedError,
@@ -67,23 +67,45 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in gbnf.split("\n")), matching
 
 
-# The converter writes a repetition out as many times as it counts: maxLength 10**10 ran it out of memory.
-# Beyond the compile bounds below anyway (100,000 converts in a blink and is then refused as too deep).
-MOST_COUNT = 100_000
-_COUNTED = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-            "maxContains")
+# The converter writes a count out as deep as it counts (maxLength 5: five nested optional characters), and
+# llama.cpp compiles no nesting much beyond 1,000 (MOST_NESTING): an upper bound beyond it is let go, the
+# grammar admitting any length there, as llama.cpp's own parser lets a repetition's beyond 2,000 go (Claude Code
+# offers a tool whose script may be 524,288 characters: every request was refused); a lower one is refused,
+# as llama.cpp refuses one beyond 2,000 (10**10 ran the converter out of memory).
+MOST_HELD = 1_000
+MOST_COUNT = 100_000  # a pattern's {n,m}, refused beyond it (then as too deep to compile)
+_UPPER = ("maxLength", "maxItems", "maxProperties", "maxContains")
+_LOWER = ("minLength", "minItems", "minProperties", "minContains")
 _PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
+def _counts(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _loosened(schema):
+    """The schema without the upper bounds beyond MOST_HELD (in place)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in [key for key in _UPPER if _counts(node.get(key)) and node[key] > MOST_HELD]:
+                del node[key]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return schema
+
+
 def _check_counts(schema) -> None:
-    """InputError where a schema counts beyond MOST_COUNT (a keyword's number, or a pattern's {n,m})."""
+    """InputError where a schema counts at least beyond MOST_HELD, or a pattern beyond MOST_COUNT."""
     stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             for key, value in node.items():
-                if key in _COUNTED and isinstance(value, int) and not isinstance(value, bool) and value > MOST_COUNT:
-                    raise InputError(f"the JSON schema's {key} is {value:,}; at most {MOST_COUNT:,} are taken")
+                if key in _LOWER and _counts(value) and value > MOST_HELD:
+                    raise InputError(f"the JSON schema's {key} is {value:,}; at most {MOST_HELD:,} are taken")
                 if key == "pattern" and isinstance(value, str):
                     for count in (count for pair in _PATTERN_COUNT.findall(value) for count in pair if count):
                         if len(count) > 9 or int(count) > MOST_COUNT:  # (int() takes no more than 4,300 digits)
