@@ -14,7 +14,7 @@ from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.grammar import Grammar, from_json_schema, json_object
+from localspec.engine.grammar import Grammar, _loosened, from_json_schema, json_object
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
@@ -89,6 +89,9 @@ def test_an_upper_bound_beyond_what_a_grammar_can_nest_is_let_go_as_llama_cpps_p
         loose = from_json_schema({**schema, key: 524_288})
         assert loose == from_json_schema(schema)
         Grammar(target.model, loose).close()
+    # (a value the schema gives, its default, is no schema: kept as given)
+    assert _loosened({"type": "object", "default": {"maxLength": 524_288}}) == {"type": "object",
+                                                                                "default": {"maxLength": 524_288}}
     held = from_json_schema({"type": "string", "maxLength": 1_000})
     assert held != from_json_schema({"type": "string"}) and held.count("(char") == 1_000
 
@@ -281,3 +284,18 @@ def test_bench_reads_what_jump_forward_adds_beside_auto(tiny):
     assert rows["auto"]["drafters"][DrafterKind.FORCED]["accepted"] >= 1
     assert DrafterKind.FORCED not in rows["auto-no-forced"]["drafters"]
     assert rows["auto"]["differs_from_plain"] == rows["auto-no-forced"]["differs_from_plain"] == []
+
+
+def test_a_schema_of_annotations_alone_admits_any_value_as_json_schema_says(target):
+    """Claude Code's Workflow tool has an argument whose schema only describes it: the converter refused it
+    ("Unrecognized schema"), so every Claude Code request was a 400; and it took `{}` for an object. Each admits any
+    JSON value now, as JSON Schema says, and as llama.cpp's own converter takes it."""
+    schema = {"type": "object", "properties": {"args": {"description": "any input"}, "given": {}},
+              "required": ["args", "given"], "additionalProperties": False}
+    rules = dict(line.split(" ::= ", 1) for line in from_json_schema(schema).splitlines())
+    for name in ("args", "given"):  # (each an alternative of every type, as `value` is)
+        assert rules[name] == f"{name}-0 | array | string | number | boolean | null" and rules[f"{name}-0"] == "object"
+    assert rules["root"] == '"{" space args-kv "," space given-kv "}" space'  # (the rest of the schema still holds)
+    Grammar(target.model, from_json_schema(schema)).close()
+    assert from_json_schema({"title": "anything"}) == from_json_schema({})
+    assert "value ::=" in from_json_schema({}) and "root ::= alternative-0 | array" in from_json_schema({})

@@ -83,17 +83,33 @@ def _counts(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# What a schema may say of a value that constrains nothing (a schema of these alone admits any value) ...
+_ANNOTATIONS = {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly",
+                "$schema", "$id"}
+_ANY = ["object", "array", "string", "number", "boolean", "null"]
+# ... and where a schema holds schemas: one, a map of them, a list of them
+_ONE = ("additionalProperties", "items", "not", "contains", "if", "then", "else", "propertyNames",
+        "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
 def _loosened(schema):
-    """The schema without the upper bounds beyond MOST_HELD (in place)."""
+    """The schema (in place) as the converter can hold it: without its upper bounds beyond MOST_HELD, and each
+    schema of annotations alone (a Claude Code tool's argument that says only what it is for) a union of every
+    type, which JSON Schema makes it (the converter refused one, and took `{}` for an object)."""
     stack = [schema]
     while stack:
         node = stack.pop()
-        if isinstance(node, dict):
-            for key in [key for key in _UPPER if _counts(node.get(key)) and node[key] > MOST_HELD]:
-                del node[key]
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+        if not isinstance(node, dict):
+            continue
+        for key in [key for key in _UPPER if _counts(node.get(key)) and node[key] > MOST_HELD]:
+            del node[key]
+        if set(node) <= _ANNOTATIONS:
+            node["type"] = list(_ANY)
+        stack.extend(node[key] for key in _ONE if isinstance(node.get(key), dict))
+        stack.extend(inner for key in _MAP if isinstance(node.get(key), dict) for inner in node[key].values())
+        stack.extend(inner for key in _LIST if isinstance(node.get(key), list) for inner in node[key])
     return schema
 
 
