@@ -796,11 +796,14 @@ class Server:
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
         streaming = False
         try:
-            for index, asked in enumerate(choices_of(parsed)):
+            asked_all = list(choices_of(parsed))
+            # (a long reading is streamed to keep the stream open where only one job reads: the others of several
+            # start once the first has read, to take its cells)
+            reading = answering.shows_reading or answering.keepalive is not None and len(asked_all) == 1
+            for index, asked in enumerate(asked_all):
                 try:
                     jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
-                                                                        answering.every_event,
-                                                                        answering.shows_reading),
+                                                                        answering.every_event, reading),
                                                       _who(request, asked.client)))
                 except LocalspecError as error:
                     raise api_error(error) from None
@@ -1206,6 +1209,8 @@ class _Framing:
     def of(self, item) -> list[str]:
         if self.frames.every_event:
             return self.frames.event(item)
+        if isinstance(item, Reading) and not self.frames.shows_reading:
+            return [self.frames.keepalive]  # (before the opening, which says what the reading found)
         out = []
         if not self.started:
             self.started = True
@@ -1262,7 +1267,7 @@ def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = F
     with llama.cpp's threads for the CPU: after the first event (the request has started: its prompt read), only
     what the response is made of is handed over (every event, where its protocol streams them all); the job's
     recorder has the rest. A long prompt's reading is handed over only where it is streamed (every, or reading:
-    a stream that shows it), and then starts the request."""
+    a stream that shows it, or keeps itself open while it goes on), and then starts the request."""
     loop = asyncio.get_running_loop()
     started = False
 

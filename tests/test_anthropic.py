@@ -93,7 +93,9 @@ def test_speculation_asked_per_request(server):
      anthropic.BadRequestError, "'document' block is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
      anthropic.BadRequestError, "messages.0.content.0.source.url: an http(s) URL"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, anthropic.BadRequestError, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, anthropic.BadRequestError, "messages.0.role"),
+    ({"extra_body": {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}},
+     anthropic.BadRequestError, "'clear_tool_uses_20250919' is not supported here"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, anthropic.BadRequestError,
      "one of Anthropic's own tools"),
     ({"tool_choice": {"type": "any"}}, anthropic.BadRequestError, "offers no tools"),
@@ -229,3 +231,75 @@ def test_a_users_text_beside_tool_results_reaches_mistrals_templates_after_an_em
         finally:
             assert running.stop() == 0, running.log()
         assert "Traceback" not in running.log()
+
+
+def test_claude_codes_requests_are_taken_a_system_message_among_the_messages_and_its_context_edits(server):
+    """Claude Code (2.1.197) gives instructions as it goes on as system messages among the messages, and asks its
+    thinking kept (context_management's clear_thinking): each was a 400 ("messages.1.role", "context_management:
+    localspec runs no tools"), so Claude Code could do nothing against serve."""
+    asked = {"model": "tiny", "max_tokens": 32000, "system": [{"type": "text", "text": "be brief",
+                                                              "cache_control": {"type": "ephemeral"}}],
+             "messages": [{"role": "user", "content": [
+                              {"type": "text", "text": "<system-reminder>\ntoday\n</system-reminder>"},
+                              {"type": "text", "text": PROMPT, "cache_control": {"type": "ephemeral"}}]},
+                          {"role": "system", "content": "Available agent types: none."}],
+             "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+             "extra_body": {"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}}
+    local = client(server)
+    with local.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "text" and final.usage.output_tokens > 0
+    told = local.messages.count_tokens(**{k: v for k, v in asked.items() if k != "max_tokens"}).input_tokens
+    assert told > local.messages.count_tokens(model="tiny", system=asked["system"],
+                                              messages=asked["messages"][:1]).input_tokens
+    assert "Traceback" not in server.log()
+
+
+def test_clear_thinking_keeps_the_thinking_of_the_last_turns_it_is_told_to():
+    from localspec.protocols.anthropic import CountRequest, conversation
+
+    def turn(n: int) -> list[dict]:
+        return [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": f"t{n}", "signature": ""}, {"type": "text", "text": f"a{n}"}]}]
+
+    def thoughts(keep) -> list[str]:
+        edits = {"context_management": {"edits": [{"type": "clear_thinking_20251015"} | (
+            {"keep": keep} if keep is not None else {})]}}
+        asked = CountRequest.model_validate({"messages": [*turn(1), *turn(2), *turn(3)], **edits})
+        return [m["reasoning_content"] for m in conversation(asked) if "reasoning_content" in m]
+
+    assert thoughts("all") == ["t1", "t2", "t3"] and thoughts(None) == ["t3"]  # (its default: the last turn's)
+    assert thoughts({"type": "thinking_turns", "value": 2}) == ["t2", "t3"]
+    assert thoughts({"type": "thinking_turns", "value": 0}) == []
+
+
+def test_a_long_prompts_reading_keeps_the_stream_open_with_frames_its_clients_pass_over(tiny, tmp_path):
+    """Claude Code's first request is 19,000 tokens of tools and instructions, which a CPU reads for minutes: nothing
+    was sent until it was read, and Claude Code (Node's fetch waits 300 s for headers) gave up and asked again. A
+    stream now opens at once and says, after each batch read, what its clients pass over (Anthropic's ping, an SSE
+    comment), its opening after the reading, as before; the clients read the same answer."""
+    running = ServerProcess(tmp_path, tiny["target"], "-c", "1024", "-b", "16", "--alias", "tiny")
+    long = " ".join(["the cat sat on the mat"] * 20)
+    try:
+        asked = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": long}], "stream": True}
+        with httpx.stream("POST", running.base + "/v1/messages", json=asked, timeout=60) as streamed:
+            kinds = [line.removeprefix("event: ") for line in streamed.iter_lines() if line.startswith("event: ")]
+        opening = kinds.index("message_start")
+        assert opening > 1 and set(kinds[:opening]) == {"ping"}, kinds
+        with client(running).messages.stream(**{k: v for k, v in asked.items() if k != "stream"}) as stream:
+            assert stream.get_final_message().usage.output_tokens == 8
+        for route, words in (("/v1/chat/completions", "a dog ran in the park"), ("/v1/responses", "one two three")):
+            other = " ".join([words] * 25)  # (not the prompt before, whose reading the cache kept)
+            body = {"model": "tiny", "input": other, "stream": True, "max_output_tokens": 8} if "responses" in route \
+                else {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": other}], "stream": True}
+            with httpx.stream("POST", running.base + route, json=body, timeout=60) as streamed:
+                lines = [line for line in streamed.iter_lines() if line]
+            assert lines[0] == ": reading the prompt" and lines[-1] != ": reading the prompt", (route, lines[:3])
+        chat = {"model": "tiny", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": long.upper()}]}
+        pieces = running.client().chat.completions.create(**chat, stream=True)
+        whole = running.client().chat.completions.create(**chat)
+        assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == whole.choices[0].message.content
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()

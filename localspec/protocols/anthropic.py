@@ -57,7 +57,7 @@ class Block(_Typed):
 
 
 class MessageIn(_Typed):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # (system: instructions given as it goes on, as Claude Code gives)
     content: str | list[Block]
 
 
@@ -92,6 +92,18 @@ class OutputConfig(_Typed):
     format: OutputFormat | None = None
 
 
+class Edit(_Typed):
+    """A context edit (context_management.edits): clear_thinking_20251015, keeping the thinking of the last `keep`
+    turns that have some ({"type": "thinking_turns", "value": N}, its default 1) or "all"."""
+
+    type: str
+    keep: Literal["all"] | dict | None = None
+
+
+class ContextManagement(_Typed):
+    edits: list[Edit] | None = None
+
+
 class CountRequest(_Typed):
     model: str | None = None
     messages: list[MessageIn]
@@ -100,6 +112,7 @@ class CountRequest(_Typed):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingIn | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None  # (Claude Code's: its thinking kept)
 
 
 class MessagesRequest(CountRequest):
@@ -117,7 +130,7 @@ class MessagesRequest(CountRequest):
 
 
 # Fields that ask for work done at Anthropic, with the values that ask for none of it: others are refused.
-NEUTRAL = {"mcp_servers": (None, []), "container": (None,), "context_management": (None,)}
+NEUTRAL = {"mcp_servers": (None, []), "container": (None,)}
 
 
 def parse_messages(body: dict, defaults: Defaults) -> Parsed:
@@ -163,6 +176,9 @@ def conversation(asked: CountRequest) -> list[dict]:
         messages.append({"role": "system", "content": _text(asked.system, "system")})
     for i, message in enumerate(asked.messages):
         where = f"messages.{i}.content"
+        if message.role == "system":
+            messages.append({"role": "system", "content": _text(message.content, where)})
+            continue
         blocks = [Block(type="text", text=message.content)] if isinstance(message.content, str) else message.content
         texts, calls, thoughts, results, images = [], [], [], 0, []
         for j, block in enumerate(blocks):
@@ -197,6 +213,28 @@ def conversation(asked: CountRequest) -> list[dict]:
                 out["tool_calls"] = calls
             messages.append(out)
     name_the_calls_answered(messages)
+    return _thinking_cleared(messages, asked.context_management)
+
+
+def _thinking_cleared(messages: list[dict], management: ContextManagement | None) -> list[dict]:
+    """The conversation after its context edits: clear_thinking_20251015 leaves the earlier thinking of all but the
+    last turns it keeps out (the only edit taken: the others clear what Anthropic's servers keep)."""
+    edits = (management.edits or []) if management else []
+    for j, edit in enumerate(edits):
+        where = f"context_management.edits.{j}"
+        if edit.type != "clear_thinking_20251015":
+            raise ApiError(400, f"{where}.type: {edit.type!r} is not supported here (clear_thinking_20251015 is)",
+                           param=f"{where}.type")
+        keep = edit.keep if edit.keep is not None else {"type": "thinking_turns", "value": 1}
+        if keep == "all":
+            continue
+        if keep.get("type") != "thinking_turns" or not isinstance(keep.get("value"), int) or keep["value"] < 0:
+            raise ApiError(400, f"{where}.keep: \"all\" or {{\"type\": \"thinking_turns\", \"value\": N}}",
+                           param=f"{where}.keep")
+        thinking = [i for i, m in enumerate(messages) if "reasoning_content" in m]
+        cleared = set(thinking[: max(len(thinking) - keep["value"], 0)])
+        messages = [{k: v for k, v in m.items() if k != "reasoning_content"} if i in cleared else m
+                    for i, m in enumerate(messages)]
     return messages
 
 
@@ -269,6 +307,7 @@ class Answer(Answering):
     the usage, message_stop ends it."""
 
     media_type = "text/event-stream"
+    keepalive = 'event: ping\ndata: {"type": "ping"}\n\n'  # (Anthropic's own, which its clients pass over)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, model: str, thinking_shown: bool = True):

@@ -146,6 +146,7 @@ class Answer(Answering):
     answer's `index` its prompt's times n_cmpl plus its own among that prompt's, as llama-server numbers them."""
 
     media_type = "text/event-stream"
+    keepalive = ": reading the prompt\n\n"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     token_ids = True
 

@@ -392,6 +392,7 @@ class Reply(Answering):
     vLLM's), streamed as each chunk's ids, the prompt's with the first."""
 
     media_type = "text/event-stream"
+    keepalive = ": reading the prompt\n\n"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, thinking_apart: bool = True,

@@ -353,6 +353,7 @@ class Answer(Answering):
     Once answered, its conversation is kept for a later previous_response_id."""
 
     media_type = "text/event-stream"
+    keepalive = ": reading the prompt\n\n"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, model: str, parsed: Parsed, kept: Kept):
