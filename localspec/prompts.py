@@ -130,14 +130,19 @@ def _images_told(message: dict) -> dict:
     kept = {key: value for key, value in message.items() if key != "images"}
     note = "[an image, not shown: this model reads no images]"
     content = message.get("content") or ""
-    unplaced = len(message["images"]) - content.count(IMAGE_MARKER)
-    return kept | {"content": "\n".join([note] * unplaced + ([content.replace(IMAGE_MARKER, note)] if content else []))}
+    lines = [note] * (len(message["images"]) - content.count(IMAGE_MARKER))  # (those the content does not place)
+    return kept | {"content": "\n".join(lines + ([content.replace(IMAGE_MARKER, note)] if content else []))}
+
+
+def _head(messages: list[dict]) -> int:
+    """How many system messages a conversation opens with."""
+    return next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
 
 
 def _head_merged(messages: list[dict]) -> list[dict]:
     """A conversation for a template that writes one system message at its head, not several: the system messages it
     opens with one, their texts a paragraph each (Codex opens with two developer messages)."""
-    head = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    head = _head(messages)
     if head < 2 or not all(isinstance(m.get("content"), str) for m in messages[:head]):
         return messages
     return [{"role": "system", "content": "\n\n".join(m["content"] for m in messages[:head])}, *messages[head:]]
@@ -146,7 +151,7 @@ def _head_merged(messages: list[dict]) -> list[dict]:
 def _later_systems_as_users(messages: list[dict]) -> list[dict]:
     """A conversation for a template that writes no system message after its head: each later one the user's (an
     agent's instructions given as it goes on are read where they were given)."""
-    head = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    head = _head(messages)
     return messages[:head] + [m | {"role": "user"} if m.get("role") == "system" else m for m in messages[head:]]
 
 
@@ -469,7 +474,7 @@ class Prompts:
                              " which the chat template would write as one")
         if described := described_tools(tool_format(template) if tools else None, template, tools):
             # (the template's own text, its markers control tokens: a system message of its own, after the client's)
-            at = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+            at = _head(messages)
             messages = [*messages[:at], {"role": "system", "content": described}, *messages[at:]]
             literal = {i + (i >= at) for i in literal}
         if variables:
@@ -508,8 +513,8 @@ class Prompts:
             messages = _head_merged(messages)
         if not self.takes_later_system:
             messages = _later_systems_as_users(messages)
-        opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
-        if opening is not None and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
+        opening = _head(messages)
+        if opening < len(messages) and messages[opening].get("role") == "assistant" and not self.takes_assistant_first:
             # (an empty turn of the user's before the greeting, which is kept)
             messages = [*messages[:opening], {"role": "user", "content": ""}, *messages[opening:]]
         if messages and messages[0].get("role") == "system" and not self.takes_system:

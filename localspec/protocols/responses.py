@@ -220,18 +220,11 @@ def conversation(given: str | list[Item]) -> list[dict]:
                 arguments = None
             if not isinstance(arguments, dict):
                 raise ApiError(400, f"{where}.arguments: not a JSON object", param=f"{where}.arguments")
-            if not messages or messages[-1]["role"] != "assistant":
-                messages.append({"role": "assistant", "content": ""})
-            messages[-1].setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
-                "name": flat_name(item.namespace, item.name) if item.namespace else item.name, "arguments": arguments}})
+            _called(messages, item, arguments)
         elif kind == "custom_tool_call":
             if not (item.call_id and item.name and isinstance(item.input, str)):
                 raise ApiError(400, f"{where}: a custom tool call needs call_id, name and input", param=where)
-            if not messages or messages[-1]["role"] != "assistant":
-                messages.append({"role": "assistant", "content": ""})
-            messages[-1].setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": {
-                "name": flat_name(item.namespace, item.name) if item.namespace else item.name,
-                "arguments": {"input": item.input}}})
+            _called(messages, item, {"input": item.input})
         elif kind in ("function_call_output", "custom_tool_call_output"):
             if not item.call_id or item.output is None:
                 raise ApiError(400, f"{where}: a function call's output needs call_id and output", param=where)
@@ -249,6 +242,16 @@ def conversation(given: str | list[Item]) -> list[dict]:
     if not messages:
         raise ApiError(400, "input holds no message to answer", param="input")
     return messages
+
+
+def _called(messages: list[dict], item: Item, arguments: dict) -> None:
+    """A call the model made earlier, joined to the assistant's message before it (or one made for it), by the
+    name the model was offered its tool by."""
+    if not messages or messages[-1]["role"] != "assistant":
+        messages.append({"role": "assistant", "content": ""})
+    name = flat_name(item.namespace, item.name) if item.namespace else item.name
+    messages[-1].setdefault("tool_calls", []).append(
+        {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
 
 
 def _images(content: str | list[Part] | None, where: str) -> list[bytes]:
