@@ -275,9 +275,10 @@ def test_clear_thinking_keeps_the_thinking_of_the_last_turns_it_is_told_to():
 
 def test_a_long_prompts_reading_keeps_the_stream_open_with_frames_its_clients_pass_over(tiny, tmp_path):
     """Claude Code's first request is 19,000 tokens of tools and instructions, which a CPU reads for minutes: nothing
-    was sent until it was read, and Claude Code (Node's fetch waits 300 s for headers) gave up and asked again. A
-    stream now opens at once and says, after each batch read, what its clients pass over (Anthropic's ping, an SSE
-    comment), its opening after the reading, as before; the clients read the same answer."""
+    was sent until it was read, and a client that gives up on a silent connection (Claude Code's byte watchdog, 300 s)
+    gave up and asked again. A stream now opens after the first batch read and says, after each, what its clients
+    pass over (Anthropic's ping, an SSE comment), its opening after the reading, as before; the clients read the
+    same answer."""
     running = ServerProcess(tmp_path, tiny["target"], "-c", "1024", "-b", "16", "--alias", "tiny")
     long = " ".join(["the cat sat on the mat"] * 20)
     try:

@@ -498,8 +498,9 @@ class Answering:
     token_ids = False  # each piece of text carries the tokens it came of, whose ids it frames
     shows_reading = False  # a stream shows a long prompt's reading as it goes (reading())
     # What keeps a stream open while a long prompt is read, after each batch, saying nothing its clients read (an SSE
-    # comment; None: NDJSON has nothing such): a prompt that took minutes to read (an agent's 19,000 tokens on a
-    # CPU) had its client give up before the first byte (Node's fetch waits 300 s for headers).
+    # comment; None: NDJSON has nothing such): a prompt that takes minutes to read (an agent's 19,000 tokens on a
+    # CPU) sent nothing meanwhile, and a client that gives up on a silent connection gave up (Claude Code's byte
+    # watchdog waits 300 s).
     keepalive: str | None = None
 
     def event(self, item) -> list[str]:
