@@ -250,6 +250,16 @@ class ToolCall:
         return json.loads(self.arguments)
 
 
+def arguments_schema(function: dict) -> dict:
+    """The schema a call's arguments follow: the function's parameters, an object where they say no type and
+    nothing of one (none given, or a description alone: JSON Schema would admit any value, and a call's arguments
+    are an object)."""
+    parameters = function.get("parameters") or {}
+    if "type" in parameters or set(parameters) - {"description", "title", "$schema", "$comment", "examples"}:
+        return parameters
+    return {**parameters, "type": "object"}
+
+
 def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, ...]]:
     """(GBNF, triggers) for Sampling.grammar and grammar_triggers: what the answer's calls must follow.
     No grammar with tool_choice "none"; a lazy one with "auto"; one that holds from the start else."""
@@ -261,7 +271,7 @@ def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, .
         rules = f.call_rules(offered)
     else:
         schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
-                                                    f.arguments: function.get("parameters") or {"type": "object"}},
+                                                    f.arguments: arguments_schema(function)},
                     "required": ["name", f.arguments], "additionalProperties": False} for function in offered]
         rules = from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
     triggers = f.triggers if tools.choice == "auto" else ()
@@ -541,7 +551,7 @@ def _gemma_value(text: str, at: int) -> tuple[object, int]:
 def _json_argument_calls(offered: list[dict], spelled: Callable[[str, str], str]) -> str:
     """GBNF of one call (`call`) of a form that writes the function's name in markup of its own and the arguments
     as a JSON object, held to the function's parameters' schema: spelled(name, arguments_rule) is one call."""
-    rules, names = from_json_schemas({f"arguments-{number}": function.get("parameters") or {"type": "object"}
+    rules, names = from_json_schemas({f"arguments-{number}": arguments_schema(function)
                                       for number, function in enumerate(offered)})
     calls = [spelled(function["name"], names[f"arguments-{number}"]) for number, function in enumerate(offered)]
     return "\n".join([f"call ::= {' | '.join(calls)}", rules])
@@ -640,7 +650,7 @@ _APERTUS = ("<|tools_prefix|>", "<|tools_suffix|>")
 
 def _apertus_rules(offered: list[dict]) -> str:
     """GBNF of one Apertus call (`call`): `{"NAME": arguments}` for an offered function, arguments to its schema."""
-    schemas = [{"type": "object", "properties": {function["name"]: function.get("parameters") or {"type": "object"}},
+    schemas = [{"type": "object", "properties": {function["name"]: arguments_schema(function)},
                 "required": [function["name"]], "additionalProperties": False} for function in offered]
     return from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
 
@@ -668,7 +678,7 @@ def _cohere_rules(offered: list[dict]) -> str:
     parameters held to their schema, in that order."""
     schemas = {f"call-{number}": {"type": "object", "properties": {
         "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,4}$"}, "tool_name": {"const": function["name"]},
-        "parameters": function.get("parameters") or {"type": "object"}},
+        "parameters": arguments_schema(function)},
         "required": ["tool_call_id", "tool_name", "parameters"], "additionalProperties": False}
         for number, function in enumerate(offered)}
     return "\n".join([f"call ::= {' | '.join(schemas)}", _json_rules(schemas), "indent ::= [ \\n]{0,8}"])

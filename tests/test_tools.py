@@ -25,7 +25,8 @@ from localspec.engine.sampling import Dist
 from localspec.errors import InputError
 from localspec.stats import record
 from localspec.events import Done, Token
-from localspec.tool_calls import ToolFormat, Tools, ToolStream, UnfinishedCall, constraint, shown, tool_format
+from localspec.tool_calls import (ToolFormat, Tools, ToolStream, UnfinishedCall, arguments_schema, constraint, shown,
+                                  tool_format)
 
 from test_server import ServerProcess, serving
 from tinymodels import TinySpec, write_tiny_model
@@ -1084,3 +1085,17 @@ def test_real_qwen_calls_a_tool_reads_its_result_and_answers_through_both_client
             ("get_weather", {"city": "Paris"})]
     finally:
         assert running.stop() == 0, running.log()
+
+
+def test_a_functions_arguments_are_an_object_where_its_parameters_say_no_type():
+    """A schema of annotations alone admits any value (as JSON Schema says), but a call's arguments are an object:
+    parameters that give a description alone, or none, hold the arguments to an object all the same."""
+    assert arguments_schema({"name": "f"}) == {"type": "object"}
+    assert arguments_schema({"name": "f", "parameters": {"description": "anything"}}) == {
+        "description": "anything", "type": "object"}
+    given = {"type": "object", "properties": {"a": {"type": "string"}}}
+    untyped = {"properties": {"a": {"type": "string"}}}  # (MCP servers often leave the type out: kept as it is)
+    assert arguments_schema({"parameters": given}) == given and arguments_schema({"parameters": untyped}) == untyped
+    grammar, _ = constraint(ToolFormat.HERMES, Tools(({"type": "function", "function": {
+        "name": "f", "parameters": {"description": "anything"}}},), choice="required"))
+    assert "\ncall-arguments ::= object\n" in grammar
