@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from enum import StrEnum
 
-from .engine.grammar import from_json_schema, from_json_schemas
+from .engine.grammar import ANNOTATIONS, from_json_schema, from_json_schemas
 from .errors import InputError
 from .events import Done, Token
 from .reasoning import CALL_CLOSING, CALL_OPENING, XTML_CLOSE, XTML_MARKERS, XTML_OPEN, XTML_SEP
@@ -255,7 +255,7 @@ def arguments_schema(function: dict) -> dict:
     nothing of one (none given, or a description alone: JSON Schema would admit any value, and a call's arguments
     are an object)."""
     parameters = function.get("parameters") or {}
-    if "type" in parameters or set(parameters) - {"description", "title", "$schema", "$comment", "examples"}:
+    if "type" in parameters or set(parameters) - ANNOTATIONS:
         return parameters
     return {**parameters, "type": "object"}
 

@@ -84,7 +84,7 @@ def _counts(value) -> bool:
 
 
 # What a schema may say of a value that constrains nothing (a schema of these alone admits any value) ...
-_ANNOTATIONS = {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly",
+ANNOTATIONS = {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly",
                 "$schema", "$id"}
 _ANY = ["object", "array", "string", "number", "boolean", "null"]
 # ... and where a schema holds schemas: one, a map of them, a list of them
@@ -105,7 +105,7 @@ def _loosened(schema):
             continue
         for key in [key for key in _UPPER if _counts(node.get(key)) and node[key] > MOST_HELD]:
             del node[key]
-        if set(node) <= _ANNOTATIONS:
+        if set(node) <= ANNOTATIONS:
             node["type"] = list(_ANY)
         stack.extend(node[key] for key in _ONE if isinstance(node.get(key), dict))
         stack.extend(inner for key in _MAP if isinstance(node.get(key), dict) for inner in node[key].values())
