@@ -85,7 +85,7 @@ def _counts(value) -> bool:
 
 # What a schema may say of a value that constrains nothing (a schema of these alone admits any value) ...
 ANNOTATIONS = {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly",
-                "$schema", "$id"}
+               "$schema", "$id"}
 _ANY = ["object", "array", "string", "number", "boolean", "null"]
 # ... and where a schema holds schemas: one, a map of them, a list of them
 _ONE = ("additionalProperties", "items", "not", "contains", "if", "then", "else", "propertyNames",
