@@ -134,6 +134,14 @@ def _images_told(message: dict) -> dict:
     return kept | {"content": "\n".join(lines + ([content.replace(IMAGE_MARKER, note)] if content else []))}
 
 
+def _call_answered(arguments) -> list[dict]:
+    """A probe conversation: a question, a call made with these arguments, its result (the call's id nine letters,
+    as Mistral's templates insist on)."""
+    call = {"id": "abcdefghi", "type": "function", "function": {"name": "probe", "arguments": arguments}}
+    return [{"role": "user", "content": "?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "abcdefghi", "content": "!"}]
+
+
 def _head(messages: list[dict]) -> int:
     """How many system messages a conversation opens with."""
     return next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
@@ -273,9 +281,7 @@ class Prompts:
         """The empty reply of the assistant's the template wants between a tool's result and a user's message (Mistral's
         refuse the user's right after a result); None where it takes it there, or refuses both. Found by writing
         both."""
-        call = {"id": "abcdefghi", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
-        results = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                   {"role": "tool", "tool_call_id": "abcdefghi", "content": "!"}]
+        results = _call_answered("{}")
         if self._written([*results, {"role": "user", "content": "?"}]):
             return None
         # (Ministral 3's refuses an empty text, and takes an empty text block, which it writes as nothing alike)
@@ -315,10 +321,7 @@ class Prompts:
         them to strings, and fail on an object), not as an object (most write them with tojson), found as llama.cpp
         finds it: by writing a call both ways."""
         def written(arguments) -> str:
-            call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": arguments}}
-            return self._written([{"role": "user", "content": "?"},
-                                  {"role": "assistant", "content": "", "tool_calls": [call]},
-                                  {"role": "tool", "tool_call_id": "call_0", "content": "!"}])
+            return self._written(_call_answered(arguments))
 
         return '"needle"' not in written({"needle": 1}) and '"needle"' in written('{"needle": 1}')
 
@@ -344,10 +347,11 @@ class Prompts:
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
             tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
-            if not prefilled(request.messages) and (opening := content_opening(self.template, request.tools)):
+            prefill = prefilled(request.messages)
+            if not prefill and (opening := content_opening(self.template, request.tools)):
                 # (its reply is content: no form to read)
                 tokens, tool_format = tokens + self.model.spell(opening), None
-            tokens, plan = self.thinking_plan(tokens, thinking, prefilled(request.messages))
+            tokens, plan = self.thinking_plan(tokens, thinking, prefill)
             if plan is not None:
                 answer_sampling = sampling
                 if request.tools is not None:  # (a client's own triggers count as written, as on llama-server)
