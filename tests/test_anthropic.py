@@ -216,7 +216,8 @@ def test_a_users_text_beside_tool_results_reaches_mistrals_templates_after_an_em
     for model in (small, thinkers["ministral-3"]):
         running = ServerProcess(tmp_path, model, "-c", "4096", "--alias", "tiny")
         try:
-            answer = client(running).messages.create(model="tiny", max_tokens=4, messages=history, tools=[TOOL])
+            answer = client(running).messages.create(model="tiny", max_tokens=4, messages=history,
+                                                     tools=[TOOL], extra_body={"temperature": 0})
             assert answer.content and answer.stop_reason in ("max_tokens", "end_turn", "tool_use")
             openai_history = [{"role": "user", "content": WEATHER_ASK[0]["content"]},
                               {"role": "assistant", "content": "", "tool_calls": [{
