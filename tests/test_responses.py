@@ -262,7 +262,7 @@ def test_codexs_developer_messages_reach_templates_that_write_one_system_message
         assert -1 not in said and said == sorted(said), (name, written)
     running = ServerProcess(tmp_path, thinkers["qwen3.5"], "-c", "1024", "--alias", "tiny")
     try:
-        answer = running.client().responses.create(model="tiny", input=codex, max_output_tokens=4)
+        answer = running.client().responses.create(model="tiny", input=codex, max_output_tokens=4, temperature=0)
         assert answer.status in ("completed", "incomplete") and answer.usage.input_tokens > 0
     finally:
         assert running.stop() == 0, running.log()
