@@ -7,12 +7,10 @@ import importlib.machinery
 import importlib.util
 import io
 import json
-import os
 import pstats
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -945,7 +943,6 @@ def measure(size_name: str, size, accelerator: str, llama_bench: Path, models: P
     (and report.md) as soon as it is measured; stages an earlier run of the same size on this device
     measured are kept, so a rerun goes on where the last one stopped. only: these stages alone, measured
     again whatever out holds."""
-    os.environ["LOCALSPEC_HOME"] = tempfile.mkdtemp(prefix="accelerator-report-")  # no costs kept, none used
     device = device_name(accelerator)
     out = out or ROOT / "build" / "accelerator-report" / accelerator / "report"
     out.mkdir(parents=True, exist_ok=True)

@@ -147,10 +147,13 @@ def test_a_recorded_offer_is_spelled_on_the_answer_as_far_as_it_was_right():
     assert offered.propose([1, 2, 5, 6], 1).tokens == [measure.FIRST]
 
 
-def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path):
-    out, build = tmp_path / "out", tmp_path / "build"
+def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path, monkeypatch):
+    out, build, scratch = tmp_path / "out", tmp_path / "build", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     done = run_report("--cpu", "--size", "smallest", "--out", out, "--build-dir", build)
     assert done.returncode == 0, done.stderr
+    assert not list(scratch.iterdir())  # its own LOCALSPEC_HOME is gone (each CI run left one in /tmp)
     saved = json.loads((out / "report.json").read_text())
     assert saved["accelerator"] == "cpu"
     target = saved["targets"]["smallest-target"]
