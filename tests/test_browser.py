@@ -14,9 +14,11 @@ import queue
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -64,6 +66,25 @@ ask().then(result => fetch("/report", {method: "POST", body: JSON.stringify(resu
 """
 
 
+class Chromium:
+    """Headless Chromium on a profile of its own, in a process group of its own (the kill that stops it stops
+    its children), with a scratch folder of its own, removed when it stops: the kill leaves its socket's
+    folder behind (each run left some in /tmp). The folder's path is short: a socket's is at most 107 bytes."""
+
+    def __init__(self, profile: Path, *arguments: str):
+        self.scratch = tempfile.TemporaryDirectory(prefix="chromium-")
+        self.process = subprocess.Popen(
+            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+             *arguments],
+            env=os.environ | {"TMPDIR": self.scratch.name}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def stop(self):
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        self.scratch.cleanup()
+
 class _Origin:
     """The web page's own server (another origin than the API's): it serves the page, which calls the
     API at `api` with `key`, and takes the page's report of what its fetch got."""
@@ -97,17 +118,12 @@ class _Origin:
     def visit(self, host: str, profile) -> dict:
         """What the page reports after Chromium loads it from http://host:port/ (app.example.test and
         elsewhere.example.test are this machine)."""
-        browser = subprocess.Popen(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--host-resolver-rules=MAP *.example.test 127.0.0.1",
-             f"http://{host}:{self.port}/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        browser = Chromium(profile, "--disable-quic", "--host-resolver-rules=MAP *.example.test 127.0.0.1",
+                           f"http://{host}:{self.port}/")
         try:
             return self.reports.get(timeout=REPORT_SECONDS)
         finally:
-            os.killpg(browser.pid, signal.SIGKILL)
-            browser.wait(timeout=30)
+            browser.stop()
 
     def close(self):
         self.http.shutdown()
@@ -143,11 +159,7 @@ class DevTools:
     page, type, click, take a screenshot."""
 
     def __init__(self, url: str, profile):
-        self.browser = subprocess.Popen(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", "--window-size=1200,800",
-             "--remote-debugging-port=0", f"--user-data-dir={profile}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.browser = Chromium(profile, "--window-size=1200,800", "--remote-debugging-port=0", url)
         active = profile / "DevToolsActivePort"
         deadline = time.monotonic() + REPORT_SECONDS
         while not (active.exists() and active.read_text().count("\n") >= 1) and time.monotonic() < deadline:
@@ -190,8 +202,7 @@ class DevTools:
 
     def close(self):
         self.socket.close()
-        os.killpg(self.browser.pid, signal.SIGKILL)
-        self.browser.wait(timeout=30)
+        self.browser.stop()
 
 
 def shows(image: np.ndarray, colour: str) -> int:
