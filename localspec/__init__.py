@@ -19,7 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(("load", "Session", "Conversation", "Reply", "Info"), "session"),
     "output_grammar": "prompts",
     "speculating": "drafting",
-    **dict.fromkeys(("Request", "IMAGE_MARKER"), "request"),
+    **dict.fromkeys(("Request", "Opening", "IMAGE_MARKER"), "request"),
     **dict.fromkeys(("Scheduler", "Running", "ENDED"), "scheduler"),
     **dict.fromkeys(("Sampling", "Limits", "Runtime", "Rope", "Adapter", "Speculation", "DrafterKind", "Thinking"),
                     "config"),

@@ -473,16 +473,18 @@ _STAND_IN_FOUND = re.compile("\u2063(\\d+)\u2063")
 
 def render_pieces(template: str, messages: list[dict], bos_token: str, eos_token: str, literal: set[int],
                   tools: list[dict] | None = None, variables: dict | None = None,
-                  prefill: bool = False) -> list[tuple[str, bool]] | None:
+                  prefill: bool = False, generation_prompt: bool = True) -> list[tuple[str, bool]] | None:
     """The rendered conversation as (text, is_message_text) pieces, where the text of each message
     numbered in `literal` is a piece of its own: what a user wrote can then be tokenized as text, and
     only the template's own text may spell control tokens. Templates that trim a message are
     followed; one that rewrites a literal message otherwise is refused. prefill: the last message is the start of
     the assistant's reply, which the reply goes on from (llama-server's and Anthropic's prefill): no generation
-    prompt, and the pieces end where its text does (None where the template leaves that text out)."""
+    prompt, and the pieces end where its text does (None where the template leaves that text out).
+    generation_prompt: false, the assistant's turn is not opened (add_generation_prompt, as templates read it)."""
     if prefill:
-        messages = [*messages[:-1], messages[-1] | {"content": messages[-1]["content"] + _PREFILL_END}]
-    pieces = _pieces(template, messages, bos_token, eos_token, literal, tools, variables, not prefill)
+        messages = [*messages[:-1], messages[-1] | {"content": (messages[-1].get("content") or "") + _PREFILL_END}]
+    pieces = _pieces(template, messages, bos_token, eos_token, literal, tools, variables,
+                     generation_prompt and not prefill)
     if not prefill:
         return pieces
     for at, (text, is_message) in enumerate(pieces):

@@ -15,7 +15,7 @@ from .engine.grammar import from_json_schema, json_object
 from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
-from .request import IMAGE_MARKER, Request
+from .request import IMAGE_MARKER, Opening, Request
 from .tool_calls import (ToolFormat, Tools, constraint, content_opening, described_tools, template_variables,
                          tool_format, with_calls_written, with_ids_it_takes, with_one_call_a_turn)
 
@@ -106,12 +106,26 @@ def _images_placed(message: dict) -> dict:
         "content": IMAGE_MARKER * (len(images) - placed) + content}
 
 
-def prefilled(messages: list[dict] | None) -> bool:
-    """Whether a conversation's last message is the start of the assistant's reply, which the reply goes on from (a
-    prefill, as llama-server and Anthropic's API take one): an assistant's text, without calls."""
+def reply_opening(messages: list[dict], asked: Opening | None = None) -> Opening:
+    """Where a conversation's reply begins: as asked, or as the conversation says, as llama-server reads it: where
+    the last message is the assistant's (without calls), the reply goes on from it (CONTINUED), in its text (a
+    prefill, as Anthropic's API takes one too) or, where it has only thinking, in its thinking; else a new turn.
+    InputError where it is asked to go on from a message that is not the assistant's or that calls tools."""
     last = messages[-1] if messages else {}
-    return (last.get("role") == "assistant" and isinstance(last.get("content"), str) and bool(last["content"])
-            and not last.get("tool_calls"))
+    assistants = last.get("role") == "assistant" and not last.get("tool_calls")
+    if asked in (Opening.CONTINUED, Opening.ANSWER, Opening.THINKING) and not assistants:
+        raise InputError("a reply goes on only from the assistant's own message, last in the conversation and"
+                         " calling no tools (continue_final_message): " + (
+                             "that one calls tools" if last.get("role") == "assistant" else
+                             f"the last message is the {last.get('role')}'s"))
+    if asked not in (None, Opening.CONTINUED):
+        return asked
+    text, thought = last.get("content"), last.get(THINKING_FIELD)
+    if assistants and isinstance(text, str) and text:
+        return Opening.ANSWER
+    if assistants and not text and isinstance(thought, str) and thought:
+        return Opening.THINKING
+    return Opening.ANSWER if asked else Opening.NEW
 
 
 def _system_merged(messages: list[dict]) -> list[dict]:
@@ -308,6 +322,14 @@ class Prompts:
                                  {"role": "user", "content": "?"}])
         return head in written and later in written
 
+    @functools.cached_property
+    def writes_replys_thinking(self) -> bool:
+        """Whether the template writes the thinking of the reply it ends with (Qwen's do; DeepSeek R1's and Gemma 4's
+        leave out every reply's), found by writing one."""
+        needle = "\u2063thought\u2063"
+        return needle in self._written([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!",
+                                         **dict.fromkeys((THINKING_FIELD, "thinking", "reasoning"), needle)}])
+
     def _written(self, messages: list[dict]) -> str:
         """A probe conversation as the template writes it; "" where it refuses it."""
         try:
@@ -346,12 +368,12 @@ class Prompts:
                 # reply: a reasoning model answers at once, its answer the grammar's, rather than think in it
                 # (one that spells the thinking's own marker shapes the thinking too, and it thinks)
                 thinking = replace(thinking, think=False, budget=None)
-            tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables)
-            prefill = prefilled(request.messages)
-            if not prefill and (opening := content_opening(self.template, request.tools)):
+            opening = reply_opening(request.messages, request.opening)
+            tokens = self.chat_tokens(request.messages, request.tools, thinking, request.template_variables, opening)
+            if opening is Opening.NEW and (content := content_opening(self.template, request.tools)):
                 # (its reply is content: no form to read)
-                tokens, tool_format = tokens + self.model.spell(opening), None
-            tokens, plan = self.thinking_plan(tokens, thinking, prefill)
+                tokens, tool_format = tokens + self.model.spell(content), None
+            tokens, plan = self.thinking_plan(tokens, thinking, opening in (Opening.ANSWER, Opening.NONE))
             if plan is not None:
                 answer_sampling = sampling
                 if request.tools is not None:  # (a client's own triggers count as written, as on llama-server)
@@ -386,7 +408,8 @@ class Prompts:
         """A conversation's prompt as a reasoning model is to read it, and how its reply is split: where thinking
         is turned off and the prompt opened the block (a template without a switch), it is closed in the prompt,
         as llama.cpp does; gpt-oss, which cannot be turned off, is given its final channel to answer in. A prefill's
-        reply goes on inside the answer the prompt ends in: all answer, nothing added."""
+        reply goes on inside the answer the prompt ends in: all answer, nothing added (as is the reply to a prompt
+        that opens no turn)."""
         family = self.family
         if family is reasoning.NONE:
             if thinking.think and not thinking.if_able:
@@ -395,19 +418,34 @@ class Prompts:
             return tokens, None
         if prefill:
             return tokens, reasoning.Plan(family, False, True, 0, tuple(self._markers(family.closing)))
-        tail = b"".join(self.model.special_piece(token) for token in tokens[-64:]).decode("utf-8", errors="replace")
-        # the prompt ends inside a block its template opened: its last opening not closed after it (Seed-OSS's
-        # opening is followed by a budget's reflection; Apriel's is words)
-        flat, opening, closing = ("".join(text.split()) for text in (tail, family.open + family.channel, family.close))
-        at = flat.rfind(opening)
-        opened = (family.format in (reasoning.ReasoningFormat.THINK, reasoning.ReasoningFormat.XTML) and at >= 0
-                  and closing not in flat[at:])
-        answering = False
+        opened, answering = self._ends_inside_thinking(tokens), False
         if thinking.off and (opened or family.answer_now):
             tokens = tokens + self._markers(family.closing if opened else family.answer_now)
             opened, answering = False, True
         budget = 0 if thinking.off else thinking.budget
         return tokens, reasoning.Plan(family, opened, answering, budget, tuple(self._markers(family.closing)))
+
+    def _ends_inside_thinking(self, tokens: list[int]) -> bool:
+        """Whether a prompt ends inside a thinking block (its template's or a reply's): its last opening not closed
+        after it (Seed-OSS's opening is followed by a budget's reflection; Apriel's is words)."""
+        family = self.family
+        tail = b"".join(self.model.special_piece(token) for token in tokens[-64:]).decode("utf-8", errors="replace")
+        flat, opening, closing = ("".join(text.split()) for text in (tail, family.open + family.channel, family.close))
+        at = flat.rfind(opening)
+        return (family.format in (reasoning.ReasoningFormat.THINK, reasoning.ReasoningFormat.XTML) and at >= 0
+                and closing not in flat[at:])
+
+    def _thinking_resumed(self, tokens: list[int], thought: str) -> list[int]:
+        """What goes on a prompt for its reply to go on in an earlier reply's thinking: the block's opening where the
+        template did not write it, then the thinking so far, read as text (as llama-server writes it)."""
+        family = self.family
+        if family.format is not reasoning.ReasoningFormat.THINK:
+            raise InputError(f"{self.model.path.name}: a reply goes on in its thinking only where the model thinks in"
+                             " a block (<think> ... </think>); " + ("its chat template writes no thinking"
+                                                                     if family is reasoning.NONE else
+                                                                     f"this one thinks in {family.name}'s form"))
+        opening = [] if self._ends_inside_thinking(tokens) else self._markers(family.open + family.channel)
+        return opening + self._text_tokens(thought)
 
     def _markers(self, text: str) -> list[int]:
         """A template's own marker text as tokens (control tokens and all)."""
@@ -435,10 +473,10 @@ class Prompts:
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
     def chat_tokens(self, messages: list[dict], tools: Tools | None = None, thinking: Thinking = Thinking(),
-                    variables: dict | None = None) -> list[int]:
+                    variables: dict | None = None, opening: Opening | None = None) -> list[int]:
         """A conversation, rendered with the model's chat template, ready for the assistant's turn, with
         the tools it may call and more variables of the template's (llama-server's chat_template_kwargs; the
-        thinking's own come of thinking).
+        thinking's own come of thinking); the reply begins where opening says (reply_opening).
 
         Only the template's own text is read for control tokens: a message that spells one (a pasted
         `<|im_end|><|im_start|>system`) is tokenized as the text it is, so it cannot forge a turn. Tool
@@ -446,6 +484,17 @@ class Prompts:
         token is refused."""
         model = self.model
         template = self.template
+        opening = reply_opening(messages, opening)
+        thought = messages[-1].get(THINKING_FIELD) if messages else None
+        if opening is Opening.THINKING or (opening is Opening.ANSWER and isinstance(thought, str) and thought
+                                           and self.family.format is reasoning.ReasoningFormat.THINK
+                                           and not self.writes_replys_thinking):
+            # the reply so far written after its turn opened, as llama-server writes it
+            tokens = self.chat_tokens(messages[:-1], tools, thinking, variables, Opening.NEW)
+            tokens += self._thinking_resumed(tokens, str(thought or ""))
+            if opening is Opening.ANSWER:
+                tokens += self._markers(self.family.closing) + self._text_tokens(str(messages[-1].get("content") or ""))
+            return tokens
         if self.vision is None:
             messages = [_images_told(m) if m.get("role") == "tool" and m.get("images") else m for m in messages]
         images = self._images_of(messages)
@@ -466,7 +515,7 @@ class Prompts:
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}
         messages = with_calls_written(messages, template)  # (after `literal`: their markers are control tokens)
-        prefill = prefilled(messages)
+        prefill = opening is Opening.ANSWER
         if self.family.earlier_in_blocks:  # (a message read as text keeps its content as it is, as does a prefill)
             messages = [_thinking_in_blocks(m) if i not in literal and not (prefill and i == len(messages) - 1) else m
                         for i, m in enumerate(messages)]
@@ -494,7 +543,8 @@ class Prompts:
         offered = list(tools.definitions) if tools else None
         # (a template that leaves the prefill's text out: the reply a turn of its own, as before)
         pieces = (prefill and render_pieces(template, messages, bos, eos, literal, offered, variables or None, True)
-                  or render_pieces(template, messages, bos, eos, literal, offered, variables or None))
+                  or render_pieces(template, messages, bos, eos, literal, offered, variables or None,
+                                   generation_prompt=opening is not Opening.NONE))
         # Some templates write the BOS token themselves; adding another would change the prompt.
         add_bos = not (bos and "".join(text for text, _ in pieces).startswith(bos))
         tokens: list[int] = []

@@ -4,6 +4,7 @@ chat, bench, a program that imports localspec)."""
 import base64
 import secrets
 from dataclasses import asdict, dataclass
+from enum import Enum
 
 from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import UsageError
@@ -13,6 +14,19 @@ from .tool_calls import Tools
 # Where a message's content places one of its images (a message's `images`, in order): a string no client can
 # guess, so that no text forges an image's place (llama-server's marker is random so too)
 IMAGE_MARKER = f"<__image_{secrets.token_hex(12)}__>"
+
+
+class Opening(str, Enum):
+    """Where a conversation's reply begins (llama-server's and vLLM's add_generation_prompt and
+    continue_final_message name them)."""
+
+    NEW = "new"  # a turn of the assistant's, opened after the last message whoever wrote it
+    NONE = "none"  # no turn opened: the conversation read on as its template writes it
+    # the last message, the assistant's reply so far, gone on from: in its text, else in its thinking where it has
+    # only that (as llama-server goes on from one)
+    CONTINUED = "continued"
+    ANSWER = "answer"  # in its text, its thinking (where it has one) closed before it: a prefill
+    THINKING = "thinking"  # in its thinking: the reply thinks on from it, then answers
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,9 @@ class Request:
     and reuses no cache another client filled. continues: token ids the prompt follows, read before it (an
     earlier exchange as Ollama's `context` hands it back: its prompt's tokens and its answer's). lora: the
     LoRA adapters' scales it is answered with, by adapter id (the order they were loaded in; those not named
-    0, as llama-server's `lora` field); None: the session's own (--lora's, or serve's POST /lora-adapters')."""
+    0, as llama-server's `lora` field); None: the session's own (--lora's, or serve's POST /lora-adapters').
+    opening: where a conversation's reply begins (Opening); None: as the conversation says, as llama-server reads
+    it (the assistant's message last: gone on from, CONTINUED; else NEW)."""
 
     sampling: Sampling = Sampling()
     limits: Limits = Limits()
@@ -53,6 +69,7 @@ class Request:
     draft_max: int | None = None
     continues: list[int] | None = None
     lora: dict[int, float] | None = None
+    opening: Opening | None = None
 
     @property
     def characters(self) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking
 from localspec.engine.grammar import Grammar
-from localspec.request import Request
+from localspec.request import Opening, Request
 from localspec.scheduler import ENDED
 from localspec.session import Session
 from localspec.stats import record
@@ -420,6 +420,82 @@ def test_a_prefill_goes_on_inside_a_reasoning_models_answer(thinkers, name):
         replied = record(session.generate(request))
     assert "".join(prompt.split()).endswith("theansweris")
     assert replied.text.strip() and replied.reasoning == "" and replied.finish_reason == "stop"
+
+
+CUT_OFF = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "reasoning_content": "first i count"}]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.5", "deepseek-r1", "gemma4"])
+def test_a_reply_goes_on_in_the_thinking_of_an_assistants_message_that_has_only_thinking(thinkers, name):
+    """A reply cut off while it thought, sent back to go on (llama-server's continue_final_message, as its web UI's
+    Continue sends it): the assistant's message last with thinking alone was read as a finished turn and a new reply
+    began. The prompt ends inside the thinking now, the block opened where the template does not open it, and the
+    reply thinks on; thinking turned off closes it; asked to go on in the answer, the thinking is closed before it."""
+    with opened(thinkers[name], DrafterKind.PLAIN) as session:
+        def prompt(**asked) -> str:
+            request = Request(Sampling(temperature=0), Limits(max_tokens=4), messages=CUT_OFF, **asked)
+            return "".join(session.prompts.model.spell_of(session.prepare(request).tokens, special=True).decode().split())
+
+        family = session.prompts.family
+        resumed = prompt()
+        replied = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=4), messages=CUT_OFF)))
+        closed = prompt(thinking=Thinking(think=False))
+        answering = prompt(opening=Opening.ANSWER)
+    assert resumed.endswith(family.open + family.channel + "firsticount"), resumed
+    assert replied.reasoning and replied.text == "" and replied.finish_reason == "length"
+    assert closed.endswith("firsticount" + family.close), closed
+    # (written by the template where it writes a reply's thinking, Qwen's; else as llama-server writes it)
+    assert "firsticount" in answering and answering.endswith(family.close), answering
+
+
+def test_going_on_in_the_thinking_is_refused_where_it_cannot_be_written(thinkers, tiny):
+    for path, why in ((thinkers["gpt-oss"], "thinks in harmony's form"), (tiny["target"], "writes no thinking")):
+        with opened(path, DrafterKind.PLAIN) as session:
+            with pytest.raises(InputError, match=why):
+                session.prepare(Request(messages=CUT_OFF))
+    with opened(thinkers["qwen3"], DrafterKind.PLAIN) as session:
+        for messages, why in ((CUT_OFF[:1], "the last message is the user's"),
+                              ([*CUT_OFF[:1], {"role": "assistant", "content": "", "tool_calls": [{
+                                  "id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+                               "that one calls tools")):
+            with pytest.raises(InputError, match=why):
+                session.prepare(Request(messages=messages, opening=Opening.CONTINUED))
+
+
+def test_add_generation_prompt_and_continue_final_message_are_read_as_llama_server_and_vllm_read_them(thinkers,
+                                                                                                       tmp_path):
+    """Both were passed over: a vLLM client's `add_generation_prompt: false, continue_final_message: true`, a
+    continuation in the thinking (`"reasoning_content"`), a prompt left without the assistant's turn, a new turn
+    after the assistant's message asked for; and both asked at once answered rather than refused."""
+    running = ServerProcess(tmp_path, thinkers["qwen3"], "--temp", "0", "-c", "1024", "--alias", "tiny")
+    said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the answer is",
+                                                "reasoning_content": "first i count"}]
+
+    def prompt(messages, **asked) -> str:
+        answer = httpx.post(running.base + "/apply-template", json={"messages": messages, **asked}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return "".join(answer.json()["prompt"].split())
+
+    try:
+        vllms = prompt(said, add_generation_prompt=False, continue_final_message=True)
+        assert vllms.endswith("<think>firsticount</think>theansweris"), vllms
+        assert prompt(said, continue_final_message="reasoning_content").endswith("<think>firsticount"), vllms
+        assert prompt(said, continue_final_message="content") == vllms
+        assert prompt(said[:1], add_generation_prompt=False).endswith("hi<|im_end|>")
+        assert prompt(said, add_generation_prompt=True).endswith("theansweris<|im_end|><|im_start|>assistant")
+        local = running.client()
+        thought_on = local.chat.completions.create(model="tiny", messages=said, max_tokens=4,
+                                                   extra_body={"continue_final_message": "reasoning_content"})
+        assert thought_on.choices[0].message.model_extra["reasoning_content"] and thought_on.usage.completion_tokens == 4
+        for messages, asked, why in ((said, {"add_generation_prompt": True, "continue_final_message": True},
+                                      "ask for one"),
+                                     (said[:1], {"continue_final_message": True}, "the last message is the user's"),
+                                     (said, {"continue_final_message": "thinking"}, "continue_final_message")):
+            with pytest.raises(openai.BadRequestError, match=why):
+                local.chat.completions.create(model="tiny", messages=messages, max_tokens=4, extra_body=asked)
+    finally:
+        assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
 
 
 def test_muse_glimmer_thinks_to_itself_and_answers_the_user(thinkers):

@@ -23,7 +23,7 @@ from ..config import MOST_LOGPROBS
 from ..errors import InputError
 from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
-from ..request import IMAGE_MARKER, Request
+from ..request import IMAGE_MARKER, Opening, Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
@@ -155,6 +155,10 @@ class ChatRequest(_Common):
     thinking_budget_tokens: int | None = None
     reasoning_budget_tokens: int | None = None
     reasoning_format: str | None = None
+    # llama-server's and vLLM's: whether the assistant's turn is opened, and whether the reply goes on from the last
+    # message, the assistant's (true: as it says; "content": in its text; "reasoning_content": in its thinking)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
 
 
 class CompletionRequest(_Common):
@@ -208,8 +212,20 @@ def parse_chat(body: dict, defaults: Defaults) -> Parsed:
     asked = chat.chat_template_kwargs.model_dump(exclude_unset=True) if chat.chat_template_kwargs else {}
     parsed = _parsed(chat, defaults, chat.max_completion_tokens or chat.max_tokens, messages=messages,
                      tools=_tools(chat), thinking=_thinking(chat, defaults), template_variables=(told | asked) or None,
-                     logprobs=(chat.top_logprobs or 0) if chat.logprobs else None)
+                     logprobs=(chat.top_logprobs or 0) if chat.logprobs else None, opening=_opening(chat))
     return replace(parsed, thinking_apart=form != "none")
+
+
+def _opening(chat: ChatRequest) -> Opening | None:
+    """Where the reply begins, as add_generation_prompt and continue_final_message ask (vLLM's clients send both,
+    false and true; llama-server's go on from an assistant's message last without either)."""
+    going_on = None if chat.continue_final_message in (None, False) else {
+        True: Opening.CONTINUED, "content": Opening.ANSWER, "reasoning_content": Opening.THINKING}[
+        chat.continue_final_message]
+    if going_on is not None and chat.add_generation_prompt:
+        raise ApiError(400, "add_generation_prompt and continue_final_message: the reply either opens a turn of its"
+                       " own or goes on in the last message; ask for one", param="add_generation_prompt")
+    return going_on or {None: None, True: Opening.NEW, False: Opening.NONE}[chat.add_generation_prompt]
 
 
 def _thinking(chat: ChatRequest, defaults: Defaults):
