@@ -280,7 +280,7 @@ def test_a_long_prompts_reading_keeps_the_stream_open_with_frames_its_clients_pa
     gave up and asked again. A stream now opens after the first batch read and says, after each, what its clients
     pass over (Anthropic's ping, an SSE comment), its opening after the reading, as before; the clients read the
     same answer."""
-    running = ServerProcess(tmp_path, tiny["target"], "-c", "1024", "-b", "16", "--alias", "tiny")
+    running = ServerProcess(tmp_path, tiny["target"], "--temp", "0", "-c", "1024", "-b", "16", "--alias", "tiny")
     long = " ".join(["the cat sat on the mat"] * 20)
     try:
         asked = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": long}], "stream": True}

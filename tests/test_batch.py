@@ -123,7 +123,7 @@ def records(data: bytes) -> list[dict]:
 
 def test_stdin_to_stdout_with_a_failing_item(localspec, tiny):
     invoke, _ = localspec
-    done = invoke(tiny["target"], "-", "-n", "5", stdin=b'the cat\n{"id": "bad", "prompt": 1}\n{"id": "ok", "prompt": "a b"}\n')
+    done = invoke(tiny["target"], "-", "-n", "5", "--temp", "0", stdin=b'the cat\n{"id": "bad", "prompt": 1}\n{"id": "ok", "prompt": "a b"}\n')
     assert done.returncode == 1
     out = {r["id"]: r for r in records(done.stdout)}  # as each finishes: a refused item first
     assert sorted(out) == ["1", "bad", "ok"]

@@ -66,7 +66,7 @@ def test_json_says_where_each_model_runs_and_gpu_layers_on_a_cpu_build_say_they_
     done = localspec("run", *args, "-ngl", "10", "--json")
     assert done.returncode == 0 and b"no effect" in done.stderr
     assert json.loads(done.stdout)["text"] == result["text"]
-    on_backend = run_json(localspec, *args, "--temp", "0.8", "--backend-sampling")
+    on_backend = run_json(localspec, *args, "--temp", "0.8", "--seed", "1", "--backend-sampling")
     assert on_backend["placement"]["sampling"] == "backend" and on_backend["stats"]["tokens"] == 20
     assert b"no effect" not in localspec("run", *args).stderr
 

@@ -325,7 +325,7 @@ def test_a_gguf_uploaded_as_ollamas_clients_upload_it_makes_a_model(localspec, t
         assert client.create_blob(elsewhere) == digest
         assert httpx.head(f"{server.base}/api/blobs/{digest}").status_code == 200
         assert client.create("uploaded", files={"client-side.gguf": digest}, system="You are terse.",
-                             parameters={"num_predict": 3}).status == "success"
+                             parameters={"num_predict": 3, "temperature": 0}).status == "success"
         elsewhere.unlink()
         reply = client.chat("uploaded", messages=[{"role": "user", "content": "hi"}])
         assert reply.model == "uploaded" and reply.eval_count == 3

@@ -67,7 +67,7 @@ def test_a_template_that_refuses_a_system_message_a_run_or_a_greeting_is_given_t
     template = (Path(__file__).parent / "templates" / "gemma2.jinja").read_text()
     path = write_tiny_model(tmp_path / "gemma2.gguf", replace(TARGET, chat_template=template,
                                                               control=("<start_of_turn>", "<end_of_turn>")))
-    running = ServerProcess(tmp_path, path, "-c", "1024", "--alias", "tiny")
+    running = ServerProcess(tmp_path, path, "--temp", "0", "-c", "1024", "--alias", "tiny")
     try:
         for messages, read in (
                 # a system message: its text heads the next

@@ -550,7 +550,7 @@ def test_run_json_and_batch_records_carry_the_thinking_apart(localspec, thinkers
     out = json.loads(ran.stdout)
     assert out["reasoning"] and out["text"] and "</think>" not in out["text"]
     assert out["stats"]["parts"]["thinking"]["tokens"] == 7 and out["stats"]["parts"]["answer"]["tokens"] == 9
-    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--no-think", "--json").stdout)
+    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--temp", "0", "--no-think", "--json").stdout)
     assert off["reasoning"] == "" and off["text"] and off["stats"]["parts"] == {}
     # a model that does not think has no reasoning to report
     assert "reasoning" not in json.loads(localspec("run", tiny["target"], "-p", "why", "-n", "4", "--json").stdout)
@@ -580,10 +580,10 @@ def test_ollamas_hidethinking_and_think_equals_spellings(localspec, thinkers):
     thought = json.loads(localspec(*args, "--hidethinking", "--json").stdout)["reasoning"]  # --json still carries it
     assert thought.strip() and thought.encode() in shown.stderr and thought.encode() not in hidden.stderr
     assert b"thinking 5 tokens" in hidden.stderr
-    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--think=false", "--json").stdout)
+    off = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--temp", "0", "--think=false", "--json").stdout)
     assert off["reasoning"] == "" and off["text"]  # as --no-think
     # llama-server's -rea/--reasoning off (an unknown option before)
-    rea = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "-rea", "off", "--json").stdout)
+    rea = json.loads(localspec("run", thinkers["deepseek-r1"], "-p", "why", "-n", "8", "--temp", "0", "-rea", "off", "--json").stdout)
     assert rea["reasoning"] == "" and rea["text"] and rea["stats"]["parts"] == {}
     effort = localspec("run", thinkers["gpt-oss"], "-p", "why", "-n", "4", "--think=low", "--json")
     assert effort.returncode == 0, effort.stderr

@@ -804,7 +804,8 @@ def test_serve_answers_over_https_and_run_finds_it_there(tmp_path, tiny):
         trusting = ssl.create_default_context(cafile=certificate)
         trusting.check_hostname = False
         client = server.client(http_client=openais_httpx.Client(verify=trusting))
-        reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                               temperature=0)
         assert reply.choices[0].message.content is not None and reply.usage.completion_tokens == 4
         with pytest.raises(httpx.HTTPError):
             httpx.get(server.base.replace("https://", "http://") + "/health", timeout=10)
@@ -926,7 +927,7 @@ def test_api_key_is_required_except_for_health(tiny, tmp_path):
         assert httpx.get(server.base + "/metrics").status_code == 401
         assert httpx.get(server.base + "/health").status_code == 200
         reply = server.client(api_key="s3cret").chat.completions.create(
-            model="target.gguf", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            model="target.gguf", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3 and reply.speculation["speculated"] is False
     finally:
         assert server.stop(signal.SIGTERM) == 0
