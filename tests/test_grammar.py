@@ -14,7 +14,7 @@ from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.grammar import Grammar, _loosened, from_json_schema, json_object
+from localspec.engine.grammar import Grammar, _loosened, from_choices, from_json_schema, from_regex, json_object
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
@@ -299,3 +299,50 @@ def test_a_schema_of_annotations_alone_admits_any_value_as_json_schema_says(targ
     Grammar(target.model, from_json_schema(schema)).close()
     assert from_json_schema({"title": "anything"}) == from_json_schema({})
     assert "value ::=" in from_json_schema({}) and "root ::= alternative-0 | array" in from_json_schema({})
+
+
+def admits_whole(model, gbnf: str, whole: str) -> bool:
+    """Whether a grammar admits this text, a byte's token at a time (the tiny vocabulary spells a space before a
+    text it tokenizes), and then its end."""
+    pieces = {model.piece(token): token for token in range(model.n_vocab)}
+    with Grammar(model, gbnf) as grammar:
+        for token in (pieces[bytes([byte])] for byte in whole.encode()):
+            if not grammar.admits(token):
+                return False
+            grammar.accept(token)
+        return any(grammar.admits(end) for end in model.end_tokens)
+
+
+PATTERNS = {r"^\d{3}-\d{2}$": (["123-45"], ["12-345", "123-456", "abc-de"]),
+            r"[\w.]+@x\.com": (["a.b@x.com", "z_9@x.com"], ["a.b@xycom", "a b@x.com"]),
+            r"(?:ab)+?c": (["abc", "ababc"], ["abac", "c"]),
+            r"(?P<year>\d{2})\s?[^\d]": (["12 a", "34b"], ["123", "12 3"]),
+            r'"q"|\x41': (['"q"', "A"], ["q", "B"])}
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_a_patterns_escapes_and_groups_are_held_as_the_regular_expression_means_them(target, pattern):
+    """A JSON schema's pattern with \\d, \\w, \\s or an escaped character (Pydantic's `constr(pattern=r"^\\d{5}$")`)
+    was copied into GBNF, which has no such escape: every such request was refused ("the grammar does not
+    compile"), and `-\\d{4}` repeated `-\\d` four times. Held now as the regular expression means it, matched whole,
+    and as vLLM's structured output `regex` too."""
+    kept, refused = PATTERNS[pattern]
+    assert all(re.fullmatch(pattern, whole) for whole in kept) and not any(re.fullmatch(pattern, w) for w in refused)
+    for whole in kept:
+        assert admits_whole(target.model, from_regex(pattern), whole), whole
+        if '"' not in whole:  # (a quote a pattern names is written as it is, inside a JSON string as before)
+            assert admits_whole(target.model, from_json_schema({"type": "string", "pattern": pattern}), json.dumps(whole))
+    for whole in refused:
+        assert not admits_whole(target.model, from_regex(pattern), whole), whole
+
+
+def test_what_a_grammar_cannot_hold_of_a_pattern_is_one_error_and_choices_are_held_as_given(target):
+    for pattern, why in ((r"\bword", r"\\b has no equivalent"), (r"[\D]", "inside a character class"),
+                         (r"a^b", "inside it"), (r"(a)\1", r"\\1 has no equivalent"), (r"(?=a)b", "Unsupported")):
+        with pytest.raises(InputError, match=why):
+            from_json_schema({"type": "string", "pattern": pattern})
+    choices = from_choices(["yes", 'say "no"', "a\\b\n"])
+    assert all(admits_whole(target.model, choices, whole) for whole in ("yes", 'say "no"', "a\\b\n"))
+    assert not admits_whole(target.model, choices, "ye")
+    with pytest.raises(InputError, match="no choices"):
+        from_choices([])

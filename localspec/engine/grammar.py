@@ -67,6 +67,98 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in gbnf.split("\n")), matching
 
 
+def from_regex(pattern: str) -> str:
+    """GBNF for text that a regular expression matches whole (vLLM's structured output `regex`), by the schema
+    converter's translation of a pattern (anchored where it is not); InputError where it cannot translate it."""
+    _check_counts({"pattern": pattern})
+    converter = grammars().SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=True)
+    try:
+        converter.visit({"type": "string", "pattern": converted_pattern(pattern)}, "")
+        return converter.format_grammar()
+    except (ValueError, KeyError, TypeError, IndexError, AssertionError, RecursionError) as error:
+        raise InputError(f"the regular expression cannot be turned into a grammar: {error or type(error).__name__}"
+                         ) from None
+
+
+# A regular expression's classes, as GBNF classes hold them (\s: Python's and JavaScript's ASCII spaces)
+_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_", "s": " \\t\\n\\r\\x0b\\x0c"}
+# Escapes that GBNF reads as a regular expression does
+_KEPT = {"t": "\\t", "n": "\\n", "r": "\\r", "f": "\\x0c", "v": "\\x0b"}
+
+
+def converted_pattern(pattern: str) -> str:
+    """A regular expression (Python's, JavaScript's, a JSON schema's) as the converter translates it whole, ^(...)$:
+    its escapes of a class (\\d, \\w, \\s and their negations) and of a character as GBNF classes (the converter
+    copied them into GBNF, which has none: every schema with \\d or \\. was refused, "the grammar does not
+    compile"), a quote too (which it left raw), `(?:` and named groups as groups, lazy and possessive repetition as
+    any (what matches the whole is the same). JSON Schema's pattern matches anywhere: its text is held to match whole,
+    a value that matches. InputError for what a grammar cannot hold (anchors and word boundaries inside, back
+    references)."""
+    body = pattern.removeprefix("^")
+    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
+    out, at, in_class = [], 0, False
+    while at < len(body):
+        character = body[at]
+        if character == "\\":
+            escaped = body[at + 1:at + 2]
+            at += 2
+            if escaped == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", body[at:at + 2]):
+                piece, at = "\\x" + body[at:at + 2], at + 2
+            elif escaped == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", body[at:at + 4]):
+                piece, at = "\\u" + body[at:at + 4], at + 4
+            elif escaped in _KEPT:
+                piece = _KEPT[escaped]
+            elif escaped.lower() in _CLASSES and (escaped.islower() or not in_class):
+                piece = ("" if escaped.islower() else "^") + _CLASSES[escaped.lower()]
+                piece = piece if in_class else f"[{piece}]"
+                out.append(piece)
+                continue
+            elif escaped and not escaped.isalnum():
+                piece = f"\\x{ord(escaped):02x}" if ord(escaped) < 0x80 else f"\\u{ord(escaped):04x}"
+            else:
+                raise InputError(f"the pattern /{pattern}/: \\{escaped}"
+                                 f"{' inside a character class' if escaped.lower() in _CLASSES else ''}"
+                                 " has no equivalent in a grammar")
+            out.append(piece if in_class else f"[{piece}]")
+            continue
+        if in_class:
+            in_class = character != "]"
+            out.append(character)
+        elif character == "[":
+            in_class = True
+            opening = "[^" if body.startswith("[^", at) else "["
+            at += len(opening) - 1
+            out.append(opening + ("\\]" if body.startswith("]", at + 1) else ""))
+            at += body.startswith("]", at + 1)
+        elif body.startswith(("(?:", "(?P<"), at) or body.startswith("(?<", at) and body[at + 3:at + 4] not in "=!":
+            out.append("(")
+            at = body.index(">", at) if body[at + 2] in "P<" else at + 2
+        elif character in "^$":
+            raise InputError(f"the pattern /{pattern}/: {character} inside it has no equivalent in a grammar")
+        elif character == '"':
+            out.append("[\\x22]")
+        elif character in "*+?}" and body[at + 1:at + 2] in ("?", "+") and not (character == "?" and out[-1:] == ["("]):
+            out.append(character)
+            at += 1
+        else:
+            out.append(character)
+        at += 1
+    return f"^({''.join(out)})$"
+
+
+def from_choices(choices: list[str]) -> str:
+    """GBNF for exactly one of these texts (vLLM's structured output `choice`)."""
+    if not choices:
+        raise InputError("no choices to choose from")
+    return "root ::= " + " | ".join(_literal(choice) for choice in choices)
+
+
+def _literal(text: str) -> str:
+    """A text as a GBNF literal (its escapes are fewer than JSON's: no \\b or \\f)."""
+    return '"' + "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 else "\\" + c if c in '"\\' else c
+                         for c in text) + '"'
+
+
 # The converter writes a count out as deep as it counts (maxLength 5: five nested optional characters), and
 # llama.cpp compiles no nesting much beyond 1,000 (MOST_NESTING): an upper bound beyond it is let go, the
 # grammar admitting any length there, as llama.cpp's own parser lets a repetition's beyond 2,000 go (Claude Code
@@ -95,9 +187,10 @@ _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
 def _loosened(schema):
-    """The schema (in place) as the converter can hold it: without its upper bounds beyond MOST_HELD, and each
+    """The schema (in place) as the converter can hold it: without its upper bounds beyond MOST_HELD, each
     schema of annotations alone (a Claude Code tool's argument that says only what it is for) a union of every
-    type, which JSON Schema makes it (the converter refused one, and took `{}` for an object)."""
+    type, which JSON Schema makes it (the converter refused one, and took `{}` for an object), and its patterns
+    as the converter translates them (converted_pattern)."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -107,6 +200,8 @@ def _loosened(schema):
             del node[key]
         if set(node) <= ANNOTATIONS:
             node["type"] = list(_ANY)
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = converted_pattern(node["pattern"])
         stack.extend(node[key] for key in _ONE if isinstance(node.get(key), dict))
         stack.extend(inner for key in _MAP if isinstance(node.get(key), dict) for inner in node[key].values())
         stack.extend(inner for key in _LIST if isinstance(node.get(key), list) for inner in node[key])
