@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from . import reasoning
 from .chat_template import render, render_pieces
 from .config import Sampling, Thinking
-from .engine.grammar import from_json_schema, json_object
+from .engine.grammar import from_choices, from_json_schema, from_regex, json_object
 from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError
@@ -44,13 +44,19 @@ THINKING_FIELD = "reasoning_content"
 MEDIA_MARKER = "<__media__>"
 
 
-def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False) -> str | None:
+def output_grammar(grammar: str | None = None, schema: dict | bool | None = None, any_object: bool = False,
+                   regex: str | None = None, choices: list[str] | None = None) -> str | None:
     """The GBNF (llama.cpp's grammar format) an output must follow, for Sampling.grammar: a grammar as
-    given, a JSON schema's (by llama.cpp's converter), or any JSON object's; None: free text."""
+    given, a JSON schema's (by llama.cpp's converter), any JSON object's, a regular expression's (matched whole),
+    or one of the choices' (vLLM's structured outputs); None: free text."""
     if grammar is not None:
         return grammar
     if schema is not None:
         return from_json_schema(schema)
+    if regex is not None:
+        return from_regex(regex)
+    if choices is not None:
+        return from_choices(choices)
     return json_object() if any_object else None
 
 

@@ -5,6 +5,7 @@ process on a free port of 127.0.0.1, started by the test and stopped with a sign
 import contextlib
 import os
 import json
+import re
 import resource
 import select
 import signal
@@ -631,11 +632,43 @@ def test_response_format_and_grammars_constrain_the_answer_under_speculation(ser
     assert json.loads(top_level.choices[0].text) in ({"ok": True}, {"ok": False})
 
 
+def test_vllms_structured_outputs_and_their_older_guided_names_constrain_the_answer(server):
+    """vLLM's clients ask for structured output with `structured_outputs` (json, regex, choice, grammar,
+    json_object) or, before vLLM 0.12, `guided_json` and its kin: each was passed over, the answer free text as if
+    nothing had been asked."""
+    client = server.client()
+
+    def said(**asked) -> str:
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=24, extra_body=asked).choices[0].message.content
+
+    assert said(structured_outputs={"choice": ["yes", "no"]}) in ("yes", "no")
+    assert said(guided_choice=["maybe so", "no"]) in ("maybe so", "no")
+    for asked in ({"structured_outputs": {"regex": r"[a-c]{2}\.\d"}}, {"guided_regex": r"[a-c]{2}\.\d"}):
+        assert re.fullmatch(r"[a-c]{2}\.\d", said(**asked)), asked
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": r"^[a-z]\d$"}},
+              "required": ["code"], "additionalProperties": False}
+    for asked in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
+        assert re.fullmatch(r"[a-z]\d", json.loads(said(**asked))["code"]), asked
+    assert said(guided_grammar='root ::= ("yes" | "no") "."') in ("yes.", "no.")
+    assert said(structured_outputs={"json_object": True}).startswith("{")
+    completion = client.completions.create(model="tiny", prompt="abc", max_tokens=8,
+                                           extra_body={"structured_outputs": {"choice": ["up", "down"]}})
+    assert completion.choices[0].text in ("up", "down")
+
+
 @pytest.mark.parametrize("body, message", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema is missing"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nowhere"}}}},
      "cannot be turned into a grammar"),
     ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "each constrain the output"),
+    ({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "each constrain the output"),
+    ({"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, "each constrain the output"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag is not supported"),
+    ({"guided_regex": r"\bword"}, "has no equivalent in a grammar"),
+    ({"guided_json": "{not json"}, "guided_json: not a JSON schema"),
+    ({"guided_choice": []}, "no choices"),
+    ({"min_tokens": 5}, "min_tokens is not supported"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"grammar": 'root ::= "unclosed'}, "the grammar does not compile"),
     # each of these ended the whole process (SIGSEGV in llama.cpp) within 0.1 s before it was bounded (issue 46)

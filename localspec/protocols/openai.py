@@ -44,7 +44,13 @@ NEUTRAL = {
     "suffix": (None, ""), "best_of": (None, 1),
     "min_keep": (None, 0, 1), "post_sampling_probs": (None, False),
     "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,), "n_probs": (None, 0),
+    # vLLM's
+    "min_tokens": (None, 0), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+    "bad_words": (None, []), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
+    "use_beam_search": (None, False), "guided_whitespace_pattern": (None,),
 }
+# What vLLM's structured outputs may ask that would change the output, with the values that leave it as it is
+NEUTRAL_STRUCTURED = {"structural_tag": (None,), "whitespace_pattern": (None,), "disable_any_whitespace": (None, False)}
 
 
 class StreamOptions(_Typed):
@@ -91,6 +97,20 @@ class ResponseFormat(_Typed):
     json_schema: JsonSchema | None = None
 
 
+class StructuredOutputs(_Typed):
+    """vLLM's structured outputs: the output held to a JSON schema (or its JSON text), a regular expression, one of
+    the choices, a grammar (xgrammar's EBNF, which is llama.cpp's GBNF), or any JSON object."""
+
+    json_: dict | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # (held as asked: no property is added where a schema names none; one grammar sampler, no fallback)
+    disable_additional_properties: bool | None = None
+    disable_fallback: bool | None = None
+
+
 class Called(_Typed):
     name: str
     arguments: str  # JSON text
@@ -131,6 +151,13 @@ class _Common(Sampled):
     response_format: ResponseFormat | None = None
     # vLLM's: the prompt's token ids and the answer's beside the text (prompt_token_ids, token_ids)
     return_token_ids: bool = False
+    # vLLM's structured outputs, and their older names
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # (one grammar sampler here)
 
 
 class TemplateArguments(_Typed):
@@ -382,10 +409,11 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
 
 def _grammar(request: _Common) -> str | None:
     """The GBNF the request's output must follow: from response_format (OpenAI's), grammar or json_schema
-    (llama-server's), one of them; None: free text."""
+    (llama-server's), structured_outputs or guided_* (vLLM's), one of them; None: free text."""
     form = request.response_format if request.response_format and request.response_format.type != "text" else None
+    vllms = _structured(request)
     given = [name for name, value in (("response_format", form), ("grammar", request.grammar),
-                                      ("json_schema", request.json_schema)) if value is not None]
+                                      ("json_schema", request.json_schema)) if value is not None] + list(vllms)
     if len(given) > 1:
         raise ApiError(400, f"{' and '.join(given)} each constrain the output; give one", param=given[1])
     schema = request.json_schema
@@ -395,9 +423,37 @@ def _grammar(request: _Common) -> str | None:
                            param="response_format.json_schema.schema")
         schema = form.json_schema.schema_
     try:
+        if vllms:
+            return output_grammar(**vllms[given[0]])
         return output_grammar(request.grammar, schema, any_object=form is not None and form.type == "json_object")
     except InputError as error:
         raise ApiError(400, str(error), param=given[0], code="invalid_schema") from None
+
+
+def _structured(request: _Common) -> dict[str, dict]:
+    """vLLM's structured outputs the request asks for, by field: output_grammar's arguments for each."""
+    outputs = request.structured_outputs
+    for name, values in NEUTRAL_STRUCTURED.items():
+        if outputs is not None and (outputs.model_extra or {}).get(name) not in values:
+            raise ApiError(400, f"structured_outputs.{name} is not supported by localspec",
+                           param=f"structured_outputs.{name}", code="unsupported_parameter")
+    kinds = ("json", "regex", "choice", "grammar")
+    asked = {(f"guided_{kind}", kind): getattr(request, f"guided_{kind}") for kind in kinds}
+    if outputs is not None:
+        asked |= {(f"structured_outputs.{kind}", kind): getattr(outputs, "json_" if kind == "json" else kind)
+                  for kind in (*kinds, "json_object")}
+    arguments = {}
+    for (name, kind), value in asked.items():
+        if value is None or value is False and kind == "json_object":
+            continue
+        if kind == "json" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ApiError(400, f"{name}: not a JSON schema: {error}", param=name) from None
+        arguments[name] = {"json": {"schema": value}, "regex": {"regex": value}, "choice": {"choices": value},
+                           "grammar": {"grammar": value}, "json_object": {"any_object": True}}[kind]
+    return arguments
 
 
 class Reply(Answering):
