@@ -9,6 +9,8 @@ from contextlib import closing
 import openai
 import pytest
 
+from localspec.engine.grammar import from_json_schema
+
 from localspec.engine.model import Model
 from localspec.prompts import Prompts
 from localspec.protocols.responses import Item, Kept, ResponsesRequest, _tools, conversation
@@ -228,11 +230,15 @@ def test_a_lark_grammar_is_told_a_regular_expression_held_and_earlier_reasoning_
     tools, offered = _tools(ResponsesRequest.model_validate({"input": "x", "tools": [
         {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": lark}},
         {"type": "custom", "name": "word", "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"}},
+        {"type": "custom", "name": "code", "format": {"type": "grammar", "syntax": "regex", "definition": r"^\d{4}$"}},
         {"type": "web_search_preview"}]}))
-    patch, word = (definition["function"] for definition in tools.definitions)
+    patch, word, code = (definition["function"] for definition in tools.definitions)
     assert lark in patch["description"] and patch["parameters"]["properties"]["input"] == {"type": "string"}
     assert word["parameters"]["properties"]["input"] == {"type": "string", "pattern": "^([a-z]+)$"}
-    assert set(offered) == {"apply_patch", "word"} and offered["word"].custom
+    # (one anchored already is not anchored twice, which no grammar holds)
+    assert code["parameters"]["properties"]["input"] == {"type": "string", "pattern": r"^\d{4}$"}
+    assert "[0-9]" in from_json_schema(code["parameters"])
+    assert set(offered) == {"apply_patch", "word", "code"} and offered["word"].custom
     messages = conversation([Item.model_validate(item) for item in (
         {"role": "user", "content": "hi"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "they greet"}], "content": None,

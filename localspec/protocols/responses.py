@@ -330,7 +330,8 @@ def _as_function(tool: FunctionTool, name: str) -> dict:
     form, described = tool.format or {}, tool.description or ""
     given = {"type": "string"}
     if form.get("type") == "grammar" and form.get("syntax") == "regex":
-        given["pattern"] = f"^({form.get('definition')})$"
+        definition = str(form.get("definition") or "")  # (matched whole: anchored, where it is not, for the reader)
+        given["pattern"] = definition if definition.startswith("^") and definition.endswith("$") else f"^({definition})$"
     elif form.get("type") == "grammar":
         described += f"\n\nThe input follows this {form.get('syntax')} grammar:\n{form.get('definition')}"
     return {"name": name, "description": described,
