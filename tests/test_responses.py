@@ -10,7 +10,6 @@ import openai
 import pytest
 
 from localspec.engine.grammar import from_json_schema
-
 from localspec.engine.model import Model
 from localspec.prompts import Prompts
 from localspec.protocols.responses import Item, Kept, ResponsesRequest, _tools, conversation
