@@ -317,7 +317,8 @@ PATTERNS = {r"^\d{3}-\d{2}$": (["123-45"], ["12-345", "123-456", "abc-de"]),
             r"[\w.]+@x\.com": (["a.b@x.com", "z_9@x.com"], ["a.b@xycom", "a b@x.com"]),
             r"(?:ab)+?c": (["abc", "ababc"], ["abac", "c"]),
             r"(?P<year>\d{2})\s?[^\d]": (["12 a", "34b"], ["123", "12 3"]),
-            r'"q"|\x41': (['"q"', "A"], ["q", "B"])}
+            r'"q"|\x41': (['"q"', "A"], ["q", "B"]),
+            r"\w\é\.": (["aé."], ["a.é", "é."])}
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -331,7 +332,8 @@ def test_a_patterns_escapes_and_groups_are_held_as_the_regular_expression_means_
     for whole in kept:
         assert admits_whole(target.model, from_regex(pattern), whole), whole
         if '"' not in whole:  # (a quote a pattern names is written as it is, inside a JSON string as before)
-            assert admits_whole(target.model, from_json_schema({"type": "string", "pattern": pattern}), json.dumps(whole))
+            assert admits_whole(target.model, from_json_schema({"type": "string", "pattern": pattern}),
+                                json.dumps(whole, ensure_ascii=False))
     for whole in refused:
         assert not admits_whole(target.model, from_regex(pattern), whole), whole
 

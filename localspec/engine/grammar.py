@@ -113,8 +113,8 @@ def converted_pattern(pattern: str) -> str:
                 piece = piece if in_class else f"[{piece}]"
                 out.append(piece)
                 continue
-            elif escaped and not escaped.isalnum():
-                piece = f"\\x{ord(escaped):02x}" if ord(escaped) < 0x80 else f"\\u{ord(escaped):04x}"
+            elif escaped and not (escaped.isascii() and escaped.isalnum()):
+                piece = f"\\U{ord(escaped):08x}"  # (GBNF's widest escape: any character)
             else:
                 raise InputError(f"the pattern /{pattern}/: \\{escaped}"
                                  f"{' inside a character class' if escaped.lower() in _CLASSES else ''}"
