@@ -27,10 +27,10 @@ from ..request import IMAGE_MARKER, Opening, Request
 from ..service import Job
 from ..session import Session
 from ..tool_calls import ToolCall, Tools
-from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled,
-                     Tool, _Typed, answer_of, candidate, effort, embedding_inputs, ended_by, image_bytes,
-                     kept_dimensions, logprobs_of, name_the_calls_answered, overridden_or_refused, prompts_of, speculation, speculative_asked,
-                     thinking_asked, timings, token_logprobs, validated)
+from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defaults, Parsed, Protocol, Sampled, Tool,
+                     _Typed, answer_of, candidate, effort, embedding_inputs, ended_by, image_bytes, kept_dimensions,
+                     logprobs_of, name_the_calls_answered, neutral_or_refused, overridden_or_refused, prompts_of,
+                     speculation, speculative_asked, thinking_asked, timings, token_logprobs, validated)
 
 
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
@@ -433,10 +433,8 @@ def _grammar(request: _Common) -> str | None:
 def _structured(request: _Common) -> dict[str, dict]:
     """vLLM's structured outputs the request asks for, by field: output_grammar's arguments for each."""
     outputs = request.structured_outputs
-    for name, values in NEUTRAL_STRUCTURED.items():
-        if outputs is not None and (outputs.model_extra or {}).get(name) not in values:
-            raise ApiError(400, f"structured_outputs.{name} is not supported by localspec",
-                           param=f"structured_outputs.{name}", code="unsupported_parameter")
+    if outputs is not None:
+        neutral_or_refused(outputs, NEUTRAL_STRUCTURED, where="structured_outputs.")
     kinds = ("json", "regex", "choice", "grammar")
     asked = {(f"guided_{kind}", kind): getattr(request, f"guided_{kind}") for kind in kinds}
     if outputs is not None:

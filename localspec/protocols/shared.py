@@ -283,10 +283,17 @@ def validated(model: type[BaseModel], body: dict, neutral: dict,
         asked = model.model_validate(body)
     except ValidationError as error:
         raise invalid(error) from None
+    neutral_or_refused(asked, neutral, refusal)
+    return asked
+
+
+def neutral_or_refused(asked: BaseModel, neutral: dict, refusal: str = "{name} is not supported by localspec",
+                       where: str = "") -> None:
+    """A 400 saying `refusal` where a field of `neutral` that the model does not read is set other than to one of
+    its values (where: the path to the model's fields, `structured_outputs.`)."""
     for name, values in neutral.items():
         if (asked.model_extra or {}).get(name) not in values:
-            raise ApiError(400, refusal.format(name=name), param=name, code="unsupported_parameter")
-    return asked
+            raise ApiError(400, refusal.format(name=where + name), param=where + name, code="unsupported_parameter")
 
 
 def overridden_or_refused(defaults: Defaults, **asked) -> tuple[Sampling, Limits]:
