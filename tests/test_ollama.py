@@ -134,6 +134,10 @@ def test_options_that_cannot_be_honoured_are_one_error_in_ollamas_shape(server, 
                                options={"num_ctx": 8192, "num_predict": 2}).done
     missing = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": []})
     assert missing.status_code == 400 and "messages is empty" in missing.json()["error"]
+    # options a client leaves unset and writes as null are not set (a 400 before, "not supported (only 1)")
+    unset = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False, "options": {
+        "tfs_z": None, "penalize_newline": None, "made_up": None, "num_predict": 2}}, timeout=60)
+    assert unset.status_code == 200 and unset.json()["eval_count"] <= 2, unset.text
 
 
 def test_ollamas_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(server, tiny):

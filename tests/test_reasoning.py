@@ -795,6 +795,14 @@ def test_enable_thinking_false_in_the_command_lines_template_kwargs_turns_thinki
                                                               "chat_template_kwargs": {"enable_thinking": True}}).encode(),
             headers={"Content-Type": "application/json"}), timeout=60).read()
         assert "".join(json.loads(asked)["prompt"].split()).endswith("<|im_start|>assistant")
+        # Qwen's own API spells the switch beside the messages (its clients send it so): passed over before
+        qwens = httpx.post(server.base + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                 "enable_thinking": True}, timeout=60)
+        assert "".join(qwens.json()["prompt"].split()).endswith("<|im_start|>assistant")
+        both = httpx.post(server.base + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "enable_thinking": True,
+            "chat_template_kwargs": {"enable_thinking": False}}, timeout=60)
+        assert both.status_code == 400 and "say two things" in both.json()["error"]["message"]
     finally:
         assert server.stop() == 0, server.log()
 

@@ -632,6 +632,25 @@ def test_response_format_and_grammars_constrain_the_answer_under_speculation(ser
     assert json.loads(top_level.choices[0].text) in ({"ok": True}, {"ok": False})
 
 
+def test_other_servers_names_for_the_repeat_penalty_and_the_limit_are_read(server):
+    """vLLM's, TGI's and OpenRouter's `repetition_penalty` and llama-server's `n_predict` on /v1 (read before
+    max_tokens there), and OpenAI's `max_tokens` on llama-server's /completion (read where n_predict is not), were
+    passed over: the answer unpenalised, or as long as the server's default."""
+    client = server.client()
+    ask = {"model": "tiny", "prompt": "the cat sat on the mat and the cat", "max_tokens": 24, "temperature": 0}
+    free, named, vllms = (client.completions.create(**ask, extra_body=extra).choices[0].text for extra in (
+        {}, {"repeat_penalty": 3.0}, {"repetition_penalty": 3.0}))
+    assert vllms == named != free
+    with pytest.raises(openai.BadRequestError, match="one setting"):
+        client.completions.create(**ask, extra_body={"repeat_penalty": 2.0, "repetition_penalty": 3.0})
+    short = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+                                           temperature=0, extra_body={"n_predict": 3, "ignore_eos": True})
+    assert short.usage.completion_tokens == 3
+    llamas = httpx.post(server.base + "/completion", json={"prompt": "abc", "max_tokens": 3, "temperature": 0,
+                                                           "ignore_eos": True, "samplers": "kypmxt"}, timeout=60).json()
+    assert llamas["tokens_predicted"] == 3
+
+
 def test_vllms_structured_outputs_and_their_older_guided_names_constrain_the_answer(server):
     """vLLM's clients ask for structured output with `structured_outputs` (json, regex, choice, grammar,
     json_object) or, before vLLM 0.12, `guided_json` and its kin: each was passed over, the answer free text as if

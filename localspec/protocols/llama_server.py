@@ -44,6 +44,7 @@ class CompletionBody(Sampled):
     model: str | None = None
     prompt: str | list[int] | list[str | list[int]]  # (a list of texts or of token-id lists: several prompts)
     n_predict: int | None = Field(None, ge=-1)
+    max_tokens: int | None = Field(None, ge=-1)  # (OpenAI's name, read where n_predict is not given, as llama-server)
     stop: list[str] | None = None
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MOST_LOGPROBS)
@@ -58,7 +59,7 @@ class CompletionBody(Sampled):
     # samples in its own order (SAMPLERS), and reads a prompt whole; said in docs/serve.md
     cache_prompt: bool | None = None
     id_slot: int | None = None
-    samplers: list[str] | None = None
+    samplers: str | list[str] | None = None  # (its letters, `dkypmxt`, or its names)
     n_keep: int | None = None
     t_max_prompt_ms: int | None = None
     timings_per_token: bool | None = None
@@ -85,10 +86,11 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
         prompt, prompts = prompts_of(asked.prompt, asked.n_cmpl, "n_cmpl")
     if asked.grammar is not None and asked.json_schema is not None:
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
-    ahead = asked.n_predict == 0
+    most = asked.n_predict if asked.n_predict is not None else asked.max_tokens
+    ahead = most == 0
     sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
                                              logprobs_sampled=asked.post_sampling_probs,
-                                             max_tokens=1 if ahead else asked.n_predict, stop=asked.stop,
+                                             max_tokens=1 if ahead else most, stop=asked.stop,
                                              grammar=output_grammar(asked.grammar, asked.json_schema))
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults),

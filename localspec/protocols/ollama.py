@@ -170,6 +170,8 @@ def _images(images: list, where: str) -> list[bytes]:
 def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     options = request.options or Options()
     for name, value in (options.model_extra or {}).items():
+        if value is None:  # (an option left unset, as clients that write every option send it)
+            continue
         if name in NEUTRAL_OPTIONS and value not in NEUTRAL_OPTIONS[name]:
             raise ApiError(400, f"options.{name} is not supported by localspec (only {NEUTRAL_OPTIONS[name][0]})")
         if name not in NEUTRAL_OPTIONS and name not in TAKEN_AND_IGNORED:

@@ -47,7 +47,7 @@ NEUTRAL = {
     # vLLM's
     "min_tokens": (None, 0), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
     "bad_words": (None, []), "allowed_token_ids": (None,), "truncate_prompt_tokens": (None,),
-    "use_beam_search": (None, False), "guided_whitespace_pattern": (None,),
+    "use_beam_search": (None, False), "guided_whitespace_pattern": (None,), "stop_token_ids": (None, []),
 }
 # What vLLM's structured outputs may ask that would change the output, with the values that leave it as it is
 NEUTRAL_STRUCTURED = {"structural_tag": (None,), "whitespace_pattern": (None,), "disable_any_whitespace": (None, False)}
@@ -143,6 +143,7 @@ class Message(_Typed):
 class _Common(Sampled):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
+    n_predict: int | None = Field(None, ge=-1)  # (llama-server's, read before max_tokens there too; -1: no limit)
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = False
@@ -179,6 +180,7 @@ class ChatRequest(_Common):
     # a reasoning model's thinking: OpenAI's effort, llama-server's switches, budget and format
     reasoning_effort: str | None = None
     chat_template_kwargs: TemplateArguments | None = None
+    enable_thinking: bool | None = None  # (Qwen's API spells the switch so, beside the messages)
     thinking_budget_tokens: int | None = None
     reasoning_budget_tokens: int | None = None
     reasoning_format: str | None = None
@@ -257,19 +259,24 @@ def _opening(chat: ChatRequest) -> Opening | None:
 
 def _thinking(chat: ChatRequest, defaults: Defaults):
     """How a reasoning model is to think: reasoning_effort ("none": not at all), chat_template_kwargs'
-    enable_thinking and reasoning_effort, a budget of tokens (-1: none), over the server's."""
+    enable_thinking (or Qwen's, beside the messages) and reasoning_effort, a budget of tokens (-1: none), over the
+    server's."""
     arguments = chat.chat_template_kwargs or TemplateArguments()
+    switch = arguments.enable_thinking if arguments.enable_thinking is not None else chat.enable_thinking
+    if None not in (arguments.enable_thinking, chat.enable_thinking) and switch != chat.enable_thinking:
+        raise ApiError(400, "enable_thinking and chat_template_kwargs.enable_thinking say two things: give one",
+                       param="enable_thinking")
     # enable_thinking true asks for what a thinking model does by default, or turns it on where serve turned it off
     # (--no-think), as llama-server's request does; a model that does not think lets it pass (clients send it to
     # every model), as llama-server's does
-    think, level = arguments.enable_thinking, None
+    think, level = switch, None
     for where, given in (("reasoning_effort", chat.reasoning_effort),
                          ("chat_template_kwargs.reasoning_effort", arguments.reasoning_effort)):
         if given is not None:
             level = effort(given, where)
             think = think if level is not None else False
     budget = chat.reasoning_budget_tokens if chat.reasoning_budget_tokens is not None else chat.thinking_budget_tokens
-    return thinking_asked(defaults.thinking, think, level, budget, if_able=arguments.enable_thinking is True)
+    return thinking_asked(defaults.thinking, think, level, budget, if_able=switch is True)
 
 
 def _tools(chat: ChatRequest) -> Tools | None:
@@ -398,8 +405,9 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     choices = 1 if request.n is None else request.n
     if not 1 <= choices <= MOST_CHOICES:
         raise ApiError(400, f"n must be from 1 to {MOST_CHOICES}, got {request.n}", param="n")
+    most = request.n_predict if request.n_predict is not None else max_tokens or None
     sampling, limits = overridden_or_refused(defaults, **request.sampled(), logprobs=logprobs,
-                                             max_tokens=max_tokens or None, stop=request.stop, grammar=_grammar(request))
+                                             max_tokens=most, stop=request.stop, grammar=_grammar(request))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     prediction = request.prediction.text if request.prediction else None
     return Parsed(Request(sampling, limits, prediction=prediction, **what,

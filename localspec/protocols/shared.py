@@ -167,6 +167,7 @@ class Sampled(_Typed):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repeat_penalty: float | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, gt=0)  # (vLLM's, TGI's and OpenRouter's name for it)
     repeat_last_n: int | None = Field(None, ge=-1)
     # OpenAI's {"token id": bias}, or llama-server's [[token id or text, bias or false], ...] or {"id or text":
     # ...}: a text biases each token of its spelling, false bans the token
@@ -200,10 +201,14 @@ class Sampled(_Typed):
 
     def sampled(self) -> dict:
         """The fields as overridden() takes them."""
+        if None not in (self.repeat_penalty, self.repetition_penalty) and self.repeat_penalty != self.repetition_penalty:
+            raise ApiError(400, "repeat_penalty and repetition_penalty are one setting: give one",
+                           param="repetition_penalty")
         return {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
-                                                       "presence_penalty", "frequency_penalty", "repeat_penalty",
+                                                       "presence_penalty", "frequency_penalty",
                                                        "repeat_last_n", "logit_bias", "ignore_eos", *DRY, *XTC, *ROW_SHAPED,
-                                                       *MIROSTAT)}
+                                                       *MIROSTAT)} | {
+            "repeat_penalty": self.repetition_penalty if self.repeat_penalty is None else self.repeat_penalty}
 
 
 def speculative_asked(asked: Speculative | None, defaults: Defaults) -> dict:
