@@ -186,6 +186,22 @@ def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
     off = client.responses.create(model="r1", input=WHY, reasoning={"effort": "none"})
     assert [item.type for item in off.output] == ["message"]
+    # a summary asked for (Codex asks so, and shows the thinking only as a summary's events: it showed none) is the
+    # thinking itself, as Ollama gives it, streamed as a summary's events
+    summarized = client.responses.create(model="r1", input=WHY, reasoning={"summary": "auto"})
+    assert [part.text for part in summarized.output[0].summary] == [thought] and not summarized.output[0].content
+    events = list(client.responses.create(model="r1", input=WHY, stream=True, reasoning={"summary": "auto"}))
+    kinds = [e.type for e in events]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta") == thought
+    assert "response.reasoning_text.delta" not in kinds
+    assert kinds.index("response.reasoning_summary_part.added") < kinds.index("response.reasoning_summary_text.delta")
+    assert [e.part.text for e in events if e.type == "response.reasoning_summary_part.done"] == [thought]
+    [done] = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "reasoning"]
+    assert [part.text for part in done.summary] == [thought]
+    # given back as Codex gives it (the summary, its content null), it is the earlier turn's thinking
+    again = client.responses.create(model="r1", input=[*WHY, done.model_dump(), {"role": "user", "content": "and?"}],
+                                    max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
 
 
 WRONG = [("input", 5), ("input", ""), ("input", [5]), ("input", [{"role": "tool", "content": "x"}]),

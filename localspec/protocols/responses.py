@@ -104,7 +104,7 @@ class TextConfig(_Typed):
 
 class Reasoning(_Typed):
     effort: str | None = None
-    summary: str | None = None  # a summary of the thinking: the thinking itself comes back instead
+    summary: str | None = None  # a summary of the thinking: the thinking itself comes back as it
 
 
 class ResponsesRequest(_Typed):
@@ -177,7 +177,9 @@ class Responses(Protocol):
         tools, offered = _tools(asked)
         request = Request(sampling, limits, messages=messages, tools=tools, thinking=thinking,
                           template_variables=told, **speculative_asked(asked.speculative, defaults))
-        return Parsed(request, bool(asked.stream), include_usage=True, carried=carried, offered=offered)
+        summarized = bool(asked.reasoning and asked.reasoning.summary not in (None, "none"))
+        return Parsed(request, bool(asked.stream), include_usage=True, carried=carried, offered=offered,
+                      summarized=summarized)
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":
         return Answer(model, parsed, self.kept)
@@ -364,6 +366,7 @@ class Answer(Answering):
         super().__init__(True, model)
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
         self.carried, self.kept, self.offered = parsed.carried, kept, parsed.offered or {}
+        self.summarized = parsed.summarized
         self.items: list[dict] = []  # the output items streamed so far, the last one maybe still open
         self.calls: list[ToolCall] = []  # the calls among them, as the model made them
         self.open = False  # whether the last item is still being filled
@@ -388,7 +391,7 @@ class Answer(Answering):
         """The whole response, its conversation kept (the calls as the model made them)."""
         assistant = {"role": "assistant", "content": "".join(part["text"] for item in items if item["type"] == "message"
                                                              for part in item["content"])}
-        thought = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
+        thought = "".join(_part(item)["text"] for item in items if item["type"] == "reasoning")
         if thought:
             assistant["reasoning_content"] = thought
         if calls:
@@ -401,7 +404,7 @@ class Answer(Answering):
     def full(self, job: Job) -> dict:
         content, calls = answer_of(job)
         thought = job.recorder.reasoning
-        items = [_reasoning(thought)] if thought else []
+        items = [_reasoning(thought, self.summarized)] if thought else []
         items += [_message(content)] if content or not calls else []
         items += [self._call(call, "completed") for call in calls]
         return self._finished(job, items, calls)
@@ -421,11 +424,15 @@ class Answer(Answering):
         if self.open and self.items[-1]["type"] == kind:
             return ""
         frames = self._close()
-        item = _reasoning("") if kind == "reasoning" else _message("")
+        item = _reasoning("", self.summarized) if kind == "reasoning" else _message("")
         self.items.append(item)
         self.open = True
         frames += self._event("response.output_item.added", {"output_index": len(self.items) - 1,
                                                               "item": _in_progress(item)})
+        if kind == "reasoning" and self.summarized:
+            frames += self._event("response.reasoning_summary_part.added", {
+                "item_id": item["id"], "output_index": len(self.items) - 1, "summary_index": 0,
+                "part": {"type": "summary_text", "text": ""}})
         if kind == "message":
             frames += self._event("response.content_part.added", {
                 "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0,
@@ -437,9 +444,13 @@ class Answer(Answering):
             return ""
         self.open = False
         item, index = self.items[-1], len(self.items) - 1
-        [part] = item["content"]
+        part = _part(item)
         at = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        if item["type"] == "reasoning":
+        if item["type"] == "reasoning" and self.summarized:
+            at = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+            frames = (self._event("response.reasoning_summary_text.done", at | {"text": part["text"]})
+                      + self._event("response.reasoning_summary_part.done", at | {"part": part}))
+        elif item["type"] == "reasoning":
             frames = self._event("response.reasoning_text.done", at | {"text": part["text"]})
         else:
             frames = (self._event("response.output_text.done", at | {"text": part["text"], "logprobs": []})
@@ -449,16 +460,18 @@ class Answer(Answering):
     def _delta(self, kind: str, event: str, text: str) -> str:
         frames = self._into(kind)
         item = self.items[-1]
-        item["content"][0]["text"] += text
+        _part(item)["text"] += text
+        index = "summary_index" if event.startswith("response.reasoning_summary") else "content_index"
         return frames + self._event(event, {"item_id": item["id"], "output_index": len(self.items) - 1,
-                                            "content_index": 0, "delta": text}
+                                            index: 0, "delta": text}
                                     | ({"logprobs": []} if kind == "message" else {}))
 
     def piece(self, text: str) -> str:
         return self._delta("message", "response.output_text.delta", text)
 
     def thought(self, text: str) -> str:
-        return self._delta("reasoning", "response.reasoning_text.delta", text)
+        return self._delta("reasoning", "response.reasoning_summary_text.delta" if self.summarized
+                           else "response.reasoning_text.delta", text)
 
     def call(self, call: ToolCall, index: int) -> str:
         frames = self._close()
@@ -496,9 +509,17 @@ class Answer(Answering):
         return [frames, self._event(f"response.{done['status']}", {"response": done})]
 
 
-def _reasoning(text: str) -> dict:
-    return {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}
+def _reasoning(text: str, summarized: bool) -> dict:
+    """A reasoning item: the thinking as its text, or as its summary (one summary_text)."""
+    item = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex}
+    if summarized:
+        return item | {"summary": [{"type": "summary_text", "text": text}]}
+    return item | {"summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _part(item: dict) -> dict:
+    """The part of an output item its text fills: a message's output_text, a reasoning's text or summary."""
+    return item["content"][0] if item.get("content") else item["summary"][0]
 
 
 def _message(text: str) -> dict:
@@ -510,4 +531,6 @@ def _in_progress(item: dict) -> dict:
     """An item as it is added, before its content: empty, in progress."""
     if item["type"] in ("function_call", "custom_tool_call"):
         return item | {"arguments" if item["type"] == "function_call" else "input": "", "status": "in_progress"}
+    if item.get("content") is None:  # (a summary's reasoning)
+        return item | {"summary": []}
     return item | {"content": [], **({"status": "in_progress"} if item["type"] == "message" else {})}

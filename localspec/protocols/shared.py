@@ -240,6 +240,9 @@ class Parsed:
     # OpenAI's Responses: the tools the model is offered otherwise than the client named them (a namespace's function,
     # a custom tool), by the model's name: how to name its calls back (responses.Offered)
     offered: dict | None = None
+    # OpenAI's Responses: the thinking answered as the reasoning's summary (a summary asked for: Codex asks so, and
+    # shows only a summary), as Ollama answers it; else as its text
+    summarized: bool = False
     choices: int = 1  # answers to make of each prompt (OpenAI's n)
     # OpenAI's completions: the prompts of a request that lists several, answered in one response, the
     # choices of each in turn (empty: the request's own prompt alone)
