@@ -619,12 +619,15 @@ def test_openai_reasoning_content_whole_and_streamed(thinking_server):
     message = whole.choices[0].message
     thought = message.model_extra["reasoning_content"]
     assert thought and message.content and "</think>" not in message.content + thought
+    # vLLM's, Ollama's and OpenRouter's name for it too: their clients read only that one (they showed no thinking)
+    assert message.model_extra["reasoning"] == thought
     assert whole.usage.completion_tokens_details.reasoning_tokens == 6  # 5, and the closing </think>
     assert whole.model_extra["speculation"]["parts"]["thinking"]["tokens"] == 6
     chunks = list(client.chat.completions.create(model="r1", messages=ASK, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     thinking = [d.model_extra["reasoning_content"] for d in deltas if (d.model_extra or {}).get("reasoning_content")]
     assert "".join(thinking) == thought and "".join(d.content or "" for d in deltas) == message.content
+    assert [d.model_extra["reasoning"] for d in deltas if (d.model_extra or {}).get("reasoning_content")] == thinking
     # as llama-server streams them: a thinking chunk carries no content
     assert all(d.content is None for d in deltas if (d.model_extra or {}).get("reasoning_content"))
     # vLLM's return_token_ids: the thinking's ids too (the closing the budget wrote among them), whole and streamed

@@ -33,6 +33,10 @@ from .shared import (MOST_CHOICES, REASONING_FORMATS, ApiError, Answering, Defau
                      speculation, speculative_asked, thinking_asked, timings, token_logprobs, validated)
 
 
+# An answer's thinking, under each name clients read it by: llama-server's and DeepSeek's, and vLLM's, Ollama's and
+# OpenRouter's (vLLM dropped the first; clients read one, else the other)
+THOUGHT_FIELDS = ("reasoning_content", "reasoning")
+
 # OpenAI's finish reasons: a full context ends a reply the way max_tokens does (as llama-server says).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -501,7 +505,7 @@ class Reply(Answering):
                 content, thought = thought + content, ""
             message = {"role": "assistant", "content": content or (None if calls else "")}
             if thought:
-                message["reasoning_content"] = thought
+                message |= dict.fromkeys(THOUGHT_FIELDS, thought)
             if calls:
                 message["tool_calls"] = [_called(call) for call in calls]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -561,7 +565,7 @@ class Reply(Answering):
             if call is not None:
                 delta = {"tool_calls": [{"index": index, **_called(call)}]}
             elif thought is not None:
-                delta = {"reasoning_content" if self.thinking_apart else "content": thought}
+                delta = dict.fromkeys(THOUGHT_FIELDS, thought) if self.thinking_apart else {"content": thought}
             else:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
