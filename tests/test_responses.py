@@ -212,7 +212,8 @@ WRONG = [("input", 5), ("input", ""), ("input", [5]), ("input", [{"role": "tool"
          ("tools", [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]), ("tools", {}), ("tool_choice", "sometimes"), ("tool_choice", "required"),
          ("text", {"format": {"type": "yaml"}}), ("text", {"format": {"type": "json_schema"}}),
          ("reasoning", {"effort": "lots"}), ("reasoning", "high"), ("previous_response_id", 5), ("stream", "yes"),
-         ("top_logprobs", 3), ("background", True), ("speculative", "off"), ("speculative", {"mode": "sometimes"})]
+         ("top_logprobs", 3), ("background", True), ("speculative", "off"), ("speculative", {"mode": "sometimes"}),
+         ("truncation", "sometimes")]
 
 
 def test_every_field_of_the_wrong_kind_is_a_400_in_openais_shape(server):
@@ -288,3 +289,19 @@ def test_codexs_developer_messages_reach_templates_that_write_one_system_message
     finally:
         assert running.stop() == 0, running.log()
     assert "Traceback" not in running.log()
+
+
+def test_truncation_auto_drops_the_oldest_turns_that_leave_the_answer_no_room(server):
+    """The Responses API's truncation "auto" (the Agents SDK's ModelSettings pass it): a conversation longer than
+    the context was a 400 all the same; its oldest turns are dropped now, as Ollama's truncate drops them."""
+    history = [{"role": "system", "content": "be brief"}]
+    for turn in range(30):
+        history += [{"role": "user", "content": f"question {turn} about the cat and the mat"},
+                    {"role": "assistant", "content": f"answer {turn}: the cat sat on the mat"}]
+    history.append({"role": "user", "content": PROMPT})
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.responses.create(model="tiny", input=history, max_output_tokens=12)
+    answer = client.responses.create(model="tiny", input=history, max_output_tokens=12, truncation="auto")
+    assert answer.status in ("completed", "incomplete") and answer.usage.input_tokens <= 500
+    assert "dropped the oldest" in server.log()

@@ -120,6 +120,8 @@ class ResponsesRequest(_Typed):
     text: TextConfig | None = None
     reasoning: Reasoning | None = None
     previous_response_id: str | None = None
+    # auto: a conversation that leaves the answer no room loses its oldest turns (as Ollama's truncate drops them)
+    truncation: Literal["auto", "disabled"] | None = None
     store: bool | None = None
     stream: bool | None = False
     metadata: dict | None = None
@@ -179,7 +181,7 @@ class Responses(Protocol):
                           template_variables=told, **speculative_asked(asked.speculative, defaults))
         summarized = bool(asked.reasoning and asked.reasoning.summary not in (None, "none"))
         return Parsed(request, bool(asked.stream), include_usage=True, carried=carried, offered=offered,
-                      summarized=summarized)
+                      summarized=summarized, fits=asked.truncation == "auto")
 
     def answering(self, chat: bool, model: str, parsed: Parsed) -> "Answer":
         return Answer(model, parsed, self.kept)

@@ -251,7 +251,9 @@ class Parsed:
     fields: tuple[str, ...] = ()  # the answer's fields a request names (llama-server's response_fields): all if none
     reads_ahead: bool = False  # only the prompt's reading was asked for (llama-server's n_predict 0)
     shows_reading: bool = False  # a stream shows a long prompt's reading as it goes (llama-server's return_progress)
-    fits: bool = False  # a conversation's oldest turns that leave no room for the answer are dropped (Ollama's truncate)
+    # a conversation's oldest turns that leave no room for the answer are dropped (Ollama's truncate, the Responses
+    # API's truncation auto)
+    fits: bool = False
     renders_only: bool = False  # the prompt as read is the answer, nothing generated (Ollama's _debug_render_only)
     echo: bool = False  # the prompt ahead of the completion (OpenAI's echo)
     # the answer lists the ids of its tokens (llama-server's return_tokens, vLLM's return_token_ids; Ollama's
