@@ -14,7 +14,8 @@ from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.grammar import Grammar, _loosened, from_choices, from_json_schema, from_regex, json_object
+from localspec.engine.grammar import (Grammar, _loosened, converted_pattern, from_choices, from_json_schema,
+                                      from_regex, json_object)
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
@@ -340,9 +341,12 @@ def test_a_patterns_escapes_and_groups_are_held_as_the_regular_expression_means_
 
 def test_what_a_grammar_cannot_hold_of_a_pattern_is_one_error_and_choices_are_held_as_given(target):
     for pattern, why in ((r"\bword", r"\\b has no equivalent"), (r"[\D]", "inside a character class"),
-                         (r"a^b", "inside it"), (r"(a)\1", r"\\1 has no equivalent"), (r"(?=a)b", "Unsupported")):
+                         (r"a^b", "inside it"), (r"(a)\1", r"\\1 has no equivalent"), (r"(?=a)b", "Unsupported"),
+                         # (what is no regular expression at all: the converter took some, and wrote a grammar)
+                         ("(", "not a regular expression: missing"), ("a{2,1}", "min repeat greater")):
         with pytest.raises(InputError, match=why):
             from_json_schema({"type": "string", "pattern": pattern})
+    assert converted_pattern(r"(?<year>\d{2})") == r"^(([0-9]{2}))$"  # (JavaScript's named group, which Python spells ?P)
     choices = from_choices(["yes", 'say "no"', "a\\b\n"])
     assert all(admits_whole(target.model, choices, whole) for whole in ("yes", 'say "no"', "a\\b\n"))
     assert not admits_whole(target.model, choices, "ye")

@@ -94,6 +94,10 @@ def converted_pattern(pattern: str) -> str:
     any (what matches the whole is the same). JSON Schema's pattern matches anywhere: its text is held to match whole,
     a value that matches. InputError for what a grammar cannot hold (anchors and word boundaries inside, back
     references)."""
+    try:  # (as Python reads it, which reads a JSON schema's, JavaScript's, but for its named groups' spelling)
+        re.compile(re.sub(r"\(\?<(?![=!])", "(?P<", pattern))
+    except re.error as error:
+        raise InputError(f"the pattern /{pattern}/ is not a regular expression: {error}") from None
     body = pattern.removeprefix("^")
     body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
     out, at, in_class = [], 0, False
