@@ -57,8 +57,9 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     matching = {}
     try:
         for rule, schema in schemas.items():
-            copy = _loosened(json.loads(json.dumps(schema)))  # (resolve_refs rewrites what it is given)
+            copy = json.loads(json.dumps(schema))  # (resolve_refs rewrites what it is given)
             _check_counts(copy)
+            _loosened(copy)
             matching[rule] = converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)
         gbnf = converter.format_grammar()
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError, NotImplementedError,
