@@ -104,7 +104,7 @@ class TextConfig(_Typed):
 
 class Reasoning(_Typed):
     effort: str | None = None
-    summary: str | None = None  # a summary of the thinking: the thinking itself comes back as it
+    summary: str | None = None  # a summary of the thinking asked for: the thinking itself comes back as one
 
 
 class ResponsesRequest(_Typed):
@@ -447,9 +447,8 @@ class Answer(Answering):
         self.open = False
         item, index = self.items[-1], len(self.items) - 1
         part = _part(item)
-        at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        at = {"item_id": item["id"], "output_index": index, self._part_index(item["type"]): 0}
         if item["type"] == "reasoning" and self.summarized:
-            at = {"item_id": item["id"], "output_index": index, "summary_index": 0}
             frames = (self._event("response.reasoning_summary_text.done", at | {"text": part["text"]})
                       + self._event("response.reasoning_summary_part.done", at | {"part": part}))
         elif item["type"] == "reasoning":
@@ -463,10 +462,13 @@ class Answer(Answering):
         frames = self._into(kind)
         item = self.items[-1]
         _part(item)["text"] += text
-        index = "summary_index" if event.startswith("response.reasoning_summary") else "content_index"
         return frames + self._event(event, {"item_id": item["id"], "output_index": len(self.items) - 1,
-                                            index: 0, "delta": text}
+                                            self._part_index(kind): 0, "delta": text}
                                     | ({"logprobs": []} if kind == "message" else {}))
+
+    def _part_index(self, kind: str) -> str:
+        """The field that numbers an item's part its events fill: a summary's, or its content's."""
+        return "summary_index" if kind == "reasoning" and self.summarized else "content_index"
 
     def piece(self, text: str) -> str:
         return self._delta("message", "response.output_text.delta", text)
