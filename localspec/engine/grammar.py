@@ -93,15 +93,13 @@ def converted_pattern(pattern: str) -> str:
     copied them into GBNF, which has none: every schema with \\d or \\. was refused, "the grammar does not
     compile"), a quote too (which it left raw), `(?:` and named groups as groups, lazy and possessive repetition as
     any (what matches the whole is the same). JSON Schema's pattern matches anywhere: its text is held to match whole,
-    a value that matches. InputError for what a grammar cannot hold (anchors and word boundaries inside, back
-    references)."""
+    a value that matches; its anchors, at its ends or its alternatives' (`^a$|^b$`), are said by ^(...)$. InputError
+    for what a grammar cannot hold (anchors inside, word boundaries, back references)."""
     try:  # (as Python reads it, which reads a JSON schema's, JavaScript's, but for its named groups' spelling)
         re.compile(re.sub(r"\(\?<(?![=!])", "(?P<", pattern))
     except re.error as error:
         raise InputError(f"the pattern /{pattern}/ is not a regular expression: {error}") from None
-    body = pattern.removeprefix("^")
-    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
-    out, at, in_class = [], 0, False
+    body, out, at, in_class, depth = pattern, [], 0, False, 0
     while at < len(body):
         character = body[at]
         if character == "\\":
@@ -137,7 +135,12 @@ def converted_pattern(pattern: str) -> str:
             at += body.startswith("]", at + 1)
         elif body.startswith(("(?:", "(?P<"), at) or body.startswith("(?<", at) and body[at + 3:at + 4] not in "=!":
             out.append("(")
+            depth += 1
             at = body.index(">", at) if body[at + 2] in "P<" else at + 2
+        elif character == "^" and depth == 0 and out[-1:] in ([], ["|"]):
+            pass  # (the start of the whole, or of one of its alternatives)
+        elif character == "$" and depth == 0 and body[at + 1:at + 2] in ("", "|"):
+            pass
         elif character in "^$":
             raise InputError(f"the pattern /{pattern}/: {character} inside it has no equivalent in a grammar")
         elif character == '"':
@@ -146,6 +149,7 @@ def converted_pattern(pattern: str) -> str:
             out.append(character)
             at += 1
         else:
+            depth += {"(": 1, ")": -1}.get(character, 0)
             out.append(character)
         at += 1
     return f"^({''.join(out)})$"
