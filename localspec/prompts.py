@@ -39,6 +39,8 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 _THINKING_SWITCH = re.compile(r"\{%-?\s*(?:el)?if\b[^%]*?(?<![\w.'\"])thinking\b(?![\w'\"]|\s*[.\[(])")
 RENDERED = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 THINKING_FIELD = "reasoning_content"
+# an earlier reply's thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
+THINKING_NAMES = (THINKING_FIELD, "thinking", "reasoning")
 # where a prompt shown as text holds an image (llama.cpp's default media marker, which llama-server's /apply-template
 # writes too)
 MEDIA_MARKER = "<__media__>"
@@ -334,7 +336,7 @@ class Prompts:
         leave out every reply's), found by writing one."""
         needle = "\u2063thought\u2063"
         return needle in self._written([{"role": "user", "content": "?"}, {"role": "assistant", "content": "!",
-                                         **dict.fromkeys((THINKING_FIELD, "thinking", "reasoning"), needle)}])
+                                         **dict.fromkeys(THINKING_NAMES, needle)}])
 
     def _written(self, messages: list[dict]) -> str:
         """A probe conversation as the template writes it; "" where it refuses it."""
@@ -505,8 +507,7 @@ class Prompts:
             messages = [_images_told(m) if m.get("role") == "tool" and m.get("images") else m for m in messages]
         images = self._images_of(messages)
         messages = self._as_it_takes([_images_placed(m) for m in messages])
-        # earlier thinking under each name templates read it by (gpt-oss's: thinking; Solar Open's: reasoning, vLLM's)
-        messages = [m | dict.fromkeys(("thinking", "reasoning"), m[THINKING_FIELD])
+        messages = [m | dict.fromkeys(THINKING_NAMES, m[THINKING_FIELD])
                     if isinstance(m.get(THINKING_FIELD), str) else m for m in messages]
         messages = [m | {"tool_calls": [_arguments_as(call, self.arguments_as_text) for call in m["tool_calls"]]}
                     if isinstance(m.get("tool_calls"), list) else m for m in messages]

@@ -163,7 +163,8 @@ def from_choices(choices: list[str]) -> str:
 
 
 def _literal(text: str) -> str:
-    """A text as a GBNF literal (its escapes are fewer than JSON's: no \\b or \\f)."""
+    """A text as a GBNF literal (its escapes are fewer than JSON's: no \\b or \\f; the converter's own escapes no
+    backslash)."""
     return '"' + "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 else "\\" + c if c in '"\\' else c
                          for c in text) + '"'
 

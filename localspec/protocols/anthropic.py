@@ -300,6 +300,10 @@ def _thinking(asked: CountRequest, defaults: Defaults):
     return thinking_asked(defaults.thinking, level=level)
 
 
+def _event(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind} | data, ensure_ascii=False)}\n\n"
+
+
 class Answer(Answering):
     """One message, whole or as Anthropic's server-sent events. A stream opens with message_start; each
     piece of thinking, text or a tool call goes into a content block of its kind (started when the kind
@@ -307,7 +311,7 @@ class Answer(Answering):
     the usage, message_stop ends it."""
 
     media_type = "text/event-stream"
-    keepalive = 'event: ping\ndata: {"type": "ping"}\n\n'  # (Anthropic's own, which its clients pass over)
+    keepalive = _event("ping", {})  # (Anthropic's own, which its clients pass over)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
     def __init__(self, model: str, thinking_shown: bool = True):
@@ -387,10 +391,6 @@ def stop_of(job: Job, called: bool) -> tuple[str, str | None]:
 
 def _tool_use(call: ToolCall) -> dict:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)}
-
-
-def _event(kind: str, data: dict) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind} | data, ensure_ascii=False)}\n\n"
 
 
 def usage_of(job: Job) -> dict:
