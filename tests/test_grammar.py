@@ -320,7 +320,8 @@ PATTERNS = {r"^\d{3}-\d{2}$": (["123-45"], ["12-345", "123-456", "abc-de"]),
             r"(?P<year>\d{2})\s?[^\d]": (["12 a", "34b"], ["123", "12 3"]),
             r'"q"|\x41': (['"q"', "A"], ["q", "B"]),
             r"\w\é\.": (["aé."], ["a.é", "é."]),
-            r"^ab$|^c$": (["ab", "c"], ["abc", "a"])}
+            r"^ab$|^c$": (["ab", "c"], ["abc", "a"]),
+            r"[\D][^\d\s-]": (["a.", "-é"], ["1a", "a ", "a-"])}
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -333,15 +334,36 @@ def test_a_patterns_escapes_and_groups_are_held_as_the_regular_expression_means_
     assert all(re.fullmatch(pattern, whole) for whole in kept) and not any(re.fullmatch(pattern, w) for w in refused)
     for whole in kept:
         assert admits_whole(target.model, from_regex(pattern), whole), whole
-        if '"' not in whole:  # (a quote a pattern names is written as it is, inside a JSON string as before)
-            assert admits_whole(target.model, from_json_schema({"type": "string", "pattern": pattern}),
-                                json.dumps(whole, ensure_ascii=False))
+        assert admits_whole(target.model, from_json_schema({"type": "string", "pattern": pattern}),
+                            json.dumps(whole, ensure_ascii=False))
     for whole in refused:
         assert not admits_whole(target.model, from_regex(pattern), whole), whole
 
 
+@pytest.mark.parametrize("pattern", [r"^.{3,12}$", r"[^@]+@x\.com", r"(\W|\w)+", r'a\\"\t\x01.'])
+def test_a_patterns_text_inside_json_is_written_as_json_writes_a_string(target, pattern):
+    """A schema's pattern admitted a quote, a backslash or a control character raw inside the JSON string (`.`,
+    `[^@]`, as llama.cpp's converter does): a model could end the string early or write JSON that does not parse.
+    Each is admitted as JSON escapes it now."""
+    gbnf = from_json_schema({"type": "string", "pattern": pattern})
+    for whole in ('a\\"\t\x01é', 'a\\"\t\x01.@x.com', 'say "hi"', "tab\tback\\slash\x7f\x1f"):
+        if re.fullmatch(pattern, whole):  # (held to match whole, as converted_pattern says)
+            assert admits_whole(target.model, gbnf, json.dumps(whole, ensure_ascii=False)), whole
+        assert not admits_whole(target.model, gbnf, '"' + whole + '"'), whole  # (raw, not JSON)
+
+
+@pytest.mark.parametrize("pattern", [r"^.{3,12}$", r"^(\W|\w){8}$"])
+def test_sampled_text_under_a_pattern_is_json_that_matches(target, prompt, pattern):
+    gbnf = from_json_schema({"type": "string", "pattern": pattern})
+    for seed in range(4):  # (the tiny model's bytes: quotes, backslashes and control characters among them)
+        out = record(speculative.generate(target, NoDrafter(), prompt,
+                                          Sampling(temperature=1.5, seed=seed, grammar=gbnf), Speculation(),
+                                          Limits(max_tokens=100)))
+        assert out.finish_reason == "stop" and re.fullmatch(pattern, json.loads(out.text)), out.text
+
+
 def test_what_a_grammar_cannot_hold_of_a_pattern_is_one_error_and_choices_are_held_as_given(target):
-    for pattern, why in ((r"\bword", r"\\b has no equivalent"), (r"[\D]", "inside a character class"),
+    for pattern, why in ((r"\bword", r"\\b has no equivalent"),
                          (r"a^b", "inside it"), (r"(a)\1", r"\\1 has no equivalent"), (r"(?=a)b", "Unsupported"),
                          # (what is no regular expression at all: the converter took some, and wrote a grammar)
                          ("(", "not a regular expression: missing"), ("a{2,1}", "min repeat greater")):

@@ -81,71 +81,53 @@ def from_regex(pattern: str) -> str:
                          ) from None
 
 
-# A regular expression's classes, as GBNF classes hold them (\s: Python's and JavaScript's ASCII spaces)
-_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_", "s": " \\t\\n\\r\\x0b\\x0c"}
-# Escapes that GBNF reads as a regular expression does
-_KEPT = {"t": "\\t", "n": "\\n", "r": "\\r", "f": "\\x0c", "v": "\\x0b"}
+# A regular expression's classes (\s: Python's and JavaScript's ASCII spaces) and escapes of one character, as
+# ranges of code points
+_CLASSES = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+            "s": [(0x09, 0x0D), (0x20, 0x20)]}
+_KEPT = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
+_LAST = 0x10FFFF
+_DOT = [(0, 0x09), (0x0B, 0x0C), (0x0E, _LAST)]  # (the converter's: any but a line break)
+# What JSON writes escaped inside a string: control characters, a quote, a backslash; and their short escapes
+_JSON_ESCAPED = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+_SHORT = {0x22: "[\\x22]", 0x5C: "[\\x5c]", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
 
 
-def converted_pattern(pattern: str) -> str:
+def converted_pattern(pattern: str, in_json: bool = False) -> str:
     """A regular expression (Python's, JavaScript's, a JSON schema's) as the converter translates it whole, ^(...)$:
-    its escapes of a class (\\d, \\w, \\s and their negations) and of a character as GBNF classes (the converter
-    copied them into GBNF, which has none: every schema with \\d or \\. was refused, "the grammar does not
-    compile"), a quote too (which it left raw), `(?:` and named groups as groups, lazy and possessive repetition as
-    any (what matches the whole is the same). JSON Schema's pattern matches anywhere: its text is held to match whole,
-    a value that matches; its anchors, at its ends or its alternatives' (`^a$|^b$`), are said by ^(...)$. InputError
-    for what a grammar cannot hold (anchors inside, word boundaries, back references)."""
+    its classes and escapes as GBNF classes (the converter copied \\d or \\. into GBNF, which has none: every schema
+    with one was refused, "the grammar does not compile"), `(?:` and named groups as groups, lazy and possessive
+    repetition as any (what matches the whole is the same). in_json: the text is a JSON string's, each character as
+    JSON writes it there (a quote, a backslash or a control character the pattern admits was admitted raw: `.` let a
+    model end the string early or write JSON that does not parse). JSON Schema's pattern matches anywhere: its text is
+    held to match whole, a value that matches; its anchors, at its ends or its alternatives' (`^a$|^b$`), are said by
+    ^(...)$. InputError for what a grammar cannot hold (anchors inside, word boundaries, back references)."""
     try:  # (as Python reads it, which reads a JSON schema's, JavaScript's, but for its named groups' spelling)
         re.compile(re.sub(r"\(\?<(?![=!])", "(?P<", pattern))
     except re.error as error:
         raise InputError(f"the pattern /{pattern}/ is not a regular expression: {error}") from None
-    body, out, at, in_class, depth = pattern, [], 0, False, 0
-    while at < len(body):
-        character = body[at]
-        if character == "\\":
-            escaped = body[at + 1:at + 2]
-            at += 2
-            if escaped == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", body[at:at + 2]):
-                piece, at = "\\x" + body[at:at + 2], at + 2
-            elif escaped == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", body[at:at + 4]):
-                piece, at = "\\u" + body[at:at + 4], at + 4
-            elif escaped in _KEPT:
-                piece = _KEPT[escaped]
-            elif escaped.lower() in _CLASSES and (escaped.islower() or not in_class):
-                piece = ("" if escaped.islower() else "^") + _CLASSES[escaped.lower()]
-                piece = piece if in_class else f"[{piece}]"
-                out.append(piece)
-                continue
-            elif escaped and not (escaped.isascii() and escaped.isalnum()):
-                piece = f"\\U{ord(escaped):08x}"  # (GBNF's widest escape: any character)
-            else:
-                raise InputError(f"the pattern /{pattern}/: \\{escaped}"
-                                 f"{' inside a character class' if escaped.lower() in _CLASSES else ''}"
-                                 " has no equivalent in a grammar")
-            out.append(piece if in_class else f"[{piece}]")
+    out, at, depth = [], 0, 0
+    while at < len(pattern):
+        character = pattern[at]
+        if character in "\\[":
+            matched, at, _ = _escape_at(pattern, at) if character == "\\" else _class_at(pattern, at)
+            out.append(_one_of(matched, in_json))
             continue
-        if in_class:
-            in_class = character != "]"
-            out.append(character)
-        elif character == "[":
-            in_class = True
-            opening = "[^" if body.startswith("[^", at) else "["
-            at += len(opening) - 1
-            out.append(opening + ("\\]" if body.startswith("]", at + 1) else ""))
-            at += body.startswith("]", at + 1)
-        elif body.startswith(("(?:", "(?P<"), at) or body.startswith("(?<", at) and body[at + 3:at + 4] not in "=!":
+        if character == ".":
+            out.append(_one_of(_DOT, in_json))
+        elif pattern.startswith(("(?:", "(?P<"), at) or pattern.startswith("(?<", at) and pattern[at + 3:at + 4] not in "=!":
             out.append("(")
             depth += 1
-            at = body.index(">", at) if body[at + 2] in "P<" else at + 2
+            at = pattern.index(">", at) if pattern[at + 2] in "P<" else at + 2
         elif character == "^" and depth == 0 and out[-1:] in ([], ["|"]):
             pass  # (the start of the whole, or of one of its alternatives)
-        elif character == "$" and depth == 0 and body[at + 1:at + 2] in ("", "|"):
+        elif character == "$" and depth == 0 and pattern[at + 1:at + 2] in ("", "|"):
             pass
         elif character in "^$":
             raise InputError(f"the pattern /{pattern}/: {character} inside it has no equivalent in a grammar")
-        elif character == '"':
-            out.append("[\\x22]")
-        elif character in "*+?}" and body[at + 1:at + 2] in ("?", "+") and not (character == "?" and out[-1:] == ["("]):
+        elif character == '"' or ord(character) < 0x20:  # (the converter writes a quote raw, a line break as it is)
+            out.append(_one_of([(ord(character), ord(character))], in_json))
+        elif character in "*+?}" and pattern[at + 1:at + 2] in ("?", "+") and not (character == "?" and out[-1:] == ["("]):
             out.append(character)
             at += 1
         else:
@@ -153,6 +135,92 @@ def converted_pattern(pattern: str) -> str:
             out.append(character)
         at += 1
     return f"^({''.join(out)})$"
+
+
+def _escape_at(pattern: str, at: int) -> tuple[list, int, int | None]:
+    """The escape at pattern[at]: the code points it matches, where it ends, and its one code point (None for a
+    class)."""
+    escaped, at = pattern[at + 1:at + 2], at + 2
+    for mark, digits in (("x", 2), ("u", 4)):
+        if escaped == mark and re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", pattern[at:at + digits]):
+            point = int(pattern[at:at + digits], 16)
+            return [(point, point)], at + digits, point
+    if escaped.lower() in _CLASSES:
+        matched = _CLASSES[escaped.lower()]
+        return (matched if escaped.islower() else _complement(matched)), at, None
+    if escaped in _KEPT or escaped and not (escaped.isascii() and escaped.isalnum()):
+        point = _KEPT.get(escaped, ord(escaped))
+        return [(point, point)], at, point
+    raise InputError(f"the pattern /{pattern}/: \\{escaped} has no equivalent in a grammar")
+
+
+def _class_at(pattern: str, at: int) -> tuple[list, int, None]:
+    """The class opening at pattern[at] (valid, as Python read it): the code points it matches, where it ends."""
+    negated = pattern.startswith("[^", at)
+    at += 1 + negated
+    matched, first = [], True
+    while first or pattern[at] != "]":  # (a `]` first is one of its characters)
+        first = False
+        members, at, low = _escape_at(pattern, at) if pattern[at] == "\\" else ([(ord(pattern[at]),) * 2], at + 1,
+                                                                                  ord(pattern[at]))
+        if low is not None and pattern[at] == "-" and pattern[at + 1] != "]":
+            _, at, high = _escape_at(pattern, at + 1) if pattern[at + 1] == "\\" else (None, at + 2, ord(pattern[at + 1]))
+            members = [(low, high)]
+        matched += members
+    return (_complement(matched) if negated else _merged(matched)), at + 1, None
+
+
+def _merged(ranges: list) -> list:
+    merged = []
+    for low, high in sorted(ranges):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(high, merged[-1][1]))
+        else:
+            merged.append((low, high))
+    return merged
+
+
+def _complement(ranges: list) -> list:
+    gaps, at = [], 0
+    for low, high in _merged(ranges):
+        gaps += [(at, low - 1)] if low > at else []
+        at = high + 1
+    return gaps + ([(at, _LAST)] if at <= _LAST else [])
+
+
+def _one_of(points: list, in_json: bool) -> str:
+    """A piece of the converter's pattern that matches one of these code points; in_json: as JSON writes it inside a
+    string, escaped where it must be (by its short escape, else \\u00XX), raw elsewhere."""
+    if not in_json:
+        return _class(points)
+    raw = _complement(_complement(points) + _JSON_ESCAPED)
+    escaped = [point for low, high in _complement(_complement(points) + _complement(_JSON_ESCAPED))
+               for point in range(low, high + 1)]
+    if not escaped:
+        return _class(raw)
+    pieces = ([_class(raw)] if raw else []) + ["[\\x5c]" + _SHORT[point] for point in escaped if point in _SHORT]
+    for high_digit in (0, 1):
+        low_digits = [point & 0xF for point in escaped if point not in _SHORT and point >> 4 == high_digit]
+        if low_digits:
+            pieces.append(f"[\\x5c]u00{high_digit}[{''.join(f'{digit:x}{digit:X}' if digit > 9 else str(digit) for digit in low_digits)}]")
+    return f"({'|'.join(pieces)})"
+
+
+def _class(points: list) -> str:
+    """Code points as one GBNF class (negated where that is shorter)."""
+    if not points:
+        raise InputError("the pattern has a class that matches no character")
+    gaps = _complement(points)
+    negated = bool(gaps) and len(gaps) < len(points)
+    return ("[^" if negated else "[") + "".join(
+        _class_character(low) + (f"-{_class_character(high)}" if high > low else "")
+        for low, high in (gaps if negated else points)) + "]"
+
+
+def _class_character(point: int) -> str:
+    if point < 0x80 and chr(point).isalnum():
+        return chr(point)
+    return f"\\x{point:02x}" if point < 0x80 else f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}"
 
 
 def from_choices(choices: list[str]) -> str:
@@ -211,7 +279,7 @@ def _loosened(schema):
         if set(node) <= ANNOTATIONS:
             node["type"] = list(_ANY)
         if isinstance(node.get("pattern"), str):
-            node["pattern"] = converted_pattern(node["pattern"])
+            node["pattern"] = converted_pattern(node["pattern"], in_json=True)
         stack.extend(node[key] for key in _ONE if isinstance(node.get(key), dict))
         stack.extend(inner for key in _MAP if isinstance(node.get(key), dict) for inner in node[key].values())
         stack.extend(inner for key in _LIST if isinstance(node.get(key), list) for inner in node[key])
