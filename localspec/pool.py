@@ -150,6 +150,10 @@ class Pool:
                                            and wanted.path == first.path)
         return first if same else wanted
 
+    def loading(self, wanted: Available) -> bool:
+        """Whether the model is being loaded now."""
+        return wanted.key in self._loading
+
     def header(self, path: Path) -> GGUFInfo:
         if path not in self._headers:
             self._headers[path] = store.header(path)

@@ -41,7 +41,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import net, store
-from .protocols import anthropic, llama_server, native, ollama, openai
+from .protocols import anthropic, llama_server, lmstudio, native, ollama, openai
 from .protocols.anthropic import ANTHROPIC
 from .protocols.llama_server import LLAMA_SERVER
 from .protocols.native import NATIVE
@@ -80,6 +80,7 @@ class Server:
         # ones held every thread that model loads run on.
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
         self.responses = Responses()  # keeps the responses it gave, for previous_response_id
+        self._drafts_said: set[tuple[str, str]] = set()  # (model, draft_model) a request asked for, said in the log
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
         # asks for the API key)
         self.routes = [
@@ -131,6 +132,11 @@ class Server:
             ("/tokenizer_info", "GET", LLAMA_SERVER, self.tokenizer_info, True),  # (vLLM's)
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
+            ("/api/v0/models", "GET", OPENAI, self.lmstudio_models, True),
+            ("/api/v0/models/{name:path}", "GET", OPENAI, self.lmstudio_model, True),
+            ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=True), True),
+            ("/api/v0/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=False), True),
+            ("/api/v0/embeddings", "POST", OPENAI, self.embeddings, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
@@ -481,10 +487,41 @@ class Server:
 
     async def openai_generate(self, request: Request, client: str | None, chat: bool) -> Response:
         body = await self._body(request)
-        served = await self._model(body.get("model"))
+        served = await self._model(body.get("model"), lmstudio.ttl(body))
         parsed = await self._parse(body, chat, OPENAI, served)
+        self._draft_asked(body, served)
         return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(parsed, served), parsed),
                                    served)
+
+    async def lmstudio_generate(self, request: Request, client: str | None, chat: bool) -> Response:
+        """LM Studio's /api/v0 chat and completions: OpenAI's, a whole answer with LM Studio's stats beside it."""
+        body = await self._body(request)
+        served = await self._model(body.get("model"), lmstudio.ttl(body))
+        parsed = await self._parse(body, chat, OPENAI, served)
+        self._draft_asked(body, served)
+        return await self._respond(request, client, parsed,
+                                   lmstudio.Reply(chat, _answered_as(parsed, served), parsed, served.session), served)
+
+    def _draft_asked(self, body: dict, served: Served) -> None:
+        """LM Studio's `draft_model`: the model drafts with the draft serve loaded beside it (the answer is the
+        target's own whichever drafts); one that names another is said in the log, once a name."""
+        asked = lmstudio.draft_file(body)
+        drafts = served.session.info.draft
+        if asked is not None and asked != drafts and (served.name, asked) not in self._drafts_said:
+            self._drafts_said.add((served.name, asked))
+            self.log(f"draft_model {body['draft_model']!r} asked: {served.name} drafts with"
+                     f" {drafts or 'no draft model'} (serve's --draft chooses it; the answer is the same either way)")
+
+    async def lmstudio_models(self, request: Request, client: str | None) -> Response:
+        return JSONResponse({"object": "list", "data": [self._lmstudio_model(a) for a in self.pool.available()]})
+
+    async def lmstudio_model(self, request: Request, client: str | None) -> Response:
+        return JSONResponse(self._lmstudio_model(self.pool.find(request.path_params["name"])))
+
+    def _lmstudio_model(self, available) -> dict:
+        served = self.pool.loaded.get(available.key)
+        return lmstudio.model_object(available.name, self.pool.header(available.path), available.entry,
+                                     served and served.session, self.pool.loading(available))
 
     async def transcriptions(self, request: Request, client: str | None) -> Response:
         """OpenAI's speech to text (its client's audio.transcriptions), as llama-server answers it: the audio file

@@ -337,3 +337,30 @@ def test_ps_lists_a_serve_that_does_not_answer_without_waiting_on_it(tmp_path, t
         assert serve["command"] == "serve" and "loaded" not in serve
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_lm_studios_model_list_and_ttl_say_and_set_what_is_loaded(home, tiny):
+    """LM Studio's /api/v0/models: every model that can be served, loaded or not (an embedding model as one), its
+    publisher the Hub owner of its repo; a request's `ttl` (LM Studio's keep-alive, in seconds) sets how long the
+    model it loads stays."""
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512")
+    try:
+        listed = {m["id"]: m for m in httpx.get(server.base + "/api/v0/models").json()["data"]}
+        assert {name: (m["type"], m["state"]) for name, m in listed.items()} == {
+            "tiny": ("llm", "loaded"), "tiny-b": ("llm", "not-loaded"), "tiny-c": ("llm", "not-loaded"),
+            "tiny-embed": ("embeddings", "not-loaded")}
+        assert listed["tiny-b"]["publisher"] == "test" and "loaded_context_length" not in listed["tiny-b"]
+        lm_studio = openai.OpenAI(base_url=server.base + "/api/v0", api_key="lm-studio", max_retries=0, timeout=120)
+        lm_studio.chat.completions.create(model="tiny-c", messages=[{"role": "user", "content": PROMPT}], max_tokens=2,
+                                          extra_body={"ttl": -1})
+        [kept] = [m for m in httpx.get(server.base + "/api/ps").json()["models"] if m["name"] == "tiny-c"]
+        assert kept["expires_at"].startswith("9999")  # (serve's --keep-alive is 5 minutes)
+        assert httpx.get(server.base + "/api/v0/models/tiny-c").json()["state"] == "loaded"
+        lm_studio.chat.completions.create(model="tiny-c", messages=[{"role": "user", "content": PROMPT}], max_tokens=2,
+                                          extra_body={"ttl": 0.5})
+        deadline = time.monotonic() + 20
+        while loaded(server) != ["tiny"] and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert loaded(server) == ["tiny"], server.log()
+    finally:
+        assert server.stop() == 0, server.log()

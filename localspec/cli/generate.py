@@ -700,7 +700,8 @@ def serve(
     GET /v1/models, /health and /metrics (Prometheus); Anthropic's /v1/messages and OpenAI's /v1/responses
     (and its /v1/responses/input_tokens count);
     Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,
-    /api/tags, /api/ps, /api/show and /api/version; llama-server's /completion, /infill (code completion),
+    /api/tags, /api/ps, /api/show and /api/version; LM Studio's /api/v0/models, /api/v0/chat/completions,
+    /api/v0/completions and /api/v0/embeddings (Zed's and Cline's LM Studio setups; --port 1234); llama-server's /completion, /infill (code completion),
     /tokenize, /detokenize, /props and /apply-template, and its spellings without /v1 (/chat/completions,
     /models, /responses; its /completions is /completion). Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (read in each family's own form: docs/serve.md lists them), held to

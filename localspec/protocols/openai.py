@@ -146,7 +146,7 @@ class Message(_Typed):
 
 class _Common(Sampled):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=-1)  # (-1: no limit, as LM Studio's examples and Zed send it)
     n_predict: int | None = Field(None, ge=-1)  # (llama-server's, read before max_tokens there too; -1: no limit)
     stop: str | list[str] | None = None
     n: int | None = None
@@ -409,6 +409,8 @@ def _parsed(request: _Common, defaults: Defaults, max_tokens: int | None, logpro
     choices = 1 if request.n is None else request.n
     if not 1 <= choices <= MOST_CHOICES:
         raise ApiError(400, f"n must be from 1 to {MOST_CHOICES}, got {request.n}", param="n")
+    if max_tokens == 0:
+        raise ApiError(400, "max_tokens must be a positive count, or -1 for no limit", param="max_tokens")
     most = request.n_predict if request.n_predict is not None else max_tokens or None
     sampling, limits = overridden_or_refused(defaults, **request.sampled(), logprobs=logprobs,
                                              max_tokens=most, stop=request.stop, grammar=_grammar(request))
