@@ -47,7 +47,7 @@ from .protocols.llama_server import LLAMA_SERVER
 from .protocols.native import NATIVE
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
-from .protocols.responses import Responses
+from .protocols.responses import MOST_KEPT, Responses
 from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, tool_call_error,
                                tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
@@ -81,6 +81,8 @@ class Server:
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
         self.responses = Responses()  # keeps the responses it gave, for previous_response_id
         self._drafts_said: set[tuple[str, str]] = set()  # (model, draft_model) a request asked for, said in the log
+        self.lmstudio = lmstudio.V1()  # keeps the chats it answered, for previous_response_id
+        self._downloads: dict[str, lmstudio.Download] = {}  # LM Studio's download jobs, by id (the newest kept)
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
         # asks for the API key)
         self.routes = [
@@ -137,6 +139,12 @@ class Server:
             ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=True), True),
             ("/api/v0/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=False), True),
             ("/api/v0/embeddings", "POST", OPENAI, self.embeddings, True),
+            ("/api/v1/models", "GET", self.lmstudio, self.lmstudio_v1_models, True),
+            ("/api/v1/chat", "POST", self.lmstudio, self.lmstudio_chat, True),
+            ("/api/v1/models/load", "POST", self.lmstudio, self.lmstudio_load, True),
+            ("/api/v1/models/unload", "POST", self.lmstudio, self.lmstudio_unload, True),
+            ("/api/v1/models/download", "POST", self.lmstudio, self.lmstudio_download, True),
+            ("/api/v1/models/download/status/{job_id}", "GET", self.lmstudio, self.lmstudio_download_status, True),
             (native.PATH, "POST", NATIVE, self.native_generate, True),
             (native.INFO_PATH, "GET", NATIVE, self.native_info, True),
             (native.TOKENS_PATH, "POST", NATIVE, self.native_tokens, True),
@@ -357,8 +365,8 @@ class Server:
     def _may_change_models(self, what: str) -> None:
         if not self.serving.model_changes:
             raise ApiError(403, f"{what} are off on this server: serve refuses Ollama's /api/pull, /api/create,"
-                           " /api/copy, /api/delete and /api/blobs once --host exposes it, unless started with"
-                           " --allow-pull", code="model_changes_disabled")
+                           " /api/copy, /api/delete and /api/blobs and LM Studio's /api/v1/models/download once --host"
+                           " exposes it, unless started with --allow-pull", code="model_changes_disabled")
 
     async def ollama_create(self, request: Request, client: str | None) -> Response:
         """Make a model of one's own, as `localspec create` does (a made model's name then answers on every
@@ -511,6 +519,98 @@ class Server:
             self._drafts_said.add((served.name, asked))
             self.log(f"draft_model {body['draft_model']!r} asked: {served.name} drafts with"
                      f" {drafts or 'no draft model'} (serve's --draft chooses it; the answer is the same either way)")
+
+    async def lmstudio_v1_models(self, request: Request, client: str | None) -> Response:
+        models = []
+        for available in self.pool.available():
+            served = self.pool.loaded.get(available.key)
+            models.append(lmstudio.v1_model_entry(available.name, self.pool.header(available.path), available.entry,
+                                                  served and served.session))
+        return JSONResponse({"models": models})
+
+    async def lmstudio_chat(self, request: Request, client: str | None) -> Response:
+        """LM Studio's v1 chat: its input and stats; streamed as its named events."""
+        body = await self._body(request)
+        asked, loaded_before = time.perf_counter(), set(map(id, self.pool.loaded.values()))
+        served = await self._model(body.get("model"), lmstudio.ttl(body), known_only=True)
+        load_seconds = time.perf_counter() - asked if id(served) not in loaded_before else None
+        wanted = body.get("context_length")
+        if isinstance(wanted, int) and wanted > served.session.info.n_ctx:
+            raise ApiError(400, f"{served.name} is loaded with a context of {served.session.info.n_ctx} tokens, not"
+                           f" {wanted}: serve's -c sets it", param="context_length")
+        parsed = await self._parse(body, True, self.lmstudio, served)
+        answer = self.lmstudio.answering(True, served.name, parsed)
+        answer.load_seconds = load_seconds
+        return await self._respond(request, client, parsed, answer, served)
+
+    async def lmstudio_load(self, request: Request, client: str | None) -> Response:
+        asked = lmstudio.parse_load(await self._body(request))
+        started = time.perf_counter()
+        served = await self._model(asked.model, known_only=True)
+        ignored = [name for name in ("flash_attention", "num_experts", "offload_kv_cache_to_gpu")
+                   if getattr(asked, name) is not None]
+        if ignored:
+            self.log(f"loading {served.name}: {', '.join(ignored)} left to serve's command line")
+        return JSONResponse(lmstudio.loaded(asked, served.name, served.session, self.pool.runtime.prompt_batch,
+                                            time.perf_counter() - started))
+
+    async def lmstudio_unload(self, request: Request, client: str | None) -> Response:
+        instance = (await self._body(request)).get("instance_id")
+        if not isinstance(instance, str) or not instance:
+            raise ApiError(400, "instance_id names the loaded model to unload", param="instance_id")
+        wanted = self.pool.find(instance)
+        if wanted.key not in self.pool.loaded:
+            raise ApiError(404, f"no instance {instance!r} is loaded", param="instance_id", code="model_not_found")
+        if not await self.pool.unload_when_idle(instance):
+            raise ApiError(400, f"{instance} is the model serve started with: it stays loaded while serve runs",
+                           param="instance_id")
+        return JSONResponse({"instance_id": instance})
+
+    async def lmstudio_download(self, request: Request, client: str | None) -> Response:
+        """LM Studio's download: a model (a registry name, hf:owner/repo/file.gguf, or owner/repo with its
+        quantization) fetched as `localspec pull` fetches it, on a thread of its own, its job's status asked for
+        by id."""
+        self._may_change_models("downloads")
+        body = await self._body(request)
+        model, quantization = body.get("model"), body.get("quantization")
+        if not isinstance(model, str) or not model or quantization is not None and not isinstance(quantization, str):
+            raise ApiError(400, "model names the model to download (and quantization, a text, its file's)",
+                           param="model")
+        try:
+            wanted = store.find(f"{model.removeprefix('https://huggingface.co/')}:{quantization}" if quantization
+                                else model)
+        except LocalspecError as error:
+            raise ApiError(404, str(error), param="model", code="model_not_found") from None
+        if isinstance(wanted, Path):
+            raise ApiError(400, f"{model!r} is a file on this machine: nothing to download", param="model")
+        if isinstance(wanted, store.ModelEntry) and store.installed(wanted) is not None:
+            return JSONResponse({"status": "already_downloaded"})
+        job = lmstudio.Download(getattr(wanted, "size", None))
+        self._downloads[job.job_id] = job
+        while len(self._downloads) > MOST_KEPT:
+            self._downloads.pop(next(iter(self._downloads)))
+
+        def fetch() -> None:
+            try:
+                if self.closing:
+                    raise FetchError("serve is shutting down")
+                store.fetch(wanted, progress=job.bar, verify_sha256=True)
+            except LocalspecError as error:
+                job.end(error)
+                self.log(f"download {job.job_id} of {model} failed: {error}")
+            else:
+                job.end(None)
+                self.log(f"downloaded {model} ({job.job_id})")
+
+        asyncio.get_running_loop().run_in_executor(self._pulls, fetch)
+        return JSONResponse(job.started_body())
+
+    async def lmstudio_download_status(self, request: Request, client: str | None) -> Response:
+        job = self._downloads.get(request.path_params["job_id"])
+        if job is None:
+            raise ApiError(404, f"no download job {request.path_params['job_id']!r} is known here (serve keeps its"
+                           f" newest {MOST_KEPT:,} while it runs)", code="job_not_found")
+        return JSONResponse(job.status_body())
 
     async def lmstudio_models(self, request: Request, client: str | None) -> Response:
         return JSONResponse({"object": "list", "data": [self._lmstudio_model(a) for a in self.pool.available()]})

@@ -758,6 +758,8 @@ def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
     try:
         refused = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
         assert refused.status_code == 403 and "pulls are off on this server" in refused.json()["error"]
+        refused = httpx.post(server.base + "/api/v1/models/download", json={"model": "tiny-draft"}, timeout=60)
+        assert refused.status_code == 403 and "downloads are off on this server" in refused.json()["error"]["message"]
         assert not list(home.rglob("partial.gguf"))
     finally:
         assert server.stop() == 0, server.log()
@@ -900,3 +902,47 @@ def test_a_model_split_in_parts_downloads_as_a_set_however_it_is_named(localspec
         assert parts == [f"tiny-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)], named
         for path in (home / "models").rglob("tiny-Q8_0-*.gguf"):
             path.unlink()
+
+
+def test_lm_studios_download_fetches_a_model_as_a_job_whose_status_is_asked_for(hub_env, home, tiny):
+    """LM Studio's POST /api/v1/models/download: a job fetching the model as pull does, its bytes and end told by
+    /api/v1/models/download/status/{job_id}; then loaded, chatted with and unloaded through LM Studio's routes."""
+    import httpx2 as httpx
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", env=hub_env)
+    try:
+        started = httpx.post(server.base + "/api/v1/models/download", json={"model": "tiny-draft"}, timeout=60).json()
+        assert started["status"] == "downloading" and started["job_id"].startswith("job_"), started
+        deadline = time.monotonic() + 60
+        status = started
+        while status["status"] == "downloading" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = httpx.get(server.base + f"/api/v1/models/download/status/{started['job_id']}").json()
+        size = tiny["partial"].stat().st_size
+        assert status["status"] == "completed" and status["downloaded_bytes"] == status["total_size_bytes"] == size
+        assert "completed_at" in status and [path.stat().st_size for path in home.rglob("partial.gguf")] == [size]
+        again = httpx.post(server.base + "/api/v1/models/download", json={"model": "tiny-draft"}, timeout=60)
+        assert again.json() == {"status": "already_downloaded"}
+        # a Hub repository and a quantization of its files, as LM Studio takes a Hugging Face link
+        quant = httpx.post(server.base + "/api/v1/models/download", json={
+            "model": "https://huggingface.co/test/split-GGUF", "quantization": "Q8_0"}, timeout=60).json()
+        while quant["status"] == "downloading" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            quant = httpx.get(server.base + f"/api/v1/models/download/status/{quant['job_id']}").json()
+        assert quant["status"] == "completed", quant
+        unknown = httpx.post(server.base + "/api/v1/models/download", json={"model": "no-such-model"}, timeout=60)
+        assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "model_not_found"
+
+        loaded = httpx.post(server.base + "/api/v1/models/load", json={"model": "tiny-draft"}, timeout=60).json()
+        assert loaded["status"] == "loaded" and loaded["type"] == "llm" and loaded["load_time_seconds"] > 0
+        answer = httpx.post(server.base + "/api/v1/chat", json={"model": "tiny-draft", "input": "a",
+                                                                "max_output_tokens": 2}, timeout=60).json()
+        assert answer["model_instance_id"] == "tiny-draft" and answer["stats"]["total_output_tokens"] == 2
+        assert httpx.post(server.base + "/api/v1/models/unload", json={"instance_id": "tiny-draft"}).json() == {
+            "instance_id": "tiny-draft"}
+        listed = {m["key"]: m["loaded_instances"] for m in httpx.get(server.base + "/api/v1/models").json()["models"]}
+        assert listed["tiny-draft"] == []
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

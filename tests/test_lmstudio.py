@@ -3,13 +3,15 @@
 /api/v0 (as Cline's was), with LM Studio's stats, model_info and runtime beside a whole answer; `max_tokens: -1`
 and `ttl` as LM Studio's examples send them."""
 
+import json
+
 import httpx2 as httpx
 import openai
 import pytest
 
 from localspec.store import gguf_meta
 
-from test_server import PROMPT, drafting_server, plain_text
+from test_server import PROMPT, ServerProcess, drafting_server, plain_text
 
 # What Zed reads of every model in the list, without which it refuses the whole list
 ZEDS_FIELDS = {"id", "object", "type", "publisher", "compatibility_type", "state"}
@@ -101,3 +103,108 @@ def test_a_draft_model_asked_for_is_the_one_serve_drafts_with_and_another_is_sai
     assert len(said) == 2 and "'qwen2.5-0.5b-instruct' asked: tiny drafts with same.gguf" in said[0], said
     refused = httpx.post(server.url + "/chat/completions", json={"messages": messages, "draft_model": 5}, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "draft_model"
+
+
+def v1_chat(server, **body) -> httpx.Response:
+    return httpx.post(server.base + "/api/v1/chat", json={"model": "tiny", "max_output_tokens": 8} | body, timeout=120)
+
+
+def events(server, **body) -> list[tuple[str, dict]]:
+    """A streamed v1 chat's events: (name, payload) each, the payload's type its name."""
+    with httpx.stream("POST", server.base + "/api/v1/chat", json={"model": "tiny", "max_output_tokens": 8,
+                                                                  "stream": True} | body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        text = "".join(response.iter_text())
+    out = []
+    for block in filter(None, text.split("\n\n")):
+        kind, data = block.split("\n")
+        payload = json.loads(data.removeprefix("data: "))
+        assert kind == f"event: {payload['type']}"
+        out.append((payload["type"], payload))
+    return out
+
+
+def test_lm_studios_v1_chat_answers_its_input_and_goes_on_from_a_response_it_kept(server, tiny):
+    """LM Studio 0.4's own chat: `input` and `system_prompt`, answered as output items with its stats and a
+    response_id, which a later chat's previous_response_id goes on from."""
+    first = v1_chat(server, input=PROMPT, system_prompt="be brief").json()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPT}]
+    assert first["model_instance_id"] == "tiny" and first["response_id"].startswith("resp_")
+    assert first["output"] == [{"type": "message", "content": plain_text(tiny, messages, max_tokens=8)}]
+    stats = first["stats"]
+    assert stats["total_output_tokens"] == 8 and stats["reasoning_output_tokens"] == 0 and stats["input_tokens"] > 0
+    assert stats["tokens_per_second"] > 0 and "model_load_time_seconds" not in stats  # (it was loaded)
+    assert first["speculation"]["draft_tokens"] > 0
+
+    later = v1_chat(server, input="and the dog?", previous_response_id=first["response_id"]).json()
+    conversation = messages[1:] + [{"role": "assistant", "content": first["output"][0]["content"]},
+                                   {"role": "user", "content": "and the dog?"}]  # (a system prompt is each chat's own)
+    assert later["output"][0]["content"] == plain_text(tiny, conversation, max_tokens=8)
+    unkept = v1_chat(server, input=PROMPT, store=False).json()
+    assert "response_id" not in unkept and unkept["output"] == v1_chat(server, input=PROMPT).json()["output"]
+    as_items = v1_chat(server, input=[{"type": "message", "content": PROMPT}]).json()
+    assert as_items["output"] == unkept["output"]
+
+
+def test_a_streamed_v1_chat_is_lm_studios_named_events_ending_with_the_whole_answer(server):
+    streamed = events(server, input=PROMPT)
+    names = [name for name, _ in streamed]
+    assert names[:3] == ["chat.start", "prompt_processing.start", "prompt_processing.end"]
+    assert names[3] == "message.start" and names[-2:] == ["message.end", "chat.end"]
+    assert set(names[4:-2]) == {"message.delta"}
+    result = streamed[-1][1]["result"]
+    assert "".join(payload["content"] for name, payload in streamed if name == "message.delta") == \
+        result["output"][0]["content"] == v1_chat(server, input=PROMPT).json()["output"][0]["content"]
+    assert streamed[0][1]["model_instance_id"] == "tiny" and result["stats"]["total_output_tokens"] == 8
+
+
+@pytest.mark.parametrize("body, status, kind, param", [
+    ({"input": PROMPT, "integrations": ["mcp/playwright"]}, 400, "invalid_request", "integrations"),
+    ({"input": PROMPT, "previous_response_id": "resp_gone"}, 404, "model_not_found", "previous_response_id"),
+    ({"input": PROMPT, "previous_response_id": "chatcmpl-1"}, 400, "invalid_request", "previous_response_id"),
+    ({"input": []}, 400, "invalid_request", "input"),
+    ({"input": [{"type": "image"}]}, 400, "invalid_request", "input.0.data_url"),
+    ({"input": PROMPT, "context_length": 100_000}, 400, "invalid_request", "context_length"),
+    ({"input": PROMPT, "reasoning": "maybe"}, 400, "invalid_request", "reasoning"),
+    ({"input": PROMPT, "model": "no-such-model"}, 404, "model_not_found", "model"),
+])
+def test_a_v1_chat_that_cannot_be_answered_is_one_error_in_lm_studios_shape(server, body, status, kind, param):
+    refused = v1_chat(server, **body)
+    assert refused.status_code == status, refused.text
+    assert refused.json()["error"]["type"] == kind and refused.json()["error"]["param"] == param, refused.text
+
+
+def test_the_v1_model_list_loads_and_unloads_as_lm_studio_says_them(server, tiny):
+    [model] = httpx.get(server.base + "/api/v1/models").json()["models"]
+    assert model["key"] == "tiny" and model["type"] == "llm" and model["format"] == "gguf"
+    slots = httpx.get(server.base + "/props").json()["total_slots"]
+    assert model["loaded_instances"] == [{"id": "tiny", "config": {"context_length": 512, "parallel": slots}}]
+    assert model["capabilities"] == {"vision": False, "trained_for_tool_use": False}
+    assert model["size_bytes"] == tiny["target"].stat().st_size
+    loaded = httpx.post(server.base + "/api/v1/models/load", json={"model": "tiny", "echo_load_config": True}).json()
+    assert loaded["status"] == "loaded" and loaded["instance_id"] == "tiny" and loaded["load_config"] == {
+        "context_length": 512, "eval_batch_size": 512}
+    other = httpx.post(server.base + "/api/v1/models/load", json={"model": "tiny", "context_length": 4096})
+    assert other.status_code == 400 and "serve's -c" in other.json()["error"]["message"]
+    kept = httpx.post(server.base + "/api/v1/models/unload", json={"instance_id": "tiny"})
+    assert kept.status_code == 400 and "serve started with" in kept.json()["error"]["message"]
+    missing = httpx.get(server.base + "/api/v1/models/download/status/job_none")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "job_not_found"
+
+
+def test_a_reasoning_models_thinking_is_its_own_output_item_and_reasoning_off_turns_it_off(thinkers, tmp_path):
+    """Qwen 3.5's template opens the thinking for the model: what it writes is thinking, its own item and events,
+    until `reasoning: "off"` has the template close it first."""
+    running = ServerProcess(tmp_path, thinkers["qwen3.5"], "-c", "2048", "--alias", "tiny", "--temp", "0")
+    try:
+        thought = v1_chat(running, input=PROMPT).json()
+        assert [item["type"] for item in thought["output"]] == ["reasoning", "message"]
+        assert thought["output"][0]["content"] and thought["stats"]["reasoning_output_tokens"] > 0
+        names = [name for name, _ in events(running, input=PROMPT)]
+        assert names[3:5] == ["reasoning.start", "reasoning.delta"] and "reasoning.end" in names
+        plain = v1_chat(running, input=PROMPT, reasoning="off").json()
+        assert [item["type"] for item in plain["output"]] == ["message"] and plain["output"][0]["content"]
+        [model] = httpx.get(running.base + "/api/v1/models").json()["models"]
+        assert model["capabilities"]["reasoning"] == {"allowed_options": ["off", "on"], "default": "on"}
+    finally:
+        assert running.stop() == 0, running.log()

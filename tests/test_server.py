@@ -537,6 +537,13 @@ EVERY_ROUTES_BODY = {
     "/api/v0/chat/completions": ("POST", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                           "max_tokens": 1, "ttl": 300, "stream": False}),
     "/api/v0/completions": ("POST", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "stop": "\n", "ttl": 60}),
+    "/api/v1/chat": ("POST", {"model": "tiny", "input": [{"type": "message", "content": "hi"}], "system_prompt": "s",
+                              "max_output_tokens": 1, "temperature": 0.5, "top_k": 4, "reasoning": "off",
+                              "store": False, "context_length": 128, "stream": False}),
+    "/api/v1/models/load": ("POST", {"model": "tiny", "context_length": 256, "eval_batch_size": 512,
+                                     "echo_load_config": True}),
+    "/api/v1/models/unload": ("POST", {"instance_id": "tiny"}),  # (a 400: serve started with it)
+    "/api/v1/models/download": ("POST", {"model": "no-such-model", "quantization": "Q4_K_M"}),  # (a 404: none such)
     "/api/generate": ("POST", {"model": "tiny", "prompt": "hi", "system": "s", "stream": False, "format": "json",
                                "options": {"num_predict": 1, "stop": ["."], "seed": 1, "mirostat": 1, "mirostat_tau": 4.0},
                                "keep_alive": 60, "think": False}),
@@ -576,8 +583,8 @@ def test_no_route_answers_a_wrongly_typed_value_with_a_500(tiny, tmp_path):
     try:
         with httpx.Client(timeout=60) as client:
             for route, (method, body) in EVERY_ROUTES_BODY.items():
-                assert client.request(method, server.base + route, json=body).status_code == (
-                    404 if route == "/api/pull" else 200), route
+                assert client.request(method, server.base + route, json=body).status_code == {
+                    "/api/pull": 404, "/api/v1/models/download": 404, "/api/v1/models/unload": 400}.get(route, 200), route
                 for path in _paths(body):
                     for wrong in (None, -1, 2**70, "x", [1], {}):
                         answer = client.request(method, server.base + route, json=_replaced(body, path, wrong))

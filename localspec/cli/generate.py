@@ -653,7 +653,8 @@ def serve(
         " model serve starts with stays loaded.")] = "5m",
     allow_pull: Annotated[Optional[bool], typer.Option(
         "--allow-pull/--no-pull", show_default=False,
-        help="Whether clients may download models with Ollama's POST /api/pull (any client could make the server"
+        help="Whether clients may download models with Ollama's POST /api/pull or LM Studio's"
+        " /api/v1/models/download (any client could make the server"
         " fetch a Hub GGUF, then load it), and make, copy and delete them with /api/create, /api/copy and"
         " /api/delete, uploading files with /api/blobs. Default: allowed while serve listens on this machine"
         " only (127.0.0.1, ::1, localhost), refused once --host exposes it.")] = None,
@@ -701,7 +702,8 @@ def serve(
     (and its /v1/responses/input_tokens count);
     Ollama's /api/chat, /api/generate, /api/embed, /api/pull, /api/create, /api/copy, /api/delete, /api/blobs,
     /api/tags, /api/ps, /api/show and /api/version; LM Studio's /api/v0/models, /api/v0/chat/completions,
-    /api/v0/completions and /api/v0/embeddings (Zed's and Cline's LM Studio setups; --port 1234); llama-server's /completion, /infill (code completion),
+    /api/v0/completions and /api/v0/embeddings (Zed's and Cline's LM Studio setups; --port 1234) and its v1
+    /api/v1/chat, /api/v1/models, load, unload and download; llama-server's /completion, /infill (code completion),
     /tokenize, /detokenize, /props and /apply-template, and its spellings without /v1 (/chat/completions,
     /models, /responses; its /completions is /completion). Chats may offer `tools`: the model's own template presents them and its
     calls come back as OpenAI's tool_calls (read in each family's own form: docs/serve.md lists them), held to
