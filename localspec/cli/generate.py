@@ -691,7 +691,8 @@ def serve(
         " (a generative model by the mean).")] = None,
     reranking: Annotated[bool, typer.Option("--reranking", "--rerank", hidden=True)] = False,
 ):
-    """Serve the model over OpenAI's, Anthropic's, Ollama's and LM Studio's HTTP APIs, with speculation statistics in every response.
+    """Serve the model over OpenAI's, Anthropic's, Ollama's and LM Studio's HTTP APIs, with speculation statistics
+    in every response.
 
     A browser at / gets a chat page that shows speculation working (drafted tokens by drafter, acceptance by
     position, plain decoding beside a reply); `localspec run` and `chat` answer through a serve that holds
