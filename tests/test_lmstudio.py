@@ -160,7 +160,7 @@ def test_a_streamed_v1_chat_is_lm_studios_named_events_ending_with_the_whole_ans
 
 @pytest.mark.parametrize("body, status, kind, param", [
     ({"input": PROMPT, "integrations": ["mcp/playwright"]}, 400, "invalid_request", "integrations"),
-    ({"input": PROMPT, "previous_response_id": "resp_gone"}, 404, "model_not_found", "previous_response_id"),
+    ({"input": PROMPT, "previous_response_id": "resp_gone"}, 404, "invalid_request", "previous_response_id"),
     ({"input": PROMPT, "previous_response_id": "chatcmpl-1"}, 400, "invalid_request", "previous_response_id"),
     ({"input": []}, 400, "invalid_request", "input"),
     ({"input": [{"type": "image"}]}, 400, "invalid_request", "input.0.data_url"),
@@ -206,5 +206,17 @@ def test_a_reasoning_models_thinking_is_its_own_output_item_and_reasoning_off_tu
         assert [item["type"] for item in plain["output"]] == ["message"] and plain["output"][0]["content"]
         [model] = httpx.get(running.base + "/api/v1/models").json()["models"]
         assert model["capabilities"]["reasoning"] == {"allowed_options": ["off", "on"], "default": "on"}
+    finally:
+        assert running.stop() == 0, running.log()
+
+
+def test_a_long_prompts_reading_is_streamed_as_its_progress(tiny, tmp_path):
+    running = ServerProcess(tmp_path, tiny["target"], "-c", "512", "-b", "32", "--alias", "tiny", "--temp", "0")
+    try:
+        streamed = events(running, input="tell me " * 60)
+        progress = [payload["progress"] for name, payload in streamed if name == "prompt_processing.progress"]
+        assert len(progress) >= 3 and progress == sorted(progress) and 0 < progress[0] and progress[-1] < 1
+        names = [name for name, _ in streamed]
+        assert names.index("prompt_processing.end") > names.index("prompt_processing.progress")
     finally:
         assert running.stop() == 0, running.log()

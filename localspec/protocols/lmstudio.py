@@ -1,8 +1,9 @@
-"""LM Studio's own REST API beside OpenAI's on the same port, as clients set up for LM Studio call it: Zed lists
-models at /api/v0/models (reading each one's state, context lengths and capabilities) and chats at
+"""LM Studio's own REST APIs beside OpenAI's on the same port, as clients set up for LM Studio call them. Its v0:
+Zed lists models at /api/v0/models (reading each one's state, context lengths and capabilities) and chats at
 /api/v0/chat/completions; Cline reads /api/v0/models for the context window. Its requests and streams are OpenAI's;
 a whole answer carries LM Studio's `stats` (its speculative decoding counts among them), `model_info` and `runtime`
-beside OpenAI's fields."""
+beside OpenAI's fields. Its v1 (LM Studio 0.4): a chat of its own shape, its conversations kept by response id and
+streamed as named events, and its model list, load, unload and download routes."""
 
 import json
 import math
@@ -37,15 +38,18 @@ def model_object(name: str, info: GGUFInfo, entry: ModelEntry | None, session: S
     vision = session is not None and session.info.vision
     kind = "embeddings" if not info.generates else "vlm" if vision else "llm"
     capabilities = store.capabilities(info, session.prompts.template if session else None)
-    out = {"id": name, "object": "model", "type": kind,
-           "publisher": entry.repo.split("/")[0] if entry and entry.repo else info.get("general.organization") or "local",
-           "arch": info.architecture, "compatibility_type": "gguf", "quantization": info.quantization,
+    out = {"id": name, "object": "model", "type": kind, "publisher": _publisher(info, entry), "arch": info.architecture, "compatibility_type": "gguf", "quantization": info.quantization,
            "state": "loaded" if session else "loading" if loading else "not-loaded",
            "max_context_length": info.context_length or 0,
            "capabilities": ["tool_use"] * ("tools" in capabilities) + ["vision"] * vision}
     if session is not None:
         out["loaded_context_length"] = session.info.n_ctx
     return out
+
+
+def _publisher(info: GGUFInfo, entry: ModelEntry | None) -> str:
+    """Who published the model, as LM Studio says it: its Hub repository's owner, else its file's organization."""
+    return entry.repo.split("/")[0] if entry and entry.repo else info.get("general.organization") or "local"
 
 
 def ttl(body: dict) -> float | None:
@@ -105,20 +109,19 @@ class Reply(openai.Reply):
             "model_info": {"arch": info.architecture, "quant": info.quantization, "format": "gguf",
                            "context_length": self.session.info.n_ctx},
             "runtime": {"name": "localspec-llama.cpp-" + "-".join(self.session.plan.target.held_by).lower(),
-                        "version": __version__,
-                        "supported_formats": ["gguf"]}}
+                        "version": __version__, "supported_formats": ["gguf"]}}
 
 
 # LM Studio's v1 REST API (LM Studio 0.4, which recommends it for new code): /api/v1/models, /api/v1/chat (a
 # conversation kept by response id), and the models' load, unload and download routes.
 
-V1_ERROR_TYPES = {404: "model_not_found", 501: "not_implemented"}
+V1_ERROR_CODES = ("model_not_found", "job_not_found")  # codes that are error types of LM Studio's own
 REASONING = {"off": False, "on": True}  # v1 chat's `reasoning`, where it is no effort (low, medium, high)
 
 
 def v1_error_body(failure: ApiError) -> dict:
     """LM Studio's v1 error object (its type one of its own: invalid_request, model_not_found, job_not_found, ...)."""
-    kind = "job_not_found" if failure.code == "job_not_found" else V1_ERROR_TYPES.get(failure.status) or (
+    kind = failure.code if failure.code in V1_ERROR_CODES else "not_implemented" if failure.status == 501 else (
         "internal_error" if failure.status >= 500 else "invalid_request")
     return {"error": {"type": kind, "message": failure.message}
             | {name: value for name, value in (("code", failure.code), ("param", failure.param)) if value}}
@@ -128,7 +131,7 @@ def v1_model_entry(name: str, info: GGUFInfo, entry: ModelEntry | None, session:
     """/api/v1/models: a model that can be served, with its loaded instance (serve's one, named as the model)."""
     generates = info.generates
     out = {"type": "llm" if generates else "embedding",
-           "publisher": model_object(name, info, entry, None, False)["publisher"], "key": name,
+           "publisher": _publisher(info, entry), "key": name,
            "display_name": info.get("general.name") or name, "architecture": info.architecture,
            "quantization": {"name": info.quantization, "bits_per_weight": _bits_per_weight(info)},
            "size_bytes": info.file_size, "params_string": info.parameter_size if generates else None,
@@ -200,8 +203,9 @@ class V1(Protocol):
         if asked.previous_response_id is not None and not asked.previous_response_id.startswith("resp_"):
             raise ApiError(400, "previous_response_id is a response_id an earlier chat answered (resp_...)",
                            param="previous_response_id")
-        carried = self.kept.get(asked.previous_response_id) if asked.previous_response_id else []
-        carried = [message for message in carried if message["role"] != "system"] + [_user_message(asked.input)]
+        # (what went before, without its system prompt: each chat gives its own)
+        carried = (self.kept.get(asked.previous_response_id) if asked.previous_response_id else []) + [
+            _user_message(asked.input)]
         messages = ([{"role": "system", "content": asked.system_prompt}] if asked.system_prompt else []) + carried
         sampling, limits = overridden_or_refused(
             defaults, temperature=asked.temperature, top_p=asked.top_p, top_k=asked.top_k, min_p=asked.min_p,
@@ -252,7 +256,7 @@ class Chat(Answering):
         self.carried, self.kept = parsed.carried, kept
         self.response_id = "resp_" + uuid.uuid4().hex if parsed.carried is not None else None
         self.block: str | None = None  # reasoning or message: the block open in the stream
-        self.reading = False  # the prompt's reading was said to start, and not yet to end
+        self.processing = False  # the prompt's reading was said to start, and not yet to end
         self.load_seconds: float | None = None  # how long this request waited for its model's load, where it did
 
     def full(self, job: Job) -> dict:
@@ -275,7 +279,7 @@ class Chat(Answering):
             "timings": timings(job), "speculation": speculation(job)}
 
     def opening(self, job: Job) -> list[str]:
-        self.reading = True
+        self.processing = True
         return [_event("chat.start", {"model_instance_id": self.model}), _event("prompt_processing.start")]
 
     def reading(self, job: Job, reading: Reading) -> list[str]:
@@ -285,8 +289,8 @@ class Chat(Answering):
         """The events that end the prompt's reading or the open block and start this one, where it is another."""
         if self.block == block:
             return ""
-        out = _event("prompt_processing.end") if self.reading else self._end()
-        self.reading, self.block = False, block
+        out = _event("prompt_processing.end") if self.processing else self._end()
+        self.processing, self.block = False, block
         return out + _event(f"{block}.start")
 
     def _end(self) -> str:
@@ -302,7 +306,7 @@ class Chat(Answering):
         return _event("error", v1_error_body(failure))
 
     def closing(self, job: Job, called: bool) -> list[str]:
-        ended = _event("prompt_processing.end") if self.reading else self._end()
+        ended = _event("prompt_processing.end") if self.processing else self._end()
         return [frame for frame in (ended, _event("chat.end", {"result": self.full(job)})) if frame]
 
 
