@@ -80,7 +80,7 @@ class Server:
         # ones held every thread that model loads run on.
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
         self.responses = Responses()  # keeps the responses it gave, for previous_response_id
-        self._drafts_said: set[tuple[str, str]] = set()  # (model, draft_model) a request asked for, said in the log
+        self._said: set[tuple] = set()  # what requests asked for that serve does otherwise, said once in the log
         self.lmstudio = lmstudio.V1()  # keeps the chats it answered, for previous_response_id
         self._downloads: dict[str, lmstudio.Download] = {}  # LM Studio's download jobs, by id (the newest kept)
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
@@ -248,6 +248,7 @@ class Server:
         body = await self._body(request)
         served = await self._model(body.get("model"), ollama.keep_alive(body.get("keep_alive")), known_only=True)
         loaded = time.perf_counter_ns()
+        self._context_asked(body, served)
         inputs, truncate, dimensions = ollama.parse_embed(body, served.session.target_model.n_embd)
         job = await self._done(Embedding(inputs, client, dimensions=dimensions, truncate=truncate), client, served,
                                request, "input")
@@ -482,6 +483,7 @@ class Server:
         asked = time.perf_counter_ns()
         served = await self._model(body.get("model"), keep_alive, known_only=True)
         loaded = time.perf_counter_ns()
+        self._context_asked(body, served)
         model = body.get("model") or served.name
         parsed = await self._parse(body, chat, OLLAMA, served)
         if parsed is None:  # an empty prompt: clients send one to load the model
@@ -515,10 +517,27 @@ class Server:
         target's own whichever drafts); one that names another is said in the log, once a name."""
         asked = lmstudio.draft_file(body)
         drafts = served.session.info.draft
-        if asked is not None and asked != drafts and (served.name, asked) not in self._drafts_said:
-            self._drafts_said.add((served.name, asked))
-            self.log(f"draft_model {body['draft_model']!r} asked: {served.name} drafts with"
-                     f" {drafts or 'no draft model'} (serve's --draft chooses it; the answer is the same either way)")
+        if asked is not None and asked != drafts:
+            self._say_once(("draft_model", served.name, asked), f"draft_model {body['draft_model']!r} asked:"
+                           f" {served.name} drafts with {drafts or 'no draft model'} (serve's --draft chooses it; the"
+                           " answer is the same either way)")
+
+    def _context_asked(self, body: dict, served: Served) -> None:
+        """Ollama's options.num_ctx (Continue sends its context length with every request): the context is the one
+        serve loaded the model with; a larger one asked for is said in the log, once a size."""
+        options = body.get("options")
+        asked = options.get("num_ctx") if isinstance(options, dict) else None
+        n_ctx = served.session.info.n_ctx
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > n_ctx:
+            self._say_once(("num_ctx", served.name, asked), f"options.num_ctx {asked} asked: {served.name} is loaded"
+                           f" with a context of {n_ctx} tokens (serve's -c sets it); a longer prompt is refused, or"
+                           " loses its oldest turns where truncate says so")
+
+    def _say_once(self, key: tuple, line: str) -> None:
+        """A line for the log, said the first time its key comes (clients send the same with every request)."""
+        if key not in self._said:
+            self._said.add(key)
+            self.log(line)
 
     async def lmstudio_v1_models(self, request: Request, client: str | None) -> Response:
         models = []

@@ -140,6 +140,18 @@ def test_options_that_cannot_be_honoured_are_one_error_in_ollamas_shape(server, 
     assert unset.status_code == 200 and unset.json()["eval_count"] <= 2, unset.text
 
 
+def test_a_context_larger_than_serve_loaded_is_said_once_in_the_log(server):
+    """Continue sends its context length as options.num_ctx with every request: it was passed over in silence (the
+    model keeps the context serve loaded it with); a larger one is said once a size."""
+    for num_ctx in (8192, 8192, 100_000, 64):
+        assert client(server).chat("tiny", messages=[{"role": "user", "content": "hi"}],
+                                   options={"num_ctx": num_ctx, "num_predict": 2}).done
+    assert client(server).embed("tiny", "hi", options={"num_ctx": 8192}).embeddings
+    said = [line for line in server.log().splitlines() if "options.num_ctx" in line]
+    assert sorted(int(line.split("options.num_ctx ")[1].split()[0]) for line in said) == [8192, 100_000], said
+    assert "tiny is loaded with a context of 512 tokens (serve's -c sets it)" in said[0]
+
+
 def test_ollamas_penalties_are_honoured_and_the_drafted_text_stays_plain_decodings(server, tiny):
     """Ollama's own defaults (repeat_penalty 1.1 over the last 64 tokens), as its clients send them, and more."""
     messages = [{"role": "user", "content": PROMPT}]
