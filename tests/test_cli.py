@@ -957,3 +957,11 @@ def test_help_texts_flow_to_the_terminals_width(cli, monkeypatch):
         description = out.split("╭")[0].splitlines()[3:]  # after the usage line
         for paragraph in _paragraphs(description):
             assert _filled(paragraph), (command, paragraph)
+
+
+def test_lm_studios_command_names(localspec, tmp_path):
+    """`lms get` and `lms unload`, as LM Studio's users type them: pull and stop."""
+    helped = localspec("get", "--help").stdout.decode()
+    assert "localspec get [OPTIONS]" in helped and "Download a model" in helped and "--draft" in helped
+    stopped, unloaded = localspec("stop", "tiny"), localspec("unload", "tiny")
+    assert (stopped.returncode, stopped.stderr) == (unloaded.returncode, unloaded.stderr) and b"unknown model" in stopped.stderr

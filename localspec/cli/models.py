@@ -62,6 +62,7 @@ def list_models(
         tui.models_table(rows)
 
 
+command(name="get", hidden=True)(pull)  # LM Studio's `lms get`
 command(name="models")(list_models)
 
 
@@ -202,6 +203,9 @@ def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` 
     """Unload a model that a running `localspec serve` loaded on demand, as `ollama stop` does (the model a
     serve started with stays while that serve runs; run, chat and batch let theirs go when they end)."""
     print(remote.stop(name))
+
+
+command(name="unload", hidden=True)(stop)  # LM Studio's `lms unload`
 
 
 @command(name="rm")
