@@ -53,7 +53,7 @@ from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, 
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
 from .events import Done, Reading, Token
-from .pool import NoRoom, NotKnown, Pool, Served, UnknownModel
+from .pool import Available, NoRoom, NotKnown, Pool, Served, UnknownModel
 from .request import Request as LibraryRequest
 from .session import without_oldest_turns
 from .service import FINISHED, Embedding, Job, SlotAction
@@ -592,9 +592,11 @@ class Server:
         self._may_change_models("downloads")
         body = await self._body(request)
         model, quantization = body.get("model"), body.get("quantization")
-        if not isinstance(model, str) or not model or quantization is not None and not isinstance(quantization, str):
-            raise ApiError(400, "model names the model to download (and quantization, a text, its file's)",
-                           param="model")
+        if not isinstance(model, str) or not model:
+            raise ApiError(400, "model names the model to download", param="model")
+        if quantization is not None and not isinstance(quantization, str):
+            raise ApiError(400, "quantization names the file of a Hub repository's to download (Q4_K_M, ...)",
+                           param="quantization")
         try:
             wanted = store.find(f"{model.removeprefix('https://huggingface.co/')}:{quantization}" if quantization
                                 else model)
@@ -604,15 +606,13 @@ class Server:
             raise ApiError(400, f"{model!r} is a file on this machine: nothing to download", param="model")
         if isinstance(wanted, store.ModelEntry) and store.installed(wanted) is not None:
             return JSONResponse({"status": "already_downloaded"})
-        job = lmstudio.Download(getattr(wanted, "size", None))
+        job = lmstudio.Download(getattr(wanted, "size", None), lambda: self.closing)
         self._downloads[job.job_id] = job
         while len(self._downloads) > MOST_KEPT:
             self._downloads.pop(next(iter(self._downloads)))
 
         def fetch() -> None:
             try:
-                if self.closing:
-                    raise FetchError("serve is shutting down")
                 store.fetch(wanted, progress=job.bar, verify_sha256=True)
             except LocalspecError as error:
                 job.end(error)
@@ -637,7 +637,7 @@ class Server:
     async def lmstudio_model(self, request: Request, client: str | None) -> Response:
         return JSONResponse(self._lmstudio_model(self.pool.find(request.path_params["name"])))
 
-    def _lmstudio_model(self, available) -> dict:
+    def _lmstudio_model(self, available: Available) -> dict:
         served = self.pool.loaded.get(available.key)
         return lmstudio.model_object(available.name, self.pool.header(available.path), available.entry,
                                      served and served.session, self.pool.loading(available))

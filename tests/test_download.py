@@ -777,6 +777,12 @@ def test_slow_pulls_leave_model_loads_their_threads_and_stop_when_serve_does(hub
         pulled = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
         assert pulled.json() == {"status": "success"}
         hub.slow["big.gguf"] = 0.1  # 12 s for its 122 blocks of 64 KiB
+        # LM Studio's download job of it first, on a thread of the pulls': it must stop when serve does too
+        job = httpx.post(server.base + "/api/v1/models/download", json={"model": "hf:test/big-GGUF/big.gguf"}).json()
+        deadline = time.monotonic() + 30
+        while not httpx.get(server.base + f"/api/v1/models/download/status/{job['job_id']}").json().get(
+                "downloaded_bytes") and time.monotonic() < deadline:
+            time.sleep(0.1)
         began, finished = threading.Event(), []
 
         def pull():

@@ -9,6 +9,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -17,7 +18,7 @@ from pydantic import Field
 
 from .. import __version__, reasoning, store
 from ..config import DrafterKind
-from ..errors import UsageError
+from ..errors import FetchError, UsageError
 from ..events import Reading
 from ..request import Request
 from ..service import Job
@@ -347,8 +348,10 @@ class Download:
     """One model's download (POST /api/v1/models/download) as its status route tells it: a tqdm-shaped bar a file
     (what localspec's downloader reports to), their bytes summed."""
 
-    def __init__(self, total: int | None):
-        self.job_id = "job_" + uuid.uuid4().hex[:10]
+    def __init__(self, total: int | None, stopping: Callable[[], bool]):
+        """stopping: whether serve is shutting down, when the download stops at its next block (what arrived is
+        kept for the next download to go on from)."""
+        self.job_id, self.stopping = "job_" + uuid.uuid4().hex[:10], stopping
         self.total, self.started, self.ended = total or 0, time.time(), None
         self.status, self.error = "downloading", None
         self._files: dict[str, list[int]] = {}  # each file's [total, arrived, arrived when this job began]
@@ -356,7 +359,7 @@ class Download:
     def bar(self, *, total=None, initial=0, desc="", **_) -> "_Bar":
         self._files[desc] = [total or 0, initial, initial]
         self.total = max(self.total, sum(file[0] for file in self._files.values()))
-        return _Bar(self._files[desc])
+        return _Bar(self._files[desc], self.stopping)
 
     def end(self, error: Exception | None) -> None:
         self.status, self.error = ("failed", str(error)) if error else ("completed", None)
@@ -381,10 +384,12 @@ class Download:
 
 
 class _Bar:
-    def __init__(self, counts: list[int]):
-        self.counts = counts
+    def __init__(self, counts: list[int], stopping: Callable[[], bool]):
+        self.counts, self.stopping = counts, stopping
 
     def update(self, n=1):
+        if self.stopping():
+            raise FetchError("serve is shutting down: the download stops here (download again to go on)")
         self.counts[1] += n
 
     def close(self):
