@@ -9,8 +9,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import httpx2 as httpx
 import ollama
@@ -362,5 +364,39 @@ def test_lm_studios_model_list_and_ttl_say_and_set_what_is_loaded(home, tiny):
         while loaded(server) != ["tiny"] and time.monotonic() < deadline:
             time.sleep(0.25)
         assert loaded(server) == ["tiny"], server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def llm_command(server, tmp_path, *args) -> str:
+    """simonw's `llm` with its LM Studio plugin (llm-lmstudio), pointed at serve as at LM Studio: its output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_", "LMSTUDIO_"))}
+    env |= {"LMSTUDIO_API_BASE": server.base, "LLM_USER_PATH": str(tmp_path / "llm")}
+    done = subprocess.run([str(Path(sys.executable).with_name("llm")), *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_llms_lm_studio_plugin_lists_loads_prompts_and_embeds_through_serve(home, tiny, tmp_path):
+    """A real LM Studio client: the llm-lmstudio plugin reads /api/v0/models (which models, loaded or not), loads one
+    that is not with /api/v1/models/load, streams its chats from /api/v0/chat/completions, asks /v1 for a schema's
+    answer, and embeds with an embedding model."""
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512")
+    try:
+        listed = llm_command(server, tmp_path, "models")
+        assert "lmstudio/tiny ●" in listed and "lmstudio/tiny-c ⚒" in listed, listed
+        assert "tiny-embed" in llm_command(server, tmp_path, "embed-models")
+        answer = llm_command(server, tmp_path, "-m", "lmstudio/tiny-c", PROMPT, "-o", "max_tokens", "8")
+        assert answer.rstrip("\n") == plain_text(home / "models/tiny-c/c.gguf")
+        assert httpx.get(server.base + "/api/v0/models/tiny-c").json()["state"] == "loaded"  # (the plugin loaded it)
+        whole = llm_command(server, tmp_path, "-m", "lmstudio/tiny-c", PROMPT, "-o", "max_tokens", "8", "--no-stream")
+        assert whole == answer
+        shaped = llm_command(server, tmp_path, "-m", "lmstudio/tiny", "a name", "--schema", "name, age int", "-o",
+                             "max_tokens", "64")
+        assert set(json.loads(shaped)) == {"name", "age"}
+        vector = json.loads(llm_command(server, tmp_path, "embed", "-m", "tiny-embed", "-c", "hello"))
+        assert len(vector) == N_EMBD
+        assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()

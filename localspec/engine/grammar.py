@@ -32,10 +32,14 @@ from .chain import TOKEN_DATA
 from .library import grammars, llama, recent_errors
 from .sampling import Dist
 
-# llama.cpp's converter (json-schema-to-grammar.cpp) lets JSON break lines and indent, as models write it;
-# llama-cpp-python's port still has the older `" "?`, which refuses `{` and a newline
-_PORTED_SPACE = 'space ::= " "?'
-_SPACE = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}'
+# Rules of llama-cpp-python's port of the converter, as llama.cpp's own (json-schema-to-grammar.cpp) writes them now:
+# its space lets JSON break lines and indent, as models write it (the port's `" "?` refused `{` and a newline); a
+# string's character is no raw control character, which JSON escapes (the port's `[^"\\]` admitted a raw line
+# break or \x07 inside a string: JSON that does not parse)
+_AS_LLAMA_CPP_WRITES = {
+    "space": 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}',
+    "char": r'char ::= [^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])',
+}
 
 
 def json_object() -> str:
@@ -65,7 +69,7 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, AssertionError, NotImplementedError,
             RecursionError) as error:  # (a malformed schema: `properties` a list, `$ref` a number, ...)
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
-    return "\n".join(_SPACE if line == _PORTED_SPACE else line for line in gbnf.split("\n")), matching
+    return "\n".join(_AS_LLAMA_CPP_WRITES.get(line.split(" ::= ", 1)[0], line) for line in gbnf.split("\n")), matching
 
 
 def from_regex(pattern: str) -> str:
