@@ -273,8 +273,8 @@ class Chat(Answering):
                  "time_to_first_token_seconds": recorder.prefill_seconds}
         if self.load_seconds is not None:
             stats["model_load_time_seconds"] = self.load_seconds
-        output = ([{"type": "reasoning", "content": thought}] if thought else []) + [{"type": "message",
-                                                                                     "content": content}]
+        output = ([{"type": "reasoning", "content": thought}] if thought else []) + (
+            [{"type": "message", "content": content}] if content or not thought else [])  # (all of it thinking: none)
         return {"model_instance_id": self.model, "output": output, "stats": stats} | (
             {"response_id": self.response_id} if self.response_id else {}) | {
             "timings": timings(job), "speculation": speculation(job)}
