@@ -551,7 +551,7 @@ class Server:
         """LM Studio's v1 chat: its input and stats; streamed as its named events."""
         body = await self._body(request)
         asked, loaded_before = time.perf_counter(), set(map(id, self.pool.loaded.values()))
-        served = await self._model(body.get("model"), lmstudio.ttl(body), known_only=True)
+        served = await self._model(body.get("model"), lmstudio.ttl(body))  # (a name no model has: serve's, as on /v1)
         load_seconds = time.perf_counter() - asked if id(served) not in loaded_before else None
         wanted = body.get("context_length")
         if isinstance(wanted, int) and wanted > served.session.info.n_ctx:
