@@ -119,7 +119,8 @@ def converted_pattern(pattern: str, in_json: bool = False) -> str:
             continue
         if character == ".":
             out.append(_one_of(_DOT, in_json))
-        elif pattern.startswith(("(?:", "(?P<"), at) or pattern.startswith("(?<", at) and pattern[at + 3:at + 4] not in "=!":
+        elif pattern.startswith(("(?:", "(?P<"), at) or (pattern.startswith("(?<", at)
+                                                            and pattern[at + 3:at + 4] not in "=!"):
             out.append("(")
             depth += 1
             at = pattern.index(">", at) if pattern[at + 2] in "P<" else at + 2
@@ -131,7 +132,8 @@ def converted_pattern(pattern: str, in_json: bool = False) -> str:
             raise InputError(f"the pattern /{pattern}/: {character} inside it has no equivalent in a grammar")
         elif character == '"' or ord(character) < 0x20:  # (the converter writes a quote raw, a line break as it is)
             out.append(_one_of([(ord(character), ord(character))], in_json))
-        elif character in "*+?}" and pattern[at + 1:at + 2] in ("?", "+") and not (character == "?" and out[-1:] == ["("]):
+        elif (character in "*+?}" and pattern[at + 1:at + 2] in ("?", "+")
+              and not (character == "?" and out[-1:] == ["("])):
             out.append(character)
             at += 1
         else:
@@ -168,7 +170,8 @@ def _class_at(pattern: str, at: int) -> tuple[list, int, None]:
         members, at, low = _escape_at(pattern, at) if pattern[at] == "\\" else ([(ord(pattern[at]),) * 2], at + 1,
                                                                                   ord(pattern[at]))
         if low is not None and pattern[at] == "-" and pattern[at + 1] != "]":
-            _, at, high = _escape_at(pattern, at + 1) if pattern[at + 1] == "\\" else (None, at + 2, ord(pattern[at + 1]))
+            _, at, high = (_escape_at(pattern, at + 1) if pattern[at + 1] == "\\"
+                           else (None, at + 2, ord(pattern[at + 1])))
             members = [(low, high)]
         matched += members
     return (_complement(matched) if negated else _merged(matched)), at + 1, None
@@ -206,7 +209,8 @@ def _one_of(points: list, in_json: bool) -> str:
     for high_digit in (0, 1):
         low_digits = [point & 0xF for point in escaped if point not in _SHORT and point >> 4 == high_digit]
         if low_digits:
-            pieces.append(f"[\\x5c]u00{high_digit}[{''.join(f'{digit:x}{digit:X}' if digit > 9 else str(digit) for digit in low_digits)}]")
+            hex_digits = "".join(f"{digit:x}{digit:X}" if digit > 9 else str(digit) for digit in low_digits)
+            pieces.append(f"[\\x5c]u00{high_digit}[{hex_digits}]")
     return f"({'|'.join(pieces)})"
 
 

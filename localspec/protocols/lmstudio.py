@@ -39,7 +39,8 @@ def model_object(name: str, info: GGUFInfo, entry: ModelEntry | None, session: S
     vision = session is not None and session.info.vision
     kind = "embeddings" if not info.generates else "vlm" if vision else "llm"
     capabilities = store.capabilities(info, session.prompts.template if session else None)
-    out = {"id": name, "object": "model", "type": kind, "publisher": _publisher(info, entry), "arch": info.architecture, "compatibility_type": "gguf", "quantization": info.quantization,
+    out = {"id": name, "object": "model", "type": kind, "publisher": _publisher(info, entry),
+           "arch": info.architecture, "compatibility_type": "gguf", "quantization": info.quantization,
            "state": "loaded" if session else "loading" if loading else "not-loaded",
            "max_context_length": info.context_length or 0,
            "capabilities": ["tool_use"] * ("tools" in capabilities) + ["vision"] * vision}
@@ -211,8 +212,9 @@ class V1(Protocol):
         sampling, limits = overridden_or_refused(
             defaults, temperature=asked.temperature, top_p=asked.top_p, top_k=asked.top_k, min_p=asked.min_p,
             repeat_penalty=asked.repeat_penalty, max_tokens=asked.max_output_tokens)
-        thinking = None if asked.reasoning is None else thinking_asked(
-            defaults.thinking, REASONING.get(asked.reasoning), None if asked.reasoning in REASONING else asked.reasoning)
+        level = None if asked.reasoning in REASONING else asked.reasoning  # (an effort: low, medium, high)
+        thinking = None if asked.reasoning is None else thinking_asked(defaults.thinking,
+                                                                       REASONING.get(asked.reasoning), level)
         request = Request(sampling, limits, messages=messages, **({"thinking": thinking} if thinking else {}),
                           **speculative_asked(asked.speculative, defaults))
         return Parsed(request, asked.stream, include_usage=True, carried=carried if asked.store else None,
