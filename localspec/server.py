@@ -80,7 +80,7 @@ class Server:
         # ones held every thread that model loads run on.
         self._pulls = ThreadPoolExecutor(PULLS_AT_ONCE, thread_name_prefix="localspec-pull")
         self.responses = Responses()  # keeps the responses it gave, for previous_response_id
-        self._said: set[tuple] = set()  # what requests asked for that serve does otherwise, said once in the log
+        self._said: dict[tuple, None] = {}  # what requests asked for that serve does otherwise, said once in the log
         self.lmstudio = lmstudio.V1()  # keeps the chats it answered, for previous_response_id
         self._downloads: dict[str, lmstudio.Download] = {}  # LM Studio's download jobs, by id (the newest kept)
         # (path, method, the protocol its answers and errors speak, handler(request, client), whether it
@@ -518,7 +518,7 @@ class Server:
         asked = lmstudio.draft_file(body)
         drafts = served.session.info.draft
         if asked is not None and asked != drafts:
-            self._say_once(("draft_model", served.name, asked), f"draft_model {body['draft_model']!r} asked:"
+            self._say_once(("draft_model", served.name, asked), f"draft_model {body['draft_model'][:200]!r} asked:"
                            f" {served.name} drafts with {drafts or 'no draft model'} (serve's --draft chooses it; the"
                            " answer is the same either way)")
 
@@ -534,9 +534,12 @@ class Server:
                            " loses its oldest turns where truncate says so")
 
     def _say_once(self, key: tuple, line: str) -> None:
-        """A line for the log, said the first time its key comes (clients send the same with every request)."""
+        """A line for the log, said the first time its key comes (clients send the same with every request); the
+        newest MOST_KEPT keys remembered (a client's names are its own: endless distinct ones grew the set)."""
         if key not in self._said:
-            self._said.add(key)
+            self._said[key] = None
+            while len(self._said) > MOST_KEPT:
+                self._said.pop(next(iter(self._said)))
             self.log(line)
 
     async def lmstudio_v1_models(self, request: Request, client: str | None) -> Response:

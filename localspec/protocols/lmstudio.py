@@ -97,10 +97,9 @@ class Reply(openai.Reply):
         called = whole["choices"][0]["finish_reason"] == "tool_calls"
         stop = "toolCalls" if called else "stopStringFound" if recorder.stop_sequence else STOP_REASONS[
             recorder.finish_reason]
-        seconds = recorder.decode_seconds
-        stats = {"tokens_per_second": recorder.tokens / seconds if seconds > 0 else 0.0,
-                 "time_to_first_token": recorder.prefill_seconds, "generation_time": seconds, "stop_reason": stop}
         summary = recorder.summary()
+        stats = {"tokens_per_second": summary.tokens_per_second, "time_to_first_token": summary.prefill_seconds,
+                 "generation_time": summary.decode_seconds, "stop_reason": stop}
         if summary.drafted:  # (the draft model named where it drafted: n-gram lookup and the rest need none)
             by_model = DrafterKind.DRAFT in summary.drafters
             stats |= ({"draft_model": self.session.info.draft} if by_model else {}) | {
@@ -268,11 +267,10 @@ class Chat(Answering):
         if self.response_id is not None:
             self.kept.put(self.response_id, [*self.carried, {"role": "assistant", "content": content}
                                               | ({"reasoning_content": thought} if thought else {})])
-        seconds = recorder.decode_seconds
-        stats = {"input_tokens": recorder.prompt_tokens, "total_output_tokens": recorder.tokens,
+        summary = recorder.summary()
+        stats = {"input_tokens": summary.prompt_tokens, "total_output_tokens": summary.tokens,
                  "reasoning_output_tokens": recorder.parts["thinking"].tokens,
-                 "tokens_per_second": recorder.tokens / seconds if seconds > 0 else 0.0,
-                 "time_to_first_token_seconds": recorder.prefill_seconds}
+                 "tokens_per_second": summary.tokens_per_second, "time_to_first_token_seconds": summary.prefill_seconds}
         if self.load_seconds is not None:
             stats["model_load_time_seconds"] = self.load_seconds
         output = ([{"type": "reasoning", "content": thought}] if thought else []) + (
