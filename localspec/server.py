@@ -37,11 +37,12 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import net, store
-from .protocols import anthropic, llama_server, lmstudio, native, ollama, openai
+from . import __version__, net, store
+from .protocols import anthropic, llama_server, lmstudio, lmstudio_sdk, native, ollama, openai
 from .protocols.anthropic import ANTHROPIC
 from .protocols.llama_server import LLAMA_SERVER
 from .protocols.native import NATIVE
@@ -134,6 +135,7 @@ class Server:
             ("/tokenizer_info", "GET", LLAMA_SERVER, self.tokenizer_info, True),  # (vLLM's)
             ("/apply-template", "POST", LLAMA_SERVER, self.llama_apply_template, True),
             ("/completions", "POST", LLAMA_SERVER, self.llama_completion, True),  # (llama-server's own, not OpenAI's)
+            ("/lmstudio-greeting", "GET", OPENAI, self.lmstudio_greeting, False),  # (LM Studio's SDKs, then sockets)
             ("/api/v0/models", "GET", OPENAI, self.lmstudio_models, True),
             ("/api/v0/models/{name:path}", "GET", OPENAI, self.lmstudio_model, True),
             ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=True), True),
@@ -152,7 +154,11 @@ class Server:
         # llama-server's spellings without /v1, which a client given its address without it calls
         self.routes += [(path.removeprefix("/v1"), *rest) for path, *rest in self.routes if path in WITHOUT_V1]
         not_http = {404: self._not_found, 405: self._not_found}
-        self.app = Starlette(routes=[self._route(*route) for route in self.routes], exception_handlers=not_http,
+        sockets = [WebSocketRoute(f"/{namespace}", functools.partial(_SdkSocket.serve, self, namespace))
+                   for namespace in lmstudio_sdk.NAMESPACES]
+        self.sdk_uploads = lmstudio_sdk.Uploads()  # images LM Studio's SDK uploaded, by the client that did
+        self.app = Starlette(routes=[self._route(*route) for route in self.routes] + sockets,
+                             exception_handlers=not_http,
                              middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
         self.created = int(time.time())
 
@@ -281,10 +287,11 @@ class Server:
         except LocalspecError as error:  # its file is there but does not load
             raise ApiError(500, f"the model {name!r} does not load: {error}", "server_error") from None
 
-    async def _done(self, work: Embedding | SlotAction, client: str | None, served: Served, request: Request,
-                    param: str | None = None) -> Job:
+    async def _done(self, work: Embedding | SlotAction, client: str | None, served: Served,
+                    request: Request | WebSocket, param: str | None = None) -> Job:
         """The finished job that did the work (an embedding, a slot action), run on the worker in its turn
-        (cancelled if its client leaves); ApiError if it failed (naming param)."""
+        (cancelled if its client leaves: a socket's handler cancels it as it ends); ApiError if it failed
+        (naming param)."""
         loop = asyncio.get_running_loop()
         ended: asyncio.Future = loop.create_future()
 
@@ -296,11 +303,12 @@ class Server:
             job = served.service.submit(work, deliver, _who(request, client))
         except LocalspecError as error:
             raise api_error(error) from None
-        watcher = asyncio.create_task(_cancel_when_gone(request, job))
+        watcher = asyncio.create_task(_cancel_when_gone(request, [job])) if isinstance(request, Request) else None
         try:
             outcome = await ended
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             job.cancel()  # a no-op once it has finished
         if isinstance(outcome, LocalspecError):
             raise api_error(outcome, param)
@@ -634,6 +642,9 @@ class Server:
                            f" newest {MOST_KEPT:,} while it runs)", code="job_not_found")
         return JSONResponse(job.status_body())
 
+    async def lmstudio_greeting(self, request: Request, client: str | None) -> Response:
+        return JSONResponse(lmstudio_sdk.GREETING)
+
     async def lmstudio_models(self, request: Request, client: str | None) -> Response:
         return JSONResponse({"object": "list", "data": [self._lmstudio_model(a) for a in self.pool.available()]})
 
@@ -955,21 +966,7 @@ class Server:
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
         streaming = False
         try:
-            asked_all = list(choices_of(parsed))
-            # (a long reading is streamed to keep the stream open where only one job reads: the others of several
-            # start once the first has read, to take its cells)
-            reading = answering.shows_reading or answering.keepalive is not None and len(asked_all) == 1
-            for index, asked in enumerate(asked_all):
-                try:
-                    jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
-                                                                        answering.every_event, reading),
-                                                      _who(request, asked.client)))
-                except LocalspecError as error:
-                    raise api_error(error) from None
-                if index == 0:  # its prompt read (or it failed) before the others look for its cells
-                    first = await outbox.get()
-                    if first[1] is FINISHED or isinstance(first[1], LocalspecError):
-                        raise self._failure(jobs[0], first[1], answering)
+            first = await self._started(parsed, answering, served, _who(request, client), jobs, outbox)
             if parsed.stream:
                 streaming = True
                 stream = self._stream(jobs, answering, first, outbox, request.url.path, watcher)
@@ -989,6 +986,26 @@ class Server:
                 for job in jobs:
                     job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
 
+    async def _started(self, parsed: Parsed, answering: Answering, served: Served, who: str | None, jobs: list[Job],
+                       outbox: asyncio.Queue) -> tuple:
+        """The request's jobs submitted (into jobs, each handing its items to the outbox), and the first job's first
+        item: its prompt read; ApiError where it failed before."""
+        asked_all = list(choices_of(parsed))
+        # (a long reading is streamed to keep the stream open where only one job reads: the others of several
+        # start once the first has read, to take its cells)
+        reading = answering.shows_reading or answering.keepalive is not None and len(asked_all) == 1
+        for index, asked in enumerate(asked_all):
+            try:
+                jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
+                                                                    answering.every_event, reading), who))
+            except LocalspecError as error:
+                raise api_error(error) from None
+            if index == 0:  # its prompt read (or it failed) before the others look for its cells
+                first = await outbox.get()
+                if first[1] is FINISHED or isinstance(first[1], LocalspecError):
+                    raise self._failure(jobs[0], first[1], answering)
+        return first
+
     def _failure(self, job: Job, item, answering: Answering) -> ApiError:
         if isinstance(item, LocalspecError):
             return api_error(item, answering.prompt_field)
@@ -998,7 +1015,7 @@ class Server:
                         "server_error", code="cancelled")
 
     async def _stream(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
-                      watcher: asyncio.Task) -> AsyncIterator[str]:
+                      watcher: asyncio.Task | None) -> AsyncIterator[str]:
         """The answer as it is made, framed as the client's protocol streams (reply); several choices side by
         side, each framed as its own (reply.choice), its end as it ends, then what ends them all. An error
         after the first byte can only be said in the stream itself, as llama-server and Ollama do."""
@@ -1044,7 +1061,8 @@ class Server:
             self.log(traceback.format_exc().rstrip())
             yield reply.error(ApiError(500, f"internal error: {error}", "server_error"))
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             for job in jobs:
                 job.cancel()  # the client left mid-stream (or it ended, and this is a no-op)
 
@@ -1214,9 +1232,12 @@ class _SameSite:
         self.origins = re.compile(f"(?:{'|'.join([LOCAL_ORIGINS, *map(re.escape, serving.cors_origins)])})$")
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):  # (a page's websocket is asked no CORS at all)
             headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-            why = self._refusal(headers.get("host", ""), headers.get("origin"), scope["method"])
+            why = self._refusal(headers.get("host", ""), headers.get("origin"), scope.get("method", "GET"))
+            if why and scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})  # (answered 403)
+                return
             if why:
                 await JSONResponse(ApiError(403, why, code="forbidden").body(), status_code=403)(scope, receive, send)
                 return
@@ -1304,11 +1325,18 @@ class _Door(H11Protocol):
         super().on_response_complete()
         self._wait_for_a_request()
 
+    def handle_websocket_upgrade(self, event) -> None:
+        self._stop_timers()  # (a websocket's time is its own: the SDK's sockets stay open while its client lives)
+        super().handle_websocket_upgrade(event)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timers()
+        super().connection_lost(exc)
+
+    def _stop_timers(self) -> None:
         for timer in (self.deadline, self.unread):
             if timer is not None:
                 timer.cancel()
-        super().connection_lost(exc)
 
     def _wait_for_a_request(self) -> None:
         if self.deadline is not None:
@@ -1407,6 +1435,275 @@ class _Framing:
                 out.append(self.frames.call(piece, self.calls))
                 self.calls += 1
         return out
+
+
+class _SdkSocket:
+    """One websocket of LM Studio's SDKs, a namespace's (protocols/lmstudio_sdk.py): its opening answered, then each
+    remote call and channel served on a task of its own (a long prediction leaves the socket's other calls
+    answered), at most MOST_AT_ONCE at a time, its messages sent one at a time; a channel's cancel stops its
+    generation, and the socket's end everything it started."""
+
+    MOST_AT_ONCE = 64
+    LOAD_WORD_SECONDS = 10  # a load says it goes on this often: the SDK gives up on a channel silent for 60 s
+
+    def __init__(self, server: Server, namespace: str, socket: WebSocket):
+        self.server, self.namespace, self.socket = server, namespace, socket
+        self.identity = ""  # the client's, which its sockets share (an image uploaded on one is named on another)
+        self.key: str | None = None  # the API key it came with, where serve has keys
+        self.tasks: set[asyncio.Task] = set()
+        self.jobs: dict = {}  # the generations of each channel, by its id
+        self.cancelled: set = set()  # channels cancelled (before their generation began, too), by id
+        self.sending = asyncio.Lock()
+
+    @classmethod
+    async def serve(cls, server: Server, namespace: str, socket: WebSocket) -> None:
+        await cls(server, namespace, socket).run()
+
+    async def run(self) -> None:
+        await self.socket.accept()
+        try:
+            if await self._opened():
+                while (message := await self._received()) is not None:
+                    self._take(message)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for jobs in self.jobs.values():
+                for job in jobs:
+                    job.cancel()
+            for task in self.tasks:
+                task.cancel()
+
+    async def _received(self):
+        """The next message (a JSON value), None where the client has gone; a message that is no JSON is warned of."""
+        while True:
+            message = await self.socket.receive()
+            if message["type"] == "websocket.disconnect":
+                return None
+            text = message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace")
+            try:
+                return json.loads(text)
+            except ValueError:
+                await self._send({"type": "communicationWarning", "warning": "a message that is no JSON was dropped"})
+
+    async def _opened(self) -> bool:
+        """The client's identity read and answered: success, or why it may not (serve's API key, which LM Studio's
+        SDKs cannot send, unless the socket's request carried it)."""
+        hello = await self._received()
+        if not isinstance(hello, dict) or "authVersion" not in hello:
+            await self._send({"success": False, "error": lmstudio_sdk.error(
+                "a socket opens with the client's identity ({\"authVersion\": 1, \"clientIdentifier\": ...})")})
+            return False
+        try:
+            self.key = self.server._client(self.socket)
+        except ApiError as failure:
+            await self._send({"success": False, "error": lmstudio_sdk.error(
+                f"{failure.message}; LM Studio's SDKs send no key: serve them without --api-key")})
+            return False
+        self.identity = str(hello.get("clientIdentifier") or id(self))
+        await self._send(lmstudio_sdk.AUTHENTICATED)
+        return True
+
+    def _take(self, message) -> None:
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "channelSend":
+            if (message.get("message") or {}).get("type") == "cancel":
+                self.cancelled.add(message.get("channelId"))
+                for job in self.jobs.get(message.get("channelId"), ()):
+                    job.cancel()
+            return
+        if kind not in ("rpcCall", "channelCreate"):
+            self._start(self._send({"type": "communicationWarning", "warning": f"a message of type {kind!r} was"
+                                    " dropped: rpcCall, channelCreate and channelSend are read"}))
+            return
+        work = self._call(message) if kind == "rpcCall" else self._channel(message)
+        if len(self.tasks) >= self.MOST_AT_ONCE:
+            work.close()
+            failure = lmstudio_sdk.error(f"{self.MOST_AT_ONCE} calls and channels of this socket are running: wait"
+                                         " for one to end")
+            self._start(self._send(lmstudio_sdk.rpc_error(message.get("callId"), failure) if kind == "rpcCall"
+                                   else lmstudio_sdk.channel_error(message.get("channelId"), failure)))
+            return
+        self._start(work)
+
+    def _start(self, work) -> None:
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None \
+                and not isinstance(task.exception(), (WebSocketDisconnect, RuntimeError)):  # (the client had gone)
+            self.server.log("".join(traceback.format_exception(task.exception())).rstrip())
+
+    async def _send(self, message) -> None:
+        await self._send_frame(json.dumps(message, ensure_ascii=False))
+
+    async def _send_frame(self, frame: str) -> None:
+        """A frame's messages, a line each (a Prediction's frame may say several)."""
+        async with self.sending:
+            for line in frame.splitlines():
+                await self.socket.send_text(line)
+
+    def _error(self, error: Exception) -> dict:
+        if isinstance(error, UnknownModel):
+            return lmstudio_sdk.error(str(error), not_found=True)
+        if isinstance(error, ApiError):
+            return lmstudio_sdk.error(error.message, not_found=error.code == "model_not_found")
+        self.server.log(traceback.format_exc().rstrip())
+        return lmstudio_sdk.error(f"internal error: {error}")
+
+    async def _call(self, message: dict) -> None:
+        call_id = message.get("callId")
+        try:
+            answer = lmstudio_sdk.rpc_result(call_id, await self._answer(message.get("endpoint"),
+                                                                         message.get("parameter")))
+        except Exception as error:
+            answer = lmstudio_sdk.rpc_error(call_id, self._error(error))
+        await self._send(answer)
+
+    async def _answer(self, endpoint, parameter):
+        """A remote call's result."""
+        parameter = parameter if isinstance(parameter, dict) else {}
+        pool = self.server.pool
+        if self.namespace == "system" and endpoint == "listDownloadedModels":
+            return [self._info(available) for available in pool.available()]
+        if self.namespace == "system" and endpoint == "version":
+            return {"version": __version__, "build": 0}
+        if self.namespace == "files" and endpoint == "uploadFileBase64":
+            return self.server.sdk_uploads.add(self.identity, parameter)
+        if self.namespace in ("llm", "embedding"):
+            if endpoint == "listLoaded":
+                return [self._info(pool.find(served.name), served) for served in pool.loaded.values()
+                        if self._ours(served.session.target_info)]
+            if endpoint == "unloadModel":
+                name = lmstudio_sdk.specified({"type": "query", "query": {"identifier": parameter.get("identifier")}})
+                if not await pool.unload_when_idle(name):
+                    raise ApiError(400, f"{name} is the model serve started with: it stays loaded while serve runs")
+                return None
+            served = self._loaded(lmstudio_sdk.specified(parameter.get("specifier", parameter.get("modelSpecifier"))))
+            text = parameter.get("inputString")
+            if endpoint == "getModelInfo":
+                return self._info(pool.find(served.name), served)
+            if endpoint == "getLoadConfig":
+                return lmstudio_sdk.load_config(served.session)
+            if endpoint in ("tokenize", "countTokens") and isinstance(text, str):
+                tokens = (await asyncio.to_thread(llama_server.tokenized, served.session, {"content": text}))["tokens"]
+                return {"tokens": tokens} if endpoint == "tokenize" else {"tokenCount": len(tokens)}
+            if endpoint == "embedString" and self.namespace == "embedding" and isinstance(text, str):
+                job = await self.server._done(Embedding([text], self.key), self.key, served, self.socket, "inputString")
+                return {"embedding": job.embeddings[0]}
+            if endpoint == "applyPromptTemplate" and self.namespace == "llm":
+                asked = lmstudio_sdk.prediction_asked(parameter, self._upload)
+                tools = (parameter.get("opts") or {}).get("toolDefinitions")
+                body = asked.body | ({"tools": tools} if tools else {})
+                parsed = await self.server._parse(body, asked.chat, OPENAI, served)
+                return {"formatted": await asyncio.to_thread(_rendered, served, parsed.request)}
+        raise ApiError(400, f"{endpoint!r} with these parameters is not served by localspec on /{self.namespace}",
+                       code="not_implemented")
+
+    def _ours(self, info) -> bool:
+        """Whether a model is this namespace's: a generating one /llm's, an embedding one /embedding's."""
+        return info.generates == (self.namespace == "llm")
+
+    def _info(self, available: Available, served: Served | None = None) -> dict:
+        return lmstudio_sdk.model_info(available.name, self.server.pool.header(available.path), available.entry,
+                                       served and served.session)
+
+    def _loaded(self, name: str | None) -> Served:
+        """The loaded model a call names (where it names none: the first of this namespace's loaded)."""
+        pool = self.server.pool
+        served = pool.loaded.get(pool.find(name).key) if name else next(
+            (served for served in pool.loaded.values() if self._ours(served.session.target_info)), None)
+        if served is None:
+            raise ApiError(404, f"no model {name or 'of this kind'} is loaded (the SDK's llm(name) loads one)",
+                           code="model_not_found")
+        return served
+
+    def _upload(self, identifier) -> tuple[str, bytes] | None:
+        return self.server.sdk_uploads.get(self.identity, identifier)
+
+    async def _channel(self, message: dict) -> None:
+        channel_id, endpoint = message.get("channelId"), message.get("endpoint")
+        creation = message.get("creationParameter")
+        try:
+            if not isinstance(creation, dict):
+                raise ApiError(400, f"a {endpoint} channel is created with its parameter (creationParameter)")
+            if endpoint in ("getOrLoad", "loadModel") and self.namespace in ("llm", "embedding"):
+                await self._load(channel_id, endpoint, creation)
+            elif endpoint == "predict" and self.namespace == "llm":
+                await self._predict(channel_id, creation)
+            else:
+                raise ApiError(400, f"a {endpoint!r} channel is not served by localspec on /{self.namespace}")
+        except Exception as error:
+            await self._send(lmstudio_sdk.channel_error(channel_id, self._error(error)))
+        finally:
+            self.jobs.pop(channel_id, None)
+            self.cancelled.discard(channel_id)
+
+    async def _load(self, channel_id, endpoint: str, creation: dict) -> None:
+        """getOrLoad (the SDK's llm(name)) and loadModel: the model loaded where it is not, saying it goes on while it
+        loads; its instance is the model's own, named as the model."""
+        pool = self.server.pool
+        name = creation.get("identifier" if endpoint == "getOrLoad" else "modelKey")
+        ttl = creation.get("loadTtlMs" if endpoint == "getOrLoad" else "ttlMs")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0):
+            raise ApiError(400, f"a model's ttl is a number of milliseconds, not {ttl!r}")
+        available = pool.find(lmstudio_sdk.specified({"type": "query", "query": {"identifier": name}}))
+        info = pool.header(available.path)
+        if not self._ours(info):
+            raise ApiError(404, f"{available.name} is {'an embedding' if info.generates is False else 'a generating'}"
+                           f" model: /{'embedding' if self.namespace == 'llm' else 'llm'} serves it",
+                           code="model_not_found")
+        already = available.key in pool.loaded
+        if not already:
+            await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "startLoading", "identifier":
+                                                                    available.name, "info": self._info(available)}))
+        loading = asyncio.ensure_future(self.server._model(available.name, None if ttl is None else ttl / 1000,
+                                                           known_only=True))
+        try:
+            while not (await asyncio.wait({loading}, timeout=self.LOAD_WORD_SECONDS))[0]:
+                await self._send(lmstudio_sdk.channel_send(channel_id, {
+                    "type": "loadProgress" if endpoint == "getOrLoad" else "progress", "progress": 0.0}))
+        finally:
+            loading.cancel()  # (a no-op once loaded; the pool finishes a load its asker left)
+        served = loading.result()
+        wanted = lmstudio_sdk.collapsed(creation.get("loadConfigStack"), "loadConfigStack").get(
+            f"{self.namespace}.load.contextLength")
+        if isinstance(wanted, int) and wanted > served.session.info.n_ctx:
+            self.server._say_once(("contextLength", served.name, wanted), f"a context of {wanted} tokens asked:"
+                                  f" {served.name} is loaded with {served.session.info.n_ctx} (serve's -c sets it)")
+        ended = "alreadyLoaded" if already else "loadSuccess" if endpoint == "getOrLoad" else "success"
+        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": ended, "info": self._info(available, served)}))
+
+    async def _predict(self, channel_id, creation: dict) -> None:
+        """A prediction: the history and configuration read as the OpenAI request they amount to, answered as the
+        SDK's fragments and success (lmstudio_sdk.Prediction)."""
+        asked = lmstudio_sdk.prediction_asked(creation, self._upload)
+        served = await self.server._model(lmstudio_sdk.specified(creation.get("modelSpecifier")), known_only=True)
+        parsed = await self.server._parse(asked.body, asked.chat, OPENAI, served)
+        if asked.fits:
+            parsed = await asyncio.to_thread(self.server._fitted, replace(parsed, fits=True), served)
+        self.server._draft_asked(asked.body, served)
+        for key in asked.left_to_serve:
+            self.server._say_once(("lmstudio", key), f"{key} asked (LM Studio's SDK): left to serve's settings")
+        parsed = replace(parsed, request=replace(parsed.request, client=self.key))
+        answering = lmstudio_sdk.Prediction(channel_id, asked.chat, served.name, parsed, served.session,
+                                            self._info(self.server.pool.find(served.name), served))
+        jobs, outbox = self.jobs.setdefault(channel_id, []), asyncio.Queue()
+        who = self.key or (self.socket.client.host if self.socket.client else None)
+        try:
+            if channel_id in self.cancelled:  # (before its generation began: it begins in the same step as this)
+                raise ApiError(503, "cancelled before it began", code="cancelled")
+            first = await self.server._started(parsed, answering, served, who, jobs, outbox)
+        except ApiError as failure:
+            if failure.code != "cancelled":
+                raise
+            await self._send_frame(answering.error(failure))  # (stopped before its prompt was read)
+            return
+        async for frame in self.server._stream(jobs, answering, first, outbox, f"/{self.namespace} predict", None):
+            await self._send_frame(frame)
 
 
 def _rendered(served: Served, asked: Request) -> str:

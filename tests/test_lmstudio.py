@@ -1,13 +1,17 @@
 """LM Studio's own REST API (/api/v0) on serve, as clients set up for LM Studio call it: Zed's and Cline's model list
 (each model's state, context lengths, capabilities), chats and completions through the openai package pointed at
 /api/v0 (as Cline's was), with LM Studio's stats, model_info and runtime beside a whole answer; `max_tokens: -1`
-and `ttl` as LM Studio's examples send them."""
+and `ttl` as LM Studio's examples send them. Its v1 REST API, and its SDK's websockets through the real `lmstudio`
+package."""
 
 import json
+import time
 
 import httpx2 as httpx
+import lmstudio as lms
 import openai
 import pytest
+import websocket
 
 from localspec.store import gguf_meta
 
@@ -219,5 +223,106 @@ def test_a_long_prompts_reading_is_streamed_as_its_progress(tiny, tmp_path):
         assert len(progress) >= 3 and progress == sorted(progress) and 0 < progress[0] and progress[-1] < 1
         names = [name for name, _ in streamed]
         assert names.index("prompt_processing.end") > names.index("prompt_processing.progress")
+    finally:
+        assert running.stop() == 0, running.log()
+
+
+# LM Studio's SDKs (lmstudio for Python, @lmstudio/sdk): a greeting, then websockets a namespace each
+
+def sdk(server) -> lms.Client:
+    """LM Studio's Python SDK pointed at serve (it looks for LM Studio on ports of its own else)."""
+    return lms.Client(server.base.removeprefix("http://"))
+
+
+def test_lm_studios_sdk_lists_loads_counts_and_answers_as_the_openai_api_does(server, tiny):
+    messages = [{"role": "user", "content": PROMPT}]
+    with sdk(server) as client:  # (its greeting looked for first)
+        assert [model.identifier for model in client.llm.list_loaded()] == ["tiny"]
+        assert client.embedding.list_loaded() == []
+        model = client.llm.model("tiny")
+        info, header = model.get_info(), gguf_meta.read(tiny["target"])
+        assert (info.model_key, info.format, info.context_length, info.max_context_length, info.size_bytes) == (
+            "tiny", "gguf", 512, header.context_length, tiny["target"].stat().st_size)
+        assert model.get_context_length() == 512 and client.llm.model().identifier == "tiny"
+        assert model.get_load_config().context_length == 512
+        ids = httpx.post(server.base + "/tokenize", json={"content": PROMPT}).json()["tokens"]
+        assert model.tokenize(PROMPT) == ids and model.count_tokens(PROMPT) == len(ids)
+
+        result = model.respond(PROMPT, config={"maxTokens": 16})
+        assert result.content == plain_text(tiny, messages)
+        stats = result.stats
+        assert stats.stop_reason == "maxPredictedTokensReached" and stats.predicted_tokens_count == 16
+        # the speculative decoding counts LM Studio gives, the draft model named
+        assert stats.used_draft_model_key == tiny["same"].name and stats.total_draft_tokens_count > 0
+        assert stats.accepted_draft_tokens_count + stats.rejected_draft_tokens_count == stats.total_draft_tokens_count
+        fragments = list(model.respond_stream(PROMPT, config={"maxTokens": 16}))
+        assert "".join(fragment.content for fragment in fragments) == result.content
+        assert sum(f.tokens_count for f in fragments) == 16 and any(f.contains_drafted for f in fragments)
+
+        completion = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=8)
+        assert model.complete(PROMPT, config={"maxTokens": 8}).content == completion.choices[0].text
+        chat = lms.Chat()
+        chat.add_user_message(PROMPT)
+        applied = httpx.post(server.base + "/apply-template", json={"messages": messages}, timeout=60).json()
+        assert model.apply_prompt_template(chat) == applied["prompt"]
+
+
+def test_the_sdks_schema_a_cancel_and_what_cannot_be_answered(server):
+    with sdk(server) as client:
+        model = client.llm.model("tiny")
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+        shaped = model.respond(PROMPT, response_format=schema, config={"maxTokens": 64})
+        assert set(shaped.parsed) == {"name"}, shaped.content
+        whole = model.respond(PROMPT, config={"maxTokens": 12}).content
+        stopped = model.respond(PROMPT, config={"maxTokens": 12, "stopStrings": [whole[3:6]]})
+        assert stopped.content == whole[:3] and stopped.stats.stop_reason == "stopStringFound"
+        long_ago = lms.Chat()
+        for _ in range(6):
+            long_ago.add_user_message("word " * 60)
+            long_ago.add_assistant_response("noted")
+        long_ago.add_user_message(PROMPT)
+        with pytest.raises(lms.LMStudioServerError, match="context"):
+            model.respond(long_ago, config={"maxTokens": 8})
+        rolled = model.respond(long_ago, config={"maxTokens": 8, "contextOverflowPolicy": "rollingWindow"})
+        assert rolled.stats.predicted_tokens_count == 8 and rolled.stats.prompt_tokens_count < 512
+        with model.respond_stream(PROMPT, config={"maxTokens": 400}) as stream:  # (the channel opened)
+            stream.cancel()  # (before its generation began: it was passed over, and the SDK waited for the answer)
+            assert list(stream) == [] and stream.result().stats.stop_reason == "userStopped"
+        with pytest.raises(lms.LMStudioModelNotFoundError, match="not served here"):
+            client.llm.model("no-such-model")
+        with pytest.raises(lms.LMStudioServerError, match="context"):
+            model.respond("word " * 2000)
+        with pytest.raises(lms.LMStudioServerError, match="not served by localspec"):
+            client.repository.search_models("qwen")
+    assert "Traceback" not in server.log()
+
+
+def raw_socket(server, namespace: str = "llm", origin: str | None = None, **headers) -> websocket.WebSocket:
+    """A socket as the SDKs open one (no Origin: the client is no web page), its opening sent."""
+    opened = websocket.create_connection(f"ws://{server.base.removeprefix('http://')}/{namespace}", timeout=60,
+                                         header=[f"{name}: {value}" for name, value in headers.items()],
+                                         suppress_origin=origin is None, origin=origin)
+    opened.send(json.dumps({"authVersion": 1, "clientIdentifier": "test", "clientPasskey": "test"}))
+    return opened
+
+
+def test_a_socket_stays_open_idle_and_one_a_web_page_or_a_missing_key_would_open_is_refused(tiny, tmp_path):
+    """The SDK holds its sockets open while its client lives: serve's --timeout for a request's headers closed them.
+    A web page's socket is asked no CORS, so another site's is refused; so is a client without serve's API key."""
+    running = ServerProcess(tmp_path, tiny["target"], "--alias", "tiny", "--timeout", "1", "--api-key", "k")
+    try:
+        with pytest.raises(lms.LMStudioServerError, match="API key"):
+            sdk(running).llm.list_loaded()
+        socket = raw_socket(running, Authorization="Bearer k")
+        assert json.loads(socket.recv()) == {"success": True}
+        time.sleep(2.5)
+        socket.send(json.dumps({"type": "rpcCall", "endpoint": "countTokens", "callId": 1,
+                                "parameter": {"specifier": {"type": "query", "query": {}}, "inputString": "a b"}}))
+        assert json.loads(socket.recv())["result"] == {"tokenCount": len(
+            httpx.post(running.base + "/tokenize", json={"content": "a b"}, headers={"Authorization": "Bearer k"}
+                       ).json()["tokens"])}
+        socket.close()
+        with pytest.raises(websocket.WebSocketBadStatusException, match="403"):
+            raw_socket(running, origin="https://example.com", Authorization="Bearer k")
     finally:
         assert running.stop() == 0, running.log()

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx2 as httpx
+import lmstudio as lms
 import ollama
 import openai
 import pytest
@@ -124,9 +125,10 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
 
         reply = client.chat.completions.create(model="tiny-b", messages=[{"role": "user", "content": PROMPT}],
                                                max_tokens=8)
+        listed = client.models.list().data  # (before its keep-alive of a second ends: plain_text takes longer loaded)
         assert reply.model == "tiny-b" and reply.choices[0].message.content == plain_text(home / "models/tiny-b/b.gguf")
         # its registry draft is downloaded too: it drafts with it
-        assert "c.gguf" == client.models.list().data[1].model_extra["meta"]["draft"]
+        assert "c.gguf" == listed[1].model_extra["meta"]["draft"]
         assert loaded(server) == ["tiny", "tiny-b"]
         # the one it started with answers as before, and an alias finds its model
         assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
@@ -364,6 +366,42 @@ def test_lm_studios_model_list_and_ttl_say_and_set_what_is_loaded(home, tiny):
         while loaded(server) != ["tiny"] and time.monotonic() < deadline:
             time.sleep(0.25)
         assert loaded(server) == ["tiny"], server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_lm_studios_sdk_lists_what_is_downloaded_loads_one_that_is_not_embeds_and_unloads(home, tiny):
+    """LM Studio's Python SDK: its downloaded models (an embedding model as one), llm(name) loading a model that is
+    not (said as it loads), an embedding model's vector, and unload, through its sockets."""
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512")
+    try:
+        with lms.Client(server.base.removeprefix("http://")) as client:
+            downloaded = {model.model_key: model.type for model in client.list_downloaded_models()}
+            assert downloaded == {"tiny": "llm", "tiny-b": "llm", "tiny-c": "llm", "tiny-embed": "embedding"}
+            assert [model.model_key for model in client.llm.list_downloaded()] == ["tiny", "tiny-b", "tiny-c"]
+            loading = []
+            model = client.llm.model("tiny-c", on_load_progress=loading.append)
+            assert model.identifier == "tiny-c" and loading[-1] == 1.0  # (said started, and done)
+            answer = model.respond(PROMPT, config={"maxTokens": 8}).content
+            assert answer == plain_text(home / "models/tiny-c/c.gguf")
+            assert sorted(m.identifier for m in client.llm.list_loaded()) == ["tiny", "tiny-c"]
+
+            embedder = client.embedding.model("tiny-embed")
+            vector = embedder.embed("hello")
+            wanted = openai.OpenAI(base_url=server.url, api_key="unused").embeddings.create(model="tiny-embed",
+                                                                                              input="hello")
+            assert len(vector) == N_EMBD and vector == pytest.approx(wanted.data[0].embedding, abs=1e-6)
+            with pytest.raises(lms.LMStudioModelNotFoundError, match="embedding model"):
+                client.llm.model("tiny-embed")
+
+            model.unload()
+            assert [m.identifier for m in client.llm.list_loaded()] == ["tiny"]
+            again = client.llm.load_new_instance("tiny-c", config={"contextLength": 512})
+            assert again.identifier == "tiny-c" and again.get_context_length() == 512
+            again.unload()
+            with pytest.raises(lms.LMStudioServerError, match="serve started with"):
+                client.llm.unload("tiny")
+        assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
 

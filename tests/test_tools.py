@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx2 as httpx
+import lmstudio as lms
 import numpy as np
 import ollama
 import openai
@@ -28,6 +29,7 @@ from localspec.events import Done, Token
 from localspec.tool_calls import (ToolFormat, Tools, ToolStream, UnfinishedCall, arguments_schema, constraint, shown,
                                   tool_format)
 
+from test_lmstudio import raw_socket
 from test_server import ServerProcess, serving
 from tinymodels import TinySpec, write_tiny_model
 
@@ -690,6 +692,37 @@ def test_openai_tool_calls_whole_and_streamed_and_the_round_trip(tool_server):
     assert after.choices[0].message.tool_calls is None
 
 
+def test_a_predictions_tool_call_is_the_sdks_start_and_end_of_the_call_then_success(tool_server):
+    """What the SDK's act() reads of a called tool: its name and arguments as an object, the round ended by it."""
+    socket = raw_socket(tool_server)
+    try:
+        assert json.loads(socket.recv()) == {"success": True}
+        config = {"fields": [{"key": "llm.prediction.tools", "value": {"type": "toolArray", "tools": [WEATHER],
+                                                                        "force": True}},
+                             {"key": "llm.prediction.maxPredictedTokens", "value": {"checked": True, "value": 120}}]}
+        socket.send(json.dumps({"type": "channelCreate", "endpoint": "predict", "channelId": 1, "creationParameter": {
+            "modelSpecifier": {"type": "query", "query": {"identifier": "tiny"}},
+            "history": {"messages": [{"role": "user", "content": [{"type": "text", "text": ASK[0]["content"]}]}]},
+            "predictionConfigStack": {"layers": [{"layerName": "apiOverride", "config": config}]}}}))
+        sent = []
+        while not sent or sent[-1]["type"] != "success":
+            message = json.loads(socket.recv())
+            assert message["type"] == "channelSend" and message["channelId"] == 1, message
+            sent.append(message["message"])
+    finally:
+        socket.close()
+    # (the call's tokens counted by a fragment without text: the call's text is no answer's)
+    kinds = [message["type"] for message in sent if message.get("fragment", {}).get("content") != ""]
+    assert kinds[-3:] == ["toolCallGenerationStart", "toolCallGenerationEnd", "success"], kinds
+    assert sum(message["fragment"]["tokensCount"] for message in sent if message["type"] == "fragment") == sent[-1][
+        "stats"]["predictedTokensCount"]
+    [started] = [message for message in sent if message["type"] == "toolCallGenerationStart"]
+    [called] = [message["toolCallRequest"] for message in sent if message["type"] == "toolCallGenerationEnd"]
+    assert called["name"] == "get_weather" and called["arguments"]["city"] in ("paris", "tokyo")
+    assert called["id"] == started["toolCallId"]
+    assert sent[-1]["stats"]["stopReason"] == "toolCalls"
+
+
 @pytest.mark.parametrize("fields, code, message", [
     ({"max_tokens": 6, "tool_choice": "required"}, "tool_call_unfinished", "ended inside a tool call"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, None, "not one of the tools"),
@@ -1083,6 +1116,21 @@ def test_real_qwen_calls_a_tool_reads_its_result_and_answers_through_both_client
         chat = ollama.Client(host=running.base).chat("qwen", messages=ask, tools=[CITY_WEATHER])
         assert [(c.function.name, c.function.arguments) for c in chat.message.tool_calls] == [
             ("get_weather", {"city": "Paris"})]
+
+        # LM Studio's SDK: act() calls the function the model named with its arguments, and answers from its result
+        asked = []
+
+        def get_weather(city: str) -> dict:
+            """Get the current weather in a given city"""
+            asked.append(city)
+            return {"temperature_c": 18, "sky": "cloudy"}
+
+        with lms.Client(running.base.removeprefix("http://")) as sdk:
+            said = []
+            acted = sdk.llm.model("qwen").act(lms.Chat.from_history({"messages": ask}), [get_weather],
+                                              on_message=said.append, config={"maxTokens": 100},
+                                              max_prediction_rounds=2)  # (the last without tools, as tool_choice none)
+        assert asked == ["Paris"] and acted.rounds == 2 and "18" in said[-1].content[0].text, said
     finally:
         assert running.stop() == 0, running.log()
 

@@ -304,6 +304,17 @@ def test_serve_reads_images_from_openais_parts_ollamas_images_and_a_url(served, 
     answered = anthropics.messages.create(model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=[
         {"role": "user", "content": [{"type": "image", "source": image}, {"type": "text", "text": "what is it"}]}])
     assert answered.content[0].text == red
+    # LM Studio's SDK uploads the image on one socket (prepare_image) and names it in a chat on another
+    import lmstudio as lms
+
+    with lms.Client(served.base.removeprefix("http://")) as sdk:
+        chat = lms.Chat()
+        chat.add_user_message("what is it", images=[sdk.prepare_image(RED, name="red.png")])
+        seen = sdk.llm.model("tiny").respond(chat, config={"maxTokens": 16, "temperature": 0}).content
+    text_first = client.chat.completions.create(model="tiny", max_tokens=16, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                     {"type": "image_url", "image_url": {"url": _data_url(RED)}}]}])
+    assert seen == text_first.choices[0].message.content
 
     ollamas = ollama.Client(host=served.base)
     options = {"temperature": 0, "num_predict": 16}

@@ -23,6 +23,7 @@ from ..events import Reading
 from ..request import Request
 from ..service import Job
 from ..session import Session
+from ..stats import Recorder, Summary
 from ..store import GGUFInfo, ModelEntry
 from . import openai
 from .responses import Kept
@@ -82,6 +83,17 @@ def draft_file(body: dict) -> str | None:
     return found.name if isinstance(found, Path) else asked  # (a Hub repository's quantization: no file of ours)
 
 
+def stop_reason(recorder: Recorder, called: bool) -> str:
+    """Why an answer ended, as LM Studio says it."""
+    return "toolCalls" if called else "stopStringFound" if recorder.stop_sequence else STOP_REASONS.get(
+        recorder.finish_reason, "userStopped")
+
+
+def used_draft(summary: Summary, session: Session) -> str | None:
+    """The draft model an answer's drafts came from, where one drafted (n-gram lookup and the rest need none)."""
+    return session.info.draft if DrafterKind.DRAFT in summary.drafters else None
+
+
 class Reply(openai.Reply):
     """OpenAI's answer, a whole one with LM Studio's stats, model_info and runtime beside it (its stream's chunks
     carry none, as LM Studio's carry none)."""
@@ -93,16 +105,14 @@ class Reply(openai.Reply):
 
     def full(self, job: Job) -> dict:
         whole = super().full(job)
-        recorder, info = job.recorder, self.session.target_info
-        called = whole["choices"][0]["finish_reason"] == "tool_calls"
-        stop = "toolCalls" if called else "stopStringFound" if recorder.stop_sequence else STOP_REASONS[
-            recorder.finish_reason]
-        summary = recorder.summary()
+        info = self.session.target_info
+        summary = job.recorder.summary()
         stats = {"tokens_per_second": summary.tokens_per_second, "time_to_first_token": summary.prefill_seconds,
-                 "generation_time": summary.decode_seconds, "stop_reason": stop}
-        if summary.drafted:  # (the draft model named where it drafted: n-gram lookup and the rest need none)
-            by_model = DrafterKind.DRAFT in summary.drafters
-            stats |= ({"draft_model": self.session.info.draft} if by_model else {}) | {
+                 "generation_time": summary.decode_seconds,
+                 "stop_reason": stop_reason(job.recorder, whole["choices"][0]["finish_reason"] == "tool_calls")}
+        if summary.drafted:
+            draft = used_draft(summary, self.session)
+            stats |= ({"draft_model": draft} if draft else {}) | {
                 "total_draft_tokens_count": summary.drafted, "accepted_draft_tokens_count": summary.accepted,
                 "rejected_draft_tokens_count": summary.drafted - summary.accepted, "ignored_draft_tokens_count": 0}
         return whole | {
