@@ -1512,6 +1512,10 @@ class _SdkSocket:
                 for job in self.jobs.get(message.get("channelId"), ()):
                     job.cancel()
             return
+        if kind == "communicationWarning":  # (what the client found wrong in a message of ours: never answered)
+            self.server._say_once(("sdk warning", str(message.get("warning"))[:200]),
+                                  f"LM Studio's SDK warned: {str(message.get('warning'))[:500]}")
+            return
         if kind not in ("rpcCall", "channelCreate"):
             self._start(self._send({"type": "communicationWarning", "warning": f"a message of type {kind!r} was"
                                     " dropped: rpcCall, channelCreate and channelSend are read"}))

@@ -5,7 +5,10 @@ and `ttl` as LM Studio's examples send them. Its v1 REST API, and its SDK's webs
 package."""
 
 import json
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import httpx2 as httpx
 import lmstudio as lms
@@ -326,3 +329,39 @@ def test_a_socket_stays_open_idle_and_one_a_web_page_or_a_missing_key_would_open
             raw_socket(running, origin="https://example.com", Authorization="Bearer k")
     finally:
         assert running.stop() == 0, running.log()
+
+
+SDK_JS = "@lmstudio/sdk@1.5.0"
+
+
+@pytest.fixture(scope="session")
+def lmstudio_js(tmp_path_factory) -> Path:
+    """LM Studio's TypeScript SDK from the npm registry, beside tests/clients/lmstudio_sdk.mjs's copy."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed (the TypeScript SDK's test needs Node.js)")
+    folder = tmp_path_factory.mktemp("lmstudio-js")
+    installed = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(folder), SDK_JS],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    shutil.copy(Path(__file__).parent / "clients" / "lmstudio_sdk.mjs", folder)
+    return folder / "lmstudio_sdk.mjs"
+
+
+def test_lm_studios_typescript_sdk_reads_every_answer_as_its_schemas_say(server, tiny, lmstudio_js):
+    """The TypeScript SDK checks each message against its schemas (a fragment without isStructural was dropped with a
+    warning, and the answer came out empty) and warns back about what it cannot read (serve answered each warning
+    with one of its own, and the two went on warning each other)."""
+    ran = subprocess.run(["node", str(lmstudio_js), server.base.replace("http://", "ws://"), PROMPT],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and "warning" not in ran.stderr.lower(), ran.stderr
+    said = json.loads(ran.stdout)
+    assert said["loaded"] == ["tiny"] and "tiny" in said["downloaded"]
+    assert said["info"] == {"modelKey": "tiny", "contextLength": 512, "format": "gguf"}
+    assert said["tokens"] == httpx.post(server.base + "/tokenize", json={"content": PROMPT}).json()["tokens"]
+    assert said["content"] == plain_text(tiny, [{"role": "user", "content": PROMPT}])
+    assert said["stats"]["stopReason"] == "maxPredictedTokensReached" and said["stats"]["predictedTokensCount"] == 16
+    assert said["stats"]["usedDraftModelKey"] == tiny["same"].name
+    assert "".join(f["content"] for f in said["fragments"]) == said["content"]
+    assert any(f["containsDrafted"] for f in said["fragments"])
+    assert said["completion"] == server.client().completions.create(model="tiny", prompt=PROMPT,
+                                                                     max_tokens=8).choices[0].text

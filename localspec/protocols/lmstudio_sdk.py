@@ -304,10 +304,12 @@ class Prediction(Answering):
                              "progress": reading.read / reading.total if reading.total else 1.0})]
 
     def _fragment(self, text: str, tokens: Iterable[Token], kind: str) -> str:
+        """A piece of the answer; one without text counts the tokens whose text is no answer's (a tool call's):
+        structural, as LM Studio marks such."""
         tokens = list(tokens)
         return self._frame({"type": "fragment", "fragment": {
             "content": text, "tokensCount": len(tokens), "containsDrafted": any(t.from_draft for t in tokens),
-            "reasoningType": kind}})
+            "reasoningType": kind, "isStructural": not text}})
 
     def piece(self, text: str, tokens=()) -> str:
         return self._fragment(text, tokens, "none")
@@ -328,8 +330,10 @@ class Prediction(Answering):
     def closing(self, job: Job, called: bool) -> list[str]:
         summary = job.recorder.summary()
         stats = {"stopReason": stop_reason(job.recorder, called), "tokensPerSecond": summary.tokens_per_second,
-                 "timeToFirstTokenSec": summary.prefill_seconds, "promptTokensCount": summary.prompt_tokens,
-                 "predictedTokensCount": summary.tokens, "totalTokensCount": summary.prompt_tokens + summary.tokens}
+                 "timeToFirstTokenSec": summary.prefill_seconds,
+                 "totalTimeSec": summary.prefill_seconds + summary.decode_seconds,
+                 "promptTokensCount": summary.prompt_tokens, "predictedTokensCount": summary.tokens,
+                 "totalTokensCount": summary.prompt_tokens + summary.tokens}
         if summary.drafted:
             draft = used_draft(summary, self.session)
             stats |= ({"usedDraftModelKey": draft} if draft else {}) | {
