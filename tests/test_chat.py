@@ -1,5 +1,6 @@
 """`localspec chat` in a real pseudo-terminal, and scripted through a pipe."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -337,30 +338,111 @@ class InterruptAt:
     ("markov_target", DrafterKind.DRAFT, "eagle3"), ("markov_target", DrafterKind.AUTO, "dflash"),
     ("gemma4", DrafterKind.DRAFT, "gemma4_assistant"),
 ])
-def test_a_ctrl_c_at_any_line_of_the_engine_leaves_caches_the_next_reply_can_use(tiny, target, drafting, draft):
+def test_a_ctrl_c_at_any_line_of_the_engine_leaves_caches_the_next_reply_can_use(monkeypatch, tiny, target,
+                                                                                 drafting, draft):
     """Every step of the reply after an interrupted one checks that each KV cache holds exactly what
     the generation expects (CHECK_CACHES, on in tests), so a cache left with positions its Context
     does not know of, or without ones it thinks it has, fails here."""
+    if drafting == DrafterKind.AUTO:
+        hold_autos_clock(monkeypatch)
     speculation = Speculation(drafting, draft_max=4)
     with Session(tiny[target], tiny[draft] if draft else None, Runtime(ctx_size=4096, threads=2), speculation) as session:
         chat = Chat(session, Sampling(temperature=0), Limits(max_tokens=10))
-        chat.reply("the cat sat", lambda event: None)
-        with InterruptAt(None) as counted:  # the lines of a reply after one that has filled the caches
-            chat.reply("on the mat", lambda event: None)
-        stopped = 0
-        points = range(1, counted.count, max(1, counted.count // TRIALS))
-        for n in points:
-            chat.clear()  # the conversation stays short, and the lines of a reply comparable
+
+        def trial(n: int | None) -> InterruptAt:
+            """A reply interrupted at its n-th line (None: counted), after one that has filled the caches, then one
+            after it; the conversation short, and auto's learning and suffix memory as at the first trial (the
+            lines of each trial's reply as the count's)."""
+            chat.clear()
+            session.forget()
             chat.reply("the cat sat", lambda event: None)
             with InterruptAt(n) as interrupted:
                 chat.reply("on the mat", lambda event: None)
-            stopped += interrupted.count == n  # (a reply that ran fewer lines than n was not stopped)
             chat.reply("the cat", lambda event: None)  # every step of it found the caches right
             assert len(chat.messages) == 6
+            return interrupted
+
+        trial(None)  # (the caches left as every trial leaves them for the next)
+        counted = trial(None)
+        points = range(1, counted.count, max(1, counted.count // TRIALS))
+        stopped = sum(trial(n).count == n for n in points)  # (a reply that ran fewer lines than n was not stopped)
         assert stopped > 0.9 * len(points)
 
 
+class InterruptAfterDecode(InterruptAt):
+    """Raise KeyboardInterrupt at the first line after llama_decode returned (Context._run's finally), in the first
+    decode that `wanted` picks (given _run's frame)."""
+
+    def __init__(self, wanted):
+        super().__init__(None)
+        lines, first = inspect.getsourcelines(backend.Context._run)
+        self.at = first + next(i for i, line in enumerate(lines) if line.strip() == "finally:") + 1
+        self.wanted, self.fired = wanted, False
+
+    def line(self, frame, event, arg):
+        if event == "line" and not self.fired and frame.f_code.co_name == "_run" and frame.f_lineno == self.at \
+                and self.wanted(frame):
+            self.fired = True
+            raise KeyboardInterrupt
+        return self.line
+
+
+def _a_trees(frame) -> bool:
+    caller = frame.f_back
+    return caller.f_code.co_name == "decode_together" and any(part.tree is not None for part in caller.f_locals["parts"])
+
+
+def _rows(frame) -> bool:
+    return frame.f_locals.get("tokens") is False
+
+
+@pytest.mark.parametrize("target,draft,speculation,wanted", [
+    ("target", "partial", Speculation(DrafterKind.DRAFT, draft_max=4, branches=3), _a_trees),
+    ("markov_target", "dflash", Speculation(DrafterKind.DRAFT, draft_max=4), _rows),
+], ids=["a-tree", "rows-for-tokens"])
+def test_a_ctrl_c_as_llama_cpp_returns_leaves_the_batch_the_next_decode_needs(tiny, target, draft, speculation,
+                                                                               wanted):
+    """A tree's decode puts a row in several sequences, and one of rows (a DFlash drafter's catch-up, an image) lends
+    the batch rows in place of its tokens; both were put back after the decode, and a Ctrl-C at the line after it
+    left them: the next reply's prompt went into the tree's sequences too (llama_decode refused it, -1), or every
+    later decode met a batch without tokens (NULL pointer access, then a double free at exit)."""
+    with Session(tiny[target], tiny[draft], Runtime(ctx_size=4096, threads=2), speculation) as session:
+        chat = Chat(session, Sampling(temperature=0), Limits(max_tokens=10))
+        interrupted = InterruptAfterDecode(wanted)
+        for _ in range(20):
+            chat.clear()
+            chat.reply("the cat sat", lambda event: None)
+            with interrupted:
+                chat.reply("on the mat", lambda event: None)
+            if interrupted.fired:
+                break
+        assert interrupted.fired
+        for _ in range(3):
+            chat.reply("the cat", lambda event: None)  # every step of it found the caches right
+
+
 TRIALS = 100
+
+
+def hold_autos_clock(monkeypatch):
+    """Auto's choices follow the seconds it measures (the costs it learns, what a probe may spend), so a machine
+    loaded by other work changed them, and the lines of one reply from the next (a trial's line n fell past the end
+    of its reply): costs fixed where drafting pays and not learned, and the engine's clock one that ticks a
+    millisecond a reading, make every trial's reply the count's."""
+    from itertools import count
+
+    from localspec import drafting
+    from localspec.engine import costs, speculative, turns
+    from localspec.engine.drafters import forward
+
+    fixed = costs.Costs(0.01, {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8},
+                        {kind: costs.DraftCosts(0.1, 0.02) for kind in DrafterKind})
+    monkeypatch.setattr(drafting.calibration, "costs", lambda key, measure: fixed)
+    monkeypatch.setattr(costs.Costs, "observe_verify", lambda *args: None)  # (session.forget() keeps what it learned)
+    monkeypatch.setattr(costs.Costs, "observe_draft", lambda *args: None)
+    ticks = count()
+    for module in (speculative, turns, backend, forward):
+        monkeypatch.setattr(module, "perf_counter", lambda: next(ticks) / 1000)
 
 
 class Terminal:

@@ -166,7 +166,6 @@ class Context(ChainRows, TreeDecoding, Rollback):
         self._batch = llama.llama_batch_init(n_batch, 0, 1 + branches)
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
-        self._tokens = ctypes.cast(self._batch.token, ctypes.POINTER(llama.llama_token))  # a copy, not a view of the field
         self.tokens: list[int] = []
         self.busy_seconds = 0.0  # inside llama_decode: what the Python loop around it is measured against
         # prompts kept on disk (prompt_cache.PromptCache), for a context whose cache is all it needs to go on
@@ -201,7 +200,9 @@ class Context(ChainRows, TreeDecoding, Rollback):
             for i, token in enumerate(chunk):
                 batch.token[i] = token if token >= 0 else self.model.stand_in  # (an image's row: vision.py)
                 batch.pos[i] = start + offset + i
-                batch.seq_id[i][0] = self.seq
+                # (each row says its one sequence, as every filling of the batch does: a tree's rows, in several, are
+                # put back to one after their decode, but not where Ctrl-C cut it short)
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
                 batch.logits[i] = logits == "all" or (logits == "last" and final_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             self._changing = (start + offset, chunk)
@@ -257,7 +258,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
                 placed = np.ascontiguousarray(positions[:, offset : offset + len(piece)]).ravel()  # (section-major)
                 batch.pos = placed.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
                 for i in range(len(piece)):
-                    batch.seq_id[i][0] = self.seq
+                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
                     batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
                 batch.n_tokens = len(piece)
                 status = self._run(llama.llama_decode, piece, tokens=False)
@@ -309,7 +310,9 @@ class Context(ChainRows, TreeDecoding, Rollback):
         embeddings (llama_batch_free must not free them) and, where tokens is false, read in place of its
         tokens; timed as busy time once the device has finished: a GPU or an RPC worker computes after the
         call returns, and the time is the call's (the auto policy's costs, the host share)."""
-        batch, watch = self._batch, self.model.watch
+        # The rows and the missing tokens go in a copy of the batch (llama_decode takes it by value): put into the
+        # batch itself, a Ctrl-C before they were taken out again left it without its tokens and lending freed rows.
+        batch, watch = type(self._batch).from_buffer_copy(self._batch), self.model.watch
         if rows is not None:
             rows = np.ascontiguousarray(rows, dtype=np.float32)
             batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
@@ -324,7 +327,6 @@ class Context(ChainRows, TreeDecoding, Rollback):
         finally:
             if watch is not None:
                 watch.decoding_since = None
-            batch.token, batch.embd = self._tokens, ctypes.POINTER(ctypes.c_float)()
         self.busy_seconds += perf_counter() - started
         return status
 
@@ -334,7 +336,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
         (beside), which it reads up to the position (the target's next) and never changes."""
         batch = self._batch
         batch.token[0], batch.pos[0], batch.logits[0], batch.n_tokens = token, position, True, 1
-        batch.seq_id[0][0] = self.seq
+        batch.n_seq_id[0], batch.seq_id[0][0] = 1, self.seq
         status = self._run(llama.llama_decode, hidden[None, :])
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status} at position {position}")
@@ -348,7 +350,7 @@ class Context(ChainRows, TreeDecoding, Rollback):
             chunk = rows[offset : offset + self.n_batch]
             for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
                 batch.pos[i], batch.logits[i] = len(self.tokens) + i, True
-                batch.seq_id[i][0] = self.seq
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
             batch.n_tokens = len(chunk)
             status = self._run(llama.llama_encode, chunk, tokens=False)
             if status != 0:
@@ -498,7 +500,7 @@ def decode_together(parts: Sequence[Part], embedded: bool = False) -> float:
                 # (an image's row stands in a draft's context only: the target reads its images alone)
                 batch.token[row], batch.pos[row] = token if token >= 0 else context.model.stand_in, start + i
                 batch.logits[row] = logits == "all" or logits == "last" and i == len(tokens) - 1
-                batch.seq_id[row][0] = context.seq
+                batch.n_seq_id[row], batch.seq_id[row][0] = 1, context.seq
                 row += 1
         else:
             for token, position, seqs in tree_rows:
