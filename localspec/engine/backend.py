@@ -250,24 +250,18 @@ class Context(ChainRows, TreeDecoding, Rollback):
         start, batch = len(self.tokens), self._batch
         rows = self.media.rows(run)
         positions = self.media.positions(run, start)
-        own_positions = ctypes.cast(batch.pos, ctypes.POINTER(llama.llama_pos))  # (a copy, not a view of the field)
         self._changing = (start, run)
-        try:
-            for offset in range(0, len(rows), self.n_batch):
-                piece = rows[offset : offset + self.n_batch]
-                placed = np.ascontiguousarray(positions[:, offset : offset + len(piece)]).ravel()  # (section-major)
-                batch.pos = placed.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
-                for i in range(len(piece)):
-                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
-                    batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
-                batch.n_tokens = len(piece)
-                status = self._run(llama.llama_decode, piece, tokens=False)
-                if status != 0:
-                    batch.pos = own_positions
-                    self.truncate(start)
-                    raise EngineError(f"llama_decode failed with status {status} on an image at position {start}")
-        finally:
-            batch.pos = own_positions
+        for offset in range(0, len(rows), self.n_batch):
+            piece = rows[offset : offset + self.n_batch]
+            for i in range(len(piece)):
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
+                batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
+            batch.n_tokens = len(piece)
+            placed = positions[:, offset : offset + len(piece)].ravel()  # (section-major)
+            status = self._run(llama.llama_decode, piece, tokens=False, positions=placed)
+            if status != 0:
+                self.truncate(start)
+                raise EngineError(f"llama_decode failed with status {status} on an image at position {start}")
         if self.hidden.layers:  # (its rows are not a position's each: drafters that read them read zeros there)
             self.hidden.keep(start, np.zeros((len(run), self.hidden.width), dtype=np.float32))
         self.tokens.extend(run)
@@ -305,19 +299,23 @@ class Context(ChainRows, TreeDecoding, Rollback):
         for sequence in [self, *self._views]:
             sequence.hidden = HiddenStates(self.model, ())
 
-    def _run(self, call, rows: np.ndarray | None, tokens: bool = True) -> int:
+    def _run(self, call, rows: np.ndarray | None, tokens: bool = True, positions: np.ndarray | None = None) -> int:
         """llama.cpp's call (llama_decode, llama_encode) on the batch as prepared, with rows lent as its
         embeddings (llama_batch_free must not free them) and, where tokens is false, read in place of its
-        tokens; timed as busy time once the device has finished: a GPU or an RPC worker computes after the
-        call returns, and the time is the call's (the auto policy's costs, the host share)."""
-        # The rows and the missing tokens go in a copy of the batch (llama_decode takes it by value): put into the
-        # batch itself, a Ctrl-C before they were taken out again left it without its tokens and lending freed rows.
+        tokens, and positions lent in place of its own where given; timed as busy time once the device has
+        finished: a GPU or an RPC worker computes after the call returns, and the time is the call's (the auto
+        policy's costs, the host share)."""
+        # What is lent goes in a copy of the batch (llama_decode takes it by value): put into the batch itself, a
+        # Ctrl-C before it was taken out again left the batch without its tokens and lending freed arrays.
         batch, watch = type(self._batch).from_buffer_copy(self._batch), self.model.watch
         if rows is not None:
             rows = np.ascontiguousarray(rows, dtype=np.float32)
             batch.embd = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
         if not tokens:
             batch.token = ctypes.POINTER(llama.llama_token)()
+        if positions is not None:
+            positions = np.ascontiguousarray(positions, dtype=np.int32)
+            batch.pos = positions.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
         started = perf_counter()
         if watch is not None:
             watch.decoding_since = started
