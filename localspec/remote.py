@@ -112,6 +112,12 @@ class Remote:
                  "on_gpu": model.get("size_vram", 0) / model["size"] if model.get("size") else 0.0}
                 for model in json.loads(b"".join(self._asked(OLLAMA_PS, timeout=LISTING_SECONDS)))["models"]]
 
+    def load(self, name: str, keep_alive: float | None) -> None:
+        """Ask the serve to load a model, as a request naming it would (Ollama's empty prompt), for keep_alive
+        seconds once idle (None: the serve's --keep-alive; -1: while it runs)."""
+        b"".join(self._asked(OLLAMA_GENERATE, {"model": name, "stream": False}
+                             | ({} if keep_alive is None else {"keep_alive": keep_alive})))
+
     def unload(self, name: str) -> None:
         """Ask the serve to unload a model it loaded on demand, if it is idle (Ollama's keep_alive 0)."""
         b"".join(self._asked(OLLAMA_GENERATE, {"model": name, "keep_alive": 0, "stream": False}))
@@ -163,6 +169,27 @@ def serving(target: str, draft: str | None) -> Remote | None:
             except EngineError:  # (its certificate gone: the model loads here)
                 return None
     return None
+
+
+def load(name: str, keep_alive: float | None) -> str:
+    """Load a downloaded model into the `localspec serve` on this machine (the newest, where several run), as LM
+    Studio's `lms load` does; say which serve holds it and until when. UsageError where no serve runs here."""
+    if store.here(name) is None:
+        raise UsageError(f"{name!r} is not a downloaded model (`localspec pull {name}` downloads a registry model)")
+    serves = [record for record in running.processes() if record["command"] == "serve" and record.get("address")]
+    if not serves:
+        raise UsageError(f"no `localspec serve` runs on this machine to load {name} into (`localspec serve {name}`"
+                         " serves it; run and chat load their own)")
+    record = serves[-1]
+    serve = Remote.of(record)
+    serve.load(name, keep_alive)
+    [held] = [model for model in serve.loaded() if _file(model["name"]) == _file(name)] or [None]
+    if held is None:
+        raise EngineError(f"localspec serve at {serve.url} (pid {record['pid']}) was asked to load {name}, and does"
+                          " not hold it")
+    until = ("while that serve runs" if held["expires_at"].startswith("9999")
+             else f"until {held['expires_at'][:19].replace('T', ' ')} UTC unless asked for")
+    return f"loaded {name} into localspec serve at {serve.url} (pid {record['pid']}), {until}"
 
 
 def stop(name: str) -> str:

@@ -91,10 +91,29 @@ def plain_text(path, max_tokens: int = 8) -> str:
         return record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens), prompt=tokens))).text
 
 
-def stop_command(home, name) -> subprocess.CompletedProcess:
-    process = localspec_process(home, "stop", name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def stop_command(home, name, *args, command: str = "stop") -> subprocess.CompletedProcess:
+    process = localspec_process(home, command, name, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=60)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def test_load_puts_a_model_into_the_running_serve_as_lms_load_does(home, tiny):
+    """LM Studio's `lms load`: a downloaded model loaded into the serve on this machine before a request needs it,
+    for --ttl seconds once idle (-1: while serve runs); nothing to load into, or a model not downloaded, said."""
+    refused = stop_command(home, "tiny-c", command="load")
+    assert refused.returncode == 2 and "no `localspec serve` runs on this machine" in refused.stderr, refused.stderr
+    server = ServerProcess(home, tiny["target"], "--alias", "tiny", "--temp", "0", "-c", "512")
+    try:
+        loading = stop_command(home, "cee", "--ttl", "-1", command="load")
+        assert loading.returncode == 0 and loading.stdout.startswith("loaded cee into localspec serve at"), loading
+        assert "while that serve runs" in loading.stdout and loaded(server) == ["tiny", "tiny-c"]
+        briefly = stop_command(home, "tiny-b", "--ttl", "600", command="load")
+        assert briefly.returncode == 0 and "unless asked for" in briefly.stdout, briefly.stderr
+        missing = stop_command(home, "tiny-gone", command="load")
+        assert missing.returncode == 2 and "not a downloaded model" in missing.stderr, missing.stderr
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
 
 
 def loaded(server) -> list[str]:

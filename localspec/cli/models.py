@@ -208,6 +208,19 @@ def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` 
 command(name="unload", hidden=True)(stop)  # LM Studio's `lms unload`
 
 
+@command(epilog="Example:\n\n  localspec serve qwen2.5-coder-1.5b &\n  localspec load qwen2.5-coder-0.5b --ttl 3600")
+def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `localspec list` names it.",
+                                             show_default=False)],
+         ttl: Annotated[Optional[float], typer.Option(
+             "--ttl", help="Seconds it stays loaded once idle (-1: while serve runs). Default: serve's --keep-alive.",
+             show_default=False)] = None):
+    """Load a downloaded model into the `localspec serve` running on this machine, as LM Studio's `lms load` does:
+    its first request then finds it loaded (`localspec stop` unloads it)."""
+    if ttl is not None and ttl < 0 and ttl != -1:
+        raise UsageError(f"--ttl is a number of seconds, or -1 for as long as serve runs, not {ttl:g}")
+    print(remote.load(name, ttl))
+
+
 @command(name="rm")
 def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
     """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
