@@ -1520,15 +1520,13 @@ class _SdkSocket:
             self._start(self._send({"type": "communicationWarning", "warning": f"a message of type {kind!r} was"
                                     " dropped: rpcCall, channelCreate and channelSend are read"}))
             return
-        work = self._call(message) if kind == "rpcCall" else self._channel(message)
         if len(self.tasks) >= self.MOST_AT_ONCE:
-            work.close()
             failure = lmstudio_sdk.error(f"{self.MOST_AT_ONCE} calls and channels of this socket are running: wait"
                                          " for one to end")
             self._start(self._send(lmstudio_sdk.rpc_error(message.get("callId"), failure) if kind == "rpcCall"
                                    else lmstudio_sdk.channel_error(message.get("channelId"), failure)))
             return
-        self._start(work)
+        self._start(self._call(message) if kind == "rpcCall" else self._channel(message))
 
     def _start(self, work) -> None:
         task = asyncio.create_task(work)
