@@ -1463,8 +1463,8 @@ class _SdkSocket:
         await self.socket.accept()
         try:
             if await self._opened():
-                while (message := await self._received()) is not None:
-                    self._take(message)
+                while True:
+                    self._take(await self._received())
         except WebSocketDisconnect:
             pass
         finally:
@@ -1475,15 +1475,15 @@ class _SdkSocket:
                 task.cancel()
 
     async def _received(self):
-        """The next message (a JSON value), None where the client has gone; a message that is no JSON is warned of."""
+        """The next message (a JSON value: null too); a message that is no JSON is warned of."""
         while True:
             message = await self.socket.receive()
             if message["type"] == "websocket.disconnect":
-                return None
+                raise WebSocketDisconnect(message.get("code", 1000))
             text = message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace")
             try:
                 return json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack is the second)
                 await self._send({"type": "communicationWarning", "warning": "a message that is no JSON was dropped"})
 
     async def _opened(self) -> bool:
@@ -1506,10 +1506,15 @@ class _SdkSocket:
 
     def _take(self, message) -> None:
         kind = message.get("type") if isinstance(message, dict) else None
+        named = lmstudio_sdk.named_by(message) if kind else None
+        if kind in ("rpcCall", "channelCreate", "channelSend") and named is None:
+            self._start(self._send({"type": "communicationWarning", "warning": f"a {kind} without its"
+                                    f" {'callId' if kind == 'rpcCall' else 'channelId'} (a number) was dropped"}))
+            return
         if kind == "channelSend":
-            if (message.get("message") or {}).get("type") == "cancel":
-                self.cancelled.add(message.get("channelId"))
-                for job in self.jobs.get(message.get("channelId"), ()):
+            if lmstudio_sdk.cancels(message):
+                self.cancelled.add(named)
+                for job in self.jobs.get(named, ()):
                     job.cancel()
             return
         if kind == "communicationWarning":  # (what the client found wrong in a message of ours: never answered)
@@ -1598,7 +1603,7 @@ class _SdkSocket:
                 return {"embedding": job.embeddings[0]}
             if endpoint == "applyPromptTemplate" and self.namespace == "llm":
                 asked = lmstudio_sdk.prediction_asked(parameter, self._upload)
-                tools = (parameter.get("opts") or {}).get("toolDefinitions")
+                tools = lmstudio_sdk.tool_definitions(parameter)
                 body = asked.body | ({"tools": tools} if tools else {})
                 parsed = await self.server._parse(body, asked.chat, OPENAI, served)
                 return {"formatted": await asyncio.to_thread(_rendered, served, parsed.request)}

@@ -18,7 +18,9 @@ import websocket
 
 from localspec.store import gguf_meta
 
-from test_server import PROMPT, ServerProcess, drafting_server, plain_text
+from test_pool import downloaded_home
+from test_server import PROMPT, ServerProcess, _paths, _replaced, drafting_server, plain_text, raw_socket
+from test_tools import hermes_server
 
 # What Zed reads of every model in the list, without which it refuses the whole list
 ZEDS_FIELDS = {"id", "object", "type", "publisher", "compatibility_type", "state"}
@@ -300,15 +302,6 @@ def test_the_sdks_schema_a_cancel_and_what_cannot_be_answered(server):
     assert "Traceback" not in server.log()
 
 
-def raw_socket(server, namespace: str = "llm", origin: str | None = None, **headers) -> websocket.WebSocket:
-    """A socket as the SDKs open one (no Origin: the client is no web page), its opening sent."""
-    opened = websocket.create_connection(f"ws://{server.base.removeprefix('http://')}/{namespace}", timeout=60,
-                                         header=[f"{name}: {value}" for name, value in headers.items()],
-                                         suppress_origin=origin is None, origin=origin)
-    opened.send(json.dumps({"authVersion": 1, "clientIdentifier": "test", "clientPasskey": "test"}))
-    return opened
-
-
 def test_a_socket_stays_open_idle_and_one_a_web_page_or_a_missing_key_would_open_is_refused(tiny, tmp_path):
     """The SDK holds its sockets open while its client lives: serve's --timeout for a request's headers closed them.
     A web page's socket is asked no CORS, so another site's is refused; so is a client without serve's API key."""
@@ -365,3 +358,132 @@ def test_lm_studios_typescript_sdk_reads_every_answer_as_its_schemas_say(server,
     assert any(f["containsDrafted"] for f in said["fragments"])
     assert said["completion"] == server.client().completions.create(model="tiny", prompt=PROMPT,
                                                                      max_tokens=8).choices[0].text
+
+
+# Each message the SDKs send, every value in it a place a client (or a page's script) may fill wrongly.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+TINY_SPECIFIER = {"type": "query", "query": {"identifier": "tiny"}}
+SDK_MESSAGES = [
+    ("system", {"type": "rpcCall", "endpoint": "version", "callId": 1}),
+    ("system", {"type": "rpcCall", "endpoint": "listDownloadedModels", "callId": 1}),
+    ("files", {"type": "rpcCall", "endpoint": "uploadFileBase64", "callId": 1,
+               "parameter": {"name": "dot.png", "contentBase64": PNG}}),
+    ("llm", {"type": "rpcCall", "endpoint": "getModelInfo", "callId": 1,
+             "parameter": {"specifier": TINY_SPECIFIER, "throwIfNotFound": True}}),
+    ("llm", {"type": "rpcCall", "endpoint": "countTokens", "callId": 1,
+             "parameter": {"specifier": {"type": "instanceReference", "instanceReference": "tiny"},
+                           "inputString": "a b"}}),
+    ("llm", {"type": "rpcCall", "endpoint": "applyPromptTemplate", "callId": 1, "parameter": {
+        "specifier": TINY_SPECIFIER, "history": {"messages": [{"role": "user", "content": [{"type": "text", "text":
+                                                                                              "hi"}]}]},
+        "predictionConfigStack": {"layers": []}, "opts": {"toolDefinitions": [
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]}}}),
+    ("llm", {"type": "rpcCall", "endpoint": "unloadModel", "callId": 1, "parameter": {"identifier": "tiny-c"}}),
+    ("embedding", {"type": "rpcCall", "endpoint": "embedString", "callId": 1, "parameter": {
+        "modelSpecifier": {"type": "query", "query": {"identifier": "tiny-embed"}}, "inputString": "a b"}}),
+    ("llm", {"type": "channelCreate", "endpoint": "getOrLoad", "channelId": 1,
+             "creationParameter": {"identifier": "tiny", "loadTtlMs": 60000, "loadConfigStack": {"layers": [
+                 {"layer": "apiOverride", "config": {"fields": [{"key": "llm.load.contextLength", "value": 256}]}}]}}}),
+    ("llm", {"type": "channelCreate", "endpoint": "predict", "channelId": 1, "creationParameter": {
+        "modelSpecifier": TINY_SPECIFIER,
+        "history": {"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Adding."}, {"type": "toolCallRequest",
+                "toolCallRequest": {"id": "c1", "type": "function", "name": "add", "arguments": {"a": 1}}}]},
+            {"role": "tool", "content": [{"type": "toolCallResult", "toolCallId": "c1", "content": "2"}]}]},
+        "predictionConfigStack": {"layers": [{"layer": "apiOverride", "config": {"fields": [
+            {"key": "llm.prediction.maxPredictedTokens", "value": {"checked": True, "value": 1}},
+            {"key": "llm.prediction.temperature", "value": 0},
+            {"key": "llm.prediction.stopStrings", "value": ["."]},
+            {"key": "llm.prediction.tools", "value": {"type": "toolArray", "tools": [
+                {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]}},
+            {"key": "llm.prediction.speculativeDecoding.numDraftTokensExact", "value": 3},
+            {"key": "llm.prediction.contextOverflowPolicy", "value": "rollingWindow"}]}}]},
+        "ignoreServerSessionConfig": True}}),
+    ("llm", {"type": "channelCreate", "endpoint": "predict", "channelId": 2, "creationParameter": {
+        "modelSpecifier": TINY_SPECIFIER, "history": {"messages": [{"role": "user", "content": [{"type": "text",
+                                                                                                   "text": "hi"}]}]},
+        "predictionConfigStack": {"layers": [{"layer": "apiOverride", "config": {"fields": [
+            {"key": "llm.prediction.maxPredictedTokens", "value": {"checked": True, "value": 1}},
+            {"key": "llm.prediction.structured", "value": {"type": "json", "jsonSchema": {"type": "object"}}}]}},
+            {"layer": "instance", "config": {"fields": [
+                {"key": "llm.prediction.structured", "value": {"type": "gbnf", "gbnfGrammar": "root ::= \"a\""}}]}}]}}}),
+    ("llm", {"type": "channelSend", "channelId": 7, "message": {"type": "cancel"}}),
+]
+SWEPT_VALUES = [None, True, -1, 2**70, "x", [1], {}, {"type": "text"}]
+
+
+def _answer_to(socket: websocket.WebSocket, message) -> dict | None:
+    """The message that ends what message (a JSON value, or text) began: its call's result or error, its channel's end
+    or error, or a warning where it names no call or channel to answer; None for a channel's message. Read up to the
+    answer to a call sent after it, which shows the socket still read."""
+    socket.send(message if isinstance(message, str) else json.dumps(message))
+    socket.send(json.dumps({"type": "rpcCall", "endpoint": "probe", "callId": "probe"}))
+    kind = message.get("type") if isinstance(message, dict) else None
+    key = "callId" if kind == "rpcCall" else "channelId"
+    ending, probed = {} if kind == "channelSend" else None, False
+    while ending is None or not probed:
+        said = json.loads(socket.recv())
+        if said.get("callId") == "probe":
+            probed = True
+        elif said["type"] == "communicationWarning" or kind and key in said and said[key] == message.get(key) and (
+                said["type"] != "channelSend" or said["message"]["type"] in ("success", "loadSuccess", "alreadyLoaded",
+                                                                             "error")):
+            ending = said
+    return ending or None
+
+
+@pytest.fixture(scope="module")
+def tools_server(tiny, tmp_path_factory):
+    """A model whose template offers tools, drafted for, with more models downloaded (an embedding model among them)."""
+    running = hermes_server(downloaded_home(tmp_path_factory.mktemp("sweep") / "home", tiny), tiny)
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def _loaded_on(socket: websocket.WebSocket, name: str) -> None:
+    loading = {"type": "channelCreate", "endpoint": "getOrLoad", "channelId": 0, "creationParameter": {"identifier": name}}
+    answer = _answer_to(socket, loading)
+    assert answer.get("message", {}).get("type") in ("loadSuccess", "alreadyLoaded"), answer
+
+
+@pytest.mark.parametrize("namespace, message", SDK_MESSAGES, ids=[
+    f"{m.get('endpoint', 'cancel')}-{m.get('channelId', '')}" for _, m in SDK_MESSAGES])
+def test_a_wrongly_typed_value_anywhere_in_an_sdk_message_is_answered_as_the_sdk_reads_errors(tools_server, namespace,
+                                                                                             message):
+    """Whatever a socket's message holds, serve answers it (a call's error, a channel's, or a warning where it names no
+    call or channel) and goes on reading that socket: never a bug's internal error, never a socket closed."""
+    server = tools_server
+    socket = raw_socket(server, namespace)
+    try:
+        assert json.loads(socket.recv()) == {"success": True}
+        if message.get("endpoint") in ("unloadModel", "embedString"):
+            _loaded_on(socket, message["parameter"].get("identifier", "tiny-embed"))
+        answered = _answer_to(socket, message) or {"type": "channelSend"}
+        assert answered["type"] in ("rpcResult", "channelSend") and answered.get("message", {}).get("type") != "error", \
+            answered  # (each wrong value the only one)
+        wrongly = {}
+        for path in _paths(message):
+            for wrong in SWEPT_VALUES:  # (in place of the message itself, too)
+                answer = _answer_to(socket, _replaced(message, path, wrong)) or {}
+                failure = answer.get("error") or (answer.get("message") or {}).get("error") or {}
+                if "internal" in str(failure.get("title")):
+                    wrongly[(path, json.dumps(wrong))] = failure["title"]
+        assert wrongly == {}, "\n".join(f"{p} {w}: {t[:90]}" for (p, w), t in wrongly.items())
+    finally:
+        socket.close()
+    assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("said", ["no json", "[" * 100_000 + "]" * 100_000, "[]", "3", '"rpcCall"', "{}",
+                                  '{"type": "rpcResult"}', '{"type": "channelSend", "message": [1]}'],
+                         ids=["no-json", "nested-deep", "list", "number", "text", "no-type", "an-answer", "send-list"])
+def test_a_message_that_is_none_the_sdks_send_is_warned_of_and_the_socket_goes_on(server, said):
+    socket = raw_socket(server)
+    try:
+        assert json.loads(socket.recv()) == {"success": True}
+        answer = _answer_to(socket, said)
+        assert answer is None or answer["type"] == "communicationWarning"
+    finally:
+        socket.close()
+    assert "Traceback" not in server.log()

@@ -71,8 +71,11 @@ file = "gone.gguf"
 
 @pytest.fixture
 def home(tmp_path, tiny):
-    """A home whose registry names three more tiny models, two of them downloaded."""
-    home = tmp_path / "home"
+    return downloaded_home(tmp_path / "home", tiny)
+
+
+def downloaded_home(home: Path, tiny) -> Path:
+    """A home whose registry names three more tiny models, two of them downloaded, and an embedding model."""
     (home / "models" / "tiny-b").mkdir(parents=True)
     (home / "models" / "tiny-c").mkdir(parents=True)
     (home / "models.toml").write_text(REGISTRY)

@@ -22,6 +22,7 @@ import ollama
 import openai
 import psutil
 import pytest
+import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
@@ -1488,3 +1489,12 @@ def test_while_loading_a_client_that_sends_nothing_is_let_go_and_the_others_are_
             started = time.monotonic()
             assert idle.recv(1) == b""  # closed by the door, not left open for good
             assert time.monotonic() - started < 5
+
+
+def raw_socket(server, namespace: str = "llm", origin: str | None = None, **headers) -> websocket.WebSocket:
+    """A socket as the SDKs open one (no Origin: the client is no web page), its opening sent."""
+    opened = websocket.create_connection(f"ws://{server.base.removeprefix('http://')}/{namespace}", timeout=60,
+                                         header=[f"{name}: {value}" for name, value in headers.items()],
+                                         suppress_origin=origin is None, origin=origin)
+    opened.send(json.dumps({"authVersion": 1, "clientIdentifier": "test", "clientPasskey": "test"}))
+    return opened

@@ -29,8 +29,7 @@ from localspec.events import Done, Token
 from localspec.tool_calls import (ToolFormat, Tools, ToolStream, UnfinishedCall, arguments_schema, constraint, shown,
                                   tool_format)
 
-from test_lmstudio import raw_socket
-from test_server import ServerProcess, serving
+from test_server import ServerProcess, raw_socket, serving
 from tinymodels import TinySpec, write_tiny_model
 
 # Templates in each family's manner, made for these tests (the markers are what tool_format reads).

@@ -68,6 +68,26 @@ def channel_error(channel_id, failure: dict) -> dict:
     return {"type": "channelError", "channelId": channel_id, "error": failure}
 
 
+def named_by(message):
+    """The call or channel a message is of (its callId, or channelId): None where it names neither as the SDKs do, with
+    a number (or a string)."""
+    named = message.get("callId" if message.get("type") == "rpcCall" else "channelId")
+    return named if isinstance(named, (int, str)) and not isinstance(named, bool) else None
+
+
+def cancels(message: dict) -> bool:
+    """Whether a channel's message from the client stops it (a prediction's cancel)."""
+    return isinstance(message.get("message"), dict) and message["message"].get("type") == "cancel"
+
+
+def tool_definitions(parameter: dict) -> list | None:
+    """The tools applyPromptTemplate renders the prompt with."""
+    opts = parameter.get("opts")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(400, f"opts is an object ({{\"toolDefinitions\": [...]}}), not {opts!r}")
+    return (opts or {}).get("toolDefinitions")
+
+
 def specified(specifier) -> str | None:
     """The model a call's specifier names ({"type": "query", "query": {"identifier" or "path"}}, or an instance
     reference: serve names an instance as its model); None where it names none (any loaded model)."""
@@ -113,12 +133,13 @@ def load_config(session: Session) -> dict:
 
 def collapsed(stack, where: str) -> dict:
     """A configuration stack's keys and values, later layers over earlier ones."""
-    layers = (stack or {}).get("layers", []) if isinstance(stack, dict) else None
+    layers = (stack or {}).get("layers", []) if isinstance(stack, dict) or stack is None else None
     if not isinstance(layers, list):
         raise ApiError(400, f"{where} is a stack of configuration layers ({{\"layers\": [...]}})")
     out = {}
     for layer in layers:
-        fields = ((layer or {}).get("config") or {}).get("fields", []) if isinstance(layer, dict) else None
+        config = (layer or {}).get("config") if isinstance(layer, dict) else None
+        fields = (config or {}).get("fields", []) if isinstance(config, dict) or config is None else None
         if not isinstance(fields, list):
             raise ApiError(400, f"a layer of {where} holds its configuration as {{\"config\": {{\"fields\": [...]}}}}")
         for entry in fields:
@@ -213,11 +234,16 @@ def _messages(given, index: int, files: Callable[[str], tuple[str, bytes] | None
     for number, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
+            if not isinstance(part.get("text") or "", str):
+                raise ApiError(400, f"{where}.content.{number}.text is text, not {part['text']!r}")
             contents.append({"type": "text", "text": part.get("text") or ""})
         elif kind == "file":
             contents.append(_image(part, files, f"{where}.content.{number}"))
         elif kind == "toolCallRequest" and role == "assistant":
             call = part.get("toolCallRequest") or {}
+            if not isinstance(call, dict):
+                raise ApiError(400, f"{where}.content.{number}.toolCallRequest is an object with the call's name and"
+                               f" arguments, not {call!r}")
             calls.append({"id": call.get("id") or f"call_{index}_{number}", "type": "function",
                           "function": {"name": call.get("name"), "arguments": json.dumps(call.get("arguments") or {})}})
         else:
