@@ -200,6 +200,33 @@ def models_table(rows: list[dict], console: Console = out) -> None:
         console.print(f"[dim]not shown at this width: {', '.join(KEPT_FIRST[len(kept):])} (--json has them)[/]")
 
 
+def search_table(found: list, console: Console = out) -> None:
+    """`localspec search`: each model to fetch, the registry's first, its name whole (what `pull` takes)."""
+    asked = any(model.downloads is not None for model in found)  # (the Hub's counts, where it was searched)
+    columns = ("name", "params", *(("downloads", "likes") if asked else ()), "drafts", "here")
+    table = Table(title="Models to pull")
+    for column in columns:
+        table.add_column(column, no_wrap=column == "name", justify="right" if column in ("downloads", "likes")
+                         else "left")
+    for model in found:
+        counts = ["" if count is None else f"{count:,}" for count in (model.downloads, model.likes)] if asked else []
+        table.add_row(shown(model.name), shown(model.params), *counts, shown(", ".join(model.drafts)),
+                      "[green]yes[/]" if model.downloaded else "")
+    _whole_rows(console).print(table)
+
+
+def quantizations_table(repo: str, quantizations: list, console: Console = out) -> None:
+    """`localspec search owner/repo`: its quantizations, the smallest first, each with the name `pull` takes."""
+    table = Table(title=f"{shown(repo)}: its GGUF files")
+    for column in ("quant", "size", "fits", "pull as"):
+        table.add_column(column, no_wrap=column == "pull as", justify="right" if column == "size" else "left")
+    for quantization in quantizations:
+        fits = quantization.fit + (" [bold](recommended)[/]" if quantization.recommended else "")
+        table.add_row(shown(quantization.quant), size_text(quantization.size),
+                      f"[red]{fits}[/]" if quantization.fit == "too big" else fits, shown(quantization.pull))
+    _whole_rows(console).print(table)
+
+
 def model_card(card, console: Console = out) -> None:
     """`localspec show`: what Ollama's show prints, and what the model means for speculation."""
     info = card.info

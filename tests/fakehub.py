@@ -1,8 +1,8 @@
 """A loopback HTTP server that serves real files the way the Hugging Face Hub does.
 
-Enough of the Hub for huggingface_hub's hf_hub_download and list_repo_files:
+Enough of the Hub for huggingface_hub's hf_hub_download, list_repo_files, list_repo_tree and list_models:
 HEAD and GET on /{owner}/{repo}/resolve/{revision}/{file} with ETag,
-X-Repo-Commit, X-Linked-Size and Range support, and the tree listing API.
+X-Repo-Commit, X-Linked-Size and Range support, the tree listing API and the model search.
 It can drop the connection part-way through a file, serve slowly, refuse gated repos, send
 file requests on to another server (as the Hub sends them to its CDN), and records every
 request so tests can see whether a download resumed and where a token went.
@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<file>.+)$")
 TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<revision>[^/?]+)")
+SEARCH = re.compile(r"^/api/models(?:\?|$)")
 
 
 @dataclass
@@ -34,6 +36,7 @@ class FakeHub:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
     tokens: list[str | None] = field(default_factory=list)  # each request's Authorization header
     redirect: str = ""  # if set, files are answered with a 302 to the same path on this base URL (a CDN)
+    downloads: dict[str, int] = field(default_factory=dict)  # repo -> its downloads, which order a search
     url: str = ""
 
     def add(self, repo: str, path: Path, name: str | None = None) -> None:
@@ -72,6 +75,8 @@ def serve(hub: FakeHub):
             tree = TREE.match(self.path)
             if tree:
                 return self.listing(tree["repo"])
+            if SEARCH.match(self.path):
+                return self.search(parse_qs(urlsplit(self.path).query))
             match = RESOLVE.match(self.path.split("?")[0])
             if not match:
                 return self.error(404, "EntryNotFound", "no such path")
@@ -149,6 +154,21 @@ def serve(hub: FakeHub):
             self.end_headers()
             if self.command == "GET":
                 self.wfile.write(body)
+
+        def search(self, query: dict[str, list[str]]):
+            """The Hub's model search: the repos whose names hold the text (any case) and that have GGUF files (the
+            only filter asked for here), the most downloaded first, with what expand asks of each."""
+            text = query.get("search", [""])[0].lower()
+            repos = sorted({repo for repo, name in hub.files if text in repo.lower() and name.endswith(".gguf")},
+                           key=lambda repo: (-hub.downloads.get(repo, 0), repo))
+            repos = repos[:int(query.get("limit", [len(repos)])[0])]
+            body = json.dumps([{"id": repo, "modelId": repo, "downloads": hub.downloads.get(repo, 0), "likes": 1,
+                                "gguf": {"total": 1_500_000}} for repo in repos]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def error(self, status: int, code: str, message: str):
             body = json.dumps({"error": message}).encode()

@@ -511,7 +511,8 @@ def test_setup_script_says_in_one_line_that_python_3_10_is_too_old(tmp_path):
 def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
     """Loading llama.cpp's library is for commands that run a model (issue 13: no work at import)."""
     probe = ("import sys\nfrom localspec import cli\n"
-             "for args in (['--help'], ['models', '--json'], ['--version'], ['ls'], ['ps'], ['show', 'llama3-70b']):\n"
+             "for args in (['--help'], ['models', '--json'], ['--version'], ['ls'], ['ps'], ['show', 'llama3-70b'],\n"
+             "             ['search', 'qwen', '--offline']):\n"
              "    sys.argv = ['localspec', *args]\n    try:\n        cli.main()\n    except SystemExit:\n        pass\n"
              "print('llama_cpp' in sys.modules, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,

@@ -952,3 +952,54 @@ def test_lm_studios_download_fetches_a_model_as_a_job_whose_status_is_asked_for(
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_search_lists_the_registrys_models_then_the_hubs_gguf_repos_the_most_downloaded_first(localspec, hub,
+                                                                                               hub_env):
+    hub.downloads.update({"ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF": 500, "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF": 900})
+    done = localspec("search", "qwen2.5", "coder", "--json")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    found = [json.loads(line) for line in done.stdout.splitlines()]
+    registered = [model for model in found if model["from_registry"]]
+    assert registered == found[:len(registered)] and "qwen2.5-coder-1.5b" in [m["name"] for m in registered]
+    assert all("coder" in model["name"] and model["downloads"] is None for model in registered)
+    assert [model["name"] for model in found[len(registered):]] == [  # (each word in the name, in any case)
+        "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", "ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF"]
+    hub_found = [json.loads(line) for line in localspec("search", "coder", "--json", "-n", "2").stdout.splitlines()
+                 if not json.loads(line)["from_registry"]]
+    assert [(m["name"], m["downloads"], m["params"]) for m in hub_found] == [
+        ("ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", 900, "1.5M"), ("ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF", 500, "1.5M")]
+    table = localspec("search", "coder", "-n", "1", COLUMNS="200")
+    assert table.returncode == 0 and "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF" in table.stdout
+    assert "Coder-7B" not in table.stdout  # (--limit: the Hub's one most downloaded)
+    assert localspec("search", "no-model-is-named-so").stdout.strip() == (
+        "no model's name holds 'no-model-is-named-so' in the registry or on the Hub")
+    # the Hub out of reach: the registry's models all the same, and why the Hub's are missing
+    away = localspec("search", "coder", "--json", HF_ENDPOINT="http://127.0.0.1:9")
+    assert away.returncode == 0 and "cannot reach the Hugging Face Hub" in away.stderr and away.stderr.count("\n") == 1
+    assert all(json.loads(line)["from_registry"] for line in away.stdout.splitlines()) and away.stdout
+    assert localspec("search", "coder", "--offline").stderr == ""
+
+
+def test_search_of_a_repo_lists_its_quantizations_with_their_fit_and_the_name_pull_takes(localspec, hub, tiny,
+                                                                                         shards, hub_env):
+    done = localspec("search", "test/split-GGUF", "--json")
+    assert done.returncode == 0, done.stderr
+    quantizations = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(q["quant"], q["size"], q["pull"], q["recommended"], q["fit"]) for q in quantizations] == sorted([
+        ("Q4_K_M", tiny["target"].stat().st_size, "test/split-GGUF:Q4_K_M", True, "in RAM"),
+        ("Q8_0", tiny["partial"].stat().st_size, "test/split-GGUF:Q8_0", False, "in RAM")], key=lambda q: q[1])
+    pulled = localspec("pull", quantizations[-1]["pull"])
+    assert pulled.returncode == 0 and Path(pulled.stdout.strip()).stat().st_size == quantizations[-1]["size"]
+    # a model split in parts is one file, its size theirs together; a projector and a drafter are no model here
+    split = [json.loads(line) for line in localspec("search", "test/shards-GGUF", "--json").stdout.splitlines()]
+    assert [(q["file"], q["size"], q["pull"]) for q in split] == [
+        (f"Q8_0/{shards[0].name}", sum(part.stat().st_size for part in shards), "test/shards-GGUF:Q8_0")]
+    assert [q["quant"] for q in map(json.loads, localspec("search", "test/vision-GGUF", "--json").stdout.split(
+        "\n")[:-1])] == ["Q4_K_M"]
+    assert [q["quant"] for q in map(json.loads, localspec("search", "ggml-org/gpt-oss-20b-GGUF", "--json").stdout.split(
+        "\n")[:-1])] == ["MXFP4"]
+    table = localspec("search", "test/split-GGUF", COLUMNS="200").stdout
+    assert "test/split-GGUF:Q8_0" in table and "(recommended)" in table
+    gated = localspec("search", "test/gated-GGUF")
+    assert gated.returncode == 3 and "gated" in gated.stderr and "Traceback" not in gated.stderr

@@ -1,4 +1,4 @@
-"""The commands about models and this machine: pull, models, show, create, ps, stop, rm, check, doctor, version."""
+"""The commands about models and this machine: pull, search, models, show, create, ps, stop, rm, check, doctor, version."""
 
 import dataclasses
 import json
@@ -41,6 +41,45 @@ def pull(
     wanted += [registry.resolve(projector, models)] if projector else []
     for item in wanted:
         print(store.fetch(item, progress=tui.download_progress(), verify_sha256=True))
+
+
+@command(epilog="Examples:\n\n  localspec search qwen2.5-coder\n\n  localspec search gemma --limit 5 --json\n\n"
+         "  localspec search Qwen/Qwen2.5-Coder-7B-Instruct-GGUF")
+def search(
+    words: Annotated[list[str], typer.Argument(help="Words a model's name holds (qwen coder), or a Hub repo"
+                                               " (owner/repo) to list its GGUF files.", show_default=False)],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=100, help="The most Hub repos to list.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False,
+    offline: OfflineOption = False,
+):
+    """Find a model to pull: the registry's models whose names hold the words (with what drafts for them), then the
+    Hugging Face Hub's GGUF repos whose names hold them, the most downloaded first.
+
+    Given a Hub repo (owner/repo), its GGUF files instead: each quantization's size, whether it fits this machine
+    (on the GPU, partly, in RAM, too big, with a 4096-token context) and the name `pull` takes for it, the one
+    recommended marked (Q4_K_M where it fits, else the largest that fits).
+    """
+    text = " ".join(words)
+    if registry.is_repo_name(text) and not offline:
+        quantizations = store.quantizations(text)
+        if as_json:
+            for quantization in quantizations:
+                print(json.dumps(dataclasses.asdict(quantization)))
+        elif not quantizations:
+            print(f"{text} holds no GGUF model file")
+        else:
+            tui.quantizations_table(text, quantizations)
+        return
+    found, note = store.search(text, limit, offline)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    if as_json:
+        for model in found:
+            print(json.dumps(dataclasses.asdict(model)))
+    elif not found:
+        print(f"no model's name holds {text!r}" + ("" if note else " in the registry or on the Hub"))
+    else:
+        tui.search_table(found)
 
 
 def list_models(

@@ -9,8 +9,8 @@ Its face, what the rest of localspec asks of it: find(name) what a name means (f
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
 receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
-its file where it is downloaded, nothing fetched; known() every model the registry names; installed(entry) its
-file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
+its file where it is downloaded, nothing fetched; known() every model the registry names; search(text) the registry's and the Hub's models to
+fetch, quantizations(repo) a Hub repo's files; installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
 header; control_vector(path) a control vector's directions; pair(target, draft) a target and its draft found,
 fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what a
 model takes of them.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import InputError, UsageError
-from . import blobs, catalog, compat, download, gguf_meta, hardware, modelfile, registry
+from . import blobs, catalog, compat, download, gguf_meta, hardware, modelfile, registry, search as finding
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -32,7 +32,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch",
            "find", "forget", "header", "here", "installed", "known", "machine", "made", "make", "pair",
-           "receive_blob", "remove"]
+           "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -196,6 +196,17 @@ def blob_adapters(files: dict[str, str]) -> tuple[str, ...]:
 def known() -> dict[str, ModelEntry]:
     """Every model the registry names (the bundled models.toml and the user's)."""
     return registry.load()
+
+
+def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[finding.Found], str]:
+    """The models to fetch whose names hold text: the registry's, then the Hub's GGUF repos (and why the Hub was not
+    searched, where it was not)."""
+    return finding.search(text, limit, offline)
+
+
+def quantizations(repo: str) -> list[finding.Quantization]:
+    """A Hub repo's model files, a quantization each, with its size, whether it fits here and what `pull` takes."""
+    return finding.quantizations(repo)
 
 
 def installed(entry: ModelEntry) -> Path | None:

@@ -18,13 +18,14 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx2
 import huggingface_hub
 from filelock import FileLock, Timeout
 from huggingface_hub import errors as hub_errors
+from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import logging as hub_logging
 
@@ -297,19 +298,24 @@ def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
     if offline or offline_requested():
         raise FetchError(f"{query.repo}:{query.quant} needs the Hub to find its file; name a downloaded model instead")
     files = _listing(query.repo)
-    wanted = query.quant.lower()
-    # a sidecar (mtp-, dflash-, ...) or projector of the same quantization is no model to run
-    matching = sorted(f for f in files if registry.is_model_file(f) and wanted in f.lower())
-    if not matching:
+    first = quant_file(files, query.quant)
+    if first is None:
         quants = sorted(f for f in files if registry.is_model_file(f))
         raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
-    first = next((f for f in matching if SPLIT_MARK in f), matching[0])
     found = ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
     if query.of is None:
         return found
     # another quantization of a registry model: its family and draft still hold, its size and hash do not
     return replace(query.of, name=found.name, file=found.file, parts=found.parts, size=None, sha256=None, pypi=None,
                    aliases=(), alternatives=(), sources=None, latest=False, typed=f"hf:{query.repo}/{first}")
+
+
+def quant_file(files, quant: str) -> str | None:
+    """The file of a repo's listing that owner/repo:QUANT names: a model file whose name holds the quantization (its
+    first part where it is split), the first by name."""
+    # (a sidecar (mtp-, dflash-, ...) or projector of the same quantization is no model to run)
+    matching = sorted(f for f in files if registry.is_model_file(f) and quant.lower() in f.lower())
+    return next((f for f in matching if SPLIT_MARK in f), matching[0]) if matching else None
 
 
 def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | None:
@@ -358,17 +364,52 @@ def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> M
 def _listing(repo: str) -> list[str]:
     """The GGUF files of a Hub repo whose names are safe to save under (a hostile mirror listed
     `../../x.gguf`, which was written outside the models folder)."""
-    try:
+    with _asking_the_hub(f"list {repo}", repo):
         return [name for name in huggingface_hub.list_repo_files(repo) if registry.SAFE_FILE.match(name)]
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    """A repo the Hub found: its name, downloads (the Hub's count of the last 30 days), likes and, where the Hub
+    read it of its GGUF files, parameters."""
+
+    repo: str
+    downloads: int
+    likes: int
+    parameters: int | None
+
+
+def hub_search(term: str, limit: int) -> list[HubRepo]:
+    """The GGUF repos on the Hub whose names hold term, the most downloaded first."""
+    with _asking_the_hub(f"search for {term!r}"):
+        found = huggingface_hub.list_models(search=term, filter="gguf", sort="downloads", limit=limit,
+                                            expand=["downloads", "likes", "gguf"])
+        return [HubRepo(model.id, model.downloads or 0, model.likes or 0,
+                        (model.gguf or {}).get("total") if isinstance(model.gguf, dict) else None)
+                for model in found if registry.is_repo_name(model.id)]
+
+
+def hub_file_sizes(repo: str) -> dict[str, int]:
+    """Every GGUF file of a Hub repo that is safe to save under, with its size in bytes."""
+    with _asking_the_hub(f"list {repo}", repo):
+        return {entry.path: entry.size for entry in huggingface_hub.list_repo_tree(repo, recursive=True)
+                if isinstance(entry, RepoFile) and registry.SAFE_FILE.match(entry.path)}
+
+
+@contextmanager
+def _asking_the_hub(what: str, repo: str | None = None) -> Iterator[None]:
+    """The Hub's failures as one line each (repo: the repo asked about)."""
+    try:
+        yield
     except hub_errors.GatedRepoError:
         raise FetchError(f"{repo} is gated: {GATED_HINT}") from None
     except hub_errors.RepositoryNotFoundError:
         hint = " (or it is private or gated: set HF_TOKEN)" if not os.environ.get("HF_TOKEN") else ""
         raise FetchError(f"repository {repo} does not exist on the Hub{hint}") from None
     except (hub_errors.HfHubHTTPError, OSError) as error:
-        raise FetchError(f"cannot list {repo} on the Hub: {error}") from None
+        raise FetchError(f"cannot {what} on the Hub: {error}") from None
     except httpx2.TransportError as error:
-        raise FetchError(f"cannot reach the Hugging Face Hub to list {repo} ({error or type(error).__name__});"
+        raise FetchError(f"cannot reach the Hugging Face Hub to {what} ({error or type(error).__name__});"
                          " check the network") from None
 
 
