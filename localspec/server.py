@@ -617,7 +617,14 @@ class Server:
             raise ApiError(400, f"{model!r} is a file on this machine: nothing to download", param="model")
         if isinstance(wanted, store.ModelEntry) and store.installed(wanted) is not None:
             return JSONResponse({"status": "already_downloaded"})
-        job = lmstudio.Download(getattr(wanted, "size", None), lambda: self.closing)
+        return JSONResponse(self.download(model, wanted).started_body())
+
+    def download(self, name: str, wanted: store.Resolved, stopped: Callable[[], str] = lambda: ""
+                 ) -> lmstudio.Download:
+        """A download begun on a thread of its own, as `localspec pull` fetches it: its job, which says how it goes
+        (kept to be asked for by id). It stops where serve shuts down, or where stopped() says why."""
+        job = lmstudio.Download(getattr(wanted, "size", None),
+                                lambda: "serve is shutting down" if self.closing else stopped())
         self._downloads[job.job_id] = job
         while len(self._downloads) > MOST_KEPT:
             self._downloads.pop(next(iter(self._downloads)))
@@ -627,13 +634,13 @@ class Server:
                 store.fetch(wanted, progress=job.bar, verify_sha256=True)
             except LocalspecError as error:
                 job.end(error)
-                self.log(f"download {job.job_id} of {model} failed: {error}")
+                self.log(f"download {job.job_id} of {name} failed: {error}")
             else:
                 job.end(None)
-                self.log(f"downloaded {model} ({job.job_id})")
+                self.log(f"downloaded {name} ({job.job_id})")
 
-        asyncio.get_running_loop().run_in_executor(self._pulls, fetch)
-        return JSONResponse(job.started_body())
+        job.fetching = asyncio.get_running_loop().run_in_executor(self._pulls, fetch)
+        return job
 
     async def lmstudio_download_status(self, request: Request, client: str | None) -> Response:
         job = self._downloads.get(request.path_params["job_id"])
@@ -1445,6 +1452,7 @@ class _SdkSocket:
 
     MOST_AT_ONCE = 64
     LOAD_WORD_SECONDS = 10  # a load says it goes on this often: the SDK gives up on a channel silent for 60 s
+    DOWNLOAD_WORD_SECONDS = 1  # (a download's progress, as LM Studio says it)
 
     def __init__(self, server: Server, namespace: str, socket: WebSocket):
         self.server, self.namespace, self.socket = server, namespace, socket
@@ -1580,6 +1588,20 @@ class _SdkSocket:
             return {"version": __version__, "build": 0}
         if self.namespace == "files" and endpoint == "uploadFileBase64":
             return self.server.sdk_uploads.add(self.identity, parameter)
+        if self.namespace == "repository" and endpoint == "searchModels":
+            asked = lmstudio_sdk.search_asked(parameter)
+            if asked is None:
+                return {"results": []}
+            found, note = await asyncio.to_thread(store.search, *asked)
+            if note:
+                self.server._say_once(("search", note), f"LM Studio's SDK searched the registry alone: {note}")
+            return lmstudio_sdk.found(found, asked[0])
+        if self.namespace == "repository" and endpoint == "getModelDownloadOptions":
+            name = lmstudio_sdk.download_options_asked(parameter)
+            try:
+                return lmstudio_sdk.download_options(name, await asyncio.to_thread(store.quantizations, name))
+            except LocalspecError as error:
+                raise ApiError(404, str(error), code="model_not_found") from None
         if self.namespace in ("llm", "embedding"):
             if endpoint == "listLoaded":
                 return [self._info(pool.find(served.name), served) for served in pool.loaded.values()
@@ -1641,6 +1663,8 @@ class _SdkSocket:
                 await self._load(channel_id, endpoint, creation)
             elif endpoint == "predict" and self.namespace == "llm":
                 await self._predict(channel_id, creation)
+            elif endpoint == "downloadModel" and self.namespace == "repository":
+                await self._download(channel_id, creation)
             else:
                 raise ApiError(400, f"a {endpoint!r} channel is not served by localspec on /{self.namespace}")
         except Exception as error:
@@ -1683,6 +1707,28 @@ class _SdkSocket:
                                   f" {served.name} is loaded with {served.session.info.n_ctx} (serve's -c sets it)")
         ended = "alreadyLoaded" if already else "loadSuccess" if endpoint == "getOrLoad" else "success"
         await self._send(lmstudio_sdk.channel_send(channel_id, {"type": ended, "info": self._info(available, served)}))
+
+    async def _download(self, channel_id, creation: dict) -> None:
+        """downloadModel: a model fetched as `localspec pull` fetches it (hf:owner/repo/file.gguf or a registry name,
+        as getModelDownloadOptions names them), its progress said every DOWNLOAD_WORD_SECONDS; a cancel stops it,
+        what arrived kept for the next download to go on from."""
+        name = creation.get("downloadIdentifier")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "downloadIdentifier names the file to download, as getModelDownloadOptions named it")
+        self.server._may_change_models("downloads")
+        try:
+            wanted = store.find(name)
+        except LocalspecError as error:
+            raise ApiError(404, str(error), code="model_not_found") from None
+        if isinstance(wanted, Path):
+            raise ApiError(400, f"{name!r} is a file on this machine: nothing to download")
+        job = self.server.download(name, wanted, lambda: "cancelled" if channel_id in self.cancelled else "")
+        while not (await asyncio.wait({job.fetching}, timeout=self.DOWNLOAD_WORD_SECONDS))[0]:
+            await self._send(lmstudio_sdk.channel_send(channel_id, lmstudio_sdk.download_progress(*job.progress())))
+        if job.error:
+            raise ApiError(500, job.error)
+        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "startFinalizing"}))
+        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "success", "defaultIdentifier": name}))
 
     async def _predict(self, channel_id, creation: dict) -> None:
         """A prediction: the history and configuration read as the OpenAI request they amount to, answered as the

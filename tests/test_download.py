@@ -1003,3 +1003,58 @@ def test_search_of_a_repo_lists_its_quantizations_with_their_fit_and_the_name_pu
     assert "test/split-GGUF:Q8_0" in table and "(recommended)" in table
     gated = localspec("search", "test/gated-GGUF")
     assert gated.returncode == 3 and "gated" in gated.stderr and "Traceback" not in gated.stderr
+
+
+def test_lm_studios_sdk_searches_downloads_and_loads_what_it_found(hub_env, hub, home, tiny):
+    """LM Studio's SDK's repository: a search (the registry's models as LM Studio's catalog, then the Hub's repos), a
+    result's download options (each file's quantization, size and fit here), one downloaded with its progress said,
+    then loaded by the name the download gave; a cancel stops a download and keeps what arrived."""
+    import lmstudio as lms
+    from lmstudio.sync_api import AvailableModel
+    from test_server import ServerProcess, raw_socket
+
+    hub.slow["tiny-q8_0.gguf"] = hub.slow["tiny-q4_k_m.gguf"] = 0.5  # (a second and more: its progress is said)
+    server = ServerProcess(home, tiny["target"], "--no-draft", env=hub_env)
+    try:
+        with lms.Client(server.base.removeprefix("http://")) as client:
+            found = client.repository.search_models("split")
+            assert [(m.search_result.name, m.search_result.identifier.type) for m in found] == [("test/split-GGUF",
+                                                                                                  "hf")]
+            options = found[0].get_download_options()
+            assert [(o.info.quantization, o.info.size_bytes, o.info.recommended, o.info.fit_estimation)
+                    for o in options] == sorted([
+                        ("Q4_K_M", tiny["target"].stat().st_size, True, "fitWithoutGPU"),
+                        ("Q8_0", tiny["partial"].stat().st_size, False, "fitWithoutGPU")], key=lambda o: o[1])
+            progress = []
+            name = next(o for o in options if o.info.quantization == "Q8_0").download(on_progress=progress.append)
+            assert name == "hf:test/split-GGUF/tiny-q8_0.gguf"
+            assert progress and all(p.downloaded_bytes <= p.total_bytes == tiny["partial"].stat().st_size
+                                    for p in progress)
+            assert [path.stat().st_size for path in home.rglob("tiny-q8_0.gguf")] == [tiny["partial"].stat().st_size]
+            assert client.llm.model(name).respond("a", config={"maxTokens": 2}).stats.predicted_tokens_count == 2
+
+            catalog = client.repository.search_models("tiny-draft")
+            assert [(m.search_result.name, m.search_result.identifier.type) for m in catalog] == [("tiny-draft",
+                                                                                                   "catalog")]
+            (option,) = catalog[0].get_download_options()
+            assert option.info.quantization == "PARTIAL" and option.download() == "tiny-draft"
+            assert client.llm.model("tiny-draft").respond("a", config={"maxTokens": 2}).content
+            assert client.repository.search_models("split", compatibility_types=["safetensors"]) == []
+            assert client.repository.search_models("no-such") == []
+            gone = AvailableModel({"name": "gone", "identifier": {"type": "hf", "identifier": "test/gone-GGUF"}},
+                                  client.repository)
+            with pytest.raises(lms.LMStudioServerError, match="does not exist on the Hub"):
+                gone.get_download_options()
+        socket = raw_socket(server, "repository")  # (the SDK's download has no cancel of its own: LM Studio's has)
+        assert json.loads(socket.recv()) == {"success": True}
+        socket.send(json.dumps({"type": "channelCreate", "endpoint": "downloadModel", "channelId": 1,
+                                "creationParameter": {"downloadIdentifier": "hf:test/split-GGUF/tiny-q4_k_m.gguf"}}))
+        assert json.loads(socket.recv())["message"]["type"] == "downloadProgress"
+        socket.send(json.dumps({"type": "channelSend", "channelId": 1, "message": {"type": "cancel"}}))
+        assert "cancelled: the download stops here" in json.loads(socket.recv())["error"]["title"]
+        assert 0 < sum(path.stat().st_size for path in home.rglob("tiny-q4_k_m.gguf.partial")) < tiny[
+            "target"].stat().st_size
+        socket.close()
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -5,6 +5,7 @@ a whole answer carries LM Studio's `stats` (its speculative decoding counts amon
 beside OpenAI's fields. Its v1 (LM Studio 0.4): a chat of its own shape, its conversations kept by response id and
 streamed as named events, and its model list, load, unload and download routes."""
 
+import asyncio
 import json
 import math
 import time
@@ -358,13 +359,14 @@ class Download:
     """One model's download (POST /api/v1/models/download) as its status route tells it: a tqdm-shaped bar a file
     (what localspec's downloader reports to), their bytes summed."""
 
-    def __init__(self, total: int | None, stopping: Callable[[], bool]):
-        """stopping: whether serve is shutting down, when the download stops at its next block (what arrived is
-        kept for the next download to go on from)."""
+    def __init__(self, total: int | None, stopping: Callable[[], str]):
+        """stopping: why the download stops at its next block, where it does (serve shutting down, its client
+        cancelling it); what arrived is kept for the next download to go on from."""
         self.job_id, self.stopping = "job_" + uuid.uuid4().hex[:10], stopping
         self.total, self.started, self.ended = total or 0, time.time(), None
         self.status, self.error = "downloading", None
         self._files: dict[str, list[int]] = {}  # each file's [total, arrived, arrived when this job began]
+        self.fetching: asyncio.Future | None = None  # (the thread fetching it, once begun)
 
     def bar(self, *, total=None, initial=0, desc="", **_) -> "_Bar":
         self._files[desc] = [total or 0, initial, initial]
@@ -379,12 +381,17 @@ class Download:
         return {"job_id": self.job_id, "status": self.status, "total_size_bytes": self.total,
                 "started_at": _iso(self.started)}
 
-    def status_body(self) -> dict:
+    def progress(self) -> tuple[int, int, float]:
+        """Bytes arrived, in all, and arriving a second since the job began."""
         arrived = sum(file[1] for file in self._files.values())
+        elapsed = time.time() - self.started
+        return arrived, self.total, sum(file[1] - file[2] for file in self._files.values()) / elapsed if elapsed > 0 \
+            else 0.0
+
+    def status_body(self) -> dict:
+        arrived, _, speed = self.progress()
         out = self.started_body() | {"downloaded_bytes": arrived if self.status != "completed" else self.total}
         if self.status == "downloading":
-            elapsed = time.time() - self.started
-            speed = sum(file[1] - file[2] for file in self._files.values()) / elapsed if elapsed > 0 else 0.0
             out["bytes_per_second"] = round(speed)
             if speed > 0:
                 out["estimated_completion"] = _iso(time.time() + max(0, self.total - arrived) / speed)
@@ -394,12 +401,12 @@ class Download:
 
 
 class _Bar:
-    def __init__(self, counts: list[int], stopping: Callable[[], bool]):
+    def __init__(self, counts: list[int], stopping: Callable[[], str]):
         self.counts, self.stopping = counts, stopping
 
     def update(self, n=1):
-        if self.stopping():
-            raise FetchError("serve is shutting down: the download stops here (download again to go on)")
+        if why := self.stopping():
+            raise FetchError(f"{why}: the download stops here (what arrived is kept: download again to go on)")
         self.counts[1] += n
 
     def close(self):

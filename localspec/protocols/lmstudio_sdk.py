@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .. import store
+from ..store import finder
 from ..events import Reading, Token
 from ..service import Job
 from ..session import Session
@@ -106,6 +107,57 @@ def _text(value, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise ApiError(400, f"{name} names a model, not {value!r}")
     return value
+
+
+# how a download would fit this machine, as the SDK says it (store/finder.py's words)
+FITS = {finder.ON_THE_GPU: "fullGPUOffload", finder.PARTLY_ON_THE_GPU: "partialGPUOffload",
+        finder.IN_RAM: "fitWithoutGPU", finder.TOO_BIG: "willNotFit"}
+MOST_FOUND = 25  # the SDK's own limit on a search's results
+
+
+def search_asked(parameter: dict) -> tuple[str, int] | None:
+    """A repository search's text and the most results it takes; None where it asks for no GGUF model."""
+    opts = parameter.get("opts")
+    if not isinstance(opts, dict):
+        raise ApiError(400, "a search is {\"opts\": {\"searchTerm\": ..., \"limit\": ...}}")
+    text, limit, kinds = opts.get("searchTerm") or "", opts.get("limit") or MOST_FOUND, opts.get("compatibilityTypes")
+    if not isinstance(text, str) or isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 100:
+        raise ApiError(400, "searchTerm is text and limit a number of results from 1 to 100")
+    if kinds is not None and (not isinstance(kinds, list) or "gguf" not in kinds):
+        return None  # (serve fetches GGUF files alone: MLX's and safetensors' are none of its)
+    return text, limit
+
+
+def found(models: Iterable[finder.Found], text: str) -> dict:
+    """A search's results: the registry's models by name (LM Studio's catalog), the Hub's repos."""
+    return {"results": [{"name": model.name, "identifier": {"type": "catalog" if model.from_registry else "hf",
+                                                            "identifier": model.name},
+                         "exact": model.name.lower() == text.lower().strip(), "staffPick": model.from_registry}
+                        for model in models]}
+
+
+def download_options_asked(parameter: dict) -> str:
+    identifier = parameter.get("modelSearchResultIdentifier")
+    if not isinstance(identifier, dict) or not isinstance(identifier.get("identifier"), str) or identifier.get(
+            "type") not in ("catalog", "hf"):
+        raise ApiError(400, "modelSearchResultIdentifier is a search result's identifier ({\"type\": \"hf\","
+                       " \"identifier\": \"owner/repo\"})")
+    return identifier["identifier"]
+
+
+def download_options(name: str, quantizations: Iterable[finder.Quantization]) -> dict:
+    """A search result's files to download, each named for downloadModel by what `pull` takes for it, a file at a
+    time (hf:owner/repo/file.gguf: never another file of the same quantization)."""
+    return {"results": [{
+        "name": quantization.file, "sizeBytes": quantization.size, "fitEstimation": FITS[quantization.fit],
+        "downloadIdentifier": quantization.pull if quantization.pull == name else f"hf:{name}/{quantization.file}",
+        "indexedModelIdentifier": name, "quantization": quantization.quant, "recommended": quantization.recommended}
+        for quantization in quantizations]}
+
+
+def download_progress(arrived: int, total: int, speed: float) -> dict:
+    return {"type": "downloadProgress", "update": {"downloadedBytes": arrived, "totalBytes": total,
+                                                   "speedBytesPerSecond": speed}}
 
 
 def model_info(name: str, info: GGUFInfo, entry: ModelEntry | None, session: Session | None = None) -> dict:

@@ -10,7 +10,7 @@ every_made() all of them, create(name, Modelfile) or make(preset) one made, copy
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
 receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
 its file where it is downloaded, nothing fetched; known() every model the registry names; search(text) the registry's and the Hub's models to
-fetch, quantizations(repo) a Hub repo's files; installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
+fetch, quantizations(name) a Hub repo's files (a registry model's); installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF
 header; control_vector(path) a control vector's directions; pair(target, draft) a target and its draft found,
 fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what a
 model takes of them.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import InputError, UsageError
-from . import blobs, catalog, compat, download, gguf_meta, hardware, modelfile, registry, search as finding
+from . import blobs, catalog, compat, download, finder, gguf_meta, hardware, modelfile, registry
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -198,15 +198,16 @@ def known() -> dict[str, ModelEntry]:
     return registry.load()
 
 
-def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[finding.Found], str]:
+def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[finder.Found], str]:
     """The models to fetch whose names hold text: the registry's, then the Hub's GGUF repos (and why the Hub was not
     searched, where it was not)."""
-    return finding.search(text, limit, offline)
+    return finder.search(text, limit, offline)
 
 
-def quantizations(repo: str) -> list[finding.Quantization]:
-    """A Hub repo's model files, a quantization each, with its size, whether it fits here and what `pull` takes."""
-    return finding.quantizations(repo)
+def quantizations(name: str) -> list[finder.Quantization]:
+    """A Hub repo's model files (a registry model's one), a quantization each, with its size, whether it fits here
+    and what `pull` takes."""
+    return finder.quantizations(name)
 
 
 def installed(entry: ModelEntry) -> Path | None:

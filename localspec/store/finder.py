@@ -84,11 +84,17 @@ def _params(count: int | None) -> str:
     return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"
 
 
-def quantizations(repo: str, n_ctx: int = 4096) -> list[Quantization]:
+def quantizations(name: str, n_ctx: int = 4096) -> list[Quantization]:
     """A Hub repo's model files (no projector, imatrix or drafter published beside one), a quantization each, by
-    size; the one recommended: Q4_K_M where it fits, else the largest that fits."""
-    sizes = download.hub_file_sizes(repo)
+    size; the one recommended: Q4_K_M where it fits, else the largest that fits. For a registry name, its file."""
     machine = hardware.machine()
+    entry = registry.load().get(name)
+    if entry is not None and not entry.drafts:
+        size = entry.size or 0
+        return [Quantization(entry.file, quant_of(entry.file), size, _fit(size, n_ctx, machine), entry.command_name,
+                             recommended=True)]
+    repo = name
+    sizes = download.hub_file_sizes(repo)
     out = []
     for file in sorted(sizes):
         if not registry.is_model_file(file) or registry.split_parts(file)[:1] not in ((), (file,)):
