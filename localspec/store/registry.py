@@ -572,6 +572,7 @@ def draft_advice(target: Resolved, models: dict[str, ModelEntry] | None = None) 
 def _unknown(text: str, models: dict[str, ModelEntry]) -> str:
     known = [ollama_name(name) for name in names(models)] if ":" in text else list(names(models))
     close = difflib.get_close_matches(text.lower(), known, n=4, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; `localspec models` lists the known names"
+    hint = f"; did you mean {', '.join(close)}?" if close else ("; `localspec models` lists the known names, `localspec"
+                                                               " search WORDS` the Hub's GGUF repos too")
     return (f"unknown model {text!r} (not a known name or family:size, a .gguf file, hf:owner/repo/file.gguf or"
             f" owner/repo:QUANT){hint}")
