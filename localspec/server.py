@@ -41,7 +41,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from . import __version__, net, store
+from . import net, store
 from .protocols import anthropic, llama_server, lmstudio, lmstudio_sdk, native, ollama, openai
 from .protocols.anthropic import ANTHROPIC
 from .protocols.llama_server import LLAMA_SERVER
@@ -49,14 +49,15 @@ from .protocols.native import NATIVE
 from .protocols.ollama import OLLAMA
 from .protocols.openai import OPENAI
 from .protocols.responses import MOST_KEPT, Responses
-from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, tool_call_error,
-                               tool_reader)
+from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, rendered,
+                               tool_call_error, tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
 from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
 from .events import Done, Reading, Token
 from .pool import Available, NoRoom, NotKnown, Pool, Served, UnknownModel
 from .request import Request as LibraryRequest
 from .session import without_oldest_turns
+from .sdk_sockets import SdkSocket, SocketGone
 from .service import FINISHED, Embedding, Job, SlotAction
 
 REAP_SECONDS = 1.0  # how often models idle beyond their keep-alive are looked for
@@ -154,7 +155,7 @@ class Server:
         # llama-server's spellings without /v1, which a client given its address without it calls
         self.routes += [(path.removeprefix("/v1"), *rest) for path, *rest in self.routes if path in WITHOUT_V1]
         not_http = {404: self._not_found, 405: self._not_found}
-        sockets = [WebSocketRoute(f"/{namespace}", functools.partial(_SdkSocket.serve, self, namespace))
+        sockets = [WebSocketRoute(f"/{namespace}", functools.partial(self.sdk_socket, namespace))
                    for namespace in lmstudio_sdk.NAMESPACES]
         self.sdk_uploads = lmstudio_sdk.Uploads()  # images LM Studio's SDK uploaded, by the client that did
         self.app = Starlette(routes=[self._route(*route) for route in self.routes] + sockets,
@@ -497,7 +498,7 @@ class Server:
         if parsed is None:  # an empty prompt: clients send one to load the model
             return JSONResponse(ollama.Answer(chat, model).loaded())
         if parsed.renders_only:
-            return JSONResponse(ollama.Answer(chat, model).rendered(await asyncio.to_thread(_rendered, served,
+            return JSONResponse(ollama.Answer(chat, model).rendered(await asyncio.to_thread(rendered, served.session,
                                                                                             parsed.request)))
         answer = OLLAMA.answering(chat, model, parsed)
         answer.waited_for_model(asked, loaded)
@@ -649,6 +650,9 @@ class Server:
                            f" newest {MOST_KEPT:,} while it runs)", code="job_not_found")
         return JSONResponse(job.status_body())
 
+    async def sdk_socket(self, namespace: str, websocket: WebSocket) -> None:
+        await SdkSocket(self, namespace, _Socket(websocket)).run()
+
     async def lmstudio_greeting(self, request: Request, client: str | None) -> Response:
         return JSONResponse(lmstudio_sdk.GREETING)
 
@@ -738,7 +742,7 @@ class Server:
         served = await self._model(body.get("model"))
         parsed = await self._parse(body, True, OPENAI, served)  # (a made model's system prompt and all)
 
-        return JSONResponse({"prompt": await asyncio.to_thread(_rendered, served, parsed.request)})
+        return JSONResponse({"prompt": await asyncio.to_thread(rendered, served.session, parsed.request)})
 
     async def llama_props(self, request: Request, client: str | None) -> Response:
         """What llama-server says of itself (its default settings, context and slots), for the model asked."""
@@ -1444,331 +1448,6 @@ class _Framing:
         return out
 
 
-class _SdkSocket:
-    """One websocket of LM Studio's SDKs, a namespace's (protocols/lmstudio_sdk.py): its opening answered, then each
-    remote call and channel served on a task of its own (a long prediction leaves the socket's other calls
-    answered), at most MOST_AT_ONCE at a time, its messages sent one at a time; a channel's cancel stops its
-    generation, and the socket's end everything it started."""
-
-    MOST_AT_ONCE = 64
-    LOAD_WORD_SECONDS = 10  # a load says it goes on this often: the SDK gives up on a channel silent for 60 s
-    DOWNLOAD_WORD_SECONDS = 1  # (a download's progress, as LM Studio says it)
-
-    def __init__(self, server: Server, namespace: str, socket: WebSocket):
-        self.server, self.namespace, self.socket = server, namespace, socket
-        self.identity = ""  # the client's, which its sockets share (an image uploaded on one is named on another)
-        self.key: str | None = None  # the API key it came with, where serve has keys
-        self.tasks: set[asyncio.Task] = set()
-        self.jobs: dict = {}  # the generations of each channel, by its id
-        self.cancelled: set = set()  # channels cancelled (before their generation began, too), by id
-        self.sending = asyncio.Lock()
-
-    @classmethod
-    async def serve(cls, server: Server, namespace: str, socket: WebSocket) -> None:
-        await cls(server, namespace, socket).run()
-
-    async def run(self) -> None:
-        await self.socket.accept()
-        try:
-            if await self._opened():
-                while True:
-                    self._take(await self._received())
-        except WebSocketDisconnect:
-            pass
-        finally:
-            for jobs in self.jobs.values():
-                for job in jobs:
-                    job.cancel()
-            for task in self.tasks:
-                task.cancel()
-
-    async def _received(self):
-        """The next message (a JSON value: null too); a message that is no JSON is warned of."""
-        while True:
-            message = await self.socket.receive()
-            if message["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect(message.get("code", 1000))
-            text = message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace")
-            try:
-                return json.loads(text)
-            except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack is the second)
-                await self._send({"type": "communicationWarning", "warning": "a message that is no JSON was dropped"})
-
-    async def _opened(self) -> bool:
-        """The client's identity read and answered: success, or why it may not (serve's API key, which LM Studio's
-        SDKs cannot send, unless the socket's request carried it)."""
-        hello = await self._received()
-        if not isinstance(hello, dict) or "authVersion" not in hello:
-            await self._send({"success": False, "error": lmstudio_sdk.error(
-                "a socket opens with the client's identity ({\"authVersion\": 1, \"clientIdentifier\": ...})")})
-            return False
-        try:
-            self.key = self.server._client(self.socket)
-        except ApiError as failure:
-            await self._send({"success": False, "error": lmstudio_sdk.error(
-                f"{failure.message}; LM Studio's SDKs send no key: serve them without --api-key")})
-            return False
-        self.identity = str(hello.get("clientIdentifier") or id(self))
-        await self._send(lmstudio_sdk.AUTHENTICATED)
-        return True
-
-    def _take(self, message) -> None:
-        kind = message.get("type") if isinstance(message, dict) else None
-        named = lmstudio_sdk.named_by(message) if kind else None
-        if kind in ("rpcCall", "channelCreate", "channelSend") and named is None:
-            self._start(self._send({"type": "communicationWarning", "warning": f"a {kind} without its"
-                                    f" {'callId' if kind == 'rpcCall' else 'channelId'} (a number) was dropped"}))
-            return
-        if kind == "channelSend":
-            if lmstudio_sdk.cancels(message):
-                self.cancelled.add(named)
-                for job in self.jobs.get(named, ()):
-                    job.cancel()
-            return
-        if kind == "communicationWarning":  # (what the client found wrong in a message of ours: never answered)
-            self.server._say_once(("sdk warning", str(message.get("warning"))[:200]),
-                                  f"LM Studio's SDK warned: {str(message.get('warning'))[:500]}")
-            return
-        if kind not in ("rpcCall", "channelCreate"):
-            self._start(self._send({"type": "communicationWarning", "warning": f"a message of type {kind!r} was"
-                                    " dropped: rpcCall, channelCreate and channelSend are read"}))
-            return
-        if len(self.tasks) >= self.MOST_AT_ONCE:
-            failure = lmstudio_sdk.error(f"{self.MOST_AT_ONCE} calls and channels of this socket are running: wait"
-                                         " for one to end")
-            self._start(self._send(lmstudio_sdk.rpc_error(message.get("callId"), failure) if kind == "rpcCall"
-                                   else lmstudio_sdk.channel_error(message.get("channelId"), failure)))
-            return
-        self._start(self._call(message) if kind == "rpcCall" else self._channel(message))
-
-    def _start(self, work) -> None:
-        task = asyncio.create_task(work)
-        self.tasks.add(task)
-        task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None \
-                and not isinstance(task.exception(), (WebSocketDisconnect, RuntimeError)):  # (the client had gone)
-            self.server.log("".join(traceback.format_exception(task.exception())).rstrip())
-
-    async def _send(self, message) -> None:
-        await self._send_frame(json.dumps(message, ensure_ascii=False))
-
-    async def _send_frame(self, frame: str) -> None:
-        """A frame's messages, a line each (a Prediction's frame may say several)."""
-        async with self.sending:
-            for line in frame.splitlines():
-                await self.socket.send_text(line)
-
-    def _error(self, error: Exception) -> dict:
-        if isinstance(error, UnknownModel):
-            return lmstudio_sdk.error(str(error), not_found=True)
-        if isinstance(error, ApiError):
-            return lmstudio_sdk.error(error.message, not_found=error.code == "model_not_found")
-        self.server.log(traceback.format_exc().rstrip())
-        return lmstudio_sdk.error(f"internal error: {error}")
-
-    async def _call(self, message: dict) -> None:
-        call_id = message.get("callId")
-        try:
-            answer = lmstudio_sdk.rpc_result(call_id, await self._answer(message.get("endpoint"),
-                                                                         message.get("parameter")))
-        except Exception as error:
-            answer = lmstudio_sdk.rpc_error(call_id, self._error(error))
-        await self._send(answer)
-
-    async def _answer(self, endpoint, parameter):
-        """A remote call's result."""
-        parameter = parameter if isinstance(parameter, dict) else {}
-        pool = self.server.pool
-        if self.namespace == "system" and endpoint == "listDownloadedModels":
-            return [self._info(available) for available in pool.available()]
-        if self.namespace == "system" and endpoint == "version":
-            return {"version": __version__, "build": 0}
-        if self.namespace == "files" and endpoint == "uploadFileBase64":
-            return self.server.sdk_uploads.add(self.identity, parameter)
-        if self.namespace == "repository" and endpoint == "searchModels":
-            asked = lmstudio_sdk.search_asked(parameter)
-            if asked is None:
-                return {"results": []}
-            found, note = await asyncio.to_thread(store.search, *asked)
-            if note:
-                self.server._say_once(("search", note), f"LM Studio's SDK searched the registry alone: {note}")
-            return lmstudio_sdk.found(found, asked[0])
-        if self.namespace == "repository" and endpoint == "getModelDownloadOptions":
-            name = lmstudio_sdk.download_options_asked(parameter)
-            try:
-                return lmstudio_sdk.download_options(name, await asyncio.to_thread(store.quantizations, name))
-            except LocalspecError as error:
-                raise ApiError(404, str(error), code="model_not_found") from None
-        if self.namespace in ("llm", "embedding"):
-            if endpoint == "listLoaded":
-                return [self._info(pool.find(served.name), served) for served in pool.loaded.values()
-                        if self._ours(served.session.target_info)]
-            if endpoint == "unloadModel":
-                name = lmstudio_sdk.specified({"type": "query", "query": {"identifier": parameter.get("identifier")}})
-                if not await pool.unload_when_idle(name):
-                    raise ApiError(400, f"{name} is the model serve started with: it stays loaded while serve runs")
-                return None
-            served = self._loaded(lmstudio_sdk.specified(parameter.get("specifier", parameter.get("modelSpecifier"))))
-            text = parameter.get("inputString")
-            if endpoint == "getModelInfo":
-                return self._info(pool.find(served.name), served)
-            if endpoint == "getLoadConfig":
-                return lmstudio_sdk.load_config(served.session)
-            if endpoint in ("tokenize", "countTokens") and isinstance(text, str):
-                tokens = (await asyncio.to_thread(llama_server.tokenized, served.session, {"content": text}))["tokens"]
-                return {"tokens": tokens} if endpoint == "tokenize" else {"tokenCount": len(tokens)}
-            if endpoint == "embedString" and self.namespace == "embedding" and isinstance(text, str):
-                job = await self.server._done(Embedding([text], self.key), self.key, served, self.socket, "inputString")
-                return {"embedding": job.embeddings[0]}
-            if endpoint == "applyPromptTemplate" and self.namespace == "llm":
-                asked = lmstudio_sdk.prediction_asked(parameter, self._upload)
-                tools = lmstudio_sdk.tool_definitions(parameter)
-                body = asked.body | ({"tools": tools} if tools else {})
-                parsed = await self.server._parse(body, asked.chat, OPENAI, served)
-                return {"formatted": await asyncio.to_thread(_rendered, served, parsed.request)}
-        raise ApiError(400, f"{endpoint!r} with these parameters is not served by localspec on /{self.namespace}",
-                       code="not_implemented")
-
-    def _ours(self, info) -> bool:
-        """Whether a model is this namespace's: a generating one /llm's, an embedding one /embedding's."""
-        return info.generates == (self.namespace == "llm")
-
-    def _info(self, available: Available, served: Served | None = None) -> dict:
-        return lmstudio_sdk.model_info(available.name, self.server.pool.header(available.path), available.entry,
-                                       served and served.session)
-
-    def _loaded(self, name: str | None) -> Served:
-        """The loaded model a call names (where it names none: the first of this namespace's loaded)."""
-        pool = self.server.pool
-        served = pool.loaded.get(pool.find(name).key) if name else next(
-            (served for served in pool.loaded.values() if self._ours(served.session.target_info)), None)
-        if served is None:
-            raise ApiError(404, f"no model {name or 'of this kind'} is loaded (the SDK's llm(name) loads one)",
-                           code="model_not_found")
-        return served
-
-    def _upload(self, identifier) -> tuple[str, bytes] | None:
-        return self.server.sdk_uploads.get(self.identity, identifier)
-
-    async def _channel(self, message: dict) -> None:
-        channel_id, endpoint = message.get("channelId"), message.get("endpoint")
-        creation = message.get("creationParameter")
-        try:
-            if not isinstance(creation, dict):
-                raise ApiError(400, f"a {endpoint} channel is created with its parameter (creationParameter)")
-            if endpoint in ("getOrLoad", "loadModel") and self.namespace in ("llm", "embedding"):
-                await self._load(channel_id, endpoint, creation)
-            elif endpoint == "predict" and self.namespace == "llm":
-                await self._predict(channel_id, creation)
-            elif endpoint == "downloadModel" and self.namespace == "repository":
-                await self._download(channel_id, creation)
-            else:
-                raise ApiError(400, f"a {endpoint!r} channel is not served by localspec on /{self.namespace}")
-        except Exception as error:
-            await self._send(lmstudio_sdk.channel_error(channel_id, self._error(error)))
-        finally:
-            self.jobs.pop(channel_id, None)
-            self.cancelled.discard(channel_id)
-
-    async def _load(self, channel_id, endpoint: str, creation: dict) -> None:
-        """getOrLoad (the SDK's llm(name)) and loadModel: the model loaded where it is not, saying it goes on while it
-        loads; its instance is the model's own, named as the model."""
-        pool = self.server.pool
-        name = creation.get("identifier" if endpoint == "getOrLoad" else "modelKey")
-        ttl = creation.get("loadTtlMs" if endpoint == "getOrLoad" else "ttlMs")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0):
-            raise ApiError(400, f"a model's ttl is a number of milliseconds, not {ttl!r}")
-        available = pool.find(lmstudio_sdk.specified({"type": "query", "query": {"identifier": name}}))
-        info = pool.header(available.path)
-        if not self._ours(info):
-            raise ApiError(404, f"{available.name} is {'an embedding' if info.generates is False else 'a generating'}"
-                           f" model: /{'embedding' if self.namespace == 'llm' else 'llm'} serves it",
-                           code="model_not_found")
-        already = available.key in pool.loaded
-        if not already:
-            await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "startLoading", "identifier":
-                                                                    available.name, "info": self._info(available)}))
-        loading = asyncio.ensure_future(self.server._model(available.name, None if ttl is None else ttl / 1000,
-                                                           known_only=True))
-        try:
-            while not (await asyncio.wait({loading}, timeout=self.LOAD_WORD_SECONDS))[0]:
-                await self._send(lmstudio_sdk.channel_send(channel_id, {
-                    "type": "loadProgress" if endpoint == "getOrLoad" else "progress", "progress": 0.0}))
-        finally:
-            loading.cancel()  # (a no-op once loaded; the pool finishes a load its asker left)
-        served = loading.result()
-        wanted = lmstudio_sdk.collapsed(creation.get("loadConfigStack"), "loadConfigStack").get(
-            f"{self.namespace}.load.contextLength")
-        if isinstance(wanted, int) and wanted > served.session.info.n_ctx:
-            self.server._say_once(("contextLength", served.name, wanted), f"a context of {wanted} tokens asked:"
-                                  f" {served.name} is loaded with {served.session.info.n_ctx} (serve's -c sets it)")
-        ended = "alreadyLoaded" if already else "loadSuccess" if endpoint == "getOrLoad" else "success"
-        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": ended, "info": self._info(available, served)}))
-
-    async def _download(self, channel_id, creation: dict) -> None:
-        """downloadModel: a model fetched as `localspec pull` fetches it (hf:owner/repo/file.gguf or a registry name,
-        as getModelDownloadOptions names them), its progress said every DOWNLOAD_WORD_SECONDS; a cancel stops it,
-        what arrived kept for the next download to go on from."""
-        name = creation.get("downloadIdentifier")
-        if not isinstance(name, str) or not name:
-            raise ApiError(400, "downloadIdentifier names the file to download, as getModelDownloadOptions named it")
-        self.server._may_change_models("downloads")
-        try:
-            wanted = store.find(name)
-        except LocalspecError as error:
-            raise ApiError(404, str(error), code="model_not_found") from None
-        if isinstance(wanted, Path):
-            raise ApiError(400, f"{name!r} is a file on this machine: nothing to download")
-        job = self.server.download(name, wanted, lambda: "cancelled" if channel_id in self.cancelled else "")
-        while not (await asyncio.wait({job.fetching}, timeout=self.DOWNLOAD_WORD_SECONDS))[0]:
-            await self._send(lmstudio_sdk.channel_send(channel_id, lmstudio_sdk.download_progress(*job.progress())))
-        if job.error:
-            raise ApiError(500, job.error)
-        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "startFinalizing"}))
-        await self._send(lmstudio_sdk.channel_send(channel_id, {"type": "success", "defaultIdentifier": name}))
-
-    async def _predict(self, channel_id, creation: dict) -> None:
-        """A prediction: the history and configuration read as the OpenAI request they amount to, answered as the
-        SDK's fragments and success (lmstudio_sdk.Prediction)."""
-        asked = lmstudio_sdk.prediction_asked(creation, self._upload)
-        served = await self.server._model(lmstudio_sdk.specified(creation.get("modelSpecifier")), known_only=True)
-        parsed = await self.server._parse(asked.body, asked.chat, OPENAI, served)
-        if asked.fits:
-            parsed = await asyncio.to_thread(self.server._fitted, replace(parsed, fits=True), served)
-        self.server._draft_asked(asked.body, served)
-        for key in asked.left_to_serve:
-            self.server._say_once(("lmstudio", key), f"{key} asked (LM Studio's SDK): left to serve's settings")
-        parsed = replace(parsed, request=replace(parsed.request, client=self.key))
-        answering = lmstudio_sdk.Prediction(channel_id, asked.chat, served.name, parsed, served.session,
-                                            self._info(self.server.pool.find(served.name), served))
-        jobs, outbox = self.jobs.setdefault(channel_id, []), asyncio.Queue()
-        who = self.key or (self.socket.client.host if self.socket.client else None)
-        try:
-            if channel_id in self.cancelled:  # (before its generation began: it begins in the same step as this)
-                raise ApiError(503, "cancelled before it began", code="cancelled")
-            first = await self.server._started(parsed, answering, served, who, jobs, outbox)
-        except ApiError as failure:
-            if failure.code != "cancelled":
-                raise
-            await self._send_frame(answering.error(failure))  # (stopped before its prompt was read)
-            return
-        async for frame in self.server._stream(jobs, answering, first, outbox, f"/{self.namespace} predict", None):
-            await self._send_frame(frame)
-
-
-def _rendered(served: Served, asked: Request) -> str:
-    """The prompt a request is read as, as text (its start token left for the tokenizer to add)."""
-    try:
-        tokens = served.session.prompts.prepare(asked).tokens
-    except LocalspecError as error:
-        raise api_error(error) from None
-    prompts = served.session.prompts
-    return prompts.shown(tokens[1:] if tokens[:1] == [prompts.model.bos] else tokens)
-
-
 def _deliverer(outbox: asyncio.Queue, stream: bool, choice: int, every: bool = False, reading: bool = False
                ) -> Callable:
     """What hands a job's items to the request's handler (called on the worker thread), as (choice, item):
@@ -1821,6 +1500,29 @@ def _form(data: bytes, content_type: str) -> tuple[dict[str, str], bytes | None]
         elif name:
             fields[name] = payload.decode("utf-8", errors="replace")
     return fields, audio
+
+
+class _Socket:
+    """A websocket as sdk_sockets.py reads it: text in and out, SocketGone where its client has gone."""
+
+    def __init__(self, websocket: WebSocket):
+        self.request = websocket
+        self.host = websocket.client.host if websocket.client else None
+
+    async def accept(self) -> None:
+        await self.request.accept()
+
+    async def receive(self) -> str:
+        message = await self.request.receive()
+        if message["type"] == "websocket.disconnect":
+            raise SocketGone
+        return message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace")
+
+    async def send(self, text: str) -> None:
+        try:
+            await self.request.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError):  # (uvicorn's ClientDisconnected is an OSError)
+            raise SocketGone from None
 
 
 def _answered_as(parsed: Parsed, served: Served) -> str:

@@ -17,6 +17,7 @@ from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
 from ..events import Candidate, Logprobs, Reading, Token
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
+from ..session import Session
 from ..tool_calls import ToolCall, ToolStream, UnfinishedCall
 
 
@@ -98,6 +99,16 @@ def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError
     if isinstance(error, (InputError, UsageError)):
         return ApiError(400, str(error))
     return ApiError(500, str(error), "server_error")
+
+
+def rendered(session: Session, asked: Request) -> str:
+    """The prompt a request is read as, as text (its start token left for the tokenizer to add)."""
+    try:
+        tokens = session.prompts.prepare(asked).tokens
+    except LocalspecError as error:
+        raise api_error(error) from None
+    prompts = session.prompts
+    return prompts.shown(tokens[1:] if tokens[:1] == [prompts.model.bos] else tokens)
 
 
 class _Typed(BaseModel):
