@@ -173,6 +173,8 @@ class Pool:
             resolved = store.find(name)
         except UsageError:
             resolved = None
+        if isinstance(resolved, store.RepoQuant):  # (owner/repo[:QUANT]: its file among those downloaded)
+            resolved = store.quant_here(resolved) or resolved
         if isinstance(resolved, store.ModelEntry) and resolved.drafts:
             raise UnknownModel(f"{resolved.name!r} is the {resolved.drafts} drafter published beside another model,"
                                " not a model to serve")
@@ -183,6 +185,9 @@ class Pool:
                                                     made.adapters if made else (), made.projector if made else None))
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
+        if isinstance(resolved, store.RepoQuant):
+            raise UnknownModel(f"no file of the Hub repo {name!r} is downloaded: pull it first (`localspec pull {name}`,"
+                               " or Ollama's POST /api/pull)")
         raise NotKnown(name, self.available)
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:

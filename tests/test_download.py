@@ -421,6 +421,10 @@ def test_a_repo_named_by_hf_brings_its_projector_as_llama_cpps_hf_does(localspec
         "tiny-Q4_K_M.gguf", "mmproj-Q8_0.gguf"], pulled.stderr
     alone = localspec("pull", "test/vision-GGUF:Q4_K_M", "--no-mmproj")
     assert [Path(line).name for line in alone.stdout.split()] == ["tiny-Q4_K_M.gguf"]
+    # once downloaded, found so offline too, as llama.cpp's -hf finds its cache
+    offline = localspec("run", "-hf", "test/vision-GGUF", "--image", image, *asked, "--offline")
+    assert offline.returncode == 0, offline.stderr
+    assert json.loads(offline.stdout)["placement"]["target"]["mmproj"].endswith("mmproj-Q8_0.gguf")
 
 
 def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):
@@ -441,7 +445,7 @@ def test_llama_servers_presets_fetch_their_pair_with_its_settings(localspec):
     # its draft model stands where the command line says nothing of drafting (a review found these refused)
     assert build_settings(fim_qwen_7b_spec=True, no_draft=True).speculation.drafting == "plain"
     assert build_settings(fim_qwen_7b_spec=True, spec_default=True).draft_model is None
-    assert build_settings(fim_qwen_7b_spec=True, hf_repo_draft="me/draft").draft_model == "me/draft:Q4_K_M"
+    assert build_settings(fim_qwen_7b_spec=True, hf_repo_draft="me/draft").draft_model == "me/draft"
     two = localspec("run", "--fim-qwen-7b-spec", "--gpt-oss-20b-default", "-p", "x")
     assert two.returncode == 2 and "are two presets; give one" in two.stderr
 
@@ -1056,5 +1060,43 @@ def test_lm_studios_sdk_searches_downloads_and_loads_what_it_found(hub_env, hub,
             "target"].stat().st_size
         socket.close()
         assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_a_repo_named_alone_is_the_file_llama_cpps_hf_takes_and_once_here_needs_no_hub(localspec, hub_env, home,
+                                                                                       tiny, shards):
+    """owner/repo (llama.cpp's -hf, Ollama's hf.co/owner/repo) takes Q4_K_M, else Q8_0, else the first model file; a
+    quantization names a file where it stands before "." or "-"; a file downloaded is found with the Hub out of reach
+    or offline, as llama.cpp's -hf finds its cache, and serve answers a request that names it so."""
+    def pulled(name: str) -> list[str]:
+        done = localspec("pull", name, "--no-draft", "--no-mmproj")
+        assert done.returncode == 0, done.stderr
+        return [Path(line).name for line in done.stdout.split()]
+
+    assert pulled("test/split-GGUF") == ["tiny-q4_k_m.gguf"]
+    assert pulled("test/shards-GGUF") == [shards[0].name]  # (no Q4_K_M: Q8_0's, in its parts)
+    assert pulled("hf.co/ggml-org/gpt-oss-20b-GGUF") == ["gpt-oss-20b-MXFP4.gguf"]  # (the first model file)
+    vague = localspec("pull", "test/split-GGUF:Q4_K")
+    assert vague.returncode == 3 and "test/split-GGUF has no Q4_K GGUF" in vague.stderr, vague.stderr
+    asked = ("-p", "the cat", "-n", "2", "--temp", "0", "--no-draft", "--json")
+    for name, env in (("test/split-GGUF", {"HF_ENDPOINT": "http://127.0.0.1:9"}), ("test/split-GGUF:Q4_K_M", {}),
+                      ("test/shards-GGUF", {"HF_HUB_OFFLINE": "1"})):
+        done = localspec("run", "-hf", name, *asked, *(() if env else ("--offline",)), **env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["placement"]["target"]["file"] in ("tiny-q4_k_m.gguf", shards[0].name)
+    missing = localspec("run", "test/split-GGUF:Q8_0", *asked, "--offline")
+    assert missing.returncode == 3 and "test/split-GGUF:Q8_0 is not downloaded and offline mode is on; run" \
+        " `localspec pull test/split-GGUF:Q8_0` when online" in missing.stderr, missing.stderr
+
+    import ollama
+    from test_server import ServerProcess
+
+    server = ServerProcess(home, tiny["target"], "--no-draft", env={**hub_env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    try:
+        client = ollama.Client(host=server.base)
+        assert client.generate("test/split-GGUF", prompt="a", options={"num_predict": 2}).done
+        with pytest.raises(ollama.ResponseError, match="no file of the Hub repo 'test/vision-GGUF' is downloaded"):
+            client.generate("test/vision-GGUF", prompt="a")
     finally:
         assert server.stop() == 0, server.log()

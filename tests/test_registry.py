@@ -92,7 +92,7 @@ def test_ollama_names_resolve_as_ollama_users_type_them(models):
     assert other == RepoQuant(models["qwen2.5-coder-7b"].repo, "q8_0", of=models["qwen2.5-coder-7b"])
     assert registry.resolve_draft("0.5b", other, models).name == "qwen2.5-coder-0.5b"
     assert registry.resolve("hf.co/bartowski/Some-GGUF:Q5_K_M", models) == RepoQuant("bartowski/Some-GGUF", "Q5_K_M")
-    assert registry.resolve("hf.co/bartowski/Some-GGUF", models) == RepoQuant("bartowski/Some-GGUF", "Q4_K_M")
+    assert registry.resolve("hf.co/bartowski/Some-GGUF", models) == RepoQuant("bartowski/Some-GGUF", "")
     with pytest.raises(UsageError, match="qwen3.5 comes in qwen3.5:0.8b.*qwen3.5:9b.*name one"):
         registry.resolve("qwen3.5", models)  # several sizes, none marked latest
     with pytest.raises(UsageError, match="no Hub repo to find a q8_0"):

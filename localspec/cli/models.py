@@ -20,7 +20,7 @@ from .options import DEFAULT_RUNTIME, OfflineOption, device_names
 @command(epilog="Examples:\n\n  localspec pull qwen3.6-27b\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n"
          "  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
-    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo:QUANT.", show_default=False)],
+    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf, owner/repo:QUANT or owner/repo (the file llama.cpp's -hf takes).", show_default=False)],
     draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the drafter published beside it, else the recommended draft model; 'mtp', 'dflash', 'eagle3', 'assistant': the drafter of that kind published beside it). Default: the drafter the registry names beside it, as llama.cpp's downloader fetches one.", show_default=False)] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Fetch the model alone.")] = False,
     no_mmproj: Annotated[bool, typer.Option(

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import paths, store
-from ..store import Preset, hardware
+from ..store import Preset, hardware, registry
 from ..config import (
     AUTO_PARALLEL,
     HUB_PREFIX,
@@ -1114,11 +1114,11 @@ def _rope(o: SimpleNamespace) -> Rope:
 
 
 def _hub_repo(text: str) -> str:
-    """llama.cpp's -hf OWNER/REPO[:QUANT] as the name localspec takes, with its default quantization."""
-    return text if ":" in text else f"{text}:{HUB_DEFAULT_QUANT}"
-
-
-HUB_DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's, where -hf names none
+    """llama.cpp's -hf OWNER/REPO[:QUANT], which localspec takes as it is (with no quantization, the one llama.cpp's
+    downloader would take)."""
+    if not registry.is_repo_name(text.partition(":")[0]):
+        raise UsageError(f"-hf {text!r}: name a Hub repo, as OWNER/REPO or OWNER/REPO:QUANT")
+    return text
 
 
 def _thinking(o: SimpleNamespace, variables: dict) -> Thinking:

@@ -32,7 +32,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch",
            "find", "forget", "header", "here", "installed", "known", "machine", "made", "make", "pair",
-           "quantizations", "receive_blob", "remove", "search"]
+           "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -44,8 +44,11 @@ def find(name: str) -> Resolved:
 
 def here(name: str, draft: str | None = None) -> Path | None:
     """The downloaded file a name means (a draft's, beside its target, where draft is given), found without
-    fetching anything; None where it is not here, or names no file (a drafter's kind, a Hub quantization)."""
+    fetching anything (a Hub repo's quantization among its files here); None where it is not here, or names no file (a
+    drafter's kind)."""
     resolved = find(name) if draft is None else registry.resolve_draft(draft, find(name))
+    if isinstance(resolved, RepoQuant):
+        resolved = quant_here(resolved)
     path = installed(resolved) if isinstance(resolved, ModelEntry) else resolved if isinstance(resolved, Path) else None
     return path.resolve() if path is not None and path.is_file() else None
 
@@ -210,6 +213,11 @@ def quantizations(name: str) -> list[finder.Quantization]:
     return finder.quantizations(name)
 
 
+def quant_here(query: RepoQuant) -> ModelEntry | None:
+    """The downloaded file a Hub repo's quantization (owner/repo[:QUANT]) names, the Hub not asked."""
+    return download.quant_here(query)
+
+
 def installed(entry: ModelEntry) -> Path | None:
     """A registry model's file, where it is downloaded."""
     return download.installed(entry)
@@ -295,5 +303,5 @@ def _known_size(resolved: registry.Resolved) -> tuple[str, int | None]:
     if isinstance(resolved, Path):
         return resolved.name, resolved.stat().st_size if resolved.is_file() else None
     if isinstance(resolved, registry.RepoQuant):
-        return f"{resolved.repo}:{resolved.quant}", None
+        return f"{resolved.repo}:{resolved.quant}" if resolved.quant else resolved.repo, None
     return resolved.name, resolved.size

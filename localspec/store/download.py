@@ -13,7 +13,9 @@ and then find the file in place.
 """
 
 import errno
+import glob
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -41,7 +43,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 if not os.environ.get("LOCALSPEC_DEBUG"):
     hub_logging.set_verbosity_error()
 
-SPLIT_MARK = "-00001-of-"
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # what llama.cpp's -hf takes of a repo named without one, in turn
 LOCK_NAME = ".download.lock"
 GATED_HINT = ("accept its licence on the Hugging Face website, then set HF_TOKEN to an access token of that account"
               " (huggingface.co/settings/tokens)")
@@ -295,27 +297,67 @@ def _check_free_space(directory: Path, size: int, what: str) -> None:
 
 
 def _entry_for_quant(query: RepoQuant, offline: bool) -> ModelEntry:
+    """The file owner/repo[:QUANT] names, found in the repo's listing; where the Hub is not asked (offline) or cannot
+    be reached, among the repo's files downloaded here, as llama.cpp's -hf falls back to its cache."""
     if offline or offline_requested():
-        raise FetchError(f"{query.repo}:{query.quant} needs the Hub to find its file; name a downloaded model instead")
-    files = _listing(query.repo)
+        if (here := quant_here(query)) is None:
+            named = f"{query.repo}:{query.quant}" if query.quant else query.repo
+            raise FetchError(f"{named} is not downloaded and offline mode is on; run `localspec pull {named}` when"
+                             " online")
+        return here
+    try:
+        files = _listing(query.repo)
+    except FetchError:
+        if (here := quant_here(query)) is None:
+            raise
+        return here
     first = quant_file(files, query.quant)
     if first is None:
         quants = sorted(f for f in files if registry.is_model_file(f))
-        raise FetchError(f"{query.repo} has no {query.quant} GGUF; its GGUF files: {', '.join(quants) or 'none'}")
-    found = ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first))
+        what = f"no {query.quant} GGUF" if query.quant else "no GGUF model file"
+        raise FetchError(f"{query.repo} has {what}; its GGUF files: {', '.join(quants) or 'none'}")
+    return _entry_of(query, first)
+
+
+def _entry_of(query: RepoQuant, first: str) -> ModelEntry:
+    found = ModelEntry(name=f"{query.repo}/{first}", file=first, repo=query.repo, parts=registry.split_parts(first),
+                       typed=f"{HUB_PREFIX}{query.repo}/{first}")
     if query.of is None:
         return found
     # another quantization of a registry model: its family and draft still hold, its size and hash do not
     return replace(query.of, name=found.name, file=found.file, parts=found.parts, size=None, sha256=None, pypi=None,
-                   aliases=(), alternatives=(), sources=None, latest=False, typed=f"hf:{query.repo}/{first}")
+                   aliases=(), alternatives=(), sources=None, latest=False, typed=found.typed)
+
+
+def quant_here(query: RepoQuant) -> ModelEntry | None:
+    """The downloaded file owner/repo[:QUANT] names, found among the repo's files here (the Hub not asked)."""
+    first = quant_file(_downloaded_of(query.repo), query.quant)
+    return None if first is None else _entry_of(query, first)
+
+
+def _downloaded_of(repo: str) -> list[str]:
+    """The files of a Hub repo downloaded here whole (a split model's parts all there), as its listing names them."""
+    prefix = registry.folder_name(repo) + "--"
+    models = paths.models_dir()
+    found = []
+    for directory in models.glob(f"{glob.escape(prefix)}*") if models.is_dir() else ():
+        file = directory.name.removeprefix(prefix).replace("--", "/")
+        entry = ModelEntry(name=f"{repo}/{file}", file=file, repo=repo, parts=registry.split_parts(file))
+        if registry.SAFE_FILE.match(file) and installed(entry) is not None:
+            found += entry.files
+    return sorted(found)
 
 
 def quant_file(files, quant: str) -> str | None:
-    """The file of a repo's listing that owner/repo:QUANT names: a model file whose name holds the quantization (its
-    first part where it is split), the first by name."""
-    # (a sidecar (mtp-, dflash-, ...) or projector of the same quantization is no model to run)
-    matching = sorted(f for f in files if registry.is_model_file(f) and quant.lower() in f.lower())
-    return next((f for f in matching if SPLIT_MARK in f), matching[0]) if matching else None
+    """The file of a repo's listing that owner/repo:QUANT names, as llama.cpp's -hf finds it: the first model file
+    (no sidecar or projector of the same quantization; a split model by its first part) whose name has the
+    quantization before a "." or "-"; with none named, Q4_K_M's, else Q8_0's, else the first model file."""
+    models = sorted(f for f in files if registry.is_model_file(f) and registry.split_parts(f)[:1] in ((), (f,)))
+    for wanted in [quant] if quant else DEFAULT_QUANTS:
+        tagged = re.compile(re.escape(wanted) + r"[.-]", re.IGNORECASE)
+        if found := next((f for f in models if tagged.search(f)), None):
+            return found
+    return None if quant or not models else models[0]
 
 
 def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | None:
@@ -323,14 +365,14 @@ def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | No
     a Hub model, the first its repo holds by llama.cpp's rules and order of preference (mtp, dflash,
     eagle3); None where there is none."""
     named = registry.drafter_beside(resolved)
-    if named is not None or isinstance(resolved, Path) or offline or offline_requested():
+    if named is not None or isinstance(resolved, Path):
         return named
     if isinstance(resolved, ModelEntry) and not resolved.typed:
         return None  # a registry model's drafters are the registry's
     entry = _entry_for_quant(resolved, offline) if isinstance(resolved, RepoQuant) else resolved
     if entry.repo is None:
         return None
-    files = _listing(entry.repo)
+    files = _files_of(entry.repo, offline)
     for kind in (kind for kind in registry.DRAFTER_KINDS if kind in PUBLISHED_DRAFTERS):
         found = registry.sidecar_in(files, entry.file, kind)
         if found:
@@ -341,24 +383,37 @@ def drafter_beside(resolved: Resolved, offline: bool = False) -> ModelEntry | No
 def projector_beside(resolved: Resolved, offline: bool = False) -> str | None:
     """The multimodal projector published beside a Hub model named by its repo and quantization (llama.cpp's -hf,
     which fetches it unless --no-mmproj), as hf:owner/repo/file, where the repo holds one (registry.projector_in);
-    None otherwise (a registry model's name, a file, offline)."""
-    if not isinstance(resolved, RepoQuant) or offline or offline_requested():
+    None otherwise (a registry model's name, a file)."""
+    if not isinstance(resolved, RepoQuant):
         return None
     entry = _entry_for_quant(resolved, offline)
-    found = registry.projector_in(_listing(entry.repo), entry.file)
+    found = registry.projector_in(_files_of(entry.repo, offline), entry.file)
     return f"{HUB_PREFIX}{entry.repo}/{found}" if found else None
 
 
 def published_sidecar(resolved: Resolved, kind: str, offline: bool = False) -> ModelEntry | None:
     """The `kind` drafter (mtp, dflash, ...) published beside a Hub model, found in its repo's listing
     by llama.cpp's rules (registry.sidecar_in); None where there is none, or for a local file."""
-    if isinstance(resolved, Path) or offline or offline_requested():
+    if isinstance(resolved, Path):
         return None
     entry = _entry_for_quant(resolved, offline) if isinstance(resolved, RepoQuant) else resolved
     if entry.repo is None:
         return None
-    found = registry.sidecar_in(_listing(entry.repo), entry.file, kind)
+    found = registry.sidecar_in(_files_of(entry.repo, offline), entry.file, kind)
     return ModelEntry(name=f"{entry.repo}/{found}", file=found, repo=entry.repo) if found else None
+
+
+def _files_of(repo: str, offline: bool) -> list[str]:
+    """A Hub repo's files: its listing, or where the Hub is not asked (offline) or cannot be reached, those downloaded
+    here, as llama.cpp's -hf reads its cache."""
+    if offline or offline_requested():
+        return _downloaded_of(repo)
+    try:
+        return _listing(repo)
+    except FetchError:
+        if here := _downloaded_of(repo):
+            return here
+        raise
 
 
 def _listing(repo: str) -> list[str]:

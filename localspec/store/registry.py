@@ -164,9 +164,9 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class RepoQuant:
-    """`owner/repo:Q4_K_M`: the file of that quantization in a Hub repo, found by listing it; `of`, the
-    registry model of that repo whose other quantization it is (`qwen2.5-coder:1.5b-q8_0`), whose family
-    and draft it keeps."""
+    """`owner/repo:Q4_K_M`: the file of that quantization in a Hub repo, found by listing it (quant "": the one
+    llama.cpp's -hf takes of a repo named alone); `of`, the registry model of that repo whose other quantization it
+    is (`qwen2.5-coder:1.5b-q8_0`), whose family and draft it keeps."""
 
     repo: str
     quant: str
@@ -393,11 +393,11 @@ def ollama_name(name: str) -> str:
 def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
     """A model as Ollama's users name it: `family:size`, `family` or `family:latest` (the size marked
     latest, or the family's only one), `name:latest`, `family:size-QUANT` (another quantization in the
-    model's repo; Ollama's `-instruct-` is skipped) and `hf.co/owner/repo:QUANT`; None where it is none of
+    model's repo; Ollama's `-instruct-` is skipped) and `hf.co/owner/repo[:QUANT]`; None where it is none of
     these."""
     if text.lower().startswith("hf.co/"):
         repo, _, quant = text[6:].partition(":")
-        return RepoQuant(repo, quant or "Q4_K_M") if is_repo_name(repo) and QUANT.match(quant or "Q4_K_M") else None
+        return RepoQuant(repo, quant) if is_repo_name(repo) and (not quant or QUANT.match(quant)) else None
     base, _, tag = text.lower().partition(":")
     if tag in ("", LATEST):
         if base in names(models):
@@ -428,7 +428,7 @@ def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
 
 def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     """A target or draft as typed by the user: a registry name or alias, as Ollama's users name it
-    (_ollama_named), a .gguf file, hf:owner/repo/file.gguf or owner/repo:QUANT."""
+    (_ollama_named), a .gguf file, hf:owner/repo/file.gguf, owner/repo:QUANT or owner/repo."""
     models = load() if models is None else models
     if text.startswith(HUB_PREFIX):
         owner, _, rest = text.removeprefix(HUB_PREFIX).partition("/")
@@ -460,6 +460,8 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
         if not QUANT.match(quant):
             raise UsageError(f"{text!r}: a quantization is letters, digits, '_', '-' and '.', as Q4_K_M")
         return RepoQuant(repo, quant)
+    if is_repo_name(text):  # (llama.cpp's -hf owner/repo: the quantization its downloader would take)
+        return RepoQuant(text, "")
     raise UsageError(_unknown(text, models))
 
 
@@ -575,4 +577,4 @@ def _unknown(text: str, models: dict[str, ModelEntry]) -> str:
     hint = f"; did you mean {', '.join(close)}?" if close else ("; `localspec models` lists the known names, `localspec"
                                                                " search WORDS` the Hub's GGUF repos too")
     return (f"unknown model {text!r} (not a known name or family:size, a .gguf file, hf:owner/repo/file.gguf or"
-            f" owner/repo:QUANT){hint}")
+            f" owner/repo[:QUANT]){hint}")
