@@ -123,7 +123,7 @@ class Pool:
         """What can be served: the first model, then every downloaded registry model (and Hub file), then
         the models made with `create` from any of these or from a file."""
         out = [self._served_first()]
-        for entry in store.known().values():
+        for entry in (*store.known().values(), *store.hub_downloads()):
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
             path = store.installed(entry)

@@ -1077,6 +1077,9 @@ def test_a_repo_named_alone_is_the_file_llama_cpps_hf_takes_and_once_here_needs_
     assert pulled("test/split-GGUF") == ["tiny-q4_k_m.gguf"]
     assert pulled("test/shards-GGUF") == [shards[0].name]  # (no Q4_K_M: Q8_0's, in its parts)
     assert pulled("hf.co/ggml-org/gpt-oss-20b-GGUF") == ["gpt-oss-20b-MXFP4.gguf"]  # (the first model file)
+    listed = [json.loads(line)["name"] for line in localspec("ls", "--json").stdout.splitlines()]
+    assert {"hf:test/split-GGUF/tiny-q4_k_m.gguf", f"hf:test/shards-GGUF/Q8_0/{shards[0].name}",
+            "hf:ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf"} <= set(listed), listed  # (ls lists them, as Ollama's)
     vague = localspec("pull", "test/split-GGUF:Q4_K")
     assert vague.returncode == 3 and "test/split-GGUF has no Q4_K GGUF" in vague.stderr, vague.stderr
     asked = ("-p", "the cat", "-n", "2", "--temp", "0", "--no-draft", "--json")
@@ -1095,6 +1098,7 @@ def test_a_repo_named_alone_is_the_file_llama_cpps_hf_takes_and_once_here_needs_
     server = ServerProcess(home, tiny["target"], "--no-draft", env={**hub_env, "HF_ENDPOINT": "http://127.0.0.1:9"})
     try:
         client = ollama.Client(host=server.base)
+        assert "hf:test/split-GGUF/tiny-q4_k_m.gguf" in {model.model for model in client.list().models}
         assert client.generate("test/split-GGUF", prompt="a", options={"num_predict": 2}).done
         with pytest.raises(ollama.ResponseError, match="no file of the Hub repo 'test/vision-GGUF' is downloaded"):
             client.generate("test/vision-GGUF", prompt="a")

@@ -31,7 +31,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch",
-           "find", "forget", "header", "here", "installed", "known", "machine", "made", "make", "pair",
+           "find", "forget", "header", "here", "hub_downloads", "installed", "known", "machine", "made", "make", "pair",
            "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
@@ -211,6 +211,11 @@ def quantizations(name: str) -> list[finder.Quantization]:
     """A Hub repo's model files (a registry model's one), a quantization each, with its size, whether it fits here
     and what `pull` takes."""
     return finder.quantizations(name)
+
+
+def hub_downloads() -> list[ModelEntry]:
+    """Every model file pulled by its Hub repo's name (hf:, owner/repo[:QUANT]) and here whole."""
+    return [entry for entry in download.hub_downloads() if registry.is_model_file(entry.file)]
 
 
 def quant_here(query: RepoQuant) -> ModelEntry | None:

@@ -13,7 +13,6 @@ and then find the file in place.
 """
 
 import errno
-import glob
 import os
 import re
 import shutil
@@ -336,16 +335,27 @@ def quant_here(query: RepoQuant) -> ModelEntry | None:
 
 
 def _downloaded_of(repo: str) -> list[str]:
-    """The files of a Hub repo downloaded here whole (a split model's parts all there), as its listing names them."""
-    prefix = registry.folder_name(repo) + "--"
+    """The files of a Hub repo downloaded here whole, as its listing names them."""
+    return sorted(file for entry in hub_downloads() if entry.repo == repo for file in entry.files)
+
+
+def hub_downloads() -> list[ModelEntry]:
+    """Every file of a Hub repo downloaded here by its repo's name (hf:, owner/repo[:QUANT]) and whole (a split model's
+    parts all there): a projector or drafter published beside a model too."""
     models = paths.models_dir()
     found = []
-    for directory in models.glob(f"{glob.escape(prefix)}*") if models.is_dir() else ():
-        file = directory.name.removeprefix(prefix).replace("--", "/")
-        entry = ModelEntry(name=f"{repo}/{file}", file=file, repo=repo, parts=registry.split_parts(file))
-        if registry.SAFE_FILE.match(file) and installed(entry) is not None:
-            found += entry.files
-    return sorted(found)
+    for directory in sorted(models.glob("*--*--*")) if models.is_dir() else ():
+        owner, name, _ = directory.name.split("--", 2)
+        for path in sorted(directory.rglob("*.gguf")):
+            file = path.relative_to(directory).as_posix()
+            named = f"{owner}/{name}/{file}"
+            if not registry.SAFE_FILE.match(file) or named.replace("/", "--") != directory.name:
+                continue  # (another part of a split file, named by its first)
+            entry = ModelEntry(name=named, file=file, repo=f"{owner}/{name}", parts=registry.split_parts(file),
+                               typed=f"{HUB_PREFIX}{named}")
+            if installed(entry) is not None:
+                found.append(entry)
+    return found
 
 
 def quant_file(files, quant: str) -> str | None:
