@@ -1104,3 +1104,7 @@ def test_a_repo_named_alone_is_the_file_llama_cpps_hf_takes_and_once_here_needs_
             client.generate("test/vision-GGUF", prompt="a")
     finally:
         assert server.stop() == 0, server.log()
+    removed = localspec("rm", "ggml-org/gpt-oss-20b-GGUF")
+    assert removed.returncode == 0 and "removed ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf" in removed.stdout
+    again = localspec("rm", "ggml-org/gpt-oss-20b-GGUF")
+    assert again.returncode == 2 and "no file of the Hub repo ggml-org/gpt-oss-20b-GGUF is downloaded" in again.stderr

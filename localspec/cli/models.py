@@ -261,7 +261,8 @@ def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `local
 
 
 @command(name="rm")
-def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner/repo/file.gguf.", show_default=False)]):
+def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo[:QUANT] (the"
+                                               " file of it downloaded).", show_default=False)]):
     """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
     from)."""
     if made := store.made(name):
@@ -269,6 +270,10 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name or hf:owner
         print(f"removed {made.name} (made from {made.base}, which stays)")
         return
     entry = store.find(name)
+    if isinstance(entry, store.RepoQuant):
+        entry = store.quant_here(entry) or entry
+    if isinstance(entry, store.RepoQuant):
+        raise UsageError(f"no file of the Hub repo {name} is downloaded")
     if not isinstance(entry, store.ModelEntry):
         raise UsageError(f"{name} is not a downloaded model (local files are yours to delete)")
     freed = store.remove(entry)
