@@ -29,7 +29,7 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     models = registry.load()
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
     rows += [_file_row(download.installed(entry)) | dict(name=entry.command_name)  # (pulled by its repo's name)
-             for entry in download.hub_downloads() if registry.is_model_file(entry.file)]
+             for entry in download.hub_models()]
     for made in modelfile.every():  # models made with `create`, after the registry's, as their base is
         try:
             base = registry.resolve(made.base, models)

@@ -358,6 +358,11 @@ def hub_downloads() -> list[ModelEntry]:
     return found
 
 
+def hub_models() -> list[ModelEntry]:
+    """hub_downloads' model files (no projector or drafter published beside one)."""
+    return [entry for entry in hub_downloads() if registry.is_model_file(entry.file)]
+
+
 def quant_file(files, quant: str) -> str | None:
     """The file of a repo's listing that owner/repo:QUANT names, as llama.cpp's -hf finds it: the first model file
     (no sidecar or projector of the same quantization; a split model by its first part) whose name has the

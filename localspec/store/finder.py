@@ -43,8 +43,8 @@ class Quantization:
 
 def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[Found], str]:
     """The registry's models whose names (aliases, repo, family) hold every word of text, then the Hub's GGUF repos
-    whose names hold every word, the most downloaded first (at most limit of them); and why the Hub was not asked, where
-    could not be or the environment said not to (offline: not asked, as asked)."""
+    whose names hold every word, the most downloaded first (at most limit of them); and why the Hub's are missing, where
+    it could not be reached or the environment said not to ask it (offline: not asked, and nothing said)."""
     words = text.lower().split()
     models = registry.load()
     found = [_registered(entry, models) for entry in models.values()
@@ -93,15 +93,14 @@ def quantizations(name: str, n_ctx: int = 4096) -> list[Quantization]:
         size = entry.size or 0
         return [Quantization(entry.file, quant_of(entry.file), size, _fit(size, n_ctx, machine), entry.command_name,
                              recommended=True)]
-    repo = name
-    sizes = download.hub_file_sizes(repo)
+    sizes = download.hub_file_sizes(name)
     out = []
     for file in sorted(sizes):
         if not registry.is_model_file(file) or registry.split_parts(file)[:1] not in ((), (file,)):
             continue  # (a split model is named by its first part)
         size = sum(sizes.get(part, 0) for part in registry.split_parts(file) or (file,))
         quant = quant_of(file)
-        pull = f"{repo}:{quant}" if download.quant_file(sizes, quant) == file else f"hf:{repo}/{file}"
+        pull = f"{name}:{quant}" if download.quant_file(sizes, quant) == file else f"hf:{name}/{file}"
         out.append(Quantization(file, quant, size, _fit(size, n_ctx, machine), pull))
     fitting = [q for q in out if q.fit != TOO_BIG]
     best = next((q for q in fitting if q.quant == PREFERRED), max(fitting, key=lambda q: q.size, default=None))
