@@ -5,6 +5,7 @@ and `ttl` as LM Studio's examples send them. Its v1 REST API, and its SDK's webs
 package."""
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -407,6 +408,12 @@ SDK_MESSAGES = [
             {"layer": "instance", "config": {"fields": [
                 {"key": "llm.prediction.structured", "value": {"type": "gbnf", "gbnfGrammar": "root ::= \"a\""}}]}}]}}}),
     ("llm", {"type": "channelSend", "channelId": 7, "message": {"type": "cancel"}}),
+    ("repository", {"type": "rpcCall", "endpoint": "searchModels", "callId": 1, "parameter": {
+        "opts": {"searchTerm": "tiny", "limit": 5, "compatibilityTypes": ["gguf"]}}}),
+    ("repository", {"type": "rpcCall", "endpoint": "getModelDownloadOptions", "callId": 1, "parameter": {
+        "modelSearchResultIdentifier": {"type": "catalog", "identifier": "tiny-c"}}}),
+    ("repository", {"type": "channelCreate", "endpoint": "downloadModel", "channelId": 3,
+                    "creationParameter": {"downloadIdentifier": "tiny-c"}}),
 ]
 SWEPT_VALUES = [None, True, -1, 2**70, "x", [1], {}, {"type": "text"}]
 
@@ -433,8 +440,10 @@ def _answer_to(socket: websocket.WebSocket, message) -> dict | None:
 
 @pytest.fixture(scope="module")
 def tools_server(tiny, tmp_path_factory):
-    """A model whose template offers tools, drafted for, with more models downloaded (an embedding model among them)."""
-    running = hermes_server(downloaded_home(tmp_path_factory.mktemp("sweep") / "home", tiny), tiny)
+    """A model whose template offers tools, drafted for, with more models downloaded (an embedding model among them);
+    the Hub out of its reach (HF_HUB_OFFLINE: a search is the registry's, a download of what is here ends at once)."""
+    running = hermes_server(downloaded_home(tmp_path_factory.mktemp("sweep") / "home", tiny), tiny,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     yield running
     assert running.stop() == 0, running.log()
 

@@ -651,11 +651,11 @@ def test_required_calls_are_calls_to_offered_tools_with_their_arguments_and_spec
 # ---- serve, through the real clients
 
 
-def hermes_server(folder: Path, tiny) -> ServerProcess:
+def hermes_server(folder: Path, tiny, **popen) -> ServerProcess:
     """A tiny model whose template offers tools the Hermes way, drafted for by the same weights."""
     model = write_tiny_model(folder / "hermes.gguf", TinySpec(seed=1, sharpness=2.0, chat_template=HERMES))
     return ServerProcess(folder, model, "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "--temp", "0",
-                         "-c", "1024", "--alias", "tiny")
+                         "-c", "1024", "--alias", "tiny", **popen)
 
 
 tool_server = serving(lambda folder, request: hermes_server(folder, request.getfixturevalue("tiny")))
