@@ -56,6 +56,7 @@ class SdkSocket:
         self.tasks: set[asyncio.Task] = set()
         self.jobs: dict = {}  # the generations of each channel, by its id
         self.cancelled: set = set()  # channels cancelled (before their generation began, too), by id
+        self.gone = False  # (its client: what it began stops, a download on its thread too)
         self.sending = asyncio.Lock()
 
     async def run(self) -> None:
@@ -67,6 +68,7 @@ class SdkSocket:
         except SocketGone:
             pass
         finally:
+            self.gone = True
             for jobs in self.jobs.values():
                 for job in jobs:
                     job.cancel()
@@ -311,7 +313,8 @@ class SdkSocket:
             raise ApiError(404, str(error), code="model_not_found") from None
         if isinstance(wanted, Path):
             raise ApiError(400, f"{name!r} is a file on this machine: nothing to download")
-        job = self.server.download(name, wanted, lambda: "cancelled" if channel_id in self.cancelled else "")
+        job = self.server.download(name, wanted, lambda: "cancelled" if channel_id in self.cancelled else
+                                   "its client has gone" if self.gone else "")
         while not (await asyncio.wait({job.fetching}, timeout=self.DOWNLOAD_WORD_SECONDS))[0]:
             await self._send(lmstudio_sdk.channel_send(channel_id, lmstudio_sdk.download_progress(*job.progress())))
         if job.error:

@@ -1058,7 +1058,15 @@ def test_lm_studios_sdk_searches_downloads_and_loads_what_it_found(hub_env, hub,
         assert "cancelled: the download stops here" in json.loads(socket.recv())["error"]["title"]
         assert 0 < sum(path.stat().st_size for path in home.rglob("tiny-q4_k_m.gguf.partial")) < tiny[
             "target"].stat().st_size
-        socket.close()
+        socket.send(json.dumps({"type": "channelCreate", "endpoint": "downloadModel", "channelId": 2,
+                                "creationParameter": {"downloadIdentifier": "hf:test/split-GGUF/tiny-q4_k_m.gguf"}}))
+        assert json.loads(socket.recv())["message"]["type"] == "downloadProgress"
+        socket.close()  # (its client gone: the download stops too, what arrived kept)
+        deadline = time.monotonic() + 30
+        while "its client has gone: the download stops here" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "its client has gone: the download stops here" in server.log(), server.log()
+        assert not list(home.rglob("tiny-q4_k_m.gguf"))
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
