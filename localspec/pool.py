@@ -185,10 +185,7 @@ class Pool:
                                                     made.adapters if made else (), made.projector if made else None))
             raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
                                f" {resolved.command_name}`, or Ollama's POST /api/pull)")
-        if isinstance(resolved, store.RepoQuant):
-            raise UnknownModel(f"no file of the Hub repo {name!r} is downloaded: pull it first (`localspec pull {name}`,"
-                               " or Ollama's POST /api/pull)")
-        raise NotKnown(name, self.available)
+        raise NotKnown(name, self.available)  # (a Hub repo none of whose files is here too: OpenAI's fixed names)
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:
         """The loaded model a request names, loaded first where it is not (on a thread; requests for the
