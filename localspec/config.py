@@ -674,6 +674,9 @@ class Serving:
     # GGUF), and /api/create, /api/copy, /api/delete and /api/blobs change the models here; None: where serve
     # listens on this machine only.
     allow_pull: bool | None = None
+    # --offline: requests never make serve contact the Hub either (a pull of a model here answers at once; the
+    # SDK's search finds the registry's; a model not here is refused, naming `localspec pull`)
+    offline: bool = False
     # llama-server's GET /slots (--no-slots: a 501) and its POST /slots/ID?action=save|restore|erase, with files in
     # this folder (None: a 501, as llama-server without --slot-save-path)
     slots: bool = True

@@ -182,14 +182,15 @@ class SdkSocket:
             asked = lmstudio_sdk.search_asked(parameter)
             if asked is None:
                 return {"results": []}
-            found, note = await asyncio.to_thread(store.search, *asked)
+            found, note = await asyncio.to_thread(store.search, *asked, self.server.serving.offline)
             if note:
                 self.server._say_once(("search", note), f"LM Studio's SDK searched the registry alone: {note}")
             return lmstudio_sdk.found(found, asked[0])
         if self.namespace == "repository" and endpoint == "getModelDownloadOptions":
             name = lmstudio_sdk.download_options_asked(parameter)
             try:
-                return lmstudio_sdk.download_options(name, await asyncio.to_thread(store.quantizations, name))
+                return lmstudio_sdk.download_options(name, await asyncio.to_thread(
+                    store.quantizations, name, self.server.serving.offline))
             except LocalspecError as error:
                 raise ApiError(404, str(error), code="model_not_found") from None
         if self.namespace in ("llm", "embedding"):
@@ -313,6 +314,7 @@ class SdkSocket:
             raise ApiError(404, str(error), code="model_not_found") from None
         if isinstance(wanted, Path):
             raise ApiError(400, f"{name!r} is a file on this machine: nothing to download")
+        self.server._unless_offline(name, wanted)
         job = self.server.download(name, wanted, lambda: "cancelled" if channel_id in self.cancelled else
                                    "its client has gone" if self.gone else "")
         while not (await asyncio.wait({job.fetching}, timeout=self.DOWNLOAD_WORD_SECONDS))[0]:

@@ -350,6 +350,7 @@ class Server:
         if isinstance(wanted, Path):  # (a pull of one answered success: it probed the file)
             raise ApiError(400, f"{asked.model!r} is a file name: pull takes a registry name,"
                            " hf:owner/repo/file.gguf or owner/repo:QUANT", param="model")
+        self._unless_offline(asked.model, wanted)
         loop = asyncio.get_running_loop()
         statuses: asyncio.Queue = asyncio.Queue()
 
@@ -360,7 +361,7 @@ class Server:
 
         def fetch() -> None:
             post({"status": "pulling manifest"})
-            store.fetch(wanted, progress=functools.partial(ollama.Progress, post), verify_sha256=True)
+            store.fetch(wanted, self.serving.offline, functools.partial(ollama.Progress, post), verify_sha256=True)
             post({"status": "verifying sha256 digest"})
 
         fetching = loop.run_in_executor(self._pulls, fetch)
@@ -371,6 +372,17 @@ class Server:
                 raise ApiError(500, str(error)) from None
             return JSONResponse({"status": "success"})
         return StreamingResponse(_pulled(fetching, statuses, self.log), media_type="application/x-ndjson")
+
+    def _unless_offline(self, name: str, wanted: store.Resolved) -> None:
+        """Under --offline, a request's pull of a model that is not here refused: serve contacts no Hub for it."""
+        if not self.serving.offline:
+            return
+        try:
+            store.fetch(wanted, offline=True)
+        except FetchError:
+            raise ApiError(403, f"serve runs --offline: it does not contact the Hub, and {name} is not downloaded"
+                           f" (`localspec pull {name}` fetches it, or serve without --offline)", param="model",
+                           code="offline") from None
 
     def _may_change_models(self, what: str) -> None:
         if not self.serving.model_changes:
@@ -616,6 +628,7 @@ class Server:
             raise ApiError(404, str(error), param="model", code="model_not_found") from None
         if isinstance(wanted, Path):
             raise ApiError(400, f"{model!r} is a file on this machine: nothing to download", param="model")
+        self._unless_offline(model, wanted)
         if isinstance(wanted, store.ModelEntry) and store.installed(wanted) is not None:
             return JSONResponse({"status": "already_downloaded"})
         return JSONResponse(self.download(model, wanted).started_body())
@@ -632,7 +645,7 @@ class Server:
 
         def fetch() -> None:
             try:
-                store.fetch(wanted, progress=job.bar, verify_sha256=True)
+                store.fetch(wanted, self.serving.offline, job.bar, verify_sha256=True)
             except LocalspecError as error:
                 job.end(error)
                 self.log(f"download {job.job_id} of {name} failed: {error}")

@@ -769,6 +769,42 @@ def test_no_pull_refuses_ollamas_pull_in_one_line(hub_env, home, tiny):
         assert server.stop() == 0, server.log()
 
 
+def test_serve_offline_contacts_the_hub_for_no_request_either(localspec, hub_env, hub, home, tiny):
+    # --offline ("never contact the Hub") held for serve's own model alone: requests' pulls and the SDK's search and
+    # downloads still went to the Hub
+    import httpx2 as httpx
+    import lmstudio as lms
+    from test_server import ServerProcess, raw_socket
+
+    assert localspec("pull", "test/split-GGUF:Q8_0").returncode == 0
+    asked = len(hub.requests)
+    server = ServerProcess(home, tiny["target"], "--no-draft", "--offline", env=hub_env)
+    try:
+        refused = httpx.post(server.base + "/api/pull", json={"model": "tiny-draft", "stream": False}, timeout=60)
+        assert refused.status_code == 403 and "serve runs --offline" in refused.json()["error"], refused.text
+        assert "`localspec pull tiny-draft`" in refused.json()["error"]
+        refused = httpx.post(server.base + "/api/v1/models/download", json={"model": "test/split-GGUF",
+                                                                          "quantization": "Q4_K_M"}, timeout=60)
+        assert refused.status_code == 403 and "serve runs --offline" in refused.json()["error"]["message"]
+        here = httpx.post(server.base + "/api/pull", json={"model": "test/split-GGUF:Q8_0", "stream": False})
+        assert here.json() == {"status": "success"}, here.text
+        with lms.Client(server.base.removeprefix("http://")) as client:
+            assert client.repository.search_models("split") == []  # (the registry holds none)
+        socket = raw_socket(server, "repository")
+        assert json.loads(socket.recv()) == {"success": True}
+        socket.send(json.dumps({"type": "rpcCall", "endpoint": "getModelDownloadOptions", "callId": 1, "parameter": {
+            "modelSearchResultIdentifier": {"type": "hf", "identifier": "test/split-GGUF"}}}))
+        assert [o["quantization"] for o in json.loads(socket.recv())["result"]["results"]] == ["Q8_0"]
+        socket.send(json.dumps({"type": "channelCreate", "endpoint": "downloadModel", "channelId": 1,
+                                "creationParameter": {"downloadIdentifier": "hf:test/split-GGUF/tiny-q4_k_m.gguf"}}))
+        assert "serve runs --offline" in json.loads(socket.recv())["error"]["title"]
+        socket.close()
+        assert len(hub.requests) == asked and not list(home.rglob("partial.gguf")), hub.requests[asked:]
+        assert "Traceback" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_slow_pulls_leave_model_loads_their_threads_and_stop_when_serve_does(hub_env, hub, home, tiny):
     # eight slow pulls held every thread of the executor model loads run on (issue 46)
     import threading
@@ -1005,6 +1041,13 @@ def test_search_of_a_repo_lists_its_quantizations_with_their_fit_and_the_name_pu
         "\n")[:-1])] == ["MXFP4"]
     table = localspec("search", "test/split-GGUF", COLUMNS="200").stdout
     assert "test/split-GGUF:Q8_0" in table and "(recommended)" in table
+    asked = len(hub.requests)  # offline: the repo's files downloaded here, the Hub not asked
+    here = localspec("search", "test/split-GGUF", "--offline", "--json").stdout.splitlines()
+    here = [json.loads(line) for line in here]
+    assert [(q["quant"], q["size"]) for q in here] == [(quantizations[-1]["quant"], quantizations[-1]["size"])]
+    none_here = localspec("search", "test/tiny-GGUF", "--offline")
+    assert none_here.returncode == 0 and "none of test/tiny-GGUF's GGUF model files is downloaded" in none_here.stdout
+    assert len(hub.requests) == asked
     gated = localspec("search", "test/gated-GGUF")
     assert gated.returncode == 3 and "gated" in gated.stderr and "Traceback" not in gated.stderr
 

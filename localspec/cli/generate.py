@@ -739,8 +739,9 @@ def serve(
     serving = Serving(host=host, port=port, api_keys=tuple(key.strip() for key in keys), queue=queue, timeout=timeout,
                       max_connections=max_connections, alias=alias,
                       cors_origins=_origins(cors_origin or ()), keep_alive=duration_seconds(keep_alive),
-                      allow_pull=allow_pull, slots=slots, slot_save_path=_slot_folder(slot_save_path), web_page=webui,
-                      certificate=ssl_cert_file, private_key=ssl_key_file)
+                      allow_pull=allow_pull, offline=settings.offline, slots=slots,
+                      slot_save_path=_slot_folder(slot_save_path), web_page=webui, certificate=ssl_cert_file,
+                      private_key=ssl_key_file)
     tls = net.serving_tls(serving.certificate, serving.private_key) if serving.tls else None
     # (a model made with `create` goes by its own name: its base, named, is another model where it has adapters)
     model = alias or (settings.made.name if settings.made else Path(settings.target).name

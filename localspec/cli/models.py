@@ -57,16 +57,18 @@ def search(
 
     Given a Hub repo (owner/repo), its GGUF files instead: each quantization's size, whether it fits this machine
     (on the GPU, partly, in RAM, too big, with a 4096-token context) and the name `pull` takes for it, the one
-    recommended marked (Q4_K_M where it fits, else the largest that fits).
+    recommended marked (Q4_K_M where it fits, else the largest that fits). --offline: the registry's models alone,
+    or the repo's files downloaded here.
     """
     text = " ".join(words)
-    if registry.is_repo_name(text) and not offline:
-        quantizations = store.quantizations(text)
+    if registry.is_repo_name(text):
+        quantizations = store.quantizations(text, offline)
         if as_json:
             for quantization in quantizations:
                 print(json.dumps(dataclasses.asdict(quantization)))
         elif not quantizations:
-            print(f"{text} holds no GGUF model file")
+            print(f"none of {text}'s GGUF model files is downloaded (--offline: the Hub was not asked)" if offline
+                  else f"{text} holds no GGUF model file")
         else:
             tui.quantizations_table(text, quantizations)
         return

@@ -209,10 +209,10 @@ def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[find
     return finder.search(text, limit, offline)
 
 
-def quantizations(name: str) -> list[finder.Quantization]:
-    """A Hub repo's model files (a registry model's one), a quantization each, with its size, whether it fits here
-    and what `pull` takes."""
-    return finder.quantizations(name)
+def quantizations(name: str, offline: bool = False) -> list[finder.Quantization]:
+    """A Hub repo's model files (a registry model's one; offline: those here), a quantization each, with its size,
+    whether it fits here and what `pull` takes."""
+    return finder.quantizations(name, offline)
 
 
 def hub_downloads() -> list[ModelEntry]:

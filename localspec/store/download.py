@@ -339,6 +339,12 @@ def _downloaded_of(repo: str) -> list[str]:
     return sorted(file for entry in hub_downloads() if entry.repo == repo for file in entry.files)
 
 
+def downloaded_sizes(repo: str) -> dict[str, int]:
+    """hub_file_sizes of a Hub repo's files downloaded here whole, the Hub not asked."""
+    return {part: (folder(entry) / part).stat().st_size for entry in hub_downloads() if entry.repo == repo
+            for part in entry.files}
+
+
 def hub_downloads() -> list[ModelEntry]:
     """Every file of a Hub repo downloaded here by its repo's name (hf:, owner/repo[:QUANT]) and whole (a split model's
     parts all there): a projector or drafter published beside a model too."""

@@ -2,7 +2,6 @@
 Hub's GGUF repos whose names hold a search's text, and a repo's GGUF files, a quantization each, with its size and
 whether it fits this machine."""
 
-import re
 from dataclasses import dataclass
 
 from ..errors import FetchError
@@ -84,33 +83,28 @@ def _params(count: int | None) -> str:
     return f"{count / 1e9:.3g}B" if count >= 1e9 else f"{count / 1e6:.3g}M"
 
 
-def quantizations(name: str, n_ctx: int = 4096) -> list[Quantization]:
+def quantizations(name: str, offline: bool = False, n_ctx: int = 4096) -> list[Quantization]:
     """A Hub repo's model files (no projector, imatrix or drafter published beside one), a quantization each, by
-    size; the one recommended: Q4_K_M where it fits, else the largest that fits. For a registry name, its file."""
+    size; the one recommended: Q4_K_M where it fits, else the largest that fits. For a registry name, its file.
+    Offline: the repo's files downloaded here."""
     machine = hardware.machine()
     entry = registry.load().get(name)
     if entry is not None and not entry.drafts:
         size = entry.size or 0
-        return [Quantization(entry.file, quant_of(entry.file), size, _fit(size, n_ctx, machine), entry.command_name,
-                             recommended=True)]
-    sizes = download.hub_file_sizes(name)
+        return [Quantization(entry.file, registry.quant_of(entry.file), size, _fit(size, n_ctx, machine),
+                             entry.command_name, recommended=True)]
+    sizes = download.downloaded_sizes(name) if offline else download.hub_file_sizes(name)
     out = []
     for file in sorted(sizes):
         if not registry.is_model_file(file) or registry.split_parts(file)[:1] not in ((), (file,)):
             continue  # (a split model is named by its first part)
         size = sum(sizes.get(part, 0) for part in registry.split_parts(file) or (file,))
-        quant = quant_of(file)
+        quant = registry.quant_of(file)
         pull = f"{name}:{quant}" if download.quant_file(sizes, quant) == file else f"hf:{name}/{file}"
         out.append(Quantization(file, quant, size, _fit(size, n_ctx, machine), pull))
     fitting = [q for q in out if q.fit != TOO_BIG]
     best = next((q for q in fitting if q.quant == PREFERRED), max(fitting, key=lambda q: q.size, default=None))
     return sorted((Quantization(**vars(q) | {"recommended": q is best}) for q in out), key=lambda q: q.size)
-
-
-def quant_of(file: str) -> str:
-    """A file's quantization as its name says it, as llama.cpp reads it: the name's last part (Q4_K_M, F16)."""
-    stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$|\.gguf$", "", file.rpartition("/")[2])
-    return re.split(r"[-.]", stem)[-1].upper()
 
 
 def _fit(size: int, n_ctx: int, machine: hardware.Machine) -> str:

@@ -105,10 +105,16 @@ def projector_in(files: list[str], model_file: str) -> str | None:
     return min(found, key=lambda f: (-len(f.rpartition("/")[0]), abs(_quant_bits(f) - model_bits)))
 
 
+def quant_of(file: str) -> str:
+    """A file's quantization as its name says it, as llama.cpp reads it: the name's last part (Q4_K_M, F16); a name
+    of one part is all of it."""
+    stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$|\.gguf$", "", file.rpartition("/")[2])
+    return re.split(r"[-.]", stem)[-1].upper()
+
+
 def _quant_bits(file: str) -> int:
     """The number in a file's quantization tag (Q4_K_M: 4, F16: 16, BF16: 16; none: 0), as llama.cpp reads it."""
-    name = re.sub(r"-\d{5}-of-\d{5}\.gguf$|\.gguf$", "", file.rpartition("/")[2])
-    digits = re.search(r"\d+", re.split(r"[-.]", name)[-1]) if re.search(r"[-.]", name) else None
+    digits = re.search(r"\d+", quant_of(file))
     return int(digits[0]) if digits else 0
 
 
