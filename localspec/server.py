@@ -481,7 +481,11 @@ class Server:
         loaded here reads it."""
         self._may_change_models("deletes")
         name = ollama.parse_delete(await self._body(request))
-        if store.forget(name):
+        try:
+            forgotten = store.forget(name)
+        except UsageError as error:
+            raise ApiError(400, str(error), param="model") from None
+        if forgotten:
             self.log(f"removed {name}")
             return Response(status_code=200)
         wanted = self.pool.find(name)

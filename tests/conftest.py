@@ -91,6 +91,15 @@ def calibrations_of_the_run(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_ollama_models(tmp_path_factory):
+    """localspec reads Ollama's models in place: the tests' processes see none of this machine's (a test that wants
+    some sets OLLAMA_MODELS to a store of its own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OLLAMA_MODELS", str(tmp_path_factory.mktemp("no-ollama-models")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def calibration_of_its_own(tmp_path, monkeypatch):
     """Each test's first session calibrates, as on a new machine and as before costs were kept."""

@@ -5,8 +5,8 @@ pair (compat.py), fitted to the machine's memory and devices (hardware.py, place
 measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
-`create`, modelfile.py, the model it is made from); made(name) the model of one's own so named,
-every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
+`create`, modelfile.py, the model it is made from); made(name) the model of one's own so named (or
+Ollama's, read in place: ollama_models.py), every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
 receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
 its file where it is downloaded, nothing fetched; known() every model the registry names; hub_downloads() every
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import InputError, UsageError
-from . import blobs, catalog, compat, download, finder, gguf_meta, hardware, modelfile, registry
+from . import blobs, catalog, compat, download, finder, gguf_meta, hardware, modelfile, ollama_models, registry
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -56,13 +56,14 @@ def here(name: str, draft: str | None = None) -> Path | None:
 
 
 def made(name: str | None) -> Preset | None:
-    """The model of one's own a name means, where `create` made one so named."""
-    return modelfile.find(name)
+    """The model of one's own a name means, where `create` made one so named, else Ollama's model so named (read in
+    place: ollama_models)."""
+    return modelfile.find(name) or (ollama_models.find(name) if name else None)
 
 
 def every_made() -> list[Preset]:
-    """Every model made with `create`, by name."""
-    return modelfile.every()
+    """Every model made with `create`, by name, then every model of Ollama's that none of them hides."""
+    return ollama_models.beside(modelfile.every())
 
 
 def create(name: str, text: str, where: Path | None = None) -> tuple[Preset, list[str]]:
@@ -89,7 +90,7 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
         preset = dataclasses.replace(preset, projector=_beside(preset.projector, where, "FROM", "--mmproj",
                                                                "a multimodal projector (the first FROM names the"
                                                                " model)"))
-    if layered := modelfile.find(preset.base):
+    if layered := made(preset.base):
         preset = layered.under(preset)
     else:
         beside = ((where.parent if where else Path.cwd()) / Path(preset.base).expanduser())
@@ -143,18 +144,21 @@ def _applied(given: str, where: Path | None) -> str | None:
 def copy(source: str, destination: str) -> Preset:
     """A model made under another name as `ollama cp` copies one: a made model with all its settings, or a
     registry model or GGUF file as it is (nothing is copied on disk: the new name stands for it)."""
-    made = modelfile.find(source)
-    return make(dataclasses.replace(made, name=destination) if made else Preset(destination, source))
+    found = made(source)
+    return make(dataclasses.replace(found, name=destination, kept=None) if found else Preset(destination, source))
 
 
 def forget(name: str) -> bool:
     """Remove a model made with `create` (the model it is made from stays, but a file uploaded for it alone
-    goes, as Ollama prunes its blobs); False where none is so named."""
+    goes, as Ollama prunes its blobs); False where none is so named. Ollama's models are Ollama's to remove."""
     try:
         made = modelfile.find(name)
     except UsageError:  # (its kept Modelfile no longer reads: removed all the same)
         made = None
     if not modelfile.forget(name):
+        if ollamas := ollama_models.find(name):
+            raise UsageError(f"{ollamas.name} is Ollama's model, read in place ({ollamas.kept}): `ollama rm"
+                             f" {ollamas.name}` removes it")
         return False
     if made is not None:
         still_named = {file for preset in modelfile.every() for file in _files_of(preset)}

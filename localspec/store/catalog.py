@@ -4,7 +4,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import download, gguf_meta, hardware, modelfile, placement, registry
+from . import download, gguf_meta, hardware, modelfile, ollama_models, placement, registry
 from .. import reasoning
 from ..tool_calls import tool_format
 from ..config import DrafterKind, Runtime, Speculation
@@ -30,7 +30,7 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
     rows += [_file_row(download.installed(entry)) | dict(name=entry.command_name)  # (pulled by its repo's name)
              for entry in download.hub_models()]
-    for made in modelfile.every():  # models made with `create`, after the registry's, as their base is
+    for made in ollama_models.beside(modelfile.every()):  # models made with `create` (Ollama's), as their base is
         try:
             base = registry.resolve(made.base, models)
         except UsageError:  # (what it is made from is no longer a model here: `show` says so)
