@@ -167,6 +167,8 @@ def drafts_text(row: dict) -> str:
 
 def _also(row: dict) -> str:
     """A models row's aliases, or for a model made with `create` what it is made from."""
+    if row.get("ollamas"):  # (its blob's path says nothing a reader can use)
+        return "Ollama's"
     parts = (row.get("made_from"), *row.get("adapters", ()), *filter(None, [row.get("projector")]))
     return ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
 

@@ -86,9 +86,9 @@ def _cli(ollamas, home):
     env.update(LOCALSPEC_HOME=str(home), OLLAMA_MODELS=str(ollamas))
     env.pop("LOCALSPEC_DEBUG", None)
 
-    def invoke(*args):
+    def invoke(*args, **extra_env):
         return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True, text=True,
-                              env=env, stdin=subprocess.DEVNULL, timeout=300)
+                              env={**env, **extra_env}, stdin=subprocess.DEVNULL, timeout=300)
     return invoke
 
 
@@ -96,6 +96,9 @@ def test_ollamas_models_are_listed_shown_run_and_copied_but_left_for_ollama_to_r
     localspec = _cli(ollamas, tmp_path / "home")
     listed = [json.loads(line) for line in localspec("ls", "--json").stdout.splitlines()]
     assert [row["name"] for row in listed] == ["hf.co/test/tiny-GGUF:Q4_K_M", "tinyllm:3b", "tinyllm:latest"]
+    assert listed[-1]["ollamas"] == str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest")
+    table = localspec("ls", COLUMNS="200").stdout
+    assert "Ollama's" in table and "sha256-" not in table  # (whose it is, not its blob's path)
     shown = localspec("show", "tinyllm", "--modelfile")
     assert "SYSTEM You are terse." in shown.stdout and "PARAMETER num_predict 5" in shown.stdout, shown.stderr
     # run asks as Ollama's Modelfile says: its system prompt, greedy, 5 tokens

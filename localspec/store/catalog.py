@@ -37,7 +37,7 @@ def model_rows(installed_only: bool = False) -> list[dict]:
             continue
         row = _row(base, models) if isinstance(base, registry.ModelEntry) else _file_row(base)
         rows.append(row | dict(name=made.name, aliases=[], made_from=made.base, adapters=list(made.adapters),
-                               projector=made.projector,
+                               projector=made.projector, ollamas=made.kept,
                                license=made.license if made.license is not None else row["license"]))
     return [row for row in rows if row["installed"] or not installed_only]
 
