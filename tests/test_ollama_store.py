@@ -77,6 +77,11 @@ def test_each_tag_ollama_has_whole_is_a_model_made_from_its_blob_with_its_settin
     store.create("tinyllm", f"FROM {blob}\nSYSTEM Mine.\n")
     assert store.made("tinyllm").system == "Mine." and store.made("ollama:tinyllm").system == "You are terse."
     assert [m.name for m in store.every_made()].count("tinyllm") == 1
+    # a draft named by the family (a size, auto) is read against the registry model an Ollama name stands for
+    _tag(ollamas, "registry.ollama.ai/library/qwen2.5-coder/1.5b", {"model": tiny["target"].read_bytes()})
+    coder = store.made("qwen2.5-coder:1.5b")
+    assert coder.kept and store.draft_for(coder, "0.5b") == store.draft_for(coder, "auto") == "qwen2.5-coder-0.5b"
+    assert store.draft_for(coder, "ngram") == "ngram" and store.draft_for(made, "0.5b") == "0.5b"
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none-here"))
     assert ollama_models.every() == [] and store.made("tinyllm:3b") is None
 

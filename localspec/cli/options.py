@@ -733,6 +733,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
         o = SimpleNamespace(**(vars(o) | {name: value for name, value in _options_of(made).items()
                                           if name not in _given(values, context)}))
         o.target, o.model = made.base, None
+        o.draft = store.draft_for(made, o.draft) if o.draft is not None else None
     _refuse_what_localspec_lacks(o)
     _spec_types(o)
     _load_mode(o)

@@ -61,6 +61,16 @@ def made(name: str | None) -> Preset | None:
     return modelfile.find(name) or (ollama_models.find(name) if name else None)
 
 
+def draft_for(made: Preset, draft: str) -> str:
+    """A draft named by the target's family (auto, a size: 0.5b) for one of Ollama's models, read against the
+    registry model its name stands for (qwen2.5-coder:1.5b: qwen2.5-coder-1.5b); any other draft as named."""
+    twin = registry.ollama_twin(made.name) if made.kept else None
+    if twin is None or not (draft == registry.AUTO or registry.is_size(draft)):
+        return draft
+    found = registry.resolve_draft(draft, twin)
+    return found.command_name if isinstance(found, ModelEntry) else str(found)
+
+
 def every_made() -> list[Preset]:
     """Every model made with `create`, by name, then every model of Ollama's that none of them hides."""
     return ollama_models.beside(modelfile.every())

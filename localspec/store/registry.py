@@ -432,6 +432,19 @@ def _ollama_named(text: str, models: dict[str, ModelEntry]) -> Resolved | None:
     return RepoQuant(entry.repo, quant, of=entry)
 
 
+def ollama_twin(name: str) -> ModelEntry | None:
+    """The registry model an Ollama model's name stands for (qwen2.5-coder:1.5b), where it stands for one."""
+    try:
+        return registry_entry(_ollama_named(name.removeprefix("ollama:"), load()))
+    except UsageError:  # (a family name that comes in several sizes)
+        return None
+
+
+def is_size(text: str) -> bool:
+    """Whether a draft is named by its size in the target's family (1b, 0.5b, 135m)."""
+    return re.fullmatch(r"\d+(\.\d+)?[mb]", text.lower()) is not None
+
+
 def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
     """A target or draft as typed by the user: a registry name or alias, as Ollama's users name it
     (_ollama_named), a .gguf file, hf:owner/repo/file.gguf, owner/repo:QUANT or owner/repo."""
@@ -494,7 +507,7 @@ def resolve_draft(text: str, target: Resolved, models: dict[str, ModelEntry] | N
         if drafter is None:
             raise UsageError("--draft auto needs a registry target with a recommended draft; name a draft instead")
         return drafter
-    if family and re.fullmatch(r"\d+(\.\d+)?[mb]", text.lower()):
+    if family and is_size(text):
         models_alone = [entry for entry in models.values() if entry.family == family and entry.drafts is None]
         for entry in models_alone:
             if entry.params.lower() == text.lower():
