@@ -245,7 +245,8 @@ def model_card(card, console: Console = out) -> None:
         ("name", info["name"]),
         ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] not in (info["name"], None)
          else None),
-        ("made from", made.get("from")),  # (a model made with `create`)
+        ("Ollama's", made.get("ollamas")),  # (read in place: its manifest)
+        ("made from", made.get("from")),  # (a model made with `create`; Ollama's: its GGUF blob)
         ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),
         ("projector", made.get("projector")),  # (it reads images through it)
         ("system", made.get("system")),

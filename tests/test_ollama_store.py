@@ -104,6 +104,8 @@ def test_ollamas_models_are_listed_shown_run_and_copied_but_left_for_ollama_to_r
     assert listed[-1]["ollamas"] == str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest")
     table = localspec("ls", COLUMNS="200").stdout
     assert "Ollama's" in table and "sha256-" not in table  # (whose it is, not its blob's path)
+    card = localspec("show", "tinyllm", COLUMNS="300").stdout
+    assert "Ollama's" in card and str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm") in card
     shown = localspec("show", "tinyllm", "--modelfile")
     assert "SYSTEM You are terse." in shown.stdout and "PARAMETER num_predict 5" in shown.stdout, shown.stderr
     # run asks as Ollama's Modelfile says: its system prompt, greedy, 5 tokens
