@@ -73,6 +73,10 @@ def test_each_tag_ollama_has_whole_is_a_model_made_from_its_blob_with_its_settin
     assert store.find("ollama:tinyllm") == Path(blob)
     with pytest.raises(UsageError, match="`ollama rm tinyllm:latest` removes it"):
         store.forget("tinyllm")
+    # a model made FROM one of Ollama's is made from its file, with Ollama's settings under its own, and is ours
+    mine, _ = store.create("terser", "FROM tinyllm\nPARAMETER num_predict 2\n")
+    assert (mine.base, mine.system, mine.kept) == (blob, "You are terse.", None)
+    assert ("num_predict", 2) in mine.parameters and ("temperature", 0.0) in mine.parameters
     # a model made here by a name Ollama's has hides it; ollama: still names Ollama's
     store.create("tinyllm", f"FROM {blob}\nSYSTEM Mine.\n")
     assert store.made("tinyllm").system == "Mine." and store.made("ollama:tinyllm").system == "You are terse."
