@@ -6,7 +6,8 @@ measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
 `create`, modelfile.py, the model it is made from); made(name) the model of one's own so named (or
-Ollama's, read in place: ollama_models.py), every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
+Ollama's, read in place: ollama_models.py), draft_for(made, draft) a draft named by an Ollama model's family,
+every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
 made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
 receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
 its file where it is downloaded, nothing fetched; known() every model the registry names; hub_downloads() every
@@ -32,9 +33,9 @@ from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
-           "blob_model", "capabilities", "control_vector", "copy", "create", "estimate_bytes", "every_made", "fetch",
-           "find", "forget", "header", "here", "hub_downloads", "installed", "known", "machine", "made", "make", "pair",
-           "quant_here", "quantizations", "receive_blob", "remove", "search"]
+           "blob_model", "capabilities", "control_vector", "copy", "create", "draft_for", "estimate_bytes",
+           "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "known", "machine",
+           "made", "make", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -61,10 +62,10 @@ def made(name: str | None) -> Preset | None:
     return modelfile.find(name) or (ollama_models.find(name) if name else None)
 
 
-def draft_for(made: Preset, draft: str) -> str:
+def draft_for(preset: Preset, draft: str) -> str:
     """A draft named by the target's family (auto, a size: 0.5b) for one of Ollama's models, read against the
     registry model its name stands for (qwen2.5-coder:1.5b: qwen2.5-coder-1.5b); any other draft as named."""
-    twin = registry.ollama_twin(made.name) if made.kept else None
+    twin = registry.ollama_twin(preset.name) if preset.kept else None
     if twin is None or not (draft == registry.AUTO or registry.is_size(draft)):
         return draft
     found = registry.resolve_draft(draft, twin)
