@@ -169,6 +169,8 @@ def _also(row: dict) -> str:
     """A models row's aliases, or for a model made with `create` what it is made from."""
     if row.get("ollamas"):  # (its blob's path says nothing a reader can use)
         return "Ollama's"
+    if row.get("kept_by"):
+        return f"from {row['kept_by']}"
     parts = (row.get("made_from"), *row.get("adapters", ()), *filter(None, [row.get("projector")]))
     return ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
 
@@ -246,6 +248,7 @@ def model_card(card, console: Console = out) -> None:
         ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] not in (info["name"], None)
          else None),
         ("Ollama's", made.get("ollamas")),  # (read in place: its manifest)
+        ("read from", info.get("kept_by")),  # (another app's download, read in place: `file` says where)
         ("made from", made.get("from")),  # (a model made with `create`; Ollama's: its GGUF blob)
         ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),
         ("projector", made.get("projector")),  # (it reads images through it)

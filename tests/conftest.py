@@ -1,11 +1,19 @@
+import atexit
 import io
 import os
-from dataclasses import replace
+import shutil
 import subprocess
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+# localspec reads the GGUF files in the Hugging Face cache in place: the tests see none of this machine's (set before
+# huggingface_hub is imported, which reads it once; a test's own processes name a cache of their own)
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="localspec-tests-hf-cache-")
+atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], True)
 
 from localspec import paths
 
@@ -92,11 +100,12 @@ def calibrations_of_the_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_ollama_models(tmp_path_factory):
-    """localspec reads Ollama's models in place: the tests' processes see none of this machine's (a test that wants
-    some sets OLLAMA_MODELS to a store of its own)."""
+def no_other_apps_models(tmp_path_factory):
+    """localspec reads Ollama's and LM Studio's models in place: the tests' processes see none of this machine's (a
+    test that wants some sets OLLAMA_MODELS or LOCALSPEC_LMSTUDIO_MODELS to a folder of its own)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OLLAMA_MODELS", str(tmp_path_factory.mktemp("no-ollama-models")))
+        patch.setenv("LOCALSPEC_LMSTUDIO_MODELS", str(tmp_path_factory.mktemp("no-lmstudio-models")))
         yield
 
 

@@ -203,7 +203,7 @@ def hub_env(home, hub, tmp_path) -> dict[str, str]:
     """The environment of a localspec process that sees only the fake Hub and the test's home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALSPEC_"))}
     env.update(LOCALSPEC_HOME=str(home), HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_DISABLE_TELEMETRY="1")
+               HF_HUB_DISABLE_TELEMETRY="1", LOCALSPEC_LMSTUDIO_MODELS=str(tmp_path / "lmstudio"))
     return env
 
 
@@ -1159,3 +1159,83 @@ def test_a_repo_named_alone_is_the_file_llama_cpps_hf_takes_and_once_here_needs_
     assert removed.returncode == 0 and "removed ggml-org/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf" in removed.stdout
     again = localspec("rm", "ggml-org/gpt-oss-20b-GGUF")
     assert again.returncode == 2 and "no file of the Hub repo ggml-org/gpt-oss-20b-GGUF is downloaded" in again.stderr
+
+
+def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, tiny, tmp_path):
+    """LM Studio keeps a Hub repo's files as MODELS/OWNER/REPO/FILE: a file named by its repo, or a registry model's,
+    that it has is run where it lies (nothing fetched), listed as its, and never deleted by localspec; a file of a
+    registry model's name but not its pinned size is another file, and the registry's is downloaded."""
+    lmstudio = tmp_path / "lmstudio"
+    (lmstudio / "test" / "split-GGUF").mkdir(parents=True)
+    kept = lmstudio / "test" / "split-GGUF" / "tiny-q8_0.gguf"
+    kept.write_bytes(tiny["partial"].read_bytes())
+    asked = ("-p", "the cat", "-n", "2", "--temp", "0", "--no-draft", "--json")
+    for name in ("test/split-GGUF:Q8_0", "hf:test/split-GGUF/tiny-q8_0.gguf"):
+        done = localspec("run", name, *asked)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["placement"]["target"]["file"] == "tiny-q8_0.gguf"
+    assert hub.gets("tiny-q8_0.gguf") == []
+    rows = {row["name"]: row for row in map(json.loads, localspec("ls", "--json").stdout.splitlines())}
+    assert rows["hf:test/split-GGUF/tiny-q8_0.gguf"]["kept_by"] == "LM Studio"
+    assert "from LM Studio" in localspec("ls").stdout
+    shown = localspec("show", "hf:test/split-GGUF/tiny-q8_0.gguf")
+    assert shown.returncode == 0 and str(kept) in shown.stdout and "LM Studio" in shown.stdout, shown.stderr
+    refused = localspec("rm", "test/split-GGUF:Q8_0")
+    assert refused.returncode != 0 and f"read in place from LM Studio ({kept})" in refused.stderr, refused.stderr
+    assert "My Models" in refused.stderr and kept.is_file()
+
+    (lmstudio / "test" / "tiny-GGUF").mkdir(parents=True)
+    registrys = lmstudio / "test" / "tiny-GGUF" / "target.gguf"
+    registrys.write_bytes(tiny["partial"].read_bytes()[:-1])  # (its name, not its size)
+    pulled = localspec("pull", "tiny", "--no-draft")
+    assert pulled.returncode == 0 and Path(pulled.stdout.strip()) != registrys, pulled.stderr
+    assert len(hub.gets("target.gguf")) == 1
+    assert localspec("rm", "tiny").returncode == 0
+    registrys.write_bytes(tiny["target"].read_bytes())
+    pulled = localspec("pull", "tiny", "--no-draft")
+    assert pulled.returncode == 0 and Path(pulled.stdout.strip()) == registrys, pulled.stderr
+    assert len(hub.gets("target.gguf")) == 1
+    assert json.loads(localspec("show", "tiny", "--json").stdout)["kept_by"] == "LM Studio"
+
+
+def test_lm_studios_folder_is_where_its_settings_say(tmp_path, monkeypatch):
+    """LM Studio's home is ~/.lmstudio or where ~/.lmstudio-home-pointer says; its models folder, its settings'
+    downloadsFolder or its home's models; before 0.3, ~/.cache/lm-studio/models."""
+    from localspec.store import lmstudio_models
+
+    monkeypatch.delenv("LOCALSPEC_LMSTUDIO_MODELS")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = tmp_path / ".cache" / "lm-studio" / "models"
+    assert lmstudio_models.folders() == [tmp_path / ".lmstudio" / "models", old]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".lmstudio-home-pointer").write_text(f"{tmp_path / 'elsewhere'}\n")
+    assert lmstudio_models.folders()[0] == tmp_path / "elsewhere" / "models"
+    (tmp_path / "elsewhere" / "settings.json").write_text(json.dumps({"downloadsFolder": str(tmp_path / "big")}))
+    assert lmstudio_models.folders() == [tmp_path / "big", old]
+    (tmp_path / "big" / "owner" / "model-GGUF").mkdir(parents=True)
+    (old / "other" / "repo").mkdir(parents=True)
+    assert lmstudio_models.repos() == [("other/repo", old / "other" / "repo"),
+                                       ("owner/model-GGUF", tmp_path / "big" / "owner" / "model-GGUF")]
+    monkeypatch.setenv("LOCALSPEC_LMSTUDIO_MODELS", "")
+    assert lmstudio_models.folders() == []
+
+
+def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub_env, tiny):
+    """A file huggingface_hub downloaded into its cache (`hf download`, transformers, llama-cpp-python's
+    from_pretrained) is run from there, offline too, listed as the cache's, and left for `hf cache rm` to delete."""
+    cached = subprocess.run([sys.executable, "-c", "import huggingface_hub, sys; print(huggingface_hub.hf_hub_download("
+                             "'test/split-GGUF', 'tiny-q4_k_m.gguf'))"],
+                            capture_output=True, text=True, env=hub_env, timeout=120)
+    assert cached.returncode == 0, cached.stderr
+    path = Path(cached.stdout.strip())
+    assert len(hub.gets("tiny-q4_k_m.gguf")) == 1
+    asked = ("-p", "the cat", "-n", "2", "--temp", "0", "--no-draft", "--json")
+    for name in ("test/split-GGUF", "hf:test/split-GGUF/tiny-q4_k_m.gguf"):
+        done = localspec("run", name, *asked, "--offline")
+        assert done.returncode == 0, done.stderr
+    assert len(hub.gets("tiny-q4_k_m.gguf")) == 1
+    rows = {row["name"]: row for row in map(json.loads, localspec("ls", "--json").stdout.splitlines())}
+    assert rows["hf:test/split-GGUF/tiny-q4_k_m.gguf"]["kept_by"] == "the Hugging Face cache"
+    refused = localspec("rm", "test/split-GGUF")
+    assert refused.returncode != 0 and f"read in place from the Hugging Face cache ({path})" in refused.stderr
+    assert "`hf cache rm hf://models/test/split-GGUF/tiny-q4_k_m.gguf`" in refused.stderr and path.is_file()

@@ -30,11 +30,11 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import logging as hub_logging
 
-from . import mirror, registry
+from . import lmstudio_models, mirror, registry
 from .. import paths
 from ..config import HUB_PREFIX
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
-from ..errors import DownloadInterrupted, FetchError, InputError
+from ..errors import DownloadInterrupted, FetchError, InputError, UsageError
 from .registry import ModelEntry, RepoQuant, Resolved
 
 # huggingface_hub narrates each retry on stderr; failures reach the user as our one line instead
@@ -57,11 +57,46 @@ def folder(entry: ModelEntry) -> Path:
 
 
 def installed(entry: ModelEntry) -> Path | None:
-    """The entry's first file if every part of it is on disk."""
+    """The entry's first file if every part of it is on disk: downloaded here, else where LM Studio or the Hugging
+    Face cache keeps its repo's files (read in place)."""
+    return _here(entry) or next((copy.path for copy in _copies(entry)), None)
+
+
+def _here(entry: ModelEntry) -> Path | None:
     directory = folder(entry)
-    if all((directory / name).is_file() for name in entry.files):
-        return directory / entry.file
-    return None
+    return directory / entry.file if all((directory / name).is_file() for name in entry.files) else None
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A file another app downloaded, used where it lies and never deleted by localspec."""
+    path: Path
+    keeper: str  # where it lies, as a sentence names it
+    removal: str  # how its keeper deletes it
+
+
+def _copies(entry: ModelEntry) -> Iterator[Copy]:
+    """Where other apps downloaded every part of the entry's file, from its repo or one of the same files; a copy of
+    a file the registry pins only at the pinned size (any other is another file of that name)."""
+    for repo in (entry.repo, *entry.alternatives) if entry.repo else ():
+        for root in lmstudio_models.roots(repo):
+            if all((root / name).is_file() for name in entry.files):
+                yield from _pinned(entry, Copy(root / entry.file, "LM Studio",
+                                               "LM Studio's My Models deletes it"))
+        cached = [huggingface_hub.try_to_load_from_cache(repo, name) for name in entry.files]
+        if all(isinstance(path, str) for path in cached):
+            uri = f"hf://models/{repo}" + (f"/{entry.file}" if len(entry.files) == 1 else "")
+            yield from _pinned(entry, Copy(Path(cached[0]), "the Hugging Face cache", f"`hf cache rm {uri}` deletes it"))
+
+
+def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
+    if not entry.sha256 or entry.size is None or copy.path.stat().st_size == entry.size:
+        yield copy
+
+
+def copy_of(entry: ModelEntry) -> Copy | None:
+    """The other app's file the entry is used from, where it is not downloaded here."""
+    return None if _here(entry) else next(_copies(entry), None)
 
 
 def check_installed(entry: ModelEntry, path: Path, verify_sha256: bool = False) -> None:
@@ -75,6 +110,9 @@ def check_installed(entry: ModelEntry, path: Path, verify_sha256: bool = False) 
         problem = f"is {size:,} bytes where the registry pins {entry.size:,}"
     elif verify_sha256 and mirror.sha256_of(path) != entry.sha256:
         problem = "does not match the registry's sha256"
+    if problem and (copy := copy_of(entry)) is not None:
+        raise FetchError(f"{path}, read in place from {copy.keeper}, {problem}: it is another file of that name"
+                         f" ({copy.removal}; `localspec pull {entry.command_name}` then fetches the registry's)")
     if problem:
         raise FetchError(f"{path} {problem}: it changed after download; `localspec rm {entry.command_name}` and"
                          f" `localspec pull {entry.command_name}` fetch it again")
@@ -340,28 +378,50 @@ def _downloaded_of(repo: str) -> list[str]:
 
 
 def downloaded_sizes(repo: str) -> dict[str, int]:
-    """hub_file_sizes of a Hub repo's files downloaded here whole, the Hub not asked."""
-    return {part: (folder(entry) / part).stat().st_size for entry in hub_downloads() if entry.repo == repo
-            for part in entry.files}
+    """hub_file_sizes of a Hub repo's files downloaded whole (hub_downloads), the Hub not asked."""
+    return {part: (first.parent / Path(part).name).stat().st_size for entry in hub_downloads() if entry.repo == repo
+            if (first := installed(entry)) for part in entry.files}  # (a split file's parts lie side by side)
 
 
 def hub_downloads() -> list[ModelEntry]:
-    """Every file of a Hub repo downloaded here by its repo's name (hf:, owner/repo[:QUANT]) and whole (a split model's
-    parts all there): a projector or drafter published beside a model too."""
+    """Every file of a Hub repo downloaded by its repo's name (hf:, owner/repo[:QUANT]), here or by LM Studio or into
+    the Hugging Face cache, and whole (a split model's parts all there): a projector or drafter published beside a
+    model too."""
     models = paths.models_dir()
-    found = []
+    found: dict[str, ModelEntry] = {}
     for directory in sorted(models.glob("*--*--*")) if models.is_dir() else ():
         owner, name, _ = directory.name.split("--", 2)
         for path in sorted(directory.rglob("*.gguf")):
             file = path.relative_to(directory).as_posix()
-            named = f"{owner}/{name}/{file}"
-            if not registry.SAFE_FILE.match(file) or named.replace("/", "--") != directory.name:
-                continue  # (another part of a split file, named by its first)
-            entry = ModelEntry(name=named, file=file, repo=f"{owner}/{name}", parts=registry.split_parts(file),
-                               typed=f"{HUB_PREFIX}{named}")
-            if installed(entry) is not None:
-                found.append(entry)
-    return found
+            if f"{owner}/{name}/{file}".replace("/", "--") == directory.name:  # (not another part of a split file)
+                _add_download(found, f"{owner}/{name}", file)
+    for repo, file in _files_elsewhere():
+        if registry.REPO_NAME.match(repo) and registry.split_parts(file)[:1] in ((), (file,)):
+            _add_download(found, repo, file)
+    return list(found.values())
+
+
+def _add_download(found: dict[str, ModelEntry], repo: str, file: str) -> None:
+    named = f"{repo}/{file}"
+    entry = ModelEntry(name=named, file=file, repo=repo, parts=registry.split_parts(file), typed=f"{HUB_PREFIX}{named}")
+    if named not in found and registry.SAFE_FILE.match(file) and installed(entry) is not None:
+        found[named] = entry
+
+
+def _files_elsewhere() -> list[tuple[str, str]]:
+    """(repo, file) of each GGUF file LM Studio keeps, then of each the Hugging Face cache holds of a repo's main."""
+    files = [(repo, path.relative_to(root).as_posix()) for repo, root in lmstudio_models.repos()
+             for path in sorted(root.rglob("*.gguf"))]
+    try:
+        cache = huggingface_hub.scan_cache_dir()
+    except (hub_errors.CacheNotFound, OSError):
+        return files
+    for repo in sorted(cache.repos, key=lambda repo: repo.repo_id):
+        for revision in repo.revisions if repo.repo_type == "model" else ():
+            if "main" in revision.refs:
+                files += sorted((repo.repo_id, file.file_path.relative_to(revision.snapshot_path).as_posix())
+                                for file in revision.files if file.file_name.endswith(".gguf"))
+    return files
 
 
 def hub_models() -> list[ModelEntry]:
@@ -499,6 +559,9 @@ def remove(entry: ModelEntry) -> int:
     if directory.is_symlink():
         raise InputError(f"{directory} is a symbolic link, not a folder localspec made; remove it yourself")
     if not directory.is_dir():
+        if (copy := copy_of(entry)) is not None:
+            raise UsageError(f"{entry.command_name} is read in place from {copy.keeper} ({copy.path}), not"
+                             f" downloaded by localspec: {copy.removal}")
         return 0
     if directory.resolve().parent != paths.models_dir().resolve():
         raise InputError(f"{directory} is not inside {paths.models_dir()}; nothing was removed")
