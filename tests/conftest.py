@@ -101,11 +101,12 @@ def calibrations_of_the_run(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_other_apps_models(tmp_path_factory):
-    """localspec reads Ollama's and LM Studio's models in place: the tests' processes see none of this machine's (a
-    test that wants some sets OLLAMA_MODELS or LOCALSPEC_LMSTUDIO_MODELS to a folder of its own)."""
+    """localspec reads Ollama's, LM Studio's and llama.cpp's models in place: the tests' processes see none of this
+    machine's (a test that wants some sets OLLAMA_MODELS, LOCALSPEC_LMSTUDIO_MODELS or LLAMA_CACHE to its own)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OLLAMA_MODELS", str(tmp_path_factory.mktemp("no-ollama-models")))
         patch.setenv("LOCALSPEC_LMSTUDIO_MODELS", str(tmp_path_factory.mktemp("no-lmstudio-models")))
+        patch.delenv("LLAMA_CACHE", raising=False)  # (llama.cpp's downloads, in the Hugging Face cache's layout)
         yield
 
 

@@ -1220,9 +1220,10 @@ def test_lm_studios_folder_is_where_its_settings_say(tmp_path, monkeypatch):
     assert lmstudio_models.folders() == []
 
 
-def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub_env, tiny):
+def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub_env, tiny, tmp_path):
     """A file huggingface_hub downloaded into its cache (`hf download`, transformers, llama-cpp-python's
-    from_pretrained) is run from there, offline too, listed as the cache's, and left for `hf cache rm` to delete."""
+    from_pretrained, llama.cpp's -hf) is run from there, offline too, listed as the cache's, and left for `hf cache rm`
+    to delete."""
     cached = subprocess.run([sys.executable, "-c", "import huggingface_hub, sys; print(huggingface_hub.hf_hub_download("
                              "'test/split-GGUF', 'tiny-q4_k_m.gguf'))"],
                             capture_output=True, text=True, env=hub_env, timeout=120)
@@ -1239,3 +1240,17 @@ def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub
     refused = localspec("rm", "test/split-GGUF")
     assert refused.returncode != 0 and f"read in place from the Hugging Face cache ({path})" in refused.stderr
     assert "`hf cache rm hf://models/test/split-GGUF/tiny-q4_k_m.gguf`" in refused.stderr and path.is_file()
+
+    # llama.cpp's -hf downloads into that cache too, in its layout, or into LLAMA_CACHE where that is set
+    llama_cache = tmp_path / "llama.cpp"
+    cached = subprocess.run([sys.executable, "-c", "import huggingface_hub, sys; print(huggingface_hub.hf_hub_download("
+                             f"'test/split-GGUF', 'tiny-q8_0.gguf', cache_dir={str(llama_cache)!r}))"],
+                            capture_output=True, text=True, env=hub_env, timeout=120)
+    assert cached.returncode == 0, cached.stderr
+    done = localspec("run", "test/split-GGUF:Q8_0", *asked, "--offline", LLAMA_CACHE=str(llama_cache))
+    assert done.returncode == 0, done.stderr
+    listed = localspec("ls", "--json", LLAMA_CACHE=str(llama_cache)).stdout.splitlines()
+    assert {row["name"]: row["kept_by"] for row in map(json.loads, listed)}["hf:test/split-GGUF/tiny-q8_0.gguf"] \
+        == "llama.cpp's cache (LLAMA_CACHE)"
+    assert f"hf cache rm --cache-dir {llama_cache} " in localspec("rm", "test/split-GGUF:Q8_0",
+                                                                   LLAMA_CACHE=str(llama_cache)).stderr

@@ -83,10 +83,19 @@ def _copies(entry: ModelEntry) -> Iterator[Copy]:
             if all((root / name).is_file() for name in entry.files):
                 yield from _pinned(entry, Copy(root / entry.file, "LM Studio",
                                                "LM Studio's My Models deletes it"))
-        cached = [huggingface_hub.try_to_load_from_cache(repo, name) for name in entry.files]
-        if all(isinstance(path, str) for path in cached):
-            uri = f"hf://models/{repo}" + (f"/{entry.file}" if len(entry.files) == 1 else "")
-            yield from _pinned(entry, Copy(Path(cached[0]), "the Hugging Face cache", f"`hf cache rm {uri}` deletes it"))
+        for cache, keeper in _hub_caches():
+            cached = [huggingface_hub.try_to_load_from_cache(repo, name, cache_dir=cache) for name in entry.files]
+            if all(isinstance(path, str) for path in cached):
+                uri = f"hf://models/{repo}" + (f"/{entry.file}" if len(entry.files) == 1 else "")
+                removal = f"`hf cache rm{f' --cache-dir {cache}' if cache else ''} {uri}` deletes it"
+                yield from _pinned(entry, Copy(Path(cached[0]), keeper, removal))
+
+
+def _hub_caches() -> list[tuple[str | None, str]]:
+    """The caches in the Hugging Face layout to read (None: huggingface_hub's own), as a sentence names each:
+    llama.cpp's -hf downloads into that cache too, or into LLAMA_CACHE where set."""
+    moved = os.environ.get("LLAMA_CACHE")
+    return [(None, "the Hugging Face cache"), *([(moved, "llama.cpp's cache (LLAMA_CACHE)")] if moved else [])]
 
 
 def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
@@ -409,18 +418,19 @@ def _add_download(found: dict[str, ModelEntry], repo: str, file: str) -> None:
 
 
 def _files_elsewhere() -> list[tuple[str, str]]:
-    """(repo, file) of each GGUF file LM Studio keeps, then of each the Hugging Face cache holds of a repo's main."""
+    """(repo, file) of each GGUF file LM Studio keeps, then of each a Hugging Face cache holds of a repo's main."""
     files = [(repo, path.relative_to(root).as_posix()) for repo, root in lmstudio_models.repos()
              for path in sorted(root.rglob("*.gguf"))]
-    try:
-        cache = huggingface_hub.scan_cache_dir()
-    except (hub_errors.CacheNotFound, OSError):
-        return files
-    for repo in sorted(cache.repos, key=lambda repo: repo.repo_id):
-        for revision in repo.revisions if repo.repo_type == "model" else ():
-            if "main" in revision.refs:
-                files += sorted((repo.repo_id, file.file_path.relative_to(revision.snapshot_path).as_posix())
-                                for file in revision.files if file.file_name.endswith(".gguf"))
+    for cache_dir, _ in _hub_caches():
+        try:
+            cache = huggingface_hub.scan_cache_dir(cache_dir)
+        except (hub_errors.CacheNotFound, OSError):
+            continue
+        for repo in sorted(cache.repos, key=lambda repo: repo.repo_id):
+            for revision in repo.revisions if repo.repo_type == "model" else ():
+                if "main" in revision.refs:
+                    files += sorted((repo.repo_id, file.file_path.relative_to(revision.snapshot_path).as_posix())
+                                    for file in revision.files if file.file_name.endswith(".gguf"))
     return files
 
 
