@@ -1178,8 +1178,9 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     rows = {row["name"]: row for row in map(json.loads, localspec("ls", "--json").stdout.splitlines())}
     assert rows["hf:test/split-GGUF/tiny-q8_0.gguf"]["kept_by"] == "LM Studio"
     assert "from LM Studio" in localspec("ls").stdout
-    shown = localspec("show", "hf:test/split-GGUF/tiny-q8_0.gguf")
-    assert shown.returncode == 0 and str(kept) in shown.stdout and "LM Studio" in shown.stdout, shown.stderr
+    for name in ("hf:test/split-GGUF/tiny-q8_0.gguf", "test/split-GGUF:Q8_0"):  # (the latter: the file of it here)
+        shown = localspec("show", name)
+        assert shown.returncode == 0 and str(kept) in shown.stdout and "LM Studio" in shown.stdout, shown.stderr
     refused = localspec("rm", "test/split-GGUF:Q8_0")
     assert refused.returncode != 0 and f"read in place from LM Studio ({kept})" in refused.stderr, refused.stderr
     assert "My Models" in refused.stderr and kept.is_file()

@@ -126,9 +126,10 @@ def model_card(name: str) -> ModelCard:
 def _on_disk(name: str, models: dict) -> tuple["registry.ModelEntry | None", Path | None]:
     """The registry entry a name stands for (None for a file) and its file where it is on this machine."""
     resolved = registry.resolve(name, models)
+    if isinstance(resolved, registry.RepoQuant):  # (the file of it downloaded, as run finds it offline)
+        resolved = download.quant_here(resolved) or resolved
     if isinstance(resolved, registry.RepoQuant):
-        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}`, then name"
-                         " it as hf:owner/repo/FILE.gguf")
+        raise UsageError(f"{name}: which file that is takes the Hub to find; `localspec pull {name}` fetches it")
     entry = resolved if isinstance(resolved, registry.ModelEntry) else None
     return entry, download.locate(resolved) if entry is None else download.installed(entry)
 
