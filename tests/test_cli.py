@@ -437,7 +437,8 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
     env.pop("LOCALSPEC_DEBUG", None)
     run = subprocess.Popen(
         [sys.executable, "-m", "localspec", "run", model, "--draft", "ngram", "--temp", "0.8", "--seed", "3",
-         "--max-tokens", "3000", "-p", "Write a very long story about a lighthouse keeper.", *(["--json"] if as_json else [])],
+         "--max-tokens", "3000", "--ignore-eos", "-p", "Write a very long story about a lighthouse keeper.",
+         *(["--json"] if as_json else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
     )
     if as_json:  # nothing is printed before the end: interrupt while it generates, once its models are loaded
@@ -445,7 +446,9 @@ def test_ctrl_c_during_run_prints_the_partial_summary_and_exits_130(real_model, 
         deadline = time.monotonic() + 300
         while not held.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(2)
+        # (2 s were too few in a CI run beside other tests: no token had come yet; 3000 tokens take this CPU half
+        # a minute and more)
+        time.sleep(5)
     else:
         assert len(run.stdout.read(40)) == 40  # it is streaming text
     run.send_signal(signal.SIGINT)
