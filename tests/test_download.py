@@ -1197,6 +1197,12 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     assert pulled.returncode == 0 and Path(pulled.stdout.strip()) == registrys, pulled.stderr
     assert len(hub.gets("target.gguf")) == 1
     assert json.loads(localspec("show", "tiny", "--json").stdout)["kept_by"] == "LM Studio"
+    altered = bytearray(registrys.read_bytes())
+    altered[-1] ^= 1  # (its size, another file: pull compares its sha256, as for its own downloads)
+    registrys.write_bytes(altered)
+    refused = localspec("pull", "tiny", "--no-draft")
+    assert refused.returncode == 3 and f"{registrys}, read in place from LM Studio, does not match the registry's" \
+        " sha256: it is another file of that name (LM Studio's My Models deletes it;" in refused.stderr, refused.stderr
 
 
 def test_lm_studios_folder_is_where_its_settings_say(tmp_path, monkeypatch):
