@@ -96,6 +96,10 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
     "args, message",
     [
         (["missing.gguf", "-p", "x"], "model file missing.gguf does not exist"),
+        # a Hub file as LM Studio lists its models: hf: names it
+        (["owner/repo-GGUF/m-Q4_K_M.gguf", "-p", "x"],
+         "model file owner/repo-GGUF/m-Q4_K_M.gguf does not exist (a file of a Hub repo is named"
+         " hf:owner/repo-GGUF/m-Q4_K_M.gguf)"),
         (["{notgguf}", "-p", "x"], "is not a GGUF model file"),
         (["{dir}", "-p", "x"], "is a directory"),
         (["{target}", "--draft", "nope.gguf", "-p", "x"], "model file nope.gguf does not exist"),

@@ -137,7 +137,12 @@ def locate(resolved: Resolved, offline: bool = False, progress: Callable | None 
     downloaded one still matches the registry's sha256)."""
     if isinstance(resolved, Path):
         if not resolved.exists():
-            raise InputError(f"model file {resolved} does not exist")
+            owner_repo_file = resolved.as_posix().split("/", 2)  # (as LM Studio lists its models)
+            as_hub = (f" (a file of a Hub repo is named {HUB_PREFIX}{resolved.as_posix()})"
+                      if not resolved.is_absolute() and len(owner_repo_file) == 3
+                      and registry.REPO_NAME.match("/".join(owner_repo_file[:2]))
+                      and registry.SAFE_FILE.match(owner_repo_file[2]) else "")
+            raise InputError(f"model file {resolved} does not exist{as_hub}")
         return resolved
     if isinstance(resolved, RepoQuant):
         resolved = _entry_for_quant(resolved, offline)
