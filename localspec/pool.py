@@ -17,7 +17,7 @@ from pathlib import Path
 from . import store
 from .config import Adapter, DrafterKind, Rope, Runtime, Speculation
 from .engine.drafters.spec import COSTLY_KINDS
-from .errors import LocalspecError, UsageError
+from .errors import InputError, LocalspecError, UsageError
 from .store import GGUFInfo
 from .service import Metrics, Service
 from .loading import sized
@@ -127,7 +127,7 @@ class Pool:
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
             path = store.installed(entry)
-            if path is not None and _key_of(path) != out[0].key:
+            if path is not None and _key_of(path) != out[0].key and self._readable(path):
                 out.append(Available(entry.command_name, path.resolve(), entry))
         for made in store.every_made():
             try:
@@ -158,6 +158,15 @@ class Pool:
         if path not in self._headers:
             self._headers[path] = store.header(path)
         return self._headers[path]
+
+    def _readable(self, path: Path) -> bool:
+        """Whether a file's header reads: another app's partial or broken download is listed nowhere (every list of
+        models failed on one), as Ollama leaves out a pull under way; a request naming it hears what is wrong."""
+        try:
+            self.header(path.resolve())
+        except InputError:
+            return False
+        return True
 
     def find(self, name: str | None) -> Available:
         """The model a request names: the first one where it names none; UnknownModel else."""

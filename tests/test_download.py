@@ -1261,3 +1261,37 @@ def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub
         == "llama.cpp's cache (LLAMA_CACHE)"
     assert f"hf cache rm --cache-dir {llama_cache} " in localspec("rm", "test/split-GGUF:Q8_0",
                                                                    LLAMA_CACHE=str(llama_cache)).stderr
+
+
+def test_a_partial_or_broken_file_of_another_app_is_listed_nowhere_and_a_run_of_it_says_why(localspec, hub_env, tiny,
+                                                                                           tmp_path):
+    """One file of LM Studio's that does not read (a download cut short, not a GGUF file) made `ls` fail, and serve
+    answer every list of models (Ollama's /api/tags, LM Studio's) with a 500: it is left out of each, beside the
+    files that read; a run or a request naming it says what is wrong with it."""
+    import ollama
+    from test_server import ServerProcess
+
+    lmstudio = tmp_path / "lmstudio"
+    for repo, name, data in (("test/cut-GGUF", "cut-Q4_K_M.gguf", tiny["target"].read_bytes()[:4096]),
+                             ("test/junk-GGUF", "junk-Q8_0.gguf", b"not a model"),
+                             ("test/split-GGUF", "tiny-q8_0.gguf", tiny["partial"].read_bytes())):
+        (lmstudio / repo).mkdir(parents=True)
+        (lmstudio / repo / name).write_bytes(data)
+    listed = localspec("ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["name"] for line in listed.stdout.splitlines()] == ["hf:test/split-GGUF/tiny-q8_0.gguf"]
+    ran = localspec("run", "test/junk-GGUF:Q8_0", "-p", "a", "-n", "2", "--offline")
+    assert ran.returncode == 2 and "junk-Q8_0.gguf is not a GGUF model file" in ran.stderr, ran.stderr
+
+    server = ServerProcess(tmp_path / "serve", tiny["target"], "--no-draft", env=hub_env)
+    try:
+        named = {model.model for model in ollama.Client(host=server.base).list().models}
+        assert "hf:test/split-GGUF/tiny-q8_0.gguf" in named and not any("cut" in n or "junk" in n for n in named)
+        for path in ("/api/v0/models", "/api/v1/models", "/v1/models"):
+            assert httpx.get(server.base + path).status_code == 200
+        with pytest.raises(openai.APIError, match="cut-Q4_K_M.gguf"):
+            server.client().chat.completions.create(model="test/cut-GGUF:Q4_K_M", max_tokens=2,
+                                                    messages=[{"role": "user", "content": "a"}])
+        assert httpx.get(server.base + "/health").status_code == 200
+    finally:
+        assert server.stop() == 0, server.log()

@@ -16,7 +16,16 @@ Known = tuple[gguf_meta.GGUFInfo | None, int | None]  # a model's header once do
 
 def header_and_size(entry: registry.ModelEntry) -> Known:
     present = download.installed(entry)
-    return (gguf_meta.read(present) if present else None), entry.size
+    return _listed_header(present), entry.size
+
+
+def _listed_header(path: Path | None) -> gguf_meta.GGUFInfo | None:
+    """A file's header for a list of models; None where no file is there, or one that does not read (another app's
+    partial or broken download: listed as not installed, where `show` and `run` say what is wrong with it)."""
+    try:
+        return gguf_meta.read(path) if path is not None and path.is_file() else None
+    except gguf_meta.GGUFError:
+        return None
 
 
 def license_text(entry: registry.ModelEntry) -> str:
@@ -59,7 +68,7 @@ def _kept_by(entry: registry.ModelEntry) -> str | None:
 
 
 def _file_row(path: Path) -> dict:
-    header = gguf_meta.read(path) if path.is_file() else None
+    header = _listed_header(path)
     return dict(name=path.name, aliases=[], family="", params=header.parameter_size if header else "",
                 size=path.stat().st_size if header else None, installed=header is not None, draft=None, drafters={},
                 unverified=False, unverified_drafters=[], license="", **_drafting_fields(header))
