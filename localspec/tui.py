@@ -166,13 +166,13 @@ def drafts_text(row: dict) -> str:
 
 
 def _also(row: dict) -> str:
-    """A models row's aliases, or for a model made with `create` what it is made from."""
+    """A models row's aliases, or for a model made with `create` what it is made from; whose download it is, where
+    another app's."""
     if row.get("ollamas"):  # (its blob's path says nothing a reader can use)
         return "Ollama's"
-    if row.get("kept_by"):
-        return f"from {row['kept_by']}"
     parts = (row.get("made_from"), *row.get("adapters", ()), *filter(None, [row.get("projector")]))
-    return ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
+    also = ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
+    return ", ".join(filter(None, [also, row.get("kept_by") and f"from {row['kept_by']}"]))
 
 
 def models_table(rows: list[dict], console: Console = out) -> None:

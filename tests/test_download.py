@@ -1197,6 +1197,7 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     assert pulled.returncode == 0 and Path(pulled.stdout.strip()) == registrys, pulled.stderr
     assert len(hub.gets("target.gguf")) == 1
     assert json.loads(localspec("show", "tiny", "--json").stdout)["kept_by"] == "LM Studio"
+    assert "tiny-chat, from LM Studio" in localspec("ls").stdout  # (its aliases, then whose file it is)
     altered = bytearray(registrys.read_bytes())
     altered[-1] ^= 1  # (its size, another file: pull compares its sha256, as for its own downloads)
     registrys.write_bytes(altered)
