@@ -222,12 +222,13 @@ def search_table(found: list, console: Console = out) -> None:
 def quantizations_table(repo: str, quantizations: list, console: Console = out) -> None:
     """`localspec search owner/repo`: its quantizations, the smallest first, each with the name `pull` takes."""
     table = Table(title=f"{shown(repo)}: its GGUF files")
-    for column in ("quant", "size", "fits", "pull as"):
+    for column in ("quant", "size", "fits", "here", "pull as"):
         table.add_column(column, no_wrap=column == "pull as", justify="right" if column == "size" else "left")
     for quantization in quantizations:
         fits = quantization.fit + (" [bold](recommended)[/]" if quantization.recommended else "")
         table.add_row(shown(quantization.quant), size_text(quantization.size),
-                      f"[red]{fits}[/]" if quantization.fit == "too big" else fits, shown(quantization.pull))
+                      f"[red]{fits}[/]" if quantization.fit == "too big" else fits,
+                      "[green]yes[/]" if quantization.here else "no", shown(quantization.pull))
     _whole_rows(console).print(table)
 
 

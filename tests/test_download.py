@@ -1029,8 +1029,11 @@ def test_search_of_a_repo_lists_its_quantizations_with_their_fit_and_the_name_pu
     assert [(q["quant"], q["size"], q["pull"], q["recommended"], q["fit"]) for q in quantizations] == sorted([
         ("Q4_K_M", tiny["target"].stat().st_size, "test/split-GGUF:Q4_K_M", True, "in RAM"),
         ("Q8_0", tiny["partial"].stat().st_size, "test/split-GGUF:Q8_0", False, "in RAM")], key=lambda q: q[1])
+    assert not any(q["here"] for q in quantizations)
     pulled = localspec("pull", quantizations[-1]["pull"])
     assert pulled.returncode == 0 and Path(pulled.stdout.strip()).stat().st_size == quantizations[-1]["size"]
+    again = [json.loads(line) for line in localspec("search", "test/split-GGUF", "--json").stdout.splitlines()]
+    assert [q["here"] for q in again] == [False, True]  # (what is downloaded, beside what is not)
     # a model split in parts is one file, its size theirs together; a projector and a drafter are no model here
     split = [json.loads(line) for line in localspec("search", "test/shards-GGUF", "--json").stdout.splitlines()]
     assert [(q["file"], q["size"], q["pull"]) for q in split] == [
@@ -1184,6 +1187,8 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     refused = localspec("rm", "test/split-GGUF:Q8_0")
     assert refused.returncode != 0 and f"read in place from LM Studio ({kept})" in refused.stderr, refused.stderr
     assert "My Models" in refused.stderr and kept.is_file()
+    found = [json.loads(line) for line in localspec("search", "test/split-GGUF", "--json").stdout.splitlines()]
+    assert {q["quant"]: q["here"] for q in found} == {"Q4_K_M": False, "Q8_0": True}
 
     (lmstudio / "test" / "tiny-GGUF").mkdir(parents=True)
     registrys = lmstudio / "test" / "tiny-GGUF" / "target.gguf"

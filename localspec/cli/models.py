@@ -56,9 +56,9 @@ def search(
     Hugging Face Hub's GGUF repos whose names hold them, the most downloaded first.
 
     Given a Hub repo (owner/repo), its GGUF files instead: each quantization's size, whether it fits this machine
-    (on the GPU, partly, in RAM, too big, with a 4096-token context) and the name `pull` takes for it, the one
-    recommended marked (Q4_K_M where it fits, else the largest that fits). --offline: the registry's models alone,
-    or the repo's files downloaded here.
+    (on the GPU, partly, in RAM, too big, with a 4096-token context), whether it is here (downloaded by localspec, LM
+    Studio or into a Hugging Face cache) and the name `pull` takes for it, the one recommended marked (Q4_K_M where it
+    fits, else the largest that fits). --offline: the registry's models alone, or the repo's files downloaded here.
     """
     text = " ".join(words)
     if registry.is_repo_name(text):

@@ -30,7 +30,8 @@ class Found:
 
 @dataclass(frozen=True)
 class Quantization:
-    """A model file of a Hub repo (its parts together, where split): pull, what `pull` takes for it."""
+    """A model file of a Hub repo (its parts together, where split): pull, what `pull` takes for it; here, whether it
+    is downloaded (by localspec, or by LM Studio or into a Hugging Face cache)."""
 
     file: str
     quant: str
@@ -38,6 +39,7 @@ class Quantization:
     fit: str
     pull: str
     recommended: bool = False
+    here: bool = False
 
 
 def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[Found], str]:
@@ -92,8 +94,9 @@ def quantizations(name: str, offline: bool = False, n_ctx: int = 4096) -> list[Q
     if entry is not None and not entry.drafts:
         size = entry.size or 0
         return [Quantization(entry.file, registry.quant_of(entry.file), size, _fit(size, n_ctx, machine),
-                             entry.command_name, recommended=True)]
-    sizes = download.downloaded_sizes(name) if offline else download.hub_file_sizes(name)
+                             entry.command_name, recommended=True, here=download.installed(entry) is not None)]
+    downloaded = download.downloaded_sizes(name)
+    sizes = downloaded if offline else download.hub_file_sizes(name)
     out = []
     for file in sorted(sizes):
         if not registry.is_model_file(file) or registry.split_parts(file)[:1] not in ((), (file,)):
@@ -101,7 +104,8 @@ def quantizations(name: str, offline: bool = False, n_ctx: int = 4096) -> list[Q
         size = sum(sizes.get(part, 0) for part in registry.split_parts(file) or (file,))
         quant = registry.quant_of(file)
         pull = f"{name}:{quant}" if download.quant_file(sizes, quant) == file else f"hf:{name}/{file}"
-        out.append(Quantization(file, quant, size, _fit(size, n_ctx, machine), pull))
+        out.append(Quantization(file, quant, size, _fit(size, n_ctx, machine), pull,
+                                here=all(part in downloaded for part in registry.split_parts(file) or (file,))))
     fitting = [q for q in out if q.fit != TOO_BIG]
     best = next((q for q in fitting if q.quant == PREFERRED), max(fitting, key=lambda q: q.size, default=None))
     return sorted((Quantization(**vars(q) | {"recommended": q is best}) for q in out), key=lambda q: q.size)
