@@ -1200,6 +1200,7 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     registrys.write_bytes(tiny["target"].read_bytes())
     pulled = localspec("pull", "tiny", "--no-draft")
     assert pulled.returncode == 0 and Path(pulled.stdout.strip()) == registrys, pulled.stderr
+    assert f"note: read in place from LM Studio, nothing downloaded: {registrys}" in pulled.stderr
     assert len(hub.gets("target.gguf")) == 1
     assert json.loads(localspec("show", "tiny", "--json").stdout)["kept_by"] == "LM Studio"
     assert "tiny-chat, from LM Studio" in localspec("ls").stdout  # (its aliases, then whose file it is)

@@ -40,7 +40,10 @@ def pull(
     projector = None if no_mmproj else download.projector_beside(target)
     wanted += [registry.resolve(projector, models)] if projector else []
     for item in wanted:
-        print(store.fetch(item, progress=tui.download_progress(), verify_sha256=True))
+        path = store.fetch(item, progress=tui.download_progress(), verify_sha256=True)
+        print(path)
+        if keeper := store.kept_by(item):
+            print(f"note: read in place from {keeper}, nothing downloaded: {path}", file=sys.stderr)
 
 
 @command(epilog="Examples:\n\n  localspec search qwen2.5-coder\n\n  localspec search gemma --limit 5 --json\n\n"

@@ -13,7 +13,7 @@ receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files
 its file where it is downloaded, nothing fetched; known() every model the registry names; hub_downloads() every
 model pulled by its Hub repo's name, quant_here(query) the one owner/repo[:QUANT] names among them; search(text)
 the registry's and the Hub's models to fetch, quantizations(name) a Hub repo's files (a registry model's);
-installed(entry) its file where downloaded; fetch(resolved) its file, downloaded first where missing; header(path)
+installed(entry) its file where downloaded (kept_by(resolved): by another app, read in place); fetch(resolved) its file, downloaded first where missing; header(path)
 a file's GGUF header; control_vector(path) a control vector's directions; pair(target, draft) a target and its
 draft found, fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx)
 what a model takes of them.
@@ -34,8 +34,8 @@ from .registry import ModelEntry, RepoQuant, Resolved
 
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "draft_for", "estimate_bytes",
-           "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "known", "machine",
-           "made", "make", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
+           "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "kept_by", "known",
+           "machine", "made", "make", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -243,6 +243,12 @@ def quant_here(query: RepoQuant) -> ModelEntry | None:
 def installed(entry: ModelEntry) -> Path | None:
     """A registry model's file, where it is downloaded."""
     return download.installed(entry)
+
+
+def kept_by(resolved: Resolved) -> str | None:
+    """The app whose download a model's file is read from in place: LM Studio, a Hugging Face cache (None: one of
+    localspec's, a file, or none here)."""
+    return download.kept_by(resolved)
 
 
 def fetch(resolved: Resolved, offline: bool = False, progress: Callable | None = None,

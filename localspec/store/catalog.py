@@ -37,7 +37,7 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     layers mean for speculation."""
     models = registry.load()
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
-    rows += [_file_row(download.installed(entry)) | dict(name=entry.command_name, kept_by=_kept_by(entry))
+    rows += [_file_row(download.installed(entry)) | dict(name=entry.command_name, kept_by=download.kept_by(entry))
              for entry in download.hub_models()]  # (pulled by its repo's name, here or by another app)
     for made in ollama_models.beside(modelfile.every()):  # models made with `create` (Ollama's), as their base is
         try:
@@ -58,13 +58,7 @@ def _row(entry: registry.ModelEntry, models: dict) -> dict:
                 size=entry.size, installed=header is not None, draft=entry.draft,
                 drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
                 unverified_drafters=[d.name for d in drafters if d.unverified],
-                license=license_text(entry), kept_by=_kept_by(entry), **_drafting_fields(header))
-
-
-def _kept_by(entry: registry.ModelEntry) -> str | None:
-    """The app whose download of the model's file is read in place (None: localspec's own, or none)."""
-    copy = download.copy_of(entry)
-    return copy.keeper if copy else None
+                license=license_text(entry), kept_by=download.kept_by(entry), **_drafting_fields(header))
 
 
 def _file_row(path: Path) -> dict:
@@ -103,7 +97,7 @@ def model_card(name: str) -> ModelCard:
         "context_length": header.context_length if header else None,
         "quantization": header.quantization if header else None,
         "file": str(path) if path else None,
-        "kept_by": _kept_by(entry) if entry else None,  # another app's download, read in place
+        "kept_by": download.kept_by(entry) if entry else None,  # another app's download, read in place
         "size": header.file_size if header else entry.size,
         "chat_template": header.chat_template is not None if header else None,
         "tokenizer": header.vocab_type if header else None,

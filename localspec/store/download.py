@@ -108,6 +108,13 @@ def copy_of(entry: ModelEntry) -> Copy | None:
     return None if _here(entry) else next(_copies(entry), None)
 
 
+def kept_by(resolved: Resolved) -> str | None:
+    """The app whose download a model's file is read from in place (None: localspec's own, a file, or none here)."""
+    entry = quant_here(resolved) if isinstance(resolved, RepoQuant) else resolved
+    copy = copy_of(entry) if isinstance(entry, ModelEntry) else None
+    return copy.keeper if copy else None
+
+
 def check_installed(entry: ModelEntry, path: Path, verify_sha256: bool = False) -> None:
     """Refuse a downloaded file that no longer is what the registry pins: its size on every use
     (a stat), its sha256 where asked (pull, check)."""
