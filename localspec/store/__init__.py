@@ -1,22 +1,23 @@
 """The model store: models known by name (registry.py, models.toml), fetched from the Hub or the
-package index (download.py, mirror.py), read without loading their weights (gguf_meta.py), checked as a
+package index (download.py, mirror.py) or read in place where another app downloaded them (LM Studio:
+lmstudio_models.py; a Hugging Face cache: download.py; Ollama: ollama_models.py), read without loading their weights (gguf_meta.py), checked as a
 pair (compat.py), fitted to the machine's memory and devices (hardware.py, placement.py), reported
 (catalog.py: `models`, `show`, `doctor`), found to fetch (finder.py: `search`), and the auto policy's costs
 measured on this machine (calibration.py).
 
-Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with
-`create`, modelfile.py, the model it is made from); made(name) the model of one's own so named (or
-Ollama's, read in place: ollama_models.py), draft_for(made, draft) a draft named by an Ollama model's family,
-every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one
-made under another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest),
-receive_blob(digest, size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name)
-its file where it is downloaded, nothing fetched; known() every model the registry names; hub_downloads() every
-model pulled by its Hub repo's name, quant_here(query) the one owner/repo[:QUANT] names among them; search(text)
-the registry's and the Hub's models to fetch, quantizations(name) a Hub repo's files (a registry model's);
-installed(entry) its file where downloaded (kept_by(resolved): by another app, read in place); fetch(resolved) its file, downloaded first where missing; header(path)
-a file's GGUF header; control_vector(path) a control vector's directions; pair(target, draft) a target and its
-draft found, fetched, read and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx)
-what a model takes of them.
+Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
+modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, read in place:
+ollama_models.py), draft_for(made, draft) a draft named by an Ollama model's family, every_made() all of them,
+create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
+forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest, size),
+blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
+downloaded, nothing fetched; known() every model the registry names; hub_downloads() every model pulled by its Hub
+repo's name, quant_here(query) the one owner/repo[:QUANT] names among them; search(text) the registry's and the
+Hub's models to fetch, quantizations(name) a Hub repo's files (a registry model's); installed(entry) its file where
+downloaded (kept_by(resolved): by another app, read in place); fetch(resolved) its file, downloaded first where
+missing; header(path) a file's GGUF header; control_vector(path) a control vector's directions; pair(target, draft)
+a target and its draft found, fetched, read and checked; machine() the memory and devices there are;
+estimate_bytes(header, n_ctx) what a model takes of them.
 """
 
 import dataclasses
