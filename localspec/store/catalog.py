@@ -37,8 +37,8 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     layers mean for speculation."""
     models = registry.load()
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
-    rows += [_file_row(download.installed(entry)) | dict(name=entry.command_name, kept_by=download.kept_by(entry))
-             for entry in download.hub_models()]  # (pulled by its repo's name, here or by another app)
+    rows += [_file_row(path) | dict(name=entry.command_name, kept_by=keeper)
+             for entry in download.hub_models() for path, keeper in [_located(entry)]]  # (pulled by its repo's name, here or by another app)
     for made in ollama_models.beside(modelfile.every()):  # models made with `create` (Ollama's), as their base is
         try:
             base = registry.resolve(made.base, models)
@@ -51,14 +51,21 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     return [row for row in rows if row["installed"] or not installed_only]
 
 
+def _located(entry: registry.ModelEntry) -> tuple[Path | None, str | None]:
+    """An entry's file where it is installed, and the app whose download that is (None: localspec's own)."""
+    path, copy = download.located(entry) or (None, None)
+    return path, copy.keeper if copy else None
+
+
 def _row(entry: registry.ModelEntry, models: dict) -> dict:
-    header, _ = header_and_size(entry)
+    path, keeper = _located(entry)
+    header = _listed_header(path)
     drafters = registry.drafters_of(entry, models)
     return dict(name=entry.name, aliases=list(entry.aliases), family=entry.family, params=entry.params,
                 size=entry.size, installed=header is not None, draft=entry.draft,
                 drafters={d.drafts: d.name for d in drafters}, unverified=entry.unverified,
                 unverified_drafters=[d.name for d in drafters if d.unverified],
-                license=license_text(entry), kept_by=download.kept_by(entry), **_drafting_fields(header))
+                license=license_text(entry), kept_by=keeper, **_drafting_fields(header))
 
 
 def _file_row(path: Path) -> dict:

@@ -59,7 +59,17 @@ def folder(entry: ModelEntry) -> Path:
 def installed(entry: ModelEntry) -> Path | None:
     """The entry's first file if every part of it is on disk: downloaded here, else where LM Studio or the Hugging
     Face cache keeps its repo's files (read in place)."""
-    return _here(entry) or next((copy.path for copy in _copies(entry)), None)
+    found = located(entry)
+    return found[0] if found else None
+
+
+def located(entry: ModelEntry) -> "tuple[Path, Copy | None] | None":
+    """The entry's installed file and, where it is read in place, the other app's Copy it is (looked up once, for a
+    list that shows both)."""
+    if here := _here(entry):
+        return here, None
+    copy = next(_copies(entry), None)
+    return (copy.path, copy) if copy else None
 
 
 def _here(entry: ModelEntry) -> Path | None:
@@ -105,7 +115,8 @@ def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
 
 def copy_of(entry: ModelEntry) -> Copy | None:
     """The other app's file the entry is used from, where it is not downloaded here."""
-    return None if _here(entry) else next(_copies(entry), None)
+    found = located(entry)
+    return found[1] if found else None
 
 
 def kept_by(resolved: Resolved) -> str | None:
