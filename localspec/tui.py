@@ -168,8 +168,8 @@ def drafts_text(row: dict) -> str:
 def _also(row: dict) -> str:
     """A models row's aliases, or for a model made with `create` what it is made from; whose download it is, where
     another app's."""
-    if row.get("ollamas"):  # (its blob's path says nothing a reader can use)
-        return "Ollama's"
+    if row.get("keeper"):  # (another app's: its file's path says little a reader can use)
+        return f"{row['keeper']}'s"
     parts = (row.get("made_from"), *row.get("adapters", ()), *filter(None, [row.get("projector")]))
     also = ", ".join(row["aliases"]) or (f"made from {' + '.join(parts)}" if row.get("made_from") else "")
     return ", ".join(filter(None, [also, row.get("kept_by") and f"from {row['kept_by']}"]))
@@ -248,7 +248,7 @@ def model_card(card, console: Console = out) -> None:
         ("name", info["name"]),
         ("also", f"{info['ollama_name']} (Ollama's spelling)" if info["ollama_name"] not in (info["name"], None)
          else None),
-        ("Ollama's", made.get("ollamas")),  # (read in place: its manifest)
+        (f"{made.get('keeper')}'s", made.get("kept")),  # (read in place: its manifest, YAML or file)
         ("read from", info.get("kept_by")),  # (another app's download, read in place: `file` says where)
         ("made from", made.get("from")),  # (a model made with `create`; Ollama's: its GGUF blob)
         ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),

@@ -101,11 +101,14 @@ def calibrations_of_the_run(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_other_apps_models(tmp_path_factory):
-    """localspec reads Ollama's, LM Studio's and llama.cpp's models in place: the tests' processes see none of this
-    machine's (a test that wants some sets OLLAMA_MODELS, LOCALSPEC_LMSTUDIO_MODELS or LLAMA_CACHE to its own)."""
+    """localspec reads Ollama's, LM Studio's, Jan's, GPT4All's and llama.cpp's models in place: the tests' processes
+    see none of this machine's (a test that wants some sets OLLAMA_MODELS, LOCALSPEC_LMSTUDIO_MODELS,
+    JAN_DATA_FOLDER, LOCALSPEC_GPT4ALL_MODELS or LLAMA_CACHE to its own)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OLLAMA_MODELS", str(tmp_path_factory.mktemp("no-ollama-models")))
         patch.setenv("LOCALSPEC_LMSTUDIO_MODELS", str(tmp_path_factory.mktemp("no-lmstudio-models")))
+        patch.setenv("JAN_DATA_FOLDER", str(tmp_path_factory.mktemp("no-jan-data")))
+        patch.setenv("LOCALSPEC_GPT4ALL_MODELS", str(tmp_path_factory.mktemp("no-gpt4all-models")))
         patch.delenv("LLAMA_CACHE", raising=False)  # (llama.cpp's downloads, in the Hugging Face cache's layout)
         yield
 

@@ -203,7 +203,8 @@ def hub_env(home, hub, tmp_path) -> dict[str, str]:
     """The environment of a localspec process that sees only the fake Hub and the test's home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LOCALSPEC_"))}
     env.update(LOCALSPEC_HOME=str(home), HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"),
-               HF_HUB_DISABLE_TELEMETRY="1", LOCALSPEC_LMSTUDIO_MODELS=str(tmp_path / "lmstudio"))
+               HF_HUB_DISABLE_TELEMETRY="1", LOCALSPEC_LMSTUDIO_MODELS=str(tmp_path / "lmstudio"),
+               JAN_DATA_FOLDER=str(tmp_path / "jan"), LOCALSPEC_GPT4ALL_MODELS=str(tmp_path / "gpt4all"))
     return env
 
 
@@ -1210,6 +1211,39 @@ def test_lm_studios_downloads_are_read_in_place_and_left_alone(localspec, hub, t
     refused = localspec("pull", "tiny", "--no-draft")
     assert refused.returncode == 3 and f"{registrys}, read in place from LM Studio, does not match the registry's" \
         " sha256: it is another file of that name (LM Studio's My Models deletes it;" in refused.stderr, refused.stderr
+
+
+def test_a_registry_models_file_jan_or_gpt4all_downloaded_is_read_in_place(localspec, hub, tiny, tmp_path):
+    """GPT4All keeps a Hub file under its name, Jan one it downloads as model.gguf under the file's name: a registry
+    model's file either has, at the pinned size, is used where it lies; Jan's model named so is that registry model
+    to a draft named by its family's size."""
+    gpt4all = tmp_path / "gpt4all"
+    gpt4all.mkdir()
+    (gpt4all / "target.gguf").write_bytes(tiny["hybrid"].read_bytes())  # (its name, not its size)
+    assert tiny["hybrid"].stat().st_size != tiny["target"].stat().st_size
+    assert localspec("ls", "--json").stdout.count('"keeper": "GPT4All"') == 1  # (GPT4All's own name for it)
+    rows = {row["name"]: row for row in map(json.loads, localspec("models", "--json").stdout.splitlines())}
+    # a file the registry pins by its sha256 is taken at its size alone; one it gives a round size for, by its name
+    assert (rows["tiny"]["installed"], rows["tiny"]["kept_by"], rows["huge"]["kept_by"]) == (False, None, "GPT4All")
+    (gpt4all / "target.gguf").write_bytes(tiny["target"].read_bytes())
+    pulled = localspec("pull", "tiny", "--no-draft")
+    assert pulled.returncode == 0 and Path(pulled.stdout.strip()) == gpt4all / "target.gguf", pulled.stderr
+    assert "read in place from GPT4All, nothing downloaded" in pulled.stderr and hub.gets("target.gguf") == []
+    assert "tiny-chat, from GPT4All" in localspec("ls").stdout
+    refused = localspec("rm", "tiny")
+    assert refused.returncode == 2 and "GPT4All deletes it (target.gguf)" in refused.stderr, refused.stderr
+    (gpt4all / "target.gguf").unlink()
+
+    jan = tmp_path / "jan" / "llamacpp" / "models" / "target"
+    jan.mkdir(parents=True)
+    (jan / "model.gguf").write_bytes(tiny["target"].read_bytes())
+    (jan / "model.yml").write_text("model_path: llamacpp/models/target/model.gguf\nname: target\n")
+    shown = json.loads(localspec("show", "tiny", "--json").stdout)
+    assert (shown["kept_by"], shown["file"]) == ("Jan", str(jan / "model.gguf"))
+    done = localspec("run", "jan:target", "--draft", "0.5m", "--spec", "fixed", "-p", "the cat", "-n", "12", "--temp",
+                     "0", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["stats"]["drafted"] > 0, done.stderr
+    assert hub.gets("target.gguf") == [] and len(hub.gets("partial.gguf")) == 1  # (the registry's draft for it)
 
 
 def test_lm_studios_folder_is_where_its_settings_say(tmp_path, monkeypatch):

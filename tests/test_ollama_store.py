@@ -105,7 +105,8 @@ def test_ollamas_models_are_listed_shown_run_and_copied_but_left_for_ollama_to_r
     localspec = _cli(ollamas, tmp_path / "home")
     listed = [json.loads(line) for line in localspec("ls", "--json").stdout.splitlines()]
     assert [row["name"] for row in listed] == ["hf.co/test/tiny-GGUF:Q4_K_M", "tinyllm:3b", "tinyllm:latest"]
-    assert listed[-1]["ollamas"] == str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest")
+    assert listed[-1]["kept"] == str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest")
+    assert listed[-1]["keeper"] == "Ollama"
     table = localspec("ls", COLUMNS="200").stdout
     assert "Ollama's" in table and "sha256-" not in table  # (whose it is, not its blob's path)
     card = localspec("show", "tinyllm", COLUMNS="300").stdout

@@ -155,7 +155,8 @@ def show(
         return
     if made:
         card = dataclasses.replace(card, info=card.info | {"name": made.name, "ollama_name": None, "made": {
-            "from": made.base, "ollamas": made.kept, "adapters": list(made.adapters), "projector": made.projector,
+            "from": made.base, "keeper": made.keeper, "kept": made.kept, "adapters": list(made.adapters),
+            "projector": made.projector,
             "system": made.system,
             "parameters": [list(p) for p in made.parameters],
             "messages": [{"role": role, "content": text} for role, text in made.messages]}})

@@ -1,13 +1,13 @@
 """The model store: models known by name (registry.py, models.toml), fetched from the Hub or the
 package index (download.py, mirror.py) or read in place where another app downloaded them (LM Studio:
-lmstudio_models.py; a Hugging Face cache: download.py; Ollama: ollama_models.py), read without loading their weights (gguf_meta.py), checked as a
-pair (compat.py), fitted to the machine's memory and devices (hardware.py, placement.py), reported
+lmstudio_models.py; a Hugging Face cache: download.py; Ollama, Jan, GPT4All: elsewhere.py), read without loading
+their weights (gguf_meta.py), checked as a pair (compat.py), fitted to the machine's memory and devices (hardware.py, placement.py), reported
 (catalog.py: `models`, `show`, `doctor`), found to fetch (finder.py: `search`), and the auto policy's costs
 measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
-modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, read in place:
-ollama_models.py), draft_for(made, draft) a draft named by an Ollama model's family, every_made() all of them,
+modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, Jan's or
+GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by an Ollama model's family, every_made() all of them,
 create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
 forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest, size),
 blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
@@ -28,7 +28,8 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import InputError, UsageError
-from . import blobs, catalog, compat, download, finder, gguf_meta, hardware, modelfile, ollama_models, registry
+from . import (blobs, catalog, compat, download, elsewhere, finder, gguf_meta, hardware, modelfile, ollama_models,
+               registry)
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -58,24 +59,34 @@ def here(name: str, draft: str | None = None) -> Path | None:
 
 
 def made(name: str | None) -> Preset | None:
-    """The model of one's own a name means, where `create` made one so named, else Ollama's model so named (read in
-    place: ollama_models)."""
-    return modelfile.find(name) or (ollama_models.find(name) if name else None)
+    """The model of one's own a name means, where `create` made one so named, else Ollama's, Jan's or GPT4All's model
+    so named (read in place: elsewhere)."""
+    return modelfile.find(name) or elsewhere.find(name)
 
 
 def draft_for(preset: Preset, draft: str) -> str:
-    """A draft named by the target's family (auto, a size: 0.5b) for one of Ollama's models, read against the
-    registry model its name stands for (qwen2.5-coder:1.5b: qwen2.5-coder-1.5b); any other draft as named."""
-    twin = registry.ollama_twin(preset.name) if preset.kept else None
+    """A draft named by the target's family (auto, a size: 0.5b) for another app's model, read against the registry
+    model it is (_twin); any other draft as named."""
+    twin = _twin(preset)
     if twin is None or not (draft == registry.AUTO or registry.is_size(draft)):
         return draft
     found = registry.resolve_draft(draft, twin)
     return found.command_name if isinstance(found, ModelEntry) else str(found)
 
 
+def _twin(preset: Preset) -> ModelEntry | None:
+    """The registry model another app's model is: the one an Ollama name stands for (qwen2.5-coder:1.5b:
+    qwen2.5-coder-1.5b), else the one whose file Jan's or GPT4All's is (by its Hub name, and pinned size)."""
+    if preset.keeper == ollama_models.KEEPER:
+        return registry.ollama_twin(preset.name)
+    return next((entry for entry in registry.load().values() if entry.size is not None and len(entry.files) == 1
+                 and elsewhere.is_file(preset, entry.file, download.pinned_size(entry))), None)
+
+
 def every_made() -> list[Preset]:
-    """Every model made with `create`, by name, then every model of Ollama's that none of them hides."""
-    return ollama_models.beside(modelfile.every())
+    """Every model made with `create`, by name, then every model of Ollama's, Jan's and GPT4All's that none listed
+    before hides."""
+    return elsewhere.beside(modelfile.every())
 
 
 def create(name: str, text: str, where: Path | None = None) -> tuple[Preset, list[str]]:
@@ -157,20 +168,20 @@ def copy(source: str, destination: str) -> Preset:
     """A model made under another name as `ollama cp` copies one: a made model with all its settings, or a
     registry model or GGUF file as it is (nothing is copied on disk: the new name stands for it)."""
     found = made(source)
-    return make(dataclasses.replace(found, name=destination, kept=None) if found else Preset(destination, source))
+    return make(dataclasses.replace(found, name=destination, kept=None, keeper=None) if found else Preset(destination, source))
 
 
 def forget(name: str) -> bool:
     """Remove a model made with `create` (the model it is made from stays, but a file uploaded for it alone
-    goes, as Ollama prunes its blobs); False where none is so named. Ollama's models are Ollama's to remove."""
+    goes, as Ollama prunes its blobs); False where none is so named. Another app's models are that app's to remove."""
     try:
         made = modelfile.find(name)
     except UsageError:  # (its kept Modelfile no longer reads: removed all the same)
         made = None
     if not modelfile.forget(name):
-        if ollamas := ollama_models.find(name):
-            raise UsageError(f"{ollamas.name} is Ollama's model, read in place ({ollamas.kept}): `ollama rm"
-                             f" {ollamas.name}` removes it")
+        if theirs := elsewhere.find(name):
+            raise UsageError(f"{theirs.name} is {theirs.keeper}'s model, read in place ({theirs.kept}):"
+                             f" {elsewhere.removal(theirs)}")
         return False
     if made is not None:
         still_named = {file for preset in modelfile.every() for file in _files_of(preset)}

@@ -4,7 +4,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import download, gguf_meta, hardware, modelfile, ollama_models, placement, registry
+from . import download, elsewhere, gguf_meta, hardware, modelfile, placement, registry
 from .. import reasoning
 from ..tool_calls import tool_format
 from ..config import DrafterKind, Runtime, Speculation
@@ -39,14 +39,14 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
     rows += [_file_row(path) | dict(name=entry.command_name, kept_by=keeper)
              for entry in download.hub_models() for path, keeper in [_located(entry)]]  # (pulled by its repo's name, here or by another app)
-    for made in ollama_models.beside(modelfile.every()):  # models made with `create` (Ollama's), as their base is
+    for made in elsewhere.beside(modelfile.every()):  # models made with `create` (Ollama's...), as their base is
         try:
             base = registry.resolve(made.base, models)
         except UsageError:  # (what it is made from is no longer a model here: `show` says so)
             continue
         row = _row(base, models) if isinstance(base, registry.ModelEntry) else _file_row(base)
         rows.append(row | dict(name=made.name, aliases=[], made_from=made.base, adapters=list(made.adapters),
-                               projector=made.projector, ollamas=made.kept,
+                               projector=made.projector, keeper=made.keeper, kept=made.kept,
                                license=made.license if made.license is not None else row["license"]))
     return [row for row in rows if row["installed"] or not installed_only]
 

@@ -30,7 +30,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import logging as hub_logging
 
-from . import lmstudio_models, mirror, registry
+from . import elsewhere, lmstudio_models, mirror, registry
 from .. import paths
 from ..config import HUB_PREFIX
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
@@ -99,6 +99,10 @@ def _copies(entry: ModelEntry) -> Iterator[Copy]:
                 uri = f"hf://models/{repo}" + (f"/{entry.file}" if len(entry.files) == 1 else "")
                 removal = f"`hf cache rm{f' --cache-dir {cache}' if cache else ''} {uri}` deletes it"
                 yield from _pinned(entry, Copy(Path(cached[0]), keeper, removal))
+    if entry.size is not None and len(entry.files) == 1:  # (a registry model's: found by its file's name, and size)
+        for preset in elsewhere.holding(entry.file, pinned_size(entry), filter(None, (entry.repo,
+                                                                                       *entry.alternatives))):
+            yield Copy(Path(preset.base), preset.keeper, f"{elsewhere.removal(preset)} ({preset.name})")
 
 
 def _hub_caches() -> list[tuple[str | None, str]]:
@@ -109,8 +113,14 @@ def _hub_caches() -> list[tuple[str | None, str]]:
 
 
 def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
-    if not entry.sha256 or entry.size is None or copy.path.stat().st_size == entry.size:
+    if pinned_size(entry) in (None, copy.path.stat().st_size):
         yield copy
+
+
+def pinned_size(entry: ModelEntry) -> int | None:
+    """The size a copy of the entry's file must have: the registry's, where it pins the file by its sha256 (else
+    its size is a round figure)."""
+    return entry.size if entry.sha256 else None
 
 
 def copy_of(entry: ModelEntry) -> Copy | None:

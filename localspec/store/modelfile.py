@@ -52,8 +52,10 @@ class Preset:
     license: str | None = None
     adapters: tuple[str, ...] = ()  # LoRA adapters' GGUF files (absolute paths once made), applied at scale 1
     projector: str | None = None  # its multimodal projector's GGUF (a second FROM, as Ollama's llava Modelfiles)
-    # where another tool keeps it, read in place (an Ollama model's manifest): never written or removed here
+    # where another app keeps it, read in place (an Ollama model's manifest, a Jan model's YAML, a GPT4All model's
+    # file): never written or removed here; keeper: that app
     kept: str | None = None
+    keeper: str | None = None
 
     def loading(self) -> dict[str, int]:
         """Its parameters that set up the model as it loads, by Ollama's names (num_ctx, num_gpu)."""

@@ -21,6 +21,8 @@ PREFIX = "ollama:"  # names Ollama's model where a registry model or one made he
 HOST, NAMESPACE, TAG = "registry.ollama.ai", "library", "latest"  # what a short name leaves out, as Ollama reads it
 PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a name's part, never `..` or a path
 MEDIA = "application/vnd.ollama.image."
+KEEPER = "Ollama"
+REMOVAL = "`ollama rm {name}` removes it"
 READ_PARAMETERS = set(PARAMETERS) | set(NEUTRAL_OPTIONS) | TAKEN_AND_IGNORED | set(LOADING)
 
 
@@ -55,12 +57,6 @@ def every() -> list[Preset]:
                 if preset is not None:
                     found.setdefault(preset.name, preset)
     return sorted(found.values(), key=lambda preset: preset.name)
-
-
-def beside(own: list[Preset]) -> list[Preset]:
-    """Models made here, then Ollama's that none of them hides by name."""
-    names = {preset.name for preset in own}
-    return own + [preset for preset in every() if preset.name not in names]
 
 
 def _parts(name: str) -> tuple[str, ...] | None:
@@ -105,7 +101,7 @@ def _read(folder: Path, manifest: Path, parts: tuple[str, ...]) -> Preset | None
             name, str(files["model"][0]), _text(files, "system"),
             {key: value for key, value in parameters.items() if key in READ_PARAMETERS},
             messages, _text(files, "license"), [], [str(path) for path in files.get("adapter", [])],
-            str(files["projector"][0]) if files.get("projector") else None), kept=str(manifest))
+            str(files["projector"][0]) if files.get("projector") else None), kept=str(manifest), keeper=KEEPER)
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, UsageError):
         return None
 

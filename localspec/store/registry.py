@@ -19,7 +19,7 @@ import tomllib
 
 from .. import paths
 from ..config import HUB_PREFIX
-from . import modelfile, ollama_models
+from . import elsewhere, modelfile
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
 from ..errors import UsageError
 
@@ -463,7 +463,7 @@ def resolve(text: str, models: dict[str, ModelEntry] | None = None) -> Resolved:
         return known
     if ("/" not in text or text.lower().startswith("hf.co/")) and (ollama := _ollama_named(text, models)):
         return ollama
-    if made := modelfile.find(text) or ollama_models.find(text):  # one's own (`create`), or Ollama's: its file
+    if made := modelfile.find(text) or elsewhere.find(text):  # one's own (`create`), or Ollama's, Jan's...: its file
         if modelfile.find(made.base):  # (create writes the model a made one was made from; an edit did not)
             raise UsageError(f"{made.name} is made FROM {made.base}, itself made with create: `localspec create"
                              f" {made.name}` again resolves that")
