@@ -130,6 +130,8 @@ class Pool:
             if path is not None and _key_of(path) != out[0].key and self._readable(path):
                 out.append(Available(entry.command_name, path.resolve(), entry))
         for made in store.every_made():
+            if made.name == out[0].name:  # (serve's first model is one made or another app's: listed once)
+                continue
             try:
                 out.append(replace(self.find(made.name), name=made.name))
             except (NotKnown, UnknownModel):  # (what it is made from is not here)

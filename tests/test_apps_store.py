@@ -161,15 +161,16 @@ def test_serve_lists_jans_and_gpt4alls_models_and_loads_one_a_request_names(jan,
     import openai
     from test_server import ServerProcess
 
-    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "-c", "256",
+    server = ServerProcess(tmp_path / "home", "Tiny-1B-Q4_K_M", "--no-draft", "-c", "256",
                            env={**os.environ, "JAN_DATA_FOLDER": str(jan), "LOCALSPEC_GPT4ALL_MODELS": str(gpt4all)})
     try:
         client = ollama.Client(host=server.base)
-        assert {"Tiny-1B-Q4_K_M", "tiny.Q4_0.gguf"} <= {model.model for model in client.list().models}
+        listed = [model.model for model in client.list().models]
+        assert {"Tiny-1B-Q4_K_M", "tiny.Q4_0.gguf"} <= set(listed) and listed.count("Tiny-1B-Q4_K_M") == 1, listed
         assert {"test/tiny-GGUF", "mine/other.gguf"} <= {model.id for model in
                                                          openai.OpenAI(base_url=server.url, api_key="-").models.list()}
-        answer = client.generate("Tiny-1B-Q4_K_M", prompt="Tell me a story.", options={"num_predict": 4})
-        assert answer.done and answer.model == "Tiny-1B-Q4_K_M" and answer.eval_count <= 4, answer
+        answer = client.generate("tiny.Q4_0", prompt="Tell me a story.", options={"num_predict": 4})  # (loaded now)
+        assert answer.done and answer.model == "tiny.Q4_0" and answer.eval_count <= 4, answer
         with pytest.raises(ollama.ResponseError) as refused:
             client.delete("tiny.Q4_0.gguf")
         assert refused.value.status_code == 400 and "GPT4All deletes it" in str(refused.value)
