@@ -19,6 +19,20 @@ def localspec_process(home: Path, *args, env: dict | None = None, **popen) -> su
     return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], env=env, **popen)
 
 
+def runner(home: Path, **env: str):
+    """A function that runs `localspec ARGS` to its end (with more environment where given) and returns its
+    CompletedProcess: LOCALSPEC_HOME=home, env over this process's environment (as localspec_process takes it), no
+    stdin."""
+    base = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
+    base.update(LOCALSPEC_HOME=str(home), **env)
+    base.pop("LOCALSPEC_DEBUG", None)
+
+    def invoke(*args, **extra_env):
+        return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True, text=True,
+                              env={**base, **extra_env}, stdin=subprocess.DEVNULL, timeout=300)
+    return invoke
+
+
 def stop(process: subprocess.Popen, sig=signal.SIGINT) -> int:
     """Send sig and return the exit code; a process still there after 30 s is killed."""
     if process.poll() is None:

@@ -4,8 +4,6 @@ written or removed."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from localspec import store
 from localspec.errors import UsageError
 from localspec.store import gpt4all_models, jan_models
+from processes import runner
 
 
 def _jan_model(data: Path, model_id: str, **fields) -> Path:
@@ -121,19 +120,8 @@ def test_gpt4alls_models_are_its_files_by_name(gpt4all, tiny, tmp_path, monkeypa
     assert store.made("gpt4all:tiny.Q4_0") == made
 
 
-def _cli(home: Path, **apps):
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
-    env.update(LOCALSPEC_HOME=str(home), **apps)
-    env.pop("LOCALSPEC_DEBUG", None)
-
-    def invoke(*args, **extra_env):
-        return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True, text=True,
-                              env={**env, **extra_env}, stdin=subprocess.DEVNULL, timeout=300)
-    return invoke
-
-
 def test_jans_and_gpt4alls_models_are_listed_shown_and_run_but_left_for_them_to_remove(jan, gpt4all, tiny, tmp_path):
-    localspec = _cli(tmp_path / "home", JAN_DATA_FOLDER=str(jan), LOCALSPEC_GPT4ALL_MODELS=str(gpt4all))
+    localspec = runner(tmp_path / "home", JAN_DATA_FOLDER=str(jan), LOCALSPEC_GPT4ALL_MODELS=str(gpt4all))
     listed = {row["name"]: row for row in map(json.loads, localspec("ls", "--json").stdout.splitlines())}
     assert {"Tiny-1B-Q4_K_M", "test/tiny-GGUF", "tiny.Q4_0.gguf", "mine/other.gguf"} <= set(listed), listed
     assert listed["Tiny-1B-Q4_K_M"]["keeper"] == "Jan" and listed["tiny.Q4_0.gguf"]["keeper"] == "GPT4All"

@@ -5,8 +5,6 @@ copied, never written or removed."""
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from localspec import store
 from localspec.errors import UsageError
 from localspec.store import ollama_models
+from processes import runner
 
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 
@@ -90,19 +89,8 @@ def test_each_tag_ollama_has_whole_is_a_model_made_from_its_blob_with_its_settin
     assert ollama_models.every() == [] and store.made("tinyllm:3b") is None
 
 
-def _cli(ollamas, home):
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
-    env.update(LOCALSPEC_HOME=str(home), OLLAMA_MODELS=str(ollamas))
-    env.pop("LOCALSPEC_DEBUG", None)
-
-    def invoke(*args, **extra_env):
-        return subprocess.run([sys.executable, "-m", "localspec", *map(str, args)], capture_output=True, text=True,
-                              env={**env, **extra_env}, stdin=subprocess.DEVNULL, timeout=300)
-    return invoke
-
-
 def test_ollamas_models_are_listed_shown_run_and_copied_but_left_for_ollama_to_remove(ollamas, tiny, tmp_path):
-    localspec = _cli(ollamas, tmp_path / "home")
+    localspec = runner(tmp_path / "home", OLLAMA_MODELS=str(ollamas))
     listed = [json.loads(line) for line in localspec("ls", "--json").stdout.splitlines()]
     assert [row["name"] for row in listed] == ["hf.co/test/tiny-GGUF:Q4_K_M", "tinyllm:3b", "tinyllm:latest"]
     assert listed[-1]["kept"] == str(ollamas / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest")
