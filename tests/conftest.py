@@ -109,7 +109,8 @@ def no_other_apps_models(tmp_path_factory):
         patch.setenv("LOCALSPEC_LMSTUDIO_MODELS", str(tmp_path_factory.mktemp("no-lmstudio-models")))
         patch.setenv("JAN_DATA_FOLDER", str(tmp_path_factory.mktemp("no-jan-data")))
         patch.setenv("LOCALSPEC_GPT4ALL_MODELS", str(tmp_path_factory.mktemp("no-gpt4all-models")))
-        patch.delenv("LLAMA_CACHE", raising=False)  # (llama.cpp's downloads, in the Hugging Face cache's layout)
+        # (llama.cpp's downloads, in the Hugging Face cache's layout or, from older builds, in ~/.cache/llama.cpp)
+        patch.setenv("LLAMA_CACHE", str(tmp_path_factory.mktemp("no-llama-cache")))
         yield
 
 

@@ -1303,6 +1303,24 @@ def test_the_hugging_face_caches_downloads_are_read_in_place(localspec, hub, hub
     assert f"hf cache rm --cache-dir {llama_cache} " in localspec("rm", "test/split-GGUF:Q8_0",
                                                                    LLAMA_CACHE=str(llama_cache)).stderr
 
+    # older builds of llama.cpp saved OWNER_REPO_FILE flat in that folder, and a manifest of what a tag meant
+    flat = tmp_path / "older-llama.cpp"
+    flat.mkdir()
+    (flat / "test_split-GGUF_tiny-q8_0.gguf").write_bytes(tiny["partial"].read_bytes())
+    done = localspec("run", "hf:test/split-GGUF/tiny-q8_0.gguf", *asked, "--offline", LLAMA_CACHE=str(flat))
+    assert done.returncode == 0, done.stderr
+    (flat / "manifest=test=split-GGUF=Q8_0.json").write_text(json.dumps({"ggufFile": {"rfilename": "tiny-q8_0.gguf"}}))
+    (flat / "manifest=test=gone-GGUF=Q8_0.json").write_text(json.dumps({"ggufFile": {"rfilename": "gone.gguf"}}))
+    (flat / "manifest=test=odd-GGUF=Q8_0.json").write_text("[1]")
+    done = localspec("run", "test/split-GGUF:Q8_0", *asked, "--offline", LLAMA_CACHE=str(flat))
+    assert done.returncode == 0, done.stderr
+    listed = {row["name"]: row["kept_by"] for row in map(json.loads, localspec("ls", "--json", LLAMA_CACHE=str(flat))
+                                                          .stdout.splitlines())}
+    assert listed["hf:test/split-GGUF/tiny-q8_0.gguf"] == "llama.cpp's cache" and len(listed) == 2, listed
+    refused = localspec("rm", "test/split-GGUF:Q8_0", LLAMA_CACHE=str(flat))
+    assert refused.returncode != 0 and f"llama.cpp's cache ({flat / 'test_split-GGUF_tiny-q8_0.gguf'})" \
+        in refused.stderr and "deleting that file deletes it" in refused.stderr, refused.stderr
+
 
 def test_a_partial_or_broken_file_of_another_app_is_listed_nowhere_and_a_run_of_it_says_why(localspec, hub_env, tiny,
                                                                                            tmp_path):

@@ -1,14 +1,15 @@
 """The model store: models known by name (registry.py, models.toml), fetched from the Hub or the
 package index (download.py, mirror.py) or read in place where another app downloaded them (LM Studio:
-lmstudio_models.py; a Hugging Face cache: download.py; Ollama, Jan, GPT4All: elsewhere.py), read without loading
-their weights (gguf_meta.py), checked as a pair (compat.py), fitted to the machine's memory and devices (hardware.py, placement.py), reported
+lmstudio_models.py; a Hugging Face cache: download.py; an older llama.cpp's: llamacpp_cache.py; Ollama, Jan,
+GPT4All: elsewhere.py), read without loading their weights (gguf_meta.py), checked as a pair (compat.py), fitted to
+the machine's memory and devices (hardware.py, placement.py), reported
 (catalog.py: `models`, `show`, `doctor`), found to fetch (finder.py: `search`), and the auto policy's costs
 measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
 modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, Jan's or
-GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by an Ollama model's family, every_made() all of them,
-create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
+GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by another app's model's family,
+every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
 forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest, size),
 blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
 downloaded, nothing fetched; known() every model the registry names; hub_downloads() every model pulled by its Hub
@@ -168,7 +169,8 @@ def copy(source: str, destination: str) -> Preset:
     """A model made under another name as `ollama cp` copies one: a made model with all its settings, or a
     registry model or GGUF file as it is (nothing is copied on disk: the new name stands for it)."""
     found = made(source)
-    return make(dataclasses.replace(found, name=destination, kept=None, keeper=None) if found else Preset(destination, source))
+    return make(dataclasses.replace(found, name=destination, kept=None, keeper=None) if found
+                else Preset(destination, source))
 
 
 def forget(name: str) -> bool:

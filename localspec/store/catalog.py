@@ -37,8 +37,8 @@ def model_rows(installed_only: bool = False) -> list[dict]:
     layers mean for speculation."""
     models = registry.load()
     rows = [_row(entry, models) for entry in models.values() if not entry.drafts]  # (a drafter: with its model)
-    rows += [_file_row(path) | dict(name=entry.command_name, kept_by=keeper)
-             for entry in download.hub_models() for path, keeper in [_located(entry)]]  # (pulled by its repo's name, here or by another app)
+    rows += [_file_row(path) | dict(name=entry.command_name, kept_by=keeper)  # (pulled by its repo's name, here or
+             for entry in download.hub_models() for path, keeper in [_located(entry)]]  # by another app)
     for made in elsewhere.beside(modelfile.every()):  # models made with `create` (Ollama's...), as their base is
         try:
             base = registry.resolve(made.base, models)

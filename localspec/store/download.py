@@ -30,7 +30,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import logging as hub_logging
 
-from . import elsewhere, lmstudio_models, mirror, registry
+from . import elsewhere, llamacpp_cache, lmstudio_models, mirror, registry
 from .. import paths
 from ..config import HUB_PREFIX
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS
@@ -57,8 +57,8 @@ def folder(entry: ModelEntry) -> Path:
 
 
 def installed(entry: ModelEntry) -> Path | None:
-    """The entry's first file if every part of it is on disk: downloaded here, else where LM Studio or the Hugging
-    Face cache keeps its repo's files (read in place)."""
+    """The entry's first file if every part of it is on disk: downloaded here, else where another app keeps it (read
+    in place: _copies)."""
     found = located(entry)
     return found[0] if found else None
 
@@ -86,7 +86,8 @@ class Copy:
 
 
 def _copies(entry: ModelEntry) -> Iterator[Copy]:
-    """Where other apps downloaded every part of the entry's file, from its repo or one of the same files; a copy of
+    """Where other apps downloaded every part of the entry's file, from its repo or one of the same files (LM Studio,
+    the Hugging Face caches, an older llama.cpp's), or a registry model's file by its name (Jan, GPT4All); a copy of
     a file the registry pins only at the pinned size (any other is another file of that name)."""
     for repo in (entry.repo, *entry.alternatives) if entry.repo else ():
         for root in lmstudio_models.roots(repo):
@@ -99,6 +100,9 @@ def _copies(entry: ModelEntry) -> Iterator[Copy]:
                 uri = f"hf://models/{repo}" + (f"/{entry.file}" if len(entry.files) == 1 else "")
                 removal = f"`hf cache rm{f' --cache-dir {cache}' if cache else ''} {uri}` deletes it"
                 yield from _pinned(entry, Copy(Path(cached[0]), keeper, removal))
+        flat = [llamacpp_cache.path(repo, name) for name in entry.files]
+        if all(path.is_file() for path in flat):
+            yield from _pinned(entry, Copy(flat[0], llamacpp_cache.KEEPER, llamacpp_cache.REMOVAL))
     if entry.size is not None and len(entry.files) == 1:  # (a registry model's: found by its file's name, and size)
         for preset in elsewhere.holding(entry.file, pinned_size(entry), filter(None, (entry.repo,
                                                                                        *entry.alternatives))):
@@ -451,9 +455,10 @@ def _add_download(found: dict[str, ModelEntry], repo: str, file: str) -> None:
 
 
 def _files_elsewhere() -> list[tuple[str, str]]:
-    """(repo, file) of each GGUF file LM Studio keeps, then of each a Hugging Face cache holds of a repo's main."""
+    """(repo, file) of each GGUF file LM Studio keeps, then of each an older llama.cpp's -hf saved, then of each a
+    Hugging Face cache holds of a repo's main."""
     files = [(repo, path.relative_to(root).as_posix()) for repo, root in lmstudio_models.repos()
-             for path in sorted(root.rglob("*.gguf"))]
+             for path in sorted(root.rglob("*.gguf"))] + llamacpp_cache.files()
     for cache_dir, _ in _hub_caches():
         try:
             cache = huggingface_hub.scan_cache_dir(cache_dir)
