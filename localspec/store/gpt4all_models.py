@@ -41,10 +41,13 @@ def find(name: str) -> Preset | None:
     typed = name.startswith(PREFIX)
     name = name.removeprefix(PREFIX)
     models = folder()
-    if models is None or not name or not typed and Path(name).exists():
-        return None
     file = Path(name if name.endswith(".gguf") else f"{name}.gguf")
-    if file.is_absolute() or ".." in file.parts or file.name.startswith(PARTIAL) or not (models / file).is_file():
+    if models is None or not name or file.is_absolute() or ".." in file.parts or file.name.startswith(PARTIAL):
+        return None
+    try:
+        if not typed and Path(name).exists() or not (models / file).is_file():
+            return None
+    except OSError:  # (a name no file system takes: too long)
         return None
     return _model(models, models / file)
 
