@@ -113,7 +113,9 @@ command(name="models")(list_models)
 def list_installed(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False,
 ):
-    """List the downloaded models, as Ollama's `ls` does (`localspec models` lists every name it knows)."""
+    """List the downloaded models, as Ollama's `ls` does: localspec's, and those Ollama, LM Studio, Jan, GPT4All,
+    llama.cpp or the Hugging Face cache downloaded, read where they lie (`localspec models` lists every name it
+    knows)."""
     list_models(installed=True, as_json=as_json)
 
 
@@ -271,7 +273,7 @@ def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `local
 def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo[:QUANT] (the"
                                                " file of it downloaded).", show_default=False)]):
     """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
-    from)."""
+    from). Another app's download is left to that app: the error says how it deletes it."""
     if made := store.made(name):
         store.forget(made.name)
         print(f"removed {made.name} (made from {made.base}, which stays)")
