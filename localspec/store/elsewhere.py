@@ -33,10 +33,9 @@ def beside(own: list[Preset]) -> list[Preset]:
 def holding(file: str, size: int | None, repos: Iterable[str] = ()) -> Iterator[Preset]:
     """Jan's and GPT4All's models that are the Hub file so named (at that size, where one is given: is_file); Jan's
     named by the file or, as its command line downloads one, by its repo."""
-    stem = file.removesuffix(".gguf")
+    stem, jans = file.removesuffix(".gguf"), jan_models.data_folder()
     named = [gpt4all_models.find(gpt4all_models.PREFIX + file)]
-    named += [jan_models.find(jan_models.PREFIX + model_id) for model_id in dict.fromkeys([stem, _dotless(stem),
-                                                                                           *repos])]
+    named += [jan_models.find_in(jans, model_id) for model_id in dict.fromkeys([stem, _dotless(stem), *repos])]
     return (preset for preset in named if preset is not None and is_file(preset, file, size))
 
 

@@ -31,7 +31,7 @@ class Found:
 @dataclass(frozen=True)
 class Quantization:
     """A model file of a Hub repo (its parts together, where split): pull, what `pull` takes for it; here, whether it
-    is downloaded (by localspec, or by LM Studio or into a Hugging Face cache)."""
+    is downloaded (by localspec, or read in place where another app downloaded it: download.installed)."""
 
     file: str
     quant: str

@@ -43,11 +43,13 @@ def data_folder() -> Path | None:
 
 def find(name: str) -> Preset | None:
     """The model of Jan's an ID names (after jan: or not), where its YAML names a file that is here."""
+    return find_in(data_folder(), name)
+
+
+def find_in(data: Path | None, name: str) -> Preset | None:
+    """find's answer where Jan's data folder is data (looked up once for several names; None: Jan has none)."""
     model_id = name.removeprefix(PREFIX)
-    data = data_folder()
-    if data is None or not _valid(model_id):
-        return None
-    return _read(data, model_id)
+    return _read(data, model_id) if data is not None and _valid(model_id) else None
 
 
 def every() -> list[Preset]:
