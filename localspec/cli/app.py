@@ -134,7 +134,8 @@ def _ollama_spellings(args: list[str]) -> list[str]:
 
 def main() -> None:
     try:
-        status = app(args=_ollama_spellings(sys.argv[1:]), standalone_mode=False)
+        # (named so under `python -m localspec` too: its help and its shell completion are the command's)
+        status = app(args=_ollama_spellings(sys.argv[1:]), prog_name="localspec", standalone_mode=False)
     except typer.Abort:
         sys.exit(130)
     except typer.TyperException as error:  # typer's command-line parsing errors

@@ -14,14 +14,14 @@ from ..store import catalog, download, hardware, registry
 from ..config import DrafterKind
 from ..errors import UsageError
 from .app import command
-from .options import DEFAULT_RUNTIME, OfflineOption, device_names
+from .options import DEFAULT_RUNTIME, OfflineOption, complete_draft, complete_model, device_names
 
 
 @command(epilog="Examples:\n\n  localspec pull qwen3.6-27b\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n"
          "  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
 def pull(
-    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf, owner/repo:QUANT or owner/repo (the file llama.cpp's -hf takes).", show_default=False)],
-    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the drafter published beside it, else the recommended draft model; 'mtp', 'dflash', 'eagle3', 'assistant': the drafter of that kind published beside it). Default: the drafter the registry names beside it, as llama.cpp's downloader fetches one.", show_default=False)] = None,
+    name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf, owner/repo:QUANT or owner/repo (the file llama.cpp's -hf takes).", show_default=False, autocompletion=complete_model)],
+    draft: Annotated[Optional[str], typer.Option("--draft", "-d", help="Also fetch this draft ('auto': the drafter published beside it, else the recommended draft model; 'mtp', 'dflash', 'eagle3', 'assistant': the drafter of that kind published beside it). Default: the drafter the registry names beside it, as llama.cpp's downloader fetches one.", show_default=False, autocompletion=complete_draft)] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Fetch the model alone.")] = False,
     no_mmproj: Annotated[bool, typer.Option(
         "--no-mmproj", "--no-mmproj-auto", help="Not the multimodal projector a Hub repo holds beside a model named by"
@@ -127,7 +127,8 @@ command(name="ls", hidden=True)(list_installed)
          "  localspec show terse --modelfile")
 def show(
     name: Annotated[str, typer.Argument(help="A registry name, a model made with create, a GGUF file or"
-                                        " hf:owner/repo/file.gguf.", show_default=False)],
+                                        " hf:owner/repo/file.gguf.", show_default=False,
+                                        autocompletion=complete_model)],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     as_modelfile: Annotated[bool, typer.Option("--modelfile", help="Print its Modelfile (Ollama's).")] = False,
     parameters: Annotated[bool, typer.Option("--parameters", help="Print its PARAMETERs (Ollama's).")] = False,
@@ -172,7 +173,8 @@ def show(
          "  localspec tokenize ./model.gguf --ids --no-special ' Hello'")
 def tokenize(
     name: Annotated[str, typer.Argument(help="A registry model that is downloaded, a model made with create, or a"
-                                        " GGUF file.", show_default=False)],
+                                        " GGUF file.", show_default=False,
+                                        autocompletion=complete_model)],
     text: Annotated[str, typer.Argument(help="The text; - reads standard input.", show_default=False)],
     ids: Annotated[bool, typer.Option("--ids", help="Print the ids alone, as a list (llama-tokenize's --ids).")
                    ] = False,
@@ -223,7 +225,7 @@ def create(
 @command(name="cp", epilog="Examples:\n\n  localspec cp terse terse-backup\n\n  localspec cp qwen2.5-coder-1.5b coder")
 def copy(
     source: Annotated[str, typer.Argument(help="A model made with create, a registry name or a GGUF file.",
-                                          show_default=False)],
+                                          show_default=False, autocompletion=complete_model)],
     destination: Annotated[str, typer.Argument(help="The name to run the copy by.", show_default=False)],
 ):
     """Copy a model under another name, as `ollama cp` does: a model made with create with all its settings, or
@@ -247,7 +249,7 @@ def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per
 
 @command(epilog="Example:\n\n  localspec stop qwen2.5-coder:0.5b")
 def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` or a request names it.",
-                                             show_default=False)]):
+                                             show_default=False, autocompletion=complete_model)]):
     """Unload a model that a running `localspec serve` loaded on demand, as `ollama stop` does (the model a
     serve started with stays while that serve runs; run, chat and batch let theirs go when they end)."""
     print(remote.stop(name))
@@ -258,7 +260,7 @@ command(name="unload", hidden=True)(stop)  # LM Studio's `lms unload`
 
 @command(epilog="Example:\n\n  localspec serve qwen2.5-coder-1.5b &\n  localspec load qwen2.5-coder-0.5b --ttl 3600")
 def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `localspec list` names it.",
-                                             show_default=False)],
+                                             show_default=False, autocompletion=complete_model)],
          ttl: Annotated[Optional[float], typer.Option(
              "--ttl", help="Seconds it stays loaded once idle (-1: while serve runs). Default: serve's --keep-alive.",
              show_default=False)] = None):
@@ -271,7 +273,8 @@ def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `local
 
 @command(name="rm")
 def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/repo/file.gguf or owner/repo[:QUANT] (the"
-                                               " file of it downloaded).", show_default=False)]):
+                                               " file of it downloaded).", show_default=False,
+                                               autocompletion=complete_model)]):
     """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
     from). Another app's download is left to that app: the error says how it deletes it."""
     if made := store.made(name):
@@ -293,9 +296,11 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/r
 
 @command()
 def check(
-    target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False)],
+    target: Annotated[str, typer.Argument(help="Target model (name, file, hf:...).", show_default=False,
+                                          autocompletion=complete_model)],
     draft: Annotated[str, typer.Argument(help="Draft model (name, size in the target's family, file, hf:...), or mtp:"
-                                         " whether the target has MTP layers to draft with.", show_default=False)],
+                                         " whether the target has MTP layers to draft with.", show_default=False,
+                                         autocompletion=complete_draft)],
     offline: OfflineOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ):

@@ -33,7 +33,7 @@ from ..config import (
     check_draft_fits,
     default_threads,
 )
-from ..errors import InputError, UsageError, json_trouble
+from ..errors import InputError, LocalspecError, UsageError, json_trouble
 from ..drafting import speculating
 from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
 from ..chat_template import checked as checked_template
@@ -53,16 +53,37 @@ ROPE = "Longer contexts (RoPE scaling)"
 ADAPTERS = "LoRA adapters and control vectors"
 VISION = "Images and audio"
 
+
+
+def complete_model(incomplete: str) -> list[tuple[str, str]]:
+    """The model names that begin with what was typed, for the shell's TAB (`localspec --install-completion`). A
+    word none begins with gets nothing back: bash then completes it as a file's path (a GGUF file), as zsh and fish
+    do with what they are given."""
+    try:
+        names = dict(reversed(store.names()))  # (a name given twice keeps what it first is)
+    except (LocalspecError, OSError):  # (a broken registry file of one's own: no names rather than a traceback)
+        return []
+    return [(name, what) for name, what in sorted(names.items()) if name.startswith(incomplete)]
+
+
+def complete_draft(incomplete: str) -> list[tuple[str, str]]:
+    """--draft's words, then the model names, that begin with what was typed."""
+    words = {"auto": "the draft the registry recommends", DrafterKind.NGRAM.value: "n-gram lookup",
+             **{str(word): what for word, what in DRAFT_WORDS.items()}}
+    return [(word, what) for word, what in words.items() if word.startswith(incomplete)] + complete_model(incomplete)
+
+
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
 # with_options adds them to a command and builds one Settings from them.
 MODEL_OPTIONS = {
     "target": (Annotated[Optional[str], typer.Argument(
         help="Target model: a registry name (see `localspec models`) or Ollama's name for it (qwen2.5-coder:1.5b,"
-        " llama3.2), a GGUF file, hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.", show_default=False)], None),
+        " llama3.2), a GGUF file, hf:owner/repo/file.gguf, or owner/repo:Q4_K_M.", show_default=False,
+        autocompletion=complete_model)], None),
     "model": (Annotated[Optional[str], typer.Option(
         "--model", "-m", help="The target, spelled as llama.cpp spells it (instead of TARGET).",
-        show_default=False)], None),
+        show_default=False, autocompletion=complete_model)], None),
     "hf_repo": (Annotated[Optional[str], typer.Option(
         "--hf-repo", "-hf", "-hfr", metavar="OWNER/REPO[:QUANT]", help="The target as llama.cpp's -hf names it: a"
         " Hub repo of GGUFs and a quantization (Q4_K_M where none is given).", show_default=False)], None),
@@ -75,7 +96,7 @@ MODEL_OPTIONS = {
         " a GGUF file (any model: one whose vocabulary is not the target's drafts through text, with lower"
         " acceptance than a same-family draft); 'ngram' to draft by looking up the prompt and output; "
         + "; ".join(f"'{word}' to draft with {what}" for word, what in DRAFT_WORDS.items()) + ". Default: ngram.",
-        show_default=False)], None),
+        show_default=False, autocompletion=complete_draft)], None),
     "offline": (OfflineOption, False),
 }
 DRAFTING_OPTIONS = {

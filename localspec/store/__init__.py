@@ -12,7 +12,7 @@ GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
 forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest, size),
 blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
-downloaded, nothing fetched; known() every model the registry names; hub_downloads() every model pulled by its Hub
+downloaded, nothing fetched; known() every model the registry names; names() every name a model is run by, for a shell to complete; hub_downloads() every model pulled by its Hub
 repo's name, quant_here(query) the one owner/repo[:QUANT] names among them; search(text) the registry's and the
 Hub's models to fetch, quantizations(name) a Hub repo's files (a registry model's); installed(entry) its file where
 downloaded (kept_by(resolved): by another app, read in place); fetch(resolved) its file, downloaded first where
@@ -38,7 +38,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 __all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "draft_for", "estimate_bytes",
            "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "kept_by", "known",
-           "machine", "made", "make", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
+           "machine", "made", "make", "names", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -230,6 +230,15 @@ def blob_adapters(files: dict[str, str]) -> tuple[str, ...]:
 def known() -> dict[str, ModelEntry]:
     """Every model the registry names (the bundled models.toml and the user's)."""
     return registry.load()
+
+
+def names() -> list[tuple[str, str]]:
+    """Every name a model is run by here, with what it is, for a shell to complete: the registry's models (not the
+    drafters published beside one, nor their other spellings), the models pulled by their Hub repo's name, and the
+    models made (ours, and Ollama's, Jan's and GPT4All's)."""
+    return ([(entry.name, f"{entry.family} {entry.params}".strip()) for entry in known().values() if not entry.drafts]
+            + [(entry.command_name, "pulled from the Hub") for entry in hub_downloads()]
+            + [(made.name, f"{made.keeper}'s" if made.keeper else f"made from {made.base}") for made in every_made()])
 
 
 def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[finder.Found], str]:
