@@ -12,17 +12,19 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 from . import paths
-
-from .store import hardware, mirror
 from .config import DrafterKind, Limits, Sampling, Speculation
 from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token
-from .request import Request
-from .prompts import ROLES, is_message
-from .session import Session
 from .stats import Recorder, record
+
+if TYPE_CHECKING:
+    from .session import Session
+
+# The store, the prompts' machinery and the request are imported where a run uses them: `bench --help` names
+# the prompt sets and modes without loading them.
 
 
 # Chat messages, the last one the user's. An assistant message whose content is None stands for the
@@ -247,6 +249,8 @@ SUITES = {"all": ALL, "reuse": REUSE}
 def load_prompts(name: str, limit: int | None) -> list[Prompt]:
     """A named set, or a file: JSONL with "prompt" (or "messages") and optionally "prediction", or text
     with one prompt a line."""
+    from .store import mirror
+
     if name in PROMPT_SETS:
         spec = PROMPT_SETS[name]
         # several packages name their file test.jsonl: the folder keeps them apart
@@ -270,6 +274,8 @@ def load_prompts(name: str, limit: int | None) -> list[Prompt]:
 
 def _from_line(line: str, where: str) -> Prompt:
     """A prompt file's line as a prompt; InputError naming `where` if it is not one."""
+    from .prompts import ROLES, is_message
+
     if not line.lstrip().startswith("{"):
         return _ask(line)
     try:
@@ -305,11 +311,13 @@ def expand(names: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def own_replies(session: Session, conversation: Conversation, limits: Limits,
+def own_replies(session: "Session", conversation: Conversation, limits: Limits,
                 known: dict | None = None) -> Conversation:
     """The conversation with every assistant placeholder filled by the target's own greedy reply.
     known: replies generated before, by the messages before them (an agent session's turns share
     their earlier ones), added to as replies are generated."""
+    from .request import Request
+
     known = {} if known is None else known
     filled = []
     for message in conversation:
@@ -341,7 +349,7 @@ class HostTime:
     rows_squared: float = 0.0
     rows_seconds: float = 0.0
 
-    def follow(self, events: Iterable[Event], session: Session) -> Iterator[Event]:
+    def follow(self, events: Iterable[Event], session: "Session") -> Iterator[Event]:
         """A generation's events, passed through; each step's host time is added on the way: the wall time
         since the event before it less the time the session's models spent inside llama_decode meanwhile."""
         last_now = last_busy = 0.0  # (set by the Prefill that comes first)
@@ -553,6 +561,8 @@ def pooled(rows: list[dict]) -> list[dict]:
 def report(target: str, draft_model: str | None, sampling: Sampling, limits: Limits, mixed: bool,
            rpc: tuple[str, ...], costs: dict | None, rows: list[dict]) -> dict:
     """What a bench run writes (--json, -o): its settings, the machine, auto's costs and the rows."""
+    from .store import hardware
+
     return {"target": target, "draft": draft_model, "max_tokens": limits.max_tokens,
             "temperature": sampling.temperature, "grammar": sampling.grammar, "mixed": mixed, "machine": hardware.describe(), "rpc": rpc,
             "costs": costs, "results": rows, "pooled": pooled(rows)}
@@ -565,7 +575,7 @@ def title(report: dict) -> str:
             f"{', mixed' if report['mixed'] else ''}; {report['machine']}")
 
 
-def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode], sampling: Sampling,
+def run(session: "Session", prompt_sets: dict[str, list[Prompt]], modes: list[Mode], sampling: Sampling,
         limits: Limits, progress: Callable[[str], None], mixed: bool = False) -> list[dict]:
     """Each mode drafts up to the session's draft_max, by default its own (session.draft_limit).
 
@@ -574,6 +584,8 @@ def run(session: Session, prompt_sets: dict[str, list[Prompt]], modes: list[Mode
     batch or a server that sees one kind of text after another. Each mode drafts only from its own
     earlier generations (the suffix cache): the same prompt's answer in another mode is not its to copy.
     A prompt's prediction drafts in every mode but plain."""
+    from .request import Request
+
     results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
     replies: dict = {}
     for name, prompts in prompt_sets.items():

@@ -6,6 +6,7 @@ import sys
 import time
 from contextlib import contextmanager
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 try:
     import termios
@@ -28,9 +29,11 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .store.compat import CompatReport
 from .events import Done, Reading, Step, Token
 from .stats import INTERRUPTED, Recorder, Summary, TreeTally
+
+if TYPE_CHECKING:
+    from .store.compat import CompatReport
 
 
 def _consoles(styled: bool) -> tuple[Console, Console]:
@@ -122,7 +125,7 @@ def size_text(size: int | None) -> str:
     return f"{size} B"
 
 
-def compat_report(report: CompatReport, shared: float | None = None, console: Console = out) -> None:
+def compat_report(report: "CompatReport", shared: float | None = None, console: Console = out) -> None:
     """The pair check's rules and verdict; shared: the share of the draft's vocabulary that spells single
     target tokens, where it drafts through text."""
     table = Table(title=f"{shown(report.draft.path.name)} drafting for {shown(report.target.path.name)}")

@@ -9,22 +9,14 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from .. import batch as batch_runner
 from .. import bench as bench_runner
-from .. import chat as chat_loop
-from .. import compare as compare_runs
 from .. import net, paths, running, tui
-from .. import perplexity as perplexity_runner
-from .. import remote as remote_face
-from .. import worker as worker_face
 from ..config import DrafterKind, Lending, Serving, Speculation, default_threads
 from ..errors import InputError, UsageError
-from ..request import Request
-from ..session import Session, open_session
 from ..stats import INTERRUPTED
 from .app import command
 from .options import (
@@ -59,16 +51,27 @@ from .options import (
     with_options,
 )
 
+if TYPE_CHECKING:
+    from ..compare import Comparison
+    from ..remote import Remote
+    from ..request import Request
+    from ..session import Session
+
+# Each command imports what it runs (the engine, the store's Hub client, the server) as it starts: --help, and the
+# shell completing a model's name, load only the command line's own modules.
+
 DEFAULT_SERVING = Serving()
 DEFAULT_LENDING = Lending()
 
 
 @contextmanager
 def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | None = None,
-          address: str = "", certificate: Path | None = None) -> Iterator[Session]:
+          address: str = "", certificate: Path | None = None) -> "Iterator[Session]":
     """Open the session the settings describe, listed by `localspec ps` while it is open. Should
     llama.cpp abort later (an RPC worker that stopped answering), the process ends with one line,
     after on_abort(message) (batch records its item)."""
+    from ..session import open_session
+
     if settings.target is None:
         raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
 
@@ -199,6 +202,9 @@ def run(
     if remote is not None:
         _run_remote(remote, settings, system, text, raw, predicted_text, showing, images)
         return
+    from .. import chat as chat_loop
+    from ..request import Request
+
     with _open(settings, "run") as session:
         if session.vision is not None and not raw:
             text, named = chat_loop.images_named(text)
@@ -263,9 +269,11 @@ def _read_image(path: Path) -> bytes:
         raise InputError(f"--image {path}: cannot read it ({error.strerror})") from None
 
 
-def _serving(settings: Settings, host: str | None) -> remote_face.Remote | None:
+def _serving(settings: Settings, host: str | None) -> "Remote | None":
     """The running serve that answers for this command: the one --host names, else one on this machine
     that holds the same files; None: load the model here."""
+    from .. import remote as remote_face
+
     own = _loaded_here_only(settings)
     if host:
         if own:
@@ -310,8 +318,10 @@ class Showing:
         return sys.stdout.isatty() and not self.quiet and not self.as_json
 
 
-def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | None, text: str, raw: bool,
+def _run_remote(remote: "Remote", settings: Settings, system: str | None, text: str, raw: bool,
                 predicted: str | None, showing: Showing, images: list[bytes]) -> None:
+    from ..request import Request
+
     request = Request(settings.sampling, settings.limits,
                       messages=None if raw else _messages(settings, system, text, images),
                       prompt=text if raw else None,
@@ -342,7 +352,9 @@ def _run_remote(remote: remote_face.Remote, settings: Settings, system: str | No
         raise typer.Exit(130)
 
 
-def _plain_beside(session: Session, request: Request, recorder) -> compare_runs.Comparison:
+def _plain_beside(session: "Session", request: "Request", recorder) -> "Comparison":
+    from .. import compare as compare_runs
+
     with tui.loading("decoding the same prompt plainly, to compare"):
         return compare_runs.plain_beside(session, request, recorder)
 
@@ -383,8 +395,10 @@ def chat(
 
 
 def _chat(settings: Settings, system: str | None, showing: Showing, command: str,
-          remote: remote_face.Remote | None) -> None:
+          remote: "Remote | None") -> None:
     """A chat on the model loaded here, or through a running serve that holds it (remote)."""
+    from .. import chat as chat_loop
+
     if not showing.color:
         tui.unstyled()
     with ExitStack() as held:
@@ -444,6 +458,8 @@ def batch(
         raise UsageError("--retry-failed goes with --resume")
     if overwrite and resume:
         raise UsageError("--overwrite starts --output again and --resume goes on from it: give one")
+    from .. import batch as batch_runner
+
     items = batch_runner.read_items(read_text(input_file, MOST_BATCH_BYTES).splitlines())
     # The output is opened and locked before the models load: a wrong path fails at once, and a
     # second batch writing the same file is refused instead of interleaving with this one.
@@ -575,6 +591,8 @@ def perplexity(
     if not settings.runtime.ctx_size:  # (a scoring context beside the model's own: twice the trained length's cache)
         raise UsageError("perplexity -c 0: give the chunks' length in tokens (llama-perplexity is usually run with"
                          " 512, the default here)")
+    from .. import perplexity as perplexity_runner
+
     text = read_text(file)
     # (the target alone reads the text: nothing is drafted)
     with _open(replace(settings, speculation=Speculation(drafting=DrafterKind.PLAIN)), "perplexity") as session:
@@ -803,6 +821,8 @@ def worker(
     Serves one client at a time, until Ctrl-C or SIGTERM. The client's layers and KV cache live in this
     machine's memory while it is connected.
     """
+    from .. import worker as worker_face
+
     lending = Lending(host=host, port=port, devices=device_names(device), threads=threads or default_threads(),
                       cache_dir=str(cache_dir.expanduser()) if cache_dir else None)
     with running.holding("worker", "the layers its --rpc clients send", f"{lending.host}:{lending.port}"):

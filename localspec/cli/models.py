@@ -8,14 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__, loading, remote, running, store, tui
-
-from ..store import catalog, download, hardware, registry
+from .. import __version__, running, tui
 from ..config import DrafterKind
 from ..errors import UsageError
 from .app import command
 from .options import DEFAULT_RUNTIME, OfflineOption, complete_draft, complete_model, device_names
 
+# Each command imports the store's rooms and the engine it uses as it starts (see generate.py)
 
 @command(epilog="Examples:\n\n  localspec pull qwen3.6-27b\n\n  localspec pull qwen2.5-coder-1.5b --draft auto\n\n"
          "  localspec pull hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
@@ -28,6 +27,9 @@ def pull(
         " repo (owner/repo:QUANT), which is fetched with it otherwise, as llama.cpp's downloader fetches it.")] = False,
 ):
     """Download a model (and a draft) into the models directory, resuming partial downloads."""
+    from .. import store
+    from ..store import download, registry
+
     models = store.known()
     target = registry.resolve(name, models)
     wanted = [target]
@@ -63,6 +65,9 @@ def search(
     Studio or into a Hugging Face cache) and the name `pull` takes for it, the one recommended marked (Q4_K_M where it
     fits, else the largest that fits). --offline: the registry's models alone, or the repo's files downloaded here.
     """
+    from .. import store
+    from ..store import registry
+
     text = " ".join(words)
     if registry.is_repo_name(text):
         quantizations = store.quantizations(text, offline)
@@ -96,6 +101,8 @@ def list_models(
     Once a model is downloaded, what its layers mean for speculation (a recurrent state, MTP layers).
     Names are never cut short: at a narrow width the last columns are left out instead.
     """
+    from ..store import catalog
+
     rows = catalog.model_rows(installed_only=installed)
     if as_json:
         for row in rows:
@@ -141,6 +148,9 @@ def show(
 
     Reads only what is on disk: a registry model that is not downloaded shows what the registry knows.
     """
+    from .. import store
+    from ..store import catalog
+
     made = store.made(name)
     if sum((as_json, as_modelfile, parameters, system, license)) > 1:
         raise UsageError("--json, --modelfile, --parameters, --system and --license each print one thing: give one")
@@ -185,6 +195,9 @@ def tokenize(
 ):
     """Show how a model's tokenizer splits a text, a token a line (id, then the text it stands for), as
     llama.cpp's llama-tokenize does: the ids --logit-bias names. Reads the vocabulary alone."""
+    from .. import loading
+    from ..store import catalog
+
     tokens = loading.tokens_of(catalog.local_file(name), sys.stdin.read() if text == "-" else text, special)
     if ids:
         print(json.dumps([token for token, _ in tokens]))
@@ -210,6 +223,8 @@ def create(
     copied) and ask as it says, what a command line or request sets standing over its parameters.
     `show NAME --modelfile` prints it back; `rm NAME` removes it again.
     """
+    from .. import store
+
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -231,6 +246,8 @@ def copy(
     """Copy a model under another name, as `ollama cp` does: a model made with create with all its settings, or
     a registry model or GGUF file as it is. Nothing is copied on disk: the new name is a model made from the
     same file, to change with create or remove with rm."""
+    from .. import store
+
     made = store.copy(source, destination)
     print(f"copied {source} to {made.name}: `localspec run {made.name}`")
 
@@ -239,6 +256,8 @@ def copy(
 def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")] = False):
     """List the localspec processes that hold models now (run, chat, batch, bench, serve, worker), and under
     each serve the models it loaded on demand, with when each goes (as `ollama ps`)."""
+    from .. import remote
+
     found = remote.with_loaded(running.processes())
     if as_json:
         for process in found:
@@ -252,6 +271,8 @@ def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` 
                                              show_default=False, autocompletion=complete_model)]):
     """Unload a model that a running `localspec serve` loaded on demand, as `ollama stop` does (the model a
     serve started with stays while that serve runs; run, chat and batch let theirs go when they end)."""
+    from .. import remote
+
     print(remote.stop(name))
 
 
@@ -266,6 +287,8 @@ def load(name: Annotated[str, typer.Argument(help="A downloaded model, as `local
              show_default=False)] = None):
     """Load a downloaded model into the `localspec serve` running on this machine, as LM Studio's `lms load` does:
     its first request then finds it loaded (`localspec stop` unloads it)."""
+    from .. import remote
+
     if ttl is not None and ttl < 0 and ttl != -1:
         raise UsageError(f"--ttl is a number of seconds, or -1 for as long as serve runs, not {ttl:g}")
     print(remote.load(name, ttl))
@@ -277,6 +300,8 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/r
                                                autocompletion=complete_model)]):
     """Delete a downloaded model (partial downloads too), or a model made with create (not the one it is made
     from). Another app's download is left to that app: the error says how it deletes it."""
+    from .. import store
+
     if made := store.made(name):
         store.forget(made.name)
         print(f"removed {made.name} (made from {made.base}, which stays)")
@@ -311,6 +336,8 @@ def check(
     drafts through text (greedy) or the tokens both vocabularies spell alike
     (sampling), with lower acceptance: the report says what share of its
     vocabulary that is."""
+    from .. import loading, store
+
     if draft == DrafterKind.NGRAM:
         raise UsageError("n-gram drafting works with every target; name a draft model to check")
     if draft == DrafterKind.MTP:
@@ -335,6 +362,8 @@ def check(
 
 def _check_mtp(target: str, offline: bool, as_json: bool) -> None:
     """Whether the target has multi-token-prediction layers to draft for itself with; exit 1 if not."""
+    from .. import store
+
     info = store.pair(target, None, offline, tui.download_progress(), verify_sha256=True).target
     if as_json:
         print(json.dumps({"target": info.path.name, "draft": "mtp", "compatible": info.mtp_layers > 0,
@@ -358,6 +387,8 @@ def doctor(
         show_default=False)] = None,
 ):
     """Show the llama.cpp backend, devices, memory and CPU features, and which registry pairs fit here."""
+    from ..store import catalog, hardware
+
     machine, rows = catalog.doctor(device_names(rpc) or (), ctx_size)
     if as_json:
         print(json.dumps({"machine": dataclasses.asdict(machine), "ctx_size": ctx_size, "pairs": rows}))

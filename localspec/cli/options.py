@@ -12,12 +12,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from .. import paths, store
-from ..store import Preset, hardware, registry
+from .. import paths
 from ..config import (
     AUTO_PARALLEL,
     HUB_PREFIX,
@@ -34,10 +33,13 @@ from ..config import (
     default_threads,
 )
 from ..errors import InputError, LocalspecError, UsageError, json_trouble
-from ..drafting import speculating
 from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
-from ..chat_template import checked as checked_template
-from ..prompts import RENDERED, output_grammar
+
+if TYPE_CHECKING:
+    from ..store import Preset
+
+# The store, the prompts' machinery and the drafters are imported by the functions that turn options into settings:
+# --help, and the shell completing a model's name, do not load them.
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
@@ -59,6 +61,8 @@ def complete_model(incomplete: str) -> list[tuple[str, str]]:
     """The model names that begin with what was typed, for the shell's TAB (`localspec --install-completion`). A
     word none begins with gets nothing back: bash then completes it as a file's path (a GGUF file), as zsh and fish
     do with what they are given."""
+    from .. import store
+
     try:
         names = dict(reversed(store.names()))  # (a name given twice keeps what it first is)
     except (LocalspecError, OSError):  # (a broken registry file of one's own: no names rather than a traceback)
@@ -713,7 +717,7 @@ class Settings:
     runtime: Runtime
     limits: Limits
     thinking: Thinking = Thinking()
-    made: Preset | None = None  # the model made with `create` that the command named (target: its base)
+    made: "Preset | None" = None  # the model made with `create` that the command named (target: its base)
     port: int | None = None  # a llama-server preset's (serve's, where --port says none)
     template_variables: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs
     chat_template: str | None = None  # --chat-template(-file): in place of the target's own
@@ -730,6 +734,10 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     """Settings from the shared options' values by name; an option a command lacks takes its default.
     context: the command line's, which says which values it gave (a made model's parameters stand for
     the others)."""
+    from .. import store
+    from ..drafting import speculating
+    from ..store import hardware
+
     defaults = {name: default for group in (*GENERATION_OPTIONS, PARALLEL_OPTIONS) for name, (_, default) in group.items()}
     o = SimpleNamespace(**(defaults | values))
     if context is not None:
@@ -825,7 +833,7 @@ def build_settings(context: typer.Context | None = None, **values) -> Settings:
     )
 
 
-def _options_of(made: Preset) -> dict:
+def _options_of(made: "Preset") -> dict:
     """A made model's parameters as the options that say the same (temperature is --temp; a context, -c;
     num_gpu, -ngl: Ollama's count of layers on the GPU, -1 as many as fit, as Ollama decides them; its
     ADAPTERs, --lora; its projector, --mmproj)."""
@@ -1119,9 +1127,9 @@ def _chat_template(o: SimpleNamespace) -> str | None:
         if "{{" not in o.chat_template and "{%" not in o.chat_template:
             raise UsageError(f"--chat-template takes the template's Jinja text (--chat-template-file reads it from a"
                              f" file); llama.cpp's built-in names such as {o.chat_template!r} are not kept here")
-        return checked_template(o.chat_template, "--chat-template")
+        return _checked_template(o.chat_template, "--chat-template")
     if o.chat_template_file is not None:
-        return checked_template(read_text(o.chat_template_file), str(o.chat_template_file))
+        return _checked_template(read_text(o.chat_template_file), str(o.chat_template_file))
     return None
 
 
@@ -1138,6 +1146,8 @@ def _rope(o: SimpleNamespace) -> Rope:
 def _hub_repo(text: str) -> str:
     """llama.cpp's -hf OWNER/REPO[:QUANT], which localspec takes as it is (with no quantization, the one llama.cpp's
     downloader would take)."""
+    from ..store import registry
+
     if not registry.is_repo_name(text.partition(":")[0]):
         raise UsageError(f"-hf {text!r}: name a Hub repo, as OWNER/REPO or OWNER/REPO:QUANT")
     return text
@@ -1160,6 +1170,12 @@ def _thinking(o: SimpleNamespace, variables: dict) -> Thinking:
     return Thinking(think=think, effort=o.reasoning_effort or effort, budget=o.reasoning_budget)
 
 
+def _checked_template(text: str, where: str) -> str:
+    from ..chat_template import checked
+
+    return checked(text, where)
+
+
 def _template_variables(given: str | None) -> dict:
     """--chat-template-kwargs' JSON object."""
     if given is None:
@@ -1171,6 +1187,8 @@ def _template_variables(given: str | None) -> dict:
     if not isinstance(variables, dict):
         raise UsageError(f"--chat-template-kwargs takes a JSON object of the template's variables, as"
                          f" '{{\"thinking\": true}}'; got {given!r}")
+    from ..prompts import RENDERED
+
     if taken := RENDERED.intersection(variables):
         raise UsageError(f"--chat-template-kwargs: {', '.join(sorted(taken))} is each request's own to give, not a"
                          " variable's")
@@ -1212,6 +1230,8 @@ def _grammar(o: SimpleNamespace) -> str | None:
     named = [name for name, value in given.items() if value is not None]
     if len(named) > 1:
         raise UsageError(f"{' and '.join(named)} each give the output's grammar; give one")
+    from ..prompts import output_grammar
+
     if o.format is not None:
         if o.format != "json":
             raise UsageError(f"--format takes json, as Ollama's does (got {o.format!r}); a JSON schema is"

@@ -22,13 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx2
+# huggingface_hub loads its modules as they are first used; its HTTP client and errors, httpx2 and filelock are
+# imported where a download or the Hub needs them: a listing, or the shell completing a name, does not wait
+# for them (0.15 s)
 import huggingface_hub
-from filelock import FileLock, Timeout
-from huggingface_hub import errors as hub_errors
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-from huggingface_hub.utils import logging as hub_logging
 
 from . import elsewhere, llamacpp_cache, lmstudio_models, mirror, registry
 from .. import paths
@@ -40,7 +37,7 @@ from .registry import ModelEntry, RepoQuant, Resolved
 # huggingface_hub narrates each retry on stderr; failures reach the user as our one line instead
 # (LOCALSPEC_DEBUG=1 keeps its narration).
 if not os.environ.get("LOCALSPEC_DEBUG"):
-    hub_logging.set_verbosity_error()
+    huggingface_hub.logging.set_verbosity_error()
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # what llama.cpp's -hf takes of a repo named without one, in turn
 LOCK_NAME = ".download.lock"
@@ -214,6 +211,8 @@ def ensure(entry: ModelEntry, offline: bool = False, progress: Callable | None =
 
 @contextmanager
 def _only_downloader(directory: Path, name: str) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
     lock = FileLock(directory / LOCK_NAME)
     try:
         lock.acquire(timeout=0)
@@ -254,6 +253,9 @@ class _HubDown(_Unreachable):
 
 
 def _from_hub(entry: ModelEntry, repo: str, directory: Path, progress) -> Path:
+    import httpx2
+    from huggingface_hub import errors as hub_errors
+
     for name in entry.files:
         try:
             _fetch(repo, name, directory / name, progress)
@@ -289,11 +291,13 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
     partial.parent.mkdir(parents=True, exist_ok=True)  # a repo's file may sit in a folder of it
     if partial.is_symlink():
         raise FetchError(f"{partial} is a symbolic link, not a download of ours; remove it and pull again")
+    import httpx2
+
     url = huggingface_hub.hf_hub_url(repo, name)
     metadata = huggingface_hub.get_hf_file_metadata(url)
     # The Hub answers with a redirect to a signed CDN address: the token stays with the Hub's own
     # origin, as huggingface_hub's own downloads keep it.
-    headers = build_hf_headers()
+    headers = huggingface_hub.utils.build_hf_headers()
     if _origin(metadata.location) != _origin(url):
         headers.pop("authorization", None)
     if partial.exists() and metadata.size is not None and partial.stat().st_size > metadata.size:
@@ -327,6 +331,8 @@ def _fetch(repo: str, name: str, destination: Path, progress) -> None:
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
+    import httpx2
+
     parsed = httpx2.URL(url)
     return parsed.scheme, parsed.host, parsed.port
 
@@ -336,8 +342,8 @@ def _stream(url: str, headers: dict[str, str], partial: Path, bar, most: int, wh
     headers = dict(headers)
     if have:
         headers["Range"] = f"bytes={have}-"
-    with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
-        hf_raise_for_status(response)
+    with huggingface_hub.get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+        huggingface_hub.hf_raise_for_status(response)
         resumed = response.status_code == 206
         with open(partial, "ab" if resumed else "wb", opener=paths.no_follow) as out:
             if bar and have and not resumed:
@@ -459,10 +465,12 @@ def _files_elsewhere() -> list[tuple[str, str]]:
     Hugging Face cache holds of a repo's main."""
     files = [(repo, path.relative_to(root).as_posix()) for repo, root in lmstudio_models.repos()
              for path in sorted(root.rglob("*.gguf"))] + llamacpp_cache.files()
+    from huggingface_hub.errors import CacheNotFound
+
     for cache_dir, _ in _hub_caches():
         try:
             cache = huggingface_hub.scan_cache_dir(cache_dir)
-        except (hub_errors.CacheNotFound, OSError):
+        except (CacheNotFound, OSError):
             continue
         for repo in sorted(cache.repos, key=lambda repo: repo.repo_id):
             for revision in repo.revisions if repo.repo_type == "model" else ():
@@ -577,12 +585,15 @@ def hub_file_sizes(repo: str) -> dict[str, int]:
     """Every GGUF file of a Hub repo that is safe to save under, with its size in bytes."""
     with _asking_the_hub(f"list {repo}", repo):
         return {entry.path: entry.size for entry in huggingface_hub.list_repo_tree(repo, recursive=True)
-                if isinstance(entry, RepoFile) and registry.SAFE_FILE.match(entry.path)}
+                if isinstance(entry, huggingface_hub.RepoFile) and registry.SAFE_FILE.match(entry.path)}
 
 
 @contextmanager
 def _asking_the_hub(what: str, repo: str | None = None) -> Iterator[None]:
     """The Hub's failures as one line each (repo: the repo asked about)."""
+    import httpx2
+    from huggingface_hub import errors as hub_errors
+
     try:
         yield
     except hub_errors.GatedRepoError:
