@@ -5,8 +5,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import download, elsewhere, gguf_meta, hardware, modelfile, placement, registry
-from .. import reasoning
-from ..tool_calls import tool_format
 from ..config import DrafterKind, Runtime, Speculation
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS, SPEC, plan_drafting
 from ..errors import InputError, UsageError
@@ -157,6 +155,9 @@ def capabilities(header: gguf_meta.GGUFInfo, template: str | None = None) -> lis
     own, or the one given in its place, presents them in a form localspec reads back), insert (it fills in the middle: a
     request's suffix), thinking (a reasoning model); an encoder only embeds; a reranker has no word of Ollama's (it
     only ranks)."""
+    from .. import reasoning  # (a template's readers: imported where a card asks, not by every listing)
+    from ..tool_calls import tool_format
+
     if not header.generates:
         return [] if header.ranks else ["embedding"]
     # (a template given in place of the file's own stands for its tool_use one too, as in Prompts)
@@ -176,6 +177,8 @@ def capabilities(header: gguf_meta.GGUFInfo, template: str | None = None) -> lis
 
 
 def _thinking(template: str | None) -> str | None:
+    from .. import reasoning
+
     found = reasoning.family(template)
     return None if found is reasoning.NONE else found.name
 

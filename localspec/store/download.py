@@ -110,7 +110,9 @@ def _hub_caches() -> list[tuple[str | None, str]]:
     """The caches in the Hugging Face layout to read (None: huggingface_hub's own), as a sentence names each:
     llama.cpp's -hf downloads into that cache too, or into LLAMA_CACHE where set."""
     moved = os.environ.get("LLAMA_CACHE")
-    return [(None, "the Hugging Face cache"), *([(moved, "llama.cpp's cache (LLAMA_CACHE)")] if moved else [])]
+    caches = [(None, "the Hugging Face cache"), *([(moved, "llama.cpp's cache (LLAMA_CACHE)")] if moved else [])]
+    # (a cache never made holds nothing: its reader, 0.15 s to import, is left alone)
+    return [(cache, keeper) for cache, keeper in caches if Path(cache or huggingface_hub.constants.HF_HUB_CACHE).is_dir()]
 
 
 def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
