@@ -1,5 +1,6 @@
 """The GGUF header reader on tiny and real files, and on broken ones."""
 
+import struct
 import time
 
 import pytest
@@ -29,6 +30,20 @@ def test_truncated_files_are_refused_with_our_error(tiny, tmp_path, cut):
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(data[:cut])
     with pytest.raises(GGUFError, match="cut.gguf"):
+        gguf_meta.read(broken)
+
+
+def test_a_vocabulary_cut_short_or_with_a_string_past_the_end_is_refused_naming_the_problem(tiny, tmp_path):
+    data = tiny["target"].read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    strings = data.index(key) + len(key) + 4 + 4 + 8  # (its value type, the items' type, the count)
+    broken = tmp_path / "vocabulary.gguf"
+    count = struct.unpack_from("<Q", data, strings - 8)[0]
+    broken.write_bytes(data[:strings + 8 * count + 2])  # (room for every length, not for every string)
+    with pytest.raises(GGUFError, match="vocabulary.gguf: file is truncated"):
+        gguf_meta.read(broken)
+    broken.write_bytes(data[:strings] + struct.pack("<Q", 1 << 40) + data[strings + 8:])
+    with pytest.raises(GGUFError, match=f"a string of {1 << 40} bytes runs past the end"):
         gguf_meta.read(broken)
 
 

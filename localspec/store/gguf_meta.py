@@ -27,6 +27,7 @@ MAX_DIMS = 4
 MAX_ARRAY_NESTING = 8  # real files nest at most once; deeper is an attack on the reader's stack
 SHORT_ARRAY = 64  # arrays of numbers up to this long are decoded as the header is read
 DEFAULT_ALIGNMENT = 32
+_LENGTH = struct.Struct("<Q")  # a string's length before its bytes
 
 _SCALAR_FORMATS = {
     gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
@@ -330,6 +331,19 @@ class _Reader:
         self.at += length
         return self.at - length
 
+    def skip_strings(self, count: int) -> None:
+        """Move past count length-prefixed strings: skip_string's work in one loop of locals. A vocabulary and its
+        merges are 300,000 strings, 55 ms a header one call each, 24 ms so (`ls` reads each downloaded model's)."""
+        data, size, at, length_at = self.data, self.size, self.at, _LENGTH.unpack_from
+        for _ in range(count):
+            if at + 8 > size:
+                self.fail(f"file is truncated (header needs byte {at + 8}, file has {size})")
+            (length,) = length_at(data, at)
+            at += 8 + length
+            if at > size:
+                self.fail(f"file is truncated (a string of {length} bytes runs past the end)")
+        self.at = at
+
     def value(self, value_type: int):
         if value_type in _SCALAR_FORMATS:
             return self.take(_SCALAR_FORMATS[value_type])
@@ -352,8 +366,7 @@ class _Reader:
         elif item_type == gguf.GGUFValueType.STRING:
             if count > (self.size - start) // 8:
                 self.fail(f"an array claims {count} strings, more than the file holds")
-            for _ in range(count):
-                self.skip_string()
+            self.skip_strings(count)
         elif item_type == gguf.GGUFValueType.ARRAY:
             if count > (self.size - start) // 12:
                 self.fail(f"an array claims {count} arrays, more than the file holds")
