@@ -257,6 +257,9 @@ class DrafterKind(StrEnum):
         return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX, DrafterKind.FORCED)
 
 
+SPEC_CHOICES = ("auto", "fixed", "off")  # --spec's words (drafting.speculating reads them)
+
+
 @dataclass(frozen=True)
 class Speculation:
     """How speculation is steered.

@@ -8,7 +8,7 @@ from contextlib import closing
 from . import running
 
 from .store import calibration, hardware, registry
-from .config import DrafterKind, Speculation
+from .config import SPEC_CHOICES, DrafterKind, Speculation
 from .engine import costs as step_costs
 from .engine import policy
 from .engine.backend import Context
@@ -19,8 +19,6 @@ from .engine.drafters.spec import (PUBLISHED_KINDS, SPEC, DraftPlan, DrafterSpec
 from .engine.suffix import SuffixCache
 from .errors import UsageError
 from .events import Done, Event, Token
-
-SPEC_CHOICES = ("auto", "fixed", "off")
 
 
 def speculating(draft: str | None, spec: str = "auto") -> tuple[DrafterKind, str | None]:

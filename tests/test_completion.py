@@ -29,7 +29,7 @@ def environment(tmp_path: Path) -> dict[str, str]:
                       PATH=f"{COMMAND_FOLDER}{os.pathsep}{env['PATH']}")
 
 
-def test_the_installed_bash_completion_completes_model_names_and_draft_words(home):
+def test_the_installed_bash_completion_completes_model_names_draft_words_and_option_values(home):
     assert (COMMAND_FOLDER / "localspec").exists(), "the test needs the installed localspec command"
     env = environment(home)
     installed = subprocess.run(["localspec", "--install-completion", "bash"], env=env, capture_output=True,
@@ -54,6 +54,12 @@ def test_the_installed_bash_completion_completes_model_names_and_draft_words(hom
     assert tab("rm", "ters") == tab("cp", "ters") == tab("check", "ters") == ["terse"]
     assert tab("tokenize", "terse", "ters") == []  # (its text is no model's name)
     assert tab("run", "./mod") == []  # (none: bash completes a file's path instead)
+    # the options that take one of a few words
+    assert tab("run", "x", "--spec", "") == ["auto", "fixed", "off"]
+    assert tab("run", "x", "-ctk", "q8") == ["q8_0"] and tab("serve", "x", "-ctvd", "bf") == ["bf16"]
+    assert tab("run", "x", "-sm", "r") == ["row"] and tab("run", "x", "-fa", "") == ["on", "off", "auto"]
+    assert tab("chat", "x", "--reasoning-effort", "h") == ["high"] and tab("run", "x", "--rope-scaling", "y") == ["yarn"]
+    assert tab("serve", "x", "--reasoning-format", "") == ["auto", "deepseek", "none"]
 
 
 def test_zsh_gets_each_name_with_what_it_is_and_files_where_no_name_fits(home):

@@ -42,6 +42,7 @@ from .options import (
     TimingsOption,
     VerboseOption,
     colorless,
+    completing,
     system_prompt,
     after_model,
     device_names,
@@ -611,6 +612,12 @@ def perplexity(
           f" ({found.tokens_per_second or 0:,.0f} tokens/s read)", file=sys.stderr)
 
 
+def _reasoning_formats(incomplete: str) -> list[str]:
+    from ..protocols.shared import REASONING_FORMATS  # (the server's: loaded for this TAB alone)
+
+    return completing(REASONING_FORMATS)(incomplete)
+
+
 @command(
     epilog=(
         "Examples:\n\n"
@@ -652,7 +659,7 @@ def serve(
         " limit, which serve raises to the hard limit).")] = DEFAULT_SERVING.max_connections,
     reasoning_format: Annotated[str, typer.Option(
         "--reasoning-format", envvar="LLAMA_ARG_THINK", show_envvar=False, metavar="auto|deepseek|none",
-        rich_help_panel="Thinking (reasoning models)",
+        rich_help_panel="Thinking (reasoning models)", autocompletion=_reasoning_formats,
         help="Where a reasoning model's thinking goes in OpenAI answers, as llama-server's option: apart, in"
         " reasoning_content (auto and deepseek, the same), or left in content (none). Ollama's answers carry it"
         " in thinking. A request's reasoning_format overrides it.")] = "auto",

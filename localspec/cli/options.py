@@ -19,6 +19,11 @@ import typer
 from .. import paths
 from ..config import (
     AUTO_PARALLEL,
+    EFFORTS,
+    KV_CACHE_TYPES,
+    ROPE_SCALING,
+    SPEC_CHOICES,
+    SPLIT_MODES,
     HUB_PREFIX,
     Adapter,
     DEFAULT_BRANCHES,
@@ -77,6 +82,13 @@ def complete_draft(incomplete: str) -> list[tuple[str, str]]:
     return [(word, what) for word, what in words.items() if word.startswith(incomplete)] + complete_model(incomplete)
 
 
+def completing(words) -> Callable[[str], list[str]]:
+    """The completion of an option that takes one of words (on TAB, those that begin with what was typed)."""
+    return lambda incomplete: [word for word in words if word.startswith(incomplete)]
+
+
+SWITCH_WORDS = ("on", "off", "auto")  # what --flash-attn, --reasoning and --color are given (SWITCH reads more)
+
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).
 # with_options adds them to a command and builds one Settings from them.
@@ -119,7 +131,8 @@ DRAFTING_OPTIONS = {
         "--spec", help="auto: choose each step between plain decoding and drafting with n-gram lookup, earlier"
         " answers (the suffix cache), a --prediction, or the --draft drafter (a draft model, MTP, EAGLE-3, DFlash),"
         " by measured cost and acceptance; fixed: always draft up to --draft-max with the --draft drafter (n-gram"
-        " lookup without one); off: plain decoding.", rich_help_panel=SPECULATION)], "auto"),
+        " lookup without one); off: plain decoding.",
+        autocompletion=completing(SPEC_CHOICES), rich_help_panel=SPECULATION)], "auto"),
 }
 SPECULATION_OPTIONS = {
     "draft_max": (Annotated[Optional[int], typer.Option(
@@ -268,10 +281,11 @@ THINKING_OPTIONS = {
     "reasoning": (Annotated[Optional[str], typer.Option(
         "--reasoning", "-rea", metavar="on|off|auto", help="llama-server's switch for the same: on is --think, off"
         " --no-think, auto (the default) as the model's template decides.", show_default=False,
-        rich_help_panel=THINKING)], None),
+        autocompletion=completing(SWITCH_WORDS), rich_help_panel=THINKING)], None),
     "reasoning_effort": (Annotated[Optional[str], typer.Option(
         "--reasoning-effort", metavar="low|medium|high", help="How hard gpt-oss thinks (its template's"
-        " reasoning_effort; medium by default).", show_default=False, rich_help_panel=THINKING)], None),
+        " reasoning_effort; medium by default).", show_default=False,
+        autocompletion=completing(EFFORTS), rich_help_panel=THINKING)], None),
     "reasoning_budget": (Annotated[int, typer.Option(
         "--reasoning-budget", metavar="N", help="Most tokens of thinking: at N the block is closed for the model"
         " and it answers, as llama.cpp's budget does. -1: no limit; 0: no thinking.",
@@ -315,7 +329,7 @@ RESOURCE_OPTIONS = {
     "fit": (Annotated[Optional[str], typer.Option(
         "--fit", "-fit", metavar="on|off", help="Fit the layers that --gpu-layers leaves to auto to the GPUs'"
         " free memory (on, llama.cpp's default), or offload every one (off).", show_default=False,
-        rich_help_panel=RESOURCES)], None),
+        autocompletion=completing(("on", "off")), rich_help_panel=RESOURCES)], None),
     "fit_target": (Annotated[int, typer.Option(
         "--fit-target", "-fitt", metavar="MiB", help="Memory fitting leaves free on each GPU, as llama.cpp's.",
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.fit_margin >> 20),
@@ -326,7 +340,7 @@ RESOURCE_OPTIONS = {
         "--split-mode", "-sm", metavar="MODE", help="How the offloaded layers split across several GPUs,"
         " as llama.cpp's: layer (by layers, pipelined), row (each weight by rows, in parallel; not on CUDA in this"
         " llama.cpp), tensor (llama.cpp's experimental split of weights and KV cache), or none (all on --main-gpu).",
-        rich_help_panel=RESOURCES)],
+        autocompletion=completing(SPLIT_MODES), rich_help_panel=RESOURCES)],
         DEFAULT_RUNTIME.split_mode),
     "main_gpu": (Annotated[int, typer.Option(
         "--main-gpu", "-mg", help="With --split-mode none, the device that holds the model, counted as llama.cpp"
@@ -369,7 +383,7 @@ RESOURCE_OPTIONS = {
     "flash_attn": (Annotated[Optional[str], typer.Option(
         "--flash-attn", "-fa", help="Flash attention: on, off, or auto (llama.cpp's default: on wherever the"
         " device supports it). For the target and the draft model.", show_default=False,
-        rich_help_panel=RESOURCES)], None),
+        autocompletion=completing(SWITCH_WORDS), rich_help_panel=RESOURCES)], None),
     "mmap": (Annotated[Optional[bool], typer.Option(
         "--mmap/--no-mmap", help="Map model files into memory, or read them in (--no-mmap: slower to load, but"
         " no page faults later). Default: as llama.cpp decides for the device.", show_default=False,
@@ -381,17 +395,18 @@ RESOURCE_OPTIONS = {
         "--cache-type-k", "-ctk", metavar="TYPE", help="The target's K cache type, as llama.cpp's: f16, q8_0 (half"
         " the memory), q4_0, ... (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1). Speculation stays lossless:"
         " the text is what the target writes with that cache. The draft's: -ctkd.",
-        rich_help_panel=RESOURCES)], "f16"),
+        autocompletion=completing(KV_CACHE_TYPES), rich_help_panel=RESOURCES)], "f16"),
     "cache_type_v": (Annotated[str, typer.Option(
         "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
-        " needs flash attention (-fa auto or on).", rich_help_panel=RESOURCES)], "f16"),
+        " needs flash attention (-fa auto or on).",
+        autocompletion=completing(KV_CACHE_TYPES), rich_help_panel=RESOURCES)], "f16"),
     "draft_cache_type_k": (Annotated[str, typer.Option(
         "--cache-type-k-draft", "-ctkd", "--spec-draft-type-k", metavar="TYPE", help="The draft model's K cache"
         " type (or an MTP block's, an EAGLE-3 or DFlash drafter's), the same types: the text is the target's"
-        " whatever the draft's cache.", rich_help_panel=RESOURCES)], "f16"),
+        " whatever the draft's cache.", autocompletion=completing(KV_CACHE_TYPES), rich_help_panel=RESOURCES)], "f16"),
     "draft_cache_type_v": (Annotated[str, typer.Option(
         "--cache-type-v-draft", "-ctvd", "--spec-draft-type-v", metavar="TYPE", help="The draft's V cache type.",
-        rich_help_panel=RESOURCES)], "f16"),
+        autocompletion=completing(KV_CACHE_TYPES), rich_help_panel=RESOURCES)], "f16"),
 }
 def _rope_number(flag: str, kind: type, help: str) -> tuple:
     """One of llama.cpp's RoPE or YaRN numbers, the model's own unless given."""
@@ -404,7 +419,7 @@ ROPE_OPTIONS = {
     "rope_scaling": (Annotated[Optional[str], typer.Option(
         "--rope-scaling", metavar="none|linear|yarn", help="RoPE frequency scaling, to read a context longer than the"
         " model was trained on (Qwen's recipe: --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768).",
-        show_default=False, rich_help_panel=ROPE)], None),
+        show_default=False, autocompletion=completing(ROPE_SCALING), rich_help_panel=ROPE)], None),
     "rope_scale": _rope_number("--rope-scale", float, "Expand the context N times (--rope-freq-scale 1/N)."),
     "rope_freq_base": _rope_number("--rope-freq-base", float, "RoPE base frequency (NTK-aware scaling)."),
     "rope_freq_scale": _rope_number("--rope-freq-scale", float,
