@@ -11,14 +11,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import net, running, store
+from . import net, running
 from .config import DrafterKind, Limits, Sampling, Thinking
 from .errors import EngineError, InputError, LocalspecError, UsageError
 from .events import Event, from_wire
-from .protocols.native import INFO_PATH, PATH, TOKENS_PATH
-from .request import Request, to_wire
-from .session import Conversation, Info
+
+if TYPE_CHECKING:
+    from .request import Request
+    from .session import Conversation, Info
+
+# The serve's protocol, the request's wire form, the session's Conversation and the store are imported where a
+# generation or a name needs them: `ps`, `stop` and `load` only ask serves what they hold.
 
 OLLAMA_PS, OLLAMA_GENERATE = "/api/ps", "/api/generate"  # Ollama's routes, which serve answers too
 # to reach the serve, and then between two events: a queue or a long prompt's prefill may take minutes
@@ -54,10 +59,14 @@ class Remote:
 
     @cached_property
     def _info(self) -> dict:
+        from .protocols.native import INFO_PATH
+
         return json.loads(b"".join(self._asked(INFO_PATH)))
 
     @property
-    def info(self) -> Info:
+    def info(self) -> "Info":
+        from .session import Info
+
         return Info(**{name: self._info[name] for name in Info.__dataclass_fields__})
 
     @property
@@ -86,16 +95,24 @@ class Remote:
 
     def chat(self, system: str | None = None, sampling: Sampling | None = None, limits: Limits | None = None,
              thinking: Thinking = Thinking(), opening: Sequence[dict] = (), template_variables: dict | None = None
-             ) -> Conversation:
+             ) -> "Conversation":
+        from .session import Conversation
+
         return Conversation(self, system, sampling or Sampling(), limits or Limits(), thinking, opening,
                             template_variables)
 
-    def count_tokens(self, request: Request) -> int:
+    def count_tokens(self, request: "Request") -> int:
+        from .protocols.native import TOKENS_PATH
+        from .request import to_wire
+
         return json.loads(b"".join(self._asked(TOKENS_PATH, to_wire(request))))["tokens"]
 
-    def generate(self, request: Request) -> Iterator[Event]:
+    def generate(self, request: "Request") -> Iterator[Event]:
         """The events of one generation on the serve; closing the iterator (Ctrl-C) closes the connection,
         which stops the generation there."""
+        from .protocols.native import PATH
+        from .request import to_wire
+
         request = replace(request, drafting=request.drafting or self.mode,
                           draft_max=self.draft_max if request.draft_max is None else request.draft_max)
         for line in self._asked(PATH, to_wire(request)):
@@ -154,6 +171,8 @@ def _refusal(status: int, body: bytes) -> LocalspecError:
 def serving(target: str, draft: str | None) -> Remote | None:
     """A serve on this machine that started with the files the target and draft name (any draft, where the
     command names none), found through the records `ps` reads; None where there is none."""
+    from . import store
+
     try:
         files = (store.here(target), *([store.here(target, draft)] if draft else []))
     except LocalspecError:
@@ -174,6 +193,8 @@ def serving(target: str, draft: str | None) -> Remote | None:
 def load(name: str, keep_alive: float | None) -> str:
     """Load a downloaded model into the `localspec serve` on this machine (the newest, where several run), as LM
     Studio's `lms load` does; say which serve holds it and until when. UsageError where no serve runs here."""
+    from . import store
+
     if store.here(name) is None:
         raise UsageError(f"{name!r} is not a downloaded model (`localspec pull {name}` downloads a registry model)")
     serves = [record for record in running.processes() if record["command"] == "serve" and record.get("address")]
@@ -196,6 +217,8 @@ def stop(name: str) -> str:
     """Unload a model that a `localspec serve` on this machine loaded on demand (Ollama's `stop`): now, or one
     answering a request as soon as that ends; say which. LocalspecError where it stays loaded or nothing here
     holds it, saying why."""
+    from . import store
+
     path = store.here(name)
     if path is None:
         raise UsageError(f"{name!r} is not a downloaded model (`localspec ps` lists what is loaded)")
@@ -228,6 +251,8 @@ def stop(name: str) -> str:
 
 def _file(name: str) -> Path | None:
     """The downloaded file a serve's model name means (None where none here)."""
+    from . import store
+
     try:
         return store.here(name)
     except LocalspecError:
