@@ -43,8 +43,8 @@ from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
 if TYPE_CHECKING:
     from ..store import Preset
 
-# The store, the prompts' machinery and the drafters are imported by the functions that turn options into settings:
-# --help, and the shell completing a model's name, do not load them.
+# The store, the prompts' machinery and a session's drafting are imported by the functions that turn options into
+# settings: --help, and the shell completing a word, do not load them.
 
 DEFAULT_SAMPLING = Sampling()
 DEFAULT_SPECULATION = Speculation()
@@ -59,7 +59,6 @@ TEMPLATE = "Chat template"
 ROPE = "Longer contexts (RoPE scaling)"
 ADAPTERS = "LoRA adapters and control vectors"
 VISION = "Images and audio"
-
 
 
 def complete_model(incomplete: str) -> list[tuple[str, str]]:
@@ -87,7 +86,7 @@ def completing(words) -> Callable[[str], list[str]]:
     return lambda incomplete: [word for word in words if word.startswith(incomplete)]
 
 
-SWITCH_WORDS = ("on", "off", "auto")  # what --flash-attn, --reasoning and --color are given (SWITCH reads more)
+SWITCH_WORDS = ("on", "off", "auto")  # what --flash-attn and --reasoning complete to (SWITCH reads more)
 
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Use only downloaded models; never contact the Hub.")]
 # The options generating commands share, in groups, each option as (type with its help, default).

@@ -9,16 +9,16 @@ measured on this machine (calibration.py).
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
 modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, Jan's or
 GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by another app's model's family,
-every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under another name,
-forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest, size),
-blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
-downloaded, nothing fetched; known() every model the registry names; names() every name a model is run by, for a shell to complete; hub_downloads() every model pulled by its Hub
-repo's name, quant_here(query) the one owner/repo[:QUANT] names among them; search(text) the registry's and the
-Hub's models to fetch, quantizations(name) a Hub repo's files (a registry model's); installed(entry) its file where
-downloaded (kept_by(resolved): by another app, read in place); fetch(resolved) its file, downloaded first where
-missing; header(path) a file's GGUF header; control_vector(path) a control vector's directions; pair(target, draft)
-a target and its draft found, fetched, read and checked; machine() the memory and devices there are;
-estimate_bytes(header, n_ctx) what a model takes of them.
+every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under
+another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest,
+size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
+downloaded, nothing fetched; known() every model the registry names; names() every name a model is run by, for a
+shell to complete; hub_downloads() every model pulled by its Hub repo's name, quant_here(query) the one
+owner/repo[:QUANT] names among them; search(text) the registry's and the Hub's models to fetch, quantizations(name)
+a Hub repo's files (a registry model's); installed(entry) its file where downloaded (kept_by(resolved): by another
+app, read in place); fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF header;
+control_vector(path) a control vector's directions; pair(target, draft) a target and its draft found, fetched, read
+and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what a model takes of them.
 """
 
 import dataclasses

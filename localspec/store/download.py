@@ -112,7 +112,8 @@ def _hub_caches() -> list[tuple[str | None, str]]:
     moved = os.environ.get("LLAMA_CACHE")
     caches = [(None, "the Hugging Face cache"), *([(moved, "llama.cpp's cache (LLAMA_CACHE)")] if moved else [])]
     # (a cache never made holds nothing: its reader, 0.15 s to import, is left alone)
-    return [(cache, keeper) for cache, keeper in caches if Path(cache or huggingface_hub.constants.HF_HUB_CACHE).is_dir()]
+    return [(cache, keeper) for cache, keeper in caches
+            if Path(cache or huggingface_hub.constants.HF_HUB_CACHE).is_dir()]
 
 
 def _pinned(entry: ModelEntry, copy: Copy) -> Iterator[Copy]:
