@@ -267,6 +267,13 @@ def test_version_and_help(cli):
     assert code == 0 and out.strip() == localspec_version
     _, out, _ = cli("--help")
     assert "--install-completion" in out
+    # Ollama's `help [COMMAND]`
+    code, out, _ = cli("help", "run")
+    assert code == 0 and "Usage: localspec run [OPTIONS] [TARGET] [PROMPT]" in out
+    code, out, _ = cli("help")
+    assert code == 0 and "Usage: localspec [OPTIONS] COMMAND" in out and "perplexity" in out
+    code, _, err = cli("help", "nosuch")
+    assert code == 2 and "No such command 'nosuch'" in err
 
 
 def test_the_summary_says_why_nothing_was_drafted_and_never_counts_below_a_token_a_step(localspec, tiny):
@@ -525,6 +532,19 @@ def test_help_and_registry_commands_do_not_load_llama_cpp(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "LOCALSPEC_HOME": str(tmp_path)})
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+
+
+def test_the_command_line_loads_no_model_machinery_before_a_command_runs():
+    """--help, --version and each TAB run the command line: it imports what parses it (the options, the drafters'
+    words for their help) and nothing that a command alone uses, which made each TAB take 0.8 s on a 2-core CPU;
+    nor does `ps` (remote: what serves hold) load a session."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, localspec.cli, localspec.remote;"
+                             " print(' '.join(sys.modules))"],
+                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    heavy = {"localspec.store", "localspec.session", "localspec.prompts", "localspec.request", "localspec.server",
+             "localspec.tool_calls", "huggingface_hub.file_download", "httpx2", "filelock", "pydantic", "jinja2",
+             "gguf", "llama_cpp"}
+    assert heavy.isdisjoint(loaded), sorted(heavy.intersection(loaded))
 
 
 def test_the_prompt_may_follow_the_model_as_in_ollama(localspec, tiny):

@@ -82,16 +82,3 @@ def test_a_broken_registry_file_of_ones_own_completes_nothing_and_says_nothing(h
         _LOCALSPEC_COMPLETE="complete_bash", COMP_WORDS="localspec run qw", COMP_CWORD="2"),
         capture_output=True, text=True, timeout=120)
     assert (asked.returncode, asked.stdout.strip(), asked.stderr) == (0, "", "")
-
-
-def test_the_command_line_loads_no_model_machinery_before_a_command_runs():
-    """--help, --version and each TAB run the command line: it imports what parses it (the options, the drafters'
-    words for their help) and nothing that a command alone uses, which made each TAB take 0.8 s on a 2-core CPU;
-    nor does `ps` (remote: what serves hold) load a session."""
-    loaded = subprocess.run([sys.executable, "-c", "import sys, localspec.cli, localspec.remote;"
-                             " print(' '.join(sys.modules))"],
-                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
-    heavy = {"localspec.store", "localspec.session", "localspec.prompts", "localspec.request", "localspec.server",
-             "localspec.tool_calls", "huggingface_hub.file_download", "httpx2", "filelock", "pydantic", "jinja2",
-             "gguf", "llama_cpp"}
-    assert heavy.isdisjoint(loaded), sorted(heavy.intersection(loaded))

@@ -11,7 +11,7 @@ import typer
 from .. import __version__, running, tui
 from ..config import DrafterKind
 from ..errors import UsageError
-from .app import command
+from .app import app, command
 from .options import DEFAULT_RUNTIME, OfflineOption, complete_draft, complete_model, device_names
 
 # Each command imports the store's rooms and the engine it uses as it starts (see generate.py)
@@ -400,3 +400,9 @@ def doctor(
 def version():
     """Print the localspec version."""
     print(__version__)
+
+
+@command(name="help", hidden=True)
+def help_(command: Annotated[Optional[list[str]], typer.Argument(show_default=False)] = None):
+    """Show a command's help, as `ollama help run` does (alone: every command)."""
+    app(args=[*(command or ()), "--help"], prog_name="localspec", standalone_mode=False)
