@@ -54,6 +54,7 @@ def test_the_installed_bash_completion_completes_model_names_draft_words_and_opt
     assert tab("rm", "ters") == tab("cp", "ters") == tab("check", "ters") == ["terse"]
     assert tab("tokenize", "terse", "ters") == []  # (its text is no model's name)
     assert tab("run", "./mod") == []  # (none: bash completes a file's path instead)
+    assert tab("help", "r") == ["run", "rm"]  # (the commands --help lists)
     # the options that take one of a few words
     assert tab("run", "x", "--spec", "") == ["auto", "fixed", "off"]
     assert tab("run", "x", "-ctk", "q8") == ["q8_0"] and tab("serve", "x", "-ctvd", "bf") == ["bf16"]

@@ -402,7 +402,14 @@ def version():
     print(__version__)
 
 
+def _command_names(context: typer.Context, incomplete: str) -> list[str]:
+    commands = context.find_root().command
+    return [name for name in commands.list_commands(context)
+            if name.startswith(incomplete) and not commands.get_command(context, name).hidden]
+
+
 @command(name="help", hidden=True)
-def help_(command: Annotated[Optional[list[str]], typer.Argument(show_default=False)] = None):
+def help_(command: Annotated[Optional[list[str]], typer.Argument(show_default=False,
+                                                                  autocompletion=_command_names)] = None):
     """Show a command's help, as `ollama help run` does (alone: every command)."""
     app(args=[*(command or ()), "--help"], prog_name="localspec", standalone_mode=False)
