@@ -238,7 +238,8 @@ def names() -> list[tuple[str, str]]:
     models made (ours, and Ollama's, Jan's and GPT4All's)."""
     return ([(entry.name, f"{entry.family} {entry.params}".strip()) for entry in known().values() if not entry.drafts]
             + [(entry.command_name, "pulled from the Hub") for entry in hub_downloads()]
-            + [(made.name, f"{made.keeper}'s" if made.keeper else f"made from {made.base}") for made in every_made()])
+            + [(made.name, f"{made.keeper}'s" if made.keeper else f"made from {Path(made.base).name}")
+               for made in every_made()])
 
 
 def search(text: str, limit: int = 20, offline: bool = False) -> tuple[list[finder.Found], str]:
