@@ -27,6 +27,12 @@ def prompts_dir() -> Path:
     return root / "prompts" if root is not None else Path(platformdirs.user_cache_dir("localspec")) / "prompts"
 
 
+def headers_dir() -> Path:
+    """Model files' headers kept between reads (store/headers.py)."""
+    root = home()
+    return root / "headers" if root is not None else Path(platformdirs.user_cache_dir("localspec")) / "headers"
+
+
 def prompts_of(model: Path, root: Path | None = None) -> Path:
     """The folder of a model file's prompts under root (default prompts_dir()): a file replaced (downloaded again,
     requantized) is another model's."""

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ..config import Limits, Sampling
 from ..errors import InputError, UsageError
-from . import (blobs, catalog, compat, download, elsewhere, finder, gguf_meta, hardware, modelfile, ollama_models,
-               registry)
+from . import (blobs, catalog, compat, download, elsewhere, finder, gguf_meta, hardware, headers, modelfile,
+               ollama_models, registry)
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
@@ -120,7 +120,7 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
         beside = ((where.parent if where else Path.cwd()) / Path(preset.base).expanduser())
         if beside.is_file():
             try:  # (a file that is no model was kept, and every run of it then failed to load)
-                gguf_meta.read(beside)
+                headers.read(beside)
             except gguf_meta.GGUFError as error:
                 raise UsageError(f"FROM {error}") from None
             preset = dataclasses.replace(preset, base=os.path.abspath(beside))  # (a link kept as the user made it)
@@ -147,7 +147,7 @@ def _beside(given: str, where: Path | None, instruction: str, option: str, wante
     if not beside.is_file():
         raise UsageError(f"{instruction} {given}: no such file" + (f" beside {where}" if where else ""))
     try:
-        applied = gguf_meta.read(beside).applied_to_a_model
+        applied = headers.read(beside).applied_to_a_model
     except gguf_meta.GGUFError as error:
         raise UsageError(f"{instruction} {error}") from None
     if applied is None or applied[2] != option:
@@ -159,7 +159,7 @@ def _applied(given: str, where: Path | None) -> str | None:
     """The option that applies a file a Modelfile names (--lora, --mmproj, ...); None for a model or no file."""
     beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
     try:
-        applied = gguf_meta.read(beside).applied_to_a_model if beside.is_file() else None
+        applied = headers.read(beside).applied_to_a_model if beside.is_file() else None
     except gguf_meta.GGUFError:
         return None
     return applied[2] if applied else None
@@ -283,7 +283,7 @@ def fetch(resolved: Resolved, offline: bool = False, progress: Callable | None =
 
 def header(path: Path) -> GGUFInfo:
     """A file's GGUF header, read without loading its weights."""
-    return gguf_meta.read(path)
+    return headers.read(path)
 
 
 def capabilities(info: GGUFInfo, template: str | None = None) -> list[str]:
@@ -331,10 +331,10 @@ def pair(target: str, draft_model: str | None, offline: bool = False, progress=N
     if n_ctx is not None:
         hardware.check_fit_before_download([_known_size(r) for r in (target_entry, draft_entry) if r is not None],
                                            n_ctx)
-    target_info = _model(gguf_meta.read(download.locate(target_entry, offline, progress, verify_sha256)))
+    target_info = _model(headers.read(download.locate(target_entry, offline, progress, verify_sha256)))
     if draft_entry is None:
         return Pair(target_info)
-    draft_info = _model(gguf_meta.read(download.locate(draft_entry, offline, progress, verify_sha256)))
+    draft_info = _model(headers.read(download.locate(draft_entry, offline, progress, verify_sha256)))
     report = compat.check(target_info, draft_info)
     return Pair(target_info, draft_info, report,
                 "" if report.compatible else registry.draft_advice(target_entry, models))

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from .. import paths
-from . import gguf_meta
+from . import headers
 from .download import LEFT_FREE
 from ..errors import UsageError
 
@@ -90,7 +90,7 @@ def model(files: dict[str, str]) -> tuple[Path, Path | None]:
         with open(kept[name], "rb") as file:
             if file.read(4) != GGUF_MAGIC:
                 raise UsageError(f"files: {name} is not a GGUF file")
-    projectors = [path for path in kept.values() if gguf_meta.read(path).architecture == "clip"]
+    projectors = [path for path in kept.values() if headers.read(path).architecture == "clip"]
     models = [path for path in kept.values() if path not in projectors]
     if len(models) != 1 or len(projectors) > 1:
         raise UsageError(f"files: one GGUF model (and at most one multimodal projector); {len(models)} models and"

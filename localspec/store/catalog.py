@@ -4,7 +4,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import download, elsewhere, gguf_meta, hardware, modelfile, placement, registry
+from . import download, elsewhere, gguf_meta, hardware, headers, modelfile, placement, registry
 from ..config import DrafterKind, Runtime, Speculation
 from ..engine.drafters.spec import PUBLISHED_DRAFTERS, SPEC, plan_drafting
 from ..errors import InputError, UsageError
@@ -21,7 +21,7 @@ def _listed_header(path: Path | None) -> gguf_meta.GGUFInfo | None:
     """A file's header for a list of models; None where no file is there, or one that does not read (another app's
     partial or broken download: listed as not installed, where `show` and `run` say what is wrong with it)."""
     try:
-        return gguf_meta.read(path) if path is not None and path.is_file() else None
+        return headers.read(path) if path is not None and path.is_file() else None
     except gguf_meta.GGUFError:
         return None
 
@@ -93,7 +93,7 @@ def model_card(name: str) -> ModelCard:
     """Reads only what is on disk: a registry model that is not downloaded shows what the registry knows."""
     models = registry.load()
     entry, path = _on_disk(name, models)
-    header = gguf_meta.read(path) if path else None
+    header = headers.read(path) if path else None
     info = {
         "name": entry.name if entry else path.name,
         "ollama_name": entry.ollama_name if entry and not entry.typed else None,  # the same model, as Ollama names it
