@@ -1,7 +1,7 @@
 """Model files' headers kept between runs. A header is read whole to be trusted (its tensor table says whether the
 download is complete), and a vocabulary of 150,000 tokens and their merges takes 25-40 ms to walk: `ls` over an
 Ollama store of twenty models spent most of its time there, every time. A file's header is read once while the
-file stays the same (its path, size and modification time) and the reader stays the same (its source's digest)."""
+file stays the same (its path, inode, size and modification time) and the reader stays the same (its source's digest)."""
 
 import dataclasses
 import functools
@@ -25,7 +25,7 @@ def read(path: Path) -> GGUFInfo:
         where = paths.headers_dir() / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]}.json"
     except (OSError, RuntimeError, ValueError):  # (no file, a link's loop, a NUL in the name: as the reader says it)
         return gguf_meta.read(path)
-    stamp = [_reader(), stat.st_size, stat.st_mtime_ns]
+    stamp = [_reader(), stat.st_size, stat.st_mtime_ns, stat.st_ino]
     try:
         kept = json.loads(where.read_bytes())
         if kept["stamp"] == stamp:
