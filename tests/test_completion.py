@@ -49,7 +49,8 @@ def test_the_installed_bash_completion_completes_model_names_draft_words_and_opt
     assert tab("run", "te") == ["terse"]  # a model made with create
     assert tab("run", "qwen2.5-coder-1") == ["qwen2.5-coder-1.5b", "qwen2.5-coder-14b"]  # the registry's
     assert tab("chat", "x", "--draft", "ng") == ["ngram"]
-    assert {"mtp", "eagle3", "dflash", "auto", "qwen2.5-coder-0.5b"} <= set(tab("run", "x", "--draft", ""))
+    assert {"mtp", "eagle3", "dflash", "assistant", "auto", "qwen2.5-coder-0.5b"} <= set(tab("run", "x", "--draft", ""))
+    assert tab("pull", "gemma4-e4b", "--draft", "as") == ["assistant"]  # (Gemma 4's, as --draft takes it)
     assert tab("show", "qwen2.5-coder-0.") == ["qwen2.5-coder-0.5b"]
     assert tab("rm", "ters") == tab("cp", "ters") == tab("check", "ters") == ["terse"]
     assert tab("tokenize", "terse", "ters") == []  # (its text is no model's name)

@@ -38,7 +38,7 @@ from ..config import (
     default_threads,
 )
 from ..errors import InputError, LocalspecError, UsageError, json_trouble
-from ..engine.drafters.spec import DRAFT_WORDS, default_draft_max
+from ..engine.drafters.spec import DRAFT_WORDS, PUBLISHED_DRAFTERS, default_draft_max
 
 if TYPE_CHECKING:
     from ..store import Preset
@@ -78,6 +78,7 @@ def complete_draft(incomplete: str) -> list[tuple[str, str]]:
     """--draft's words, then the model names, that begin with what was typed."""
     words = {"auto": "the draft the registry recommends", DrafterKind.NGRAM.value: "n-gram lookup",
              **{str(word): what for word, what in DRAFT_WORDS.items()}}
+    words |= {word: f"the {word} file published beside it" for word in PUBLISHED_DRAFTERS if word not in words}
     return [(word, what) for word, what in words.items() if word.startswith(incomplete)] + complete_model(incomplete)
 
 
