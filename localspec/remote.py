@@ -121,13 +121,13 @@ class Remote:
                 raise _refusal(data.get("status", 500), line)
             yield from_wire(data)
 
-    def loaded(self) -> list[dict]:
+    def loaded(self, timeout: float = LISTING_SECONDS) -> list[dict]:
         """The models the serve holds now, the one it started with first: each one's `name`, when it will be
         unloaded unless asked for (`expires_at`, as Ollama's /api/ps says it) and the share of its layers on
         GPUs (`on_gpu`, of Ollama's size_vram)."""
         return [{"name": model["name"], "expires_at": model["expires_at"],
                  "on_gpu": model.get("size_vram", 0) / model["size"] if model.get("size") else 0.0}
-                for model in json.loads(b"".join(self._asked(OLLAMA_PS, timeout=LISTING_SECONDS)))["models"]]
+                for model in json.loads(b"".join(self._asked(OLLAMA_PS, timeout=timeout)))["models"]]
 
     def load(self, name: str, keep_alive: float | None) -> None:
         """Ask the serve to load a model, as a request naming it would (Ollama's empty prompt), for keep_alive
@@ -261,12 +261,21 @@ def _file(name: str) -> Path | None:
 
 def with_loaded(records: list[dict]) -> list[dict]:
     """`ps`'s records, each serve's with the models it holds now (`loaded`, Remote.loaded's) where it answers."""
-    out = []
-    for record in records:
-        if record["command"] == "serve" and record.get("address"):
-            try:
-                record = record | {"loaded": Remote.of(record).loaded()}
-            except (LocalspecError, OSError, ValueError, KeyError, TypeError):  # stopped, behind an API key, ...
-                pass
-        out.append(record)
-    return out
+    return [record if (held := _held(record)) is None else record | {"loaded": held} for record in records]
+
+
+def loaded_on_demand(timeout: float) -> list[str]:
+    """The models the serves on this machine loaded on demand, which `stop` unloads, of those that answer within
+    timeout seconds (a shell completing `stop`'s word waits no longer)."""
+    return [model["name"] for record in running.processes() for model in (_held(record, timeout) or [])[1:]]
+
+
+def _held(record: dict, timeout: float = LISTING_SECONDS) -> list[dict] | None:
+    """What a record's serve holds now, the model it started with first (Remote.loaded's); None where the record is no
+    serve's or the serve does not answer."""
+    if record["command"] != "serve" or not record.get("address"):
+        return None
+    try:
+        return Remote.of(record).loaded(timeout)
+    except (LocalspecError, OSError, ValueError, KeyError, TypeError):  # stopped, behind an API key, ...
+        return None

@@ -114,9 +114,19 @@ def test_load_puts_a_model_into_the_running_serve_as_lms_load_does(home, tiny):
         assert briefly.returncode == 0 and "unless asked for" in briefly.stdout, briefly.stderr
         missing = stop_command(home, "tiny-gone", command="load")
         assert missing.returncode == 2 and "not a downloaded model" in missing.stderr, missing.stderr
+        # stop's TAB offers what serves loaded on demand (not the model a serve started with, which stays)
+        assert sorted(tab(home, "stop", "")) == ["tiny-b", "tiny-c"] and tab(home, "unload", "tiny-c") == ["tiny-c"]
         assert "Traceback" not in server.log()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def tab(home, *words: str) -> list[str]:
+    """What the shell's TAB offers for the last word (typer's bash protocol, which zsh's and fish's scripts speak
+    too)."""
+    env = {**os.environ, "_LOCALSPEC_COMPLETE": "complete_bash", "COMP_WORDS": " ".join(("localspec", *words)),
+           "COMP_CWORD": str(len(words))}
+    return localspec_process(home, env=env, stdout=subprocess.PIPE, text=True).communicate(timeout=60)[0].split()
 
 
 def loaded(server) -> list[str]:

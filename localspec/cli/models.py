@@ -12,7 +12,7 @@ from .. import __version__, running, tui
 from ..config import DrafterKind
 from ..errors import UsageError
 from .app import app, command
-from .options import DEFAULT_RUNTIME, OfflineOption, complete_draft, complete_model, device_names
+from .options import DEFAULT_RUNTIME, OfflineOption, complete_draft, complete_loaded, complete_model, device_names
 
 # Each command imports the store's rooms and the engine it uses as it starts (see generate.py)
 
@@ -268,7 +268,7 @@ def ps(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per
 
 @command(epilog="Example:\n\n  localspec stop qwen2.5-coder:0.5b")
 def stop(name: Annotated[str, typer.Argument(help="The model, as `localspec ps` or a request names it.",
-                                             show_default=False, autocompletion=complete_model)]):
+                                             show_default=False, autocompletion=complete_loaded)]):
     """Unload a model that a running `localspec serve` loaded on demand, as `ollama stop` does (the model a
     serve started with stays while that serve runs; run, chat and batch let theirs go when they end)."""
     from .. import remote

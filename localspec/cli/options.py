@@ -74,6 +74,16 @@ def complete_model(incomplete: str) -> list[tuple[str, str]]:
     return [(name, what) for name, what in sorted(names.items()) if name.startswith(incomplete)]
 
 
+def complete_loaded(incomplete: str) -> list[str]:
+    """The models serves on this machine loaded on demand that begin with what was typed (`stop`'s TAB)."""
+    from .. import remote
+
+    return [name for name in remote.loaded_on_demand(TAB_SECONDS) if name.startswith(incomplete)]
+
+
+TAB_SECONDS = 0.5  # what a TAB waits at most for a serve to say what it holds
+
+
 def complete_draft(incomplete: str) -> list[tuple[str, str]]:
     """--draft's words, then the model names, that begin with what was typed."""
     words = {"auto": "the draft the registry recommends", DrafterKind.NGRAM.value: "n-gram lookup",
