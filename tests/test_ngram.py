@@ -1,3 +1,6 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from localspec.config import Sampling
 from localspec.engine.drafters import MIN_OFFER, Agreement, NgramDrafter
 
@@ -56,3 +59,36 @@ def test_agreement_of_earlier_occurrences_is_part_of_the_evidence():
     assert started(2, 2).propose([1, 2, 3, 1, 2], 1).evidence.agreement == Agreement.SEEN_ONCE
     assert started(2, 2).propose([1, 2, 3, 1, 2, 3, 1, 2], 1).evidence.agreement == Agreement.AGREE
     assert started(2, 2).propose([1, 2, 3, 1, 2, 4, 1, 2], 1).evidence.agreement == Agreement.DIFFER
+
+
+# A chat's next turn, or an agent's next request, whose prompt goes on from the text the drafter indexed last keeps
+# the index; any other prompt (a shorter one, another conversation on the sequence) is indexed from nothing.
+@given(st.lists(st.tuples(st.sampled_from(["goes on", "edited", "shorter", "another"]),
+                          st.lists(st.integers(0, 5), max_size=40), st.lists(st.integers(0, 5), max_size=30)),
+                min_size=1, max_size=6),
+       st.sampled_from([(1, 3, 0, False), (2, 4, 2, False), (1, 4, 2, True)]))
+@settings(max_examples=200, deadline=None)
+def test_an_index_kept_from_the_last_generation_proposes_what_a_new_one_would(requests, shape):
+    kept, history = NgramDrafter(*shape), []
+    for how, added, generated in requests:
+        if how == "edited" and len(history) > 1:  # (the last token indexed, the one before the last step's, changed)
+            history[-2] = (history[-2] + 1) % 6
+        prompt = (history + added if how in ("goes on", "edited") else history[: len(history) // 2]
+                  if how == "shorter" else added) or [0]
+        fresh = NgramDrafter(*shape)
+        for drafter in (kept, fresh):
+            drafter.begin(list(prompt), Sampling(), None)
+        history = list(prompt)
+        for token in [*generated, 0]:  # (a step a token: proposals at every length of the generation)
+            assert kept.propose(history, 6) == fresh.propose(history, 6)
+            history.append(token)
+
+
+def test_a_turn_that_goes_on_from_the_last_indexes_only_its_new_tokens():
+    drafter, history = started(2, 4), list(range(5000))
+    drafter.propose(history, 4)
+    history += [7, 8, 9]  # the rest of the answer, then the next turn's prompt
+    drafter.begin(history + [1, 2], Sampling(), None)
+    assert drafter.indexed == 5000 and drafter.latest[2][(0, 1)] == 2  # (kept, not built again)
+    drafter.begin([5, 6], Sampling(), None)  # another conversation
+    assert drafter.indexed == 0 and drafter.latest[2] == {}

@@ -1,0 +1,52 @@
+"""Host time of n-gram lookup's index on long contexts: a new prompt's first proposal, and each turn of a chat whose
+prompt goes on from the last (3,000 new tokens a turn, 200 tokens generated between turns).
+
+    python scripts/ngram_index.py
+
+Random tokens, half of them from 2,000 common ones (so that n-grams repeat) and half from a 150,000-token vocabulary;
+auto's n-gram sizes and alternatives. Prints milliseconds, best of 5 for the new prompts.
+"""
+
+import random
+import time
+
+from localspec.config import Sampling, Speculation
+from localspec.engine.drafters.free import NgramDrafter
+
+SPECULATION = Speculation()
+
+
+def token(rng: random.Random) -> int:
+    return rng.randrange(150_000) if rng.random() < 0.5 else rng.randrange(2_000)
+
+
+def drafter() -> NgramDrafter:
+    return NgramDrafter(SPECULATION.ngram_min, SPECULATION.ngram_max, alternatives=2)
+
+
+def first_proposal(one: NgramDrafter, prompt: list[int]) -> float:
+    started = time.perf_counter()
+    one.begin(prompt, Sampling(), None)
+    one.propose(prompt, 8)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    rng = random.Random(0)
+    for length in (2_000, 8_000, 32_000):
+        prompt = [token(rng) for _ in range(length)]
+        best = min(first_proposal(drafter(), prompt) for _ in range(5))
+        print(f"a new prompt of {length:,} tokens: first proposal {best * 1e3:.1f} ms")
+    chat, history = drafter(), [token(rng) for _ in range(1_000)]
+    for turn in range(1, 9):
+        prompt = history + [token(rng) for _ in range(3_000)]
+        seconds = first_proposal(chat, prompt)
+        history = list(prompt)
+        for _ in range(200):
+            chat.propose(history, 8)
+            history.append(token(rng))
+        print(f"turn {turn}: a prompt of {len(prompt):,} tokens, first proposal {seconds * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
