@@ -127,8 +127,10 @@ class Pool:
             if entry.drafts:  # a drafter published beside a model drafts for it, never answers alone
                 continue
             path = store.installed(entry)
-            if path is not None and _key_of(path) != out[0].key and self._readable(path):
-                out.append(Available(entry.command_name, path.resolve(), entry))
+            if path is not None and self._readable(path):
+                found = Available(entry.command_name, path.resolve(), entry)
+                if not self._is_first(found, out[0]):  # (its name answers with serve's own adapters: listed once)
+                    out.append(found)
         for made in store.every_made():
             if made.name == out[0].name:  # (serve's first model is one made or another app's: listed once)
                 continue
@@ -148,9 +150,11 @@ class Pool:
         """The model wanted, or the first one where that is the same file with the same adapters (or with serve's
         own, where the name asks for none)."""
         first = self._served_first()
-        same = wanted.key == first.key or (self._adapted_by_serve and not wanted.adapters and not wanted.projector
+        return first if self._is_first(wanted, first) else wanted
+
+    def _is_first(self, wanted: Available, first: Available) -> bool:
+        return wanted.key == first.key or (self._adapted_by_serve and not wanted.adapters and not wanted.projector
                                            and wanted.path == first.path)
-        return first if same else wanted
 
     def loading(self, wanted: Available) -> bool:
         """Whether the model is being loaded now."""

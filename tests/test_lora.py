@@ -411,6 +411,9 @@ def test_serves_own_adapters_are_its_models_by_any_name_and_a_made_models_are_it
 
         assert answer("cee") == answer("tiny-c") == answer("tiny-c:latest")
         assert [m["name"] for m in httpx.get(server.base + "/api/ps").json()["models"]] == ["tiny-c"]
+        # listed once: the file with serve's adapter is the model its name answers with (it was listed again, bare)
+        assert [m.id for m in client.models.list()].count("tiny-c") == 1
+        assert [m["name"] for m in httpx.get(server.base + "/api/tags").json()["models"]].count("tiny-c") == 1
         adapted = answer("tiny-c")
         assert adapted != client.completions.create(model="tiny-c", prompt=PROMPT, max_tokens=12, temperature=0,
                                                     extra_body={"lora": []}).choices[0].text
