@@ -42,7 +42,7 @@ class NgramDrafter:
         return NgramDrafter(self.sizes[-1], self.sizes[0], self.alternatives, self.branching)
 
     def begin(self, prompt, sampling, rng) -> None:
-        # (Indexing 32,000 tokens of an agent's context took 170 ms, at every request; a token 0.1 us to compare.)
+        # (Indexing an agent's 32,000 tokens took 170 ms at every request; comparing them takes 0.25 ms.)
         if list(prompt[: self.indexed]) != self.text:
             self._forget()
 
