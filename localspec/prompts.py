@@ -517,7 +517,8 @@ class Prompts:
         self._refuse_by_its_head(text)
 
         def spells_control_tokens(text: str) -> bool:
-            return model.tokenize(text, False, True) != model.tokenize(text, False, False)
+            read = model.tokenize(text, False, True)
+            return model.reads_control(read) and read != model.tokenize(text, False, False)
 
         literal = {i for i, m in enumerate(messages) if isinstance(m.get("content"), str)
                    and spells_control_tokens(m["content"])}

@@ -66,3 +66,42 @@ def test_what_is_kept_stays_within_its_bound(tiny, monkeypatch):
         assert (huge.encode(), False, False) not in model._tokenized
     finally:
         model.close()
+
+
+def special_texts(model: Model) -> list[str]:
+    """The texts of a vocabulary's control, user-defined and unknown tokens: what llama.cpp splits a text at."""
+    from localspec.engine.library import llama
+
+    kinds = llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_USER_DEFINED | llama.LLAMA_TOKEN_ATTR_UNKNOWN
+    return [model.special_piece(token).decode("utf-8", "replace") for token in range(model.n_vocab)
+            if llama.llama_vocab_get_attr(model.vocab, token) & kinds]
+
+
+def spelled_both_ways(model: Model, rng: random.Random, specials: list[str], count: int) -> None:
+    for _ in range(count):
+        text = "".join(rng.choice([*WORDS, *specials, " ", "\U0001F600", "x"]) for _ in range(rng.randrange(1, 12)))
+        read = model.tokenize(text, False, True)
+        if read != model.tokenize(text, False, False):  # (a text that spells a control token)
+            assert model.reads_control(read), text
+
+
+# A message that spells a control token is found by its tokens read once (those hold a control token, or the unknown
+# one, wherever reading special tokens changes the text's tokens): the check never passes one that spells one.
+def test_a_text_whose_tokens_change_with_special_tokens_read_holds_a_control_token(tiny):
+    for name in ("target", "other_tokenizer", "mtp"):
+        model = Model(tiny[name], vocab_only=True)
+        try:
+            spelled_both_ways(model, random.Random(4), special_texts(model), 400)
+        finally:
+            model.close()
+
+
+@pytest.mark.slow
+def test_on_a_real_152k_vocabulary_too(real_model):
+    model = Model(real_model("qwen2.5-coder-0.5b"), vocab_only=True)
+    try:
+        specials = special_texts(model)
+        assert "<|im_start|>" in specials
+        spelled_both_ways(model, random.Random(5), specials, 400)
+    finally:
+        model.close()

@@ -87,6 +87,7 @@ class Model:
         # text, add_special, parse_special -> (its bytes, its tokens); tokenized on the server's threads and the engine's
         self._tokenized = LRUCache(TOKENIZED_BYTES, getsizeof=lambda kept: kept[0] + kept[1].itemsize * len(kept[1]))
         self._tokenized_lock = threading.Lock()
+        self._controls: dict[int, bool] = {}  # token -> whether it is a control token or the unknown one
         self._special_pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._dry_breakers: dict[tuple[str, ...], dict[int, tuple[tuple[int, ...], ...]]] = {}
@@ -115,6 +116,15 @@ class Model:
                 with self._tokenized_lock:
                     self._tokenized[key] = kept
         return kept[1].tolist()
+
+    def reads_control(self, tokens: Sequence[int]) -> bool:
+        """Whether a text's tokens, read with special tokens parsed, hold a control token or the unknown one: only where
+        they do can reading the text without special tokens parsed give other tokens (llama.cpp splits a text at
+        those tokens' texts only when it parses special tokens; the user-defined ones it splits at either way)."""
+        distinct, attributes = set(tokens), llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_UNKNOWN
+        for token in distinct.difference(self._controls):
+            self._controls[token] = bool(llama.llama_vocab_get_attr(self._vocab, token) & attributes)
+        return any(self._controls[token] for token in distinct)
 
     def _tokenized_now(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
         capacity = len(data) + 8
