@@ -15,22 +15,23 @@ def home() -> Path | None:
 
 
 def models_dir() -> Path:
-    root = home()
-    if root is not None:
-        return root / "models"
-    return Path(platformdirs.user_cache_dir("localspec")) / "models"
+    return _cached("models")
 
 
 def prompts_dir() -> Path:
     """Prompts' caches kept between runs (engine/prompt_cache.py)."""
-    root = home()
-    return root / "prompts" if root is not None else Path(platformdirs.user_cache_dir("localspec")) / "prompts"
+    return _cached("prompts")
 
 
 def headers_dir() -> Path:
     """Model files' headers kept between reads (store/headers.py)."""
+    return _cached("headers")
+
+
+def _cached(folder: str) -> Path:
+    """A folder of what can be fetched or made again: under LOCALSPEC_HOME where that is set, else the user's cache."""
     root = home()
-    return root / "headers" if root is not None else Path(platformdirs.user_cache_dir("localspec")) / "headers"
+    return (root if root is not None else Path(platformdirs.user_cache_dir("localspec"))) / folder
 
 
 def prompts_of(model: Path, root: Path | None = None) -> Path:

@@ -3,6 +3,7 @@ download is complete), and a vocabulary of 150,000 tokens and their merges takes
 Ollama store of twenty models spent most of its time there, every time. A file's header is read once while the
 file stays the same (its path, inode, size and modification time) and the reader stays the same (its source's digest)."""
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -65,16 +66,17 @@ def _info(fields: dict, path: Path) -> GGUFInfo:
 def _keep(where: Path, kept: dict) -> None:
     """Kept for the next read, or not where the cache cannot be written (a read-only home, a full disk): it only
     saves time."""
+    partial = where.with_name(f"{where.stem}.{os.getpid()}.partial")
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        partial = where.with_name(f"{where.stem}.{os.getpid()}.partial")
         partial.write_text(json.dumps(kept))
         os.replace(partial, where)  # (another process reading it sees the old whole or the new whole)
         entries = sorted(where.parent.glob("*.json"), key=_age)
         for old in entries[: len(entries) - MOST_KEPT // 2] if len(entries) > MOST_KEPT else ():
             old.unlink(missing_ok=True)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):  # (a disk that filled while it was written: no half a file left behind)
+            partial.unlink(missing_ok=True)
 
 
 def _age(entry: Path) -> int:
