@@ -33,15 +33,28 @@ def test_no_match_proposes_nothing_and_draft_is_capped_at_k():
     assert started().propose([1, 2, 3, 4, 5, 1, 2], 2).tokens == [3, 4]
 
 
-def test_index_grows_with_new_tokens_only():
+def test_a_generation_copies_only_its_new_tokens():
     drafter = started(2, 2)
     history = list(range(1000)) + [10, 11]
     assert drafter.propose(history, 2).tokens == [12, 13]
-    assert drafter.indexed == len(history)
     history += [12, 13]  # the accepted continuation
-    before = len(drafter.latest[2])
+    copied = drafter._text
     assert drafter.propose(history, 2).tokens == [14, 15]
-    assert len(drafter.latest[2]) - before <= 2  # only the two new n-grams were added
+    assert drafter._text is copied  # (room to grow: the 1,002 tokens held were not copied again)
+
+
+def occurrences_by_definition(history: list[int], n: int) -> list[int]:
+    """Where each earlier occurrence of the last n tokens ends, a token following it."""
+    return [end for end in range(n, len(history)) if len(history) >= n and history[end - n : end] == history[-n:]]
+
+
+@given(st.lists(st.integers(0, 3), max_size=80), st.sampled_from([(1, 1), (1, 3), (2, 4), (3, 6)]))
+@settings(max_examples=300, deadline=None)
+def test_the_search_finds_every_earlier_occurrence_of_each_n_gram(history, shape):
+    drafter = started(*shape)
+    found = drafter._occurrences(history, drafter._copy(history))
+    for n in range(shape[0], shape[1] + 1):
+        assert found.get(n, []) == occurrences_by_definition(history, n)
 
 
 def test_a_match_offers_as_many_tokens_as_it_already_runs_back():
@@ -61,14 +74,14 @@ def test_agreement_of_earlier_occurrences_is_part_of_the_evidence():
     assert started(2, 2).propose([1, 2, 3, 1, 2, 4, 1, 2], 1).evidence.agreement == Agreement.DIFFER
 
 
-# A chat's next turn, or an agent's next request, whose prompt goes on from the text the drafter indexed last keeps
-# the index; any other prompt (a shorter one, another conversation on the sequence) is indexed from nothing.
+# A chat's next turn, or an agent's next request, goes on from the text the drafter searched last; any other prompt
+# (a shorter one, another conversation on the sequence) is another text: each proposes what a new drafter would.
 @given(st.lists(st.tuples(st.sampled_from(["goes on", "edited", "shorter", "another"]),
                           st.lists(st.integers(0, 5), max_size=40), st.lists(st.integers(0, 5), max_size=30)),
                 min_size=1, max_size=6),
        st.sampled_from([(1, 3, 0, False), (2, 4, 2, False), (1, 4, 2, True)]))
 @settings(max_examples=200, deadline=None)
-def test_an_index_kept_from_the_last_generation_proposes_what_a_new_one_would(requests, shape):
+def test_a_drafter_used_before_proposes_what_a_new_one_would(requests, shape):
     kept, history = NgramDrafter(*shape), []
     for how, added, generated in requests:
         if how == "edited" and len(history) > 1:  # (the last token indexed, the one before the last step's, changed)
@@ -82,13 +95,3 @@ def test_an_index_kept_from_the_last_generation_proposes_what_a_new_one_would(re
         for token in [*generated, 0]:  # (a step a token: proposals at every length of the generation)
             assert kept.propose(history, 6) == fresh.propose(history, 6)
             history.append(token)
-
-
-def test_a_turn_that_goes_on_from_the_last_indexes_only_its_new_tokens():
-    drafter, history = started(2, 4), list(range(5000))
-    drafter.propose(history, 4)
-    history += [7, 8, 9]  # the rest of the answer, then the next turn's prompt
-    drafter.begin(history + [1, 2], Sampling(), None)
-    assert drafter.indexed == 5000 and drafter.latest[2][(0, 1)] == 2  # (kept, not built again)
-    drafter.begin([5, 6], Sampling(), None)  # another conversation
-    assert drafter.indexed == 0 and drafter.latest[2] == {}
