@@ -272,3 +272,40 @@ def test_a_real_models_long_prompt_is_read_back_in_the_next_run(localspec, real_
     assert again["text"] == first["text"]
     off = run("--prompt-cache", "off")
     assert off["stats"]["reused_prompt_tokens"] == 0 and off["text"] == first["text"]
+
+
+def test_the_listing_is_read_by_several_threads_while_the_writer_adds_and_deletes_files(tmp_path):
+    """Readers (serve's sequences) list the folder while the writer's thread writes files, deletes those a longer
+    one makes needless and evicts over the cap; no lock is shared with it (one once hung a test run): each
+    listing is whole, each entry's tokens those its file holds."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    cache = PromptCache(tmp_path / "prompts", model, most_bytes=40_000)
+    state = bytes(prompt_cache.STATE_HEAD.size) + bytes(2_000)
+    stop, failures, listings = threading.Event(), [], [0]
+
+    def list_until_stopped():
+        try:
+            while not stop.is_set():
+                for entry in cache.entries():
+                    assert entry.path.name.startswith(f"p-{prompt_cache._hash(entry.tokens.tolist())}-")
+                listings[0] += 1
+        except BaseException as error:  # (reported by the test's thread)
+            failures.append(error)
+
+    readers = [threading.Thread(target=list_until_stopped) for _ in range(2)]
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (threads taking turns at nearly every bytecode, where a shared listing breaks)
+    for reader in readers:
+        reader.start()
+    try:
+        for seed in range(60):
+            prompt = prompt_of(40 + seed % 20, seed // 20)  # three conversations growing, each file a prefix of the next
+            cache._store(prompt, state, 100, prefixes_needless=True)
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join(timeout=60)
+        sys.setswitchinterval(switching)
+    assert not failures and listings[0] > 0
+    assert 0 < len(cache.entries()) <= 40_000 // len(state)

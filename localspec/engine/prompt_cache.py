@@ -87,8 +87,6 @@ def _finish() -> None:
         wait(list(_waiting))
     except KeyboardInterrupt:
         pass
-# the folders' listings and files, as the writer and a reading thread both look at them
-_files = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -205,23 +203,31 @@ class PromptCache:
         return (origin._variants[variant] if variant else origin).of(self._client)
 
     def entries(self) -> list[Entry]:
-        """The files in the model's folder, their headers read once each."""
-        with _files:
+        """The files in the model's folder, their headers read once each.
+
+        The writer's thread lists them too, and deletes some (a prefix made needless, the least recently used): no
+        lock is shared with it. Each listing is built apart and then put in place whole, so two at once each see a
+        listing as it stood; a file deleted after it was listed fails to be read back, which reads the prompt as
+        without it. (A listing lock was once shared here, and a test run hung waiting on it, held by no live thread.)
+        """
+        try:
+            named = [Path(item.path) for item in os.scandir(self.folder) if NAME.fullmatch(item.name)]
+        except OSError:
+            return []
+        known, entries = self._entries, {}
+        for path in named:
             try:
-                listed = [(Path(item.path), item.stat()) for item in os.scandir(self.folder)
-                          if NAME.fullmatch(item.name)]
-            except OSError:
-                return []
-            known, self._entries = self._entries, {}
-            for path, stat in listed:
-                mtime, entry = known.get(path, (None, None))
-                if mtime != stat.st_mtime_ns:
-                    tokens = tokens_of(path)
-                    entry = None if tokens is None else Entry(
-                        path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6, stat.st_size)
-                self._entries[path] = (stat.st_mtime_ns, entry)
-            return [entry for path, (_, entry) in self._entries.items()
-                    if entry is not None and path not in self._failed]
+                stat = path.stat()
+            except OSError:  # (deleted since it was listed)
+                continue
+            mtime, entry = known.get(path, (None, None))
+            if mtime != stat.st_mtime_ns:
+                tokens = tokens_of(path)
+                entry = None if tokens is None else Entry(path, tokens, int(NAME.fullmatch(path.name)[2]) / 1e6,
+                                                          stat.st_size)
+            entries[path] = (stat.st_mtime_ns, entry)
+        self._entries = entries
+        return [entry for path, (_, entry) in entries.items() if entry is not None and path not in self._failed]
 
     def best(self, wanted: Sequence[int], held: int, most: int, whole: bool) -> tuple[Entry, int] | None:
         """The file worth reading back for a cache that holds the first `held` of `wanted` and is to hold up to
@@ -294,7 +300,7 @@ class PromptCache:
                     if entry.path != path and len(entry.tokens) <= len(held) and (
                             entry.tokens == held[: len(entry.tokens)]).all():
                         entry.path.unlink(missing_ok=True)
-            self.evict()  # (outside the listing's lock: every model's files are walked, a reader need not wait)
+            self.evict()
         except OSError:
             pass  # (no worse than no prompt cache)
 
