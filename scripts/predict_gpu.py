@@ -21,9 +21,10 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from time import perf_counter
 
 from localspec.config import DrafterKind, Speculation
-from localspec.engine.drafters import NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
+from localspec.engine.drafters import Learner, NgramDrafter, NoDrafter, PredictionDrafter, SuffixDrafter
 from localspec.engine.costs import Costs, DraftCosts
 from localspec.engine.drafters.spec import draft_limit
 from localspec.engine.policy import AutoDrafter
@@ -106,8 +107,12 @@ class Tally:
         self.by: dict[str, dict[str, int]] = {}  # drafter -> steps, drafted, accepted
         self.shapes: list[tuple[int, int]] = []  # (drafted, accepted) of every step, plain ones included
 
+        self.steps = 0
+        self.host_seconds = 0.0  # the drafter's own work, timed here (auto's column only)
+
     def add(self, seconds: float, steps) -> None:
         self.seconds += seconds
+        self.steps += len(steps)
         for step in steps:
             self.shapes.append((step.drafted, step.accepted))
             if step.drafted:
@@ -115,6 +120,30 @@ class Tally:
                 counts["steps"] += 1
                 counts["drafted"] += step.drafted
                 counts["accepted"] += step.accepted
+
+
+class Timed:
+    """A drafter whose own host work (its proposals and what it learns from each step) is timed as it is
+    replayed: with nothing decoded between steps, as on a device whose decode leaves the host's caches alone
+    (on this CPU each decode streams the weights through them, and what runs next runs cold)."""
+
+    def __init__(self, drafter):
+        self.drafter, self.seconds = drafter, 0.0
+
+    def begin(self, prompt, sampling, rng) -> None:
+        self.drafter.begin(prompt, sampling, rng)
+
+    def propose(self, history, k):
+        started = perf_counter()
+        draft = self.drafter.propose(history, k)
+        self.seconds += perf_counter() - started
+        return draft
+
+    def observe(self, step) -> None:
+        if isinstance(self.drafter, Learner):
+            started = perf_counter()
+            self.drafter.observe(step)
+            self.seconds += perf_counter() - started
 
 
 def fixed_drafter(kind: DrafterKind, item: dict, costs: Costs, cache: SuffixCache, speculation: Speculation):
@@ -164,8 +193,12 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
                 if "prediction" in item:  # a prompt's prediction drafts in every mode, as bench runs it
                     drafter = PredictionDrafter(item["prediction"], drafter, limit)
                     limit = draft_limit(speculation, DrafterKind.PREDICTION)
+                if kind == DrafterKind.AUTO:
+                    drafter = Timed(drafter)
                 charged = device_costs(device, shape, where)
                 tally.add(*replay(drafter, prompt, reply, costs, limit, charged=charged))
+                if kind == DrafterKind.AUTO:
+                    tally.host_seconds += drafter.seconds
                 if reader is not None:
                     tally.prompt_seconds += charged.catch_up_seconds(DrafterKind.DRAFT, reader.prompt_read)
             cache.add(prompt[-cache.depth :] + reply)  # as a session keeps each finished generation
@@ -177,6 +210,7 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             "prompt_seconds": {kind: tally.prompt_seconds for kind, tally in tallies.items()},
             "speedups": {kind: plain / tally.seconds for kind, tally in tallies.items()},
             "drafting": {kind: tally.by for kind, tally in tallies.items()},
+            "auto_host_seconds_a_step": tallies[DrafterKind.AUTO].host_seconds / max(1, tallies[DrafterKind.AUTO].steps),
             "shapes": {kind: tally.shapes for kind, tally in tallies.items()},
             "draft_model": {"acceptance_by_position": acceptance_by_position(runs, POSITIONS),
                             "sure": sum(sure) / len(sure) if sure else None},
@@ -245,6 +279,11 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
     together = pooled(sets)
     lines.append(f"| all sets | {sum(s['prompts'] for s in sets.values())} | {sum(s['tokens'] for s in sets.values())}"
                  f" | {' | '.join(_ratio(together.get(kind)) for kind in COLUMNS)} |")
+    host = ", ".join(f"{name} {s['auto_host_seconds_a_step'] * 1e6:.0f} us" for name, s in sets.items())
+    most = max(s["auto_host_seconds_a_step"] for s in sets.values()) if sets else 0.0
+    lines += ["", f"Auto's own host work a step (its policy and its drafters, the draft model's recorded stand-in"
+              f" among them, timed in its replay on this machine's CPU with nothing decoded between steps; not in the"
+              f" ratios above): {host}; at most {most / costs.level:.1%} of the device's verify(1)."]
     lines += ["", "The acceptance behind it, measured here (the same on any device, greedy): the draft model's"
               " acceptance along the replies by draft position (each given the positions before it accepted) and how often it is"
               " sure enough to draft (p_min), each replayed drafter's accepted share of what it drafted (auto's:"
@@ -294,7 +333,7 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
               " from it only within auto) and the prediction alone (plain decoding elsewhere); a prompt's"
               " prediction drafts in every column, as in bench. The all-sets row is all plain time over all of a"
               " column's, over the sets the column has. Past a draft model's first miss it is taken to stay sure"
-              " up to its length (the most that draft could cost). Left out: host time per step (policy, sampling,"
+              " up to its length (the most that draft could cost). Left out: host time per step (auto's own is timed apart, above; sampling,"
               f" Python),{prefill} the machine's drift, and"
               " near-ties that a batched verification breaks otherwise than plain decoding (the replies are"
               f" plain decoding's).{note}"]
