@@ -22,7 +22,7 @@ class NgramDrafter:
     is compared with its last tokens, and the few places that match are narrowed to the longer n-grams. A new
     prompt costs its copy (0.5-1 ms at 32,000 tokens) where an index of its n-grams cost 3-5 ms at 2,000 tokens
     and 80-120 ms at 32,000, at the first proposal of every new prompt (a retrieval question, a new client of a
-    server). A proposal costs more than an index's: 10-14 us in 32,000 random tokens, 25-29 us in 8,000 tokens of
+    server). A proposal costs more than an index's: 10-15 us in 32,000 random tokens, 25-29 us in 8,000 tokens of
     prose, its alternatives counted (an index's: 4-12 us), so an index would pay only for an answer of many
     hundred tokens after a new long prompt. Each proposal names its Evidence: how far the match runs
     back and whether the n-gram's earlier occurrences agree on what follows it.
