@@ -126,7 +126,8 @@ class Model:
     @cached_property
     def prefixes(self) -> Prefixes | None:
         """Long texts tokenized lately, for a text that begins as one of them to reuse its tokens; None where the
-        tokenizer keeps state from one piece of text to the next, or normalizes text first (prefixes.py). Reads
+        tokenizer keeps state from one piece of text to the next, or normalizes text first, or no control token can
+        be an anchor (prefixes.py). Reads
         every token's attributes once (0.1 s for Qwen's 152k, 0.4 s for Gemma 3's 262k)."""
         plain_bpe = self.vocab_type == llama.LLAMA_VOCAB_TYPE_BPE and self.meta("tokenizer.ggml.model") not in (
             "hybriddna", "whitespace")
@@ -140,7 +141,8 @@ class Model:
                 texts[token] = llama.llama_vocab_get_text(self._vocab, token) or b""
                 if attributes & llama.LLAMA_TOKEN_ATTR_CONTROL:
                     controls.add(token)
-        return Prefixes(anchors_of(texts, controls), llama.llama_vocab_bos(self._vocab) if self.add_bos else None)
+        anchors = anchors_of(texts, controls)
+        return Prefixes(anchors, llama.llama_vocab_bos(self._vocab) if self.add_bos else None) if anchors else None
 
     def reads_control(self, tokens: Sequence[int]) -> bool:
         """Whether a text's tokens, read with special tokens parsed, hold a control token or the unknown one: only where

@@ -84,8 +84,7 @@ class Prefixes:
             anchors.append((offset, index, len(text)))
         anchors.sort()
         # each token's texts matched in order: every occurrence must be one of its tokens
-        if any(data.count(text) != int((tokens[first:] == token).sum()) for token, text in self.anchors.items()
-               if token in found):
+        if any(data.count(self.anchors[token]) != int((tokens[first:] == token).sum()) for token in found):
             anchors = []
         with self._lock:
             kept = [earlier for earlier in self._kept if earlier.data != data or earlier.add_special != add_special]
