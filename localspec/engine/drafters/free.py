@@ -20,10 +20,10 @@ class NgramDrafter:
 
     The text is searched at each proposal, not indexed: an array copy of it, to which each step adds its tokens,
     is compared with its last tokens, and the few places that match are narrowed to the longer n-grams. A new
-    prompt costs its copy (0.5-1 ms at 32,000 tokens) where an index of its n-grams cost 3-5 ms at 2,000 tokens
-    and 80-120 ms at 32,000, at the first proposal of every new prompt (a retrieval question, a new client of a
-    server). A proposal costs more than an index's: 10-15 us in 32,000 random tokens, 25-29 us in 8,000 tokens of
-    prose, its alternatives counted (an index's: 4-12 us), so an index would pay only for an answer of many
+    prompt costs its copy (0.6-1.1 ms at 32,000 tokens) where an index of its n-grams cost 2.5-4 ms at 2,000 tokens
+    and 108-116 ms at 32,000, at the first proposal of every new prompt (a retrieval question, a new client of a
+    server). A proposal costs more than an index's: 13-15 us in 32,000 random tokens (an index's 6), 24 us in a
+    retrieval prompt's 2,700 tokens (19), its alternatives counted, so an index would pay only for an answer of many
     hundred tokens after a new long prompt. Each proposal names its Evidence: how far the match runs
     back and whether the n-gram's earlier occurrences agree on what follows it.
     """
