@@ -106,13 +106,10 @@ class Tally:
         self.prompt_seconds = 0.0  # the draft model reading prompts beside the target (prefill, not in seconds)
         self.by: dict[str, dict[str, int]] = {}  # drafter -> steps, drafted, accepted
         self.shapes: list[tuple[int, int]] = []  # (drafted, accepted) of every step, plain ones included
-
-        self.steps = 0
         self.host_seconds = 0.0  # the drafter's own work, timed here (auto's column only)
 
     def add(self, seconds: float, steps) -> None:
         self.seconds += seconds
-        self.steps += len(steps)
         for step in steps:
             self.shapes.append((step.drafted, step.accepted))
             if step.drafted:
@@ -193,12 +190,10 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
                 if "prediction" in item:  # a prompt's prediction drafts in every mode, as bench runs it
                     drafter = PredictionDrafter(item["prediction"], drafter, limit)
                     limit = draft_limit(speculation, DrafterKind.PREDICTION)
-                if kind == DrafterKind.AUTO:
-                    drafter = Timed(drafter)
+                timed = Timed(drafter) if kind == DrafterKind.AUTO else None
                 charged = device_costs(device, shape, where)
-                tally.add(*replay(drafter, prompt, reply, costs, limit, charged=charged))
-                if kind == DrafterKind.AUTO:
-                    tally.host_seconds += drafter.seconds
+                tally.add(*replay(timed or drafter, prompt, reply, costs, limit, charged=charged))
+                tally.host_seconds += timed.seconds if timed else 0.0
                 if reader is not None:
                     tally.prompt_seconds += charged.catch_up_seconds(DrafterKind.DRAFT, reader.prompt_read)
             cache.add(prompt[-cache.depth :] + reply)  # as a session keeps each finished generation
@@ -210,7 +205,8 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             "prompt_seconds": {kind: tally.prompt_seconds for kind, tally in tallies.items()},
             "speedups": {kind: plain / tally.seconds for kind, tally in tallies.items()},
             "drafting": {kind: tally.by for kind, tally in tallies.items()},
-            "auto_host_seconds_a_step": tallies[DrafterKind.AUTO].host_seconds / max(1, tallies[DrafterKind.AUTO].steps),
+            "auto_host_seconds_a_step": (tallies[DrafterKind.AUTO].host_seconds
+                                         / max(1, len(tallies[DrafterKind.AUTO].shapes))),
             "shapes": {kind: tally.shapes for kind, tally in tallies.items()},
             "draft_model": {"acceptance_by_position": acceptance_by_position(runs, POSITIONS),
                             "sure": sum(sure) / len(sure) if sure else None},
@@ -281,8 +277,8 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
                  f" | {' | '.join(_ratio(together.get(kind)) for kind in COLUMNS)} |")
     host = ", ".join(f"{name} {s['auto_host_seconds_a_step'] * 1e6:.0f} us" for name, s in sets.items())
     most = max(s["auto_host_seconds_a_step"] for s in sets.values()) if sets else 0.0
-    lines += ["", f"Auto's own host work a step (its policy and its drafters, the draft model's recorded stand-in"
-              f" among them, timed in its replay on this machine's CPU with nothing decoded between steps; not in the"
+    lines += ["", "Auto's own host work a step (its policy and its drafters, the draft model's recorded stand-in"
+              " among them, timed in its replay on this machine's CPU with nothing decoded between steps; not in the"
               f" ratios above): {host}; at most {most / costs.level:.1%} of the device's verify(1)."]
     lines += ["", "The acceptance behind it, measured here (the same on any device, greedy): the draft model's"
               " acceptance along the replies by draft position (each given the positions before it accepted) and how often it is"
@@ -333,7 +329,8 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
               " from it only within auto) and the prediction alone (plain decoding elsewhere); a prompt's"
               " prediction drafts in every column, as in bench. The all-sets row is all plain time over all of a"
               " column's, over the sets the column has. Past a draft model's first miss it is taken to stay sure"
-              " up to its length (the most that draft could cost). Left out: host time per step (auto's own is timed apart, above; sampling,"
+              " up to its length (the most that draft could cost). Left out: host time per step (auto's own is"
+              " timed apart, above; sampling,"
               f" Python),{prefill} the machine's drift, and"
               " near-ties that a batched verification breaks otherwise than plain decoding (the replies are"
               f" plain decoding's).{note}"]

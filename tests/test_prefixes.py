@@ -88,13 +88,14 @@ def test_on_real_vocabularies_a_long_conversation_resumes_with_llama_cpps_tokens
                 conversation += f"{opening}{role}\n{' '.join(rng.choice(words) for _ in range(300))}{closing}\n"
             prompt = (conversation + f"{opening}model\n").encode()
             assert model.tokenize(prompt, True, True) == model._tokenized_now(prompt, True, True), turn
-        assert model.prefixes is not None and {opening.encode(), closing.encode()} <= set(model.prefixes.anchors.values())
+        anchors = set(model.prefixes.anchors.values())
+        assert {opening.encode(), closing.encode()} <= anchors
     finally:
         model.close()
 
 
-def test_what_is_kept_stays_within_its_bound(overlapping, monkeypatch_module):
-    monkeypatch_module.setattr("localspec.engine.prefixes.MOST_BYTES", 10_000)
+def test_what_is_kept_stays_within_its_bound(overlapping, monkeypatch_module, monkeypatch):
+    monkeypatch.setattr("localspec.engine.prefixes.MOST_BYTES", 10_000)
     prefixes = overlapping.prefixes
     for n in range(12):
         text = f"<c>{n}" + "hello world " * 60

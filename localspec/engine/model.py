@@ -75,6 +75,7 @@ class Model:
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.vocab_type = llama.llama_vocab_type(self._vocab)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos = bool(llama.llama_vocab_get_add_eos(self._vocab))
         # Some layers keep a recurrent state (Mamba, RWKV; hybrids such as LFM2 or Qwen3.5): it holds no
         # positions, so dropping the last tokens of a cache is possible only as far as llama.cpp keeps
         # snapshots of the state (Context.rollback).
@@ -111,7 +112,7 @@ class Model:
         if len(data) < SHORTEST_KEPT:
             return self._tokenized_now(data, add_special, parse_special)
         if (len(data) >= SHORTEST_RESUMED and parse_special and self.prefixes is not None
-                and not (add_special and llama.llama_vocab_get_add_eos(self._vocab))):
+                and not (add_special and self.add_eos)):
             return self.prefixes.tokens(data, add_special, self._tokenized_now)
         key = (data, add_special, parse_special)
         with self._tokenized_lock:
@@ -340,7 +341,7 @@ class Model:
         eos = llama.llama_vocab_eos(vocab)
         if eos < 0:
             eos = llama.llama_vocab_sep(vocab)
-        ends = [eos] if llama.llama_vocab_get_add_eos(vocab) else []
+        ends = [eos] if self.add_eos else []
         return (([llama.llama_vocab_bos(vocab)] if self.add_bos else []) + list(first) + ends
                 + ([llama.llama_vocab_sep(vocab)] if llama.llama_vocab_get_add_sep(vocab) else []) + list(second) + ends)
 
