@@ -560,6 +560,38 @@ def test_a_draft_that_pays_only_where_the_batch_keeps_its_size_is_taken_only_the
     assert drafted == {(0.0, (1, 1)): 3, (1.0, (1, 1)): 0, (1.0, (4, 4)): 3}
 
 
+def test_after_plain_steps_a_free_draft_is_charged_its_share_of_the_way_back():
+    """On a GPU a lone draft after held plain steps pays a reshape, and the plain steps after it a reshape and
+    a recapture. Weighed by its own reshape alone, chance n-gram and suffix-cache drafts in math answers were
+    taken wherever their tokens paid and cost more than they made (auto at 0.95-0.97x plain on gsm8k, predicted
+    for an H200). The way back is charged as often as runs of drafts with the drafter have ended at once: not
+    where changes of size cost nothing, nor where the last step drafted (the way back is owed either way), and
+    little where runs have gone on."""
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    drafted = {}
+    for change, sizes, ended in ((0.0, (1, 1), 0.9), (0.4, (1, 1), 0.9), (0.4, (4, 4), 0.9), (0.4, (1, 1), 0.1)):
+        auto = policy(GPU_SHAPED, 0.0, model=False)
+        auto.costs.reshape = auto.costs.recapture = change
+        auto.sizes, auto.endings[DrafterKind.NGRAM] = sizes, Belief(10 * ended, 10 * (1 - ended))
+        believe(auto, "ngram", evidence_of(history), [0.8] * 3)
+        drafted[change, sizes, ended] = len(auto.propose(history, 3).tokens)
+    assert drafted == {(0.0, (1, 1), 0.9): 3, (0.4, (1, 1), 0.9): 0, (0.4, (4, 4), 0.9): 3, (0.4, (1, 1), 0.1): 3}
+
+
+def test_how_often_a_run_of_free_drafts_ends_at_once_is_learned_from_the_steps():
+    auto = policy(GPU_SHAPED, 0.0, model=False)
+    for drafter, drafted in ((DrafterKind.NGRAM, 3), (DrafterKind.PLAIN, 0), (DrafterKind.NGRAM, 3),
+                             (DrafterKind.NGRAM, 2), (DrafterKind.PLAIN, 0)):
+        auto.observe(Step(drafter, drafted, drafted, 0.0, 0.0017))
+    ending = auto.endings[DrafterKind.NGRAM]  # ended, went on, ended: from an even prior
+    assert ending.mean > 0.5 and ending.weight < 5
+    auto.begin([1, 2, 3], Sampling(), None)
+    auto.observe(Step(DrafterKind.PLAIN, 0, 0, 0.0, 0.0017))  # a new generation's first step ends no run
+    assert auto.endings[DrafterKind.NGRAM] == ending
+    auto.forget()
+    assert not auto.endings
+
+
 def test_a_step_teaches_the_curve_without_what_its_change_of_batch_size_cost():
     auto = policy(GPU_SHAPED, 0.0, model=False)
     auto.costs.reshape, auto.costs.recapture = 1.0, 0.5

@@ -44,6 +44,14 @@ succession, however well the shallower positions did). Within a generation old
 observations fade (FORGET), so a text that stops copying its input soon stops
 being drafted for.
 
+Where a change of batch size costs (a GPU: costs.py), a free drafter's draft after a plain step is
+also charged its share of the way back to held plain steps: the reshape and recapture that the plain
+steps after the run of drafts it starts will pay, times how often a run with that drafter has ended
+after a step (ENDING): a chance match in a math answer ends its run at once and pays it all, a long
+copy spreads it. Weighed by its own reshape alone, such drafts looked to pay wherever their tokens did.
+A costly drafter is left to its probe bucket: its runs go on while it drafts (charged this, a draft
+model lost 5-30% of its gain on an 8B target's predicted costs).
+
 Where the chosen draft holds alternatives, it is grown into a draft tree by those that raise the
 expected rate (branching.py).
 
@@ -75,6 +83,7 @@ HORIZON = 64
 # found worse reads the prompt with the target (begin says why).
 TYPICAL_ACCEPTANCE = 0.8
 TYPICAL_LENGTH = 8
+ENDING = Belief(1.0, 1.0)  # how often a run of drafts with a free drafter ends after a step, before one has
 
 
 @dataclass(frozen=True)
@@ -253,6 +262,9 @@ class AutoDrafter(TreeWeighing):
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
         self._others_tokens = 0  # the other sequences' tokens in the step being weighed
+        # free drafter -> P(the step after one that drafted with it drafts nothing): a run of its drafts ends
+        self.endings: dict[DrafterKind, Belief] = {}
+        self._way_back = 0.0  # what the plain steps after a run of drafts started now would pay for changes of size
 
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
@@ -279,6 +291,7 @@ class AutoDrafter(TreeWeighing):
         self.chosen: Choice = Choice(0.0)
         # the target's last two batch sizes (the last one second): the prompt's is none a step has
         self.sizes: tuple[int | None, int | None] = (None, None)
+        self._drafted_with: DrafterKind | None = None  # the last step's drafter, if it drafted
 
     def _would_pay(self, kind: DrafterKind) -> bool:
         """Whether a draft of some length with this costly drafter, right a position as often as earlier
@@ -299,6 +312,7 @@ class AutoDrafter(TreeWeighing):
         self.carried.clear()
         self.ranks.clear()
         self.screens.clear()
+        self.endings.clear()
         self.bucket = None
 
     def propose(self, history, k) -> Draft:
@@ -309,6 +323,10 @@ class AutoDrafter(TreeWeighing):
         rows, self._others_tokens = self.alongside()
         # the whole step's, others' rows and all, and what its batch's size costs after the last ones
         plain_seconds = self.costs.verify_seconds(rows + 1, self.sizes)
+        # a run of drafts that starts here leaves held plain steps (alone: beside other sequences' drafts the
+        # batch's size changes whatever this one does)
+        self._way_back = (self.costs.level * (self.costs.reshape + self.costs.recapture)
+                          if rows == 0 and self.sizes[1] == 1 else 0.0)
         options, lookups = [], {}
         for drafter in self._free():
             lookup = drafter.propose(history, k)
@@ -429,7 +447,8 @@ class AutoDrafter(TreeWeighing):
         counted in. A one-off cost counts in proportion to the tokens the step makes of the horizon."""
         screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
         tokens = screen.expected_tokens(self, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
-        return [(expected + self._others_tokens) / (s + option.once_seconds * expected / HORIZON)
+        way_back = self._way_back * self.endings.get(option.drafter, ENDING).mean if option.drafter in FREE else 0.0
+        return [(expected + self._others_tokens) / (s + option.once_seconds * expected / HORIZON + way_back)
                 for expected, s in zip(tokens, seconds)]
 
     def expected_tokens(self, option: Option, hope: float = MEAN, beyond: float | None = None) -> list[float]:
@@ -471,6 +490,9 @@ class AutoDrafter(TreeWeighing):
         """Learn from a verified step. Whether it was a probe is read from the step, not from the choice:
         the loop drops a draft shorter than draft_min, and what was not verified lost nothing."""
         rows = step.drafted + 1 + step.batch_rows
+        if self._drafted_with in FREE:
+            self.endings.setdefault(self._drafted_with, replace(ENDING)).observe(not step.drafted)
+        self._drafted_with = step.drafter if step.drafted else None
         self.costs.observe_verify(rows, step.verify_seconds, self.sizes)
         self.sizes = (self.sizes[1], rows)
         self.bucket.fill(step.draft_seconds + step.verify_seconds)
