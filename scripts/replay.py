@@ -194,6 +194,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
     charged: verifications cost what this table says, not costs' (a policy weighing other costs)."""
     drafter.begin(prompt, Sampling(temperature=0), None)
     history, seconds, steps, sizes = list(prompt), 0.0, [], (None, None)
+    learns = isinstance(drafter, Learner)
     end = len(prompt) + len(reply)
     while len(history) < end:
         k = min(draft_max, end - len(history) - 1)
@@ -208,7 +209,7 @@ def replay(drafter, prompt: list[int], reply: list[int], costs: Costs, draft_max
         probe = draft.probe
         step = Step(draft.source, len(tokens), accepted, drafting, verify, draft.catch_up_seconds,
                     probe=probe is not None, plain_seconds=probe.plain_seconds if probe else 0.0)
-        if isinstance(drafter, Learner):
+        if learns:
             drafter.observe(step)
         steps.append(step)
         seconds += drafting + verify

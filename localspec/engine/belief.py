@@ -12,6 +12,7 @@ loosely (INHERITED_WEIGHT). How policy.py weighs these beliefs is said there.
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import sqrt
 
 FORGET = 0.9  # per observation: within a generation the last ~10 observations dominate
@@ -64,10 +65,12 @@ def untried(positions: list[Belief]) -> Belief:
     return positions[-1].held_to(INHERITED_WEIGHT) if positions else PRIOR
 
 
-def copy_goes_on(held: int) -> Belief:
-    """An n-gram draft position no text has scored yet: the copy has held for `held` tokens (how far
-    the match runs back, and the draft positions before this one), and Laplace's rule of succession
-    gives (held + 1) / (held + 2) for one more, held as loosely as any untried position. The deepest
-    scored position alone would say a copy that never broke never will, and a quote of a dozen tokens
-    would earn a draft of thirty."""
-    return Belief(held + 1, 1).held_to(INHERITED_WEIGHT)
+@lru_cache(maxsize=4096)  # a match may run back as far as the context: keys are not few
+def copy_goes_on(held: int, hope: float) -> float:
+    """An n-gram draft position no text has scored yet, read `hope` deviations from its mean: the copy has
+    held for `held` tokens (how far the match runs back, and the draft positions before this one), and
+    Laplace's rule of succession gives (held + 1) / (held + 2) for one more, held as loosely as any untried
+    position. The deepest scored position alone would say a copy that never broke never will, and a quote
+    of a dozen tokens would earn a draft of thirty. (Kept: auto reads it at every unscored position of
+    every free option, several times a step.)"""
+    return Belief(held + 1, 1).held_to(INHERITED_WEIGHT).view(hope)

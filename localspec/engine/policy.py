@@ -464,7 +464,7 @@ class AutoDrafter(TreeWeighing):
             if position < len(views):
                 reach *= views[position]
             elif option.drafter in FREE:
-                reach *= min(unscored, copy_goes_on(option.run + position).view(beyond))
+                reach *= min(unscored, copy_goes_on(option.run + position, beyond))
             else:
                 reach *= unscored
             expected += reach

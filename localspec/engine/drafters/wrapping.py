@@ -36,6 +36,7 @@ class PredictionDrafter:
         """forks: where an edit seen once (it may be a one-off) could come again within a draft, verify both
         sides as a draft tree, up to this many such forks a draft (0: none)."""
         self.then, self.then_limit, self.forks = then, then_limit, forks
+        self.learner = then if isinstance(then, Learner) else None  # (a Protocol's isinstance costs 10 us: once)
         self._expect(list(prediction))
         self.edits: dict[tuple[int, ...], tuple[int, ...]] = {}  # each short edit seen once: what replaced what
 
@@ -89,8 +90,8 @@ class PredictionDrafter:
 
     def observe(self, step: Step) -> None:
         # the generation's own drafter learns from its own steps only: a prediction's steps say nothing of it
-        if step.drafter != self.kind and isinstance(self.then, Learner):
-            self.then.observe(step)
+        if step.drafter != self.kind and self.learner is not None:
+            self.learner.observe(step)
 
     def _follow(self, history: list[int]) -> None:
         for position in range(self.compared, len(history)):
@@ -158,6 +159,7 @@ class ForcedDrafter:
 
     def __init__(self, grammar: Grammar, model: Model, then: Drafter):
         self.grammar, self.model, self.then = grammar, model, then
+        self.learner = then if isinstance(then, Learner) else None  # (a Protocol's isinstance costs 10 us: once)
 
     def begin(self, prompt, sampling, rng) -> None:
         self.then.begin(prompt, sampling, rng)
@@ -192,5 +194,5 @@ class ForcedDrafter:
 
     def observe(self, step: Step) -> None:
         # the generation's own drafter learns from its own steps only
-        if step.drafter != self.kind and isinstance(self.then, Learner):
-            self.then.observe(step)
+        if step.drafter != self.kind and self.learner is not None:
+            self.learner.observe(step)
