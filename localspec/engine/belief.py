@@ -44,9 +44,9 @@ class Belief:
         mean = self.accepted / weight
         return min(1.0, max(0.0, mean + hope * sqrt(mean * (1 - mean) / (weight + 1))))
 
-    def observe(self, accepted: bool) -> None:
-        self.accepted = FORGET * self.accepted + accepted
-        self.rejected = FORGET * self.rejected + (not accepted)
+    def observe(self, accepted: bool, forget: float = FORGET) -> None:
+        self.accepted = forget * self.accepted + accepted
+        self.rejected = forget * self.rejected + (not accepted)
 
     def held_to(self, weight: float) -> "Belief":
         """The same mean, worth at most `weight` observations."""

@@ -75,6 +75,11 @@ PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
 BUCKET_START = 1.0
 BUCKET_LIMIT = 4.0
 SESSION_WEIGHT = 2.0  # observations' worth of what earlier generations taught
+# A costly drafter carries its first position as the session's generations showed it, fading by this a draft
+# (the last ~100 weigh most), not as the last generation left it: a generation whose first two drafts missed
+# (it drafted no more) made a draft model right 95% of the time read 0.4, and on a GPU (where it reads the prompt only if it would pay)
+# it was never tried again, its catch-up of a whole prompt being more than any probe may risk.
+LASTING_FORGET = 0.99
 # A one-off cost (the draft model reading the tokens decided while it was idle) is weighed against
 # what drafting would gain over this many tokens.
 HORIZON = 64
@@ -259,6 +264,8 @@ class AutoDrafter(TreeWeighing):
         self.beliefs: dict[Key, list[Belief]] = {}
         # (drafter, evidence) -> the first position's belief as earlier generations left it
         self.carried: dict[Key, Belief] = {}
+        # costly drafter -> its first position over the session's generations (LASTING_FORGET): what it carries
+        self.lasting: dict[DrafterKind, Belief] = {}
         self.bucket: Bucket | None = None  # made at the first generation, when costs are known
         self.screens: dict[DrafterKind, Screen] = {}
         self._others_tokens = 0  # the other sequences' tokens in the step being weighed
@@ -271,6 +278,7 @@ class AutoDrafter(TreeWeighing):
             drafter.begin(prompt, sampling, rng)
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
                              for key, positions in self.beliefs.items() if positions})
+        self.carried.update({(kind, None): belief.held_to(SESSION_WEIGHT) for kind, belief in self.lasting.items()})
         self.beliefs = {}
         for drafter in self.costly.values():
             # A costly drafter reads the prompt while the target does (as fixed drafting has it) only where it
@@ -310,6 +318,7 @@ class AutoDrafter(TreeWeighing):
         """Drop what earlier generations taught (a benchmark's fresh session); costs stay, being the machine's."""
         self.beliefs.clear()
         self.carried.clear()
+        self.lasting.clear()
         self.ranks.clear()
         self.screens.clear()
         self.endings.clear()
@@ -502,6 +511,7 @@ class AutoDrafter(TreeWeighing):
         if option is not None and option.drafter == step.drafter and step.drafter not in FREE and step.drafted:
             # Position i was tried only if all before it were accepted.
             self._learn((step.drafter, None), 0, min(step.accepted + 1, step.drafted), step.accepted)
+            self.lasting.setdefault(step.drafter, Belief(0.0, 0.0)).observe(step.accepted > 0, LASTING_FORGET)
             self.costs.observe_draft(step.drafter, step.drafted, step.draft_seconds - step.catch_up_seconds)
 
     def _learn_from_text(self, history: list[int]) -> None:
