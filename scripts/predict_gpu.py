@@ -207,6 +207,8 @@ def predict(recording: dict, device: dict, shape: str, where: str, mixed: bool =
             "drafting": {kind: tally.by for kind, tally in tallies.items()},
             "auto_host_seconds_a_step": (tallies[DrafterKind.AUTO].host_seconds
                                          / max(1, len(tallies[DrafterKind.AUTO].shapes))),
+            # what that host work would add to auto's predicted time there (a long copy's step is many tokens' worth)
+            "auto_host_share": tallies[DrafterKind.AUTO].host_seconds / tallies[DrafterKind.AUTO].seconds,
             "shapes": {kind: tally.shapes for kind, tally in tallies.items()},
             "draft_model": {"acceptance_by_position": acceptance_by_position(runs, POSITIONS),
                             "sure": sum(sure) / len(sure) if sure else None},
@@ -275,11 +277,14 @@ def markdown(sets: dict, recording: dict, device: dict, shape: str, where: str) 
     together = pooled(sets)
     lines.append(f"| all sets | {sum(s['prompts'] for s in sets.values())} | {sum(s['tokens'] for s in sets.values())}"
                  f" | {' | '.join(_ratio(together.get(kind)) for kind in COLUMNS)} |")
-    host = ", ".join(f"{name} {s['auto_host_seconds_a_step'] * 1e6:.0f} us" for name, s in sets.items())
+    host = ", ".join(f"{name} {s['auto_host_seconds_a_step'] * 1e6:.0f} us ({s['auto_host_share']:.1%})"
+                     for name, s in sets.items())
     most = max(s["auto_host_seconds_a_step"] for s in sets.values()) if sets else 0.0
     lines += ["", "Auto's own host work a step (its policy and its drafters, the draft model's recorded stand-in"
               " among them, timed in its replay on this machine's CPU with nothing decoded between steps; not in the"
-              f" ratios above): {host}; at most {most / costs.level:.1%} of the device's verify(1)."]
+              " ratios above), and in parentheses what it would add to auto's predicted time on the device: "
+              f"{host}; a step's at most {most / costs.level:.1%} of the device's verify(1) (a step that drafts a"
+              " long copy weighs more lengths, and makes many tokens)."]
     lines += ["", "The acceptance behind it, measured here (the same on any device, greedy): the draft model's"
               " acceptance along the replies by draft position (each given the positions before it accepted) and how often it is"
               " sure enough to draft (p_min), each replayed drafter's accepted share of what it drafted (auto's:"

@@ -177,6 +177,7 @@ def test_record_then_predict_against_the_example_device_report(tiny, tmp_path):
     assert set(figures["sets"][str(prompts)]["speedups"]) == {kind.value for kind in predict_gpu.COLUMNS}
     assert figures["sets"][str(prompts)]["draft_model"]["acceptance_by_position"][0] >= 0.9
     assert 0 < figures["sets"][str(prompts)]["auto_host_seconds_a_step"] < 0.1
+    assert 0 < figures["sets"][str(prompts)]["auto_host_share"] < 10
     # the older command reads the new recordings too
     assert run_script("replay.py", "simulate", recorded, home=tmp_path / "home").returncode == 0
 
