@@ -77,8 +77,9 @@ BUCKET_LIMIT = 4.0
 SESSION_WEIGHT = 2.0  # observations' worth of what earlier generations taught
 # A costly drafter carries its first position as the session's generations showed it, fading by this a draft
 # (the last ~100 weigh most), not as the last generation left it: a generation whose first two drafts missed
-# (it drafted no more) made a draft model right 95% of the time read 0.4, and on a GPU (where it reads the prompt only if it would pay)
-# it was never tried again, its catch-up of a whole prompt being more than any probe may risk.
+# (it drafted no more) made a draft model right 95% of the time read 0.4, and on a GPU (where it reads the
+# prompt only if it would pay) it was never tried again, its catch-up of a whole prompt being more than any
+# probe may risk.
 LASTING_FORGET = 0.99
 # A one-off cost (the draft model reading the tokens decided while it was idle) is weighed against
 # what drafting would gain over this many tokens.
