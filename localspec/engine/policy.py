@@ -277,8 +277,9 @@ class AutoDrafter(TreeWeighing):
     def begin(self, prompt, sampling, rng) -> None:
         for drafter in self._free():
             drafter.begin(prompt, sampling, rng)
+        # (a costly drafter's beliefs are all in its lasting one: it carries that)
         self.carried.update({key: positions[0].held_to(SESSION_WEIGHT)
-                             for key, positions in self.beliefs.items() if positions})
+                             for key, positions in self.beliefs.items() if positions and key[0] not in self.lasting})
         self.carried.update({(kind, None): belief.held_to(SESSION_WEIGHT) for kind, belief in self.lasting.items()})
         self.beliefs = {}
         for drafter in self.costly.values():
