@@ -46,6 +46,8 @@ BLOCK = '"""'
 PROMPT = "you> "
 # /set parameter's names as Ollama's options call them, where they are not localspec's
 OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
+# Ollama's parameters that set up the model as it loads, and the option that does it here
+LOADING = {"num_ctx": "-c", "num_gpu": "-ngl", "num_thread": "-t", "num_batch": "-b"}
 
 
 # An image file named in a message, as Ollama finds one: a path from / ./ ../ or ~/, spaces in it escaped or the
@@ -73,13 +75,14 @@ def images_named(text: str) -> tuple[str, list[tuple[str, bytes]]]:
 
 
 def _parameter(value: str):
-    """A /set parameter's value as it is typed: a number where it reads as one (stop's words stay text)."""
+    """A /set parameter's value as it is typed: a number where it reads as one, true or false a switch (stop's words
+    stay text; a setting refuses a value of another kind)."""
     for kind in (int, float):
         try:
             return kind(value)
         except ValueError:
             pass
-    return value
+    return {"true": True, "false": False}.get(value.lower(), value)
 
 
 class Chat:
@@ -231,6 +234,10 @@ class Chat:
             name, value = rest.split(None, 1)
             setting = OLLAMA_PARAMETERS.get(name, name)
             conversation = self.conversation
+            if setting in LOADING:
+                console.print(f"[red]{tui.shown(name)} is fixed when the model loads: start the chat with"
+                              f" {LOADING[setting]} {tui.shown(value)}[/]")
+                return
             try:
                 conversation.sampling, conversation.limits = overridden(conversation.sampling, conversation.limits,
                                                                         **{setting: _parameter(value)})

@@ -9,6 +9,8 @@ import numbers
 import operator
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -643,9 +645,32 @@ def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = N
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]}?" if close else f"the settings are {', '.join(known)}"
         raise UsageError(f"unknown setting {unknown[0]!r}: {hint}", setting=unknown[0])
-    return (replace(sampling, **{name: value for name, value in asked.items() if value is not None}),
+    asked = {name: _of_its_type(name, value, SAMPLING_TYPES[name]) for name, value in asked.items() if value is not None}
+    max_tokens = None if max_tokens is None else _of_its_type("max_tokens", max_tokens, int)
+    return (replace(sampling, **asked),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
+
+
+# what each of Sampling's settings holds, where a value of another type could reach it (a chat's /set parameter, a
+# library call's keyword): its own checks compare and count, and would fail on a text with a traceback
+SAMPLING_TYPES = {name: next((kind for kind in (bool, int, float, str)
+                              if kind in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))), object)
+                  for name, hint in typing.get_type_hints(Sampling).items()}
+
+
+def _of_its_type(name: str, value, kind: type):
+    """A setting's value as its field holds it (a whole float as a count: JSON's 40.0 is 40), else a UsageError
+    naming the setting."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if kind is float and number:
+        return value
+    if kind is int and number and float(value).is_integer():
+        return int(value)
+    if kind is object or isinstance(value, kind) and (kind is not int or not isinstance(value, bool)):
+        return value
+    wanted = {bool: "true or false", int: "a whole number", float: "a number", str: "a text"}[kind]
+    raise UsageError(f"{name.replace('_', ' ')} must be {wanted}, got {value!r}", setting=name)
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")

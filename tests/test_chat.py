@@ -228,6 +228,20 @@ def test_set_and_bye_as_in_ollama_and_a_full_context_said_in_one_line(localspec,
     assert len(replies) == 12  # one a message; nothing after /bye
 
 
+def test_a_parameter_set_to_a_value_of_the_wrong_kind_is_refused_and_the_chat_goes_on(localspec, tiny):
+    # `/set parameter temperature abc` ended the chat with a traceback; num_ctx was refused with every setting's name
+    lines = ["/set parameter temperature abc", "/set parameter seed 1.5", "/set parameter ignore_eos yes",
+             "/set parameter ignore_eos false", "/set parameter num_ctx 4096", "hello"]
+    done = localspec("chat", tiny["target"], "--no-draft", "--temp", "0", "-n", "4",
+                     stdin=("\n".join(lines) + "\n").encode())
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in out + err, out + err
+    assert "temperature must be a number, got 'abc'" in out and "seed must be a whole number, got 1.5" in out
+    assert "ignore eos must be true or false, got 'yes'" in out and "ignore_eos set to false" in out
+    assert "num_ctx is fixed when the model loads: start the chat with -c 4096" in out
+    assert out.rstrip().splitlines()[-1].strip()  # the message after them was answered
+
+
 def test_show_and_question_mark_as_in_ollama(localspec, tiny):
     lines = ["/?", "/show info", "/set parameter temperature 0.3", "/set parameter stop END", "/show parameters",
              "/show system", "/set system be brief", "/show system", "/show license"]

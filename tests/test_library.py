@@ -94,6 +94,17 @@ def test_a_misspelt_setting_is_named_with_the_one_meant_and_dir_lists_the_librar
     assert {"load", "Session", "Request", "Sampling", "__version__"} <= set(dir(localspec))
 
 
+def test_a_setting_of_the_wrong_type_is_named_not_a_traceback(session):
+    # a text where a number goes failed inside Sampling's checks with a raw TypeError
+    for asked, said in ((dict(temperature="abc"), "temperature must be a number, got 'abc'"),
+                        (dict(seed=1.5), "seed must be a whole number"), (dict(top_k=True), "top k must be a whole"),
+                        (dict(ignore_eos="yes"), "ignore eos must be true or false"),
+                        (dict(max_tokens="9"), "max tokens must be a whole number")):
+        with pytest.raises(UsageError, match=said):
+            session.complete("the cat", **asked)
+    assert session.complete("the cat", temperature=0, top_k=40.0, max_tokens=2.0).summary.tokens <= 2  # (JSON's 40.0)
+
+
 def test_load_names_a_setting_it_does_not_take(tiny):
     with pytest.raises(UsageError, match="no setting ctx_sise"):
         localspec.load(str(tiny["target"]), ctx_sise=256)
