@@ -257,8 +257,12 @@ def load_models(target: Path, draft: Path | None, runtime: Runtime, speculation:
     if steered:
         steer(target_context, *steered)
     if target_context.n_ctx != runtime.ctx_size:
-        notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp rounds"
-                     " context sizes up to a multiple of 256")
+        # (draft trees' cells, a batch of them, are made with the context's: what rounding adds goes to the context,
+        # so -c 256 -b 300 holds 468, which no rounding of 256 makes)
+        notes.append(f"the context holds {target_context.n_ctx} tokens, not {runtime.ctx_size}: llama.cpp makes a KV"
+                     " cache's cells in multiples of 256, and those left over go to the context"
+                     + (" (beside a --batch-size of cells kept for draft trees' branches)" if target_context.branch_room
+                        else ""))
     if runtime.parallel > 1:
         notes.append(f"{runtime.parallel} sequences generate at once (--parallel), each up to"
                      f" {target_context.n_ctx} tokens")

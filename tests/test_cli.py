@@ -84,6 +84,24 @@ def test_prompt_from_stdin_and_file_and_ngram_default(localspec, tiny, tmp_path)
         assert {"steps", "drafted", "accepted", "probes", "probes_lost", "probe_lost_seconds"} <= set(drafter)
 
 
+def test_text_piped_in_goes_before_the_prompt_as_in_ollama(localspec, tiny, tmp_path):
+    # `cat app.py | localspec run MODEL 'Explain this'` dropped the file without a word
+    both = run_json(localspec, tiny["target"], "explain this", "--temp", "0", "-n", "4", stdin=b"the cat sat\n")
+    whole = run_json(localspec, tiny["target"], "--temp", "0", "-n", "4", stdin=b"the cat sat\n\nexplain this")
+    alone = run_json(localspec, tiny["target"], "explain this", "--temp", "0", "-n", "4")
+    assert both["stats"]["prompt_tokens"] == whole["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"]
+    assert both["text"] == whole["text"]
+    # -p is llama.cpp's, which reads no standard input beside it; a file redirected in is read as a pipe is
+    (tmp_path / "piped.txt").write_text("the cat sat\n")
+    with open(tmp_path / "piped.txt", "rb") as piped:
+        redirected = subprocess.run([sys.executable, "-m", "localspec", "run", str(tiny["target"]), "explain this",
+                                     "--temp", "0", "-n", "4", "--json"], stdin=piped, capture_output=True, timeout=300,
+                                    env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")})
+    assert json.loads(redirected.stdout)["stats"]["prompt_tokens"] == whole["stats"]["prompt_tokens"]
+    assert run_json(localspec, tiny["target"], "-p", "explain this", "--temp", "0", "-n", "4",
+                    stdin=b"the cat sat\n")["stats"]["prompt_tokens"] == alone["stats"]["prompt_tokens"]
+
+
 def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
     done = localspec("run", tiny["target"], "--draft", tiny["same"], "--spec", "fixed", "--p-min", "0", "-p", "the cat", "--temp", "0",
                       "-n", "30")
@@ -110,7 +128,8 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--draft-branches", "0"], "draft-branches must be between 1 and 16, got 0"),
         (["{target}", "-p", "x", "--max-tokens", "0"], "max-tokens must be >= 1"),
         (["{target}", "-p", "x", "--temp", "warm"], "Invalid value for '--temp'"),
-        (["{target}", "-p", "x", "--file", "{notgguf}"], "not both"),
+        (["{target}", "-p", "x", "--file", "{notgguf}"], "two prompts: --prompt and --file; give one"),
+        (["{target}", "x", "--file", "{notgguf}"], "two prompts: PROMPT and --file; give one"),  # (said --prompt)
         (["{target}", "--file", "{binary}"], "is not UTF-8 text"),
         (["{target}", "--draft", "{gemma4_assistant}", "-p", "x"], "reads a gemma4 target's KV cache"),
         (["{target}", "-p", ""], "the prompt is empty"),
@@ -119,6 +138,7 @@ def test_text_streams_to_stdout_and_summary_goes_to_stderr(localspec, tiny):
         (["{target}", "-p", "x", "--seed", "-2"], "seed must be >= 0, or -1 for a random one"),
         (["{target}", "-m", "{target}", "-p", "x"], "name two targets"),
         (["-p", "x"], "name a target model"),
+        ([], "name a target model"),  # (with nothing piped in: "the prompt is empty")
         (["{target}", "-p", "x", "--device", "nope"], "no offload device named nope"),
         (["{target}", "-p", "x", "--draft", "{same}", "--device-draft", "nope"], "no offload device named nope"),
         (["{target}", "-p", "x", "--draft", "mtp"], "has no multi-token-prediction (MTP) layers"),
@@ -215,6 +235,11 @@ def test_llama_cpp_spellings_work(localspec, tiny):
                      "128", "--json")
     assert more.returncode == 0, more.stderr
     assert b"note: the context holds 256 tokens, not 64" in done.stderr  # llama.cpp rounds it up: said, not silent
+    # beside draft trees' cells the context gets what rounding adds to both (468: no rounding of 256 makes it)
+    roomier = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "2", "-c", "256", "-b", "300")
+    assert (b"note: the context holds 468 tokens, not 256: llama.cpp makes a KV cache's cells in multiples of 256, and"
+            b" those left over go to the context (beside a --batch-size of cells kept for draft trees' branches)"
+            in roomier.stderr), roomier.stderr
     # -c 0: the length the model was trained for (512 for the tiny ones); perplexity asks for its chunks' length
     trained = localspec("run", "-m", tiny["target"], "-p", "the cat", "-n", "2", "-c", "0", "--json")
     assert trained.returncode == 0 and b"note: the context" not in trained.stderr, trained.stderr
@@ -274,6 +299,22 @@ def test_version_and_help(cli):
     assert code == 0 and "Usage: localspec [OPTIONS] COMMAND" in out and "perplexity" in out
     code, _, err = cli("help", "nosuch")
     assert code == 2 and "No such command 'nosuch'" in err
+    # -h as llama.cpp's tools, Ollama and lms take it, Ollama's -v (both were "No such option")
+    code, out, _ = cli("-v")
+    assert code == 0 and out.strip() == localspec_version
+    for args in (["-h"], ["run", "-h"], ["serve", "-h"], ["bench", "-h"]):
+        code, out, _ = cli(*args)
+        assert code == 0 and f"Usage: localspec {' '.join(args[:-1])}".strip() in out, args
+
+
+def test_options_a_command_has_no_use_for_are_refused_not_taken_in_silence(cli, tiny):
+    # perplexity listed and took the draft model's resource options; bench's --limit -1 ran all but the last prompt
+    code, _, err = cli("perplexity", tiny["target"], "-f", "/dev/null", "-td", "1")
+    assert code == 2 and "no such option: -td" in err
+    code, out, _ = cli("perplexity", "-h")
+    assert code == 0 and "--draft-gpu-layers" not in out and "--gpu-layers" in out
+    code, _, err = cli("bench", tiny["target"], "--limit", "-1")
+    assert code == 2 and "Invalid value for '--limit'" in err
 
 
 def test_the_summary_says_why_nothing_was_drafted_and_never_counts_below_a_token_a_step(localspec, tiny):

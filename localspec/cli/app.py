@@ -71,7 +71,9 @@ class _HelpGroup(_PlainHelp, typer.core.TyperGroup):
     pass
 
 
-app = typer.Typer(cls=_HelpGroup, no_args_is_help=True, pretty_exceptions_enable=False)
+# -h as llama.cpp's tools, Ollama's and LM Studio's take it
+app = typer.Typer(cls=_HelpGroup, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["--help", "-h"]})
 
 
 def _for_help(param):
@@ -105,7 +107,8 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _options(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+    version: Annotated[bool, typer.Option("--version", "-v", help="Print the version and exit (Ollama's -v).",
+                                          callback=_print_version,
                                           is_eager=True)] = False,
 ):
     """Local GGUF inference with lossless speculative decoding."""

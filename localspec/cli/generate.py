@@ -46,6 +46,7 @@ from .options import (
     system_prompt,
     after_model,
     device_names,
+    piped_input,
     read_prompt,
     read_text,
     unescape,
@@ -65,6 +66,11 @@ DEFAULT_SERVING = Serving()
 DEFAULT_LENDING = Lending()
 
 
+def _target_named(settings: Settings) -> None:
+    if settings.target is None:
+        raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+
+
 @contextmanager
 def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | None = None,
           address: str = "", certificate: Path | None = None) -> "Iterator[Session]":
@@ -73,8 +79,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
     after on_abort(message) (batch records its item)."""
     from ..session import open_session
 
-    if settings.target is None:
-        raise UsageError("name a target model: TARGET, or -m/--model as in llama.cpp (`localspec models` lists names)")
+    _target_named(settings)
 
     def stopped(message: str) -> None:
         print(f"error: llama.cpp stopped: {tui.visible(message, layout=False)}", file=sys.stderr, flush=True)
@@ -103,6 +108,7 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
         "  localspec run llama3-70b --draft 1b --file request.txt --temp 0\n\n"
         "  localspec run ./model.gguf --draft ngram --file edit-request.txt\n\n"
         "  echo 'Hello' | localspec run smollm2-135m --no-draft --json\n\n"
+        "  cat app.py | localspec run qwen2.5-coder-1.5b 'Explain this code'   (the file, then the prompt)\n\n"
         "  localspec run smollm2-135m                (no prompt, on a terminal: a chat)"
     )
 )
@@ -110,7 +116,8 @@ def _open(settings: Settings, command: str, on_abort: Callable[[str], None] | No
 def run(
     settings: Settings,
     prompt_text: Annotated[Optional[str], typer.Argument(
-        metavar="PROMPT", help="Prompt text (or --prompt, --file, standard input). None, on a terminal: a chat.",
+        metavar="PROMPT", help="Prompt text (or --prompt, --file, standard input). Text piped in goes before it, as"
+        " in Ollama (`cat app.py | localspec run MODEL 'Explain this'`). None, on a terminal: a chat.",
         show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.", show_default=False)] = None,
     file: Annotated[
@@ -162,6 +169,10 @@ def run(
     """
     if prompt_text is not None and prompt is not None:
         raise UsageError("two prompts: PROMPT and --prompt; give one")
+    if prompt_text is not None and file is not None:
+        raise UsageError("two prompts: PROMPT and --file; give one")
+    if host is None:  # (a serve --host names answers with the model it started with)
+        _target_named(settings)
     prompt = prompt if prompt is not None else prompt_text
     system, no_color, quiet = system_prompt(system, system_file), colorless(no_color, color), quiet or not show_timings
     showing = Showing(not no_color, quiet, as_json, verbose, not hide_thinking)
@@ -195,6 +206,8 @@ def run(
         raise UsageError("--prediction drafts the answer, and --no-draft or --spec off decodes plainly: leave one out")
     text = read_prompt(prompt, file)
     text = unescape(text) if escape else text
+    if prompt_text is not None and (piped := piped_input()):  # (as it is: -e is for what is typed)
+        text = piped.rstrip("\n") + "\n\n" + text
     if not text:
         raise InputError("the prompt is empty")
     predicted_text = read_text(prediction_file) if prediction_file else None
@@ -516,8 +529,8 @@ def bench(
     modes: Annotated[
         Optional[str], typer.Option("--modes", help=bench_runner.MODES_HELP, show_default=False)
     ] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Use the first N prompts of each set.",
-                                                 show_default=False)] = 10,
+    limit: Annotated[int, typer.Option("--limit", min=0, help="Use the first N prompts of each set (0: all of them).")
+                     ] = 10,
     mixed: Annotated[bool, typer.Option("--mixed", help="Let auto carry what it learned from one prompt set into"
                                         " the next, as a chat, batch or server does with mixed requests. By default"
                                         " each set starts afresh.")] = False,
@@ -570,8 +583,9 @@ def bench(
         "  localspec perplexity ./model-Q4_K_M.gguf -f wiki.test.raw -c 2048 --chunks 20 --json"
     )
 )
-@with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")}, RESOURCE_OPTIONS, RPC_OPTIONS,
-              ADAPTER_OPTIONS, ctx_size=512)
+@with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")},
+              {name: option for name, option in RESOURCE_OPTIONS.items() if not name.startswith("draft_")},  # (no draft)
+              RPC_OPTIONS, ADAPTER_OPTIONS, ctx_size=512)
 def perplexity(
     settings: Settings,
     file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",

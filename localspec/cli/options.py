@@ -4,10 +4,12 @@ and the user's input as given (files, standard input, llama.cpp's escapes)."""
 import dataclasses
 import functools
 import inspect
+import io
 import json
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -522,7 +524,7 @@ PARALLEL_OPTIONS = {
         "--parallel", "-np", metavar="N|auto",
         help="Requests (serve) or items (batch) generated at once, as llama-server's slots: each step decodes"
         " all of them in one batch, and one that arrives joins at the next step. Each holds up to --ctx-size"
-        " tokens. auto: 4, fewer where their KV caches do not fit the memory. A draft model (or MTP block,"
+        " tokens. auto (or 0): 4, fewer where their KV caches do not fit the memory. A draft model (or MTP block,"
         " EAGLE-3 or DFlash drafter) drafts for all of them, their draft tokens decoded side by side.",
         rich_help_panel=RESOURCES)], "1"),
 }
@@ -1302,10 +1304,21 @@ def read_text(source: str | Path, most: int = MOST_FILE_BYTES) -> str:
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
-        raise UsageError("give the prompt with --prompt or --file, not both")
+        raise UsageError("two prompts: --prompt and --file; give one")
     if prompt is not None:
         return prompt
     return read_text(file or "-")
+
+
+def piped_input() -> str:
+    """Text piped or redirected to standard input from a file, for Ollama's `cat app.py | ollama run MODEL 'Explain
+    this'` (empty where there is none). A terminal, nothing at all or a socket is not read: a process started with
+    an input it never closes would wait forever."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, io.UnsupportedOperation):  # (not a file: a test's, an embedding program's stream)
+        return "" if sys.stdin is None or sys.stdin.isatty() else read_text("-")
+    return read_text("-") if stat.S_ISFIFO(mode) or stat.S_ISREG(mode) else ""
 
 
 # llama.cpp's -e: these backslash escapes in a prompt stand for the characters a shell makes hard to type
