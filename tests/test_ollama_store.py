@@ -131,7 +131,11 @@ def test_serve_lists_ollamas_models_and_loads_one_a_request_names(ollamas, tiny,
                            env={**os.environ, "OLLAMA_MODELS": str(ollamas)})
     try:
         client = ollama.Client(host=server.base)
-        assert {"tinyllm:latest", "tinyllm:3b"} <= {model.model for model in client.list().models}
+        listed = {model.model: model.digest for model in client.list().models}
+        assert {"tinyllm:latest", "tinyllm:3b"} <= set(listed)
+        # an Ollama blob's digest is the sha256 its name says
+        assert {f"sha256-{listed[name]}" for name in ("tinyllm:latest", "tinyllm:3b")} <= {
+            blob.name for blob in (ollamas / "blobs").iterdir()}
         answer = client.generate("tinyllm", prompt="Tell me a story.")
         assert answer.done and answer.model == "tinyllm" and answer.eval_count <= 5, answer
         with pytest.raises(ollama.ResponseError) as refused:

@@ -152,8 +152,10 @@ def test_a_request_names_another_downloaded_model_which_loads_then_unloads_when_
         client = server.client()
         listed = {m.id: m.model_extra["meta"]["loaded"] for m in client.models.list().data}
         assert listed == {"tiny": True, "tiny-b": False, "tiny-c": False, "tiny-embed": False}
-        assert sorted(m.model for m in ollama.Client(host=server.base).list().models) == [
-            "tiny", "tiny-b", "tiny-c", "tiny-embed"]
+        tags = ollama.Client(host=server.base).list().models
+        assert sorted(m.model for m in tags) == ["tiny", "tiny-b", "tiny-c", "tiny-embed"]
+        # one digest a file (it was the vocabulary's: models of one tokenizer were one to a client)
+        assert len({m.digest for m in tags}) == 4 and all(len(m.digest) == 64 for m in tags)
 
         reply = client.chat.completions.create(model="tiny-b", messages=[{"role": "user", "content": PROMPT}],
                                                max_tokens=8)

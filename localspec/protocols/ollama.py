@@ -3,6 +3,7 @@ frameworks speak first. Requests become the service's Request as OpenAI's do; an
 objects (streamed as NDJSON, one object a line), the last with its durations in nanoseconds and
 localspec's speculation record. One model is served: any model name is answered by it, as on /v1."""
 
+import hashlib
 import json
 import math
 import re
@@ -114,10 +115,11 @@ def _validate(model: type[BaseModel], data: dict):
         raise invalid(failure) from None
 
 
-def parse_chat(data: dict, defaults: Defaults) -> Parsed:
+def parse_chat(data: dict, defaults: Defaults) -> Parsed | None:
+    """The request, or None where it only asks for the model to be loaded (no messages, as Ollama's API has it)."""
     chat = _validate(ChatBody, data)
     if not chat.messages:
-        raise ApiError(400, "messages is empty: a chat needs at least one message")
+        return None
     messages = []
     for index, message in enumerate(chat.messages):
         if message.role not in (*ROLES, "tool"):
@@ -462,7 +464,7 @@ class Answer(Answering):
                                                  "image_count": prompt.count(MEDIA_MARKER)}}
 
     def loaded(self) -> dict:
-        """/api/generate's answer to an empty prompt (clients send one to load the model): it is loaded."""
+        """The answer to an empty prompt or a chat of no messages (clients send one to load the model): it is loaded."""
         return self.object("", done=True) | {"done_reason": "load"}
 
 
@@ -477,9 +479,23 @@ def details(info: GGUFInfo) -> dict:
 
 
 def _entry(name: str, info: GGUFInfo) -> dict:
-    modified = datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    stat = info.path.stat()
+    modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
     return {"name": name, "model": name, "modified_at": modified, "size": info.file_size,
-            "digest": info.token_digest or "", "details": details(info)}
+            "digest": digest(info.path, stat), "details": details(info)}
+
+
+BLOB_NAME = re.compile(r"sha256[-:]([0-9a-f]{64})")
+
+
+def digest(path, stat) -> str:
+    """A model file's digest, by which clients tell models apart: an Ollama blob's own (its name is the sha256 of
+    its bytes), else one of where the file is, its size and when it last changed (hashing every file's gigabytes
+    at each list would take minutes): another for each file, the same while the file is."""
+    blob = BLOB_NAME.fullmatch(path.name)
+    if blob:
+        return blob.group(1)
+    return hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
 
 
 def tags(models: list[tuple[str, GGUFInfo]]) -> dict:
