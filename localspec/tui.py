@@ -514,6 +514,14 @@ class _EchoOff:
             termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self.saved)
 
 
+def unshown_text(s: Summary) -> str:
+    """The tokens the target settled that the text does not show (its end token, a stop string's), after a count of
+    the tokens shown: tokens/step counts them, and "20 in 21 steps, 1.00 tokens/step" read as a miscount. (While
+    it generates, tokens held back until a stop string is ruled out would make it flicker: said at the end.)"""
+    unshown = round(s.mean_accepted_length * s.steps) - s.tokens
+    return f" (+{unshown} not shown)" if unshown > 0 else ""
+
+
 def stats_panel(s: Summary, state: str, draft_length: int | None = None, models: str = "", auto: bool = False) -> Panel:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -523,7 +531,7 @@ def stats_panel(s: Summary, state: str, draft_length: int | None = None, models:
     spent = s.draft_seconds + s.verify_seconds
     split = f"draft {s.draft_seconds / spent:.0%} / verify {s.verify_seconds / spent:.0%}" if spent else "–"
     speedup = f"{s.estimated_speedup:.2f}x (est.)" if s.estimated_speedup else "– (no plain step yet)"
-    table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", "tokens", f"{s.tokens} in {s.steps} steps")
+    table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", "tokens", f"{s.tokens}{'' if state == 'generating' else unshown_text(s)} in {s.steps} steps")
     accepted = f"{s.acceptance_rate:.0%} of {s.drafted}" if s.drafted else drafted_text(s, auto)
     table.add_row("accepted", accepted, "tokens/step", f"{s.mean_accepted_length:.2f}")
     table.add_row("time", split, "vs plain", speedup)
@@ -663,7 +671,7 @@ def comparison(c, console: Console) -> None:
     s, p = c.speculative, c.plain
     table.add_row("decode time", f"{s.decode_seconds:.2f} s", f"{p.decode_seconds:.2f} s")
     table.add_row("tokens/s", f"{s.tokens_per_second:.1f}", f"{p.tokens_per_second:.1f}")
-    table.add_row("tokens", str(s.tokens), str(p.tokens))
+    table.add_row("tokens", f"{s.tokens}{unshown_text(s)}", f"{p.tokens}{unshown_text(p)}")
     table.add_row("target passes", str(s.steps), str(p.steps))
     table.add_row("tokens/pass", f"{s.mean_accepted_length:.2f}", f"{p.mean_accepted_length:.2f}")
     table.add_row("drafts", drafted_text(s), "")
@@ -677,7 +685,7 @@ def summary_line(recorder: Recorder, auto: bool) -> str:
     """The statistics of a generation in one line, for stderr when stdout is not a terminal."""
     s = recorder.summary()
     return (
-        f"{s.tokens} tokens in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
+        f"{s.tokens} tokens{unshown_text(s)} in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
         f" {drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
         f" {s.prefill_seconds:.2f} s; finish: {recorder.finish_reason}" + parts_text(s)
         + "".join(f"; {kind}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"

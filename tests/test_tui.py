@@ -291,6 +291,24 @@ def test_thinking_is_dimmed_apart_from_the_answer_with_counts_of_its_own():
     assert "thinking 2 tokens" in tui.summary_line(parts, auto=False)
 
 
+def test_tokens_the_text_does_not_show_are_said_beside_a_count_that_tokens_a_step_reads():
+    # "20 tokens ... 21 target passes ... 1.00 tokens/pass": the end token counted in one and not the other
+    recorder = Recorder()
+    for event in [Prefill(3, 0, 0.1), Step("plain", 0, 0, 0.0, 0.05), Token(1, "a", False), Step("plain", 0, 0, 0.0, 0.05),
+                  Token(2, "b", False), Step("plain", 0, 0, 0.0, 0.05), Done("stop", "", 0.15)]:
+        recorder.add(event)
+    summary = recorder.summary()
+    assert (summary.tokens, summary.steps, summary.mean_accepted_length) == (2, 3, 1.0)
+    assert tui.summary_line(recorder, auto=False).startswith("2 tokens (+1 not shown) in 0.15 s")
+    console = Console(width=120, record=True)
+    console.print(tui.stats_panel(summary, "done"))
+    assert "2 (+1 not shown) in 3 steps" in console.export_text()
+    shown = Recorder()
+    for event in [Step("plain", 0, 0, 0.0, 0.05), Token(1, "a", False), Done("length", "", 0.05)]:
+        shown.add(event)
+    assert tui.summary_line(shown, auto=False).startswith("1 tokens in ")  # (all shown: nothing added)
+
+
 def test_the_panel_shows_draft_trees_in_one_line():
     recorder = Recorder()
     for event in [Prefill(3, 0, 0.1), Step("ngram", 6, 2, 0.0, 0.05, branches=2, depth=3, rank=2),
