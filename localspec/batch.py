@@ -30,7 +30,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
 
 from . import paths
 from .config import Limits, Sampling, Thinking, overridden
-from .errors import InputError, LocalspecError, UsageError, json_trouble
+from .errors import InputError, LocalspecError, UsageError, json_trouble, loads_json
 from .request import Request, image_of_base64
 from .scheduler import ENDED, Scheduler
 from .prompts import ROLES, is_message, output_grammar
@@ -77,7 +77,7 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=str(number), prompt=text)
             continue
         try:
-            record = json.loads(text)
+            record = loads_json(text)
         except json.JSONDecodeError as error:
             yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} at column {error.colno}")
             continue

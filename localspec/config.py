@@ -4,6 +4,7 @@ Defaults follow llama.cpp's where one exists, so results are comparable.
 """
 
 import difflib
+import functools
 import math
 import numbers
 import operator
@@ -645,21 +646,28 @@ def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = N
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]}?" if close else f"the settings are {', '.join(known)}"
         raise UsageError(f"unknown setting {unknown[0]!r}: {hint}", setting=unknown[0])
-    asked = {name: _of_its_type(name, value, SAMPLING_TYPES[name]) for name, value in asked.items() if value is not None}
-    max_tokens = None if max_tokens is None else _of_its_type("max_tokens", max_tokens, int)
+    kinds = held_types(Sampling)
+    asked = {name: of_its_type(name, value, kinds[name]) for name, value in asked.items() if value is not None}
+    max_tokens = None if max_tokens is None else of_its_type("max_tokens", max_tokens, int)
+    if stop is not None and not (isinstance(stop, str) or isinstance(stop, Sequence)
+                                 and all(isinstance(text, str) for text in stop)):
+        raise UsageError(f"stop must be a text or a list of texts, got {stop!r}", setting="stop")
     return (replace(sampling, **asked),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
 
 
-# what each of Sampling's settings holds, where a value of another type could reach it (a chat's /set parameter, a
-# library call's keyword): its own checks compare and count, and would fail on a text with a traceback
-SAMPLING_TYPES = {name: next((kind for kind in (bool, int, float, str)
-                              if kind in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))), object)
-                  for name, hint in typing.get_type_hints(Sampling).items()}
+@functools.cache
+def held_types(settings: type) -> dict[str, type]:
+    """What each field of a dataclass of settings holds (bool, int, float or str; object where it is none of these),
+    for values that could come of any type (a chat's /set parameter, a library call's keyword): the settings' own
+    checks compare and count, and failed on a text with a traceback."""
+    return {name: next((kind for kind in (bool, int, float, str)
+                        if kind in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))), object)
+            for name, hint in typing.get_type_hints(settings).items()}
 
 
-def _of_its_type(name: str, value, kind: type):
+def of_its_type(name: str, value, kind: type):
     """A setting's value as its field holds it (a whole float as a count: JSON's 40.0 is 40), else a UsageError
     naming the setting."""
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)

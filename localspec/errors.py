@@ -1,5 +1,8 @@
 """Errors meant for the user: the message is what the CLI prints, the code is its exit status."""
 
+import json
+import re
+
 
 class LocalspecError(Exception):
     exit_code = 1
@@ -63,3 +66,29 @@ def json_trouble(error: ValueError | RecursionError) -> str:
     """What is wrong with a JSON text that json.loads could not take, beyond its syntax: nesting deeper than
     Python's stack, or a number longer than Python reads (its own words)."""
     return "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
+
+
+def loads_json(data: str | bytes | bytearray):
+    """json.loads, refusing a lone surrogate (a ValueError, as for any JSON it cannot take): JSON's escapes can
+    spell \\ud800, which no UTF-8 text holds, so llama.cpp, a file and a socket could not take it (an editor that
+    cut a string inside an emoji sends one; llama-server's parser refuses them too)."""
+    value = json.loads(data)
+    if re.search(rb"\\u[dD][89a-fA-F]" if isinstance(data, (bytes, bytearray)) else r"\\u[dD][89a-fA-F]", data):
+        if where := _lone_surrogate(value):
+            raise ValueError(f"a lone surrogate (half of a UTF-16 pair, no character of its own) in {where}")
+    return value
+
+
+def _lone_surrogate(value, where: str = "") -> str | None:
+    """Where in a JSON value a text holds a lone surrogate (its path: messages.0.content), if anywhere."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "the text"
+    elif isinstance(value, (dict, list)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            path = f"{where}.{ascii(key)[1:-1] if isinstance(key, str) else key}".lstrip(".")  # (ascii: it may hold one)
+            if found := _lone_surrogate(key, path) or _lone_surrogate(item, path):
+                return found
+    return None

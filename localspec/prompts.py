@@ -737,6 +737,11 @@ class Prompts:
         with role and content), or token ids (checked against the vocabulary)."""
         if isinstance(prompt, str):
             return self.tokenize(prompt, raw)
+        listed = isinstance(prompt, (list, tuple))
+        if not listed or prompt and not (all(isinstance(message, dict) for message in prompt) or all(
+                isinstance(token, int) and not isinstance(token, bool) for token in prompt)):
+            got = "a list of those mixed or of others" if listed else type(prompt).__name__
+            raise InputError(f"a prompt is a text, a list of messages (role and content) or a list of token ids, got {got}")
         if prompt and all(isinstance(message, dict) for message in prompt):
             return self.chat_tokens(prompt)
         return self.token_ids(prompt)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from . import __version__, store
-from .errors import LocalspecError
+from .errors import LocalspecError, loads_json
 from .pool import Available, Served, UnknownModel
 from .protocols import llama_server, lmstudio_sdk
 from .protocols.openai import OPENAI
@@ -80,7 +80,7 @@ class SdkSocket:
         while True:
             text = await self.socket.receive()
             try:
-                return json.loads(text)
+                return loads_json(text)
             except (ValueError, RecursionError):  # (JSON nested deeper than Python's stack is the second)
                 await self._send({"type": "communicationWarning", "warning": "a message that is no JSON was dropped"})
 

@@ -52,7 +52,7 @@ from .protocols.responses import MOST_KEPT, Responses
 from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, rendered,
                                tool_call_error, tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
-from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError
+from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError, loads_json
 from .events import Done, Reading, Token
 from .pool import Available, NoRoom, NotKnown, Pool, Served, UnknownModel
 from .request import Request as LibraryRequest
@@ -954,7 +954,7 @@ class Server:
     async def _body(self, request: Request, array: bool = False) -> dict | list:
         data = await self._bytes(request)
         try:
-            body = json.loads(data)
+            body = loads_json(data)
         except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
             raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
         if not isinstance(body, list if array else dict):

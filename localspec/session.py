@@ -5,13 +5,15 @@ many generations on them; the caller iterates events and never touches the engin
 """
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .config import DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, overridden
+from .config import (DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, held_types,
+                     of_its_type, overridden)
 from .drafting import Drafters, speculating
 from .engine import prompt_cache, rpc
 from .engine.adapters import steer
@@ -76,17 +78,22 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
     fields by name (ctx_size, threads, gpu_layers, devices, draft_max, p_min, cache_type_k, ...), config's defaults
     for the rest; chat_template: a Jinja template to render conversations with in place of the target's own.
     Close the session (or use it in a with block) to free the models."""
-    drafting, draft_model = speculating(draft, spec)
+    for what, value in (("target", target), ("draft", draft)):
+        if not isinstance(value, (str, os.PathLike)) and (value is not None or what == "target"):
+            raise UsageError(f"load()'s {what} is a model's name or file, got {value!r}")
+    drafting, draft_model = speculating(draft if draft is None else str(draft), spec)
     runtime_fields = {f.name for f in fields(Runtime)}
     speculation_fields = {f.name for f in fields(Speculation)} - {"drafting", "required"}
     unknown = sorted(set(settings) - runtime_fields - speculation_fields)
     if unknown:
         raise UsageError(f"load() takes no setting {', '.join(unknown)}; it takes"
                          f" {', '.join(sorted(runtime_fields | speculation_fields))}")
+    kinds = held_types(Runtime) | held_types(Speculation)
+    settings = {name: of_its_type(name, value, kinds[name]) for name, value in settings.items()}
     runtime = Runtime(**{name: value for name, value in settings.items() if name in runtime_fields})
     speculation = Speculation(drafting, draft is not None or spec == "fixed",
                               **{name: value for name, value in settings.items() if name in speculation_fields})
-    return open_session(target, draft_model, runtime, speculation, offline, progress,
+    return open_session(str(target), draft_model, runtime, speculation, offline, progress,
                         chat_template=chat_template and checked_template(chat_template, "chat_template"))
 
 
@@ -604,6 +611,8 @@ class Conversation:
 
     def __init__(self, session: Session, system: str | None, sampling: Sampling, limits: Limits,
                  thinking: Thinking = Thinking(), opening: Sequence[dict] = (), template_variables: dict | None = None):
+        if system is not None and not isinstance(system, str):
+            raise UsageError(f"a system prompt is a text, got {type(system).__name__}")
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
         self.thinking, self.opening, self.template_variables = thinking, list(opening), template_variables
         self.recorder = self.turn = Recorder()
@@ -619,6 +628,8 @@ class Conversation:
         """The reply's events (options as Session.stream's); images: image files' bytes the message carries
         (before its text). The reply joins the conversation as far as it got, also when Ctrl-C or the caller
         stops it early; a turn that fails before the model answers leaves the conversation as it was."""
+        if not isinstance(text, str):
+            raise UsageError(f"a message is a text, got {type(text).__name__}")
         sampling, limits = overridden(self.sampling, self.limits, **options)
         self.messages.append({"role": "user", "content": text} | ({"images": list(images)} if images else {}))
         self.turn = Recorder()

@@ -80,8 +80,10 @@ def test_lines_that_cannot_be_items_fail_alone():
         '{"messages": "hi"}',
         '{"id": "fine", "prompt": "p"}',
         '{"prompt": "p", "n": ' + "9" * 5_000 + "}",  # a traceback that ended the whole batch (issue 46)
+        '{"id": "half", "prompt": "\\ud800 lone"}',  # (a traceback that ended the batch: UTF-8 has no such character)
     ])
-    assert [item.id for item in items] == ["line 1", "line 2", "line 3", "4", "5", "fine", "line 7"]
+    assert [item.id for item in items] == ["line 1", "line 2", "line 3", "4", "5", "fine", "line 7", "line 8"]
+    assert "a lone surrogate (half of a UTF-16 pair, no character of its own) in prompt" in items[7].error
     assert "not JSON that can be read: Exceeds the limit" in items[6].error
     assert "nested too deeply" in items[0].error and "'id' must be" in items[1].error and "'id' must be" in items[2].error
     assert "'role' and a 'content'" in items[3].error and "'messages' list" in items[4].error

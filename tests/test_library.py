@@ -103,6 +103,26 @@ def test_a_setting_of_the_wrong_type_is_named_not_a_traceback(session):
         with pytest.raises(UsageError, match=said):
             session.complete("the cat", **asked)
     assert session.complete("the cat", temperature=0, top_k=40.0, max_tokens=2.0).summary.tokens <= 2  # (JSON's 40.0)
+    for prompt, asked, error, said in ((5, {}, InputError, "a prompt is a text, a list of messages"),
+                                       (["the", "cat"], {}, InputError, "a list of those mixed or of others"),
+                                       ("the \ud800 cat", {}, InputError, "a lone surrogate"),
+                                       ("the cat", dict(stop=5), UsageError, "stop must be a text or a list of texts"),
+                                       ("the cat", dict(stop=["a", 3]), UsageError, "stop must be a text or a list")):
+        with pytest.raises(error, match=said):
+            session.complete(prompt, **asked)
+    with pytest.raises(UsageError, match="a message is a text, got NoneType"):
+        session.chat().send(None)
+    with pytest.raises(UsageError, match="a system prompt is a text, got int"):
+        session.chat(system=5)
+
+
+def test_load_names_what_is_wrong_with_a_setting_of_the_wrong_type(tiny):
+    for asked, said in ((dict(target=None), "load\\(\\)'s target is a model's name or file, got None"),
+                        (dict(draft=5), "load\\(\\)'s draft is a model's name or file, got 5"),
+                        (dict(ctx_size="big"), "ctx size must be a whole number, got 'big'"),
+                        (dict(threads="x"), "threads must be a whole number")):
+        with pytest.raises(UsageError, match=said):
+            localspec.load(**{"target": str(tiny["target"])} | asked)
 
 
 def test_load_names_a_setting_it_does_not_take(tiny):

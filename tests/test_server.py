@@ -471,10 +471,12 @@ def test_a_prompt_longer_than_the_context_says_so(server):
     (b'{"messages": [{"content": "hi"}]}', 400, "missing"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 400, "bool_type"),
     (b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+    # half a UTF-16 pair, as an editor that cut a string inside an emoji sends it: a 500 and a traceback before
+    (b'{"messages": [{"role": "user", "content": "\\ud800x"}]}', 400, "invalid_json"),
 ])
 def test_malformed_bodies_get_openais_error_object(server, body, status, code):
     response = httpx.post(server.url + "/chat/completions", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == status
+    assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     if code:

@@ -108,7 +108,11 @@ class Model:
         return self._vocab
 
     def tokenize(self, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8") if isinstance(text, str) else text
+        try:
+            data = text.encode("utf-8") if isinstance(text, str) else text
+        except UnicodeEncodeError as error:  # (a library caller's text; a request's JSON is refused as it is read)
+            raise InputError(f"the text holds a lone surrogate ({ascii(error.object[error.start])}: half of a UTF-16"
+                             " pair, no character of its own), which UTF-8, and so the model, cannot read") from None
         if len(data) < SHORTEST_KEPT:
             return self._tokenized_now(data, add_special, parse_special)
         if (len(data) >= SHORTEST_RESUMED and parse_special and self.prefixes is not None

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..config import MOST_LOGPROBS
-from ..errors import InputError
+from ..errors import InputError, loads_json
 from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
 from ..request import IMAGE_MARKER, Opening, Request
@@ -355,7 +355,7 @@ def _message(message: Message, index: int) -> dict:
 
 def _arguments(text: str, where: str) -> dict:
     try:
-        arguments = json.loads(text)
+        arguments = loads_json(text)
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):
@@ -460,8 +460,8 @@ def _structured(request: _Common) -> dict[str, dict]:
             continue
         if kind == "json" and isinstance(value, str):
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
+                value = loads_json(value)
+            except (ValueError, RecursionError) as error:
                 raise ApiError(400, f"{name}: not a JSON schema: {error}", param=name) from None
         arguments[name] = {"json": {"schema": value}, "regex": {"regex": value}, "choice": {"choices": value},
                            "grammar": {"grammar": value}, "json_object": {"any_object": True}}[kind]

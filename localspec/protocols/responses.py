@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..errors import InputError
+from ..errors import InputError, loads_json
 from ..prompts import ROLES, output_grammar
 from ..request import IMAGE_MARKER, Request
 from ..service import Job
@@ -219,7 +219,7 @@ def conversation(given: str | list[Item]) -> list[dict]:
             if not (item.call_id and item.name and item.arguments is not None):
                 raise ApiError(400, f"{where}: a function call needs call_id, name and arguments", param=where)
             try:
-                arguments = json.loads(item.arguments)
+                arguments = loads_json(item.arguments)
             except ValueError:
                 arguments = None
             if not isinstance(arguments, dict):
