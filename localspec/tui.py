@@ -579,7 +579,7 @@ def ollama_timings(s: Summary, total_seconds: float, load_seconds: float | None,
     """One answer's timings as `ollama run --verbose` prints them, under its labels (scripts that read Ollama's
     read these), then what speculation did. load_seconds: the models' load, where this answer waited for it
     (None: it did not, and the line is left out as Ollama leaves a zero out)."""
-    read = s.prompt_tokens - s.reused_prompt_tokens  # Ollama counts the prompt tokens it evaluated
+    read = s.prompt_tokens  # (Ollama's runner counts the whole prompt, what its cache held included)
     lines = [("total duration", go_duration(total_seconds)),
              ("load duration", go_duration(load_seconds) if load_seconds is not None else None),
              ("prompt eval count", f"{read} token(s)"),

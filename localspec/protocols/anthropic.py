@@ -371,7 +371,7 @@ class Answer(Answering):
 
     def closing(self, job: Job, called: bool) -> list[str]:
         stop_reason, stop_sequence = stop_of(job, called)
-        usage = {"input_tokens": job.recorder.prompt_tokens, "output_tokens": job.recorder.tokens}
+        usage = {"input_tokens": usage_of(job)["input_tokens"], "output_tokens": job.recorder.tokens}
         frames = [self._stop(), _event("message_delta", {"delta": {"stop_reason": stop_reason,
                                                                    "stop_sequence": stop_sequence},
                                                          "usage": usage} | statistics(job)),
@@ -394,8 +394,10 @@ def _tool_use(call: ToolCall) -> dict:
 
 
 def usage_of(job: Job) -> dict:
+    """Anthropic's usage: the prompt's tokens read anew, apart from those read from the cache (its input is their
+    sum; counted in both, a client took a cached conversation for twice its length)."""
     r = job.recorder
-    return {"input_tokens": r.prompt_tokens, "output_tokens": r.tokens,
+    return {"input_tokens": r.prompt_tokens - r.reused_prompt_tokens, "output_tokens": r.tokens,
             "cache_read_input_tokens": r.reused_prompt_tokens, "cache_creation_input_tokens": 0}
 
 

@@ -430,7 +430,7 @@ class Answer(Answering):
         prefill, decode = int(r.prefill_seconds * 1e9), int(r.decode_seconds * 1e9)
         return self.object(text, done=True, calls=calls, thinking=thinking, logprobs=logprobs) | {
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
-            "load_duration": self.load_nanoseconds, "prompt_eval_count": r.prompt_tokens - r.reused_prompt_tokens,
+            "load_duration": self.load_nanoseconds, "prompt_eval_count": r.prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
             "speculation": speculation(job)} | ({"context": job.prompt + r.ids} if self.context else {})
 
