@@ -250,11 +250,18 @@ class ToolCall:
         return json.loads(self.arguments)
 
 
+# A function offered with no parameters takes none: OpenAI's "omitting parameters defines a function with an empty
+# parameter list" (its calls were held to any object: f({"city": "Paris"}))
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
 def arguments_schema(function: dict) -> dict:
-    """The schema a call's arguments follow: the function's parameters, an object where they say no type and
-    nothing of one (none given, or a description alone: JSON Schema would admit any value, and a call's arguments
-    are an object)."""
-    parameters = function.get("parameters") or {}
+    """The schema a call's arguments follow: the function's parameters (NO_PARAMETERS where it has none), an object
+    where they say no type and nothing of one (a description alone: JSON Schema would admit any value, and a call's
+    arguments are an object)."""
+    parameters = function.get("parameters")
+    if parameters is None:
+        return NO_PARAMETERS
     if "type" in parameters or set(parameters) - ANNOTATIONS:
         return parameters
     return {**parameters, "type": "object"}
@@ -334,7 +341,8 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
 def _parameters(function: dict) -> tuple[dict, set[str], bool]:
     """An offered function's parameters: their schemas by name, the required names, and whether it takes any
     keys (its schema names no properties and does not forbid others)."""
-    return _members(function.get("parameters") or {})
+    parameters = function.get("parameters")
+    return _members(NO_PARAMETERS if parameters is None else parameters)
 
 
 def _members(schema: dict) -> tuple[dict, set[str], bool]:

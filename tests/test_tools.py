@@ -1136,8 +1136,11 @@ def test_real_qwen_calls_a_tool_reads_its_result_and_answers_through_both_client
 
 def test_a_functions_arguments_are_an_object_where_its_parameters_say_no_type():
     """A schema of annotations alone admits any value (as JSON Schema says), but a call's arguments are an object:
-    parameters that give a description alone, or none, hold the arguments to an object all the same."""
-    assert arguments_schema({"name": "f"}) == {"type": "object"}
+    parameters that give a description alone hold the arguments to an object all the same. A function offered with
+    no parameters takes none, as OpenAI's API says (its calls were held to any object: f({"city": "Paris"}))."""
+    assert arguments_schema({"name": "f"}) == {"type": "object", "properties": {}, "additionalProperties": False}
+    none, _ = constraint(ToolFormat.HERMES, Tools(({"type": "function", "function": {"name": "f"}},), choice="required"))
+    assert re.search(r'\ncall-arguments ::= "\{" space +"\}" space\n', none), none
     assert arguments_schema({"name": "f", "parameters": {"description": "anything"}}) == {
         "description": "anything", "type": "object"}
     given = {"type": "object", "properties": {"a": {"type": "string"}}}
