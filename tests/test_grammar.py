@@ -15,7 +15,7 @@ from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from localspec.engine.grammar import (Grammar, _loosened, converted_pattern, from_choices, from_json_schema,
-                                      from_regex, json_object)
+                                      from_regex, integer_range, json_object)
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token
@@ -207,6 +207,35 @@ def masked_distribution(target, prompt, sampling) -> dict[tuple, float]:
 
     walk([], 1.0)
     return probabilities
+
+
+def test_an_integers_bounds_are_held_as_llama_cpps_converter_holds_them(target, prompt):
+    """The port of llama.cpp's converter admitted any integer under minimum and maximum (5 to 10 gave
+    1000000000000000). The rules are checked against every integer from -3000 to 3000 for 300 random ranges (read as
+    the regular expression they spell: digits, classes and counts alone), then in llama.cpp's grammar and under
+    sampling."""
+    rng = np.random.default_rng(7)
+    ranges = [(5, 10), (0, None), (None, 0), (-120, -7), (None, -3), (7, None), (99, 101), (None, 12345)]
+    ranges += [tuple(sorted(rng.integers(-1500, 1500, 2).tolist())) for _ in range(150)]
+    ranges += [(int(rng.integers(-1500, 1500)), None) for _ in range(75)] + [(None, int(rng.integers(-1500, 1500)))
+                                                                             for _ in range(75)]
+    numbers = [str(n) for n in range(-3000, 3001)]
+    for low, high in ranges:
+        spelt = re.compile(integer_range(low, high).replace('"', "").replace(" ", ""))
+        admitted = {n for n in numbers if spelt.fullmatch(n)}
+        assert admitted == {n for n in numbers if (low is None or int(n) >= low) and (high is None or int(n) <= high)}
+        assert not any(spelt.fullmatch(text) for text in ("05", "-0", "00", "-05", "+5", "")), (low, high)
+    gbnf = from_json_schema({"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 10}},
+                             "required": ["n"]})
+    assert admits_whole(target.model, gbnf, '{"n": 7}') and not admits_whole(target.model, gbnf, '{"n": 11}')
+    assert not admits_whole(target.model, gbnf, '{"n": 1000000000000000}')
+    bounded = from_json_schema({"type": "integer", "exclusiveMinimum": -3.5, "exclusiveMaximum": 3})
+    for seed in range(6):
+        out = record(speculative.generate(target, NoDrafter(), prompt, Sampling(temperature=1.5, seed=seed, grammar=bounded),
+                                          Speculation(), Limits(max_tokens=20)))
+        assert -3 <= int(out.text) <= 2, out.text
+    with pytest.raises(InputError, match="admit no integer"):
+        from_json_schema({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})
 
 
 @pytest.mark.parametrize("kind", ["draft model", "plain"])

@@ -21,7 +21,9 @@ off a trigger is admitted only if the grammar admits the text it sets off.
 """
 
 import ctypes
+import functools
 import json
+import math
 import re
 from time import perf_counter
 
@@ -57,7 +59,7 @@ def from_json_schema(schema: dict | bool, rule: str = "root") -> str:
 def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, str]]:
     """Several JSON schemas as the rules of one grammar, their helper rules shared: the GBNF and, for each
     name given, the rule that matches its schema (a primitive's is the shared rule of its type: `integer`)."""
-    converter = grammars().SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _converter()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     matching = {}
     try:
         for rule, schema in schemas.items():
@@ -70,6 +72,82 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
             RecursionError) as error:  # (a malformed schema: `properties` a list, `$ref` a number, ...)
         raise InputError(f"the JSON schema cannot be turned into a grammar: {error or type(error).__name__}") from None
     return "\n".join(_AS_LLAMA_CPP_WRITES.get(line.split(" ::= ", 1)[0], line) for line in gbnf.split("\n")), matching
+
+
+@functools.cache
+def _converter() -> type:
+    """llama-cpp-python's converter, holding an integer to its bounds (minimum, maximum and their exclusive forms), as
+    llama.cpp's own converter does: the port admits any integer there (a schema's 5 to 10 had 1000000000000000)."""
+    port = grammars()
+
+    class Converter(port.SchemaConverter):
+        def visit(self, schema, name):
+            if isinstance(schema, dict) and schema.get("type") == "integer" and not {"$ref", "enum", "const"} & set(schema):
+                low, high = _integer_bounds(schema)
+                if low is not None or high is not None:
+                    rule = name + "-" if name in port.RESERVED_NAMES else name or "root"
+                    return self._add_rule(rule, f"({integer_range(low, high)}) space")
+            return super().visit(schema, name)
+
+    return Converter
+
+
+def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """The least and the greatest integer a schema admits (None: no bound), from its minimum, maximum and exclusive
+    bounds (draft 6's numbers, or draft 4's true beside minimum or maximum); InputError where none is admitted."""
+    def bound(value) -> float | None:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+    low, high = bound(schema.get("minimum")), bound(schema.get("maximum"))
+    low = None if low is None else math.ceil(low) + (schema.get("exclusiveMinimum") is True and low == math.ceil(low))
+    high = None if high is None else math.floor(high) - (schema.get("exclusiveMaximum") is True and high == math.floor(high))
+    if (above := bound(schema.get("exclusiveMinimum"))) is not None:
+        low = max(low if low is not None else -math.inf, math.floor(above) + 1)
+    if (below := bound(schema.get("exclusiveMaximum"))) is not None:
+        high = min(high if high is not None else math.inf, math.ceil(below) - 1)
+    if low is not None and high is not None and low > high:
+        raise InputError(f"the JSON schema's integer bounds admit no integer ({json.dumps(schema)[:200]})")
+    return low, high
+
+
+def integer_range(low: int | None, high: int | None) -> str:
+    """GBNF of the integers from low to high (None: no bound), as JSON writes them (no leading zero, no -0)."""
+    if high is not None and high < 0:  # all negative
+        return f'"-" ({_naturals(-high, None if low is None else -low)})'
+    alternatives = [] if low is not None and low >= 0 else [f'"-" ({_naturals(1, None if low is None else -low)})']
+    return " | ".join([*alternatives, f"({_naturals(max(low or 0, 0), high)})"])
+
+
+def _naturals(low: int, high: int | None) -> str:
+    """GBNF of the whole numbers from low to high (None: no bound), without leading zeros."""
+    longest = len(str(high)) if high is not None else len(str(low))
+    parts = []
+    for length in range(len(str(low)), longest + 1):
+        first = max(low, 10 ** (length - 1) if length > 1 else 0)
+        last = 10 ** length - 1 if high is None else min(high, 10 ** length - 1)
+        parts += _digits(str(first), str(last)) if first <= last else []
+    if high is None:
+        parts.append(f"[1-9] [0-9]{{{longest},}}")
+    return " | ".join(parts)
+
+
+def _digits(low: str, high: str) -> list[str]:
+    """Alternatives of GBNF for the numerals of one length from low to high (each written with all its digits)."""
+    if low == high:
+        return [f'"{low}"']
+    if len(low) == 1:
+        return [f"[{low}-{high}]"]
+    rest = len(low) - 1
+    if low[0] == high[0]:
+        return [f'"{low[0]}" ({" | ".join(_digits(low[1:], high[1:]))})']
+    whole_first, whole_last = low[1:] == "0" * rest, high[1:] == "9" * rest
+    out = [] if whole_first else [f'"{low[0]}" ({" | ".join(_digits(low[1:], "9" * rest))})']
+    start, end = (int(low[0]) + (not whole_first), int(high[0]) - (not whole_last))
+    if start <= end:
+        out.append(f"[{start}-{end}] [0-9]{{{rest}}}")
+    if not whole_last:
+        out.append(f'"{high[0]}" ({" | ".join(_digits("0" * rest, high[1:]))})')
+    return out
 
 
 def from_regex(pattern: str) -> str:
