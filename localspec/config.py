@@ -668,14 +668,14 @@ def held_types(settings: type) -> dict[str, type]:
 
 
 def of_its_type(name: str, value, kind: type):
-    """A setting's value as its field holds it (a whole float as a count: JSON's 40.0 is 40), else a UsageError
-    naming the setting."""
+    """A setting's value as its field holds it (a whole float as a count: JSON's 40.0 is 40; a path as a text), else a
+    UsageError naming the setting."""
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if kind is float and number:
         return value
     if kind is int and number and float(value).is_integer():
         return int(value)
-    if kind is object or isinstance(value, kind) and (kind is not int or not isinstance(value, bool)):
+    if kind is object or kind in (bool, str) and isinstance(value, kind) or kind is str and isinstance(value, os.PathLike):
         return value
     wanted = {bool: "true or false", int: "a whole number", float: "a number", str: "a text"}[kind]
     raise UsageError(f"{name.replace('_', ' ')} must be {wanted}, got {value!r}", setting=name)
