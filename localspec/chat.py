@@ -241,8 +241,8 @@ class Chat:
             try:
                 conversation.sampling, conversation.limits = overridden(conversation.sampling, conversation.limits,
                                                                         **{setting: _parameter(value)})
-            except LocalspecError as error:
-                console.print(f"[red]{tui.shown(error)}[/]")
+            except LocalspecError as error:  # (said under the name typed: num_predict, not max_tokens)
+                console.print(f"[red]{tui.shown(name + ': ' if setting != name else '')}{tui.shown(error)}[/]")
             else:
                 console.print(f"[dim]{tui.shown(name)} set to {tui.shown(value)} from the next message[/]")
         else:

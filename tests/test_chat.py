@@ -231,7 +231,7 @@ def test_set_and_bye_as_in_ollama_and_a_full_context_said_in_one_line(localspec,
 def test_a_parameter_set_to_a_value_of_the_wrong_kind_is_refused_and_the_chat_goes_on(localspec, tiny):
     # `/set parameter temperature abc` ended the chat with a traceback; num_ctx was refused with every setting's name
     lines = ["/set parameter temperature abc", "/set parameter seed 1.5", "/set parameter ignore_eos yes",
-             "/set parameter ignore_eos false", "/set parameter num_ctx 4096", "hello"]
+             "/set parameter ignore_eos false", "/set parameter num_ctx 4096", "/set parameter num_predict abc", "hello"]
     done = localspec("chat", tiny["target"], "--no-draft", "--temp", "0", "-n", "4",
                      stdin=("\n".join(lines) + "\n").encode())
     out, err = done.stdout.decode(), done.stderr.decode()
@@ -239,6 +239,7 @@ def test_a_parameter_set_to_a_value_of_the_wrong_kind_is_refused_and_the_chat_go
     assert "temperature must be a number, got 'abc'" in out and "seed must be a whole number, got 1.5" in out
     assert "ignore eos must be true or false, got 'yes'" in out and "ignore_eos set to false" in out
     assert "num_ctx is fixed when the model loads: start the chat with -c 4096" in out
+    assert "num_predict: max tokens must be a whole number, got 'abc'" in out  # (under the name typed)
     assert out.rstrip().splitlines()[-1].strip()  # the message after them was answered
 
 

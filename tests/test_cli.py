@@ -313,6 +313,7 @@ def test_options_a_command_has_no_use_for_are_refused_not_taken_in_silence(cli, 
     assert code == 2 and "no such option: -td" in err
     code, out, _ = cli("perplexity", "-h")
     assert code == 0 and "--draft-gpu-layers" not in out and "--gpu-layers" in out
+    assert "The chunks' length in tokens" in out and "--parallel" not in out  # (-c's help named --parallel)
     code, _, err = cli("bench", tiny["target"], "--limit", "-1")
     assert code == 2 and "Invalid value for '--limit'" in err
 

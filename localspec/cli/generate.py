@@ -28,6 +28,7 @@ from .options import (
     MODEL_OPTIONS,
     PARALLEL_OPTIONS,
     RESOURCE_OPTIONS,
+    RESOURCES,
     RPC_OPTIONS,
     SAMPLING_OPTIONS,
     SPECULATION_OPTIONS,
@@ -584,8 +585,11 @@ def bench(
     )
 )
 @with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")},
-              {name: option for name, option in RESOURCE_OPTIONS.items() if not name.startswith("draft_")},  # (no draft)
-              RPC_OPTIONS, ADAPTER_OPTIONS, ctx_size=512)
+              {name: option for name, option in RESOURCE_OPTIONS.items() if not name.startswith("draft_")}  # (no draft)
+              | {"ctx_size": (Annotated[int, typer.Option(
+                  "--ctx-size", "-c", help="The chunks' length in tokens (llama-perplexity's -c; 512 as it is usually"
+                  " run).", rich_help_panel=RESOURCES)], 512)},
+              RPC_OPTIONS, ADAPTER_OPTIONS)
 def perplexity(
     settings: Settings,
     file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",
