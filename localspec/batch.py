@@ -29,18 +29,13 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
     fcntl = None
 
 from . import paths
-from .config import Limits, Sampling, Thinking, overridden
+from .config import OVERRIDABLE, Limits, Sampling, Thinking, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble, loads_json
 from .request import Request, image_of_base64
 from .scheduler import ENDED, Scheduler
 from .prompts import ROLES, is_message, output_grammar
 from .session import Session
 from .stats import Recorder
-
-SAMPLING_FIELDS = {"temperature": "temperature", "temp": "temperature", "top_k": "top_k", "top_p": "top_p",
-                   "min_p": "min_p", "seed": "seed", "repeat_penalty": "repeat_penalty",
-                   "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-                   "frequency_penalty": "frequency_penalty"}
 
 
 @dataclass(frozen=True)
@@ -232,21 +227,22 @@ def done_ids(out: IO[str], retry_failed: bool = False) -> set[str]:
 
 
 def settings(item: Item, sampling: Sampling, limits: Limits) -> tuple[Sampling, Limits]:
-    unknown = set(item.options) - set(FIELD_KINDS)
+    """An item's fields over the run's settings, each field checked as a library call's keyword is (overridden):
+    JSON's 40.0 is a top_k of 40 here as in a server request, and null keeps the run's value."""
+    unknown = set(item.options) - FIELDS
     if unknown:
         raise LocalspecError(f"unknown field(s) {', '.join(sorted(unknown))}")
-    for name, value in item.options.items():
-        kind, is_kind = FIELD_KINDS[name]
-        if not is_kind(value):
-            shown = json.dumps(value)
-            raise LocalspecError(f"{name} must be {kind}, got {shown if len(shown) <= 40 else shown[:37] + '...'}")
     options = dict(item.options)
     constraints = {name: options.pop(name) for name in ("grammar", "json_schema") if name in options}
     if len(constraints) > 1:
         raise LocalspecError("grammar and json_schema each constrain the answer; give one")
+    if not isinstance(constraints.get("json_schema", {}), dict | bool):
+        raise LocalspecError(f"json_schema must be a JSON schema (an object), got {_shown(constraints['json_schema'])}")
+    if not isinstance(constraints.get("grammar", ""), str):
+        raise LocalspecError(f"grammar must be a string (GBNF), got {_shown(constraints['grammar'])}")
     grammar = output_grammar(constraints.get("grammar"), constraints.get("json_schema"))
     return overridden(sampling, limits, grammar=grammar,
-                      **{SAMPLING_FIELDS.get(name, name): value for name, value in options.items()})
+                      **{"temperature" if name == "temp" else name: value for name, value in options.items()})
 
 
 def _whole(value) -> bool:
@@ -257,24 +253,14 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-FIELD_KINDS = {
-    **{name: ("a number", _number) for name in ("temperature", "temp", "top_p", "min_p", "repeat_penalty",
-                                                "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
-                                                "xtc_probability", "xtc_threshold", "typical_p", "dynatemp_range",
-                                                "dynatemp_exponent", "top_n_sigma", "mirostat_tau", "mirostat_eta")},
-    **{name: ("a whole number", _whole) for name in ("top_k", "seed", "max_tokens", "repeat_last_n",
-                                                     "dry_allowed_length", "dry_penalty_last_n", "mirostat")},
-    "dry_sequence_breakers": ("a list of strings",
-                              lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v)),
-    "grammar": ("a string (GBNF)", lambda v: isinstance(v, str)),
-    "json_schema": ("a JSON schema (an object)", lambda v: isinstance(v, dict | bool)),
-    "stop": ("a string or a list of strings",
-             lambda v: isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v)),
-    # (the pairs and their values are Sampling's to check)
-    "logit_bias": ("an object of token ids to biases, or a list of [token id, bias] pairs",
-                   lambda v: isinstance(v, dict | list)),
-    "ignore_eos": ("true or false", lambda v: isinstance(v, bool)),
-}
+def _shown(value) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+# An item's fields: the settings a library call takes (but the log probabilities, which its record does not
+# carry), llama.cpp's temp, and a schema for the answer
+FIELDS = set(OVERRIDABLE) - {"logprobs", "logprobs_sampled"} | {"temp", "max_tokens", "stop", "json_schema"}
 
 
 def _request(session: Session, item: Item, sampling: Sampling, limits: Limits, raw: bool, thinking: Thinking,

@@ -242,7 +242,7 @@ class Chat:
                 conversation.sampling, conversation.limits = overridden(conversation.sampling, conversation.limits,
                                                                         **{setting: _parameter(value)})
             except LocalspecError as error:  # (said under the name typed: num_predict, not max_tokens)
-                console.print(f"[red]{tui.shown(name + ': ' if setting != name else '')}{tui.shown(error)}[/]")
+                console.print(f"[red]{tui.shown(str(error).replace(setting, name, 1))}[/]")
             else:
                 console.print(f"[dim]{tui.shown(name)} set to {tui.shown(value)} from the next message[/]")
         else:

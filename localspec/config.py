@@ -669,7 +669,7 @@ def held_types(settings: type) -> dict[str, type]:
 
 def of_its_type(name: str, value, kind: type):
     """A setting's value as its field holds it (a whole float as a count: JSON's 40.0 is 40; a path as a text), else a
-    UsageError naming the setting."""
+    UsageError naming the setting as it was given (a keyword, a batch item's field, a chat's /set parameter)."""
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if kind is float and number:
         return value
@@ -678,7 +678,7 @@ def of_its_type(name: str, value, kind: type):
     if kind is object or kind in (bool, str) and isinstance(value, kind) or kind is str and isinstance(value, os.PathLike):
         return value
     wanted = {bool: "true or false", int: "a whole number", float: "a number", str: "a text"}[kind]
-    raise UsageError(f"{name.replace('_', ' ')} must be {wanted}, got {value!r}", setting=name)
+    raise UsageError(f"{name} must be {wanted}, got {value!r}", setting=name)  # (the name as the user wrote it)
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")

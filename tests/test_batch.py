@@ -50,13 +50,15 @@ def test_item_settings_override_the_defaults_and_are_checked():
     ("seed", -2, "seed must be >= 0"),
     ("top_k", 1.5, "top_k must be a whole number"),
     ("top_k", True, "top_k must be a whole number"),
-    ("stop", [1, 2], "stop must be a string or a list of strings"),
+    ("stop", [1, 2], "stop must be a text or a list of texts"),
     ("max_tokens", 2.5, "max_tokens must be a whole number"),
     ("temperature", "hot", "temperature must be a number"),
-    ("min_p", None, "min_p must be a number"),
+    ("min_p", "0.1", "min_p must be a number"),
     ("repeat_last_n", 8.5, "repeat_last_n must be a whole number"),
     ("repeat_penalty", 0, "repeat penalty must be > 0"),
-    ("logit_bias", 5, "logit_bias must be an object of token ids to biases"),
+    ("logit_bias", 5, "pairs, or an object of token ids to biases"),
+    ("json_schema", "{}", "json_schema must be a JSON schema"),
+    ("grammar", 5, "grammar must be a string"),
     ("logit_bias", {"3": True}, "a bias a number, or false to ban the token"),
     ("logit_bias", [[3, 1, 2]], "pairs, or an object of token ids to biases"),
     ("ignore_eos", 1, "ignore_eos must be true or false"),
@@ -64,6 +66,14 @@ def test_item_settings_override_the_defaults_and_are_checked():
 def test_each_item_field_is_checked_by_type(field, value, message):
     with pytest.raises(LocalspecError, match=message):
         batch.settings(batch.Item(id="1", prompt="p", options={field: value}), Sampling(), Limits())
+
+
+def test_a_whole_float_is_a_count_and_null_keeps_the_runs_value_as_in_a_server_request():
+    # batch refused a top_k of 40.0 (what a JSON writer may make of 40) that serve and the library take
+    item = batch.Item(id="1", prompt="p", options={"top_k": 40.0, "max_tokens": 9.0, "min_p": None})
+    sampling, limits = batch.settings(item, Sampling(min_p=0.2), Limits())
+    assert (sampling.top_k, limits.max_tokens, sampling.min_p) == (40, 9, 0.2)
+    assert isinstance(sampling.top_k, int) and isinstance(limits.max_tokens, int)
 
 
 def test_seed_minus_one_means_random_as_in_llama_cpp():

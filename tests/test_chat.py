@@ -237,9 +237,9 @@ def test_a_parameter_set_to_a_value_of_the_wrong_kind_is_refused_and_the_chat_go
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0 and "Traceback" not in out + err, out + err
     assert "temperature must be a number, got 'abc'" in out and "seed must be a whole number, got 1.5" in out
-    assert "ignore eos must be true or false, got 'yes'" in out and "ignore_eos set to false" in out
+    assert "ignore_eos must be true or false, got 'yes'" in out and "ignore_eos set to false" in out
     assert "num_ctx is fixed when the model loads: start the chat with -c 4096" in out
-    assert "num_predict: max tokens must be a whole number, got 'abc'" in out  # (under the name typed)
+    assert "num_predict must be a whole number, got 'abc'" in out  # (under the name typed)
     assert out.rstrip().splitlines()[-1].strip()  # the message after them was answered
 
 

@@ -97,9 +97,9 @@ def test_a_misspelt_setting_is_named_with_the_one_meant_and_dir_lists_the_librar
 def test_a_setting_of_the_wrong_type_is_named_not_a_traceback(session):
     # a text where a number goes failed inside Sampling's checks with a raw TypeError
     for asked, said in ((dict(temperature="abc"), "temperature must be a number, got 'abc'"),
-                        (dict(seed=1.5), "seed must be a whole number"), (dict(top_k=True), "top k must be a whole"),
-                        (dict(ignore_eos="yes"), "ignore eos must be true or false"),
-                        (dict(max_tokens="9"), "max tokens must be a whole number")):
+                        (dict(seed=1.5), "seed must be a whole number"), (dict(top_k=True), "top_k must be a whole"),
+                        (dict(ignore_eos="yes"), "ignore_eos must be true or false"),
+                        (dict(max_tokens="9"), "max_tokens must be a whole number")):
         with pytest.raises(UsageError, match=said):
             session.complete("the cat", **asked)
     assert session.complete("the cat", temperature=0, top_k=40.0, max_tokens=2.0).summary.tokens <= 2  # (JSON's 40.0)
@@ -119,7 +119,7 @@ def test_a_setting_of_the_wrong_type_is_named_not_a_traceback(session):
 def test_load_names_what_is_wrong_with_a_setting_of_the_wrong_type(tiny):
     for asked, said in ((dict(target=None), "load\\(\\)'s target is a model's name or file, got None"),
                         (dict(draft=5), "load\\(\\)'s draft is a model's name or file, got 5"),
-                        (dict(ctx_size="big"), "ctx size must be a whole number, got 'big'"),
+                        (dict(ctx_size="big"), "ctx_size must be a whole number, got 'big'"),
                         (dict(threads="x"), "threads must be a whole number")):
         with pytest.raises(UsageError, match=said):
             localspec.load(**{"target": str(tiny["target"])} | asked)
