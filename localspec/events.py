@@ -94,11 +94,14 @@ class Step:
     branches: int = 0
     depth: int = 0
     rank: int = 0
+    # False where the answer ended inside the accepted draft (an end token, a stop string): `accepted` then counts
+    # the draft tokens it took, and the target's own token after them was not taken
+    own_taken: bool = True
 
     @property
     def lost_seconds(self) -> float:
         """Time beyond what plain decoding would have taken for the tokens this step made."""
-        return max(0.0, self.draft_seconds + self.verify_seconds - (self.accepted + 1) * self.plain_seconds)
+        return max(0.0, self.draft_seconds + self.verify_seconds - (self.accepted + self.own_taken) * self.plain_seconds)
 
 
 @dataclass(frozen=True)

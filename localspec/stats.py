@@ -229,7 +229,7 @@ class Recorder:
         self.draft_seconds += step.draft_seconds
         self.verify_seconds += step.verify_seconds
         self.last_drafted = step.drafted
-        self.decided += step.accepted + 1
+        self.decided += step.accepted + step.own_taken
         self.shared_steps += step.batch_rows > 0
         if step.drafted == 0:
             self.plain_steps += 1

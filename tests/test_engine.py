@@ -235,6 +235,21 @@ def test_stop_string_ends_generation_before_it(target, prompt):
     assert streamed == text[: text.index(stop)]
 
 
+@pytest.mark.parametrize("start", [4, 9, 14, 19])
+def test_a_step_the_answer_ends_inside_counts_only_the_tokens_the_answer_took(load, target, prompt, start):
+    # drafted tokens accepted past a stop string (or an end token) were counted as accepted and settled:
+    # "326 tokens (+3 not shown)" where plain decoding said +1, and tokens/pass above what the answer got
+    _, events = run(target, NoDrafter(), prompt)
+    stop = record(events).text[start:start + 3]
+    _, events = run(target, model_drafter(load, "same"), prompt, limits=Limits(max_tokens=60, stop=(stop,)))
+    summary = record(events).summary()
+    assert events[-1].stop_sequence == stop
+    assert summary.accepted == sum(e.from_draft for e in events if isinstance(e, Token))
+    assert round(summary.mean_accepted_length * summary.steps) == summary.tokens
+    steps = [e for e in events if isinstance(e, Step)]
+    assert all(s.accepted == 4 for s in steps[:-1]) and steps[-1].accepted < 4  # (the draft model is the target)
+
+
 def test_end_of_generation_token_stops_and_is_not_emitted(target, prompt):
     # Sampling at a high temperature reaches </s> (whose logit is pinned at 0) within a few seeds.
     eos_seen = False

@@ -215,16 +215,16 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         else:
             reports = [None] * len(emitted)
         if learns:
-            drafter.observe(step)
-        yield step
+            drafter.observe(step)  # (the whole verification: what the drafter got right, wherever the answer ends)
 
+        tokens = []
         for i, token in enumerate(emitted):
             history.append(token)
             if model.is_eog(token):
                 finish, end_token = "stop", token
                 break
             produced += 1
-            yield Token(token, text.push(model.piece(token)), from_draft=i < accepted, logprobs=reports[i])
+            tokens.append(Token(token, text.push(model.piece(token)), from_draft=i < accepted, logprobs=reports[i]))
             if text.stopped:
                 finish = "stop"
             elif produced == max_tokens or text.outdented or (  # (llama-server's limits, a code completion's)
@@ -233,6 +233,10 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
                 finish = "length"
             if finish:
                 break
+        # an answer that ends inside the accepted draft takes none of it past its end: the record counts what it took
+        taken = len(tokens) + (end_token is not None)
+        yield step if taken > accepted else replace(step, accepted=taken, own_taken=False)
+        yield from tokens
         if finish is None and len(history) > room:
             finish = "context"
 
