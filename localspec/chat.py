@@ -8,6 +8,7 @@ fast in turn 20 as in turn 2.
 import atexit
 import json
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from .prompts import is_message
 from .request import message_as_json, message_of_json
 from .session import Session
 from .stats import Recorder
+from .store.modelfile import LOAD_OPTIONS
 
 HELP = """\
 /help, /?        this list
@@ -46,8 +48,6 @@ BLOCK = '"""'
 PROMPT = "you> "
 # /set parameter's names as Ollama's options call them, where they are not localspec's
 OLLAMA_PARAMETERS = {"num_predict": "max_tokens"}
-# Ollama's parameters that set up the model as it loads, and the option that does it here
-LOADING = {"num_ctx": "-c", "num_gpu": "-ngl", "num_thread": "-t", "num_batch": "-b"}
 
 
 # An image file named in a message, as Ollama finds one: a path from / ./ ../ or ~/, spaces in it escaped or the
@@ -83,6 +83,14 @@ def _parameter(value: str):
         except ValueError:
             pass
     return {"true": True, "false": False}.get(value.lower(), value)
+
+
+def _stops(value: str) -> list[str]:
+    """`/set parameter stop`'s words, each a stop string, as Ollama's chat takes them; quotes hold one with spaces."""
+    try:
+        return shlex.split(value)
+    except ValueError:  # (a quote left open: the words as typed)
+        return value.split()
 
 
 class Chat:
@@ -234,13 +242,14 @@ class Chat:
             name, value = rest.split(None, 1)
             setting = OLLAMA_PARAMETERS.get(name, name)
             conversation = self.conversation
-            if setting in LOADING:
+            if setting in LOAD_OPTIONS:
                 console.print(f"[red]{tui.shown(name)} is fixed when the model loads: start the chat with"
-                              f" {LOADING[setting]} {tui.shown(value)}[/]")
+                              f" {LOAD_OPTIONS[setting]} {tui.shown(value)}[/]")
                 return
             try:
-                conversation.sampling, conversation.limits = overridden(conversation.sampling, conversation.limits,
-                                                                        **{setting: _parameter(value)})
+                conversation.sampling, conversation.limits = overridden(
+                    conversation.sampling, conversation.limits,
+                    **{setting: _stops(value) if setting == "stop" else _parameter(value)})
             except LocalspecError as error:  # (said under the name typed: num_predict, not max_tokens)
                 console.print(f"[red]{tui.shown(str(error).replace(setting, name, 1))}[/]")
             else:
@@ -317,10 +326,16 @@ def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -
             continue
         if interactive and _taller_than(line, console):
             _echo_again(line, console)
-        if line.strip().startswith(BLOCK):
-            line = _read_block(line, interactive)
-            if line is None:
+        opened = _opened_block(line.strip())
+        if opened is not None:
+            try:
+                rest = _read_block(opened[1], interactive)
+            except KeyboardInterrupt:  # (as at the prompt: the block is dropped, the chat goes on)
+                console.print("\n[dim](message dropped; Ctrl-D or /exit to leave)[/]")
+                continue
+            if rest is None:
                 return
+            line = opened[0] + rest
         line = line.strip()
         if not line:
             continue
@@ -374,10 +389,17 @@ def _dropped_line(chat: Chat) -> str:
             f" {chat.session.info.n_ctx:,} tokens (the system prompt is kept)")
 
 
+def _opened_block(line: str) -> tuple[str, str] | None:
+    """Where a line opens triple quotes, as Ollama's chat reads them: a message (the quotes, then its text) or a
+    system prompt (`/set system `, the quotes, its text): what comes before the quotes, and the text after them."""
+    head = next((head for head in ("", "/set system ") if line.startswith(head + BLOCK)), None)
+    return None if head is None else (head, line[len(head) + len(BLOCK):])
+
+
 def _read_block(first: str, interactive: bool) -> str | None:
-    """A message of several lines, from the line that opens it with triple quotes to the one that
-    closes it (as in Ollama); None if the input ends first."""
-    lines = [first.strip()[len(BLOCK):]]
+    """The text of several lines from the one that opened triple quotes (first: its text after them) to the one
+    that closes them (as in Ollama); None if the input ends first."""
+    lines = [first]
     while not lines[-1].rstrip().endswith(BLOCK):
         try:
             lines.append(input("... " if interactive else ""))

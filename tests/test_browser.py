@@ -241,6 +241,32 @@ def test_serves_page_streams_a_reply_marks_drafted_tokens_and_sets_plain_beside_
         assert server.stop(signal.SIGTERM) == 0, server.log()
 
 
+def test_serves_page_drops_the_oldest_turns_past_a_full_context_and_keeps_its_box_and_figures_in_view(tiny, tmp_path):
+    # every message failed once the conversation outgrew the context, until a reload; a long transcript
+    # scrolled the whole page, the box and the figures out of view
+    assert BROWSER is not None, "CI installs chromium (.ci/run): this test must run there"
+    server = ServerProcess(tmp_path / "home", tiny["target"], "--no-draft", "--temp", "0", "-c", "256", "-n", "24")
+    page = DevTools(server.base + "/", tmp_path / "profile")
+    try:
+        page.wait_for("document.getElementById('model').textContent.includes('target')")
+        for sent in range(1, 9):
+            page.value(f"document.getElementById('prompt').value = '{'the cat sat on the mat and the dog ' * 6}';"
+                       "document.getElementById('ask').requestSubmit()")
+            page.wait_for(f"document.querySelectorAll('.reply .line').length === {sent}")
+        shown = page.value("document.getElementById('transcript').innerText")
+        assert "dropped to fit the context of 256 tokens" in shown and "context holds" not in shown, shown
+        assert page.value("document.getElementById('per-pass').textContent") == "1.00"  # (plain decoding)
+        assert page.value("document.documentElement.scrollHeight <= window.innerHeight")  # only the transcript scrolls
+        assert page.value("document.getElementById('ask').getBoundingClientRect().bottom <= window.innerHeight")
+        assert page.value("document.getElementById('transcript').scrollHeight > window.innerHeight")
+        page.value("document.getElementById('new').click()")
+        assert page.value("document.getElementById('transcript').children.length") == 0
+        assert "Traceback" not in server.log()
+    finally:
+        page.close()
+        assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
 @pytest.mark.parametrize("kind", ["image", "audio"])
 def test_serves_page_takes_an_image_or_audio_for_a_model_that_reads_them(tiny, tmp_path, kind):
     """A model served with its projector (--mmproj): the page offers a button (Image…, or Audio… where the projector

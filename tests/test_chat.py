@@ -144,6 +144,34 @@ def test_a_block_of_lines_is_one_message_and_a_saved_chat_loads(localspec, tiny,
     assert "cannot load" in done.stdout.decode()
 
 
+def test_a_system_prompt_in_triple_quotes_and_several_stop_strings_are_read_as_ollamas_chat_reads_them(localspec,
+                                                                                                      tiny):
+    # `/set system """...` set the quotes and the first line, and sent the next lines to the model as a message;
+    # `/set parameter stop "." "!"` set one stop string, quotes and all
+    script = ('/set system """You are a pirate.\nAlways say arr."""\n/show system\n/set parameter stop "." "!"\n'
+              '/show parameters\n/set system """Be terse."""\n/show system\n')
+    done = localspec("chat", tiny["target"], "--no-draft", "-n", "3", stdin=script.encode())
+    out = done.stdout.decode()
+    assert done.returncode == 0 and "You are a pirate.\nAlways say arr.\n" in out and '"""' not in out, out
+    assert "\nBe terse.\n" in out and "stop               [\".\", \"!\"]" in out, out
+    assert "tokens" not in out  # (nothing was sent to the model)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_block_of_lines_drops_it_and_the_chat_goes_on(home):
+    # it ended the chat (exit 130), the conversation lost
+    child = spawn(home, "smollm2-135m", "--offline")
+    child.sendline('"""')
+    child.sendline("half a message")
+    child.sendintr()
+    child.expect("message dropped")
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 @pytest.mark.slow
 def test_a_pasted_block_of_lines_is_one_message_in_a_terminal(home, tmp_path):
     child = spawn(home, "smollm2-135m", "--temp", "0", "-n", "8", "--offline")

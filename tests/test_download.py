@@ -512,8 +512,12 @@ def test_rm_deletes_and_unknown_names_suggest_close_ones(localspec, no_hub_cli, 
     for folder in (prompts, others):
         folder.mkdir(parents=True)
         (folder / "p-0123456789abcdef-100.bin").write_bytes(b"x" * 1000)
+    (home / "Modelfile").write_text("FROM tiny\nSYSTEM Be kind.\n")
+    assert localspec("create", "kind", "-f", home / "Modelfile").returncode == 0
     removed = localspec("rm", "tiny")
     assert removed.returncode == 0 and "removed tiny" in removed.stdout
+    # (it said nothing of the models made from it, which then fetched it again at a run)
+    assert "note: kind is made from it with create and fetches it again at the next run" in removed.stderr
     assert not (home / "models" / "tiny").exists()
     assert not prompts.exists() and others.exists()
     code, _, stderr = no_hub_cli("rm", "tiny")

@@ -42,6 +42,12 @@ def test_a_modelfile_is_read_as_ollama_reads_it_and_kept_so_that_it_reads_back_t
     assert modelfile.parse(made.modelfile(), "terse") == made
 
 
+def test_a_modelfile_saved_with_a_byte_order_mark_reads():
+    # Windows' Notepad writes one first: "'\ufeffFROM' is not a Modelfile instruction"
+    assert modelfile.parse("\ufeffFROM qwen2.5-coder-0.5b\r\nSYSTEM Be kind.\r\n", "kind") == modelfile.parse(
+        "FROM qwen2.5-coder-0.5b\nSYSTEM Be kind.\n", "kind")
+
+
 def test_its_parameters_stand_under_a_requests_own_and_its_system_prompt_where_the_conversation_has_none():
     made = modelfile.parse(OLLAMAS, "terse")
     sampling, limits = made.settings(Sampling(), Limits(max_tokens=100))
@@ -126,6 +132,10 @@ def test_create_run_show_list_and_remove_a_model_of_ones_own(localspec, tiny, tm
     (tmp_path / "home" / "presets" / "broken.Modelfile").write_text("FROM\n")
     (tmp_path / "home" / "presets" / "orphan.Modelfile").write_text("FROM no-such-model-here\n")
     assert [json.loads(line)["name"] for line in localspec("ls", "--json").stdout.splitlines()] == ["terse"]
+    for flag in ("--modelfile", "--parameters", "--system", "--license", "--json"):  # (three printed FROM or nothing)
+        unknown = localspec("show", "no-such-model-here", flag)
+        assert unknown.returncode == 2 and b"unknown model 'no-such-model-here'" in unknown.stderr, flag
+    assert localspec("show", "orphan", "--modelfile").stdout == b"FROM no-such-model-here\n"  # (to mend it by)
     broken = localspec("show", "broken")
     assert broken.returncode == 2 and b"broken.Modelfile, line 1: FROM needs a value" in broken.stderr
     orphan = localspec("run", "orphan", "hi")

@@ -102,7 +102,9 @@ def test_ollamas_models_are_listed_shown_run_and_copied_but_left_for_ollama_to_r
     shown = localspec("show", "tinyllm", "--modelfile")
     assert "SYSTEM You are terse." in shown.stdout and "PARAMETER num_predict 5" in shown.stdout, shown.stderr
     # run asks as Ollama's Modelfile says: its system prompt, greedy, 5 tokens
-    ran = json.loads(localspec("run", "tinyllm", "Tell me a story.", "--json").stdout)
+    running = localspec("run", "tinyllm", "Tell me a story.", "--json")
+    assert running.returncode == 0, running.stderr
+    ran = json.loads(running.stdout)
     same = json.loads(localspec("run", tiny["target"], "Tell me a story.", "--system", "You are terse.", "--temp", "0",
                                 "-n", "5", "--stop", "<|im_end|>", "--stop", "###", "--json").stdout)
     assert ran["text"] == same["text"] and ran["stats"]["tokens"] == same["stats"]["tokens"] <= 5

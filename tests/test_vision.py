@@ -503,7 +503,9 @@ def test_a_modelfiles_second_from_is_its_projector_as_ollama_makes_a_llava(local
 
     for lines, said in ((f"FROM {tiny['target']}\nFROM {tiny['partial']}", "a GGUF model, not a multimodal projector"),
                         (f"FROM {tiny['target']}\nFROM ./mmproj.gguf\nFROM ./mmproj.gguf", "a third FROM"),
-                        (f"FROM {tiny['target']}\nFROM ./none.gguf", "FROM ./none.gguf: no such file")):
+                        (f"FROM {tiny['target']}\nFROM ./none.gguf", "FROM ./none.gguf: no such file"),
+                        # (a second model named, as if it were a draft: said what a second FROM is)
+                        (f"FROM {tiny['target']}\nFROM smollm2-135m", "it names a multimodal projector")):
         (folder / "Modelfile").write_text(lines + "\n")
         code, _, err = cli("create", "mine", "-f", folder / "Modelfile")
         assert code != 0 and said in err, err

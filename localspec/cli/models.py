@@ -154,6 +154,7 @@ def show(
     made = store.made(name)
     if sum((as_json, as_modelfile, parameters, system, license)) > 1:
         raise UsageError("--json, --modelfile, --parameters, --system and --license each print one thing: give one")
+    card = None if made else catalog.model_card(name)  # (a name that is no model: the error whatever is asked)
     if as_modelfile:
         print(made.modelfile() if made else f"FROM {name}\n", end="")
         return
@@ -162,7 +163,7 @@ def show(
         if any(lines):
             print("\n".join(lines))
         return
-    card = catalog.model_card(name)
+    card = card or catalog.model_card(name)
     if license:
         print(made.license if made and made.license is not None else card.info["license"])
         return
@@ -317,6 +318,21 @@ def remove(name: Annotated[str, typer.Argument(help="A registry name, hf:owner/r
     if not freed:
         raise UsageError(f"{entry.name} is not downloaded")
     print(f"removed {entry.name} ({tui.size_text(freed)})")
+    made_from = [made.name for made in store.every_made() if _means(made.base, entry)]
+    if made_from:  # (Ollama keeps a layer its models share; here each of them fetches the file again at its next run)
+        print(f"note: {', '.join(made_from)} {'are' if len(made_from) > 1 else 'is'} made from it with create and"
+              f" fetch{'' if len(made_from) > 1 else 'es'} it again at the next run (`localspec pull {entry.name}`"
+              " now)", file=sys.stderr)
+
+
+def _means(name: str, entry) -> bool:
+    """Whether a name means this registry model (or Hub file)."""
+    from .. import store
+
+    try:
+        return store.find(name) == entry
+    except UsageError:  # (a name no longer known: `show` says so)
+        return False
 
 
 @command()

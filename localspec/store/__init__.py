@@ -145,7 +145,8 @@ def _beside(given: str, where: Path | None, instruction: str, option: str, wante
     what it should be)."""
     beside = (where.parent if where else Path.cwd()) / Path(given).expanduser()
     if not beside.is_file():
-        raise UsageError(f"{instruction} {given}: no such file" + (f" beside {where}" if where else ""))
+        raise UsageError(f"{instruction} {given}: no such file" + (f" beside {where}" if where else "")
+                         + f"; it names {wanted}")  # (a second FROM naming a model read as a missing file)
     try:
         applied = headers.read(beside).applied_to_a_model
     except gguf_meta.GGUFError as error:

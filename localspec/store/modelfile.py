@@ -22,14 +22,15 @@ PARAMETERS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float
               "mirostat_tau": float, "mirostat_eta": float, "seed": int,
               "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float,
               "num_predict": int, "stop": str, "num_ctx": int, "num_gpu": int}
-# those that set up the model as it loads (--ctx-size, --gpu-layers) rather than a generation
+# Ollama's parameters that set up the model as it loads, with the option that sets each here (what a chat's
+# /set parameter points to: fixed once loaded); a Modelfile's LOADING ones are applied as its model loads
+LOAD_OPTIONS = {"num_ctx": "-c", "num_gpu": "-ngl", "num_thread": "-t", "num_batch": "-b", "main_gpu": "-mg"}
 LOADING = ("num_ctx", "num_gpu")
 # Ollama's options that change the output, with the values that leave it as localspec makes it (others are
 # refused), and those that set up the model, fixed when it loads (serve's command line says them; taken and
 # ignored)
 NEUTRAL_OPTIONS = {"tfs_z": (1, 1.0), "penalize_newline": (False, True)}
-TAKEN_AND_IGNORED = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                     "low_vram", "f16_kv", "vocab_only", "num_keep"}
+TAKEN_AND_IGNORED = {*LOAD_OPTIONS, "use_mmap", "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "num_keep"}
 ROLES = ("system", "user", "assistant")
 IGNORED = {  # instructions a Modelfile may hold that change nothing here, and why
     "template": "localspec renders conversations with the chat template inside the GGUF file, as llama.cpp"
@@ -129,6 +130,7 @@ def parse(text: str, name: str, where: Path | None = None, notes: list[str] | No
     the line where one cannot be read. where: the Modelfile's path, for messages; notes: told what was
     read and left alone."""
     source = str(where) if where else "the Modelfile"
+    text = text.removeprefix("\ufeff")  # (the byte-order mark Windows' Notepad writes first)
     notes = [] if notes is None else notes
     base = system = license = projector = None
     parameters: list[tuple[str, int | float | str]] = []
