@@ -53,6 +53,14 @@ class Comparison:
         return (f"speculation lost: {speedup:.2f}x of plain decoding's speed; {s.accepted} of {s.drafted} drafted"
                 " tokens were accepted, which did not pay for checking them on this machine.")
 
+    def headline(self) -> str:
+        """The line above the verdict: the ratio, said to be the machine's noise where both runs decoded plainly
+        ("6.87x plain" read as a speedup beside "nothing was drafted"), and what the texts did."""
+        if self.speedup is None:
+            return self.text_note()
+        noise = " (nothing was drafted: both runs decoded plainly, the difference is the machine's)"
+        return f"{self.speedup:.2f}x plain{'' if self.speculative.drafted else noise}; {self.text_note()}"
+
     def text_note(self) -> str:
         if not self.greedy:
             return "the texts are two samples (temperature above 0): compare them with --temp 0"

@@ -29,7 +29,7 @@ from .store.gguf_meta import GGUFInfo
 from .loading import load_models, place, scoring_context, sized
 from .store.placement import Placement
 from .chat_template import checked as checked_template
-from .prompts import Prepared, Prompts
+from .prompts import Prepared, Prompts, is_message
 from .request import Request
 from .scheduler import Scheduler
 from .stats import Recorder, Summary, record
@@ -246,11 +246,11 @@ class Session:
         """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
         return self.drafting.suffix_cache
 
-    def save(self, sequence: int, path: Path, client: str | None = None) -> tuple[int, int]:
+    def save(self, sequence: int, path: str | os.PathLike, client: str | None = None) -> tuple[int, int]:
         """llama-server's slot save: what a sequence's cache holds, and its tokens, written to a file of llama.cpp's
         sequence-state format (the file llama-server writes); (tokens, bytes). client: who asks (serve's API key),
         who may save only a cache its own prompts filled."""
-        context = self.sequences[sequence]
+        context, path = self._sequence(sequence), _path(path)
         if self._filled_by.get(sequence, client) != client:
             raise UsageError(f"slot {sequence} holds another API key's prompts")
         state = context.state()
@@ -259,10 +259,10 @@ class Session:
         prompt_cache.write(path, context.tokens, state)
         return len(context.tokens), path.stat().st_size
 
-    def restore(self, sequence: int, path: Path, client: str | None = None) -> tuple[int, int]:
+    def restore(self, sequence: int, path: str | os.PathLike, client: str | None = None) -> tuple[int, int]:
         """llama-server's slot restore: a sequence's cache read back from such a file, as client's (serve's API
         key); (tokens, bytes). InputError where the file is none this sequence can hold, the sequence then empty."""
-        context = self.sequences[sequence]
+        context, path = self._sequence(sequence), _path(path)
         if not context.can_remember:
             raise UsageError(f"{self.target_model.path.name}'s drafter reads the target's hidden states, which a"
                              " saved cache does not hold")
@@ -281,9 +281,16 @@ class Session:
                              " no room left beside the other slots)")
         return len(tokens), path.stat().st_size
 
+    def _sequence(self, sequence: int):
+        """A sequence's context by its number (a UsageError naming the ones there are, for a library call's)."""
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < len(self.sequences):
+            raise UsageError(f"no sequence {sequence!r}: this session has {len(self.sequences)} (0 to"
+                             f" {len(self.sequences) - 1}; --parallel sets how many)")
+        return self.sequences[sequence]
+
     def erase(self, sequence: int) -> int:
         """llama-server's slot erase: a sequence's cache emptied; the tokens it held."""
-        held = len(self.sequences[sequence].tokens)
+        held = len(self._sequence(sequence).tokens)
         self.reset(sequence)
         return held
 
@@ -569,6 +576,13 @@ class Session:
         self.close()
 
 
+def _path(given) -> Path:
+    """A file a library call names, as a path (a text or a path; else a UsageError)."""
+    if not isinstance(given, str | os.PathLike):
+        raise UsageError(f"a file is named by a path or a text, got {type(given).__name__}")
+    return Path(given)
+
+
 def without_oldest_turns(session, messages: list[dict], budget: int, like: Request = Request()) -> list[dict]:
     """The conversation without as few of its oldest turns (a user message and what answered it) as bring its
     prompt within budget tokens, as Ollama's truncate drops them; never its system prompt or its latest turn
@@ -613,6 +627,9 @@ class Conversation:
                  thinking: Thinking = Thinking(), opening: Sequence[dict] = (), template_variables: dict | None = None):
         if system is not None and not isinstance(system, str):
             raise UsageError(f"a system prompt is a text, got {type(system).__name__}")
+        if isinstance(opening, str | dict) or not all(is_message(message) for message in opening):
+            raise UsageError('opening turns are messages, each {"role": "user" or "assistant", "content": text},'
+                             f" got {str(opening)[:60]}")
         self.session, self.system, self.sampling, self.limits = session, system, sampling, limits
         self.thinking, self.opening, self.template_variables = thinking, list(opening), template_variables
         self.recorder = self.turn = Recorder()

@@ -676,8 +676,7 @@ def comparison(c, console: Console) -> None:
     table.add_row("tokens/pass", f"{s.mean_accepted_length:.2f}", f"{p.mean_accepted_length:.2f}")
     table.add_row("drafts", drafted_text(s), "")
     console.print(table)
-    speedup = f"{c.speedup:.2f}x plain; " if c.speedup else ""
-    console.print(f"{speedup}{c.text_note()}", highlight=False)
+    console.print(c.headline(), highlight=False)
     console.print(c.verdict(), highlight=False)
 
 

@@ -63,6 +63,9 @@ def test_the_verdict_names_what_paid_and_why_nothing_did():
     assert "nothing was drafted" in nothing and "verifying 4 tokens costs 2.9 plain steps" in nothing
     assert "no drafter found anything" in comparison(9.9, 0, mode="ngram").verdict()
     assert "part at character 7" in comparison(16.0, 80, identical=False).text_note()
+    # two plain runs at 6.87x read as a speedup beside "nothing was drafted"
+    assert comparison(16.0, 80).headline() == "1.60x plain; identical text"
+    assert comparison(68.7, 0).headline().startswith("6.87x plain (nothing was drafted: both runs decoded plainly")
 
 
 def test_penalties_from_the_command_line_keep_the_draft_models_text_the_plain_one(localspec, tiny):

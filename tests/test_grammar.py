@@ -106,6 +106,16 @@ def test_the_bounds_count_only_the_grammars_own_parentheses(target):
         pass  # the deepest a schema's repetition that llama.cpp's own parser takes
 
 
+def test_a_grammar_that_does_not_compile_is_said_in_llama_cpps_words_and_nothing_more_is_printed(target, capfd):
+    # llama.cpp's parser printed its error and the whole grammar to stderr above ours ("failed to parse grammar")
+    capfd.readouterr()
+    with pytest.raises(InputError, match="the grammar does not compile: unexpected end of input"):
+        Grammar(target.model, "root ::= [")
+    with pytest.raises(InputError, match="Undefined rule identifier 'foo'"):
+        Grammar(target.model, "root ::= foo")
+    assert capfd.readouterr().err == ""
+
+
 def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
     with pytest.raises(InputError, match="the grammar does not compile"):
         Grammar(target.model, 'root ::= "unclosed')

@@ -171,6 +171,17 @@ def test_a_conversation_may_open_with_turns_of_its_own_which_clear_keeps(session
     assert chat.messages == [{"role": "system", "content": "be brief"}, *opening]
 
 
+def test_opening_turns_of_another_shape_and_a_slot_file_by_a_text_are_said_or_taken(session, tmp_path):
+    # opening=(("user", "Hi"),) was a ValueError from dict(); save(0, "file") an AttributeError from str
+    with pytest.raises(UsageError, match="opening turns are messages"):
+        session.chat(opening=(("user", "Hi"), ("assistant", "Hello.")))
+    session.complete("the cat", max_tokens=2)
+    tokens, size = session.save(0, str(tmp_path / "slot.bin"))
+    assert tokens > 0 and size > 0 and session.restore(0, str(tmp_path / "slot.bin")) == (tokens, size)
+    with pytest.raises(UsageError, match="no sequence 3: this session has 1"):
+        session.save(3, tmp_path / "other.bin")
+
+
 def test_a_turn_that_fails_before_an_answer_leaves_the_conversation_as_it_was(session):
     chat = session.chat()
     with pytest.raises(UsageError):

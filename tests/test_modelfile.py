@@ -132,6 +132,8 @@ def test_create_run_show_list_and_remove_a_model_of_ones_own(localspec, tiny, tm
     (tmp_path / "home" / "presets" / "broken.Modelfile").write_text("FROM\n")
     (tmp_path / "home" / "presets" / "orphan.Modelfile").write_text("FROM no-such-model-here\n")
     assert [json.loads(line)["name"] for line in localspec("ls", "--json").stdout.splitlines()] == ["terse"]
+    unlicensed = localspec("show", "terse", "--license")  # (it printed "None")
+    assert unlicensed.stdout == b"" and b"terse names no licence" in unlicensed.stderr
     for flag in ("--modelfile", "--parameters", "--system", "--license", "--json"):  # (three printed FROM or nothing)
         unknown = localspec("show", "no-such-model-here", flag)
         assert unknown.returncode == 2 and b"unknown model 'no-such-model-here'" in unknown.stderr, flag

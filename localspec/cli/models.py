@@ -165,7 +165,12 @@ def show(
         return
     card = card or catalog.model_card(name)
     if license:
-        print(made.license if made and made.license is not None else card.info["license"])
+        text = made.license if made and made.license is not None else card.info["license"]
+        if text is None:  # (it printed "None")
+            print(f"note: {name} names no licence (its Modelfile has no LICENSE, its file no general.license)",
+                  file=sys.stderr)
+        else:
+            print(text)
         return
     if made:
         card = dataclasses.replace(card, info=card.info | {"name": made.name, "ollama_name": None, "made": {

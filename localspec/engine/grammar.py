@@ -25,13 +25,14 @@ import functools
 import json
 import math
 import re
+import sys
 from time import perf_counter
 
 import numpy as np
 
 from ..errors import InputError
 from .chain import TOKEN_DATA
-from .library import grammars, llama, recent_errors
+from .library import c_stderr_captured, grammars, llama, recent_errors
 from .sampling import Dist
 
 # Rules of llama-cpp-python's port of the converter, as llama.cpp's own (json-schema-to-grammar.cpp) writes them now:
@@ -402,9 +403,14 @@ class Grammar:
         recent_errors.clear()
         self._model, self._vocab = model, model.vocab
         _check_bounds(text)
-        self._sampler = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
+        with c_stderr_captured() as said:  # (its parser prints its error, and the grammar, to stderr itself)
+            self._sampler = llama.llama_sampler_init_grammar(self._vocab, text.encode(), b"root")
+        parsed = re.search(r"^\w+: error parsing grammar: (.*)\n\n" + re.escape(text) + r"\n?", said[0], re.MULTILINE)
+        rest = said[0][:parsed.start()] + said[0][parsed.end():] if parsed else said[0]
+        if rest:
+            sys.stderr.write(rest)  # (not the parser's: another thread's, kept)
         if not self._sampler:
-            why = "; ".join(recent_errors) or "llama.cpp could not parse it"
+            why = parsed.group(1) if parsed else "; ".join(recent_errors) or "llama.cpp could not parse it"
             raise InputError(f"the grammar does not compile: {why}")
         try:
             self._triggers = [re.compile(pattern.encode()) for pattern in triggers]

@@ -4,7 +4,10 @@ through `llama` here and ggml's own C API (which llama-cpp-python does not wrap)
 import ctypes
 import os
 import sys
+import tempfile
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -22,6 +25,25 @@ def _log(level, text, user_data):
         recent_errors.append(text.decode("utf-8", errors="replace").strip())
     if SHOWING_ITS_LOG:
         sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+@contextmanager
+def c_stderr_captured() -> Iterator[list[str]]:
+    """What C code writes to the process's stderr itself meanwhile (llama.cpp's grammar parser says its errors
+    with fprintf, not through its log), into the list yielded once the block ends; the caller writes back what is
+    not its to keep (another thread's lines, in a server)."""
+    sys.stderr.flush()
+    kept = os.dup(2)
+    said: list[str] = []
+    with tempfile.TemporaryFile() as written:
+        os.dup2(written.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(kept, 2)
+            os.close(kept)
+            written.seek(0)
+            said.append(written.read().decode("utf-8", errors="replace"))
 
 
 class _OnFirstUse:
