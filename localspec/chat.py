@@ -180,7 +180,8 @@ class Chat:
                 except OSError as error:  # the conversation is worth more than the file: keep chatting
                     console.print(f"[red]cannot save to {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
                 else:
-                    console.print(f"[dim]saved {len(self.messages)} messages to {tui.shown(argument)}[/]")
+                    console.print(f"[dim]saved {len(self.messages)} messages to {tui.shown(argument)}, a file /load"
+                                  " reads[/]")
         else:
             console.print(f"[red]unknown command /{tui.shown(name)}[/]; /help lists them")
         return True
@@ -211,7 +212,9 @@ class Chat:
         try:
             messages = json.loads(Path(argument).expanduser().read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(getattr(error, 'strerror', None) or error)}[/]")
+            console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(getattr(error, 'strerror', None) or error)}"
+                          + (" (/load reads what /save wrote; Ollama's /load MODEL is `localspec chat MODEL` here)"
+                             if isinstance(error, FileNotFoundError) else "") + "[/]")
             return
         if not (isinstance(messages, list) and all(is_message(m) for m in messages)):
             console.print(f"[red]{tui.shown(argument)} is not a conversation saved by /save[/]")

@@ -256,7 +256,7 @@ def model_card(card, console: Console = out) -> None:
         ("made from", made.get("from")),  # (a model made with `create`; Ollama's: its GGUF blob)
         ("LoRA adapters", ", ".join(made.get("adapters", ())) or None),
         ("projector", made.get("projector")),  # (it reads images through it)
-        ("system", made.get("system")),
+        ("system", Text(visible(made["system"])) if made.get("system") else None),  # (its lines as written)
         ("parameters set", ", ".join(f"{key} {value}" for key, value in made.get("parameters", ())) or None),
         ("opens with", f"{len(made['messages'])} message{'s' if len(made['messages']) != 1 else ''}"
          if made.get("messages") else None),
@@ -289,7 +289,7 @@ def _rows(console: Console, lines: list[tuple[str, object]]) -> None:
     table.add_column(overflow="fold")
     for label, value in lines:
         if value is not None:
-            table.add_row(label, shown(value))
+            table.add_row(label, value if isinstance(value, Text) else shown(value))
     _whole_rows(console).print(table)
 
 

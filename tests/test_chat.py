@@ -141,7 +141,8 @@ def test_a_block_of_lines_is_one_message_and_a_saved_chat_loads(localspec, tiny,
     messages = json.loads(saved.read_text())
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "line one\nline two"
     assert json.loads(resaved.read_text()) == json.loads(earlier.read_text())
-    assert "cannot load" in done.stdout.decode()
+    said = " ".join(done.stdout.decode().split())  # (as wrapped to the width)
+    assert "cannot load" in said and "Ollama's /load MODEL is `localspec chat MODEL` here" in said
 
 
 def test_a_system_prompt_in_triple_quotes_and_several_stop_strings_are_read_as_ollamas_chat_reads_them(localspec,

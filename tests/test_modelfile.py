@@ -42,6 +42,19 @@ def test_a_modelfile_is_read_as_ollama_reads_it_and_kept_so_that_it_reads_back_t
     assert modelfile.parse(made.modelfile(), "terse") == made
 
 
+def test_a_system_prompt_of_several_lines_shows_as_lines_and_a_parameter_refused_names_its_modelfile(localspec, tiny,
+                                                                                                       tmp_path):
+    # show wrote "You are a pirate.\x0aAlways say arr."; "top-p must be in (0, 1], got 7.0" named no file
+    (tmp_path / "Modelfile").write_text(f'FROM {tiny["target"]}\nSYSTEM """You are a pirate.\nAlways say arr."""\n')
+    assert localspec("create", "pirate", "-f", tmp_path / "Modelfile").returncode == 0
+    card = localspec("show", "pirate").stdout.decode()
+    rows = [row.strip() for row in card.splitlines()]
+    assert "system           You are a pirate." in rows and "Always say arr." in rows, card
+    (tmp_path / "Wrong").write_text(f"FROM {tiny['target']}\nPARAMETER top_p 7\n")
+    refused = localspec("create", "wrong", "-f", tmp_path / "Wrong")
+    assert refused.returncode == 2 and f"{tmp_path / 'Wrong'}: PARAMETER top-p must be in (0, 1]".encode() in refused.stderr
+
+
 def test_a_modelfile_saved_with_a_byte_order_mark_reads():
     # Windows' Notepad writes one first: "'\ufeffFROM' is not a Modelfile instruction"
     assert modelfile.parse("\ufeffFROM qwen2.5-coder-0.5b\r\nSYSTEM Be kind.\r\n", "kind") == modelfile.parse(

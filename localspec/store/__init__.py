@@ -106,7 +106,10 @@ def make(preset: Preset, where: Path | None = None) -> Preset:
     models = registry.load()
     if preset.name.lower() in registry.names(models):
         raise UsageError(f"{preset.name} is a model the registry names: give yours a name of its own")
-    preset.settings(Sampling(), Limits())  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
+    try:  # (a value no setting takes, a top_p of 2, is refused now, not at a run)
+        preset.settings(Sampling(), Limits())
+    except UsageError as error:
+        raise UsageError(f"{where or 'the Modelfile'}: PARAMETER {error}") from None
     preset = dataclasses.replace(preset, adapters=tuple(_adapter(adapter, where) for adapter in preset.adapters))
     if preset.projector is not None:
         if _applied(preset.base, where) == "--mmproj":  # (the projector named first: Ollama takes either order)
