@@ -116,6 +116,26 @@ def test_a_grammar_that_does_not_compile_is_said_in_llama_cpps_words_and_nothing
     assert capfd.readouterr().err == ""
 
 
+def test_grammars_refused_on_two_threads_at_once_leave_stderr_where_it_was(target):
+    # (each parse's stderr is caught on a file of its own: two at once, unserialised, could leave fd 2 on one)
+    import os
+    import threading
+
+    where = os.fstat(2)
+
+    def refuse_some():
+        for _ in range(30):
+            with pytest.raises(InputError):
+                Grammar(target.model, "root ::= [")
+
+    threads = [threading.Thread(target=refuse_some) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (where.st_dev, where.st_ino)
+
+
 def test_a_grammar_that_does_not_compile_or_admits_nothing_is_one_error(target):
     with pytest.raises(InputError, match="the grammar does not compile"):
         Grammar(target.model, 'root ::= "unclosed')

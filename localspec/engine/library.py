@@ -5,6 +5,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,15 +28,18 @@ def _log(level, text, user_data):
         sys.stderr.write(text.decode("utf-8", errors="replace"))
 
 
+_CAPTURING = threading.Lock()
+
+
 @contextmanager
 def c_stderr_captured() -> Iterator[list[str]]:
     """What C code writes to the process's stderr itself meanwhile (llama.cpp's grammar parser says its errors
     with fprintf, not through its log), into the list yielded once the block ends; the caller writes back what is
     not its to keep (another thread's lines, in a server)."""
     sys.stderr.flush()
-    kept = os.dup(2)
     said: list[str] = []
-    with tempfile.TemporaryFile() as written:
+    with _CAPTURING, tempfile.TemporaryFile() as written:  # (two at once would leave stderr on the first one's file)
+        kept = os.dup(2)
         os.dup2(written.fileno(), 2)
         try:
             yield said
