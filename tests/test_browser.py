@@ -249,13 +249,17 @@ def test_serves_page_drops_the_oldest_turns_past_a_full_context_and_keeps_its_bo
     page = DevTools(server.base + "/", tmp_path / "profile")
     try:
         page.wait_for("document.getElementById('model').textContent.includes('target')")
+        page.value("document.getElementById('plain').click()")  # (plain set beside each reply)
         for sent in range(1, 9):
             page.value(f"document.getElementById('prompt').value = '{'the cat sat on the mat and the dog ' * 6}';"
                        "document.getElementById('ask').requestSubmit()")
-            page.wait_for(f"document.querySelectorAll('.reply .line').length === {sent}")
+            page.wait_for(f"document.querySelectorAll('.reply .line').length === {sent}"
+                          " && !document.getElementById('send').disabled")
         shown = page.value("document.getElementById('transcript').innerText")
         assert "dropped to fit the context of 256 tokens" in shown and "context holds" not in shown, shown
         assert page.value("document.getElementById('per-pass').textContent") == "1.00"  # (plain decoding)
+        verdict = page.wait_for("document.getElementById('verdict') && document.getElementById('verdict').textContent")
+        assert "(nothing was drafted: both decoded plainly" in verdict, verdict  # (not read as a speedup)
         assert page.value("document.documentElement.scrollHeight <= window.innerHeight")  # only the transcript scrolls
         assert page.value("document.getElementById('ask').getBoundingClientRect().bottom <= window.innerHeight")
         assert page.value("document.getElementById('transcript').scrollHeight > window.innerHeight")
