@@ -45,7 +45,7 @@ class Comparison:
                     " repeats its prompt (code edits, quotes), and on GPUs and Apple Silicon, where checking"
                     " several tokens costs about as much as one.")
         if speedup >= 1 + NOISE:
-            return (f"speculation paid: {speedup:.2f}x the speed of plain decoding, {s.accepted} of {s.tokens} tokens"
+            return (f"speculation paid: {speedup:.2f}x the speed of plain decoding, {s.from_drafts} of {s.tokens} tokens"
                     f" from accepted drafts, {s.mean_accepted_length:.2f} tokens per target pass.")
         if speedup > 1 - NOISE:
             return (f"no clear difference ({speedup:.2f}x, within one run's noise): {s.accepted} of {s.drafted}"

@@ -110,7 +110,8 @@ class Done:
     or "context" (the context is full). tail: text held back until the end, not carried
     by any Token event (thought_tail: of the thinking, where a reply ends inside it). decode_seconds: from
     the end of the prefill to the end of the last step. stop_sequence: the stop string that ended it, if one did;
-    end_token: the end-of-generation token that ended it, if one did (no Token event carries it)."""
+    end_token: the end-of-generation token that ended it, if one did (no Token event carries it); unshown_tokens: the
+    last tokens generated that no text shows (a stop string's: their Token events carried none of it)."""
 
     finish_reason: str
     tail: str
@@ -118,6 +119,7 @@ class Done:
     thought_tail: str = ""
     stop_sequence: str | None = None
     end_token: int | None = None
+    unshown_tokens: int = 0  # the last tokens generated that the text does not show: a stop string's
 
 
 Event = Reading | Prefill | Token | Step | Done

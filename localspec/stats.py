@@ -119,6 +119,7 @@ class Summary:
     # a reasoning model's thinking and answer apart (THINKING, ANSWER); empty where nothing was thinking
     parts: dict[str, PartTally] = field(default_factory=dict)
     trees: TreeTally = field(default_factory=TreeTally)
+    from_drafts: int = 0  # tokens that came from accepted drafts (an end token drafted and accepted not among them)
 
     @property
     def probe_lost_seconds(self) -> float:
@@ -168,6 +169,7 @@ class Recorder:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     decided: int = 0  # tokens the target settled, the end-of-generation token included
+    from_drafts: int = 0  # tokens from accepted drafts
     plain_steps: int = 0
     plain_step_seconds: float = 0.0
     shared_steps: int = 0  # steps decoded in one batch with other sequences' rows (serve -np, batch --parallel)
@@ -181,6 +183,7 @@ class Recorder:
     text: str = ""  # of the latest generation: what its Token events carried, and the held-back tail
     ids: list[int] = field(default_factory=list)  # of the latest generation: its tokens, the thinking's too
     end_token: int | None = None  # the end-of-generation token that ended the latest generation, if one did
+    unshown_tokens: int = 0  # of the latest generation: its last tokens that no text shows (a stop string's)
     logprobs: list[Logprobs] = field(default_factory=list)  # of the latest generation's answer tokens, where asked
     prompt_logprobs: tuple[Logprobs, ...] = ()  # of its prompt's tokens (the first's None), where asked
     reasoning: str = ""  # of the latest generation: its thinking, as its Token events carried it
@@ -198,9 +201,11 @@ class Recorder:
             self.prefill_seconds += event.seconds
             self.text, self.reasoning, self.finish_reason, self.stop_sequence = "", "", None, None
             self.logprobs, self.prompt_logprobs, self.ids, self.end_token = [], event.logprobs, [], None
+            self.unshown_tokens = 0
             self.decode_started = perf_counter()
         elif isinstance(event, Token):
             self.tokens += 1
+            self.from_drafts += event.from_draft
             self.ids.append(event.id)
             self.text += event.text
             self.reasoning += event.thought
@@ -218,7 +223,7 @@ class Recorder:
             self.text += event.tail
             self.reasoning += event.thought_tail
             self.finish_reason, self.stop_sequence = event.finish_reason, event.stop_sequence
-            self.end_token = event.end_token
+            self.end_token, self.unshown_tokens = event.end_token, event.unshown_tokens
             self.finished_seconds += event.decode_seconds
             self.decode_started = None
 
@@ -285,6 +290,7 @@ class Recorder:
             parts={name: PartTally(**asdict(part)) for name, part in self.parts.items()}
             if self.parts[THINKING].tokens else {},
             trees=TreeTally(**{**asdict(self.trees), "wins": dict(self.trees.wins)}),
+            from_drafts=self.from_drafts,
         )
 
     def estimated_speedup(self) -> float | None:

@@ -515,9 +515,10 @@ class _EchoOff:
 
 
 def unshown_text(s: Summary) -> str:
-    """The tokens the target settled that the text does not show (its end token, a stop string's), after a count of
-    the tokens shown: tokens/step counts them, and "20 in 21 steps, 1.00 tokens/step" read as a miscount. (While
-    it generates, tokens held back until a stop string is ruled out would make it flicker: said at the end.)"""
+    """The tokens the target settled beyond a count of the tokens generated (its end token, which no Token event
+    carries), after that count: tokens/step counts them, and "20 in 21 steps, 1.00 tokens/step" read as a miscount.
+    A stop string's tokens are in the count, as every API counts them (completion_tokens, eval_count). (While it
+    generates, tokens held back until a stop string is ruled out would make it flicker: said at the end.)"""
     unshown = round(s.mean_accepted_length * s.steps) - s.tokens
     return f" (+{unshown} not shown)" if unshown > 0 else ""
 
@@ -685,7 +686,8 @@ def summary_line(recorder: Recorder, auto: bool) -> str:
     s = recorder.summary()
     return (
         f"{s.tokens} tokens{unshown_text(s)} in {s.decode_seconds:.2f} s, {s.tokens_per_second:.1f} tok/s;"
-        f" {drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens in"
+        f" {drafted_text(s, auto)}, {s.mean_accepted_length:.2f} tokens/step; prompt {s.prompt_tokens} tokens"
+        + (f" ({s.reused_prompt_tokens} cached)" if s.reused_prompt_tokens else "") + " in"
         f" {s.prefill_seconds:.2f} s; finish: {recorder.finish_reason}" + parts_text(s)
         + "".join(f"; {kind}: {d.steps} steps, {d.accepted}/{d.drafted} accepted"
                   + (f", {d.probes} probes ({d.probes_lost} lost {d.probe_lost_seconds:.2f} s)" if d.probes else "")
@@ -730,14 +732,15 @@ class BatchProgress:
                          + ([f"{self.failed} failed"] if self.failed else []))
 
 
-def batch_summary(records: list[dict], skipped: int, console: Console = err) -> None:
+def batch_summary(records: list[dict], skipped: int, seconds: float, console: Console = err) -> None:
+    """The run's table; its tok/s the tokens generated over the run's whole time (seconds: prompts read included),
+    the items' own decode times overlapping under --parallel."""
     done = [r for r in records if "stats" in r]
     failed = [r for r in records if "error" in r]
     tokens = sum(r["stats"]["tokens"] for r in done)
-    seconds = sum(r["stats"]["decode_seconds"] for r in done)
     drafted = sum(r["stats"]["drafted"] for r in done)
     accepted = sum(r["stats"]["accepted"] for r in done)
-    table = Table(title="batch")
+    table = Table(title="batch", caption="tok/s: the tokens over the whole run, prompts read included")
     for column in ("items", "done", "failed", "skipped (resume)", "tokens", "tok/s", "accepted"):
         table.add_column(column)
     table.add_row(str(len(records)), str(len(done)), str(len(failed)), str(skipped), str(tokens),

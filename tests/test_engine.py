@@ -160,7 +160,7 @@ def test_events_come_in_order_and_add_up(load, target, prompt):
     from_draft = [e.from_draft for e in events if isinstance(e, Token)]
     summary = record(events).summary()
     assert summary.steps == len(steps)
-    assert summary.accepted == sum(s.accepted for s in steps) == sum(from_draft)
+    assert summary.accepted == sum(s.accepted for s in steps) == sum(from_draft) == summary.from_drafts
     assert summary.tokens == len(tokens) == len(from_draft)
     # each step emits its accepted draft tokens, then one of the target's own
     emitted = iter(from_draft)

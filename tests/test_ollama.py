@@ -212,6 +212,11 @@ def test_generate_hands_back_its_context_and_goes_on_from_one(server, tiny):
     chat = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                                        "stream": False, "options": options}).json()
     assert "context" not in chat  # (a chat has none)
+    # a stop string's tokens are no part of it: the context handed back read the stop the client never saw
+    stop = first.response[5:8]
+    stopped = client(server).generate("tiny", prompt=PROMPT, options=options | {"stop": [stop]})
+    handed = b"".join(model.piece(token) for token in stopped.context[len(read):]).decode(errors="replace")
+    assert stopped.done_reason == "stop" and handed.startswith(stopped.response) and stop not in handed, handed
 
 
 def test_a_chat_too_long_for_the_context_drops_its_oldest_turns_unless_truncate_is_false(server, tiny):

@@ -69,3 +69,12 @@ def test_a_line_less_indented_than_asked_ends_the_text_before_its_text_as_llama_
     blank = TextStream(indent=2)  # an empty line ends it too, as llama-server's does
     assert feed(blank, [b"a\n  b\n", b"\nc"]) == ["a\n  b\n", ""] and blank.outdented
     assert blank.flush() == ""
+
+
+def test_the_tokens_a_stop_string_took_are_the_last_ones_past_the_shown_text():
+    from localspec.engine.text import unshown_tokens
+
+    assert unshown_tokens([b"1", b",", b" ", b"1", b"2"], "1") == 4
+    assert unshown_tokens([b"11,", b" 12"], "11") == 1  # (one straddling the stop's start is counted shown)
+    assert unshown_tokens([b"ab", b"c"], "abc") == 0
+    assert unshown_tokens([], "") == 0

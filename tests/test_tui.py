@@ -63,12 +63,20 @@ def test_control_characters_of_untrusted_text_are_shown_as_escapes():
     assert "\x1b" not in tui.visible(link)
 
 
+def test_a_batchs_tokens_a_second_are_over_its_whole_run_not_its_items_overlapping_decode_times():
+    # three items on parallel sequences, each 2 s of decoding in a run of 3 s, read 300 / 6 s = 50.0
+    console = Console(record=True, width=200)
+    done = {"stats": {"tokens": 100, "decode_seconds": 2.0, "drafted": 10, "accepted": 5}}
+    tui.batch_summary([dict(done, id=str(i)) for i in range(3)], 0, 3.0, console)
+    assert "100.0" in console.export_text() and "50.0" not in console.export_text()
+
+
 def test_untrusted_text_is_never_read_as_rich_markup():
     console = Console(record=True, width=260)  # every column holds the text whole
     hostile = "[/] [link=http://evil]click[/link] [bold red]"
     tui.models_table([dict(name=hostile, aliases=[hostile], family=hostile, params="1B", size=None, installed=False,
                            draft=hostile, license=hostile)], console)
-    tui.batch_summary([{"id": hostile, "error": hostile}], 0, console)
+    tui.batch_summary([{"id": hostile, "error": hostile}], 0, 1.0, console)
     text = console.export_text()
     assert text.count("[link=http://evil]click[/link]") >= 5
 

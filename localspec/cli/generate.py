@@ -486,6 +486,7 @@ def batch(
         durable = output is not None
         with _open(settings, "batch", lambda message: batch_runner.record_stop(out, running, message, durable)) as session:
             with tui.BatchProgress(len(todo)) as progress:
+                started = time.perf_counter()
                 try:
                     records = batch_runner.run(session, todo, out, settings.sampling, settings.limits, raw,
                                                progress, durable, running, settings.thinking, settings.conversation,
@@ -499,7 +500,7 @@ def batch(
                 "with -o FILE instead of standard output, --resume could go on from there")
         print(f"interrupted: {interrupted} of {len(todo)} items written; {hint}", file=sys.stderr)
         raise typer.Exit(130)
-    tui.batch_summary(records, skipped=len(items) - len(todo))
+    tui.batch_summary(records, skipped=len(items) - len(todo), seconds=time.perf_counter() - started)
     if any("error" in r for r in records):
         raise typer.Exit(1)
 

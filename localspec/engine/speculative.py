@@ -31,7 +31,7 @@ from .grammar import Grammar
 from .adjustments import Adjustments
 from .sampling import (Dist, Mirostat, accept, chain_for, excluded, logprobs_of, one_hot, residual, sampled_logprobs,
                        softmax)
-from .text import TextStream
+from .text import TextStream, unshown_tokens
 from .tree import DraftTree
 from .tree import verify_greedy as tree_greedy
 from .tree import verify_sampled as tree_sampled
@@ -240,7 +240,10 @@ def _generate(target: Context, drafter: Drafter, prompt: list[int], sampling: Sa
         if finish is None and len(history) > room:
             finish = "context"
 
-    yield Done(finish, text.flush(), perf_counter() - decode_started, stop_sequence=text.stopped, end_token=end_token)
+    tail = text.flush()
+    held = unshown_tokens([model.piece(token) for token in history[len(prompt):]], text.text) if text.stopped else 0
+    yield Done(finish, tail, perf_counter() - decode_started, stop_sequence=text.stopped, end_token=end_token,
+               unshown_tokens=held)
 
 
 def _verification(target: Context, rows: list[int], tree: DraftTree | None = None

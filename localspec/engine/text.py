@@ -75,3 +75,16 @@ class TextStream:
                     longest = size
                     break
         return longest
+
+
+def unshown_tokens(pieces: list[bytes], shown: str) -> int:
+    """How many of a generation's last tokens (their pieces in order) lie wholly past the text it shows: a stop
+    string's, which no text carries (one that straddles the stop's start is counted shown)."""
+    beyond = sum(map(len, pieces)) - len(shown.encode())
+    count = 0
+    for piece in reversed(pieces):
+        if len(piece) > beyond:
+            break
+        beyond -= len(piece)
+        count += 1
+    return count

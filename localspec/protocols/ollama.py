@@ -432,7 +432,8 @@ class Answer(Answering):
             "done_reason": DONE_REASONS[r.finish_reason], "total_duration": time.perf_counter_ns() - self.started,
             "load_duration": self.load_nanoseconds, "prompt_eval_count": r.prompt_tokens,
             "prompt_eval_duration": prefill, "eval_count": r.tokens, "eval_duration": decode,
-            "speculation": speculation(job)} | ({"context": job.prompt + r.ids} if self.context else {})
+            "speculation": speculation(job)} | (
+                {"context": job.prompt + r.ids[:len(r.ids) - r.unshown_tokens]} if self.context else {})
 
     def full(self, job: Job) -> dict:
         asked = job.request.sampling.logprobs is not None
