@@ -69,14 +69,19 @@ def json_trouble(error: ValueError | RecursionError) -> str:
 
 
 def loads_json(data: str | bytes | bytearray):
-    """json.loads, refusing a lone surrogate (a ValueError, as for any JSON it cannot take): JSON's escapes can
+    """json.loads, refusing NaN and Infinity and a lone surrogate (a ValueError, as for any JSON it cannot take): JSON's escapes can
     spell \\ud800, which no UTF-8 text holds, so llama.cpp, a file and a socket could not take it (an editor that
     cut a string inside an emoji sends one; llama-server's parser refuses them too)."""
-    value = json.loads(data)
+    value = json.loads(data, parse_constant=_not_json)
     if re.search(rb"\\u[dD][89a-fA-F]" if isinstance(data, (bytes, bytearray)) else r"\\u[dD][89a-fA-F]", data):
         if where := _lone_surrogate(value):
             raise ValueError(f"a lone surrogate (half of a UTF-16 pair, no character of its own) in {where}")
     return value
+
+
+def _not_json(constant: str):
+    """Python's json reads NaN and Infinity, which JSON has not (a temperature of NaN passed every check)."""
+    raise ValueError(f"{constant} is not JSON (a number is finite)")
 
 
 def _lone_surrogate(value, where: str = "") -> str | None:

@@ -92,8 +92,8 @@ def to_wire(request: Request) -> dict:
 def from_wire(data: dict) -> Request:
     """The request to_wire wrote; UsageError naming what is wrong where it is not one."""
     def part(kind, name: str, tuples: tuple[str, ...] = ()):
-        values = data.get(name) or {}
-        if not isinstance(values, dict):
+        values = {} if data.get(name) is None else data[name]
+        if not isinstance(values, dict):  # (a [] was taken as no settings: a request ran without its limits)
             raise UsageError(f"{name}: an object of settings", setting=name)
         try:
             return kind(**{key: tuple(value) if key in tuples and isinstance(value, list) else value
@@ -121,10 +121,10 @@ def from_wire(data: dict) -> Request:
                                        and all(isinstance(t, int) for t in prediction)):
         raise UsageError("prediction: text or token ids", setting="prediction")
     drafting = data.get("drafting")
-    if drafting is not None and drafting not in set(DrafterKind):
+    if drafting is not None and not (isinstance(drafting, str) and drafting in set(DrafterKind)):
         raise UsageError(f"drafting: one of {', '.join(DrafterKind)}", setting="drafting")
     draft_max = data.get("draft_max")
-    if draft_max is not None and not (isinstance(draft_max, int) and draft_max >= 0):
+    if draft_max is not None and not (isinstance(draft_max, int) and not isinstance(draft_max, bool) and draft_max >= 0):
         raise UsageError("draft_max: a count of tokens", setting="draft_max")
     variables = data.get("template_variables")
     if variables is not None and not isinstance(variables, dict):

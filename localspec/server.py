@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib import resources
@@ -160,7 +160,8 @@ class Server:
         self.sdk_uploads = lmstudio_sdk.Uploads()  # images LM Studio's SDK uploaded, by the client that did
         self.app = Starlette(routes=[self._route(*route) for route in self.routes] + sockets,
                              exception_handlers=not_http,
-                             middleware=[Middleware(_SameSite, serving=serving), _cross_origin(serving)])
+                             middleware=[Middleware(_SameSite, serving=serving, routes=self.routes),
+                                         _cross_origin(serving)])
         self.created = int(time.time())
 
     def _route(self, path: str, method: str, protocol: Protocol, handler, keyed: bool) -> Route:
@@ -878,7 +879,8 @@ class Server:
         self.log(f"{request.url.path} {error.status_code} {message}")
         failure = ApiError(error.status_code, message, code="not_found" if error.status_code == 404
                            else "method_not_allowed", headers=error.headers)
-        return JSONResponse(failure.body(), status_code=failure.status, headers=failure.headers)
+        return JSONResponse(protocol_at(request.url.path, self.routes).error_body(failure), status_code=failure.status,
+                            headers=failure.headers)
 
     def _client(self, request: Request) -> str | None:
         """Which API key the request carries (a digest of it, which names the same key however the keys are
@@ -952,6 +954,10 @@ class Server:
         return replace(parsed, request=replace(asked, messages=kept))
 
     async def _body(self, request: Request, array: bool = False) -> dict | list:
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":  # (a gzip body was "not valid JSON: can't decode byte 0x8b")
+            raise ApiError(415, f"a body sent with Content-Encoding {encoding} is not read here: send it uncompressed",
+                           code="unsupported_encoding")
         data = await self._bytes(request)
         try:
             body = loads_json(data)
@@ -1019,6 +1025,10 @@ class Server:
         """The request's jobs submitted (into jobs, each handing its items to the outbox), and the first job's first
         item: its prompt read; ApiError where it failed before."""
         asked_all = list(choices_of(parsed))
+        if len(asked_all) > served.service.most_held:  # (each choice takes a place: it was a 429 however long one waited)
+            raise ApiError(400, f"{len(asked_all)} answers to one request are more than one client may have running"
+                           f" and waiting here ({served.service.most_held}: serve's --queue and --parallel, a quarter"
+                           " kept for others); ask for fewer, or start serve with a larger --queue")
         # (a long reading is streamed to keep the stream open where only one job reads: the others of several
         # start once the first has read, to take its cells)
         reading = answering.shows_reading or answering.keepalive is not None and len(asked_all) == 1
@@ -1187,6 +1197,14 @@ LOADING_BODY_LIMIT = 8 * 2**20  # bytes of a request's body read (and dropped) b
 LOADING_READ_SECONDS = 10.0  # a client that connects while the model loads and sends nothing is let go after
 
 
+def protocol_at(path: str, routes: Sequence[tuple] = ()) -> Protocol:
+    """The protocol whose error shape a failure at a path is answered in (a 404, a 405, a 403 before any route
+    runs): its route's, else by its prefix (Ollama's /api/..., Anthropic's /v1/messages, OpenAI's elsewhere)."""
+    protocol = next((protocol for route, _, protocol, *_ in routes if route == path), None)
+    return protocol or (OLLAMA if path.startswith("/api/") else ANTHROPIC if path.startswith("/v1/messages")
+                        else OPENAI)
+
+
 @contextlib.contextmanager
 def answering_while_loading(listener: socket.socket, tls: ssl.SSLContext | None = None) -> Iterator[None]:
     """While serve's first model loads: every request on the listening socket answered 503 "Loading model"
@@ -1200,9 +1218,7 @@ def answering_while_loading(listener: socket.socket, tls: ssl.SSLContext | None 
         def answer(self) -> None:
             self.rfile.read(min(int(self.headers.get("Content-Length") or 0), LOADING_BODY_LIMIT))
             failure = ApiError(503, "Loading model", "unavailable_error", code="loading_model")
-            protocol = OLLAMA if self.path.startswith("/api/") else ANTHROPIC if self.path.startswith(
-                "/v1/messages") else OPENAI
-            body = json.dumps(protocol.error_body(failure)).encode()
+            body = json.dumps(protocol_at(self.path.split("?")[0]).error_body(failure)).encode()
             self.send_response(503)
             for name, value in (("Content-Type", "application/json"), ("Content-Length", str(len(body))),
                                 ("Retry-After", "1"), ("Connection", "close")):
@@ -1254,8 +1270,8 @@ class _SameSite:
       which browsers send without a preflight: its answer is unreadable, but it would still generate or
       pull). Clients outside a browser send no Origin (curl, the openai and ollama packages)."""
 
-    def __init__(self, app, serving: Serving):
-        self.app, self.serving = app, serving
+    def __init__(self, app, serving: Serving, routes: Sequence[tuple] = ()):
+        self.app, self.serving, self.routes = app, serving, routes
         self.loopback = serving.host in LOOPBACK_HOSTS
         self.origins = re.compile(f"(?:{'|'.join([LOCAL_ORIGINS, *map(re.escape, serving.cors_origins)])})$")
 
@@ -1267,7 +1283,8 @@ class _SameSite:
                 await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})  # (answered 403)
                 return
             if why:
-                await JSONResponse(ApiError(403, why, code="forbidden").body(), status_code=403)(scope, receive, send)
+                body = protocol_at(scope.get("path", ""), self.routes).error_body(ApiError(403, why, code="forbidden"))
+                await JSONResponse(body, status_code=403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

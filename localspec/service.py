@@ -183,7 +183,7 @@ class Service:
                 self.metrics.rejected += 1
                 raise Busy(self._pending - slots, retry)
             held = self._held.get(who, 0)
-            if who is not None and held >= places - places // 4:
+            if who is not None and held >= self.most_held:
                 self.metrics.rejected += 1
                 raise Busy(self._pending - slots, retry, held)
             self._pending += 1
@@ -192,6 +192,13 @@ class Service:
         job = Job(request, deliver, who)
         self._jobs.put(job)
         return job
+
+    @property
+    def most_held(self) -> int:
+        """How many requests one client may have running and waiting at once: all the places but a quarter, kept
+        for others."""
+        places = self.queue_limit + len(self.session.sequences)
+        return places - places // 4
 
     def cancel_all(self) -> None:
         """Refuse new requests and cancel the running one and those waiting; returns at once (a signal

@@ -4,6 +4,7 @@ process on a free port of 127.0.0.1, started by the test and stopped with a sign
 
 import contextlib
 import os
+import gzip
 import json
 import re
 import resource
@@ -720,6 +721,48 @@ def test_a_constraint_that_cannot_be_used_is_one_400_and_the_server_goes_on(serv
     assert server.client().completions.create(model="tiny", prompt="abc", max_tokens=2).choices[0].text
 
 
+TWO_TOOLS_OF_ONE_NAME = [{"type": "function", "function": {"name": "f"}}] * 2
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/completion", {"prompt": "a", "n_predict": 2, "json_schema": {"$ref": "#/nowhere"}}, "cannot be turned into"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": False, "tools": TWO_TOOLS_OF_ONE_NAME},
+     "two tools have the same name"),
+    ("/localspec/v1/generate", {"prompt": "hi", "drafting": {}}, "drafting: one of"),
+    ("/localspec/v1/generate", {"prompt": "hi", "limits": []}, "limits: an object of settings"),  # (ran unlimited)
+])
+def test_requests_that_were_500s_on_their_routes_are_400s(server, path, body, message):
+    response = httpx.post(server.base + path, json=body)
+    assert response.status_code == 400 and message in response.text, response.text
+    assert "Traceback" not in server.log()
+
+
+def test_json_that_is_not_json_and_a_compressed_body_are_said_as_they_are(server):
+    # NaN passed every check (temperature NaN: "should be less than or equal to 2"); a gzip body was "not valid JSON:
+    # can't decode byte 0x8b"; a schema of true (any value) was "'bool' object has no attribute 'get'"
+    body = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": NaN}'
+    nan = httpx.post(server.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert nan.status_code == 400 and "NaN is not JSON" in nan.text, nan.text
+    packed = httpx.post(server.url + "/chat/completions", content=gzip.compress(b"{}"),
+                        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert packed.status_code == 415 and "Content-Encoding gzip is not read here" in packed.text, packed.text
+    anything = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": True}})
+    assert anything.choices[0].message.content is not None
+
+
+def test_a_refusal_before_any_route_runs_is_in_the_routes_own_shape(server):
+    # a 404, a 405 and a 403 were OpenAI's shape on Ollama's, Anthropic's and llama-server's routes alike
+    assert isinstance(httpx.get(server.base + "/api/nope").json()["error"], str)  # (Ollama's: a text)
+    assert isinstance(httpx.put(server.base + "/api/chat").json()["error"], str)
+    assert httpx.put(server.base + "/v1/messages").json()["type"] == "error"  # (Anthropic's)
+    assert isinstance(httpx.post(server.base + "/api/chat", json={}, headers={"Origin": "http://evil.example"}).json()[
+        "error"], str)
+    assert httpx.put(server.base + "/completion").json()["error"]["type"] == "invalid_request_error"  # (llama-server's)
+    assert httpx.get(server.url + "/nope").json()["error"]["code"] == "not_found"  # (OpenAI's, as before)
+
+
 def test_embeddings_give_one_unit_vector_an_input_through_the_openai_client(server):
     # the openai package asks for base64 unless told otherwise, and decodes it
     answer = server.client().embeddings.create(model="tiny", input=["the cat", "the dog", "the cat"])
@@ -759,6 +802,8 @@ def test_llama_servers_own_embedding_route_and_its_normalizations(server):
     assert np.allclose(raw / np.linalg.norm(raw), unit, atol=1e-6) and abs(np.linalg.norm(raw) - 1) > 1e-3
     assert np.isclose(np.abs(native(content="the cat", embd_normalize=0)).max(), 32760, atol=1e-2)
     assert np.isclose(np.sum(np.abs(native(content="the cat", embd_normalize=1))), 1, atol=1e-6)
+    # (a large p overflowed the sum of powers: every vector came back as zeros; its norm tends to the largest magnitude)
+    assert np.isclose(np.abs(native(content="the cat", embd_normalize=1000)).max(), 1, atol=1e-2)
     several = httpx.post(server.base + "/embedding", json={"content": ["the cat", "the dog"]}, timeout=60).json()
     assert [item["index"] for item in several] == [0, 1]
     openais = httpx.post(server.url + "/embeddings", json={"input": "the cat", "encoding_format": "float",
@@ -1113,6 +1158,9 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_the_model(tiny,
         client.close()
         waiting.join(timeout=60)
         assert waiting_result["response"].status_code == 200
+        # more answers to one request than one client may hold: a 429 however long one waited, now a 400 saying why
+        many = httpx.post(server.url + "/completions", json={"prompt": "xyz", "max_tokens": 2, "n": 3})
+        assert many.status_code == 400 and "3 answers to one request are more than one client may" in many.text
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.base + "/metrics").text)}
         outcomes = {s.labels["outcome"]: s.value for s in families["localspec:requests"].samples
                     if s.name.endswith("_total")}

@@ -17,8 +17,9 @@ def normalized(vector: np.ndarray, norm: int = 2) -> np.ndarray:
         total = 1.0
     elif norm == 0:
         total = np.abs(vector).max(initial=0.0) / 32760.0
-    else:
-        total = np.sum(np.abs(vector) ** norm) ** (1.0 / norm)
+    else:  # (over the largest magnitude first: a p of 1000 overflowed to inf, and every vector read as zeros)
+        largest = np.abs(vector).max(initial=0.0)
+        total = largest * np.sum((np.abs(vector) / largest) ** norm) ** (1.0 / norm) if largest > 0 else 0.0
     return vector / total if total > 0 else np.zeros_like(vector)
 
 

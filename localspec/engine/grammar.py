@@ -64,7 +64,9 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     matching = {}
     try:
         for rule, schema in schemas.items():
-            copy = json.loads(json.dumps(schema))  # (resolve_refs rewrites what it is given)
+            if schema is False:
+                raise InputError("the JSON schema is false, which no value matches")
+            copy = {} if schema is True else json.loads(json.dumps(schema))  # (resolve_refs rewrites what it is given)
             _check_counts(copy)
             _loosened(copy)
             matching[rule] = converter.visit(converter.resolve_refs(copy, "stdin"), "" if rule == "root" else rule)

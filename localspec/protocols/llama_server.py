@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import Field, TypeAdapter, ValidationError
 
 from ..config import MOST_LOGPROBS, Limits, Sampling
-from ..errors import LocalspecError, UsageError
+from ..errors import InputError, LocalspecError, UsageError
 from ..events import Candidate, Logprobs, Reading, Token
 from ..prompts import MEDIA_MARKER, output_grammar
 from ..request import Request
@@ -88,10 +88,13 @@ def parse_completion(asked: CompletionBody, defaults: Defaults, prompt: str | li
         raise ApiError(400, "grammar and json_schema each constrain the output; give one")
     most = asked.n_predict if asked.n_predict is not None else asked.max_tokens
     ahead = most == 0
+    try:
+        grammar = output_grammar(asked.grammar, asked.json_schema)
+    except InputError as error:  # (a schema no grammar can hold was a 500)
+        raise ApiError(400, str(error), param="grammar" if asked.json_schema is None else "json_schema") from None
     sampling, limits = overridden_or_refused(defaults, **asked.sampled(), logprobs=asked.n_probs or None,
                                              logprobs_sampled=asked.post_sampling_probs,
-                                             max_tokens=1 if ahead else most, stop=asked.stop,
-                                             grammar=output_grammar(asked.grammar, asked.json_schema))
+                                             max_tokens=1 if ahead else most, stop=asked.stop, grammar=grammar)
     limits = replace(limits, indent=asked.n_indent, seconds=asked.t_max_predict_ms / 1000 or None)
     return Parsed(Request(sampling, limits, prompt=prompt, **speculative_asked(asked.speculative, defaults),
                           **asked.adapted()),
@@ -475,7 +478,8 @@ class LlamaServer(Protocol):
 
     def error_body(self, failure: ApiError) -> dict:
         kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                501: "not_supported_error", 503: "unavailable_error"}.get(failure.status, "server_error")
+                501: "not_supported_error", 503: "unavailable_error"}.get(
+                    failure.status, "invalid_request_error" if failure.status < 500 else "server_error")  # (408, 413, 429)
         return {"error": {"code": failure.status, "message": failure.message, "type": kind}}
 
     def parse(self, body: dict, chat: bool, defaults: Defaults) -> Parsed:

@@ -135,7 +135,10 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed | None:
                                           for call in message.tool_calls]
         if message.tool_name:
             messages[-1]["name"] = message.tool_name
-    tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
+    try:
+        tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
+    except InputError as error:  # (two tools of one name were a 500)
+        raise ApiError(400, str(error)) from None
     return replace(_parsed(chat, defaults, messages=messages, tools=tools), fits=chat.truncate)
 
 
