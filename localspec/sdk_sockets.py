@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from .server import Server
 
 
+# what /llm and /embedding answer of a loaded model (listLoaded and unloadModel name none)
+MODEL_ENDPOINTS = ("getModelInfo", "getLoadConfig", "tokenize", "countTokens", "embedString", "applyPromptTemplate")
+
+
 class SocketGone(Exception):
     """The client of a socket has gone (its socket closed, or a message to it could not be sent)."""
 
@@ -202,6 +206,9 @@ class SdkSocket:
                 if not await pool.unload_when_idle(name):
                     raise ApiError(400, f"{name} is the model serve started with: it stays loaded while serve runs")
                 return None
+            if endpoint not in MODEL_ENDPOINTS:  # (an unknown one was "a model specifier is an object, not None")
+                raise ApiError(400, f"{endpoint!r} is not an endpoint localspec serves on /{self.namespace}",
+                               code="not_implemented")
             served = self._loaded(lmstudio_sdk.specified(parameter.get("specifier", parameter.get("modelSpecifier"))))
             text = parameter.get("inputString")
             if endpoint == "getModelInfo":

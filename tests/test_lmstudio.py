@@ -482,6 +482,17 @@ def test_a_wrongly_typed_value_anywhere_in_an_sdk_message_is_answered_as_the_sdk
     assert "Traceback" not in server.log()
 
 
+def test_an_endpoint_the_socket_does_not_serve_is_named_as_such(server):
+    # "a model specifier is an object, not None" answered a call to an endpoint no SDK has
+    socket = raw_socket(server, "llm")
+    try:
+        assert json.loads(socket.recv()) == {"success": True}
+        answer = _answer_to(socket, {"type": "rpcCall", "endpoint": "nope", "callId": 7, "parameter": {}})
+        assert "'nope' is not an endpoint localspec serves on /llm" in answer["error"]["title"], answer
+    finally:
+        socket.close()
+
+
 @pytest.mark.parametrize("said", ["no json", "[" * 100_000 + "]" * 100_000, "[]", "3", '"rpcCall"', "{}",
                                   '{"type": "rpcResult"}', '{"type": "channelSend", "message": [1]}'],
                          ids=["no-json", "nested-deep", "list", "number", "text", "no-type", "an-answer", "send-list"])

@@ -209,6 +209,9 @@ def test_generate_hands_back_its_context_and_goes_on_from_one(server, tiny):
     wrong = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi", "context": [10**9],
                                                           "stream": False})
     assert wrong.status_code == 400 and "context" in wrong.json()["error"]
+    truth = httpx.post(server.base + "/api/generate", json={"model": "tiny", "prompt": "hi", "context": [True],
+                                                          "stream": False})  # (read as token 1)
+    assert truth.status_code == 400 and "context" in truth.json()["error"]
     chat = httpx.post(server.base + "/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                                        "stream": False, "options": options}).json()
     assert "context" not in chat  # (a chat has none)

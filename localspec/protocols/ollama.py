@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .. import __version__
 from ..config import MOST_LOGPROBS, overridden
@@ -99,7 +99,7 @@ class GenerateBody(_Generation):
     raw: bool = False
     images: list | None = None
     suffix: str | None = None
-    context: list[int] | None = None
+    context: list[StrictInt] | None = None  # (lax, a [true] was read as token 1)
     template: str | None = None  # a Go template of the request's own, which localspec does not render
 
 
@@ -230,7 +230,7 @@ class EmbedBody(_Body):
     model: str = ""
     input: str | list[str]
     truncate: bool = True  # an input longer than the context is cut to it (else a 400)
-    dimensions: int | None = None  # the vectors' first that many kept (then normalized)
+    dimensions: StrictInt | None = None  # the vectors' first that many kept (then normalized; lax, true read as 1)
     options: dict | None = None
     keep_alive: str | int | float | None = None
 
