@@ -202,6 +202,9 @@ def load(name: str, keep_alive: float | None) -> str:
         raise UsageError(f"no `localspec serve` runs on this machine to load {name} into (`localspec serve {name}`"
                          " serves it; run and chat load their own)")
     record = serves[-1]
+    if Path(record["files"][0]) == store.here(name):  # (a --ttl would not hold: it stays, as `stop` says)
+        return (f"{name} is the model localspec serve at {record['address']} (pid {record['pid']}) started with:"
+                " loaded while that serve runs")
     serve = Remote.of(record)
     serve.load(name, keep_alive)
     [held] = [model for model in serve.loaded() if _file(model["name"]) == _file(name)] or [None]

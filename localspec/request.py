@@ -6,7 +6,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from .config import DrafterKind, Limits, Sampling, Thinking
+from .config import DrafterKind, Limits, Sampling, Thinking, of_its_type
 from .errors import UsageError
 from .tool_calls import Tools
 
@@ -124,8 +124,8 @@ def from_wire(data: dict) -> Request:
     if drafting is not None and not (isinstance(drafting, str) and drafting in set(DrafterKind)):
         raise UsageError(f"drafting: one of {', '.join(DrafterKind)}", setting="drafting")
     draft_max = data.get("draft_max")
-    if draft_max is not None and not (isinstance(draft_max, int) and not isinstance(draft_max, bool) and draft_max >= 0):
-        raise UsageError("draft_max: a count of tokens", setting="draft_max")
+    if draft_max is not None and of_its_type("draft_max", draft_max, int) < 0:
+        raise UsageError(f"draft_max must be a count of tokens, got {draft_max!r}", setting="draft_max")
     variables = data.get("template_variables")
     if variables is not None and not isinstance(variables, dict):
         raise UsageError("template_variables: an object of the chat template's variables", setting="template_variables")
@@ -133,7 +133,7 @@ def from_wire(data: dict) -> Request:
                    messages=messages, prompt=prompt, suffix=suffix, prediction=prediction,
                    thinking=part(Thinking, "thinking"), template_variables=variables,
                    drafting=DrafterKind(drafting) if drafting else None,
-                   draft_max=draft_max)
+                   draft_max=None if draft_max is None else int(draft_max))
 
 
 def message_as_json(message: dict) -> dict:

@@ -10,19 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from . import __version__, store
-from .errors import LocalspecError, loads_json
+from .errors import InputError, LocalspecError, UsageError, loads_json
 from .pool import Available, Served, UnknownModel
 from .protocols import llama_server, lmstudio_sdk
 from .protocols.openai import OPENAI
-from .protocols.shared import ApiError, rendered
+from .protocols.shared import ApiError, api_error, rendered
 from .service import Embedding
 
 if TYPE_CHECKING:
     from .server import Server
-
-
-# what /llm and /embedding answer of a loaded model (listLoaded and unloadModel name none)
-MODEL_ENDPOINTS = ("getModelInfo", "getLoadConfig", "tokenize", "countTokens", "embedString", "applyPromptTemplate")
 
 
 class SocketGone(Exception):
@@ -156,6 +152,8 @@ class SdkSocket:
                 await self.socket.send(line)
 
     def _error(self, error: Exception) -> dict:
+        if isinstance(error, (UsageError, InputError)):  # (as a route's boundary answers them)
+            error = api_error(error)
         if isinstance(error, UnknownModel):
             return lmstudio_sdk.error(str(error), not_found=True)
         if isinstance(error, ApiError):
@@ -206,30 +204,48 @@ class SdkSocket:
                 if not await pool.unload_when_idle(name):
                     raise ApiError(400, f"{name} is the model serve started with: it stays loaded while serve runs")
                 return None
-            if endpoint not in MODEL_ENDPOINTS:  # (an unknown one was "a model specifier is an object, not None")
+            calls = {"getModelInfo": self._model_info, "getLoadConfig": self._load_config, "tokenize": self._tokens,
+                     "countTokens": self._tokens, "embedString": self._embedding,
+                     "applyPromptTemplate": self._prompt_template}
+            call = calls.get(endpoint) if isinstance(endpoint, str) else None
+            if call is None:  # (an unknown one was "a model specifier is an object, not None")
                 raise ApiError(400, f"{endpoint!r} is not an endpoint localspec serves on /{self.namespace}",
                                code="not_implemented")
             served = self._loaded(lmstudio_sdk.specified(parameter.get("specifier", parameter.get("modelSpecifier"))))
-            text = parameter.get("inputString")
-            if endpoint == "getModelInfo":
-                return self._info(pool.find(served.name), served)
-            if endpoint == "getLoadConfig":
-                return lmstudio_sdk.load_config(served.session)
-            if endpoint in ("tokenize", "countTokens") and isinstance(text, str):
-                tokens = (await asyncio.to_thread(llama_server.tokenized, served.session, {"content": text}))["tokens"]
-                return {"tokens": tokens} if endpoint == "tokenize" else {"tokenCount": len(tokens)}
-            if endpoint == "embedString" and self.namespace == "embedding" and isinstance(text, str):
-                job = await self.server._done(Embedding([text], self.key), self.key, served, self.socket.request,
-                                         "inputString")
-                return {"embedding": job.embeddings[0]}
-            if endpoint == "applyPromptTemplate" and self.namespace == "llm":
-                asked = lmstudio_sdk.prediction_asked(parameter, self._upload)
-                tools = lmstudio_sdk.tool_definitions(parameter)
-                body = asked.body | ({"tools": tools} if tools else {})
-                parsed = await self.server._parse(body, asked.chat, OPENAI, served)
-                return {"formatted": await asyncio.to_thread(rendered, served.session, parsed.request)}
+            answer = await call(endpoint, served, parameter)
+            if answer is not None:
+                return answer
         raise ApiError(400, f"{endpoint!r} with these parameters is not served by localspec on /{self.namespace}",
                        code="not_implemented")
+
+    async def _model_info(self, endpoint: str, served: Served, parameter: dict) -> dict:
+        return self._info(self.server.pool.find(served.name), served)
+
+    async def _load_config(self, endpoint: str, served: Served, parameter: dict) -> dict:
+        return lmstudio_sdk.load_config(served.session)
+
+    async def _tokens(self, endpoint: str, served: Served, parameter: dict) -> dict | None:
+        text = parameter.get("inputString")
+        if not isinstance(text, str):
+            return None
+        tokens = (await asyncio.to_thread(llama_server.tokenized, served.session, {"content": text}))["tokens"]
+        return {"tokens": tokens} if endpoint == "tokenize" else {"tokenCount": len(tokens)}
+
+    async def _embedding(self, endpoint: str, served: Served, parameter: dict) -> dict | None:
+        text = parameter.get("inputString")
+        if self.namespace != "embedding" or not isinstance(text, str):
+            return None
+        job = await self.server._done(Embedding([text], self.key), self.key, served, self.socket.request, "inputString")
+        return {"embedding": job.embeddings[0]}
+
+    async def _prompt_template(self, endpoint: str, served: Served, parameter: dict) -> dict | None:
+        if self.namespace != "llm":
+            return None
+        asked = lmstudio_sdk.prediction_asked(parameter, self._upload)
+        tools = lmstudio_sdk.tool_definitions(parameter)
+        body = asked.body | ({"tools": tools} if tools else {})
+        parsed = await self.server._parse(body, asked.chat, OPENAI, served)
+        return {"formatted": await asyncio.to_thread(rendered, served.session, parsed.request)}
 
     def _ours(self, info) -> bool:
         """Whether a model is this namespace's: a generating one /llm's, an embedding one /embedding's."""

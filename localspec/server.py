@@ -175,6 +175,9 @@ class Server:
                 failure = error if isinstance(error, ApiError) else ApiError(404, str(error), param="model",
                                                                               code="model_not_found")
                 self.log(f"{request.url.path} {failure.status} {failure.message}")
+            except (UsageError, InputError) as error:  # the request's own fault, wherever it was found
+                failure = api_error(error)
+                self.log(f"{request.url.path} {failure.status} {failure.message}")
             except ClientDisconnect:  # (no one is left to answer)
                 self.log(f"{request.url.path}: the client went away before its request had arrived")
                 return Response(status_code=400)
@@ -406,10 +409,7 @@ class Server:
             return store.make(replace(asked.preset, base=str(base), adapters=adapters,
                                       projector=str(projector) if projector else None))
 
-        try:
-            made = await asyncio.to_thread(make)
-        except UsageError as error:
-            raise ApiError(400, str(error)) from None
+        made = await asyncio.to_thread(make)
         self.log(f"created {made.name} from {made.base}" + "".join(f"; {note}" for note in asked.notes))
         if not asked.stream:
             return JSONResponse({"status": "success"})
@@ -421,10 +421,7 @@ class Server:
         checked against the digest it is sent under); 201 once kept."""
         self._may_change_models("uploads")
         length = request.headers.get("content-length", "")
-        try:
-            upload = store.receive_blob(request.path_params["digest"], int(length) if length.isdigit() else None)
-        except UsageError as error:
-            raise ApiError(400, str(error)) from None
+        upload = store.receive_blob(request.path_params["digest"], int(length) if length.isdigit() else None)
         # A large file may take long to arrive, but not stop arriving: one that sends nothing for --timeout
         # held its connection and its partial file until the client closed it.
         wait = self.serving.timeout
@@ -434,9 +431,6 @@ class Server:
                     upload.write(piece)
                     deadline.reschedule(asyncio.get_running_loop().time() + wait)
             kept = upload.finish()
-        except UsageError as error:
-            upload.abort()
-            raise ApiError(400, str(error)) from None
         except TimeoutError:
             upload.abort()
             raise ApiError(408, f"the upload stopped: nothing arrived for {wait:g} s (--timeout) after"
@@ -450,10 +444,7 @@ class Server:
 
     async def ollama_blob_there(self, request: Request, client: str | None) -> Response:
         """Whether a file of this digest was uploaded (200) or not (404), as Ollama's clients ask before uploading."""
-        try:
-            return Response(status_code=200 if store.blob(request.path_params["digest"]) else 404)
-        except UsageError as error:
-            raise ApiError(400, str(error)) from None
+        return Response(status_code=200 if store.blob(request.path_params["digest"]) else 404)
 
     async def ollama_copy(self, request: Request, client: str | None) -> Response:
         """The model under another name, as `localspec cp` makes it."""
@@ -461,10 +452,7 @@ class Server:
         source, destination = ollama.parse_copy(await self._body(request))
         if store.made(source) is None:
             self.pool.find(source)  # (a name no model here has: a 404 saying so)
-        try:
-            made = await asyncio.to_thread(lambda: store.copy(self._stored_name(source), destination))
-        except UsageError as error:
-            raise ApiError(400, str(error)) from None
+        made = await asyncio.to_thread(lambda: store.copy(self._stored_name(source), destination))
         self.log(f"copied {source} to {made.name}")
         return Response(status_code=200)
 

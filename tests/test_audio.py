@@ -178,7 +178,9 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
         assert httpx.get(server.base + "/localspec/v1/info", timeout=30).json()["audio"] is True
         for audio, said in [({"data": base64.b64encode(HUM).decode(), "format": "ogg"}, "input_audio.format: one of"),
                             ({"data": "data:audio/wav;base64,AAAA", "format": "wav"}, "not a URL"),
-                            ({"data": "@@@", "format": "wav"}, "input_audio.data: not base64 text")]:
+                            ({"data": "@@@", "format": "wav"}, "input_audio.data: not base64 text"),
+                            ({"data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(16)).decode(), "format": "wav"},
+                             "input_audio.data: no WAV, MP3 or FLAC file")]:
             refused = httpx.post(server.url + "/chat/completions", timeout=60, json={"model": "hears", "messages": [
                 {"role": "user", "content": [{"type": "input_audio", "input_audio": audio}]}]})
             assert refused.status_code == 400 and said in refused.json()["error"]["message"], refused.text

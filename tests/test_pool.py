@@ -112,6 +112,8 @@ def test_load_puts_a_model_into_the_running_serve_as_lms_load_does(home, tiny):
         assert "while that serve runs" in loading.stdout and loaded(server) == ["tiny", "tiny-c"]
         briefly = stop_command(home, "tiny-b", "--ttl", "600", command="load")
         assert briefly.returncode == 0 and "unless asked for" in briefly.stdout, briefly.stderr
+        own = stop_command(home, str(tiny["target"]), "--ttl", "600", command="load")  # (said "until ... unless asked for")
+        assert own.returncode == 0 and "is the model localspec serve" in own.stdout and "started with" in own.stdout
         missing = stop_command(home, "tiny-gone", command="load")
         assert missing.returncode == 2 and "not a downloaded model" in missing.stderr, missing.stderr
         # stop's TAB offers what serves loaded on demand (not the model a serve started with, which stays)

@@ -118,6 +118,12 @@ def test_a_function_call_whole_and_streamed_and_its_output_answered(tool_server)
         *WEATHER_ASK, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear"}'}])
     assert spelled.output_text == after.output_text
+    # an output whose call_id no call of the conversation has: a 400 as OpenAI's (was answered, the result of nothing)
+    for earlier in ({"previous_response_id": whole.id}, {}):
+        with pytest.raises(openai.BadRequestError, match="no function call has call_id 'call_nowhere'") as refused:
+            client.responses.create(model="tiny", max_output_tokens=8, **earlier, input=[
+                {"type": "function_call_output", "call_id": "call_nowhere", "output": "{}"}])
+        assert refused.value.body["param"] == "input"
 
 
 # Codex's tools, as its 0.169 sends them in every request: functions, a namespace of sub-agent tools (and one per

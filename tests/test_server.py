@@ -421,6 +421,9 @@ def test_models_and_health(server):
      "messages.0.content.0.input_audio.data"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklG"}}]}]},
      "messages.0.content.0.input_audio.format"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "iVBORw0KGgoAAAAN",
+                                                                                        "format": "wav"}}]}]},
+     "messages.0.content.0.input_audio.data"),  # (a PNG's bytes: refused as "reads no images")
     # (a part that fits none of content's types is named by the part's own field, not as content that is no string)
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages.0.content.0.image_url.url"),

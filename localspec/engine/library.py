@@ -29,6 +29,7 @@ def _log(level, text, user_data):
 
 
 _CAPTURING = threading.Lock()
+_captured_into = []  # the one file C's stderr is caught in, made at its first use (a grammar per request)
 
 
 @contextmanager
@@ -38,7 +39,12 @@ def c_stderr_captured() -> Iterator[list[str]]:
     not its to keep (another thread's lines, in a server)."""
     sys.stderr.flush()
     said: list[str] = []
-    with _CAPTURING, tempfile.TemporaryFile() as written:  # (two at once would leave stderr on the first one's file)
+    with _CAPTURING:  # (two at once would leave stderr on the first one's file)
+        if not _captured_into:
+            _captured_into.append(tempfile.TemporaryFile())
+        written = _captured_into[0]
+        written.seek(0)
+        written.truncate()
         kept = os.dup(2)
         os.dup2(written.fileno(), 2)
         try:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .. import __version__
 from ..config import MOST_LOGPROBS, overridden
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..events import Logprobs, Token
 from ..prompts import MEDIA_MARKER, ROLES, output_grammar
 from ..request import Request
@@ -135,10 +135,7 @@ def parse_chat(data: dict, defaults: Defaults) -> Parsed | None:
                                           for call in message.tool_calls]
         if message.tool_name:
             messages[-1]["name"] = message.tool_name
-    try:
-        tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
-    except InputError as error:  # (two tools of one name were a 500)
-        raise ApiError(400, str(error)) from None
+    tools = Tools(tuple(tool.model_dump(exclude_none=True) for tool in chat.tools)) if chat.tools else None
     return replace(_parsed(chat, defaults, messages=messages, tools=tools), fits=chat.truncate)
 
 
@@ -184,18 +181,15 @@ def _parsed(request: _Generation, defaults: Defaults, **what) -> Parsed:
     predict = options.num_predict
     if predict is not None and (predict == 0 or predict < -2):
         raise ApiError(400, f"options.num_predict must be a positive count, -1 or -2, got {predict}")
-    try:
-        sampling, limits = overridden(
-            defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
-            top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, mirostat=options.mirostat,
-            mirostat_tau=options.mirostat_tau, mirostat_eta=options.mirostat_eta, seed=options.seed,
-            stop=options.stop,
-            repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
-            presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
-            logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-            max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
-    except (UsageError, InputError) as failure:
-        raise ApiError(400, str(failure)) from None
+    sampling, limits = overridden(
+        defaults.sampling, defaults.limits, temperature=options.temperature, top_k=options.top_k,
+        top_p=options.top_p, min_p=options.min_p, typical_p=options.typical_p, mirostat=options.mirostat,
+        mirostat_tau=options.mirostat_tau, mirostat_eta=options.mirostat_eta, seed=options.seed,
+        stop=options.stop,
+        repeat_penalty=options.repeat_penalty, repeat_last_n=options.repeat_last_n,
+        presence_penalty=options.presence_penalty, frequency_penalty=options.frequency_penalty,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        max_tokens=predict if predict is not None and predict > 0 else None, grammar=_grammar(request.format))
     if predict is not None and predict < 0:
         limits = replace(limits, max_tokens=None)
     speculative = speculative_asked(request.speculative, defaults)
@@ -320,17 +314,14 @@ def parse_create(data: dict) -> Creation:
         if getattr(create, field):
             raise ApiError(400, f"{field}: {why}", param=field)
     notes: list[str] = []
-    try:
-        if create.modelfile is not None:
-            preset = modelfile.parse(create.modelfile, name, None, notes)
-        elif create.from_ and create.from_.strip() or create.files:
-            preset = modelfile.requested(name, (create.from_ or "").strip(), create.system, create.parameters,
-                                         [message.model_dump() for message in create.messages], create.license, notes)
-        else:
-            raise UsageError("from: name the model it is made from (a registry name, a model made so, or a GGUF"
-                             " file's path here), or upload its GGUF file (/api/blobs) and name it in files")
-    except UsageError as error:
-        raise ApiError(400, str(error)) from None
+    if create.modelfile is not None:
+        preset = modelfile.parse(create.modelfile, name, None, notes)
+    elif create.from_ and create.from_.strip() or create.files:
+        preset = modelfile.requested(name, (create.from_ or "").strip(), create.system, create.parameters,
+                                     [message.model_dump() for message in create.messages], create.license, notes)
+    else:
+        raise UsageError("from: name the model it is made from (a registry name, a model made so, or a GGUF"
+                         " file's path here), or upload its GGUF file (/api/blobs) and name it in files")
     if create.template is not None:
         notes.append(f"template left alone: {modelfile.IGNORED['template']}")
     return Creation(preset, notes, create.stream, create.files or {}, create.adapters or {})

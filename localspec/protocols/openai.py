@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..config import MOST_LOGPROBS
+from ..engine.vision import is_audio
 from ..errors import InputError, loads_json
 from ..events import Logprobs, Token
 from ..prompts import ROLES, output_grammar
@@ -391,7 +392,11 @@ def _media(part: ContentPart, where: str) -> bytes:
     if part.input_audio.format not in AUDIO_FORMATS:
         raise ApiError(400, f"{where}.input_audio.format: one of {', '.join(AUDIO_FORMATS)}, got"
                        f" {part.input_audio.format!r}", param=f"{where}.input_audio.format")
-    return image_bytes(part.input_audio.data, f"{where}.input_audio.data")
+    audio = image_bytes(part.input_audio.data, f"{where}.input_audio.data")
+    if not is_audio(audio):  # (it was refused later as "this model reads no images")
+        raise ApiError(400, f"{where}.input_audio.data: no WAV, MP3 or FLAC file (its first bytes are none of them)",
+                       param=f"{where}.input_audio.data")
+    return audio
 
 
 def _text(content: str | list[ContentPart], where: str, joiner: str) -> str:

@@ -167,6 +167,7 @@ class Responses(Protocol):
         carried = self.kept.get(asked.previous_response_id) if asked.previous_response_id else []
         carried += conversation(asked.input)
         messages = ([{"role": "system", "content": asked.instructions}] if asked.instructions else []) + carried
+        _refuse_outputs_of_no_call(messages)
         name_the_calls_answered(messages)
         sampling, limits = overridden_or_refused(defaults, temperature=asked.temperature, top_p=asked.top_p,
                                                  max_tokens=asked.max_output_tokens, grammar=_grammar(asked))
@@ -246,6 +247,16 @@ def conversation(given: str | list[Item]) -> list[dict]:
     if not messages:
         raise ApiError(400, "input holds no message to answer", param="input")
     return messages
+
+
+def _refuse_outputs_of_no_call(messages: list[dict]) -> None:
+    """A 400 for a call's output whose call_id no call of the conversation has, as OpenAI's (a template would write
+    a result of nothing the model asked for)."""
+    called = {call["id"] for message in messages for call in message.get("tool_calls", ())}
+    for message in messages:
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            raise ApiError(400, f"input: no function call has call_id {message['tool_call_id']!r} (its function_call"
+                           " item, or the response previous_response_id names, carries it)", param="input")
 
 
 def _called(messages: list[dict], item: Item, arguments: dict) -> None:

@@ -97,7 +97,7 @@ def api_error(error: LocalspecError, prompt_field: str = "messages") -> ApiError
     if isinstance(error, ContextOverflow):
         return ApiError(400, str(error), param=prompt_field, code="context_length_exceeded")
     if isinstance(error, (InputError, UsageError)):
-        return ApiError(400, str(error))
+        return ApiError(400, str(error), param=getattr(error, "setting", None))
     return ApiError(500, str(error), "server_error")
 
 
@@ -350,11 +350,8 @@ def thinking_asked(defaults: Thinking, think: bool | None = None, level: str | N
                    budget: int | None = None, if_able: bool = False) -> Thinking:
     """The server's thinking with what a request asks over it (None keeps the server's); level: the effort; if_able:
     think asked of whatever model answers (Thinking.if_able)."""
-    try:
-        return Thinking(defaults.think if think is None else think, level or defaults.effort,
-                        defaults.budget if budget is None else budget, if_able)
-    except UsageError as error:
-        raise ApiError(400, str(error)) from None
+    return Thinking(defaults.think if think is None else think, level or defaults.effort,
+                    defaults.budget if budget is None else budget, if_able)
 
 
 # Inputs one embedding request may hold: OpenAI's own limit. 10,000 ran 344 s on a 2-core CPU (issue 46).
