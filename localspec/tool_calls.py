@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from enum import StrEnum
 
-from .engine.grammar import ANNOTATIONS, from_json_schema, from_json_schemas
+from .engine.grammar import ANNOTATIONS, from_json_schema, from_json_schemas, refs_written_out
 from .errors import InputError
 from .events import Done, Token
 from .reasoning import CALL_CLOSING, CALL_OPENING, XTML_CLOSE, XTML_MARKERS, XTML_OPEN, XTML_SEP
@@ -262,6 +262,10 @@ def arguments_schema(function: dict) -> dict:
     parameters = function.get("parameters")
     if parameters is None:
         return NO_PARAMETERS
+    try:  # (its `#/$defs/...` named the call wrapper's root: pydantic's nested models were a 400 with every form)
+        parameters = refs_written_out(parameters)
+    except InputError as error:
+        raise InputError(f"tools: {function['name']}'s parameters: {error}") from None
     if "type" in parameters or set(parameters) - ANNOTATIONS:
         return parameters
     return {**parameters, "type": "object"}
@@ -341,8 +345,7 @@ def _markup_rules(markup: _Markup, offered: list[dict]) -> str:
 def _parameters(function: dict) -> tuple[dict, set[str], bool]:
     """An offered function's parameters: their schemas by name, the required names, and whether it takes any
     keys (its schema names no properties and does not forbid others)."""
-    parameters = function.get("parameters")
-    return _members(NO_PARAMETERS if parameters is None else parameters)
+    return _members(arguments_schema(function))
 
 
 def _members(schema: dict) -> tuple[dict, set[str], bool]:
@@ -1335,7 +1338,7 @@ def _minimax_m3_rules(offered: list[dict]) -> str:
     calls = []
     for number, function in enumerate(offered):
         name = literal(_MM3_INVOKE[0] + function["name"] + _MM3_INVOKE[1])
-        rules.append(f"call-{number} ::= {name} {members(function.get('parameters') or {}, f'mm-{number}')}"
+        rules.append(f"call-{number} ::= {name} {members(arguments_schema(function), f'mm-{number}')}"
                      f" {literal(_MM3_INVOKE[2])}")
         calls.append(f"call-{number}")
     # (text without the namespace token's first run that holds its `<` once: the token, whole, is refused in it)
@@ -1575,8 +1578,8 @@ class ToolStream:
         self.form = form
         self.required = required
         self._f = _FORMS[form]
-        self._parameters = {d["function"]["name"]: (d["function"].get("parameters") or {}).get("properties") or {}
-                            for d in tools.definitions} if tools else {}
+        self._parameters = {d["function"]["name"]: _parameters(d["function"])[0] for d in tools.definitions} \
+            if tools else {}
         self._held = ""  # text that may be, or is, a call
         self._quoting = self._reading()  # (how far a call's strings or values are read)
         # "content" once it is not a whole call, "calls" after an opening, "whole"

@@ -77,6 +77,62 @@ def from_json_schemas(schemas: dict[str, dict | bool]) -> tuple[str, dict[str, s
     return "\n".join(_AS_LLAMA_CPP_WRITES.get(line.split(" ::= ", 1)[0], line) for line in gbnf.split("\n")), matching
 
 
+# a schema's values that are JSON data, not schemas: a `$ref` inside one is data
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")
+# the most parts a schema with its $refs written out may have (definitions that each use another twice, twenty
+# deep, write out to a million)
+MOST_WRITTEN_OUT = 100_000
+
+
+def refs_written_out(schema):
+    """A schema with each $ref to a place in itself written out in its place (its siblings over what it points to),
+    its definitions then dropped: a schema that can stand inside another (a tool's parameters inside a call's
+    wrapper, whose root its `#/$defs/...` would otherwise name). InputError where a $ref points to a place that is
+    not there or, through others, to itself (no finite writing holds it)."""
+    if not isinstance(schema, dict) or not _refers(schema):
+        return schema
+    parts = [0]
+
+    def written(node, within: tuple[str, ...]):
+        parts[0] += 1
+        if parts[0] > MOST_WRITTEN_OUT:
+            raise InputError(f"its $refs written out take more than {MOST_WRITTEN_OUT:,} parts")
+        if isinstance(node, list):
+            return [written(item, within) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            if ref in within:
+                raise InputError(f"$ref {ref} contains itself")
+            target = schema
+            for step in ref[2:].split("/") if ref != "#" else ():
+                step = step.replace("~1", "/").replace("~0", "~")
+                if isinstance(target, list) and step.isdigit() and int(step) < len(target):
+                    target = target[int(step)]
+                elif isinstance(target, dict) and step in target:
+                    target = target[step]
+                else:
+                    raise InputError(f"$ref {ref} points to nothing")
+            if not isinstance(target, dict):
+                raise InputError(f"$ref {ref} points to no schema")
+            siblings = {key: value for key, value in node.items() if key != "$ref"}
+            return written({key: value for key, value in target.items() if key not in ("$defs", "definitions")}
+                           | siblings, within + (ref,))
+        return {key: value if key in _DATA_KEYWORDS else written(value, within)
+                for key, value in node.items() if key not in ("$defs", "definitions")}
+
+    return written(schema, ())
+
+
+def _refers(node) -> bool:
+    """Whether a schema holds a $ref anywhere."""
+    if isinstance(node, dict):
+        return isinstance(node.get("$ref"), str) or any(_refers(value) for key, value in node.items()
+                                                         if key not in _DATA_KEYWORDS)
+    return isinstance(node, list) and any(map(_refers, node))
+
+
 @functools.cache
 def _converter() -> type:
     """llama-cpp-python's converter, holding an integer to its bounds (minimum, maximum and their exclusive forms), as
