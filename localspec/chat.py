@@ -12,7 +12,8 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from typing import Protocol
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.text import Text
@@ -24,7 +25,7 @@ from .prompts import is_message
 from .request import message_as_json, message_of_json
 from .session import Session
 from .stats import Recorder
-from .store.modelfile import LOAD_OPTIONS
+from .store.modelfile import LOAD_OPTIONS, Preset
 
 HELP = """\
 /help, /?        this list
@@ -39,8 +40,12 @@ HELP = """\
 /set verbose     each reply's timings as Ollama's --verbose prints them (/set quiet: none)
 /image FILE      an image for the next message (with --mmproj); a path in a message (./cat.png) is one too
 /audio FILE      an audio file (WAV, MP3, FLAC) for the next message, where the projector hears; a path too
-/save FILE       write the conversation to FILE as JSON
-/load FILE       go on with a conversation saved by /save
+/save MODEL      keep this chat as a model of its own (its model, system prompt, parameters and messages),
+                 as Ollama's /save: `localspec chat MODEL` goes on from here
+/save FILE.json  write the conversation to a file (a name ending .json, or a path: ./chat)
+/load MODEL      switch to another model, its chat started over (as `localspec chat MODEL` with this
+                 command line's other options would begin it)
+/load FILE.json  go on with a conversation saved by /save FILE.json
 /exit, /bye      leave (Ctrl-D works too); Ctrl-C stops a reply but keeps the chat
 \"\"\"              start or end a message of several lines (pasting several lines sends them as one)"""
 
@@ -93,19 +98,50 @@ def _stops(value: str) -> list[str]:
         return value.split()
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A model a chat runs and how its chat begins: opening, turns before the first (a made model's MESSAGEs);
+    template_variables: more the chat template reads."""
+
+    session: Session
+    sampling: Sampling
+    limits: Limits
+    system: str | None = None
+    thinking: Thinking = Thinking()
+    opening: Sequence[dict] = ()
+    template_variables: dict | None = None
+
+
+class Models(Protocol):
+    """What /load MODEL and /save MODEL ask of the command that opened the chat's model."""
+
+    session: Session  # the model open now (after a failed opened(): the chat's before, open again)
+
+    def opened(self, name: str) -> Opened:
+        """Another model, the chat's let go (LocalspecError where it cannot be opened)."""
+
+    def saved(self, name: str, system: str | None, sampling: Sampling, limits: Limits, messages: list[dict]) -> Preset:
+        """A model made FROM the chat's with these settings and opening messages."""
+
+
 class Chat:
     """The terminal's chat: a Conversation and the slash commands that steer it."""
 
     def __init__(self, session: Session, sampling: Sampling, limits: Limits, system: str | None = None,
                  thinking: Thinking = Thinking(), verbose: bool = False, shows_thinking: bool = True,
-                 opening: Sequence[dict] = (), template_variables: dict | None = None):
+                 opening: Sequence[dict] = (), template_variables: dict | None = None, models: Models | None = None):
         """verbose: each reply's timings after it, as Ollama's --verbose (or /set verbose); shows_thinking:
-        whether a reasoning model's thinking is shown (Ollama's --hidethinking: not); opening: turns
-        before the first (a made model's MESSAGEs); template_variables: more the chat template reads."""
-        self.session = session
-        self.conversation = session.chat(system, sampling, limits, thinking, opening, template_variables)
+        whether a reasoning model's thinking is shown (Ollama's --hidethinking: not); opening, template_variables:
+        as Opened's; models: what opens another (/load MODEL) and makes one (/save MODEL), where the chat may."""
+        self._begin(Opened(session, sampling, limits, system, thinking, opening, template_variables))
+        self.models = models
         self.verbose, self.shows_thinking = verbose, shows_thinking
         self.images: list[bytes] = []  # for the next message (/image)
+
+    def _begin(self, opened: Opened) -> None:
+        self.session = opened.session
+        self.conversation = opened.session.chat(opened.system, opened.sampling, opened.limits, opened.thinking,
+                                                opened.opening, opened.template_variables)
 
     @property
     def messages(self) -> list[dict]:
@@ -171,17 +207,7 @@ class Chat:
         elif name == "set":
             self._set(argument, console)
         elif name == "save":
-            if not argument:
-                console.print("[red]usage: /save FILE[/]")
-            else:
-                try:
-                    Path(argument).expanduser().write_text(json.dumps(
-                        [message_as_json(m) for m in self.messages], indent=2, ensure_ascii=False) + "\n")
-                except OSError as error:  # the conversation is worth more than the file: keep chatting
-                    console.print(f"[red]cannot save to {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
-                else:
-                    console.print(f"[dim]saved {len(self.messages)} messages to {tui.shown(argument)}, a file /load"
-                                  " reads[/]")
+            self._save(argument, console)
         else:
             console.print(f"[red]unknown command /{tui.shown(name)}[/]; /help lists them")
         return True
@@ -205,15 +231,54 @@ class Chat:
         console.print(f"[dim]{'audio' if kind == 'audio' else 'image'} {tui.shown(argument)} goes with the next"
                       " message[/]")
 
+    def _save(self, argument: str, console) -> None:
+        """/save FILE.json: the conversation as JSON; /save MODEL: a model of one's own, as Ollama's /save."""
+        if not argument:
+            console.print("[red]usage: /save MODEL, or /save FILE.json[/]")
+        elif not names_a_file(argument):
+            self._save_model(argument, console)
+        else:
+            try:
+                Path(argument).expanduser().write_text(json.dumps(
+                    [message_as_json(m) for m in self.messages], indent=2, ensure_ascii=False) + "\n")
+            except OSError as error:  # the conversation is worth more than the file: keep chatting
+                console.print(f"[red]cannot save to {tui.shown(argument)}: {tui.shown(error.strerror)}[/]")
+            else:
+                console.print(f"[dim]saved {len(self.messages)} messages to {tui.shown(argument)}, a file /load"
+                              " reads[/]")
+
+    def _save_model(self, name: str, console) -> None:
+        """A model made FROM the one this chat runs, with the chat's system prompt, its parameters that differ from
+        localspec's defaults and its messages (images left out: a Modelfile's MESSAGE is text)."""
+        if self.models is None:
+            console.print("[red]/save MODEL: this chat's model has no name a model can be made from (/save FILE.json"
+                          " keeps the conversation)[/]")
+            return
+        conversation = self.conversation
+        messages = [{"role": m["role"], "content": m["content"]} for m in self.messages
+                    if m["role"] in ("user", "assistant") and isinstance(m.get("content"), str)]
+        try:
+            made = self.models.saved(name, conversation.system, conversation.sampling, conversation.limits, messages)
+        except LocalspecError as error:
+            console.print(f"[red]cannot save {tui.shown(name)}: {tui.shown(error)}[/]")
+            return
+        console.print(f"[dim]created model {tui.shown(made.name)} from {tui.shown(made.base)}"
+                      f" ({len(made.messages)} messages, {len(made.parameters)} parameter{'s' * (len(made.parameters) != 1)}"
+                      f"{', its system prompt' if made.system else ''}): `localspec chat {tui.shown(made.name)}`"
+                      " goes on from here[/]", highlight=False)
+
     def _load(self, argument: str, console) -> None:
         if not argument:
-            console.print("[red]usage: /load FILE[/]")
+            console.print("[red]usage: /load MODEL, or /load FILE.json[/]")
+            return
+        if not names_a_file(argument):
+            self._switch(argument, console)
             return
         try:
             messages = json.loads(Path(argument).expanduser().read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(getattr(error, 'strerror', None) or error)}"
-                          + (" (/load reads what /save wrote; Ollama's /load MODEL is `localspec chat MODEL` here)"
+                          + (" (/load FILE.json reads what /save FILE.json wrote)"
                              if isinstance(error, FileNotFoundError) else "") + "[/]")
             return
         if not (isinstance(messages, list) and all(is_message(m) for m in messages)):
@@ -227,6 +292,27 @@ class Chat:
             console.print(f"[red]cannot load {tui.shown(argument)}: {tui.shown(error)}[/]")
             return
         console.print(f"[dim]loaded {len(self.messages)} messages from {tui.shown(argument)}[/]")
+
+    def _switch(self, name: str, console) -> None:
+        """/load MODEL, as Ollama's: the chat goes on with another model, from its own beginning."""
+        if self.models is None:
+            console.print("[red]/load MODEL: this chat cannot open another model (/load FILE.json loads a"
+                          " conversation)[/]")
+            return
+        console.print(f"[dim]loading {tui.shown(name)}...[/]", highlight=False)
+        try:
+            opened = self.models.opened(name)
+        except (LocalspecError, KeyboardInterrupt) as error:
+            # the model before, opened again where it was let go: the conversation goes on in it
+            self.session = self.conversation.session = self.models.session
+            said = "interrupted" if isinstance(error, KeyboardInterrupt) else tui.shown(error)
+            console.print(f"[red]cannot load {tui.shown(name)}: {said}; the chat goes on with"
+                          f" {tui.shown(self.session.info.target)}[/]")
+            return
+        self._begin(opened)
+        console.print(f"[dim]chatting with {tui.shown(self.session.info.target)}, from its beginning"
+                      + (f" ({len(opened.opening)} messages of its own)" if opened.opening else "") + "[/]",
+                      highlight=False)
 
     def _set(self, argument: str, console) -> None:
         """Ollama's /set: `parameter NAME VALUE`, `system TEXT`, `think`, `nothink`, `verbose`, `quiet`."""
@@ -305,6 +391,13 @@ class Chat:
             console.print(f"[dim]speculation on, up to {self.session.draft_limit} draft tokens a step[/]")
         else:
             console.print("[red]usage: /draft off|on|N[/]")
+
+
+def names_a_file(argument: str) -> bool:
+    """Whether /save's or /load's argument names a file (a path, a name ending .json, a file there is) rather than
+    a model, as Ollama's /save and /load name one."""
+    return (argument.lower().endswith(".json") or "/" in argument or argument.startswith(("~", "."))
+            or Path(argument).expanduser().exists())
 
 
 def run(chat: Chat, interactive: bool, color: bool, history_file: Path | None) -> None:

@@ -142,7 +142,27 @@ def test_a_block_of_lines_is_one_message_and_a_saved_chat_loads(localspec, tiny,
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "line one\nline two"
     assert json.loads(resaved.read_text()) == json.loads(earlier.read_text())
     said = " ".join(done.stdout.decode().split())  # (as wrapped to the width)
-    assert "cannot load" in said and "Ollama's /load MODEL is `localspec chat MODEL` here" in said
+    assert "cannot load" in said and "/load FILE.json reads what /save FILE.json wrote" in said
+
+
+def test_save_and_load_a_model_as_ollamas_chat_does(localspec, tiny):
+    """Ollama's /save MODEL and /load MODEL (they wrote and read a file named so): a model made of the chat, its
+    system prompt, parameters and messages; the chat switched to it; a model that does not open leaves the chat
+    going on with the one it had (a failed open let it go first: its next reply crashed the process)."""
+    script = ("/set parameter temperature 0.3\n/set system Be brief.\nhello\n/save mine\n/load mine\n/show system\n"
+              "/show parameters\n/load nosuch\n/load smollm2-135m\nthe cat\n/save qwen2.5-coder-1.5b\n")
+    done = localspec("chat", tiny["target"], "--no-draft", "-n", "3", "--offline", stdin=script.encode())
+    said = " ".join(done.stdout.decode().split())  # (as wrapped to the width)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert f"created model mine from {tiny['target']} (2 messages, 2 parameters, its system prompt)" in said, said
+    assert "chatting with target.gguf, from its beginning (2 messages of its own) Be brief. temperature 0.3" in said
+    assert "cannot load nosuch: unknown model 'nosuch'" in said
+    assert "cannot load smollm2-135m: smollm2-135m is not downloaded" in said and "the chat goes on with target.gguf" in said
+    assert said.split("the chat goes on with target.gguf")[-1].split("cannot save")[0].strip()  # (the cat, answered)
+    assert "cannot save qwen2.5-coder-1.5b: qwen2.5-coder-1.5b is a model the registry names" in said
+    modelfile = localspec("show", "mine", "--modelfile").stdout.decode()
+    for line in ("PARAMETER temperature 0.3", "PARAMETER num_predict 3", "SYSTEM Be brief.", "MESSAGE user hello"):
+        assert line in modelfile, modelfile
 
 
 def test_a_system_prompt_in_triple_quotes_and_several_stop_strings_are_read_as_ollamas_chat_reads_them(localspec,

@@ -16,7 +16,7 @@ import typer
 from .. import bench as bench_runner
 from .. import net, paths, running, tui
 from ..config import DrafterKind, Lending, Serving, Speculation, default_threads
-from ..errors import InputError, UsageError
+from ..errors import InputError, LocalspecError, UsageError
 from ..stats import INTERRUPTED
 from .app import command
 from .options import (
@@ -190,7 +190,7 @@ def run(
         if given:
             raise UsageError(f"{asked} opens a chat, and a chat takes no {' or '.join(given)}: give a prompt for"
                              " one answer, or leave them out to chat")
-        _chat(settings, system, showing, "run", None if local else _serving(settings, host))
+        _chat(settings, system, showing, "run", host, local)
         return
     if verbose and (quiet or as_json):
         left = "--quiet leaves out" if quiet else "--json carries already"
@@ -398,38 +398,101 @@ def chat(
     """Chat in the terminal with the model's own chat template; replies stream with live statistics.
 
     Slash commands: /help (/?), /show info|parameters|system, /stats, /clear, /draft off|on|N, /think,
-    /no-think, /set parameter NAME VALUE, /set system TEXT, /set verbose, /set quiet, /save FILE, /load FILE,
+    /no-think, /set parameter NAME VALUE, /set system TEXT, /set verbose, /set quiet, /save MODEL, /load MODEL
+    (Ollama's: a model made of the chat, another model switched to), /save FILE.json, /load FILE.json,
     /exit or /bye; triple quotes open and close a message of several lines. Ctrl-C stops a reply, Ctrl-D leaves.
     Later turns reuse both models' KV caches for the shared conversation prefix; at a full context the oldest
     turns are dropped (never the system prompt). Where a `localspec serve` on this machine holds the same model,
     the chat goes through it (--local loads it here).
     """
     _chat(settings, system_prompt(system, system_file), Showing(not colorless(no_color, color), verbose=verbose,
-                                                                thinking=not hide_thinking), "chat",
-          None if local else _serving(settings, host))
+                                                                thinking=not hide_thinking), "chat", host, local)
 
 
-def _chat(settings: Settings, system: str | None, showing: Showing, command: str,
-          remote: "Remote | None") -> None:
-    """A chat on the model loaded here, or through a running serve that holds it (remote)."""
+def _chat(settings: Settings, system: str | None, showing: Showing, command: str, host: str | None,
+          local: bool) -> None:
+    """A chat on the model loaded here, or through a running serve that holds it."""
     from .. import chat as chat_loop
 
     if not showing.color:
         tui.unstyled()
-    with ExitStack() as held:
+    with _ChatModels(settings, system, command, host, local) as models:
+        chat = chat_loop.Chat(models=models, verbose=showing.verbose, shows_thinking=showing.thinking,
+                              **vars(models.opening()))
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        chat_loop.run(chat, interactive, color=showing.color, history_file=paths.state_dir() / "chat_history")
+
+
+class _ChatModels:
+    """The model a chat runs, opened as `localspec chat NAME` opens it (through a serve on this machine that holds
+    it, else here), and what chat's /load MODEL and /save MODEL ask of the command line."""
+
+    def __init__(self, settings: Settings, system: str | None, command: str, host: str | None, local: bool):
+        self.settings, self.system, self.command, self.host, self.local = settings, system, command, host, local
+        self.held = ExitStack()
+        self.session = self._open(settings)
+
+    def __enter__(self) -> "_ChatModels":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.held.close()
+
+    def _open(self, settings: Settings) -> "Session | Remote":
+        remote = None if self.local else _serving(settings, self.host)
         if remote is not None:
             print(f"note: answered by {remote.describe()} (--local loads the model here)", file=sys.stderr)
-            session = remote
-        else:
-            session = held.enter_context(_open(settings, command))
-        made = settings.made
-        conversation = chat_loop.Chat(session, settings.sampling, settings.limits,
-                                      made.system if system is None and made else system, settings.thinking,
-                                      showing.verbose, showing.thinking,
-                                      [{"role": role, "content": text} for role, text in made.messages] if made else (),
-                                      settings.template_variables or None)
-        interactive = sys.stdin.isatty() and sys.stdout.isatty()
-        chat_loop.run(conversation, interactive, color=showing.color, history_file=paths.state_dir() / "chat_history")
+            return remote
+        self.held = ExitStack()
+        return self.held.enter_context(_open(settings, self.command))
+
+    def opening(self):
+        """How a chat on the model begins: its settings, a made model's SYSTEM (where --system gives none) and
+        MESSAGEs."""
+        from ..chat import Opened
+
+        settings, made = self.settings, self.settings.made
+        return Opened(self.session, settings.sampling, settings.limits,
+                      made.system if self.system is None and made else self.system, settings.thinking,
+                      [{"role": role, "content": text} for role, text in made.messages] if made else (),
+                      settings.template_variables or None)
+
+    def opened(self, name: str):
+        """/load MODEL: the model this chat ran let go (two at once may not fit), the one named opened as this
+        command line would open it; where it cannot be, the one before opened again (self.session) and the error
+        raised."""
+        if self.host or self.settings.retarget is None:
+            raise UsageError(f"this chat goes through the serve --host names, which answers with its own model:"
+                             f" leave, and `localspec chat {name}`" if self.host else "this chat opens no other model")
+        settings = self.settings.retarget(name)
+        if settings.target is not None:
+            from .. import store
+
+            store.find(settings.target)  # (a name nothing means is said before the model open is let go)
+        self.held.close()
+        try:
+            self.session = self._open(settings)
+        except (LocalspecError, KeyboardInterrupt):
+            self.session = self._open(self.settings)
+            raise
+        self.settings = settings
+        return self.opening()
+
+    def saved(self, name: str, system: str | None, sampling, limits, messages: list[dict]):
+        """/save MODEL: a model made FROM the one this chat runs (a made model: that one), with what is asked."""
+        from .. import store
+        from ..store import modelfile
+
+        settings, made = self.settings, self.settings.made
+        if settings.target is None:
+            raise UsageError("this chat's model has no name to make a model from")
+        runtime = settings.runtime
+        adapters = [adapter.path for adapter in runtime.lora
+                    if adapter.scale == 1 and adapter.path not in (made.adapters if made else ())]
+        return store.make(modelfile.requested(
+            name, made.name if made else settings.target, system,
+            modelfile.parameters_of(sampling, limits, also=[key for key, _ in made.parameters] if made else ()),
+            messages, adapters=adapters, projector=None if made and made.projector else runtime.mmproj))
 
 
 @command(

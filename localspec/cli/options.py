@@ -748,6 +748,8 @@ class Settings:
     port: int | None = None  # a llama-server preset's (serve's, where --port says none)
     template_variables: dict = dataclasses.field(default_factory=dict)  # --chat-template-kwargs
     chat_template: str | None = None  # --chat-template(-file): in place of the target's own
+    # the settings the same command line gives with another target named (chat's /load MODEL)
+    retarget: Callable[[str], "Settings"] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         check_draft_fits(self.speculation, self.runtime)
@@ -1062,6 +1064,13 @@ def _shares(text: str | None) -> tuple[float, ...] | None:
         raise UsageError(f"--tensor-split takes numbers separated by commas (3,1), got {text!r}") from None
 
 
+def _retargeted(context: typer.Context, values: dict, target: str) -> Settings:
+    """The settings a command line gives with another target named (chat's /load MODEL), the draft model and Hub
+    names left for the new target's own."""
+    values = values | {"target": target, "model": None, "hf_repo": None, "draft": None, "hf_repo_draft": None}
+    return dataclasses.replace(build_settings(context, **values), retarget=functools.partial(_retargeted, context, values))
+
+
 def with_options(*groups: dict, before=None, **defaults):
     """Give a command these groups of shared options (defaults: other defaults for some of them) and
     call it with `settings`, built from them by build_settings. They come before the command's own
@@ -1082,7 +1091,9 @@ def with_options(*groups: dict, before=None, **defaults):
         def with_settings(command_line: typer.Context, **values):
             if before:
                 before(values)
-            settings = build_settings(command_line, **{name: values.pop(name) for name in names})
+            shared = {name: values.pop(name) for name in names}
+            settings = dataclasses.replace(build_settings(command_line, **shared),
+                                           retarget=functools.partial(_retargeted, command_line, shared))
             return command(settings=settings, **values)
 
         with_settings.__signature__ = inspect.Signature([context, *shared, *own])

@@ -192,6 +192,17 @@ def requested(name: str, base: str, system: str | None = None, parameters: dict 
     return Preset(name, base, system, tuple(kept), tuple(opening), license, tuple(adapters), projector)
 
 
+def parameters_of(sampling: Sampling, limits: Limits, also: Sequence[str] = ()) -> dict:
+    """Sampling and limits as a Modelfile's PARAMETERs say them (chat's /save MODEL): those that differ from
+    localspec's defaults, and those named in also (a base's own, which the new model's must replace)."""
+    sampled = {name: getattr(sampling, name) for name in PARAMETERS if hasattr(Sampling, name)}
+    sampled |= {"num_predict": limits.max_tokens or -1, "stop": list(limits.stop)}
+    default = {name: getattr(Sampling(), name) for name in sampled if hasattr(Sampling, name)}
+    default |= {"num_predict": Limits().max_tokens or -1, "stop": list(Limits().stop)}
+    return {name: value for name, value in sampled.items()
+            if value is not None and (value != default[name] or name in also)}
+
+
 def _instructions(text: str, source: str):
     """(line number, instruction, its argument) for each instruction; a triple-quoted argument may run over
     several lines."""
