@@ -25,7 +25,9 @@ _EXPORTS = {
                     "config"),
     **dict.fromkeys(("Event", "Reading", "Prefill", "Token", "Step", "Done"), "events"),
     **dict.fromkeys(("Recorder", "Summary"), "stats"),
-    **dict.fromkeys(("LocalspecError", "UsageError", "InputError"), "errors"),
+    **dict.fromkeys(("LocalspecError", "UsageError", "InputError", "ContextOverflow", "ModelLoadError", "FetchError",
+                     "EngineError"), "errors"),
+    **dict.fromkeys(("Tools", "ToolCall"), "tool_calls"),
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -108,6 +108,7 @@ class Sampling:
     prompt_logprobs: int | None = None
 
     def __post_init__(self):
+        of_their_types(self)
         if self.seed == -1:  # llama.cpp's spelling of "a random seed"
             object.__setattr__(self, "seed", None)
         if self.seed is not None and self.seed < 0:
@@ -577,6 +578,12 @@ class Limits:
     seconds: float | None = None
 
     def __post_init__(self):
+        of_their_types(self)
+        if isinstance(self.stop, str):  # (one stop string, as overridden() takes one: its characters were taken)
+            object.__setattr__(self, "stop", (self.stop,))
+        if not (isinstance(self.stop, Sequence) and all(isinstance(text, str) for text in self.stop)):
+            raise UsageError(f"stop must be a text or a list of texts, got {self.stop!r}", "stop")
+        object.__setattr__(self, "stop", tuple(self.stop))
         if self.max_tokens == -1:
             object.__setattr__(self, "max_tokens", None)
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -665,6 +672,15 @@ def held_types(settings: type) -> dict[str, type]:
     return {name: next((kind for kind in (bool, int, float, str)
                         if kind in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))), object)
             for name, hint in typing.get_type_hints(settings).items()}
+
+
+def of_their_types(settings) -> None:
+    """A dataclass of settings' fields as they hold them (of_its_type), set in place: a library caller's Sampling(
+    temperature="hot") or Limits(max_tokens=8.0) failed with a traceback in the checks, or later in the engine."""
+    for name, kind in held_types(type(settings)).items():
+        value = getattr(settings, name)
+        if value is not None and kind is not object:
+            object.__setattr__(settings, name, of_its_type(name, value, kind))
 
 
 def of_its_type(name: str, value, kind: type):

@@ -5,6 +5,9 @@ import re
 
 
 class LocalspecError(Exception):
+    """What localspec refuses or fails at, said for its user (each kind below); the CLI prints the message and
+    exits with exit_code. Catch it around a library call: anything else is a fault of localspec's own."""
+
     exit_code = 1
 
 

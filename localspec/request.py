@@ -29,6 +29,9 @@ class Opening(str, Enum):
     THINKING = "thinking"  # in its thinking: the reply thinks on from it, then answers
 
 
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+
 @dataclass(frozen=True)
 class Request:
     """What to answer and how.
@@ -70,6 +73,24 @@ class Request:
     continues: list[int] | None = None
     lora: dict[int, float] | None = None
     opening: Opening | None = None
+
+    def __post_init__(self):
+        """A library caller's request checked as every other way in checks one (a role of its own, "robot", reached
+        the template; Request("greedy") or tools as OpenAI's list failed in the engine with a traceback)."""
+        for name, kind in (("sampling", Sampling), ("limits", Limits), ("thinking", Thinking)):
+            if not isinstance(getattr(self, name), kind):
+                raise UsageError(f"a Request's {name} is a localspec.{kind.__name__}, got {getattr(self, name)!r:.80}",
+                                 setting=name)
+        if self.messages is not None:
+            if not (isinstance(self.messages, list) and all(
+                    isinstance(m, dict) and m.get("role") in MESSAGE_ROLES and isinstance(m.get("content"), str)
+                    for m in self.messages)):
+                raise UsageError("messages: a list of {\"role\": system, user, assistant or tool, \"content\": text}"
+                                 f" objects, got {self.messages!r:.80}", setting="messages")
+            if self.prompt is not None:
+                raise UsageError("a Request has messages or a prompt, not both", setting="prompt")
+        if self.tools is not None and not isinstance(self.tools, Tools):  # (OpenAI's list of tools, as its API takes)
+            object.__setattr__(self, "tools", Tools.of(self.tools))
 
     @property
     def characters(self) -> int:

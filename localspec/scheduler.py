@@ -70,7 +70,7 @@ class Scheduler:
                              " once they end (Scheduler.admits)", setting="lora")
         prepared = session.prepare(request)
         sequence = session.sequence_for(prepared.tokens, busy=self.running, client=request.client)
-        self._together.add(sequence, session.generation(prepared, sequence))
+        self._together.add(sequence, session.generation(prepared, sequence, self))
         running = self.running[sequence] = Running(request, sequence, request.drafting or session.mode,
                                                    len(prepared.prediction or ()),
                                                    prepared.tool_format, recorder or Recorder(), prepared.tokens)

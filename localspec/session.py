@@ -6,6 +6,7 @@ many generations on them; the caller iterates events and never touches the engin
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -21,6 +22,7 @@ from .engine.backend import Context
 from .engine.embedder import Embedder, normalized
 from .engine.suffix import SuffixCache
 from .engine.speculative import generate, scored
+from .engine.library import ctrl_c_held
 from .engine.together import alone
 from . import reasoning, store, tool_calls
 from .errors import ContextOverflow, EngineError, InputError, LocalspecError, UsageError
@@ -132,10 +134,17 @@ class Session:
         check_draft_fits(speculation, runtime)
         started = time.perf_counter()
         self._owned: list = []
+        self.closed = False
+        # the sequences a generation runs on, each to its thread and the Scheduler that runs it (None: alone)
+        self._generating: dict[int, tuple[threading.Thread, object]] = {}
+        self._holding = threading.Lock()
         self.drafting: Drafters | None = None  # made once the models are loaded
         self._filled_by: dict[int, str | None] = {}  # the client whose prompts each sequence's cache holds
         try:
-            loaded = load_models(target, draft, runtime, speculation, placement, workers, self._owned)
+            with ctrl_c_held() as pressed:
+                loaded = load_models(target, draft, runtime, speculation, placement, workers, self._owned)
+            if pressed:
+                raise KeyboardInterrupt
             self.plan, self.notes = loaded.placement, loaded.notes
             self.target_model, self.target, self.sequences = loaded.target_model, loaded.target, loaded.sequences
             self.vision = loaded.vision
@@ -190,6 +199,9 @@ class Session:
         def shared(seq: int) -> int:
             return self.sequences[seq].shares(prompt) if self._filled_by.get(seq, client) == client else 0
 
+        if not free:
+            raise UsageError(f"every sequence of this session is generating ({len(self.sequences)}: load(...,"
+                             " parallel=N) sets how many): start this one once one ends (Scheduler.full says so)")
         chosen = max(free, key=lambda seq: (shared(seq), -seq))
         if self._filled_by.get(chosen, client) != client:
             self.reset(chosen)
@@ -351,7 +363,11 @@ class Session:
         """The events of one generation: Prefill, then Token and Step as they come, then Done. A prediction
         drafts wherever the output follows it (plain decoding leaves it unused). To run several at once on
         a session of several sequences, hand them to a Scheduler instead."""
-        events = self.generation(self.prepare(request), 0)
+        prepared = self.prepare(request)
+        # (where another generation holds the first sequence, a scheduler's or a stream not yet finished, a free one)
+        sequence = self.sequence_for(prepared.tokens, self._generating) if 0 in self._generating \
+            and len(self.sequences) > 1 else 0
+        events = self.generation(prepared, sequence)
         return alone(events) if len(self.sequences) > 1 else events
 
     def scheduler(self) -> Scheduler:
@@ -359,10 +375,52 @@ class Session:
         decoded in one batch a step."""
         return Scheduler(self)
 
-    def generation(self, prepared: Prepared, sequence: int) -> Iterator:
+    def generation(self, prepared: Prepared, sequence: int, scheduler: Scheduler | None = None) -> Iterator:
         """A prepared request's generation on one of the session's sequences (0 .. parallel - 1): its events
-        with Turns between them where the session has several, for the Scheduler to decode the sequences'
-        rows together."""
+        with Turns between them where the session has several, for the Scheduler that runs it (scheduler) to
+        decode the sequences' rows together."""
+        release = self._hold(sequence, scheduler)
+        try:
+            events = self._generation(prepared, sequence)
+        except BaseException:
+            release()
+            raise
+        return _Releasing(events, release)
+
+    def _hold(self, sequence: int, scheduler: Scheduler | None) -> Callable[[], None]:
+        """The sequence taken for a generation, and what gives it back; UsageError where a generation runs on it
+        already (two streams interleaved on one sequence mixed their answers), one runs in another thread
+        (llama.cpp's contexts are not shared across threads: it crashed), or a scheduler's generations and others
+        would run between each other's steps (a scheduler's read their rows a step after they are decoded: another
+        decode between wrote over them)."""
+        thread = threading.current_thread()
+        with self._holding:
+            # (a thread that has ended generates nothing: a service stopped mid-answer left its generation unclosed)
+            for held in [seq for seq, (holder, _) in self._generating.items() if not holder.is_alive()]:
+                del self._generating[held]
+            holders = self._generating.values()
+            if any(holder is not thread for holder, _ in holders):
+                raise UsageError("this session is generating in another thread: a session is used by one thread at"
+                                 " a time (load() one for each thread, or run several requests at once through"
+                                 " Session.scheduler())")
+            if any(owner is not scheduler for _, owner in holders):
+                raise UsageError("this session's Scheduler is generating: add this request to it (Scheduler.add), or"
+                                 " wait until it ends" if scheduler is None else
+                                 "another generation of this session is not finished (a stream, or another"
+                                 " Scheduler's): finish or close() it before this Scheduler adds requests")
+            if sequence in self._generating:
+                raise UsageError("this session is generating another answer (a stream not yet finished: finish it"
+                                 " or close() it first); load(..., parallel=N) holds N at once, through"
+                                 " Session.scheduler()")
+            hold = self._generating[sequence] = thread, scheduler
+
+        def release() -> None:  # (only its own hold: one let go for its ended thread may be another's by now)
+            if self._generating.get(sequence) is hold:
+                del self._generating[sequence]
+
+        return release
+
+    def _generation(self, prepared: Prepared, sequence: int) -> Iterator:
         request = prepared.request
         self._adapt(self.lora_scales(request))
         if request.client is not None:  # it drafts from its own client's earlier answers only
@@ -568,12 +626,57 @@ class Session:
         for resource in reversed(self._owned):
             resource.close()
         self._owned.clear()
+        self.closed = True
+        # what used its models says it is closed (a closed llama.cpp model, used, ended the process)
+        self.target_model = self.target = self.sequences = self.prompts = self.drafting = _Closed()
 
     def __enter__(self):
+        if self.closed:
+            raise UsageError(CLOSED)
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+CLOSED = "this session is closed (its models let go): load() another"
+
+
+class _Closed:
+    """A closed session's models: any use of them a UsageError."""
+
+    def _refused(self, *_):
+        raise UsageError(CLOSED)
+
+    __getattr__ = __getitem__ = __iter__ = __len__ = _refused
+
+
+class _Releasing:
+    """A generation's events that give its sequence back once they end, fail or are closed (or dropped unfinished:
+    a generator never started runs no `finally`)."""
+
+    def __init__(self, events: Iterator, release: Callable[[], None]):
+        self.events, self.release = events, release
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.events)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            try:
+                self.events.close()
+            finally:
+                release()
+
+    __del__ = close
 
 
 def _path(given) -> Path:
@@ -648,6 +751,7 @@ class Conversation:
         if not isinstance(text, str):
             raise UsageError(f"a message is a text, got {type(text).__name__}")
         sampling, limits = overridden(self.sampling, self.limits, **options)
+        before = list(self.messages)  # (a refused turn leaves them so: the oldest turns dropped to fit it too)
         self.messages.append({"role": "user", "content": text} | ({"images": list(images)} if images else {}))
         self.turn = Recorder()
         self.dropped = 0
@@ -662,7 +766,7 @@ class Conversation:
         except LocalspecError:
             failed = True
             self.recorder.interrupt()
-            self.messages.pop()
+            self.messages[:], self.dropped = before, 0
             raise
         except BaseException:  # Ctrl-C, or the caller closed the stream
             self.recorder.interrupt()

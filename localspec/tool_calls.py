@@ -37,13 +37,13 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from enum import StrEnum
 
 from .engine.grammar import ANNOTATIONS, from_json_schema, from_json_schemas, refs_written_out
-from .errors import InputError
+from .errors import InputError, UsageError
 from .events import Done, Token
 from .reasoning import CALL_CLOSING, CALL_OPENING, XTML_CLOSE, XTML_MARKERS, XTML_OPEN, XTML_SEP
 
@@ -233,6 +233,17 @@ class Tools:
             raise InputError("tools: two tools have the same name")
         if self.choice not in ("auto", "required", "none", *names):
             raise InputError(f"tool_choice names {self.choice!r}, which is not one of the tools offered")
+
+    @classmethod
+    def of(cls, tools) -> "Tools":
+        """OpenAI's list of tools ({"type": "function", "function": {"name", "description", "parameters"}}), offered
+        to be called as the model chooses; UsageError where it is none."""
+        if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence) or not all(
+                isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+                and isinstance(tool["function"].get("name"), str) for tool in tools):
+            raise UsageError('tools: a list of {"type": "function", "function": {"name": ..., "parameters": {...}}}'
+                             f" objects (OpenAI's), or a localspec.Tools, got {tools!r:.80}", setting="tools")
+        return cls(tuple(tools))
 
     @property
     def names(self) -> list[str]:

@@ -197,3 +197,109 @@ def test_a_session_counts_the_mtp_blocks_decodes_as_its_own(tiny, tmp_path, monk
         events = list(mtp.stream("the cat", temperature=0, max_tokens=16))
         assert isinstance(events[-1], Done)
         assert mtp.busy_seconds > mtp.target.busy_seconds > 0
+
+
+def test_a_turn_too_long_for_the_context_leaves_the_turns_it_would_have_dropped(session):
+    """The oldest turns were dropped to fit a message that was then refused: the history was gone with it."""
+    chat = session.chat("Be brief.")
+    chat.send("the cat", max_tokens=4)
+    chat.send("the dog", max_tokens=4)
+    before = [dict(message) for message in chat.messages]
+    with pytest.raises(localspec.ContextOverflow):
+        chat.send("the cat sat " * 400)
+    assert chat.messages == before and chat.dropped == 0
+
+
+def test_one_generation_at_a_time_and_nothing_once_closed(tiny, tmp_path, monkeypatch):
+    """Two streams interleaved on one session mixed their answers, a second thread crashed it or failed in llama.cpp,
+    a generation between a scheduler's steps wrote over the rows it was to read, and a closed session's models,
+    used, ended the process: each is a UsageError saying so, and the session goes on."""
+    import threading
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    session = localspec.load(str(tiny["target"]), ctx_size=256)
+    expected = session.complete("the cat", max_tokens=8, temperature=0).text
+    first = session.stream("the dog", max_tokens=8, temperature=0)
+    next(first)
+    with pytest.raises(UsageError, match="generating another answer"):
+        session.complete("the cat", max_tokens=8)
+    refused = []
+    thread = threading.Thread(target=lambda: refused.append(pytest.raises(UsageError, session.complete, "the cat")))
+    thread.start()
+    thread.join(timeout=60)
+    assert "another thread" in str(refused[0].value)
+    first.close()
+    unstarted = session.stream("the dog")
+    del unstarted  # (dropped before its first event: a generator's `finally` never runs)
+    assert session.complete("the cat", max_tokens=8, temperature=0).text == expected
+    session.close()
+    for use in (lambda: session.complete("the cat"), lambda: session.chat().send("the cat"),
+                lambda: session.score([1, 2, 3]), lambda: session.__enter__()):
+        with pytest.raises(UsageError, match="this session is closed"):
+            use()
+    with localspec.load(str(tiny["target"]), ctx_size=512, parallel=2) as together:
+        greedy = localspec.Request(localspec.Sampling(temperature=0), localspec.Limits(max_tokens=12), prompt="the")
+        alone = localspec.Recorder()
+        for event in together.generate(greedy):
+            alone.add(event)
+        scheduler = together.scheduler()
+        running = scheduler.add(greedy)
+        list(scheduler.step())
+        with pytest.raises(UsageError, match="Scheduler is generating"):
+            together.complete("the dog", max_tokens=4)
+        scheduler.add(greedy)
+        with pytest.raises(UsageError, match="every sequence of this session is generating"):
+            scheduler.add(greedy)
+        while scheduler:
+            list(scheduler.step())
+        assert running.recorder.text == alone.text
+
+
+def test_a_requests_parts_are_checked_as_they_are_given(session):
+    """Request("greedy"), messages as text, a role of one's own or tools as OpenAI's list reached the engine: a
+    traceback, or a role the template wrote as it was; Sampling and Limits of the wrong types, likewise."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    assert localspec.Request(messages=[{"role": "user", "content": "hi"}], tools=[weather]).tools.names == ["get_weather"]
+    for made, said in [(lambda: localspec.Request("greedy"), "sampling is a localspec.Sampling"),
+                       (lambda: localspec.Request(messages="hi"), "messages: a list"),
+                       (lambda: localspec.Request(messages=[{"role": "robot", "content": "x"}]), "messages: a list"),
+                       (lambda: localspec.Request(tools="x"), "tools: a list"),
+                       (lambda: localspec.Request(prompt="a", messages=[]), "messages or a prompt, not both"),
+                       (lambda: localspec.Sampling(temperature="hot"), "temperature must be a number"),
+                       (lambda: localspec.Limits(max_tokens="5"), "max_tokens must be a whole number"),
+                       (lambda: localspec.Limits(stop=[1]), "stop must be a text or a list of texts")]:
+        with pytest.raises(UsageError, match=said):
+            made()
+    # (one stop string, as the keyword takes one: its characters were each a stop string)
+    assert localspec.Limits(stop=", 5").stop == (", 5",) and localspec.Limits(max_tokens=8.0).max_tokens == 8
+    assert all(hasattr(localspec, name) for name in ("ContextOverflow", "EngineError", "ModelLoadError", "Tools"))
+
+
+def test_ctrl_c_held_notes_the_press_and_gives_the_handler_back():
+    import signal
+
+    from localspec.engine.library import ctrl_c_held
+
+    with ctrl_c_held() as pressed:
+        signal.raise_signal(signal.SIGINT)  # (raised in the callback llama.cpp made next: dropped by ctypes)
+        with ctrl_c_held() as inner:
+            assert inner is pressed
+    assert pressed == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_the_models_load_stops_the_load(tiny):
+    """Ctrl-C during load() was dropped by ctypes in llama.cpp's next callback: the models loaded and ran on (a
+    batch then ran every item and exited 0). Here it is pressed from llama.cpp's first line of a model's load."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import os, signal, localspec\nfrom localspec.engine import library\n"
+              "def said(level, text, data):\n    if b'load' in text:\n        os.kill(os.getpid(), signal.SIGINT)\n"
+              "press = library.llama.llama_log_callback(said)\nlibrary.llama.llama_log_set(press, None)\n"
+              f"try:\n    localspec.load({str(tiny['target'])!r}, {str(tiny['partial'])!r})\n    print('loaded')\n"
+              "except KeyboardInterrupt:\n    print('interrupted')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.stdout.strip() == "interrupted" and "Exception ignored" not in done.stderr, (done.stdout, done.stderr)

@@ -3,6 +3,7 @@ through `llama` here and ggml's own C API (which llama-cpp-python does not wrap)
 
 import ctypes
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -54,6 +55,30 @@ def c_stderr_captured() -> Iterator[list[str]]:
             os.close(kept)
             written.seek(0)
             said.append(written.read().decode("utf-8", errors="replace"))
+
+
+@contextmanager
+def ctrl_c_held() -> Iterator[list]:
+    """Ctrl-C pressed during the block (models loading, contexts made: llama.cpp calls back into Python meanwhile)
+    noted in the list yielded, for the caller to act on once llama.cpp returns: Python raises it at the first line
+    of whatever callback runs next, and ctypes drops what a callback raises, so the load went on as if nothing was
+    pressed. Only on the main thread, under Python's own handler (signals go nowhere else); a block inside another
+    shares its list."""
+    global _pressed
+    if _pressed is not None or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield _pressed if _pressed is not None else []
+        return
+    pressed = _pressed = []
+    signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _pressed = None
+
+
+_pressed: list | None = None  # the list of the ctrl_c_held block running
 
 
 class _OnFirstUse:

@@ -13,7 +13,7 @@ from cachetools import LRUCache
 from ..config import SPLIT_MODES
 from ..errors import InputError, ModelLoadError, UsageError
 from .devices import offload_array, override_array
-from .library import layer_inputs, llama, recent_errors
+from .library import ctrl_c_held, layer_inputs, llama, recent_errors
 from .prefixes import Prefixes, anchors_of
 
 GGUF_MAGIC = b"GGUF"
@@ -67,7 +67,14 @@ class Model:
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         recent_errors.clear()
         self.watch = watch
-        self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
+        with ctrl_c_held() as pressed:  # (its load stops at the next progress it reports, the model let go)
+            params.progress_callback = progress = llama.llama_progress_callback(lambda done, data: not pressed)
+            self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
+            del progress  # (referenced until llama.cpp has returned)
+        if pressed:
+            if self._model:
+                llama.llama_model_free(self._model)
+            raise KeyboardInterrupt
         if not self._model:
             reason = recent_errors[0].split("error loading model: ")[-1] if recent_errors else "damaged file?"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {reason} (LOCALSPEC_DEBUG=1 shows its log)")
