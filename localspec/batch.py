@@ -29,7 +29,7 @@ except ImportError:  # Windows: no advisory locks through fcntl, and the output 
     fcntl = None
 
 from . import paths
-from .config import OVERRIDABLE, Limits, Sampling, Thinking, overridden
+from .config import OVERRIDABLE, Limits, Sampling, Thinking, meant, overridden
 from .errors import InputError, LocalspecError, UsageError, json_trouble, loads_json
 from .request import Request, image_of_base64
 from .scheduler import ENDED, Scheduler
@@ -74,7 +74,7 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
         try:
             record = loads_json(text)
         except json.JSONDecodeError as error:
-            yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} at column {error.colno}")
+            yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} (column {error.colno})")
             continue
         except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; deep nesting
             yield Item(id=f"line {number}", error=f"not JSON that can be read: {json_trouble(error)}")
@@ -231,7 +231,9 @@ def settings(item: Item, sampling: Sampling, limits: Limits) -> tuple[Sampling, 
     JSON's 40.0 is a top_k of 40 here as in a server request, and null keeps the run's value."""
     unknown = set(item.options) - FIELDS
     if unknown:
-        raise LocalspecError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        first = sorted(unknown)[0]
+        raise LocalspecError(f"unknown field(s) {', '.join(sorted(unknown))}" + (f": {hint}" if (hint := meant(
+            first, FIELDS)) else ""))
     options = dict(item.options)
     constraints = {name: options.pop(name) for name in ("grammar", "json_schema") if name in options}
     if len(constraints) > 1:

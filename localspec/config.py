@@ -650,8 +650,7 @@ def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = N
     unknown = sorted(set(asked) - set(OVERRIDABLE))
     if unknown:
         known = (*OVERRIDABLE, "max_tokens", "stop")
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"the settings are {', '.join(known)}"
+        hint = meant(unknown[0], known) or f"the settings are {', '.join(known)}"
         raise UsageError(f"unknown setting {unknown[0]!r}: {hint}", setting=unknown[0])
     kinds = held_types(Sampling)
     asked = {name: of_its_type(name, value, kinds[name]) for name, value in asked.items() if value is not None}
@@ -662,6 +661,12 @@ def overridden(sampling: Sampling, limits: Limits, *, max_tokens: int | None = N
     return (replace(sampling, **asked),
             replace(limits, max_tokens=limits.max_tokens if max_tokens is None else max_tokens,
                     stop=limits.stop if stop is None else tuple([stop] if isinstance(stop, str) else stop)))
+
+
+def meant(name: str, known) -> str:
+    """"did you mean NAME?" for the known name closest to a misspelt one, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {close[0]}?" if close else ""
 
 
 @functools.cache

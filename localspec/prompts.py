@@ -5,7 +5,7 @@ refuse what cannot fit its context before any time goes into it."""
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from . import reasoning
@@ -760,6 +760,9 @@ class Prompts:
 
     def token_ids(self, tokens: list) -> list[int]:
         """A prompt given as token ids, once they are known to be this model's."""
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):  # (a text was "ids must be between")
+            raise UsageError(f"token ids are a list of whole numbers (prompts.tokenize(text) makes them), got"
+                             f" {tokens!r:.60}")
         if not tokens:
             raise InputError("the prompt is empty")
         if not all(map(self._readable, tokens)):

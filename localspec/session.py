@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .config import (DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, held_types,
+from .config import (DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, held_types, meant,
                      of_its_type, overridden)
 from .drafting import Drafters, speculating
 from .engine import prompt_cache, rpc
@@ -88,8 +88,9 @@ def load(target: str, draft: str | None = None, *, spec: str = "auto", offline: 
     speculation_fields = {f.name for f in fields(Speculation)} - {"drafting", "required"}
     unknown = sorted(set(settings) - runtime_fields - speculation_fields)
     if unknown:
-        raise UsageError(f"load() takes no setting {', '.join(unknown)}; it takes"
-                         f" {', '.join(sorted(runtime_fields | speculation_fields))}")
+        hint = meant(unknown[0], runtime_fields | speculation_fields)
+        raise UsageError(f"load() takes no setting {', '.join(unknown)}" + (f": {hint}" if hint else "; it takes"
+                         f" {', '.join(sorted(runtime_fields | speculation_fields))}"))
     kinds = held_types(Runtime) | held_types(Speculation)
     settings = {name: of_its_type(name, value, kinds[name]) for name, value in settings.items()}
     runtime = Runtime(**{name: value for name, value in settings.items() if name in runtime_fields})

@@ -28,6 +28,7 @@ def test_items_from_jsonl_and_plain_lines():
     assert items[0].options == {"temperature": 0, "max_tokens": 5} and items[1].prompt == "a plain prompt"
     assert items[2].messages == [{"role": "user", "content": "yo"}]
     assert "prompt" in items[3].error and "not valid JSON" in items[4].error
+    assert items[4].error == "not valid JSON: Expecting property name enclosed in double quotes (column 2)"
 
 
 def test_item_settings_override_the_defaults_and_are_checked():
@@ -39,7 +40,7 @@ def test_item_settings_override_the_defaults_and_are_checked():
     sampling, _ = batch.settings(penalised, Sampling(), Limits())
     assert (sampling.repeat_penalty, sampling.repeat_last_n, sampling.presence_penalty,
             sampling.frequency_penalty) == (1.1, -1, 0.5, -0.5)
-    with pytest.raises(LocalspecError, match="unknown field"):
+    with pytest.raises(LocalspecError, match="unknown field.* tempreature: did you mean temperature"):
         batch.settings(batch.Item(id="1", prompt="p", options={"tempreature": 1}), Sampling(), Limits())
     with pytest.raises(LocalspecError, match="temperature must be"):
         batch.settings(batch.Item(id="1", prompt="p", options={"temperature": -1}), Sampling(), Limits())
@@ -243,6 +244,18 @@ def test_an_output_that_holds_records_is_gone_on_from_or_started_again_only_when
     assert again.returncode == 0 and len(records(output.read_bytes())) == 1
     code, _, stderr = cli("batch", tiny["target"], prompts, "-o", output, "--overwrite", "--resume")
     assert code == 2 and "give one" in stderr
+
+
+def test_nothing_to_run_is_said_and_no_model_loads(cli, tiny, tmp_path):
+    """An empty file (or one --resume finds done) loaded the models and printed a table of zeros, no word of why."""
+    missing = tmp_path / "no-such-model.gguf"  # (nothing loads: a model that is not there is never opened)
+    code, stdout, stderr = cli("batch", missing, "-", stdin=b"\n  \n")
+    assert (code, stdout) == (0, "") and stderr.strip() == "note: standard input holds no items: nothing to run"
+    prompts, output = tmp_path / "p.txt", tmp_path / "out.jsonl"
+    prompts.write_text("a\nb\n")
+    output.write_text('{"id": "1", "text": "x"}\n{"id": "2", "text": "y"}\n')
+    code, _, stderr = cli("batch", missing, prompts, "-o", output, "--resume")
+    assert code == 0 and f"all 2 items are in {output} already: nothing to run" in stderr, stderr
 
 
 def test_resume_needs_an_output_file(cli, tiny):

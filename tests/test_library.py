@@ -126,7 +126,7 @@ def test_load_names_what_is_wrong_with_a_setting_of_the_wrong_type(tiny):
 
 
 def test_load_names_a_setting_it_does_not_take(tiny):
-    with pytest.raises(UsageError, match="no setting ctx_sise"):
+    with pytest.raises(UsageError, match="no setting ctx_sise: did you mean ctx_size"):
         localspec.load(str(tiny["target"]), ctx_sise=256)
 
 
@@ -274,6 +274,8 @@ def test_a_requests_parts_are_checked_as_they_are_given(session):
     # (one stop string, as the keyword takes one: its characters were each a stop string)
     assert localspec.Limits(stop=", 5").stop == (", 5",) and localspec.Limits(max_tokens=8.0).max_tokens == 8
     assert all(hasattr(localspec, name) for name in ("ContextOverflow", "EngineError", "ModelLoadError", "Tools"))
+    with pytest.raises(UsageError, match="token ids are a list of whole numbers"):  # (was "must be between 0 and")
+        session.score("hello world")
 
 
 def test_ctrl_c_held_notes_the_press_and_gives_the_handler_back():

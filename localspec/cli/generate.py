@@ -544,6 +544,11 @@ def batch(
     with batch_runner.open_output(output, input_file, resume, overwrite) as out:
         skip = batch_runner.done_ids(out, retry_failed) if resume else set()
         todo = [item for item in items if item.id not in skip]
+        if not todo:  # (the models loaded, and an empty table said nothing of why)
+            print(f"note: {'standard input' if input_file == '-' else input_file} holds no items: nothing to run"
+                  if not items else f"note: all {len(items)} items are in {output} already: nothing to run"
+                  + ("" if retry_failed else " (--retry-failed runs those that failed again)"), file=sys.stderr)
+            return
         interrupted = None  # Ctrl-C: how many items were written by then
         running: dict = {}  # the item being generated, for a record should llama.cpp stop the process
         durable = output is not None
