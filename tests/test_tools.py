@@ -746,6 +746,30 @@ def test_openai_tool_calls_whole_and_streamed_and_the_round_trip(tool_server):
     assert after.choices[0].message.tool_calls is None
 
 
+def test_a_pydantic_models_tool_through_openais_client_is_called_to_its_schema(tool_server):
+    """openai.pydantic_function_tool writes a nested model's schema with `$defs` and `$ref`s (the Agents SDK's and
+    FastMCP's tools alike): a 400, "Error resolving ref", until refs were written out."""
+    from typing import Literal
+
+    import pydantic
+
+    class Item(pydantic.BaseModel):
+        sku: Literal["a1", "b2"]  # (a random model's free text runs to max_tokens)
+        count: int
+
+    class Order(pydantic.BaseModel):
+        item: Item
+        note: Literal["fragile"] | None = None
+
+    tool = openai.pydantic_function_tool(Order)
+    assert "$defs" in tool["function"]["parameters"]
+    answer = tool_server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "order one"}], tools=[tool], tool_choice="required",
+        max_tokens=200)
+    [call] = answer.choices[0].message.tool_calls
+    assert call.function.name == "Order" and Order.model_validate_json(call.function.arguments)
+
+
 def test_a_predictions_tool_call_is_the_sdks_start_and_end_of_the_call_then_success(tool_server):
     """What the SDK's act() reads of a called tool: its name and arguments as an object, the round ended by it."""
     socket = raw_socket(tool_server)
