@@ -273,6 +273,12 @@ def arguments_schema(function: dict) -> dict:
     parameters = function.get("parameters")
     if parameters is None:
         return NO_PARAMETERS
+    properties, required = (parameters.get("properties"), parameters.get("required")) if isinstance(parameters, dict) \
+        else (None, None)
+    if not isinstance(parameters, dict) or not isinstance(properties, dict | None) or not isinstance(required, list | None):
+        # (a markup form reads them in Python: `properties` a list was an AttributeError, a 500)
+        raise InputError(f"tools: {function['name']}'s parameters: a JSON schema object, its properties an object and"
+                         f" required a list, got {parameters!r:.80}")
     try:  # (its `#/$defs/...` named the call wrapper's root: pydantic's nested models were a 400 with every form)
         parameters = refs_written_out(parameters)
     except InputError as error:
@@ -289,13 +295,22 @@ def constraint(form: ToolFormat, tools: Tools) -> tuple[str | None, tuple[str, .
         return None, ()
     f = _FORMS[form]
     offered = [d["function"] for d in tools.definitions if tools.choice in ("auto", "required", d["function"]["name"])]
-    if f.call_rules:
-        rules = f.call_rules(offered)
-    else:
-        schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
-                                                    f.arguments: arguments_schema(function)},
-                    "required": ["name", f.arguments], "additionalProperties": False} for function in offered]
-        rules = from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
+    try:
+        if f.call_rules:
+            rules = f.call_rules(offered)
+        else:
+            schemas = [{"type": "object", "properties": {"name": {"const": function["name"]},
+                                                        f.arguments: arguments_schema(function)},
+                        "required": ["name", f.arguments], "additionalProperties": False} for function in offered]
+            rules = from_json_schema({"anyOf": schemas} if len(schemas) > 1 else schemas[0], "call")
+    except InputError:  # (said of the tool whose parameters it is, not of the call's wrapper, which it quoted)
+        for function in offered:
+            schema = arguments_schema(function)  # (its own refusals name the tool)
+            try:
+                from_json_schema(schema)
+            except InputError as error:
+                raise InputError(f"tools: {function['name']}'s parameters: {error}") from None
+        raise
     triggers = f.triggers if tools.choice == "auto" else ()
     return f"root ::= {f.several if tools.parallel else f.one}\nws ::= [ \\n]{{0,2}}\n{rules}", triggers
 

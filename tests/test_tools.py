@@ -696,6 +696,14 @@ def test_a_tool_whose_refs_contain_themselves_or_point_nowhere_is_said_by_name(t
         "type": "object", "properties": {"a": {"$ref": "#/$defs/Gone"}}}}}
     with pytest.raises(InputError, match=r"tools: lost's parameters: \$ref #/\$defs/Gone points to nothing"):
         constraint(ToolFormat.XML, Tools((lost,)))
+    # (a schema the converter refuses, or properties not an object, said of the tool, not of the call's wrapper)
+    for parameters, said in [({"type": "object", "properties": {"a": {"type": "nope"}}}, "Unrecognized schema"),
+                             ({"type": "object", "properties": ["a"]}, "its properties an object")]:
+        bad = {"type": "function", "function": {"name": "bad", "parameters": parameters}}
+        for form in (ToolFormat.HERMES, ToolFormat.XML, ToolFormat.MINIMAX_M3):
+            with pytest.raises(InputError, match=rf"^tools: bad's parameters: .*{said}") as refused:
+                constraint(form, Tools((bad,)))
+            assert "'name': {'const'" not in str(refused.value) and str(refused.value).count("tools:") == 1
     # (a ref inside data is data; the rest written out, its definitions dropped)
     assert arguments_schema({"name": "f", "parameters": {"$defs": {"A": {"type": "string"}}, "type": "object",
                                                          "properties": {"a": {"$ref": "#/$defs/A", "default": "x"},
