@@ -5,6 +5,7 @@ them alike, and the KV caches are emptied before every generation: a prompt
 cached by the previous mode would make the next look faster than it is.
 """
 
+import copy
 import gzip
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -281,7 +282,7 @@ def _from_line(line: str, where: str) -> Prompt:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise InputError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
+        raise InputError(f"{where}: not valid JSON: {error.msg} (column {error.colno})") from None
     except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; deep nesting
         raise InputError(f"{where}: not JSON that can be read: {json_trouble(error)}") from None
     if not isinstance(record, dict):
@@ -515,6 +516,10 @@ def modes_for(modes: str | None, draft_model: str | None, drafting: DrafterKind)
     if modes is None:
         return [mode for mode in DEFAULT_MODES if mode != DrafterKind.DRAFT or draft_model is not None]
     chosen = parse_modes(modes)
+    if not chosen:  # (two empty tables, exit 0)
+        raise UsageError(f"--modes names no mode: give some of {', '.join(DEFAULT_MODES)} (comma-separated)")
+    if Control.PLAIN_AA in chosen:  # (plain and its repeat bracket the rest, in whatever order they were named)
+        chosen = [mode for mode in chosen if mode != Control.PLAIN_AA] + [Control.PLAIN_AA]
     for mode in chosen:
         if mode in needs and not needs[mode][1]:
             raise UsageError(f"the {mode} mode needs {needs[mode][0]}; add it, or leave {mode} out of --modes")
@@ -583,15 +588,48 @@ def run(session: "Session", prompt_sets: dict[str, list[Prompt]], modes: list[Mo
     session), unless mixed: then what it learned on earlier sets carries over, as in a chat, a
     batch or a server that sees one kind of text after another. Each mode drafts only from its own
     earlier generations (the suffix cache): the same prompt's answer in another mode is not its to copy.
-    A prompt's prediction drafts in every mode but plain."""
+    A prompt's prediction drafts in every mode but plain. BenchInterrupted at Ctrl-C, with the rows of the
+    prompts every mode had answered."""
+    results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
+    finished: dict = {}  # the results before the prompt in hand: every mode's answers to the same prompts
+    replies: dict = {}
+    try:
+        _answer_every_prompt(session, prompt_sets, modes, sampling, limits, progress, mixed, results, replies,
+                             lambda: finished.update(copy.deepcopy(results)))
+    except KeyboardInterrupt:
+        raise BenchInterrupted(_rows(finished, prompt_sets, modes, sampling)) from None
+    return _rows(results, prompt_sets, modes, sampling)
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during bench; rows: the results of the prompts every mode had answered by then."""
+
+    def __init__(self, rows: list[dict]):
+        super().__init__()
+        self.rows = rows
+
+
+def _rows(results: dict, prompt_sets: dict, modes: list[Mode], sampling: Sampling) -> list[dict]:
+    """The table's rows of each prompt set begun."""
+    rows = []
+    for name in prompt_sets:
+        if (modes[0], name) in results and results[(modes[0], name)].prompts:
+            plain = results.get((DrafterKind.PLAIN, name))
+            rows += with_spread([results[(mode, name)].as_dict(plain, sampling) for mode in modes])
+    return rows
+
+
+def _answer_every_prompt(session: "Session", prompt_sets: dict[str, list[Prompt]], modes: list[Mode],
+                         sampling: Sampling, limits: Limits, progress: Callable[[str], None], mixed: bool,
+                         results: dict, replies: dict, kept: Callable[[], None]) -> None:
+    """Each prompt in each mode, folded into results (kept() before each prompt)."""
     from .request import Request
 
-    results = {(mode, name): Result(mode, name) for name in prompt_sets for mode in modes}
-    replies: dict = {}
     for name, prompts in prompt_sets.items():
         if not mixed:
             session.forget()
         for number, prompt in enumerate(prompts, start=1):
+            kept()
             messages = own_replies(session, prompt.messages, limits, replies)
             prediction = session.prompts.prediction_tokens(prompt.prediction) if prompt.prediction else None
             for mode in modes:
@@ -612,11 +650,6 @@ def run(session: "Session", prompt_sets: dict[str, list[Prompt]], modes: list[Mo
                         busy_at_start = session.busy_seconds
                     elif isinstance(event, Done):
                         result.llama_seconds += session.busy_seconds - busy_at_start
-    rows = []
-    for name in prompt_sets:
-        plain = results.get((DrafterKind.PLAIN, name))
-        rows += with_spread([results[(mode, name)].as_dict(plain, sampling) for mode in modes])
-    return rows
 
 
 def drawing():

@@ -64,13 +64,32 @@ def measure(session: Session, text: str, ctx: int, most: int | None = None,
         raise InputError(f"the text is {len(tokens):,} tokens, less than one chunk of {ctx}: give a longer text"
                          " or a smaller --ctx-size")
     first = ctx // 2  # (the first half of a chunk is only read: each scored token has that much before it)
+    steps: list[tuple[list[float], float]] = []  # each chunk's scored tokens and the estimate with them
     negative_logs: list[float] = []
-    running = []
     started = perf_counter()
-    for number, chunk in enumerate(chunks, start=1):
-        negative_logs += [-entry.chosen.logprob for entry in session.score(chunk, start=first + 1)[first + 1 :]]
-        running.append(estimate(negative_logs)[0])
-        if progress:
-            progress(number, len(chunks), running[-1])
+    try:
+        for number, chunk in enumerate(chunks, start=1):
+            scored = [-entry.chosen.logprob for entry in session.score(chunk, start=first + 1)[first + 1 :]]
+            steps.append((scored, estimate(negative_logs + scored)[0]))  # (one append: Ctrl-C finds it whole)
+            negative_logs += scored
+            if progress:
+                progress(number, len(chunks), steps[-1][1])
+    except KeyboardInterrupt:
+        if not steps:
+            raise
+        raise Interrupted(_estimate(steps, ctx, perf_counter() - started), len(chunks)) from None
+    return _estimate(steps, ctx, perf_counter() - started)
+
+
+def _estimate(steps: list[tuple[list[float], float]], ctx: int, seconds: float) -> Estimate:
+    negative_logs = [value for scored, _ in steps for value in scored]
     ppl, error = estimate(negative_logs)
-    return Estimate(ppl, error, len(chunks), ctx, len(negative_logs), tuple(running), perf_counter() - started)
+    return Estimate(ppl, error, len(steps), ctx, len(negative_logs), tuple(running for _, running in steps), seconds)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while measuring: the estimate over the chunks read by then (of chunks in all)."""
+
+    def __init__(self, found: Estimate, chunks: int):
+        super().__init__()
+        self.found, self.chunks = found, chunks

@@ -769,7 +769,8 @@ def bench_table(rows: list[dict], costs: dict | None = None, console: Console = 
         probes = sum(d["probes"] for d in drafters)
         results.add_row(
             shown(r["prompt_set"]), r["mode"], str(r["prompts"]), str(r["tokens"]), f"{r['tokens_per_second']:.2f}",
-            versus_plain(r), f"{r['acceptance_rate']:.0%}", f"{r['mean_accepted_length']:.2f}")
+            versus_plain(r), f"{r['acceptance_rate']:.0%}" if any(d.get("drafted") for d in drafters) else "–",
+            f"{r['mean_accepted_length']:.2f}")  # ("0%" read as every draft refused where none was made)
         details.add_row(
             shown(r["prompt_set"]), r["mode"],
             " ".join(f"{positions}:{rate:.0%}" for positions, rate in r["acceptance_by_positions"].items()) or "–",

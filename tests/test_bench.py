@@ -72,6 +72,43 @@ def test_every_mode_runs_the_same_prompts_and_speedups_are_relative_to_plain(ses
     assert all(r["differs_from_plain"] == [] for r in rows)  # greedy and lossless: plain's text in every mode
 
 
+def test_ctrl_c_keeps_the_prompts_every_mode_answered(session):
+    """Ctrl-C lost every result: now the rows of the prompts every mode had answered come with it."""
+    asked = []
+
+    def progress(text):
+        asked.append(text)
+        if text == "mine 2/3 ngram":  # (the second prompt half answered: left out, as its plain half)
+            raise KeyboardInterrupt
+
+    prompts = {"mine": [bench.Prompt(ask(text)) for text in ("the cat sat", "abcabcabc", "the dog")],
+               "other": [bench.Prompt(ask("the cat"))]}
+    with pytest.raises(bench.BenchInterrupted) as stopped:
+        bench.run(session, prompts, ["plain", "ngram"], Sampling(temperature=0), Limits(max_tokens=10), progress)
+    rows = stopped.value.rows
+    assert [(r["mode"], r["prompt_set"], r["prompts"], r["tokens"]) for r in rows] == [
+        ("plain", "mine", 1, 10), ("ngram", "mine", 1, 10)]
+
+
+def test_bench_interrupted_reports_and_keeps_what_it_finished(tiny, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat sat\nabcabcabc\nthe dog\n")
+    script = ("import sys, localspec.bench as bench\nreal, calls = bench.own_replies, []\n"
+              "def stopping(*asked):\n    calls.append(1)\n    if len(calls) == 2:\n        raise KeyboardInterrupt\n"
+              "    return real(*asked)\nbench.own_replies = stopping\nfrom localspec.cli.app import main\nmain()\n")
+    output = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-c", script, "bench", str(tiny["target"]), "--prompts", str(prompts),
+                           "--modes", "plain,ngram", "-n", "8", "-o", str(output)], capture_output=True, text=True,
+                          env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}, timeout=120)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert "interrupted: the results of the 1 prompt every mode had answered follow" in done.stderr
+    assert [(r["mode"], r["prompts"]) for r in json.loads(output.read_text())["results"]] == [("plain", 1), ("ngram", 1)]
+
+
 def test_where_a_modes_greedy_text_departs_from_plains_is_named():
     plain, mine = bench.Result("plain", "set"), bench.Result("auto", "set")
     plain.outputs, mine.outputs = [[1, 2, 3], [4, 5], [6, 7]], [[1, 2, 3], [4, 9], [6, 7, 8]]
@@ -156,6 +193,11 @@ def test_the_aa_control_is_a_mode_of_bench_not_a_drafter_kind():
     assert bench.modes_for(None, "draft.gguf", DrafterKind.DRAFT) == ["plain", "ngram", "draft", "auto", "plain-aa"]
     assert bench.modes_for(None, None, DrafterKind.AUTO) == ["plain", "ngram", "auto", "plain-aa"]
     assert bench.modes_for("plain,auto", None, DrafterKind.AUTO) == ["plain", "auto"]  # left out when asked
+    # named in another place, last all the same (it ran where named: plain and its repeat bracketed nothing)
+    assert bench.modes_for("plain,aa,auto", None, DrafterKind.AUTO) == ["plain", "auto", "plain-aa"]
+    for empty in ("", ","):  # (two empty tables, exit 0)
+        with pytest.raises(UsageError, match="--modes names no mode"):
+            bench.modes_for(empty, None, DrafterKind.AUTO)
     with pytest.raises(UsageError, match="plain-aa mode is compared with plain"):
         bench.modes_for("aa,auto", None, DrafterKind.AUTO)
 

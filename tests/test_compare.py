@@ -85,3 +85,27 @@ def test_penalties_from_the_command_line_keep_the_draft_models_text_the_plain_on
     compared = runs["penalised"]["compare"]
     assert compared["identical_text"] is True and runs["penalised"]["stats"]["accepted"] > 0
     assert runs["penalised"]["text"] != runs["unpenalised"]["text"]
+
+
+def test_ctrl_c_in_the_plain_run_keeps_the_run_made_and_says_there_is_no_comparison(tiny, tmp_path):
+    """Ctrl-C during --compare's plain half printed nothing at all with --json (and no summary line without it):
+    the finished speculative run was lost with it. (The plain run stops here as Ctrl-C would stop it.)"""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, localspec.compare as compare\n"
+              "def stopped(*_):\n    raise KeyboardInterrupt\n"
+              "compare.plain_beside = stopped\nfrom localspec.cli.app import main\nsys.argv[0] = 'localspec'\nmain()\n")
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    for as_json in (True, False):
+        done = subprocess.run([sys.executable, "-c", script, "run", str(tiny["target"]), "--draft", "ngram", "--temp",
+                               "0", "-n", "12", "--compare", *(["--json"] if as_json else []), "the cat"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+        assert "no comparison" in done.stderr
+        if as_json:
+            result = json.loads(done.stdout)
+            assert result["compare"] == {"interrupted": True} and result["stats"]["tokens"] == 12
+        else:
+            assert "tok/s" in done.stderr.strip().splitlines()[-1]  # (the run's summary line)

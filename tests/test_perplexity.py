@@ -63,6 +63,33 @@ def test_perplexity_scores_the_second_half_of_each_chunk_as_the_session_reads_it
     assert shown.stderr.count(b"[1]") == 1 and b"[2]" in shown.stderr
 
 
+def test_ctrl_c_reports_the_estimate_over_the_chunks_read(tiny, tmp_path):
+    """Ctrl-C printed nothing of the chunks read; the running estimate, said to come after each chunk, came at the
+    end alone. (Ctrl-C comes here in the third chunk's scoring, as it would.)"""
+    import os
+    import subprocess
+    import sys
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    script = ("import localspec.session as session\nreal, calls = session.Session.score, []\n"
+              "def stopping(*asked, **named):\n    calls.append(1)\n    if len(calls) == 3:\n"
+              "        raise KeyboardInterrupt\n    return real(*asked, **named)\n"
+              "session.Session.score = stopping\nfrom localspec.cli.app import main\nmain()\n")
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home")}
+    for as_json in (False, True):
+        done = subprocess.run([sys.executable, "-c", script, "perplexity", str(tiny["target"]), "-f", str(text), "-c",
+                               "64", "--chunks", "4", *(["--json"] if as_json else [])], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+        if as_json:
+            found = json.loads(done.stdout)
+            assert found["interrupted"] is True and found["chunks"] == 2 and found["scored_tokens"] == 2 * 31
+        else:
+            assert done.stdout.startswith("Estimate so far: PPL = ") and "2 of 4 chunks of 64 tokens" in done.stderr
+            assert "\n[1]" in done.stderr and "[2]" in done.stderr and "[3]" not in done.stderr
+
+
 def test_a_text_shorter_than_a_chunk_and_a_count_of_no_chunks_are_one_line_each(localspec, cli, tiny, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("the cat sat")

@@ -354,3 +354,19 @@ def test_verbose_timings_are_ollamas_lines_with_this_answers_numbers():
     assert values["eval rate"] == f"{summary.tokens_per_second:.2f} tokens/s"
     assert "2/3 drafted accepted" in values["speculation"]
     assert "load duration" not in tui.ollama_timings(summary, 1.5, None)  # nothing waited for a load
+
+
+def test_bench_says_no_acceptance_where_nothing_was_drafted():
+    """Plain's rows, and auto's where it drafted nothing, read `0%` accepted: every draft refused, where none was."""
+    row = {"prompt_set": "gsm8k", "mode": "ngram", "prompts": 2, "tokens": 64, "tokens_per_second": 10.0,
+           "speedup": 1.1, "acceptance_rate": 0.5, "mean_accepted_length": 1.5, "acceptance_by_positions": {},
+           "drafters": {"ngram": {"steps": 8, "drafted": 16, "probes": 0, "probes_lost": 0}},
+           "accepted_shares": {"ngram": 1.0}, "probe_loss": 0.0, "python_overhead": 0.05, "host_us_per_step": 300.0,
+           "host_us_per_row": None, "aa_spread": None, "within_aa_spread": None}
+    plain = {**row, "mode": "plain", "speedup": 1.0, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
+             "drafters": {}, "accepted_shares": {}}
+    console = Console(record=True, width=100)
+    tui.bench_table([plain, row], None, console)
+    rows = [line for line in console.export_text().splitlines() if "gsm8k" in line][:2]  # (the first table's)
+    assert " plain " in rows[0] and "–" in rows[0] and "0%" not in rows[0]
+    assert " ngram " in rows[1] and "50%" in rows[1]

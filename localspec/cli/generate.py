@@ -240,18 +240,23 @@ def run(
             if verbose:
                 _say_timings(view.recorder, started, session.load_seconds, auto)
             if compare and view.recorder.finish_reason != INTERRUPTED:
-                tui.comparison(_plain_beside(session, request, view.recorder), tui.out)
+                beside = _plain_beside(session, request, view.recorder)
+                if beside is None:
+                    raise typer.Exit(130)
+                tui.comparison(beside, tui.out)
             return
         recorder = tui.stream(events, show=not as_json, thinking=showing.thinking)
         if verbose:
             _say_timings(recorder, started, session.load_seconds, auto)
         beside = (_plain_beside(session, request, recorder)
                   if compare and recorder.finish_reason != INTERRUPTED else None)
+        stopped = compare and recorder.finish_reason != INTERRUPTED and beside is None  # (Ctrl-C in plain's run)
         if as_json:
             print(json.dumps({"text": recorder.text, "finish_reason": recorder.finish_reason}
                              | ({"reasoning": recorder.reasoning} if session.prompts.thinks else {}) | {
                               "stats": recorder.summary().as_dict(), "placement": session.placement(),
                               "notes": session.notes} | ({"compare": beside.as_dict()} if beside else {})
+                             | ({"compare": {"interrupted": True}} if stopped else {})
                              | ({"prediction": recorder.summary().prediction_tokens(len(prediction))}
                                 if prediction else {})))
         elif not quiet:
@@ -259,7 +264,7 @@ def run(
                 print(tui.summary_line(recorder, auto), file=sys.stderr)
             if beside:
                 tui.comparison(beside, tui.err)
-        if recorder.finish_reason == INTERRUPTED:
+        if recorder.finish_reason == INTERRUPTED or stopped:
             raise typer.Exit(130)
 
 
@@ -367,11 +372,18 @@ def _run_remote(remote: "Remote", settings: Settings, system: str | None, text: 
         raise typer.Exit(130)
 
 
-def _plain_beside(session: "Session", request: "Request", recorder) -> "Comparison":
+def _plain_beside(session: "Session", request: "Request", recorder) -> "Comparison | None":
+    """--compare's plain run beside the one made; None, said on stderr, where Ctrl-C stops it (the run made is
+    still shown: it was lost with it)."""
     from .. import compare as compare_runs
 
-    with tui.loading("decoding the same prompt plainly, to compare"):
-        return compare_runs.plain_beside(session, request, recorder)
+    try:
+        with tui.loading("decoding the same prompt plainly, to compare"):
+            return compare_runs.plain_beside(session, request, recorder)
+    except KeyboardInterrupt:
+        print("interrupted: the plain run --compare measures beside this one was stopped; no comparison",
+              file=sys.stderr)
+        return None
 
 
 @command(
@@ -629,11 +641,20 @@ def bench(
     sets = {name: bench_runner.load_prompts(name, limit) for name in bench_runner.expand(prompts)}
     # every mode reads each prompt itself, none from a file an earlier mode or run left
     settings = replace(settings, runtime=replace(settings.runtime, prompt_cache=0))
+    interrupted = False
     with _open(settings, "bench") as session:
-        with tui.err.status("benchmarking") as status:
-            rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
-                                    lambda text: status.update(f"benchmarking: {tui.shown(text)}"), mixed)
+        try:
+            with tui.err.status("benchmarking") as status:
+                rows = bench_runner.run(session, sets, chosen_modes, settings.sampling, settings.limits,
+                                        lambda text: status.update(f"benchmarking: {tui.shown(text)}"), mixed)
+        except bench_runner.BenchInterrupted as stopped:  # (what was finished is reported, and kept with -o)
+            rows, interrupted = stopped.rows, True
+            answered = sum(row["prompts"] for row in rows if row["mode"] == chosen_modes[0])
+            print(f"interrupted: the results of the {answered} prompt{'s' * (answered != 1)} every mode had"
+                  " answered" + (" follow" if answered else "; none to report"), file=sys.stderr)
         costs = session.costs()
+    if interrupted and not rows:
+        raise typer.Exit(130)
     report = bench_runner.report(settings.target, settings.draft_model, settings.sampling, settings.limits, mixed,
                                  settings.runtime.rpc, costs, rows)
     if as_json:
@@ -644,6 +665,8 @@ def bench(
         output.write_text(json.dumps(report, indent=2) + "\n")
     if plot_file:
         bench_runner.plot(rows, plot_file, bench_runner.title(report))
+    if interrupted:
+        raise typer.Exit(130)
 
 
 @command(
@@ -685,18 +708,32 @@ def perplexity(
     # (the target alone reads the text: nothing is drafted)
     with _open(replace(settings, speculation=Speculation(drafting=DrafterKind.PLAIN)), "perplexity") as session:
         ctx = settings.runtime.ctx_size
+        # the running estimate after each chunk, as llama-perplexity writes it: on a terminal in the status line
+        # (the whole list at the end), else as it comes
+        going = not sys.stderr.isatty() and not as_json
+        interrupted = None
         with tui.err.status("perplexity: tokenizing") as status:
             def progress(done: int, total: int, ppl: float) -> None:
                 status.update(f"perplexity: chunk {done:,} of {total:,}, PPL {ppl:.4f} so far")
+                if going:
+                    print(f"{',' * (done > 1)}[{done}]{ppl:.4f}", end="", file=sys.stderr, flush=True)
 
-            found = perplexity_runner.measure(session, text, ctx, chunks, progress)
+            try:
+                found = perplexity_runner.measure(session, text, ctx, chunks, progress)
+            except perplexity_runner.Interrupted as stopped:  # (the chunks read by then are reported)
+                found, interrupted = stopped.found, stopped.chunks
     if as_json:
-        print(json.dumps(found.as_dict()))
-        return
-    print(",".join(f"[{i}]{ppl:.4f}" for i, ppl in enumerate(found.running, start=1)), file=sys.stderr)
-    print(f"Final estimate: PPL = {found.ppl:.4f} +/- {found.error:.5f}")
-    print(f"{found.chunks:,} chunks of {ctx:,} tokens, {found.scored_tokens:,} scored, in {found.seconds:.1f} s"
-          f" ({found.tokens_per_second or 0:,.0f} tokens/s read)", file=sys.stderr)
+        print(json.dumps(found.as_dict() | ({"interrupted": True} if interrupted else {})))
+    else:
+        print("" if going else ",".join(f"[{i}]{ppl:.4f}" for i, ppl in enumerate(found.running, start=1)),
+              file=sys.stderr)
+        print(f"{'Estimate so far' if interrupted else 'Final estimate'}: PPL = {found.ppl:.4f} +/- {found.error:.5f}")
+        print(f"{found.chunks:,}{f' of {interrupted:,}' if interrupted else ''} chunk"
+              f"{'s' * ((interrupted or found.chunks) != 1)} of {ctx:,} tokens, {found.scored_tokens:,} scored, in {found.seconds:.1f} s"
+              f" ({found.tokens_per_second or 0:,.0f} tokens/s read)" + ("; interrupted" if interrupted else ""),
+              file=sys.stderr)
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _reasoning_formats(incomplete: str) -> list[str]:
