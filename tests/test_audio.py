@@ -152,6 +152,7 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
         with opened(pair) as session:
             transcribed = session.chat(sampling=Sampling(temperature=0), limits=Limits(16)).send(
                 f"Transcribe audio to text (language: en)\n{IMAGE_MARKER}", [HUM]).text
+            template = session.prompts.template  # (read while it is open: a closed session's use is refused)
         sound = tmp_path / "hum.wav"
         sound.write_bytes(HUM)
         with open(sound, "rb") as file:
@@ -168,7 +169,7 @@ def test_serve_reads_openais_input_audio_parts(tmp_path, pair):
                                  data={"response_format": "srt"})
         assert refused.status_code == 400 and "only json" in refused.json()["error"]["message"], refused.text
         # llama-server's /completion: an audio file's base64 in multimodal_data, where the prompt writes the marker
-        prompt = render(session.prompts.template, [{"role": "user", "content": f"{MEDIA_MARKER}\nwhat is it"}], "", "")
+        prompt = render(template, [{"role": "user", "content": f"{MEDIA_MARKER}\nwhat is it"}], "", "")
         completed = httpx.post(server.base + "/completion", timeout=60, json={
             "prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(HUM).decode()]}, "n_predict": 16,
             "temperature": 0})
