@@ -461,6 +461,9 @@ def render(template: str, messages: list[dict], bos_token: str, eos_token: str, 
     except MemoryError:
         raise InputError("the model's chat template ran out of memory; pass --raw to send the prompt as is") from None
     except Exception as error:  # a template is untrusted code: whatever it raises is its failure, not ours
+        # jinja's error holds its own traceback in a cycle, and through it the frames of whoever probed the template
+        # (a generation, its sequence included) until the cyclic collector runs: cut here, they are freed when done
+        error.__traceback__ = None
         raise InputError(f"the model's chat template failed ({error}); pass --raw to send the prompt as is") from None
     finally:
         _budget.reset(token)

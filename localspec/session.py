@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -759,11 +759,13 @@ class Conversation:
         started = failed = False  # the recorder's text is this reply's from its Prefill on, the last reply's before
         try:
             self.dropped = self._fit(limits)
-            for event in self.session.generate(self._request(sampling, limits)):
-                self.recorder.add(event)
-                self.turn.add(event)
-                started = started or isinstance(event, Prefill)
-                yield event
+            # closed with this stream, not whenever the generation is collected: its sequence is free for the next turn
+            with closing(self.session.generate(self._request(sampling, limits))) as events:
+                for event in events:
+                    self.recorder.add(event)
+                    self.turn.add(event)
+                    started = started or isinstance(event, Prefill)
+                    yield event
         except LocalspecError:
             failed = True
             self.recorder.interrupt()

@@ -182,8 +182,12 @@ def test_a_system_prompt_in_triple_quotes_and_several_stop_strings_are_read_as_o
 def test_ctrl_c_in_a_block_of_lines_drops_it_and_the_chat_goes_on(home):
     # it ended the chat (exit 130), the conversation lost
     child = spawn(home, "smollm2-135m", "--offline")
+    # (each line once its prompt is up: a Ctrl-C typed ahead of the line it follows may flush that line unread)
     child.sendline('"""')
+    child.expect_exact("... ")
     child.sendline("half a message")
+    child.expect_exact("half a message")
+    child.expect_exact("... ")
     child.sendintr()
     child.expect("message dropped")
     child.expect_exact(PROMPT)

@@ -1,5 +1,6 @@
 """Reasoning: the thinking split from the answer as a reply streams, for each way a template writes it."""
 
+import gc
 import json
 import urllib.error
 import urllib.request
@@ -734,6 +735,21 @@ def test_a_reply_stopped_inside_its_thinking_joins_the_chat_as_far_as_it_got(thi
         # the next turn renders that history (the template drops earlier thinking) and goes on thinking
         again = chat.send("again", max_tokens=4)
         assert again.finish_reason == "length" and again.reasoning and again.text == ""
+
+
+def test_a_generation_dropped_unfinished_gives_its_sequence_back_at_once(thinkers):
+    """A library user who stops reading and drops the generator: the next one may start at once. (This template's
+    probes fail inside jinja, whose error once held the generation in a cycle until the collector ran: off here.)"""
+    request = Request(Sampling(temperature=0), Limits(max_tokens=8), messages=[{"role": "user", "content": "think"}])
+    with opened(thinkers["qwen3.5"]) as session:
+        gc.disable()
+        try:
+            events = session.generate(request)
+            next(events)
+            del events
+            assert record(session.generate(request)).finish_reason == "length"
+        finally:
+            gc.enable()
 
 
 @pytest.mark.parametrize(("name", "on", "off"), [
