@@ -400,11 +400,16 @@ def run(session: Session, drafter, prompt: list[int], sampling: Sampling, draft_
 
 
 def with_mode(session: Session, mode: DrafterKind, prompt: list[int], tokens: int, host: HostTime | None = None,
-              sampling: Sampling = GREEDY) -> tuple[Recorder, list[int]]:
-    """One generation from empty caches in one of the session's own modes."""
+              sampling: Sampling = GREEDY, steps: list[Step] | None = None) -> tuple[Recorder, list[int]]:
+    """One generation from empty caches in one of the session's own modes; steps: its Steps, in place of
+    what the list held."""
     session.use(mode)
     session.reset()
-    return fold(session.generate(Request(sampling, Limits(max_tokens=tokens), prompt=prompt)), host, session)
+    events = session.generate(Request(sampling, Limits(max_tokens=tokens), prompt=prompt))
+    if steps is not None:
+        steps.clear()
+        events = kept_steps(events, steps)
+    return fold(events, host, session)
 
 
 def drafting_the_answer(generation, oracle: Oracle, answer: list[int]) -> Recorder:
@@ -734,6 +739,7 @@ def auto_on_offers(session: Session, prompts: list[list[int]], tokens: int, offe
     session.remember_as(None)
     auto = session.drafting.drafter
     calibrated = auto.costs.reshape, auto.costs.recapture
+    generations: list[list[Step]] = []
     for prompt in prompts:
         recorder, answer = with_mode(session, DrafterKind.PLAIN, prompt, tokens)
         speeds.add("plain", recorder)
@@ -746,17 +752,41 @@ def auto_on_offers(session: Session, prompts: list[list[int]], tokens: int, offe
             auto.ngram = offered
             try:
                 for label, charged in (("auto", calibrated), ("auto blind to reshapes", (0.0, 0.0))):
-                    def generation(prompt=prompt):
+                    steps: list[Step] = []
+
+                    def generation(prompt=prompt, steps=steps):
                         auto.forget()
-                        return with_mode(session, DrafterKind.AUTO, prompt, tokens)
+                        return with_mode(session, DrafterKind.AUTO, prompt, tokens, steps=steps)
 
                     auto.costs.reshape, auto.costs.recapture = charged
                     speeds.add(f"{name}, {label}", drafting_the_answer(generation, offered, answer))
+                    generations.append(steps)
             finally:
                 auto.ngram = session.drafting.ngram
                 auto.costs.reshape, auto.costs.recapture = calibrated
-    return {"reshape": calibrated[0], "recapture": calibrated[1],
+    return {"reshape": calibrated[0], "recapture": calibrated[1], "in_the_loop": changes_in_the_loop(generations),
             "modes": {label: speeds.row(label) for label in speeds.records}}
+
+
+def changes_in_the_loop(generations: list[list[Step]]) -> dict | None:
+    """What a change of batch size cost the plain steps (one row) of these generations, against the price auto's
+    calibration reads on an empty cache (the seventh lease's stage (h): charged that price, auto lost to
+    weighing blind): the median verification of a plain step after two plain steps (held), just after a step of
+    more rows (reshape) and the one after that (recapture), the last two as what they add over verify(1) held.
+    None where no plain step followed a draft."""
+    verified: dict[str, list[float]] = {"held": [], "reshape": [], "recapture": []}
+    for steps in generations:
+        rows = [step.drafted + 1 for step in steps]
+        for at in range(2, len(steps)):  # (the first two follow the prompt's batch)
+            if rows[at] == 1:
+                kind = "reshape" if rows[at - 1] != 1 else "recapture" if rows[at - 2] != 1 else "held"
+                verified[kind].append(steps[at].verify_seconds)
+    if not verified["held"] or not verified["reshape"]:
+        return None
+    held = statistics.median(verified["held"])
+    return {"held_ms": held * 1e3, "steps": {kind: len(seconds) for kind, seconds in verified.items()},
+            **{kind: statistics.median(verified[kind]) / held - 1 if verified[kind] else None
+               for kind in ("reshape", "recapture")}}
 
 
 def parallel_sequences(target: Path, draft: Path, prompts: list[list[int]], tokens: int) -> dict:
@@ -1157,6 +1187,13 @@ def _policy_lines(policy: dict) -> list[str]:
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {label} | {row['tokens_per_second']:.1f} | {row['vs_plain']:.3f}x | {row['tokens_per_pass']:.2f} |"
               f" {sum(row['steps_by_drafter'].values())} |" for label, row in policy["modes"].items()]
+    loop = policy.get("in_the_loop")
+    if loop:
+        counted = loop["steps"]
+        recapture = f"{loop['recapture']:.2f}" if loop["recapture"] is not None else "none timed"
+        lines += ["", f"Auto's own plain steps in these generations: held {loop['held_ms']:.2f} ms ({counted['held']});"
+                  f" just after a draft {loop['reshape']:.2f} verify(1) more ({counted['reshape']}), the next"
+                  f" {recapture} ({counted['recapture']}): what a change cost there, beside the calibration's price."]
     return lines + [""]
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from localspec.store import gguf_meta
-from localspec.config import Sampling
+from localspec.config import DrafterKind, Sampling
+from localspec.events import Step
 from localspec.engine.model import Model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +148,18 @@ def test_a_recorded_offer_is_spelled_on_the_answer_as_far_as_it_was_right():
     assert offered.propose([1, 2, 5, 6], 1).tokens == [measure.FIRST]
 
 
+def test_a_change_of_batch_size_is_timed_on_the_plain_steps_after_a_draft():
+    def step(drafted, ms):
+        return Step(DrafterKind.NGRAM, drafted, 0, 0.0, ms / 1e3)
+
+    # after the prompt's two: held, a draft, then the plain step just after it and the one after that
+    steps = [step(0, 9.0), step(0, 9.0), step(0, 2.0), step(0, 2.0), step(3, 4.0), step(0, 5.0), step(0, 3.0), step(0, 2.0)]
+    loop = measure.changes_in_the_loop([steps, steps[:3]])
+    assert loop["steps"] == {"held": 4, "reshape": 1, "recapture": 1}
+    assert loop["held_ms"] == 2.0 and loop["reshape"] == 1.5 and loop["recapture"] == 0.5
+    assert measure.changes_in_the_loop([steps[:4]]) is None  # no plain step after a draft
+
+
 def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last_stopped(tmp_path, monkeypatch):
     out, build, scratch = tmp_path / "out", tmp_path / "build", tmp_path / "tmp"
     scratch.mkdir()
@@ -198,6 +211,8 @@ def test_the_smallest_run_reports_every_stage_and_a_rerun_goes_on_where_the_last
     policy = target["policy"]  # auto live on real n-gram offers, with its calibrated reshape and without
     assert {"humaneval-edit, auto", "humaneval-edit, auto blind to reshapes"} <= set(policy["modes"])
     assert policy["reshape"] >= 0 and "| humaneval, n-gram offers as they come |" in markdown
+    loop = policy["in_the_loop"]  # (copies drafted, then plain steps: changes of batch size timed in the loop)
+    assert loop["steps"]["held"] > 0 and loop["steps"]["reshape"] > 0 and "Auto's own plain steps" in markdown
 
     # a call cut short after three stages: the rerun measures only what is missing
     cut = json.loads((out / "report.json").read_text())
