@@ -308,12 +308,14 @@ def test_the_packed_sdist_builds_and_runs_beside_llama_bench(tmp_path):
     wheels = {wheel.name.split("-")[0].lower() for wheel in (bundle / "wheels").glob("*.whl")}
     assert {"gguf", "pydantic_core", "huggingface_hub", "httpx2", "diskcache"} <= wheels
     assert "numpy" not in wheels  # the device has its own
+    assert "hf_xet" not in wheels  # (it fetches from the Hub, which the report never does)
     # for the device's Python 3.12 on x86-64 Linux, whatever this machine runs
     assert all(w.name.split("-")[-3] in ("py3", "py2.py3", "cp312") or w.name.split("-")[-2] == "abi3"
                for w in (bundle / "wheels").glob("*.whl"))
     assert all("x86_64" in w.name or w.name.endswith("-any.whl") for w in (bundle / "wheels").glob("*.whl"))
-    # with the repository, what a lent device takes (64 MiB)
-    assert sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file()) < 48 * 2**20
+    # with a packed CUDA build (40.1 MiB on 2026-12-04) and the tree (5 MiB), under what a device call carries
+    # (64 MiB): with hf_xet's wheel the three came to 65 MiB and the call was refused
+    assert sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file()) < 18 * 2**20
     assert sdist.stat().st_size < 24 * 2**20
 
     out, build = tmp_path / "out", tmp_path / "build"
