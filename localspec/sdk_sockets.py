@@ -7,18 +7,17 @@ import json
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from . import __version__, store
 from .errors import InputError, LocalspecError, UsageError, loads_json
-from .pool import Available, Served, UnknownModel
-from .protocols import llama_server, lmstudio_sdk
+from .config import Serving
+from .pool import Available, Pool, Served, UnknownModel
+from .protocols import llama_server, lmstudio, lmstudio_sdk
 from .protocols.openai import OPENAI
-from .protocols.shared import ApiError, api_error, rendered
-from .service import Embedding
-
-if TYPE_CHECKING:
-    from .server import Server
+from .protocols.shared import ApiError, Answering, Parsed, Protocol as Api, api_error, rendered
+from .service import Embedding, Job
 
 
 class SocketGone(Exception):
@@ -39,6 +38,42 @@ class Socket(Protocol):
     async def send(self, text: str) -> None: ...
 
 
+class Host(Protocol):
+    """What a socket takes of serve (server.py's Server, which makes the sockets): the HTTP routes' own steps, so
+    that a call here is done as the route that means the same does it."""
+
+    pool: Pool
+    serving: Serving
+    sdk_uploads: lmstudio_sdk.Uploads
+    log: Callable[[str], None]
+
+    def _say_once(self, key: tuple, line: str) -> None: ...
+
+    def _client(self, request) -> str | None: ...
+
+    def _may_change_models(self, what: str) -> None: ...
+
+    def _unless_offline(self, name: str, wanted: store.Resolved) -> None: ...
+
+    def download(self, name: str, wanted: store.Resolved, stopped: Callable[[], str]) -> lmstudio.Download: ...
+
+    async def _model(self, name, keep_alive: float | None = None, known_only: bool = False) -> Served: ...
+
+    async def _done(self, work: Embedding, client: str | None, served: Served, request, param: str | None) -> Job: ...
+
+    async def _parse(self, body: dict, chat: bool, protocol: Api, served: Served) -> Parsed | None: ...
+
+    def _fitted(self, parsed: Parsed, served: Served) -> Parsed: ...
+
+    def _draft_asked(self, body: dict, served: Served) -> None: ...
+
+    async def _started(self, parsed: Parsed, answering: Answering, served: Served, who: str | None, jobs: list[Job],
+                       outbox: asyncio.Queue) -> tuple: ...
+
+    def _stream(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
+                watcher: asyncio.Task | None) -> AsyncIterator[str]: ...
+
+
 class SdkSocket:
     """One websocket of LM Studio's SDKs, a namespace's (protocols/lmstudio_sdk.py): its opening answered, then each
     remote call and channel served on a task of its own (a long prediction leaves the socket's other calls
@@ -49,7 +84,7 @@ class SdkSocket:
     LOAD_WORD_SECONDS = 10  # a load says it goes on this often: the SDK gives up on a channel silent for 60 s
     DOWNLOAD_WORD_SECONDS = 1  # (a download's progress, as LM Studio says it)
 
-    def __init__(self, server: "Server", namespace: str, socket: Socket):
+    def __init__(self, server: Host, namespace: str, socket: Socket):
         self.server, self.namespace, self.socket = server, namespace, socket
         self.identity = ""  # the client's, which its sockets share (an image uploaded on one is named on another)
         self.key: str | None = None  # the API key it came with, where serve has keys
