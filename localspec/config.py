@@ -39,7 +39,7 @@ class Sampling:
     min_p: float = 0.05  # 0.0 disables
     seed: int | None = None
     # GBNF (llama.cpp's grammar format) the output must follow: the target chooses only among the
-    # tokens it admits (engine/grammar.py makes it from a JSON schema too)
+    # tokens it admits (engine/gbnf.py writes it from a JSON schema too)
     grammar: str | None = None
     # Regular expressions (llama.cpp's lazy grammar): the grammar waits until the output matches one,
     # then holds from the match's first group (or the match) on; empty: it holds from the first token.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from . import reasoning
 from .chat_template import render, render_pieces
 from .config import Sampling, Thinking
-from .engine.grammar import from_choices, from_json_schema, from_regex, json_object
+from .engine.gbnf import from_choices, from_json_schema, from_regex, json_object
 from .engine.model import Model
 from .engine.vision import Vision, is_audio, media_runs
 from .errors import ContextOverflow, InputError, UsageError

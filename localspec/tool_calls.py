@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from enum import StrEnum
 
-from .engine.grammar import ANNOTATIONS, from_json_schema, from_json_schemas, refs_written_out
+from .engine.gbnf import ANNOTATIONS, from_json_schema, from_json_schemas, refs_written_out
 from .errors import InputError, UsageError
 from .events import Done, Token
 from .reasoning import CALL_CLOSING, CALL_OPENING, XTML_CLOSE, XTML_MARKERS, XTML_OPEN, XTML_SEP

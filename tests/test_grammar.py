@@ -14,8 +14,9 @@ from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
 from localspec.engine.model import Model
 from localspec.engine.drafters import ForcedDrafter, ModelDrafter, NgramDrafter, NoDrafter
-from localspec.engine.grammar import (Grammar, _loosened, converted_pattern, from_choices, from_json_schema,
-                                      from_regex, integer_range, json_object)
+from localspec.engine.gbnf import (_loosened, converted_pattern, from_choices, from_json_schema, from_regex,
+                                   integer_range, json_object)
+from localspec.engine.grammar import Grammar
 from localspec.engine.sampling import transform
 from localspec.errors import InputError
 from localspec.events import Token

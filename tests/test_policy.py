@@ -724,7 +724,7 @@ def test_a_costly_drafter_the_screen_passes_over_is_one_the_full_weighing_would_
     token behind a step), changes of batch size and probe buckets, auto proposes the same with its screens
     as with screens that pass everything. Blind to a catch-up and a change of batch size, the screen had a
     draft model that could not pay weighed in full every step and never chosen."""
-    from localspec.engine.policy import Screen
+    from localspec.engine.screens import Screen
 
     def proposed(seed: int):
         auto, history, k = screened_scenario(seed)
@@ -791,7 +791,7 @@ def test_the_verify_table_is_each_sizes_cost_after_the_last_batches(sizes):
 def test_a_screen_reads_its_lengths_cheapest_first_where_the_curve_dips():
     """On a curve that dips (a batch of 16 costing less than one of 8), a longer draft can cost less and make
     more: the screen's probe must be the cheapest that may pay, and a dearer one making no more never is."""
-    from localspec.engine.policy import _front
+    from localspec.engine.screens import front
 
     units, tokens = [1.2, 3.0, 2.1], [1.9, 2.4, 2.6]  # drafts of 1, 8 and 16 tokens, in verify(1)s and tokens
-    assert _front(units, tokens, best_plain=1.5) == [(1.2, 1.9), (2.1, 2.6)]
+    assert front(units, tokens, best_plain=1.5) == [(1.2, 1.9), (2.1, 2.6)]

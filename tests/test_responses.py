@@ -9,7 +9,7 @@ from contextlib import closing
 import openai
 import pytest
 
-from localspec.engine.grammar import from_json_schema
+from localspec.engine.gbnf import from_json_schema
 from localspec.engine.model import Model
 from localspec.prompts import Prompts
 from localspec.protocols.responses import Item, Kept, ResponsesRequest, _tools, conversation

@@ -4,7 +4,8 @@ Model (model.py) owns weights and vocabulary; Context owns one KV cache and is o
 for several sequences hands out the others as views: Context.sequence). Logits come back as numpy
 views on llama.cpp's own buffer: valid until the next decode on that context, never copied; what a
 row becomes through the context's sampler chain is chain.ChainRows'; taking the cache back is
-rollback.Rollback's; a draft tree's rows are tree.TreeDecoding's.
+rollback.Rollback's; a draft tree's rows are tree.TreeDecoding's; decoding beside hidden states (a drafter's
+context) is hidden.HiddenDecoding's, and a prompt's images vision.MediaDecoding's.
 """
 
 import copy
@@ -17,14 +18,14 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import ROPE_SCALING, Rope
-from ..errors import EngineError, InputError, UsageError
+from ..errors import EngineError, UsageError
 from .chain import ChainRows
-from .hidden import HiddenStates
+from .hidden import HiddenDecoding, HiddenStates
 from .library import llama, nextn
 from .model import Model
 from .rollback import Rollback
 from .tree import DraftTree, TreeDecoding
-from .vision import image_start, media_runs
+from .vision import MediaDecoding, image_start
 
 # LOCALSPEC_DEBUG=1 also checks after every step that each KV cache holds exactly the tokens we
 # think it does (a rollback that drifted would silently corrupt every later token).
@@ -48,7 +49,7 @@ def _scale_rope(params, rope: Rope) -> None:
             setattr(params, field, value)
 
 
-class Context(ChainRows, TreeDecoding, Rollback):
+class Context(ChainRows, TreeDecoding, Rollback, HiddenDecoding, MediaDecoding):
     """A sequence of a KV cache, positions 0..n-1 (`tokens` is what it holds): the cache's only one, or
     the first of n_seq, whose others sequence() hands out.
 
@@ -217,57 +218,6 @@ class Context(ChainRows, TreeDecoding, Rollback):
             self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(chunk), False, 0, -1
             self._changing = None
 
-    def _decode_media(self, tokens: Sequence[int], logits: str) -> None:
-        """Decode tokens that hold images: each image's rows as its embeddings (the projector's), the text between
-        as tokens; rows kept of the last run alone."""
-        if logits == "all":
-            raise EngineError("an image's rows are read, not verified")
-        runs = media_runs(tokens)
-        for start, end, image in runs:
-            run, last = tokens[start:end], logits if end == len(tokens) else "none"
-            if not image:
-                self.decode(run, last)
-                continue
-            if self.media.non_causal and len(run) > self.n_batch:
-                raise InputError(f"an image takes {len(run)} rows, which this model reads in one batch: raise"
-                                 f" --batch-size to {len(run)} at least")
-            if self.media.non_causal:
-                llama.llama_set_causal_attn(self._ctx, False)
-            try:
-                if self.media.mrope:
-                    self._decode_mrope(run, last)
-                else:
-                    self.decode(run, last, hidden=self.media.rows(run), embedded=True)
-            finally:
-                if self.media.non_causal:
-                    llama.llama_set_causal_attn(self._ctx, True)
-
-    def _decode_mrope(self, run: Sequence[int], logits: str) -> None:
-        """Decode an image's rows at the M-RoPE positions libmtmd gives them, from the next position on, in batches
-        of n_batch rows: its ids, one a position, are what the cache then holds (positions stay indices, the rows'
-        cells more than they)."""
-        self._settle()
-        start, batch = len(self.tokens), self._batch
-        rows = self.media.rows(run)
-        positions = self.media.positions(run, start)
-        self._changing = (start, run)
-        for offset in range(0, len(rows), self.n_batch):
-            piece = rows[offset : offset + self.n_batch]
-            for i in range(len(piece)):
-                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
-                batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
-            batch.n_tokens = len(piece)
-            placed = positions[:, offset : offset + len(piece)].ravel()  # (section-major)
-            status = self._run(llama.llama_decode, piece, tokens=False, positions=placed)
-            if status != 0:
-                self.truncate(start)
-                raise EngineError(f"llama_decode failed with status {status} on an image at position {start}")
-        if self.hidden.layers:  # (its rows are not a position's each: drafters that read them read zeros there)
-            self.hidden.keep(start, np.zeros((len(run), self.hidden.width), dtype=np.float32))
-        self.tokens.extend(run)
-        self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(rows), False, 0, -1
-        self._changing = None
-
     def decode_tree(self, tree: DraftTree, root: int) -> None:
         """Decode root (the last committed token) and every node of a draft tree in a batch of their own
         (TreeDecoding.tree_rows: which rows, and keep_path after)."""
@@ -292,12 +242,6 @@ class Context(ChainRows, TreeDecoding, Rollback):
     def handle(self):
         """llama.cpp's context, which every sequence of it shares."""
         return self._ctx
-
-    def stop_keeping_hidden(self) -> None:
-        """No MTP block or EAGLE-3 drafter will draft after all: keep no hidden states, in any sequence."""
-        self.hidden.switch(self._ctx, False)
-        for sequence in [self, *self._views]:
-            sequence.hidden = HiddenStates(self.model, ())
 
     def _run(self, call, rows: np.ndarray | None, tokens: bool = True, positions: np.ndarray | None = None) -> int:
         """llama.cpp's call (llama_decode, llama_encode) on the batch as prepared, with rows lent as its
@@ -327,41 +271,6 @@ class Context(ChainRows, TreeDecoding, Rollback):
                 watch.decoding_since = None
         self.busy_seconds += perf_counter() - started
         return status
-
-    def decode_at(self, position: int, token: int, hidden: np.ndarray) -> None:
-        """Decode one token, with the hidden state that goes with it, at a position of the cache this
-        context reads and keep nothing: Gemma 4's assistant has no cache of its own but its target's
-        (beside), which it reads up to the position (the target's next) and never changes."""
-        batch = self._batch
-        batch.token[0], batch.pos[0], batch.logits[0], batch.n_tokens = token, position, True, 1
-        batch.n_seq_id[0], batch.seq_id[0][0] = 1, self.seq
-        status = self._run(llama.llama_decode, hidden[None, :])
-        if status != 0:
-            raise EngineError(f"llama_decode failed with status {status} at position {position}")
-
-    def encode(self, rows: np.ndarray) -> np.ndarray:
-        """An encoder graph's output for each row of input (an EAGLE-3 drafter's fusion of the target's
-        hidden states into its own width); the KV cache is left as it is."""
-        out = []
-        batch = self._batch
-        for offset in range(0, len(rows), self.n_batch):  # (an encoder reads a batch in one ubatch)
-            chunk = rows[offset : offset + self.n_batch]
-            for i in range(len(chunk)):  # positions are not read, but must follow the cache's as a decode's would
-                batch.pos[i], batch.logits[i] = len(self.tokens) + i, True
-                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
-            batch.n_tokens = len(chunk)
-            status = self._run(llama.llama_encode, chunk, tokens=False)
-            if status != 0:
-                raise EngineError(f"llama_encode failed with status {status}")
-            out.append(np.ctypeslib.as_array(nextn().llama_get_embeddings_nextn(self._ctx),
-                                             shape=(len(chunk), self.model.n_embd)).copy())
-        return np.concatenate(out) if out else np.zeros((0, self.model.n_embd), np.float32)
-
-    def output_hidden(self, row: int) -> np.ndarray:
-        """An MTP or EAGLE-3 context's own hidden state at an output row of its last decode (-1: its last):
-        what its next token reads."""
-        pointer = nextn().llama_get_embeddings_nextn_ith(self._ctx, self._batch_row(row))
-        return np.ctypeslib.as_array(pointer, shape=(self.model.n_embd,)).copy()
 
     def prefill(self, tokens: Sequence[int], logits: str = "none", agreed: int = 0) -> int:
         """Make the cache hold exactly `tokens`, keeping the prefix it already has in common

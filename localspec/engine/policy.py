@@ -67,6 +67,7 @@ from .belief import HOPEFUL, MEAN, PRIOR, SURE, Belief, copy_goes_on, untried
 from .branching import Fork, TreeWeighing
 from .costs import Costs
 from .drafters import CostlyDrafter, Draft, Drafter, Evidence, Probe, proposal
+from .screens import HORIZON, Option, Screen, Weighing, front
 from .turns import Turn, decoded_alone
 
 PROBE_SHARE = 0.02  # of decode time, at most lost to probes that did not pay
@@ -81,26 +82,12 @@ SESSION_WEIGHT = 2.0  # observations' worth of what earlier generations taught
 # prompt only if it would pay) it was never tried again, its catch-up of a whole prompt being more than any
 # probe may risk.
 LASTING_FORGET = 0.99
-# A one-off cost (the draft model reading the tokens decided while it was idle) is weighed against
-# what drafting would gain over this many tokens.
-HORIZON = 64
 # How often a draft model made for its target is right a position (matched pairs measure 0.6-0.9), and the
 # longest draft weighed at that rate: where such drafts would pay, a costly drafter no earlier generation
 # found worse reads the prompt with the target (begin says why).
 TYPICAL_ACCEPTANCE = 0.8
 TYPICAL_LENGTH = 8
 ENDING = Belief(1.0, 1.0)  # how often a run of drafts with a free drafter ends after a step, before one has
-
-
-@dataclass(frozen=True)
-class Option:
-    """Drafting with one drafter on the evidence at hand, up to `most` tokens."""
-
-    drafter: DrafterKind
-    evidence: Evidence | None  # n-gram lookup's; a costly drafter's beliefs are one kind
-    most: int
-    once_seconds: float = 0.0  # paid once before drafting (the draft model's catch-up)
-    run: int = 0  # n-gram lookup: how many tokens the match already runs back
 
 
 @dataclass
@@ -121,84 +108,6 @@ class Shadow:
     evidence: Evidence
     drafter: DrafterKind  # the free drafter that proposed it
     scored: int = 0  # positions already learned from
-
-
-@dataclass
-class Screen:
-    """Bounds on what a costly drafter's drafts of 1 .. option.most tokens could earn, from its beliefs and
-    the cost curve's shape alone (verify(1) cancels out of a comparison with a plain step), kept until
-    either moves: a drafter that cannot pay is passed over at the price of a look-up, not weighed
-    length by length every step. A draft of n tokens expected to make E tokens, for u verify(1)s of drafting
-    and verifying, beats a plain step of p verify(1)s where E p > u + x + c E / HORIZON: x what its change
-    of batch size costs at least, c its catch-up, spread as _rates spreads it. Both are the step's own: a
-    draft model that does not read the prompt falls a token behind a plain step, and on a GPU a draft's
-    batch after plain steps pays a reshape (a screen blind to them had auto weigh such a draft model in full
-    at every step of the floor and never choose it: half its host work there on a CPU)."""
-
-    option: Option  # the drafter's option when taken (its catch-up then apart)
-    positions: list[Belief]  # the beliefs it was taken from (replaced, not only updated, when they are)
-    shape: int  # Costs.shape then
-    token: float  # a drafted token's cost relative to verify(1) then
-    # (u, E) of the lengths that may beat a plain step at SURE and at HOPEFUL: cheapest first, each expected to
-    # make more than every cheaper one (a costlier draft making no more can never do better)
-    sure: list[tuple[float, float]]
-    probes: list[tuple[float, float]]
-    # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
-    expected: dict[tuple[float, float | None], list[float]]
-
-    def may_be_sure(self, step: "Weighing", catch_up: float) -> bool:
-        return any(step.beats_plain(units, tokens, catch_up) for units, tokens in self.sure)
-
-    def may_probe(self, step: "Weighing", catch_up: float, bucket: float) -> bool:
-        """Whether the bucket could pay for a draft that hope says may beat a plain step: the cheapest such
-        draft risks least."""
-        for units, tokens in self.probes:
-            if step.beats_plain(units, tokens, catch_up):
-                risk = step.level * (units + step.change - step.plain + catch_up)
-                return risk - bucket <= ROUNDING * (abs(risk) + step.plain * step.level + abs(bucket))
-        return False
-
-    def expected_tokens(self, auto: "AutoDrafter", hope: float, beyond: float | None = None) -> list[float]:
-        if (hope, beyond) not in self.expected:
-            self.expected[hope, beyond] = auto.expected_tokens(self.option, hope, beyond)
-        return self.expected[hope, beyond]
-
-
-@dataclass(frozen=True)
-class Weighing:
-    """A step's costs as a screen reads them, in verify(1)s (a costly drafter's catch-up apart): a plain
-    step's, and the least a draft's change of batch size adds."""
-
-    level: float
-    plain: float
-    change: float
-
-    @classmethod
-    def of(cls, costs: Costs, sizes: tuple[int | None, int | None]) -> "Weighing":
-        level, last = costs.level, sizes[1]
-        change = costs.reshape if last is None or last < 2 else min(costs.reshape, costs.changing(last, sizes) / level)
-        return cls(level, costs.relative(1)[0] + costs.changing(1, sizes) / level, change)
-
-    def beats_plain(self, units: float, tokens: float, catch_up: float) -> bool:
-        spread = catch_up * tokens / HORIZON
-        margin = tokens * self.plain - units - self.change - spread
-        return margin > -ROUNDING * (tokens * self.plain + units + self.change + spread)
-
-
-def _front(units: list[float], tokens: list[float], best_plain: float) -> list[tuple[float, float]]:
-    """(u, E) of the lengths that may beat a plain step costing at most best_plain verify(1)s, cheapest first
-    (a measured curve may dip: on an H200 a batch of 16 cost less than one of 8), those making no more than a
-    cheaper one left out."""
-    front: list[tuple[float, float]] = []
-    for unit, made in sorted(zip(units, tokens)):
-        if made * best_plain > unit * (1 - ROUNDING) and (not front or made > front[-1][1]):
-            front.append((unit, made))
-    return front
-
-
-# The screens' bounds are taken with other roundings than the rates they bound: a draft is passed over
-# only where its bound falls short by more than this (relative), and weighed in full otherwise.
-ROUNDING = 1e-9
 
 
 @dataclass
@@ -438,7 +347,7 @@ class AutoDrafter(TreeWeighing):
         expected = {(hope, None): self.expected_tokens(option, hope) for hope in (SURE, HOPEFUL)}
         best_plain = relative[0] + max(self.costs.reshape, self.costs.recapture)
         screen = Screen(option, self.beliefs[key], self.costs.shape, token,
-                        _front(units, expected[SURE, None], best_plain), _front(units, expected[HOPEFUL, None], best_plain),
+                        front(units, expected[SURE, None], best_plain), front(units, expected[HOPEFUL, None], best_plain),
                         expected)
         self.screens[option.drafter] = screen
         return screen
@@ -457,7 +366,7 @@ class AutoDrafter(TreeWeighing):
         """Expected tokens per second of drafting 1 .. option.most tokens, the other sequences' of the step
         counted in. A one-off cost counts in proportion to the tokens the step makes of the horizon."""
         screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
-        tokens = screen.expected_tokens(self, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
+        tokens = screen.expected_tokens(self.expected_tokens, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
         way_back = self._way_back * self.endings.get(option.drafter, ENDING).mean if option.drafter in FREE else 0.0
         return [(expected + self._others_tokens) / (s + option.once_seconds * expected / HORIZON + way_back)
                 for expected, s in zip(tokens, seconds)]

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError, ModelLoadError, UsageError
+from ..errors import EngineError, InputError, ModelLoadError, UsageError
 from .library import _log, llama, recent_errors
 from .model import Model, check_is_gguf
 
@@ -286,3 +286,59 @@ class Vision:
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             mtmd.mtmd_bitmap_free(bitmap)
+
+
+class MediaDecoding:
+    """A part of Context: decoding a prompt's images, each image's rows as the projector's embeddings (Context.media)
+    at plain or M-RoPE positions, with the text between them as tokens."""
+
+    def _decode_media(self, tokens: Sequence[int], logits: str) -> None:
+        """Decode tokens that hold images: each image's rows as its embeddings (the projector's), the text between
+        as tokens; rows kept of the last run alone."""
+        if logits == "all":
+            raise EngineError("an image's rows are read, not verified")
+        runs = media_runs(tokens)
+        for start, end, image in runs:
+            run, last = tokens[start:end], logits if end == len(tokens) else "none"
+            if not image:
+                self.decode(run, last)
+                continue
+            if self.media.non_causal and len(run) > self.n_batch:
+                raise InputError(f"an image takes {len(run)} rows, which this model reads in one batch: raise"
+                                 f" --batch-size to {len(run)} at least")
+            if self.media.non_causal:
+                llama.llama_set_causal_attn(self._ctx, False)
+            try:
+                if self.media.mrope:
+                    self._decode_mrope(run, last)
+                else:
+                    self.decode(run, last, hidden=self.media.rows(run), embedded=True)
+            finally:
+                if self.media.non_causal:
+                    llama.llama_set_causal_attn(self._ctx, True)
+
+    def _decode_mrope(self, run: Sequence[int], logits: str) -> None:
+        """Decode an image's rows at the M-RoPE positions libmtmd gives them, from the next position on, in batches
+        of n_batch rows: its ids, one a position, are what the cache then holds (positions stay indices, the rows'
+        cells more than they)."""
+        self._settle()
+        start, batch = len(self.tokens), self._batch
+        rows = self.media.rows(run)
+        positions = self.media.positions(run, start)
+        self._changing = (start, run)
+        for offset in range(0, len(rows), self.n_batch):
+            piece = rows[offset : offset + self.n_batch]
+            for i in range(len(piece)):
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, self.seq
+                batch.logits[i] = logits == "last" and offset + i == len(rows) - 1
+            batch.n_tokens = len(piece)
+            placed = positions[:, offset : offset + len(piece)].ravel()  # (section-major)
+            status = self._run(llama.llama_decode, piece, tokens=False, positions=placed)
+            if status != 0:
+                self.truncate(start)
+                raise EngineError(f"llama_decode failed with status {status} on an image at position {start}")
+        if self.hidden.layers:  # (its rows are not a position's each: drafters that read them read zeros there)
+            self.hidden.keep(start, np.zeros((len(run), self.hidden.width), dtype=np.float32))
+        self.tokens.extend(run)
+        self._last_decoded, self._rolled_back, self._row_base, self._row_last = len(rows), False, 0, -1
+        self._changing = None
