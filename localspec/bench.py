@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import paths
 from .config import DrafterKind, Limits, Sampling, Speculation
+from .engine.drafters.spec import MODES as DRAFTING_MODES
 from .errors import InputError, UsageError, json_trouble
 from .events import Done, Event, Prefill, Step, Token
 from .stats import Recorder, record
@@ -399,7 +400,7 @@ class Control(StrEnum):
 
 
 Mode = DrafterKind | Control
-MODES: list[Mode] = [*(kind for kind in DrafterKind if kind.is_mode), *Control]
+MODES: list[Mode] = [*DRAFTING_MODES, *Control]
 ALIASES = {"aa": Control.PLAIN_AA}
 
 

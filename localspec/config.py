@@ -15,7 +15,6 @@ import typing
 from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import psutil
 
@@ -236,16 +235,21 @@ def _bias_pairs(given) -> tuple[tuple[int | str, float], ...]:
     return tuple(pairs)
 
 
-class DrafterKind(StrEnum):
-    """How a generation drafts, in one word: a session's mode, bench's modes, the drafter each
-    step used and the key of its statistics. Each is drafted by a class of engine/drafters/, named in its spec.py."""
+class DrafterKind(str):
+    """A way of drafting, in one word: a session's mode, bench's modes, the drafter each step used and the key of
+    its statistics. Which words there are is engine/drafters/spec.py's: one entry a way of drafting, its class
+    naming its own word, each word checked there when the drafting plan is made, before anything loads. These are
+    the words the code around the engine names, each one object (a word named as text is the kind itself)."""
+
+    __slots__ = ()
+
+    def __new__(cls, word: str) -> "DrafterKind":
+        return _NAMED_KINDS.get(word) or super().__new__(cls, word)
 
     PLAIN = "plain"  # no drafting: the target alone, one token a step
     NGRAM = "ngram"  # prompt lookup: copy what followed the last few tokens before
-    DRAFT = "draft"  # a small draft model with the target's vocabulary
-    MTP = "mtp"  # the target's own multi-token-prediction block
-    EAGLE3 = "eagle3"  # an EAGLE-3 drafter: one layer reading the target's hidden states
-    DFLASH = "dflash"  # a DFlash drafter: a whole block at once from the target's hidden states
+    DRAFT = "draft"  # a small draft model
+    MTP = "mtp"  # the target's own multi-token-prediction block (or one in a file of its own)
     AUTO = "auto"  # each step, plain decoding or whichever drafter is expected to pay most
     # the text the user expects (OpenAI's Predicted Outputs): drafts beside any mode, wherever the output
     # follows it, so it is a generation's option rather than a mode of its own
@@ -256,9 +260,11 @@ class DrafterKind(StrEnum):
     # that drafts, wherever a grammar or JSON schema shapes the answer
     FORCED = "forced"
 
-    @property
-    def is_mode(self) -> bool:
-        return self not in (DrafterKind.PREDICTION, DrafterKind.SUFFIX, DrafterKind.FORCED)
+
+_NAMED_KINDS: dict[str, DrafterKind] = {}
+for _name, _word in list(vars(DrafterKind).items()):
+    if _name.isupper():
+        setattr(DrafterKind, _name, _NAMED_KINDS.setdefault(_word, DrafterKind(_word)))
 
 
 SPEC_CHOICES = ("auto", "fixed", "off")  # --spec's words (drafting.speculating reads them)
@@ -299,11 +305,10 @@ class Speculation:
         return wanted if wanted > 1 and self.drafting != DrafterKind.PLAIN else 0
 
     def __post_init__(self):
+        if not isinstance(self.drafting, str):
+            raise UsageError(f"drafting is a word (plain, ngram, auto, ...), got {type(self.drafting).__name__}")
+        # (which words are modes is the drafting plan's to check: engine/drafters/spec.py's check_mode)
         object.__setattr__(self, "drafting", DrafterKind(self.drafting))
-        if not self.drafting.is_mode:
-            raise UsageError(f"{self.drafting} is not a way to draft on its own: a prediction drafts beside any"
-                             " of plain, ngram, draft, mtp and auto (give the predicted text with the request),"
-                             " the suffix cache within auto")
         if self.draft_max is not None and self.draft_max < 0:
             raise UsageError(f"draft-max must be >= 0, got {self.draft_max}")
         # (against the mode's default draft-max, where none is given, when the drafting plan is made)

@@ -14,7 +14,7 @@ from .engine import policy
 from .engine.backend import Context
 from .engine.drafters import (CostlyDrafter, Drafter, ModelDrafter, NgramDrafter, NoDrafter, PredictionDrafter,
                               SuffixDrafter)
-from .engine.drafters.spec import (PUBLISHED_KINDS, SPEC, DraftPlan, DrafterSpec, Weights, draft_limit,
+from .engine.drafters.spec import (PUBLISHED_KINDS, SPEC, DraftPlan, DrafterSpec, Weights, check_mode, draft_limit,
                                    longest_draft, needed)
 from .engine.suffix import SuffixCache
 from .errors import UsageError
@@ -77,7 +77,7 @@ class Drafters:
 
     def check(self, mode: DrafterKind) -> DrafterKind:
         """The mode, where this session can draft in it; UsageError naming what it lacks else."""
-        mode = DrafterKind(mode)
+        mode = check_mode(mode)
         if mode not in (DrafterKind.PLAIN, DrafterKind.NGRAM, DrafterKind.AUTO) and mode not in self.costly:
             raise UsageError(needed(mode))
         return mode

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 
 from .config import DrafterKind, Limits, Sampling, Thinking, of_its_type
+from .engine.drafters.spec import KINDS
 from .errors import UsageError
 from .tool_calls import Tools
 
@@ -142,8 +143,8 @@ def from_wire(data: dict) -> Request:
                                        and all(isinstance(t, int) for t in prediction)):
         raise UsageError("prediction: text or token ids", setting="prediction")
     drafting = data.get("drafting")
-    if drafting is not None and not (isinstance(drafting, str) and drafting in set(DrafterKind)):
-        raise UsageError(f"drafting: one of {', '.join(DrafterKind)}", setting="drafting")
+    if drafting is not None and not (isinstance(drafting, str) and drafting in KINDS):
+        raise UsageError(f"drafting: one of {', '.join(KINDS)}", setting="drafting")
     draft_max = data.get("draft_max")
     if draft_max is not None and of_its_type("draft_max", draft_max, int) < 0:
         raise UsageError(f"draft_max must be a count of tokens, got {draft_max!r}", setting="draft_max")

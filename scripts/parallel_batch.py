@@ -21,6 +21,7 @@ import time
 from localspec import batch
 from localspec.bench import load_prompts
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
+from localspec.engine.drafters.spec import MODES
 from localspec.events import Token
 from localspec.session import open_session
 
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompts", default="mtbench")
-    parser.add_argument("--drafting", default="plain", choices=[str(kind) for kind in DrafterKind])
+    parser.add_argument("--drafting", default="plain", choices=MODES)
     args = parser.parse_args()
 
     items = [batch.Item(id=str(i), messages=prompt.messages)

@@ -9,7 +9,7 @@ import pytest
 
 from localspec import bench
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
-from localspec.engine.drafters.spec import default_draft_max
+from localspec.engine.drafters.spec import KINDS, default_draft_max
 from localspec.errors import InputError, UsageError
 from localspec.request import Request
 from localspec.stats import record
@@ -182,7 +182,7 @@ def test_unknown_modes_are_refused():
 def test_the_aa_control_is_a_mode_of_bench_not_a_drafter_kind():
     assert bench.parse_modes("plain,aa,auto") == ["plain", "plain-aa", "auto"]
     assert bench.parse_modes(" plain, plain-aa ,auto") == ["plain", "plain-aa", "auto"]
-    assert bench.parse_modes("plain,aa")[1] is bench.Control.PLAIN_AA and "plain-aa" not in set(DrafterKind)
+    assert bench.parse_modes("plain,aa")[1] is bench.Control.PLAIN_AA and "plain-aa" not in KINDS
     assert bench.decodes_with(bench.Control.PLAIN_AA) is DrafterKind.PLAIN
     for nonsense, message in (("plain,aaa", "unknown mode"), ("plain,a-a", "unknown mode"),
                               ("plain,AA", "unknown mode"), ("plain,aa,plain-aa", "plain-aa named twice"),
@@ -229,6 +229,9 @@ def test_replies_known_before_are_not_generated_again(session):
 def test_a_prompts_prediction_drafts_in_every_mode_but_plain(session):
     session.use("ngram")  # a mode named as text (chat's /draft, the library) is the kind itself
     assert session.mode is DrafterKind.NGRAM and session.draft_limit == default_draft_max(DrafterKind.NGRAM)
+    with pytest.raises(UsageError, match="'ngarm' is not a way to draft: one of plain, ngram, mtp, eagle3, dflash"):
+        session.use("ngarm")  # (a raw ValueError once, the words' enum refusing it)
+    assert session.mode is DrafterKind.NGRAM
     session.use("plain")
     text = record(session.generate(Request(Sampling(temperature=0), Limits(max_tokens=24), prompt=session.prompts.chat_tokens(ask("the cat sat"))))).text
     rows = bench.run(session, {"edit": [bench.Prompt(ask("the cat sat"), text)]}, ["plain", "ngram"],

@@ -502,9 +502,10 @@ def hold_autos_clock(monkeypatch):
     from localspec import drafting
     from localspec.engine import costs, speculative, turns
     from localspec.engine.drafters import forward
+    from localspec.engine.drafters.spec import KINDS
 
     fixed = costs.Costs(0.01, {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8},
-                        {kind: costs.DraftCosts(0.1, 0.02) for kind in DrafterKind})
+                        {kind: costs.DraftCosts(0.1, 0.02) for kind in KINDS})
     monkeypatch.setattr(drafting.calibration, "costs", lambda key, measure: fixed)
     monkeypatch.setattr(costs.Costs, "observe_verify", lambda *args: None)  # (session.forget() keeps what it learned)
     monkeypatch.setattr(costs.Costs, "observe_draft", lambda *args: None)

@@ -131,8 +131,8 @@ def test_auto_weighs_each_drafter_by_its_costs_and_the_output_stays_the_targets(
 # a drafter's file given as the draft: (target, the file, the mode it drafts in, what the session says of it)
 FILES = {
     "mtp sidecar": ("mtp_trunk", "mtp_sidecar", DrafterKind.MTP, "its MTP layers (mtp-trunk.gguf)"),
-    "eagle3": ("markov_target", "eagle3", DrafterKind.EAGLE3, "EAGLE-3 (eagle3-target.gguf)"),
-    "dflash": ("markov_target", "dflash", DrafterKind.DFLASH, "DFlash (dflash-target.gguf)"),
+    "eagle3": ("markov_target", "eagle3", DrafterKind("eagle3"), "EAGLE-3 (eagle3-target.gguf)"),
+    "dflash": ("markov_target", "dflash", DrafterKind("dflash"), "DFlash (dflash-target.gguf)"),
     "gemma4 assistant": ("gemma4", "gemma4_assistant", DrafterKind.MTP, "its assistant (mtp-gemma4.gguf)"),
 }
 

@@ -36,7 +36,7 @@ def test_the_header_and_llama_cpp_agree_on_the_layers_read(tiny):
 def test_the_eagle3_mode_needs_an_eagle3_drafter(tiny):
     with Session(tiny["markov_target"], None, Runtime(ctx_size=512), Speculation(DrafterKind.PLAIN)) as plain:
         with pytest.raises(UsageError, match="the eagle3 mode needs an EAGLE-3 drafter"):
-            plain.use(DrafterKind.EAGLE3)
+            plain.use(DrafterKind("eagle3"))
 
 
 def test_check_names_the_layers_read_and_a_target_that_cannot_hand_them_out_is_refused_before_loading(

@@ -404,8 +404,8 @@ def test_a_draft_model_drafts_for_every_sequence_of_a_session(tiny):
 
 @pytest.mark.parametrize("target, draft, kind", [("mtp", None, DrafterKind.MTP),
                                                  ("mtp_trunk", "mtp_sidecar", DrafterKind.MTP),
-                                                 ("markov_target", "eagle3", DrafterKind.EAGLE3),
-                                                 ("markov_target", "dflash", DrafterKind.DFLASH),
+                                                 ("markov_target", "eagle3", DrafterKind("eagle3")),
+                                                 ("markov_target", "dflash", DrafterKind("dflash")),
                                                  ("gemma4", "gemma4_assistant", DrafterKind.MTP)],
                          ids=["mtp", "mtp-sidecar", "eagle3", "dflash", "gemma4-assistant"])
 def test_a_drafter_of_the_targets_hidden_states_drafts_for_every_sequence_side_by_side(tiny, decodes, target, draft,

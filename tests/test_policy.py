@@ -493,13 +493,13 @@ def test_without_a_suffix_drafter_the_same_text_is_decoded_plainly():
 
 def test_a_block_drafter_costs_one_pass_over_its_block_and_learns_that_pass_from_what_it_took():
     costs = Costs(0.010, {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0},
-                  {DrafterKind.DFLASH: DraftCosts(0.2, 0.1), DrafterKind.DRAFT: DraftCosts(0.2, 0.1)})
+                  {DrafterKind("dflash"): DraftCosts(0.2, 0.1), DrafterKind.DRAFT: DraftCosts(0.2, 0.1)})
     assert costs.draft_seconds(DrafterKind.DRAFT, 3) == pytest.approx(0.010 * 0.2 * 3)
-    assert costs.draft_seconds(DrafterKind.DFLASH, 3) == pytest.approx(0.010 * 0.2 * 2.0)  # a pass of 4 positions
-    for kind in (DrafterKind.DRAFT, DrafterKind.DFLASH, DrafterKind.NGRAM):
+    assert costs.draft_seconds(DrafterKind("dflash"), 3) == pytest.approx(0.010 * 0.2 * 2.0)  # a pass of 4 positions
+    for kind in (DrafterKind.DRAFT, DrafterKind("dflash"), DrafterKind.NGRAM):
         assert costs.draft_table(kind, 9) == pytest.approx([costs.draft_seconds(kind, k) for k in range(1, 10)])
-    costs.observe_draft(DrafterKind.DFLASH, 3, 0.010 * 0.3 * 2.0)  # the pass took 0.3 where 0.2 was expected
-    assert 0.2 < costs.drafts[DrafterKind.DFLASH].token < 0.3
+    costs.observe_draft(DrafterKind("dflash"), 3, 0.010 * 0.3 * 2.0)  # the pass took 0.3 where 0.2 was expected
+    assert 0.2 < costs.drafts[DrafterKind("dflash")].token < 0.3
 
 
 def batched_policy(verify, rows: int, sequences: int) -> AutoDrafter:
@@ -704,7 +704,7 @@ def screened_scenario(seed: int) -> tuple[AutoDrafter, list[int], int]:
     batches' sizes, and a history with chance n-gram matches: (auto, history, k)."""
     rng = random.Random(seed)
     verify = rng.choice([GPU_LIKE, CPU_LIKE, EPYC_LIKE, H200_8B, {1: 0.066, 2: 0.070, 4: 0.075}, DIPPING])
-    kind = rng.choice([DrafterKind.DRAFT, DrafterKind.DFLASH])
+    kind = rng.choice([DrafterKind.DRAFT, DrafterKind("dflash")])
     level = verify[1]
     machine = Costs(level, {n: s / level for n, s in verify.items()},
                     {kind: DraftCosts(rng.uniform(0.02, 1.0), rng.uniform(0.005, 0.3))})
@@ -736,7 +736,7 @@ def test_a_costly_drafter_the_screen_passes_over_is_one_the_full_weighing_would_
     monkeypatch.setattr(Screen, "may_probe", lambda *args: True)
     assert [proposed(seed) for seed in range(600)] == chosen
     drafted = {(source, probe is not None) for source, tokens, probe in chosen if tokens}
-    assert {(DrafterKind.DRAFT, True), (DrafterKind.DRAFT, False), (DrafterKind.DFLASH, True)} <= drafted
+    assert {(DrafterKind.DRAFT, True), (DrafterKind.DRAFT, False), (DrafterKind("dflash"), True)} <= drafted
     assert sum(not tokens for _, tokens, _ in chosen) > 100
 
 

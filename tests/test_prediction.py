@@ -4,6 +4,7 @@ import pytest
 
 from localspec.config import DrafterKind, Limits, Sampling, Speculation
 from localspec.engine.backend import Context
+from localspec.engine.drafters.spec import check_mode
 from localspec.engine.drafters import (EDIT_MATCH, EDIT_REACH, MIN_OFFER, PREDICTION_MIN_MATCH, Draft, NoDrafter,
                                        PredictionDrafter)
 from localspec.engine.model import Model
@@ -88,7 +89,7 @@ def test_the_generations_own_drafter_learns_from_its_own_steps_only():
 def test_a_prediction_is_no_mode_of_its_own():
     for kind in (DrafterKind.PREDICTION, DrafterKind.SUFFIX):
         with pytest.raises(UsageError, match="is not a way to draft on its own"):
-            Speculation(drafting=kind)
+            check_mode(Speculation(drafting=kind).drafting)
 
 
 def greedy(target, drafter, prompt, max_tokens=40):

@@ -88,7 +88,7 @@ TAB_SECONDS = 0.5  # what a TAB waits at most for a serve to say what it holds
 
 def complete_draft(incomplete: str) -> list[tuple[str, str]]:
     """--draft's words, then the model names, that begin with what was typed."""
-    words = {"auto": "the draft the registry recommends", DrafterKind.NGRAM.value: "n-gram lookup",
+    words = {"auto": "the draft the registry recommends", DrafterKind.NGRAM: "n-gram lookup",
              **{str(word): what for word, what in DRAFT_WORDS.items()}}
     words |= {word: f"the {word} file published beside it" for word in PUBLISHED_DRAFTERS if word not in words}
     return [(word, what) for word, what in words.items() if word.startswith(incomplete)] + complete_model(incomplete)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import EFFORTS, DrafterKind, Limits, Sampling, Thinking, overridden
 from ..errors import ContextOverflow, InputError, LocalspecError, UsageError
+from ..engine.drafters.spec import FIXED_MODES
 from ..events import Candidate, Logprobs, Reading, Token
 from ..request import Request
 from ..service import Busy, Closing, Job, WorkerStopped
@@ -146,10 +147,10 @@ class Defaults:
 
 class Speculative(_Typed):
     """A request's own speculation (llama-server's users ask for it most): off, auto, or fixed drafting with one
-    drafter (`draft`: ngram, draft, mtp, eagle3, dflash), up to draft_max tokens a step."""
+    drafter (`draft`: ngram, draft, mtp, ...: every mode of one drafter), up to draft_max tokens a step."""
 
     mode: Literal["off", "auto", "fixed"] | None = None
-    draft: Literal["ngram", "draft", "mtp", "eagle3", "dflash"] | None = None
+    draft: Literal[FIXED_MODES] | None = None
     draft_max: int | None = Field(None, ge=0)
 
 

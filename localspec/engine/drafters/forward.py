@@ -382,7 +382,7 @@ class DFlashDrafter(ForwardDrafter):
     once. Each drafted token depends on no other, so its q is its own row's, as the rejection rule needs.
     The block comes back out before the target verifies."""
 
-    kind = DrafterKind.DFLASH
+    kind = DrafterKind("dflash")
     beside_target = True
 
     def __init__(self, target: Context, context: Context, p_min: float):
@@ -440,7 +440,7 @@ class Eagle3Drafter(MtpDrafter):
     each drafted token goes with the drafter's own hidden state before it.
     """
 
-    kind = DrafterKind.EAGLE3
+    kind = DrafterKind("eagle3")
     mtp_context = False
     beside_target = True
     skips = 1

@@ -37,14 +37,15 @@ class Weights(Enum):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """One way of drafting. drafter: its class (None for auto, which picks among the others each step);
-    label: how a session names it ({file}: its file's name); needed: what a session asked to draft this way
-    without the means is told; recognises(target, draft): whether a draft file drafts this way for that
-    target, by their headers (the costly drafters that read a file; a drafter that crosses vocabularies, say,
-    is told by both); draft_max: its longest draft a step unless --draft-max says otherwise."""
+    """One way of drafting. drafter: its class, which names the kind (its word) it drafts as (None for auto,
+    which picks among the others each step, and names its kind here); label: how a session names it ({file}:
+    its file's name); needed: what a session asked to draft this way without the means is told;
+    recognises(target, draft): whether a draft file drafts this way for that target, by their headers (the
+    costly drafters that read a file; a drafter that crosses vocabularies, say, is told by both); draft_max: its
+    longest draft a step unless --draft-max says otherwise; mode: whether a session may draft this way alone
+    (the drafters beside a generation's own are not)."""
 
     name: str
-    kind: DrafterKind
     weights: Weights
     drafter: type | None
     label: str
@@ -58,6 +59,11 @@ class DrafterSpec:
     # draft only where they are likely right (auto, and the text a prediction or a grammar gives) draft far
     draft_max: int = 3
     block: bool = False  # a draft of any length is one forward pass over all its positions (DFlash)
+    mode: bool = True
+    kind: DrafterKind = None  # type: ignore[assignment]  (its class's, unless it has none)
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", DrafterKind(self.kind or self.drafter.kind))
 
     @property
     def costly(self) -> bool:
@@ -75,41 +81,39 @@ def _architecture(name: str) -> Callable[[Header, Header], bool]:
 # In the order a draft file is recognised (a file that is none of the others is a draft model), which is
 # also the order auto weighs the costly drafters in.
 SPECS = (
-    DrafterSpec("plain", DrafterKind.PLAIN, Weights.TEXT, NoDrafter, "no drafting", draft_max=0),
-    DrafterSpec("ngram", DrafterKind.NGRAM, Weights.TEXT, NgramDrafter, "n-gram lookup"),
+    DrafterSpec("plain", Weights.TEXT, NoDrafter, "no drafting", draft_max=0),
+    DrafterSpec("ngram", Weights.TEXT, NgramDrafter, "n-gram lookup"),
     # Gemma 4's assistant (ggml-org's `mtp-gemma-4-*` files), which llama.cpp runs as an MTP drafter
-    DrafterSpec("assistant", DrafterKind.MTP, Weights.MTP_FILE, AssistantDrafter, "its assistant ({file})",
+    DrafterSpec("assistant", Weights.MTP_FILE, AssistantDrafter, "its assistant ({file})",
                 recognises=_architecture("gemma4-assistant"), published="assistant"),
     # an MTP block in a file of its own (Qwen3.6's `mtp-` sidecar) drafts as the target's own layers would
-    DrafterSpec("mtp-sidecar", DrafterKind.MTP, Weights.MTP_FILE, MtpDrafter, "its MTP layers ({file})",
+    DrafterSpec("mtp-sidecar", Weights.MTP_FILE, MtpDrafter, "its MTP layers ({file})",
                 recognises=lambda target, draft: draft.mtp_sidecar, published="mtp"),
     # the drafters that read the target's hidden states (gpt-oss's `eagle3-`, Qwen3.6's `dflash-` sidecars)
-    DrafterSpec("eagle3", DrafterKind.EAGLE3, Weights.FILE, Eagle3Drafter, "EAGLE-3 ({file})",
+    DrafterSpec("eagle3", Weights.FILE, Eagle3Drafter, "EAGLE-3 ({file})",
                 "the eagle3 mode needs an EAGLE-3 drafter (--draft eagle3, or its eagle3-*.gguf file)",
                 _architecture("eagle3"), published="eagle3",
                 asked="the EAGLE-3 drafter published beside it (gpt-oss's), which reads the target's hidden states"),
-    DrafterSpec("dflash", DrafterKind.DFLASH, Weights.FILE, DFlashDrafter, "DFlash ({file})",
+    DrafterSpec("dflash", Weights.FILE, DFlashDrafter, "DFlash ({file})",
                 "the dflash mode needs a DFlash drafter (--draft dflash, or its dflash-*.gguf file)",
                 _architecture("dflash"), published="dflash", block=True,
                 asked="the DFlash drafter published beside it (Qwen3.6's), which reads the target's hidden states"),
-    DrafterSpec("draft", DrafterKind.DRAFT, Weights.FILE, ModelDrafter, "{file}",
+    DrafterSpec("draft", Weights.FILE, ModelDrafter, "{file}",
                 "the draft mode needs a draft model (--draft NAME or FILE)", lambda target, draft: True),
     # a draft model whose vocabulary is not the target's (the pair check tells, plan_drafting's `same_vocabulary`)
-    DrafterSpec("across", DrafterKind.DRAFT, Weights.FILE, AcrossDrafter, "{file}, through text"),
-    DrafterSpec("mtp", DrafterKind.MTP, Weights.TARGET, MtpDrafter, "its own MTP layers",
+    DrafterSpec("across", Weights.FILE, AcrossDrafter, "{file}, through text"),
+    DrafterSpec("mtp", Weights.TARGET, MtpDrafter, "its own MTP layers",
                 "the mtp mode needs a session opened to draft with the target's MTP layers (--draft mtp)",
                 asked="the target's own multi-token-prediction layers (Qwen3.5 and others that have them), or the"
                 " mtp- file published beside it (Gemma 4's assistant among them)"),
     # Auto drafts up to 32 (n-gram drafts of copied text pay at long lengths: a 2-core CPU verifies 32
     # tokens in the time of 7 single ones) and stops short by itself wherever acceptance does not carry that far.
-    DrafterSpec("auto", DrafterKind.AUTO, Weights.TEXT, None, "auto", draft_max=32),
+    DrafterSpec("auto", Weights.TEXT, None, "auto", draft_max=32, kind=DrafterKind.AUTO),
     # the drafters beside a generation's own: earlier answers (within auto), the user's prediction and a
     # grammar's forced text (beside any mode)
-    DrafterSpec("suffix", DrafterKind.SUFFIX, Weights.TEXT, SuffixDrafter, "earlier answers", draft_max=32),
-    DrafterSpec("prediction", DrafterKind.PREDICTION, Weights.TEXT, PredictionDrafter, "the prediction",
-                draft_max=32),
-    DrafterSpec("forced", DrafterKind.FORCED, Weights.TEXT, ForcedDrafter, "the grammar's forced text",
-                draft_max=32),
+    DrafterSpec("suffix", Weights.TEXT, SuffixDrafter, "earlier answers", draft_max=32, mode=False),
+    DrafterSpec("prediction", Weights.TEXT, PredictionDrafter, "the prediction", draft_max=32, mode=False),
+    DrafterSpec("forced", Weights.TEXT, ForcedDrafter, "the grammar's forced text", draft_max=32, mode=False),
 )
 SPEC = {spec.name: spec for spec in SPECS}
 # each kind's first spec: what its default length and passes are (the MTP kind's three specs agree on them)
@@ -124,15 +128,31 @@ PUBLISHED_KINDS = frozenset(spec.kind for spec in SPECS if spec.published)
 PUBLISHED_DRAFTERS = tuple(spec.published for spec in SPECS if spec.published)
 # what --draft WORD drafts with, for its help
 DRAFT_WORDS = {spec.kind: spec.asked for spec in SPECS if spec.asked}
+# every kind's word, and those a session may draft in alone (its mode): plain, auto and each drafter's
+KINDS = tuple(dict.fromkeys(spec.kind for spec in SPECS))
+MODES = tuple(kind for kind in KINDS if _OF_KIND[kind].mode)
+# the modes that draft with one drafter always (a request's "fixed" speculation names one)
+FIXED_MODES = tuple(kind for kind in MODES if kind not in (DrafterKind.PLAIN, DrafterKind.AUTO))
+
+
+def check_mode(word: str) -> DrafterKind:
+    """The word as a kind a session may draft in alone; UsageError saying why where it is none."""
+    if word not in _OF_KIND:
+        raise UsageError(f"{word!r} is not a way to draft: one of {', '.join(MODES)}")
+    if not _OF_KIND[word].mode:
+        raise UsageError(f"{word} is not a way to draft on its own: a prediction drafts beside any of"
+                         f" {', '.join(MODES)} (give the predicted text with the request), the suffix cache within"
+                         " auto, a grammar's forced text beside any mode that drafts")
+    return DrafterKind(word)
 
 
 def default_draft_max(kind: DrafterKind) -> int:
-    return _OF_KIND[DrafterKind(kind)].draft_max
+    return _OF_KIND[kind].draft_max
 
 
 def drafts_a_block(kind: DrafterKind) -> bool:
     """Whether a draft of any length is one forward pass over all its positions, rather than a pass a token."""
-    return _OF_KIND[kind].block  # a StrEnum member and its word are one key
+    return _OF_KIND[kind].block
 
 
 def draft_limit(speculation: Speculation, kind: DrafterKind | None = None) -> int:
@@ -192,7 +212,7 @@ def plan_drafting(speculation: Speculation, target: Header, draft: Header | None
     vocabulary is not the target's (same_vocabulary, by the pair check) drafts through text. The target's own MTP
     layers draft when asked for, and under auto beside a draft model (the target keeps the hidden states
     of one kind of drafter)."""
-    mode = speculation.drafting
+    mode = check_mode(speculation.drafting)
     if speculation.draft_min > draft_limit(speculation):
         raise UsageError(f"draft-min must be between 0 and draft-max ({draft_limit(speculation)}),"
                          f" got {speculation.draft_min}")
