@@ -4,6 +4,7 @@ auto over them, and each sequence's own twins of them), with the mode they draft
 
 from collections.abc import Iterator
 from contextlib import closing
+from dataclasses import replace
 
 from . import running
 
@@ -269,3 +270,83 @@ def _either(names: list[str]) -> str:
     """The names that are not empty, as "a, b or c"."""
     names = [name for name in names if name]
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+class Steering:
+    """A part of Session: its drafting steered (the mode, the longest draft, what auto learns and the generations
+    it remembers), by its drafters (drafting: Drafters) and within its target's batch (target)."""
+
+    @property
+    def speculation(self) -> Speculation:
+        """How it drafts (bench steers each mode's speculation by assigning it)."""
+        return self.drafting.speculation
+
+    @speculation.setter
+    def speculation(self, speculation: Speculation) -> None:
+        self.drafting.speculation = speculation
+
+    @property
+    def mode(self) -> DrafterKind:
+        """The kind of drafting it generates with now."""
+        return self.drafting.mode
+
+    @property
+    def default_mode(self) -> DrafterKind:
+        """The kind of drafting it was opened with."""
+        return self.drafting.default_mode
+
+    def use(self, mode: DrafterKind) -> None:
+        """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""
+        self.drafting.use(mode)
+
+    def costs(self) -> dict | None:
+        """What the auto policy measured of this machine (verification by batch size, drafting), once
+        it has run; for reports."""
+        return self.drafting.costs()
+
+    def set_draft_max(self, draft_max: int | None) -> None:
+        """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
+        self.speculation = self._with_draft_max(draft_max)
+
+    @property
+    def most_draft(self) -> int:
+        """The longest draft a step can verify (its batch, less the target's own token)."""
+        return self.target.max_rows - 1
+
+    def _with_draft_max(self, draft_max: int | None) -> Speculation:
+        if draft_max is not None and draft_max > self.most_draft:
+            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.most_draft}")
+        draft_min = self.speculation.draft_min
+        return replace(self.speculation, draft_max=draft_max,
+                       draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
+
+    @property
+    def draft_limit(self) -> int:
+        """Most tokens drafted a step in the current mode."""
+        return self.drafting.limit
+
+    def forget(self) -> None:
+        """Start the auto policy's learning about acceptance afresh, and forget earlier generations
+        (a benchmark's fresh session); the costs it measured stay, being the machine's."""
+        self.drafting.forget()
+
+    def remember_as(self, name: str | None) -> None:
+        """Keep generations in, and draft from, a suffix cache of this name's own from now on (None: in
+        none, as with --no-suffix-cache): bench gives each mode its own, so that none drafts what
+        another generated from the same prompt."""
+        self.drafting.remember_as(name)
+
+    @property
+    def suffix_cache(self) -> SuffixCache | None:
+        """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
+        return self.drafting.suffix_cache
+
+    @property
+    def can_speculate(self) -> bool:
+        return self.default_mode != DrafterKind.PLAIN
+
+    @property
+    def remembered(self) -> tuple[int, int] | None:
+        """The tokens its suffix caches hold (all of them: the one in use and the named ones) and the
+        bytes they take, if this session keeps any."""
+        return self.drafting.remembered

@@ -15,25 +15,23 @@ from pathlib import Path
 
 from .config import (DrafterKind, Limits, Runtime, Sampling, Speculation, Thinking, check_draft_fits, held_types, meant,
                      of_its_type, overridden)
-from .drafting import Drafters, speculating
-from .engine import prompt_cache, rpc
-from .engine.adapters import steer
-from .engine.backend import Context
-from .engine.embedder import Embedder, normalized
-from .engine.suffix import SuffixCache
-from .engine.speculative import generate, scored
+from .drafting import Drafters, Steering, speculating
+from .engine import rpc
+from .engine.speculative import generate
 from .engine.library import ctrl_c_held
 from .engine.together import alone
 from . import reasoning, store, tool_calls
-from .errors import ContextOverflow, EngineError, InputError, LocalspecError, UsageError
+from .errors import ContextOverflow, LocalspecError, UsageError
 from .events import Done, Event, Logprobs, Prefill
 from .store.gguf_meta import GGUFInfo
-from .loading import load_models, place, scoring_context, sized
+from .loading import load_models, place, sized
 from .store.placement import Placement
 from .chat_template import checked as checked_template
 from .prompts import Prepared, Prompts, is_message
 from .request import Request
 from .scheduler import Scheduler
+from .scoring import Scoring
+from .slots import Releasing, Slots
 from .stats import Recorder, Summary, record
 
 # what a chat template writes beside the messages' text, at most (markers, a default system prompt, instructions for
@@ -118,13 +116,15 @@ def open_session(
                        placed.placement, placed.workers, chat_template)
 
 
-class Session:
-    """A loaded target (and draft model) that generates with any DrafterKind:
-
-    plain: the target alone; ngram / draft: always draft with that drafter;
-    auto: choose each step between them by measured cost and acceptance.
+class Session(Steering, Slots, Scoring):
+    """A loaded target (and its drafters) that generates, in any mode of drafting: plain, the target alone; ngram,
+    draft, mtp, ...: always with that drafter; auto: each step plain or whichever drafter is expected to pay most.
     It starts with speculation.drafting; chat's /draft and bench switch with use().
-    """
+
+    The facade of its parts: Steering (drafting.py: the mode, the longest draft, what it learns and remembers),
+    Slots (slots.py: the sequence a generation runs on, held while it runs; llama-server's slots), Scoring
+    (scoring.py: log probabilities, embeddings, a reranker's scores). Loading is loading.py's, prompts
+    prompts.py's."""
 
     def __init__(self, target: Path, draft: Path | None, runtime: Runtime, speculation: Speculation,
                  placement: Placement | None = None, workers: rpc.Workers | None = None, chat_template: str | None = None):
@@ -154,8 +154,6 @@ class Session:
                 self.notes.append(f"its chat template seems to have it think ({hint!r}) in a form localspec does not"
                                   " read: any thinking stays in the answer")
             self._runtime = runtime  # (for the contexts made later: embedding, scoring)
-            self._embedder: Embedder | None = None  # made at the first embedding asked for
-            self._scorer: Context | None = None  # made at the first text scored
             self.drafting = Drafters(loaded.plan, loaded.speculation, self.sequences, loaded.costly, loaded.settings)
             self.adapters, self._steering = loaded.adapters, loaded.steering
             self.lora_applied = (0.0,) * len(self.adapters)  # the scales the target's context computes with
@@ -164,156 +162,6 @@ class Session:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def speculation(self) -> Speculation:
-        """How it drafts (bench steers each mode's speculation by assigning it)."""
-        return self.drafting.speculation
-
-    @speculation.setter
-    def speculation(self, speculation: Speculation) -> None:
-        self.drafting.speculation = speculation
-
-    @property
-    def mode(self) -> DrafterKind:
-        """The kind of drafting it generates with now."""
-        return self.drafting.mode
-
-    @property
-    def default_mode(self) -> DrafterKind:
-        """The kind of drafting it was opened with."""
-        return self.drafting.default_mode
-
-    def use(self, mode: DrafterKind) -> None:
-        """Generate with this kind of drafting from now on (bench compares them; chat's /draft switches)."""
-        self.drafting.use(mode)
-
-    def sequence_for(self, prompt: list[int], busy, client: str | None = None) -> int:
-        """The sequence a prompt should generate on, of those not busy: the one whose cache holds most of
-        it (a conversation resent with one more turn); on a tie the first, for which a draft model drafts.
-        client: whose prompt it is (serve's API key): a cache another client filled is emptied first and
-        shares nothing, and prompts are read back from disk, and kept there, among the client's own alone, so
-        that what it reuses (cached_tokens, the prompt's time) tells no client how much of another's prompt
-        it guessed."""
-        free = [seq for seq in range(len(self.sequences)) if seq not in busy]
-
-        def shared(seq: int) -> int:
-            return self.sequences[seq].shares(prompt) if self._filled_by.get(seq, client) == client else 0
-
-        if not free:
-            raise UsageError(f"every sequence of this session is generating ({len(self.sequences)}: load(...,"
-                             " parallel=N) sets how many): start this one once one ends (Scheduler.full says so)")
-        chosen = max(free, key=lambda seq: (shared(seq), -seq))
-        if self._filled_by.get(chosen, client) != client:
-            self.reset(chosen)
-        self._filled_by[chosen] = client
-        for context in [self.sequences[chosen], *self.drafting.contexts_of(chosen)]:
-            if context.prompt_cache is not None:  # (read back from, and kept in, the client's own)
-                context.prompt_cache = context.prompt_cache.of(client)
-        # A busy sequence that holds more of the prompt (the same prompt's other choices, n > 1, or another
-        # request of the same client's sent at once) lends its cells: the prompt is read once.
-        lent, donor = max(((shared(seq), seq) for seq in busy if seq in range(len(self.sequences))), default=(0, None))
-        if lent > self.sequences[chosen].shares(prompt):
-            self.sequences[chosen].adopt(self.sequences[donor], lent)
-        return chosen
-
-    def costs(self) -> dict | None:
-        """What the auto policy measured of this machine (verification by batch size, drafting), once
-        it has run; for reports."""
-        return self.drafting.costs()
-
-    def set_draft_max(self, draft_max: int | None) -> None:
-        """Draft up to this many tokens a step in every mode (None: each kind's own default)."""
-        self.speculation = self._with_draft_max(draft_max)
-
-    @property
-    def most_draft(self) -> int:
-        """The longest draft a step can verify (its batch, less the target's own token)."""
-        return self.target.max_rows - 1
-
-    def _with_draft_max(self, draft_max: int | None) -> Speculation:
-        if draft_max is not None and draft_max > self.most_draft:
-            raise UsageError(f"draft length {draft_max} exceeds this session's batch of {self.most_draft}")
-        draft_min = self.speculation.draft_min
-        return replace(self.speculation, draft_max=draft_max,
-                       draft_min=draft_min if draft_max is None else min(draft_min, draft_max))
-
-    @property
-    def draft_limit(self) -> int:
-        """Most tokens drafted a step in the current mode."""
-        return self.drafting.limit
-
-    def forget(self) -> None:
-        """Start the auto policy's learning about acceptance afresh, and forget earlier generations
-        (a benchmark's fresh session); the costs it measured stay, being the machine's."""
-        self.drafting.forget()
-
-    def remember_as(self, name: str | None) -> None:
-        """Keep generations in, and draft from, a suffix cache of this name's own from now on (None: in
-        none, as with --no-suffix-cache): bench gives each mode its own, so that none drafts what
-        another generated from the same prompt."""
-        self.drafting.remember_as(name)
-
-    @property
-    def suffix_cache(self) -> SuffixCache | None:
-        """Where this session keeps its generations to draft from (None: --no-suffix-cache)."""
-        return self.drafting.suffix_cache
-
-    def save(self, sequence: int, path: str | os.PathLike, client: str | None = None) -> tuple[int, int]:
-        """llama-server's slot save: what a sequence's cache holds, and its tokens, written to a file of llama.cpp's
-        sequence-state format (the file llama-server writes); (tokens, bytes). client: who asks (serve's API key),
-        who may save only a cache its own prompts filled."""
-        context, path = self._sequence(sequence), _path(path)
-        if self._filled_by.get(sequence, client) != client:
-            raise UsageError(f"slot {sequence} holds another API key's prompts")
-        state = context.state()
-        if state is None:
-            raise EngineError(f"llama.cpp could not hand out the cache of sequence {sequence}")
-        prompt_cache.write(path, context.tokens, state)
-        return len(context.tokens), path.stat().st_size
-
-    def restore(self, sequence: int, path: str | os.PathLike, client: str | None = None) -> tuple[int, int]:
-        """llama-server's slot restore: a sequence's cache read back from such a file, as client's (serve's API
-        key); (tokens, bytes). InputError where the file is none this sequence can hold, the sequence then empty."""
-        context, path = self._sequence(sequence), _path(path)
-        if not context.can_remember:
-            raise UsageError(f"{self.target_model.path.name}'s drafter reads the target's hidden states, which a"
-                             " saved cache does not hold")
-        found = prompt_cache.read(path)
-        if found is None:
-            raise InputError(f"{path.name} is not a file of llama.cpp's sequence state")
-        tokens, saved = found
-        if len(tokens) >= context.n_ctx:
-            raise InputError(f"{path.name} holds {len(tokens)} tokens; a slot holds {context.n_ctx}")
-        if not all(0 <= token < self.target_model.n_vocab for token in tokens):
-            raise InputError(f"{path.name} holds tokens outside {self.target_model.path.name}'s vocabulary")
-        self.reset(sequence)
-        self._filled_by[sequence] = client
-        if not context.set_state(saved, tokens):
-            raise InputError(f"llama.cpp could not read {path.name} into this model's cache (another model's, or"
-                             " no room left beside the other slots)")
-        return len(tokens), path.stat().st_size
-
-    def _sequence(self, sequence: int):
-        """A sequence's context by its number (a UsageError naming the ones there are, for a library call's)."""
-        if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < len(self.sequences):
-            raise UsageError(f"no sequence {sequence!r}: this session has {len(self.sequences)} (0 to"
-                             f" {len(self.sequences) - 1}; --parallel sets how many)")
-        return self.sequences[sequence]
-
-    def erase(self, sequence: int) -> int:
-        """llama-server's slot erase: a sequence's cache emptied; the tokens it held."""
-        held = len(self._sequence(sequence).tokens)
-        self.reset(sequence)
-        return held
-
-    def reset(self, sequence: int | None = None) -> None:
-        """Empty the KV caches, so the next prompt is read anew, or read back from the prompt cache on disk (after a
-        failure, a slot erased; bench turns that cache off): all of them, or one sequence's (the drafters' of it
-        too)."""
-        for view in self.sequences if sequence is None else [self.sequences[sequence]]:
-            view.truncate(0)
-        self.drafting.reset(sequence)
 
     def lora_scales(self, request: Request) -> tuple[float, ...]:
         """The LoRA adapters' scales a request is answered with (UsageError for an adapter not loaded)."""
@@ -336,10 +184,6 @@ class Session:
     def _own(self, resource):
         self._owned.append(resource)
         return resource
-
-    @property
-    def can_speculate(self) -> bool:
-        return self.default_mode != DrafterKind.PLAIN
 
     def prepare(self, request: Request) -> Prepared:
         """A request made ready to generate (Prompts.prepare); UsageError for a model that only embeds."""
@@ -386,40 +230,7 @@ class Session:
         except BaseException:
             release()
             raise
-        return _Releasing(events, release)
-
-    def _hold(self, sequence: int, scheduler: Scheduler | None) -> Callable[[], None]:
-        """The sequence taken for a generation, and what gives it back; UsageError where a generation runs on it
-        already (two streams interleaved on one sequence mixed their answers), one runs in another thread
-        (llama.cpp's contexts are not shared across threads: it crashed), or a scheduler's generations and others
-        would run between each other's steps (a scheduler's read their rows a step after they are decoded: another
-        decode between wrote over them)."""
-        thread = threading.current_thread()
-        with self._holding:
-            # (a thread that has ended generates nothing: a service stopped mid-answer left its generation unclosed)
-            for held in [seq for seq, (holder, _) in self._generating.items() if not holder.is_alive()]:
-                del self._generating[held]
-            holders = self._generating.values()
-            if any(holder is not thread for holder, _ in holders):
-                raise UsageError("this session is generating in another thread: a session is used by one thread at"
-                                 " a time (load() one for each thread, or run several requests at once through"
-                                 " Session.scheduler())")
-            if any(owner is not scheduler for _, owner in holders):
-                raise UsageError("this session's Scheduler is generating: add this request to it (Scheduler.add), or"
-                                 " wait until it ends" if scheduler is None else
-                                 "another generation of this session is not finished (a stream, or another"
-                                 " Scheduler's): finish or close() it before this Scheduler adds requests")
-            if sequence in self._generating:
-                raise UsageError("this session is generating another answer (a stream not yet finished: finish it"
-                                 " or close() it first); load(..., parallel=N) holds N at once, through"
-                                 " Session.scheduler()")
-            hold = self._generating[sequence] = thread, scheduler
-
-        def release() -> None:  # (only its own hold: one let go for its ended thread may be another's by now)
-            if self._generating.get(sequence) is hold:
-                del self._generating[sequence]
-
-        return release
+        return Releasing(events, release)
 
     def _generation(self, prepared: Prepared, sequence: int) -> Iterator:
         request = prepared.request
@@ -446,106 +257,6 @@ class Session:
         if prepared.reasoning_plan is None:
             return events
         return reasoning.split(events, prepared.reasoning_plan, self.target_model.control_text, going_on)
-
-    @property
-    def remembered(self) -> tuple[int, int] | None:
-        """The tokens its suffix caches hold (all of them: the one in use and the named ones) and the
-        bytes they take, if this session keeps any."""
-        return self.drafting.remembered
-
-    def score(self, tokens: list[int], top: int = 0, start: int = 1) -> tuple[Logprobs, ...]:
-        """Each token's log probability given those before it, with the `top` likeliest beside it, from
-        `start` on (the logprob of those before it None: they are read as a prompt is, faster): a text's
-        perplexity. Read as llama-perplexity reads a chunk, in batches of --batch-size with a row of every
-        token, on a context of its own (made at the first call, again for a longer text), so the sequences'
-        caches are left as they were; a model with a recurrent state is read on the first sequence (not while
-        a scheduler generates), in batches as long as a draft's verification."""
-        tokens = self.prompts.token_ids(tokens)
-        if len(tokens) > self.target.n_ctx:
-            raise ContextOverflow(f"{len(tokens)} tokens cannot fit the context of {self.target.n_ctx}; raise"
-                                  " --ctx-size or score fewer")
-        if not 1 <= start <= len(tokens):
-            raise UsageError(f"start: a token from 1 to {len(tokens)} to score from, got {start}")
-        context = self._scoring_context(len(tokens))
-        if context is self.target:
-            self._adapt(self.adapters.scales)
-        else:
-            self.adapters.apply(context, self.adapters.scales)  # (the defaults, which serve's POST may change)
-        return scored(context, tokens, top, start)
-
-    def _scoring_context(self, n: int) -> Context:
-        # a recurrent state takes rows back only as far as it keeps snapshots, which a context of all rows would
-        # keep for every token: such a model scores on the generation's own context
-        if self.target_model.recurrent:
-            return self.sequences[0]
-        if self._scorer is None or self._scorer.n_ctx < n:
-            if self._scorer is not None:
-                self._owned.remove(self._scorer)
-                self._scorer.close()
-                self._scorer = None
-            self._scorer = self._steered(self._own(scoring_context(self.target_model, n, self._runtime)))
-        return self._scorer
-
-    def _steered(self, context):
-        """A context of the target's own beside the generation's (scoring, embedding), steered as the target is."""
-        if self._steering:
-            steer(context, *self._steering)
-        return context
-
-    def embed(self, tokens: list[int], norm: int = 2, dimensions: int | None = None) -> list[float]:
-        """One input's vector (embedding_inputs' tokens), the target model reading it whole and pooling it
-        (an embedding context of the session's size is made at the first call), normalized as norm says (-1 not,
-        0 max-abs to int16's range, 2 unit length, p unit p-norm: llama-server's embd_normalize); dimensions: only
-        its first that many kept, before it is normalized (OpenAI's and Ollama's shortening, which Matryoshka-trained
-        models such as nomic-embed-text v1.5 are made for)."""
-        if self.ranks:
-            raise InputError(f"{self.target_info.path.name} is a reranker (rank pooling): it scores documents"
-                             " against a query (serve's /v1/rerank) and gives no embedding")
-        return normalized(self._pooled(tokens)[:dimensions], norm).tolist()
-
-    def relevance(self, tokens: list[int]) -> float:
-        """A reranker's relevance score for one of ranking_inputs' query-document pairs, as llama.cpp computes it
-        (the classifier's first output: a logit for BGE's and Jina's rerankers, P(yes) for Qwen3-Reranker's)."""
-        self._must_rank()
-        return float(self._pooled(tokens)[0])
-
-    def ranking_inputs(self, query: str, documents: list[str], most_document_tokens: int | None = None) -> list[list[int]]:
-        """The query-document pairs a reranker scores (Prompts.ranking_inputs); InputError, before any is read, where
-        the model is no reranker."""
-        self._must_rank()
-        return self.prompts.ranking_inputs(query, documents, most_document_tokens)
-
-    def rerank(self, query: str, documents: list[str]) -> list[float]:
-        """Each document's relevance to the query (relevance's score), in the documents' order: higher is more
-        relevant."""
-        return [self.relevance(pair) for pair in self.ranking_inputs(query, documents)]
-
-    @property
-    def ranks(self) -> bool:
-        """Whether the target reranks (its metadata's rank pooling, or --pooling rank) rather than embeds."""
-        pooling = self._runtime.pooling
-        return pooling == "rank" if pooling else self.target_info.ranks
-
-    def _must_rank(self) -> None:
-        info = self.target_info
-        if not self.ranks:
-            # (community conversions of Qwen3-Reranker left out its head and metadata: llama-server scored 4.5e-23)
-            named = " Its name says reranker but its file says nothing of rank pooling: a conversion that left the" \
-                    " classifier out? Take one converted by llama.cpp's convert_hf_to_gguf.py" \
-                    if "rerank" in info.path.name.lower() else ""
-            raise InputError(f"{info.path.name} is not a reranker: it {'generates' if info.generates else 'embeds'}"
-                             " text. Reranking takes a model whose GGUF pools by rank (bge-reranker, jina-reranker,"
-                             f" Qwen3-Reranker).{named}")
-        if not info.classifies:
-            raise InputError(f"--pooling rank: {info.path.name} has no classifier head (cls.weight or cls.output.weight),"
-                             " so its scores would be a number of its hidden state; take a reranker's GGUF")
-
-    def _pooled(self, tokens: list[int]):
-        if self._embedder is None:
-            self._embedder = self._steered(self._own(Embedder(self.target_model, self.target.n_ctx,
-                                                              self._runtime.threads, self._runtime.pooling)))
-        self.adapters.apply(self._embedder, self.adapters.scales)
-        return self._embedder.embed(tokens)
 
     def stream(self, prompt: str | list[dict] | list[int], raw: bool = False, sampling: Sampling | None = None,
                limits: Limits | None = None, **options) -> Iterator[Event]:
@@ -650,41 +361,6 @@ class _Closed:
         raise UsageError(CLOSED)
 
     __getattr__ = __getitem__ = __iter__ = __len__ = _refused
-
-
-class _Releasing:
-    """A generation's events that give its sequence back once they end, fail or are closed (or dropped unfinished:
-    a generator never started runs no `finally`)."""
-
-    def __init__(self, events: Iterator, release: Callable[[], None]):
-        self.events, self.release = events, release
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            return next(self.events)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        release, self.release = self.release, None
-        if release is not None:
-            try:
-                self.events.close()
-            finally:
-                release()
-
-    __del__ = close
-
-
-def _path(given) -> Path:
-    """A file a library call names, as a path (a text or a path; else a UsageError)."""
-    if not isinstance(given, str | os.PathLike):
-        raise UsageError(f"a file is named by a path or a text, got {type(given).__name__}")
-    return Path(given)
 
 
 def without_oldest_turns(session, messages: list[dict], budget: int, like: Request = Request()) -> list[dict]:
