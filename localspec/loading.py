@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from . import paths, store
-from .config import (AUTO_PARALLEL, HUB_PREFIX, KV_CACHE_TYPES, PARALLEL_AUTO_MOST, Adapter, DrafterKind, Rope,
-                     Runtime, Speculation)
+from .config import AUTO_PARALLEL, KV_CACHE_TYPES, Adapter, DrafterKind, Rope, Runtime, Speculation
 from .engine import rpc
 from .engine.adapters import Adapters, steer
 from .engine.backend import Context
@@ -22,8 +21,8 @@ from .engine.drafters.across import AcrossDrafter, Vocabularies
 from .engine.drafters.spec import PUBLISHED_KINDS, DraftPlan, DrafterSpec, Weights, longest_draft, plan_drafting
 from .engine.vision import Vision
 from .errors import IncompatibleDraft, UsageError
-from .store import compat, download, hardware, registry
-from .store.placement import Placement
+from .store import compat, download, registry
+from .store.placement import Placement, parallel_that_fits
 
 
 @dataclass(frozen=True)
@@ -53,45 +52,20 @@ def place(target: str, draft_model: str | None, runtime: Runtime, speculation: S
         raise IncompatibleDraft(pair.refusal, pair.report)
     if runtime.mmproj is None and runtime.mmproj_auto:
         runtime = replace(runtime, mmproj=download.projector_beside(store.find(target), offline))
-    runtime = replace(runtime, lora=fetched_adapters(runtime.lora, offline, progress),
-                      control_vectors=fetched_adapters(runtime.control_vectors, offline, progress),
-                      mmproj=fetched(runtime.mmproj, offline, progress) if runtime.mmproj else None)
+    runtime = replace(runtime, lora=store.fetched_adapters(runtime.lora, offline, progress),
+                      control_vectors=store.fetched_adapters(runtime.control_vectors, offline, progress),
+                      mmproj=store.fetched(runtime.mmproj, offline, progress) if runtime.mmproj else None)
     runtime = sized(runtime, pair.target)
     if runtime.parallel == AUTO_PARALLEL:
-        runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair))
+        runtime = replace(runtime, parallel=parallel_that_fits(runtime, pair.target, pair.draft))
     placement = Placement.plan(runtime, pair.target, pair.draft)
     placement.check_fit()
     return Placed(pair, runtime, placement, workers)
 
 
-def fetched_adapters(adapters: tuple[Adapter, ...], offline: bool = False, progress=None) -> tuple[Adapter, ...]:
-    """LoRA adapters or control vectors, those named on the Hub (hf:owner/repo/file.gguf) as their files,
-    downloaded first where missing, as a model named so is."""
-    return tuple(replace(adapter, path=fetched(adapter.path, offline, progress)) for adapter in adapters)
-
-
-def fetched(path: str, offline: bool = False, progress=None) -> str:
-    """A file beside a model (an adapter, a multimodal projector): one named on the Hub (hf:owner/repo/file.gguf)
-    as its file, downloaded first where missing, as a model named so is."""
-    return str(store.fetch(store.find(path), offline, progress)) if path.startswith(HUB_PREFIX) else path
-
-
 def sized(runtime: Runtime, target: store.GGUFInfo) -> Runtime:
     """runtime, its context of 0 (llama.cpp's -c 0) the length the target was trained for."""
     return runtime if runtime.ctx_size else replace(runtime, ctx_size=target.context_length or Runtime.ctx_size)
-
-
-def parallel_that_fits(runtime: Runtime, pair: store.Pair, machine: hardware.Machine | None = None) -> int:
-    """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
-    the memory beside the models."""
-    n, machine = PARALLEL_AUTO_MOST, machine or store.machine()
-    while n > 1:
-        try:
-            Placement.plan(replace(runtime, parallel=n), pair.target, pair.draft, machine).check_fit()
-            return n
-        except UsageError:
-            n //= 2
-    return 1
 
 
 def published_drafter(target: str, kind: DrafterKind, offline: bool) -> str | None:

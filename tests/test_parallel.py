@@ -25,7 +25,7 @@ from localspec.events import Done, Prefill, Step, Token
 from localspec.store.placement import Placement
 from localspec.request import Request
 from localspec.service import FINISHED, Busy, Service
-from localspec.loading import parallel_that_fits
+from localspec.store.placement import parallel_that_fits
 from localspec.store import Pair
 from localspec.session import Session
 from localspec.stats import record
@@ -336,7 +336,7 @@ def test_the_memory_check_counts_every_sequences_cache_and_auto_takes_as_many_as
     two = Placement.plan(Runtime(ctx_size=4096, parallel=2), info, machine=room).check_fit()
     auto = Runtime(ctx_size=4096, parallel=0)
     for free, expected in ((four, 4), (four - 1, 2), (two, 2), (two - 1, 1)):
-        assert parallel_that_fits(auto, Pair(info), machine_with(free)) == expected
+        assert parallel_that_fits(auto, info, None, machine_with(free)) == expected
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +431,7 @@ def test_auto_takes_parallel_sequences_beside_any_drafter(tiny):
     pairs = [("mtp", None), ("hybrid", "hybrid_partial"), ("markov_target", "eagle3"), ("gemma4", "gemma4_assistant")]
     for target, draft in pairs:
         pair = Pair(gguf_meta.read(tiny[target]), gguf_meta.read(tiny[draft]) if draft else None)
-        assert parallel_that_fits(auto, pair, room) == 4, target
+        assert parallel_that_fits(auto, pair.target, pair.draft, room) == 4, target
 
 
 def test_a_draft_model_with_a_recurrent_state_drafts_for_every_sequence_too(tiny):

@@ -16,7 +16,8 @@ downloaded, nothing fetched; known() every model the registry names; names() eve
 shell to complete; hub_downloads() every model pulled by its Hub repo's name, quant_here(query) the one
 owner/repo[:QUANT] names among them; search(text) the registry's and the Hub's models to fetch, quantizations(name)
 a Hub repo's files (a registry model's); installed(entry) its file where downloaded (kept_by(resolved): by another
-app, read in place); fetch(resolved) its file, downloaded first where missing; header(path) a file's GGUF header;
+app, read in place); fetch(resolved) its file, downloaded first where missing (fetched(path) and fetched_adapters:
+a file named beside a model, a projector or adapters); header(path) a file's GGUF header;
 control_vector(path) a control vector's directions; pair(target, draft) a target and its draft found, fetched, read
 and checked; machine() the memory and devices there are; estimate_bytes(header, n_ctx) what a model takes of them.
 """
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Limits, Sampling
+from ..config import HUB_PREFIX, Adapter, Limits, Sampling
 from ..errors import InputError, UsageError
 from . import (blobs, catalog, compat, download, elsewhere, finder, gguf_meta, hardware, headers, modelfile,
                ollama_models, registry)
@@ -283,6 +284,18 @@ def fetch(resolved: Resolved, offline: bool = False, progress: Callable | None =
           verify_sha256: bool = False) -> Path:
     """A model's file, downloaded first where it is missing."""
     return download.locate(resolved, offline, progress, verify_sha256)
+
+
+def fetched_adapters(adapters: tuple[Adapter, ...], offline: bool = False, progress=None) -> tuple[Adapter, ...]:
+    """LoRA adapters or control vectors, those named on the Hub (hf:owner/repo/file.gguf) as their files,
+    downloaded first where missing, as a model named so is."""
+    return tuple(dataclasses.replace(adapter, path=fetched(adapter.path, offline, progress)) for adapter in adapters)
+
+
+def fetched(path: str, offline: bool = False, progress=None) -> str:
+    """A file beside a model (an adapter, a multimodal projector): one named on the Hub (hf:owner/repo/file.gguf)
+    as its file, downloaded first where missing, as a model named so is."""
+    return str(fetch(find(path), offline, progress)) if path.startswith(HUB_PREFIX) else path
 
 
 def header(path: Path) -> GGUFInfo:

@@ -6,11 +6,11 @@ Layers are counted as llama.cpp counts them: the blocks (without multi-token-pre
 llama.cpp keeps apart) and the output layer.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import hardware
-from ..config import KV_CACHE_TYPES, Runtime
+from ..config import KV_CACHE_TYPES, PARALLEL_AUTO_MOST, Runtime
 from ..errors import UsageError
 from ..engine.devices import Device, splits_by_rows
 from .gguf_meta import GGUFInfo
@@ -296,3 +296,17 @@ def pair_row(target: str, draft: str, target_model: tuple[GGUFInfo | None, int |
                 target_layers=place_target(runtime, target_info, machine, ctx_size, beside=drafted).as_layers()
                 if target_info else None,
                 draft_layers=drafted.as_layers() if drafted else None)
+
+
+def parallel_that_fits(runtime: Runtime, target: GGUFInfo, draft: GGUFInfo | None = None,
+                       machine: hardware.Machine | None = None) -> int:
+    """As many sequences as PARALLEL_AUTO_MOST (llama-server's slots), fewer where their caches do not fit
+    the memory beside the models."""
+    n, machine = PARALLEL_AUTO_MOST, machine or hardware.machine()
+    while n > 1:
+        try:
+            Placement.plan(replace(runtime, parallel=n), target, draft, machine).check_fit()
+            return n
+        except UsageError:
+            n //= 2
+    return 1
