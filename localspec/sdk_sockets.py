@@ -65,7 +65,7 @@ class Host(Protocol):
 
     def _fitted(self, parsed: Parsed, served: Served) -> Parsed: ...
 
-    def _draft_asked(self, body: dict, served: Served) -> None: ...
+    def _draft_asked(self, extras: lmstudio.Extras, served: Served) -> None: ...
 
     async def _started(self, parsed: Parsed, answering: Answering, served: Served, who: str | None, jobs: list[Job],
                        outbox: asyncio.Queue) -> tuple: ...
@@ -390,7 +390,7 @@ class SdkSocket:
         parsed = await self.server._parse(asked.body, asked.chat, OPENAI, served)
         if asked.fits:
             parsed = await asyncio.to_thread(self.server._fitted, replace(parsed, fits=True), served)
-        self.server._draft_asked(asked.body, served)
+        self.server._draft_asked(lmstudio.extras(asked.body), served)
         for key in asked.left_to_serve:
             self.server._say_once(("lmstudio", key), f"{key} asked (LM Studio's SDK): left to serve's settings")
         parsed = replace(parsed, request=replace(parsed.request, client=self.key))

@@ -139,8 +139,8 @@ class Server:
             ("/lmstudio-greeting", "GET", OPENAI, self.lmstudio_greeting, False),  # (LM Studio's SDKs, then sockets)
             ("/api/v0/models", "GET", OPENAI, self.lmstudio_models, True),
             ("/api/v0/models/{name:path}", "GET", OPENAI, self.lmstudio_model, True),
-            ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=True), True),
-            ("/api/v0/completions", "POST", OPENAI, functools.partial(self.lmstudio_generate, chat=False), True),
+            ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True, stats=True), True),
+            ("/api/v0/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False, stats=True), True),
             ("/api/v0/embeddings", "POST", OPENAI, self.embeddings, True),
             ("/api/v1/models", "GET", self.lmstudio, self.lmstudio_v1_models, True),
             ("/api/v1/chat", "POST", self.lmstudio, self.lmstudio_chat, True),
@@ -509,32 +509,26 @@ class Server:
         answer.waited_for_model(asked, loaded)
         return await self._respond(request, client, parsed, answer, served)
 
-    async def openai_generate(self, request: Request, client: str | None, chat: bool) -> Response:
+    async def openai_generate(self, request: Request, client: str | None, chat: bool, stats: bool = False
+                              ) -> Response:
+        """OpenAI's chat and completions (stats: LM Studio's /api/v0, a whole answer with its stats beside it)."""
         body = await self._body(request)
-        served = await self._model(body.get("model"), lmstudio.ttl(body))
+        extras = lmstudio.extras(body)  # (read before the model loads, as a bad ttl is refused)
+        served = await self._model(body.get("model"), extras.ttl)
         parsed = await self._parse(body, chat, OPENAI, served)
-        self._draft_asked(body, served)
-        return await self._respond(request, client, parsed, OPENAI.answering(chat, _answered_as(parsed, served), parsed),
-                                   served)
+        self._draft_asked(extras, served)
+        answered_as = _answered_as(parsed, served)
+        return await self._respond(request, client, parsed, lmstudio.Reply(chat, answered_as, parsed, served.session)
+                                   if stats else OPENAI.answering(chat, answered_as, parsed), served)
 
-    async def lmstudio_generate(self, request: Request, client: str | None, chat: bool) -> Response:
-        """LM Studio's /api/v0 chat and completions: OpenAI's, a whole answer with LM Studio's stats beside it."""
-        body = await self._body(request)
-        served = await self._model(body.get("model"), lmstudio.ttl(body))
-        parsed = await self._parse(body, chat, OPENAI, served)
-        self._draft_asked(body, served)
-        return await self._respond(request, client, parsed,
-                                   lmstudio.Reply(chat, _answered_as(parsed, served), parsed, served.session), served)
-
-    def _draft_asked(self, body: dict, served: Served) -> None:
+    def _draft_asked(self, extras: lmstudio.Extras, served: Served) -> None:
         """LM Studio's `draft_model`: the model drafts with the draft serve loaded beside it (the answer is the
         target's own whichever drafts); one that names another is said in the log, once a name."""
-        asked = lmstudio.draft_file(body)
         drafts = served.session.info.draft
-        if asked is not None and asked != drafts:
-            self._say_once(("draft_model", served.name, asked), f"draft_model {body['draft_model'][:200]!r} asked:"
-                           f" {served.name} drafts with {drafts or 'no draft model'} (serve's --draft chooses it; the"
-                           " answer is the same either way)")
+        if extras.draft is not None and extras.draft != drafts:
+            self._say_once(("draft_model", served.name, extras.draft), f"draft_model {extras.draft_asked[:200]!r}"
+                           f" asked: {served.name} drafts with {drafts or 'no draft model'} (serve's --draft chooses it;"
+                           " the answer is the same either way)")
 
     def _context_asked(self, body: dict, served: Served) -> None:
         """Ollama's options.num_ctx (Continue sends its context length with every request): the context is the one

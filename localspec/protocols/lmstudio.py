@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field
 
@@ -65,6 +65,20 @@ def ttl(body: dict) -> float | None:
         raise ApiError(400, f"ttl is a number of seconds a model stays loaded once idle (-1: while serve runs),"
                        f" not {value!r}", param="ttl")
     return math.inf if value == -1 else float(value)
+
+
+class Extras(NamedTuple):
+    """What LM Studio's clients send beside OpenAI's request: `ttl` (ttl's seconds) and `draft_model` (as asked,
+    and as draft_file reads it)."""
+
+    ttl: float | None
+    draft_asked: str | None
+    draft: str | None
+
+
+def extras(body: dict) -> Extras:
+    """LM Studio's extras of an OpenAI request, each checked (ApiError 400 for one that is none)."""
+    return Extras(ttl(body), body.get("draft_model"), draft_file(body))
 
 
 def draft_file(body: dict) -> str | None:
