@@ -269,6 +269,7 @@ def test_bench_command_writes_json_and_a_plot(tiny, tmp_path):
     table = done.stdout.decode()
     assert f"{results[3]['speedup']:.2f}x ±{spread:.1%}" in table  # auto's ratio, its spread beside it
     assert "A/A control (plain-aa: plain decoding again" in table
+    assert "auto's costs: verify(1)" in table  # (auto among the modes)
     as_json = subprocess.run(
         [sys.executable, "-m", "localspec", "bench", str(tiny["target"]), "--prompts", str(prompts), "--max-tokens", "4",
          "--json"],
@@ -366,3 +367,4 @@ def test_a_prompt_file_whose_path_looks_like_rich_markup_is_shown_as_it_is(cli, 
     code, out, stderr = cli("bench", tiny["target"], "--prompts", prompts, "--modes", "plain", "--max-tokens", "2")
     assert code == 0, stderr
     assert "[/]y[bold].txt" in out.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "auto's costs" not in out  # (the session measured them as it opened, but no mode drafted with auto)

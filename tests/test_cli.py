@@ -245,6 +245,9 @@ def test_llama_cpp_spellings_work(localspec, tiny):
     assert trained.returncode == 0 and b"note: the context" not in trained.stderr, trained.stderr
     scored = localspec("perplexity", tiny["target"], "-f", "/dev/stdin", "-c", "0", stdin=b"the cat " * 300)
     assert scored.returncode == 2 and b"perplexity -c 0: give the chunks' length" in scored.stderr
+    short = localspec("perplexity", tiny["target"], "-f", "/dev/stdin", "-c", "1", stdin=b"the cat " * 300)
+    assert short.returncode == 2 and b"perplexity -c 1: give the chunks' length in tokens, at least 8" in short.stderr
+    assert b"or 0" not in short.stderr  # (Runtime's check offered -c 0, which perplexity refuses)
     on_cpu = localspec("run", tiny["target"], "-md", tiny["same"], "-dev", "none", "-devd", "none", "-p", "the cat",
                        "-n", "3", "--json")
     assert on_cpu.returncode == 0, on_cpu.stderr

@@ -652,7 +652,8 @@ def bench(
             answered = sum(row["prompts"] for row in rows if row["mode"] == chosen_modes[0])
             print(f"interrupted: the results of the {answered} prompt{'s' * (answered != 1)} every mode had"
                   " answered" + (" follow" if answered else "; none to report"), file=sys.stderr)
-        costs = session.costs()
+        # (the session made auto, measuring its costs, as it opened: they are reported where a mode drafted with it)
+        costs = session.costs() if DrafterKind.AUTO in map(bench_runner.decodes_with, chosen_modes) else None
     if interrupted and not rows:
         raise typer.Exit(130)
     report = bench_runner.report(settings.target, settings.draft_model, settings.sampling, settings.limits, mixed,
@@ -669,6 +670,14 @@ def bench(
         raise typer.Exit(130)
 
 
+def _chunk_length(ctx_size: int) -> None:
+    """perplexity's -c, checked before the settings are: it is the chunks' length, where elsewhere 0 means the length
+    the model was trained for (here a scoring context beside the model's own: twice that length's cache)."""
+    if ctx_size < 8:
+        raise UsageError(f"perplexity -c {ctx_size}: give the chunks' length in tokens, at least 8 (llama-perplexity is"
+                         " usually run with 512, the default here)")
+
+
 @command(
     epilog=(
         "Examples:\n\n"
@@ -681,7 +690,7 @@ def bench(
               | {"ctx_size": (Annotated[int, typer.Option(
                   "--ctx-size", "-c", help="The chunks' length in tokens (llama-perplexity's -c; 512 as it is usually"
                   " run).", rich_help_panel=RESOURCES)], 512)},
-              RPC_OPTIONS, ADAPTER_OPTIONS)
+              RPC_OPTIONS, ADAPTER_OPTIONS, before=lambda values: _chunk_length(values["ctx_size"]))
 def perplexity(
     settings: Settings,
     file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",
@@ -699,9 +708,6 @@ def perplexity(
     """
     if chunks is not None and chunks < 1:
         raise UsageError(f"--chunks must be at least 1, got {chunks}")
-    if not settings.runtime.ctx_size:  # (a scoring context beside the model's own: twice the trained length's cache)
-        raise UsageError("perplexity -c 0: give the chunks' length in tokens (llama-perplexity is usually run with"
-                         " 512, the default here)")
     from .. import perplexity as perplexity_runner
 
     text = read_text(file)
