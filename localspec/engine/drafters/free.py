@@ -112,12 +112,15 @@ class NgramDrafter:
         others: dict[int, Alternative] = {}
         for size in self.sizes[self.sizes.index(n):]:
             ends = found[size]
-            followers = [history[end] for end in ends]
-            counts, latest = Counter(followers), dict(zip(followers, ends))  # (the later end wins)
+            unlike = [end for end in ends if history[end] != bet]
+            if not unlike:  # (a loop's n-gram: every earlier occurrence went on as the bet: 30% of a lookup there)
+                continue
+            followers = [history[end] for end in unlike]
+            counts, latest = Counter(followers), dict(zip(followers, unlike))  # (the later end wins)
             for token in sorted(counts, key=lambda token: (counts[token], latest[token]), reverse=True):
                 if len(others) == self.alternatives:
                     return tuple(others.values())
-                if token != bet and token not in others:
+                if token not in others:
                     others[token] = Alternative(0, len(others) + 2, tuple(self._offer(history, latest[token], size, k)),
                                                 counts[token] / len(ends))
         return tuple(others.values())
