@@ -60,7 +60,7 @@ class DrafterSpec:
     draft_max: int = 3
     block: bool = False  # a draft of any length is one forward pass over all its positions (DFlash)
     mode: bool = True
-    kind: DrafterKind = None  # type: ignore[assignment]  (its class's, unless it has none)
+    kind: DrafterKind | None = None  # its class's, where it has one (auto has none)
 
     def __post_init__(self):
         object.__setattr__(self, "kind", DrafterKind(self.kind or self.drafter.kind))
