@@ -11,6 +11,8 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localspec.store import calibration
 from localspec.config import DrafterKind, Limits, Runtime, Sampling, Speculation
@@ -795,3 +797,19 @@ def test_a_screen_reads_its_lengths_cheapest_first_where_the_curve_dips():
 
     units, tokens = [1.2, 3.0, 2.1], [1.9, 2.4, 2.6]  # drafts of 1, 8 and 16 tokens, in verify(1)s and tokens
     assert front(units, tokens, best_plain=1.5) == [(1.2, 1.9), (2.1, 2.6)]
+
+
+@given(st.lists(st.tuples(st.floats(0.6, 1.8), st.floats(1, 8)), max_size=8),
+       st.lists(st.tuples(st.sampled_from([1.0, 1.2, 1.5]), st.sampled_from([0.0, 0.3, 1.0]), st.floats(0, 40),
+                          st.floats(0, 2)), min_size=1, max_size=30))
+@settings(max_examples=500, deadline=None)
+def test_a_screen_that_remembers_a_step_no_length_beat_answers_as_one_asked_afresh(lengths, steps):
+    from localspec.engine.screens import Screen, Weighing
+
+    front = sorted((ratio * tokens, tokens) for ratio, tokens in lengths)  # (u, E): u near E, so steps differ
+    kept = Screen(Option(DrafterKind.DRAFT, None, 8), [], 0, 0.5, front, front, {})
+    for plain, change, catch_up, bucket in steps:
+        step = Weighing(0.01, plain, change)
+        fresh = Screen(Option(DrafterKind.DRAFT, None, 8), [], 0, 0.5, front, front, {})
+        assert kept.may_be_sure(step, catch_up) == fresh.may_be_sure(step, catch_up)
+        assert kept.may_probe(step, catch_up, bucket) == fresh.may_probe(step, catch_up, bucket)

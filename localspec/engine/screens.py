@@ -3,7 +3,7 @@ draft), the step's costs in verify(1)s (Weighing), and a costly drafter's screen
 earn, so that one that cannot pay is passed over at the price of a look-up (policy.py says how they are used)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import DrafterKind
 from .belief import Belief
@@ -51,18 +51,33 @@ class Screen:
     probes: list[tuple[float, float]]
     # (hope, beyond) -> E(1) .. E(option.most), for the steps that weigh it in full
     expected: dict[tuple[float, float | None], list[float]]
+    # sure's and probes' last step on which no length beat a plain step: (its plain, its change, the catch-up).
+    # A step whose plain step costs no more, whose change costs no less and whose catch-up is no smaller cannot
+    # be beaten either (the floor's held plain steps asked every length again each step: 13 a step).
+    beaten_by_none: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def may_be_sure(self, step: "Weighing", catch_up: float) -> bool:
-        return any(step.beats_plain(units, tokens, catch_up) for units, tokens in self.sure)
+        return self._cheapest_beating("sure", step, catch_up) is not None
 
     def may_probe(self, step: "Weighing", catch_up: float, bucket: float) -> bool:
         """Whether the bucket could pay for a draft that hope says may beat a plain step: the cheapest such
         draft risks least."""
-        for units, tokens in self.probes:
+        cheapest = self._cheapest_beating("probes", step, catch_up)
+        if cheapest is None:
+            return False
+        risk = step.level * (cheapest[0] + step.change - step.plain + catch_up)
+        return risk - bucket <= ROUNDING * (abs(risk) + step.plain * step.level + abs(bucket))
+
+    def _cheapest_beating(self, which: str, step: "Weighing", catch_up: float) -> tuple[float, float] | None:
+        """The cheapest (u, E) of `which` (sure, probes) that beats a plain step of this step's, if any."""
+        last = self.beaten_by_none.get(which)
+        if last is not None and step.plain <= last[0] and step.change >= last[1] and catch_up >= last[2]:
+            return None
+        for units, tokens in getattr(self, which):
             if step.beats_plain(units, tokens, catch_up):
-                risk = step.level * (units + step.change - step.plain + catch_up)
-                return risk - bucket <= ROUNDING * (abs(risk) + step.plain * step.level + abs(bucket))
-        return False
+                return units, tokens
+        self.beaten_by_none[which] = (step.plain, step.change, catch_up)
+        return None
 
     def expected_tokens(self, weigh: Callable[[Option, float, float | None], list[float]], hope: float,
                         beyond: float | None = None) -> list[float]:
