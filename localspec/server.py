@@ -139,8 +139,10 @@ class Server:
             ("/lmstudio-greeting", "GET", OPENAI, self.lmstudio_greeting, False),  # (LM Studio's SDKs, then sockets)
             ("/api/v0/models", "GET", OPENAI, self.lmstudio_models, True),
             ("/api/v0/models/{name:path}", "GET", OPENAI, self.lmstudio_model, True),
-            ("/api/v0/chat/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=True, stats=True), True),
-            ("/api/v0/completions", "POST", OPENAI, functools.partial(self.openai_generate, chat=False, stats=True), True),
+            ("/api/v0/chat/completions", "POST", OPENAI,
+             functools.partial(self.openai_generate, chat=True, stats=True), True),
+            ("/api/v0/completions", "POST", OPENAI,
+             functools.partial(self.openai_generate, chat=False, stats=True), True),
             ("/api/v0/embeddings", "POST", OPENAI, self.embeddings, True),
             ("/api/v1/models", "GET", self.lmstudio, self.lmstudio_v1_models, True),
             ("/api/v1/chat", "POST", self.lmstudio, self.lmstudio_chat, True),

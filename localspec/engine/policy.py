@@ -366,7 +366,8 @@ class AutoDrafter(TreeWeighing):
         """Expected tokens per second of drafting 1 .. option.most tokens, the other sequences' of the step
         counted in. A one-off cost counts in proportion to the tokens the step makes of the horizon."""
         screen = self.screens.get(option.drafter)  # a costly drafter's, taken this step
-        tokens = screen.expected_tokens(self.expected_tokens, hope, beyond) if screen else self.expected_tokens(option, hope, beyond)
+        tokens = (screen.expected_tokens(self.expected_tokens, hope, beyond) if screen
+                  else self.expected_tokens(option, hope, beyond))
         way_back = self._way_back * self.endings.get(option.drafter, ENDING).mean if option.drafter in FREE else 0.0
         return [(expected + self._others_tokens) / (s + option.once_seconds * expected / HORIZON + way_back)
                 for expected, s in zip(tokens, seconds)]
