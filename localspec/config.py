@@ -262,9 +262,10 @@ class DrafterKind(str):
 
 
 _NAMED_KINDS: dict[str, DrafterKind] = {}
-for _name, _word in list(vars(DrafterKind).items()):
-    if _name.isupper():
-        setattr(DrafterKind, _name, _NAMED_KINDS.setdefault(_word, DrafterKind(_word)))
+for _name in [name for name in vars(DrafterKind) if name.isupper()]:
+    _word = getattr(DrafterKind, _name)
+    setattr(DrafterKind, _name, _NAMED_KINDS.setdefault(_word, DrafterKind(_word)))
+del _name, _word
 
 
 SPEC_CHOICES = ("auto", "fixed", "off")  # --spec's words (drafting.speculating reads them)

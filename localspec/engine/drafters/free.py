@@ -113,7 +113,7 @@ class NgramDrafter:
         for size in self.sizes[self.sizes.index(n):]:
             ends = found[size]
             unlike = [end for end in ends if history[end] != bet]
-            if not unlike:  # (a loop's n-gram: every earlier occurrence went on as the bet: 30% of a lookup there)
+            if not unlike:  # (a loop's n-gram, every earlier occurrence gone on as the bet: a quarter of its lookup)
                 continue
             followers = [history[end] for end in unlike]
             counts, latest = Counter(followers), dict(zip(followers, unlike))  # (the later end wins)
