@@ -267,24 +267,24 @@ def test_templates_are_refused_before_they_compute_what_is_too_big(monkeypatch, 
     with pytest.raises(InputError):
         render(template, MESSAGES, "", "")  # compiled (and refused) once, so what follows is the render alone
     tracemalloc.start()
-    started = perf_counter()
     try:
-        with pytest.raises(InputError, match="^the model's chat template was stopped: [^\\n]*pass --raw"):
+        with pytest.raises(InputError, match="^the model's chat template was stopped: [^\\n]*pass --raw") as refused:
             render(template, MESSAGES, "", "")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert perf_counter() - started < 0.2
+    # refused from its operands, not by the render's clock (a wall-clock bound here failed on a busy CI machine)
+    assert "ran for more than" not in str(refused.value)
     assert peak < 1 << 20  # bytes: the refused value would have taken several MB
 
 
 def test_a_huge_template_is_refused_before_it_is_compiled(monkeypatch):
     """200,000 `{{ ... }}` took a minute and 2.6 GB to compile; compiling cannot be interrupted."""
     monkeypatch.setattr(chat_template, "MAX_SOURCE", 4096)
-    started = perf_counter()
+    compiled = chat_template._compiled.cache_info().misses
     with pytest.raises(InputError, match="^the model's chat template is 7,000 characters \\(at most 4,096\\)"):
         render("{{ x }}" * 1000, MESSAGES, "", "")
-    assert perf_counter() - started < 0.05
+    assert chat_template._compiled.cache_info().misses == compiled  # refused before compiling
     assert render("{{ x }}" * 500, MESSAGES, "", "") == ""
 
 

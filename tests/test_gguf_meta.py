@@ -1,7 +1,6 @@
 """The GGUF header reader on tiny and real files, and on broken ones."""
 
 import struct
-import time
 
 import pytest
 
@@ -79,13 +78,14 @@ def test_compatibility_of_tiny_models(tiny):
 
 
 @pytest.mark.slow
-def test_a_262k_token_vocabulary_is_read_in_well_under_a_second(real_model):
-    path = real_model("gemma3-270m")
-    started = time.perf_counter()
-    info = gguf_meta.read(path)
-    elapsed = time.perf_counter() - started
+def test_a_262k_token_vocabulary_is_read_without_decoding_it(real_model):
+    """Its 262,144 token texts and scores stay bytes on the map (hashed for the pair check): decoded to Python objects
+    they took seconds at every `models`, `show` and pair check. (Not timed: a wall-clock bound failed on a busy
+    machine.)"""
+    info = gguf_meta.read(real_model("gemma3-270m"))
     assert info.vocab_size == 262144 and info.architecture == "gemma3"
-    assert elapsed < 0.5, f"{elapsed:.2f} s"
+    assert all(isinstance(info.metadata[key], gguf_meta.RawArray)
+               for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"))
 
 
 @pytest.mark.slow
