@@ -32,6 +32,10 @@ class ContextOverflow(InputError):
     """The prompt does not fit the context."""
 
 
+class UnknownModel(LocalspecError):
+    """A request names a model that is neither loaded nor downloaded (serve answers it with a 404)."""
+
+
 class ModelLoadError(LocalspecError):
     """llama.cpp refused a model file."""
 

@@ -17,19 +17,11 @@ from pathlib import Path
 from . import store
 from .config import Adapter, DrafterKind, Rope, Runtime, Speculation
 from .engine.drafters.spec import COSTLY_KINDS
-from .errors import InputError, LocalspecError, UsageError
+from .errors import InputError, LocalspecError, UnknownModel, UsageError
 from .store import GGUFInfo
 from .service import Metrics, Service
 from .loading import sized
 from .session import Session, open_session
-
-
-# a model loaded here: its file, the LoRA adapters applied to it and the projector it reads images through
-Key = tuple[Path, tuple[Path, ...], Path | None]
-
-
-class UnknownModel(LocalspecError):
-    """A request names a model that is neither loaded nor downloaded."""
 
 
 class NotKnown(UnknownModel):
@@ -37,7 +29,7 @@ class NotKnown(UnknownModel):
     fixed name, are answered by the model serve started with, as llama-server answers. The models that are
     served are listed only when the message is shown (those clients' every request raises it)."""
 
-    def __init__(self, name: str, served: Callable[[], list["Available"]]):
+    def __init__(self, name: str, served: Callable[[], list[store.Local]]):
         super().__init__(name)
         self.name, self._served = name, served
 
@@ -81,22 +73,6 @@ class Served:
         return not self.pinned and self.idle and now - self.idle_since >= self.keep_alive
 
 
-@dataclass(frozen=True)
-class Available:
-    """A model that can be served: its API name and file, the LoRA adapters applied to it (a model made with
-    an ADAPTER) and its projector (one made with a second FROM); it may not be loaded."""
-
-    name: str
-    path: Path
-    entry: store.ModelEntry | None  # None: the model serve started with, given as a file
-    adapters: tuple[str, ...] = ()
-    projector: str | None = None
-
-    @property
-    def key(self) -> Key:
-        return _key_of(self.path, self.adapters, self.projector)
-
-
 class Pool:
     def __init__(self, first: Session, name: str, runtime: Runtime, speculation: Speculation, queue: int,
                  keep_alive: float, log: Callable[[str], None]):
@@ -107,8 +83,8 @@ class Pool:
             runtime, speculation, queue, keep_alive, log)
         self.metrics = Metrics()
         self.first = Served(name, first, Service(first, queue, log, self.metrics), math.inf, pinned=True)
-        self.loaded: dict[Key, Served] = {_key(first): self.first}
-        self._loading: dict[Key, asyncio.Future] = {}
+        self.loaded: dict[store.Key, Served] = {_key(first): self.first}
+        self._loading: dict[store.Key, asyncio.Future] = {}
         # serve's --lora (and --mmproj) adapt the model it serves, whatever name a request gives its file; a model
         # made with an ADAPTER (or a projector) that serve started with is that model, its base another
         made = store.made(name)
@@ -119,7 +95,7 @@ class Pool:
         self._load_lock = asyncio.Lock()
         self._headers: dict[Path, GGUFInfo] = {}
 
-    def available(self) -> list[Available]:
+    def available(self) -> list[store.Local]:
         """What can be served: the first model, then every downloaded registry model (and Hub file), then
         the models made with `create` from any of these or from a file."""
         out = [self._served_first()]
@@ -128,7 +104,7 @@ class Pool:
                 continue
             path = store.installed(entry)
             if path is not None and self._readable(path):
-                found = Available(entry.command_name, path.resolve(), entry)
+                found = store.Local(entry.command_name, path.resolve(), entry)
                 if not self._is_first(found, out[0]):  # (its name answers with serve's own adapters: listed once)
                     out.append(found)
         for made in store.every_made():
@@ -140,23 +116,23 @@ class Pool:
                 continue
         return out
 
-    def _served_first(self) -> Available:
+    def _served_first(self) -> store.Local:
         session = self.first.session
-        return Available(self.first.name, session.target_info.path.resolve(), None,
+        return store.Local(self.first.name, session.target_info.path.resolve(), None,
                          tuple(str(path) for path in session.adapters.paths),
                          str(session.vision.path) if session.vision else None)
 
-    def _unless_first(self, wanted: Available) -> Available:
+    def _unless_first(self, wanted: store.Local) -> store.Local:
         """The model wanted, or the first one where that is the same file with the same adapters (or with serve's
         own, where the name asks for none)."""
         first = self._served_first()
         return first if self._is_first(wanted, first) else wanted
 
-    def _is_first(self, wanted: Available, first: Available) -> bool:
+    def _is_first(self, wanted: store.Local, first: store.Local) -> bool:
         return wanted.key == first.key or (self._adapted_by_serve and not wanted.adapters and not wanted.projector
                                            and wanted.path == first.path)
 
-    def loading(self, wanted: Available) -> bool:
+    def loading(self, wanted: store.Local) -> bool:
         """Whether the model is being loaded now."""
         return wanted.key in self._loading
 
@@ -174,33 +150,14 @@ class Pool:
             return False
         return True
 
-    def find(self, name: str | None) -> Available:
+    def find(self, name: str | None) -> store.Local:
         """The model a request names: the first one where it names none; UnknownModel else."""
         if not name or name == self.first.name:  # (every request that names no model: no walk of the registry)
             return self._served_first()
-        made = store.made(name)
-        if made is not None and Path(made.base).is_absolute():  # made with `create` from a file: served as the
-            path = Path(made.base).resolve()                   # user who made it asked
-            if not path.is_file():
-                raise UnknownModel(f"{made.name} is made from {made.base}, which is no longer there")
-            return self._unless_first(Available(made.name, path, None, made.adapters, made.projector))
-        try:
-            resolved = store.find(name)
-        except UsageError:
-            resolved = None
-        if isinstance(resolved, store.RepoQuant):  # (owner/repo[:QUANT]: its file among those downloaded)
-            resolved = store.quant_here(resolved) or resolved
-        if isinstance(resolved, store.ModelEntry) and resolved.drafts:
-            raise UnknownModel(f"{resolved.name!r} is the {resolved.drafts} drafter published beside another model,"
-                               " not a model to serve")
-        if isinstance(resolved, store.ModelEntry):
-            path = store.installed(resolved)
-            if path is not None:  # (a model made from it applies its adapters to it)
-                return self._unless_first(Available(resolved.command_name, path.resolve(), resolved,
-                                                    made.adapters if made else (), made.projector if made else None))
-            raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
-                               f" {resolved.command_name}`, or Ollama's POST /api/pull)")
-        raise NotKnown(name, self.available)  # (a Hub repo none of whose files is here too: OpenAI's fixed names)
+        found = store.local(name)
+        if found is None:
+            raise NotKnown(name, self.available)
+        return self._unless_first(found)
 
     async def get(self, name: str | None, keep_alive: float | None = None) -> Served:
         """The loaded model a request names, loaded first where it is not (on a thread; requests for the
@@ -221,12 +178,12 @@ class Pool:
             served.keep_alive = keep_alive
         return served
 
-    async def _load(self, wanted: Available) -> Served:
+    async def _load(self, wanted: store.Local) -> Served:
         asked = time.monotonic()
         async with self._load_lock:
             return await self._load_alone(wanted, asked)
 
-    async def _load_alone(self, wanted: Available, asked: float) -> Served:
+    async def _load_alone(self, wanted: store.Local, asked: float) -> Served:
         await self._make_room(self.header(wanted.path), asked)
         drafting = self.speculation.drafting
         draft = self._draft_for(wanted.entry) if drafting != DrafterKind.PLAIN else None
@@ -329,13 +286,8 @@ class Pool:
         self.loaded.clear()
 
 
-def _key_of(path: Path, adapters: tuple[str, ...] = (), projector: str | None = None) -> Key:
-    return (Path(path).resolve(), tuple(Path(adapter).resolve() for adapter in adapters),
-            Path(projector).resolve() if projector else None)
-
-
-def _key(session: Session) -> Key:
-    return _key_of(session.target_info.path, session.adapters.paths, session.vision and session.vision.path)
+def _key(session: Session) -> store.Key:
+    return store.key_of(session.target_info.path, session.adapters.paths, session.vision and session.vision.path)
 
 
 def _close(served: Served) -> None:

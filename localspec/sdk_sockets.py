@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from . import __version__, store
-from .errors import InputError, LocalspecError, UsageError, loads_json
+from .errors import InputError, LocalspecError, UnknownModel, UsageError, loads_json
 from .config import Serving
-from .pool import Available, Pool, Served, UnknownModel
+from .pool import Pool, Served
 from .protocols import llama_server, lmstudio, lmstudio_sdk
 from .protocols.openai import OPENAI
 from .protocols.shared import ApiError, Answering, Parsed, Protocol as Api, api_error, rendered
@@ -286,7 +286,7 @@ class SdkSocket:
         """Whether a model is this namespace's: a generating one /llm's, an embedding one /embedding's."""
         return info.generates == (self.namespace == "llm")
 
-    def _info(self, available: Available, served: Served | None = None) -> dict:
+    def _info(self, available: store.Local, served: Served | None = None) -> dict:
         return lmstudio_sdk.model_info(available.name, self.server.pool.header(available.path), available.entry,
                                        served and served.session)
 

@@ -52,9 +52,10 @@ from .protocols.responses import MOST_KEPT, Responses
 from .protocols.shared import (ApiError, Answering, Defaults, Parsed, Protocol, api_error, choices_of, rendered,
                                tool_call_error, tool_reader)
 from .config import LOOPBACK_HOSTS, Serving
-from .errors import ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UsageError, loads_json
+from .errors import (ContextOverflow, EngineError, FetchError, InputError, LocalspecError, UnknownModel, UsageError,
+                     loads_json)
 from .events import Done, Reading, Token
-from .pool import Available, NoRoom, NotKnown, Pool, Served, UnknownModel
+from .pool import NoRoom, NotKnown, Pool, Served
 from .request import Request as LibraryRequest
 from .session import without_oldest_turns
 from .sdk_sockets import SdkSocket, SocketGone
@@ -504,9 +505,6 @@ class Server:
         parsed = await self._parse(body, chat, OLLAMA, served)
         if parsed is None:  # an empty prompt: clients send one to load the model
             return JSONResponse(ollama.Answer(chat, model).loaded())
-        if parsed.renders_only:
-            return JSONResponse(ollama.Answer(chat, model).rendered(await asyncio.to_thread(rendered, served.session,
-                                                                                            parsed.request)))
         answer = OLLAMA.answering(chat, model, parsed)
         answer.waited_for_model(asked, loaded)
         return await self._respond(request, client, parsed, answer, served)
@@ -664,7 +662,7 @@ class Server:
     async def lmstudio_model(self, request: Request, client: str | None) -> Response:
         return JSONResponse(self._lmstudio_model(self.pool.find(request.path_params["name"])))
 
-    def _lmstudio_model(self, available: Available) -> dict:
+    def _lmstudio_model(self, available: store.Local) -> dict:
         served = self.pool.loaded.get(available.key)
         return lmstudio.model_object(available.name, self.pool.header(available.path), available.entry,
                                      served and served.session, self.pool.loading(available))
@@ -978,6 +976,8 @@ class Server:
         answers to one prompt, each its own job with its own drafter: the first reads the prompt, and the
         others, started once it has, take its cells on sequences of their own (Session.sequence_for), so the
         prompt is read once; with one sequence they follow it, reusing it."""
+        if parsed.renders_only:
+            return JSONResponse(answering.rendered(await asyncio.to_thread(rendered, served.session, parsed.request)))
         parsed = replace(parsed, request=replace(parsed.request, client=client))
         jobs: list[Job] = []
         outbox: asyncio.Queue = asyncio.Queue()  # (choice, item) of every job

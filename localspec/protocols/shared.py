@@ -540,6 +540,10 @@ class Answering:
     def full(self, job: Job) -> dict:
         raise NotImplementedError
 
+    def rendered(self, prompt: str) -> dict:
+        """The answer to a request that asks for its prompt as read alone (Parsed.renders_only)."""
+        raise NotImplementedError
+
     def opening(self, job: Job) -> list[str]:
         """What opens the stream, once the job has begun (its prompt read)."""
         return []

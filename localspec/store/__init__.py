@@ -7,7 +7,8 @@ the machine's memory and devices (hardware.py, placement.py), reported
 measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
-modelfile.py, the model it is made from); made(name) the model of one's own so named (or Ollama's, Jan's or
+modelfile.py, the model it is made from); local(name) the model here it means, to serve (Local);
+made(name) the model of one's own so named (or Ollama's, Jan's or
 GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by another app's model's family,
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under
 another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest,
@@ -29,17 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import HUB_PREFIX, Adapter, Limits, Sampling
-from ..errors import InputError, UsageError
+from ..errors import InputError, UnknownModel, UsageError
 from . import (blobs, catalog, compat, download, elsewhere, finder, gguf_meta, hardware, headers, modelfile,
                ollama_models, registry)
 from .modelfile import Preset
 from .gguf_meta import GGUFInfo
 from .registry import ModelEntry, RepoQuant, Resolved
 
-__all__ = ["GGUFInfo", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
+__all__ = ["GGUFInfo", "Key", "Local", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "draft_for", "estimate_bytes",
-           "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "kept_by", "known",
-           "machine", "made", "make", "names", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
+           "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "kept_by", "key_of",
+           "known", "local", "machine", "made", "make", "names", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
@@ -64,6 +65,63 @@ def made(name: str | None) -> Preset | None:
     """The model of one's own a name means, where `create` made one so named, else Ollama's, Jan's or GPT4All's model
     so named (read in place: elsewhere)."""
     return modelfile.find(name) or elsewhere.find(name)
+
+
+# what tells one loaded model from another: its file, the LoRA adapters applied to it and the projector it reads
+# images through
+Key = tuple[Path, tuple[Path, ...], Path | None]
+
+
+def key_of(path: Path, adapters: tuple = (), projector: str | Path | None = None) -> Key:
+    return (Path(path).resolve(), tuple(Path(adapter).resolve() for adapter in adapters),
+            Path(projector).resolve() if projector else None)
+
+
+@dataclass(frozen=True)
+class Local:
+    """A model here to serve: the name it answers to, its file, its registry entry (None: a file), the LoRA adapters
+    applied to it (a model made with an ADAPTER) and its projector (one made with a second FROM)."""
+
+    name: str
+    path: Path
+    entry: ModelEntry | None
+    adapters: tuple[str, ...] = ()
+    projector: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return key_of(self.path, self.adapters, self.projector)
+
+
+def local(name: str) -> Local | None:
+    """The model here a name means, to serve it, nothing fetched: a model made with `create` (from a file, or with
+    the adapters and projector of one made from a registry model), a registry model or a Hub repo's quantization
+    downloaded. None where the name means no model (nor a file's: a client's fixed name); UnknownModel where it
+    means one that is not here to serve."""
+    own = made(name)
+    if own is not None and Path(own.base).is_absolute():  # made with `create` from a file: served as its maker asked
+        path = Path(own.base).resolve()
+        if not path.is_file():
+            raise UnknownModel(f"{own.name} is made from {own.base}, which is no longer there")
+        return Local(own.name, path, None, own.adapters, own.projector)
+    try:
+        resolved = find(name)
+    except UsageError:
+        return None
+    if isinstance(resolved, RepoQuant):  # (owner/repo[:QUANT]: its file among those downloaded)
+        resolved = quant_here(resolved) or resolved
+    if not isinstance(resolved, ModelEntry):
+        return None  # (a Hub repo none of whose files is here too: OpenAI's fixed names)
+    if resolved.drafts:
+        raise UnknownModel(f"{resolved.name!r} is the {resolved.drafts} drafter published beside another model,"
+                           " not a model to serve")
+    path = installed(resolved)
+    if path is None:
+        raise UnknownModel(f"the model {name!r} is not downloaded: pull it first (`localspec pull"
+                           f" {resolved.command_name}`, or Ollama's POST /api/pull)")
+    # (a model made from it applies its adapters to it)
+    return Local(resolved.command_name, path.resolve(), resolved, own.adapters if own else (),
+                 own.projector if own else None)
 
 
 def draft_for(preset: Preset, draft: str) -> str:
