@@ -68,11 +68,12 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
         text = line.strip()
         if not text:
             continue
-        if not text.startswith("{"):
+        conversation = _conversation(text)
+        if conversation is None and not text.startswith("{"):
             yield Item(id=str(number), prompt=text)
             continue
         try:
-            record = loads_json(text)
+            record = conversation or loads_json(text)
         except json.JSONDecodeError as error:
             yield Item(id=f"line {number}", error=f"not valid JSON: {error.msg} (column {error.colno})")
             continue
@@ -89,8 +90,9 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
             yield Item(id=item_id, error="needs a 'prompt' string or a 'messages' list")
             continue
         if messages is not None and not _well_formed(messages):
-            yield Item(id=item_id, error="each message needs a 'role' and a 'content' string, the role one of "
-                       + ", ".join(ROLES))
+            yield Item(id=item_id, error=("a line that is a JSON list is read as a conversation's messages: "
+                                          if conversation else "")
+                       + "each message needs a 'role' and a 'content' string, the role one of " + ", ".join(ROLES))
             continue
         try:
             messages = messages and [_with_images(m) for m in messages]
@@ -117,6 +119,18 @@ def _items(lines: Iterable[str]) -> Iterator[Item]:
         yield Item(id=item_id, prompt=prompt if isinstance(prompt, str) else None, messages=messages, options=options,
                    prediction=prediction, lora=None if lora is None else {e["id"]: e["scale"] for e in lora},
                    images=images)
+
+
+def _conversation(text: str) -> dict | None:
+    """A line that is a JSON list, as an item of its messages (a conversation a line; its text was sent as a prompt,
+    brackets and quotes and all); None for any other line, text that opens with a bracket (`[INST] ...`) too."""
+    if not text.startswith("["):
+        return None
+    try:
+        listed = loads_json(text)
+    except (ValueError, RecursionError):
+        return None
+    return {"messages": listed} if isinstance(listed, list) else None
 
 
 def _with_images(message: dict) -> dict:

@@ -31,6 +31,24 @@ def test_items_from_jsonl_and_plain_lines():
     assert items[4].error == "not valid JSON: Expecting property name enclosed in double quotes (column 2)"
 
 
+def test_a_line_that_is_a_json_list_is_a_conversation_not_a_prompt():
+    """Found by a review: `[{"role": "user", ...}]` and `[1, 2, 3]` were sent to the model as prompts, brackets and
+    all."""
+    items = list(batch.read_items([
+        '[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]',
+        "[1, 2, 3]",
+        "[INST] a prompt of its own [/INST]",
+        "[]",
+    ]))
+    assert [i.id for i in items] == ["1", "2", "3", "4"]
+    assert items[0].messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert items[0].prompt is None and items[0].error is None
+    assert items[1].error.startswith("a line that is a JSON list is read as a conversation's messages: each message"
+                                     " needs a 'role' and a 'content' string")
+    assert items[2].prompt == "[INST] a prompt of its own [/INST]" and items[2].error is None
+    assert "conversation's messages" in items[3].error
+
+
 def test_item_settings_override_the_defaults_and_are_checked():
     item = batch.Item(id="1", prompt="p", options={"temp": 0.2, "top_k": 3, "max_tokens": 9, "stop": "END"})
     sampling, limits = batch.settings(item, Sampling(), Limits())

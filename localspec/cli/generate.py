@@ -519,8 +519,9 @@ class _ChatModels:
 def batch(
     settings: Settings,
     input_file: Annotated[
-        Optional[str], typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields)"
-                                      " or text with one prompt a line; '-' reads standard input.", show_default=False)
+        Optional[str], typer.Argument(metavar="INPUT", help="JSONL (id, prompt or messages, optional sampling fields;"
+                                      " a line that is a list: its messages) or text with one prompt a line; '-' reads"
+                                      " standard input.", show_default=False)
     ] = None,
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write JSONL here instead of standard output.",
