@@ -16,7 +16,8 @@ from .config import Serving
 from .pool import Pool, Served
 from .protocols import llama_server, lmstudio, lmstudio_sdk
 from .protocols.openai import OPENAI
-from .protocols.shared import ApiError, Answering, Parsed, Protocol as Api, api_error, rendered
+from .protocols.shared import ApiError, Answering, Parsed, Protocol as Api, api_error, choices_of, rendered
+from .request import Request as LibraryRequest
 from .service import Embedding, Job
 
 
@@ -67,8 +68,8 @@ class Host(Protocol):
 
     def _draft_asked(self, extras: lmstudio.Extras, served: Served) -> None: ...
 
-    async def _started(self, parsed: Parsed, answering: Answering, served: Served, who: str | None, jobs: list[Job],
-                       outbox: asyncio.Queue) -> tuple: ...
+    async def _started(self, asked_all: list[LibraryRequest], stream: bool, answering: Answering, served: Served,
+                       who: str | None, jobs: list[Job], outbox: asyncio.Queue) -> tuple: ...
 
     def _stream(self, jobs: list[Job], reply: Answering, first, outbox: asyncio.Queue, path: str,
                 watcher: asyncio.Task | None) -> AsyncIterator[str]: ...
@@ -401,7 +402,7 @@ class SdkSocket:
         try:
             if channel_id in self.cancelled:  # (before its generation began: it begins in the same step as this)
                 raise ApiError(503, "cancelled before it began", code="cancelled")
-            first = await self.server._started(parsed, answering, served, who, jobs, outbox)
+            first = await self.server._started(choices_of(parsed), parsed.stream, answering, served, who, jobs, outbox)
         except ApiError as failure:
             if failure.code != "cancelled":
                 raise

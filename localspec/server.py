@@ -984,7 +984,8 @@ class Server:
         watcher = asyncio.create_task(_cancel_when_gone(request, jobs))
         streaming = False
         try:
-            first = await self._started(parsed, answering, served, _who(request, client), jobs, outbox)
+            asked_all = choices_of(parsed)
+            first = await self._started(asked_all, parsed.stream, answering, served, _who(request, client), jobs, outbox)
             if parsed.stream:
                 streaming = True
                 stream = self._stream(jobs, answering, first, outbox, request.url.path, watcher)
@@ -1004,11 +1005,10 @@ class Server:
                 for job in jobs:
                     job.cancel()  # a no-op once it has finished; else its handler was cancelled (shutting down)
 
-    async def _started(self, parsed: Parsed, answering: Answering, served: Served, who: str | None, jobs: list[Job],
-                       outbox: asyncio.Queue) -> tuple:
-        """The request's jobs submitted (into jobs, each handing its items to the outbox), and the first job's first
-        item: its prompt read; ApiError where it failed before."""
-        asked_all = list(choices_of(parsed))
+    async def _started(self, asked_all: list[LibraryRequest], stream: bool, answering: Answering, served: Served,
+                       who: str | None, jobs: list[Job], outbox: asyncio.Queue) -> tuple:
+        """The jobs of a request's choices (choices_of) submitted (into jobs, each handing its items to the outbox), and
+        the first job's first item: its prompt read; ApiError where it failed before."""
         if len(asked_all) > served.service.most_held:  # (each choice takes a place: it was a 429 however long one waited)
             raise ApiError(400, f"{len(asked_all)} answers to one request are more than one client may have running"
                            f" and waiting here ({served.service.most_held}: serve's --queue and --parallel, a quarter"
@@ -1018,7 +1018,7 @@ class Server:
         reading = answering.shows_reading or answering.keepalive is not None and len(asked_all) == 1
         for index, asked in enumerate(asked_all):
             try:
-                jobs.append(served.service.submit(asked, _deliverer(outbox, parsed.stream, index,
+                jobs.append(served.service.submit(asked, _deliverer(outbox, stream, index,
                                                                     answering.every_event, reading), who))
             except LocalspecError as error:
                 raise api_error(error) from None
