@@ -119,8 +119,8 @@ class Pool:
     def _served_first(self) -> store.Local:
         session = self.first.session
         return store.Local(self.first.name, session.target_info.path.resolve(), None,
-                         tuple(str(path) for path in session.adapters.paths),
-                         str(session.vision.path) if session.vision else None)
+                           tuple(str(path) for path in session.adapters.paths),
+                           str(session.vision.path) if session.vision else None)
 
     def _unless_first(self, wanted: store.Local) -> store.Local:
         """The model wanted, or the first one where that is the same file with the same adapters (or with serve's

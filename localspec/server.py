@@ -985,7 +985,8 @@ class Server:
         streaming = False
         try:
             asked_all = choices_of(parsed)
-            first = await self._started(asked_all, parsed.stream, answering, served, _who(request, client), jobs, outbox)
+            first = await self._started(asked_all, parsed.stream, answering, served, _who(request, client), jobs,
+                                        outbox)
             if parsed.stream:
                 streaming = True
                 stream = self._stream(jobs, answering, first, outbox, request.url.path, watcher)

@@ -7,9 +7,8 @@ the machine's memory and devices (hardware.py, placement.py), reported
 measured on this machine (calibration.py).
 
 Its face, what the rest of localspec asks of it: find(name) what a name means (for a model made with `create`,
-modelfile.py, the model it is made from); local(name) the model here it means, to serve (Local);
-made(name) the model of one's own so named (or Ollama's, Jan's or
-GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by another app's model's family,
+modelfile.py, the model it is made from); local(name) the model here it means, to serve (Local); made(name) the
+model of one's own so named (or Ollama's, Jan's or GPT4All's, read in place: elsewhere.py), draft_for(made, draft) a draft named by another app's model's family,
 every_made() all of them, create(name, Modelfile) or make(preset) one made, copy(source, destination) one made under
 another name, forget(name) one removed; remove(entry) a downloaded file deleted; blob(digest), receive_blob(digest,
 size), blob_model(files) and blob_adapters(files) the files Ollama's API uploads; here(name) its file where it is
@@ -40,7 +39,8 @@ from .registry import ModelEntry, RepoQuant, Resolved
 __all__ = ["GGUFInfo", "Key", "Local", "ModelEntry", "Pair", "Preset", "RepoQuant", "Resolved", "blob", "blob_adapters",
            "blob_model", "capabilities", "control_vector", "copy", "create", "draft_for", "estimate_bytes",
            "every_made", "fetch", "find", "forget", "header", "here", "hub_downloads", "installed", "kept_by", "key_of",
-           "known", "local", "machine", "made", "make", "names", "pair", "quant_here", "quantizations", "receive_blob", "remove", "search"]
+           "known", "local", "machine", "made", "make", "names", "pair", "quant_here", "quantizations", "receive_blob",
+           "remove", "search"]
 
 
 # The face calls into its rooms at each call (not names bound at import): what a room does stays
