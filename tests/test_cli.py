@@ -317,6 +317,8 @@ def test_options_a_command_has_no_use_for_are_refused_not_taken_in_silence(cli, 
     code, out, _ = cli("perplexity", "-h")
     assert code == 0 and "--draft-gpu-layers" not in out and "--gpu-layers" in out
     assert "The chunks' length in tokens" in out and "--parallel" not in out  # (-c's help named --parallel)
+    # the target alone reads the text: -ngl, -fa, -ctk, --rpc, --lora and --control-vector said how they treat a draft
+    assert "draft" not in out.lower() and "Flash attention: on, off, or auto" in out
     code, _, err = cli("bench", tiny["target"], "--limit", "-1")
     assert code == 2 and "Invalid value for '--limit'" in err
 

@@ -52,6 +52,7 @@ from .options import (
     read_text,
     unescape,
     with_options,
+    without_the_draft,
 )
 
 if TYPE_CHECKING:
@@ -687,11 +688,12 @@ def _chunk_length(ctx_size: int) -> None:
     )
 )
 @with_options({name: MODEL_OPTIONS[name] for name in ("target", "model", "offline")},
-              {name: option for name, option in RESOURCE_OPTIONS.items() if not name.startswith("draft_")}  # (no draft)
+              without_the_draft(RESOURCE_OPTIONS)
               | {"ctx_size": (Annotated[int, typer.Option(
                   "--ctx-size", "-c", help="The chunks' length in tokens (llama-perplexity's -c; 512 as it is usually"
                   " run).", rich_help_panel=RESOURCES)], 512)},
-              RPC_OPTIONS, ADAPTER_OPTIONS, before=lambda values: _chunk_length(values["ctx_size"]))
+              without_the_draft(RPC_OPTIONS), without_the_draft(ADAPTER_OPTIONS),
+              before=lambda values: _chunk_length(values["ctx_size"]))
 def perplexity(
     settings: Settings,
     file: Annotated[str, typer.Option("--file", "-f", help="The text to read (UTF-8; - for standard input).",

@@ -1,6 +1,7 @@
 """The options the generating commands share (llama.cpp's spellings), turned into one checked Settings,
 and the user's input as given (files, standard input, llama.cpp's escapes)."""
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -321,6 +322,18 @@ TEMPLATE_OPTIONS = {
         " changes nothing and --no-jinja (llama.cpp's built-in template guesses) is refused.",
         rich_help_panel=TEMPLATE)], True),
 }
+# What the help of an option of the target's says of the draft model, left out where none runs (perplexity: the
+# target alone reads the text)
+OF_THE_DRAFT = {
+    "gpu_layers": " beside the draft model",
+    "flash_attn": " For the target and the draft model.",
+    "cache_type_k": " Speculation stays lossless: the text is what the target writes with that cache. The draft's:"
+                    " -ctkd.",
+    "rpc": " The draft model stays here.",
+    "lora": " The draft stays as it is: the text is the adapted target's, and where the adapter moves the target away"
+            " from the draft, fewer drafts are accepted (bench --lora measures it).",
+    "control_vector": ", drafts checked against it",
+}
 RESOURCE_OPTIONS = {
     "ctx_size": (Annotated[int, typer.Option(
         "--ctx-size", "-c", help="Context length in tokens (llama.cpp rounds it up to a multiple of 256); 0: the"
@@ -331,8 +344,8 @@ RESOURCE_OPTIONS = {
         show_default=False, rich_help_panel=RESOURCES)], 0),
     "gpu_layers": (Annotated[Optional[str], typer.Option(
         "--gpu-layers", "-ngl", "--n-gpu-layers", metavar="N", help="Target layers on the GPU: a count, or auto (the"
-        " default, llama.cpp's): every one where they fit, else as many as the GPUs' free memory holds beside the"
-        " draft model (the rest run on the CPU); all (or -1): every one, checked to fit.", show_default=False,
+        " default, llama.cpp's): every one where they fit, else as many as the GPUs' free memory holds"
+        + OF_THE_DRAFT["gpu_layers"] + " (the rest run on the CPU); all (or -1): every one, checked to fit.", show_default=False,
         rich_help_panel=RESOURCES)], None),
     "draft_gpu_layers": (Annotated[Optional[str], typer.Option(
         "--draft-gpu-layers", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl",
@@ -394,7 +407,7 @@ RESOURCE_OPTIONS = {
         rich_help_panel=RESOURCES)], DEFAULT_RUNTIME.prompt_batch),
     "flash_attn": (Annotated[Optional[str], typer.Option(
         "--flash-attn", "-fa", help="Flash attention: on, off, or auto (llama.cpp's default: on wherever the"
-        " device supports it). For the target and the draft model.", show_default=False,
+        " device supports it)." + OF_THE_DRAFT["flash_attn"], show_default=False,
         autocompletion=completing(SWITCH_WORDS), rich_help_panel=RESOURCES)], None),
     "mmap": (Annotated[Optional[bool], typer.Option(
         "--mmap/--no-mmap", help="Map model files into memory, or read them in (--no-mmap: slower to load, but"
@@ -405,8 +418,8 @@ RESOURCE_OPTIONS = {
         " process can lock: ulimit -l).", rich_help_panel=RESOURCES)], False),
     "cache_type_k": (Annotated[str, typer.Option(
         "--cache-type-k", "-ctk", metavar="TYPE", help="The target's K cache type, as llama.cpp's: f16, q8_0 (half"
-        " the memory), q4_0, ... (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1). Speculation stays lossless:"
-        " the text is what the target writes with that cache. The draft's: -ctkd.",
+        " the memory), q4_0, ... (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1)."
+        + OF_THE_DRAFT["cache_type_k"],
         autocompletion=completing(KV_CACHE_TYPES), rich_help_panel=RESOURCES)], "f16"),
     "cache_type_v": (Annotated[str, typer.Option(
         "--cache-type-v", "-ctv", metavar="TYPE", help="The target's V cache type, the same types; a quantized one"
@@ -464,7 +477,7 @@ RPC_OPTIONS = {
         "--rpc", help="Comma-separated HOST:PORT of `localspec worker`s on other machines: the target's layers are"
         " split across their devices and this machine's GPUs (by free memory, or --tensor-split); on a machine"
         " without a GPU, across the workers and this machine's CPU by free memory (--gpu-layers N: N layers to"
-        " the workers, -1 all). The draft model stays here.", show_default=False, rich_help_panel=RESOURCES)], None),
+        " the workers, -1 all)." + OF_THE_DRAFT["rpc"], show_default=False, rich_help_panel=RESOURCES)], None),
     "no_repack": (Annotated[bool, typer.Option(
         "--no-repack/--repack", "-nr", help="Keep weights in their file layout instead of the CPU's fastest one (slower):"
         " a worker computes with that layout, so only then does greedy text match a run split with --rpc"
@@ -477,9 +490,7 @@ ADAPTER_OPTIONS = {
     "lora": (Annotated[Optional[list[str]], typer.Option(
         "--lora", metavar="FILE[,FILE]", help="A LoRA adapter the target computes with (a GGUF made for its"
         " architecture, as llama.cpp's convert_lora_to_gguf.py writes one; hf:owner/repo/file.gguf downloads it), at"
-        " scale 1; comma-separated or repeated for several. The draft stays as it is: the text is the adapted"
-        " target's, and where the adapter moves the target away from the draft, fewer drafts are accepted (bench"
-        " --lora measures it).", show_default=False, rich_help_panel=ADAPTERS)], None),
+        " scale 1; comma-separated or repeated for several." + OF_THE_DRAFT["lora"], show_default=False, rich_help_panel=ADAPTERS)], None),
     "lora_scaled": (Annotated[Optional[list[str]], typer.Option(
         "--lora-scaled", metavar="FILE:SCALE[,...]", help="The same at a scale of your own (0.5: half the"
         " adapter's change). serve numbers the adapters from 0, --lora's first, then --lora-scaled's.",
@@ -490,7 +501,7 @@ ADAPTER_OPTIONS = {
     "control_vector": (Annotated[Optional[list[str]], typer.Option(
         "--control-vector", metavar="FILE[,FILE]", help="A control vector added to the target's layers' outputs (a"
         " GGUF llama.cpp's cvector-generator writes: a direction a layer, steering the model towards a style or"
-        " mood); several are summed. The text is the steered target's, drafts checked against it.",
+        " mood); several are summed. The text is the steered target's" + OF_THE_DRAFT["control_vector"] + ".",
         show_default=False, rich_help_panel=ADAPTERS)], None),
     "control_vector_scaled": (Annotated[Optional[list[str]], typer.Option(
         "--control-vector-scaled", metavar="FILE:SCALE[,...]", help="The same times a scale of your own (-1: the"
@@ -1069,6 +1080,21 @@ def _retargeted(context: typer.Context, values: dict, target: str) -> Settings:
     names left for the new target's own."""
     values = values | {"target": target, "model": None, "hf_repo": None, "draft": None, "hf_repo_draft": None}
     return dataclasses.replace(build_settings(context, **values), retarget=functools.partial(_retargeted, context, values))
+
+
+def without_the_draft(group: dict) -> dict:
+    """A group of options as a command that runs no draft model offers them: the draft's own left out, and what the
+    target's help says of the draft (OF_THE_DRAFT)."""
+    out = {}
+    for name, (kind, default) in group.items():
+        if name.startswith("draft_"):
+            continue
+        if name in OF_THE_DRAFT:
+            option = copy.copy(kind.__metadata__[0])  # (typer's OptionInfo)
+            option.help = option.help.replace(OF_THE_DRAFT[name], "")
+            kind = Annotated[kind.__origin__, option]
+        out[name] = (kind, default)
+    return out
 
 
 def with_options(*groups: dict, before=None, **defaults):
