@@ -29,6 +29,16 @@ def test_summary_is_a_fold_over_events():
     assert s.estimated_speedup == pytest.approx(0.10 / 0.08)
 
 
+def test_an_answer_that_ends_inside_its_draft_settles_no_own_token_on_its_last_step():
+    """The engine records such a step with accepted = what the answer took and own_taken False: tau counts what was
+    settled (CI read 1.1 from a real run where every step's own token counted would have said 1.2)."""
+    events = [Step("ngram", 0, 0, 0.0, 0.02), Token(1, "a", False),
+              Step("ngram", 4, 2, 0.0, 0.02, own_taken=False), Token(2, "b", True), Token(3, ".", True)]
+    s = fold(events)
+    assert (s.tokens, s.steps, s.accepted) == (3, 2, 2)
+    assert s.mean_accepted_length == pytest.approx(3 / 2)
+
+
 def test_a_plain_run_is_estimated_at_exactly_one():
     # the second step settled the end-of-generation token: no Token event
     events = [Step("plain", 0, 0, 0.0, 0.05), Token(1, "a", False), Step("plain", 0, 0, 0.0, 0.05)]
